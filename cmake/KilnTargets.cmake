@@ -32,3 +32,8 @@ function(kiln_test name)
     PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}"
                ENVIRONMENT "KILN_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 endfunction()
+
+# kiln_cli_link(LIB ...): libraries the `kiln` executable links (a layer calls this for itself).
+function(kiln_cli_link)
+  set_property(GLOBAL APPEND PROPERTY KILN_CLI_LIBS ${ARGN})
+endfunction()

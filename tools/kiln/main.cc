@@ -1,0 +1,65 @@
+// kiln: the command-line shell over the kiln library. Each subcommand is one file in this folder.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "kiln/core/logging.h"
+#include "kiln/core/status.h"
+#include "tools/kiln/command.h"
+
+namespace kiln::cli {
+
+std::vector<CommandRegistration>& CommandRegistry() {
+  static std::vector<CommandRegistration> registry;
+  return registry;
+}
+
+int ReportError(const Status& status) {
+  std::fputs(status.Explain().c_str(), stderr);
+  return 1;
+}
+
+}  // namespace kiln::cli
+
+int main(int argc, char** argv) {
+  using namespace kiln::cli;
+  CLI::App app{
+      "kiln: builds mixed-precision inference engines from ONNX models, bounded in time and\n"
+      "memory, and runs them inside distributed GPU jobs.\n"};
+  app.set_version_flag("--version", std::string("kiln ") + KILN_VERSION);
+  app.require_subcommand(0, 1);
+  app.fallthrough();
+  GlobalOptions global;
+  app.add_option("--log-level", global.log_level, "TRACE, DEBUG, INFO, WARN, ERROR or OFF")
+      ->envname("KILN_LOG_LEVEL");
+  app.add_option("--log-format", global.log_format, "text (default) or json: one JSON object per event")
+      ->check(CLI::IsMember({"text", "json"}));
+
+  auto& registry = CommandRegistry();
+  std::sort(registry.begin(), registry.end(),
+            [](const auto& a, const auto& b) { return a.order < b.order; });
+  std::vector<std::pair<CLI::App*, std::function<int()>>> runs;
+  for (auto& reg : registry) {
+    size_t before = app.get_subcommands({}).size();
+    auto run = reg.setup(app, global);
+    auto subs = app.get_subcommands({});
+    if (subs.size() > before) runs.emplace_back(subs.back(), std::move(run));
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (!global.log_level.empty()) {
+    kiln::LogLevel level;
+    if (kiln::ParseLogLevel(global.log_level, &level)) kiln::SetLogLevel(level);
+  }
+  if (global.log_format == "json") kiln::SetLogFormat(kiln::LogFormat::kJson);
+
+  for (auto& [sub, run] : runs) {
+    if (sub->parsed()) return run();
+  }
+  std::cout << app.help();
+  return 0;
+}
