@@ -20,14 +20,18 @@ TEST(Logging, SinkReceivesEventsAboveLevel) {
 }
 
 TEST(Logging, JsonFormatIsParseable) {
-  LogEvent e{std::chrono::system_clock::now(), LogLevel::kError, Subsystem::kDIST, "a \"quoted\" msg",
+  LogEvent e{std::chrono::system_clock::now(),
+             LogLevel::kError,
+             Subsystem::kDIST,
+             "a \"quoted\" msg",
              {{"code", "KILN-E7001"}}};
   auto j = nlohmann::json::parse(FormatLogEvent(e, LogFormat::kJson));
   EXPECT_EQ(j["level"], "ERROR");
   EXPECT_EQ(j["subsystem"], "DIST");
   EXPECT_EQ(j["msg"], "a \"quoted\" msg");
   EXPECT_EQ(j["code"], "KILN-E7001");
-  EXPECT_EQ(FormatLogEvent(e, LogFormat::kText), "[kiln ERROR DIST] a \"quoted\" msg code=KILN-E7001");
+  EXPECT_EQ(FormatLogEvent(e, LogFormat::kText),
+            "[kiln ERROR DIST] a \"quoted\" msg code=KILN-E7001");
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 namespace kiln {
 namespace {
 
-Status FailingStep() { return MakeError(ErrorCode::kUnsupportedOps, "2 ops: {}, {}", "Foo", "Bar"); }
+Status FailingStep() {
+  return MakeError(ErrorCode::kUnsupportedOps, "2 ops: {}, {}", "Foo", "Bar");
+}
 
 Status Caller() {
   KILN_RETURN_IF_ERROR_CTX(FailingStep(), "while importing '{}'", "model.onnx");
@@ -42,7 +44,8 @@ TEST(Status, ErrorCarriesCodeMessageContextAndRemedy) {
   ASSERT_EQ(s.context().size(), 1u);
   EXPECT_EQ(s.context()[0], "while importing 'model.onnx'");
   EXPECT_EQ(s.ToString(), "KILN-E2004 [onnx] 2 ops: Foo, Bar (while importing 'model.onnx')");
-  EXPECT_NE(s.Explain().find("remedy: the message lists every unsupported node"), std::string::npos);
+  EXPECT_NE(s.Explain().find("remedy: the message lists every unsupported node"),
+            std::string::npos);
 }
 
 TEST(Status, CopyIsDeep) {

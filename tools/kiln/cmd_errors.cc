@@ -25,13 +25,18 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
     } else if (const ErrorInfo* e = FindError(opts->code)) {
       rows.push_back(e);
     } else {
-      return ReportError(MakeError(ErrorCode::kNotFound, "no error code '{}' in kiln's catalog (run `kiln errors` for the list)", opts->code));
+      return ReportError(MakeError(
+          ErrorCode::kNotFound,
+          "no error code '{}' in kiln's catalog (run `kiln errors` for the list)", opts->code));
     }
     if (opts->json) {
       nlohmann::json out = nlohmann::json::array();
       for (const ErrorInfo* e : rows) {
-        out.push_back({{"code", e->Id()}, {"name", e->name}, {"subsystem", e->subsystem},
-                       {"summary", e->summary}, {"remedy", e->remedy}});
+        out.push_back({{"code", e->Id()},
+                       {"name", e->name},
+                       {"subsystem", e->subsystem},
+                       {"summary", e->summary},
+                       {"remedy", e->remedy}});
       }
       std::cout << out.dump(2) << "\n";
       return 0;

@@ -14,14 +14,15 @@ namespace kiln::cli {
 
 // Options every subcommand sees (set on the top-level app).
 struct GlobalOptions {
-  std::string log_level;      // --log-level
-  std::string log_format;     // --log-format text|json
-  bool quiet = false;         // --quiet
+  std::string log_level;   // --log-level
+  std::string log_format;  // --log-format text|json
+  bool quiet = false;      // --quiet
 };
 
 // Setup adds the subcommand to `app` and returns the function to run when it is chosen.
 // The run function returns the process exit code.
-using CommandSetup = std::function<std::function<int()>(CLI::App& app, const GlobalOptions& global)>;
+using CommandSetup =
+    std::function<std::function<int()>(CLI::App& app, const GlobalOptions& global)>;
 
 struct CommandRegistration {
   std::string name;

@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
   GlobalOptions global;
   app.add_option("--log-level", global.log_level, "TRACE, DEBUG, INFO, WARN, ERROR or OFF")
       ->envname("KILN_LOG_LEVEL");
-  app.add_option("--log-format", global.log_format, "text (default) or json: one JSON object per event")
+  app.add_option("--log-format", global.log_format,
+                 "text (default) or json: one JSON object per event")
       ->check(CLI::IsMember({"text", "json"}));
 
   auto& registry = CommandRegistry();

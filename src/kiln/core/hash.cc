@@ -18,7 +18,9 @@ Hash128 HashString(std::string_view text) {
   return HashBytes(std::as_bytes(std::span(text.data(), text.size())));
 }
 
-uint64_t Hash64(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+uint64_t Hash64(std::span<const std::byte> bytes) {
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
 
 struct Hasher::State {
   XXH3_state_t* xxh = XXH3_createState();
@@ -42,9 +44,7 @@ Hasher& Hasher::Field(std::string_view text) {
   return Update(text);
 }
 
-Hasher& Hasher::Field(int64_t value) {
-  return Update(std::as_bytes(std::span(&value, 1)));
-}
+Hasher& Hasher::Field(int64_t value) { return Update(std::as_bytes(std::span(&value, 1))); }
 
 Hash128 Hasher::Digest() const {
   XXH128_hash_t h = XXH3_128bits_digest(state_->xxh);

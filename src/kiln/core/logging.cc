@@ -61,12 +61,18 @@ LogConfig& Config() {
 
 std::string_view ToString(LogLevel level) {
   switch (level) {
-    case LogLevel::kTrace: return "TRACE";
-    case LogLevel::kDebug: return "DEBUG";
-    case LogLevel::kInfo: return "INFO";
-    case LogLevel::kWarn: return "WARN";
-    case LogLevel::kError: return "ERROR";
-    case LogLevel::kOff: return "OFF";
+    case LogLevel::kTrace:
+      return "TRACE";
+    case LogLevel::kDebug:
+      return "DEBUG";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kWarn:
+      return "WARN";
+    case LogLevel::kError:
+      return "ERROR";
+    case LogLevel::kOff:
+      return "OFF";
   }
   return "?";
 }
@@ -90,7 +96,8 @@ bool ParseLogLevel(std::string_view text, LogLevel* out) {
 bool LogEnabled(LogLevel level, Subsystem subsystem) {
   LogConfig& c = Config();
   return level >= c.level.load(std::memory_order_relaxed) && level != LogLevel::kOff &&
-         (c.subsystem_mask.load(std::memory_order_relaxed) >> static_cast<uint32_t>(subsystem) & 1u);
+         (c.subsystem_mask.load(std::memory_order_relaxed) >> static_cast<uint32_t>(subsystem) &
+          1u);
 }
 
 std::string FormatLogEvent(const LogEvent& e, LogFormat format) {
@@ -105,8 +112,8 @@ std::string FormatLogEvent(const LogEvent& e, LogFormat format) {
     for (const auto& [k, v] : e.fields) j[k] = v;
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
-  std::string line = fmt::format("[kiln {} {}] {}", ToString(e.level), ToString(e.subsystem),
-                                 e.message);
+  std::string line =
+      fmt::format("[kiln {} {}] {}", ToString(e.level), ToString(e.subsystem), e.message);
   for (const auto& [k, v] : e.fields) line += fmt::format(" {}={}", k, v);
   return line;
 }

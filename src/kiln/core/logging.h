@@ -56,12 +56,12 @@ bool ParseLogLevel(std::string_view text, LogLevel* out);
 
 }  // namespace kiln
 
-#define KILN_LOG(level, subsys, ...)                                                       \
-  do {                                                                                     \
-    if (::kiln::LogEnabled(::kiln::LogLevel::k##level, ::kiln::Subsystem::k##subsys)) {    \
-      ::kiln::Log(::kiln::LogLevel::k##level, ::kiln::Subsystem::k##subsys,                \
-                  fmt::format(__VA_ARGS__));                                               \
-    }                                                                                      \
+#define KILN_LOG(level, subsys, ...)                                                    \
+  do {                                                                                  \
+    if (::kiln::LogEnabled(::kiln::LogLevel::k##level, ::kiln::Subsystem::k##subsys)) { \
+      ::kiln::Log(::kiln::LogLevel::k##level, ::kiln::Subsystem::k##subsys,             \
+                  fmt::format(__VA_ARGS__));                                            \
+    }                                                                                   \
   } while (0)
 
 #define KILN_WARN(subsys, ...) KILN_LOG(Warn, subsys, __VA_ARGS__)

@@ -38,10 +38,10 @@ constexpr ParamInfo kParams[] = {
 
 std::span<const ParamInfo> AllParams() { return kParams; }
 
-#define KILN_PARAM_INT(name, env, def, meaning) \
-  int64_t name() {                              \
+#define KILN_PARAM_INT(name, env, def, meaning)  \
+  int64_t name() {                               \
     static const int64_t v = EnvIntOr(env, def); \
-    return v;                                   \
+    return v;                                    \
   }
 #define KILN_PARAM_STRING(name, env, def, meaning) \
   const std::string& name() {                      \

@@ -41,8 +41,9 @@ const ErrorInfo* FindError(std::string_view id) {
 }
 
 Status::Status(ErrorCode code, std::string message)
-    : state_(code == ErrorCode::kOk ? nullptr
-                                    : std::make_unique<State>(State{code, std::move(message), {}})) {}
+    : state_(code == ErrorCode::kOk
+                 ? nullptr
+                 : std::make_unique<State>(State{code, std::move(message), {}})) {}
 
 Status::Status(const Status& other)
     : state_(other.state_ ? std::make_unique<State>(*other.state_) : nullptr) {}

@@ -91,9 +91,9 @@ class [[nodiscard]] StatusOr {
   }
   StatusOr(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
   template <typename U>
-    requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
-             !std::is_same_v<std::decay_t<U>, Status>)
-  StatusOr(U&& value) : value_(std::forward<U>(value)) {}  // NOLINT
+  requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
+           !std::is_same_v<std::decay_t<U>, Status>) StatusOr(U&& value)
+      : value_(std::forward<U>(value)) {}  // NOLINT
 
   bool ok() const { return status_.ok(); }
   const Status& status() const& { return status_; }
@@ -119,10 +119,10 @@ class [[nodiscard]] StatusOr {
 #define KILN_CONCAT_(a, b) KILN_CONCAT_INNER_(a, b)
 
 // Returns the error of `expr` (a Status or StatusOr) from the enclosing function.
-#define KILN_RETURN_IF_ERROR(expr)                                              \
-  do {                                                                          \
+#define KILN_RETURN_IF_ERROR(expr)                                                \
+  do {                                                                            \
     if (auto kiln_status_ = ::kiln::internal::ToStatus(expr); !kiln_status_.ok()) \
-      return kiln_status_;                                                      \
+      return kiln_status_;                                                        \
   } while (0)
 
 // Same, adding a context line built with fmt: KILN_RETURN_IF_ERROR_CTX(s, "node '{}'", n).

@@ -59,7 +59,8 @@ void ThreadPool::WorkerLoop(int index) {
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
                              int64_t min_chunk) {
   if (n <= 0) return;
-  int chunks = static_cast<int>(std::min<int64_t>(size(), (n + min_chunk - 1) / std::max<int64_t>(1, min_chunk)));
+  int chunks = static_cast<int>(
+      std::min<int64_t>(size(), (n + min_chunk - 1) / std::max<int64_t>(1, min_chunk)));
   if (chunks <= 1 || t_in_pool_job) {
     fn(0, n);
     return;

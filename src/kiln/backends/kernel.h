@@ -1,0 +1,111 @@
+// The backend interface (ggml-backend style, kept small). A Backend owns device memory and
+// streams; a KernelProvider offers implementations of one op on one backend as named tactics; a
+// Kernel is one layer's instance of a tactic. Lifecycle per layer: create (weights may be
+// prepacked) -> Prepare(shapes) gives workspace bytes -> Run (never allocates).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/core/status.h"
+#include "kiln/ir/graph.h"
+#include "kiln/ir/tensor.h"
+
+namespace kiln {
+
+enum class BackendKind : uint8_t { kCpu = 0, kCuda = 1 };
+std::string_view ToString(BackendKind kind);  // "cpu", "cuda"
+
+// One operand as a kernel provider sees it when choosing tactics: element type, shape (symbolic
+// dims allowed), the largest dims it will see (from the optimization profile) and, for weights,
+// the constant contents.
+struct OperandDesc {
+  DataType dtype = DataType::kUndefined;
+  Shape shape;
+  std::vector<int64_t> max_dims;
+  const Tensor* constant = nullptr;  // host copy of a constant operand, else nullptr
+};
+
+// A layer to implement: the node (op type and attributes) and its operands.
+struct KernelRequest {
+  const Node* node = nullptr;
+  std::vector<OperandDesc> inputs;  // omitted optional inputs have dtype kUndefined
+  std::vector<OperandDesc> outputs;
+};
+
+// One tactic: a provider's configuration. `name` is the full, self-explanatory tactic name
+// (STYLE.md rule 5), e.g. "f32-conv-cpu-im2col-gemm" or "f32-gemm-cpu-blocked-8x8";
+// `params` are the provider's knobs (block sizes...), stored in the engine.
+struct TacticConfig {
+  std::string name;
+  std::vector<int64_t> params;
+  // Workspace estimate at the max profile shape (for memory budgeting before timing).
+  size_t workspace_bytes = 0;
+};
+
+struct KernelRunArgs {
+  std::span<const TensorView> inputs;  // omitted optional inputs have data == nullptr
+  std::span<const TensorView> outputs;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  void* stream = nullptr;  // backend stream (cudaStream_t), nullptr on the CPU
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  Kernel() = default;
+  Kernel(const Kernel&) = delete;
+  Kernel& operator=(const Kernel&) = delete;
+
+  // Called when operand shapes are set (context creation, new input shapes), never during
+  // execute. Returns the workspace bytes Run needs for these shapes.
+  virtual StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
+                                   std::span<const TensorView> outputs) {
+    return size_t{0};
+  }
+  virtual Status Run(const KernelRunArgs& args) = 0;
+};
+
+class KernelProvider {
+ public:
+  virtual ~KernelProvider() = default;
+  // Unique per backend: "cpu.conv.im2col". Stored in engines; never rename a released one.
+  virtual std::string_view id() const = 0;
+  virtual std::string_view op_type() const = 0;
+  virtual BackendKind backend() const = 0;
+  // Tactics for this request, the heuristic's best guess first; empty when unsupported
+  // (dtype, attribute or shape this provider cannot run).
+  virtual std::vector<TacticConfig> Tactics(const KernelRequest& request) const = 0;
+  virtual StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
+                                                   const TacticConfig& tactic) const = 0;
+};
+
+class KernelRegistry {
+ public:
+  static KernelRegistry& Get();
+  void Register(std::unique_ptr<KernelProvider> provider);
+  // Providers of an op on a backend, in registration priority order.
+  std::vector<const KernelProvider*> Providers(BackendKind backend, std::string_view op_type) const;
+  const KernelProvider* Find(BackendKind backend, std::string_view provider_id) const;
+  std::vector<const KernelProvider*> All() const;
+
+ private:
+  std::vector<std::unique_ptr<KernelProvider>> providers_;
+};
+
+template <typename T>
+struct KernelProviderRegistrar {
+  KernelProviderRegistrar() { KernelRegistry::Get().Register(std::make_unique<T>()); }
+};
+
+}  // namespace kiln
+
+// Registers a KernelProvider subclass; put it in the kernel's own file (STYLE.md rule 4).
+#define KILN_REGISTER_KERNEL_PROVIDER(Provider) \
+  static ::kiln::KernelProviderRegistrar<Provider> KILN_CONCAT_(kiln_provider_, __LINE__)

@@ -1,0 +1,98 @@
+// The kernel-provider registry and the backend table.
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "kiln/backends/backend.h"
+
+namespace kiln {
+
+std::string_view ToString(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kCpu:
+      return "cpu";
+    case BackendKind::kCuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+KernelRegistry& KernelRegistry::Get() {
+  static KernelRegistry registry;
+  return registry;
+}
+
+void KernelRegistry::Register(std::unique_ptr<KernelProvider> provider) {
+  providers_.push_back(std::move(provider));
+}
+
+std::vector<const KernelProvider*> KernelRegistry::Providers(BackendKind backend,
+                                                             std::string_view op_type) const {
+  std::vector<const KernelProvider*> out;
+  for (const auto& p : providers_) {
+    if (p->backend() == backend && p->op_type() == op_type) out.push_back(p.get());
+  }
+  // Registration order across files is unspecified; sort by id for determinism.
+  std::sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->id() < b->id(); });
+  return out;
+}
+
+const KernelProvider* KernelRegistry::Find(BackendKind backend,
+                                           std::string_view provider_id) const {
+  for (const auto& p : providers_) {
+    if (p->backend() == backend && p->id() == provider_id) return p.get();
+  }
+  return nullptr;
+}
+
+std::vector<const KernelProvider*> KernelRegistry::All() const {
+  std::vector<const KernelProvider*> out;
+  for (const auto& p : providers_) out.push_back(p.get());
+  return out;
+}
+
+namespace {
+struct BackendTable {
+  std::mutex mu;
+  std::map<BackendKind, std::function<StatusOr<std::unique_ptr<Backend>>()>> factories;
+  std::map<BackendKind, std::unique_ptr<Backend>> instances;
+  std::map<BackendKind, Status> failures;
+};
+BackendTable& Table() {
+  static BackendTable* t = new BackendTable();
+  return *t;
+}
+}  // namespace
+
+void RegisterBackendFactory(BackendKind kind,
+                            std::function<StatusOr<std::unique_ptr<Backend>>()> factory) {
+  BackendTable& t = Table();
+  std::lock_guard lock(t.mu);
+  t.factories[kind] = std::move(factory);
+}
+
+StatusOr<Backend*> GetBackend(BackendKind kind) {
+  BackendTable& t = Table();
+  std::lock_guard lock(t.mu);
+  if (auto it = t.instances.find(kind); it != t.instances.end()) return it->second.get();
+  if (auto it = t.failures.find(kind); it != t.failures.end()) return it->second;
+  auto f = t.factories.find(kind);
+  if (f == t.factories.end()) {
+    return MakeError(ErrorCode::kBackendUnavailable, "backend '{}' is not built into this kiln",
+                     ToString(kind));
+  }
+  auto made = f->second();
+  if (!made.ok()) {
+    t.failures[kind] = made.status();
+    return made.status();
+  }
+  Backend* raw = made->get();
+  t.instances[kind] = std::move(*made);
+  return raw;
+}
+
+BackendKind BestAvailableBackend() {
+  return GetBackend(BackendKind::kCuda).ok() ? BackendKind::kCuda : BackendKind::kCpu;
+}
+
+}  // namespace kiln

@@ -1,0 +1,256 @@
+// Graph construction, editing, ordering and verification.
+#include "kiln/ir/graph.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <queue>
+#include <unordered_set>
+
+namespace kiln {
+
+void Value::set_constant(Tensor t) {
+  dtype_ = t.dtype();
+  set_shape(MakeShape(t.dims()));
+  constant_ = std::move(t);
+}
+
+std::string Graph::UniqueName(const std::string& prefix) {
+  for (;;) {
+    std::string name = prefix + "_" + std::to_string(next_unique_++);
+    if (!value_by_name_.count(name) && !FindNode(name)) return name;
+  }
+}
+
+Value* Graph::AddValue(std::string name, DataType dtype) {
+  if (name.empty() || value_by_name_.count(name)) name = UniqueName(name.empty() ? "v" : name);
+  auto v = std::make_unique<Value>();
+  v->name_ = name;
+  v->dtype_ = dtype;
+  Value* raw = v.get();
+  values_.push_back(std::move(v));
+  value_by_name_[name] = raw;
+  return raw;
+}
+
+Value* Graph::AddInput(std::string name, DataType dtype, Shape shape) {
+  Value* v = AddValue(std::move(name), dtype);
+  v->set_shape(std::move(shape));
+  v->is_graph_input_ = true;
+  inputs_.push_back(v);
+  return v;
+}
+
+Value* Graph::AddConstant(std::string name, Tensor tensor) {
+  Value* v = AddValue(std::move(name));
+  v->set_constant(std::move(tensor));
+  return v;
+}
+
+void Graph::MarkOutput(Value* v) {
+  if (!v->is_graph_output_) {
+    v->is_graph_output_ = true;
+    outputs_.push_back(v);
+  }
+}
+
+void Graph::UnmarkOutput(Value* v) {
+  v->is_graph_output_ = false;
+  std::erase(outputs_, v);
+}
+
+Node* Graph::AddNode(std::string op_type, std::string name, std::vector<Value*> inputs,
+                     std::vector<Value*> outputs, AttributeMap attrs, std::string domain) {
+  auto n = std::make_unique<Node>();
+  n->id_ = next_node_id_++;
+  n->name_ = name.empty() ? op_type + "_" + std::to_string(n->id_) : std::move(name);
+  n->op_type_ = std::move(op_type);
+  n->domain_ = std::move(domain);
+  n->inputs_ = std::move(inputs);
+  n->outputs_ = std::move(outputs);
+  n->attrs_ = std::move(attrs);
+  Node* raw = n.get();
+  for (Value* in : raw->inputs_) {
+    if (in) in->consumers_.push_back(raw);
+  }
+  for (size_t i = 0; i < raw->outputs_.size(); ++i) {
+    Value* out = raw->outputs_[i];
+    if (!out) continue;
+    out->producer_ = raw;
+    out->producer_output_ = static_cast<int>(i);
+  }
+  nodes_.push_back(std::move(n));
+  return raw;
+}
+
+void Graph::SetInput(Node* node, size_t index, Value* value) {
+  if (index >= node->inputs_.size()) node->inputs_.resize(index + 1, nullptr);
+  Value* old = node->inputs_[index];
+  if (old) {
+    auto it = std::find(old->consumers_.begin(), old->consumers_.end(), node);
+    if (it != old->consumers_.end()) old->consumers_.erase(it);
+  }
+  node->inputs_[index] = value;
+  if (value) value->consumers_.push_back(node);
+}
+
+void Graph::ReplaceAllUses(Value* from, Value* to) {
+  if (from == to) return;
+  std::vector<Node*> consumers = from->consumers_;
+  for (Node* n : consumers) {
+    for (size_t i = 0; i < n->inputs_.size(); ++i) {
+      if (n->inputs_[i] == from) SetInput(n, i, to);
+    }
+  }
+  if (from->is_graph_output_) {
+    // Keep the output's public name: the graph's outputs are an interface.
+    auto it = std::find(outputs_.begin(), outputs_.end(), from);
+    from->is_graph_output_ = false;
+    if (to->is_graph_output_ || to->is_graph_input_ || to->is_constant()) {
+      // `to` cannot be renamed; the caller accepts the new name (rare: identity-only graphs).
+      *it = to;
+      to->is_graph_output_ = true;
+    } else {
+      std::string public_name = from->name_;
+      value_by_name_.erase(public_name);
+      from->name_ = UniqueName(public_name + "_replaced");
+      value_by_name_[from->name_] = from;
+      value_by_name_.erase(to->name_);
+      to->name_ = public_name;
+      value_by_name_[public_name] = to;
+      *it = to;
+      to->is_graph_output_ = true;
+    }
+  }
+}
+
+void Graph::RemoveNode(Node* node) {
+  for (size_t i = 0; i < node->inputs_.size(); ++i) SetInput(node, i, nullptr);
+  for (Value* out : node->outputs_) {
+    if (out && out->producer_ == node) {
+      out->producer_ = nullptr;
+      out->producer_output_ = -1;
+    }
+  }
+  node->dead_ = true;
+}
+
+void Graph::Compact() {
+  std::erase_if(nodes_, [](const std::unique_ptr<Node>& n) { return n->dead_; });
+  std::unordered_set<Value*> referenced;
+  for (const auto& n : nodes_) {
+    for (Value* v : n->inputs_) referenced.insert(v);
+    for (Value* v : n->outputs_) referenced.insert(v);
+  }
+  std::erase_if(values_, [&](const std::unique_ptr<Value>& v) {
+    bool keep = referenced.count(v.get()) || v->is_graph_input_ || v->is_graph_output_;
+    if (!keep) value_by_name_.erase(v->name_);
+    return !keep;
+  });
+}
+
+Value* Graph::FindValue(const std::string& name) const {
+  auto it = value_by_name_.find(name);
+  return it == value_by_name_.end() ? nullptr : it->second;
+}
+
+Node* Graph::FindNode(const std::string& name) const {
+  for (const auto& n : nodes_) {
+    if (!n->dead_ && n->name_ == name) return n.get();
+  }
+  return nullptr;
+}
+
+std::vector<Node*> Graph::nodes() const {
+  std::vector<Node*> out;
+  out.reserve(nodes_.size());
+  for (const auto& n : nodes_) {
+    if (!n->dead_) out.push_back(n.get());
+  }
+  return out;
+}
+
+std::vector<Value*> Graph::values() const {
+  std::vector<Value*> out;
+  out.reserve(values_.size());
+  for (const auto& v : values_) out.push_back(v.get());
+  return out;
+}
+
+size_t Graph::num_nodes() const {
+  return static_cast<size_t>(
+      std::count_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return !n->dead_; }));
+}
+
+StatusOr<std::vector<Node*>> Graph::TopologicalOrder() const {
+  // Kahn's algorithm; ties broken by insertion order, so the order is deterministic.
+  std::vector<Node*> live = nodes();
+  std::unordered_map<const Node*, int> pending;
+  for (Node* n : live) {
+    int count = 0;
+    for (Value* in : n->inputs_) {
+      if (in && in->producer_ && !in->producer_->dead_) ++count;
+    }
+    pending[n] = count;
+  }
+  auto cmp = [](const Node* a, const Node* b) { return a->id_ > b->id_; };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(cmp)> ready(cmp);
+  for (Node* n : live) {
+    if (pending[n] == 0) ready.push(n);
+  }
+  std::vector<Node*> order;
+  order.reserve(live.size());
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    order.push_back(n);
+    for (Value* out : n->outputs_) {
+      if (!out) continue;
+      for (Node* c : out->consumers_) {
+        // A consumer listing the same value twice is decremented twice, matching its count.
+        if (--pending[c] == 0) ready.push(c);
+      }
+    }
+  }
+  if (order.size() != live.size()) {
+    std::vector<std::string> stuck;
+    for (Node* n : live) {
+      if (pending[n] > 0 && stuck.size() < 5) stuck.push_back("'" + n->name_ + "'");
+    }
+    return MakeError(ErrorCode::kGraphCycle, "{} node(s) lie on or behind a cycle, e.g. {}",
+                     live.size() - order.size(), fmt::join(stuck, ", "));
+  }
+  return order;
+}
+
+Status Verify(const Graph& graph) {
+  std::vector<std::string> undefined;
+  for (Node* n : graph.nodes()) {
+    for (Value* in : n->inputs()) {
+      if (!in) continue;
+      bool defined = in->is_graph_input() || in->is_constant() ||
+                     (in->producer() && !in->producer()->is_dead());
+      if (!defined)
+        undefined.push_back(fmt::format("'{}' (read by node '{}')", in->name(), n->name()));
+    }
+  }
+  for (Value* out : graph.outputs()) {
+    if (!out->is_graph_input() && !out->is_constant() && !out->producer()) {
+      undefined.push_back(fmt::format("'{}' (a graph output)", out->name()));
+    }
+  }
+  if (!undefined.empty()) {
+    return MakeError(ErrorCode::kUndefinedValue, "{} undefined value(s): {}", undefined.size(),
+                     fmt::join(undefined, ", "));
+  }
+  KILN_RETURN_IF_ERROR(graph.TopologicalOrder());
+  for (Value* in : graph.inputs()) {
+    if (in->dtype() == DataType::kUndefined) {
+      return MakeError(ErrorCode::kTypeMismatch, "graph input '{}' has no element type",
+                       in->name());
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace kiln

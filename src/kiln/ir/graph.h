@@ -1,0 +1,158 @@
+// The IR: a Graph owns Nodes and Values. Values are SSA: one producer (a node, a graph input or a
+// constant), any number of consumers. Op semantics live in the ops layer; the IR knows only
+// structure, types and (symbolic) shapes.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/core/status.h"
+#include "kiln/ir/attribute.h"
+#include "kiln/ir/dim.h"
+#include "kiln/ir/dtype.h"
+#include "kiln/ir/tensor.h"
+
+namespace kiln {
+
+class Node;
+
+class Value {
+ public:
+  const std::string& name() const { return name_; }
+  DataType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  bool has_shape() const { return has_shape_; }
+  void set_dtype(DataType t) { dtype_ = t; }
+  void set_shape(Shape s) {
+    shape_ = std::move(s);
+    has_shape_ = true;
+  }
+  void clear_shape() {
+    shape_.clear();
+    has_shape_ = false;
+  }
+
+  Node* producer() const { return producer_; }
+  int producer_output() const { return producer_output_; }
+  const std::vector<Node*>& consumers() const { return consumers_; }
+
+  bool is_constant() const { return constant_.has_value(); }
+  const Tensor* constant() const { return constant_ ? &*constant_ : nullptr; }
+  void set_constant(Tensor t);
+
+  bool is_graph_input() const { return is_graph_input_; }
+  bool is_graph_output() const { return is_graph_output_; }
+
+ private:
+  friend class Graph;
+  std::string name_;
+  DataType dtype_ = DataType::kUndefined;
+  Shape shape_;
+  bool has_shape_ = false;
+  Node* producer_ = nullptr;
+  int producer_output_ = -1;
+  std::vector<Node*> consumers_;
+  std::optional<Tensor> constant_;
+  bool is_graph_input_ = false;
+  bool is_graph_output_ = false;
+};
+
+class Node {
+ public:
+  const std::string& name() const { return name_; }
+  const std::string& op_type() const { return op_type_; }
+  const std::string& domain() const { return domain_; }
+  // Omitted optional inputs are nullptr.
+  const std::vector<Value*>& inputs() const { return inputs_; }
+  const std::vector<Value*>& outputs() const { return outputs_; }
+  Value* input(size_t i) const { return i < inputs_.size() ? inputs_[i] : nullptr; }
+  Value* output(size_t i) const { return i < outputs_.size() ? outputs_[i] : nullptr; }
+  size_t num_inputs() const { return inputs_.size(); }
+  size_t num_outputs() const { return outputs_.size(); }
+  const AttributeMap& attrs() const { return attrs_; }
+  AttributeMap& mutable_attrs() { return attrs_; }
+  void set_name(std::string n) { name_ = std::move(n); }
+  void set_op_type(std::string t) { op_type_ = std::move(t); }
+  // Position in the graph's insertion order (stable ids for reports).
+  int64_t id() const { return id_; }
+  bool is_dead() const { return dead_; }
+
+ private:
+  friend class Graph;
+  std::string name_;
+  std::string op_type_;
+  std::string domain_;
+  std::vector<Value*> inputs_;
+  std::vector<Value*> outputs_;
+  AttributeMap attrs_;
+  int64_t id_ = 0;
+  bool dead_ = false;
+};
+
+class Graph {
+ public:
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // A deep copy (constants share their immutable storage).
+  std::unique_ptr<Graph> Clone() const;
+
+  const std::string& name() const { return name_; }
+  void set_name(std::string n) { name_ = std::move(n); }
+  int64_t opset() const { return opset_; }
+  void set_opset(int64_t v) { opset_ = v; }
+
+  // Creating values and nodes. Value names are unique; an empty name gets a fresh one.
+  Value* AddValue(std::string name, DataType dtype = DataType::kUndefined);
+  Value* AddInput(std::string name, DataType dtype, Shape shape);
+  Value* AddConstant(std::string name, Tensor tensor);
+  void MarkOutput(Value* v);
+  void UnmarkOutput(Value* v);
+  // Fresh name with this prefix that no value or node has yet.
+  std::string UniqueName(const std::string& prefix);
+  Node* AddNode(std::string op_type, std::string name, std::vector<Value*> inputs,
+                std::vector<Value*> outputs, AttributeMap attrs = {}, std::string domain = "");
+
+  // Editing.
+  void SetInput(Node* node, size_t index, Value* value);
+  // Points every consumer (and graph-output mark) of `from` at `to`.
+  void ReplaceAllUses(Value* from, Value* to);
+  // Removes a node; its outputs stay as values without a producer (remove or rewire them).
+  void RemoveNode(Node* node);
+  // Drops values with no producer, no consumer, not input/output/constant... and dead nodes.
+  void Compact();
+
+  Value* FindValue(const std::string& name) const;
+  Node* FindNode(const std::string& name) const;
+
+  const std::vector<Value*>& inputs() const { return inputs_; }
+  const std::vector<Value*>& outputs() const { return outputs_; }
+  // Live nodes in insertion order (not necessarily topological).
+  std::vector<Node*> nodes() const;
+  std::vector<Value*> values() const;
+  size_t num_nodes() const;
+
+  // Nodes in a deterministic topological order; KILN-E2005 names a node on a cycle.
+  StatusOr<std::vector<Node*>> TopologicalOrder() const;
+
+ private:
+  std::string name_;
+  int64_t opset_ = 0;
+  std::vector<std::unique_ptr<Value>> values_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::unordered_map<std::string, Value*> value_by_name_;
+  std::vector<Value*> inputs_;
+  std::vector<Value*> outputs_;
+  int64_t next_node_id_ = 0;
+  int64_t next_unique_ = 0;
+};
+
+// Structural checks: every input defined (graph input, constant or node output), one producer per
+// value, no cycles, outputs defined, dtypes known. Op-specific type rules live in ops.
+Status Verify(const Graph& graph);
+
+}  // namespace kiln

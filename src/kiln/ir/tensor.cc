@@ -1,0 +1,156 @@
+// Tensor storage and element conversion.
+#include "kiln/ir/tensor.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace kiln {
+
+int64_t NumElements(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+int64_t TensorView::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+namespace {
+std::shared_ptr<void> AllocateAligned(size_t bytes) {
+  size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  std::memset(p, 0, rounded);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+}  // namespace
+
+Tensor::Tensor(DataType dtype, std::vector<int64_t> dims) : dtype_(dtype), dims_(std::move(dims)) {
+  auto storage = AllocateAligned(size_bytes());
+  data_ = storage.get();
+  storage_ = std::move(storage);
+}
+
+Tensor Tensor::FromBytes(DataType dtype, std::vector<int64_t> dims,
+                         std::span<const std::byte> bytes) {
+  Tensor t(dtype, std::move(dims));
+  std::memcpy(const_cast<void*>(t.data_), bytes.data(), std::min(bytes.size(), t.size_bytes()));
+  return t;
+}
+
+Tensor Tensor::Borrow(DataType dtype, std::vector<int64_t> dims, const void* data,
+                      std::shared_ptr<const void> keepalive) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.dims_ = std::move(dims);
+  t.data_ = data;
+  t.storage_ = std::move(keepalive);
+  return t;
+}
+
+void* Tensor::mutable_raw() {
+  // Copy-on-write: a shared or borrowed buffer is never modified in place.
+  if (storage_.use_count() != 1 || storage_.get() != data_) {
+    auto fresh = AllocateAligned(size_bytes());
+    std::memcpy(fresh.get(), data_, size_bytes());
+    data_ = fresh.get();
+    storage_ = std::move(fresh);
+  }
+  return const_cast<void*>(data_);
+}
+
+double LoadAsDouble(const TensorView& v, int64_t i) {
+  switch (v.dtype) {
+    case DataType::kFloat32:
+      return static_cast<const float*>(v.data)[i];
+    case DataType::kFloat16:
+      return HalfBitsToFloat(static_cast<const uint16_t*>(v.data)[i]);
+    case DataType::kBFloat16:
+      return BFloat16BitsToFloat(static_cast<const uint16_t*>(v.data)[i]);
+    case DataType::kInt8:
+      return static_cast<const int8_t*>(v.data)[i];
+    case DataType::kUInt8:
+      return static_cast<const uint8_t*>(v.data)[i];
+    case DataType::kInt32:
+      return static_cast<const int32_t*>(v.data)[i];
+    case DataType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(v.data)[i]);
+    case DataType::kBool:
+      return static_cast<const uint8_t*>(v.data)[i] ? 1.0 : 0.0;
+    case DataType::kUndefined:
+      break;
+  }
+  return 0;
+}
+
+void StoreFromDouble(const TensorView& v, int64_t i, double x) {
+  switch (v.dtype) {
+    case DataType::kFloat32:
+      static_cast<float*>(v.data)[i] = static_cast<float>(x);
+      break;
+    case DataType::kFloat16:
+      static_cast<uint16_t*>(v.data)[i] = FloatToHalfBits(static_cast<float>(x));
+      break;
+    case DataType::kBFloat16:
+      static_cast<uint16_t*>(v.data)[i] = FloatToBFloat16Bits(static_cast<float>(x));
+      break;
+    case DataType::kInt8:
+      static_cast<int8_t*>(v.data)[i] = static_cast<int8_t>(x);
+      break;
+    case DataType::kUInt8:
+      static_cast<uint8_t*>(v.data)[i] = static_cast<uint8_t>(x);
+      break;
+    case DataType::kInt32:
+      static_cast<int32_t*>(v.data)[i] = static_cast<int32_t>(x);
+      break;
+    case DataType::kInt64:
+      static_cast<int64_t*>(v.data)[i] = static_cast<int64_t>(x);
+      break;
+    case DataType::kBool:
+      static_cast<uint8_t*>(v.data)[i] = x != 0 ? 1 : 0;
+      break;
+    case DataType::kUndefined:
+      break;
+  }
+}
+
+double Tensor::GetDouble(int64_t i) const { return LoadAsDouble(view(), i); }
+
+int64_t Tensor::GetInt(int64_t i) const {
+  if (dtype_ == DataType::kInt64) return data<int64_t>()[i];
+  return static_cast<int64_t>(GetDouble(i));
+}
+
+Tensor Tensor::CastTo(DataType dtype) const {
+  Tensor out(dtype, dims_);
+  TensorView src = view(), dst = out.view();
+  int64_t n = num_elements();
+  if (dtype_ == DataType::kInt64 && dtype == DataType::kInt64) {
+    std::memcpy(dst.data, src.data, size_bytes());
+    return out;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    double x = LoadAsDouble(src, i);
+    if (IsInteger(dtype) && std::isfinite(x)) x = std::trunc(x);
+    StoreFromDouble(dst, i, x);
+  }
+  return out;
+}
+
+std::vector<int64_t> Tensor::ToInt64Vector() const {
+  std::vector<int64_t> out(static_cast<size_t>(num_elements()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = GetInt(static_cast<int64_t>(i));
+  return out;
+}
+
+std::vector<float> Tensor::ToFloatVector() const {
+  std::vector<float> out(static_cast<size_t>(num_elements()));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<float>(GetDouble(static_cast<int64_t>(i)));
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,92 @@
+// Host tensors: Tensor owns its bytes (weights, constants, test data); TensorView borrows them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/core/float16.h"
+#include "kiln/core/status.h"
+#include "kiln/ir/dtype.h"
+
+namespace kiln {
+
+int64_t NumElements(const std::vector<int64_t>& dims);
+
+// A borrowed, dense, row-major tensor.
+struct TensorView {
+  DataType dtype = DataType::kUndefined;
+  std::span<const int64_t> dims;
+  void* data = nullptr;
+
+  int64_t num_elements() const;
+  size_t size_bytes() const { return static_cast<size_t>(num_elements()) * SizeOf(dtype); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+};
+
+// An owned, dense, row-major host tensor. Bytes are 64-byte aligned. Copyable (deep copy is the
+// point: constants are values). Storage may also be borrowed from a mapped file, kept alive by
+// `keepalive`.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(DataType dtype, std::vector<int64_t> dims);  // zero-filled
+  static Tensor FromBytes(DataType dtype, std::vector<int64_t> dims,
+                          std::span<const std::byte> bytes);
+  // Shares memory owned by `keepalive` (e.g. an mmapped engine); never copies.
+  static Tensor Borrow(DataType dtype, std::vector<int64_t> dims, const void* data,
+                       std::shared_ptr<const void> keepalive);
+  template <typename T>
+  static Tensor FromVector(DataType dtype, std::vector<int64_t> dims,
+                           const std::vector<T>& values) {
+    return FromBytes(dtype, std::move(dims),
+                     std::as_bytes(std::span(values.data(), values.size())));
+  }
+
+  DataType dtype() const { return dtype_; }
+  const std::vector<int64_t>& dims() const { return dims_; }
+  int64_t num_elements() const { return NumElements(dims_); }
+  size_t size_bytes() const { return static_cast<size_t>(num_elements()) * SizeOf(dtype_); }
+  bool empty() const { return dtype_ == DataType::kUndefined; }
+
+  const void* raw() const { return data_; }
+  void* mutable_raw();  // copies borrowed storage first
+  std::span<const std::byte> bytes() const {
+    return {static_cast<const std::byte*>(data_), size_bytes()};
+  }
+  template <typename T>
+  const T* data() const {
+    return static_cast<const T*>(data_);
+  }
+  template <typename T>
+  T* mutable_data() {
+    return static_cast<T*>(mutable_raw());
+  }
+  TensorView view() const { return {dtype_, dims_, const_cast<void*>(data_)}; }
+
+  // Element i converted to double / int64 (any dtype). For tests, folding and shape values.
+  double GetDouble(int64_t i) const;
+  int64_t GetInt(int64_t i) const;
+  // Converted copy (float <-> half <-> int ...), rounding to nearest even.
+  Tensor CastTo(DataType dtype) const;
+  std::vector<int64_t> ToInt64Vector() const;
+  std::vector<float> ToFloatVector() const;
+
+ private:
+  DataType dtype_ = DataType::kUndefined;
+  std::vector<int64_t> dims_;
+  std::shared_ptr<const void> storage_;
+  const void* data_ = nullptr;
+};
+
+// Reads element i of a view as double and writes element i from double (for reference code).
+double LoadAsDouble(const TensorView& v, int64_t i);
+void StoreFromDouble(const TensorView& v, int64_t i, double x);
+
+}  // namespace kiln

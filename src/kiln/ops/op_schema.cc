@@ -1,0 +1,154 @@
+// The schema table built from ops.inc, arity checking and graph-wide shape inference.
+#include "kiln/ops/op_schema.h"
+
+#include <unordered_map>
+
+namespace kiln {
+
+namespace {
+constexpr OpSchema kSchemas[] = {
+#define KILN_OP(name, min_in, max_in, min_out, max_out, latest) \
+  {OpType::k##name, #name, min_in, max_in, min_out, max_out, latest, &Infer##name},
+#include "kiln/ops/ops.inc"
+#undef KILN_OP
+};
+}  // namespace
+
+std::span<const OpSchema> AllOpSchemas() { return kSchemas; }
+
+const OpSchema& GetOpSchema(OpType type) { return kSchemas[static_cast<size_t>(type)]; }
+
+const OpSchema* FindOpSchema(std::string_view op_type) {
+  static const auto* index = [] {
+    auto* m = new std::unordered_map<std::string_view, const OpSchema*>();
+    for (const OpSchema& s : kSchemas) (*m)[s.name] = &s;
+    return m;
+  }();
+  auto it = index->find(op_type);
+  return it == index->end() ? nullptr : it->second;
+}
+
+std::optional<std::vector<Dim>> InferenceContext::input_dims_value(size_t i) const {
+  if (!has_input(i)) return std::nullopt;
+  const ValueInfo& v = *inputs_[i];
+  if (v.dims_value) return v.dims_value;
+  if (v.constant &&
+      (v.constant->dtype() == DataType::kInt64 || v.constant->dtype() == DataType::kInt32) &&
+      v.constant->dims().size() <= 1) {
+    std::vector<Dim> out;
+    for (int64_t x : v.constant->ToInt64Vector()) out.push_back(x);
+    return out;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::vector<int64_t>> InferenceContext::input_ints(size_t i) const {
+  if (has_input(i) && inputs_[i]->constant && IsInteger(inputs_[i]->constant->dtype())) {
+    return inputs_[i]->constant->ToInt64Vector();
+  }
+  auto dims = input_dims_value(i);
+  if (!dims) return std::nullopt;
+  std::vector<int64_t> out;
+  for (const Dim& d : *dims) {
+    if (!d.is_static()) return std::nullopt;
+    out.push_back(d.value());
+  }
+  return out;
+}
+
+Status InferNode(const Node& node, std::span<const ValueInfo* const> inputs,
+                 std::span<ValueInfo> outputs) {
+  const OpSchema* schema = FindOpSchema(node.op_type());
+  if (!schema) {
+    return MakeError(ErrorCode::kUnsupportedOps, "node '{}': op '{}' is not supported", node.name(),
+                     node.op_type());
+  }
+  // Trailing omitted inputs do not count.
+  int given = static_cast<int>(inputs.size());
+  while (given > 0 && inputs[given - 1] == nullptr) --given;
+  if (given < schema->min_inputs || given > schema->max_inputs) {
+    return MakeError(ErrorCode::kInvalidModel,
+                     "node '{}' ({}) has {} inputs; the op takes {} to {}", node.name(),
+                     node.op_type(), given, schema->min_inputs, schema->max_inputs);
+  }
+  int outs = static_cast<int>(outputs.size());
+  if (outs < schema->min_outputs || outs > schema->max_outputs) {
+    return MakeError(ErrorCode::kInvalidModel,
+                     "node '{}' ({}) has {} outputs; the op gives {} to {}", node.name(),
+                     node.op_type(), outs, schema->min_outputs, schema->max_outputs);
+  }
+  for (int i = 0; i < schema->min_inputs; ++i) {
+    if (!inputs[i]) {
+      return MakeError(ErrorCode::kInvalidModel, "node '{}' ({}): required input {} is missing",
+                       node.name(), node.op_type(), i);
+    }
+  }
+  InferenceContext ctx(node, inputs, outputs);
+  return schema->infer(ctx);
+}
+
+StatusOr<ShapeInferenceResult> InferShapes(Graph& graph) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  ShapeInferenceResult result;
+  std::unordered_map<const Value*, ValueInfo> info;
+  auto info_of = [&](Value* v) -> const ValueInfo* {
+    if (!v) return nullptr;
+    auto it = info.find(v);
+    if (it != info.end()) return &it->second;
+    ValueInfo vi;
+    vi.dtype = v->dtype();
+    vi.shape = v->shape();
+    vi.constant = v->constant();
+    return &info.emplace(v, std::move(vi)).first->second;
+  };
+  for (Node* node : order) {
+    std::vector<const ValueInfo*> ins;
+    for (Value* v : node->inputs()) ins.push_back(info_of(v));
+    std::vector<ValueInfo> outs(node->num_outputs());
+    KILN_RETURN_IF_ERROR(InferNode(*node, ins, outs));
+    for (size_t i = 0; i < outs.size(); ++i) {
+      Value* v = node->output(i);
+      if (!v) continue;
+      v->set_dtype(outs[i].dtype);
+      v->set_shape(outs[i].shape);
+      if (outs[i].dims_value) result.dims_values[v] = *outs[i].dims_value;
+      info[v] = std::move(outs[i]);
+    }
+  }
+  return result;
+}
+
+StatusOr<Shape> BroadcastShapes(const Shape& a, const Shape& b) {
+  size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    const Dim* da = i < rank - a.size() ? nullptr : &a[i - (rank - a.size())];
+    const Dim* db = i < rank - b.size() ? nullptr : &b[i - (rank - b.size())];
+    if (!da) {
+      out[i] = *db;
+    } else if (!db) {
+      out[i] = *da;
+    } else if (*da == *db || *db == Dim(1)) {
+      out[i] = *da;
+    } else if (*da == Dim(1)) {
+      out[i] = *db;
+    } else if (da->is_static() && db->is_static()) {
+      return MakeError(ErrorCode::kShapeMismatch, "shapes {} and {} do not broadcast", ToString(a),
+                       ToString(b));
+    } else {
+      // Symbolic vs other: assume equal (the runtime checks concrete dims).
+      out[i] = da->is_static() ? *da : *db;
+    }
+  }
+  return out;
+}
+
+StatusOr<int64_t> NormalizeAxis(int64_t axis, int64_t rank) {
+  if (axis < -rank || axis >= std::max<int64_t>(rank, 1)) {
+    return MakeError(ErrorCode::kInvalidAttribute, "axis {} is out of range for rank {}", axis,
+                     rank);
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+}  // namespace kiln

@@ -1,0 +1,116 @@
+// Operator schemas and shape/type inference over symbolic dims. One rule per op (ops.inc); the
+// same rule runs at build time (dims may be symbolic) and at run time (dims are integers).
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/core/status.h"
+#include "kiln/ir/graph.h"
+
+namespace kiln {
+
+enum class OpType : uint16_t {
+#define KILN_OP(name, ...) k##name,
+#include "kiln/ops/ops.inc"
+#undef KILN_OP
+  kNumOps,
+};
+
+// What inference knows about one value.
+struct ValueInfo {
+  DataType dtype = DataType::kUndefined;
+  Shape shape;
+  // The value's contents when it is a constant (weights, folded tensors).
+  const Tensor* constant = nullptr;
+  // The value's contents when it is a small integer tensor whose elements are known as dims
+  // (the output of Shape and of arithmetic on it). Rank 0 or 1.
+  std::optional<std::vector<Dim>> dims_value;
+};
+
+class InferenceContext {
+ public:
+  InferenceContext(const Node& node, std::span<const ValueInfo* const> inputs,
+                   std::span<ValueInfo> outputs)
+      : node_(node), inputs_(inputs), outputs_(outputs) {}
+
+  const Node& node() const { return node_; }
+  const AttributeMap& attrs() const { return node_.attrs(); }
+  size_t num_inputs() const { return inputs_.size(); }
+  size_t num_outputs() const { return outputs_.size(); }
+  bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i] != nullptr; }
+  const ValueInfo& input(size_t i) const { return *inputs_[i]; }
+  DataType input_type(size_t i) const { return inputs_[i]->dtype; }
+  const Shape& input_shape(size_t i) const { return inputs_[i]->shape; }
+  const Tensor* input_constant(size_t i) const {
+    return has_input(i) ? inputs_[i]->constant : nullptr;
+  }
+  // The elements of input i as dims when known (a constant integer tensor or a propagated shape
+  // value); nullopt otherwise.
+  std::optional<std::vector<Dim>> input_dims_value(size_t i) const;
+  // Like input_dims_value but every element must be static; nullopt otherwise.
+  std::optional<std::vector<int64_t>> input_ints(size_t i) const;
+
+  ValueInfo& output(size_t i) { return outputs_[i]; }
+  void set_output(size_t i, DataType dtype, Shape shape) {
+    outputs_[i].dtype = dtype;
+    outputs_[i].shape = std::move(shape);
+  }
+  void set_output_dims_value(size_t i, std::vector<Dim> value) {
+    outputs_[i].dims_value = std::move(value);
+  }
+
+  // An error that names the node: "node 'conv1' (Conv): <message>".
+  template <typename... Args>
+  Status Error(ErrorCode code, fmt::format_string<Args...> format, Args&&... args) const {
+    return Status(code, fmt::format("node '{}' ({}): {}", node_.name(), node_.op_type(),
+                                    fmt::format(format, std::forward<Args>(args)...)));
+  }
+
+ private:
+  const Node& node_;
+  std::span<const ValueInfo* const> inputs_;
+  std::span<ValueInfo> outputs_;
+};
+
+using InferFn = Status (*)(InferenceContext&);
+
+struct OpSchema {
+  OpType type;
+  std::string_view name;
+  int min_inputs, max_inputs, min_outputs, max_outputs;
+  int latest_opset;
+  InferFn infer;
+};
+
+// nullptr for an op kiln does not support.
+const OpSchema* FindOpSchema(std::string_view op_type);
+const OpSchema& GetOpSchema(OpType type);
+std::span<const OpSchema> AllOpSchemas();
+
+// Applies one node's rule (checks arity first).
+Status InferNode(const Node& node, std::span<const ValueInfo* const> inputs,
+                 std::span<ValueInfo> outputs);
+
+// Infers dtypes and shapes of every value in topological order and stores them on the values
+// (and the known dims-values in the returned table). Errors name the node.
+struct ShapeInferenceResult {
+  std::unordered_map<const Value*, std::vector<Dim>> dims_values;
+};
+StatusOr<ShapeInferenceResult> InferShapes(Graph& graph);
+
+// Helpers for rules.
+// Numpy-style broadcast of two shapes; error names both shapes.
+StatusOr<Shape> BroadcastShapes(const Shape& a, const Shape& b);
+// Normalises a possibly negative axis against rank; error when out of range.
+StatusOr<int64_t> NormalizeAxis(int64_t axis, int64_t rank);
+
+// Declarations of every rule.
+#define KILN_OP(name, ...) Status Infer##name(InferenceContext& ctx);
+#include "kiln/ops/ops.inc"
+#undef KILN_OP
+
+}  // namespace kiln
