@@ -1,0 +1,70 @@
+// The in-memory form of an engine: what the builder assembles, what a .kiln file stores and what
+// the runtime executes. Serialization (engine_file.h) turns it into bytes and back.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/backends/kernel.h"
+#include "kiln/ir/graph.h"
+
+namespace kiln {
+
+// min/opt/max dims for one dynamic input.
+struct InputProfile {
+  std::string input;
+  std::vector<int64_t> min, opt, max;
+};
+
+struct OptimizationProfile {
+  std::vector<InputProfile> inputs;
+  const InputProfile* Find(const std::string& input) const {
+    for (const auto& p : inputs) {
+      if (p.input == input) return &p;
+    }
+    return nullptr;
+  }
+};
+
+// One executable layer: a node of the (optimized) graph with its chosen implementation.
+struct LayerDesc {
+  const Node* node = nullptr;   // in EngineDesc::graph
+  std::string provider_id;      // KernelProvider::id(), e.g. "cpu.conv.im2col"
+  TacticConfig tactic;          // name, params, workspace estimate
+  double measured_ms = -1;      // timing at build (-1: heuristic choice, not timed)
+  std::string precision_reason; // why this layer runs in its precision (report)
+};
+
+// Where each non-constant, non-binding value lives in the activation arena (max-profile sizes).
+struct MemoryPlan {
+  std::map<std::string, int64_t> offsets;  // value name -> byte offset in the arena
+  int64_t arena_bytes = 0;                 // activations after liveness reuse
+  int64_t workspace_bytes = 0;             // largest layer workspace (one shared region)
+  int64_t weights_bytes = 0;
+  int64_t peak_bytes = 0;                  // weights + arena + workspace
+};
+
+struct EngineHeader {
+  uint32_t format_version = 1;
+  std::string kiln_version;
+  BackendKind backend = BackendKind::kCpu;
+  std::string device_arch;      // "x86_64", "sm_90"
+  std::string library_versions;
+  std::string model_hash;       // hex of the ONNX bytes' hash
+  std::string config_hash;      // hex of the build config's hash
+  std::string model_name;
+};
+
+struct EngineDesc {
+  EngineHeader header;
+  std::unique_ptr<Graph> graph;   // optimized graph; constants hold the weights
+  std::vector<LayerDesc> layers;  // execution order (topological)
+  OptimizationProfile profile;    // one profile for now
+  MemoryPlan plan;
+  std::string build_report_json;  // the build report, for `kiln inspect`
+};
+
+}  // namespace kiln
