@@ -1,0 +1,272 @@
+// BuildEngine: the build pipeline. Phases: verify -> profile -> shapes -> (passes) -> tactics ->
+// memory plan -> engine. Each phase reports progress; every phase after the first valid engine
+// only improves it.
+#include "kiln/build/builder.h"
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <map>
+
+#include "kiln/backends/backend.h"
+#include "kiln/core/logging.h"
+#include "kiln/ops/op_schema.h"
+#include "kiln/plan/memory_plan.h"
+
+namespace kiln {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+OperandDesc Describe(const Value* v, const std::map<std::string, int64_t>& max_bindings) {
+  OperandDesc d;
+  if (!v) return d;
+  d.dtype = v->dtype();
+  d.shape = v->shape();
+  for (const Dim& dim : v->shape()) {
+    Dim m = dim.Substitute(max_bindings);
+    d.max_dims.push_back(m.is_static() ? m.value() : -1);
+  }
+  d.constant = v->constant();
+  return d;
+}
+}  // namespace
+
+KernelRequest MakeKernelRequest(const Node& node, const std::map<std::string, int64_t>& max_bindings) {
+  KernelRequest r;
+  r.node = &node;
+  for (const Value* v : node.inputs()) r.inputs.push_back(Describe(v, max_bindings));
+  for (const Value* v : node.outputs()) r.outputs.push_back(Describe(v, max_bindings));
+  return r;
+}
+
+Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
+  for (const InputProfile& p : profile.inputs) {
+    const Value* in = graph.FindValue(p.input);
+    if (!in || !in->is_graph_input()) {
+      std::vector<std::string> names;
+      for (const Value* v : graph.inputs()) names.push_back(v->name());
+      return MakeError(ErrorCode::kInvalidProfile, "profile for '{}', which is not a model input (inputs: {})",
+                       p.input, fmt::join(names, ", "));
+    }
+    if (IsStatic(in->shape())) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' has the static shape {}; it needs no profile (remove --profile {})",
+                       p.input, ToString(in->shape()), p.input);
+    }
+    size_t rank = in->shape().size();
+    for (const auto* dims : {&p.min, &p.opt, &p.max}) {
+      if (dims->size() != rank) {
+        return MakeError(ErrorCode::kInvalidProfile, "profile of '{}' has rank {}; the input {} has rank {}",
+                         p.input, dims->size(), ToString(in->shape()), rank);
+      }
+    }
+    for (size_t i = 0; i < rank; ++i) {
+      const Dim& d = in->shape()[i];
+      if (d.is_static() && (p.min[i] != d.value() || p.opt[i] != d.value() || p.max[i] != d.value())) {
+        return MakeError(ErrorCode::kInvalidProfile,
+                         "input '{}' dimension {} is fixed at {}; the profile gives {}/{}/{}", p.input,
+                         i, d.value(), p.min[i], p.opt[i], p.max[i]);
+      }
+      if (!(p.min[i] <= p.opt[i] && p.opt[i] <= p.max[i])) {
+        return MakeError(ErrorCode::kInvalidProfile,
+                         "input '{}' dimension {} ({}): need min <= opt <= max, got {} / {} / {}",
+                         p.input, i, d.ToString(), p.min[i], p.opt[i], p.max[i]);
+      }
+      if (p.min[i] < 1 && !d.is_static()) {
+        return MakeError(ErrorCode::kInvalidProfile, "input '{}' dimension {}: min must be at least 1",
+                         p.input, i);
+      }
+    }
+  }
+  for (const Value* in : graph.inputs()) {
+    if (!IsStatic(in->shape()) && !profile.Find(in->name())) {
+      return MakeError(ErrorCode::kMissingProfile,
+                       "input '{}' has dynamic shape {} and no profile; add --profile {}:MIN,OPT,MAX",
+                       in->name(), ToString(in->shape()), in->name());
+    }
+  }
+  return OkStatus();
+}
+
+std::map<std::string, int64_t> ProfileBindings(const Graph& graph, const OptimizationProfile& profile,
+                                               int which) {
+  std::map<std::string, int64_t> out;
+  for (const InputProfile& p : profile.inputs) {
+    const Value* in = graph.FindValue(p.input);
+    if (!in) continue;
+    const auto& dims = which == 0 ? p.min : which == 1 ? p.opt : p.max;
+    for (size_t i = 0; i < in->shape().size() && i < dims.size(); ++i) {
+      auto syms = in->shape()[i].Symbols();
+      if (syms.size() == 1 && in->shape()[i] == Dim::Symbol(syms[0])) {
+        auto [it, inserted] = out.emplace(syms[0], dims[i]);
+        // A symbol shared by several inputs takes the tightest bound.
+        if (!inserted) it->second = which == 0 ? std::max(it->second, dims[i]) : std::min(it->second, dims[i]);
+      }
+    }
+  }
+  return out;
+}
+
+StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& config,
+                                                  BuildReport* report) {
+  const auto start = Clock::now();
+  BuildReport local_report;
+  BuildReport& rep = report ? *report : local_report;
+  rep = BuildReport();
+  rep.model_name = input.model_name;
+  rep.backend = std::string(ToString(config.backend));
+  auto progress = [&](std::string phase, int64_t done, int64_t total, std::string detail) {
+    if (!config.progress) return true;
+    return config.progress({std::move(phase), done, total, Seconds(start), std::move(detail)});
+  };
+
+  Graph& graph = *input.graph;
+  progress("verify", 0, 1, "");
+  KILN_RETURN_IF_ERROR(Verify(graph));
+  KILN_RETURN_IF_ERROR(ValidateProfile(graph, config.profile));
+  KILN_RETURN_IF_ERROR_CTX(InferShapes(graph), "inferring shapes of '{}'", input.model_name);
+  rep.phase_seconds_import = Seconds(start);
+
+  KILN_ASSIGN_OR_RETURN(Backend * backend, GetBackend(config.backend));
+  KILN_ASSIGN_OR_RETURN(DeviceInfo device, backend->Info());
+  rep.device = device.name;
+
+  // Tactics: the heuristic choice per layer (first tactic of the first provider that supports it).
+  const auto tactics_start = Clock::now();
+  auto max_bindings = ProfileBindings(graph, config.profile, 2);
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  std::vector<LayerDesc> layers;
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Node& node = *order[i];
+    KernelRequest request = MakeKernelRequest(node, max_bindings);
+    LayerDesc layer;
+    layer.node = &node;
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, node.op_type())) {
+      auto tactics = p->Tactics(request);
+      if (tactics.empty()) continue;
+      layer.provider_id = std::string(p->id());
+      layer.tactic = tactics.front();
+      break;
+    }
+    if (layer.provider_id.empty()) {
+      std::vector<std::string> types;
+      for (const auto& d : request.inputs) types.push_back(std::string(ToString(d.dtype)));
+      missing.push_back(fmt::format("'{}' ({}; inputs {})", node.name(), node.op_type(), fmt::join(types, ",")));
+      continue;
+    }
+    layer.precision_reason = "fp32 (reference precision)";
+    layers.push_back(std::move(layer));
+    if (!progress("tactics", static_cast<int64_t>(i + 1), static_cast<int64_t>(order.size()), node.name())) {
+      return MakeError(ErrorCode::kCancelled, "build cancelled by the progress callback before a valid engine existed");
+    }
+  }
+  if (!missing.empty()) {
+    return MakeError(ErrorCode::kNoTactic, "{} layer(s) have no {} implementation: {}", missing.size(),
+                     ToString(config.backend), fmt::join(missing, ", "));
+  }
+  rep.phase_seconds_tactics = Seconds(tactics_start);
+
+  const auto plan_start = Clock::now();
+  KILN_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(graph, layers, max_bindings));
+  rep.phase_seconds_plan = Seconds(plan_start);
+
+  auto engine = std::make_unique<EngineDesc>();
+  engine->header.kiln_version = KILN_VERSION_STRING;
+  engine->header.backend = config.backend;
+  engine->header.device_arch = device.arch;
+  engine->header.library_versions = device.library_versions;
+  engine->header.model_hash = input.model_hash.Hex();
+  engine->header.config_hash = config.Hash().Hex();
+  engine->header.model_name = input.model_name;
+  engine->profile = config.profile;
+  engine->plan = plan;
+
+  rep.layers = static_cast<int64_t>(layers.size());
+  rep.weights_bytes = plan.weights_bytes;
+  rep.arena_bytes = plan.arena_bytes;
+  rep.workspace_bytes = plan.workspace_bytes;
+  rep.peak_bytes = plan.peak_bytes;
+  for (const LayerDesc& l : layers) {
+    LayerReport lr;
+    lr.name = l.node->name();
+    lr.op_type = l.node->op_type();
+    lr.precision = l.node->num_outputs() && l.node->output(0) ? std::string(ToString(l.node->output(0)->dtype())) : "";
+    lr.precision_reason = l.precision_reason;
+    lr.tactic = l.tactic.name;
+    lr.time_ms = l.measured_ms;
+    lr.workspace_bytes = static_cast<int64_t>(l.tactic.workspace_bytes);
+    rep.layer_reports.push_back(std::move(lr));
+  }
+  engine->layers = std::move(layers);
+  engine->graph = std::move(input.graph);
+  rep.build_seconds = Seconds(start);
+  engine->build_report_json = rep.ToJson();
+  progress("done", 1, 1, "");
+  return engine;
+}
+
+std::string BuildReport::ToJson() const {
+  nlohmann::json j;
+  j["model"] = model_name;
+  j["backend"] = backend;
+  j["device"] = device;
+  j["build_seconds"] = build_seconds;
+  j["phase_seconds"] = {{"import", phase_seconds_import}, {"passes", phase_seconds_passes},
+                        {"tactics", phase_seconds_tactics}, {"plan", phase_seconds_plan}};
+  j["layers"] = layers;
+  j["tactics_timed"] = tactics_timed;
+  j["timing_cache_hits"] = timing_cache_hits;
+  j["deadline_hit"] = deadline_hit;
+  j["memory"] = {{"weights_bytes", weights_bytes}, {"arena_bytes", arena_bytes},
+                 {"workspace_bytes", workspace_bytes}, {"peak_bytes", peak_bytes},
+                 {"naive_activation_bytes", naive_activation_bytes}};
+  nlohmann::json ls = nlohmann::json::array();
+  for (const LayerReport& l : layer_reports) {
+    ls.push_back({{"name", l.name}, {"op", l.op_type}, {"precision", l.precision},
+                  {"precision_reason", l.precision_reason}, {"tactic", l.tactic},
+                  {"time_ms", l.time_ms}, {"workspace_bytes", l.workspace_bytes}});
+  }
+  j["layer_reports"] = ls;
+  j["warnings"] = warnings;
+  // Deterministic output: build_seconds is excluded from the engine by the caller when needed.
+  return j.dump(2);
+}
+
+namespace {
+std::string HumanBytes(int64_t b) {
+  if (b >= (1LL << 30)) return fmt::format("{:.2f} GiB", b / double(1LL << 30));
+  if (b >= (1LL << 20)) return fmt::format("{:.2f} MiB", b / double(1LL << 20));
+  if (b >= (1LL << 10)) return fmt::format("{:.1f} KiB", b / double(1LL << 10));
+  return fmt::format("{} B", b);
+}
+}  // namespace
+
+std::string BuildReport::ToText(bool per_layer) const {
+  std::string out;
+  out += fmt::format("build report: {} on {} ({})\n", model_name, backend, device);
+  if (per_layer) {
+    out += fmt::format("  {:<4} {:<32} {:<18} {:<5} {:<36} {:>9}\n", "#", "layer", "op", "prec", "tactic", "time ms");
+    for (size_t i = 0; i < layer_reports.size(); ++i) {
+      const auto& l = layer_reports[i];
+      std::string name = l.name.size() > 32 ? "…" + l.name.substr(l.name.size() - 31) : l.name;
+      out += fmt::format("  {:<4} {:<32} {:<18} {:<5} {:<36} {:>9}\n", i, name, l.op_type, l.precision,
+                         l.tactic, l.time_ms < 0 ? std::string("-") : fmt::format("{:.4f}", l.time_ms));
+    }
+  }
+  out += fmt::format("  layers {}   tactics timed {}   timing-cache hits {}{}\n", layers, tactics_timed,
+                     timing_cache_hits, deadline_hit ? "   (deadline reached: best engine so far)" : "");
+  out += fmt::format("  memory: weights {}  activations {}  workspace {}  peak {}\n", HumanBytes(weights_bytes),
+                     HumanBytes(arena_bytes), HumanBytes(workspace_bytes), HumanBytes(peak_bytes));
+  out += fmt::format("  build time {:.3f} s\n", build_seconds);
+  for (const auto& w : warnings) out += fmt::format("  warning: {}\n", w);
+  return out;
+}
+
+}  // namespace kiln

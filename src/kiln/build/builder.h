@@ -1,0 +1,64 @@
+// The Builder: ONNX graph -> optimized, precision-assigned, memory-planned engine with one tactic
+// per layer. The build is bounded: a valid engine exists after the heuristic pass, and later
+// phases only improve it until the deadline.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/build/builder_config.h"
+#include "kiln/engine/engine_desc.h"
+
+namespace kiln {
+
+struct LayerReport {
+  std::string name;
+  std::string op_type;
+  std::string precision;  // "f32", "f16", ...
+  std::string precision_reason;
+  std::string tactic;
+  double time_ms = -1;  // measured (-1: heuristic, not timed)
+  int64_t workspace_bytes = 0;
+  int64_t output_bytes = 0;  // at the max profile shape
+};
+
+struct BuildReport {
+  std::string model_name;
+  std::string backend;
+  std::string device;
+  double build_seconds = 0;
+  double phase_seconds_import = 0, phase_seconds_passes = 0, phase_seconds_tactics = 0,
+         phase_seconds_plan = 0;
+  int64_t layers = 0;
+  int64_t tactics_timed = 0;
+  int64_t timing_cache_hits = 0;
+  bool deadline_hit = false;
+  int64_t weights_bytes = 0, arena_bytes = 0, workspace_bytes = 0, peak_bytes = 0;
+  int64_t naive_activation_bytes = 0;  // without liveness reuse, for comparison
+  std::vector<LayerReport> layer_reports;
+  std::vector<std::string> warnings;
+
+  std::string ToJson() const;
+  // The table people read after `kiln build`.
+  std::string ToText(bool per_layer) const;
+};
+
+struct BuildInput {
+  std::unique_ptr<Graph> graph;
+  std::string model_name;
+  Hash128 model_hash;  // hash of the model's bytes (content address)
+};
+
+// Builds an engine. The graph is consumed.
+StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& config,
+                                                  BuildReport* report);
+
+// Checks the profile against the graph's inputs: every dynamic input has min<=opt<=max of the
+// right rank with static dims matching; no profile for an input that is not dynamic.
+Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile);
+// symbol -> value for one of the profile's shapes (0 min, 1 opt, 2 max).
+std::map<std::string, int64_t> ProfileBindings(const Graph& graph,
+                                               const OptimizationProfile& profile, int which);
+
+}  // namespace kiln
