@@ -37,3 +37,15 @@ endfunction()
 function(kiln_cli_link)
   set_property(GLOBAL APPEND PROPERTY KILN_CLI_LIBS ${ARGN})
 endfunction()
+
+# kiln_embed_file(TARGET FILE SYMBOL): compiles FILE's bytes into TARGET as
+# `extern const unsigned char SYMBOL[]; extern const std::size_t SYMBOL_size;`.
+function(kiln_embed_file target file symbol)
+  set(out ${CMAKE_CURRENT_BINARY_DIR}/embedded_${symbol}.cc)
+  add_custom_command(OUTPUT ${out}
+    COMMAND ${CMAKE_COMMAND} -DINPUT=${file} -DOUTPUT=${out} -DSYMBOL=${symbol}
+            -P ${PROJECT_SOURCE_DIR}/cmake/EmbedFile.cmake
+    DEPENDS ${file} ${PROJECT_SOURCE_DIR}/cmake/EmbedFile.cmake
+    COMMENT "Embedding ${file}")
+  target_sources(${target} PRIVATE ${out})
+endfunction()

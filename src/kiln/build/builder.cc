@@ -37,7 +37,8 @@ OperandDesc Describe(const Value* v, const std::map<std::string, int64_t>& max_b
 }
 }  // namespace
 
-KernelRequest MakeKernelRequest(const Node& node, const std::map<std::string, int64_t>& max_bindings) {
+KernelRequest MakeKernelRequest(const Node& node,
+                                const std::map<std::string, int64_t>& max_bindings) {
   KernelRequest r;
   r.node = &node;
   for (const Value* v : node.inputs()) r.inputs.push_back(Describe(v, max_bindings));
@@ -51,27 +52,31 @@ Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
     if (!in || !in->is_graph_input()) {
       std::vector<std::string> names;
       for (const Value* v : graph.inputs()) names.push_back(v->name());
-      return MakeError(ErrorCode::kInvalidProfile, "profile for '{}', which is not a model input (inputs: {})",
-                       p.input, fmt::join(names, ", "));
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "profile for '{}', which is not a model input (inputs: {})", p.input,
+                       fmt::join(names, ", "));
     }
     if (IsStatic(in->shape())) {
-      return MakeError(ErrorCode::kInvalidProfile,
-                       "input '{}' has the static shape {}; it needs no profile (remove --profile {})",
-                       p.input, ToString(in->shape()), p.input);
+      return MakeError(
+          ErrorCode::kInvalidProfile,
+          "input '{}' has the static shape {}; it needs no profile (remove --profile {})", p.input,
+          ToString(in->shape()), p.input);
     }
     size_t rank = in->shape().size();
     for (const auto* dims : {&p.min, &p.opt, &p.max}) {
       if (dims->size() != rank) {
-        return MakeError(ErrorCode::kInvalidProfile, "profile of '{}' has rank {}; the input {} has rank {}",
-                         p.input, dims->size(), ToString(in->shape()), rank);
+        return MakeError(ErrorCode::kInvalidProfile,
+                         "profile of '{}' has rank {}; the input {} has rank {}", p.input,
+                         dims->size(), ToString(in->shape()), rank);
       }
     }
     for (size_t i = 0; i < rank; ++i) {
       const Dim& d = in->shape()[i];
-      if (d.is_static() && (p.min[i] != d.value() || p.opt[i] != d.value() || p.max[i] != d.value())) {
+      if (d.is_static() &&
+          (p.min[i] != d.value() || p.opt[i] != d.value() || p.max[i] != d.value())) {
         return MakeError(ErrorCode::kInvalidProfile,
-                         "input '{}' dimension {} is fixed at {}; the profile gives {}/{}/{}", p.input,
-                         i, d.value(), p.min[i], p.opt[i], p.max[i]);
+                         "input '{}' dimension {} is fixed at {}; the profile gives {}/{}/{}",
+                         p.input, i, d.value(), p.min[i], p.opt[i], p.max[i]);
       }
       if (!(p.min[i] <= p.opt[i] && p.opt[i] <= p.max[i])) {
         return MakeError(ErrorCode::kInvalidProfile,
@@ -79,23 +84,24 @@ Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
                          p.input, i, d.ToString(), p.min[i], p.opt[i], p.max[i]);
       }
       if (p.min[i] < 1 && !d.is_static()) {
-        return MakeError(ErrorCode::kInvalidProfile, "input '{}' dimension {}: min must be at least 1",
-                         p.input, i);
+        return MakeError(ErrorCode::kInvalidProfile,
+                         "input '{}' dimension {}: min must be at least 1", p.input, i);
       }
     }
   }
   for (const Value* in : graph.inputs()) {
     if (!IsStatic(in->shape()) && !profile.Find(in->name())) {
-      return MakeError(ErrorCode::kMissingProfile,
-                       "input '{}' has dynamic shape {} and no profile; add --profile {}:MIN,OPT,MAX",
-                       in->name(), ToString(in->shape()), in->name());
+      return MakeError(
+          ErrorCode::kMissingProfile,
+          "input '{}' has dynamic shape {} and no profile; add --profile {}:MIN,OPT,MAX",
+          in->name(), ToString(in->shape()), in->name());
     }
   }
   return OkStatus();
 }
 
-std::map<std::string, int64_t> ProfileBindings(const Graph& graph, const OptimizationProfile& profile,
-                                               int which) {
+std::map<std::string, int64_t> ProfileBindings(const Graph& graph,
+                                               const OptimizationProfile& profile, int which) {
   std::map<std::string, int64_t> out;
   for (const InputProfile& p : profile.inputs) {
     const Value* in = graph.FindValue(p.input);
@@ -106,7 +112,8 @@ std::map<std::string, int64_t> ProfileBindings(const Graph& graph, const Optimiz
       if (syms.size() == 1 && in->shape()[i] == Dim::Symbol(syms[0])) {
         auto [it, inserted] = out.emplace(syms[0], dims[i]);
         // A symbol shared by several inputs takes the tightest bound.
-        if (!inserted) it->second = which == 0 ? std::max(it->second, dims[i]) : std::min(it->second, dims[i]);
+        if (!inserted)
+          it->second = which == 0 ? std::max(it->second, dims[i]) : std::min(it->second, dims[i]);
       }
     }
   }
@@ -148,7 +155,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     KernelRequest request = MakeKernelRequest(node, max_bindings);
     LayerDesc layer;
     layer.node = &node;
-    for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, node.op_type())) {
+    for (const KernelProvider* p :
+         KernelRegistry::Get().Providers(config.backend, node.op_type())) {
       auto tactics = p->Tactics(request);
       if (tactics.empty()) continue;
       layer.provider_id = std::string(p->id());
@@ -158,18 +166,21 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     if (layer.provider_id.empty()) {
       std::vector<std::string> types;
       for (const auto& d : request.inputs) types.push_back(std::string(ToString(d.dtype)));
-      missing.push_back(fmt::format("'{}' ({}; inputs {})", node.name(), node.op_type(), fmt::join(types, ",")));
+      missing.push_back(
+          fmt::format("'{}' ({}; inputs {})", node.name(), node.op_type(), fmt::join(types, ",")));
       continue;
     }
     layer.precision_reason = "fp32 (reference precision)";
     layers.push_back(std::move(layer));
-    if (!progress("tactics", static_cast<int64_t>(i + 1), static_cast<int64_t>(order.size()), node.name())) {
-      return MakeError(ErrorCode::kCancelled, "build cancelled by the progress callback before a valid engine existed");
+    if (!progress("tactics", static_cast<int64_t>(i + 1), static_cast<int64_t>(order.size()),
+                  node.name())) {
+      return MakeError(ErrorCode::kCancelled,
+                       "build cancelled by the progress callback before a valid engine existed");
     }
   }
   if (!missing.empty()) {
-    return MakeError(ErrorCode::kNoTactic, "{} layer(s) have no {} implementation: {}", missing.size(),
-                     ToString(config.backend), fmt::join(missing, ", "));
+    return MakeError(ErrorCode::kNoTactic, "{} layer(s) have no {} implementation: {}",
+                     missing.size(), ToString(config.backend), fmt::join(missing, ", "));
   }
   rep.phase_seconds_tactics = Seconds(tactics_start);
 
@@ -197,7 +208,9 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     LayerReport lr;
     lr.name = l.node->name();
     lr.op_type = l.node->op_type();
-    lr.precision = l.node->num_outputs() && l.node->output(0) ? std::string(ToString(l.node->output(0)->dtype())) : "";
+    lr.precision = l.node->num_outputs() && l.node->output(0)
+                       ? std::string(ToString(l.node->output(0)->dtype()))
+                       : "";
     lr.precision_reason = l.precision_reason;
     lr.tactic = l.tactic.name;
     lr.time_ms = l.measured_ms;
@@ -218,20 +231,28 @@ std::string BuildReport::ToJson() const {
   j["backend"] = backend;
   j["device"] = device;
   j["build_seconds"] = build_seconds;
-  j["phase_seconds"] = {{"import", phase_seconds_import}, {"passes", phase_seconds_passes},
-                        {"tactics", phase_seconds_tactics}, {"plan", phase_seconds_plan}};
+  j["phase_seconds"] = {{"import", phase_seconds_import},
+                        {"passes", phase_seconds_passes},
+                        {"tactics", phase_seconds_tactics},
+                        {"plan", phase_seconds_plan}};
   j["layers"] = layers;
   j["tactics_timed"] = tactics_timed;
   j["timing_cache_hits"] = timing_cache_hits;
   j["deadline_hit"] = deadline_hit;
-  j["memory"] = {{"weights_bytes", weights_bytes}, {"arena_bytes", arena_bytes},
-                 {"workspace_bytes", workspace_bytes}, {"peak_bytes", peak_bytes},
+  j["memory"] = {{"weights_bytes", weights_bytes},
+                 {"arena_bytes", arena_bytes},
+                 {"workspace_bytes", workspace_bytes},
+                 {"peak_bytes", peak_bytes},
                  {"naive_activation_bytes", naive_activation_bytes}};
   nlohmann::json ls = nlohmann::json::array();
   for (const LayerReport& l : layer_reports) {
-    ls.push_back({{"name", l.name}, {"op", l.op_type}, {"precision", l.precision},
-                  {"precision_reason", l.precision_reason}, {"tactic", l.tactic},
-                  {"time_ms", l.time_ms}, {"workspace_bytes", l.workspace_bytes}});
+    ls.push_back({{"name", l.name},
+                  {"op", l.op_type},
+                  {"precision", l.precision},
+                  {"precision_reason", l.precision_reason},
+                  {"tactic", l.tactic},
+                  {"time_ms", l.time_ms},
+                  {"workspace_bytes", l.workspace_bytes}});
   }
   j["layer_reports"] = ls;
   j["warnings"] = warnings;
@@ -252,18 +273,22 @@ std::string BuildReport::ToText(bool per_layer) const {
   std::string out;
   out += fmt::format("build report: {} on {} ({})\n", model_name, backend, device);
   if (per_layer) {
-    out += fmt::format("  {:<4} {:<32} {:<18} {:<5} {:<36} {:>9}\n", "#", "layer", "op", "prec", "tactic", "time ms");
+    out += fmt::format("  {:<4} {:<32} {:<18} {:<5} {:<36} {:>9}\n", "#", "layer", "op", "prec",
+                       "tactic", "time ms");
     for (size_t i = 0; i < layer_reports.size(); ++i) {
       const auto& l = layer_reports[i];
       std::string name = l.name.size() > 32 ? "…" + l.name.substr(l.name.size() - 31) : l.name;
-      out += fmt::format("  {:<4} {:<32} {:<18} {:<5} {:<36} {:>9}\n", i, name, l.op_type, l.precision,
-                         l.tactic, l.time_ms < 0 ? std::string("-") : fmt::format("{:.4f}", l.time_ms));
+      out += fmt::format("  {:<4} {:<32} {:<18} {:<5} {:<36} {:>9}\n", i, name, l.op_type,
+                         l.precision, l.tactic,
+                         l.time_ms < 0 ? std::string("-") : fmt::format("{:.4f}", l.time_ms));
     }
   }
-  out += fmt::format("  layers {}   tactics timed {}   timing-cache hits {}{}\n", layers, tactics_timed,
-                     timing_cache_hits, deadline_hit ? "   (deadline reached: best engine so far)" : "");
-  out += fmt::format("  memory: weights {}  activations {}  workspace {}  peak {}\n", HumanBytes(weights_bytes),
-                     HumanBytes(arena_bytes), HumanBytes(workspace_bytes), HumanBytes(peak_bytes));
+  out += fmt::format("  layers {}   tactics timed {}   timing-cache hits {}{}\n", layers,
+                     tactics_timed, timing_cache_hits,
+                     deadline_hit ? "   (deadline reached: best engine so far)" : "");
+  out += fmt::format("  memory: weights {}  activations {}  workspace {}  peak {}\n",
+                     HumanBytes(weights_bytes), HumanBytes(arena_bytes),
+                     HumanBytes(workspace_bytes), HumanBytes(peak_bytes));
   out += fmt::format("  build time {:.3f} s\n", build_seconds);
   for (const auto& w : warnings) out += fmt::format("  warning: {}\n", w);
   return out;

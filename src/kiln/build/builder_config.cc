@@ -52,7 +52,8 @@ StatusOr<MemoryBudget> MemoryBudget::Parse(const std::string& text) {
   int64_t v;
   if (!ParseInt(num, &v) || v <= 0) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     "--memory-budget '{}' is not a size (512M, 8G, bytes) or a fraction (0.5)", text);
+                     "--memory-budget '{}' is not a size (512M, 8G, bytes) or a fraction (0.5)",
+                     text);
   }
   b.bytes = v * scale;
   return b;
@@ -68,7 +69,8 @@ Status ParseProfileSpec(const std::string& spec, OptimizationProfile* profile) {
   size_t colon = spec.rfind(':');
   if (colon == std::string::npos || colon == 0) {
     return MakeError(ErrorCode::kInvalidProfile,
-                     "--profile '{}' needs the form NAME:MIN,OPT,MAX (e.g. input:1x3x224x224,8x3x224x224,32x3x224x224)",
+                     "--profile '{}' needs the form NAME:MIN,OPT,MAX (e.g. "
+                     "input:1x3x224x224,8x3x224x224,32x3x224x224)",
                      spec);
   }
   InputProfile p;
@@ -84,8 +86,8 @@ Status ParseProfileSpec(const std::string& spec, OptimizationProfile* profile) {
   }
   if (shapes.size() == 1) shapes = {shapes[0], shapes[0], shapes[0]};
   if (shapes.size() != 3) {
-    return MakeError(ErrorCode::kInvalidProfile, "--profile '{}' needs three shapes MIN,OPT,MAX (or one)",
-                     spec);
+    return MakeError(ErrorCode::kInvalidProfile,
+                     "--profile '{}' needs three shapes MIN,OPT,MAX (or one)", spec);
   }
   p.min = shapes[0];
   p.opt = shapes[1];
@@ -114,7 +116,8 @@ StatusOr<std::chrono::milliseconds> ParseDuration(const std::string& text) {
   double v = 0;
   auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
   if (scale_ms < 0 || num.empty() || ec != std::errc() || p != num.data() + num.size()) {
-    return MakeError(ErrorCode::kInvalidDeadline, "'{}' is not a duration (use 30s, 1500ms, 5m)", text);
+    return MakeError(ErrorCode::kInvalidDeadline, "'{}' is not a duration (use 30s, 1500ms, 5m)",
+                     text);
   }
   if (!(v > 0)) {
     return MakeError(ErrorCode::kInvalidDeadline, "duration '{}' must be positive", text);

@@ -1,0 +1,117 @@
+// Node-at-a-time CPU evaluation: shape rule -> heuristic tactic -> kernel -> run.
+#include "kiln/backends/cpu/cpu_eval.h"
+
+#include <unordered_map>
+
+#include "kiln/backends/kernel.h"
+#include "kiln/ops/op_schema.h"
+
+namespace kiln::cpu {
+
+StatusOr<std::vector<Tensor>> EvaluateNode(const Node& node,
+                                           std::span<const Tensor* const> inputs) {
+  std::vector<ValueInfo> in_info(inputs.size());
+  std::vector<const ValueInfo*> in_ptrs(inputs.size(), nullptr);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i]) continue;
+    in_info[i].dtype = inputs[i]->dtype();
+    in_info[i].shape = MakeShape(inputs[i]->dims());
+    in_info[i].constant = inputs[i];
+    in_ptrs[i] = &in_info[i];
+  }
+  std::vector<ValueInfo> out_info(node.num_outputs());
+  KILN_RETURN_IF_ERROR(InferNode(node, in_ptrs, out_info));
+
+  KernelRequest request;
+  request.node = &node;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    OperandDesc d;
+    if (inputs[i]) {
+      d.dtype = inputs[i]->dtype();
+      d.shape = in_info[i].shape;
+      d.max_dims = inputs[i]->dims();
+      d.constant = inputs[i];
+    }
+    request.inputs.push_back(std::move(d));
+  }
+  std::vector<Tensor> outputs;
+  for (const ValueInfo& o : out_info) {
+    auto dims = StaticDims(o.shape);
+    if (!dims) {
+      return MakeError(ErrorCode::kInternal, "node '{}': output shape {} is not concrete",
+                       node.name(), ToString(o.shape));
+    }
+    request.outputs.push_back({o.dtype, o.shape, *dims, nullptr});
+    outputs.emplace_back(o.dtype, *dims);
+  }
+  for (const KernelProvider* p :
+       KernelRegistry::Get().Providers(BackendKind::kCpu, node.op_type())) {
+    auto tactics = p->Tactics(request);
+    if (tactics.empty()) continue;
+    KILN_ASSIGN_OR_RETURN(auto kernel, p->Create(request, tactics.front()));
+    std::vector<TensorView> in_views, out_views;
+    for (const Tensor* t : inputs) in_views.push_back(t ? t->view() : TensorView{});
+    for (Tensor& t : outputs) out_views.push_back({t.dtype(), t.dims(), t.mutable_raw()});
+    KILN_ASSIGN_OR_RETURN(size_t ws_bytes, kernel->Prepare(in_views, out_views));
+    Tensor workspace(DataType::kUInt8, {static_cast<int64_t>(ws_bytes)});
+    KernelRunArgs args;
+    args.inputs = in_views;
+    args.outputs = out_views;
+    args.workspace = ws_bytes ? workspace.mutable_raw() : nullptr;
+    args.workspace_bytes = ws_bytes;
+    KILN_RETURN_IF_ERROR_CTX(kernel->Run(args), "running node '{}' with {}", node.name(),
+                             tactics.front().name);
+    return outputs;
+  }
+  return MakeError(ErrorCode::kNoTactic, "node '{}': no CPU kernel for {} with these operand types",
+                   node.name(), node.op_type());
+}
+
+StatusOr<std::map<std::string, Tensor>> EvaluateGraph(const Graph& graph,
+                                                      const std::map<std::string, Tensor>& inputs) {
+  std::unordered_map<const Value*, Tensor> values;
+  for (const Value* in : graph.inputs()) {
+    auto it = inputs.find(in->name());
+    if (it == inputs.end()) {
+      return MakeError(ErrorCode::kInputCountMismatch, "no value given for graph input '{}'",
+                       in->name());
+    }
+    values[in] = it->second;
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  for (const Node* node : order) {
+    std::vector<const Tensor*> ins;
+    for (const Value* v : node->inputs()) {
+      if (!v) {
+        ins.push_back(nullptr);
+      } else if (v->constant()) {
+        ins.push_back(v->constant());
+      } else {
+        auto it = values.find(v);
+        if (it == values.end()) {
+          return MakeError(ErrorCode::kUndefinedValue, "value '{}' read by '{}' was never computed",
+                           v->name(), node->name());
+        }
+        ins.push_back(&it->second);
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, EvaluateNode(*node, ins));
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (node->output(i)) values[node->output(i)] = std::move(outs[i]);
+    }
+  }
+  std::map<std::string, Tensor> result;
+  for (const Value* out : graph.outputs()) {
+    if (out->constant()) {
+      result[out->name()] = *out->constant();
+    } else if (auto it = values.find(out); it != values.end()) {
+      result[out->name()] = it->second;
+    } else {
+      return MakeError(ErrorCode::kUndefinedValue, "graph output '{}' was never computed",
+                       out->name());
+    }
+  }
+  return result;
+}
+
+}  // namespace kiln::cpu
