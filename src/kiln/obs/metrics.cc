@@ -53,11 +53,10 @@ KilnMetrics::KilnMetrics() : registry_(std::make_shared<prometheus::Registry>())
                          .Help("Single kernel launch times measured by kiln, in seconds")
                          .Register(r)
                          .Add({}, KernelSecondsBuckets());
-  kernel_max_ = &prometheus::BuildGauge()
-                     .Name("kiln_kernel_max_seconds")
-                     .Help("Longest single kernel launch measured by this process, in seconds")
-                     .Register(r)
-                     .Add({});
+  kernel_max_family_ = &prometheus::BuildGauge()
+                           .Name("kiln_kernel_max_seconds")
+                           .Help("Longest single kernel launch measured by this process, in seconds")
+                           .Register(r);
   nccl_init_ = &prometheus::BuildHistogram()
                     .Name("kiln_nccl_init_seconds")
                     .Help("Communicator initialisation latency, in seconds")
@@ -102,6 +101,7 @@ void KilnMetrics::ObserveKernel(double seconds) {
   std::lock_guard lock(mu_);
   if (!figures_.kernel_max_seconds || seconds > *figures_.kernel_max_seconds) {
     figures_.kernel_max_seconds = seconds;
+    if (kernel_max_ == nullptr) kernel_max_ = &kernel_max_family_->Add({});
     kernel_max_->Set(seconds);
   }
 }

@@ -79,7 +79,8 @@ class KilnMetrics {
   prometheus::Histogram* build_seconds_;
   prometheus::Counter* tactics_timed_;
   prometheus::Histogram* kernel_seconds_;
-  prometheus::Gauge* kernel_max_;
+  prometheus::Family<prometheus::Gauge>* kernel_max_family_;
+  prometheus::Gauge* kernel_max_ = nullptr;  // added on the first measurement: absent != 0
   prometheus::Histogram* nccl_init_;
   prometheus::Histogram* inference_latency_;
   prometheus::Family<prometheus::Gauge>* device_peak_;
