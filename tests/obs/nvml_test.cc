@@ -53,6 +53,41 @@ TEST(Nvml, DefaultLibraryLoadsOrSaysWhy) {
   }
 }
 
+// On a GPU node: the real driver's values are in range (checks the declared struct layouts
+// against a real NVML). Skipped where no NVML is installed (CI).
+TEST(Nvml, RealGpuSampleIsPlausible) {
+  auto nvml = Nvml::Load();
+  if (!nvml.ok() || (*nvml)->DeviceCount() == 0) GTEST_SKIP() << "no NVML or no GPU here";
+  auto info = (*nvml)->Info(0);
+  ASSERT_TRUE(info.ok());
+  EXPECT_FALSE(info->name.empty());
+  EXPECT_EQ(info->uuid.rfind("GPU-", 0), 0u) << info->uuid;
+  EXPECT_EQ(info->pci_bus_id.size(), 16u) << info->pci_bus_id;  // "00000000:C6:00.0"
+  auto s = (*nvml)->Sample(0);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  for (const CallError& e : s->errors) ADD_FAILURE() << e.call << ": " << e.message;
+  ASSERT_TRUE(s->memory_total_bytes && s->memory_used_bytes);
+  EXPECT_GT(*s->memory_total_bytes, 1ull << 30);
+  EXPECT_LE(*s->memory_used_bytes, *s->memory_total_bytes);
+  ASSERT_TRUE(s->utilization_gpu_ratio);
+  EXPECT_GE(*s->utilization_gpu_ratio, 0.0);
+  EXPECT_LE(*s->utilization_gpu_ratio, 1.0);
+  ASSERT_TRUE(s->temperature_celsius);
+  EXPECT_GT(*s->temperature_celsius, 0.0);
+  EXPECT_LT(*s->temperature_celsius, 120.0);
+  ASSERT_TRUE(s->power_watts);
+  EXPECT_GT(*s->power_watts, 1.0);
+  EXPECT_LT(*s->power_watts, 2000.0);
+  ASSERT_TRUE(s->clock_event_reasons);
+  EXPECT_EQ(*s->clock_event_reasons >> 32, 0u);  // only low bits are defined
+  auto xids = (*nvml)->WaitXid(std::chrono::milliseconds(100));
+  if (xids.ok()) {
+    EXPECT_TRUE(xids->empty());  // a healthy GPU: the wait ends at its bound
+  } else {
+    EXPECT_EQ(xids.status().code(), ErrorCode::kNvmlNotSupported);
+  }
+}
+
 TEST(Nvml, InitFailureIsNotAvailable) {
   FakeNvmlControl fake;
   ASSERT_NE(fake.handle, nullptr);
