@@ -53,10 +53,11 @@ KilnMetrics::KilnMetrics() : registry_(std::make_shared<prometheus::Registry>())
                          .Help("Single kernel launch times measured by kiln, in seconds")
                          .Register(r)
                          .Add({}, KernelSecondsBuckets());
-  kernel_max_family_ = &prometheus::BuildGauge()
-                           .Name("kiln_kernel_max_seconds")
-                           .Help("Longest single kernel launch measured by this process, in seconds")
-                           .Register(r);
+  kernel_max_family_ =
+      &prometheus::BuildGauge()
+           .Name("kiln_kernel_max_seconds")
+           .Help("Longest single kernel launch measured by this process, in seconds")
+           .Register(r);
   nccl_init_ = &prometheus::BuildHistogram()
                     .Name("kiln_nccl_init_seconds")
                     .Help("Communicator initialisation latency, in seconds")
