@@ -2,12 +2,15 @@
 # CI check for kiln's Prometheus surface: starts `kiln monitor` on a free port, scrapes /metrics
 # into `promtool check metrics`, checks the port-in-use error and the textfile written on
 # SIGTERM, then runs `promtool check rules` and `promtool test rules` on monitoring/.
-# Usage: scripts/check_metrics.sh [path/to/kiln]   (default: build/tools/kiln/kiln)
+# With a stand-in NVML library (tests/obs/fake_nvml.cc) it also scrapes a monitor that samples two
+# scripted GPUs, so the kiln_gpu_* metrics and detector counters are linted too.
+# Usage: scripts/check_metrics.sh [path/to/kiln [path/to/libfake_nvml.so]]
 # Exits non-zero on the first failure. Needs promtool (Debian package "prometheus").
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 kiln="${1:-$root/build/tools/kiln/kiln}"
+fake_nvml="${2:-}"
 fail() { echo "check_metrics: FAIL: $*" >&2; exit 1; }
 
 [ -x "$kiln" ] || fail "kiln binary '$kiln' not found (build it first)"
@@ -68,7 +71,32 @@ grep -q '^kiln_up 0$' "$tmp/kiln.prom" || fail "textfile lacks 'kiln_up 0' after
 promtool check metrics <"$tmp/kiln.prom" || fail "promtool check metrics rejected the textfile"
 echo "check_metrics: textfile OK"
 
-# 4. The alert rules and their unit tests.
+# 4. GPU metrics from the stand-in NVML (two GPUs; GPU 1 reports thermal + HW slowdown).
+if [ -n "$fake_nvml" ]; then
+  "$kiln" monitor --metrics-port 0 --metrics-bind 127.0.0.1 --duration 10s --interval 100ms \
+    --nvml-library "$fake_nvml" >"$tmp/out3" 2>"$tmp/err3" &
+  monitor_pid=$!
+  url=""
+  for _ in $(seq 1 100); do
+    url="$(grep -o 'http://[^ ]*/metrics' "$tmp/out3" 2>/dev/null || true)"
+    [ -n "$url" ] && break
+    sleep 0.1
+  done
+  [ -n "$url" ] || { cat "$tmp/err3" >&2; fail "monitor with $fake_nvml did not start"; }
+  sleep 0.5
+  fetch "$url" >"$tmp/scrape_gpu.txt" || fail "scrape of $url failed"
+  kill -TERM "$monitor_pid"; wait "$monitor_pid" || fail "monitor with stand-in NVML exited non-zero"
+  monitor_pid=""
+  for want in '^kiln_nvml_up 1$' '^kiln_gpu_devices 2$' '^kiln_gpu_utilization_ratio{gpu="0"} 0.87$' \
+      '^kiln_gpu_health_events_total{gpu="1",kind="throttling"} 1$' \
+      '^kiln_errors_total{code="KILN-E8009"} 1$'; do
+    grep -q "$want" "$tmp/scrape_gpu.txt" || { cat "$tmp/scrape_gpu.txt" >&2; fail "GPU scrape lacks $want"; }
+  done
+  promtool check metrics <"$tmp/scrape_gpu.txt" || fail "promtool check metrics rejected the GPU scrape"
+  echo "check_metrics: GPU scrape (stand-in NVML) OK ($(grep -c '^kiln_gpu' "$tmp/scrape_gpu.txt") GPU samples)"
+fi
+
+# 5. The alert rules and their unit tests.
 promtool check rules "$root/monitoring/kiln-rules.yml" || fail "promtool check rules"
 promtool test rules "$root/monitoring/kiln-rules.test.yml" || fail "promtool test rules"
 echo "check_metrics: all checks passed"

@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "tests/obs/http_get.h"
@@ -120,6 +123,37 @@ TEST(MetricsServer, ScrapesDuringUpdatesAreConsistent) {
   EXPECT_EQ(SampleValue(final_body, "kiln_kernel_seconds_count"), kWriters * kPerWriter);
   EXPECT_EQ(SampleValue(final_body, "kiln_build_tactics_timed_total"), kWriters * kPerWriter);
   EXPECT_GE(scrapes, 3);
+}
+
+TEST(MetricsExport, ServesAndWritesTheTextfileAtStartAndFinish) {
+  KilnMetrics m;
+  std::string path = ::testing::TempDir() + "/kiln_export_test.prom";
+  auto exp = MetricsExport::Start({0, "127.0.0.1", path}, &m);
+  ASSERT_TRUE(exp.ok()) << exp.status().ToString();
+  ASSERT_NE((*exp)->server(), nullptr);
+  EXPECT_EQ(SampleValue(HttpGet((*exp)->server()->port()), "kiln_up"), 1.0);
+  std::ifstream first(path);
+  std::stringstream a;
+  a << first.rdbuf();
+  EXPECT_EQ(SampleValue(a.str(), "kiln_up"), 1.0);
+  m.ObserveEngineBuild(12);
+  ASSERT_TRUE((*exp)->Finish().ok());
+  std::ifstream last(path);
+  std::stringstream b;
+  b << last.rdbuf();
+  EXPECT_EQ(SampleValue(b.str(), "kiln_up"), 0.0);
+  EXPECT_EQ(SampleValue(b.str(), "kiln_engine_build_seconds_count"), 1.0);
+  std::remove(path.c_str());
+}
+
+TEST(MetricsExport, BadFileFailsBeforeTheWork) {
+  KilnMetrics m;
+  auto exp = MetricsExport::Start({std::nullopt, "0.0.0.0", "/nonexistent-kiln-dir/x.prom"}, &m);
+  EXPECT_EQ(exp.status().code(), ErrorCode::kMetricsFileWriteFailed);
+  auto none = MetricsExport::Start({}, &m);  // neither port nor file: nothing to do, no error
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ((*none)->server(), nullptr);
+  EXPECT_TRUE((*none)->Finish().ok());
 }
 
 }  // namespace

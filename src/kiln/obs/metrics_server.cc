@@ -77,4 +77,27 @@ std::string MetricsServer::Url() const {
   return fmt::format("http://{}:{}/metrics", host, port_);
 }
 
+StatusOr<std::unique_ptr<MetricsExport>> MetricsExport::Start(const MetricsExportOptions& options,
+                                                              KilnMetrics* metrics) {
+  std::unique_ptr<MetricsExport> out(new MetricsExport());
+  out->metrics_ = metrics != nullptr ? metrics : &Metrics();
+  out->file_ = options.file;
+  if (options.port) {
+    KILN_ASSIGN_OR_RETURN(
+        out->server_, MetricsServer::Start({options.bind_address, *options.port}, out->metrics_));
+  }
+  KILN_RETURN_IF_ERROR(out->Flush());
+  return out;
+}
+
+Status MetricsExport::Flush() {
+  if (file_.empty()) return OkStatus();
+  return metrics_->WriteTextfile(file_);
+}
+
+Status MetricsExport::Finish() {
+  metrics_->SetUp(false);
+  return Flush();
+}
+
 }  // namespace kiln::obs

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kiln/core/status.h"
@@ -38,6 +39,37 @@ class MetricsServer {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::string bind_address_;
   int port_ = 0;
+};
+
+// What a kiln command does with --metrics-port / --metrics-file, in one object:
+//   KILN_ASSIGN_OR_RETURN(auto metrics, obs::MetricsExport::Start({opts.port, "0.0.0.0",
+//   opts.file}));
+//   ... the work ...
+//   KILN_RETURN_IF_ERROR(metrics->Finish());
+struct MetricsExportOptions {
+  std::optional<int> port;  // serve /metrics when set (0: a free port)
+  std::string bind_address = "0.0.0.0";
+  std::string file;  // node-exporter textfile; empty: none
+};
+
+class MetricsExport {
+ public:
+  // Starts the server and writes the textfile once, so a bad port or path fails before the
+  // work starts rather than after it.
+  static StatusOr<std::unique_ptr<MetricsExport>> Start(const MetricsExportOptions& options,
+                                                        KilnMetrics* metrics = nullptr);
+  MetricsExport(const MetricsExport&) = delete;
+  MetricsExport& operator=(const MetricsExport&) = delete;
+
+  const MetricsServer* server() const { return server_.get(); }  // null without a port
+  Status Flush();   // rewrites the textfile (no-op without one)
+  Status Finish();  // kiln_up 0 and the final textfile; the server serves until destruction
+
+ private:
+  MetricsExport() = default;
+  KilnMetrics* metrics_ = nullptr;
+  std::unique_ptr<MetricsServer> server_;
+  std::string file_;
 };
 
 }  // namespace kiln::obs
