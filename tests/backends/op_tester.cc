@@ -85,7 +85,7 @@ OpTester& OpTester::Constant(Tensor value) {
   return *this;
 }
 OpTester& OpTester::Omitted() {
-  inputs_.push_back({InputSpec::kOmitted});
+  inputs_.push_back({InputSpec::kOmitted, DataType::kUndefined, {}, 0, 0, {}});
   return *this;
 }
 OpTester& OpTester::Outputs(int n) {
