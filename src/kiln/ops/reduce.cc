@@ -8,10 +8,12 @@ namespace kiln {
 using namespace ops_internal;
 
 namespace {
-Status Reduce(InferenceContext& ctx, bool float_only) {
+Status Reduce(InferenceContext& ctx, bool float_only, bool allow_bool = false) {
   int64_t rank = static_cast<int64_t>(ctx.input_shape(0).size());
-  if (float_only ? !IsFloat(ctx.input_type(0))
-                 : !(IsFloat(ctx.input_type(0)) || IsInteger(ctx.input_type(0)))) {
+  DataType t = ctx.input_type(0);
+  bool ok = float_only ? IsFloat(t)
+                       : (IsFloat(t) || IsInteger(t) || (allow_bool && t == DataType::kBool));
+  if (!ok) {
     return ctx.Error(ErrorCode::kTypeMismatch, "input type {} is not supported",
                      ToString(ctx.input_type(0)));
   }
@@ -72,8 +74,8 @@ Status SoftmaxLike(InferenceContext& ctx) {
 
 Status InferReduceMean(InferenceContext& ctx) { return Reduce(ctx, false); }
 Status InferReduceSum(InferenceContext& ctx) { return Reduce(ctx, false); }
-Status InferReduceMax(InferenceContext& ctx) { return Reduce(ctx, false); }
-Status InferReduceMin(InferenceContext& ctx) { return Reduce(ctx, false); }
+Status InferReduceMax(InferenceContext& ctx) { return Reduce(ctx, false, true); }
+Status InferReduceMin(InferenceContext& ctx) { return Reduce(ctx, false, true); }
 Status InferReduceProd(InferenceContext& ctx) { return Reduce(ctx, false); }
 Status InferReduceSumSquare(InferenceContext& ctx) { return Reduce(ctx, false); }
 Status InferReduceL2(InferenceContext& ctx) { return Reduce(ctx, true); }

@@ -132,7 +132,7 @@ Status RunClip(const KernelRunArgs& a) {
   if (a.inputs.size() > 1 && a.inputs[1].data) lo = a.inputs[1].as<const T>()[0];
   if (a.inputs.size() > 2 && a.inputs[2].data) hi = a.inputs[2].as<const T>()[0];
   // ONNX: with min > max every element becomes max.
-  return MapUnary<T, T>(a, [lo, hi](T x) { return x < lo ? lo : (x > hi ? hi : x); });
+  return MapUnary<T, T>(a, [lo, hi](T x) { return std::min(std::max(x, lo), hi); });
 }
 
 const bool kRegistered = [] {

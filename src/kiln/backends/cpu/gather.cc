@@ -90,12 +90,16 @@ const bool kRegistered = [] {
       .float_wrap = false,
       .accepts =
           [](const KernelRequest& r) {
-            // Only reduction "none" moves bytes; the reducing forms are not implemented.
-            return DataAndIndices(r) && r.node->attrs().GetString("reduction", "none") == "none";
+            // The reducing forms need arithmetic: f32/i64/i32 only.
+            if (r.node->attrs().GetString("reduction", "none") == "none") return DataAndIndices(r);
+            DataType t = InType(r, 0);
+            return IsIndexType(InType(r, 1)) &&
+                   (t == DataType::kFloat32 || t == DataType::kInt64 || t == DataType::kInt32);
           },
       .create =
-          [](const KernelRequest&) {
-            return KernelOr([](const KernelRunArgs& a) -> Status {
+          [](const KernelRequest& r) {
+            std::string red = r.node->attrs().GetString("reduction", "none");
+            return KernelOr([red](const KernelRunArgs& a) -> Status {
               const TensorView& data = a.inputs[0];
               const TensorView& ind = a.inputs[1];
               size_t es = SizeOf(data.dtype);
@@ -105,10 +109,9 @@ const bool kRegistered = [] {
               int64_t q = ind.num_elements() / std::max<int64_t>(k, 1);
               std::vector<int64_t> idx = ReadInts(ind);
               std::vector<int64_t> ds = Strides(data.dims);
-              size_t slice = es;
-              for (size_t d = static_cast<size_t>(k); d < data.dims.size(); ++d) {
-                slice *= static_cast<size_t>(data.dims[d]);
-              }
+              int64_t slice = 1;
+              for (size_t d = static_cast<size_t>(k); d < data.dims.size(); ++d)
+                slice *= data.dims[d];
               auto* upd = a.inputs[2].as<const std::byte>();
               for (int64_t t = 0; t < q; ++t) {
                 int64_t off = 0;
@@ -117,7 +120,27 @@ const bool kRegistered = [] {
                   if (i < -n || i >= n) return BadIndex(i, n);
                   off += (i < 0 ? i + n : i) * ds[d];
                 }
-                std::memcpy(dst + off * es, upd + t * slice, slice);
+                if (red == "none") {
+                  std::memcpy(dst + off * es, upd + t * slice * es, slice * es);
+                  continue;
+                }
+                KILN_RETURN_IF_ERROR(DispatchNumeric(data.dtype, [&](auto tag) -> Status {
+                  using T = typename decltype(tag)::type;
+                  T* o = reinterpret_cast<T*>(dst) + off;
+                  const T* u = reinterpret_cast<const T*>(upd) + t * slice;
+                  for (int64_t j = 0; j < slice; ++j) {
+                    if (red == "add") {
+                      o[j] = static_cast<T>(o[j] + u[j]);
+                    } else if (red == "mul") {
+                      o[j] = static_cast<T>(o[j] * u[j]);
+                    } else if (red == "max") {
+                      o[j] = std::max(o[j], u[j]);
+                    } else {
+                      o[j] = std::min(o[j], u[j]);
+                    }
+                  }
+                  return OkStatus();
+                }));
               }
               return OkStatus();
             });

@@ -213,6 +213,8 @@ Status ForReduceType(DataType t, F&& f) {
       return f(std::type_identity<int64_t>{});
     case DataType::kInt32:
       return f(std::type_identity<int32_t>{});
+    case DataType::kBool:
+      return f(std::type_identity<uint8_t>{});
     default:
       return MakeError(ErrorCode::kKernelFailed, "no {} path", ToString(t));
   }
@@ -222,7 +224,9 @@ void RegisterReduce(const char* op, Reducer red, bool float_only) {
   RegisterOpKernel({
       .op_type = op,
       .accepts =
-          [float_only](const KernelRequest& r) {
+          [float_only, name = std::string(op)](const KernelRequest& r) {
+            // Max/Min are defined on bools (opset 20).
+            if (InType(r, 0) == DataType::kBool) return name == "ReduceMax" || name == "ReduceMin";
             return float_only ? InType(r, 0) == DataType::kFloat32 : ReduceTypes(r);
           },
       .create = [red](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
