@@ -254,6 +254,24 @@ TEST(ShapeRules, WhereEqualOnShapeValuesFolds) {
   EXPECT_EQ(y->shape(), (Shape{kBatch, 4, 1, kSeq}));
 }
 
+// torch's expand(B, -1, -1) (ViT cls token): ones = ConstantOfShape(Shape(size)),
+// Where(Equal(size, ones * -1), ones, size).
+TEST(ShapeRules, TorchExpandMinusOnePatternFolds) {
+  GraphBuilder b;
+  Value* x = b.In(kFloat32, {kBatch, 3, 32, 32});
+  Value* cls = b.Const(Tensor(kFloat32, {1, 1, 64}));
+  Value* batch = b.Op("Unsqueeze", {b.Op("Gather", {b.Op("Shape", {x}), b.Const(I64({}, {0}))}),
+                                    b.Const(I64({1}, {0}))});
+  Value* size = b.Op("Concat", {batch, b.Const(I64({2}, {-1, -1}))}, Attrs({{"axis", int64_t{0}}}));
+  Value* ones = b.Op("ConstantOfShape", {b.Op("Shape", {size})}, Attrs({{"value", I64({1}, {1})}}));
+  Value* neg = b.Op("Mul", {ones, b.Const(I64({}, {-1}))});
+  Value* fixed = b.Op("Where", {b.Op("Equal", {size, neg}), ones, size});
+  Value* y = b.Op("Expand", {cls, fixed});
+  ASSERT_TRUE(b.Infer().ok());
+  EXPECT_EQ(*b.DimsValue(fixed), (std::vector<Dim>{kBatch, 1, 1}));
+  EXPECT_EQ(y->shape(), (Shape{kBatch, 1, 64}));
+}
+
 TEST(ShapeRules, ArithmeticCastRangeAndConstantOfShapeOnDims) {
   GraphBuilder b;
   Value* x = b.In(kFloat32, {kBatch, kSeq, 64});
