@@ -138,8 +138,11 @@ Status RunKernel(Backend& backend, Kernel& kernel, const std::vector<Tensor>& in
       continue;
     }
     KILN_ASSIGN_OR_RETURN(DeviceBuffer buf, backend.Allocate(ins[i].size_bytes()));
-    KILN_RETURN_IF_ERROR(
-        backend.CopyToDevice(buf.data(), ins[i].raw(), ins[i].size_bytes(), nullptr));
+    // Empty tensors copy nothing (and memcpy must not see their null pointers).
+    if (ins[i].size_bytes() > 0) {
+      KILN_RETURN_IF_ERROR(
+          backend.CopyToDevice(buf.data(), ins[i].raw(), ins[i].size_bytes(), nullptr));
+    }
     v.data = buf.data();
     in_views.push_back(v);
     bufs.push_back(std::move(buf));
@@ -148,7 +151,9 @@ Status RunKernel(Backend& backend, Kernel& kernel, const std::vector<Tensor>& in
     KILN_ASSIGN_OR_RETURN(DeviceBuffer buf, backend.Allocate(o.size_bytes()));
     // Poison the outputs so a kernel that skips elements is caught.
     std::vector<std::byte> poison(o.size_bytes(), std::byte{0x7f});
-    KILN_RETURN_IF_ERROR(backend.CopyToDevice(buf.data(), poison.data(), poison.size(), nullptr));
+    if (!poison.empty()) {
+      KILN_RETURN_IF_ERROR(backend.CopyToDevice(buf.data(), poison.data(), poison.size(), nullptr));
+    }
     TensorView v = o.view();
     v.data = buf.data();
     out_views.push_back(v);
@@ -164,6 +169,7 @@ Status RunKernel(Backend& backend, Kernel& kernel, const std::vector<Tensor>& in
   KILN_RETURN_IF_ERROR(kernel.Run(args));
   KILN_RETURN_IF_ERROR(backend.Synchronize(nullptr));
   for (size_t i = 0; i < outs.size(); ++i) {
+    if (outs[i].size_bytes() == 0) continue;
     KILN_RETURN_IF_ERROR(backend.CopyToHost(outs[i].mutable_raw(), out_views[i].data,
                                             outs[i].size_bytes(), nullptr));
   }
