@@ -1,6 +1,7 @@
 // Reductions (ReduceSum/Mean/Max/Min/Prod/L2/SumSquare/LogSumExp), ArgMax/ArgMin, CumSum and
 // TopK on the CPU. The input is viewed as [outer, n, inner] when the reduced axes are adjacent
-// (the usual case); other axis sets are first transposed so the reduced axes come last.
+// (the usual case); other axis sets are first transposed (into the workspace) so the reduced
+// axes come last.
 // Accumulation is in double; floats store FP32 (f16/bf16 through the wrapper).
 #include <cmath>
 #include <numeric>
@@ -51,7 +52,7 @@ std::vector<bool> ReducedAxes(const KernelRunArgs& a, bool noop) {
 // Reduces x (as T) over `reduce` axes into y. Moves reduced axes last when they are not adjacent.
 template <typename T>
 void ReduceTyped(const TensorView& x, const TensorView& y, const std::vector<bool>& reduce,
-                 const Reducer& red, std::vector<T>& scratch) {
+                 const Reducer& red, void* workspace) {
   size_t rank = x.dims.size();
   const T* src = x.as<const T>();
   std::vector<int64_t> perm;
@@ -86,9 +87,9 @@ void ReduceTyped(const TensorView& x, const TensorView& y, const std::vector<boo
   }
   if (!adjacent) {
     // Transpose so that the reduced axes are innermost: [kept..., reduced...].
-    scratch.resize(static_cast<size_t>(x.num_elements()));
-    TransposeBytes(src, scratch.data(), x.dims, perm, sizeof(T));
-    src = scratch.data();
+    T* moved = static_cast<T*>(workspace);
+    TransposeBytes(src, moved, x.dims, perm, sizeof(T));
+    src = moved;
     outer = 1;
     n = 1;
     inner = 1;
@@ -232,16 +233,24 @@ void RegisterReduce(const char* op, Reducer red, bool float_only) {
       .create = [red](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
         bool noop = r.node->attrs().GetInt("noop_with_empty_axes", 0) != 0;
         DataType t = InType(r, 0);
-        return KernelOr([=](const KernelRunArgs& a) {
+        // Reduced axes that are not adjacent are first moved last, in the workspace: asked for
+        // unless at most one axis is reduced.
+        const OperandDesc* axes = r.inputs.size() > 1 ? &r.inputs[1] : nullptr;
+        bool one_axis = axes && axes->dtype != DataType::kUndefined && axes->shape.size() == 1 &&
+                        axes->shape[0].is_static() && axes->shape[0].value() <= 1;
+        auto prepare = [one_axis](std::span<const TensorView> in,
+                                  std::span<const TensorView>) -> StatusOr<size_t> {
+          return one_axis ? size_t{0} : in[0].size_bytes();
+        };
+        auto run = [=](const KernelRunArgs& a) {
           std::vector<bool> reduce = ReducedAxes(a, noop);
           return ForReduceType(t, [&](auto tag) -> Status {
-            using T = typename decltype(tag)::type;
-            // Scratch only for non-adjacent axes; allocated once per run in that rare case.
-            std::vector<T> scratch;
-            ReduceTyped<T>(a.inputs[0], a.outputs[0], reduce, red, scratch);
+            ReduceTyped<typename decltype(tag)::type>(a.inputs[0], a.outputs[0], reduce, red,
+                                                      a.workspace);
             return OkStatus();
           });
-        });
+        };
+        return std::unique_ptr<Kernel>(std::make_unique<LambdaKernel>(run, prepare));
       },
   });
 }
