@@ -96,8 +96,10 @@ bool HasIntPath(std::string_view op) {
   return false;
 }
 
-void RegisterFloatUnary(const char* op, float alpha, float beta, float gamma,
-                        float (*fn)(float, const UnaryParams&)) {
+// `fn` is the table's lambda; taking its type (not a function pointer) lets the element loop
+// inline and vectorise it.
+template <typename Fn>
+void RegisterFloatUnary(const char* op, float alpha, float beta, float gamma, Fn fn) {
   std::string name = op;
   RegisterOpKernel({
       .op_type = name,
