@@ -85,7 +85,9 @@ const bool kRegistered = [] {
             DataType from = InType(r, 0), to = OutType(r, 0);
             return KernelOr([from, to](const KernelRunArgs& a) {
               if (from == to) {
-                std::memcpy(a.outputs[0].data, a.inputs[0].data, a.outputs[0].size_bytes());
+                if (a.outputs[0].size_bytes() > 0) {
+                  std::memcpy(a.outputs[0].data, a.inputs[0].data, a.outputs[0].size_bytes());
+                }
                 return OkStatus();
               }
               WithType(from, [&](auto src_tag, auto load, auto) {

@@ -38,6 +38,7 @@ const bool kRegistered = [] {
               auto* src = data.as<const std::byte>();
               auto* dst = a.outputs[0].as<std::byte>();
               int64_t k = static_cast<int64_t>(idx.size());
+              if (a.outputs[0].size_bytes() == 0) return OkStatus();
               ParallelRows(outer * k, static_cast<int64_t>(inner), [&](int64_t b, int64_t e) {
                 for (int64_t t = b; t < e; ++t) {
                   int64_t o = t / k, j = t % k;
