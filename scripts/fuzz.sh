@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds the `fuzz` preset and runs every libFuzzer target of fuzz/CMakeLists.txt for N seconds
-# each (default 60), seeded with small zoo models. Exit status is non-zero when a target finds a
-# crash, leak or timeout; the reproducer is left in build-fuzz/fuzz-artifacts/.
+# Builds the `fuzz` preset and runs every libFuzzer target (fuzz/<name>_fuzz.cc -> <name>_fuzz)
+# for N seconds each (default 60). Exit status is non-zero when a target finds a crash, leak or
+# timeout; the reproducer is left in build-fuzz/fuzz-artifacts/.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
+# Seeds per target: files in fuzz/seeds/<target>/, whatever an executable fuzz/seed_<target>.sh
+# writes into the directory it is given, and small zoo models for the onnx_* targets.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -12,7 +14,7 @@ build=build-fuzz
 if [ $# -gt 0 ]; then
   targets=("$@")
 else
-  mapfile -t targets < <(sed -n 's/^kiln_fuzz_target(\([A-Za-z0-9_]*\).*/\1/p' fuzz/CMakeLists.txt)
+  mapfile -t targets < <(for f in fuzz/*_fuzz.cc; do [ -f "$f" ] && basename "$f" .cc; done)
 fi
 if [ ${#targets[@]} -eq 0 ]; then
   echo "fuzz.sh: no fuzz targets in fuzz/CMakeLists.txt" >&2
@@ -29,6 +31,7 @@ seed_dir() {
   rm -rf "$dir"
   mkdir -p "$dir"
   if [ -d "fuzz/seeds/$target" ]; then cp "fuzz/seeds/$target"/* "$dir"/ 2>/dev/null || true; fi
+  if [ -x "fuzz/seed_$target.sh" ]; then "fuzz/seed_$target.sh" "$dir" >&2; fi
   case "$target" in
     onnx_*)
       for m in zoo/*/model.onnx; do

@@ -53,7 +53,7 @@ class GraphBuilder {
   Status CheckElementTypes(const onnx::GraphProto& g, const std::vector<NormalizedNode>& nodes) {
     std::vector<std::string> bad;
     for (const auto& t : g.initializer()) {
-      if (!DataTypeFromOnnx(t.data_type())) {
+      if (!ToKilnDataType(t.data_type())) {
         bad.push_back(DtypeListEntry("initializer", t.name(), t.data_type()));
       }
     }
@@ -64,15 +64,15 @@ class GraphBuilder {
       if (!in.type().has_tensor_type()) {
         bad.push_back(
             fmt::format("input '{}' (not a tensor: sequence, map or optional)", in.name()));
-      } else if (!DataTypeFromOnnx(in.type().tensor_type().elem_type())) {
+      } else if (!ToKilnDataType(in.type().tensor_type().elem_type())) {
         bad.push_back(DtypeListEntry("input", in.name(), in.type().tensor_type().elem_type()));
       }
     }
     for (const auto& nn : nodes) {
       for (const auto& a : nn.node.attribute()) {
-        if (a.has_t() && !DataTypeFromOnnx(a.t().data_type()) && nn.node.op_type() == "Constant") {
+        if (a.has_t() && !ToKilnDataType(a.t().data_type()) && nn.node.op_type() == "Constant") {
           bad.push_back(DtypeListEntry("Constant node", nn.node.name(), a.t().data_type()));
-        } else if (nn.node.op_type() == "Cast" && a.name() == "to" && !DataTypeFromOnnx(a.i())) {
+        } else if (nn.node.op_type() == "Cast" && a.name() == "to" && !ToKilnDataType(a.i())) {
           bad.push_back(
               fmt::format("Cast node '{}' (to {})", nn.node.name(), OnnxDataTypeName(a.i())));
         } else if (nn.node.op_type() == "Constant" &&
@@ -121,7 +121,7 @@ class GraphBuilder {
         return MakeError(ErrorCode::kInvalidModel, "graph input '{}' is listed twice", in.name());
       }
       const auto& tt = in.type().tensor_type();
-      DataType dtype = *DataTypeFromOnnx(tt.elem_type());  // checked by CheckElementTypes
+      DataType dtype = *ToKilnDataType(tt.elem_type());  // checked by CheckElementTypes
       if (!tt.has_shape()) {
         return MakeError(ErrorCode::kInvalidModel,
                          "graph input '{}' has no shape (unknown rank); kiln needs the rank of "
@@ -299,7 +299,7 @@ class GraphBuilder {
       if (declared == 0) return OkStatus();
       Value* v = graph_->FindValue(vi.name());
       if (!v || (!v->is_constant() && !v->is_graph_input())) return OkStatus();
-      std::optional<DataType> t = DataTypeFromOnnx(declared);
+      std::optional<DataType> t = ToKilnDataType(declared);
       if (!t || *t != v->dtype()) {
         return MakeError(ErrorCode::kTypeMismatch,
                          "{} declares '{}' as {}, but the value is {} ({})", where, vi.name(),

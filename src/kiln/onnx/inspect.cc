@@ -18,7 +18,7 @@ OnnxTensorInfo DescribeValue(const onnx::ValueInfoProto& vi) {
     return info;
   }
   const auto& tt = vi.type().tensor_type();
-  auto dtype = DataTypeFromOnnx(tt.elem_type());
+  auto dtype = ToKilnDataType(tt.elem_type());
   info.dtype = dtype ? std::string(ToString(*dtype)) : OnnxDataTypeName(tt.elem_type());
   info.has_shape = tt.has_shape();
   for (const auto& d : tt.shape().dim()) {
@@ -67,7 +67,7 @@ StatusOr<OnnxModelInfo> InspectOnnxFile(const std::string& path) {
     initializers.insert(t.name());
     int64_t n = ElementsOf(t);
     info.parameter_count += n;
-    auto dtype = DataTypeFromOnnx(t.data_type());
+    auto dtype = ToKilnDataType(t.data_type());
     info.parameter_bytes += dtype ? n * static_cast<int64_t>(SizeOf(*dtype)) : 0;
   }
   info.num_initializers = g.initializer_size();

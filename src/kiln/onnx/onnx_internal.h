@@ -54,8 +54,9 @@ WireScanResult ScanModelWire(google::protobuf::io::CodedInputStream& stream, int
 // ---- tensors (tensor_proto.cc) ----
 
 // ONNX TensorProto.DataType number -> kiln DataType (nullopt for types kiln lacks).
-std::optional<DataType> DataTypeFromOnnx(int64_t onnx_type);
-int32_t OnnxDataTypeOf(DataType t);
+// TODO(merge): the ops layer adds the same mapping as kiln/ops/onnx_dtype.h (DataTypeFromOnnx);
+// once both are in main this should forward to it.
+std::optional<DataType> ToKilnDataType(int64_t onnx_type);
 // "float32", "float64", "string", ... ("type 99" for unknown numbers).
 std::string OnnxDataTypeName(int64_t onnx_type);
 

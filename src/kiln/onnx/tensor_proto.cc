@@ -18,7 +18,7 @@ namespace kiln::onnx_internal {
 
 namespace fs = std::filesystem;
 
-std::optional<DataType> DataTypeFromOnnx(int64_t t) {
+std::optional<DataType> ToKilnDataType(int64_t t) {
   switch (t) {
     case onnx::TensorProto::FLOAT:
       return DataType::kFloat32;
@@ -39,30 +39,6 @@ std::optional<DataType> DataTypeFromOnnx(int64_t t) {
     default:
       return std::nullopt;
   }
-}
-
-int32_t OnnxDataTypeOf(DataType t) {
-  switch (t) {
-    case DataType::kFloat32:
-      return onnx::TensorProto::FLOAT;
-    case DataType::kFloat16:
-      return onnx::TensorProto::FLOAT16;
-    case DataType::kBFloat16:
-      return onnx::TensorProto::BFLOAT16;
-    case DataType::kInt8:
-      return onnx::TensorProto::INT8;
-    case DataType::kUInt8:
-      return onnx::TensorProto::UINT8;
-    case DataType::kInt32:
-      return onnx::TensorProto::INT32;
-    case DataType::kInt64:
-      return onnx::TensorProto::INT64;
-    case DataType::kBool:
-      return onnx::TensorProto::BOOL;
-    case DataType::kUndefined:
-      break;
-  }
-  return onnx::TensorProto::UNDEFINED;
 }
 
 std::string OnnxDataTypeName(int64_t t) {
@@ -234,7 +210,7 @@ Status CheckCount(const onnx::TensorProto& p, const char* field, const Field& f,
 }  // namespace
 
 StatusOr<Tensor> TensorFromProto(const onnx::TensorProto& p, ExternalDataResolver* resolver) {
-  std::optional<DataType> dtype = DataTypeFromOnnx(p.data_type());
+  std::optional<DataType> dtype = ToKilnDataType(p.data_type());
   if (!dtype) {
     return MakeError(ErrorCode::kUnsupportedDataType,
                      "tensor '{}' has element type {}, which kiln does not support", p.name(),
