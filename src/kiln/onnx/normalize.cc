@@ -355,7 +355,7 @@ class Normalizer {
       EraseAttr(n, "consumed_inputs");
       *version = 9;
     } else if (op == "Dropout") {
-      RewriteDropout(n, v);
+      RewriteDropout(n);
       *version = 1;
     }
     return OkStatus();
@@ -441,7 +441,7 @@ class Normalizer {
 
   // Dropout is the identity at inference. Its optional mask output (all kept) becomes
   // ConstantOfShape(Shape(x), true) when the model names it.
-  void RewriteDropout(onnx::NodeProto* n, int v) {
+  void RewriteDropout(onnx::NodeProto* n) {
     std::string x = InputName(*n, 0);
     std::string mask = n->output_size() > 1 ? n->output(1) : std::string();
     n->set_op_type("Identity");
@@ -471,7 +471,7 @@ class Normalizer {
     a->set_type(onnx::AttributeProto::TENSOR);
     onnx::TensorProto* t = a->mutable_t();
     t->add_dims(1);
-    if (v >= 10) {
+    if (opset_ >= 10) {  // Dropout-10 made the mask bool (a type-only change)
       t->set_data_type(onnx::TensorProto::BOOL);
       t->add_int32_data(1);
     } else {  // Dropout-7's mask has the input's type

@@ -96,8 +96,10 @@ StatusOr<Tensor> TensorFromProto(const onnx::TensorProto& proto, ExternalDataRes
 
 // ---- op versions (op_versions.cc) ----
 
-// The version of `op_type` (ai.onnx) in effect at `opset`: the newest since_version <= opset.
-// 0 when ONNX does not define the op at that opset (or at all).
+// The version of `op_type` (ai.onnx) in effect at `opset`: the newest since_version <= opset at
+// which the op's interface (attributes, inputs, outputs) changed; versions that only added
+// element types do not count (gen_op_versions.py). 0 when ONNX does not define the op at that
+// opset (or at all).
 int EffectiveOpVersion(std::string_view op_type, int64_t opset);
 bool IsOnnxOp(std::string_view op_type);
 

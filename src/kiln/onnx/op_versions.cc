@@ -1,5 +1,5 @@
 // The ai.onnx operator version history (op_versions.inc, generated from the ONNX spec): which
-// version of an op is in effect at a model's opset.
+// version of an op's interface is in effect at a model's opset.
 #include <algorithm>
 #include <initializer_list>
 #include <unordered_map>
@@ -11,15 +11,13 @@ namespace kiln::onnx_internal {
 namespace {
 
 struct OpHistory {
-  int deprecated_since;
-  std::vector<int> versions;  // ascending since_versions
+  std::vector<int> versions;  // ascending since_versions at which the interface changed
 };
 
 const std::unordered_map<std::string_view, OpHistory>& History() {
   static const auto* table = [] {
     auto* t = new std::unordered_map<std::string_view, OpHistory>();
-#define KILN_ONNX_OP(name, deprecated, ...) \
-  (*t)[#name] = OpHistory{deprecated, std::vector<int>{__VA_ARGS__}};
+#define KILN_ONNX_OP(name, ...) (*t)[#name] = OpHistory{std::vector<int>{__VA_ARGS__}};
 #include "kiln/onnx/op_versions.inc"
 #undef KILN_ONNX_OP
     return t;
