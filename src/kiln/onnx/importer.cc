@@ -344,7 +344,7 @@ StatusOr<std::unique_ptr<Graph>> ImportParsed(onnx::ModelProto& model, uint64_t 
   std::vector<OnnxUnsupportedOp> unsupported = FindUnsupportedOps(nodes, opset);
   if (!unsupported.empty()) {
     if (!options.allow_unsupported_ops) return UnsupportedOpsError(unsupported);
-    KILN_LOG(Warn, ONNX, "importing a graph with {} unsupported op type(s)", unsupported.size());
+    KILN_LOG(Debug, ONNX, "importing a graph with {} unsupported op type(s)", unsupported.size());
   }
   GraphBuilder builder(model, opset, base_dir, options);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, builder.Build(nodes));

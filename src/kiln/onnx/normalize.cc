@@ -537,7 +537,10 @@ std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNo
       continue;
     }
     if (nn.version == 0) {
-      add(n.op_type(), fmt::format("not defined in ONNX opset {}", opset), name);
+      add(n.op_type(),
+          opset == 0 ? std::string("the model imports no ai.onnx opset")
+                     : fmt::format("not defined in ONNX opset {}", opset),
+          name);
       continue;
     }
     if (nn.version > schema->latest_opset) {
@@ -582,11 +585,10 @@ StatusOr<int64_t> DefaultOpset(const onnx::ModelProto& model) {
     if (IsDefaultDomain(o.domain())) opset = o.version();
   }
   if (!opset) {
-    if (model.ir_version() < 3)
-      opset = 1;  // IR 1-2 models predate opset_import
-    else
-      return MakeError(ErrorCode::kInvalidModel,
-                       "the model imports no opset for the default (ai.onnx) domain");
+    // IR 1-2 models predate opset_import (opset 1). A newer model without an ai.onnx import
+    // uses only other domains (ai.onnx.ml, ...): 0, and the unsupported-op report names them.
+    if (model.ir_version() >= 3) return int64_t{0};
+    opset = 1;
   }
   if (*opset > kMaxOnnxOpset) {
     return MakeError(ErrorCode::kOpsetTooNew,

@@ -121,7 +121,8 @@ std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNo
 // The KILN-E2004 error listing them all.
 Status UnsupportedOpsError(const std::vector<OnnxUnsupportedOp>& unsupported);
 
-// Opset of the default domain and the full import table; KILN-E2003 / E2012 when out of range.
+// Opset of the default domain; KILN-E2003 / E2012 when out of range; 0 when the model imports
+// only other domains.
 StatusOr<int64_t> DefaultOpset(const onnx::ModelProto& model);
 
 }  // namespace kiln::onnx_internal
