@@ -101,11 +101,12 @@ class GraphBuilder {
       }
       KILN_ASSIGN_OR_RETURN(Tensor tensor, TensorFromProto(t, &resolver_));
       graph_->AddConstant(t.name(), std::move(tensor));
-      // The proto's copy is no longer needed: free it now, so a large model is not held twice.
-      t.clear_raw_data();
-      t.clear_float_data();
-      t.clear_int32_data();
-      t.clear_int64_data();
+      // The proto's copy is no longer needed: free it now (swap, since clear() keeps the
+      // capacity), so a large model is never held twice in memory.
+      std::string().swap(*t.mutable_raw_data());
+      google::protobuf::RepeatedField<float>().Swap(t.mutable_float_data());
+      google::protobuf::RepeatedField<int32_t>().Swap(t.mutable_int32_data());
+      google::protobuf::RepeatedField<int64_t>().Swap(t.mutable_int64_data());
     }
     return OkStatus();
   }
