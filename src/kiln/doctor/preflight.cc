@@ -73,7 +73,9 @@ StatusOr<double> ParseMemoryBudget(std::string_view text) {
   for (const auto& [name, mult] : kUnits) {
     if (unit == name) {
       if (name.empty() && v <= 1) return v;  // a share
-      if (!name.empty() && v * mult < 2) break;
+      // Without a unit, a value above 1 must be whole bytes of a plausible size.
+      if (name.empty() && (v < 1024 || v != std::floor(v))) break;
+      if (v * mult < 1024) break;
       return v * mult;
     }
   }
