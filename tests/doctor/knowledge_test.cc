@@ -34,7 +34,8 @@ TEST(Knowledge, SignatureDatabaseCoversTheRequiredFailures) {
                          "myth.719-watchdog",
                          "myth.nccl-internal-code-2",
                          "myth.trt-builder-timeout",
-                         "myth.max-workspace-size"}) {
+                         "myth.max-workspace-size",
+                         "trt.max-workspace-size-removed"}) {
     EXPECT_GE((*db)->Find(id), 0) << id;
   }
   // The facts that the report got wrong are stated right.

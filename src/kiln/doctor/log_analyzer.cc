@@ -322,7 +322,7 @@ struct LogAnalyzer::Impl {
       ev.file = file;
       ev.line = line_no + 1;
       ev.raw_time = info.time;
-      ev.host = std::string(info.host);
+      ev.host = SanitizeText(info.host, 128);
       ev.rank = info.rank;
       ev.local_rank = info.local_rank;
       ev.pid = info.pid;
