@@ -164,6 +164,9 @@ TEST(Preflight, LiveProbeNeverFailsAndExplainsAbsence) {
   ASSERT_FALSE(r.findings.empty());
   EXPECT_GE(r.ExitCode(), 1);  // NCCL_IB_TIMEOUT=30 is a warning everywhere
   EXPECT_NE(Find(r.findings, "nvml"), nullptr);
+  ASSERT_NE(Find(r.findings, "param.KILN_LOG_LEVEL"), nullptr);  // kiln's own knobs are listed
+  EXPECT_NE(Find(r.findings, "param.KILN_LOG_LEVEL")->what.find("unset, default 'INFO'"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "kiln/core/params.h"
 #include "kiln/doctor/env_check.h"
 
 extern char** environ;
@@ -314,6 +315,15 @@ PreflightReport RunPreflight(const KnownProblems& kp, const MemoryPlan& plan,
   r.findings = CheckMachine(r.facts, kp, plan);
   for (Finding& f : CheckEnvironment(kp, r.facts.env, &r.facts.interfaces))
     r.findings.push_back(std::move(f));
+  // kiln's own knobs (params.inc) with the values this process would use.
+  for (const param::ParamInfo& p : param::AllParams()) {
+    auto it = env.find(std::string(p.env));
+    r.findings.push_back({Severity::kInfo, fmt::format("param.{}", p.env),
+                          it != env.end() ? fmt::format("{}={} ({})", p.env, it->second, p.meaning)
+                                          : fmt::format("{} unset, default '{}' ({})", p.env,
+                                                        p.default_value, p.meaning),
+                          "", ""});
+  }
   // ECC and row remapping come from NVML through the obs layer's wrapper (src/kiln/obs/nvml.h),
   // which is not merged yet; until then the check reports that it did not run.
   NvmlFacts nvml;
