@@ -208,6 +208,8 @@ TEST(Analyzer, ManyMatchesAreCappedWithANote) {
   // Only consequences: the first is reported as such, with the note that the cause is elsewhere.
   EXPECT_EQ(Root(d).id, "torch.watchdog-timeout");
   EXPECT_NE(d.root_note.find("no underlying fault"), std::string::npos);
+  ASSERT_EQ(d.consequences.size(), 1u);
+  EXPECT_EQ(d.consequences[0].count, 2999u);  // every match counts, not only the kept ones
   EXPECT_EQ(Root(d).Field("seq"), "3");
   EXPECT_EQ(Root(d).Field("ran_ms"), "600104");
 }

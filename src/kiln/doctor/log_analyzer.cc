@@ -350,6 +350,10 @@ struct LogAnalyzer::Impl {
         HandleSmiRow(base_event(s), line, hash);
         continue;
       }
+      if (sig.role != Role::kInfo && kept_per_sig[s] >= opt.max_events_per_signature) {
+        ++seen_per_sig[s];  // past the cap only the count matters: skip the parsing
+        continue;
+      }
       Event ev = base_event(s);
       if (sig.fields) ExtractFields(*sig.fields, line, ev);
       if (auto g = ev.Field("gpu"); !g.empty()) ev.gpu = NormalizeGpu(g);
@@ -924,6 +928,13 @@ void LogAnalyzer::Impl::GroupEvents(Diagnosis& d, const std::vector<int>& failur
   };
   for (int f : failures) {
     if (f != d.root) add_to(d.consequences, group_of, f);
+  }
+  // Past the per-signature cap the groups still count every match.
+  for (EventGroup& g : d.consequences) {
+    int sig = ev[g.first].sig;
+    if (sig >= 0 && g.id == sigs[sig].id && seen_per_sig[sig] > kept_per_sig[sig]) {
+      g.count += seen_per_sig[sig] - kept_per_sig[sig];
+    }
   }
   std::map<std::string, size_t> warn_of;
   std::vector<int> warn_events;
