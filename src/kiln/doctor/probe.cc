@@ -26,12 +26,13 @@ using CuResult = int;
 using CuDevice = int;
 using CuContext = void*;
 
-// A dlopen handle closed on scope exit.
+// A dlopen handle closed on scope exit. RTLD_NODELETE keeps the library mapped after dlclose:
+// the GPU libraries keep internal state (allocations, atexit handlers) that must not be unloaded.
 class Library {
  public:
   explicit Library(std::initializer_list<const char*> names) {
     for (const char* n : names) {
-      handle_ = dlopen(n, RTLD_NOW | RTLD_LOCAL);
+      handle_ = dlopen(n, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
       if (handle_) {
         name_ = n;
         return;
