@@ -107,6 +107,8 @@ StatusOr<std::shared_ptr<const SignatureDb>> SignatureDb::Load(std::string_view 
     s.references = GetStrings(e, "references");
     s.kind = GetString(e, "kind");
     s.phase = GetString(e, "phase");
+    s.phase_title = GetString(e, "phase_title");
+    if (s.phase_title.empty()) s.phase_title = s.phase;
     s.phase_begin = GetString(e, "edge") == "begin";
     s.handler = GetString(e, "handler");
     s.caseless = e.value("caseless", false);

@@ -42,9 +42,10 @@ struct Signature {
   std::string title, meaning, cause, remedy;
   std::vector<std::string> references;
   bool caseless = false;
-  bool generic = false;  // dropped when a specific entry matched the same line
-  std::string kind;      // "timeout", "network", "store_timeout": what a consequence is
-  std::string phase;     // for stall entries: the phase name
+  bool generic = false;     // dropped when a specific entry matched the same line
+  std::string kind;         // "timeout", "network", "store_timeout": what a consequence is
+  std::string phase;        // for stall entries: the phase name
+  std::string phase_title;  // "building a TensorRT engine"
   bool phase_begin = false;
   std::string handler;          // "env", "kiln_catalog", "smi_header", "smi_row"
   std::unique_ptr<RE2> fields;  // named groups, run only on matching lines

@@ -848,14 +848,16 @@ void LogAnalyzer::Impl::PickRoot(Diagnosis& d, const std::vector<int>& failures,
       std::vector<int> ranks(timed_out.begin(), timed_out.end());
       std::string who = s.rank >= 0 ? fmt::format("rank {}", s.rank) : "one rank";
       s.severity = Severity::kError;
-      s.title = fmt::format(
-          "{} was still in '{}' (started, never finished) when the other ranks' "
-          "collective timed out",
-          who, sigs[s.sig].title);
+      const std::string& phase = sigs[s.sig].phase_title;
+      std::string started =
+          s.time_us != kNoTime ? " (started " + FormatTimeUs(s.time_us, false) + ", never finished)"
+                               : " (never finished)";
+      s.title = fmt::format("{} was still {}{} when ranks {} timed out in a collective", who, phase,
+                            started, RankList(ranks));
       s.meaning = fmt::format(
-          "ranks {} waited in a collective that {} never joined: it was busy in a long phase "
-          "({}), so the framework's collective timeout fired on the others",
-          RankList(ranks), who, sigs[s.sig].phase);
+          "ranks {} waited in a collective that {} had not joined: it was busy {}, so the "
+          "framework's collective timeout fired on the others",
+          RankList(ranks), who, phase);
       s.cause = "one rank doing long work (an engine build) while the others wait in a collective";
       s.remedy =
           "build the engine once and share it (kiln build-once / shared engine cache), or "

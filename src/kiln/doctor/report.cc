@@ -162,7 +162,12 @@ std::string RenderDiagnosisText(const Diagnosis& d, const SignatureDb& db, const
            "\n";
     for (const EventGroup& g : d.warnings) {
       const Event& e = d.events[g.first];
-      out += fmt::format("  - {}{}\n", g.title, g.count > 1 ? fmt::format(" ({}x)", g.count) : "");
+      std::string where;
+      if (!g.hosts.empty()) where += " on " + Join(g.hosts);
+      if (g.first_time_us != kNoTime)
+        where += ", first " + When(g.first_time_us, g.first_time_estimated);
+      out += fmt::format("  - {}{}{}\n", g.title, g.count > 1 ? fmt::format(" ({}x)", g.count) : "",
+                         st.Dim(where));
       if (auto m = field(e, &Event::meaning, &Signature::meaning); !m.empty())
         out += fmt::format("      {}\n", st.Dim(m));
     }
