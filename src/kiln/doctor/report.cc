@@ -247,7 +247,7 @@ std::string RenderPreflightText(const PreflightReport& r, const RenderOptions& o
       if (!f.todo.empty()) out += fmt::format("        do:  {}\n", f.todo);
     } else {
       if (!info_header) {
-        out += "\n" + st.Bold("facts") + "\n";
+        out += fmt::format("\n{}\n", st.Bold("facts"));
         info_header = true;
       }
       out += fmt::format("  {}\n", f.what);
