@@ -3,6 +3,9 @@
 // knows exactly which ranks never arrived and can tell every rank that did.
 #include "kiln/dist/mpi_comm.h"
 
+// C API only: OpenMPI's mpi.h otherwise drags in the removed C++ bindings.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@ namespace {
 
 constexpr int kTagHello = 7101;
 constexpr int kTagVerdict = 7102;
+constexpr auto kVerdictGrace = std::chrono::seconds(2);
 constexpr size_t kChunk = size_t{64} << 20;  // MPI counts are int; 64 MiB keeps them small
 
 Status MpiError(int rc, std::string_view call) {
@@ -82,7 +86,9 @@ class MpiCommunicator final : public Communicator {
       KILN_MPI(MPI_Isend(mine.data(), static_cast<int>(rec), MPI_BYTE, 0, kTagHello, comm_, &reqs[0]));
       KILN_MPI(MPI_Irecv(verdict.data(), static_cast<int>(verdict.size()), MPI_BYTE, 0, kTagVerdict,
                          comm_, &reqs[1]));
-      const bool done = PollUntil(deadline, [&] {
+      // Rank 0 answers when everyone arrived or at the deadline, so allow its answer a grace
+      // period to travel before concluding that rank 0 itself is gone.
+      const bool done = PollUntil(deadline + kVerdictGrace, [&] {
         int flag = 0;
         MPI_Test(&reqs[1], &flag, MPI_STATUS_IGNORE);
         return flag != 0;
@@ -102,10 +108,16 @@ class MpiCommunicator final : public Communicator {
         KILN_MPI(MPI_Irecv(verdict.data() + head + rec * r, static_cast<int>(rec), MPI_BYTE, r,
                            kTagHello, comm_, &reqs[r]));
       }
+      // MPI_Test one by one: MPI_Testall leaves every request untouched unless all completed,
+      // and the completed ones are how rank 0 tells who arrived.
       PollUntil(deadline, [&] {
-        int flag = 0;
-        MPI_Testall(size_, reqs.data(), &flag, MPI_STATUSES_IGNORE);
-        return flag != 0;
+        bool all = true;
+        for (MPI_Request& r : reqs) {
+          int flag = 1;
+          if (r != MPI_REQUEST_NULL) MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+          all = all && flag != 0;
+        }
+        return all;
       });
       std::vector<int32_t> missing;
       for (int r = 1; r < size_; ++r) {
@@ -123,8 +135,11 @@ class MpiCommunicator final : public Communicator {
       }
       std::vector<MPI_Request> arrived;
       for (int r = 1; r < size_; ++r) {
-        if (std::find(missing.begin(), missing.end(), r) == missing.end()) arrived.push_back(sends[r]);
-        else if (sends[r] != MPI_REQUEST_NULL) MPI_Request_free(&sends[r]);
+        if (std::find(missing.begin(), missing.end(), r) == missing.end()) {
+          arrived.push_back(sends[r]);
+        } else if (sends[r] != MPI_REQUEST_NULL) {
+          MPI_Request_free(&sends[r]);
+        }
       }
       PollUntil(std::max(deadline, Clock::now()) + std::chrono::seconds(2), [&] {
         int flag = 0;
