@@ -198,6 +198,16 @@ def case_builder_fails(a, tmp):
                   f"receivers name the builder and its error: {line}", r)
 
 
+def case_nccl_no_device(a, tmp):
+    # On a machine without a GPU (CI), --transport nccl fails promptly on every rank with a catalog
+    # error: no CUDA device (E6000), or NCCL not compiled in (E7015). Never a hang.
+    r = Run(mpirun_prefix() + ["-np", "2", a.driver, "--transport", "nccl", "--join-ms", "5000"])
+    check(r.rc != 0 and len(r.errors) >= 1, "the job fails with an error", r)
+    check(r.elapsed < 15, "promptly", r)
+    for line in r.errors:
+        check("KILN-E6000" in line or "KILN-E7015" in line, f"explained: {line}", r)
+
+
 # ---- plain processes racing on one cache directory (no launcher: world size 1 each) ----
 
 def proc_env():

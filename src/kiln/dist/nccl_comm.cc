@@ -82,8 +82,10 @@ StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Create(int rank, int
                                                                    Deadline deadline, const NcclOptions& options,
                                                                    int local_rank) {
   int devices = 0;
-  KILN_CUDA(cudaGetDeviceCount(&devices));
-  if (devices == 0) return MakeError(ErrorCode::kBackendUnavailable, "no CUDA device for the NCCL transport");
+  if (cudaError_t rc = cudaGetDeviceCount(&devices); rc != cudaSuccess || devices == 0) {
+    return MakeError(ErrorCode::kBackendUnavailable, "no CUDA device for the NCCL transport ({})",
+                     rc == cudaSuccess ? "0 devices" : cudaGetErrorString(rc));
+  }
   const int device = options.device >= 0 ? options.device : local_rank % devices;
   KILN_CUDA(cudaSetDevice(device));
 
