@@ -172,15 +172,21 @@ class MpiCommunicator final : public Communicator {
                    std::string_view what) override {
     const Clock::time_point start = Clock::now();
     KILN_RETURN_IF_ERROR(EnsureCollectiveComm(deadline));
+    // Small messages are waits for someone (the header waits for the build); large ones are
+    // transfers that progress only while MPI is called.
+    const PollMode mode = bytes.size() >= (size_t{1} << 20) ? PollMode::kBusy : PollMode::kPatient;
     for (size_t off = 0; off < bytes.size() || (off == 0 && bytes.empty()); off += kChunk) {
       const size_t n = std::min(kChunk, bytes.size() - off);
       MPI_Request req = MPI_REQUEST_NULL;
       KILN_MPI(MPI_Ibcast(bytes.data() + off, static_cast<int>(n), MPI_BYTE, root, coll_, &req));
-      const bool done = PollUntil(deadline, [&] {
-        int flag = 0;
-        MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-        return flag != 0;
-      });
+      const bool done = PollUntil(
+          deadline,
+          [&] {
+            int flag = 0;
+            MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+            return flag != 0;
+          },
+          mode);
       if (!done) {
         // A collective cannot be cancelled; the request is left to MPI's teardown.
         return MakeError(ErrorCode::kCollectiveTimeout,

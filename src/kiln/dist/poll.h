@@ -9,15 +9,20 @@
 
 namespace kiln::dist {
 
+enum class PollMode {
+  kPatient,  // waiting for someone else (a builder, a late rank): back off
+  kBusy,     // moving bytes: MPI progresses only inside MPI calls, so never sleep
+};
+
 // Calls `done()` until it returns true (-> true) or the deadline passes (-> false).
 template <typename Done>
-bool PollUntil(Deadline deadline, Done&& done) {
+bool PollUntil(Deadline deadline, Done&& done, PollMode mode = PollMode::kPatient) {
   const Clock::time_point start = Clock::now();
   while (!done()) {
     const Clock::time_point now = Clock::now();
     if (now >= deadline) return false;
     const auto waited = now - start;
-    if (waited < std::chrono::milliseconds(50)) {
+    if (mode == PollMode::kBusy || waited < std::chrono::milliseconds(50)) {
       std::this_thread::yield();
     } else if (waited < std::chrono::seconds(2)) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
