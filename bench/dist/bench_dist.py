@@ -58,6 +58,7 @@ def run(driver, np_, size, build_ms, mode, tmp):
         readers = [r["ranks"][0] for r in reports if r["ranks"][0]["role"] == "cache-hit"]
         builders = [r for r in reports if r["ranks"][0]["role"] == "built"]
         row["builders"] = len(builders)
+        row["took_over"] = sum(1 for r in reports if r["ranks"][0]["role"] == "took-over")
         row["max_reader_wait_s"] = round(max((r["wait_s"] for r in readers), default=0), 3)
     return row
 
@@ -72,6 +73,7 @@ def main():
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kiln-bench-dist-", dir="/tmp")
     rows = []
+    load_at_start = os.getloadavg()
     try:
         for size in map(int, a.sizes.split(",")):
             for np_ in map(int, a.ranks.split(",")):
@@ -89,6 +91,8 @@ def main():
     out = {
         "command": " ".join(["python3"] + sys.argv),
         "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.machine()}",
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": os.getloadavg(),
         "notes": ("synthetic build: build_ms of CPU time per build plus generating the bytes; ranks "
                   "oversubscribe the cores, so concurrent builds contend as real ones do for a GPU. "
                   "MPI shared memory without single-copy (CMA off, as in containers). File cache on "

@@ -124,7 +124,7 @@ class StalenessTracker {
  public:
   // Returns why the holder is stale, or an empty string while it looks alive.
   std::string Observe(const std::optional<Heartbeat>& hb, Clock::time_point now, Clock::duration stale_after,
-                      const std::string& my_host) {
+                      Clock::duration dead_grace, const std::string& my_host) {
     if (!hb) {
       if (!no_hb_since_) no_hb_since_ = now;
       if (now - *no_hb_since_ > stale_after) {
@@ -135,13 +135,21 @@ class StalenessTracker {
     }
     no_hb_since_.reset();
     if (hb->token != token_ || hb->beat != beat_) {
+      if (hb->token != token_) dead_since_.reset();
       token_ = hb->token;
       beat_ = hb->beat;
       changed_at_ = now;
     }
     if (hb->host == my_host && !PidAlive(hb->pid)) {
-      return fmt::format("builder pid {} on this host is gone", hb->pid);
+      // A new lock holder may not have replaced the dead builder's heartbeat yet: give it a
+      // moment (it claims the dead token's takeover marker first thing).
+      if (!dead_since_) dead_since_ = now;
+      if (now - *dead_since_ >= dead_grace) {
+        return fmt::format("builder pid {} on this host is gone", hb->pid);
+      }
+      return {};
     }
+    dead_since_.reset();
     if (now - changed_at_ > stale_after) {
       return fmt::format("builder {}:{} has not updated its heartbeat for {:.1f} s (last: '{}')",
                          hb->host, hb->pid, Seconds(now - changed_at_), hb->progress);
@@ -151,6 +159,7 @@ class StalenessTracker {
 
  private:
   std::optional<Clock::time_point> no_hb_since_;
+  std::optional<Clock::time_point> dead_since_;
   std::string token_;
   uint64_t beat_ = 0;
   Clock::time_point changed_at_{};
@@ -402,12 +411,26 @@ StatusOr<CacheResult> EngineCache::GetOrBuild(std::string_view key, const BuildF
       }
       result.wait_s = Seconds(Clock::now() - start);
       result.outcome = CacheOutcome::kBuilt;
-      return BuildAndPublish(key, build, lock_fd, {}, std::move(result));
+      // A heartbeat left by a dead builder: claim its replacement, so that no waiter that still
+      // reads that heartbeat takes over too.
+      fs::path marker;
+      if (std::optional<Heartbeat> old = ReadHeartbeat(HeartbeatPath(key))) {
+        marker = options_.dir / fmt::format("{}.takeover.{}", key, old->token);
+        int mfd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (mfd >= 0) {
+          ::close(mfd);
+        } else {
+          marker.clear();  // a waiter already replaced it; it will publish too (same bytes)
+        }
+      }
+      return BuildAndPublish(key, build, lock_fd, marker, std::move(result));
     }
 
     const Clock::time_point now = Clock::now();
     hb = ReadHeartbeat(HeartbeatPath(key));
-    const std::string stale = tracker.Observe(hb, now, options_.stale_after, my_host);
+    const Clock::duration dead_grace = std::min<Clock::duration>(
+        options_.stale_after, std::max<Clock::duration>(4 * options_.poll_interval, Millis(200)));
+    const std::string stale = tracker.Observe(hb, now, options_.stale_after, dead_grace, my_host);
     if (!stale.empty()) {
       // One waiter per stale build attempt wins the marker and rebuilds without the lock (a hung
       // holder may keep it forever); the rest keep waiting for the new builder's heartbeat.
@@ -473,30 +496,36 @@ StatusOr<CacheResult> EngineCache::BuildAndPublish(std::string_view key, const B
 
   ProgressSink sink;
   sink.Update("building");
-  const Clock::time_point t0 = Clock::now();
-  StatusOr<std::vector<std::byte>> bytes = [&] {
-    HeartbeatWriter writer(hb_path, hb, options_.heartbeat_interval, sink);
-    return build(sink);
-  }();
-  result.build_s = Seconds(Clock::now() - t0);
   auto drop_heartbeat = [&] {
     // Leave a newer builder's heartbeat alone (after a takeover both may run).
     if (std::optional<Heartbeat> now = ReadHeartbeat(hb_path); now && now->token == hb.token) {
       ::unlink(hb_path.c_str());
     }
   };
-  if (!bytes.ok()) {
-    drop_heartbeat();
-    return std::move(bytes).status().AddContext(fmt::format("building cache entry {}", key));
-  }
-  if (options_.verify) {
-    if (Status v = options_.verify(*bytes); !v.ok()) {
-      drop_heartbeat();
-      return std::move(v).AddContext(fmt::format("verifying the freshly built entry {}", key));
+  StatusOr<std::vector<std::byte>> bytes = MakeError(ErrorCode::kInternal, "not built");
+  Status published;
+  {
+    // The heartbeat keeps beating through verification and publishing: writing and syncing a
+    // large engine to a shared file system can take longer than the stale bound.
+    HeartbeatWriter writer(hb_path, hb, options_.heartbeat_interval, sink);
+    const Clock::time_point t0 = Clock::now();
+    bytes = build(sink);
+    result.build_s = Seconds(Clock::now() - t0);
+    if (bytes.ok() && options_.verify) {
+      sink.Update("verifying");
+      if (Status v = options_.verify(*bytes); !v.ok()) {
+        bytes = std::move(v).AddContext(fmt::format("verifying the freshly built entry {}", key));
+      }
+    }
+    if (bytes.ok()) {
+      sink.Update(fmt::format("publishing {} bytes", bytes->size()));
+      published = Publish(key, *bytes);
     }
   }
-  Status published = Publish(key, *bytes);
   drop_heartbeat();
+  if (!bytes.ok()) {
+    return std::move(bytes).status().AddContext(fmt::format("building cache entry {}", key));
+  }
   KILN_RETURN_IF_ERROR_CTX(published, "publishing cache entry {}", key);
   if (options_.max_bytes > 0) {
     if (StatusOr<int> evicted = Evict(options_.max_bytes, key); !evicted.ok()) {
