@@ -37,8 +37,12 @@ def run(driver, np_, size, build_ms, mode, tmp):
     elif mode == "mpi":
         args += ["--transport", "mpi"]
     t0 = time.monotonic()
+    env = mpi_env()
+    # The tests turn cross-memory attach off for portability; the benchmark lets Open MPI use it
+    # where the kernel allows (single copy by the receiver), as a real job would.
+    env.pop("OMPI_MCA_btl_vader_single_copy_mechanism", None)
     p = subprocess.run(mpirun_prefix() + ["-np", str(np_)] + args, capture_output=True, text=True,
-                       env=mpi_env(), timeout=600)
+                       env=env, timeout=600)
     wall = time.monotonic() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{mode} np={np_} size={size}: rc={p.returncode}\n{p.stdout}\n{p.stderr[-2000:]}")
@@ -95,8 +99,9 @@ def main():
         "load_average_at_end": os.getloadavg(),
         "notes": ("synthetic build: build_ms of CPU time per build plus generating the bytes; ranks "
                   "oversubscribe the cores, so concurrent builds contend as real ones do for a GPU. "
-                  "MPI shared memory without single-copy (CMA off, as in containers). File cache on "
-                  "local disk (written with fsync, read from the page cache)."),
+                  "MPI over shared memory with Open MPI's default single-copy mechanism (CMA where the "
+                  "kernel allows). File cache on local disk (written with fsync, read from the page "
+                  "cache). The development machine is shared with other builds: see the load averages."),
         "rows": rows,
     }
     os.makedirs(os.path.dirname(a.out), exist_ok=True)

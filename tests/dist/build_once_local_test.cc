@@ -60,8 +60,8 @@ TEST(BuildOnceLocalTest, CacheTurnsTheSecondCallIntoAHit) {
 }
 
 TEST(BuildOnceLocalTest, BuildErrorsKeepTheirCode) {
-  StatusOr<BuildOnceResult> r =
-      BuildOnce(TestKey(), BuildOnceOptions{}, [](ProgressSink&) -> StatusOr<std::vector<std::byte>> {
+  StatusOr<BuildOnceResult> r = BuildOnce(
+      TestKey(), BuildOnceOptions{}, [](ProgressSink&) -> StatusOr<std::vector<std::byte>> {
         return MakeError(ErrorCode::kMemoryBudgetExceeded, "needs 3 GiB");
       });
   ASSERT_FALSE(r.ok());
@@ -70,7 +70,9 @@ TEST(BuildOnceLocalTest, BuildErrorsKeepTheirCode) {
 
 TEST(BuildOnceLocalTest, VerifyRejectsBeforeSharing) {
   BuildOnceOptions o;
-  o.verify = [](std::span<const std::byte>) { return MakeError(ErrorCode::kEngineChecksum, "bad engine"); };
+  o.verify = [](std::span<const std::byte>) {
+    return MakeError(ErrorCode::kEngineChecksum, "bad engine");
+  };
   int calls = 0;
   StatusOr<BuildOnceResult> r = BuildOnce(TestKey(), o, Builder(&calls, 10));
   ASSERT_FALSE(r.ok());
@@ -84,6 +86,31 @@ TEST(BuildOnceLocalTest, CacheTransportNeedsADirectory) {
   StatusOr<BuildOnceResult> r = BuildOnce(TestKey(), o, Builder(&calls, 10));
   EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(calls, 0);
+}
+
+TEST(BuildOnceLocalTest, WithoutMpiSeveralRanksMeetInTheCacheOrAreToldWhatToDo) {
+  BuildOnceOptions o;
+  o.rank_overrides.rank = 1;
+  o.rank_overrides.world_size = 2;  // as torchrun would say, with no MPI running
+  int calls = 0;
+  StatusOr<BuildOnceResult> r = BuildOnce(TestKey(), o, Builder(&calls, 10));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kTransportUnavailable);
+  EXPECT_NE(r.status().message().find("MPI is not running"), std::string::npos)
+      << r.status().message();
+  EXPECT_EQ(calls, 0);
+
+  char tmpl[] = "/tmp/kiln-bo-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  o.cache = CacheOptions{};
+  o.cache->dir = tmpl;
+  r = BuildOnce(TestKey(), o, Builder(&calls, 10));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->report.transport, "cache");
+  EXPECT_EQ(r->report.rank, 1);
+  EXPECT_EQ(r->report.world_size, 2);
+  EXPECT_EQ(calls, 1);
+  std::filesystem::remove_all(tmpl);
 }
 
 TEST(BuildOnceLocalTest, ParsesFlags) {

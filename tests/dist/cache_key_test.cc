@@ -24,13 +24,15 @@ TEST(CacheKeyTest, EveryComponentChangesTheKey) {
       Key("model-a", "fp32", "sm_90", "13.0").Hex(), Key("model-a", "fp16", "sm_80", "13.0").Hex(),
       Key("model-a", "fp16", "sm_90", "12.4").Hex()};
   EXPECT_EQ(keys.size(), 5u);
-  EXPECT_EQ(Key("model-a", "fp16", "sm_90", "13.0").Hex(), Key("model-a", "fp16", "sm_90", "13.0").Hex());
+  EXPECT_EQ(Key("model-a", "fp16", "sm_90", "13.0").Hex(),
+            Key("model-a", "fp16", "sm_90", "13.0").Hex());
   EXPECT_EQ(Key("m", "fp16", "sm_90", "13.0").Hex().size(), 32u);
 }
 
 TEST(CacheKeyTest, StreamingModelBytesMatchesOneShot) {
   std::string model = "0123456789abcdef";
-  CacheKey whole = KeyBuilder().ModelBytes(std::as_bytes(std::span(model.data(), model.size()))).Build();
+  CacheKey whole =
+      KeyBuilder().ModelBytes(std::as_bytes(std::span(model.data(), model.size()))).Build();
   KeyBuilder parts;
   parts.ModelBytes(std::as_bytes(std::span(model.data(), 5)));
   parts.ModelBytes(std::as_bytes(std::span(model.data() + 5, model.size() - 5)));
@@ -38,7 +40,8 @@ TEST(CacheKeyTest, StreamingModelBytesMatchesOneShot) {
 }
 
 TEST(CacheKeyTest, ConfigFieldsAreDelimited) {
-  EXPECT_NE(KeyBuilder().Config("ab", "c").Build().Hex(), KeyBuilder().Config("a", "bc").Build().Hex());
+  EXPECT_NE(KeyBuilder().Config("ab", "c").Build().Hex(),
+            KeyBuilder().Config("a", "bc").Build().Hex());
 }
 
 TEST(CacheKeyTest, LibraryOrderDoesNotMatter) {

@@ -1,9 +1,9 @@
 // Test and benchmark driver for build-once: every rank of an mpirun job (or every racing process)
 // runs it. The builder is a test double (deterministic bytes from a seed, a configurable build
 // cost, optional crash or hang mid-build); the sharing logic it drives is the real one.
-#include <CLI/CLI.hpp>
 #include <signal.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <fcntl.h>
 
@@ -27,8 +27,8 @@ struct Args {
   uint64_t seed = 1;
   int build_ms = 100;
   std::string build_cost = "sleep";  // sleep | cpu
-  std::string die_once_file;          // the first builder to create this file crashes mid-build
-  bool stall = false;                 // the builder stops itself (SIGSTOP) mid-build
+  std::string die_once_file;         // the first builder to create this file crashes mid-build
+  bool stall = false;                // the builder stops itself (SIGSTOP) mid-build
   bool fail_build = false;
   std::string transport = "auto";
   std::string build_on = "rank0";
@@ -79,8 +79,8 @@ void BurnBuildTime(const Args& a, ProgressSink& sink, int from_ms, int to_ms) {
     } else {
       std::this_thread::sleep_for(step);
     }
-    sink.Update(fmt::format("synthetic build {} ms of {} ms", from_ms + (i + 1) * (to_ms - from_ms) / steps,
-                            a.build_ms));
+    sink.Update(fmt::format("synthetic build {} ms of {} ms",
+                            from_ms + (i + 1) * (to_ms - from_ms) / steps, a.build_ms));
   }
 }
 
@@ -104,7 +104,8 @@ StatusOr<std::vector<std::byte>> SyntheticBuild(const Args& a, ProgressSink& sin
 }
 
 int Run(const Args& a) {
-  auto session = MpiAvailable() ? MpiSession::Start() : StatusOr<std::unique_ptr<MpiSession>>(nullptr);
+  auto session =
+      MpiAvailable() ? MpiSession::Start() : StatusOr<std::unique_ptr<MpiSession>>(nullptr);
   if (!session.ok()) {
     std::printf("ERROR rank=? %s\n", session.status().ToString().c_str());
     return 2;
@@ -113,7 +114,8 @@ int Run(const Args& a) {
   StatusOr<Transport> transport = ParseTransport(a.transport);
   StatusOr<BuildOn> build_on = ParseBuildOn(a.build_on);
   if (!transport.ok() || !build_on.ok()) {
-    std::printf("ERROR %s\n", (transport.ok() ? build_on.status() : transport.status()).ToString().c_str());
+    std::printf("ERROR %s\n",
+                (transport.ok() ? build_on.status() : transport.status()).ToString().c_str());
     return 2;
   }
   o.transport = *transport;
@@ -150,7 +152,8 @@ int Run(const Args& a) {
                            .Build();
   const auto t0 = std::chrono::steady_clock::now();
   StatusOr<BuildOnceResult> r = [&]() -> StatusOr<BuildOnceResult> {
-    if (!a.every_rank_builds) return BuildOnce(key, o, [&](ProgressSink& s) { return SyntheticBuild(a, s); });
+    if (!a.every_rank_builds)
+      return BuildOnce(key, o, [&](ProgressSink& s) { return SyntheticBuild(a, s); });
     // Baseline for the benchmark: each rank builds its own copy, nothing is shared.
     ProgressSink sink;
     KILN_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, SyntheticBuild(a, sink));
@@ -163,7 +166,8 @@ int Run(const Args& a) {
     out.bytes = std::move(bytes);
     return out;
   }();
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!r.ok()) {
     std::printf("ERROR rank=%d after=%.2fs %s\n", my_rank, elapsed, r.status().ToString().c_str());
     std::fflush(stdout);
@@ -175,8 +179,8 @@ int Run(const Args& a) {
   std::printf("RESULT rank=%d bytes=%zu checksum=%s expected=%s elapsed=%.3f\n", r->report.rank,
               r->bytes.size(), got.c_str(), expected.c_str(), elapsed);
   if (!a.report_dir.empty()) {
-    std::ofstream(a.report_dir + "/rank-" + std::to_string(r->report.rank) + "-" + std::to_string(getpid()) +
-                  ".json")
+    std::ofstream(a.report_dir + "/rank-" + std::to_string(r->report.rank) + "-" +
+                  std::to_string(getpid()) + ".json")
         << r->report.ToJson();
   }
   return got == expected ? 0 : 1;

@@ -20,7 +20,9 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-std::vector<std::byte> Bytes(size_t n, uint8_t fill) { return std::vector<std::byte>(n, std::byte{fill}); }
+std::vector<std::byte> Bytes(size_t n, uint8_t fill) {
+  return std::vector<std::byte>(n, std::byte{fill});
+}
 
 std::string KeyOf(int i) { return fmt::format("{:032x}", 0xabc000 + i); }
 
@@ -82,7 +84,8 @@ class EngineCacheTest : public ::testing::Test {
   LogSink old_sink_;
 };
 
-BuildFn CountingBuild(std::atomic<int>* count, std::vector<std::byte> bytes, milliseconds cost = milliseconds(0)) {
+BuildFn CountingBuild(std::atomic<int>* count, std::vector<std::byte> bytes,
+                      milliseconds cost = milliseconds(0)) {
   return [count, bytes, cost](ProgressSink& sink) -> StatusOr<std::vector<std::byte>> {
     ++*count;
     sink.Update("building");
@@ -100,7 +103,8 @@ TEST_F(EngineCacheTest, MissBuildsThenHits) {
   EXPECT_EQ(first->bytes, Bytes(1000, 7));
   // A second process (a new cache object) finds it without building.
   auto other = Open(Options());
-  StatusOr<CacheResult> second = other->GetOrBuild(KeyOf(1), CountingBuild(&builds, Bytes(1000, 9)));
+  StatusOr<CacheResult> second =
+      other->GetOrBuild(KeyOf(1), CountingBuild(&builds, Bytes(1000, 9)));
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(second->outcome, CacheOutcome::kHit);
   EXPECT_EQ(second->bytes, Bytes(1000, 7));
@@ -145,7 +149,8 @@ TEST_F(EngineCacheTest, TruncatedEntryIsNeverUsed) {
 TEST_F(EngineCacheTest, VerifyCallbackRejectsEntries) {
   CacheOptions o = Options();
   o.verify = [](std::span<const std::byte> b) -> Status {
-    if (!b.empty() && b[0] == std::byte{'X'}) return MakeError(ErrorCode::kEngineNotKiln, "starts with X");
+    if (!b.empty() && b[0] == std::byte{'X'})
+      return MakeError(ErrorCode::kEngineNotKiln, "starts with X");
     return OkStatus();
   };
   auto cache = Open(o);
@@ -198,7 +203,8 @@ TEST_F(EngineCacheTest, RacingThreadsBuildExactlyOnce) {
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       auto cache = EngineCache::Open(Options());
-      results[t] = (*cache)->GetOrBuild(KeyOf(20), CountingBuild(&builds, Bytes(50000, 5), milliseconds(300)));
+      results[t] = (*cache)->GetOrBuild(KeyOf(20),
+                                        CountingBuild(&builds, Bytes(50000, 5), milliseconds(300)));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -266,10 +272,12 @@ TEST_F(EngineCacheTest, FreshForeignBuilderIsWaitedForWithinTheBound) {
   std::atomic<int> builds = 0;
   const auto t0 = std::chrono::steady_clock::now();
   StatusOr<CacheResult> r = cache->GetOrBuild(KeyOf(30), CountingBuild(&builds, Bytes(10, 1)));
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kCacheWaitTimeout);
-  EXPECT_NE(r.status().message().find("other-host:4242"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("other-host:4242"), std::string::npos)
+      << r.status().message();
   EXPECT_NE(r.status().message().find("tactics 3/10"), std::string::npos);
   EXPECT_GE(waited, 0.8);
   EXPECT_LT(waited, 1.5);
@@ -284,7 +292,8 @@ TEST_F(EngineCacheTest, StaleForeignBuilderIsTakenOverWithWarning) {
   std::atomic<int> builds = 0;
   const auto t0 = std::chrono::steady_clock::now();
   StatusOr<CacheResult> r = cache->GetOrBuild(KeyOf(31), CountingBuild(&builds, Bytes(10, 1)));
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->outcome, CacheOutcome::kTookOver);
   EXPECT_EQ(r->builder, "other-host:4242");
@@ -295,7 +304,7 @@ TEST_F(EngineCacheTest, StaleForeignBuilderIsTakenOverWithWarning) {
       << Logged("KILN-E7009")[0];
   EXPECT_TRUE(cache->Lookup(KeyOf(31)).ok());
   // The takeover marker is gone once the entry is published.
-  EXPECT_FALSE(fs::exists(dir_ / (KeyOf(31) + ".takeover.foreign-token")));
+  EXPECT_FALSE(fs::exists(cache->TakeoverMarker(KeyOf(31), "foreign-token")));
 }
 
 TEST_F(EngineCacheTest, DeadBuilderOnThisHostIsTakenOverAtOnce) {
@@ -311,12 +320,14 @@ TEST_F(EngineCacheTest, DeadBuilderOnThisHostIsTakenOverAtOnce) {
   std::atomic<int> builds = 0;
   const auto t0 = std::chrono::steady_clock::now();
   StatusOr<CacheResult> r = cache->GetOrBuild(KeyOf(32), CountingBuild(&builds, Bytes(10, 1)));
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->outcome, CacheOutcome::kTookOver);
   EXPECT_LT(waited, 1.0);
   ASSERT_EQ(Logged("KILN-E7009").size(), 1u);
-  EXPECT_NE(Logged("KILN-E7009")[0].find(fmt::format("pid {} on this host is gone", child)), std::string::npos);
+  EXPECT_NE(Logged("KILN-E7009")[0].find(fmt::format("pid {} on this host is gone", child)),
+            std::string::npos);
 }
 
 TEST_F(EngineCacheTest, LockWithoutHeartbeatIsTakenOverAfterTheStaleBound) {
@@ -333,9 +344,10 @@ TEST_F(EngineCacheTest, LockWithoutHeartbeatIsTakenOverAfterTheStaleBound) {
 
 TEST_F(EngineCacheTest, FailedBuildLeavesNoEntryNoHeartbeatNoLock) {
   auto cache = Open(Options());
-  StatusOr<CacheResult> r = cache->GetOrBuild(KeyOf(34), [](ProgressSink&) -> StatusOr<std::vector<std::byte>> {
-    return MakeError(ErrorCode::kNoTactic, "no tactic for layer conv1");
-  });
+  StatusOr<CacheResult> r =
+      cache->GetOrBuild(KeyOf(34), [](ProgressSink&) -> StatusOr<std::vector<std::byte>> {
+        return MakeError(ErrorCode::kNoTactic, "no tactic for layer conv1");
+      });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kNoTactic);
   EXPECT_FALSE(fs::exists(cache->EntryPath(KeyOf(34))));
@@ -356,11 +368,12 @@ TEST_F(EngineCacheTest, HeartbeatCarriesBuilderProgress) {
       std::this_thread::sleep_for(milliseconds(10));
     }
   });
-  StatusOr<CacheResult> r = cache->GetOrBuild(KeyOf(35), [](ProgressSink& s) -> StatusOr<std::vector<std::byte>> {
-    s.Update("layer 7 of 9");
-    std::this_thread::sleep_for(milliseconds(400));
-    return Bytes(10, 3);
-  });
+  StatusOr<CacheResult> r =
+      cache->GetOrBuild(KeyOf(35), [](ProgressSink& s) -> StatusOr<std::vector<std::byte>> {
+        s.Update("layer 7 of 9");
+        std::this_thread::sleep_for(milliseconds(400));
+        return Bytes(10, 3);
+      });
   waiter.join();
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(seen.load());
@@ -382,7 +395,8 @@ TEST_F(EngineCacheTest, ReadOnlyDirectoryServesHitsAndRefusesBuilds) {
   StatusOr<CacheResult> miss = cache->GetOrBuild(KeyOf(41), CountingBuild(&builds, Bytes(100, 4)));
   ASSERT_FALSE(miss.ok());
   EXPECT_EQ(miss.status().code(), ErrorCode::kCacheNotWritable);
-  EXPECT_NE(miss.status().message().find("Read-only file system"), std::string::npos) << miss.status().message();
+  EXPECT_NE(miss.status().message().find("Read-only file system"), std::string::npos)
+      << miss.status().message();
   EXPECT_EQ(builds.load(), 0);
 }
 

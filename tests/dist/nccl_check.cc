@@ -31,11 +31,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   auto fail = [&](const Status& s, double seconds) {
-    std::printf("{\"rank\":%d,\"ok\":false,\"code\":\"%s\",\"seconds\":%.3f,\"error\":\"%s\"}\n", rank,
-                s.Id().c_str(), seconds, s.message().c_str());
+    std::printf("{\"rank\":%d,\"ok\":false,\"code\":\"%s\",\"seconds\":%.3f,\"error\":\"%s\"}\n",
+                rank, s.Id().c_str(), seconds, s.message().c_str());
     return 2;
   };
-  if (!CudaDeviceAvailable()) return fail(MakeError(ErrorCode::kBackendUnavailable, "no CUDA device"), 0);
+  if (!CudaDeviceAvailable())
+    return fail(MakeError(ErrorCode::kBackendUnavailable, "no CUDA device"), 0);
   RankInfo me;
   me.rank = rank;
   me.world_size = world;
@@ -48,8 +49,9 @@ int main(int argc, char** argv) {
     if (!fresh.ok()) return fail(fresh.status(), 0);
     id = *fresh;
   }
-  StatusOr<std::vector<std::byte>> got = TcpExchange(me, rank == 0 ? std::span<const std::byte>(id) : std::span<const std::byte>(),
-                                                     id.size(), deadline);
+  StatusOr<std::vector<std::byte>> got =
+      TcpExchange(me, rank == 0 ? std::span<const std::byte>(id) : std::span<const std::byte>(),
+                  id.size(), deadline);
   if (!got.ok()) return fail(got.status(), 0);
   std::memcpy(id.data(), got->data(), id.size());
   if (skip_init) {
@@ -68,9 +70,10 @@ int main(int argc, char** argv) {
   Status s = (*b)->Broadcast(data, 0, Clock::now() + std::chrono::seconds(120));
   const double bcast_s = SecondsSince(t1);
   if (!s.ok()) return fail(s, bcast_s);
-  std::printf("{\"rank\":%d,\"ok\":true,\"world\":%d,\"init_s\":%.4f,\"bytes\":%llu,\"bcast_s\":%.4f,"
-              "\"gb_per_s\":%.3f,\"checksum\":\"%s\"}\n",
-              rank, world, (*b)->setup_seconds(), static_cast<unsigned long long>(bytes), bcast_s,
-              bytes / bcast_s / 1e9, HashBytes(data).Hex().c_str());
+  std::printf(
+      "{\"rank\":%d,\"ok\":true,\"world\":%d,\"init_s\":%.4f,\"bytes\":%llu,\"bcast_s\":%.4f,"
+      "\"gb_per_s\":%.3f,\"checksum\":\"%s\"}\n",
+      rank, world, (*b)->setup_seconds(), static_cast<unsigned long long>(bytes), bcast_s,
+      bytes / bcast_s / 1e9, HashBytes(data).Hex().c_str());
   return 0;
 }

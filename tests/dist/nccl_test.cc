@@ -31,7 +31,8 @@ TEST(NcclTest, InitTimesOutAndAbortsWhenARankNeverJoins) {
   ASSERT_TRUE(id.ok());
   const auto t0 = Clock::now();
   // Rank 0 of 2; rank 1 never exists.
-  auto b = NcclBroadcaster::Create(0, 2, *id, Clock::now() + std::chrono::seconds(3), NcclOptions{});
+  auto b =
+      NcclBroadcaster::Create(0, 2, *id, Clock::now() + std::chrono::seconds(3), NcclOptions{});
   const double waited = SecondsSince(t0);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), ErrorCode::kCommInitTimeout) << b.status().ToString();

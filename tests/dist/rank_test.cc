@@ -26,9 +26,12 @@ TEST(RankTest, NoLauncherIsWorldSizeOne) {
 }
 
 TEST(RankTest, Torchrun) {
-  StatusOr<RankInfo> r = DiscoverRank(
-      {}, FakeEnv({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-                   {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"}}));
+  StatusOr<RankInfo> r = DiscoverRank({}, FakeEnv({{"RANK", "5"},
+                                                   {"WORLD_SIZE", "8"},
+                                                   {"LOCAL_RANK", "1"},
+                                                   {"LOCAL_WORLD_SIZE", "4"},
+                                                   {"MASTER_ADDR", "node0"},
+                                                   {"MASTER_PORT", "29500"}}));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->launcher, "torchrun");
   EXPECT_EQ(r->rank, 5);
@@ -40,9 +43,10 @@ TEST(RankTest, Torchrun) {
 }
 
 TEST(RankTest, OpenMpi) {
-  StatusOr<RankInfo> r =
-      DiscoverRank({}, FakeEnv({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                                {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+  StatusOr<RankInfo> r = DiscoverRank({}, FakeEnv({{"OMPI_COMM_WORLD_RANK", "2"},
+                                                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->launcher, "openmpi");
   EXPECT_EQ(r->rank, 2);
@@ -51,8 +55,10 @@ TEST(RankTest, OpenMpi) {
 }
 
 TEST(RankTest, SlurmWithNodeId) {
-  StatusOr<RankInfo> r = DiscoverRank(
-      {}, FakeEnv({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "3"}, {"SLURM_NODEID", "1"}}));
+  StatusOr<RankInfo> r = DiscoverRank({}, FakeEnv({{"SLURM_PROCID", "3"},
+                                                   {"SLURM_NTASKS", "16"},
+                                                   {"SLURM_LOCALID", "3"},
+                                                   {"SLURM_NODEID", "1"}}));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->launcher, "slurm");
   EXPECT_EQ(r->rank, 3);
@@ -64,12 +70,15 @@ TEST(RankTest, SlurmWithNodeId) {
 TEST(RankTest, InnermostLauncherWins) {
   // torchrun started inside a Slurm allocation: torchrun's ranks are the ones that matter.
   StatusOr<RankInfo> r = DiscoverRank(
-      {}, FakeEnv({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"RANK", "7"}, {"WORLD_SIZE", "16"}}));
+      {},
+      FakeEnv({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"RANK", "7"}, {"WORLD_SIZE", "16"}}));
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->launcher, "torchrun");
   EXPECT_EQ(r->rank, 7);
-  StatusOr<RankInfo> m = DiscoverRank({}, FakeEnv({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
-                                                  {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}}));
+  StatusOr<RankInfo> m = DiscoverRank({}, FakeEnv({{"SLURM_PROCID", "0"},
+                                                   {"SLURM_NTASKS", "2"},
+                                                   {"OMPI_COMM_WORLD_RANK", "1"},
+                                                   {"OMPI_COMM_WORLD_SIZE", "4"}}));
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->launcher, "openmpi");
   EXPECT_EQ(m->world_size, 4);
@@ -80,7 +89,8 @@ TEST(RankTest, ExplicitFlagsOverride) {
   o.rank = 1;
   o.world_size = 2;
   o.node = "fake-node";
-  StatusOr<RankInfo> r = DiscoverRank(o, FakeEnv({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"KILN_DIST_NODE", "x"}}));
+  StatusOr<RankInfo> r =
+      DiscoverRank(o, FakeEnv({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"KILN_DIST_NODE", "x"}}));
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->launcher, "explicit");
   EXPECT_EQ(r->rank, 1);
@@ -107,7 +117,8 @@ TEST(RankTest, MalformedValuesAreCatalogErrors) {
 
   r = DiscoverRank({}, FakeEnv({{"RANK", "1"}}));
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("WORLD_SIZE is not"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("WORLD_SIZE is not"), std::string::npos)
+      << r.status().message();
 
   r = DiscoverRank({}, FakeEnv({{"RANK", "-1"}, {"WORLD_SIZE", "4"}}));
   EXPECT_EQ(r.status().code(), ErrorCode::kRankEnvInvalid);

@@ -27,8 +27,10 @@ TEST(TcpExchangeTest, EveryRankReceivesRankZerosValue) {
   std::vector<std::thread> threads;
   for (int r = 3; r >= 0; --r) {  // clients first: they must retry until rank 0 listens
     threads.emplace_back([&, r] {
-      got[r] = TcpExchange(Rank(r, 4, port), r == 0 ? std::span<const std::byte>(value) : std::span<const std::byte>(),
-                           value.size(), Clock::now() + std::chrono::seconds(10));
+      got[r] =
+          TcpExchange(Rank(r, 4, port),
+                      r == 0 ? std::span<const std::byte>(value) : std::span<const std::byte>(),
+                      value.size(), Clock::now() + std::chrono::seconds(10));
     });
     if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
@@ -43,14 +45,18 @@ TEST(TcpExchangeTest, MissingRankIsNamedWithinTheBound) {
   const int port = TestPort() + 1;
   std::vector<std::byte> value(16, std::byte{1});
   StatusOr<std::vector<std::byte>> client = MakeError(ErrorCode::kInternal, "unset");
-  std::thread t([&] { client = TcpExchange(Rank(1, 3, port), {}, 16, Clock::now() + std::chrono::seconds(5)); });
+  std::thread t([&] {
+    client = TcpExchange(Rank(1, 3, port), {}, 16, Clock::now() + std::chrono::seconds(5));
+  });
   const auto t0 = Clock::now();
-  StatusOr<std::vector<std::byte>> root = TcpExchange(Rank(0, 3, port), value, 16, Clock::now() + std::chrono::milliseconds(700));
+  StatusOr<std::vector<std::byte>> root =
+      TcpExchange(Rank(0, 3, port), value, 16, Clock::now() + std::chrono::milliseconds(700));
   const double waited = SecondsSince(t0);
   t.join();
   ASSERT_FALSE(root.ok());
   EXPECT_EQ(root.status().code(), ErrorCode::kRankMissing);
-  EXPECT_NE(root.status().message().find("missing rank(s) 2"), std::string::npos) << root.status().message();
+  EXPECT_NE(root.status().message().find("missing rank(s) 2"), std::string::npos)
+      << root.status().message();
   EXPECT_GE(waited, 0.7);
   EXPECT_LT(waited, 2.0);
   ASSERT_TRUE(client.ok()) << client.status().ToString();  // rank 1 was served before the bound
@@ -58,8 +64,8 @@ TEST(TcpExchangeTest, MissingRankIsNamedWithinTheBound) {
 
 TEST(TcpExchangeTest, ClientNamesAMissingRankZero) {
   const auto t0 = Clock::now();
-  StatusOr<std::vector<std::byte>> r =
-      TcpExchange(Rank(2, 3, TestPort() + 2), {}, 16, Clock::now() + std::chrono::milliseconds(500));
+  StatusOr<std::vector<std::byte>> r = TcpExchange(Rank(2, 3, TestPort() + 2), {}, 16,
+                                                   Clock::now() + std::chrono::milliseconds(500));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), ErrorCode::kRankMissing);
   EXPECT_NE(r.status().message().find("rank 0 did not accept"), std::string::npos);

@@ -23,7 +23,8 @@ StatusOr<std::unique_ptr<dist::EngineCache>> OpenCache(const CacheCmdOptions& o)
   dist::CacheOptions c;
   c.dir = o.dir.empty() ? param::CacheDir() : o.dir;
   if (c.dir.empty()) {
-    return MakeError(ErrorCode::kInvalidArgument, "no cache directory: pass --dir or set KILN_CACHE_DIR");
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "no cache directory: pass --dir or set KILN_CACHE_DIR");
   }
   return dist::EngineCache::Open(c);
 }
@@ -48,10 +49,14 @@ int Ls(const CacheCmdOptions& o) {
     }
   }
   if (o.json) {
-    std::cout << nlohmann::json{{"dir", (*cache)->dir().string()}, {"total_bytes", total}, {"entries", out}}.dump(2)
+    std::cout << nlohmann::json{{"dir", (*cache)->dir().string()},
+                                {"total_bytes", total},
+                                {"entries", out}}
+                     .dump(2)
               << "\n";
   } else {
-    std::cout << fmt::format("{} entries, {} bytes in {}\n", entries->size(), total, (*cache)->dir().string());
+    std::cout << fmt::format("{} entries, {} bytes in {}\n", entries->size(), total,
+                             (*cache)->dir().string());
   }
   return 0;
 }
@@ -67,7 +72,8 @@ int Gc(const CacheCmdOptions& o) {
     if (!e.ok()) return ReportError(e.status());
     evicted = *e;
   }
-  std::cout << fmt::format("removed {} leftover temp/takeover files, evicted {} entries\n", *garbage, evicted);
+  std::cout << fmt::format("removed {} leftover temp/takeover files, evicted {} entries\n",
+                           *garbage, evicted);
   return 0;
 }
 
@@ -93,11 +99,14 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   CLI::App* ls = sub->add_subcommand("ls", "List entries, least recently used first");
   add_dir(ls);
   ls->add_flag("--json", o->json, "print JSON");
-  CLI::App* gc = sub->add_subcommand("gc", "Remove files left by dead builders; evict down to --max-bytes");
+  CLI::App* gc =
+      sub->add_subcommand("gc", "Remove files left by dead builders; evict down to --max-bytes");
   add_dir(gc);
   gc->add_option("--max-bytes", o->max_bytes, "evict least recently used entries above this total");
-  gc->add_option("--older-than", o->older_than_s, "seconds a leftover file must be old to be removed");
-  CLI::App* verify = sub->add_subcommand("verify", "Check every entry's checksum (exit 1 if any is corrupt)");
+  gc->add_option("--older-than", o->older_than_s,
+                 "seconds a leftover file must be old to be removed");
+  CLI::App* verify =
+      sub->add_subcommand("verify", "Check every entry's checksum (exit 1 if any is corrupt)");
   add_dir(verify);
   verify->add_flag("--remove", o->remove, "remove corrupt entries");
   return [o, ls, gc, verify]() -> int {

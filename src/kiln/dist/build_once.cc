@@ -5,11 +5,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
-#include <unistd.h>
 
 #include "kiln/core/hash.h"
 #include "kiln/core/logging.h"
@@ -74,7 +74,8 @@ std::vector<T> Unpack(const std::vector<std::byte>& bytes) {
 }
 
 std::string Who(const HelloRecord& h) {
-  return fmt::format("rank {} (host {}, pid {})", h.claimed_rank, Text(h.host, sizeof(h.host)), h.pid);
+  return fmt::format("rank {} (host {}, pid {})", h.claimed_rank, Text(h.host, sizeof(h.host)),
+                     h.pid);
 }
 
 // The same checks run on every rank over the same table, so every rank fails with one message.
@@ -86,9 +87,11 @@ Status CheckConsistency(const std::vector<HelloRecord>& table, int comm_size) {
     for (const auto& [world, ranks] : by_world) {
       std::string list;
       for (int r : ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
-      detail += fmt::format("{}world size {} claimed by rank(s) {}", detail.empty() ? "" : "; ", world, list);
+      detail += fmt::format("{}world size {} claimed by rank(s) {}", detail.empty() ? "" : "; ",
+                            world, list);
     }
-    return MakeError(ErrorCode::kWorldSizeMismatch, "{} processes are running but {}", comm_size, detail);
+    return MakeError(ErrorCode::kWorldSizeMismatch, "{} processes are running but {}", comm_size,
+                     detail);
   }
   std::map<int, std::vector<const HelloRecord*>> by_rank;
   for (const HelloRecord& h : table) by_rank[h.claimed_rank].push_back(&h);
@@ -105,8 +108,9 @@ Status CheckConsistency(const std::vector<HelloRecord>& table, int comm_size) {
       }
       return MakeError(ErrorCode::kDuplicateRank, "rank {} is claimed by {} processes: {}{}", rank,
                        claims.size(), who,
-                       unclaimed.empty() ? std::string()
-                                         : fmt::format("; rank {} is claimed by none", *unclaimed.begin()));
+                       unclaimed.empty()
+                           ? std::string()
+                           : fmt::format("; rank {} is claimed by none", *unclaimed.begin()));
     }
   }
   return OkStatus();
@@ -114,7 +118,8 @@ Status CheckConsistency(const std::vector<HelloRecord>& table, int comm_size) {
 
 // Ranks of one group must agree on the key; otherwise they would share an engine that is wrong
 // for some of them.
-Status CheckKeys(const std::vector<HelloRecord>& table, const std::vector<int>& colors, bool per_arch) {
+Status CheckKeys(const std::vector<HelloRecord>& table, const std::vector<int>& colors,
+                 bool per_arch) {
   std::map<int, std::map<std::string, std::vector<const HelloRecord*>>> groups;
   for (size_t i = 0; i < table.size(); ++i) {
     groups[colors[i]][Text(table[i].key, sizeof(table[i].key))].push_back(&table[i]);
@@ -124,14 +129,18 @@ Status CheckKeys(const std::vector<HelloRecord>& table, const std::vector<int>& 
     std::string detail;
     for (const auto& [key, members] : keys) {
       std::string ranks;
-      for (const HelloRecord* h : members) ranks += (ranks.empty() ? "" : ",") + std::to_string(h->claimed_rank);
-      detail += fmt::format("{}rank(s) {} have key {} (arch '{}')", detail.empty() ? "" : "; ", ranks,
-                            key.substr(0, 12), Text(members[0]->arch, sizeof(members[0]->arch)));
+      for (const HelloRecord* h : members)
+        ranks += (ranks.empty() ? "" : ",") + std::to_string(h->claimed_rank);
+      detail +=
+          fmt::format("{}rank(s) {} have key {} (arch '{}')", detail.empty() ? "" : "; ", ranks,
+                      key.substr(0, 12), Text(members[0]->arch, sizeof(members[0]->arch)));
     }
     std::set<std::string> archs;
-    for (const auto& [key, members] : keys) archs.insert(Text(members[0]->arch, sizeof(members[0]->arch)));
-    return MakeError(ErrorCode::kKeyMismatch, "ranks that would share one engine disagree: {}{}", detail,
-                     archs.size() > 1 && !per_arch ? " (several architectures: use --build-on per-arch)" : "");
+    for (const auto& [key, members] : keys)
+      archs.insert(Text(members[0]->arch, sizeof(members[0]->arch)));
+    return MakeError(
+        ErrorCode::kKeyMismatch, "ranks that would share one engine disagree: {}{}", detail,
+        archs.size() > 1 && !per_arch ? " (several architectures: use --build-on per-arch)" : "");
   }
   return OkStatus();
 }
@@ -141,13 +150,15 @@ std::vector<int> GroupColors(const std::vector<HelloRecord>& table, BuildOn buil
   if (build_on == BuildOn::kRank0) return colors;
   std::map<std::string, int> index;
   for (const HelloRecord& h : table) {
-    index[build_on == BuildOn::kPerNode ? Text(h.node, sizeof(h.node)) : Text(h.arch, sizeof(h.arch))] = 0;
+    index[build_on == BuildOn::kPerNode ? Text(h.node, sizeof(h.node))
+                                        : Text(h.arch, sizeof(h.arch))] = 0;
   }
   int next = 0;
   for (auto& [name, color] : index) color = next++;
   for (size_t i = 0; i < table.size(); ++i) {
     const HelloRecord& h = table[i];
-    colors[i] = index[build_on == BuildOn::kPerNode ? Text(h.node, sizeof(h.node)) : Text(h.arch, sizeof(h.arch))];
+    colors[i] = index[build_on == BuildOn::kPerNode ? Text(h.node, sizeof(h.node))
+                                                    : Text(h.arch, sizeof(h.arch))];
   }
   return colors;
 }
@@ -159,7 +170,8 @@ struct LeaderOutcome {
   double build_s = 0;
 };
 
-LeaderOutcome RunLeader(const CacheKey& key, const BuildOnceOptions& options, const BuildFn& build) {
+LeaderOutcome RunLeader(const CacheKey& key, const BuildOnceOptions& options,
+                        const BuildFn& build) {
   LeaderOutcome out;
   if (options.cache) {
     StatusOr<std::unique_ptr<EngineCache>> cache = EngineCache::Open(*options.cache);
@@ -172,7 +184,7 @@ LeaderOutcome RunLeader(const CacheKey& key, const BuildOnceOptions& options, co
       out.bytes = r.status();
       return out;
     }
-    out.role = r->outcome == CacheOutcome::kHit    ? kCacheHit
+    out.role = r->outcome == CacheOutcome::kHit     ? kCacheHit
                : r->outcome == CacheOutcome::kBuilt ? kBuilt
                                                     : kTookOver;
     out.wait_s = r->wait_s;
@@ -212,14 +224,16 @@ StatusOr<Transport> ParseTransport(std::string_view t) {
   if (t == "mpi") return Transport::kMpi;
   if (t == "nccl") return Transport::kNccl;
   if (t == "cache") return Transport::kCache;
-  return MakeError(ErrorCode::kInvalidArgument, "--transport '{}': use auto, local, mpi, nccl or cache", t);
+  return MakeError(ErrorCode::kInvalidArgument,
+                   "--transport '{}': use auto, local, mpi, nccl or cache", t);
 }
 
 StatusOr<BuildOn> ParseBuildOn(std::string_view t) {
   if (t == "rank0") return BuildOn::kRank0;
   if (t == "per-node") return BuildOn::kPerNode;
   if (t == "per-arch") return BuildOn::kPerArch;
-  return MakeError(ErrorCode::kInvalidArgument, "--build-on '{}': use rank0, per-node or per-arch", t);
+  return MakeError(ErrorCode::kInvalidArgument, "--build-on '{}': use rank0, per-node or per-arch",
+                   t);
 }
 
 std::string_view ToString(Transport t) {
@@ -235,14 +249,27 @@ std::string_view ToString(BuildOn b) {
 std::string BuildOnceReport::ToJson() const {
   nlohmann::json ranks_json = nlohmann::json::array();
   for (const RankReport& r : ranks) {
-    ranks_json.push_back({{"rank", r.rank}, {"host", r.host}, {"role", r.role}, {"wait_s", r.wait_s},
-                          {"transfer_s", r.transfer_s}, {"build_s", r.build_s}});
+    ranks_json.push_back({{"rank", r.rank},
+                          {"host", r.host},
+                          {"role", r.role},
+                          {"wait_s", r.wait_s},
+                          {"transfer_s", r.transfer_s},
+                          {"build_s", r.build_s}});
   }
-  nlohmann::json j = {{"key", key},           {"transport", transport},   {"build_on", build_on},
-                      {"world_size", world_size}, {"rank", rank},         {"builders", builders},
-                      {"cache", cache},       {"handshake_s", handshake_s}, {"bulk_setup_s", bulk_setup_s},
-                      {"build_s", build_s},   {"total_s", total_s},       {"bytes", bytes},
-                      {"checksum", checksum}, {"ranks", ranks_json}};
+  nlohmann::json j = {{"key", key},
+                      {"transport", transport},
+                      {"build_on", build_on},
+                      {"world_size", world_size},
+                      {"rank", rank},
+                      {"builders", builders},
+                      {"cache", cache},
+                      {"handshake_s", handshake_s},
+                      {"bulk_setup_s", bulk_setup_s},
+                      {"build_s", build_s},
+                      {"total_s", total_s},
+                      {"bytes", bytes},
+                      {"checksum", checksum},
+                      {"ranks", ranks_json}};
   return j.dump(2);
 }
 
@@ -252,7 +279,19 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   KILN_ASSIGN_OR_RETURN(RankInfo me, DiscoverRank(options.rank_overrides));
   Transport transport = options.transport;
   if (transport == Transport::kAuto) {
-    transport = (options.comm || me.world_size > 1) ? Transport::kMpi : Transport::kLocal;
+    if (options.comm || (me.world_size > 1 && MpiAvailable())) {
+      transport = Transport::kMpi;
+    } else if (me.world_size > 1 && options.cache) {
+      transport = Transport::kCache;  // torchrun or Slurm without MPI: meet in the cache
+    } else if (me.world_size > 1) {
+      return MakeError(
+          ErrorCode::kTransportUnavailable,
+          "world size {} (from {}) but MPI is not running: launch with mpirun or srun "
+          "--mpi, or give a shared cache directory (--cache-dir) for --transport cache",
+          me.world_size, me.launcher);
+    } else {
+      transport = Transport::kLocal;
+    }
   }
   BuildOnceResult result;
   BuildOnceReport& report = result.report;
@@ -270,7 +309,8 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
                        me.world_size, me.launcher);
     }
     if (transport == Transport::kCache && !options.cache) {
-      return MakeError(ErrorCode::kInvalidArgument, "--transport cache needs a cache directory (--cache-dir)");
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "--transport cache needs a cache directory (--cache-dir)");
     }
     LeaderOutcome out = RunLeader(key, options, build);
     KILN_RETURN_IF_ERROR(out.bytes);
@@ -292,8 +332,9 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
     world = owned_world.get();
   }
   if (transport == Transport::kNccl && !options.bulk_factory) {
-    return MakeError(ErrorCode::kTransportUnavailable,
-                     "--transport nccl, but this kiln was built without NCCL (no CUDA toolkit at build time)");
+    return MakeError(
+        ErrorCode::kTransportUnavailable,
+        "--transport nccl, but this kiln was built without NCCL (no CUDA toolkit at build time)");
   }
 
   // 1. Everyone says who they are; rank 0 names whoever does not arrive.
@@ -323,7 +364,8 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   for (size_t i = 0; i < table.size(); ++i) {
     if (!leader_of.count(colors[i])) leader_of[colors[i]] = static_cast<int>(i);
   }
-  for (const auto& [color, leader] : leader_of) report.builders.push_back(table[leader].claimed_rank);
+  for (const auto& [color, leader] : leader_of)
+    report.builders.push_back(table[leader].claimed_rank);
   std::unique_ptr<Communicator> owned_group;
   Communicator* group = world;
   if (leader_of.size() > 1) {
@@ -353,23 +395,24 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
       header.code = static_cast<int32_t>(out.bytes.status().code());
       CopyText(header.message, out.bytes.status().ToString());
     }
-    KILN_RETURN_IF_ERROR_CTX(group->Broadcast(std::as_writable_bytes(std::span(&header, 1)), 0,
-                                              Clock::now() + options.transfer_timeout, "result header"),
-                             "sending the build result to the group");
+    KILN_RETURN_IF_ERROR_CTX(
+        group->Broadcast(std::as_writable_bytes(std::span(&header, 1)), 0,
+                         Clock::now() + options.transfer_timeout, "result header"),
+        "sending the build result to the group");
     KILN_RETURN_IF_ERROR(out.bytes);
   } else {
     const Clock::time_point t_wait = Clock::now();
     Status s = group->Broadcast(std::as_writable_bytes(std::span(&header, 1)), 0,
                                 Clock::now() + options.wait_timeout, "result header");
     if (!s.ok()) {
-      return std::move(s).AddContext(fmt::format("waiting (bound {:.0f} s) for the builder {} to finish",
-                                                 std::chrono::duration<double>(options.wait_timeout).count(),
-                                                 Who(leader_hello)));
+      return std::move(s).AddContext(fmt::format(
+          "waiting (bound {:.0f} s) for the builder {} to finish",
+          std::chrono::duration<double>(options.wait_timeout).count(), Who(leader_hello)));
     }
     stats.wait_s = SecondsSince(t_wait);
     if (header.code != 0) {
-      return MakeError(ErrorCode::kBuildFailedOnBuilder, "the builder {} failed: {}", Who(leader_hello),
-                       Text(header.message, sizeof(header.message)));
+      return MakeError(ErrorCode::kBuildFailedOnBuilder, "the builder {} failed: {}",
+                       Who(leader_hello), Text(header.message, sizeof(header.message)));
     }
     result.bytes.resize(header.size);
   }
@@ -377,7 +420,8 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   // 4. The bytes.
   std::unique_ptr<BulkTransport> bulk;
   if (transport == Transport::kNccl) {
-    KILN_ASSIGN_OR_RETURN(bulk, options.bulk_factory(*group, me, Clock::now() + options.join_timeout));
+    KILN_ASSIGN_OR_RETURN(bulk,
+                          options.bulk_factory(*group, me, Clock::now() + options.join_timeout));
     report.bulk_setup_s = bulk->setup_seconds();
   }
   const Clock::time_point t_xfer = Clock::now();
@@ -389,11 +433,13 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   if (!leader) {
     const Hash128 got = HashBytes(result.bytes);
     if (got != Hash128{header.hash_high, header.hash_low}) {
-      return MakeError(ErrorCode::kTransferCorrupt, "received {} bytes from {} hash to {}, the builder's to {}",
+      return MakeError(ErrorCode::kTransferCorrupt,
+                       "received {} bytes from {} hash to {}, the builder's to {}",
                        result.bytes.size(), Who(leader_hello), got.Hex(),
                        Hash128{header.hash_high, header.hash_low}.Hex());
     }
-    if (options.verify) KILN_RETURN_IF_ERROR_CTX(options.verify(result.bytes), "verifying the received engine");
+    if (options.verify)
+      KILN_RETURN_IF_ERROR_CTX(options.verify(result.bytes), "verifying the received engine");
   }
 
   // 5. Who did what, for the report (every rank gets the whole table).
@@ -403,7 +449,8 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   const std::vector<StatsRecord> all = Unpack<StatsRecord>(stats_bytes);
   for (size_t i = 0; i < all.size(); ++i) {
     report.ranks.push_back({all[i].rank, Text(table[i].host, sizeof(table[i].host)),
-                            kRoleNames[all[i].role], all[i].wait_s, all[i].transfer_s, all[i].build_s});
+                            kRoleNames[all[i].role], all[i].wait_s, all[i].transfer_s,
+                            all[i].build_s});
   }
   std::sort(report.ranks.begin(), report.ranks.end(),
             [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });

@@ -16,7 +16,9 @@ class LocalCommunicator final : public Communicator {
     return std::vector<std::byte>(mine.begin(), mine.end());
   }
   Status Broadcast(std::span<std::byte>, int root, Deadline, std::string_view what) override {
-    if (root != 0) return MakeError(ErrorCode::kInvalidArgument, "broadcast of {} from rank {} in a world of 1", what, root);
+    if (root != 0)
+      return MakeError(ErrorCode::kInvalidArgument, "broadcast of {} from rank {} in a world of 1",
+                       what, root);
     return OkStatus();
   }
   StatusOr<std::unique_ptr<Communicator>> Split(int, int) override {
@@ -26,6 +28,8 @@ class LocalCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> MakeLocalCommunicator() { return std::make_unique<LocalCommunicator>(); }
+std::unique_ptr<Communicator> MakeLocalCommunicator() {
+  return std::make_unique<LocalCommunicator>();
+}
 
 }  // namespace kiln::dist

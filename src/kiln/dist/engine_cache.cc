@@ -88,8 +88,9 @@ Status WriteAll(int fd, std::span<const std::byte> bytes, const fs::path& path) 
 // fsync of the directory. Readers see the old file or the whole new one, never a partial write.
 Status AtomicWrite(const fs::path& path, std::span<const std::byte> head,
                    std::span<const std::byte> body) {
-  const fs::path tmp = path.parent_path() / fmt::format(".{}.tmp.{}.{}.{}", path.filename().string(),
-                                                        HostName(), getpid(), RandomToken());
+  const fs::path tmp =
+      path.parent_path() / fmt::format(".{}.tmp.{}.{}.{}", path.filename().string(), HostName(),
+                                       getpid(), RandomToken());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return FileError(errno, "creating", tmp);
   Status s = WriteAll(fd, head, tmp);
@@ -109,6 +110,17 @@ Status AtomicWrite(const fs::path& path, std::span<const std::byte> head,
   return OkStatus();
 }
 
+// Creates `path` if nobody has: true for the one caller that did, false when it exists.
+StatusOr<bool> CreateExclusive(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    ::close(fd);
+    return true;
+  }
+  if (errno == EEXIST) return false;
+  return FileError(errno, "creating", path);
+}
+
 bool PidAlive(int64_t pid) {
   if (pid <= 0) return true;  // unknown: cannot conclude it is dead
   return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
@@ -123,8 +135,9 @@ bool IsKeyName(std::string_view key) {
 class StalenessTracker {
  public:
   // Returns why the holder is stale, or an empty string while it looks alive.
-  std::string Observe(const std::optional<Heartbeat>& hb, Clock::time_point now, Clock::duration stale_after,
-                      Clock::duration dead_grace, const std::string& my_host) {
+  std::string Observe(const std::optional<Heartbeat>& hb, Clock::time_point now,
+                      Clock::duration stale_after, Clock::duration dead_grace,
+                      const std::string& my_host) {
     if (!hb) {
       if (!no_hb_since_) no_hb_since_ = now;
       if (now - *no_hb_since_ > stale_after) {
@@ -289,9 +302,12 @@ std::optional<Heartbeat> ReadHeartbeat(const fs::path& path) {
 }
 
 Status WriteHeartbeat(const fs::path& path, const Heartbeat& hb) {
-  nlohmann::json j = {{"pid", hb.pid},   {"host", hb.host},
-                      {"token", hb.token}, {"beat", hb.beat},
-                      {"started_unix", hb.started_unix}, {"progress", hb.progress}};
+  nlohmann::json j = {{"pid", hb.pid},
+                      {"host", hb.host},
+                      {"token", hb.token},
+                      {"beat", hb.beat},
+                      {"started_unix", hb.started_unix},
+                      {"progress", hb.progress}};
   const std::string text = j.dump();
   return AtomicWrite(path, {}, std::as_bytes(std::span(text.data(), text.size())));
 }
@@ -316,7 +332,8 @@ StatusOr<int> TryLockFile(const fs::path& path) {
 
 StatusOr<std::unique_ptr<EngineCache>> EngineCache::Open(CacheOptions options) {
   if (options.dir.empty()) {
-    return MakeError(ErrorCode::kInvalidArgument, "the engine cache needs a directory (--cache-dir or KILN_CACHE_DIR)");
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "the engine cache needs a directory (--cache-dir or KILN_CACHE_DIR)");
   }
   std::error_code ec;
   fs::create_directories(options.dir, ec);
@@ -324,7 +341,8 @@ StatusOr<std::unique_ptr<EngineCache>> EngineCache::Open(CacheOptions options) {
     return FileError(ec.value(), "creating the cache directory", options.dir / ".");
   }
   if (!fs::is_directory(options.dir)) {
-    return MakeError(ErrorCode::kInvalidArgument, "cache path '{}' is not a directory", options.dir.string());
+    return MakeError(ErrorCode::kInvalidArgument, "cache path '{}' is not a directory",
+                     options.dir.string());
   }
   WarnIfInsecure(options.dir);
   return std::unique_ptr<EngineCache>(new EngineCache(std::move(options)));
@@ -338,6 +356,9 @@ fs::path EngineCache::LockPath(std::string_view key) const {
 }
 fs::path EngineCache::HeartbeatPath(std::string_view key) const {
   return options_.dir / (std::string(key) + ".hb");
+}
+fs::path EngineCache::TakeoverMarker(std::string_view key, std::string_view token) const {
+  return options_.dir / fmt::format("{}.takeover.{}", key, token);
 }
 
 StatusOr<std::vector<std::byte>> EngineCache::Lookup(std::string_view key, int* discarded) {
@@ -364,8 +385,9 @@ StatusOr<std::vector<std::byte>> EngineCache::Lookup(std::string_view key, int* 
   struct stat now {};
   if (::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino) ::unlink(path.c_str());
   if (discarded) ++*discarded;
-  LogWithCode(LogLevel::kWarn, ErrorCode::kCacheEntryCorrupt,
-              fmt::format("cache entry {} discarded ({}); it will be rebuilt", path.string(), problem));
+  LogWithCode(
+      LogLevel::kWarn, ErrorCode::kCacheEntryCorrupt,
+      fmt::format("cache entry {} discarded ({}); it will be rebuilt", path.string(), problem));
   return MakeError(ErrorCode::kNotFound, "cache entry {} was corrupt and was discarded", key);
 }
 
@@ -413,15 +435,12 @@ StatusOr<CacheResult> EngineCache::GetOrBuild(std::string_view key, const BuildF
       result.outcome = CacheOutcome::kBuilt;
       // A heartbeat left by a dead builder: claim its replacement, so that no waiter that still
       // reads that heartbeat takes over too.
+      // (If a waiter already claimed it, that waiter publishes the same bytes too.)
       fs::path marker;
       if (std::optional<Heartbeat> old = ReadHeartbeat(HeartbeatPath(key))) {
-        marker = options_.dir / fmt::format("{}.takeover.{}", key, old->token);
-        int mfd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (mfd >= 0) {
-          ::close(mfd);
-        } else {
-          marker.clear();  // a waiter already replaced it; it will publish too (same bytes)
-        }
+        marker = TakeoverMarker(key, old->token);
+        StatusOr<bool> claimed = CreateExclusive(marker);
+        if (!claimed.ok() || !*claimed) marker.clear();
       }
       return BuildAndPublish(key, build, lock_fd, marker, std::move(result));
     }
@@ -434,10 +453,9 @@ StatusOr<CacheResult> EngineCache::GetOrBuild(std::string_view key, const BuildF
     if (!stale.empty()) {
       // One waiter per stale build attempt wins the marker and rebuilds without the lock (a hung
       // holder may keep it forever); the rest keep waiting for the new builder's heartbeat.
-      const fs::path marker = options_.dir / fmt::format("{}.takeover.{}", key, hb ? hb->token : "nohb");
-      int mfd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      if (mfd >= 0) {
-        ::close(mfd);
+      const fs::path marker = TakeoverMarker(key, hb ? hb->token : "nohb");
+      KILN_ASSIGN_OR_RETURN(bool claimed, CreateExclusive(marker));
+      if (claimed) {
         const bool other_host = hb && hb->host != my_host;
         LogWithCode(LogLevel::kWarn, ErrorCode::kStaleBuilderLock,
                     fmt::format("taking over the build of {}: {}{}", key, stale,
@@ -450,7 +468,6 @@ StatusOr<CacheResult> EngineCache::GetOrBuild(std::string_view key, const BuildF
         if (hb) result.builder = fmt::format("{}:{}", hb->host, hb->pid);
         return BuildAndPublish(key, build, -1, marker, std::move(result));
       }
-      if (errno != EEXIST) return FileError(errno, "creating the takeover marker", marker);
     }
     if (now >= deadline) {
       return MakeError(ErrorCode::kCacheWaitTimeout,
@@ -462,8 +479,8 @@ StatusOr<CacheResult> EngineCache::GetOrBuild(std::string_view key, const BuildF
     }
     if (now - last_log >= options_.progress_log_interval) {
       last_log = now;
-      KILN_LOG(Info, DIST, "waiting {:.0f} s of {:.0f} s for {} to build {}: {}", Seconds(now - start),
-               Seconds(options_.wait_timeout),
+      KILN_LOG(Info, DIST, "waiting {:.0f} s of {:.0f} s for {} to build {}: {}",
+               Seconds(now - start), Seconds(options_.wait_timeout),
                hb ? fmt::format("{}:{}", hb->host, hb->pid) : std::string("the lock holder"), key,
                hb ? hb->progress : std::string("(no heartbeat yet)"));
     }
@@ -550,8 +567,9 @@ StatusOr<std::vector<CacheEntryInfo>> EngineCache::List() const {
     if (!ec2) out.push_back(std::move(info));
   }
   if (ec) return FileError(ec.value(), "listing", options_.dir / ".");
-  std::sort(out.begin(), out.end(),
-            [](const CacheEntryInfo& a, const CacheEntryInfo& b) { return a.last_used < b.last_used; });
+  std::sort(out.begin(), out.end(), [](const CacheEntryInfo& a, const CacheEntryInfo& b) {
+    return a.last_used < b.last_used;
+  });
   return out;
 }
 
@@ -567,7 +585,8 @@ StatusOr<int> EngineCache::Evict(uint64_t max_bytes, std::string_view keep) {
     if (::unlink(path.c_str()) == 0) {
       total -= e.bytes;
       ++removed;
-      KILN_LOG(Info, DIST, "evicted cache entry {} ({} bytes, least recently used)", e.key, e.bytes);
+      KILN_LOG(Info, DIST, "evicted cache entry {} ({} bytes, least recently used)", e.key,
+               e.bytes);
     } else if (errno != ENOENT) {
       return FileError(errno, "evicting", path);
     }

@@ -23,7 +23,7 @@ using Millis = std::chrono::milliseconds;
 
 struct CacheOptions {
   std::filesystem::path dir;
-  uint64_t max_bytes = 0;                           // 0: no size limit
+  uint64_t max_bytes = 0;                          // 0: no size limit
   Millis wait_timeout = std::chrono::minutes(20);  // longest wait for another process's build
   Millis heartbeat_interval = Millis(1000);
   Millis stale_after = Millis(30000);  // a heartbeat unchanged this long means the builder is hung
@@ -88,6 +88,8 @@ class EngineCache {
   std::filesystem::path EntryPath(std::string_view key) const;
   std::filesystem::path LockPath(std::string_view key) const;
   std::filesystem::path HeartbeatPath(std::string_view key) const;
+  // Created (exclusively) by the one process that replaces the build attempt `token`.
+  std::filesystem::path TakeoverMarker(std::string_view key, std::string_view token) const;
 
  private:
   explicit EngineCache(CacheOptions options) : options_(std::move(options)) {}

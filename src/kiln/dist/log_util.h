@@ -12,8 +12,11 @@ namespace kiln::dist {
 inline void LogWithCode(LogLevel level, ErrorCode code, std::string message) {
   if (!LogEnabled(level, Subsystem::kDIST)) return;
   const std::string id = LookupError(code).Id();
-  LogEvent event{std::chrono::system_clock::now(), level, Subsystem::kDIST,
-                 id + " " + std::move(message), {{"code", id}}};
+  LogEvent event{std::chrono::system_clock::now(),
+                 level,
+                 Subsystem::kDIST,
+                 id + " " + std::move(message),
+                 {{"code", id}}};
   Log(std::move(event));
 }
 

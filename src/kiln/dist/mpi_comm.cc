@@ -27,13 +27,14 @@ Status MpiError(int rc, std::string_view call) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  return MakeError(ErrorCode::kCommFailed, "{} failed: {} (MPI error {})", call, std::string_view(text, len), rc);
+  return MakeError(ErrorCode::kCommFailed, "{} failed: {} (MPI error {})", call,
+                   std::string_view(text, len), rc);
 }
 
-#define KILN_MPI(call)                                         \
-  do {                                                         \
+#define KILN_MPI(call)                                          \
+  do {                                                          \
     if (int kiln_mpi_rc_ = (call); kiln_mpi_rc_ != MPI_SUCCESS) \
-      return MpiError(kiln_mpi_rc_, #call);                    \
+      return MpiError(kiln_mpi_rc_, #call);                     \
   } while (0)
 
 // Abandons requests that will not complete (their peers are gone or late).
@@ -83,7 +84,8 @@ class MpiCommunicator final : public Communicator {
     const Clock::time_point start = Clock::now();
     if (rank_ != 0) {
       std::vector<MPI_Request> reqs(2, MPI_REQUEST_NULL);
-      KILN_MPI(MPI_Isend(mine.data(), static_cast<int>(rec), MPI_BYTE, 0, kTagHello, comm_, &reqs[0]));
+      KILN_MPI(
+          MPI_Isend(mine.data(), static_cast<int>(rec), MPI_BYTE, 0, kTagHello, comm_, &reqs[0]));
       KILN_MPI(MPI_Irecv(verdict.data(), static_cast<int>(verdict.size()), MPI_BYTE, 0, kTagVerdict,
                          comm_, &reqs[1]));
       // Rank 0 answers when everyone arrived or at the deadline, so allow its answer a grace
@@ -160,12 +162,14 @@ class MpiCommunicator final : public Communicator {
         missing[i] = r;
       }
       const bool me = std::find(missing.begin(), missing.end(), rank_) != missing.end();
-      return MakeError(ErrorCode::kRankMissing,
-                       "{} of {} ranks did not arrive at the {} within the bound: missing rank{} {}{}",
-                       missing.size(), size_, what, missing.size() == 1 ? "" : "s",
-                       RankList(missing), me ? " (this process arrived too late)" : "");
+      return MakeError(
+          ErrorCode::kRankMissing,
+          "{} of {} ranks did not arrive at the {} within the bound: missing rank{} {}{}",
+          missing.size(), size_, what, missing.size() == 1 ? "" : "s", RankList(missing),
+          me ? " (this process arrived too late)" : "");
     }
-    return std::vector<std::byte>(verdict.begin() + static_cast<std::ptrdiff_t>(head), verdict.end());
+    return std::vector<std::byte>(verdict.begin() + static_cast<std::ptrdiff_t>(head),
+                                  verdict.end());
   }
 
   Status Broadcast(std::span<std::byte> bytes, int root, Deadline deadline,
@@ -189,12 +193,13 @@ class MpiCommunicator final : public Communicator {
           mode);
       if (!done) {
         // A collective cannot be cancelled; the request is left to MPI's teardown.
-        return MakeError(ErrorCode::kCollectiveTimeout,
-                         "broadcast of {} from rank {} stopped at {} of {} bytes after {:.1f} s (the "
-                         "bound){}",
-                         what, root, off, bytes.size(), SecondsSince(start),
-                         rank_ == root ? ": some receiving ranks did not take part"
-                                       : fmt::format(": waited on rank {}", root));
+        return MakeError(
+            ErrorCode::kCollectiveTimeout,
+            "broadcast of {} from rank {} stopped at {} of {} bytes after {:.1f} s (the "
+            "bound){}",
+            what, root, off, bytes.size(), SecondsSince(start),
+            rank_ == root ? ": some receiving ranks did not take part"
+                          : fmt::format(": waited on rank {}", root));
       }
       if (bytes.empty()) break;
     }
@@ -272,7 +277,8 @@ StatusOr<std::unique_ptr<Communicator>> MpiWorld() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
-    return MakeError(ErrorCode::kTransportUnavailable, "MPI is not initialized (start an MpiSession first)");
+    return MakeError(ErrorCode::kTransportUnavailable,
+                     "MPI is not initialized (start an MpiSession first)");
   }
   // Nothing collective here: a rank that never arrives must not hang this call.
   return std::unique_ptr<Communicator>(new MpiCommunicator(MPI_COMM_WORLD, /*owned=*/false));

@@ -17,19 +17,20 @@ namespace {
 
 Status NcclError(ncclResult_t rc, std::string_view call, ncclComm_t comm = nullptr) {
   const char* last = comm ? ncclGetLastError(comm) : ncclGetLastError(nullptr);
-  return MakeError(ErrorCode::kCommFailed, "{} failed: {} (ncclResult_t {}){}{}", call, ncclGetErrorString(rc),
-                   static_cast<int>(rc), last && *last ? ": " : "", last ? last : "");
+  return MakeError(ErrorCode::kCommFailed, "{} failed: {} (ncclResult_t {}){}{}", call,
+                   ncclGetErrorString(rc), static_cast<int>(rc), last && *last ? ": " : "",
+                   last ? last : "");
 }
 
 Status CudaError(cudaError_t rc, std::string_view call) {
-  return MakeError(ErrorCode::kCommFailed, "{} failed: {} ({}, CUDA error {})", call, cudaGetErrorString(rc),
-                   cudaGetErrorName(rc), static_cast<int>(rc));
+  return MakeError(ErrorCode::kCommFailed, "{} failed: {} ({}, CUDA error {})", call,
+                   cudaGetErrorString(rc), cudaGetErrorName(rc), static_cast<int>(rc));
 }
 
-#define KILN_CUDA(call)                                              \
-  do {                                                               \
+#define KILN_CUDA(call)                                                   \
+  do {                                                                    \
     if (cudaError_t kiln_cuda_rc_ = (call); kiln_cuda_rc_ != cudaSuccess) \
-      return CudaError(kiln_cuda_rc_, #call);                        \
+      return CudaError(kiln_cuda_rc_, #call);                             \
   } while (0)
 
 // Polls a non-blocking communicator until its pending operation finishes; aborts it when the
@@ -44,8 +45,8 @@ Status WaitComm(ncclComm_t comm, Deadline deadline, std::string_view what, bool*
   if (state == ncclInProgress) {
     ncclCommAbort(comm);
     *aborted = true;
-    return MakeError(ErrorCode::kCommInitTimeout, "{} did not complete within the bound; the communicator was aborted",
-                     what);
+    return MakeError(ErrorCode::kCommInitTimeout,
+                     "{} did not complete within the bound; the communicator was aborted", what);
   }
   Status s = NcclError(state, what, comm);
   ncclCommAbort(comm);
@@ -72,14 +73,17 @@ bool CudaDeviceAvailable() {
 
 StatusOr<NcclId> NewNcclId() {
   ncclUniqueId id;
-  if (ncclResult_t rc = ncclGetUniqueId(&id); rc != ncclSuccess) return NcclError(rc, "ncclGetUniqueId");
+  if (ncclResult_t rc = ncclGetUniqueId(&id); rc != ncclSuccess)
+    return NcclError(rc, "ncclGetUniqueId");
   NcclId out;
   std::memcpy(out.data(), &id, sizeof(id));
   return out;
 }
 
-StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Create(int rank, int nranks, const NcclId& id,
-                                                                   Deadline deadline, const NcclOptions& options,
+StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Create(int rank, int nranks,
+                                                                   const NcclId& id,
+                                                                   Deadline deadline,
+                                                                   const NcclOptions& options,
                                                                    int local_rank) {
   int devices = 0;
   if (cudaError_t rc = cudaGetDeviceCount(&devices); rc != cudaSuccess || devices == 0) {
@@ -102,9 +106,10 @@ StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Create(int rank, int
   const Clock::time_point t0 = Clock::now();
   ncclResult_t rc = ncclCommInitRankConfig(&s.comm, nranks, nid, rank, &config);
   if (rc != ncclSuccess && rc != ncclInProgress) return NcclError(rc, "ncclCommInitRankConfig");
-  Status init = WaitComm(s.comm, deadline,
-                         fmt::format("NCCL communicator init (rank {} of {}, device {})", rank, nranks, device),
-                         &s.aborted);
+  Status init = WaitComm(
+      s.comm, deadline,
+      fmt::format("NCCL communicator init (rank {} of {}, device {})", rank, nranks, device),
+      &s.aborted);
   self->init_seconds_ = SecondsSince(t0);
   if (!init.ok()) {
     s.comm = nullptr;  // aborted
@@ -124,7 +129,8 @@ NcclBroadcaster::~NcclBroadcaster() {
     bool aborted = false;
     ncclResult_t rc = ncclCommFinalize(s.comm);
     if ((rc == ncclSuccess || rc == ncclInProgress) &&
-        WaitComm(s.comm, Clock::now() + std::chrono::seconds(10), "ncclCommFinalize", &aborted).ok()) {
+        WaitComm(s.comm, Clock::now() + std::chrono::seconds(10), "ncclCommFinalize", &aborted)
+            .ok()) {
       ncclCommDestroy(s.comm);
     } else if (!aborted) {
       ncclCommAbort(s.comm);
@@ -138,7 +144,8 @@ NcclBroadcaster::~NcclBroadcaster() {
 Status NcclBroadcaster::Broadcast(std::span<std::byte> bytes, int root, Deadline deadline) {
   State& s = *state_;
   if (s.comm == nullptr || s.aborted) {
-    return MakeError(ErrorCode::kCommFailed, "the NCCL communicator was aborted earlier; create a new one");
+    return MakeError(ErrorCode::kCommFailed,
+                     "the NCCL communicator was aborted earlier; create a new one");
   }
   for (size_t off = 0; off < bytes.size(); off += s.chunk) {
     const size_t n = std::min(s.chunk, bytes.size() - off);
@@ -150,7 +157,8 @@ Status NcclBroadcaster::Broadcast(std::span<std::byte> bytes, int root, Deadline
     if (rc != ncclSuccess && rc != ncclInProgress) return NcclError(rc, "ncclBroadcast", s.comm);
     KILN_RETURN_IF_ERROR_CTX(WaitComm(s.comm, deadline, "enqueueing ncclBroadcast", &s.aborted),
                              "chunk at byte {} of {}", off, bytes.size());
-    if (s.rank != root) KILN_CUDA(cudaMemcpyAsync(s.host, s.device, n, cudaMemcpyDeviceToHost, s.stream));
+    if (s.rank != root)
+      KILN_CUDA(cudaMemcpyAsync(s.host, s.device, n, cudaMemcpyDeviceToHost, s.stream));
     // The stream finishes when every rank took part; poll it together with NCCL's error state.
     cudaError_t q = cudaErrorNotReady;
     ncclResult_t async = ncclSuccess;
@@ -168,10 +176,11 @@ Status NcclBroadcaster::Broadcast(std::span<std::byte> bytes, int root, Deadline
     if (q == cudaErrorNotReady) {
       ncclCommAbort(s.comm);
       s.aborted = true;
-      return MakeError(ErrorCode::kCollectiveTimeout,
-                       "ncclBroadcast from rank {} stopped at byte {} of {} (the bound passed); the "
-                       "communicator was aborted",
-                       root, off, bytes.size());
+      return MakeError(
+          ErrorCode::kCollectiveTimeout,
+          "ncclBroadcast from rank {} stopped at byte {} of {} (the bound passed); the "
+          "communicator was aborted",
+          root, off, bytes.size());
     }
     if (q != cudaSuccess) return CudaError(q, "cudaStreamQuery after ncclBroadcast");
     if (s.rank != root) std::memcpy(bytes.data() + off, s.host, n);
@@ -186,9 +195,11 @@ BulkTransportFactory NcclTransportFactory(NcclOptions options) {
     if (group.rank() == 0) {
       KILN_ASSIGN_OR_RETURN(id, NewNcclId());
     }
-    KILN_RETURN_IF_ERROR_CTX(group.Broadcast(id, 0, deadline, "NCCL unique id"), "exchanging the NCCL unique id");
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<NcclBroadcaster> b,
-                          NcclBroadcaster::Create(group.rank(), group.size(), id, deadline, options, me.local_rank));
+    KILN_RETURN_IF_ERROR_CTX(group.Broadcast(id, 0, deadline, "NCCL unique id"),
+                             "exchanging the NCCL unique id");
+    KILN_ASSIGN_OR_RETURN(
+        std::unique_ptr<NcclBroadcaster> b,
+        NcclBroadcaster::Create(group.rank(), group.size(), id, deadline, options, me.local_rank));
     return std::unique_ptr<BulkTransport>(std::move(b));
   };
 }

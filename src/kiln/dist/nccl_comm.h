@@ -17,7 +17,7 @@ namespace kiln::dist {
 using NcclId = std::array<std::byte, 128>;  // sizeof(ncclUniqueId)
 
 struct NcclOptions {
-  int device = -1;                      // -1: local rank modulo the number of devices
+  int device = -1;                        // -1: local rank modulo the number of devices
   size_t chunk_bytes = size_t{64} << 20;  // device staging buffer, allocated once
 };
 
@@ -29,7 +29,8 @@ class NcclBroadcaster final : public BulkTransport {
   // Joins an `nranks` communicator as `rank`. Returns kCommInitTimeout (after ncclCommAbort) when
   // the others do not join before the deadline.
   static StatusOr<std::unique_ptr<NcclBroadcaster>> Create(int rank, int nranks, const NcclId& id,
-                                                           Deadline deadline, const NcclOptions& options,
+                                                           Deadline deadline,
+                                                           const NcclOptions& options,
                                                            int local_rank = 0);
   ~NcclBroadcaster() override;
   std::string_view kind() const override { return "nccl"; }

@@ -67,9 +67,8 @@ StatusOr<RankInfo> DiscoverRank(const RankOverrides& overrides, const EnvLookup&
     KILN_ASSIGN_OR_RETURN(std::optional<int> size, ReadInt(env, l.size));
     if (!rank && !size) continue;
     if (!rank || !size) {
-      return MakeError(ErrorCode::kRankEnvInvalid,
-                       "{} is set but {} is not: a {} launch sets both", rank ? l.rank : l.size,
-                       rank ? l.size : l.rank, l.name);
+      return MakeError(ErrorCode::kRankEnvInvalid, "{} is set but {} is not: a {} launch sets both",
+                       rank ? l.rank : l.size, rank ? l.size : l.rank, l.name);
     }
     KILN_ASSIGN_OR_RETURN(std::optional<int> local_rank, ReadInt(env, l.local_rank));
     KILN_ASSIGN_OR_RETURN(std::optional<int> local_size, ReadInt(env, l.local_size));
@@ -107,8 +106,9 @@ StatusOr<RankInfo> DiscoverRank(const RankOverrides& overrides, const EnvLookup&
                      info.rank, info.world_size, info.launcher);
   }
   if (info.local_rank >= info.local_world_size && info.local_world_size > 1) {
-    return MakeError(ErrorCode::kRankEnvInvalid, "local rank {} is not inside local world size {} (from {})",
-                     info.local_rank, info.local_world_size, info.launcher);
+    return MakeError(ErrorCode::kRankEnvInvalid,
+                     "local rank {} is not inside local world size {} (from {})", info.local_rank,
+                     info.local_world_size, info.launcher);
   }
   return info;
 }
