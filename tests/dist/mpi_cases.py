@@ -123,7 +123,8 @@ def case_missing_rank(a, tmp):
     for line in r.errors:
         check("KILN-E7003" in line and "missing rank 3" in line, f"error names rank 3: {line}", r)
         after = float(re.search(r"after=([0-9.]+)s", line).group(1))
-        check(after < 2.0 + 2.0, f"failed within the bound: {after}", r)
+        # Bound 2 s, plus scheduling slack on a loaded CI machine; the late rank sleeps 20 s.
+        check(after < 2.0 + 4.0, f"failed within the bound: {after}", r)
 
 
 def case_missing_rank0(a, tmp):
@@ -136,7 +137,7 @@ def case_missing_rank0(a, tmp):
     for line in r.errors:
         check("KILN-E7003" in line and "rank 0 did not answer" in line, f"error names rank 0: {line}", r)
         after = float(re.search(r"after=([0-9.]+)s", line).group(1))
-        check(after < 2.0 + 2.0 + 1.0, f"failed within the bound and grace: {after}", r)
+        check(after < 2.0 + 2.0 + 3.0, f"failed within the bound and grace: {after}", r)
 
 
 def case_duplicate_rank(a, tmp):
@@ -261,7 +262,8 @@ def case_builder_killed(a, tmp):
           str([t[-400:] for _, _, t in done]))
     check(roles(tmp) == ["built", "cache-hit", "cache-hit"], f"one replacement build: {roles(tmp)}")
     check(len({res["checksum"] for rc, res, _ in done if rc == 0}) == 1, "identical bytes")
-    check(time.monotonic() - t0 < 10, f"nobody waited past the 10 s bound ({time.monotonic() - t0:.1f} s)")
+    check(not any("KILN-E7005" in t for _, _, t in done), "nobody gave up waiting")
+    check(time.monotonic() - t0 < 10 + 5, f"nobody waited past the 10 s bound ({time.monotonic() - t0:.1f} s)")
 
 
 def case_builder_hung(a, tmp):
@@ -283,7 +285,7 @@ def case_builder_hung(a, tmp):
         check(all(rc == 0 for rc, _, _ in done), "every waiter succeeded: " + str([t[-500:] for _, _, t in done]))
         check(roles(tmp) == ["cache-hit", "cache-hit", "took-over"], f"one takeover: {roles(tmp)}")
         check(any("KILN-E7009" in t for _, _, t in done), "the takeover was logged with its code")
-        check(took < 8, f"within the bound ({took:.1f} s)")
+        check(took < 8 + 4, f"within the 8 s bound, with slack for process start ({took:.1f} s)")
     finally:
         os.kill(hung.pid, signal.SIGKILL)
         hung.communicate()

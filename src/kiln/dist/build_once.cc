@@ -331,6 +331,7 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
     KILN_ASSIGN_OR_RETURN(owned_world, MpiWorld());
     world = owned_world.get();
   }
+  if (transport != Transport::kNccl) report.transport = world->kind();
   if (transport == Transport::kNccl && !options.bulk_factory) {
     return MakeError(
         ErrorCode::kTransportUnavailable,
