@@ -1,32 +1,15 @@
 #!/usr/bin/env bash
 # kiln's distributed GPU checks (issue 5): the NCCL transport at world size 1, and a
 # non-blocking NCCL init that times out and aborts when the second process never joins.
-#   Here (build machine):  scripts/gpu_dist_check.sh bundle [BUILD_DIR]   -> build-gpu-dist/
-#   GPU machine:           scripts/gpu_dist_check.sh run [BUNDLE_DIR]
-# The bundle holds the test binaries and the Debian libraries the GPU machine lacks (fmt,
-# xxhash); MPI comes from the GPU machine's own OpenMPI 4.1 (same ABI, libmpi.so.40). It builds
-# nothing on the GPU machine and prints a short table last.
+#   Here (build machine):  scripts/bundle_gpu.sh          -> .bundle/ (bin: dist_nccl_tests,
+#                          dist_nccl_driver, dist_driver; lib: Debian libraries)
+#   GPU machine:           scripts/gpu_dist_check.sh [BUNDLE_DIR]   (default .bundle)
+# MPI comes from the GPU machine's own OpenMPI 4.1 (same ABI, libmpi.so.40). It builds nothing
+# on the GPU machine and prints a short table last.
 set -uo pipefail
-mode=${1:-run}
 root=$(cd "$(dirname "$0")/.." && pwd)
 
-if [ "$mode" = bundle ]; then
-  build=${2:-$root/build}
-  out=$root/build-gpu-dist
-  rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
-  for b in dist_nccl_tests nccl_check dist_driver; do
-    cp "$build/tests/dist/$b" "$out/bin/" || { echo "missing $b: build it first"; exit 1; }
-  done
-  for lib in $(ldd "$out"/bin/* | awk '/=>/ {print $3}' | sort -u); do
-    case "$(basename "$lib")" in
-      libfmt*|libxxhash*|libgtest*|libgmock*) cp -L "$lib" "$out/lib/" ;;
-    esac
-  done
-  echo "bundle in $out ($(du -sh "$out" | cut -f1)); carry build-gpu-dist and run: scripts/gpu_dist_check.sh run"
-  exit 0
-fi
-
-bundle=${2:-$root/build-gpu-dist}
+bundle=${1:-$root/.bundle}
 V=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
 export LD_LIBRARY_PATH=$bundle/lib:$V/nccl/lib:$V/cudnn/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 bin=$bundle/bin
@@ -38,17 +21,17 @@ if "$bin/dist_nccl_tests"; then row "dist_nccl_tests" "PASS"; else row "dist_ncc
 
 echo "== NCCL world size 1: init latency and broadcast of 100 MB and 1 GB"
 for bytes in 100000000 1000000000; do
-  line=$("$bin/nccl_check" --world 1 --bytes $bytes --timeout-ms 60000)
+  line=$("$bin/dist_nccl_driver" --world 1 --bytes $bytes --timeout-ms 60000)
   echo "$line"
   row "nccl world=1 bytes=$bytes" "$line"
 done
 
 echo "== two processes on one GPU, only rank 0 joins: bounded init, abort, KILN-E7013"
 port=$((30000 + RANDOM % 20000))
-"$bin/nccl_check" --rank 1 --world 2 --port $port --skip-init --hold-ms 15000 --timeout-ms 20000 > /tmp/kiln_r1.json &
+"$bin/dist_nccl_driver" --rank 1 --world 2 --port $port --skip-init --hold-ms 15000 --timeout-ms 20000 > /tmp/kiln_r1.json &
 r1=$!
 start=$(date +%s.%N)
-r0=$("$bin/nccl_check" --rank 0 --world 2 --port $port --timeout-ms 5000)
+r0=$("$bin/dist_nccl_driver" --rank 0 --world 2 --port $port --timeout-ms 5000)
 took=$(echo "$(date +%s.%N) - $start" | bc)
 echo "$r0 (wall ${took}s)"
 kill $r1 2>/dev/null; wait $r1 2>/dev/null
