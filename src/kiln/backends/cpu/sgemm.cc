@@ -96,7 +96,8 @@ void BlockedSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
   }
   int64_t m8 = Round8(m), n8 = Round8(n);
   auto* ap = static_cast<float*>(workspace);
-  float* bp = ap + Align64(static_cast<size_t>(m8 * kKc) * 4) / 4;
+  // Same layout as SgemmWorkspaceBytes: packed A for one K block, then packed B.
+  float* bp = ap + Align64(static_cast<size_t>(m8 * std::min(kKc, k)) * 4) / 4;
   ThreadPool& pool = ThreadPool::Default();
   int64_t mt = (m + kMc - 1) / kMc, nt = (n + kNc - 1) / kNc;
   for (int64_t k0 = 0; k0 < k; k0 += kKc) {
