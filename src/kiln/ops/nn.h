@@ -54,6 +54,9 @@ inline int64_t CeilDiv(int64_t a, int64_t b) { return FloorDiv(a + b - 1, b); }
 // input that correction cannot be decided, so the plain ceil form is used.
 template <typename T>
 T WindowOutDim(const T& in, const WindowAttrs& a, size_t i) {
+  if constexpr (!std::is_same_v<T, int64_t>) {
+    if (in.is_static()) return T(WindowOutDim<int64_t>(in.value(), a, i));
+  }
   int64_t k_eff = a.dilations[i] * (a.kernel[i] - 1) + 1;
   int64_t s = a.strides[i];
   switch (a.auto_pad) {
