@@ -54,7 +54,8 @@ Reference PoolReference(const PoolParams& p, bool is_max) {
               sum += v;
               ++count;
             }
-          y.push_back(is_max ? best : sum / static_cast<double>(p.count_include_pad ? padded : count));
+          y.push_back(is_max ? best
+                             : sum / static_cast<double>(p.count_include_pad ? padded : count));
         }
     return y;
   };
@@ -205,8 +206,9 @@ std::vector<std::pair<int64_t, double>> Taps(const ResizeParams& p, int64_t o, d
   double sum = 0;
   for (int k = -1; k <= 2; ++k) {
     double d = std::fabs(t - k);
-    double w = d <= 1 ? ((a + 2) * d - (a + 3)) * d * d + 1
-                      : d < 2 ? ((a * d - 5 * a) * d + 8 * a) * d - 4 * a : 0;
+    double w = d <= 1  ? ((a + 2) * d - (a + 3)) * d * d + 1
+               : d < 2 ? ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+                       : 0;
     if (p.exclude_outside && (i0 + k < 0 || i0 + k >= in)) w = 0;
     sum += w;
     taps.push_back({clampi(i0 + k), w});
