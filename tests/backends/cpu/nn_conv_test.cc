@@ -154,7 +154,7 @@ TEST(CpuConv, OneByOne) {
 
 TEST(CpuConv, StemAndChunkedIm2col) {
   RunConv({{1, 3, 23, 21}, {8, 3, 7, 7}, {2, 2}, {}, {3, 3, 3, 3}}, 11);
-  auto names = RunConv({{1, 16, 33, 32}, {8, 16, 3, 3}, {}, {}, {1, 1, 1, 1}}, 12);
+  auto names = RunConv({{1, 64, 40, 40}, {8, 64, 3, 3}, {}, {}, {1, 1, 1, 1}}, 12);
   bool chunked = false;
   for (const auto& n : names) chunked |= n.starts_with("f32-conv-cpu-im2col-openblas-rows");
   EXPECT_TRUE(chunked);
@@ -162,15 +162,15 @@ TEST(CpuConv, StemAndChunkedIm2col) {
 
 TEST(CpuConv, ChunkedTacticNeedsLessWorkspace) {
   std::mt19937 rng(13);
-  ConvParams p{{1, 16, 33, 32}, {8, 16, 3, 3}, {}, {}, {1, 1, 1, 1}};
+  ConvParams p{{1, 64, 40, 40}, {8, 64, 3, 3}, {}, {}, {1, 1, 1, 1}};
   auto results = CheckAllTactics(MakeConv(p, rng), ConvReference(p), 1e-4, 1e-4);
   size_t full = 0, chunked = 0;
   for (const auto& r : results) {
     if (r.tactic == "f32-conv-cpu-im2col-openblas") full = r.workspace;
     if (r.tactic.starts_with("f32-conv-cpu-im2col-openblas-rows")) chunked = r.workspace;
   }
-  // Full im2col: K = 16*9 rows of 33*32 columns.
-  EXPECT_EQ(full, static_cast<size_t>(16 * 9 * 33 * 32 * 4));
+  // Full im2col: K = 64*9 rows of 40*40 columns.
+  EXPECT_EQ(full, static_cast<size_t>(64 * 9 * 40 * 40 * 4));
   EXPECT_GT(chunked, 0u);
   EXPECT_LT(chunked, full / 2);
 }

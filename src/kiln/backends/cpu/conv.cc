@@ -221,9 +221,11 @@ class ConvProviderBase : public CpuFloatProvider {
       if (auto onednn = OneDnnConvTactic(*spec, *g)) out.push_back(*onednn);
     }
     add("f32-conv-cpu-im2col-openblas", ConvAlgo::kIm2col, GemmImpl::kOpenBlas, 0);
-    // Chunked: about 256 KiB of im2col rows (L2-sized), the low-workspace choice.
+    // Chunked: about 1 MiB of im2col rows (L2-sized), the low-workspace choice, but at least
+    // 256 GEMM columns so the sgemm stays efficient.
     int64_t k = g->cg * g->kh * g->kw;
-    int64_t rows = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, k * g->ow));
+    int64_t rows = std::max((int64_t{1} << 18) / std::max<int64_t>(1, k * g->ow),
+                            (255 + g->ow) / std::max<int64_t>(1, g->ow));
     if (rows < g->oh) {
       add(fmt::format("f32-conv-cpu-im2col-openblas-rows{}", rows), ConvAlgo::kIm2col,
           GemmImpl::kOpenBlas, rows);

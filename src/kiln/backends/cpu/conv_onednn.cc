@@ -129,7 +129,8 @@ class OneDnnConvKernel final : public Kernel {
     KILN_ASSIGN_OR_RETURN(plan_, MakePlan(spec_, geo_, has_bias_, has_residual_));
     try {
       dnnl::engine& eng = Engine();
-      dnnl::stream stream(eng);
+      stream_ = dnnl::stream(eng);
+      dnnl::stream& stream = stream_;
       conv_ = dnnl::convolution_forward(plan_->pd);
       // Prepacked weights, owned by the kernel.
       memory user_wei(plan_->user_wei, eng, const_cast<void*>(weights_.raw()));
@@ -162,7 +163,7 @@ class OneDnnConvKernel final : public Kernel {
 
   Status Run(const KernelRunArgs& args) override {
     try {
-      dnnl::stream stream(Engine());
+      dnnl::stream& stream = stream_;
       auto* ws = static_cast<std::byte*>(args.workspace);
       user_src_.set_data_handle(args.inputs[0].data);
       user_dst_.set_data_handle(args.outputs[0].data);
@@ -191,6 +192,7 @@ class OneDnnConvKernel final : public Kernel {
   bool has_bias_, has_residual_;
   ConvGeometry geo_;
   std::optional<OneDnnPlan> plan_;
+  dnnl::stream stream_;  // made once in Prepare: Run does not allocate
   dnnl::convolution_forward conv_;
   dnnl::reorder src_reorder_, dst_reorder_, z_reorder_;
   memory packed_wei_, user_src_, user_dst_, src_, dst_, scratch_, bias_;
