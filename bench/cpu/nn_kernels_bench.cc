@@ -65,17 +65,19 @@ std::unique_ptr<Layer> MakeLayer(std::string label, std::string op, std::vector<
 
 // Conv layer: N=1, C -> M, k x k, stride, "same" padding k/2, at input size hw.
 std::unique_ptr<Layer> ConvLayer(int64_t c, int64_t m, int64_t k, int64_t stride, int64_t hw,
-                                 std::mt19937& rng) {
+                                 std::mt19937& rng, int64_t group = 1) {
   AttributeMap a;
+  a.Set("group", group);
   a.Set("strides", std::vector<int64_t>{stride, stride});
   a.Set("pads", std::vector<int64_t>(4, k / 2));
   int64_t out = (hw + 2 * (k / 2) - k) / stride + 1;
-  double flops = 2.0 * m * out * out * c * k * k;
+  double flops = 2.0 * m * out * out * (c / group) * k * k;
   std::string label = std::to_string(k) + "x" + std::to_string(k) + "/" + std::to_string(stride) +
                       "_" + std::to_string(c) + "->" + std::to_string(m) + "@" + std::to_string(hw);
-  return MakeLayer(label, "Conv",
-                   {Random({1, c, hw, hw}, rng), Random({m, c, k, k}, rng), Random({m}, rng)},
-                   {false, true, true}, std::move(a), flops);
+  return MakeLayer(
+      label, "Conv",
+      {Random({1, c, hw, hw}, rng), Random({m, c / group, k, k}, rng), Random({m}, rng)},
+      {false, true, true}, std::move(a), flops);
 }
 
 std::unique_ptr<Layer> GemmLayer(int64_t m, int64_t k, int64_t n, std::mt19937& rng) {
@@ -131,6 +133,7 @@ void RegisterAll() {
   layers.push_back(ConvLayer(512, 512, 3, 1, 7, rng));
   layers.push_back(ConvLayer(64, 256, 1, 1, 56, rng));
   layers.push_back(ConvLayer(1024, 256, 1, 1, 14, rng));
+  layers.push_back(ConvLayer(144, 144, 3, 1, 56, rng, 144));  // MobileNet-style depthwise
   layers.push_back(GemmLayer(128, 768, 768, rng));
   layers.push_back(GemmLayer(128, 768, 3072, rng));
   layers.push_back(GemmLayer(128, 3072, 768, rng));

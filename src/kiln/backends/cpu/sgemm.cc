@@ -136,7 +136,7 @@ size_t SgemmWorkspaceBytes(GemmImpl impl, int64_t m, int64_t n, int64_t k) {
 
 void ConfigureBlasThreads() {
   static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(ThreadPool::Default().size()); });
+  std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
 void Sgemm(GemmImpl impl, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -148,11 +148,37 @@ void Sgemm(GemmImpl impl, bool trans_a, bool trans_b, int64_t m, int64_t n, int6
     return;
   }
   ConfigureBlasThreads();
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), alpha, a, static_cast<blasint>(std::max<int64_t>(lda, 1)), b,
-              static_cast<blasint>(std::max<int64_t>(ldb, 1)), beta, c,
-              static_cast<blasint>(std::max<int64_t>(ldc, 1)));
+  auto call = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    const float* as = trans_a ? a + i0 : a + i0 * lda;
+    const float* bs = trans_b ? b + j0 * ldb : b + j0;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(i1 - i0),
+                static_cast<blasint>(j1 - j0), static_cast<blasint>(k), alpha, as,
+                static_cast<blasint>(std::max<int64_t>(lda, 1)), bs,
+                static_cast<blasint>(std::max<int64_t>(ldb, 1)), beta, c + i0 * ldc + j0,
+                static_cast<blasint>(std::max<int64_t>(ldc, 1)));
+  };
+  ThreadPool& pool = ThreadPool::Default();
+  int64_t threads = pool.size();
+  // Small products are not worth a fork/join.
+  if (threads == 1 ||
+      static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) < 2e5) {
+    call(0, m, 0, n);
+    return;
+  }
+  // Split the larger output dimension into one slice per thread (N in multiples of 16 floats,
+  // M in multiples of 8 rows, the shapes of OpenBLAS's own micro-kernels).
+  if (n >= m) {
+    int64_t chunk = std::max<int64_t>(16, ((n + threads - 1) / threads + 15) / 16 * 16);
+    pool.ParallelFor((n + chunk - 1) / chunk, [&](int64_t s0, int64_t s1) {
+      call(0, m, s0 * chunk, std::min(n, s1 * chunk));
+    });
+  } else {
+    int64_t chunk = std::max<int64_t>(8, ((m + threads - 1) / threads + 7) / 8 * 8);
+    pool.ParallelFor((m + chunk - 1) / chunk, [&](int64_t s0, int64_t s1) {
+      call(s0 * chunk, std::min(m, s1 * chunk), 0, n);
+    });
+  }
 }
 
 void ApplyActivation(const FusedActivationSpec& act, float* x, int64_t n) {

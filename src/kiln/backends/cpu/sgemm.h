@@ -1,11 +1,13 @@
 // FP32 matrix multiply for the CPU kernels (Gemm, MatMul, Conv, ConvTranspose and the fused
 // ops), with two implementations a tactic can choose between, and the activation epilogue.
 //
-// Threads: OpenBLAS (Debian's pthread build) keeps its own thread pool, kiln keeps ThreadPool.
-// To avoid running both at once (oversubscription on small machines), sgemm calls through
-// OpenBLAS are made from the calling thread, never from inside a ThreadPool::ParallelFor, and
-// OpenBLAS is set once to ThreadPool::Default().size() threads. The blocked kernel threads with
-// kiln's ThreadPool instead.
+// Threads: Debian's OpenBLAS (pthread build) keeps its own thread pool whose idle threads spin
+// for a long time after each call; oneDNN (conv_onednn.cc) has OpenMP's; kiln has ThreadPool.
+// Measured on 16 cores, OpenBLAS's spinning threads slowed the next oneDNN or ThreadPool layer
+// by 10-100x. So OpenBLAS runs single-threaded (openblas_set_num_threads(1), once per process)
+// and Sgemm splits a product into per-thread slices on kiln's ThreadPool, each slice one
+// single-threaded cblas_sgemm call (OpenBLAS is safe to call from several threads at once).
+// The blocked kernel threads with kiln's ThreadPool too.
 #pragma once
 
 #include <cstddef>
@@ -29,7 +31,7 @@ void Sgemm(GemmImpl impl, bool trans_a, bool trans_b, int64_t m, int64_t n, int6
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
            int64_t ldc, void* workspace);
 
-// Sets OpenBLAS's thread count once per process (see the note above).
+// Sets OpenBLAS to one thread, once per process (see the note above).
 void ConfigureBlasThreads();
 
 // Applies the activation to n contiguous floats in place.
