@@ -30,7 +30,7 @@ StatusOr<MatMulDims> ResolveMatMul(const MatMulSpec& s, std::span<const int64_t>
   if (a.empty() || b.empty()) return MakeError(ErrorCode::kShapeMismatch, "MatMul of a scalar");
   bool a_vec = a.size() == 1, b_vec = b.size() == 1;
   if (a_vec) a = {1, a[0]};
-  if (b_vec) b.push_back(1);
+  if (b_vec) b = {b[0], 1};
   bool ta = s.trans_a && !a_vec, tb = s.trans_b && !b_vec;
   MatMulDims d;
   size_t ra = a.size(), rb = b.size();
