@@ -10,8 +10,10 @@ namespace {
 // Builds a one-node graph whose inputs are graph inputs with the given shapes (or constants),
 // runs shape inference and returns the output shape.
 struct In {
+  In(Shape s, DataType t = DataType::kFloat32, std::optional<Tensor> c = std::nullopt)
+      : shape(std::move(s)), dtype(t), constant(std::move(c)) {}
   Shape shape;
-  DataType dtype = DataType::kFloat32;
+  DataType dtype;
   std::optional<Tensor> constant;
 };
 
