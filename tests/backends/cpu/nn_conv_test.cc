@@ -240,7 +240,8 @@ Reference DeconvReference(const DeconvParams& p) {
       bool computed = !p.output_shape.empty() || p.auto_pad.starts_with("SAME");
       if (!computed) return p.auto_pad == "VALID" ? 0 : at(p.pads, i, 0);
       int64_t total = s * (in_size - 1) + at(p.output_padding, i, 0) + (k - 1) * d + 1 - out_size;
-      return p.auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      int64_t half = total >= 0 ? total / 2 : -((1 - total) / 2);  // floor division
+      return p.auto_pad == "SAME_UPPER" ? half : total - half;
     };
     size_t wi = r - 1;
     int64_t sh = one_d ? 1 : at(p.strides, 0, 1), sw = at(p.strides, wi, 1);
@@ -301,6 +302,9 @@ TEST(CpuConvTranspose, GroupsAndOutputShape) {
   RunDeconv({{1, 4, 5, 5}, {4, 3, 3, 3}, {2, 2}, {}, {}, {}, {}, "NOTSET", 2}, 22);
   EXPECT_EQ(RunDeconv({{1, 2, 4, 4}, {2, 3, 3, 3}, {2, 2}, {}, {}, {}, {8, 9}}, 23),
             (std::vector<int64_t>{1, 3, 8, 9}));
+  // Beyond the full extent (9 x 9): the extra row is zero plus bias.
+  EXPECT_EQ(RunDeconv({{1, 2, 4, 4}, {2, 3, 3, 3}, {2, 2}, {}, {}, {}, {10, 9}}, 27),
+            (std::vector<int64_t>{1, 3, 10, 9}));
 }
 
 TEST(CpuConvTranspose, AutoPadAndOneD) {

@@ -170,7 +170,9 @@ struct ResizeParams {
 double SrcCoord(const std::string& c, double x, double scale, int64_t in, int64_t out) {
   if (c == "half_pixel") return (x + 0.5) / scale - 0.5;
   if (c == "pytorch_half_pixel") return out > 1 ? (x + 0.5) / scale - 0.5 : 0;
-  if (c == "align_corners") return out == 1 ? 0 : x * (in - 1) / static_cast<double>(out - 1);
+  if (c == "align_corners") {  // the spec's length_resized is in * scale, unrounded
+    return in * scale <= 1 ? 0 : x * (in - 1) / (in * scale - 1);
+  }
   if (c == "asymmetric") return x / scale;
   return (x + 0.5) / scale;  // tf_half_pixel_for_nn
 }

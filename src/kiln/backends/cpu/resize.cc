@@ -45,8 +45,11 @@ double SourceCoord(Coord c, double x, double scale, int64_t in, int64_t out) {
     }
     case Coord::kPytorchHalfPixel:
       return out > 1 ? (x + 0.5) / scale - 0.5 : 0.0;
-    case Coord::kAlignCorners:
-      return out == 1 ? 0.0 : x * static_cast<double>(in - 1) / static_cast<double>(out - 1);
+    case Coord::kAlignCorners: {
+      // ONNX uses the unrounded resized length (in * scale), not the output size.
+      double len = scale * static_cast<double>(in);
+      return len <= 1 ? 0.0 : x * static_cast<double>(in - 1) / (len - 1);
+    }
     case Coord::kAsymmetric:
       return x / scale;
     case Coord::kTfHalfPixelForNn:
