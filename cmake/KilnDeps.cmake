@@ -7,3 +7,5 @@ find_package(nlohmann_json REQUIRED)
 # CPU kernels: OpenBLAS (sgemm) and oneDNN (convolution), Debian's libopenblas-dev, libdnnl-dev.
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 find_package(dnnl CONFIG REQUIRED)
+# Debian's oneDNN runs on OpenMP; kiln sets its thread count to ThreadPool's (conv_onednn.cc).
+find_package(OpenMP REQUIRED)

@@ -226,7 +226,7 @@ int ResNet50Sweep() {
       for (const TacticConfig& t : p->Tactics(layer->request)) {
         auto pr = Prepare(*layer, *p, t);
         if (!pr) continue;
-        double ms = TimeMs(*pr, 7);
+        double ms = TimeMs(*pr, 11);
         // The per-tactic figure for the total of each single tactic family.
         std::string family = t.name.starts_with("f32-conv-cpu-im2col-openblas-rows")
                                  ? "f32-conv-cpu-im2col-openblas-rowsN"

@@ -5,14 +5,17 @@
 // Bias, the FusedConv residual (a sum post-op) and the activation (an eltwise post-op) run
 // inside the primitive. oneDNN throws; errors are converted here with oneDNN's own message.
 //
-// Threads: Debian's oneDNN uses OpenMP; it runs on OpenMP's threads (OMP_NUM_THREADS), not
-// kiln's ThreadPool.
+// Threads: Debian's oneDNN uses OpenMP, so it runs on OpenMP's threads, not kiln's ThreadPool.
+// Each Run sets the calling thread's OpenMP thread count to ThreadPool::Default().size(), so
+// KILN_NUM_THREADS bounds oneDNN too (OpenMP's count is per calling thread).
+#include <omp.h>
 #include <dnnl.hpp>
 
 #include <cstring>
 #include <unordered_map>
 
 #include "kiln/backends/cpu/conv_common.h"
+#include "kiln/core/thread_pool.h"
 
 namespace kiln::cpu {
 namespace {
@@ -162,6 +165,7 @@ class OneDnnConvKernel final : public Kernel {
   }
 
   Status Run(const KernelRunArgs& args) override {
+    omp_set_num_threads(ThreadPool::Default().size());
     try {
       dnnl::stream& stream = stream_;
       auto* ws = static_cast<std::byte*>(args.workspace);
