@@ -61,18 +61,28 @@ void PackB(bool trans, const float* b, int64_t ldb, int64_t j0, int64_t cols, in
 }
 
 // One 8x8 register tile over kc: acc = Ap strip x Bp strip, then C = alpha*acc (+ beta*C or
-// + C). Cloned per ISA so the 8-wide row vector maps to one AVX register.
+// + C). The eight accumulator rows are GCC vectors (one AVX register each); the function is
+// cloned per ISA so the FMA form is used where the CPU has it.
+typedef float V8 __attribute__((vector_size(32)));
+
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void Tile8x8(
     const float* ap, const float* bp, int64_t kc, int64_t rows, int64_t cols, float* c, int64_t ldc,
     float alpha, float beta, bool accumulate) {
-  float acc[8][8] = {};
+  V8 acc0 = {}, acc1 = {}, acc2 = {}, acc3 = {}, acc4 = {}, acc5 = {}, acc6 = {}, acc7 = {};
   for (int64_t kk = 0; kk < kc; ++kk) {
     const float* a = ap + kk * 8;
-    const float* b = bp + kk * 8;
-    for (int r = 0; r < 8; ++r) {
-      for (int j = 0; j < 8; ++j) acc[r][j] += a[r] * b[j];
-    }
+    V8 b;
+    std::memcpy(&b, bp + kk * 8, sizeof(b));
+    acc0 += a[0] * b;
+    acc1 += a[1] * b;
+    acc2 += a[2] * b;
+    acc3 += a[3] * b;
+    acc4 += a[4] * b;
+    acc5 += a[5] * b;
+    acc6 += a[6] * b;
+    acc7 += a[7] * b;
   }
+  const V8 acc[8] = {acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7};
   for (int64_t r = 0; r < rows; ++r) {
     float* crow = c + r * ldc;
     if (accumulate) {
