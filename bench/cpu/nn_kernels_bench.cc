@@ -42,7 +42,7 @@ std::unique_ptr<Layer> MakeLayer(std::string label, std::string op, std::vector<
   l->graph = std::make_unique<Graph>();
   std::vector<Value*> values;
   for (size_t i = 0; i < ins.size(); ++i) {
-    std::string name = "i" + std::to_string(i);
+    std::string name = fmt::format("i{}", i);
     values.push_back(constant[i]
                          ? l->graph->AddConstant(name, ins[i])
                          : l->graph->AddInput(name, ins[i].dtype(), MakeShape(ins[i].dims())));

@@ -22,7 +22,7 @@ StatusOr<Shape> Infer(const std::string& op, std::vector<In> ins, AttributeMap a
   Graph g;
   std::vector<Value*> values;
   for (size_t i = 0; i < ins.size(); ++i) {
-    std::string name = "i" + std::to_string(i);
+    std::string name = fmt::format("i{}", i);
     if (ins[i].constant) {
       values.push_back(g.AddConstant(name, *ins[i].constant));
     } else if (ins[i].dtype == DataType::kUndefined) {
@@ -32,7 +32,7 @@ StatusOr<Shape> Infer(const std::string& op, std::vector<In> ins, AttributeMap a
     }
   }
   std::vector<Value*> outs;
-  for (size_t i = 0; i < outputs; ++i) outs.push_back(g.AddValue("o" + std::to_string(i)));
+  for (size_t i = 0; i < outputs; ++i) outs.push_back(g.AddValue(fmt::format("o{}", i)));
   g.AddNode(op, "n", values, outs, std::move(attrs));
   KILN_RETURN_IF_ERROR(InferShapes(g).status());
   return outs[0]->shape();

@@ -102,8 +102,7 @@ void RunNodeTest(const std::string& name) {
       continue;
     }
     onnx::TensorProto t;
-    ASSERT_TRUE(
-        ReadProto(data / ("input_" + std::to_string(input_index[node.input(i)]) + ".pb"), &t));
+    ASSERT_TRUE(ReadProto(data / fmt::format("input_{}.pb", input_index[node.input(i)]), &t));
     c.inputs.push_back(FromProto(t));
     c.constant.push_back(i > 0);  // weights, scales and sizes are constants in real models
   }

@@ -38,14 +38,14 @@ StatusOr<Built> Build(const OpCase& c, DataType dtype) {
     }
     Tensor cast = IsFloat(t.dtype()) ? t.CastTo(dtype) : t;
     bool is_const = i < c.constant.size() && c.constant[i];
-    std::string name = "in" + std::to_string(i);
+    std::string name = fmt::format("in{}", i);
     ins.push_back(is_const ? b.graph->AddConstant(name, cast)
                            : b.graph->AddInput(name, cast.dtype(), MakeShape(cast.dims())));
     b.inputs.push_back(std::move(cast));
   }
   std::vector<Value*> outs;
   for (size_t i = 0; i < c.num_outputs; ++i)
-    outs.push_back(b.graph->AddValue("out" + std::to_string(i)));
+    outs.push_back(b.graph->AddValue(fmt::format("out{}", i)));
   b.node = b.graph->AddNode(c.op, "node", ins, outs, c.attrs);
   for (Value* v : outs) b.graph->MarkOutput(v);
   KILN_RETURN_IF_ERROR(InferShapes(*b.graph).status());

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <string>
 
+#include "kiln/core/logging.h"
 #include "kiln/core/thread_pool.h"
 
 // The kernels below rely on multiply-add contraction; the project builds in ISO C++ mode, where
@@ -146,7 +148,22 @@ size_t SgemmWorkspaceBytes(GemmImpl impl, int64_t m, int64_t n, int64_t k) {
 
 void ConfigureBlasThreads() {
   static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
+  std::call_once(once, [] {
+    openblas_set_num_threads(1);
+    // OpenBLAS 0.3.21 falls back to its SSE3 "Prescott" kernels on CPUs it does not recognise
+    // (seen on a virtualised Sapphire Rapids: 14 instead of 112 GFLOP/s per core). The choice is
+    // made when the library loads, so all kiln can do is say how to fix it.
+    std::string core = openblas_get_corename();
+    bool old_core = core == "Prescott" || core == "Core2" || core == "Nehalem" ||
+                    core == "Katmai" || core == "Atom" || core == "Barcelona";
+    if (old_core && __builtin_cpu_supports("avx2")) {
+      KILN_LOG(Warn, BACKEND,
+               "OpenBLAS chose its '{}' kernels on a CPU with AVX2{}; sgemm runs several times "
+               "slower. Set OPENBLAS_CORETYPE={} in the environment before starting kiln",
+               core, __builtin_cpu_supports("avx512f") ? "/AVX-512" : "",
+               __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell");
+    }
+  });
 }
 
 void Sgemm(GemmImpl impl, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
