@@ -175,6 +175,17 @@ TEST(CpuConv, ChunkedTacticNeedsLessWorkspace) {
   EXPECT_LT(chunked, full / 2);
 }
 
+TEST(CpuConv, RuntimeWeightsSkipOneDnn) {
+  ConvParams p{{1, 4, 9, 8}, {6, 4, 3, 3}, {}, {}, {1, 1, 1, 1}};
+  std::mt19937 rng(18);
+  OpCase c = MakeConv(p, rng);
+  c.constant = {false, false, false};  // weights computed at run time
+  std::set<std::string> names;
+  for (const auto& r : CheckAllTactics(c, ConvReference(p), 1e-4, 1e-4)) names.insert(r.tactic);
+  EXPECT_FALSE(names.count("f32-conv-cpu-onednn"));  // it prepacks constant weights only
+  EXPECT_TRUE(names.count("f32-conv-cpu-im2col-openblas"));
+}
+
 TEST(CpuConv, OneD) {
   RunConv({{2, 3, 17}, {4, 3, 3}, {2}, {}, {}, "SAME_LOWER"}, 14);
   RunConv({{1, 4, 12}, {6, 2, 4}, {1}, {2}, {1, 2}, "NOTSET", 2}, 15);
