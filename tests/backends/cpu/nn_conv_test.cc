@@ -11,8 +11,8 @@ namespace kiln::testing {
 namespace {
 
 struct ConvParams {
-  std::vector<int64_t> x, w;  // NCHW / MCkk, or NCW / MCk for 1-D
-  std::vector<int64_t> strides, dilations, pads;
+  std::vector<int64_t> x{}, w{};  // NCHW / MCkk, or NCW / MCk for 1-D
+  std::vector<int64_t> strides{}, dilations{}, pads{};
   std::string auto_pad = "NOTSET";
   int64_t group = 1;
   bool bias = true;
@@ -230,8 +230,8 @@ TEST(CpuFusedConv, BiasResidualAndEveryActivation) {
 // ---- ConvTranspose ---------------------------------------------------------------------------
 
 struct DeconvParams {
-  std::vector<int64_t> x, w;  // w: [C, M/group, k...]
-  std::vector<int64_t> strides, dilations, pads, output_padding, output_shape;
+  std::vector<int64_t> x{}, w{};  // w: [C, M/group, k...]
+  std::vector<int64_t> strides{}, dilations{}, pads{}, output_padding{}, output_shape{};
   std::string auto_pad = "NOTSET";
   int64_t group = 1;
 };

@@ -21,7 +21,7 @@ struct GemmParams {
   int64_t m, n, k;
   bool ta = false, tb = false;
   float alpha = 1.f, beta = 1.f;
-  std::vector<int64_t> c;  // C dims; empty = no C
+  std::vector<int64_t> c{};  // C dims; empty = no C
 };
 
 std::vector<std::string> RunGemm(const GemmParams& p, uint32_t seed, const std::string& act = "",
@@ -86,11 +86,11 @@ TEST(CpuFusedGemm, Activations) {
 }
 
 struct MatMulParams {
-  std::vector<int64_t> a, b, y;
+  std::vector<int64_t> a{}, b{}, y{};
   bool ta = false, tb = false;
   float alpha = 1.f;
   bool bias = false;
-  std::string act;
+  std::string act{};
 };
 
 void RunMatMul(const MatMulParams& p, uint32_t seed) {

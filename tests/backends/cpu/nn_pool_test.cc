@@ -9,7 +9,7 @@ namespace kiln::testing {
 namespace {
 
 struct PoolParams {
-  std::vector<int64_t> x, kernel, strides, dilations, pads;
+  std::vector<int64_t> x{}, kernel{}, strides{}, dilations{}, pads{};
   std::string auto_pad = "NOTSET";
   bool ceil_mode = false, count_include_pad = false;
 };
@@ -160,10 +160,10 @@ TEST(CpuBatchNorm, InferenceForm) {
 // ---- Resize: a direct (non-separable) 2-D reference from the ONNX formulas ------------------
 
 struct ResizeParams {
-  std::vector<int64_t> x;
+  std::vector<int64_t> x{};
   std::string mode = "nearest", coord = "half_pixel", nearest = "round_prefer_floor";
-  std::vector<float> scales;   // over all axes, or
-  std::vector<int64_t> sizes;  // over all axes
+  std::vector<float> scales{};   // over all axes, or
+  std::vector<int64_t> sizes{};  // over all axes
   bool exclude_outside = false;
 };
 
