@@ -74,11 +74,17 @@ TEST(ExecuteNoAlloc, ExecuteAllocatesNothing) {
     auto ctx = (*engine)->CreateExecutionContext();
     ASSERT_TRUE(ctx.ok());
     std::vector<float> x(64 * 8, 1.5f), y(64 * 8), b(64 * 8);
-    if (name == "chain") ASSERT_TRUE((*ctx)->SetInputShape("x", {3, 4}).ok());
-    if (name == "workspace") ASSERT_TRUE((*ctx)->SetInputShape("x", {5, 8}).ok());
+    if (name == "chain") {
+      ASSERT_TRUE((*ctx)->SetInputShape("x", {3, 4}).ok());
+    }
+    if (name == "workspace") {
+      ASSERT_TRUE((*ctx)->SetInputShape("x", {5, 8}).ok());
+    }
     ASSERT_TRUE((*ctx)->SetTensorAddress("x", x.data()).ok());
     ASSERT_TRUE((*ctx)->SetTensorAddress(name == "diamond" ? "d" : "y", y.data()).ok());
-    if (name == "diamond") ASSERT_TRUE((*ctx)->SetTensorAddress("b", b.data()).ok());
+    if (name == "diamond") {
+      ASSERT_TRUE((*ctx)->SetTensorAddress("b", b.data()).ok());
+    }
     ASSERT_TRUE((*ctx)->Execute().ok());  // warm-up: first use of the thread pool
     Status status;
     long n = AllocationsDuring([&] {
