@@ -406,5 +406,31 @@ TEST(EngineFile, CraftedFilesAreCaughtByBoundsChecks) {
   }
 }
 
+// The fuzzer's seed corpus: small real engines. Written to $KILN_ENGINE_SEED_DIR when set (see
+// fuzz/CMakeLists.engine.cmake), else to a temporary directory; each seed must load back.
+TEST(EngineFile, FuzzSeedsAreRealLoadableEngines) {
+  const char* env = std::getenv("KILN_ENGINE_SEED_DIR");
+  std::filesystem::path dir = env && *env ? std::filesystem::path(env)
+                                          : std::filesystem::temp_directory_path() /
+                                                ("kiln_seeds_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<std::pair<std::string, std::unique_ptr<EngineDesc>>> seeds;
+  seeds.emplace_back("chain.kiln", Chain());
+  auto diamond = testing::AssembleTestEngine(testing::MakeDiamondGraph(), {});
+  ASSERT_TRUE(diamond.ok());
+  seeds.emplace_back("diamond.kiln", std::move(*diamond));
+  auto ws = testing::AssembleTestEngine(testing::MakeWorkspaceGraph(), testing::WorkspaceProfile());
+  ASSERT_TRUE(ws.ok());
+  seeds.emplace_back("workspace.kiln", std::move(*ws));
+  for (const auto& [name, desc] : seeds) {
+    const std::string path = (dir / name).string();
+    ASSERT_TRUE(WriteEngineFile(*desc, path).ok());
+    auto loaded = LoadEngineFile(path);
+    ASSERT_TRUE(loaded.ok()) << name << ": " << loaded.status().ToString();
+    EXPECT_EQ(Fingerprint(**loaded), Fingerprint(*desc)) << name;
+  }
+  if (!(env && *env)) std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kiln

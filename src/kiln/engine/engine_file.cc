@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -848,10 +849,14 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std::byte> bytes,
                                                             const LoadOptions& options) {
   // One aligned copy: the FlatBuffer wants 8-byte alignment and the weights 64-byte alignment.
-  size_t rounded = Align(std::max<size_t>(bytes.size(), 1));
-  void* p = std::aligned_alloc(kEngineWeightsAlignment, rounded);
-  if (!p) return MakeError(ErrorCode::kIoError, "cannot allocate {} bytes for the engine", rounded);
-  std::shared_ptr<void> storage(p, [](void* q) { std::free(q); });
+  // Exactly `bytes.size()` long, so an address sanitizer sees any read past the end.
+  const std::align_val_t align{kEngineWeightsAlignment};
+  void* p = ::operator new(std::max<size_t>(bytes.size(), 1), align, std::nothrow);
+  if (!p) {
+    return MakeError(ErrorCode::kIoError, "cannot allocate {} bytes for the engine", bytes.size());
+  }
+  std::shared_ptr<void> storage(
+      p, [](void* q) { ::operator delete (q, std::align_val_t{kEngineWeightsAlignment}); });
   if (!bytes.empty()) std::memcpy(p, bytes.data(), bytes.size());
   return LoadVerified(static_cast<const std::byte*>(p), bytes.size(), storage, options);
 }
