@@ -4,7 +4,6 @@
 
 #include <cstring>
 
-#include "kiln/core/logging.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/runtime/runtime.h"
 

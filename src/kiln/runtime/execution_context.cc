@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "kiln/core/logging.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/runtime/runtime.h"
@@ -62,6 +63,11 @@ Status ExecutionContext::Init() {
                      actual_peak_bytes(), arena_.size(), workspace_.size(), e.weights_bytes(),
                      e.planned_peak_bytes());
   }
+
+  KILN_LOG(Debug, RUNTIME,
+           "execution context: arena {} + workspace {} + weights {} = {} bytes (planned peak {})",
+           arena_.size(), workspace_.size(), e.weights_bytes(), actual_peak_bytes(),
+           e.planned_peak_bytes());
 
   const size_t n = e.slots_.size();
   dims_.assign(n, {});
