@@ -231,6 +231,38 @@ TEST(Runtime, LoadsEngineFilesForItsTargetOnly) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Runtime, ConstantAndPassThroughOutputsAndContextsOutliveTheEngineHandle) {
+  // Outputs: y (computed), w (a constant: copied after the layers) and x (an input passed
+  // through: one tensor, one binding).
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, {3});
+  Value* w = g->AddConstant("w", Tensor::FromVector<float>(DataType::kFloat32, {2}, {7.f, 8.f}));
+  Value* y = g->AddValue("y");
+  g->AddNode("Relu", "relu", {x}, {y});
+  g->MarkOutput(y);
+  g->MarkOutput(w);
+  g->MarkOutput(x);
+  auto built = testing::AssembleTestEngine(std::move(g), {});
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  auto bytes = SerializeEngine(**built);
+  ASSERT_TRUE(bytes.ok());
+  auto runtime = Runtime::Create(BackendKind::kCpu);
+  ASSERT_TRUE(runtime.ok());
+  auto engine = (*runtime)->DeserializeEngine(*bytes);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_EQ((*engine)->outputs().size(), 3u);
+  auto ctx = MakeContext(**engine);
+  engine->reset();  // the context keeps the engine alive
+  std::vector<float> xv = {-1.f, 2.f, -3.f}, yv(3), wv(2);
+  ASSERT_TRUE(ctx->SetTensorAddress("x", xv.data()).ok());
+  ASSERT_TRUE(ctx->SetTensorAddress("y", yv.data()).ok());
+  ASSERT_TRUE(ctx->SetTensorAddress("w", wv.data()).ok());
+  ASSERT_TRUE(ctx->Execute().ok());
+  EXPECT_EQ(yv, (std::vector<float>{0.f, 2.f, 0.f}));
+  EXPECT_EQ(wv, (std::vector<float>{7.f, 8.f}));
+  EXPECT_EQ(ctx->engine().desc().layers.size(), 1u);
+}
+
 TEST(Runtime, FourContextsRunConcurrentlyOnOneEngine) {
   auto engine = MakeEngine(Desc(testing::MakeChainGraph(), testing::ChainProfile()));
   std::vector<std::unique_ptr<ExecutionContext>> contexts;
