@@ -208,6 +208,17 @@ TEST(Runtime, PlanThatCannotHoldTheProfileIsRejected) {
       << engine.status().message();
 }
 
+TEST(Runtime, ContextLargerThanTheDeviceFailsBeforeAllocating) {
+  // batch up to 2^33: each activation needs 2^37 bytes and two are live together (2^38).
+  OptimizationProfile huge = testing::ChainProfile();
+  huge.inputs[0].max[0] = int64_t{1} << 33;
+  auto engine = MakeEngine(Desc(testing::MakeChainGraph(), huge));
+  auto ctx = engine->CreateExecutionContext();
+  EXPECT_EQ(ctx.status().code(), ErrorCode::kMemoryBudgetExceeded);
+  EXPECT_NE(ctx.status().message().find("needs 274877906944 bytes"), std::string::npos)
+      << ctx.status().message();
+}
+
 TEST(Runtime, LoadsEngineFilesForItsTargetOnly) {
   auto dir = std::filesystem::temp_directory_path() / ("kiln_rt_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);

@@ -371,9 +371,15 @@ namespace {
 
 std::string Str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
 
+// Copies a verified scalar vector. The FlatBuffers verifier checks only 4-byte alignment of a
+// vector, so a crafted file can misalign 8-byte elements: copy bytes instead of loading T.
+// (Little-endian host, as FlatBuffers' own format is.)
 template <typename T>
 std::vector<T> Vec(const flatbuffers::Vector<T>* v) {
-  return v ? std::vector<T>(v->begin(), v->end()) : std::vector<T>();
+  if (!v || v->size() == 0) return {};
+  std::vector<T> out(v->size());
+  std::memcpy(out.data(), v->Data(), v->size() * sizeof(T));
+  return out;
 }
 
 // A Dim from its terms, accepted only in the canonical form Dim itself produces (sorted

@@ -79,6 +79,7 @@ Status Engine::Build() {
                          "outside the {}-byte arena",
                          v->name(), s.planned_bytes, s.offset, plan.arena_bytes);
       }
+      arena_bytes_ = std::max(arena_bytes_, s.offset + s.planned_bytes);
     }
     int id = static_cast<int>(slots_.size());
     slots_.push_back(s);
@@ -119,6 +120,15 @@ Status Engine::Build() {
 
   // Weights: borrowed where the backend reads host memory, else uploaded once for all contexts.
   weights_bytes_ = static_cast<int64_t>(device_weight_bytes);
+  if (plan.workspace_bytes < 0 ||
+      plan.peak_bytes < weights_bytes_ + arena_bytes_ + plan.workspace_bytes) {
+    return MakeError(ErrorCode::kEngineMalformed,
+                     "the plan's peak ({} bytes) is less than its weights {} + arena {} + "
+                     "workspace {}",
+                     plan.peak_bytes, weights_bytes_, arena_bytes_, plan.workspace_bytes);
+  }
+  workspace_bytes_ = plan.workspace_bytes;
+  if (auto info = backend_->Info(); info.ok()) device_total_memory_ = info->total_memory;
   if (!backend_->host_accessible() && device_weight_bytes > 0) {
     KILN_ASSIGN_OR_RETURN(device_weights_, backend_->Allocate(device_weight_bytes));
     auto* base = static_cast<std::byte*>(device_weights_.data());

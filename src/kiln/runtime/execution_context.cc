@@ -22,7 +22,6 @@ int64_t ExecutionContext::allocated_bytes() const {
 
 Status ExecutionContext::Init() {
   const Engine& e = *engine_;
-  const MemoryPlan& plan = e.desc_->plan;
 
   // Kernels: one per layer, from the stored provider and tactic.
   for (const Engine::Layer& layer : e.layers_) {
@@ -48,13 +47,21 @@ Status ExecutionContext::Init() {
     kernels_.push_back(std::move(*kernel));
   }
 
-  // The only device allocations this context ever makes.
-  if (plan.arena_bytes > 0) {
-    KILN_ASSIGN_OR_RETURN(arena_, e.backend_->Allocate(static_cast<size_t>(plan.arena_bytes)));
+  // The only device allocations this context ever makes; checked against the device first so
+  // an engine for a bigger device fails with the sizes instead of an allocator's null.
+  const uint64_t wanted = static_cast<uint64_t>(e.arena_bytes_) + e.workspace_bytes_;
+  if (e.device_total_memory_ > 0 && wanted > e.device_total_memory_) {
+    return MakeError(ErrorCode::kMemoryBudgetExceeded,
+                     "an execution context needs {} bytes (arena {}, workspace {}) but the device "
+                     "has {} bytes in total",
+                     wanted, e.arena_bytes_, e.workspace_bytes_, e.device_total_memory_);
   }
-  if (plan.workspace_bytes > 0) {
+  if (e.arena_bytes_ > 0) {
+    KILN_ASSIGN_OR_RETURN(arena_, e.backend_->Allocate(static_cast<size_t>(e.arena_bytes_)));
+  }
+  if (e.workspace_bytes_ > 0) {
     KILN_ASSIGN_OR_RETURN(workspace_,
-                          e.backend_->Allocate(static_cast<size_t>(plan.workspace_bytes)));
+                          e.backend_->Allocate(static_cast<size_t>(e.workspace_bytes_)));
   }
   if (actual_peak_bytes() > e.planned_peak_bytes()) {
     return MakeError(ErrorCode::kMemoryPlanViolated,

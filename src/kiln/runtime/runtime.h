@@ -97,6 +97,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<TensorDesc> inputs_, outputs_;
   DeviceBuffer device_weights_;  // backends that cannot read host memory
   int64_t weights_bytes_ = 0;
+  // What a context allocates: the arena up to the end of its last planned buffer (never more
+  // than the plan's arena) and the plan's workspace.
+  int64_t arena_bytes_ = 0;
+  int64_t workspace_bytes_ = 0;
+  size_t device_total_memory_ = 0;
 };
 
 class ExecutionContext {
