@@ -370,6 +370,11 @@ TEST(EngineFile, CraftedFilesAreCaughtByBoundsChecks) {
          return e->mutable_plan()->mutable_offsets()->GetMutableObject(0)->mutate_offset(1 << 30);
        },
        "outside the"},
+      {"plan offset misaligned",
+       [&](fb::Engine* e, Bytes&) {
+         return e->mutable_plan()->mutable_offsets()->GetMutableObject(0)->mutate_offset(6);
+       },
+       "not 64-byte aligned"},
       {"profile min above max",
        [&](fb::Engine* e, Bytes&) {
          e->mutable_profile()->GetMutableObject(0)->mutable_min()->Mutate(0, 100);

@@ -58,6 +58,7 @@ class CopyViaWorkspaceKernel final : public Kernel {
       return MakeError(ErrorCode::kKernelFailed, "workspace has {} bytes, {} needed",
                        args.workspace_bytes, bytes);
     }
+    if (bytes == 0) return OkStatus();  // empty tensors: no workspace, nothing to copy
     std::memcpy(args.workspace, args.inputs[0].data, bytes);
     std::memcpy(args.outputs[0].data, args.workspace, bytes);
     return OkStatus();

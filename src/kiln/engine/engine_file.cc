@@ -832,6 +832,10 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
             plan.offsets.count(name)) {
           return Malformed("plan: '{}' is not an intermediate value or is listed twice", name);
         }
+        if (o->offset() % static_cast<int64_t>(kEngineWeightsAlignment) != 0) {
+          return Malformed("plan: offset {} of '{}' is not {}-byte aligned", o->offset(), name,
+                           kEngineWeightsAlignment);
+        }
         if (o->offset() < 0 || o->offset() > plan.arena_bytes) {
           return Malformed("plan: offset {} of '{}' lies outside the {}-byte arena", o->offset(),
                            name, plan.arena_bytes);

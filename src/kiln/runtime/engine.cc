@@ -73,10 +73,11 @@ Status Engine::Build() {
       }
       s.offset = off->second;
       KILN_ASSIGN_OR_RETURN(s.planned_bytes, PlannedBytes(*v, max_bindings_));
-      if (s.offset < 0 || s.offset + s.planned_bytes > plan.arena_bytes) {
+      if (s.offset % kPlanAlignment != 0 || s.offset < 0 ||
+          s.offset + s.planned_bytes > plan.arena_bytes) {
         return MakeError(ErrorCode::kEngineMalformed,
-                         "the memory plan puts '{}' ({} bytes at the max shapes) at offset {}, "
-                         "outside the {}-byte arena",
+                         "the memory plan puts '{}' ({} bytes at the max shapes) at offset {}: "
+                         "unaligned or outside the {}-byte arena",
                          v->name(), s.planned_bytes, s.offset, plan.arena_bytes);
       }
       arena_bytes_ = std::max(arena_bytes_, s.offset + s.planned_bytes);
