@@ -351,7 +351,7 @@ TEST(EngineFile, CraftedFilesAreCaughtByBoundsChecks) {
          e->mutable_layers()->GetMutableObject(0)->mutable_provider_id()->Mutate(0, 'X');
          return true;
        },
-       "provider 'Xpu.relu'"},
+       "is not registered for backend 'cpu'"},
       {"layer node index out of range",
        [&](fb::Engine* e, Bytes&) {
          return e->mutable_layers()->GetMutableObject(0)->mutate_node(77);

@@ -1,6 +1,8 @@
 // A miniature builder for tests: shape inference, provider choice, memory plan.
 #include "tests/engine/test_engines.h"
 
+#include <algorithm>
+
 #include "kiln/backends/kernel.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/plan/memory_plan.h"
@@ -35,8 +37,11 @@ StatusOr<std::unique_ptr<EngineDesc>> AssembleTestEngine(std::unique_ptr<Graph> 
     for (const Value* v : node->outputs()) request.outputs.push_back(Describe(v, bindings));
     LayerDesc layer;
     layer.node = node;
-    for (const KernelProvider* p :
-         KernelRegistry::Get().Providers(BackendKind::kCpu, node->op_type())) {
+    // Test providers first: tests must not change when real kernels for the same ops land.
+    auto providers = KernelRegistry::Get().Providers(BackendKind::kCpu, node->op_type());
+    std::stable_partition(providers.begin(), providers.end(),
+                          [](const KernelProvider* p) { return p->id().starts_with("test."); });
+    for (const KernelProvider* p : providers) {
       auto tactics = p->Tactics(request);
       if (tactics.empty()) continue;
       layer.provider_id = std::string(p->id());
