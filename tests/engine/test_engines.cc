@@ -24,7 +24,8 @@ OperandDesc Describe(const Value* v, const std::map<std::string, int64_t>& max_b
 }  // namespace
 
 StatusOr<std::unique_ptr<EngineDesc>> AssembleTestEngine(std::unique_ptr<Graph> graph,
-                                                         OptimizationProfile profile) {
+                                                         OptimizationProfile profile,
+                                                         bool prefer_test_providers) {
   (void)TestKernelsAnchor();
   KILN_RETURN_IF_ERROR(InferShapes(*graph));
   KILN_ASSIGN_OR_RETURN(auto bindings, MaxShapeBindings(*graph, profile));
@@ -39,8 +40,9 @@ StatusOr<std::unique_ptr<EngineDesc>> AssembleTestEngine(std::unique_ptr<Graph> 
     layer.node = node;
     // Test providers first: tests must not change when real kernels for the same ops land.
     auto providers = KernelRegistry::Get().Providers(BackendKind::kCpu, node->op_type());
-    std::stable_partition(providers.begin(), providers.end(),
-                          [](const KernelProvider* p) { return p->id().starts_with("test."); });
+    std::stable_partition(providers.begin(), providers.end(), [&](const KernelProvider* p) {
+      return p->id().starts_with("test.") == prefer_test_providers;
+    });
     for (const KernelProvider* p : providers) {
       auto tactics = p->Tactics(request);
       if (tactics.empty()) continue;

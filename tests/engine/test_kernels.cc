@@ -1,6 +1,6 @@
-// Kernels that only tests register: a CPU Add (until the real one lands) and an Identity that
-// needs workspace, so engine and runtime tests can exercise binary ops and workspace planning.
-// Ids start with "test." so they never collide with a real provider.
+// Kernels that only tests register: Relu and Add (so tests do not depend on the CPU backend's
+// kernels) and an Identity that needs workspace, so engine and runtime tests can exercise binary
+// ops and workspace planning. Ids start with "test." so they never collide with a real provider.
 #include <cstring>
 
 #include "kiln/backends/cpu/cpu_kernel.h"
@@ -45,6 +45,30 @@ class TestAddProvider final : public cpu::CpuFloatProvider {
   }
 };
 KILN_REGISTER_KERNEL_PROVIDER(TestAddProvider);
+
+// Relu without the thread pool: the runtime's allocation test must measure the runtime, not the
+// kernels (std::function captures in ParallelFor may allocate).
+class TestReluProvider final : public cpu::CpuFloatProvider {
+ public:
+  std::string_view id() const override { return "test.relu"; }
+  std::string_view op_type() const override { return "Relu"; }
+
+ protected:
+  std::vector<TacticConfig> F32Tactics(const KernelRequest&) const override {
+    return {{"f32-relu-cpu-test", {}, 0}};
+  }
+  StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest&,
+                                              const TacticConfig&) const override {
+    return std::unique_ptr<Kernel>(std::make_unique<cpu::LambdaKernel>([](const KernelRunArgs& a) {
+      const float* x = a.inputs[0].as<const float>();
+      float* y = a.outputs[0].as<float>();
+      const int64_t n = a.outputs[0].num_elements();
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+      return OkStatus();
+    }));
+  }
+};
+KILN_REGISTER_KERNEL_PROVIDER(TestReluProvider);
 
 // Identity through the workspace: input -> workspace -> output. Workspace = the input's bytes.
 class CopyViaWorkspaceKernel final : public Kernel {

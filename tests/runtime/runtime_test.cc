@@ -72,6 +72,19 @@ TEST(Runtime, ChainComputesReluAddRelu) {
   EXPECT_EQ(*shape, (std::vector<int64_t>{3, 4}));
 }
 
+TEST(Runtime, ChainOnTheCpuBackendsOwnKernels) {
+  auto built = testing::AssembleTestEngine(testing::MakeChainGraph(), testing::ChainProfile(),
+                                           /*prefer_test_providers=*/false);
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  EXPECT_FALSE((*built)->layers[0].provider_id.starts_with("test."))
+      << (*built)->layers[0].provider_id;
+  auto engine = MakeEngine(std::shared_ptr<const EngineDesc>(std::move(*built)));
+  auto ctx = MakeContext(*engine);
+  std::vector<float> x = Ramp(20, -1.f), y;
+  ASSERT_TRUE(RunChain(*ctx, 5, x, y).ok());
+  EXPECT_EQ(y, ChainReference(x));
+}
+
 TEST(Runtime, DynamicBatchBelowMaxReusesThePlan) {
   auto desc = Desc(testing::MakeChainGraph(), testing::ChainProfile());
   auto engine = MakeEngine(desc);
