@@ -9,3 +9,4 @@ pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 find_package(dnnl CONFIG REQUIRED)
 # Debian's oneDNN runs on OpenMP; kiln sets its thread count to ThreadPool's (conv_onednn.cc).
 find_package(OpenMP REQUIRED)
+find_package(FlatBuffers CONFIG REQUIRED)  # engine files (flatc + headers)
