@@ -19,7 +19,8 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   CLI::App* sub = app.add_subcommand("errors", "List kiln's error catalog, or explain one code");
   sub->add_option("code", opts->code, "a code such as KILN-E3002 (omit for the whole catalog)");
   sub->add_flag("--json", opts->json, "print JSON");
-  sub->add_flag("--markdown", opts->markdown, "print the catalog as a Markdown table (docs/errors.md)");
+  sub->add_flag("--markdown", opts->markdown,
+                "print the catalog as a Markdown table (docs/errors.md)");
   return [opts]() -> int {
     std::vector<const ErrorInfo*> rows;
     if (opts->code.empty()) {
@@ -48,7 +49,8 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
                    "`src/kiln/core/errors.inc`; a test keeps it current.\n\n"
                    "| code | subsystem | what it means | what to do |\n|---|---|---|---|\n";
       for (const ErrorInfo* e : rows) {
-        std::cout << fmt::format("| {} | {} | {} | {} |\n", e->Id(), e->subsystem, e->summary, e->remedy);
+        std::cout << fmt::format("| {} | {} | {} | {} |\n", e->Id(), e->subsystem, e->summary,
+                                 e->remedy);
       }
       return 0;
     }

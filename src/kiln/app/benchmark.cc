@@ -39,7 +39,9 @@ StatusOr<LatencyStats> Benchmark(HostRunner& runner, const BenchmarkOptions& opt
     KILN_RETURN_IF_ERROR(runner.Run());
     samples.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    if (static_cast<int>(samples.size()) >= options.min_iterations && elapsed >= options.min_seconds) break;
+    if (static_cast<int>(samples.size()) >= options.min_iterations &&
+        elapsed >= options.min_seconds)
+      break;
   }
   return LatencyStats::FromSamples(std::move(samples));
 }

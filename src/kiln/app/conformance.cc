@@ -45,7 +45,8 @@ StatusOr<std::vector<DataSet>> LoadDataSets(const fs::path& dir) {
     }
     out.push_back(std::move(ds));
   }
-  if (out.empty()) return MakeError(ErrorCode::kNotFound, "no test_data_set_* in '{}'", dir.string());
+  if (out.empty())
+    return MakeError(ErrorCode::kNotFound, "no test_data_set_* in '{}'", dir.string());
   return out;
 }
 

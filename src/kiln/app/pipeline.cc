@@ -59,11 +59,12 @@ Status HostRunner::SetInputs(const std::map<std::string, Tensor>& inputs) {
   for (const TensorDesc& d : engine_->inputs()) {
     auto it = inputs_.find(d.name);
     if (it == inputs_.end()) {
-      return MakeError(ErrorCode::kInputCountMismatch, "no value given for engine input '{}'", d.name);
+      return MakeError(ErrorCode::kInputCountMismatch, "no value given for engine input '{}'",
+                       d.name);
     }
     if (it->second.dtype() != d.dtype) {
-      return MakeError(ErrorCode::kInputTypeMismatch, "input '{}' is {}; the engine expects {}", d.name,
-                       ToString(it->second.dtype()), ToString(d.dtype));
+      return MakeError(ErrorCode::kInputTypeMismatch, "input '{}' is {}; the engine expects {}",
+                       d.name, ToString(it->second.dtype()), ToString(d.dtype));
     }
     KILN_RETURN_IF_ERROR(context_->SetInputShape(d.name, it->second.dims()));
   }
@@ -118,8 +119,8 @@ Comparison CompareTensors(const Tensor& actual, const Tensor& expected, double r
     c.shape_ok = false;
     return c;
   }
-  c.dtype_ok = actual.dtype() == expected.dtype() ||
-               (IsFloat(actual.dtype()) && IsFloat(expected.dtype()));
+  c.dtype_ok =
+      actual.dtype() == expected.dtype() || (IsFloat(actual.dtype()) && IsFloat(expected.dtype()));
   double diff2 = 0, ref2 = 0;
   int64_t n = expected.num_elements();
   for (int64_t i = 0; i < n; ++i) {
@@ -144,9 +145,9 @@ Comparison CompareTensors(const Tensor& actual, const Tensor& expected, double r
   return c;
 }
 
-std::map<std::string, Tensor> RandomInputs(const Engine& engine,
-                                           const std::map<std::string, std::vector<int64_t>>& shapes,
-                                           uint64_t seed, int64_t int_high) {
+std::map<std::string, Tensor> RandomInputs(
+    const Engine& engine, const std::map<std::string, std::vector<int64_t>>& shapes, uint64_t seed,
+    int64_t int_high) {
   std::mt19937_64 rng(seed);
   std::map<std::string, Tensor> out;
   for (const TensorDesc& d : engine.inputs()) {

@@ -46,7 +46,7 @@ class HostRunner {
 struct Comparison {
   double max_abs = 0;
   double max_rel = 0;
-  double rel_l2 = 0;  // ||a-b|| / ||b||
+  double rel_l2 = 0;       // ||a-b|| / ||b||
   int64_t mismatches = 0;  // elements outside atol + rtol*|expected|
   int64_t nan_mismatch = 0;
   bool shape_ok = true;
@@ -56,8 +56,8 @@ struct Comparison {
 Comparison CompareTensors(const Tensor& actual, const Tensor& expected, double rtol, double atol);
 
 // Random inputs for an engine at the given shapes (never all zeros; integer inputs in [0, high)).
-std::map<std::string, Tensor> RandomInputs(const Engine& engine,
-                                           const std::map<std::string, std::vector<int64_t>>& shapes,
-                                           uint64_t seed, int64_t int_high = 2);
+std::map<std::string, Tensor> RandomInputs(
+    const Engine& engine, const std::map<std::string, std::vector<int64_t>>& shapes, uint64_t seed,
+    int64_t int_high = 2);
 
 }  // namespace kiln::app

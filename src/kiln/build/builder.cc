@@ -10,10 +10,10 @@
 #include <map>
 
 #include "kiln/backends/backend.h"
-#include "kiln/core/logging.h"
-#include "kiln/ops/op_schema.h"
 #include "kiln/build/tactic_search.h"
 #include "kiln/build/timing_cache.h"
+#include "kiln/core/logging.h"
+#include "kiln/ops/op_schema.h"
 #include "kiln/plan/memory_plan.h"
 
 namespace kiln {
@@ -157,13 +157,15 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     LayerSearch l;
     l.node = node;
     l.request = MakeKernelRequest(*node, max_bindings);
-    for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, node->op_type())) {
+    for (const KernelProvider* p :
+         KernelRegistry::Get().Providers(config.backend, node->op_type())) {
       for (TacticConfig& t : p->Tactics(l.request)) l.candidates.push_back({p, std::move(t)});
     }
     if (l.candidates.empty()) {
       std::vector<std::string> types;
       for (const auto& d : l.request.inputs) types.push_back(std::string(ToString(d.dtype)));
-      missing.push_back(fmt::format("'{}' ({}; inputs {})", node->name(), node->op_type(), fmt::join(types, ",")));
+      missing.push_back(fmt::format("'{}' ({}; inputs {})", node->name(), node->op_type(),
+                                    fmt::join(types, ",")));
       continue;
     }
     bool known = true;
@@ -188,8 +190,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     searches.push_back(std::move(l));
   }
   if (!missing.empty()) {
-    return MakeError(ErrorCode::kNoTactic, "{} layer(s) have no {} implementation: {}", missing.size(),
-                     ToString(config.backend), fmt::join(missing, ", "));
+    return MakeError(ErrorCode::kNoTactic, "{} layer(s) have no {} implementation: {}",
+                     missing.size(), ToString(config.backend), fmt::join(missing, ", "));
   }
 
   // The memory budget bounds weights + activations (fixed by the graph) + the largest workspace
@@ -201,7 +203,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   if (config.memory_budget.bytes) {
     budget = *config.memory_budget.bytes;
   } else if (config.memory_budget.fraction) {
-    budget = static_cast<int64_t>(static_cast<double>(device.free_memory) * *config.memory_budget.fraction /
+    budget = static_cast<int64_t>(static_cast<double>(device.free_memory) *
+                                  *config.memory_budget.fraction /
                                   std::max(1, config.memory_budget.ranks_per_device));
   }
   TacticSearchOptions search;
@@ -217,7 +220,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     }
     if (base_plan.peak_bytes > *budget) {
       return MakeError(ErrorCode::kMemoryBudgetExceeded,
-                       "weights + activations at the profile's max shapes need {} bytes (weights {}, activations {}); "
+                       "weights + activations at the profile's max shapes need {} bytes (weights "
+                       "{}, activations {}); "
                        "the memory budget ({}) allows {} bytes",
                        base_plan.peak_bytes, base_plan.weights_bytes, base_plan.arena_bytes,
                        config.memory_budget.ToString(), *budget);
@@ -226,7 +230,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   }
   std::optional<TimingCache> cache;
   if (!config.timing_cache_path.empty()) {
-    cache.emplace(fmt::format("{}|{}|{}", ToString(config.backend), device.arch, device.library_versions));
+    cache.emplace(
+        fmt::format("{}|{}|{}", ToString(config.backend), device.arch, device.library_versions));
     if (Status s = cache->Load(config.timing_cache_path); !s.ok()) {
       rep.warnings.push_back(s.ToString());
       KILN_LOG(Warn, BUILD, "{}", s.ToString());
@@ -256,7 +261,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   rep.phase_seconds_tactics = Seconds(tactics_start);
 
   const auto plan_start = Clock::now();
-  KILN_ASSIGN_OR_RETURN(MemoryPlanDetail detail, PlanMemoryDetailed(graph, plan_layers, config.profile));
+  KILN_ASSIGN_OR_RETURN(MemoryPlanDetail detail,
+                        PlanMemoryDetailed(graph, plan_layers, config.profile));
   MemoryPlan plan = detail.plan;
   rep.naive_activation_bytes = NaivePeak(detail);
   if (budget) KILN_RETURN_IF_ERROR(CheckBudget(plan, *budget));

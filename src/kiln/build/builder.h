@@ -59,7 +59,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
 // right rank with static dims matching; no profile for an input that is not dynamic.
 Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile);
 // The kernel request for a node: operand dtypes, symbolic shapes, max dims under `max_bindings`.
-KernelRequest MakeKernelRequest(const Node& node, const std::map<std::string, int64_t>& max_bindings);
+KernelRequest MakeKernelRequest(const Node& node,
+                                const std::map<std::string, int64_t>& max_bindings);
 
 // symbol -> value for one of the profile's shapes (0 min, 1 opt, 2 max).
 std::map<std::string, int64_t> ProfileBindings(const Graph& graph,

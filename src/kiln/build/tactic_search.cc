@@ -42,9 +42,10 @@ void FillRandom(Tensor& t, std::mt19937& rng) {
 }
 }  // namespace
 
-StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer, const TacticCandidate& c,
-                                  const TacticSearchOptions& options) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel, c.provider->Create(layer.request, c.tactic));
+StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
+                                  const TacticCandidate& c, const TacticSearchOptions& options) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel,
+                        c.provider->Create(layer.request, c.tactic));
   std::mt19937 rng(1234);
   std::vector<Tensor> host_inputs, host_outputs;
   std::vector<DeviceBuffer> buffers;
@@ -122,8 +123,8 @@ StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer, co
   return t;
 }
 
-Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers, const TacticSearchOptions& options,
-                     BuildReport* report) {
+Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
+                     const TacticSearchOptions& options, BuildReport* report) {
   // Phase 1 happened when candidates were listed: chosen = 0 is the heuristic choice. Candidates
   // that break the workspace bound are dropped here; a layer left with none cannot be built.
   for (LayerSearch& l : layers) {
@@ -133,7 +134,8 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers, const T
       });
       if (l.candidates.empty()) {
         return MakeError(ErrorCode::kMemoryBudgetExceeded,
-                         "layer '{}' ({}) has no tactic whose workspace fits the {} bytes the memory budget leaves",
+                         "layer '{}' ({}) has no tactic whose workspace fits the {} bytes the "
+                         "memory budget leaves",
                          l.node->name(), l.node->op_type(), *options.max_workspace_bytes);
       }
     }
@@ -143,12 +145,15 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers, const T
   std::vector<LayerSearch*> to_time;
   for (LayerSearch& l : layers) {
     if (l.candidates.size() < 2 && !options.max_kernel_time_ms) continue;  // nothing to choose
-    if (l.opt_in.empty() && !l.request.inputs.empty()) continue;  // shapes unknown at opt: keep heuristic
+    if (l.opt_in.empty() && !l.request.inputs.empty())
+      continue;  // shapes unknown at opt: keep heuristic
     if (options.cache) {
       if (const TimingEntry* e = options.cache->Find(l.signature)) {
-        auto it = std::find_if(l.candidates.begin(), l.candidates.end(), [&](const TacticCandidate& c) {
-          return c.provider->id() == e->provider_id && c.tactic.name == e->tactic.name && c.tactic.params == e->tactic.params;
-        });
+        auto it =
+            std::find_if(l.candidates.begin(), l.candidates.end(), [&](const TacticCandidate& c) {
+              return c.provider->id() == e->provider_id && c.tactic.name == e->tactic.name &&
+                     c.tactic.params == e->tactic.params;
+            });
         if (it != l.candidates.end()) {
           l.chosen = static_cast<size_t>(it - l.candidates.begin());
           l.time_ms = e->time_ms;
@@ -160,8 +165,9 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers, const T
     to_time.push_back(&l);
   }
   // Phase 3: timing, biggest layers first.
-  std::stable_sort(to_time.begin(), to_time.end(),
-                   [](const LayerSearch* a, const LayerSearch* b) { return ExpectedWork(*a) > ExpectedWork(*b); });
+  std::stable_sort(to_time.begin(), to_time.end(), [](const LayerSearch* a, const LayerSearch* b) {
+    return ExpectedWork(*a) > ExpectedWork(*b);
+  });
   int64_t done = 0;
   for (LayerSearch* l : to_time) {
     if (Expired(options)) {
@@ -178,13 +184,15 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers, const T
       auto t = TimeTactic(backend, *l, l->candidates[i], options);
       ++report->tactics_timed;
       if (!t.ok()) {
-        KILN_LOG(Debug, BUILD, "tactic {} failed on '{}': {}", l->candidates[i].tactic.name, l->node->name(),
-                 t.status().ToString());
+        KILN_LOG(Debug, BUILD, "tactic {} failed on '{}': {}", l->candidates[i].tactic.name,
+                 l->node->name(), t.status().ToString());
         continue;
       }
       if (options.max_kernel_time_ms && t->max_ms > *options.max_kernel_time_ms) {
-        KILN_LOG(Info, BUILD, "tactic {} on '{}' rejected: a launch took {:.3f} ms > --max-kernel-time {} ms",
-                 l->candidates[i].tactic.name, l->node->name(), t->max_ms, *options.max_kernel_time_ms);
+        KILN_LOG(Info, BUILD,
+                 "tactic {} on '{}' rejected: a launch took {:.3f} ms > --max-kernel-time {} ms",
+                 l->candidates[i].tactic.name, l->node->name(), t->max_ms,
+                 *options.max_kernel_time_ms);
         continue;
       }
       if (best < 0 || t->median_ms < best) {
@@ -201,14 +209,16 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers, const T
       }
     } else if (options.max_kernel_time_ms && !report->deadline_hit) {
       return MakeError(ErrorCode::kNoTactic,
-                       "every tactic of layer '{}' ({}) ran longer than --max-kernel-time {} ms in a single launch",
+                       "every tactic of layer '{}' ({}) ran longer than --max-kernel-time {} ms in "
+                       "a single launch",
                        l->node->name(), l->node->op_type(), *options.max_kernel_time_ms);
     }
     ++done;
     if (options.progress) {
-      BuildProgress p{"tactics", done, static_cast<int64_t>(to_time.size()),
-                      std::chrono::duration<double>(Clock::now() - options.start).count(),
-                      fmt::format("{} -> {}", l->node->name(), l->candidates[l->chosen].tactic.name)};
+      BuildProgress p{
+          "tactics", done, static_cast<int64_t>(to_time.size()),
+          std::chrono::duration<double>(Clock::now() - options.start).count(),
+          fmt::format("{} -> {}", l->node->name(), l->candidates[l->chosen].tactic.name)};
       if (!options.progress(p)) break;  // cancelled: keep the best engine so far
     }
   }

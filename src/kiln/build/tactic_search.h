@@ -35,8 +35,9 @@ struct TacticCandidate {
 struct LayerSearch {
   const Node* node = nullptr;
   KernelRequest request;
-  std::vector<std::vector<int64_t>> opt_in, opt_out;  // operand dims at the profile's opt (empty: unknown)
-  std::vector<TacticCandidate> candidates;            // every provider's tactics, heuristic order
+  std::vector<std::vector<int64_t>> opt_in,
+      opt_out;                              // operand dims at the profile's opt (empty: unknown)
+  std::vector<TacticCandidate> candidates;  // every provider's tactics, heuristic order
   size_t chosen = 0;
   double time_ms = -1;
   std::string signature;
@@ -48,11 +49,12 @@ struct TacticTiming {
   double max_ms = 0;
   int runs = 0;
 };
-StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer, const TacticCandidate& candidate,
+StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
+                                  const TacticCandidate& candidate,
                                   const TacticSearchOptions& options);
 
 // Picks a tactic for every layer (layers[i].chosen) and fills the report's timing counters.
-Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers, const TacticSearchOptions& options,
-                     BuildReport* report);
+Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
+                     const TacticSearchOptions& options, BuildReport* report);
 
 }  // namespace kiln

@@ -30,13 +30,15 @@ std::string AttrText(const Attribute& a) {
         if constexpr (std::is_same_v<T, int64_t>) return std::to_string(v);
         if constexpr (std::is_same_v<T, float>) return fmt::format("{:a}", v);
         if constexpr (std::is_same_v<T, std::string>) return v;
-        if constexpr (std::is_same_v<T, std::vector<int64_t>>) return fmt::format("{}", fmt::join(v, ","));
+        if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+          return fmt::format("{}", fmt::join(v, ","));
         if constexpr (std::is_same_v<T, std::vector<float>>) {
           std::string s;
           for (float f : v) s += fmt::format("{:a},", f);
           return s;
         }
-        if constexpr (std::is_same_v<T, std::vector<std::string>>) return fmt::format("{}", fmt::join(v, ","));
+        if constexpr (std::is_same_v<T, std::vector<std::string>>)
+          return fmt::format("{}", fmt::join(v, ","));
         if constexpr (std::is_same_v<T, Tensor>) return HashBytes(v.bytes()).Hex();
         return "";
       },
@@ -44,7 +46,8 @@ std::string AttrText(const Attribute& a) {
 }
 }  // namespace
 
-std::string LayerSignature(const KernelRequest& r, const std::vector<std::vector<int64_t>>& opt_dims) {
+std::string LayerSignature(const KernelRequest& r,
+                           const std::vector<std::vector<int64_t>>& opt_dims) {
   Hasher h;
   h.Field(r.node->op_type());
   for (const auto& [name, a] : r.node->attrs().all()) h.Field(name).Field(AttrText(a));
@@ -100,19 +103,21 @@ std::string TimingCache::Serialize() const {
 
 Status TimingCache::Parse(const std::string& text) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != kFormat || !j.contains("entries") ||
-      !j["entries"].is_object()) {
-    return MakeError(ErrorCode::kTimingCacheInvalid, "the timing cache is not a kiln timing cache (or is corrupt)");
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != kFormat ||
+      !j.contains("entries") || !j["entries"].is_object()) {
+    return MakeError(ErrorCode::kTimingCacheInvalid,
+                     "the timing cache is not a kiln timing cache (or is corrupt)");
   }
   if (j.value("device", "") != device_key_) {
-    return MakeError(ErrorCode::kTimingCacheInvalid, "the timing cache was made for '{}', not this device '{}'",
+    return MakeError(ErrorCode::kTimingCacheInvalid,
+                     "the timing cache was made for '{}', not this device '{}'",
                      j.value("device", ""), device_key_);
   }
   std::map<std::string, TimingEntry> parsed;
   for (const auto& [sig, e] : j["entries"].items()) {
-    if (!e.is_object() || !e.contains("provider") || !e["provider"].is_string() || !e.contains("tactic") ||
-        !e["tactic"].is_string() || !e.contains("ms") || !e["ms"].is_number() || !e.contains("params") ||
-        !e["params"].is_array()) {
+    if (!e.is_object() || !e.contains("provider") || !e["provider"].is_string() ||
+        !e.contains("tactic") || !e["tactic"].is_string() || !e.contains("ms") ||
+        !e["ms"].is_number() || !e.contains("params") || !e["params"].is_array()) {
       return MakeError(ErrorCode::kTimingCacheInvalid, "timing cache entry '{}' is malformed", sig);
     }
     TimingEntry t;
@@ -120,7 +125,8 @@ Status TimingCache::Parse(const std::string& text) {
     t.tactic.name = e["tactic"].get<std::string>();
     for (const auto& p : e["params"]) {
       if (!p.is_number_integer()) {
-        return MakeError(ErrorCode::kTimingCacheInvalid, "timing cache entry '{}' has a bad parameter", sig);
+        return MakeError(ErrorCode::kTimingCacheInvalid,
+                         "timing cache entry '{}' has a bad parameter", sig);
       }
       t.tactic.params.push_back(p.get<int64_t>());
     }
@@ -147,14 +153,16 @@ Status TimingCache::Save(const std::string& path) const {
   std::string lock_path = path + ".lock";
   int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
-    return MakeError(ErrorCode::kIoError, "cannot create the timing cache lock '{}': {}", lock_path, strerror(errno));
+    return MakeError(ErrorCode::kIoError, "cannot create the timing cache lock '{}': {}", lock_path,
+                     strerror(errno));
   }
   auto deadline = std::chrono::steady_clock::now() + kLockBound;
   while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (std::chrono::steady_clock::now() > deadline) {
       ::close(fd);
-      return MakeError(ErrorCode::kTimeout, "the timing cache '{}' stayed locked by another process for {} s",
-                       path, kLockBound.count());
+      return MakeError(ErrorCode::kTimeout,
+                       "the timing cache '{}' stayed locked by another process for {} s", path,
+                       kLockBound.count());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -178,7 +186,9 @@ Status TimingCache::Save(const std::string& path) const {
   if (result.ok()) {
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);
-    if (ec) result = MakeError(ErrorCode::kIoError, "cannot replace the timing cache '{}': {}", path, ec.message());
+    if (ec)
+      result = MakeError(ErrorCode::kIoError, "cannot replace the timing cache '{}': {}", path,
+                         ec.message());
   }
   if (!result.ok()) std::filesystem::remove(tmp);
   ::flock(fd, LOCK_UN);

@@ -48,6 +48,7 @@ class TimingCache {
 
 // A layer's signature: op type, attributes, operand dtypes, shapes at the profile's opt and max,
 // which operands are constants (and their content hash): everything that changes its timing.
-std::string LayerSignature(const KernelRequest& request, const std::vector<std::vector<int64_t>>& opt_dims);
+std::string LayerSignature(const KernelRequest& request,
+                           const std::vector<std::vector<int64_t>>& opt_dims);
 
 }  // namespace kiln

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <filesystem>
+#include <limits>
 #include <unordered_set>
 
 #include "kiln/core/logging.h"
@@ -383,6 +384,19 @@ StatusOr<Tensor> LoadTensorProto(const std::string& path, std::string* name) {
   ExternalDataResolver resolver(dir.empty() ? "." : dir);
   auto tensor = TensorFromProto(proto, &resolver);
   if (!tensor.ok()) return std::move(tensor).status().AddContext(fmt::format("reading '{}'", path));
+  if (name) *name = proto.name();
+  return tensor;
+}
+
+StatusOr<Tensor> LoadTensorProtoBytes(std::span<const std::byte> bytes, std::string* name) {
+  onnx::TensorProto proto;
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return MakeError(ErrorCode::kModelNotProtobuf, "{} bytes are not a serialized onnx.TensorProto", bytes.size());
+  }
+  // In-memory tensors have no directory for external data to live in.
+  ExternalDataResolver resolver("");
+  KILN_ASSIGN_OR_RETURN(Tensor tensor, TensorFromProto(proto, &resolver));
   if (name) *name = proto.name();
   return tensor;
 }

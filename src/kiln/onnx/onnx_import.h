@@ -55,6 +55,8 @@ StatusOr<std::unique_ptr<Graph>> ImportOnnxBytes(std::span<const std::byte> byte
 // Reads one serialized onnx.TensorProto (the backend-test layout's input_N.pb / output_N.pb).
 // `name` receives the tensor's name when given.
 StatusOr<Tensor> LoadTensorProto(const std::string& path, std::string* name = nullptr);
+// The same from bytes in memory (no external data).
+StatusOr<Tensor> LoadTensorProtoBytes(std::span<const std::byte> bytes, std::string* name = nullptr);
 
 // ---- inspection (`kiln inspect model.onnx`) ----
 

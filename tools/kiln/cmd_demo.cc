@@ -32,19 +32,25 @@ std::span<const std::byte> Bytes(const unsigned char* p, size_t n) {
 
 int Run(const DemoOptions& o) {
   BuilderConfig config;
-  config.backend = o.backend == "cpu" ? BackendKind::kCpu : o.backend == "cuda" ? BackendKind::kCuda
-                                                                                 : BestAvailableBackend();
+  config.backend = o.backend == "cpu"    ? BackendKind::kCpu
+                   : o.backend == "cuda" ? BackendKind::kCuda
+                                         : BestAvailableBackend();
   config.fp16 = o.fp16;
-  if (Status s = ParseProfileSpec("input:1x3x64x64,4x3x64x64,16x3x64x64", &config.profile); !s.ok()) {
+  if (Status s = ParseProfileSpec("input:1x3x64x64,4x3x64x64,16x3x64x64", &config.profile);
+      !s.ok()) {
     return ReportError(s);
   }
-  std::cout << fmt::format("kiln demo: embedded model resnet_tiny (ResNet-18 layout, 64x64 input), backend {}\n\n",
-                           ToString(config.backend));
-  auto built = app::BuildFromOnnxBytes(Bytes(kiln_default_model, kiln_default_model_size), "resnet_tiny", config);
+  std::cout << fmt::format(
+      "kiln demo: embedded model resnet_tiny (ResNet-18 layout, 64x64 input), backend {}\n\n",
+      ToString(config.backend));
+  auto built = app::BuildFromOnnxBytes(Bytes(kiln_default_model, kiln_default_model_size),
+                                       "resnet_tiny", config);
   if (!built.ok()) return ReportError(built.status());
   std::cout << built->report.ToText(/*per_layer=*/true) << "\n";
 
-  std::string path = o.output.empty() ? (std::filesystem::temp_directory_path() / "kiln-demo.kiln").string() : o.output;
+  std::string path = o.output.empty()
+                         ? (std::filesystem::temp_directory_path() / "kiln-demo.kiln").string()
+                         : o.output;
   if (Status s = WriteEngineFile(*built->desc, path); !s.ok()) return ReportError(s);
   auto runtime = Runtime::Create(config.backend);
   if (!runtime.ok()) return ReportError(runtime.status());
@@ -62,16 +68,20 @@ int Run(const DemoOptions& o) {
   const double tolerance = o.fp16 ? 1e-2 : 1e-4;
   app::Comparison c = app::CompareTensors((*runner)->outputs().at("output"), *expected, 0, 0);
   bool ok = c.shape_ok && c.nan_mismatch == 0 && c.rel_l2 <= tolerance;
-  std::cout << fmt::format("check against the PyTorch FP32 reference (batch {}): relative L2 error {:.2e} (limit {:.0e}): {}\n",
-                           input->dims()[0], c.rel_l2, tolerance, ok ? "PASS" : "FAIL");
+  std::cout << fmt::format(
+      "check against the PyTorch FP32 reference (batch {}): relative L2 error {:.2e} (limit "
+      "{:.0e}): {}\n",
+      input->dims()[0], c.rel_l2, tolerance, ok ? "PASS" : "FAIL");
 
   auto stats = app::Benchmark(**runner, {});
   if (!stats.ok()) return ReportError(stats.status());
-  std::cout << fmt::format("run summary: engine {} ({} layers), batch {}\n", path, (*engine)->desc().layers.size(),
-                           input->dims()[0]);
-  std::cout << fmt::format("  latency   min {:.3f} ms  median {:.3f} ms  p90 {:.3f} ms  p99 {:.3f} ms  max {:.3f} ms\n",
-                           stats->min_ms, stats->median_ms, stats->p90_ms, stats->p99_ms, stats->max_ms);
-  std::cout << fmt::format("  throughput {:.1f} inferences/s ({:.1f} images/s)\n", stats->throughput_per_s,
+  std::cout << fmt::format("run summary: engine {} ({} layers), batch {}\n", path,
+                           (*engine)->desc().layers.size(), input->dims()[0]);
+  std::cout << fmt::format(
+      "  latency   min {:.3f} ms  median {:.3f} ms  p90 {:.3f} ms  p99 {:.3f} ms  max {:.3f} ms\n",
+      stats->min_ms, stats->median_ms, stats->p90_ms, stats->p99_ms, stats->max_ms);
+  std::cout << fmt::format("  throughput {:.1f} inferences/s ({:.1f} images/s)\n",
+                           stats->throughput_per_s,
                            stats->throughput_per_s * static_cast<double>(input->dims()[0]));
   std::cout << fmt::format("  memory    planned peak {:.2f} MiB, allocated {:.2f} MiB\n",
                            (*engine)->planned_peak_bytes() / double(1 << 20),
@@ -81,9 +91,12 @@ int Run(const DemoOptions& o) {
 
 std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   auto o = std::make_shared<DemoOptions>();
-  CLI::App* sub = app.add_subcommand("demo", "The main job on the embedded default model: build, run, check, report");
-  sub->add_option("--backend", o->backend, "auto (best present), cpu or cuda")->capture_default_str();
-  sub->add_option("-o,--output", o->output, "where to write the engine (default: a temporary file)");
+  CLI::App* sub = app.add_subcommand(
+      "demo", "The main job on the embedded default model: build, run, check, report");
+  sub->add_option("--backend", o->backend, "auto (best present), cpu or cuda")
+      ->capture_default_str();
+  sub->add_option("-o,--output", o->output,
+                  "where to write the engine (default: a temporary file)");
   sub->add_flag("--fp16", o->fp16, "build an FP16 engine (checked to 1e-2 relative L2)");
   return [o]() { return Run(*o); };
 }

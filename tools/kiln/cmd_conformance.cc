@@ -35,9 +35,10 @@ struct ConformanceCliOptions {
 };
 
 nlohmann::json ToJson(const app::CaseResult& r) {
-  return {{"name", r.name},       {"passed", r.passed},   {"stage", r.stage},   {"error", r.error},
-          {"code", r.error_code}, {"data_sets", r.data_sets}, {"max_abs", r.max_abs},
-          {"max_rel", r.max_rel}, {"rel_l2", r.rel_l2},   {"seconds", r.seconds}};
+  return {{"name", r.name},       {"passed", r.passed},   {"stage", r.stage},
+          {"error", r.error},     {"code", r.error_code}, {"data_sets", r.data_sets},
+          {"max_abs", r.max_abs}, {"max_rel", r.max_rel}, {"rel_l2", r.rel_l2},
+          {"seconds", r.seconds}};
 }
 
 app::CaseResult FromJson(const nlohmann::json& j) {
@@ -56,7 +57,8 @@ app::CaseResult FromJson(const nlohmann::json& j) {
 }
 
 // Runs one case in a child process; a crash, a signal or the time bound becomes a failure.
-app::CaseResult RunIsolated(const std::string& dir, const app::ConformanceOptions& options, double timeout_s) {
+app::CaseResult RunIsolated(const std::string& dir, const app::ConformanceOptions& options,
+                            double timeout_s) {
   std::string name = dir.substr(dir.find_last_of('/') + 1);
   int fds[2];
   if (pipe(fds) != 0) {
@@ -83,7 +85,8 @@ app::CaseResult RunIsolated(const std::string& dir, const app::ConformanceOption
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   bool timed_out = false;
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       timed_out = true;
       break;
@@ -110,7 +113,8 @@ app::CaseResult RunIsolated(const std::string& dir, const app::ConformanceOption
   }
   if (WIFSIGNALED(status)) {
     r.stage = "crash";
-    r.error = fmt::format("the case crashed with signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    r.error = fmt::format("the case crashed with signal {} ({})", WTERMSIG(status),
+                          strsignal(WTERMSIG(status)));
     return r;
   }
   try {
@@ -136,13 +140,16 @@ int Run(const ConformanceCliOptions& o) {
     std::erase_if(cases, [&](const std::string& c) { return !std::regex_search(c, re); });
   }
   if (cases.empty()) {
-    return ReportError(MakeError(ErrorCode::kNotFound, "no conformance cases (model.onnx + test_data_set_*) under {}",
+    return ReportError(MakeError(ErrorCode::kNotFound,
+                                 "no conformance cases (model.onnx + test_data_set_*) under {}",
                                  fmt::join(o.roots, ", ")));
   }
   std::set<std::string> expected;
   if (!o.expected.empty()) {
     std::ifstream f(o.expected);
-    if (!f) return ReportError(MakeError(ErrorCode::kNotFound, "cannot read the expected-pass list '{}'", o.expected));
+    if (!f)
+      return ReportError(
+          MakeError(ErrorCode::kNotFound, "cannot read the expected-pass list '{}'", o.expected));
     for (std::string line; std::getline(f, line);) {
       if (!line.empty() && line[0] != '#') expected.insert(line);
     }
@@ -158,9 +165,10 @@ int Run(const ConformanceCliOptions& o) {
       ++failures_by_stage[r.stage];
     }
     if (o.verbose || !r.passed || expected.empty()) {
-      std::cout << fmt::format("{} {:<56} {:<8} {}\n", r.passed ? "PASS" : "FAIL", r.name, r.stage,
-                               r.passed ? fmt::format("max_abs {:.2e} rel_l2 {:.2e}", r.max_abs, r.rel_l2)
-                                        : r.error.substr(0, 160));
+      std::cout << fmt::format(
+          "{} {:<56} {:<8} {}\n", r.passed ? "PASS" : "FAIL", r.name, r.stage,
+          r.passed ? fmt::format("max_abs {:.2e} rel_l2 {:.2e}", r.max_abs, r.rel_l2)
+                   : r.error.substr(0, 160));
     }
     results.push_back(std::move(r));
   }
@@ -169,12 +177,15 @@ int Run(const ConformanceCliOptions& o) {
     if (expected.count(r.name) && !r.passed) regressions.push_back(r.name);
     if (!expected.empty() && !expected.count(r.name) && r.passed) newly_passing.push_back(r.name);
   }
-  std::cout << fmt::format("conformance: {} passed, {} failed of {} ({:.1f}% pass rate) on {}\n", passed,
-                           results.size() - passed, results.size(), 100.0 * passed / results.size(), o.backend);
-  for (const auto& [stage, n] : failures_by_stage) std::cout << fmt::format("  failed at {}: {}\n", stage, n);
+  std::cout << fmt::format("conformance: {} passed, {} failed of {} ({:.1f}% pass rate) on {}\n",
+                           passed, results.size() - passed, results.size(),
+                           100.0 * passed / results.size(), o.backend);
+  for (const auto& [stage, n] : failures_by_stage)
+    std::cout << fmt::format("  failed at {}: {}\n", stage, n);
   if (!newly_passing.empty()) {
-    std::cout << fmt::format("  {} case(s) pass that are not in {}: add them to keep them passing\n",
-                             newly_passing.size(), o.expected);
+    std::cout << fmt::format(
+        "  {} case(s) pass that are not in {}: add them to keep them passing\n",
+        newly_passing.size(), o.expected);
   }
   if (!o.json_path.empty()) {
     nlohmann::json j = nlohmann::json::array();
@@ -182,8 +193,8 @@ int Run(const ConformanceCliOptions& o) {
     std::ofstream(o.json_path) << j.dump(1) << "\n";
   }
   if (!regressions.empty()) {
-    std::cout << fmt::format("REGRESSION: {} case(s) in {} fail now: {}\n", regressions.size(), o.expected,
-                             fmt::join(regressions, ", "));
+    std::cout << fmt::format("REGRESSION: {} case(s) in {} fail now: {}\n", regressions.size(),
+                             o.expected, fmt::join(regressions, ", "));
     return 1;
   }
   return o.expected.empty() && passed != static_cast<int>(results.size()) ? 1 : 0;
@@ -192,15 +203,20 @@ int Run(const ConformanceCliOptions& o) {
 std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   auto o = std::make_shared<ConformanceCliOptions>();
   CLI::App* sub = app.add_subcommand(
-      "conformance", "Run ONNX backend-test directories (model.onnx + test_data_set_N) and compare outputs");
-  sub->add_option("dirs", o->roots, "case directories, or directories of cases")->required()->check(CLI::ExistingDirectory);
+      "conformance",
+      "Run ONNX backend-test directories (model.onnx + test_data_set_N) and compare outputs");
+  sub->add_option("dirs", o->roots, "case directories, or directories of cases")
+      ->required()
+      ->check(CLI::ExistingDirectory);
   sub->add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
   sub->add_option("--expected", o->expected,
                   "file of case names that must pass; with it, exit 1 only on regressions");
   sub->add_option("--json", o->json_path, "write every case's result to this JSON file");
   sub->add_option("--filter", o->filter, "only cases whose path matches this regex");
-  sub->add_option("--rel-l2", o->rel_l2, "pass on relative L2 error below this (default: allclose rtol 1e-3 atol 1e-7)");
-  sub->add_option("--timeout", o->timeout_s, "seconds per case before it is killed")->capture_default_str();
+  sub->add_option("--rel-l2", o->rel_l2,
+                  "pass on relative L2 error below this (default: allclose rtol 1e-3 atol 1e-7)");
+  sub->add_option("--timeout", o->timeout_s, "seconds per case before it is killed")
+      ->capture_default_str();
   sub->add_flag("--fp16", o->fp16, "build FP16 engines");
   sub->add_flag("-v,--verbose", o->verbose, "print passing cases too");
   return [o]() { return Run(*o); };

@@ -1,7 +1,7 @@
 // `kiln build`: ONNX model -> .kiln engine, bounded in time and memory, with a build report.
+#include <unistd.h>
 #include <fstream>
 #include <iostream>
-#include <unistd.h>
 
 #include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
@@ -40,8 +40,8 @@ ProgressCallback MakeProgress(bool quiet) {
   bool tty = isatty(STDERR_FILENO);
   auto last = std::make_shared<std::string>();
   return [tty, last](const BuildProgress& p) {
-    std::string line = fmt::format("[kiln build] {:>8} {:>4}/{:<4} {:6.2f}s {}", p.phase, p.done, p.total,
-                                   p.elapsed_s, p.detail.substr(0, 48));
+    std::string line = fmt::format("[kiln build] {:>8} {:>4}/{:<4} {:6.2f}s {}", p.phase, p.done,
+                                   p.total, p.elapsed_s, p.detail.substr(0, 48));
     if (tty) {
       fmt::print(stderr, "\r{:<100}", line);
       if (p.phase == "done") fmt::print(stderr, "\r{:<100}\r", "");
@@ -89,7 +89,9 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   if (!o.report_path.empty()) {
     std::ofstream f(o.report_path);
     f << built->report.ToJson() << "\n";
-    if (!f) return ReportError(MakeError(ErrorCode::kIoError, "cannot write the report to '{}'", o.report_path));
+    if (!f)
+      return ReportError(
+          MakeError(ErrorCode::kIoError, "cannot write the report to '{}'", o.report_path));
   }
   if (o.json) {
     std::cout << built->report.ToJson() << "\n";
@@ -106,20 +108,25 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
       "build", "Build an engine from an ONNX model (like trtexec --onnx=... --saveEngine=...)");
   sub->add_option("model", o->model, "ONNX model file")->required()->check(CLI::ExistingFile);
   sub->add_option("-o,--output", o->output, "engine file to write (default: MODEL with .kiln)");
-  sub->add_option("--backend", o->backend, "auto (best present), cpu or cuda")->capture_default_str();
+  sub->add_option("--backend", o->backend, "auto (best present), cpu or cuda")
+      ->capture_default_str();
   auto* prec = sub->add_option_group("Precision", "what layers may use (FP32 is always allowed)");
   prec->add_flag("--fp16", o->fp16, "allow FP16 layers (FP32 accumulation)");
   prec->add_flag("--bf16", o->bf16, "allow BF16 layers (FP32 accumulation)");
   prec->add_flag("--int8", o->int8, "allow INT8 layers with FP16 fallback (needs calibration)");
   auto* shapes = sub->add_option_group("Shapes", "optimization profile for dynamic inputs");
-  shapes->add_option("--profile", o->profiles,
-                     "NAME:MIN,OPT,MAX per dynamic input, e.g. input:1x3x224x224,8x3x224x224,32x3x224x224")
+  shapes
+      ->add_option(
+          "--profile", o->profiles,
+          "NAME:MIN,OPT,MAX per dynamic input, e.g. input:1x3x224x224,8x3x224x224,32x3x224x224")
       ->take_all();
   auto* bounds = sub->add_option_group("Bounds", "time and memory the build may use");
-  bounds->add_option("--deadline", o->deadline,
-                     "bound the build (30s, 5m, 1500ms); at the deadline the best engine so far is written");
-  bounds->add_option("--memory-budget", o->memory_budget,
-                     "peak device memory for the engine: bytes (512M, 8G) or a fraction of free memory (0.5)");
+  bounds->add_option(
+      "--deadline", o->deadline,
+      "bound the build (30s, 5m, 1500ms); at the deadline the best engine so far is written");
+  bounds->add_option(
+      "--memory-budget", o->memory_budget,
+      "peak device memory for the engine: bytes (512M, 8G) or a fraction of free memory (0.5)");
   bounds->add_option("--max-kernel-time", o->max_kernel_time_ms,
                      "reject tactics whose single launch exceeds this many milliseconds");
   sub->add_option("--timing-cache", o->timing_cache, "timing cache file to read and update");

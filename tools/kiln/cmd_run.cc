@@ -24,7 +24,9 @@ struct RunOptions {
   bool json = false;
 };
 
-std::string Bytes(int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20)); }
+std::string Bytes(int64_t b) {
+  return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20));
+}
 
 int Run(const RunOptions& o) {
   LoadOptions peek;
@@ -46,7 +48,8 @@ int Run(const RunOptions& o) {
   for (const std::string& spec : o.inputs) {
     size_t eq = spec.find('=');
     if (eq == std::string::npos) {
-      return ReportError(MakeError(ErrorCode::kInvalidArgument, "--input '{}': use NAME=FILE.pb", spec));
+      return ReportError(
+          MakeError(ErrorCode::kInvalidArgument, "--input '{}': use NAME=FILE.pb", spec));
     }
     auto t = LoadTensorProto(spec.substr(eq + 1));
     if (!t.ok()) return ReportError(t.status());
@@ -65,14 +68,16 @@ int Run(const RunOptions& o) {
   int64_t planned = (*engine)->planned_peak_bytes();
   int64_t actual = (*runner)->context().actual_peak_bytes();
   std::vector<std::string> shape_text;
-  for (const auto& [name, t] : feed) shape_text.push_back(fmt::format("{}:{}", name, fmt::join(t.dims(), "x")));
+  for (const auto& [name, t] : feed)
+    shape_text.push_back(fmt::format("{}:{}", name, fmt::join(t.dims(), "x")));
   if (o.json) {
     nlohmann::json j;
     j["engine"] = o.engine;
     j["backend"] = ToString((*engine)->desc().header.backend);
     j["shapes"] = shape_text;
-    j["latency_ms"] = {{"min", stats->min_ms},       {"mean", stats->mean_ms}, {"median", stats->median_ms},
-                       {"p90", stats->p90_ms},       {"p99", stats->p99_ms},   {"max", stats->max_ms}};
+    j["latency_ms"] = {{"min", stats->min_ms},       {"mean", stats->mean_ms},
+                       {"median", stats->median_ms}, {"p90", stats->p90_ms},
+                       {"p99", stats->p99_ms},       {"max", stats->max_ms}};
     j["iterations"] = stats->iterations;
     j["throughput_per_s"] = stats->throughput_per_s;
     j["memory"] = {{"planned_peak_bytes", planned}, {"actual_peak_bytes", actual}};
@@ -83,23 +88,31 @@ int Run(const RunOptions& o) {
                            ToString((*engine)->desc().header.backend), fmt::join(shape_text, " "));
   std::cout << fmt::format("throughput: {:.1f} inferences/s ({} iterations in {:.2f} s)\n",
                            stats->throughput_per_s, stats->iterations, stats->total_s);
-  std::cout << fmt::format("latency:    min {:.3f} ms  median {:.3f} ms  mean {:.3f} ms  p90 {:.3f} ms  p99 {:.3f} ms  max {:.3f} ms\n",
-                           stats->min_ms, stats->median_ms, stats->mean_ms, stats->p90_ms, stats->p99_ms,
-                           stats->max_ms);
-  std::cout << fmt::format("memory:     peak {} planned, {} allocated\n", Bytes(planned), Bytes(actual));
+  std::cout << fmt::format(
+      "latency:    min {:.3f} ms  median {:.3f} ms  mean {:.3f} ms  p90 {:.3f} ms  p99 {:.3f} ms  "
+      "max {:.3f} ms\n",
+      stats->min_ms, stats->median_ms, stats->mean_ms, stats->p90_ms, stats->p99_ms, stats->max_ms);
+  std::cout << fmt::format("memory:     peak {} planned, {} allocated\n", Bytes(planned),
+                           Bytes(actual));
   return 0;
 }
 
 std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   auto o = std::make_shared<RunOptions>();
-  CLI::App* sub = app.add_subcommand("run", "Run an engine and report latency and throughput (like trtexec --loadEngine)");
+  CLI::App* sub = app.add_subcommand(
+      "run", "Run an engine and report latency and throughput (like trtexec --loadEngine)");
   sub->add_option("engine", o->engine, ".kiln engine file")->required()->check(CLI::ExistingFile);
-  sub->add_option("--shapes", o->shapes, "NAME:DIMS per dynamic input, e.g. input:8x3x224x224 (default: the profile's opt)")
+  sub->add_option(
+         "--shapes", o->shapes,
+         "NAME:DIMS per dynamic input, e.g. input:8x3x224x224 (default: the profile's opt)")
       ->take_all();
-  sub->add_option("--input", o->inputs, "NAME=FILE.pb: feed a TensorProto instead of random data")->take_all();
+  sub->add_option("--input", o->inputs, "NAME=FILE.pb: feed a TensorProto instead of random data")
+      ->take_all();
   sub->add_option("--warmup", o->warmup, "untimed runs first")->capture_default_str();
-  sub->add_option("--iterations", o->iterations, "at least this many timed runs")->capture_default_str();
-  sub->add_option("--duration", o->duration_s, "and at least this many seconds")->capture_default_str();
+  sub->add_option("--iterations", o->iterations, "at least this many timed runs")
+      ->capture_default_str();
+  sub->add_option("--duration", o->duration_s, "and at least this many seconds")
+      ->capture_default_str();
   sub->add_option("--seed", o->seed, "random input seed")->capture_default_str();
   sub->add_flag("--json", o->json, "print the summary as JSON");
   return [o]() { return Run(*o); };
