@@ -193,7 +193,8 @@ TEST(Runtime, WorkspaceIsPlannedAndItsBoundEnforced) {
     for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], std::max(x[i], 0.f));
   }
 
-  // An engine whose plan under-reserves workspace is caught when shapes are set, not mid-run.
+  // An engine whose plan under-reserves workspace is caught when shapes are inferred, before any
+  // layer runs.
   auto lean =
       testing::AssembleTestEngine(testing::MakeWorkspaceGraph(), testing::WorkspaceProfile());
   ASSERT_TRUE(lean.ok());
@@ -201,11 +202,13 @@ TEST(Runtime, WorkspaceIsPlannedAndItsBoundEnforced) {
   (*lean)->plan.peak_bytes = (*lean)->plan.arena_bytes + 64;
   auto lean_engine = MakeEngine(std::shared_ptr<const EngineDesc>(std::move(*lean)));
   auto lean_ctx = MakeContext(*lean_engine);
-  Status s = lean_ctx->SetInputShape("x", {4, 8});
+  ASSERT_TRUE(lean_ctx->SetInputShape("x", {4, 8}).ok());
+  Status s = lean_ctx->InferShapes();
   EXPECT_EQ(s.code(), ErrorCode::kMemoryPlanViolated);
   EXPECT_NE(s.message().find("layer 'copy'"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("needs 128 bytes"), std::string::npos) << s.message();
-  EXPECT_TRUE(lean_ctx->SetInputShape("x", {2, 8}).ok());  // 64 bytes fit
+  ASSERT_TRUE(lean_ctx->SetInputShape("x", {2, 8}).ok());
+  EXPECT_TRUE(lean_ctx->InferShapes().ok());  // 64 bytes fit
 }
 
 TEST(Runtime, PlanThatCannotHoldTheProfileIsRejected) {

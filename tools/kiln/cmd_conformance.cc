@@ -59,7 +59,9 @@ app::CaseResult FromJson(const nlohmann::json& j) {
 // Runs one case in a child process; a crash, a signal or the time bound becomes a failure.
 app::CaseResult RunIsolated(const std::string& dir, const app::ConformanceOptions& options,
                             double timeout_s) {
-  std::string name = dir.substr(dir.find_last_of('/') + 1);
+  std::string trimmed = dir;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  std::string name = trimmed.substr(trimmed.find_last_of('/') + 1);
   int fds[2];
   if (pipe(fds) != 0) {
     app::CaseResult r;

@@ -73,7 +73,8 @@ std::vector<std::string> FindConformanceCases(const std::string& root) {
 CaseResult RunConformanceCase(const std::string& dir, const ConformanceOptions& options) {
   auto start = std::chrono::steady_clock::now();
   CaseResult r;
-  r.name = fs::path(dir).filename().string();
+  r.name = fs::path(dir).lexically_normal().filename().string();
+  if (r.name.empty()) r.name = fs::path(dir).lexically_normal().parent_path().filename().string();
   auto finish = [&](CaseResult res) {
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return res;

@@ -165,10 +165,19 @@ Status ExecutionContext::SetInputShape(const std::string& name, std::span<const 
   }
   dims_[binding.slot].assign(dims.begin(), dims.end());
   input_shape_set_[b] = true;
+  // Propagation waits until the shapes are used: inputs that share a symbol ("batch") may be
+  // changed one after another, and only the final combination must agree.
+  shapes_ready_ = false;
+  return OkStatus();
+}
+
+Status ExecutionContext::InferShapes() {
+  if (shapes_ready_) return OkStatus();
   for (size_t k = 0; k < engine_->bindings_.size(); ++k) {
     if (engine_->bindings_[k].is_input && !input_shape_set_[k]) {
-      shapes_ready_ = false;
-      return OkStatus();  // the rest are propagated once every input has a shape
+      return MakeError(ErrorCode::kInputShapeInvalid,
+                       "the shape of input '{}' is not set (inputs: {})",
+                       engine_->bindings_[k].name, BindingNames(true, false));
     }
   }
   return Propagate();
@@ -323,23 +332,21 @@ Status ExecutionContext::BindTensor(const std::string& name, const TensorView& v
   return SetTensorAddress(name, view.data);
 }
 
-StatusOr<std::vector<int64_t>> ExecutionContext::GetTensorShape(const std::string& name) const {
+StatusOr<std::vector<int64_t>> ExecutionContext::GetTensorShape(const std::string& name) {
   KILN_ASSIGN_OR_RETURN(int b, FindBinding(name));
   const Engine::Binding& binding = engine_->bindings_[b];
-  if (!shapes_ready_ && !(binding.is_input && input_shape_set_[b])) {
-    return MakeError(ErrorCode::kInputShapeInvalid,
-                     "the shape of '{}' is not known until every input shape is set", name);
+  if (binding.is_input && input_shape_set_[b]) return dims_[binding.slot];
+  if (Status s = InferShapes(); !s.ok()) {
+    return std::move(s).AddContext(
+        fmt::format("the shape of '{}' follows from every input shape", name));
   }
   return dims_[binding.slot];
 }
 
 Status ExecutionContext::Execute(void* stream) {
-  // Every check here only reads; messages are built (and allocate) only on failure.
-  if (!shapes_ready_) {
-    return MakeError(ErrorCode::kInputShapeInvalid,
-                     "set the shape of every dynamic input before Execute (inputs: {})",
-                     BindingNames(true, false));
-  }
+  // Every check here only reads; messages are built (and allocate) only on failure. New input
+  // shapes are propagated first (that path allocates; steady-state runs never do).
+  if (!shapes_ready_) KILN_RETURN_IF_ERROR(InferShapes());
   for (size_t b = 0; b < binding_ptrs_.size(); ++b) {
     if (!binding_ptrs_[b]) {
       std::vector<std::string> unbound;

@@ -110,9 +110,8 @@ class ExecutionContext {
   ExecutionContext& operator=(const ExecutionContext&) = delete;
   ~ExecutionContext();
 
-  // Checks rank and static dims (KILN-E5003) and the profile bounds (KILN-E5002). Once every
-  // input has a shape, infers every value's dims, prepares each kernel and checks the plan
-  // (KILN-E5004). Inputs with fully static shapes are set at creation.
+  // Checks rank and static dims (KILN-E5003) and the profile bounds (KILN-E5002). Inputs with
+  // fully static shapes are set at creation. The other values' dims follow in InferShapes.
   Status SetInputShape(const std::string& name, std::span<const int64_t> dims);
   Status SetInputShape(const std::string& name, std::initializer_list<int64_t> dims) {
     return SetInputShape(name, std::span<const int64_t>(dims.begin(), dims.size()));
@@ -123,8 +122,12 @@ class ExecutionContext {
   // Binds with a dtype check (KILN-E5001); for an input, also sets its shape from the view.
   Status BindTensor(const std::string& name, const TensorView& view);
 
-  // The dims of an input or output (outputs: known once every input shape is set).
-  StatusOr<std::vector<int64_t>> GetTensorShape(const std::string& name) const;
+  // Once every input has a shape: infers every value's dims, checks that inputs sharing a symbol
+  // agree, prepares each kernel and checks the plan (KILN-E5004). Called by GetTensorShape and
+  // Execute when shapes changed; a no-op otherwise.
+  Status InferShapes();
+  // The dims of an input or output (an output's after InferShapes).
+  StatusOr<std::vector<int64_t>> GetTensorShape(const std::string& name);
   bool all_input_shapes_set() const { return shapes_ready_; }
 
   // Runs the layers in order on `stream` (nullptr on the CPU). No allocation.
