@@ -125,7 +125,8 @@ void AttentionGraph(Graph& g, Form form) {
         for (int j = 0; j < 8; ++j) tril[i * 8 + j] = j <= i;
       }
       Value* buf = Const(g, Tensor::FromVector<uint8_t>(DataType::kBool, {1, 1, 8, 8}, tril));
-      Value* rows = Op(g, "Slice", {buf, Const(g, Ints({0})), Const(g, Ints({6})), Const(g, Ints({2}))});
+      Value* rows =
+          Op(g, "Slice", {buf, Const(g, Ints({0})), Const(g, Ints({6})), Const(g, Ints({2}))});
       cond = Op(g, "Slice", {rows, Const(g, Ints({0})), Const(g, Ints({6})), Const(g, Ints({3}))});
     } else {
       cond = g.AddInput("keep", DataType::kBool, {1, 1, 6, 6});

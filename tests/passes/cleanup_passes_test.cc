@@ -134,16 +134,19 @@ TEST(IdentityElimination, CastToTheSameTypeReshapeToTheSameShapeIdentityTranspos
 void ShapeChainGraph(Graph& g) {
   Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("n"), 4, 6});
   Value* shape = Op(g, "Shape", {x});
-  Value* d2 = Op(g, "Gather", {shape, Const(g, Tensor::FromVector<int64_t>(DataType::kInt64, {}, {2}))},
-                 Attrs(std::pair{"axis", int64_t{0}}));
+  Value* d2 =
+      Op(g, "Gather", {shape, Const(g, Tensor::FromVector<int64_t>(DataType::kInt64, {}, {2}))},
+         Attrs(std::pair{"axis", int64_t{0}}));
   Value* u2 = Op(g, "Unsqueeze", {d2, Const(g, Ints({0}))});
   Value* target = Op(g, "Concat", {Const(g, Ints({-1})), u2}, Attrs(std::pair{"axis", int64_t{0}}));
   g.MarkOutput(Op(g, "Reshape", {x, target}));
   // The symbolic batch dim stays computed.
-  Value* d0 = Op(g, "Gather", {shape, Const(g, Tensor::FromVector<int64_t>(DataType::kInt64, {}, {0}))},
-                 Attrs(std::pair{"axis", int64_t{0}}));
+  Value* d0 =
+      Op(g, "Gather", {shape, Const(g, Tensor::FromVector<int64_t>(DataType::kInt64, {}, {0}))},
+         Attrs(std::pair{"axis", int64_t{0}}));
   Value* u0 = Op(g, "Unsqueeze", {d0, Const(g, Ints({0}))});
-  Value* target2 = Op(g, "Concat", {u0, Const(g, Ints({24}))}, Attrs(std::pair{"axis", int64_t{0}}));
+  Value* target2 =
+      Op(g, "Concat", {u0, Const(g, Ints({24}))}, Attrs(std::pair{"axis", int64_t{0}}));
   g.MarkOutput(Op(g, "Reshape", {x, target2}));
 }
 

@@ -129,8 +129,9 @@ TEST(GemmFusion, GemmPlusBiasPlusSigmoidBecomesFusedGemm) {
 
 void ResidualBlockTail(Graph& g) {
   Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("n"), 4, 8, 8});
-  Value* c = Op(g, "Conv", {x, Const(g, RandomTensor(DataType::kFloat32, {4, 4, 3, 3}, 41)),
-                            Const(g, RandomTensor(DataType::kFloat32, {4}, 42))},
+  Value* c = Op(g, "Conv",
+                {x, Const(g, RandomTensor(DataType::kFloat32, {4, 4, 3, 3}, 41)),
+                 Const(g, RandomTensor(DataType::kFloat32, {4}, 42))},
                 ConvAttrs());
   g.MarkOutput(Op(g, "Relu", {Op(g, "Add", {x, c})}));
 }
@@ -152,8 +153,8 @@ TEST(ConvFusion, ConvPlusResidualPlusReluBecomesFusedConv) {
 
 void ConvSilu(Graph& g) {
   Value* x = g.AddInput("x", DataType::kFloat32, {1, 3, 8, 8});
-  Value* c = Op(g, "Conv", {x, Const(g, RandomTensor(DataType::kFloat32, {4, 3, 3, 3}, 51))},
-                ConvAttrs());
+  Value* c =
+      Op(g, "Conv", {x, Const(g, RandomTensor(DataType::kFloat32, {4, 3, 3, 3}, 51))}, ConvAttrs());
   Value* biased = Op(g, "Add", {c, Const(g, RandomTensor(DataType::kFloat32, {4, 1, 1}, 52))});
   g.MarkOutput(Op(g, "Mul", {biased, Op(g, "Sigmoid", {biased})}));
 }
@@ -232,14 +233,14 @@ void DecomposedGelu(Graph& g, GeluForm form) {
     case GeluForm::kErfReadElsewhere: {  // (x * (erf(x / sqrt2) + 1)) * 0.5, as PyTorch exports
       Value* e = Op(g, "Erf", {Op(g, "Div", {x, Const(g, Scalar(1.4142135f))})});
       if (form == GeluForm::kErfReadElsewhere) g.MarkOutput(e);
-      y = Op(g, "Mul", {Op(g, "Mul", {x, Op(g, "Add", {e, Const(g, Scalar(1.f))})}),
-                        Const(g, Scalar(0.5f))});
+      y = Op(g, "Mul",
+             {Op(g, "Mul", {x, Op(g, "Add", {e, Const(g, Scalar(1.f))})}), Const(g, Scalar(0.5f))});
       break;
     }
     case GeluForm::kErfHalfFirst: {  // (0.5 * x) * (1 + erf(x * 1/sqrt2))
       Value* e = Op(g, "Erf", {Op(g, "Mul", {Const(g, Scalar(0.70710678f)), x})});
-      y = Op(g, "Mul", {Op(g, "Mul", {Const(g, Scalar(0.5f)), x}),
-                        Op(g, "Add", {Const(g, Scalar(1.f)), e})});
+      y = Op(g, "Mul",
+             {Op(g, "Mul", {Const(g, Scalar(0.5f)), x}), Op(g, "Add", {Const(g, Scalar(1.f)), e})});
       break;
     }
     case GeluForm::kTanhGpt2: {  // HF gelu_new: 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3)))
@@ -291,8 +292,9 @@ TEST(GeluFusion, ThenMatMulBiasGeluBecomesOneFusedMatMul) {
     Value* mm = Op(g, "MatMul", {x, Const(g, RandomTensor(DataType::kFloat32, {8, 16}, 81))});
     Value* h = Op(g, "Add", {Const(g, RandomTensor(DataType::kFloat32, {16}, 82)), mm});
     Value* e = Op(g, "Erf", {Op(g, "Div", {h, Const(g, Scalar(1.4142135f))})});
-    g.MarkOutput(Op(g, "Mul", {Op(g, "Mul", {h, Op(g, "Add", {e, Const(g, Scalar(1.f))})}),
-                               Const(g, Scalar(0.5f))}));
+    g.MarkOutput(
+        Op(g, "Mul",
+           {Op(g, "Mul", {h, Op(g, "Add", {e, Const(g, Scalar(1.f))})}), Const(g, Scalar(0.5f))}));
   };
   Graph before, after;
   build(before);

@@ -8,8 +8,8 @@
 // tensor at all; any other boolean cond stays an input (mask_kind "boolean").
 #include <algorithm>
 
-#include "kiln/passes/pattern.h"
 #include "kiln/passes/pass.h"
+#include "kiln/passes/pattern.h"
 
 namespace kiln::passes {
 namespace {
@@ -29,10 +29,10 @@ Pattern AttentionPattern() {
   Pattern scores = Op("MatMul", {Any("q"), Any("kt")}).Capture("qk");
   Pattern scaled = OneOf({Op("Div", {scores, Constant("scale_div").WhereValue(IsSplat)}),
                           Op("Mul", {scores, Constant("scale_mul").WhereValue(IsSplat)}), scores});
-  Pattern masked = OneOf({Op("Add", {scaled, Any("mask")}).Capture("mask_add"),
-                          Op("Where", {Any("cond"), scaled, Constant("fill").WhereValue(IsSplat)})
-                              .Capture("where"),
-                          scaled});
+  Pattern masked = OneOf(
+      {Op("Add", {scaled, Any("mask")}).Capture("mask_add"),
+       Op("Where", {Any("cond"), scaled, Constant("fill").WhereValue(IsSplat)}).Capture("where"),
+       scaled});
   Pattern probs = Op("Softmax", {masked}).Capture("softmax").Where(SoftmaxOverLastAxis);
   return Op("MatMul", {probs, Any("v")});
 }

@@ -6,8 +6,8 @@
 // stored in W's dtype.
 #include <cmath>
 
-#include "kiln/passes/pattern.h"
 #include "kiln/passes/pass.h"
+#include "kiln/passes/pattern.h"
 
 namespace kiln::passes {
 namespace {
@@ -31,8 +31,8 @@ Pattern ConvBnPattern() {
   Pattern conv = Op(std::vector<std::string>{"Conv", "ConvTranspose"}, {Any("x"), Constant("w")})
                      .Capture("conv")
                      .Where(ConstantBiasOrNone);
-  return Op("BatchNormalization", {conv, Constant("scale"), Constant("bias"), Constant("mean"),
-                                   Constant("var")})
+  return Op("BatchNormalization",
+            {conv, Constant("scale"), Constant("bias"), Constant("mean"), Constant("var")})
       .Capture("bn")
       .Where(InferenceBatchNorm);
 }

@@ -86,9 +86,9 @@ class ConvFusionPass final : public Pass {
       for (int64_t c = 0; c < channels; ++c) {
         sum[c] = static_cast<float>(e.GetDouble(c) + (b ? b->constant()->GetDouble(c) : 0.0));
       }
-      b = AddConstant(graph, conv->name() + "_bias_fused",
-                      Tensor::FromVector<float>(DataType::kFloat32, {channels}, sum)
-                          .CastTo(e.dtype()));
+      b = AddConstant(
+          graph, conv->name() + "_bias_fused",
+          Tensor::FromVector<float>(DataType::kFloat32, {channels}, sum).CastTo(e.dtype()));
     }
     bool fused = z || m.has("act");
     std::vector<Value*> inputs = {m.value("x"), m.value("w"), b};

@@ -6,8 +6,8 @@
 // three association shapes cover them all.
 #include <cmath>
 
-#include "kiln/passes/pattern.h"
 #include "kiln/passes/pass.h"
+#include "kiln/passes/pattern.h"
 
 namespace kiln::passes {
 namespace {
@@ -30,7 +30,8 @@ Pattern HalfXTimesOnePlus(const Pattern& x, const Pattern& inner) {
 Pattern ErfGelu() {
   using namespace pat;
   Pattern x = Any("x");
-  Pattern scaled = OneOf({Op("Div", {x, Scalar(kSqrt2, 1e-4)}), Op("Mul", {x, Scalar(1 / kSqrt2, 1e-4)})});
+  Pattern scaled =
+      OneOf({Op("Div", {x, Scalar(kSqrt2, 1e-4)}), Op("Mul", {x, Scalar(1 / kSqrt2, 1e-4)})});
   return HalfXTimesOnePlus(x, Op("Erf", {scaled}));
 }
 

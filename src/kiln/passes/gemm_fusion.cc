@@ -55,9 +55,8 @@ Pattern MatMulPattern() {
 Pattern GemmPattern() {
   using namespace pat;
   Pattern g = Op("Gemm", {Any("a"), Any("b")}).Capture("gemm");
-  Pattern biased = Op("Add", {g.Where(GemmWithoutC), Constant("bias")})
-                       .Capture("add")
-                       .Where(GemmBias);
+  Pattern biased =
+      Op("Add", {g.Where(GemmWithoutC), Constant("bias")}).Capture("add").Where(GemmBias);
   return OneOf({ActivationOver(OneOf({biased, g})), biased});
 }
 
@@ -110,8 +109,7 @@ class GemmFusionPass final : public Pass {
     } else if (gemm->input(2)) {
       inputs.push_back(gemm->input(2));
     }
-    ReplaceMatched(graph, ctx, m.matched, m.root, "FusedGemm", std::move(inputs),
-                   std::move(attrs));
+    ReplaceMatched(graph, ctx, m.matched, m.root, "FusedGemm", std::move(inputs), std::move(attrs));
   }
 };
 

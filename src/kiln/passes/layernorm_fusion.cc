@@ -6,8 +6,8 @@
 // trailing axes with keepdims.
 #include <algorithm>
 
-#include "kiln/passes/pattern.h"
 #include "kiln/passes/pass.h"
+#include "kiln/passes/pattern.h"
 
 namespace kiln::passes {
 namespace {

@@ -34,9 +34,9 @@ int64_t PassReport::rewrites(std::string_view pass) const {
 }
 
 std::string PassReport::ToString() const {
-  std::string out = fmt::format("passes: {} -> {} nodes in {} iteration(s){}\n", nodes_before,
-                                nodes_after, iterations,
-                                reached_fixed_point ? "" : " (iteration limit reached)");
+  std::string out =
+      fmt::format("passes: {} -> {} nodes in {} iteration(s){}\n", nodes_before, nodes_after,
+                  iterations, reached_fixed_point ? "" : " (iteration limit reached)");
   for (const auto& e : passes) {
     out += fmt::format("  {:<24} rewrites {:>5}  removed {:>5}  added {:>5}\n", e.pass,
                        e.stats.rewrites, e.stats.nodes_removed, e.stats.nodes_added);
@@ -109,9 +109,8 @@ StatusOr<PassReport> RunDefaultPasses(Graph& graph, const PassOptions& options) 
   return MakeDefaultPassManager(options)->Run(graph);
 }
 
-Node* ReplaceMatched(Graph& graph, PassContext& ctx, const std::vector<Node*>& matched,
-                     Node* root, std::string op_type, std::vector<Value*> inputs,
-                     AttributeMap attrs) {
+Node* ReplaceMatched(Graph& graph, PassContext& ctx, const std::vector<Node*>& matched, Node* root,
+                     std::string op_type, std::vector<Value*> inputs, AttributeMap attrs) {
   std::vector<Value*> outputs = {root->output(0)};
   std::string name = root->name();
   int64_t removed = 0;

@@ -132,9 +132,8 @@ StatusOr<PassReport> RunDefaultPasses(Graph& graph, const PassOptions& options);
 // Replaces the match's root with one new node computing the root's first output (that value is
 // reused, so its name and graph-output mark stay; the root's other outputs must be unused) and
 // removes every matched node nothing else reads. Returns the new node and counts the rewrite.
-Node* ReplaceMatched(Graph& graph, PassContext& ctx, const std::vector<Node*>& matched,
-                     Node* root, std::string op_type, std::vector<Value*> inputs,
-                     AttributeMap attrs);
+Node* ReplaceMatched(Graph& graph, PassContext& ctx, const std::vector<Node*>& matched, Node* root,
+                     std::string op_type, std::vector<Value*> inputs, AttributeMap attrs);
 // Makes `v`'s readers read `replacement` instead, and keeps graph outputs' names. False when `v`
 // is a graph output that cannot take the replacement's place without renaming a graph input.
 bool ForwardValue(Graph& graph, Value* v, Value* replacement);
