@@ -2,7 +2,7 @@
 # Installs the Debian packages kiln builds and tests with. Idempotent; needs root (or sudo).
 set -euo pipefail
 pkgs=(
-  build-essential cmake ninja-build ccache pkg-config git clang clang-format libfuzzer-14-dev
+  build-essential cmake ninja-build ccache pkg-config git clang clang-format libfuzzer-14-dev patchelf curl
   libprotobuf-dev protobuf-compiler libonnx-dev
   flatbuffers-compiler libflatbuffers-dev
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libxxhash-dev
