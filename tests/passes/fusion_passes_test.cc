@@ -71,6 +71,36 @@ TEST(ConvBatchNormFolding, AConvOutputReadElsewhereStays) {
   EXPECT_EQ(CountOps(g, "BatchNormalization"), 1);
 }
 
+void ConvTransposeBn(Graph& g, int64_t group) {
+  // W is [C_in, C_out / group, k, k]: the BN channel is W's dim 1 within each group.
+  Value* x = g.AddInput("x", DataType::kFloat32, {1, 4, 5, 5});
+  Value* w = Const(g, RandomTensor(DataType::kFloat32, {4, 3, 2, 2}, 17));
+  Value* c = Op(g, "ConvTranspose", {x, w},
+                Attrs(std::pair{"kernel_shape", std::vector<int64_t>{2, 2}},
+                      std::pair{"strides", std::vector<int64_t>{2, 2}}, std::pair{"group", group}));
+  int64_t m = 3 * group;
+  Value* y = Op(g, "BatchNormalization",
+                {c, Const(g, RandomTensor(DataType::kFloat32, {m}, 13)),
+                 Const(g, RandomTensor(DataType::kFloat32, {m}, 14)),
+                 Const(g, RandomTensor(DataType::kFloat32, {m}, 15)),
+                 Const(g, RandomTensor(DataType::kFloat32, {m}, 16, 0.5, 1.5))});
+  g.MarkOutput(y);
+}
+
+class ConvTransposeBnTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ConvTransposeBnTest, FoldsPerOutputChannelWithinGroups) {
+  Graph before, after;
+  ConvTransposeBn(before, GetParam());
+  ConvTransposeBn(after, GetParam());
+  RunPasses(after, Just(MakeConvBatchNormFoldingPass()));
+  EXPECT_EQ(CountOps(after, "BatchNormalization"), 0);
+  EXPECT_EQ(CountOps(after, "ConvTranspose"), 1);
+  ExpectSameOutputs(before, after);
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, ConvTransposeBnTest, ::testing::Values(1, 2));
+
 // ---- MatMul / Gemm + bias + activation
 
 void MatMulBiasRelu(Graph& g, bool second_reader) {
