@@ -155,6 +155,34 @@ TEST(GemmFusion, GemmPlusBiasPlusSigmoidBecomesFusedGemm) {
   ExpectSameOutputs(before, after, {{"n", 3}});
 }
 
+void Gpt2Mlp(Graph& g) {
+  // HF GPT-2 Conv1D: Reshape to 2-D, Gemm with bias, Reshape back, then the activation.
+  Value* x = g.AddInput("x", DataType::kFloat32, {2, 3, 8});
+  Value* flat = Op(g, "Reshape", {x, Const(g, Ints({-1, 8}))});
+  Value* gm = Op(g, "Gemm",
+                 {flat, Const(g, RandomTensor(DataType::kFloat32, {8, 6}, 33)),
+                  Const(g, RandomTensor(DataType::kFloat32, {6}, 34))});
+  Value* back = Op(g, "Reshape", {gm, Const(g, Ints({2, 3, 6}))});
+  g.MarkOutput(Op(g, "Gelu", {back}, Attrs(std::pair{"approximate", std::string("tanh")})));
+}
+
+TEST(GemmFusion, AnActivationAfterAReshapeMovesIntoTheGemm) {
+  Graph before, after;
+  Gpt2Mlp(before);
+  Gpt2Mlp(after);
+  RunPasses(after, Just(MakeGemmFusionPass()));
+  EXPECT_EQ(CountOps(after, "Gelu"), 0);
+  EXPECT_EQ(CountOps(after, "Gemm"), 0);
+  EXPECT_EQ(CountOps(after, "Reshape"), 2);
+  Node* fused = nullptr;
+  for (Node* n : after.nodes()) {
+    if (n->op_type() == "FusedGemm") fused = n;
+  }
+  ASSERT_NE(fused, nullptr);
+  EXPECT_EQ(fused->attrs().GetString("activation", ""), "gelu_tanh");
+  ExpectSameOutputs(before, after);
+}
+
 // ---- Conv + bias + residual + activation
 
 void ResidualBlockTail(Graph& g) {

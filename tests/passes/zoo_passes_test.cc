@@ -100,8 +100,8 @@ INSTANTIATE_TEST_SUITE_P(
                 {{"gelu_fusion", 2}, {"attention_fusion", 2}},
                 {{"Attention", 2}, {"Softmax", 0}, {"Erf", 0}}},
         ZooCase{"gpt_tiny",
-                {{"gelu_fusion", 2}, {"attention_fusion", 2}},
-                {{"Attention", 2}, {"Softmax", 0}, {"Tanh", 0}, {"Where", 0}}}),
+                {{"gelu_fusion", 2}, {"attention_fusion", 2}, {"gemm_fusion", 2}},
+                {{"Attention", 2}, {"Softmax", 0}, {"Tanh", 0}, {"Where", 0}, {"Gelu", 0}}}),
     [](const auto& info) { return info.param.model; });
 
 }  // namespace

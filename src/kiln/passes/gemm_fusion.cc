@@ -57,7 +57,11 @@ Pattern GemmPattern() {
   Pattern g = Op("Gemm", {Any("a"), Any("b")}).Capture("gemm");
   Pattern biased =
       Op("Add", {g.Where(GemmWithoutC), Constant("bias")}).Capture("add").Where(GemmBias);
-  return OneOf({ActivationOver(OneOf({biased, g})), biased});
+  Pattern body = OneOf({biased, g});
+  // HF GPT-2's Conv1D: Gemm on [B*S, K], Reshape back to [B, S, N], then the activation. An
+  // elementwise activation commutes with the Reshape, so it moves into the Gemm.
+  Pattern reshaped = Op("Reshape", {body, Any("shape")}).Capture("reshape");
+  return OneOf({ActivationOver(body), ActivationOver(reshaped), biased});
 }
 
 class GemmFusionPass final : public Pass {
@@ -108,6 +112,17 @@ class GemmFusionPass final : public Pass {
       attrs.Set("beta", 1.0f);
     } else if (gemm->input(2)) {
       inputs.push_back(gemm->input(2));
+    }
+    if (Node* reshape = m.node("reshape")) {
+      // FusedGemm -> the same Reshape, which keeps producing the root's output.
+      Value* y =
+          graph.AddValue(graph.UniqueName(gemm->name() + "_fused_out"), gemm->output(0)->dtype());
+      graph.AddNode("FusedGemm", graph.UniqueName(gemm->name() + "_fused"), std::move(inputs), {y},
+                    std::move(attrs));
+      ctx.stats().nodes_added += 1;
+      ReplaceMatched(graph, ctx, m.matched, m.root, "Reshape", {y, m.value("shape")},
+                     reshape->attrs());
+      return;
     }
     ReplaceMatched(graph, ctx, m.matched, m.root, "FusedGemm", std::move(inputs), std::move(attrs));
   }
