@@ -134,7 +134,11 @@ class AttentionFusionPass final : public Pass {
 
     AttributeMap attrs;
     double scale = 1.0;
-    if (m.has("scale_div")) scale = 1.0 / *ConstantSplat(m.value("scale_div"));
+    if (m.has("scale_div")) {
+      double c = *ConstantSplat(m.value("scale_div"));
+      if (c == 0.0) return;  // x / 0 is not a scale; leave the graph as written
+      scale = 1.0 / c;
+    }
     if (m.has("scale_mul")) scale = *ConstantSplat(m.value("scale_mul"));
     attrs.Set("scale", static_cast<float>(scale));
 
