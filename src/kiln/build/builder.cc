@@ -12,6 +12,8 @@
 #include "kiln/backends/backend.h"
 #include "kiln/core/logging.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/build/tactic_search.h"
+#include "kiln/build/timing_cache.h"
 #include "kiln/plan/memory_plan.h"
 
 namespace kiln {
@@ -144,48 +146,120 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   KILN_ASSIGN_OR_RETURN(DeviceInfo device, backend->Info());
   rep.device = device.name;
 
-  // Tactics: the heuristic choice per layer (first tactic of the first provider that supports it).
+  // Layers and their candidate tactics (heuristic order: first provider's first tactic first).
   const auto tactics_start = Clock::now();
   auto max_bindings = ProfileBindings(graph, config.profile, 2);
+  auto opt_bindings = ProfileBindings(graph, config.profile, 1);
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
-  std::vector<LayerDesc> layers;
+  std::vector<LayerSearch> searches;
   std::vector<std::string> missing;
-  for (size_t i = 0; i < order.size(); ++i) {
-    const Node& node = *order[i];
-    KernelRequest request = MakeKernelRequest(node, max_bindings);
-    LayerDesc layer;
-    layer.node = &node;
-    for (const KernelProvider* p :
-         KernelRegistry::Get().Providers(config.backend, node.op_type())) {
-      auto tactics = p->Tactics(request);
-      if (tactics.empty()) continue;
-      layer.provider_id = std::string(p->id());
-      layer.tactic = tactics.front();
-      break;
+  for (Node* node : order) {
+    LayerSearch l;
+    l.node = node;
+    l.request = MakeKernelRequest(*node, max_bindings);
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, node->op_type())) {
+      for (TacticConfig& t : p->Tactics(l.request)) l.candidates.push_back({p, std::move(t)});
     }
-    if (layer.provider_id.empty()) {
+    if (l.candidates.empty()) {
       std::vector<std::string> types;
-      for (const auto& d : request.inputs) types.push_back(std::string(ToString(d.dtype)));
-      missing.push_back(
-          fmt::format("'{}' ({}; inputs {})", node.name(), node.op_type(), fmt::join(types, ",")));
+      for (const auto& d : l.request.inputs) types.push_back(std::string(ToString(d.dtype)));
+      missing.push_back(fmt::format("'{}' ({}; inputs {})", node->name(), node->op_type(), fmt::join(types, ",")));
       continue;
     }
-    layer.precision_reason = "fp32 (reference precision)";
-    layers.push_back(std::move(layer));
-    if (!progress("tactics", static_cast<int64_t>(i + 1), static_cast<int64_t>(order.size()),
-                  node.name())) {
-      return MakeError(ErrorCode::kCancelled,
-                       "build cancelled by the progress callback before a valid engine existed");
+    bool known = true;
+    auto opt_dims = [&](const Value* v, std::vector<std::vector<int64_t>>& out) {
+      std::vector<int64_t> dims;
+      if (v) {
+        for (const Dim& d : v->shape()) {
+          Dim c = d.Substitute(opt_bindings);
+          if (!c.is_static()) known = false;
+          dims.push_back(c.is_static() ? c.value() : 0);
+        }
+      }
+      out.push_back(std::move(dims));
+    };
+    for (const Value* v : node->inputs()) opt_dims(v, l.opt_in);
+    for (const Value* v : node->outputs()) opt_dims(v, l.opt_out);
+    if (!known) {
+      l.opt_in.clear();
+      l.opt_out.clear();
     }
+    l.signature = LayerSignature(l.request, l.opt_in);
+    searches.push_back(std::move(l));
   }
   if (!missing.empty()) {
-    return MakeError(ErrorCode::kNoTactic, "{} layer(s) have no {} implementation: {}",
-                     missing.size(), ToString(config.backend), fmt::join(missing, ", "));
+    return MakeError(ErrorCode::kNoTactic, "{} layer(s) have no {} implementation: {}", missing.size(),
+                     ToString(config.backend), fmt::join(missing, ", "));
+  }
+
+  // The memory budget bounds weights + activations (fixed by the graph) + the largest workspace
+  // (chosen per layer): plan the arena first, then give tactics what is left.
+  std::vector<PlanLayer> base_layers;
+  for (const LayerSearch& l : searches) base_layers.push_back({l.node, 0});
+  KILN_ASSIGN_OR_RETURN(MemoryPlan base_plan, PlanMemory(graph, base_layers, config.profile));
+  std::optional<int64_t> budget;
+  if (config.memory_budget.bytes) {
+    budget = *config.memory_budget.bytes;
+  } else if (config.memory_budget.fraction) {
+    budget = static_cast<int64_t>(static_cast<double>(device.free_memory) * *config.memory_budget.fraction /
+                                  std::max(1, config.memory_budget.ranks_per_device));
+  }
+  TacticSearchOptions search;
+  search.start = start;
+  search.progress = config.progress;
+  search.max_kernel_time_ms = config.max_kernel_time_ms;
+  if (config.deadline) search.deadline = start + *config.deadline;
+  if (budget) {
+    if (base_plan.weights_bytes > *budget) {
+      return MakeError(ErrorCode::kMemoryBudgetExceeded,
+                       "the weights alone need {} bytes; the memory budget ({}) allows {} bytes",
+                       base_plan.weights_bytes, config.memory_budget.ToString(), *budget);
+    }
+    if (base_plan.peak_bytes > *budget) {
+      return MakeError(ErrorCode::kMemoryBudgetExceeded,
+                       "weights + activations at the profile's max shapes need {} bytes (weights {}, activations {}); "
+                       "the memory budget ({}) allows {} bytes",
+                       base_plan.peak_bytes, base_plan.weights_bytes, base_plan.arena_bytes,
+                       config.memory_budget.ToString(), *budget);
+    }
+    search.max_workspace_bytes = *budget - base_plan.peak_bytes;
+  }
+  std::optional<TimingCache> cache;
+  if (!config.timing_cache_path.empty()) {
+    cache.emplace(fmt::format("{}|{}|{}", ToString(config.backend), device.arch, device.library_versions));
+    if (Status s = cache->Load(config.timing_cache_path); !s.ok()) {
+      rep.warnings.push_back(s.ToString());
+      KILN_LOG(Warn, BUILD, "{}", s.ToString());
+    }
+    search.cache = &*cache;
+  }
+  KILN_RETURN_IF_ERROR(SearchTactics(*backend, searches, search, &rep));
+  if (cache) {
+    if (Status s = cache->Save(config.timing_cache_path); !s.ok()) {
+      rep.warnings.push_back(s.ToString());
+      KILN_LOG(Warn, BUILD, "{}", s.ToString());
+    }
+  }
+  std::vector<LayerDesc> layers;
+  std::vector<PlanLayer> plan_layers;
+  for (const LayerSearch& l : searches) {
+    const TacticCandidate& c = l.candidates[l.chosen];
+    LayerDesc layer;
+    layer.node = l.node;
+    layer.provider_id = std::string(c.provider->id());
+    layer.tactic = c.tactic;
+    layer.measured_ms = l.time_ms;
+    layer.precision_reason = "fp32 (reference precision)";
+    plan_layers.push_back({l.node, static_cast<int64_t>(c.tactic.workspace_bytes)});
+    layers.push_back(std::move(layer));
   }
   rep.phase_seconds_tactics = Seconds(tactics_start);
 
   const auto plan_start = Clock::now();
-  KILN_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(graph, layers, max_bindings));
+  KILN_ASSIGN_OR_RETURN(MemoryPlanDetail detail, PlanMemoryDetailed(graph, plan_layers, config.profile));
+  MemoryPlan plan = detail.plan;
+  rep.naive_activation_bytes = NaivePeak(detail);
+  if (budget) KILN_RETURN_IF_ERROR(CheckBudget(plan, *budget));
   rep.phase_seconds_plan = Seconds(plan_start);
 
   auto engine = std::make_unique<EngineDesc>();
@@ -219,8 +293,13 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   }
   engine->layers = std::move(layers);
   engine->graph = std::move(input.graph);
+  // The report stored in the engine leaves out wall-clock figures, so that the same model, config
+  // and timing cache give a byte-identical engine.
+  BuildReport stored = rep;
+  stored.build_seconds = stored.phase_seconds_import = stored.phase_seconds_passes = 0;
+  stored.phase_seconds_tactics = stored.phase_seconds_plan = 0;
+  engine->build_report_json = stored.ToJson();
   rep.build_seconds = Seconds(start);
-  engine->build_report_json = rep.ToJson();
   progress("done", 1, 1, "");
   return engine;
 }

@@ -3,6 +3,7 @@
 // phases only improve it until the deadline.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,9 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
 // Checks the profile against the graph's inputs: every dynamic input has min<=opt<=max of the
 // right rank with static dims matching; no profile for an input that is not dynamic.
 Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile);
+// The kernel request for a node: operand dtypes, symbolic shapes, max dims under `max_bindings`.
+KernelRequest MakeKernelRequest(const Node& node, const std::map<std::string, int64_t>& max_bindings);
+
 // symbol -> value for one of the profile's shapes (0 min, 1 opt, 2 max).
 std::map<std::string, int64_t> ProfileBindings(const Graph& graph,
                                                const OptimizationProfile& profile, int which);

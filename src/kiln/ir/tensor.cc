@@ -37,7 +37,8 @@ Tensor::Tensor(DataType dtype, std::vector<int64_t> dims) : dtype_(dtype), dims_
 Tensor Tensor::FromBytes(DataType dtype, std::vector<int64_t> dims,
                          std::span<const std::byte> bytes) {
   Tensor t(dtype, std::move(dims));
-  std::memcpy(const_cast<void*>(t.data_), bytes.data(), std::min(bytes.size(), t.size_bytes()));
+  size_t n = std::min(bytes.size(), t.size_bytes());
+  if (n) std::memcpy(const_cast<void*>(t.data_), bytes.data(), n);
   return t;
 }
 

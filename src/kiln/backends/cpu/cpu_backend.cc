@@ -41,11 +41,11 @@ class CpuBackend final : public Backend {
     return DeviceBuffer(p, bytes, [](void* q) { std::free(q); });
   }
   Status CopyToDevice(void* dst, const void* src, size_t bytes, void*) override {
-    std::memcpy(dst, src, bytes);
+    if (bytes > 0) std::memcpy(dst, src, bytes);  // empty tensors may have null data
     return OkStatus();
   }
   Status CopyToHost(void* dst, const void* src, size_t bytes, void*) override {
-    std::memcpy(dst, src, bytes);
+    if (bytes > 0) std::memcpy(dst, src, bytes);
     return OkStatus();
   }
   Status Synchronize(void*) override { return OkStatus(); }

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# kiln's distributed GPU checks (issue 5): the NCCL transport at world size 1, and a
+# non-blocking NCCL init that times out and aborts when the second process never joins.
+#   Here (build machine):  scripts/bundle_gpu.sh          -> .bundle/ (bin: dist_nccl_tests,
+#                          dist_nccl_driver, dist_driver; lib: Debian libraries)
+#   GPU machine:           scripts/gpu_dist_check.sh [BUNDLE_DIR]   (default .bundle)
+# MPI comes from the GPU machine's own OpenMPI 4.1 (same ABI, libmpi.so.40). It builds nothing
+# on the GPU machine and prints a short table last.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+bundle=${1:-$root/.bundle}
+V=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
+export LD_LIBRARY_PATH=$bundle/lib:$V/nccl/lib:$V/cudnn/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+bin=$bundle/bin
+declare -a rows
+row() { rows+=("$(printf '%-44s %s' "$1" "$2")"); }
+
+echo "== gtest: NCCL world size 1 broadcast, init timeout with a rank that never exists"
+if "$bin/dist_nccl_tests"; then row "dist_nccl_tests" "PASS"; else row "dist_nccl_tests" "FAIL"; fi
+
+echo "== NCCL world size 1: init latency and broadcast of 100 MB and 1 GB"
+for bytes in 100000000 1000000000; do
+  line=$("$bin/dist_nccl_driver" --world 1 --bytes $bytes --timeout-ms 60000)
+  echo "$line"
+  row "nccl world=1 bytes=$bytes" "$line"
+done
+
+echo "== two processes on one GPU, only rank 0 joins: bounded init, abort, KILN-E7013"
+port=$((30000 + RANDOM % 20000))
+"$bin/dist_nccl_driver" --rank 1 --world 2 --port $port --skip-init --hold-ms 15000 --timeout-ms 20000 > /tmp/kiln_r1.json &
+r1=$!
+start=$(date +%s.%N)
+r0=$("$bin/dist_nccl_driver" --rank 0 --world 2 --port $port --timeout-ms 5000)
+took=$(echo "$(date +%s.%N) - $start" | bc)
+echo "$r0 (wall ${took}s)"
+kill $r1 2>/dev/null; wait $r1 2>/dev/null
+if echo "$r0" | grep -q '"code":"KILN-E7013"' && [ "$(echo "$took < 12" | bc)" = 1 ]; then
+  row "init timeout (bound 5 s), rank 1 never joins" "PASS wall ${took}s"
+else
+  row "init timeout (bound 5 s), rank 1 never joins" "FAIL: $r0 wall ${took}s"
+fi
+
+if command -v mpirun >/dev/null; then
+  echo "== BuildOnce through NCCL, mpirun -np 1 (100 MB synthetic engine)"
+  mkdir -p /tmp/kiln_nccl_rep
+  if mpirun --allow-run-as-root -np 1 "$bin/dist_driver" --transport nccl --size 100000000 --build-ms 100 \
+      --report-dir /tmp/kiln_nccl_rep; then
+    row "BuildOnce --transport nccl np=1" "PASS $(grep -ho '"bulk_setup_s": [0-9.e-]*' /tmp/kiln_nccl_rep/*.json | head -1)"
+  else
+    row "BuildOnce --transport nccl np=1" "FAIL"
+  fi
+fi
+
+echo
+echo "== summary"
+printf '%s\n' "${rows[@]}"

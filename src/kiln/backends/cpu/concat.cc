@@ -1,0 +1,100 @@
+// Concat and Split on the CPU (any dtype: byte moves). Both see the tensor as [outer, axis*inner]
+// and copy one contiguous chunk per input (output) per outer index.
+#include "kiln/backends/cpu/op_util.h"
+
+namespace kiln::cpu {
+namespace {
+
+int64_t AxisOf(const Node& node, int64_t def, size_t rank) {
+  int64_t axis = node.attrs().GetInt("axis", def);
+  return axis < 0 ? axis + static_cast<int64_t>(rank) : axis;
+}
+
+int64_t Outer(std::span<const int64_t> dims, int64_t axis) {
+  int64_t n = 1;
+  for (int64_t i = 0; i < axis; ++i) n *= dims[i];
+  return n;
+}
+
+// Bytes of one outer slice: dims[axis:] * element size.
+size_t ChunkBytes(const TensorView& v, int64_t axis) {
+  size_t n = SizeOf(v.dtype);
+  for (size_t i = axis; i < v.dims.size(); ++i) n *= static_cast<size_t>(v.dims[i]);
+  return n;
+}
+
+bool AnyType(const KernelRequest& r) { return InType(r, 0) != DataType::kUndefined; }
+
+const bool kRegistered = [] {
+  RegisterOpKernel({
+      .op_type = "Concat",
+      .float_wrap = false,
+      .accepts = AnyType,
+      .create =
+          [](const KernelRequest& r) {
+            const Node* node = r.node;
+            return KernelOr([node](const KernelRunArgs& a) {
+              const TensorView& out = a.outputs[0];
+              int64_t axis = AxisOf(*node, 0, out.dims.size());
+              int64_t outer = Outer(out.dims, axis);
+              size_t out_chunk = ChunkBytes(out, axis);
+              std::vector<size_t> offsets, chunks;
+              size_t off = 0;
+              for (const TensorView& in : a.inputs) {
+                offsets.push_back(off);
+                chunks.push_back(ChunkBytes(in, axis));
+                off += chunks.back();
+              }
+              auto* dst = out.as<std::byte>();
+              ParallelRows(outer, static_cast<int64_t>(out_chunk), [&](int64_t o0, int64_t o1) {
+                for (int64_t o = o0; o < o1; ++o) {
+                  for (size_t i = 0; i < a.inputs.size(); ++i) {
+                    if (chunks[i] == 0) continue;
+                    std::memcpy(dst + o * out_chunk + offsets[i],
+                                a.inputs[i].as<const std::byte>() + o * chunks[i], chunks[i]);
+                  }
+                }
+              });
+              return OkStatus();
+            });
+          },
+  });
+  RegisterOpKernel({
+      .op_type = "Split",
+      .float_wrap = false,
+      .accepts = AnyType,
+      .create =
+          [](const KernelRequest& r) {
+            const Node* node = r.node;
+            return KernelOr([node](const KernelRunArgs& a) {
+              const TensorView& in = a.inputs[0];
+              int64_t axis = AxisOf(*node, 0, in.dims.size());
+              int64_t outer = Outer(in.dims, axis);
+              size_t in_chunk = ChunkBytes(in, axis);
+              auto* src = in.as<const std::byte>();
+              size_t off = 0;
+              for (const TensorView& out : a.outputs) {
+                size_t chunk = ChunkBytes(out, axis);
+                auto* dst = out.as<std::byte>();
+                if (chunk > 0) {
+                  ParallelRows(outer, static_cast<int64_t>(chunk), [&](int64_t o0, int64_t o1) {
+                    for (int64_t o = o0; o < o1; ++o) {
+                      std::memcpy(dst + o * chunk, src + o * in_chunk + off, chunk);
+                    }
+                  });
+                }
+                off += chunk;
+              }
+              if (off != in_chunk) {
+                return MakeError(ErrorCode::kKernelFailed, "Split outputs cover {} of {} bytes",
+                                 off, in_chunk);
+              }
+              return OkStatus();
+            });
+          },
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace kiln::cpu

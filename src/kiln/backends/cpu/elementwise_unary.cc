@@ -1,0 +1,207 @@
+// Elementwise unary ops and activations on the CPU, from one table: each op is a name, its
+// attribute defaults and a scalar expression. FP32 compute (f16/bf16 through the wrapper); the
+// ops that ONNX defines on integers or bools get those paths too. Clip reads min/max inputs.
+#include <cmath>
+
+#include "kiln/backends/cpu/op_util.h"
+
+namespace kiln::cpu {
+namespace {
+
+struct UnaryParams {
+  float alpha = 0, beta = 0, gamma = 0;
+  bool tanh_gelu = false;
+};
+
+template <typename In, typename Out, typename F>
+Status MapUnary(const KernelRunArgs& a, F f) {
+  const In* x = a.inputs[0].as<const In>();
+  Out* y = a.outputs[0].as<Out>();
+  ParallelRows(a.outputs[0].num_elements(), 8, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) y[i] = f(x[i]);
+  });
+  return OkStatus();
+}
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
+
+// name, alpha default, beta default, gamma default, expression in x and p (UnaryParams).
+#define KILN_CPU_FLOAT_UNARY_OPS(X)                                                              \
+  X(Relu, 0, 0, 0, x > 0.f ? x : 0.f)                                                            \
+  X(LeakyRelu, 0.01f, 0, 0, x >= 0.f ? x : p.alpha * x)                                          \
+  X(Sigmoid, 0, 0, 0, x >= 0.f ? 1.f / (1.f + std::exp(-x)) : std::exp(x) / (1.f + std::exp(x))) \
+  X(Tanh, 0, 0, 0, std::tanh(x))                                                                 \
+  X(Erf, 0, 0, 0, std::erf(x))                                                                   \
+  X(Exp, 0, 0, 0, std::exp(x))                                                                   \
+  X(Log, 0, 0, 0, std::log(x))                                                                   \
+  X(Sqrt, 0, 0, 0, std::sqrt(x))                                                                 \
+  X(Reciprocal, 0, 0, 0, 1.f / x)                                                                \
+  X(Neg, 0, 0, 0, -x)                                                                            \
+  X(Abs, 0, 0, 0, std::fabs(x))                                                                  \
+  X(Floor, 0, 0, 0, std::floor(x))                                                               \
+  X(Ceil, 0, 0, 0, std::ceil(x))                                                                 \
+  X(Round, 0, 0, 0, std::nearbyint(x))                                                           \
+  X(Sign, 0, 0, 0, x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f))                                       \
+  X(Sin, 0, 0, 0, std::sin(x))                                                                   \
+  X(Cos, 0, 0, 0, std::cos(x))                                                                   \
+  X(Softplus, 0, 0, 0, x > 20.f ? x : std::log1p(std::exp(x)))                                   \
+  X(Softsign, 0, 0, 0, x / (1.f + std::fabs(x)))                                                 \
+  X(Elu, 1.f, 0, 0, x >= 0.f ? x : p.alpha * std::expm1(x))                                      \
+  X(Selu, 1.67326319217681884765625f, 0, 1.05070102214813232421875f,                             \
+    x > 0.f ? p.gamma * x : p.gamma * p.alpha * std::expm1(x))                                   \
+  X(Celu, 1.f, 0, 0, std::max(0.f, x) + std::min(0.f, p.alpha * std::expm1(x / p.alpha)))        \
+  X(HardSigmoid, 0.2f, 0.5f, 0, std::clamp(p.alpha* x + p.beta, 0.f, 1.f))                       \
+  X(HardSwish, 0, 0, 0, x* std::clamp(x / 6.f + 0.5f, 0.f, 1.f))                                 \
+  X(Mish, 0, 0, 0, x* std::tanh(x > 20.f ? x : std::log1p(std::exp(x))))                         \
+  X(ThresholdedRelu, 1.f, 0, 0, x > p.alpha ? x : 0.f)                                           \
+  X(Gelu, 0, 0, 0,                                                                               \
+    p.tanh_gelu ? 0.5f * x*(1.f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)))         \
+                : 0.5f * x * (1.f + std::erf(x * kInvSqrt2)))
+
+// Ops that ONNX also defines on signed integers: integer expression in x. (Relu on integers is
+// left out on purpose: no model needs it, and cpu_eval_test uses it as the missing-kernel case.)
+#define KILN_CPU_INT_UNARY_OPS(X) \
+  X(Neg, -x)                      \
+  X(Abs, x < 0 ? -x : x)          \
+  X(Sign, static_cast<T>(x > 0 ? 1 : (x < 0 ? -1 : 0)))
+
+UnaryParams ReadParams(const Node& node, float alpha, float beta, float gamma) {
+  UnaryParams p;
+  p.alpha = node.attrs().GetFloat("alpha", alpha);
+  p.beta = node.attrs().GetFloat("beta", beta);
+  p.gamma = node.attrs().GetFloat("gamma", gamma);
+  p.tanh_gelu = node.attrs().GetString("approximate", "none") == "tanh";
+  return p;
+}
+
+bool SignedInt(DataType t) {
+  return t == DataType::kInt64 || t == DataType::kInt32 || t == DataType::kInt8;
+}
+
+template <typename T>
+Status RunIntUnary(std::string_view op, const KernelRunArgs& a) {
+#define KILN_INT_CASE(Name, expr) \
+  if (op == #Name) return MapUnary<T, T>(a, [](T x) -> T { return static_cast<T>(expr); });
+  KILN_CPU_INT_UNARY_OPS(KILN_INT_CASE)
+#undef KILN_INT_CASE
+  return MakeError(ErrorCode::kKernelFailed, "no integer path for {}", op);
+}
+
+bool HasIntPath(std::string_view op) {
+#define KILN_INT_NAME(Name, expr) \
+  if (op == #Name) return true;
+  KILN_CPU_INT_UNARY_OPS(KILN_INT_NAME)
+#undef KILN_INT_NAME
+  return false;
+}
+
+// `fn` is the table's lambda; taking its type (not a function pointer) lets the element loop
+// inline and vectorise it.
+template <typename Fn>
+void RegisterFloatUnary(const char* op, float alpha, float beta, float gamma, Fn fn) {
+  std::string name = op;
+  RegisterOpKernel({
+      .op_type = name,
+      .accepts =
+          [name](const KernelRequest& r) {
+            DataType t = InType(r, 0);
+            return t == DataType::kFloat32 || (HasIntPath(name) && SignedInt(t));
+          },
+      .create =
+          [name, alpha, beta, gamma, fn](const KernelRequest& r) {
+            UnaryParams p = ReadParams(*r.node, alpha, beta, gamma);
+            DataType t = InType(r, 0);
+            return KernelOr([name, p, fn, t](const KernelRunArgs& a) -> Status {
+              switch (t) {
+                case DataType::kInt64:
+                  return RunIntUnary<int64_t>(name, a);
+                case DataType::kInt32:
+                  return RunIntUnary<int32_t>(name, a);
+                case DataType::kInt8:
+                  return RunIntUnary<int8_t>(name, a);
+                default:
+                  return MapUnary<float, float>(a, [&](float x) { return fn(x, p); });
+              }
+            });
+          },
+  });
+}
+
+template <typename T>
+Status RunClip(const KernelRunArgs& a) {
+  T lo = std::numeric_limits<T>::lowest(), hi = std::numeric_limits<T>::max();
+  if (a.inputs.size() > 1 && a.inputs[1].data) lo = a.inputs[1].as<const T>()[0];
+  if (a.inputs.size() > 2 && a.inputs[2].data) hi = a.inputs[2].as<const T>()[0];
+  // ONNX: with min > max every element becomes max.
+  return MapUnary<T, T>(a, [lo, hi](T x) { return std::min(std::max(x, lo), hi); });
+}
+
+const bool kRegistered = [] {
+#define KILN_REGISTER_UNARY(Name, alpha, beta, gamma, expr) \
+  RegisterFloatUnary(#Name, alpha, beta, gamma,             \
+                     [](float x, const UnaryParams& p) -> float { return expr; });
+  KILN_CPU_FLOAT_UNARY_OPS(KILN_REGISTER_UNARY)
+#undef KILN_REGISTER_UNARY
+
+  RegisterOpKernel({
+      .op_type = "Clip",
+      .accepts =
+          [](const KernelRequest& r) {
+            DataType t = InType(r, 0);
+            return t == DataType::kFloat32 || SignedInt(t) || t == DataType::kUInt8;
+          },
+      .create =
+          [](const KernelRequest& r) {
+            return KernelOr([t = InType(r, 0)](const KernelRunArgs& a) {
+              return DispatchNumeric(t, [&](auto tag) -> Status {
+                using T = typename decltype(tag)::type;
+                if constexpr (std::is_same_v<T, bool>) {
+                  return MakeError(ErrorCode::kKernelFailed, "Clip has no bool path");
+                } else {
+                  return RunClip<T>(a);
+                }
+              });
+            });
+          },
+  });
+  RegisterOpKernel({
+      .op_type = "Not",
+      .float_wrap = false,
+      .accepts = [](const KernelRequest& r) { return InType(r, 0) == DataType::kBool; },
+      .create =
+          [](const KernelRequest&) {
+            return KernelOr([](const KernelRunArgs& a) {
+              return MapUnary<uint8_t, uint8_t>(a, [](uint8_t x) -> uint8_t { return x ? 0 : 1; });
+            });
+          },
+  });
+  RegisterOpKernel({
+      .op_type = "IsNaN",
+      .accepts = [](const KernelRequest& r) { return InType(r, 0) == DataType::kFloat32; },
+      .create =
+          [](const KernelRequest&) {
+            return KernelOr([](const KernelRunArgs& a) {
+              return MapUnary<float, uint8_t>(a, [](float x) -> uint8_t { return std::isnan(x); });
+            });
+          },
+  });
+  RegisterOpKernel({
+      .op_type = "IsInf",
+      .accepts = [](const KernelRequest& r) { return InType(r, 0) == DataType::kFloat32; },
+      .create =
+          [](const KernelRequest& r) {
+            bool neg = r.node->attrs().GetInt("detect_negative", 1) != 0;
+            bool pos = r.node->attrs().GetInt("detect_positive", 1) != 0;
+            return KernelOr([neg, pos](const KernelRunArgs& a) {
+              return MapUnary<float, uint8_t>(a, [&](float x) -> uint8_t {
+                return std::isinf(x) && ((x > 0 && pos) || (x < 0 && neg));
+              });
+            });
+          },
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace kiln::cpu

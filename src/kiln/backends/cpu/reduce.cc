@@ -1,0 +1,321 @@
+// Reductions (ReduceSum/Mean/Max/Min/Prod/L2/SumSquare/LogSumExp), ArgMax/ArgMin, CumSum and
+// TopK on the CPU. The input is viewed as [outer, n, inner] when the reduced axes are adjacent
+// (the usual case); other axis sets are first transposed (into the workspace) so the reduced
+// axes come last.
+// Accumulation is in double; floats store FP32 (f16/bf16 through the wrapper).
+#include <cmath>
+#include <numeric>
+
+#include "kiln/backends/cpu/op_util.h"
+
+namespace kiln::cpu {
+namespace {
+
+struct Reducer {
+  double init;
+  double (*pre)(double);  // applied to each element
+  double (*combine)(double, double);
+  double (*post)(double acc, int64_t n);
+};
+
+double Id(double x) { return x; }
+double Sq(double x) { return x * x; }
+double Plus(double a, double b) { return a + b; }
+double Keep(double a, int64_t) { return a; }
+
+#define KILN_CPU_REDUCE_OPS(X)                                                                     \
+  X(ReduceSum, 0.0, Id, Plus, Keep)                                                                \
+  X(ReduceMean, 0.0, Id, Plus, [](double a, int64_t n) { return n ? a / n : NAN; })                \
+  X(                                                                                               \
+      ReduceMax, -INFINITY, Id, [](double a, double b) { return (a > b || a != a) ? a : b; },      \
+      Keep)                                                                                        \
+  X(                                                                                               \
+      ReduceMin, INFINITY, Id, [](double a, double b) { return (a < b || a != a) ? a : b; }, Keep) \
+  X(                                                                                               \
+      ReduceProd, 1.0, Id, [](double a, double b) { return a * b; }, Keep)                         \
+  X(ReduceSumSquare, 0.0, Sq, Plus, Keep)                                                          \
+  X(ReduceL2, 0.0, Sq, Plus, [](double a, int64_t) { return std::sqrt(a); })                       \
+  X(                                                                                               \
+      ReduceLogSumExp, 0.0, [](double x) { return std::exp(x); }, Plus,                            \
+      [](double a, int64_t) { return std::log(a); })
+
+// The reduced axes of `x` under a node's axes input and noop flag (empty: none / all).
+std::vector<bool> ReducedAxes(const KernelRunArgs& a, bool noop) {
+  size_t rank = a.inputs[0].dims.size();
+  std::vector<int64_t> axes;
+  if (a.inputs.size() > 1 && a.inputs[1].data) axes = ReadInts(a.inputs[1]);
+  std::vector<bool> reduce(rank, axes.empty() && !noop);
+  for (int64_t ax : axes) reduce[ax < 0 ? ax + static_cast<int64_t>(rank) : ax] = true;
+  return reduce;
+}
+
+// Reduces x (as T) over `reduce` axes into y. Moves reduced axes last when they are not adjacent.
+template <typename T>
+void ReduceTyped(const TensorView& x, const TensorView& y, const std::vector<bool>& reduce,
+                 const Reducer& red, void* workspace) {
+  size_t rank = x.dims.size();
+  const T* src = x.as<const T>();
+  std::vector<int64_t> perm;
+  for (size_t i = 0; i < rank; ++i) {
+    if (!reduce[i]) perm.push_back(static_cast<int64_t>(i));
+  }
+  for (size_t i = 0; i < rank; ++i) {
+    if (reduce[i]) perm.push_back(static_cast<int64_t>(i));
+  }
+  // Dims of size 1 do not matter; the reduced ones are adjacent when they form one block.
+  std::vector<std::pair<int64_t, bool>> big;
+  for (size_t i = 0; i < rank; ++i) {
+    if (x.dims[i] != 1) big.push_back({x.dims[i], reduce[i]});
+  }
+  int64_t first = -1, last = -1;
+  bool adjacent = true;
+  for (int64_t k = 0; k < static_cast<int64_t>(big.size()); ++k) {
+    if (!big[k].second) continue;
+    if (first >= 0 && last + 1 != k) adjacent = false;
+    if (first < 0) first = k;
+    last = k;
+  }
+  int64_t outer = 1, n = 1, inner = 1;
+  for (int64_t k = 0; k < static_cast<int64_t>(big.size()); ++k) {
+    if (first < 0 || k < first) {
+      outer *= big[k].first;
+    } else if (k <= last) {
+      n *= big[k].first;
+    } else {
+      inner *= big[k].first;
+    }
+  }
+  if (!adjacent) {
+    // Transpose so that the reduced axes are innermost: [kept..., reduced...].
+    T* moved = static_cast<T*>(workspace);
+    TransposeBytes(src, moved, x.dims, perm, sizeof(T));
+    src = moved;
+    outer = 1;
+    n = 1;
+    inner = 1;
+    for (size_t i = 0; i < rank; ++i) (reduce[i] ? n : outer) *= x.dims[i];
+  }
+  T* dst = y.as<T>();
+  ParallelRows(outer * inner, n, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      int64_t o = t / inner, i = t % inner;
+      const T* p = src + o * n * inner + i;
+      double acc = red.init;
+      for (int64_t j = 0; j < n; ++j)
+        acc = red.combine(acc, red.pre(static_cast<double>(p[j * inner])));
+      dst[t] = static_cast<T>(red.post(acc, n));
+    }
+  });
+}
+
+bool ReduceTypes(const KernelRequest& r) {
+  DataType t = InType(r, 0);
+  return t == DataType::kFloat32 || t == DataType::kInt64 || t == DataType::kInt32;
+}
+
+// [outer, n, inner] around one axis.
+struct AxisView {
+  int64_t outer = 1, n = 1, inner = 1;
+  AxisView(std::span<const int64_t> dims, int64_t axis) {
+    for (int64_t i = 0; i < static_cast<int64_t>(dims.size()); ++i) {
+      (i < axis ? outer : (i == axis ? n : inner)) *= dims[i];
+    }
+  }
+};
+
+int64_t NormAxis(int64_t axis, size_t rank) {
+  return axis < 0 ? axis + static_cast<int64_t>(rank) : axis;
+}
+
+template <typename T>
+void ArgReduce(const KernelRunArgs& a, int64_t axis, bool is_max, bool last) {
+  const TensorView& x = a.inputs[0];
+  AxisView v(x.dims, NormAxis(axis, x.dims.size()));
+  const T* src = x.as<const T>();
+  int64_t* dst = a.outputs[0].as<int64_t>();
+  ParallelRows(v.outer * v.inner, v.n, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const T* p = src + (t / v.inner) * v.n * v.inner + t % v.inner;
+      int64_t best = 0;
+      for (int64_t j = 1; j < v.n; ++j) {
+        T c = p[j * v.inner], bv = p[best * v.inner];
+        bool better = is_max ? (last ? c >= bv : c > bv) : (last ? c <= bv : c < bv);
+        if (better) best = j;
+      }
+      dst[t] = best;
+    }
+  });
+}
+
+template <typename T>
+void CumSum(const KernelRunArgs& a, bool exclusive, bool reverse) {
+  const TensorView& x = a.inputs[0];
+  int64_t axis = ReadInts(a.inputs[1])[0];
+  AxisView v(x.dims, NormAxis(axis, x.dims.size()));
+  const T* src = x.as<const T>();
+  T* dst = a.outputs[0].as<T>();
+  ParallelRows(v.outer * v.inner, v.n, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      int64_t base = (t / v.inner) * v.n * v.inner + t % v.inner;
+      T acc = 0;
+      for (int64_t s = 0; s < v.n; ++s) {
+        int64_t j = reverse ? v.n - 1 - s : s;
+        int64_t k = base + j * v.inner;
+        if (exclusive) {
+          dst[k] = acc;
+          acc += src[k];
+        } else {
+          acc += src[k];
+          dst[k] = acc;
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void TopK(const KernelRunArgs& a, int64_t axis_attr, bool largest, bool sorted) {
+  const TensorView& x = a.inputs[0];
+  int64_t axis = NormAxis(axis_attr, x.dims.size());
+  AxisView v(x.dims, axis);
+  int64_t k = a.outputs[0].dims[axis];
+  const T* src = x.as<const T>();
+  T* vals = a.outputs[0].as<T>();
+  int64_t* idx = a.outputs[1].as<int64_t>();
+  ParallelRows(v.outer * v.inner, v.n * 4, [&](int64_t b, int64_t e) {
+    std::vector<int64_t> order(static_cast<size_t>(v.n));
+    for (int64_t t = b; t < e; ++t) {
+      int64_t o = t / v.inner, i = t % v.inner;
+      const T* p = src + o * v.n * v.inner + i;
+      std::iota(order.begin(), order.end(), 0);
+      // Ties keep the lower index first (ONNX).
+      auto cmp = [&](int64_t l, int64_t r) {
+        T lv = p[l * v.inner], rv = p[r * v.inner];
+        if (lv == rv) return l < r;
+        return largest ? lv > rv : lv < rv;
+      };
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), cmp);
+      if (!sorted) std::sort(order.begin(), order.begin() + k);
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t out = (o * k + j) * v.inner + i;
+        vals[out] = p[order[j] * v.inner];
+        idx[out] = order[j];
+      }
+    }
+  });
+}
+
+template <typename F>
+Status ForReduceType(DataType t, F&& f) {
+  switch (t) {
+    case DataType::kFloat32:
+      return f(std::type_identity<float>{});
+    case DataType::kInt64:
+      return f(std::type_identity<int64_t>{});
+    case DataType::kInt32:
+      return f(std::type_identity<int32_t>{});
+    case DataType::kBool:
+      return f(std::type_identity<uint8_t>{});
+    default:
+      return MakeError(ErrorCode::kKernelFailed, "no {} path", ToString(t));
+  }
+}
+
+void RegisterReduce(const char* op, Reducer red, bool float_only) {
+  RegisterOpKernel({
+      .op_type = op,
+      .accepts =
+          [float_only, name = std::string(op)](const KernelRequest& r) {
+            // Max/Min are defined on bools (opset 20).
+            if (InType(r, 0) == DataType::kBool) return name == "ReduceMax" || name == "ReduceMin";
+            return float_only ? InType(r, 0) == DataType::kFloat32 : ReduceTypes(r);
+          },
+      .create = [red](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        bool noop = r.node->attrs().GetInt("noop_with_empty_axes", 0) != 0;
+        DataType t = InType(r, 0);
+        // Reduced axes that are not adjacent are first moved last, in the workspace: asked for
+        // unless at most one axis is reduced.
+        const OperandDesc* axes = r.inputs.size() > 1 ? &r.inputs[1] : nullptr;
+        bool one_axis = axes && axes->dtype != DataType::kUndefined && axes->shape.size() == 1 &&
+                        axes->shape[0].is_static() && axes->shape[0].value() <= 1;
+        auto prepare = [one_axis](std::span<const TensorView> in,
+                                  std::span<const TensorView>) -> StatusOr<size_t> {
+          return one_axis ? size_t{0} : in[0].size_bytes();
+        };
+        auto run = [=](const KernelRunArgs& a) {
+          std::vector<bool> reduce = ReducedAxes(a, noop);
+          return ForReduceType(t, [&](auto tag) -> Status {
+            ReduceTyped<typename decltype(tag)::type>(a.inputs[0], a.outputs[0], reduce, red,
+                                                      a.workspace);
+            return OkStatus();
+          });
+        };
+        return std::unique_ptr<Kernel>(std::make_unique<LambdaKernel>(run, prepare));
+      },
+  });
+}
+
+const bool kRegistered = [] {
+#define KILN_REGISTER_REDUCE(Name, init, pre, combine, post) \
+  RegisterReduce(                                            \
+      #Name, Reducer{init, pre, combine, post},              \
+      std::string_view(#Name) == "ReduceL2" || std::string_view(#Name) == "ReduceLogSumExp");
+  KILN_CPU_REDUCE_OPS(KILN_REGISTER_REDUCE)
+#undef KILN_REGISTER_REDUCE
+
+  for (bool is_max : {true, false}) {
+    RegisterOpKernel({
+        .op_type = is_max ? "ArgMax" : "ArgMin",
+        .accepts = ReduceTypes,
+        .create =
+            [is_max](const KernelRequest& r) {
+              int64_t axis = r.node->attrs().GetInt("axis", 0);
+              bool last = r.node->attrs().GetInt("select_last_index", 0) != 0;
+              DataType t = InType(r, 0);
+              return KernelOr([=](const KernelRunArgs& a) {
+                return ForReduceType(t, [&](auto tag) -> Status {
+                  ArgReduce<typename decltype(tag)::type>(a, axis, is_max, last);
+                  return OkStatus();
+                });
+              });
+            },
+    });
+  }
+  RegisterOpKernel({
+      .op_type = "CumSum",
+      .accepts = ReduceTypes,
+      .create =
+          [](const KernelRequest& r) {
+            bool exclusive = r.node->attrs().GetInt("exclusive", 0) != 0;
+            bool reverse = r.node->attrs().GetInt("reverse", 0) != 0;
+            DataType t = InType(r, 0);
+            return KernelOr([=](const KernelRunArgs& a) {
+              return ForReduceType(t, [&](auto tag) -> Status {
+                CumSum<typename decltype(tag)::type>(a, exclusive, reverse);
+                return OkStatus();
+              });
+            });
+          },
+  });
+  RegisterOpKernel({
+      .op_type = "TopK",
+      .accepts = ReduceTypes,
+      .create =
+          [](const KernelRequest& r) {
+            int64_t axis = r.node->attrs().GetInt("axis", -1);
+            bool largest = r.node->attrs().GetInt("largest", 1) != 0;
+            bool sorted = r.node->attrs().GetInt("sorted", 1) != 0;
+            DataType t = InType(r, 0);
+            return KernelOr([=](const KernelRunArgs& a) {
+              return ForReduceType(t, [&](auto tag) -> Status {
+                TopK<typename decltype(tag)::type>(a, axis, largest, sorted);
+                return OkStatus();
+              });
+            });
+          },
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace kiln::cpu

@@ -1,0 +1,95 @@
+// `kiln doctor` preflight: facts about the live machine (driver, CUDA, libraries, GPUs, peers,
+// environment, network interfaces) and pure check functions over those facts, so every check is
+// testable with synthetic facts on a machine without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/core/status.h"
+#include "kiln/doctor/finding.h"
+#include "kiln/doctor/knowledge.h"
+
+namespace kiln::doctor {
+
+struct GpuFacts {
+  int index = 0;
+  std::string name;
+  std::string pci_bus;  // "0000:c6:00"
+  int cc_major = 0, cc_minor = 0;
+  uint64_t total_bytes = 0;
+  std::optional<uint64_t> free_bytes;  // needs a context; absent when that failed
+  int compute_mode = 0;          // CUcomputemode: 0 default, 2 prohibited, 3 exclusive process
+  int kernel_exec_timeout = -1;  // 1: a display watchdog limits kernel run time; -1 unknown
+};
+
+struct LibraryFacts {
+  std::string name;  // "cudart", "cudnn", "cublasLt", "nccl"
+  bool found = false;
+  std::string version;  // "13.0.48" style
+  std::string detail;   // library file loaded, or why not found
+};
+
+struct MachineFacts {
+  std::string kiln_version;
+  std::string driver_version;  // from /proc/driver/nvidia/version; empty when no driver
+  int cuda_driver_api = 0;     // cuDriverGetVersion: 13000 = CUDA 13.0; 0 unknown
+  std::string gpu_error;       // why no GPU could be listed (empty when GPUs were probed)
+  std::vector<GpuFacts> gpus;
+  std::vector<std::vector<int>> peer;  // peer[i][j]: 1 can access, 0 cannot, -1 unknown
+  std::vector<LibraryFacts> libraries;
+  std::map<std::string, std::string> env;  // the variables the checks care about
+  std::vector<std::string> interfaces;     // network interface names
+};
+
+// NVML facts (ECC, row remapping), gathered by the obs layer's NVML wrapper.
+struct NvmlGpuFacts {
+  int index = 0;
+  std::string pci_bus;
+  std::optional<bool> ecc_enabled;
+  std::optional<uint64_t> ecc_uncorrected_volatile, ecc_uncorrected_aggregate;
+  std::optional<uint64_t> remapped_rows_uncorrectable;
+  std::optional<bool> remap_pending, remap_failure;
+};
+struct NvmlFacts {
+  bool available = false;
+  std::string reason;  // why not available
+  std::vector<NvmlGpuFacts> gpus;
+};
+
+// The job's memory plan: --memory-budget (bytes, or a share of free memory when <= 1) x ranks/GPU.
+struct MemoryPlan {
+  bool set = false;
+  double budget = 0;  // bytes (> 1) or a share of free memory (0 < share <= 1)
+  int ranks_per_gpu = 1;
+};
+
+// "0.5", "8GiB", "8G", "512MiB", "8589934592"; errors name the text.
+StatusOr<double> ParseMemoryBudget(std::string_view text);
+std::string FormatBytes(double bytes);
+
+// Reads the machine: dlopen of libcuda.so.1 and the GPU libraries; never fails, absent things
+// are recorded as facts. `env` holds the process environment to record.
+MachineFacts ProbeMachine(const std::map<std::string, std::string>& env);
+
+std::vector<Finding> CheckMachine(const MachineFacts& facts, const KnownProblems& kp,
+                                  const MemoryPlan& plan);
+std::vector<Finding> CheckNvml(const NvmlFacts& nvml);
+
+struct PreflightReport {
+  MachineFacts facts;
+  std::vector<Finding> findings;  // worst first
+  int ExitCode() const { return ExitCodeFor(findings); }
+};
+
+// Everything: probe, machine checks, environment checks, NVML (not wired yet: see docs/doctor.md).
+PreflightReport RunPreflight(const KnownProblems& kp, const MemoryPlan& plan,
+                             const std::map<std::string, std::string>& env);
+
+// The process environment as a map.
+std::map<std::string, std::string> CurrentEnvironment();
+
+}  // namespace kiln::doctor

@@ -1,0 +1,96 @@
+// InspectOnnxFile: what `kiln inspect model.onnx` shows. Reads the model and lists everything,
+// unsupported ops included, without loading weights or failing on what kiln cannot build.
+#include <set>
+
+#include "kiln/onnx/onnx_internal.h"
+
+namespace kiln {
+
+using namespace onnx_internal;  // NOLINT: this file is the layer's implementation
+
+namespace {
+
+OnnxTensorInfo DescribeValue(const onnx::ValueInfoProto& vi) {
+  OnnxTensorInfo info;
+  info.name = vi.name();
+  if (!vi.type().has_tensor_type()) {
+    info.dtype = "non-tensor";
+    return info;
+  }
+  const auto& tt = vi.type().tensor_type();
+  auto dtype = ToKilnDataType(tt.elem_type());
+  info.dtype = dtype ? std::string(ToString(*dtype)) : OnnxDataTypeName(tt.elem_type());
+  info.has_shape = tt.has_shape();
+  for (const auto& d : tt.shape().dim()) {
+    if (d.has_dim_value() && d.dim_value() >= 0) {
+      info.shape.push_back(std::to_string(d.dim_value()));
+    } else if (d.has_dim_param() && !d.dim_param().empty()) {
+      info.shape.push_back(d.dim_param());
+    } else {
+      info.shape.push_back("?");
+    }
+  }
+  return info;
+}
+
+int64_t ElementsOf(const onnx::TensorProto& t) {
+  int64_t n = 1;
+  for (int64_t d : t.dims()) {
+    if (d < 0) return 0;
+    if (d != 0 && n > (int64_t{1} << 50) / d) return 0;  // nonsense shape: count nothing
+    n *= d;
+  }
+  return n;
+}
+
+}  // namespace
+
+StatusOr<OnnxModelInfo> InspectOnnxFile(const std::string& path) {
+  onnx::ModelProto model;
+  uint64_t bytes = 0;
+  KILN_RETURN_IF_ERROR(ParseModelFile(path, &model, &bytes));
+  KILN_ASSIGN_OR_RETURN(int64_t opset, DefaultOpset(model));
+  OnnxModelInfo info;
+  info.meta.ir_version = model.ir_version();
+  info.meta.opset = opset;
+  for (const auto& o : model.opset_import()) {
+    info.meta.opset_imports[o.domain() == "ai.onnx" ? "" : o.domain()] = o.version();
+  }
+  info.meta.producer_name = model.producer_name();
+  info.meta.producer_version = model.producer_version();
+  info.meta.graph_name = model.graph().name();
+  info.meta.file_bytes = bytes;
+
+  const onnx::GraphProto& g = model.graph();
+  std::set<std::string> initializers;
+  for (const auto& t : g.initializer()) {
+    initializers.insert(t.name());
+    int64_t n = ElementsOf(t);
+    info.parameter_count += n;
+    auto dtype = ToKilnDataType(t.data_type());
+    info.parameter_bytes += dtype ? n * static_cast<int64_t>(SizeOf(*dtype)) : 0;
+  }
+  info.num_initializers = g.initializer_size();
+  std::set<std::string> symbols;
+  for (const auto& in : g.input()) {
+    if (initializers.count(in.name())) continue;
+    info.inputs.push_back(DescribeValue(in));
+    for (const auto& d : in.type().tensor_type().shape().dim()) {
+      if (!d.has_dim_value() && !d.dim_param().empty()) symbols.insert(d.dim_param());
+    }
+  }
+  info.symbols.assign(symbols.begin(), symbols.end());
+  for (const auto& out : g.output()) info.outputs.push_back(DescribeValue(out));
+  for (const auto& n : g.node()) {
+    bool custom = !n.domain().empty() && n.domain() != "ai.onnx";
+    ++info.op_histogram[custom ? n.domain() + ":" + n.op_type() : n.op_type()];
+  }
+  info.num_nodes = g.node_size();
+
+  std::vector<NormalizedNode> nodes;
+  KILN_RETURN_IF_ERROR(NormalizeNodes(model.mutable_graph(), opset, &nodes));
+  info.unsupported = FindUnsupportedOps(nodes, opset);
+  return info;
+}
+
+}  // namespace kiln

@@ -1,0 +1,92 @@
+// The ONNX importer: ONNX protobuf (file or bytes, with external data) -> kiln IR Graph, with
+// older op versions rewritten into the one canonical form the ops layer implements.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/core/status.h"
+#include "kiln/ir/graph.h"
+#include "kiln/ir/tensor.h"
+
+namespace kiln {
+
+// Model opsets (default domain) kiln imports. Below: KILN-E2012; above: KILN-E2003.
+inline constexpr int64_t kMinOnnxOpset = 7;
+inline constexpr int64_t kMaxOnnxOpset = 23;
+
+struct ImportOptions {
+  // Run the IR verifier (cycles KILN-E2005, undefined values KILN-E2006) after the import.
+  bool verify = true;
+  // Keep nodes of unsupported ops in the graph instead of failing with KILN-E2004
+  // (InspectOnnxFile uses this; such a graph cannot be built).
+  bool allow_unsupported_ops = false;
+};
+
+// What the model says about itself.
+struct OnnxModelMeta {
+  int64_t ir_version = 0;
+  int64_t opset = 0;                             // default (ai.onnx) domain
+  std::map<std::string, int64_t> opset_imports;  // every domain, "" = ai.onnx
+  std::string producer_name;
+  std::string producer_version;
+  std::string graph_name;
+  uint64_t file_bytes = 0;  // size of the .onnx file or byte span
+};
+
+// Imports a model file. External data is resolved relative to the file's directory and mapped,
+// not copied, where alignment allows. Models larger than 2 GiB must keep their weights in
+// external data (protobuf cannot hold a message above 2 GiB).
+StatusOr<std::unique_ptr<Graph>> ImportOnnxFile(const std::string& path,
+                                                const ImportOptions& options = {},
+                                                OnnxModelMeta* meta = nullptr);
+// Imports a model held in memory; external data is resolved relative to `base_dir` (empty: the
+// model may not use external data).
+StatusOr<std::unique_ptr<Graph>> ImportOnnxBytes(std::span<const std::byte> bytes,
+                                                 const std::string& base_dir,
+                                                 const ImportOptions& options = {},
+                                                 OnnxModelMeta* meta = nullptr);
+
+// Reads one serialized onnx.TensorProto (the backend-test layout's input_N.pb / output_N.pb).
+// `name` receives the tensor's name when given.
+StatusOr<Tensor> LoadTensorProto(const std::string& path, std::string* name = nullptr);
+
+// ---- inspection (`kiln inspect model.onnx`) ----
+
+struct OnnxTensorInfo {
+  std::string name;
+  std::string dtype;               // kiln's short name ("f32", "i64") or the ONNX name if kiln
+                                   // lacks it ("float64")
+  bool has_shape = false;          // false: rank unknown
+  std::vector<std::string> shape;  // "1", "batch", "?" (unknown)
+};
+
+struct OnnxUnsupportedOp {
+  std::string op_type;                  // "NonMaxSuppression", "com.microsoft:FusedGelu"
+  std::string reason;                   // why (not implemented, version too new, ...)
+  std::vector<std::string> node_names;  // every node of this type
+};
+
+struct OnnxModelInfo {
+  OnnxModelMeta meta;
+  std::vector<OnnxTensorInfo> inputs;  // initializers excluded
+  std::vector<OnnxTensorInfo> outputs;
+  std::map<std::string, int64_t> op_histogram;  // as in the file (before normalisation)
+  int64_t num_nodes = 0;
+  int64_t num_initializers = 0;
+  int64_t parameter_count = 0;  // elements of all initializers (weights and buffers)
+  int64_t parameter_bytes = 0;
+  std::vector<std::string> symbols;            // dynamic dim names of the inputs, sorted
+  std::vector<OnnxUnsupportedOp> unsupported;  // empty: every op is supported
+};
+
+// Reads a model for inspection; fails only when the file itself is unreadable (KILN-E2000,
+// E2001, E2002, E2003, E2010, ...), never because of unsupported ops (it lists them).
+StatusOr<OnnxModelInfo> InspectOnnxFile(const std::string& path);
+
+}  // namespace kiln

@@ -1,0 +1,128 @@
+// Internals of the ONNX importer shared by its files and tests: protobuf reading with kiln's
+// limits, TensorProto conversion, external data, op version history and normalisation.
+// Only this layer and its tests include the ONNX protobuf headers.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/core/status.h"
+#include "kiln/ir/tensor.h"
+#include "kiln/onnx/onnx_import.h"
+
+namespace google::protobuf::io {
+class CodedInputStream;
+}
+
+namespace kiln::onnx_internal {
+
+// ---- reading protobuf (proto_io.cc) ----
+
+// Protobuf refuses messages above its total-bytes limit; kiln raises it to the format's hard
+// ceiling (INT_MAX, 2 GiB - 1) so that every model protobuf can represent is readable.
+inline constexpr int kProtobufTotalBytesLimit = INT_MAX;
+void ConfigureCodedStream(google::protobuf::io::CodedInputStream& stream);
+
+// Parses a model, streaming from the file descriptor (no full copy in memory). Failures are
+// classified: not protobuf / not ONNX (KILN-E2000), cut short (KILN-E2001), too large (E2010).
+Status ParseModelFile(const std::string& path, onnx::ModelProto* model, uint64_t* file_bytes);
+Status ParseModelBytes(std::span<const std::byte> bytes, onnx::ModelProto* model);
+// Checks that a parsed message is an ONNX model (graph, ir_version, opset_import).
+Status CheckModelShape(const onnx::ModelProto& model, const std::string& what);
+Status ParseTensorFile(const std::string& path, onnx::TensorProto* tensor);
+
+// How a failed parse looks when the top-level fields are walked one by one.
+enum class WireScan { kClean, kTruncated, kCorrupt };
+struct WireScanResult {
+  WireScan kind = WireScan::kClean;
+  int64_t offset = 0;  // where the walk stopped
+  int field = 0;       // field number being read there
+  std::string detail;  // for the message
+};
+// Walks the top-level fields of a ModelProto in `stream` without parsing their contents.
+WireScanResult ScanModelWire(google::protobuf::io::CodedInputStream& stream, int64_t total_bytes);
+
+// ---- tensors (tensor_proto.cc) ----
+
+// ONNX TensorProto.DataType number -> kiln DataType (nullopt for types kiln lacks).
+// TODO(merge): the ops layer adds the same mapping as kiln/ops/onnx_dtype.h (DataTypeFromOnnx);
+// once both are in main this should forward to it.
+std::optional<DataType> ToKilnDataType(int64_t onnx_type);
+// "float32", "float64", "string", ... ("type 99" for unknown numbers).
+std::string OnnxDataTypeName(int64_t onnx_type);
+
+// Maps external data files (once each) and hands out checked byte ranges of them.
+class ExternalDataResolver {
+ public:
+  // `base_dir` empty: external data is an error (the caller has no directory to look in).
+  explicit ExternalDataResolver(std::string base_dir);
+  ExternalDataResolver(const ExternalDataResolver&) = delete;
+  ExternalDataResolver& operator=(const ExternalDataResolver&) = delete;
+
+  // The bytes of `tensor` (data_location = EXTERNAL) and the mapping that keeps them alive.
+  struct Range {
+    const std::byte* data = nullptr;
+    size_t size = 0;
+    std::shared_ptr<const void> keepalive;
+  };
+  StatusOr<Range> Resolve(const onnx::TensorProto& tensor, size_t expected_bytes);
+
+  // Checks `location` (lexically, and through symlinks when the file exists) stays inside
+  // base_dir; returns the full path.
+  StatusOr<std::string> CheckedPath(const std::string& tensor_name, const std::string& location);
+
+ private:
+  std::string base_dir_;
+  struct Mapping {
+    std::shared_ptr<const void> keepalive;
+    const std::byte* data = nullptr;
+    size_t size = 0;
+  };
+  std::unordered_map<std::string, Mapping> files_;
+};
+
+// Converts a TensorProto (typed fields, raw_data or external data) into a kiln Tensor. Sizes are
+// checked before anything is allocated. `resolver` may be null when external data is not allowed.
+StatusOr<Tensor> TensorFromProto(const onnx::TensorProto& proto, ExternalDataResolver* resolver);
+
+// ---- op versions (op_versions.cc) ----
+
+// The version of `op_type` (ai.onnx) in effect at `opset`: the newest since_version <= opset at
+// which the op's interface (attributes, inputs, outputs) changed; versions that only added
+// element types do not count (gen_op_versions.py). 0 when ONNX does not define the op at that
+// opset (or at all).
+int EffectiveOpVersion(std::string_view op_type, int64_t opset);
+bool IsOnnxOp(std::string_view op_type);
+
+// ---- normalisation (normalize.cc) ----
+
+struct NormalizedNode {
+  onnx::NodeProto node;  // canonical form; name unique in the graph
+  int version = 0;       // ai.onnx version whose semantics the node now has (0: unknown op)
+  std::string origin;    // original node's name when this node was added by a rewrite
+};
+
+// Rewrites older op versions into the canonical forms (README.md lists them) and gives every
+// node a unique name. Consumes the graph's nodes (they are moved out).
+Status NormalizeNodes(onnx::GraphProto* graph, int64_t opset, std::vector<NormalizedNode>* out);
+
+// The unsupported ops among normalised nodes, grouped by type, in first-seen order.
+std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNode>& nodes,
+                                                  int64_t opset);
+// The KILN-E2004 error listing them all.
+Status UnsupportedOpsError(const std::vector<OnnxUnsupportedOp>& unsupported);
+
+// Opset of the default domain; KILN-E2003 / E2012 when out of range; 0 when the model imports
+// only other domains.
+StatusOr<int64_t> DefaultOpset(const onnx::ModelProto& model);
+
+}  // namespace kiln::onnx_internal

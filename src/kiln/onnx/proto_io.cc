@@ -1,0 +1,286 @@
+// Reading ONNX protobuf messages with kiln's limits, and telling a truncated file from one that
+// is not an ONNX model at all (KILN-E2001 vs KILN-E2000).
+#include <fcntl.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "kiln/onnx/onnx_internal.h"
+
+namespace kiln::onnx_internal {
+
+namespace pb = google::protobuf;
+using pb::internal::WireFormatLite;
+
+namespace {
+
+// A file descriptor closed on every path out.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+StatusOr<std::pair<int, uint64_t>> OpenForRead(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    return MakeError(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIoError,
+                     "cannot open '{}': open() failed: {}", path, std::strerror(err));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int err = errno;
+    ::close(fd);
+    return MakeError(ErrorCode::kIoError, "'{}' is not a regular file{}", path,
+                     err ? fmt::format(" (fstat: {})", std::strerror(err)) : "");
+  }
+  return std::make_pair(fd, static_cast<uint64_t>(st.st_size));
+}
+
+// ModelProto's top-level fields and their wire types (onnx.proto), so that a file that happens
+// to be valid protobuf but is some other message is not mistaken for a cut-short model.
+bool IsModelField(int field, WireFormatLite::WireType type) {
+  switch (field) {
+    case 1:  // ir_version
+    case 5:  // model_version
+      return type == WireFormatLite::WIRETYPE_VARINT;
+    case 2:
+    case 3:
+    case 4:
+    case 6:   // producer_name/version, domain, doc_string
+    case 7:   // graph
+    case 8:   // opset_import
+    case 14:  // metadata_props
+    case 20:  // training_info
+    case 25:  // functions
+    case 26:  // configuration
+      return type == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+    default:
+      return false;
+  }
+}
+
+const char* ModelFieldName(int field) {
+  switch (field) {
+    case 1:
+      return "ir_version";
+    case 2:
+      return "producer_name";
+    case 3:
+      return "producer_version";
+    case 4:
+      return "domain";
+    case 5:
+      return "model_version";
+    case 6:
+      return "doc_string";
+    case 7:
+      return "graph";
+    case 8:
+      return "opset_import";
+    case 14:
+      return "metadata_props";
+    case 20:
+      return "training_info";
+    case 25:
+      return "functions";
+    default:
+      return "unknown field";
+  }
+}
+
+Status ParseFailure(const WireScanResult& scan, const std::string& what, uint64_t total) {
+  switch (scan.kind) {
+    case WireScan::kTruncated:
+      return MakeError(ErrorCode::kModelTruncated,
+                       "{} ends early: field {} ({}) at byte {} {}, but the file has only {} "
+                       "bytes; the file was probably cut short (interrupted copy or download)",
+                       what, scan.field, ModelFieldName(scan.field), scan.offset, scan.detail,
+                       total);
+    case WireScan::kCorrupt:
+      return MakeError(ErrorCode::kModelNotProtobuf,
+                       "{} is not an ONNX model: {} at byte {} (of {})", what, scan.detail,
+                       scan.offset, total);
+    case WireScan::kClean:
+      break;
+  }
+  return MakeError(ErrorCode::kModelNotProtobuf,
+                   "{} is not a valid ONNX protobuf: its top-level fields are intact but the "
+                   "contents of one of them are corrupt (protobuf parse failed); the file may "
+                   "be damaged or truncated inside",
+                   what);
+}
+
+}  // namespace
+
+void ConfigureCodedStream(pb::io::CodedInputStream& stream) {
+  stream.SetTotalBytesLimit(kProtobufTotalBytesLimit);
+}
+
+WireScanResult ScanModelWire(pb::io::CodedInputStream& in, int64_t total) {
+  WireScanResult r;
+  for (;;) {
+    r.offset = in.CurrentPosition();
+    if (r.offset >= total) return r;  // clean end
+    uint32_t tag = in.ReadTag();
+    if (tag == 0) {
+      r.kind = in.CurrentPosition() >= total ? WireScan::kTruncated : WireScan::kCorrupt;
+      r.detail = r.kind == WireScan::kTruncated ? "has a tag cut short" : "invalid field tag 0";
+      return r;
+    }
+    r.field = static_cast<int>(WireFormatLite::GetTagFieldNumber(tag));
+    auto type = WireFormatLite::GetTagWireType(tag);
+    if (!IsModelField(r.field, type)) {
+      r.kind = WireScan::kCorrupt;
+      r.detail = fmt::format("field number {} with wire type {} is not part of an ONNX model",
+                             r.field, static_cast<int>(type));
+      return r;
+    }
+    if (type == WireFormatLite::WIRETYPE_VARINT) {
+      uint64_t v = 0;
+      if (!in.ReadVarint64(&v)) {
+        r.kind = in.CurrentPosition() >= total ? WireScan::kTruncated : WireScan::kCorrupt;
+        r.detail = "holds a varint that is cut short";
+        return r;
+      }
+    } else {
+      uint32_t len = 0;
+      if (!in.ReadVarint32(&len)) {
+        r.kind = in.CurrentPosition() >= total ? WireScan::kTruncated : WireScan::kCorrupt;
+        r.detail = "has a length that is cut short";
+        return r;
+      }
+      int64_t start = in.CurrentPosition();
+      if (start + static_cast<int64_t>(len) > total) {
+        r.kind = WireScan::kTruncated;
+        r.detail = fmt::format("needs {} bytes", len);
+        return r;
+      }
+      if (!in.Skip(static_cast<int>(len))) {
+        r.kind = WireScan::kTruncated;
+        r.detail = fmt::format("needs {} bytes", len);
+        return r;
+      }
+    }
+  }
+}
+
+Status CheckModelShape(const onnx::ModelProto& model, const std::string& what) {
+  if (!model.has_graph() && !model.has_ir_version()) {
+    return MakeError(ErrorCode::kModelNotProtobuf,
+                     "{} is not an ONNX model: it has neither an ir_version nor a graph", what);
+  }
+  if (!model.has_graph()) {
+    return MakeError(ErrorCode::kModelTruncated,
+                     "{} has an ONNX header (ir_version {}) but no graph; the file was probably "
+                     "cut short before the graph",
+                     what, model.ir_version());
+  }
+  if (model.opset_import_size() == 0 && model.ir_version() >= 3) {
+    return MakeError(ErrorCode::kModelTruncated,
+                     "{} has a graph but no opset_import (required since IR version 3 and "
+                     "stored after the graph); the file was probably cut short",
+                     what);
+  }
+  return OkStatus();
+}
+
+Status ParseModelFile(const std::string& path, onnx::ModelProto* model, uint64_t* file_bytes) {
+  KILN_ASSIGN_OR_RETURN(auto opened, OpenForRead(path));
+  Fd fd(opened.first);
+  uint64_t size = opened.second;
+  if (file_bytes) *file_bytes = size;
+  std::string what = fmt::format("'{}'", path);
+  if (size == 0) {
+    return MakeError(ErrorCode::kModelTruncated,
+                     "{} is empty (0 bytes); the file was probably cut short or never written",
+                     what);
+  }
+  if (size > static_cast<uint64_t>(kProtobufTotalBytesLimit)) {
+    return MakeError(ErrorCode::kInvalidModel,
+                     "{} is {} bytes, above protobuf's 2 GiB message limit; such a model must "
+                     "keep its weights in external data (onnx.save_model(model, path, "
+                     "save_as_external_data=True))",
+                     what, size);
+  }
+  bool parsed = false;
+  {
+    pb::io::FileInputStream raw(fd.get());
+    pb::io::CodedInputStream coded(&raw);
+    ConfigureCodedStream(coded);
+    parsed = model->ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage();
+  }
+  if (!parsed) {
+    if (::lseek(fd.get(), 0, SEEK_SET) != 0) {
+      return MakeError(ErrorCode::kModelNotProtobuf, "{} is not a valid ONNX protobuf", what);
+    }
+    pb::io::FileInputStream raw(fd.get());
+    pb::io::CodedInputStream coded(&raw);
+    ConfigureCodedStream(coded);
+    return ParseFailure(ScanModelWire(coded, static_cast<int64_t>(size)), what, size);
+  }
+  return CheckModelShape(*model, what);
+}
+
+Status ParseModelBytes(std::span<const std::byte> bytes, onnx::ModelProto* model) {
+  std::string what = fmt::format("the model ({} bytes)", bytes.size());
+  if (bytes.empty()) {
+    return MakeError(ErrorCode::kModelTruncated, "the model is empty (0 bytes)");
+  }
+  if (bytes.size() > static_cast<size_t>(kProtobufTotalBytesLimit)) {
+    return MakeError(ErrorCode::kInvalidModel,
+                     "{} is above protobuf's 2 GiB message limit; keep the weights in external "
+                     "data",
+                     what);
+  }
+  auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  int size = static_cast<int>(bytes.size());
+  bool parsed = false;
+  {
+    pb::io::CodedInputStream coded(data, size);
+    ConfigureCodedStream(coded);
+    parsed = model->ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage();
+  }
+  if (!parsed) {
+    pb::io::CodedInputStream coded(data, size);
+    ConfigureCodedStream(coded);
+    return ParseFailure(ScanModelWire(coded, size), what, bytes.size());
+  }
+  return CheckModelShape(*model, what);
+}
+
+Status ParseTensorFile(const std::string& path, onnx::TensorProto* tensor) {
+  KILN_ASSIGN_OR_RETURN(auto opened, OpenForRead(path));
+  Fd fd(opened.first);
+  if (opened.second > static_cast<uint64_t>(kProtobufTotalBytesLimit)) {
+    return MakeError(ErrorCode::kInvalidModel,
+                     "'{}' is {} bytes, above protobuf's 2 GiB message limit", path, opened.second);
+  }
+  pb::io::FileInputStream raw(fd.get());
+  pb::io::CodedInputStream coded(&raw);
+  ConfigureCodedStream(coded);
+  if (!tensor->ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage()) {
+    return MakeError(ErrorCode::kModelNotProtobuf,
+                     "'{}' ({} bytes) is not a valid onnx.TensorProto (protobuf parse failed; "
+                     "the file may be truncated or of another kind)",
+                     path, opened.second);
+  }
+  return OkStatus();
+}
+
+}  // namespace kiln::onnx_internal

@@ -1,0 +1,687 @@
+// Shape rules for shape and tensor manipulation ops. These carry the dims-values that make
+// exported shape subgraphs (Shape -> Gather -> Unsqueeze -> Concat -> Reshape) resolve to
+// static or symbolic target shapes.
+#include <algorithm>
+#include <limits>
+
+#include "kiln/ops/onnx_dtype.h"
+#include "kiln/ops/op_schema.h"
+#include "kiln/ops/rule_util.h"
+
+namespace kiln {
+
+using namespace ops_internal;
+
+namespace {
+int64_t Rank(const InferenceContext& ctx, size_t i) {
+  return static_cast<int64_t>(ctx.input_shape(i).size());
+}
+
+Status RequireIntegerInput(const InferenceContext& ctx, size_t i, const char* what) {
+  DataType t = ctx.input_type(i);
+  if (t != DataType::kInt64 && t != DataType::kInt32) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "input {} ({}) must be int64 or int32, not {}", i,
+                     what, ToString(t));
+  }
+  return OkStatus();
+}
+
+// Target dims for Reshape/Expand/ConstantOfShape/Tile: a dims-value or KILN-E2011.
+StatusOr<std::vector<Dim>> RequiredDims(const InferenceContext& ctx, size_t i, const char* what) {
+  auto v = ctx.input_dims_value(i);
+  if (!v) {
+    return ctx.Error(ErrorCode::kDataDependentShape,
+                     "input {} ({}) must be a constant or computed from shapes", i, what);
+  }
+  return *v;
+}
+
+// Normalises a list of axes against rank; rejects duplicates.
+StatusOr<std::vector<int64_t>> NormalizeAxes(const InferenceContext& ctx, std::vector<int64_t> axes,
+                                             int64_t rank) {
+  for (int64_t& a : axes) {
+    KILN_ASSIGN_OR_RETURN(a, Axis(ctx, a, rank));
+  }
+  std::vector<int64_t> sorted = axes;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "axes repeat an axis");
+  }
+  return axes;
+}
+
+constexpr int64_t kHuge = std::numeric_limits<int64_t>::max() / 4;
+
+// Slice along one dim with ONNX clamping. Static dims are exact; for symbolic dims the usual
+// patterns (to the end, from the end, a prefix shorter than the dim) are resolved, assuming a
+// symbolic dim is at least as large as the static bounds used with it.
+StatusOr<Dim> SliceDim(const InferenceContext& ctx, const Dim& d, Dim start, Dim end,
+                       int64_t step) {
+  if (step == 0) return ctx.Error(ErrorCode::kInvalidAttribute, "Slice step must not be 0");
+  if (d.is_static() && start.is_static() && end.is_static()) {
+    int64_t n = d.value(), s = start.value(), e = end.value();
+    if (s < 0) s += n;
+    if (e < 0) e += n;
+    if (step > 0) {
+      s = std::clamp<int64_t>(s, 0, n);
+      e = std::clamp<int64_t>(e, 0, n);
+      return Dim(e > s ? (e - s + step - 1) / step : 0);
+    }
+    s = std::clamp<int64_t>(s, 0, n - 1);
+    e = std::clamp<int64_t>(e, -1, n - 1);
+    return Dim(s > e ? (s - e - step - 1) / (-step) : 0);
+  }
+  auto norm = [&](Dim x, bool is_end) -> Dim {
+    if (!x.is_static()) return x;
+    int64_t v = x.value();
+    if (v >= kHuge) return step > 0 ? d : d - 1;
+    if (v <= -kHuge) return step > 0 ? Dim(0) : Dim(-1);
+    if (v < 0) return d + v;
+    return x;
+  };
+  start = norm(start, false);
+  end = norm(end, true);
+  if (step > 0) {
+    Dim len = end - start;
+    if (step == 1) return len;
+    return CeilDiv(len, step);
+  }
+  return CeilDiv(start - end, -step);
+}
+}  // namespace
+
+Status InferShape(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  KILN_ASSIGN_OR_RETURN(int64_t start, IntAttr(ctx, "start", 0));
+  KILN_ASSIGN_OR_RETURN(int64_t end, IntAttr(ctx, "end", rank));
+  if (start < 0) start += rank;
+  if (end < 0) end += rank;
+  start = std::clamp<int64_t>(start, 0, rank);
+  end = std::clamp<int64_t>(end, 0, rank);
+  std::vector<Dim> dims;
+  for (int64_t i = start; i < end; ++i) dims.push_back(ctx.input_shape(0)[i]);
+  ctx.set_output(0, DataType::kInt64, {static_cast<int64_t>(dims.size())});
+  ctx.set_output_dims_value(0, std::move(dims));
+  return OkStatus();
+}
+
+Status InferSize(InferenceContext& ctx) {
+  ctx.set_output(0, DataType::kInt64, {});
+  ctx.set_output_dims_value(0, {NumElements(ctx.input_shape(0))});
+  return OkStatus();
+}
+
+Status InferReshape(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "shape"));
+  KILN_ASSIGN_OR_RETURN(int64_t allowzero, IntAttr(ctx, "allowzero", 0));
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> target, RequiredDims(ctx, 1, "shape"));
+  const Shape& in = ctx.input_shape(0);
+  Shape out(target.size());
+  int infer_at = -1;
+  Dim known = 1;
+  for (size_t i = 0; i < target.size(); ++i) {
+    const Dim& t = target[i];
+    if (t.is_static() && t.value() == -1) {
+      if (infer_at >= 0) return ctx.Error(ErrorCode::kInvalidAttribute, "shape has two -1 dims");
+      infer_at = static_cast<int>(i);
+      continue;
+    }
+    if (t.is_static() && t.value() == 0 && !allowzero) {
+      if (i >= in.size()) {
+        return ctx.Error(ErrorCode::kShapeMismatch,
+                         "shape[{}] is 0 (copy) but input {} has rank {}", i, ToString(in),
+                         in.size());
+      }
+      out[i] = in[i];
+    } else if (t.is_static() && t.value() < 0) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "shape[{}] is {}", i, t.value());
+    } else {
+      out[i] = t;
+    }
+    known = known * out[i];
+  }
+  Dim total = NumElements(in);
+  if (infer_at >= 0) {
+    if (known == Dim(0)) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "cannot infer -1 in {} with a zero dim",
+                       ToString(target));
+    }
+    out[infer_at] = FloorDiv(total, known);
+    if (total.is_static() && known.is_static() && total.value() % known.value() != 0) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "cannot reshape {} ({} elements) into {}",
+                       ToString(in), total.value(), ToString(target));
+    }
+  } else if (total.is_static() && known.is_static() && total.value() != known.value()) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "cannot reshape {} ({} elements) into {}",
+                     ToString(in), total.value(), ToString(out));
+  }
+  ctx.set_output(0, ctx.input_type(0), out);
+  if (auto v = ctx.input_dims_value(0); v && NumElements(out) == Dim(int64_t(v->size()))) {
+    ctx.set_output_dims_value(0, *v);
+  }
+  return OkStatus();
+}
+
+Status InferFlatten(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  KILN_ASSIGN_OR_RETURN(int64_t axis, IntAttr(ctx, "axis", 1));
+  if (axis < -rank || axis > rank) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "axis {} is out of range for rank {}", axis,
+                     rank);
+  }
+  if (axis < 0) axis += rank;
+  Dim a = 1, b = 1;
+  for (int64_t i = 0; i < rank; ++i)
+    (i < axis ? a : b) = (i < axis ? a : b) * ctx.input_shape(0)[i];
+  ctx.set_output(0, ctx.input_type(0), {a, b});
+  return OkStatus();
+}
+
+Status InferTranspose(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  KILN_ASSIGN_OR_RETURN(auto perm_attr, IntsAttr(ctx, "perm"));
+  std::vector<int64_t> perm;
+  if (perm_attr) {
+    perm = *perm_attr;
+  } else {
+    for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
+  }
+  if (static_cast<int64_t>(perm.size()) != rank) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "perm has {} entries for rank {}", perm.size(),
+                     rank);
+  }
+  std::vector<bool> seen(rank, false);
+  Shape out;
+  for (int64_t p : perm) {
+    if (p < 0 || p >= rank || seen[p]) {
+      return ctx.Error(ErrorCode::kInvalidAttribute, "perm [{}] is not a permutation of 0..{}",
+                       fmt::join(perm, ","), rank - 1);
+    }
+    seen[p] = true;
+    out.push_back(ctx.input_shape(0)[p]);
+  }
+  ctx.set_output(0, ctx.input_type(0), out);
+  return OkStatus();
+}
+
+Status InferConcat(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, RequiredIntAttr(ctx, "axis"));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
+  Shape out = ctx.input_shape(0);
+  for (size_t i = 1; i < ctx.num_inputs(); ++i) {
+    const Shape& s = ctx.input_shape(i);
+    if (ctx.input_type(i) != ctx.input_type(0)) {
+      return ctx.Error(ErrorCode::kTypeMismatch, "input {} is {}, input 0 is {}", i,
+                       ToString(ctx.input_type(i)), ToString(ctx.input_type(0)));
+    }
+    if (static_cast<int64_t>(s.size()) != rank) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "input {} {} and input 0 {} differ in rank", i,
+                       ToString(s), ToString(ctx.input_shape(0)));
+    }
+    for (int64_t d = 0; d < rank; ++d) {
+      if (d == axis) {
+        out[d] = out[d] + s[d];
+      } else if (DimsEqual(out[d], s[d]) == false) {
+        return ctx.Error(ErrorCode::kShapeMismatch,
+                         "input {} {} and input 0 {} differ outside axis {}", i, ToString(s),
+                         ToString(ctx.input_shape(0)), axis);
+      } else if (!out[d].is_static()) {
+        out[d] = s[d].is_static() ? s[d] : out[d];
+      }
+    }
+  }
+  ctx.set_output(0, ctx.input_type(0), out);
+  if (rank == 1) {
+    std::vector<Dim> v;
+    for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+      auto d = ctx.input_dims_value(i);
+      if (!d) return OkStatus();
+      v.insert(v.end(), d->begin(), d->end());
+    }
+    ctx.set_output_dims_value(0, std::move(v));
+  }
+  return OkStatus();
+}
+
+Status InferSplit(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", 0));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
+  int64_t n = static_cast<int64_t>(ctx.num_outputs());
+  const Dim& d = ctx.input_shape(0)[axis];
+  std::vector<Dim> sizes;
+  if (ctx.has_input(1)) {
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> split, RequiredInts(ctx, 1, "split"));
+    if (static_cast<int64_t>(split.size()) != n) {
+      return ctx.Error(ErrorCode::kInvalidAttribute, "split has {} entries for {} outputs",
+                       split.size(), n);
+    }
+    int64_t sum = 0;
+    for (int64_t s : split) {
+      if (s < 0) return ctx.Error(ErrorCode::kInvalidAttribute, "split has a negative size");
+      sum += s;
+      sizes.push_back(s);
+    }
+    if (d.is_static() && d.value() != sum) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "split sizes sum to {} but axis {} of {} is {}",
+                       sum, axis, ToString(ctx.input_shape(0)), d.value());
+    }
+  } else {
+    KILN_ASSIGN_OR_RETURN(int64_t num, IntAttr(ctx, "num_outputs", n));
+    if (num != n || n < 1) {
+      return ctx.Error(ErrorCode::kInvalidAttribute,
+                       "num_outputs is {} but the node has {} outputs", num, n);
+    }
+    // ONNX: chunks of ceil(d/n), the last one smaller.
+    Dim chunk = CeilDiv(d, n);
+    for (int64_t i = 0; i + 1 < n; ++i) sizes.push_back(chunk);
+    sizes.push_back(d - chunk * (n - 1));
+    if (d.is_static() && sizes.back().value() < 0) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "axis {} of size {} cannot give {} outputs", axis,
+                       d.value(), n);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    Shape s = ctx.input_shape(0);
+    s[axis] = sizes[i];
+    ctx.set_output(i, ctx.input_type(0), s);
+  }
+  return OkStatus();
+}
+
+Status InferSlice(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  auto starts = ctx.input_dims_value(1);
+  auto ends = ctx.input_dims_value(2);
+  if (!starts || !ends) {
+    return ctx.Error(ErrorCode::kDataDependentShape,
+                     "starts and ends must be constants or computed from shapes");
+  }
+  if (starts->size() != ends->size()) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "starts has {} entries, ends {}", starts->size(),
+                     ends->size());
+  }
+  std::vector<int64_t> axes, steps(starts->size(), 1);
+  if (ctx.has_input(3)) {
+    KILN_ASSIGN_OR_RETURN(axes, RequiredInts(ctx, 3, "axes"));
+  } else {
+    for (size_t i = 0; i < starts->size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  }
+  if (ctx.has_input(4)) {
+    KILN_ASSIGN_OR_RETURN(steps, RequiredInts(ctx, 4, "steps"));
+  }
+  if (axes.size() != starts->size() || steps.size() != starts->size()) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "starts, ends, axes and steps differ in length");
+  }
+  KILN_ASSIGN_OR_RETURN(axes, NormalizeAxes(ctx, axes, rank));
+  Shape out = ctx.input_shape(0);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(out[axes[i]],
+                          SliceDim(ctx, out[axes[i]], (*starts)[i], (*ends)[i], steps[i]));
+  }
+  ctx.set_output(0, ctx.input_type(0), out);
+  // Slicing a shape vector (x.shape[:-1]).
+  auto v = ctx.input_dims_value(0);
+  if (v && rank == 1 && out[0].is_static()) {
+    auto s = (*starts)[0].static_value(), e = (*ends)[0].static_value();
+    if (s && e) {
+      int64_t n = static_cast<int64_t>(v->size()), step = steps[0], b = *s;
+      if (b < 0) b += n;
+      b = step > 0 ? std::clamp<int64_t>(b, 0, n) : std::clamp<int64_t>(b, 0, n - 1);
+      std::vector<Dim> r;
+      for (int64_t k = 0; k < out[0].value(); ++k) r.push_back((*v)[b + k * step]);
+      ctx.set_output_dims_value(0, std::move(r));
+    }
+  }
+  return OkStatus();
+}
+
+Status InferGather(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", 0));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
+  const Shape& data = ctx.input_shape(0);
+  Shape out(data.begin(), data.begin() + axis);
+  for (const Dim& d : ctx.input_shape(1)) out.push_back(d);
+  out.insert(out.end(), data.begin() + axis + 1, data.end());
+  ctx.set_output(0, ctx.input_type(0), out);
+  auto v = ctx.input_dims_value(0);
+  auto idx = ctx.input_ints(1);
+  if (v && idx && rank == 1) {
+    std::vector<Dim> r;
+    int64_t n = static_cast<int64_t>(v->size());
+    for (int64_t i : *idx) {
+      if (i < -n || i >= n) {
+        return ctx.Error(ErrorCode::kShapeMismatch, "index {} is out of range for {} elements", i,
+                         n);
+      }
+      r.push_back((*v)[i < 0 ? i + n : i]);
+    }
+    ctx.set_output_dims_value(0, std::move(r));
+  }
+  return OkStatus();
+}
+
+Status InferGatherElements(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", 0));
+  KILN_RETURN_IF_ERROR(Axis(ctx, axis_attr, rank).status());
+  if (Rank(ctx, 1) != rank) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "indices {} and data {} differ in rank",
+                     ToString(ctx.input_shape(1)), ToString(ctx.input_shape(0)));
+  }
+  ctx.set_output(0, ctx.input_type(0), ctx.input_shape(1));
+  return OkStatus();
+}
+
+Status InferScatterND(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
+  KILN_ASSIGN_OR_RETURN(std::string red, StringAttr(ctx, "reduction", "none"));
+  if (red != "none" && red != "add" && red != "mul" && red != "max" && red != "min") {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "reduction '{}' is not none/add/mul/max/min",
+                     red);
+  }
+  if (ctx.input_type(2) != ctx.input_type(0)) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "updates type {} differs from data type {}",
+                     ToString(ctx.input_type(2)), ToString(ctx.input_type(0)));
+  }
+  ctx.set_output(0, ctx.input_type(0), ctx.input_shape(0));
+  return OkStatus();
+}
+
+Status InferUnsqueeze(InferenceContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> axes, RequiredInts(ctx, 1, "axes"));
+  int64_t out_rank = Rank(ctx, 0) + static_cast<int64_t>(axes.size());
+  KILN_ASSIGN_OR_RETURN(axes, NormalizeAxes(ctx, axes, out_rank));
+  Shape out(out_rank);
+  std::vector<bool> is_new(out_rank, false);
+  for (int64_t a : axes) is_new[a] = true;
+  size_t k = 0;
+  for (int64_t i = 0; i < out_rank; ++i) out[i] = is_new[i] ? Dim(1) : ctx.input_shape(0)[k++];
+  ctx.set_output(0, ctx.input_type(0), out);
+  if (auto v = ctx.input_dims_value(0); v && out_rank <= 1) ctx.set_output_dims_value(0, *v);
+  return OkStatus();
+}
+
+Status InferSqueeze(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  const Shape& in = ctx.input_shape(0);
+  std::vector<bool> drop(rank, false);
+  if (ctx.has_input(1)) {
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> axes, RequiredInts(ctx, 1, "axes"));
+    KILN_ASSIGN_OR_RETURN(axes, NormalizeAxes(ctx, axes, rank));
+    for (int64_t a : axes) {
+      if (in[a].is_static() && in[a].value() != 1) {
+        return ctx.Error(ErrorCode::kShapeMismatch, "cannot squeeze axis {} of {}: it is not 1", a,
+                         ToString(in));
+      }
+      drop[a] = true;
+    }
+  } else {
+    // Symbolic dims are kept: they are sizes that the profile may set to anything.
+    for (int64_t i = 0; i < rank; ++i) drop[i] = in[i] == Dim(1);
+  }
+  Shape out;
+  for (int64_t i = 0; i < rank; ++i) {
+    if (!drop[i]) out.push_back(in[i]);
+  }
+  ctx.set_output(0, ctx.input_type(0), out);
+  if (auto v = ctx.input_dims_value(0); v && v->size() == 1) ctx.set_output_dims_value(0, *v);
+  return OkStatus();
+}
+
+Status InferExpand(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "shape"));
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> target, RequiredDims(ctx, 1, "shape"));
+  auto s = BroadcastShapes(ctx.input_shape(0), target);
+  if (!s.ok()) return ctx.Error(ErrorCode::kShapeMismatch, "{}", s.status().message());
+  ctx.set_output(0, ctx.input_type(0), *s);
+  if (auto v = ctx.input_dims_value(0); v && s->size() <= 1) {
+    if (s->empty() || (*s)[0] == Dim(int64_t(v->size()))) {
+      ctx.set_output_dims_value(0, *v);
+    } else if (v->size() == 1 && (*s)[0].is_static()) {
+      ctx.set_output_dims_value(0, std::vector<Dim>((*s)[0].value(), (*v)[0]));
+    }
+  }
+  return OkStatus();
+}
+
+Status InferTile(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "repeats"));
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> reps, RequiredDims(ctx, 1, "repeats"));
+  if (static_cast<int64_t>(reps.size()) != Rank(ctx, 0)) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "repeats has {} entries for input {}", reps.size(),
+                     ToString(ctx.input_shape(0)));
+  }
+  Shape out = ctx.input_shape(0);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = out[i] * reps[i];
+  ctx.set_output(0, ctx.input_type(0), out);
+  return OkStatus();
+}
+
+Status InferCast(InferenceContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(int64_t to, RequiredIntAttr(ctx, "to"));
+  auto t = DataTypeFromOnnx(to);
+  if (!t) {
+    return ctx.Error(ErrorCode::kInvalidAttribute,
+                     "attribute 'to' is ONNX type {}, which kiln does not support (float, "
+                     "float16, bfloat16, int8, uint8, int32, int64, bool)",
+                     to);
+  }
+  ctx.set_output(0, *t, ctx.input_shape(0));
+  if (IsInteger(*t)) {
+    if (auto v = ctx.input_dims_value(0)) ctx.set_output_dims_value(0, *v);
+  }
+  return OkStatus();
+}
+
+Status InferConstantOfShape(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 0, "shape"));
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> shape, RequiredDims(ctx, 0, "shape"));
+  DataType t = DataType::kFloat32;
+  if (ctx.attrs().Has("value")) {
+    const Tensor* v = ctx.attrs().GetTensor("value");
+    if (!v || v->num_elements() != 1) {
+      return ctx.Error(ErrorCode::kInvalidAttribute,
+                       "attribute 'value' must be a one-element tensor");
+    }
+    t = v->dtype();
+    if (IsInteger(t) && shape.size() <= 1) {
+      // A constant-of-shape vector of ints is itself a dims-value (e.g. ones for Expand).
+      if (shape.size() == 0 || shape[0].is_static()) {
+        int64_t n = shape.empty() ? 1 : shape[0].value();
+        if (n <= 16) ctx.set_output_dims_value(0, std::vector<Dim>(n, Dim(v->GetInt(0))));
+      }
+    }
+  }
+  for (const Dim& d : shape) {
+    if (d.is_static() && d.value() < 0) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "shape {} has a negative dim", ToString(shape));
+    }
+  }
+  ctx.set_output(0, t, shape);
+  return OkStatus();
+}
+
+Status InferRange(InferenceContext& ctx) {
+  DataType t = ctx.input_type(0);
+  for (size_t i = 1; i < 3; ++i) {
+    if (ctx.input_type(i) != t) {
+      return ctx.Error(ErrorCode::kTypeMismatch, "start, limit and delta must share a type");
+    }
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    if (NumElements(ctx.input_shape(i)) != Dim(1)) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "input {} must be a scalar", i);
+    }
+  }
+  auto dims_of = [&](size_t i) -> std::optional<Dim> {
+    if (auto v = ctx.input_dims_value(i); v && v->size() == 1) return (*v)[0];
+    return std::nullopt;
+  };
+  Dim n;
+  const Tensor *c0 = ctx.input_constant(0), *c1 = ctx.input_constant(1),
+               *c2 = ctx.input_constant(2);
+  if (IsFloat(t) && c0 && c1 && c2) {
+    double start = c0->GetDouble(0), limit = c1->GetDouble(0), delta = c2->GetDouble(0);
+    if (delta == 0) return ctx.Error(ErrorCode::kInvalidAttribute, "Range delta is 0");
+    n = std::max<int64_t>(static_cast<int64_t>(std::ceil((limit - start) / delta)), 0);
+  } else if (auto s = dims_of(0), l = dims_of(1), d = dims_of(2); s && l && d) {
+    if (!d->is_static() || d->value() == 0) {
+      return ctx.Error(ErrorCode::kDataDependentShape, "Range delta must be a non-zero constant");
+    }
+    int64_t delta = d->value();
+    Dim span = delta > 0 ? *l - *s : *s - *l;
+    int64_t ad = delta > 0 ? delta : -delta;
+    n = ad == 1 ? span : CeilDiv(span, ad);
+    if (n.is_static() && n.value() < 0) n = 0;
+  } else {
+    return ctx.Error(ErrorCode::kDataDependentShape,
+                     "start, limit and delta must be constants or computed from shapes");
+  }
+  ctx.set_output(0, t, {n});
+  return OkStatus();
+}
+
+Status InferPad(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  KILN_ASSIGN_OR_RETURN(std::string mode, StringAttr(ctx, "mode", "constant"));
+  if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap") {
+    return ctx.Error(ErrorCode::kInvalidAttribute,
+                     "mode '{}' is not constant, reflect, edge or wrap", mode);
+  }
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "pads"));
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> pads, RequiredDims(ctx, 1, "pads"));
+  std::vector<int64_t> axes;
+  if (ctx.has_input(3)) {
+    KILN_ASSIGN_OR_RETURN(axes, RequiredInts(ctx, 3, "axes"));
+    KILN_ASSIGN_OR_RETURN(axes, NormalizeAxes(ctx, axes, rank));
+  } else {
+    for (int64_t i = 0; i < rank; ++i) axes.push_back(i);
+  }
+  if (pads.size() != 2 * axes.size()) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "pads has {} entries for {} axes", pads.size(),
+                     axes.size());
+  }
+  if (ctx.has_input(2) && ctx.input_type(2) != ctx.input_type(0)) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "constant_value type differs from data type");
+  }
+  Shape out = ctx.input_shape(0);
+  size_t n = axes.size();
+  for (size_t i = 0; i < n; ++i) {
+    out[axes[i]] = out[axes[i]] + pads[i] + pads[i + n];
+    if (out[axes[i]].is_static() && out[axes[i]].value() < 0) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "pads make axis {} negative", axes[i]);
+    }
+  }
+  ctx.set_output(0, ctx.input_type(0), out);
+  return OkStatus();
+}
+
+Status InferTrilu(InferenceContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(int64_t upper, IntAttr(ctx, "upper", 1));
+  if (upper != 0 && upper != 1) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "attribute 'upper' must be 0 or 1");
+  }
+  if (Rank(ctx, 0) < 2) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "input {} has rank < 2",
+                     ToString(ctx.input_shape(0)));
+  }
+  ctx.set_output(0, ctx.input_type(0), ctx.input_shape(0));
+  return OkStatus();
+}
+
+Status InferCumSum(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "axis"));
+  if (NumElements(ctx.input_shape(1)) != Dim(1)) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "axis must be a scalar");
+  }
+  if (auto axis = ctx.input_ints(1)) {
+    KILN_RETURN_IF_ERROR(Axis(ctx, (*axis)[0], Rank(ctx, 0)).status());
+  }
+  ctx.set_output(0, ctx.input_type(0), ctx.input_shape(0));
+  return OkStatus();
+}
+
+Status InferTopK(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", -1));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> k, RequiredDims(ctx, 1, "K"));
+  if (k.size() != 1) return ctx.Error(ErrorCode::kShapeMismatch, "K must have one element");
+  const Dim& d = ctx.input_shape(0)[axis];
+  if (k[0].is_static() && (k[0].value() < 0 || (d.is_static() && k[0].value() > d.value()))) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "K={} is out of range for axis {} of {}",
+                     k[0].value(), axis, ToString(ctx.input_shape(0)));
+  }
+  Shape out = ctx.input_shape(0);
+  out[axis] = k[0];
+  ctx.set_output(0, ctx.input_type(0), out);
+  ctx.set_output(1, DataType::kInt64, out);
+  return OkStatus();
+}
+
+Status InferOneHot(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0) + 1;
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", -1));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
+  auto depth = ctx.input_dims_value(1);
+  Dim depth_dim;
+  if (depth && depth->size() == 1) {
+    depth_dim = (*depth)[0];
+  } else if (const Tensor* c = ctx.input_constant(1); c && c->num_elements() == 1) {
+    depth_dim = static_cast<int64_t>(c->GetDouble(0));
+  } else {
+    return ctx.Error(ErrorCode::kDataDependentShape, "depth must be a constant");
+  }
+  if (NumElements(ctx.input_shape(2)) != Dim(2)) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "values must have two elements [off, on]");
+  }
+  Shape out = ctx.input_shape(0);
+  out.insert(out.begin() + axis, depth_dim);
+  ctx.set_output(0, ctx.input_type(2), out);
+  return OkStatus();
+}
+
+namespace {
+Status SpaceDepth(InferenceContext& ctx, bool to_space) {
+  KILN_ASSIGN_OR_RETURN(int64_t b, RequiredIntAttr(ctx, "blocksize"));
+  if (b < 1) return ctx.Error(ErrorCode::kInvalidAttribute, "blocksize must be >= 1");
+  if (to_space) {
+    KILN_ASSIGN_OR_RETURN(std::string mode, StringAttr(ctx, "mode", "DCR"));
+    if (mode != "DCR" && mode != "CRD") {
+      return ctx.Error(ErrorCode::kInvalidAttribute, "mode '{}' is not DCR or CRD", mode);
+    }
+  }
+  if (Rank(ctx, 0) != 4) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "input {} must be NCHW",
+                     ToString(ctx.input_shape(0)));
+  }
+  Shape s = ctx.input_shape(0);
+  if (to_space) {
+    if (s[1].is_static() && s[1].value() % (b * b) != 0) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "channels {} not divisible by blocksize^2 {}",
+                       s[1].value(), b * b);
+    }
+    s = {s[0], FloorDiv(s[1], b * b), s[2] * b, s[3] * b};
+  } else {
+    for (int i = 2; i < 4; ++i) {
+      if (s[i].is_static() && s[i].value() % b != 0) {
+        return ctx.Error(ErrorCode::kShapeMismatch, "spatial dims {} not divisible by {}",
+                         ToString(s), b);
+      }
+    }
+    s = {s[0], s[1] * (b * b), FloorDiv(s[2], b), FloorDiv(s[3], b)};
+  }
+  ctx.set_output(0, ctx.input_type(0), s);
+  return OkStatus();
+}
+}  // namespace
+
+Status InferDepthToSpace(InferenceContext& ctx) { return SpaceDepth(ctx, true); }
+Status InferSpaceToDepth(InferenceContext& ctx) { return SpaceDepth(ctx, false); }
+
+}  // namespace kiln

@@ -1,0 +1,113 @@
+// CPU kernel contracts beyond numerics: tactic names say what they are (STYLE.md rule 5),
+// unsupported operand types give no tactic, and bad data (an out-of-range index) is an error
+// from the catalog, never a crash.
+#include <gtest/gtest.h>
+
+#include "kiln/backends/backend.h"
+#include "kiln/ops/op_schema.h"
+#include "op_tester.h"
+
+namespace kiln {
+namespace {
+
+using enum DataType;
+
+// Builds a one-node request with static shapes via the op's shape rule.
+struct OneNode {
+  Graph g;
+  KernelRequest request;
+  OneNode(const std::string& op, std::vector<std::pair<DataType, std::vector<int64_t>>> ins,
+          AttributeMap attrs = {}, std::vector<Tensor> constants = {}) {
+    std::vector<Value*> values;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      values.push_back(g.AddInput("x" + std::to_string(i), ins[i].first, MakeShape(ins[i].second)));
+    }
+    for (Tensor& c : constants) values.push_back(g.AddConstant(g.UniqueName("c"), c));
+    Value* y = g.AddValue("y");
+    Node* n = g.AddNode(op, "n", values, {y}, std::move(attrs));
+    g.MarkOutput(y);
+    EXPECT_TRUE(InferShapes(g).ok());
+    request.node = n;
+    for (Value* v : values) {
+      request.inputs.push_back({v->dtype(), v->shape(), *StaticDims(v->shape()), v->constant()});
+    }
+    request.outputs.push_back({y->dtype(), y->shape(), *StaticDims(y->shape()), nullptr});
+  }
+  std::vector<std::string> TacticNames(const std::string& op) const {
+    std::vector<std::string> names;
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCpu, op)) {
+      for (const TacticConfig& t : p->Tactics(request)) names.push_back(t.name);
+    }
+    return names;
+  }
+};
+
+AttributeMap Axis(int64_t a) {
+  AttributeMap m;
+  m.Set("axis", a);
+  return m;
+}
+
+TEST(CpuKernelContract, TacticNamesSayDtypeOpAndVariant) {
+  EXPECT_EQ(OneNode("Softmax", {{kFloat16, {2, 8}}}).TacticNames("Softmax"),
+            std::vector<std::string>{"f16-softmax-cpu-row"});
+  EXPECT_EQ(OneNode("Softmax", {{kFloat32, {2, 8}}}, Axis(0)).TacticNames("Softmax"),
+            std::vector<std::string>{"f32-softmax-cpu-strided"});
+  EXPECT_EQ(OneNode("Gather", {{kInt64, {4}}, {kInt64, {2}}}).TacticNames("Gather"),
+            std::vector<std::string>{"i64-gather-cpu"});
+  EXPECT_EQ(OneNode("Add", {{kInt32, {4}}, {kInt32, {1}}}).TacticNames("Add"),
+            std::vector<std::string>{"i32-add-cpu"});
+  EXPECT_EQ(OneNode("LeakyRelu", {{kBFloat16, {4}}}).TacticNames("LeakyRelu"),
+            std::vector<std::string>{"bf16-leaky-relu-cpu"});
+  EXPECT_EQ(OneNode("LayerNormalization", {{kFloat32, {2, 8}}, {kFloat32, {8}}})
+                .TacticNames("LayerNormalization"),
+            std::vector<std::string>{"f32-layer-normalization-cpu-row"});
+  EXPECT_EQ(OneNode("Where", {{kBool, {4}}, {kInt64, {4}}, {kInt64, {4}}}).TacticNames("Where"),
+            std::vector<std::string>{"i64-where-cpu"});
+}
+
+TEST(CpuKernelContract, UnsupportedTypesHaveNoTactic) {
+  // The shape rules reject these first; providers must also refuse them on their own.
+  OneNode sig("Sigmoid", {{kFloat32, {4}}});
+  sig.request.inputs[0].dtype = kInt64;
+  sig.request.outputs[0].dtype = kInt64;
+  EXPECT_TRUE(sig.TacticNames("Sigmoid").empty());
+  OneNode logic("And", {{kBool, {4}}, {kBool, {4}}});
+  logic.request.inputs[0].dtype = kFloat32;
+  EXPECT_TRUE(logic.TacticNames("And").empty());
+}
+
+Status RunFirstTactic(OneNode& n, const std::string& op, std::vector<Tensor>& ins, Tensor& out) {
+  const KernelProvider* p = KernelRegistry::Get().Providers(BackendKind::kCpu, op)[0];
+  KILN_ASSIGN_OR_RETURN(auto kernel, p->Create(n.request, p->Tactics(n.request)[0]));
+  std::vector<TensorView> iv;
+  for (Tensor& t : ins) iv.push_back(t.view());
+  TensorView ov = out.view();
+  KernelRunArgs args;
+  args.inputs = iv;
+  args.outputs = {&ov, 1};
+  return kernel->Run(args);
+}
+
+TEST(CpuKernelContract, OutOfRangeIndexIsAnErrorNotACrash) {
+  OneNode n("Gather", {{kFloat32, {3, 2}}, {kInt64, {2}}});
+  std::vector<Tensor> ins = {Tensor(kFloat32, {3, 2}),
+                             Tensor::FromVector(kInt64, {2}, std::vector<int64_t>{1, 3})};
+  Tensor out(kFloat32, {2, 2});
+  Status s = RunFirstTactic(n, "Gather", ins, out);
+  EXPECT_EQ(s.code(), ErrorCode::kKernelFailed);
+  EXPECT_NE(s.message().find("index 3 is out of range"), std::string::npos) << s.message();
+}
+
+TEST(CpuKernelContract, IntegerDivisionByZeroIsDefined) {
+  OneNode n("Div", {{kInt64, {3}}, {kInt64, {3}}});
+  std::vector<Tensor> ins = {Tensor::FromVector(kInt64, {3}, std::vector<int64_t>{7, -7, 5}),
+                             Tensor::FromVector(kInt64, {3}, std::vector<int64_t>{2, 2, 0})};
+  Tensor out(kInt64, {3});
+  ASSERT_TRUE(RunFirstTactic(n, "Div", ins, out).ok());
+  // ONNX truncates integer division; x / 0 is undefined there, 0 here (never a trap).
+  EXPECT_EQ(out.ToInt64Vector(), (std::vector<int64_t>{3, -3, 0}));
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,173 @@
+// Preflight checks over synthetic machine facts (no GPU needed), the NVML facts check, and the
+// live probe on whatever machine runs the test.
+#include <gtest/gtest.h>
+
+#include "kiln/doctor/preflight.h"
+
+namespace kiln::doctor {
+namespace {
+
+const KnownProblems& Kp() {
+  static auto kp = *KnownProblems::Default();
+  return *kp;
+}
+
+const Finding* Find(const std::vector<Finding>& fs, std::string_view check) {
+  for (const Finding& f : fs) {
+    if (f.check == check) return &f;
+  }
+  return nullptr;
+}
+
+MachineFacts H100Node(int gpus) {
+  MachineFacts m;
+  m.kiln_version = "0.1.0";
+  m.driver_version = "580.65.06";
+  m.cuda_driver_api = 13000;
+  for (int i = 0; i < gpus; ++i) {
+    GpuFacts g;
+    g.index = i;
+    g.name = "NVIDIA H100 80GB HBM3";
+    g.pci_bus = fmt::format("0000:{:02x}:00", 0x18 + i);
+    g.cc_major = 9;
+    g.total_bytes = 80ull << 30;
+    g.free_bytes = 60ull << 30;
+    g.kernel_exec_timeout = 0;
+    m.gpus.push_back(g);
+  }
+  m.peer.assign(gpus, std::vector<int>(gpus, 1));
+  m.libraries = {{"cudart", true, "13.0", "libcudart.so.13"},
+                 {"cudnn", true, "9.19.0", "libcudnn.so.9"},
+                 {"cublasLt", true, "13.1.0", "libcublasLt.so.13"},
+                 {"nccl", true, "2.28.9", "libnccl.so.2"}};
+  return m;
+}
+
+TEST(Preflight, HealthyNodeHasOnlyFacts) {
+  auto f = CheckMachine(H100Node(8), Kp(), {});
+  EXPECT_EQ(ExitCodeFor(f), 0);
+  ASSERT_NE(Find(f, "gpu0.watchdog"), nullptr);
+  EXPECT_NE(Find(f, "gpu0.watchdog")->what.find("no kernel-execution watchdog"), std::string::npos);
+  ASSERT_NE(Find(f, "peer"), nullptr);
+}
+
+TEST(Preflight, NoGpuSaysSoAndChecksTheRest) {
+  MachineFacts m;
+  m.gpu_error = "libcuda.so.1 (the NVIDIA driver library) not found";
+  m.libraries = {{"nccl", false, "", "libnccl.so.2 is not in the library path"}};
+  auto f = CheckMachine(m, Kp(), {});
+  ASSERT_NE(Find(f, "gpu.none"), nullptr);
+  EXPECT_EQ(Find(f, "gpu.none")->severity, Severity::kWarning);
+  EXPECT_NE(Find(f, "gpu.none")->what.find("libcuda.so.1"), std::string::npos);
+  ASSERT_NE(Find(f, "lib.nccl"), nullptr);
+  EXPECT_EQ(Find(f, "lib.nccl")->severity, Severity::kInfo);  // no GPU: missing NCCL is a fact
+  EXPECT_NE(Find(f, "lib.nccl")->what.find("not found"), std::string::npos);
+  EXPECT_EQ(ExitCodeFor(f), 1);
+  MemoryPlan plan{true, 0.5, 1};
+  EXPECT_EQ(Find(CheckMachine(m, Kp(), plan), "gpu.none")->severity, Severity::kError);
+}
+
+TEST(Preflight, WatchdogComputeModeAndArchitecture) {
+  MachineFacts m = H100Node(2);
+  m.gpus[0].kernel_exec_timeout = 1;
+  m.gpus[1].compute_mode = 3;
+  m.gpus[1].cc_major = 8;
+  auto f = CheckMachine(m, Kp(), {});
+  EXPECT_EQ(Find(f, "gpu0.watchdog")->severity, Severity::kWarning);
+  EXPECT_NE(Find(f, "gpu0.watchdog")->why.find("702"), std::string::npos);
+  EXPECT_EQ(Find(f, "gpu1.compute-mode")->severity, Severity::kWarning);
+  EXPECT_EQ(Find(f, "gpu1.arch")->severity, Severity::kWarning);
+  MemoryPlan two{true, 0.3, 2};
+  EXPECT_EQ(Find(CheckMachine(m, Kp(), two), "gpu1.compute-mode")->severity, Severity::kError);
+}
+
+TEST(Preflight, MemoryPlanAgainstFreeMemory) {
+  MachineFacts m = H100Node(1);  // 60 GiB free
+  auto sev = [&](MemoryPlan p) { return Find(CheckMachine(m, Kp(), p), "gpu0.memory")->severity; };
+  EXPECT_EQ(sev({true, 0.4, 2}), Severity::kInfo);                   // 80% of free
+  EXPECT_EQ(sev({true, 0.5, 2}), Severity::kWarning);                // 100%: no headroom
+  EXPECT_EQ(sev({true, 0.6, 2}), Severity::kError);                  // 120%
+  EXPECT_EQ(sev({true, 40.0 * (1ull << 30), 2}), Severity::kError);  // 80 GiB > 60 GiB
+  EXPECT_EQ(sev({true, 20.0 * (1ull << 30), 2}), Severity::kInfo);
+  auto f = CheckMachine(m, Kp(), {true, 40.0 * (1ull << 30), 2});
+  EXPECT_NE(Find(f, "gpu0.memory")->what.find("80.0 GiB"), std::string::npos);
+  m.gpus[0].free_bytes.reset();
+  EXPECT_EQ(sev({true, 0.5, 1}), Severity::kWarning);
+}
+
+TEST(Preflight, VersionsPeersAndLauncher) {
+  MachineFacts m = H100Node(4);
+  m.driver_version = "570.86.15";  // older than CUDA 13 needs
+  m.libraries[3].version = "2.12.12";
+  m.peer[1][2] = 0;
+  m.env["LOCAL_WORLD_SIZE"] = "8";
+  auto f = CheckMachine(m, Kp(), {});
+  ASSERT_NE(Find(f, "version.driver-too-old-for-cuda13"), nullptr);
+  EXPECT_EQ(Find(f, "version.driver-too-old-for-cuda12"), nullptr);
+  ASSERT_NE(Find(f, "version.nccl-no-nonblocking-init"), nullptr);
+  ASSERT_NE(Find(f, "peer.1-2"), nullptr);
+  EXPECT_EQ(Find(f, "peer.1-2")->severity, Severity::kWarning);
+  ASSERT_NE(Find(f, "launch.ranks-per-gpu"), nullptr);
+  EXPECT_EQ(ExitCodeFor(f), 2);
+  m.cuda_driver_api = 12040;  // driver API older than the 13.0 runtime
+  EXPECT_NE(Find(CheckMachine(m, Kp(), {}), "version.cuda"), nullptr);
+}
+
+TEST(Preflight, NvmlFacts) {
+  NvmlFacts none;
+  none.reason = "libnvidia-ml.so.1 not found";
+  auto f = CheckNvml(none);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].severity, Severity::kInfo);
+  NvmlFacts n;
+  n.available = true;
+  NvmlGpuFacts g0{0, "0000:18:00", true, 2, 2, 1, false, false};
+  NvmlGpuFacts g1{1, "0000:19:00", true, 0, 3, 0, true, false};
+  NvmlGpuFacts g2{2, "0000:1a:00", false, 0, 0, 0, false, true};
+  n.gpus = {g0, g1, g2};
+  f = CheckNvml(n);
+  EXPECT_EQ(Find(f, "gpu0.ecc")->severity, Severity::kError);
+  EXPECT_EQ(Find(f, "gpu1.ecc")->severity, Severity::kWarning);
+  EXPECT_EQ(Find(f, "gpu1.remap")->severity, Severity::kWarning);
+  EXPECT_EQ(Find(f, "gpu2.remap")->severity, Severity::kError);
+  EXPECT_EQ(Find(f, "gpu2.ecc-mode")->severity, Severity::kWarning);
+  EXPECT_EQ(Find(f, "gpu0.remap"), nullptr);
+}
+
+TEST(Preflight, ParseMemoryBudget) {
+  EXPECT_DOUBLE_EQ(*ParseMemoryBudget("0.5"), 0.5);
+  EXPECT_DOUBLE_EQ(*ParseMemoryBudget("8GiB"), 8.0 * (1ull << 30));
+  EXPECT_DOUBLE_EQ(*ParseMemoryBudget("512MiB"), 512.0 * (1 << 20));
+  EXPECT_DOUBLE_EQ(*ParseMemoryBudget("8589934592"), 8589934592.0);
+  EXPECT_EQ(ParseMemoryBudget("1.5").status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(ParseMemoryBudget("-1").status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(ParseMemoryBudget("8 furlongs").status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(ParseMemoryBudget("").status().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(Preflight, LiveProbeNeverFailsAndExplainsAbsence) {
+  std::map<std::string, std::string> env = {{"NCCL_IB_TIMEOUT", "30"}, {"HOME", "/root"}};
+  MachineFacts m = ProbeMachine(env);
+  if (m.gpus.empty()) {
+    EXPECT_FALSE(m.gpu_error.empty());
+  } else {
+    EXPECT_TRUE(m.gpu_error.empty());
+    EXPECT_GT(m.gpus[0].total_bytes, 0u);
+    EXPECT_EQ(m.peer.size(), m.gpus.size());
+  }
+  ASSERT_EQ(m.libraries.size(), 4u);
+  for (const auto& l : m.libraries)
+    EXPECT_TRUE(l.found ? !l.version.empty() : !l.detail.empty()) << l.name;
+  EXPECT_EQ(m.env.count("HOME"), 0u);  // only the variables the checks care about
+  EXPECT_EQ(m.env.at("NCCL_IB_TIMEOUT"), "30");
+  PreflightReport r = RunPreflight(Kp(), {}, env);
+  ASSERT_FALSE(r.findings.empty());
+  EXPECT_GE(r.ExitCode(), 1);  // NCCL_IB_TIMEOUT=30 is a warning everywhere
+  EXPECT_NE(Find(r.findings, "nvml"), nullptr);
+  ASSERT_NE(Find(r.findings, "param.KILN_LOG_LEVEL"), nullptr);  // kiln's own knobs are listed
+  EXPECT_NE(Find(r.findings, "param.KILN_LOG_LEVEL")->what.find("unset, default 'INFO'"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::doctor

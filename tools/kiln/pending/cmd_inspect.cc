@@ -1,0 +1,143 @@
+// `kiln inspect`: what is in an ONNX model or a .kiln engine, and what would not be supported,
+// all at once.
+#include <nlohmann/json.hpp>
+
+#include <fmt/ranges.h>
+
+#include <iostream>
+
+#include "kiln/engine/engine_file.h"
+#include "kiln/onnx/onnx_import.h"
+#include "tools/kiln/command.h"
+
+namespace kiln::cli {
+namespace {
+
+struct InspectOptions {
+  std::string path;
+  bool json = false;
+  bool layers = false;
+};
+
+std::string Human(int64_t n) {
+  if (n >= 1000000) return fmt::format("{:.2f}M", n / 1e6);
+  if (n >= 1000) return fmt::format("{:.1f}K", n / 1e3);
+  return fmt::format("{}", n);
+}
+
+int InspectOnnx(const InspectOptions& o) {
+  auto info = InspectOnnxFile(o.path);
+  if (!info.ok()) return ReportError(info.status());
+  if (o.json) {
+    nlohmann::json j;
+    j["file"] = o.path;
+    j["producer"] = info->meta.producer_name + " " + info->meta.producer_version;
+    j["opset"] = info->meta.opset;
+    j["ir_version"] = info->meta.ir_version;
+    auto tensors = [](const std::vector<OnnxTensorInfo>& ts) {
+      nlohmann::json a = nlohmann::json::array();
+      for (const auto& t : ts) a.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}});
+      return a;
+    };
+    j["inputs"] = tensors(info->inputs);
+    j["outputs"] = tensors(info->outputs);
+    j["ops"] = info->op_histogram;
+    j["nodes"] = info->num_nodes;
+    j["parameters"] = info->parameter_count;
+    j["parameter_bytes"] = info->parameter_bytes;
+    j["dynamic_dims"] = info->symbols;
+    nlohmann::json u = nlohmann::json::array();
+    for (const auto& op : info->unsupported) {
+      u.push_back({{"op", op.op_type}, {"reason", op.reason}, {"nodes", op.node_names}});
+    }
+    j["unsupported"] = u;
+    std::cout << j.dump(2) << "\n";
+    return info->unsupported.empty() ? 0 : 1;
+  }
+  std::cout << fmt::format("{}: ONNX model, opset {}, IR version {}, from {} {}\n", o.path, info->meta.opset,
+                           info->meta.ir_version, info->meta.producer_name, info->meta.producer_version);
+  std::cout << fmt::format("  {} nodes, {} parameters ({:.2f} MiB)\n", info->num_nodes,
+                           Human(info->parameter_count), info->parameter_bytes / double(1 << 20));
+  auto print = [](const char* what, const std::vector<OnnxTensorInfo>& ts) {
+    for (const auto& t : ts) {
+      std::cout << fmt::format("  {:<7} {:<24} {:<5} [{}]\n", what, t.name, t.dtype, fmt::join(t.shape, ", "));
+    }
+  };
+  print("input", info->inputs);
+  print("output", info->outputs);
+  if (!info->symbols.empty()) {
+    std::cout << fmt::format("  dynamic dims: {} (give each dynamic input a --profile when building)\n",
+                             fmt::join(info->symbols, ", "));
+  }
+  std::cout << "  ops:";
+  for (const auto& [op, n] : info->op_histogram) std::cout << fmt::format(" {}x{}", op, n);
+  std::cout << "\n";
+  if (info->unsupported.empty()) {
+    std::cout << "  every op is supported\n";
+    return 0;
+  }
+  std::cout << fmt::format("  {} unsupported op type(s):\n", info->unsupported.size());
+  for (const auto& op : info->unsupported) {
+    std::vector<std::string> names(op.node_names.begin(),
+                                   op.node_names.begin() + std::min<size_t>(op.node_names.size(), 5));
+    std::cout << fmt::format("    {} ({} node(s): {}{}) - {}\n", op.op_type, op.node_names.size(),
+                             fmt::join(names, ", "), op.node_names.size() > 5 ? ", ..." : "", op.reason);
+  }
+  return 1;
+}
+
+int InspectEngine(const InspectOptions& o) {
+  LoadOptions opts;
+  opts.check_providers = false;  // show engines built where other kernels exist
+  auto desc = LoadEngineFile(o.path, opts);
+  if (!desc.ok()) return ReportError(desc.status());
+  const EngineDesc& e = **desc;
+  if (o.json) {
+    nlohmann::json j = nlohmann::json::parse(e.build_report_json.empty() ? "{}" : e.build_report_json);
+    j["file"] = o.path;
+    j["header"] = {{"format_version", e.header.format_version}, {"kiln_version", e.header.kiln_version},
+                   {"backend", ToString(e.header.backend)},      {"arch", e.header.device_arch},
+                   {"libraries", e.header.library_versions},     {"model_hash", e.header.model_hash},
+                   {"config_hash", e.header.config_hash},        {"model", e.header.model_name}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("{}: kiln engine (format {}, kiln {}) for {} / {}\n", o.path, e.header.format_version,
+                           e.header.kiln_version, ToString(e.header.backend), e.header.device_arch);
+  std::cout << fmt::format("  model {} (hash {}), config hash {}\n", e.header.model_name,
+                           e.header.model_hash.substr(0, 16), e.header.config_hash.substr(0, 16));
+  for (const Value* v : e.graph->inputs()) {
+    const InputProfile* p = e.profile.Find(v->name());
+    std::cout << fmt::format("  input  {:<24} {:<5} {}{}\n", v->name(), ToString(v->dtype()), ToString(v->shape()),
+                             p ? fmt::format("  profile min {} opt {} max {}", fmt::join(p->min, "x"),
+                                             fmt::join(p->opt, "x"), fmt::join(p->max, "x"))
+                               : "");
+  }
+  for (const Value* v : e.graph->outputs()) {
+    std::cout << fmt::format("  output {:<24} {:<5} {}\n", v->name(), ToString(v->dtype()), ToString(v->shape()));
+  }
+  std::cout << fmt::format("  {} layers; memory plan: weights {:.2f} MiB, activations {:.2f} MiB, workspace {:.2f} MiB, peak {:.2f} MiB\n",
+                           e.layers.size(), e.plan.weights_bytes / double(1 << 20), e.plan.arena_bytes / double(1 << 20),
+                           e.plan.workspace_bytes / double(1 << 20), e.plan.peak_bytes / double(1 << 20));
+  if (o.layers) {
+    for (size_t i = 0; i < e.layers.size(); ++i) {
+      const LayerDesc& l = e.layers[i];
+      std::cout << fmt::format("  {:>4} {:<32} {:<18} {}\n", i, l.node->name(), l.node->op_type(), l.tactic.name);
+    }
+  }
+  return 0;
+}
+
+std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
+  auto o = std::make_shared<InspectOptions>();
+  CLI::App* sub = app.add_subcommand("inspect", "Show what is in an ONNX model or a .kiln engine");
+  sub->add_option("file", o->path, "model.onnx or engine.kiln")->required()->check(CLI::ExistingFile);
+  sub->add_flag("--json", o->json, "print JSON");
+  sub->add_flag("--layers", o->layers, "list the engine's layers and tactics");
+  sub->footer("Exit code: 0 when everything is supported, 1 when the model has unsupported ops or the file is bad.");
+  return [o]() { return o->path.ends_with(".onnx") ? InspectOnnx(*o) : InspectEngine(*o); };
+}
+
+}  // namespace
+KILN_REGISTER_COMMAND(inspect, 5, Setup);
+}  // namespace kiln::cli
