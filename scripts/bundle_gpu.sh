@@ -7,12 +7,15 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/deps.sh
-if [ ! -f build-cuda/build.ninja ]; then
-  cmake --preset cuda -DCMAKE_BUILD_RPATH='$ORIGIN/../lib' >/dev/null
+# KILN_BUNDLE_BUILD=build bundles the default (CPU) build instead, whose NCCL and NVML parts are
+# still GPU-capable (dist, doctor, monitor); the CUDA backend needs the cuda preset.
+build_dir=${KILN_BUNDLE_BUILD:-build-cuda}
+if [ "$build_dir" = build-cuda ] && [ ! -f build-cuda/build.ninja ]; then
+  cmake --preset cuda >/dev/null
 fi
-cmake --build build-cuda -j"${KILN_BUILD_JOBS:-$(nproc)}"
+cmake --build "$build_dir" -j"${KILN_BUILD_JOBS:-$(nproc)}"
 rm -rf .bundle && mkdir -p .bundle/bin .bundle/lib
-mapfile -t bins < <(find build-cuda -type f -executable \( -name kiln -o -name '*_tests' -o -name '*_driver' -o -name '*_bench' \) -not -path '*/CMakeFiles/*')
+mapfile -t bins < <(find "$build_dir" -type f -executable \( -name kiln -o -name '*_tests' -o -name '*_driver' -o -name '*_bench' -o -name 'obs_overhead_bench' \) -not -path '*/CMakeFiles/*')
 for b in "${bins[@]}"; do
   cp "$b" .bundle/bin/
   patchelf --set-rpath '$ORIGIN/../lib' ".bundle/bin/$(basename "$b")" 2>/dev/null || true
@@ -23,5 +26,4 @@ for b in .bundle/bin/*; do
     if ! [[ "$name" =~ $skip ]]; then cp -Ln "$path" .bundle/lib/ 2>/dev/null || true; fi
   done
 done
-cp scripts/gpu_run.sh .bundle/
 du -sh .bundle

@@ -30,6 +30,9 @@ class Dim {
   Dim Substitute(const std::map<std::string, int64_t>& bindings) const;
   // The symbols it mentions.
   std::vector<std::string> Symbols() const;
+  // The polynomial as terms coeff * product(symbols): monomials sorted and unique, coefficients
+  // non-zero (for serialisation; rebuild a Dim from terms with Symbol, * and +).
+  const std::vector<std::pair<std::vector<std::string>, int64_t>>& terms() const { return terms_; }
 
   friend Dim operator+(const Dim& a, const Dim& b);
   friend Dim operator-(const Dim& a, const Dim& b);

@@ -1,0 +1,228 @@
+// oneDNN's convolution primitive as a Conv/FusedConv tactic. oneDNN picks its fastest layout
+// (nChw16c on AVX-512); the input and output are reordered from/to NCHW in the workspace on
+// every run, and those reorders are part of the measured time and the reported workspace. The
+// weights are reordered once, when shapes are prepared, into a copy the kernel owns.
+// Bias, the FusedConv residual (a sum post-op) and the activation (an eltwise post-op) run
+// inside the primitive. oneDNN throws; errors are converted here with oneDNN's own message.
+//
+// Threads: Debian's oneDNN uses OpenMP, so it runs on OpenMP's threads, not kiln's ThreadPool.
+// Each Run sets the calling thread's OpenMP thread count to ThreadPool::Default().size(), so
+// KILN_NUM_THREADS bounds oneDNN too (OpenMP's count is per calling thread).
+#include <omp.h>
+#include <dnnl.hpp>
+
+#include <cstring>
+#include <unordered_map>
+
+#include "kiln/backends/cpu/conv_common.h"
+#include "kiln/core/thread_pool.h"
+
+namespace kiln::cpu {
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+
+size_t Align64(size_t n) { return (n + 63) / 64 * 64; }
+
+std::optional<dnnl::algorithm> EltwiseOf(const FusedActivationSpec& act, float* alpha,
+                                         float* beta) {
+  *alpha = 0.f;
+  *beta = 0.f;
+  switch (act.kind) {
+    case FusedActivation::kNone:
+      return std::nullopt;
+    case FusedActivation::kRelu:
+      return dnnl::algorithm::eltwise_relu;
+    case FusedActivation::kClip:
+      *alpha = act.min;
+      *beta = act.max;
+      return dnnl::algorithm::eltwise_clip;
+    case FusedActivation::kSigmoid:
+      return dnnl::algorithm::eltwise_logistic;
+    case FusedActivation::kHardSwish:
+      return dnnl::algorithm::eltwise_hardswish;
+    case FusedActivation::kSilu:
+      *alpha = 1.f;
+      return dnnl::algorithm::eltwise_swish;
+    case FusedActivation::kGelu:
+      return dnnl::algorithm::eltwise_gelu_erf;
+    case FusedActivation::kGeluTanh:
+      return dnnl::algorithm::eltwise_gelu_tanh;
+  }
+  return std::nullopt;
+}
+
+dnnl::engine& Engine() {
+  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+// Everything one shape needs: the primitive, its memory descriptors and workspace layout.
+struct OneDnnPlan {
+  dnnl::convolution_forward::primitive_desc pd;
+  memory::desc user_src, user_dst, user_wei;
+  bool reorder_src = false, reorder_dst = false;
+  size_t src_bytes = 0, dst_bytes = 0, scratch_bytes = 0;
+  size_t total() const { return src_bytes + dst_bytes + scratch_bytes; }
+};
+
+StatusOr<OneDnnPlan> MakePlan(const ConvSpec& spec, const ConvGeometry& g, bool has_bias,
+                              bool has_residual) {
+  try {
+    bool two_d = spec.spatial_rank == 2;
+    memory::dims src = {g.n, g.cg * g.group, g.ih, g.iw};
+    memory::dims dst = {g.n, g.mg * g.group, g.oh, g.ow};
+    memory::dims wei = g.group > 1 ? memory::dims{g.group, g.mg, g.cg, g.kh, g.kw}
+                                   : memory::dims{g.mg, g.cg, g.kh, g.kw};
+    memory::dims strides = {g.sh, g.sw}, dil = {g.dh - 1, g.dw - 1};
+    memory::dims pad_l = {g.ph, g.pw}, pad_r = {g.pad_h_end, g.pad_w_end};
+    if (!two_d) {  // 1-D: drop the unit height
+      src = {g.n, g.cg * g.group, g.iw};
+      dst = {g.n, g.mg * g.group, g.ow};
+      wei = g.group > 1 ? memory::dims{g.group, g.mg, g.cg, g.kw} : memory::dims{g.mg, g.cg, g.kw};
+      strides = {g.sw};
+      dil = {g.dw - 1};
+      pad_l = {g.pw};
+      pad_r = {g.pad_w_end};
+    }
+    auto f32 = memory::data_type::f32;
+    OneDnnPlan plan;
+    plan.user_src = memory::desc(src, f32, two_d ? Tag::nchw : Tag::ncw);
+    plan.user_dst = memory::desc(dst, f32, two_d ? Tag::nchw : Tag::ncw);
+    plan.user_wei = memory::desc(
+        wei, f32, g.group > 1 ? (two_d ? Tag::goihw : Tag::goiw) : (two_d ? Tag::oihw : Tag::oiw));
+    memory::desc bias_md = has_bias ? memory::desc({g.mg * g.group}, f32, Tag::x) : memory::desc();
+    dnnl::convolution_forward::desc desc(
+        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+        memory::desc(src, f32, Tag::any), memory::desc(wei, f32, Tag::any), bias_md,
+        memory::desc(dst, f32, Tag::any), strides, dil, pad_l, pad_r);
+    dnnl::post_ops ops;
+    if (has_residual) ops.append_sum(1.f);
+    float alpha, beta;
+    if (auto alg = EltwiseOf(spec.act, &alpha, &beta)) ops.append_eltwise(1.f, *alg, alpha, beta);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    plan.pd = dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
+    plan.reorder_src = plan.pd.src_desc() != plan.user_src;
+    plan.reorder_dst = plan.pd.dst_desc() != plan.user_dst;
+    plan.src_bytes = plan.reorder_src ? Align64(plan.pd.src_desc().get_size()) : 0;
+    plan.dst_bytes = plan.reorder_dst ? Align64(plan.pd.dst_desc().get_size()) : 0;
+    plan.scratch_bytes = Align64(plan.pd.scratchpad_desc().get_size());
+    return plan;
+  } catch (const dnnl::error& e) {
+    return MakeError(ErrorCode::kKernelFailed, "oneDNN convolution setup failed: {} (status {})",
+                     e.what(), static_cast<int>(e.status));
+  }
+}
+
+class OneDnnConvKernel final : public Kernel {
+ public:
+  OneDnnConvKernel(ConvSpec spec, const Tensor* weights, bool has_bias, bool has_residual)
+      : spec_(std::move(spec)),
+        weights_(*weights),
+        has_bias_(has_bias),
+        has_residual_(has_residual) {}
+
+  StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
+                           std::span<const TensorView> outputs) override {
+    KILN_ASSIGN_OR_RETURN(
+        geo_, ResolveConvGeometry(spec_, inputs[0].dims, inputs[1].dims, outputs[0].dims));
+    KILN_ASSIGN_OR_RETURN(plan_, MakePlan(spec_, geo_, has_bias_, has_residual_));
+    try {
+      dnnl::engine& eng = Engine();
+      stream_ = dnnl::stream(eng);
+      dnnl::stream& stream = stream_;
+      conv_ = dnnl::convolution_forward(plan_->pd);
+      // Prepacked weights, owned by the kernel.
+      memory user_wei(plan_->user_wei, eng, const_cast<void*>(weights_.raw()));
+      packed_wei_ = memory(plan_->pd.weights_desc(), eng);
+      dnnl::reorder(user_wei, packed_wei_).execute(stream, user_wei, packed_wei_);
+      stream.wait();
+      user_src_ = memory(plan_->user_src, eng, DNNL_MEMORY_NONE);
+      user_dst_ = memory(plan_->user_dst, eng, DNNL_MEMORY_NONE);
+      src_ = plan_->reorder_src ? memory(plan_->pd.src_desc(), eng, DNNL_MEMORY_NONE) : user_src_;
+      dst_ = plan_->reorder_dst ? memory(plan_->pd.dst_desc(), eng, DNNL_MEMORY_NONE) : user_dst_;
+      scratch_ = memory(plan_->pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
+      if (has_bias_)
+        bias_ =
+            memory({{geo_.mg * geo_.group}, memory::data_type::f32, Tag::x}, eng, DNNL_MEMORY_NONE);
+      if (plan_->reorder_src) src_reorder_ = dnnl::reorder(user_src_, src_);
+      if (plan_->reorder_dst) {
+        dst_reorder_ = dnnl::reorder(dst_, user_dst_);
+        if (has_residual_) z_reorder_ = dnnl::reorder(user_dst_, dst_);
+      }
+      args_ = {{DNNL_ARG_SRC, src_},
+               {DNNL_ARG_WEIGHTS, packed_wei_},
+               {DNNL_ARG_DST, dst_},
+               {DNNL_ARG_SCRATCHPAD, scratch_}};
+      if (has_bias_) args_[DNNL_ARG_BIAS] = bias_;
+    } catch (const dnnl::error& e) {
+      return MakeError(ErrorCode::kKernelFailed, "oneDNN convolution prepare failed: {}", e.what());
+    }
+    return plan_->total();
+  }
+
+  Status Run(const KernelRunArgs& args) override {
+    omp_set_num_threads(ThreadPool::Default().size());
+    try {
+      dnnl::stream& stream = stream_;
+      auto* ws = static_cast<std::byte*>(args.workspace);
+      user_src_.set_data_handle(args.inputs[0].data);
+      user_dst_.set_data_handle(args.outputs[0].data);
+      if (plan_->reorder_src) src_.set_data_handle(ws);
+      if (plan_->reorder_dst) dst_.set_data_handle(ws + plan_->src_bytes);
+      scratch_.set_data_handle(ws + plan_->src_bytes + plan_->dst_bytes);
+      if (has_bias_) bias_.set_data_handle(args.inputs[2].data);
+      if (plan_->reorder_src) src_reorder_.execute(stream, user_src_, src_);
+      if (has_residual_) {
+        // The sum post-op adds what dst holds: put Z there first.
+        std::memcpy(args.outputs[0].data, args.inputs[3].data, args.outputs[0].size_bytes());
+        if (plan_->reorder_dst) z_reorder_.execute(stream, user_dst_, dst_);
+      }
+      conv_.execute(stream, args_);
+      if (plan_->reorder_dst) dst_reorder_.execute(stream, dst_, user_dst_);
+      stream.wait();
+    } catch (const dnnl::error& e) {
+      return MakeError(ErrorCode::kKernelFailed, "oneDNN convolution failed: {}", e.what());
+    }
+    return OkStatus();
+  }
+
+ private:
+  ConvSpec spec_;
+  Tensor weights_;  // shares the constant's storage
+  bool has_bias_, has_residual_;
+  ConvGeometry geo_;
+  std::optional<OneDnnPlan> plan_;
+  dnnl::stream stream_;  // made once in Prepare: Run does not allocate
+  dnnl::convolution_forward conv_;
+  dnnl::reorder src_reorder_, dst_reorder_, z_reorder_;
+  memory packed_wei_, user_src_, user_dst_, src_, dst_, scratch_, bias_;
+  std::unordered_map<int, memory> args_;
+};
+
+}  // namespace
+
+std::optional<TacticConfig> OneDnnConvTactic(const ConvSpec& spec, const ConvGeometry& max_geo) {
+  auto plan = MakePlan(spec, max_geo, true, false);
+  if (!plan.ok()) return std::nullopt;
+  // The residual sum post-op adds no workspace.
+  return TacticConfig{"f32-conv-cpu-onednn", {3, 0, 0}, plan->total()};
+}
+
+StatusOr<std::unique_ptr<Kernel>> CreateOneDnnConv(const KernelRequest& request,
+                                                   const ConvSpec& spec) {
+  const Tensor* w = request.inputs[1].constant;
+  if (!w) {
+    return MakeError(ErrorCode::kNoTactic, "node '{}': f32-conv-cpu-onednn needs constant weights",
+                     request.node->name());
+  }
+  bool has_bias = request.inputs.size() > 2 && request.inputs[2].dtype != DataType::kUndefined;
+  bool has_residual = request.inputs.size() > 3 && request.inputs[3].dtype != DataType::kUndefined;
+  return std::unique_ptr<Kernel>(
+      std::make_unique<OneDnnConvKernel>(spec, w, has_bias, has_residual));
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,186 @@
+// MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool on the CPU (1-D and 2-D windows;
+// global pools any rank): direct loops, parallel over the N*C planes.
+#include <algorithm>
+#include <limits>
+
+#include "kiln/backends/cpu/cpu_kernel.h"
+#include "kiln/ops/nn.h"
+
+namespace kiln::cpu {
+namespace {
+
+struct PoolGeometry {
+  int64_t planes = 0, ih = 1, iw = 1, oh = 1, ow = 1;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, ph = 0, pw = 0, peh = 0, pew = 0;
+};
+
+class PoolKernel final : public Kernel {
+ public:
+  PoolKernel(nn::WindowAttrs attrs, bool is_max, bool count_include_pad)
+      : attrs_(std::move(attrs)), is_max_(is_max), count_include_pad_(count_include_pad) {}
+
+  StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
+                           std::span<const TensorView> outputs) override {
+    const auto& x = inputs[0].dims;
+    const auto& y = outputs[0].dims;
+    size_t r = attrs_.kernel.size();
+    if (x.size() != r + 2 || y.size() != r + 2 || (r != 1 && r != 2)) {
+      return MakeError(ErrorCode::kShapeMismatch, "pool operand ranks do not match the kernel");
+    }
+    PoolGeometry& g = g_;
+    g.planes = x[0] * x[1];
+    auto axis = [&](size_t i, int64_t& in, int64_t& out, int64_t& k, int64_t& s, int64_t& d,
+                    int64_t& pb, int64_t& pe) -> Status {
+      in = x[i + 2];
+      out = nn::WindowOutDim<int64_t>(in, attrs_, i);
+      if (out != y[i + 2]) {
+        return MakeError(ErrorCode::kShapeMismatch, "pool output dim {} is {}; expected {}", i,
+                         y[i + 2], out);
+      }
+      k = attrs_.kernel[i];
+      s = attrs_.strides[i];
+      d = attrs_.dilations[i];
+      pb = nn::WindowPadBegin(in, out, attrs_, i);
+      // End padding as the attributes give it (SAME: the rest of the total padding).
+      pe = attrs_.auto_pad == nn::AutoPad::kNotSet
+               ? attrs_.pads[i + r]
+               : std::max<int64_t>(0, (out - 1) * s + d * (k - 1) + 1 - in - pb);
+      if (attrs_.auto_pad == nn::AutoPad::kValid) pe = 0;
+      return OkStatus();
+    };
+    if (r == 2) KILN_RETURN_IF_ERROR(axis(0, g.ih, g.oh, g.kh, g.sh, g.dh, g.ph, g.peh));
+    KILN_RETURN_IF_ERROR(axis(r - 1, g.iw, g.ow, g.kw, g.sw, g.dw, g.pw, g.pew));
+    return size_t{0};
+  }
+
+  Status Run(const KernelRunArgs& args) override {
+    const float* x = args.inputs[0].as<const float>();
+    float* y = args.outputs[0].as<float>();
+    const PoolGeometry& g = g_;
+    ThreadPool::Default().ParallelFor(g.planes, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) Plane(x + p * g.ih * g.iw, y + p * g.oh * g.ow);
+    });
+    return OkStatus();
+  }
+
+ private:
+  void Plane(const float* x, float* y) const {
+    const PoolGeometry& g = g_;
+    for (int64_t oh = 0; oh < g.oh; ++oh) {
+      int64_t h0 = oh * g.sh - g.ph;
+      for (int64_t ow = 0; ow < g.ow; ++ow) {
+        int64_t w0 = ow * g.sw - g.pw;
+        float best = -std::numeric_limits<float>::infinity();
+        float sum = 0.f;
+        int64_t count = 0, padded_count = 0;
+        for (int64_t ky = 0; ky < g.kh; ++ky) {
+          int64_t ih = h0 + ky * g.dh;
+          bool h_in = ih >= 0 && ih < g.ih;
+          bool h_padded = ih >= -g.ph && ih < g.ih + g.peh;
+          for (int64_t kx = 0; kx < g.kw; ++kx) {
+            int64_t iw = w0 + kx * g.dw;
+            if (h_padded && iw >= -g.pw && iw < g.iw + g.pew) ++padded_count;
+            if (!h_in || iw < 0 || iw >= g.iw) continue;
+            float v = x[ih * g.iw + iw];
+            best = std::max(best, v);
+            sum += v;
+            ++count;
+          }
+        }
+        if (is_max_) {
+          y[oh * g.ow + ow] = best;
+        } else {
+          // count_include_pad counts window positions inside the padded input (not those past
+          // it in ceil mode), as the ONNX reference does.
+          int64_t div = count_include_pad_ ? padded_count : count;
+          y[oh * g.ow + ow] = div > 0 ? sum / static_cast<float>(div) : 0.f;
+        }
+      }
+    }
+  }
+
+  nn::WindowAttrs attrs_;
+  bool is_max_, count_include_pad_;
+  PoolGeometry g_;
+};
+
+template <bool kMax>
+class PoolProvider final : public CpuFloatProvider {
+ public:
+  std::string_view id() const override { return kMax ? "cpu.maxpool" : "cpu.averagepool"; }
+  std::string_view op_type() const override { return kMax ? "MaxPool" : "AveragePool"; }
+
+ protected:
+  std::vector<TacticConfig> F32Tactics(const KernelRequest& request) const override {
+    size_t rank = request.inputs[0].shape.size();
+    if ((rank != 3 && rank != 4) || request.outputs.size() != 1) return {};
+    return {{kMax ? "f32-maxpool-cpu-direct" : "f32-averagepool-cpu-direct", {}, 0}};
+  }
+  StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
+                                              const TacticConfig&) const override {
+    size_t rank = request.inputs[0].shape.size();
+    if (request.outputs.size() != 1) {
+      return MakeError(ErrorCode::kUnimplemented,
+                       "node '{}': MaxPool's Indices output is not supported",
+                       request.node->name());
+    }
+    auto attrs = nn::ReadWindowAttrs(request.node->attrs(), rank - 2, {});
+    if (!attrs.ok()) {
+      return MakeError(attrs.status().code(), "node '{}': {}", request.node->name(),
+                       attrs.status().message());
+    }
+    return std::unique_ptr<Kernel>(std::make_unique<PoolKernel>(
+        std::move(*attrs), kMax, request.node->attrs().GetInt("count_include_pad", 0) != 0));
+  }
+};
+using MaxPoolProvider = PoolProvider<true>;
+using AveragePoolProvider = PoolProvider<false>;
+KILN_REGISTER_KERNEL_PROVIDER(MaxPoolProvider);
+KILN_REGISTER_KERNEL_PROVIDER(AveragePoolProvider);
+
+// Global pools: one value per plane, any spatial rank.
+template <bool kMax>
+class GlobalPoolProvider final : public CpuFloatProvider {
+ public:
+  std::string_view id() const override {
+    return kMax ? "cpu.globalmaxpool" : "cpu.globalaveragepool";
+  }
+  std::string_view op_type() const override { return kMax ? "GlobalMaxPool" : "GlobalAveragePool"; }
+
+ protected:
+  std::vector<TacticConfig> F32Tactics(const KernelRequest&) const override {
+    return {{kMax ? "f32-globalmaxpool-cpu" : "f32-globalaveragepool-cpu", {}, 0}};
+  }
+  StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest&,
+                                              const TacticConfig&) const override {
+    return std::unique_ptr<Kernel>(std::make_unique<LambdaKernel>([](const KernelRunArgs& a) {
+      const auto& dims = a.inputs[0].dims;
+      int64_t planes = dims[0] * dims[1];
+      int64_t size = planes == 0 ? 0 : a.inputs[0].num_elements() / planes;
+      const float* x = a.inputs[0].as<const float>();
+      float* y = a.outputs[0].as<float>();
+      ThreadPool::Default().ParallelFor(planes, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const float* src = x + p * size;
+          if (kMax) {
+            float best = -std::numeric_limits<float>::infinity();
+            for (int64_t i = 0; i < size; ++i) best = std::max(best, src[i]);
+            y[p] = best;
+          } else {
+            double sum = 0;
+            for (int64_t i = 0; i < size; ++i) sum += src[i];
+            y[p] = static_cast<float>(sum / static_cast<double>(size));
+          }
+        }
+      });
+      return OkStatus();
+    }));
+  }
+};
+using GlobalMaxPoolProvider = GlobalPoolProvider<true>;
+using GlobalAveragePoolProvider = GlobalPoolProvider<false>;
+KILN_REGISTER_KERNEL_PROVIDER(GlobalMaxPoolProvider);
+KILN_REGISTER_KERNEL_PROVIDER(GlobalAveragePoolProvider);
+
+}  // namespace
+}  // namespace kiln::cpu

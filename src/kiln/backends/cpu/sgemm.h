@@ -1,0 +1,46 @@
+// FP32 matrix multiply for the CPU kernels (Gemm, MatMul, Conv, ConvTranspose and the fused
+// ops), with two implementations a tactic can choose between, and the activation epilogue.
+//
+// Threads: Debian's OpenBLAS (pthread build) keeps its own thread pool whose idle threads spin
+// for a long time after each call; oneDNN (conv_onednn.cc) has OpenMP's; kiln has ThreadPool.
+// Measured on 16 cores, OpenBLAS's spinning threads slowed the next oneDNN or ThreadPool layer
+// by 10-100x. So OpenBLAS runs single-threaded (openblas_set_num_threads(1), once per process)
+// and Sgemm splits a product into per-thread slices on kiln's ThreadPool, each slice one
+// single-threaded cblas_sgemm call (OpenBLAS is safe to call from several threads at once).
+// The blocked kernel threads with kiln's ThreadPool too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kiln/ops/fused.h"
+
+namespace kiln::cpu {
+
+enum class GemmImpl : uint8_t {
+  kOpenBlas = 0,    // cblas_sgemm
+  kBlocked8x8 = 1,  // kiln's packed, cache-blocked kernel with an 8x8 register tile
+};
+
+// Bytes of workspace Sgemm needs for an M x N x K product with this implementation.
+size_t SgemmWorkspaceBytes(GemmImpl impl, int64_t m, int64_t n, int64_t k);
+
+// Row-major C[m x n] = alpha * op(A) op(B) + beta * C, op = transpose when trans_*. `workspace`
+// must hold SgemmWorkspaceBytes (64-byte aligned). beta == 0 ignores C's old contents.
+void Sgemm(GemmImpl impl, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+           int64_t ldc, void* workspace);
+
+// Sets OpenBLAS to one thread, once per process (see the note above).
+void ConfigureBlasThreads();
+
+// Applies the activation to n contiguous floats in place.
+void ApplyActivation(const FusedActivationSpec& act, float* x, int64_t n);
+
+// Epilogue on rows of a row-major matrix block: for r in [0, rows), x[r * ld + j] for j in
+// [0, cols): adds row_bias[r] (per-row, e.g. conv channel) and/or col_bias[j], adds
+// residual[r * ld + j], then applies the activation. Any pointer may be null.
+void ApplyEpilogue(float* x, int64_t rows, int64_t cols, int64_t ld, const float* row_bias,
+                   const float* col_bias, const float* residual, const FusedActivationSpec& act);
+
+}  // namespace kiln::cpu

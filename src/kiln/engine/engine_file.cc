@@ -1,0 +1,907 @@
+// Engine serialization and verified loading (layout in engine_file.h, schema in engine.fbs).
+#include "kiln/engine/engine_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kiln/engine/engine_generated.h"
+#include "kiln/ops/op_schema.h"
+
+#ifndef KILN_VERSION_STRING
+#define KILN_VERSION_STRING "0.0.0"
+#endif
+
+namespace kiln {
+
+std::string_view KilnVersion() { return KILN_VERSION_STRING; }
+
+namespace {
+
+// Bounds for structures whose size the file itself chooses; far above any real model and low
+// enough that no arithmetic on them can overflow.
+constexpr int64_t kMaxCoeff = int64_t{1} << 32;
+constexpr size_t kMaxDegree = 4;
+constexpr size_t kMaxRank = 64;
+
+uint64_t Align(uint64_t n, uint64_t a = kEngineWeightsAlignment) { return (n + a - 1) / a * a; }
+
+template <typename T>
+void PutLe(std::byte* p, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+}
+template <typename T>
+T GetLe(const std::byte* p) {
+  T v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(static_cast<uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+
+template <typename... Args>
+Status Malformed(fmt::format_string<Args...> format, Args&&... args) {
+  return Status(ErrorCode::kEngineMalformed, fmt::format(format, std::forward<Args>(args)...));
+}
+
+bool ValidDataType(uint8_t t) {
+  return t > static_cast<uint8_t>(DataType::kUndefined) &&
+         t <= static_cast<uint8_t>(DataType::kBool);
+}
+
+// Bytes of a dense tensor; nullopt on a negative dim or overflow.
+std::optional<uint64_t> DenseBytes(DataType dtype, std::span<const int64_t> dims) {
+  if (dims.size() > kMaxRank) return std::nullopt;
+  uint64_t bytes = SizeOf(dtype);
+  for (int64_t d : dims) {
+    if (d < 0) return std::nullopt;
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) return std::nullopt;
+  }
+  return bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serialization
+
+using FbBuilder = flatbuffers::FlatBufferBuilder;
+
+flatbuffers::Offset<fb::Dim> WriteDim(FbBuilder& b, const Dim& d) {
+  std::vector<flatbuffers::Offset<fb::DimTerm>> terms;
+  for (const auto& [symbols, coeff] : d.terms()) {
+    auto syms = b.CreateVectorOfStrings(symbols);
+    terms.push_back(fb::CreateDimTerm(b, syms, coeff));
+  }
+  return fb::CreateDim(b, b.CreateVector(terms));
+}
+
+flatbuffers::Offset<fb::InlineTensor> WriteInlineTensor(FbBuilder& b, const Tensor& t) {
+  auto dims = b.CreateVector(t.dims());
+  auto data = b.CreateVector(reinterpret_cast<const uint8_t*>(t.raw()), t.size_bytes());
+  return fb::CreateInlineTensor(b, static_cast<uint8_t>(t.dtype()), dims, data);
+}
+
+flatbuffers::Offset<fb::Attribute> WriteAttribute(FbBuilder& b, const std::string& name,
+                                                  const Attribute& a) {
+  auto n = b.CreateString(name);
+  int64_t i = 0;
+  float f = 0;
+  flatbuffers::Offset<flatbuffers::String> s;
+  flatbuffers::Offset<flatbuffers::Vector<int64_t>> ints;
+  flatbuffers::Offset<flatbuffers::Vector<float>> floats;
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> strings;
+  flatbuffers::Offset<fb::InlineTensor> t;
+  switch (KindOf(a)) {
+    case AttributeKind::kInt:
+      i = std::get<int64_t>(a);
+      break;
+    case AttributeKind::kFloat:
+      f = std::get<float>(a);
+      break;
+    case AttributeKind::kString:
+      s = b.CreateString(std::get<std::string>(a));
+      break;
+    case AttributeKind::kInts:
+      ints = b.CreateVector(std::get<std::vector<int64_t>>(a));
+      break;
+    case AttributeKind::kFloats:
+      floats = b.CreateVector(std::get<std::vector<float>>(a));
+      break;
+    case AttributeKind::kStrings:
+      strings = b.CreateVectorOfStrings(std::get<std::vector<std::string>>(a));
+      break;
+    case AttributeKind::kTensor:
+      t = WriteInlineTensor(b, std::get<Tensor>(a));
+      break;
+  }
+  return fb::CreateAttribute(b, n, static_cast<uint8_t>(KindOf(a)), i, f, s, ints, floats, strings,
+                             t);
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine) {
+  if (!engine.graph) return MakeError(ErrorCode::kInternal, "the engine has no graph");
+  const Graph& graph = *engine.graph;
+  FbBuilder b(1 << 16);
+  // Every scalar is stored even when it equals its default: the layout then does not depend on
+  // values, and tests (and tools) can patch any field in place.
+  b.ForceDefaults(true);
+
+  // Values: graph inputs first (in input order), then the rest in graph order, so a loaded graph
+  // (which adds inputs first) serializes to the same bytes again.
+  std::vector<const Value*> values(graph.inputs().begin(), graph.inputs().end());
+  for (const Value* v : graph.values()) {
+    if (!v->is_graph_input()) values.push_back(v);
+  }
+  std::unordered_map<const Value*, int32_t> value_index;
+  for (size_t i = 0; i < values.size(); ++i) value_index[values[i]] = static_cast<int32_t>(i);
+  auto index_of = [&](const Value* v) -> int32_t {
+    if (!v) return -1;
+    auto it = value_index.find(v);
+    return it == value_index.end() ? -2 : it->second;
+  };
+
+  std::vector<flatbuffers::Offset<fb::ValueDesc>> value_descs;
+  for (const Value* v : values) {
+    auto name = b.CreateString(v->name());
+    std::vector<flatbuffers::Offset<fb::Dim>> dims;
+    for (const Dim& d : v->shape()) dims.push_back(WriteDim(b, d));
+    auto shape = b.CreateVector(dims);
+    value_descs.push_back(
+        fb::CreateValueDesc(b, name, static_cast<uint8_t>(v->dtype()), v->has_shape(), shape));
+  }
+
+  std::vector<const Node*> nodes;
+  for (const Node* n : graph.nodes()) nodes.push_back(n);
+  std::unordered_map<const Node*, int32_t> node_index;
+  for (size_t i = 0; i < nodes.size(); ++i) node_index[nodes[i]] = static_cast<int32_t>(i);
+  std::vector<flatbuffers::Offset<fb::NodeDesc>> node_descs;
+  for (const Node* n : nodes) {
+    std::vector<int32_t> ins, outs;
+    for (const Value* v : n->inputs()) ins.push_back(index_of(v));
+    for (const Value* v : n->outputs()) outs.push_back(index_of(v));
+    if (std::count(ins.begin(), ins.end(), -2) || std::count(outs.begin(), outs.end(), -2)) {
+      return MakeError(ErrorCode::kInternal, "node '{}' uses a value that is not in the graph",
+                       n->name());
+    }
+    std::vector<flatbuffers::Offset<fb::Attribute>> attrs;
+    for (const auto& [name, a] : n->attrs().all()) attrs.push_back(WriteAttribute(b, name, a));
+    auto name = b.CreateString(n->name());
+    auto op = b.CreateString(n->op_type());
+    auto domain = b.CreateString(n->domain());
+    auto in_vec = b.CreateVector(ins);
+    auto out_vec = b.CreateVector(outs);
+    auto attr_vec = b.CreateVector(attrs);
+    node_descs.push_back(fb::CreateNodeDesc(b, name, op, domain, in_vec, out_vec, attr_vec));
+  }
+
+  // Constants: laid out in value order, each at a 64-byte aligned offset of the weights section.
+  std::vector<flatbuffers::Offset<fb::ConstantDesc>> constant_descs;
+  std::vector<const Tensor*> weights;
+  uint64_t weights_bytes = 0;
+  for (const Value* v : values) {
+    const Tensor* t = v->constant();
+    if (!t) continue;
+    auto dims = b.CreateVector(t->dims());
+    constant_descs.push_back(fb::CreateConstantDesc(
+        b, index_of(v), static_cast<uint8_t>(t->dtype()), dims, weights_bytes, t->size_bytes()));
+    weights.push_back(t);
+    weights_bytes += Align(t->size_bytes());
+  }
+
+  std::vector<int32_t> inputs, outputs;
+  for (const Value* v : graph.inputs()) inputs.push_back(index_of(v));
+  for (const Value* v : graph.outputs()) outputs.push_back(index_of(v));
+  if (std::count(outputs.begin(), outputs.end(), -2)) {
+    return MakeError(ErrorCode::kInternal, "a graph output is not a value of the graph");
+  }
+  auto graph_name = b.CreateString(graph.name());
+  auto vals = b.CreateVector(value_descs);
+  auto nds = b.CreateVector(node_descs);
+  auto ins = b.CreateVector(inputs);
+  auto outs = b.CreateVector(outputs);
+  auto consts = b.CreateVector(constant_descs);
+  auto graph_desc = fb::CreateGraphDesc(b, graph_name, graph.opset(), vals, nds, ins, outs, consts);
+
+  std::vector<flatbuffers::Offset<fb::Layer>> layers;
+  for (size_t i = 0; i < engine.layers.size(); ++i) {
+    const LayerDesc& l = engine.layers[i];
+    auto it = node_index.find(l.node);
+    if (it == node_index.end()) {
+      return MakeError(ErrorCode::kInternal, "layer {} runs a node that is not in the graph", i);
+    }
+    auto provider = b.CreateString(l.provider_id);
+    auto tname = b.CreateString(l.tactic.name);
+    auto params = b.CreateVector(l.tactic.params);
+    auto tactic = fb::CreateTactic(b, tname, params, l.tactic.workspace_bytes);
+    auto reason = b.CreateString(l.precision_reason);
+    layers.push_back(fb::CreateLayer(b, it->second, provider, tactic, l.measured_ms, reason));
+  }
+  auto layer_vec = b.CreateVector(layers);
+
+  std::vector<flatbuffers::Offset<fb::InputProfile>> profiles;
+  for (const InputProfile& p : engine.profile.inputs) {
+    auto name = b.CreateString(p.input);
+    auto mn = b.CreateVector(p.min);
+    auto op = b.CreateVector(p.opt);
+    auto mx = b.CreateVector(p.max);
+    profiles.push_back(fb::CreateInputProfile(b, name, mn, op, mx));
+  }
+  auto profile_vec = b.CreateVector(profiles);
+
+  std::vector<flatbuffers::Offset<fb::PlanOffset>> offsets;
+  for (const auto& [name, offset] : engine.plan.offsets) {  // std::map: sorted
+    offsets.push_back(fb::CreatePlanOffset(b, b.CreateString(name), offset));
+  }
+  auto offset_vec = b.CreateVector(offsets);
+  auto plan =
+      fb::CreateMemoryPlan(b, offset_vec, engine.plan.arena_bytes, engine.plan.workspace_bytes,
+                           engine.plan.weights_bytes, engine.plan.peak_bytes);
+
+  const EngineHeader& h = engine.header;
+  auto header = fb::CreateHeader(b, kEngineFormatVersion, b.CreateString(KilnVersion()),
+                                 static_cast<uint8_t>(h.backend), b.CreateString(h.device_arch),
+                                 b.CreateString(h.library_versions), b.CreateString(h.model_hash),
+                                 b.CreateString(h.config_hash), b.CreateString(h.model_name));
+  auto report = b.CreateString(engine.build_report_json);
+  auto root = fb::CreateEngine(b, header, graph_desc, layer_vec, profile_vec, plan, report);
+  fb::FinishEngineBuffer(b, root);
+
+  const uint64_t fb_bytes = b.GetSize();
+  const uint64_t weights_start = Align(kEnginePreambleBytes + fb_bytes);
+  const uint64_t total = weights_start + weights_bytes;
+  std::vector<std::byte> out(total, std::byte{0});
+  std::memcpy(out.data() + kEnginePreambleBytes, b.GetBufferPointer(), fb_bytes);
+  uint64_t offset = weights_start;
+  for (const Tensor* t : weights) {
+    if (t->size_bytes()) std::memcpy(out.data() + offset, t->raw(), t->size_bytes());
+    offset += Align(t->size_bytes());
+  }
+  EnginePreamble p;
+  p.payload_bytes = total - kEnginePreambleBytes;
+  p.flatbuffer_bytes = fb_bytes;
+  p.checksum = HashBytes(std::span(out).subspan(kEnginePreambleBytes));
+  p.kiln_version = std::string(KilnVersion());
+  WriteEnginePreamble(p, out);
+  return out;
+}
+
+Status WriteEngineFile(const EngineDesc& engine, const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, SerializeEngine(engine));
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, getpid(), counter++);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return MakeError(ErrorCode::kIoError, "cannot create '{}': {}", tmp, std::strerror(errno));
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return MakeError(ErrorCode::kIoError, "writing '{}' failed after {} of {} bytes: {}", tmp,
+                       done, bytes.size(), std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  // Flushed before the rename, so a crash leaves either the old file or the complete new one.
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return MakeError(ErrorCode::kIoError, "flushing '{}' failed: {}", tmp, std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return MakeError(ErrorCode::kIoError, "renaming '{}' to '{}' failed: {}", tmp, path,
+                     std::strerror(err));
+  }
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Preamble
+
+StatusOr<EnginePreamble> ReadEnginePreamble(std::span<const std::byte> file) {
+  const size_t magic_have = std::min(file.size(), kEngineMagic.size());
+  if (std::memcmp(file.data(), kEngineMagic.data(), magic_have) != 0 || file.empty()) {
+    return MakeError(ErrorCode::kEngineNotKiln,
+                     "the data does not start with the engine magic \"KILN\" ({} bytes given)",
+                     file.size());
+  }
+  if (file.size() < kEnginePreambleBytes) {
+    return MakeError(ErrorCode::kEngineTruncated,
+                     "the file has {} bytes; an engine's preamble alone has {}", file.size(),
+                     kEnginePreambleBytes);
+  }
+  const std::byte* d = file.data();
+  EnginePreamble p;
+  p.format_version = GetLe<uint32_t>(d + 4);
+  p.preamble_bytes = GetLe<uint32_t>(d + 8);
+  p.flags = GetLe<uint32_t>(d + 12);
+  p.payload_bytes = GetLe<uint64_t>(d + 16);
+  p.flatbuffer_bytes = GetLe<uint64_t>(d + 24);
+  p.checksum.high = GetLe<uint64_t>(d + 32);
+  p.checksum.low = GetLe<uint64_t>(d + 40);
+  const char* v = reinterpret_cast<const char*>(d + 48);
+  p.kiln_version.assign(v, strnlen(v, 16));
+  return p;
+}
+
+void WriteEnginePreamble(const EnginePreamble& p, std::span<std::byte> out) {
+  std::byte* d = out.data();
+  std::memset(d, 0, kEnginePreambleBytes);
+  std::memcpy(d, kEngineMagic.data(), kEngineMagic.size());
+  PutLe<uint32_t>(d + 4, p.format_version);
+  PutLe<uint32_t>(d + 8, p.preamble_bytes);
+  PutLe<uint32_t>(d + 12, p.flags);
+  PutLe<uint64_t>(d + 16, p.payload_bytes);
+  PutLe<uint64_t>(d + 24, p.flatbuffer_bytes);
+  PutLe<uint64_t>(d + 32, p.checksum.high);
+  PutLe<uint64_t>(d + 40, p.checksum.low);
+  std::memcpy(d + 48, p.kiln_version.data(), std::min<size_t>(p.kiln_version.size(), 15));
+}
+
+Status CheckEngineTarget(const EngineHeader& header, BackendKind backend, std::string_view arch) {
+  if (header.backend != backend || header.device_arch != arch) {
+    return MakeError(ErrorCode::kEngineTargetMismatch,
+                     "the engine was built for backend '{}' on arch '{}'; this process runs "
+                     "backend '{}' on arch '{}'",
+                     ToString(header.backend), header.device_arch, ToString(backend), arch);
+  }
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verified loading
+
+namespace {
+
+std::string Str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
+
+// Copies a verified scalar vector. The FlatBuffers verifier checks only 4-byte alignment of a
+// vector, so a crafted file can misalign 8-byte elements: copy bytes instead of loading T.
+// (Little-endian host, as FlatBuffers' own format is.)
+template <typename T>
+std::vector<T> Vec(const flatbuffers::Vector<T>* v) {
+  if (!v || v->size() == 0) return {};
+  std::vector<T> out(v->size());
+  std::memcpy(out.data(), v->Data(), v->size() * sizeof(T));
+  return out;
+}
+
+// A Dim from its terms, accepted only in the canonical form Dim itself produces (sorted
+// monomials, unique, non-zero coefficients), so rebuilding it never adds two coefficients.
+StatusOr<Dim> ReadDim(const fb::Dim* d, const std::string& where) {
+  if (!d) return Malformed("{}: a dim is missing", where);
+  Dim out;
+  std::vector<std::string> prev;
+  bool first = true;
+  if (!d->terms()) return out;  // the dim 0
+  for (const fb::DimTerm* t : *d->terms()) {
+    if (!t) return Malformed("{}: a dim term is missing", where);
+    if (t->coeff() == 0 || t->coeff() > kMaxCoeff || t->coeff() < -kMaxCoeff) {
+      return Malformed("{}: dim coefficient {} is outside [-2^32, 2^32] or zero", where,
+                       t->coeff());
+    }
+    std::vector<std::string> mono;
+    if (t->symbols()) {
+      for (const flatbuffers::String* s : *t->symbols()) {
+        if (!s || s->size() == 0) return Malformed("{}: a dim symbol is empty", where);
+        mono.push_back(s->str());
+      }
+    }
+    if (mono.size() > kMaxDegree) {
+      return Malformed("{}: a dim term has degree {} (at most {})", where, mono.size(), kMaxDegree);
+    }
+    if (!std::is_sorted(mono.begin(), mono.end()) || (!first && !(prev < mono))) {
+      return Malformed("{}: dim terms are not in canonical order", where);
+    }
+    Dim term(t->coeff());
+    for (const std::string& s : mono) term = term * Dim::Symbol(s);
+    out = out + term;
+    prev = std::move(mono);
+    first = false;
+  }
+  if (auto v = out.static_value(); v && *v < 0) {
+    return Malformed("{}: dimension {} is negative", where, *v);
+  }
+  return out;
+}
+
+StatusOr<Shape> ReadShape(const flatbuffers::Vector<flatbuffers::Offset<fb::Dim>>* dims,
+                          const std::string& where) {
+  Shape shape;
+  if (!dims) return shape;
+  if (dims->size() > kMaxRank)
+    return Malformed("{}: rank {} exceeds {}", where, dims->size(), kMaxRank);
+  for (const fb::Dim* d : *dims) {
+    KILN_ASSIGN_OR_RETURN(Dim dim, ReadDim(d, where));
+    shape.push_back(std::move(dim));
+  }
+  return shape;
+}
+
+StatusOr<Attribute> ReadAttribute(const fb::Attribute* a, const std::string& where) {
+  switch (static_cast<AttributeKind>(a->kind())) {
+    case AttributeKind::kInt:
+      return Attribute(a->i());
+    case AttributeKind::kFloat:
+      return Attribute(a->f());
+    case AttributeKind::kString:
+      return Attribute(Str(a->s()));
+    case AttributeKind::kInts:
+      return Attribute(Vec(a->ints()));
+    case AttributeKind::kFloats:
+      return Attribute(Vec(a->floats()));
+    case AttributeKind::kStrings: {
+      std::vector<std::string> out;
+      if (a->strings()) {
+        for (const flatbuffers::String* s : *a->strings()) out.push_back(Str(s));
+      }
+      return Attribute(std::move(out));
+    }
+    case AttributeKind::kTensor: {
+      const fb::InlineTensor* t = a->t();
+      if (!t) return Malformed("{}: tensor attribute has no tensor", where);
+      if (!ValidDataType(t->dtype())) {
+        return Malformed("{}: tensor attribute dtype {} is not a kiln dtype", where, t->dtype());
+      }
+      std::vector<int64_t> dims = Vec(t->dims());
+      auto dtype = static_cast<DataType>(t->dtype());
+      auto bytes = DenseBytes(dtype, dims);
+      const size_t have = t->data() ? t->data()->size() : 0;
+      if (!bytes || *bytes != have) {
+        return Malformed("{}: tensor attribute has {} data bytes for dims of {} bytes", where, have,
+                         bytes ? fmt::format("{}", *bytes) : std::string("invalid"));
+      }
+      return Attribute(Tensor::FromBytes(
+          dtype, std::move(dims),
+          std::as_bytes(std::span(t->data() ? t->data()->data() : nullptr, have))));
+    }
+  }
+  return Malformed("{}: attribute kind {} is unknown", where, a->kind());
+}
+
+StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, size_t size,
+                                                         std::shared_ptr<const void> keepalive,
+                                                         const LoadOptions& options) {
+  std::span<const std::byte> file(data, size);
+  KILN_ASSIGN_OR_RETURN(EnginePreamble pre, ReadEnginePreamble(file));
+
+  // 1. Length: the payload must be exactly what the preamble announces.
+  if (pre.preamble_bytes < kEnginePreambleBytes || pre.preamble_bytes > size ||
+      size - pre.preamble_bytes < pre.payload_bytes) {
+    return MakeError(ErrorCode::kEngineTruncated,
+                     "the file has {} bytes; its preamble announces {} + {} bytes", size,
+                     pre.preamble_bytes, pre.payload_bytes);
+  }
+  if (size - pre.preamble_bytes > pre.payload_bytes) {
+    return Malformed("the file has {} bytes after the announced {} + {}",
+                     size - pre.preamble_bytes - pre.payload_bytes, pre.preamble_bytes,
+                     pre.payload_bytes);
+  }
+  // 2. Checksum of everything after the preamble.
+  Hash128 actual = HashBytes(file.subspan(pre.preamble_bytes, pre.payload_bytes));
+  if (!(actual == pre.checksum)) {
+    return MakeError(ErrorCode::kEngineChecksum,
+                     "payload checksum is {} but the preamble records {}", actual.Hex(),
+                     pre.checksum.Hex());
+  }
+  // 3. Version.
+  if (pre.format_version > kEngineFormatVersion) {
+    return MakeError(ErrorCode::kEngineVersionTooNew,
+                     "the engine has format version {} (written by kiln {}); this kiln {} reads "
+                     "format versions up to {}: use kiln {} or newer",
+                     pre.format_version, pre.kiln_version, KilnVersion(), kEngineFormatVersion,
+                     pre.kiln_version);
+  }
+  if (pre.format_version == 0) return Malformed("format version 0 does not exist");
+  if (pre.preamble_bytes != kEnginePreambleBytes || pre.flags != 0) {
+    return Malformed("preamble of {} bytes with flags {:#x}; format {} has {} bytes and no flags",
+                     pre.preamble_bytes, pre.flags, pre.format_version, kEnginePreambleBytes);
+  }
+  if (pre.flatbuffer_bytes > pre.payload_bytes) {
+    return Malformed("FlatBuffer of {} bytes is larger than the payload ({} bytes)",
+                     pre.flatbuffer_bytes, pre.payload_bytes);
+  }
+  const uint64_t weights_start = Align(kEnginePreambleBytes + pre.flatbuffer_bytes);
+  if (weights_start > size) {
+    return Malformed("weights section would start at {} past the end ({})", weights_start, size);
+  }
+  const std::byte* weights = data + weights_start;
+  const uint64_t weights_size = size - weights_start;
+
+  // 4. The FlatBuffer's own structure.
+  const auto* fb_data = reinterpret_cast<const uint8_t*>(data + kEnginePreambleBytes);
+  flatbuffers::Verifier verifier(fb_data, pre.flatbuffer_bytes, /*max_depth=*/64,
+                                 /*max_tables=*/1 << 24);
+  if (pre.flatbuffer_bytes > FLATBUFFERS_MAX_BUFFER_SIZE || !fb::VerifyEngineBuffer(verifier)) {
+    return Malformed("the FlatBuffer ({} bytes) fails verification", pre.flatbuffer_bytes);
+  }
+  const fb::Engine* e = fb::GetEngine(fb_data);
+
+  // 5. Every field, before anything is built from it.
+  auto engine = std::make_shared<EngineDesc>();
+  const fb::Header* h = e->header();
+  if (!h) return Malformed("the header table is missing");
+  if (h->format_version() != pre.format_version) {
+    return Malformed("header format version {} differs from the preamble's {}", h->format_version(),
+                     pre.format_version);
+  }
+  if (h->backend() > static_cast<uint8_t>(BackendKind::kCuda)) {
+    return Malformed("header.backend {} is not a kiln backend", h->backend());
+  }
+  EngineHeader& header = engine->header;
+  header.format_version = h->format_version();
+  header.kiln_version = Str(h->kiln_version());
+  header.backend = static_cast<BackendKind>(h->backend());
+  header.device_arch = Str(h->device_arch());
+  header.library_versions = Str(h->library_versions());
+  header.model_hash = Str(h->model_hash());
+  header.config_hash = Str(h->config_hash());
+  header.model_name = Str(h->model_name());
+  if (options.expected_backend || options.expected_arch) {
+    KILN_RETURN_IF_ERROR(
+        CheckEngineTarget(header, options.expected_backend.value_or(header.backend),
+                          options.expected_arch ? std::string_view(*options.expected_arch)
+                                                : std::string_view(header.device_arch)));
+  }
+
+  const fb::GraphDesc* g = e->graph();
+  if (!g || !g->values()) return Malformed("the graph table or its values are missing");
+  const auto& fvalues = *g->values();
+  const int32_t nv = static_cast<int32_t>(fvalues.size());
+  auto value_ok = [&](int32_t i, bool allow_omitted) {
+    return (allow_omitted && i == -1) || (i >= 0 && i < nv);
+  };
+  std::unordered_set<std::string> names;
+  for (int32_t i = 0; i < nv; ++i) {
+    const fb::ValueDesc* v = fvalues[i];
+    if (!v || !v->name() || v->name()->size() == 0)
+      return Malformed("graph.values[{}] has no name", i);
+    if (!names.insert(v->name()->str()).second) {
+      return Malformed("graph.values[{}]: name '{}' is used twice", i, v->name()->str());
+    }
+    if (v->dtype() != 0 && !ValidDataType(v->dtype())) {
+      return Malformed("graph.values[{}] ('{}'): dtype {} is not a kiln dtype", i, v->name()->str(),
+                       v->dtype());
+    }
+  }
+  std::vector<int8_t> role(nv, 0);  // 1 input, 2 constant, 3 node output
+  std::vector<int32_t> input_list = Vec(g->inputs());
+  for (int32_t i : input_list) {
+    if (!value_ok(i, false)) return Malformed("graph.inputs: value index {} is out of range", i);
+    if (role[i]) return Malformed("graph.inputs: value index {} is listed twice", i);
+    if (fvalues[i]->dtype() == 0) {
+      return Malformed("graph input '{}' has no dtype", fvalues[i]->name()->str());
+    }
+    role[i] = 1;
+  }
+  struct ConstRef {
+    DataType dtype;
+    std::vector<int64_t> dims;
+    uint64_t offset, length;
+  };
+  std::unordered_map<int32_t, ConstRef> constants;
+  if (g->constants()) {
+    for (size_t k = 0; k < g->constants()->size(); ++k) {
+      const fb::ConstantDesc* c = g->constants()->Get(k);
+      if (!value_ok(c->value(), false)) {
+        return Malformed("graph.constants[{}]: value index {} is out of range", k, c->value());
+      }
+      if (role[c->value()]) {
+        return Malformed("graph.constants[{}]: value '{}' is already an input or constant", k,
+                         fvalues[c->value()]->name()->str());
+      }
+      role[c->value()] = 2;
+      if (!ValidDataType(c->dtype()) || c->dtype() != fvalues[c->value()]->dtype()) {
+        return Malformed(
+            "graph.constants[{}] ('{}'): dtype {} is invalid or differs from the value's", k,
+            fvalues[c->value()]->name()->str(), c->dtype());
+      }
+      ConstRef ref{static_cast<DataType>(c->dtype()), Vec(c->dims()), c->offset(), c->length()};
+      auto bytes = DenseBytes(ref.dtype, ref.dims);
+      if (!bytes || *bytes != ref.length) {
+        return Malformed("graph.constants[{}] ('{}'): length {} does not match its dims ({})", k,
+                         fvalues[c->value()]->name()->str(), ref.length,
+                         bytes ? fmt::format("{} bytes", *bytes) : std::string("invalid"));
+      }
+      if (ref.offset % kEngineWeightsAlignment != 0 || ref.offset > weights_size ||
+          ref.length > weights_size - ref.offset) {
+        return Malformed(
+            "graph.constants[{}] ('{}'): bytes [{}, +{}) are not an aligned range of "
+            "the {}-byte weights section",
+            k, fvalues[c->value()]->name()->str(), ref.offset, ref.length, weights_size);
+      }
+      constants.emplace(c->value(), std::move(ref));
+    }
+  }
+
+  // Nodes.
+  if (!g->nodes()) return Malformed("graph.nodes is missing");
+  const auto& fnodes = *g->nodes();
+  for (size_t n = 0; n < fnodes.size(); ++n) {
+    const fb::NodeDesc* node = fnodes[n];
+    const std::string where = fmt::format("graph.nodes[{}] ('{}')", n, Str(node->name()));
+    const OpSchema* schema = FindOpSchema(Str(node->op_type()));
+    if (!schema) {
+      return Malformed("{}: op type '{}' is unknown to this kiln", where, Str(node->op_type()));
+    }
+    std::vector<int32_t> ins = Vec(node->inputs()), outs = Vec(node->outputs());
+    if (static_cast<int>(ins.size()) > schema->max_inputs ||
+        static_cast<int>(outs.size()) < schema->min_outputs ||
+        static_cast<int>(outs.size()) > schema->max_outputs) {
+      return Malformed("{}: {} inputs and {} outputs do not fit {}", where, ins.size(), outs.size(),
+                       schema->name);
+    }
+    for (int32_t i : ins) {
+      if (!value_ok(i, true))
+        return Malformed("{}: input value index {} is out of range", where, i);
+    }
+    for (int32_t i : outs) {
+      if (!value_ok(i, true))
+        return Malformed("{}: output value index {} is out of range", where, i);
+      if (i >= 0 && role[i]) {
+        return Malformed("{}: output '{}' is already defined (input, constant or another node)",
+                         where, fvalues[i]->name()->str());
+      }
+      if (i >= 0) role[i] = 3;
+    }
+    if (node->attributes()) {
+      std::set<std::string> seen;
+      for (const fb::Attribute* a : *node->attributes()) {
+        if (!a->name() || a->name()->size() == 0 || !seen.insert(a->name()->str()).second) {
+          return Malformed("{}: an attribute name is empty or repeated", where);
+        }
+        if (a->kind() > static_cast<uint8_t>(AttributeKind::kTensor)) {
+          return Malformed("{}: attribute '{}' has unknown kind {}", where, a->name()->str(),
+                           a->kind());
+        }
+      }
+    }
+  }
+
+  // Build the graph (inputs first, in order; then the other values in file order).
+  auto graph = std::make_unique<Graph>();
+  graph->set_name(Str(g->name()));
+  graph->set_opset(g->opset());
+  std::vector<Value*> vptr(nv, nullptr);
+  for (int32_t i : input_list) {
+    const fb::ValueDesc* v = fvalues[i];
+    KILN_ASSIGN_OR_RETURN(Shape shape, ReadShape(v->shape(), "input '" + v->name()->str() + "'"));
+    vptr[i] =
+        graph->AddInput(v->name()->str(), static_cast<DataType>(v->dtype()), std::move(shape));
+  }
+  for (int32_t i = 0; i < nv; ++i) {
+    if (vptr[i]) continue;
+    const fb::ValueDesc* v = fvalues[i];
+    if (auto c = constants.find(i); c != constants.end()) {
+      const ConstRef& ref = c->second;
+      vptr[i] = graph->AddConstant(
+          v->name()->str(), Tensor::Borrow(ref.dtype, ref.dims, weights + ref.offset, keepalive));
+      continue;
+    }
+    vptr[i] = graph->AddValue(v->name()->str(), static_cast<DataType>(v->dtype()));
+    if (v->has_shape()) {
+      KILN_ASSIGN_OR_RETURN(Shape shape, ReadShape(v->shape(), "value '" + v->name()->str() + "'"));
+      vptr[i]->set_shape(std::move(shape));
+    }
+  }
+  std::vector<Node*> node_ptrs;
+  for (size_t n = 0; n < fnodes.size(); ++n) {
+    const fb::NodeDesc* node = fnodes[n];
+    std::vector<Value*> ins, outs;
+    for (int32_t i : Vec(node->inputs())) ins.push_back(i < 0 ? nullptr : vptr[i]);
+    for (int32_t i : Vec(node->outputs())) outs.push_back(i < 0 ? nullptr : vptr[i]);
+    AttributeMap attrs;
+    if (node->attributes()) {
+      for (const fb::Attribute* a : *node->attributes()) {
+        KILN_ASSIGN_OR_RETURN(
+            Attribute attr,
+            ReadAttribute(a, fmt::format("graph.nodes[{}] attribute '{}'", n, a->name()->str())));
+        attrs.Set(a->name()->str(), std::move(attr));
+      }
+    }
+    node_ptrs.push_back(graph->AddNode(Str(node->op_type()), Str(node->name()), std::move(ins),
+                                       std::move(outs), std::move(attrs), Str(node->domain())));
+  }
+  std::vector<int32_t> output_list = Vec(g->outputs());
+  std::vector<bool> is_output(nv, false);
+  for (int32_t i : output_list) {
+    if (!value_ok(i, false)) return Malformed("graph.outputs: value index {} is out of range", i);
+    if (is_output[i]) return Malformed("graph.outputs: value index {} is listed twice", i);
+    if (!role[i]) {
+      return Malformed("graph output '{}' is defined by nothing", fvalues[i]->name()->str());
+    }
+    is_output[i] = true;
+    graph->MarkOutput(vptr[i]);
+  }
+  if (Status s = Verify(*graph); !s.ok()) return Malformed("the graph is invalid: {}", s.message());
+
+  // Layers: each node exactly once, in an order where every input exists before it is read.
+  std::vector<bool> ready(nv, false), covered(fnodes.size(), false);
+  for (int32_t i = 0; i < nv; ++i) ready[i] = role[i] == 1 || role[i] == 2;
+  std::unordered_map<const Value*, int32_t> vindex;
+  for (int32_t i = 0; i < nv; ++i) vindex[vptr[i]] = i;
+  const size_t nl = e->layers() ? e->layers()->size() : 0;
+  for (size_t l = 0; l < nl; ++l) {
+    const fb::Layer* layer = e->layers()->Get(l);
+    if (layer->node() < 0 || static_cast<size_t>(layer->node()) >= fnodes.size()) {
+      return Malformed("layers[{}]: node index {} is out of range", l, layer->node());
+    }
+    if (covered[layer->node()]) {
+      return Malformed("layers[{}]: node {} already has a layer", l, layer->node());
+    }
+    covered[layer->node()] = true;
+    Node* node = node_ptrs[layer->node()];
+    for (Value* in : node->inputs()) {
+      if (in && !ready[vindex[in]]) {
+        return Malformed("layers[{}] ('{}') reads '{}' before any earlier layer produces it", l,
+                         node->name(), in->name());
+      }
+    }
+    for (Value* out : node->outputs()) {
+      if (out) ready[vindex[out]] = true;
+    }
+    LayerDesc desc;
+    desc.node = node;
+    desc.provider_id = Str(layer->provider_id());
+    if (const fb::Tactic* t = layer->tactic()) {
+      desc.tactic.name = Str(t->name());
+      desc.tactic.params = Vec(t->params());
+      desc.tactic.workspace_bytes = t->workspace_bytes();
+    }
+    desc.measured_ms = layer->measured_ms();
+    desc.precision_reason = Str(layer->precision_reason());
+    if (options.check_providers) {
+      const KernelProvider* p = KernelRegistry::Get().Find(header.backend, desc.provider_id);
+      if (!p || p->op_type() != node->op_type()) {
+        return Malformed(
+            "layers[{}] ('{}', {}): provider '{}' is not registered for backend '{}' "
+            "and op {} in this kiln",
+            l, node->name(), node->op_type(), desc.provider_id, ToString(header.backend),
+            node->op_type());
+      }
+    }
+    engine->layers.push_back(std::move(desc));
+  }
+  for (size_t n = 0; n < fnodes.size(); ++n) {
+    if (!covered[n])
+      return Malformed("graph.nodes[{}] ('{}') has no layer", n, node_ptrs[n]->name());
+  }
+
+  // Profile.
+  if (e->profile()) {
+    for (size_t k = 0; k < e->profile()->size(); ++k) {
+      const fb::InputProfile* p = e->profile()->Get(k);
+      InputProfile ip{Str(p->input()), Vec(p->min()), Vec(p->opt()), Vec(p->max())};
+      const Value* in = graph->FindValue(ip.input);
+      if (!in || !in->is_graph_input() || engine->profile.Find(ip.input)) {
+        return Malformed("profile[{}]: '{}' is not a graph input or is listed twice", k, ip.input);
+      }
+      const size_t rank = in->shape().size();
+      if (ip.min.size() != rank || ip.opt.size() != rank || ip.max.size() != rank) {
+        return Malformed("profile[{}] ('{}'): ranks differ from the input's rank {}", k, ip.input,
+                         rank);
+      }
+      for (size_t d = 0; d < rank; ++d) {
+        if (ip.min[d] < 0 || ip.min[d] > ip.opt[d] || ip.opt[d] > ip.max[d]) {
+          return Malformed("profile[{}] ('{}'): dimension {} has min/opt/max {}/{}/{}", k, ip.input,
+                           d, ip.min[d], ip.opt[d], ip.max[d]);
+        }
+      }
+      engine->profile.inputs.push_back(std::move(ip));
+    }
+  }
+  for (const Value* in : graph->inputs()) {
+    if (!IsStatic(in->shape()) && !engine->profile.Find(in->name())) {
+      return Malformed("graph input '{}' has dynamic shape {} but no profile", in->name(),
+                       ToString(in->shape()));
+    }
+  }
+
+  // Memory plan: offsets only for intermediate values; every intermediate has one.
+  if (const fb::MemoryPlan* p = e->plan()) {
+    MemoryPlan& plan = engine->plan;
+    plan.arena_bytes = p->arena_bytes();
+    plan.workspace_bytes = p->workspace_bytes();
+    plan.weights_bytes = p->weights_bytes();
+    plan.peak_bytes = p->peak_bytes();
+    if (plan.arena_bytes < 0 || plan.workspace_bytes < 0 || plan.weights_bytes < 0 ||
+        plan.peak_bytes < 0) {
+      return Malformed("plan: a byte count is negative");
+    }
+    if (p->offsets()) {
+      for (const fb::PlanOffset* o : *p->offsets()) {
+        std::string name = Str(o->value());
+        const Value* v = graph->FindValue(name);
+        if (!v || v->is_graph_input() || v->is_graph_output() || v->is_constant() ||
+            plan.offsets.count(name)) {
+          return Malformed("plan: '{}' is not an intermediate value or is listed twice", name);
+        }
+        if (o->offset() % static_cast<int64_t>(kEngineWeightsAlignment) != 0) {
+          return Malformed("plan: offset {} of '{}' is not {}-byte aligned", o->offset(), name,
+                           kEngineWeightsAlignment);
+        }
+        if (o->offset() < 0 || o->offset() > plan.arena_bytes) {
+          return Malformed("plan: offset {} of '{}' lies outside the {}-byte arena", o->offset(),
+                           name, plan.arena_bytes);
+        }
+        plan.offsets[name] = o->offset();
+      }
+    }
+  }
+  for (const Value* v : graph->values()) {
+    if (v->producer() && !v->is_graph_output() && !engine->plan.offsets.count(v->name())) {
+      return Malformed("plan: intermediate value '{}' has no arena offset", v->name());
+    }
+  }
+  engine->build_report_json = Str(e->build_report_json());
+  engine->graph = std::move(graph);
+  return std::shared_ptr<const EngineDesc>(std::move(engine));
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std::byte> bytes,
+                                                            const LoadOptions& options) {
+  // One aligned copy: the FlatBuffer wants 8-byte alignment and the weights 64-byte alignment.
+  // Exactly `bytes.size()` long, so an address sanitizer sees any read past the end.
+  const std::align_val_t align{kEngineWeightsAlignment};
+  void* p = ::operator new(std::max<size_t>(bytes.size(), 1), align, std::nothrow);
+  if (!p) {
+    return MakeError(ErrorCode::kIoError, "cannot allocate {} bytes for the engine", bytes.size());
+  }
+  std::shared_ptr<void> storage(
+      p, [](void* q) { ::operator delete (q, std::align_val_t{kEngineWeightsAlignment}); });
+  if (!bytes.empty()) std::memcpy(p, bytes.data(), bytes.size());
+  return LoadVerified(static_cast<const std::byte*>(p), bytes.size(), storage, options);
+}
+
+StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineFile(const std::string& path,
+                                                           const LoadOptions& options) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return MakeError(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIoError,
+                     "cannot open engine '{}': {}", path, std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return MakeError(ErrorCode::kIoError, "cannot stat engine '{}': {}", path, std::strerror(err));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size == 0) {
+    ::close(fd);
+    return MakeError(ErrorCode::kEngineTruncated, "engine file '{}' is empty", path);
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int err = errno;
+  ::close(fd);  // the mapping stays valid without the descriptor
+  if (map == MAP_FAILED) {
+    return MakeError(ErrorCode::kIoError, "cannot map engine '{}' ({} bytes): {}", path, size,
+                     std::strerror(err));
+  }
+  std::shared_ptr<const void> mapping(
+      map, [size](const void* q) { ::munmap(const_cast<void*>(q), size); });
+  auto loaded = LoadVerified(static_cast<const std::byte*>(map), size, mapping, options);
+  if (!loaded.ok())
+    return std::move(loaded).status().AddContext(fmt::format("while loading '{}'", path));
+  return loaded;
+}
+
+}  // namespace kiln

@@ -1,0 +1,84 @@
+// The .kiln engine file: a fixed 64-byte preamble, a FlatBuffer (engine.fbs) with the header,
+// graph, layers, profile, memory plan and build report, then the weights section (64-byte
+// aligned, each tensor 64-byte aligned) so a loader can mmap the file and borrow the weights
+// without copying. Loading verifies everything before anything is used: a crafted file yields a
+// catalog error (KILN-E4000..E4005), never an out-of-bounds read.
+//
+// Preamble (little-endian). Bytes 0..47 keep this layout in every format version, so any kiln
+// can check magic, length and checksum and then say which version a newer file needs.
+//   0  char[4]  magic "KILN"
+//   4  u32      format version
+//   8  u32      preamble bytes (64)
+//  12  u32      flags (0)
+//  16  u64      payload bytes: everything after the preamble
+//  24  u64      FlatBuffer bytes (it starts right after the preamble)
+//  32  u64[2]   XXH3-128 of the payload (high, low)
+//  48  char[16] kiln version that wrote the file, NUL-padded
+// The weights section starts at AlignUp(64 + FlatBuffer bytes, 64) and runs to the end.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/core/hash.h"
+#include "kiln/core/status.h"
+#include "kiln/engine/engine_desc.h"
+
+namespace kiln {
+
+// The newest engine format this kiln reads and the one it writes.
+inline constexpr uint32_t kEngineFormatVersion = 1;
+inline constexpr size_t kEnginePreambleBytes = 64;
+inline constexpr size_t kEngineWeightsAlignment = 64;
+inline constexpr std::array<char, 4> kEngineMagic = {'K', 'I', 'L', 'N'};
+
+// This kiln's version ("0.1.0"), written into every engine.
+std::string_view KilnVersion();
+
+struct EnginePreamble {
+  uint32_t format_version = kEngineFormatVersion;
+  uint32_t preamble_bytes = kEnginePreambleBytes;
+  uint32_t flags = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t flatbuffer_bytes = 0;
+  Hash128 checksum;
+  std::string kiln_version;  // at most 15 characters are stored
+};
+
+// Decodes the preamble (magic and size only: KILN-E4000 / KILN-E4001); no other check.
+StatusOr<EnginePreamble> ReadEnginePreamble(std::span<const std::byte> file);
+// Encodes `p` into the first kEnginePreambleBytes of `out` (out.size() must be at least that).
+void WriteEnginePreamble(const EnginePreamble& p, std::span<std::byte> out);
+
+struct LoadOptions {
+  // When set, an engine for another backend / device architecture is KILN-E4004.
+  std::optional<BackendKind> expected_backend;
+  std::optional<std::string> expected_arch;
+  // Every layer's provider id must be registered for the engine's backend in this process.
+  // `kiln inspect` turns it off to show engines built where other kernels exist.
+  bool check_providers = true;
+};
+
+// Deterministic: the same EngineDesc gives byte-identical output (no timestamps; maps sorted).
+StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine);
+// Atomic: writes a temporary file beside `path`, flushes it and renames it over `path`.
+Status WriteEngineFile(const EngineDesc& engine, const std::string& path);
+
+// Maps the file read-only; constants borrow the mapping (it lives as long as any of them).
+StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineFile(const std::string& path,
+                                                           const LoadOptions& options = {});
+// Copies `bytes` once into an aligned buffer that the constants then borrow.
+StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std::byte> bytes,
+                                                            const LoadOptions& options = {});
+
+// KILN-E4004 naming both targets when the engine's backend or device arch is not this one.
+Status CheckEngineTarget(const EngineHeader& header, BackendKind backend, std::string_view arch);
+
+}  // namespace kiln

@@ -1,0 +1,115 @@
+// kiln-internal fused ops. Graph passes create them; the ONNX importer never does. Each is an
+// ONNX op plus an epilogue computed in FP32 before the single store of the output.
+//
+// FusedConv(X, W, B?, Z?) -> Y
+//   Y = act(Conv(X, W) + B + Z). Attributes: all of Conv's (auto_pad, dilations, group,
+//   kernel_shape, pads, strides) plus the activation below. B is [M]; Z (the residual branch of
+//   a ResNet block) has exactly Y's shape. The shape rule is Conv's.
+// FusedGemm(A, B, C?) -> Y
+//   Y = act(alpha * op(A) op(B) + beta * C). Attributes: Gemm's (alpha, beta, transA, transB)
+//   plus the activation. C broadcasts to [M, N] as in Gemm.
+// FusedMatMul(A, B, bias?) -> Y
+//   Y = act(alpha * op(A) @ op(B) + bias). Attributes: transA, transB (swap the last two dims of
+//   A / B before the product; ignored for a 1-D operand), alpha (default 1) and the activation.
+//   Batched and broadcast as MatMul; bias is 1-D [N], added to every row.
+//
+// The activation epilogue (every fused op):
+//   activation      string: "none" (default), "relu", "relu6", "clip", "sigmoid", "hardswish",
+//                   "silu", "gelu" (erf form), "gelu_tanh" (tanh approximation)
+//   activation_min  float, for "clip" (default -inf)
+//   activation_max  float, for "clip" (default +inf); "relu6" is clip with 0 and 6
+#include "kiln/ops/fused.h"
+
+#include <limits>
+
+#include "kiln/ops/nn.h"
+#include "kiln/ops/op_schema.h"
+
+namespace kiln {
+
+StatusOr<FusedActivationSpec> ParseFusedActivation(const AttributeMap& attrs) {
+  FusedActivationSpec spec;
+  std::string name = attrs.GetString("activation", "none");
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  if (name == "none") {
+    spec.kind = FusedActivation::kNone;
+  } else if (name == "relu") {
+    spec.kind = FusedActivation::kRelu;
+  } else if (name == "relu6") {
+    spec = {FusedActivation::kClip, 0.f, 6.f};
+  } else if (name == "clip") {
+    spec = {FusedActivation::kClip, attrs.GetFloat("activation_min", -kInf),
+            attrs.GetFloat("activation_max", kInf)};
+    if (spec.min > spec.max) {
+      return MakeError(ErrorCode::kInvalidAttribute, "activation_min {} > activation_max {}",
+                       spec.min, spec.max);
+    }
+  } else if (name == "sigmoid") {
+    spec.kind = FusedActivation::kSigmoid;
+  } else if (name == "hardswish") {
+    spec.kind = FusedActivation::kHardSwish;
+  } else if (name == "silu") {
+    spec.kind = FusedActivation::kSilu;
+  } else if (name == "gelu") {
+    spec.kind = FusedActivation::kGelu;
+  } else if (name == "gelu_tanh") {
+    spec.kind = FusedActivation::kGeluTanh;
+  } else {
+    return MakeError(ErrorCode::kInvalidAttribute,
+                     "activation '{}' is not one of none, relu, relu6, clip, sigmoid, hardswish, "
+                     "silu, gelu, gelu_tanh",
+                     name);
+  }
+  return spec;
+}
+
+namespace {
+Status CheckActivation(InferenceContext& ctx) {
+  auto spec = ParseFusedActivation(ctx.attrs());
+  if (!spec.ok()) return ctx.Error(spec.status().code(), "{}", spec.status().message());
+  return OkStatus();
+}
+}  // namespace
+
+Status InferFusedConv(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(CheckActivation(ctx));
+  KILN_RETURN_IF_ERROR(InferConvLike(ctx));
+  if (ctx.has_input(3)) {
+    const Shape& z = ctx.input_shape(3);
+    const Shape& y = ctx.output(0).shape;
+    bool same = z.size() == y.size();
+    for (size_t i = 0; same && i < z.size(); ++i) {
+      same = z[i] == y[i] || !z[i].is_static() || !y[i].is_static();
+    }
+    if (!same || ctx.input_type(3) != ctx.input_type(0)) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "residual input Z {} ({}) must match Y {} ({})",
+                       ToString(z), ToString(ctx.input_type(3)), ToString(y),
+                       ToString(ctx.input_type(0)));
+    }
+  }
+  return OkStatus();
+}
+
+Status InferFusedGemm(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(CheckActivation(ctx));
+  return InferGemmLike(ctx);
+}
+
+Status InferFusedMatMul(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(CheckActivation(ctx));
+  KILN_RETURN_IF_ERROR(InferMatMulLike(ctx, ctx.attrs().GetInt("transA", 0) != 0,
+                                       ctx.attrs().GetInt("transB", 0) != 0));
+  if (ctx.has_input(2)) {
+    const Shape& bias = ctx.input_shape(2);
+    const Shape& y = ctx.output(0).shape;
+    bool ok = bias.size() == 1 && ctx.input_type(2) == ctx.input_type(0) && !y.empty() &&
+              (bias[0] == y.back() || !bias[0].is_static() || !y.back().is_static());
+    if (!ok) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "bias {} must be 1-D [N] with Y {}",
+                       ToString(bias), ToString(y));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace kiln

@@ -1,0 +1,445 @@
+// Shape rules of the neural-network layers: Conv, ConvTranspose, the pools, BatchNormalization
+// and Resize, plus the window geometry (nn.h) their kernels share.
+#include "kiln/ops/nn.h"
+
+#include <cmath>
+
+#include "kiln/ops/op_schema.h"
+
+namespace kiln {
+
+namespace nn {
+
+StatusOr<WindowAttrs> ReadWindowAttrs(const AttributeMap& attrs, size_t rank,
+                                      const std::vector<int64_t>& kernel_from_weights) {
+  WindowAttrs a;
+  std::string pad = attrs.GetString("auto_pad", "NOTSET");
+  if (pad == "NOTSET") {
+    a.auto_pad = AutoPad::kNotSet;
+  } else if (pad == "SAME_UPPER") {
+    a.auto_pad = AutoPad::kSameUpper;
+  } else if (pad == "SAME_LOWER") {
+    a.auto_pad = AutoPad::kSameLower;
+  } else if (pad == "VALID") {
+    a.auto_pad = AutoPad::kValid;
+  } else {
+    return MakeError(ErrorCode::kInvalidAttribute,
+                     "auto_pad '{}' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID", pad);
+  }
+  a.kernel = attrs.GetInts("kernel_shape", kernel_from_weights);
+  if (a.kernel.size() != rank) {
+    return MakeError(ErrorCode::kInvalidAttribute,
+                     "kernel_shape has {} entries; the input has {} spatial dims", a.kernel.size(),
+                     rank);
+  }
+  if (!kernel_from_weights.empty() && a.kernel != kernel_from_weights) {
+    return MakeError(ErrorCode::kInvalidAttribute,
+                     "kernel_shape does not match the weight tensor's spatial dims");
+  }
+  auto read = [&](const char* name, size_t n, int64_t def, int64_t min,
+                  std::vector<int64_t>& out) -> Status {
+    out = attrs.GetInts(name, std::vector<int64_t>(n, def));
+    if (out.empty()) out.assign(n, def);
+    if (out.size() != n) {
+      return MakeError(ErrorCode::kInvalidAttribute, "{} has {} entries; expected {}", name,
+                       out.size(), n);
+    }
+    for (int64_t v : out) {
+      if (v < min) {
+        return MakeError(ErrorCode::kInvalidAttribute, "{} has value {}; it must be >= {}", name, v,
+                         min);
+      }
+    }
+    return OkStatus();
+  };
+  for (int64_t k : a.kernel) {
+    if (k < 1) return MakeError(ErrorCode::kInvalidAttribute, "kernel_shape has value {}", k);
+  }
+  KILN_RETURN_IF_ERROR(read("strides", rank, 1, 1, a.strides));
+  KILN_RETURN_IF_ERROR(read("dilations", rank, 1, 1, a.dilations));
+  KILN_RETURN_IF_ERROR(read("pads", 2 * rank, 0, 0, a.pads));
+  KILN_RETURN_IF_ERROR(read("output_padding", rank, 0, 0, a.output_padding));
+  a.output_shape = attrs.GetInts("output_shape");
+  if (a.output_shape.size() == rank + 2)
+    a.output_shape.erase(a.output_shape.begin(), a.output_shape.begin() + 2);
+  if (!a.output_shape.empty() && a.output_shape.size() != rank) {
+    return MakeError(ErrorCode::kInvalidAttribute, "output_shape has {} entries; expected {}",
+                     a.output_shape.size(), rank);
+  }
+  a.group = attrs.GetInt("group", 1);
+  if (a.group < 1) return MakeError(ErrorCode::kInvalidAttribute, "group is {}", a.group);
+  a.ceil_mode = attrs.GetInt("ceil_mode", 0) != 0;
+  return a;
+}
+
+int64_t WindowPadBegin(int64_t in, int64_t out, const WindowAttrs& a, size_t i) {
+  if (a.auto_pad == AutoPad::kNotSet) return a.pads[i];
+  if (a.auto_pad == AutoPad::kValid) return 0;
+  int64_t k_eff = a.dilations[i] * (a.kernel[i] - 1) + 1;
+  int64_t total = std::max<int64_t>(0, (out - 1) * a.strides[i] + k_eff - in);
+  return a.auto_pad == AutoPad::kSameUpper ? total / 2 : total - total / 2;
+}
+
+int64_t TransposePadBegin(int64_t in, int64_t out, const WindowAttrs& a, size_t i) {
+  bool computed = !a.output_shape.empty() || a.auto_pad == AutoPad::kSameUpper ||
+                  a.auto_pad == AutoPad::kSameLower;
+  if (!computed) return a.auto_pad == AutoPad::kValid ? 0 : a.pads[i];
+  int64_t k_eff = a.dilations[i] * (a.kernel[i] - 1) + 1;
+  int64_t total = a.strides[i] * (in - 1) + a.output_padding[i] + k_eff - out;
+  // ONNX: SAME_UPPER pads more at the end; NOTSET (with output_shape) and SAME_LOWER at the start.
+  // A negative total (output_shape beyond the full extent) adds zero rows at the end: floor
+  // division, as in the ONNX reference.
+  int64_t half = FloorDiv(total, 2);
+  return a.auto_pad == AutoPad::kSameUpper ? half : total - half;
+}
+
+}  // namespace nn
+
+namespace {
+
+Status RequireFloat(InferenceContext& ctx, size_t i) {
+  if (!IsFloat(ctx.input_type(i))) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; a float type is required", i,
+                     ToString(ctx.input_type(i)));
+  }
+  if (i > 0 && ctx.input_type(i) != ctx.input_type(0)) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; input 0 has {}", i,
+                     ToString(ctx.input_type(i)), ToString(ctx.input_type(0)));
+  }
+  return OkStatus();
+}
+
+// Static spatial dims of a weight shape (dims 2..); errors when symbolic.
+StatusOr<std::vector<int64_t>> WeightKernel(InferenceContext& ctx, size_t input) {
+  const Shape& w = ctx.input_shape(input);
+  std::vector<int64_t> k;
+  for (size_t i = 2; i < w.size(); ++i) {
+    if (!w[i].is_static()) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "weight dim {} is symbolic ({})", i,
+                       w[i].ToString());
+    }
+    k.push_back(w[i].value());
+  }
+  return k;
+}
+
+StatusOr<nn::WindowAttrs> ReadAttrs(InferenceContext& ctx, size_t rank,
+                                    const std::vector<int64_t>& kernel) {
+  auto a = nn::ReadWindowAttrs(ctx.attrs(), rank, kernel);
+  if (!a.ok()) return ctx.Error(a.status().code(), "{}", a.status().message());
+  return a;
+}
+
+bool StaticEq(const Dim& d, int64_t v) { return d.is_static() && d.value() == v; }
+
+}  // namespace
+
+// Conv: X [N, C, D...], W [M, C/group, k...], B [M] optional -> Y [N, M, out...].
+// Shared with FusedConv (fused.cc), whose extra inputs do not change the output shape.
+Status InferConvLike(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
+  KILN_RETURN_IF_ERROR(RequireFloat(ctx, 1));
+  const Shape& x = ctx.input_shape(0);
+  const Shape& w = ctx.input_shape(1);
+  if (x.size() < 3) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "input has rank {}; Conv needs N, C and >= 1 "
+                     "spatial dims",
+                     x.size());
+  }
+  if (w.size() != x.size()) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "weight {} and input {} differ in rank",
+                     ToString(w), ToString(x));
+  }
+  size_t rank = x.size() - 2;
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> kernel, WeightKernel(ctx, 1));
+  KILN_ASSIGN_OR_RETURN(nn::WindowAttrs a, ReadAttrs(ctx, rank, kernel));
+  if (a.ceil_mode) return ctx.Error(ErrorCode::kInvalidAttribute, "Conv has no ceil_mode");
+  if (!w[0].is_static() || !w[1].is_static()) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "weight shape {} must be static", ToString(w));
+  }
+  if (w[0].value() % a.group != 0) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "{} output channels do not divide into {} groups",
+                     w[0].value(), a.group);
+  }
+  if (x[1].is_static() && x[1].value() != w[1].value() * a.group) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "input has {} channels; weight {} with group {} expects {}", x[1].value(),
+                     ToString(w), a.group, w[1].value() * a.group);
+  }
+  if (ctx.has_input(2)) {
+    KILN_RETURN_IF_ERROR(RequireFloat(ctx, 2));
+    const Shape& b = ctx.input_shape(2);
+    if (b.size() != 1 || !(b[0] == w[0])) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "bias shape {} must be [{}]", ToString(b),
+                       w[0].value());
+    }
+  }
+  Shape y = {x[0], w[0]};
+  for (size_t i = 0; i < rank; ++i) {
+    Dim out = nn::WindowOutDim(x[i + 2], a, i);
+    if (out.is_static() && out.value() < 1) {
+      return ctx.Error(ErrorCode::kShapeMismatch,
+                       "spatial dim {} of input {} is smaller than the dilated kernel", i,
+                       ToString(x));
+    }
+    y.push_back(out);
+  }
+  ctx.set_output(0, ctx.input_type(0), std::move(y));
+  return OkStatus();
+}
+
+Status InferConv(InferenceContext& ctx) { return InferConvLike(ctx); }
+
+// ConvTranspose: X [N, C, D...], W [C, M/group, k...] -> Y [N, M, out...].
+Status InferConvTranspose(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
+  KILN_RETURN_IF_ERROR(RequireFloat(ctx, 1));
+  const Shape& x = ctx.input_shape(0);
+  const Shape& w = ctx.input_shape(1);
+  if (x.size() < 3 || w.size() != x.size()) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "input {} and weight {} need equal rank >= 3",
+                     ToString(x), ToString(w));
+  }
+  size_t rank = x.size() - 2;
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> kernel, WeightKernel(ctx, 1));
+  KILN_ASSIGN_OR_RETURN(nn::WindowAttrs a, ReadAttrs(ctx, rank, kernel));
+  if (!w[0].is_static() || !w[1].is_static()) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "weight shape {} must be static", ToString(w));
+  }
+  if (x[1].is_static() && x[1].value() != w[0].value()) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "input has {} channels; weight {} expects {}",
+                     x[1].value(), ToString(w), w[0].value());
+  }
+  if (w[0].value() % a.group != 0) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "{} input channels do not divide into {} groups",
+                     w[0].value(), a.group);
+  }
+  for (size_t i = 0; i < rank; ++i) {
+    if (a.output_padding[i] >= std::max(a.strides[i], a.dilations[i])) {
+      return ctx.Error(ErrorCode::kInvalidAttribute,
+                       "output_padding {} must be smaller than stride or dilation on axis {}",
+                       a.output_padding[i], i);
+    }
+  }
+  Dim m = w[1].value() * a.group;
+  if (ctx.has_input(2)) {
+    KILN_RETURN_IF_ERROR(RequireFloat(ctx, 2));
+    const Shape& b = ctx.input_shape(2);
+    if (b.size() != 1 || !(b[0] == m)) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "bias shape {} must be [{}]", ToString(b),
+                       m.value());
+    }
+  }
+  Shape y = {x[0], m};
+  for (size_t i = 0; i < rank; ++i) {
+    Dim out = nn::TransposeOutDim(x[i + 2], a, i);
+    if (out.is_static() && out.value() < 1) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "output dim {} would be {}", i, out.value());
+    }
+    y.push_back(out);
+  }
+  ctx.set_output(0, ctx.input_type(0), std::move(y));
+  return OkStatus();
+}
+
+namespace {
+Status InferPool(InferenceContext& ctx, bool is_max) {
+  KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
+  const Shape& x = ctx.input_shape(0);
+  if (x.size() < 3) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "input has rank {}; pooling needs N, C and "
+                     ">= 1 spatial dims",
+                     x.size());
+  }
+  if (!ctx.attrs().Has("kernel_shape")) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "kernel_shape is required");
+  }
+  if (ctx.num_outputs() > 1) {
+    return ctx.Error(ErrorCode::kUnimplemented,
+                     "the Indices output of MaxPool is not supported; remove it from the model "
+                     "(export without return_indices)");
+  }
+  if (is_max && ctx.attrs().GetInt("storage_order", 0) != 0) {
+    return ctx.Error(ErrorCode::kUnimplemented,
+                     "storage_order 1 only affects Indices, which "
+                     "kiln does not support");
+  }
+  size_t rank = x.size() - 2;
+  KILN_ASSIGN_OR_RETURN(nn::WindowAttrs a, ReadAttrs(ctx, rank, {}));
+  if (a.group != 1) return ctx.Error(ErrorCode::kInvalidAttribute, "pools have no group");
+  Shape y = {x[0], x[1]};
+  for (size_t i = 0; i < rank; ++i) {
+    if (a.auto_pad == nn::AutoPad::kNotSet) {
+      int64_t k_eff = a.dilations[i] * (a.kernel[i] - 1) + 1;
+      if (a.pads[i] >= k_eff || a.pads[i + rank] >= k_eff) {
+        return ctx.Error(ErrorCode::kInvalidAttribute,
+                         "pad {} on axis {} is not smaller than the kernel extent {}",
+                         std::max(a.pads[i], a.pads[i + rank]), i, k_eff);
+      }
+    }
+    Dim out = nn::WindowOutDim(x[i + 2], a, i);
+    if (out.is_static() && out.value() < 1) {
+      return ctx.Error(ErrorCode::kShapeMismatch,
+                       "spatial dim {} of input {} is smaller than the kernel", i, ToString(x));
+    }
+    y.push_back(out);
+  }
+  ctx.set_output(0, ctx.input_type(0), std::move(y));
+  return OkStatus();
+}
+
+Status InferGlobalPool(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
+  const Shape& x = ctx.input_shape(0);
+  if (x.size() < 3) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "input has rank {}; needs >= 3", x.size());
+  }
+  Shape y = {x[0], x[1]};
+  y.resize(x.size(), Dim(1));
+  ctx.set_output(0, ctx.input_type(0), std::move(y));
+  return OkStatus();
+}
+}  // namespace
+
+Status InferMaxPool(InferenceContext& ctx) { return InferPool(ctx, true); }
+Status InferAveragePool(InferenceContext& ctx) { return InferPool(ctx, false); }
+Status InferGlobalAveragePool(InferenceContext& ctx) { return InferGlobalPool(ctx); }
+Status InferGlobalMaxPool(InferenceContext& ctx) { return InferGlobalPool(ctx); }
+
+// BatchNormalization, inference form: X [N, C, ...], scale/B/mean/var [C] -> Y like X.
+Status InferBatchNormalization(InferenceContext& ctx) {
+  if (ctx.attrs().GetInt("training_mode", 0) != 0 || ctx.num_outputs() > 1) {
+    return ctx.Error(ErrorCode::kUnimplemented,
+                     "training-mode BatchNormalization (running mean/var outputs) is not "
+                     "supported; export the model in eval mode");
+  }
+  const Shape& x = ctx.input_shape(0);
+  if (x.size() < 2) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "input has rank {}; needs >= 2", x.size());
+  }
+  for (size_t i = 0; i < 5; ++i) {
+    if (!IsFloat(ctx.input_type(i))) {
+      return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}", i,
+                       ToString(ctx.input_type(i)));
+    }
+    if (i == 0) continue;
+    const Shape& p = ctx.input_shape(i);
+    if (p.size() != 1 || !(p[0] == x[1] || !x[1].is_static() || !p[0].is_static())) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "input {} has shape {}; expected [{}]", i,
+                       ToString(p), x[1].ToString());
+    }
+  }
+  ctx.set_output(0, ctx.input_type(0), x);
+  return OkStatus();
+}
+
+// Resize (opset 19 form): X, roi (unused), scales, sizes; optional axes attribute.
+Status InferResize(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
+  const AttributeMap& at = ctx.attrs();
+  const Shape& x = ctx.input_shape(0);
+  size_t rank = x.size();
+  std::string mode = at.GetString("mode", "nearest");
+  if (mode != "nearest" && mode != "linear" && mode != "cubic") {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "mode '{}' is not nearest, linear or cubic",
+                     mode);
+  }
+  std::string ctm = at.GetString("coordinate_transformation_mode", "half_pixel");
+  if (ctm != "half_pixel" && ctm != "pytorch_half_pixel" && ctm != "align_corners" &&
+      ctm != "asymmetric" && ctm != "tf_half_pixel_for_nn" && ctm != "half_pixel_symmetric") {
+    return ctx.Error(ErrorCode::kUnimplemented,
+                     "coordinate_transformation_mode '{}' is not "
+                     "supported (tf_crop_and_resize needs roi)",
+                     ctm);
+  }
+  std::string nearest = at.GetString("nearest_mode", "round_prefer_floor");
+  if (nearest != "round_prefer_floor" && nearest != "round_prefer_ceil" && nearest != "floor" &&
+      nearest != "ceil") {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "nearest_mode '{}' is invalid", nearest);
+  }
+  if (at.GetInt("antialias", 0) != 0) {
+    return ctx.Error(ErrorCode::kUnimplemented, "antialias=1 is not supported");
+  }
+  std::vector<int64_t> axes = at.GetInts("axes");
+  if (axes.empty()) {
+    for (size_t i = 0; i < rank; ++i) axes.push_back(static_cast<int64_t>(i));
+  }
+  for (auto& a : axes) {
+    auto n = NormalizeAxis(a, static_cast<int64_t>(rank));
+    if (!n.ok()) return ctx.Error(ErrorCode::kInvalidAttribute, "axes: {}", n.status().message());
+    a = *n;
+  }
+  bool has_scales =
+      ctx.has_input(2) && !(ctx.input_shape(2).size() == 1 && StaticEq(ctx.input_shape(2)[0], 0));
+  bool has_sizes =
+      ctx.has_input(3) && !(ctx.input_shape(3).size() == 1 && StaticEq(ctx.input_shape(3)[0], 0));
+  if (has_scales == has_sizes) {
+    return ctx.Error(ErrorCode::kInvalidModel, "exactly one of scales and sizes must be given");
+  }
+  Shape y = x;
+  if (has_sizes) {
+    auto sizes = ctx.input_dims_value(3);
+    if (!sizes) {
+      return ctx.Error(ErrorCode::kDataDependentShape,
+                       "sizes is computed at run time from tensor values");
+    }
+    if (sizes->size() != axes.size()) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "sizes has {} entries; {} axes", sizes->size(),
+                       axes.size());
+    }
+    std::string policy = at.GetString("keep_aspect_ratio_policy", "stretch");
+    if (policy == "stretch") {
+      for (size_t i = 0; i < axes.size(); ++i) y[axes[i]] = (*sizes)[i];
+    } else if (policy == "not_larger" || policy == "not_smaller") {
+      double scale = policy == "not_larger" ? 1e300 : 0;
+      for (size_t i = 0; i < axes.size(); ++i) {
+        const Dim& in = x[axes[i]];
+        const Dim& s = (*sizes)[i];
+        if (!in.is_static() || !s.is_static()) {
+          return ctx.Error(ErrorCode::kDataDependentShape,
+                           "keep_aspect_ratio_policy needs static input and sizes");
+        }
+        double r = static_cast<double>(s.value()) / static_cast<double>(in.value());
+        scale = policy == "not_larger" ? std::min(scale, r) : std::max(scale, r);
+      }
+      for (size_t i = 0; i < axes.size(); ++i) {
+        y[axes[i]] =
+            static_cast<int64_t>(std::round(scale * static_cast<double>(x[axes[i]].value())));
+      }
+    } else {
+      return ctx.Error(ErrorCode::kInvalidAttribute, "keep_aspect_ratio_policy '{}' is invalid",
+                       policy);
+    }
+  } else {
+    const Tensor* scales = ctx.input_constant(2);
+    if (!scales) {
+      return ctx.Error(ErrorCode::kDataDependentShape, "scales is not a constant");
+    }
+    std::vector<float> s = scales->ToFloatVector();
+    if (s.size() != axes.size()) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "scales has {} entries; {} axes", s.size(),
+                       axes.size());
+    }
+    for (size_t i = 0; i < axes.size(); ++i) {
+      if (!(s[i] > 0)) {
+        return ctx.Error(ErrorCode::kInvalidAttribute, "scale {} must be positive", s[i]);
+      }
+      const Dim& in = x[axes[i]];
+      if (in.is_static()) {
+        y[axes[i]] = static_cast<int64_t>(std::floor(static_cast<double>(in.value()) * s[i]));
+      } else if (s[i] >= 1 && s[i] == std::floor(s[i])) {
+        y[axes[i]] = in * static_cast<int64_t>(s[i]);
+      } else if (s[i] < 1 && 1 / s[i] == std::floor(1 / s[i])) {
+        y[axes[i]] = FloorDiv(in, Dim(static_cast<int64_t>(1 / s[i])));
+      } else {
+        y[axes[i]] = Dim::Symbol(fmt::format("floor({}*{})", in.ToString(), s[i]));
+      }
+    }
+  }
+  ctx.set_output(0, ctx.input_type(0), std::move(y));
+  return OkStatus();
+}
+
+}  // namespace kiln

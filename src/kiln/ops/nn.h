@@ -1,0 +1,98 @@
+// Window geometry of Conv, ConvTranspose and the pools, shared by the shape rules (nn.cc) and
+// the kernels, so the padding and output-size arithmetic is written once. The formulas are
+// templates over Dim (build time, symbolic) and int64_t (kernels, concrete dims).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kiln/core/status.h"
+#include "kiln/ir/attribute.h"
+#include "kiln/ir/dim.h"
+
+namespace kiln {
+class InferenceContext;
+// Conv's shape rule over inputs X, W, B; FusedConv (fused.cc) reuses it.
+Status InferConvLike(InferenceContext& ctx);
+// MatMul's rule with optional transposes of the last two dims of A and B; FusedMatMul reuses it.
+Status InferMatMulLike(InferenceContext& ctx, bool trans_a, bool trans_b);
+// Gemm's rule (A, B, optional C; transA, transB); FusedGemm reuses it.
+Status InferGemmLike(InferenceContext& ctx);
+}  // namespace kiln
+
+namespace kiln::nn {
+
+enum class AutoPad : uint8_t { kNotSet, kSameUpper, kSameLower, kValid };
+
+// Validated window attributes of one Conv/ConvTranspose/pool node, every vector of length
+// `rank` (the spatial rank); pads has 2*rank entries (all begins, then all ends) as in ONNX.
+struct WindowAttrs {
+  AutoPad auto_pad = AutoPad::kNotSet;
+  std::vector<int64_t> kernel, strides, dilations, pads;
+  int64_t group = 1;
+  bool ceil_mode = false;
+  std::vector<int64_t> output_padding;  // ConvTranspose only
+  std::vector<int64_t> output_shape;    // ConvTranspose only (spatial; empty when absent)
+};
+
+// Reads auto_pad, kernel_shape (or `kernel_from_weights` when the attribute is absent),
+// strides, dilations, pads, group, ceil_mode, output_padding and output_shape. Errors name the
+// attribute (KILN-E2009).
+StatusOr<WindowAttrs> ReadWindowAttrs(const AttributeMap& attrs, size_t rank,
+                                      const std::vector<int64_t>& kernel_from_weights);
+
+inline int64_t FloorDiv(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+inline int64_t CeilDiv(int64_t a, int64_t b) { return FloorDiv(a + b - 1, b); }
+
+// Output size of a Conv or pool along one axis. For ceil_mode the last window must start inside
+// the input or the begin padding (the rule PyTorch and ONNX Runtime apply); with a symbolic
+// input that correction cannot be decided, so the plain ceil form is used.
+template <typename T>
+T WindowOutDim(const T& in, const WindowAttrs& a, size_t i) {
+  if constexpr (!std::is_same_v<T, int64_t>) {
+    if (in.is_static()) return T(WindowOutDim<int64_t>(in.value(), a, i));
+  }
+  int64_t k_eff = a.dilations[i] * (a.kernel[i] - 1) + 1;
+  int64_t s = a.strides[i];
+  switch (a.auto_pad) {
+    case AutoPad::kSameUpper:
+    case AutoPad::kSameLower:
+      return CeilDiv(in, T(s));
+    case AutoPad::kValid:
+      return CeilDiv(in - T(k_eff - 1), T(s));
+    case AutoPad::kNotSet:
+      break;
+  }
+  T span = in + T(a.pads[i] + a.pads[i + a.kernel.size()] - k_eff);
+  if (!a.ceil_mode) return FloorDiv(span, T(s)) + T(1);
+  T out = CeilDiv(span, T(s)) + T(1);
+  if constexpr (std::is_same_v<T, int64_t>) {
+    if ((out - 1) * s >= in + a.pads[i]) --out;
+  }
+  return out;
+}
+
+// Begin padding along one axis for concrete sizes (auto_pad resolved).
+int64_t WindowPadBegin(int64_t in, int64_t out, const WindowAttrs& a, size_t i);
+
+// ConvTranspose output size along one axis (output_shape wins when given).
+template <typename T>
+T TransposeOutDim(const T& in, const WindowAttrs& a, size_t i) {
+  if (!a.output_shape.empty()) return T(a.output_shape[i]);
+  int64_t k_eff = a.dilations[i] * (a.kernel[i] - 1) + 1;
+  int64_t s = a.strides[i];
+  if (a.auto_pad == AutoPad::kSameUpper || a.auto_pad == AutoPad::kSameLower) return in * T(s);
+  int64_t pads = a.auto_pad == AutoPad::kValid ? 0 : a.pads[i] + a.pads[i + a.kernel.size()];
+  return T(s) * (in - T(1)) + T(a.output_padding[i] + k_eff - pads);
+}
+
+// ConvTranspose begin padding for concrete sizes: the total padding implied by in/out is split
+// as the ONNX spec says (SAME_UPPER puts the smaller half first).
+int64_t TransposePadBegin(int64_t in, int64_t out, const WindowAttrs& a, size_t i);
+
+}  // namespace kiln::nn

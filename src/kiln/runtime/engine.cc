@@ -1,0 +1,186 @@
+// Engine: the immutable, shareable side of the runtime (slots, bindings, providers, weights),
+// and Runtime, which loads engines for one backend.
+#include <fmt/ranges.h>
+
+#include <cstring>
+
+#include "kiln/plan/memory_plan.h"
+#include "kiln/runtime/runtime.h"
+
+namespace kiln {
+
+Engine::~Engine() = default;
+
+StatusOr<std::shared_ptr<const Engine>> Engine::Create(std::shared_ptr<const EngineDesc> desc,
+                                                       Backend* backend) {
+  if (!desc || !desc->graph) return MakeError(ErrorCode::kInvalidArgument, "no engine to run");
+  if (!backend) return MakeError(ErrorCode::kInvalidArgument, "no backend to run the engine on");
+  if (backend->kind() != desc->header.backend) {
+    return MakeError(ErrorCode::kEngineTargetMismatch,
+                     "the engine was built for backend '{}'; this runtime runs backend '{}'",
+                     ToString(desc->header.backend), ToString(backend->kind()));
+  }
+  std::shared_ptr<Engine> engine(new Engine());
+  engine->desc_ = std::move(desc);
+  engine->backend_ = backend;
+  KILN_RETURN_IF_ERROR(engine->Build());
+  return std::shared_ptr<const Engine>(std::move(engine));
+}
+
+Status Engine::Build() {
+  const Graph& graph = *desc_->graph;
+  const MemoryPlan& plan = desc_->plan;
+  KILN_ASSIGN_OR_RETURN(max_bindings_, MaxShapeBindings(graph, desc_->profile));
+
+  // Bindings: inputs first, then outputs, in the graph's order.
+  for (const Value* v : graph.inputs()) {
+    binding_of_[v->name()] = static_cast<int>(bindings_.size());
+    bindings_.push_back({v->name(), true, -1, v->dtype()});
+    TensorDesc d{v->name(), v->dtype(), v->shape(), std::nullopt};
+    if (const InputProfile* p = desc_->profile.Find(v->name())) d.profile = *p;
+    inputs_.push_back(std::move(d));
+  }
+  for (const Value* v : graph.outputs()) {
+    outputs_.push_back({v->name(), v->dtype(), v->shape(), std::nullopt});
+    if (binding_of_.count(v->name())) continue;  // an input passed through: one tensor, one name
+    binding_of_[v->name()] = static_cast<int>(bindings_.size());
+    bindings_.push_back({v->name(), false, -1, v->dtype()});
+  }
+
+  // Slots: every value that a layer reads or writes, with where its bytes live.
+  uint64_t device_weight_bytes = 0;
+  auto slot_for = [&](const Value* v) -> StatusOr<int> {
+    if (!v) return -1;
+    if (auto it = slot_of_.find(v); it != slot_of_.end()) return it->second;
+    Slot s;
+    s.value = v;
+    if (v->is_graph_input()) {
+      s.storage = Storage::kInput;
+      s.binding = binding_of_.at(v->name());
+    } else if (v->is_constant()) {
+      s.storage = Storage::kConstant;
+      s.constant = v->constant()->raw();
+      s.offset = static_cast<int64_t>(device_weight_bytes);
+      device_weight_bytes += AlignUp(static_cast<int64_t>(v->constant()->size_bytes()));
+    } else if (v->is_graph_output()) {
+      s.storage = Storage::kOutput;
+      s.binding = binding_of_.at(v->name());
+    } else {
+      auto off = plan.offsets.find(v->name());
+      if (off == plan.offsets.end()) {
+        return MakeError(ErrorCode::kEngineMalformed, "the memory plan has no offset for '{}'",
+                         v->name());
+      }
+      s.offset = off->second;
+      KILN_ASSIGN_OR_RETURN(s.planned_bytes, PlannedBytes(*v, max_bindings_));
+      if (s.offset % kPlanAlignment != 0 || s.offset < 0 ||
+          s.offset + s.planned_bytes > plan.arena_bytes) {
+        return MakeError(ErrorCode::kEngineMalformed,
+                         "the memory plan puts '{}' ({} bytes at the max shapes) at offset {}: "
+                         "unaligned or outside the {}-byte arena",
+                         v->name(), s.planned_bytes, s.offset, plan.arena_bytes);
+      }
+      arena_bytes_ = std::max(arena_bytes_, s.offset + s.planned_bytes);
+    }
+    int id = static_cast<int>(slots_.size());
+    slots_.push_back(s);
+    slot_of_[v] = id;
+    return id;
+  };
+  for (const Value* v : graph.inputs()) KILN_RETURN_IF_ERROR(slot_for(v));
+
+  for (const LayerDesc& l : desc_->layers) {
+    if (!l.node) return MakeError(ErrorCode::kEngineMalformed, "a layer has no node");
+    Layer layer;
+    layer.desc = &l;
+    layer.provider = KernelRegistry::Get().Find(backend_->kind(), l.provider_id);
+    if (!layer.provider || layer.provider->op_type() != l.node->op_type()) {
+      return MakeError(ErrorCode::kEngineMalformed,
+                       "layer '{}' ({}): provider '{}' is not registered for backend '{}'",
+                       l.node->name(), l.node->op_type(), l.provider_id,
+                       ToString(backend_->kind()));
+    }
+    for (const Value* v : l.node->inputs()) {
+      KILN_ASSIGN_OR_RETURN(int id, slot_for(v));
+      layer.inputs.push_back(id);
+    }
+    for (const Value* v : l.node->outputs()) {
+      KILN_ASSIGN_OR_RETURN(int id, slot_for(v));
+      layer.outputs.push_back(id);
+    }
+    layers_.push_back(std::move(layer));
+  }
+  // Outputs that no layer writes (constants) are copied into their binding after the layers.
+  for (size_t b = 0; b < bindings_.size(); ++b) {
+    KILN_ASSIGN_OR_RETURN(int id, slot_for(graph.FindValue(bindings_[b].name)));
+    bindings_[b].slot = id;
+    if (slots_[id].storage == Storage::kConstant) {
+      output_copies_.push_back({static_cast<int>(b), id});
+    }
+  }
+
+  // Weights: borrowed where the backend reads host memory, else uploaded once for all contexts.
+  weights_bytes_ = static_cast<int64_t>(device_weight_bytes);
+  if (plan.workspace_bytes < 0 ||
+      plan.peak_bytes < weights_bytes_ + arena_bytes_ + plan.workspace_bytes) {
+    return MakeError(ErrorCode::kEngineMalformed,
+                     "the plan's peak ({} bytes) is less than its weights {} + arena {} + "
+                     "workspace {}",
+                     plan.peak_bytes, weights_bytes_, arena_bytes_, plan.workspace_bytes);
+  }
+  workspace_bytes_ = plan.workspace_bytes;
+  if (auto info = backend_->Info(); info.ok()) device_total_memory_ = info->total_memory;
+  if (!backend_->host_accessible() && device_weight_bytes > 0) {
+    KILN_ASSIGN_OR_RETURN(device_weights_, backend_->Allocate(device_weight_bytes));
+    auto* base = static_cast<std::byte*>(device_weights_.data());
+    for (Slot& s : slots_) {
+      if (s.storage != Storage::kConstant) continue;
+      KILN_RETURN_IF_ERROR(backend_->CopyToDevice(base + s.offset, s.constant,
+                                                  s.value->constant()->size_bytes(), nullptr));
+      s.constant = base + s.offset;
+    }
+    KILN_RETURN_IF_ERROR(backend_->Synchronize(nullptr));
+  }
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<ExecutionContext>> Engine::CreateExecutionContext() const {
+  std::unique_ptr<ExecutionContext> ctx(new ExecutionContext(shared_from_this()));
+  KILN_RETURN_IF_ERROR(ctx->Init());
+  return ctx;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+StatusOr<std::unique_ptr<Runtime>> Runtime::Create(BackendKind kind) {
+  KILN_ASSIGN_OR_RETURN(Backend * backend, GetBackend(kind));
+  KILN_ASSIGN_OR_RETURN(DeviceInfo info, backend->Info());
+  return std::unique_ptr<Runtime>(new Runtime(backend, std::move(info)));
+}
+
+LoadOptions Runtime::Options() const {
+  LoadOptions o;
+  o.expected_backend = backend_->kind();
+  o.expected_arch = device_.arch;
+  return o;
+}
+
+StatusOr<std::shared_ptr<const Engine>> Runtime::LoadEngine(const std::string& path) const {
+  KILN_ASSIGN_OR_RETURN(auto desc, LoadEngineFile(path, Options()));
+  return Engine::Create(std::move(desc), backend_);
+}
+
+StatusOr<std::shared_ptr<const Engine>> Runtime::DeserializeEngine(
+    std::span<const std::byte> bytes) const {
+  KILN_ASSIGN_OR_RETURN(auto desc, LoadEngineBytes(bytes, Options()));
+  return Engine::Create(std::move(desc), backend_);
+}
+
+StatusOr<std::shared_ptr<const Engine>> Runtime::CreateEngine(
+    std::shared_ptr<const EngineDesc> desc) const {
+  if (!desc) return MakeError(ErrorCode::kInvalidArgument, "no engine to run");
+  KILN_RETURN_IF_ERROR(CheckEngineTarget(desc->header, backend_->kind(), device_.arch));
+  return Engine::Create(std::move(desc), backend_);
+}
+
+}  // namespace kiln

@@ -1,0 +1,378 @@
+// ExecutionContext: per-context kernels, arena and workspace; shape propagation with concrete
+// dims when input shapes are set; an allocation-free Execute.
+#include <fmt/ranges.h>
+
+#include <cstring>
+
+#include "kiln/core/logging.h"
+#include "kiln/ops/op_schema.h"
+#include "kiln/plan/memory_plan.h"
+#include "kiln/runtime/runtime.h"
+
+namespace kiln {
+
+ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine)
+    : engine_(std::move(engine)) {}
+
+ExecutionContext::~ExecutionContext() = default;
+
+int64_t ExecutionContext::allocated_bytes() const {
+  return static_cast<int64_t>(arena_.size() + workspace_.size());
+}
+
+Status ExecutionContext::Init() {
+  const Engine& e = *engine_;
+
+  // Kernels: one per layer, from the stored provider and tactic.
+  for (const Engine::Layer& layer : e.layers_) {
+    KernelRequest request;
+    request.node = layer.desc->node;
+    auto describe = [&](const Value* v) {
+      OperandDesc d;
+      if (!v) return d;
+      d.dtype = v->dtype();
+      d.shape = v->shape();
+      if (auto dims = ConcreteDims(*v, e.max_bindings_); dims.ok()) d.max_dims = std::move(*dims);
+      d.constant = v->constant();
+      return d;
+    };
+    for (const Value* v : request.node->inputs()) request.inputs.push_back(describe(v));
+    for (const Value* v : request.node->outputs()) request.outputs.push_back(describe(v));
+    auto kernel = layer.provider->Create(request, layer.desc->tactic);
+    if (!kernel.ok()) {
+      return std::move(kernel).status().AddContext(
+          fmt::format("while creating layer '{}' with provider '{}' tactic '{}'",
+                      request.node->name(), layer.provider->id(), layer.desc->tactic.name));
+    }
+    kernels_.push_back(std::move(*kernel));
+  }
+
+  // The only device allocations this context ever makes; checked against the device first so
+  // an engine for a bigger device fails with the sizes instead of an allocator's null.
+  const uint64_t wanted = static_cast<uint64_t>(e.arena_bytes_) + e.workspace_bytes_;
+  if (e.device_total_memory_ > 0 && wanted > e.device_total_memory_) {
+    return MakeError(ErrorCode::kMemoryBudgetExceeded,
+                     "an execution context needs {} bytes (arena {}, workspace {}) but the device "
+                     "has {} bytes in total",
+                     wanted, e.arena_bytes_, e.workspace_bytes_, e.device_total_memory_);
+  }
+  if (e.arena_bytes_ > 0) {
+    KILN_ASSIGN_OR_RETURN(arena_, e.backend_->Allocate(static_cast<size_t>(e.arena_bytes_)));
+  }
+  if (e.workspace_bytes_ > 0) {
+    KILN_ASSIGN_OR_RETURN(workspace_,
+                          e.backend_->Allocate(static_cast<size_t>(e.workspace_bytes_)));
+  }
+  if (actual_peak_bytes() > e.planned_peak_bytes()) {
+    return MakeError(ErrorCode::kMemoryPlanViolated,
+                     "the context holds {} bytes (arena {}, workspace {}, weights {}) but the "
+                     "engine planned a peak of {}",
+                     actual_peak_bytes(), arena_.size(), workspace_.size(), e.weights_bytes(),
+                     e.planned_peak_bytes());
+  }
+
+  KILN_LOG(Debug, RUNTIME,
+           "execution context: arena {} + workspace {} + weights {} = {} bytes (planned peak {})",
+           arena_.size(), workspace_.size(), e.weights_bytes(), actual_peak_bytes(),
+           e.planned_peak_bytes());
+
+  const size_t n = e.slots_.size();
+  dims_.assign(n, {});
+  ptrs_.assign(n, nullptr);
+  views_of_slot_.assign(n, {});
+  for (size_t i = 0; i < n; ++i) {
+    const Engine::Slot& s = e.slots_[i];
+    if (s.storage == Engine::Storage::kArena) {
+      ptrs_[i] = static_cast<std::byte*>(arena_.data()) + s.offset;
+    } else if (s.storage == Engine::Storage::kConstant) {
+      ptrs_[i] = const_cast<void*>(s.constant);  // kernels never write their inputs
+      dims_[i] = s.value->constant()->dims();
+    }
+  }
+  binding_ptrs_.assign(e.bindings_.size(), nullptr);
+  input_shape_set_.assign(e.bindings_.size(), false);
+
+  // Inputs whose shapes are fully static need no SetInputShape.
+  bool all_static = true;
+  for (size_t b = 0; b < e.bindings_.size(); ++b) {
+    const Engine::Binding& binding = e.bindings_[b];
+    if (!binding.is_input) continue;
+    auto dims = StaticDims(e.slots_[binding.slot].value->shape());
+    if (!dims) {
+      all_static = false;
+      continue;
+    }
+    dims_[binding.slot] = *dims;
+    input_shape_set_[b] = true;
+  }
+  return all_static ? Propagate() : OkStatus();
+}
+
+std::string ExecutionContext::BindingNames(bool inputs, bool outputs) const {
+  std::vector<std::string> names;
+  for (const Engine::Binding& b : engine_->bindings_) {
+    if ((b.is_input && inputs) || (!b.is_input && outputs)) names.push_back("'" + b.name + "'");
+  }
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+StatusOr<int> ExecutionContext::FindBinding(const std::string& name) const {
+  auto it = engine_->binding_of_.find(name);
+  if (it == engine_->binding_of_.end()) {
+    return MakeError(ErrorCode::kUnknownBinding,
+                     "the engine has no input or output named '{}'; inputs: {}; outputs: {}", name,
+                     BindingNames(true, false), BindingNames(false, true));
+  }
+  return it->second;
+}
+
+Status ExecutionContext::SetInputShape(const std::string& name, std::span<const int64_t> dims) {
+  KILN_ASSIGN_OR_RETURN(int b, FindBinding(name));
+  const Engine::Binding& binding = engine_->bindings_[b];
+  if (!binding.is_input) {
+    return MakeError(ErrorCode::kUnknownBinding,
+                     "'{}' is an output (its shape follows from the inputs); inputs: {}", name,
+                     BindingNames(true, false));
+  }
+  const Shape& shape = engine_->slots_[binding.slot].value->shape();
+  if (dims.size() != shape.size()) {
+    return MakeError(ErrorCode::kInputShapeInvalid,
+                     "input '{}' has rank {} (shape {}); got [{}] of rank {}", name, shape.size(),
+                     ToString(shape), fmt::join(dims, ","), dims.size());
+  }
+  const InputProfile* profile = engine_->desc_->profile.Find(name);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] < 0) {
+      return MakeError(ErrorCode::kInputShapeInvalid, "input '{}' dimension {} is negative ({})",
+                       name, i, dims[i]);
+    }
+    if (auto fixed = shape[i].static_value()) {
+      if (*fixed != dims[i]) {
+        return MakeError(ErrorCode::kInputShapeInvalid,
+                         "input '{}' dimension {} is fixed at {} (shape {}); got {}", name, i,
+                         *fixed, ToString(shape), dims[i]);
+      }
+      continue;
+    }
+    if (!profile) {
+      return MakeError(ErrorCode::kMissingProfile, "dynamic input '{}' has no profile", name);
+    }
+    if (dims[i] < profile->min[i] || dims[i] > profile->max[i]) {
+      return MakeError(ErrorCode::kShapeOutsideProfile,
+                       "input '{}' dimension {} ('{}') is {}, outside the profile's [{}, {}]", name,
+                       i, shape[i].ToString(), dims[i], profile->min[i], profile->max[i]);
+    }
+  }
+  dims_[binding.slot].assign(dims.begin(), dims.end());
+  input_shape_set_[b] = true;
+  for (size_t k = 0; k < engine_->bindings_.size(); ++k) {
+    if (engine_->bindings_[k].is_input && !input_shape_set_[k]) {
+      shapes_ready_ = false;
+      return OkStatus();  // the rest are propagated once every input has a shape
+    }
+  }
+  return Propagate();
+}
+
+Status ExecutionContext::Propagate() {
+  shapes_ready_ = false;
+  const Engine& e = *engine_;
+
+  // The same symbol must take one value across inputs ("batch" in two inputs).
+  std::map<std::string, std::pair<int64_t, std::string>> symbols;
+  for (const Engine::Binding& b : e.bindings_) {
+    if (!b.is_input) continue;
+    const Shape& shape = e.slots_[b.slot].value->shape();
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (shape[i].is_static()) continue;
+      auto syms = shape[i].Symbols();
+      if (syms.size() != 1 || !(shape[i] == Dim::Symbol(syms[0]))) continue;
+      auto [it, inserted] = symbols.emplace(syms[0], std::make_pair(dims_[b.slot][i], b.name));
+      if (!inserted && it->second.first != dims_[b.slot][i]) {
+        return MakeError(ErrorCode::kInputShapeInvalid,
+                         "dimension '{}' is {} in input '{}' but {} in input '{}'", syms[0],
+                         it->second.first, it->second.second, dims_[b.slot][i], b.name);
+      }
+    }
+  }
+
+  // Concrete shape inference, layer by layer, with the ops layer's rules.
+  std::vector<ValueInfo> info(e.slots_.size());
+  std::vector<bool> known(e.slots_.size(), false);
+  for (size_t i = 0; i < e.slots_.size(); ++i) {
+    const Engine::Slot& s = e.slots_[i];
+    if (s.storage == Engine::Storage::kInput || s.storage == Engine::Storage::kConstant) {
+      info[i].dtype = s.value->dtype();
+      info[i].shape = MakeShape(dims_[i]);
+      info[i].constant = s.value->constant();
+      known[i] = true;
+    }
+  }
+  for (const Engine::Layer& layer : e.layers_) {
+    const Node& node = *layer.desc->node;
+    std::vector<const ValueInfo*> ins;
+    for (int id : layer.inputs) ins.push_back(id < 0 ? nullptr : &info[id]);
+    std::vector<ValueInfo> outs(layer.outputs.size());
+    KILN_RETURN_IF_ERROR_CTX(InferNode(node, ins, outs), "while inferring shapes of layer '{}'",
+                             node.name());
+    for (size_t k = 0; k < outs.size(); ++k) {
+      int id = layer.outputs[k];
+      if (id < 0) continue;
+      const Value* v = e.slots_[id].value;
+      auto dims = StaticDims(outs[k].shape);
+      if (!dims) {
+        return MakeError(ErrorCode::kInternal,
+                         "layer '{}': output '{}' has shape {} even with concrete inputs",
+                         node.name(), v->name(), ToString(outs[k].shape));
+      }
+      if (outs[k].dtype != v->dtype()) {
+        return MakeError(ErrorCode::kInternal,
+                         "layer '{}': output '{}' is {} at run time but {} "
+                         "in the engine",
+                         node.name(), v->name(), ToString(outs[k].dtype), ToString(v->dtype()));
+      }
+      if (e.slots_[id].storage == Engine::Storage::kArena) {
+        int64_t bytes = static_cast<int64_t>(SizeOf(v->dtype()));
+        for (int64_t d : *dims) {
+          if (__builtin_mul_overflow(bytes, d, &bytes)) bytes = INT64_MAX;
+        }
+        if (bytes > e.slots_[id].planned_bytes) {
+          return MakeError(ErrorCode::kMemoryPlanViolated,
+                           "value '{}' needs {} bytes for shape [{}] but the plan reserved {}",
+                           v->name(), bytes, fmt::join(*dims, ","), e.slots_[id].planned_bytes);
+        }
+      }
+      dims_[id] = std::move(*dims);
+      info[id] = std::move(outs[k]);
+      info[id].shape = MakeShape(dims_[id]);
+      known[id] = true;
+    }
+  }
+
+  // Views: one flat array, spans per layer; data pointers from the slots and bindings.
+  views_.clear();
+  layer_views_.clear();
+  for (auto& v : views_of_slot_) v.clear();
+  auto add_view = [&](int id) {
+    TensorView view;
+    if (id >= 0) {
+      view.dtype = e.slots_[id].value->dtype();
+      view.dims = dims_[id];
+      view.data = ptrs_[id];
+      views_of_slot_[id].push_back(views_.size());
+    }
+    views_.push_back(view);
+  };
+  for (const Engine::Layer& layer : e.layers_) {
+    LayerViews lv{views_.size(), layer.inputs.size(), 0, layer.outputs.size()};
+    for (int id : layer.inputs) add_view(id);
+    lv.out_begin = views_.size();
+    for (int id : layer.outputs) add_view(id);
+    layer_views_.push_back(lv);
+  }
+
+  // Kernels see their shapes once, here; their workspace must fit the planned region.
+  for (size_t l = 0; l < e.layers_.size(); ++l) {
+    const LayerViews& lv = layer_views_[l];
+    std::span<const TensorView> ins(views_.data() + lv.in_begin, lv.in_count);
+    std::span<const TensorView> outs(views_.data() + lv.out_begin, lv.out_count);
+    auto need = kernels_[l]->Prepare(ins, outs);
+    const Node& node = *e.layers_[l].desc->node;
+    if (!need.ok()) {
+      return std::move(need).status().AddContext(
+          fmt::format("while preparing layer '{}'", node.name()));
+    }
+    if (*need > workspace_.size()) {
+      return MakeError(ErrorCode::kMemoryPlanViolated,
+                       "layer '{}' ({}) needs {} bytes of workspace for these shapes; the plan "
+                       "reserved {}",
+                       node.name(), e.layers_[l].desc->tactic.name, *need, workspace_.size());
+    }
+  }
+  shapes_ready_ = true;
+  return OkStatus();
+}
+
+void ExecutionContext::UpdateViewPointers(int slot) {
+  for (size_t v : views_of_slot_[slot]) views_[v].data = ptrs_[slot];
+}
+
+Status ExecutionContext::SetTensorAddress(const std::string& name, void* data) {
+  KILN_ASSIGN_OR_RETURN(int b, FindBinding(name));
+  if (!data) {
+    return MakeError(ErrorCode::kInvalidArgument, "binding '{}' to a null address", name);
+  }
+  binding_ptrs_[b] = data;
+  const Engine::Binding& binding = engine_->bindings_[b];
+  if (engine_->slots_[binding.slot].storage != Engine::Storage::kConstant) {
+    ptrs_[binding.slot] = data;
+    UpdateViewPointers(binding.slot);
+  }
+  return OkStatus();
+}
+
+Status ExecutionContext::BindTensor(const std::string& name, const TensorView& view) {
+  KILN_ASSIGN_OR_RETURN(int b, FindBinding(name));
+  const Engine::Binding& binding = engine_->bindings_[b];
+  if (view.dtype != binding.dtype) {
+    return MakeError(ErrorCode::kInputTypeMismatch, "{} '{}' is {} in the engine; got {}",
+                     binding.is_input ? "input" : "output", name, ToString(binding.dtype),
+                     ToString(view.dtype));
+  }
+  if (binding.is_input) KILN_RETURN_IF_ERROR(SetInputShape(name, view.dims));
+  return SetTensorAddress(name, view.data);
+}
+
+StatusOr<std::vector<int64_t>> ExecutionContext::GetTensorShape(const std::string& name) const {
+  KILN_ASSIGN_OR_RETURN(int b, FindBinding(name));
+  const Engine::Binding& binding = engine_->bindings_[b];
+  if (!shapes_ready_ && !(binding.is_input && input_shape_set_[b])) {
+    return MakeError(ErrorCode::kInputShapeInvalid,
+                     "the shape of '{}' is not known until every input shape is set", name);
+  }
+  return dims_[binding.slot];
+}
+
+Status ExecutionContext::Execute(void* stream) {
+  // Every check here only reads; messages are built (and allocate) only on failure.
+  if (!shapes_ready_) {
+    return MakeError(ErrorCode::kInputShapeInvalid,
+                     "set the shape of every dynamic input before Execute (inputs: {})",
+                     BindingNames(true, false));
+  }
+  for (size_t b = 0; b < binding_ptrs_.size(); ++b) {
+    if (!binding_ptrs_[b]) {
+      std::vector<std::string> unbound;
+      for (size_t k = 0; k < binding_ptrs_.size(); ++k) {
+        if (!binding_ptrs_[k]) unbound.push_back("'" + engine_->bindings_[k].name + "'");
+      }
+      return MakeError(ErrorCode::kInputCountMismatch,
+                       "{} of the engine's {} inputs and outputs have no address: {}",
+                       unbound.size(), binding_ptrs_.size(), fmt::join(unbound, ", "));
+    }
+  }
+  const auto& layers = engine_->layers_;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerViews& lv = layer_views_[l];
+    KernelRunArgs args;
+    args.inputs = std::span<const TensorView>(views_.data() + lv.in_begin, lv.in_count);
+    args.outputs = std::span<const TensorView>(views_.data() + lv.out_begin, lv.out_count);
+    args.workspace = workspace_.data();
+    args.workspace_bytes = workspace_.size();
+    args.stream = stream;
+    Status s = kernels_[l]->Run(args);
+    if (!s.ok()) {
+      return std::move(s).AddContext(
+          fmt::format("while running layer '{}' ({}, tactic '{}')", layers[l].desc->node->name(),
+                      layers[l].provider->id(), layers[l].desc->tactic.name));
+    }
+  }
+  for (const Engine::OutputCopy& c : engine_->output_copies_) {
+    const Tensor* t = engine_->slots_[c.slot].value->constant();
+    KILN_RETURN_IF_ERROR(engine_->backend_->CopyToDevice(binding_ptrs_[c.binding], ptrs_[c.slot],
+                                                         t->size_bytes(), stream));
+  }
+  return OkStatus();
+}
+
+}  // namespace kiln

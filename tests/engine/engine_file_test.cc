@@ -1,0 +1,441 @@
+// Engine file tests: round trip, determinism, atomic write, zero-copy weights, and every class of
+// bad input with its catalog code (crafted files re-checksummed so only the bounds checks stand
+// between them and an out-of-bounds read).
+#include "kiln/engine/engine_file.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <functional>
+
+#include "kiln/engine/engine_generated.h"
+#include "tests/engine/test_engines.h"
+
+namespace kiln {
+namespace {
+
+using Bytes = std::vector<std::byte>;
+
+std::unique_ptr<EngineDesc> Chain() {
+  auto e = testing::AssembleTestEngine(testing::MakeChainGraph(), testing::ChainProfile());
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  (*e)->layers[1].measured_ms = 0.125;
+  return std::move(*e);
+}
+
+Bytes Serialize(const EngineDesc& e) {
+  auto bytes = SerializeEngine(e);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
+  return std::move(*bytes);
+}
+
+// Recomputes the checksum after a test edits the payload, as a forger would.
+void Reseal(Bytes& b) {
+  auto p = ReadEnginePreamble(b);
+  ASSERT_TRUE(p.ok());
+  p->checksum = HashBytes(std::span(b).subspan(kEnginePreambleBytes));
+  WriteEnginePreamble(*p, b);
+}
+
+fb::Engine* Mutable(Bytes& b) {
+  return fb::GetMutableEngine(reinterpret_cast<uint8_t*>(b.data() + kEnginePreambleBytes));
+}
+
+Status LoadStatus(const Bytes& b, const LoadOptions& options = {}) {
+  return LoadEngineBytes(b, options).status();
+}
+
+std::string Describe(const Attribute& a) {
+  if (KindOf(a) == AttributeKind::kTensor) {
+    const Tensor& t = std::get<Tensor>(a);
+    std::string out = std::string(ToString(t.dtype())) + ":";
+    for (int64_t i = 0; i < t.num_elements(); ++i) out += std::to_string(t.GetInt(i)) + ",";
+    return out;
+  }
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, float>) {
+          return std::to_string(v);
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return v;
+        } else if constexpr (std::is_same_v<T, Tensor>) {
+          return "";
+        } else {
+          std::string out;
+          for (const auto& x : v) {
+            if constexpr (std::is_same_v<std::decay_t<decltype(x)>, std::string>) {
+              out += x + "|";
+            } else {
+              out += std::to_string(x) + "|";
+            }
+          }
+          return out;
+        }
+      },
+      a);
+}
+
+// A full structural description of an engine, so two engines compare with one EXPECT_EQ.
+std::string Fingerprint(const EngineDesc& e) {
+  std::string s;
+  const EngineHeader& h = e.header;
+  s += fmt::format("header {} {} {} {} {} {} {}\n", h.format_version, ToString(h.backend),
+                   h.device_arch, h.library_versions, h.model_hash, h.config_hash, h.model_name);
+  const Graph& g = *e.graph;
+  s += fmt::format("graph {} opset {}\n", g.name(), g.opset());
+  for (const Value* v : g.values()) {
+    s += fmt::format("value {} {} {} {} in={} out={}", v->name(), ToString(v->dtype()),
+                     v->has_shape() ? ToString(v->shape()) : "-", v->is_constant(),
+                     v->is_graph_input(), v->is_graph_output());
+    if (const Tensor* t = v->constant()) {
+      for (int64_t i = 0; i < t->num_elements(); ++i) s += fmt::format(" {}", t->GetDouble(i));
+    }
+    s += "\n";
+  }
+  for (const Node* n : g.nodes()) {
+    s += fmt::format("node {} {} '{}' in:", n->name(), n->op_type(), n->domain());
+    for (const Value* v : n->inputs()) s += " " + (v ? v->name() : std::string("-"));
+    s += " out:";
+    for (const Value* v : n->outputs()) s += " " + (v ? v->name() : std::string("-"));
+    for (const auto& [k, a] : n->attrs().all()) {
+      s += fmt::format(" {}({})={}", k, ToString(KindOf(a)), Describe(a));
+    }
+    s += "\n";
+  }
+  for (const Value* v : g.inputs()) s += "input " + v->name() + "\n";
+  for (const Value* v : g.outputs()) s += "output " + v->name() + "\n";
+  for (const LayerDesc& l : e.layers) {
+    s += fmt::format("layer {} {} {} [{}] {} {} {}\n", l.node->name(), l.provider_id, l.tactic.name,
+                     fmt::join(l.tactic.params, ","), l.tactic.workspace_bytes, l.measured_ms,
+                     l.precision_reason);
+  }
+  for (const InputProfile& p : e.profile.inputs) {
+    s += fmt::format("profile {} [{}] [{}] [{}]\n", p.input, fmt::join(p.min, ","),
+                     fmt::join(p.opt, ","), fmt::join(p.max, ","));
+  }
+  for (const auto& [name, off] : e.plan.offsets) s += fmt::format("offset {} {}\n", name, off);
+  s += fmt::format("plan {} {} {} {}\n", e.plan.arena_bytes, e.plan.workspace_bytes,
+                   e.plan.weights_bytes, e.plan.peak_bytes);
+  s += "report " + e.build_report_json + "\n";
+  return s;
+}
+
+TEST(EngineFile, RoundTripKeepsEverything) {
+  auto chain = Chain();
+  chain->layers[0].tactic.params = {8, 16};
+  Bytes bytes = Serialize(*chain);
+  auto loaded = LoadEngineBytes(bytes);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(Fingerprint(**loaded), Fingerprint(*chain));
+  // Spot checks on what the fingerprint encodes, so a broken fingerprint cannot hide a bug.
+  const Graph& g = *(*loaded)->graph;
+  EXPECT_EQ(g.FindValue("x")->shape()[0], Dim::Symbol("batch"));
+  EXPECT_EQ(g.FindValue("w")->constant()->ToFloatVector(),
+            (std::vector<float>{-1.f, 0.5f, 2.f, -3.f}));
+  const Node* relu1 = g.FindNode("relu1");
+  ASSERT_NE(relu1, nullptr);
+  EXPECT_EQ(relu1->attrs().GetInts("ints"), (std::vector<int64_t>{1, -2, 3}));
+  EXPECT_EQ(relu1->attrs().GetTensor("t")->ToInt64Vector(), (std::vector<int64_t>{42, -42}));
+  EXPECT_EQ((*loaded)->layers[1].provider_id, "test.add");
+  EXPECT_EQ((*loaded)->layers[1].measured_ms, 0.125);
+  EXPECT_EQ((*loaded)->plan.offsets.at("a"), chain->plan.offsets.at("a"));
+  EXPECT_EQ((*loaded)->header.kiln_version, std::string(KilnVersion()));
+  // And the loaded engine serializes to the very same bytes.
+  EXPECT_EQ(Serialize(**loaded), bytes);
+}
+
+TEST(EngineFile, SymbolicPolynomialDimsRoundTrip) {
+  auto g = std::make_unique<Graph>();
+  Dim b = Dim::Symbol("batch"), s = Dim::Symbol("seq");
+  Value* x = g->AddInput("x", DataType::kFloat16, {b, s * 2 + 1, b * s * 3 - 4, 0});
+  Value* y = g->AddValue("y");
+  g->AddNode("Relu", "r", {x}, {y});
+  g->MarkOutput(y);
+  OptimizationProfile p;
+  p.inputs.push_back({"x", {1, 3, 0, 0}, {2, 5, 2, 0}, {4, 9, 100, 0}});
+  auto e = testing::AssembleTestEngine(std::move(g), p);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto loaded = LoadEngineBytes(Serialize(**e));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const Shape& shape = (*loaded)->graph->FindValue("y")->shape();
+  ASSERT_EQ(shape.size(), 4u);
+  EXPECT_EQ(shape[1], s * 2 + 1);
+  EXPECT_EQ(shape[2], b * s * 3 - 4);
+  EXPECT_EQ(shape[3], Dim(0));
+  EXPECT_EQ((*loaded)->graph->FindValue("y")->dtype(), DataType::kFloat16);
+}
+
+TEST(EngineFile, SerializationIsDeterministic) {
+  Bytes first = Serialize(*Chain());
+  Bytes second = Serialize(*Chain());  // built again from scratch
+  EXPECT_EQ(first, second);
+  auto diamond = testing::AssembleTestEngine(testing::MakeDiamondGraph(), {});
+  ASSERT_TRUE(diamond.ok());
+  EXPECT_EQ(Serialize(**diamond), Serialize(**diamond));
+  EXPECT_NE(Serialize(**diamond), first);
+}
+
+TEST(EngineFile, WritesAtomicallyAndMapsWeightsWithoutCopying) {
+  auto dir =
+      std::filesystem::temp_directory_path() / ("kiln_engine_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "chain.kiln").string();
+  auto chain = Chain();
+  ASSERT_TRUE(WriteEngineFile(*chain, path).ok());
+  ASSERT_TRUE(WriteEngineFile(*chain, path).ok());  // replaces the first one
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    ++files;
+    EXPECT_EQ(entry.path().filename(), "chain.kiln");  // no temporary left behind
+  }
+  EXPECT_EQ(files, 1);
+  EXPECT_EQ(std::filesystem::file_size(path), Serialize(*chain).size());
+
+  auto loaded = LoadEngineFile(path, {BackendKind::kCpu, "x86_64"});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const Tensor* w = (*loaded)->graph->FindValue("w")->constant();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w->raw()) % 64, 0u);
+  EXPECT_EQ(w->ToFloatVector(), (std::vector<float>{-1.f, 0.5f, 2.f, -3.f}));
+  // Borrowed, not owned: the tensor's bytes are the file's bytes at the constant's offset.
+  Bytes file = Serialize(*chain);
+  const std::byte* mapped_w = static_cast<const std::byte*>(w->raw());
+  EXPECT_EQ(std::memcmp(mapped_w, file.data() + file.size() - 64, 16), 0);
+
+  auto missing = LoadEngineFile((dir / "nope.kiln").string());
+  EXPECT_EQ(missing.status().code(), ErrorCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(EngineFile, RejectsWrongMagic) {
+  Bytes b = Serialize(*Chain());
+  EXPECT_EQ(LoadStatus({}).code(), ErrorCode::kEngineNotKiln);
+  Bytes onnx(100, std::byte{0x08});
+  EXPECT_EQ(LoadStatus(onnx).code(), ErrorCode::kEngineNotKiln);
+  b[3] = std::byte{'M'};
+  EXPECT_EQ(LoadStatus(b).code(), ErrorCode::kEngineNotKiln);
+}
+
+TEST(EngineFile, RejectsTruncationAtEveryStage) {
+  Bytes b = Serialize(*Chain());
+  auto pre = ReadEnginePreamble(b);
+  ASSERT_TRUE(pre.ok());
+  const size_t fb_end = kEnginePreambleBytes + pre->flatbuffer_bytes;
+  for (size_t cut : {size_t{2}, size_t{40}, size_t{64}, size_t{65}, fb_end / 2, fb_end,
+                     b.size() - 64, b.size() - 1}) {
+    Bytes t(b.begin(), b.begin() + cut);
+    Status s = LoadStatus(t);
+    EXPECT_EQ(s.code(), ErrorCode::kEngineTruncated) << "cut at " << cut << ": " << s.ToString();
+  }
+  Bytes longer = b;
+  longer.push_back(std::byte{0});
+  EXPECT_EQ(LoadStatus(longer).code(), ErrorCode::kEngineMalformed);
+}
+
+TEST(EngineFile, FlippedBytesFailTheChecksum) {
+  Bytes b = Serialize(*Chain());
+  auto pre = ReadEnginePreamble(b);
+  ASSERT_TRUE(pre.ok());
+  for (size_t at : {kEnginePreambleBytes + 8,                          // FlatBuffer header
+                    kEnginePreambleBytes + pre->flatbuffer_bytes / 2,  // graph
+                    b.size() - 60}) {                                  // weights
+    Bytes f = b;
+    f[at] ^= std::byte{0x10};
+    Status s = LoadStatus(f);
+    EXPECT_EQ(s.code(), ErrorCode::kEngineChecksum) << "flip at " << at << ": " << s.ToString();
+  }
+  Bytes f = b;
+  f[33] ^= std::byte{1};  // the recorded checksum itself
+  EXPECT_EQ(LoadStatus(f).code(), ErrorCode::kEngineChecksum);
+}
+
+TEST(EngineFile, NewerFormatNamesTheVersionNeeded) {
+  Bytes b = Serialize(*Chain());
+  auto pre = ReadEnginePreamble(b);
+  pre->format_version = kEngineFormatVersion + 1;
+  pre->kiln_version = "9.4.2";
+  WriteEnginePreamble(*pre, b);
+  Status s = LoadStatus(b);
+  EXPECT_EQ(s.code(), ErrorCode::kEngineVersionTooNew);
+  EXPECT_NE(s.message().find("format version 2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("kiln 9.4.2 or newer"), std::string::npos) << s.message();
+}
+
+TEST(EngineFile, ForeignTargetNamesBothTargets) {
+  Bytes b = Serialize(*Chain());
+  Status arch = LoadStatus(b, {BackendKind::kCpu, "aarch64"});
+  EXPECT_EQ(arch.code(), ErrorCode::kEngineTargetMismatch);
+  EXPECT_NE(arch.message().find("'x86_64'"), std::string::npos) << arch.message();
+  EXPECT_NE(arch.message().find("'aarch64'"), std::string::npos) << arch.message();
+  Status backend = LoadStatus(b, {BackendKind::kCuda, std::nullopt});
+  EXPECT_EQ(backend.code(), ErrorCode::kEngineTargetMismatch);
+  EXPECT_NE(backend.message().find("backend 'cpu'"), std::string::npos);
+  EXPECT_NE(backend.message().find("backend 'cuda'"), std::string::npos);
+  EngineHeader h;
+  h.backend = BackendKind::kCuda;
+  h.device_arch = "sm_90";
+  EXPECT_EQ(CheckEngineTarget(h, BackendKind::kCuda, "sm_80").code(),
+            ErrorCode::kEngineTargetMismatch);
+  EXPECT_TRUE(CheckEngineTarget(h, BackendKind::kCuda, "sm_90").ok());
+}
+
+// Each edit passes the checksum (resealed) and must be caught by the bounds checks with the
+// field named.
+struct Craft {
+  const char* name;
+  std::function<bool(fb::Engine*, Bytes&)> edit;  // false: the edit could not be applied
+  const char* expected_text;
+};
+
+TEST(EngineFile, CraftedFilesAreCaughtByBoundsChecks) {
+  const Bytes original = Serialize(*Chain());
+  auto graph = [](fb::Engine* e) { return e->mutable_graph(); };
+  auto constant = [&](fb::Engine* e) { return graph(e)->mutable_constants()->GetMutableObject(0); };
+  std::vector<Craft> crafts = {
+      {"weight offset past the end",
+       [&](fb::Engine* e, Bytes&) { return constant(e)->mutate_offset(1 << 20); },
+       "graph.constants[0]"},
+      {"weight offset overflowing",
+       [&](fb::Engine* e, Bytes&) { return constant(e)->mutate_offset(~uint64_t{63}); },
+       "graph.constants[0]"},
+      {"weight length differs from dims",
+       [&](fb::Engine* e, Bytes&) { return constant(e)->mutate_length(8); }, "length 8"},
+      {"negative constant dim",
+       [&](fb::Engine* e, Bytes&) {
+         constant(e)->mutable_dims()->Mutate(0, -4);
+         return true;
+       },
+       "graph.constants[0]"},
+      {"element count overflow",
+       [&](fb::Engine* e, Bytes&) {
+         constant(e)->mutable_dims()->Mutate(0, int64_t{1} << 62);
+         return true;
+       },
+       "graph.constants[0]"},
+      {"constant dtype out of range",
+       [&](fb::Engine* e, Bytes&) { return constant(e)->mutate_dtype(200); }, "dtype 200"},
+      {"value dtype out of range",
+       [&](fb::Engine* e, Bytes&) {
+         return graph(e)->mutable_values()->GetMutableObject(0)->mutate_dtype(99);
+       },
+       "dtype 99"},
+      {"node input index out of range",
+       [&](fb::Engine* e, Bytes&) {
+         graph(e)->mutable_nodes()->GetMutableObject(0)->mutable_inputs()->Mutate(0, 999);
+         return true;
+       },
+       "input value index 999"},
+      {"node output index negative",
+       [&](fb::Engine* e, Bytes&) {
+         graph(e)->mutable_nodes()->GetMutableObject(0)->mutable_outputs()->Mutate(0, -7);
+         return true;
+       },
+       "output value index -7"},
+      {"graph output index out of range",
+       [&](fb::Engine* e, Bytes&) {
+         graph(e)->mutable_outputs()->Mutate(0, 12345);
+         return true;
+       },
+       "graph.outputs"},
+      {"unknown op type",
+       [&](fb::Engine* e, Bytes&) {
+         auto* op = graph(e)->mutable_nodes()->GetMutableObject(0)->mutable_op_type();
+         op->Mutate(3, 'v');  // Relu -> Relv
+         return true;
+       },
+       "op type 'Relv'"},
+      {"unknown provider",
+       [&](fb::Engine* e, Bytes&) {
+         e->mutable_layers()->GetMutableObject(0)->mutable_provider_id()->Mutate(0, 'X');
+         return true;
+       },
+       "is not registered for backend 'cpu'"},
+      {"layer node index out of range",
+       [&](fb::Engine* e, Bytes&) {
+         return e->mutable_layers()->GetMutableObject(0)->mutate_node(77);
+       },
+       "layers[0]"},
+      {"layers out of order",
+       [&](fb::Engine* e, Bytes&) {
+         auto* layers = e->mutable_layers();
+         int32_t first = layers->Get(0)->node();
+         return layers->GetMutableObject(0)->mutate_node(layers->Get(2)->node()) &&
+                layers->GetMutableObject(2)->mutate_node(first);
+       },
+       "before any earlier layer produces it"},
+      {"plan offset outside the arena",
+       [&](fb::Engine* e, Bytes&) {
+         return e->mutable_plan()->mutable_offsets()->GetMutableObject(0)->mutate_offset(1 << 30);
+       },
+       "outside the"},
+      {"plan offset misaligned",
+       [&](fb::Engine* e, Bytes&) {
+         return e->mutable_plan()->mutable_offsets()->GetMutableObject(0)->mutate_offset(6);
+       },
+       "not 64-byte aligned"},
+      {"profile min above max",
+       [&](fb::Engine* e, Bytes&) {
+         e->mutable_profile()->GetMutableObject(0)->mutable_min()->Mutate(0, 100);
+         return true;
+       },
+       "profile[0]"},
+      {"backend out of range",
+       [&](fb::Engine* e, Bytes&) { return e->mutable_header()->mutate_backend(9); },
+       "header.backend"},
+      {"FlatBuffer root offset garbage",
+       [&](fb::Engine*, Bytes& b) {
+         b[kEnginePreambleBytes] = std::byte{0xff};
+         b[kEnginePreambleBytes + 1] = std::byte{0xff};
+         return true;
+       },
+       "fails verification"},
+      {"FlatBuffer length beyond the payload",
+       [&](fb::Engine*, Bytes& b) {
+         auto p = ReadEnginePreamble(b);
+         p->flatbuffer_bytes = p->payload_bytes + 1;
+         WriteEnginePreamble(*p, b);
+         return true;
+       },
+       "larger than the payload"},
+  };
+  for (const Craft& c : crafts) {
+    Bytes b = original;
+    ASSERT_TRUE(c.edit(Mutable(b), b)) << c.name << ": the field is not in the buffer";
+    Reseal(b);
+    Status s = LoadStatus(b);
+    EXPECT_EQ(s.code(), ErrorCode::kEngineMalformed) << c.name << ": " << s.ToString();
+    EXPECT_NE(s.message().find(c.expected_text), std::string::npos)
+        << c.name << ": " << s.message();
+  }
+}
+
+// The fuzzer's seed corpus: small real engines. Written to $KILN_ENGINE_SEED_DIR when set (see
+// fuzz/CMakeLists.engine.cmake), else to a temporary directory; each seed must load back.
+TEST(EngineFile, FuzzSeedsAreRealLoadableEngines) {
+  const char* env = std::getenv("KILN_ENGINE_SEED_DIR");
+  std::filesystem::path dir = env && *env ? std::filesystem::path(env)
+                                          : std::filesystem::temp_directory_path() /
+                                                ("kiln_seeds_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<std::pair<std::string, std::unique_ptr<EngineDesc>>> seeds;
+  seeds.emplace_back("chain.kiln", Chain());
+  auto diamond = testing::AssembleTestEngine(testing::MakeDiamondGraph(), {});
+  ASSERT_TRUE(diamond.ok());
+  seeds.emplace_back("diamond.kiln", std::move(*diamond));
+  auto ws = testing::AssembleTestEngine(testing::MakeWorkspaceGraph(), testing::WorkspaceProfile());
+  ASSERT_TRUE(ws.ok());
+  seeds.emplace_back("workspace.kiln", std::move(*ws));
+  for (const auto& [name, desc] : seeds) {
+    const std::string path = (dir / name).string();
+    ASSERT_TRUE(WriteEngineFile(*desc, path).ok());
+    auto loaded = LoadEngineFile(path);
+    ASSERT_TRUE(loaded.ok()) << name << ": " << loaded.status().ToString();
+    EXPECT_EQ(Fingerprint(**loaded), Fingerprint(*desc)) << name;
+  }
+  if (!(env && *env)) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln
