@@ -1,0 +1,113 @@
+// Conv + BatchNormalization folding. Inference-mode BN is a per-channel affine map:
+//   y = (c - mean) / sqrt(var + eps) * scale + bias  =  c * f + (bias - mean * f),
+//   f = scale / sqrt(var + eps)
+// so W'[oc, ...] = W[oc, ...] * f[oc] and B'[oc] = (B[oc] - mean[oc]) * f[oc] + bias[oc].
+// For ConvTranspose the output channel is W's dim 1 within each group. Arithmetic is in double,
+// stored in W's dtype.
+#include <cmath>
+
+#include "kiln/passes/pass.h"
+#include "kiln/passes/pattern.h"
+
+namespace kiln::passes {
+namespace {
+
+bool InferenceBatchNorm(const Node& bn) {
+  if (bn.attrs().GetInt("training_mode", 0) != 0) return false;
+  for (size_t i = 1; i < bn.num_outputs(); ++i) {
+    Value* v = bn.output(i);
+    if (v && (v->is_graph_output() || !v->consumers().empty())) return false;
+  }
+  return true;
+}
+
+bool ConstantBiasOrNone(const Node& conv) {
+  Value* b = conv.input(2);
+  return !b || b->is_constant();
+}
+
+Pattern ConvBnPattern() {
+  using namespace pat;
+  Pattern conv = Op(std::vector<std::string>{"Conv", "ConvTranspose"}, {Any("x"), Constant("w")})
+                     .Capture("conv")
+                     .Where(ConstantBiasOrNone);
+  return Op("BatchNormalization",
+            {conv, Constant("scale"), Constant("bias"), Constant("mean"), Constant("var")})
+      .Capture("bn")
+      .Where(InferenceBatchNorm);
+}
+
+class ConvBatchNormFoldingPass final : public Pass {
+ public:
+  std::string_view name() const override { return "conv_bn_folding"; }
+
+  Status Run(Graph& graph, PassContext& ctx) override {
+    static const Pattern pattern = ConvBnPattern();
+    for (Node* node : graph.nodes()) {
+      if (node->is_dead() || node->op_type() != "BatchNormalization") continue;
+      auto m = MatchAt(pattern, node);
+      if (!m) continue;
+      Fold(graph, ctx, *m);
+    }
+    return OkStatus();
+  }
+
+ private:
+  static void Fold(Graph& graph, PassContext& ctx, const Match& m) {
+    Node* conv = m.node("conv");
+    Node* bn = m.node("bn");
+    const Tensor& w = *m.value("w")->constant();
+    if (w.dims().size() < 2) return;
+    bool transpose = conv->op_type() == "ConvTranspose";
+    int64_t group = conv->attrs().GetInt("group", 1);
+    int64_t out_channels = transpose ? w.dims()[1] * group : w.dims()[0];
+    auto scale = ConstantValues(m.value("scale"));
+    auto bias = ConstantValues(m.value("bias"));
+    auto mean = ConstantValues(m.value("mean"));
+    auto var = ConstantValues(m.value("var"));
+    std::optional<std::vector<double>> conv_bias;
+    if (conv->input(2)) conv_bias = ConstantValues(conv->input(2));
+    auto sized = [&](const std::optional<std::vector<double>>& v) {
+      return v && static_cast<int64_t>(v->size()) == out_channels;
+    };
+    if (!sized(scale) || !sized(bias) || !sized(mean) || !sized(var)) return;
+    if (conv->input(2) && !sized(conv_bias)) return;
+    double eps = bn->attrs().GetFloat("epsilon", 1e-5f);
+
+    std::vector<double> f(out_channels), new_bias(out_channels);
+    for (int64_t c = 0; c < out_channels; ++c) {
+      f[c] = (*scale)[c] / std::sqrt((*var)[c] + eps);
+      double b = conv_bias ? (*conv_bias)[c] : 0.0;
+      new_bias[c] = (b - (*mean)[c]) * f[c] + (*bias)[c];
+    }
+    // W is [M, C/g, k...] for Conv and [C, M/g, k...] for ConvTranspose.
+    Tensor w32 = w.CastTo(DataType::kFloat32);
+    float* wd = w32.mutable_data<float>();
+    int64_t inner = 1;
+    for (size_t i = 2; i < w.dims().size(); ++i) inner *= w.dims()[i];
+    int64_t d0 = w.dims()[0], d1 = w.dims()[1];
+    for (int64_t i = 0; i < d0; ++i) {
+      for (int64_t j = 0; j < d1; ++j) {
+        int64_t oc = transpose ? (i / (d0 / group)) * d1 + j : i;
+        float* p = wd + (i * d1 + j) * inner;
+        for (int64_t k = 0; k < inner; ++k) p[k] = static_cast<float>(p[k] * f[oc]);
+      }
+    }
+    std::vector<float> b32(new_bias.begin(), new_bias.end());
+    Value* new_w = AddConstant(graph, m.value("w")->name() + "_bnfold", w32.CastTo(w.dtype()));
+    Value* new_b = AddConstant(
+        graph, conv->name() + "_bias_bnfold",
+        Tensor::FromVector<float>(DataType::kFloat32, {out_channels}, b32).CastTo(w.dtype()));
+    Node* folded = ReplaceMatched(graph, ctx, m.matched, bn, conv->op_type(),
+                                  {m.value("x"), new_w, new_b}, conv->attrs());
+    folded->set_name(graph.UniqueName(conv->name() + "_bn"));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeConvBatchNormFoldingPass() {
+  return std::make_unique<ConvBatchNormFoldingPass>();
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,106 @@
+// Conv + bias + residual + activation fusion (the ResNet block tail):
+//   Conv(X, W, B?) -> Add(per-channel constant)? -> Add(Z of the output's shape)? -> act?
+//   => FusedConv(X, W, B', Z?) with the activation as an attribute (kiln/ops/fused.h).
+// A per-channel Add alone folds into Conv's own bias (the result stays a plain Conv).
+#include <algorithm>
+
+#include "kiln/passes/activation.h"
+#include "kiln/passes/pass.h"
+
+namespace kiln::passes {
+namespace {
+
+bool ConstantBiasOrNone(const Node& conv) { return !conv.input(2) || conv.input(2)->is_constant(); }
+
+// Add(conv_out, c) where c is a constant over the channel axis ([C,1,1] or [1,C,1,1]).
+bool ChannelBias(const Node& add) {
+  Value* a = add.input(0);
+  Value* b = add.input(1);
+  if (!a || !b) return false;
+  Value* bias = b->is_constant() ? b : a;
+  Value* x = bias == b ? a : b;
+  Value* out = add.output(0);
+  if (!bias->is_constant() || x->is_constant() || !x->has_shape() || !out->has_shape() ||
+      !(x->shape() == out->shape()) || x->shape().size() < 3 || bias->dtype() != x->dtype()) {
+    return false;
+  }
+  const auto& dims = bias->constant()->dims();
+  size_t rank = x->shape().size();
+  if (dims.size() > rank || dims.size() < rank - 1) return false;
+  size_t channel = 1 - (rank - dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i != channel && dims[i] != 1) return false;
+  }
+  return x->shape()[1] == Dim(dims[channel]);
+}
+
+bool SameShapeResidual(const Node& add) {
+  Value* a = add.input(0);
+  Value* b = add.input(1);
+  Value* out = add.output(0);
+  return a && b && a != b && a->has_shape() && b->has_shape() && out->has_shape() &&
+         a->shape() == out->shape() && b->shape() == out->shape() && a->dtype() == b->dtype();
+}
+
+Pattern ConvPattern() {
+  using namespace pat;
+  Pattern conv = Op("Conv", {Any("x"), Any("w")}).Capture("conv").Where(ConstantBiasOrNone);
+  Pattern biased = Op("Add", {conv, Constant("cbias")}).Capture("bias_add").Where(ChannelBias);
+  Pattern s1 = OneOf({biased, conv});
+  Pattern res = Op("Add", {s1, Any("z")}).Capture("res_add").Where(SameShapeResidual);
+  return OneOf({ActivationOver(OneOf({res, s1})), res, biased});
+}
+
+class ConvFusionPass final : public Pass {
+ public:
+  std::string_view name() const override { return "conv_fusion"; }
+
+  Status Run(Graph& graph, PassContext& ctx) override {
+    static const Pattern pattern = ConvPattern();
+    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      Node* node = *it;
+      if (node->is_dead()) continue;
+      if (auto m = MatchAt(pattern, node)) Fuse(graph, ctx, *m);
+    }
+    return OkStatus();
+  }
+
+ private:
+  static void Fuse(Graph& graph, PassContext& ctx, const Match& m) {
+    Node* conv = m.node("conv");
+    AttributeMap attrs = conv->attrs();
+    if (!ActivationAttrs(m, attrs)) return;
+    Value* z = m.value("z");
+    // The residual must come from outside the fused nodes.
+    if (z && z->producer() &&
+        std::find(m.matched.begin(), m.matched.end(), z->producer()) != m.matched.end()) {
+      return;
+    }
+    Value* b = conv->input(2);
+    if (Value* extra = m.value("cbias")) {
+      const Tensor& e = *extra->constant();
+      int64_t channels = e.num_elements();
+      if (b && b->constant()->num_elements() != channels) return;
+      std::vector<float> sum(static_cast<size_t>(channels));
+      for (int64_t c = 0; c < channels; ++c) {
+        sum[c] = static_cast<float>(e.GetDouble(c) + (b ? b->constant()->GetDouble(c) : 0.0));
+      }
+      b = AddConstant(
+          graph, conv->name() + "_bias_fused",
+          Tensor::FromVector<float>(DataType::kFloat32, {channels}, sum).CastTo(e.dtype()));
+    }
+    bool fused = z || m.has("act");
+    std::vector<Value*> inputs = {m.value("x"), m.value("w"), b};
+    if (z) inputs.push_back(z);
+    while (!inputs.empty() && !inputs.back()) inputs.pop_back();
+    ReplaceMatched(graph, ctx, m.matched, m.root, fused ? "FusedConv" : "Conv", std::move(inputs),
+                   std::move(attrs));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeConvFusionPass() { return std::make_unique<ConvFusionPass>(); }
+
+}  // namespace kiln::passes

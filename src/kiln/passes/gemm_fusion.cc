@@ -1,0 +1,135 @@
+// Gemm/MatMul + bias + activation fusion:
+//   MatMul(A, B) -> Add(bias over the last axis)? -> act?   => FusedMatMul(A, B, bias?)
+//   Gemm(A, B, C?) -> Add(bias, when Gemm has no C)? -> act? => FusedGemm(A, B, C?)
+// with the activation as an attribute (kiln/ops/fused.h). At least a bias or an activation must
+// be absorbed; a lone MatMul/Gemm stays as it is.
+#include "kiln/passes/activation.h"
+#include "kiln/passes/pass.h"
+
+namespace kiln::passes {
+namespace {
+
+// Add(x, bias) where bias is a constant over the last axis ([N] or [1, ..., 1, N]) that does not
+// change x's shape.
+bool LastAxisBias(const Node& add) {
+  Value* a = add.input(0);
+  Value* b = add.input(1);
+  if (!a || !b) return false;
+  Value* bias = b->is_constant() ? b : a;
+  Value* x = bias == b ? a : b;
+  Value* out = add.output(0);
+  if (!bias->is_constant() || x->is_constant() || !x->has_shape() || !out->has_shape() ||
+      !(x->shape() == out->shape()) || x->shape().empty() || bias->dtype() != x->dtype()) {
+    return false;
+  }
+  const auto& dims = bias->constant()->dims();
+  if (dims.empty() || dims.size() > x->shape().size()) return false;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) {
+    if (dims[i] != 1) return false;
+  }
+  return x->shape().back() == Dim(dims.back());
+}
+
+bool GemmWithoutC(const Node& gemm) { return !gemm.input(2); }
+
+// Add(gemm_out, C) that Gemm can take as its C: broadcastable to [M, N] without changing shape.
+bool GemmBias(const Node& add) {
+  Value* a = add.input(0);
+  Value* b = add.input(1);
+  if (!a || !b) return false;
+  Value* bias = b->is_constant() ? b : a;
+  Value* x = bias == b ? a : b;
+  Value* out = add.output(0);
+  return bias->is_constant() && !x->is_constant() && x->has_shape() && out->has_shape() &&
+         x->shape() == out->shape() && bias->constant()->dims().size() <= 2 &&
+         bias->dtype() == x->dtype();
+}
+
+Pattern MatMulPattern() {
+  using namespace pat;
+  Pattern mm = Op("MatMul", {Any("a"), Any("b")}).Capture("mm");
+  Pattern biased = Op("Add", {mm, Constant("bias")}).Capture("add").Where(LastAxisBias);
+  return OneOf({ActivationOver(OneOf({biased, mm})), biased});
+}
+
+Pattern GemmPattern() {
+  using namespace pat;
+  Pattern g = Op("Gemm", {Any("a"), Any("b")}).Capture("gemm");
+  Pattern biased =
+      Op("Add", {g.Where(GemmWithoutC), Constant("bias")}).Capture("add").Where(GemmBias);
+  Pattern body = OneOf({biased, g});
+  // HF GPT-2's Conv1D: Gemm on [B*S, K], Reshape back to [B, S, N], then the activation. An
+  // elementwise activation commutes with the Reshape, so it moves into the Gemm.
+  Pattern reshaped = Op("Reshape", {body, Any("shape")}).Capture("reshape");
+  return OneOf({ActivationOver(body), ActivationOver(reshaped), biased});
+}
+
+class GemmFusionPass final : public Pass {
+ public:
+  std::string_view name() const override { return "gemm_fusion"; }
+
+  Status Run(Graph& graph, PassContext& ctx) override {
+    static const Pattern matmul = MatMulPattern();
+    static const Pattern gemm = GemmPattern();
+    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      Node* node = *it;
+      if (node->is_dead()) continue;
+      if (auto m = MatchAt(matmul, node)) {
+        FuseMatMul(graph, ctx, *m);
+      } else if (auto g = MatchAt(gemm, node)) {
+        FuseGemm(graph, ctx, *g);
+      }
+    }
+    return OkStatus();
+  }
+
+ private:
+  static void FuseMatMul(Graph& graph, PassContext& ctx, const Match& m) {
+    AttributeMap attrs;
+    if (!ActivationAttrs(m, attrs)) return;
+    std::vector<Value*> inputs = {m.value("a"), m.value("b")};
+    if (Value* bias = m.value("bias")) {
+      const Tensor& t = *bias->constant();
+      if (t.dims().size() == 1) {
+        inputs.push_back(bias);
+      } else {
+        Tensor flat = Tensor::FromBytes(t.dtype(), {t.dims().back()}, t.bytes());
+        inputs.push_back(AddConstant(graph, bias->name() + "_1d", std::move(flat)));
+      }
+    }
+    ReplaceMatched(graph, ctx, m.matched, m.root, "FusedMatMul", std::move(inputs),
+                   std::move(attrs));
+  }
+
+  static void FuseGemm(Graph& graph, PassContext& ctx, const Match& m) {
+    Node* gemm = m.node("gemm");
+    AttributeMap attrs = gemm->attrs();
+    if (!ActivationAttrs(m, attrs)) return;
+    std::vector<Value*> inputs = {m.value("a"), m.value("b")};
+    if (Value* bias = m.value("bias")) {
+      inputs.push_back(bias);
+      attrs.Set("beta", 1.0f);
+    } else if (gemm->input(2)) {
+      inputs.push_back(gemm->input(2));
+    }
+    if (Node* reshape = m.node("reshape")) {
+      // FusedGemm -> the same Reshape, which keeps producing the root's output.
+      Value* y =
+          graph.AddValue(graph.UniqueName(gemm->name() + "_fused_out"), gemm->output(0)->dtype());
+      graph.AddNode("FusedGemm", graph.UniqueName(gemm->name() + "_fused"), std::move(inputs), {y},
+                    std::move(attrs));
+      ctx.stats().nodes_added += 1;
+      ReplaceMatched(graph, ctx, m.matched, m.root, "Reshape", {y, m.value("shape")},
+                     reshape->attrs());
+      return;
+    }
+    ReplaceMatched(graph, ctx, m.matched, m.root, "FusedGemm", std::move(inputs), std::move(attrs));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeGemmFusionPass() { return std::make_unique<GemmFusionPass>(); }
+
+}  // namespace kiln::passes

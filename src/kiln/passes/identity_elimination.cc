@@ -1,0 +1,75 @@
+// Identity elimination: nodes that return their input unchanged (Identity, inference-mode
+// Dropout, Cast to the same type, Reshape to the same shape, Transpose by the identity
+// permutation) are bypassed. A graph output keeps its name; when that would need renaming a graph
+// input or a constant, the node stays.
+#include <algorithm>
+
+#include "kiln/passes/pass.h"
+
+namespace kiln::passes {
+namespace {
+
+bool SameShape(const Value* a, const Value* b) {
+  return a && b && a->has_shape() && b->has_shape() && a->shape() == b->shape();
+}
+
+bool IsNoOp(const Node& n) {
+  const std::string& op = n.op_type();
+  Value* in = n.input(0);
+  Value* out = n.output(0);
+  if (!in || !out) return false;
+  if (op == "Identity") return true;
+  if (op == "Dropout") {
+    // Inference: Dropout is the identity unless training_mode is a true constant; its mask
+    // output must be unused.
+    Value* mask = n.output(1);
+    if (mask && (mask->is_graph_output() || !mask->consumers().empty())) return false;
+    Value* training = n.input(2);
+    if (training && (!training->is_constant() || training->constant()->GetInt(0) != 0)) {
+      return false;
+    }
+    return true;
+  }
+  if (op == "Cast") {
+    return in->dtype() != DataType::kUndefined && in->dtype() == out->dtype();
+  }
+  if (op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" || op == "Flatten" ||
+      op == "Expand") {
+    return in->dtype() == out->dtype() && SameShape(in, out);
+  }
+  if (op == "Transpose") {
+    std::vector<int64_t> perm = n.attrs().GetInts("perm");
+    if (perm.empty()) return in->has_shape() && in->shape().size() <= 1;
+    for (size_t i = 0; i < perm.size(); ++i) {
+      if (perm[i] != static_cast<int64_t>(i)) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+class IdentityEliminationPass final : public Pass {
+ public:
+  std::string_view name() const override { return "identity_elimination"; }
+
+  Status Run(Graph& graph, PassContext& ctx) override {
+    for (Node* node : graph.nodes()) {
+      if (node->is_dead() || !IsNoOp(*node)) continue;
+      Value* in = node->input(0);
+      Value* out = node->output(0);
+      if (!ForwardValue(graph, out, in)) continue;
+      graph.RemoveNode(node);
+      ctx.stats().rewrites += 1;
+      ctx.stats().nodes_removed += 1;
+    }
+    return OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeIdentityEliminationPass() {
+  return std::make_unique<IdentityEliminationPass>();
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,157 @@
+// The pass manager (fixed-point iteration with shape re-inference), the default pipeline and the
+// rewrite helpers shared by the passes.
+#include "kiln/passes/pass.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "kiln/core/logging.h"
+#include "kiln/ops/op_schema.h"
+
+namespace kiln::passes {
+
+const std::vector<Dim>* PassContext::dims_value(const Value* v) const {
+  auto it = dims_values_.find(v);
+  return it == dims_values_.end() ? nullptr : &it->second;
+}
+
+Status PassContext::EnsureShapes(Graph& graph) {
+  if (shapes_fresh_) return OkStatus();
+  dims_values_.clear();
+  KILN_ASSIGN_OR_RETURN(ShapeInferenceResult result, InferShapes(graph));
+  dims_values_ = std::move(result.dims_values);
+  shapes_fresh_ = true;
+  return OkStatus();
+}
+
+int64_t PassReport::rewrites(std::string_view pass) const {
+  int64_t total = 0;
+  for (const auto& e : passes) {
+    if (e.pass == pass) total += e.stats.rewrites;
+  }
+  return total;
+}
+
+std::string PassReport::ToString() const {
+  std::string out =
+      fmt::format("passes: {} -> {} nodes in {} iteration(s){}\n", nodes_before, nodes_after,
+                  iterations, reached_fixed_point ? "" : " (iteration limit reached)");
+  for (const auto& e : passes) {
+    out += fmt::format("  {:<24} rewrites {:>5}  removed {:>5}  added {:>5}\n", e.pass,
+                       e.stats.rewrites, e.stats.nodes_removed, e.stats.nodes_added);
+  }
+  return out;
+}
+
+void PassManager::Add(std::unique_ptr<Pass> pass) { passes_.push_back(std::move(pass)); }
+
+StatusOr<PassReport> PassManager::Run(Graph& graph) {
+  PassReport report;
+  report.nodes_before = static_cast<int64_t>(graph.num_nodes());
+  PassContext ctx(options_);
+  std::vector<Pass*> enabled;
+  for (auto& p : passes_) {
+    if (std::find(options_.disabled.begin(), options_.disabled.end(), std::string(p->name())) ==
+        options_.disabled.end()) {
+      enabled.push_back(p.get());
+      report.passes.push_back({std::string(p->name()), {}});
+    }
+  }
+  int max_iterations = std::max(1, options_.max_iterations);
+  for (int iter = 0; iter < max_iterations; ++iter) {
+    bool changed = false;
+    for (size_t i = 0; i < enabled.size(); ++i) {
+      Pass* pass = enabled[i];
+      KILN_RETURN_IF_ERROR_CTX(ctx.EnsureShapes(graph), "inferring shapes before pass '{}'",
+                               pass->name());
+      ctx.stats_ = {};
+      KILN_RETURN_IF_ERROR_CTX(pass->Run(graph, ctx), "in graph pass '{}'", pass->name());
+      if (ctx.stats_.rewrites > 0) {
+        changed = true;
+        graph.Compact();
+        ctx.MarkShapesStale();
+        KILN_LOG(Debug, BUILD, "pass {} (round {}): {} rewrite(s), {} node(s) now", pass->name(),
+                 iter + 1, ctx.stats_.rewrites, graph.num_nodes());
+      }
+      report.passes[i].stats.Add(ctx.stats_);
+    }
+    report.iterations = iter + 1;
+    if (!changed) {
+      report.reached_fixed_point = true;
+      break;
+    }
+  }
+  graph.Compact();
+  KILN_RETURN_IF_ERROR_CTX(Verify(graph), "verifying the graph after the passes");
+  KILN_RETURN_IF_ERROR_CTX(ctx.EnsureShapes(graph), "inferring shapes after the passes");
+  report.nodes_after = static_cast<int64_t>(graph.num_nodes());
+  return report;
+}
+
+std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) {
+  auto pm = std::make_unique<PassManager>(options);
+  pm->Add(MakeIdentityEliminationPass());
+  pm->Add(MakeShapeSimplificationPass());
+  pm->Add(MakeConstantFoldingPass());
+  pm->Add(MakeDeadNodeEliminationPass());
+  pm->Add(MakeConvBatchNormFoldingPass());
+  pm->Add(MakeLayerNormFusionPass());
+  pm->Add(MakeGeluFusionPass());
+  pm->Add(MakeAttentionFusionPass());
+  pm->Add(MakeGemmFusionPass());
+  pm->Add(MakeConvFusionPass());
+  pm->Add(MakeDeadNodeEliminationPass());
+  return pm;
+}
+
+StatusOr<PassReport> RunDefaultPasses(Graph& graph, const PassOptions& options) {
+  return MakeDefaultPassManager(options)->Run(graph);
+}
+
+Node* ReplaceMatched(Graph& graph, PassContext& ctx, const std::vector<Node*>& matched, Node* root,
+                     std::string op_type, std::vector<Value*> inputs, AttributeMap attrs) {
+  std::vector<Value*> outputs = {root->output(0)};
+  std::string name = root->name();
+  int64_t removed = 0;
+  for (Node* n : matched) {
+    if (n->is_dead()) continue;
+    // Shared intermediates stay while something outside the match still reads them.
+    bool read_outside = false;
+    if (n != root) {
+      for (Value* out : n->outputs()) {
+        if (!out) continue;
+        if (out->is_graph_output()) read_outside = true;
+        for (Node* c : out->consumers()) {
+          if (std::find(matched.begin(), matched.end(), c) == matched.end()) read_outside = true;
+        }
+      }
+    }
+    if (read_outside) continue;
+    graph.RemoveNode(n);
+    ++removed;
+  }
+  // RemoveNode on the root released its outputs; the new node produces them.
+  Node* fused = graph.AddNode(std::move(op_type), graph.UniqueName(name + "_fused"),
+                              std::move(inputs), outputs, std::move(attrs));
+  ctx.stats().rewrites += 1;
+  ctx.stats().nodes_removed += removed;
+  ctx.stats().nodes_added += 1;
+  return fused;
+}
+
+bool ForwardValue(Graph& graph, Value* v, Value* replacement) {
+  if (v == replacement) return false;
+  if (v->is_graph_output() && (replacement->is_graph_input() || replacement->is_graph_output() ||
+                               replacement->is_constant())) {
+    return false;
+  }
+  graph.ReplaceAllUses(v, replacement);
+  return true;
+}
+
+Value* AddConstant(Graph& graph, const std::string& prefix, Tensor t) {
+  return graph.AddConstant(graph.UniqueName(prefix), std::move(t));
+}
+
+}  // namespace kiln::passes

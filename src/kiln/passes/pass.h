@@ -1,0 +1,143 @@
+// Graph passes: the Pass interface, the context they run in, the manager that runs them to a
+// fixed point, and the default pipeline the builder uses. Passes depend on ir and ops only; the
+// one thing they need from a backend (evaluating a node, for constant folding) comes in as a
+// function.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/core/status.h"
+#include "kiln/ir/graph.h"
+
+namespace kiln::passes {
+
+// Evaluates one node on host tensors (nullptr for omitted optional inputs). The builder passes
+// kiln::cpu::EvaluateNode.
+using NodeEvaluator =
+    std::function<StatusOr<std::vector<Tensor>>(const Node&, std::span<const Tensor* const>)>;
+
+// What one pass did (summed over the manager's iterations).
+struct PassStats {
+  int64_t rewrites = 0;  // pattern instances rewritten / nodes folded
+  int64_t nodes_removed = 0;
+  int64_t nodes_added = 0;
+  void Add(const PassStats& o) {
+    rewrites += o.rewrites;
+    nodes_removed += o.nodes_removed;
+    nodes_added += o.nodes_added;
+  }
+};
+
+struct PassOptions {
+  NodeEvaluator evaluator;  // constant folding is skipped without one
+  // Constant folding does not materialise outputs larger than this (a huge Expand or
+  // ConstantOfShape stays a node rather than becoming weights).
+  int64_t fold_size_limit_bytes = int64_t{16} << 20;
+  // Rounds of the whole pipeline at most; the manager stops earlier at a fixed point.
+  int max_iterations = 8;
+  // Names of passes not to run (e.g. "attention_fusion").
+  std::vector<std::string> disabled;
+};
+
+// State shared by the passes of one run.
+class PassContext {
+ public:
+  explicit PassContext(const PassOptions& options) : options_(options) {}
+  const PassOptions& options() const { return options_; }
+  // Stats of the pass now running; passes add to it.
+  PassStats& stats() { return stats_; }
+  // Dims-values (the elements of small shape tensors) from the latest shape inference.
+  const std::unordered_map<const Value*, std::vector<Dim>>& dims_values() const {
+    return dims_values_;
+  }
+  const std::vector<Dim>* dims_value(const Value* v) const;
+  // Re-runs shape inference if a pass changed the graph since the last run.
+  Status EnsureShapes(Graph& graph);
+  void MarkShapesStale() { shapes_fresh_ = false; }
+
+ private:
+  friend class PassManager;
+  const PassOptions& options_;
+  PassStats stats_;
+  std::unordered_map<const Value*, std::vector<Dim>> dims_values_;
+  bool shapes_fresh_ = false;
+};
+
+class Pass {
+ public:
+  virtual ~Pass() = default;
+  virtual std::string_view name() const = 0;
+  // Rewrites `graph` in place, adding what it did to ctx.stats(). Shapes are inferred before a
+  // pass runs; a pass that creates values gives them dtype and shape when it can (the manager
+  // re-infers before the next pass anyway).
+  virtual Status Run(Graph& graph, PassContext& ctx) = 0;
+};
+
+struct PassReportEntry {
+  std::string pass;
+  PassStats stats;
+};
+struct PassReport {
+  std::vector<PassReportEntry> passes;  // in pipeline order
+  int iterations = 0;
+  bool reached_fixed_point = false;
+  int64_t nodes_before = 0, nodes_after = 0;
+  int64_t rewrites(std::string_view pass) const;
+  std::string ToString() const;  // one line per pass, for logs and the build report
+};
+
+class PassManager {
+ public:
+  explicit PassManager(PassOptions options) : options_(std::move(options)) {}
+  PassManager(const PassManager&) = delete;
+  PassManager& operator=(const PassManager&) = delete;
+  void Add(std::unique_ptr<Pass> pass);
+  // Runs every pass in order, repeating the pipeline until no pass changes anything (or
+  // max_iterations). Re-infers shapes between passes that changed the graph; compacts and
+  // verifies at the end.
+  StatusOr<PassReport> Run(Graph& graph);
+
+ private:
+  PassOptions options_;
+  std::vector<std::unique_ptr<Pass>> passes_;
+};
+
+// The passes, one per file.
+std::unique_ptr<Pass> MakeConstantFoldingPass();
+std::unique_ptr<Pass> MakeDeadNodeEliminationPass();
+std::unique_ptr<Pass> MakeShapeSimplificationPass();
+std::unique_ptr<Pass> MakeIdentityEliminationPass();
+std::unique_ptr<Pass> MakeConvBatchNormFoldingPass();
+std::unique_ptr<Pass> MakeGeluFusionPass();
+std::unique_ptr<Pass> MakeLayerNormFusionPass();
+std::unique_ptr<Pass> MakeAttentionFusionPass();
+std::unique_ptr<Pass> MakeGemmFusionPass();  // Gemm/MatMul + bias + activation
+std::unique_ptr<Pass> MakeConvFusionPass();  // Conv + bias + residual + activation
+
+// The default pipeline, in order: simplifications first (so patterns see constants and no
+// no-op nodes), then fusions from the largest pattern to the smallest (GELU before
+// MatMul+bias+activation, so the activation it produces can be fused), then cleanup.
+std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options);
+StatusOr<PassReport> RunDefaultPasses(Graph& graph, const PassOptions& options);
+
+// ---- helpers for writing passes
+
+// Replaces the match's root with one new node computing the root's first output (that value is
+// reused, so its name and graph-output mark stay; the root's other outputs must be unused) and
+// removes every matched node nothing else reads. Returns the new node and counts the rewrite.
+Node* ReplaceMatched(Graph& graph, PassContext& ctx, const std::vector<Node*>& matched, Node* root,
+                     std::string op_type, std::vector<Value*> inputs, AttributeMap attrs);
+// Makes `v`'s readers read `replacement` instead, and keeps graph outputs' names. False when `v`
+// is a graph output that cannot take the replacement's place without renaming a graph input.
+bool ForwardValue(Graph& graph, Value* v, Value* replacement);
+// A new constant value.
+Value* AddConstant(Graph& graph, const std::string& prefix, Tensor t);
+
+}  // namespace kiln::passes

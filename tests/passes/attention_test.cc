@@ -1,0 +1,226 @@
+// Attention: the fused op's CPU kernel against a direct double-precision reference, and the
+// attention fusion on the three exported forms in the zoo (BERT: K^T by Transpose(0,2,3,1), Div
+// by a scale, additive mask; ViT: Mul by a scale, no mask; GPT-2: Where on a sliced
+// lower-triangular buffer).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kiln/ops/op_schema.h"
+#include "pass_test_util.h"
+
+namespace kiln::passes {
+namespace {
+
+using namespace testing;
+
+using Passes = std::vector<std::unique_ptr<Pass>>;
+
+Passes AttentionOnly() {
+  Passes v;
+  v.push_back(MakeAttentionFusionPass());
+  v.push_back(MakeDeadNodeEliminationPass());
+  return v;
+}
+
+// softmax(scale * q k^T + mask) v for [B, Sq, D] x [B, Sk, D] x [B, Sk, Dv], in double.
+std::vector<double> Reference(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                              const Tensor* additive, bool causal) {
+  int64_t b = q.dims()[0], sq = q.dims()[1], d = q.dims()[2], sk = k.dims()[1], dv = v.dims()[2];
+  std::vector<double> out(b * sq * dv, 0.0);
+  for (int64_t n = 0; n < b; ++n) {
+    for (int64_t i = 0; i < sq; ++i) {
+      std::vector<double> s(sk);
+      double mx = -1e300;
+      for (int64_t j = 0; j < sk; ++j) {
+        double acc = 0;
+        for (int64_t t = 0; t < d; ++t) {
+          acc += q.GetDouble((n * sq + i) * d + t) * k.GetDouble((n * sk + j) * d + t);
+        }
+        s[j] = acc * scale;
+        if (additive) s[j] += additive->GetDouble(j);  // mask [1, 1, Sk]
+        if (causal && j > i + (sk - sq)) s[j] = -1e300;
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int64_t j = 0; j < sk; ++j) {
+        for (int64_t t = 0; t < dv; ++t) {
+          out[(n * sq + i) * dv + t] += s[j] / sum * v.GetDouble((n * sk + j) * dv + t);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void ExpectKernelMatchesReference(const std::string& kind, bool with_mask) {
+  Graph g;
+  AttributeMap attrs;
+  attrs.Set("scale", 0.35f);
+  attrs.Set("mask_kind", kind);
+  std::vector<Value*> ins = {g.AddValue("q"), g.AddValue("k"), g.AddValue("v")};
+  if (with_mask) ins.push_back(g.AddValue("m"));
+  Node* n = g.AddNode("Attention", "attn", ins, {g.AddValue("y")}, attrs);
+  Tensor q = RandomTensor(DataType::kFloat32, {2, 3, 4}, 1);
+  Tensor k = RandomTensor(DataType::kFloat32, {2, 5, 4}, 2);
+  Tensor v = RandomTensor(DataType::kFloat32, {2, 5, 6}, 3);
+  Tensor m = RandomTensor(DataType::kFloat32, {1, 1, 5}, 4, -3, 0);
+  std::vector<const Tensor*> in = {&q, &k, &v};
+  if (with_mask) in.push_back(&m);
+  auto out = cpu::EvaluateNode(*n, in);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_EQ((*out)[0].dims(), (std::vector<int64_t>{2, 3, 6}));
+  auto want = Reference(q, k, v, 0.35, with_mask ? &m : nullptr, kind == "causal");
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR((*out)[0].GetDouble(static_cast<int64_t>(i)), want[i], 1e-5) << i;
+  }
+}
+
+TEST(AttentionKernel, NoMask) { ExpectKernelMatchesReference("none", false); }
+TEST(AttentionKernel, AdditiveMask) { ExpectKernelMatchesReference("additive", true); }
+TEST(AttentionKernel, CausalBottomRightAligned) { ExpectKernelMatchesReference("causal", false); }
+
+TEST(AttentionShapeRule, RejectsAMaskKindWithoutItsMask) {
+  Graph g;
+  Value* q = g.AddInput("q", DataType::kFloat32, {2, 3, 4});
+  Value* y = g.AddValue("y");
+  AttributeMap attrs;
+  attrs.Set("mask_kind", std::string("additive"));
+  g.AddNode("Attention", "attn", {q, q, q}, {y}, attrs);
+  auto r = InferShapes(g);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kInvalidModel);
+}
+
+// [2, S, 8] -> [2, S, 2, 4] -> heads-first by `perm`.
+Value* Heads(Graph& g, Value* x, std::vector<int64_t> perm) {
+  Value* r = Op(g, "Reshape", {x, Const(g, Ints({2, 5, 2, 4}))});
+  return Op(g, "Transpose", {r}, Attrs(std::pair{"perm", perm}));
+}
+
+enum class Form { kBert, kBertSoftmaxReadElsewhere, kVit, kGptCausal, kBooleanMask };
+
+void AttentionGraph(Graph& g, Form form) {
+  Value* scores = nullptr;
+  Value* v = nullptr;
+  if (form == Form::kVit) {
+    Value* q = g.AddInput("q", DataType::kFloat32, {2, 2, 5, 4});
+    Value* k = g.AddInput("k", DataType::kFloat32, {2, 2, 5, 4});
+    v = g.AddInput("v", DataType::kFloat32, {2, 2, 5, 4});
+    Value* kt = Op(g, "Transpose", {k}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 1, 3, 2}}));
+    scores = Op(g, "Mul", {Op(g, "MatMul", {q, kt}), Const(g, Scalar(0.5f))});
+  } else if (form == Form::kGptCausal || form == Form::kBooleanMask) {
+    Value* q = g.AddInput("q", DataType::kFloat32, {1, 2, 6, 4});
+    Value* k = g.AddInput("k", DataType::kFloat32, {1, 2, 6, 4});
+    v = g.AddInput("v", DataType::kFloat32, {1, 2, 6, 4});
+    Value* kt = Op(g, "Transpose", {k}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 1, 3, 2}}));
+    Value* s = Op(g, "Div", {Op(g, "MatMul", {q, kt}), Const(g, Scalar(2.f))});
+    Value* cond = nullptr;
+    if (form == Form::kGptCausal) {
+      // HF GPT-2: bias[:, :, k-q:k, :k] of a [1, 1, 8, 8] tril buffer.
+      std::vector<uint8_t> tril(64);
+      for (int i = 0; i < 8; ++i) {
+        for (int j = 0; j < 8; ++j) tril[i * 8 + j] = j <= i;
+      }
+      Value* buf = Const(g, Tensor::FromVector<uint8_t>(DataType::kBool, {1, 1, 8, 8}, tril));
+      Value* rows =
+          Op(g, "Slice", {buf, Const(g, Ints({0})), Const(g, Ints({6})), Const(g, Ints({2}))});
+      cond = Op(g, "Slice", {rows, Const(g, Ints({0})), Const(g, Ints({6})), Const(g, Ints({3}))});
+    } else {
+      cond = g.AddInput("keep", DataType::kBool, {1, 1, 6, 6});
+    }
+    float lowest = std::numeric_limits<float>::lowest();
+    scores = Op(g, "Where", {cond, s, Const(g, Scalar(lowest))});
+  } else {
+    Value* hq = g.AddInput("hq", DataType::kFloat32, {2, 5, 8});
+    Value* hk = g.AddInput("hk", DataType::kFloat32, {2, 5, 8});
+    Value* hv = g.AddInput("hv", DataType::kFloat32, {2, 5, 8});
+    Value* mask = g.AddInput("mask", DataType::kFloat32, {2, 1, 1, 5});
+    Value* q = Heads(g, hq, {0, 2, 1, 3});
+    Value* kt = Heads(g, hk, {0, 2, 3, 1});
+    v = Heads(g, hv, {0, 2, 1, 3});
+    Value* s = Op(g, "Div", {Op(g, "MatMul", {q, kt}), Const(g, Scalar(2.f))});
+    scores = Op(g, "Add", {s, mask});
+  }
+  Value* p = Op(g, "Softmax", {scores}, Attrs(std::pair{"axis", int64_t{-1}}));
+  if (form == Form::kBertSoftmaxReadElsewhere) g.MarkOutput(p);
+  g.MarkOutput(Op(g, "MatMul", {p, v}));
+}
+
+Node* Find(const Graph& g, const std::string& op) {
+  for (Node* n : g.nodes()) {
+    if (n->op_type() == op) return n;
+  }
+  return nullptr;
+}
+
+TEST(AttentionFusion, BertFormWithAdditiveMask) {
+  Graph before, after;
+  AttentionGraph(before, Form::kBert);
+  AttentionGraph(after, Form::kBert);
+  PassReport r = RunPasses(after, AttentionOnly());
+  EXPECT_EQ(r.rewrites("attention_fusion"), 1);
+  Node* a = Find(after, "Attention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(CountOps(after, "Softmax"), 0);
+  EXPECT_EQ(CountOps(after, "MatMul"), 0);
+  EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "additive");
+  EXPECT_FLOAT_EQ(a->attrs().GetFloat("scale", 0), 0.5f);
+  EXPECT_EQ(a->input(3)->name(), "mask");
+  // K reaches the op as [B, H, S, D]: the K^T transpose became perm (0, 2, 1, 3).
+  Node* kt = a->input(1)->producer();
+  ASSERT_NE(kt, nullptr);
+  EXPECT_EQ(kt->attrs().GetInts("perm"), (std::vector<int64_t>{0, 2, 1, 3}));
+  ExpectSameOutputs(before, after);
+}
+
+TEST(AttentionFusion, VitFormReadsKDirectly) {
+  Graph before, after;
+  AttentionGraph(before, Form::kVit);
+  AttentionGraph(after, Form::kVit);
+  RunPasses(after, AttentionOnly());
+  ASSERT_EQ(after.num_nodes(), 1u);
+  Node* a = after.nodes()[0];
+  EXPECT_EQ(a->op_type(), "Attention");
+  EXPECT_EQ(a->input(1)->name(), "k");
+  EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "none");
+  ExpectSameOutputs(before, after);
+}
+
+TEST(AttentionFusion, Gpt2WhereOnATrilBufferBecomesCausal) {
+  Graph before, after;
+  AttentionGraph(before, Form::kGptCausal);
+  AttentionGraph(after, Form::kGptCausal);
+  RunPasses(after, AttentionOnly());
+  ASSERT_EQ(after.num_nodes(), 1u);
+  Node* a = after.nodes()[0];
+  EXPECT_EQ(a->op_type(), "Attention");
+  EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "causal");
+  EXPECT_EQ(a->num_inputs(), 3u);
+  ExpectSameOutputs(before, after);
+}
+
+TEST(AttentionFusion, AnyOtherBooleanMaskStaysAnInput) {
+  Graph before, after;
+  AttentionGraph(before, Form::kBooleanMask);
+  AttentionGraph(after, Form::kBooleanMask);
+  RunPasses(after, AttentionOnly());
+  Node* a = Find(after, "Attention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "boolean");
+  EXPECT_EQ(a->input(3)->name(), "keep");
+  ExpectSameOutputs(before, after);
+}
+
+TEST(AttentionFusion, SoftmaxReadElsewhereDoesNotFuse) {
+  Graph g;
+  AttentionGraph(g, Form::kBertSoftmaxReadElsewhere);
+  RunPasses(g, AttentionOnly());
+  EXPECT_EQ(CountOps(g, "Attention"), 0);
+  EXPECT_EQ(CountOps(g, "Softmax"), 1);
+}
+
+}  // namespace
+}  // namespace kiln::passes

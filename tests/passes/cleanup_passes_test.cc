@@ -1,0 +1,237 @@
+// Simplification passes and the pass manager: constant folding, dead-node elimination, identity
+// elimination, shape-subgraph simplification. Each checks the rewrite (op counts) and that the
+// outputs before and after agree on random inputs.
+#include <gtest/gtest.h>
+
+#include "pass_test_util.h"
+
+namespace kiln::passes {
+namespace {
+
+using namespace testing;
+
+void FoldableGraph(Graph& g) {
+  Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("n"), 4});
+  Value* c1 = Const(g, RandomTensor(DataType::kFloat32, {4}, 1));
+  Value* c2 = Const(g, RandomTensor(DataType::kFloat32, {4}, 2));
+  Value* folded = Op(g, "Relu", {Op(g, "Add", {c1, c2})});
+  Value* y = Op(g, "Add", {x, folded});
+  g.MarkOutput(y);
+}
+
+TEST(ConstantFolding, FoldsNodesWhoseInputsAreConstants) {
+  Graph before, after;
+  FoldableGraph(before);
+  FoldableGraph(after);
+  std::vector<std::unique_ptr<Pass>> passes;
+  passes.push_back(MakeConstantFoldingPass());
+  PassReport r = RunPasses(after, std::move(passes));
+  EXPECT_EQ(after.num_nodes(), 1u);
+  EXPECT_EQ(r.rewrites("constant_folding"), 2);
+  ExpectSameOutputs(before, after, {{"n", 3}});
+}
+
+TEST(ConstantFolding, RespectsTheSizeLimit) {
+  Graph g;
+  FoldableGraph(g);
+  PassOptions o = TestOptions();
+  o.fold_size_limit_bytes = 8;  // each folded output is 16 bytes
+  std::vector<std::unique_ptr<Pass>> passes;
+  passes.push_back(MakeConstantFoldingPass());
+  PassReport r = RunPasses(g, std::move(passes), o);
+  EXPECT_EQ(g.num_nodes(), 3u);
+  EXPECT_EQ(r.rewrites("constant_folding"), 0);
+}
+
+TEST(ConstantFolding, WithoutAnEvaluatorDoesNothing) {
+  Graph g;
+  FoldableGraph(g);
+  std::vector<std::unique_ptr<Pass>> passes;
+  passes.push_back(MakeConstantFoldingPass());
+  RunPasses(g, std::move(passes), PassOptions{});
+  EXPECT_EQ(g.num_nodes(), 3u);
+}
+
+void DeadBranchGraph(Graph& g) {
+  Value* x = g.AddInput("x", DataType::kFloat32, {2, 3});
+  Value* dead = Op(g, "Relu", {Op(g, "Relu", {x})});
+  (void)dead;
+  g.MarkOutput(Op(g, "Add", {x, x}));
+}
+
+TEST(DeadNodeElimination, RemovesUnreadChains) {
+  Graph before, after;
+  DeadBranchGraph(before);
+  DeadBranchGraph(after);
+  std::vector<std::unique_ptr<Pass>> passes;
+  passes.push_back(MakeDeadNodeEliminationPass());
+  PassReport r = RunPasses(after, std::move(passes));
+  EXPECT_EQ(after.num_nodes(), 1u);
+  EXPECT_EQ(CountOps(after, "Relu"), 0);
+  EXPECT_EQ(r.rewrites("dead_node_elimination"), 2);
+  ExpectSameOutputs(before, after);
+}
+
+void IdentityGraph(Graph& g) {
+  Value* x = g.AddInput("x", DataType::kFloat32, {2, 3});
+  Value* r = Op(g, "Relu", {Op(g, "Identity", {x})});
+  Value* y = g.AddValue("y");
+  g.AddNode("Identity", "last", {r}, {y});
+  g.MarkOutput(y);
+}
+
+TEST(IdentityElimination, BypassesIdentitiesAndKeepsOutputNames) {
+  Graph before, after;
+  IdentityGraph(before);
+  IdentityGraph(after);
+  std::vector<std::unique_ptr<Pass>> passes;
+  passes.push_back(MakeIdentityEliminationPass());
+  RunPasses(after, std::move(passes));
+  EXPECT_EQ(CountOps(after, "Identity"), 0);
+  EXPECT_EQ(after.num_nodes(), 1u);
+  ASSERT_EQ(after.outputs().size(), 1u);
+  EXPECT_EQ(after.outputs()[0]->name(), "y");
+  ExpectSameOutputs(before, after);
+}
+
+TEST(IdentityElimination, KeepsAnIdentityBetweenAGraphInputAndOutput) {
+  // Removing it would rename the graph output to the input's name.
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat32, {2});
+  Value* y = g.AddValue("y");
+  g.AddNode("Identity", "id", {x}, {y});
+  g.MarkOutput(y);
+  std::vector<std::unique_ptr<Pass>> passes;
+  passes.push_back(MakeIdentityEliminationPass());
+  RunPasses(g, std::move(passes));
+  EXPECT_EQ(CountOps(g, "Identity"), 1);
+  EXPECT_EQ(g.outputs()[0]->name(), "y");
+}
+
+void CastAndReshapeNoOps(Graph& g) {
+  Value* x = g.AddInput("x", DataType::kFloat32, {2, 6});
+  Value* c = Op(g, "Cast", {x}, Attrs(std::pair{"to", int64_t{1}}));  // f32 -> f32
+  Value* r = Op(g, "Reshape", {c, Const(g, Ints({2, 6}))});
+  Value* t = Op(g, "Transpose", {r}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 1}}));
+  g.MarkOutput(Op(g, "Relu", {t}));
+}
+
+TEST(IdentityElimination, CastToTheSameTypeReshapeToTheSameShapeIdentityTranspose) {
+  Graph before, after;
+  CastAndReshapeNoOps(before);
+  CastAndReshapeNoOps(after);
+  std::vector<std::unique_ptr<Pass>> passes;
+  passes.push_back(MakeIdentityEliminationPass());
+  passes.push_back(MakeDeadNodeEliminationPass());
+  RunPasses(after, std::move(passes));
+  EXPECT_EQ(after.num_nodes(), 1u);
+  EXPECT_EQ(CountOps(after, "Relu"), 1);
+  ExpectSameOutputs(before, after);
+}
+
+// Reshape(x, Concat([-1], Unsqueeze(Gather(Shape(x), 2)))) with x [n, 4, 6]: dim 2 is static, so
+// the whole target folds to [-1, 6]; Gather(Shape(x), 0) = n cannot fold.
+void ShapeChainGraph(Graph& g) {
+  Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("n"), 4, 6});
+  Value* shape = Op(g, "Shape", {x});
+  Value* d2 =
+      Op(g, "Gather", {shape, Const(g, Tensor::FromVector<int64_t>(DataType::kInt64, {}, {2}))},
+         Attrs(std::pair{"axis", int64_t{0}}));
+  Value* u2 = Op(g, "Unsqueeze", {d2, Const(g, Ints({0}))});
+  Value* target = Op(g, "Concat", {Const(g, Ints({-1})), u2}, Attrs(std::pair{"axis", int64_t{0}}));
+  g.MarkOutput(Op(g, "Reshape", {x, target}));
+  // The symbolic batch dim stays computed.
+  Value* d0 =
+      Op(g, "Gather", {shape, Const(g, Tensor::FromVector<int64_t>(DataType::kInt64, {}, {0}))},
+         Attrs(std::pair{"axis", int64_t{0}}));
+  Value* u0 = Op(g, "Unsqueeze", {d0, Const(g, Ints({0}))});
+  Value* target2 =
+      Op(g, "Concat", {u0, Const(g, Ints({24}))}, Attrs(std::pair{"axis", int64_t{0}}));
+  g.MarkOutput(Op(g, "Reshape", {x, target2}));
+}
+
+TEST(ShapeSimplification, StaticDimsBecomeConstantsSymbolicOnesStay) {
+  Graph before, after;
+  ShapeChainGraph(before);
+  ShapeChainGraph(after);
+  std::vector<std::unique_ptr<Pass>> passes;
+  passes.push_back(MakeShapeSimplificationPass());
+  passes.push_back(MakeDeadNodeEliminationPass());
+  PassReport r = RunPasses(after, std::move(passes));
+  EXPECT_GT(r.rewrites("shape_simplification"), 0);
+  // Left: Shape, Gather(0), Unsqueeze, Concat for the batch dim and the two Reshapes.
+  EXPECT_EQ(CountOps(after, "Reshape"), 2);
+  EXPECT_EQ(CountOps(after, "Gather"), 1);
+  EXPECT_EQ(CountOps(after, "Concat"), 1);
+  EXPECT_EQ(after.num_nodes(), 6u);
+  ExpectSameOutputs(before, after, {{"n", 3}});
+}
+
+TEST(PassManager, RunsToAFixedPointAndReportsPerPass) {
+  Graph g;
+  FoldableGraph(g);
+  auto r = RunDefaultPasses(g, TestOptions());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->reached_fixed_point);
+  EXPECT_EQ(r->nodes_before, 3);
+  EXPECT_EQ(r->nodes_after, 1);
+  EXPECT_EQ(r->rewrites("constant_folding"), 2);
+  EXPECT_NE(r->ToString().find("constant_folding"), std::string::npos);
+  // The last round changed nothing: at least two rounds ran.
+  EXPECT_GE(r->iterations, 2);
+}
+
+TEST(PassManager, DisabledPassesDoNotRun) {
+  Graph g;
+  FoldableGraph(g);
+  PassOptions o = TestOptions();
+  o.disabled = {"constant_folding"};
+  auto r = RunDefaultPasses(g, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(g.num_nodes(), 3u);
+  EXPECT_EQ(r->rewrites("constant_folding"), 0);
+}
+
+TEST(PassManager, StopsAtTheIterationBound) {
+  // A pass that always claims a rewrite never reaches a fixed point; the bound ends the run.
+  class Restless final : public Pass {
+   public:
+    std::string_view name() const override { return "restless"; }
+    Status Run(Graph&, PassContext& ctx) override {
+      ctx.stats().rewrites += 1;
+      return OkStatus();
+    }
+  };
+  Graph g;
+  FoldableGraph(g);
+  PassOptions o = TestOptions();
+  o.max_iterations = 3;
+  PassManager pm(o);
+  pm.Add(std::make_unique<Restless>());
+  auto r = pm.Run(g);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->reached_fixed_point);
+  EXPECT_EQ(r->iterations, 3);
+  EXPECT_EQ(r->rewrites("restless"), 3);
+}
+
+TEST(PassManager, APassErrorNamesThePass) {
+  class Failing final : public Pass {
+   public:
+    std::string_view name() const override { return "failing"; }
+    Status Run(Graph&, PassContext&) override {
+      return MakeError(ErrorCode::kInternal, "broken on purpose");
+    }
+  };
+  Graph g;
+  FoldableGraph(g);
+  PassManager pm(TestOptions());
+  pm.Add(std::make_unique<Failing>());
+  auto r = pm.Run(g);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kInternal);
+  EXPECT_NE(r.status().ToString().find("failing"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::passes

@@ -1,0 +1,108 @@
+// The default pipeline on the model zoo (zoo/README.md): the expected fusions fire on the graphs
+// the exporters really produce, and the optimized graph computes what the imported one does (and
+// what PyTorch did, within the zoo's tolerance) on the committed test inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "kiln/onnx/onnx_import.h"
+#include "pass_test_util.h"
+
+namespace kiln::passes {
+namespace {
+
+using namespace testing;
+
+struct ZooCase {
+  std::string model;
+  std::map<std::string, int64_t> min_rewrites;  // pass -> at least this many rewrites
+  std::map<std::string, int> ops_after;         // op type -> exact count after the passes
+};
+
+std::ostream& operator<<(std::ostream& os, const ZooCase& c) { return os << c.model; }
+
+std::filesystem::path ZooDir() {
+  const char* src = std::getenv("KILN_SOURCE_DIR");
+  return std::filesystem::path(src ? src : ".") / "zoo";
+}
+
+class ZooPasses : public ::testing::TestWithParam<ZooCase> {};
+
+TEST_P(ZooPasses, FusionsFireAndOutputsAgree) {
+  const ZooCase& c = GetParam();
+  std::filesystem::path dir = ZooDir() / c.model;
+  auto before = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  auto after = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  auto report = RunDefaultPasses(**after, TestOptions());
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  SCOPED_TRACE(report->ToString());
+  EXPECT_TRUE(report->reached_fixed_point);
+  for (const auto& [pass, n] : c.min_rewrites) {
+    EXPECT_GE(report->rewrites(pass), n) << pass;
+  }
+  for (const auto& [op, n] : c.ops_after) EXPECT_EQ(CountOps(**after, op), n) << op;
+  EXPECT_LT(report->nodes_after, report->nodes_before);
+
+  // The committed inputs and PyTorch references.
+  std::map<std::string, Tensor> inputs, want;
+  std::filesystem::path data = dir / "test_data_set_0";
+  for (int i = 0; std::filesystem::exists(data / ("input_" + std::to_string(i) + ".pb")); ++i) {
+    std::string name;
+    auto t = LoadTensorProto((data / ("input_" + std::to_string(i) + ".pb")).string(), &name);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    inputs[name] = *t;
+  }
+  for (int i = 0; std::filesystem::exists(data / ("output_" + std::to_string(i) + ".pb")); ++i) {
+    std::string name;
+    auto t = LoadTensorProto((data / ("output_" + std::to_string(i) + ".pb")).string(), &name);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    want[name] = *t;
+  }
+  auto got_before = cpu::EvaluateGraph(**before, inputs);
+  ASSERT_TRUE(got_before.ok()) << got_before.status().ToString();
+  auto got_after = cpu::EvaluateGraph(**after, inputs);
+  ASSERT_TRUE(got_after.ok()) << got_after.status().ToString();
+  for (const auto& [name, ref] : want) {
+    ASSERT_TRUE(got_after->count(name)) << name;
+    const Tensor& a = got_before->at(name);
+    const Tensor& b = got_after->at(name);
+    ASSERT_EQ(b.dims(), ref.dims()) << name;
+    // Relative L2 error: after vs before (the passes' own change) and after vs PyTorch.
+    double d_ab = 0, n_a = 0, d_ref = 0, n_ref = 0;
+    for (int64_t i = 0; i < ref.num_elements(); ++i) {
+      d_ab += std::pow(a.GetDouble(i) - b.GetDouble(i), 2);
+      n_a += std::pow(a.GetDouble(i), 2);
+      d_ref += std::pow(ref.GetDouble(i) - b.GetDouble(i), 2);
+      n_ref += std::pow(ref.GetDouble(i), 2);
+    }
+    EXPECT_LE(std::sqrt(d_ab / std::max(n_a, 1e-30)), 1e-5) << name << ": before vs after";
+    EXPECT_LE(std::sqrt(d_ref / std::max(n_ref, 1e-30)), 1e-4) << name << ": vs PyTorch";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, ZooPasses,
+    ::testing::Values(
+        ZooCase{"resnet_tiny",
+                {{"conv_bn_folding", 12}, {"conv_fusion", 9}},
+                {{"BatchNormalization", 0}, {"Relu", 0}}},
+        ZooCase{"mobilenetv3_tiny", {{"conv_bn_folding", 34}}, {{"BatchNormalization", 0}}},
+        ZooCase{"efficientnet_tiny", {{"conv_bn_folding", 31}}, {{"BatchNormalization", 0}}},
+        ZooCase{"unet_tiny", {{"conv_bn_folding", 14}}, {{"BatchNormalization", 0}}},
+        ZooCase{"bert_tiny",
+                {{"gelu_fusion", 2}, {"attention_fusion", 2}, {"gemm_fusion", 12}},
+                {{"Attention", 2}, {"Softmax", 0}, {"Erf", 0}}},
+        ZooCase{"vit_tiny",
+                {{"gelu_fusion", 2}, {"attention_fusion", 2}},
+                {{"Attention", 2}, {"Softmax", 0}, {"Erf", 0}}},
+        ZooCase{"gpt_tiny",
+                {{"gelu_fusion", 2}, {"attention_fusion", 2}, {"gemm_fusion", 2}},
+                {{"Attention", 2}, {"Softmax", 0}, {"Tanh", 0}, {"Where", 0}, {"Gelu", 0}}}),
+    [](const auto& info) { return info.param.model; });
+
+}  // namespace
+}  // namespace kiln::passes
