@@ -6,14 +6,18 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
+#include <unordered_map>
 
 #include "kiln/backends/backend.h"
+#include "kiln/backends/cpu/cpu_eval.h"
 #include "kiln/build/tactic_search.h"
 #include "kiln/build/timing_cache.h"
 #include "kiln/core/logging.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/passes/pass.h"
 #include "kiln/plan/memory_plan.h"
 
 namespace kiln {
@@ -38,6 +42,52 @@ OperandDesc Describe(const Value* v, const std::map<std::string, int64_t>& max_b
   return d;
 }
 }  // namespace
+
+// Every value's concrete dims when the inputs take one of the profile's shapes (0 min, 1 opt,
+// 2 max), by running the ops' shape rules on integers exactly as the runtime will.
+StatusOr<std::unordered_map<const Value*, std::vector<int64_t>>> ConcreteDims(
+    const Graph& graph, const std::vector<Node*>& order, const OptimizationProfile& profile,
+    int which) {
+  std::unordered_map<const Value*, ValueInfo> info;
+  for (const Value* in : graph.inputs()) {
+    ValueInfo vi;
+    vi.dtype = in->dtype();
+    if (const InputProfile* p = profile.Find(in->name())) {
+      vi.shape = MakeShape(which == 0 ? p->min : which == 1 ? p->opt : p->max);
+    } else {
+      vi.shape = in->shape();
+    }
+    info[in] = std::move(vi);
+  }
+  for (const Node* node : order) {
+    std::vector<const ValueInfo*> ins;
+    for (const Value* v : node->inputs()) {
+      if (!v) {
+        ins.push_back(nullptr);
+        continue;
+      }
+      auto it = info.find(v);
+      if (it == info.end()) {
+        ValueInfo vi;
+        vi.dtype = v->dtype();
+        vi.shape = v->shape();
+        vi.constant = v->constant();
+        it = info.emplace(v, std::move(vi)).first;
+      }
+      ins.push_back(&it->second);
+    }
+    std::vector<ValueInfo> outs(node->num_outputs());
+    KILN_RETURN_IF_ERROR(InferNode(*node, ins, outs));
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (node->output(i)) info[node->output(i)] = std::move(outs[i]);
+    }
+  }
+  std::unordered_map<const Value*, std::vector<int64_t>> out;
+  for (const auto& [v, vi] : info) {
+    if (auto dims = StaticDims(vi.shape)) out[v] = std::move(*dims);
+  }
+  return out;
+}
 
 KernelRequest MakeKernelRequest(const Node& node,
                                 const std::map<std::string, int64_t>& max_bindings) {
@@ -122,6 +172,28 @@ std::map<std::string, int64_t> ProfileBindings(const Graph& graph,
   return out;
 }
 
+// Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched).
+StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& c) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel, c.provider->Create(l.request, c.tactic));
+  std::vector<TensorView> ins, outs;
+  for (const OperandDesc& d : l.request.inputs) {
+    ins.push_back(d.dtype == DataType::kUndefined
+                      ? TensorView{}
+                      : TensorView{d.dtype, d.max_dims,
+                                   d.constant ? const_cast<void*>(d.constant->raw()) : nullptr});
+  }
+  for (const OperandDesc& d : l.request.outputs) outs.push_back({d.dtype, d.max_dims, nullptr});
+  for (const auto& views : {&ins, &outs}) {
+    for (const TensorView& v : *views) {
+      if (v.dtype != DataType::kUndefined &&
+          std::any_of(v.dims.begin(), v.dims.end(), [](int64_t x) { return x < 0; })) {
+        return c.tactic.workspace_bytes;  // max shape unknown: keep the tactic's own estimate
+      }
+    }
+  }
+  return kernel->Prepare(ins, outs);
+}
+
 StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& config,
                                                   BuildReport* report) {
   const auto start = Clock::now();
@@ -142,6 +214,20 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   KILN_RETURN_IF_ERROR_CTX(InferShapes(graph), "inferring shapes of '{}'", input.model_name);
   rep.phase_seconds_import = Seconds(start);
 
+  if (config.optimize) {
+    const auto passes_start = Clock::now();
+    progress("passes", 0, 1, "");
+    passes::PassOptions pass_options;
+    pass_options.evaluator = [](const Node& node, std::span<const Tensor* const> inputs) {
+      return cpu::EvaluateNode(node, inputs);
+    };
+    KILN_ASSIGN_OR_RETURN(passes::PassReport passes, passes::RunDefaultPasses(graph, pass_options));
+    rep.passes = passes.ToString();
+    rep.nodes_before_passes = passes.nodes_before;
+    rep.nodes_after_passes = passes.nodes_after;
+    rep.phase_seconds_passes = Seconds(passes_start);
+  }
+
   KILN_ASSIGN_OR_RETURN(Backend * backend, GetBackend(config.backend));
   KILN_ASSIGN_OR_RETURN(DeviceInfo device, backend->Info());
   rep.device = device.name;
@@ -149,14 +235,27 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   // Layers and their candidate tactics (heuristic order: first provider's first tactic first).
   const auto tactics_start = Clock::now();
   auto max_bindings = ProfileBindings(graph, config.profile, 2);
-  auto opt_bindings = ProfileBindings(graph, config.profile, 1);
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  KILN_ASSIGN_OR_RETURN(auto max_dims, ConcreteDims(graph, order, config.profile, 2));
+  KILN_ASSIGN_OR_RETURN(auto opt_dims_of, ConcreteDims(graph, order, config.profile, 1));
   std::vector<LayerSearch> searches;
   std::vector<std::string> missing;
   for (Node* node : order) {
     LayerSearch l;
     l.node = node;
     l.request = MakeKernelRequest(*node, max_bindings);
+    // Concrete max dims from the shape rules (symbolic substitution cannot see through every
+    // data-dependent shape, the rules can).
+    for (size_t i = 0; i < node->num_inputs(); ++i) {
+      if (auto it = max_dims.find(node->input(i)); node->input(i) && it != max_dims.end()) {
+        l.request.inputs[i].max_dims = it->second;
+      }
+    }
+    for (size_t i = 0; i < node->num_outputs(); ++i) {
+      if (auto it = max_dims.find(node->output(i)); node->output(i) && it != max_dims.end()) {
+        l.request.outputs[i].max_dims = it->second;
+      }
+    }
     for (const KernelProvider* p :
          KernelRegistry::Get().Providers(config.backend, node->op_type())) {
       for (TacticConfig& t : p->Tactics(l.request)) l.candidates.push_back({p, std::move(t)});
@@ -172,10 +271,11 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     auto opt_dims = [&](const Value* v, std::vector<std::vector<int64_t>>& out) {
       std::vector<int64_t> dims;
       if (v) {
-        for (const Dim& d : v->shape()) {
-          Dim c = d.Substitute(opt_bindings);
-          if (!c.is_static()) known = false;
-          dims.push_back(c.is_static() ? c.value() : 0);
+        auto it = opt_dims_of.find(v);
+        if (it == opt_dims_of.end()) {
+          known = false;
+        } else {
+          dims = it->second;
         }
       }
       out.push_back(std::move(dims));
@@ -247,8 +347,12 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   }
   std::vector<LayerDesc> layers;
   std::vector<PlanLayer> plan_layers;
-  for (const LayerSearch& l : searches) {
-    const TacticCandidate& c = l.candidates[l.chosen];
+  for (LayerSearch& l : searches) {
+    TacticCandidate& c = l.candidates[l.chosen];
+    // The plan reserves what the kernel itself asks for at the max shapes (a tactic's estimate
+    // may not know every dim); the runtime checks the same figure again.
+    KILN_ASSIGN_OR_RETURN(size_t prepared, PreparedWorkspace(l, c));
+    c.tactic.workspace_bytes = std::max(c.tactic.workspace_bytes, prepared);
     LayerDesc layer;
     layer.node = l.node;
     layer.provider_id = std::string(c.provider->id());
@@ -321,6 +425,9 @@ std::string BuildReport::ToJson() const {
                         {"tactics", phase_seconds_tactics},
                         {"plan", phase_seconds_plan}};
   j["layers"] = layers;
+  j["passes"] = {{"nodes_before", nodes_before_passes},
+                 {"nodes_after", nodes_after_passes},
+                 {"summary", passes}};
   j["tactics_timed"] = tactics_timed;
   j["timing_cache_hits"] = timing_cache_hits;
   j["deadline_hit"] = deadline_hit;
@@ -367,6 +474,9 @@ std::string BuildReport::ToText(bool per_layer) const {
                          l.precision, l.tactic,
                          l.time_ms < 0 ? std::string("-") : fmt::format("{:.4f}", l.time_ms));
     }
+  }
+  if (nodes_before_passes) {
+    out += fmt::format("  graph passes: {} -> {} nodes\n", nodes_before_passes, nodes_after_passes);
   }
   out += fmt::format("  layers {}   tactics timed {}   timing-cache hits {}{}\n", layers,
                      tactics_timed, timing_cache_hits,

@@ -32,6 +32,8 @@ struct BuildReport {
   double phase_seconds_import = 0, phase_seconds_passes = 0, phase_seconds_tactics = 0,
          phase_seconds_plan = 0;
   int64_t layers = 0;
+  int64_t nodes_before_passes = 0, nodes_after_passes = 0;
+  std::string passes;  // per-pass rewrite counts
   int64_t tactics_timed = 0;
   int64_t timing_cache_hits = 0;
   bool deadline_hit = false;
