@@ -219,7 +219,6 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
                   "pass on relative L2 error below this (default: allclose rtol 1e-3 atol 1e-7)");
   sub->add_option("--timeout", o->timeout_s, "seconds per case before it is killed")
       ->capture_default_str();
-  sub->add_flag("--fp16", o->fp16, "build FP16 engines");
   sub->add_flag("-v,--verbose", o->verbose, "print passing cases too");
   return [o]() { return Run(*o); };
 }

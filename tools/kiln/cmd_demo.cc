@@ -97,7 +97,6 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
       ->capture_default_str();
   sub->add_option("-o,--output", o->output,
                   "where to write the engine (default: a temporary file)");
-  sub->add_flag("--fp16", o->fp16, "build an FP16 engine (checked to 1e-2 relative L2)");
   return [o]() { return Run(*o); };
 }
 

@@ -1,0 +1,172 @@
+#include "kiln/build/builder.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kiln/engine/engine_file.h"
+#include "kiln/onnx/onnx_import.h"
+
+namespace kiln {
+namespace {
+
+std::string Zoo(const std::string& model) {
+  const char* root = std::getenv("KILN_SOURCE_DIR");
+  return std::string(root ? root : ".") + "/zoo/" + model + "/model.onnx";
+}
+
+StatusOr<std::unique_ptr<EngineDesc>> BuildZoo(const std::string& model, BuilderConfig config,
+                                               BuildReport* report = nullptr) {
+  KILN_ASSIGN_OR_RETURN(auto graph, ImportOnnxFile(Zoo(model)));
+  return BuildEngine({std::move(graph), model, HashString(model)}, config, report);
+}
+
+BuilderConfig ResnetConfig(int max_batch = 4) {
+  BuilderConfig c;
+  EXPECT_TRUE(
+      ParseProfileSpec(fmt::format("input:1x3x64x64,2x3x64x64,{}x3x64x64", max_batch), &c.profile)
+          .ok());
+  return c;
+}
+
+TEST(BuilderConfig, ParsesSizesFractionsDurationsAndProfiles) {
+  EXPECT_EQ(*MemoryBudget::Parse("512M")->bytes, 512LL << 20);
+  EXPECT_EQ(*MemoryBudget::Parse("8G")->bytes, 8LL << 30);
+  EXPECT_DOUBLE_EQ(*MemoryBudget::Parse("0.5")->fraction, 0.5);
+  EXPECT_EQ(MemoryBudget::Parse("1.5").status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(MemoryBudget::Parse("lots").status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(ParseDuration("30s")->count(), 30000);
+  EXPECT_EQ(ParseDuration("1500ms")->count(), 1500);
+  EXPECT_EQ(ParseDuration("2m")->count(), 120000);
+  EXPECT_EQ(ParseDuration("0s").status().code(), ErrorCode::kInvalidDeadline);
+  EXPECT_EQ(ParseDuration("-5s").status().code(), ErrorCode::kInvalidDeadline);
+  OptimizationProfile p;
+  ASSERT_TRUE(ParseProfileSpec("x:1x3,2x3,4x3", &p).ok());
+  EXPECT_EQ(p.inputs[0].max, (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(ParseProfileSpec("x:1x3,2x3", &p).code(), ErrorCode::kInvalidProfile);
+  EXPECT_EQ(ParseProfileSpec("noshape", &p).code(), ErrorCode::kInvalidProfile);
+}
+
+TEST(Builder, ProfileErrorsSayWhatToChange) {
+  BuilderConfig none;
+  auto missing = BuildZoo("resnet_tiny", none);
+  EXPECT_EQ(missing.status().code(), ErrorCode::kMissingProfile);
+  EXPECT_NE(missing.status().message().find("--profile input:MIN,OPT,MAX"), std::string::npos);
+
+  BuilderConfig inverted;
+  ASSERT_TRUE(ParseProfileSpec("input:4x3x64x64,2x3x64x64,8x3x64x64", &inverted.profile).ok());
+  auto bad = BuildZoo("resnet_tiny", inverted);
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidProfile);
+  EXPECT_NE(bad.status().message().find("min <= opt <= max"), std::string::npos);
+
+  BuilderConfig fixed_dim;
+  ASSERT_TRUE(ParseProfileSpec("input:1x3x32x64,2x3x64x64,4x3x64x64", &fixed_dim.profile).ok());
+  EXPECT_EQ(BuildZoo("resnet_tiny", fixed_dim).status().code(), ErrorCode::kInvalidProfile);
+
+  BuilderConfig unknown = ResnetConfig();
+  ASSERT_TRUE(ParseProfileSpec("nope:1x3,1x3,1x3", &unknown.profile).ok());
+  EXPECT_EQ(BuildZoo("resnet_tiny", unknown).status().code(), ErrorCode::kInvalidProfile);
+}
+
+TEST(Builder, ReducedPrecisionIsReportedAsNotImplemented) {
+  BuilderConfig c = ResnetConfig();
+  c.fp16 = true;
+  EXPECT_EQ(BuildZoo("resnet_tiny", c).status().code(), ErrorCode::kUnimplemented);
+}
+
+TEST(Builder, PassesFuseAndThePlanIsReported) {
+  BuildReport report;
+  auto engine = BuildZoo("resnet_tiny", ResnetConfig(), &report);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_EQ(report.nodes_before_passes, 41);
+  EXPECT_LT(report.nodes_after_passes, 20);  // BN folded, conv+add+relu fused
+  EXPECT_EQ(report.layers, static_cast<int64_t>((*engine)->layers.size()));
+  EXPECT_EQ(report.peak_bytes, report.weights_bytes + report.arena_bytes + report.workspace_bytes);
+  EXPECT_GT(report.naive_activation_bytes, report.arena_bytes);  // liveness reuse saves memory
+  EXPECT_EQ((*engine)->plan.peak_bytes, report.peak_bytes);
+}
+
+TEST(Builder, BudgetBetweenLeanestAndDefaultIsRespected) {
+  // At batch 16 the fastest convolutions' workspaces grow with the batch; chunked im2col's do not.
+  BuildReport unlimited;
+  ASSERT_TRUE(BuildZoo("resnet_tiny", ResnetConfig(16), &unlimited).ok());
+  int64_t fixed = unlimited.weights_bytes + unlimited.arena_bytes;
+  ASSERT_GT(unlimited.workspace_bytes, 0);
+  // Shrinking budgets: each build either fits under its budget (planned peak) or stops early with
+  // KILN-E3002; at least one lies between the leanest and the default plan and fits.
+  int fitted_leaner = 0;
+  for (double share : {0.9, 0.75, 0.5, 0.25, 0.1, 0.01}) {
+    BuilderConfig c = ResnetConfig(16);
+    c.memory_budget.bytes =
+        fixed + static_cast<int64_t>(share * static_cast<double>(unlimited.workspace_bytes));
+    BuildReport lean;
+    auto engine = BuildZoo("resnet_tiny", c, &lean);
+    if (engine.ok()) {
+      EXPECT_LE(lean.peak_bytes, *c.memory_budget.bytes) << share;
+      EXPECT_LE((*engine)->plan.peak_bytes, *c.memory_budget.bytes) << share;
+      if (lean.peak_bytes < unlimited.peak_bytes) ++fitted_leaner;
+    } else {
+      EXPECT_EQ(engine.status().code(), ErrorCode::kMemoryBudgetExceeded)
+          << engine.status().ToString();
+    }
+  }
+  EXPECT_GT(fitted_leaner, 0);
+}
+
+TEST(Builder, BudgetBelowTheWeightsFailsEarlyWithBothFigures) {
+  BuilderConfig c = ResnetConfig();
+  c.memory_budget.bytes = 1000;
+  auto r = BuildZoo("resnet_tiny", c);
+  ASSERT_EQ(r.status().code(), ErrorCode::kMemoryBudgetExceeded);
+  EXPECT_NE(r.status().message().find("weights alone need"), std::string::npos);
+  EXPECT_NE(r.status().message().find("allows 1000 bytes"), std::string::npos);
+}
+
+TEST(Builder, DeadlineBoundsTheBuildAndTheEngineIsStillValid) {
+  BuilderConfig c = ResnetConfig();
+  c.deadline = std::chrono::milliseconds(1);
+  BuildReport report;
+  auto start = std::chrono::steady_clock::now();
+  auto engine = BuildZoo("resnet_tiny", c, &report);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_TRUE(report.deadline_hit);
+  EXPECT_LT(seconds, 5.0);  // the bound plus import, passes and planning, far below a timed build
+  EXPECT_EQ((*engine)->layers.size(), static_cast<size_t>(report.layers));
+}
+
+TEST(Builder, WarmTimingCacheSkipsTimingAndGivesByteIdenticalEngines) {
+  std::string cache = (std::filesystem::temp_directory_path() / "kiln_builder_test.cache").string();
+  std::filesystem::remove(cache);
+  BuilderConfig c = ResnetConfig();
+  c.timing_cache_path = cache;
+  BuildReport cold, warm1, warm2;
+  ASSERT_TRUE(BuildZoo("resnet_tiny", c, &cold).ok());
+  EXPECT_GT(cold.tactics_timed, 0);
+  EXPECT_EQ(cold.timing_cache_hits, 0);
+  auto a = BuildZoo("resnet_tiny", c, &warm1);
+  auto b = BuildZoo("resnet_tiny", c, &warm2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(warm1.tactics_timed, 0);
+  EXPECT_GT(warm1.timing_cache_hits, 0);
+  EXPECT_EQ(*SerializeEngine(**a), *SerializeEngine(**b));
+  std::filesystem::remove(cache);
+}
+
+TEST(Builder, CorruptTimingCacheIsIgnoredWithAWarning) {
+  std::string cache =
+      (std::filesystem::temp_directory_path() / "kiln_builder_corrupt.cache").string();
+  { std::ofstream(cache) << "{ not json"; }
+  BuilderConfig c = ResnetConfig();
+  c.timing_cache_path = cache;
+  BuildReport report;
+  ASSERT_TRUE(BuildZoo("resnet_tiny", c, &report).ok());
+  ASSERT_FALSE(report.warnings.empty());
+  EXPECT_NE(report.warnings[0].find("KILN-E3005"), std::string::npos);
+  EXPECT_GT(report.tactics_timed, 0);
+  std::filesystem::remove(cache);
+}
+
+}  // namespace
+}  // namespace kiln
