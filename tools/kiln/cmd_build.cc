@@ -1,10 +1,15 @@
 // `kiln build`: ONNX model -> .kiln engine, bounded in time and memory, with a build report.
 #include <unistd.h>
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
+#include "kiln/dist/build_once.h"
+#include "kiln/dist/mpi_comm.h"
 #include "kiln/engine/engine_file.h"
 #include "tools/kiln/command.h"
 
@@ -25,6 +30,14 @@ struct BuildOptions {
   bool no_optimize = false;
   bool layers = false;
   bool json = false;
+  // Distributed: every rank runs the same command; one builds, the others receive the bytes.
+  bool distributed = false;
+  std::string transport = "auto";
+  std::string build_on = "rank0";
+  std::string cache_dir;
+  double join_timeout_s = 60, wait_timeout_s = 1800, transfer_timeout_s = 300;
+  int rank = -1, world_size = -1;
+  std::string dist_report;
 };
 
 StatusOr<BackendKind> ParseBackend(const std::string& s) {
@@ -53,6 +66,96 @@ ProgressCallback MakeProgress(bool quiet) {
   };
 }
 
+std::chrono::milliseconds Ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+// `kiln build --distributed`: the content-addressed key, then dist::BuildOnce with the real build
+// as its callback; every rank writes the same verified bytes to `output`.
+int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::string& output) {
+  auto backend = GetBackend(config.backend);
+  if (!backend.ok()) return ReportError(backend.status());
+  auto device = (*backend)->Info();
+  if (!device.ok()) return ReportError(device.status());
+  dist::KeyBuilder kb;
+  {
+    std::ifstream f(o.model, std::ios::binary);
+    std::vector<char> chunk(1 << 20);
+    while (f) {
+      f.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      kb.ModelBytes(std::as_bytes(std::span(chunk.data(), static_cast<size_t>(f.gcount()))));
+    }
+  }
+  kb.Config("builder-config", config.Hash().Hex());
+  kb.Target(ToString(config.backend), device->arch);
+  kb.LibraryVersion("kiln", KILN_VERSION);
+  kb.LibraryVersion("backend", device->library_versions);
+  dist::CacheKey key = kb.Build();
+
+  dist::BuildOnceOptions opts;
+  auto transport = dist::ParseTransport(o.transport);
+  if (!transport.ok()) return ReportError(transport.status());
+  auto build_on = dist::ParseBuildOn(o.build_on);
+  if (!build_on.ok()) return ReportError(build_on.status());
+  opts.transport = *transport;
+  opts.build_on = *build_on;
+  if (o.rank >= 0) opts.rank_overrides.rank = o.rank;
+  if (o.world_size > 0) opts.rank_overrides.world_size = o.world_size;
+  if (!o.cache_dir.empty()) {
+    dist::CacheOptions cache;
+    cache.dir = o.cache_dir;
+    cache.wait_timeout = Ms(o.wait_timeout_s);
+    opts.cache = cache;
+  }
+  opts.join_timeout = Ms(o.join_timeout_s);
+  opts.wait_timeout = Ms(o.wait_timeout_s);
+  opts.transfer_timeout = Ms(o.transfer_timeout_s);
+  // Received (or cached) bytes are a full engine load away from being trusted.
+  opts.verify = [](std::span<const std::byte> bytes) { return LoadEngineBytes(bytes).status(); };
+  if (opts.cache) opts.cache->verify = opts.verify;
+
+  // Joins the launcher's MPI job when there is one (held for the rest of the process).
+  std::unique_ptr<dist::MpiSession> mpi;
+  if (dist::MpiAvailable()) {
+    auto session = dist::MpiSession::Start();
+    if (!session.ok()) return ReportError(session.status());
+    mpi = std::move(*session);
+  }
+  std::optional<BuildReport> build_report;
+  auto result =
+      dist::BuildOnce(key, opts, [&](dist::ProgressSink& sink) -> StatusOr<std::vector<std::byte>> {
+        BuilderConfig c = config;
+        auto inner = c.progress;
+        c.progress = [&sink, inner](const BuildProgress& p) {
+          sink.Update(fmt::format("{} {}/{} {:.1f}s", p.phase, p.done, p.total, p.elapsed_s));
+          return inner ? inner(p) : true;
+        };
+        KILN_ASSIGN_OR_RETURN(auto built, app::BuildFromOnnxFile(o.model, c));
+        build_report = built.report;
+        return SerializeEngine(*built.desc);
+      });
+  if (!result.ok()) return ReportError(result.status());
+  // Atomic: a temporary file beside the output, then rename (ranks may share the path).
+  std::string tmp = fmt::format("{}.tmp.{}", output, ::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(result->bytes.data()),
+            static_cast<std::streamsize>(result->bytes.size()));
+    if (!f)
+      return ReportError(MakeError(ErrorCode::kIoError, "cannot write the engine to '{}'", tmp));
+  }
+  if (std::rename(tmp.c_str(), output.c_str()) != 0) {
+    return ReportError(MakeError(ErrorCode::kIoError, "cannot rename '{}' to '{}'", tmp, output));
+  }
+  std::string report = result->report.ToJson();
+  if (!o.dist_report.empty()) std::ofstream(o.dist_report) << report << "\n";
+  if (build_report && !o.json) std::cout << build_report->ToText(o.layers);
+  std::cout << report << "\n";
+  std::cout << fmt::format("engine written to {} ({} bytes, rank {} of {})\n", output,
+                           result->bytes.size(), result->report.rank, result->report.world_size);
+  return 0;
+}
+
 int Run(const BuildOptions& o, const GlobalOptions& global) {
   BuilderConfig config;
   auto backend = ParseBackend(o.backend);
@@ -79,12 +182,13 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   config.timing_cache_path = o.timing_cache;
   config.progress = MakeProgress(global.quiet || o.json);
 
-  auto built = app::BuildFromOnnxFile(o.model, config);
-  if (!built.ok()) return ReportError(built.status());
   std::string output = o.output;
   if (output.empty()) {
     output = o.model.substr(0, o.model.rfind('.')) + ".kiln";
   }
+  if (o.distributed) return RunDistributed(o, config, output);
+  auto built = app::BuildFromOnnxFile(o.model, config);
+  if (!built.ok()) return ReportError(built.status());
   if (Status s = WriteEngineFile(*built->desc, output); !s.ok()) return ReportError(s);
   if (!o.report_path.empty()) {
     std::ofstream f(o.report_path);
@@ -134,6 +238,27 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
   sub->add_flag("--no-optimize", o->no_optimize, "skip graph optimizations (debugging)");
   sub->add_flag("--layers", o->layers, "print the per-layer table (precision, tactic, time)");
   sub->add_flag("--json", o->json, "print the build report as JSON instead of text");
+  auto* dist =
+      sub->add_option_group("Distributed", "every rank of a job runs the same command; one builds");
+  dist->add_flag("--distributed", o->distributed,
+                 "build once per job (or node/arch) and share the bytes; ranks from "
+                 "torchrun/OpenMPI/Slurm env");
+  dist->add_option("--transport", o->transport, "auto, local, mpi, nccl or cache")
+      ->capture_default_str();
+  dist->add_option("--build-on", o->build_on, "rank0, per-node or per-arch")->capture_default_str();
+  dist->add_option("--cache-dir", o->cache_dir,
+                   "shared engine cache directory (content-addressed)");
+  dist->add_option("--join-timeout", o->join_timeout_s, "seconds for every rank to arrive")
+      ->capture_default_str();
+  dist->add_option("--wait-timeout", o->wait_timeout_s, "seconds to wait for the builder")
+      ->capture_default_str();
+  dist->add_option("--transfer-timeout", o->transfer_timeout_s, "seconds for the bytes to arrive")
+      ->capture_default_str();
+  dist->add_option("--rank", o->rank, "this process's rank (overrides the launcher's environment)");
+  dist->add_option("--world-size", o->world_size,
+                   "the job's world size (overrides the environment)");
+  dist->add_option("--dist-report", o->dist_report,
+                   "write who built, who waited and for how long (JSON)");
   return [o, &global]() { return Run(*o, global); };
 }
 
