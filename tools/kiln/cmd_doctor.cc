@@ -9,6 +9,7 @@
 #include "kiln/doctor/log_analyzer.h"
 #include "kiln/doctor/preflight.h"
 #include "kiln/doctor/report.h"
+#include "kiln/engine/engine_file.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
@@ -20,6 +21,7 @@ struct DoctorOptions {
   bool json = false;
   std::string color = "auto";
   std::string memory_budget;
+  std::string engine;
   int ranks_per_gpu = 1;
   std::string known_problems;
   // logs
@@ -62,6 +64,15 @@ int RunPreflight(const DoctorOptions& o) {
     if (!budget.ok()) return Fail(budget.status());
     plan.set = true;
     plan.budget = *budget;
+  }
+  if (!o.engine.empty()) {
+    // The engine's planned peak (weights + activations + workspace) is what each rank needs.
+    LoadOptions peek;
+    peek.check_providers = false;
+    auto engine = LoadEngineFile(o.engine, peek);
+    if (!engine.ok()) return Fail(engine.status());
+    plan.set = true;
+    plan.budget = static_cast<double>(std::max<int64_t>((*engine)->plan.peak_bytes, 2));
   }
   if (o.ranks_per_gpu < 1)
     return Fail(MakeError(ErrorCode::kInvalidArgument, "--ranks-per-gpu must be at least 1"));
@@ -118,6 +129,9 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
       ->check(CLI::IsMember({"auto", "always", "never"}));
   sub->add_option("--memory-budget", o->memory_budget,
                   "the job's memory per rank: bytes (8GiB) or a share of free memory (0.5)");
+  sub->add_option("--engine", o->engine,
+                  "a .kiln engine: its planned peak memory per rank is checked against free memory")
+      ->check(CLI::ExistingFile);
   sub->add_option("--ranks-per-gpu", o->ranks_per_gpu, "ranks sharing each GPU (default 1)");
   sub->add_option("--known-problems", o->known_problems,
                   "a known-problems table to use instead of the built-in one (JSON)");

@@ -7,6 +7,7 @@
 
 #include "kiln/core/params.h"
 #include "kiln/doctor/env_check.h"
+#include "kiln/obs/nvml.h"
 
 extern char** environ;
 
@@ -254,6 +255,30 @@ std::vector<Finding> CheckMachine(const MachineFacts& f, const KnownProblems& kp
   return out;
 }
 
+NvmlFacts GatherNvmlFacts() {
+  NvmlFacts facts;
+  auto nvml = obs::Nvml::Load();
+  if (!nvml.ok()) {
+    facts.reason = nvml.status().message();
+    return facts;
+  }
+  facts.available = true;
+  for (int i = 0; i < (*nvml)->DeviceCount(); ++i) {
+    NvmlGpuFacts g;
+    g.index = i;
+    if (auto info = (*nvml)->Info(i); info.ok()) g.pci_bus = info->pci_bus_id;
+    if (auto s = (*nvml)->Sample(i); s.ok()) {
+      g.ecc_uncorrected_aggregate = s->ecc_uncorrected_total;
+      if (s->remapped_rows_uncorrectable)
+        g.remapped_rows_uncorrectable = *s->remapped_rows_uncorrectable;
+      g.remap_pending = s->remap_pending;
+      g.remap_failure = s->remap_failed;
+    }
+    facts.gpus.push_back(std::move(g));
+  }
+  return facts;
+}
+
 std::vector<Finding> CheckNvml(const NvmlFacts& nvml) {
   std::vector<Finding> out;
   if (!nvml.available) {
@@ -324,11 +349,8 @@ PreflightReport RunPreflight(const KnownProblems& kp, const MemoryPlan& plan,
                                                         p.default_value, p.meaning),
                           "", ""});
   }
-  // ECC and row remapping come from NVML through the obs layer's wrapper (src/kiln/obs/nvml.h),
-  // which is not merged yet; until then the check reports that it did not run.
-  NvmlFacts nvml;
-  nvml.reason = "NVML facts are not wired in yet (pending the obs layer's NVML wrapper)";
-  for (Finding& f : CheckNvml(nvml)) r.findings.push_back(std::move(f));
+  // ECC and row remapping come from NVML through the obs layer's wrapper.
+  for (Finding& f : CheckNvml(GatherNvmlFacts())) r.findings.push_back(std::move(f));
   std::stable_sort(r.findings.begin(), r.findings.end(),
                    [](const Finding& a, const Finding& b) { return a.severity > b.severity; });
   return r;

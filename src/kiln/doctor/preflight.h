@@ -78,6 +78,8 @@ MachineFacts ProbeMachine(const std::map<std::string, std::string>& env);
 std::vector<Finding> CheckMachine(const MachineFacts& facts, const KnownProblems& kp,
                                   const MemoryPlan& plan);
 std::vector<Finding> CheckNvml(const NvmlFacts& nvml);
+// Reads ECC and row-remapping counters of every GPU through NVML (not available: a reason).
+NvmlFacts GatherNvmlFacts();
 
 struct PreflightReport {
   MachineFacts facts;
