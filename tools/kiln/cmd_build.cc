@@ -11,6 +11,8 @@
 #include "kiln/dist/build_once.h"
 #include "kiln/dist/mpi_comm.h"
 #include "kiln/engine/engine_file.h"
+#include "kiln/obs/metrics.h"
+#include "kiln/obs/metrics_server.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
@@ -38,6 +40,7 @@ struct BuildOptions {
   double join_timeout_s = 60, wait_timeout_s = 1800, transfer_timeout_s = 300;
   int rank = -1, world_size = -1;
   std::string dist_report;
+  MetricsFlags metrics;
 };
 
 StatusOr<BackendKind> ParseBackend(const std::string& s) {
@@ -64,6 +67,16 @@ ProgressCallback MakeProgress(bool quiet) {
     }
     return true;
   };
+}
+
+void RecordBuildMetrics(const BuildReport& r) {
+  obs::KilnMetrics& m = obs::Metrics();
+  m.ObserveEngineBuild(r.build_seconds);
+  m.AddTacticsTimed(static_cast<uint64_t>(r.tactics_timed));
+  m.ObservePhase("import", r.phase_seconds_import);
+  m.ObservePhase("passes", r.phase_seconds_passes);
+  m.ObservePhase("tactics", r.phase_seconds_tactics);
+  m.ObservePhase("plan", r.phase_seconds_plan);
 }
 
 std::chrono::milliseconds Ms(double seconds) {
@@ -132,6 +145,7 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
         };
         KILN_ASSIGN_OR_RETURN(auto built, app::BuildFromOnnxFile(o.model, c));
         build_report = built.report;
+        RecordBuildMetrics(built.report);
         return SerializeEngine(*built.desc);
       });
   if (!result.ok()) return ReportError(result.status());
@@ -186,9 +200,17 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   if (output.empty()) {
     output = o.model.substr(0, o.model.rfind('.')) + ".kiln";
   }
+  obs::MetricsExportOptions mo;
+  if (o.metrics.port >= 0) mo.port = o.metrics.port;
+  mo.file = o.metrics.file;
+  auto metrics = obs::MetricsExport::Start(mo);
+  if (!metrics.ok()) return ReportError(metrics.status());
+  if ((*metrics)->server()) fmt::print(stderr, "metrics at {}\n", (*metrics)->server()->Url());
   if (o.distributed) return RunDistributed(o, config, output);
   auto built = app::BuildFromOnnxFile(o.model, config);
   if (!built.ok()) return ReportError(built.status());
+  RecordBuildMetrics(built->report);
+  if (Status s = (*metrics)->Finish(); !s.ok()) return ReportError(s);
   if (Status s = WriteEngineFile(*built->desc, output); !s.ok()) return ReportError(s);
   if (!o.report_path.empty()) {
     std::ofstream f(o.report_path);
@@ -238,6 +260,7 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
   sub->add_flag("--no-optimize", o->no_optimize, "skip graph optimizations (debugging)");
   sub->add_flag("--layers", o->layers, "print the per-layer table (precision, tactic, time)");
   sub->add_flag("--json", o->json, "print the build report as JSON instead of text");
+  o->metrics.Add(sub);
   auto* dist =
       sub->add_option_group("Distributed", "every rank of a job runs the same command; one builds");
   dist->add_flag("--distributed", o->distributed,

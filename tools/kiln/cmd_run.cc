@@ -7,6 +7,9 @@
 
 #include "kiln/app/benchmark.h"
 #include "kiln/build/builder_config.h"
+#include "kiln/obs/metrics.h"
+#include "kiln/obs/metrics_server.h"
+#include "kiln/obs/run_summary.h"
 #include "kiln/onnx/onnx_import.h"
 #include "tools/kiln/command.h"
 
@@ -22,6 +25,8 @@ struct RunOptions {
   double duration_s = 1.0;
   uint64_t seed = 1;
   bool json = false;
+  bool verify = false;
+  MetricsFlags metrics;
 };
 
 std::string Bytes(int64_t b) {
@@ -29,6 +34,12 @@ std::string Bytes(int64_t b) {
 }
 
 int Run(const RunOptions& o) {
+  obs::MetricsExportOptions mo;
+  if (o.metrics.port >= 0) mo.port = o.metrics.port;
+  mo.file = o.metrics.file;
+  auto metrics = obs::MetricsExport::Start(mo);
+  if (!metrics.ok()) return ReportError(metrics.status());
+  if ((*metrics)->server()) fmt::print(stderr, "metrics at {}\n", (*metrics)->server()->Url());
   LoadOptions peek;
   peek.check_providers = false;
   auto header = LoadEngineFile(o.engine, peek);
@@ -67,6 +78,12 @@ int Run(const RunOptions& o) {
 
   int64_t planned = (*engine)->planned_peak_bytes();
   int64_t actual = (*runner)->context().actual_peak_bytes();
+  obs::KilnMetrics& m = obs::Metrics();
+  for (double ms : stats->samples_ms) m.ObserveInferenceLatency(ms / 1000.0);
+  m.ObserveDeviceMemory(0, static_cast<uint64_t>(actual));
+  if (Status s = (*metrics)->Finish(); !s.ok()) return ReportError(s);
+  // The report's four figures for this process; what this run did not measure says so.
+  const obs::RunSummary summary = obs::RunSummary::FromMetrics(m);
   std::vector<std::string> shape_text;
   for (const auto& [name, t] : feed)
     shape_text.push_back(fmt::format("{}:{}", name, fmt::join(t.dims(), "x")));
@@ -81,6 +98,7 @@ int Run(const RunOptions& o) {
     j["iterations"] = stats->iterations;
     j["throughput_per_s"] = stats->throughput_per_s;
     j["memory"] = {{"planned_peak_bytes", planned}, {"actual_peak_bytes", actual}};
+    if (o.verify) j["verify"] = nlohmann::json::parse(summary.ToJson());
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -94,6 +112,7 @@ int Run(const RunOptions& o) {
       stats->min_ms, stats->median_ms, stats->mean_ms, stats->p90_ms, stats->p99_ms, stats->max_ms);
   std::cout << fmt::format("memory:     peak {} planned, {} allocated\n", Bytes(planned),
                            Bytes(actual));
+  if (o.verify) std::cout << "\n" << summary.ToTable();
   return 0;
 }
 
@@ -115,6 +134,10 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
       ->capture_default_str();
   sub->add_option("--seed", o->seed, "random input seed")->capture_default_str();
   sub->add_flag("--json", o->json, "print the summary as JSON");
+  sub->add_flag("--verify", o->verify,
+                "also print the four figures of a fix's verification: build time, max kernel time, "
+                "NCCL init, peak memory");
+  o->metrics.Add(sub);
   return [o]() { return Run(*o); };
 }
 

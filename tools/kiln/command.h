@@ -38,6 +38,13 @@ struct CommandRegistrar {
   }
 };
 
+// --metrics-port / --metrics-file, for commands that export Prometheus metrics.
+struct MetricsFlags {
+  int port = -1;  // -1: no server; 0: a free port
+  std::string file;
+  void Add(CLI::App* sub);
+};
+
 // Prints an error for people (stderr) and returns the exit code for it (1).
 int ReportError(const Status& status);
 

@@ -5,6 +5,8 @@
 
 #include "kiln/core/logging.h"
 #include "kiln/core/status.h"
+#include "kiln/obs/error_counter.h"
+#include "kiln/obs/metrics.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
@@ -16,7 +18,16 @@ std::vector<CommandRegistration>& CommandRegistry() {
 
 int ReportError(const Status& status) {
   std::fputs(status.Explain().c_str(), stderr);
+  obs::Metrics().CountError(status.Id());
   return 1;
+}
+
+void MetricsFlags::Add(CLI::App* sub) {
+  auto* g = sub->add_option_group("Metrics", "Prometheus metrics of this command");
+  g->add_option("--metrics-port", port,
+                "serve /metrics on this port while the command runs (0: any free port)");
+  g->add_option("--metrics-file", file,
+                "write the metrics to this file at the end (node-exporter textfile)");
 }
 
 }  // namespace kiln::cli
@@ -57,6 +68,10 @@ int main(int argc, char** argv) {
     if (kiln::ParseLogLevel(global.log_level, &level)) kiln::SetLogLevel(level);
   }
   if (global.log_format == "json") kiln::SetLogFormat(kiln::LogFormat::kJson);
+  // Every warning or error with a catalog code counts into kiln_errors_total{code}.
+  kiln::obs::ScopedErrorCounting count_errors(&kiln::obs::Metrics(), global.log_format == "json"
+                                                                         ? kiln::LogFormat::kJson
+                                                                         : kiln::LogFormat::kText);
 
   for (auto& [sub, run] : runs) {
     if (sub->parsed()) return run();

@@ -10,6 +10,7 @@ namespace kiln::app {
 LatencyStats LatencyStats::FromSamples(std::vector<double> s) {
   LatencyStats st;
   if (s.empty()) return st;
+  st.samples_ms = s;
   std::sort(s.begin(), s.end());
   auto pct = [&](double p) {
     double idx = p * static_cast<double>(s.size() - 1);

@@ -12,7 +12,8 @@ struct LatencyStats {
   int64_t iterations = 0;
   double min_ms = 0, mean_ms = 0, median_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0;
   double total_s = 0;
-  double throughput_per_s = 0;  // inferences (engine executions) per second
+  double throughput_per_s = 0;     // inferences (engine executions) per second
+  std::vector<double> samples_ms;  // every timed run, in order
   static LatencyStats FromSamples(std::vector<double> samples_ms);
 };
 
