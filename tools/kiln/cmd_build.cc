@@ -1,5 +1,7 @@
 // `kiln build`: ONNX model -> .kiln engine, bounded in time and memory, with a build report.
 #include <unistd.h>
+
+#include <memory>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include "kiln/engine/engine_file.h"
 #include "kiln/obs/metrics.h"
 #include "kiln/obs/metrics_server.h"
+#include "kiln/obs/progress.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
@@ -50,21 +53,32 @@ StatusOr<BackendKind> ParseBackend(const std::string& s) {
   return MakeError(ErrorCode::kInvalidArgument, "--backend '{}': use auto, cpu or cuda", s);
 }
 
-// A progress line on a terminal, plain lines otherwise.
-ProgressCallback MakeProgress(bool quiet) {
+// Build progress through obs::Progress: a bar with ETA on a terminal, plain lines otherwise, log
+// events under --log-format json. One Progress per build phase.
+ProgressCallback MakeProgress(bool quiet, bool json_events) {
   if (quiet) return nullptr;
-  bool tty = isatty(STDERR_FILENO);
-  auto last = std::make_shared<std::string>();
-  return [tty, last](const BuildProgress& p) {
-    std::string line = fmt::format("[kiln build] {:>8} {:>4}/{:<4} {:6.2f}s {}", p.phase, p.done,
-                                   p.total, p.elapsed_s, p.detail.substr(0, 48));
-    if (tty) {
-      fmt::print(stderr, "\r{:<100}", line);
-      if (p.phase == "done") fmt::print(stderr, "\r{:<100}\r", "");
-    } else if (p.phase != *last) {
-      fmt::print(stderr, "{}\n", line);
-      *last = p.phase;
+  struct State {
+    std::string phase;
+    std::unique_ptr<obs::Progress> progress;
+  };
+  auto state = std::make_shared<State>();
+  return [state, json_events](const BuildProgress& p) {
+    if (p.phase != state->phase) {
+      if (state->progress) state->progress->Finish(true);
+      state->progress.reset();
+      state->phase = p.phase;
+      if (p.phase == "done") return true;
+      obs::ProgressOptions o;
+      o.phase = "build." + p.phase;
+      o.total = p.total;
+      o.unit = p.phase == "tactics" ? "layers" : "";
+      o.subsystem = Subsystem::kBUILD;
+      if (json_events) o.mode = obs::ProgressMode::kEvents;
+      state->progress = std::make_unique<obs::Progress>(std::move(o));
     }
+    state->progress->SetTotal(p.total);
+    state->progress->Set(p.done);
+    if (!p.detail.empty()) state->progress->SetBest(p.detail);
     return true;
   };
 }
@@ -194,7 +208,7 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   }
   if (o.max_kernel_time_ms > 0) config.max_kernel_time_ms = o.max_kernel_time_ms;
   config.timing_cache_path = o.timing_cache;
-  config.progress = MakeProgress(global.quiet || o.json);
+  config.progress = MakeProgress(global.quiet || o.json, global.log_format == "json");
 
   std::string output = o.output;
   if (output.empty()) {
