@@ -37,8 +37,6 @@ struct Options {
 
 int Run(const Options& o, const GlobalOptions& global) {
   using namespace kiln::obs;
-  obs::ScopedErrorCounting counting(
-      &Metrics(), global.log_format == "json" ? LogFormat::kJson : LogFormat::kText);
   SamplerOptions so;
   auto interval = ParseDuration(o.interval);
   if (!interval.ok()) return ReportError(Status(interval.status()).AddContext("in --interval"));

@@ -45,19 +45,18 @@ void ThreadPool::WorkerLoop(int index) {
     if (stop_) return;
     seen = generation_;
     if (index >= job_chunks_) continue;
-    const auto* job = job_;
+    ChunkFn job = job_;
     auto [b, e] = ChunkRange(job_n_, job_chunks_, index);
     lock.unlock();
     t_in_pool_job = true;
-    (*job)(b, e);
+    job(b, e);
     t_in_pool_job = false;
     lock.lock();
     if (--pending_ == 0) done_cv_.notify_one();
   }
 }
 
-void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
-                             int64_t min_chunk) {
+void ThreadPool::Run(int64_t n, ChunkFn fn, int64_t min_chunk) {
   if (n <= 0) return;
   int chunks = static_cast<int>(
       std::min<int64_t>(size(), (n + min_chunk - 1) / std::max<int64_t>(1, min_chunk)));
@@ -68,7 +67,7 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
   std::lock_guard run_lock(run_mu_);
   {
     std::lock_guard lock(mu_);
-    job_ = &fn;
+    job_ = fn;
     job_n_ = n;
     job_chunks_ = chunks;
     pending_ = chunks - 1;
@@ -81,7 +80,7 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
   t_in_pool_job = false;
   std::unique_lock lock(mu_);
   done_cv_.wait(lock, [&] { return pending_ == 0; });
-  job_ = nullptr;
+  job_ = {nullptr, nullptr};
 }
 
 }  // namespace kiln

@@ -3,9 +3,9 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace kiln {
@@ -22,20 +22,34 @@ class ThreadPool {
 
   // Runs fn(begin, end) over [0, n) split into at most size() contiguous chunks; the calling
   // thread takes one chunk. Returns when all chunks are done. Calls from inside fn run inline.
-  void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
-                   int64_t min_chunk = 1);
+  // Takes any callable by reference (no std::function, so no allocation on the hot path).
+  template <typename F>
+  void ParallelFor(int64_t n, F&& fn, int64_t min_chunk = 1) {
+    using Fn = std::remove_reference_t<F>;
+    Run(n,
+        ChunkFn{const_cast<void*>(static_cast<const void*>(&fn)),
+                [](void* f, int64_t b, int64_t e) { (*static_cast<Fn*>(f))(b, e); }},
+        min_chunk);
+  }
 
   // The process-wide pool.
   static ThreadPool& Default();
 
  private:
+  // A non-owning reference to the caller's callable.
+  struct ChunkFn {
+    void* object;
+    void (*call)(void*, int64_t, int64_t);
+    void operator()(int64_t b, int64_t e) const { call(object, b, e); }
+  };
+  void Run(int64_t n, ChunkFn fn, int64_t min_chunk);
   void WorkerLoop(int index);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  ChunkFn job_{nullptr, nullptr};
   int64_t job_n_ = 0;
   int job_chunks_ = 0;
   uint64_t generation_ = 0;
