@@ -175,6 +175,8 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
   if (std::rename(tmp.c_str(), output.c_str()) != 0) {
     return ReportError(MakeError(ErrorCode::kIoError, "cannot rename '{}' to '{}'", tmp, output));
   }
+  // NCCL communicator set-up is the report's "NCCL init latency" figure.
+  if (result->report.transport == "nccl") obs::Metrics().ObserveNcclInit(result->report.bulk_setup_s);
   std::string report = result->report.ToJson();
   if (!o.dist_report.empty()) std::ofstream(o.dist_report) << report << "\n";
   if (build_report && !o.json) std::cout << build_report->ToText(o.layers);
