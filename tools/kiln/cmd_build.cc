@@ -222,7 +222,11 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   auto metrics = obs::MetricsExport::Start(mo);
   if (!metrics.ok()) return ReportError(metrics.status());
   if ((*metrics)->server()) fmt::print(stderr, "metrics at {}\n", (*metrics)->server()->Url());
-  if (o.distributed) return RunDistributed(o, config, output);
+  if (o.distributed) {
+    int rc = RunDistributed(o, config, output);
+    if (Status s = (*metrics)->Finish(); !s.ok()) return ReportError(s);
+    return rc;
+  }
   auto built = app::BuildFromOnnxFile(o.model, config);
   if (!built.ok()) return ReportError(built.status());
   RecordBuildMetrics(built->report);
