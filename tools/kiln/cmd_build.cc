@@ -1,11 +1,11 @@
 // `kiln build`: ONNX model -> .kiln engine, bounded in time and memory, with a build report.
 #include <unistd.h>
 
-#include <memory>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 
 #include "kiln/app/pipeline.h"
@@ -176,7 +176,8 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
     return ReportError(MakeError(ErrorCode::kIoError, "cannot rename '{}' to '{}'", tmp, output));
   }
   // NCCL communicator set-up is the report's "NCCL init latency" figure.
-  if (result->report.transport == "nccl") obs::Metrics().ObserveNcclInit(result->report.bulk_setup_s);
+  if (result->report.transport == "nccl")
+    obs::Metrics().ObserveNcclInit(result->report.bulk_setup_s);
   std::string report = result->report.ToJson();
   if (!o.dist_report.empty()) std::ofstream(o.dist_report) << report << "\n";
   if (build_report && !o.json) std::cout << build_report->ToText(o.layers);

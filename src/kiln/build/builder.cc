@@ -208,10 +208,11 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   };
 
   if (config.fp16 || config.bf16 || config.int8) {
-    return MakeError(ErrorCode::kUnimplemented,
-                     "reduced precision (--fp16/--bf16/--int8) is not implemented in kiln {} yet; build in FP32 "
-                     "(the CPU kernels already store FP16/BF16 tensors with FP32 accumulation)",
-                     KILN_VERSION_STRING);
+    return MakeError(
+        ErrorCode::kUnimplemented,
+        "reduced precision (--fp16/--bf16/--int8) is not implemented in kiln {} yet; build in FP32 "
+        "(the CPU kernels already store FP16/BF16 tensors with FP32 accumulation)",
+        KILN_VERSION_STRING);
   }
   Graph& graph = *input.graph;
   progress("verify", 0, 1, "");

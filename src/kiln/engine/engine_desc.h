@@ -31,11 +31,11 @@ struct OptimizationProfile {
 
 // One executable layer: a node of the (optimized) graph with its chosen implementation.
 struct LayerDesc {
-  const Node* node = nullptr;   // in EngineDesc::graph
-  std::string provider_id;      // KernelProvider::id(), e.g. "cpu.conv.im2col"
-  TacticConfig tactic;          // name, params, workspace estimate
-  double measured_ms = -1;      // timing at build (-1: heuristic choice, not timed)
-  std::string precision_reason; // why this layer runs in its precision (report)
+  const Node* node = nullptr;    // in EngineDesc::graph
+  std::string provider_id;       // KernelProvider::id(), e.g. "cpu.conv.im2col"
+  TacticConfig tactic;           // name, params, workspace estimate
+  double measured_ms = -1;       // timing at build (-1: heuristic choice, not timed)
+  std::string precision_reason;  // why this layer runs in its precision (report)
 };
 
 // Where each non-constant, non-binding value lives in the activation arena (max-profile sizes).
@@ -44,17 +44,17 @@ struct MemoryPlan {
   int64_t arena_bytes = 0;                 // activations after liveness reuse
   int64_t workspace_bytes = 0;             // largest layer workspace (one shared region)
   int64_t weights_bytes = 0;
-  int64_t peak_bytes = 0;                  // weights + arena + workspace
+  int64_t peak_bytes = 0;  // weights + arena + workspace
 };
 
 struct EngineHeader {
   uint32_t format_version = 1;
   std::string kiln_version;
   BackendKind backend = BackendKind::kCpu;
-  std::string device_arch;      // "x86_64", "sm_90"
+  std::string device_arch;  // "x86_64", "sm_90"
   std::string library_versions;
-  std::string model_hash;       // hex of the ONNX bytes' hash
-  std::string config_hash;      // hex of the build config's hash
+  std::string model_hash;   // hex of the ONNX bytes' hash
+  std::string config_hash;  // hex of the build config's hash
   std::string model_name;
 };
 

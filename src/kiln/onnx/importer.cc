@@ -392,7 +392,8 @@ StatusOr<Tensor> LoadTensorProtoBytes(std::span<const std::byte> bytes, std::str
   onnx::TensorProto proto;
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
       !proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return MakeError(ErrorCode::kModelNotProtobuf, "{} bytes are not a serialized onnx.TensorProto", bytes.size());
+    return MakeError(ErrorCode::kModelNotProtobuf, "{} bytes are not a serialized onnx.TensorProto",
+                     bytes.size());
   }
   // In-memory tensors have no directory for external data to live in.
   ExternalDataResolver resolver("");

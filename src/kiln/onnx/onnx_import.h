@@ -56,7 +56,8 @@ StatusOr<std::unique_ptr<Graph>> ImportOnnxBytes(std::span<const std::byte> byte
 // `name` receives the tensor's name when given.
 StatusOr<Tensor> LoadTensorProto(const std::string& path, std::string* name = nullptr);
 // The same from bytes in memory (no external data).
-StatusOr<Tensor> LoadTensorProtoBytes(std::span<const std::byte> bytes, std::string* name = nullptr);
+StatusOr<Tensor> LoadTensorProtoBytes(std::span<const std::byte> bytes,
+                                      std::string* name = nullptr);
 
 // ---- inspection (`kiln inspect model.onnx`) ----
 
