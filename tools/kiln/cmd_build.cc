@@ -257,7 +257,10 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
   sub->add_option("-o,--output", o->output, "engine file to write (default: MODEL with .kiln)");
   sub->add_option("--backend", o->backend, "auto (best present), cpu or cuda")
       ->capture_default_str();
-  auto* prec = sub->add_option_group("Precision", "what layers may use (FP32 is always allowed); reduced precision is not implemented yet and stops the build with KILN-E1006");
+  auto* prec =
+      sub->add_option_group("Precision",
+                            "what layers may use (FP32 is always allowed); reduced precision is "
+                            "not implemented yet and stops the build with KILN-E1006");
   prec->add_flag("--fp16", o->fp16, "allow FP16 layers (FP32 accumulation)");
   prec->add_flag("--bf16", o->bf16, "allow BF16 layers (FP32 accumulation)");
   prec->add_flag("--int8", o->int8, "allow INT8 layers with FP16 fallback (needs calibration)");
