@@ -54,8 +54,7 @@ WireScanResult ScanModelWire(google::protobuf::io::CodedInputStream& stream, int
 // ---- tensors (tensor_proto.cc) ----
 
 // ONNX TensorProto.DataType number -> kiln DataType (nullopt for types kiln lacks).
-// TODO(merge): the ops layer adds the same mapping as kiln/ops/onnx_dtype.h (DataTypeFromOnnx);
-// once both are in main this should forward to it.
+// Forwards to the ops layer's DataTypeFromOnnx (kiln/ops/onnx_dtype.h), the one mapping.
 std::optional<DataType> ToKilnDataType(int64_t onnx_type);
 // "float32", "float64", "string", ... ("type 99" for unknown numbers).
 std::string OnnxDataTypeName(int64_t onnx_type);

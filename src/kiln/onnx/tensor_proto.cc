@@ -13,33 +13,13 @@
 #include <filesystem>
 
 #include "kiln/onnx/onnx_internal.h"
+#include "kiln/ops/onnx_dtype.h"
 
 namespace kiln::onnx_internal {
 
 namespace fs = std::filesystem;
 
-std::optional<DataType> ToKilnDataType(int64_t t) {
-  switch (t) {
-    case onnx::TensorProto::FLOAT:
-      return DataType::kFloat32;
-    case onnx::TensorProto::UINT8:
-      return DataType::kUInt8;
-    case onnx::TensorProto::INT8:
-      return DataType::kInt8;
-    case onnx::TensorProto::INT32:
-      return DataType::kInt32;
-    case onnx::TensorProto::INT64:
-      return DataType::kInt64;
-    case onnx::TensorProto::BOOL:
-      return DataType::kBool;
-    case onnx::TensorProto::FLOAT16:
-      return DataType::kFloat16;
-    case onnx::TensorProto::BFLOAT16:
-      return DataType::kBFloat16;
-    default:
-      return std::nullopt;
-  }
-}
+std::optional<DataType> ToKilnDataType(int64_t t) { return DataTypeFromOnnx(t); }
 
 std::string OnnxDataTypeName(int64_t t) {
   // The TensorProto.DataType numbering, including the types newer than the onnx headers here.
