@@ -29,25 +29,23 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-OperandDesc Describe(const Value* v, const std::map<std::string, int64_t>& max_bindings) {
+OperandDesc Describe(const Value* v, const ConcreteDimsMap& max_dims) {
   OperandDesc d;
   if (!v) return d;
   d.dtype = v->dtype();
   d.shape = v->shape();
-  for (const Dim& dim : v->shape()) {
-    Dim m = dim.Substitute(max_bindings);
-    d.max_dims.push_back(m.is_static() ? m.value() : -1);
+  if (auto it = max_dims.find(v); it != max_dims.end()) {
+    d.max_dims = it->second;
+  } else {
+    d.max_dims.assign(v->shape().size(), -1);  // unknown at the max shapes
   }
   d.constant = v->constant();
   return d;
 }
 }  // namespace
 
-// Every value's concrete dims when the inputs take one of the profile's shapes (0 min, 1 opt,
-// 2 max), by running the ops' shape rules on integers exactly as the runtime will.
-StatusOr<std::unordered_map<const Value*, std::vector<int64_t>>> ConcreteDims(
-    const Graph& graph, const std::vector<Node*>& order, const OptimizationProfile& profile,
-    int which) {
+StatusOr<ConcreteDimsMap> ConcreteDims(const Graph& graph, const std::vector<Node*>& order,
+                                       const OptimizationProfile& profile, int which) {
   std::unordered_map<const Value*, ValueInfo> info;
   for (const Value* in : graph.inputs()) {
     ValueInfo vi;
@@ -82,19 +80,18 @@ StatusOr<std::unordered_map<const Value*, std::vector<int64_t>>> ConcreteDims(
       if (node->output(i)) info[node->output(i)] = std::move(outs[i]);
     }
   }
-  std::unordered_map<const Value*, std::vector<int64_t>> out;
+  ConcreteDimsMap out;
   for (const auto& [v, vi] : info) {
     if (auto dims = StaticDims(vi.shape)) out[v] = std::move(*dims);
   }
   return out;
 }
 
-KernelRequest MakeKernelRequest(const Node& node,
-                                const std::map<std::string, int64_t>& max_bindings) {
+KernelRequest MakeKernelRequest(const Node& node, const ConcreteDimsMap& max_dims) {
   KernelRequest r;
   r.node = &node;
-  for (const Value* v : node.inputs()) r.inputs.push_back(Describe(v, max_bindings));
-  for (const Value* v : node.outputs()) r.outputs.push_back(Describe(v, max_bindings));
+  for (const Value* v : node.inputs()) r.inputs.push_back(Describe(v, max_dims));
+  for (const Value* v : node.outputs()) r.outputs.push_back(Describe(v, max_dims));
   return r;
 }
 
@@ -150,26 +147,6 @@ Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
     }
   }
   return OkStatus();
-}
-
-std::map<std::string, int64_t> ProfileBindings(const Graph& graph,
-                                               const OptimizationProfile& profile, int which) {
-  std::map<std::string, int64_t> out;
-  for (const InputProfile& p : profile.inputs) {
-    const Value* in = graph.FindValue(p.input);
-    if (!in) continue;
-    const auto& dims = which == 0 ? p.min : which == 1 ? p.opt : p.max;
-    for (size_t i = 0; i < in->shape().size() && i < dims.size(); ++i) {
-      auto syms = in->shape()[i].Symbols();
-      if (syms.size() == 1 && in->shape()[i] == Dim::Symbol(syms[0])) {
-        auto [it, inserted] = out.emplace(syms[0], dims[i]);
-        // A symbol shared by several inputs takes the tightest bound.
-        if (!inserted)
-          it->second = which == 0 ? std::max(it->second, dims[i]) : std::min(it->second, dims[i]);
-      }
-    }
-  }
-  return out;
 }
 
 // Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched).
@@ -241,7 +218,6 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
 
   // Layers and their candidate tactics (heuristic order: first provider's first tactic first).
   const auto tactics_start = Clock::now();
-  auto max_bindings = ProfileBindings(graph, config.profile, 2);
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
   KILN_ASSIGN_OR_RETURN(auto max_dims, ConcreteDims(graph, order, config.profile, 2));
   KILN_ASSIGN_OR_RETURN(auto opt_dims_of, ConcreteDims(graph, order, config.profile, 1));
@@ -250,19 +226,9 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   for (Node* node : order) {
     LayerSearch l;
     l.node = node;
-    l.request = MakeKernelRequest(*node, max_bindings);
-    // Concrete max dims from the shape rules (symbolic substitution cannot see through every
-    // data-dependent shape, the rules can).
-    for (size_t i = 0; i < node->num_inputs(); ++i) {
-      if (auto it = max_dims.find(node->input(i)); node->input(i) && it != max_dims.end()) {
-        l.request.inputs[i].max_dims = it->second;
-      }
-    }
-    for (size_t i = 0; i < node->num_outputs(); ++i) {
-      if (auto it = max_dims.find(node->output(i)); node->output(i) && it != max_dims.end()) {
-        l.request.outputs[i].max_dims = it->second;
-      }
-    }
+    // Max dims come from the shape rules run on integers (symbolic substitution cannot see
+    // through every data-dependent shape; the rules can).
+    l.request = MakeKernelRequest(*node, max_dims);
     for (const KernelProvider* p :
          KernelRegistry::Get().Providers(config.backend, node->op_type())) {
       for (TacticConfig& t : p->Tactics(l.request)) l.candidates.push_back({p, std::move(t)});

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kiln/build/builder_config.h"
@@ -60,12 +61,14 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
 // Checks the profile against the graph's inputs: every dynamic input has min<=opt<=max of the
 // right rank with static dims matching; no profile for an input that is not dynamic.
 Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile);
-// The kernel request for a node: operand dtypes, symbolic shapes, max dims under `max_bindings`.
-KernelRequest MakeKernelRequest(const Node& node,
-                                const std::map<std::string, int64_t>& max_bindings);
+// Every value's concrete dims when the graph inputs take one of the profile's shapes (0 min,
+// 1 opt, 2 max), from the ops' shape rules run on integers exactly as the runtime runs them.
+using ConcreteDimsMap = std::unordered_map<const Value*, std::vector<int64_t>>;
+StatusOr<ConcreteDimsMap> ConcreteDims(const Graph& graph, const std::vector<Node*>& order,
+                                       const OptimizationProfile& profile, int which);
 
-// symbol -> value for one of the profile's shapes (0 min, 1 opt, 2 max).
-std::map<std::string, int64_t> ProfileBindings(const Graph& graph,
-                                               const OptimizationProfile& profile, int which);
+// The kernel request for a node: operand dtypes, symbolic shapes, and dims at the max shapes
+// (-1 where unknown).
+KernelRequest MakeKernelRequest(const Node& node, const ConcreteDimsMap& max_dims);
 
 }  // namespace kiln
