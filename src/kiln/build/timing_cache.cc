@@ -55,8 +55,8 @@ std::string LayerSignature(const KernelRequest& r,
     h.Field(ToString(d.dtype));
     h.Field(static_cast<int64_t>(d.max_dims.size()));
     for (int64_t x : d.max_dims) h.Field(x);
-    // Constant contents matter only through their shape for timing; hash content anyway so a
-    // tactic that prepacks weights is not shared across different weights' numerics.
+    // Whether an operand is a constant changes the kernels (prepacked weights); its contents
+    // do not change the timing, so they stay out of the key.
     h.Field(d.constant ? 1 : 0);
   };
   for (const auto& d : r.inputs) operand(d);

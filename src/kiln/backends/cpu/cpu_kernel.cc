@@ -55,7 +55,6 @@ class HalfWrapperKernel final : public Kernel {
         v.dtype = DataType::kFloat32;
       }
     }
-    conversion_bytes_ = bytes;
     KILN_ASSIGN_OR_RETURN(size_t inner, inner_->Prepare(in_views_, out_views_));
     return bytes + inner;
   }
@@ -100,7 +99,6 @@ class HalfWrapperKernel final : public Kernel {
   std::unique_ptr<Kernel> inner_;
   std::vector<std::unique_ptr<Tensor>> keep_;
   std::vector<TensorView> in_views_, out_views_;
-  size_t conversion_bytes_ = 0;
 };
 }  // namespace
 
