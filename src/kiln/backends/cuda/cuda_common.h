@@ -1,0 +1,50 @@
+// What every CUDA kernel file shares: turning CUDA, cuBLASLt and cuDNN failures into catalog
+// errors that carry the library's own message, and the per-thread library handles.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <string>
+
+#include "kiln/core/status.h"
+
+namespace kiln::cuda {
+
+// KILN-E6002/E6003 with CUDA's own name and message for the failed call `what`.
+Status CudaStatus(cudaError_t err, const char* what);
+// KILN-E6004 with cuBLAS's status name.
+Status CublasStatus(cublasStatus_t st, const char* what);
+// KILN-E6005 with cuDNN's error string and its last error message.
+Status CudnnStatus(cudnnStatus_t st, const char* what);
+
+// This thread's library handles on the current device, created on first use and kept for the
+// thread's life (handle creation costs milliseconds; never do it per layer or per run).
+StatusOr<cublasLtHandle_t> CublasLtHandle();
+StatusOr<cudnnHandle_t> CudnnHandle();
+
+// "sm_90" for the current device.
+std::string ArchName(int major, int minor);
+
+}  // namespace kiln::cuda
+
+#define KILN_CUDA_RETURN_IF_ERROR(expr)                                          \
+  do {                                                                          \
+    cudaError_t kiln_cuda_err_ = (expr);                                        \
+    if (kiln_cuda_err_ != cudaSuccess) return ::kiln::cuda::CudaStatus(kiln_cuda_err_, #expr); \
+  } while (0)
+
+#define KILN_CUBLAS_RETURN_IF_ERROR(expr)                                                 \
+  do {                                                                                   \
+    cublasStatus_t kiln_cublas_st_ = (expr);                                             \
+    if (kiln_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                        \
+      return ::kiln::cuda::CublasStatus(kiln_cublas_st_, #expr);                         \
+  } while (0)
+
+#define KILN_CUDNN_RETURN_IF_ERROR(expr)                                                  \
+  do {                                                                                   \
+    cudnnStatus_t kiln_cudnn_st_ = (expr);                                               \
+    if (kiln_cudnn_st_ != CUDNN_STATUS_SUCCESS)                                          \
+      return ::kiln::cuda::CudnnStatus(kiln_cudnn_st_, #expr);                           \
+  } while (0)
