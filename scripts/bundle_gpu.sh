@@ -3,7 +3,10 @@
 # bin/ (kiln and the test binaries), lib/ (the Debian shared libraries they need, which the GPU
 # machine lacks), and the run script. The binaries carry an rpath of $ORIGIN/../lib.
 # CUDA, cuDNN, NCCL, NVML and OpenMPI stay out: the GPU machine has its own (see GPU.md).
-# Usage: scripts/bundle_gpu.sh   then carry ".bundle" in the device call.
+# Usage: scripts/bundle_gpu.sh   then carry ".bundle.tgz" in the device call (the carry limit is
+# 64 MiB; the uncompressed bundle with OpenBLAS and oneDNN is larger) and, there, run
+# `source scripts/gpu_env.sh` first: it unpacks the bundle and sets the library path.
+# KILN_BUNDLE_BINS="kiln cuda_tests" limits the binaries (a regex alternation of names).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/deps.sh
@@ -13,11 +16,17 @@ build_dir=${KILN_BUNDLE_BUILD:-build-cuda}
 if [ "$build_dir" = build-cuda ] && [ ! -f build-cuda/build.ninja ]; then
   cmake --preset cuda >/dev/null
 fi
-cmake --build "$build_dir" -j"${KILN_BUILD_JOBS:-$(nproc)}"
+if [ -n "${KILN_BUNDLE_BINS:-}" ]; then
+  # Build only the named binaries (their names are their CMake targets).
+  cmake --build "$build_dir" -j"${KILN_BUILD_JOBS:-$(nproc)}" --target ${KILN_BUNDLE_BINS//|/ }
+else
+  cmake --build "$build_dir" -j"${KILN_BUILD_JOBS:-$(nproc)}"
+fi
 rm -rf .bundle && mkdir -p .bundle/bin .bundle/lib
-mapfile -t bins < <(find "$build_dir" -type f -executable \( -name kiln -o -name '*_tests' -o -name '*_driver' -o -name '*_bench' -o -name 'obs_overhead_bench' \) -not -path '*/CMakeFiles/*')
+mapfile -t bins < <(find "$build_dir" -type f -executable \( -name kiln -o -name '*_tests' -o -name '*_driver' -o -name '*_bench' -o -name 'obs_overhead_bench' \) -not -path '*/CMakeFiles/*' | grep -E "/(${KILN_BUNDLE_BINS:-[^/]+})\$")
 for b in "${bins[@]}"; do
   cp "$b" .bundle/bin/
+  strip --strip-unneeded ".bundle/bin/$(basename "$b")" 2>/dev/null || true
   patchelf --set-rpath '$ORIGIN/../lib' ".bundle/bin/$(basename "$b")" 2>/dev/null || true
 done
 skip='^(linux-vdso|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|ld-linux|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcudnn|libnccl|libnvidia|libmpi|libopen-|libcupti|libnvrtc|libnvJitLink)'
@@ -27,3 +36,5 @@ for b in .bundle/bin/*; do
   done
 done
 du -sh .bundle
+tar -C . -czf .bundle.tgz .bundle
+ls -la .bundle.tgz
