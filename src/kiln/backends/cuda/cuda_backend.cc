@@ -38,6 +38,11 @@ const char* CublasStatusName(cublasStatus_t st) {
 }  // namespace
 
 Status CublasStatus(cublasStatus_t st, const char* what) {
+  const char* load_error = kiln_cublaslt_load_error();
+  if (load_error[0] != 0) {  // the library itself is missing: say so rather than its status
+    return MakeError(ErrorCode::kCublasError, "{} failed: cuBLASLt could not be loaded: {}", what,
+                     load_error);
+  }
   return MakeError(ErrorCode::kCublasError, "{} failed: {} (status {})", what,
                    CublasStatusName(st), static_cast<int>(st));
 }

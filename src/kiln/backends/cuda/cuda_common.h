@@ -10,6 +10,10 @@
 
 #include "kiln/core/status.h"
 
+// cuBLASLt is loaded lazily (generated stubs, cmake/gen_lazy_stubs.py): empty when it loaded,
+// else dlopen's reason.
+extern "C" const char* kiln_cublaslt_load_error();
+
 namespace kiln::cuda {
 
 // KILN-E6002/E6003 with CUDA's own name and message for the failed call `what`.
