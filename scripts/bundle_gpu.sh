@@ -36,5 +36,14 @@ for b in .bundle/bin/*; do
   done
 done
 du -sh .bundle
+# Libraries kiln loads with dlopen (so ldd does not list them) and what they need.
+for lazy in libopenblas.so.0; do
+  path=$(ldconfig -p | awk -v n="$lazy" '$1 == n && /x86-64/ {print $NF; exit}')
+  [ -n "$path" ] || continue
+  cp -Ln "$path" .bundle/lib/ 2>/dev/null || true
+  ldd "$path" | awk '/=> \//{print $1" "$3}' | while read -r name p; do
+    if ! [[ "$name" =~ $skip ]]; then cp -Ln "$p" .bundle/lib/ 2>/dev/null || true; fi
+  done
+done
 tar -C . -czf .bundle.tgz .bundle
 ls -la .bundle.tgz
