@@ -3,9 +3,11 @@
 // own reason) where no usable GPU is present, so a CUDA-enabled kiln still runs on the CPU.
 #include <cudnn.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "kiln/backends/backend.h"
+#include "kiln/core/params.h"
 #include "kiln/backends/cuda/cuda_common.h"
 
 namespace kiln::cuda {
@@ -174,6 +176,30 @@ class CudaBackend final : public Backend {
   int device_;
 };
 
+// One process per GPU is how distributed jobs run: the device follows the launcher's local rank
+// (torchrun, OpenMPI, Slurm) unless KILN_CUDA_DEVICE names one. A launcher that narrows
+// CUDA_VISIBLE_DEVICES to one GPU per process leaves count == 1, hence device 0.
+StatusOr<int> ChooseDevice(int count) {
+  const int64_t forced = param::CudaDevice();
+  if (forced >= 0) {
+    if (forced >= count) {
+      return MakeError(ErrorCode::kBadEnvironment,
+                       "KILN_CUDA_DEVICE={} but only {} GPU(s) are visible (0..{})", forced, count,
+                       count - 1);
+    }
+    return static_cast<int>(forced);
+  }
+  for (const char* var : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    const char* v = std::getenv(var);
+    if (v && *v) {
+      char* end = nullptr;
+      long r = std::strtol(v, &end, 10);
+      if (*end == 0 && r >= 0) return static_cast<int>(r % count);
+    }
+  }
+  return 0;
+}
+
 struct Registrar {
   Registrar() {
     RegisterBackendFactory(BackendKind::kCuda, []() -> StatusOr<std::unique_ptr<Backend>> {
@@ -184,10 +210,8 @@ struct Registrar {
         return MakeError(ErrorCode::kBackendUnavailable, "no usable CUDA GPU: {}",
                          err != cudaSuccess ? cudaGetErrorString(err) : "no device found");
       }
-      // The device follows the launcher's local rank when kiln runs one process per GPU
-      // (CUDA_VISIBLE_DEVICES narrowing is respected by the runtime itself).
-      int device = 0;
-      KILN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+      KILN_ASSIGN_OR_RETURN(int device, ChooseDevice(count));
+      KILN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
       return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(device));
     });
   }
