@@ -287,7 +287,7 @@ TEST_F(CudaBlasTest, TacticsFromMaxShapesRunAtSmallerShapes) {
   for (const KernelProvider* p : providers) {
     for (const TacticConfig& tactic : p->Tactics(req)) {
       SCOPED_TRACE(tactic.name);
-      EXPECT_EQ(tactic.params.size(), 8u);
+      EXPECT_EQ(tactic.params.size(), 9u);
       auto kernel = p->Create(req, tactic);
       ASSERT_TRUE(kernel.ok()) << kernel.status().ToString();
       // At the max shapes, the estimate covers Prepare's figure.
@@ -337,7 +337,7 @@ TEST_F(CudaBlasTest, TacticsFromMaxShapesRunAtSmallerShapes) {
 
 TEST_F(CudaBlasTest, TacticNamesAndParamsAreStable) {
   // The heuristic's first algorithm is the first tactic, named by its configuration; params are
-  // the algorithm's 8 words, and a kernel made from them (an engine reload) runs.
+  // the algorithm's 8 words and the plan flags.
   Graph g;
   Value* a = g.AddInput("a", DataType::kFloat32, MakeShape({64, 32}));
   Value* b = g.AddInput("b", DataType::kFloat32, MakeShape({32, 16}));

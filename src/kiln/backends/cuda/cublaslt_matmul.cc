@@ -48,6 +48,12 @@ using PreferencePtr = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDele
 
 enum class OpKind { kGemm, kMatMul };
 
+// Plan variants, stored with the tactic (its 9th param) so that Prepare rebuilds the plan the
+// algorithm was chosen for. Used when cuBLASLt has no algorithm for the preferred plan.
+constexpr int64_t kPlanDefault = 0;
+constexpr int64_t kPlanOwnEpilogue = 1;   // bias/C and activation in kiln's kernel only
+constexpr int64_t kPlanNoZeroStride = 2;  // broadcast batches as calls, not a stride-0 batch
+
 struct Spec {
   OpKind kind = OpKind::kGemm;
   bool trans_a = false, trans_b = false;
@@ -144,7 +150,7 @@ bool operator==(const Problem& a, const Problem& b) {
 
 // The batch structure of a MatMul (numpy broadcasting of the leading dims).
 Status ResolveMatMulBatch(const Spec& s, std::span<const int64_t> ad, std::span<const int64_t> bd,
-                          Problem& p) {
+                          int64_t flags, Problem& p) {
   std::vector<int64_t> a(ad.begin(), ad.end()), b(bd.begin(), bd.end());
   if (a.empty() || b.empty()) return MakeError(ErrorCode::kShapeMismatch, "MatMul of a scalar");
   bool a_vec = a.size() == 1, b_vec = b.size() == 1;
@@ -216,6 +222,10 @@ Status ResolveMatMulBatch(const Spec& s, std::span<const int64_t> ad, std::span<
       break;
     }
   }
+  if ((flags & kPlanNoZeroStride) && p.count > 1 && (p.a_stride == 0 || p.b_stride == 0)) {
+    p.count = 1;
+    p.a_stride = p.b_stride = 0;
+  }
   p.a_off.clear();
   p.b_off.clear();
   for (int64_t q = 0; q < batch; q += p.count) {
@@ -227,7 +237,7 @@ Status ResolveMatMulBatch(const Spec& s, std::span<const int64_t> ad, std::span<
 
 // The whole problem for operand dims (c_dims empty when there is no C / bias).
 StatusOr<Problem> Resolve(const Spec& s, std::span<const int64_t> ad, std::span<const int64_t> bd,
-                          const std::vector<int64_t>* c_dims) {
+                          const std::vector<int64_t>* c_dims, int64_t flags) {
   Problem p;
   if (s.kind == OpKind::kGemm) {
     if (ad.size() != 2 || bd.size() != 2) {
@@ -242,7 +252,7 @@ StatusOr<Problem> Resolve(const Spec& s, std::span<const int64_t> ad, std::span<
       return MakeError(ErrorCode::kShapeMismatch, "Gemm operand dims disagree");
     }
   } else {
-    KILN_RETURN_IF_ERROR(ResolveMatMulBatch(s, ad, bd, p));
+    KILN_RETURN_IF_ERROR(ResolveMatMulBatch(s, ad, bd, flags, p));
   }
   int64_t rows = p.rows();
   if (c_dims) {
@@ -274,7 +284,7 @@ StatusOr<Problem> Resolve(const Spec& s, std::span<const int64_t> ad, std::span<
   (void)rows;
   bool lt_act = s.act.kind == FusedActivation::kNone || s.act.kind == FusedActivation::kRelu ||
                 s.act.kind == FusedActivation::kGeluTanh;
-  p.own_epilogue = !lt_act || p.c_mode == Problem::CMode::kOwn;
+  p.own_epilogue = !lt_act || p.c_mode == Problem::CMode::kOwn || (flags & kPlanOwnEpilogue) != 0;
   if (p.own_epilogue) {
     // kiln's kernel does C/bias and the activation together on cuBLASLt's FP32 result.
     if (p.c_mode == Problem::CMode::kLtMatrix || p.c_mode == Problem::CMode::kLtBias) {
@@ -337,11 +347,6 @@ StatusOr<LtDescs> MakeDescs(const Problem& p, BlasType type) {
       cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                              &p.epilogue, sizeof(p.epilogue)));
-  if (p.c_mode == Problem::CMode::kLtBias) {
-    cudaDataType_t bt = t;
-    KILN_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
-  }
   // Stored (pre-op) column-major shapes: kiln's row-major [R,C] is column-major [C,R].
   int64_t b_rows = p.tb ? p.k : p.n, b_cols = p.tb ? p.n : p.k;  // kiln's B
   int64_t a_rows = p.ta ? p.m : p.k, a_cols = p.ta ? p.k : p.m;  // kiln's A
@@ -431,16 +436,16 @@ size_t WorkspaceBytes(const Problem& p, BlasType type, size_t lt_bytes) {
 class CublasLtMatMulKernel final : public Kernel {
  public:
   CublasLtMatMulKernel(Spec spec, BlasType type, std::optional<cublasLtMatmulAlgo_t> algo,
-                       std::string name)
-      : spec_(spec), type_(type), tactic_algo_(algo), name_(std::move(name)) {}
+                       int64_t flags, std::string name)
+      : spec_(spec), type_(type), tactic_algo_(algo), flags_(flags), name_(std::move(name)) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
     std::vector<int64_t> c_dims;
     bool has_c = inputs.size() > 2 && inputs[2].dtype != DataType::kUndefined;
     if (has_c) c_dims.assign(inputs[2].dims.begin(), inputs[2].dims.end());
-    KILN_ASSIGN_OR_RETURN(
-        problem_, Resolve(spec_, inputs[0].dims, inputs[1].dims, has_c ? &c_dims : nullptr));
+    KILN_ASSIGN_OR_RETURN(problem_, Resolve(spec_, inputs[0].dims, inputs[1].dims,
+                                            has_c ? &c_dims : nullptr, flags_));
     if (outputs[0].num_elements() != problem_.rows() * problem_.n) {
       return MakeError(ErrorCode::kShapeMismatch, "{}: output has {} elements; expected {}", name_,
                        outputs[0].num_elements(), problem_.rows() * problem_.n);
@@ -560,6 +565,7 @@ class CublasLtMatMulKernel final : public Kernel {
   Spec spec_;
   BlasType type_;
   std::optional<cublasLtMatmulAlgo_t> tactic_algo_;
+  int64_t flags_ = kPlanDefault;
   std::string name_;
   Problem problem_;
   LtDescs descs_;
@@ -590,27 +596,44 @@ class CublasLtProviderBase : public KernelProvider {
       c = MaxDims(request.inputs[2]);
       if (c.empty() && request.inputs[2].shape.size() != 0) return {};
     }
-    auto problem = Resolve(*spec, a, b, has_c ? &c : nullptr);
-    if (!problem.ok() || problem->m == 0 || problem->n == 0 || problem->k == 0) return {};
     auto handle = CublasLtHandle();  // fails where there is no GPU: no tactics then
     if (!handle.ok()) return {};
-    auto descs = MakeDescs(*problem, *type);
-    if (!descs.ok()) return {};
-    auto results = Heuristics(*handle, *descs, kMaxTactics);
-    if (!results.ok()) {
-      KILN_LOG(Warn, BACKEND, "{}: {}", id(), results.status().ToString());
-      return {};
+    // The preferred plan first; the fallbacks only when cuBLASLt has nothing for it.
+    std::optional<Problem> problem;
+    std::vector<cublasLtMatmulHeuristicResult_t> results;
+    int64_t flags = kPlanDefault;
+    for (int64_t f : {kPlanDefault, kPlanNoZeroStride, kPlanOwnEpilogue,
+                      kPlanOwnEpilogue | kPlanNoZeroStride}) {
+      auto pr = Resolve(*spec, a, b, has_c ? &c : nullptr, f);
+      if (!pr.ok() || pr->m == 0 || pr->n == 0 || pr->k == 0) return {};
+      if (f != kPlanDefault && *pr == *problem) continue;  // the flag changes nothing here
+      auto descs = MakeDescs(*pr, *type);
+      if (!descs.ok()) return {};
+      auto found = Heuristics(*handle, *descs, kMaxTactics);
+      if (!found.ok()) {
+        KILN_LOG(Warn, BACKEND, "{}: {}", id(), found.status().ToString());
+        return {};
+      }
+      problem = std::move(*pr);
+      flags = f;
+      if (!found->empty()) {
+        results = std::move(*found);
+        break;
+      }
     }
     std::vector<TacticConfig> tactics;
     const char* what = spec->kind == OpKind::kGemm ? "gemm" : "matmul";
-    for (const auto& r : *results) {
+    for (const auto& r : results) {
       TacticConfig t;
       t.name = fmt::format("{}-{}-cuda-cublaslt-{}", TypePrefix(*type), what, AlgoName(r.algo));
       for (const TacticConfig& prev : tactics) {
         if (prev.name == t.name) t.name += fmt::format("-h{}", tactics.size());
       }
-      t.params.resize(8);
+      if (flags & kPlanOwnEpilogue) t.name += "-kiln-epilogue";
+      if (flags & kPlanNoZeroStride) t.name += "-unbatched";
+      t.params.resize(9);
       std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
+      t.params[8] = flags;
       t.workspace_bytes = WorkspaceBytes(*problem, *type, r.workspaceSize);
       tactics.push_back(std::move(t));
     }
@@ -628,16 +651,21 @@ class CublasLtProviderBase : public KernelProvider {
                        id());
     }
     std::optional<cublasLtMatmulAlgo_t> algo;
-    if (tactic.params.size() == 8) {
+    int64_t flags = kPlanDefault;
+    if (tactic.params.size() == 9 && tactic.params[8] >= 0 &&
+        tactic.params[8] <= (kPlanOwnEpilogue | kPlanNoZeroStride)) {
       cublasLtMatmulAlgo_t x;
       std::memcpy(&x, tactic.params.data(), sizeof(x));
       algo = x;
+      flags = tactic.params[8];
     } else if (!tactic.params.empty()) {
-      return MakeError(ErrorCode::kInvalidArgument, "{}: tactic '{}' has {} params; expected 8",
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "{}: tactic '{}' has {} params; expected 9 (the algorithm's 8 words and "
+                       "the plan flags)",
                        id(), tactic.name, tactic.params.size());
     }
     return std::unique_ptr<Kernel>(
-        std::make_unique<CublasLtMatMulKernel>(spec, *type, algo, tactic.name));
+        std::make_unique<CublasLtMatMulKernel>(spec, *type, algo, flags, tactic.name));
   }
 
  private:
