@@ -67,7 +67,8 @@ std::vector<int64_t> BroadcastStrides(std::span<const int64_t> dims, std::span<c
 
 class CudaAttentionKernel final : public Kernel {
  public:
-  CudaAttentionKernel(AttentionSpec spec, BlasType type) : spec_(spec), type_(type) {}
+  CudaAttentionKernel(AttentionSpec spec, BlasType type, int variant)
+      : spec_(spec), type_(type), variant_(variant) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> in,
                            std::span<const TensorView> out) override {
@@ -86,6 +87,12 @@ class CudaAttentionKernel final : public Kernel {
     if (in[1].dims[r - 1] != p.d || in[2].dims[r - 2] != p.sk || y[r - 2] != p.sq ||
         y[r - 1] != p.dv) {
       return MakeError(ErrorCode::kShapeMismatch, "Attention Q/K/V/Y dims disagree");
+    }
+    if (variant_ == 1 && (p.d % 16 != 0 || p.dv % 16 != 0)) {
+      return MakeError(ErrorCode::kAttentionUnsupported,
+                       "the tensor-core attention tactic needs head dims that are multiples of 16; "
+                       "got {} / {}",
+                       p.d, p.dv);
     }
     if (p.d > kAttentionMaxHeadDim || p.dv > kAttentionMaxHeadDim ||
         r - 2 > static_cast<size_t>(kAttentionMaxBatchDims)) {
@@ -140,13 +147,14 @@ class CudaAttentionKernel final : public Kernel {
     p.v = args.inputs[2].data;
     p.mask = args.inputs.size() > 3 ? args.inputs[3].data : nullptr;
     p.y = args.outputs[0].data;
-    KILN_CUDA_RETURN_IF_ERROR(LaunchAttention(p, static_cast<cudaStream_t>(args.stream)));
+    KILN_CUDA_RETURN_IF_ERROR(LaunchAttention(p, variant_, static_cast<cudaStream_t>(args.stream)));
     return OkStatus();
   }
 
  private:
   AttentionSpec spec_;
   BlasType type_;
+  int variant_;
   AttentionParams params_;
   bool prepared_ = false;
 };
@@ -161,28 +169,38 @@ class CudaAttentionProvider final : public KernelProvider {
     if (!ReadAttentionSpec(*request.node).ok() || request.inputs.size() < 3) return {};
     auto type = AttentionType(request.inputs[0].dtype);
     if (!type) return {};
-    // Head dims must fit the kernel's registers; unknown (symbolic) ones are checked in Prepare.
+    // Head dims must fit the kernels' registers; unknown (symbolic) ones are checked in Prepare.
+    bool tc = *type != BlasType::kF32;
     for (int i : {0, 2}) {
       const Shape& s = request.inputs[i].shape;
       if (s.empty()) return {};
       const Dim& last = s.back();
       if (last.is_static() && last.value() > kAttentionMaxHeadDim) return {};
+      tc = tc && last.is_static() && last.value() % 16 == 0;
     }
     static constexpr const char* kNames[] = {"f32", "f16", "bf16"};
-    return {{fmt::format("{}-attention-cuda-flash-simt-16x32", kNames[static_cast<int>(*type)]),
-             {},
-             0}};
+    const char* t = kNames[static_cast<int>(*type)];
+    std::vector<TacticConfig> tactics;
+    if (tc) tactics.push_back({fmt::format("{}-attention-cuda-flash-wmma-64x64", t), {1}, 0});
+    tactics.push_back({fmt::format("{}-attention-cuda-flash-simt-16x32", t), {0}, 0});
+    return tactics;
   }
 
   StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
-                                           const TacticConfig&) const override {
+                                           const TacticConfig& tactic) const override {
     KILN_ASSIGN_OR_RETURN(AttentionSpec spec, ReadAttentionSpec(*request.node));
     auto type =
         AttentionType(request.inputs.empty() ? DataType::kUndefined : request.inputs[0].dtype);
     if (!type) {
       return MakeError(ErrorCode::kInvalidArgument, "cuda.attention: Q must be f32, f16 or bf16");
     }
-    return std::unique_ptr<Kernel>(std::make_unique<CudaAttentionKernel>(spec, *type));
+    int variant = tactic.params.empty() ? 0 : static_cast<int>(tactic.params[0]);
+    if (tactic.params.size() > 1 || variant < 0 || variant > 1 ||
+        (variant == 1 && *type == BlasType::kF32)) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "cuda.attention: tactic '{}' has invalid params", tactic.name);
+    }
+    return std::unique_ptr<Kernel>(std::make_unique<CudaAttentionKernel>(spec, *type, variant));
   }
 };
 KILN_REGISTER_KERNEL_PROVIDER(CudaAttentionProvider);

@@ -57,8 +57,10 @@ struct AttentionParams {
   // The mask's element strides over [batch dims..., sq, sk] (0 = broadcast).
   int64_t m_stride[kAttentionMaxBatchDims + 2] = {};
 };
-// Tiled flash-attention style kernel (online softmax, FP32 math, one pass over K and V). Returns
-// cudaErrorInvalidValue for head dims above kAttentionMaxHeadDim.
-cudaError_t LaunchAttention(const AttentionParams& p, cudaStream_t stream);
+// Tiled flash-attention style kernels (online softmax, FP32 accumulation, one pass over K and V).
+// variant 0: CUDA cores, FP32 math, any type; variant 1: tensor cores (wmma), f16/bf16 with head
+// dims that are multiples of 16. cudaErrorInvalidValue for what a variant does not support
+// (head dims above kAttentionMaxHeadDim among them).
+cudaError_t LaunchAttention(const AttentionParams& p, int variant, cudaStream_t stream);
 
 }  // namespace kiln::cuda
