@@ -161,7 +161,7 @@ TEST_F(CudaBlasTest, FusedMatMulTransposesBiasActivations) {
   RunMatMulCase({{2, 5, 7}, {6, 7}, false, true, 1.f, true, "gelu_tanh", true}, 43);
   RunMatMulCase({{2, 5, 7}, {7, 6}, false, false, 1.f, true, "gelu", true}, 44);
   RunMatMulCase({{3, 9, 17}, {3, 17, 11}, false, false, 1.f, false, "silu", true}, 45);
-  RunMatMulCase({{4, 9, 17}, {17, 11}, true, false, 2.f, true, "sigmoid", true}, 46);
+  RunMatMulCase({{4, 9, 17}, {9, 11}, true, false, 2.f, true, "sigmoid", true}, 46);
   RunMatMulCase({{2, 1, 9, 17}, {1, 3, 11, 17}, false, true, 1.f, true, "relu", true}, 47);
   RunMatMulCase({{17}, {17, 11}, true, false, 1.f, true, "hardswish", true}, 48);
 }
