@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <random>
 
 #include "kiln/backends/backend.h"
@@ -362,6 +363,7 @@ TEST_F(CudaBlasTest, TacticNamesAndParamsAreStable) {
     EXPECT_TRUE(t1[i].name.starts_with("f32-gemm-cuda-cublaslt-algo")) << t1[i].name;
     for (size_t j = 0; j < i; ++j) EXPECT_NE(t1[i].name, t1[j].name);
   }
+  for (const TacticConfig& t : t1) std::cout << "  tactic " << t.name << "\n";
   TacticConfig bad = t1[0];
   bad.params.resize(3);
   EXPECT_FALSE(p->Create(r, bad).ok());

@@ -335,6 +335,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) AttentionTcKernel(AttentionPara
     __syncwarp();
   }
 
+  __syncwarp();  // o_w's zeros are visible even when no tile ran
   if (row < p.sq) {
     T* y = static_cast<T*>(p.y) + b * p.sq * p.dv;
     const float inv = 1.f / l;

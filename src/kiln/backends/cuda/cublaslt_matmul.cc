@@ -401,24 +401,33 @@ StatusOr<std::vector<cublasLtMatmulHeuristicResult_t>> Heuristics(cublasLtHandle
   return results;
 }
 
-// "algo21-tile15-stages8-splitk1-red0-swz0-cust0" from an algorithm's config attributes.
+// "algo66-tile15-stages8-splitk1-red0-swz0-cust0-inner0-cluster1": the algorithm's config.
 std::string AlgoName(const cublasLtMatmulAlgo_t& algo) {
   auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) -> int64_t {
-    uint64_t v = 0;  // attributes are 16/32-bit; read into a zeroed 64-bit word
+    // cuBLASLt checks the buffer size against the attribute's own (16/32/64-bit): ask first.
+    size_t size = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, nullptr, 0, &size) !=
+            CUBLAS_STATUS_SUCCESS ||
+        size == 0 || size > sizeof(uint64_t)) {
+      return -1;
+    }
+    uint64_t v = 0;  // little-endian: a narrower attribute lands in the low bytes
     size_t written = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) !=
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, size, &written) !=
         CUBLAS_STATUS_SUCCESS) {
       return -1;
     }
-    if (written == 4) return static_cast<int64_t>(static_cast<uint32_t>(v));
-    if (written == 2) return static_cast<int64_t>(static_cast<uint16_t>(v));
+    if (size == 4) return static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(v)));
+    if (size == 2) return static_cast<int64_t>(static_cast<int16_t>(static_cast<uint16_t>(v)));
     return static_cast<int64_t>(v);
   };
   return fmt::format(
-      "algo{}-tile{}-stages{}-splitk{}-red{}-swz{}-cust{}", get(CUBLASLT_ALGO_CONFIG_ID),
-      get(CUBLASLT_ALGO_CONFIG_TILE_ID), get(CUBLASLT_ALGO_CONFIG_STAGES_ID),
-      get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM), get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
-      get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING), get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
+      "algo{}-tile{}-stages{}-splitk{}-red{}-swz{}-cust{}-inner{}-cluster{}",
+      get(CUBLASLT_ALGO_CONFIG_ID), get(CUBLASLT_ALGO_CONFIG_TILE_ID),
+      get(CUBLASLT_ALGO_CONFIG_STAGES_ID), get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+      get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+      get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION), get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID),
+      get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
 }
 
 size_t AlignUpSize(size_t n, size_t a) { return (n + a - 1) / a * a; }
