@@ -254,7 +254,6 @@ StatusOr<Problem> Resolve(const Spec& s, std::span<const int64_t> ad, std::span<
   } else {
     KILN_RETURN_IF_ERROR(ResolveMatMulBatch(s, ad, bd, flags, p));
   }
-  int64_t rows = p.rows();
   if (c_dims) {
     const auto& c = *c_dims;
     if (s.kind == OpKind::kMatMul) {
@@ -281,7 +280,6 @@ StatusOr<Problem> Resolve(const Spec& s, std::span<const int64_t> ad, std::span<
       }
     }
   }
-  (void)rows;
   bool lt_act = s.act.kind == FusedActivation::kNone || s.act.kind == FusedActivation::kRelu ||
                 s.act.kind == FusedActivation::kGeluTanh;
   p.own_epilogue = !lt_act || p.c_mode == Problem::CMode::kOwn || (flags & kPlanOwnEpilogue) != 0;
