@@ -460,6 +460,9 @@ class CublasLtMatMulKernel final : public Kernel {
       return MakeError(ErrorCode::kShapeMismatch, "{}: output has {} elements; expected {}", name_,
                        outputs[0].num_elements(), problem_.rows() * problem_.n);
     }
+    // An empty output (a dynamic dim at 0) needs no launch; cuBLASLt rejects zero sizes.
+    empty_ = problem_.rows() * problem_.n == 0;
+    if (empty_) return size_t{0};
     KILN_ASSIGN_OR_RETURN(descs_, MakeDescs(problem_, type_));
     KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
     size_t lt_ws = 0;
@@ -496,6 +499,7 @@ class CublasLtMatMulKernel final : public Kernel {
   }
 
   Status Run(const KernelRunArgs& args) override {
+    if (empty_) return OkStatus();
     if (!descs_.op) return MakeError(ErrorCode::kInternal, "{}: Run before Prepare", name_);
     KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
     auto stream = static_cast<cudaStream_t>(args.stream);
@@ -581,6 +585,7 @@ class CublasLtMatMulKernel final : public Kernel {
   LtDescs descs_;
   cublasLtMatmulAlgo_t algo_{};
   size_t lt_ws_ = 0;
+  bool empty_ = false;
 };
 
 // The largest dims of an operand: max_dims, else its static shape; empty when unknown.
