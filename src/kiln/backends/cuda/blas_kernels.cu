@@ -1,0 +1,105 @@
+// The GEMM epilogue kernel: what cuBLASLt's epilogues cannot do (a C operand that broadcasts
+// other than per column, beta != 1 with a bias, activations other than ReLU and tanh-GELU),
+// applied to the matmul's FP32 result in one launch before the single store of the output.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kiln/backends/cuda/blas_kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ float Load(const T* p, int64_t i);
+template <>
+__device__ __forceinline__ float Load<float>(const float* p, int64_t i) {
+  return p[i];
+}
+template <>
+__device__ __forceinline__ float Load<__half>(const __half* p, int64_t i) {
+  return __half2float(p[i]);
+}
+template <>
+__device__ __forceinline__ float Load<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ T Store(float v);
+template <>
+__device__ __forceinline__ float Store<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half Store<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 Store<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Same formulas as the CPU backend's ApplyActivation (the reference).
+__device__ __forceinline__ float Activate(BlasAct act, float x, float lo, float hi) {
+  switch (act) {
+    case BlasAct::kNone:
+      return x;
+    case BlasAct::kRelu:
+      return x > 0.f ? x : 0.f;
+    case BlasAct::kClip:
+      return fminf(fmaxf(x, lo), hi);
+    case BlasAct::kSigmoid:
+      return 1.f / (1.f + expf(-x));
+    case BlasAct::kHardSwish:
+      return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
+    case BlasAct::kSilu:
+      return x / (1.f + expf(-x));
+    case BlasAct::kGelu:
+      return 0.5f * x * (1.f + erff(x * 0.70710678f));
+    case BlasAct::kGeluTanh:
+      return 0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+  }
+  return x;
+}
+
+template <typename T>
+__global__ void GemmEpilogueKernel(GemmEpilogueParams p) {
+  const T* c = static_cast<const T*>(p.c);
+  T* y = static_cast<T*>(p.y);
+  int64_t total = p.rows * p.cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = p.acc[i];
+    if (c) {
+      int64_t r = i / p.cols, col = i - r * p.cols;
+      v += p.beta * Load<T>(c, r * p.c_row_stride + col * p.c_col_stride);
+    }
+    y[i] = Store<T>(Activate(p.act, v, p.act_min, p.act_max));
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchGemmEpilogue(const GemmEpilogueParams& p, cudaStream_t stream) {
+  int64_t total = p.rows * p.cols;
+  if (total == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  // Grid-stride loop: a bounded grid (a few waves on any GPU) covers any size.
+  int64_t blocks = (total + kThreads - 1) / kThreads;
+  if (blocks > 65536) blocks = 65536;
+  dim3 grid(static_cast<unsigned>(blocks));
+  switch (p.type) {
+    case BlasType::kF32:
+      GemmEpilogueKernel<float><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case BlasType::kF16:
+      GemmEpilogueKernel<__half><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case BlasType::kBF16:
+      GemmEpilogueKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace kiln::cuda

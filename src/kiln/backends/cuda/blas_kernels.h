@@ -1,0 +1,66 @@
+// Launchers for kiln's own CUDA kernels that go with the cuBLASLt matrix products and the fused
+// attention (blas_kernels.cu, attention.cu). Plain structs and cudaError_t only, so that the
+// .cu files stay free of kiln's C++ headers and the .cc providers free of device code.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+// Storage types the kernels handle; the providers map DataType onto these.
+enum class BlasType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// Mirrors kiln::FusedActivation (static_assert'ed in the providers).
+enum class BlasAct : int { kNone = 0, kRelu, kClip, kSigmoid, kHardSwish, kSilu, kGelu, kGeluTanh };
+
+// y[r, c] = act(acc[r, c] + beta * C[r * c_row_stride + c * c_col_stride]), rows x cols
+// row-major. acc is FP32 (the matmul's unrounded result; may alias y when y is FP32); C and y
+// have type `type`; C may be null. One launch, every element computed in FP32.
+struct GemmEpilogueParams {
+  const float* acc = nullptr;
+  void* y = nullptr;
+  BlasType type = BlasType::kF32;
+  int64_t rows = 0, cols = 0;
+  const void* c = nullptr;
+  int64_t c_row_stride = 0, c_col_stride = 0;
+  float beta = 1.f;
+  BlasAct act = BlasAct::kNone;
+  float act_min = 0.f, act_max = 0.f;
+};
+cudaError_t LaunchGemmEpilogue(const GemmEpilogueParams& p, cudaStream_t stream);
+
+// Fused scaled dot-product attention (kiln's Attention op) over a flattened batch.
+// Q [batch, sq, d], K [batch_k, sk, d], V [batch_v, sk, dv] with per-batch offsets given by
+// index maps: the operand batch index of output batch b is sum over dims of coord * stride
+// (strides 0 where the operand broadcasts). Up to kAttentionMaxBatchDims batch dims.
+inline constexpr int kAttentionMaxBatchDims = 6;
+inline constexpr int kAttentionMaxHeadDim = 128;
+enum class AttnMask : int { kNone = 0, kAdditive, kBoolean, kCausal };
+struct AttentionParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* mask = nullptr;  // additive: type `type`; boolean: bool (1 byte)
+  void* y = nullptr;
+  BlasType type = BlasType::kF32;
+  AttnMask mask_kind = AttnMask::kNone;
+  float scale = 1.f, mask_fill = 0.f;
+  int64_t batch = 1, sq = 0, sk = 0, d = 0, dv = 0;
+  int batch_rank = 0;
+  int64_t out_batch_dims[kAttentionMaxBatchDims] = {};
+  // Element strides of each operand over the output batch dims (0 = broadcast).
+  int64_t q_stride[kAttentionMaxBatchDims] = {};
+  int64_t k_stride[kAttentionMaxBatchDims] = {};
+  int64_t v_stride[kAttentionMaxBatchDims] = {};
+  // The mask's element strides over [batch dims..., sq, sk] (0 = broadcast).
+  int64_t m_stride[kAttentionMaxBatchDims + 2] = {};
+};
+// Tiled flash-attention style kernels (online softmax, FP32 accumulation, one pass over K and V).
+// variant 0: CUDA cores, FP32 math, any type; variant 1: tensor cores (wmma), f16/bf16 with head
+// dims that are multiples of 16. cudaErrorInvalidValue for what a variant does not support
+// (head dims above kAttentionMaxHeadDim among them).
+cudaError_t LaunchAttention(const AttentionParams& p, int variant, cudaStream_t stream);
+
+}  // namespace kiln::cuda
