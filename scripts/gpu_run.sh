@@ -92,6 +92,7 @@ fi
 echo
 echo "=== gpu_run.sh summary ($(( $(date +%s) - t_start )) s) ==="
 for s in "${summary[@]}"; do echo "- $s"; done
-if [ -f "$OUT/bench.log" ]; then
-  grep -E '^\||^build ' "$OUT/bench.log"
+if [ -f "$OUT/bench_cuda.json" ]; then
+  # From the JSON (written after every model), so a run cut short still shows what it measured.
+  $PY bench/cuda/bench_vs_torch.py --table "$OUT/bench_cuda.json"
 fi

@@ -253,8 +253,9 @@ def table(rows, builds):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kiln", default="kiln")
-    ap.add_argument("--models-dir", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--models-dir")
+    ap.add_argument("--out")
+    ap.add_argument("--table", metavar="JSON", help="only print the table of a results file")
     ap.add_argument("--work", default=None, help="engines and outputs (default: next to --out)")
     ap.add_argument("--models", default=",".join(em.MODELS))
     ap.add_argument("--batches", default="1,32")
@@ -264,6 +265,12 @@ def main():
     ap.add_argument("--run-timeout", type=int, default=120)
     ap.add_argument("--no-kiln", action="store_true", help="time PyTorch only (dry run)")
     a = ap.parse_args()
+    if a.table:
+        r = json.load(open(a.table))
+        log(table([x for x in r["rows"] if "batch" in x], r["builds"]))
+        return 0
+    if not a.models_dir or not a.out:
+        ap.error("--models-dir and --out are required")
     a.batches = [int(b) for b in a.batches.split(",") if b]
     a.modes = [m for m in a.modes.split(",") if m]
     a.iterations = max(a.iterations, 50)
@@ -271,13 +278,6 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     torch.backends.cudnn.benchmark = True
     rows, builds = [], []
-    for name in [m for m in a.models.split(",") if m]:
-        log(f"== {name}")
-        try:
-            bench_model(a, name, rows, builds)
-        except Exception as e:
-            log(f"{name} failed: {type(e).__name__}: {e}")
-            rows.append({"model": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
     result = {
         "command": " ".join(["bench/cuda/bench_vs_torch.py"] + sys.argv[1:]),
         "device": torch.cuda.get_device_name(0),
@@ -287,8 +287,16 @@ def main():
         "rows": rows,
         "builds": builds,
     }
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=1)
+    for name in [m for m in a.models.split(",") if m]:
+        log(f"== {name}")
+        try:
+            bench_model(a, name, rows, builds)
+        except Exception as e:
+            log(f"{name} failed: {type(e).__name__}: {e}")
+            rows.append({"model": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        # Written after every model: a run cut short by its time bound keeps what it measured.
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
     log("")
     log(table([r for r in rows if "batch" in r], builds))
     return 0

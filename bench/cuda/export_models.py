@@ -104,10 +104,12 @@ def export(name, out_dir, batches):
     dyn[output_name(name)] = {0: "batch"}
     t0 = time.time()
     path = os.path.join(d, "model.onnx")
+    # The TorchScript exporter (dynamo=False on torch 2.x, the only one on 1.x): dynamic_axes and
+    # a plain opset-17 graph of the ops kiln fuses.
+    kw = {"dynamo": False} if int(torch.__version__.split(".")[0]) >= 2 else {}
     with torch.no_grad():
         torch.onnx.export(model, args, path, input_names=names, output_names=[output_name(name)],
-                          dynamic_axes=dyn, opset_version=17, do_constant_folding=True,
-                          dynamo=False)
+                          dynamic_axes=dyn, opset_version=17, do_constant_folding=True, **kw)
     export_s = time.time() - t0
     info = {"name": name, "inputs": [], "output": output_name(name), "export_s": export_s,
             "torch": torch.__version__, "onnx": onnx.__version__, "profiles": {}}

@@ -104,12 +104,13 @@ Status HostRunner::CopyInputs() {
 }
 
 Status HostRunner::CopyOutputs() {
-  // The context's stream is a blocking one: copies on the legacy stream wait for its work.
+  // Work enqueued on the context's own stream (ProfileEngine passes it explicitly) is finished
+  // first; the copies then run on the legacy stream, after anything Execute(nullptr) ordered.
   Backend& backend = engine_->backend();
+  if (void* s = context_->stream()) KILN_RETURN_IF_ERROR(backend.Synchronize(s));
   for (auto& [dev, t] : to_host_) {
     KILN_RETURN_IF_ERROR(backend.CopyToHost(t->mutable_raw(), dev, t->size_bytes(), nullptr));
   }
-  if (void* s = context_->stream()) KILN_RETURN_IF_ERROR(backend.Synchronize(s));
   return backend.Synchronize(nullptr);
 }
 

@@ -114,6 +114,8 @@ class Backend {
     *static_cast<std::chrono::steady_clock::time_point*>(event) = std::chrono::steady_clock::now();
     return OkStatus();
   }
+  // Makes later work on `stream` wait for `event` (nullptr: CUDA's legacy default stream).
+  virtual Status StreamWaitEvent(void* stream, void* event) { return OkStatus(); }
   virtual StatusOr<double> EventElapsedMs(void* start, void* end) {
     using T = std::chrono::steady_clock::time_point;
     return std::chrono::duration<double, std::milli>(*static_cast<T*>(end) -

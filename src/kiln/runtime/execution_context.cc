@@ -99,6 +99,10 @@ Status ExecutionContext::Init() {
   input_shape_set_.assign(e.bindings_.size(), false);
   graph_key_.reserve(e.bindings_.size());
   KILN_ASSIGN_OR_RETURN(own_stream_, e.backend_->CreateStream());
+  if (own_stream_) {
+    KILN_ASSIGN_OR_RETURN(order_in_, e.backend_->CreateEvent());
+    KILN_ASSIGN_OR_RETURN(order_out_, e.backend_->CreateEvent());
+  }
   if (options_.layer_timing) KILN_RETURN_IF_ERROR(SetLayerTiming(true));
 
   // Inputs whose shapes are fully static need no SetInputShape.
@@ -370,13 +374,27 @@ Status ExecutionContext::Execute(void* stream) {
                        unbound.size(), binding_ptrs_.size(), fmt::join(unbound, ", "));
     }
   }
-  void* s = stream ? stream : own_stream_.get();
   Backend& backend = *engine_->backend_;
-  if (options_.cuda_graphs && !options_.layer_timing && !graphs_failed_ &&
-      backend.supports_graphs() && s && param::CudaGraphCacheSize() > 0) {
-    return ExecuteGraph(s);
+  void* s = stream;
+  const bool legacy = !stream && own_stream_;
+  if (legacy) {
+    // The legacy stream cannot be captured into a graph; run on our stream between two events
+    // so the work keeps the legacy stream's order.
+    s = own_stream_.get();
+    KILN_RETURN_IF_ERROR(backend.RecordEvent(order_in_.get(), nullptr));
+    KILN_RETURN_IF_ERROR(backend.StreamWaitEvent(s, order_in_.get()));
   }
-  return RunLayers(s, options_.layer_timing);
+  Status run = (options_.cuda_graphs && !options_.layer_timing && !graphs_failed_ &&
+                backend.supports_graphs() && s && param::CudaGraphCacheSize() > 0)
+                   ? ExecuteGraph(s)
+                   : RunLayers(s, options_.layer_timing);
+  if (legacy) {
+    // Also after a failure: later legacy-stream work must not overtake what was enqueued.
+    Status rec = backend.RecordEvent(order_out_.get(), s);
+    if (rec.ok()) rec = backend.StreamWaitEvent(nullptr, order_out_.get());
+    if (run.ok()) run = std::move(rec);
+  }
+  return run;
 }
 
 Status ExecutionContext::RunLayers(void* stream, bool timed) {
@@ -422,7 +440,12 @@ Status ExecutionContext::ExecuteGraph(void* stream) {
     }
   }
   // First run with these addresses: capture the layers (recorded, not run), then launch.
-  KILN_RETURN_IF_ERROR(backend.BeginCapture(stream));
+  if (Status begin = backend.BeginCapture(stream); !begin.ok()) {
+    graphs_failed_ = true;  // a stream that cannot be captured (the legacy one): run eagerly
+    KILN_LOG(Warn, RUNTIME, "CUDA graph capture unavailable; this context runs layer by layer: {}",
+             begin.ToString());
+    return RunLayers(stream, /*timed=*/false);
+  }
   Status run = RunLayers(stream, /*timed=*/false);
   StatusOr<DeviceHandle> exec = backend.EndCapture(stream);  // always ends the capture
   if (!run.ok() || !exec.ok()) {

@@ -143,9 +143,10 @@ class ExecutionContext {
   StatusOr<std::vector<int64_t>> GetTensorShape(const std::string& name);
   bool all_input_shapes_set() const { return shapes_ready_; }
 
-  // Enqueues the layers on `stream` (a cudaStream_t on CUDA); nullptr runs them on the context's
-  // own stream (stream()), which stays ordered with CUDA's legacy default stream. On the CPU the
-  // work is done when Execute returns. No allocation in steady state: only the first Execute
+  // Enqueues the layers on `stream` (a cudaStream_t on CUDA). nullptr runs them on the context's
+  // own stream (stream()), ordered by events after earlier work on CUDA's legacy default stream
+  // and before later work there, as if they ran on it. On the CPU the work is done when Execute
+  // returns. No allocation in steady state: only the first Execute
   // after new shapes (propagation) or new addresses (graph capture) allocates.
   Status Execute(void* stream = nullptr);
 
@@ -201,6 +202,8 @@ class ExecutionContext {
 
   ExecutionOptions options_;
   DeviceHandle own_stream_;
+  // Execute(nullptr): legacy stream -> own stream -> legacy stream ordering.
+  DeviceHandle order_in_, order_out_;
   // Layer timing: events_[l] before layer l, events_[n] after the last.
   std::vector<DeviceHandle> events_;
   bool timed_last_run_ = false;

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 
+#include "kiln/app/benchmark.h"
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/runtime/runtime.h"
 #include "tests/engine/test_engines.h"
@@ -344,6 +345,47 @@ TEST(CudaExecute, DoesNotAllocateInSteadyState) {
     EXPECT_EQ(g_allocations.load(), 0) << "graphs " << graphs;
     EXPECT_EQ(Fetch(b, **ctx, io), Expected(io.hx));
   }
+}
+
+// What `kiln run` reports on a GPU: device-timed compute, enqueue, per-layer and max kernel time,
+// with graphs replayed in the timed runs and the outputs still right.
+TEST(CudaProfile, ProfileEngineUsesDeviceTimersAndGraphs) {
+  KILN_GPU_OR_SKIP(gpu, 8192);
+  auto runner = app::HostRunner::Create(gpu.engine);
+  ASSERT_TRUE(runner.ok()) << runner.status().ToString();
+  std::map<std::string, Tensor> feed;
+  std::vector<float> x = RandomX(8192, 11);
+  feed["x"] = Tensor::FromVector<float>(DataType::kFloat32, {8192, kWidth}, x);
+  ASSERT_TRUE((*runner)->SetInputs(feed).ok());
+  app::ProfileOptions po;
+  po.warmup = 2;
+  po.min_iterations = 20;
+  po.min_seconds = 0;
+  po.layer_iterations = 4;
+  auto p = app::ProfileEngine(**runner, po);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE(p->device_timing);
+  EXPECT_EQ(p->compute.iterations, 20);
+  EXPECT_EQ(p->enqueue.iterations, 20);
+  EXPECT_GT(p->compute.median_ms, 0.0);
+  // Compute excludes the copies that latency includes (32 MiB each way here).
+  EXPECT_LT(p->compute.median_ms, p->latency.median_ms);
+  ASSERT_EQ(p->layers.size(), 5u);
+  double max_median = 0;
+  for (const app::LayerTime& l : p->layers) {
+    EXPECT_GT(l.median_ms, 0.0) << l.name;
+    EXPECT_GE(l.max_ms, l.median_ms) << l.name;
+    max_median = std::max(max_median, l.median_ms);
+  }
+  EXPECT_GE(p->max_kernel_ms, max_median);
+  EXPECT_FALSE(p->max_kernel_layer.empty());
+  EXPECT_EQ(p->graph_captures, 1);
+  EXPECT_GE(p->graph_launches, 22);
+  EXPECT_FALSE(p->graphs_disabled);
+  ASSERT_TRUE((*runner)->Run().ok());
+  const Tensor& y = (*runner)->outputs().at("y");
+  std::vector<float> got(y.data<float>(), y.data<float>() + y.num_elements());
+  EXPECT_EQ(got, Expected(x));
 }
 
 TEST(CudaFaults, OutOfMemoryAtContextCreationLeavesTheEngineUsable) {

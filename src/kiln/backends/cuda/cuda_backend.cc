@@ -158,12 +158,12 @@ class CudaBackend final : public Backend {
     return OkStatus();
   }
 
-  // A blocking stream (not cudaStreamNonBlocking): it stays ordered with the legacy default
-  // stream, so callers that copy on stream 0 around Execute(nullptr) keep their ordering.
+  // Non-blocking: work on the legacy default stream (by any thread) must not be able to break a
+  // graph capture on it. The runtime orders it with the legacy stream through events instead.
   StatusOr<DeviceHandle> CreateStream() override {
     KILN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     cudaStream_t s = nullptr;
-    KILN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
+    KILN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return DeviceHandle(s, [](void* p) { cudaStreamDestroy(static_cast<cudaStream_t>(p)); });
   }
 
@@ -177,6 +177,11 @@ class CudaBackend final : public Backend {
   Status RecordEvent(void* event, void* stream) override {
     KILN_CUDA_RETURN_IF_ERROR(
         cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+    return OkStatus();
+  }
+  Status StreamWaitEvent(void* stream, void* event) override {
+    KILN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                                  static_cast<cudaEvent_t>(event), 0));
     return OkStatus();
   }
   StatusOr<double> EventElapsedMs(void* start, void* end) override {
