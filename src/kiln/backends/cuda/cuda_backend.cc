@@ -180,8 +180,8 @@ class CudaBackend final : public Backend {
     return OkStatus();
   }
   Status StreamWaitEvent(void* stream, void* event) override {
-    KILN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                                  static_cast<cudaEvent_t>(event), 0));
+    KILN_CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
     return OkStatus();
   }
   StatusOr<double> EventElapsedMs(void* start, void* end) override {
@@ -219,6 +219,7 @@ class CudaBackend final : public Backend {
                         [](void* p) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(p)); });
   }
   Status LaunchGraph(void* graph, void* stream) override {
+    if (!graph) return MakeError(ErrorCode::kCudaGraphFailed, "cudaGraphLaunch: no graph given");
     cudaError_t err =
         cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), static_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) return GraphError(err, "cudaGraphLaunch");
