@@ -17,7 +17,22 @@ class FakeGraphBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::kCpu; }
   StatusOr<DeviceInfo> Info() const override { return cpu_->Info(); }
   bool host_accessible() const override { return true; }
-  StatusOr<DeviceBuffer> Allocate(size_t bytes) override { return cpu_->Allocate(bytes); }
+  // Device memory runs out above `memory_limit` bytes in use (0: no limit), as cudaMalloc would.
+  StatusOr<DeviceBuffer> Allocate(size_t bytes) override {
+    if (memory_limit > 0 && *in_use + bytes > memory_limit) {
+      return MakeError(ErrorCode::kCudaOutOfMemory,
+                       "fake cudaMalloc of {} bytes failed: out of memory ({} of {} in use)", bytes,
+                       *in_use, memory_limit);
+    }
+    KILN_ASSIGN_OR_RETURN(DeviceBuffer b, cpu_->Allocate(bytes));
+    *in_use += bytes;
+    void* data = b.data();
+    auto keep = std::make_shared<DeviceBuffer>(std::move(b));
+    return DeviceBuffer(data, bytes, [keep, in_use = in_use, bytes](void*) mutable {
+      *in_use -= bytes;
+      keep.reset();
+    });
+  }
   Status CopyToDevice(void* dst, const void* src, size_t n, void* s) override {
     return cpu_->CopyToDevice(dst, src, n, s);
   }
@@ -57,6 +72,8 @@ class FakeGraphBackend final : public Backend {
   Backend* cpu_;
   int streams = 0, begins = 0, ends = 0, launches = 0, last_graph = 0;
   bool fail_begin = false, fail_end = false;
+  size_t memory_limit = 0;
+  std::shared_ptr<size_t> in_use = std::make_shared<size_t>(0);
   std::vector<void*> records, waits;  // the streams events were recorded on / made to wait
 };
 

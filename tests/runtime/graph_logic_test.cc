@@ -173,6 +173,33 @@ TEST(GraphLogic, ExecuteWithoutAStreamKeepsTheLegacyStreamsOrder) {
   EXPECT_EQ(f.backend->begins, 1);  // the graph does not depend on the stream
 }
 
+TEST(Faults, OutOfMemoryAtContextCreationLeavesTheEngineUsable) {
+  Fixture f = MakeFixture();
+  auto first = f.engine->CreateExecutionContext();
+  ASSERT_TRUE(first.ok());
+  const size_t one_context = *f.backend->in_use;
+  ASSERT_GT(one_context, 0u);
+  // Room for one context only: the second fails with the device's out-of-memory error...
+  f.backend->memory_limit = one_context + one_context / 2;
+  auto second = f.engine->CreateExecutionContext();
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().Id(), "KILN-E6003");
+  EXPECT_NE(second.status().ToString().find("while creating an execution context"),
+            std::string::npos)
+      << second.status().ToString();
+  EXPECT_EQ(*f.backend->in_use, one_context);  // what the failed context got is given back
+  // ... and once memory is free again, the same engine makes a context that runs correctly.
+  first->reset();
+  auto third = f.engine->CreateExecutionContext();
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  std::vector<float> x = {1, -2, 3, -4}, y(4);
+  ASSERT_TRUE((*third)->SetInputShape("x", {1, 4}).ok());
+  ASSERT_TRUE((*third)->SetTensorAddress("x", x.data()).ok());
+  ASSERT_TRUE((*third)->SetTensorAddress("y", y.data()).ok());
+  ASSERT_TRUE((*third)->Execute().ok());
+  EXPECT_EQ(y, ChainExpected(x));
+}
+
 TEST(ProfileEngine, ReportsHostTimesOnTheCpu) {
   auto runtime = Runtime::Create(BackendKind::kCpu);
   ASSERT_TRUE(runtime.ok());
