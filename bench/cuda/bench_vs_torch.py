@@ -277,6 +277,9 @@ def main():
     a.work = a.work or os.path.join(os.path.dirname(os.path.abspath(a.out)), "bench_work")
     os.makedirs(a.work, exist_ok=True)
     torch.backends.cudnn.benchmark = True
+    # The FP32 reference must be FP32: no TF32 in cuDNN convolutions or cuBLAS matmuls.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     rows, builds = [], []
     result = {
         "command": " ".join(["bench/cuda/bench_vs_torch.py"] + sys.argv[1:]),
