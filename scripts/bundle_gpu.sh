@@ -6,7 +6,9 @@
 # Usage: scripts/bundle_gpu.sh   then carry ".bundle.tgz" in the device call (the carry limit is
 # 64 MiB; the uncompressed bundle with OpenBLAS and oneDNN is larger) and, there, run
 # `source scripts/gpu_env.sh` first: it unpacks the bundle and sets the library path.
-# KILN_BUNDLE_BINS="kiln cuda_tests" limits the binaries (a regex alternation of names).
+# KILN_BUNDLE_BINS="kiln|cuda_runtime_tests" limits the binaries (a regex alternation of names);
+# scripts/gpu_run.sh needs kiln and runs every cuda_*_tests binary it finds. The zoo and
+# bench/cuda/*.py travel with the working tree.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/deps.sh
@@ -47,3 +49,10 @@ for lazy in libopenblas.so.0; do
 done
 tar -C . -czf .bundle.tgz .bundle
 ls -la .bundle.tgz
+# The device call carries at most 64 MiB with the working tree; leave room for the tree.
+size=$(stat -c %s .bundle.tgz)
+if [ "$size" -gt $((56 << 20)) ]; then
+  echo "bundle_gpu.sh: .bundle.tgz is $((size >> 20)) MiB; the carry limit is 64 MiB with the" \
+    "working tree: narrow KILN_BUNDLE_BINS" >&2
+  exit 1
+fi

@@ -8,6 +8,7 @@
 
 #include "kiln/runtime/runtime.h"
 #include "tests/engine/test_engines.h"
+#include "tests/runtime/fake_graph_backend.h"
 
 namespace {
 std::atomic<bool> g_counting{false};
@@ -98,6 +99,37 @@ void ExpectNoAllocation(bool test_kernels) {
 
 // The runtime itself, with kernels that allocate nothing (tests/engine/test_kernels.cc).
 TEST(ExecuteNoAlloc, ExecuteAllocatesNothing) { ExpectNoAllocation(true); }
+
+// Graph replay and the event ordering of Execute(nullptr), on a backend that has both (a fake
+// over the CPU: CI has no GPU; tests/backends/cuda checks the same on a real one).
+TEST(ExecuteNoAlloc, GraphReplayAllocatesNothing) {
+  testing::FakeGraphBackend fake(*GetBackend(BackendKind::kCpu));
+  fake.records.reserve(1000);
+  fake.waits.reserve(1000);
+  auto desc = testing::AssembleTestEngine(testing::MakeChainGraph(), testing::ChainProfile());
+  ASSERT_TRUE(desc.ok());
+  auto engine = Engine::Create(std::shared_ptr<const EngineDesc>(std::move(*desc)), &fake);
+  ASSERT_TRUE(engine.ok());
+  for (bool graphs : {true, false}) {
+    ExecutionOptions o;
+    o.cuda_graphs = graphs;
+    auto ctx = (*engine)->CreateExecutionContext(o);
+    ASSERT_TRUE(ctx.ok());
+    std::vector<float> x(12, 1.5f), y(12);
+    ASSERT_TRUE((*ctx)->SetInputShape("x", {3, 4}).ok());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("x", x.data()).ok());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("y", y.data()).ok());
+    ASSERT_TRUE((*ctx)->Execute().ok());  // propagation and capture allocate
+    Status status;
+    long n = AllocationsDuring([&] {
+      for (int i = 0; i < 10; ++i) status = (*ctx)->Execute();
+    });
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    EXPECT_EQ(n, 0) << "graphs " << graphs;
+    EXPECT_EQ(y[0], 0.5f);
+  }
+  EXPECT_EQ(fake.launches, 11);  // the capturing Execute launches its new graph too
+}
 
 // The same with the CPU backend's own kernels. Disabled: their Run builds a std::function for
 // ThreadPool::ParallelFor whose capture does not fit the small-buffer, one allocation per layer

@@ -3,6 +3,8 @@
 
 #include <fmt/ranges.h>
 
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "kiln/app/benchmark.h"
@@ -26,8 +28,74 @@ struct RunOptions {
   uint64_t seed = 1;
   bool json = false;
   bool verify = false;
+  bool no_cuda_graph = false;
+  int layer_iterations = 10;
+  int top_layers = 5;
+  std::string save_outputs;
   MetricsFlags metrics;
 };
+
+nlohmann::json StatsJson(const app::LatencyStats& s) {
+  return {{"min", s.min_ms}, {"mean", s.mean_ms}, {"median", s.median_ms},
+          {"p90", s.p90_ms}, {"p99", s.p99_ms},   {"max", s.max_ms}};
+}
+
+std::string StatsLine(const app::LatencyStats& s) {
+  return fmt::format(
+      "min {:.3f} ms  median {:.3f} ms  mean {:.3f} ms  p90 {:.3f} ms  p99 {:.3f} ms  "
+      "max {:.3f} ms",
+      s.min_ms, s.median_ms, s.mean_ms, s.p90_ms, s.p99_ms, s.max_ms);
+}
+
+// Writes a tensor as NumPy's .npy (format 1.0), so scripts can compare outputs without kiln's
+// Python bindings. bf16 has no NumPy type: it is written as its raw uint16 bits.
+Status WriteNpy(const std::string& path, const Tensor& t) {
+  std::string descr;
+  switch (t.dtype()) {
+    case DataType::kFloat32:
+      descr = "<f4";
+      break;
+    case DataType::kFloat16:
+      descr = "<f2";
+      break;
+    case DataType::kBFloat16:
+      descr = "<u2";
+      break;
+    case DataType::kInt64:
+      descr = "<i8";
+      break;
+    case DataType::kInt32:
+      descr = "<i4";
+      break;
+    case DataType::kInt8:
+      descr = "|i1";
+      break;
+    case DataType::kUInt8:
+      descr = "|u1";
+      break;
+    case DataType::kBool:
+      descr = "|b1";
+      break;
+    default:
+      return MakeError(ErrorCode::kInvalidArgument, "cannot write {} as .npy", ToString(t.dtype()));
+  }
+  std::string shape;
+  for (int64_t d : t.dims()) shape += std::to_string(d) + ", ";
+  if (t.dims().size() > 1) shape.resize(shape.size() - 1);  // "(1, 1000)" / "(5,)"
+  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}",
+                                   descr, t.dims().empty() ? "" : shape);
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::ofstream f(path, std::ios::binary);
+  if (!f) return MakeError(ErrorCode::kIoError, "cannot write '{}'", path);
+  const uint16_t len = static_cast<uint16_t>(header.size());
+  f.write("\x93NUMPY\x01\x00", 8);
+  f.write(reinterpret_cast<const char*>(&len), 2);
+  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  f.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.size_bytes()));
+  if (!f) return MakeError(ErrorCode::kIoError, "writing '{}' failed", path);
+  return OkStatus();
+}
 
 std::string Bytes(int64_t b) {
   return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20));
@@ -44,7 +112,7 @@ int Run(const RunOptions& o) {
   peek.check_providers = false;
   auto header = LoadEngineFile(o.engine, peek);
   if (!header.ok()) return ReportError(header.status());
-  auto runtime = Runtime::Create((*header)->header.backend);
+  auto runtime = Runtime::CreateForEngine((*header)->header);
   if (!runtime.ok()) return ReportError(runtime.status());
   auto engine = (*runtime)->LoadEngine(o.engine);
   if (!engine.ok()) return ReportError(engine.status());
@@ -66,20 +134,41 @@ int Run(const RunOptions& o) {
     if (!t.ok()) return ReportError(t.status());
     feed[spec.substr(0, eq)] = std::move(*t);
   }
-  auto runner = app::HostRunner::Create(*engine);
+  ExecutionOptions eo;
+  eo.cuda_graphs = !o.no_cuda_graph;
+  auto runner = app::HostRunner::Create(*engine, eo);
   if (!runner.ok()) return ReportError(runner.status());
   if (Status s = (*runner)->SetInputs(feed); !s.ok()) return ReportError(s);
-  app::BenchmarkOptions bo;
+  app::ProfileOptions bo;
   bo.warmup = o.warmup;
   bo.min_iterations = o.iterations;
   bo.min_seconds = o.duration_s;
-  auto stats = app::Benchmark(**runner, bo);
-  if (!stats.ok()) return ReportError(stats.status());
+  bo.layer_iterations = std::max(0, o.layer_iterations);
+  auto profile = app::ProfileEngine(**runner, bo);
+  if (!profile.ok()) return ReportError(profile.status());
+  const app::LatencyStats* stats = &profile->latency;
+  if (!o.save_outputs.empty()) {
+    // One more run in the timed mode (graph replay where on): those are the outputs saved.
+    if (Status s = (*runner)->Run(); !s.ok()) return ReportError(s);
+    std::error_code ec;
+    std::filesystem::create_directories(o.save_outputs, ec);
+    for (const auto& [name, t] : (*runner)->outputs()) {
+      std::string file = name;
+      for (char& c : file)
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') c = '_';
+      if (Status s = WriteNpy(o.save_outputs + "/" + file + ".npy", t); !s.ok())
+        return ReportError(s);
+    }
+  }
+  // What the compute and kernel figures are: device timers, or the host clock on the CPU.
+  const std::string timer = profile->device_timing ? "device" : "host";
+  const std::string what = profile->device_timing ? "GPU" : "host";
 
   int64_t planned = (*engine)->planned_peak_bytes();
   int64_t actual = (*runner)->context().actual_peak_bytes();
   obs::KilnMetrics& m = obs::Metrics();
   for (double ms : stats->samples_ms) m.ObserveInferenceLatency(ms / 1000.0);
+  if (!profile->layers.empty()) m.ObserveKernel(profile->max_kernel_ms / 1000.0);
   m.ObserveDeviceMemory(0, static_cast<uint64_t>(actual));
   if (Status s = (*metrics)->Finish(); !s.ok()) return ReportError(s);
   // The report's four figures for this process; what this run did not measure says so.
@@ -95,6 +184,27 @@ int Run(const RunOptions& o) {
     j["latency_ms"] = {{"min", stats->min_ms},       {"mean", stats->mean_ms},
                        {"median", stats->median_ms}, {"p90", stats->p90_ms},
                        {"p99", stats->p99_ms},       {"max", stats->max_ms}};
+    j["timer"] = timer;
+    j["compute_ms"] = StatsJson(profile->compute);
+    j["enqueue_ms"] = StatsJson(profile->enqueue);
+    if (!profile->layers.empty()) {
+      j["max_kernel_ms"] = profile->max_kernel_ms;
+      j["max_kernel_layer"] = profile->max_kernel_layer;
+      nlohmann::json layers = nlohmann::json::array();
+      for (const app::LayerTime& l : profile->layers) {
+        layers.push_back({{"name", l.name},
+                          {"tactic", l.tactic},
+                          {"median_ms", l.median_ms},
+                          {"max_ms", l.max_ms}});
+      }
+      j["layers"] = layers;
+    } else {
+      j["max_kernel_ms"] = nullptr;
+    }
+    j["cuda_graph"] = {{"enabled", !o.no_cuda_graph},
+                       {"captures", profile->graph_captures},
+                       {"launches", profile->graph_launches},
+                       {"disabled_after_failure", profile->graphs_disabled}};
     j["iterations"] = stats->iterations;
     j["throughput_per_s"] = stats->throughput_per_s;
     j["memory"] = {{"planned_peak_bytes", planned}, {"actual_peak_bytes", actual}};
@@ -106,10 +216,31 @@ int Run(const RunOptions& o) {
                            ToString((*engine)->desc().header.backend), fmt::join(shape_text, " "));
   std::cout << fmt::format("throughput: {:.1f} inferences/s ({} iterations in {:.2f} s)\n",
                            stats->throughput_per_s, stats->iterations, stats->total_s);
-  std::cout << fmt::format(
-      "latency:    min {:.3f} ms  median {:.3f} ms  mean {:.3f} ms  p90 {:.3f} ms  p99 {:.3f} ms  "
-      "max {:.3f} ms\n",
-      stats->min_ms, stats->median_ms, stats->mean_ms, stats->p90_ms, stats->p99_ms, stats->max_ms);
+  std::cout << fmt::format("latency:    {} (host wall: copy in + execute + copy out)\n",
+                           StatsLine(*stats));
+  std::cout << fmt::format("{} compute: {} ({} time of the enqueued work)\n", what,
+                           StatsLine(profile->compute), timer);
+  std::cout << fmt::format("enqueue:    {} (host time to launch)\n", StatsLine(profile->enqueue));
+  if (!profile->layers.empty()) {
+    std::cout << fmt::format("max kernel: {:.3f} ms ({} time, layer '{}', {} per-layer runs)\n",
+                             profile->max_kernel_ms, timer, profile->max_kernel_layer,
+                             bo.layer_iterations);
+    std::vector<const app::LayerTime*> top;
+    for (const app::LayerTime& l : profile->layers) top.push_back(&l);
+    std::sort(top.begin(), top.end(), [](const app::LayerTime* a, const app::LayerTime* b) {
+      return a->median_ms > b->median_ms;
+    });
+    for (size_t i = 0; i < top.size() && static_cast<int>(i) < o.top_layers; ++i) {
+      std::cout << fmt::format("  {:>9.3f} ms  {}  ({})\n", top[i]->median_ms, top[i]->name,
+                               top[i]->tactic);
+    }
+  }
+  if ((*engine)->backend().supports_graphs()) {
+    std::cout << fmt::format("cuda graph: {} ({} captures, {} launches{})\n",
+                             o.no_cuda_graph ? "off" : "on", profile->graph_captures,
+                             profile->graph_launches,
+                             profile->graphs_disabled ? "; capture failed, ran eagerly" : "");
+  }
   std::cout << fmt::format("memory:     peak {} planned, {} allocated\n", Bytes(planned),
                            Bytes(actual));
   if (o.verify) std::cout << "\n" << summary.ToTable();
@@ -134,6 +265,16 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
       ->capture_default_str();
   sub->add_option("--seed", o->seed, "random input seed")->capture_default_str();
   sub->add_flag("--json", o->json, "print the summary as JSON");
+  sub->add_flag("--no-cuda-graph", o->no_cuda_graph,
+                "launch layer by layer instead of capturing and replaying a CUDA graph");
+  sub->add_option("--layer-iterations", o->layer_iterations,
+                  "eager runs with an event around each layer, for per-layer and max kernel time "
+                  "(0: skip)")
+      ->capture_default_str();
+  sub->add_option("--save-outputs", o->save_outputs,
+                  "write each output of a final run as DIR/NAME.npy (NumPy format)");
+  sub->add_option("--top-layers", o->top_layers, "slowest layers listed in the table")
+      ->capture_default_str();
   sub->add_flag("--verify", o->verify,
                 "also print the four figures of a fix's verification: build time, max kernel time, "
                 "NCCL init, peak memory");

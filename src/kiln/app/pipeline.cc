@@ -41,10 +41,11 @@ StatusOr<BuiltEngine> BuildFromOnnxFile(const std::string& path, const BuilderCo
   return out;
 }
 
-StatusOr<std::unique_ptr<HostRunner>> HostRunner::Create(std::shared_ptr<const Engine> engine) {
+StatusOr<std::unique_ptr<HostRunner>> HostRunner::Create(std::shared_ptr<const Engine> engine,
+                                                         const ExecutionOptions& options) {
   auto r = std::unique_ptr<HostRunner>(new HostRunner());
   r->engine_ = std::move(engine);
-  KILN_ASSIGN_OR_RETURN(r->context_, r->engine_->CreateExecutionContext());
+  KILN_ASSIGN_OR_RETURN(r->context_, r->engine_->CreateExecutionContext(options));
   return r;
 }
 
@@ -94,16 +95,29 @@ Status HostRunner::SetInputs(const std::map<std::string, Tensor>& inputs) {
   return OkStatus();
 }
 
-Status HostRunner::Run() {
+Status HostRunner::CopyInputs() {
   Backend& backend = engine_->backend();
   for (auto& [t, dev] : to_device_) {
     KILN_RETURN_IF_ERROR(backend.CopyToDevice(dev, t->raw(), t->size_bytes(), nullptr));
   }
-  KILN_RETURN_IF_ERROR(context_->Execute(nullptr));
+  return OkStatus();
+}
+
+Status HostRunner::CopyOutputs() {
+  // Work enqueued on the context's own stream (ProfileEngine passes it explicitly) is finished
+  // first; the copies then run on the legacy stream, after anything Execute(nullptr) ordered.
+  Backend& backend = engine_->backend();
+  if (void* s = context_->stream()) KILN_RETURN_IF_ERROR(backend.Synchronize(s));
   for (auto& [dev, t] : to_host_) {
     KILN_RETURN_IF_ERROR(backend.CopyToHost(t->mutable_raw(), dev, t->size_bytes(), nullptr));
   }
   return backend.Synchronize(nullptr);
+}
+
+Status HostRunner::Run() {
+  KILN_RETURN_IF_ERROR(CopyInputs());
+  KILN_RETURN_IF_ERROR(context_->Execute(nullptr));
+  return CopyOutputs();
 }
 
 std::string Comparison::ToString() const {

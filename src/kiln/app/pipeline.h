@@ -26,11 +26,17 @@ StatusOr<BuiltEngine> BuildFromOnnxBytes(std::span<const std::byte> bytes, const
 // memory), executes, and returns the outputs as host tensors by name.
 class HostRunner {
  public:
-  static StatusOr<std::unique_ptr<HostRunner>> Create(std::shared_ptr<const Engine> engine);
+  static StatusOr<std::unique_ptr<HostRunner>> Create(std::shared_ptr<const Engine> engine,
+                                                      const ExecutionOptions& options = {});
   // Binds inputs and sizes outputs; call again when shapes change. Allocation happens here, not
   // in Run.
   Status SetInputs(const std::map<std::string, Tensor>& inputs);
+  // CopyInputs + Execute on the context's stream + CopyOutputs, then waits.
   Status Run();
+  // The parts of Run, for timing them apart: host inputs to the device (waits), and device
+  // outputs to the host (waits for everything enqueued before).
+  Status CopyInputs();
+  Status CopyOutputs();
   const std::map<std::string, Tensor>& outputs() const { return outputs_; }
   ExecutionContext& context() { return *context_; }
 

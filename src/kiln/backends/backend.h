@@ -2,6 +2,7 @@
 // present; the CUDA backend registers itself when built and a device is found.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -45,6 +46,36 @@ class DeviceBuffer {
   std::function<void(void*)> free_;
 };
 
+// A backend object other than memory (a stream, an event, an executable graph): an opaque handle
+// and the function that destroys it. Move-only.
+class DeviceHandle {
+ public:
+  DeviceHandle() = default;
+  DeviceHandle(void* handle, std::function<void(void*)> destroy)
+      : handle_(handle), destroy_(std::move(destroy)) {}
+  DeviceHandle(DeviceHandle&& o) noexcept { *this = std::move(o); }
+  DeviceHandle& operator=(DeviceHandle&& o) noexcept {
+    Reset();
+    handle_ = o.handle_;
+    destroy_ = std::move(o.destroy_);
+    o.handle_ = nullptr;
+    return *this;
+  }
+  DeviceHandle(const DeviceHandle&) = delete;
+  DeviceHandle& operator=(const DeviceHandle&) = delete;
+  ~DeviceHandle() { Reset(); }
+  void* get() const { return handle_; }
+  explicit operator bool() const { return handle_ != nullptr; }
+
+ private:
+  void Reset() {
+    if (handle_ && destroy_) destroy_(handle_);
+    handle_ = nullptr;
+  }
+  void* handle_ = nullptr;
+  std::function<void(void*)> destroy_;
+};
+
 struct DeviceInfo {
   std::string name;  // "x86_64 CPU (16 threads)" / "NVIDIA H200"
   std::string arch;  // "x86_64" / "sm_90": engines are specific to it
@@ -64,6 +95,47 @@ class Backend {
   virtual Status CopyToDevice(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual Status CopyToHost(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual Status Synchronize(void* stream) = 0;
+
+  // ---- Streams, events and graphs. The defaults suit a backend that runs synchronously on the
+  // host (the CPU): no streams, events that read the host clock, no graphs.
+
+  // A stream for an execution context that is given none. A null handle: the backend has no
+  // streams (work runs on the calling thread).
+  virtual StatusOr<DeviceHandle> CreateStream() { return DeviceHandle(); }
+  // Events mark a point in a stream's work; EventElapsedMs waits for `end` and returns the time
+  // between the two marks. Device time where device_timing(), else host time at the Record call.
+  virtual bool device_timing() const { return false; }
+  virtual StatusOr<DeviceHandle> CreateEvent() {
+    return DeviceHandle(new std::chrono::steady_clock::time_point(), [](void* p) {
+      delete static_cast<std::chrono::steady_clock::time_point*>(p);
+    });
+  }
+  virtual Status RecordEvent(void* event, void* stream) {
+    *static_cast<std::chrono::steady_clock::time_point*>(event) = std::chrono::steady_clock::now();
+    return OkStatus();
+  }
+  // Makes later work on `stream` wait for `event` (nullptr: CUDA's legacy default stream).
+  virtual Status StreamWaitEvent(void* stream, void* event) { return OkStatus(); }
+  virtual StatusOr<double> EventElapsedMs(void* start, void* end) {
+    using T = std::chrono::steady_clock::time_point;
+    return std::chrono::duration<double, std::milli>(*static_cast<T*>(end) -
+                                                     *static_cast<T*>(start))
+        .count();
+  }
+  // Graphs: the work issued on `stream` between BeginCapture and EndCapture is recorded, not run,
+  // and EndCapture returns it as an executable graph that LaunchGraph replays on any stream.
+  // EndCapture must follow every BeginCapture, also when the captured work failed (it then
+  // discards the capture and returns the failure).
+  virtual bool supports_graphs() const { return false; }
+  virtual Status BeginCapture(void* stream) {
+    return MakeError(ErrorCode::kInvalidArgument, "this backend has no graph capture");
+  }
+  virtual StatusOr<DeviceHandle> EndCapture(void* stream) {
+    return MakeError(ErrorCode::kInvalidArgument, "this backend has no graph capture");
+  }
+  virtual Status LaunchGraph(void* graph, void* stream) {
+    return MakeError(ErrorCode::kInvalidArgument, "this backend has no graph capture");
+  }
 };
 
 // The backend of a kind, or KILN-E6000 when it is not built or has no device here.

@@ -144,9 +144,13 @@ Status Engine::Build() {
   return OkStatus();
 }
 
-StatusOr<std::unique_ptr<ExecutionContext>> Engine::CreateExecutionContext() const {
-  std::unique_ptr<ExecutionContext> ctx(new ExecutionContext(shared_from_this()));
-  KILN_RETURN_IF_ERROR(ctx->Init());
+StatusOr<std::unique_ptr<ExecutionContext>> Engine::CreateExecutionContext(
+    const ExecutionOptions& options) const {
+  // Everything a context allocates is its own: a failure here (out of device memory) frees what
+  // was made so far with `ctx` and leaves the engine as it was.
+  std::unique_ptr<ExecutionContext> ctx(new ExecutionContext(shared_from_this(), options));
+  KILN_RETURN_IF_ERROR_CTX(ctx->Init(), "while creating an execution context for '{}'",
+                           desc_->header.model_name);
   return ctx;
 }
 
@@ -156,6 +160,16 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Create(BackendKind kind) {
   KILN_ASSIGN_OR_RETURN(Backend * backend, GetBackend(kind));
   KILN_ASSIGN_OR_RETURN(DeviceInfo info, backend->Info());
   return std::unique_ptr<Runtime>(new Runtime(backend, std::move(info)));
+}
+
+StatusOr<std::unique_ptr<Runtime>> Runtime::CreateForEngine(const EngineHeader& header) {
+  auto runtime = Create(header.backend);
+  if (runtime.ok() || header.backend == BackendKind::kCpu) return runtime;
+  return MakeError(ErrorCode::kEngineNeedsGpu,
+                   "engine '{}' was built for backend '{}' on arch '{}' ({}); this machine "
+                   "cannot run that backend ({}: {})",
+                   header.model_name, ToString(header.backend), header.device_arch,
+                   header.library_versions, runtime.status().Id(), runtime.status().message());
 }
 
 LoadOptions Runtime::Options() const {

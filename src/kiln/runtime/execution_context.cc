@@ -1,20 +1,26 @@
 // ExecutionContext: per-context kernels, arena and workspace; shape propagation with concrete
-// dims when input shapes are set; an allocation-free Execute.
+// dims when input shapes are set; an allocation-free Execute (eager, graph replay, or timed).
 #include <fmt/ranges.h>
 
 #include <cstring>
 
 #include "kiln/core/logging.h"
+#include "kiln/core/params.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/runtime/runtime.h"
 
 namespace kiln {
 
-ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine)
-    : engine_(std::move(engine)) {}
+ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine,
+                                   const ExecutionOptions& options)
+    : engine_(std::move(engine)), options_(options) {}
 
-ExecutionContext::~ExecutionContext() = default;
+// Graphs and events go before the stream they were used on.
+ExecutionContext::~ExecutionContext() {
+  graphs_.clear();
+  events_.clear();
+}
 
 int64_t ExecutionContext::allocated_bytes() const {
   return static_cast<int64_t>(arena_.size() + workspace_.size());
@@ -91,6 +97,13 @@ Status ExecutionContext::Init() {
   }
   binding_ptrs_.assign(e.bindings_.size(), nullptr);
   input_shape_set_.assign(e.bindings_.size(), false);
+  graph_key_.reserve(e.bindings_.size());
+  KILN_ASSIGN_OR_RETURN(own_stream_, e.backend_->CreateStream());
+  if (own_stream_) {
+    KILN_ASSIGN_OR_RETURN(order_in_, e.backend_->CreateEvent());
+    KILN_ASSIGN_OR_RETURN(order_out_, e.backend_->CreateEvent());
+  }
+  if (options_.layer_timing) KILN_RETURN_IF_ERROR(SetLayerTiming(true));
 
   // Inputs whose shapes are fully static need no SetInputShape.
   bool all_static = true;
@@ -185,6 +198,9 @@ Status ExecutionContext::InferShapes() {
 
 Status ExecutionContext::Propagate() {
   shapes_ready_ = false;
+  // Kernels are prepared again below: graphs captured with the old preparation are stale.
+  graphs_.clear();
+  next_graph_slot_ = 0;
   const Engine& e = *engine_;
 
   // The same symbol must take one value across inputs ("batch" in two inputs).
@@ -358,7 +374,35 @@ Status ExecutionContext::Execute(void* stream) {
                        unbound.size(), binding_ptrs_.size(), fmt::join(unbound, ", "));
     }
   }
+  Backend& backend = *engine_->backend_;
+  void* s = stream;
+  const bool legacy = !stream && own_stream_;
+  if (legacy) {
+    // The legacy stream cannot be captured into a graph; run on our stream between two events
+    // so the work keeps the legacy stream's order.
+    s = own_stream_.get();
+    KILN_RETURN_IF_ERROR(backend.RecordEvent(order_in_.get(), nullptr));
+    KILN_RETURN_IF_ERROR(backend.StreamWaitEvent(s, order_in_.get()));
+  }
+  Status run = (options_.cuda_graphs && !options_.layer_timing && !graphs_failed_ &&
+                backend.supports_graphs() && s && param::CudaGraphCacheSize() > 0)
+                   ? ExecuteGraph(s)
+                   : RunLayers(s, options_.layer_timing);
+  if (legacy) {
+    // Also after a failure: later legacy-stream work must not overtake what was enqueued.
+    Status rec = backend.RecordEvent(order_out_.get(), s);
+    if (rec.ok()) rec = backend.StreamWaitEvent(nullptr, order_out_.get());
+    if (run.ok()) run = std::move(rec);
+  }
+  return run;
+}
+
+Status ExecutionContext::RunLayers(void* stream, bool timed) {
+  Backend& backend = *engine_->backend_;
   const auto& layers = engine_->layers_;
+  timed = timed && events_.size() == layers.size() + 1;
+  timed_last_run_ = false;
+  if (timed) KILN_RETURN_IF_ERROR(backend.RecordEvent(events_[0].get(), stream));
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerViews& lv = layer_views_[l];
     KernelRunArgs args;
@@ -373,13 +417,84 @@ Status ExecutionContext::Execute(void* stream) {
           fmt::format("while running layer '{}' ({}, tactic '{}')", layers[l].desc->node->name(),
                       layers[l].provider->id(), layers[l].desc->tactic.name));
     }
+    if (timed) KILN_RETURN_IF_ERROR(backend.RecordEvent(events_[l + 1].get(), stream));
   }
   for (const Engine::OutputCopy& c : engine_->output_copies_) {
     const Tensor* t = engine_->slots_[c.slot].value->constant();
-    KILN_RETURN_IF_ERROR(engine_->backend_->CopyToDevice(binding_ptrs_[c.binding], ptrs_[c.slot],
-                                                         t->size_bytes(), stream));
+    KILN_RETURN_IF_ERROR(
+        backend.CopyToDevice(binding_ptrs_[c.binding], ptrs_[c.slot], t->size_bytes(), stream));
+  }
+  timed_last_run_ = timed;
+  return OkStatus();
+}
+
+Status ExecutionContext::ExecuteGraph(void* stream) {
+  Backend& backend = *engine_->backend_;
+  // The key is the bound addresses (shapes are fixed until the next Propagate clears graphs_).
+  graph_key_.clear();  // keeps its capacity: no allocation
+  for (void* p : binding_ptrs_) graph_key_.push_back(p);
+  for (GraphEntry& g : graphs_) {
+    if (g.key == graph_key_) {
+      ++graph_launches_;
+      return backend.LaunchGraph(g.exec.get(), stream);
+    }
+  }
+  // First run with these addresses: capture the layers (recorded, not run), then launch.
+  if (Status begin = backend.BeginCapture(stream); !begin.ok()) {
+    graphs_failed_ = true;  // a stream that cannot be captured (the legacy one): run eagerly
+    KILN_LOG(Warn, RUNTIME, "CUDA graph capture unavailable; this context runs layer by layer: {}",
+             begin.ToString());
+    return RunLayers(stream, /*timed=*/false);
+  }
+  Status run = RunLayers(stream, /*timed=*/false);
+  StatusOr<DeviceHandle> exec = backend.EndCapture(stream);  // always ends the capture
+  if (!run.ok() || !exec.ok()) {
+    // A layer that cannot be captured (a library call that synchronises, say) must not make the
+    // engine unusable: give up on graphs for this context and run eagerly from now on.
+    graphs_failed_ = true;
+    KILN_LOG(Warn, RUNTIME, "CUDA graph capture failed; this context runs layer by layer: {}",
+             (!run.ok() ? run : exec.status()).ToString());
+    return RunLayers(stream, /*timed=*/false);
+  }
+  ++graph_captures_;
+  const size_t cap = static_cast<size_t>(std::max<int64_t>(1, param::CudaGraphCacheSize()));
+  GraphEntry entry{graph_key_, std::move(*exec)};
+  size_t slot = graphs_.size();
+  if (slot < cap) {
+    graphs_.push_back(std::move(entry));
+  } else {
+    slot = next_graph_slot_;  // replaces the oldest
+    next_graph_slot_ = (next_graph_slot_ + 1) % cap;
+    graphs_[slot] = std::move(entry);
+  }
+  ++graph_launches_;
+  return backend.LaunchGraph(graphs_[slot].exec.get(), stream);
+}
+
+Status ExecutionContext::SetLayerTiming(bool on) {
+  options_.layer_timing = on;
+  timed_last_run_ = false;
+  if (!on || events_.size() == engine_->layers_.size() + 1) return OkStatus();
+  events_.clear();
+  for (size_t i = 0; i <= engine_->layers_.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(DeviceHandle ev, engine_->backend_->CreateEvent());
+    events_.push_back(std::move(ev));
   }
   return OkStatus();
+}
+
+StatusOr<std::vector<double>> ExecutionContext::LayerTimesMs() {
+  if (!timed_last_run_) {
+    return MakeError(ErrorCode::kLayerTimingOff,
+                     "the last Execute ran without per-layer timing (layer_timing is {})",
+                     options_.layer_timing ? "on, but no Execute followed" : "off");
+  }
+  std::vector<double> ms(engine_->layers_.size());
+  for (size_t l = 0; l < ms.size(); ++l) {
+    KILN_ASSIGN_OR_RETURN(
+        ms[l], engine_->backend_->EventElapsedMs(events_[l].get(), events_[l + 1].get()));
+  }
+  return ms;
 }
 
 }  // namespace kiln

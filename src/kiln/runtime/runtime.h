@@ -23,6 +23,17 @@ namespace kiln {
 
 class ExecutionContext;
 
+// How a context executes. Defaults are the fast path.
+struct ExecutionOptions {
+  // Backends with graphs (CUDA): the first Execute after the input shapes or the bound addresses
+  // change captures the layers into a graph, later ones replay it (one launch instead of one per
+  // layer). Off: every Execute launches layer by layer.
+  bool cuda_graphs = true;
+  // Records an event around every layer so LayerTimesMs() can report per-layer time. Layers then
+  // run eagerly (a replayed graph has no per-layer marks).
+  bool layer_timing = false;
+};
+
 // An engine input or output as users see it (`kiln inspect`, `kiln run`).
 struct TensorDesc {
   std::string name;
@@ -50,8 +61,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Bytes of weights resident for this engine (shared by all its contexts).
   int64_t weights_bytes() const { return weights_bytes_; }
 
-  // Creates kernels and allocates the context's arena and workspace (the only allocations).
-  StatusOr<std::unique_ptr<ExecutionContext>> CreateExecutionContext() const;
+  // Creates kernels and allocates the context's arena and workspace (the only allocations). A
+  // failure (KILN-E6003 when the device is out of memory) leaves the engine usable.
+  StatusOr<std::unique_ptr<ExecutionContext>> CreateExecutionContext(
+      const ExecutionOptions& options = {}) const;
 
  private:
   friend class ExecutionContext;
@@ -130,8 +143,27 @@ class ExecutionContext {
   StatusOr<std::vector<int64_t>> GetTensorShape(const std::string& name);
   bool all_input_shapes_set() const { return shapes_ready_; }
 
-  // Runs the layers in order on `stream` (nullptr on the CPU). No allocation.
+  // Enqueues the layers on `stream` (a cudaStream_t on CUDA). nullptr runs them on the context's
+  // own stream (stream()), ordered by events after earlier work on CUDA's legacy default stream
+  // and before later work there, as if they ran on it. On the CPU the work is done when Execute
+  // returns. No allocation in steady state: only the first Execute
+  // after new shapes (propagation) or new addresses (graph capture) allocates.
   Status Execute(void* stream = nullptr);
+
+  // The context's own stream (nullptr where the backend has none).
+  void* stream() const { return own_stream_.get(); }
+  const ExecutionOptions& options() const { return options_; }
+  // Per-layer timing: creates the events once (allocates; call it before the timed runs).
+  Status SetLayerTiming(bool on);
+  // Each layer's time in the last Execute, in layer order (waits for that Execute to finish).
+  // Device time where the backend has device timers (engine().backend().device_timing()), host
+  // time otherwise. KILN-E5007 when timing was off for the last Execute.
+  StatusOr<std::vector<double>> LayerTimesMs();
+  // Graph statistics for tests and reports: captures made, graph launches, and whether graphs
+  // were given up on in this context (a layer that cannot be captured; it then runs eagerly).
+  int64_t graph_captures() const { return graph_captures_; }
+  int64_t graph_launches() const { return graph_launches_; }
+  bool graphs_disabled() const { return graphs_failed_; }
 
   const Engine& engine() const { return *engine_; }
   // What this context allocated (arena + workspace) and the actual peak with the weights; the
@@ -141,8 +173,10 @@ class ExecutionContext {
 
  private:
   friend class Engine;
-  explicit ExecutionContext(std::shared_ptr<const Engine> engine);
+  ExecutionContext(std::shared_ptr<const Engine> engine, const ExecutionOptions& options);
   Status Init();
+  Status RunLayers(void* stream, bool timed);
+  Status ExecuteGraph(void* stream);
   Status Propagate();
   StatusOr<int> FindBinding(const std::string& name) const;
   std::string BindingNames(bool inputs, bool outputs) const;
@@ -165,12 +199,35 @@ class ExecutionContext {
   };
   std::vector<LayerViews> layer_views_;
   std::vector<std::vector<size_t>> views_of_slot_;  // view indices that show each slot
+
+  ExecutionOptions options_;
+  DeviceHandle own_stream_;
+  // Execute(nullptr): legacy stream -> own stream -> legacy stream ordering.
+  DeviceHandle order_in_, order_out_;
+  // Layer timing: events_[l] before layer l, events_[n] after the last.
+  std::vector<DeviceHandle> events_;
+  bool timed_last_run_ = false;
+  // Graphs for the current shapes, one per set of bound addresses (cleared when shapes change:
+  // kernels are re-prepared then). graph_key_ is rebuilt in place (no allocation) per Execute.
+  struct GraphEntry {
+    std::vector<void*> key;
+    DeviceHandle exec;
+  };
+  std::vector<GraphEntry> graphs_;
+  std::vector<void*> graph_key_;
+  size_t next_graph_slot_ = 0;
+  bool graphs_failed_ = false;
+  int64_t graph_captures_ = 0;
+  int64_t graph_launches_ = 0;
 };
 
 // Owns the choice of backend; loads engines for it (rejecting other targets with KILN-E4004).
 class Runtime {
  public:
   static StatusOr<std::unique_ptr<Runtime>> Create(BackendKind kind);
+  // The runtime for an engine's target (`kiln run`): KILN-E5006, with the backend's own reason
+  // and the engine's target, where that backend cannot run here (a CUDA engine, no GPU).
+  static StatusOr<std::unique_ptr<Runtime>> CreateForEngine(const EngineHeader& header);
   BackendKind kind() const { return backend_->kind(); }
   const DeviceInfo& device() const { return device_; }
 

@@ -3,12 +3,14 @@
 // own reason) where no usable GPU is present, so a CUDA-enabled kiln still runs on the CPU.
 #include <cudnn.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "kiln/backends/backend.h"
-#include "kiln/core/params.h"
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/core/params.h"
 
 namespace kiln::cuda {
 
@@ -162,6 +164,74 @@ class CudaBackend final : public Backend {
     return OkStatus();
   }
 
+  // Non-blocking: work on the legacy default stream (by any thread) must not be able to break a
+  // graph capture on it. The runtime orders it with the legacy stream through events instead.
+  StatusOr<DeviceHandle> CreateStream() override {
+    KILN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    cudaStream_t s = nullptr;
+    KILN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return DeviceHandle(s, [](void* p) { cudaStreamDestroy(static_cast<cudaStream_t>(p)); });
+  }
+
+  bool device_timing() const override { return true; }
+  StatusOr<DeviceHandle> CreateEvent() override {
+    KILN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    cudaEvent_t e = nullptr;
+    KILN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+    return DeviceHandle(e, [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+  }
+  Status RecordEvent(void* event, void* stream) override {
+    KILN_CUDA_RETURN_IF_ERROR(
+        cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+    return OkStatus();
+  }
+  Status StreamWaitEvent(void* stream, void* event) override {
+    KILN_CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
+    return OkStatus();
+  }
+  StatusOr<double> EventElapsedMs(void* start, void* end) override {
+    KILN_RETURN_IF_ERROR(WaitForEvent(static_cast<cudaEvent_t>(end)));
+    float ms = 0;
+    KILN_CUDA_RETURN_IF_ERROR(
+        cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+    return static_cast<double>(ms);
+  }
+
+  bool supports_graphs() const override { return true; }
+  Status BeginCapture(void* stream) override {
+    if (!stream) {
+      return MakeError(ErrorCode::kCudaGraphFailed,
+                       "CUDA graphs cannot capture the legacy default stream; pass a stream");
+    }
+    // Thread-local mode: another thread's unrelated CUDA calls do not invalidate this capture.
+    cudaError_t err =
+        cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeThreadLocal);
+    if (err != cudaSuccess) return GraphError(err, "cudaStreamBeginCapture");
+    return OkStatus();
+  }
+  StatusOr<DeviceHandle> EndCapture(void* stream) override {
+    cudaGraph_t graph = nullptr;
+    cudaError_t err = cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph);
+    if (err != cudaSuccess) {
+      if (graph) cudaGraphDestroy(graph);
+      return GraphError(err, "cudaStreamEndCapture");
+    }
+    cudaGraphExec_t exec = nullptr;
+    err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);  // the executable graph keeps what it needs
+    if (err != cudaSuccess) return GraphError(err, "cudaGraphInstantiate");
+    return DeviceHandle(exec,
+                        [](void* p) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(p)); });
+  }
+  Status LaunchGraph(void* graph, void* stream) override {
+    if (!graph) return MakeError(ErrorCode::kCudaGraphFailed, "cudaGraphLaunch: no graph given");
+    cudaError_t err =
+        cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) return GraphError(err, "cudaGraphLaunch");
+    return OkStatus();
+  }
+
  private:
   Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, void* stream) {
     if (bytes == 0) return OkStatus();
@@ -173,6 +243,31 @@ class CudaBackend final : public Backend {
     if (!stream) KILN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
     return OkStatus();
   }
+  static Status GraphError(cudaError_t err, const char* what) {
+    cudaGetLastError();
+    return MakeError(ErrorCode::kCudaGraphFailed, "{} failed: {} ({})", what, cudaGetErrorName(err),
+                     cudaGetErrorString(err));
+  }
+
+  // cudaEventSynchronize has no bound; poll instead (STYLE: every wait has a bound). Spin briefly
+  // first: most waits are for work that ends within microseconds.
+  static Status WaitForEvent(cudaEvent_t e) {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const auto limit = std::chrono::seconds(std::max<int64_t>(1, param::DeviceWaitTimeoutS()));
+    for (int spin = 0;; ++spin) {
+      cudaError_t err = cudaEventQuery(e);
+      if (err == cudaSuccess) return OkStatus();
+      if (err != cudaErrorNotReady) return CudaStatus(err, "cudaEventQuery");
+      if (Clock::now() - start > limit) {
+        return MakeError(ErrorCode::kDeviceWaitTimeout,
+                         "the GPU's work did not finish within KILN_DEVICE_WAIT_TIMEOUT_S={} s",
+                         param::DeviceWaitTimeoutS());
+      }
+      if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
   int device_;
 };
 
