@@ -205,6 +205,10 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     pass_options.evaluator = [](const Node& node, std::span<const Tensor* const> inputs) {
       return cpu::EvaluateNode(node, inputs);
     };
+    // cuDNN runs f16/bf16 convolutions on tensor cores channels-last; f32 and the CPU stay NCHW.
+    if (config.backend == BackendKind::kCuda && (config.fp16 || config.bf16)) {
+      pass_options.conv_layout = "NHWC";
+    }
     KILN_ASSIGN_OR_RETURN(passes::PassReport passes, passes::RunDefaultPasses(graph, pass_options));
     rep.passes = passes.ToString();
     rep.nodes_before_passes = passes.nodes_before;
@@ -230,7 +234,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     // through every data-dependent shape; the rules can).
     l.request = MakeKernelRequest(*node, max_dims);
     for (const KernelProvider* p :
-         KernelRegistry::Get().Providers(config.backend, node->op_type())) {
+         KernelRegistry::Get().Providers(config.backend, *node)) {
       for (TacticConfig& t : p->Tactics(l.request)) l.candidates.push_back({p, std::move(t)});
     }
     if (l.candidates.empty()) {
