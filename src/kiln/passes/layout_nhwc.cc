@@ -18,15 +18,17 @@
 namespace kiln::passes {
 namespace {
 
-const std::set<std::string> kAnchors = {"Conv",        "FusedConv",   "ConvTranspose",
-                                        "MaxPool",     "AveragePool", "GlobalAveragePool"};
+const std::set<std::string> kAnchors = {"Conv",    "FusedConv",   "ConvTranspose",
+                                        "MaxPool", "AveragePool", "GlobalAveragePool"};
 // Elementwise ops whose non-activation inputs are scalars or broadcast constants.
 const std::set<std::string> kElementwise = {
-    "Abs",  "Ceil", "Celu",     "Clip",    "Cos",      "Elu",        "Erf",     "Exp",
-    "Floor", "Gelu", "HardSigmoid", "HardSwish", "Identity", "LeakyRelu", "Log", "Mish",
-    "Neg",  "PRelu", "Reciprocal", "Relu", "Round",   "Selu",       "Sigmoid", "Sign",
-    "Sin",  "Softplus", "Softsign", "Sqrt", "Tanh",   "ThresholdedRelu", "Cast", "Add",
-    "Sub",  "Mul",  "Div",      "Pow",     "Max",      "Min",        "Mean",    "Sum"};
+    "Abs",        "Ceil",      "Celu",     "Clip", "Cos",         "Elu",
+    "Erf",        "Exp",       "Floor",    "Gelu", "HardSigmoid", "HardSwish",
+    "Identity",   "LeakyRelu", "Log",      "Mish", "Neg",         "PRelu",
+    "Reciprocal", "Relu",      "Round",    "Selu", "Sigmoid",     "Sign",
+    "Sin",        "Softplus",  "Softsign", "Sqrt", "Tanh",        "ThresholdedRelu",
+    "Cast",       "Add",       "Sub",      "Mul",  "Div",         "Pow",
+    "Max",        "Min",       "Mean",     "Sum"};
 
 // NCHW axis -> NHWC axis.
 int64_t NhwcAxis(int64_t nchw_axis) {
@@ -106,25 +108,24 @@ class LayoutNhwcPass final : public Pass {
                              src->dtype());
       }
       dst->set_dtype(src->dtype());
-      if (src->has_shape()) {
-        dst->set_shape(into_nhwc ? ChannelsFirstToLast(src->shape())
-                                 : ChannelsLastToFirst(src->shape()));
-      }
+      // Values made channels-last still carry their channels-first shape until shapes are
+      // re-inferred after the pass, so either way `src->shape()` is in NCHW order.
+      const Shape* nchw = src->has_shape() ? &src->shape() : nullptr;
+      if (nchw) dst->set_shape(into_nhwc ? ChannelsFirstToLast(*nchw) : *nchw);
       ctx.stats().nodes_added += 1;
-      const Shape* shape = src->has_shape() ? &src->shape() : nullptr;
-      if (!into_nhwc && shape && shape->size() == 4 && (*shape)[1].is_static() &&
-          (*shape)[1].value() == 1 && (*shape)[2].is_static() && (*shape)[2].value() == 1) {
+      auto is_one = [](const Dim& d) { return d.is_static() && d.value() == 1; };
+      if (!into_nhwc && nchw && nchw->size() == 4 && is_one((*nchw)[2]) && is_one((*nchw)[3])) {
         // N x 1 x 1 x C and N x C x 1 x 1 have the same bytes: a Reshape, no data movement.
-        Value* target = AddConstant(graph, src->name() + "_nchw_shape",
-                                    Tensor::FromVector<int64_t>(DataType::kInt64, {4},
-                                                                {0, -1, 1, 1}));
+        Value* target =
+            AddConstant(graph, src->name() + "_nchw_shape",
+                        Tensor::FromVector<int64_t>(DataType::kInt64, {4}, {0, -1, 1, 1}));
         graph.AddNode("Reshape", graph.UniqueName(src->name() + "_layout"), {src, target}, {dst});
         reshaped.push_back(src->name());
         return dst;
       }
       AttributeMap attrs;
-      attrs.Set("perm", into_nhwc ? std::vector<int64_t>{0, 2, 3, 1}
-                                  : std::vector<int64_t>{0, 3, 1, 2});
+      attrs.Set("perm",
+                into_nhwc ? std::vector<int64_t>{0, 2, 3, 1} : std::vector<int64_t>{0, 3, 1, 2});
       graph.AddNode("Transpose", graph.UniqueName(src->name() + "_layout"), {src}, {dst},
                     std::move(attrs));
       inserted.push_back(fmt::format("{} -> {}", src->name(), into_nhwc ? "NHWC" : "NCHW"));
@@ -179,9 +180,9 @@ class LayoutNhwcPass final : public Pass {
       }
     }
     ctx.stats().rewrites += static_cast<int64_t>(nhwc.size());
-    ctx.stats().notes.push_back(fmt::format(
-        "{} node(s) channels-last; {} transpose(s) inserted{}{}", nhwc.size(), inserted.size(),
-        inserted.empty() ? "" : ": ", fmt::join(inserted, ", ")));
+    ctx.stats().notes.push_back(
+        fmt::format("{} node(s) channels-last; {} transpose(s) inserted{}{}", nhwc.size(),
+                    inserted.size(), inserted.empty() ? "" : ": ", fmt::join(inserted, ", ")));
     if (!reshaped.empty()) {
       ctx.stats().notes.push_back(fmt::format("{} 1x1 map(s) back to NCHW by Reshape: {}",
                                               reshaped.size(), fmt::join(reshaped, ", ")));
@@ -272,8 +273,8 @@ class LayoutNhwcPass final : public Pass {
       Value* v = n.input(i);
       if (!v || !v->is_constant() || v->constant()->num_elements() == 1) continue;
       // Constants may be shared with channels-first readers: the permuted copy is new.
-      graph.SetInput(&n, i,
-                     AddConstant(graph, v->name() + "_nhwc", PermuteBroadcastConstant(*v->constant())));
+      graph.SetInput(
+          &n, i, AddConstant(graph, v->name() + "_nhwc", PermuteBroadcastConstant(*v->constant())));
     }
     return OkStatus();
   }

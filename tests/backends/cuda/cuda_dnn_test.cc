@@ -30,37 +30,125 @@ struct ConvCase {
 std::vector<ConvCase> Cases() {
   using P = std::pair<std::string, std::vector<int64_t>>;
   return {
-      {"conv3x3_odd", "Conv", {2, 16, 13, 11}, {32, 16, 3, 3}, true, false, "",
+      {"conv3x3_odd",
+       "Conv",
+       {2, 16, 13, 11},
+       {32, 16, 3, 3},
+       true,
+       false,
+       "",
        {P{"pads", {1, 1, 1, 1}}}},
-      {"conv3x3_stride2", "Conv", {2, 8, 15, 15}, {16, 8, 3, 3}, false, false, "",
+      {"conv3x3_stride2",
+       "Conv",
+       {2, 8, 15, 15},
+       {16, 8, 3, 3},
+       false,
+       false,
+       "",
        {P{"pads", {1, 1, 1, 1}}, P{"strides", {2, 2}}}},
-      {"conv3x3_dilation2", "Conv", {1, 8, 12, 12}, {8, 8, 3, 3}, true, false, "",
+      {"conv3x3_dilation2",
+       "Conv",
+       {1, 8, 12, 12},
+       {8, 8, 3, 3},
+       true,
+       false,
+       "",
        {P{"pads", {2, 2, 2, 2}}, P{"dilations", {2, 2}}}},
       {"conv1x1", "Conv", {2, 32, 7, 7}, {64, 32, 1, 1}, false, false, "", {}},
-      {"depthwise3x3", "Conv", {2, 16, 9, 9}, {16, 1, 3, 3}, true, false, "",
-       {P{"pads", {1, 1, 1, 1}}}, 16},
-      {"grouped4", "Conv", {1, 16, 8, 8}, {32, 4, 3, 3}, false, false, "",
-       {P{"pads", {1, 1, 1, 1}}}, 4},
-      {"conv5x5_asym_pads", "Conv", {1, 8, 10, 9}, {8, 8, 5, 5}, false, false, "",
+      {"depthwise3x3",
+       "Conv",
+       {2, 16, 9, 9},
+       {16, 1, 3, 3},
+       true,
+       false,
+       "",
+       {P{"pads", {1, 1, 1, 1}}},
+       16},
+      {"grouped4",
+       "Conv",
+       {1, 16, 8, 8},
+       {32, 4, 3, 3},
+       false,
+       false,
+       "",
+       {P{"pads", {1, 1, 1, 1}}},
+       4},
+      {"conv5x5_asym_pads",
+       "Conv",
+       {1, 8, 10, 9},
+       {8, 8, 5, 5},
+       false,
+       false,
+       "",
        {P{"pads", {1, 2, 2, 1}}, P{"strides", {1, 2}}}},
       {"conv1d", "Conv", {2, 8, 17}, {16, 8, 3}, true, false, "", {P{"pads", {1, 1}}}},
-      {"fused_bias_relu", "FusedConv", {2, 16, 9, 9}, {16, 16, 3, 3}, true, false, "relu",
+      {"fused_bias_relu",
+       "FusedConv",
+       {2, 16, 9, 9},
+       {16, 16, 3, 3},
+       true,
+       false,
+       "relu",
        {P{"pads", {1, 1, 1, 1}}}},
-      {"fused_bias_residual_relu", "FusedConv", {2, 16, 9, 9}, {16, 16, 3, 3}, true, true, "relu",
+      {"fused_bias_residual_relu",
+       "FusedConv",
+       {2, 16, 9, 9},
+       {16, 16, 3, 3},
+       true,
+       true,
+       "relu",
        {P{"pads", {1, 1, 1, 1}}}},
-      {"fused_relu6_stride2", "FusedConv", {1, 8, 11, 11}, {16, 8, 3, 3}, true, false, "relu6",
+      {"fused_relu6_stride2",
+       "FusedConv",
+       {1, 8, 11, 11},
+       {16, 8, 3, 3},
+       true,
+       false,
+       "relu6",
        {P{"pads", {1, 1, 1, 1}}, P{"strides", {2, 2}}}},
       {"fused_silu_1x1", "FusedConv", {2, 16, 6, 6}, {32, 16, 1, 1}, true, false, "silu", {}},
-      {"fused_hardswish_depthwise", "FusedConv", {1, 16, 7, 7}, {16, 1, 3, 3}, true, false,
-       "hardswish", {P{"pads", {1, 1, 1, 1}}}, 16},
-      {"fused_residual_gelu_nobias", "FusedConv", {1, 8, 8, 8}, {8, 8, 3, 3}, false, true, "gelu",
+      {"fused_hardswish_depthwise",
+       "FusedConv",
+       {1, 16, 7, 7},
+       {16, 1, 3, 3},
+       true,
+       false,
+       "hardswish",
+       {P{"pads", {1, 1, 1, 1}}},
+       16},
+      {"fused_residual_gelu_nobias",
+       "FusedConv",
+       {1, 8, 8, 8},
+       {8, 8, 3, 3},
+       false,
+       true,
+       "gelu",
        {P{"pads", {1, 1, 1, 1}}}},
-      {"convtranspose_k2s2_bias", "ConvTranspose", {2, 16, 5, 6}, {16, 8, 2, 2}, true, false, "",
+      {"convtranspose_k2s2_bias",
+       "ConvTranspose",
+       {2, 16, 5, 6},
+       {16, 8, 2, 2},
+       true,
+       false,
+       "",
        {P{"strides", {2, 2}}}},
-      {"convtranspose_k3s2_outpad", "ConvTranspose", {1, 8, 5, 5}, {8, 4, 3, 3}, false, false, "",
+      {"convtranspose_k3s2_outpad",
+       "ConvTranspose",
+       {1, 8, 5, 5},
+       {8, 4, 3, 3},
+       false,
+       false,
+       "",
        {P{"strides", {2, 2}}, P{"pads", {1, 1, 1, 1}}, P{"output_padding", {1, 1}}}},
-      {"convtranspose_grouped2_bias", "ConvTranspose", {1, 8, 6, 6}, {8, 3, 3, 3}, true, false,
-       "", {P{"pads", {1, 1, 1, 1}}}, 2},
+      {"convtranspose_grouped2_bias",
+       "ConvTranspose",
+       {1, 8, 6, 6},
+       {8, 3, 3, 3},
+       true,
+       false,
+       "",
+       {P{"pads", {1, 1, 1, 1}}},
+       2},
   };
 }
 
@@ -126,7 +214,8 @@ Node* OneNode(Graph& g, const ConvCase& c, bool nhwc, const std::vector<Tensor>&
     } else if (is_const[i]) {
       values.push_back(g.AddConstant("c" + std::to_string(i), ins[i]));
     } else {
-      values.push_back(g.AddInput("in" + std::to_string(i), ins[i].dtype(), MakeShape(ins[i].dims())));
+      values.push_back(
+          g.AddInput("in" + std::to_string(i), ins[i].dtype(), MakeShape(ins[i].dims())));
     }
   }
   Value* y = g.AddValue("y");
@@ -193,8 +282,7 @@ TEST_P(CudnnConvTest, EveryTacticMatchesCpu) {
   for (size_t i = 0; i < gpu_in.size(); ++i) {
     OperandDesc d;
     if (!gpu_in[i].empty()) {
-      d = {dtype, MakeShape(gpu_in[i].dims()), gpu_in[i].dims(),
-           consts[i] ? &gpu_in[i] : nullptr};
+      d = {dtype, MakeShape(gpu_in[i].dims()), gpu_in[i].dims(), consts[i] ? &gpu_in[i] : nullptr};
     }
     request.inputs.push_back(d);
   }
@@ -243,8 +331,8 @@ TEST_P(CudnnConvTest, EveryTacticMatchesCpu) {
         ws_buf = std::move(*b2);
       }
       // A stale result must not pass: Y starts as NaN.
-      ASSERT_TRUE(gpu->CopyToDevice(y_dev->data(), nan_fill.raw(), nan_fill.size_bytes(), nullptr)
-                      .ok());
+      ASSERT_TRUE(
+          gpu->CopyToDevice(y_dev->data(), nan_fill.raw(), nan_fill.size_bytes(), nullptr).ok());
       KernelRunArgs args;
       args.inputs = in_views;
       args.outputs = {&y_view, 1};
@@ -253,8 +341,8 @@ TEST_P(CudnnConvTest, EveryTacticMatchesCpu) {
       Status run = (*kernel)->Run(args);
       ASSERT_TRUE(run.ok()) << run.ToString();
       ASSERT_TRUE(gpu->Synchronize(nullptr).ok());
-      ASSERT_TRUE(gpu->CopyToHost(y_host.mutable_raw(), y_dev->data(), y_host.size_bytes(), nullptr)
-                      .ok());
+      ASSERT_TRUE(
+          gpu->CopyToHost(y_host.mutable_raw(), y_dev->data(), y_host.size_bytes(), nullptr).ok());
       Tensor got = y_host.CastTo(kFloat32);
       if (nhwc) got = ToNchw(got);
       ASSERT_EQ(got.dims(), y_ref.dims());

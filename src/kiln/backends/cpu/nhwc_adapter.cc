@@ -167,11 +167,12 @@ class NhwcAdapterProvider final : public KernelProvider {
       // The staged NCHW copies of the activations and outputs come on top of the inner kernel's.
       for (size_t i = 0; i < request.inputs.size(); ++i) {
         if (!IsActivation(kOp, i) || request.inputs[i].max_dims.empty()) continue;
-        t.workspace_bytes += Align64(NumElements(request.inputs[i].max_dims) *
-                                     SizeOf(request.inputs[i].dtype));
+        t.workspace_bytes +=
+            Align64(NumElements(request.inputs[i].max_dims) * SizeOf(request.inputs[i].dtype));
       }
       for (const OperandDesc& o : request.outputs) {
-        if (!o.max_dims.empty()) t.workspace_bytes += Align64(NumElements(o.max_dims) * SizeOf(o.dtype));
+        if (!o.max_dims.empty())
+          t.workspace_bytes += Align64(NumElements(o.max_dims) * SizeOf(o.dtype));
       }
       return {t};
     }
@@ -181,8 +182,8 @@ class NhwcAdapterProvider final : public KernelProvider {
   StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
                                            const TacticConfig& tactic) const override {
     if (!tactic.name.ends_with(kSuffix) || NodeLayout(*request.node) != "NHWC") {
-      return MakeError(ErrorCode::kInvalidArgument, "{}: tactic '{}' is not an adapter tactic",
-                       id_, tactic.name);
+      return MakeError(ErrorCode::kInvalidArgument, "{}: tactic '{}' is not an adapter tactic", id_,
+                       tactic.name);
     }
     TacticConfig inner_tactic = tactic;
     inner_tactic.name.resize(tactic.name.size() - kSuffix.size());

@@ -87,9 +87,7 @@ struct ConvSpec {
   size_t spatial_rank = 2;
   std::vector<int64_t> w_dims;  // as in ONNX
   std::string op_name;          // for tactic names: conv, fused-conv, conv-transpose
-  bool NeedsEpilogue() const {
-    return has_bias || has_z || act.kind != FusedActivation::kNone;
-  }
+  bool NeedsEpilogue() const { return has_bias || has_z || act.kind != FusedActivation::kNone; }
 };
 
 // Concrete sizes in cuDNN's terms: the forward convolution X[n,c,h,w] * W[k,c/g,r,s] ->
@@ -100,9 +98,7 @@ struct Geometry {
   int64_t oh = 1, ow = 1;              // the forward output
   int64_t cg = 0;                      // filter dim 1
   int64_t pre[2] = {0, 0}, post[2] = {0, 0}, stride[2] = {1, 1}, dil[2] = {1, 1};
-  bool operator==(const Geometry& o) const {
-    return std::memcmp(this, &o, sizeof(Geometry)) == 0;
-  }
+  bool operator==(const Geometry& o) const { return std::memcmp(this, &o, sizeof(Geometry)) == 0; }
   std::string Key() const {
     return fmt::format("{}x{}x{}x{}/{}x{}x{}x{}/{}x{}/p{},{},{},{}/s{},{}/d{},{}", n, c, h, w, k,
                        cg, r, s, oh, ow, pre[0], pre[1], post[0], post[1], stride[0], stride[1],
@@ -119,8 +115,8 @@ StatusOr<cudnnDataType_t> CudnnType(DataType t) {
     case DataType::kBFloat16:
       return CUDNN_DATA_BFLOAT16;
     default:
-      return MakeError(ErrorCode::kUnimplemented, "cuDNN convolutions run f32, f16 and bf16; not {}",
-                       ToString(t));
+      return MakeError(ErrorCode::kUnimplemented,
+                       "cuDNN convolutions run f32, f16 and bf16; not {}", ToString(t));
   }
 }
 
@@ -290,7 +286,8 @@ struct OpGraph {
 
 class GraphBuilder {
  public:
-  GraphBuilder(const ConvSpec& spec, const Geometry& g, bool fused) : spec_(spec), g_(g), fused_(fused) {}
+  GraphBuilder(const ConvSpec& spec, const Geometry& g, bool fused)
+      : spec_(spec), g_(g), fused_(fused) {}
 
   StatusOr<OpGraph> Build(cudnnHandle_t handle) {
     OpGraph og;
@@ -305,8 +302,9 @@ class GraphBuilder {
     bool epilogue = fused_ && fwd && spec_.NeedsEpilogue();
     // The convolution writes Y directly unless pointwise ops follow (then an FP32 virtual).
     int64_t next_uid = 100;
-    KILN_ASSIGN_OR_RETURN(Desc conv_out, epilogue ? MakeTensor(next_uid++, yd, CUDNN_DATA_FLOAT, true)
-                                                  : MakeTensor(kUidY, fwd ? yd : xd, io, false));
+    KILN_ASSIGN_OR_RETURN(Desc conv_out, epilogue
+                                             ? MakeTensor(next_uid++, yd, CUDNN_DATA_FLOAT, true)
+                                             : MakeTensor(kUidY, fwd ? yd : xd, io, false));
     og.uids = {kUidX, kUidW};
 
     KILN_ASSIGN_OR_RETURN(Desc conv, Create(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR));
@@ -333,8 +331,7 @@ class GraphBuilder {
       SetDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
       KILN_CUDNN_SET(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1,
                      &alpha);
-      KILN_CUDNN_SET(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1,
-                     &beta);
+      KILN_CUDNN_SET(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
       KILN_RETURN_IF_ERROR(status_);
       KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendFinalize(op.get()));
       ops.push_back(std::move(op));
@@ -356,8 +353,8 @@ class GraphBuilder {
 
     if (epilogue) {
       // conv_out -> (+B) -> (+Z) -> (act) -> Y; the last op writes the real Y.
-      int remaining = int{spec_.has_bias} + int{spec_.has_z} +
-                      int{spec_.act.kind != FusedActivation::kNone};
+      int remaining =
+          int{spec_.has_bias} + int{spec_.has_z} + int{spec_.act.kind != FusedActivation::kNone};
       Desc* cur = &conv_out;
       std::vector<Desc> tensors;
       tensors.reserve(8);
@@ -377,7 +374,7 @@ class GraphBuilder {
         KILN_ASSIGN_OR_RETURN(Desc b, MakeTensor(kUidB, bd, io, false));
         tensors.push_back(std::move(b));
         Desc* bias = &tensors.back();
-        KILN_ASSIGN_OR_RETURN(Desc* out, next_out());
+        KILN_ASSIGN_OR_RETURN(Desc * out, next_out());
         KILN_ASSIGN_OR_RETURN(Desc op, Pointwise(CUDNN_POINTWISE_ADD, *cur, bias, *out, og));
         ops.push_back(std::move(op));
         og.uids.push_back(kUidB);
@@ -387,14 +384,14 @@ class GraphBuilder {
         KILN_ASSIGN_OR_RETURN(Desc z, MakeTensor(kUidZ, yd, io, false));
         tensors.push_back(std::move(z));
         Desc* zt = &tensors.back();
-        KILN_ASSIGN_OR_RETURN(Desc* out, next_out());
+        KILN_ASSIGN_OR_RETURN(Desc * out, next_out());
         KILN_ASSIGN_OR_RETURN(Desc op, Pointwise(CUDNN_POINTWISE_ADD, *cur, zt, *out, og));
         ops.push_back(std::move(op));
         og.uids.push_back(kUidZ);
         cur = out;
       }
       if (spec_.act.kind != FusedActivation::kNone) {
-        KILN_ASSIGN_OR_RETURN(Desc* out, next_out());
+        KILN_ASSIGN_OR_RETURN(Desc * out, next_out());
         cudnnPointwiseMode_t m = CUDNN_POINTWISE_RELU_FWD;
         switch (spec_.act.kind) {
           case FusedActivation::kSigmoid:
@@ -436,7 +433,7 @@ class GraphBuilder {
 
  private:
   StatusOr<Desc> MakeTensor(int64_t uid, const std::array<int64_t, 4>& dims, cudnnDataType_t type,
-                        bool is_virtual) {
+                            bool is_virtual) {
     KILN_ASSIGN_OR_RETURN(Desc t, Create(CUDNN_BACKEND_TENSOR_DESCRIPTOR));
     std::array<int64_t, 4> strides = Strides(dims, spec_.nhwc);
     int64_t align = 16;
@@ -454,7 +451,8 @@ class GraphBuilder {
   void SetDesc(Desc& op, cudnnBackendAttributeName_t attr, Desc& value) {
     if (!status_.ok()) return;
     cudnnBackendDescriptor_t d = value.get();
-    cudnnStatus_t st = cudnnBackendSetAttribute(op.get(), attr, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &d);
+    cudnnStatus_t st =
+        cudnnBackendSetAttribute(op.get(), attr, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &d);
     if (st != CUDNN_STATUS_SUCCESS) status_ = CudnnStatus(st, "cudnnBackendSetAttribute");
   }
 
@@ -510,8 +508,8 @@ StatusOr<bool> ReadChoice(cudnnBackendDescriptor_t cfg, DataType dtype, EngineCh
   KILN_ASSIGN_OR_RETURN(Desc engine, Create(CUDNN_BACKEND_ENGINE_DESCRIPTOR));
   int64_t count = 0;
   cudnnBackendDescriptor_t e = engine.get();
-  KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE,
-                                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &e));
+  KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendGetAttribute(
+      cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &e));
   KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX,
                                                       CUDNN_TYPE_INT64, 1, &count, &out->engine));
   cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
@@ -576,9 +574,9 @@ std::vector<EngineChoice> Heuristics(const OpGraph& og, DataType dtype) {
     KILN_CUDNN_SET(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
     KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendFinalize(heur.get()));
     int64_t count = 0;
-    KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendGetAttribute(
-        heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
-        nullptr));
+    KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                                                        nullptr));
     if (count <= 0) return OkStatus();
     std::vector<Desc> cfgs;
     std::vector<cudnnBackendDescriptor_t> raw;
@@ -737,9 +735,8 @@ class CudnnConvKernel final : public Kernel {
     if (plan_ && g == geo_) return OkStatus();
     auto plan = PlanCache::Get().Find(spec_, g, fused_, choice_);
     if (!plan.ok()) {
-      return MakeError(ErrorCode::kCudnnPlanUnsupported,
-                       "cuDNN {} for {} ({}): {}", choice_.Key(), spec_.op_name, g.Key(),
-                       plan.status().message());
+      return MakeError(ErrorCode::kCudnnPlanUnsupported, "cuDNN {} for {} ({}): {}", choice_.Key(),
+                       spec_.op_name, g.Key(), plan.status().message());
     }
     plan_ = *plan;
     geo_ = g;
@@ -891,8 +888,8 @@ class CudnnConvProvider : public KernelProvider {
                        EncodeParams(fused, c), static_cast<size_t>((*plan)->workspace)});
       }
     };
-    bool fusable = spec->op == ConvOp::kForward && spec->NeedsEpilogue() &&
-                   CudnnActivation(spec->act);
+    bool fusable =
+        spec->op == ConvOp::kForward && spec->NeedsEpilogue() && CudnnActivation(spec->act);
     if (fusable) collect(true);
     // No engine for the fused graph: the convolution alone plus kiln's epilogue kernel.
     if (out.empty()) collect(false);
@@ -913,8 +910,8 @@ class CudnnConvProvider : public KernelProvider {
       }
       KILN_ASSIGN_OR_RETURN(krsc, UploadKrsc(*w));
     }
-    auto kernel = std::make_unique<CudnnConvKernel>(spec, decoded.first, decoded.second,
-                                                     std::move(krsc));
+    auto kernel =
+        std::make_unique<CudnnConvKernel>(spec, decoded.first, decoded.second, std::move(krsc));
     // Finalize at the largest shape now, so a tactic that cannot run fails here, not in Run.
     std::vector<int64_t> x = DimsOf(request.inputs[0]), y = DimsOf(request.outputs[0]);
     if (!x.empty() && !y.empty()) KILN_RETURN_IF_ERROR(kernel->PlanFor(x, y));

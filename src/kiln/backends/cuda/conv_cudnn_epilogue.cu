@@ -40,8 +40,7 @@ __device__ float Activate(float x, int kind, float lo, float hi) {
 
 template <typename T>
 __global__ void EpilogueKernel(T* y, const T* bias, const T* z, int64_t total, int64_t c,
-                               int64_t hw, bool channels_last, int kind, float lo,
-                               float hi) {
+                               int64_t hw, bool channels_last, int kind, float lo, float hi) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
     float v = Load(y, i);
@@ -59,8 +58,8 @@ cudaError_t Launch(const ConvEpilogueArgs& a, cudaStream_t stream) {
   int64_t blocks = (total + threads - 1) / threads;
   if (blocks > 65535 * 8) blocks = 65535 * 8;
   EpilogueKernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-      static_cast<T*>(a.y), static_cast<const T*>(a.bias), static_cast<const T*>(a.z), total,
-      a.c, a.hw, a.channels_last, a.act, a.act_min, a.act_max);
+      static_cast<T*>(a.y), static_cast<const T*>(a.bias), static_cast<const T*>(a.z), total, a.c,
+      a.hw, a.channels_last, a.act, a.act_min, a.act_max);
   return cudaGetLastError();
 }
 
