@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "kiln/backends/backend.h"
@@ -26,6 +27,8 @@ struct ConvCase {
   std::vector<std::pair<std::string, std::vector<int64_t>>> ints;
   int64_t group = 1;
 };
+
+void PrintTo(const ConvCase& c, std::ostream* os) { *os << c.name; }
 
 std::vector<ConvCase> Cases() {
   using P = std::pair<std::string, std::vector<int64_t>>;
@@ -226,12 +229,15 @@ Node* OneNode(Graph& g, const ConvCase& c, bool nhwc, const std::vector<Tensor>&
   return n;
 }
 
+// The backend under test is CUDA; the same harness also runs the CPU backend's own providers
+// (for NHWC, its transposing adapter), which checks the harness itself on machines without a GPU.
 class CudnnConvTest
-    : public ::testing::TestWithParam<std::tuple<ConvCase, DataType, bool /*nhwc*/>> {};
+    : public ::testing::TestWithParam<std::tuple<ConvCase, DataType, bool /*nhwc*/, BackendKind>> {
+};
 
 TEST_P(CudnnConvTest, EveryTacticMatchesCpu) {
-  const auto& [c, dtype, nhwc] = GetParam();
-  auto backend = GetBackend(BackendKind::kCuda);
+  const auto& [c, dtype, nhwc, kind] = GetParam();
+  auto backend = GetBackend(kind);
   if (!backend.ok()) GTEST_SKIP() << "no GPU: " << backend.status().ToString();
   if (nhwc && c.x.size() != 4) GTEST_SKIP() << "NHWC is 4-D only";
   Backend* gpu = *backend;
@@ -316,14 +322,18 @@ TEST_P(CudnnConvTest, EveryTacticMatchesCpu) {
   nan_fill = nan_fill.CastTo(dtype);
   auto [abs_tol, rel_tol] = Tolerance(dtype);
   int tactics_run = 0;
-  for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, *node)) {
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(kind, *node)) {
     for (const TacticConfig& tactic : p->Tactics(request)) {
       SCOPED_TRACE(tactic.name);
       auto kernel = p->Create(request, tactic);
       ASSERT_TRUE(kernel.ok()) << kernel.status().ToString();
       auto ws = (*kernel)->Prepare(in_views, {&y_view, 1});
       ASSERT_TRUE(ws.ok()) << ws.status().ToString();
-      EXPECT_LE(*ws, tactic.workspace_bytes) << "the tactic's workspace estimate is not honest";
+      // The builder budgets memory with the tactic's estimate (the CPU's f16/bf16 wrapper
+      // leaves its conversion buffers out of it, so this is asserted for CUDA only).
+      if (kind == BackendKind::kCuda) {
+        EXPECT_LE(*ws, tactic.workspace_bytes) << "the tactic's workspace estimate is not honest";
+      }
       DeviceBuffer ws_buf;
       if (*ws) {
         auto b2 = gpu->Allocate(*ws);
@@ -360,21 +370,27 @@ TEST_P(CudnnConvTest, EveryTacticMatchesCpu) {
       EXPECT_EQ(bad, 0) << bad << " of " << got.num_elements() << " elements off; worst error "
                         << worst;
       ++tactics_run;
+      if (kind == BackendKind::kCuda) {
+        std::printf("[ tactic   ] %s ws %zu%s\n", tactic.name.c_str(), *ws, bad ? " FAILED" : "");
+      }
     }
   }
-  EXPECT_GT(tactics_run, 0) << "no cuDNN tactic for " << c.name;
+  EXPECT_GT(tactics_run, 0) << "no tactic for " << c.name;
   ::testing::Test::RecordProperty("tactics", tactics_run);
 }
 
 std::string CaseName(const ::testing::TestParamInfo<CudnnConvTest::ParamType>& info) {
-  const auto& [c, dtype, nhwc] = info.param;
-  return c.name + "_" + std::string(ToString(dtype)) + (nhwc ? "_nhwc" : "_nchw");
+  const auto& [c, dtype, nhwc, kind] = info.param;
+  return std::string(ToString(kind)) + "_" + c.name + "_" + std::string(ToString(dtype)) +
+         (nhwc ? "_nhwc" : "_nchw");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cudnn, CudnnConvTest,
                          ::testing::Combine(::testing::ValuesIn(Cases()),
                                             ::testing::Values(kFloat16, kFloat32, kBFloat16),
-                                            ::testing::Values(true, false)),
+                                            ::testing::Values(true, false),
+                                            ::testing::Values(BackendKind::kCuda,
+                                                              BackendKind::kCpu)),
                          CaseName);
 
 // On a machine without a GPU the providers offer nothing (and do not fail): the builder then

@@ -25,6 +25,7 @@
 #include "kiln/backends/cuda/conv_cudnn.h"
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/kernel.h"
+#include "kiln/core/logging.h"
 #include "kiln/core/params.h"
 #include "kiln/ops/fused.h"
 #include "kiln/ops/nn.h"
@@ -598,8 +599,13 @@ std::vector<EngineChoice> Heuristics(const OpGraph& og, DataType dtype) {
     return OkStatus();
   };
   Status a = query(CUDNN_HEUR_MODE_A);
-  if (!a.ok() || out.empty()) (void)query(CUDNN_HEUR_MODE_B);
-  (void)query(CUDNN_HEUR_MODE_FALLBACK);
+  if (!a.ok()) KILN_LOG(Debug, BACKEND, "cuDNN heuristic mode A: {}", a.ToString());
+  if (!a.ok() || out.empty()) {
+    Status b = query(CUDNN_HEUR_MODE_B);
+    if (!b.ok()) KILN_LOG(Debug, BACKEND, "cuDNN heuristic mode B: {}", b.ToString());
+  }
+  Status f = query(CUDNN_HEUR_MODE_FALLBACK);
+  if (!f.ok()) KILN_LOG(Debug, BACKEND, "cuDNN fallback list: {}", f.ToString());
   return out;
 }
 
@@ -875,12 +881,23 @@ class CudnnConvProvider : public KernelProvider {
     std::vector<TacticConfig> out;
     auto collect = [&](bool fused) {
       auto og = GraphBuilder(*spec, *g, fused).Build(*handle);
-      if (!og.ok()) return;
-      for (const EngineChoice& c : Heuristics(*og, spec->dtype)) {
+      if (!og.ok()) {
+        KILN_LOG(Debug, BACKEND, "cuDNN {} graph for '{}' ({}): {}", fused ? "fused" : "conv",
+                 request.node->name(), g->Key(), og.status().ToString());
+        return;
+      }
+      std::vector<EngineChoice> choices = Heuristics(*og, spec->dtype);
+      KILN_LOG(Debug, BACKEND, "cuDNN {} graph for '{}' ({}): {} engine config(s)",
+               fused ? "fused" : "conv", request.node->name(), g->Key(), choices.size());
+      for (const EngineChoice& c : choices) {
         if (static_cast<int64_t>(out.size()) >= max_tactics) break;
         // Only configurations that finalize at the largest shape become tactics.
         auto plan = PlanCache::Get().Find(*spec, *g, fused, c);
-        if (!plan.ok()) continue;
+        if (!plan.ok()) {
+          KILN_LOG(Debug, BACKEND, "cuDNN {} for '{}': {}", c.Key(), request.node->name(),
+                   plan.status().ToString());
+          continue;
+        }
         bool unfused_epilogue = !(fused && spec->op == ConvOp::kForward) && spec->NeedsEpilogue();
         out.push_back({fmt::format("{}-{}-{}-cudnn-{}{}", DtypePrefix(spec->dtype), spec->op_name,
                                    spec->nhwc ? "nhwc" : "nchw", c.Key(),
