@@ -85,7 +85,9 @@ TEST(LayoutNhwc, SmallCnnGetsOneTransposeEachWayAndAgrees) {
   EXPECT_EQ(CountOps(*after, "Transpose"), 2);
   EXPECT_EQ(CountOps(*after, "Reshape"), 1);
   EXPECT_EQ(CountTagged(*after), 4);  // 2 convs, the pool, GAP
-  EXPECT_NE(report->ToString().find("2 transpose(s) inserted"), std::string::npos);
+  // The report says how many and where.
+  EXPECT_NE(report->ToString().find("2 transpose(s) inserted: x -> NHWC"), std::string::npos);
+  EXPECT_NE(report->ToString().find("1 1x1 map(s) back to NCHW by Reshape"), std::string::npos);
   // The graph outputs keep their names.
   ASSERT_EQ(after->outputs().size(), 2u);
   EXPECT_EQ(after->outputs()[1]->name(), before->outputs()[1]->name());

@@ -463,13 +463,14 @@ class GraphBuilder {
     KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
     if (mode == CUDNN_POINTWISE_RELU_FWD && spec_.act.kind == FusedActivation::kClip) {
-      double lo = 0.0, hi = spec_.act.max;
-      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_DOUBLE, 1, &lo);
-      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &hi);
+      // Scalars take the math precision's type (FLOAT here), as cuDNN's frontend passes them.
+      float lo = 0.f, hi = spec_.act.max;
+      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_FLOAT, 1, &lo);
+      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_FLOAT, 1, &hi);
     }
     if (mode == CUDNN_POINTWISE_SWISH_FWD) {
-      double beta = 1.0;
-      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_SWISH_BETA, CUDNN_TYPE_DOUBLE, 1, &beta);
+      float beta = 1.f;
+      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_SWISH_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
     }
     KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendFinalize(pw.get()));
     KILN_ASSIGN_OR_RETURN(Desc op, Create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR));
