@@ -422,7 +422,10 @@ class GraphBuilder {
     for (Desc& op : ops) raw.push_back(op.get());
     KILN_CUDNN_SET(og.graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                    static_cast<int64_t>(raw.size()), raw.data());
-    KILN_CUDNN_SET(og.graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    // The handle attributes are deprecated in cuDNN 9.x (where cuDNN may ignore or refuse them);
+    // set them where accepted, for older 9.x releases that still need them.
+    (void)cudnnBackendSetAttribute(og.graph.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
+                                   CUDNN_TYPE_HANDLE, 1, &handle);
     KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendFinalize(og.graph.get()));
     og.keep.push_back(std::move(x));
     og.keep.push_back(std::move(w));
@@ -463,14 +466,14 @@ class GraphBuilder {
     KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
     if (mode == CUDNN_POINTWISE_RELU_FWD && spec_.act.kind == FusedActivation::kClip) {
-      // Scalars take the math precision's type (FLOAT here), as cuDNN's frontend passes them.
-      float lo = 0.f, hi = spec_.act.max;
-      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_FLOAT, 1, &lo);
-      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_FLOAT, 1, &hi);
+      // The activation's scalars are doubles in the backend API whatever the math precision.
+      double lo = 0.0, hi = spec_.act.max;
+      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_DOUBLE, 1, &lo);
+      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &hi);
     }
     if (mode == CUDNN_POINTWISE_SWISH_FWD) {
-      float beta = 1.f;
-      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_SWISH_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+      double beta = 1.0;
+      KILN_CUDNN_SET(pw, CUDNN_ATTR_POINTWISE_SWISH_BETA, CUDNN_TYPE_DOUBLE, 1, &beta);
     }
     KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendFinalize(pw.get()));
     KILN_ASSIGN_OR_RETURN(Desc op, Create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR));
@@ -648,7 +651,8 @@ StatusOr<std::shared_ptr<Plan>> BuildPlan(cudnnHandle_t handle, OpGraph og,
   KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendFinalize(p->config.get()));
   KILN_ASSIGN_OR_RETURN(p->plan, Create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR));
   cudnnBackendDescriptor_t c = p->config.get();
-  KILN_CUDNN_SET(p->plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  (void)cudnnBackendSetAttribute(p->plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE,
+                                 1, &handle);  // deprecated in 9.x: best effort, as above
   KILN_CUDNN_SET(p->plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                  &c);
   KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendFinalize(p->plan.get()));
