@@ -236,8 +236,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     // Max dims come from the shape rules run on integers (symbolic substitution cannot see
     // through every data-dependent shape; the rules can).
     l.request = MakeKernelRequest(*node, max_dims);
-    for (const KernelProvider* p :
-         KernelRegistry::Get().Providers(config.backend, *node)) {
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *node)) {
       for (TacticConfig& t : p->Tactics(l.request)) l.candidates.push_back({p, std::move(t)});
     }
     if (l.candidates.empty()) {

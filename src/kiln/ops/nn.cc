@@ -160,8 +160,7 @@ Status InferWithLayout(InferenceContext& ctx, Status (*rule)(InferenceContext&),
   std::string layout = ctx.attrs().GetString("kiln_layout", "");
   if (layout == "NCHW") return rule(ctx);
   if (layout != "NHWC") {
-    return ctx.Error(ErrorCode::kInvalidAttribute, "kiln_layout '{}' is not NCHW or NHWC",
-                     layout);
+    return ctx.Error(ErrorCode::kInvalidAttribute, "kiln_layout '{}' is not NCHW or NHWC", layout);
   }
   // The rule runs on a channels-first view of the activations, then its outputs turn back.
   std::vector<ValueInfo> copies(ctx.num_inputs());

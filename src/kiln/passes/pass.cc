@@ -108,9 +108,8 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
 
 StatusOr<PassReport> RunDefaultPasses(Graph& graph, const PassOptions& options) {
   KILN_ASSIGN_OR_RETURN(PassReport report, MakeDefaultPassManager(options)->Run(graph));
-  if (options.conv_layout.empty() ||
-      std::find(options.disabled.begin(), options.disabled.end(), "layout_nhwc") !=
-          options.disabled.end()) {
+  if (options.conv_layout.empty() || std::find(options.disabled.begin(), options.disabled.end(),
+                                               "layout_nhwc") != options.disabled.end()) {
     return report;
   }
   PassOptions layout_options = options;
