@@ -680,11 +680,19 @@ class PlanCache {
                                   choice.Key(), CurrentDevice());
     std::lock_guard lock(mu_);
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    // Failures are remembered too: every layer of the same shape would otherwise retry them.
+    if (auto it = failed_.find(key); it != failed_.end()) return it->second;
     KILN_ASSIGN_OR_RETURN(cudnnHandle_t handle, CudnnHandle());
-    KILN_ASSIGN_OR_RETURN(OpGraph og, GraphBuilder(spec, g, fused).Build(handle));
-    KILN_ASSIGN_OR_RETURN(std::shared_ptr<Plan> plan, BuildPlan(handle, std::move(og), choice));
-    plans_[key] = plan;
-    return plan;
+    auto plan = [&]() -> StatusOr<std::shared_ptr<Plan>> {
+      KILN_ASSIGN_OR_RETURN(OpGraph og, GraphBuilder(spec, g, fused).Build(handle));
+      return BuildPlan(handle, std::move(og), choice);
+    }();
+    if (!plan.ok()) {
+      failed_.emplace(key, plan.status());
+      return plan.status();
+    }
+    plans_[key] = *plan;
+    return *plan;
   }
 
  private:
@@ -695,6 +703,7 @@ class PlanCache {
   }
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Plan>> plans_;
+  std::map<std::string, Status> failed_;
 };
 
 // ---- tactics
