@@ -414,5 +414,31 @@ TEST(CudnnConvNoGpu, NoTacticsWithoutAGpu) {
   EXPECT_TRUE(p->Tactics(request).empty());
 }
 
+// A tactic from another kiln's engine file (unknown params layout) is a catalog error at Create,
+// before any device work, not a crash or a silently different plan.
+TEST(CudnnConvParams, MalformedParamsAreAnError) {
+  ConvCase c = Cases()[0];
+  Graph g;
+  std::mt19937 rng(1);
+  std::vector<Tensor> ins = {Random(c.x, 1, rng), Random(c.w, 1, rng), Tensor()};
+  Node* node = OneNode(g, c, false, ins, {false, true, true});
+  KernelRequest request;
+  request.node = node;
+  request.inputs.push_back({kFloat32, MakeShape(c.x), c.x, nullptr});
+  request.inputs.push_back({kFloat32, MakeShape(c.w), c.w, &ins[1]});
+  std::vector<int64_t> y = *StaticDims(node->output(0)->shape());
+  request.outputs.push_back({kFloat32, MakeShape(y), y, nullptr});
+  const KernelProvider* p = KernelRegistry::Get().Find(BackendKind::kCuda, "cuda.conv.cudnn");
+  ASSERT_NE(p, nullptr);
+  for (std::vector<int64_t> params : {std::vector<int64_t>{}, std::vector<int64_t>{99, 1, 3, 0},
+                                      std::vector<int64_t>{1, 0, 3, 2, 7}}) {
+    auto kernel = p->Create(request, {"f32-conv-nchw-cudnn-engine3", params, 0});
+    ASSERT_FALSE(kernel.ok());
+    EXPECT_EQ(kernel.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(kernel.status().message().find("malformed"), std::string::npos)
+        << kernel.status().ToString();
+  }
+}
+
 }  // namespace
 }  // namespace kiln
