@@ -3,6 +3,10 @@
 // 1x1, odd sizes, asymmetric pads, 1-D), each FusedConv epilogue and ConvTranspose, in f32, f16
 // and bf16, NCHW and NHWC (kiln_layout). The reference is the CPU's NCHW kernel on the same
 // rounded inputs, in f32. Skips without a GPU.
+// On the GPU machine: KILN_BUNDLE_BINS=cuda_dnn_tests scripts/bundle_gpu.sh here, then there
+// `source scripts/gpu_env.sh && cuda_dnn_tests --gtest_filter='*cuda_*' --gtest_brief=1`
+// (KILN_CUDNN_MAX_TACTICS bounds the tactics per layer; KILN_LOG_LEVEL=DEBUG says why a cuDNN
+// graph or engine configuration gave no tactic).
 #include <gtest/gtest.h>
 
 #include <cmath>
