@@ -84,7 +84,14 @@ class KernelProvider {
   virtual std::vector<TacticConfig> Tactics(const KernelRequest& request) const = 0;
   virtual StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
                                                    const TacticConfig& tactic) const = 0;
+  // The activation layout this provider runs, as the node's `kiln_layout` attribute names it
+  // ("" = ONNX's N,C,spatial; "NHWC" = channels last, set by the layout pass). Providers that
+  // read the attribute override this; the rest never see tagged nodes.
+  virtual bool SupportsLayout(std::string_view kiln_layout) const { return kiln_layout.empty(); }
 };
+
+// The node's `kiln_layout` attribute ("NHWC"), or "" for ONNX's channels-first layout.
+std::string NodeLayout(const Node& node);
 
 class KernelRegistry {
  public:
@@ -92,6 +99,9 @@ class KernelRegistry {
   void Register(std::unique_ptr<KernelProvider> provider);
   // Providers of an op on a backend, in registration priority order.
   std::vector<const KernelProvider*> Providers(BackendKind backend, std::string_view op_type) const;
+  // Providers of the node's op that also run its layout (NodeLayout); what builders and
+  // evaluators should use.
+  std::vector<const KernelProvider*> Providers(BackendKind backend, const Node& node) const;
   const KernelProvider* Find(BackendKind backend, std::string_view provider_id) const;
   std::vector<const KernelProvider*> All() const;
 

@@ -37,6 +37,19 @@ std::vector<const KernelProvider*> KernelRegistry::Providers(BackendKind backend
   return out;
 }
 
+std::string NodeLayout(const Node& node) {
+  std::string layout = node.attrs().GetString("kiln_layout", "");
+  return layout == "NCHW" ? std::string() : layout;
+}
+
+std::vector<const KernelProvider*> KernelRegistry::Providers(BackendKind backend,
+                                                             const Node& node) const {
+  std::vector<const KernelProvider*> out = Providers(backend, node.op_type());
+  std::string layout = NodeLayout(node);
+  std::erase_if(out, [&](const KernelProvider* p) { return !p->SupportsLayout(layout); });
+  return out;
+}
+
 const KernelProvider* KernelRegistry::Find(BackendKind backend,
                                            std::string_view provider_id) const {
   for (const auto& p : providers_) {

@@ -205,8 +205,15 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     pass_options.evaluator = [](const Node& node, std::span<const Tensor* const> inputs) {
       return cpu::EvaluateNode(node, inputs);
     };
+    // cuDNN runs f16/bf16 convolutions on tensor cores channels-last; f32 and the CPU stay NCHW.
+    if (config.backend == BackendKind::kCuda && (config.fp16 || config.bf16)) {
+      pass_options.conv_layout = "NHWC";
+    }
     KILN_ASSIGN_OR_RETURN(passes::PassReport passes, passes::RunDefaultPasses(graph, pass_options));
     rep.passes = passes.ToString();
+    for (const auto& e : passes.passes) {
+      for (const std::string& note : e.stats.notes) rep.pass_notes.push_back(e.pass + ": " + note);
+    }
     rep.nodes_before_passes = passes.nodes_before;
     rep.nodes_after_passes = passes.nodes_after;
     rep.phase_seconds_passes = Seconds(passes_start);
@@ -229,8 +236,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     // Max dims come from the shape rules run on integers (symbolic substitution cannot see
     // through every data-dependent shape; the rules can).
     l.request = MakeKernelRequest(*node, max_dims);
-    for (const KernelProvider* p :
-         KernelRegistry::Get().Providers(config.backend, node->op_type())) {
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *node)) {
       for (TacticConfig& t : p->Tactics(l.request)) l.candidates.push_back({p, std::move(t)});
     }
     if (l.candidates.empty()) {
@@ -400,7 +406,8 @@ std::string BuildReport::ToJson() const {
   j["layers"] = layers;
   j["passes"] = {{"nodes_before", nodes_before_passes},
                  {"nodes_after", nodes_after_passes},
-                 {"summary", passes}};
+                 {"summary", passes},
+                 {"notes", pass_notes}};
   j["tactics_timed"] = tactics_timed;
   j["timing_cache_hits"] = timing_cache_hits;
   j["deadline_hit"] = deadline_hit;
@@ -451,6 +458,7 @@ std::string BuildReport::ToText(bool per_layer) const {
   if (nodes_before_passes) {
     out += fmt::format("  graph passes: {} -> {} nodes\n", nodes_before_passes, nodes_after_passes);
   }
+  for (const std::string& note : pass_notes) out += fmt::format("    {}\n", note);
   out += fmt::format("  layers {}   tactics timed {}   timing-cache hits {}{}\n", layers,
                      tactics_timed, timing_cache_hits,
                      deadline_hit ? "   (deadline reached: best engine so far)" : "");

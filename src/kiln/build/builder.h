@@ -35,6 +35,8 @@ struct BuildReport {
   int64_t layers = 0;
   int64_t nodes_before_passes = 0, nodes_after_passes = 0;
   std::string passes;  // per-pass rewrite counts
+  // Notes the passes leave for readers: where the layout pass put transposes, and so on.
+  std::vector<std::string> pass_notes;
   int64_t tactics_timed = 0;
   int64_t timing_cache_hits = 0;
   bool deadline_hit = false;

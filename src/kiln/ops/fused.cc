@@ -71,7 +71,8 @@ Status CheckActivation(InferenceContext& ctx) {
 }
 }  // namespace
 
-Status InferFusedConv(InferenceContext& ctx) {
+namespace {
+Status InferFusedConvNchw(InferenceContext& ctx) {
   KILN_RETURN_IF_ERROR(CheckActivation(ctx));
   KILN_RETURN_IF_ERROR(InferConvLike(ctx));
   if (ctx.has_input(3)) {
@@ -88,6 +89,13 @@ Status InferFusedConv(InferenceContext& ctx) {
     }
   }
   return OkStatus();
+}
+
+}  // namespace
+
+// A channels-last FusedConv sees X and the residual Z channels-last (nn.h).
+Status InferFusedConv(InferenceContext& ctx) {
+  return InferWithLayout(ctx, InferFusedConvNchw, {0, 3});
 }
 
 Status InferFusedGemm(InferenceContext& ctx) {

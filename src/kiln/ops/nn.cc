@@ -2,6 +2,7 @@
 // and Resize, plus the window geometry (nn.h) their kernels share.
 #include "kiln/ops/nn.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kiln/ops/op_schema.h"
@@ -134,6 +135,58 @@ bool StaticEq(const Dim& d, int64_t v) { return d.is_static() && d.value() == v;
 
 }  // namespace
 
+bool IsChannelsLast(const AttributeMap& attrs) {
+  return attrs.GetString("kiln_layout", "") == "NHWC";
+}
+
+Shape ChannelsLastToFirst(const Shape& s) {
+  if (s.size() < 3) return s;
+  Shape out = {s[0], s.back()};
+  for (size_t i = 1; i + 1 < s.size(); ++i) out.push_back(s[i]);
+  return out;
+}
+
+Shape ChannelsFirstToLast(const Shape& s) {
+  if (s.size() < 3) return s;
+  Shape out = {s[0]};
+  for (size_t i = 2; i < s.size(); ++i) out.push_back(s[i]);
+  out.push_back(s[1]);
+  return out;
+}
+
+Status InferWithLayout(InferenceContext& ctx, Status (*rule)(InferenceContext&),
+                       std::initializer_list<size_t> activations) {
+  if (!ctx.attrs().Has("kiln_layout")) return rule(ctx);
+  std::string layout = ctx.attrs().GetString("kiln_layout", "");
+  if (layout == "NCHW") return rule(ctx);
+  if (layout != "NHWC") {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "kiln_layout '{}' is not NCHW or NHWC", layout);
+  }
+  // The rule runs on a channels-first view of the activations, then its outputs turn back.
+  std::vector<ValueInfo> copies(ctx.num_inputs());
+  std::vector<const ValueInfo*> view(ctx.num_inputs(), nullptr);
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i)) continue;
+    copies[i] = ctx.input(i);
+    if (std::find(activations.begin(), activations.end(), i) != activations.end()) {
+      if (copies[i].shape.size() != 4) {
+        return ctx.Error(ErrorCode::kShapeMismatch,
+                         "kiln_layout NHWC needs 4-D activations; input {} is {}", i,
+                         ToString(copies[i].shape));
+      }
+      copies[i].shape = ChannelsLastToFirst(copies[i].shape);
+    }
+    view[i] = &copies[i];
+  }
+  std::vector<ValueInfo> outs(ctx.num_outputs());
+  InferenceContext inner(ctx.node(), view, outs);
+  KILN_RETURN_IF_ERROR(rule(inner));
+  for (size_t i = 0; i < outs.size(); ++i) {
+    ctx.set_output(i, outs[i].dtype, ChannelsFirstToLast(outs[i].shape));
+  }
+  return OkStatus();
+}
+
 // Conv: X [N, C, D...], W [M, C/group, k...], B [M] optional -> Y [N, M, out...].
 // Shared with FusedConv (fused.cc), whose extra inputs do not change the output shape.
 Status InferConvLike(InferenceContext& ctx) {
@@ -189,10 +242,11 @@ Status InferConvLike(InferenceContext& ctx) {
   return OkStatus();
 }
 
-Status InferConv(InferenceContext& ctx) { return InferConvLike(ctx); }
+Status InferConv(InferenceContext& ctx) { return InferWithLayout(ctx, InferConvLike, {0}); }
 
+namespace {
 // ConvTranspose: X [N, C, D...], W [C, M/group, k...] -> Y [N, M, out...].
-Status InferConvTranspose(InferenceContext& ctx) {
+Status InferConvTransposeNchw(InferenceContext& ctx) {
   KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
   KILN_RETURN_IF_ERROR(RequireFloat(ctx, 1));
   const Shape& x = ctx.input_shape(0);
@@ -243,7 +297,6 @@ Status InferConvTranspose(InferenceContext& ctx) {
   return OkStatus();
 }
 
-namespace {
 Status InferPool(InferenceContext& ctx, bool is_max) {
   KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
   const Shape& x = ctx.input_shape(0);
@@ -301,11 +354,21 @@ Status InferGlobalPool(InferenceContext& ctx) {
   ctx.set_output(0, ctx.input_type(0), std::move(y));
   return OkStatus();
 }
+
+Status InferMaxPoolNchw(InferenceContext& ctx) { return InferPool(ctx, true); }
+Status InferAveragePoolNchw(InferenceContext& ctx) { return InferPool(ctx, false); }
 }  // namespace
 
-Status InferMaxPool(InferenceContext& ctx) { return InferPool(ctx, true); }
-Status InferAveragePool(InferenceContext& ctx) { return InferPool(ctx, false); }
-Status InferGlobalAveragePool(InferenceContext& ctx) { return InferGlobalPool(ctx); }
+Status InferConvTranspose(InferenceContext& ctx) {
+  return InferWithLayout(ctx, InferConvTransposeNchw, {0});
+}
+Status InferMaxPool(InferenceContext& ctx) { return InferWithLayout(ctx, InferMaxPoolNchw, {0}); }
+Status InferAveragePool(InferenceContext& ctx) {
+  return InferWithLayout(ctx, InferAveragePoolNchw, {0});
+}
+Status InferGlobalAveragePool(InferenceContext& ctx) {
+  return InferWithLayout(ctx, InferGlobalPool, {0});
+}
 Status InferGlobalMaxPool(InferenceContext& ctx) { return InferGlobalPool(ctx); }
 
 // BatchNormalization, inference form: X [N, C, ...], scale/B/mean/var [C] -> Y like X.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -20,6 +21,18 @@ Status InferConvLike(InferenceContext& ctx);
 Status InferMatMulLike(InferenceContext& ctx, bool trans_a, bool trans_b);
 // Gemm's rule (A, B, optional C; transA, transB); FusedGemm reuses it.
 Status InferGemmLike(InferenceContext& ctx);
+
+// The layout pass (passes/layout_nhwc.cc) tags convolution-stack nodes with the string attribute
+// kiln_layout = "NHWC": their activation inputs and outputs are N, spatial..., C (weights stay as
+// in ONNX). True when `attrs` carry that tag.
+bool IsChannelsLast(const AttributeMap& attrs);
+// N,C,D... <-> N,D...,C for ranks >= 3 (other ranks are returned unchanged).
+Shape ChannelsLastToFirst(const Shape& s);
+Shape ChannelsFirstToLast(const Shape& s);
+// Runs the channels-first shape rule `rule` for a node that may be tagged channels-last: the
+// inputs listed in `activations` are seen channels-first and every output is turned back.
+Status InferWithLayout(InferenceContext& ctx, Status (*rule)(InferenceContext&),
+                       std::initializer_list<size_t> activations);
 }  // namespace kiln
 
 namespace kiln::nn {

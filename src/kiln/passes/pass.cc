@@ -40,6 +40,7 @@ std::string PassReport::ToString() const {
   for (const auto& e : passes) {
     out += fmt::format("  {:<24} rewrites {:>5}  removed {:>5}  added {:>5}\n", e.pass,
                        e.stats.rewrites, e.stats.nodes_removed, e.stats.nodes_added);
+    for (const std::string& note : e.stats.notes) out += fmt::format("    {}\n", note);
   }
   return out;
 }
@@ -106,7 +107,20 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
 }
 
 StatusOr<PassReport> RunDefaultPasses(Graph& graph, const PassOptions& options) {
-  return MakeDefaultPassManager(options)->Run(graph);
+  KILN_ASSIGN_OR_RETURN(PassReport report, MakeDefaultPassManager(options)->Run(graph));
+  if (options.conv_layout.empty() || std::find(options.disabled.begin(), options.disabled.end(),
+                                               "layout_nhwc") != options.disabled.end()) {
+    return report;
+  }
+  PassOptions layout_options = options;
+  layout_options.max_iterations = 1;
+  PassManager layout(layout_options);
+  layout.Add(MakeLayoutNhwcPass());
+  KILN_ASSIGN_OR_RETURN(PassReport layout_report, layout.Run(graph));
+  report.passes.insert(report.passes.end(), layout_report.passes.begin(),
+                       layout_report.passes.end());
+  report.nodes_after = layout_report.nodes_after;
+  return report;
 }
 
 Node* ReplaceMatched(Graph& graph, PassContext& ctx, const std::vector<Node*>& matched, Node* root,

@@ -28,10 +28,13 @@ struct PassStats {
   int64_t rewrites = 0;  // pattern instances rewritten / nodes folded
   int64_t nodes_removed = 0;
   int64_t nodes_added = 0;
+  // What a reader of the build report should know (e.g. where the layout pass put transposes).
+  std::vector<std::string> notes;
   void Add(const PassStats& o) {
     rewrites += o.rewrites;
     nodes_removed += o.nodes_removed;
     nodes_added += o.nodes_added;
+    notes.insert(notes.end(), o.notes.begin(), o.notes.end());
   }
 };
 
@@ -44,6 +47,10 @@ struct PassOptions {
   int max_iterations = 8;
   // Names of passes not to run (e.g. "attention_fusion").
   std::vector<std::string> disabled;
+  // The activation layout the target backend prefers for convolutions at the build's precision:
+  // "NHWC" runs the layout pass (layout_nhwc.cc) after the default pipeline; "" leaves ONNX's
+  // channels-first layout.
+  std::string conv_layout;
 };
 
 // State shared by the passes of one run.
@@ -120,10 +127,13 @@ std::unique_ptr<Pass> MakeLayerNormFusionPass();
 std::unique_ptr<Pass> MakeAttentionFusionPass();
 std::unique_ptr<Pass> MakeGemmFusionPass();  // Gemm/MatMul + bias + activation
 std::unique_ptr<Pass> MakeConvFusionPass();  // Conv + bias + residual + activation
+std::unique_ptr<Pass> MakeLayoutNhwcPass();  // channels-last convolution stacks (conv_layout)
 
 // The default pipeline, in order: simplifications first (so patterns see constants and no
 // no-op nodes), then fusions from the largest pattern to the smallest (GELU before
 // MatMul+bias+activation, so the activation it produces can be fused), then cleanup.
+// RunDefaultPasses then runs the layout pass once on the fused graph when options.conv_layout
+// asks for NHWC (it sees final FusedConv nodes, so no fusion has to understand layouts).
 std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options);
 StatusOr<PassReport> RunDefaultPasses(Graph& graph, const PassOptions& options);
 

@@ -44,8 +44,7 @@ StatusOr<std::vector<Tensor>> EvaluateNode(const Node& node,
     request.outputs.push_back({o.dtype, o.shape, *dims, nullptr});
     outputs.emplace_back(o.dtype, *dims);
   }
-  for (const KernelProvider* p :
-       KernelRegistry::Get().Providers(BackendKind::kCpu, node.op_type())) {
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCpu, node)) {
     auto tactics = p->Tactics(request);
     if (tactics.empty()) continue;
     KILN_ASSIGN_OR_RETURN(auto kernel, p->Create(request, tactics.front()));

@@ -1,0 +1,448 @@
+// cuDNN convolutions (backends/cuda/conv_cudnn.cc) against the CPU backend: every provider and
+// every tactic it offers, on fresh random inputs, for Conv (groups, depthwise, stride, dilation,
+// 1x1, odd sizes, asymmetric pads, 1-D), each FusedConv epilogue and ConvTranspose, in f32, f16
+// and bf16, NCHW and NHWC (kiln_layout). The reference is the CPU's NCHW kernel on the same
+// rounded inputs, in f32. Skips without a GPU.
+// On the GPU machine: KILN_BUNDLE_BINS=cuda_dnn_tests scripts/bundle_gpu.sh here, then there
+// `source scripts/gpu_env.sh && cuda_dnn_tests --gtest_filter='*cuda_*' --gtest_brief=1`
+// (KILN_CUDNN_MAX_TACTICS bounds the tactics per layer; KILN_LOG_LEVEL=DEBUG says why a cuDNN
+// graph or engine configuration gave no tactic).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "kiln/backends/backend.h"
+#include "kiln/backends/cpu/cpu_eval.h"
+#include "kiln/ops/op_schema.h"
+
+namespace kiln {
+namespace {
+
+using enum DataType;
+
+struct ConvCase {
+  std::string name;
+  std::string op;
+  std::vector<int64_t> x, w;  // X in NCHW, W as in ONNX
+  bool bias = false, residual = false;
+  std::string activation;  // FusedConv only
+  std::vector<std::pair<std::string, std::vector<int64_t>>> ints;
+  int64_t group = 1;
+};
+
+void PrintTo(const ConvCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<ConvCase> Cases() {
+  using P = std::pair<std::string, std::vector<int64_t>>;
+  return {
+      {"conv3x3_odd",
+       "Conv",
+       {2, 16, 13, 11},
+       {32, 16, 3, 3},
+       true,
+       false,
+       "",
+       {P{"pads", {1, 1, 1, 1}}}},
+      {"conv3x3_stride2",
+       "Conv",
+       {2, 8, 15, 15},
+       {16, 8, 3, 3},
+       false,
+       false,
+       "",
+       {P{"pads", {1, 1, 1, 1}}, P{"strides", {2, 2}}}},
+      {"conv3x3_dilation2",
+       "Conv",
+       {1, 8, 12, 12},
+       {8, 8, 3, 3},
+       true,
+       false,
+       "",
+       {P{"pads", {2, 2, 2, 2}}, P{"dilations", {2, 2}}}},
+      {"conv1x1", "Conv", {2, 32, 7, 7}, {64, 32, 1, 1}, false, false, "", {}},
+      {"depthwise3x3",
+       "Conv",
+       {2, 16, 9, 9},
+       {16, 1, 3, 3},
+       true,
+       false,
+       "",
+       {P{"pads", {1, 1, 1, 1}}},
+       16},
+      {"grouped4",
+       "Conv",
+       {1, 16, 8, 8},
+       {32, 4, 3, 3},
+       false,
+       false,
+       "",
+       {P{"pads", {1, 1, 1, 1}}},
+       4},
+      {"conv5x5_asym_pads",
+       "Conv",
+       {1, 8, 10, 9},
+       {8, 8, 5, 5},
+       false,
+       false,
+       "",
+       {P{"pads", {1, 2, 2, 1}}, P{"strides", {1, 2}}}},
+      {"conv1d", "Conv", {2, 8, 17}, {16, 8, 3}, true, false, "", {P{"pads", {1, 1}}}},
+      {"fused_bias_relu",
+       "FusedConv",
+       {2, 16, 9, 9},
+       {16, 16, 3, 3},
+       true,
+       false,
+       "relu",
+       {P{"pads", {1, 1, 1, 1}}}},
+      {"fused_bias_residual_relu",
+       "FusedConv",
+       {2, 16, 9, 9},
+       {16, 16, 3, 3},
+       true,
+       true,
+       "relu",
+       {P{"pads", {1, 1, 1, 1}}}},
+      {"fused_relu6_stride2",
+       "FusedConv",
+       {1, 8, 11, 11},
+       {16, 8, 3, 3},
+       true,
+       false,
+       "relu6",
+       {P{"pads", {1, 1, 1, 1}}, P{"strides", {2, 2}}}},
+      {"fused_silu_1x1", "FusedConv", {2, 16, 6, 6}, {32, 16, 1, 1}, true, false, "silu", {}},
+      {"fused_hardswish_depthwise",
+       "FusedConv",
+       {1, 16, 7, 7},
+       {16, 1, 3, 3},
+       true,
+       false,
+       "hardswish",
+       {P{"pads", {1, 1, 1, 1}}},
+       16},
+      {"fused_residual_gelu_nobias",
+       "FusedConv",
+       {1, 8, 8, 8},
+       {8, 8, 3, 3},
+       false,
+       true,
+       "gelu",
+       {P{"pads", {1, 1, 1, 1}}}},
+      {"convtranspose_k2s2_bias",
+       "ConvTranspose",
+       {2, 16, 5, 6},
+       {16, 8, 2, 2},
+       true,
+       false,
+       "",
+       {P{"strides", {2, 2}}}},
+      {"convtranspose_k3s2_outpad",
+       "ConvTranspose",
+       {1, 8, 5, 5},
+       {8, 4, 3, 3},
+       false,
+       false,
+       "",
+       {P{"strides", {2, 2}}, P{"pads", {1, 1, 1, 1}}, P{"output_padding", {1, 1}}}},
+      {"convtranspose_grouped2_bias",
+       "ConvTranspose",
+       {1, 8, 6, 6},
+       {8, 3, 3, 3},
+       true,
+       false,
+       "",
+       {P{"pads", {1, 1, 1, 1}}},
+       2},
+  };
+}
+
+// 4-D NCHW <-> NHWC on host f32 data.
+Tensor ToNhwc(const Tensor& t) {
+  const auto& d = t.dims();
+  Tensor out(t.dtype(), {d[0], d[2], d[3], d[1]});
+  for (int64_t n = 0; n < d[0]; ++n)
+    for (int64_t c = 0; c < d[1]; ++c)
+      for (int64_t h = 0; h < d[2]; ++h)
+        for (int64_t w = 0; w < d[3]; ++w) {
+          out.mutable_data<float>()[((n * d[2] + h) * d[3] + w) * d[1] + c] =
+              t.data<float>()[((n * d[1] + c) * d[2] + h) * d[3] + w];
+        }
+  return out;
+}
+Tensor ToNchw(const Tensor& t) {
+  const auto& d = t.dims();  // N, H, W, C
+  Tensor out(t.dtype(), {d[0], d[3], d[1], d[2]});
+  for (int64_t n = 0; n < d[0]; ++n)
+    for (int64_t h = 0; h < d[1]; ++h)
+      for (int64_t w = 0; w < d[2]; ++w)
+        for (int64_t c = 0; c < d[3]; ++c) {
+          out.mutable_data<float>()[((n * d[3] + c) * d[1] + h) * d[2] + w] =
+              t.data<float>()[((n * d[1] + h) * d[2] + w) * d[3] + c];
+        }
+  return out;
+}
+
+Tensor Random(std::vector<int64_t> dims, double scale, std::mt19937& rng) {
+  Tensor t(kFloat32, std::move(dims));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    t.mutable_data<float>()[i] = static_cast<float>(u(rng) * scale);
+  }
+  return t;
+}
+
+// |got - want| <= abs + rel * |want|, by storage type (FP32 accumulation everywhere; f16/bf16
+// add the rounding of the output, and of the intermediate on the unfused-epilogue path).
+std::pair<double, double> Tolerance(DataType t) {
+  if (t == kFloat16) return {1e-2, 1e-2};
+  if (t == kBFloat16) return {5e-2, 2e-2};
+  return {1e-3, 1e-3};
+}
+
+AttributeMap MakeAttrs(const ConvCase& c, bool nhwc) {
+  AttributeMap a;
+  for (const auto& [k, v] : c.ints) a.Set(k, v);
+  if (c.group != 1) a.Set("group", c.group);
+  if (!c.activation.empty()) a.Set("activation", c.activation);
+  if (nhwc) a.Set("kiln_layout", std::string("NHWC"));
+  return a;
+}
+
+// One node over graph inputs/constants; returns the node (shapes inferred).
+Node* OneNode(Graph& g, const ConvCase& c, bool nhwc, const std::vector<Tensor>& ins,
+              const std::vector<bool>& is_const) {
+  std::vector<Value*> values;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (ins[i].empty()) {
+      values.push_back(nullptr);
+    } else if (is_const[i]) {
+      values.push_back(g.AddConstant("c" + std::to_string(i), ins[i]));
+    } else {
+      values.push_back(
+          g.AddInput("in" + std::to_string(i), ins[i].dtype(), MakeShape(ins[i].dims())));
+    }
+  }
+  Value* y = g.AddValue("y");
+  Node* n = g.AddNode(c.op, "node", values, {y}, MakeAttrs(c, nhwc));
+  g.MarkOutput(y);
+  Status s = InferShapes(g).status();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return n;
+}
+
+// The backend under test is CUDA; the same harness also runs the CPU backend's own providers
+// (for NHWC, its transposing adapter), which checks the harness itself on machines without a GPU.
+class CudnnConvTest
+    : public ::testing::TestWithParam<std::tuple<ConvCase, DataType, bool /*nhwc*/, BackendKind>> {
+};
+
+TEST_P(CudnnConvTest, EveryTacticMatchesCpu) {
+  const auto& [c, dtype, nhwc, kind] = GetParam();
+  auto backend = GetBackend(kind);
+  if (!backend.ok()) GTEST_SKIP() << "no GPU: " << backend.status().ToString();
+  if (nhwc && c.x.size() != 4) GTEST_SKIP() << "NHWC is 4-D only";
+  Backend* gpu = *backend;
+
+  uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  int64_t fan_in = 1;
+  for (size_t i = 1; i < c.w.size(); ++i) fan_in *= c.w[i];
+  // Inputs rounded to the storage type, so the reference sees exactly what the GPU sees.
+  auto round = [&](const Tensor& t) { return t.CastTo(dtype).CastTo(kFloat32); };
+  Tensor x = round(Random(c.x, 1.0, rng));
+  Tensor w = round(Random(c.w, 1.0 / std::sqrt(static_cast<double>(fan_in)), rng));
+  int64_t m = c.op == "ConvTranspose" ? c.w[1] * c.group : c.w[0];
+  Tensor b = c.bias ? round(Random({m}, 0.5, rng)) : Tensor();
+
+  // The CPU reference (NCHW, f32). Z needs Y's shape, from the reference graph's shape rule.
+  auto ref_graph = std::make_unique<Graph>();
+  std::vector<Tensor> ref_in = {x, w, b};
+  std::vector<bool> consts = {false, true, true, false};
+  Node* ref_node = OneNode(*ref_graph, c, false, ref_in, consts);
+  if (c.residual) {
+    ref_in.push_back(round(Random(*StaticDims(ref_node->output(0)->shape()), 1.0, rng)));
+    ref_graph = std::make_unique<Graph>();
+    ref_node = OneNode(*ref_graph, c, false, ref_in, consts);
+  }
+  std::vector<const Tensor*> ref_ptrs;
+  for (const Tensor& t : ref_in) ref_ptrs.push_back(t.empty() ? nullptr : &t);
+  auto want = cpu::EvaluateNode(*ref_node, ref_ptrs);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  const Tensor& y_ref = (*want)[0];
+
+  // The GPU node, in its storage type and layout.
+  std::vector<Tensor> gpu_in;
+  for (size_t i = 0; i < ref_in.size(); ++i) {
+    const Tensor& t = ref_in[i];
+    if (t.empty()) {
+      gpu_in.emplace_back();
+      continue;
+    }
+    bool activation = i == 0 || i == 3;
+    gpu_in.push_back((nhwc && activation ? ToNhwc(t) : t).CastTo(dtype));
+  }
+  Graph g;
+  Node* node = OneNode(g, c, nhwc, gpu_in, consts);
+  KernelRequest request;
+  request.node = node;
+  for (size_t i = 0; i < gpu_in.size(); ++i) {
+    OperandDesc d;
+    if (!gpu_in[i].empty()) {
+      d = {dtype, MakeShape(gpu_in[i].dims()), gpu_in[i].dims(), consts[i] ? &gpu_in[i] : nullptr};
+    }
+    request.inputs.push_back(d);
+  }
+  std::vector<int64_t> y_dims = *StaticDims(node->output(0)->shape());
+  request.outputs.push_back({dtype, MakeShape(y_dims), y_dims, nullptr});
+
+  // Device copies of the operands.
+  std::vector<DeviceBuffer> dev;
+  std::vector<TensorView> in_views;
+  for (const Tensor& t : gpu_in) {
+    if (t.empty()) {
+      dev.emplace_back();
+      in_views.push_back({});
+      continue;
+    }
+    auto buf = gpu->Allocate(t.size_bytes());
+    ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+    ASSERT_TRUE(gpu->CopyToDevice(buf->data(), t.raw(), t.size_bytes(), nullptr).ok());
+    in_views.push_back({dtype, t.dims(), buf->data()});
+    dev.push_back(std::move(*buf));
+  }
+  Tensor y_host(dtype, y_dims);
+  auto y_dev = gpu->Allocate(y_host.size_bytes());
+  ASSERT_TRUE(y_dev.ok());
+  TensorView y_view{dtype, y_host.dims(), y_dev->data()};
+
+  Tensor nan_fill = Tensor(kFloat32, y_dims);
+  for (int64_t i = 0; i < nan_fill.num_elements(); ++i) {
+    nan_fill.mutable_data<float>()[i] = std::nanf("");
+  }
+  nan_fill = nan_fill.CastTo(dtype);
+  auto [abs_tol, rel_tol] = Tolerance(dtype);
+  int tactics_run = 0;
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(kind, *node)) {
+    for (const TacticConfig& tactic : p->Tactics(request)) {
+      SCOPED_TRACE(tactic.name);
+      auto kernel = p->Create(request, tactic);
+      ASSERT_TRUE(kernel.ok()) << kernel.status().ToString();
+      auto ws = (*kernel)->Prepare(in_views, {&y_view, 1});
+      ASSERT_TRUE(ws.ok()) << ws.status().ToString();
+      // The builder budgets memory with the tactic's estimate (the CPU's f16/bf16 wrapper
+      // leaves its conversion buffers out of it, so this is asserted for CUDA only).
+      if (kind == BackendKind::kCuda) {
+        EXPECT_LE(*ws, tactic.workspace_bytes) << "the tactic's workspace estimate is not honest";
+      }
+      DeviceBuffer ws_buf;
+      if (*ws) {
+        auto b2 = gpu->Allocate(*ws);
+        ASSERT_TRUE(b2.ok());
+        ws_buf = std::move(*b2);
+      }
+      // A stale result must not pass: Y starts as NaN.
+      ASSERT_TRUE(
+          gpu->CopyToDevice(y_dev->data(), nan_fill.raw(), nan_fill.size_bytes(), nullptr).ok());
+      KernelRunArgs args;
+      args.inputs = in_views;
+      args.outputs = {&y_view, 1};
+      args.workspace = ws_buf.data();
+      args.workspace_bytes = *ws;
+      Status run = (*kernel)->Run(args);
+      ASSERT_TRUE(run.ok()) << run.ToString();
+      ASSERT_TRUE(gpu->Synchronize(nullptr).ok());
+      ASSERT_TRUE(
+          gpu->CopyToHost(y_host.mutable_raw(), y_dev->data(), y_host.size_bytes(), nullptr).ok());
+      Tensor got = y_host.CastTo(kFloat32);
+      if (nhwc) got = ToNchw(got);
+      ASSERT_EQ(got.dims(), y_ref.dims());
+      int bad = 0;
+      double worst = 0;
+      for (int64_t i = 0; i < got.num_elements(); ++i) {
+        double want_v = y_ref.data<float>()[i], got_v = got.data<float>()[i];
+        double err = std::abs(got_v - want_v);
+        double allowed = abs_tol + rel_tol * std::abs(want_v);
+        if (!(err <= allowed)) {
+          ++bad;
+          worst = std::max(worst, std::isnan(err) ? 1e30 : err);
+        }
+      }
+      EXPECT_EQ(bad, 0) << bad << " of " << got.num_elements() << " elements off; worst error "
+                        << worst;
+      ++tactics_run;
+      if (kind == BackendKind::kCuda) {
+        std::printf("[ tactic   ] %s ws %zu%s\n", tactic.name.c_str(), *ws, bad ? " FAILED" : "");
+      }
+    }
+  }
+  EXPECT_GT(tactics_run, 0) << "no tactic for " << c.name;
+  ::testing::Test::RecordProperty("tactics", tactics_run);
+}
+
+std::string CaseName(const ::testing::TestParamInfo<CudnnConvTest::ParamType>& info) {
+  const auto& [c, dtype, nhwc, kind] = info.param;
+  return std::string(ToString(kind)) + "_" + c.name + "_" + std::string(ToString(dtype)) +
+         (nhwc ? "_nhwc" : "_nchw");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cudnn, CudnnConvTest,
+                         ::testing::Combine(::testing::ValuesIn(Cases()),
+                                            ::testing::Values(kFloat16, kFloat32, kBFloat16),
+                                            ::testing::Values(true, false),
+                                            ::testing::Values(BackendKind::kCuda,
+                                                              BackendKind::kCpu)),
+                         CaseName);
+
+// On a machine without a GPU the providers offer nothing (and do not fail): the builder then
+// reports the missing kernel with its catalog code.
+TEST(CudnnConvNoGpu, NoTacticsWithoutAGpu) {
+  if (GetBackend(BackendKind::kCuda).ok()) GTEST_SKIP() << "a GPU is present";
+  ConvCase c = Cases()[0];
+  Graph g;
+  std::mt19937 rng(1);
+  std::vector<Tensor> ins = {Random(c.x, 1, rng), Random(c.w, 1, rng), Tensor()};
+  Node* node = OneNode(g, c, false, ins, {false, true, true});
+  KernelRequest request;
+  request.node = node;
+  request.inputs.push_back({kFloat32, MakeShape(c.x), c.x, nullptr});
+  request.inputs.push_back({kFloat32, MakeShape(c.w), c.w, &ins[1]});
+  std::vector<int64_t> y = *StaticDims(node->output(0)->shape());
+  request.outputs.push_back({kFloat32, MakeShape(y), y, nullptr});
+  const KernelProvider* p = KernelRegistry::Get().Find(BackendKind::kCuda, "cuda.conv.cudnn");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->op_type(), "Conv");
+  EXPECT_TRUE(p->Tactics(request).empty());
+}
+
+// A tactic from another kiln's engine file (unknown params layout) is a catalog error at Create,
+// before any device work, not a crash or a silently different plan.
+TEST(CudnnConvParams, MalformedParamsAreAnError) {
+  ConvCase c = Cases()[0];
+  Graph g;
+  std::mt19937 rng(1);
+  std::vector<Tensor> ins = {Random(c.x, 1, rng), Random(c.w, 1, rng), Tensor()};
+  Node* node = OneNode(g, c, false, ins, {false, true, true});
+  KernelRequest request;
+  request.node = node;
+  request.inputs.push_back({kFloat32, MakeShape(c.x), c.x, nullptr});
+  request.inputs.push_back({kFloat32, MakeShape(c.w), c.w, &ins[1]});
+  std::vector<int64_t> y = *StaticDims(node->output(0)->shape());
+  request.outputs.push_back({kFloat32, MakeShape(y), y, nullptr});
+  const KernelProvider* p = KernelRegistry::Get().Find(BackendKind::kCuda, "cuda.conv.cudnn");
+  ASSERT_NE(p, nullptr);
+  for (std::vector<int64_t> params : {std::vector<int64_t>{}, std::vector<int64_t>{99, 1, 3, 0},
+                                      std::vector<int64_t>{1, 0, 3, 2, 7}}) {
+    auto kernel = p->Create(request, {"f32-conv-nchw-cudnn-engine3", params, 0});
+    ASSERT_FALSE(kernel.ok());
+    EXPECT_EQ(kernel.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(kernel.status().message().find("malformed"), std::string::npos)
+        << kernel.status().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace kiln
