@@ -64,8 +64,14 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/build_cpu.json"))
     ap.add_argument("--rounds", type=int, default=3, help="latency rounds per engine, small models")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per model")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment for the benchmark processes (recorded in the JSON), e.g. "
+                         "OMP_WAIT_POLICY=passive")
     args = ap.parse_args()
 
+    env = dict(os.environ)
+    env.update(dict(kv.split("=", 1) for kv in args.env))
+    load_at_start = os.getloadavg()
     small = models_in(args.zoo)
     large = models_in(args.generated)
     keep = set(filter(None, args.models.split(",")))
@@ -83,7 +89,7 @@ def main():
         print(f"== {name}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         t0 = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
         except subprocess.TimeoutExpired:
             failures.append({"model": name, "error": f"timed out after {args.timeout} s"})
             continue
@@ -109,7 +115,10 @@ def main():
         "command": "python3 " + shlex.join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "git_commit": git_commit(),
+        "environment": {k: v for k, v in env.items()
+                        if k.startswith(("OMP_", "GOMP_", "KMP_", "DNNL_", "OPENBLAS_", "KILN_"))},
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
+                    "load_average_at_start": load_at_start,
                     "load_average_at_end": os.getloadavg()},
         "definitions": {
             "build_cold_s": "import + build + serialize with an empty timing cache (every "

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -70,7 +71,7 @@ OptimizationProfile ZooProfile(const nlohmann::json& info) {
   return profile;
 }
 
-void BuildWithDeadlineAndCheck(const fs::path& dir) {
+void BuildWithDeadlineAndCheck(const fs::path& dir, bool search_outlasts_deadline) {
   ASSERT_FALSE(dir.empty()) << "no zoo model under " << ZooRoot();
   SCOPED_TRACE(dir.filename().string());
   const nlohmann::json info = Info(dir);
@@ -86,10 +87,15 @@ void BuildWithDeadlineAndCheck(const fs::path& dir) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  // The bound was actually reached (the full search needs longer), so this tests the deadline
-  // and not merely a quick build; and the whole build stayed within deadline + margin.
-  EXPECT_TRUE(built->report.deadline_hit)
-      << "the search finished in " << built->report.build_seconds << " s, before the deadline";
+  std::printf("%s: import + build + serialize %.3f s (deadline %.1f s, reached: %s)\n",
+              dir.filename().c_str(), seconds, kDeadline.count() / 1000.0,
+              built->report.deadline_hit ? "yes" : "no");
+  // Where the full search needs longer than the deadline, the bound was actually reached, so the
+  // test exercises the deadline and not merely a quick build.
+  if (search_outlasts_deadline) {
+    EXPECT_TRUE(built->report.deadline_hit)
+        << "the search finished in " << built->report.build_seconds << " s, before the deadline";
+  }
   EXPECT_LE(seconds, 1.0 + kMarginSeconds)
       << "import + build + serialize took " << seconds << " s; report:\n"
       << built->report.ToText(false);
@@ -126,14 +132,20 @@ void BuildWithDeadlineAndCheck(const fs::path& dir) {
   }
 }
 
-// By weight bytes this is mobilenetv3_tiny (409,394 parameters).
+// "The largest zoo model" of issue 3, by weight bytes: mobilenetv3_tiny (409,394 parameters;
+// its convolutions have the most tactic candidates, and the full search takes several seconds).
 TEST(DeadlineZooTest, LargestByWeightsBuildsWithinDeadlineAndIsCorrect) {
-  BuildWithDeadlineAndCheck(LargestBy("param_count"));
+  const fs::path dir = LargestBy("param_count");
+  EXPECT_EQ(dir.filename(), "mobilenetv3_tiny");
+  BuildWithDeadlineAndCheck(dir, /*search_outlasts_deadline=*/true);
 }
 
-// By layers this is gpt_tiny (479 ONNX nodes): the most layers to plan and time.
+// Also the largest by layers, gpt_tiny (479 ONNX nodes): the most layers to import, optimize and
+// plan. Its search is short (about 0.1 s), so here the deadline need not be reached.
 TEST(DeadlineZooTest, LargestByLayersBuildsWithinDeadlineAndIsCorrect) {
-  BuildWithDeadlineAndCheck(LargestBy("nodes"));
+  const fs::path dir = LargestBy("nodes");
+  EXPECT_EQ(dir.filename(), "gpt_tiny");
+  BuildWithDeadlineAndCheck(dir, /*search_outlasts_deadline=*/false);
 }
 
 }  // namespace

@@ -87,12 +87,17 @@ std::vector<Outcome> RunRanks(const std::vector<int>& ranks, int world, int port
     }
     out[i].seconds = SecondsSince(children[i].start);
     close(children[i].fd);
+    // EOF on the pipe means the child is exiting; reaping it may lag a moment behind.
     int status = 0;
-    if (waitpid(children[i].pid, &status, WNOHANG) == 0) {
+    pid_t done = 0;
+    while ((done = waitpid(children[i].pid, &status, WNOHANG)) == 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (done == 0) {
       kill(children[i].pid, SIGKILL);
       waitpid(children[i].pid, &status, 0);
     } else {
-      out[i].exited = true;
+      out[i].exited = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     }
     while (!text.empty() && text.back() == '\n') text.pop_back();
     out[i].line = text;
