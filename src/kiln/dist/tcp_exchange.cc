@@ -191,8 +191,7 @@ class TcpCommunicator final : public Communicator {
     if (rank_ != 0) {
       KILN_RETURN_IF_ERROR(SendFrame(root_.get(), mine, 0, deadline, RootName()));
       // The grace lets rank 0's verdict (which rank did not contribute) arrive first.
-      KILN_RETURN_IF_ERROR(
-          RecvFrame(root_.get(), all, deadline + kVerdictGrace, RootName(), what));
+      KILN_RETURN_IF_ERROR(RecvFrame(root_.get(), all, deadline + kVerdictGrace, RootName(), what));
       return all;
     }
     std::copy(mine.begin(), mine.end(), all.begin());
