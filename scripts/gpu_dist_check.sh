@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# kiln's distributed GPU checks (issue 5): the NCCL transport at world size 1, and a
-# non-blocking NCCL init that times out and aborts when the second process never joins.
+# kiln's distributed GPU checks (issue 5): the NCCL transport at world size 1 (under mpirun and
+# torchrun-style, without MPI), and a non-blocking NCCL init that times out and aborts when the
+# second process never joins.
 #   Here (build machine):  scripts/bundle_gpu.sh          -> .bundle/ (bin: dist_nccl_tests,
 #                          dist_nccl_driver, dist_driver; lib: Debian libraries)
 #   GPU machine:           scripts/gpu_dist_check.sh [BUNDLE_DIR]   (default .bundle)
@@ -50,6 +51,20 @@ if command -v mpirun >/dev/null; then
   else
     row "BuildOnce --transport nccl np=1" "FAIL"
   fi
+fi
+
+echo "== BuildOnce through NCCL, torchrun-style world size 1 (env vars, no mpirun: control and"
+echo "   the NCCL unique id over TCP to MASTER_ADDR:MASTER_PORT+17), 100 MB synthetic engine"
+rm -rf /tmp/kiln_nccl_torchrun && mkdir -p /tmp/kiln_nccl_torchrun
+tport=$((30000 + RANDOM % 20000))
+if env -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u PMIX_RANK -u PMI_SIZE -u PMI_RANK \
+    RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$tport \
+    "$bin/dist_driver" --transport nccl --size 100000000 --build-ms 100 \
+    --report-dir /tmp/kiln_nccl_torchrun &&
+    grep -q '"transport": "nccl"' /tmp/kiln_nccl_torchrun/*.json; then
+  row "BuildOnce --transport nccl torchrun-style world=1" "PASS $(grep -ho '"bulk_setup_s": [0-9.e-]*' /tmp/kiln_nccl_torchrun/*.json | head -1)"
+else
+  row "BuildOnce --transport nccl torchrun-style world=1" "FAIL"
 fi
 
 echo

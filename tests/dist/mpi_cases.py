@@ -209,6 +209,37 @@ def case_nccl_no_device(a, tmp):
         check("KILN-E6000" in line or "KILN-E7015" in line, f"explained: {line}", r)
 
 
+def torchrun_env(rank, world, port):
+    env = proc_env()
+    env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port)})
+    return env
+
+
+def case_torchrun_nccl_no_device(a, tmp):
+    # Launched like torchrun (env vars, no mpirun): --transport nccl sets up its control channel
+    # over TCP through rank 0 (no MPI anywhere), then fails promptly on every rank at the NCCL
+    # step on a machine without a GPU: no CUDA device (E6000) or NCCL not compiled in (E7015), or,
+    # on the other ranks, rank 0 leaving (E7014). Never an MPI error, never a hang.
+    port = 21000 + os.getpid() % 20000
+    procs = [subprocess.Popen([a.driver, "--transport", "nccl", "--join-ms", "5000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=torchrun_env(r, 3, port)) for r in (2, 1, 0)]
+    t0 = time.monotonic()
+    outs = [p.communicate(timeout=30) for p in procs]
+    elapsed = time.monotonic() - t0
+    text = "\n".join(o + e for o, e in outs)
+    check(all(p.returncode != 0 for p in procs), "every rank fails without a GPU:\n" + text)
+    check(elapsed < 15, f"promptly ({elapsed:.1f} s):\n" + text)
+    check("MPI is not" not in text and "MPI_" not in text, "no MPI involved:\n" + text)
+    root = outs[2][0]
+    check("KILN-E6000" in root or "KILN-E7015" in root, "rank 0 names the cause:\n" + text)
+    for o, _ in outs[:2]:
+        check(any(c in o for c in ("KILN-E6000", "KILN-E7015", "KILN-E7014")),
+              "explained: " + o)
+
+
 # ---- plain processes racing on one cache directory (no launcher: world size 1 each) ----
 
 def proc_env():
@@ -318,7 +349,8 @@ def main():
     fn = globals().get("case_" + a.case)
     if fn is None:
         sys.exit(f"no case {a.case}")
-    if a.case not in ("race_one_build", "builder_killed", "builder_hung", "corrupt_entry"):
+    if a.case not in ("race_one_build", "builder_killed", "builder_hung", "corrupt_entry",
+                      "torchrun_nccl_no_device"):
         if shutil.which("mpirun") is None:
             print("SKIP: mpirun not found")
             return

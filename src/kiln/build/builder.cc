@@ -239,6 +239,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *node)) {
       for (TacticConfig& t : p->Tactics(l.request)) l.candidates.push_back({p, std::move(t)});
     }
+    if (!config.search_tactics && l.candidates.size() > 1) l.candidates.resize(1);
     if (l.candidates.empty()) {
       std::vector<std::string> types;
       for (const auto& d : l.request.inputs) types.push_back(std::string(ToString(d.dtype)));

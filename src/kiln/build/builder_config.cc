@@ -129,6 +129,8 @@ Hash128 BuilderConfig::Hash() const {
   Hasher h;
   h.Field("kiln-build-config-v1");
   h.Field(static_cast<int64_t>(backend)).Field(fp16).Field(bf16).Field(int8).Field(optimize);
+  // Only hashed when off, so that every existing config keeps its hash (and cached engines).
+  if (!search_tactics) h.Field("heuristic-tactics-only");
   for (const auto& p : profile.inputs) {
     h.Field(p.input);
     for (const auto* v : {&p.min, &p.opt, &p.max}) {

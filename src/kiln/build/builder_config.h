@@ -49,6 +49,9 @@ struct BuilderConfig {
   std::optional<double> max_kernel_time_ms;
   std::string timing_cache_path;
   bool optimize = true;  // graph passes
+  // false: every layer keeps its heuristic (first) tactic and nothing is timed; the baseline
+  // that bench/build compares the tactic search against.
+  bool search_tactics = true;
   ProgressCallback progress;
 
   // Everything that changes the engine's bytes (not progress or cache paths).

@@ -14,6 +14,7 @@
 #include "kiln/core/hash.h"
 #include "kiln/core/logging.h"
 #include "kiln/dist/mpi_comm.h"
+#include "kiln/dist/tcp_exchange.h"
 
 namespace kiln::dist {
 namespace {
@@ -287,7 +288,8 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
       return MakeError(
           ErrorCode::kTransportUnavailable,
           "world size {} (from {}) but MPI is not running: launch with mpirun or srun "
-          "--mpi, or give a shared cache directory (--cache-dir) for --transport cache",
+          "--mpi, use --transport nccl (torchrun: control over TCP to MASTER_ADDR), or give a "
+          "shared cache directory (--cache-dir) for --transport cache",
           me.world_size, me.launcher);
     } else {
       transport = Transport::kLocal;
@@ -328,7 +330,14 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   std::unique_ptr<Communicator> owned_world;
   Communicator* world = options.comm;
   if (world == nullptr) {
-    KILN_ASSIGN_OR_RETURN(owned_world, MpiWorld());
+    if (transport == Transport::kNccl && !MpiAvailable() &&
+        (me.world_size == 1 || !me.master_addr.empty())) {
+      // A launch without MPI (torchrun): control messages, and so the NCCL unique id, go over
+      // TCP through rank 0 at MASTER_ADDR:MASTER_PORT + kTcpExchangePortOffset.
+      KILN_ASSIGN_OR_RETURN(owned_world, TcpConnect(me, Clock::now() + options.join_timeout));
+    } else {
+      KILN_ASSIGN_OR_RETURN(owned_world, MpiWorld());
+    }
     world = owned_world.get();
   }
   if (transport != Transport::kNccl) report.transport = world->kind();

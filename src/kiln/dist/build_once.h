@@ -24,7 +24,8 @@ enum class Transport {
   kAuto,   // MPI when the job has more than one rank, local otherwise
   kLocal,  // world size 1
   kMpi,    // control and bytes over MPI
-  kNccl,   // control over MPI, bytes by ncclBroadcast (needs kiln_dist_nccl's factory)
+  kNccl,   // bytes by ncclBroadcast (needs kiln_dist_nccl's factory); control over MPI, or,
+           // launched without MPI (torchrun), over TCP through rank 0 (tcp_exchange.h)
   kCache,  // no communication: every process goes through the shared cache directory
 };
 enum class BuildOn {

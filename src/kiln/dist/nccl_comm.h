@@ -47,7 +47,8 @@ class NcclBroadcaster final : public BulkTransport {
 // True when a CUDA device is usable here (tests skip otherwise).
 bool CudaDeviceAvailable();
 
-// For BuildOnce: the unique id goes from group rank 0 over `group`, then every rank joins.
+// For BuildOnce: the unique id goes from group rank 0 over `group` (MPI, or TCP through rank 0 at
+// MASTER_ADDR for a torchrun launch without MPI: tcp_exchange.h), then every rank joins.
 BulkTransportFactory NcclTransportFactory(NcclOptions options = {});
 
 }  // namespace kiln::dist
