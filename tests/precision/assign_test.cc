@@ -9,6 +9,7 @@
 
 #include "kiln/backends/cpu/cpu_eval.h"
 #include "kiln/build/builder.h"
+#include "kiln/ops/op_schema.h"
 #include "tests/precision/test_util.h"
 
 namespace kiln::precision {
@@ -39,6 +40,7 @@ BuilderConfig Fp16() {
   BuilderConfig c;
   c.fp16 = true;
   c.deadline = std::chrono::milliseconds(1);  // heuristic tactics: no timing in unit tests
+  c.optimize = false;  // keep the layers as written (fusion would rename them)
   return c;
 }
 
@@ -46,7 +48,7 @@ BuilderConfig Fp16() {
 std::unique_ptr<Graph> Chain() {
   auto g = std::make_unique<Graph>();
   Value* x = g->AddInput("x", DataType::kFloat32, MakeShape({4, 16}));
-  Value* h = g->AddValue("h"), *r = g->AddValue("r"), *y = g->AddValue("y");
+  Value *h = g->AddValue("h"), *r = g->AddValue("r"), *y = g->AddValue("y");
   g->AddNode("MatMul", "mm1", {x, Weight(*g, "w1", {16, 16}, 1)}, {h});
   g->AddNode("Relu", "relu", {h}, {r});
   g->AddNode("MatMul", "mm2", {r, Weight(*g, "w2", {16, 8}, 2)}, {y});
@@ -72,8 +74,8 @@ TEST(PrecisionAssign, Fp16ChainCastsOnlyAtTheGraphEdges) {
   EXPECT_EQ(report.casts_inserted, 2);  // x f32->f16 in, y f16->f32 out
   EXPECT_EQ(report.weights_converted, 2);
   EXPECT_EQ(CountOp(*engine->graph, "Cast"), 2);
-  EXPECT_EQ(report.precision_counts["f16"], 3);
-  EXPECT_EQ(report.precision_counts["f32"], 2);  // the two Casts write f16 and f32
+  EXPECT_EQ(report.precision_counts["f16"], 4);  // three layers and the Cast that writes f16
+  EXPECT_EQ(report.precision_counts["f32"], 1);  // the Cast back to the output's f32
   EXPECT_EQ(FindLayer(report, "mm1")->precision, "f16");
   EXPECT_EQ(FindLayer(report, "relu")->precision_reason, "f16: allowed and a cpu kernel exists");
   // Graph inputs and outputs keep their ONNX types; weights are stored in FP16.
@@ -135,14 +137,14 @@ TEST(PrecisionAssign, IntegerAndShapeOpsAreUntouched) {
   g->AddNode("Reshape", "reshape", {r, s}, {y});
   g->MarkOutput(y);
   ASSERT_TRUE(InferShapes(*g).ok());
-  BuilderConfig c = Fp16();
-  c.optimize = false;  // keep the Shape node (folding would remove it)
+  BuilderConfig c = Fp16();  // no passes: keeps the Shape node (folding would remove it)
   BuildReport report;
   auto out = kiln::testing::BuildAndRun(std::move(g), c, {{"x", F32({2, 3}, {-1, 2, -3, 4, 5, 6})}},
                                         &report);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   EXPECT_EQ(FindLayer(report, "shape")->precision, "i64");
-  EXPECT_EQ(FindLayer(report, "shape")->precision_reason, "integer/shape op: keeps the model's types");
+  EXPECT_EQ(FindLayer(report, "shape")->precision_reason,
+            "integer/shape op: keeps the model's types");
   EXPECT_EQ(FindLayer(report, "relu")->precision, "f16");
   EXPECT_EQ(FindLayer(report, "reshape")->precision, "f16");
   EXPECT_EQ(report.casts_inserted, 2);
@@ -212,8 +214,9 @@ TEST(PrecisionGuard, CalibratedActivationsBeyondFp16KeepTheLayerFp32) {
   BuildReport report;
   ASSERT_TRUE(BuildEngine({make(), "t", HashString("t")}, c, &report).ok());
   EXPECT_EQ(FindLayer(report, "mul")->precision, "f32");
-  EXPECT_NE(FindLayer(report, "mul")->precision_reason.find(
-                "output 'm' reaches |x| = 4e+04 in calibration, beyond the FP16 range"),
+  EXPECT_NE(FindLayer(report, "mul")
+                ->precision_reason.find(
+                    "output 'm' reaches |x| = 4e+04 in calibration, beyond the FP16 range"),
             std::string::npos)
       << FindLayer(report, "mul")->precision_reason;
   EXPECT_EQ(FindLayer(report, "relu")->precision, "f32");
@@ -225,8 +228,8 @@ TEST(PrecisionGuard, CalibratedActivationsBeyondFp16KeepTheLayerFp32) {
 }
 
 TEST(PrecisionAssign, Fp32BuildsSayWhy) {
-  BuilderConfig c;
-  c.deadline = std::chrono::milliseconds(1);
+  BuilderConfig c = Fp16();
+  c.fp16 = false;
   BuildReport report;
   ASSERT_TRUE(BuildEngine({Chain(), "t", HashString("t")}, c, &report).ok());
   EXPECT_EQ(report.precision_counts["f32"], 3);

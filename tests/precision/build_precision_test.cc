@@ -11,6 +11,7 @@
 #include "kiln/build/builder.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/onnx/onnx_import.h"
+#include "kiln/ops/op_schema.h"
 #include "kiln/precision/precision.h"
 #include "tests/precision/test_util.h"
 
@@ -111,6 +112,7 @@ TEST(PrecisionInt8, AnnotatedLayerTakesTheInt8KernelOthersFallBack) {
   c.calibration_dir = dir;
   c.calibration_method = precision::CalibrationMethod::kMinMax;
   c.deadline = std::chrono::milliseconds(1);
+  c.optimize = false;
   std::map<std::string, Tensor> in = {{"x", F32({4, 16}, Random(64, 77, 2.0f))}};
   auto g = MatMulGemm();
   auto ref = cpu::EvaluateGraph(*g, in);
@@ -143,6 +145,7 @@ TEST(PrecisionInt8, WithoutCalibrationDataInt8FallsBackWithAWarning) {
   BuilderConfig c;
   c.int8 = true;
   c.deadline = std::chrono::milliseconds(1);
+  c.optimize = false;
   BuildReport report;
   ASSERT_TRUE(BuildEngine({MatMulGemm(), "t", HashString("t")}, c, &report).ok());
   EXPECT_EQ(FindLayer(report, "mm")->precision, "f16");
@@ -165,8 +168,8 @@ BuilderConfig ZooInt8(const std::string& model, const std::string& cache) {
 StatusOr<std::vector<std::byte>> BuildZooBytes(const std::string& model, const BuilderConfig& c,
                                                BuildReport* report) {
   KILN_ASSIGN_OR_RETURN(auto graph, ImportOnnxFile(testing::ZooDir(model) + "/model.onnx"));
-  KILN_ASSIGN_OR_RETURN(auto desc, BuildEngine({std::move(graph), model, HashString(model)}, c,
-                                               report));
+  KILN_ASSIGN_OR_RETURN(auto desc,
+                        BuildEngine({std::move(graph), model, HashString(model)}, c, report));
   return SerializeEngine(*desc);
 }
 

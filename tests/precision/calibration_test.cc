@@ -10,6 +10,7 @@
 #include <random>
 
 #include "kiln/onnx/onnx_import.h"
+#include "kiln/ops/op_schema.h"
 #include "tests/precision/test_util.h"
 
 namespace kiln::precision {

@@ -69,8 +69,8 @@ StatusOr<std::map<std::string, Tensor>> BuildAndRun(std::unique_ptr<Graph> graph
                                                     const std::map<std::string, Tensor>& inputs,
                                                     BuildReport* report,
                                                     std::unique_ptr<EngineDesc>* keep) {
-  KILN_ASSIGN_OR_RETURN(auto desc,
-                        BuildEngine({std::move(graph), "test", HashString("test")}, config, report));
+  KILN_ASSIGN_OR_RETURN(
+      auto desc, BuildEngine({std::move(graph), "test", HashString("test")}, config, report));
   KILN_ASSIGN_OR_RETURN(auto bytes, SerializeEngine(*desc));
   KILN_ASSIGN_OR_RETURN(auto runtime, Runtime::Create(config.backend));
   KILN_ASSIGN_OR_RETURN(auto engine, runtime->DeserializeEngine(bytes));

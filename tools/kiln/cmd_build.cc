@@ -261,9 +261,8 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
       std::ofstream f(o.precision_report);
       f << built->report.PrecisionJson() << "\n";
       if (!f) {
-        return ReportError(MakeError(ErrorCode::kIoError,
-                                     "cannot write the precision report to '{}'",
-                                     o.precision_report));
+        return ReportError(MakeError(
+            ErrorCode::kIoError, "cannot write the precision report to '{}'", o.precision_report));
       }
     }
   }

@@ -155,14 +155,21 @@ Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
 // Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched).
 StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& c) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel, c.provider->Create(l.request, c.tactic));
+  // Present activations get a non-null placeholder address: kernels (the CPU FP16 wrapper among
+  // them) tell omitted optional inputs by a null pointer, as they will see them at run time.
+  // Prepare reads shapes only, never activation data.
+  alignas(64) static std::byte placeholder[64];
   std::vector<TensorView> ins, outs;
   for (const OperandDesc& d : l.request.inputs) {
     ins.push_back(d.dtype == DataType::kUndefined
                       ? TensorView{}
                       : TensorView{d.dtype, d.max_dims,
-                                   d.constant ? const_cast<void*>(d.constant->raw()) : nullptr});
+                                   d.constant ? const_cast<void*>(d.constant->raw())
+                                              : static_cast<void*>(placeholder)});
   }
-  for (const OperandDesc& d : l.request.outputs) outs.push_back({d.dtype, d.max_dims, nullptr});
+  for (const OperandDesc& d : l.request.outputs) {
+    outs.push_back({d.dtype, d.max_dims, static_cast<void*>(placeholder)});
+  }
   for (const auto& views : {&ins, &outs}) {
     for (const TensorView& v : *views) {
       if (v.dtype != DataType::kUndefined &&
@@ -210,12 +217,11 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
   KILN_ASSIGN_OR_RETURN(auto data,
                         LoadCalibrationData(graph, config.profile, config.calibration_dir));
   const int64_t before = CalibrationBatchesRun();
-  KILN_ASSIGN_OR_RETURN(CalibrationTable table,
-                        Calibrate(graph, data, config.calibration_method,
-                                  config.calibration_percentile));
+  KILN_ASSIGN_OR_RETURN(CalibrationTable table, Calibrate(graph, data, config.calibration_method,
+                                                          config.calibration_percentile));
   rep.calibration_batches_run = CalibrationBatchesRun() - before;
-  rep.calibration = fmt::format("calibrated ({}, {} data set(s) from '{}')",
-                                ToString(table.method), table.data_sets, config.calibration_dir);
+  rep.calibration = fmt::format("calibrated ({}, {} data set(s) from '{}')", ToString(table.method),
+                                table.data_sets, config.calibration_dir);
   if (!cache.empty()) {
     if (Status s = SaveCalibrationCache(cache, key, table); !s.ok()) Warn(rep, s);
   }
@@ -463,9 +469,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   // Where the calibration came from (a run or the cache) does not change the engine.
   stored.calibration.clear();
   stored.calibration_batches_run = 0;
-  std::erase_if(stored.warnings, [](const std::string& w) {
-    return w.find("KILN-E3006") != std::string::npos;
-  });
+  std::erase_if(stored.warnings,
+                [](const std::string& w) { return w.find("KILN-E3006") != std::string::npos; });
   engine->build_report_json = stored.ToJson();
   rep.build_seconds = Seconds(start);
   progress("done", 1, 1, "");
@@ -526,8 +531,8 @@ std::string HumanBytes(int64_t b) {
 }  // namespace
 
 std::string BuildReport::PrecisionTable() const {
-  std::string out = fmt::format("{:<4} {:<32} {:<18} {:<5} {}\n", "#", "layer", "op", "prec",
-                                "reason");
+  std::string out =
+      fmt::format("{:<4} {:<32} {:<18} {:<5} {}\n", "#", "layer", "op", "prec", "reason");
   for (size_t i = 0; i < layer_reports.size(); ++i) {
     const auto& l = layer_reports[i];
     std::string name = l.name.size() > 32 ? "…" + l.name.substr(l.name.size() - 31) : l.name;
@@ -548,9 +553,12 @@ std::string BuildReport::PrecisionJson() const {
                   {"precision", l.precision},
                   {"reason", l.precision_reason}});
   }
-  nlohmann::json j = {{"model", model_name},         {"backend", backend},
-                      {"layers", ls},                {"counts", precision_counts},
-                      {"casts_inserted", casts_inserted}, {"calibration", calibration}};
+  nlohmann::json j = {{"model", model_name},
+                      {"backend", backend},
+                      {"layers", ls},
+                      {"counts", precision_counts},
+                      {"casts_inserted", casts_inserted},
+                      {"calibration", calibration}};
   return j.dump(2);
 }
 

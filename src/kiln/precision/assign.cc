@@ -19,7 +19,9 @@ using kiln::ToString;
 
 namespace {
 
-bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+bool Contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 
 double ConstantAbsMax(const Tensor& t) {
   double m = 0;
@@ -77,7 +79,8 @@ bool Assigner::HasKernel(const Node& node, DataType dtype, const OpPrecisionRule
   for (OperandDesc& d : r.outputs) {
     if (IsFloat(d.dtype)) d.dtype = dtype;
   }
-  for (const KernelProvider* p : KernelRegistry::Get().Providers(options_.backend, node.op_type())) {
+  for (const KernelProvider* p :
+       KernelRegistry::Get().Providers(options_.backend, node.op_type())) {
     for (const TacticConfig& t : p->Tactics(r)) {
       if (t.name.starts_with(kInt8TacticPrefix) == int8) return true;
     }
@@ -99,9 +102,10 @@ std::string Assigner::CannotRun(const Node& node, DataType dtype, const OpPrecis
         where = " in calibration";
       }
       if (m <= limit) return "";
-      return fmt::format("{} '{}' reaches |x| = {:.4g}{}, beyond the FP16 range (65504 with a "
-                         "{}x margin)",
-                         role, v->name(), m, where, kFp16GuardMargin);
+      return fmt::format(
+          "{} '{}' reaches |x| = {:.4g}{}, beyond the FP16 range (65504 with a "
+          "{}x margin)",
+          role, v->name(), m, where, kFp16GuardMargin);
     };
     for (size_t i = 0; i < node.num_inputs(); ++i) {
       const Value* v = node.input(i);
@@ -215,9 +219,8 @@ Status Assigner::Rewrite(const std::vector<Node*>& order) {
       if (!v || !IsFloat(v->dtype())) continue;
       storage[v] = lp.dtype;
       if (!v->is_graph_output()) continue;
-      Value* reduced =
-          graph_.AddValue(graph_.UniqueName(fmt::format("{}_{}", v->name(), ToString(lp.dtype))),
-                          lp.dtype);
+      Value* reduced = graph_.AddValue(
+          graph_.UniqueName(fmt::format("{}_{}", v->name(), ToString(lp.dtype))), lp.dtype);
       storage[reduced] = lp.dtype;
       storage[v] = v->dtype();
       original_[reduced] = original_.at(v);
@@ -281,15 +284,17 @@ Status Assigner::Rewrite(const std::vector<Node*>& order) {
       auto orig = original_.find(v);
       DataType model_type = orig != original_.end() ? orig->second : v->dtype();
       if (!IsFloat(model_type)) continue;
-      DataType wanted =
-          IsReduced(lp) && !Contains(rule.fixed_inputs, static_cast<int>(i)) ? lp.dtype : model_type;
+      DataType wanted = IsReduced(lp) && !Contains(rule.fixed_inputs, static_cast<int>(i))
+                            ? lp.dtype
+                            : model_type;
       if (storage.at(v) != wanted) graph_.SetInput(node, i, convert(v, wanted));
     }
   }
   for (auto [reduced, out] : output_casts) {
     AttributeMap attrs;
     attrs.Set("to", OnnxDataTypeCode(out->dtype()));
-    std::string name = graph_.UniqueName(fmt::format("cast_{}_to_{}", out->name(), ToString(out->dtype())));
+    std::string name =
+        graph_.UniqueName(fmt::format("cast_{}_to_{}", out->name(), ToString(out->dtype())));
     graph_.AddNode("Cast", name, {reduced}, {out}, std::move(attrs));
     LayerPrecision lp;
     lp.dtype = out->dtype();

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <set>
+#include <unordered_map>
 
 #include "kiln/backends/cpu/cpu_eval.h"
 #include "kiln/onnx/onnx_import.h"
@@ -35,7 +36,9 @@ int64_t IndexAfter(const std::string& name, std::string_view prefix, std::string
   return v;
 }
 
-std::string DimsString(std::span<const int64_t> dims) { return fmt::format("[{}]", fmt::join(dims, ",")); }
+std::string DimsString(std::span<const int64_t> dims) {
+  return fmt::format("[{}]", fmt::join(dims, ","));
+}
 
 // Smooths a distribution so that KL divergence stays finite where q has zeros (MXNet/TensorRT
 // practice): moves `eps` of mass onto every empty bin, taken evenly from the others.
@@ -251,8 +254,8 @@ StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
       if (!ok) {
         std::string expected = ToString(shape);
         if (p) {
-          expected += fmt::format(" within the profile {}..{}", DimsString(p->min),
-                                  DimsString(p->max));
+          expected +=
+              fmt::format(" within the profile {}..{}", DimsString(p->min), DimsString(p->max));
         }
         return MakeError(ErrorCode::kCalibrationInputInvalid,
                          "calibration input '{}' for model input '{}': expected shape {}, got {}",
@@ -270,21 +273,18 @@ int64_t CalibrationBatchesRun() { return g_batches_run.load(); }
 StatusOr<CalibrationTable> Calibrate(const Graph& graph,
                                      std::span<const std::map<std::string, Tensor>> data,
                                      CalibrationMethod method, double percentile) {
-  // Every float value a node computes becomes an output of a copy of the graph, so that the
-  // reference returns all of them.
-  std::unique_ptr<Graph> probe = graph.Clone();
+  // Every float value a node computes is watched; only INT8 candidates' activations need a
+  // clipping threshold (histogram), the rest need the absmax (FP16 guard).
   std::vector<std::string> watched;
   std::set<std::string> needs_histogram;
-  for (Node* node : probe->nodes()) {
-    for (Value* v : node->outputs()) {
-      if (!v || !IsFloat(v->dtype())) continue;
-      if (!v->is_graph_output()) probe->MarkOutput(v);
-      watched.push_back(v->name());
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  for (const Node* node : order) {
+    for (const Value* v : node->outputs()) {
+      if (v && IsFloat(v->dtype())) watched.push_back(v->name());
     }
-    // Only INT8 candidates' activations need a clipping threshold; the rest need the absmax.
     if (IsInt8Candidate(*node) && node->input(0)) needs_histogram.insert(node->input(0)->name());
   }
-  for (const Value* v : probe->inputs()) {
+  for (const Value* v : graph.inputs()) {
     if (IsFloat(v->dtype())) watched.push_back(v->name());
   }
   std::sort(watched.begin(), watched.end());
@@ -295,11 +295,49 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph,
   table.percentile = percentile;
   table.data_sets = static_cast<int64_t>(data.size());
   std::map<std::string, double> absmax;
-  auto run = [&](const std::map<std::string, Tensor>& feed)
-      -> StatusOr<std::map<std::string, Tensor>> {
+  auto run =
+      [&](const std::map<std::string, Tensor>& feed) -> StatusOr<std::map<std::string, Tensor>> {
     g_batches_run.fetch_add(1);
-    KILN_ASSIGN_OR_RETURN(auto outs, cpu::EvaluateGraph(*probe, feed));
-    for (const auto& [name, t] : feed) outs[name] = t;
+    // The reference, node by node, keeping every value (EvaluateGraph returns outputs only).
+    std::map<std::string, Tensor> outs = feed;
+    std::unordered_map<const Value*, const Tensor*> known;
+    for (const Value* in : graph.inputs()) {
+      auto it = outs.find(in->name());
+      if (it == outs.end()) {
+        return MakeError(ErrorCode::kCalibrationInputInvalid,
+                         "calibration data has no value for model input '{}'", in->name());
+      }
+      known[in] = &it->second;
+    }
+    for (const Node* node : order) {
+      std::vector<const Tensor*> ins;
+      for (const Value* v : node->inputs()) {
+        if (!v) {
+          ins.push_back(nullptr);
+        } else if (v->constant()) {
+          ins.push_back(v->constant());
+        } else {
+          auto it = known.find(v);
+          if (it == known.end()) {
+            return MakeError(ErrorCode::kInternal,
+                             "calibration: '{}' read by '{}' was never computed", v->name(),
+                             node->name());
+          }
+          ins.push_back(it->second);
+        }
+      }
+      auto results = cpu::EvaluateNode(*node, ins);
+      if (!results.ok()) {
+        return std::move(results).status().AddContext(
+            fmt::format("while calibrating layer '{}'", node->name()));
+      }
+      for (size_t i = 0; i < results->size(); ++i) {
+        const Value* v = node->output(i);
+        if (!v) continue;
+        auto [it, inserted] = outs.insert_or_assign(v->name(), std::move((*results)[i]));
+        known[v] = &it->second;
+      }
+    }
     return outs;
   };
   for (const auto& feed : data) {
@@ -317,9 +355,8 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph,
       for (auto& [name, hist] : hists) {
         auto it = outs.find(name);
         if (it == outs.end()) continue;
-        Tensor f = it->second.dtype() == DataType::kFloat32
-                       ? it->second
-                       : it->second.CastTo(DataType::kFloat32);
+        Tensor f = it->second.dtype() == DataType::kFloat32 ? it->second
+                                                            : it->second.CastTo(DataType::kFloat32);
         hist.Add(std::span(f.data<float>(), static_cast<size_t>(f.num_elements())));
       }
     }

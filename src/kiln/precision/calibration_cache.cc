@@ -55,8 +55,7 @@ StatusOr<CalibrationTable> LoadCalibrationCache(const std::string& path, const s
     return Invalid(path, fmt::format("has another format version (this kiln reads {})", kVersion));
   }
   if (j.value("key", "") != key) {
-    return Invalid(path,
-                   "belongs to another model, graph or calibration method (its key differs)");
+    return Invalid(path, "belongs to another model, graph or calibration method (its key differs)");
   }
   CalibrationTable table;
   table.from_cache = true;
@@ -92,7 +91,8 @@ Status SaveCalibrationCache(const std::string& path, const std::string& key,
   j["percentile"] = table.percentile;
   j["data_sets"] = table.data_sets;
   nlohmann::json tensors = nlohmann::json::object();
-  for (const auto& [name, r] : table.ranges) tensors[name] = {{"absmax", r.absmax}, {"amax", r.amax}};
+  for (const auto& [name, r] : table.ranges)
+    tensors[name] = {{"absmax", r.absmax}, {"amax", r.amax}};
   j["tensors"] = std::move(tensors);
   // Atomic replace: a reader sees the old file or the new one, never half of one.
   std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());

@@ -33,8 +33,10 @@ constexpr std::array kTable = {
     Entry{"Or", OpPrecision::kUntouched, kShapeOp},
     Entry{"Xor", OpPrecision::kUntouched, kShapeOp},
     Entry{"Not", OpPrecision::kUntouched, kShapeOp},
-    Entry{"ArgMax", OpPrecision::kUntouched, "index output: ties must resolve on the model's values"},
-    Entry{"ArgMin", OpPrecision::kUntouched, "index output: ties must resolve on the model's values"},
+    Entry{"ArgMax", OpPrecision::kUntouched,
+          "index output: ties must resolve on the model's values"},
+    Entry{"ArgMin", OpPrecision::kUntouched,
+          "index output: ties must resolve on the model's values"},
     Entry{"TopK", OpPrecision::kUntouched, "index output: ties must resolve on the model's values"},
     Entry{"IsInf", OpPrecision::kUntouched, "FP16 would turn finite values above 65504 into inf"},
     Entry{"IsNaN", OpPrecision::kUntouched, kCompare},
@@ -73,9 +75,6 @@ OpPrecisionRule LookupOpPrecision(std::string_view op_type) {
   rule.kind = OpPrecision::kReducible;
   // Inputs that are not of the op's data type T keep the model's dtype.
   if (op_type == "Resize") rule.fixed_inputs = {1, 2};  // roi, scales
-  if (op_type == "Attention") {
-    rule.fixed_inputs = {3};  // additive mask: -1e9 style values are not FP16 values
-  }
   return rule;
 }
 
