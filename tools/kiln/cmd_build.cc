@@ -279,9 +279,9 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
       ->capture_default_str();
   auto* prec = sub->add_option_group(
       "Precision",
-      "what layers may use besides FP32 (like trtexec --fp16/--bf16/--int8); each layer gets the "
-      "fastest precision its op, the weights' and activations' range and the backend's kernels "
-      "allow, and the report says why");
+      "what layers may use besides FP32 (like trtexec --fp16/--bf16/--int8); a layer runs "
+      "reduced when its op, its weights' and activations' range and the backend's kernels allow "
+      "it, and the report says why");
   prec->add_flag("--fp16", o->fp16,
                  "allow FP16 layers (FP32 accumulation); layers whose values exceed the FP16 "
                  "range stay FP32");
