@@ -128,12 +128,13 @@ TEST(PrecisionAssign, OneCastPerValueAndTargetSharedByConsumers) {
 }
 
 TEST(PrecisionAssign, IntegerAndShapeOpsAreUntouched) {
-  // x -> Shape -> (i64) ... and x -> Relu: the Shape layer keeps i64, Relu runs f16.
+  // x -> Relu -> r; Shape(r) -> s (i64); Reshape(r, s) -> y. Shape keeps i64 and reads the f16 r
+  // as it is (it reads the shape only: no Cast); Relu and Reshape run f16.
   auto g = std::make_unique<Graph>();
   Value* x = g->AddInput("x", DataType::kFloat32, MakeShape({2, 3}));
   Value *s = g->AddValue("s"), *r = g->AddValue("r"), *y = g->AddValue("y");
-  g->AddNode("Shape", "shape", {x}, {s});
   g->AddNode("Relu", "relu", {x}, {r});
+  g->AddNode("Shape", "shape", {r}, {s});
   g->AddNode("Reshape", "reshape", {r, s}, {y});
   g->MarkOutput(y);
   ASSERT_TRUE(InferShapes(*g).ok());
@@ -147,7 +148,7 @@ TEST(PrecisionAssign, IntegerAndShapeOpsAreUntouched) {
             "integer/shape op: keeps the model's types");
   EXPECT_EQ(FindLayer(report, "relu")->precision, "f16");
   EXPECT_EQ(FindLayer(report, "reshape")->precision, "f16");
-  EXPECT_EQ(report.casts_inserted, 2);
+  EXPECT_EQ(report.casts_inserted, 2);  // x in, y out; none for the Shape
   EXPECT_EQ(out->at("y").ToFloatVector(), (std::vector<float>{0, 2, 0, 4, 5, 6}));
 }
 

@@ -278,6 +278,7 @@ Status Assigner::Rewrite(const std::vector<Node*>& order) {
   for (Node* node : layers) {
     const LayerPrecision& lp = decided_.at(node);
     const OpPrecisionRule rule = LookupOpPrecision(node->op_type());
+    if (rule.any_input_storage) continue;
     for (size_t i = 0; i < node->num_inputs(); ++i) {
       Value* v = node->input(i);
       if (!v) continue;

@@ -69,6 +69,7 @@ OpPrecisionRule LookupOpPrecision(std::string_view op_type) {
     if (e.op == op_type) {
       rule.kind = e.kind;
       rule.reason = e.reason;
+      rule.any_input_storage = op_type == "Shape" || op_type == "Size" || op_type == "Cast";
       return rule;
     }
   }

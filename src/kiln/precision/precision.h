@@ -35,6 +35,9 @@ struct OpPrecisionRule {
   std::string_view reason;  // for kKeepFp32 / kUntouched
   // Float inputs that are not of the op's data type (Resize's roi and scales) keep their dtype.
   std::vector<int> fixed_inputs;
+  // Takes its input in any storage, so no Cast is inserted for it: Shape and Size read only the
+  // shape; Cast converts from whatever it is given.
+  bool any_input_storage = false;
 };
 OpPrecisionRule LookupOpPrecision(std::string_view op_type);
 
