@@ -69,10 +69,21 @@ TEST(Builder, ProfileErrorsSayWhatToChange) {
   EXPECT_EQ(BuildZoo("resnet_tiny", unknown).status().code(), ErrorCode::kInvalidProfile);
 }
 
-TEST(Builder, ReducedPrecisionIsReportedAsNotImplemented) {
+TEST(Builder, Fp16BuildReportsEveryLayersPrecisionAndReason) {
   BuilderConfig c = ResnetConfig();
   c.fp16 = true;
-  EXPECT_EQ(BuildZoo("resnet_tiny", c).status().code(), ErrorCode::kUnimplemented);
+  c.deadline = std::chrono::milliseconds(1);
+  BuildReport report;
+  auto engine = BuildZoo("resnet_tiny", c, &report);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  int64_t counted = 0;
+  for (const auto& [label, n] : report.precision_counts) counted += n;
+  EXPECT_EQ(counted, report.layers);
+  EXPECT_GT(report.precision_counts["f16"], report.layers / 2);
+  EXPECT_EQ(report.casts_inserted, 2);  // the input in, the logits out
+  for (const LayerDesc& l : (*engine)->layers) EXPECT_FALSE(l.precision_reason.empty());
+  EXPECT_NE(report.ToJson().find("\"casts_inserted\": 2"), std::string::npos);
+  EXPECT_NE(report.ToText(true).find("precision: f16"), std::string::npos);
 }
 
 TEST(Builder, PassesFuseAndThePlanIsReported) {

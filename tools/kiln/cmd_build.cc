@@ -26,6 +26,10 @@ struct BuildOptions {
   std::string output;
   std::string backend = "auto";
   bool fp16 = false, bf16 = false, int8 = false;
+  std::string calib_dir, calib_method = "entropy", calib_cache;
+  double calib_percentile = 99.99;
+  CLI::Option* precision_report_opt = nullptr;
+  std::string precision_report;  // "" with the flag given: print the table
   std::vector<std::string> profiles;
   std::string deadline;
   std::string memory_budget;
@@ -195,6 +199,10 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   config.fp16 = o.fp16;
   config.bf16 = o.bf16;
   config.int8 = o.int8;
+  config.calibration_dir = o.calib_dir;
+  config.calibration_cache_path = o.calib_cache;
+  if (Status s = ParseCalibrationMethodSpec(o.calib_method, o.calib_percentile, &config); !s.ok())
+    return ReportError(s);
   config.optimize = !o.no_optimize;
   for (const std::string& p : o.profiles) {
     if (Status s = ParseProfileSpec(p, &config.profile); !s.ok()) return ReportError(s);
@@ -246,6 +254,18 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
     std::cout << built->report.ToText(o.layers);
     std::cout << fmt::format("engine written to {}\n", output);
   }
+  if (o.precision_report_opt && o.precision_report_opt->count() > 0) {
+    if (o.precision_report.empty()) {
+      std::cout << built->report.PrecisionTable();
+    } else {
+      std::ofstream f(o.precision_report);
+      f << built->report.PrecisionJson() << "\n";
+      if (!f) {
+        return ReportError(MakeError(
+            ErrorCode::kIoError, "cannot write the precision report to '{}'", o.precision_report));
+      }
+    }
+  }
   return 0;
 }
 
@@ -257,13 +277,37 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
   sub->add_option("-o,--output", o->output, "engine file to write (default: MODEL with .kiln)");
   sub->add_option("--backend", o->backend, "auto (best present), cpu or cuda")
       ->capture_default_str();
-  auto* prec =
-      sub->add_option_group("Precision",
-                            "what layers may use (FP32 is always allowed); reduced precision is "
-                            "not implemented yet and stops the build with KILN-E1006");
-  prec->add_flag("--fp16", o->fp16, "allow FP16 layers (FP32 accumulation)");
-  prec->add_flag("--bf16", o->bf16, "allow BF16 layers (FP32 accumulation)");
-  prec->add_flag("--int8", o->int8, "allow INT8 layers with FP16 fallback (needs calibration)");
+  auto* prec = sub->add_option_group(
+      "Precision",
+      "what layers may use besides FP32 (like trtexec --fp16/--bf16/--int8); a layer runs "
+      "reduced when its op, its weights' and activations' range and the backend's kernels allow "
+      "it, and the report says why");
+  prec->add_flag("--fp16", o->fp16,
+                 "allow FP16 layers (FP32 accumulation); layers whose values exceed the FP16 "
+                 "range stay FP32");
+  prec->add_flag("--bf16", o->bf16,
+                 "allow BF16 layers (FP32 accumulation; FP32's range, 8-bit mantissa); with "
+                 "--fp16, layers refused FP16 try BF16");
+  prec->add_flag("--int8", o->int8,
+                 "allow INT8 for Conv/Gemm/MatMul with constant weights (post-training "
+                 "calibration; implies --fp16 as the fallback)");
+  prec->add_option("--calib-dir", o->calib_dir,
+                   "calibration inputs: DIR/test_data_set_N/input_I.pb (ONNX test-data layout, "
+                   "one TensorProto per model input), run through the FP32 reference");
+  prec->add_option("--calib-method", o->calib_method,
+                   "INT8 calibrator: entropy (KL divergence, like IInt8EntropyCalibrator2), "
+                   "minmax (IInt8MinMaxCalibrator) or percentile[=P]")
+      ->capture_default_str();
+  prec->add_option("--calib-percentile", o->calib_percentile,
+                   "share of |x| kept unclipped by the percentile calibrator, in (0, 100]")
+      ->capture_default_str();
+  prec->add_option("--calib-cache", o->calib_cache,
+                   "calibration cache file (like TensorRT's): reused when it matches the model "
+                   "and method, else written after calibrating");
+  o->precision_report_opt =
+      prec->add_option("--precision-report", o->precision_report,
+                       "print every layer's precision and reason, or write them as JSON to FILE")
+          ->expected(0, 1);
   auto* shapes = sub->add_option_group("Shapes", "optimization profile for dynamic inputs");
   shapes
       ->add_option(

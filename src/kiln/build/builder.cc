@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "kiln/backends/backend.h"
@@ -19,6 +21,7 @@
 #include "kiln/ops/op_schema.h"
 #include "kiln/passes/pass.h"
 #include "kiln/plan/memory_plan.h"
+#include "kiln/precision/precision.h"
 
 namespace kiln {
 
@@ -152,14 +155,21 @@ Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
 // Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched).
 StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& c) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel, c.provider->Create(l.request, c.tactic));
+  // Present activations get a non-null placeholder address: kernels (the CPU FP16 wrapper among
+  // them) tell omitted optional inputs by a null pointer, as they will see them at run time.
+  // Prepare reads shapes only, never activation data.
+  alignas(64) static std::byte placeholder[64];
   std::vector<TensorView> ins, outs;
   for (const OperandDesc& d : l.request.inputs) {
     ins.push_back(d.dtype == DataType::kUndefined
                       ? TensorView{}
                       : TensorView{d.dtype, d.max_dims,
-                                   d.constant ? const_cast<void*>(d.constant->raw()) : nullptr});
+                                   d.constant ? const_cast<void*>(d.constant->raw())
+                                              : static_cast<void*>(placeholder)});
   }
-  for (const OperandDesc& d : l.request.outputs) outs.push_back({d.dtype, d.max_dims, nullptr});
+  for (const OperandDesc& d : l.request.outputs) {
+    outs.push_back({d.dtype, d.max_dims, static_cast<void*>(placeholder)});
+  }
   for (const auto& views : {&ins, &outs}) {
     for (const TensorView& v : *views) {
       if (v.dtype != DataType::kUndefined &&
@@ -170,6 +180,54 @@ StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& 
   }
   return kernel->Prepare(ins, outs);
 }
+
+namespace {
+void Warn(BuildReport& rep, const Status& s) {
+  rep.warnings.push_back(s.ToString());
+  KILN_LOG(Warn, BUILD, "{}", s.ToString());
+}
+
+// The calibration table for this build: the cache when it is valid for this graph and method,
+// else a calibration run over --calib-dir (then written to the cache). None without either.
+StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph& graph,
+                                                                    const BuilderConfig& config,
+                                                                    const Hash128& model_hash,
+                                                                    BuildReport& rep) {
+  using namespace precision;
+  const std::string key = CalibrationCacheKey(model_hash.Hex(), graph, config.calibration_method,
+                                              config.calibration_percentile);
+  const std::string& cache = config.calibration_cache_path;
+  if (!cache.empty() && std::filesystem::exists(cache)) {
+    auto cached = LoadCalibrationCache(cache, key);
+    if (cached.ok()) {
+      rep.calibration = fmt::format("from cache '{}' ({}, {} data set(s))", cache,
+                                    ToString(cached->method), cached->data_sets);
+      return std::optional<CalibrationTable>(std::move(*cached));
+    }
+    Warn(rep, cached.status());
+  }
+  if (config.calibration_dir.empty()) {
+    if (config.int8) {
+      Warn(rep, MakeError(ErrorCode::kCalibrationInputInvalid,
+                          "--int8 without calibration data (--calib-dir or a valid --calib-cache): "
+                          "INT8 candidates fall back to FP16/FP32"));
+    }
+    return std::optional<CalibrationTable>();
+  }
+  KILN_ASSIGN_OR_RETURN(auto data,
+                        LoadCalibrationData(graph, config.profile, config.calibration_dir));
+  const int64_t before = CalibrationBatchesRun();
+  KILN_ASSIGN_OR_RETURN(CalibrationTable table, Calibrate(graph, data, config.calibration_method,
+                                                          config.calibration_percentile));
+  rep.calibration_batches_run = CalibrationBatchesRun() - before;
+  rep.calibration = fmt::format("calibrated ({}, {} data set(s) from '{}')", ToString(table.method),
+                                table.data_sets, config.calibration_dir);
+  if (!cache.empty()) {
+    if (Status s = SaveCalibrationCache(cache, key, table); !s.ok()) Warn(rep, s);
+  }
+  return std::optional<CalibrationTable>(std::move(table));
+}
+}  // namespace
 
 StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& config,
                                                   BuildReport* report) {
@@ -184,13 +242,6 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     return config.progress({std::move(phase), done, total, Seconds(start), std::move(detail)});
   };
 
-  if (config.fp16 || config.bf16 || config.int8) {
-    return MakeError(
-        ErrorCode::kUnimplemented,
-        "reduced precision (--fp16/--bf16/--int8) is not implemented in kiln {} yet; build in FP32 "
-        "(the CPU kernels already store FP16/BF16 tensors with FP32 accumulation)",
-        KILN_VERSION_STRING);
-  }
   Graph& graph = *input.graph;
   progress("verify", 0, 1, "");
   KILN_RETURN_IF_ERROR(Verify(graph));
@@ -223,6 +274,30 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   KILN_ASSIGN_OR_RETURN(DeviceInfo device, backend->Info());
   rep.device = device.name;
 
+  // Precision: calibration (when given) then per-layer decisions and the graph rewrite.
+  const auto precision_start = Clock::now();
+  progress("precision", 0, 1, "");
+  precision::PrecisionResult assigned;
+  {
+    std::optional<precision::CalibrationTable> calibration;
+    if (config.int8 || config.fp16 || config.bf16) {
+      KILN_ASSIGN_OR_RETURN(calibration, GetCalibration(graph, config, input.model_hash, rep));
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+    KILN_ASSIGN_OR_RETURN(auto max_dims, ConcreteDims(graph, order, config.profile, 2));
+    precision::PrecisionOptions po;
+    po.fp16 = config.fp16;
+    po.bf16 = config.bf16;
+    po.int8 = config.int8;
+    po.backend = config.backend;
+    po.calibration = calibration ? &*calibration : nullptr;
+    po.make_request = [&max_dims](const Node& node) { return MakeKernelRequest(node, max_dims); };
+    KILN_ASSIGN_OR_RETURN(assigned, precision::AssignPrecision(graph, po));
+    rep.casts_inserted = assigned.casts_inserted;
+    rep.weights_converted = assigned.weights_converted;
+  }
+  rep.phase_seconds_precision = Seconds(precision_start);
+
   // Layers and their candidate tactics (heuristic order: first provider's first tactic first).
   const auto tactics_start = Clock::now();
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
@@ -236,8 +311,14 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     // Max dims come from the shape rules run on integers (symbolic substitution cannot see
     // through every data-dependent shape; the rules can).
     l.request = MakeKernelRequest(*node, max_dims);
+    // An INT8 layer takes only INT8 tactics; every other layer none.
+    auto lp = assigned.layers.find(node->name());
+    const bool int8 = lp != assigned.layers.end() && lp->second.int8;
     for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *node)) {
-      for (TacticConfig& t : p->Tactics(l.request)) l.candidates.push_back({p, std::move(t)});
+      for (TacticConfig& t : p->Tactics(l.request)) {
+        if (t.name.starts_with(precision::kInt8TacticPrefix) != int8) continue;
+        l.candidates.push_back({p, std::move(t)});
+      }
     }
     if (!config.search_tactics && l.candidates.size() > 1) l.candidates.resize(1);
     if (l.candidates.empty()) {
@@ -338,7 +419,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     layer.provider_id = std::string(c.provider->id());
     layer.tactic = c.tactic;
     layer.measured_ms = l.time_ms;
-    layer.precision_reason = "fp32 (reference precision)";
+    auto lp = assigned.layers.find(l.node->name());
+    layer.precision_reason = lp != assigned.layers.end() ? lp->second.reason : "fp32";
     plan_layers.push_back({l.node, static_cast<int64_t>(c.tactic.workspace_bytes)});
     layers.push_back(std::move(layer));
   }
@@ -372,9 +454,12 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     LayerReport lr;
     lr.name = l.node->name();
     lr.op_type = l.node->op_type();
-    lr.precision = l.node->num_outputs() && l.node->output(0)
+    auto lp = assigned.layers.find(l.node->name());
+    lr.precision = lp != assigned.layers.end() ? lp->second.label()
+                   : l.node->num_outputs() && l.node->output(0)
                        ? std::string(ToString(l.node->output(0)->dtype()))
                        : "";
+    ++rep.precision_counts[lr.precision];
     lr.precision_reason = l.precision_reason;
     lr.tactic = l.tactic.name;
     lr.time_ms = l.measured_ms;
@@ -387,7 +472,12 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   // and timing cache give a byte-identical engine.
   BuildReport stored = rep;
   stored.build_seconds = stored.phase_seconds_import = stored.phase_seconds_passes = 0;
-  stored.phase_seconds_tactics = stored.phase_seconds_plan = 0;
+  stored.phase_seconds_tactics = stored.phase_seconds_plan = stored.phase_seconds_precision = 0;
+  // Where the calibration came from (a run or the cache) does not change the engine.
+  stored.calibration.clear();
+  stored.calibration_batches_run = 0;
+  std::erase_if(stored.warnings,
+                [](const std::string& w) { return w.find("KILN-E3006") != std::string::npos; });
   engine->build_report_json = stored.ToJson();
   rep.build_seconds = Seconds(start);
   progress("done", 1, 1, "");
@@ -403,6 +493,7 @@ std::string BuildReport::ToJson() const {
   j["phase_seconds"] = {{"import", phase_seconds_import},
                         {"passes", phase_seconds_passes},
                         {"tactics", phase_seconds_tactics},
+                        {"precision", phase_seconds_precision},
                         {"plan", phase_seconds_plan}};
   j["layers"] = layers;
   j["passes"] = {{"nodes_before", nodes_before_passes},
@@ -428,6 +519,11 @@ std::string BuildReport::ToJson() const {
                   {"workspace_bytes", l.workspace_bytes}});
   }
   j["layer_reports"] = ls;
+  j["precision"] = {{"counts", precision_counts},
+                    {"casts_inserted", casts_inserted},
+                    {"weights_converted", weights_converted},
+                    {"calibration", calibration},
+                    {"calibration_batches_run", calibration_batches_run}};
   j["warnings"] = warnings;
   // Deterministic output: build_seconds is excluded from the engine by the caller when needed.
   return j.dump(2);
@@ -441,6 +537,38 @@ std::string HumanBytes(int64_t b) {
   return fmt::format("{} B", b);
 }
 }  // namespace
+
+std::string BuildReport::PrecisionTable() const {
+  std::string out =
+      fmt::format("{:<4} {:<32} {:<18} {:<5} {}\n", "#", "layer", "op", "prec", "reason");
+  for (size_t i = 0; i < layer_reports.size(); ++i) {
+    const auto& l = layer_reports[i];
+    std::string name = l.name.size() > 32 ? "…" + l.name.substr(l.name.size() - 31) : l.name;
+    out += fmt::format("{:<4} {:<32} {:<18} {:<5} {}\n", i, name, l.op_type, l.precision,
+                       l.precision_reason);
+  }
+  std::vector<std::string> counts;
+  for (const auto& [label, n] : precision_counts) counts.push_back(fmt::format("{} {}", label, n));
+  out += fmt::format("layers per precision: {}\n", fmt::join(counts, ", "));
+  return out;
+}
+
+std::string BuildReport::PrecisionJson() const {
+  nlohmann::json ls = nlohmann::json::array();
+  for (const LayerReport& l : layer_reports) {
+    ls.push_back({{"name", l.name},
+                  {"op", l.op_type},
+                  {"precision", l.precision},
+                  {"reason", l.precision_reason}});
+  }
+  nlohmann::json j = {{"model", model_name},
+                      {"backend", backend},
+                      {"layers", ls},
+                      {"counts", precision_counts},
+                      {"casts_inserted", casts_inserted},
+                      {"calibration", calibration}};
+  return j.dump(2);
+}
 
 std::string BuildReport::ToText(bool per_layer) const {
   std::string out;
@@ -466,6 +594,11 @@ std::string BuildReport::ToText(bool per_layer) const {
   out += fmt::format("  memory: weights {}  activations {}  workspace {}  peak {}\n",
                      HumanBytes(weights_bytes), HumanBytes(arena_bytes),
                      HumanBytes(workspace_bytes), HumanBytes(peak_bytes));
+  std::vector<std::string> counts;
+  for (const auto& [label, n] : precision_counts) counts.push_back(fmt::format("{} {}", label, n));
+  out += fmt::format("  precision: {}   casts inserted {}   weights converted {}\n",
+                     fmt::join(counts, ", "), casts_inserted, weights_converted);
+  if (!calibration.empty()) out += fmt::format("  calibration: {}\n", calibration);
   out += fmt::format("  build time {:.3f} s\n", build_seconds);
   for (const auto& w : warnings) out += fmt::format("  warning: {}\n", w);
   return out;

@@ -31,7 +31,7 @@ struct BuildReport {
   std::string device;
   double build_seconds = 0;
   double phase_seconds_import = 0, phase_seconds_passes = 0, phase_seconds_tactics = 0,
-         phase_seconds_plan = 0;
+         phase_seconds_plan = 0, phase_seconds_precision = 0;
   int64_t layers = 0;
   int64_t nodes_before_passes = 0, nodes_after_passes = 0;
   std::string passes;  // per-pass rewrite counts
@@ -44,8 +44,18 @@ struct BuildReport {
   int64_t naive_activation_bytes = 0;  // without liveness reuse, for comparison
   std::vector<LayerReport> layer_reports;
   std::vector<std::string> warnings;
+  // Precision: layers per precision label ("f32", "f16", "bf16", "i8", "i64"...), the Casts the
+  // precision pass inserted, the weights it converted, and where the calibration came from.
+  std::map<std::string, int64_t> precision_counts;
+  int64_t casts_inserted = 0;
+  int64_t weights_converted = 0;
+  std::string calibration;              // "" when none
+  int64_t calibration_batches_run = 0;  // 0 when the cache was used
 
   std::string ToJson() const;
+  // `--precision-report`: every layer's precision and reason, as a table or as JSON.
+  std::string PrecisionTable() const;
+  std::string PrecisionJson() const;
   // The table people read after `kiln build`.
   std::string ToText(bool per_layer) const;
 };

@@ -102,6 +102,29 @@ Status ParseProfileSpec(const std::string& spec, OptimizationProfile* profile) {
   return OkStatus();
 }
 
+Status ParseCalibrationMethodSpec(const std::string& text, double percentile,
+                                  BuilderConfig* config) {
+  std::string name = text;
+  if (size_t eq = text.find('='); eq != std::string::npos) {
+    name = text.substr(0, eq);
+    std::string num = text.substr(eq + 1);
+    auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), percentile);
+    if (name != "percentile" || ec != std::errc() || p != num.data() + num.size()) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "--calib-method '{}': only the percentile method takes a value, written "
+                       "percentile=99.99",
+                       text);
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(config->calibration_method, precision::ParseCalibrationMethod(name));
+  if (!(percentile > 0 && percentile <= 100)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "calibration percentile {} must be in (0, 100] (e.g. 99.99)", percentile);
+  }
+  config->calibration_percentile = percentile;
+  return OkStatus();
+}
+
 StatusOr<std::chrono::milliseconds> ParseDuration(const std::string& text) {
   std::string num = text;
   double scale_ms = 1000;
@@ -140,6 +163,9 @@ Hash128 BuilderConfig::Hash() const {
   }
   h.Field(memory_budget.ToString());
   h.Field(max_kernel_time_ms ? static_cast<int64_t>(*max_kernel_time_ms * 1e6) : -1);
+  h.Field("calibration").Field(calibration_dir).Field(precision::ToString(calibration_method));
+  h.Field(static_cast<int64_t>(std::llround(calibration_percentile * 1e6)));
+  h.Field(calibration_cache_path);
   return h.Digest();
 }
 

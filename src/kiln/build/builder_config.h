@@ -11,6 +11,7 @@
 #include "kiln/backends/kernel.h"
 #include "kiln/core/hash.h"
 #include "kiln/engine/engine_desc.h"
+#include "kiln/precision/calibration.h"
 
 namespace kiln {
 
@@ -39,9 +40,17 @@ using ProgressCallback = std::function<bool(const BuildProgress&)>;
 
 struct BuilderConfig {
   BackendKind backend = BackendKind::kCpu;
+  // What layers may use besides FP32 (TensorRT's kFP16/kBF16/kINT8); each layer's choice is
+  // made by the precision pass (src/kiln/precision) and reported with its reason.
   bool fp16 = false;
   bool bf16 = false;
-  bool int8 = false;
+  bool int8 = false;  // INT8 where calibrated and a kernel exists; FP16 fallback, then FP32
+  // INT8 calibration: inputs in the ONNX test-data layout (DIR/test_data_set_*/input_*.pb), run
+  // through the FP32 reference. With --fp16 alone they also feed the FP16 activation range guard.
+  std::string calibration_dir;
+  precision::CalibrationMethod calibration_method = precision::CalibrationMethod::kEntropy;
+  double calibration_percentile = 99.99;  // for the percentile method
+  std::string calibration_cache_path;     // reused when valid (no calibration run), else written
   OptimizationProfile profile;
   MemoryBudget memory_budget;
   // Bounded build: at the deadline the best engine so far is kept (never an error).
@@ -54,12 +63,17 @@ struct BuilderConfig {
   bool search_tactics = true;
   ProgressCallback progress;
 
-  // Everything that changes the engine's bytes (not progress or cache paths).
+  // Everything that changes the engine's bytes (not progress or the timing cache path; the
+  // calibration directory and cache are in, as they decide the INT8 scales and the FP16 guard).
   Hash128 Hash() const;
 };
 
 // Parses "input:1x3x224x224,8x3x224x224,32x3x224x224" (min,opt,max) into `profile`.
 Status ParseProfileSpec(const std::string& spec, OptimizationProfile* profile);
+// Parses --calib-method: "minmax", "entropy", "percentile" or "percentile=P" (P overrides
+// `percentile`), and checks the percentile is in (0, 100].
+Status ParseCalibrationMethodSpec(const std::string& text, double percentile,
+                                  BuilderConfig* config);
 // Parses "60s", "1500ms", "5m", "1h" (a bare number is seconds).
 StatusOr<std::chrono::milliseconds> ParseDuration(const std::string& text);
 

@@ -1,0 +1,343 @@
+// AssignPrecision: per-layer decisions (op table -> range guard -> backend kernels -> INT8), then
+// one rewrite of the graph: reduced activations between reduced layers, weights converted at
+// build time, and one Cast per (value, target dtype) where precisions meet.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <unordered_map>
+
+#include "kiln/ops/onnx_dtype.h"
+#include "kiln/ops/op_schema.h"
+#include "kiln/precision/precision.h"
+
+namespace kiln::precision {
+
+using kiln::ToString;
+
+namespace {
+
+bool Contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+double ConstantAbsMax(const Tensor& t) {
+  double m = 0;
+  const int64_t n = t.num_elements();
+  if (t.dtype() == DataType::kFloat32) {
+    const float* x = t.data<float>();
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(std::fabs(x[i])));
+  } else {
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(t.GetDouble(i)));
+  }
+  return m;
+}
+
+class Assigner {
+ public:
+  Assigner(Graph& graph, const PrecisionOptions& options) : graph_(graph), options_(options) {}
+
+  StatusOr<PrecisionResult> Run();
+
+ private:
+  LayerPrecision Decide(Node& node);
+  // The first reason `node` cannot run in `dtype` (range guard, then kernels), or "" when it can.
+  std::string CannotRun(const Node& node, DataType dtype, const OpPrecisionRule& rule);
+  bool HasKernel(const Node& node, DataType dtype, const OpPrecisionRule& rule, bool int8);
+  double AbsMax(const Value* v);
+  Status Rewrite(const std::vector<Node*>& order);
+
+  Graph& graph_;
+  const PrecisionOptions& options_;
+  PrecisionResult result_;
+  std::unordered_map<const Value*, double> weight_absmax_;
+  std::unordered_map<const Node*, LayerPrecision> decided_;
+  std::unordered_map<const Value*, DataType> original_;
+};
+
+double Assigner::AbsMax(const Value* v) {
+  auto [it, inserted] = weight_absmax_.try_emplace(v, 0.0);
+  if (inserted) it->second = ConstantAbsMax(*v->constant());
+  return it->second;
+}
+
+bool Assigner::HasKernel(const Node& node, DataType dtype, const OpPrecisionRule& rule, bool int8) {
+  if (!options_.make_request) return dtype == DataType::kFloat32;
+  KernelRequest r = options_.make_request(node);
+  std::vector<std::unique_ptr<Tensor>> converted;
+  for (size_t i = 0; i < r.inputs.size(); ++i) {
+    OperandDesc& d = r.inputs[i];
+    if (!IsFloat(d.dtype) || Contains(rule.fixed_inputs, static_cast<int>(i))) continue;
+    if (d.constant && d.dtype != dtype) {
+      converted.push_back(std::make_unique<Tensor>(d.constant->CastTo(dtype)));
+      d.constant = converted.back().get();
+    }
+    d.dtype = dtype;
+  }
+  for (OperandDesc& d : r.outputs) {
+    if (IsFloat(d.dtype)) d.dtype = dtype;
+  }
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(options_.backend, node)) {
+    for (const TacticConfig& t : p->Tactics(r)) {
+      if (t.name.starts_with(kInt8TacticPrefix) == int8) return true;
+    }
+  }
+  return false;
+}
+
+std::string Assigner::CannotRun(const Node& node, DataType dtype, const OpPrecisionRule& rule) {
+  if (dtype == DataType::kFloat16) {
+    const double limit = kFp16Max / kFp16GuardMargin;
+    auto beyond = [&](const Value* v, const char* role) -> std::string {
+      double m = -1;
+      std::string where;
+      if (v->constant()) {
+        m = AbsMax(v);
+        where = "";
+      } else if (options_.calibration) {
+        if (const TensorRange* r = options_.calibration->Find(v->name())) m = r->absmax;
+        where = " in calibration";
+      }
+      if (m <= limit) return "";
+      return fmt::format(
+          "{} '{}' reaches |x| = {:.4g}{}, beyond the FP16 range (65504 with a "
+          "{}x margin)",
+          role, v->name(), m, where, kFp16GuardMargin);
+    };
+    for (size_t i = 0; i < node.num_inputs(); ++i) {
+      const Value* v = node.input(i);
+      if (!v || !IsFloat(v->dtype()) || Contains(rule.fixed_inputs, static_cast<int>(i))) continue;
+      if (std::string why = beyond(v, v->constant() ? "weight" : "input"); !why.empty()) return why;
+    }
+    for (const Value* v : node.outputs()) {
+      if (!v || !IsFloat(v->dtype())) continue;
+      if (std::string why = beyond(v, "output"); !why.empty()) return why;
+    }
+  }
+  if (!HasKernel(node, dtype, rule, false)) {
+    return fmt::format("no {} kernel on {}", ToString(dtype), ToString(options_.backend));
+  }
+  return "";
+}
+
+LayerPrecision Assigner::Decide(Node& node) {
+  LayerPrecision lp;
+  const OpPrecisionRule rule = LookupOpPrecision(node.op_type());
+  bool float_io = false;
+  for (size_t i = 0; i < node.num_inputs(); ++i) {
+    const Value* v = node.input(i);
+    if (v && IsFloat(v->dtype()) && !Contains(rule.fixed_inputs, static_cast<int>(i)))
+      float_io = true;
+  }
+  for (const Value* v : node.outputs()) float_io |= v && IsFloat(v->dtype());
+  if (node.num_outputs() && node.output(0)) lp.dtype = node.output(0)->dtype();
+  if (!float_io) {
+    lp.reason = "integer/shape op: keeps the model's types";
+    return lp;
+  }
+  if (rule.kind == OpPrecision::kUntouched) {
+    lp.reason = std::string(rule.reason);
+    return lp;
+  }
+  lp.dtype = DataType::kFloat32;
+  const bool fp16 = options_.fp16 || options_.int8;
+  if (!fp16 && !options_.bf16) {
+    lp.reason = "fp32: reduced precision not enabled (--fp16/--bf16/--int8)";
+    return lp;
+  }
+  if (rule.kind == OpPrecision::kKeepFp32) {
+    lp.reason = fmt::format("fp32 for accuracy: {}", rule.reason);
+    return lp;
+  }
+  // Reduced float: FP16 first (TensorRT's usual choice), BF16 when FP16 is refused.
+  std::vector<std::string> refused;
+  std::vector<DataType> tries;
+  if (fp16) tries.push_back(DataType::kFloat16);
+  if (options_.bf16) tries.push_back(DataType::kBFloat16);
+  for (DataType t : tries) {
+    std::string why = CannotRun(node, t, rule);
+    if (why.empty()) {
+      lp.dtype = t;
+      lp.reason = refused.empty() ? fmt::format("{}: allowed and a {} kernel exists", ToString(t),
+                                                ToString(options_.backend))
+                                  : fmt::format("{}: f16 refused ({})", ToString(t), refused[0]);
+      break;
+    }
+    refused.push_back(why);
+  }
+  if (lp.dtype == DataType::kFloat32) {
+    lp.reason = fmt::format("fp32: {}", fmt::join(refused, "; "));
+  }
+
+  if (!options_.int8 || !IsInt8Candidate(node)) return lp;
+  // INT8: the kernel quantizes input 0 with the calibrated amax and the weights per channel; the
+  // layer's float storage is what was decided above.
+  const TensorRange* range =
+      options_.calibration ? options_.calibration->Find(node.input(0)->name()) : nullptr;
+  if (!range) {
+    lp.reason += "; not int8: no calibration data for its input (give --calib-dir)";
+    return lp;
+  }
+  if (!(range->amax > 0) || !std::isfinite(range->amax)) {
+    lp.reason += fmt::format("; not int8: input '{}' has calibrated amax {} (all zero?)",
+                             node.input(0)->name(), range->amax);
+    return lp;
+  }
+  node.mutable_attrs().Set(std::string(kInt8InputAmaxAttr), static_cast<float>(range->amax));
+  if (!HasKernel(node, lp.dtype, rule, true)) {
+    node.mutable_attrs().Erase(std::string(kInt8InputAmaxAttr));
+    lp.reason = fmt::format("{}: no int8 kernel on {}", lp.label(), ToString(options_.backend));
+    return lp;
+  }
+  lp.int8 = true;
+  lp.reason = fmt::format("i8: input '{}' amax {:.6g} ({}), {} storage", node.input(0)->name(),
+                          range->amax, ToString(options_.calibration->method), ToString(lp.dtype));
+  return lp;
+}
+
+bool IsReduced(const LayerPrecision& lp) {
+  return lp.dtype == DataType::kFloat16 || lp.dtype == DataType::kBFloat16;
+}
+
+Status Assigner::Rewrite(const std::vector<Node*>& order) {
+  // Storage dtype of every value after the rewrite.
+  std::unordered_map<const Value*, DataType> storage;
+  for (Value* v : graph_.values()) storage[v] = v->dtype();
+
+  // Reduced producers of graph outputs write a new reduced value; a Cast writes the output.
+  std::vector<Node*> layers = order;
+  std::vector<std::pair<Value*, Value*>> output_casts;  // (reduced value, graph output)
+  for (Node*& node : layers) {
+    const LayerPrecision lp = decided_.at(node);
+    if (!IsReduced(lp)) continue;
+    std::vector<Value*> outs = node->outputs();
+    bool changed = false;
+    for (Value*& v : outs) {
+      if (!v || !IsFloat(v->dtype())) continue;
+      storage[v] = lp.dtype;
+      if (!v->is_graph_output()) continue;
+      Value* reduced = graph_.AddValue(
+          graph_.UniqueName(fmt::format("{}_{}", v->name(), ToString(lp.dtype))), lp.dtype);
+      storage[reduced] = lp.dtype;
+      storage[v] = v->dtype();
+      original_[reduced] = original_.at(v);
+      output_casts.emplace_back(reduced, v);
+      v = reduced;
+      changed = true;
+    }
+    if (!changed) continue;
+    // Same node, new outputs: re-created (the IR has no output setter); consumers of the old
+    // values move to the reduced ones below.
+    std::vector<Value*> ins = node->inputs();
+    std::string name = node->name(), op = node->op_type(), domain = node->domain();
+    AttributeMap attrs = node->attrs();
+    decided_.erase(node);
+    graph_.RemoveNode(node);
+    Node* fresh = graph_.AddNode(op, name, ins, outs, attrs, domain);
+    decided_[fresh] = lp;
+    node = fresh;
+  }
+  for (auto [reduced, out] : output_casts) {
+    std::vector<Node*> consumers = out->consumers();
+    for (Node* c : consumers) {
+      for (size_t i = 0; i < c->num_inputs(); ++i) {
+        if (c->input(i) == out) graph_.SetInput(c, i, reduced);
+      }
+    }
+  }
+
+  std::map<std::pair<const Value*, DataType>, Value*> converted;  // one per value and dtype
+  auto convert = [&](Value* v, DataType to) -> Value* {
+    auto key = std::make_pair(static_cast<const Value*>(v), to);
+    if (auto it = converted.find(key); it != converted.end()) return it->second;
+    Value* nv;
+    if (v->constant()) {
+      nv = graph_.AddConstant(graph_.UniqueName(fmt::format("{}_{}", v->name(), ToString(to))),
+                              v->constant()->CastTo(to));
+      ++result_.weights_converted;
+    } else {
+      nv = graph_.AddValue(graph_.UniqueName(fmt::format("{}_{}", v->name(), ToString(to))), to);
+      AttributeMap attrs;
+      attrs.Set("to", OnnxDataTypeCode(to));
+      std::string name = graph_.UniqueName(fmt::format("cast_{}_to_{}", v->name(), ToString(to)));
+      graph_.AddNode("Cast", name, {v}, {nv}, std::move(attrs));
+      LayerPrecision lp;
+      lp.dtype = to;
+      lp.reason =
+          fmt::format("precision boundary: {} -> {}", ToString(storage.at(v)), ToString(to));
+      result_.layers[name] = lp;
+      ++result_.casts_inserted;
+    }
+    storage[nv] = to;
+    converted[key] = nv;
+    return nv;
+  };
+  for (Node* node : layers) {
+    const LayerPrecision& lp = decided_.at(node);
+    const OpPrecisionRule rule = LookupOpPrecision(node->op_type());
+    if (rule.any_input_storage) continue;
+    for (size_t i = 0; i < node->num_inputs(); ++i) {
+      Value* v = node->input(i);
+      if (!v) continue;
+      auto orig = original_.find(v);
+      DataType model_type = orig != original_.end() ? orig->second : v->dtype();
+      if (!IsFloat(model_type)) continue;
+      DataType wanted = IsReduced(lp) && !Contains(rule.fixed_inputs, static_cast<int>(i))
+                            ? lp.dtype
+                            : model_type;
+      if (storage.at(v) != wanted) graph_.SetInput(node, i, convert(v, wanted));
+    }
+  }
+  for (auto [reduced, out] : output_casts) {
+    AttributeMap attrs;
+    attrs.Set("to", OnnxDataTypeCode(out->dtype()));
+    std::string name =
+        graph_.UniqueName(fmt::format("cast_{}_to_{}", out->name(), ToString(out->dtype())));
+    graph_.AddNode("Cast", name, {reduced}, {out}, std::move(attrs));
+    LayerPrecision lp;
+    lp.dtype = out->dtype();
+    lp.reason = fmt::format("graph output keeps its ONNX type: {} -> {}",
+                            ToString(reduced->dtype()), ToString(out->dtype()));
+    result_.layers[name] = lp;
+    ++result_.casts_inserted;
+  }
+  graph_.Compact();
+  KILN_RETURN_IF_ERROR_CTX(InferShapes(graph_).status(),
+                           "inferring shapes after precision assignment");
+  // The ops' type rules must agree with the plan: a disagreement is a table bug, not user error.
+  for (Node* node : graph_.nodes()) {
+    for (Value* v : node->outputs()) {
+      if (v && storage.count(v) && storage.at(v) != v->dtype()) {
+        return MakeError(ErrorCode::kInternal,
+                         "precision: layer '{}' ({}) output '{}' is {} but {} was planned",
+                         node->name(), node->op_type(), v->name(), ToString(v->dtype()),
+                         ToString(storage.at(v)));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<PrecisionResult> Assigner::Run() {
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph_.TopologicalOrder());
+  for (Value* v : graph_.values()) original_[v] = v->dtype();
+  for (Node* node : order) decided_[node] = Decide(*node);
+  bool any_reduced = std::any_of(decided_.begin(), decided_.end(),
+                                 [](const auto& kv) { return IsReduced(kv.second); });
+  if (any_reduced) KILN_RETURN_IF_ERROR(Rewrite(order));
+  for (const auto& [node, lp] : decided_) {
+    if (!node->is_dead()) result_.layers[node->name()] = lp;
+  }
+  return std::move(result_);
+}
+
+}  // namespace
+
+StatusOr<PrecisionResult> AssignPrecision(Graph& graph, const PrecisionOptions& options) {
+  Assigner assigner(graph, options);
+  return assigner.Run();
+}
+
+}  // namespace kiln::precision

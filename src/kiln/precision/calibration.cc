@@ -1,0 +1,374 @@
+// Calibration statistics: data loading and checking, the two reference passes, and the three
+// ways of turning a histogram of |x| into a clipping threshold.
+#include "kiln/precision/calibration.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <unordered_map>
+
+#include "kiln/backends/cpu/cpu_eval.h"
+#include "kiln/onnx/onnx_import.h"
+#include "kiln/precision/precision.h"
+
+namespace kiln::precision {
+
+using kiln::ToString;
+
+namespace fs = std::filesystem;
+
+namespace {
+std::atomic<int64_t> g_batches_run{0};
+
+// The number after `prefix` in a file or directory name ("input_12.pb" -> 12), or -1.
+int64_t IndexAfter(const std::string& name, std::string_view prefix, std::string_view suffix) {
+  if (!name.starts_with(prefix) || !name.ends_with(suffix)) return -1;
+  std::string_view digits(name);
+  digits = digits.substr(prefix.size(), digits.size() - prefix.size() - suffix.size());
+  int64_t v = -1;
+  auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (ec != std::errc() || p != digits.data() + digits.size()) return -1;
+  return v;
+}
+
+std::string DimsString(std::span<const int64_t> dims) {
+  return fmt::format("[{}]", fmt::join(dims, ","));
+}
+
+// Smooths a distribution so that KL divergence stays finite where q has zeros (MXNet/TensorRT
+// practice): moves `eps` of mass onto every empty bin, taken evenly from the others.
+bool Smooth(std::vector<double>& p) {
+  constexpr double kEps = 1e-4;
+  size_t zeros = std::count(p.begin(), p.end(), 0.0);
+  size_t nonzeros = p.size() - zeros;
+  if (nonzeros == 0) return false;
+  double eps1 = kEps * static_cast<double>(zeros) / static_cast<double>(nonzeros);
+  for (double& x : p) x += x == 0.0 ? kEps : -eps1;
+  return true;
+}
+
+double EntropyAmax(const AbsHistogram& hist) {
+  constexpr int kLevels = 128;  // |q| in 0..127 plus the zero bin's share, as TensorRT does
+  const std::vector<double>& h = hist.counts;
+  const int n = static_cast<int>(h.size());
+  double best_kl = std::numeric_limits<double>::infinity();
+  int best_i = n;
+  std::vector<double> p, q;
+  for (int i = kLevels; i <= n; ++i) {
+    // Reference: the first i bins, with everything beyond folded into the last one (clipped).
+    p.assign(h.begin(), h.begin() + i);
+    double outliers = 0;
+    for (int k = i; k < n; ++k) outliers += h[k];
+    p[i - 1] += outliers;
+    // Candidate: the first i bins quantized to kLevels levels, then spread back over the bins
+    // that were non-empty.
+    q.assign(i, 0.0);
+    const double merged = static_cast<double>(i) / kLevels;
+    for (int j = 0; j < kLevels; ++j) {
+      int start = static_cast<int>(std::floor(j * merged));
+      int stop = j == kLevels - 1 ? i : static_cast<int>(std::floor((j + 1) * merged));
+      double sum = 0;
+      int nonzero = 0;
+      for (int k = start; k < stop; ++k) {
+        sum += h[k];
+        nonzero += h[k] != 0.0;
+      }
+      if (nonzero == 0) continue;
+      for (int k = start; k < stop; ++k) q[k] = h[k] != 0.0 ? sum / nonzero : 0.0;
+    }
+    double psum = 0, qsum = 0;
+    for (int k = 0; k < i; ++k) {
+      psum += p[k];
+      qsum += q[k];
+    }
+    if (psum <= 0 || qsum <= 0) continue;
+    for (int k = 0; k < i; ++k) {
+      p[k] /= psum;
+      q[k] /= qsum;
+    }
+    if (!Smooth(p) || !Smooth(q)) continue;
+    double kl = 0;
+    for (int k = 0; k < i; ++k) {
+      if (p[k] > 0 && q[k] > 0) kl += p[k] * std::log(p[k] / q[k]);
+    }
+    if (kl < best_kl) {
+      best_kl = kl;
+      best_i = i;
+    }
+  }
+  return std::min(hist.range, best_i * hist.bin_width());
+}
+
+double PercentileAmax(const AbsHistogram& hist, double percentile) {
+  double total = 0;
+  for (double c : hist.counts) total += c;
+  if (total <= 0) return 0;
+  const double target = total * std::clamp(percentile, 0.0, 100.0) / 100.0;
+  double cum = 0;
+  for (size_t b = 0; b < hist.counts.size(); ++b) {
+    double c = hist.counts[b];
+    if (c > 0 && cum + c >= target) {
+      // Linear within the bin: values are taken as spread evenly over it.
+      double frac = std::clamp((target - cum) / c, 0.0, 1.0);
+      return std::min(hist.range, (static_cast<double>(b) + frac) * hist.bin_width());
+    }
+    cum += c;
+  }
+  return hist.range;
+}
+
+void AbsMaxOf(const Tensor& t, double* absmax) {
+  const int64_t n = t.num_elements();
+  double m = *absmax;
+  if (t.dtype() == DataType::kFloat32) {
+    const float* x = t.data<float>();
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(std::fabs(x[i])));
+  } else {
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(t.GetDouble(i)));
+  }
+  *absmax = m;
+}
+}  // namespace
+
+std::string_view ToString(CalibrationMethod method) {
+  switch (method) {
+    case CalibrationMethod::kMinMax:
+      return "minmax";
+    case CalibrationMethod::kEntropy:
+      return "entropy";
+    case CalibrationMethod::kPercentile:
+      return "percentile";
+  }
+  return "?";
+}
+
+StatusOr<CalibrationMethod> ParseCalibrationMethod(std::string_view text) {
+  if (text == "minmax" || text == "min-max") return CalibrationMethod::kMinMax;
+  if (text == "entropy") return CalibrationMethod::kEntropy;
+  if (text == "percentile") return CalibrationMethod::kPercentile;
+  return MakeError(ErrorCode::kInvalidArgument,
+                   "--calib-method '{}': use minmax, entropy or percentile[=P] (e.g. "
+                   "percentile=99.99)",
+                   std::string(text));
+}
+
+void AbsHistogram::Add(std::span<const float> values) {
+  if (!(range > 0)) {
+    counts[0] += static_cast<double>(values.size());
+    return;
+  }
+  const double scale = kBins / range;
+  for (float v : values) {
+    double a = std::fabs(static_cast<double>(v));
+    if (!std::isfinite(a)) continue;
+    auto b = static_cast<int64_t>(a * scale);
+    counts[static_cast<size_t>(std::clamp<int64_t>(b, 0, kBins - 1))] += 1;
+  }
+}
+
+double AmaxFromHistogram(const AbsHistogram& hist, CalibrationMethod method, double percentile) {
+  switch (method) {
+    case CalibrationMethod::kMinMax:
+      return hist.range;
+    case CalibrationMethod::kEntropy:
+      return EntropyAmax(hist);
+    case CalibrationMethod::kPercentile:
+      return PercentileAmax(hist, percentile);
+  }
+  return hist.range;
+}
+
+double ComputeAmax(std::span<const float> values, CalibrationMethod method, double percentile) {
+  AbsHistogram hist;
+  for (float v : values) {
+    if (std::isfinite(v)) hist.range = std::max(hist.range, static_cast<double>(std::fabs(v)));
+  }
+  hist.Add(values);
+  return AmaxFromHistogram(hist, method, percentile);
+}
+
+StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
+    const Graph& graph, const OptimizationProfile& profile, const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return MakeError(ErrorCode::kCalibrationInputInvalid,
+                     "--calib-dir '{}' is not a directory; give a directory holding "
+                     "test_data_set_*/input_*.pb (the ONNX test-data layout)",
+                     dir);
+  }
+  std::vector<std::pair<int64_t, fs::path>> sets;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    int64_t idx = IndexAfter(e.path().filename().string(), "test_data_set_", "");
+    if (e.is_directory() && idx >= 0) sets.emplace_back(idx, e.path());
+  }
+  std::sort(sets.begin(), sets.end());
+  if (sets.empty()) {
+    return MakeError(ErrorCode::kCalibrationInputInvalid,
+                     "--calib-dir '{}' holds no test_data_set_* directory; write each "
+                     "calibration batch as test_data_set_N/input_I.pb (TensorProto per input)",
+                     dir);
+  }
+  const auto& inputs = graph.inputs();
+  std::vector<std::map<std::string, Tensor>> out;
+  for (const auto& [set_index, set_dir] : sets) {
+    std::vector<std::pair<int64_t, fs::path>> files;
+    for (const auto& e : fs::directory_iterator(set_dir, ec)) {
+      int64_t idx = IndexAfter(e.path().filename().string(), "input_", ".pb");
+      if (e.is_regular_file() && idx >= 0) files.emplace_back(idx, e.path());
+    }
+    std::sort(files.begin(), files.end());
+    if (files.size() != inputs.size()) {
+      std::vector<std::string> names;
+      for (const Value* v : inputs) names.push_back(v->name());
+      return MakeError(ErrorCode::kCalibrationInputInvalid,
+                       "calibration data set '{}' has {} input file(s); the model has {} "
+                       "input(s) ({}), expected input_0.pb .. input_{}.pb",
+                       set_dir.string(), files.size(), inputs.size(), fmt::join(names, ", "),
+                       static_cast<int64_t>(inputs.size()) - 1);
+    }
+    std::map<std::string, Tensor> feed;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const Value* in = inputs[i];
+      const std::string path = files[i].second.string();
+      KILN_ASSIGN_OR_RETURN(Tensor t, LoadTensorProto(path));
+      if (t.dtype() != in->dtype()) {
+        return MakeError(ErrorCode::kCalibrationInputInvalid,
+                         "calibration input '{}' for model input '{}': expected dtype {}, got {}",
+                         path, in->name(), ToString(in->dtype()), ToString(t.dtype()));
+      }
+      const Shape& shape = in->shape();
+      const InputProfile* p = profile.Find(in->name());
+      bool ok = t.dims().size() == shape.size();
+      for (size_t d = 0; ok && d < shape.size(); ++d) {
+        if (shape[d].is_static()) {
+          ok = t.dims()[d] == shape[d].value();
+        } else if (p && d < p->min.size()) {
+          ok = t.dims()[d] >= p->min[d] && t.dims()[d] <= p->max[d];
+        }
+      }
+      if (!ok) {
+        std::string expected = ToString(shape);
+        if (p) {
+          expected +=
+              fmt::format(" within the profile {}..{}", DimsString(p->min), DimsString(p->max));
+        }
+        return MakeError(ErrorCode::kCalibrationInputInvalid,
+                         "calibration input '{}' for model input '{}': expected shape {}, got {}",
+                         path, in->name(), expected, DimsString(t.dims()));
+      }
+      feed[in->name()] = std::move(t);
+    }
+    out.push_back(std::move(feed));
+  }
+  return out;
+}
+
+int64_t CalibrationBatchesRun() { return g_batches_run.load(); }
+
+StatusOr<CalibrationTable> Calibrate(const Graph& graph,
+                                     std::span<const std::map<std::string, Tensor>> data,
+                                     CalibrationMethod method, double percentile) {
+  // Every float value a node computes is watched; only INT8 candidates' activations need a
+  // clipping threshold (histogram), the rest need the absmax (FP16 guard).
+  std::vector<std::string> watched;
+  std::set<std::string> needs_histogram;
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  for (const Node* node : order) {
+    for (const Value* v : node->outputs()) {
+      if (v && IsFloat(v->dtype())) watched.push_back(v->name());
+    }
+    if (IsInt8Candidate(*node) && node->input(0)) needs_histogram.insert(node->input(0)->name());
+  }
+  for (const Value* v : graph.inputs()) {
+    if (IsFloat(v->dtype())) watched.push_back(v->name());
+  }
+  std::sort(watched.begin(), watched.end());
+  watched.erase(std::unique(watched.begin(), watched.end()), watched.end());
+
+  CalibrationTable table;
+  table.method = method;
+  table.percentile = percentile;
+  table.data_sets = static_cast<int64_t>(data.size());
+  std::map<std::string, double> absmax;
+  auto run =
+      [&](const std::map<std::string, Tensor>& feed) -> StatusOr<std::map<std::string, Tensor>> {
+    g_batches_run.fetch_add(1);
+    // The reference, node by node, keeping every value (EvaluateGraph returns outputs only).
+    std::map<std::string, Tensor> outs = feed;
+    std::unordered_map<const Value*, const Tensor*> known;
+    for (const Value* in : graph.inputs()) {
+      auto it = outs.find(in->name());
+      if (it == outs.end()) {
+        return MakeError(ErrorCode::kCalibrationInputInvalid,
+                         "calibration data has no value for model input '{}'", in->name());
+      }
+      known[in] = &it->second;
+    }
+    for (const Node* node : order) {
+      std::vector<const Tensor*> ins;
+      for (const Value* v : node->inputs()) {
+        if (!v) {
+          ins.push_back(nullptr);
+        } else if (v->constant()) {
+          ins.push_back(v->constant());
+        } else {
+          auto it = known.find(v);
+          if (it == known.end()) {
+            return MakeError(ErrorCode::kInternal,
+                             "calibration: '{}' read by '{}' was never computed", v->name(),
+                             node->name());
+          }
+          ins.push_back(it->second);
+        }
+      }
+      auto results = cpu::EvaluateNode(*node, ins);
+      if (!results.ok()) {
+        return std::move(results).status().AddContext(
+            fmt::format("while calibrating layer '{}'", node->name()));
+      }
+      for (size_t i = 0; i < results->size(); ++i) {
+        const Value* v = node->output(i);
+        if (!v) continue;
+        auto [it, inserted] = outs.insert_or_assign(v->name(), std::move((*results)[i]));
+        known[v] = &it->second;
+      }
+    }
+    return outs;
+  };
+  for (const auto& feed : data) {
+    KILN_ASSIGN_OR_RETURN(auto outs, run(feed));
+    for (const std::string& name : watched) {
+      auto it = outs.find(name);
+      if (it != outs.end()) AbsMaxOf(it->second, &absmax[name]);
+    }
+  }
+  std::map<std::string, AbsHistogram> hists;
+  if (method != CalibrationMethod::kMinMax && !needs_histogram.empty()) {
+    for (const std::string& name : needs_histogram) hists[name].range = absmax[name];
+    for (const auto& feed : data) {
+      KILN_ASSIGN_OR_RETURN(auto outs, run(feed));
+      for (auto& [name, hist] : hists) {
+        auto it = outs.find(name);
+        if (it == outs.end()) continue;
+        Tensor f = it->second.dtype() == DataType::kFloat32 ? it->second
+                                                            : it->second.CastTo(DataType::kFloat32);
+        hist.Add(std::span(f.data<float>(), static_cast<size_t>(f.num_elements())));
+      }
+    }
+  }
+  for (const auto& [name, m] : absmax) {
+    TensorRange r;
+    r.absmax = m;
+    auto h = hists.find(name);
+    r.amax = h == hists.end() ? m : AmaxFromHistogram(h->second, method, percentile);
+    table.ranges[name] = r;
+  }
+  return table;
+}
+
+}  // namespace kiln::precision

@@ -1,0 +1,93 @@
+// INT8 post-training calibration: per-tensor ranges collected by running the FP32 CPU reference
+// over a directory of inputs, reduced to one clipping threshold (amax) per tensor by min-max,
+// entropy (KL divergence, TensorRT-style) or percentile; and the calibration cache that lets a
+// later build skip all of it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/core/hash.h"
+#include "kiln/core/status.h"
+#include "kiln/engine/engine_desc.h"
+#include "kiln/ir/graph.h"
+
+namespace kiln::precision {
+
+enum class CalibrationMethod : uint8_t { kMinMax, kEntropy, kPercentile };
+std::string_view ToString(CalibrationMethod method);  // "minmax", "entropy", "percentile"
+StatusOr<CalibrationMethod> ParseCalibrationMethod(std::string_view text);
+
+struct CalibrationOptions {
+  // TensorRT's default calibrator is the entropy one; kiln follows.
+  CalibrationMethod method = CalibrationMethod::kEntropy;
+  double percentile = 99.99;  // for kPercentile: the share of |x| kept unclipped, in (0, 100]
+  std::string data_dir;       // ONNX test-data layout: DIR/test_data_set_*/input_*.pb
+  std::string cache_path;     // read when valid, written after calibrating
+};
+
+// One tensor's calibrated range.
+struct TensorRange {
+  double absmax = 0;  // largest |x| seen (the FP16 range guard reads this)
+  double amax = 0;    // the method's clipping threshold (the INT8 scale is amax / 127)
+};
+
+struct CalibrationTable {
+  CalibrationMethod method = CalibrationMethod::kEntropy;
+  double percentile = 99.99;
+  int64_t data_sets = 0;
+  bool from_cache = false;
+  std::map<std::string, TensorRange> ranges;  // by value name in the optimized graph
+  const TensorRange* Find(const std::string& value) const {
+    auto it = ranges.find(value);
+    return it == ranges.end() ? nullptr : &it->second;
+  }
+};
+
+// Histogram of |x| over [0, range) with a fixed bin count; values >= range land in the last bin.
+struct AbsHistogram {
+  static constexpr int kBins = 2048;  // TensorRT's entropy calibrator uses 2048 bins
+  double range = 0;
+  std::vector<double> counts = std::vector<double>(kBins, 0.0);
+  void Add(std::span<const float> values);
+  double bin_width() const { return range / kBins; }
+};
+
+// The clipping threshold from a histogram. kMinMax gives the histogram's range (the absmax).
+double AmaxFromHistogram(const AbsHistogram& hist, CalibrationMethod method, double percentile);
+// Convenience for a single array (tests, tools): histogram over [0, absmax] then the method.
+double ComputeAmax(std::span<const float> values, CalibrationMethod method, double percentile);
+
+// Loads every data set of `dir` and checks each tensor against the graph's inputs (count, dtype,
+// static dims, the profile's min..max for dynamic dims): KILN-E3007 names the input, what was
+// expected and what was found.
+StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
+    const Graph& graph, const OptimizationProfile& profile, const std::string& dir);
+
+// Runs the FP32 CPU reference over the data and reduces every float tensor's statistics.
+// Two passes: the first finds each tensor's absmax (the histogram range), the second fills the
+// histograms.
+StatusOr<CalibrationTable> Calibrate(const Graph& graph,
+                                     std::span<const std::map<std::string, Tensor>> data,
+                                     CalibrationMethod method, double percentile);
+
+// How many times Calibrate ran a data set through the reference in this process (tests check that
+// a cached build runs none).
+int64_t CalibrationBatchesRun();
+
+// The cache key: the model's hash, the optimized graph's structure (value names and shapes) and
+// the method; a cache with another key is foreign.
+std::string CalibrationCacheKey(const std::string& model_hash, const Graph& graph,
+                                CalibrationMethod method, double percentile);
+// Reads a cache; KILN-E3006 when it is unreadable, corrupt, of another version or another key.
+StatusOr<CalibrationTable> LoadCalibrationCache(const std::string& path, const std::string& key);
+// Writes atomically (temporary file + rename).
+Status SaveCalibrationCache(const std::string& path, const std::string& key,
+                            const CalibrationTable& table);
+
+}  // namespace kiln::precision

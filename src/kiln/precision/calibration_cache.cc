@@ -1,0 +1,118 @@
+// The calibration cache: a versioned JSON file keyed on the model, the optimized graph and the
+// method. A cache that fails any check is reported (KILN-E3006) and never trusted.
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kiln/precision/calibration.h"
+
+namespace kiln::precision {
+
+using kiln::ToString;
+
+namespace {
+constexpr std::string_view kFormat = "kiln-calibration-cache";
+constexpr int64_t kVersion = 1;
+
+Status Invalid(const std::string& path, const std::string& why) {
+  return MakeError(ErrorCode::kCalibrationCacheInvalid,
+                   "calibration cache '{}' {}; it is ignored and the model is calibrated again",
+                   path, why);
+}
+}  // namespace
+
+std::string CalibrationCacheKey(const std::string& model_hash, const Graph& graph,
+                                CalibrationMethod method, double percentile) {
+  Hasher h;
+  h.Field("kiln-calibration-key-v1").Field(model_hash).Field(ToString(method));
+  h.Field(static_cast<int64_t>(std::llround(percentile * 1e6)));
+  // The optimized graph's values (passes may rename or drop them): name, dtype, rank and dims.
+  std::vector<std::string> lines;
+  for (const Value* v : graph.values()) {
+    lines.push_back(fmt::format("{}:{}:{}", v->name(), ToString(v->dtype()), ToString(v->shape())));
+  }
+  std::sort(lines.begin(), lines.end());
+  for (const std::string& l : lines) h.Field(l);
+  return h.Digest().Hex();
+}
+
+StatusOr<CalibrationTable> LoadCalibrationCache(const std::string& path, const std::string& key) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Invalid(path, "cannot be read");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Invalid(path, "is not JSON (corrupt)");
+  if (j.value("format", "") != kFormat) return Invalid(path, "is not a kiln calibration cache");
+  if (!j.contains("version") || !j["version"].is_number_integer() ||
+      j["version"].get<int64_t>() != kVersion) {
+    return Invalid(path, fmt::format("has another format version (this kiln reads {})", kVersion));
+  }
+  if (j.value("key", "") != key) {
+    return Invalid(path, "belongs to another model, graph or calibration method (its key differs)");
+  }
+  CalibrationTable table;
+  table.from_cache = true;
+  auto method = ParseCalibrationMethod(j.value("method", ""));
+  if (!method.ok()) return Invalid(path, "names no valid method");
+  table.method = *method;
+  table.percentile = j.value("percentile", 99.99);
+  table.data_sets = j.value("data_sets", int64_t{0});
+  if (!j.contains("tensors") || !j["tensors"].is_object()) return Invalid(path, "has no tensors");
+  for (const auto& [name, entry] : j["tensors"].items()) {
+    if (!entry.is_object() || !entry.contains("absmax") || !entry.contains("amax") ||
+        !entry["absmax"].is_number() || !entry["amax"].is_number()) {
+      return Invalid(path, fmt::format("has a malformed entry for '{}'", name));
+    }
+    TensorRange r{entry["absmax"].get<double>(), entry["amax"].get<double>()};
+    if (!std::isfinite(r.absmax) || !std::isfinite(r.amax) || r.absmax < 0 || r.amax < 0 ||
+        r.amax > r.absmax * (1 + 1e-9)) {
+      return Invalid(path, fmt::format("has an impossible range for '{}' (absmax {}, amax {})",
+                                       name, r.absmax, r.amax));
+    }
+    table.ranges[name] = r;
+  }
+  return table;
+}
+
+Status SaveCalibrationCache(const std::string& path, const std::string& key,
+                            const CalibrationTable& table) {
+  nlohmann::json j;
+  j["format"] = std::string(kFormat);
+  j["version"] = kVersion;
+  j["key"] = key;
+  j["method"] = std::string(ToString(table.method));
+  j["percentile"] = table.percentile;
+  j["data_sets"] = table.data_sets;
+  nlohmann::json tensors = nlohmann::json::object();
+  for (const auto& [name, r] : table.ranges)
+    tensors[name] = {{"absmax", r.absmax}, {"amax", r.amax}};
+  j["tensors"] = std::move(tensors);
+  // Atomic replace: a reader sees the old file or the new one, never half of one.
+  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << j.dump(1) << "\n";
+    out.flush();
+    if (!out) {
+      std::filesystem::remove(tmp);
+      return MakeError(ErrorCode::kIoError, "cannot write the calibration cache '{}'", tmp);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp);
+    return MakeError(ErrorCode::kIoError, "cannot replace the calibration cache '{}': {}", path,
+                     ec.message());
+  }
+  return OkStatus();
+}
+
+}  // namespace kiln::precision

@@ -1,0 +1,79 @@
+// Per-layer precision assignment (TensorRT's BuilderFlag::kFP16/kBF16/kINT8): which layers may
+// run reduced, decided per layer from the op's support table, the target backend's kernels and the
+// FP16 range guard; then the graph is rewritten: reduced activations, converted weights and Cast
+// nodes at precision boundaries only.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/backends/kernel.h"
+#include "kiln/core/status.h"
+#include "kiln/ir/graph.h"
+#include "kiln/precision/calibration.h"
+
+namespace kiln::precision {
+
+// The node attribute that marks a layer INT8 (a contract with the INT8 kernels): the calibrated
+// absmax of input 0. The kernel quantizes input 0 symmetrically with scale amax/127 and its
+// constant weights (input 1) per output channel; its inputs and outputs stay float.
+inline constexpr std::string_view kInt8InputAmaxAttr = "kiln_int8_input_amax";
+// INT8 tactics' names start with this (STYLE.md rule 5: "i8-conv-cpu-...").
+inline constexpr std::string_view kInt8TacticPrefix = "i8-";
+
+// What the op allows, independent of kernels.
+enum class OpPrecision : uint8_t {
+  kReducible,  // may run in FP16/BF16 (the kernel accumulates in FP32)
+  kKeepFp32,   // runs reduced too inaccurately or overflows; stays FP32 (reason in the table)
+  kUntouched,  // integer/shape/bool op or an explicit Cast: its types are the model's
+};
+struct OpPrecisionRule {
+  OpPrecision kind = OpPrecision::kUntouched;
+  std::string_view reason;  // for kKeepFp32 / kUntouched
+  // Float inputs that are not of the op's data type (Resize's roi and scales) keep their dtype.
+  std::vector<int> fixed_inputs;
+  // Takes its input in any storage, so no Cast is inserted for it: Shape and Size read only the
+  // shape; Cast converts from whatever it is given.
+  bool any_input_storage = false;
+};
+OpPrecisionRule LookupOpPrecision(std::string_view op_type);
+
+// Conv/FusedConv/Gemm/FusedGemm/MatMul/FusedMatMul whose input 1 is a constant weight.
+bool IsInt8Candidate(const Node& node);
+
+// The FP16 range guard: a tensor whose |x| exceeds kFp16Max / kFp16GuardMargin keeps its layer in
+// FP32 (the margin leaves room for the layer's own arithmetic on the way to the limit).
+inline constexpr double kFp16Max = 65504.0;
+inline constexpr double kFp16GuardMargin = 2.0;
+
+struct PrecisionOptions {
+  bool fp16 = false;
+  bool bf16 = false;
+  bool int8 = false;  // implies FP16 as the fallback
+  BackendKind backend = BackendKind::kCpu;
+  const CalibrationTable* calibration = nullptr;  // activation ranges (absmax, amax); optional
+  // The kernel request for a node of the graph as it is (shapes at the profile's max).
+  std::function<KernelRequest(const Node&)> make_request;
+};
+
+struct LayerPrecision {
+  DataType dtype = DataType::kFloat32;  // the layer's float storage (inputs/outputs)
+  bool int8 = false;                    // computes in INT8 (kInt8InputAmaxAttr is set)
+  std::string reason;
+  std::string label() const;  // "i8", "f16", "bf16", "f32"
+};
+
+struct PrecisionResult {
+  std::map<std::string, LayerPrecision> layers;  // by node name (Cast nodes inserted included)
+  int64_t casts_inserted = 0;
+  int64_t weights_converted = 0;
+};
+
+// Decides every layer's precision and rewrites the graph accordingly. Graph inputs and outputs
+// keep their ONNX dtypes. Shapes must be inferred; they are inferred again at the end.
+StatusOr<PrecisionResult> AssignPrecision(Graph& graph, const PrecisionOptions& options);
+
+}  // namespace kiln::precision

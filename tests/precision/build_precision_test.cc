@@ -1,0 +1,268 @@
+// Precision through BuildEngine: INT8 assignment with a test-only INT8 provider, the calibration
+// cache across builds (reuse, corrupt and foreign files), calibration input errors, and
+// determinism with --fp16.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "kiln/backends/cpu/cpu_eval.h"
+#include "kiln/build/builder.h"
+#include "kiln/engine/engine_file.h"
+#include "kiln/onnx/onnx_import.h"
+#include "kiln/ops/op_schema.h"
+#include "kiln/precision/precision.h"
+#include "tests/precision/test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::F32;
+using testing::Random;
+
+// A reference INT8 MatMul [M,K] x const [K,N] following the contract: input 0 quantized with
+// scale amax/127 (symmetric, saturating), weights per output channel (column) with their own
+// absmax/127, int32 accumulation, float (f32/f16) in and out.
+class FakeInt8MatMul final : public KernelProvider {
+ public:
+  std::string_view id() const override { return "test.i8.matmul"; }
+  std::string_view op_type() const override { return "MatMul"; }
+  BackendKind backend() const override { return BackendKind::kCpu; }
+  std::vector<TacticConfig> Tactics(const KernelRequest& r) const override {
+    if (!r.node->attrs().Has(std::string(precision::kInt8InputAmaxAttr))) return {};
+    if (r.inputs.size() != 2 || !r.inputs[1].constant || r.inputs[0].shape.size() != 2) return {};
+    return {{"i8-matmul-cpu-test-reference", {}, 0}};
+  }
+  StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& r,
+                                           const TacticConfig&) const override {
+    struct K final : Kernel {
+      float in_scale = 1;
+      int64_t k = 0, n = 0;
+      std::vector<int8_t> w;
+      std::vector<float> w_scale;
+      Status Run(const KernelRunArgs& a) override {
+        const TensorView& x = a.inputs[0];
+        const int64_t m = x.dims[0];
+        std::vector<int8_t> q(static_cast<size_t>(m * k));
+        for (int64_t i = 0; i < m * k; ++i) {
+          q[i] = static_cast<int8_t>(
+              std::clamp(std::nearbyint(LoadAsDouble(x, i) / in_scale), -127.0, 127.0));
+        }
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            int32_t acc = 0;
+            for (int64_t p = 0; p < k; ++p) acc += int32_t(q[i * k + p]) * w[p * n + j];
+            StoreFromDouble(a.outputs[0], i * n + j, double(acc) * in_scale * w_scale[j]);
+          }
+        }
+        return OkStatus();
+      }
+    };
+    auto kernel = std::make_unique<K>();
+    kernel->in_scale =
+        r.node->attrs().GetFloat(std::string(precision::kInt8InputAmaxAttr), 1.0f) / 127.0f;
+    Tensor wf = r.inputs[1].constant->CastTo(DataType::kFloat32);
+    kernel->k = wf.dims()[0];
+    kernel->n = wf.dims()[1];
+    kernel->w.resize(static_cast<size_t>(kernel->k * kernel->n));
+    kernel->w_scale.assign(static_cast<size_t>(kernel->n), 0.0f);
+    const float* wd = wf.data<float>();
+    for (int64_t j = 0; j < kernel->n; ++j) {
+      float mx = 0;
+      for (int64_t p = 0; p < kernel->k; ++p) mx = std::max(mx, std::fabs(wd[p * kernel->n + j]));
+      kernel->w_scale[j] = mx > 0 ? mx / 127.0f : 1.0f;
+      for (int64_t p = 0; p < kernel->k; ++p) {
+        kernel->w[p * kernel->n + j] =
+            static_cast<int8_t>(std::nearbyint(wd[p * kernel->n + j] / kernel->w_scale[j]));
+      }
+    }
+    return std::unique_ptr<Kernel>(std::move(kernel));
+  }
+};
+KILN_REGISTER_KERNEL_PROVIDER(FakeInt8MatMul);
+
+const LayerReport* FindLayer(const BuildReport& r, const std::string& name) {
+  for (const auto& l : r.layer_reports) {
+    if (l.name == name) return &l;
+  }
+  return nullptr;
+}
+
+// x[4,16] -> MatMul(W1) -> h -> Gemm(W2) -> y: MatMul has the (fake) INT8 kernel, Gemm none.
+std::unique_ptr<Graph> MatMulGemm() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, MakeShape({4, 16}));
+  Value *h = g->AddValue("h"), *y = g->AddValue("y");
+  g->AddNode("MatMul", "mm", {x, g->AddConstant("w1", F32({16, 16}, Random(256, 1, 0.5f)))}, {h});
+  g->AddNode("Gemm", "gemm", {h, g->AddConstant("w2", F32({16, 8}, Random(128, 2, 0.5f)))}, {y});
+  g->MarkOutput(y);
+  EXPECT_TRUE(InferShapes(*g).ok());
+  return g;
+}
+
+TEST(PrecisionInt8, AnnotatedLayerTakesTheInt8KernelOthersFallBack) {
+  std::string dir = testing::TempDir("int8_calib");
+  std::vector<std::vector<Tensor>> sets;
+  for (uint64_t s = 0; s < 4; ++s) sets.push_back({F32({4, 16}, Random(64, 100 + s, 2.0f))});
+  sets[2][0].mutable_data<float>()[7] = 3.0f;  // the absmax over every set
+  testing::WriteDataSets(dir, sets);
+  BuilderConfig c;
+  c.int8 = true;
+  c.calibration_dir = dir;
+  c.calibration_method = precision::CalibrationMethod::kMinMax;
+  c.deadline = std::chrono::milliseconds(1);
+  c.optimize = false;
+  std::map<std::string, Tensor> in = {{"x", F32({4, 16}, Random(64, 77, 2.0f))}};
+  auto g = MatMulGemm();
+  auto ref = cpu::EvaluateGraph(*g, in);
+  ASSERT_TRUE(ref.ok());
+  BuildReport report;
+  std::unique_ptr<EngineDesc> engine;
+  auto out = testing::BuildAndRun(std::move(g), c, in, &report, &engine);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const LayerReport* mm = FindLayer(report, "mm");
+  EXPECT_EQ(mm->precision, "i8");
+  EXPECT_EQ(mm->tactic, "i8-matmul-cpu-test-reference");
+  EXPECT_NE(mm->precision_reason.find("i8: input 'x' amax 3 (minmax), f16 storage"),
+            std::string::npos)
+      << mm->precision_reason;
+  const Node* node = engine->graph->FindNode("mm");
+  EXPECT_FLOAT_EQ(node->attrs().GetFloat("kiln_int8_input_amax", -1), 3.0f);
+  EXPECT_EQ(node->input(0)->dtype(), DataType::kFloat16);  // --int8 implies FP16 storage
+  const LayerReport* gemm = FindLayer(report, "gemm");
+  EXPECT_EQ(gemm->precision, "f16");
+  EXPECT_EQ(gemm->precision_reason, "f16: no int8 kernel on cpu");
+  EXPECT_FALSE(engine->graph->FindNode("gemm")->attrs().Has("kiln_int8_input_amax"));
+  EXPECT_EQ(report.precision_counts["i8"], 1);
+  // Symmetric INT8 with per-channel weights: about 1% relative error here.
+  double err = testing::RelL2(out->at("y"), ref->at("y"));
+  EXPECT_LT(err, 3e-2);
+  EXPECT_GT(err, 1e-4);
+}
+
+TEST(PrecisionInt8, WithoutCalibrationDataInt8FallsBackWithAWarning) {
+  BuilderConfig c;
+  c.int8 = true;
+  c.deadline = std::chrono::milliseconds(1);
+  c.optimize = false;
+  BuildReport report;
+  ASSERT_TRUE(BuildEngine({MatMulGemm(), "t", HashString("t")}, c, &report).ok());
+  EXPECT_EQ(FindLayer(report, "mm")->precision, "f16");
+  EXPECT_NE(FindLayer(report, "mm")->precision_reason.find("no calibration data"),
+            std::string::npos);
+  ASSERT_EQ(report.warnings.size(), 1u);
+  EXPECT_NE(report.warnings[0].find("KILN-E3007"), std::string::npos);
+}
+
+BuilderConfig ZooInt8(const std::string& model, const std::string& cache) {
+  BuilderConfig c;
+  c.int8 = true;
+  c.calibration_dir = testing::ZooDir(model);
+  c.calibration_cache_path = cache;
+  c.deadline = std::chrono::milliseconds(1);
+  EXPECT_TRUE(ParseProfileSpec("input:1x3x64x64,2x3x64x64,4x3x64x64", &c.profile).ok());
+  return c;
+}
+
+StatusOr<std::vector<std::byte>> BuildZooBytes(const std::string& model, const BuilderConfig& c,
+                                               BuildReport* report) {
+  KILN_ASSIGN_OR_RETURN(auto graph, ImportOnnxFile(testing::ZooDir(model) + "/model.onnx"));
+  KILN_ASSIGN_OR_RETURN(auto desc,
+                        BuildEngine({std::move(graph), model, HashString(model)}, c, report));
+  return SerializeEngine(*desc);
+}
+
+TEST(PrecisionCalibrationCache, SecondBuildRunsNoCalibration) {
+  std::string cache = testing::TempDir("cache_reuse") + "/resnet.calib.json";
+  BuildReport first, second;
+  int64_t before = precision::CalibrationBatchesRun();
+  auto a = BuildZooBytes("resnet_tiny", ZooInt8("resnet_tiny", cache), &first);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_GT(precision::CalibrationBatchesRun(), before);
+  EXPECT_GT(first.calibration_batches_run, 0);
+  ASSERT_TRUE(std::filesystem::exists(cache));
+
+  before = precision::CalibrationBatchesRun();
+  auto b = BuildZooBytes("resnet_tiny", ZooInt8("resnet_tiny", cache), &second);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(precision::CalibrationBatchesRun(), before);  // nothing ran
+  EXPECT_EQ(second.calibration_batches_run, 0);
+  EXPECT_EQ(second.calibration.rfind("from cache", 0), 0u) << second.calibration;
+  EXPECT_TRUE(second.warnings.empty());
+  // The cached ranges are the computed ones: the engines are the same bytes.
+  EXPECT_TRUE(*a == *b);
+}
+
+TEST(PrecisionCalibrationCache, CorruptOrForeignCacheWarnsAndRecalibrates) {
+  std::string dir = testing::TempDir("cache_bad");
+  std::string cache = dir + "/calib.json";
+  std::ofstream(cache) << "not a cache {";
+  BuildReport report;
+  int64_t before = precision::CalibrationBatchesRun();
+  ASSERT_TRUE(BuildZooBytes("resnet_tiny", ZooInt8("resnet_tiny", cache), &report).ok());
+  EXPECT_GT(precision::CalibrationBatchesRun(), before);  // recalibrated, cache not trusted
+  ASSERT_EQ(report.warnings.size(), 1u);
+  EXPECT_NE(report.warnings[0].find("KILN-E3006"), std::string::npos) << report.warnings[0];
+  EXPECT_NE(report.warnings[0].find("not JSON"), std::string::npos);
+  // The rewritten cache is valid now; but it is foreign to another method.
+  BuilderConfig other = ZooInt8("resnet_tiny", cache);
+  other.calibration_method = precision::CalibrationMethod::kMinMax;
+  BuildReport foreign;
+  before = precision::CalibrationBatchesRun();
+  ASSERT_TRUE(BuildZooBytes("resnet_tiny", other, &foreign).ok());
+  EXPECT_GT(precision::CalibrationBatchesRun(), before);
+  ASSERT_EQ(foreign.warnings.size(), 1u);
+  EXPECT_NE(foreign.warnings[0].find("key differs"), std::string::npos) << foreign.warnings[0];
+}
+
+TEST(PrecisionCalibrationData, WrongShapeStopsTheBuildNamingTheInput) {
+  std::string dir = testing::TempDir("wrong_shape");
+  testing::WriteDataSets(dir, {{F32({1, 3, 32, 32}, std::vector<float>(3 * 32 * 32, 0.5f))}});
+  BuilderConfig c = ZooInt8("resnet_tiny", "");
+  c.calibration_dir = dir;
+  BuildReport report;
+  auto r = BuildZooBytes("resnet_tiny", c, &report);
+  EXPECT_EQ(r.status().code(), ErrorCode::kCalibrationInputInvalid);
+  EXPECT_NE(r.status().message().find("model input 'input': expected shape [batch,3,64,64] "
+                                      "within the profile [1,3,64,64]..[4,3,64,64], got "
+                                      "[1,3,32,32]"),
+            std::string::npos)
+      << r.status().message();
+}
+
+TEST(PrecisionDeterminism, Fp16BuildsAreByteIdentical) {
+  BuilderConfig c;
+  c.fp16 = true;
+  c.deadline = std::chrono::milliseconds(1);
+  ASSERT_TRUE(ParseProfileSpec("input:1x3x64x64,2x3x64x64,4x3x64x64", &c.profile).ok());
+  BuildReport r1, r2;
+  auto a = BuildZooBytes("resnet_tiny", c, &r1);
+  auto b = BuildZooBytes("resnet_tiny", c, &r2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(*a == *b);
+  EXPECT_GT(r1.precision_counts["f16"], 5);
+}
+
+TEST(PrecisionConfig, HashCoversPrecisionAndCalibration) {
+  BuilderConfig base;
+  std::vector<BuilderConfig> variants(6, base);
+  variants[0].fp16 = true;
+  variants[1].bf16 = true;
+  variants[2].int8 = true;
+  variants[3].calibration_dir = "calib";
+  variants[4].calibration_method = precision::CalibrationMethod::kMinMax;
+  variants[5].calibration_cache_path = "c.json";
+  for (const BuilderConfig& v : variants) EXPECT_NE(v.Hash(), base.Hash());
+  BuilderConfig p1 = base, p2 = base;
+  ASSERT_TRUE(ParseCalibrationMethodSpec("percentile=99.9", 99.99, &p1).ok());
+  ASSERT_TRUE(ParseCalibrationMethodSpec("percentile", 99.99, &p2).ok());
+  EXPECT_DOUBLE_EQ(p1.calibration_percentile, 99.9);
+  EXPECT_NE(p1.Hash(), p2.Hash());
+  EXPECT_EQ(ParseCalibrationMethodSpec("percentile", 0, &p1).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(ParseCalibrationMethodSpec("entropy=3", 99.99, &p1).code(),
+            ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,56 @@
+# Runs `kiln build` with the precision flags and checks what it prints and writes.
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+set(MODEL ${ZOO}/resnet_tiny/model.onnx)
+set(PROFILE input:1x3x64x64,2x3x64x64,4x3x64x64)
+
+function(kiln_build out_var expect_rc)
+  execute_process(COMMAND ${KILN} build ${MODEL} -o ${WORK}/e.kiln --profile ${PROFILE}
+                          --deadline 1ms ${ARGN}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL expect_rc)
+    message(FATAL_ERROR "kiln build ${ARGN}: exit ${rc} (want ${expect_rc})\n${out}\n${err}")
+  endif()
+  set(${out_var} "${out}${err}" PARENT_SCOPE)
+endfunction()
+
+# The table on stdout.
+kiln_build(out 0 --fp16 --precision-report)
+foreach(want "layers per precision: f16" "precision: f16" "graph output keeps its ONNX type")
+  string(FIND "${out}" "${want}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "--precision-report table lacks '${want}':\n${out}")
+  endif()
+endforeach()
+
+# JSON to a file; INT8 with calibration over the zoo's own data sets and a cache.
+kiln_build(out 0 --int8 --calib-dir ${ZOO}/resnet_tiny --calib-method percentile=99.9
+           --calib-cache ${WORK}/calib.json --precision-report ${WORK}/precision.json)
+file(READ ${WORK}/precision.json json)
+string(JSON n LENGTH "${json}" layers)
+string(JSON reason GET "${json}" layers 1 reason)
+string(JSON casts GET "${json}" casts_inserted)
+if(n LESS 5 OR casts LESS 2 OR NOT reason MATCHES "no int8 kernel on cpu|f16|integer")
+  message(FATAL_ERROR "precision JSON: ${n} layers, ${casts} casts, reason '${reason}'")
+endif()
+if(NOT EXISTS ${WORK}/calib.json)
+  message(FATAL_ERROR "--calib-cache was not written")
+endif()
+kiln_build(out 0 --int8 --calib-dir ${ZOO}/resnet_tiny --calib-method percentile=99.9
+           --calib-cache ${WORK}/calib.json)
+string(FIND "${out}" "calibration: from cache" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "the second build did not reuse the calibration cache:\n${out}")
+endif()
+
+# Bad method and bad percentile.
+kiln_build(out 1 --int8 --calib-method kl)
+string(FIND "${out}" "minmax, entropy or percentile" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "--calib-method kl: unexpected message:\n${out}")
+endif()
+kiln_build(out 1 --int8 --calib-method percentile --calib-percentile 0)
+string(FIND "${out}" "must be in (0, 100]" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "--calib-percentile 0: unexpected message:\n${out}")
+endif()
