@@ -447,7 +447,9 @@ std::vector<Case> Cases() {
            {{7, 9}, {}},
            {{2, 3, 4}, {2, 0, 1}},
            {{64, 33, 65}, {2, 1, 0}},
-           {{2, 16, 4, 32}, {0, 2, 1, 3}}}) {
+           {{2, 16, 4, 32}, {0, 2, 1, 3}},
+           {{2, 24, 7, 9}, {0, 2, 3, 1}},
+           {{3, 9, 5, 40}, {0, 3, 1, 2}}}) {
     add("Transpose_" + std::to_string(NumElements(p.first)), [p] {
       AttributeMap at;
       if (!p.second.empty()) at.Set("perm", p.second);

@@ -165,6 +165,81 @@ __global__ void RangeKernel(const T* start, const T* delta, T* __restrict__ y, i
   }
 }
 
+// A batched 2-D transpose through a shared-memory tile: reads along the input-contiguous axis A
+// and writes along the output-contiguous axis B, so both sides are coalesced (NCHW <-> NHWC).
+struct TileDesc {
+  int64_t a = 1, b = 1;  // sizes of A (input stride 1) and B (output stride 1)
+  int64_t in_sb = 0;     // input stride of B
+  int64_t out_sa = 0;    // output stride of A
+  int32_t batch_rank = 0;
+  int64_t batch_dims[kMaxRank] = {}, batch_in[kMaxRank] = {}, batch_out[kMaxRank] = {};
+  int64_t batches = 1, in_offset = 0;
+};
+
+constexpr int kTile = 32;
+
+template <typename U>
+__global__ void TiledTransposeKernel(const U* __restrict__ in, U* __restrict__ out, TileDesc d) {
+  __shared__ U tile[kTile][kTile + 1];  // +1: no bank conflicts on the transposed read
+  int64_t tiles_b = (d.b + kTile - 1) / kTile, tiles_a = (d.a + kTile - 1) / kTile;
+  int64_t tiles = tiles_a * tiles_b * d.batches;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int64_t tb = t % tiles_b, r = t / tiles_b;
+    int64_t ta = r % tiles_a, batch = r / tiles_a;
+    int64_t in_base = d.in_offset, out_base = 0;
+    for (int k = d.batch_rank - 1; k >= 0; --k) {
+      int64_t c = batch % d.batch_dims[k];
+      batch /= d.batch_dims[k];
+      in_base += c * d.batch_in[k];
+      out_base += c * d.batch_out[k];
+    }
+    int64_t a0 = ta * kTile, b0 = tb * kTile;
+    for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+      int64_t a = a0 + threadIdx.x, b = b0 + j;
+      if (a < d.a && b < d.b) tile[j][threadIdx.x] = in[in_base + a + b * d.in_sb];
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+      int64_t b = b0 + threadIdx.x, a = a0 + j;
+      if (a < d.a && b < d.b) out[out_base + a * d.out_sa + b] = tile[threadIdx.x][j];
+    }
+    __syncthreads();
+  }
+}
+
+// The tiled plan when the copy is a (batched) transpose of two large enough axes.
+bool PlanTiled(const Strided& s, TileDesc& d) {
+  int last = s.rank - 1;
+  if (last < 1 || s.strides[0][last] == 1) return false;
+  int j0 = -1;
+  for (int j = 0; j < last; ++j) {
+    if (s.strides[0][j] == 1) j0 = j;
+  }
+  if (j0 < 0 || s.dims[j0] < 8 || s.dims[last] < 8) return false;
+  int64_t out_stride[kMaxRank];
+  int64_t st = 1;
+  for (int j = last; j >= 0; --j) {
+    out_stride[j] = st;
+    st *= s.dims[j];
+  }
+  d.a = s.dims[j0];
+  d.b = s.dims[last];
+  d.in_sb = s.strides[0][last];
+  d.out_sa = out_stride[j0];
+  d.in_offset = s.offset[0];
+  d.batch_rank = 0;
+  d.batches = 1;
+  for (int j = 0; j < last; ++j) {
+    if (j == j0) continue;
+    d.batch_dims[d.batch_rank] = s.dims[j];
+    d.batch_in[d.batch_rank] = s.strides[0][j];
+    d.batch_out[d.batch_rank] = out_stride[j];
+    d.batches *= s.dims[j];
+    ++d.batch_rank;
+  }
+  return true;
+}
+
 }  // namespace
 
 cudaError_t LaunchStridedCopy(size_t elem_size, const void* in, void* out, const Strided& s0,
@@ -189,6 +264,18 @@ cudaError_t LaunchStridedCopy(size_t elem_size, const void* in, void* out, const
       es = w;
       break;
     }
+  }
+  TileDesc tiled;
+  if (es <= 8 && PlanTiled(s, tiled)) {
+    int64_t tiles =
+        ((tiled.a + kTile - 1) / kTile) * ((tiled.b + kTile - 1) / kTile) * tiled.batches;
+    unsigned blocks = static_cast<unsigned>(tiles < 132 * 16 ? tiles : 132 * 16);
+    return DispatchBytes(es, [&](auto tag) {
+      using U = decltype(tag);
+      TiledTransposeKernel<U><<<blocks, dim3(kTile, 8), 0, stream>>>(static_cast<const U*>(in),
+                                                                     static_cast<U*>(out), tiled);
+      return cudaGetLastError();
+    });
   }
   return DispatchUnit(es, [&](auto tag) {
     using U = decltype(tag);
