@@ -1,7 +1,7 @@
 // Row normalisations on CUDA: LayerNormalization and Softmax/LogSoftmax (a warp per row for rows
-// up to 1024 elements, a block per row beyond; FP32 statistics, two-pass variance as the CPU
-// reference does) and inference BatchNormalization (per element, channel parameters folded on
-// the fly so the statistics may be run-time inputs).
+// up to 1024 elements, LayerNorm keeping the row in registers; a block per row beyond; FP32
+// statistics, two-pass variance as the CPU reference does) and inference BatchNormalization (per
+// element, channel parameters folded on the fly so the statistics may be run-time inputs).
 #include <cstdint>
 
 #include "kiln/backends/cuda/device_util.cuh"
@@ -75,6 +75,52 @@ __global__ void LayerNormKernel(const T* __restrict__ x, const P* __restrict__ s
       if (scale) v *= Load(scale[j]);
       if (bias) v += Load(bias[j]);
       q[j] = Store<T>(v);
+    }
+    if (lane == 0) {
+      if (mean_out) mean_out[row] = mean;
+      if (inv_out) inv_out[row] = inv;
+    }
+  }
+}
+
+// Rows of at most 32 * kPer elements: a warp per row keeps the row in registers, so x is read
+// from memory once (the transformer case: hidden sizes 128..1024).
+template <int kPer, typename T, typename P>
+__global__ void LayerNormCachedKernel(const T* __restrict__ x, const P* __restrict__ scale,
+                                      const P* __restrict__ bias, T* __restrict__ y,
+                                      float* __restrict__ mean_out, float* __restrict__ inv_out,
+                                      int64_t rows, int n, float eps) {
+  int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + (threadIdx.x >> 5); row < rows;
+       row += static_cast<int64_t>(gridDim.x) * warps) {
+    const T* p = x + row * n;
+    T* q = y + row * n;
+    float v[kPer];
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      int j = lane + 32 * k;
+      v[k] = j < n ? Load(p[j]) : 0.f;
+      sum += v[k];
+    }
+    float mean = WarpSum(sum) / static_cast<float>(n);
+    float var = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      int j = lane + 32 * k;
+      float d = j < n ? v[k] - mean : 0.f;
+      var += d * d;
+    }
+    float inv = rsqrtf(WarpSum(var) / static_cast<float>(n) + eps);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      int j = lane + 32 * k;
+      if (j < n) {
+        float o = (v[k] - mean) * inv;
+        if (scale) o *= Load(scale[j]);
+        if (bias) o += Load(bias[j]);
+        q[j] = Store<T>(o);
+      }
     }
     if (lane == 0) {
       if (mean_out) mean_out[row] = mean;
@@ -171,10 +217,12 @@ cudaError_t LaunchLayerNorm(Elem t, Elem param_t, const void* x, const void* sca
       auto* ps = static_cast<const P*>(scale);
       auto* pb = static_cast<const P*>(bias);
       auto* py = static_cast<T*>(y);
-      bool warp = n <= kWarpRowMax;
-      if (warp) {
-        LayerNormKernel<true, T, P><<<RowBlocks(rows, true), kBlockThreads, 0, stream>>>(
-            px, ps, pb, py, mean, inv_std, rows, n, epsilon);
+      if (n <= 256) {
+        LayerNormCachedKernel<8, T, P><<<RowBlocks(rows, true), kBlockThreads, 0, stream>>>(
+            px, ps, pb, py, mean, inv_std, rows, static_cast<int>(n), epsilon);
+      } else if (n <= kWarpRowMax) {
+        LayerNormCachedKernel<32, T, P><<<RowBlocks(rows, true), kBlockThreads, 0, stream>>>(
+            px, ps, pb, py, mean, inv_std, rows, static_cast<int>(n), epsilon);
       } else {
         LayerNormKernel<false, T, P><<<RowBlocks(rows, false), kBlockThreads, 0, stream>>>(
             px, ps, pb, py, mean, inv_std, rows, n, epsilon);
