@@ -6,6 +6,7 @@
 // themselves on a machine without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -883,6 +884,137 @@ TEST(CudaBroadcastSpace, TransposeStridesStayUnmerged) {
   EXPECT_EQ(s.dims[1], 6);
   EXPECT_EQ(s.strides[0][0], 1);
   EXPECT_EQ(s.strides[0][1], 4);
+}
+
+// The index plans the copy and broadcast kernels execute, checked on the host: applying a plan's
+// Strided space to the input (what StridedCopyKernel / BinaryStridedKernel do per element) must
+// reproduce the CPU backend's result, for many shapes and permutations.
+std::vector<double> ApplySpace(const cuda::Strided& s, const Tensor& x, int operand, int64_t n) {
+  std::vector<double> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t r = i, off = s.offset[operand];
+    for (int d = s.rank - 1; d >= 0; --d) {
+      off += (r % s.dims[d]) * s.strides[operand][d];
+      r /= s.dims[d];
+    }
+    out[static_cast<size_t>(i)] = x.GetDouble(off);
+  }
+  return out;
+}
+
+Tensor RunCpuOp(const std::string& op, const AttributeMap& attrs, const std::vector<Tensor>& ins,
+                const std::vector<bool>& constant) {
+  Graph g;
+  std::vector<Value*> vals;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    std::string name = std::string(constant[i] ? "c" : "x").append(std::to_string(i));
+    vals.push_back(constant[i] ? g.AddConstant(name, ins[i])
+                               : g.AddInput(name, ins[i].dtype(), MakeShape(ins[i].dims())));
+  }
+  Value* y = g.AddValue("y");
+  Node* n = g.AddNode(op, "n", vals, {y}, attrs);
+  g.MarkOutput(y);
+  EXPECT_TRUE(InferShapes(g).ok());
+  std::vector<int64_t> y_dims = *StaticDims(y->shape());
+  KernelRequest r;
+  r.node = n;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    r.inputs.push_back({ins[i].dtype(), MakeShape(ins[i].dims()), ins[i].dims(),
+                        constant[i] ? vals[i]->constant() : nullptr});
+  }
+  r.outputs = {{y->dtype(), y->shape(), y_dims, nullptr}};
+  std::vector<Tensor> outs = {Tensor(y->dtype(), y_dims)};
+  auto cpu = KernelRegistry::Get().Providers(BackendKind::kCpu, op);
+  EXPECT_FALSE(cpu.empty());
+  Status s = RunProvider(BackendKind::kCpu, *cpu[0], r, ins, outs);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return outs[0];
+}
+
+void ExpectSame(const std::vector<double>& got, const Tensor& want) {
+  ASSERT_EQ(static_cast<int64_t>(got.size()), want.num_elements());
+  for (int64_t i = 0; i < want.num_elements(); ++i) {
+    ASSERT_EQ(got[static_cast<size_t>(i)], want.GetDouble(i)) << "element " << i;
+  }
+}
+
+TEST(CudaCopyPlans, TransposeMatchesCpuForEveryPermutation) {
+  uint32_t seed = 1;
+  for (std::vector<int64_t> dims :
+       {std::vector<int64_t>{5, 7}, std::vector<int64_t>{2, 3, 4}, std::vector<int64_t>{2, 1, 4, 3},
+        std::vector<int64_t>{3, 2, 1, 2, 5}}) {
+    std::vector<int64_t> perm(dims.size());
+    for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+    do {
+      SCOPED_TRACE(::testing::PrintToString(dims) + " perm " + ::testing::PrintToString(perm));
+      Tensor x = RandomTensor(DataType::kFloat32, dims, seed++);
+      AttributeMap at;
+      at.Set("perm", perm);
+      Tensor want = RunCpuOp("Transpose", at, {x}, {false});
+      auto space = cuda::TransposeSpace(dims, perm, want.dims());
+      ASSERT_TRUE(space.ok()) << space.status().ToString();
+      ExpectSame(ApplySpace(*space, x, 0, want.num_elements()), want);
+    } while (std::next_permutation(perm.begin(), perm.end()));
+  }
+}
+
+TEST(CudaCopyPlans, SliceMatchesCpu) {
+  struct S {
+    std::vector<int64_t> dims, starts, ends, axes, steps;
+  };
+  uint32_t seed = 100;
+  for (const S& c : std::vector<S>{{{10, 12}, {1, -4}, {8, 100}, {0, 1}, {2, 1}},
+                                   {{4, 9}, {-1}, {-100}, {1}, {-2}},
+                                   {{5, 6, 7}, {1, 2}, {4, 5}, {}, {}},
+                                   {{6, 10, 4}, {-2, 1}, {-100, 9}, {1, 0}, {-3, 2}},
+                                   {{3, 8, 5}, {0, 7, 0}, {3, 0, 5}, {0, 1, 2}, {1, -1, 2}},
+                                   {{9}, {100}, {200}, {0}, {1}}}) {
+    SCOPED_TRACE(::testing::PrintToString(c.dims) + " starts " +
+                 ::testing::PrintToString(c.starts));
+    Tensor x = RandomTensor(DataType::kFloat32, c.dims, seed++);
+    int64_t k = static_cast<int64_t>(c.starts.size());
+    std::vector<Tensor> ins = {x, I64({k}, c.starts), I64({k}, c.ends)};
+    std::vector<bool> constant = {false, true, true};
+    if (!c.axes.empty()) {
+      ins.push_back(I64({k}, c.axes));
+      constant.push_back(true);
+      if (!c.steps.empty()) {
+        ins.push_back(I64({k}, c.steps));
+        constant.push_back(true);
+      }
+    }
+    Tensor want = RunCpuOp("Slice", {}, ins, constant);
+    auto space = cuda::SliceSpace(c.starts, c.axes, c.steps, c.dims, want.dims());
+    ASSERT_TRUE(space.ok()) << space.status().ToString();
+    ExpectSame(ApplySpace(*space, x, 0, want.num_elements()), want);
+  }
+}
+
+TEST(CudaCopyPlans, BroadcastAddMatchesCpu) {
+  uint32_t seed = 200;
+  for (std::pair<std::vector<int64_t>, std::vector<int64_t>> p :
+       std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {{3, 5, 7}, {3, 5, 7}},
+           {{3, 1, 7}, {5, 1}},
+           {{}, {2, 3}},
+           {{2, 3, 4, 5}, {3, 1, 1}},
+           {{4, 1, 6, 1}, {1, 5, 1, 2}},
+           {{1}, {7, 1, 3}},
+           {{2, 1, 1, 3, 1}, {2, 4, 1, 3, 5}}}) {
+    SCOPED_TRACE(::testing::PrintToString(p.first) + " + " + ::testing::PrintToString(p.second));
+    Tensor a = RandomTensor(DataType::kFloat32, p.first, seed++);
+    Tensor b = RandomTensor(DataType::kFloat32, p.second, seed++);
+    Tensor want = RunCpuOp("Add", {}, {a, b}, {false, false});
+    std::span<const int64_t> ins[2] = {a.dims(), b.dims()};
+    auto space = cuda::BroadcastSpace(ins, want.dims());
+    ASSERT_TRUE(space.ok()) << space.status().ToString();
+    std::vector<double> va = ApplySpace(*space, a, 0, want.num_elements());
+    std::vector<double> vb = ApplySpace(*space, b, 1, want.num_elements());
+    for (int64_t i = 0; i < want.num_elements(); ++i) {
+      float sum = static_cast<float>(va[i]) + static_cast<float>(vb[i]);
+      ASSERT_EQ(sum, static_cast<float>(want.GetDouble(i))) << "element " << i;
+    }
+  }
 }
 
 TEST(CudaKernelNames, KebabCaseAndTacticName) {

@@ -79,18 +79,7 @@ CudaOpDef TransposeDef() {
         std::vector<int64_t> perm = r.node->attrs().GetInts("perm");
         auto plan = [perm](std::span<const TensorView> in,
                            std::span<const TensorView> out) -> StatusOr<Strided> {
-          const auto& x = in[0].dims;
-          std::vector<int64_t> p = perm;
-          if (p.empty()) {
-            for (size_t i = x.size(); i-- > 0;) p.push_back(static_cast<int64_t>(i));
-          }
-          if (p.size() != x.size()) {
-            return MakeError(ErrorCode::kShapeMismatch, "perm of {} axes for rank {}", p.size(),
-                             x.size());
-          }
-          std::vector<int64_t> xs = DenseStrides(x), strides(p.size());
-          for (size_t j = 0; j < p.size(); ++j) strides[j] = xs[NormAxis(p[j], x.size())];
-          return CoalesceOne(out[0].dims, strides, 0);
+          return TransposeSpace(in[0].dims, perm, out[0].dims);
         };
         return std::unique_ptr<Kernel>(
             std::make_unique<StridedCopyKernel>(SizeOf(InType(r, 0)), plan));
@@ -119,32 +108,6 @@ KILN_CUDA_OP_PROVIDER(ExpandProvider, ExpandDef());
 
 // ---- Slice ------------------------------------------------------------------------------------
 bool IndexType(DataType t) { return t == DataType::kInt64 || t == DataType::kInt32; }
-
-// Slice with constant starts/axes/steps: a strided copy planned on the host.
-StatusOr<Strided> PlanConstantSlice(const std::vector<int64_t>& starts,
-                                    const std::vector<int64_t>& axes_in,
-                                    const std::vector<int64_t>& steps_in,
-                                    std::span<const int64_t> x, std::span<const int64_t> y) {
-  size_t rank = x.size();
-  std::vector<int64_t> xs = DenseStrides(x), strides = xs;
-  int64_t offset = 0;
-  for (size_t i = 0; i < starts.size(); ++i) {
-    int64_t ax = axes_in.empty() ? static_cast<int64_t>(i) : NormAxis(axes_in[i], rank);
-    if (ax < 0 || ax >= static_cast<int64_t>(rank)) {
-      return MakeError(ErrorCode::kShapeMismatch, "Slice axis {} of rank {}", ax, rank);
-    }
-    int64_t n = x[ax], step = steps_in.empty() ? 1 : steps_in[i], s = starts[i];
-    if (step == 0) return MakeError(ErrorCode::kKernelFailed, "Slice step is 0");
-    if (s < 0) s += n;
-    s = step > 0 ? std::clamp<int64_t>(s, 0, n) : std::clamp<int64_t>(s, 0, n - 1);
-    if (y[ax] > 0 && (s + (y[ax] - 1) * step < 0 || s + (y[ax] - 1) * step >= n)) {
-      return MakeError(ErrorCode::kKernelFailed, "Slice output dims disagree with its inputs");
-    }
-    offset += s * xs[ax];
-    strides[ax] = xs[ax] * step;
-  }
-  return CoalesceOne(y, strides, offset);
-}
 
 class DeviceSliceKernel final : public Kernel {
  public:
@@ -196,7 +159,7 @@ CudaOpDef SliceDef() {
           auto plan = [s = *starts, ax = *axes, st = *steps](
                           std::span<const TensorView> in,
                           std::span<const TensorView> out) -> StatusOr<Strided> {
-            return PlanConstantSlice(s, ax, st, in[0].dims, out[0].dims);
+            return SliceSpace(s, ax, st, in[0].dims, out[0].dims);
           };
           return std::unique_ptr<Kernel>(std::make_unique<StridedCopyKernel>(es, plan));
         }

@@ -47,8 +47,10 @@ std::string KebabCase(std::string_view op) {
 }
 
 std::string TacticName(DataType dtype, std::string_view op, std::string_view variant) {
-  std::string name = std::string(ToString(dtype)) + "-" + KebabCase(op) + "-cuda";
-  if (!variant.empty()) name += "-" + std::string(variant);
+  // Appends (not operator+ chains): GCC 12 reports a false -Wrestrict on "x" + std::string.
+  std::string name(ToString(dtype));
+  name.append("-").append(KebabCase(op)).append("-cuda");
+  if (!variant.empty()) name.append("-").append(variant);
   return name;
 }
 
@@ -148,6 +150,61 @@ Strided CoalesceOne(std::span<const int64_t> dims, std::span<const int64_t> stri
   }
   out.offset[0] = offset;
   return out;
+}
+
+StatusOr<Strided> TransposeSpace(std::span<const int64_t> x, std::span<const int64_t> perm,
+                                 std::span<const int64_t> y) {
+  size_t rank = x.size();
+  std::vector<int64_t> p(perm.begin(), perm.end());
+  if (p.empty()) {
+    for (size_t i = rank; i-- > 0;) p.push_back(static_cast<int64_t>(i));
+  }
+  if (p.size() != rank || y.size() != rank) {
+    return MakeError(ErrorCode::kShapeMismatch, "perm of {} axes for rank {}", p.size(), rank);
+  }
+  std::vector<int64_t> xs = DenseStrides(x), strides(rank);
+  for (size_t j = 0; j < rank; ++j) {
+    int64_t a = p[j] < 0 ? p[j] + static_cast<int64_t>(rank) : p[j];
+    if (a < 0 || a >= static_cast<int64_t>(rank) || x[a] != y[j]) {
+      return MakeError(ErrorCode::kShapeMismatch, "perm entry {} does not map input to output",
+                       p[j]);
+    }
+    strides[j] = xs[a];
+  }
+  return CoalesceOne(y, strides, 0);
+}
+
+StatusOr<Strided> SliceSpace(std::span<const int64_t> starts, std::span<const int64_t> axes,
+                             std::span<const int64_t> steps, std::span<const int64_t> x,
+                             std::span<const int64_t> y) {
+  size_t rank = x.size();
+  if (y.size() != rank) {
+    return MakeError(ErrorCode::kShapeMismatch, "Slice of rank {} to rank {}", rank, y.size());
+  }
+  if ((!axes.empty() && axes.size() != starts.size()) ||
+      (!steps.empty() && steps.size() != starts.size())) {
+    return MakeError(ErrorCode::kShapeMismatch, "Slice has {} starts, {} axes and {} steps",
+                     starts.size(), axes.size(), steps.size());
+  }
+  std::vector<int64_t> xs = DenseStrides(x), strides = xs;
+  int64_t offset = 0;
+  for (size_t i = 0; i < starts.size(); ++i) {
+    int64_t ax = axes.empty() ? static_cast<int64_t>(i) : axes[i];
+    if (ax < 0) ax += static_cast<int64_t>(rank);
+    if (ax < 0 || ax >= static_cast<int64_t>(rank)) {
+      return MakeError(ErrorCode::kShapeMismatch, "Slice axis {} of rank {}", ax, rank);
+    }
+    int64_t n = x[ax], step = steps.empty() ? 1 : steps[i], s = starts[i];
+    if (step == 0) return MakeError(ErrorCode::kKernelFailed, "Slice step is 0");
+    if (s < 0) s += n;
+    s = step > 0 ? std::clamp<int64_t>(s, 0, n) : std::clamp<int64_t>(s, 0, n - 1);
+    if (y[ax] > 0 && (s + (y[ax] - 1) * step < 0 || s + (y[ax] - 1) * step >= n)) {
+      return MakeError(ErrorCode::kKernelFailed, "Slice output dims disagree with its inputs");
+    }
+    offset += s * xs[ax];
+    strides[ax] = xs[ax] * step;
+  }
+  return CoalesceOne(y, strides, offset);
 }
 
 CudaOpProvider::CudaOpProvider(CudaOpDef def) : def_(std::move(def)) {

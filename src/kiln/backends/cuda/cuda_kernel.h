@@ -55,6 +55,14 @@ StatusOr<Strided> BroadcastSpace(std::span<const std::span<const int64_t>> input
 // Merges adjacent dims of a one-operand space (Transpose, Slice, Expand) and drops size-1 dims.
 Strided CoalesceOne(std::span<const int64_t> dims, std::span<const int64_t> strides,
                     int64_t offset);
+// Transpose of x by perm (empty: reversed) as a space over the output dims y.
+StatusOr<Strided> TransposeSpace(std::span<const int64_t> x, std::span<const int64_t> perm,
+                                 std::span<const int64_t> y);
+// Slice with known starts/axes/steps (axes, steps empty: defaults), ONNX clamping; the output
+// dims y come from shape inference (so ends are not needed).
+StatusOr<Strided> SliceSpace(std::span<const int64_t> starts, std::span<const int64_t> axes,
+                             std::span<const int64_t> steps, std::span<const int64_t> x,
+                             std::span<const int64_t> y);
 // True when dims are the same.
 bool SameDims(std::span<const int64_t> a, std::span<const int64_t> b);
 

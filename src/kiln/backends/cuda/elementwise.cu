@@ -198,9 +198,10 @@ __global__ void BinaryDenseKernel(const T* __restrict__ a, const B* __restrict__
        c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t i0 = c * kVec;
     if (aligned && i0 + kVec <= n) {
-      T va[kVec];
-      B vb[kVec];
-      O vy[kVec];
+      // Aligned so the whole-array reinterpretations below are legal vector accesses.
+      alignas(16) T va[kVec];
+      alignas(16) B vb[kVec];
+      alignas(16) O vy[kVec];
       using VA = typename Bytes<sizeof(T) * kVec>::type;
       using VB = typename Bytes<sizeof(B) * kVec>::type;
       using VY = typename Bytes<sizeof(O) * kVec>::type;
