@@ -9,13 +9,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
 #include "kiln/backends/cuda/cuda_kernel.h"
+#include "kiln/build/builder.h"
+#include "kiln/build/builder_config.h"
 #include "kiln/ops/op_schema.h"
 #include "op_tester.h"
 
@@ -1015,6 +1022,81 @@ TEST(CudaCopyPlans, BroadcastAddMatchesCpu) {
       ASSERT_EQ(sum, static_cast<float>(want.GetDouble(i))) << "element " << i;
     }
   }
+}
+
+// The builder's requests for every layer of the zoo models' engines (after its passes; built
+// for the CPU here, where no GPU can time CUDA tactics): each layer that is not library-backed
+// (GEMM, convolution, attention) gets a CUDA tactic, in FP32 and with float operands as FP16.
+bool LibraryBacked(const std::string& op) {
+  for (const char* lib : {"Conv", "FusedConv", "ConvTranspose", "Gemm", "FusedGemm", "MatMul",
+                          "FusedMatMul", "Attention"}) {
+    if (op == lib) return true;
+  }
+  return false;
+}
+
+TEST(CudaZooCoverage, EveryZooLayerGetsACudaTactic) {
+  const char* root = std::getenv("KILN_SOURCE_DIR");
+  std::string zoo = std::string(root ? root : ".") + "/zoo";
+  if (!std::filesystem::exists(zoo + "/resnet_tiny/model.onnx"))
+    GTEST_SKIP() << "no zoo at " << zoo;
+  int layers_checked = 0;
+  for (const char* model : {"resnet_tiny", "mobilenetv3_tiny", "efficientnet_tiny",
+                            "squeezenet_tiny", "vit_tiny", "bert_tiny", "gpt_tiny", "unet_tiny"}) {
+    SCOPED_TRACE(model);
+    std::string dir = zoo + "/" + model;
+    std::ifstream info_file(dir + "/info.json");
+    ASSERT_TRUE(info_file.good());
+    nlohmann::json info = nlohmann::json::parse(info_file);
+    BuilderConfig config;
+    config.backend = BackendKind::kCpu;
+    for (const auto& [name, p] : info["profile"].items()) {
+      // "name:1x3x64x64,4x3x64x64,16x3x64x64" (appends: GCC 12 warns falsely on + chains).
+      std::string spec = name;
+      spec.append(":");
+      for (const char* which : {"min", "opt", "max"}) {
+        bool first = true;
+        for (const auto& d : p[which]) {
+          if (!first) spec.append("x");
+          spec.append(std::to_string(d.get<int64_t>()));
+          first = false;
+        }
+        if (std::string_view(which) != "max") spec.append(",");
+      }
+      ASSERT_TRUE(ParseProfileSpec(spec, &config.profile).ok()) << spec;
+    }
+    auto built = app::BuildFromOnnxFile(dir + "/model.onnx", config);
+    ASSERT_TRUE(built.ok()) << built.status().ToString();
+    const EngineDesc& desc = *built->desc;
+    std::vector<Node*> order;
+    for (const LayerDesc& l : desc.layers) order.push_back(const_cast<Node*>(l.node));
+    auto dims = ConcreteDims(*desc.graph, order, desc.profile, 2);
+    ASSERT_TRUE(dims.ok()) << dims.status().ToString();
+    for (const LayerDesc& l : desc.layers) {
+      const std::string& op = l.node->op_type();
+      if (LibraryBacked(op)) continue;
+      KernelRequest r = MakeKernelRequest(*l.node, *dims);
+      for (bool half : {false, true}) {
+        KernelRequest q = r;
+        if (half) {
+          for (auto& d : q.inputs) {
+            if (d.dtype == DataType::kFloat32) d.dtype = DataType::kFloat16;
+          }
+          for (auto& d : q.outputs) {
+            if (d.dtype == DataType::kFloat32) d.dtype = DataType::kFloat16;
+          }
+        }
+        bool offered = false;
+        for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, op)) {
+          offered |= !p->Tactics(q).empty();
+        }
+        EXPECT_TRUE(offered) << "no CUDA tactic for layer '" << l.node->name() << "' (" << op
+                             << (half ? ", f16" : ", f32") << ")";
+        ++layers_checked;
+      }
+    }
+  }
+  EXPECT_GT(layers_checked, 100);
 }
 
 TEST(CudaKernelNames, KebabCaseAndTacticName) {
