@@ -80,12 +80,17 @@ __global__ void DeviceSliceKernel(const U* __restrict__ in, U* __restrict__ out,
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t r = i, off = 0;
+    bool inside = true;
     for (int d = rank - 1; d >= 0; --d) {
       int64_t c = r % out_dims.v[d];
       r /= out_dims.v[d];
-      off += (start[d] + c * step[d]) * stride[d];
+      int64_t src = start[d] + c * step[d];
+      // Run-time bounds that disagree with the output shape must not read outside the input
+      // (the host cannot check them without a read): such elements become zeros.
+      inside = inside && src >= 0 && src < in_dims.v[d];
+      off += src * stride[d];
     }
-    out[i] = in[off];
+    out[i] = inside ? in[off] : U{};
   }
 }
 
