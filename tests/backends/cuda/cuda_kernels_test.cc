@@ -829,6 +829,20 @@ TEST(CudaKernelCoverage, TacticNamesCarryTheStorageType) {
   }
 }
 
+TEST(CudaKernelCoverage, PoolsRunChannelsLastNodes) {
+  for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool"}) {
+    auto providers = KernelRegistry::Get().Providers(BackendKind::kCuda, op);
+    ASSERT_EQ(providers.size(), 1u) << op;
+    auto* p = dynamic_cast<const cuda::CudaOpProvider*>(providers[0]);
+    ASSERT_NE(p, nullptr);
+    EXPECT_TRUE(p->SupportsLayout("NHWC")) << op;
+    EXPECT_TRUE(p->SupportsLayout("")) << op;
+  }
+  auto add = KernelRegistry::Get().Providers(BackendKind::kCuda, "Add");
+  ASSERT_EQ(add.size(), 1u);
+  EXPECT_FALSE(dynamic_cast<const cuda::CudaOpProvider*>(add[0])->SupportsLayout("NHWC"));
+}
+
 TEST(CudaKernelCoverage, UnsupportedRequestsGetNoTactics) {
   Graph g;
   Value* x = g.AddInput("x", kF32, MakeShape({4, 4}));

@@ -95,6 +95,7 @@ struct CudaOpDef {
   std::string op_type;  // "Add"
   std::string variant;  // tactic and id suffix ("" or "row"...)
   int name_operand = 0;
+  bool channels_last = false;  // also runs nodes tagged kiln_layout = "NHWC" (the pools)
   std::function<bool(const KernelRequest&)> accepts;
   std::function<StatusOr<std::unique_ptr<Kernel>>(const KernelRequest&)> create;
 };
@@ -109,6 +110,12 @@ class CudaOpProvider : public KernelProvider {
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const override;
   StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
                                            const TacticConfig& tactic) const override;
+  // The node layouts this provider runs: ONNX's ("") and, for channels_last ops, "NHWC".
+  // Written without `override` on purpose: it overrides KernelProvider::SupportsLayout where
+  // the interface has it (the layout pass's branch) and is a plain member where it does not.
+  bool SupportsLayout(std::string_view kiln_layout) const {
+    return kiln_layout.empty() || (def_.channels_last && kiln_layout == "NHWC");
+  }
 
  private:
   CudaOpDef def_;

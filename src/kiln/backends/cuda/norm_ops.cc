@@ -165,6 +165,7 @@ class BatchNormKernel final : public Kernel {
 CudaOpDef BatchNormDef() {
   return {
       .op_type = "BatchNormalization",
+      .channels_last = true,
       .accepts =
           [](const KernelRequest& r) {
             if (r.inputs.size() != 5 || r.outputs.size() != 1) return false;

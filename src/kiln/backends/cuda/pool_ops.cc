@@ -79,6 +79,7 @@ CudaOpDef PoolDef(const char* op, bool is_max) {
   return {
       .op_type = op,
       .variant = "direct",
+      .channels_last = true,
       .accepts =
           [](const KernelRequest& r) {
             size_t rank = r.inputs.empty() ? 0 : r.inputs[0].shape.size();
@@ -106,6 +107,7 @@ KILN_CUDA_OP_PROVIDER(AveragePoolProvider, PoolDef("AveragePool", false));
 CudaOpDef GlobalPoolDef(const char* op, bool is_max) {
   return {
       .op_type = op,
+      .channels_last = true,
       .accepts =
           [](const KernelRequest& r) {
             size_t rank = r.inputs.empty() ? 0 : r.inputs[0].shape.size();
