@@ -1,0 +1,211 @@
+// Bandwidth of kiln's own CUDA kernels on the shapes the FP16 engines of issue 4 see (ResNet-50,
+// BERT-base and GPT-2 small at batch 32): each case builds a one-node graph, creates the CUDA
+// provider's kernel and times launches with CUDA events. Reports effective GB/s (bytes read and
+// written once) to compare with the H200's ~4.8 TB/s. Needs a GPU; cases stop with an error
+// elsewhere.
+//   .bundle/bin/cuda_kernels_bench --benchmark_min_time=0.2s
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/backends/backend.h"
+#include "kiln/backends/kernel.h"
+#include "kiln/ops/op_schema.h"
+
+namespace kiln {
+namespace {
+
+struct Operand {
+  DataType dtype;
+  std::vector<int64_t> dims;
+  std::vector<int64_t> value;  // integer constant contents (empty: a random activation)
+};
+
+struct BenchCase {
+  std::string op;
+  AttributeMap attrs;
+  std::vector<Operand> inputs;
+};
+
+AttributeMap Attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
+  AttributeMap m;
+  for (const auto& [k, v] : kv) m.Set(k, v);
+  return m;
+}
+
+void RunCase(benchmark::State& state, const BenchCase& c) {
+  auto backend_or = GetBackend(BackendKind::kCuda);
+  if (!backend_or.ok()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  Backend& backend = **backend_or;
+  Graph g;
+  std::vector<Value*> ins;
+  std::vector<Tensor> host;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const Operand& o = c.inputs[i];
+    Tensor t(o.dtype, o.dims);
+    for (int64_t k = 0; k < t.num_elements(); ++k) {
+      double v = o.value.empty() ? static_cast<double>((k * 7919) % 1000) / 500.0 - 1.0
+                                 : static_cast<double>(o.value[static_cast<size_t>(k)]);
+      StoreFromDouble(t.view(), k, v);
+    }
+    std::string name = "x" + std::to_string(i);
+    ins.push_back(o.value.empty() ? g.AddInput(name, o.dtype, MakeShape(o.dims))
+                                  : g.AddConstant(name, t));
+    host.push_back(std::move(t));
+  }
+  Value* y = g.AddValue("y");
+  Node* node = g.AddNode(c.op, "n", ins, {y}, c.attrs);
+  g.MarkOutput(y);
+  if (!InferShapes(g).ok()) {
+    state.SkipWithError("shape inference failed");
+    return;
+  }
+  std::vector<int64_t> y_dims = *StaticDims(y->shape());
+  KernelRequest r;
+  r.node = node;
+  for (size_t i = 0; i < host.size(); ++i) {
+    r.inputs.push_back({host[i].dtype(), MakeShape(host[i].dims()), host[i].dims(),
+                        ins[i]->constant() ? ins[i]->constant() : nullptr});
+  }
+  r.outputs = {{y->dtype(), y->shape(), y_dims, nullptr}};
+  auto providers = KernelRegistry::Get().Providers(BackendKind::kCuda, c.op);
+  if (providers.empty() || providers[0]->Tactics(r).empty()) {
+    state.SkipWithError("no CUDA tactic");
+    return;
+  }
+  TacticConfig tactic = providers[0]->Tactics(r)[0];
+  auto kernel = providers[0]->Create(r, tactic);
+  if (!kernel.ok()) {
+    state.SkipWithError(kernel.status().ToString().c_str());
+    return;
+  }
+  std::vector<DeviceBuffer> bufs;
+  std::vector<TensorView> in_views, out_views;
+  size_t bytes = 0;
+  for (const Tensor& t : host) {
+    auto b = backend.Allocate(t.size_bytes());
+    if (!b.ok() || !backend.CopyToDevice(b->data(), t.raw(), t.size_bytes(), nullptr).ok()) {
+      state.SkipWithError("device copy failed");
+      return;
+    }
+    TensorView v = t.view();
+    v.data = b->data();
+    in_views.push_back(v);
+    bytes += t.size_bytes();
+    bufs.push_back(std::move(*b));
+  }
+  Tensor out(y->dtype(), y_dims);
+  auto ob = backend.Allocate(out.size_bytes());
+  if (!ob.ok()) {
+    state.SkipWithError("allocation failed");
+    return;
+  }
+  TensorView ov = out.view();
+  ov.data = ob->data();
+  out_views.push_back(ov);
+  bytes += out.size_bytes();
+  auto ws_bytes = (*kernel)->Prepare(in_views, out_views);
+  if (!ws_bytes.ok()) {
+    state.SkipWithError(ws_bytes.status().ToString().c_str());
+    return;
+  }
+  auto ws = backend.Allocate(*ws_bytes);
+  cudaStream_t stream;
+  cudaStreamCreate(&stream);
+  KernelRunArgs args;
+  args.inputs = in_views;
+  args.outputs = out_views;
+  args.workspace = ws.ok() ? ws->data() : nullptr;
+  args.workspace_bytes = *ws_bytes;
+  args.stream = stream;
+  constexpr int kLaunches = 20;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (int i = 0; i < 3; ++i) (void)(*kernel)->Run(args);  // warm-up
+  double seconds = 0;  // device time of one launch, summed over iterations
+  for (auto _ : state) {
+    cudaEventRecord(start, stream);
+    for (int i = 0; i < kLaunches; ++i) {
+      Status s = (*kernel)->Run(args);
+      if (!s.ok()) {
+        state.SkipWithError(s.ToString().c_str());
+        break;
+      }
+    }
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms / 1e3 / kLaunches);
+    seconds += ms / 1e3 / kLaunches;
+  }
+  // From device time (benchmark's own rates divide by host CPU time).
+  if (seconds > 0) {
+    state.counters["GB/s"] = static_cast<double>(bytes) * state.iterations() / seconds / 1e9;
+  }
+  state.SetLabel(tactic.name);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(stream);
+}
+
+constexpr DataType kF16 = DataType::kFloat16;
+constexpr DataType kI64 = DataType::kInt64;
+
+const bool kRegistered = [] {
+  std::vector<std::pair<std::string, BenchCase>> cases = {
+      // BERT-base / GPT-2 small, batch 32, sequence 128: rows of 768.
+      {"layernorm_f16_4096x768",
+       {"LayerNormalization",
+        Attrs({{"axis", int64_t{-1}}}),
+        {{kF16, {32, 128, 768}, {}}, {kF16, {768}, {}}, {kF16, {768}, {}}}}},
+      {"add_f16_residual_4096x768",
+       {"Add", {}, {{kF16, {32, 128, 768}, {}}, {kF16, {32, 128, 768}, {}}}}},
+      {"add_f16_bias_4096x3072", {"Add", {}, {{kF16, {32, 128, 3072}, {}}, {kF16, {3072}, {}}}}},
+      {"gelu_f16_4096x3072", {"Gelu", {}, {{kF16, {32, 128, 3072}, {}}}}},
+      {"softmax_f16_32x12x128x128",
+       {"Softmax", Attrs({{"axis", int64_t{-1}}}), {{kF16, {32, 12, 128, 128}, {}}}}},
+      {"transpose_f16_heads",
+       {"Transpose",
+        Attrs({{"perm", std::vector<int64_t>{0, 2, 1, 3}}}),
+        {{kF16, {32, 128, 12, 64}, {}}}}},
+      {"gather_f16_embedding",
+       {"Gather",
+        Attrs({{"axis", int64_t{0}}}),
+        {{kF16, {30522, 768}, {}}, {kI64, {32, 128}, std::vector<int64_t>(32 * 128, 17)}}}},
+      // ResNet-50 batch 32: the layout transposes, the stem pool and the head.
+      {"transpose_f16_nchw_to_nhwc",
+       {"Transpose",
+        Attrs({{"perm", std::vector<int64_t>{0, 2, 3, 1}}}),
+        {{kF16, {32, 64, 112, 112}, {}}}}},
+      {"maxpool_f16_3x3s2",
+       {"MaxPool",
+        Attrs({{"kernel_shape", std::vector<int64_t>{3, 3}},
+               {"strides", std::vector<int64_t>{2, 2}},
+               {"pads", std::vector<int64_t>{1, 1, 1, 1}}}),
+        {{kF16, {32, 64, 112, 112}, {}}}}},
+      {"globalavgpool_f16_2048x7x7", {"GlobalAveragePool", {}, {{kF16, {32, 2048, 7, 7}, {}}}}},
+      {"concat_f16_channels",
+       {"Concat",
+        Attrs({{"axis", int64_t{1}}}),
+        {{kF16, {32, 128, 56, 56}, {}}, {kF16, {32, 128, 56, 56}, {}}}}},
+  };
+  for (auto& [name, c] : cases) {
+    benchmark::RegisterBenchmark(name.c_str(), [c = c](benchmark::State& s) { RunCase(s, c); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
+  }
+  return true;
+}();
+
+}  // namespace
+}  // namespace kiln
+
+BENCHMARK_MAIN();

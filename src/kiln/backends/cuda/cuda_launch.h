@@ -1,0 +1,207 @@
+// The launch interface between kiln's own CUDA kernels (*.cu) and their providers (*_ops.cc).
+// Deliberately free of kiln headers: nvcc cannot compile fmt's compile-time format checks, so
+// the .cu files see only plain structs passed by value and return cudaError_t; the providers turn
+// that into Status. Every launcher enqueues on `stream` only (no allocation, no synchronisation,
+// no host reads of device data), so layers can be captured into CUDA graphs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kiln::cuda {
+
+// Storage element types (kiln's DataType without the undefined value).
+enum class Elem : int32_t { kF32, kF16, kBF16, kI8, kU8, kI32, kI64, kBool };
+
+constexpr int kMaxRank = 8;
+
+// A coalesced iteration space: `rank` output dims (row-major) and, per operand, the element
+// stride of each dim in that operand (0 where it is broadcast). Built on the host by
+// CoalesceBroadcast so kernels do as few divisions as possible.
+struct Strided {
+  int32_t rank = 0;
+  int64_t dims[kMaxRank] = {};
+  int64_t strides[3][kMaxRank] = {};
+  int64_t offset[3] = {};  // element offset of each operand's first element
+};
+
+// ---- elementwise.cu ---------------------------------------------------------------------------
+enum class UnaryOp : int32_t {
+  kRelu,
+  kLeakyRelu,
+  kSigmoid,
+  kTanh,
+  kErf,
+  kExp,
+  kLog,
+  kSqrt,
+  kReciprocal,
+  kNeg,
+  kAbs,
+  kFloor,
+  kCeil,
+  kRound,
+  kSign,
+  kSin,
+  kCos,
+  kSoftplus,
+  kSoftsign,
+  kElu,
+  kSelu,
+  kCelu,
+  kHardSigmoid,
+  kHardSwish,
+  kMish,
+  kThresholdedRelu,
+  kGelu,
+  kGeluTanh,
+  kNot
+};
+struct UnaryParams {
+  float alpha = 0, beta = 0, gamma = 0;
+};
+// y[i] = op(x[i]) for float storage (f32/f16/bf16; kNot on bool). n elements, dense.
+cudaError_t LaunchUnary(UnaryOp op, UnaryParams p, Elem t, const void* x, void* y, int64_t n,
+                        cudaStream_t stream);
+// Clip with optional device scalars lo/hi (nullptr: unbounded); floats and i32/i64.
+cudaError_t LaunchClip(Elem t, const void* x, const void* lo, const void* hi, void* y, int64_t n,
+                       cudaStream_t stream);
+
+enum class BinaryOp : int32_t {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kPow,
+  kMax,
+  kMin,
+  kPRelu,
+  kMod,
+  kFmod,
+  kEqual,
+  kLess,
+  kLessOrEqual,
+  kGreater,
+  kGreaterOrEqual,
+  kAnd,
+  kOr,
+  kXor
+};
+// y = op(a, b) with numpy broadcasting described by `s` (operands 0 = a, 1 = b; the output is
+// dense over s.dims). Comparisons write bool. `exp_type` is b's type for Pow (may differ).
+// `same_shape` selects the vectorised dense path (a, b and y all dense and of n elements).
+cudaError_t LaunchBinary(BinaryOp op, Elem t, Elem b_type, const void* a, const void* b, void* y,
+                         const Strided& s, int64_t n, bool same_shape, cudaStream_t stream);
+// out = cond ? x : y (cond bool = operand 0, x = 1, y = 2), any element size.
+cudaError_t LaunchWhere(size_t elem_size, const void* cond, const void* x, const void* y, void* out,
+                        const Strided& s, int64_t n, cudaStream_t stream);
+// Any dtype pair (f16/bf16 round to nearest even; float -> int truncates, NaN/out of range -> 0).
+cudaError_t LaunchCast(Elem from, Elem to, const void* x, void* y, int64_t n, cudaStream_t stream);
+
+// ---- norm.cu ----------------------------------------------------------------------------------
+// LayerNormalization over rows of length n; scale/bias have n elements (or are null); mean and
+// inv_std (f32, rows elements) are optional outputs.
+cudaError_t LaunchLayerNorm(Elem t, Elem param_t, const void* x, const void* scale,
+                            const void* bias, void* y, float* mean, float* inv_std, int64_t rows,
+                            int64_t n, float epsilon, cudaStream_t stream);
+// Softmax / LogSoftmax over the middle axis of [outer, n, inner].
+cudaError_t LaunchSoftmax(Elem t, bool log, const void* x, void* y, int64_t outer, int64_t n,
+                          int64_t inner, cudaStream_t stream);
+// Inference BatchNormalization; channel of element i is (i / inner) % channels (NCHW: inner =
+// H*W; NHWC: inner = 1).
+cudaError_t LaunchBatchNorm(Elem t, Elem param_t, const void* x, const void* scale,
+                            const void* bias, const void* mean, const void* var, void* y, int64_t n,
+                            int64_t channels, int64_t inner, float epsilon, cudaStream_t stream);
+
+// ---- pool.cu ----------------------------------------------------------------------------------
+struct PoolDesc {
+  int64_t n = 1, c = 1, ih = 1, iw = 1, oh = 1, ow = 1;
+  int32_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, ph = 0, pw = 0, peh = 0, pew = 0;
+  bool is_max = true, count_include_pad = false, nhwc = false;
+};
+cudaError_t LaunchPool(Elem t, const PoolDesc& d, const void* x, void* y, cudaStream_t stream);
+// Global pooling: NCHW reduces `size` contiguous elements per plane (planes = N*C); NHWC reduces
+// `size` = H*W rows of C for each of n images (planes = N*C too, channels = C).
+cudaError_t LaunchGlobalPool(Elem t, bool is_max, bool nhwc, const void* x, void* y, int64_t planes,
+                             int64_t channels, int64_t size, cudaStream_t stream);
+
+// ---- reduce.cu --------------------------------------------------------------------------------
+enum class ReduceOp : int32_t { kSum, kMean, kMax, kMin, kProd, kSumSquare, kL2, kLogSumExp };
+// Reduces x viewed as [outer, n, inner] over n (the builder's usual case: adjacent axes).
+cudaError_t LaunchReduce(ReduceOp op, Elem t, const void* x, void* y, int64_t outer, int64_t n,
+                         int64_t inner, cudaStream_t stream);
+// General case: each output element (kept dims/strides in `kept`, operand 0) reduces over the
+// `red` dims/strides (operand 0).
+cudaError_t LaunchReduceStrided(ReduceOp op, Elem t, const void* x, void* y, const Strided& kept,
+                                int64_t outputs, const Strided& red, int64_t count,
+                                cudaStream_t stream);
+
+// ---- resize.cu --------------------------------------------------------------------------------
+struct ResizeDesc {
+  int32_t rank = 0;
+  int64_t in[kMaxRank] = {}, out[kMaxRank] = {};
+  double scale[kMaxRank] = {};
+  int32_t mode = 0;     // 0 nearest, 1 linear
+  int32_t coord = 0;    // kiln's Coord enum order (resize_ops.cc)
+  int32_t nearest = 0;  // kiln's Nearest enum order
+};
+cudaError_t LaunchResize(Elem t, const ResizeDesc& d, const void* x, void* y, int64_t n,
+                         cudaStream_t stream);
+
+// ---- copy.cu ----------------------------------------------------------------------------------
+// out (dense over s.dims) = in[offset + sum coord * stride] (operand 0). Transpose, Expand,
+// constant Slice. Elements of elem_size bytes (1, 2, 4, 8).
+cudaError_t LaunchStridedCopy(size_t elem_size, const void* in, void* out, const Strided& s,
+                              int64_t n, cudaStream_t stream);
+// Slice whose starts/ends/axes/steps live on the device (computed at run time): each block
+// derives the per-axis start and step from them, with ONNX clamping.
+struct DeviceSliceArgs {
+  const void* starts = nullptr;
+  const void* axes = nullptr;   // null: 0..count-1
+  const void* steps = nullptr;  // null: all 1
+  bool idx64 = true;            // the index inputs' type (int64 or int32), all the same
+  int32_t count = 0;
+};
+cudaError_t LaunchDeviceSlice(size_t elem_size, const void* in, void* out, int32_t rank,
+                              const int64_t* in_dims, const int64_t* out_dims,
+                              const DeviceSliceArgs& a, int64_t n, cudaStream_t stream);
+
+constexpr int kMaxConcatParts = 32;
+// Concat (gather) or Split (scatter) of up to kMaxConcatParts parts along one axis; the tensor is
+// [outer, total] bytes and part p covers bytes [begin[p], begin[p] + size[p]) of each row.
+struct ConcatDesc {
+  int32_t parts = 0;
+  const void* ptr[kMaxConcatParts] = {};
+  int64_t begin[kMaxConcatParts] = {};  // byte offset within a row of the concatenated tensor
+  int64_t size[kMaxConcatParts] = {};   // bytes per row of part p
+};
+cudaError_t LaunchConcat(const ConcatDesc& d, void* out, int64_t outer, int64_t row_bytes,
+                         cudaStream_t stream);
+cudaError_t LaunchSplit(const ConcatDesc& d, const void* in, int64_t outer, int64_t row_bytes,
+                        cudaStream_t stream);
+
+// Gather along an axis: data [outer, axis_n, inner] (elements of elem_size), indices (i32/i64,
+// negative from the end; out of range gives zeros), out [outer, num_idx, inner].
+cudaError_t LaunchGather(size_t elem_size, const void* data, const void* idx, bool idx64, void* out,
+                         int64_t outer, int64_t axis_n, int64_t inner, int64_t num_idx,
+                         cudaStream_t stream);
+
+// Trilu over the last two axes: k from a device scalar (null: 0).
+cudaError_t LaunchTrilu(size_t elem_size, bool upper, const void* x, const void* k, bool k64,
+                        void* y, int64_t mats, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// Fills n elements of elem_size bytes with `value` (the first elem_size bytes are used).
+cudaError_t LaunchFill(size_t elem_size, uint64_t value, void* y, int64_t n, cudaStream_t stream);
+// Writes up to kMaxRank int64 values (Shape's dims) held by value.
+struct Int64Values {
+  int32_t count = 0;
+  int64_t v[kMaxRank] = {};
+};
+cudaError_t LaunchWriteInt64(const Int64Values& values, int64_t* y, cudaStream_t stream);
+// Range: y[i] = start + i * delta with start/delta device scalars (f32, i32, i64).
+cudaError_t LaunchRange(Elem t, const void* start, const void* delta, void* y, int64_t n,
+                        cudaStream_t stream);
+
+}  // namespace kiln::cuda

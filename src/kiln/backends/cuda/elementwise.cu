@@ -1,0 +1,426 @@
+// Elementwise CUDA kernels: unary activations, Clip, broadcasting binary ops, Where and Cast.
+// Dense operands move 16 bytes per thread per step (vectorised loads); broadcasting walks a
+// coalesced index space. One launch per layer, grid-stride loops, FP32 math for f16/bf16.
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "kiln/backends/cuda/device_util.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
+
+template <UnaryOp kOp>
+__device__ __forceinline__ float Unary(float x, const UnaryParams& p) {
+  if constexpr (kOp == UnaryOp::kRelu) return x > 0.f ? x : 0.f;
+  if constexpr (kOp == UnaryOp::kLeakyRelu) return x >= 0.f ? x : p.alpha * x;
+  if constexpr (kOp == UnaryOp::kSigmoid) {
+    return x >= 0.f ? 1.f / (1.f + expf(-x)) : expf(x) / (1.f + expf(x));
+  }
+  if constexpr (kOp == UnaryOp::kTanh) return tanhf(x);
+  if constexpr (kOp == UnaryOp::kErf) return erff(x);
+  if constexpr (kOp == UnaryOp::kExp) return expf(x);
+  if constexpr (kOp == UnaryOp::kLog) return logf(x);
+  if constexpr (kOp == UnaryOp::kSqrt) return sqrtf(x);
+  if constexpr (kOp == UnaryOp::kReciprocal) return 1.f / x;
+  if constexpr (kOp == UnaryOp::kNeg) return -x;
+  if constexpr (kOp == UnaryOp::kAbs) return fabsf(x);
+  if constexpr (kOp == UnaryOp::kFloor) return floorf(x);
+  if constexpr (kOp == UnaryOp::kCeil) return ceilf(x);
+  if constexpr (kOp == UnaryOp::kRound) return nearbyintf(x);
+  if constexpr (kOp == UnaryOp::kSign) return x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f);
+  if constexpr (kOp == UnaryOp::kSin) return sinf(x);
+  if constexpr (kOp == UnaryOp::kCos) return cosf(x);
+  if constexpr (kOp == UnaryOp::kSoftplus) return x > 20.f ? x : log1pf(expf(x));
+  if constexpr (kOp == UnaryOp::kSoftsign) return x / (1.f + fabsf(x));
+  if constexpr (kOp == UnaryOp::kElu) return x >= 0.f ? x : p.alpha * expm1f(x);
+  if constexpr (kOp == UnaryOp::kSelu) {
+    return x > 0.f ? p.gamma * x : p.gamma * p.alpha * expm1f(x);
+  }
+  if constexpr (kOp == UnaryOp::kCelu) {
+    return fmaxf(0.f, x) + fminf(0.f, p.alpha * expm1f(x / p.alpha));
+  }
+  if constexpr (kOp == UnaryOp::kHardSigmoid) return fminf(fmaxf(p.alpha * x + p.beta, 0.f), 1.f);
+  if constexpr (kOp == UnaryOp::kHardSwish) return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
+  if constexpr (kOp == UnaryOp::kMish) return x * tanhf(x > 20.f ? x : log1pf(expf(x)));
+  if constexpr (kOp == UnaryOp::kThresholdedRelu) return x > p.alpha ? x : 0.f;
+  if constexpr (kOp == UnaryOp::kGelu) return 0.5f * x * (1.f + erff(x * kInvSqrt2));
+  if constexpr (kOp == UnaryOp::kGeluTanh) {
+    return 0.5f * x * (1.f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+  }
+  return x;
+}
+
+// Each thread handles kVec consecutive elements per step: one 16-byte load/store when the
+// pointers are aligned and the chunk is whole, element by element otherwise (the tail).
+template <typename T, typename F>
+__global__ void MapKernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, bool aligned,
+                          F f) {
+  constexpr int kVec = 16 / sizeof(T);
+  int64_t chunks = (n + kVec - 1) / kVec;
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < chunks;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t i0 = c * kVec;
+    if (aligned && i0 + kVec <= n) {
+      uint4 raw = *reinterpret_cast<const uint4*>(x + i0);
+      T* v = reinterpret_cast<T*>(&raw);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) v[k] = Store<T>(f(Load(v[k])));
+      *reinterpret_cast<uint4*>(y + i0) = raw;
+    } else {
+      for (int64_t i = i0; i < n && i < i0 + kVec; ++i) y[i] = Store<T>(f(Load(x[i])));
+    }
+  }
+}
+
+bool Aligned16(const void* a, const void* b = nullptr, const void* c = nullptr) {
+  auto bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+              reinterpret_cast<uintptr_t>(c);
+  return (bits & 15) == 0;
+}
+
+template <typename T, typename F>
+cudaError_t Map(const void* x, void* y, int64_t n, F f, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  constexpr int kVec = 16 / sizeof(T);
+  MapKernel<T><<<GridFor((n + kVec - 1) / kVec), 256, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<T*>(y), n, Aligned16(x, y), f);
+  return cudaGetLastError();
+}
+
+template <UnaryOp kOp>
+struct UnaryFn {
+  UnaryParams p;
+  __device__ __forceinline__ float operator()(float v) const { return Unary<kOp>(v, p); }
+};
+
+template <UnaryOp kOp>
+cudaError_t UnaryTyped(UnaryParams p, Elem t, const void* x, void* y, int64_t n,
+                       cudaStream_t stream) {
+  return DispatchFloat(t, [&](auto tag) {
+    using T = decltype(tag);
+    return Map<T>(x, y, n, UnaryFn<kOp>{p}, stream);
+  });
+}
+
+__global__ void NotKernel(const uint8_t* x, uint8_t* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = x[i] ? 0 : 1;
+  }
+}
+
+template <typename T>
+__global__ void ClipKernel(const T* __restrict__ x, const T* lo_p, const T* hi_p, T* __restrict__ y,
+                           int64_t n) {
+  using C = typename Compute<T>::type;
+  C lo = lo_p ? Load(*lo_p) : C(0), hi = hi_p ? Load(*hi_p) : C(0);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    C v = Load(x[i]);
+    if (lo_p) v = v < lo ? lo : v;
+    if (hi_p) v = v > hi ? hi : v;  // ONNX: with min > max every element becomes max
+    y[i] = Store<T>(v);
+  }
+}
+
+// ---- binary ----------------------------------------------------------------------------------
+template <typename C>
+__device__ __forceinline__ C ModOf(C a, C b, bool fmod_mode) {
+  if constexpr (std::is_floating_point_v<C>) {
+    C m = fmodf(a, b);
+    if (fmod_mode) return m;
+    return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
+  } else {
+    if (b == 0) return 0;
+    C m = a % b;
+    if (!fmod_mode && m != 0 && ((m < 0) != (b < 0))) m += b;
+    return m;
+  }
+}
+
+template <BinaryOp kOp, typename C, typename E>
+__device__ __forceinline__ auto Binary(C a, E b) {
+  if constexpr (kOp == BinaryOp::kAdd) return static_cast<C>(a + b);
+  if constexpr (kOp == BinaryOp::kSub) return static_cast<C>(a - b);
+  if constexpr (kOp == BinaryOp::kMul) return static_cast<C>(a * b);
+  if constexpr (kOp == BinaryOp::kDiv) {
+    if constexpr (std::is_integral_v<C>) {
+      return b == 0 ? C(0) : static_cast<C>(a / b);
+    } else {
+      return static_cast<C>(a / b);
+    }
+  }
+  if constexpr (kOp == BinaryOp::kPow) {
+    if constexpr (std::is_integral_v<C> && std::is_integral_v<E>) {
+      C base = a, r = 1;
+      E e = b;
+      if (e < 0) return base == 1 ? C(1) : (base == -1 ? C(e % 2 ? -1 : 1) : C(0));
+      for (; e > 0; e >>= 1, base *= base) {
+        if (e & 1) r *= base;
+      }
+      return r;
+    } else if constexpr (std::is_same_v<C, float> && std::is_same_v<E, float>) {
+      return b == 2.f ? a * a : (b == 0.5f ? sqrtf(a) : powf(a, b));
+    } else {
+      return static_cast<C>(pow(static_cast<double>(a), static_cast<double>(b)));
+    }
+  }
+  if constexpr (kOp == BinaryOp::kMax) return (a > b || a != a) ? a : static_cast<C>(b);
+  if constexpr (kOp == BinaryOp::kMin) return (a < b || a != a) ? a : static_cast<C>(b);
+  if constexpr (kOp == BinaryOp::kPRelu) return a < 0 ? static_cast<C>(a * b) : a;
+  if constexpr (kOp == BinaryOp::kMod) return ModOf<C>(a, b, false);
+  if constexpr (kOp == BinaryOp::kFmod) return ModOf<C>(a, b, true);
+  if constexpr (kOp == BinaryOp::kEqual) return static_cast<bool>(a == b);
+  if constexpr (kOp == BinaryOp::kLess) return static_cast<bool>(a < b);
+  if constexpr (kOp == BinaryOp::kLessOrEqual) return static_cast<bool>(a <= b);
+  if constexpr (kOp == BinaryOp::kGreater) return static_cast<bool>(a > b);
+  if constexpr (kOp == BinaryOp::kGreaterOrEqual) return static_cast<bool>(a >= b);
+  if constexpr (kOp == BinaryOp::kAnd) return static_cast<bool>(a && b);
+  if constexpr (kOp == BinaryOp::kOr) return static_cast<bool>(a || b);
+  if constexpr (kOp == BinaryOp::kXor) return static_cast<bool>((a != 0) != (b != 0));
+}
+
+constexpr bool IsPredicate(BinaryOp op) { return op >= BinaryOp::kEqual; }
+
+template <BinaryOp kOp, typename T, typename B, typename O>
+__global__ void BinaryDenseKernel(const T* __restrict__ a, const B* __restrict__ b,
+                                  O* __restrict__ y, int64_t n, bool aligned) {
+  // Vector width from the widest operand so every access is at most 16 bytes.
+  constexpr int kWidest = sizeof(T) > sizeof(B) ? (sizeof(T) > sizeof(O) ? sizeof(T) : sizeof(O))
+                                                : (sizeof(B) > sizeof(O) ? sizeof(B) : sizeof(O));
+  constexpr int kVec = 16 / kWidest;
+  int64_t chunks = (n + kVec - 1) / kVec;
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < chunks;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t i0 = c * kVec;
+    if (aligned && i0 + kVec <= n) {
+      // Aligned so the whole-array reinterpretations below are legal vector accesses.
+      alignas(16) T va[kVec];
+      alignas(16) B vb[kVec];
+      alignas(16) O vy[kVec];
+      using VA = typename Bytes<sizeof(T) * kVec>::type;
+      using VB = typename Bytes<sizeof(B) * kVec>::type;
+      using VY = typename Bytes<sizeof(O) * kVec>::type;
+      *reinterpret_cast<VA*>(va) = *reinterpret_cast<const VA*>(a + i0);
+      *reinterpret_cast<VB*>(vb) = *reinterpret_cast<const VB*>(b + i0);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) vy[k] = Store<O>(Binary<kOp>(Load(va[k]), Load(vb[k])));
+      *reinterpret_cast<VY*>(y + i0) = *reinterpret_cast<VY*>(vy);
+    } else {
+      for (int64_t i = i0; i < n && i < i0 + kVec; ++i) {
+        y[i] = Store<O>(Binary<kOp>(Load(a[i]), Load(b[i])));
+      }
+    }
+  }
+}
+
+template <BinaryOp kOp, typename T, typename B, typename O>
+__global__ void BinaryStridedKernel(const T* __restrict__ a, const B* __restrict__ b,
+                                    O* __restrict__ y, Strided s, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t off[2];
+    StridedOffsets<2>(s, i, off);
+    y[i] = Store<O>(Binary<kOp>(Load(a[off[0]]), Load(b[off[1]])));
+  }
+}
+
+template <BinaryOp kOp, typename T, typename B>
+cudaError_t BinaryTyped(const void* a, const void* b, void* y, const Strided& s, int64_t n,
+                        bool same_shape, cudaStream_t stream) {
+  using O = std::conditional_t<IsPredicate(kOp), bool, T>;
+  if (n == 0) return cudaSuccess;
+  auto* pa = static_cast<const T*>(a);
+  auto* pb = static_cast<const B*>(b);
+  auto* py = static_cast<O*>(y);
+  if (same_shape) {
+    BinaryDenseKernel<kOp, T, B, O>
+        <<<GridFor((n + 3) / 4), 256, 0, stream>>>(pa, pb, py, n, Aligned16(a, b, y));
+  } else {
+    BinaryStridedKernel<kOp, T, B, O><<<GridFor(n), 256, 0, stream>>>(pa, pb, py, s, n);
+  }
+  return cudaGetLastError();
+}
+
+template <BinaryOp kOp>
+cudaError_t BinaryOpTyped(Elem t, Elem bt, const void* a, const void* b, void* y, const Strided& s,
+                          int64_t n, bool same, cudaStream_t stream) {
+  if constexpr (kOp == BinaryOp::kAnd || kOp == BinaryOp::kOr || kOp == BinaryOp::kXor) {
+    return BinaryTyped<kOp, bool, bool>(a, b, y, s, n, same, stream);
+  } else if constexpr (kOp == BinaryOp::kPow) {
+    // The exponent may have another type than the base (f32 ^ i64, i64 ^ f32, ...).
+    return DispatchNumeric(t, [&](auto ta) {
+      return DispatchNumeric(bt, [&](auto tb) {
+        return BinaryTyped<kOp, decltype(ta), decltype(tb)>(a, b, y, s, n, same, stream);
+      });
+    });
+  } else if constexpr (kOp == BinaryOp::kEqual) {
+    if (t == Elem::kBool) return BinaryTyped<kOp, bool, bool>(a, b, y, s, n, same, stream);
+    return DispatchNumeric(t, [&](auto ta) {
+      using T = decltype(ta);
+      return BinaryTyped<kOp, T, T>(a, b, y, s, n, same, stream);
+    });
+  } else {
+    return DispatchNumeric(t, [&](auto ta) {
+      using T = decltype(ta);
+      return BinaryTyped<kOp, T, T>(a, b, y, s, n, same, stream);
+    });
+  }
+}
+
+template <typename T>
+__global__ void WhereKernel(const bool* __restrict__ c, const T* __restrict__ x,
+                            const T* __restrict__ yv, T* __restrict__ o, Strided s, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t off[3];
+    StridedOffsets<3>(s, i, off);
+    o[i] = c[off[0]] ? x[off[1]] : yv[off[2]];
+  }
+}
+
+// ---- cast ------------------------------------------------------------------------------------
+template <typename Dst, typename C>
+__device__ __forceinline__ Dst CastValue(C v) {
+  if constexpr (std::is_same_v<Dst, bool>) {
+    return v != C(0);
+  } else if constexpr (std::is_integral_v<Dst> && !std::is_integral_v<C>) {
+    // Out-of-range and NaN are undefined in ONNX; kiln makes them 0 (as the CPU backend does).
+    double d = static_cast<double>(v);
+    if (!isfinite(d)) return 0;
+    d = trunc(d);
+    if (d < static_cast<double>(std::numeric_limits<Dst>::lowest()) ||
+        d > static_cast<double>(std::numeric_limits<Dst>::max())) {
+      return 0;
+    }
+    return static_cast<Dst>(d);
+  } else {
+    return Store<Dst>(v);
+  }
+}
+
+template <typename Src, typename Dst>
+__global__ void CastKernel(const Src* __restrict__ x, Dst* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = CastValue<Dst>(Load(x[i]));
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchUnary(UnaryOp op, UnaryParams p, Elem t, const void* x, void* y, int64_t n,
+                        cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (op) {
+#define KILN_UNARY_CASE(Name) \
+  case UnaryOp::Name:         \
+    return UnaryTyped<UnaryOp::Name>(p, t, x, y, n, stream);
+    KILN_UNARY_CASE(kRelu)
+    KILN_UNARY_CASE(kLeakyRelu)
+    KILN_UNARY_CASE(kSigmoid)
+    KILN_UNARY_CASE(kTanh)
+    KILN_UNARY_CASE(kErf)
+    KILN_UNARY_CASE(kExp)
+    KILN_UNARY_CASE(kLog)
+    KILN_UNARY_CASE(kSqrt)
+    KILN_UNARY_CASE(kReciprocal)
+    KILN_UNARY_CASE(kNeg)
+    KILN_UNARY_CASE(kAbs)
+    KILN_UNARY_CASE(kFloor)
+    KILN_UNARY_CASE(kCeil)
+    KILN_UNARY_CASE(kRound)
+    KILN_UNARY_CASE(kSign)
+    KILN_UNARY_CASE(kSin)
+    KILN_UNARY_CASE(kCos)
+    KILN_UNARY_CASE(kSoftplus)
+    KILN_UNARY_CASE(kSoftsign)
+    KILN_UNARY_CASE(kElu)
+    KILN_UNARY_CASE(kSelu)
+    KILN_UNARY_CASE(kCelu)
+    KILN_UNARY_CASE(kHardSigmoid)
+    KILN_UNARY_CASE(kHardSwish)
+    KILN_UNARY_CASE(kMish)
+    KILN_UNARY_CASE(kThresholdedRelu)
+    KILN_UNARY_CASE(kGelu)
+    KILN_UNARY_CASE(kGeluTanh)
+#undef KILN_UNARY_CASE
+    case UnaryOp::kNot:
+      NotKernel<<<GridFor(n), 256, 0, stream>>>(static_cast<const uint8_t*>(x),
+                                                static_cast<uint8_t*>(y), n);
+      return cudaGetLastError();
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchClip(Elem t, const void* x, const void* lo, const void* hi, void* y, int64_t n,
+                       cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchNumeric(t, [&](auto tag) {
+    using T = decltype(tag);
+    ClipKernel<T><<<GridFor(n), 256, 0, stream>>>(static_cast<const T*>(x),
+                                                  static_cast<const T*>(lo),
+                                                  static_cast<const T*>(hi), static_cast<T*>(y), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchBinary(BinaryOp op, Elem t, Elem b_type, const void* a, const void* b, void* y,
+                         const Strided& s, int64_t n, bool same_shape, cudaStream_t stream) {
+  switch (op) {
+#define KILN_BINARY_CASE(Name) \
+  case BinaryOp::Name:         \
+    return BinaryOpTyped<BinaryOp::Name>(t, b_type, a, b, y, s, n, same_shape, stream);
+    KILN_BINARY_CASE(kAdd)
+    KILN_BINARY_CASE(kSub)
+    KILN_BINARY_CASE(kMul)
+    KILN_BINARY_CASE(kDiv)
+    KILN_BINARY_CASE(kPow)
+    KILN_BINARY_CASE(kMax)
+    KILN_BINARY_CASE(kMin)
+    KILN_BINARY_CASE(kPRelu)
+    KILN_BINARY_CASE(kMod)
+    KILN_BINARY_CASE(kFmod)
+    KILN_BINARY_CASE(kEqual)
+    KILN_BINARY_CASE(kLess)
+    KILN_BINARY_CASE(kLessOrEqual)
+    KILN_BINARY_CASE(kGreater)
+    KILN_BINARY_CASE(kGreaterOrEqual)
+    KILN_BINARY_CASE(kAnd)
+    KILN_BINARY_CASE(kOr)
+    KILN_BINARY_CASE(kXor)
+#undef KILN_BINARY_CASE
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchWhere(size_t elem_size, const void* cond, const void* x, const void* y, void* out,
+                        const Strided& s, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchBytes(elem_size, [&](auto tag) {
+    using T = decltype(tag);
+    WhereKernel<T>
+        <<<GridFor(n), 256, 0, stream>>>(static_cast<const bool*>(cond), static_cast<const T*>(x),
+                                         static_cast<const T*>(y), static_cast<T*>(out), s, n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchCast(Elem from, Elem to, const void* x, void* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchAll(from, [&](auto src_tag) {
+    using Src = decltype(src_tag);
+    return DispatchAll(to, [&](auto dst_tag) {
+      using Dst = decltype(dst_tag);
+      CastKernel<Src, Dst>
+          <<<GridFor(n), 256, 0, stream>>>(static_cast<const Src*>(x), static_cast<Dst*>(y), n);
+      return cudaGetLastError();
+    });
+  });
+}
+
+}  // namespace kiln::cuda

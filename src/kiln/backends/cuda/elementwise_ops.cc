@@ -1,0 +1,251 @@
+// CUDA providers of the elementwise ops (kernels in elementwise.cu): unary activations in f32,
+// f16 and bf16 storage (FP32 math), Clip, broadcasting arithmetic / comparison / logic, Pow with
+// mixed types, Where and Cast. Broadcast geometry is worked out in Prepare, never in Run.
+#include <cstring>
+
+#include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/backends/cuda/cuda_kernel.h"
+
+namespace kiln::cuda {
+namespace {
+
+// ---- unary ------------------------------------------------------------------------------------
+CudaOpDef UnaryDef(const char* op, UnaryOp kind, float alpha, float beta, float gamma) {
+  return {
+      .op_type = op,
+      .accepts =
+          [kind](const KernelRequest& r) {
+            DataType t = InType(r, 0);
+            if (kind == UnaryOp::kNot) return t == DataType::kBool;
+            return IsFloatStorage(t) && OutType(r, 0) == t;
+          },
+      .create =
+          [kind, alpha, beta, gamma](const KernelRequest& r) {
+            const AttributeMap& at = r.node->attrs();
+            UnaryParams p{at.GetFloat("alpha", alpha), at.GetFloat("beta", beta),
+                          at.GetFloat("gamma", gamma)};
+            UnaryOp k = kind;
+            if (k == UnaryOp::kGelu && at.GetString("approximate", "none") == "tanh") {
+              k = UnaryOp::kGeluTanh;
+            }
+            Elem t = *ToElem(InType(r, 0));
+            return MakeFnKernel([k, p, t](const KernelRunArgs& a) {
+              return Launched(LaunchUnary(k, p, t, a.inputs[0].data, a.outputs[0].data,
+                                          a.outputs[0].num_elements(), StreamOf(a)),
+                              "unary elementwise kernel");
+            });
+          },
+  };
+}
+
+KILN_CUDA_OP_PROVIDER(ReluProvider, UnaryDef("Relu", UnaryOp::kRelu, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(LeakyReluProvider, UnaryDef("LeakyRelu", UnaryOp::kLeakyRelu, 0.01f, 0, 0));
+KILN_CUDA_OP_PROVIDER(SigmoidProvider, UnaryDef("Sigmoid", UnaryOp::kSigmoid, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(TanhProvider, UnaryDef("Tanh", UnaryOp::kTanh, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(ErfProvider, UnaryDef("Erf", UnaryOp::kErf, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(ExpProvider, UnaryDef("Exp", UnaryOp::kExp, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(LogProvider, UnaryDef("Log", UnaryOp::kLog, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(SqrtProvider, UnaryDef("Sqrt", UnaryOp::kSqrt, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(ReciprocalProvider, UnaryDef("Reciprocal", UnaryOp::kReciprocal, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(NegProvider, UnaryDef("Neg", UnaryOp::kNeg, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(AbsProvider, UnaryDef("Abs", UnaryOp::kAbs, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(FloorProvider, UnaryDef("Floor", UnaryOp::kFloor, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(CeilProvider, UnaryDef("Ceil", UnaryOp::kCeil, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(RoundProvider, UnaryDef("Round", UnaryOp::kRound, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(SignProvider, UnaryDef("Sign", UnaryOp::kSign, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(SinProvider, UnaryDef("Sin", UnaryOp::kSin, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(CosProvider, UnaryDef("Cos", UnaryOp::kCos, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(SoftplusProvider, UnaryDef("Softplus", UnaryOp::kSoftplus, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(SoftsignProvider, UnaryDef("Softsign", UnaryOp::kSoftsign, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(EluProvider, UnaryDef("Elu", UnaryOp::kElu, 1.f, 0, 0));
+KILN_CUDA_OP_PROVIDER(SeluProvider, UnaryDef("Selu", UnaryOp::kSelu, 1.67326319217681884765625f, 0,
+                                             1.05070102214813232421875f));
+KILN_CUDA_OP_PROVIDER(CeluProvider, UnaryDef("Celu", UnaryOp::kCelu, 1.f, 0, 0));
+KILN_CUDA_OP_PROVIDER(HardSigmoidProvider,
+                      UnaryDef("HardSigmoid", UnaryOp::kHardSigmoid, 0.2f, 0.5f, 0));
+KILN_CUDA_OP_PROVIDER(HardSwishProvider, UnaryDef("HardSwish", UnaryOp::kHardSwish, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(MishProvider, UnaryDef("Mish", UnaryOp::kMish, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(ThresholdedReluProvider,
+                      UnaryDef("ThresholdedRelu", UnaryOp::kThresholdedRelu, 1.f, 0, 0));
+KILN_CUDA_OP_PROVIDER(GeluProvider, UnaryDef("Gelu", UnaryOp::kGelu, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(NotProvider, UnaryDef("Not", UnaryOp::kNot, 0, 0, 0));
+
+bool ClipType(DataType t) {
+  return IsFloatStorage(t) || t == DataType::kInt32 || t == DataType::kInt64;
+}
+
+CudaOpDef ClipDef() {
+  return {
+      .op_type = "Clip",
+      .accepts =
+          [](const KernelRequest& r) {
+            DataType t = InType(r, 0);
+            for (size_t i = 1; i < r.inputs.size(); ++i) {
+              if (InType(r, i) != DataType::kUndefined && InType(r, i) != t) return false;
+            }
+            return ClipType(t);
+          },
+      .create =
+          [](const KernelRequest& r) {
+            Elem t = *ToElem(InType(r, 0));
+            return MakeFnKernel([t](const KernelRunArgs& a) {
+              const void* lo = Present(a, 1) ? a.inputs[1].data : nullptr;
+              const void* hi = Present(a, 2) ? a.inputs[2].data : nullptr;
+              return Launched(LaunchClip(t, a.inputs[0].data, lo, hi, a.outputs[0].data,
+                                         a.outputs[0].num_elements(), StreamOf(a)),
+                              "Clip kernel");
+            });
+          },
+  };
+}
+KILN_CUDA_OP_PROVIDER(ClipProvider, ClipDef());
+
+// ---- binary -----------------------------------------------------------------------------------
+// Broadcast geometry per shape, computed in Prepare.
+class BinaryKernel final : public Kernel {
+ public:
+  BinaryKernel(BinaryOp op, Elem a, Elem b) : op_(op), a_(a), b_(b) {}
+  StatusOr<size_t> Prepare(std::span<const TensorView> in,
+                           std::span<const TensorView> out) override {
+    std::span<const int64_t> dims[2] = {in[0].dims, in[1].dims};
+    KILN_ASSIGN_OR_RETURN(space_, BroadcastSpace(dims, out[0].dims));
+    same_ = SameDims(in[0].dims, out[0].dims) && SameDims(in[1].dims, out[0].dims);
+    return size_t{0};
+  }
+  Status Run(const KernelRunArgs& a) override {
+    return Launched(LaunchBinary(op_, a_, b_, a.inputs[0].data, a.inputs[1].data, a.outputs[0].data,
+                                 space_, a.outputs[0].num_elements(), same_, StreamOf(a)),
+                    "binary elementwise kernel");
+  }
+
+ private:
+  BinaryOp op_;
+  Elem a_, b_;
+  Strided space_;
+  bool same_ = false;
+};
+
+bool NumericType(DataType t) {
+  return IsFloatStorage(t) || t == DataType::kInt32 || t == DataType::kInt64;
+}
+
+enum class BinaryKind { kArith, kCompare, kEqual, kLogic, kPow };
+
+CudaOpDef BinaryDef(const char* op, BinaryOp kind, BinaryKind family) {
+  return {
+      .op_type = op,
+      .accepts =
+          [family](const KernelRequest& r) {
+            if (r.inputs.size() != 2) return false;  // Max/Min/Sum with other arities: CPU
+            DataType a = InType(r, 0), b = InType(r, 1);
+            switch (family) {
+              case BinaryKind::kArith:
+              case BinaryKind::kCompare:
+                return a == b && NumericType(a);
+              case BinaryKind::kEqual:
+                return a == b && (NumericType(a) || a == DataType::kBool);
+              case BinaryKind::kLogic:
+                return a == DataType::kBool && b == DataType::kBool;
+              case BinaryKind::kPow:
+                return NumericType(a) && NumericType(b);
+            }
+            return false;
+          },
+      .create = [kind](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        BinaryOp k = kind;
+        if (k == BinaryOp::kMod && r.node->attrs().GetInt("fmod", 0) != 0) k = BinaryOp::kFmod;
+        return std::unique_ptr<Kernel>(
+            std::make_unique<BinaryKernel>(k, *ToElem(InType(r, 0)), *ToElem(InType(r, 1))));
+      },
+  };
+}
+
+KILN_CUDA_OP_PROVIDER(AddProvider, BinaryDef("Add", BinaryOp::kAdd, BinaryKind::kArith));
+KILN_CUDA_OP_PROVIDER(SubProvider, BinaryDef("Sub", BinaryOp::kSub, BinaryKind::kArith));
+KILN_CUDA_OP_PROVIDER(MulProvider, BinaryDef("Mul", BinaryOp::kMul, BinaryKind::kArith));
+KILN_CUDA_OP_PROVIDER(DivProvider, BinaryDef("Div", BinaryOp::kDiv, BinaryKind::kArith));
+KILN_CUDA_OP_PROVIDER(MaxProvider, BinaryDef("Max", BinaryOp::kMax, BinaryKind::kArith));
+KILN_CUDA_OP_PROVIDER(MinProvider, BinaryDef("Min", BinaryOp::kMin, BinaryKind::kArith));
+KILN_CUDA_OP_PROVIDER(PReluProvider, BinaryDef("PRelu", BinaryOp::kPRelu, BinaryKind::kArith));
+KILN_CUDA_OP_PROVIDER(ModProvider, BinaryDef("Mod", BinaryOp::kMod, BinaryKind::kArith));
+KILN_CUDA_OP_PROVIDER(PowProvider, BinaryDef("Pow", BinaryOp::kPow, BinaryKind::kPow));
+KILN_CUDA_OP_PROVIDER(EqualProvider, BinaryDef("Equal", BinaryOp::kEqual, BinaryKind::kEqual));
+KILN_CUDA_OP_PROVIDER(LessProvider, BinaryDef("Less", BinaryOp::kLess, BinaryKind::kCompare));
+KILN_CUDA_OP_PROVIDER(LessOrEqualProvider,
+                      BinaryDef("LessOrEqual", BinaryOp::kLessOrEqual, BinaryKind::kCompare));
+KILN_CUDA_OP_PROVIDER(GreaterProvider,
+                      BinaryDef("Greater", BinaryOp::kGreater, BinaryKind::kCompare));
+KILN_CUDA_OP_PROVIDER(GreaterOrEqualProvider,
+                      BinaryDef("GreaterOrEqual", BinaryOp::kGreaterOrEqual, BinaryKind::kCompare));
+KILN_CUDA_OP_PROVIDER(AndProvider, BinaryDef("And", BinaryOp::kAnd, BinaryKind::kLogic));
+KILN_CUDA_OP_PROVIDER(OrProvider, BinaryDef("Or", BinaryOp::kOr, BinaryKind::kLogic));
+KILN_CUDA_OP_PROVIDER(XorProvider, BinaryDef("Xor", BinaryOp::kXor, BinaryKind::kLogic));
+
+// ---- Where ------------------------------------------------------------------------------------
+class WhereKernel final : public Kernel {
+ public:
+  explicit WhereKernel(size_t elem_size) : elem_size_(elem_size) {}
+  StatusOr<size_t> Prepare(std::span<const TensorView> in,
+                           std::span<const TensorView> out) override {
+    std::span<const int64_t> dims[3] = {in[0].dims, in[1].dims, in[2].dims};
+    KILN_ASSIGN_OR_RETURN(space_, BroadcastSpace(dims, out[0].dims));
+    return size_t{0};
+  }
+  Status Run(const KernelRunArgs& a) override {
+    return Launched(
+        LaunchWhere(elem_size_, a.inputs[0].data, a.inputs[1].data, a.inputs[2].data,
+                    a.outputs[0].data, space_, a.outputs[0].num_elements(), StreamOf(a)),
+        "Where kernel");
+  }
+
+ private:
+  size_t elem_size_;
+  Strided space_;
+};
+
+CudaOpDef WhereDef() {
+  return {
+      .op_type = "Where",
+      .name_operand = 1,
+      .accepts =
+          [](const KernelRequest& r) {
+            return r.inputs.size() == 3 && InType(r, 0) == DataType::kBool &&
+                   InType(r, 1) == InType(r, 2) && ToElem(InType(r, 1)).has_value();
+          },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        return std::unique_ptr<Kernel>(std::make_unique<WhereKernel>(SizeOf(InType(r, 1))));
+      },
+  };
+}
+KILN_CUDA_OP_PROVIDER(WhereProvider, WhereDef());
+
+// ---- Cast -------------------------------------------------------------------------------------
+CudaOpDef CastDef() {
+  return {
+      .op_type = "Cast",
+      .accepts =
+          [](const KernelRequest& r) {
+            return ToElem(InType(r, 0)).has_value() && ToElem(OutType(r, 0)).has_value();
+          },
+      .create =
+          [](const KernelRequest& r) {
+            Elem from = *ToElem(InType(r, 0)), to = *ToElem(OutType(r, 0));
+            return MakeFnKernel([from, to](const KernelRunArgs& a) -> Status {
+              const TensorView& y = a.outputs[0];
+              if (from == to) {
+                if (y.size_bytes() == 0 || y.data == a.inputs[0].data) return OkStatus();
+                KILN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(y.data, a.inputs[0].data, y.size_bytes(),
+                                                          cudaMemcpyDeviceToDevice, StreamOf(a)));
+                return OkStatus();
+              }
+              return Launched(
+                  LaunchCast(from, to, a.inputs[0].data, y.data, y.num_elements(), StreamOf(a)),
+                  "Cast kernel");
+            });
+          },
+  };
+}
+KILN_CUDA_OP_PROVIDER(CastProvider, CastDef());
+
+}  // namespace
+}  // namespace kiln::cuda

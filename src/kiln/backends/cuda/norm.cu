@@ -1,0 +1,275 @@
+// Row normalisations on CUDA: LayerNormalization and Softmax/LogSoftmax (a warp per row for rows
+// up to 1024 elements, LayerNorm keeping the row in registers; a block per row beyond; FP32
+// statistics, two-pass variance as the CPU reference does) and inference BatchNormalization (per
+// element, channel parameters folded on the fly so the statistics may be run-time inputs).
+#include <cstdint>
+
+#include "kiln/backends/cuda/device_util.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarpRowMax = 1024;
+constexpr int kBlockThreads = 256;
+
+// Sum over a row by a group: a warp (kWarp) or the whole block.
+template <bool kWarp>
+__device__ __forceinline__ float GroupSum(float v, float* scratch) {
+  if constexpr (kWarp) {
+    return WarpSum(v);
+  } else {
+    return BlockSum(v, scratch);
+  }
+}
+template <bool kWarp>
+__device__ __forceinline__ float GroupMax(float v, float* scratch) {
+  if constexpr (kWarp) {
+    return WarpMax(v);
+  } else {
+    return BlockMax(v, scratch);
+  }
+}
+
+// One row per group: a warp per row (rows = blockDim.x / 32 per block) or a block per row.
+template <bool kWarp>
+__device__ __forceinline__ void RowGeometry(int64_t& row, int& lane, int& width, int64_t& stride) {
+  if constexpr (kWarp) {
+    int warps = blockDim.x >> 5;
+    row = static_cast<int64_t>(blockIdx.x) * warps + (threadIdx.x >> 5);
+    lane = threadIdx.x & 31;
+    width = 32;
+    stride = static_cast<int64_t>(gridDim.x) * warps;
+  } else {
+    row = blockIdx.x;
+    lane = threadIdx.x;
+    width = blockDim.x;
+    stride = gridDim.x;
+  }
+}
+
+template <bool kWarp, typename T, typename P>
+__global__ void LayerNormKernel(const T* __restrict__ x, const P* __restrict__ scale,
+                                const P* __restrict__ bias, T* __restrict__ y,
+                                float* __restrict__ mean_out, float* __restrict__ inv_out,
+                                int64_t rows, int64_t n, float eps) {
+  __shared__ float scratch[33];
+  int64_t row, stride;
+  int lane, width;
+  RowGeometry<kWarp>(row, lane, width, stride);
+  // Rows are uniform per group, so the whole group leaves together (no divergent barriers).
+  for (; row < rows; row += stride) {
+    const T* p = x + row * n;
+    T* q = y + row * n;
+    float sum = 0.f;
+    for (int64_t j = lane; j < n; j += width) sum += Load(p[j]);
+    float mean = GroupSum<kWarp>(sum, scratch) / static_cast<float>(n);
+    float var = 0.f;
+    for (int64_t j = lane; j < n; j += width) {
+      float d = Load(p[j]) - mean;
+      var += d * d;
+    }
+    var = GroupSum<kWarp>(var, scratch) / static_cast<float>(n);
+    float inv = rsqrtf(var + eps);
+    for (int64_t j = lane; j < n; j += width) {
+      float v = (Load(p[j]) - mean) * inv;
+      if (scale) v *= Load(scale[j]);
+      if (bias) v += Load(bias[j]);
+      q[j] = Store<T>(v);
+    }
+    if (lane == 0) {
+      if (mean_out) mean_out[row] = mean;
+      if (inv_out) inv_out[row] = inv;
+    }
+  }
+}
+
+// Rows of at most 32 * kPer elements: a warp per row keeps the row in registers, so x is read
+// from memory once (the transformer case: hidden sizes 128..1024).
+template <int kPer, typename T, typename P>
+__global__ void LayerNormCachedKernel(const T* __restrict__ x, const P* __restrict__ scale,
+                                      const P* __restrict__ bias, T* __restrict__ y,
+                                      float* __restrict__ mean_out, float* __restrict__ inv_out,
+                                      int64_t rows, int n, float eps) {
+  int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + (threadIdx.x >> 5); row < rows;
+       row += static_cast<int64_t>(gridDim.x) * warps) {
+    const T* p = x + row * n;
+    T* q = y + row * n;
+    float v[kPer];
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      int j = lane + 32 * k;
+      v[k] = j < n ? Load(p[j]) : 0.f;
+      sum += v[k];
+    }
+    float mean = WarpSum(sum) / static_cast<float>(n);
+    float var = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      int j = lane + 32 * k;
+      float d = j < n ? v[k] - mean : 0.f;
+      var += d * d;
+    }
+    float inv = rsqrtf(WarpSum(var) / static_cast<float>(n) + eps);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      int j = lane + 32 * k;
+      if (j < n) {
+        float o = (v[k] - mean) * inv;
+        if (scale) o *= Load(scale[j]);
+        if (bias) o += Load(bias[j]);
+        q[j] = Store<T>(o);
+      }
+    }
+    if (lane == 0) {
+      if (mean_out) mean_out[row] = mean;
+      if (inv_out) inv_out[row] = inv;
+    }
+  }
+}
+
+template <bool kWarp, typename T>
+__global__ void SoftmaxRowKernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
+                                 int64_t n, bool log) {
+  __shared__ float scratch[33];
+  int64_t row, stride;
+  int lane, width;
+  RowGeometry<kWarp>(row, lane, width, stride);
+  for (; row < rows; row += stride) {
+    const T* p = x + row * n;
+    T* q = y + row * n;
+    float mx = -INFINITY;
+    for (int64_t j = lane; j < n; j += width) mx = fmaxf(mx, Load(p[j]));
+    mx = GroupMax<kWarp>(mx, scratch);
+    float sum = 0.f;
+    for (int64_t j = lane; j < n; j += width) sum += expf(Load(p[j]) - mx);
+    sum = GroupSum<kWarp>(sum, scratch);
+    if (log) {
+      float lse = mx + logf(sum);
+      for (int64_t j = lane; j < n; j += width) q[j] = Store<T>(Load(p[j]) - lse);
+    } else {
+      float inv = 1.f / sum;
+      for (int64_t j = lane; j < n; j += width) q[j] = Store<T>(expf(Load(p[j]) - mx) * inv);
+    }
+  }
+}
+
+// Softmax over a strided axis: one thread per (outer, inner) column; neighbouring threads read
+// neighbouring inner elements, so every pass over the axis is coalesced.
+template <typename T>
+__global__ void SoftmaxColumnKernel(const T* __restrict__ x, T* __restrict__ y, int64_t outer,
+                                    int64_t n, int64_t inner, bool log) {
+  int64_t cols = outer * inner;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < cols;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t off = (t / inner) * n * inner + t % inner;
+    const T* p = x + off;
+    T* q = y + off;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) mx = fmaxf(mx, Load(p[j * inner]));
+    float sum = 0.f;
+    for (int64_t j = 0; j < n; ++j) sum += expf(Load(p[j * inner]) - mx);
+    if (log) {
+      float lse = mx + logf(sum);
+      for (int64_t j = 0; j < n; ++j) q[j * inner] = Store<T>(Load(p[j * inner]) - lse);
+    } else {
+      float inv = 1.f / sum;
+      for (int64_t j = 0; j < n; ++j) {
+        q[j * inner] = Store<T>(expf(Load(p[j * inner]) - mx) * inv);
+      }
+    }
+  }
+}
+
+template <typename T, typename P>
+__global__ void BatchNormKernel(const T* __restrict__ x, const P* __restrict__ scale,
+                                const P* __restrict__ bias, const P* __restrict__ mean,
+                                const P* __restrict__ var, T* __restrict__ y, int64_t n,
+                                int64_t channels, int64_t inner, float eps) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t c = (i / inner) % channels;
+    float a = Load(scale[c]) * rsqrtf(Load(var[c]) + eps);
+    float b = Load(bias[c]) - Load(mean[c]) * a;
+    y[i] = Store<T>(Load(x[i]) * a + b);
+  }
+}
+
+unsigned RowBlocks(int64_t rows, bool warp) {
+  int64_t per_block = warp ? kBlockThreads / 32 : 1;
+  int64_t blocks = (rows + per_block - 1) / per_block;
+  int64_t cap = 132 * 32;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
+}
+
+}  // namespace
+
+cudaError_t LaunchLayerNorm(Elem t, Elem param_t, const void* x, const void* scale,
+                            const void* bias, void* y, float* mean, float* inv_std, int64_t rows,
+                            int64_t n, float epsilon, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  return DispatchFloat(t, [&](auto tag) {
+    using T = decltype(tag);
+    return DispatchFloat(param_t, [&](auto ptag) {
+      using P = decltype(ptag);
+      auto* px = static_cast<const T*>(x);
+      auto* ps = static_cast<const P*>(scale);
+      auto* pb = static_cast<const P*>(bias);
+      auto* py = static_cast<T*>(y);
+      if (n <= 256) {
+        LayerNormCachedKernel<8, T, P><<<RowBlocks(rows, true), kBlockThreads, 0, stream>>>(
+            px, ps, pb, py, mean, inv_std, rows, static_cast<int>(n), epsilon);
+      } else if (n <= kWarpRowMax) {
+        LayerNormCachedKernel<32, T, P><<<RowBlocks(rows, true), kBlockThreads, 0, stream>>>(
+            px, ps, pb, py, mean, inv_std, rows, static_cast<int>(n), epsilon);
+      } else {
+        LayerNormKernel<false, T, P><<<RowBlocks(rows, false), kBlockThreads, 0, stream>>>(
+            px, ps, pb, py, mean, inv_std, rows, n, epsilon);
+      }
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t LaunchSoftmax(Elem t, bool log, const void* x, void* y, int64_t outer, int64_t n,
+                          int64_t inner, cudaStream_t stream) {
+  if (outer * n * inner == 0) return cudaSuccess;
+  return DispatchFloat(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto* px = static_cast<const T*>(x);
+    auto* py = static_cast<T*>(y);
+    if (inner == 1) {
+      if (n <= kWarpRowMax) {
+        SoftmaxRowKernel<true, T>
+            <<<RowBlocks(outer, true), kBlockThreads, 0, stream>>>(px, py, outer, n, log);
+      } else {
+        SoftmaxRowKernel<false, T>
+            <<<RowBlocks(outer, false), kBlockThreads, 0, stream>>>(px, py, outer, n, log);
+      }
+    } else {
+      SoftmaxColumnKernel<T>
+          <<<GridFor(outer * inner), kBlockThreads, 0, stream>>>(px, py, outer, n, inner, log);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchBatchNorm(Elem t, Elem param_t, const void* x, const void* scale,
+                            const void* bias, const void* mean, const void* var, void* y, int64_t n,
+                            int64_t channels, int64_t inner, float epsilon, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchFloat(t, [&](auto tag) {
+    using T = decltype(tag);
+    return DispatchFloat(param_t, [&](auto ptag) {
+      using P = decltype(ptag);
+      BatchNormKernel<T, P><<<GridFor(n), kBlockThreads, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const P*>(scale), static_cast<const P*>(bias),
+          static_cast<const P*>(mean), static_cast<const P*>(var), static_cast<T*>(y), n, channels,
+          inner, epsilon);
+      return cudaGetLastError();
+    });
+  });
+}
+
+}  // namespace kiln::cuda

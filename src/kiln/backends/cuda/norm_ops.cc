@@ -1,0 +1,190 @@
+// CUDA providers of LayerNormalization, Softmax/LogSoftmax and BatchNormalization (kernels in
+// norm.cu). Row geometry comes from Prepare; f32, f16 and bf16 storage with FP32 statistics.
+#include "kiln/backends/cuda/cuda_kernel.h"
+
+namespace kiln::cuda {
+namespace {
+
+int64_t NormAxis(int64_t axis, size_t rank) {
+  return axis < 0 ? axis + static_cast<int64_t>(rank) : axis;
+}
+
+// ---- LayerNormalization -----------------------------------------------------------------------
+class LayerNormKernel final : public Kernel {
+ public:
+  LayerNormKernel(int64_t axis, float eps, Elem t, Elem param_t)
+      : axis_(axis), eps_(eps), t_(t), param_t_(param_t) {}
+  StatusOr<size_t> Prepare(std::span<const TensorView> in, std::span<const TensorView>) override {
+    const auto& x = in[0].dims;
+    int64_t axis = NormAxis(axis_, x.size());
+    if (axis < 0 || axis > static_cast<int64_t>(x.size())) {
+      return MakeError(ErrorCode::kShapeMismatch, "LayerNormalization axis {} of rank {}", axis_,
+                       x.size());
+    }
+    n_ = 1;
+    for (size_t i = static_cast<size_t>(axis); i < x.size(); ++i) n_ *= x[i];
+    rows_ = n_ == 0 ? 0 : in[0].num_elements() / n_;
+    for (size_t i = 1; i < 3 && i < in.size(); ++i) {
+      if (in[i].data && in[i].num_elements() != n_) {
+        return MakeError(ErrorCode::kUnimplemented,
+                         "LayerNormalization on CUDA needs Scale/B of the full normalized size "
+                         "({} elements); input {} has {}",
+                         n_, i, in[i].num_elements());
+      }
+    }
+    return size_t{0};
+  }
+  Status Run(const KernelRunArgs& a) override {
+    const void* scale = Present(a, 1) ? a.inputs[1].data : nullptr;
+    const void* bias = Present(a, 2) ? a.inputs[2].data : nullptr;
+    float* mean = a.outputs.size() > 1 ? a.outputs[1].as<float>() : nullptr;
+    float* inv = a.outputs.size() > 2 ? a.outputs[2].as<float>() : nullptr;
+    return Launched(LaunchLayerNorm(t_, param_t_, a.inputs[0].data, scale, bias, a.outputs[0].data,
+                                    mean, inv, rows_, n_, eps_, StreamOf(a)),
+                    "LayerNormalization kernel");
+  }
+
+ private:
+  int64_t axis_;
+  float eps_;
+  Elem t_, param_t_;
+  int64_t rows_ = 0, n_ = 0;
+};
+
+CudaOpDef LayerNormDef() {
+  return {
+      .op_type = "LayerNormalization",
+      .variant = "row",
+      .accepts =
+          [](const KernelRequest& r) {
+            if (!IsFloatStorage(InType(r, 0))) return false;
+            DataType p = DataType::kUndefined;
+            for (size_t i = 1; i < r.inputs.size() && i < 3; ++i) {
+              DataType t = InType(r, i);
+              if (t == DataType::kUndefined) continue;
+              if (!IsFloatStorage(t) || (p != DataType::kUndefined && t != p)) return false;
+              p = t;
+            }
+            for (size_t i = 1; i < r.outputs.size(); ++i) {
+              DataType t = OutType(r, i);
+              if (t != DataType::kFloat32 && t != DataType::kUndefined) return false;
+            }
+            return true;
+          },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        DataType p = InType(r, 0);
+        if (InType(r, 1) != DataType::kUndefined) p = InType(r, 1);
+        if (InType(r, 2) != DataType::kUndefined) p = InType(r, 2);
+        return std::unique_ptr<Kernel>(std::make_unique<LayerNormKernel>(
+            r.node->attrs().GetInt("axis", -1), r.node->attrs().GetFloat("epsilon", 1e-5f),
+            *ToElem(InType(r, 0)), *ToElem(p)));
+      },
+  };
+}
+KILN_CUDA_OP_PROVIDER(LayerNormProvider, LayerNormDef());
+
+// ---- Softmax / LogSoftmax ---------------------------------------------------------------------
+class SoftmaxKernel final : public Kernel {
+ public:
+  SoftmaxKernel(int64_t axis, bool log, Elem t) : axis_(axis), log_(log), t_(t) {}
+  StatusOr<size_t> Prepare(std::span<const TensorView> in, std::span<const TensorView>) override {
+    const auto& x = in[0].dims;
+    int64_t axis = NormAxis(axis_, x.size());
+    if (axis < 0 || axis >= static_cast<int64_t>(x.size())) {
+      return MakeError(ErrorCode::kShapeMismatch, "Softmax axis {} of rank {}", axis_, x.size());
+    }
+    outer_ = n_ = inner_ = 1;
+    for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) {
+      (i < axis ? outer_ : (i == axis ? n_ : inner_)) *= x[i];
+    }
+    return size_t{0};
+  }
+  Status Run(const KernelRunArgs& a) override {
+    return Launched(LaunchSoftmax(t_, log_, a.inputs[0].data, a.outputs[0].data, outer_, n_, inner_,
+                                  StreamOf(a)),
+                    "Softmax kernel");
+  }
+
+ private:
+  int64_t axis_;
+  bool log_;
+  Elem t_;
+  int64_t outer_ = 1, n_ = 1, inner_ = 1;
+};
+
+CudaOpDef SoftmaxDef(const char* op, bool log) {
+  return {
+      .op_type = op,
+      .accepts = [](const KernelRequest& r) { return IsFloatStorage(InType(r, 0)); },
+      .create = [log](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        return std::unique_ptr<Kernel>(std::make_unique<SoftmaxKernel>(
+            r.node->attrs().GetInt("axis", -1), log, *ToElem(InType(r, 0))));
+      },
+  };
+}
+KILN_CUDA_OP_PROVIDER(SoftmaxProvider, SoftmaxDef("Softmax", false));
+KILN_CUDA_OP_PROVIDER(LogSoftmaxProvider, SoftmaxDef("LogSoftmax", true));
+
+// ---- BatchNormalization -----------------------------------------------------------------------
+class BatchNormKernel final : public Kernel {
+ public:
+  BatchNormKernel(float eps, bool nhwc, Elem t, Elem param_t)
+      : eps_(eps), nhwc_(nhwc), t_(t), param_t_(param_t) {}
+  StatusOr<size_t> Prepare(std::span<const TensorView> in, std::span<const TensorView>) override {
+    const auto& x = in[0].dims;
+    if (x.size() < 2) return MakeError(ErrorCode::kShapeMismatch, "BatchNormalization of rank < 2");
+    channels_ = nhwc_ ? x.back() : x[1];
+    for (size_t i = 1; i < 5; ++i) {
+      if (in[i].num_elements() != channels_) {
+        return MakeError(ErrorCode::kShapeMismatch,
+                         "BatchNormalization input {} has {} elements; expected {}", i,
+                         in[i].num_elements(), channels_);
+      }
+    }
+    inner_ = 1;
+    if (!nhwc_) {
+      for (size_t i = 2; i < x.size(); ++i) inner_ *= x[i];
+    }
+    return size_t{0};
+  }
+  Status Run(const KernelRunArgs& a) override {
+    return Launched(
+        LaunchBatchNorm(t_, param_t_, a.inputs[0].data, a.inputs[1].data, a.inputs[2].data,
+                        a.inputs[3].data, a.inputs[4].data, a.outputs[0].data,
+                        a.outputs[0].num_elements(), channels_, inner_, eps_, StreamOf(a)),
+        "BatchNormalization kernel");
+  }
+
+ private:
+  float eps_;
+  bool nhwc_;
+  Elem t_, param_t_;
+  int64_t channels_ = 1, inner_ = 1;
+};
+
+CudaOpDef BatchNormDef() {
+  return {
+      .op_type = "BatchNormalization",
+      .channels_last = true,
+      .accepts =
+          [](const KernelRequest& r) {
+            if (r.inputs.size() != 5 || r.outputs.size() != 1) return false;
+            if (r.node->attrs().GetInt("training_mode", 0) != 0) return false;
+            if (!IsFloatStorage(InType(r, 0))) return false;
+            for (size_t i = 2; i < 5; ++i) {
+              if (InType(r, i) != InType(r, 1)) return false;
+            }
+            return IsFloatStorage(InType(r, 1));
+          },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        bool nhwc = r.node->attrs().GetString("kiln_layout", "NCHW") == "NHWC";
+        return std::unique_ptr<Kernel>(
+            std::make_unique<BatchNormKernel>(r.node->attrs().GetFloat("epsilon", 1e-5f), nhwc,
+                                              *ToElem(InType(r, 0)), *ToElem(InType(r, 1))));
+      },
+  };
+}
+KILN_CUDA_OP_PROVIDER(BatchNormProvider, BatchNormDef());
+
+}  // namespace
+}  // namespace kiln::cuda
