@@ -8,13 +8,13 @@
 // Threads: Debian's oneDNN uses OpenMP, so it runs on OpenMP's threads, not kiln's ThreadPool.
 // Each Run sets the calling thread's OpenMP thread count to ThreadPool::Default().size(), so
 // KILN_NUM_THREADS bounds oneDNN too (OpenMP's count is per calling thread).
-#include <omp.h>
 #include <dnnl.hpp>
 
 #include <cstring>
 #include <unordered_map>
 
 #include "kiln/backends/cpu/conv_common.h"
+#include "kiln/backends/cpu/onednn_common.h"
 #include "kiln/core/thread_pool.h"
 
 namespace kiln::cpu {
@@ -25,38 +25,7 @@ using Tag = memory::format_tag;
 
 size_t Align64(size_t n) { return (n + 63) / 64 * 64; }
 
-std::optional<dnnl::algorithm> EltwiseOf(const FusedActivationSpec& act, float* alpha,
-                                         float* beta) {
-  *alpha = 0.f;
-  *beta = 0.f;
-  switch (act.kind) {
-    case FusedActivation::kNone:
-      return std::nullopt;
-    case FusedActivation::kRelu:
-      return dnnl::algorithm::eltwise_relu;
-    case FusedActivation::kClip:
-      *alpha = act.min;
-      *beta = act.max;
-      return dnnl::algorithm::eltwise_clip;
-    case FusedActivation::kSigmoid:
-      return dnnl::algorithm::eltwise_logistic;
-    case FusedActivation::kHardSwish:
-      return dnnl::algorithm::eltwise_hardswish;
-    case FusedActivation::kSilu:
-      *alpha = 1.f;
-      return dnnl::algorithm::eltwise_swish;
-    case FusedActivation::kGelu:
-      return dnnl::algorithm::eltwise_gelu_erf;
-    case FusedActivation::kGeluTanh:
-      return dnnl::algorithm::eltwise_gelu_tanh;
-  }
-  return std::nullopt;
-}
-
-dnnl::engine& Engine() {
-  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
-  return *engine;
-}
+dnnl::engine& Engine() { return OneDnnEngine(); }
 
 // Everything one shape needs: the primitive, its memory descriptors and workspace layout.
 struct OneDnnPlan {
@@ -100,7 +69,8 @@ StatusOr<OneDnnPlan> MakePlan(const ConvSpec& spec, const ConvGeometry& g, bool 
     dnnl::post_ops ops;
     if (has_residual) ops.append_sum(1.f);
     float alpha, beta;
-    if (auto alg = EltwiseOf(spec.act, &alpha, &beta)) ops.append_eltwise(1.f, *alg, alpha, beta);
+    if (auto alg = OneDnnEltwise(spec.act, &alpha, &beta))
+      ops.append_eltwise(1.f, *alg, alpha, beta);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -165,7 +135,7 @@ class OneDnnConvKernel final : public Kernel {
   }
 
   Status Run(const KernelRunArgs& args) override {
-    omp_set_num_threads(ThreadPool::Default().size());
+    SetOneDnnThreads();
     try {
       dnnl::stream& stream = stream_;
       auto* ws = static_cast<std::byte*>(args.workspace);
