@@ -103,8 +103,10 @@ StatusOr<Int8ConvPlan> MakeInt8Plan(const ConvSpec& spec, const ConvGeometry& g,
 // Y (NCHW) = Z + bias[c] for the sum post-op; either may be null (not both).
 void PreloadOutput(float* y, const float* z, const float* bias, int64_t planes, int64_t channels,
                    int64_t plane_size) {
-  ThreadPool::Default().ParallelFor(planes, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
+  // OpenMP's threads, as the primitive's (see QuantizeActivations).
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < planes; ++p) {
+    {
       float* yp = y + p * plane_size;
       const float* zp = z ? z + p * plane_size : nullptr;
       float b = bias ? bias[p % channels] : 0.f;
@@ -114,7 +116,7 @@ void PreloadOutput(float* y, const float* z, const float* bias, int64_t planes, 
         for (int64_t i = 0; i < plane_size; ++i) yp[i] = b;
       }
     }
-  });
+  }
 }
 
 class Int8ConvKernel final : public Kernel {

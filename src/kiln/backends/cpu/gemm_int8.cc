@@ -213,13 +213,13 @@ class Int8GemmKernel final : public Kernel {
     if (addend_.preload) {
       const float* c = args.inputs[2].as<const float>();
       float factor = spec_.gemm ? spec_.beta : 1.f;
-      ThreadPool::Default().ParallelFor(m_, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) {
-          for (int64_t j = 0; j < n_; ++j) {
-            y[i * n_ + j] = factor * c[i * c_row_stride_ + j * c_col_stride_];
-          }
+      // OpenMP's threads, as the primitive's (see QuantizeActivations).
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < m_; ++i) {
+        for (int64_t j = 0; j < n_; ++j) {
+          y[i * n_ + j] = factor * c[i * c_row_stride_ + j * c_col_stride_];
         }
-      });
+      }
     }
     KILN_RETURN_IF_ERROR(OneDnnCall(dnnl_memory_set_data_handle(src_.get(), q), "set_data_handle"));
     KILN_RETURN_IF_ERROR(OneDnnCall(dnnl_memory_set_data_handle(dst_.get(), y), "set_data_handle"));

@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kiln/core/thread_pool.h"
-
 namespace kiln::cpu {
 
 std::optional<float> Int8InputAmax(const Node& node) {
@@ -53,14 +51,14 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
 
 void QuantizeActivations(const float* x, int64_t n, float inv_scale, int8_t* q) {
   constexpr int64_t kChunk = 1 << 14;
-  if (n <= kChunk) {
-    QuantizeRange(x, n, inv_scale, q);
-    return;
-  }
-  ThreadPool::Default().ParallelFor((n + kChunk - 1) / kChunk, [&](int64_t b, int64_t e) {
-    int64_t lo = b * kChunk, hi = std::min(n, e * kChunk);
+  int64_t chunks = (n + kChunk - 1) / kChunk;
+  // On OpenMP's threads, like the oneDNN primitive that follows, so that the whole layer runs on
+  // one set of threads (kiln's ThreadPool and OpenMP's would otherwise take turns waking up).
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
     QuantizeRange(x + lo, hi - lo, inv_scale, q + lo);
-  });
+  }
 }
 
 }  // namespace kiln::cpu

@@ -32,7 +32,8 @@ struct Int8Weights {
 Int8Weights QuantizeWeightsPerChannel(const float* w, int64_t channels, int64_t inner,
                                       int64_t channel_stride, int64_t inner_stride);
 
-// q[i] = clamp(round(x[i] * inv_scale), -127, 127) for n elements, on kiln's ThreadPool.
+// q[i] = clamp(round(x[i] * inv_scale), -127, 127) for n elements, on OpenMP's threads (those
+// oneDNN runs on; call SetOneDnnThreads first).
 void QuantizeActivations(const float* x, int64_t n, float inv_scale, int8_t* q);
 
 }  // namespace kiln::cpu
