@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 
 #include "kiln/app/pipeline.h"
 #include "kiln/onnx/onnx_import.h"
+#include "kiln/ops/op_schema.h"
 #include "kiln/runtime/runtime.h"
 #include "tests/engine/test_engines.h"
 
@@ -154,6 +156,82 @@ TEST(ExecuteNoAlloc, ExecuteAllocatesNothing) { ExpectNoAllocation(true); }
 
 // The same with the CPU backend's own kernels.
 TEST(ExecuteNoAlloc, CpuBackendKernelsAllocateNothing) { ExpectNoAllocation(false); }
+
+// The INT8 tactics (not in FP32 engines): Run of each allocates nothing either.
+long Int8RunAllocations(const std::string& op, std::vector<Tensor> inputs, AttributeMap attrs,
+                        const std::string& tactic) {
+  Graph graph;
+  attrs.Set("kiln_int8_input_amax", 1.f);
+  std::vector<Value*> values;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string name = fmt::format("in{}", i);
+    values.push_back(i == 0 ? graph.AddInput(name, inputs[i].dtype(), MakeShape(inputs[i].dims()))
+                            : graph.AddConstant(name, inputs[i]));
+  }
+  Value* out = graph.AddValue("y");
+  Node* node = graph.AddNode(op, "n", values, {out}, attrs);
+  graph.MarkOutput(out);
+  EXPECT_TRUE(InferShapes(graph).ok());
+  KernelRequest request;
+  request.node = node;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    request.inputs.push_back({inputs[i].dtype(), MakeShape(inputs[i].dims()), inputs[i].dims(),
+                              node->input(i)->constant()});
+  }
+  std::vector<int64_t> dims = *StaticDims(out->shape());
+  request.outputs.push_back({DataType::kFloat32, out->shape(), dims, nullptr});
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCpu, op)) {
+    for (const TacticConfig& t : p->Tactics(request)) {
+      if (t.name != tactic) continue;
+      auto kernel = p->Create(request, t);
+      EXPECT_TRUE(kernel.ok()) << kernel.status().ToString();
+      if (!kernel.ok()) return -1;
+      Tensor y(DataType::kFloat32, dims);
+      std::vector<TensorView> in, outs{y.view()};
+      for (const Tensor& x : inputs) in.push_back(x.view());
+      auto ws = (*kernel)->Prepare(in, outs);
+      EXPECT_TRUE(ws.ok());
+      std::vector<float> workspace(*ws / 4 + 16);
+      void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(workspace.data()) + 63) &
+                                              ~uintptr_t{63});
+      KernelRunArgs args{in, outs, aligned, *ws, nullptr};
+      EXPECT_TRUE((*kernel)->Run(args).ok());  // warm-up
+      Status status;
+      long n = AllocationsDuring([&] { status = (*kernel)->Run(args); });
+      EXPECT_TRUE(status.ok()) << status.ToString();
+      EXPECT_NE(y.ToFloatVector()[0], 0.f);
+      return n;
+    }
+  }
+  ADD_FAILURE() << "no tactic " << tactic << " for " << op;
+  return -1;
+}
+
+Tensor Filled(std::vector<int64_t> dims, float start) {
+  std::vector<float> v(static_cast<size_t>(NumElements(dims)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(start + 0.37f * static_cast<float>(i));
+  return Tensor::FromVector(DataType::kFloat32, std::move(dims), v);
+}
+
+TEST(ExecuteNoAlloc, Int8KernelsAllocateNothing) {
+  AttributeMap conv;
+  conv.Set("pads", std::vector<int64_t>{1, 1, 1, 1});
+  conv.Set("activation", std::string("relu"));
+  EXPECT_EQ(Int8RunAllocations("FusedConv",
+                               {Filled({1, 8, 6, 6}, 0.1f), Filled({16, 8, 3, 3}, 0.2f),
+                                Filled({16}, 0.3f), Filled({1, 16, 6, 6}, 0.4f)},
+                               conv, "i8-conv-cpu-onednn"),
+            0);
+  AttributeMap gemm;
+  gemm.Set("transB", int64_t{1});
+  EXPECT_EQ(Int8RunAllocations("Gemm",
+                               {Filled({4, 32}, 0.5f), Filled({8, 32}, 0.6f), Filled({4, 8}, 0.7f)},
+                               gemm, "i8-gemm-cpu-onednn"),
+            0);
+  EXPECT_EQ(Int8RunAllocations("MatMul", {Filled({2, 3, 32}, 0.8f), Filled({32, 8}, 0.9f)}, {},
+                               "i8-matmul-cpu-onednn"),
+            0);
+}
 
 // Every zoo model's FP32 CPU engine (the tactics the builder picks), on its reference inputs.
 std::filesystem::path ZooDir() {
