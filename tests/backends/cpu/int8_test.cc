@@ -262,6 +262,14 @@ TEST(CpuInt8, Conv) {
       "conv stride 2");
   ExpectInt8Accuracy(CheckInt8(ConvCase(rng, 2, 16, 8, 16, 3, 16), 1.f, 16, 9, 1), "depthwise");
   ExpectInt8Accuracy(CheckInt8(ConvCase(rng, 1, 16, 8, 32, 3, 4), 1.f, 32, 4 * 9, 1), "grouped");
+  OpCase one_d;
+  one_d.op = "Conv";
+  one_d.attrs.Set("kernel_shape", std::vector<int64_t>{3});
+  one_d.attrs.Set("pads", std::vector<int64_t>{1, 1});
+  one_d.inputs = {RandomTensor({2, 8, 20}, rng), RandomTensor({16, 8, 3}, rng),
+                  RandomTensor({16}, rng)};
+  one_d.constant = {false, true, true};
+  ExpectInt8Accuracy(CheckInt8(one_d, 1.f, 16, 8 * 3, 1), "1-D conv");
 }
 
 TEST(CpuInt8, FusedConvBiasReluResidual) {
