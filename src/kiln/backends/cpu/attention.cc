@@ -12,14 +12,14 @@ namespace {
 enum class MaskKind { kNone, kAdditive, kBoolean, kCausal };
 
 struct AttentionShape {
-  std::vector<int64_t> batch;  // output batch dims
+  DimVec batch;  // output batch dims (inline: built in Run without allocating)
   int64_t batch_n = 1, sq = 0, sk = 0, d = 0, dv = 0;
 };
 
 AttentionShape ShapeOf(std::span<const TensorView> in, std::span<const TensorView> out) {
   AttentionShape s;
   const auto& y = out[0].dims;
-  s.batch.assign(y.begin(), y.end() - 2);
+  s.batch = DimVec(y.begin(), y.end() - 2);
   for (int64_t b : s.batch) s.batch_n *= b;
   size_t r = in[0].dims.size();
   s.sq = in[0].dims[r - 2];
@@ -52,13 +52,11 @@ class AttentionKernel final : public Kernel {
     float* y = a.outputs[0].as<float>();
     float* scores = static_cast<float*>(a.workspace);
     size_t r = a.inputs[0].dims.size();
-    auto batch_dims = [&](const TensorView& t) {
-      return std::vector<int64_t>(t.dims.begin(), t.dims.begin() + (r - 2));
-    };
+    auto batch_dims = [&](const TensorView& t) { return t.dims.first(r - 2); };
     BroadcastIndexer qi(batch_dims(a.inputs[0]), s.batch), ki(batch_dims(a.inputs[1]), s.batch),
         vi(batch_dims(a.inputs[2]), s.batch);
     bool has_mask = kind_ == MaskKind::kAdditive || kind_ == MaskKind::kBoolean;
-    std::vector<int64_t> score_dims = s.batch;
+    DimVec score_dims = s.batch;
     score_dims.push_back(s.sq);
     score_dims.push_back(s.sk);
     BroadcastIndexer mi(has_mask ? a.inputs[3].dims : std::span<const int64_t>(score_dims),

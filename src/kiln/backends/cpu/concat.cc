@@ -38,7 +38,7 @@ const bool kRegistered = [] {
               int64_t axis = AxisOf(*node, 0, out.dims.size());
               int64_t outer = Outer(out.dims, axis);
               size_t out_chunk = ChunkBytes(out, axis);
-              std::vector<size_t> offsets, chunks;
+              SmallVec<size_t, 16> offsets, chunks;  // inline: Run does not allocate
               size_t off = 0;
               for (const TensorView& in : a.inputs) {
                 offsets.push_back(off);

@@ -8,13 +8,13 @@
 // Threads: Debian's oneDNN uses OpenMP, so it runs on OpenMP's threads, not kiln's ThreadPool.
 // Each Run sets the calling thread's OpenMP thread count to ThreadPool::Default().size(), so
 // KILN_NUM_THREADS bounds oneDNN too (OpenMP's count is per calling thread).
-#include <omp.h>
 #include <dnnl.hpp>
 
 #include <cstring>
-#include <unordered_map>
+#include <vector>
 
 #include "kiln/backends/cpu/conv_common.h"
+#include "kiln/backends/cpu/onednn_common.h"
 #include "kiln/core/thread_pool.h"
 
 namespace kiln::cpu {
@@ -25,38 +25,7 @@ using Tag = memory::format_tag;
 
 size_t Align64(size_t n) { return (n + 63) / 64 * 64; }
 
-std::optional<dnnl::algorithm> EltwiseOf(const FusedActivationSpec& act, float* alpha,
-                                         float* beta) {
-  *alpha = 0.f;
-  *beta = 0.f;
-  switch (act.kind) {
-    case FusedActivation::kNone:
-      return std::nullopt;
-    case FusedActivation::kRelu:
-      return dnnl::algorithm::eltwise_relu;
-    case FusedActivation::kClip:
-      *alpha = act.min;
-      *beta = act.max;
-      return dnnl::algorithm::eltwise_clip;
-    case FusedActivation::kSigmoid:
-      return dnnl::algorithm::eltwise_logistic;
-    case FusedActivation::kHardSwish:
-      return dnnl::algorithm::eltwise_hardswish;
-    case FusedActivation::kSilu:
-      *alpha = 1.f;
-      return dnnl::algorithm::eltwise_swish;
-    case FusedActivation::kGelu:
-      return dnnl::algorithm::eltwise_gelu_erf;
-    case FusedActivation::kGeluTanh:
-      return dnnl::algorithm::eltwise_gelu_tanh;
-  }
-  return std::nullopt;
-}
-
-dnnl::engine& Engine() {
-  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
-  return *engine;
-}
+dnnl::engine& Engine() { return OneDnnEngine(); }
 
 // Everything one shape needs: the primitive, its memory descriptors and workspace layout.
 struct OneDnnPlan {
@@ -100,7 +69,8 @@ StatusOr<OneDnnPlan> MakePlan(const ConvSpec& spec, const ConvGeometry& g, bool 
     dnnl::post_ops ops;
     if (has_residual) ops.append_sum(1.f);
     float alpha, beta;
-    if (auto alg = EltwiseOf(spec.act, &alpha, &beta)) ops.append_eltwise(1.f, *alg, alpha, beta);
+    if (auto alg = OneDnnEltwise(spec.act, &alpha, &beta))
+      ops.append_eltwise(1.f, *alg, alpha, beta);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -153,11 +123,11 @@ class OneDnnConvKernel final : public Kernel {
         dst_reorder_ = dnnl::reorder(dst_, user_dst_);
         if (has_residual_) z_reorder_ = dnnl::reorder(user_dst_, dst_);
       }
-      args_ = {{DNNL_ARG_SRC, src_},
-               {DNNL_ARG_WEIGHTS, packed_wei_},
-               {DNNL_ARG_DST, dst_},
-               {DNNL_ARG_SCRATCHPAD, scratch_}};
-      if (has_bias_) args_[DNNL_ARG_BIAS] = bias_;
+      conv_args_ = {{DNNL_ARG_SRC, src_.get()},
+                    {DNNL_ARG_WEIGHTS, packed_wei_.get()},
+                    {DNNL_ARG_DST, dst_.get()},
+                    {DNNL_ARG_SCRATCHPAD, scratch_.get()}};
+      if (has_bias_) conv_args_.push_back({DNNL_ARG_BIAS, bias_.get()});
     } catch (const dnnl::error& e) {
       return MakeError(ErrorCode::kKernelFailed, "oneDNN convolution prepare failed: {}", e.what());
     }
@@ -165,32 +135,44 @@ class OneDnnConvKernel final : public Kernel {
   }
 
   Status Run(const KernelRunArgs& args) override {
-    omp_set_num_threads(ThreadPool::Default().size());
-    try {
-      dnnl::stream& stream = stream_;
-      auto* ws = static_cast<std::byte*>(args.workspace);
-      user_src_.set_data_handle(args.inputs[0].data);
-      user_dst_.set_data_handle(args.outputs[0].data);
-      if (plan_->reorder_src) src_.set_data_handle(ws);
-      if (plan_->reorder_dst) dst_.set_data_handle(ws + plan_->src_bytes);
-      scratch_.set_data_handle(ws + plan_->src_bytes + plan_->dst_bytes);
-      if (has_bias_) bias_.set_data_handle(args.inputs[2].data);
-      if (plan_->reorder_src) src_reorder_.execute(stream, user_src_, src_);
-      if (has_residual_) {
-        // The sum post-op adds what dst holds: put Z there first.
-        std::memcpy(args.outputs[0].data, args.inputs[3].data, args.outputs[0].size_bytes());
-        if (plan_->reorder_dst) z_reorder_.execute(stream, user_dst_, dst_);
-      }
-      conv_.execute(stream, args_);
-      if (plan_->reorder_dst) dst_reorder_.execute(stream, dst_, user_dst_);
-      stream.wait();
-    } catch (const dnnl::error& e) {
-      return MakeError(ErrorCode::kKernelFailed, "oneDNN convolution failed: {}", e.what());
+    SetOneDnnThreads();
+    // oneDNN's C API with argument arrays built in Prepare: the C++ wrapper's execute() builds
+    // a std::vector per call, and Run must not allocate.
+    auto* ws = static_cast<std::byte*>(args.workspace);
+    KILN_RETURN_IF_ERROR(SetHandle(user_src_, args.inputs[0].data));
+    KILN_RETURN_IF_ERROR(SetHandle(user_dst_, args.outputs[0].data));
+    if (plan_->reorder_src) KILN_RETURN_IF_ERROR(SetHandle(src_, ws));
+    if (plan_->reorder_dst) KILN_RETURN_IF_ERROR(SetHandle(dst_, ws + plan_->src_bytes));
+    KILN_RETURN_IF_ERROR(SetHandle(scratch_, ws + plan_->src_bytes + plan_->dst_bytes));
+    if (has_bias_) KILN_RETURN_IF_ERROR(SetHandle(bias_, args.inputs[2].data));
+    if (plan_->reorder_src) KILN_RETURN_IF_ERROR(Reorder(src_reorder_, user_src_, src_));
+    if (has_residual_) {
+      // The sum post-op adds what dst holds: put Z there first.
+      std::memcpy(args.outputs[0].data, args.inputs[3].data, args.outputs[0].size_bytes());
+      if (plan_->reorder_dst) KILN_RETURN_IF_ERROR(Reorder(z_reorder_, user_dst_, dst_));
     }
-    return OkStatus();
+    KILN_RETURN_IF_ERROR(
+        Check(dnnl_primitive_execute(conv_.get(), stream_.get(),
+                                     static_cast<int>(conv_args_.size()), conv_args_.data()),
+              "convolution"));
+    if (plan_->reorder_dst) KILN_RETURN_IF_ERROR(Reorder(dst_reorder_, dst_, user_dst_));
+    return Check(dnnl_stream_wait(stream_.get()), "stream wait");
   }
 
  private:
+  static Status Check(dnnl_status_t status, const char* what) {
+    if (status == dnnl_success) return OkStatus();
+    return MakeError(ErrorCode::kKernelFailed, "oneDNN {} failed (dnnl status {})", what,
+                     static_cast<int>(status));
+  }
+  static Status SetHandle(memory& m, void* data) {
+    return Check(dnnl_memory_set_data_handle(m.get(), data), "set_data_handle");
+  }
+  Status Reorder(const dnnl::reorder& r, const memory& from, const memory& to) {
+    dnnl_exec_arg_t a[2] = {{DNNL_ARG_FROM, from.get()}, {DNNL_ARG_TO, to.get()}};
+    return Check(dnnl_primitive_execute(r.get(), stream_.get(), 2, a), "reorder");
+  }
+
   ConvSpec spec_;
   Tensor weights_;  // shares the constant's storage
   bool has_bias_, has_residual_;
@@ -200,7 +182,7 @@ class OneDnnConvKernel final : public Kernel {
   dnnl::convolution_forward conv_;
   dnnl::reorder src_reorder_, dst_reorder_, z_reorder_;
   memory packed_wei_, user_src_, user_dst_, src_, dst_, scratch_, bias_;
-  std::unordered_map<int, memory> args_;
+  std::vector<dnnl_exec_arg_t> conv_args_;
 };
 
 }  // namespace

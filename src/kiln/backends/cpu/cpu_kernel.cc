@@ -134,9 +134,24 @@ std::vector<TacticConfig> CpuFloatProvider::Tactics(const KernelRequest& request
   if (!AcceptsTypes(f32.request)) return {};
   std::vector<TacticConfig> tactics = F32Tactics(f32.request);
   if (f32.storage != DataType::kFloat32) {
+    // The wrapper's f32 copies of every f16/bf16 operand come on top of the inner workspace.
+    size_t conversion = 0;
+    auto add = [&](const OperandDesc& d) {
+      if (!IsHalfLike(d.dtype)) return;
+      std::vector<int64_t> dims = d.max_dims;
+      if (dims.empty()) {
+        if (auto s = StaticDims(d.shape)) dims = *s;
+      }
+      int64_t n = 1;
+      for (int64_t x : dims) n *= x;
+      conversion += Align64(static_cast<size_t>(n) * 4);
+    };
+    for (const auto& d : request.inputs) add(d);
+    for (const auto& d : request.outputs) add(d);
     std::string prefix(ToString(f32.storage));
     for (auto& t : tactics) {
       if (t.name.starts_with("f32-")) t.name = prefix + t.name.substr(3);
+      t.workspace_bytes += conversion;
     }
   }
   return tactics;

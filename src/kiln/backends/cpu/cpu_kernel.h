@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/backends/cpu/small_vec.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/core/thread_pool.h"
 
@@ -63,11 +64,12 @@ class LambdaKernel final : public Kernel {
 // Broadcast helper: for output index i (row-major over out_dims), the input's linear index.
 // Precomputed strides make the inner loop cheap; used by binary elementwise ops.
 struct BroadcastIndexer {
+  BroadcastIndexer() = default;
   BroadcastIndexer(std::span<const int64_t> in_dims, std::span<const int64_t> out_dims);
   int64_t operator()(int64_t out_index) const;
-  bool identity = false;  // in_dims == out_dims
-  bool scalar = false;    // one element
-  std::vector<int64_t> out_strides, in_strides;
+  bool identity = false;           // in_dims == out_dims
+  bool scalar = false;             // one element
+  DimVec out_strides, in_strides;  // inline: built in Run without allocating
 };
 
 }  // namespace kiln::cpu

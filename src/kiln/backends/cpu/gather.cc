@@ -26,23 +26,25 @@ const bool kRegistered = [] {
               const TensorView& data = a.inputs[0];
               int64_t rank = static_cast<int64_t>(data.dims.size());
               int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
-              std::vector<int64_t> idx = ReadInts(a.inputs[1]);
+              // Indices are read in place (no copy: Run does not allocate), checked first.
+              const TensorView& indices = a.inputs[1];
               int64_t n = data.dims[axis], outer = 1;
               size_t inner = SizeOf(data.dtype);
               for (int64_t i = 0; i < axis; ++i) outer *= data.dims[i];
               for (int64_t i = axis + 1; i < rank; ++i) inner *= static_cast<size_t>(data.dims[i]);
-              for (int64_t& i : idx) {
+              int64_t k = indices.num_elements();
+              for (int64_t j = 0; j < k; ++j) {
+                int64_t i = ReadInt(indices, j);
                 if (i < -n || i >= n) return BadIndex(i, n);
-                if (i < 0) i += n;
               }
               auto* src = data.as<const std::byte>();
               auto* dst = a.outputs[0].as<std::byte>();
-              int64_t k = static_cast<int64_t>(idx.size());
               if (a.outputs[0].size_bytes() == 0) return OkStatus();
               ParallelRows(outer * k, static_cast<int64_t>(inner), [&](int64_t b, int64_t e) {
                 for (int64_t t = b; t < e; ++t) {
-                  int64_t o = t / k, j = t % k;
-                  std::memcpy(dst + t * inner, src + (o * n + idx[j]) * inner, inner);
+                  int64_t o = t / k, i = ReadInt(indices, t % k);
+                  if (i < 0) i += n;
+                  std::memcpy(dst + t * inner, src + (o * n + i) * inner, inner);
                 }
               });
               return OkStatus();
@@ -61,15 +63,15 @@ const bool kRegistered = [] {
               const TensorView& out = a.outputs[0];
               size_t rank = data.dims.size();
               int64_t axis = axis_attr < 0 ? axis_attr + static_cast<int64_t>(rank) : axis_attr;
-              std::vector<int64_t> idx = ReadInts(a.inputs[1]);
-              std::vector<int64_t> ds = Strides(data.dims);
-              std::vector<int64_t> coord(rank, 0);
+              const TensorView& indices = a.inputs[1];
+              DimVec ds = Strides(data.dims);
+              DimVec coord(rank, 0);
               size_t es = SizeOf(data.dtype);
               int64_t n = data.dims[axis];
               auto* src = data.as<const std::byte>();
               auto* dst = out.as<std::byte>();
-              for (size_t t = 0; t < idx.size(); ++t) {
-                int64_t i = idx[t];
+              for (int64_t t = 0; t < indices.num_elements(); ++t) {
+                int64_t i = ReadInt(indices, t);
                 if (i < -n || i >= n) return BadIndex(i, n);
                 if (i < 0) i += n;
                 int64_t off = 0;
@@ -108,8 +110,7 @@ const bool kRegistered = [] {
               std::memcpy(dst, data.data, data.size_bytes());
               int64_t k = ind.dims.back();
               int64_t q = ind.num_elements() / std::max<int64_t>(k, 1);
-              std::vector<int64_t> idx = ReadInts(ind);
-              std::vector<int64_t> ds = Strides(data.dims);
+              DimVec ds = Strides(data.dims);
               int64_t slice = 1;
               for (size_t d = static_cast<size_t>(k); d < data.dims.size(); ++d)
                 slice *= data.dims[d];
@@ -117,7 +118,7 @@ const bool kRegistered = [] {
               for (int64_t t = 0; t < q; ++t) {
                 int64_t off = 0;
                 for (int64_t d = 0; d < k; ++d) {
-                  int64_t i = idx[t * k + d], n = data.dims[d];
+                  int64_t i = ReadInt(ind, t * k + d), n = data.dims[d];
                   if (i < -n || i >= n) return BadIndex(i, n);
                   off += (i < 0 ? i + n : i) * ds[d];
                 }

@@ -8,20 +8,27 @@
 namespace kiln::cpu {
 namespace {
 
-// Expands an optional per-row parameter (Scale or B) to the full row length; empty if absent.
-std::vector<float> ExpandParam(const KernelRunArgs& a, size_t i, std::span<const int64_t> norm) {
-  if (a.inputs.size() <= i || !a.inputs[i].data) return {};
+// An optional per-row parameter (Scale or B) as a full row: the input itself when it has the
+// row's size, else broadcast into `buf` (n floats of workspace); nullptr if absent.
+const float* ExpandParam(const KernelRunArgs& a, size_t i, std::span<const int64_t> norm,
+                         float* buf) {
+  if (a.inputs.size() <= i || !a.inputs[i].data) return nullptr;
   const TensorView& p = a.inputs[i];
   int64_t n = 1;
   for (int64_t d : norm) n *= d;
-  if (p.num_elements() == n) {
-    const float* s = p.as<const float>();
-    return std::vector<float>(s, s + n);
-  }
+  if (p.num_elements() == n) return p.as<const float>();
   BroadcastIndexer idx(p.dims, norm);
-  std::vector<float> out(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) out[j] = p.as<const float>()[idx(j)];
-  return out;
+  for (int64_t j = 0; j < n; ++j) buf[j] = p.as<const float>()[idx(j)];
+  return buf;
+}
+
+// Row length of the normalized axes.
+int64_t RowLength(std::span<const int64_t> dims, int64_t axis_attr) {
+  int64_t rank = static_cast<int64_t>(dims.size());
+  int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+  int64_t n = 1;
+  for (int64_t d : dims.subspan(axis)) n *= d;
+  return n;
 }
 
 const bool kRegistered = [] {
@@ -41,7 +48,13 @@ const bool kRegistered = [] {
           [](const KernelRequest& r) {
             int64_t axis_attr = r.node->attrs().GetInt("axis", -1);
             float eps = r.node->attrs().GetFloat("epsilon", 1e-5f);
-            return KernelOr([=](const KernelRunArgs& a) {
+            // Workspace: room to broadcast Scale and B to a full row.
+            auto prepare = [=](std::span<const TensorView> in,
+                               std::span<const TensorView>) -> StatusOr<size_t> {
+              size_t row = static_cast<size_t>(RowLength(in[0].dims, axis_attr)) * sizeof(float);
+              return 2 * ((row + 63) / 64 * 64);
+            };
+            auto run = [=](const KernelRunArgs& a) {
               const TensorView& x = a.inputs[0];
               int64_t rank = static_cast<int64_t>(x.dims.size());
               int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
@@ -49,7 +62,10 @@ const bool kRegistered = [] {
               int64_t n = 1;
               for (int64_t d : norm) n *= d;
               int64_t rows = n == 0 ? 0 : x.num_elements() / n;
-              std::vector<float> scale = ExpandParam(a, 1, norm), bias = ExpandParam(a, 2, norm);
+              auto* ws = static_cast<float*>(a.workspace);
+              size_t row = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64 / sizeof(float);
+              const float* scale = ExpandParam(a, 1, norm, ws);
+              const float* bias = ExpandParam(a, 2, norm, ws + row);
               const float* src = x.as<const float>();
               float* dst = a.outputs[0].as<float>();
               float* mean_out = a.outputs.size() > 1 ? a.outputs[1].as<float>() : nullptr;
@@ -66,8 +82,8 @@ const bool kRegistered = [] {
                   float inv = 1.f / std::sqrt(var / static_cast<float>(n) + eps);
                   for (int64_t j = 0; j < n; ++j) {
                     float v = (p[j] - mean) * inv;
-                    if (!scale.empty()) v *= scale[j];
-                    if (!bias.empty()) v += bias[j];
+                    if (scale) v *= scale[j];
+                    if (bias) v += bias[j];
                     q[j] = v;
                   }
                   if (mean_out) mean_out[r] = mean;
@@ -75,7 +91,8 @@ const bool kRegistered = [] {
                 }
               });
               return OkStatus();
-            });
+            };
+            return StatusOr<std::unique_ptr<Kernel>>(std::make_unique<LambdaKernel>(run, prepare));
           },
   });
   return true;

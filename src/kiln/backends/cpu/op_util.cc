@@ -92,17 +92,14 @@ std::unique_ptr<Kernel> MakeKernel(LambdaKernel::RunFn run) {
   return std::make_unique<LambdaKernel>(std::move(run));
 }
 
-std::vector<int64_t> ReadInts(const TensorView& v) {
-  std::vector<int64_t> out(static_cast<size_t>(v.num_elements()));
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = v.dtype == DataType::kInt64 ? v.as<const int64_t>()[i]
-                                         : static_cast<int64_t>(LoadAsDouble(v, i));
-  }
+DimVec ReadInts(const TensorView& v) {
+  DimVec out(static_cast<size_t>(v.num_elements()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = ReadInt(v, static_cast<int64_t>(i));
   return out;
 }
 
-std::vector<int64_t> Strides(std::span<const int64_t> dims) {
-  std::vector<int64_t> s(dims.size(), 1);
+DimVec Strides(std::span<const int64_t> dims) {
+  DimVec s(dims.size(), 1);
   for (size_t i = dims.size(); i-- > 1;) s[i - 1] = s[i] * dims[i];
   return s;
 }
@@ -111,27 +108,24 @@ BroadcastPlan::BroadcastPlan(std::span<const TensorView> inputs,
                              std::span<const int64_t> out_dims) {
   size_t rank = out_dims.size();
   // Per input and output axis: 1 = complete, 0 = broadcast, -1 = either (output dim 1).
-  std::vector<std::vector<int>> kind(inputs.size(), std::vector<int>(rank));
-  for (size_t i = 0; i < inputs.size(); ++i) {
+  auto kind = [&](size_t i, size_t a) {
     size_t r = inputs[i].dims.size();
-    for (size_t a = 0; a < rank; ++a) {
-      int64_t d = a + r < rank ? 1 : inputs[i].dims[a + r - rank];
-      kind[i][a] = out_dims[a] == 1 ? -1 : (d == out_dims[a] ? 1 : 0);
-    }
-  }
+    int64_t d = a + r < rank ? 1 : inputs[i].dims[a + r - rank];
+    return out_dims[a] == 1 ? -1 : (d == out_dims[a] ? 1 : 0);
+  };
   // Longest suffix where each input keeps one kind.
   size_t start = rank;
-  std::vector<int> seen(inputs.size(), -1);
+  SmallVec<int, 4> seen(inputs.size(), -1);
   while (start > 0) {
     bool ok = true;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      int k = kind[i][start - 1];
+      int k = kind(i, start - 1);
       if (k >= 0 && seen[i] >= 0 && k != seen[i]) ok = false;
     }
     if (!ok) break;
     --start;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      if (kind[i][start] >= 0) seen[i] = kind[i][start];
+      if (kind(i, start) >= 0) seen[i] = kind(i, start);
     }
   }
   inner = 1;
@@ -140,86 +134,9 @@ BroadcastPlan::BroadcastPlan(std::span<const TensorView> inputs,
   for (int64_t d : out_dims) total *= d;
   rows = inner == 0 ? 0 : total / inner;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    indexers.emplace_back(inputs[i].dims, out_dims);
+    indexers.push_back(BroadcastIndexer(inputs[i].dims, out_dims));
     inner_stride.push_back(seen[i] == 0 ? 0 : 1);
   }
-}
-
-void MapCopy(const void* src, std::span<const int64_t> in_dims, void* dst,
-             std::span<const int64_t> out_dims, const std::vector<std::vector<int64_t>>& maps,
-             size_t es, const void* fill) {
-  size_t rank = out_dims.size();
-  int64_t total = 1;
-  for (int64_t d : out_dims) total *= d;
-  if (total == 0) return;
-  auto* s = static_cast<const std::byte*>(src);
-  auto* d = static_cast<std::byte*>(dst);
-  std::vector<std::byte> zero(es);
-  const auto* fill_bytes = fill ? static_cast<const std::byte*>(fill) : zero.data();
-  if (rank == 0) {
-    std::memcpy(d, s, es);
-    return;
-  }
-  std::vector<int64_t> in_strides = Strides(in_dims);
-  int64_t inner = out_dims[rank - 1];
-  const std::vector<int64_t>& last = maps[rank - 1];
-  // Maximal runs of the last axis that read consecutive input elements.
-  struct Run {
-    int64_t out_begin, len, in_begin;  // in_begin -1: fill
-  };
-  std::vector<Run> runs;
-  for (int64_t o = 0; o < inner; ++o) {
-    int64_t m = last[o];
-    if (!runs.empty()) {
-      Run& r = runs.back();
-      bool extends =
-          (m < 0 && r.in_begin < 0) || (m >= 0 && r.in_begin >= 0 && m == r.in_begin + r.len);
-      if (extends) {
-        ++r.len;
-        continue;
-      }
-    }
-    runs.push_back({o, 1, m < 0 ? -1 : m});
-  }
-  int64_t rows = total / inner;
-  ParallelRows(rows, inner, [&](int64_t r0, int64_t r1) {
-    std::vector<int64_t> coord(rank, 0);
-    int64_t rem = r0;
-    for (size_t a = rank - 1; a-- > 0;) {
-      coord[a] = rem % out_dims[a];
-      rem /= out_dims[a];
-    }
-    for (int64_t r = r0; r < r1; ++r) {
-      int64_t off = 0;
-      bool filled = false;
-      for (size_t a = 0; a + 1 < rank; ++a) {
-        int64_t m = maps[a][coord[a]];
-        if (m < 0) filled = true;
-        off += m * in_strides[a];
-      }
-      std::byte* row = d + r * inner * static_cast<int64_t>(es);
-      for (const Run& run : runs) {
-        std::byte* out = row + run.out_begin * static_cast<int64_t>(es);
-        if (filled || run.in_begin < 0) {
-          for (int64_t j = 0; j < run.len; ++j) std::memcpy(out + j * es, fill_bytes, es);
-        } else {
-          std::memcpy(out, s + (off + run.in_begin) * static_cast<int64_t>(es),
-                      static_cast<size_t>(run.len) * es);
-        }
-      }
-      for (size_t a = rank - 1; a-- > 0;) {
-        if (++coord[a] < out_dims[a]) break;
-        coord[a] = 0;
-      }
-    }
-  });
-}
-
-void ParallelRows(int64_t n, int64_t cost_per_item,
-                  const std::function<void(int64_t, int64_t)>& fn) {
-  constexpr int64_t kGrain = 1 << 15;  // elements worth one task
-  int64_t min_chunk = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, cost_per_item));
-  ThreadPool::Default().ParallelFor(n, fn, min_chunk);
 }
 
 }  // namespace kiln::cpu

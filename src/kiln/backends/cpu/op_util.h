@@ -3,6 +3,7 @@
 // row plan, and the strided copy / transpose routines that data-movement kernels reuse.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "kiln/backends/cpu/cpu_kernel.h"
+#include "kiln/backends/cpu/small_vec.h"
 
 namespace kiln::cpu {
 
@@ -50,8 +52,14 @@ inline DataType OutType(const KernelRequest& r, size_t i) {
 }
 inline bool IsIndexType(DataType t) { return t == DataType::kInt64 || t == DataType::kInt32; }
 
-// Integer contents of a host view (int64/int32, any rank).
-std::vector<int64_t> ReadInts(const TensorView& v);
+// Integer contents of a host view (int64/int32, any rank): for small shape-like tensors (dims,
+// axes, pads), kept inline without allocating; element i of a larger one is ReadInt(v, i).
+DimVec ReadInts(const TensorView& v);
+inline int64_t ReadInt(const TensorView& v, int64_t i) {
+  return v.dtype == DataType::kInt64   ? v.as<const int64_t>()[i]
+         : v.dtype == DataType::kInt32 ? v.as<const int32_t>()[i]
+                                       : static_cast<int64_t>(LoadAsDouble(v, i));
+}
 // A scalar of a host view as double.
 inline double ReadScalar(const TensorView& v) { return LoadAsDouble(v, 0); }
 
@@ -79,17 +87,23 @@ Status DispatchNumeric(DataType t, F&& f) {
 // Broadcast of several inputs to an output, as rows: the output is `rows` x `inner` and input i
 // reads `inner` elements from offset(row) with stride inner_stride[i] (1 or 0). The inner run is
 // the longest suffix of dims over which every input is either complete or broadcast.
+// Built on the stack in Run: it allocates nothing for up to 4 inputs of rank <= 12.
 struct BroadcastPlan {
   BroadcastPlan(std::span<const TensorView> inputs, std::span<const int64_t> out_dims);
   int64_t rows = 0, inner = 1;
-  std::vector<BroadcastIndexer> indexers;
-  std::vector<int64_t> inner_stride;
+  SmallVec<BroadcastIndexer, 4> indexers;
+  SmallVec<int64_t, 4> inner_stride;
   int64_t offset(size_t input, int64_t row) const { return indexers[input](row * inner); }
 };
 
 // Runs fn(begin, end) over [0, n) on the default pool when n * cost_per_item is large enough.
-void ParallelRows(int64_t n, int64_t cost_per_item,
-                  const std::function<void(int64_t, int64_t)>& fn);
+// A template so that the callable is passed by reference (a std::function would allocate).
+template <typename F>
+void ParallelRows(int64_t n, int64_t cost_per_item, F&& fn) {
+  constexpr int64_t kGrain = 1 << 15;  // elements worth one task
+  int64_t min_chunk = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, cost_per_item));
+  ThreadPool::Default().ParallelFor(n, fn, min_chunk);
+}
 
 // Transposes a dense tensor of `elem_size`-byte elements: out dims are in_dims permuted by perm.
 // Coalesces dims, uses a blocked 2D path for batched matrix transposes and contiguous runs when
@@ -98,13 +112,72 @@ void TransposeBytes(const void* src, void* dst, std::span<const int64_t> in_dims
                     std::span<const int64_t> perm, size_t elem_size);
 
 // Copies with an independent index map per axis: output coord o on axis a reads input coord
-// maps[a][o], or writes `fill` (elem_size bytes; zeros when null) where it is -1. Slice, Pad,
-// Tile and Expand are all this; runs that are contiguous in the input become memcpy.
+// map(a, o), or writes `fill` (elem_size bytes; zeros when null) where it is -1. Slice, Pad,
+// Tile and Expand are all this; runs that are contiguous in the input become memcpy. The map is
+// a callable (computed, not stored), so nothing is allocated.
+template <typename Map>
 void MapCopy(const void* src, std::span<const int64_t> in_dims, void* dst,
-             std::span<const int64_t> out_dims, const std::vector<std::vector<int64_t>>& maps,
-             size_t elem_size, const void* fill);
-
+             std::span<const int64_t> out_dims, const Map& map, size_t es, const void* fill);
 // Row-major strides.
-std::vector<int64_t> Strides(std::span<const int64_t> dims);
+DimVec Strides(std::span<const int64_t> dims);
+
+template <typename Map>
+void MapCopy(const void* src, std::span<const int64_t> in_dims, void* dst,
+             std::span<const int64_t> out_dims, const Map& map, size_t es, const void* fill) {
+  size_t rank = out_dims.size();
+  int64_t total = 1;
+  for (int64_t d : out_dims) total *= d;
+  if (total == 0) return;
+  auto* s = static_cast<const std::byte*>(src);
+  auto* d = static_cast<std::byte*>(dst);
+  static constexpr std::byte kZero[16] = {};
+  const auto* fill_bytes = fill ? static_cast<const std::byte*>(fill) : kZero;
+  if (rank == 0) {
+    std::memcpy(d, s, es);
+    return;
+  }
+  DimVec in_strides = Strides(in_dims);
+  int64_t inner = out_dims[rank - 1];
+  int64_t rows = total / inner;
+  ParallelRows(rows, inner, [&](int64_t r0, int64_t r1) {
+    DimVec coord(rank, 0);
+    int64_t rem = r0;
+    for (size_t a = rank - 1; a-- > 0;) {
+      coord[a] = rem % out_dims[a];
+      rem /= out_dims[a];
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t off = 0;
+      bool filled = false;
+      for (size_t a = 0; a + 1 < rank; ++a) {
+        int64_t m = map(a, coord[a]);
+        if (m < 0) filled = true;
+        off += m * in_strides[a];
+      }
+      std::byte* row = d + r * inner * static_cast<int64_t>(es);
+      // Maximal runs of the last axis that read consecutive input elements (or all fill).
+      for (int64_t o = 0; o < inner;) {
+        int64_t m = filled ? -1 : map(rank - 1, o);
+        int64_t len = 1;
+        while (o + len < inner) {
+          int64_t next = filled ? -1 : map(rank - 1, o + len);
+          if (m < 0 ? next >= 0 : next != m + len) break;
+          ++len;
+        }
+        std::byte* out = row + o * static_cast<int64_t>(es);
+        if (m < 0) {
+          for (int64_t j = 0; j < len; ++j) std::memcpy(out + j * es, fill_bytes, es);
+        } else {
+          std::memcpy(out, s + (off + m) * static_cast<int64_t>(es), static_cast<size_t>(len) * es);
+        }
+        o += len;
+      }
+      for (size_t a = rank - 1; a-- > 0;) {
+        if (++coord[a] < out_dims[a]) break;
+        coord[a] = 0;
+      }
+    }
+  });
+}
 
 }  // namespace kiln::cpu

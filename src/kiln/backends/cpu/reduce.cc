@@ -40,22 +40,24 @@ double Keep(double a, int64_t) { return a; }
       [](double a, int64_t) { return std::log(a); })
 
 // The reduced axes of `x` under a node's axes input and noop flag (empty: none / all).
-std::vector<bool> ReducedAxes(const KernelRunArgs& a, bool noop) {
+using AxisFlags = SmallVec<uint8_t, 12>;  // inline: built in Run without allocating
+
+AxisFlags ReducedAxes(const KernelRunArgs& a, bool noop) {
   size_t rank = a.inputs[0].dims.size();
-  std::vector<int64_t> axes;
+  DimVec axes;
   if (a.inputs.size() > 1 && a.inputs[1].data) axes = ReadInts(a.inputs[1]);
-  std::vector<bool> reduce(rank, axes.empty() && !noop);
+  AxisFlags reduce(rank, axes.empty() && !noop ? 1 : 0);
   for (int64_t ax : axes) reduce[ax < 0 ? ax + static_cast<int64_t>(rank) : ax] = true;
   return reduce;
 }
 
 // Reduces x (as T) over `reduce` axes into y. Moves reduced axes last when they are not adjacent.
 template <typename T>
-void ReduceTyped(const TensorView& x, const TensorView& y, const std::vector<bool>& reduce,
+void ReduceTyped(const TensorView& x, const TensorView& y, const AxisFlags& reduce,
                  const Reducer& red, void* workspace) {
   size_t rank = x.dims.size();
   const T* src = x.as<const T>();
-  std::vector<int64_t> perm;
+  DimVec perm;
   for (size_t i = 0; i < rank; ++i) {
     if (!reduce[i]) perm.push_back(static_cast<int64_t>(i));
   }
@@ -63,7 +65,7 @@ void ReduceTyped(const TensorView& x, const TensorView& y, const std::vector<boo
     if (reduce[i]) perm.push_back(static_cast<int64_t>(i));
   }
   // Dims of size 1 do not matter; the reduced ones are adjacent when they form one block.
-  std::vector<std::pair<int64_t, bool>> big;
+  SmallVec<std::pair<int64_t, bool>, 12> big;
   for (size_t i = 0; i < rank; ++i) {
     if (x.dims[i] != 1) big.push_back({x.dims[i], reduce[i]});
   }
@@ -182,27 +184,38 @@ void TopK(const KernelRunArgs& a, int64_t axis_attr, bool largest, bool sorted) 
   const T* src = x.as<const T>();
   T* vals = a.outputs[0].as<T>();
   int64_t* idx = a.outputs[1].as<int64_t>();
-  ParallelRows(v.outer * v.inner, v.n * 4, [&](int64_t b, int64_t e) {
-    std::vector<int64_t> order(static_cast<size_t>(v.n));
-    for (int64_t t = b; t < e; ++t) {
-      int64_t o = t / v.inner, i = t % v.inner;
-      const T* p = src + o * v.n * v.inner + i;
-      std::iota(order.begin(), order.end(), 0);
-      // Ties keep the lower index first (ONNX).
-      auto cmp = [&](int64_t l, int64_t r) {
-        T lv = p[l * v.inner], rv = p[r * v.inner];
-        if (lv == rv) return l < r;
-        return largest ? lv > rv : lv < rv;
-      };
-      std::partial_sort(order.begin(), order.begin() + k, order.end(), cmp);
-      if (!sorted) std::sort(order.begin(), order.begin() + k);
-      for (int64_t j = 0; j < k; ++j) {
-        int64_t out = (o * k + j) * v.inner + i;
-        vals[out] = p[order[j] * v.inner];
-        idx[out] = order[j];
+  // One index buffer of n per part, in the workspace (TopKWorkspace): Run does not allocate.
+  int64_t rows = v.outer * v.inner;
+  int64_t parts = std::min<int64_t>(ThreadPool::Default().size(), rows);
+  ThreadPool::Default().ParallelFor(parts, [&](int64_t p0, int64_t p1) {
+    for (int64_t part = p0; part < p1; ++part) {
+      std::span<int64_t> order(static_cast<int64_t*>(a.workspace) + part * v.n,
+                               static_cast<size_t>(v.n));
+      for (int64_t t = part * rows / parts; t < (part + 1) * rows / parts; ++t) {
+        int64_t o = t / v.inner, i = t % v.inner;
+        const T* p = src + o * v.n * v.inner + i;
+        std::iota(order.begin(), order.end(), 0);
+        // Ties keep the lower index first (ONNX).
+        auto cmp = [&](int64_t l, int64_t r) {
+          T lv = p[l * v.inner], rv = p[r * v.inner];
+          if (lv == rv) return l < r;
+          return largest ? lv > rv : lv < rv;
+        };
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), cmp);
+        if (!sorted) std::sort(order.begin(), order.begin() + k);
+        for (int64_t j = 0; j < k; ++j) {
+          int64_t out = (o * k + j) * v.inner + i;
+          vals[out] = p[order[j] * v.inner];
+          idx[out] = order[j];
+        }
       }
     }
   });
+}
+
+size_t TopKWorkspace(std::span<const TensorView> in, int64_t axis_attr) {
+  int64_t n = in[0].dims.empty() ? 1 : in[0].dims[NormAxis(axis_attr, in[0].dims.size())];
+  return static_cast<size_t>(ThreadPool::Default().size() * n) * sizeof(int64_t);
 }
 
 template <typename F>
@@ -243,7 +256,7 @@ void RegisterReduce(const char* op, Reducer red, bool float_only) {
           return one_axis ? size_t{0} : in[0].size_bytes();
         };
         auto run = [=](const KernelRunArgs& a) {
-          std::vector<bool> reduce = ReducedAxes(a, noop);
+          AxisFlags reduce = ReducedAxes(a, noop);
           return ForReduceType(t, [&](auto tag) -> Status {
             ReduceTyped<typename decltype(tag)::type>(a.inputs[0], a.outputs[0], reduce, red,
                                                       a.workspace);
@@ -306,12 +319,17 @@ const bool kRegistered = [] {
             bool largest = r.node->attrs().GetInt("largest", 1) != 0;
             bool sorted = r.node->attrs().GetInt("sorted", 1) != 0;
             DataType t = InType(r, 0);
-            return KernelOr([=](const KernelRunArgs& a) {
+            auto run = [=](const KernelRunArgs& a) {
               return ForReduceType(t, [&](auto tag) -> Status {
                 TopK<typename decltype(tag)::type>(a, axis, largest, sorted);
                 return OkStatus();
               });
-            });
+            };
+            auto prepare = [=](std::span<const TensorView> in,
+                               std::span<const TensorView>) -> StatusOr<size_t> {
+              return TopKWorkspace(in, axis);
+            };
+            return StatusOr<std::unique_ptr<Kernel>>(std::make_unique<LambdaKernel>(run, prepare));
           },
   });
   return true;

@@ -22,10 +22,9 @@ void Transpose2D(const T* src, T* dst, int64_t rows, int64_t cols) {
 }
 
 template <typename T>
-void TransposeTyped(const T* src, T* dst, const std::vector<int64_t>& dims,
-                    const std::vector<int64_t>& perm) {
+void TransposeTyped(const T* src, T* dst, const DimVec& dims, const DimVec& perm) {
   size_t rank = dims.size();
-  std::vector<int64_t> out_dims(rank);
+  DimVec out_dims(rank);
   for (size_t i = 0; i < rank; ++i) out_dims[i] = dims[perm[i]];
   int64_t total = 1;
   for (int64_t d : dims) total *= d;
@@ -42,14 +41,14 @@ void TransposeTyped(const T* src, T* dst, const std::vector<int64_t>& dims,
     });
     return;
   }
-  std::vector<int64_t> in_strides = Strides(dims);
+  DimVec in_strides = Strides(dims);
   // Input stride of each output axis.
-  std::vector<int64_t> stride(rank);
+  DimVec stride(rank);
   for (size_t i = 0; i < rank; ++i) stride[i] = in_strides[perm[i]];
   int64_t inner = out_dims[rank - 1], inner_stride = stride[rank - 1];
   int64_t rows = total / inner;
   ParallelRows(rows, inner, [&](int64_t r0, int64_t r1) {
-    std::vector<int64_t> coord(rank, 0);
+    DimVec coord(rank, 0);
     // Coordinates of row r0 over the output's outer axes.
     int64_t rem = r0;
     for (size_t a = rank - 1; a-- > 0;) {
@@ -78,34 +77,38 @@ void TransposeTyped(const T* src, T* dst, const std::vector<int64_t>& dims,
 void TransposeBytes(const void* src, void* dst, std::span<const int64_t> in_dims,
                     std::span<const int64_t> perm, size_t elem_size) {
   // Drop size-1 dims, then merge input dims that stay adjacent and in order in the output.
-  std::vector<int64_t> keep;  // input axes kept, in output order
+  // Everything here is rank-sized and inline: Run does not allocate.
+  DimVec keep;  // input axes kept, in output order
   for (int64_t p : perm) {
     if (in_dims[p] != 1) keep.push_back(p);
   }
-  std::vector<int64_t> dims, perm2;  // coalesced
+  DimVec dims, perm2;  // coalesced
   {
-    // Group consecutive output axes that are consecutive input axes.
-    std::vector<std::vector<int64_t>> groups;
-    for (int64_t p : keep) {
-      if (!groups.empty() && groups.back().back() + 1 == p) {
-        groups.back().push_back(p);
+    // Group consecutive output axes that are consecutive input axes: group g is
+    // keep[start[g]] .. keep[start[g] + len[g] - 1].
+    DimVec start, len;
+    for (size_t i = 0; i < keep.size(); ++i) {
+      if (!start.empty() && keep[start.back() + len.back() - 1] + 1 == keep[i]) {
+        ++len.back();
       } else {
-        groups.push_back({p});
+        start.push_back(static_cast<int64_t>(i));
+        len.push_back(1);
       }
     }
+    size_t groups = start.size();
     // Order groups by their first input axis to get the coalesced input dims.
-    std::vector<size_t> order(groups.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    DimVec order(groups);
+    for (size_t i = 0; i < groups; ++i) order[i] = static_cast<int64_t>(i);
     std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return groups[a][0] < groups[b][0]; });
-    std::vector<int64_t> pos(groups.size());
-    for (size_t i = 0; i < order.size(); ++i) {
+              [&](int64_t a, int64_t b) { return keep[start[a]] < keep[start[b]]; });
+    DimVec pos(groups);
+    for (size_t i = 0; i < groups; ++i) {
       pos[order[i]] = static_cast<int64_t>(i);
       int64_t d = 1;
-      for (int64_t p : groups[order[i]]) d *= in_dims[p];
+      for (int64_t k = 0; k < len[order[i]]; ++k) d *= in_dims[keep[start[order[i]] + k]];
       dims.push_back(d);
     }
-    for (size_t g = 0; g < groups.size(); ++g) perm2.push_back(pos[g]);
+    for (size_t g = 0; g < groups; ++g) perm2.push_back(pos[g]);
   }
   if (dims.empty()) {
     dims = {1};
@@ -140,7 +143,7 @@ const bool kRegistered = [] {
             std::vector<int64_t> perm = r.node->attrs().GetInts("perm");
             return KernelOr([perm](const KernelRunArgs& a) {
               const TensorView& x = a.inputs[0];
-              std::vector<int64_t> p = perm;
+              DimVec p(perm.begin(), perm.end());
               if (p.empty()) {
                 for (size_t i = x.dims.size(); i-- > 0;) p.push_back(static_cast<int64_t>(i));
               }
@@ -161,7 +164,7 @@ const bool kRegistered = [] {
               return KernelOr([=](const KernelRunArgs& a) {
                 const TensorView& x = a.inputs[0];
                 int64_t n = x.dims[0], c = x.dims[1], h = x.dims[2], w = x.dims[3];
-                std::vector<int64_t> dims, perm;
+                DimVec dims, perm;
                 if (!to_space) {
                   dims = {n, c, h / b, b, w / b, b};
                   perm = {0, 3, 5, 1, 2, 4};

@@ -1,0 +1,24 @@
+// What the CPU backend's oneDNN kernels share (conv_onednn.cc, the INT8 kernels): the process's
+// oneDNN engine, the fused activation as an eltwise post-op, and OpenMP's thread count.
+#pragma once
+
+#include <dnnl.hpp>
+
+#include <optional>
+
+#include "kiln/ops/fused.h"
+
+namespace kiln::cpu {
+
+// The one CPU engine every oneDNN kernel uses (created on first use, never destroyed).
+dnnl::engine& OneDnnEngine();
+
+// The activation as a oneDNN eltwise algorithm with its alpha/beta; nullopt for none.
+std::optional<dnnl::algorithm> OneDnnEltwise(const FusedActivationSpec& act, float* alpha,
+                                             float* beta);
+
+// Debian's oneDNN runs on OpenMP's threads, not kiln's ThreadPool: bound them by the pool's size
+// (KILN_NUM_THREADS) on the calling thread before executing a primitive.
+void SetOneDnnThreads();
+
+}  // namespace kiln::cpu
