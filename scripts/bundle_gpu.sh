@@ -47,7 +47,7 @@ for lazy in libopenblas.so.0; do
     if ! [[ "$name" =~ $skip ]]; then cp -Ln "$p" .bundle/lib/ 2>/dev/null || true; fi
   done
 done
-tar -C . -czf .bundle.tgz .bundle
+XZ_OPT="-6 -T2" tar -C . -cJf .bundle.tgz .bundle  # xz: about a third smaller than gzip
 ls -la .bundle.tgz
 # The device call carries at most 64 MiB with the working tree; leave room for the tree.
 size=$(stat -c %s .bundle.tgz)

@@ -8,7 +8,7 @@ KILN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 KILN_BUNDLE=${KILN_BUNDLE:-$KILN_ROOT/.bundle.tgz}
 if [ -f "$KILN_BUNDLE" ]; then
   rm -rf "$KILN_ROOT/.bundle"
-  tar -C "$KILN_ROOT" -xzf "$KILN_BUNDLE"
+  tar -C "$KILN_ROOT" -xf "$KILN_BUNDLE"  # gzip or xz
 else
   echo "gpu_env.sh: no bundle at $KILN_BUNDLE (make one with scripts/bundle_gpu.sh)" >&2
 fi
