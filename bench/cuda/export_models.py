@@ -33,7 +33,10 @@ class _LastHidden(torch.nn.Module):
     def forward(self, input_ids, attention_mask=None):
         if self.with_mask:
             return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.inner(input_ids=input_ids).last_hidden_state
+        # An all-ones mask rather than none: without one, newer transformers look for packed
+        # sequences in the position ids with torch.diff, which the ONNX exporter cannot export.
+        ones = torch.ones_like(input_ids)
+        return self.inner(input_ids=input_ids, attention_mask=ones).last_hidden_state
 
 
 def make_model(name, attn="eager"):
