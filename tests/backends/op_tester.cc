@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 
 #include "kiln/ops/op_schema.h"
 
@@ -318,8 +319,15 @@ int OpTester::RunType(BackendKind backend_kind, DataType float_type) {
       }
     }
   }
-  EXPECT_GT(runs, 0) << "no " << ToString(backend_kind) << " tactic for " << op_type_ << " ("
-                     << ToString(float_type) << ")";
+  if (backend_kind == BackendKind::kCpu) {
+    // The CPU backend is the reference: it implements every op.
+    EXPECT_GT(runs, 0) << "no cpu tactic for " << op_type_ << " (" << ToString(float_type) << ")";
+  } else if (runs == 0) {
+    // A device backend may lack an op (the builder names such layers, KILN-E3003); what it does
+    // implement is checked above. Its coverage of the zoo is asserted in tests/backends/cuda.
+    std::cout << "note: no " << ToString(backend_kind) << " tactic for " << op_type_ << " ("
+              << ToString(float_type) << "); not checked on this backend\n";
+  }
   return runs;
 }
 
