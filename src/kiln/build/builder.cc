@@ -311,12 +311,14 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     // Max dims come from the shape rules run on integers (symbolic substitution cannot see
     // through every data-dependent shape; the rules can).
     l.request = MakeKernelRequest(*node, max_dims);
-    // An INT8 layer takes only INT8 tactics; every other layer none.
+    // An INT8 layer takes only INT8 tactics. Other layers need no filter: providers offer
+    // quantized tactics only to annotated nodes, and an "i8-" tactic of an unannotated node is a
+    // plain int8-dtype kernel (an int8 Add), which must stay.
     auto lp = assigned.layers.find(node->name());
     const bool int8 = lp != assigned.layers.end() && lp->second.int8;
     for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *node)) {
       for (TacticConfig& t : p->Tactics(l.request)) {
-        if (t.name.starts_with(precision::kInt8TacticPrefix) != int8) continue;
+        if (int8 && !t.name.starts_with(precision::kInt8TacticPrefix)) continue;
         l.candidates.push_back({p, std::move(t)});
       }
     }

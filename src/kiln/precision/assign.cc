@@ -81,7 +81,7 @@ bool Assigner::HasKernel(const Node& node, DataType dtype, const OpPrecisionRule
   }
   for (const KernelProvider* p : KernelRegistry::Get().Providers(options_.backend, node)) {
     for (const TacticConfig& t : p->Tactics(r)) {
-      if (t.name.starts_with(kInt8TacticPrefix) == int8) return true;
+      if (!int8 || t.name.starts_with(kInt8TacticPrefix)) return true;
     }
   }
   return false;
