@@ -32,6 +32,8 @@ struct ConformanceCliOptions {
   double timeout_s = 60;
   bool fp16 = false;
   bool bf16 = false;
+  bool int8 = false;
+  std::string calib_method = "entropy";
   bool verbose = false;
 };
 
@@ -134,8 +136,16 @@ int Run(const ConformanceCliOptions& o) {
   options.backend = o.backend == "cuda" ? BackendKind::kCuda : BackendKind::kCpu;
   options.fp16 = o.fp16;
   options.bf16 = o.bf16;
+  options.int8 = o.int8;
+  if (o.int8) {
+    auto m = precision::ParseCalibrationMethod(o.calib_method);
+    if (!m.ok()) return ReportError(m.status());
+    options.calibration_method = *m;
+  }
   if (o.rel_l2 > 0) {
     options.max_rel_l2 = o.rel_l2;
+  } else if (o.int8) {
+    options.max_rel_l2 = 1e-1;  // docs/precision.md: the INT8 bound on the zoo
   } else if (o.fp16 || o.bf16) {
     // Reduced-precision engines are judged by relative L2 against the FP32 reference, at the
     // bounds docs/precision.md documents (elementwise tolerances do not fit FP16 rounding).
@@ -231,6 +241,11 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
                 "build FP16 engines (default bound: relative L2 <= 2e-2, docs/precision.md)");
   sub->add_flag("--bf16", o->bf16,
                 "build BF16 engines (default bound: relative L2 <= 1e-1, docs/precision.md)");
+  sub->add_flag("--int8", o->int8,
+                "build INT8 engines (FP16 fallback) calibrated on each case's own data sets "
+                "(default bound: relative L2 <= 1e-1, docs/precision.md)");
+  sub->add_option("--calib-method", o->calib_method, "with --int8: entropy, minmax or percentile")
+      ->capture_default_str();
   sub->add_flag("-v,--verbose", o->verbose, "print passing cases too");
   return [o]() { return Run(*o); };
 }

@@ -9,6 +9,7 @@
 
 #include "kiln/backends/kernel.h"
 #include "kiln/core/status.h"
+#include "kiln/precision/calibration.h"
 
 namespace kiln::app {
 
@@ -16,6 +17,9 @@ struct ConformanceOptions {
   BackendKind backend = BackendKind::kCpu;
   bool fp16 = false;
   bool bf16 = false;
+  // INT8 (with FP16 fallback), calibrated on the case's own test_data_set_* inputs.
+  bool int8 = false;
+  precision::CalibrationMethod calibration_method = precision::CalibrationMethod::kEntropy;
   bool optimize = true;
   // Element-wise |a-e| <= atol + rtol*|e| (the ONNX backend tests' default: 1e-3, 1e-7) ...
   double rtol = 1e-3;
