@@ -94,7 +94,8 @@ def case_build_once_np4(a, tmp):
     waits = [x["wait_s"] for x in rep["ranks"] if x["rank"] != 0]
     check(all(w >= 0.25 for w in waits), f"receivers waited for the 300 ms build: {waits}")
     check(rep["transport"] == "mpi" and rep["world_size"] == 4 and rep["bytes"] == 5 * MB, "report fields")
-    check(rep["build_s"] >= 0.3, "build time reported")
+    # The 300 ms synthetic build is timed by BuildOnce around the call; allow clock granularity.
+    check(rep["build_s"] >= 0.29, f"build time reported: {rep['build_s']}")
 
 
 def case_cache_hit_np4(a, tmp):
