@@ -76,7 +76,8 @@ extern "C" void cblas_sgemm(OPENBLAS_CONST enum CBLAS_ORDER order,
     for (blasint j = 0; j < n; ++j) {
       float acc = 0;
       for (blasint p = 0; p < k; ++p) {
-        acc += at(a, lda, trans_a != CblasNoTrans, i, p) * at(b, ldb, trans_b != CblasNoTrans, p, j);
+        acc +=
+            at(a, lda, trans_a != CblasNoTrans, i, p) * at(b, ldb, trans_b != CblasNoTrans, p, j);
       }
       float& out = row ? c[i * ldc + j] : c[j * ldc + i];
       out = alpha * acc + (beta == 0 ? 0 : beta * out);

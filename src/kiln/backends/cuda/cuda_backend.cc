@@ -26,16 +26,26 @@ namespace {
 // cuBLASLt alone does not export cublasGetStatusName (libcublas does); the names are the enum's.
 const char* CublasStatusName(cublasStatus_t st) {
   switch (st) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED (out of GPU memory)";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED (out of GPU memory)";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
   }
   return "unknown cuBLAS status";
 }
@@ -47,8 +57,8 @@ Status CublasStatus(cublasStatus_t st, const char* what) {
     return MakeError(ErrorCode::kCublasError, "{} failed: cuBLASLt could not be loaded: {}", what,
                      load_error);
   }
-  return MakeError(ErrorCode::kCublasError, "{} failed: {} (status {})", what,
-                   CublasStatusName(st), static_cast<int>(st));
+  return MakeError(ErrorCode::kCublasError, "{} failed: {} (status {})", what, CublasStatusName(st),
+                   static_cast<int>(st));
 }
 
 Status CudnnStatus(cudnnStatus_t st, const char* what) {
@@ -141,10 +151,10 @@ class CudaBackend final : public Backend {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
-      return MakeError(err == cudaErrorMemoryAllocation ? ErrorCode::kCudaOutOfMemory
-                                                        : ErrorCode::kCudaError,
-                       "cudaMalloc of {} bytes on GPU {} failed: {} ({} of {} bytes free)", bytes,
-                       device_, cudaGetErrorString(err), free_b, total_b);
+      return MakeError(
+          err == cudaErrorMemoryAllocation ? ErrorCode::kCudaOutOfMemory : ErrorCode::kCudaError,
+          "cudaMalloc of {} bytes on GPU {} failed: {} ({} of {} bytes free)", bytes, device_,
+          cudaGetErrorString(err), free_b, total_b);
     }
     return DeviceBuffer(p, bytes, [](void* q) { cudaFree(q); });
   }

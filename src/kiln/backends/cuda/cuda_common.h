@@ -33,22 +33,22 @@ std::string ArchName(int major, int minor);
 
 }  // namespace kiln::cuda
 
-#define KILN_CUDA_RETURN_IF_ERROR(expr)                                          \
-  do {                                                                          \
-    cudaError_t kiln_cuda_err_ = (expr);                                        \
+#define KILN_CUDA_RETURN_IF_ERROR(expr)                                                        \
+  do {                                                                                         \
+    cudaError_t kiln_cuda_err_ = (expr);                                                       \
     if (kiln_cuda_err_ != cudaSuccess) return ::kiln::cuda::CudaStatus(kiln_cuda_err_, #expr); \
   } while (0)
 
-#define KILN_CUBLAS_RETURN_IF_ERROR(expr)                                                 \
-  do {                                                                                   \
-    cublasStatus_t kiln_cublas_st_ = (expr);                                             \
-    if (kiln_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                        \
-      return ::kiln::cuda::CublasStatus(kiln_cublas_st_, #expr);                         \
+#define KILN_CUBLAS_RETURN_IF_ERROR(expr)                        \
+  do {                                                           \
+    cublasStatus_t kiln_cublas_st_ = (expr);                     \
+    if (kiln_cublas_st_ != CUBLAS_STATUS_SUCCESS)                \
+      return ::kiln::cuda::CublasStatus(kiln_cublas_st_, #expr); \
   } while (0)
 
-#define KILN_CUDNN_RETURN_IF_ERROR(expr)                                                  \
-  do {                                                                                   \
-    cudnnStatus_t kiln_cudnn_st_ = (expr);                                               \
-    if (kiln_cudnn_st_ != CUDNN_STATUS_SUCCESS)                                          \
-      return ::kiln::cuda::CudnnStatus(kiln_cudnn_st_, #expr);                           \
+#define KILN_CUDNN_RETURN_IF_ERROR(expr)                       \
+  do {                                                         \
+    cudnnStatus_t kiln_cudnn_st_ = (expr);                     \
+    if (kiln_cudnn_st_ != CUDNN_STATUS_SUCCESS)                \
+      return ::kiln::cuda::CudnnStatus(kiln_cudnn_st_, #expr); \
   } while (0)
