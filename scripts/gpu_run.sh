@@ -84,9 +84,11 @@ if [ "$bench" = 1 ]; then
   echo "kiln build precision flag: $fp16_note (FP32 fallback if the build rejects it)"
   timeout "$budget" $PY bench/cuda/bench_vs_torch.py --kiln "$KILN" --models-dir "$work/models" \
     --work "$work/engines" --out "$OUT/bench_cuda.json" --models "$models" --batches "$batches" \
-    --modes "$modes" --iterations "$iterations" $no_kiln 2>&1 | tee "$OUT/bench.log" |
-    grep -vE 'Warning|warn\(|^\||^build '
+    --modes "$modes" --iterations "$iterations" --layers-dir "$work/layers" $no_kiln 2>&1 |
+    tee "$OUT/bench.log" | grep -vE 'Warning|warn\(|^\||^build '
   note "benchmark: rc ${PIPESTATUS[0]}, results in $OUT/bench_cuda.json"
+  # Per-layer GPU times of each engine, one archive (the device returns few files).
+  [ -d "$work/layers" ] && tar -C "$work" -czf "$OUT/layers.tgz" layers
 fi
 
 echo

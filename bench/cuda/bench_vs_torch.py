@@ -192,6 +192,13 @@ def bench_model(a, name, rows, builds):
                     row["kiln_max_kernel_ms"] = j.get("max_kernel_ms")
                     row["kiln_cuda_graph"] = j.get("cuda_graph")
                     row["kiln_timer"] = j.get("timer")
+                    if a.layers_dir and j.get("layers"):
+                        # Per-layer GPU times (eager, one event pair per layer) for finding where
+                        # the time goes; kept beside the results, not in them.
+                        os.makedirs(a.layers_dir, exist_ok=True)
+                        with open(os.path.join(a.layers_dir, f"{name}_b{batch}_layers.json"),
+                                  "w") as f:
+                            json.dump({"model": name, "batch": batch, "layers": j["layers"]}, f)
                     log(f"  kiln {name} b{batch} ({prec}): {row['kiln_compute_ms']:.3f} ms, "
                         f"rel_l2 {err_l2:.2e}{'' if row['kiln_correct'] else ' WRONG'}")
 
@@ -255,6 +262,7 @@ def main():
     ap.add_argument("--kiln", default="kiln")
     ap.add_argument("--models-dir")
     ap.add_argument("--out")
+    ap.add_argument("--layers-dir", help="write each kiln engine's per-layer GPU times here")
     ap.add_argument("--table", metavar="JSON", help="only print the table of a results file")
     ap.add_argument("--work", default=None, help="engines and outputs (default: next to --out)")
     ap.add_argument("--models", default=",".join(em.MODELS))
