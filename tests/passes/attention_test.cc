@@ -214,6 +214,124 @@ TEST(AttentionFusion, AnyOtherBooleanMaskStaysAnInput) {
   ExpectSameOutputs(before, after);
 }
 
+// ---- The attention layout pass: heads read in place.
+
+Passes FusionAndLayout() {
+  Passes v;
+  v.push_back(MakeAttentionFusionPass());
+  v.push_back(MakeAttentionLayoutPass());
+  v.push_back(MakeDeadNodeEliminationPass());
+  return v;
+}
+
+// BERT's whole head split and merge: hq/hk/hv [2, 5, 8] -> heads -> attention -> merge ->
+// [2, 5, 8]. q_rank4: Q arrives already split ([2, 5, 2, 4]: only its Transpose can go).
+// merged_is_output: the [2, 5, 2, 4] merge result is itself a graph output (its Reshape stays).
+void SplitMergeGraph(Graph& g, bool q_rank4, bool merged_is_output) {
+  Value* hq = q_rank4 ? g.AddInput("hq", DataType::kFloat32, {2, 5, 2, 4})
+                      : g.AddInput("hq", DataType::kFloat32, {2, 5, 8});
+  Value* hk = g.AddInput("hk", DataType::kFloat32, {2, 5, 8});
+  Value* hv = g.AddInput("hv", DataType::kFloat32, {2, 5, 8});
+  Value* mask = g.AddInput("mask", DataType::kFloat32, {2, 1, 1, 5});
+  Value* q =
+      q_rank4 ? Op(g, "Transpose", {hq}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1, 3}}))
+              : Heads(g, hq, {0, 2, 1, 3});
+  Value* kt = Heads(g, hk, {0, 2, 3, 1});
+  Value* v = Heads(g, hv, {0, 2, 1, 3});
+  Value* s = Op(g, "Div", {Op(g, "MatMul", {q, kt}), Const(g, Scalar(2.f))});
+  Value* p = Op(g, "Softmax", {Op(g, "Add", {s, mask})}, Attrs(std::pair{"axis", int64_t{-1}}));
+  Value* y = Op(g, "MatMul", {p, v});
+  Value* z = Op(g, "Transpose", {y}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1, 3}}));
+  if (merged_is_output) g.MarkOutput(z);
+  g.MarkOutput(Op(g, "Relu", {Op(g, "Reshape", {z, Const(g, Ints({2, 5, 8}))})}));
+}
+
+TEST(AttentionLayout, BertSplitAndMergeBecomeOneBsdLayer) {
+  Graph before, after;
+  SplitMergeGraph(before, false, false);
+  SplitMergeGraph(after, false, false);
+  PassReport r = RunPasses(after, FusionAndLayout());
+  EXPECT_EQ(r.rewrites("attention_layout"), 1);
+  Node* a = Find(after, "Attention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->attrs().GetString("layout", ""), "bsd");
+  EXPECT_EQ(a->attrs().GetInt("num_heads", 0), 2);
+  EXPECT_EQ(a->input(0)->name(), "hq");
+  EXPECT_EQ(a->input(1)->name(), "hk");
+  EXPECT_EQ(a->input(2)->name(), "hv");
+  EXPECT_EQ(a->input(3)->name(), "mask");
+  // Nothing but the attention and the Relu is left: every split and merge copy is gone.
+  EXPECT_EQ(CountOps(after, "Transpose"), 0);
+  EXPECT_EQ(CountOps(after, "Reshape"), 0);
+  EXPECT_EQ(after.num_nodes(), 2u);
+  ExpectSameOutputs(before, after);
+}
+
+TEST(AttentionLayout, PreSplitQAndAMergedOutputGiveBshd) {
+  for (bool q_rank4 : {true, false}) {
+    SCOPED_TRACE(q_rank4 ? "Q arrives split" : "merged value is a graph output");
+    Graph before, after;
+    SplitMergeGraph(before, q_rank4, !q_rank4);
+    SplitMergeGraph(after, q_rank4, !q_rank4);
+    RunPasses(after, FusionAndLayout());
+    Node* a = Find(after, "Attention");
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(a->attrs().GetString("layout", ""), "bshd");
+    EXPECT_EQ(CountOps(after, "Transpose"), 0);
+    // The Reshapes that split K and V (and Q) stay (bshd reads [B, S, H, D]); the merge one too.
+    EXPECT_EQ(CountOps(after, "Reshape"), q_rank4 ? 3 : 4);
+    ExpectSameOutputs(before, after);
+  }
+}
+
+TEST(AttentionLayout, OutputReadByAnythingButTheMergeStaysBhsd) {
+  Graph g;
+  AttentionGraph(g, Form::kBert);  // Y is the graph output itself: no merge to absorb
+  RunPasses(g, FusionAndLayout());
+  Node* a = Find(g, "Attention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->attrs().GetString("layout", "bhsd"), "bhsd");
+}
+
+TEST(AttentionShapeRule, InterleavedLayouts) {
+  for (std::string layout : {"bshd", "bsd"}) {
+    SCOPED_TRACE(layout);
+    Graph g;
+    bool packed = layout == "bsd";
+    std::vector<int64_t> qd =
+        packed ? std::vector<int64_t>{3, 7, 12} : std::vector<int64_t>{3, 7, 2, 6};
+    std::vector<int64_t> kd =
+        packed ? std::vector<int64_t>{3, 9, 12} : std::vector<int64_t>{3, 9, 2, 6};
+    std::vector<int64_t> vd =
+        packed ? std::vector<int64_t>{3, 9, 10} : std::vector<int64_t>{3, 9, 2, 5};
+    Value* q = g.AddInput("q", DataType::kFloat32, Shape(qd.begin(), qd.end()));
+    Value* k = g.AddInput("k", DataType::kFloat32, Shape(kd.begin(), kd.end()));
+    Value* v = g.AddInput("v", DataType::kFloat32, Shape(vd.begin(), vd.end()));
+    Value* m = g.AddInput("m", DataType::kFloat32, {3, 1, 1, 9});
+    Value* y = g.AddValue("y");
+    AttributeMap attrs;
+    attrs.Set("mask_kind", std::string("additive"));
+    attrs.Set("layout", layout);
+    if (packed) attrs.Set("num_heads", int64_t{2});
+    g.AddNode("Attention", "attn", {q, k, v, m}, {y}, attrs);
+    ASSERT_TRUE(InferShapes(g).ok());
+    std::vector<int64_t> want =
+        packed ? std::vector<int64_t>{3, 7, 10} : std::vector<int64_t>{3, 7, 2, 5};
+    EXPECT_EQ(y->shape(), Shape(want.begin(), want.end()));
+    if (packed) {  // 12 columns are not 5 heads
+      Graph bad;
+      Value* bq = bad.AddInput("q", DataType::kFloat32, {3, 7, 12});
+      AttributeMap b = attrs;
+      b.Set("num_heads", int64_t{5});
+      b.Set("mask_kind", std::string("none"));
+      bad.AddNode("Attention", "attn", {bq, bq, bq}, {bad.AddValue("y")}, b);
+      auto r = InferShapes(bad);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), ErrorCode::kShapeMismatch);
+    }
+  }
+}
+
 TEST(AttentionFusion, SoftmaxReadElsewhereDoesNotFuse) {
   Graph g;
   AttentionGraph(g, Form::kBertSoftmaxReadElsewhere);

@@ -11,10 +11,79 @@
 //              "boolean":  mask (bool) broadcast to [..., Sq, Sk]; false entries become mask_fill
 //              "causal":   no mask input; key j is visible to query i iff j <= i + (Sk - Sq)
 //   mask_fill  float, for "boolean" (default -inf)
+//   layout     how the operands hold the heads (the attention layout pass sets it, removing the
+//              head split/merge transposes that exporters write around attention):
+//              "bhsd" (default) the above: [..., S, D], each head's rows contiguous;
+//              "bshd" rank 4 [B, S, H, D] for Q, K, V and Y (the scores are [B, H, Sq, Sk]);
+//              "bsd"  rank 3 [B, S, H*D] for Q, K, V and Y, with num_heads = H.
+//   num_heads  int, for "bsd"
+//   The mask always broadcasts to the logical scores [batch..., Sq, Sk] ([B, H, Sq, Sk] for
+//   bshd and bsd).
 // Softmax runs in FP32 with max subtraction in every backend.
 #include "kiln/ops/op_schema.h"
 
 namespace kiln {
+
+namespace {
+
+// Layouts bshd ([B, S, H, D]) and bsd ([B, S, H*D], num_heads = H): the heads sit inside each
+// row. B broadcasts (1 against B); H and D must agree.
+Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& layout) {
+  bool packed = layout == "bsd";
+  size_t rank = packed ? 3 : 4;
+  const Shape& q = ctx.input_shape(0);
+  const Shape& k = ctx.input_shape(1);
+  const Shape& v = ctx.input_shape(2);
+  if (q.size() != rank || k.size() != rank || v.size() != rank) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "layout {} needs rank-{} Q {}, K {}, V {}", layout,
+                     rank, ToString(q), ToString(k), ToString(v));
+  }
+  int64_t heads = ctx.attrs().GetInt("num_heads", 0);
+  if (packed && heads <= 0) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "layout bsd needs num_heads > 0");
+  }
+  auto differ = [](const Dim& a, const Dim& b) {
+    return a.is_static() && b.is_static() && !(a == b);
+  };
+  // Q and K share the head size; K and V the key count; all three the heads.
+  bool bad = differ(q[rank - 1], k[rank - 1]) || differ(k[1], v[1]) ||
+             (!packed && (differ(q[2], k[2]) || differ(k[2], v[2])));
+  if (packed) {
+    for (const Shape* s : {&q, &k, &v}) {
+      const Dim& e = (*s)[2];
+      bad = bad || (e.is_static() && e.value() % heads != 0);
+    }
+  }
+  if (bad) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "layout {}: Q {}, K {}, V {} disagree{}", layout,
+                     ToString(q), ToString(k), ToString(v),
+                     packed ? fmt::format(" (num_heads {})", heads) : "");
+  }
+  auto batch = BroadcastShapes(Shape{q[0]}, Shape{k[0]});
+  if (batch.ok()) batch = BroadcastShapes(*batch, Shape{v[0]});
+  if (!batch.ok()) return ctx.Error(ErrorCode::kShapeMismatch, "{}", batch.status().message());
+  Dim h = packed ? Dim(heads) : q[2];
+  if (ctx.has_input(3)) {
+    std::string kind = ctx.attrs().GetString("mask_kind", "none");
+    DataType mt = ctx.input_type(3);
+    DataType t = ctx.input_type(0);
+    if ((kind == "additive" && mt != t) || (kind == "boolean" && mt != DataType::kBool)) {
+      return ctx.Error(ErrorCode::kTypeMismatch, "a {} mask must be {}, got {}", kind,
+                       kind == "boolean" ? "bool" : ToString(t), ToString(mt));
+    }
+    Shape scores = {(*batch)[0], h, q[1], k[1]};
+    auto joined = BroadcastShapes(scores, ctx.input_shape(3));
+    if (!joined.ok() || joined->size() != scores.size()) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "mask {} does not broadcast to the scores {}",
+                       ToString(ctx.input_shape(3)), ToString(scores));
+    }
+  }
+  Shape out = packed ? Shape{(*batch)[0], q[1], v[2]} : Shape{(*batch)[0], q[1], q[2], v[3]};
+  ctx.set_output(0, ctx.input_type(0), std::move(out));
+  return OkStatus();
+}
+
+}  // namespace
 
 Status InferAttention(InferenceContext& ctx) {
   std::string kind = ctx.attrs().GetString("mask_kind", "none");
@@ -35,6 +104,12 @@ Status InferAttention(InferenceContext& ctx) {
   if (!IsFloat(t) || ctx.input_type(1) != t || ctx.input_type(2) != t) {
     return ctx.Error(ErrorCode::kTypeMismatch, "Q, K, V must share one float type; got {}, {}, {}",
                      ToString(t), ToString(ctx.input_type(1)), ToString(ctx.input_type(2)));
+  }
+  std::string layout = ctx.attrs().GetString("layout", "bhsd");
+  if (layout == "bshd" || layout == "bsd") return InferAttentionHeadsInterleaved(ctx, layout);
+  if (layout != "bhsd") {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "layout '{}' is not one of bhsd, bshd, bsd",
+                     layout);
   }
   const Shape& q = ctx.input_shape(0);
   const Shape& k = ctx.input_shape(1);

@@ -100,6 +100,7 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeLayerNormFusionPass());
   pm->Add(MakeGeluFusionPass());
   pm->Add(MakeAttentionFusionPass());
+  pm->Add(MakeAttentionLayoutPass());
   pm->Add(MakeGemmFusionPass());
   pm->Add(MakeConvFusionPass());
   pm->Add(MakeDeadNodeEliminationPass());

@@ -35,6 +35,45 @@ double ConstantAbsMax(const Tensor& t) {
   return m;
 }
 
+// Operand i of `node` is an attention mask whose huge negative values only mean "masked":
+// Attention's additive mask, or a Where's fill constant (a splat <= -1e4, the exporters'
+// finfo.min or -1e9 written where a key is hidden). Such values may exceed FP16's range without
+// keeping the layer FP32: in FP16 they saturate to the finite lowest (-65504), after which
+// softmax still gives the masked keys weight 0. (A row masked everywhere is the one difference:
+// uniform weights with a finite fill, NaN with -inf; kiln's conversions clamp, so it stays
+// uniform wherever the mask is a constant.)
+bool IsMaskOperand(const Node& node, size_t i) {
+  if (node.op_type() == "Attention") {
+    return i == 3 && node.attrs().GetString("mask_kind", "none") == "additive";
+  }
+  if (node.op_type() == "Where" && (i == 1 || i == 2)) {
+    const Value* v = node.input(i);
+    if (!v || !v->constant() || v->constant()->num_elements() < 1) return false;
+    const Tensor& t = *v->constant();
+    double first = t.GetDouble(0);
+    if (!(first <= -1e4)) return false;
+    for (int64_t k = 1; k < t.num_elements(); ++k) {
+      if (t.GetDouble(k) != first) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+// A constant in FP16 with out-of-range values saturated to +-65504 rather than +-inf (only mask
+// operands reach here with such values: the range guard keeps any other layer FP32).
+Tensor CastSaturating(const Tensor& src, DataType to) {
+  Tensor t = src.CastTo(to);
+  if (to != DataType::kFloat16) return t;
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    double x = t.GetDouble(i);
+    if (std::isinf(x) && !std::isinf(src.GetDouble(i))) {
+      StoreFromDouble(t.view(), i, x > 0 ? 65504.0 : -65504.0);
+    }
+  }
+  return t;
+}
+
 class Assigner {
  public:
   Assigner(Graph& graph, const PrecisionOptions& options) : graph_(graph), options_(options) {}
@@ -109,6 +148,7 @@ std::string Assigner::CannotRun(const Node& node, DataType dtype, const OpPrecis
     for (size_t i = 0; i < node.num_inputs(); ++i) {
       const Value* v = node.input(i);
       if (!v || !IsFloat(v->dtype()) || Contains(rule.fixed_inputs, static_cast<int>(i))) continue;
+      if (IsMaskOperand(node, i)) continue;
       if (std::string why = beyond(v, v->constant() ? "weight" : "input"); !why.empty()) return why;
     }
     for (const Value* v : node.outputs()) {
@@ -255,7 +295,7 @@ Status Assigner::Rewrite(const std::vector<Node*>& order) {
     Value* nv;
     if (v->constant()) {
       nv = graph_.AddConstant(graph_.UniqueName(fmt::format("{}_{}", v->name(), ToString(to))),
-                              v->constant()->CastTo(to));
+                              CastSaturating(*v->constant(), to));
       ++result_.weights_converted;
     } else {
       nv = graph_.AddValue(graph_.UniqueName(fmt::format("{}_{}", v->name(), ToString(to))), to);

@@ -165,6 +165,9 @@ TEST_F(CudaBlasTest, FusedMatMulTransposesBiasActivations) {
   RunMatMulCase({{4, 9, 17}, {9, 11}, true, false, 2.f, true, "sigmoid", true}, 46);
   RunMatMulCase({{2, 1, 9, 17}, {1, 3, 11, 17}, false, true, 1.f, true, "relu", true}, 47);
   RunMatMulCase({{17}, {17, 11}, true, false, 1.f, true, "hardswish", true}, 48);
+  // FP16/BF16 erf-GELU: cuBLASLt writes Y with the bias, kiln's kernel activates it in place
+  // (16-byte vectors plus a scalar tail: 4*33*70 is not a multiple of 8).
+  RunMatMulCase({{4, 33, 64}, {64, 70}, false, false, 1.f, true, "gelu", true}, 49);
 }
 
 // ---- Attention.
@@ -175,6 +178,8 @@ struct AttnCase {
   std::vector<int64_t> mask{};
   float scale = 0.f;  // 0: default 1/sqrt(D)
   float fill = 0.f;   // 0: default -inf
+  std::string layout = "bhsd";
+  int64_t heads = 0;  // layout bsd
 };
 
 int RunAttention(const AttnCase& c, uint32_t seed) {
@@ -185,6 +190,8 @@ int RunAttention(const AttnCase& c, uint32_t seed) {
   attrs.Set("mask_kind", c.mask_kind);
   if (c.scale != 0.f) attrs.Set("scale", c.scale);
   if (c.fill != 0.f) attrs.Set("mask_fill", c.fill);
+  if (c.layout != "bhsd") attrs.Set("layout", c.layout);
+  if (c.heads > 0) attrs.Set("num_heads", c.heads);
   OpTester t("Attention", attrs);
   t.Seed(seed);
   t.Input(DataType::kFloat32, c.q).Input(DataType::kFloat32, c.k).Input(DataType::kFloat32, c.v);
@@ -209,6 +216,29 @@ TEST_F(CudaBlasTest, AttentionShapesAndMasks) {
       {{2, 3, 17, 32}, {2, 3, 40, 32}, {2, 3, 40, 32}, "boolean", {2, 3, 17, 40}, 0.3f, -1e4f}, 59);
   runs += RunAttention({{1, 70, 16}, {1, 70, 16}, {1, 70, 16}, "boolean", {70, 70}}, 60);
   EXPECT_GE(runs, 10 * 3);
+}
+
+// Heads interleaved in each row (the attention layout pass): [B, S, H, D] and [B, S, H*D], with
+// the tensor-core tactics' head dims, masks, B broadcast and sizes that are not tile multiples.
+TEST_F(CudaBlasTest, AttentionInterleavedHeadLayouts) {
+  int runs = 0;
+  runs += RunAttention(
+      {{2, 17, 3, 64}, {2, 40, 3, 64}, {2, 40, 3, 64}, "additive", {2, 1, 1, 40}, 0.f, 0.f, "bshd"},
+      61);
+  runs += RunAttention({{2, 70, 256}, {2, 70, 256}, {2, 70, 256}, "causal", {}, 0.f, 0.f, "bsd", 4},
+                       62);
+  runs += RunAttention(
+      {{2, 33, 128}, {2, 33, 128}, {2, 33, 128}, "boolean", {2, 4, 33, 33}, 0.2f, -1e4f, "bsd", 4},
+      63);
+  runs += RunAttention(
+      {{3, 129, 2, 128}, {1, 65, 2, 128}, {1, 65, 2, 128}, "none", {}, 0.f, 0.f, "bshd"},
+      64);  // K/V broadcast over B, D = 128
+  runs +=
+      RunAttention({{1, 128, 192}, {1, 128, 192}, {1, 128, 192}, "none", {}, 0.f, 0.f, "bsd", 12},
+                   65);  // D = 16
+  runs += RunAttention({{2, 5, 24}, {2, 9, 24}, {2, 9, 24}, "none", {}, 0.f, 0.f, "bsd", 3},
+                       66);  // D = 8: only the SIMT tactic
+  EXPECT_GE(runs, 6 * 3);
 }
 
 TEST_F(CudaBlasTest, AttentionRejectsHeadDimsAbove128) {

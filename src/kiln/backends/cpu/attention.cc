@@ -10,39 +10,95 @@ namespace kiln::cpu {
 namespace {
 
 enum class MaskKind { kNone, kAdditive, kBoolean, kCausal };
+// How the operands hold the heads (src/kiln/ops/attention.cc): bhsd [..., S, D]; bshd
+// [B, S, H, D]; bsd [B, S, H*D] with num_heads.
+enum class HeadLayout { kBhsd, kBshd, kBsd };
 
-struct AttentionShape {
-  DimVec batch;  // output batch dims (inline: built in Run without allocating)
-  int64_t batch_n = 1, sq = 0, sk = 0, d = 0, dv = 0;
+// One operand as a batch of matrices: batch dims, element strides per batch dim, rows (the
+// sequence), cols (the head size) and the stride between rows. Inline storage: built in Run.
+struct OperandView {
+  DimVec batch, stride;
+  int64_t rows = 0, cols = 0, row_stride = 0;
 };
 
-AttentionShape ShapeOf(std::span<const TensorView> in, std::span<const TensorView> out) {
-  AttentionShape s;
-  const auto& y = out[0].dims;
-  s.batch = DimVec(y.begin(), y.end() - 2);
-  for (int64_t b : s.batch) s.batch_n *= b;
-  size_t r = in[0].dims.size();
-  s.sq = in[0].dims[r - 2];
-  s.d = in[0].dims[r - 1];
-  s.sk = in[1].dims[r - 2];
-  s.dv = in[2].dims[r - 1];
-  return s;
+OperandView ViewOf(std::span<const int64_t> x, HeadLayout layout, int64_t heads) {
+  OperandView v;
+  if (layout == HeadLayout::kBhsd) {
+    size_t r = x.size();
+    v.rows = x[r - 2];
+    v.cols = x[r - 1];
+    v.row_stride = v.cols;
+    v.batch = DimVec(x.begin(), x.end() - 2);
+    v.stride = DimVec(x.begin(), x.end() - 2);
+    int64_t st = v.rows * v.cols;
+    for (size_t i = r - 2; i-- > 0;) {
+      v.stride[i] = st;
+      st *= x[i];
+    }
+    return v;
+  }
+  int64_t h = layout == HeadLayout::kBsd ? heads : x[2];
+  int64_t e = layout == HeadLayout::kBsd ? x[2] : x[2] * x[3];
+  v.rows = x[1];
+  v.cols = e / h;
+  v.row_stride = e;
+  v.batch.push_back(x[0]);
+  v.batch.push_back(h);
+  v.stride.push_back(x[1] * e);
+  v.stride.push_back(v.cols);
+  return v;
+}
+
+// Element offset of output batch b (row-major over `out` batch dims) in operand `v`
+// (numpy broadcasting: a size-1 batch dim does not advance).
+int64_t BatchOffset(const OperandView& v, const DimVec& out, int64_t b) {
+  int64_t off = 0;
+  for (size_t i = out.size(); i-- > 0;) {
+    int64_t c = b % out[i];
+    b /= out[i];
+    if (v.batch[i] != 1) off += c * v.stride[i];
+  }
+  return off;
 }
 
 class AttentionKernel final : public Kernel {
  public:
-  AttentionKernel(float scale, bool default_scale, MaskKind kind, float fill)
-      : scale_(scale), default_scale_(default_scale), kind_(kind), fill_(fill) {}
+  AttentionKernel(float scale, bool default_scale, MaskKind kind, float fill, HeadLayout layout,
+                  int64_t heads)
+      : scale_(scale),
+        default_scale_(default_scale),
+        kind_(kind),
+        fill_(fill),
+        layout_(layout),
+        heads_(heads) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
-    AttentionShape s = ShapeOf(inputs, outputs);
-    return static_cast<size_t>(s.batch_n * s.sq * s.sk) * sizeof(float);
+    size_t need_rank = layout_ == HeadLayout::kBsd ? 3 : 4;
+    for (const TensorView* t : {&inputs[0], &inputs[1], &inputs[2], &outputs[0]}) {
+      if ((layout_ == HeadLayout::kBhsd && t->dims.size() < 2) ||
+          (layout_ != HeadLayout::kBhsd && t->dims.size() != need_rank) ||
+          (layout_ == HeadLayout::kBsd && t->dims[2] % heads_ != 0)) {
+        return MakeError(ErrorCode::kShapeMismatch,
+                         "attention: operand dims do not fit the layout");
+      }
+    }
+    OperandView y = ViewOf(outputs[0].dims, layout_, heads_);
+    int64_t batch_n = 1;
+    for (int64_t b : y.batch) batch_n *= b;
+    OperandView k = ViewOf(inputs[1].dims, layout_, heads_);
+    return static_cast<size_t>(batch_n * y.rows * k.rows) * sizeof(float);
   }
 
   Status Run(const KernelRunArgs& a) override {
-    AttentionShape s = ShapeOf(a.inputs, a.outputs);
-    if (a.workspace_bytes < static_cast<size_t>(s.batch_n * s.sq * s.sk) * sizeof(float)) {
+    OperandView qv = ViewOf(a.inputs[0].dims, layout_, heads_);
+    OperandView kv = ViewOf(a.inputs[1].dims, layout_, heads_);
+    OperandView vv = ViewOf(a.inputs[2].dims, layout_, heads_);
+    OperandView yv = ViewOf(a.outputs[0].dims, layout_, heads_);
+    int64_t batch_n = 1;
+    for (int64_t b : yv.batch) batch_n *= b;
+    const int64_t sq = qv.rows, sk = kv.rows, d = qv.cols, dv = vv.cols;
+    if (a.workspace_bytes < static_cast<size_t>(batch_n * sq * sk) * sizeof(float)) {
       return MakeError(ErrorCode::kInternal, "attention: workspace of {} bytes is too small",
                        a.workspace_bytes);
     }
@@ -51,33 +107,30 @@ class AttentionKernel final : public Kernel {
     const float* v = a.inputs[2].as<const float>();
     float* y = a.outputs[0].as<float>();
     float* scores = static_cast<float*>(a.workspace);
-    size_t r = a.inputs[0].dims.size();
-    auto batch_dims = [&](const TensorView& t) { return t.dims.first(r - 2); };
-    BroadcastIndexer qi(batch_dims(a.inputs[0]), s.batch), ki(batch_dims(a.inputs[1]), s.batch),
-        vi(batch_dims(a.inputs[2]), s.batch);
     bool has_mask = kind_ == MaskKind::kAdditive || kind_ == MaskKind::kBoolean;
-    DimVec score_dims = s.batch;
-    score_dims.push_back(s.sq);
-    score_dims.push_back(s.sk);
+    DimVec score_dims = yv.batch;  // the logical scores [batch..., Sq, Sk]
+    score_dims.push_back(sq);
+    score_dims.push_back(sk);
     BroadcastIndexer mi(has_mask ? a.inputs[3].dims : std::span<const int64_t>(score_dims),
                         score_dims);
-    float scale = default_scale_ ? 1.f / std::sqrt(static_cast<float>(s.d)) : scale_;
-    int64_t rows = s.batch_n * s.sq;
+    float scale = default_scale_ ? 1.f / std::sqrt(static_cast<float>(d)) : scale_;
+    int64_t rows = batch_n * sq;
     ThreadPool::Default().ParallelFor(
         rows,
         [&](int64_t begin, int64_t end) {
           for (int64_t row = begin; row < end; ++row) {
-            int64_t b = row / s.sq, i = row % s.sq;
-            const float* qr = q + (qi(b) * s.sq + i) * s.d;
-            const float* kb = k + ki(b) * s.sk * s.d;
-            const float* vb = v + vi(b) * s.sk * s.dv;
-            float* sc = scores + row * s.sk;
+            int64_t b = row / sq, i = row % sq;
+            const float* qr = q + BatchOffset(qv, yv.batch, b) + i * qv.row_stride;
+            const float* kb = k + BatchOffset(kv, yv.batch, b);
+            const float* vb = v + BatchOffset(vv, yv.batch, b);
+            float* sc = scores + row * sk;
             float mx = -std::numeric_limits<float>::infinity();
-            for (int64_t j = 0; j < s.sk; ++j) {
+            for (int64_t j = 0; j < sk; ++j) {
+              const float* kr = kb + j * kv.row_stride;
               float acc = 0.f;
-              for (int64_t t = 0; t < s.d; ++t) acc += qr[t] * kb[j * s.d + t];
+              for (int64_t t = 0; t < d; ++t) acc += qr[t] * kr[t];
               float x = acc * scale;
-              int64_t mask_index = row * s.sk + j;
+              int64_t mask_index = row * sk + j;
               switch (kind_) {
                 case MaskKind::kAdditive:
                   x += a.inputs[3].as<const float>()[mi(mask_index)];
@@ -86,7 +139,7 @@ class AttentionKernel final : public Kernel {
                   if (!a.inputs[3].as<const bool>()[mi(mask_index)]) x = fill_;
                   break;
                 case MaskKind::kCausal:
-                  if (j > i + (s.sk - s.sq)) x = -std::numeric_limits<float>::infinity();
+                  if (j > i + (sk - sq)) x = -std::numeric_limits<float>::infinity();
                   break;
                 case MaskKind::kNone:
                   break;
@@ -95,17 +148,17 @@ class AttentionKernel final : public Kernel {
               mx = std::max(mx, x);
             }
             float sum = 0.f;
-            for (int64_t j = 0; j < s.sk; ++j) {
+            for (int64_t j = 0; j < sk; ++j) {
               sc[j] = std::exp(sc[j] - mx);
               sum += sc[j];
             }
             float inv = 1.f / sum;
-            float* yr = y + row * s.dv;
-            for (int64_t t = 0; t < s.dv; ++t) yr[t] = 0.f;
-            for (int64_t j = 0; j < s.sk; ++j) {
+            float* yr = y + BatchOffset(yv, yv.batch, b) + i * yv.row_stride;
+            for (int64_t t = 0; t < dv; ++t) yr[t] = 0.f;
+            for (int64_t j = 0; j < sk; ++j) {
               float p = sc[j] * inv;
-              const float* vr = vb + j * s.dv;
-              for (int64_t t = 0; t < s.dv; ++t) yr[t] += p * vr[t];
+              const float* vr = vb + j * vv.row_stride;
+              for (int64_t t = 0; t < dv; ++t) yr[t] += p * vr[t];
             }
           }
         },
@@ -118,6 +171,8 @@ class AttentionKernel final : public Kernel {
   bool default_scale_;
   MaskKind kind_;
   float fill_;
+  HeadLayout layout_;
+  int64_t heads_;
 };
 
 class AttentionProvider final : public CpuFloatProvider {
@@ -137,9 +192,21 @@ class AttentionProvider final : public CpuFloatProvider {
                  : kind == "boolean" ? MaskKind::kBoolean
                  : kind == "causal"  ? MaskKind::kCausal
                                      : MaskKind::kNone;
+    std::string layout = attrs.GetString("layout", "bhsd");
+    HeadLayout l = layout == "bshd"  ? HeadLayout::kBshd
+                   : layout == "bsd" ? HeadLayout::kBsd
+                                     : HeadLayout::kBhsd;
+    int64_t heads = attrs.GetInt("num_heads", 0);
+    if ((layout != "bhsd" && layout != "bshd" && layout != "bsd") ||
+        (l == HeadLayout::kBsd && heads <= 0)) {
+      return MakeError(ErrorCode::kInvalidAttribute,
+                       "attention: layout '{}' (num_heads {}) is not bhsd, bshd or bsd with "
+                       "num_heads > 0",
+                       layout, heads);
+    }
     return std::unique_ptr<Kernel>(std::make_unique<AttentionKernel>(
         attrs.GetFloat("scale", 1.f), !attrs.Has("scale"), k,
-        attrs.GetFloat("mask_fill", -std::numeric_limits<float>::infinity())));
+        attrs.GetFloat("mask_fill", -std::numeric_limits<float>::infinity()), l, heads));
   }
 };
 KILN_REGISTER_KERNEL_PROVIDER(AttentionProvider);

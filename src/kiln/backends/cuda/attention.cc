@@ -11,7 +11,14 @@
 namespace kiln::cuda {
 namespace {
 
+// How Q, K, V and Y hold their heads (kiln's Attention op, src/kiln/ops/attention.cc):
+// kBhsd [..., S, D] (each head's rows contiguous); kBshd [B, S, H, D] and kBsd [B, S, H*D] (the
+// projections' own layout, heads interleaved along a row: no transposes around the op).
+enum class HeadLayout { kBhsd, kBshd, kBsd };
+
 struct AttentionSpec {
+  HeadLayout layout = HeadLayout::kBhsd;
+  int64_t heads = 0;  // kBsd
   AttnMask mask = AttnMask::kNone;
   float scale = 1.f;
   bool default_scale = true;
@@ -32,6 +39,20 @@ StatusOr<AttentionSpec> ReadAttentionSpec(const Node& node) {
     s.mask = AttnMask::kCausal;
   } else {
     return MakeError(ErrorCode::kInvalidAttribute, "Attention mask_kind '{}' is unknown", kind);
+  }
+  std::string layout = at.GetString("layout", "bhsd");
+  if (layout == "bhsd") {
+    s.layout = HeadLayout::kBhsd;
+  } else if (layout == "bshd") {
+    s.layout = HeadLayout::kBshd;
+  } else if (layout == "bsd") {
+    s.layout = HeadLayout::kBsd;
+    s.heads = at.GetInt("num_heads", 0);
+    if (s.heads <= 0) {
+      return MakeError(ErrorCode::kInvalidAttribute, "Attention layout 'bsd' needs num_heads > 0");
+    }
+  } else {
+    return MakeError(ErrorCode::kInvalidAttribute, "Attention layout '{}' is unknown", layout);
   }
   s.default_scale = !at.Has("scale");
   s.scale = at.GetFloat("scale", 1.f);
@@ -72,20 +93,66 @@ class CudaAttentionKernel final : public Kernel {
 
   StatusOr<size_t> Prepare(std::span<const TensorView> in,
                            std::span<const TensorView> out) override {
-    const auto& y = out[0].dims;
-    size_t r = in[0].dims.size();
-    if (r < 2 || y.size() != r || in[1].dims.size() != r || in[2].dims.size() != r) {
+    if (in.size() < 3 || out.empty()) {
+      return MakeError(ErrorCode::kShapeMismatch, "Attention needs Q, K, V and Y");
+    }
+    // Each operand as (batch dims, rows, row length, batch strides, row stride).
+    struct View {
+      std::vector<int64_t> batch, stride;
+      int64_t rows = 0, cols = 0, row_stride = 0;
+    };
+    auto view = [&](const TensorView& t) -> StatusOr<View> {
+      const auto& x = t.dims;
+      View v;
+      if (spec_.layout == HeadLayout::kBhsd) {
+        if (x.size() < 2) return MakeError(ErrorCode::kShapeMismatch, "Attention rank < 2");
+        size_t r = x.size();
+        v.batch.assign(x.begin(), x.end() - 2);
+        v.rows = x[r - 2];
+        v.cols = x[r - 1];
+        v.row_stride = v.cols;
+        v.stride.assign(r - 2, 0);
+        int64_t st = v.rows * v.cols;
+        for (size_t i = r - 2; i-- > 0;) {
+          v.stride[i] = st;
+          st *= x[i];
+        }
+        return v;
+      }
+      bool packed = spec_.layout == HeadLayout::kBsd;
+      if (x.size() != (packed ? 3u : 4u)) {
+        return MakeError(ErrorCode::kShapeMismatch, "Attention layout {} needs rank {} operands",
+                         packed ? "bsd" : "bshd", packed ? 3 : 4);
+      }
+      int64_t h = packed ? spec_.heads : x[2];
+      int64_t e = packed ? x[2] : x[2] * x[3];
+      if (packed && (h <= 0 || x[2] % h != 0)) {
+        return MakeError(ErrorCode::kShapeMismatch, "Attention: {} columns are not {} heads", x[2],
+                         h);
+      }
+      v.batch = {x[0], h};
+      v.rows = x[1];
+      v.cols = e / h;
+      v.row_stride = e;
+      v.stride = {x[1] * e, v.cols};
+      return v;
+    };
+    KILN_ASSIGN_OR_RETURN(View q, view(in[0]));
+    KILN_ASSIGN_OR_RETURN(View k, view(in[1]));
+    KILN_ASSIGN_OR_RETURN(View v, view(in[2]));
+    KILN_ASSIGN_OR_RETURN(View y, view(out[0]));
+    size_t nb = y.batch.size();
+    if (q.batch.size() != nb || k.batch.size() != nb || v.batch.size() != nb) {
       return MakeError(ErrorCode::kShapeMismatch, "Attention operands must share one rank >= 2");
     }
     AttentionParams p;
     p.type = type_;
     p.mask_kind = spec_.mask;
-    p.sq = in[0].dims[r - 2];
-    p.d = in[0].dims[r - 1];
-    p.sk = in[1].dims[r - 2];
-    p.dv = in[2].dims[r - 1];
-    if (in[1].dims[r - 1] != p.d || in[2].dims[r - 2] != p.sk || y[r - 2] != p.sq ||
-        y[r - 1] != p.dv) {
+    p.sq = q.rows;
+    p.d = q.cols;
+    p.sk = k.rows;
+    p.dv = v.cols;
+    if (k.cols != p.d || v.rows != p.sk || y.rows != p.sq || y.cols != p.dv) {
       return MakeError(ErrorCode::kShapeMismatch, "Attention Q/K/V/Y dims disagree");
     }
     if (variant_ == 1 && (p.d % 16 != 0 || p.dv % 16 != 0)) {
@@ -95,34 +162,46 @@ class CudaAttentionKernel final : public Kernel {
                        p.d, p.dv);
     }
     if (p.d > kAttentionMaxHeadDim || p.dv > kAttentionMaxHeadDim ||
-        r - 2 > static_cast<size_t>(kAttentionMaxBatchDims)) {
+        nb > static_cast<size_t>(kAttentionMaxBatchDims)) {
       return MakeError(ErrorCode::kAttentionUnsupported,
                        "Attention with head dims {} / {} and {} batch dims (at most {} and {})",
-                       p.d, p.dv, r - 2, kAttentionMaxHeadDim, kAttentionMaxBatchDims);
+                       p.d, p.dv, nb, kAttentionMaxHeadDim, kAttentionMaxBatchDims);
     }
-    p.batch_rank = static_cast<int>(r - 2);
-    std::span<const int64_t> out_batch(y.data(), r - 2);
+    p.batch_rank = static_cast<int>(nb);
     p.batch = 1;
-    for (size_t i = 0; i < r - 2; ++i) {
-      p.out_batch_dims[i] = y[i];
-      p.batch *= y[i];
+    for (size_t i = 0; i < nb; ++i) {
+      p.out_batch_dims[i] = y.batch[i];
+      p.batch *= y.batch[i];
     }
     if (p.batch > 65535) {
       return MakeError(ErrorCode::kAttentionUnsupported,
                        "Attention batch of {} (product of the batch dims) exceeds 65535", p.batch);
     }
-    auto fill = [&](const TensorView& t, int64_t* dst, int64_t matrix) {
-      auto s = BroadcastStrides(std::span<const int64_t>(t.dims.data(), r - 2), out_batch);
-      for (size_t i = 0; i < r - 2; ++i) dst[i] = s[i] * matrix;
+    // Batch strides against Y's batch dims (numpy broadcasting: 0 where an operand has size 1).
+    auto fill = [&](const View& x, int64_t* dst) -> Status {
+      for (size_t i = 0; i < nb; ++i) {
+        if (x.batch[i] != y.batch[i] && x.batch[i] != 1) {
+          return MakeError(ErrorCode::kShapeMismatch,
+                           "Attention batch dim {} of {} does not broadcast to {}", i, x.batch[i],
+                           y.batch[i]);
+        }
+        dst[i] = x.batch[i] == 1 && y.batch[i] != 1 ? 0 : x.stride[i];
+      }
+      return OkStatus();
     };
-    fill(in[0], p.q_stride, p.sq * p.d);
-    fill(in[1], p.k_stride, p.sk * p.d);
-    fill(in[2], p.v_stride, p.sk * p.dv);
+    KILN_RETURN_IF_ERROR(fill(q, p.q_stride));
+    KILN_RETURN_IF_ERROR(fill(k, p.k_stride));
+    KILN_RETURN_IF_ERROR(fill(v, p.v_stride));
+    KILN_RETURN_IF_ERROR(fill(y, p.y_stride));
+    p.q_row = q.row_stride;
+    p.k_row = k.row_stride;
+    p.v_row = v.row_stride;
+    p.y_row = y.row_stride;
     if (spec_.mask == AttnMask::kAdditive || spec_.mask == AttnMask::kBoolean) {
       if (in.size() < 4 || in[3].dtype == DataType::kUndefined) {
         return MakeError(ErrorCode::kShapeMismatch, "Attention mask input is missing");
       }
-      std::vector<int64_t> scores(y.begin(), y.end() - 2);
+      std::vector<int64_t> scores = y.batch;  // the logical scores [batch..., Sq, Sk]
       scores.push_back(p.sq);
       scores.push_back(p.sk);
       if (in[3].dims.size() > scores.size()) {
@@ -134,6 +213,12 @@ class CudaAttentionKernel final : public Kernel {
     }
     p.scale = spec_.default_scale ? 1.f / std::sqrt(static_cast<float>(p.d)) : spec_.scale;
     p.mask_fill = spec_.fill;
+    if (variant_ >= 2 && !AttentionMmaSupports(p)) {
+      return MakeError(ErrorCode::kAttentionUnsupported,
+                       "the mma attention tactic needs f16/bf16, equal head dims of 16, 32, 64 or "
+                       "128 and 16-byte aligned rows; got head dims {} / {}",
+                       p.d, p.dv);
+    }
     params_ = p;
     prepared_ = true;
     return size_t{0};
@@ -166,21 +251,35 @@ class CudaAttentionProvider final : public KernelProvider {
   BackendKind backend() const override { return BackendKind::kCuda; }
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const override {
-    if (!ReadAttentionSpec(*request.node).ok() || request.inputs.size() < 3) return {};
+    auto spec = ReadAttentionSpec(*request.node);
+    if (!spec.ok() || request.inputs.size() < 3) return {};
     auto type = AttentionType(request.inputs[0].dtype);
     if (!type) return {};
     // Head dims must fit the kernels' registers; unknown (symbolic) ones are checked in Prepare.
-    bool tc = *type != BlasType::kF32;
-    for (int i : {0, 2}) {
-      const Shape& s = request.inputs[i].shape;
-      if (s.empty()) return {};
-      const Dim& last = s.back();
-      if (last.is_static() && last.value() > kAttentionMaxHeadDim) return {};
-      tc = tc && last.is_static() && last.value() % 16 == 0;
-    }
+    // (In layout bsd a row holds num_heads heads.)
+    auto head_dim = [&](const Shape& s) -> int64_t {
+      if (s.empty() || !s.back().is_static()) return -1;
+      if (spec->layout == HeadLayout::kBsd) {
+        int64_t h = spec->heads;
+        return s.back().value() % h == 0 ? s.back().value() / h : 0;
+      }
+      return s.back().value();
+    };
+    if (request.inputs[0].shape.empty() || request.inputs[2].shape.empty()) return {};
+    int64_t dq = head_dim(request.inputs[0].shape), dvv = head_dim(request.inputs[2].shape);
+    if (dq == 0 || dvv == 0 || dq > kAttentionMaxHeadDim || dvv > kAttentionMaxHeadDim) return {};
+    bool tc = *type != BlasType::kF32 && dq > 0 && dvv > 0 && dq % 16 == 0 && dvv % 16 == 0;
     static constexpr const char* kNames[] = {"f32", "f16", "bf16"};
     const char* t = kNames[static_cast<int>(*type)];
     std::vector<TacticConfig> tactics;
+    // mma.sync (S, P and O in registers) first: d == dv in {16, 32, 64, 128}; alignment is
+    // checked in Prepare, which the builder's timing turns into a skipped tactic.
+    bool mma =
+        *type != BlasType::kF32 && dq == dvv && (dq == 16 || dq == 32 || dq == 64 || dq == 128);
+    if (mma) {
+      tactics.push_back({fmt::format("{}-attention-cuda-flash-mma-64x64", t), {2}, 0});
+      tactics.push_back({fmt::format("{}-attention-cuda-flash-mma-32x64", t), {3}, 0});
+    }
     if (tc) tactics.push_back({fmt::format("{}-attention-cuda-flash-wmma-64x64", t), {1}, 0});
     tactics.push_back({fmt::format("{}-attention-cuda-flash-simt-16x32", t), {0}, 0});
     return tactics;
@@ -195,8 +294,8 @@ class CudaAttentionProvider final : public KernelProvider {
       return MakeError(ErrorCode::kInvalidArgument, "cuda.attention: Q must be f32, f16 or bf16");
     }
     int variant = tactic.params.empty() ? 0 : static_cast<int>(tactic.params[0]);
-    if (tactic.params.size() > 1 || variant < 0 || variant > 1 ||
-        (variant == 1 && *type == BlasType::kF32)) {
+    if (tactic.params.size() > 1 || variant < 0 || variant > 3 ||
+        (variant >= 1 && *type == BlasType::kF32)) {
       return MakeError(ErrorCode::kInvalidArgument,
                        "cuda.attention: tactic '{}' has invalid params", tactic.name);
     }

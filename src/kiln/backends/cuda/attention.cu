@@ -12,6 +12,9 @@
 #include "kiln/backends/cuda/blas_kernels.h"
 
 namespace kiln::cuda {
+
+cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, cudaStream_t stream);
+
 namespace {
 
 constexpr int kWarps = 4;
@@ -64,8 +67,8 @@ __device__ __forceinline__ float WarpSum(float v) {
 
 // Operand offsets of output batch b (numpy broadcasting over the batch dims).
 __device__ __forceinline__ void BatchOffsets(const AttentionParams& p, int64_t b, int64_t& qo,
-                                             int64_t& ko, int64_t& vo, int64_t& mo) {
-  qo = ko = vo = mo = 0;
+                                             int64_t& ko, int64_t& vo, int64_t& mo, int64_t& yo) {
+  qo = ko = vo = mo = yo = 0;
   int64_t rem = b;
   for (int i = p.batch_rank - 1; i >= 0; --i) {
     int64_t c = rem % p.out_batch_dims[i];
@@ -74,6 +77,7 @@ __device__ __forceinline__ void BatchOffsets(const AttentionParams& p, int64_t b
     ko += c * p.k_stride[i];
     vo += c * p.v_stride[i];
     mo += c * p.m_stride[i];
+    yo += c * p.y_stride[i];
   }
 }
 
@@ -105,8 +109,8 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int d = static_cast<int>(p.d), dv = static_cast<int>(p.dv);
 
-  int64_t qo, ko, vo, mo;
-  BatchOffsets(p, b, qo, ko, vo, mo);
+  int64_t qo, ko, vo, mo, yo;
+  BatchOffsets(p, b, qo, ko, vo, mo, yo);
   const T* q = static_cast<const T*>(p.q) + qo;
   const T* k = static_cast<const T*>(p.k) + ko;
   const T* v = static_cast<const T*>(p.v) + vo;
@@ -116,7 +120,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
   for (int idx = threadIdx.x; idx < kRows * d; idx += blockDim.x) {
     int r = idx / d, c = idx % d;
     int64_t row = row0 + r;
-    q_s[r][c] = row < p.sq ? ToF(q[row * p.d + c]) : 0.f;
+    q_s[r][c] = row < p.sq ? ToF(q[row * p.q_row + c]) : 0.f;
   }
 
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kCols];
@@ -140,12 +144,12 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
     for (int idx = threadIdx.x; idx < kKeys * d; idx += blockDim.x) {
       int j = idx / d, c = idx % d;
       int64_t key = key0 + j;
-      k_s[j][c] = key < p.sk ? ToF(k[key * p.d + c]) : 0.f;
+      k_s[j][c] = key < p.sk ? ToF(k[key * p.k_row + c]) : 0.f;
     }
     for (int idx = threadIdx.x; idx < kKeys * dv; idx += blockDim.x) {
       int j = idx / dv, c = idx % dv;
       int64_t key = key0 + j;
-      v_s[j][c] = key < p.sk ? ToF(v[key * p.dv + c]) : 0.f;
+      v_s[j][c] = key < p.sk ? ToF(v[key * p.v_row + c]) : 0.f;
     }
     __syncthreads();
 
@@ -183,7 +187,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
     }
   }
 
-  T* y = static_cast<T*>(p.y) + b * p.sq * p.dv;
+  T* y = static_cast<T*>(p.y) + yo;
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t row = row0 + warp * kRowsPerWarp + r;
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int col = lane + 32 * c;
-      if (col < dv) y[row * p.dv + col] = FromF<T>(acc[r][c] * inv);
+      if (col < dv) y[row * p.y_row + col] = FromF<T>(acc[r][c] * inv);
     }
   }
 }
@@ -231,8 +235,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) AttentionTcKernel(AttentionPara
   float* o_w = o_all + warp * 16 * dv;
   const int64_t b = blockIdx.y;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTcRows;
-  int64_t qo, ko, vo, mo;
-  BatchOffsets(p, b, qo, ko, vo, mo);
+  int64_t qo, ko, vo, mo, yo;
+  BatchOffsets(p, b, qo, ko, vo, mo, yo);
   const T* q = static_cast<const T*>(p.q) + qo;
   const T* k = static_cast<const T*>(p.k) + ko;
   const T* v = static_cast<const T*>(p.v) + vo;
@@ -241,7 +245,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) AttentionTcKernel(AttentionPara
   for (int idx = threadIdx.x; idx < kTcRows * d; idx += blockDim.x) {
     int r = idx / d, c = idx % d;
     int64_t row = row0 + r;
-    q_s[idx] = row < p.sq ? q[row * p.d + c] : zero;
+    q_s[idx] = row < p.sq ? q[row * p.q_row + c] : zero;
   }
   for (int idx = lane; idx < 16 * dv; idx += 32) o_w[idx] = 0.f;
 
@@ -263,12 +267,12 @@ __global__ void __launch_bounds__(kTcWarps * 32) AttentionTcKernel(AttentionPara
     for (int idx = threadIdx.x; idx < kTcKeys * d; idx += blockDim.x) {
       int j = idx / d, c = idx % d;
       int64_t key = key0 + j;
-      k_s[idx] = key < p.sk ? k[key * p.d + c] : zero;
+      k_s[idx] = key < p.sk ? k[key * p.k_row + c] : zero;
     }
     for (int idx = threadIdx.x; idx < kTcKeys * dv; idx += blockDim.x) {
       int j = idx / dv, c = idx % dv;
       int64_t key = key0 + j;
-      v_s[idx] = key < p.sk ? v[key * p.dv + c] : zero;  // zeros: 0 * garbage could be NaN
+      v_s[idx] = key < p.sk ? v[key * p.v_row + c] : zero;  // zeros: 0 * garbage could be NaN
     }
     __syncthreads();
 
@@ -337,9 +341,9 @@ __global__ void __launch_bounds__(kTcWarps * 32) AttentionTcKernel(AttentionPara
 
   __syncwarp();  // o_w's zeros are visible even when no tile ran
   if (row < p.sq) {
-    T* y = static_cast<T*>(p.y) + b * p.sq * p.dv;
+    T* y = static_cast<T*>(p.y) + yo;
     const float inv = 1.f / l;
-    for (int c = half; c < dv; c += 2) y[row * p.dv + c] = FromF<T>(o_w[my_row * dv + c] * inv);
+    for (int c = half; c < dv; c += 2) y[row * p.y_row + c] = FromF<T>(o_w[my_row * dv + c] * inv);
   }
 }
 
@@ -365,6 +369,7 @@ cudaError_t LaunchAttention(const AttentionParams& p, int variant, cudaStream_t 
   }
   if (p.batch == 0 || p.sq == 0) return cudaSuccess;
   if (p.batch > 65535) return cudaErrorInvalidValue;  // grid.y limit
+  if (variant == 2 || variant == 3) return LaunchAttentionMma(p, variant == 2 ? 4 : 2, stream);
   if (variant == 1) {
     if (p.d % 16 != 0 || p.dv % 16 != 0) return cudaErrorInvalidValue;
     if (p.type == BlasType::kF16) return LaunchTc<__half>(p, stream);

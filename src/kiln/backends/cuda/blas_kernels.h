@@ -18,6 +18,8 @@ enum class BlasAct : int { kNone = 0, kRelu, kClip, kSigmoid, kHardSwish, kSilu,
 // y[r, c] = act(acc[r, c] + beta * C[r * c_row_stride + c * c_col_stride]), rows x cols
 // row-major. acc is FP32 (the matmul's unrounded result; may alias y when y is FP32); C and y
 // have type `type`; C may be null. One launch, every element computed in FP32.
+// acc == nullptr: y already holds the product in `type` (cuBLASLt wrote it, bias included) and
+// the activation is applied in place; C must be null then.
 struct GemmEpilogueParams {
   const float* acc = nullptr;
   void* y = nullptr;
@@ -54,6 +56,10 @@ struct AttentionParams {
   int64_t q_stride[kAttentionMaxBatchDims] = {};
   int64_t k_stride[kAttentionMaxBatchDims] = {};
   int64_t v_stride[kAttentionMaxBatchDims] = {};
+  int64_t y_stride[kAttentionMaxBatchDims] = {};
+  // Element stride between consecutive rows (sequence positions) of each operand: d / dv for
+  // the dense [..., S, D] layout, heads * d when the heads are interleaved ([B, S, H, D]).
+  int64_t q_row = 0, k_row = 0, v_row = 0, y_row = 0;
   // The mask's element strides over [batch dims..., sq, sk] (0 = broadcast).
   int64_t m_stride[kAttentionMaxBatchDims + 2] = {};
 };
@@ -61,6 +67,11 @@ struct AttentionParams {
 // variant 0: CUDA cores, FP32 math, any type; variant 1: tensor cores (wmma), f16/bf16 with head
 // dims that are multiples of 16. cudaErrorInvalidValue for what a variant does not support
 // (head dims above kAttentionMaxHeadDim among them).
+// variant 2 / 3: tensor cores through mma.sync (flash-attention-2 style: S, P and O live in
+// registers), f16/bf16, d == dv in {16, 32, 64, 128}, 16-byte aligned rows; 4 / 2 warps of 16
+// query rows per block.
 cudaError_t LaunchAttention(const AttentionParams& p, int variant, cudaStream_t stream);
+// Whether variants 2 / 3 take these params (types, head dims, alignment of pointers and strides).
+bool AttentionMmaSupports(const AttentionParams& p);
 
 }  // namespace kiln::cuda

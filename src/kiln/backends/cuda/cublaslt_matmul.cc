@@ -137,6 +137,11 @@ struct Problem {
   enum class CMode { kNone, kLtMatrix, kLtBias, kOwn } c_mode = CMode::kNone;
   int64_t c_row_stride = 0, c_col_stride = 0;  // for kOwn (elements; 0 broadcasts)
   bool own_epilogue = false;                   // the extra launch runs
+  // FP16/BF16 with an activation cuBLASLt lacks (erf GELU, SiLU...): cuBLASLt writes Y in the
+  // storage type (bias in its epilogue), then kiln's kernel applies the activation in place.
+  // Half the traffic of the FP32 round trip through the workspace; Y is rounded once before the
+  // activation, which the FP16 tolerance covers.
+  bool act_in_place = false;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
 };
 
@@ -145,7 +150,8 @@ bool operator==(const Problem& a, const Problem& b) {
          a.count == b.count && a.a_stride == b.a_stride && a.b_stride == b.b_stride &&
          a.a_off == b.a_off && a.b_off == b.b_off && a.c_mode == b.c_mode &&
          a.c_row_stride == b.c_row_stride && a.c_col_stride == b.c_col_stride &&
-         a.own_epilogue == b.own_epilogue && a.epilogue == b.epilogue;
+         a.own_epilogue == b.own_epilogue && a.act_in_place == b.act_in_place &&
+         a.epilogue == b.epilogue;
 }
 
 // The batch structure of a MatMul (numpy broadcasting of the leading dims).
@@ -285,7 +291,10 @@ StatusOr<Problem> Resolve(const Spec& s, BlasType type, std::span<const int64_t>
   // (1e-4); FP32 takes kiln's kernel (tanhf), FP16/BF16 the epilogue.
   bool lt_act = s.act.kind == FusedActivation::kNone || s.act.kind == FusedActivation::kRelu ||
                 (s.act.kind == FusedActivation::kGeluTanh && type != BlasType::kF32);
-  p.own_epilogue = !lt_act || p.c_mode == Problem::CMode::kOwn || (flags & kPlanOwnEpilogue) != 0;
+  p.act_in_place = !lt_act && type != BlasType::kF32 && p.c_mode != Problem::CMode::kOwn &&
+                   (flags & kPlanOwnEpilogue) == 0;
+  p.own_epilogue = (!lt_act && !p.act_in_place) || p.c_mode == Problem::CMode::kOwn ||
+                   (flags & kPlanOwnEpilogue) != 0;
   if (p.own_epilogue) {
     // kiln's kernel does C/bias and the activation together on cuBLASLt's FP32 result.
     if (p.c_mode == Problem::CMode::kLtMatrix || p.c_mode == Problem::CMode::kLtBias) {
@@ -295,7 +304,7 @@ StatusOr<Problem> Resolve(const Spec& s, BlasType type, std::span<const int64_t>
     return p;
   }
   bool bias = p.c_mode == Problem::CMode::kLtBias;
-  switch (s.act.kind) {
+  switch (p.act_in_place ? FusedActivation::kNone : s.act.kind) {
     case FusedActivation::kRelu:
       p.epilogue = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
       break;
@@ -577,6 +586,16 @@ class CublasLtMatMulKernel final : public Kernel {
       e.act_min = spec_.act.min;
       e.act_max = spec_.act.max;
       KILN_CUDA_RETURN_IF_ERROR(LaunchGemmEpilogue(e, stream));
+    } else if (p.act_in_place) {
+      GemmEpilogueParams e;  // acc == nullptr: in place on Y
+      e.y = y;
+      e.type = type_;
+      e.rows = p.rows();
+      e.cols = p.n;
+      e.act = static_cast<BlasAct>(spec_.act.kind);
+      e.act_min = spec_.act.min;
+      e.act_max = spec_.act.max;
+      KILN_CUDA_RETURN_IF_ERROR(LaunchGemmEpilogue(e, stream));
     }
     return OkStatus();
   }
@@ -651,6 +670,7 @@ class CublasLtProviderBase : public KernelProvider {
         if (prev.name == t.name) t.name += fmt::format("-h{}", tactics.size());
       }
       if (flags & kPlanOwnEpilogue) t.name += "-kiln-epilogue";
+      if (problem->act_in_place) t.name += "-act-in-place";
       if (flags & kPlanNoZeroStride) t.name += "-unbatched";
       t.params.resize(9);
       std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));

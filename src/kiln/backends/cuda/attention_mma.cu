@@ -1,0 +1,353 @@
+// kiln's tensor-core attention (Attention variants 2 and 3): flash-attention-2 style with
+// mma.sync.m16n8k16 (FP16/BF16 in, FP32 accumulate). Each warp owns 16 query rows; their Q
+// fragments, the scores S = Q K^T of the current key tile, the running max/sum and the output
+// accumulator O all stay in registers. K and V tiles of 64 keys are staged in shared memory
+// (rows padded by 16 bytes so ldmatrix is conflict-free) and read with ldmatrix (.trans for V).
+// P is rounded to the storage type straight from S's accumulator registers, whose layout is the
+// A-fragment layout of the P V product: nothing round-trips through shared memory, unlike the
+// wmma variant (whose accumulator layout is opaque). Softmax runs in FP32 with exp2 and the
+// scale folded into log2(e).
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with .f16/.bf16): lane = 4 * g + t;
+//   A (16x16, row): a0 (g, 2t..2t+1) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..)
+//   B (16x8, col):  b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+//   C (16x8, f32):  c0 c1 (g, 2t..2t+1)   c2 c3 (g+8, 2t..2t+1)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kiln/backends/cuda/blas_kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kKeys = 64;  // keys per tile
+constexpr int kPad = 8;    // elements of padding per shared-memory row (16 bytes)
+
+template <typename T>
+struct MmaType;
+template <>
+struct MmaType<__half> {
+  using Pair = __half2;
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ void Mma(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+template <>
+struct MmaType<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ void Mma(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+
+template <typename T>
+__device__ __forceinline__ float MaskedScore(const AttentionParams& p, float s, int64_t row,
+                                             int64_t key, int64_t mo) {
+  switch (p.mask_kind) {
+    case AttnMask::kAdditive:
+      return s +
+             static_cast<float>(static_cast<const T*>(p.mask)[mo + row * p.m_stride[p.batch_rank] +
+                                                              key * p.m_stride[p.batch_rank + 1]]) *
+                 1.4426950408889634f;  // scores are in log2 units
+    case AttnMask::kBoolean:
+      return static_cast<const bool*>(
+                 p.mask)[mo + row * p.m_stride[p.batch_rank] + key * p.m_stride[p.batch_rank + 1]]
+                 ? s
+                 // finite: a fill of FLT_MIN-like magnitude times log2(e) must not become -inf,
+                 // or a row masked everywhere would give NaN instead of the CPU's uniform row
+                 : fmaxf(p.mask_fill * 1.4426950408889634f, -3.0e38f);
+    case AttnMask::kCausal:
+      return key > row + (p.sk - p.sq) ? -INFINITY : s;
+    case AttnMask::kNone:
+      break;
+  }
+  return s;
+}
+
+// Copies rows [row0, row0 + rows) of a [S, D] operand (row stride `ld` elements) into shared
+// memory [rows][D + kPad] with 16-byte accesses; rows past `limit` become zeros (0 * garbage
+// could be NaN in P V).
+template <typename T, int D>
+__device__ __forceinline__ void LoadTile(T* dst, const T* src, int64_t row0, int rows,
+                                         int64_t limit, int64_t ld, int tid, int threads) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  for (int idx = tid; idx < rows * kChunks; idx += threads) {
+    int r = idx / kChunks, c = idx % kChunks;
+    int64_t row = row0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < limit) v = *reinterpret_cast<const uint4*>(src + row * ld + c * 8);
+    *reinterpret_cast<uint4*>(dst + r * (D + kPad) + c * 8) = v;
+  }
+}
+
+template <typename T, int D, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParams p) {
+  constexpr int kRows = 16 * kWarps;
+  constexpr int kLd = D + kPad;
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // dynamic: D = 128 needs > 48 KiB
+  T* q_s = reinterpret_cast<T*>(smem_raw);
+  T* k_s = q_s + kRows * kLd;
+  T* v_s = k_s + kKeys * kLd;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t b = blockIdx.y;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+
+  int64_t qo = 0, ko = 0, vo = 0, mo = 0, yo = 0;
+  {
+    int64_t rem = b;
+    for (int i = p.batch_rank - 1; i >= 0; --i) {
+      int64_t c = rem % p.out_batch_dims[i];
+      rem /= p.out_batch_dims[i];
+      qo += c * p.q_stride[i];
+      ko += c * p.k_stride[i];
+      vo += c * p.v_stride[i];
+      mo += c * p.m_stride[i];
+      yo += c * p.y_stride[i];
+    }
+  }
+  const T* q = static_cast<const T*>(p.q) + qo;
+  const T* k = static_cast<const T*>(p.k) + ko;
+  const T* v = static_cast<const T*>(p.v) + vo;
+
+  LoadTile<T, D>(q_s, q, row0, kRows, p.sq, p.q_row, threadIdx.x, kWarps * 32);
+  __syncthreads();
+
+  // This warp's Q fragments: D/16 k-steps of a 16x16 A tile.
+  uint32_t qf[D / 16][4];
+  {
+    const T* base = q_s + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kLd + (lane / 16) * 8;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) LdMatrixX4(qf[kk], base + kk * 16);
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const int64_t my_row[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+
+  int64_t key_end = p.sk;
+  if (p.mask_kind == AttnMask::kCausal) {
+    int64_t last = (row0 + kRows < p.sq ? row0 + kRows : p.sq) - 1;
+    int64_t e = last + (p.sk - p.sq) + 1;
+    key_end = e < 0 ? 0 : (e < p.sk ? e : p.sk);
+  }
+
+  for (int64_t key0 = 0; key0 < key_end; key0 += kKeys) {
+    __syncthreads();  // the previous tile is consumed
+    LoadTile<T, D>(k_s, k, key0, kKeys, p.sk, p.k_row, threadIdx.x, kWarps * 32);
+    LoadTile<T, D>(v_s, v, key0, kKeys, p.sk, p.v_row, threadIdx.x, kWarps * 32);
+    __syncthreads();
+
+    // S = Q K^T for 16 rows x 64 keys: 8 n-blocks of 8 keys.
+    float s[kKeys / 8][4];
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int np = 0; np < kKeys / 16; ++np) {  // pairs of n-blocks (16 keys)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        // x4: (keys +0..7, d +0..7) (keys +0..7, d +8..15) (keys +8..15, d +0..7) (+8.., +8..)
+        uint32_t kf[4];
+        const T* addr =
+            k_s + (np * 16 + (lane % 8) + (lane / 16) * 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8;
+        LdMatrixX4(kf, addr);
+        MmaType<T>::Mma(s[2 * np], qf[kk], kf);
+        MmaType<T>::Mma(s[2 * np + 1], qf[kk], kf + 2);
+      }
+    }
+
+    // Scale (log2 units), mask, bounds; the tile's row max.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;  // 0: row g, 1: row g + 8
+        const int64_t key = key0 + n * 8 + 2 * t + (e % 2);
+        float x = s[n][e] * scale_log2;
+        if (key >= p.sk) {
+          x = -INFINITY;
+        } else if (p.mask_kind != AttnMask::kNone) {
+          x = my_row[h] < p.sq ? MaskedScore<T>(p, x, my_row[h], key, mo) : x;
+        }
+        s[n][e] = x;
+        tile_max[h] = fmaxf(tile_max[h], x);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // The four lanes of a quad hold one row's 64 scores between them.
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float m_new = fmaxf(m_run[h], tile_max[h]);
+      // A row masked everywhere so far keeps m = -inf: exp2 against 0 keeps P at 0 (not NaN),
+      // and a row masked everywhere ends 0/0 = NaN like the CPU reference.
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      corr[h] = exp2f(m_run[h] - base);
+      m_run[h] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+        s[n][2 * h] = exp2f(s[n][2 * h] - base);
+        s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - base);
+        sum += s[n][2 * h] + s[n][2 * h + 1];
+      }
+      l_run[h] = l_run[h] * corr[h] + sum;  // per-lane partial; reduced across the quad at the end
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
+    }
+
+    // O += P V: P's A fragments come from S's registers (two n-blocks make one 16-key k-step).
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      uint32_t pf[4];
+      pf[0] = MmaType<T>::Pack(s[2 * kk][0], s[2 * kk][1]);
+      pf[1] = MmaType<T>::Pack(s[2 * kk][2], s[2 * kk][3]);
+      pf[2] = MmaType<T>::Pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[3] = MmaType<T>::Pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        // x4.trans: (keys +0..7, dv +0..7) (keys +8..15, dv +0..7) (keys +0..7, dv +8..15) (..)
+        uint32_t vf[4];
+        const T* addr =
+            v_s + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kLd + np * 16 + (lane / 16) * 8;
+        LdMatrixX4Trans(vf, addr);
+        MmaType<T>::Mma(o[2 * np], pf, vf);
+        MmaType<T>::Mma(o[2 * np + 1], pf, vf + 2);
+      }
+    }
+  }
+
+  // Normalise and store: lane holds columns n*8 + 2t, +1 of rows g and g + 8.
+  T* y = static_cast<T*>(p.y) + yo;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (my_row[h] >= p.sq) continue;
+    const float inv = 1.f / l;
+    T* yr = y + my_row[h] * p.y_row;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      uint32_t packed = MmaType<T>::Pack(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      *reinterpret_cast<uint32_t*>(yr + n * 8 + 2 * t) = packed;
+    }
+  }
+}
+
+constexpr size_t SmemBytes(int d, int warps, size_t elem) {
+  return elem * static_cast<size_t>(16 * warps + 2 * kKeys) * static_cast<size_t>(d + kPad);
+}
+
+template <typename T, int D, int kWarps>
+cudaError_t LaunchDW(const AttentionParams& p, cudaStream_t stream) {
+  constexpr size_t kSmem = SmemBytes(D, kWarps, sizeof(T));
+  // Above 48 KiB a kernel must opt in; once per instantiation (host-side, capture-safe).
+  static const cudaError_t opt_in =
+      kSmem > 48 * 1024 ? cudaFuncSetAttribute(AttentionMmaKernel<T, D, kWarps>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kSmem))
+                        : cudaSuccess;
+  if (opt_in != cudaSuccess) return opt_in;
+  constexpr int kRows = 16 * kWarps;
+  dim3 grid(static_cast<unsigned>((p.sq + kRows - 1) / kRows), static_cast<unsigned>(p.batch));
+  AttentionMmaKernel<T, D, kWarps><<<grid, kWarps * 32, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t LaunchD(const AttentionParams& p, int warps, cudaStream_t stream) {
+  return warps == 4 ? LaunchDW<T, D, 4>(p, stream) : LaunchDW<T, D, 2>(p, stream);
+}
+
+template <typename T>
+cudaError_t LaunchT(const AttentionParams& p, int warps, cudaStream_t stream) {
+  switch (p.d) {
+    case 16:
+      return LaunchD<T, 16>(p, warps, stream);
+    case 32:
+      return LaunchD<T, 32>(p, warps, stream);
+    case 64:
+      return LaunchD<T, 64>(p, warps, stream);
+    case 128:
+      return LaunchD<T, 128>(p, warps, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+bool Aligned16(int64_t elems) { return elems % 8 == 0; }  // 8 x 16-bit elements = 16 bytes
+
+}  // namespace
+
+bool AttentionMmaSupports(const AttentionParams& p) {
+  if (p.type != BlasType::kF16 && p.type != BlasType::kBF16) return false;
+  if (p.d != p.dv || (p.d != 16 && p.d != 32 && p.d != 64 && p.d != 128)) return false;
+  if (!Aligned16(p.q_row) || !Aligned16(p.k_row) || !Aligned16(p.v_row)) return false;
+  if (p.y_row % 2 != 0) return false;  // packed pairs on store
+  for (int i = 0; i < p.batch_rank; ++i) {
+    if (!Aligned16(p.q_stride[i]) || !Aligned16(p.k_stride[i]) || !Aligned16(p.v_stride[i]) ||
+        p.y_stride[i] % 2 != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, cudaStream_t stream) {
+  if (!AttentionMmaSupports(p) || (warps != 2 && warps != 4)) return cudaErrorInvalidValue;
+  auto misaligned = [](const void* ptr, uintptr_t a) {
+    return reinterpret_cast<uintptr_t>(ptr) % a != 0;
+  };
+  if (misaligned(p.q, 16) || misaligned(p.k, 16) || misaligned(p.v, 16) || misaligned(p.y, 4)) {
+    return cudaErrorMisalignedAddress;
+  }
+  if (p.type == BlasType::kF16) return LaunchT<__half>(p, warps, stream);
+  return LaunchT<__nv_bfloat16>(p, warps, stream);
+}
+
+}  // namespace kiln::cuda
