@@ -40,7 +40,7 @@ done
 du -sh .bundle
 # Libraries kiln loads with dlopen (so ldd does not list them) and what they need.
 for lazy in libopenblas.so.0; do
-  path=$(ldconfig -p | awk -v n="$lazy" '$1 == n && /x86-64/ {print $NF; exit}')
+  path=$(ldconfig -p | awk -v n="$lazy" '$1 == n && /x86-64/ && !seen {print $NF; seen = 1}')  # no early exit: SIGPIPE under pipefail
   [ -n "$path" ] || continue
   cp -Ln "$path" .bundle/lib/ 2>/dev/null || true
   ldd "$path" | awk '/=> \//{print $1" "$3}' | while read -r name p; do
