@@ -169,6 +169,31 @@ TEST(Builder, WarmTimingCacheSkipsTimingAndGivesByteIdenticalEngines) {
   std::filesystem::remove(cache);
 }
 
+// Two layers with one signature (same op, shapes, dtypes, attributes; weights differ): the second
+// takes the first's timing instead of timing its candidates again, without any cache file.
+TEST(Builder, IdenticalLayersAreTimedOnce) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, MakeShape({8, 64}));
+  auto weight = [&](const std::string& name, float v) {
+    return g->AddConstant(name, Tensor::FromVector<float>(DataType::kFloat32, {64, 64},
+                                                          std::vector<float>(64 * 64, v)));
+  };
+  Value *h = g->AddValue("h"), *r = g->AddValue("r"), *y = g->AddValue("y");
+  g->AddNode("MatMul", "mm1", {x, weight("w1", 0.01f)}, {h});
+  g->AddNode("Relu", "relu", {h}, {r});
+  g->AddNode("MatMul", "mm2", {r, weight("w2", 0.02f)}, {y});
+  g->MarkOutput(y);
+  BuilderConfig c;
+  c.optimize = false;  // keep the two MatMuls as written
+  BuildReport report;
+  auto engine = BuildEngine({std::move(g), "twins", HashString("twins")}, c, &report);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_EQ(report.timing_reused, 1);
+  ASSERT_EQ((*engine)->layers.size(), 3u);
+  EXPECT_EQ((*engine)->layers[0].tactic.name, (*engine)->layers[2].tactic.name);
+  EXPECT_EQ((*engine)->layers[0].provider_id, (*engine)->layers[2].provider_id);
+}
+
 TEST(Builder, CorruptTimingCacheIsIgnoredWithAWarning) {
   std::string cache =
       (std::filesystem::temp_directory_path() / "kiln_builder_corrupt.cache").string();

@@ -525,6 +525,7 @@ std::string BuildReport::ToJson() const {
                  {"notes", pass_notes}};
   j["tactics_timed"] = tactics_timed;
   j["timing_cache_hits"] = timing_cache_hits;
+  j["timing_reused"] = timing_reused;
   j["deadline_hit"] = deadline_hit;
   j["memory"] = {{"weights_bytes", weights_bytes},
                  {"arena_bytes", arena_bytes},
@@ -611,8 +612,9 @@ std::string BuildReport::ToText(bool per_layer) const {
     out += fmt::format("  graph passes: {} -> {} nodes\n", nodes_before_passes, nodes_after_passes);
   }
   for (const std::string& note : pass_notes) out += fmt::format("    {}\n", note);
-  out += fmt::format("  layers {}   tactics timed {}   timing-cache hits {}{}\n", layers,
+  out += fmt::format("  layers {}   tactics timed {}   timing-cache hits {}{}{}\n", layers,
                      tactics_timed, timing_cache_hits,
+                     timing_reused ? fmt::format("   same-layer reuses {}", timing_reused) : "",
                      deadline_hit ? "   (deadline reached: best engine so far)" : "");
   out += fmt::format("  memory: weights {}  activations {}  workspace {}  peak {}\n",
                      HumanBytes(weights_bytes), HumanBytes(arena_bytes),

@@ -39,6 +39,7 @@ struct BuildReport {
   std::vector<std::string> pass_notes;
   int64_t tactics_timed = 0;
   int64_t timing_cache_hits = 0;
+  int64_t timing_reused = 0;  // layers that took an identical layer's timing in this build
   bool deadline_hit = false;
   int64_t weights_bytes = 0, arena_bytes = 0, workspace_bytes = 0, peak_bytes = 0;
   int64_t naive_activation_bytes = 0;  // without liveness reuse, for comparison

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <unordered_map>
 
 #include "kiln/core/logging.h"
 
@@ -169,10 +170,28 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
     return ExpectedWork(*a) > ExpectedWork(*b);
   });
   int64_t done = 0;
+  // Layers with one signature (a transformer's repeated blocks: BERT-base times 6 distinct
+  // matmuls, not 72) share the first one's result, with or without a timing-cache file.
+  std::unordered_map<std::string, const LayerSearch*> timed;
   for (LayerSearch* l : to_time) {
     if (Expired(options)) {
       report->deadline_hit = true;
       break;
+    }
+    if (auto it = timed.find(l->signature); it != timed.end() && !l->signature.empty()) {
+      const TacticCandidate& won = it->second->candidates[it->second->chosen];
+      auto same =
+          std::find_if(l->candidates.begin(), l->candidates.end(), [&](const TacticCandidate& c) {
+            return c.provider == won.provider && c.tactic.name == won.tactic.name &&
+                   c.tactic.params == won.tactic.params;
+          });
+      if (same != l->candidates.end()) {
+        l->chosen = static_cast<size_t>(same - l->candidates.begin());
+        l->time_ms = it->second->time_ms;
+        ++report->timing_reused;
+        ++done;
+        continue;
+      }
     }
     double best = -1;
     size_t best_index = l->chosen;
@@ -203,6 +222,7 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
     if (best >= 0) {
       l->chosen = best_index;
       l->time_ms = best;
+      timed.emplace(l->signature, l);
       if (options.cache) {
         options.cache->Insert(l->signature, {std::string(l->candidates[best_index].provider->id()),
                                              l->candidates[best_index].tactic, best});

@@ -54,16 +54,28 @@ class AttentionLayoutPass final : public Pass {
 
   Status Run(Graph& graph, PassContext& ctx) override {
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+    int bsd = 0, bshd = 0;
     for (Node* node : order) {
       if (node->is_dead() || node->op_type() != "Attention") continue;
       if (node->attrs().GetString("layout", "bhsd") != "bhsd") continue;
-      Rewrite(graph, ctx, node);
+      if (std::string_view l = Rewrite(graph, ctx, node); l == "bsd") {
+        ++bsd;
+      } else if (l == "bshd") {
+        ++bshd;
+      }
+    }
+    if (bsd + bshd > 0) {
+      ctx.stats().notes.push_back(fmt::format(
+          "{} attention layer(s) read the heads in place ({} as [B, S, H*D], {} as [B, S, H, D]): "
+          "no head split/merge copies",
+          bsd + bshd, bsd, bshd));
     }
     return OkStatus();
   }
 
  private:
-  static void Rewrite(Graph& graph, PassContext& ctx, Node* attn) {
+  // The layout given to `attn`, or "" when it stays as it is.
+  static std::string_view Rewrite(Graph& graph, PassContext& ctx, Node* attn) {
     // Q, K, V: each the output of Transpose(0, 2, 1, 3) of a [B, S, H, D] value.
     Value* split[3];
     Value* packed[3];
@@ -71,17 +83,17 @@ class AttentionLayoutPass final : public Pass {
     for (int i = 0; i < 3; ++i) {
       Value* in = attn->input(i);
       if (!in || !in->has_shape() || in->shape().size() != 4 || !IsHeadSwap(in->producer())) {
-        return;
+        return "";
       }
       split[i] = in->producer()->input(0);
-      if (!split[i] || !split[i]->has_shape() || split[i]->shape().size() != 4) return;
+      if (!split[i] || !split[i]->has_shape() || split[i]->shape().size() != 4) return "";
       packed[i] = PackedSource(split[i]);
       all_packed = all_packed && packed[i] != nullptr;
     }
     // Y: read only by Transpose(0, 2, 1, 3), whose output only a Reshape to [B, S, H*Dv] reads.
     Value* y = attn->output(0);
     Node* merge = SoleConsumer(y, "Transpose");
-    if (!merge || !IsHeadSwap(merge)) return;
+    if (!merge || !IsHeadSwap(merge)) return "";
     Value* z = merge->output(0);  // [B, S, H, Dv]
     Node* flatten = SoleConsumer(z, "Reshape");
     Value* w = flatten ? flatten->output(0) : nullptr;
@@ -96,7 +108,7 @@ class AttentionLayoutPass final : public Pass {
     }
     bool use_bsd = all_packed && w != nullptr;
     int64_t heads = 0;
-    if (!StaticDim(split[0]->shape()[2], heads)) return;
+    if (!StaticDim(split[0]->shape()[2], heads)) return "";
 
     AttributeMap attrs = attn->attrs();
     attrs.Set("layout", std::string(use_bsd ? "bsd" : "bshd"));
@@ -117,10 +129,8 @@ class AttentionLayoutPass final : public Pass {
                   std::move(inputs), {out}, std::move(attrs));
     ctx.stats().nodes_removed += 1;  // attention replaced one for one; the merge Transpose went
     ctx.stats().rewrites += 1;
-    ctx.stats().notes.push_back(fmt::format("{}: heads read in place (layout {}{})", name,
-                                            use_bsd ? "bsd" : "bshd",
-                                            use_bsd ? fmt::format(", {} heads", heads) : ""));
     ctx.MarkShapesStale();
+    return use_bsd ? "bsd" : "bshd";
   }
 };
 

@@ -165,9 +165,11 @@ TEST_F(CudaBlasTest, FusedMatMulTransposesBiasActivations) {
   RunMatMulCase({{4, 9, 17}, {9, 11}, true, false, 2.f, true, "sigmoid", true}, 46);
   RunMatMulCase({{2, 1, 9, 17}, {1, 3, 11, 17}, false, true, 1.f, true, "relu", true}, 47);
   RunMatMulCase({{17}, {17, 11}, true, false, 1.f, true, "hardswish", true}, 48);
-  // FP16/BF16 erf-GELU: cuBLASLt writes Y with the bias, kiln's kernel activates it in place
-  // (16-byte vectors plus a scalar tail: 4*33*70 is not a multiple of 8).
+  // FP16/BF16 erf-GELU takes cuBLASLt's tanh-form epilogue (within FP16's spacing); SiLU:
+  // cuBLASLt writes Y with the bias, kiln's kernel activates it in place (16-byte vectors plus a
+  // scalar tail: 4*33*70 is not a multiple of 8).
   RunMatMulCase({{4, 33, 64}, {64, 70}, false, false, 1.f, true, "gelu", true}, 49);
+  RunMatMulCase({{4, 33, 64}, {64, 70}, false, false, 1.f, true, "silu", true}, 50);
 }
 
 // ---- Attention.

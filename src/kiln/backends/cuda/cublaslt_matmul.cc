@@ -289,8 +289,14 @@ StatusOr<Problem> Resolve(const Spec& s, BlasType type, std::span<const int64_t>
   }
   // cuBLASLt's GELU epilogue may evaluate tanh less exactly than FP32 results must match the CPU
   // (1e-4); FP32 takes kiln's kernel (tanhf), FP16/BF16 the epilogue.
+  // FP16/BF16 erf-GELU also takes cuBLASLt's GELU epilogue (the tanh form): the two differ by at
+  // most 4.7e-4 (at |x| ~ 2), below FP16's spacing of 9.8e-4 near 1 and far below BF16's; the
+  // tactic name says "gelu-tanh-form". The flag kPlanOwnEpilogue keeps the exact erf in kiln's
+  // kernel. FP32 layers always compute erf exactly.
+  const bool half = type != BlasType::kF32;
+  const bool erf_as_tanh = half && s.act.kind == FusedActivation::kGelu;
   bool lt_act = s.act.kind == FusedActivation::kNone || s.act.kind == FusedActivation::kRelu ||
-                (s.act.kind == FusedActivation::kGeluTanh && type != BlasType::kF32);
+                (s.act.kind == FusedActivation::kGeluTanh && half) || erf_as_tanh;
   p.act_in_place = !lt_act && type != BlasType::kF32 && p.c_mode != Problem::CMode::kOwn &&
                    (flags & kPlanOwnEpilogue) == 0;
   p.own_epilogue = (!lt_act && !p.act_in_place) || p.c_mode == Problem::CMode::kOwn ||
@@ -309,6 +315,7 @@ StatusOr<Problem> Resolve(const Spec& s, BlasType type, std::span<const int64_t>
       p.epilogue = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
       break;
     case FusedActivation::kGeluTanh:  // cuBLASLt's GELU is the tanh approximation
+    case FusedActivation::kGelu:      // FP16/BF16 only (erf_as_tanh above)
       p.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
       break;
     default:
@@ -671,6 +678,9 @@ class CublasLtProviderBase : public KernelProvider {
       }
       if (flags & kPlanOwnEpilogue) t.name += "-kiln-epilogue";
       if (problem->act_in_place) t.name += "-act-in-place";
+      if (!problem->own_epilogue && spec->act.kind == FusedActivation::kGelu) {
+        t.name += "-gelu-tanh-form";
+      }
       if (flags & kPlanNoZeroStride) t.name += "-unbatched";
       t.params.resize(9);
       std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
