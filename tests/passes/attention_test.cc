@@ -284,6 +284,88 @@ TEST(AttentionLayout, PreSplitQAndAMergedOutputGiveBshd) {
   }
 }
 
+// GPT-2: one projection [2, 5, 24] split into Q, K, V thirds, then the head split and merge.
+TEST(AttentionLayout, Gpt2SplitOfOneProjectionIsReadPacked) {
+  for (bool sizes_given : {false, true}) {
+    SCOPED_TRACE(sizes_given ? "split sizes as an input" : "equal split");
+    auto make = [&](Graph& g) {
+      Value* x = g.AddInput("qkv", DataType::kFloat32, {2, 5, 24});
+      std::vector<Value*> ins = {x};
+      if (sizes_given) ins.push_back(Const(g, Ints({8, 8, 8})));
+      Value *q3 = g.AddValue("q3"), *k3 = g.AddValue("k3"), *v3 = g.AddValue("v3");
+      AttributeMap a;
+      a.Set("axis", int64_t{-1});
+      if (!sizes_given) a.Set("num_outputs", int64_t{3});
+      g.AddNode("Split", "split", ins, {q3, k3, v3}, a);
+      Value* q = Heads(g, q3, {0, 2, 1, 3});
+      Value* kt = Heads(g, k3, {0, 2, 3, 1});
+      Value* v = Heads(g, v3, {0, 2, 1, 3});
+      Value* s = Op(g, "Div", {Op(g, "MatMul", {q, kt}), Const(g, Scalar(2.f))});
+      Value* p = Op(g, "Softmax", {s}, Attrs(std::pair{"axis", int64_t{-1}}));
+      Value* z = Op(g, "Transpose", {Op(g, "MatMul", {p, v})},
+                    Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1, 3}}));
+      g.MarkOutput(Op(g, "Relu", {Op(g, "Reshape", {z, Const(g, Ints({2, 5, 8}))})}));
+    };
+    Graph before, after;
+    make(before);
+    make(after);
+    RunPasses(after, FusionAndLayout());
+    Node* a = Find(after, "Attention");
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(a->attrs().GetString("layout", ""), "bsd");
+    EXPECT_EQ(a->attrs().GetInt("qkv_packed", 0), 1);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(a->input(i)->name(), "qkv");
+    EXPECT_EQ(CountOps(after, "Split"), 0);
+    EXPECT_EQ(after.num_nodes(), 2u);  // Attention and Relu
+    ExpectSameOutputs(before, after);
+  }
+}
+
+// BERT: three Linear projections (MatMul + bias) of one hidden state feed the heads; after the
+// layout pass they become one [8, 24] projection read with qkv_packed.
+TEST(QkvFusion, ThreeProjectionsOfOneInputBecomeOne) {
+  auto make = [](Graph& g) {
+    Value* x = g.AddInput("x", DataType::kFloat32, {2, 5, 8});
+    Value* mask = g.AddInput("mask", DataType::kFloat32, {2, 1, 1, 5});
+    auto proj = [&](uint64_t seed) {
+      Value* w = Const(g, RandomTensor(DataType::kFloat32, {8, 8}, seed));
+      Value* b = Const(g, RandomTensor(DataType::kFloat32, {8}, seed + 10));
+      return Op(g, "Add", {Op(g, "MatMul", {x, w}), b});
+    };
+    Value* q = Heads(g, proj(1), {0, 2, 1, 3});
+    Value* kt = Heads(g, proj(2), {0, 2, 3, 1});
+    Value* v = Heads(g, proj(3), {0, 2, 1, 3});
+    Value* s = Op(g, "Div", {Op(g, "MatMul", {q, kt}), Const(g, Scalar(2.f))});
+    Value* p = Op(g, "Softmax", {Op(g, "Add", {s, mask})}, Attrs(std::pair{"axis", int64_t{-1}}));
+    Value* z = Op(g, "Transpose", {Op(g, "MatMul", {p, v})},
+                  Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1, 3}}));
+    g.MarkOutput(Op(g, "Relu", {Op(g, "Reshape", {z, Const(g, Ints({2, 5, 8}))})}));
+  };
+  Graph before, after;
+  make(before);
+  make(after);
+  Passes v;
+  v.push_back(MakeAttentionFusionPass());
+  v.push_back(MakeAttentionLayoutPass());
+  v.push_back(MakeGemmFusionPass());
+  v.push_back(MakeQkvFusionPass());
+  v.push_back(MakeDeadNodeEliminationPass());
+  PassReport r = RunPasses(after, std::move(v));
+  EXPECT_EQ(r.rewrites("qkv_fusion"), 1);
+  Node* a = Find(after, "Attention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->attrs().GetInt("qkv_packed", 0), 1);
+  EXPECT_EQ(a->input(0), a->input(1));
+  EXPECT_EQ(a->input(1), a->input(2));
+  EXPECT_EQ(CountOps(after, "FusedMatMul"), 1);
+  Node* proj = a->input(0)->producer();
+  ASSERT_NE(proj, nullptr);
+  EXPECT_EQ(proj->input(1)->constant()->dims(), (std::vector<int64_t>{8, 24}));
+  EXPECT_EQ(proj->input(2)->constant()->dims(), (std::vector<int64_t>{24}));
+  EXPECT_EQ(after.num_nodes(), 3u);  // projection, attention, Relu
+  ExpectSameOutputs(before, after);
+}
+
 TEST(AttentionLayout, OutputReadByAnythingButTheMergeStaysBhsd) {
   Graph g;
   AttentionGraph(g, Form::kBert);  // Y is the graph output itself: no merge to absorb

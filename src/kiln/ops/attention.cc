@@ -17,6 +17,10 @@
 //              "bshd" rank 4 [B, S, H, D] for Q, K, V and Y (the scores are [B, H, Sq, Sk]);
 //              "bsd"  rank 3 [B, S, H*D] for Q, K, V and Y, with num_heads = H.
 //   num_heads  int, for "bsd"
+//   qkv_packed int, for "bsd" (default 0): 1 when each operand is [B, S, 3*H*D] with Q, K and V
+//              side by side in each row, and Q is read from the first third of input 0's rows,
+//              K from the second third of input 1's, V from the last third of input 2's (the
+//              pass gives one value three times: GPT-2's c_attn output, so no Split copies).
 //   The mask always broadcasts to the logical scores [batch..., Sq, Sk] ([B, H, Sq, Sk] for
 //   bshd and bsd).
 // Softmax runs in FP32 with max subtraction in every backend.
@@ -41,6 +45,24 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
   int64_t heads = ctx.attrs().GetInt("num_heads", 0);
   if (packed && heads <= 0) {
     return ctx.Error(ErrorCode::kInvalidAttribute, "layout bsd needs num_heads > 0");
+  }
+  const bool qkv = ctx.attrs().GetInt("qkv_packed", 0) != 0;
+  if (qkv && !packed) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "qkv_packed needs layout bsd");
+  }
+  if (qkv) {
+    // One [B, S, 3*E] value three times: Y is [B, S, E].
+    const Dim& e3 = v[2];
+    if (!(q[2] == e3) || !(k[2] == e3) || !e3.is_static() || e3.value() % (3 * heads) != 0) {
+      return ctx.Error(
+          ErrorCode::kShapeMismatch,
+          "qkv_packed needs [B, S, 3*H*D] operands (one static last dim, a multiple of "
+          "3 x num_heads {}); got Q {}",
+          heads, ToString(q));
+    }
+    Shape out{q[0], q[1], Dim(e3.value() / 3)};
+    ctx.set_output(0, ctx.input_type(0), std::move(out));
+    return OkStatus();
   }
   auto differ = [](const Dim& a, const Dim& b) {
     return a.is_static() && b.is_static() && !(a == b);

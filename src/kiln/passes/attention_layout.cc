@@ -41,6 +41,42 @@ Value* PackedSource(Value* split) {
   return x;
 }
 
+// Q, K, V as outputs 0, 1, 2 of one Split of X [B, S, 3E] into equal thirds along the last axis
+// (GPT-2's c_attn output): X, which Attention reads with qkv_packed; else nullptr.
+Value* SplitSource(Value* const packed[3], const PassContext& ctx) {
+  Node* s = packed[0]->producer();
+  if (!s || s->op_type() != "Split" || s->num_outputs() != 3) return nullptr;
+  for (int i = 0; i < 3; ++i) {
+    if (packed[i]->producer() != s || s->output(i) != packed[i]) return nullptr;
+  }
+  Value* x = s->input(0);
+  int64_t e3 = 0;
+  if (!x || !x->has_shape() || x->shape().size() != 3 || !StaticDim(x->shape()[2], e3) ||
+      e3 % 3 != 0) {
+    return nullptr;
+  }
+  int64_t axis = s->attrs().GetInt("axis", 0);
+  if (axis != -1 && axis != 2) return nullptr;
+  std::vector<int64_t> sizes;
+  if (s->num_inputs() > 1 && s->input(1)) {
+    const Value* sv = s->input(1);
+    if (sv->is_constant()) {
+      sizes = sv->constant()->ToInt64Vector();
+    } else if (const std::vector<Dim>* dv = ctx.dims_value(sv)) {
+      for (const Dim& d : *dv) {
+        if (!d.is_static()) return nullptr;
+        sizes.push_back(d.value());
+      }
+    } else {
+      return nullptr;
+    }
+  } else if (s->attrs().Has("split")) {
+    sizes = s->attrs().GetInts("split");
+  }
+  if (!sizes.empty() && sizes != std::vector<int64_t>{e3 / 3, e3 / 3, e3 / 3}) return nullptr;
+  return x;
+}
+
 // The sole reader of `v` when it is one node of `op` and `v` is not a graph output.
 Node* SoleConsumer(const Value* v, std::string_view op) {
   if (v->is_graph_output() || v->consumers().size() != 1) return nullptr;
@@ -114,7 +150,9 @@ class AttentionLayoutPass final : public Pass {
     attrs.Set("layout", std::string(use_bsd ? "bsd" : "bshd"));
     if (use_bsd) attrs.Set("num_heads", heads);
     std::vector<Value*> inputs;
-    for (int i = 0; i < 3; ++i) inputs.push_back(use_bsd ? packed[i] : split[i]);
+    Value* qkv = use_bsd ? SplitSource(packed, ctx) : nullptr;
+    if (qkv) attrs.Set("qkv_packed", int64_t{1});
+    for (int i = 0; i < 3; ++i) inputs.push_back(qkv ? qkv : use_bsd ? packed[i] : split[i]);
     if (attn->input(3)) inputs.push_back(attn->input(3));
     Value* out = use_bsd ? w : z;
     std::string name = attn->name();

@@ -102,6 +102,7 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeAttentionFusionPass());
   pm->Add(MakeAttentionLayoutPass());
   pm->Add(MakeGemmFusionPass());
+  pm->Add(MakeQkvFusionPass());
   pm->Add(MakeConvFusionPass());
   pm->Add(MakeDeadNodeEliminationPass());
   return pm;

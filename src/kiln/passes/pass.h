@@ -126,6 +126,7 @@ std::unique_ptr<Pass> MakeGeluFusionPass();
 std::unique_ptr<Pass> MakeLayerNormFusionPass();
 std::unique_ptr<Pass> MakeAttentionFusionPass();
 std::unique_ptr<Pass> MakeAttentionLayoutPass();  // heads read in place (Attention layout)
+std::unique_ptr<Pass> MakeQkvFusionPass();  // Q/K/V projections -> one (after gemm_fusion)
 std::unique_ptr<Pass> MakeGemmFusionPass();  // Gemm/MatMul + bias + activation
 std::unique_ptr<Pass> MakeConvFusionPass();  // Conv + bias + residual + activation
 std::unique_ptr<Pass> MakeLayoutNhwcPass();  // channels-last convolution stacks (conv_layout)

@@ -182,6 +182,7 @@ struct AttnCase {
   float fill = 0.f;   // 0: default -inf
   std::string layout = "bhsd";
   int64_t heads = 0;  // layout bsd
+  bool qkv_packed = false;
 };
 
 int RunAttention(const AttnCase& c, uint32_t seed) {
@@ -194,6 +195,7 @@ int RunAttention(const AttnCase& c, uint32_t seed) {
   if (c.fill != 0.f) attrs.Set("mask_fill", c.fill);
   if (c.layout != "bhsd") attrs.Set("layout", c.layout);
   if (c.heads > 0) attrs.Set("num_heads", c.heads);
+  if (c.qkv_packed) attrs.Set("qkv_packed", int64_t{1});
   OpTester t("Attention", attrs);
   t.Seed(seed);
   t.Input(DataType::kFloat32, c.q).Input(DataType::kFloat32, c.k).Input(DataType::kFloat32, c.v);
@@ -240,7 +242,13 @@ TEST_F(CudaBlasTest, AttentionInterleavedHeadLayouts) {
                    65);  // D = 16
   runs += RunAttention({{2, 5, 24}, {2, 9, 24}, {2, 9, 24}, "none", {}, 0.f, 0.f, "bsd", 3},
                        66);  // D = 8: only the SIMT tactic
-  EXPECT_GE(runs, 6 * 3);
+  // Q, K, V side by side in each row (GPT-2's c_attn output): thirds of [B, S, 3*H*D].
+  runs += RunAttention(
+      {{2, 70, 384}, {2, 70, 384}, {2, 70, 384}, "causal", {}, 0.f, 0.f, "bsd", 2, true}, 67);
+  runs += RunAttention(
+      {{1, 17, 96}, {1, 17, 96}, {1, 17, 96}, "additive", {1, 1, 1, 17}, 0.f, 0.f, "bsd", 1, true},
+      68);  // D = 32, one head
+  EXPECT_GE(runs, 8 * 3);
 }
 
 TEST_F(CudaBlasTest, AttentionRejectsHeadDimsAbove128) {

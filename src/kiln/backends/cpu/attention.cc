@@ -21,7 +21,10 @@ struct OperandView {
   int64_t rows = 0, cols = 0, row_stride = 0;
 };
 
-OperandView ViewOf(std::span<const int64_t> x, HeadLayout layout, int64_t heads) {
+// parts = 3: the operand is Q, K and V side by side ([B, S, 3*H*D], attribute qkv_packed); the
+// view is one third of each row (the caller offsets K and V by a third and two thirds).
+OperandView ViewOf(std::span<const int64_t> x, HeadLayout layout, int64_t heads,
+                   int64_t parts = 1) {
   OperandView v;
   if (layout == HeadLayout::kBhsd) {
     size_t r = x.size();
@@ -40,7 +43,7 @@ OperandView ViewOf(std::span<const int64_t> x, HeadLayout layout, int64_t heads)
   int64_t h = layout == HeadLayout::kBsd ? heads : x[2];
   int64_t e = layout == HeadLayout::kBsd ? x[2] : x[2] * x[3];
   v.rows = x[1];
-  v.cols = e / h;
+  v.cols = e / parts / h;
   v.row_stride = e;
   v.batch.push_back(x[0]);
   v.batch.push_back(h);
@@ -64,13 +67,14 @@ int64_t BatchOffset(const OperandView& v, const DimVec& out, int64_t b) {
 class AttentionKernel final : public Kernel {
  public:
   AttentionKernel(float scale, bool default_scale, MaskKind kind, float fill, HeadLayout layout,
-                  int64_t heads)
+                  int64_t heads, bool qkv_packed)
       : scale_(scale),
         default_scale_(default_scale),
         kind_(kind),
         fill_(fill),
         layout_(layout),
-        heads_(heads) {}
+        heads_(heads),
+        parts_(qkv_packed ? 3 : 1) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
@@ -78,7 +82,8 @@ class AttentionKernel final : public Kernel {
     for (const TensorView* t : {&inputs[0], &inputs[1], &inputs[2], &outputs[0]}) {
       if ((layout_ == HeadLayout::kBhsd && t->dims.size() < 2) ||
           (layout_ != HeadLayout::kBhsd && t->dims.size() != need_rank) ||
-          (layout_ == HeadLayout::kBsd && t->dims[2] % heads_ != 0)) {
+          (layout_ == HeadLayout::kBsd && t->dims[2] % heads_ != 0) ||
+          (parts_ == 3 && t != &outputs[0] && t->dims[2] % (3 * heads_) != 0)) {
         return MakeError(ErrorCode::kShapeMismatch,
                          "attention: operand dims do not fit the layout");
       }
@@ -86,14 +91,17 @@ class AttentionKernel final : public Kernel {
     OperandView y = ViewOf(outputs[0].dims, layout_, heads_);
     int64_t batch_n = 1;
     for (int64_t b : y.batch) batch_n *= b;
-    OperandView k = ViewOf(inputs[1].dims, layout_, heads_);
+    OperandView k = ViewOf(inputs[1].dims, layout_, heads_, parts_);
     return static_cast<size_t>(batch_n * y.rows * k.rows) * sizeof(float);
   }
 
   Status Run(const KernelRunArgs& a) override {
-    OperandView qv = ViewOf(a.inputs[0].dims, layout_, heads_);
-    OperandView kv = ViewOf(a.inputs[1].dims, layout_, heads_);
-    OperandView vv = ViewOf(a.inputs[2].dims, layout_, heads_);
+    OperandView qv = ViewOf(a.inputs[0].dims, layout_, heads_, parts_);
+    OperandView kv = ViewOf(a.inputs[1].dims, layout_, heads_, parts_);
+    OperandView vv = ViewOf(a.inputs[2].dims, layout_, heads_, parts_);
+    // Packed: K and V start a third and two thirds into each row.
+    const int64_t k_off = parts_ == 3 ? kv.row_stride / 3 : 0;
+    const int64_t v_off = parts_ == 3 ? 2 * (vv.row_stride / 3) : 0;
     OperandView yv = ViewOf(a.outputs[0].dims, layout_, heads_);
     int64_t batch_n = 1;
     for (int64_t b : yv.batch) batch_n *= b;
@@ -103,8 +111,8 @@ class AttentionKernel final : public Kernel {
                        a.workspace_bytes);
     }
     const float* q = a.inputs[0].as<const float>();
-    const float* k = a.inputs[1].as<const float>();
-    const float* v = a.inputs[2].as<const float>();
+    const float* k = a.inputs[1].as<const float>() + k_off;
+    const float* v = a.inputs[2].as<const float>() + v_off;
     float* y = a.outputs[0].as<float>();
     float* scores = static_cast<float*>(a.workspace);
     bool has_mask = kind_ == MaskKind::kAdditive || kind_ == MaskKind::kBoolean;
@@ -173,6 +181,7 @@ class AttentionKernel final : public Kernel {
   float fill_;
   HeadLayout layout_;
   int64_t heads_;
+  int64_t parts_;
 };
 
 class AttentionProvider final : public CpuFloatProvider {
@@ -197,8 +206,9 @@ class AttentionProvider final : public CpuFloatProvider {
                    : layout == "bsd" ? HeadLayout::kBsd
                                      : HeadLayout::kBhsd;
     int64_t heads = attrs.GetInt("num_heads", 0);
+    bool packed = attrs.GetInt("qkv_packed", 0) != 0;
     if ((layout != "bhsd" && layout != "bshd" && layout != "bsd") ||
-        (l == HeadLayout::kBsd && heads <= 0)) {
+        (l == HeadLayout::kBsd && heads <= 0) || (packed && l != HeadLayout::kBsd)) {
       return MakeError(ErrorCode::kInvalidAttribute,
                        "attention: layout '{}' (num_heads {}) is not bhsd, bshd or bsd with "
                        "num_heads > 0",
@@ -206,7 +216,7 @@ class AttentionProvider final : public CpuFloatProvider {
     }
     return std::unique_ptr<Kernel>(std::make_unique<AttentionKernel>(
         attrs.GetFloat("scale", 1.f), !attrs.Has("scale"), k,
-        attrs.GetFloat("mask_fill", -std::numeric_limits<float>::infinity()), l, heads));
+        attrs.GetFloat("mask_fill", -std::numeric_limits<float>::infinity()), l, heads, packed));
   }
 };
 KILN_REGISTER_KERNEL_PROVIDER(AttentionProvider);

@@ -18,7 +18,8 @@ enum class HeadLayout { kBhsd, kBshd, kBsd };
 
 struct AttentionSpec {
   HeadLayout layout = HeadLayout::kBhsd;
-  int64_t heads = 0;  // kBsd
+  int64_t heads = 0;        // kBsd
+  bool qkv_packed = false;  // kBsd: Q, K, V side by side in one [B, S, 3*H*D] input
   AttnMask mask = AttnMask::kNone;
   float scale = 1.f;
   bool default_scale = true;
@@ -48,11 +49,15 @@ StatusOr<AttentionSpec> ReadAttentionSpec(const Node& node) {
   } else if (layout == "bsd") {
     s.layout = HeadLayout::kBsd;
     s.heads = at.GetInt("num_heads", 0);
+    s.qkv_packed = at.GetInt("qkv_packed", 0) != 0;
     if (s.heads <= 0) {
       return MakeError(ErrorCode::kInvalidAttribute, "Attention layout 'bsd' needs num_heads > 0");
     }
   } else {
     return MakeError(ErrorCode::kInvalidAttribute, "Attention layout '{}' is unknown", layout);
+  }
+  if (at.GetInt("qkv_packed", 0) != 0 && s.layout != HeadLayout::kBsd) {
+    return MakeError(ErrorCode::kInvalidAttribute, "Attention qkv_packed needs layout 'bsd'");
   }
   s.default_scale = !at.Has("scale");
   s.scale = at.GetFloat("scale", 1.f);
@@ -101,10 +106,11 @@ class CudaAttentionKernel final : public Kernel {
       std::vector<int64_t> batch, stride;
       int64_t rows = 0, cols = 0, row_stride = 0;
     };
-    auto view = [&](const TensorView& t) -> StatusOr<View> {
+    auto view = [&](const TensorView& t, int64_t parts) -> StatusOr<View> {
       const auto& x = t.dims;
       View v;
       if (spec_.layout == HeadLayout::kBhsd) {
+        (void)parts;  // qkv_packed is for bsd only (ReadAttentionSpec)
         if (x.size() < 2) return MakeError(ErrorCode::kShapeMismatch, "Attention rank < 2");
         size_t r = x.size();
         v.batch.assign(x.begin(), x.end() - 2);
@@ -126,21 +132,25 @@ class CudaAttentionKernel final : public Kernel {
       }
       int64_t h = packed ? spec_.heads : x[2];
       int64_t e = packed ? x[2] : x[2] * x[3];
-      if (packed && (h <= 0 || x[2] % h != 0)) {
+      if (packed && (h <= 0 || x[2] % (h * parts) != 0)) {
         return MakeError(ErrorCode::kShapeMismatch, "Attention: {} columns are not {} heads", x[2],
                          h);
       }
       v.batch = {x[0], h};
       v.rows = x[1];
-      v.cols = e / h;
+      v.cols = e / parts / h;
       v.row_stride = e;
       v.stride = {x[1] * e, v.cols};
       return v;
     };
-    KILN_ASSIGN_OR_RETURN(View q, view(in[0]));
-    KILN_ASSIGN_OR_RETURN(View k, view(in[1]));
-    KILN_ASSIGN_OR_RETURN(View v, view(in[2]));
-    KILN_ASSIGN_OR_RETURN(View y, view(out[0]));
+    const int64_t parts = spec_.qkv_packed ? 3 : 1;
+    KILN_ASSIGN_OR_RETURN(View q, view(in[0], parts));
+    KILN_ASSIGN_OR_RETURN(View k, view(in[1], parts));
+    KILN_ASSIGN_OR_RETURN(View v, view(in[2], parts));
+    KILN_ASSIGN_OR_RETURN(View y, view(out[0], 1));
+    // Packed: K and V start a third and two thirds into each row.
+    k_offset_ = spec_.qkv_packed ? k.row_stride / 3 : 0;
+    v_offset_ = spec_.qkv_packed ? 2 * (v.row_stride / 3) : 0;
     size_t nb = y.batch.size();
     if (q.batch.size() != nb || k.batch.size() != nb || v.batch.size() != nb) {
       return MakeError(ErrorCode::kShapeMismatch, "Attention operands must share one rank >= 2");
@@ -213,7 +223,7 @@ class CudaAttentionKernel final : public Kernel {
     }
     p.scale = spec_.default_scale ? 1.f / std::sqrt(static_cast<float>(p.d)) : spec_.scale;
     p.mask_fill = spec_.fill;
-    if (variant_ >= 2 && !AttentionMmaSupports(p)) {
+    if (variant_ >= 2 && (!AttentionMmaSupports(p) || k_offset_ % 8 != 0 || v_offset_ % 8 != 0)) {
       return MakeError(ErrorCode::kAttentionUnsupported,
                        "the mma attention tactic needs f16/bf16, equal head dims of 16, 32, 64 or "
                        "128 and 16-byte aligned rows; got head dims {} / {}",
@@ -228,8 +238,9 @@ class CudaAttentionKernel final : public Kernel {
     if (!prepared_) return MakeError(ErrorCode::kInternal, "Attention: Run before Prepare");
     AttentionParams p = params_;
     p.q = args.inputs[0].data;
-    p.k = args.inputs[1].data;
-    p.v = args.inputs[2].data;
+    const int64_t es = type_ == BlasType::kF32 ? 4 : 2;
+    p.k = static_cast<const char*>(args.inputs[1].data) + k_offset_ * es;
+    p.v = static_cast<const char*>(args.inputs[2].data) + v_offset_ * es;
     p.mask = args.inputs.size() > 3 ? args.inputs[3].data : nullptr;
     p.y = args.outputs[0].data;
     KILN_CUDA_RETURN_IF_ERROR(LaunchAttention(p, variant_, static_cast<cudaStream_t>(args.stream)));
@@ -241,6 +252,7 @@ class CudaAttentionKernel final : public Kernel {
   BlasType type_;
   int variant_;
   AttentionParams params_;
+  int64_t k_offset_ = 0, v_offset_ = 0;  // elements (qkv_packed)
   bool prepared_ = false;
 };
 
@@ -260,7 +272,7 @@ class CudaAttentionProvider final : public KernelProvider {
     auto head_dim = [&](const Shape& s) -> int64_t {
       if (s.empty() || !s.back().is_static()) return -1;
       if (spec->layout == HeadLayout::kBsd) {
-        int64_t h = spec->heads;
+        int64_t h = spec->heads * (spec->qkv_packed ? 3 : 1);
         return s.back().value() % h == 0 ? s.back().value() / h : 0;
       }
       return s.back().value();
