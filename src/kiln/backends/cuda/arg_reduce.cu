@@ -83,8 +83,9 @@ cudaError_t LaunchArgReduce(Elem t, bool is_max, bool select_last, const void* x
     if (inner == 1 && n >= 64) {
       // 8 warps per block; one row per warp.
       int64_t blocks = (lines + 7) / 8;
-      ArgRowWarpKernel<T><<<static_cast<unsigned>(blocks < 132 * 16 ? blocks : 132 * 16), 256, 0,
-                            stream>>>(px, y, lines, n, is_max, select_last);
+      ArgRowWarpKernel<T>
+          <<<static_cast<unsigned>(blocks < 132 * 16 ? blocks : 132 * 16), 256, 0, stream>>>(
+              px, y, lines, n, is_max, select_last);
     } else {
       ArgLineKernel<T>
           <<<GridFor(lines), 256, 0, stream>>>(px, y, outer, n, inner, is_max, select_last);

@@ -44,10 +44,10 @@ CudaOpDef ArgDef(bool is_max) {
                 return MakeError(ErrorCode::kShapeMismatch, "{} over an empty axis",
                                  is_max ? "ArgMax" : "ArgMin");
               }
-              return Launched(LaunchArgReduce(t, is_max, last, a.inputs[0].data,
-                                              a.outputs[0].as<int64_t>(), s.outer, s.n, s.inner,
-                                              StreamOf(a)),
-                              is_max ? "ArgMax kernel" : "ArgMin kernel");
+              return Launched(
+                  LaunchArgReduce(t, is_max, last, a.inputs[0].data, a.outputs[0].as<int64_t>(),
+                                  s.outer, s.n, s.inner, StreamOf(a)),
+                  is_max ? "ArgMax kernel" : "ArgMin kernel");
             });
           },
   };
@@ -108,10 +108,10 @@ CudaOpDef TopKDef() {
                 return MakeError(ErrorCode::kShapeMismatch, "TopK of {} from an axis of {}", k,
                                  s.n);
               }
-              return Launched(LaunchTopK(t, largest, sorted, x.data, a.outputs[0].data,
-                                         a.outputs[1].as<int64_t>(), s.outer, s.n, s.inner, k,
-                                         StreamOf(a)),
-                              "TopK kernel");
+              return Launched(
+                  LaunchTopK(t, largest, sorted, x.data, a.outputs[0].data,
+                             a.outputs[1].as<int64_t>(), s.outer, s.n, s.inner, k, StreamOf(a)),
+                  "TopK kernel");
             });
           },
   };

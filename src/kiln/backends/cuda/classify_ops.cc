@@ -19,10 +19,10 @@ CudaOpDef ClassifyDef(const char* op, bool nan) {
             bool neg = at.GetInt("detect_negative", 1) != 0;
             Elem t = *ToElem(InType(r, 0));
             return MakeFnKernel([t, nan, pos, neg](const KernelRunArgs& a) {
-              return Launched(LaunchIsNanInf(t, nan, pos, neg, a.inputs[0].data,
-                                             a.outputs[0].as<bool>(), a.outputs[0].num_elements(),
-                                             StreamOf(a)),
-                              nan ? "IsNaN kernel" : "IsInf kernel");
+              return Launched(
+                  LaunchIsNanInf(t, nan, pos, neg, a.inputs[0].data, a.outputs[0].as<bool>(),
+                                 a.outputs[0].num_elements(), StreamOf(a)),
+                  nan ? "IsNaN kernel" : "IsInf kernel");
             });
           },
   };

@@ -266,11 +266,11 @@ class GatherKernel final : public Kernel {
     if (!constant_) {
       KILN_ASSIGN_OR_RETURN(fault, check_.Begin(StreamOf(a)));
     }
-    KILN_RETURN_IF_ERROR(Launched(
-        LaunchGatherChecked(SizeOf(data.dtype), data.data, a.inputs[1].data, idx64_,
-                            a.outputs[0].data, outer_, data.dims[axis_], inner_,
-                            a.inputs[1].num_elements(), fault, StreamOf(a)),
-        "Gather kernel"));
+    KILN_RETURN_IF_ERROR(
+        Launched(LaunchGatherChecked(SizeOf(data.dtype), data.data, a.inputs[1].data, idx64_,
+                                     a.outputs[0].data, outer_, data.dims[axis_], inner_,
+                                     a.inputs[1].num_elements(), fault, StreamOf(a)),
+                 "Gather kernel"));
     return fault ? check_.End(StreamOf(a), "Gather") : OkStatus();
   }
 

@@ -82,8 +82,8 @@ class PadKernel final : public Kernel {
         d.pads = pads.data;
         d.idx64 = pads.dtype == DataType::kInt64;
         d.axes = has_axes ? a.inputs[3].data : nullptr;
-        d.count = static_cast<int32_t>(has_axes ? a.inputs[3].num_elements()
-                                                : pads.num_elements() / 2);
+        d.count =
+            static_cast<int32_t>(has_axes ? a.inputs[3].num_elements() : pads.num_elements() / 2);
         if (d.count > kMaxRank) {
           return MakeError(ErrorCode::kShapeMismatch, "Pad with {} axes", d.count);
         }
@@ -135,7 +135,8 @@ CudaOpDef PadDef() {
         bool has_axes = r.inputs.size() > 3 && InType(r, 3) != DataType::kUndefined;
         auto pads = ConstantInts(r, 1);
         std::optional<std::vector<int64_t>> axes =
-            has_axes ? ConstantInts(r, 3) : std::optional<std::vector<int64_t>>(std::vector<int64_t>{});
+            has_axes ? ConstantInts(r, 3)
+                     : std::optional<std::vector<int64_t>>(std::vector<int64_t>{});
         if (!pads || !axes) {
           pads.reset();
           axes.reset();
@@ -152,8 +153,8 @@ CudaOpDef TileDef() {
       .op_type = "Tile",
       .accepts = AnyType,
       .create = [](const KernelRequest&) -> StatusOr<std::unique_ptr<Kernel>> {
-        return std::unique_ptr<Kernel>(std::make_unique<PadKernel>(
-            PadMode::kWrap, "wrap", true, std::nullopt, std::nullopt));
+        return std::unique_ptr<Kernel>(
+            std::make_unique<PadKernel>(PadMode::kWrap, "wrap", true, std::nullopt, std::nullopt));
       },
   };
 }

@@ -82,21 +82,21 @@ __global__ void ScatterNDKernel(const I* __restrict__ idx, const T* __restrict__
       *dst = u;  // 1- and 2-byte types only ever move (LaunchScatterND)
     } else {
       switch (d.reduction) {
-      case ScatterReduction::kNone:
-        *dst = u;
-        break;
-      case ScatterReduction::kAdd:
-        AtomicApply(dst, u, [](T a, T b) { return static_cast<T>(a + b); });
-        break;
-      case ScatterReduction::kMul:
-        AtomicApply(dst, u, [](T a, T b) { return static_cast<T>(a * b); });
-        break;
-      case ScatterReduction::kMax:  // std::max(a, b), as the CPU
-        AtomicApply(dst, u, [](T a, T b) { return a < b ? b : a; });
-        break;
-      case ScatterReduction::kMin:  // std::min(a, b)
-        AtomicApply(dst, u, [](T a, T b) { return b < a ? b : a; });
-        break;
+        case ScatterReduction::kNone:
+          *dst = u;
+          break;
+        case ScatterReduction::kAdd:
+          AtomicApply(dst, u, [](T a, T b) { return static_cast<T>(a + b); });
+          break;
+        case ScatterReduction::kMul:
+          AtomicApply(dst, u, [](T a, T b) { return static_cast<T>(a * b); });
+          break;
+        case ScatterReduction::kMax:  // std::max(a, b), as the CPU
+          AtomicApply(dst, u, [](T a, T b) { return a < b ? b : a; });
+          break;
+        case ScatterReduction::kMin:  // std::min(a, b)
+          AtomicApply(dst, u, [](T a, T b) { return b < a ? b : a; });
+          break;
       }
     }
   }
@@ -146,12 +146,12 @@ cudaError_t LaunchGatherElements(size_t elem_size, const GatherElementsDesc& d, 
     using U = decltype(tag);
     if (idx64) {
       GatherElementsKernel<U, int64_t><<<GridFor(n), 256, 0, stream>>>(
-          static_cast<const U*>(data), static_cast<const int64_t*>(idx), static_cast<U*>(out), d,
-          n, fault);
+          static_cast<const U*>(data), static_cast<const int64_t*>(idx), static_cast<U*>(out), d, n,
+          fault);
     } else {
       GatherElementsKernel<U, int32_t><<<GridFor(n), 256, 0, stream>>>(
-          static_cast<const U*>(data), static_cast<const int32_t*>(idx), static_cast<U*>(out), d,
-          n, fault);
+          static_cast<const U*>(data), static_cast<const int32_t*>(idx), static_cast<U*>(out), d, n,
+          fault);
     }
     return cudaGetLastError();
   });
@@ -172,13 +172,13 @@ cudaError_t LaunchScatterND(Elem t, const ScatterNDDesc& d, const void* data, co
   auto go = [&](auto tag) {
     using T = decltype(tag);
     if (idx64) {
-      ScatterNDKernel<T, int64_t><<<GridFor(n), 256, 0, stream>>>(
-          static_cast<const int64_t*>(idx), static_cast<const T*>(updates), static_cast<T*>(out),
-          d, fault);
+      ScatterNDKernel<T, int64_t><<<GridFor(n), 256, 0, stream>>>(static_cast<const int64_t*>(idx),
+                                                                  static_cast<const T*>(updates),
+                                                                  static_cast<T*>(out), d, fault);
     } else {
-      ScatterNDKernel<T, int32_t><<<GridFor(n), 256, 0, stream>>>(
-          static_cast<const int32_t*>(idx), static_cast<const T*>(updates), static_cast<T*>(out),
-          d, fault);
+      ScatterNDKernel<T, int32_t><<<GridFor(n), 256, 0, stream>>>(static_cast<const int32_t*>(idx),
+                                                                  static_cast<const T*>(updates),
+                                                                  static_cast<T*>(out), d, fault);
     }
     return cudaGetLastError();
   };

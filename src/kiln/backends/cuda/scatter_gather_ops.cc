@@ -38,7 +38,8 @@ class GatherElementsKernel final : public Kernel {
       d_.idx_dims[a] = idx[a];
     }
     for (int64_t i : constant_.value_or(std::vector<int64_t>{})) {
-      if (i < -data[axis] || i >= data[axis]) return BadConstantIndex("GatherElements", i, data[axis]);
+      if (i < -data[axis] || i >= data[axis])
+        return BadConstantIndex("GatherElements", i, data[axis]);
     }
     return size_t{0};
   }
@@ -99,8 +100,8 @@ class ScatterNDKernel final : public Kernel {
     }
     int64_t k = idx.back();
     if (k < 0 || k > static_cast<int64_t>(data.size())) {
-      return MakeError(ErrorCode::kShapeMismatch, "ScatterND index depth {} for data of rank {}",
-                       k, data.size());
+      return MakeError(ErrorCode::kShapeMismatch, "ScatterND index depth {} for data of rank {}", k,
+                       data.size());
     }
     d_ = ScatterNDDesc{};
     d_.k = static_cast<int32_t>(k);
@@ -133,11 +134,11 @@ class ScatterNDKernel final : public Kernel {
     if (!constant_) {
       KILN_ASSIGN_OR_RETURN(fault, check_.Begin(StreamOf(a)));
     }
-    KILN_RETURN_IF_ERROR(Launched(
-        LaunchScatterND(t_, d_, a.inputs[0].data, a.inputs[1].data,
-                        a.inputs[1].dtype == DataType::kInt64, a.inputs[2].data, a.outputs[0].data,
-                        a.inputs[0].num_elements(), fault, StreamOf(a)),
-        "ScatterND kernel"));
+    KILN_RETURN_IF_ERROR(
+        Launched(LaunchScatterND(t_, d_, a.inputs[0].data, a.inputs[1].data,
+                                 a.inputs[1].dtype == DataType::kInt64, a.inputs[2].data,
+                                 a.outputs[0].data, a.inputs[0].num_elements(), fault, StreamOf(a)),
+                 "ScatterND kernel"));
     return fault ? check_.End(StreamOf(a), "ScatterND") : OkStatus();
   }
 
@@ -201,10 +202,10 @@ CudaOpDef OneHotDef() {
               int64_t depth = y.dims[axis], outer = 1, inner = 1;
               for (int64_t i = 0; i < axis; ++i) outer *= y.dims[i];
               for (int64_t i = axis + 1; i < rank; ++i) inner *= y.dims[i];
-              return Launched(LaunchOneHot(SizeOf(y.dtype), idx_t, a.inputs[0].data,
-                                           a.inputs[2].data, y.data, outer, depth, inner,
-                                           StreamOf(a)),
-                              "OneHot kernel");
+              return Launched(
+                  LaunchOneHot(SizeOf(y.dtype), idx_t, a.inputs[0].data, a.inputs[2].data, y.data,
+                               outer, depth, inner, StreamOf(a)),
+                  "OneHot kernel");
             });
           },
   };

@@ -54,10 +54,10 @@ class SpaceDepthKernel final : public Kernel {
     return size_t{0};
   }
   Status Run(const KernelRunArgs& a) override {
-    return Launched(LaunchStridedCopy(SizeOf(a.inputs[0].dtype), a.inputs[0].data,
-                                      a.outputs[0].data, space_, a.outputs[0].num_elements(),
-                                      StreamOf(a)),
-                    to_space_ ? "DepthToSpace copy" : "SpaceToDepth copy");
+    return Launched(
+        LaunchStridedCopy(SizeOf(a.inputs[0].dtype), a.inputs[0].data, a.outputs[0].data, space_,
+                          a.outputs[0].num_elements(), StreamOf(a)),
+        to_space_ ? "DepthToSpace copy" : "SpaceToDepth copy");
   }
 
  private:

@@ -34,8 +34,10 @@ class VariadicKernel final : public Kernel {
       size_t lead = y.size() - x.size();
       for (size_t j = 0; j < x.size(); ++j) {
         if (x[j] != 1 && x[j] != y[lead + j]) {
-          return MakeError(ErrorCode::kShapeMismatch, "input {} dim {} of size {} cannot broadcast "
-                           "to {}", k, j, x[j], y[lead + j]);
+          return MakeError(ErrorCode::kShapeMismatch,
+                           "input {} dim {} of size {} cannot broadcast "
+                           "to {}",
+                           k, j, x[j], y[lead + j]);
         }
         d_.strides[k][lead + j] = x[j] == 1 ? 0 : dense[j];
       }
@@ -45,9 +47,9 @@ class VariadicKernel final : public Kernel {
   Status Run(const KernelRunArgs& a) override {
     VariadicDesc d = d_;
     for (int k = 0; k < d.count; ++k) d.ptr[k] = a.inputs[k].data;
-    return Launched(LaunchVariadic(op_, t_, d, a.outputs[0].data, a.outputs[0].num_elements(),
-                                   StreamOf(a)),
-                    "variadic elementwise kernel");
+    return Launched(
+        LaunchVariadic(op_, t_, d, a.outputs[0].data, a.outputs[0].num_elements(), StreamOf(a)),
+        "variadic elementwise kernel");
   }
 
  private:
@@ -65,7 +67,7 @@ CudaOpDef VariadicDef(const char* op, VariadicOp kind, bool skip_binary) {
       .op_type = op,
       .variant = "variadic",
       .accepts =
-          [skip_binary](const KernelRequest& r) {
+          [kind, skip_binary](const KernelRequest& r) {
             size_t n = r.inputs.size();
             if (n < 1 || n > static_cast<size_t>(kMaxVariadicInputs)) return false;
             if (skip_binary && n == 2) return false;  // elementwise_ops.cc's binary kernel
@@ -73,6 +75,8 @@ CudaOpDef VariadicDef(const char* op, VariadicOp kind, bool skip_binary) {
             for (size_t i = 1; i < n; ++i) {
               if (InType(r, i) != t) return false;
             }
+            // Mean is a float op (its shape rule rejects integers).
+            if (kind == VariadicOp::kMean && !IsFloatStorage(t)) return false;
             return VariadicType(t) && OutType(r, 0) == t;
           },
       .create = [kind](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
