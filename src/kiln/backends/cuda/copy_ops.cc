@@ -271,7 +271,7 @@ class GatherKernel final : public Kernel {
                                      a.outputs[0].data, outer_, data.dims[axis_], inner_,
                                      a.inputs[1].num_elements(), fault, StreamOf(a)),
                  "Gather kernel"));
-    return fault ? check_.End(StreamOf(a), "Gather") : OkStatus();
+    return fault ? check_.End(StreamOf(a), "Gather", "the output holds zeros there") : OkStatus();
   }
 
  private:

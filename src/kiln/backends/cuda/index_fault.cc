@@ -46,7 +46,7 @@ StatusOr<IndexFault*> IndexFaultCheck::Begin(cudaStream_t stream) {
   return device_;
 }
 
-Status IndexFaultCheck::End(cudaStream_t stream, std::string_view op) {
+Status IndexFaultCheck::End(cudaStream_t stream, std::string_view op, std::string_view effect) {
   KILN_CUDA_RETURN_IF_ERROR(cudaEventRecord(done_, stream));
   // cudaEventSynchronize has no bound (STYLE: every wait has one): poll, briefly spinning first.
   using Clock = std::chrono::steady_clock;
@@ -68,9 +68,8 @@ Status IndexFaultCheck::End(cudaStream_t stream, std::string_view op) {
   if (h->hit != 0) {
     int64_t index = h->index, size = h->size;
     return MakeError(ErrorCode::kKernelFailed,
-                     "{}: index {} is out of range for an axis of size {} (valid: {}..{}); the "
-                     "output holds zeros there",
-                     op, index, size, -size, size - 1);
+                     "{}: index {} is out of range for an axis of size {} (valid: {}..{}); {}", op,
+                     index, size, -size, size - 1, effect);
   }
   return OkStatus();
 }

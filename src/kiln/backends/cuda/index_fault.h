@@ -27,8 +27,9 @@ class IndexFaultCheck {
   // kernels on machines without a GPU); KILN-E6002/E6003 when CUDA cannot provide them.
   StatusOr<IndexFault*> Begin(cudaStream_t stream);
   // After the launch, when Begin gave a pointer: waits for the stream (bounded by
-  // KILN_DEVICE_WAIT_TIMEOUT_S) and returns KILN-E6001 naming the index when one was out of range.
-  Status End(cudaStream_t stream, std::string_view op);
+  // KILN_DEVICE_WAIT_TIMEOUT_S) and returns KILN-E6001 naming the index when one was out of range
+  // and what the kernel did instead (`effect`).
+  Status End(cudaStream_t stream, std::string_view op, std::string_view effect);
 
  private:
   IndexFault* host_ = nullptr;

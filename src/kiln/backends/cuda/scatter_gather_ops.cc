@@ -53,7 +53,8 @@ class GatherElementsKernel final : public Kernel {
                              a.inputs[1].dtype == DataType::kInt64, a.outputs[0].data,
                              a.outputs[0].num_elements(), fault, StreamOf(a)),
         "GatherElements kernel"));
-    return fault ? check_.End(StreamOf(a), "GatherElements") : OkStatus();
+    return fault ? check_.End(StreamOf(a), "GatherElements", "the output holds zeros there")
+                 : OkStatus();
   }
 
  private:
@@ -139,7 +140,7 @@ class ScatterNDKernel final : public Kernel {
                                  a.inputs[1].dtype == DataType::kInt64, a.inputs[2].data,
                                  a.outputs[0].data, a.inputs[0].num_elements(), fault, StreamOf(a)),
                  "ScatterND kernel"));
-    return fault ? check_.End(StreamOf(a), "ScatterND") : OkStatus();
+    return fault ? check_.End(StreamOf(a), "ScatterND", "that update was not applied") : OkStatus();
   }
 
  private:
