@@ -209,9 +209,10 @@ std::vector<Case> Cases() {
         add(name, [s, exclusive, reverse] {
           OpTester t("CumSum",
                      Attrs({{"exclusive", int64_t{exclusive}}, {"reverse", int64_t{reverse}}}));
-          // The warp scan adds in another order than the CPU's loop: FP32 rounding differs.
+          // The warp scan adds in another order than the CPU's loop: FP32 rounding differs, by
+          // up to about sqrt(n) half-ulps of the running sum (|sum| < 100 here).
           t.Input(kF32, s.dims).Constant(I64({}, {s.axis})).FloatTypes(kAllFloats);
-          t.Tolerance(1e-4, 1e-5);
+          t.Tolerance(5e-4, 1e-5);
           return t;
         });
       }
