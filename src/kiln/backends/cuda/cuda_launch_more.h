@@ -1,7 +1,7 @@
 // The launch interface of the CUDA kernels for the ops that first ran only on the CPU (variadic
-// Sum/Mean/Max/Min, IsInf/IsNaN, ArgMax/ArgMin, CumSum, TopK, Pad/Tile, GatherElements,
-// ScatterND, OneHot). Same contract as cuda_launch.h: plain structs by value, no kiln headers,
-// cudaError_t back, enqueue on `stream` only.
+// Sum/Mean/Max/Min, integer Neg/Abs/Sign and Reduce*, IsInf/IsNaN, ArgMax/ArgMin, CumSum, TopK,
+// Pad/Tile, GatherElements, ScatterND, OneHot). Same contract as cuda_launch.h: plain structs by
+// value, no kiln headers, cudaError_t back, enqueue on `stream` only.
 #pragma once
 
 #include "kiln/backends/cuda/cuda_launch.h"
@@ -34,6 +34,20 @@ struct VariadicDesc {
 };
 cudaError_t LaunchVariadic(VariadicOp op, Elem t, const VariadicDesc& d, void* y, int64_t n,
                            cudaStream_t stream);
+
+// ---- int_unary.cu -----------------------------------------------------------------------------
+enum class IntUnaryOp : int32_t { kNeg, kAbs, kSign };
+// y = op(x) for i8/i32/i64, n elements, dense.
+cudaError_t LaunchIntUnary(IntUnaryOp op, Elem t, const void* x, void* y, int64_t n,
+                           cudaStream_t stream);
+
+// ---- reduce_int.cu ----------------------------------------------------------------------------
+enum class IntReduceOp : int32_t { kSum, kMean, kMax, kMin, kProd, kSumSquare };
+// Each of `outputs` elements (offsets from `kept`, operand 0) reduces the `count` elements at
+// offsets `red` (operand 0) from it, in double, truncated to the type (i32/i64; bool as bytes).
+cudaError_t LaunchIntReduce(IntReduceOp op, Elem t, const void* x, void* y, const Strided& kept,
+                            int64_t outputs, const Strided& red, int64_t count,
+                            cudaStream_t stream);
 
 // ---- classify.cu ------------------------------------------------------------------------------
 // y (bool) = isnan(x), or isinf(x) restricted to the signs asked for; float storage.
