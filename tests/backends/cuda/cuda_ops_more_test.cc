@@ -267,6 +267,18 @@ std::vector<Case> Cases() {
       t.Input(kI64, {4, 3}, -50, 50).Input(kI64, {3}, -50, 50).Input(kI64, {4, 1}, -50, 50);
       return t;
     });
+    add(sop + "_u8", [sop] {
+      // Sums wrap in the 8-bit types, as on the CPU.
+      Spec t(sop);
+      t.Input(DataType::kUInt8, {6, 5}, 0, 255).Input(DataType::kUInt8, {5}, 0, 255);
+      t.Input(DataType::kUInt8, {6, 1}, 0, 255);
+      return t;
+    });
+    add(sop + "_i8", [sop] {
+      Spec t(sop);
+      for (int i = 0; i < 3; ++i) t.Input(DataType::kInt8, {4, 9}, -128, 127);
+      return t;
+    });
     add(sop + "_i32_four", [sop] {
       Spec t(sop);
       for (int i = 0; i < 4; ++i) t.Input(kI32, {5, 6}, -99, 99);

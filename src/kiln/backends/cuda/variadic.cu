@@ -55,11 +55,19 @@ cudaError_t LaunchVariadic(VariadicOp op, Elem t, const VariadicDesc& d, void* y
   if (d.count < 1 || d.count > kMaxVariadicInputs || d.rank > kMaxRank) {
     return cudaErrorInvalidValue;
   }
-  return DispatchNumeric(t, [&](auto tag) {
+  auto go = [&](auto tag) {
     using T = decltype(tag);
     VariadicKernel<T><<<GridFor(n), 256, 0, stream>>>(op, d, static_cast<T*>(y), n);
     return cudaGetLastError();
-  });
+  };
+  switch (t) {
+    case Elem::kI8:
+      return go(int8_t{});
+    case Elem::kU8:
+      return go(uint8_t{});
+    default:
+      return DispatchNumeric(t, go);
+  }
 }
 
 }  // namespace kiln::cuda

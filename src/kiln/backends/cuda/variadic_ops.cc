@@ -58,8 +58,10 @@ class VariadicKernel final : public Kernel {
   VariadicDesc d_;
 };
 
+// The CPU reference's types (its ArithType): floats and i8/u8/i32/i64.
 bool VariadicType(DataType t) {
-  return IsFloatStorage(t) || t == DataType::kInt32 || t == DataType::kInt64;
+  return IsFloatStorage(t) || t == DataType::kInt32 || t == DataType::kInt64 ||
+         t == DataType::kInt8 || t == DataType::kUInt8;
 }
 
 CudaOpDef VariadicDef(const char* op, VariadicOp kind, bool skip_binary) {
