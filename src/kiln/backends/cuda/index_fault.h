@@ -22,7 +22,8 @@ class IndexFaultCheck {
   IndexFaultCheck& operator=(const IndexFaultCheck&) = delete;
 
   // Before the launch: the device pointer the kernel should record into, or null when `stream`
-  // is being captured into a graph (nothing can be waited for then). Clears the record. The first
+  // is being captured into a graph (nothing can be waited for then) or KILN_CUDA_INDEX_CHECK=0.
+  // Clears the record. The first
   // eager call creates the pinned record and an event (not at kernel creation: builders create
   // kernels on machines without a GPU); KILN-E6002/E6003 when CUDA cannot provide them.
   StatusOr<IndexFault*> Begin(cudaStream_t stream);
