@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kiln/backends/cuda/device_util.cuh"
+#include "kiln/backends/cuda/index_fault.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -116,7 +117,7 @@ __global__ void ConcatKernel(ConcatDesc d, U* __restrict__ whole, int64_t outer,
 template <typename U, typename I>
 __global__ void GatherKernel(const U* __restrict__ data, const I* __restrict__ idx,
                              U* __restrict__ out, int64_t outer, int64_t axis_n, int64_t inner,
-                             int64_t num_idx) {
+                             int64_t num_idx, IndexFault* fault) {
   int64_t n = outer * num_idx * inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -125,7 +126,9 @@ __global__ void GatherKernel(const U* __restrict__ data, const I* __restrict__ i
     int64_t k = static_cast<int64_t>(idx[j]);
     if (k < 0) k += axis_n;
     if (k < 0 || k >= axis_n) {
-      out[i] = U{};  // out of range: zeros (the build-time checks cannot see run-time indices)
+      // Out of range: zeros, and the index is recorded for the layer's check (index_fault.h).
+      out[i] = U{};
+      RecordIndexFault(fault, static_cast<int64_t>(idx[j]), axis_n);
     } else {
       out[i] = data[(o * axis_n + k) * inner + in_i];
     }
@@ -355,6 +358,13 @@ cudaError_t LaunchSplit(const ConcatDesc& d, const void* in, int64_t outer, int6
 cudaError_t LaunchGather(size_t elem_size, const void* data, const void* idx, bool idx64, void* out,
                          int64_t outer, int64_t axis_n, int64_t inner, int64_t num_idx,
                          cudaStream_t stream) {
+  return LaunchGatherChecked(elem_size, data, idx, idx64, out, outer, axis_n, inner, num_idx,
+                             nullptr, stream);
+}
+
+cudaError_t LaunchGatherChecked(size_t elem_size, const void* data, const void* idx, bool idx64,
+                                void* out, int64_t outer, int64_t axis_n, int64_t inner,
+                                int64_t num_idx, IndexFault* fault, cudaStream_t stream) {
   int64_t n = outer * num_idx * inner;
   if (n == 0) return cudaSuccess;
   size_t es = elem_size;
@@ -373,11 +383,11 @@ cudaError_t LaunchGather(size_t elem_size, const void* data, const void* idx, bo
     if (idx64) {
       GatherKernel<U, int64_t><<<GridFor(n), 256, 0, stream>>>(
           static_cast<const U*>(data), static_cast<const int64_t*>(idx), static_cast<U*>(out),
-          outer, axis_n, inner, num_idx);
+          outer, axis_n, inner, num_idx, fault);
     } else {
       GatherKernel<U, int32_t><<<GridFor(n), 256, 0, stream>>>(
           static_cast<const U*>(data), static_cast<const int32_t*>(idx), static_cast<U*>(out),
-          outer, axis_n, inner, num_idx);
+          outer, axis_n, inner, num_idx, fault);
     }
     return cudaGetLastError();
   });

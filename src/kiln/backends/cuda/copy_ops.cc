@@ -2,12 +2,14 @@
 // Flatten, Squeeze, Unsqueeze (a device copy unless the planner aliased them), Transpose, Expand,
 // Slice, Concat, Split, Gather, Trilu, Shape, Size, ConstantOfShape and Range. Any dtype: these
 // move bytes. Values that live on the device at run time (Slice bounds, Gather indices, Trilu's
-// k, Range's start/delta) are read by the kernels, never by the host.
+// k, Range's start/delta) are read by the kernels, never by the host (Gather's index check waits
+// for the layer instead, index_fault.h).
 #include <algorithm>
 #include <cstring>
 
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/cuda/cuda_kernel.h"
+#include "kiln/backends/cuda/index_fault.h"
 
 namespace kiln::cuda {
 namespace {
@@ -231,31 +233,65 @@ KILN_CUDA_OP_PROVIDER(ConcatProvider, ConcatDef(true));
 KILN_CUDA_OP_PROVIDER(SplitProvider, ConcatDef(false));
 
 // ---- Gather -----------------------------------------------------------------------------------
+// Out-of-range indices are an error, as on the CPU: constant indices are checked on the host in
+// Prepare; run-time ones by the kernel, reported after the layer when it runs eagerly
+// (index_fault.h says why not inside CUDA graphs).
+class GatherKernel final : public Kernel {
+ public:
+  GatherKernel(int64_t axis_attr, bool idx64, std::optional<std::vector<int64_t>> constant)
+      : axis_attr_(axis_attr), idx64_(idx64), constant_(std::move(constant)) {}
+  StatusOr<size_t> Prepare(std::span<const TensorView> in, std::span<const TensorView>) override {
+    const TensorView& data = in[0];
+    int64_t rank = static_cast<int64_t>(data.dims.size());
+    axis_ = NormAxis(axis_attr_, data.dims.size());
+    if (axis_ < 0 || axis_ >= rank) {
+      return MakeError(ErrorCode::kShapeMismatch, "Gather axis {} of rank {}", axis_attr_, rank);
+    }
+    int64_t n = data.dims[axis_];
+    for (int64_t i : constant_.value_or(std::vector<int64_t>{})) {
+      if (i < -n || i >= n) {
+        return MakeError(ErrorCode::kKernelFailed,
+                         "Gather: constant index {} is out of range for an axis of size {}", i, n);
+      }
+    }
+    inner_ = 1;
+    for (int64_t i = axis_ + 1; i < rank; ++i) inner_ *= data.dims[i];
+    outer_ = Outer(data.dims, axis_);
+    return size_t{0};
+  }
+  Status Run(const KernelRunArgs& a) override {
+    const TensorView& data = a.inputs[0];
+    // Constant indices were checked in Prepare; run-time ones are checked around the launch.
+    IndexFault* fault = nullptr;
+    if (!constant_) {
+      KILN_ASSIGN_OR_RETURN(fault, check_.Begin(StreamOf(a)));
+    }
+    KILN_RETURN_IF_ERROR(
+        Launched(LaunchGatherChecked(SizeOf(data.dtype), data.data, a.inputs[1].data, idx64_,
+                                     a.outputs[0].data, outer_, data.dims[axis_], inner_,
+                                     a.inputs[1].num_elements(), fault, StreamOf(a)),
+                 "Gather kernel"));
+    return fault ? check_.End(StreamOf(a), "Gather", "the output holds zeros there") : OkStatus();
+  }
+
+ private:
+  int64_t axis_attr_;
+  bool idx64_;
+  std::optional<std::vector<int64_t>> constant_;
+  IndexFaultCheck check_;
+  int64_t axis_ = 0, outer_ = 1, inner_ = 1;
+};
+
 CudaOpDef GatherDef() {
   return {
       .op_type = "Gather",
       .accepts = [](const KernelRequest& r) { return AnyType(r) && IndexType(InType(r, 1)); },
-      .create =
-          [](const KernelRequest& r) {
-            int64_t axis_attr = r.node->attrs().GetInt("axis", 0);
-            bool idx64 = InType(r, 1) == DataType::kInt64;
-            return MakeFnKernel([axis_attr, idx64](const KernelRunArgs& a) -> Status {
-              const TensorView& data = a.inputs[0];
-              int64_t rank = static_cast<int64_t>(data.dims.size());
-              int64_t axis = NormAxis(axis_attr, data.dims.size());
-              if (axis < 0 || axis >= rank) {
-                return MakeError(ErrorCode::kShapeMismatch, "Gather axis {} of rank {}", axis_attr,
-                                 rank);
-              }
-              int64_t inner = 1;
-              for (int64_t i = axis + 1; i < rank; ++i) inner *= data.dims[i];
-              return Launched(
-                  LaunchGather(SizeOf(data.dtype), data.data, a.inputs[1].data, idx64,
-                               a.outputs[0].data, Outer(data.dims, axis), data.dims[axis], inner,
-                               a.inputs[1].num_elements(), StreamOf(a)),
-                  "Gather kernel");
-            });
-          },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        int64_t axis_attr = r.node->attrs().GetInt("axis", 0);
+        bool idx64 = InType(r, 1) == DataType::kInt64;
+        return std::unique_ptr<Kernel>(
+            std::make_unique<GatherKernel>(axis_attr, idx64, ConstantInts(r, 1)));
+      },
   };
 }
 KILN_CUDA_OP_PROVIDER(GatherProvider, GatherDef());

@@ -143,9 +143,11 @@ struct ResizeDesc {
   int32_t rank = 0;
   int64_t in[kMaxRank] = {}, out[kMaxRank] = {};
   double scale[kMaxRank] = {};
-  int32_t mode = 0;     // 0 nearest, 1 linear
-  int32_t coord = 0;    // kiln's Coord enum order (resize_ops.cc)
-  int32_t nearest = 0;  // kiln's Nearest enum order
+  int32_t mode = 0;             // 0 nearest, 1 linear, 2 cubic
+  int32_t coord = 0;            // kiln's Coord enum order (resize_ops.cc)
+  int32_t nearest = 0;          // kiln's Nearest enum order
+  float cubic_a = -0.75f;       // cubic_coeff_a
+  int32_t exclude_outside = 0;  // cubic: taps outside the input get weight 0, the rest renormalised
 };
 cudaError_t LaunchResize(Elem t, const ResizeDesc& d, const void* x, void* y, int64_t n,
                          cudaStream_t stream);

@@ -1,6 +1,8 @@
-// Resize on CUDA, nearest and (multi-)linear, any rank up to 8: one thread per output element
-// computes its source coordinate on every resampled axis (double precision, as the CPU reference,
-// so nearest rounding agrees exactly) and blends the 2^k corners of the k linear axes.
+// Resize on CUDA, nearest, (multi-)linear and cubic, any rank up to 8: one thread per output
+// element computes its source coordinate on every resampled axis (double precision, as the CPU
+// reference, so nearest rounding agrees exactly) and blends the taps^k corners of the k linear
+// (2 taps) or cubic (4 taps) axes. Cubic is limited to 3 resampled axes (64 corners) by the
+// provider.
 #include <cstdint>
 
 #include "kiln/backends/cuda/device_util.cuh"
@@ -44,6 +46,14 @@ __device__ int64_t NearestIndex(int mode, double x) {
   }
 }
 
+// Keys' cubic convolution weight at distance d (the CPU reference's formula).
+__device__ double CubicCoeff(double a, double d) {
+  d = fabs(d);
+  if (d <= 1) return ((a + 2) * d - (a + 3)) * d * d + 1;
+  if (d < 2) return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a;
+  return 0.0;
+}
+
 template <typename T>
 __global__ void ResizeKernel(const T* __restrict__ x, T* __restrict__ y, ResizeDesc d, int64_t n) {
   int64_t in_stride[kMaxRank];
@@ -52,11 +62,13 @@ __global__ void ResizeKernel(const T* __restrict__ x, T* __restrict__ y, ResizeD
     in_stride[a] = s;
     s *= d.in[a];
   }
+  // Linear axes blend 2 taps, cubic axes 4; nearest and untouched axes fold into `base`.
+  const int taps = d.mode == 2 ? 4 : 2;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t base = 0;
-    int64_t lin_lo[kMaxRank], lin_hi[kMaxRank];
-    float lin_t[kMaxRank];
+    int64_t tap_off[kMaxRank][4];
+    float tap_w[kMaxRank][4];
     int k = 0;
     int64_t r = i;
     for (int a = d.rank - 1; a >= 0; --a) {
@@ -72,14 +84,34 @@ __global__ void ResizeKernel(const T* __restrict__ x, T* __restrict__ y, ResizeD
         int64_t idx = NearestIndex(d.nearest, src);
         idx = idx < 0 ? 0 : (idx > in - 1 ? in - 1 : idx);
         base += idx * in_stride[a];
-      } else {
+      } else if (d.mode == 1) {
         src =
             src < 0 ? 0.0 : (src > static_cast<double>(in - 1) ? static_cast<double>(in - 1) : src);
         int64_t x0 = static_cast<int64_t>(floor(src));
         int64_t x1 = x0 + 1 < in ? x0 + 1 : in - 1;
-        lin_lo[k] = x0 * in_stride[a];
-        lin_hi[k] = x1 * in_stride[a];
-        lin_t[k] = static_cast<float>(src - static_cast<double>(x0));
+        float t = static_cast<float>(src - static_cast<double>(x0));
+        tap_off[k][0] = x0 * in_stride[a];
+        tap_off[k][1] = x1 * in_stride[a];
+        tap_w[k][0] = 1.f - t;
+        tap_w[k][1] = t;
+        ++k;
+      } else {
+        // Cubic: 4 taps around floor(src), clamped to the edge (no clamp of src itself, as the
+        // CPU); exclude_outside zeroes the taps outside and renormalises.
+        int64_t x0 = static_cast<int64_t>(floor(src));
+        double t = src - static_cast<double>(x0);
+        double w[4], sum = 0;
+        for (int j = 0; j < 4; ++j) {
+          int64_t at = x0 - 1 + j;
+          w[j] = CubicCoeff(d.cubic_a, t + 1 - j);
+          if (d.exclude_outside && (at < 0 || at >= in)) w[j] = 0;
+          sum += w[j];
+          at = at < 0 ? 0 : (at > in - 1 ? in - 1 : at);
+          tap_off[k][j] = at * in_stride[a];
+        }
+        for (int j = 0; j < 4; ++j) {
+          tap_w[k][j] = static_cast<float>(d.exclude_outside && sum != 0 ? w[j] / sum : w[j]);
+        }
         ++k;
       }
     }
@@ -87,14 +119,18 @@ __global__ void ResizeKernel(const T* __restrict__ x, T* __restrict__ y, ResizeD
     if (k == 0) {
       acc = Load(x[base]);
     } else {
+      int corners = 1;
+      for (int j = 0; j < k; ++j) corners *= taps;
       acc = 0.f;
-      for (int corner = 0; corner < (1 << k); ++corner) {
+      for (int corner = 0; corner < corners; ++corner) {
         float w = 1.f;
         int64_t off = base;
+        int c = corner;
         for (int j = 0; j < k; ++j) {
-          bool hi = (corner >> j) & 1;
-          w *= hi ? lin_t[j] : 1.f - lin_t[j];
-          off += hi ? lin_hi[j] : lin_lo[j];
+          int tap = c % taps;
+          c /= taps;
+          w *= tap_w[j][tap];
+          off += tap_off[j][tap];
         }
         acc += w * Load(x[off]);
       }
