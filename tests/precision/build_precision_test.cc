@@ -213,7 +213,7 @@ TEST(PrecisionCalibrationCache, CorruptOrForeignCacheWarnsAndRecalibrates) {
   EXPECT_NE(report.warnings[0].find("not JSON"), std::string::npos);
   // The rewritten cache is valid now; but it is foreign to another method.
   BuilderConfig other = ZooInt8("resnet_tiny", cache);
-  other.calibration_method = precision::CalibrationMethod::kMinMax;
+  other.calibration_method = precision::CalibrationMethod::kEntropy;
   BuildReport foreign;
   before = precision::CalibrationBatchesRun();
   ASSERT_TRUE(BuildZooBytes("resnet_tiny", other, &foreign).ok());
@@ -257,7 +257,7 @@ TEST(PrecisionConfig, HashCoversPrecisionAndCalibration) {
   variants[1].bf16 = true;
   variants[2].int8 = true;
   variants[3].calibration_dir = "calib";
-  variants[4].calibration_method = precision::CalibrationMethod::kMinMax;
+  variants[4].calibration_method = precision::CalibrationMethod::kEntropy;
   variants[5].calibration_cache_path = "c.json";
   for (const BuilderConfig& v : variants) EXPECT_NE(v.Hash(), base.Hash());
   BuilderConfig p1 = base, p2 = base;

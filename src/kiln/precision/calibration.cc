@@ -15,6 +15,7 @@
 #include "kiln/backends/cpu/cpu_eval.h"
 #include "kiln/onnx/onnx_import.h"
 #include "kiln/precision/precision.h"
+#include "kiln/precision/sensitivity.h"
 
 namespace kiln::precision {
 
@@ -340,12 +341,16 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph,
     }
     return outs;
   };
+  // The first pass's activations are kept when there are INT8 candidates: the sensitivity
+  // analysis re-evaluates only what lies downstream of a quantized layer.
+  std::vector<std::map<std::string, Tensor>> activations;
   for (const auto& feed : data) {
     KILN_ASSIGN_OR_RETURN(auto outs, run(feed));
     for (const std::string& name : watched) {
       auto it = outs.find(name);
       if (it != outs.end()) AbsMaxOf(it->second, &absmax[name]);
     }
+    if (!needs_histogram.empty()) activations.push_back(std::move(outs));
   }
   std::map<std::string, AbsHistogram> hists;
   if (method != CalibrationMethod::kMinMax && !needs_histogram.empty()) {
@@ -367,6 +372,12 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph,
     auto h = hists.find(name);
     r.amax = h == hists.end() ? m : AmaxFromHistogram(h->second, method, percentile);
     table.ranges[name] = r;
+  }
+  if (!activations.empty()) {
+    KILN_ASSIGN_OR_RETURN(SensitivityResult sens,
+                          MeasureInt8Sensitivity(graph, activations, table));
+    table.int8_sensitivity = std::move(sens.layers);
+    table.int8_all_rel_l2 = sens.evaluations > 0 ? sens.all_int8 : -1;
   }
   return table;
 }
