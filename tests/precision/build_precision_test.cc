@@ -117,6 +117,9 @@ TEST(PrecisionInt8, AnnotatedLayerTakesTheInt8KernelOthersFallBack) {
   c.int8 = true;
   c.calibration_dir = dir;
   c.calibration_method = precision::CalibrationMethod::kMinMax;
+  // Not the sensitivity fallback's test (sensitivity_test.cc): the outlier in set 2 alone would
+  // make "mm" look sensitive to scales fitted without it.
+  c.int8_tolerance = HUGE_VAL;
   c.deadline = std::chrono::milliseconds(1);
   c.optimize = false;
   std::map<std::string, Tensor> in = {{"x", F32({4, 16}, Random(64, 77, 2.0f))}};

@@ -75,6 +75,11 @@ double ComputeAmax(std::span<const float> values, CalibrationMethod method, doub
 StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
     const Graph& graph, const OptimizationProfile& profile, const std::string& dir);
 
+// Runs the FP32 CPU reference on one feed (by graph-input name) and returns every value it
+// computed, inputs included, by name.
+StatusOr<std::map<std::string, Tensor>> EvaluateAllValues(
+    const Graph& graph, const std::map<std::string, Tensor>& feed);
+
 // Runs the FP32 CPU reference over the data and reduces every float tensor's statistics.
 // Two passes: the first finds each tensor's absmax (the histogram range), the second fills the
 // histograms. Then, when the graph has INT8 candidates, their sensitivity is measured on the first

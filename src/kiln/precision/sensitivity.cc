@@ -50,16 +50,17 @@ class Simulator {
     for (size_t i = 0; i < order_.size(); ++i) position_[order_[i]] = i;
   }
 
-  // `int8`: the quantized layers with their amax and fake-quantized weights.
+  // `int8`: the quantized layers with their amax (one per data set) and fake-quantized weights.
   struct Layer {
-    float amax = 0;
+    std::vector<float> amax;
     const Tensor* weights = nullptr;
   };
   StatusOr<double> Evaluate(const std::unordered_map<const Node*, Layer>& int8) const {
     size_t first = order_.size();
     for (const auto& [node, layer] : int8) first = std::min(first, position_.at(node));
     double worst = 0;
-    for (const auto& base : activations_) {
+    for (size_t set = 0; set < activations_.size(); ++set) {
+      const auto& base = activations_[set];
       std::unordered_map<const Value*, Tensor> changed;
       for (size_t p = first; p < order_.size(); ++p) {
         const Node* node = order_[p];
@@ -85,7 +86,7 @@ class Simulator {
         }
         Tensor quantized_input;
         if (q != int8.end()) {
-          quantized_input = FakeQuantizeActivations(*ins[0], q->second.amax);
+          quantized_input = FakeQuantizeActivations(*ins[0], q->second.amax[set]);
           ins[0] = &quantized_input;
           ins[1] = q->second.weights;
         }
@@ -186,7 +187,7 @@ double RelativeL2(const Tensor& actual, const Tensor& reference) {
 
 StatusOr<SensitivityResult> MeasureInt8Sensitivity(
     const Graph& graph, std::span<const std::map<std::string, Tensor>> activations,
-    const CalibrationTable& table) {
+    const CalibrationTable& table, std::span<const std::map<std::string, double>> held_out_amax) {
   SensitivityResult result;
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
   std::vector<const Node*> const_order(order.begin(), order.end());
@@ -202,7 +203,20 @@ StatusOr<SensitivityResult> MeasureInt8Sensitivity(
     std::optional<Tensor> w = FakeQuantizeWeights(*node, *node->input(1)->constant());
     if (!w) continue;
     weights.push_back(std::make_unique<Tensor>(std::move(*w)));
-    layers.emplace_back(node, Simulator::Layer{static_cast<float>(r->amax), weights.back().get()});
+    Simulator::Layer layer;
+    layer.weights = weights.back().get();
+    for (size_t set = 0; set < activations.size(); ++set) {
+      double amax = r->amax;
+      if (set < held_out_amax.size()) {
+        auto h = held_out_amax[set].find(node->input(0)->name());
+        // A tensor that is all zero in the other sets has no held-out scale: the table's then.
+        if (h != held_out_amax[set].end() && h->second > 0 && std::isfinite(h->second)) {
+          amax = h->second;
+        }
+      }
+      layer.amax.push_back(static_cast<float>(amax));
+    }
+    layers.emplace_back(node, std::move(layer));
   }
   if (layers.empty() || activations.empty()) return result;
 
