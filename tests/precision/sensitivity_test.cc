@@ -100,6 +100,42 @@ TEST(Int8Sensitivity, PlanFallsBackTheMostSensitiveUntilTheEstimateFits) {
   EXPECT_DOUBLE_EQ(precision::PlanInt8Fallback(t, layers, 0.1).scale, 1.0);
 }
 
+// A layer whose input range differs between calibration batches: scales fitted to one batch clip
+// the other. In-sample (every batch quantized with the scale fitted to all of them) it looks
+// harmless; measured leave one batch out, which Calibrate does, it is not.
+TEST(Int8Sensitivity, LeaveOneOutSeesRangesThatChangeBetweenBatches) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, MakeShape({4, 16}));
+  Value* y = g->AddValue("y");
+  g->AddNode("MatMul", "mm", {x, g->AddConstant("w", F32({16, 8}, Random(128, 3, 0.5f)))}, {y});
+  g->MarkOutput(y);
+  ASSERT_TRUE(InferShapes(*g).ok());
+  std::vector<std::map<std::string, Tensor>> data = {{{"x", F32({4, 16}, Random(64, 1, 1.0f))}},
+                                                     {{"x", F32({4, 16}, Random(64, 2, 4.0f))}}};
+  auto table = precision::Calibrate(*g, data, precision::CalibrationMethod::kMinMax, 99.99);
+  ASSERT_TRUE(table.ok()) << table.status().ToString();
+  const double held_out = table->int8_sensitivity.at("mm");
+  std::vector<std::map<std::string, Tensor>> activations;
+  for (const auto& feed : data) {
+    auto values = precision::EvaluateAllValues(*g, feed);
+    ASSERT_TRUE(values.ok());
+    activations.push_back(std::move(*values));
+  }
+  auto in_sample = precision::MeasureInt8Sensitivity(*g, activations, *table);
+  ASSERT_TRUE(in_sample.ok());
+  EXPECT_EQ(in_sample->evaluations, 2);  // the layer alone, then all (the same one) together
+  // In-sample: the small batch gets a quarter of the levels, a few percent. Held out: the large
+  // batch clips at a quarter of its range.
+  EXPECT_LT(in_sample->layers.at("mm"), 5e-2);
+  EXPECT_GT(held_out, 0.3);
+  EXPECT_DOUBLE_EQ(table->int8_all_rel_l2, held_out);
+  // One data set: nothing to hold out, the figure is in-sample.
+  auto one = precision::Calibrate(*g, std::span(data).first(1),
+                                  precision::CalibrationMethod::kMinMax, 99.99);
+  ASSERT_TRUE(one.ok());
+  EXPECT_LT(one->int8_sensitivity.at("mm"), 3e-2);
+}
+
 // x[4,16] -> MatMul "sensitive" -> h -> MatMul "robust" -> y. The calibration inputs' column 0 is
 // zero and w1's row 0 is 1000x the others: every column's per-channel scale is set by that row,
 // so the weights that matter quantize to zero and "sensitive" alone loses the whole output.
