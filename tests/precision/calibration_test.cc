@@ -101,6 +101,9 @@ TEST(CalibrationCache, RoundTripAndRejections) {
   t.data_sets = 3;
   t.ranges["x"] = {9.0, 7.123456789012345};
   t.ranges["y"] = {8.0, 8.0};
+  t.int8_sensitivity["mm"] = 0.0123456789012345;
+  t.int8_sensitivity["bad"] = HUGE_VAL;  // a layer whose INT8 output was not finite
+  t.int8_all_rel_l2 = 0.25;
   std::string key = CalibrationCacheKey("modelhash", *g, t.method, t.percentile);
   ASSERT_TRUE(SaveCalibrationCache(path, key, t).ok());
   auto back = LoadCalibrationCache(path, key);
@@ -110,6 +113,8 @@ TEST(CalibrationCache, RoundTripAndRejections) {
   EXPECT_EQ(back->data_sets, 3);
   EXPECT_EQ(back->Find("x")->amax, 7.123456789012345);  // exact: doubles round-trip
   EXPECT_EQ(back->Find("y")->absmax, 8.0);
+  EXPECT_EQ(back->int8_sensitivity, t.int8_sensitivity);  // exact, +inf included
+  EXPECT_EQ(back->int8_all_rel_l2, 0.25);
 
   // Another model, another method: foreign.
   for (const std::string& other :
@@ -126,10 +131,20 @@ TEST(CalibrationCache, RoundTripAndRejections) {
                       << R"("})";
   auto version = LoadCalibrationCache(path, key);
   EXPECT_NE(version.status().message().find("format version"), std::string::npos);
-  std::ofstream(path) << R"({"format": "kiln-calibration-cache", "version": 1, "key": ")" << key
+  std::ofstream(path) << R"({"format": "kiln-calibration-cache", "version": 2, "key": ")" << key
                       << R"(", "method": "minmax", "tensors": {"x": {"absmax": 1, "amax": 5}}})";
   auto impossible = LoadCalibrationCache(path, key);
   EXPECT_NE(impossible.status().message().find("impossible range for 'x'"), std::string::npos);
+  // Version 1 (before the INT8 sensitivity) is another version: recalibrated, never half-used.
+  std::ofstream(path) << R"({"format": "kiln-calibration-cache", "version": 1, "key": ")" << key
+                      << R"(", "method": "minmax", "tensors": {"x": {"absmax": 1, "amax": 1}}})";
+  EXPECT_NE(LoadCalibrationCache(path, key).status().message().find("format version"),
+            std::string::npos);
+  std::ofstream(path) << R"({"format": "kiln-calibration-cache", "version": 2, "key": ")" << key
+                      << R"(", "method": "minmax", "tensors": {}, "int8_all_rel_l2": 0.1, )"
+                      << R"("int8_sensitivity": {"mm": -1}})";
+  EXPECT_NE(LoadCalibrationCache(path, key).status().message().find("impossible sensitivity"),
+            std::string::npos);
 }
 
 TEST(CalibrationData, WrongShapeDtypeOrCountNamesTheInput) {

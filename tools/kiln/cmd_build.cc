@@ -26,7 +26,8 @@ struct BuildOptions {
   std::string output;
   std::string backend = "auto";
   bool fp16 = false, bf16 = false, int8 = false;
-  std::string calib_dir, calib_method = "entropy", calib_cache;
+  std::string calib_dir, calib_method = "minmax", calib_cache;
+  std::string int8_tolerance = fmt::format("{:g}", precision::kDefaultInt8Tolerance);
   double calib_percentile = 99.99;
   CLI::Option* precision_report_opt = nullptr;
   std::string precision_report;  // "" with the flag given: print the table
@@ -203,6 +204,9 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   config.calibration_cache_path = o.calib_cache;
   if (Status s = ParseCalibrationMethodSpec(o.calib_method, o.calib_percentile, &config); !s.ok())
     return ReportError(s);
+  auto tolerance = precision::ParseInt8Tolerance(o.int8_tolerance);
+  if (!tolerance.ok()) return ReportError(tolerance.status());
+  config.int8_tolerance = *tolerance;
   config.optimize = !o.no_optimize;
   for (const std::string& p : o.profiles) {
     if (Status s = ParseProfileSpec(p, &config.profile); !s.ok()) return ReportError(s);
@@ -295,8 +299,14 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
                    "calibration inputs: DIR/test_data_set_N/input_I.pb (ONNX test-data layout, "
                    "one TensorProto per model input), run through the FP32 reference");
   prec->add_option("--calib-method", o->calib_method,
-                   "INT8 calibrator: entropy (KL divergence, like IInt8EntropyCalibrator2), "
-                   "minmax (IInt8MinMaxCalibrator) or percentile[=P]")
+                   "INT8 calibrator: minmax (IInt8MinMaxCalibrator; the default, best on the "
+                   "zoo), entropy (KL divergence, like IInt8EntropyCalibrator2, TensorRT's "
+                   "default) or percentile[=P]")
+      ->capture_default_str();
+  prec->add_option("--int8-tolerance", o->int8_tolerance,
+                   "INT8 layers fall back to FP16, most sensitive first, until the estimated "
+                   "relative L2 error against FP32 on the calibration data is within this; 'off' "
+                   "keeps every INT8 layer (docs/precision.md)")
       ->capture_default_str();
   prec->add_option("--calib-percentile", o->calib_percentile,
                    "share of |x| kept unclipped by the percentile calibrator, in (0, 100]")

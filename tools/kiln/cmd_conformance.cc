@@ -33,7 +33,8 @@ struct ConformanceCliOptions {
   bool fp16 = false;
   bool bf16 = false;
   bool int8 = false;
-  std::string calib_method = "entropy";
+  std::string calib_method = "minmax";
+  std::string int8_tolerance = fmt::format("{:g}", precision::kDefaultInt8Tolerance);
   bool verbose = false;
 };
 
@@ -141,6 +142,9 @@ int Run(const ConformanceCliOptions& o) {
     auto m = precision::ParseCalibrationMethod(o.calib_method);
     if (!m.ok()) return ReportError(m.status());
     options.calibration_method = *m;
+    auto tolerance = precision::ParseInt8Tolerance(o.int8_tolerance);
+    if (!tolerance.ok()) return ReportError(tolerance.status());
+    options.int8_tolerance = *tolerance;
   }
   if (o.rel_l2 > 0) {
     options.max_rel_l2 = o.rel_l2;
@@ -244,7 +248,11 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   sub->add_flag("--int8", o->int8,
                 "build INT8 engines (FP16 fallback) calibrated on each case's own data sets "
                 "(default bound: relative L2 <= 1e-1, docs/precision.md)");
-  sub->add_option("--calib-method", o->calib_method, "with --int8: entropy, minmax or percentile")
+  sub->add_option("--calib-method", o->calib_method, "with --int8: minmax, entropy or percentile")
+      ->capture_default_str();
+  sub->add_option("--int8-tolerance", o->int8_tolerance,
+                  "with --int8: the INT8 sensitivity fallback's budget (relative L2 on the "
+                  "calibration data) or 'off'; as kiln build's")
       ->capture_default_str();
   sub->add_flag("-v,--verbose", o->verbose, "print passing cases too");
   return [o]() { return Run(*o); };

@@ -98,6 +98,7 @@ CaseResult RunConformanceCase(const std::string& dir, const ConformanceOptions& 
     config.int8 = true;
     config.calibration_dir = dir;
     config.calibration_method = options.calibration_method;
+    config.int8_tolerance = options.int8_tolerance;
   }
   const auto& inputs = (*graph)->inputs();
   for (size_t i = 0; i < inputs.size(); ++i) {

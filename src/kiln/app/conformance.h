@@ -10,6 +10,7 @@
 #include "kiln/backends/kernel.h"
 #include "kiln/core/status.h"
 #include "kiln/precision/calibration.h"
+#include "kiln/precision/sensitivity.h"
 
 namespace kiln::app {
 
@@ -19,7 +20,8 @@ struct ConformanceOptions {
   bool bf16 = false;
   // INT8 (with FP16 fallback), calibrated on the case's own test_data_set_* inputs.
   bool int8 = false;
-  precision::CalibrationMethod calibration_method = precision::CalibrationMethod::kEntropy;
+  precision::CalibrationMethod calibration_method = precision::CalibrationMethod::kMinMax;
+  double int8_tolerance = precision::kDefaultInt8Tolerance;  // see BuilderConfig
   bool optimize = true;
   // Element-wise |a-e| <= atol + rtol*|e| (the ONNX backend tests' default: 1e-3, 1e-7) ...
   double rtol = 1e-3;

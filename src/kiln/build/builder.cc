@@ -312,6 +312,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     po.int8 = config.int8;
     po.backend = config.backend;
     po.calibration = calibration ? &*calibration : nullptr;
+    po.int8_tolerance = config.int8_tolerance;
     po.make_request = [&max_dims](const Node& node) { return MakeKernelRequest(node, max_dims); };
     KILN_ASSIGN_OR_RETURN(assigned, precision::AssignPrecision(graph, po));
     rep.casts_inserted = assigned.casts_inserted;

@@ -12,6 +12,7 @@
 #include "kiln/core/hash.h"
 #include "kiln/engine/engine_desc.h"
 #include "kiln/precision/calibration.h"
+#include "kiln/precision/sensitivity.h"
 
 namespace kiln {
 
@@ -48,9 +49,12 @@ struct BuilderConfig {
   // INT8 calibration: inputs in the ONNX test-data layout (DIR/test_data_set_*/input_*.pb), run
   // through the FP32 reference. With --fp16 alone they also feed the FP16 activation range guard.
   std::string calibration_dir;
-  precision::CalibrationMethod calibration_method = precision::CalibrationMethod::kEntropy;
+  precision::CalibrationMethod calibration_method = precision::CalibrationMethod::kMinMax;
   double calibration_percentile = 99.99;  // for the percentile method
   std::string calibration_cache_path;     // reused when valid (no calibration run), else written
+  // INT8 layers fall back to FP16, most sensitive first, until the estimated relative L2 error
+  // against FP32 on the calibration data is within this (+inf: none falls back).
+  double int8_tolerance = precision::kDefaultInt8Tolerance;
   OptimizationProfile profile;
   MemoryBudget memory_budget;
   // Bounded build: at the deadline the best engine so far is kept (never an error).

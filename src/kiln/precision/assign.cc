@@ -87,6 +87,8 @@ class Assigner {
   bool HasKernel(const Node& node, DataType dtype, const OpPrecisionRule& rule, bool int8);
   double AbsMax(const Value* v);
   Status Rewrite(const std::vector<Node*>& order);
+  // The INT8 sensitivity fallback over the layers Decide made INT8.
+  void FallBackSensitiveInt8(const std::vector<Node*>& order);
 
   Graph& graph_;
   const PrecisionOptions& options_;
@@ -237,6 +239,39 @@ LayerPrecision Assigner::Decide(Node& node) {
   return lp;
 }
 
+void Assigner::FallBackSensitiveInt8(const std::vector<Node*>& order) {
+  const CalibrationTable* table = options_.calibration;
+  const double tolerance = options_.int8_tolerance;
+  std::vector<std::string> int8;
+  for (Node* node : order) {
+    if (decided_.at(node).int8) int8.push_back(node->name());
+  }
+  if (!table || table->int8_all_rel_l2 < 0 || !std::isfinite(tolerance) || int8.empty()) return;
+  const Int8FallbackPlan plan = PlanInt8Fallback(*table, int8, tolerance);
+  result_.int8_estimated_rel_l2 = plan.estimate;
+  for (Node* node : order) {
+    LayerPrecision& lp = decided_.at(node);
+    if (!lp.int8) continue;
+    auto s = table->int8_sensitivity.find(node->name());
+    const double sensitivity = s == table->int8_sensitivity.end() ? 0.0 : s->second;
+    auto f = plan.fall_back.find(node->name());
+    if (f == plan.fall_back.end()) {
+      lp.reason += fmt::format(
+          "; int8 sensitivity rel-L2 {:.3g}, INT8 layers' estimated rel-L2 {:.3g} <= "
+          "tolerance {:.3g}",
+          sensitivity, plan.estimate, tolerance);
+      continue;
+    }
+    node->mutable_attrs().Erase(std::string(kInt8InputAmaxAttr));
+    lp.int8 = false;
+    lp.reason = fmt::format(
+        "{}: int8 sensitivity rel-L2 {:.3g} alone; INT8 layers' estimated rel-L2 with it {:.3g} > "
+        "tolerance {:.3g}",
+        lp.label(), f->second.sensitivity, f->second.estimate, tolerance);
+    ++result_.int8_fallbacks;
+  }
+}
+
 bool IsReduced(const LayerPrecision& lp) {
   return lp.dtype == DataType::kFloat16 || lp.dtype == DataType::kBFloat16;
 }
@@ -364,6 +399,8 @@ StatusOr<PrecisionResult> Assigner::Run() {
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph_.TopologicalOrder());
   for (Value* v : graph_.values()) original_[v] = v->dtype();
   for (Node* node : order) decided_[node] = Decide(*node);
+  if (options_.int8) FallBackSensitiveInt8(order);
+  for (const auto& [node, lp] : decided_) result_.int8_layers += lp.int8;
   bool any_reduced = std::any_of(decided_.begin(), decided_.end(),
                                  [](const auto& kv) { return IsReduced(kv.second); });
   if (any_reduced) KILN_RETURN_IF_ERROR(Rewrite(order));

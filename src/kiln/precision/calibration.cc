@@ -15,6 +15,7 @@
 #include "kiln/backends/cpu/cpu_eval.h"
 #include "kiln/onnx/onnx_import.h"
 #include "kiln/precision/precision.h"
+#include "kiln/precision/sensitivity.h"
 
 namespace kiln::precision {
 
@@ -270,6 +271,52 @@ StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
 
 int64_t CalibrationBatchesRun() { return g_batches_run.load(); }
 
+StatusOr<std::map<std::string, Tensor>> EvaluateAllValues(
+    const Graph& graph, const std::map<std::string, Tensor>& feed) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  // The reference, node by node, keeping every value (EvaluateGraph returns outputs only).
+  std::map<std::string, Tensor> outs = feed;
+  std::unordered_map<const Value*, const Tensor*> known;
+  for (const Value* in : graph.inputs()) {
+    auto it = outs.find(in->name());
+    if (it == outs.end()) {
+      return MakeError(ErrorCode::kCalibrationInputInvalid,
+                       "calibration data has no value for model input '{}'", in->name());
+    }
+    known[in] = &it->second;
+  }
+  for (const Node* node : order) {
+    std::vector<const Tensor*> ins;
+    for (const Value* v : node->inputs()) {
+      if (!v) {
+        ins.push_back(nullptr);
+      } else if (v->constant()) {
+        ins.push_back(v->constant());
+      } else {
+        auto it = known.find(v);
+        if (it == known.end()) {
+          return MakeError(ErrorCode::kInternal,
+                           "calibration: '{}' read by '{}' was never computed", v->name(),
+                           node->name());
+        }
+        ins.push_back(it->second);
+      }
+    }
+    auto results = cpu::EvaluateNode(*node, ins);
+    if (!results.ok()) {
+      return std::move(results).status().AddContext(
+          fmt::format("while calibrating layer '{}'", node->name()));
+    }
+    for (size_t i = 0; i < results->size(); ++i) {
+      const Value* v = node->output(i);
+      if (!v) continue;
+      auto [it, inserted] = outs.insert_or_assign(v->name(), std::move((*results)[i]));
+      known[v] = &it->second;
+    }
+  }
+  return outs;
+}
+
 StatusOr<CalibrationTable> Calibrate(const Graph& graph,
                                      std::span<const std::map<std::string, Tensor>> data,
                                      CalibrationMethod method, double percentile) {
@@ -298,66 +345,41 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph,
   auto run =
       [&](const std::map<std::string, Tensor>& feed) -> StatusOr<std::map<std::string, Tensor>> {
     g_batches_run.fetch_add(1);
-    // The reference, node by node, keeping every value (EvaluateGraph returns outputs only).
-    std::map<std::string, Tensor> outs = feed;
-    std::unordered_map<const Value*, const Tensor*> known;
-    for (const Value* in : graph.inputs()) {
-      auto it = outs.find(in->name());
-      if (it == outs.end()) {
-        return MakeError(ErrorCode::kCalibrationInputInvalid,
-                         "calibration data has no value for model input '{}'", in->name());
-      }
-      known[in] = &it->second;
-    }
-    for (const Node* node : order) {
-      std::vector<const Tensor*> ins;
-      for (const Value* v : node->inputs()) {
-        if (!v) {
-          ins.push_back(nullptr);
-        } else if (v->constant()) {
-          ins.push_back(v->constant());
-        } else {
-          auto it = known.find(v);
-          if (it == known.end()) {
-            return MakeError(ErrorCode::kInternal,
-                             "calibration: '{}' read by '{}' was never computed", v->name(),
-                             node->name());
-          }
-          ins.push_back(it->second);
-        }
-      }
-      auto results = cpu::EvaluateNode(*node, ins);
-      if (!results.ok()) {
-        return std::move(results).status().AddContext(
-            fmt::format("while calibrating layer '{}'", node->name()));
-      }
-      for (size_t i = 0; i < results->size(); ++i) {
-        const Value* v = node->output(i);
-        if (!v) continue;
-        auto [it, inserted] = outs.insert_or_assign(v->name(), std::move((*results)[i]));
-        known[v] = &it->second;
-      }
-    }
-    return outs;
+    return EvaluateAllValues(graph, feed);
   };
+  // The first pass's activations are kept when there are INT8 candidates: the sensitivity
+  // analysis re-evaluates only what lies downstream of a quantized layer.
+  std::vector<std::map<std::string, Tensor>> activations;
+  // Per data set statistics of the candidates' inputs, for the leave-one-out scales below.
+  std::vector<std::map<std::string, double>> set_absmax;
   for (const auto& feed : data) {
     KILN_ASSIGN_OR_RETURN(auto outs, run(feed));
     for (const std::string& name : watched) {
       auto it = outs.find(name);
       if (it != outs.end()) AbsMaxOf(it->second, &absmax[name]);
     }
+    auto& mine = set_absmax.emplace_back();
+    for (const std::string& name : needs_histogram) {
+      auto it = outs.find(name);
+      if (it != outs.end()) AbsMaxOf(it->second, &mine[name]);
+    }
+    if (!needs_histogram.empty()) activations.push_back(std::move(outs));
   }
   std::map<std::string, AbsHistogram> hists;
+  std::vector<std::map<std::string, AbsHistogram>> set_hists(data.size());
   if (method != CalibrationMethod::kMinMax && !needs_histogram.empty()) {
     for (const std::string& name : needs_histogram) hists[name].range = absmax[name];
-    for (const auto& feed : data) {
-      KILN_ASSIGN_OR_RETURN(auto outs, run(feed));
+    for (size_t set = 0; set < data.size(); ++set) {
+      KILN_ASSIGN_OR_RETURN(auto outs, run(data[set]));
       for (auto& [name, hist] : hists) {
         auto it = outs.find(name);
         if (it == outs.end()) continue;
         Tensor f = it->second.dtype() == DataType::kFloat32 ? it->second
                                                             : it->second.CastTo(DataType::kFloat32);
-        hist.Add(std::span(f.data<float>(), static_cast<size_t>(f.num_elements())));
+        AbsHistogram& h = set_hists[set][name];
+        h.range = hist.range;  // one binning for all sets, so that they add up
+        h.Add(std::span(f.data<float>(), static_cast<size_t>(f.num_elements())));
+        for (int b = 0; b < AbsHistogram::kBins; ++b) hist.counts[b] += h.counts[b];
       }
     }
   }
@@ -367,6 +389,38 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph,
     auto h = hists.find(name);
     r.amax = h == hists.end() ? m : AmaxFromHistogram(h->second, method, percentile);
     table.ranges[name] = r;
+  }
+  // Leave-one-out: data set d is quantized with the method's amax from every other data set, so
+  // the sensitivity is measured on inputs the scales were not fitted to (a layer whose range
+  // differs from batch to batch shows up). One data set: in-sample.
+  std::vector<std::map<std::string, double>> held_out(data.size() > 1 ? data.size() : 0);
+  for (size_t d = 0; d < held_out.size(); ++d) {
+    for (const std::string& name : needs_histogram) {
+      double amax = 0;
+      if (method == CalibrationMethod::kMinMax) {
+        for (size_t o = 0; o < data.size(); ++o) {
+          if (o == d) continue;
+          auto it = set_absmax[o].find(name);
+          if (it != set_absmax[o].end()) amax = std::max(amax, it->second);
+        }
+      } else if (hists.count(name)) {
+        AbsHistogram others;
+        others.range = hists[name].range;
+        for (size_t o = 0; o < data.size(); ++o) {
+          auto it = set_hists[o].find(name);
+          if (o == d || it == set_hists[o].end()) continue;
+          for (int b = 0; b < AbsHistogram::kBins; ++b) others.counts[b] += it->second.counts[b];
+        }
+        amax = AmaxFromHistogram(others, method, percentile);
+      }
+      held_out[d][name] = amax;
+    }
+  }
+  if (!activations.empty()) {
+    KILN_ASSIGN_OR_RETURN(SensitivityResult sens,
+                          MeasureInt8Sensitivity(graph, activations, table, held_out));
+    table.int8_sensitivity = std::move(sens.layers);
+    table.int8_all_rel_l2 = sens.evaluations > 0 ? sens.all_int8 : -1;
   }
   return table;
 }

@@ -24,8 +24,9 @@ std::string_view ToString(CalibrationMethod method);  // "minmax", "entropy", "p
 StatusOr<CalibrationMethod> ParseCalibrationMethod(std::string_view text);
 
 struct CalibrationOptions {
-  // TensorRT's default calibrator is the entropy one; kiln follows.
-  CalibrationMethod method = CalibrationMethod::kEntropy;
+  // Min-max, not TensorRT's entropy default: on the zoo, entropy's clipping ruins every CNN and
+  // min-max is as good or better on all 8 models (docs/precision.md has the figures).
+  CalibrationMethod method = CalibrationMethod::kMinMax;
   double percentile = 99.99;  // for kPercentile: the share of |x| kept unclipped, in (0, 100]
   std::string data_dir;       // ONNX test-data layout: DIR/test_data_set_*/input_*.pb
   std::string cache_path;     // read when valid, written after calibrating
@@ -38,11 +39,16 @@ struct TensorRange {
 };
 
 struct CalibrationTable {
-  CalibrationMethod method = CalibrationMethod::kEntropy;
+  CalibrationMethod method = CalibrationMethod::kMinMax;
   double percentile = 99.99;
   int64_t data_sets = 0;
   bool from_cache = false;
   std::map<std::string, TensorRange> ranges;  // by value name in the optimized graph
+  // INT8 sensitivity (sensitivity.h), measured with these ranges on the calibration data: node
+  // name -> relative L2 error of the graph outputs against FP32 with only that layer INT8, and
+  // with every analysed layer INT8 (< 0: not measured; then nothing falls back for it).
+  std::map<std::string, double> int8_sensitivity;
+  double int8_all_rel_l2 = -1;
   const TensorRange* Find(const std::string& value) const {
     auto it = ranges.find(value);
     return it == ranges.end() ? nullptr : &it->second;
@@ -69,9 +75,15 @@ double ComputeAmax(std::span<const float> values, CalibrationMethod method, doub
 StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
     const Graph& graph, const OptimizationProfile& profile, const std::string& dir);
 
+// Runs the FP32 CPU reference on one feed (by graph-input name) and returns every value it
+// computed, inputs included, by name.
+StatusOr<std::map<std::string, Tensor>> EvaluateAllValues(
+    const Graph& graph, const std::map<std::string, Tensor>& feed);
+
 // Runs the FP32 CPU reference over the data and reduces every float tensor's statistics.
 // Two passes: the first finds each tensor's absmax (the histogram range), the second fills the
-// histograms.
+// histograms. Then, when the graph has INT8 candidates, their sensitivity is measured on the first
+// pass's activations (candidates + 1 partial evaluations per data set; sensitivity.h).
 StatusOr<CalibrationTable> Calibrate(const Graph& graph,
                                      std::span<const std::map<std::string, Tensor>> data,
                                      CalibrationMethod method, double percentile);

@@ -18,7 +18,9 @@ using kiln::ToString;
 
 namespace {
 constexpr std::string_view kFormat = "kiln-calibration-cache";
-constexpr int64_t kVersion = 1;
+// 2: adds the INT8 sensitivity ("int8_sensitivity", "int8_all_rel_l2"); a version 1 cache has
+// none, so it is recalibrated rather than giving engines that differ from a fresh build's.
+constexpr int64_t kVersion = 2;
 
 Status Invalid(const std::string& path, const std::string& why) {
   return MakeError(ErrorCode::kCalibrationCacheInvalid,
@@ -78,6 +80,18 @@ StatusOr<CalibrationTable> LoadCalibrationCache(const std::string& path, const s
     }
     table.ranges[name] = r;
   }
+  if (!j.contains("int8_sensitivity") || !j["int8_sensitivity"].is_object() ||
+      !j.contains("int8_all_rel_l2") || !j["int8_all_rel_l2"].is_number()) {
+    return Invalid(path, "has no INT8 sensitivity");
+  }
+  for (const auto& [name, s] : j["int8_sensitivity"].items()) {
+    // +inf (a layer whose INT8 output is not finite) is stored as the string "inf".
+    double v = s.is_number() ? s.get<double>() : (s == "inf" ? HUGE_VAL : -1.0);
+    if (!(v >= 0))
+      return Invalid(path, fmt::format("has an impossible sensitivity for '{}'", name));
+    table.int8_sensitivity[name] = v;
+  }
+  table.int8_all_rel_l2 = j["int8_all_rel_l2"].get<double>();
   return table;
 }
 
@@ -94,6 +108,12 @@ Status SaveCalibrationCache(const std::string& path, const std::string& key,
   for (const auto& [name, r] : table.ranges)
     tensors[name] = {{"absmax", r.absmax}, {"amax", r.amax}};
   j["tensors"] = std::move(tensors);
+  nlohmann::json sensitivity = nlohmann::json::object();
+  for (const auto& [name, v] : table.int8_sensitivity) {
+    sensitivity[name] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json("inf");
+  }
+  j["int8_sensitivity"] = std::move(sensitivity);
+  j["int8_all_rel_l2"] = std::isfinite(table.int8_all_rel_l2) ? table.int8_all_rel_l2 : 1e300;
   // Atomic replace: a reader sees the old file or the new one, never half of one.
   std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   {

@@ -14,6 +14,7 @@
 #include "kiln/core/status.h"
 #include "kiln/ir/graph.h"
 #include "kiln/precision/calibration.h"
+#include "kiln/precision/sensitivity.h"
 
 namespace kiln::precision {
 
@@ -55,6 +56,10 @@ struct PrecisionOptions {
   bool int8 = false;  // implies FP16 as the fallback
   BackendKind backend = BackendKind::kCpu;
   const CalibrationTable* calibration = nullptr;  // activation ranges (absmax, amax); optional
+  // INT8 layers fall back to FP16 (most sensitive first, PlanInt8Fallback) until the estimated
+  // end-to-end relative L2 error against FP32 on the calibration data is within this; +inf keeps
+  // every INT8 layer. Needs the calibration's sensitivity figures.
+  double int8_tolerance = kDefaultInt8Tolerance;
   // The kernel request for a node of the graph as it is (shapes at the profile's max).
   std::function<KernelRequest(const Node&)> make_request;
 };
@@ -70,6 +75,9 @@ struct PrecisionResult {
   std::map<std::string, LayerPrecision> layers;  // by node name (Cast nodes inserted included)
   int64_t casts_inserted = 0;
   int64_t weights_converted = 0;
+  int64_t int8_layers = 0;           // layers computing in INT8 after the sensitivity fallback
+  int64_t int8_fallbacks = 0;        // INT8-capable layers sent back to FP16/FP32 by it
+  double int8_estimated_rel_l2 = 0;  // the fallback plan's estimate for the INT8 layers kept
 };
 
 // Decides every layer's precision and rewrites the graph accordingly. Graph inputs and outputs

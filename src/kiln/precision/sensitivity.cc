@@ -1,0 +1,267 @@
+// INT8 sensitivity analysis on the FP32 reference: fake quantization that mirrors the INT8
+// kernels, partial re-evaluation downstream of the quantized layers, and the fallback plan.
+#include "kiln/precision/sensitivity.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <memory>
+#include <unordered_map>
+
+#include "kiln/backends/cpu/cpu_eval.h"
+#include "kiln/precision/precision.h"
+
+namespace kiln::precision {
+
+namespace {
+
+// Per-channel symmetric quantize-dequantize of a `channels` x `inner` matrix whose element (c, i)
+// is at c * channel_stride + i * inner_stride; the arithmetic is the kernels' (float scale
+// absmax/127, a zero channel keeps scale 1).
+void FakeQuantizePerChannel(float* w, int64_t channels, int64_t inner, int64_t channel_stride,
+                            int64_t inner_stride) {
+  for (int64_t c = 0; c < channels; ++c) {
+    float absmax = 0.f;
+    for (int64_t i = 0; i < inner; ++i) {
+      absmax = std::max(absmax, std::fabs(w[c * channel_stride + i * inner_stride]));
+    }
+    const float scale = absmax > 0.f ? absmax / 127.f : 1.f;
+    const float inv = 1.f / scale;
+    for (int64_t i = 0; i < inner; ++i) {
+      float& x = w[c * channel_stride + i * inner_stride];
+      x = std::clamp(std::nearbyint(x * inv), -127.f, 127.f) * scale;
+    }
+  }
+}
+
+const Tensor* Lookup(const std::map<std::string, Tensor>& values, const std::string& name) {
+  auto it = values.find(name);
+  return it == values.end() ? nullptr : &it->second;
+}
+
+// One layer set evaluated INT8 on every data set: the maximum rel-L2 of the float graph outputs.
+class Simulator {
+ public:
+  Simulator(const Graph& graph, std::vector<const Node*> order,
+            std::span<const std::map<std::string, Tensor>> activations)
+      : graph_(graph), order_(std::move(order)), activations_(activations) {
+    for (size_t i = 0; i < order_.size(); ++i) position_[order_[i]] = i;
+  }
+
+  // `int8`: the quantized layers with their amax (one per data set) and fake-quantized weights.
+  struct Layer {
+    std::vector<float> amax;
+    const Tensor* weights = nullptr;
+  };
+  StatusOr<double> Evaluate(const std::unordered_map<const Node*, Layer>& int8) const {
+    size_t first = order_.size();
+    for (const auto& [node, layer] : int8) first = std::min(first, position_.at(node));
+    double worst = 0;
+    for (size_t set = 0; set < activations_.size(); ++set) {
+      const auto& base = activations_[set];
+      std::unordered_map<const Value*, Tensor> changed;
+      for (size_t p = first; p < order_.size(); ++p) {
+        const Node* node = order_[p];
+        auto q = int8.find(node);
+        bool dirty = q != int8.end();
+        for (const Value* v : node->inputs()) dirty |= v && changed.count(v);
+        if (!dirty) continue;  // nothing it reads was changed: its FP32 outputs stand
+        std::vector<const Tensor*> ins;
+        for (const Value* v : node->inputs()) {
+          if (!v) {
+            ins.push_back(nullptr);
+          } else if (auto c = changed.find(v); c != changed.end()) {
+            ins.push_back(&c->second);
+          } else if (v->constant()) {
+            ins.push_back(v->constant());
+          } else if (const Tensor* t = Lookup(base, v->name())) {
+            ins.push_back(t);
+          } else {
+            return MakeError(ErrorCode::kInternal,
+                             "int8 sensitivity: '{}' read by '{}' was not computed in calibration",
+                             v->name(), node->name());
+          }
+        }
+        Tensor quantized_input;
+        if (q != int8.end()) {
+          quantized_input = FakeQuantizeActivations(*ins[0], q->second.amax[set]);
+          ins[0] = &quantized_input;
+          ins[1] = q->second.weights;
+        }
+        auto results = cpu::EvaluateNode(*node, ins);
+        if (!results.ok()) {
+          return std::move(results).status().AddContext(
+              fmt::format("while measuring the INT8 sensitivity at layer '{}'", node->name()));
+        }
+        for (size_t i = 0; i < results->size() && i < node->num_outputs(); ++i) {
+          if (const Value* v = node->output(i)) changed[v] = std::move((*results)[i]);
+        }
+      }
+      for (const Value* out : graph_.outputs()) {
+        auto c = changed.find(out);
+        if (c == changed.end() || !IsFloat(out->dtype())) continue;
+        const Tensor* ref = Lookup(base, out->name());
+        if (!ref) continue;
+        worst = std::max(worst, RelativeL2(c->second, *ref));
+      }
+    }
+    return worst;
+  }
+
+ private:
+  const Graph& graph_;
+  std::vector<const Node*> order_;
+  std::unordered_map<const Node*, size_t> position_;
+  std::span<const std::map<std::string, Tensor>> activations_;
+};
+
+}  // namespace
+
+StatusOr<double> ParseInt8Tolerance(std::string_view text) {
+  if (text == "off" || text == "none") return HUGE_VAL;
+  double v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || !(v > 0) || !std::isfinite(v)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "--int8-tolerance '{}': give the relative L2 error against FP32 that the INT8 "
+                     "layers may cause, a number > 0 (e.g. 0.05), or 'off' to keep every INT8 "
+                     "layer",
+                     std::string(text));
+  }
+  return v;
+}
+
+Tensor FakeQuantizeActivations(const Tensor& x, float amax) {
+  Tensor out = x.dtype() == DataType::kFloat32 ? x : x.CastTo(DataType::kFloat32);
+  float* v = out.mutable_data<float>();
+  const float scale = amax / 127.f;
+  const float inv = 1.f / scale;
+  for (int64_t i = 0, n = out.num_elements(); i < n; ++i) {
+    // Saturate before rounding, NaN included, as the kernels do.
+    float s = v[i] * inv;
+    s = s < 127.f ? s : 127.f;
+    s = s > -127.f ? s : -127.f;
+    v[i] = std::nearbyint(s) * scale;
+  }
+  return x.dtype() == DataType::kFloat32 ? out : out.CastTo(x.dtype());
+}
+
+std::optional<Tensor> FakeQuantizeWeights(const Node& node, const Tensor& w) {
+  if (w.dtype() != DataType::kFloat32 || w.dims().empty()) return std::nullopt;
+  Tensor out = w;
+  float* d = out.mutable_data<float>();
+  const std::string& op = node.op_type();
+  const auto& dims = w.dims();
+  if (op == "Conv" || op == "FusedConv") {
+    const int64_t channels = dims[0];
+    if (channels <= 0) return std::nullopt;
+    const int64_t inner = w.num_elements() / channels;
+    FakeQuantizePerChannel(d, channels, inner, inner, 1);
+    return out;
+  }
+  if (dims.size() != 2) return std::nullopt;
+  // MatMul has no transB; Gemm and the fused forms may.
+  const bool trans_b = op != "MatMul" && node.attrs().GetInt("transB", 0) != 0;
+  if (trans_b) {
+    FakeQuantizePerChannel(d, dims[0], dims[1], dims[1], 1);  // B is [N, K]
+  } else {
+    FakeQuantizePerChannel(d, dims[1], dims[0], 1, dims[1]);  // B is [K, N]
+  }
+  return out;
+}
+
+double RelativeL2(const Tensor& actual, const Tensor& reference) {
+  const int64_t n = std::min(actual.num_elements(), reference.num_elements());
+  if (actual.num_elements() != reference.num_elements()) return HUGE_VAL;
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = actual.GetDouble(i), r = reference.GetDouble(i);
+    diff += (a - r) * (a - r);
+    ref += r * r;
+  }
+  if (!std::isfinite(diff)) return HUGE_VAL;
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+StatusOr<SensitivityResult> MeasureInt8Sensitivity(
+    const Graph& graph, std::span<const std::map<std::string, Tensor>> activations,
+    const CalibrationTable& table, std::span<const std::map<std::string, double>> held_out_amax) {
+  SensitivityResult result;
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  std::vector<const Node*> const_order(order.begin(), order.end());
+  Simulator sim(graph, const_order, activations);
+
+  // The analysed layers, in topological order (deterministic), with their quantized weights.
+  std::vector<std::pair<const Node*, Simulator::Layer>> layers;
+  std::vector<std::unique_ptr<Tensor>> weights;
+  for (const Node* node : const_order) {
+    if (!IsInt8Candidate(*node)) continue;
+    const TensorRange* r = table.Find(node->input(0)->name());
+    if (!r || !(r->amax > 0) || !std::isfinite(r->amax)) continue;
+    std::optional<Tensor> w = FakeQuantizeWeights(*node, *node->input(1)->constant());
+    if (!w) continue;
+    weights.push_back(std::make_unique<Tensor>(std::move(*w)));
+    Simulator::Layer layer;
+    layer.weights = weights.back().get();
+    for (size_t set = 0; set < activations.size(); ++set) {
+      double amax = r->amax;
+      if (set < held_out_amax.size()) {
+        auto h = held_out_amax[set].find(node->input(0)->name());
+        // A tensor that is all zero in the other sets has no held-out scale: the table's then.
+        if (h != held_out_amax[set].end() && h->second > 0 && std::isfinite(h->second)) {
+          amax = h->second;
+        }
+      }
+      layer.amax.push_back(static_cast<float>(amax));
+    }
+    layers.emplace_back(node, std::move(layer));
+  }
+  if (layers.empty() || activations.empty()) return result;
+
+  std::unordered_map<const Node*, Simulator::Layer> all;
+  for (const auto& [node, layer] : layers) {
+    KILN_ASSIGN_OR_RETURN(double e, sim.Evaluate({{node, layer}}));
+    result.layers[node->name()] = e;
+    ++result.evaluations;
+    all.emplace(node, layer);
+  }
+  KILN_ASSIGN_OR_RETURN(result.all_int8, sim.Evaluate(all));
+  ++result.evaluations;
+  return result;
+}
+
+Int8FallbackPlan PlanInt8Fallback(const CalibrationTable& table,
+                                  const std::vector<std::string>& int8_layers, double tolerance) {
+  Int8FallbackPlan plan;
+  auto sensitivity = [&](const std::string& name) {
+    auto it = table.int8_sensitivity.find(name);
+    return it == table.int8_sensitivity.end() ? 0.0 : it->second;
+  };
+  double all_sq = 0;
+  for (const auto& [name, s] : table.int8_sensitivity) all_sq += s * s;
+  if (all_sq > 0 && table.int8_all_rel_l2 > 0) {
+    plan.scale = std::max(1.0, table.int8_all_rel_l2 / std::sqrt(all_sq));
+  }
+  // Most sensitive first; the name breaks ties so the plan never depends on map or hash order.
+  std::vector<std::pair<double, std::string>> ranked;
+  for (const std::string& name : int8_layers) ranked.emplace_back(sensitivity(name), name);
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  // suffix[k]: the squared sum of the layers from rank k on (those still INT8 after k fall back).
+  std::vector<double> suffix(ranked.size() + 1, 0.0);
+  for (size_t k = ranked.size(); k-- > 0;)
+    suffix[k] = suffix[k + 1] + ranked[k].first * ranked[k].first;
+  size_t k = 0;
+  for (; k < ranked.size(); ++k) {
+    const double estimate = plan.scale * std::sqrt(suffix[k]);
+    if (estimate <= tolerance) break;
+    plan.fall_back[ranked[k].second] = {ranked[k].first, estimate};
+  }
+  plan.estimate = plan.scale * std::sqrt(suffix[k]);
+  return plan;
+}
+
+}  // namespace kiln::precision
