@@ -124,6 +124,7 @@ std::unique_ptr<Pass> MakeIdentityEliminationPass();
 std::unique_ptr<Pass> MakeConvBatchNormFoldingPass();
 std::unique_ptr<Pass> MakeGeluFusionPass();
 std::unique_ptr<Pass> MakeLayerNormFusionPass();
+std::unique_ptr<Pass> MakeSkipLayerNormFusionPass();  // residual Add + LayerNormalization
 std::unique_ptr<Pass> MakeAttentionFusionPass();
 std::unique_ptr<Pass> MakeGemmFusionPass();  // Gemm/MatMul + bias + activation
 std::unique_ptr<Pass> MakeConvFusionPass();  // Conv + bias + residual + activation
