@@ -25,11 +25,18 @@ struct Operand {
 };
 
 struct BenchCase {
+  BenchCase(std::string op_type, AttributeMap attributes, std::vector<Operand> operands,
+            std::string provider_id = "", int num_outputs = 1)
+      : op(std::move(op_type)),
+        attrs(std::move(attributes)),
+        inputs(std::move(operands)),
+        provider(std::move(provider_id)),
+        outputs(num_outputs) {}
   std::string op;
   AttributeMap attrs;
   std::vector<Operand> inputs;
   std::string provider;  // provider id to time ("": the op's first provider)
-  int outputs = 1;       // outputs of x's shape and type after the first (SkipLayerNorm's sum)
+  int outputs = 1;       // outputs of x's shape and type (SkipLayerNormalization's y and sum: 2)
 };
 
 AttributeMap Attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
