@@ -264,6 +264,20 @@ std::vector<Case> Cases() {
           });
     }
   }
+  // Enough rows (>= 132 * 8 warps) for the one-warp-per-row geometry BERT/GPT-2 batch 32 get; the
+  // small cases above spread rows over several warps.
+  add("SkipLayerNorm_1200x768_out2", [] {
+    OpTester t("SkipLayerNormalization", Attrs({{"axis", int64_t{-1}}, {"epsilon", 1e-5f}}));
+    t.Input(kF32, {1200, 768}).Input(kF32, {1200, 768}).Input(kF32, {768}, 0.5, 1.5);
+    t.Input(kF32, {768}).Outputs(2).FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
+    return t;
+  });
+  add("LayerNorm_1200x768", [] {
+    OpTester t("LayerNormalization", Attrs({{"axis", int64_t{-1}}, {"epsilon", 1e-5f}}));
+    t.Input(kF32, {1200, 768}).Input(kF32, {768}).Input(kF32, {768});
+    t.FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
+    return t;
+  });
   add("SkipLayerNorm_axis1_no_bias", [] {
     OpTester t("SkipLayerNormalization", Attrs({{"axis", int64_t{1}}}));
     t.Input(kF32, {2, 3, 8}).Input(kF32, {2, 3, 8}).Input(kF32, {3, 8}).Outputs(2);

@@ -109,8 +109,9 @@ cudaError_t LaunchLayerNorm(Elem t, Elem param_t, const void* x, const void* sca
 // LayerNormalization of s = x + skip (skip null: s = x) over rows of length n, every operand of
 // type t; scale/bias have n elements (or are null); sum (null: not written) receives s. A row is
 // kept in registers and moved with 16-byte loads when n is a multiple of 16 bytes' elements, the
-// pointers are 16-byte aligned and the row fits (up to 32 * 16 bytes per thread, 1024 threads);
-// otherwise a warp or block per row re-reads it. FP32 statistics, two-pass variance.
+// pointers are 16-byte aligned and the row fits (four 16-byte vectors per thread, up to 1024
+// threads per row: 32768 halves or 16384 floats); otherwise a warp or block per row re-reads it.
+// FP32 statistics, two-pass variance.
 cudaError_t LaunchSkipLayerNorm(Elem t, const void* x, const void* skip, const void* scale,
                                 const void* bias, void* y, void* sum, int64_t rows, int64_t n,
                                 float epsilon, cudaStream_t stream);

@@ -373,6 +373,13 @@ cudaError_t LaunchSkipLayerNormT(const T* x, const T* skip, const T* scale, cons
     int warps = 1;
     while (32 * warps * kMaxVpt < vecs) warps *= 2;
     int vpt = (vecs + 32 * warps - 1) / (32 * warps);
+    // Few rows (batch-1 latency): spread each row over more warps, so that about 8 warps per SM
+    // of the H200's 132 have loads in flight, rather than a few warps doing all the work.
+    constexpr int64_t kTargetWarps = 132 * 8;
+    while (vpt > 1 && warps < 32 && rows * warps < kTargetWarps) {
+      warps *= 2;
+      vpt = (vecs + 32 * warps - 1) / (32 * warps);
+    }
     int threads = warps * 32 < 128 ? 128 : warps * 32;
     int64_t rows_per_block = threads / (warps * 32);
     int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
