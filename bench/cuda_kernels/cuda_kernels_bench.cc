@@ -25,9 +25,18 @@ struct Operand {
 };
 
 struct BenchCase {
+  BenchCase(std::string op_type, AttributeMap attributes, std::vector<Operand> operands,
+            std::string provider_id = "", int num_outputs = 1)
+      : op(std::move(op_type)),
+        attrs(std::move(attributes)),
+        inputs(std::move(operands)),
+        provider(std::move(provider_id)),
+        outputs(num_outputs) {}
   std::string op;
   AttributeMap attrs;
   std::vector<Operand> inputs;
+  std::string provider;  // provider id to time ("": the op's first provider)
+  int outputs = 1;       // outputs of x's shape and type (SkipLayerNormalization's y and sum: 2)
 };
 
 AttributeMap Attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
@@ -59,9 +68,11 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
                                   : g.AddConstant(name, t));
     host.push_back(std::move(t));
   }
-  Value* y = g.AddValue("y");
-  Node* node = g.AddNode(c.op, "n", ins, {y}, c.attrs);
-  g.MarkOutput(y);
+  std::vector<Value*> ys;
+  for (int i = 0; i < c.outputs; ++i) ys.push_back(g.AddValue("y" + std::to_string(i)));
+  Value* y = ys[0];
+  Node* node = g.AddNode(c.op, "n", ins, ys, c.attrs);
+  for (Value* v : ys) g.MarkOutput(v);
   if (!InferShapes(g).ok()) {
     state.SkipWithError("shape inference failed");
     return;
@@ -73,14 +84,18 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
     r.inputs.push_back({host[i].dtype(), MakeShape(host[i].dims()), host[i].dims(),
                         ins[i]->constant() ? ins[i]->constant() : nullptr});
   }
-  r.outputs = {{y->dtype(), y->shape(), y_dims, nullptr}};
-  auto providers = KernelRegistry::Get().Providers(BackendKind::kCuda, c.op);
-  if (providers.empty() || providers[0]->Tactics(r).empty()) {
+  for (int i = 0; i < c.outputs; ++i)
+    r.outputs.push_back({y->dtype(), y->shape(), y_dims, nullptr});
+  const KernelProvider* provider = nullptr;
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, c.op)) {
+    if (!provider && (c.provider.empty() || p->id() == c.provider)) provider = p;
+  }
+  if (!provider || provider->Tactics(r).empty()) {
     state.SkipWithError("no CUDA tactic");
     return;
   }
-  TacticConfig tactic = providers[0]->Tactics(r)[0];
-  auto kernel = providers[0]->Create(r, tactic);
+  TacticConfig tactic = provider->Tactics(r)[0];
+  auto kernel = provider->Create(r, tactic);
   if (!kernel.ok()) {
     state.SkipWithError(kernel.status().ToString().c_str());
     return;
@@ -101,15 +116,18 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
     bufs.push_back(std::move(*b));
   }
   Tensor out(y->dtype(), y_dims);
-  auto ob = backend.Allocate(out.size_bytes());
-  if (!ob.ok()) {
-    state.SkipWithError("allocation failed");
-    return;
+  for (int i = 0; i < c.outputs; ++i) {
+    auto ob = backend.Allocate(out.size_bytes());
+    if (!ob.ok()) {
+      state.SkipWithError("allocation failed");
+      return;
+    }
+    TensorView ov = out.view();
+    ov.data = ob->data();
+    out_views.push_back(ov);
+    bytes += out.size_bytes();
+    bufs.push_back(std::move(*ob));
   }
-  TensorView ov = out.view();
-  ov.data = ob->data();
-  out_views.push_back(ov);
-  bytes += out.size_bytes();
   auto ws_bytes = (*kernel)->Prepare(in_views, out_views);
   if (!ws_bytes.ok()) {
     state.SkipWithError(ws_bytes.status().ToString().c_str());
@@ -166,6 +184,33 @@ const bool kRegistered = [] {
        {"LayerNormalization",
         Attrs({{"axis", int64_t{-1}}}),
         {{kF16, {32, 128, 768}, {}}, {kF16, {768}, {}}, {kF16, {768}, {}}}}},
+      {"layernorm_f16_4096x768_warpvec",
+       {"LayerNormalization",
+        Attrs({{"axis", int64_t{-1}}}),
+        {{kF16, {32, 128, 768}, {}}, {kF16, {768}, {}}, {kF16, {768}, {}}},
+        "cuda.layer-normalization.warp-vec"}},
+      // Residual Add + LayerNorm fused: BERT (y only) and GPT-2 (y and the residual sum).
+      {"skiplayernorm_f16_4096x768",
+       {"SkipLayerNormalization",
+        Attrs({{"axis", int64_t{-1}}}),
+        {{kF16, {32, 128, 768}, {}},
+         {kF16, {32, 128, 768}, {}},
+         {kF16, {768}, {}},
+         {kF16, {768}, {}}}}},
+      {"skiplayernorm_f16_4096x768_sum",
+       {"SkipLayerNormalization",
+        Attrs({{"axis", int64_t{-1}}}),
+        {{kF16, {32, 128, 768}, {}},
+         {kF16, {32, 128, 768}, {}},
+         {kF16, {768}, {}},
+         {kF16, {768}, {}}},
+        "",
+        2}},
+      {"layernorm_f16_4096x4096_warpvec",
+       {"LayerNormalization",
+        Attrs({{"axis", int64_t{-1}}}),
+        {{kF16, {4096, 4096}, {}}, {kF16, {4096}, {}}, {kF16, {4096}, {}}},
+        "cuda.layer-normalization.warp-vec"}},
       {"add_f16_residual_4096x768",
        {"Add", {}, {{kF16, {32, 128, 768}, {}}, {kF16, {32, 128, 768}, {}}}}},
       {"add_f16_bias_4096x3072", {"Add", {}, {{kF16, {32, 128, 3072}, {}}, {kF16, {3072}, {}}}}},

@@ -98,6 +98,7 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeDeadNodeEliminationPass());
   pm->Add(MakeConvBatchNormFoldingPass());
   pm->Add(MakeLayerNormFusionPass());
+  pm->Add(MakeSkipLayerNormFusionPass());
   pm->Add(MakeGeluFusionPass());
   pm->Add(MakeAttentionFusionPass());
   pm->Add(MakeAttentionLayoutPass());

@@ -124,6 +124,7 @@ std::unique_ptr<Pass> MakeIdentityEliminationPass();
 std::unique_ptr<Pass> MakeConvBatchNormFoldingPass();
 std::unique_ptr<Pass> MakeGeluFusionPass();
 std::unique_ptr<Pass> MakeLayerNormFusionPass();
+std::unique_ptr<Pass> MakeSkipLayerNormFusionPass();  // residual Add + LayerNormalization
 std::unique_ptr<Pass> MakeAttentionFusionPass();
 std::unique_ptr<Pass> MakeAttentionLayoutPass();  // heads read in place (Attention layout)
 std::unique_ptr<Pass> MakeQkvFusionPass();  // Q/K/V projections -> one (after gemm_fusion)

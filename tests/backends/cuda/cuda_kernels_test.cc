@@ -236,6 +236,54 @@ std::vector<Case> Cases() {
       return t;
     });
   }
+  // The warp-vec tactic's register path with several warps per row (f16 4096: 4 warps; f32 4096:
+  // 8) and the 1024-halves single-warp case.
+  for (int64_t n : {1024, 4096}) {
+    add("LayerNorm_rows_" + std::to_string(n), [n] {
+      OpTester t("LayerNormalization", Attrs({{"axis", int64_t{-1}}, {"epsilon", 1e-5f}}));
+      t.Input(kF32, {5, n}).Input(kF32, {n}).Input(kF32, {n});
+      t.FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
+      return t;
+    });
+  }
+  // SkipLayerNormalization (residual Add + LayerNorm): register path (768, 1024, 4096, 8 * 16),
+  // general paths (33: not a multiple of 16 bytes; 1500 on f16: a block per row), with and
+  // without the sum output.
+  for (std::vector<int64_t> dims : {std::vector<int64_t>{4, 7, 33}, std::vector<int64_t>{3, 768},
+                                    std::vector<int64_t>{2, 1500}, std::vector<int64_t>{3, 1024},
+                                    std::vector<int64_t>{2, 4096}, std::vector<int64_t>{9, 128}}) {
+    for (int outputs : {1, 2}) {
+      add("SkipLayerNorm_" + std::to_string(dims.back()) + "_out" + std::to_string(outputs),
+          [dims, outputs] {
+            OpTester t("SkipLayerNormalization",
+                       Attrs({{"axis", int64_t{-1}}, {"epsilon", 1e-5f}}));
+            t.Input(kF32, dims).Input(kF32, dims).Input(kF32, {dims.back()}, 0.5, 1.5);
+            t.Input(kF32, {dims.back()}).Outputs(outputs);
+            t.FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
+            return t;
+          });
+    }
+  }
+  // Enough rows (>= 132 * 8 warps) for the one-warp-per-row geometry BERT/GPT-2 batch 32 get; the
+  // small cases above spread rows over several warps.
+  add("SkipLayerNorm_1200x768_out2", [] {
+    OpTester t("SkipLayerNormalization", Attrs({{"axis", int64_t{-1}}, {"epsilon", 1e-5f}}));
+    t.Input(kF32, {1200, 768}).Input(kF32, {1200, 768}).Input(kF32, {768}, 0.5, 1.5);
+    t.Input(kF32, {768}).Outputs(2).FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
+    return t;
+  });
+  add("LayerNorm_1200x768", [] {
+    OpTester t("LayerNormalization", Attrs({{"axis", int64_t{-1}}, {"epsilon", 1e-5f}}));
+    t.Input(kF32, {1200, 768}).Input(kF32, {768}).Input(kF32, {768});
+    t.FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
+    return t;
+  });
+  add("SkipLayerNorm_axis1_no_bias", [] {
+    OpTester t("SkipLayerNormalization", Attrs({{"axis", int64_t{1}}}));
+    t.Input(kF32, {2, 3, 8}).Input(kF32, {2, 3, 8}).Input(kF32, {3, 8}).Outputs(2);
+    t.FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
+    return t;
+  });
   add("LayerNorm_axis1_no_bias", [] {
     OpTester t("LayerNormalization", Attrs({{"axis", int64_t{1}}}));
     t.Input(kF32, {2, 3, 8}).Input(kF32, {3, 8}).FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
@@ -773,6 +821,7 @@ TEST(CudaKernelCoverage, EveryRuntimeOpHasACudaProvider) {
                          "Greater",
                          "Cast",
                          "LayerNormalization",
+                         "SkipLayerNormalization",
                          "Softmax",
                          "MaxPool",
                          "AveragePool",
@@ -827,6 +876,48 @@ TEST(CudaKernelCoverage, TacticNamesCarryTheStorageType) {
     ASSERT_EQ(tactics.size(), 1u);
     EXPECT_EQ(tactics[0].name, std::string(ToString(t)) + "-add-cuda");
   }
+}
+
+// LayerNormalization offers both kernels to the builder's timing (warp-vec only without the
+// statistics outputs); SkipLayerNormalization has its own.
+std::vector<std::string> CudaTacticNames(const std::string& op, int inputs, int outputs,
+                                         DataType t) {
+  Graph g;
+  std::vector<Value*> ins = {g.AddInput("x", t, MakeShape({4, 768}))};
+  if (op == "SkipLayerNormalization") ins.push_back(g.AddInput("s", t, MakeShape({4, 768})));
+  while (static_cast<int>(ins.size()) < inputs) {
+    ins.push_back(g.AddInput("p" + std::to_string(ins.size()), t, MakeShape({768})));
+  }
+  std::vector<Value*> outs;
+  for (int i = 0; i < outputs; ++i) outs.push_back(g.AddValue("y" + std::to_string(i)));
+  Node* n = g.AddNode(op, "n", ins, outs, {});
+  for (Value* v : outs) g.MarkOutput(v);
+  EXPECT_TRUE(InferShapes(g).ok());
+  KernelRequest r;
+  r.node = n;
+  for (Value* v : ins)
+    r.inputs.push_back({v->dtype(), v->shape(), *StaticDims(v->shape()), nullptr});
+  for (Value* v : outs) {
+    r.outputs.push_back({v->dtype(), v->shape(), *StaticDims(v->shape()), nullptr});
+  }
+  std::vector<std::string> names;
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, op)) {
+    for (const TacticConfig& c : p->Tactics(r)) names.push_back(c.name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(CudaKernelCoverage, LayerNormTacticsIncludeWarpVec) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(CudaTacticNames("LayerNormalization", 3, 1, DataType::kFloat16),
+            (V{"f16-layer-normalization-cuda-row", "f16-layer-normalization-cuda-warp-vec"}));
+  EXPECT_EQ(CudaTacticNames("LayerNormalization", 3, 3, DataType::kFloat16),
+            V{"f16-layer-normalization-cuda-row"});
+  EXPECT_EQ(CudaTacticNames("SkipLayerNormalization", 4, 2, DataType::kBFloat16),
+            V{"bf16-skip-layer-normalization-cuda-warp-vec"});
+  EXPECT_EQ(CudaTacticNames("SkipLayerNormalization", 3, 1, DataType::kFloat32),
+            V{"f32-skip-layer-normalization-cuda-warp-vec"});
 }
 
 TEST(CudaKernelCoverage, PoolsRunChannelsLastNodes) {

@@ -106,6 +106,15 @@ cudaError_t LaunchCast(Elem from, Elem to, const void* x, void* y, int64_t n, cu
 cudaError_t LaunchLayerNorm(Elem t, Elem param_t, const void* x, const void* scale,
                             const void* bias, void* y, float* mean, float* inv_std, int64_t rows,
                             int64_t n, float epsilon, cudaStream_t stream);
+// LayerNormalization of s = x + skip (skip null: s = x) over rows of length n, every operand of
+// type t; scale/bias have n elements (or are null); sum (null: not written) receives s. A row is
+// kept in registers and moved with 16-byte loads when n is a multiple of 16 bytes' elements, the
+// pointers are 16-byte aligned and the row fits (four 16-byte vectors per thread, up to 1024
+// threads per row: 32768 halves or 16384 floats); otherwise a warp or block per row re-reads it.
+// FP32 statistics, two-pass variance.
+cudaError_t LaunchSkipLayerNorm(Elem t, const void* x, const void* skip, const void* scale,
+                                const void* bias, void* y, void* sum, int64_t rows, int64_t n,
+                                float epsilon, cudaStream_t stream);
 // Softmax / LogSoftmax over the middle axis of [outer, n, inner].
 cudaError_t LaunchSoftmax(Elem t, bool log, const void* x, void* y, int64_t outer, int64_t n,
                           int64_t inner, cudaStream_t stream);

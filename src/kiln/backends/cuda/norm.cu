@@ -2,6 +2,9 @@
 // up to 1024 elements, LayerNorm keeping the row in registers; a block per row beyond; FP32
 // statistics, two-pass variance as the CPU reference does) and inference BatchNormalization (per
 // element, channel parameters folded on the fly so the statistics may be run-time inputs).
+// LaunchSkipLayerNorm is the faster LayerNorm (and residual Add + LayerNorm): 16-byte loads, the
+// row in registers across one or more warps, FP32 two-pass statistics over the registers.
+#include <climits>
 #include <cstdint>
 
 #include "kiln/backends/cuda/device_util.cuh"
@@ -203,7 +206,232 @@ unsigned RowBlocks(int64_t rows, bool warp) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
 }
 
+// ---- LayerNorm of x (+ skip) with the row in registers -----------------------------------------
+
+// kN elements of T moved as one (or two) 16-byte loads.
+template <typename T, int kN>
+struct alignas(16) Pack {
+  T v[kN];
+};
+
+// Sum over the threads of one row: `warps_per_row` consecutive warps of the block (a power of two,
+// uniform over the block, so every thread reaches the barriers). partial holds 32 floats.
+__device__ __forceinline__ float RowSum(float v, float* partial, int warps_per_row) {
+  v = WarpSum(v);
+  if (warps_per_row == 1) return v;
+  int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) partial[warp] = v;
+  __syncthreads();
+  int first = warp & ~(warps_per_row - 1);
+  float t = 0.f;
+  for (int w = 0; w < warps_per_row; ++w) t += partial[first + w];
+  __syncthreads();  // partial is written again by the next RowSum
+  return t;
+}
+
+// One row per group of 32 * warps_per_row threads; thread `tid` of a row holds vectors
+// tid, tid + row_threads, ... (kVpt of them, the last ones possibly past the row), so each of the
+// row's loads is one coalesced 16-byte access per thread. x, skip, sum and y are read and written
+// exactly once.
+template <typename T, int kVpt, bool kSkip>
+__global__ void __launch_bounds__(1024)
+    SkipLayerNormVecKernel(const T* __restrict__ x, const T* __restrict__ skip,
+                           const T* __restrict__ scale, const T* __restrict__ bias,
+                           T* __restrict__ y, T* __restrict__ sum_out, int64_t rows, int n,
+                           int warps_per_row, float eps) {
+  constexpr int kVec = 16 / sizeof(T);
+  using V = Pack<T, kVec>;
+  __shared__ float partial[32];
+  const int row_threads = warps_per_row * 32;
+  const int tid = threadIdx.x & (row_threads - 1);
+  const int64_t row =
+      static_cast<int64_t>(blockIdx.x) * (blockDim.x / row_threads) + threadIdx.x / row_threads;
+  const bool active = row < rows;
+  const int64_t base = active ? row * n : 0;
+  const int vecs = n / kVec;
+  const V* px = reinterpret_cast<const V*>(x + base);
+  float v[kVpt][kVec];
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < kVpt; ++k) {
+    int i = k * row_threads + tid;
+    if (active && i < vecs) {
+      V a = px[i];
+      if constexpr (kSkip) {
+        V b = reinterpret_cast<const V*>(skip + base)[i];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v[k][e] = Load(a.v[e]) + Load(b.v[e]);
+        if (sum_out) {
+          V c;
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) c.v[e] = Store<T>(v[k][e]);
+          reinterpret_cast<V*>(sum_out + base)[i] = c;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v[k][e] = Load(a.v[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s += v[k][e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[k][e] = 0.f;
+    }
+  }
+  const float inv_n = 1.f / static_cast<float>(n);
+  const float mean = RowSum(s, partial, warps_per_row) * inv_n;
+  float q = 0.f;
+#pragma unroll
+  for (int k = 0; k < kVpt; ++k) {
+    if (active && k * row_threads + tid < vecs) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        float d = v[k][e] - mean;
+        q += d * d;
+      }
+    }
+  }
+  const float inv = rsqrtf(RowSum(q, partial, warps_per_row) * inv_n + eps);
+  V* py = reinterpret_cast<V*>(y + base);
+#pragma unroll
+  for (int k = 0; k < kVpt; ++k) {
+    int i = k * row_threads + tid;
+    if (active && i < vecs) {
+      V g, b, o;
+      if (scale) g = reinterpret_cast<const V*>(scale)[i];
+      if (bias) b = reinterpret_cast<const V*>(bias)[i];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        float r = (v[k][e] - mean) * inv;
+        if (scale) r *= Load(g.v[e]);
+        if (bias) r += Load(b.v[e]);
+        o.v[e] = Store<T>(r);
+      }
+      py[i] = o;
+    }
+  }
+}
+
+// Any row length and alignment: a warp (kWarp) or a block per row, reading x (+ skip) three times
+// (sum, variance, output); sum_out is written in the first pass.
+template <bool kWarp, typename T, bool kSkip>
+__global__ void SkipLayerNormRowKernel(const T* __restrict__ x, const T* __restrict__ skip,
+                                       const T* __restrict__ scale, const T* __restrict__ bias,
+                                       T* __restrict__ y, T* __restrict__ sum_out, int64_t rows,
+                                       int64_t n, float eps) {
+  __shared__ float scratch[33];
+  int64_t row, stride;
+  int lane, width;
+  RowGeometry<kWarp>(row, lane, width, stride);
+  auto at = [&](int64_t off) {
+    if constexpr (kSkip) {
+      return Load(x[off]) + Load(skip[off]);
+    } else {
+      return Load(x[off]);
+    }
+  };
+  for (; row < rows; row += stride) {
+    const int64_t base = row * n;
+    float sum = 0.f;
+    for (int64_t j = lane; j < n; j += width) {
+      float v = at(base + j);
+      if constexpr (kSkip) {
+        if (sum_out) sum_out[base + j] = Store<T>(v);
+      }
+      sum += v;
+    }
+    float mean = GroupSum<kWarp>(sum, scratch) / static_cast<float>(n);
+    float var = 0.f;
+    for (int64_t j = lane; j < n; j += width) {
+      float d = at(base + j) - mean;
+      var += d * d;
+    }
+    float inv = rsqrtf(GroupSum<kWarp>(var, scratch) / static_cast<float>(n) + eps);
+    for (int64_t j = lane; j < n; j += width) {
+      float v = (at(base + j) - mean) * inv;
+      if (scale) v *= Load(scale[j]);
+      if (bias) v += Load(bias[j]);
+      y[base + j] = Store<T>(v);
+    }
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <typename T, bool kSkip>
+cudaError_t LaunchSkipLayerNormT(const T* x, const T* skip, const T* scale, const T* bias, T* y,
+                                 T* sum, int64_t rows, int64_t n, float eps, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kMaxVpt = 4;
+  bool vec = n % kVec == 0 && n / kVec <= 32 * 32 * kMaxVpt && Aligned16(x) && Aligned16(y) &&
+             (!kSkip || Aligned16(skip)) && (!sum || Aligned16(sum)) &&
+             (!scale || Aligned16(scale)) && (!bias || Aligned16(bias));
+  if (vec) {
+    int vecs = static_cast<int>(n / kVec);
+    // The fewest warps per row that hold it with at most kMaxVpt vectors per thread: one warp up
+    // to 1024 halves (BERT/GPT-2's 768 in 3 loads per thread), four for 4096.
+    int warps = 1;
+    while (32 * warps * kMaxVpt < vecs) warps *= 2;
+    int vpt = (vecs + 32 * warps - 1) / (32 * warps);
+    // Few rows (batch-1 latency): spread each row over more warps, so that about 8 warps per SM
+    // of the H200's 132 have loads in flight, rather than a few warps doing all the work.
+    constexpr int64_t kTargetWarps = 132 * 8;
+    while (vpt > 1 && warps < 32 && rows * warps < kTargetWarps) {
+      warps *= 2;
+      vpt = (vecs + 32 * warps - 1) / (32 * warps);
+    }
+    int threads = warps * 32 < 128 ? 128 : warps * 32;
+    int64_t rows_per_block = threads / (warps * 32);
+    int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+    if (blocks <= INT_MAX) {
+      auto launch = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+            x, skip, scale, bias, y, sum, rows, static_cast<int>(n), warps, eps);
+        return cudaGetLastError();
+      };
+      switch (vpt) {
+        case 1:
+          return launch(SkipLayerNormVecKernel<T, 1, kSkip>);
+        case 2:
+          return launch(SkipLayerNormVecKernel<T, 2, kSkip>);
+        case 3:
+          return launch(SkipLayerNormVecKernel<T, 3, kSkip>);
+        default:
+          return launch(SkipLayerNormVecKernel<T, 4, kSkip>);
+      }
+    }
+  }
+  if (n <= kWarpRowMax) {
+    SkipLayerNormRowKernel<true, T, kSkip><<<RowBlocks(rows, true), kBlockThreads, 0, stream>>>(
+        x, skip, scale, bias, y, sum, rows, n, eps);
+  } else {
+    SkipLayerNormRowKernel<false, T, kSkip><<<RowBlocks(rows, false), kBlockThreads, 0, stream>>>(
+        x, skip, scale, bias, y, sum, rows, n, eps);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t LaunchSkipLayerNorm(Elem t, const void* x, const void* skip, const void* scale,
+                                const void* bias, void* y, void* sum, int64_t rows, int64_t n,
+                                float epsilon, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  return DispatchFloat(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto* px = static_cast<const T*>(x);
+    auto* pk = static_cast<const T*>(skip);
+    auto* ps = static_cast<const T*>(scale);
+    auto* pb = static_cast<const T*>(bias);
+    auto* py = static_cast<T*>(y);
+    auto* pu = static_cast<T*>(sum);
+    if (skip)
+      return LaunchSkipLayerNormT<T, true>(px, pk, ps, pb, py, pu, rows, n, epsilon, stream);
+    // Without a residual there is no sum to write.
+    return LaunchSkipLayerNormT<T, false>(px, nullptr, ps, pb, py, nullptr, rows, n, epsilon,
+                                          stream);
+  });
+}
 
 cudaError_t LaunchLayerNorm(Elem t, Elem param_t, const void* x, const void* scale,
                             const void* bias, void* y, float* mean, float* inv_std, int64_t rows,

@@ -1,5 +1,7 @@
-// CUDA providers of LayerNormalization, Softmax/LogSoftmax and BatchNormalization (kernels in
-// norm.cu). Row geometry comes from Prepare; f32, f16 and bf16 storage with FP32 statistics.
+// CUDA providers of LayerNormalization, SkipLayerNormalization, Softmax/LogSoftmax and
+// BatchNormalization (kernels in norm.cu). Row geometry comes from Prepare; f32, f16 and bf16
+// storage with FP32 statistics. LayerNormalization has two tactics the builder times: "row" (any
+// parameter type, statistics outputs) and "warp-vec" (LaunchSkipLayerNorm without a skip).
 #include "kiln/backends/cuda/cuda_kernel.h"
 
 namespace kiln::cuda {
@@ -82,6 +84,107 @@ CudaOpDef LayerNormDef() {
   };
 }
 KILN_CUDA_OP_PROVIDER(LayerNormProvider, LayerNormDef());
+
+// ---- LayerNormalization (warp-vec) and SkipLayerNormalization ---------------------------------
+// One kernel for both: LayerNormalization is SkipLayerNormalization without a skip input. Inputs
+// (x, skip?, scale?, bias?) as `skip_index` says; outputs (y, sum?).
+class SkipLayerNormKernel final : public Kernel {
+ public:
+  SkipLayerNormKernel(int64_t axis, float eps, Elem t, bool has_skip)
+      : axis_(axis), eps_(eps), t_(t), has_skip_(has_skip) {}
+  StatusOr<size_t> Prepare(std::span<const TensorView> in, std::span<const TensorView>) override {
+    const auto& x = in[0].dims;
+    int64_t axis = NormAxis(axis_, x.size());
+    if (axis < 0 || axis > static_cast<int64_t>(x.size())) {
+      return MakeError(ErrorCode::kShapeMismatch, "{} axis {} of rank {}", OpName(), axis_,
+                       x.size());
+    }
+    if (has_skip_ && !SameDims(in[0].dims, in[1].dims)) {
+      return MakeError(ErrorCode::kShapeMismatch,
+                       "SkipLayerNormalization on CUDA needs Skip of X's shape ({} vs {} "
+                       "elements)",
+                       in[1].num_elements(), in[0].num_elements());
+    }
+    n_ = 1;
+    for (size_t i = static_cast<size_t>(axis); i < x.size(); ++i) n_ *= x[i];
+    rows_ = n_ == 0 ? 0 : in[0].num_elements() / n_;
+    for (size_t i = first_param(); i < first_param() + 2 && i < in.size(); ++i) {
+      if (in[i].data && in[i].num_elements() != n_) {
+        return MakeError(ErrorCode::kUnimplemented,
+                         "{} on CUDA needs Scale/B of the full normalized size ({} elements); "
+                         "input {} has {}",
+                         OpName(), n_, i, in[i].num_elements());
+      }
+    }
+    return size_t{0};
+  }
+  Status Run(const KernelRunArgs& a) override {
+    const void* skip = has_skip_ ? a.inputs[1].data : nullptr;
+    const void* scale = Present(a, first_param()) ? a.inputs[first_param()].data : nullptr;
+    const void* bias = Present(a, first_param() + 1) ? a.inputs[first_param() + 1].data : nullptr;
+    void* sum = has_skip_ && a.outputs.size() > 1 ? a.outputs[1].data : nullptr;
+    return Launched(LaunchSkipLayerNorm(t_, a.inputs[0].data, skip, scale, bias, a.outputs[0].data,
+                                        sum, rows_, n_, eps_, StreamOf(a)),
+                    has_skip_ ? "SkipLayerNormalization kernel" : "LayerNormalization kernel");
+  }
+
+ private:
+  size_t first_param() const { return has_skip_ ? 2 : 1; }
+  const char* OpName() const { return has_skip_ ? "SkipLayerNormalization" : "LayerNormalization"; }
+  int64_t axis_;
+  float eps_;
+  Elem t_;
+  bool has_skip_;
+  int64_t rows_ = 0, n_ = 0;
+};
+
+// Every float operand of one storage type (the precision pass casts parameters to the layer's
+// type), optional parameters absent.
+bool OneFloatType(const KernelRequest& r) {
+  DataType t = InType(r, 0);
+  if (!IsFloatStorage(t)) return false;
+  for (size_t i = 1; i < r.inputs.size(); ++i) {
+    DataType u = InType(r, i);
+    if (u != DataType::kUndefined && u != t) return false;
+  }
+  for (size_t i = 0; i < r.outputs.size(); ++i) {
+    DataType u = OutType(r, i);
+    if (u != DataType::kUndefined && u != t) return false;
+  }
+  return true;
+}
+
+CudaOpDef LayerNormVecDef() {
+  return {
+      .op_type = "LayerNormalization",
+      .variant = "warp-vec",
+      // No statistics outputs (the "row" tactic writes those).
+      .accepts = [](const KernelRequest& r) { return r.outputs.size() == 1 && OneFloatType(r); },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        return std::unique_ptr<Kernel>(std::make_unique<SkipLayerNormKernel>(
+            r.node->attrs().GetInt("axis", -1), r.node->attrs().GetFloat("epsilon", 1e-5f),
+            *ToElem(InType(r, 0)), false));
+      },
+  };
+}
+KILN_CUDA_OP_PROVIDER(LayerNormVecProvider, LayerNormVecDef());
+
+CudaOpDef SkipLayerNormDef() {
+  return {
+      .op_type = "SkipLayerNormalization",
+      .variant = "warp-vec",
+      .accepts =
+          [](const KernelRequest& r) {
+            return r.inputs.size() >= 3 && InType(r, 1) != DataType::kUndefined && OneFloatType(r);
+          },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        return std::unique_ptr<Kernel>(std::make_unique<SkipLayerNormKernel>(
+            r.node->attrs().GetInt("axis", -1), r.node->attrs().GetFloat("epsilon", 1e-5f),
+            *ToElem(InType(r, 0)), true));
+      },
+  };
+}
+KILN_CUDA_OP_PROVIDER(SkipLayerNormProvider, SkipLayerNormDef());
 
 // ---- Softmax / LogSoftmax ---------------------------------------------------------------------
 class SoftmaxKernel final : public Kernel {

@@ -1,0 +1,105 @@
+// Residual Add + LayerNormalization fusion (ONNX Runtime calls the result SkipLayerNormalization):
+//   s = Add(x, skip); y = LayerNormalization(s, scale, bias?)
+// becomes SkipLayerNormalization(x, skip, scale, bias?) -> (y, s?), one pass over the activations
+// instead of two. s stays an output when something else reads it (the residual stream of pre-LN
+// transformers such as GPT-2); post-LN models (BERT) read only y. Only same-shape Adds fuse: a
+// broadcast Add is a bias (MatMul + bias, which the gemm fusion takes), not a residual.
+#include <algorithm>
+
+#include "kiln/passes/pass.h"
+#include "kiln/passes/pattern.h"
+
+namespace kiln::passes {
+namespace {
+
+Pattern SkipLayerNormPattern() {
+  using namespace pat;
+  // The Add may have other readers: its output then becomes the fused node's second output.
+  Pattern sum = Op("Add", {Any("x"), Any("skip")}).Capture("add").Shared();
+  return Op("LayerNormalization", {sum}).Capture("ln");
+}
+
+// Whether a value is read by anything (a node or the graph's outputs).
+bool IsRead(const Value* v) { return v && (v->is_graph_output() || !v->consumers().empty()); }
+
+class SkipLayerNormFusionPass final : public Pass {
+ public:
+  std::string_view name() const override { return "skip_layernorm_fusion"; }
+
+  Status Run(Graph& graph, PassContext& ctx) override {
+    static const Pattern pattern = SkipLayerNormPattern();
+    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+    for (Node* node : order) {
+      if (node->is_dead() || node->op_type() != "LayerNormalization") continue;
+      auto m = MatchAt(pattern, node);
+      if (!m) continue;
+      Rewrite(graph, ctx, *m);
+    }
+    return OkStatus();
+  }
+
+ private:
+  static void Rewrite(Graph& graph, PassContext& ctx, const Match& m) {
+    Node* ln = m.node("ln");
+    Node* add = m.node("add");
+    Value* x = m.value("x");
+    Value* skip = m.value("skip");
+    // The statistics outputs (Mean, InvStdDev) have no place in the fused op.
+    for (size_t i = 1; i < ln->num_outputs(); ++i) {
+      if (IsRead(ln->output(i))) return;
+    }
+    if (!x->has_shape() || !skip->has_shape() || !IsFloat(x->dtype()) ||
+        x->dtype() != skip->dtype() || x->shape() != skip->shape()) {
+      return;
+    }
+    Value* sum = add->output(0);
+    Value* y = ln->output(0);
+    if (!y || !sum || sum->dtype() != x->dtype()) return;
+    // LayerNormalization's Scale is optional in kiln's IR; the fused op needs one (ones).
+    Value* scale = ln->input(1);
+    if (!scale) {
+      std::vector<int64_t> norm_dims;
+      int64_t rank = static_cast<int64_t>(x->shape().size());
+      int64_t axis = ln->attrs().GetInt("axis", -1);
+      if (axis < 0) axis += rank;
+      if (axis < 0 || axis > rank) return;
+      for (int64_t i = axis; i < rank; ++i) {
+        auto d = x->shape()[i].static_value();
+        if (!d) return;
+        norm_dims.push_back(*d);
+      }
+      Tensor ones = Tensor::FromVector<float>(
+          DataType::kFloat32, norm_dims,
+          std::vector<float>(static_cast<size_t>(NumElements(norm_dims)), 1.f));
+      scale = AddConstant(graph, ln->name() + "_scale", ones.CastTo(x->dtype()));
+    }
+    std::vector<Value*> inputs = {x, skip, scale};
+    if (Value* bias = ln->input(2)) inputs.push_back(bias);
+    // The sum stays an output when anything but this LayerNormalization reads it.
+    bool keep_sum = sum->is_graph_output();
+    for (Node* c : sum->consumers()) keep_sum |= c != ln;
+    std::vector<Value*> outputs = {y};
+    if (keep_sum) outputs.push_back(sum);
+    AttributeMap attrs;
+    attrs.Set("axis", ln->attrs().GetInt("axis", -1));
+    attrs.Set("epsilon", ln->attrs().GetFloat("epsilon", 1e-5f));
+    std::string name = graph.UniqueName(ln->name() + "_skip");
+    // Removing both releases y and s; the fused node produces them (names and graph-output
+    // marks stay with the values).
+    graph.RemoveNode(ln);
+    graph.RemoveNode(add);
+    graph.AddNode("SkipLayerNormalization", std::move(name), std::move(inputs), std::move(outputs),
+                  std::move(attrs));
+    ctx.stats().rewrites += 1;
+    ctx.stats().nodes_removed += 2;
+    ctx.stats().nodes_added += 1;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeSkipLayerNormFusionPass() {
+  return std::make_unique<SkipLayerNormFusionPass>();
+}
+
+}  // namespace kiln::passes
