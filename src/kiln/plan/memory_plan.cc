@@ -4,9 +4,34 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <unordered_map>
 
 namespace kiln {
+
+bool IsViewOp(std::string_view op_type) {
+  return op_type == "Reshape" || op_type == "Flatten" || op_type == "Squeeze" ||
+         op_type == "Unsqueeze" || op_type == "Identity";
+}
+
+const Value* ViewInput(const Node& node) {
+  if (!IsViewOp(node.op_type()) || node.num_inputs() < 1 || node.num_outputs() != 1) {
+    return nullptr;
+  }
+  const Value* in = node.input(0);
+  const Value* out = node.output(0);
+  if (!in || !out || in->dtype() != out->dtype() || in->dtype() == DataType::kUndefined) {
+    return nullptr;
+  }
+  return in;
+}
+
+std::string ViewTacticName(const Node& node) {
+  std::string op(node.op_type());
+  for (char& c : op) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const Value* out = node.num_outputs() ? node.output(0) : nullptr;
+  return fmt::format("{}-{}-view", out ? ToString(out->dtype()) : "any", op);
+}
 
 StatusOr<std::map<std::string, int64_t>> MaxShapeBindings(const Graph& graph,
                                                           const OptimizationProfile& profile) {
@@ -122,15 +147,44 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
   MemoryPlanDetail detail;
   MemoryPlan& plan = detail.plan;
 
-  // Liveness: a value is live from the layer that produces it to its last consumer.
-  std::unordered_map<const Value*, size_t> index;  // value -> position in buffers
+  // Liveness: a value is live from the layer that produces it to its last consumer. An aliased
+  // view output has no buffer of its own: reads of it keep its root's buffer alive.
+  std::unordered_map<const Value*, size_t> index;          // value -> position in buffers
+  std::unordered_map<const Value*, const Value*> root_of;  // aliased view output -> root
+  auto resolve = [&root_of](const Value* v) {
+    auto it = root_of.find(v);
+    return it == root_of.end() ? v : it->second;
+  };
   std::vector<PlannedBuffer> buffers;
   for (size_t l = 0; l < layers.size(); ++l) {
     const Node* node = layers[l].node;
     if (!node) return MakeError(ErrorCode::kInternal, "layer {} has no node", l);
+    if (const Value* in = layers[l].allow_alias ? ViewInput(*node) : nullptr) {
+      const Value* out = node->output(0);
+      const Value* root = resolve(in);
+      auto it = index.find(root);
+      if (it != index.end() && !out->is_graph_output() && !out->is_graph_input() &&
+          !out->is_constant() && !index.count(out) && !root_of.count(out)) {
+        // Same element count and type, so never more bytes than the root; a mismatch at the max
+        // shapes means the shapes are wrong, which the plan must not hide.
+        KILN_ASSIGN_OR_RETURN(int64_t bytes, PlannedBytes(*out, bindings));
+        if (bytes > buffers[it->second].bytes) {
+          return MakeError(ErrorCode::kInternal,
+                           "view layer '{}' ({}): output '{}' needs {} bytes at the max shapes, "
+                           "more than the {} of '{}' whose bytes it is",
+                           node->name(), node->op_type(), out->name(), bytes,
+                           buffers[it->second].bytes, root->name());
+        }
+        root_of[out] = root;
+        detail.aliases[out->name()] = root->name();
+        buffers[it->second].last = static_cast<int>(l);
+        plan.workspace_bytes = std::max(plan.workspace_bytes, AlignUp(layers[l].workspace_bytes));
+        continue;
+      }
+    }
     for (const Value* out : node->outputs()) {
       if (!out || out->is_graph_output() || out->is_graph_input() || out->is_constant()) continue;
-      if (index.count(out)) {
+      if (index.count(out) || root_of.count(out)) {
         return MakeError(ErrorCode::kInternal, "value '{}' is produced by two layers", out->name());
       }
       KILN_ASSIGN_OR_RETURN(int64_t bytes, PlannedBytes(*out, bindings));
@@ -138,7 +192,7 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
       buffers.push_back({out, bytes, static_cast<int>(l), static_cast<int>(l), 0});
     }
     for (const Value* in : node->inputs()) {
-      auto it = in ? index.find(in) : index.end();
+      auto it = in ? index.find(resolve(in)) : index.end();
       if (it != index.end()) buffers[it->second].last = static_cast<int>(l);
     }
     plan.workspace_bytes = std::max(plan.workspace_bytes, AlignUp(layers[l].workspace_bytes));
@@ -146,7 +200,7 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
   // A value read by a layer before the layer that produces it would be read uninitialised.
   for (size_t l = 0; l < layers.size(); ++l) {
     for (const Value* in : layers[l].node->inputs()) {
-      auto it = in ? index.find(in) : index.end();
+      auto it = in ? index.find(resolve(in)) : index.end();
       if (it != index.end() && buffers[it->second].first >= static_cast<int>(l)) {
         return MakeError(ErrorCode::kInternal,
                          "layer {} ('{}') reads '{}' before it is produced (layers not in "
@@ -171,6 +225,7 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
     placed.push_back(b);
   }
   detail.buffers = std::move(placed);
+  for (const auto& [alias, root] : detail.aliases) plan.offsets[alias] = plan.offsets.at(root);
   plan.weights_bytes = WeightsBytes(graph);
   plan.peak_bytes = plan.weights_bytes + plan.arena_bytes + plan.workspace_bytes;
   return detail;
@@ -182,14 +237,26 @@ StatusOr<MemoryPlan> PlanMemory(const Graph& graph, std::span<const PlanLayer> l
   return std::move(detail.plan);
 }
 
-StatusOr<MemoryPlan> PlanMemory(const EngineDesc& engine) {
+StatusOr<MemoryPlan> PlanMemory(const EngineDesc& engine, bool alias_views) {
   if (!engine.graph) return MakeError(ErrorCode::kInternal, "engine has no graph");
   std::vector<PlanLayer> layers;
   layers.reserve(engine.layers.size());
   for (const LayerDesc& l : engine.layers) {
-    layers.push_back({l.node, static_cast<int64_t>(l.tactic.workspace_bytes)});
+    layers.push_back({l.node, static_cast<int64_t>(l.tactic.workspace_bytes), alias_views});
   }
   return PlanMemory(*engine.graph, layers, engine.profile);
+}
+
+bool IsAliasedView(const EngineDesc& engine, size_t index) {
+  if (index >= engine.layers.size() || !engine.layers[index].node) return false;
+  const Node& node = *engine.layers[index].node;
+  const Value* in = ViewInput(node);
+  if (!in) return false;
+  // Only intermediates have offsets: a view of a graph input or constant, or one that writes a
+  // graph output, is never aliased.
+  auto a = engine.plan.offsets.find(in->name());
+  auto b = engine.plan.offsets.find(node.output(0)->name());
+  return a != engine.plan.offsets.end() && b != engine.plan.offsets.end() && a->second == b->second;
 }
 
 int64_t NaivePeak(const MemoryPlanDetail& detail) {
