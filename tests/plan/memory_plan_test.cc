@@ -299,6 +299,26 @@ TEST(MemoryPlanViews, ViewsOfInputsConstantsAndIntoOutputsKeepTheirCopy) {
   EXPECT_EQ(offsets.size(), 2u);  // both are read by a's layer
 }
 
+TEST(MemoryPlanViews, AViewThatLooksLargerAtTheMaxShapesKeepsItsCopy) {
+  // r has a's elements at run time, but its dims use m, which the profile bounds higher than n:
+  // sized on its own, r would overflow a's buffer, so it gets its own.
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("n")});
+  Value* z = g.AddInput("z", DataType::kFloat32, {Dim::Symbol("m")});
+  Value* a = Op(g, "a", {x}, {Dim::Symbol("n")});
+  Value* r = View(g, "Reshape", "r", a, {Dim::Symbol("m")});
+  g.MarkOutput(Op(g, "y", {r, z}, {Dim::Symbol("m")}));
+  OptimizationProfile profile;
+  profile.inputs.push_back({"x", {1}, {8}, {64}});
+  profile.inputs.push_back({"z", {1}, {8}, {128}});
+  auto detail = PlanMemoryDetailed(g, Layers(g), profile);
+  ASSERT_TRUE(detail.ok()) << detail.status().ToString();
+  EXPECT_TRUE(detail->aliases.empty());
+  EXPECT_EQ(BufferOf(*detail, "a")->bytes, 256);
+  EXPECT_EQ(BufferOf(*detail, "r")->bytes, 512);
+  EXPECT_NE(detail->plan.offsets.at("r"), detail->plan.offsets.at("a"));
+}
+
 TEST(MemoryPlanViews, ViewNamesAndOps) {
   for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}) {
     EXPECT_TRUE(IsViewOp(op)) << op;

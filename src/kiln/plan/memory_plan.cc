@@ -165,21 +165,17 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
       auto it = index.find(root);
       if (it != index.end() && !out->is_graph_output() && !out->is_graph_input() &&
           !out->is_constant() && !index.count(out) && !root_of.count(out)) {
-        // Same element count and type, so never more bytes than the root; a mismatch at the max
-        // shapes means the shapes are wrong, which the plan must not hide.
+        // The same elements of the same type. Only dims written with symbols that the profile
+        // bounds apart (two inputs' "seq" with different maxes) can make the view look larger
+        // at the max shapes than its root: then it keeps its copy, sized on its own.
         KILN_ASSIGN_OR_RETURN(int64_t bytes, PlannedBytes(*out, bindings));
-        if (bytes > buffers[it->second].bytes) {
-          return MakeError(ErrorCode::kInternal,
-                           "view layer '{}' ({}): output '{}' needs {} bytes at the max shapes, "
-                           "more than the {} of '{}' whose bytes it is",
-                           node->name(), node->op_type(), out->name(), bytes,
-                           buffers[it->second].bytes, root->name());
+        if (bytes <= buffers[it->second].bytes) {
+          root_of[out] = root;
+          detail.aliases[out->name()] = root->name();
+          buffers[it->second].last = static_cast<int>(l);
+          plan.workspace_bytes = std::max(plan.workspace_bytes, AlignUp(layers[l].workspace_bytes));
+          continue;
         }
-        root_of[out] = root;
-        detail.aliases[out->name()] = root->name();
-        buffers[it->second].last = static_cast<int>(l);
-        plan.workspace_bytes = std::max(plan.workspace_bytes, AlignUp(layers[l].workspace_bytes));
-        continue;
       }
     }
     for (const Value* out : node->outputs()) {
