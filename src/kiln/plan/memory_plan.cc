@@ -206,20 +206,46 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
     }
   }
 
-  std::stable_sort(buffers.begin(), buffers.end(),
-                   [](const PlannedBuffer& a, const PlannedBuffer& b) {
-                     if (a.bytes != b.bytes) return a.bytes > b.bytes;
-                     if (a.first != b.first) return a.first < b.first;
-                     return a.value->name() < b.value->name();
-                   });
+  // Greedy placement in a few orders, keeping the smallest arena (the first order on ties, so
+  // plans only change where another order does better). Largest first packs most graphs well;
+  // the others help where aliased views made some buffers live long (a ViT's patch reshape).
+  using Order = bool (*)(const PlannedBuffer&, const PlannedBuffer&);
+  static constexpr Order kOrders[] = {
+      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // largest first
+        if (a.bytes != b.bytes) return a.bytes > b.bytes;
+        if (a.first != b.first) return a.first < b.first;
+        return a.value->name() < b.value->name();
+      },
+      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // longest-lived first
+        if (a.last - a.first != b.last - b.first) return a.last - a.first > b.last - b.first;
+        if (a.bytes != b.bytes) return a.bytes > b.bytes;
+        return a.value->name() < b.value->name();
+      },
+      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // most bytes x layers first
+        const int64_t ea = a.bytes * (a.last - a.first + 1), eb = b.bytes * (b.last - b.first + 1);
+        if (ea != eb) return ea > eb;
+        if (a.first != b.first) return a.first < b.first;
+        return a.value->name() < b.value->name();
+      },
+  };
   std::vector<PlannedBuffer> placed;
-  placed.reserve(buffers.size());
-  for (PlannedBuffer b : buffers) {
-    b.offset = ChooseOffset(b, placed);
-    plan.arena_bytes = std::max(plan.arena_bytes, b.offset + b.bytes);
-    plan.offsets[b.value->name()] = b.offset;
-    placed.push_back(b);
+  for (Order order : kOrders) {
+    std::vector<PlannedBuffer> sorted = buffers;
+    std::stable_sort(sorted.begin(), sorted.end(), order);
+    std::vector<PlannedBuffer> trial;
+    trial.reserve(sorted.size());
+    int64_t arena = 0;
+    for (PlannedBuffer b : sorted) {
+      b.offset = ChooseOffset(b, trial);
+      arena = std::max(arena, b.offset + b.bytes);
+      trial.push_back(b);
+    }
+    if (order == kOrders[0] || arena < plan.arena_bytes) {
+      plan.arena_bytes = arena;
+      placed = std::move(trial);
+    }
   }
+  for (const PlannedBuffer& b : placed) plan.offsets[b.value->name()] = b.offset;
   detail.buffers = std::move(placed);
   for (const auto& [alias, root] : detail.aliases) plan.offsets[alias] = plan.offsets.at(root);
   plan.weights_bytes = WeightsBytes(graph);

@@ -55,7 +55,7 @@ struct PlannedBuffer {
 
 struct MemoryPlanDetail {
   MemoryPlan plan;
-  std::vector<PlannedBuffer> buffers;  // in placement order (largest first)
+  std::vector<PlannedBuffer> buffers;  // in the placement order that was kept
   // View outputs that share a buffer: value name -> the chain's root (the arena value whose
   // buffer it is). plan.offsets gives both the same offset; the root's buffer stays live until
   // the last reader of any value in the chain. A view keeps its copy (and is absent here) when
@@ -84,6 +84,8 @@ int64_t WeightsBytes(const Graph& graph);
 // Plans the arena for `layers` (execution order). Offsets: buffers sorted by size (largest
 // first, ties by first use then name) and each placed in the smallest gap between already
 // placed buffers whose lifetimes overlap its own (lowest offset on ties), else on top of them.
+// The same greedy placement is also tried longest-lived first and by bytes x layers; the
+// smallest arena is kept (largest first on ties).
 // View layers are aliased where they may be (MemoryPlanDetail::aliases).
 StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<const PlanLayer> layers,
                                               const OptimizationProfile& profile);
