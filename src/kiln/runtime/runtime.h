@@ -169,11 +169,11 @@ class ExecutionContext {
   // Graph statistics for tests and reports: captures made, graph launches, and whether graphs
   // were given up on in this context (a layer that cannot be captured; it then runs eagerly).
   int64_t graph_captures() const { return graph_captures_; }
+  int64_t graph_launches() const { return graph_launches_; }
+  bool graphs_disabled() const { return graphs_failed_; }
   // Kernel launches this context made (layer by layer, or while capturing a graph); aliased view
   // layers add none.
   int64_t kernel_launches() const { return kernel_launches_; }
-  int64_t graph_launches() const { return graph_launches_; }
-  bool graphs_disabled() const { return graphs_failed_; }
 
   const Engine& engine() const { return *engine_; }
   // What this context allocated (arena + workspace) and the actual peak with the weights; the
