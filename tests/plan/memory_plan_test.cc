@@ -1,10 +1,13 @@
-// Memory plan tests: exact offsets for graphs with known liveness, and a property test that no
-// two simultaneously live buffers overlap on random DAGs.
+// Memory plan tests: exact offsets for graphs with known liveness, a property test that no two
+// simultaneously live buffers overlap on random DAGs, and view aliasing (shared buffers, merged
+// lifetimes, the cases that keep their copy, and a simulated run over random DAGs with views).
 #include "kiln/plan/memory_plan.h"
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <random>
+#include <set>
 
 namespace kiln {
 namespace {
@@ -18,11 +21,27 @@ Value* Op(Graph& g, const std::string& name, std::vector<Value*> ins, Shape shap
   return out;
 }
 
-std::vector<PlanLayer> Layers(const Graph& g, int64_t workspace = 0) {
+// A view node (Reshape, Unsqueeze...) of `in` with the output shape given; extra inputs (the
+// Reshape target, Unsqueeze axes) do not matter to the planner.
+Value* View(Graph& g, const std::string& op, const std::string& name, Value* in, Shape shape) {
+  Value* out = g.AddValue(name, in->dtype());
+  out->set_shape(std::move(shape));
+  g.AddNode(op, "n_" + name, {in}, {out});
+  return out;
+}
+
+std::vector<PlanLayer> Layers(const Graph& g, int64_t workspace = 0, bool allow_alias = true) {
   std::vector<PlanLayer> out;
   auto order = g.TopologicalOrder();  // kept in a variable: the loop must not outlive it
-  for (const Node* n : *order) out.push_back({n, workspace});
+  for (const Node* n : *order) out.push_back({n, workspace, allow_alias});
   return out;
+}
+
+const PlannedBuffer* BufferOf(const MemoryPlanDetail& d, const std::string& name) {
+  for (const PlannedBuffer& b : d.buffers) {
+    if (b.value->name() == name) return &b;
+  }
+  return nullptr;
 }
 
 TEST(MemoryPlan, ChainReusesEveryOtherBuffer) {
@@ -185,6 +204,218 @@ TEST(MemoryPlan, PropertyNoLiveBuffersOverlapOnRandomDags) {
     EXPECT_LE(detail->plan.arena_bytes, sum);
     EXPECT_EQ(NaivePeak(*detail), sum);
   }
+}
+
+TEST(MemoryPlanViews, ChainOfViewsSharesItsRootsBufferAndLifetime) {
+  // Layers: 0 a = Relu(x), 1 r1 = Reshape(a), 2 r2 = Unsqueeze(r1), 3 b = Relu(r2),
+  // 4 c = Relu(b), 5 y = Relu(c). r1 and r2 are a's bytes; a stays live until b reads r2.
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat32, {4, 16});  // 256 bytes
+  Value* a = Op(g, "a", {x}, {4, 16});
+  Value* r1 = View(g, "Reshape", "r1", a, {64});
+  Value* r2 = View(g, "Unsqueeze", "r2", r1, {1, 64});
+  Value* b = Op(g, "b", {r2}, {1, 64});
+  Value* c = Op(g, "c", {b}, {1, 64});
+  g.MarkOutput(Op(g, "y", {c}, {1, 64}));
+
+  auto detail = PlanMemoryDetailed(g, Layers(g), {});
+  ASSERT_TRUE(detail.ok()) << detail.status().ToString();
+  EXPECT_EQ(detail->aliases, (std::map<std::string, std::string>{{"r1", "a"}, {"r2", "a"}}));
+  ASSERT_EQ(detail->buffers.size(), 3u);  // a, b, c: the views have no buffer of their own
+  const PlannedBuffer* ba = BufferOf(*detail, "a");
+  ASSERT_NE(ba, nullptr);
+  EXPECT_EQ(ba->first, 0);
+  EXPECT_EQ(ba->last, 3);  // the union: a's own reads (layer 1) and r2's reader (layer 3)
+  const MemoryPlan& plan = detail->plan;
+  EXPECT_EQ(plan.offsets.at("a"), 0);
+  EXPECT_EQ(plan.offsets.at("r1"), 0);
+  EXPECT_EQ(plan.offsets.at("r2"), 0);
+  EXPECT_EQ(plan.offsets.at("b"), 256);  // a is still live (r2 is read by b's layer)
+  EXPECT_EQ(plan.offsets.at("c"), 0);    // a is dead once b is computed
+  EXPECT_EQ(plan.arena_bytes, 512);
+  EXPECT_EQ(NaivePeak(*detail), 768);
+
+  // Without aliasing every view has its own buffer, live from its layer to its reader.
+  auto copies = PlanMemoryDetailed(g, Layers(g, 0, /*allow_alias=*/false), {});
+  ASSERT_TRUE(copies.ok()) << copies.status().ToString();
+  EXPECT_TRUE(copies->aliases.empty());
+  EXPECT_EQ(copies->buffers.size(), 5u);
+  EXPECT_EQ(BufferOf(*copies, "a")->last, 1);
+  EXPECT_NE(copies->plan.offsets.at("r1"), copies->plan.offsets.at("a"));
+  EXPECT_NE(copies->plan.offsets.at("r2"), copies->plan.offsets.at("r1"));
+  EXPECT_EQ(NaivePeak(*copies), 5 * 256);
+}
+
+TEST(MemoryPlanViews, AViewReadLateKeepsTheRootFromBeingReused) {
+  // a's only direct reader is the view at layer 1, but r is read at layer 4: nothing produced in
+  // between may take a's bytes.
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat32, {64});
+  Value* a = Op(g, "a", {x}, {64});
+  Value* r = View(g, "Flatten", "r", a, {1, 64});
+  Value* p = Op(g, "p", {x}, {64});
+  Value* q = Op(g, "q", {p}, {64});
+  g.MarkOutput(Op(g, "y", {View(g, "Reshape", "rq", q, {1, 64}), r}, {1, 64}));
+  std::vector<PlanLayer> layers;
+  for (const char* n : {"n_a", "n_r", "n_p", "n_q", "n_rq", "n_y"}) {
+    for (const Node* node : g.nodes()) {
+      if (node->name() == n) layers.push_back({node, 0});
+    }
+  }
+  auto detail = PlanMemoryDetailed(g, layers, {});
+  ASSERT_TRUE(detail.ok()) << detail.status().ToString();
+  EXPECT_EQ(detail->aliases, (std::map<std::string, std::string>{{"r", "a"}, {"rq", "q"}}));
+  EXPECT_EQ(BufferOf(*detail, "a")->last, 5);
+  EXPECT_EQ(BufferOf(*detail, "q")->last, 5);
+  const MemoryPlan& plan = detail->plan;
+  std::set<int64_t> live_at_4 = {plan.offsets.at("a"), plan.offsets.at("p"), plan.offsets.at("q")};
+  EXPECT_EQ(live_at_4.size(), 3u);  // a, p and q are live together at layer 3
+  EXPECT_EQ(plan.offsets.at("r"), plan.offsets.at("a"));
+  EXPECT_EQ(plan.offsets.at("rq"), plan.offsets.at("q"));
+}
+
+TEST(MemoryPlanViews, ViewsOfInputsConstantsAndIntoOutputsKeepTheirCopy) {
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat32, {4, 16});
+  Value* w = g.AddConstant("w", Tensor(DataType::kFloat32, {4, 16}));
+  Value* rx = View(g, "Reshape", "rx", x, {64});     // the caller's bytes
+  Value* rw = View(g, "Squeeze", "rw", w, {4, 16});  // the weights' bytes
+  Value* a = Op(g, "a", {rx, rw}, {64});
+  Value* ra = View(g, "Identity", "ra", a, {64});  // a graph output: the caller's bytes
+  g.MarkOutput(ra);
+  Value* o = Op(g, "o", {a}, {64});  // a graph output read by a view
+  g.MarkOutput(o);
+  Value* ro = View(g, "Unsqueeze", "ro", o, {1, 64});
+  g.MarkOutput(Op(g, "z", {ro}, {1, 64}));
+
+  auto detail = PlanMemoryDetailed(g, Layers(g), {});
+  ASSERT_TRUE(detail.ok()) << detail.status().ToString();
+  EXPECT_TRUE(detail->aliases.empty());
+  const MemoryPlan& plan = detail->plan;
+  ASSERT_EQ(plan.offsets.size(), 4u);  // rx, rw, a and ro: the views copy into own buffers
+  EXPECT_EQ(plan.offsets.count("ra"), 0u);
+  EXPECT_EQ(plan.offsets.count("o"), 0u);
+  std::set<int64_t> offsets = {plan.offsets.at("rx"), plan.offsets.at("rw")};
+  EXPECT_EQ(offsets.size(), 2u);  // both are read by a's layer
+}
+
+TEST(MemoryPlanViews, AViewThatLooksLargerAtTheMaxShapesKeepsItsCopy) {
+  // r has a's elements at run time, but its dims use m, which the profile bounds higher than n:
+  // sized on its own, r would overflow a's buffer, so it gets its own.
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("n")});
+  Value* z = g.AddInput("z", DataType::kFloat32, {Dim::Symbol("m")});
+  Value* a = Op(g, "a", {x}, {Dim::Symbol("n")});
+  Value* r = View(g, "Reshape", "r", a, {Dim::Symbol("m")});
+  g.MarkOutput(Op(g, "y", {r, z}, {Dim::Symbol("m")}));
+  OptimizationProfile profile;
+  profile.inputs.push_back({"x", {1}, {8}, {64}});
+  profile.inputs.push_back({"z", {1}, {8}, {128}});
+  auto detail = PlanMemoryDetailed(g, Layers(g), profile);
+  ASSERT_TRUE(detail.ok()) << detail.status().ToString();
+  EXPECT_TRUE(detail->aliases.empty());
+  EXPECT_EQ(BufferOf(*detail, "a")->bytes, 256);
+  EXPECT_EQ(BufferOf(*detail, "r")->bytes, 512);
+  EXPECT_NE(detail->plan.offsets.at("r"), detail->plan.offsets.at("a"));
+}
+
+TEST(MemoryPlanViews, ViewNamesAndOps) {
+  for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}) {
+    EXPECT_TRUE(IsViewOp(op)) << op;
+  }
+  for (const char* op : {"Transpose", "Expand", "Slice", "Cast", "Relu"}) {
+    EXPECT_FALSE(IsViewOp(op)) << op;
+  }
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat16, {2, 8});
+  Value* a = Op(g, "a", {x}, {2, 8}, DataType::kFloat16);
+  Value* r = View(g, "Unsqueeze", "r", a, {1, 2, 8});
+  Value* c = g.AddValue("c", DataType::kFloat32);
+  c->set_shape({2, 8});
+  const Node* cast = g.AddNode("Identity", "bad_identity", {a}, {c});  // dtype changes
+  EXPECT_EQ(ViewInput(*r->producer()), a);
+  EXPECT_EQ(ViewInput(*a->producer()), nullptr);
+  EXPECT_EQ(ViewInput(*cast), nullptr);
+  EXPECT_EQ(ViewTacticName(*r->producer()), "f16-unsqueeze-view");
+}
+
+// Random DAGs with views, run on a simulated arena: every layer that runs (views that are
+// aliased do not) stamps its output's bytes with the value whose contents they hold, and every
+// read must find the stamps of the value it reads (for an aliased view: of its root). The plan
+// must also keep its invariants (aligned, inside the arena, views on their roots' offsets).
+TEST(MemoryPlanViews, PropertySimulatedRunsReadWhatWasWritten) {
+  std::mt19937 rng(98765);
+  const std::vector<std::string> view_ops = {"Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                                             "Identity"};
+  int aliased_total = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    Graph g;
+    std::vector<Value*> pool = {g.AddInput("x", DataType::kFloat32, {8})};
+    int n = 2 + static_cast<int>(rng() % 30);
+    for (int i = 0; i < n; ++i) {
+      Value* in = pool[rng() % pool.size()];
+      const std::string name = "v" + std::to_string(i);
+      if (rng() % 2 == 0) {
+        int64_t elems = in->shape().size() == 1 ? in->shape()[0].value() : 8;
+        if (in->shape().size() == 1) {
+          pool.push_back(View(g, view_ops[rng() % view_ops.size()], name, in, {1, elems}));
+        } else {
+          pool.push_back(View(g, "Reshape", name, in, {in->shape()[1]}));
+        }
+        continue;
+      }
+      int fan_in = 1 + static_cast<int>(rng() % 3);
+      std::vector<Value*> ins;
+      for (int k = 0; k < fan_in; ++k) ins.push_back(pool[rng() % pool.size()]);
+      int64_t elems = 1 + static_cast<int64_t>(rng() % 500);
+      pool.push_back(Op(g, name, ins, {elems}));
+    }
+    g.MarkOutput(pool.back());
+    if (rng() % 3 == 0) g.MarkOutput(pool[pool.size() / 2]);
+    std::vector<PlanLayer> layers = Layers(g);
+    auto detail = PlanMemoryDetailed(g, layers, {});
+    ASSERT_TRUE(detail.ok()) << detail.status().ToString();
+    const MemoryPlan& plan = detail->plan;
+    aliased_total += static_cast<int>(detail->aliases.size());
+
+    for (const auto& [alias, root] : detail->aliases) {
+      EXPECT_EQ(plan.offsets.at(alias), plan.offsets.at(root)) << alias;
+      EXPECT_EQ(detail->aliases.count(root), 0u) << "the root of " << alias << " is a view";
+    }
+    auto root_of = [&](const Value* v) {
+      auto it = detail->aliases.find(v->name());
+      return it == detail->aliases.end() ? v->name() : it->second;
+    };
+    auto region = [&](const Value* v) -> std::optional<std::pair<int64_t, int64_t>> {
+      auto it = plan.offsets.find(v->name());
+      if (it == plan.offsets.end()) return std::nullopt;
+      int64_t bytes = 4;
+      for (const Dim& d : v->shape()) bytes *= d.value();
+      return std::make_pair(it->second, AlignUp(bytes));
+    };
+    std::vector<std::string> stamp(static_cast<size_t>(plan.arena_bytes / kPlanAlignment));
+    for (const PlanLayer& l : layers) {
+      for (const Value* in : l.node->inputs()) {
+        auto r = region(in);
+        if (!r) continue;
+        ASSERT_LE(r->first + r->second, plan.arena_bytes);
+        for (int64_t c = r->first / kPlanAlignment; c < (r->first + r->second) / kPlanAlignment;
+             ++c) {
+          ASSERT_EQ(stamp[c], root_of(in))
+              << "trial " << trial << ": layer " << l.node->name() << " reads " << in->name();
+        }
+      }
+      if (detail->aliases.count(l.node->output(0)->name())) continue;  // launches nothing
+      auto w = region(l.node->output(0));
+      if (!w) continue;
+      EXPECT_EQ(w->first % kPlanAlignment, 0);
+      for (int64_t c = w->first / kPlanAlignment; c < (w->first + w->second) / kPlanAlignment;
+           ++c) {
+        stamp[c] = l.node->output(0)->name();
+      }
+    }
+  }
+  EXPECT_GT(aliased_total, 200);  // the trials do exercise aliasing
 }
 
 }  // namespace

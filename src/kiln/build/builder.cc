@@ -18,6 +18,7 @@
 #include "kiln/build/tactic_search.h"
 #include "kiln/build/timing_cache.h"
 #include "kiln/core/logging.h"
+#include "kiln/core/params.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/passes/pass.h"
 #include "kiln/plan/memory_plan.h"
@@ -382,7 +383,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   // The memory budget bounds weights + activations (fixed by the graph) + the largest workspace
   // (chosen per layer): plan the arena first, then give tactics what is left.
   std::vector<PlanLayer> base_layers;
-  for (const LayerSearch& l : searches) base_layers.push_back({l.node, 0});
+  const bool alias_views = param::AliasViews() != 0;
+  for (const LayerSearch& l : searches) base_layers.push_back({l.node, 0, alias_views});
   KILN_ASSIGN_OR_RETURN(MemoryPlan base_plan, PlanMemory(graph, base_layers, config.profile));
   std::optional<int64_t> budget;
   if (config.memory_budget.bytes) {
@@ -445,7 +447,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     layer.measured_ms = l.time_ms;
     auto lp = assigned.layers.find(l.node->name());
     layer.precision_reason = lp != assigned.layers.end() ? lp->second.reason : "fp32";
-    plan_layers.push_back({l.node, static_cast<int64_t>(c.tactic.workspace_bytes)});
+    plan_layers.push_back({l.node, static_cast<int64_t>(c.tactic.workspace_bytes), alias_views});
     layers.push_back(std::move(layer));
   }
   rep.phase_seconds_tactics = Seconds(tactics_start);
@@ -454,6 +456,13 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   KILN_ASSIGN_OR_RETURN(MemoryPlanDetail detail,
                         PlanMemoryDetailed(graph, plan_layers, config.profile));
   MemoryPlan plan = detail.plan;
+  // Aliased views launch nothing (memory_plan.h): their tactic and time say so in the engine.
+  for (LayerDesc& l : layers) {
+    if (l.node->num_outputs() == 1 && detail.aliases.count(l.node->output(0)->name())) {
+      l.tactic.name = ViewTacticName(*l.node);
+      l.measured_ms = 0;
+    }
+  }
   rep.naive_activation_bytes = NaivePeak(detail);
   if (budget) KILN_RETURN_IF_ERROR(CheckBudget(plan, *budget));
   rep.phase_seconds_plan = Seconds(plan_start);

@@ -4,9 +4,34 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <unordered_map>
 
 namespace kiln {
+
+bool IsViewOp(std::string_view op_type) {
+  return op_type == "Reshape" || op_type == "Flatten" || op_type == "Squeeze" ||
+         op_type == "Unsqueeze" || op_type == "Identity";
+}
+
+const Value* ViewInput(const Node& node) {
+  if (!IsViewOp(node.op_type()) || node.num_inputs() < 1 || node.num_outputs() != 1) {
+    return nullptr;
+  }
+  const Value* in = node.input(0);
+  const Value* out = node.output(0);
+  if (!in || !out || in->dtype() != out->dtype() || in->dtype() == DataType::kUndefined) {
+    return nullptr;
+  }
+  return in;
+}
+
+std::string ViewTacticName(const Node& node) {
+  std::string op(node.op_type());
+  for (char& c : op) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const Value* out = node.num_outputs() ? node.output(0) : nullptr;
+  return fmt::format("{}-{}-view", out ? ToString(out->dtype()) : "any", op);
+}
 
 StatusOr<std::map<std::string, int64_t>> MaxShapeBindings(const Graph& graph,
                                                           const OptimizationProfile& profile) {
@@ -122,15 +147,40 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
   MemoryPlanDetail detail;
   MemoryPlan& plan = detail.plan;
 
-  // Liveness: a value is live from the layer that produces it to its last consumer.
-  std::unordered_map<const Value*, size_t> index;  // value -> position in buffers
+  // Liveness: a value is live from the layer that produces it to its last consumer. An aliased
+  // view output has no buffer of its own: reads of it keep its root's buffer alive.
+  std::unordered_map<const Value*, size_t> index;          // value -> position in buffers
+  std::unordered_map<const Value*, const Value*> root_of;  // aliased view output -> root
+  auto resolve = [&root_of](const Value* v) {
+    auto it = root_of.find(v);
+    return it == root_of.end() ? v : it->second;
+  };
   std::vector<PlannedBuffer> buffers;
   for (size_t l = 0; l < layers.size(); ++l) {
     const Node* node = layers[l].node;
     if (!node) return MakeError(ErrorCode::kInternal, "layer {} has no node", l);
+    if (const Value* in = layers[l].allow_alias ? ViewInput(*node) : nullptr) {
+      const Value* out = node->output(0);
+      const Value* root = resolve(in);
+      auto it = index.find(root);
+      if (it != index.end() && !out->is_graph_output() && !out->is_graph_input() &&
+          !out->is_constant() && !index.count(out) && !root_of.count(out)) {
+        // The same elements of the same type. Only dims written with symbols that the profile
+        // bounds apart (two inputs' "seq" with different maxes) can make the view look larger
+        // at the max shapes than its root: then it keeps its copy, sized on its own.
+        KILN_ASSIGN_OR_RETURN(int64_t bytes, PlannedBytes(*out, bindings));
+        if (bytes <= buffers[it->second].bytes) {
+          root_of[out] = root;
+          detail.aliases[out->name()] = root->name();
+          buffers[it->second].last = static_cast<int>(l);
+          plan.workspace_bytes = std::max(plan.workspace_bytes, AlignUp(layers[l].workspace_bytes));
+          continue;
+        }
+      }
+    }
     for (const Value* out : node->outputs()) {
       if (!out || out->is_graph_output() || out->is_graph_input() || out->is_constant()) continue;
-      if (index.count(out)) {
+      if (index.count(out) || root_of.count(out)) {
         return MakeError(ErrorCode::kInternal, "value '{}' is produced by two layers", out->name());
       }
       KILN_ASSIGN_OR_RETURN(int64_t bytes, PlannedBytes(*out, bindings));
@@ -138,7 +188,7 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
       buffers.push_back({out, bytes, static_cast<int>(l), static_cast<int>(l), 0});
     }
     for (const Value* in : node->inputs()) {
-      auto it = in ? index.find(in) : index.end();
+      auto it = in ? index.find(resolve(in)) : index.end();
       if (it != index.end()) buffers[it->second].last = static_cast<int>(l);
     }
     plan.workspace_bytes = std::max(plan.workspace_bytes, AlignUp(layers[l].workspace_bytes));
@@ -146,7 +196,7 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
   // A value read by a layer before the layer that produces it would be read uninitialised.
   for (size_t l = 0; l < layers.size(); ++l) {
     for (const Value* in : layers[l].node->inputs()) {
-      auto it = in ? index.find(in) : index.end();
+      auto it = in ? index.find(resolve(in)) : index.end();
       if (it != index.end() && buffers[it->second].first >= static_cast<int>(l)) {
         return MakeError(ErrorCode::kInternal,
                          "layer {} ('{}') reads '{}' before it is produced (layers not in "
@@ -156,21 +206,48 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
     }
   }
 
-  std::stable_sort(buffers.begin(), buffers.end(),
-                   [](const PlannedBuffer& a, const PlannedBuffer& b) {
-                     if (a.bytes != b.bytes) return a.bytes > b.bytes;
-                     if (a.first != b.first) return a.first < b.first;
-                     return a.value->name() < b.value->name();
-                   });
+  // Greedy placement in a few orders, keeping the smallest arena (the first order on ties, so
+  // plans only change where another order does better). Largest first packs most graphs well;
+  // the others help where aliased views made some buffers live long (a ViT's patch reshape).
+  using Order = bool (*)(const PlannedBuffer&, const PlannedBuffer&);
+  static constexpr Order kOrders[] = {
+      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // largest first
+        if (a.bytes != b.bytes) return a.bytes > b.bytes;
+        if (a.first != b.first) return a.first < b.first;
+        return a.value->name() < b.value->name();
+      },
+      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // longest-lived first
+        if (a.last - a.first != b.last - b.first) return a.last - a.first > b.last - b.first;
+        if (a.bytes != b.bytes) return a.bytes > b.bytes;
+        return a.value->name() < b.value->name();
+      },
+      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // most bytes x layers first
+        const int64_t ea = a.bytes * (a.last - a.first + 1), eb = b.bytes * (b.last - b.first + 1);
+        if (ea != eb) return ea > eb;
+        if (a.first != b.first) return a.first < b.first;
+        return a.value->name() < b.value->name();
+      },
+  };
   std::vector<PlannedBuffer> placed;
-  placed.reserve(buffers.size());
-  for (PlannedBuffer b : buffers) {
-    b.offset = ChooseOffset(b, placed);
-    plan.arena_bytes = std::max(plan.arena_bytes, b.offset + b.bytes);
-    plan.offsets[b.value->name()] = b.offset;
-    placed.push_back(b);
+  for (Order order : kOrders) {
+    std::vector<PlannedBuffer> sorted = buffers;
+    std::stable_sort(sorted.begin(), sorted.end(), order);
+    std::vector<PlannedBuffer> trial;
+    trial.reserve(sorted.size());
+    int64_t arena = 0;
+    for (PlannedBuffer b : sorted) {
+      b.offset = ChooseOffset(b, trial);
+      arena = std::max(arena, b.offset + b.bytes);
+      trial.push_back(b);
+    }
+    if (order == kOrders[0] || arena < plan.arena_bytes) {
+      plan.arena_bytes = arena;
+      placed = std::move(trial);
+    }
   }
+  for (const PlannedBuffer& b : placed) plan.offsets[b.value->name()] = b.offset;
   detail.buffers = std::move(placed);
+  for (const auto& [alias, root] : detail.aliases) plan.offsets[alias] = plan.offsets.at(root);
   plan.weights_bytes = WeightsBytes(graph);
   plan.peak_bytes = plan.weights_bytes + plan.arena_bytes + plan.workspace_bytes;
   return detail;
@@ -182,14 +259,26 @@ StatusOr<MemoryPlan> PlanMemory(const Graph& graph, std::span<const PlanLayer> l
   return std::move(detail.plan);
 }
 
-StatusOr<MemoryPlan> PlanMemory(const EngineDesc& engine) {
+StatusOr<MemoryPlan> PlanMemory(const EngineDesc& engine, bool alias_views) {
   if (!engine.graph) return MakeError(ErrorCode::kInternal, "engine has no graph");
   std::vector<PlanLayer> layers;
   layers.reserve(engine.layers.size());
   for (const LayerDesc& l : engine.layers) {
-    layers.push_back({l.node, static_cast<int64_t>(l.tactic.workspace_bytes)});
+    layers.push_back({l.node, static_cast<int64_t>(l.tactic.workspace_bytes), alias_views});
   }
   return PlanMemory(*engine.graph, layers, engine.profile);
+}
+
+bool IsAliasedView(const EngineDesc& engine, size_t index) {
+  if (index >= engine.layers.size() || !engine.layers[index].node) return false;
+  const Node& node = *engine.layers[index].node;
+  const Value* in = ViewInput(node);
+  if (!in) return false;
+  // Only intermediates have offsets: a view of a graph input or constant, or one that writes a
+  // graph output, is never aliased.
+  auto a = engine.plan.offsets.find(in->name());
+  auto b = engine.plan.offsets.find(node.output(0)->name());
+  return a != engine.plan.offsets.end() && b != engine.plan.offsets.end() && a->second == b->second;
 }
 
 int64_t NaivePeak(const MemoryPlanDetail& detail) {

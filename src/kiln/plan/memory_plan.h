@@ -2,12 +2,15 @@
 // optimization profile's MAX shapes, with buffers whose lifetimes do not overlap sharing bytes.
 // Graph inputs/outputs are bound by the caller and constants live in the weights section, so
 // neither takes arena space. Layers run one after another, so one workspace region serves all.
+// View layers (Reshape, Flatten, Squeeze, Unsqueeze, Identity: the output is the input's bytes)
+// are aliased: their output shares the input's buffer and the runtime launches nothing for them.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/core/status.h"
@@ -21,10 +24,24 @@ inline constexpr int64_t kPlanAlignment = 64;
 inline int64_t AlignUp(int64_t n, int64_t a = kPlanAlignment) { return (n + a - 1) / a * a; }
 
 // One layer as the planner sees it: the node it runs and its tactic's workspace estimate.
+// allow_alias = false keeps a view layer's copy (the builder's KILN_ALIAS_VIEWS=0 switch).
 struct PlanLayer {
   const Node* node = nullptr;
   int64_t workspace_bytes = 0;
+  bool allow_alias = true;
 };
+
+// Ops whose output is the input's bytes under another shape (all kiln tensors are dense and
+// row-major): Identity, Reshape, Flatten, Squeeze, Unsqueeze.
+bool IsViewOp(std::string_view op_type);
+
+// The value whose bytes a view node's output may share: its data input, when the node is a view
+// op with a data input and an output of the same type. nullptr for every other node.
+const Value* ViewInput(const Node& node);
+
+// The tactic name a view layer carries in the engine once aliased ("f16-reshape-view"): reports,
+// `kiln inspect --layers` and per-layer timings show that nothing runs for it.
+std::string ViewTacticName(const Node& node);
 
 // One arena buffer: the value, its bytes at the max shapes (aligned), the first and last layer
 // index (inclusive) during which it must stay intact, and its assigned offset.
@@ -38,7 +55,13 @@ struct PlannedBuffer {
 
 struct MemoryPlanDetail {
   MemoryPlan plan;
-  std::vector<PlannedBuffer> buffers;  // in placement order (largest first)
+  std::vector<PlannedBuffer> buffers;  // in the placement order that was kept
+  // View outputs that share a buffer: value name -> the chain's root (the arena value whose
+  // buffer it is). plan.offsets gives both the same offset; the root's buffer stays live until
+  // the last reader of any value in the chain. A view keeps its copy (and is absent here) when
+  // its root is not an arena value (a graph input or output, a constant) or when its output is a
+  // graph output: those bytes belong to the caller or to the weights.
+  std::map<std::string, std::string> aliases;
 };
 
 // symbol -> max value, from each dynamic graph input's profile: a dim that is a bare symbol
@@ -61,12 +84,20 @@ int64_t WeightsBytes(const Graph& graph);
 // Plans the arena for `layers` (execution order). Offsets: buffers sorted by size (largest
 // first, ties by first use then name) and each placed in the smallest gap between already
 // placed buffers whose lifetimes overlap its own (lowest offset on ties), else on top of them.
+// The same greedy placement is also tried longest-lived first and by bytes x layers; the
+// smallest arena is kept (largest first on ties).
+// View layers are aliased where they may be (MemoryPlanDetail::aliases).
 StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<const PlanLayer> layers,
                                               const OptimizationProfile& profile);
 StatusOr<MemoryPlan> PlanMemory(const Graph& graph, std::span<const PlanLayer> layers,
                                 const OptimizationProfile& profile);
 // The same for an assembled engine (its layers' nodes and tactic workspaces).
-StatusOr<MemoryPlan> PlanMemory(const EngineDesc& engine);
+StatusOr<MemoryPlan> PlanMemory(const EngineDesc& engine, bool alias_views = true);
+
+// Whether layer `index` of a planned engine is an aliased view: a view node whose output has
+// the same arena offset as its data input. The runtime launches nothing for it (the copy would
+// move bytes onto themselves); this reads the plan, so engines need no extra field for it.
+bool IsAliasedView(const EngineDesc& engine, size_t index);
 
 // The peak without any reuse (every buffer its own bytes), for the build report's comparison.
 int64_t NaivePeak(const MemoryPlanDetail& detail);

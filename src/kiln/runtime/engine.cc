@@ -108,6 +108,21 @@ Status Engine::Build() {
       KILN_ASSIGN_OR_RETURN(int id, slot_for(v));
       layer.outputs.push_back(id);
     }
+    // The plan put the view's output on its input's bytes: the copy would be a no-op.
+    layer.view = IsAliasedView(*desc_, layers_.size());
+    if (layer.view) {
+      const Slot& in = slots_[layer.inputs[0]];
+      const Slot& out = slots_[layer.outputs[0]];
+      if (in.storage != Storage::kArena || out.storage != Storage::kArena ||
+          in.offset != out.offset || out.planned_bytes > in.planned_bytes) {
+        return MakeError(ErrorCode::kEngineMalformed,
+                         "view layer '{}' ({}): '{}' ({} bytes) aliases '{}' ({} bytes) but the "
+                         "two are not the same arena bytes",
+                         l.node->name(), l.node->op_type(), out.value->name(), out.planned_bytes,
+                         in.value->name(), in.planned_bytes);
+      }
+      ++view_layers_;
+    }
     layers_.push_back(std::move(layer));
   }
   // Outputs that no layer writes (constants) are copied into their binding after the layers.

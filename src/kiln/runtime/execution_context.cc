@@ -29,8 +29,12 @@ int64_t ExecutionContext::allocated_bytes() const {
 Status ExecutionContext::Init() {
   const Engine& e = *engine_;
 
-  // Kernels: one per layer, from the stored provider and tactic.
+  // Kernels: one per layer, from the stored provider and tactic; none for aliased views.
   for (const Engine::Layer& layer : e.layers_) {
+    if (layer.view) {
+      kernels_.push_back(nullptr);
+      continue;
+    }
     KernelRequest request;
     request.node = layer.desc->node;
     auto describe = [&](const Value* v) {
@@ -301,8 +305,18 @@ Status ExecutionContext::Propagate() {
     const LayerViews& lv = layer_views_[l];
     std::span<const TensorView> ins(views_.data() + lv.in_begin, lv.in_count);
     std::span<const TensorView> outs(views_.data() + lv.out_begin, lv.out_count);
-    auto need = kernels_[l]->Prepare(ins, outs);
     const Node& node = *e.layers_[l].desc->node;
+    if (e.layers_[l].view) {
+      // The shape rules already hold the element count; a view that changed the byte count
+      // would let the next layer read past its input's bytes.
+      if (ins[0].size_bytes() != outs[0].size_bytes()) {
+        return MakeError(ErrorCode::kInternal,
+                         "view layer '{}' ({}) maps {} bytes onto {}: not the same bytes",
+                         node.name(), node.op_type(), ins[0].size_bytes(), outs[0].size_bytes());
+      }
+      continue;
+    }
+    auto need = kernels_[l]->Prepare(ins, outs);
     if (!need.ok()) {
       return std::move(need).status().AddContext(
           fmt::format("while preparing layer '{}'", node.name()));
@@ -404,6 +418,7 @@ Status ExecutionContext::RunLayers(void* stream, bool timed) {
   timed_last_run_ = false;
   if (timed) KILN_RETURN_IF_ERROR(backend.RecordEvent(events_[0].get(), stream));
   for (size_t l = 0; l < layers.size(); ++l) {
+    if (layers[l].view) continue;  // no kernel, no event: LayerTimesMs reports 0
     const LayerViews& lv = layer_views_[l];
     KernelRunArgs args;
     args.inputs = std::span<const TensorView>(views_.data() + lv.in_begin, lv.in_count);
@@ -411,6 +426,7 @@ Status ExecutionContext::RunLayers(void* stream, bool timed) {
     args.workspace = workspace_.data();
     args.workspace_bytes = workspace_.size();
     args.stream = stream;
+    ++kernel_launches_;
     Status s = kernels_[l]->Run(args);
     if (!s.ok()) {
       return std::move(s).AddContext(
@@ -489,10 +505,13 @@ StatusOr<std::vector<double>> ExecutionContext::LayerTimesMs() {
                      "the last Execute ran without per-layer timing (layer_timing is {})",
                      options_.layer_timing ? "on, but no Execute followed" : "off");
   }
-  std::vector<double> ms(engine_->layers_.size());
+  std::vector<double> ms(engine_->layers_.size(), 0.0);
+  size_t since = 0;  // the event recorded after the last layer that ran (views record none)
   for (size_t l = 0; l < ms.size(); ++l) {
+    if (engine_->layers_[l].view) continue;
     KILN_ASSIGN_OR_RETURN(
-        ms[l], engine_->backend_->EventElapsedMs(events_[l].get(), events_[l + 1].get()));
+        ms[l], engine_->backend_->EventElapsedMs(events_[since].get(), events_[l + 1].get()));
+    since = l + 1;
   }
   return ms;
 }

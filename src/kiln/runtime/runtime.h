@@ -60,6 +60,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   int64_t planned_peak_bytes() const { return desc_->plan.peak_bytes; }
   // Bytes of weights resident for this engine (shared by all its contexts).
   int64_t weights_bytes() const { return weights_bytes_; }
+  // Aliased view layers (IsAliasedView): their output is their input's arena bytes, so contexts
+  // create no kernel for them and launch nothing (no CUDA graph node either).
+  bool is_view_layer(size_t layer) const { return layer < layers_.size() && layers_[layer].view; }
+  size_t view_layers() const { return view_layers_; }
 
   // Creates kernels and allocates the context's arena and workspace (the only allocations). A
   // failure (KILN-E6003 when the device is out of memory) leaves the engine usable.
@@ -83,6 +87,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     const LayerDesc* desc = nullptr;
     const KernelProvider* provider = nullptr;
     std::vector<int> inputs, outputs;  // slot ids; -1 for omitted operands
+    bool view = false;                 // aliased view: nothing to run
   };
   struct Binding {
     std::string name;
@@ -103,6 +108,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<Slot> slots_;
   std::unordered_map<const Value*, int> slot_of_;
   std::vector<Layer> layers_;
+  size_t view_layers_ = 0;
   std::vector<Binding> bindings_;  // inputs first, then outputs
   std::unordered_map<std::string, int> binding_of_;
   std::vector<OutputCopy> output_copies_;
@@ -157,13 +163,17 @@ class ExecutionContext {
   Status SetLayerTiming(bool on);
   // Each layer's time in the last Execute, in layer order (waits for that Execute to finish).
   // Device time where the backend has device timers (engine().backend().device_timing()), host
-  // time otherwise. KILN-E5007 when timing was off for the last Execute.
+  // time otherwise; exactly 0 for aliased view layers. KILN-E5007 when timing was off for the
+  // last Execute.
   StatusOr<std::vector<double>> LayerTimesMs();
   // Graph statistics for tests and reports: captures made, graph launches, and whether graphs
   // were given up on in this context (a layer that cannot be captured; it then runs eagerly).
   int64_t graph_captures() const { return graph_captures_; }
   int64_t graph_launches() const { return graph_launches_; }
   bool graphs_disabled() const { return graphs_failed_; }
+  // Kernel launches this context made (layer by layer, or while capturing a graph); aliased view
+  // layers add none.
+  int64_t kernel_launches() const { return kernel_launches_; }
 
   const Engine& engine() const { return *engine_; }
   // What this context allocated (arena + workspace) and the actual peak with the weights; the
@@ -219,6 +229,7 @@ class ExecutionContext {
   bool graphs_failed_ = false;
   int64_t graph_captures_ = 0;
   int64_t graph_launches_ = 0;
+  int64_t kernel_launches_ = 0;
 };
 
 // Owns the choice of backend; loads engines for it (rejecting other targets with KILN-E4004).

@@ -1,13 +1,14 @@
 // The runtime on a GPU: CUDA graph capture and replay against eager runs, re-capture after shape
 // and address changes, the caller's stream, per-layer event timing, no allocation in Execute,
-// and faults (out of memory at context creation, another architecture, failed library calls).
-// Test-only CUDA kernels keep this independent of the CUDA backend's own kernels. Every test
-// skips where no GPU is present.
+// aliased view layers (no launch, no graph node), and faults (out of memory at context creation,
+// another architecture, failed library calls). Test-only CUDA kernels keep this independent of the
+// CUDA backend's own kernels. Every test skips where no GPU is present.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <new>
 #include <numeric>
@@ -15,6 +16,7 @@
 
 #include "kiln/app/benchmark.h"
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/plan/memory_plan.h"
 #include "kiln/runtime/runtime.h"
 #include "tests/engine/test_engines.h"
 
@@ -386,6 +388,123 @@ TEST(CudaProfile, ProfileEngineUsesDeviceTimersAndGraphs) {
   const Tensor& y = (*runner)->outputs().at("y");
   std::vector<float> got(y.data<float>(), y.data<float>() + y.num_elements());
   EXPECT_EQ(got, Expected(x));
+}
+
+// x[n,1024] -> a = relu(x); r1 = Reshape(a, [-1]); r2 = Unsqueeze(r1, [0]); b = relu(r2);
+// s = Squeeze(b, [0]); r3 = Reshape(s, [-1, 1024]); y = r3 + x. The four views are aliased
+// (three launches) or, with the plan's aliasing off, copies on the CUDA backend's own providers.
+StatusOr<std::shared_ptr<EngineDesc>> MakeViewDesc(const std::string& arch, bool alias) {
+  auto g = std::make_unique<Graph>();
+  g->set_name("cuda_views");
+  g->set_opset(17);
+  Value* x = g->AddInput("x", DataType::kFloat32, {Dim::Symbol("n"), kWidth});
+  auto ints = [&](const std::string& name, std::vector<int64_t> v) {
+    const int64_t n = static_cast<int64_t>(v.size());
+    return g->AddConstant(name, Tensor::FromVector<int64_t>(DataType::kInt64, {n}, v));
+  };
+  auto node = [&](const std::string& op, const std::string& out, std::vector<Value*> ins) {
+    Value* v = g->AddValue(out);
+    g->AddNode(op, "n_" + out, std::move(ins), {v});
+    return v;
+  };
+  Value* a = node("Relu", "a", {x});
+  Value* r1 = node("Reshape", "r1", {a, ints("flat", {-1})});
+  Value* r2 = node("Unsqueeze", "r2", {r1, ints("axes0", {0})});
+  Value* b = node("Relu", "b", {r2});
+  Value* s = node("Squeeze", "s", {b, ints("axes0b", {0})});
+  Value* r3 = node("Reshape", "r3", {s, ints("rows", {-1, kWidth})});
+  g->MarkOutput(node("Add", "y", {r3, x}));
+  OptimizationProfile p;
+  p.inputs.push_back({"x", {1, kWidth}, {64, kWidth}, {4096, kWidth}});
+  KILN_ASSIGN_OR_RETURN(auto desc, testing::AssembleTestEngine(std::move(g), p));
+  for (LayerDesc& l : desc->layers) {
+    const std::string& op = l.node->op_type();
+    if (op == "Relu" || op == "Add") {
+      const bool relu = op == "Relu";
+      l.provider_id = relu ? "test.cuda.relu" : "test.cuda.add";
+      l.tactic = {relu ? "f32-relu-cuda-test" : "f32-add-cuda-test", {}, 0};
+      continue;
+    }
+    auto providers = KernelRegistry::Get().Providers(BackendKind::kCuda, op);
+    if (providers.empty()) return MakeError(ErrorCode::kNoTactic, "no CUDA provider for {}", op);
+    l.provider_id = std::string(providers[0]->id());
+    std::string lower = op;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](char c) { return std::tolower(c); });
+    l.tactic = {"f32-" + lower + "-cuda-copy", {}, 0};
+  }
+  if (!alias) {
+    KILN_ASSIGN_OR_RETURN(desc->plan, PlanMemory(*desc, /*alias_views=*/false));
+  }
+  desc->header.backend = BackendKind::kCuda;
+  desc->header.device_arch = arch;
+  return std::shared_ptr<EngineDesc>(std::move(desc));
+}
+
+std::vector<float> ViewExpected(const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = std::max(0.f, x[i]) + x[i];
+  return y;
+}
+
+TEST(CudaViews, AliasedViewsLaunchNothingAndReplayTheSameOutputs) {
+  if (!GetBackend(BackendKind::kCuda).ok()) GTEST_SKIP() << "no GPU here";
+  auto rt = Runtime::Create(BackendKind::kCuda);
+  ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+  std::shared_ptr<const Engine> engines[2];  // [0] copies, [1] aliased views
+  for (int alias = 0; alias < 2; ++alias) {
+    auto desc = MakeViewDesc((*rt)->device().arch, alias == 1);
+    ASSERT_TRUE(desc.ok()) << desc.status().ToString();
+    auto e = (*rt)->CreateEngine(*desc);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engines[alias] = *e;
+  }
+  EXPECT_EQ(engines[0]->view_layers(), 0u);
+  EXPECT_EQ(engines[1]->view_layers(), 4u);
+  EXPECT_LE(engines[1]->desc().plan.arena_bytes, engines[0]->desc().plan.arena_bytes);
+  Backend& b = engines[1]->backend();
+  std::vector<float> outputs[2][2];  // [engine][graphs]
+  for (int alias = 0; alias < 2; ++alias) {
+    for (bool graphs : {false, true}) {
+      ExecutionOptions o;
+      o.cuda_graphs = graphs;
+      auto ctx = engines[alias]->CreateExecutionContext(o);
+      ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+      EXPECT_LE((*ctx)->actual_peak_bytes(), engines[alias]->planned_peak_bytes());
+      Io io = MakeIo(b, 2048, 21);
+      ASSERT_TRUE(Bind(**ctx, io, 2048).ok());
+      for (int i = 0; i < 3; ++i) ASSERT_TRUE((*ctx)->Execute().ok());
+      outputs[alias][graphs] = Fetch(b, **ctx, io);
+      EXPECT_EQ(outputs[alias][graphs], ViewExpected(io.hx)) << alias << graphs;
+      // Eager: every run launches; graphs: only the capture does.
+      const int64_t per_run = alias ? 3 : 7;
+      EXPECT_EQ((*ctx)->kernel_launches(), graphs ? per_run : 3 * per_run) << alias << graphs;
+      EXPECT_EQ((*ctx)->graph_captures(), graphs ? 1 : 0);
+      EXPECT_FALSE((*ctx)->graphs_disabled());
+    }
+  }
+  EXPECT_EQ(outputs[1][true], outputs[0][false]);
+  EXPECT_EQ(outputs[1][false], outputs[0][false]);
+
+  // Per-layer device times: exactly 0 for the views, and the rest still measured.
+  ExecutionOptions timed;
+  timed.layer_timing = true;
+  auto ctx = engines[1]->CreateExecutionContext(timed);
+  ASSERT_TRUE(ctx.ok());
+  Io io = MakeIo(b, 4096, 22);
+  ASSERT_TRUE(Bind(**ctx, io, 4096).ok());
+  ASSERT_TRUE((*ctx)->Execute().ok());
+  auto ms = (*ctx)->LayerTimesMs();
+  ASSERT_TRUE(ms.ok()) << ms.status().ToString();
+  ASSERT_EQ(ms->size(), 7u);
+  for (size_t l = 0; l < ms->size(); ++l) {
+    if (engines[1]->is_view_layer(l)) {
+      EXPECT_EQ((*ms)[l], 0.0) << l;
+    } else {
+      EXPECT_GT((*ms)[l], 0.0) << l;
+    }
+  }
+  EXPECT_EQ(Fetch(b, **ctx, io), ViewExpected(io.hx));
 }
 
 TEST(CudaFaults, OutOfMemoryAtContextCreationLeavesTheEngineUsable) {
