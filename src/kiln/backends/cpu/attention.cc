@@ -1,10 +1,13 @@
-// Attention on the CPU (reference): per (batch, query row) scores = scale * q K^T, mask, softmax
-// in FP32 with max subtraction, then the weighted sum of V rows. The scores live in the
-// workspace, sized in Prepare, so Run never allocates.
+// Attention on the CPU: per (batch, block of query rows) scores = scale * Q K^T (sgemm), mask,
+// softmax in FP32 with max subtraction, then P V (sgemm). The scores live in the workspace,
+// sized in Prepare, so Run never allocates.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "kiln/backends/cpu/cpu_kernel.h"
+#include "kiln/backends/cpu/sgemm.h"
+#include "kiln/backends/cpu/vec_math.h"
 
 namespace kiln::cpu {
 namespace {
@@ -28,6 +31,10 @@ AttentionShape ShapeOf(std::span<const TensorView> in, std::span<const TensorVie
   s.dv = in[2].dims[r - 1];
   return s;
 }
+
+// Query rows per task: enough for an efficient sgemm, few enough that one (batch, head) with a
+// long sequence still spreads over the threads.
+constexpr int64_t kRowBlock = 64;
 
 class AttentionKernel final : public Kernel {
  public:
@@ -61,55 +68,54 @@ class AttentionKernel final : public Kernel {
     score_dims.push_back(s.sk);
     BroadcastIndexer mi(has_mask ? a.inputs[3].dims : std::span<const int64_t>(score_dims),
                         score_dims);
+    // Along a score row (key index j) the mask either runs contiguously or is broadcast.
+    const int64_t mask_step =
+        has_mask && !a.inputs[3].dims.empty() && a.inputs[3].dims.back() == s.sk ? 1 : 0;
     float scale = default_scale_ ? 1.f / std::sqrt(static_cast<float>(s.d)) : scale_;
-    int64_t rows = s.batch_n * s.sq;
-    ThreadPool::Default().ParallelFor(
-        rows,
-        [&](int64_t begin, int64_t end) {
-          for (int64_t row = begin; row < end; ++row) {
-            int64_t b = row / s.sq, i = row % s.sq;
-            const float* qr = q + (qi(b) * s.sq + i) * s.d;
-            const float* kb = k + ki(b) * s.sk * s.d;
-            const float* vb = v + vi(b) * s.sk * s.dv;
-            float* sc = scores + row * s.sk;
-            float mx = -std::numeric_limits<float>::infinity();
-            for (int64_t j = 0; j < s.sk; ++j) {
-              float acc = 0.f;
-              for (int64_t t = 0; t < s.d; ++t) acc += qr[t] * kb[j * s.d + t];
-              float x = acc * scale;
-              int64_t mask_index = row * s.sk + j;
-              switch (kind_) {
-                case MaskKind::kAdditive:
-                  x += a.inputs[3].as<const float>()[mi(mask_index)];
-                  break;
-                case MaskKind::kBoolean:
-                  if (!a.inputs[3].as<const bool>()[mi(mask_index)]) x = fill_;
-                  break;
-                case MaskKind::kCausal:
-                  if (j > i + (s.sk - s.sq)) x = -std::numeric_limits<float>::infinity();
-                  break;
-                case MaskKind::kNone:
-                  break;
+    // One task: a block of query rows of one (batch, head). The two products are single-threaded
+    // sgemm calls (OpenBLAS's kernels; the row-by-row dot products they replace ran scalar and
+    // made the fused layer slower than the unfused MatMul-Softmax-MatMul it came from).
+    const int64_t row_blocks = (s.sq + kRowBlock - 1) / kRowBlock;
+    ThreadPool::Default().ParallelFor(s.batch_n * row_blocks, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / row_blocks;
+        const int64_t i0 = (t % row_blocks) * kRowBlock;
+        const int64_t rows = std::min(kRowBlock, s.sq - i0);
+        const float* qb = q + (qi(b) * s.sq + i0) * s.d;
+        const float* kb = k + ki(b) * s.sk * s.d;
+        const float* vb = v + vi(b) * s.sk * s.dv;
+        float* sc = scores + (b * s.sq + i0) * s.sk;
+        Sgemm(GemmImpl::kOpenBlas, false, true, rows, s.sk, s.d, scale, qb, s.d, kb, s.d, 0.f, sc,
+              s.sk, nullptr);
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          const int64_t i = i0 + ii;
+          float* row = sc + ii * s.sk;
+          const int64_t m0 = has_mask ? mi((b * s.sq + i) * s.sk) : 0;
+          switch (kind_) {
+            case MaskKind::kAdditive: {
+              const float* m = a.inputs[3].as<const float>() + m0;
+              for (int64_t j = 0; j < s.sk; ++j) row[j] += m[j * mask_step];
+              break;
+            }
+            case MaskKind::kBoolean: {
+              const bool* m = a.inputs[3].as<const bool>() + m0;
+              for (int64_t j = 0; j < s.sk; ++j) row[j] = m[j * mask_step] ? row[j] : fill_;
+              break;
+            }
+            case MaskKind::kCausal:
+              for (int64_t j = std::max<int64_t>(0, i + (s.sk - s.sq) + 1); j < s.sk; ++j) {
+                row[j] = -std::numeric_limits<float>::infinity();
               }
-              sc[j] = x;
-              mx = std::max(mx, x);
-            }
-            float sum = 0.f;
-            for (int64_t j = 0; j < s.sk; ++j) {
-              sc[j] = std::exp(sc[j] - mx);
-              sum += sc[j];
-            }
-            float inv = 1.f / sum;
-            float* yr = y + row * s.dv;
-            for (int64_t t = 0; t < s.dv; ++t) yr[t] = 0.f;
-            for (int64_t j = 0; j < s.sk; ++j) {
-              float p = sc[j] * inv;
-              const float* vr = vb + j * s.dv;
-              for (int64_t t = 0; t < s.dv; ++t) yr[t] += p * vr[t];
-            }
+              break;
+            case MaskKind::kNone:
+              break;
           }
-        },
-        4);
+          SoftmaxRowInPlace(row, s.sk);
+        }
+        Sgemm(GemmImpl::kOpenBlas, false, false, rows, s.dv, s.sk, 1.f, sc, s.sk, vb, s.dv, 0.f,
+              y + (b * s.sq + i0) * s.dv, s.dv, nullptr);
+      }
+    });
     return OkStatus();
   }
 
@@ -127,7 +133,7 @@ class AttentionProvider final : public CpuFloatProvider {
 
  protected:
   std::vector<TacticConfig> F32Tactics(const KernelRequest&) const override {
-    return {{"f32-attention-cpu-rowwise", {}, 0}};
+    return {{"f32-attention-cpu-sgemm-rows64", {}, 0}};
   }
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig&) const override {
