@@ -82,7 +82,10 @@ def main():
             continue
         is_large = path in large
         # Large models: one latency round of a few runs (one inference takes seconds on 2 cores).
+        # Large models: one cold build (a minute each); small ones: median of three.
         cmd = [args.binary, "--model", path,
+               "--cold-runs", "1" if is_large else "3",
+               "--warm-runs", "3" if is_large else "9",
                "--rounds", "1" if is_large else str(args.rounds),
                "--seconds", "0" if is_large else "0.5",
                "--min-iterations", "3" if is_large else "10"]
@@ -122,9 +125,10 @@ def main():
                     "load_average_at_end": os.getloadavg()},
         "definitions": {
             "build_cold_s": "import + build + serialize with an empty timing cache (every "
-                            "candidate timed), wall seconds",
+                            "distinct layer signature timed), wall seconds, median of 3 builds "
+                            "in one process (1 for the large models)",
             "build_warm_s": "the same build again with the cache the cold build wrote "
-                            "(median of 3)",
+                            "(median of 9; 3 for the large models)",
             "latency_tuned_ms": "median latency of the passes + tactic-search engine at the "
                                 "profile's opt shapes (median over rounds)",
             "latency_baseline_ms": "the same for no passes (--no-optimize) + each layer's "

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <unordered_map>
 
 #include "kiln/core/logging.h"
 
@@ -168,17 +169,46 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
   std::stable_sort(to_time.begin(), to_time.end(), [](const LayerSearch* a, const LayerSearch* b) {
     return ExpectedWork(*a) > ExpectedWork(*b);
   });
+  // A layer whose signature was fully searched earlier in this build takes that choice instead of
+  // being timed again: the repeated blocks of a transformer are timed once, and the engine is the
+  // one a rebuild from the timing cache gives (it keeps one entry per signature).
+  std::unordered_map<std::string, const LayerSearch*> searched;
   int64_t done = 0;
+  auto report_progress = [&](const LayerSearch& l) {
+    ++done;
+    if (!options.progress) return true;
+    BuildProgress p{"tactics", done, static_cast<int64_t>(to_time.size()),
+                    std::chrono::duration<double>(Clock::now() - options.start).count(),
+                    fmt::format("{} -> {}", l.node->name(), l.candidates[l.chosen].tactic.name)};
+    return options.progress(p);
+  };
   for (LayerSearch* l : to_time) {
     if (Expired(options)) {
       report->deadline_hit = true;
       break;
     }
+    if (auto it = searched.find(l->signature); it != searched.end()) {
+      const TacticCandidate& first = it->second->candidates[it->second->chosen];
+      auto same =
+          std::find_if(l->candidates.begin(), l->candidates.end(), [&](const TacticCandidate& c) {
+            return c.provider == first.provider && c.tactic.name == first.tactic.name &&
+                   c.tactic.params == first.tactic.params;
+          });
+      if (same != l->candidates.end()) {
+        l->chosen = static_cast<size_t>(same - l->candidates.begin());
+        l->time_ms = it->second->time_ms;
+        ++report->tactics_reused;
+        if (!report_progress(*l)) break;  // cancelled: keep the best engine so far
+        continue;
+      }
+    }
     double best = -1;
     size_t best_index = l->chosen;
+    bool complete = true;  // every candidate was timed (not cut off by the deadline)
     for (size_t i = 0; i < l->candidates.size(); ++i) {
       if (Expired(options)) {
         report->deadline_hit = true;
+        complete = false;
         break;
       }
       auto t = TimeTactic(backend, *l, l->candidates[i], options);
@@ -203,6 +233,7 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
     if (best >= 0) {
       l->chosen = best_index;
       l->time_ms = best;
+      if (complete) searched.emplace(l->signature, l);
       if (options.cache) {
         options.cache->Insert(l->signature, {std::string(l->candidates[best_index].provider->id()),
                                              l->candidates[best_index].tactic, best});
@@ -213,14 +244,7 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
                        "a single launch",
                        l->node->name(), l->node->op_type(), *options.max_kernel_time_ms);
     }
-    ++done;
-    if (options.progress) {
-      BuildProgress p{
-          "tactics", done, static_cast<int64_t>(to_time.size()),
-          std::chrono::duration<double>(Clock::now() - options.start).count(),
-          fmt::format("{} -> {}", l->node->name(), l->candidates[l->chosen].tactic.name)};
-      if (!options.progress(p)) break;  // cancelled: keep the best engine so far
-    }
+    if (!report_progress(*l)) break;  // cancelled: keep the best engine so far
   }
   return OkStatus();
 }
