@@ -172,12 +172,13 @@ Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
   return OkStatus();
 }
 
-// Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched).
+// Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched,
+// nothing is prepared to run: Kernel::WorkspaceBytes).
 StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& c) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel, c.provider->Create(l.request, c.tactic));
   // Present activations get a non-null placeholder address: kernels (the CPU FP16 wrapper among
   // them) tell omitted optional inputs by a null pointer, as they will see them at run time.
-  // Prepare reads shapes only, never activation data.
+  // Kernels read shapes only here, never activation data.
   alignas(64) static std::byte placeholder[64];
   std::vector<TensorView> ins, outs;
   for (const OperandDesc& d : l.request.inputs) {
@@ -198,7 +199,7 @@ StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& 
       }
     }
   }
-  return kernel->Prepare(ins, outs);
+  return kernel->WorkspaceBytes(ins, outs);
 }
 
 namespace {

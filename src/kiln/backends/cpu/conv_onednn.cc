@@ -138,6 +138,15 @@ class OneDnnConvKernel final : public Kernel {
     return plan_->total();
   }
 
+  // Prepare's figure from the plan alone: no primitive (JIT code), no packed weights.
+  StatusOr<size_t> WorkspaceBytes(std::span<const TensorView> inputs,
+                                  std::span<const TensorView> outputs) override {
+    KILN_ASSIGN_OR_RETURN(ConvGeometry geo, ResolveConvGeometry(spec_, inputs[0].dims,
+                                                                inputs[1].dims, outputs[0].dims));
+    KILN_ASSIGN_OR_RETURN(OneDnnPlan plan, MakePlan(spec_, geo, has_bias_, has_residual_));
+    return plan.total();
+  }
+
   Status Run(const KernelRunArgs& args) override {
     SetOneDnnThreads();
     // oneDNN's C API with argument arrays built in Prepare: the C++ wrapper's execute() builds
