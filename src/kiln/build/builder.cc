@@ -173,7 +173,7 @@ Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
 }
 
 // Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched,
-// nothing is prepared to run: Kernel::WorkspaceBytes).
+// nothing is prepared to run: Kernel::QueryWorkspace).
 StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& c) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel, c.provider->Create(l.request, c.tactic));
   // Present activations get a non-null placeholder address: kernels (the CPU FP16 wrapper among
@@ -199,7 +199,7 @@ StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& 
       }
     }
   }
-  return kernel->WorkspaceBytes(ins, outs);
+  return kernel->QueryWorkspace(ins, outs);
 }
 
 namespace {

@@ -116,10 +116,10 @@ std::vector<TacticResult> CheckAllTactics(const OpCase& c, const Reference& refe
         ADD_FAILURE() << t.name << ": " << ws.status().ToString();
         continue;
       }
-      // The builder plans memory with Kernel::WorkspaceBytes on a kernel it never prepares: the
+      // The builder plans memory with Kernel::QueryWorkspace on a kernel it never prepares: the
       // figure must be Prepare's.
       if (auto fresh = p->Create(request, t); fresh.ok()) {
-        auto query = (*fresh)->WorkspaceBytes(in_views, out_views);
+        auto query = (*fresh)->QueryWorkspace(in_views, out_views);
         EXPECT_TRUE(query.ok()) << t.name << ": " << query.status().ToString();
         if (query.ok()) EXPECT_EQ(*query, *ws) << t.name << " (" << ToString(dtype) << ")";
       }

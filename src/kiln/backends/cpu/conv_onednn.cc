@@ -139,7 +139,7 @@ class OneDnnConvKernel final : public Kernel {
   }
 
   // Prepare's figure from the plan alone: no primitive (JIT code), no packed weights.
-  StatusOr<size_t> WorkspaceBytes(std::span<const TensorView> inputs,
+  StatusOr<size_t> QueryWorkspace(std::span<const TensorView> inputs,
                                   std::span<const TensorView> outputs) override {
     KILN_ASSIGN_OR_RETURN(ConvGeometry geo, ResolveConvGeometry(spec_, inputs[0].dims,
                                                                 inputs[1].dims, outputs[0].dims));

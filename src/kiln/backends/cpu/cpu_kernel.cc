@@ -47,11 +47,11 @@ class HalfWrapperKernel final : public Kernel {
     return bytes + inner;
   }
 
-  StatusOr<size_t> WorkspaceBytes(std::span<const TensorView> inputs,
+  StatusOr<size_t> QueryWorkspace(std::span<const TensorView> inputs,
                                   std::span<const TensorView> outputs) override {
     std::vector<TensorView> ins(inputs.begin(), inputs.end()), outs(outputs.begin(), outputs.end());
     const size_t bytes = ToF32Views(ins, outs);
-    KILN_ASSIGN_OR_RETURN(size_t inner, inner_->WorkspaceBytes(ins, outs));
+    KILN_ASSIGN_OR_RETURN(size_t inner, inner_->QueryWorkspace(ins, outs));
     return bytes + inner;
   }
 
