@@ -79,8 +79,39 @@ StatusOr<Runner> Load(const Runtime& runtime, const Built& b,
   return r;
 }
 
+// --warm-profile N: N warm builds only (no latency), for a profiler (perf record) to see where a
+// warm build's fixed costs go; prints the median of each phase.
+Status WarmProfile(const fs::path& model, const BuilderConfig& tuned, int builds) {
+  KILN_ASSIGN_OR_RETURN(Built cold, Build(model, tuned));
+  std::vector<double> total, import, passes, precision, tactics, plan, outside;
+  for (int i = 0; i < builds; ++i) {
+    KILN_ASSIGN_OR_RETURN(Built warm, Build(model, tuned));
+    const BuildReport& r = warm.report;
+    total.push_back(warm.seconds);
+    import.push_back(r.phase_seconds_import);
+    passes.push_back(r.phase_seconds_passes);
+    precision.push_back(r.phase_seconds_precision);
+    tactics.push_back(r.phase_seconds_tactics);
+    plan.push_back(r.phase_seconds_plan);
+    outside.push_back(warm.seconds - r.build_seconds);
+  }
+  nlohmann::json j = {{"model", model.parent_path().filename().string()},
+                      {"cold_s", cold.seconds},
+                      {"warm_builds", builds},
+                      {"warm_median_s",
+                       {{"total", Median(total)},
+                        {"verify_and_shapes", Median(import)},
+                        {"passes", Median(passes)},
+                        {"precision", Median(precision)},
+                        {"tactics", Median(tactics)},
+                        {"plan", Median(plan)},
+                        {"onnx_import_and_serialize", Median(outside)}}}};
+  std::printf("%s\n", j.dump().c_str());
+  return OkStatus();
+}
+
 Status Main(const std::string& model_dir, int rounds, double seconds_per_round, int min_iterations,
-            const std::string& work_dir) {
+            const std::string& work_dir, int warm_profile, int cold_runs, int warm_runs) {
   const fs::path dir(model_dir);
   const fs::path model = dir / "model.onnx";
   KILN_ASSIGN_OR_RETURN(OptimizationProfile profile, ZooProfile(dir));
@@ -91,12 +122,24 @@ Status Main(const std::string& model_dir, int rounds, double seconds_per_round, 
   BuilderConfig tuned;
   tuned.profile = profile;
   tuned.timing_cache_path = cache.string();
-  KILN_ASSIGN_OR_RETURN(Built cold, Build(model, tuned));
-  // Warm: median of three rebuilds against the cache the cold build wrote.
+  if (warm_profile > 0) return WarmProfile(model, tuned, warm_profile);
+  // Cold: median of `cold_runs` builds, each from an empty cache. On a shared machine a single
+  // build can lose a scheduler tick (4 ms) or more to other processes, which is most of a small
+  // model's warm build; medians over several builds on both sides keep the ratio from following
+  // that noise. The first cold build also pays the process's one-time set-up (BLAS loading,
+  // thread pool), as a user's `kiln build` does.
+  std::vector<double> cold_s;
+  Built cold;
+  for (int i = 0; i < cold_runs; ++i) {
+    fs::remove(cache);
+    KILN_ASSIGN_OR_RETURN(cold, Build(model, tuned));
+    cold_s.push_back(cold.seconds);
+  }
+  // Warm: median of `warm_runs` rebuilds against the cache the last cold build wrote.
   std::vector<double> warm_s;
   Built warm;
   bool warm_identical = true;  // determinism: same model, config and cache -> same bytes
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < warm_runs; ++i) {
     std::vector<std::byte> previous = std::move(warm.bytes);
     KILN_ASSIGN_OR_RETURN(warm, Build(model, tuned));
     if (i > 0 && warm.bytes != previous) warm_identical = false;
@@ -148,7 +191,9 @@ Status Main(const std::string& model_dir, int rounds, double seconds_per_round, 
       {"weights_bytes", warm.report.weights_bytes},
       {"peak_bytes_tuned", warm.report.peak_bytes},
       {"opt_shapes", shapes},
-      {"build_cold_s", cold.seconds},
+      {"build_cold_s", Median(cold_s)},
+      {"build_cold_runs_s", cold_s},
+      {"build_cold_tactics_reused", cold.report.tactics_reused},
       {"build_cold_tactics_timed", cold.report.tactics_timed},
       {"build_warm_s", warm_median},
       {"build_warm_runs_s", warm_s},
@@ -158,13 +203,14 @@ Status Main(const std::string& model_dir, int rounds, double seconds_per_round, 
       {"build_warm_phases_s",
        {{"import", warm.report.phase_seconds_import},
         {"passes", warm.report.phase_seconds_passes},
+        {"precision", warm.report.phase_seconds_precision},
         {"tactics", warm.report.phase_seconds_tactics},
         {"plan", warm.report.phase_seconds_plan}}},
       {"build_cold_tactics_phase_s", cold.report.phase_seconds_tactics},
       {"build_warm_tactics_timed", warm.report.tactics_timed},
       {"warm_builds_identical", warm_identical},
       {"warm_same_tactics_as_cold", same_tactics},
-      {"cold_over_warm", cold.seconds / warm_median},
+      {"cold_over_warm", Median(cold_s) / warm_median},
       {"build_baseline_s", base.seconds},
       {"latency_tuned_ms", Median(tuned_ms)},
       {"latency_tuned_rounds_ms", tuned_ms},
@@ -185,14 +231,20 @@ int main(int argc, char** argv) {
   int rounds = 3;
   double seconds = 0.5;
   int min_iterations = 10;
+  int warm_profile = 0, cold_runs = 3, warm_runs = 9;
   CLI::App app{"kiln builder benchmark: one model"};
   app.add_option("--model", model_dir, "zoo model directory (model.onnx + info.json)")->required();
   app.add_option("--rounds", rounds, "latency rounds per engine (alternating)");
   app.add_option("--seconds", seconds, "minimum seconds per latency round");
   app.add_option("--min-iterations", min_iterations, "minimum timed runs per latency round");
   app.add_option("--work-dir", work_dir, "where the timing cache is written");
+  app.add_option("--cold-runs", cold_runs, "cold builds (empty cache each), median reported");
+  app.add_option("--warm-runs", warm_runs, "warm builds, median reported");
+  app.add_option("--warm-profile", warm_profile,
+                 "only N warm builds (no latency), printing each phase's median: for perf record");
   CLI11_PARSE(app, argc, argv);
-  kiln::Status s = Main(model_dir, rounds, seconds, min_iterations, work_dir);
+  kiln::Status s = Main(model_dir, rounds, seconds, min_iterations, work_dir, warm_profile,
+                        std::max(1, cold_runs), std::max(1, warm_runs));
   if (!s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;

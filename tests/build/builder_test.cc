@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -188,10 +191,71 @@ TEST(Builder, IdenticalLayersAreTimedOnce) {
   BuildReport report;
   auto engine = BuildEngine({std::move(g), "twins", HashString("twins")}, c, &report);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  EXPECT_EQ(report.timing_reused, 1);
+  EXPECT_EQ(report.tactics_reused, 1);
   ASSERT_EQ((*engine)->layers.size(), 3u);
   EXPECT_EQ((*engine)->layers[0].tactic.name, (*engine)->layers[2].tactic.name);
   EXPECT_EQ((*engine)->layers[0].provider_id, (*engine)->layers[2].provider_id);
+}
+
+// A warm build that times nothing leaves the cache file alone (no lock, merge and rename): the
+// file is the same inode with the same bytes afterwards.
+TEST(Builder, WarmBuildDoesNotRewriteTheTimingCache) {
+  std::string cache =
+      (std::filesystem::temp_directory_path() / "kiln_builder_untouched.cache").string();
+  std::filesystem::remove(cache);
+  BuilderConfig c = ResnetConfig();
+  c.timing_cache_path = cache;
+  ASSERT_TRUE(BuildZoo("resnet_tiny", c).ok());
+  auto read = [&] {
+    std::ifstream f(cache);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  auto inode = [&] {
+    struct stat st {};
+    EXPECT_EQ(::stat(cache.c_str(), &st), 0);
+    return st.st_ino;
+  };
+  const std::string before = read();
+  const auto inode_before = inode();
+  ASSERT_FALSE(before.empty());
+  BuildReport warm;
+  ASSERT_TRUE(BuildZoo("resnet_tiny", c, &warm).ok());
+  EXPECT_EQ(warm.tactics_timed, 0);
+  EXPECT_EQ(inode(), inode_before);
+  EXPECT_EQ(read(), before);
+  std::filesystem::remove(cache);
+}
+
+// bert_tiny's two encoder layers have the same signatures: the cold build times each signature
+// once and the second layer takes the first one's choice, so the cold engine has the tactics a
+// rebuild from the timing cache gives.
+TEST(Builder, RepeatedLayersAreTimedOnceAndColdMatchesWarm) {
+  std::string cache =
+      (std::filesystem::temp_directory_path() / "kiln_builder_repeated.cache").string();
+  std::filesystem::remove(cache);
+  BuilderConfig c;
+  for (const char* input : {"input_ids", "attention_mask", "token_type_ids"}) {
+    ASSERT_TRUE(ParseProfileSpec(fmt::format("{}:1x1,4x32,8x128", input), &c.profile).ok());
+  }
+  c.timing_cache_path = cache;
+  BuildReport cold, warm;
+  auto a = BuildZoo("bert_tiny", c, &cold);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_GT(cold.tactics_timed, 0);
+  EXPECT_GT(cold.tactics_reused, 0);
+  auto b = BuildZoo("bert_tiny", c, &warm);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(warm.tactics_timed, 0);
+  // Every layer the cold build timed or reused (a measured time) is a cache hit now.
+  const auto measured = std::count_if(cold.layer_reports.begin(), cold.layer_reports.end(),
+                                      [](const LayerReport& l) { return l.time_ms >= 0; });
+  EXPECT_EQ(warm.timing_cache_hits, measured);
+  ASSERT_EQ(cold.layer_reports.size(), warm.layer_reports.size());
+  for (size_t i = 0; i < cold.layer_reports.size(); ++i) {
+    EXPECT_EQ(cold.layer_reports[i].tactic, warm.layer_reports[i].tactic)
+        << cold.layer_reports[i].name;
+  }
+  std::filesystem::remove(cache);
 }
 
 TEST(Builder, CorruptTimingCacheIsIgnoredWithAWarning) {

@@ -69,6 +69,13 @@ class Kernel {
                                    std::span<const TensorView> outputs) {
     return size_t{0};
   }
+  // The bytes Prepare would return for these shapes, without preparing to run: the builder asks
+  // every layer at the profile's max shapes for the memory plan. Kernels whose Prepare does
+  // one-off work (code generation, weight packing) override it with their shape arithmetic.
+  virtual StatusOr<size_t> QueryWorkspace(std::span<const TensorView> inputs,
+                                          std::span<const TensorView> outputs) {
+    return Prepare(inputs, outputs);
+  }
   virtual Status Run(const KernelRunArgs& args) = 0;
 };
 

@@ -173,12 +173,13 @@ Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
   return OkStatus();
 }
 
-// Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched).
+// Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched,
+// nothing is prepared to run: Kernel::QueryWorkspace).
 StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& c) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel, c.provider->Create(l.request, c.tactic));
   // Present activations get a non-null placeholder address: kernels (the CPU FP16 wrapper among
   // them) tell omitted optional inputs by a null pointer, as they will see them at run time.
-  // Prepare reads shapes only, never activation data.
+  // Kernels read shapes only here, never activation data.
   alignas(64) static std::byte placeholder[64];
   std::vector<TensorView> ins, outs;
   for (const OperandDesc& d : l.request.inputs) {
@@ -199,7 +200,7 @@ StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& 
       }
     }
   }
-  return kernel->Prepare(ins, outs);
+  return kernel->QueryWorkspace(ins, outs);
 }
 
 namespace {
@@ -305,8 +306,6 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     if (config.int8 || config.fp16 || config.bf16) {
       KILN_ASSIGN_OR_RETURN(calibration, GetCalibration(graph, config, input.model_hash, rep));
     }
-    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
-    KILN_ASSIGN_OR_RETURN(auto max_dims, ConcreteDims(graph, order, config.profile, 2));
     precision::PrecisionOptions po;
     po.fp16 = config.fp16;
     po.bf16 = config.bf16;
@@ -314,7 +313,15 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     po.backend = config.backend;
     po.calibration = calibration ? &*calibration : nullptr;
     po.int8_tolerance = config.int8_tolerance;
-    po.make_request = [&max_dims](const Node& node) { return MakeKernelRequest(node, max_dims); };
+    // Kernel requests (which ask the providers whether a reduced-precision kernel exists) need
+    // the max dims: one shape-rule sweep over the graph, only worth it when something may be
+    // reduced. Without a precision flag every layer stays FP32 and no request is made.
+    ConcreteDimsMap max_dims;
+    if (config.fp16 || config.bf16 || config.int8) {
+      KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+      KILN_ASSIGN_OR_RETURN(max_dims, ConcreteDims(graph, order, config.profile, 2));
+      po.make_request = [&max_dims](const Node& node) { return MakeKernelRequest(node, max_dims); };
+    }
     KILN_ASSIGN_OR_RETURN(assigned, precision::AssignPrecision(graph, po));
     rep.casts_inserted = assigned.casts_inserted;
     rep.weights_converted = assigned.weights_converted;
@@ -380,12 +387,6 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
                      missing.size(), ToString(config.backend), fmt::join(missing, ", "));
   }
 
-  // The memory budget bounds weights + activations (fixed by the graph) + the largest workspace
-  // (chosen per layer): plan the arena first, then give tactics what is left.
-  std::vector<PlanLayer> base_layers;
-  const bool alias_views = param::AliasViews() != 0;
-  for (const LayerSearch& l : searches) base_layers.push_back({l.node, 0, alias_views});
-  KILN_ASSIGN_OR_RETURN(MemoryPlan base_plan, PlanMemory(graph, base_layers, config.profile));
   std::optional<int64_t> budget;
   if (config.memory_budget.bytes) {
     budget = *config.memory_budget.bytes;
@@ -399,7 +400,13 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   search.progress = config.progress;
   search.max_kernel_time_ms = config.max_kernel_time_ms;
   if (config.deadline) search.deadline = start + *config.deadline;
+  const bool alias_views = param::AliasViews() != 0;
   if (budget) {
+    // The memory budget bounds weights + activations (fixed by the graph) + the largest
+    // workspace (chosen per layer): plan the arena first, then give tactics what is left.
+    std::vector<PlanLayer> base_layers;
+    for (const LayerSearch& l : searches) base_layers.push_back({l.node, 0, alias_views});
+    KILN_ASSIGN_OR_RETURN(MemoryPlan base_plan, PlanMemory(graph, base_layers, config.profile));
     if (base_plan.weights_bytes > *budget) {
       return MakeError(ErrorCode::kMemoryBudgetExceeded,
                        "the weights alone need {} bytes; the memory budget ({}) allows {} bytes",
@@ -416,17 +423,22 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     search.max_workspace_bytes = *budget - base_plan.peak_bytes;
   }
   std::optional<TimingCache> cache;
+  bool cache_file_current = false;  // the file holds exactly what `cache` holds
   if (!config.timing_cache_path.empty()) {
     cache.emplace(
         fmt::format("{}|{}|{}", ToString(config.backend), device.arch, device.library_versions));
     if (Status s = cache->Load(config.timing_cache_path); !s.ok()) {
       rep.warnings.push_back(s.ToString());
       KILN_LOG(Warn, BUILD, "{}", s.ToString());
+    } else {
+      cache_file_current = std::filesystem::exists(config.timing_cache_path);
     }
     search.cache = &*cache;
   }
   KILN_RETURN_IF_ERROR(SearchTactics(*backend, searches, search, &rep));
-  if (cache) {
+  // A build that timed nothing new leaves a valid cache file as it is: rewriting it (lock, merge,
+  // atomic rename) was most of a warm build's cache work.
+  if (cache && (cache->modified() || !cache_file_current)) {
     if (Status s = cache->Save(config.timing_cache_path); !s.ok()) {
       rep.warnings.push_back(s.ToString());
       KILN_LOG(Warn, BUILD, "{}", s.ToString());
@@ -535,7 +547,7 @@ std::string BuildReport::ToJson() const {
                  {"notes", pass_notes}};
   j["tactics_timed"] = tactics_timed;
   j["timing_cache_hits"] = timing_cache_hits;
-  j["timing_reused"] = timing_reused;
+  j["tactics_reused"] = tactics_reused;
   j["deadline_hit"] = deadline_hit;
   j["memory"] = {{"weights_bytes", weights_bytes},
                  {"arena_bytes", arena_bytes},
@@ -622,9 +634,8 @@ std::string BuildReport::ToText(bool per_layer) const {
     out += fmt::format("  graph passes: {} -> {} nodes\n", nodes_before_passes, nodes_after_passes);
   }
   for (const std::string& note : pass_notes) out += fmt::format("    {}\n", note);
-  out += fmt::format("  layers {}   tactics timed {}   timing-cache hits {}{}{}\n", layers,
-                     tactics_timed, timing_cache_hits,
-                     timing_reused ? fmt::format("   same-layer reuses {}", timing_reused) : "",
+  out += fmt::format("  layers {}   tactics timed {}   timing-cache hits {}   reused {}{}\n",
+                     layers, tactics_timed, timing_cache_hits, tactics_reused,
                      deadline_hit ? "   (deadline reached: best engine so far)" : "");
   out += fmt::format("  memory: weights {}  activations {}  workspace {}  peak {}\n",
                      HumanBytes(weights_bytes), HumanBytes(arena_bytes),

@@ -39,7 +39,9 @@ struct BuildReport {
   std::vector<std::string> pass_notes;
   int64_t tactics_timed = 0;
   int64_t timing_cache_hits = 0;
-  int64_t timing_reused = 0;  // layers that took an identical layer's timing in this build
+  // Layers that took the choice timed for an earlier layer with the same signature in this build
+  // (the repeated blocks of a transformer), as the timing cache would give it to the next build.
+  int64_t tactics_reused = 0;
   bool deadline_hit = false;
   int64_t weights_bytes = 0, arena_bytes = 0, workspace_bytes = 0, peak_bytes = 0;
   int64_t naive_activation_bytes = 0;  // without liveness reuse, for comparison

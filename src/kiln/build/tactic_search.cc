@@ -99,13 +99,25 @@ StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
   args.outputs = outs;
   args.workspace = ws.data();
   args.workspace_bytes = ws_bytes;
-  for (int i = 0; i < options.warmup_runs; ++i) {
-    KILN_RETURN_IF_ERROR(kernel->Run(args));
-    KILN_RETURN_IF_ERROR(backend.Synchronize(nullptr));
-  }
+  // At the deadline nothing more is run: a candidate whose set-up (kernel creation, weight
+  // packing, inputs) used up the time is left untimed (runs == 0), and one whose warm-up run
+  // crossed the deadline is judged by that run, so what runs past the deadline is at most one
+  // set-up and one launch.
+  if (Expired(options)) return TacticTiming{};
   std::vector<double> times;
   double total = 0;
-  while (static_cast<int>(times.size()) < options.max_runs) {
+  for (int i = 0; i < options.warmup_runs; ++i) {
+    auto t0 = Clock::now();
+    KILN_RETURN_IF_ERROR(kernel->Run(args));
+    KILN_RETURN_IF_ERROR(backend.Synchronize(nullptr));
+    if (Expired(options)) {
+      times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      total = times.back();
+      break;
+    }
+  }
+  while (times.empty() ||
+         (static_cast<int>(times.size()) < options.max_runs && !Expired(options))) {
     auto t0 = Clock::now();
     KILN_RETURN_IF_ERROR(kernel->Run(args));
     KILN_RETURN_IF_ERROR(backend.Synchronize(nullptr));
@@ -114,7 +126,6 @@ StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
     total += ms;
     if (options.max_kernel_time_ms && ms > *options.max_kernel_time_ms) break;  // rejected anyway
     if (static_cast<int>(times.size()) >= options.min_runs && total >= options.min_total_ms) break;
-    if (Expired(options) && static_cast<int>(times.size()) >= 1) break;
   }
   TacticTiming t;
   t.runs = static_cast<int>(times.size());
@@ -169,38 +180,54 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
   std::stable_sort(to_time.begin(), to_time.end(), [](const LayerSearch* a, const LayerSearch* b) {
     return ExpectedWork(*a) > ExpectedWork(*b);
   });
+  // A layer whose signature was fully searched earlier in this build takes that choice instead of
+  // being timed again: the repeated blocks of a transformer are timed once, and the engine is the
+  // one a rebuild from the timing cache gives (it keeps one entry per signature).
+  std::unordered_map<std::string, const LayerSearch*> searched;
   int64_t done = 0;
-  // Layers with one signature (a transformer's repeated blocks: BERT-base times 6 distinct
-  // matmuls, not 72) share the first one's result, with or without a timing-cache file.
-  std::unordered_map<std::string, const LayerSearch*> timed;
+  auto report_progress = [&](const LayerSearch& l) {
+    ++done;
+    if (!options.progress) return true;
+    BuildProgress p{"tactics", done, static_cast<int64_t>(to_time.size()),
+                    std::chrono::duration<double>(Clock::now() - options.start).count(),
+                    fmt::format("{} -> {}", l.node->name(), l.candidates[l.chosen].tactic.name)};
+    return options.progress(p);
+  };
   for (LayerSearch* l : to_time) {
     if (Expired(options)) {
       report->deadline_hit = true;
       break;
     }
-    if (auto it = timed.find(l->signature); it != timed.end() && !l->signature.empty()) {
-      const TacticCandidate& won = it->second->candidates[it->second->chosen];
+    if (auto it = searched.find(l->signature); it != searched.end()) {
+      const TacticCandidate& first = it->second->candidates[it->second->chosen];
       auto same =
           std::find_if(l->candidates.begin(), l->candidates.end(), [&](const TacticCandidate& c) {
-            return c.provider == won.provider && c.tactic.name == won.tactic.name &&
-                   c.tactic.params == won.tactic.params;
+            return c.provider == first.provider && c.tactic.name == first.tactic.name &&
+                   c.tactic.params == first.tactic.params;
           });
       if (same != l->candidates.end()) {
         l->chosen = static_cast<size_t>(same - l->candidates.begin());
         l->time_ms = it->second->time_ms;
-        ++report->timing_reused;
-        ++done;
+        ++report->tactics_reused;
+        if (!report_progress(*l)) break;  // cancelled: keep the best engine so far
         continue;
       }
     }
     double best = -1;
     size_t best_index = l->chosen;
+    bool complete = true;  // every candidate was timed (not cut off by the deadline)
     for (size_t i = 0; i < l->candidates.size(); ++i) {
       if (Expired(options)) {
         report->deadline_hit = true;
+        complete = false;
         break;
       }
       auto t = TimeTactic(backend, *l, l->candidates[i], options);
+      if (t.ok() && t->runs == 0) {  // the deadline passed while it was being set up
+        report->deadline_hit = true;
+        complete = false;
+        break;
+      }
       ++report->tactics_timed;
       if (!t.ok()) {
         KILN_LOG(Debug, BUILD, "tactic {} failed on '{}': {}", l->candidates[i].tactic.name,
@@ -222,7 +249,7 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
     if (best >= 0) {
       l->chosen = best_index;
       l->time_ms = best;
-      timed.emplace(l->signature, l);
+      if (complete) searched.emplace(l->signature, l);
       if (options.cache) {
         options.cache->Insert(l->signature, {std::string(l->candidates[best_index].provider->id()),
                                              l->candidates[best_index].tactic, best});
@@ -233,14 +260,7 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
                        "a single launch",
                        l->node->name(), l->node->op_type(), *options.max_kernel_time_ms);
     }
-    ++done;
-    if (options.progress) {
-      BuildProgress p{
-          "tactics", done, static_cast<int64_t>(to_time.size()),
-          std::chrono::duration<double>(Clock::now() - options.start).count(),
-          fmt::format("{} -> {}", l->node->name(), l->candidates[l->chosen].tactic.name)};
-      if (!options.progress(p)) break;  // cancelled: keep the best engine so far
-    }
+    if (!report_progress(*l)) break;  // cancelled: keep the best engine so far
   }
   return OkStatus();
 }

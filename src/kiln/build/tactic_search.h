@@ -43,7 +43,8 @@ struct LayerSearch {
   std::string signature;
 };
 
-// Times one candidate at the opt shapes. Returns the median and the slowest single run (ms).
+// Times one candidate at the opt shapes. Returns the median and the slowest single run (ms);
+// runs == 0 when the deadline passed before the candidate could run.
 struct TacticTiming {
   double median_ms = 0;
   double max_ms = 0;

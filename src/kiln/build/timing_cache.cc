@@ -77,6 +77,12 @@ const TimingEntry* TimingCache::Find(const std::string& signature) const {
 void TimingCache::Insert(const std::string& signature, TimingEntry entry) {
   std::lock_guard lock(mu_);
   entries_[signature] = std::move(entry);
+  modified_ = true;
+}
+
+bool TimingCache::modified() const {
+  std::lock_guard lock(mu_);
+  return modified_;
 }
 
 size_t TimingCache::size() const {

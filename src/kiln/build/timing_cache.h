@@ -34,6 +34,8 @@ class TimingCache {
   const TimingEntry* Find(const std::string& signature) const;
   void Insert(const std::string& signature, TimingEntry entry);
   size_t size() const;
+  // Whether Insert was called since construction (a cache only loaded need not be saved).
+  bool modified() const;
   const std::string& device_key() const { return device_key_; }
 
   std::string Serialize() const;
@@ -44,6 +46,7 @@ class TimingCache {
   std::string device_key_;
   mutable std::mutex mu_;
   std::map<std::string, TimingEntry> entries_;
+  bool modified_ = false;
 };
 
 // A layer's signature: op type, attributes, operand dtypes, shapes at the profile's opt and max,

@@ -116,6 +116,13 @@ std::vector<TacticResult> CheckAllTactics(const OpCase& c, const Reference& refe
         ADD_FAILURE() << t.name << ": " << ws.status().ToString();
         continue;
       }
+      // The builder plans memory with Kernel::QueryWorkspace on a kernel it never prepares: the
+      // figure must be Prepare's.
+      if (auto fresh = p->Create(request, t); fresh.ok()) {
+        auto query = (*fresh)->QueryWorkspace(in_views, out_views);
+        EXPECT_TRUE(query.ok()) << t.name << ": " << query.status().ToString();
+        if (query.ok()) EXPECT_EQ(*query, *ws) << t.name << " (" << ToString(dtype) << ")";
+      }
       // Workspace is filled with NaNs so a kernel that reads it before writing shows up.
       std::vector<float> workspace(*ws / 4 + 16, std::nanf(""));
       auto* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(workspace.data()) + 63) &

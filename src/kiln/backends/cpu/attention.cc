@@ -1,15 +1,20 @@
-// Attention on the CPU (reference): per (batch, query row) scores = scale * q K^T, mask, softmax
-// in FP32 with max subtraction, then the weighted sum of V rows. The scores live in the
-// workspace, sized in Prepare, so Run never allocates.
+// Attention on the CPU: per (batch, block of query rows) scores = scale * Q K^T (sgemm), mask,
+// softmax in FP32 with max subtraction, then P V (sgemm). The scores live in the workspace,
+// sized in Prepare, so Run never allocates. Any head layout (bhsd, bshd, bsd, qkv_packed) is a
+// matter of strides: the sgemm calls take each operand's row stride as its leading dimension.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "kiln/backends/cpu/cpu_kernel.h"
+#include "kiln/backends/cpu/sgemm.h"
+#include "kiln/backends/cpu/vec_math.h"
 
 namespace kiln::cpu {
 namespace {
 
 enum class MaskKind { kNone, kAdditive, kBoolean, kCausal };
+
 // How the operands hold the heads (src/kiln/ops/attention.cc): bhsd [..., S, D]; bshd
 // [B, S, H, D]; bsd [B, S, H*D] with num_heads.
 enum class HeadLayout { kBhsd, kBshd, kBsd };
@@ -64,6 +69,10 @@ int64_t BatchOffset(const OperandView& v, const DimVec& out, int64_t b) {
   return off;
 }
 
+// Query rows per task: enough for an efficient sgemm, few enough that one (batch, head) with a
+// long sequence still spreads over the threads.
+constexpr int64_t kRowBlock = 64;
+
 class AttentionKernel final : public Kernel {
  public:
   AttentionKernel(float scale, bool default_scale, MaskKind kind, float fill, HeadLayout layout,
@@ -99,9 +108,6 @@ class AttentionKernel final : public Kernel {
     OperandView qv = ViewOf(a.inputs[0].dims, layout_, heads_, parts_);
     OperandView kv = ViewOf(a.inputs[1].dims, layout_, heads_, parts_);
     OperandView vv = ViewOf(a.inputs[2].dims, layout_, heads_, parts_);
-    // Packed: K and V start a third and two thirds into each row.
-    const int64_t k_off = parts_ == 3 ? kv.row_stride / 3 : 0;
-    const int64_t v_off = parts_ == 3 ? 2 * (vv.row_stride / 3) : 0;
     OperandView yv = ViewOf(a.outputs[0].dims, layout_, heads_);
     int64_t batch_n = 1;
     for (int64_t b : yv.batch) batch_n *= b;
@@ -110,67 +116,69 @@ class AttentionKernel final : public Kernel {
       return MakeError(ErrorCode::kInternal, "attention: workspace of {} bytes is too small",
                        a.workspace_bytes);
     }
+    // Packed: K and V start a third and two thirds into each row.
+    const int64_t k_off = parts_ == 3 ? kv.row_stride / 3 : 0;
+    const int64_t v_off = parts_ == 3 ? 2 * (vv.row_stride / 3) : 0;
     const float* q = a.inputs[0].as<const float>();
     const float* k = a.inputs[1].as<const float>() + k_off;
     const float* v = a.inputs[2].as<const float>() + v_off;
     float* y = a.outputs[0].as<float>();
     float* scores = static_cast<float*>(a.workspace);
-    bool has_mask = kind_ == MaskKind::kAdditive || kind_ == MaskKind::kBoolean;
     DimVec score_dims = yv.batch;  // the logical scores [batch..., Sq, Sk]
     score_dims.push_back(sq);
     score_dims.push_back(sk);
+    bool has_mask = kind_ == MaskKind::kAdditive || kind_ == MaskKind::kBoolean;
     BroadcastIndexer mi(has_mask ? a.inputs[3].dims : std::span<const int64_t>(score_dims),
                         score_dims);
+    // Along a score row (key index j) the mask either runs contiguously or is broadcast.
+    const int64_t mask_step =
+        has_mask && !a.inputs[3].dims.empty() && a.inputs[3].dims.back() == sk ? 1 : 0;
     float scale = default_scale_ ? 1.f / std::sqrt(static_cast<float>(d)) : scale_;
-    int64_t rows = batch_n * sq;
-    ThreadPool::Default().ParallelFor(
-        rows,
-        [&](int64_t begin, int64_t end) {
-          for (int64_t row = begin; row < end; ++row) {
-            int64_t b = row / sq, i = row % sq;
-            const float* qr = q + BatchOffset(qv, yv.batch, b) + i * qv.row_stride;
-            const float* kb = k + BatchOffset(kv, yv.batch, b);
-            const float* vb = v + BatchOffset(vv, yv.batch, b);
-            float* sc = scores + row * sk;
-            float mx = -std::numeric_limits<float>::infinity();
-            for (int64_t j = 0; j < sk; ++j) {
-              const float* kr = kb + j * kv.row_stride;
-              float acc = 0.f;
-              for (int64_t t = 0; t < d; ++t) acc += qr[t] * kr[t];
-              float x = acc * scale;
-              int64_t mask_index = row * sk + j;
-              switch (kind_) {
-                case MaskKind::kAdditive:
-                  x += a.inputs[3].as<const float>()[mi(mask_index)];
-                  break;
-                case MaskKind::kBoolean:
-                  if (!a.inputs[3].as<const bool>()[mi(mask_index)]) x = fill_;
-                  break;
-                case MaskKind::kCausal:
-                  if (j > i + (sk - sq)) x = -std::numeric_limits<float>::infinity();
-                  break;
-                case MaskKind::kNone:
-                  break;
+    // One task: a block of query rows of one (batch, head). The two products are single-threaded
+    // sgemm calls (OpenBLAS's kernels; the row-by-row dot products they replace ran scalar and
+    // made the fused layer slower than the unfused MatMul-Softmax-MatMul it came from).
+    const int64_t row_blocks = (sq + kRowBlock - 1) / kRowBlock;
+    ThreadPool::Default().ParallelFor(batch_n * row_blocks, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / row_blocks;
+        const int64_t i0 = (t % row_blocks) * kRowBlock;
+        const int64_t rows = std::min(kRowBlock, sq - i0);
+        // Strided operands: each matrix's rows are row_stride apart (heads interleaved).
+        const float* qb = q + BatchOffset(qv, yv.batch, b) + i0 * qv.row_stride;
+        const float* kb = k + BatchOffset(kv, yv.batch, b);
+        const float* vb = v + BatchOffset(vv, yv.batch, b);
+        float* sc = scores + (b * sq + i0) * sk;
+        Sgemm(GemmImpl::kOpenBlas, false, true, rows, sk, d, scale, qb, qv.row_stride, kb,
+              kv.row_stride, 0.f, sc, sk, nullptr);
+        for (int64_t ii = 0; ii < rows; ++ii) {
+          const int64_t i = i0 + ii;
+          float* row = sc + ii * sk;
+          const int64_t m0 = has_mask ? mi((b * sq + i) * sk) : 0;
+          switch (kind_) {
+            case MaskKind::kAdditive: {
+              const float* m = a.inputs[3].as<const float>() + m0;
+              for (int64_t j = 0; j < sk; ++j) row[j] += m[j * mask_step];
+              break;
+            }
+            case MaskKind::kBoolean: {
+              const bool* m = a.inputs[3].as<const bool>() + m0;
+              for (int64_t j = 0; j < sk; ++j) row[j] = m[j * mask_step] ? row[j] : fill_;
+              break;
+            }
+            case MaskKind::kCausal:
+              for (int64_t j = std::max<int64_t>(0, i + (sk - sq) + 1); j < sk; ++j) {
+                row[j] = -std::numeric_limits<float>::infinity();
               }
-              sc[j] = x;
-              mx = std::max(mx, x);
-            }
-            float sum = 0.f;
-            for (int64_t j = 0; j < sk; ++j) {
-              sc[j] = std::exp(sc[j] - mx);
-              sum += sc[j];
-            }
-            float inv = 1.f / sum;
-            float* yr = y + BatchOffset(yv, yv.batch, b) + i * yv.row_stride;
-            for (int64_t t = 0; t < dv; ++t) yr[t] = 0.f;
-            for (int64_t j = 0; j < sk; ++j) {
-              float p = sc[j] * inv;
-              const float* vr = vb + j * vv.row_stride;
-              for (int64_t t = 0; t < dv; ++t) yr[t] += p * vr[t];
-            }
+              break;
+            case MaskKind::kNone:
+              break;
           }
-        },
-        4);
+          SoftmaxRowInPlace(row, sk);
+        }
+        Sgemm(GemmImpl::kOpenBlas, false, false, rows, dv, sk, 1.f, sc, sk, vb, vv.row_stride, 0.f,
+              y + BatchOffset(yv, yv.batch, b) + i0 * yv.row_stride, yv.row_stride, nullptr);
+      }
+    });
     return OkStatus();
   }
 
@@ -191,7 +199,7 @@ class AttentionProvider final : public CpuFloatProvider {
 
  protected:
   std::vector<TacticConfig> F32Tactics(const KernelRequest&) const override {
-    return {{"f32-attention-cpu-rowwise", {}, 0}};
+    return {{"f32-attention-cpu-sgemm-rows64", {}, 0}};
   }
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig&) const override {

@@ -105,11 +105,15 @@ class OneDnnConvKernel final : public Kernel {
       stream_ = dnnl::stream(eng);
       dnnl::stream& stream = stream_;
       conv_ = dnnl::convolution_forward(plan_->pd);
-      // Prepacked weights, owned by the kernel.
+      // Prepacked weights, owned by the kernel; packed on this thread alone (no OpenMP barrier:
+      // see OneDnnSingleThreadScope).
       memory user_wei(plan_->user_wei, eng, const_cast<void*>(weights_.raw()));
       packed_wei_ = memory(plan_->pd.weights_desc(), eng);
-      dnnl::reorder(user_wei, packed_wei_).execute(stream, user_wei, packed_wei_);
-      stream.wait();
+      {
+        OneDnnSingleThreadScope single;
+        dnnl::reorder(user_wei, packed_wei_).execute(stream, user_wei, packed_wei_);
+        stream.wait();
+      }
       user_src_ = memory(plan_->user_src, eng, DNNL_MEMORY_NONE);
       user_dst_ = memory(plan_->user_dst, eng, DNNL_MEMORY_NONE);
       src_ = plan_->reorder_src ? memory(plan_->pd.src_desc(), eng, DNNL_MEMORY_NONE) : user_src_;
@@ -132,6 +136,15 @@ class OneDnnConvKernel final : public Kernel {
       return MakeError(ErrorCode::kKernelFailed, "oneDNN convolution prepare failed: {}", e.what());
     }
     return plan_->total();
+  }
+
+  // Prepare's figure from the plan alone: no primitive (JIT code), no packed weights.
+  StatusOr<size_t> QueryWorkspace(std::span<const TensorView> inputs,
+                                  std::span<const TensorView> outputs) override {
+    KILN_ASSIGN_OR_RETURN(ConvGeometry geo, ResolveConvGeometry(spec_, inputs[0].dims,
+                                                                inputs[1].dims, outputs[0].dims));
+    KILN_ASSIGN_OR_RETURN(OneDnnPlan plan, MakePlan(spec_, geo, has_bias_, has_residual_));
+    return plan.total();
   }
 
   Status Run(const KernelRunArgs& args) override {

@@ -40,22 +40,18 @@ class HalfWrapperKernel final : public Kernel {
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
-    size_t bytes = 0;
     in_views_.assign(inputs.begin(), inputs.end());
     out_views_.assign(outputs.begin(), outputs.end());
-    for (auto& v : in_views_) {
-      if (v.data && IsHalfLike(v.dtype)) {
-        bytes += Align64(static_cast<size_t>(v.num_elements()) * 4);
-        v.dtype = DataType::kFloat32;
-      }
-    }
-    for (auto& v : out_views_) {
-      if (IsHalfLike(v.dtype)) {
-        bytes += Align64(static_cast<size_t>(v.num_elements()) * 4);
-        v.dtype = DataType::kFloat32;
-      }
-    }
+    const size_t bytes = ToF32Views(in_views_, out_views_);
     KILN_ASSIGN_OR_RETURN(size_t inner, inner_->Prepare(in_views_, out_views_));
+    return bytes + inner;
+  }
+
+  StatusOr<size_t> QueryWorkspace(std::span<const TensorView> inputs,
+                                  std::span<const TensorView> outputs) override {
+    std::vector<TensorView> ins(inputs.begin(), inputs.end()), outs(outputs.begin(), outputs.end());
+    const size_t bytes = ToF32Views(ins, outs);
+    KILN_ASSIGN_OR_RETURN(size_t inner, inner_->QueryWorkspace(ins, outs));
     return bytes + inner;
   }
 
@@ -96,6 +92,24 @@ class HalfWrapperKernel final : public Kernel {
   }
 
  private:
+  // Retypes the f16/bf16 views as f32; returns the workspace bytes their f32 copies take.
+  static size_t ToF32Views(std::vector<TensorView>& ins, std::vector<TensorView>& outs) {
+    size_t bytes = 0;
+    for (auto& v : ins) {
+      if (v.data && IsHalfLike(v.dtype)) {
+        bytes += Align64(static_cast<size_t>(v.num_elements()) * 4);
+        v.dtype = DataType::kFloat32;
+      }
+    }
+    for (auto& v : outs) {
+      if (IsHalfLike(v.dtype)) {
+        bytes += Align64(static_cast<size_t>(v.num_elements()) * 4);
+        v.dtype = DataType::kFloat32;
+      }
+    }
+    return bytes;
+  }
+
   std::unique_ptr<Kernel> inner_;
   std::vector<std::unique_ptr<Tensor>> keep_;
   std::vector<TensorView> in_views_, out_views_;

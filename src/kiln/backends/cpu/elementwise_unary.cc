@@ -1,9 +1,11 @@
 // Elementwise unary ops and activations on the CPU, from one table: each op is a name, its
 // attribute defaults and a scalar expression. FP32 compute (f16/bf16 through the wrapper); the
 // ops that ONNX defines on integers or bools get those paths too. Clip reads min/max inputs.
+// Gelu (the graph passes' fused op) uses vec_math.h's erf/tanh, which vectorize.
 #include <cmath>
 
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/backends/cpu/vec_math.h"
 
 namespace kiln::cpu {
 namespace {
@@ -56,8 +58,8 @@ constexpr float kSqrt2OverPi = 0.79788456080286536f;
   X(Mish, 0, 0, 0, x* std::tanh(x > 20.f ? x : std::log1p(std::exp(x))))                         \
   X(ThresholdedRelu, 1.f, 0, 0, x > p.alpha ? x : 0.f)                                           \
   X(Gelu, 0, 0, 0,                                                                               \
-    p.tanh_gelu ? 0.5f * x*(1.f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)))         \
-                : 0.5f * x * (1.f + std::erf(x * kInvSqrt2)))
+    p.tanh_gelu ? 0.5f * x*(1.f + FastTanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)))          \
+                : 0.5f * x * (1.f + FastErf(x * kInvSqrt2)))
 
 // Ops that ONNX also defines on signed integers: integer expression in x. (Relu on integers is
 // left out on purpose: no model needs it, and cpu_eval_test uses it as the missing-kernel case.)

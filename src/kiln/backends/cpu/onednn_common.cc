@@ -43,4 +43,10 @@ std::optional<dnnl::algorithm> OneDnnEltwise(const FusedActivationSpec& act, flo
 
 void SetOneDnnThreads() { omp_set_num_threads(ThreadPool::Default().size()); }
 
+OneDnnSingleThreadScope::OneDnnSingleThreadScope() : previous_(omp_get_max_threads()) {
+  omp_set_num_threads(1);
+}
+
+OneDnnSingleThreadScope::~OneDnnSingleThreadScope() { omp_set_num_threads(previous_); }
+
 }  // namespace kiln::cpu
