@@ -892,6 +892,22 @@ class CudnnConvProvider : public KernelProvider {
     auto handle = CudnnHandle();
     if (!handle.ok()) return {};
     int64_t max_tactics = std::max<int64_t>(1, param::CudnnMaxTactics());
+    // The same request comes back often: the precision pass asks before the builder does, and
+    // ResNet repeats its blocks. Building the operation graph and running cuDNN's heuristics
+    // again for it costs milliseconds each time, so the answer is kept per process.
+    int device = 0;
+    cudaGetDevice(&device);
+    const std::string memo_key =
+        fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", spec->op_name,
+                    static_cast<int>(spec->op), ToString(spec->dtype), spec->nhwc, spec->has_bias,
+                    spec->has_z, static_cast<int>(spec->act.kind), spec->act.min, spec->act.max,
+                    g->Key(), device, max_tactics);
+    static std::mutex memo_mu;
+    static auto* memo = new std::map<std::string, std::vector<TacticConfig>>();
+    {
+      std::lock_guard lock(memo_mu);
+      if (auto it = memo->find(memo_key); it != memo->end()) return it->second;
+    }
     std::vector<TacticConfig> out;
     auto collect = [&](bool fused) {
       auto og = GraphBuilder(*spec, *g, fused).Build(*handle);
@@ -924,6 +940,8 @@ class CudnnConvProvider : public KernelProvider {
     if (fusable) collect(true);
     // No engine for the fused graph: the convolution alone plus kiln's epilogue kernel.
     if (out.empty()) collect(false);
+    std::lock_guard lock(memo_mu);
+    memo->emplace(memo_key, out);
     return out;
   }
 
