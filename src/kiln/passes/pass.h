@@ -127,10 +127,10 @@ std::unique_ptr<Pass> MakeLayerNormFusionPass();
 std::unique_ptr<Pass> MakeSkipLayerNormFusionPass();  // residual Add + LayerNormalization
 std::unique_ptr<Pass> MakeAttentionFusionPass();
 std::unique_ptr<Pass> MakeAttentionLayoutPass();  // heads read in place (Attention layout)
-std::unique_ptr<Pass> MakeQkvFusionPass();  // Q/K/V projections -> one (after gemm_fusion)
-std::unique_ptr<Pass> MakeGemmFusionPass();  // Gemm/MatMul + bias + activation
-std::unique_ptr<Pass> MakeConvFusionPass();  // Conv + bias + residual + activation
-std::unique_ptr<Pass> MakeLayoutNhwcPass();  // channels-last convolution stacks (conv_layout)
+std::unique_ptr<Pass> MakeQkvFusionPass();        // Q/K/V projections -> one (after gemm_fusion)
+std::unique_ptr<Pass> MakeGemmFusionPass();       // Gemm/MatMul + bias + activation
+std::unique_ptr<Pass> MakeConvFusionPass();       // Conv + bias + residual + activation
+std::unique_ptr<Pass> MakeLayoutNhwcPass();       // channels-last convolution stacks (conv_layout)
 
 // The default pipeline, in order: simplifications first (so patterns see constants and no
 // no-op nodes), then fusions from the largest pattern to the smallest (GELU before
