@@ -83,6 +83,9 @@ class QkvFusionPass final : public Pass {
     // W is [K, N] (or [N, K] with transB): concatenate along N.
     const int64_t rows = wd[0], cols = wd[1];
     const int64_t n = trans_b ? rows : cols;
+    for (int i = 0; bias && i < 3; ++i) {
+      if (p[i]->input(2)->constant()->num_elements() != n) return false;  // nothing changed yet
+    }
     Tensor w(DataType::kFloat32,
              trans_b ? std::vector<int64_t>{3 * rows, cols} : std::vector<int64_t>{rows, 3 * cols});
     float* wp = w.mutable_data<float>();
@@ -102,7 +105,6 @@ class QkvFusionPass final : public Pass {
       Tensor b(DataType::kFloat32, {3 * n});
       for (int i = 0; i < 3; ++i) {
         const Tensor& src = *p[i]->input(2)->constant();
-        if (src.num_elements() != n) return false;  // nothing changed yet
         std::memcpy(b.mutable_data<float>() + i * n, src.data<float>(), sizeof(float) * n);
       }
       inputs.push_back(
