@@ -1,6 +1,7 @@
 // A fixed pool of worker threads for data-parallel kernels and the builder's timing work.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -12,8 +13,9 @@ namespace kiln {
 
 class ThreadPool {
  public:
-  // threads == 0: one per hardware thread (or KILN_NUM_THREADS).
-  explicit ThreadPool(int threads = 0);
+  // threads == 0: one per hardware thread (or KILN_NUM_THREADS). spin_us < 0: how long a waiting
+  // thread spins before it sleeps comes from KILN_THREAD_SPIN_US.
+  explicit ThreadPool(int threads = 0, int64_t spin_us = -1);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -46,15 +48,20 @@ class ThreadPool {
   void WorkerLoop(int index);
 
   std::vector<std::thread> workers_;
+  // Hand-off: Run writes the job, then publishes it by bumping generation_ (under mu_, so a
+  // worker about to sleep cannot miss it). Workers and the caller spin up to spin_ns_ on the
+  // atomics before they block on the condition variables: on a virtual machine whose idle vCPUs
+  // halt, a futex wake-up costs tens of microseconds, more than most layers' parallel work.
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
   ChunkFn job_{nullptr, nullptr};
   int64_t job_n_ = 0;
   int job_chunks_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  int64_t spin_ns_ = 0;
   std::mutex run_mu_;  // one ParallelFor at a time
 };
 
