@@ -16,34 +16,23 @@ int64_t FloorDivInt(int64_t a, int64_t b) {
 }
 }  // namespace
 
-Dim::Dim(int64_t value) {
-  if (value != 0) terms_.push_back({{}, value});
+Dim::Terms Dim::terms() const {
+  if (terms_) return *terms_;
+  if (value_ == 0) return {};
+  return {{{}, value_}};
 }
 
 Dim Dim::Symbol(std::string name) {
   Dim d;
-  d.terms_.push_back({{std::move(name)}, 1});
+  d.terms_ = std::make_shared<const Terms>(Terms{{{std::move(name)}, 1}});
   return d;
 }
 
-bool Dim::is_static() const {
-  return terms_.empty() || (terms_.size() == 1 && terms_[0].first.empty());
-}
-
-int64_t Dim::value() const {
-  if (terms_.empty()) return 0;
-  return terms_[0].first.empty() && terms_.size() == 1 ? terms_[0].second : -1;
-}
-
-std::optional<int64_t> Dim::static_value() const {
-  if (!is_static()) return std::nullopt;
-  return value();
-}
-
-void Dim::Normalize() {
-  std::sort(terms_.begin(), terms_.end());
-  std::vector<std::pair<Monomial, int64_t>> out;
-  for (auto& t : terms_) {
+Dim Dim::FromTerms(Terms terms) {
+  std::sort(terms.begin(), terms.end());
+  Terms out;
+  out.reserve(terms.size());
+  for (auto& t : terms) {
     if (!out.empty() && out.back().first == t.first) {
       out.back().second += t.second;
     } else {
@@ -51,18 +40,22 @@ void Dim::Normalize() {
     }
   }
   std::erase_if(out, [](const auto& t) { return t.second == 0; });
-  terms_ = std::move(out);
+  if (out.empty()) return Dim(0);
+  if (out.size() == 1 && out[0].first.empty()) return Dim(out[0].second);
+  Dim d;
+  d.terms_ = std::make_shared<const Terms>(std::move(out));
+  return d;
 }
 
 std::string Dim::ToString() const {
-  if (terms_.empty()) return "0";
+  if (!terms_) return fmt::format("{}", value_);
   std::string out;
   // Constant term last reads better: "2*seq+1".
   std::vector<const std::pair<Monomial, int64_t>*> order;
-  for (const auto& t : terms_) {
+  for (const auto& t : *terms_) {
     if (!t.first.empty()) order.push_back(&t);
   }
-  for (const auto& t : terms_) {
+  for (const auto& t : *terms_) {
     if (t.first.empty()) order.push_back(&t);
   }
   for (size_t i = 0; i < order.size(); ++i) {
@@ -89,8 +82,9 @@ std::string Dim::ToString() const {
 }
 
 Dim Dim::Substitute(const std::map<std::string, int64_t>& bindings) const {
+  if (!terms_) return *this;
   Dim out;
-  for (const auto& [mono, coeff] : terms_) {
+  for (const auto& [mono, coeff] : *terms_) {
     Dim term(coeff);
     for (const std::string& s : mono) {
       auto it = bindings.find(s);
@@ -103,37 +97,47 @@ Dim Dim::Substitute(const std::map<std::string, int64_t>& bindings) const {
 
 std::vector<std::string> Dim::Symbols() const {
   std::vector<std::string> out;
-  for (const auto& t : terms_) out.insert(out.end(), t.first.begin(), t.first.end());
+  if (!terms_) return out;
+  for (const auto& t : *terms_) out.insert(out.end(), t.first.begin(), t.first.end());
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
 Dim operator+(const Dim& a, const Dim& b) {
-  Dim out = a;
-  out.terms_.insert(out.terms_.end(), b.terms_.begin(), b.terms_.end());
-  out.Normalize();
-  return out;
+  if (a.is_static() && b.is_static()) return a.value_ + b.value_;
+  if (b.is_static() && b.value_ == 0) return a;
+  if (a.is_static() && a.value_ == 0) return b;
+  Dim::Terms t = a.terms();
+  Dim::Terms tb = b.terms();
+  t.insert(t.end(), std::make_move_iterator(tb.begin()), std::make_move_iterator(tb.end()));
+  return Dim::FromTerms(std::move(t));
 }
 
 Dim operator-(const Dim& a, const Dim& b) {
-  Dim neg = b;
-  for (auto& t : neg.terms_) t.second = -t.second;
-  return a + neg;
+  if (a.is_static() && b.is_static()) return a.value_ - b.value_;
+  Dim::Terms neg = b.terms();
+  for (auto& t : neg) t.second = -t.second;
+  Dim::Terms t = a.terms();
+  t.insert(t.end(), std::make_move_iterator(neg.begin()), std::make_move_iterator(neg.end()));
+  return Dim::FromTerms(std::move(t));
 }
 
 Dim operator*(const Dim& a, const Dim& b) {
-  Dim out;
-  for (const auto& [ma, ca] : a.terms_) {
-    for (const auto& [mb, cb] : b.terms_) {
+  if (a.is_static() && b.is_static()) return a.value_ * b.value_;
+  if ((a.is_static() && a.value_ == 0) || (b.is_static() && b.value_ == 0)) return 0;
+  if (b.is_static() && b.value_ == 1) return a;
+  if (a.is_static() && a.value_ == 1) return b;
+  Dim::Terms out;
+  for (const auto& [ma, ca] : a.terms()) {
+    for (const auto& [mb, cb] : b.terms()) {
       Dim::Monomial m = ma;
       m.insert(m.end(), mb.begin(), mb.end());
       std::sort(m.begin(), m.end());
-      out.terms_.push_back({std::move(m), ca * cb});
+      out.push_back({std::move(m), ca * cb});
     }
   }
-  out.Normalize();
-  return out;
+  return Dim::FromTerms(std::move(out));
 }
 
 Dim Dim::Opaque(const std::string& op, const Dim& a, const Dim& b) {
@@ -147,24 +151,22 @@ Dim FloorDiv(const Dim& a, const Dim& b) {
   }
   if (b.is_static() && b.value() != 0) {
     // Exact when every coefficient divides.
-    Dim out;
+    Dim::Terms out;
     bool exact = true;
-    for (const auto& [m, c] : a.terms_) {
+    for (const auto& [m, c] : a.terms()) {
       if (c % b.value() != 0) exact = false;
-      out.terms_.push_back({m, c / (exact ? b.value() : 1)});
+      out.push_back({m, c / (exact ? b.value() : 1)});
     }
-    if (exact) {
-      out.Normalize();
-      return out;
-    }
+    if (exact) return Dim::FromTerms(std::move(out));
   }
   if (a == b) return 1;
   // a = k * b for a symbolic b: divide monomial-wise when b is a single monomial.
-  if (b.terms_.size() == 1 && b.terms_[0].second != 0) {
-    const auto& [bm, bc] = b.terms_[0];
-    Dim out;
+  Dim::Terms tb = b.terms();
+  if (tb.size() == 1 && tb[0].second != 0) {
+    const auto& [bm, bc] = tb[0];
+    Dim::Terms out;
     bool exact = true;
-    for (const auto& [m, c] : a.terms_) {
+    for (const auto& [m, c] : a.terms()) {
       Dim::Monomial rest = m;
       for (const std::string& s : bm) {
         auto it = std::find(rest.begin(), rest.end(), s);
@@ -178,12 +180,9 @@ Dim FloorDiv(const Dim& a, const Dim& b) {
         exact = false;
         break;
       }
-      out.terms_.push_back({rest, c / bc});
+      out.push_back({rest, c / bc});
     }
-    if (exact) {
-      out.Normalize();
-      return out;
-    }
+    if (exact) return Dim::FromTerms(std::move(out));
   }
   return Dim::Opaque("floordiv", a, b);
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -13,17 +14,24 @@
 
 namespace kiln {
 
+// A static Dim is an inline integer (copying it allocates nothing: shape inference copies shapes
+// all the time); a symbolic one shares its immutable polynomial.
 class Dim {
  public:
+  using Monomial = std::vector<std::string>;
+  using Terms = std::vector<std::pair<Monomial, int64_t>>;
+
   Dim() = default;
-  Dim(int64_t value);  // NOLINT: implicit, so `Dim d = 3;` reads naturally
+  Dim(int64_t value) : value_(value) {}  // NOLINT: implicit, so `Dim d = 3;` reads naturally
   static Dim Symbol(std::string name);
 
-  bool is_static() const;
-  // Only for static dims.
-  int64_t value() const;
+  bool is_static() const { return terms_ == nullptr; }
+  // Only for static dims (-1 for a symbolic one).
+  int64_t value() const { return terms_ ? -1 : value_; }
   // Static value or nullopt.
-  std::optional<int64_t> static_value() const;
+  std::optional<int64_t> static_value() const {
+    return terms_ ? std::nullopt : std::optional<int64_t>(value_);
+  }
   std::string ToString() const;
 
   // Substitutes symbols; a dim whose symbols are all bound becomes static.
@@ -32,7 +40,7 @@ class Dim {
   std::vector<std::string> Symbols() const;
   // The polynomial as terms coeff * product(symbols): monomials sorted and unique, coefficients
   // non-zero (for serialisation; rebuild a Dim from terms with Symbol, * and +).
-  const std::vector<std::pair<std::vector<std::string>, int64_t>>& terms() const { return terms_; }
+  Terms terms() const;
 
   friend Dim operator+(const Dim& a, const Dim& b);
   friend Dim operator-(const Dim& a, const Dim& b);
@@ -43,13 +51,18 @@ class Dim {
   friend Dim Mod(const Dim& a, const Dim& b);
   friend Dim Max(const Dim& a, const Dim& b);
   friend Dim Min(const Dim& a, const Dim& b);
-  friend bool operator==(const Dim& a, const Dim& b) { return a.terms_ == b.terms_; }
+  friend bool operator==(const Dim& a, const Dim& b) {
+    if (!a.terms_ || !b.terms_) return !a.terms_ && !b.terms_ && a.value_ == b.value_;
+    return a.terms_ == b.terms_ || *a.terms_ == *b.terms_;
+  }
 
  private:
-  // Sum of coeff * product(symbols); monomials sorted, no zero coefficients.
-  using Monomial = std::vector<std::string>;
-  std::vector<std::pair<Monomial, int64_t>> terms_;
-  void Normalize();
+  int64_t value_ = 0;  // when static
+  // When symbolic: sum of coeff * product(symbols); monomials sorted and unique, no zero
+  // coefficients, at least one monomial with a symbol. Null when static.
+  std::shared_ptr<const Terms> terms_;
+  // Normalizes `terms` (sorts, merges, drops zeros) into a Dim, static when it has no symbol.
+  static Dim FromTerms(Terms terms);
   static Dim Opaque(const std::string& op, const Dim& a, const Dim& b);
 };
 
