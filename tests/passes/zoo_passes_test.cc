@@ -115,5 +115,57 @@ INSTANTIATE_TEST_SUITE_P(
                  {"SkipLayerNormalization", 4}}}),
     [](const auto& info) { return info.param.model; });
 
+// What shape inference left on a graph, node by node in topological order: op, names, and each
+// output's dtype and shape.
+std::vector<std::string> Describe(const Graph& g) {
+  std::vector<std::string> out;
+  auto order = g.TopologicalOrder();
+  EXPECT_TRUE(order.ok());
+  if (!order.ok()) return out;
+  for (const Node* n : *order) {
+    std::string line = n->op_type() + " " + n->name() + " (";
+    for (const Value* v : n->inputs()) line += (v ? v->name() : std::string("-")) + ",";
+    line += ") ->";
+    for (const Value* v : n->outputs()) {
+      if (!v) continue;
+      line += " " + v->name() + ":" + std::string(ToString(v->dtype())) +
+              (v->has_shape() ? ToString(v->shape()) : std::string("?"));
+    }
+    out.push_back(std::move(line));
+  }
+  return out;
+}
+
+// The pass manager infers shapes incrementally (only what each pass touched, InferNewShapes);
+// on every zoo model, with and without the NHWC layout pass, the optimized graph and every
+// inferred shape are exactly what re-inferring the whole graph after each pass gives.
+class ZooIncrementalShapes : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ZooIncrementalShapes, MatchFullReinferenceAfterEveryPass) {
+  std::filesystem::path model = ZooDir() / GetParam() / "model.onnx";
+  for (const char* layout : {"", "NHWC"}) {
+    SCOPED_TRACE(std::string("conv_layout '") + layout + "'");
+    auto incremental = ImportOnnxFile(model.string());
+    auto full = ImportOnnxFile(model.string());
+    ASSERT_TRUE(incremental.ok() && full.ok());
+    PassOptions options = TestOptions();
+    options.conv_layout = layout;
+    auto r1 = RunDefaultPasses(**incremental, options);
+    options.full_shape_inference = true;
+    auto r2 = RunDefaultPasses(**full, options);
+    ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+    ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+    EXPECT_EQ(r1->ToString(), r2->ToString());
+    std::vector<std::string> a = Describe(**incremental), b = Describe(**full);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "node " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Zoo, ZooIncrementalShapes,
+                         ::testing::Values("resnet_tiny", "mobilenetv3_tiny", "efficientnet_tiny",
+                                           "squeezenet_tiny", "unet_tiny", "bert_tiny", "vit_tiny",
+                                           "gpt_tiny"));
+
 }  // namespace
 }  // namespace kiln::passes

@@ -269,7 +269,13 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   KILN_RETURN_IF_ERROR(Verify(graph));
   KILN_RETURN_IF_ERROR(ValidateProfile(graph, config.profile));
   if (config.optimize) SpecializeFixedDims(graph, config.profile);
-  KILN_RETURN_IF_ERROR_CTX(InferShapes(graph), "inferring shapes of '{}'", input.model_name);
+  auto inferred_or = InferShapes(graph);
+  if (!inferred_or.ok()) {
+    return std::move(inferred_or)
+        .status()
+        .AddContext(fmt::format("inferring shapes of '{}'", input.model_name));
+  }
+  ShapeInferenceResult inferred = std::move(inferred_or).value();
   rep.phase_seconds_import = Seconds(start);
 
   if (config.optimize) {
@@ -283,7 +289,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     if (config.backend == BackendKind::kCuda && (config.fp16 || config.bf16)) {
       pass_options.conv_layout = "NHWC";
     }
-    KILN_ASSIGN_OR_RETURN(passes::PassReport passes, passes::RunDefaultPasses(graph, pass_options));
+    KILN_ASSIGN_OR_RETURN(passes::PassReport passes,
+                          passes::RunDefaultPasses(graph, pass_options, &inferred.dims_values));
     rep.passes = passes.ToString();
     for (const auto& e : passes.passes) {
       for (const std::string& note : e.stats.notes) rep.pass_notes.push_back(e.pass + ": " + note);

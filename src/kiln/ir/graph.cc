@@ -13,6 +13,7 @@ void Value::set_constant(Tensor t) {
   dtype_ = t.dtype();
   set_shape(MakeShape(t.dims()));
   constant_ = std::move(t);
+  for (Node* c : consumers_) c->shape_dirty_ = true;
 }
 
 std::string Graph::UniqueName(const std::string& prefix) {
@@ -91,6 +92,7 @@ void Graph::SetInput(Node* node, size_t index, Value* value) {
     if (it != old->consumers_.end()) old->consumers_.erase(it);
   }
   node->inputs_[index] = value;
+  node->shape_dirty_ = true;
   if (value) value->consumers_.push_back(node);
 }
 
@@ -137,13 +139,17 @@ void Graph::RemoveNode(Node* node) {
 
 void Graph::Compact() {
   std::erase_if(nodes_, [](const std::unique_ptr<Node>& n) { return n->dead_; });
-  std::unordered_set<Value*> referenced;
+  for (const auto& v : values_) v->referenced_ = false;
   for (const auto& n : nodes_) {
-    for (Value* v : n->inputs_) referenced.insert(v);
-    for (Value* v : n->outputs_) referenced.insert(v);
+    for (Value* v : n->inputs_) {
+      if (v) v->referenced_ = true;
+    }
+    for (Value* v : n->outputs_) {
+      if (v) v->referenced_ = true;
+    }
   }
   std::erase_if(values_, [&](const std::unique_ptr<Value>& v) {
-    bool keep = referenced.count(v.get()) || v->is_graph_input_ || v->is_graph_output_;
+    bool keep = v->referenced_ || v->is_graph_input_ || v->is_graph_output_;
     if (!keep) value_by_name_.erase(v->name_);
     return !keep;
   });
@@ -183,20 +189,25 @@ size_t Graph::num_nodes() const {
 }
 
 StatusOr<std::vector<Node*>> Graph::TopologicalOrder() const {
-  // Kahn's algorithm; ties broken by insertion order, so the order is deterministic.
+  // Kahn's algorithm; ties broken by insertion order, so the order is deterministic. Live nodes
+  // are in id order (ids grow with insertion and nodes_ keeps that order), so a node's slot in
+  // `live` is found by binary search: no hash map on this hot path of the builder.
   std::vector<Node*> live = nodes();
-  std::unordered_map<const Node*, int> pending;
-  for (Node* n : live) {
-    int count = 0;
-    for (Value* in : n->inputs_) {
-      if (in && in->producer_ && !in->producer_->dead_) ++count;
+  auto slot = [&](const Node* n) {
+    return std::lower_bound(live.begin(), live.end(), n->id_,
+                            [](const Node* a, int64_t id) { return a->id_ < id; }) -
+           live.begin();
+  };
+  std::vector<int> pending(live.size(), 0);
+  for (size_t i = 0; i < live.size(); ++i) {
+    for (Value* in : live[i]->inputs_) {
+      if (in && in->producer_ && !in->producer_->dead_) ++pending[i];
     }
-    pending[n] = count;
   }
   auto cmp = [](const Node* a, const Node* b) { return a->id_ > b->id_; };
   std::priority_queue<Node*, std::vector<Node*>, decltype(cmp)> ready(cmp);
-  for (Node* n : live) {
-    if (pending[n] == 0) ready.push(n);
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (pending[i] == 0) ready.push(live[i]);
   }
   std::vector<Node*> order;
   order.reserve(live.size());
@@ -208,14 +219,14 @@ StatusOr<std::vector<Node*>> Graph::TopologicalOrder() const {
       if (!out) continue;
       for (Node* c : out->consumers_) {
         // A consumer listing the same value twice is decremented twice, matching its count.
-        if (--pending[c] == 0) ready.push(c);
+        if (--pending[slot(c)] == 0) ready.push(c);
       }
     }
   }
   if (order.size() != live.size()) {
     std::vector<std::string> stuck;
-    for (Node* n : live) {
-      if (pending[n] > 0 && stuck.size() < 5) stuck.push_back("'" + n->name_ + "'");
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (pending[i] > 0 && stuck.size() < 5) stuck.push_back("'" + live[i]->name_ + "'");
     }
     return MakeError(ErrorCode::kGraphCycle, "{} node(s) lie on or behind a cycle, e.g. {}",
                      live.size() - order.size(), fmt::join(stuck, ", "));

@@ -58,6 +58,7 @@ class Value {
   std::optional<Tensor> constant_;
   bool is_graph_input_ = false;
   bool is_graph_output_ = false;
+  bool referenced_ = false;  // scratch for Graph::Compact
 };
 
 class Node {
@@ -73,15 +74,27 @@ class Node {
   size_t num_inputs() const { return inputs_.size(); }
   size_t num_outputs() const { return outputs_.size(); }
   const AttributeMap& attrs() const { return attrs_; }
-  AttributeMap& mutable_attrs() { return attrs_; }
+  AttributeMap& mutable_attrs() {
+    shape_dirty_ = true;
+    return attrs_;
+  }
   void set_name(std::string n) { name_ = std::move(n); }
-  void set_op_type(std::string t) { op_type_ = std::move(t); }
+  void set_op_type(std::string t) {
+    op_type_ = std::move(t);
+    shape_dirty_ = true;
+  }
+  // Set when the node is added or its inputs, attributes or op type change, or an input's
+  // constant is replaced; shape inference clears it. Incremental inference (InferNewShapes)
+  // re-infers only dirty nodes and what depends on them.
+  bool shape_dirty() const { return shape_dirty_; }
+  void clear_shape_dirty() { shape_dirty_ = false; }
   // Position in the graph's insertion order (stable ids for reports).
   int64_t id() const { return id_; }
   bool is_dead() const { return dead_; }
 
  private:
   friend class Graph;
+  friend class Value;  // set_constant marks the consumers dirty
   std::string name_;
   std::string op_type_;
   std::string domain_;
@@ -90,6 +103,7 @@ class Node {
   AttributeMap attrs_;
   int64_t id_ = 0;
   bool dead_ = false;
+  bool shape_dirty_ = true;
 };
 
 class Graph {

@@ -2,6 +2,7 @@
 #include "kiln/ops/op_schema.h"
 
 #include <unordered_map>
+#include <unordered_set>
 
 namespace kiln {
 
@@ -106,6 +107,7 @@ StatusOr<ShapeInferenceResult> InferShapes(Graph& graph) {
     for (Value* v : node->inputs()) ins.push_back(info_of(v));
     std::vector<ValueInfo> outs(node->num_outputs());
     KILN_RETURN_IF_ERROR(InferNode(*node, ins, outs));
+    node->clear_shape_dirty();
     for (size_t i = 0; i < outs.size(); ++i) {
       Value* v = node->output(i);
       if (!v) continue;
@@ -116,6 +118,61 @@ StatusOr<ShapeInferenceResult> InferShapes(Graph& graph) {
     }
   }
   return result;
+}
+
+Status InferNewShapes(Graph& graph,
+                      std::unordered_map<const Value*, std::vector<Dim>>& dims_values) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  std::vector<Value*> live = graph.values();
+  std::unordered_set<const Value*> live_set(live.begin(), live.end());
+  std::erase_if(dims_values, [&](const auto& e) { return !live_set.count(e.first); });
+  std::unordered_set<const Value*> changed;
+  std::vector<ValueInfo> in_infos;
+  std::vector<const ValueInfo*> ins;
+  for (Node* node : order) {
+    bool needed = node->shape_dirty();
+    for (Value* v : node->outputs()) {
+      if (v && (!v->has_shape() || v->dtype() == DataType::kUndefined)) needed = true;
+    }
+    for (Value* v : node->inputs()) {
+      if (v && changed.count(v)) needed = true;
+    }
+    if (!needed) continue;
+    in_infos.assign(node->num_inputs(), ValueInfo());
+    ins.assign(node->num_inputs(), nullptr);
+    for (size_t i = 0; i < node->num_inputs(); ++i) {
+      Value* v = node->input(i);
+      if (!v) continue;
+      ValueInfo& vi = in_infos[i];
+      vi.dtype = v->dtype();
+      vi.shape = v->shape();
+      vi.constant = v->constant();
+      if (auto it = dims_values.find(v); it != dims_values.end()) vi.dims_value = it->second;
+      ins[i] = &vi;
+    }
+    std::vector<ValueInfo> outs(node->num_outputs());
+    KILN_RETURN_IF_ERROR(InferNode(*node, ins, outs));
+    node->clear_shape_dirty();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      Value* v = node->output(i);
+      if (!v) continue;
+      auto old = dims_values.find(v);
+      bool same =
+          v->has_shape() && v->dtype() == outs[i].dtype && v->shape() == outs[i].shape &&
+          (old == dims_values.end() ? !outs[i].dims_value
+                                    : outs[i].dims_value && *outs[i].dims_value == old->second);
+      if (same) continue;
+      changed.insert(v);
+      v->set_dtype(outs[i].dtype);
+      v->set_shape(std::move(outs[i].shape));
+      if (outs[i].dims_value) {
+        dims_values[v] = std::move(*outs[i].dims_value);
+      } else if (old != dims_values.end()) {
+        dims_values.erase(old);
+      }
+    }
+  }
+  return OkStatus();
 }
 
 StatusOr<Shape> BroadcastShapes(const Shape& a, const Shape& b) {

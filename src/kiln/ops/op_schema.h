@@ -102,6 +102,15 @@ struct ShapeInferenceResult {
 };
 StatusOr<ShapeInferenceResult> InferShapes(Graph& graph);
 
+// Incremental shape inference after a rewrite: infers, in topological order, only the nodes
+// marked shape_dirty() (added, re-wired, attributes or op type changed, an input constant
+// replaced) or with an output that has no shape or dtype yet, and the consumers of every value
+// whose dtype, shape or dims-value changed as a result. `dims_values` (from an earlier
+// InferShapes) is updated in place and loses the entries of values no longer in the graph.
+// Gives what InferShapes would, for the cost of the rewritten part.
+Status InferNewShapes(Graph& graph,
+                      std::unordered_map<const Value*, std::vector<Dim>>& dims_values);
+
 // Helpers for rules.
 // Numpy-style broadcast of two shapes; error names both shapes.
 StatusOr<Shape> BroadcastShapes(const Shape& a, const Shape& b);

@@ -167,7 +167,6 @@ class AttentionLayoutPass final : public Pass {
                   std::move(inputs), {out}, std::move(attrs));
     ctx.stats().nodes_removed += 1;  // attention replaced one for one; the merge Transpose went
     ctx.stats().rewrites += 1;
-    ctx.MarkShapesStale();
     return use_bsd ? "bsd" : "bshd";
   }
 };

@@ -17,11 +17,15 @@ const std::vector<Dim>* PassContext::dims_value(const Value* v) const {
 }
 
 Status PassContext::EnsureShapes(Graph& graph) {
-  if (shapes_fresh_) return OkStatus();
-  dims_values_.clear();
-  KILN_ASSIGN_OR_RETURN(ShapeInferenceResult result, InferShapes(graph));
-  dims_values_ = std::move(result.dims_values);
-  shapes_fresh_ = true;
+  if (staleness_ == Staleness::kFresh) return OkStatus();
+  if (staleness_ == Staleness::kNewNodes && !options_.full_shape_inference) {
+    KILN_RETURN_IF_ERROR(InferNewShapes(graph, dims_values_));
+  } else {
+    dims_values_.clear();
+    KILN_ASSIGN_OR_RETURN(ShapeInferenceResult result, InferShapes(graph));
+    dims_values_ = std::move(result.dims_values);
+  }
+  staleness_ = Staleness::kFresh;
   return OkStatus();
 }
 
@@ -47,10 +51,15 @@ std::string PassReport::ToString() const {
 
 void PassManager::Add(std::unique_ptr<Pass> pass) { passes_.push_back(std::move(pass)); }
 
-StatusOr<PassReport> PassManager::Run(Graph& graph) {
+StatusOr<PassReport> PassManager::Run(
+    Graph& graph, std::unordered_map<const Value*, std::vector<Dim>>* inferred) {
   PassReport report;
   report.nodes_before = static_cast<int64_t>(graph.num_nodes());
   PassContext ctx(options_);
+  if (inferred) {
+    ctx.dims_values_ = std::move(*inferred);
+    ctx.staleness_ = PassContext::Staleness::kFresh;
+  }
   std::vector<Pass*> enabled;
   for (auto& p : passes_) {
     if (std::find(options_.disabled.begin(), options_.disabled.end(), std::string(p->name())) ==
@@ -71,7 +80,9 @@ StatusOr<PassReport> PassManager::Run(Graph& graph) {
       if (ctx.stats_.rewrites > 0) {
         changed = true;
         graph.Compact();
-        ctx.MarkShapesStale();
+        if (ctx.staleness_ == PassContext::Staleness::kFresh) {
+          ctx.staleness_ = PassContext::Staleness::kNewNodes;
+        }
         KILN_LOG(Debug, BUILD, "pass {} (round {}): {} rewrite(s), {} node(s) now", pass->name(),
                  iter + 1, ctx.stats_.rewrites, graph.num_nodes());
       }
@@ -109,8 +120,10 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   return pm;
 }
 
-StatusOr<PassReport> RunDefaultPasses(Graph& graph, const PassOptions& options) {
-  KILN_ASSIGN_OR_RETURN(PassReport report, MakeDefaultPassManager(options)->Run(graph));
+StatusOr<PassReport> RunDefaultPasses(
+    Graph& graph, const PassOptions& options,
+    std::unordered_map<const Value*, std::vector<Dim>>* inferred) {
+  KILN_ASSIGN_OR_RETURN(PassReport report, MakeDefaultPassManager(options)->Run(graph, inferred));
   if (options.conv_layout.empty() || std::find(options.disabled.begin(), options.disabled.end(),
                                                "layout_nhwc") != options.disabled.end()) {
     return report;

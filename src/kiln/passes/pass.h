@@ -51,6 +51,9 @@ struct PassOptions {
   // "NHWC" runs the layout pass (layout_nhwc.cc) after the default pipeline; "" leaves ONNX's
   // channels-first layout.
   std::string conv_layout;
+  // Re-run whole-graph shape inference after every pass that changed the graph, instead of
+  // inferring only what the pass touched (InferNewShapes). Slower; the tests compare the two.
+  bool full_shape_inference = false;
 };
 
 // State shared by the passes of one run.
@@ -65,16 +68,19 @@ class PassContext {
     return dims_values_;
   }
   const std::vector<Dim>* dims_value(const Value* v) const;
-  // Re-runs shape inference if a pass changed the graph since the last run.
+  // Re-runs shape inference if a pass changed the graph since the last run: over the nodes the
+  // passes touched (and what depends on them), or all of it when marked stale or when
+  // options().full_shape_inference.
   Status EnsureShapes(Graph& graph);
-  void MarkShapesStale() { shapes_fresh_ = false; }
+  void MarkShapesStale() { staleness_ = Staleness::kAll; }
 
  private:
   friend class PassManager;
+  enum class Staleness { kFresh, kNewNodes, kAll };
   const PassOptions& options_;
   PassStats stats_;
   std::unordered_map<const Value*, std::vector<Dim>> dims_values_;
-  bool shapes_fresh_ = false;
+  Staleness staleness_ = Staleness::kAll;
 };
 
 class Pass {
@@ -109,7 +115,10 @@ class PassManager {
   // Runs every pass in order, repeating the pipeline until no pass changes anything (or
   // max_iterations). Re-infers shapes between passes that changed the graph; compacts and
   // verifies at the end.
-  StatusOr<PassReport> Run(Graph& graph);
+  // `inferred`: the dims-values of a shape inference just run on this graph (its values' shapes
+  // are fresh), so the first pass does not infer again; taken over by the run.
+  StatusOr<PassReport> Run(Graph& graph,
+                           std::unordered_map<const Value*, std::vector<Dim>>* inferred = nullptr);
 
  private:
   PassOptions options_;
@@ -138,7 +147,9 @@ std::unique_ptr<Pass> MakeLayoutNhwcPass();       // channels-last convolution s
 // RunDefaultPasses then runs the layout pass once on the fused graph when options.conv_layout
 // asks for NHWC (it sees final FusedConv nodes, so no fusion has to understand layouts).
 std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options);
-StatusOr<PassReport> RunDefaultPasses(Graph& graph, const PassOptions& options);
+StatusOr<PassReport> RunDefaultPasses(
+    Graph& graph, const PassOptions& options,
+    std::unordered_map<const Value*, std::vector<Dim>>* inferred = nullptr);
 
 // ---- helpers for writing passes
 

@@ -119,7 +119,6 @@ class QkvFusionPass final : public Pass {
     attn->mutable_attrs() = std::move(attrs);
     ctx.stats().rewrites += 1;
     ctx.stats().nodes_added += 1;
-    ctx.MarkShapesStale();
     return true;  // the three projections are dead now; dead-node elimination removes them
   }
 };
