@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <random>
 
 #include "kiln/core/hash.h"
@@ -24,10 +25,11 @@ StatusOr<BuiltEngine> BuildFromOnnxFile(const std::string& path, const BuilderCo
   std::ifstream f(path, std::ios::binary);
   if (!f) return MakeError(ErrorCode::kNotFound, "cannot open model '{}'", path);
   Hasher hasher;
-  std::vector<char> chunk(1 << 20);
+  constexpr size_t kChunk = size_t{1} << 20;
+  auto chunk = std::make_unique_for_overwrite<char[]>(kChunk);  // not zero-filled
   while (f) {
-    f.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    hasher.Update(std::as_bytes(std::span(chunk.data(), static_cast<size_t>(f.gcount()))));
+    f.read(chunk.get(), static_cast<std::streamsize>(kChunk));
+    hasher.Update(std::as_bytes(std::span(chunk.get(), static_cast<size_t>(f.gcount()))));
   }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, ImportOnnxFile(path));
   std::string name = path.substr(path.find_last_of('/') + 1);

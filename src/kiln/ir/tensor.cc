@@ -20,10 +20,15 @@ int64_t TensorView::num_elements() const {
 }
 
 namespace {
-std::shared_ptr<void> AllocateAligned(size_t bytes) {
+// zero = false only where every byte is written next (a copy).
+std::shared_ptr<void> AllocateAligned(size_t bytes, bool zero = true) {
   size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
-  std::memset(p, 0, rounded);
+  if (zero) {
+    std::memset(p, 0, rounded);
+  } else if (rounded > bytes) {
+    std::memset(static_cast<char*>(p) + bytes, 0, rounded - bytes);  // the tail padding
+  }
   return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
 }  // namespace
@@ -36,9 +41,16 @@ Tensor::Tensor(DataType dtype, std::vector<int64_t> dims) : dtype_(dtype), dims_
 
 Tensor Tensor::FromBytes(DataType dtype, std::vector<int64_t> dims,
                          std::span<const std::byte> bytes) {
-  Tensor t(dtype, std::move(dims));
-  size_t n = std::min(bytes.size(), t.size_bytes());
-  if (n) std::memcpy(const_cast<void*>(t.data_), bytes.data(), n);
+  Tensor t;
+  t.dtype_ = dtype;
+  t.dims_ = std::move(dims);
+  const size_t size = t.size_bytes();
+  const size_t n = std::min(bytes.size(), size);
+  // Only the bytes the copy does not cover are zeroed (a short `bytes` leaves zeros).
+  auto storage = AllocateAligned(size, /*zero=*/n < size);
+  if (n) std::memcpy(storage.get(), bytes.data(), n);
+  t.data_ = storage.get();
+  t.storage_ = std::move(storage);
   return t;
 }
 
@@ -55,7 +67,7 @@ Tensor Tensor::Borrow(DataType dtype, std::vector<int64_t> dims, const void* dat
 void* Tensor::mutable_raw() {
   // Copy-on-write: a shared or borrowed buffer is never modified in place.
   if (storage_.use_count() != 1 || storage_.get() != data_) {
-    auto fresh = AllocateAligned(size_bytes());
+    auto fresh = AllocateAligned(size_bytes(), /*zero=*/false);
     std::memcpy(fresh.get(), data_, size_bytes());
     data_ = fresh.get();
     storage_ = std::move(fresh);
