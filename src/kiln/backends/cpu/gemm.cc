@@ -1,6 +1,7 @@
 // Gemm and FusedGemm on the CPU: Y = act(alpha * op(A) op(B) + beta * C).
-// Tactics: f32-gemm-cpu-openblas (cblas_sgemm, OpenBLAS threads) and f32-gemm-cpu-blocked-8x8
-// (kiln's packed kernel on kiln's ThreadPool).
+// Tactics (sgemm.h's GemmTactics): f32-gemm-cpu-openblas (cblas_sgemm slices on kiln's
+// ThreadPool), -openblas-1thread (one call, no fork/join), -blocked-8x8 and -blocked-8x8-k128
+// (kiln's packed kernel, K blocks of 256 or 128).
 #include "kiln/backends/cpu/conv_common.h"
 #include "kiln/backends/cpu/cpu_kernel.h"
 #include "kiln/backends/cpu/sgemm.h"
@@ -93,14 +94,17 @@ class GemmProviderBase : public CpuFloatProvider {
     if (a.size() != 2 || b.size() != 2) return {};
     int64_t m = spec->trans_a ? a[1] : a[0], k = spec->trans_a ? a[0] : a[1];
     int64_t n = spec->trans_b ? b[0] : b[1];
-    return {{"f32-gemm-cpu-openblas", {0}, 0},
-            {"f32-gemm-cpu-blocked-8x8", {1}, SgemmWorkspaceBytes(GemmImpl::kBlocked8x8, m, n, k)}};
+    std::vector<TacticConfig> out;
+    for (const GemmTactic& t : GemmTactics("f32-gemm-cpu", m, n, k)) {
+      out.push_back({t.name, {static_cast<int64_t>(t.impl)}, t.workspace_bytes});
+    }
+    return out;
   }
 
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig& tactic) const override {
     KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadSpec(request));
-    if (tactic.params.size() != 1 || tactic.params[0] < 0 || tactic.params[0] > 1) {
+    if (tactic.params.size() != 1 || tactic.params[0] < 0 || tactic.params[0] >= kNumGemmImpls) {
       return MakeError(ErrorCode::kInvalidArgument, "{}: tactic '{}' has invalid params", id(),
                        tactic.name);
     }

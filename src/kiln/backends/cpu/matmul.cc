@@ -1,6 +1,7 @@
 // MatMul and FusedMatMul on the CPU: numpy batched broadcasting and 1-D operands.
 // Y = act(alpha * op(A) @ op(B) + bias) (FusedMatMul; plain MatMul has alpha 1, no bias).
-// Tactics: f32-matmul-cpu-openblas and f32-matmul-cpu-blocked-8x8. When B has no batch dims
+// Tactics: f32-matmul-cpu-openblas[-1thread] and f32-matmul-cpu-blocked-8x8[-k128] (sgemm.h's
+// GemmTactics). When B has no batch dims
 // and A is not transposed, the batch is folded into M: one large sgemm (the BERT case).
 #include <algorithm>
 
@@ -149,15 +150,18 @@ class MatMulProviderBase : public CpuFloatProvider {
     std::vector<int64_t> a = MaxDimsOf(request.inputs[0]), b = MaxDimsOf(request.inputs[1]);
     auto d = ResolveMatMul(*spec, a, b, false);
     if (!d.ok()) return {};
-    size_t ws =
-        SgemmWorkspaceBytes(GemmImpl::kBlocked8x8, d->fold ? d->batch * d->m : d->m, d->n, d->k);
-    return {{"f32-matmul-cpu-openblas", {0}, 0}, {"f32-matmul-cpu-blocked-8x8", {1}, ws}};
+    std::vector<TacticConfig> out;
+    for (const GemmTactic& t :
+         GemmTactics("f32-matmul-cpu", d->fold ? d->batch * d->m : d->m, d->n, d->k)) {
+      out.push_back({t.name, {static_cast<int64_t>(t.impl)}, t.workspace_bytes});
+    }
+    return out;
   }
 
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig& tactic) const override {
     KILN_ASSIGN_OR_RETURN(MatMulSpec spec, ReadSpec(request));
-    if (tactic.params.size() != 1 || tactic.params[0] < 0 || tactic.params[0] > 1) {
+    if (tactic.params.size() != 1 || tactic.params[0] < 0 || tactic.params[0] >= kNumGemmImpls) {
       return MakeError(ErrorCode::kInvalidArgument, "{}: tactic '{}' has invalid params", id(),
                        tactic.name);
     }

@@ -21,6 +21,12 @@ namespace kiln::cpu {
 
 namespace {
 constexpr int64_t kKc = 256;  // K block: one A strip (8 x kKc) and one B strip fit in L1
+constexpr int64_t kKcSmall = 128;
+
+int64_t KcOf(GemmImpl impl) { return impl == GemmImpl::kBlocked8x8K128 ? kKcSmall : kKc; }
+bool IsBlocked(GemmImpl impl) {
+  return impl == GemmImpl::kBlocked8x8 || impl == GemmImpl::kBlocked8x8K128;
+}
 constexpr int64_t kMc = 64;   // rows per parallel tile
 constexpr int64_t kNc = 128;  // columns per parallel tile
 
@@ -98,9 +104,9 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   }
 }
 
-void BlockedSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                  int64_t ldc, void* workspace) {
+void BlockedSgemm(int64_t kc_max, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                  float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                  float* c, int64_t ldc, void* workspace) {
   if (k == 0) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
@@ -110,11 +116,11 @@ void BlockedSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
   int64_t m8 = Round8(m), n8 = Round8(n);
   auto* ap = static_cast<float*>(workspace);
   // Same layout as SgemmWorkspaceBytes: packed A for one K block, then packed B.
-  float* bp = ap + Align64(static_cast<size_t>(m8 * std::min(kKc, k)) * 4) / 4;
+  float* bp = ap + Align64(static_cast<size_t>(m8 * std::min(kc_max, k)) * 4) / 4;
   ThreadPool& pool = ThreadPool::Default();
   int64_t mt = (m + kMc - 1) / kMc, nt = (n + kNc - 1) / kNc;
-  for (int64_t k0 = 0; k0 < k; k0 += kKc) {
-    int64_t kc = std::min(kKc, k - k0);
+  for (int64_t k0 = 0; k0 < k; k0 += kc_max) {
+    int64_t kc = std::min(kc_max, k - k0);
     pool.ParallelFor(m8 / 8, [&](int64_t s0, int64_t s1) {
       PackA(trans_a, a, lda, s0 * 8, std::min(m, s1 * 8) - s0 * 8, k0, kc, ap + s0 * 8 * kc);
     });
@@ -141,10 +147,27 @@ float Sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 }  // namespace
 
 size_t SgemmWorkspaceBytes(GemmImpl impl, int64_t m, int64_t n, int64_t k) {
-  if (impl == GemmImpl::kOpenBlas) return 0;
-  int64_t kc = std::min(kKc, std::max<int64_t>(k, 1));
+  if (!IsBlocked(impl)) return 0;
+  int64_t kc = std::min(KcOf(impl), std::max<int64_t>(k, 1));
   return Align64(static_cast<size_t>(Round8(m) * kc) * 4) +
          Align64(static_cast<size_t>(Round8(n) * kc) * 4);
+}
+
+bool SgemmSplitsOverThreads(int64_t m, int64_t n, int64_t k) {
+  return ThreadPool::Default().size() > 1 &&
+         static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) >= 2e5;
+}
+
+std::vector<GemmTactic> GemmTactics(const std::string& prefix, int64_t m, int64_t n, int64_t k) {
+  std::vector<GemmTactic> out;
+  auto add = [&](const char* suffix, GemmImpl impl) {
+    out.push_back({prefix + suffix, impl, SgemmWorkspaceBytes(impl, m, n, k)});
+  };
+  add("-openblas", GemmImpl::kOpenBlas);
+  add("-blocked-8x8", GemmImpl::kBlocked8x8);
+  if (SgemmSplitsOverThreads(m, n, k)) add("-openblas-1thread", GemmImpl::kOpenBlasSingle);
+  if (k > kKcSmall) add("-blocked-8x8-k128", GemmImpl::kBlocked8x8K128);
+  return out;
 }
 
 void ConfigureBlasThreads() {
@@ -171,8 +194,9 @@ void Sgemm(GemmImpl impl, bool trans_a, bool trans_b, int64_t m, int64_t n, int6
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
            int64_t ldc, void* workspace) {
   if (m == 0 || n == 0) return;
-  if (impl == GemmImpl::kBlocked8x8) {
-    BlockedSgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, workspace);
+  if (IsBlocked(impl)) {
+    BlockedSgemm(KcOf(impl), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                 workspace);
     return;
   }
   ConfigureBlasThreads();
@@ -189,8 +213,7 @@ void Sgemm(GemmImpl impl, bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   ThreadPool& pool = ThreadPool::Default();
   int64_t threads = pool.size();
   // Small products are not worth a fork/join.
-  if (threads == 1 ||
-      static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) < 2e5) {
+  if (impl == GemmImpl::kOpenBlasSingle || !SgemmSplitsOverThreads(m, n, k)) {
     call(0, m, 0, n);
     return;
   }

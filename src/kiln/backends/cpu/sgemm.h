@@ -12,18 +12,39 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kiln/ops/fused.h"
 
 namespace kiln::cpu {
 
+// The values are stored in engines (tactic params): never renumber.
 enum class GemmImpl : uint8_t {
-  kOpenBlas = 0,    // cblas_sgemm
-  kBlocked8x8 = 1,  // kiln's packed, cache-blocked kernel with an 8x8 register tile
+  kOpenBlas = 0,  // cblas_sgemm, split into one slice per thread when the product is large
+  kBlocked8x8 =
+      1,  // kiln's packed, cache-blocked kernel with an 8x8 register tile, K blocks of 256
+  kOpenBlasSingle = 2,  // one cblas_sgemm call on the calling thread (no fork/join)
+  kBlocked8x8K128 = 3,  // the blocked kernel with K blocks of 128 (half the L1 footprint)
 };
+constexpr int64_t kNumGemmImpls = 4;
 
 // Bytes of workspace Sgemm needs for an M x N x K product with this implementation.
 size_t SgemmWorkspaceBytes(GemmImpl impl, int64_t m, int64_t n, int64_t k);
+
+// True when OpenBLAS alone would split this product over the threads (so kOpenBlasSingle is a
+// different schedule worth timing).
+bool SgemmSplitsOverThreads(int64_t m, int64_t n, int64_t k);
+
+// The tactics a Gemm/MatMul layer of this size offers, named "<prefix>-openblas" and so on,
+// params {impl}: each one only when it is a distinct schedule for this size (K blocks of 128
+// only when K > 128, one thread only when the threaded split would apply).
+struct GemmTactic {
+  std::string name;
+  GemmImpl impl;
+  size_t workspace_bytes;
+};
+std::vector<GemmTactic> GemmTactics(const std::string& prefix, int64_t m, int64_t n, int64_t k);
 
 // Row-major C[m x n] = alpha * op(A) op(B) + beta * C, op = transpose when trans_*. `workspace`
 // must hold SgemmWorkspaceBytes (64-byte aligned). beta == 0 ignores C's old contents.
