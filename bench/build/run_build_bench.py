@@ -85,7 +85,7 @@ def main():
         # Large models: one cold build (a minute each); small ones: median of three.
         cmd = [args.binary, "--model", path,
                "--cold-runs", "1" if is_large else "3",
-               "--warm-runs", "3" if is_large else "9",
+               "--warm-runs", "3" if is_large else "21",
                "--rounds", "1" if is_large else str(args.rounds),
                "--seconds", "0" if is_large else "0.5",
                "--min-iterations", "3" if is_large else "10"]

@@ -73,13 +73,14 @@ OptimizationProfile ZooProfile(const nlohmann::json& info) {
   return profile;
 }
 
-void BuildWithDeadlineAndCheck(const fs::path& dir, bool search_outlasts_deadline) {
+void BuildWithDeadlineAndCheck(const fs::path& dir, std::chrono::milliseconds deadline,
+                               bool search_outlasts_deadline) {
   ASSERT_FALSE(dir.empty()) << "no zoo model under " << ZooRoot();
   SCOPED_TRACE(dir.filename().string());
   const nlohmann::json info = Info(dir);
   BuilderConfig config;
   config.profile = ZooProfile(info);
-  config.deadline = kDeadline;  // no timing cache: every candidate would have to be timed
+  config.deadline = deadline;  // no timing cache: every candidate would have to be timed
 
   const auto t0 = std::chrono::steady_clock::now();
   StatusOr<app::BuiltEngine> built = app::BuildFromOnnxFile((dir / "model.onnx").string(), config);
@@ -90,7 +91,7 @@ void BuildWithDeadlineAndCheck(const fs::path& dir, bool search_outlasts_deadlin
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   std::printf("%s: import + build + serialize %.3f s (deadline %.1f s, reached: %s)\n",
-              dir.filename().c_str(), seconds, kDeadline.count() / 1000.0,
+              dir.filename().c_str(), seconds, deadline.count() / 1000.0,
               built->report.deadline_hit ? "yes" : "no");
   // Where the full search needs longer than the deadline, the bound was actually reached, so the
   // test exercises the deadline and not merely a quick build.
@@ -98,7 +99,7 @@ void BuildWithDeadlineAndCheck(const fs::path& dir, bool search_outlasts_deadlin
     EXPECT_TRUE(built->report.deadline_hit)
         << "the search finished in " << built->report.build_seconds << " s, before the deadline";
   }
-  EXPECT_LE(seconds, 1.0 + kMarginSeconds)
+  EXPECT_LE(seconds, deadline.count() / 1000.0 + kMarginSeconds)
       << "import + build + serialize took " << seconds << " s; report:\n"
       << built->report.ToText(false);
 
@@ -135,11 +136,22 @@ void BuildWithDeadlineAndCheck(const fs::path& dir, bool search_outlasts_deadlin
 }
 
 // "The largest zoo model" of issue 3, by weight bytes: mobilenetv3_tiny (409,394 parameters;
-// its convolutions have the most tactic candidates, and the full search takes several seconds).
+// its convolutions have the most tactic candidates). With --deadline 1s the build stays within
+// the bound and is correct; whether the search outlasts 1 s depends on the machine (0.44 s on an
+// idle 2-core runner, several seconds under load), so a second build with a deadline well below
+// the full search (100 ms) makes sure the bound is actually reached and the engine written at it
+// is still correct.
 TEST(DeadlineZooTest, LargestByWeightsBuildsWithinDeadlineAndIsCorrect) {
   const fs::path dir = LargestBy("param_count");
   EXPECT_EQ(dir.filename(), "mobilenetv3_tiny");
-  BuildWithDeadlineAndCheck(dir, /*search_outlasts_deadline=*/true);
+  BuildWithDeadlineAndCheck(dir, kDeadline, /*search_outlasts_deadline=*/false);
+}
+
+TEST(DeadlineZooTest, LargestByWeightsReachesAShortDeadlineAndIsCorrect) {
+  const fs::path dir = LargestBy("param_count");
+  EXPECT_EQ(dir.filename(), "mobilenetv3_tiny");
+  BuildWithDeadlineAndCheck(dir, std::chrono::milliseconds(100),
+                            /*search_outlasts_deadline=*/true);
 }
 
 // Also the largest by layers, gpt_tiny (479 ONNX nodes): the most layers to import, optimize and
@@ -147,7 +159,7 @@ TEST(DeadlineZooTest, LargestByWeightsBuildsWithinDeadlineAndIsCorrect) {
 TEST(DeadlineZooTest, LargestByLayersBuildsWithinDeadlineAndIsCorrect) {
   const fs::path dir = LargestBy("nodes");
   EXPECT_EQ(dir.filename(), "gpt_tiny");
-  BuildWithDeadlineAndCheck(dir, /*search_outlasts_deadline=*/false);
+  BuildWithDeadlineAndCheck(dir, kDeadline, /*search_outlasts_deadline=*/false);
 }
 
 }  // namespace
