@@ -17,6 +17,7 @@
 #include "kiln/backends/cpu/cpu_eval.h"
 #include "kiln/build/tactic_search.h"
 #include "kiln/build/timing_cache.h"
+#include "kiln/core/json_writer.h"
 #include "kiln/core/logging.h"
 #include "kiln/core/params.h"
 #include "kiln/ops/op_schema.h"
@@ -537,49 +538,65 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
 }
 
 std::string BuildReport::ToJson() const {
-  nlohmann::json j;
-  j["model"] = model_name;
-  j["backend"] = backend;
-  j["device"] = device;
-  j["build_seconds"] = build_seconds;
-  j["phase_seconds"] = {{"import", phase_seconds_import},
-                        {"passes", phase_seconds_passes},
-                        {"tactics", phase_seconds_tactics},
-                        {"precision", phase_seconds_precision},
-                        {"plan", phase_seconds_plan}};
-  j["layers"] = layers;
-  j["passes"] = {{"nodes_before", nodes_before_passes},
-                 {"nodes_after", nodes_after_passes},
-                 {"summary", passes},
-                 {"notes", pass_notes}};
-  j["tactics_timed"] = tactics_timed;
-  j["timing_cache_hits"] = timing_cache_hits;
-  j["tactics_reused"] = tactics_reused;
-  j["deadline_hit"] = deadline_hit;
-  j["memory"] = {{"weights_bytes", weights_bytes},
-                 {"arena_bytes", arena_bytes},
-                 {"workspace_bytes", workspace_bytes},
-                 {"peak_bytes", peak_bytes},
-                 {"naive_activation_bytes", naive_activation_bytes}};
-  nlohmann::json ls = nlohmann::json::array();
+  // Every build stores this report in its engine, so it is written without a JSON document tree
+  // (nlohmann's took ~0.4 ms of a 6 ms warm build of gpt_tiny). Keys in sorted order, the layout
+  // of nlohmann's dump(2), which `kiln inspect` and the tests parse.
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("backend").String(backend);
+  w.Key("build_seconds").Double(build_seconds);
+  w.Key("deadline_hit").Bool(deadline_hit);
+  w.Key("device").String(device);
+  w.Key("layer_reports").BeginArray();
   for (const LayerReport& l : layer_reports) {
-    ls.push_back({{"name", l.name},
-                  {"op", l.op_type},
-                  {"precision", l.precision},
-                  {"precision_reason", l.precision_reason},
-                  {"tactic", l.tactic},
-                  {"time_ms", l.time_ms},
-                  {"workspace_bytes", l.workspace_bytes}});
+    w.BeginObject();
+    w.Key("name").String(l.name);
+    w.Key("op").String(l.op_type);
+    w.Key("precision").String(l.precision);
+    w.Key("precision_reason").String(l.precision_reason);
+    w.Key("tactic").String(l.tactic);
+    w.Key("time_ms").Double(l.time_ms);
+    w.Key("workspace_bytes").Int(l.workspace_bytes);
+    w.EndObject();
   }
-  j["layer_reports"] = ls;
-  j["precision"] = {{"counts", precision_counts},
-                    {"casts_inserted", casts_inserted},
-                    {"weights_converted", weights_converted},
-                    {"calibration", calibration},
-                    {"calibration_batches_run", calibration_batches_run}};
-  j["warnings"] = warnings;
-  // Deterministic output: build_seconds is excluded from the engine by the caller when needed.
-  return j.dump(2);
+  w.EndArray();
+  w.Key("layers").Int(layers);
+  w.Key("memory").BeginObject();
+  w.Key("arena_bytes").Int(arena_bytes);
+  w.Key("naive_activation_bytes").Int(naive_activation_bytes);
+  w.Key("peak_bytes").Int(peak_bytes);
+  w.Key("weights_bytes").Int(weights_bytes);
+  w.Key("workspace_bytes").Int(workspace_bytes);
+  w.EndObject();
+  w.Key("model").String(model_name);
+  w.Key("passes").BeginObject();
+  w.Key("nodes_after").Int(nodes_after_passes);
+  w.Key("nodes_before").Int(nodes_before_passes);
+  w.Key("notes").StringArray(pass_notes);
+  w.Key("summary").String(passes);
+  w.EndObject();
+  w.Key("phase_seconds").BeginObject();
+  w.Key("import").Double(phase_seconds_import);
+  w.Key("passes").Double(phase_seconds_passes);
+  w.Key("plan").Double(phase_seconds_plan);
+  w.Key("precision").Double(phase_seconds_precision);
+  w.Key("tactics").Double(phase_seconds_tactics);
+  w.EndObject();
+  w.Key("precision").BeginObject();
+  w.Key("calibration").String(calibration);
+  w.Key("calibration_batches_run").Int(calibration_batches_run);
+  w.Key("casts_inserted").Int(casts_inserted);
+  w.Key("counts").BeginObject();
+  for (const auto& [label, n] : precision_counts) w.Key(label).Int(n);  // std::map: sorted
+  w.EndObject();
+  w.Key("weights_converted").Int(weights_converted);
+  w.EndObject();
+  w.Key("tactics_reused").Int(tactics_reused);
+  w.Key("tactics_timed").Int(tactics_timed);
+  w.Key("timing_cache_hits").Int(timing_cache_hits);
+  w.Key("warnings").StringArray(warnings);
+  w.EndObject();
+  return w.Take();
 }
 
 namespace {
