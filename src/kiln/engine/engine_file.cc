@@ -259,12 +259,25 @@ StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine) {
   const uint64_t fb_bytes = b.GetSize();
   const uint64_t weights_start = Align(kEnginePreambleBytes + fb_bytes);
   const uint64_t total = weights_start + weights_bytes;
-  std::vector<std::byte> out(total, std::byte{0});
-  std::memcpy(out.data() + kEnginePreambleBytes, b.GetBufferPointer(), fb_bytes);
-  uint64_t offset = weights_start;
+  // Appended piece by piece: only the preamble and the alignment padding are zero-filled, the
+  // flatbuffer and the weights are copied once (a zero-filled buffer wrote every byte twice).
+  std::vector<std::byte> out;
+  out.reserve(total);
+  auto append = [&out](const void* p, size_t n) {
+    const auto* bytes = static_cast<const std::byte*>(p);
+    out.insert(out.end(), bytes, bytes + n);
+  };
+  auto pad_to = [&out](uint64_t size) { out.resize(size, std::byte{0}); };
+  pad_to(kEnginePreambleBytes);
+  append(b.GetBufferPointer(), fb_bytes);
+  pad_to(weights_start);
   for (const Tensor* t : weights) {
-    if (t->size_bytes()) std::memcpy(out.data() + offset, t->raw(), t->size_bytes());
-    offset += Align(t->size_bytes());
+    if (t->size_bytes()) append(t->raw(), t->size_bytes());
+    pad_to(out.size() - t->size_bytes() + Align(t->size_bytes()));
+  }
+  if (out.size() != total) {
+    return MakeError(ErrorCode::kInternal, "engine serialization wrote {} bytes; expected {}",
+                     out.size(), total);
   }
   EnginePreamble p;
   p.payload_bytes = total - kEnginePreambleBytes;
