@@ -22,19 +22,34 @@ KernelRegistry& KernelRegistry::Get() {
   return registry;
 }
 
+std::string KernelRegistry::IndexKey(BackendKind backend, std::string_view op_type) {
+  std::string key(1, static_cast<char>('0' + static_cast<int>(backend)));
+  key.append(op_type);
+  return key;
+}
+
 void KernelRegistry::Register(std::unique_ptr<KernelProvider> provider) {
+  std::lock_guard lock(index_mu_);
   providers_.push_back(std::move(provider));
+  index_built_ = false;
 }
 
 std::vector<const KernelProvider*> KernelRegistry::Providers(BackendKind backend,
                                                              std::string_view op_type) const {
-  std::vector<const KernelProvider*> out;
-  for (const auto& p : providers_) {
-    if (p->backend() == backend && p->op_type() == op_type) out.push_back(p.get());
+  std::lock_guard lock(index_mu_);
+  if (!index_built_) {
+    index_.clear();
+    for (const auto& p : providers_) {
+      index_[IndexKey(p->backend(), p->op_type())].push_back(p.get());
+    }
+    // Registration order across files is unspecified; sort by id for determinism.
+    for (auto& [key, list] : index_) {
+      std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->id() < b->id(); });
+    }
+    index_built_ = true;
   }
-  // Registration order across files is unspecified; sort by id for determinism.
-  std::sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->id() < b->id(); });
-  return out;
+  auto it = index_.find(IndexKey(backend, op_type));
+  return it == index_.end() ? std::vector<const KernelProvider*>() : it->second;
 }
 
 std::string NodeLayout(const Node& node) {
