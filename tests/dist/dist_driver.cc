@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -39,6 +40,7 @@ struct Args {
   std::string arch = "cpu-test";
   int absent_rank = -1;  // this rank arrives --absent-ms late
   int absent_ms = 0;
+  int nccl_stuck_rank = -1;        // this rank takes the NCCL id, then never joins the communicator
   bool every_rank_builds = false;  // the baseline: no sharing at all
   std::string report_dir;
 };
@@ -136,6 +138,20 @@ int Run(const Args& a) {
     o.cache = c;
   }
   if (o.transport == Transport::kNccl) o.bulk_factory = NcclFactoryOrNull();
+  if (o.bulk_factory && a.nccl_stuck_rank >= 0) {
+    // Fault injection: the stuck rank does the id exchange as the real factory does, then hangs
+    // past every bound instead of calling ncclCommInitRank (a rank whose GPU or driver hangs).
+    o.bulk_factory = [real = o.bulk_factory, stuck = a.nccl_stuck_rank, join_ms = a.join_ms](
+                         Communicator& group, const RankInfo& me,
+                         Deadline deadline) -> StatusOr<std::unique_ptr<BulkTransport>> {
+      if (group.rank() != stuck) return real(group, me, deadline);
+      std::array<std::byte, 128> id{};
+      KILN_RETURN_IF_ERROR(group.Broadcast(id, 0, deadline, "NCCL unique id"));
+      std::fprintf(stderr, "rank %d: took the NCCL id; never joining (test)\n", group.rank());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 * join_ms + 10000));
+      return MakeError(ErrorCode::kCommFailed, "stuck rank (test) gave up");
+    };
+  }
 
   StatusOr<RankInfo> me = DiscoverRank(o.rank_overrides);
   const int my_rank = me.ok() ? me->rank : -1;
@@ -198,6 +214,8 @@ int main(int argc, char** argv) {
   app.add_option("--die-once-file", a.die_once_file);
   app.add_flag("--stall", a.stall);
   app.add_flag("--fail-build", a.fail_build);
+  app.add_option("--nccl-stuck-rank", a.nccl_stuck_rank,
+                 "with --transport nccl: this rank takes the NCCL id and never joins (test)");
   app.add_option("--transport", a.transport);
   app.add_option("--build-on", a.build_on);
   app.add_option("--cache-dir", a.cache_dir);

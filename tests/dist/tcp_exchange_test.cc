@@ -242,15 +242,16 @@ TEST(TcpExchangeTest, AllGatherAndRelayedBroadcastAcrossProcesses) {
 // rank 0's id, then moves the bytes over the same channel, as NCCL would on a GPU.
 class IdCheckingTransport final : public BulkTransport {
  public:
-  IdCheckingTransport(Communicator& group) : group_(group) {}
+  IdCheckingTransport(Communicator& group, double setup_s = 0) : group_(group), setup_s_(setup_s) {}
   std::string_view kind() const override { return "fake-nccl"; }
   Status Broadcast(std::span<std::byte> bytes, int root, Deadline deadline) override {
     return group_.Broadcast(bytes, root, deadline, "fake NCCL bytes");
   }
-  double setup_seconds() const override { return 0; }
+  double setup_seconds() const override { return setup_s_; }
 
  private:
   Communicator& group_;
+  double setup_s_;
 };
 
 TEST(TcpExchangeTest, BuildOnceNcclTransportUsesTcpWithoutMpi) {
@@ -264,7 +265,9 @@ TEST(TcpExchangeTest, BuildOnceNcclTransportUsesTcpWithoutMpi) {
       if (group.rank() == 0) id = Blob();
       KILN_RETURN_IF_ERROR(group.Broadcast(id, 0, deadline, "NCCL unique id"));
       if (id != Blob()) return MakeError(ErrorCode::kTransferCorrupt, "wrong id");
-      return std::unique_ptr<BulkTransport>(new IdCheckingTransport(group));
+      // A distinct set-up time per rank, so the report's per-rank table can be checked.
+      return std::unique_ptr<BulkTransport>(
+          new IdCheckingTransport(group, 0.25 * (group.rank() + 1)));
     };
     int calls = 0;
     BuildFn build = [&calls](ProgressSink&) -> StatusOr<std::vector<std::byte>> {
@@ -274,18 +277,104 @@ TEST(TcpExchangeTest, BuildOnceNcclTransportUsesTcpWithoutMpi) {
     const CacheKey key = KeyBuilder().Config("case", "tcp-nccl").Target("cpu", "test").Build();
     StatusOr<BuildOnceResult> r = BuildOnce(key, o, build);
     if (!r.ok()) return Describe(r.status());
-    return fmt::format("ok calls={} transport={} world={} builders={} bytes={}", calls,
-                       r->report.transport, r->report.world_size, r->report.builders.size(),
-                       HashBytes(r->bytes).Hex());
+    std::string setup;  // every rank's NCCL set-up time, as this rank's report has them
+    for (const RankReport& rr : r->report.ranks)
+      setup += fmt::format("{}:{} ", rr.rank, rr.bulk_setup_s);
+    return fmt::format("ok calls={} transport={} world={} builders={} setup={}{} bytes={}", calls,
+                       r->report.transport, r->report.world_size, r->report.builders.size(), setup,
+                       r->report.bulk_setup_s, HashBytes(r->bytes).Hex());
   };
   const std::string bytes = HashBytes(std::vector<std::byte>(4096, std::byte{0x17})).Hex();
   std::vector<Outcome> got =
       RunRanks({1, 2, 0}, 3, TestPort(5), fn, std::chrono::seconds(30), /*stagger_ms=*/50);
   ASSERT_EQ(got.size(), 3u);
   // Listed order is 1, 2, 0: only rank 0 (the last) builds.
-  EXPECT_EQ(got[0].line, "ok calls=0 transport=nccl world=3 builders=1 bytes=" + bytes);
-  EXPECT_EQ(got[1].line, "ok calls=0 transport=nccl world=3 builders=1 bytes=" + bytes);
-  EXPECT_EQ(got[2].line, "ok calls=1 transport=nccl world=3 builders=1 bytes=" + bytes);
+  const std::string table = "setup=0:0.25 1:0.5 2:0.75 ";
+  EXPECT_EQ(got[0].line,
+            "ok calls=0 transport=nccl world=3 builders=1 " + table + "0.5 bytes=" + bytes);
+  EXPECT_EQ(got[1].line,
+            "ok calls=0 transport=nccl world=3 builders=1 " + table + "0.75 bytes=" + bytes);
+  EXPECT_EQ(got[2].line,
+            "ok calls=1 transport=nccl world=3 builders=1 " + table + "0.25 bytes=" + bytes);
+}
+
+// A rank that takes the NCCL unique id and then never completes ncclCommInitRank (stuck, as a
+// rank whose GPU hangs would be): the others' set-up times out (here a stand-in that fails with
+// kCommInitTimeout at its deadline, as NcclBroadcaster does after ncclCommAbort), and every one of
+// them fails within --join-timeout (plus the verdict grace) with an error naming the stuck rank.
+TEST(TcpExchangeTest, NcclSetUpTimeoutNamesTheRankThatNeverFinishedItOnEveryOtherRank) {
+  const auto join = std::chrono::milliseconds(2500);
+  auto fn = [join](int) -> std::string {
+    BuildOnceOptions o;
+    o.transport = Transport::kNccl;
+    o.join_timeout = join;
+    o.bulk_factory = [](Communicator& group, const RankInfo&,
+                        Deadline deadline) -> StatusOr<std::unique_ptr<BulkTransport>> {
+      std::vector<std::byte> id(128);
+      if (group.rank() == 0) id = Blob();
+      KILN_RETURN_IF_ERROR(group.Broadcast(id, 0, deadline, "NCCL unique id"));
+      if (group.rank() == 2) {  // stuck well past everyone's bound
+        std::this_thread::sleep_for(std::chrono::seconds(8));
+        return MakeError(ErrorCode::kCommFailed, "gave up");
+      }
+      std::this_thread::sleep_until(deadline);
+      return MakeError(ErrorCode::kCommInitTimeout, "fake NCCL init did not complete");
+    };
+    BuildFn build = [](ProgressSink&) -> StatusOr<std::vector<std::byte>> {
+      return std::vector<std::byte>(4096, std::byte{0x17});
+    };
+    const CacheKey key =
+        KeyBuilder().Config("case", "tcp-nccl-stuck").Target("cpu", "test").Build();
+    StatusOr<BuildOnceResult> r = BuildOnce(key, o, build);
+    return r.ok() ? std::string("ok") : Describe(r.status());
+  };
+  std::vector<Outcome> got =
+      RunRanks({0, 1, 2}, 3, TestPort(6), fn, std::chrono::seconds(30), /*stagger_ms=*/20);
+  ASSERT_EQ(got.size(), 3u);
+  for (int i : {0, 1}) {
+    SCOPED_TRACE(got[i].line);
+    EXPECT_TRUE(got[i].exited);
+    EXPECT_EQ(got[i].line.rfind("KILN-E7013 ", 0), 0u);
+    EXPECT_NE(got[i].line.find("rank(s) 2 did not contribute"), std::string::npos);
+    EXPECT_NE(got[i].line.find("NCCL communicator was not set up on every rank"),
+              std::string::npos);
+    // The join bound, plus the hello exchange and the verdict grace of non-zero ranks.
+    EXPECT_LT(got[i].seconds, 2.5 + 2.5);
+    EXPECT_GT(got[i].seconds, 2.5 - 0.6);
+    EXPECT_NE(got[i].line.find("(this rank after "), std::string::npos);  // its own timeout too
+    EXPECT_NE(got[i].line.find("fake NCCL init did not complete"), std::string::npos);
+  }
+}
+
+// Every rank's set-up fails (NCCL itself cannot connect): every rank gets every rank's reason.
+TEST(TcpExchangeTest, NcclSetUpFailureOnEveryRankListsEveryRanksReason) {
+  auto fn = [](int) -> std::string {
+    BuildOnceOptions o;
+    o.transport = Transport::kNccl;
+    o.join_timeout = std::chrono::seconds(10);
+    o.bulk_factory = [](Communicator& group, const RankInfo&,
+                        Deadline) -> StatusOr<std::unique_ptr<BulkTransport>> {
+      return MakeError(ErrorCode::kCommFailed, "no route (rank {})", group.rank());
+    };
+    BuildFn build = [](ProgressSink&) -> StatusOr<std::vector<std::byte>> {
+      return std::vector<std::byte>(64, std::byte{1});
+    };
+    const CacheKey key = KeyBuilder().Config("case", "tcp-nccl-fail").Target("cpu", "test").Build();
+    StatusOr<BuildOnceResult> r = BuildOnce(key, o, build);
+    return r.ok() ? std::string("ok") : Describe(r.status());
+  };
+  std::vector<Outcome> got = RunRanks({0, 1}, 2, TestPort(7), fn, std::chrono::seconds(30));
+  ASSERT_EQ(got.size(), 2u);
+  for (const Outcome& o : got) {
+    SCOPED_TRACE(o.line);
+    EXPECT_EQ(o.line.rfind("KILN-E7014 the NCCL communicator set-up failed on 2 of 2 ranks: rank 0 "
+                           "after ",
+                           0),
+              0u);
+    EXPECT_NE(o.line.find("no route (rank 0); rank 1 after "), std::string::npos);
+    EXPECT_NE(o.line.find("no route (rank 1)"), std::string::npos);
+    EXPECT_LT(o.seconds, 5.0);  // nobody waits for a bound when every rank has reported
+  }
 }
 
 }  // namespace

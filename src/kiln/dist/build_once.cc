@@ -52,6 +52,15 @@ struct StatsRecord {
   double wait_s;
   double transfer_s;
   double build_s;
+  double bulk_setup_s;
+};
+
+// How one rank's bulk-transport set-up (NCCL communicator init) went, shared with its group.
+struct SetupOutcome {
+  int32_t rank;
+  int32_t code;  // 0: ready, else the ErrorCode
+  double seconds;
+  char message[240];
 };
 
 template <size_t N>
@@ -77,6 +86,47 @@ std::vector<T> Unpack(const std::vector<std::byte>& bytes) {
 std::string Who(const HelloRecord& h) {
   return fmt::format("rank {} (host {}, pid {})", h.claimed_rank, Text(h.host, sizeof(h.host)),
                      h.pid);
+}
+
+// After the bulk transport's set-up: every rank of the group says how its own went, within
+// `deadline`. Every rank then fails alike when any failed, naming the ranks and their reasons; a
+// rank that never reports (stuck in the set-up, say in ncclCommInitRank, or gone) is named by the
+// communicator's own bounded-wait error.
+Status ShareSetupOutcome(Communicator& group, const Status& mine, double seconds,
+                         Deadline deadline) {
+  SetupOutcome out{};
+  out.rank = group.rank();
+  out.code = mine.ok() ? 0 : static_cast<int32_t>(mine.code());
+  out.seconds = seconds;
+  CopyText(out.message, mine.ok() ? std::string_view() : std::string_view(mine.message()));
+  StatusOr<std::vector<std::byte>> all =
+      group.AllGather(AsBytes(out), deadline, "report of the NCCL communicator set-up");
+  if (!all.ok()) {
+    return MakeError(
+        ErrorCode::kCommInitTimeout, "the NCCL communicator was not set up on every rank: {}{}",
+        all.status().message(),
+        mine.ok() ? std::string()
+                  : fmt::format(" (this rank after {:.2f} s: {})", seconds, mine.message()));
+  }
+  std::vector<SetupOutcome> failed;
+  for (const SetupOutcome& o : Unpack<SetupOutcome>(*all)) {
+    if (o.code != 0) failed.push_back(o);
+  }
+  if (failed.empty()) return OkStatus();
+  bool timeout = false, same = true;
+  std::string detail;
+  for (const SetupOutcome& o : failed) {
+    timeout |= o.code == static_cast<int32_t>(ErrorCode::kCommInitTimeout);
+    same &= o.code == failed[0].code;
+    detail += fmt::format("{}rank {} after {:.2f} s: {}", detail.empty() ? "" : "; ", o.rank,
+                          o.seconds, Text(o.message, sizeof(o.message)));
+  }
+  // One cause everywhere keeps its own code (and remedy); mixed causes are a timeout if any was.
+  const ErrorCode code = same      ? static_cast<ErrorCode>(failed[0].code)
+                         : timeout ? ErrorCode::kCommInitTimeout
+                                   : ErrorCode::kCommFailed;
+  return MakeError(code, "the NCCL communicator set-up failed on {} of {} ranks: {}", failed.size(),
+                   group.size(), detail);
 }
 
 // The same checks run on every rank over the same table, so every rank fails with one message.
@@ -255,7 +305,8 @@ std::string BuildOnceReport::ToJson() const {
                           {"role", r.role},
                           {"wait_s", r.wait_s},
                           {"transfer_s", r.transfer_s},
-                          {"build_s", r.build_s}});
+                          {"build_s", r.build_s},
+                          {"bulk_setup_s", r.bulk_setup_s}});
   }
   nlohmann::json j = {{"key", key},
                       {"transport", transport},
@@ -322,7 +373,7 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
     report.build_s = out.build_s;
     report.bytes = result.bytes.size();
     report.checksum = HashBytes(result.bytes).Hex();
-    report.ranks.push_back({me.rank, me.host, kRoleNames[out.role], out.wait_s, 0, out.build_s});
+    report.ranks.push_back({me.rank, me.host, kRoleNames[out.role], out.wait_s, 0, out.build_s, 0});
     report.total_s = SecondsSince(start);
     return result;
   }
@@ -386,7 +437,7 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   const HelloRecord& leader_hello = table[leader_of[colors[world->rank()]]];
 
   // 3. The leader builds (or reads the cache); the header carries its verdict to the group.
-  StatsRecord stats{me.rank, kReceived, 0, 0, 0};
+  StatsRecord stats{me.rank, kReceived, 0, 0, 0, 0};
   ResultHeader header{};
   if (leader) {
     LeaderOutcome out = RunLeader(key, options, build);
@@ -430,9 +481,18 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   // 4. The bytes.
   std::unique_ptr<BulkTransport> bulk;
   if (transport == Transport::kNccl) {
-    KILN_ASSIGN_OR_RETURN(bulk,
-                          options.bulk_factory(*group, me, Clock::now() + options.join_timeout));
+    // The set-up gets --join-timeout less a reserve in which every rank learns how the others'
+    // set-up went, so that a rank stuck in it (or gone) is named on every rank that is not.
+    const Clock::time_point t_setup = Clock::now();
+    const Deadline join_deadline = t_setup + options.join_timeout;
+    const Millis reserve = std::min<Millis>(std::chrono::seconds(5), options.join_timeout / 5);
+    StatusOr<std::unique_ptr<BulkTransport>> made =
+        options.bulk_factory(*group, me, join_deadline - reserve);
+    KILN_RETURN_IF_ERROR(ShareSetupOutcome(*group, made.status(), SecondsSince(t_setup),
+                                           std::max(join_deadline, Clock::now() + reserve)));
+    bulk = std::move(*made);
     report.bulk_setup_s = bulk->setup_seconds();
+    stats.bulk_setup_s = report.bulk_setup_s;
   }
   const Clock::time_point t_xfer = Clock::now();
   const Deadline xfer_deadline = Clock::now() + options.transfer_timeout;
@@ -460,7 +520,7 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   for (size_t i = 0; i < all.size(); ++i) {
     report.ranks.push_back({all[i].rank, Text(table[i].host, sizeof(table[i].host)),
                             kRoleNames[all[i].role], all[i].wait_s, all[i].transfer_s,
-                            all[i].build_s});
+                            all[i].build_s, all[i].bulk_setup_s});
   }
   std::sort(report.ranks.begin(), report.ranks.end(),
             [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });

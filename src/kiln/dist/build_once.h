@@ -63,6 +63,7 @@ struct RankReport {
   double wait_s = 0;
   double transfer_s = 0;
   double build_s = 0;
+  double bulk_setup_s = 0;  // this rank's NCCL communicator init, when used
 };
 
 struct BuildOnceReport {
