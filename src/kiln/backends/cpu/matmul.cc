@@ -8,6 +8,7 @@
 #include "kiln/backends/cpu/conv_common.h"
 #include "kiln/backends/cpu/cpu_kernel.h"
 #include "kiln/backends/cpu/sgemm.h"
+#include "kiln/ops/matmul_geometry.h"
 
 namespace kiln::cpu {
 namespace {
@@ -18,66 +19,9 @@ struct MatMulSpec {
   FusedActivationSpec act;
 };
 
-// Problem sizes of one MatMul for given operand dims.
-struct MatMulDims {
-  int64_t m = 0, n = 0, k = 0, batch = 1;
-  bool fold = false;                          // batch folded into M
-  std::vector<int64_t> a_offsets, b_offsets;  // per batch, in elements
-};
-
-StatusOr<MatMulDims> ResolveMatMul(const MatMulSpec& s, std::span<const int64_t> ad,
-                                   std::span<const int64_t> bd, bool offsets) {
-  std::vector<int64_t> a(ad.begin(), ad.end()), b(bd.begin(), bd.end());
-  if (a.empty() || b.empty()) return MakeError(ErrorCode::kShapeMismatch, "MatMul of a scalar");
-  bool a_vec = a.size() == 1, b_vec = b.size() == 1;
-  if (a_vec) a = {1, a[0]};
-  if (b_vec) b = {b[0], 1};
-  bool ta = s.trans_a && !a_vec, tb = s.trans_b && !b_vec;
-  MatMulDims d;
-  size_t ra = a.size(), rb = b.size();
-  d.m = ta ? a[ra - 1] : a[ra - 2];
-  d.k = ta ? a[ra - 2] : a[ra - 1];
-  d.n = tb ? b[rb - 2] : b[rb - 1];
-  if ((tb ? b[rb - 1] : b[rb - 2]) != d.k) {
-    return MakeError(ErrorCode::kShapeMismatch, "MatMul inner dims differ ({} vs {})", d.k,
-                     tb ? b[rb - 1] : b[rb - 2]);
-  }
-  size_t rank = std::max(ra, rb) - 2;
-  std::vector<int64_t> out(rank), as(rank, 0), bs(rank, 0);
-  int64_t a_stride = d.m * d.k, b_stride = d.k * d.n;
-  for (size_t i = rank; i-- > 0;) {
-    int64_t da = i + ra - 2 >= rank ? a[i + ra - 2 - rank] : 1;
-    int64_t db = i + rb - 2 >= rank ? b[i + rb - 2 - rank] : 1;
-    if (da != db && da != 1 && db != 1) {
-      return MakeError(ErrorCode::kShapeMismatch, "MatMul batch dims {} and {} do not broadcast",
-                       da, db);
-    }
-    out[i] = std::max(da, db);
-    as[i] = da == 1 ? 0 : a_stride;
-    bs[i] = db == 1 ? 0 : b_stride;
-    a_stride *= da;
-    b_stride *= db;
-  }
-  for (int64_t x : out) d.batch *= x;
-  bool b_batched = std::any_of(bs.begin(), bs.end(), [](int64_t v) { return v != 0; });
-  // Without batch dims in B, A's batch dims are the output's: A is one [batch*M, K] matrix.
-  d.fold = !b_batched && !ta;
-  if (offsets && !d.fold) {
-    d.a_offsets.resize(d.batch);
-    d.b_offsets.resize(d.batch);
-    for (int64_t p = 0; p < d.batch; ++p) {
-      int64_t rem = p, ao = 0, bo = 0;
-      for (size_t i = rank; i-- > 0;) {
-        int64_t coord = rem % out[i];
-        rem /= out[i];
-        ao += coord * as[i];
-        bo += coord * bs[i];
-      }
-      d.a_offsets[p] = ao;
-      d.b_offsets[p] = bo;
-    }
-  }
-  return d;
+StatusOr<MatMulGeometry> ResolveMatMul(const MatMulSpec& s, std::span<const int64_t> a,
+                                       std::span<const int64_t> b, bool offsets) {
+  return ResolveMatMulGeometry(s.trans_a, s.trans_b, a, b, offsets);
 }
 
 class MatMulKernel final : public Kernel {
@@ -100,11 +44,8 @@ class MatMulKernel final : public Kernel {
     const float* b = args.inputs[1].as<const float>();
     const float* bias = args.inputs.size() > 2 ? args.inputs[2].as<const float>() : nullptr;
     float* y = args.outputs[0].as<float>();
-    int64_t lda = spec_.trans_a ? d_.m : d_.k, ldb = spec_.trans_b ? d_.k : d_.n;
-    bool ta = spec_.trans_a && args.inputs[0].dims.size() > 1;
-    bool tb = spec_.trans_b && args.inputs[1].dims.size() > 1;
-    if (!ta) lda = d_.k;
-    if (!tb) ldb = d_.n;
+    const bool ta = d_.ta, tb = d_.tb;
+    const int64_t lda = ta ? d_.m : d_.k, ldb = tb ? d_.k : d_.n;
     int64_t rows = d_.fold ? d_.batch * d_.m : d_.m;
     if (d_.fold) {
       Sgemm(impl_, false, tb, rows, d_.n, d_.k, spec_.alpha, a, lda, b, ldb, 0.f, y, d_.n,
@@ -127,7 +68,7 @@ class MatMulKernel final : public Kernel {
  private:
   MatMulSpec spec_;
   GemmImpl impl_;
-  MatMulDims d_;
+  MatMulGeometry d_;
 };
 
 class MatMulProviderBase : public CpuFloatProvider {

@@ -19,6 +19,7 @@
 #include "kiln/backends/kernel.h"
 #include "kiln/core/logging.h"
 #include "kiln/ops/fused.h"
+#include "kiln/ops/matmul_geometry.h"
 
 namespace kiln::cuda {
 namespace {
@@ -157,57 +158,23 @@ bool operator==(const Problem& a, const Problem& b) {
 // The batch structure of a MatMul (numpy broadcasting of the leading dims).
 Status ResolveMatMulBatch(const Spec& s, std::span<const int64_t> ad, std::span<const int64_t> bd,
                           int64_t flags, Problem& p) {
-  std::vector<int64_t> a(ad.begin(), ad.end()), b(bd.begin(), bd.end());
-  if (a.empty() || b.empty()) return MakeError(ErrorCode::kShapeMismatch, "MatMul of a scalar");
-  bool a_vec = a.size() == 1, b_vec = b.size() == 1;
-  if (a_vec) a = {1, a[0]};
-  if (b_vec) b = {b[0], 1};
-  p.ta = s.trans_a && !a_vec;
-  p.tb = s.trans_b && !b_vec;
-  size_t ra = a.size(), rb = b.size();
-  p.m = p.ta ? a[ra - 1] : a[ra - 2];
-  p.k = p.ta ? a[ra - 2] : a[ra - 1];
-  p.n = p.tb ? b[rb - 2] : b[rb - 1];
-  int64_t kb = p.tb ? b[rb - 1] : b[rb - 2];
-  if (kb != p.k) {
-    return MakeError(ErrorCode::kShapeMismatch, "MatMul inner dims differ ({} vs {})", p.k, kb);
-  }
-  size_t rank = std::max(ra, rb) - 2;
-  std::vector<int64_t> out(rank), as(rank, 0), bs(rank, 0);
-  int64_t a_stride = p.m * p.k, b_stride = p.k * p.n;
-  for (size_t i = rank; i-- > 0;) {
-    int64_t da = i + ra - 2 >= rank ? a[i + ra - 2 - rank] : 1;
-    int64_t db = i + rb - 2 >= rank ? b[i + rb - 2 - rank] : 1;
-    if (da != db && da != 1 && db != 1) {
-      return MakeError(ErrorCode::kShapeMismatch, "MatMul batch dims {} and {} do not broadcast",
-                       da, db);
-    }
-    out[i] = std::max(da, db);
-    as[i] = da == 1 ? 0 : a_stride;
-    bs[i] = db == 1 ? 0 : b_stride;
-    a_stride *= da;
-    b_stride *= db;
-  }
-  int64_t batch = 1;
-  for (int64_t x : out) batch *= x;
-  bool b_batched = std::any_of(bs.begin(), bs.end(), [](int64_t v) { return v != 0; });
-  if (!b_batched && !p.ta) {
+  KILN_ASSIGN_OR_RETURN(MatMulGeometry g,
+                        ResolveMatMulGeometry(s.trans_a, s.trans_b, ad, bd, /*offsets=*/true));
+  p.ta = g.ta;
+  p.tb = g.tb;
+  p.m = g.m;
+  p.k = g.k;
+  p.n = g.n;
+  if (g.fold) {
     // A's batch dims are the output's: A is one [batch*M, K] matrix (one large GEMM).
-    p.m *= batch;
+    p.m *= g.batch;
     return OkStatus();
   }
-  std::vector<int64_t> ao(batch), bo(batch);
-  for (int64_t q = 0; q < batch; ++q) {
-    int64_t rem = q, x = 0, y = 0;
-    for (size_t i = rank; i-- > 0;) {
-      int64_t coord = rem % out[i];
-      rem /= out[i];
-      x += coord * as[i];
-      y += coord * bs[i];
-    }
-    ao[q] = x;
-    bo[q] = y;
-  }
+  const int64_t batch = g.batch;
+  const size_t rank = g.batch_dims.size();
+  const std::vector<int64_t>& out = g.batch_dims;
+  const std::vector<int64_t>& ao = g.a_offsets;
+  const std::vector<int64_t>& bo = g.b_offsets;
   // The longest run of trailing batch dims over which both operands step by a constant stride
   // becomes one strided-batched call; the leading dims (rare: two-sided broadcasting such as
   // [2,1] x [1,3]) become separate calls.
