@@ -9,7 +9,9 @@
 
 #include <cmath>
 
+#include "kiln/backends/cuda/attention_common.cuh"
 #include "kiln/backends/cuda/blas_kernels.h"
+#include "kiln/backends/cuda/device_util.cuh"
 
 namespace kiln::cuda {
 
@@ -24,62 +26,8 @@ constexpr int kKeys = 32;                     // keys per tile (one per lane)
 constexpr int kMaxD = kAttentionMaxHeadDim;
 constexpr int kCols = kMaxD / 32;  // output columns per lane
 
-template <typename T>
-__device__ __forceinline__ float ToF(T v);
-template <>
-__device__ __forceinline__ float ToF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float ToF<__half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <typename T>
-__device__ __forceinline__ T FromF(float v);
-template <>
-__device__ __forceinline__ float FromF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half FromF<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
 __device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Operand offsets of output batch b (numpy broadcasting over the batch dims).
-__device__ __forceinline__ void BatchOffsets(const AttentionParams& p, int64_t b, int64_t& qo,
-                                             int64_t& ko, int64_t& vo, int64_t& mo, int64_t& yo) {
-  qo = ko = vo = mo = yo = 0;
-  int64_t rem = b;
-  for (int i = p.batch_rank - 1; i >= 0; --i) {
-    int64_t c = rem % p.out_batch_dims[i];
-    rem /= p.out_batch_dims[i];
-    qo += c * p.q_stride[i];
-    ko += c * p.k_stride[i];
-    vo += c * p.v_stride[i];
-    mo += c * p.m_stride[i];
-    yo += c * p.y_stride[i];
-  }
-}
 
 // The scaled score of (row, key) after the mask; `mi` is the mask element's index.
 template <typename T>
@@ -87,7 +35,7 @@ __device__ __forceinline__ float MaskScore(const AttentionParams& p, float s, in
                                            int64_t key, int64_t mi) {
   switch (p.mask_kind) {
     case AttnMask::kAdditive:
-      return s + ToF(static_cast<const T*>(p.mask)[mi]);
+      return s + Load(static_cast<const T*>(p.mask)[mi]);
     case AttnMask::kBoolean:
       return static_cast<const bool*>(p.mask)[mi] ? s : p.mask_fill;
     case AttnMask::kCausal:
@@ -110,7 +58,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
   const int d = static_cast<int>(p.d), dv = static_cast<int>(p.dv);
 
   int64_t qo, ko, vo, mo, yo;
-  BatchOffsets(p, b, qo, ko, vo, mo, yo);
+  AttentionBatchOffsets(p, b, qo, ko, vo, mo, yo);
   const T* q = static_cast<const T*>(p.q) + qo;
   const T* k = static_cast<const T*>(p.k) + ko;
   const T* v = static_cast<const T*>(p.v) + vo;
@@ -120,7 +68,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
   for (int idx = threadIdx.x; idx < kRows * d; idx += blockDim.x) {
     int r = idx / d, c = idx % d;
     int64_t row = row0 + r;
-    q_s[r][c] = row < p.sq ? ToF(q[row * p.q_row + c]) : 0.f;
+    q_s[r][c] = row < p.sq ? Load(q[row * p.q_row + c]) : 0.f;
   }
 
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kCols];
@@ -144,12 +92,12 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
     for (int idx = threadIdx.x; idx < kKeys * d; idx += blockDim.x) {
       int j = idx / d, c = idx % d;
       int64_t key = key0 + j;
-      k_s[j][c] = key < p.sk ? ToF(k[key * p.k_row + c]) : 0.f;
+      k_s[j][c] = key < p.sk ? Load(k[key * p.k_row + c]) : 0.f;
     }
     for (int idx = threadIdx.x; idx < kKeys * dv; idx += blockDim.x) {
       int j = idx / dv, c = idx % dv;
       int64_t key = key0 + j;
-      v_s[j][c] = key < p.sk ? ToF(v[key * p.v_row + c]) : 0.f;
+      v_s[j][c] = key < p.sk ? Load(v[key * p.v_row + c]) : 0.f;
     }
     __syncthreads();
 
@@ -196,7 +144,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int col = lane + 32 * c;
-      if (col < dv) y[row * p.y_row + col] = FromF<T>(acc[r][c] * inv);
+      if (col < dv) y[row * p.y_row + col] = Store<T>(acc[r][c] * inv);
     }
   }
 }
@@ -236,11 +184,11 @@ __global__ void __launch_bounds__(kTcWarps * 32) AttentionTcKernel(AttentionPara
   const int64_t b = blockIdx.y;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTcRows;
   int64_t qo, ko, vo, mo, yo;
-  BatchOffsets(p, b, qo, ko, vo, mo, yo);
+  AttentionBatchOffsets(p, b, qo, ko, vo, mo, yo);
   const T* q = static_cast<const T*>(p.q) + qo;
   const T* k = static_cast<const T*>(p.k) + ko;
   const T* v = static_cast<const T*>(p.v) + vo;
-  const T zero = FromF<T>(0.f);
+  const T zero = Store<T>(0.f);
 
   for (int idx = threadIdx.x; idx < kTcRows * d; idx += blockDim.x) {
     int r = idx / d, c = idx % d;
@@ -314,7 +262,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) AttentionTcKernel(AttentionPara
     for (int j = 0; j < 32; ++j) {
       const float e = expf(sv[j] - base);
       sum += e;
-      p_w[my_row * kTcKeys + half * 32 + j] = FromF<T>(e);
+      p_w[my_row * kTcKeys + half * 32 + j] = Store<T>(e);
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     const float corr = expf(m - base);
@@ -343,7 +291,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) AttentionTcKernel(AttentionPara
   if (row < p.sq) {
     T* y = static_cast<T*>(p.y) + yo;
     const float inv = 1.f / l;
-    for (int c = half; c < dv; c += 2) y[row * p.y_row + c] = FromF<T>(o_w[my_row * dv + c] * inv);
+    for (int c = half; c < dv; c += 2) y[row * p.y_row + c] = Store<T>(o_w[my_row * dv + c] * inv);
   }
 }
 

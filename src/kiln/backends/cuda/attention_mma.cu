@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "kiln/backends/cuda/attention_common.cuh"
 #include "kiln/backends/cuda/blas_kernels.h"
 
 namespace kiln::cuda {
@@ -127,19 +128,8 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
   const int64_t b = blockIdx.y;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
 
-  int64_t qo = 0, ko = 0, vo = 0, mo = 0, yo = 0;
-  {
-    int64_t rem = b;
-    for (int i = p.batch_rank - 1; i >= 0; --i) {
-      int64_t c = rem % p.out_batch_dims[i];
-      rem /= p.out_batch_dims[i];
-      qo += c * p.q_stride[i];
-      ko += c * p.k_stride[i];
-      vo += c * p.v_stride[i];
-      mo += c * p.m_stride[i];
-      yo += c * p.y_stride[i];
-    }
-  }
+  int64_t qo, ko, vo, mo, yo;
+  AttentionBatchOffsets(p, b, qo, ko, vo, mo, yo);
   const T* q = static_cast<const T*>(p.q) + qo;
   const T* k = static_cast<const T*>(p.k) + ko;
   const T* v = static_cast<const T*>(p.v) + vo;

@@ -5,39 +5,10 @@
 #include <cuda_fp16.h>
 
 #include "kiln/backends/cuda/blas_kernels.h"
+#include "kiln/backends/cuda/device_util.cuh"
 
 namespace kiln::cuda {
 namespace {
-
-template <typename T>
-__device__ __forceinline__ float Load(const T* p, int64_t i);
-template <>
-__device__ __forceinline__ float Load<float>(const float* p, int64_t i) {
-  return p[i];
-}
-template <>
-__device__ __forceinline__ float Load<__half>(const __half* p, int64_t i) {
-  return __half2float(p[i]);
-}
-template <>
-__device__ __forceinline__ float Load<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-
-template <typename T>
-__device__ __forceinline__ T Store(float v);
-template <>
-__device__ __forceinline__ float Store<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half Store<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 Store<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // Same formulas as the CPU backend's ApplyActivation (the reference).
 __device__ __forceinline__ float Activate(BlasAct act, float x, float lo, float hi) {
@@ -74,12 +45,12 @@ __global__ void ActInPlaceKernel(T* y, int64_t total, bool vec, BlasAct act, flo
     uint4 raw = reinterpret_cast<const uint4*>(y)[v];
     T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) e[j] = Store<T>(Activate(act, Load<T>(e, j), lo, hi));
+    for (int j = 0; j < kVec; ++j) e[j] = Store<T>(Activate(act, Load(e[j]), lo, hi));
     reinterpret_cast<uint4*>(y)[v] = raw;
   }
   for (int64_t i = vecs * kVec + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < total; i += stride) {
-    y[i] = Store<T>(Activate(act, Load<T>(y, i), lo, hi));
+    y[i] = Store<T>(Activate(act, Load(y[i]), lo, hi));
   }
 }
 
@@ -93,7 +64,7 @@ __global__ void GemmEpilogueKernel(GemmEpilogueParams p) {
     float v = p.acc[i];
     if (c) {
       int64_t r = i / p.cols, col = i - r * p.cols;
-      v += p.beta * Load<T>(c, r * p.c_row_stride + col * p.c_col_stride);
+      v += p.beta * Load(c[r * p.c_row_stride + col * p.c_col_stride]);
     }
     y[i] = Store<T>(Activate(p.act, v, p.act_min, p.act_max));
   }

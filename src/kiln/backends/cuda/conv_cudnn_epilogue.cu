@@ -4,16 +4,10 @@
 #include <cuda_fp16.h>
 
 #include "kiln/backends/cuda/conv_cudnn.h"
+#include "kiln/backends/cuda/device_util.cuh"
 
 namespace kiln::cuda {
 namespace {
-
-__device__ float Load(const float* p, int64_t i) { return p[i]; }
-__device__ float Load(const __half* p, int64_t i) { return __half2float(p[i]); }
-__device__ float Load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ void Store(float* p, int64_t i, float v) { p[i] = v; }
-__device__ void Store(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
-__device__ void Store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 // `kind` is FusedActivation's value: none, relu, clip, sigmoid, hardswish, silu, gelu, gelu_tanh.
 __device__ float Activate(float x, int kind, float lo, float hi) {
@@ -43,10 +37,10 @@ __global__ void EpilogueKernel(T* y, const T* bias, const T* z, int64_t total, i
                                int64_t hw, bool channels_last, int kind, float lo, float hi) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
-    float v = Load(y, i);
-    if (bias) v += Load(bias, channels_last ? i % c : (i / hw) % c);
-    if (z) v += Load(z, i);
-    Store(y, i, Activate(v, kind, lo, hi));
+    float v = Load(y[i]);
+    if (bias) v += Load(bias[channels_last ? i % c : (i / hw) % c]);
+    if (z) v += Load(z[i]);
+    y[i] = Store<T>(Activate(v, kind, lo, hi));
   }
 }
 
