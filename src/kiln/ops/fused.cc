@@ -63,6 +63,48 @@ StatusOr<FusedActivationSpec> ParseFusedActivation(const AttributeMap& attrs) {
   return spec;
 }
 
+StatusOr<AttentionAttrs> ReadAttentionAttrs(const AttributeMap& attrs) {
+  AttentionAttrs a;
+  const std::string kind = attrs.GetString("mask_kind", "none");
+  if (kind == "none") {
+    a.mask = AttentionMask::kNone;
+  } else if (kind == "additive") {
+    a.mask = AttentionMask::kAdditive;
+  } else if (kind == "boolean") {
+    a.mask = AttentionMask::kBoolean;
+  } else if (kind == "causal") {
+    a.mask = AttentionMask::kCausal;
+  } else {
+    return MakeError(ErrorCode::kInvalidAttribute,
+                     "Attention mask_kind '{}' is not one of none, additive, boolean, causal",
+                     kind);
+  }
+  const std::string layout = attrs.GetString("layout", "bhsd");
+  if (layout == "bhsd") {
+    a.layout = AttentionLayout::kBhsd;
+  } else if (layout == "bshd") {
+    a.layout = AttentionLayout::kBshd;
+  } else if (layout == "bsd") {
+    a.layout = AttentionLayout::kBsd;
+    a.heads = attrs.GetInt("num_heads", 0);
+    if (a.heads <= 0) {
+      return MakeError(ErrorCode::kInvalidAttribute,
+                       "Attention layout 'bsd' needs num_heads > 0 (got {})", a.heads);
+    }
+  } else {
+    return MakeError(ErrorCode::kInvalidAttribute,
+                     "Attention layout '{}' is not one of bhsd, bshd, bsd", layout);
+  }
+  a.qkv_packed = attrs.GetInt("qkv_packed", 0) != 0;
+  if (a.qkv_packed && a.layout != AttentionLayout::kBsd) {
+    return MakeError(ErrorCode::kInvalidAttribute, "Attention qkv_packed needs layout 'bsd'");
+  }
+  a.default_scale = !attrs.Has("scale");
+  a.scale = attrs.GetFloat("scale", 1.f);
+  a.mask_fill = attrs.GetFloat("mask_fill", -std::numeric_limits<float>::infinity());
+  return a;
+}
+
 namespace {
 Status CheckActivation(InferenceContext& ctx) {
   auto spec = ParseFusedActivation(ctx.attrs());

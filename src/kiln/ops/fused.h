@@ -29,4 +29,26 @@ struct FusedActivationSpec {
 // Reads the "activation" (default "none"), "activation_min" and "activation_max" attributes.
 StatusOr<FusedActivationSpec> ParseFusedActivation(const AttributeMap& attrs);
 
+// kiln's fused Attention (ops/attention.cc documents its attributes).
+enum class AttentionMask : uint8_t { kNone, kAdditive, kBoolean, kCausal };
+enum class AttentionLayout : uint8_t {
+  kBhsd,  // [B, H, S, D] per operand (and any leading batch dims)
+  kBshd,  // [B, S, H, D]
+  kBsd,   // [B, S, H*D] with num_heads = H; qkv_packed: [B, S, 3*H*D], Q, K, V side by side
+};
+struct AttentionAttrs {
+  AttentionMask mask = AttentionMask::kNone;
+  AttentionLayout layout = AttentionLayout::kBhsd;
+  int64_t heads = 0;  // kBsd
+  bool qkv_packed = false;
+  float scale = 1.f;
+  bool default_scale = true;  // no "scale" attribute: 1/sqrt(D)
+  float mask_fill = 0.f;      // boolean masks: the score where the mask is false (default -inf)
+};
+
+// Reads mask_kind, layout, num_heads, qkv_packed, scale and mask_fill; KILN-E2009 (invalid
+// attribute) for an unknown mask kind or layout, bsd without num_heads > 0, or qkv_packed
+// without bsd.
+StatusOr<AttentionAttrs> ReadAttentionAttrs(const AttributeMap& attrs);
+
 }  // namespace kiln

@@ -9,15 +9,10 @@
 #include "kiln/backends/cpu/cpu_kernel.h"
 #include "kiln/backends/cpu/sgemm.h"
 #include "kiln/backends/cpu/vec_math.h"
+#include "kiln/ops/fused.h"
 
 namespace kiln::cpu {
 namespace {
-
-enum class MaskKind { kNone, kAdditive, kBoolean, kCausal };
-
-// How the operands hold the heads (src/kiln/ops/attention.cc): bhsd [..., S, D]; bshd
-// [B, S, H, D]; bsd [B, S, H*D] with num_heads.
-enum class HeadLayout { kBhsd, kBshd, kBsd };
 
 // One operand as a batch of matrices: batch dims, element strides per batch dim, rows (the
 // sequence), cols (the head size) and the stride between rows. Inline storage: built in Run.
@@ -28,10 +23,10 @@ struct OperandView {
 
 // parts = 3: the operand is Q, K and V side by side ([B, S, 3*H*D], attribute qkv_packed); the
 // view is one third of each row (the caller offsets K and V by a third and two thirds).
-OperandView ViewOf(std::span<const int64_t> x, HeadLayout layout, int64_t heads,
+OperandView ViewOf(std::span<const int64_t> x, AttentionLayout layout, int64_t heads,
                    int64_t parts = 1) {
   OperandView v;
-  if (layout == HeadLayout::kBhsd) {
+  if (layout == AttentionLayout::kBhsd) {
     size_t r = x.size();
     v.rows = x[r - 2];
     v.cols = x[r - 1];
@@ -45,8 +40,8 @@ OperandView ViewOf(std::span<const int64_t> x, HeadLayout layout, int64_t heads,
     }
     return v;
   }
-  int64_t h = layout == HeadLayout::kBsd ? heads : x[2];
-  int64_t e = layout == HeadLayout::kBsd ? x[2] : x[2] * x[3];
+  int64_t h = layout == AttentionLayout::kBsd ? heads : x[2];
+  int64_t e = layout == AttentionLayout::kBsd ? x[2] : x[2] * x[3];
   v.rows = x[1];
   v.cols = e / parts / h;
   v.row_stride = e;
@@ -75,8 +70,8 @@ constexpr int64_t kRowBlock = 64;
 
 class AttentionKernel final : public Kernel {
  public:
-  AttentionKernel(float scale, bool default_scale, MaskKind kind, float fill, HeadLayout layout,
-                  int64_t heads, bool qkv_packed)
+  AttentionKernel(float scale, bool default_scale, AttentionMask kind, float fill,
+                  AttentionLayout layout, int64_t heads, bool qkv_packed)
       : scale_(scale),
         default_scale_(default_scale),
         kind_(kind),
@@ -87,11 +82,11 @@ class AttentionKernel final : public Kernel {
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
-    size_t need_rank = layout_ == HeadLayout::kBsd ? 3 : 4;
+    size_t need_rank = layout_ == AttentionLayout::kBsd ? 3 : 4;
     for (const TensorView* t : {&inputs[0], &inputs[1], &inputs[2], &outputs[0]}) {
-      if ((layout_ == HeadLayout::kBhsd && t->dims.size() < 2) ||
-          (layout_ != HeadLayout::kBhsd && t->dims.size() != need_rank) ||
-          (layout_ == HeadLayout::kBsd && t->dims[2] % heads_ != 0) ||
+      if ((layout_ == AttentionLayout::kBhsd && t->dims.size() < 2) ||
+          (layout_ != AttentionLayout::kBhsd && t->dims.size() != need_rank) ||
+          (layout_ == AttentionLayout::kBsd && t->dims[2] % heads_ != 0) ||
           (parts_ == 3 && t != &outputs[0] && t->dims[2] % (3 * heads_) != 0)) {
         return MakeError(ErrorCode::kShapeMismatch,
                          "attention: operand dims do not fit the layout");
@@ -127,7 +122,7 @@ class AttentionKernel final : public Kernel {
     DimVec score_dims = yv.batch;  // the logical scores [batch..., Sq, Sk]
     score_dims.push_back(sq);
     score_dims.push_back(sk);
-    bool has_mask = kind_ == MaskKind::kAdditive || kind_ == MaskKind::kBoolean;
+    bool has_mask = kind_ == AttentionMask::kAdditive || kind_ == AttentionMask::kBoolean;
     BroadcastIndexer mi(has_mask ? a.inputs[3].dims : std::span<const int64_t>(score_dims),
                         score_dims);
     // Along a score row (key index j) the mask either runs contiguously or is broadcast.
@@ -155,22 +150,22 @@ class AttentionKernel final : public Kernel {
           float* row = sc + ii * sk;
           const int64_t m0 = has_mask ? mi((b * sq + i) * sk) : 0;
           switch (kind_) {
-            case MaskKind::kAdditive: {
+            case AttentionMask::kAdditive: {
               const float* m = a.inputs[3].as<const float>() + m0;
               for (int64_t j = 0; j < sk; ++j) row[j] += m[j * mask_step];
               break;
             }
-            case MaskKind::kBoolean: {
+            case AttentionMask::kBoolean: {
               const bool* m = a.inputs[3].as<const bool>() + m0;
               for (int64_t j = 0; j < sk; ++j) row[j] = m[j * mask_step] ? row[j] : fill_;
               break;
             }
-            case MaskKind::kCausal:
+            case AttentionMask::kCausal:
               for (int64_t j = std::max<int64_t>(0, i + (sk - sq) + 1); j < sk; ++j) {
                 row[j] = -std::numeric_limits<float>::infinity();
               }
               break;
-            case MaskKind::kNone:
+            case AttentionMask::kNone:
               break;
           }
           SoftmaxRowInPlace(row, sk);
@@ -185,9 +180,9 @@ class AttentionKernel final : public Kernel {
  private:
   float scale_;
   bool default_scale_;
-  MaskKind kind_;
+  AttentionMask kind_;
   float fill_;
-  HeadLayout layout_;
+  AttentionLayout layout_;
   int64_t heads_;
   int64_t parts_;
 };
@@ -203,28 +198,9 @@ class AttentionProvider final : public CpuFloatProvider {
   }
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig&) const override {
-    const AttributeMap& attrs = request.node->attrs();
-    std::string kind = attrs.GetString("mask_kind", "none");
-    MaskKind k = kind == "additive"  ? MaskKind::kAdditive
-                 : kind == "boolean" ? MaskKind::kBoolean
-                 : kind == "causal"  ? MaskKind::kCausal
-                                     : MaskKind::kNone;
-    std::string layout = attrs.GetString("layout", "bhsd");
-    HeadLayout l = layout == "bshd"  ? HeadLayout::kBshd
-                   : layout == "bsd" ? HeadLayout::kBsd
-                                     : HeadLayout::kBhsd;
-    int64_t heads = attrs.GetInt("num_heads", 0);
-    bool packed = attrs.GetInt("qkv_packed", 0) != 0;
-    if ((layout != "bhsd" && layout != "bshd" && layout != "bsd") ||
-        (l == HeadLayout::kBsd && heads <= 0) || (packed && l != HeadLayout::kBsd)) {
-      return MakeError(ErrorCode::kInvalidAttribute,
-                       "attention: layout '{}' (num_heads {}) is not bhsd, bshd or bsd with "
-                       "num_heads > 0",
-                       layout, heads);
-    }
+    KILN_ASSIGN_OR_RETURN(AttentionAttrs at, ReadAttentionAttrs(request.node->attrs()));
     return std::unique_ptr<Kernel>(std::make_unique<AttentionKernel>(
-        attrs.GetFloat("scale", 1.f), !attrs.Has("scale"), k,
-        attrs.GetFloat("mask_fill", -std::numeric_limits<float>::infinity()), l, heads, packed));
+        at.scale, at.default_scale, at.mask, at.mask_fill, at.layout, at.heads, at.qkv_packed));
   }
 };
 KILN_REGISTER_KERNEL_PROVIDER(AttentionProvider);

@@ -7,76 +7,16 @@
 #include "kiln/backends/cuda/blas_kernels.h"
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/kernel.h"
+#include "kiln/ops/fused.h"
 
 namespace kiln::cuda {
 namespace {
 
-// How Q, K, V and Y hold their heads (kiln's Attention op, src/kiln/ops/attention.cc):
-// kBhsd [..., S, D] (each head's rows contiguous); kBshd [B, S, H, D] and kBsd [B, S, H*D] (the
-// projections' own layout, heads interleaved along a row: no transposes around the op).
-enum class HeadLayout { kBhsd, kBshd, kBsd };
-
-struct AttentionSpec {
-  HeadLayout layout = HeadLayout::kBhsd;
-  int64_t heads = 0;        // kBsd
-  bool qkv_packed = false;  // kBsd: Q, K, V side by side in one [B, S, 3*H*D] input
-  AttnMask mask = AttnMask::kNone;
-  float scale = 1.f;
-  bool default_scale = true;
-  float fill = -std::numeric_limits<float>::infinity();
-};
-
-StatusOr<AttentionSpec> ReadAttentionSpec(const Node& node) {
-  const AttributeMap& at = node.attrs();
-  AttentionSpec s;
-  std::string kind = at.GetString("mask_kind", "none");
-  if (kind == "none") {
-    s.mask = AttnMask::kNone;
-  } else if (kind == "additive") {
-    s.mask = AttnMask::kAdditive;
-  } else if (kind == "boolean") {
-    s.mask = AttnMask::kBoolean;
-  } else if (kind == "causal") {
-    s.mask = AttnMask::kCausal;
-  } else {
-    return MakeError(ErrorCode::kInvalidAttribute, "Attention mask_kind '{}' is unknown", kind);
-  }
-  std::string layout = at.GetString("layout", "bhsd");
-  if (layout == "bhsd") {
-    s.layout = HeadLayout::kBhsd;
-  } else if (layout == "bshd") {
-    s.layout = HeadLayout::kBshd;
-  } else if (layout == "bsd") {
-    s.layout = HeadLayout::kBsd;
-    s.heads = at.GetInt("num_heads", 0);
-    s.qkv_packed = at.GetInt("qkv_packed", 0) != 0;
-    if (s.heads <= 0) {
-      return MakeError(ErrorCode::kInvalidAttribute, "Attention layout 'bsd' needs num_heads > 0");
-    }
-  } else {
-    return MakeError(ErrorCode::kInvalidAttribute, "Attention layout '{}' is unknown", layout);
-  }
-  if (at.GetInt("qkv_packed", 0) != 0 && s.layout != HeadLayout::kBsd) {
-    return MakeError(ErrorCode::kInvalidAttribute, "Attention qkv_packed needs layout 'bsd'");
-  }
-  s.default_scale = !at.Has("scale");
-  s.scale = at.GetFloat("scale", 1.f);
-  s.fill = at.GetFloat("mask_fill", -std::numeric_limits<float>::infinity());
-  return s;
-}
-
-std::optional<BlasType> AttentionType(DataType t) {
-  switch (t) {
-    case DataType::kFloat32:
-      return BlasType::kF32;
-    case DataType::kFloat16:
-      return BlasType::kF16;
-    case DataType::kBFloat16:
-      return BlasType::kBF16;
-    default:
-      return std::nullopt;
-  }
-}
+// The device kernel's mask enum follows kiln/ops/fused.h's AttentionMask value for value.
+static_assert(static_cast<int>(AttnMask::kNone) == static_cast<int>(AttentionMask::kNone) &&
+              static_cast<int>(AttnMask::kAdditive) == static_cast<int>(AttentionMask::kAdditive) &&
+              static_cast<int>(AttnMask::kBoolean) == static_cast<int>(AttentionMask::kBoolean) &&
+              static_cast<int>(AttnMask::kCausal) == static_cast<int>(AttentionMask::kCausal));
 
 // Element strides of an operand whose dims are right-aligned against `out` (numpy broadcasting):
 // the stride of each out dim, 0 where the operand has size 1 or lacks the dim.
@@ -93,7 +33,7 @@ std::vector<int64_t> BroadcastStrides(std::span<const int64_t> dims, std::span<c
 
 class CudaAttentionKernel final : public Kernel {
  public:
-  CudaAttentionKernel(AttentionSpec spec, BlasType type, int variant)
+  CudaAttentionKernel(AttentionAttrs spec, BlasType type, int variant)
       : spec_(spec), type_(type), variant_(variant) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> in,
@@ -109,8 +49,8 @@ class CudaAttentionKernel final : public Kernel {
     auto view = [&](const TensorView& t, int64_t parts) -> StatusOr<View> {
       const auto& x = t.dims;
       View v;
-      if (spec_.layout == HeadLayout::kBhsd) {
-        (void)parts;  // qkv_packed is for bsd only (ReadAttentionSpec)
+      if (spec_.layout == AttentionLayout::kBhsd) {
+        (void)parts;  // qkv_packed is for bsd only (ReadAttentionAttrs)
         if (x.size() < 2) return MakeError(ErrorCode::kShapeMismatch, "Attention rank < 2");
         size_t r = x.size();
         v.batch.assign(x.begin(), x.end() - 2);
@@ -125,7 +65,7 @@ class CudaAttentionKernel final : public Kernel {
         }
         return v;
       }
-      bool packed = spec_.layout == HeadLayout::kBsd;
+      bool packed = spec_.layout == AttentionLayout::kBsd;
       if (x.size() != (packed ? 3u : 4u)) {
         return MakeError(ErrorCode::kShapeMismatch, "Attention layout {} needs rank {} operands",
                          packed ? "bsd" : "bshd", packed ? 3 : 4);
@@ -157,7 +97,7 @@ class CudaAttentionKernel final : public Kernel {
     }
     AttentionParams p;
     p.type = type_;
-    p.mask_kind = spec_.mask;
+    p.mask_kind = static_cast<AttnMask>(spec_.mask);
     p.sq = q.rows;
     p.d = q.cols;
     p.sk = k.rows;
@@ -207,7 +147,7 @@ class CudaAttentionKernel final : public Kernel {
     p.k_row = k.row_stride;
     p.v_row = v.row_stride;
     p.y_row = y.row_stride;
-    if (spec_.mask == AttnMask::kAdditive || spec_.mask == AttnMask::kBoolean) {
+    if (spec_.mask == AttentionMask::kAdditive || spec_.mask == AttentionMask::kBoolean) {
       if (in.size() < 4 || in[3].dtype == DataType::kUndefined) {
         return MakeError(ErrorCode::kShapeMismatch, "Attention mask input is missing");
       }
@@ -222,7 +162,7 @@ class CudaAttentionKernel final : public Kernel {
       for (size_t i = 0; i < scores.size(); ++i) p.m_stride[i] = s[i];
     }
     p.scale = spec_.default_scale ? 1.f / std::sqrt(static_cast<float>(p.d)) : spec_.scale;
-    p.mask_fill = spec_.fill;
+    p.mask_fill = spec_.mask_fill;
     if (variant_ >= 2 && (!AttentionMmaSupports(p) || k_offset_ % 8 != 0 || v_offset_ % 8 != 0)) {
       return MakeError(ErrorCode::kAttentionUnsupported,
                        "the mma attention tactic needs f16/bf16, equal head dims of 16, 32, 64 or "
@@ -248,7 +188,7 @@ class CudaAttentionKernel final : public Kernel {
   }
 
  private:
-  AttentionSpec spec_;
+  AttentionAttrs spec_;
   BlasType type_;
   int variant_;
   AttentionParams params_;
@@ -263,15 +203,15 @@ class CudaAttentionProvider final : public KernelProvider {
   BackendKind backend() const override { return BackendKind::kCuda; }
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const override {
-    auto spec = ReadAttentionSpec(*request.node);
+    auto spec = ReadAttentionAttrs(request.node->attrs());
     if (!spec.ok() || request.inputs.size() < 3) return {};
-    auto type = AttentionType(request.inputs[0].dtype);
+    auto type = ToBlasType(request.inputs[0].dtype);
     if (!type) return {};
     // Head dims must fit the kernels' registers; unknown (symbolic) ones are checked in Prepare.
     // (In layout bsd a row holds num_heads heads.)
     auto head_dim = [&](const Shape& s) -> int64_t {
       if (s.empty() || !s.back().is_static()) return -1;
-      if (spec->layout == HeadLayout::kBsd) {
+      if (spec->layout == AttentionLayout::kBsd) {
         int64_t h = spec->heads * (spec->qkv_packed ? 3 : 1);
         return s.back().value() % h == 0 ? s.back().value() / h : 0;
       }
@@ -299,9 +239,8 @@ class CudaAttentionProvider final : public KernelProvider {
 
   StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
                                            const TacticConfig& tactic) const override {
-    KILN_ASSIGN_OR_RETURN(AttentionSpec spec, ReadAttentionSpec(*request.node));
-    auto type =
-        AttentionType(request.inputs.empty() ? DataType::kUndefined : request.inputs[0].dtype);
+    KILN_ASSIGN_OR_RETURN(AttentionAttrs spec, ReadAttentionAttrs(request.node->attrs()));
+    auto type = ToBlasType(request.inputs.empty() ? DataType::kUndefined : request.inputs[0].dtype);
     if (!type) {
       return MakeError(ErrorCode::kInvalidArgument, "cuda.attention: Q must be f32, f16 or bf16");
     }

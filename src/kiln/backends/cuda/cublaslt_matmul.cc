@@ -79,19 +79,6 @@ StatusOr<Spec> ReadSpec(const Node& node) {
   return s;
 }
 
-std::optional<BlasType> ToBlasType(DataType t) {
-  switch (t) {
-    case DataType::kFloat32:
-      return BlasType::kF32;
-    case DataType::kFloat16:
-      return BlasType::kF16;
-    case DataType::kBFloat16:
-      return BlasType::kBF16;
-    default:
-      return std::nullopt;
-  }
-}
-
 cudaDataType_t CudaType(BlasType t) {
   switch (t) {
     case BlasType::kF16:

@@ -6,15 +6,32 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <optional>
 #include <string>
 
+#include "kiln/backends/cuda/blas_kernels.h"
 #include "kiln/core/status.h"
+#include "kiln/ir/dtype.h"
 
 // cuBLASLt is loaded lazily (generated stubs, cmake/gen_lazy_stubs.py): empty when it loaded,
 // else dlopen's reason.
 extern "C" const char* kiln_cublaslt_load_error();
 
 namespace kiln::cuda {
+
+// The BLAS/attention kernels' storage type for a kiln dtype (FP32, FP16, BF16), else none.
+inline std::optional<BlasType> ToBlasType(DataType t) {
+  switch (t) {
+    case DataType::kFloat32:
+      return BlasType::kF32;
+    case DataType::kFloat16:
+      return BlasType::kF16;
+    case DataType::kBFloat16:
+      return BlasType::kBF16;
+    default:
+      return std::nullopt;
+  }
+}
 
 // KILN-E6002/E6003 with CUDA's own name and message for the failed call `what`.
 Status CudaStatus(cudaError_t err, const char* what);
