@@ -138,6 +138,44 @@ StatusOr<Strided> BroadcastSpace(std::span<const std::span<const int64_t>> input
   return Merge(dims, strides, k);
 }
 
+StatusOr<std::vector<bool>> ReducedAxes(std::span<const int64_t> dims,
+                                        std::span<const int64_t> axes, bool noop_with_empty_axes) {
+  const size_t rank = dims.size();
+  std::vector<bool> reduce(rank, axes.empty() && !noop_with_empty_axes);
+  for (int64_t ax : axes) {
+    const int64_t a = ax < 0 ? ax + static_cast<int64_t>(rank) : ax;
+    if (a < 0 || a >= static_cast<int64_t>(rank)) {
+      return MakeError(ErrorCode::kShapeMismatch, "reduce axis {} of rank {}", ax, rank);
+    }
+    reduce[static_cast<size_t>(a)] = true;
+  }
+  return reduce;
+}
+
+StatusOr<StridedReduction> PlanStridedReduction(std::span<const int64_t> dims,
+                                                const std::vector<bool>& reduce) {
+  const std::vector<int64_t> strides = DenseStrides(dims);
+  std::vector<int64_t> kd, ks, rd, rs;
+  StridedReduction out;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    (reduce[i] ? rd : kd).push_back(dims[i]);
+    (reduce[i] ? rs : ks).push_back(strides[i]);
+    (reduce[i] ? out.count : out.outputs) *= dims[i];
+  }
+  out.kept = CoalesceOne(kd, ks, 0);
+  out.red = CoalesceOne(rd, rs, 0);
+  if (out.kept.rank < 0 || out.red.rank < 0) {
+    return MakeError(ErrorCode::kUnimplemented, "reduction of more than {} separate axes",
+                     kMaxRank);
+  }
+  return out;
+}
+
+bool ReduceAxesAreConstant(const KernelRequest& r) {
+  return r.inputs.size() < 2 || InType(r, 1) == DataType::kUndefined ||
+         ConstantInts(r, 1).has_value();
+}
+
 Strided CoalesceOne(std::span<const int64_t> dims, std::span<const int64_t> strides,
                     int64_t offset) {
   std::vector<int64_t> d(dims.begin(), dims.end());

@@ -66,6 +66,22 @@ StatusOr<Strided> SliceSpace(std::span<const int64_t> starts, std::span<const in
 // True when dims are the same.
 bool SameDims(std::span<const int64_t> a, std::span<const int64_t> b);
 
+// Reduce* ops. The axes a reduction of `dims` takes: ONNX's `axes` (negative from the end), all
+// of them when it is empty, none when it is empty and noop_with_empty_axes is set (a copy).
+StatusOr<std::vector<bool>> ReducedAxes(std::span<const int64_t> dims,
+                                        std::span<const int64_t> axes, bool noop_with_empty_axes);
+// The kept and the reduced dims of a reduction as two Strided walks over the dense input, with
+// the number of outputs and of elements per output. KILN-E6007 (unimplemented) when either
+// side has more than kMaxRank separate runs of dims.
+struct StridedReduction {
+  Strided kept, red;
+  int64_t outputs = 1, count = 1;
+};
+StatusOr<StridedReduction> PlanStridedReduction(std::span<const int64_t> dims,
+                                                const std::vector<bool>& reduce);
+// A Reduce* request's axes (input 1) are absent or a build-time constant: Run reads no host data.
+bool ReduceAxesAreConstant(const KernelRequest& r);
+
 // A Kernel from functions.
 class FnKernel final : public Kernel {
  public:

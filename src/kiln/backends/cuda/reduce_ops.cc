@@ -12,15 +12,8 @@ class ReduceKernel final : public Kernel {
       : op_(op), t_(t), axes_(std::move(axes)), noop_(noop) {}
   StatusOr<size_t> Prepare(std::span<const TensorView> in, std::span<const TensorView>) override {
     const auto& x = in[0].dims;
-    size_t rank = x.size();
-    std::vector<bool> reduce(rank, axes_.empty() && !noop_);
-    for (int64_t ax : axes_) {
-      int64_t a = ax < 0 ? ax + static_cast<int64_t>(rank) : ax;
-      if (a < 0 || a >= static_cast<int64_t>(rank)) {
-        return MakeError(ErrorCode::kShapeMismatch, "reduce axis {} of rank {}", ax, rank);
-      }
-      reduce[static_cast<size_t>(a)] = true;
-    }
+    const size_t rank = x.size();
+    KILN_ASSIGN_OR_RETURN(std::vector<bool> reduce, ReducedAxes(x, axes_, noop_));
     // Adjacent reduced axes (ignoring size-1 dims) make [outer, n, inner].
     int first = -1, last = -1;
     for (size_t i = 0; i < rank; ++i) {
@@ -41,27 +34,7 @@ class ReduceKernel final : public Kernel {
       }
       return size_t{0};
     }
-    std::vector<int64_t> strides = DenseStrides(x);
-    std::vector<int64_t> kd, ks, rd, rs;
-    count_ = 1;
-    outputs_ = 1;
-    for (size_t i = 0; i < rank; ++i) {
-      if (reduce[i]) {
-        rd.push_back(x[i]);
-        rs.push_back(strides[i]);
-        count_ *= x[i];
-      } else {
-        kd.push_back(x[i]);
-        ks.push_back(strides[i]);
-        outputs_ *= x[i];
-      }
-    }
-    kept_ = CoalesceOne(kd, ks, 0);
-    red_ = CoalesceOne(rd, rs, 0);
-    if (kept_.rank < 0 || red_.rank < 0) {
-      return MakeError(ErrorCode::kUnimplemented, "reduction of more than {} separate axes",
-                       kMaxRank);
-    }
+    KILN_ASSIGN_OR_RETURN(plan_, PlanStridedReduction(x, reduce));
     return size_t{0};
   }
   Status Run(const KernelRunArgs& a) override {
@@ -70,8 +43,8 @@ class ReduceKernel final : public Kernel {
                                    StreamOf(a)),
                       "reduce kernel");
     }
-    return Launched(LaunchReduceStrided(op_, t_, a.inputs[0].data, a.outputs[0].data, kept_,
-                                        outputs_, red_, count_, StreamOf(a)),
+    return Launched(LaunchReduceStrided(op_, t_, a.inputs[0].data, a.outputs[0].data, plan_.kept,
+                                        plan_.outputs, plan_.red, plan_.count, StreamOf(a)),
                     "strided reduce kernel");
   }
 
@@ -81,8 +54,8 @@ class ReduceKernel final : public Kernel {
   std::vector<int64_t> axes_;
   bool noop_;
   bool adjacent_ = true;
-  int64_t outer_ = 1, n_ = 1, inner_ = 1, outputs_ = 1, count_ = 1;
-  Strided kept_, red_;
+  int64_t outer_ = 1, n_ = 1, inner_ = 1;
+  StridedReduction plan_;  // when the reduced axes are not adjacent
 };
 
 CudaOpDef ReduceDef(const char* op, ReduceOp kind) {
@@ -90,10 +63,7 @@ CudaOpDef ReduceDef(const char* op, ReduceOp kind) {
       .op_type = op,
       .accepts =
           [](const KernelRequest& r) {
-            if (!IsFloatStorage(InType(r, 0))) return false;
-            // The axes input, when present, must be constant (no host reads at run time).
-            return r.inputs.size() < 2 || InType(r, 1) == DataType::kUndefined ||
-                   ConstantInts(r, 1).has_value();
+            return IsFloatStorage(InType(r, 0)) && ReduceAxesAreConstant(r);
           },
       .create = [kind](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
         std::vector<int64_t> axes = ConstantInts(r, 1).value_or(std::vector<int64_t>{});
