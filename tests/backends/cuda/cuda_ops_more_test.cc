@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_cases.h"
 #include "kiln/backends/backend.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/ops/op_schema.h"
@@ -31,32 +32,17 @@ namespace {
 
 using testing::OpTester;
 
-constexpr DataType kF32 = DataType::kFloat32;
-constexpr DataType kI64 = DataType::kInt64;
-constexpr DataType kI32 = DataType::kInt32;
-constexpr DataType kBool = DataType::kBool;
-const std::vector<DataType> kAllFloats = {DataType::kFloat32, DataType::kFloat16,
-                                          DataType::kBFloat16};
-
-BackendKind TargetBackend() {
-  const char* on = std::getenv("KILN_CUDA_KERNELS_ON");
-  return on && std::string(on) == "cpu" ? BackendKind::kCpu : BackendKind::kCuda;
-}
-
-AttributeMap Attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
-  AttributeMap m;
-  for (const auto& [k, v] : kv) m.Set(k, v);
-  return m;
-}
-Tensor I64(std::vector<int64_t> dims, std::vector<int64_t> v) {
-  return Tensor::FromVector(kI64, std::move(dims), v);
-}
-Tensor I32(std::vector<int64_t> dims, std::vector<int32_t> v) {
-  return Tensor::FromVector(kI32, std::move(dims), v);
-}
-Tensor F32(std::vector<int64_t> dims, std::vector<float> v) {
-  return Tensor::FromVector(kF32, std::move(dims), v);
-}
+using testing::Attrs;
+using testing::CaseTestName;
+using testing::F32;
+using testing::I32;
+using testing::I64;
+using testing::kAllFloats;
+using testing::kBool;
+using testing::kF32;
+using testing::kI32;
+using testing::kI64;
+using testing::TargetBackend;
 // f32 with small integer values: many exact ties in every float type (ArgMax, TopK).
 Tensor Rounded(std::vector<int64_t> dims, int lo, int hi, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -740,11 +726,7 @@ TEST_P(CudaOpsMore, OffersACudaTacticWithoutADevice) {
 
 INSTANTIATE_TEST_SUITE_P(Ops, CudaOpsMore, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string n = info.param.name;
-                           for (char& ch : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           }
-                           return n;
+                           return CaseTestName(info.param.name);
                          });
 
 // ---- direct provider runs (index checks, run-time pads) ----------------------------------------
