@@ -59,7 +59,7 @@ class TestReluProvider final : public cpu::CpuFloatProvider {
   }
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest&,
                                               const TacticConfig&) const override {
-    return std::unique_ptr<Kernel>(std::make_unique<cpu::LambdaKernel>([](const KernelRunArgs& a) {
+    return std::unique_ptr<Kernel>(std::make_unique<FnKernel>([](const KernelRunArgs& a) {
       const float* x = a.inputs[0].as<const float>();
       float* y = a.outputs[0].as<float>();
       const int64_t n = a.outputs[0].num_elements();

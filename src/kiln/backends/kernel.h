@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -79,6 +80,25 @@ class Kernel {
     return Prepare(inputs, outputs);
   }
   virtual Status Run(const KernelRunArgs& args) = 0;
+};
+
+// A Kernel made from functions: simple kernels with no state beyond what the functions capture.
+class FnKernel final : public Kernel {
+ public:
+  using RunFn = std::function<Status(const KernelRunArgs&)>;
+  using PrepareFn =
+      std::function<StatusOr<size_t>(std::span<const TensorView>, std::span<const TensorView>)>;
+  explicit FnKernel(RunFn run, PrepareFn prepare = nullptr)
+      : run_(std::move(run)), prepare_(std::move(prepare)) {}
+  StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
+                           std::span<const TensorView> outputs) override {
+    return prepare_ ? prepare_(inputs, outputs) : StatusOr<size_t>(size_t{0});
+  }
+  Status Run(const KernelRunArgs& args) override { return run_(args); }
+
+ private:
+  RunFn run_;
+  PrepareFn prepare_;
 };
 
 class KernelProvider {

@@ -42,25 +42,6 @@ struct F32Request {
 };
 F32Request ToF32Request(const KernelRequest& request);
 
-// A Kernel made from a lambda (for simple kernels with no state beyond captured attributes).
-class LambdaKernel final : public Kernel {
- public:
-  using RunFn = std::function<Status(const KernelRunArgs&)>;
-  using PrepareFn =
-      std::function<StatusOr<size_t>(std::span<const TensorView>, std::span<const TensorView>)>;
-  explicit LambdaKernel(RunFn run, PrepareFn prepare = nullptr)
-      : run_(std::move(run)), prepare_(std::move(prepare)) {}
-  StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
-                           std::span<const TensorView> outputs) override {
-    return prepare_ ? prepare_(inputs, outputs) : StatusOr<size_t>(size_t{0});
-  }
-  Status Run(const KernelRunArgs& args) override { return run_(args); }
-
- private:
-  RunFn run_;
-  PrepareFn prepare_;
-};
-
 // Broadcast helper: for output index i (row-major over out_dims), the input's linear index.
 // Precomputed strides make the inner loop cheap; used by binary elementwise ops.
 struct BroadcastIndexer {

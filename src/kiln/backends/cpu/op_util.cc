@@ -88,8 +88,8 @@ void RegisterOpKernel(OpKernelDef def) {
   }
 }
 
-std::unique_ptr<Kernel> MakeKernel(LambdaKernel::RunFn run) {
-  return std::make_unique<LambdaKernel>(std::move(run));
+std::unique_ptr<Kernel> MakeKernel(FnKernel::RunFn run) {
+  return std::make_unique<FnKernel>(std::move(run));
 }
 
 DimVec ReadInts(const TensorView& v) {

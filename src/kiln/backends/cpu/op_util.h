@@ -38,8 +38,8 @@ struct OpKernelDef {
 // Registers a provider "cpu.<kebab op>" (plus "." variant when given).
 void RegisterOpKernel(OpKernelDef def);
 
-std::unique_ptr<Kernel> MakeKernel(LambdaKernel::RunFn run);
-inline StatusOr<std::unique_ptr<Kernel>> KernelOr(LambdaKernel::RunFn run) {
+std::unique_ptr<Kernel> MakeKernel(FnKernel::RunFn run);
+inline StatusOr<std::unique_ptr<Kernel>> KernelOr(FnKernel::RunFn run) {
   return MakeKernel(std::move(run));
 }
 

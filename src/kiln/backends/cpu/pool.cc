@@ -153,7 +153,7 @@ class GlobalPoolProvider final : public CpuFloatProvider {
   }
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest&,
                                               const TacticConfig&) const override {
-    return std::unique_ptr<Kernel>(std::make_unique<LambdaKernel>([](const KernelRunArgs& a) {
+    return std::unique_ptr<Kernel>(std::make_unique<FnKernel>([](const KernelRunArgs& a) {
       const auto& dims = a.inputs[0].dims;
       int64_t planes = dims[0] * dims[1];
       int64_t size = planes == 0 ? 0 : a.inputs[0].num_elements() / planes;

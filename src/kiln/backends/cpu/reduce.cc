@@ -263,7 +263,7 @@ void RegisterReduce(const char* op, Reducer red, bool float_only) {
             return OkStatus();
           });
         };
-        return std::unique_ptr<Kernel>(std::make_unique<LambdaKernel>(run, prepare));
+        return std::unique_ptr<Kernel>(std::make_unique<FnKernel>(run, prepare));
       },
   });
 }
@@ -329,7 +329,7 @@ const bool kRegistered = [] {
                                std::span<const TensorView>) -> StatusOr<size_t> {
               return TopKWorkspace(in, axis);
             };
-            return StatusOr<std::unique_ptr<Kernel>>(std::make_unique<LambdaKernel>(run, prepare));
+            return StatusOr<std::unique_ptr<Kernel>>(std::make_unique<FnKernel>(run, prepare));
           },
   });
   return true;

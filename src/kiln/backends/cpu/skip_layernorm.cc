@@ -100,7 +100,7 @@ const bool kRegistered = [] {
               });
               return OkStatus();
             };
-            return StatusOr<std::unique_ptr<Kernel>>(std::make_unique<LambdaKernel>(run, prepare));
+            return StatusOr<std::unique_ptr<Kernel>>(std::make_unique<FnKernel>(run, prepare));
           },
   });
   return true;

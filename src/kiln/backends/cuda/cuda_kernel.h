@@ -71,7 +71,7 @@ bool SameDims(std::span<const int64_t> a, std::span<const int64_t> b);
 StatusOr<std::vector<bool>> ReducedAxes(std::span<const int64_t> dims,
                                         std::span<const int64_t> axes, bool noop_with_empty_axes);
 // The kept and the reduced dims of a reduction as two Strided walks over the dense input, with
-// the number of outputs and of elements per output. KILN-E6007 (unimplemented) when either
+// the number of outputs and of elements per output. KILN-E1006 (unimplemented) when either
 // side has more than kMaxRank separate runs of dims.
 struct StridedReduction {
   Strided kept, red;
@@ -82,24 +82,6 @@ StatusOr<StridedReduction> PlanStridedReduction(std::span<const int64_t> dims,
 // A Reduce* request's axes (input 1) are absent or a build-time constant: Run reads no host data.
 bool ReduceAxesAreConstant(const KernelRequest& r);
 
-// A Kernel from functions.
-class FnKernel final : public Kernel {
- public:
-  using RunFn = std::function<Status(const KernelRunArgs&)>;
-  using PrepareFn =
-      std::function<StatusOr<size_t>(std::span<const TensorView>, std::span<const TensorView>)>;
-  explicit FnKernel(RunFn run, PrepareFn prepare = nullptr)
-      : run_(std::move(run)), prepare_(std::move(prepare)) {}
-  StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
-                           std::span<const TensorView> outputs) override {
-    return prepare_ ? prepare_(inputs, outputs) : StatusOr<size_t>(size_t{0});
-  }
-  Status Run(const KernelRunArgs& args) override { return run_(args); }
-
- private:
-  RunFn run_;
-  PrepareFn prepare_;
-};
 inline StatusOr<std::unique_ptr<Kernel>> MakeFnKernel(FnKernel::RunFn run,
                                                       FnKernel::PrepareFn prepare = nullptr) {
   return std::unique_ptr<Kernel>(std::make_unique<FnKernel>(std::move(run), std::move(prepare)));
