@@ -81,11 +81,9 @@ cudaError_t LaunchArgReduce(Elem t, bool is_max, bool select_last, const void* x
     using T = decltype(tag);
     const T* px = static_cast<const T*>(x);
     if (inner == 1 && n >= 64) {
-      // 8 warps per block; one row per warp.
-      int64_t blocks = (lines + 7) / 8;
+      // One row per warp (8 per block): a grid-stride loop over lines * 32 threads.
       ArgRowWarpKernel<T>
-          <<<static_cast<unsigned>(blocks < 132 * 16 ? blocks : 132 * 16), 256, 0, stream>>>(
-              px, y, lines, n, is_max, select_last);
+          <<<GridFor(lines * 32), 256, 0, stream>>>(px, y, lines, n, is_max, select_last);
     } else {
       ArgLineKernel<T>
           <<<GridFor(lines), 256, 0, stream>>>(px, y, outer, n, inner, is_max, select_last);

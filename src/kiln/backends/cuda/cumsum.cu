@@ -73,10 +73,9 @@ cudaError_t LaunchCumSum(Elem t, bool exclusive, bool reverse, const void* x, vo
     const T* px = static_cast<const T*>(x);
     T* py = static_cast<T*>(y);
     if (inner == 1 && n >= 64) {
-      int64_t blocks = (lines + 7) / 8;  // 8 warps per block, one row each
+      // One row per warp (8 per block): a grid-stride loop over lines * 32 threads.
       CumSumRowWarpKernel<T>
-          <<<static_cast<unsigned>(blocks < 132 * 16 ? blocks : 132 * 16), 256, 0, stream>>>(
-              px, py, lines, n, exclusive, reverse);
+          <<<GridFor(lines * 32), 256, 0, stream>>>(px, py, lines, n, exclusive, reverse);
     } else {
       CumSumLineKernel<T>
           <<<GridFor(lines), 256, 0, stream>>>(px, py, outer, n, inner, exclusive, reverse);
