@@ -46,35 +46,19 @@ struct Int8ConvPlan {
 StatusOr<Int8ConvPlan> MakeInt8Plan(const ConvSpec& spec, const ConvGeometry& g, bool const_bias,
                                     bool preload, const std::vector<float>& scales) {
   try {
-    bool two_d = spec.spatial_rank == 2;
-    memory::dims src = {g.n, g.cg * g.group, g.ih, g.iw};
-    memory::dims dst = {g.n, g.mg * g.group, g.oh, g.ow};
-    memory::dims wei = g.group > 1 ? memory::dims{g.group, g.mg, g.cg, g.kh, g.kw}
-                                   : memory::dims{g.mg, g.cg, g.kh, g.kw};
-    memory::dims strides = {g.sh, g.sw}, dil = {g.dh - 1, g.dw - 1};
-    memory::dims pad_l = {g.ph, g.pw}, pad_r = {g.pad_h_end, g.pad_w_end};
-    if (!two_d) {  // 1-D: drop the unit height
-      src = {g.n, g.cg * g.group, g.iw};
-      dst = {g.n, g.mg * g.group, g.ow};
-      wei = g.group > 1 ? memory::dims{g.group, g.mg, g.cg, g.kw} : memory::dims{g.mg, g.cg, g.kw};
-      strides = {g.sw};
-      dil = {g.dw - 1};
-      pad_l = {g.pw};
-      pad_r = {g.pad_w_end};
-    }
+    const OneDnnConvShapes sh = MakeOneDnnConvShapes(spec, g);
     auto s8 = memory::data_type::s8;
     auto f32 = memory::data_type::f32;
     Int8ConvPlan plan;
-    plan.user_q = memory::desc(src, s8, two_d ? Tag::nchw : Tag::ncw);
-    plan.user_dst = memory::desc(dst, f32, two_d ? Tag::nchw : Tag::ncw);
-    plan.user_wei = memory::desc(
-        wei, s8, g.group > 1 ? (two_d ? Tag::goihw : Tag::goiw) : (two_d ? Tag::oihw : Tag::oiw));
+    plan.user_q = memory::desc(sh.src, s8, sh.act_tag);
+    plan.user_dst = memory::desc(sh.dst, f32, sh.act_tag);
+    plan.user_wei = memory::desc(sh.wei, s8, sh.wei_tag);
     memory::desc bias_md =
         const_bias ? memory::desc({g.mg * g.group}, f32, Tag::x) : memory::desc();
     dnnl::convolution_forward::desc desc(
         dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-        memory::desc(src, s8, Tag::any), memory::desc(wei, s8, Tag::any), bias_md,
-        memory::desc(dst, f32, Tag::any), strides, dil, pad_l, pad_r);
+        memory::desc(sh.src, s8, Tag::any), memory::desc(sh.wei, s8, Tag::any), bias_md,
+        memory::desc(sh.dst, f32, Tag::any), sh.strides, sh.dilation, sh.pad_l, sh.pad_r);
     dnnl::post_ops ops;
     if (preload) ops.append_sum(1.f);
     float alpha, beta;

@@ -41,6 +41,34 @@ std::optional<dnnl::algorithm> OneDnnEltwise(const FusedActivationSpec& act, flo
   return std::nullopt;
 }
 
+OneDnnConvShapes MakeOneDnnConvShapes(const ConvSpec& spec, const ConvGeometry& g) {
+  using Tag = dnnl::memory::format_tag;
+  using Dims = dnnl::memory::dims;
+  OneDnnConvShapes s;
+  if (spec.spatial_rank == 2) {
+    s.src = {g.n, g.cg * g.group, g.ih, g.iw};
+    s.dst = {g.n, g.mg * g.group, g.oh, g.ow};
+    s.wei = g.group > 1 ? Dims{g.group, g.mg, g.cg, g.kh, g.kw} : Dims{g.mg, g.cg, g.kh, g.kw};
+    s.strides = {g.sh, g.sw};
+    s.dilation = {g.dh - 1, g.dw - 1};
+    s.pad_l = {g.ph, g.pw};
+    s.pad_r = {g.pad_h_end, g.pad_w_end};
+    s.act_tag = Tag::nchw;
+    s.wei_tag = g.group > 1 ? Tag::goihw : Tag::oihw;
+  } else {  // 1-D: drop the unit height
+    s.src = {g.n, g.cg * g.group, g.iw};
+    s.dst = {g.n, g.mg * g.group, g.ow};
+    s.wei = g.group > 1 ? Dims{g.group, g.mg, g.cg, g.kw} : Dims{g.mg, g.cg, g.kw};
+    s.strides = {g.sw};
+    s.dilation = {g.dw - 1};
+    s.pad_l = {g.pw};
+    s.pad_r = {g.pad_w_end};
+    s.act_tag = Tag::ncw;
+    s.wei_tag = g.group > 1 ? Tag::goiw : Tag::oiw;
+  }
+  return s;
+}
+
 void SetOneDnnThreads() { omp_set_num_threads(ThreadPool::Default().size()); }
 
 OneDnnSingleThreadScope::OneDnnSingleThreadScope() : previous_(omp_get_max_threads()) {

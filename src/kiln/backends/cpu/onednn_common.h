@@ -6,6 +6,7 @@
 
 #include <optional>
 
+#include "kiln/backends/cpu/conv_common.h"
 #include "kiln/ops/fused.h"
 
 namespace kiln::cpu {
@@ -16,6 +17,15 @@ dnnl::engine& OneDnnEngine();
 // The activation as a oneDNN eltwise algorithm with its alpha/beta; nullopt for none.
 std::optional<dnnl::algorithm> OneDnnEltwise(const FusedActivationSpec& act, float* alpha,
                                              float* beta);
+
+// A convolution's shapes as oneDNN takes them: N,C,H,W activations and O,I,H,W (grouped:
+// G,O,I,H,W) weights, 1-D convolutions without the unit height; oneDNN's dilations are ONNX's
+// minus one. The tags are the plain (ONNX) layouts of kiln's own buffers.
+struct OneDnnConvShapes {
+  dnnl::memory::dims src, dst, wei, strides, dilation, pad_l, pad_r;
+  dnnl::memory::format_tag act_tag, wei_tag;
+};
+OneDnnConvShapes MakeOneDnnConvShapes(const ConvSpec& spec, const ConvGeometry& g);
 
 // Debian's oneDNN runs on OpenMP's threads, not kiln's ThreadPool: bound them by the pool's size
 // (KILN_NUM_THREADS) on the calling thread before executing a primitive.
