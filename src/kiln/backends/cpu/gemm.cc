@@ -94,22 +94,14 @@ class GemmProviderBase : public CpuFloatProvider {
     if (a.size() != 2 || b.size() != 2) return {};
     int64_t m = spec->trans_a ? a[1] : a[0], k = spec->trans_a ? a[0] : a[1];
     int64_t n = spec->trans_b ? b[0] : b[1];
-    std::vector<TacticConfig> out;
-    for (const GemmTactic& t : GemmTactics("f32-gemm-cpu", m, n, k)) {
-      out.push_back({t.name, {static_cast<int64_t>(t.impl)}, t.workspace_bytes});
-    }
-    return out;
+    return GemmTactics("f32-gemm-cpu", m, n, k);
   }
 
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig& tactic) const override {
     KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadSpec(request));
-    if (tactic.params.size() != 1 || tactic.params[0] < 0 || tactic.params[0] >= kNumGemmImpls) {
-      return MakeError(ErrorCode::kInvalidArgument, "{}: tactic '{}' has invalid params", id(),
-                       tactic.name);
-    }
-    return std::unique_ptr<Kernel>(
-        std::make_unique<GemmKernel>(spec, static_cast<GemmImpl>(tactic.params[0])));
+    KILN_ASSIGN_OR_RETURN(GemmImpl impl, GemmImplOf(tactic, id()));
+    return std::unique_ptr<Kernel>(std::make_unique<GemmKernel>(spec, impl));
   }
 };
 

@@ -91,23 +91,14 @@ class MatMulProviderBase : public CpuFloatProvider {
     std::vector<int64_t> a = MaxDimsOf(request.inputs[0]), b = MaxDimsOf(request.inputs[1]);
     auto d = ResolveMatMul(*spec, a, b, false);
     if (!d.ok()) return {};
-    std::vector<TacticConfig> out;
-    for (const GemmTactic& t :
-         GemmTactics("f32-matmul-cpu", d->fold ? d->batch * d->m : d->m, d->n, d->k)) {
-      out.push_back({t.name, {static_cast<int64_t>(t.impl)}, t.workspace_bytes});
-    }
-    return out;
+    return GemmTactics("f32-matmul-cpu", d->fold ? d->batch * d->m : d->m, d->n, d->k);
   }
 
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig& tactic) const override {
     KILN_ASSIGN_OR_RETURN(MatMulSpec spec, ReadSpec(request));
-    if (tactic.params.size() != 1 || tactic.params[0] < 0 || tactic.params[0] >= kNumGemmImpls) {
-      return MakeError(ErrorCode::kInvalidArgument, "{}: tactic '{}' has invalid params", id(),
-                       tactic.name);
-    }
-    return std::unique_ptr<Kernel>(
-        std::make_unique<MatMulKernel>(spec, static_cast<GemmImpl>(tactic.params[0])));
+    KILN_ASSIGN_OR_RETURN(GemmImpl impl, GemmImplOf(tactic, id()));
+    return std::unique_ptr<Kernel>(std::make_unique<MatMulKernel>(spec, impl));
   }
 };
 

@@ -158,16 +158,25 @@ bool SgemmSplitsOverThreads(int64_t m, int64_t n, int64_t k) {
          static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) >= 2e5;
 }
 
-std::vector<GemmTactic> GemmTactics(const std::string& prefix, int64_t m, int64_t n, int64_t k) {
-  std::vector<GemmTactic> out;
+std::vector<TacticConfig> GemmTactics(const std::string& prefix, int64_t m, int64_t n, int64_t k) {
+  std::vector<TacticConfig> out;
   auto add = [&](const char* suffix, GemmImpl impl) {
-    out.push_back({prefix + suffix, impl, SgemmWorkspaceBytes(impl, m, n, k)});
+    out.push_back(
+        {prefix + suffix, {static_cast<int64_t>(impl)}, SgemmWorkspaceBytes(impl, m, n, k)});
   };
   add("-openblas", GemmImpl::kOpenBlas);
   add("-blocked-8x8", GemmImpl::kBlocked8x8);
   if (SgemmSplitsOverThreads(m, n, k)) add("-openblas-1thread", GemmImpl::kOpenBlasSingle);
   if (k > kKcSmall) add("-blocked-8x8-k128", GemmImpl::kBlocked8x8K128);
   return out;
+}
+
+StatusOr<GemmImpl> GemmImplOf(const TacticConfig& tactic, std::string_view provider) {
+  if (tactic.params.size() != 1 || tactic.params[0] < 0 || tactic.params[0] >= kNumGemmImpls) {
+    return MakeError(ErrorCode::kInvalidArgument, "{}: tactic '{}' has invalid params", provider,
+                     tactic.name);
+  }
+  return static_cast<GemmImpl>(tactic.params[0]);
 }
 
 void ConfigureBlasThreads() {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/backends/kernel.h"
 #include "kiln/ops/fused.h"
 
 namespace kiln::cpu {
@@ -39,12 +40,10 @@ bool SgemmSplitsOverThreads(int64_t m, int64_t n, int64_t k);
 // The tactics a Gemm/MatMul layer of this size offers, named "<prefix>-openblas" and so on,
 // params {impl}: each one only when it is a distinct schedule for this size (K blocks of 128
 // only when K > 128, one thread only when the threaded split would apply).
-struct GemmTactic {
-  std::string name;
-  GemmImpl impl;
-  size_t workspace_bytes;
-};
-std::vector<GemmTactic> GemmTactics(const std::string& prefix, int64_t m, int64_t n, int64_t k);
+std::vector<TacticConfig> GemmTactics(const std::string& prefix, int64_t m, int64_t n, int64_t k);
+// The schedule of a tactic GemmTactics made; KILN-E1001 (invalid argument) naming `provider`
+// for any other params (a tactic from a foreign or corrupt engine or timing cache).
+StatusOr<GemmImpl> GemmImplOf(const TacticConfig& tactic, std::string_view provider);
 
 // Row-major C[m x n] = alpha * op(A) op(B) + beta * C, op = transpose when trans_*. `workspace`
 // must hold SgemmWorkspaceBytes (64-byte aligned). beta == 0 ignores C's old contents.
