@@ -8,7 +8,9 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 
 #include "kiln/engine/engine_generated.h"
 #include "tests/engine/test_engines.h"
@@ -192,7 +194,22 @@ TEST(EngineFile, WritesAtomicallyAndMapsWeightsWithoutCopying) {
     EXPECT_EQ(entry.path().filename(), "chain.kiln");  // no temporary left behind
   }
   EXPECT_EQ(files, 1);
-  EXPECT_EQ(std::filesystem::file_size(path), Serialize(*chain).size());
+  // The file is written as it is serialized (payload, then the preamble at offset 0), and its
+  // bytes are exactly SerializeEngine's, for both engines.
+  auto read_all = [](const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    Bytes out(chars.size());
+    std::memcpy(out.data(), chars.data(), chars.size());
+    return out;
+  };
+  EXPECT_EQ(read_all(path), Serialize(*chain));
+  auto diamond = testing::AssembleTestEngine(testing::MakeDiamondGraph(), {});
+  ASSERT_TRUE(diamond.ok());
+  const std::string diamond_path = (dir / "diamond.kiln").string();
+  ASSERT_TRUE(WriteEngineFile(**diamond, diamond_path).ok());
+  EXPECT_EQ(read_all(diamond_path), Serialize(**diamond));
+  std::filesystem::remove(diamond_path);
 
   auto loaded = LoadEngineFile(path, {BackendKind::kCpu, "x86_64"});
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();

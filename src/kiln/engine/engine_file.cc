@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <set>
 #include <unordered_map>
@@ -128,7 +130,16 @@ flatbuffers::Offset<fb::Attribute> WriteAttribute(FbBuilder& b, const std::strin
 
 }  // namespace
 
-StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine) {
+namespace {
+
+// The payload (everything after the preamble) in order, piece by piece, to `sink`; returns the
+// preamble that describes it. SerializeEngine collects the pieces in memory; WriteEngineFile
+// writes them to the file as they come, so a build never holds a second copy of the weights.
+// `total` is told the file's size (preamble included) before the first piece.
+using PayloadSink = std::function<Status(std::span<const std::byte>)>;
+StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
+                                           const std::function<void(uint64_t)>& total_bytes,
+                                           const PayloadSink& sink) {
   if (!engine.graph) return MakeError(ErrorCode::kInternal, "the engine has no graph");
   const Graph& graph = *engine.graph;
   FbBuilder b(1 << 16);
@@ -259,55 +270,95 @@ StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine) {
   const uint64_t fb_bytes = b.GetSize();
   const uint64_t weights_start = Align(kEnginePreambleBytes + fb_bytes);
   const uint64_t total = weights_start + weights_bytes;
-  // Appended piece by piece: only the preamble and the alignment padding are zero-filled, the
-  // flatbuffer and the weights are copied once (a zero-filled buffer wrote every byte twice).
-  std::vector<std::byte> out;
-  out.reserve(total);
-  auto append = [&out](const void* p, size_t n) {
-    const auto* bytes = static_cast<const std::byte*>(p);
-    out.insert(out.end(), bytes, bytes + n);
+  total_bytes(total);
+  Hasher hasher;
+  uint64_t written = kEnginePreambleBytes;
+  auto emit = [&](std::span<const std::byte> bytes) -> Status {
+    if (bytes.empty()) return OkStatus();
+    hasher.Update(bytes);
+    written += bytes.size();
+    return sink(bytes);
   };
-  auto pad_to = [&out](uint64_t size) { out.resize(size, std::byte{0}); };
-  pad_to(kEnginePreambleBytes);
-  append(b.GetBufferPointer(), fb_bytes);
-  pad_to(weights_start);
+  static constexpr std::array<std::byte, kEngineWeightsAlignment> kZeros{};
+  auto pad_to = [&](uint64_t offset) -> Status {
+    return emit(std::span(kZeros).first(static_cast<size_t>(offset - written)));
+  };
+  KILN_RETURN_IF_ERROR(emit(std::span(reinterpret_cast<const std::byte*>(b.GetBufferPointer()),
+                                      static_cast<size_t>(fb_bytes))));
+  KILN_RETURN_IF_ERROR(pad_to(weights_start));
   for (const Tensor* t : weights) {
-    if (t->size_bytes()) append(t->raw(), t->size_bytes());
-    pad_to(out.size() - t->size_bytes() + Align(t->size_bytes()));
+    const uint64_t end = written + Align(t->size_bytes());
+    KILN_RETURN_IF_ERROR(emit(std::span(static_cast<const std::byte*>(t->raw()), t->size_bytes())));
+    KILN_RETURN_IF_ERROR(pad_to(end));
   }
-  if (out.size() != total) {
+  if (written != total) {
     return MakeError(ErrorCode::kInternal, "engine serialization wrote {} bytes; expected {}",
-                     out.size(), total);
+                     written, total);
   }
   EnginePreamble p;
   p.payload_bytes = total - kEnginePreambleBytes;
   p.flatbuffer_bytes = fb_bytes;
-  p.checksum = HashBytes(std::span(out).subspan(kEnginePreambleBytes));
+  p.checksum = hasher.Digest();
   p.kiln_version = std::string(KilnVersion());
+  return p;
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine) {
+  std::vector<std::byte> out(kEnginePreambleBytes, std::byte{0});
+  KILN_ASSIGN_OR_RETURN(EnginePreamble p,
+                        EmitEnginePayload(
+                            engine, [&out](uint64_t total) { out.reserve(total); },
+                            [&out](std::span<const std::byte> piece) {
+                              out.insert(out.end(), piece.begin(), piece.end());
+                              return OkStatus();
+                            }));
   WriteEnginePreamble(p, out);
   return out;
 }
 
 Status WriteEngineFile(const EngineDesc& engine, const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, SerializeEngine(engine));
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = fmt::format("{}.tmp.{}.{}", path, getpid(), counter++);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     return MakeError(ErrorCode::kIoError, "cannot create '{}': {}", tmp, std::strerror(errno));
   }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return MakeError(ErrorCode::kIoError, "writing '{}' failed after {} of {} bytes: {}", tmp,
-                       done, bytes.size(), std::strerror(err));
+  // Everything is written where it belongs: the payload as it is serialized (no in-memory copy of
+  // the weights), then the preamble, which holds the payload's checksum, at offset 0.
+  auto write_at = [&](std::span<const std::byte> bytes, off_t offset) -> Status {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      ssize_t n =
+          ::pwrite(fd, bytes.data() + done, bytes.size() - done, offset + static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        return MakeError(ErrorCode::kIoError, "writing '{}' failed at byte {}: {}", tmp,
+                         offset + static_cast<off_t>(done), std::strerror(n < 0 ? errno : EIO));
+      }
+      done += static_cast<size_t>(n);
     }
-    done += static_cast<size_t>(n);
+    return OkStatus();
+  };
+  off_t offset = kEnginePreambleBytes;
+  StatusOr<EnginePreamble> pre = EmitEnginePayload(
+      engine, [](uint64_t) {},
+      [&](std::span<const std::byte> piece) {
+        KILN_RETURN_IF_ERROR(write_at(piece, offset));
+        offset += static_cast<off_t>(piece.size());
+        return OkStatus();
+      });
+  Status written = pre.status();
+  if (written.ok()) {
+    std::array<std::byte, kEnginePreambleBytes> head{};
+    WriteEnginePreamble(*pre, head);
+    written = write_at(head, 0);
+  }
+  if (!written.ok()) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return written;
   }
   // Flushed before the rename, so a crash leaves either the old file or the complete new one.
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
