@@ -68,7 +68,9 @@ struct LoadOptions {
 
 // Deterministic: the same EngineDesc gives byte-identical output (no timestamps; maps sorted).
 StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine);
-// Atomic: writes a temporary file beside `path`, flushes it and renames it over `path`.
+// Atomic: writes a temporary file beside `path`, flushes it and renames it over `path`. The same
+// bytes as SerializeEngine, written as they are serialized: no second in-memory copy of the
+// weights (a large model's build peaks at about 1.2x its weights, not 2x).
 Status WriteEngineFile(const EngineDesc& engine, const std::string& path);
 
 // Maps the file read-only; constants borrow the mapping (it lives as long as any of them).
