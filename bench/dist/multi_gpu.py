@@ -29,7 +29,6 @@ import glob
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -142,6 +141,8 @@ def check_build_once(step, d, n):
     step["build_s"] = report.get("build_s")
     step["ok"] = (step["rc"] == 0 and step["identical_engines"] and len(built) == 1 and
                   len(ranks) == n and report.get("transport") == "nccl")
+    if not step["ok"]:  # what the ranks said
+        step["log"] = "".join(open(p).read()[-1500:] for p in sorted(glob.glob(d + "/log.*")))
 
 
 def main():
@@ -195,30 +196,27 @@ def main():
     build_args = f"build {onnx} --backend cuda --fp16 --profile {profile} --log-level WARN"
     cache = os.path.join(work, "timing.cache")
 
+    def build_once_script(name):
+        """(directory, per-rank script) of one `kiln build --distributed --transport nccl` run."""
+        d = os.path.join(work, name)
+        os.makedirs(d)
+        return d, rank_script(os.path.join(d, "rank.sh"),
+                              f"exec {a.kiln} {build_args} -o {d}/engine.$r.kiln "
+                              f"--timing-cache {cache} --distributed --transport nccl "
+                              f"--join-timeout 120 --dist-report {d}/report.$r.json > {d}/log.$r 2>&1")
+
     # 2. Build once, mpirun, NCCL.
-    d = os.path.join(work, "once_mpi")
-    os.makedirs(d)
-    script = rank_script(os.path.join(d, "rank.sh"),
-                         f"exec {a.kiln} {build_args} -o {d}/engine.$r.kiln --timing-cache {cache} "
-                         f"--distributed --transport nccl --join-timeout 120 "
-                         f"--dist-report {d}/report.$r.json > {d}/log.$r 2>&1")
+    d, script = build_once_script("once_mpi")
     with MemorySampler() as mem:
         rc, out, err, dt = sh(mpirun(n) + [script], a.build_timeout)
     steps["build_once_mpirun"] = {"rc": rc, "total_s": round(dt, 2),
                                   "peak_mib_above_idle_per_gpu": mem.above_idle_mib()}
     check_build_once(steps["build_once_mpirun"], d, n)
-    if not steps["build_once_mpirun"]["ok"]:
-        steps["build_once_mpirun"]["log"] = "".join(open(p).read()[-1500:] for p in sorted(glob.glob(d + "/log.*")))
     save()
     engine0 = os.path.join(d, "engine.0.kiln")
 
     # 3. Build once, torchrun-style (no MPI), warm timing cache.
-    d = os.path.join(work, "once_torchrun")
-    os.makedirs(d)
-    script = rank_script(os.path.join(d, "rank.sh"),
-                         f"exec {a.kiln} {build_args} -o {d}/engine.$r.kiln --timing-cache {cache} "
-                         f"--distributed --transport nccl --join-timeout 120 "
-                         f"--dist-report {d}/report.$r.json > {d}/log.$r 2>&1")
+    d, script = build_once_script("once_torchrun")
     port = 29500 + os.getpid() % 1000
     env0 = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
     t0 = time.monotonic()

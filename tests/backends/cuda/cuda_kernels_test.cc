@@ -32,17 +32,7 @@ namespace {
 
 using testing::OpTester;
 
-using testing::Attrs;
-using testing::CaseTestName;
-using testing::F32;
-using testing::I32;
-using testing::I64;
-using testing::kAllFloats;
-using testing::kBool;
-using testing::kF32;
-using testing::kI32;
-using testing::kI64;
-using testing::TargetBackend;
+using namespace testing;  // cuda_cases.h: Attrs, F32, I64, kAllFloats, TargetBackend...
 
 struct Case {
   std::string name;
