@@ -16,7 +16,7 @@
 #include "kiln/core/hash.h"
 #include "kiln/dist/build_once.h"
 #include "kiln/dist/mpi_comm.h"
-#include "tests/dist/nccl_hook.h"
+#include "kiln/dist/nccl_factory.h"
 
 namespace {
 
@@ -137,7 +137,7 @@ int Run(const Args& a) {
     c.progress_log_interval = std::chrono::milliseconds(1000);
     o.cache = c;
   }
-  if (o.transport == Transport::kNccl) o.bulk_factory = NcclFactoryOrNull();
+  if (o.transport == Transport::kNccl) o.bulk_factory = NcclFactoryIfBuilt();
   if (o.bulk_factory && a.nccl_stuck_rank >= 0) {
     // Fault injection: the stuck rank does the id exchange as the real factory does, then hangs
     // past every bound instead of calling ncclCommInitRank (a rank whose GPU or driver hangs).

@@ -12,9 +12,7 @@
 #include "kiln/backends/backend.h"
 #include "kiln/dist/build_once.h"
 #include "kiln/dist/mpi_comm.h"
-#if defined(KILN_HAVE_NCCL)
-#include "kiln/dist/nccl_comm.h"
-#endif
+#include "kiln/dist/nccl_factory.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/obs/metrics.h"
 #include "kiln/obs/metrics_server.h"
@@ -142,9 +140,7 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
     cache.wait_timeout = Ms(o.wait_timeout_s);
     opts.cache = cache;
   }
-#if defined(KILN_HAVE_NCCL)
-  opts.bulk_factory = dist::NcclTransportFactory();  // used only with --transport nccl
-#endif
+  opts.bulk_factory = dist::NcclFactoryIfBuilt();  // used only with --transport nccl
   opts.join_timeout = Ms(o.join_timeout_s);
   opts.wait_timeout = Ms(o.wait_timeout_s);
   opts.transfer_timeout = Ms(o.transfer_timeout_s);
