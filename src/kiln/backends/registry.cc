@@ -22,12 +22,6 @@ KernelRegistry& KernelRegistry::Get() {
   return registry;
 }
 
-std::string KernelRegistry::IndexKey(BackendKind backend, std::string_view op_type) {
-  std::string key(1, static_cast<char>('0' + static_cast<int>(backend)));
-  key.append(op_type);
-  return key;
-}
-
 void KernelRegistry::Register(std::unique_ptr<KernelProvider> provider) {
   std::lock_guard lock(index_mu_);
   providers_.push_back(std::move(provider));
@@ -40,16 +34,20 @@ std::vector<const KernelProvider*> KernelRegistry::Providers(BackendKind backend
   if (!index_built_) {
     index_.clear();
     for (const auto& p : providers_) {
-      index_[IndexKey(p->backend(), p->op_type())].push_back(p.get());
+      index_[p->backend()][std::string(p->op_type())].push_back(p.get());
     }
     // Registration order across files is unspecified; sort by id for determinism.
-    for (auto& [key, list] : index_) {
-      std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->id() < b->id(); });
+    for (auto& [backend_kind, ops] : index_) {
+      for (auto& [op, list] : ops) {
+        std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->id() < b->id(); });
+      }
     }
     index_built_ = true;
   }
-  auto it = index_.find(IndexKey(backend, op_type));
-  return it == index_.end() ? std::vector<const KernelProvider*>() : it->second;
+  auto by_backend = index_.find(backend);
+  if (by_backend == index_.end()) return {};
+  auto it = by_backend->second.find(op_type);  // std::less<>: no key string built
+  return it == by_backend->second.end() ? std::vector<const KernelProvider*>() : it->second;
 }
 
 std::string NodeLayout(const Node& node) {
