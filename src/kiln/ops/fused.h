@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "kiln/core/status.h"
@@ -43,7 +44,8 @@ struct AttentionAttrs {
   bool qkv_packed = false;
   float scale = 1.f;
   bool default_scale = true;  // no "scale" attribute: 1/sqrt(D)
-  float mask_fill = 0.f;      // boolean masks: the score where the mask is false (default -inf)
+  // Boolean masks: the score where the mask is false.
+  float mask_fill = -std::numeric_limits<float>::infinity();
 };
 
 // Reads mask_kind, layout, num_heads, qkv_packed, scale and mask_fill; KILN-E2009 (invalid

@@ -70,40 +70,32 @@ constexpr int64_t kRowBlock = 64;
 
 class AttentionKernel final : public Kernel {
  public:
-  AttentionKernel(float scale, bool default_scale, AttentionMask kind, float fill,
-                  AttentionLayout layout, int64_t heads, bool qkv_packed)
-      : scale_(scale),
-        default_scale_(default_scale),
-        kind_(kind),
-        fill_(fill),
-        layout_(layout),
-        heads_(heads),
-        parts_(qkv_packed ? 3 : 1) {}
+  explicit AttentionKernel(const AttentionAttrs& at) : at_(at) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
-    size_t need_rank = layout_ == AttentionLayout::kBsd ? 3 : 4;
+    size_t need_rank = at_.layout == AttentionLayout::kBsd ? 3 : 4;
     for (const TensorView* t : {&inputs[0], &inputs[1], &inputs[2], &outputs[0]}) {
-      if ((layout_ == AttentionLayout::kBhsd && t->dims.size() < 2) ||
-          (layout_ != AttentionLayout::kBhsd && t->dims.size() != need_rank) ||
-          (layout_ == AttentionLayout::kBsd && t->dims[2] % heads_ != 0) ||
-          (parts_ == 3 && t != &outputs[0] && t->dims[2] % (3 * heads_) != 0)) {
+      if ((at_.layout == AttentionLayout::kBhsd && t->dims.size() < 2) ||
+          (at_.layout != AttentionLayout::kBhsd && t->dims.size() != need_rank) ||
+          (at_.layout == AttentionLayout::kBsd && t->dims[2] % at_.heads != 0) ||
+          (parts() == 3 && t != &outputs[0] && t->dims[2] % (3 * at_.heads) != 0)) {
         return MakeError(ErrorCode::kShapeMismatch,
                          "attention: operand dims do not fit the layout");
       }
     }
-    OperandView y = ViewOf(outputs[0].dims, layout_, heads_);
+    OperandView y = ViewOf(outputs[0].dims, at_.layout, at_.heads);
     int64_t batch_n = 1;
     for (int64_t b : y.batch) batch_n *= b;
-    OperandView k = ViewOf(inputs[1].dims, layout_, heads_, parts_);
+    OperandView k = ViewOf(inputs[1].dims, at_.layout, at_.heads, parts());
     return static_cast<size_t>(batch_n * y.rows * k.rows) * sizeof(float);
   }
 
   Status Run(const KernelRunArgs& a) override {
-    OperandView qv = ViewOf(a.inputs[0].dims, layout_, heads_, parts_);
-    OperandView kv = ViewOf(a.inputs[1].dims, layout_, heads_, parts_);
-    OperandView vv = ViewOf(a.inputs[2].dims, layout_, heads_, parts_);
-    OperandView yv = ViewOf(a.outputs[0].dims, layout_, heads_);
+    OperandView qv = ViewOf(a.inputs[0].dims, at_.layout, at_.heads, parts());
+    OperandView kv = ViewOf(a.inputs[1].dims, at_.layout, at_.heads, parts());
+    OperandView vv = ViewOf(a.inputs[2].dims, at_.layout, at_.heads, parts());
+    OperandView yv = ViewOf(a.outputs[0].dims, at_.layout, at_.heads);
     int64_t batch_n = 1;
     for (int64_t b : yv.batch) batch_n *= b;
     const int64_t sq = qv.rows, sk = kv.rows, d = qv.cols, dv = vv.cols;
@@ -112,8 +104,8 @@ class AttentionKernel final : public Kernel {
                        a.workspace_bytes);
     }
     // Packed: K and V start a third and two thirds into each row.
-    const int64_t k_off = parts_ == 3 ? kv.row_stride / 3 : 0;
-    const int64_t v_off = parts_ == 3 ? 2 * (vv.row_stride / 3) : 0;
+    const int64_t k_off = parts() == 3 ? kv.row_stride / 3 : 0;
+    const int64_t v_off = parts() == 3 ? 2 * (vv.row_stride / 3) : 0;
     const float* q = a.inputs[0].as<const float>();
     const float* k = a.inputs[1].as<const float>() + k_off;
     const float* v = a.inputs[2].as<const float>() + v_off;
@@ -122,13 +114,13 @@ class AttentionKernel final : public Kernel {
     DimVec score_dims = yv.batch;  // the logical scores [batch..., Sq, Sk]
     score_dims.push_back(sq);
     score_dims.push_back(sk);
-    bool has_mask = kind_ == AttentionMask::kAdditive || kind_ == AttentionMask::kBoolean;
+    bool has_mask = at_.mask == AttentionMask::kAdditive || at_.mask == AttentionMask::kBoolean;
     BroadcastIndexer mi(has_mask ? a.inputs[3].dims : std::span<const int64_t>(score_dims),
                         score_dims);
     // Along a score row (key index j) the mask either runs contiguously or is broadcast.
     const int64_t mask_step =
         has_mask && !a.inputs[3].dims.empty() && a.inputs[3].dims.back() == sk ? 1 : 0;
-    float scale = default_scale_ ? 1.f / std::sqrt(static_cast<float>(d)) : scale_;
+    float scale = at_.default_scale ? 1.f / std::sqrt(static_cast<float>(d)) : at_.scale;
     // One task: a block of query rows of one (batch, head). The two products are single-threaded
     // sgemm calls (OpenBLAS's kernels; the row-by-row dot products they replace ran scalar and
     // made the fused layer slower than the unfused MatMul-Softmax-MatMul it came from).
@@ -149,7 +141,7 @@ class AttentionKernel final : public Kernel {
           const int64_t i = i0 + ii;
           float* row = sc + ii * sk;
           const int64_t m0 = has_mask ? mi((b * sq + i) * sk) : 0;
-          switch (kind_) {
+          switch (at_.mask) {
             case AttentionMask::kAdditive: {
               const float* m = a.inputs[3].as<const float>() + m0;
               for (int64_t j = 0; j < sk; ++j) row[j] += m[j * mask_step];
@@ -157,7 +149,7 @@ class AttentionKernel final : public Kernel {
             }
             case AttentionMask::kBoolean: {
               const bool* m = a.inputs[3].as<const bool>() + m0;
-              for (int64_t j = 0; j < sk; ++j) row[j] = m[j * mask_step] ? row[j] : fill_;
+              for (int64_t j = 0; j < sk; ++j) row[j] = m[j * mask_step] ? row[j] : at_.mask_fill;
               break;
             }
             case AttentionMask::kCausal:
@@ -178,13 +170,10 @@ class AttentionKernel final : public Kernel {
   }
 
  private:
-  float scale_;
-  bool default_scale_;
-  AttentionMask kind_;
-  float fill_;
-  AttentionLayout layout_;
-  int64_t heads_;
-  int64_t parts_;
+  // 3 when Q, K and V are packed side by side in each operand, else 1.
+  int64_t parts() const { return at_.qkv_packed ? 3 : 1; }
+
+  AttentionAttrs at_;
 };
 
 class AttentionProvider final : public CpuFloatProvider {
@@ -199,8 +188,7 @@ class AttentionProvider final : public CpuFloatProvider {
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig&) const override {
     KILN_ASSIGN_OR_RETURN(AttentionAttrs at, ReadAttentionAttrs(request.node->attrs()));
-    return std::unique_ptr<Kernel>(std::make_unique<AttentionKernel>(
-        at.scale, at.default_scale, at.mask, at.mask_fill, at.layout, at.heads, at.qkv_packed));
+    return std::unique_ptr<Kernel>(std::make_unique<AttentionKernel>(at));
   }
 };
 KILN_REGISTER_KERNEL_PROVIDER(AttentionProvider);

@@ -19,18 +19,14 @@ struct MatMulSpec {
   FusedActivationSpec act;
 };
 
-StatusOr<MatMulGeometry> ResolveMatMul(const MatMulSpec& s, std::span<const int64_t> a,
-                                       std::span<const int64_t> b, bool offsets) {
-  return ResolveMatMulGeometry(s.trans_a, s.trans_b, a, b, offsets);
-}
-
 class MatMulKernel final : public Kernel {
  public:
   MatMulKernel(MatMulSpec spec, GemmImpl impl) : spec_(spec), impl_(impl) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
-    KILN_ASSIGN_OR_RETURN(d_, ResolveMatMul(spec_, inputs[0].dims, inputs[1].dims, true));
+    KILN_ASSIGN_OR_RETURN(d_, ResolveMatMulGeometry(spec_.trans_a, spec_.trans_b, inputs[0].dims,
+                                                    inputs[1].dims, true));
     if (outputs[0].num_elements() != d_.batch * d_.m * d_.n) {
       return MakeError(ErrorCode::kShapeMismatch, "MatMul output has {} elements; expected {}",
                        outputs[0].num_elements(), d_.batch * d_.m * d_.n);
@@ -89,7 +85,7 @@ class MatMulProviderBase : public CpuFloatProvider {
     auto spec = ReadSpec(request);
     if (!spec.ok() || request.inputs.size() < 2) return {};
     std::vector<int64_t> a = MaxDimsOf(request.inputs[0]), b = MaxDimsOf(request.inputs[1]);
-    auto d = ResolveMatMul(*spec, a, b, false);
+    auto d = ResolveMatMulGeometry(spec->trans_a, spec->trans_b, a, b, false);
     if (!d.ok()) return {};
     return GemmTactics("f32-matmul-cpu", d->fold ? d->batch * d->m : d->m, d->n, d->k);
   }
