@@ -67,5 +67,49 @@ TEST(Graph, ReplaceAllUsesKeepsOutputName) {
   EXPECT_TRUE(Verify(g).ok());
 }
 
+TEST(Graph, TopologicalOrderFollowsEveryEdit) {
+  // The order is cached between edits; each kind of edit must be seen by the next call.
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat32, {2});
+  Value* a = g.AddValue("a");
+  Value* b = g.AddValue("b");
+  Node* n1 = g.AddNode("Relu", "n1", {x}, {a});
+  Node* n2 = g.AddNode("Relu", "n2", {x}, {b});
+  g.MarkOutput(a);
+  g.MarkOutput(b);
+  auto names = [&] {
+    auto order = g.TopologicalOrder();
+    EXPECT_TRUE(order.ok()) << order.status().ToString();
+    std::vector<std::string> out;
+    if (order.ok()) {
+      for (Node* n : *order) out.push_back(n->name());
+    }
+    return out;
+  };
+  EXPECT_EQ(names(), (std::vector<std::string>{"n1", "n2"}));
+  EXPECT_EQ(names(), (std::vector<std::string>{"n1", "n2"}));  // cached, same answer
+  g.SetInput(n1, 0, b);                                        // n1 now reads n2's output
+  EXPECT_EQ(names(), (std::vector<std::string>{"n2", "n1"}));
+  Value* c = g.AddValue("c");
+  g.AddNode("Relu", "n0", {x}, {c});
+  g.SetInput(n2, 0, c);  // n0 -> n2 -> n1
+  EXPECT_EQ(names(), (std::vector<std::string>{"n0", "n2", "n1"}));
+  Value* d = g.AddValue("d");
+  g.AddNode("Relu", "n3", {x}, {d});
+  g.MarkOutput(d);
+  EXPECT_EQ(names(), (std::vector<std::string>{"n0", "n2", "n1", "n3"}));
+  g.ReplaceAllUses(c, x);  // n2 reads x again: ready first, it goes first (lower id)
+  EXPECT_EQ(names(), (std::vector<std::string>{"n2", "n1", "n0", "n3"}));
+  g.RemoveNode(n1);
+  EXPECT_EQ(names(), (std::vector<std::string>{"n2", "n0", "n3"}));
+  g.Compact();
+  EXPECT_EQ(names(), (std::vector<std::string>{"n2", "n0", "n3"}));
+  g.SetInput(n2, 0, b);  // a cycle: n2 reads its own output; not cached as an order
+  EXPECT_EQ(g.TopologicalOrder().status().code(), ErrorCode::kGraphCycle);
+  EXPECT_EQ(g.TopologicalOrder().status().code(), ErrorCode::kGraphCycle);
+  g.SetInput(n2, 0, x);
+  EXPECT_EQ(names(), (std::vector<std::string>{"n2", "n0", "n3"}));
+}
+
 }  // namespace
 }  // namespace kiln

@@ -441,6 +441,41 @@ TEST(OnnxProtobufLimits, ModelAboveOldSixtyFourMegabyteLimitStreamsFromFile) {
   fs::remove_all(dir);
 }
 
+TEST(OnnxImport, FileHashIsTheHashOfEveryByteOfTheFile) {
+  // The importer hashes the file in the read that parses it (protobuf backs up over buffered
+  // bytes and reads them again; each must be hashed once). 3 MB of weights span many reads.
+  fs::path dir = TestDir();
+  ModelBuilder b(17);
+  b.Input("x", onnx::TensorProto::FLOAT, {int64_t{1}});
+  for (int i = 0; i < 3; ++i) {
+    auto* w = b.graph().add_initializer();
+    w->set_name("w" + std::to_string(i));
+    w->set_data_type(onnx::TensorProto::FLOAT);
+    const int64_t n = 250 * 1000 + i;
+    w->add_dims(n);
+    std::string raw(static_cast<size_t>(n) * 4, '\0');
+    for (size_t k = 0; k < raw.size(); ++k) raw[k] = static_cast<char>((k * 31 + i) & 0xff);
+    w->set_raw_data(std::move(raw));
+    b.Node("Add", {"x", "w" + std::to_string(i)}, {"y" + std::to_string(i)});
+    b.Output("y" + std::to_string(i));
+  }
+  const std::string bytes = b.Bytes();
+  WriteFile(dir / "m.onnx", bytes);
+  ImportOptions opts;
+  opts.hash_file = true;
+  OnnxModelMeta meta;
+  auto g = ImportOnnxFile((dir / "m.onnx").string(), opts, &meta);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(meta.file_bytes, bytes.size());
+  EXPECT_EQ(meta.file_hash, HashBytes(AsBytes(bytes)));
+  EXPECT_NE(meta.file_hash, Hash128{});
+  // Without the option nothing is hashed.
+  OnnxModelMeta plain;
+  ASSERT_TRUE(ImportOnnxFile((dir / "m.onnx").string(), {}, &plain).ok());
+  EXPECT_EQ(plain.file_hash, Hash128{});
+  fs::remove_all(dir);
+}
+
 TEST(OnnxProtobufLimits, FileAboveTwoGigabytesAsksForExternalData) {
   // A sparse file: 2 GiB + 1 byte of address space, no disk blocks.
   fs::path dir = TestDir();

@@ -21,24 +21,18 @@ StatusOr<BuiltEngine> BuildFromOnnxBytes(std::span<const std::byte> bytes, const
 }
 
 StatusOr<BuiltEngine> BuildFromOnnxFile(const std::string& path, const BuilderConfig& config) {
-  // Hash the file in chunks (models may be large); the importer maps it separately.
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return MakeError(ErrorCode::kNotFound, "cannot open model '{}'", path);
-  Hasher hasher;
-  constexpr size_t kChunk = size_t{1} << 20;
-  auto chunk = std::make_unique_for_overwrite<char[]>(kChunk);  // not zero-filled
-  while (f) {
-    f.read(chunk.get(), static_cast<std::streamsize>(kChunk));
-    hasher.Update(std::as_bytes(std::span(chunk.get(), static_cast<size_t>(f.gcount()))));
-  }
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, ImportOnnxFile(path));
+  // The engine key hashes the file's bytes; the importer hashes them as it parses them.
+  ImportOptions options;
+  options.hash_file = true;
+  OnnxModelMeta meta;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, ImportOnnxFile(path, options, &meta));
   std::string name = path.substr(path.find_last_of('/') + 1);
   if (name == "model.onnx" && path.find('/') != std::string::npos) {
     std::string dir = path.substr(0, path.find_last_of('/'));
     name = dir.substr(dir.find_last_of('/') + 1);
   }
   BuiltEngine out;
-  BuildInput input{std::move(graph), name, hasher.Digest()};
+  BuildInput input{std::move(graph), name, meta.file_hash};
   KILN_ASSIGN_OR_RETURN(out.desc, BuildEngine(std::move(input), config, &out.report));
   return out;
 }

@@ -81,6 +81,7 @@ Node* Graph::AddNode(std::string op_type, std::string name, std::vector<Value*> 
     out->producer_output_ = static_cast<int>(i);
   }
   nodes_.push_back(std::move(n));
+  StructureChanged();
   return raw;
 }
 
@@ -93,6 +94,7 @@ void Graph::SetInput(Node* node, size_t index, Value* value) {
   }
   node->inputs_[index] = value;
   node->shape_dirty_ = true;
+  StructureChanged();
   if (value) value->consumers_.push_back(node);
 }
 
@@ -135,10 +137,12 @@ void Graph::RemoveNode(Node* node) {
     }
   }
   node->dead_ = true;
+  StructureChanged();
 }
 
 void Graph::Compact() {
   std::erase_if(nodes_, [](const std::unique_ptr<Node>& n) { return n->dead_; });
+  StructureChanged();
   for (const auto& v : values_) v->referenced_ = false;
   for (const auto& n : nodes_) {
     for (Value* v : n->inputs_) {
@@ -189,6 +193,14 @@ size_t Graph::num_nodes() const {
 }
 
 StatusOr<std::vector<Node*>> Graph::TopologicalOrder() const {
+  std::lock_guard<std::mutex> lock(order_mutex_);
+  if (order_version_ == structure_version_) return order_;
+  KILN_ASSIGN_OR_RETURN(order_, ComputeTopologicalOrder());  // a cycle is not cached
+  order_version_ = structure_version_;
+  return order_;
+}
+
+StatusOr<std::vector<Node*>> Graph::ComputeTopologicalOrder() const {
   // Kahn's algorithm; ties broken by insertion order, so the order is deterministic. Live nodes
   // are in id order (ids grow with insertion and nodes_ keeps that order), so a node's slot in
   // `live` is found by binary search: no hash map on this hot path of the builder.

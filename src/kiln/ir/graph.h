@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -112,9 +113,6 @@ class Graph {
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
 
-  // A deep copy (constants share their immutable storage).
-  std::unique_ptr<Graph> Clone() const;
-
   const std::string& name() const { return name_; }
   void set_name(std::string n) { name_ = std::move(n); }
   int64_t opset() const { return opset_; }
@@ -150,10 +148,15 @@ class Graph {
   std::vector<Value*> values() const;
   size_t num_nodes() const;
 
-  // Nodes in a deterministic topological order; KILN-E2005 names a node on a cycle.
+  // Nodes in a deterministic topological order; KILN-E2005 names a node on a cycle. The order
+  // is kept until the structure changes (AddNode, SetInput, ReplaceAllUses, RemoveNode,
+  // Compact), so the passes' repeated calls on an unchanged graph do not re-sort it.
   StatusOr<std::vector<Node*>> TopologicalOrder() const;
 
  private:
+  StatusOr<std::vector<Node*>> ComputeTopologicalOrder() const;
+  void StructureChanged() { ++structure_version_; }
+
   std::string name_;
   int64_t opset_ = 0;
   std::vector<std::unique_ptr<Value>> values_;
@@ -163,6 +166,11 @@ class Graph {
   std::vector<Value*> outputs_;
   int64_t next_node_id_ = 0;
   int64_t next_unique_ = 0;
+  // Bumped by every edit that can change the order; the cached order is for one version.
+  uint64_t structure_version_ = 0;
+  mutable std::mutex order_mutex_;  // const readers may share a graph across threads
+  mutable std::optional<uint64_t> order_version_;
+  mutable std::vector<Node*> order_;
 };
 
 // Structural checks: every input defined (graph input, constant or node output), one producer per

@@ -360,11 +360,13 @@ StatusOr<std::unique_ptr<Graph>> ImportOnnxFile(const std::string& path,
                                                 const ImportOptions& options, OnnxModelMeta* meta) {
   onnx::ModelProto model;
   uint64_t bytes = 0;
-  KILN_RETURN_IF_ERROR(ParseModelFile(path, &model, &bytes));
+  Hash128 hash;
+  KILN_RETURN_IF_ERROR(ParseModelFile(path, &model, &bytes, options.hash_file ? &hash : nullptr));
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   const std::string base_dir = parent.empty() ? std::string(".") : parent.string();
   auto graph = ImportParsed(model, bytes, base_dir, options, meta);
   if (!graph.ok()) return std::move(graph).status().AddContext(fmt::format("importing '{}'", path));
+  if (meta) meta->file_hash = hash;
   return graph;
 }
 

@@ -88,6 +88,7 @@ class Normalizer {
       if (!n.name().empty()) node_names_.insert(n.name());
     }
     std::unordered_set<std::string> seen;
+    seen.reserve(static_cast<size_t>(nodes->size()));
     for (auto& proto : *nodes) {
       NormalizedNode nn;
       nn.node = std::move(proto);
@@ -116,6 +117,16 @@ class Normalizer {
   // What is known before any node runs: element types and ranks (inputs, initializers,
   // value_info), and every name already used.
   void CollectFacts() {
+    // Sized once up front: rehashing these string sets was most of a small model's import.
+    size_t names = static_cast<size_t>(graph_->input_size() + graph_->value_info_size() +
+                                       graph_->output_size() + graph_->initializer_size());
+    size_t typed = names;
+    for (const auto& n : graph_->node()) names += n.input_size() + n.output_size();
+    taken_.reserve(names);
+    node_names_.reserve(static_cast<size_t>(graph_->node_size()));
+    elem_types_.reserve(typed);
+    ranks_.reserve(typed);
+    numel_.reserve(static_cast<size_t>(graph_->initializer_size()));
     auto note_value_info = [&](const onnx::ValueInfoProto& vi) {
       taken_.insert(vi.name());
       if (!vi.type().has_tensor_type()) return;

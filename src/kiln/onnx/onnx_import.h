@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/hash.h"
 #include "kiln/core/status.h"
 #include "kiln/ir/graph.h"
 #include "kiln/ir/tensor.h"
@@ -26,6 +27,9 @@ struct ImportOptions {
   // Keep nodes of unsupported ops in the graph instead of failing with KILN-E2004
   // (InspectOnnxFile uses this; such a graph cannot be built).
   bool allow_unsupported_ops = false;
+  // ImportOnnxFile: hash the file's bytes (OnnxModelMeta::file_hash) in the same read that
+  // parses them, for callers that key on the model's content (the builder's engine key).
+  bool hash_file = false;
 };
 
 // What the model says about itself.
@@ -37,6 +41,7 @@ struct OnnxModelMeta {
   std::string producer_version;
   std::string graph_name;
   uint64_t file_bytes = 0;  // size of the .onnx file or byte span
+  Hash128 file_hash;        // HashBytes of the file, with ImportOptions::hash_file
 };
 
 // Imports a model file. External data is resolved relative to the file's directory and mapped,

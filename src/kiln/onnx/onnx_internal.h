@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/core/hash.h"
 #include "kiln/core/status.h"
 #include "kiln/ir/tensor.h"
 #include "kiln/onnx/onnx_import.h"
@@ -34,7 +35,9 @@ void ConfigureCodedStream(google::protobuf::io::CodedInputStream& stream);
 
 // Parses a model, streaming from the file descriptor (no full copy in memory). Failures are
 // classified: not protobuf / not ONNX (KILN-E2000), cut short (KILN-E2001), too large (E2010).
-Status ParseModelFile(const std::string& path, onnx::ModelProto* model, uint64_t* file_bytes);
+// `file_hash`, when given, receives HashBytes of the whole file, computed in the same read.
+Status ParseModelFile(const std::string& path, onnx::ModelProto* model, uint64_t* file_bytes,
+                      Hash128* file_hash = nullptr);
 Status ParseModelBytes(std::span<const std::byte> bytes, onnx::ModelProto* model);
 // Checks that a parsed message is an ONNX model (graph, ir_version, opset_import).
 Status CheckModelShape(const onnx::ModelProto& model, const std::string& what);

@@ -1,6 +1,7 @@
 // The schema table built from ops.inc, arity checking and graph-wide shape inference.
 #include "kiln/ops/op_schema.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -123,9 +124,13 @@ StatusOr<ShapeInferenceResult> InferShapes(Graph& graph) {
 Status InferNewShapes(Graph& graph,
                       std::unordered_map<const Value*, std::vector<Dim>>& dims_values) {
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  // Entries of values the graph no longer has go (their addresses may be reused by new values).
+  // A sorted vector, not a hash set: this runs after every pass that changed the graph.
   std::vector<Value*> live = graph.values();
-  std::unordered_set<const Value*> live_set(live.begin(), live.end());
-  std::erase_if(dims_values, [&](const auto& e) { return !live_set.count(e.first); });
+  std::sort(live.begin(), live.end());
+  std::erase_if(dims_values, [&](const auto& e) {
+    return !std::binary_search(live.begin(), live.end(), e.first);
+  });
   std::unordered_set<const Value*> changed;
   std::vector<ValueInfo> in_infos;
   std::vector<const ValueInfo*> ins;

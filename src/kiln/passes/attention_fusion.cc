@@ -93,10 +93,14 @@ bool IsTopLeftCausal(const Value* cond, const PassContext& ctx) {
   if (t.dtype() != DataType::kBool || t.dims().size() < 2) return false;
   int64_t rows = t.dims()[t.dims().size() - 2], cols = t.dims().back();
   int64_t planes = rows * cols == 0 ? 0 : t.num_elements() / (rows * cols);
+  // Bools are one byte each (GPT-2 exports a 1024 x 1024 mask: read it directly, not per
+  // element through Tensor::GetInt).
+  const auto* b = static_cast<const uint8_t*>(t.raw());
   for (int64_t p = 0; p < planes; ++p) {
     for (int64_t i = 0; i < rows; ++i) {
+      const uint8_t* row = b + (p * rows + i) * cols;
       for (int64_t j = 0; j < cols; ++j) {
-        if ((t.GetInt((p * rows + i) * cols + j) != 0) != (j <= i)) return false;
+        if ((row[j] != 0) != (j <= i)) return false;
       }
     }
   }

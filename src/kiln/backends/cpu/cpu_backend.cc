@@ -1,8 +1,8 @@
 // The CPU backend: host memory, no streams. It is the reference every other backend is tested
 // against.
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <thread>
 
 #include "kiln/backends/backend.h"
@@ -19,14 +19,20 @@ class CpuBackend final : public Backend {
     DeviceInfo info;
     info.name = fmt::format("x86_64 CPU ({} threads)", std::thread::hardware_concurrency());
     info.arch = "x86_64";
-    std::ifstream meminfo("/proc/meminfo");
-    std::string key;
-    size_t kb = 0;
-    std::string unit;
-    while (meminfo >> key >> kb >> unit) {
-      if (key == "MemTotal:") info.total_memory = kb * 1024;
-      if (key == "MemAvailable:") info.free_memory = kb * 1024;
+    // One read of /proc/meminfo ("MemTotal:  24683588 kB" lines); every build asks.
+    char text[8192];
+    size_t n = 0;
+    if (std::FILE* f = std::fopen("/proc/meminfo", "re")) {
+      n = std::fread(text, 1, sizeof(text) - 1, f);
+      std::fclose(f);
     }
+    text[n] = '\0';
+    auto kib = [&](const char* key) -> size_t {
+      const char* p = std::strstr(text, key);
+      return p ? std::strtoull(p + std::strlen(key), nullptr, 10) * 1024 : 0;
+    };
+    info.total_memory = kib("MemTotal:");
+    info.free_memory = kib("MemAvailable:");
     info.library_versions = "cpu";
     return info;
   }
