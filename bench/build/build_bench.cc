@@ -123,27 +123,28 @@ Status Main(const std::string& model_dir, int rounds, double seconds_per_round, 
   tuned.profile = profile;
   tuned.timing_cache_path = cache.string();
   if (warm_profile > 0) return WarmProfile(model, tuned, warm_profile);
-  // Cold: median of `cold_runs` builds, each from an empty cache. On a shared machine a single
-  // build can lose a scheduler tick (4 ms) or more to other processes, which is most of a small
-  // model's warm build; medians over several builds on both sides keep the ratio from following
-  // that noise. The first cold build also pays the process's one-time set-up (BLAS loading,
-  // thread pool), as a user's `kiln build` does.
-  std::vector<double> cold_s;
-  Built cold;
-  for (int i = 0; i < cold_runs; ++i) {
+  // Cold: median of `cold_runs` builds, each from an empty cache; warm: median of `warm_runs`
+  // rebuilds against the cache the cold build before them wrote. The two are interleaved (a
+  // cold build, then its share of the warm builds, `cold_runs` times) so that both sides of
+  // the ratio sample the same stretch of machine load: on a shared machine a small model's
+  // build time drifts by 1.5x from one minute to the next, and a single build can lose a
+  // scheduler tick (4 ms) to other processes. The first cold build also pays the process's
+  // one-time set-up (BLAS loading, thread pool), as a user's `kiln build` does.
+  std::vector<double> cold_s, warm_s;
+  Built cold, warm;
+  bool warm_identical = true;  // determinism: same model, config and cache -> same bytes
+  for (int round = 0; round < cold_runs; ++round) {
     fs::remove(cache);
     KILN_ASSIGN_OR_RETURN(cold, Build(model, tuned));
     cold_s.push_back(cold.seconds);
-  }
-  // Warm: median of `warm_runs` rebuilds against the cache the last cold build wrote.
-  std::vector<double> warm_s;
-  Built warm;
-  bool warm_identical = true;  // determinism: same model, config and cache -> same bytes
-  for (int i = 0; i < warm_runs; ++i) {
-    std::vector<std::byte> previous = std::move(warm.bytes);
-    KILN_ASSIGN_OR_RETURN(warm, Build(model, tuned));
-    if (i > 0 && warm.bytes != previous) warm_identical = false;
-    warm_s.push_back(warm.seconds);
+    const int share = warm_runs / cold_runs + (round < warm_runs % cold_runs ? 1 : 0);
+    for (int i = 0; i < share; ++i) {
+      std::vector<std::byte> previous = std::move(warm.bytes);
+      KILN_ASSIGN_OR_RETURN(warm, Build(model, tuned));
+      // Each cold build times afresh and may choose differently, so compare within a round.
+      if (i > 0 && warm.bytes != previous) warm_identical = false;
+      warm_s.push_back(warm.seconds);
+    }
   }
   // The warm build must reproduce the cold build's choices from the cache alone.
   bool same_tactics = cold.report.layer_reports.size() == warm.report.layer_reports.size();
@@ -238,7 +239,9 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", seconds, "minimum seconds per latency round");
   app.add_option("--min-iterations", min_iterations, "minimum timed runs per latency round");
   app.add_option("--work-dir", work_dir, "where the timing cache is written");
-  app.add_option("--cold-runs", cold_runs, "cold builds (empty cache each), median reported");
+  app.add_option("--cold-runs", cold_runs,
+                 "cold builds (empty cache each), median reported; each is followed by its share "
+                 "of the warm builds");
   app.add_option("--warm-runs", warm_runs, "warm builds, median reported");
   app.add_option("--warm-profile", warm_profile,
                  "only N warm builds (no latency), printing each phase's median: for perf record");

@@ -84,8 +84,8 @@ def main():
         # Large models: one latency round of a few runs (one inference takes seconds on 2 cores).
         # Large models: one cold build (a minute each); small ones: median of three.
         cmd = [args.binary, "--model", path,
-               "--cold-runs", "1" if is_large else "3",
-               "--warm-runs", "3" if is_large else "21",
+               "--cold-runs", "1" if is_large else "5",
+               "--warm-runs", "3" if is_large else "25",
                "--rounds", "1" if is_large else str(args.rounds),
                "--seconds", "0" if is_large else "0.5",
                "--min-iterations", "3" if is_large else "10"]
