@@ -10,3 +10,7 @@ find_package(dnnl CONFIG REQUIRED)
 # Debian's oneDNN runs on OpenMP; kiln sets its thread count to ThreadPool's (conv_onednn.cc).
 find_package(OpenMP REQUIRED)
 find_package(FlatBuffers CONFIG REQUIRED)  # engine files (flatc + headers)
+# mimalloc replaces malloc/free process-wide in the executables that link it (kiln_use_mimalloc).
+if(KILN_MIMALLOC AND NOT KILN_BUILD_FUZZ)
+  find_package(mimalloc 2.0 CONFIG REQUIRED)
+endif()

@@ -16,6 +16,16 @@ function(kiln_warnings target)
   endif()
 endfunction()
 
+# kiln_use_mimalloc(TARGET): the executable allocates with mimalloc (KILN_MIMALLOC). Linked with
+# --no-as-needed so that libmimalloc stays in DT_NEEDED, ahead of libc, and its malloc/free/new
+# win symbol resolution for the whole process (shared libraries and dlopen-ed ones included).
+function(kiln_use_mimalloc target)
+  if(KILN_MIMALLOC AND NOT KILN_BUILD_FUZZ)
+    target_link_libraries(${target} PRIVATE -Wl,--no-as-needed mimalloc -Wl,--as-needed)
+    target_compile_definitions(${target} PRIVATE KILN_HAVE_MIMALLOC=1)
+  endif()
+endfunction()
+
 # kiln_test(NAME SOURCES ... DEPS ...): a GoogleTest binary registered with CTest.
 function(kiln_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})

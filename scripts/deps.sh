@@ -5,7 +5,7 @@ pkgs=(
   build-essential cmake ninja-build ccache pkg-config git clang clang-format libfuzzer-14-dev patchelf curl
   libprotobuf-dev protobuf-compiler libonnx-dev
   flatbuffers-compiler libflatbuffers-dev
-  libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libxxhash-dev
+  libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libxxhash-dev libmimalloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libdnnl-dev
   libopenmpi-dev openmpi-bin
