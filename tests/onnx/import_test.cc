@@ -476,6 +476,57 @@ TEST(OnnxImport, FileHashIsTheHashOfEveryByteOfTheFile) {
   fs::remove_all(dir);
 }
 
+// A std::string of `bytes` bytes whose buffer is (or is not) 64-byte aligned: heap blocks land
+// on 16-byte steps, so one of the first few tries has the wanted alignment.
+std::unique_ptr<std::string> StringAligned(size_t bytes, bool aligned) {
+  std::vector<std::unique_ptr<std::string>> tries;
+  for (int i = 0; i < 256; ++i) {
+    auto s = std::make_unique<std::string>(bytes + static_cast<size_t>(i % 4), '\0');
+    s->resize(bytes);
+    if ((reinterpret_cast<uintptr_t>(s->data()) % 64 == 0) == aligned) return s;
+    tries.push_back(std::move(s));  // kept, so the next try gets another block
+  }
+  return nullptr;
+}
+
+TEST(OnnxImport, AlignedRawDataBecomesTheTensorAndUnalignedIsCopied) {
+  for (bool aligned : {true, false}) {
+    std::unique_ptr<std::string> raw = StringAligned(4096, aligned);
+    ASSERT_NE(raw, nullptr) << "no " << (aligned ? "aligned" : "unaligned") << " block found";
+    for (size_t i = 0; i < 1024; ++i) {
+      const float v = static_cast<float>(i) * 0.5f;
+      std::memcpy(raw->data() + 4 * i, &v, 4);
+    }
+    const char* bytes = raw->data();
+    onnx::TensorProto p;
+    p.set_name("w");
+    p.set_data_type(onnx::TensorProto::FLOAT);
+    p.add_dims(32);
+    p.add_dims(32);
+    p.set_allocated_raw_data(raw.release());  // the proto owns this very buffer
+    ASSERT_EQ(p.raw_data().data(), bytes);
+    onnx_internal::ExternalDataResolver resolver("");
+    auto t = onnx_internal::TakeTensorFromProto(&p, &resolver);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ(t->raw() == bytes, aligned) << "aligned bytes are taken, unaligned ones copied";
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t->raw()) % 64, 0u);
+    EXPECT_FALSE(p.has_raw_data());
+    EXPECT_EQ(t->dims(), (std::vector<int64_t>{32, 32}));
+    EXPECT_EQ(t->GetDouble(1023), 511.5);
+    EXPECT_EQ(t->GetDouble(7), 3.5);
+  }
+  // A wrong byte count is still an error, and the proto keeps its bytes.
+  onnx::TensorProto p;
+  p.set_name("short");
+  p.set_data_type(onnx::TensorProto::FLOAT);
+  p.add_dims(4);
+  p.set_raw_data(std::string(12, '\0'));
+  onnx_internal::ExternalDataResolver resolver("");
+  EXPECT_EQ(onnx_internal::TakeTensorFromProto(&p, &resolver).status().code(),
+            ErrorCode::kInvalidModel);
+  EXPECT_EQ(p.raw_data().size(), 12u);
+}
+
 TEST(OnnxProtobufLimits, FileAboveTwoGigabytesAsksForExternalData) {
   // A sparse file: 2 GiB + 1 byte of address space, no disk blocks.
   fs::path dir = TestDir();

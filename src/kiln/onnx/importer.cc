@@ -100,11 +100,11 @@ class GraphBuilder {
       if (graph_->FindValue(t.name())) {
         return MakeError(ErrorCode::kInvalidModel, "initializer '{}' is defined twice", t.name());
       }
-      KILN_ASSIGN_OR_RETURN(Tensor tensor, TensorFromProto(t, &resolver_));
+      // The tensor takes the proto's raw_data (or a copy of it, freed here), so a large model
+      // is never held twice in memory.
+      KILN_ASSIGN_OR_RETURN(Tensor tensor, TakeTensorFromProto(&t, &resolver_));
       graph_->AddConstant(t.name(), std::move(tensor));
-      // The proto's copy is no longer needed: free it now (swap, since clear() keeps the
-      // capacity), so a large model is never held twice in memory.
-      std::string().swap(*t.mutable_raw_data());
+      if (t.has_raw_data()) std::string().swap(*t.mutable_raw_data());  // clear() keeps capacity
       google::protobuf::RepeatedField<float>().Swap(t.mutable_float_data());
       google::protobuf::RepeatedField<int32_t>().Swap(t.mutable_int32_data());
       google::protobuf::RepeatedField<int64_t>().Swap(t.mutable_int64_data());

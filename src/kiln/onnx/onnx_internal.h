@@ -95,6 +95,9 @@ class ExternalDataResolver {
 // Converts a TensorProto (typed fields, raw_data or external data) into a kiln Tensor. Sizes are
 // checked before anything is allocated. `resolver` may be null when external data is not allowed.
 StatusOr<Tensor> TensorFromProto(const onnx::TensorProto& proto, ExternalDataResolver* resolver);
+// The same, leaving `proto` without its raw_data: the parsed bytes are the tensor's storage
+// when they are 64-byte aligned (copied otherwise).
+StatusOr<Tensor> TakeTensorFromProto(onnx::TensorProto* proto, ExternalDataResolver* resolver);
 
 // ---- op versions (op_versions.cc) ----
 

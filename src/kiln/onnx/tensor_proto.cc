@@ -189,7 +189,11 @@ Status CheckCount(const onnx::TensorProto& p, const char* field, const Field& f,
 
 }  // namespace
 
-StatusOr<Tensor> TensorFromProto(const onnx::TensorProto& p, ExternalDataResolver* resolver) {
+namespace {
+
+// `owner`, when given, is `p` itself, and its raw_data may be taken instead of copied.
+StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataResolver* resolver,
+                                    onnx::TensorProto* owner) {
   std::optional<DataType> dtype = ToKilnDataType(p.data_type());
   if (!dtype) {
     return MakeError(ErrorCode::kUnsupportedDataType,
@@ -243,6 +247,19 @@ StatusOr<Tensor> TensorFromProto(const onnx::TensorProto& p, ExternalDataResolve
                        ToString(*dtype), fmt::format("{}", fmt::join(dims, "x")), bytes,
                        p.raw_data().size());
     }
+    if (owner && bytes > 0) {
+      // The parsed bytes become the tensor's storage when they have the alignment kernels may
+      // assume (mimalloc gives large blocks 64-byte alignment; glibc does not): a 440 MB model
+      // is then not copied a second time on its way into the graph.
+      std::shared_ptr<std::string> raw(owner->release_raw_data());
+      const void* data = raw->data();
+      if (reinterpret_cast<uintptr_t>(data) % 64 == 0) {
+        return Tensor::Borrow(*dtype, std::move(dims), data,
+                              std::shared_ptr<const void>(raw, data));
+      }
+      return Tensor::FromBytes(*dtype, std::move(dims),
+                               std::as_bytes(std::span(raw->data(), bytes)));
+    }
     return Tensor::FromBytes(*dtype, std::move(dims),
                              std::as_bytes(std::span(p.raw_data().data(), bytes)));
   }
@@ -290,6 +307,16 @@ StatusOr<Tensor> TensorFromProto(const onnx::TensorProto& p, ExternalDataResolve
       break;
   }
   return t;
+}
+
+}  // namespace
+
+StatusOr<Tensor> TensorFromProto(const onnx::TensorProto& p, ExternalDataResolver* resolver) {
+  return ConvertTensorProto(p, resolver, nullptr);
+}
+
+StatusOr<Tensor> TakeTensorFromProto(onnx::TensorProto* p, ExternalDataResolver* resolver) {
+  return ConvertTensorProto(*p, resolver, p);
 }
 
 }  // namespace kiln::onnx_internal
