@@ -204,10 +204,26 @@ bool IntermediatesArePrivate(const State& s) {
   return true;
 }
 
+// Whether the pattern's root can be `node` at all (its op type), checked before any matching
+// state is built: most nodes of a graph fail here, for every pattern of every pass.
+bool RootMayMatch(const PatternNode& p, const Node& node) {
+  switch (p.kind) {
+    case PatternNode::Kind::kOp:
+      return std::find(p.op_types.begin(), p.op_types.end(), node.op_type()) != p.op_types.end();
+    case PatternNode::Kind::kOneOf:
+      return std::any_of(p.children.begin(), p.children.end(),
+                         [&](const Pattern& alt) { return RootMayMatch(alt.node(), node); });
+    case PatternNode::Kind::kAny:
+    case PatternNode::Kind::kConstant:
+      break;
+  }
+  return false;  // MatchNode matches only op patterns at a node
+}
+
 }  // namespace
 
 std::optional<Match> MatchAt(const Pattern& pattern, Node* node) {
-  if (!node || node->is_dead()) return std::nullopt;
+  if (!node || node->is_dead() || !RootMayMatch(pattern.node(), *node)) return std::nullopt;
   State start;
   start.match.root = node;
   for (State& s : MatchNode(pattern.node(), node, std::move(start))) {
