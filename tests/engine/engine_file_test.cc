@@ -4,8 +4,10 @@
 #include "kiln/engine/engine_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -223,6 +225,55 @@ TEST(EngineFile, WritesAtomicallyAndMapsWeightsWithoutCopying) {
 
   auto missing = LoadEngineFile((dir / "nope.kiln").string());
   EXPECT_EQ(missing.status().code(), ErrorCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(EngineFile, AWriteThatFailsMidStreamKeepsTheOldEngineAndLeavesNoTemporary) {
+  // A disk that fills up while the payload streams out, made with RLIMIT_FSIZE: writes past the
+  // limit fail (EFBIG; SIGXFSZ ignored). The engine already at the path must survive untouched.
+  auto dir =
+      std::filesystem::temp_directory_path() / ("kiln_engine_full_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "model.kiln").string();
+  auto diamond = testing::AssembleTestEngine(testing::MakeDiamondGraph(), {});
+  ASSERT_TRUE(diamond.ok());
+  ASSERT_TRUE(WriteEngineFile(**diamond, path).ok());
+  auto read_all = [](const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    Bytes out(chars.size());
+    std::memcpy(out.data(), chars.data(), chars.size());
+    return out;
+  };
+  const Bytes old = read_all(path);
+  ASSERT_EQ(old, Serialize(**diamond));
+
+  auto chain = Chain();
+  const size_t size = Serialize(*chain).size();
+  ASSERT_GT(size, kEnginePreambleBytes + 64);
+  struct rlimit saved {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  struct rlimit small = saved;
+  small.rlim_cur = (kEnginePreambleBytes + size) / 2;  // inside the payload
+  auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  Status s = WriteEngineFile(*chain, path);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved), 0);
+  std::signal(SIGXFSZ, previous_handler);
+
+  EXPECT_EQ(s.code(), ErrorCode::kIoError) << s.ToString();
+  EXPECT_NE(s.message().find("failed at byte"), std::string::npos) << s.ToString();
+  EXPECT_EQ(read_all(path), old);  // the previous engine, byte for byte
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    ++files;
+    EXPECT_EQ(entry.path().filename(), "model.kiln");  // the partial temporary is gone
+  }
+  EXPECT_EQ(files, 1);
+  // With room again the same write succeeds.
+  ASSERT_TRUE(WriteEngineFile(*chain, path).ok());
+  EXPECT_EQ(read_all(path), Serialize(*chain));
   std::filesystem::remove_all(dir);
 }
 

@@ -163,10 +163,13 @@ Status InferIsInf(InferenceContext& ctx) {
 }
 
 Status InferGelu(InferenceContext& ctx) {
-  KILN_ASSIGN_OR_RETURN(std::string approx, StringAttr(ctx, "approximate", "none"));
-  if (approx != "none" && approx != "tanh") {
+  // Compared in place: GCC 12 warned (falsely) that a std::string moved out of the StatusOr
+  // might be uninitialized.
+  StatusOr<std::string> approx = StringAttr(ctx, "approximate", "none");
+  if (!approx.ok()) return approx.status();
+  if (*approx != "none" && *approx != "tanh") {
     return ctx.Error(ErrorCode::kInvalidAttribute,
-                     "attribute 'approximate' is '{}'; it must be 'none' or 'tanh'", approx);
+                     "attribute 'approximate' is '{}'; it must be 'none' or 'tanh'", *approx);
   }
   return Unary(ctx, Accept::kFloat);
 }
