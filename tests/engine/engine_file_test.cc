@@ -35,6 +35,23 @@ Bytes Serialize(const EngineDesc& e) {
   return std::move(*bytes);
 }
 
+Bytes ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Bytes out(chars.size());
+  std::memcpy(out.data(), chars.data(), chars.size());
+  return out;
+}
+
+// The names of the files in `dir`, to check that no temporary was left behind.
+std::vector<std::string> FileNames(const std::filesystem::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  return names;
+}
+
 // Recomputes the checksum after a test edits the payload, as a forger would.
 void Reseal(Bytes& b) {
   auto p = ReadEnginePreamble(b);
@@ -189,28 +206,16 @@ TEST(EngineFile, WritesAtomicallyAndMapsWeightsWithoutCopying) {
   const std::string path = (dir / "chain.kiln").string();
   auto chain = Chain();
   ASSERT_TRUE(WriteEngineFile(*chain, path).ok());
-  ASSERT_TRUE(WriteEngineFile(*chain, path).ok());  // replaces the first one
-  int files = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    ++files;
-    EXPECT_EQ(entry.path().filename(), "chain.kiln");  // no temporary left behind
-  }
-  EXPECT_EQ(files, 1);
+  ASSERT_TRUE(WriteEngineFile(*chain, path).ok());                    // replaces the first one
+  EXPECT_EQ(FileNames(dir), std::vector<std::string>{"chain.kiln"});  // no temporary left behind
   // The file is written as it is serialized (payload, then the preamble at offset 0), and its
   // bytes are exactly SerializeEngine's, for both engines.
-  auto read_all = [](const std::string& file) {
-    std::ifstream in(file, std::ios::binary);
-    std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    Bytes out(chars.size());
-    std::memcpy(out.data(), chars.data(), chars.size());
-    return out;
-  };
-  EXPECT_EQ(read_all(path), Serialize(*chain));
+  EXPECT_EQ(ReadFile(path), Serialize(*chain));
   auto diamond = testing::AssembleTestEngine(testing::MakeDiamondGraph(), {});
   ASSERT_TRUE(diamond.ok());
   const std::string diamond_path = (dir / "diamond.kiln").string();
   ASSERT_TRUE(WriteEngineFile(**diamond, diamond_path).ok());
-  EXPECT_EQ(read_all(diamond_path), Serialize(**diamond));
+  EXPECT_EQ(ReadFile(diamond_path), Serialize(**diamond));
   std::filesystem::remove(diamond_path);
 
   auto loaded = LoadEngineFile(path, {BackendKind::kCpu, "x86_64"});
@@ -239,14 +244,7 @@ TEST(EngineFile, AWriteThatFailsMidStreamKeepsTheOldEngineAndLeavesNoTemporary) 
   auto diamond = testing::AssembleTestEngine(testing::MakeDiamondGraph(), {});
   ASSERT_TRUE(diamond.ok());
   ASSERT_TRUE(WriteEngineFile(**diamond, path).ok());
-  auto read_all = [](const std::string& file) {
-    std::ifstream in(file, std::ios::binary);
-    std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    Bytes out(chars.size());
-    std::memcpy(out.data(), chars.data(), chars.size());
-    return out;
-  };
-  const Bytes old = read_all(path);
+  const Bytes old = ReadFile(path);
   ASSERT_EQ(old, Serialize(**diamond));
 
   auto chain = Chain();
@@ -264,16 +262,12 @@ TEST(EngineFile, AWriteThatFailsMidStreamKeepsTheOldEngineAndLeavesNoTemporary) 
 
   EXPECT_EQ(s.code(), ErrorCode::kIoError) << s.ToString();
   EXPECT_NE(s.message().find("failed at byte"), std::string::npos) << s.ToString();
-  EXPECT_EQ(read_all(path), old);  // the previous engine, byte for byte
-  int files = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    ++files;
-    EXPECT_EQ(entry.path().filename(), "model.kiln");  // the partial temporary is gone
-  }
-  EXPECT_EQ(files, 1);
+  EXPECT_EQ(ReadFile(path), old);  // the previous engine, byte for byte
+  // The partial temporary is gone.
+  EXPECT_EQ(FileNames(dir), std::vector<std::string>{"model.kiln"});
   // With room again the same write succeeds.
   ASSERT_TRUE(WriteEngineFile(*chain, path).ok());
-  EXPECT_EQ(read_all(path), Serialize(*chain));
+  EXPECT_EQ(ReadFile(path), Serialize(*chain));
   std::filesystem::remove_all(dir);
 }
 
