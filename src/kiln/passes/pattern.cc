@@ -101,6 +101,11 @@ struct State {
 
 std::vector<State> MatchNode(const PatternNode& p, Node* node, State state);
 
+// An op pattern's type test (one of its op_types).
+bool OpTypeMatches(const PatternNode& p, const Node& node) {
+  return std::find(p.op_types.begin(), p.op_types.end(), node.op_type()) != p.op_types.end();
+}
+
 std::vector<State> MatchValue(const PatternNode& p, Value* v, State state) {
   if (!v) return {};
   switch (p.kind) {
@@ -144,10 +149,7 @@ std::vector<State> MatchNode(const PatternNode& p, Node* node, State state) {
     }
     return out;
   }
-  if (p.kind != PatternNode::Kind::kOp) return {};
-  if (std::find(p.op_types.begin(), p.op_types.end(), node->op_type()) == p.op_types.end()) {
-    return {};
-  }
+  if (p.kind != PatternNode::Kind::kOp || !OpTypeMatches(p, *node)) return {};
   if (node->num_inputs() < p.children.size()) return {};
   if (p.node_pred && !p.node_pred(*node)) return {};
   if (!p.capture.empty()) {
@@ -209,7 +211,7 @@ bool IntermediatesArePrivate(const State& s) {
 bool RootMayMatch(const PatternNode& p, const Node& node) {
   switch (p.kind) {
     case PatternNode::Kind::kOp:
-      return std::find(p.op_types.begin(), p.op_types.end(), node.op_type()) != p.op_types.end();
+      return OpTypeMatches(p, node);
     case PatternNode::Kind::kOneOf:
       return std::any_of(p.children.begin(), p.children.end(),
                          [&](const Pattern& alt) { return RootMayMatch(alt.node(), node); });
