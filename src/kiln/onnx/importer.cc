@@ -100,11 +100,10 @@ class GraphBuilder {
       if (graph_->FindValue(t.name())) {
         return MakeError(ErrorCode::kInvalidModel, "initializer '{}' is defined twice", t.name());
       }
-      // The tensor takes the proto's raw_data (or a copy of it, freed here), so a large model
-      // is never held twice in memory.
+      // The tensor takes the proto's raw_data (its storage, or a copy made as the proto's is
+      // freed), and the typed fields are freed below: a large model is never held twice.
       KILN_ASSIGN_OR_RETURN(Tensor tensor, TakeTensorFromProto(&t, &resolver_));
       graph_->AddConstant(t.name(), std::move(tensor));
-      if (t.has_raw_data()) std::string().swap(*t.mutable_raw_data());  // clear() keeps capacity
       google::protobuf::RepeatedField<float>().Swap(t.mutable_float_data());
       google::protobuf::RepeatedField<int32_t>().Swap(t.mutable_int32_data());
       google::protobuf::RepeatedField<int64_t>().Swap(t.mutable_int64_data());
