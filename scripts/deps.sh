@@ -7,7 +7,7 @@ pkgs=(
   flatbuffers-compiler libflatbuffers-dev
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libxxhash-dev libmimalloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev libdnnl-dev
+  libopenblas-dev libdnnl-dev ocl-icd-opencl-dev   # libdnnl-dev's CMake config needs OpenCL; Debian only recommends it
   libopenmpi-dev openmpi-bin
   prometheus-cpp-dev prometheus
   libhyperscan-dev libre2-dev

@@ -1,0 +1,19 @@
+"""Hostile-suite smoke cases: the harness itself, on inputs kiln already refuses."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hostile  # noqa: E402
+
+
+def case_missing_model(h):
+    h.refused(["build", h.path("nope.onnx"), "-o", h.path("out.kiln")], code="KILN-E1003")
+
+
+def case_not_a_model(h):
+    h.write("model.onnx", b"\x00garbage" * 64)
+    h.refused(["build", h.path("model.onnx"), "-o", h.path("out.kiln")])
+
+
+if __name__ == "__main__":
+    hostile.main(globals())
