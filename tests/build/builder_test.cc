@@ -51,11 +51,48 @@ TEST(BuilderConfig, ParsesSizesFractionsDurationsAndProfiles) {
   EXPECT_EQ(ParseProfileSpec("noshape", &p).code(), ErrorCode::kInvalidProfile);
 }
 
+TEST(Builder, DynamicInputWithoutProfileDefaultsToOneWithAWarning) {
+  BuildReport report;
+  auto engine = BuildZoo("resnet_tiny", BuilderConfig(), &report);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const InputProfile* p = (*engine)->profile.Find("input");
+  ASSERT_NE(p, nullptr);
+  const std::vector<int64_t> one{1, 3, 64, 64};
+  EXPECT_EQ(p->min, one);
+  EXPECT_EQ(p->opt, one);
+  EXPECT_EQ(p->max, one);
+  ASSERT_EQ(report.warnings.size(), 1u);
+  const std::string& w = report.warnings[0];
+  EXPECT_NE(w.find("KILN-E3001"), std::string::npos) << w;
+  EXPECT_NE(w.find("building for 1x3x64x64"), std::string::npos) << w;
+  EXPECT_NE(w.find("--profile input:MIN,OPT,MAX"), std::string::npos) << w;
+}
+
+TEST(Builder, ProfileOfAStaticInputMustEqualItsShape) {
+  // resnet_tiny with its dynamic batch fixed at 2: a model whose input is static, 2x3x64x64.
+  auto build = [&](const std::string& spec) {
+    auto g = ImportOnnxFile(Zoo("resnet_tiny"));
+    (*g)->inputs()[0]->set_shape(Shape{Dim(2), Dim(3), Dim(64), Dim(64)});
+    BuilderConfig c;
+    EXPECT_TRUE(ParseProfileSpec(spec, &c.profile).ok());
+    BuildReport report;
+    auto e = BuildEngine({std::move(*g), "static", HashString("static")}, c, &report);
+    if (e.ok()) EXPECT_TRUE(report.warnings.empty());
+    return e;
+  };
+  auto same = build("input:2x3x64x64,2x3x64x64,2x3x64x64");
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  EXPECT_EQ((*same)->profile.Find("input"), nullptr);  // a static input needs none
+
+  auto other = build("input:1x3x64x64,2x3x64x64,4x3x64x64");
+  EXPECT_EQ(other.status().code(), ErrorCode::kInvalidProfile);
+  EXPECT_NE(other.status().message().find("static shape 2x3x64x64"), std::string::npos)
+      << other.status().ToString();
+  EXPECT_NE(other.status().message().find("1x3x64x64,2x3x64x64,4x3x64x64"), std::string::npos)
+      << other.status().ToString();
+}
+
 TEST(Builder, ProfileErrorsSayWhatToChange) {
-  BuilderConfig none;
-  auto missing = BuildZoo("resnet_tiny", none);
-  EXPECT_EQ(missing.status().code(), ErrorCode::kMissingProfile);
-  EXPECT_NE(missing.status().message().find("--profile input:MIN,OPT,MAX"), std::string::npos);
 
   BuilderConfig inverted;
   ASSERT_TRUE(ParseProfileSpec("input:4x3x64x64,2x3x64x64,8x3x64x64", &inverted.profile).ok());

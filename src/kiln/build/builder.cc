@@ -120,8 +120,68 @@ void SpecializeFixedDims(Graph& graph, const OptimizationProfile& profile) {
   }
 }
 
-Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
-  for (const InputProfile& p : profile.inputs) {
+namespace {
+std::string DimsText(const std::vector<int64_t>& dims) {
+  return fmt::format("{}", fmt::join(dims, "x"));
+}
+
+// A profile given for a static input must equal its shape (trtexec accepts such a profile
+// silently); it is then dropped, since the engine needs none. A profile that disagrees names both.
+Status CheckStaticInputProfile(const Value& in, const InputProfile& p) {
+  std::vector<int64_t> shape;
+  for (const Dim& d : in.shape()) shape.push_back(d.value());
+  for (const auto* dims : {&p.min, &p.opt, &p.max}) {
+    if (*dims != shape) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' has the static shape {}; the profile gives {},{},{}: a profile "
+                       "of a static input must equal its shape (or drop --profile {})",
+                       p.input, DimsText(shape), DimsText(p.min), DimsText(p.opt),
+                       DimsText(p.max), p.input);
+    }
+  }
+  return OkStatus();
+}
+
+Status ValidateDynamicInputProfile(const Value& in, const InputProfile& p) {
+  size_t rank = in.shape().size();
+  for (const auto* dims : {&p.min, &p.opt, &p.max}) {
+    if (dims->size() != rank) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "profile of '{}' has rank {}; the input {} has rank {}", p.input,
+                       dims->size(), ToString(in.shape()), rank);
+    }
+  }
+  for (size_t i = 0; i < rank; ++i) {
+    const Dim& d = in.shape()[i];
+    if (d.is_static() &&
+        (p.min[i] != d.value() || p.opt[i] != d.value() || p.max[i] != d.value())) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' dimension {} is fixed at {}; the profile gives {}/{}/{}",
+                       p.input, i, d.value(), p.min[i], p.opt[i], p.max[i]);
+    }
+    if (!(p.min[i] <= p.opt[i] && p.opt[i] <= p.max[i])) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' dimension {} ({}): need min <= opt <= max, got {} / {} / {}",
+                       p.input, i, d.ToString(), p.min[i], p.opt[i], p.max[i]);
+    }
+    if (p.min[i] < 1 && !d.is_static()) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' dimension {}: min must be at least 1", p.input, i);
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+// The profile the engine is built for, from the one the user gave (trtexec's rules, which users
+// know): a profile of a static input that equals its shape is dropped silently, one that
+// disagrees is an error naming both; a dynamic input without a profile gets every dynamic
+// dimension fixed at 1 (min = opt = max), with a warning naming the shape and the flag.
+StatusOr<OptimizationProfile> ResolveProfile(const Graph& graph, const OptimizationProfile& given,
+                                             std::vector<Status>* warnings) {
+  OptimizationProfile resolved;
+  for (const InputProfile& p : given.inputs) {
     const Value* in = graph.FindValue(p.input);
     if (!in || !in->is_graph_input()) {
       std::vector<std::string> names;
@@ -131,47 +191,26 @@ Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
                        fmt::join(names, ", "));
     }
     if (IsStatic(in->shape())) {
-      return MakeError(
-          ErrorCode::kInvalidProfile,
-          "input '{}' has the static shape {}; it needs no profile (remove --profile {})", p.input,
-          ToString(in->shape()), p.input);
+      KILN_RETURN_IF_ERROR(CheckStaticInputProfile(*in, p));
+      continue;
     }
-    size_t rank = in->shape().size();
-    for (const auto* dims : {&p.min, &p.opt, &p.max}) {
-      if (dims->size() != rank) {
-        return MakeError(ErrorCode::kInvalidProfile,
-                         "profile of '{}' has rank {}; the input {} has rank {}", p.input,
-                         dims->size(), ToString(in->shape()), rank);
-      }
-    }
-    for (size_t i = 0; i < rank; ++i) {
-      const Dim& d = in->shape()[i];
-      if (d.is_static() &&
-          (p.min[i] != d.value() || p.opt[i] != d.value() || p.max[i] != d.value())) {
-        return MakeError(ErrorCode::kInvalidProfile,
-                         "input '{}' dimension {} is fixed at {}; the profile gives {}/{}/{}",
-                         p.input, i, d.value(), p.min[i], p.opt[i], p.max[i]);
-      }
-      if (!(p.min[i] <= p.opt[i] && p.opt[i] <= p.max[i])) {
-        return MakeError(ErrorCode::kInvalidProfile,
-                         "input '{}' dimension {} ({}): need min <= opt <= max, got {} / {} / {}",
-                         p.input, i, d.ToString(), p.min[i], p.opt[i], p.max[i]);
-      }
-      if (p.min[i] < 1 && !d.is_static()) {
-        return MakeError(ErrorCode::kInvalidProfile,
-                         "input '{}' dimension {}: min must be at least 1", p.input, i);
-      }
-    }
+    KILN_RETURN_IF_ERROR(ValidateDynamicInputProfile(*in, p));
+    resolved.inputs.push_back(p);
   }
   for (const Value* in : graph.inputs()) {
-    if (!IsStatic(in->shape()) && !profile.Find(in->name())) {
-      return MakeError(
-          ErrorCode::kMissingProfile,
-          "input '{}' has dynamic shape {} and no profile; add --profile {}:MIN,OPT,MAX",
-          in->name(), ToString(in->shape()), in->name());
-    }
+    if (IsStatic(in->shape()) || resolved.Find(in->name())) continue;
+    InputProfile p;
+    p.input = in->name();
+    for (const Dim& d : in->shape()) p.min.push_back(d.is_static() ? d.value() : 1);
+    p.opt = p.max = p.min;
+    warnings->push_back(MakeError(
+        ErrorCode::kMissingProfile,
+        "input '{}' has dynamic shape {} and no profile: building for {} only (min = opt = max); "
+        "add --profile {}:MIN,OPT,MAX for other shapes",
+        in->name(), ToString(in->shape()), DimsText(p.min), in->name()));
+    resolved.inputs.push_back(std::move(p));
   }
-  return OkStatus();
+  return resolved;
 }
 
 // Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched,
@@ -252,8 +291,11 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
 }
 }  // namespace
 
-StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& config,
+StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input,
+                                                  const BuilderConfig& requested,
                                                   BuildReport* report) {
+  // The build sees the resolved profile (trtexec's defaults filled in) as config.profile.
+  BuilderConfig config = requested;
   const auto start = Clock::now();
   BuildReport local_report;
   BuildReport& rep = report ? *report : local_report;
@@ -268,7 +310,12 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   Graph& graph = *input.graph;
   progress("verify", 0, 1, "");
   KILN_RETURN_IF_ERROR(Verify(graph));
-  KILN_RETURN_IF_ERROR(ValidateProfile(graph, config.profile));
+  {
+    std::vector<Status> profile_warnings;
+    KILN_ASSIGN_OR_RETURN(config.profile,
+                          ResolveProfile(graph, requested.profile, &profile_warnings));
+    for (const Status& w : profile_warnings) Warn(rep, w);
+  }
   if (config.optimize) SpecializeFixedDims(graph, config.profile);
   auto inferred_or = InferShapes(graph);
   if (!inferred_or.ok()) {

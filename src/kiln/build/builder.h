@@ -73,9 +73,13 @@ struct BuildInput {
 StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& config,
                                                   BuildReport* report);
 
-// Checks the profile against the graph's inputs: every dynamic input has min<=opt<=max of the
-// right rank with static dims matching; no profile for an input that is not dynamic.
-Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile);
+// The profile an engine is built for, from the one the user gave, by trtexec's rules: every
+// dynamic input's min <= opt <= max of the right rank with its static dims matching; a profile of
+// a static input that equals its shape is dropped silently and one that disagrees is
+// KILN-E3000 naming both; a dynamic input without a profile gets each dynamic dimension fixed at
+// 1 (min = opt = max) and a KILN-E3001 warning (in *warnings) naming that shape and the flag.
+StatusOr<OptimizationProfile> ResolveProfile(const Graph& graph, const OptimizationProfile& given,
+                                             std::vector<Status>* warnings);
 // Every value's concrete dims when the graph inputs take one of the profile's shapes (0 min,
 // 1 opt, 2 max), from the ops' shape rules run on integers exactly as the runtime runs them.
 using ConcreteDimsMap = std::unordered_map<const Value*, std::vector<int64_t>>;
