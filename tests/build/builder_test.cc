@@ -92,6 +92,43 @@ TEST(Builder, ProfileOfAStaticInputMustEqualItsShape) {
       << other.status().ToString();
 }
 
+TEST(Builder, ReportSaysWhereTheTacticSecondsWent) {
+  BuildReport report;
+  auto engine = BuildZoo("resnet_tiny", ResnetConfig(), &report);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const BuildTimeBreakdown& b = report.time_breakdown;
+  ASSERT_FALSE(b.signatures.empty());
+  int64_t layers = 0, timed = 0;
+  double generate = 0, timing = 0;
+  for (size_t i = 0; i < b.signatures.size(); ++i) {
+    const SignatureTime& t = b.signatures[i];
+    layers += t.layers;
+    timed += t.timed;
+    generate += t.generate_seconds;
+    timing += t.timing_seconds;
+    EXPECT_GE(t.candidates, 1) << t.signature;
+    EXPECT_FALSE(t.first_layer.empty());
+    if (i) EXPECT_GE(b.signatures[i - 1].total_seconds(), t.total_seconds());  // slowest first
+  }
+  EXPECT_EQ(layers, report.layers);  // every layer belongs to exactly one signature
+  EXPECT_EQ(timed, report.tactics_timed);
+  EXPECT_GT(report.tactics_timed, 0);
+  EXPECT_GT(b.timing_seconds, 0);
+  EXPECT_GT(b.generate_seconds, 0);
+  EXPECT_DOUBLE_EQ(b.timing_seconds, timing);
+  EXPECT_DOUBLE_EQ(b.generate_seconds, generate);
+  EXPECT_LE(b.generate_seconds + b.setup_seconds + b.timing_seconds,
+            report.phase_seconds_tactics + 1e-3);
+  const std::string text = report.ToText(true);
+  EXPECT_NE(text.find("tactics: listing candidates"), std::string::npos) << text;
+  EXPECT_NE(text.find("tactic seconds per layer signature"), std::string::npos) << text;
+  EXPECT_EQ(report.ToText(false).find("per layer signature"), std::string::npos);
+  EXPECT_NE(report.ToJson().find("\"time_breakdown\""), std::string::npos);
+  // The engine's stored report has no wall-clock figures (warm builds stay byte-identical).
+  EXPECT_EQ((*engine)->build_report_json.find("\"signatures\": [\n"), std::string::npos)
+      << (*engine)->build_report_json;
+}
+
 TEST(Builder, ProfileErrorsSayWhatToChange) {
 
   BuilderConfig inverted;

@@ -25,6 +25,29 @@ struct LayerReport {
   int64_t output_bytes = 0;  // at the max profile shape
 };
 
+// Where the tactic phase's seconds went for one layer signature (op, operand types and shapes at
+// the profile): the layers that share a signature share one search.
+struct SignatureTime {
+  std::string signature;
+  std::string op_type;
+  std::string first_layer;
+  int64_t layers = 0;
+  int64_t candidates = 0;  // tactics listed for one of its layers
+  int64_t timed = 0;       // candidates timed, over its layers
+  // Listing the candidates (the backend's queries: cuDNN/cuBLASLt heuristics, plan finalisation).
+  double generate_seconds = 0;
+  double setup_seconds = 0;   // creating and preparing each timed candidate, with its inputs
+  double timing_seconds = 0;  // running the timed candidates
+  double total_seconds() const { return generate_seconds + setup_seconds + timing_seconds; }
+};
+
+// A build's seconds inside its precision and tactic phases; "other" is the phase's remainder.
+struct BuildTimeBreakdown {
+  double precision_query_seconds = 0;  // precision asking the providers which kernels exist
+  double generate_seconds = 0, setup_seconds = 0, timing_seconds = 0;  // sums over signatures
+  std::vector<SignatureTime> signatures;  // most seconds first
+};
+
 struct BuildReport {
   std::string model_name;
   std::string backend;
@@ -54,6 +77,7 @@ struct BuildReport {
   int64_t weights_converted = 0;
   std::string calibration;              // "" when none
   int64_t calibration_batches_run = 0;  // 0 when the cache was used
+  BuildTimeBreakdown time_breakdown;
 
   std::string ToJson() const;
   // `--precision-report`: every layer's precision and reason, as a table or as JSON.
@@ -61,6 +85,9 @@ struct BuildReport {
   std::string PrecisionJson() const;
   // The table people read after `kiln build`.
   std::string ToText(bool per_layer) const;
+  // Where the build's seconds went: the phases, the tactic phase's listing / set-up / timing /
+  // other, and (per_signature) the slowest layer signatures.
+  std::string TimeText(bool per_signature) const;
 };
 
 struct BuildInput {
