@@ -9,6 +9,10 @@ against PyTorch).
 
     torchrun --nproc-per-node 2 examples/train.py --epochs 2          # CPU: gloo
     torchrun --nproc-per-node 8 examples/train.py --backend cuda      # GPUs: NCCL
+
+Debian's torch 1.13 under Python 3.11: `python3 -m torch.distributed.run --standalone
+--nproc_per_node 2 --redirects 9:1 --tee 9:1 examples/train.py` (its torchrun cannot parse its own
+default for --redirects/--tee there; a mapping for a rank that does not exist works around it).
 """
 import argparse
 import contextlib

@@ -12,7 +12,11 @@ def test_torchrun_two_ranks_one_build_per_epoch(tmp_path):
     out = tmp_path / "table.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # --nproc_per_node: the spelling every torchrun takes (1.13 knows no --nproc-per-node).
+    # --redirects/--tee 9:1: Debian's torchrun 1.13 under Python 3.11 cannot parse its own default
+    # "0" (Std.from_str finds no IntFlag member 0 and every launch dies with "'NoneType' object has
+    # no attribute 'get'"); a mapping for a local rank that does not exist redirects nothing.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--redirects", "9:1", "--tee", "9:1",
            os.path.join(ROOT, "examples", "train.py"), "--epochs", "2", "--train-size", "256",
            "--val-size", "64", "--backend", "cpu", "--json", str(out)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500)
