@@ -83,7 +83,8 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     # AMP: FP16 with a gradient scaler on the GPU, BF16 autocast on the CPU.
     amp_dtype = torch.float16 if use_cuda else torch.bfloat16
-    scaler = torch.cuda.amp.GradScaler(enabled=use_cuda)
+    scaler = (torch.amp.GradScaler("cuda", enabled=use_cuda) if hasattr(torch.amp, "GradScaler")
+              else torch.cuda.amp.GradScaler(enabled=use_cuda))
     train = synthetic(args.train_size, seed=1)
     val = synthetic(args.val_size, seed=2)
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=0)

@@ -415,8 +415,6 @@ def _export(module, example_inputs, exporter: str, input_names, output_names, dy
             if axes:
                 dynamic_axes[name] = axes
     kwargs: Dict[str, Any] = dict(input_names=list(input_names), do_constant_folding=True)
-    if output_names is not None:
-        kwargs["output_names"] = list(output_names)
     if dynamic_axes:
         kwargs["dynamic_axes"] = dynamic_axes
     if opset is not None:
@@ -439,6 +437,12 @@ def _export(module, example_inputs, exporter: str, input_names, output_names, dy
     try:
         f = io.BytesIO()
         with torch.no_grad():
+            if output_names is None:
+                # output_0, output_1, ... rather than the exporter's node numbers.
+                produced = module(*example_inputs)
+                count = len(produced) if isinstance(produced, (tuple, list)) else 1
+                output_names = [f"output_{i}" for i in range(count)]
+            kwargs["output_names"] = list(output_names)
             torch.onnx.export(module, example_inputs, f, **kwargs)
     finally:
         module.train(was_training)

@@ -241,3 +241,26 @@ def test_engine_for_another_architecture(engine):
 def test_load_missing_file(tmp_path):
     e = expect("KILN-E1003", kiln.load, tmp_path / "none.kiln")
     assert "none.kiln" in e.message
+
+
+def test_module_outputs_are_named_and_training_mode_kept():
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(4)
+
+        def forward(self, x):
+            y = self.bn(x)
+            return y, y * 2
+
+    m = Two().train()
+    before = m.bn.running_mean.clone()
+    e = kiln.build(m, torch.randn(3, 4) + 5, backend="cpu")
+    assert [t.name for t in e.outputs] == ["output_0", "output_1"]
+    assert m.training  # restored after the export
+    torch.testing.assert_close(m.bn.running_mean, before)  # exported in eval mode: no update
+    x = torch.randn(3, 4)
+    a, b = e.create_execution_context()(x)
+    m.eval()
+    torch.testing.assert_close(a, m(x)[0].detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(b, 2 * a, rtol=1e-5, atol=1e-6)
