@@ -160,7 +160,8 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
   if (build_report && !o.json) std::cout << build_report->ToText(o.layers);
   std::cout << report << "\n";
   std::cout << fmt::format("engine written to {} ({} bytes, rank {} of {})\n", output,
-                           shared->bytes.size(), shared->dist_report.rank, shared->dist_report.world_size);
+                           shared->bytes.size(), shared->dist_report.rank,
+                           shared->dist_report.world_size);
   return 0;
 }
 

@@ -103,8 +103,8 @@ namespace {
 
 kiln_status* Error(ErrorCode code, std::string message) { return ToC(Status(code, message)); }
 
-#define KILN_C_REQUIRE(cond, what)                                                      \
-  do {                                                                                  \
+#define KILN_C_REQUIRE(cond, what)                                                          \
+  do {                                                                                      \
     if (!(cond)) return Error(ErrorCode::kInvalidArgument, std::string(what) + " is NULL"); \
   } while (0)
 
@@ -121,8 +121,7 @@ StatusOr<double> ParseNumber(const std::string& key, const std::string& value) {
     if (used == value.size()) return v;
   } catch (const std::exception&) {
   }
-  return MakeError(ErrorCode::kInvalidArgument, "option '{}' takes a number, not '{}'", key,
-                   value);
+  return MakeError(ErrorCode::kInvalidArgument, "option '{}' takes a number, not '{}'", key, value);
 }
 
 Status SetOption(kiln_build_config& c, const std::string& key, const std::string& value) {
@@ -133,9 +132,10 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
   }
   if (key == "fp16" || key == "bf16" || key == "int8" || key == "optimize") {
     KILN_ASSIGN_OR_RETURN(bool on, ParseBool(key, value));
-    (key == "fp16" ? config.fp16 : key == "bf16" ? config.bf16 : key == "int8" ? config.int8
-                                                                                : config.optimize) =
-        on;
+    (key == "fp16"   ? config.fp16
+     : key == "bf16" ? config.bf16
+     : key == "int8" ? config.int8
+                     : config.optimize) = on;
     return OkStatus();
   }
   if (key == "profile") return ParseProfileSpec(value, &config.profile);
@@ -183,29 +183,47 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
 
 std::optional<DataType> FromCDtype(int32_t d) {
   switch (d) {
-    case KILN_DTYPE_FLOAT32: return DataType::kFloat32;
-    case KILN_DTYPE_FLOAT16: return DataType::kFloat16;
-    case KILN_DTYPE_BFLOAT16: return DataType::kBFloat16;
-    case KILN_DTYPE_INT8: return DataType::kInt8;
-    case KILN_DTYPE_UINT8: return DataType::kUInt8;
-    case KILN_DTYPE_INT32: return DataType::kInt32;
-    case KILN_DTYPE_INT64: return DataType::kInt64;
-    case KILN_DTYPE_BOOL: return DataType::kBool;
-    default: return std::nullopt;
+    case KILN_DTYPE_FLOAT32:
+      return DataType::kFloat32;
+    case KILN_DTYPE_FLOAT16:
+      return DataType::kFloat16;
+    case KILN_DTYPE_BFLOAT16:
+      return DataType::kBFloat16;
+    case KILN_DTYPE_INT8:
+      return DataType::kInt8;
+    case KILN_DTYPE_UINT8:
+      return DataType::kUInt8;
+    case KILN_DTYPE_INT32:
+      return DataType::kInt32;
+    case KILN_DTYPE_INT64:
+      return DataType::kInt64;
+    case KILN_DTYPE_BOOL:
+      return DataType::kBool;
+    default:
+      return std::nullopt;
   }
 }
 
 int32_t ToCDtype(DataType d) {
   switch (d) {
-    case DataType::kFloat32: return KILN_DTYPE_FLOAT32;
-    case DataType::kFloat16: return KILN_DTYPE_FLOAT16;
-    case DataType::kBFloat16: return KILN_DTYPE_BFLOAT16;
-    case DataType::kInt8: return KILN_DTYPE_INT8;
-    case DataType::kUInt8: return KILN_DTYPE_UINT8;
-    case DataType::kInt32: return KILN_DTYPE_INT32;
-    case DataType::kInt64: return KILN_DTYPE_INT64;
-    case DataType::kBool: return KILN_DTYPE_BOOL;
-    default: return 0;
+    case DataType::kFloat32:
+      return KILN_DTYPE_FLOAT32;
+    case DataType::kFloat16:
+      return KILN_DTYPE_FLOAT16;
+    case DataType::kBFloat16:
+      return KILN_DTYPE_BFLOAT16;
+    case DataType::kInt8:
+      return KILN_DTYPE_INT8;
+    case DataType::kUInt8:
+      return KILN_DTYPE_UINT8;
+    case DataType::kInt32:
+      return KILN_DTYPE_INT32;
+    case DataType::kInt64:
+      return KILN_DTYPE_INT64;
+    case DataType::kBool:
+      return KILN_DTYPE_BOOL;
+    default:
+      return 0;
   }
 }
 
@@ -216,8 +234,10 @@ std::string DimsText(std::span<const int64_t> dims) {
 // The checks the runtime cannot make on a bare pointer: dtype code, rank, device and layout.
 Status CheckTensor(const kiln_context& c, const std::string& name, const kiln_tensor& t) {
   if (!FromCDtype(t.dtype)) {
-    return MakeError(ErrorCode::kInputTypeMismatch, "tensor '{}' has dtype code {}, which kiln "
-                     "does not know", name, t.dtype);
+    return MakeError(ErrorCode::kInputTypeMismatch,
+                     "tensor '{}' has dtype code {}, which kiln "
+                     "does not know",
+                     name, t.dtype);
   }
   if (t.ndim < 0 || t.ndim > KILN_MAX_DIMS || (t.ndim > 0 && !t.dims)) {
     return MakeError(ErrorCode::kInputShapeInvalid, "tensor '{}' has rank {} (at most {})", name,
@@ -230,11 +250,11 @@ Status CheckTensor(const kiln_context& c, const std::string& name, const kiln_te
     return MakeError(ErrorCode::kTensorDeviceMismatch,
                      "tensor '{}' is on {} device type {}; engine '{}' runs on backend '{}' and "
                      "takes {} tensors",
-                     name, t.device_type == KILN_DEVICE_CUDA  ? "the CUDA"
-                           : t.device_type == KILN_DEVICE_CPU ? "the CPU"
-                                                              : "an unknown",
-                     t.device_type, header.model_name, c.backend,
-                     cuda_engine ? "CUDA" : "CPU");
+                     name,
+                     t.device_type == KILN_DEVICE_CUDA  ? "the CUDA"
+                     : t.device_type == KILN_DEVICE_CPU ? "the CPU"
+                                                        : "an unknown",
+                     t.device_type, header.model_name, c.backend, cuda_engine ? "CUDA" : "CPU");
   }
   if (t.strides) {
     int64_t expected = 1;
@@ -413,8 +433,8 @@ kiln_status* kiln_engine_deserialize(const void* data, size_t size, kiln_engine*
   KILN_C_REQUIRE(out, "out");
   kiln::LoadOptions options;
   options.check_providers = false;
-  return FinishLoad(
-      kiln::LoadEngineBytes({static_cast<const std::byte*>(data), size}, options), out);
+  return FinishLoad(kiln::LoadEngineBytes({static_cast<const std::byte*>(data), size}, options),
+                    out);
 }
 
 void kiln_engine_free(kiln_engine* e) { delete e; }
@@ -485,7 +505,8 @@ kiln_status* kiln_engine_profile(const kiln_engine* e, const char* input, int* h
   const kiln::InputProfile* p = e->desc->profile.Find(input);
   if (!p) return nullptr;
   if (p->min.size() > KILN_MAX_DIMS) {
-    return Error(ErrorCode::kOutOfRange, fmt::format("input '{}' has rank {}", input, p->min.size()));
+    return Error(ErrorCode::kOutOfRange,
+                 fmt::format("input '{}' has rank {}", input, p->min.size()));
   }
   *has_profile = 1;
   *ndim = static_cast<int32_t>(p->min.size());

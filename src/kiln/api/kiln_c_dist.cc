@@ -79,7 +79,7 @@ extern "C" kiln_status* kiln_build_once(const kiln_build_config* c, const void* 
                                         double join_timeout_s, double wait_timeout_s,
                                         double transfer_timeout_s, kiln_engine** out,
                                         kiln_buffer** report_json) {
-  using namespace kiln;  // NOLINT
+  using namespace kiln;       // NOLINT
   using namespace kiln::api;  // NOLINT
   if (!c || !onnx || !comm || !out || !comm->allgather || !comm->broadcast) {
     return ToC(MakeError(ErrorCode::kInvalidArgument,
@@ -87,10 +87,11 @@ extern "C" kiln_status* kiln_build_once(const kiln_build_config* c, const void* 
                          "callbacks and an output pointer"));
   }
   if (comm->size < 1 || comm->rank < 0 || comm->rank >= comm->size) {
-    return ToC(MakeError(ErrorCode::kRankEnvInvalid, "process group rank {} of size {}",
-                         comm->rank, comm->size));
+    return ToC(MakeError(ErrorCode::kRankEnvInvalid, "process group rank {} of size {}", comm->rank,
+                         comm->size));
   }
-  for (auto [name, v] : {std::pair{"join_timeout", join_timeout_s}, {"wait_timeout", wait_timeout_s},
+  for (auto [name, v] : {std::pair{"join_timeout", join_timeout_s},
+                         {"wait_timeout", wait_timeout_s},
                          {"transfer_timeout", transfer_timeout_s}}) {
     if (Status s = CheckBound(name, v); !s.ok()) return ToC(s);
   }
@@ -117,8 +118,8 @@ extern "C" kiln_status* kiln_build_once(const kiln_build_config* c, const void* 
   if (!desc.ok()) return ToC(desc.status());
   auto engine = EngineFromDesc(std::move(*desc));
   if (!engine.ok()) return ToC(engine.status());
-  (*engine)->report_json = shared->build_report ? shared->build_report->ToJson()
-                                                : (*engine)->desc->build_report_json;
+  (*engine)->report_json =
+      shared->build_report ? shared->build_report->ToJson() : (*engine)->desc->build_report_json;
   if (report_json) *report_json = MakeBuffer(std::string_view(shared->dist_report.ToJson()));
   *out = engine->release();
   return nullptr;

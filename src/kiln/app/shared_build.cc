@@ -39,12 +39,14 @@ StatusOr<SharedBuild> BuildOnceShared(const ModelSource& model, const BuilderCon
   KILN_ASSIGN_OR_RETURN(dist::CacheKey key, EngineKey(model, config));
   // Received (or cached) bytes are a full engine load away from being trusted.
   if (!options.verify) {
-    options.verify = [](std::span<const std::byte> bytes) { return LoadEngineBytes(bytes).status(); };
+    options.verify = [](std::span<const std::byte> bytes) {
+      return LoadEngineBytes(bytes).status();
+    };
   }
   if (options.cache && !options.cache->verify) options.cache->verify = options.verify;
   SharedBuild out;
-  auto result =
-      dist::BuildOnce(key, options, [&](dist::ProgressSink& sink) -> StatusOr<std::vector<std::byte>> {
+  auto result = dist::BuildOnce(
+      key, options, [&](dist::ProgressSink& sink) -> StatusOr<std::vector<std::byte>> {
         BuilderConfig c = config;
         auto inner = c.progress;
         c.progress = [&sink, inner](const BuildProgress& p) {

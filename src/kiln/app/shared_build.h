@@ -17,7 +17,7 @@ namespace kiln::app {
 
 // The model, as a file or as bytes the caller keeps alive for the call.
 struct ModelSource {
-  std::string path;                 // read when not empty
+  std::string path;                  // read when not empty
   std::span<const std::byte> bytes;  // otherwise
   std::string name = "model";        // for bytes: the report's model name
 };
