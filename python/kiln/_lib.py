@@ -127,7 +127,8 @@ _decl("kiln_context_release", None, _P)
 _decl("kiln_context_graph_captures", ctypes.c_int64, _P)
 _decl("kiln_context_graph_launches", ctypes.c_int64, _P)
 _decl("kiln_build_once", _S, _P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
-      ctypes.POINTER(Comm), ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.POINTER(_P),
+      ctypes.POINTER(Comm), ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
+      ctypes.POINTER(_P),
       ctypes.POINTER(_P))
 
 

@@ -19,13 +19,17 @@ __all__ = ["build"]
 
 
 def build(model, example_inputs=None, *, group=None, join_timeout: float = 60.0,
-          wait_timeout: float = 1800.0, transfer_timeout: float = 300.0, **options):
+          wait_timeout: float = 1800.0, transfer_timeout: float = 300.0,
+          heartbeat_timeout: float = 60.0, **options):
     """kiln.build(..., distributed=group): one build per job, the same engine on every rank.
 
     Every rank of `group` (the default process group when None) calls this with the same model
     and options. join_timeout bounds the ranks' arrival, wait_timeout the wait for the builder,
-    transfer_timeout the bytes. A builder that fails or vanishes fails every rank with a
-    KilnError. The engine's `build_once_report` says who built and who waited how long.
+    transfer_timeout the bytes; the builder sends its progress about every second and a builder
+    silent for heartbeat_timeout (0: no heartbeats) fails the others (KILN-E7003). Waiting ranks
+    see the builder's progress through `progress` as phase "builder" (the line as detail). A
+    builder that fails or vanishes fails every rank with a KilnError. The engine's
+    `build_once_report` says who built and who waited how long.
     """
     from . import build as _build
     import torch.distributed as dist
@@ -35,7 +39,8 @@ def build(model, example_inputs=None, *, group=None, join_timeout: float = 60.0,
                      "group (torch.distributed.init_process_group)")
     return _build(model, example_inputs, distributed=group if group is not None else True,
                   join_timeout=join_timeout, wait_timeout=wait_timeout,
-                  transfer_timeout=transfer_timeout, **options)
+                  transfer_timeout=transfer_timeout, heartbeat_timeout=heartbeat_timeout,
+                  **options)
 
 
 class _GroupComm:
@@ -121,14 +126,16 @@ class _GroupComm:
 
 
 def _build_once(config, data: bytes, name: str, group, join_timeout: float = 60.0,
-                wait_timeout: float = 1800.0, transfer_timeout: float = 300.0):
+                wait_timeout: float = 1800.0, transfer_timeout: float = 300.0,
+                heartbeat_timeout: float = 60.0):
     from . import Engine, KilnError, _raise_status
     comm = _GroupComm(group)
     h = ctypes.c_void_p()
     report = ctypes.c_void_p()
     status = lib.kiln_build_once(config._h, data, len(data), name.encode(),
                                  ctypes.byref(comm.struct), float(join_timeout),
-                                 float(wait_timeout), float(transfer_timeout), ctypes.byref(h),
+                                 float(wait_timeout), float(transfer_timeout),
+                                 float(heartbeat_timeout), ctypes.byref(h),
                                  ctypes.byref(report))
     if config.error is not None:
         if status:

@@ -3,6 +3,7 @@
 import datetime
 import json
 import os
+import signal
 import sys
 import time
 
@@ -33,11 +34,23 @@ def _worker(rank, init_file, out_dir, scenario, onnx_path):
             return True
     if scenario == "vanish" and rank == 0:
         progress = lambda *a: os._exit(3)  # noqa: E731 (the builder dies mid-build)
+    seen = []
+    if scenario == "relay":
+        if rank == 0:
+            def progress(*_):  # a build of about 3 s: the others get heartbeats meanwhile
+                time.sleep(0.3)
+                return True
+        else:
+            def progress(phase, done, total, elapsed, detail):
+                seen.append([phase, detail])
+    if scenario == "sigstop" and rank == 0:
+        progress = lambda *a: os.kill(os.getpid(), signal.SIGSTOP)  # noqa: E731 (hangs whole)
     model = onnx_path if scenario != "fail" else b"not an onnx model"
     t0 = time.monotonic()
     try:
         e = kiln.build(model, backend="cpu", profiles=PROFILE, distributed=True,
-                       wait_timeout=2.0 if scenario == "stall" else 60.0, progress=progress)
+                       wait_timeout=2.0 if scenario == "stall" else 60.0, progress=progress,
+                       heartbeat_timeout=3.0 if scenario == "sigstop" else 60.0)
         result["bytes"] = e.serialize().hex()
         result["report"] = e.build_once_report
         x = torch.ones(2, 8)
@@ -46,9 +59,10 @@ def _worker(rank, init_file, out_dir, scenario, onnx_path):
         result["code"] = err.code
         result["message"] = err.message
     result["seconds"] = time.monotonic() - t0
+    result["seen"] = seen
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
-    if scenario != "stall":
+    if scenario in ("ok", "relay", "fail"):  # a group with a stopped or dead peer hangs here
         dist.destroy_process_group()
     os._exit(0)
 
@@ -62,7 +76,9 @@ def _run(tmp_path, scenario, onnx_bytes):
              for r in range(WORLD)]
     for p in procs:
         p.start()
-    for p in procs:
+    for p in reversed(procs):  # the others first: a stopped builder is killed after them
+        if scenario == "sigstop" and p is procs[0]:
+            p.kill()
         p.join(120)
         assert p.exitcode is not None, "a rank hung"
     results = {}
@@ -106,3 +122,21 @@ def test_vanished_builder_fails_the_others(tmp_path, onnx_bytes):
     assert codes[0] == 3 and 0 not in results
     assert results[1]["code"] in ("KILN-E7023", "KILN-E7016"), results[1]
     assert results[1]["seconds"] < 60
+
+
+def test_waiting_ranks_see_the_builders_progress(tmp_path, onnx_bytes):
+    results, codes = _run(tmp_path, "relay", onnx_bytes)
+    assert codes == [0, 0] and results[0]["bytes"] == results[1]["bytes"]
+    relayed = [detail for phase, detail in results[1]["seen"] if phase == "builder"]
+    assert relayed, results[1]["seen"]
+    # The builder's own progress lines: "<phase> <done>/<total> <seconds>s".
+    assert any(line.split()[0] in ("passes", "precision", "tactics", "plan") for line in relayed)
+    assert results[0]["seen"] == []
+
+
+def test_hung_builder_is_detected_by_its_missing_heartbeat(tmp_path, onnx_bytes):
+    results, _ = _run(tmp_path, "sigstop", onnx_bytes)
+    assert 0 not in results
+    assert results[1]["code"] == "KILN-E7003", results[1]
+    assert "heartbeat" in results[1]["message"]
+    assert 3 <= results[1]["seconds"] < 15

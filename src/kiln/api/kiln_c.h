@@ -166,11 +166,14 @@ typedef struct kiln_comm {
 /* Every rank of `comm` calls this with the same model and options: rank 0 builds, the others wait
  * (bounded by wait_timeout_s) and receive the bytes (transfer_timeout_s), each rank checks their
  * checksum and loads them. A builder that fails fails every rank (KILN-E7011 with its error on the
- * others); ranks whose keys differ fail with KILN-E7004. *report_json (optional) gets who built
- * and who waited how long. */
+ * others); ranks whose keys differ fail with KILN-E7004. heartbeat_timeout_s > 0: the builder
+ * sends its progress line to the others about every second (they get it through the config's
+ * progress callback as phase "builder", the line as detail), and a builder silent that long fails
+ * them with KILN-E7003. *report_json (optional) gets who built and who waited how long. */
 kiln_status* kiln_build_once(const kiln_build_config* c, const void* onnx, size_t size,
                              const char* model_name, const kiln_comm* comm, double join_timeout_s,
-                             double wait_timeout_s, double transfer_timeout_s, kiln_engine** out,
+                             double wait_timeout_s, double transfer_timeout_s,
+                             double heartbeat_timeout_s, kiln_engine** out,
                              kiln_buffer** report_json);
 
 #ifdef __cplusplus

@@ -1,5 +1,6 @@
 // kiln_build_once: the caller's process group as a dist::Communicator, then the library's
 // build-once path (app::BuildOnceShared), the same one `kiln build --distributed` takes.
+#include <algorithm>
 #include <chrono>
 
 #include "kiln/api/kiln_c.h"
@@ -77,8 +78,8 @@ Status CheckBound(const char* name, double seconds) {
 extern "C" kiln_status* kiln_build_once(const kiln_build_config* c, const void* onnx, size_t size,
                                         const char* model_name, const kiln_comm* comm,
                                         double join_timeout_s, double wait_timeout_s,
-                                        double transfer_timeout_s, kiln_engine** out,
-                                        kiln_buffer** report_json) {
+                                        double transfer_timeout_s, double heartbeat_timeout_s,
+                                        kiln_engine** out, kiln_buffer** report_json) {
   using namespace kiln;       // NOLINT
   using namespace kiln::api;  // NOLINT
   if (!c || !onnx || !comm || !out || !comm->allgather || !comm->broadcast) {
@@ -107,6 +108,18 @@ extern "C" kiln_status* kiln_build_once(const kiln_build_config* c, const void* 
   options.join_timeout = Ms(join_timeout_s);
   options.wait_timeout = Ms(wait_timeout_s);
   options.transfer_timeout = Ms(transfer_timeout_s);
+  if (heartbeat_timeout_s > 0) {
+    options.heartbeat_timeout = Ms(heartbeat_timeout_s);
+    options.heartbeat_interval = std::min(Ms(1.0), Ms(heartbeat_timeout_s / 4));
+    if (c->progress) {
+      kiln_progress_fn fn = c->progress;
+      void* user = c->progress_user;
+      const dist::Clock::time_point start = dist::Clock::now();
+      options.on_progress = [fn, user, start](const std::string& line) {
+        fn(user, "builder", 0, 0, dist::SecondsSince(start), line.c_str());
+      };
+    }
+  }
   app::ModelSource model;
   model.bytes = {static_cast<const std::byte*>(onnx), size};
   model.name = model_name ? model_name : "model";
