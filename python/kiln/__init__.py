@@ -243,6 +243,8 @@ class ExecutionContext:
         self._shape_dims = (ctypes.c_int64 * _lib.KILN_MAX_DIMS)()
         self._shape_ndim = ctypes.c_int32()
         self._cuda = engine.backend == "cuda"
+        # The GPU the context's memory lives on (the current one at creation).
+        self._device_index = _torch().cuda.current_device() if self._cuda else None
 
     def __del__(self):
         h = getattr(self, "_h", None)
@@ -261,6 +263,9 @@ class ExecutionContext:
         """Binds a tensor's memory to an input or output (no copy). Inputs first: an output's
         shape follows from them."""
         slot = self._slot(name)
+        if self._cuda and tensor.device.type == "cuda" and tensor.device.index != self._device_index:
+            raise _error(5012, f"tensor '{name}' is on {tensor.device}; this context was created "
+                         f"on cuda:{self._device_index}")
         slot.fill(tensor)
         _raise_status(lib.kiln_context_bind(self._h, slot.name, slot.ref))
 
