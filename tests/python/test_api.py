@@ -264,3 +264,12 @@ def test_module_outputs_are_named_and_training_mode_kept():
     m.eval()
     torch.testing.assert_close(a, m(x)[0].detach(), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(b, 2 * a, rtol=1e-5, atol=1e-6)
+
+
+def test_calibration_from_a_dataloader_of_input_label_pairs(mlp):
+    from torch.utils.data import DataLoader, TensorDataset
+    data = TensorDataset(torch.randn(16, 8), torch.randint(0, 4, (16,)))
+    e = kiln.build(mlp, torch.randn(4, 8), backend="cpu", profiles=PROFILE, int8=True,
+                   calibration=DataLoader(data, batch_size=4))
+    assert e.report["precision"]["calibration"] != ""
+    assert e.report["precision"]["calibration_batches_run"] == 4
