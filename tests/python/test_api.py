@@ -273,3 +273,20 @@ def test_calibration_from_a_dataloader_of_input_label_pairs(mlp):
                    calibration=DataLoader(data, batch_size=4))
     assert e.report["precision"]["calibration"] != ""
     assert e.report["precision"]["calibration_batches_run"] == 4
+
+
+def test_build_options_reach_the_builder(tmp_path, onnx_bytes):
+    expect("KILN-E3002", kiln.build, onnx_bytes, backend="cpu", profiles=PROFILE,
+           memory_budget=256)
+    cache = tmp_path / "timing.cache"
+    e = kiln.build(onnx_bytes, backend="cpu", profiles=PROFILE, timing_cache=cache, deadline=30)
+    assert cache.stat().st_size > 0 and e.report["deadline_hit"] is False
+    again = kiln.build(onnx_bytes, backend="cpu", profiles=PROFILE, timing_cache=cache,
+                       deadline=30)
+    assert again.report["timing_cache_hits"] > 0
+    tactics = [[l["tactic"] for l in x.report["layer_reports"]] for x in (e, again)]
+    assert tactics[0] == tactics[1]
+    plain = kiln.build(onnx_bytes, backend="cpu", profiles=PROFILE, optimize=False)
+    assert plain.report["passes"]["nodes_after"] == plain.report["passes"]["nodes_before"]
+    expect("KILN-E3004", kiln.build, onnx_bytes, backend="cpu", profiles=PROFILE, deadline="soon")
+    expect("KILN-E3001", kiln.build, onnx_bytes, backend="cpu")
