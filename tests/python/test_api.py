@@ -290,3 +290,24 @@ def test_build_options_reach_the_builder(tmp_path, onnx_bytes):
     assert plain.report["passes"]["nodes_after"] == plain.report["passes"]["nodes_before"]
     expect("KILN-E3004", kiln.build, onnx_bytes, backend="cpu", profiles=PROFILE, deadline="soon")
     expect("KILN-E3001", kiln.build, onnx_bytes, backend="cpu")
+
+
+def test_rebinding_follows_changed_tensors(engine, mlp):
+    # run() keeps the bindings of tensors it bound last time; anything that changes is rebound
+    # and rechecked.
+    ctx = engine.create_execution_context()
+    x, out = torch.randn(4, 8), torch.empty(4, 4)
+    ctx.run([x], outputs={"logits": out})
+    expect("KILN-E5014", ctx.run, [torch.randn(2, 8)], outputs={"logits": out})
+    ctx.run([x], outputs={"logits": out})
+    torch.testing.assert_close(out, mlp(x).detach(), rtol=1e-4, atol=1e-5)
+    y = torch.randn(4, 8)
+    ctx.run([y], outputs={"logits": out})
+    torch.testing.assert_close(out, mlp(y).detach(), rtol=1e-4, atol=1e-5)
+    other = torch.empty(4, 4)
+    ctx.run([y], outputs={"logits": other})
+    torch.testing.assert_close(other, out)
+    expect("KILN-E5001", ctx.run, [y.double()], outputs={"logits": out})
+    expect("KILN-E5013", ctx.run, [torch.randn(8, 4).t()], outputs={"logits": out})
+    ctx.run([y], outputs={"logits": out})
+    torch.testing.assert_close(out, mlp(y).detach(), rtol=1e-4, atol=1e-5)
