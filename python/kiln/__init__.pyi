@@ -18,6 +18,7 @@ class KilnError(RuntimeError):
     name: str
     message: str
     remedy: str
+    builder_code: str  # distributed builds: the code that failed the job (the builder's own)
     def __init__(self, number: int, code: str, name: str, message: str, remedy: str) -> None: ...
 
 class TensorInfo(NamedTuple):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import json
+import re
 from typing import Any, Optional
 
 from . import _lib
@@ -144,6 +145,9 @@ def _build_once(config, data: bytes, name: str, group, join_timeout: float = 60.
     try:
         _raise_status(status)
     except KilnError as e:
+        # Every rank can tell what failed the job: the builder's own code rides along on E7011.
+        found = re.search(r"KILN-E\d+", e.message) if e.number == 7011 else None
+        e.builder_code = found.group(0) if found else e.code
         if comm.errors:
             e.message += f" (process group: {comm.errors[-1]})"
             e.args = (f"{e.code} {e.name}: {e.message}\n  remedy: {e.remedy}",)

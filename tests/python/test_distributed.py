@@ -57,6 +57,7 @@ def _worker(rank, init_file, out_dir, scenario, onnx_path):
         result["out"] = e.create_execution_context()(x).tolist()
     except kiln.KilnError as err:
         result["code"] = err.code
+        result["builder_code"] = err.builder_code
         result["message"] = err.message
     result["seconds"] = time.monotonic() - t0
     result["seen"] = seen
@@ -109,6 +110,7 @@ def test_failed_builder_fails_every_rank(tmp_path, onnx_bytes):
     assert results[0]["code"] == "KILN-E2000"
     assert results[1]["code"] == "KILN-E7011"
     assert "KILN-E2000" in results[1]["message"]
+    assert results[0]["builder_code"] == results[1]["builder_code"] == "KILN-E2000"
 
 
 def test_stalled_builder_is_bounded(tmp_path, onnx_bytes):
