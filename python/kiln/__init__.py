@@ -365,8 +365,8 @@ def _dims_text(dims: Sequence[int]) -> str:
 
 
 def _options(backend, fp16, bf16, int8, profiles, deadline, memory_budget, max_kernel_time,
-             timing_cache, calib_dir, calib_method, calib_cache, int8_tolerance,
-             optimize) -> Sequence[Tuple[str, str]]:
+             timing_cache, calib_dir, calib_method, calib_percentile, calib_cache,
+             int8_tolerance, optimize) -> Sequence[Tuple[str, str]]:
     opts = [("backend", backend), ("fp16", "1" if fp16 else "0"), ("bf16", "1" if bf16 else "0"),
             ("int8", "1" if int8 else "0"), ("optimize", "1" if optimize else "0")]
     for name, (lo, opt, hi) in (profiles or {}).items():
@@ -384,6 +384,8 @@ def _options(backend, fp16, bf16, int8, profiles, deadline, memory_budget, max_k
         opts.append(("calib_dir", os.fspath(calib_dir)))
     if calib_method is not None:
         opts.append(("calib_method", str(calib_method)))
+    if calib_percentile is not None:
+        opts.append(("calib_percentile", str(float(calib_percentile))))
     if calib_cache is not None:
         opts.append(("calib_cache", os.fspath(calib_cache)))
     if int8_tolerance is not None:
@@ -497,7 +499,8 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
           profiles: Optional[Mapping[str, Tuple[Sequence[int], Sequence[int], Sequence[int]]]] = None,
           deadline: Union[None, float, str] = None, memory_budget: Union[None, int, float, str] = None,
           max_kernel_time: Optional[float] = None, timing_cache=None, calibration=None,
-          calib_method: Optional[str] = None, calib_cache=None, int8_tolerance=None,
+          calib_method: Optional[str] = None, calib_percentile: Optional[float] = None,
+          calib_cache=None, int8_tolerance=None,
           optimize: bool = True, progress: Optional[Callable[..., Any]] = None,
           exporter: str = "torchscript", input_names: Optional[Sequence[str]] = None,
           output_names: Optional[Sequence[str]] = None, dynamic_axes=None,
@@ -508,8 +511,8 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
     profiles ({input: (min, opt, max)}), deadline (seconds or "5m"), memory_budget (bytes, a
     fraction of free memory, or "8G"), max_kernel_time (ms), timing_cache (path), calibration
     (tensors or a DataLoader; or a directory in the ONNX test-data layout), calib_method,
-    calib_cache, int8_tolerance, optimize. `progress(phase, done, total, elapsed_s, detail)` is
-    called as the build goes; returning False cancels it. `distributed=True` (or a
+    calib_percentile, calib_cache, int8_tolerance, optimize. `progress(phase, done, total,
+    elapsed_s, detail)` is called as the build goes; returning False cancels it. `distributed=True` (or a
     torch.distributed process group) builds once for the whole job: see kiln.distributed.build.
     """
     torch_module = False
@@ -544,8 +547,8 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
                 _write_calibration(calibration, names, tmp)
                 calib_dir = tmp
         options = _options(backend, fp16, bf16, int8, profiles, deadline, memory_budget,
-                           max_kernel_time, timing_cache, calib_dir, calib_method, calib_cache,
-                           int8_tolerance, optimize)
+                           max_kernel_time, timing_cache, calib_dir, calib_method,
+                           calib_percentile, calib_cache, int8_tolerance, optimize)
         config = _Config(options, progress)
         if distributed:
             from . import distributed as dist

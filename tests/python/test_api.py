@@ -311,3 +311,14 @@ def test_rebinding_follows_changed_tensors(engine, mlp):
     expect("KILN-E5013", ctx.run, [torch.randn(8, 4).t()], outputs={"logits": out})
     ctx.run([y], outputs={"logits": out})
     torch.testing.assert_close(out, mlp(y).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_calibration_method_and_percentile(mlp):
+    batches = [torch.randn(4, 8) for _ in range(2)]
+    e = kiln.build(mlp, torch.randn(4, 8), backend="cpu", profiles=PROFILE, int8=True,
+                   calibration=batches, calib_method="percentile", calib_percentile=99.5)
+    assert "percentile" in e.report["precision"]["calibration"]
+    e = expect("KILN-E1001", kiln.build, mlp, torch.randn(4, 8), backend="cpu", profiles=PROFILE,
+               int8=True, calibration=batches, calib_method="percentile", calib_percentile=150)
+    assert "150" in e.message
+    expect("KILN-E1001", kiln.build, mlp, torch.randn(4, 8), calib_method="kl")

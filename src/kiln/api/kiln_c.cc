@@ -167,6 +167,12 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
     config.calibration_cache_path = value;
     return OkStatus();
   }
+  if (key == "calib_percentile") {
+    // The CLI's --calib-percentile: checked, and used by the percentile method.
+    KILN_ASSIGN_OR_RETURN(double p, ParseNumber(key, value));
+    return ParseCalibrationMethodSpec(std::string(precision::ToString(config.calibration_method)),
+                                      p, &config);
+  }
   if (key == "calib_method") {
     return ParseCalibrationMethodSpec(value, config.calibration_percentile, &config);
   }
@@ -177,7 +183,7 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
   return MakeError(ErrorCode::kInvalidArgument,
                    "unknown build option '{}': use backend, fp16, bf16, int8, profile, deadline, "
                    "memory_budget, max_kernel_time, timing_cache, calib_dir, calib_method, "
-                   "calib_cache, int8_tolerance or optimize",
+                   "calib_percentile, calib_cache, int8_tolerance or optimize",
                    key);
 }
 

@@ -85,6 +85,7 @@ void kiln_build_config_free(kiln_build_config* c);
  *   timing_cache     path
  *   calib_dir        DIR/test_data_set_N/input_I.pb
  *   calib_method     minmax | entropy | percentile[=P]
+ *   calib_percentile in (0, 100]: the percentile method's share of |x| kept (set after the method)
  *   calib_cache      path
  *   int8_tolerance   a number or "off"
  *   optimize         0 | 1
