@@ -72,13 +72,48 @@ TEST(Preflight, WatchdogComputeModeAndArchitecture) {
   m.gpus[0].kernel_exec_timeout = 1;
   m.gpus[1].compute_mode = 3;
   m.gpus[1].cc_major = 8;
+  m.gpus[1].cc_minor = 6;
+  m.cuda_archs = "90-real;90-virtual";  // a Hopper-only build: nothing an A10 can run
   auto f = CheckMachine(m, Kp(), {});
   EXPECT_EQ(Find(f, "gpu0.watchdog")->severity, Severity::kWarning);
   EXPECT_NE(Find(f, "gpu0.watchdog")->why.find("702"), std::string::npos);
   EXPECT_EQ(Find(f, "gpu1.compute-mode")->severity, Severity::kWarning);
+  EXPECT_EQ(Find(f, "gpu0.arch")->severity, Severity::kInfo);
+  EXPECT_NE(Find(f, "gpu0.arch")->what.find("sm_90 machine code"), std::string::npos);
+  EXPECT_EQ(Find(f, "gpu1.arch")->severity, Severity::kError);
+  EXPECT_NE(Find(f, "gpu1.arch")->todo.find("-DKILN_CUDA_ARCHS=\"90-real;90-virtual;86-real\""),
+            std::string::npos)
+      << Find(f, "gpu1.arch")->todo;
+  m.cuda_archs = "80-virtual";  // PTX only: the driver compiles it for both
+  f = CheckMachine(m, Kp(), {});
   EXPECT_EQ(Find(f, "gpu1.arch")->severity, Severity::kWarning);
+  EXPECT_NE(Find(f, "gpu1.arch")->what.find("compute_80 PTX"), std::string::npos);
+  m.cuda_archs.clear();  // no CUDA backend in this kiln: nothing to say per GPU
+  EXPECT_EQ(Find(CheckMachine(m, Kp(), {}), "gpu1.arch"), nullptr);
   MemoryPlan two{true, 0.3, 2};
   EXPECT_EQ(Find(CheckMachine(m, Kp(), two), "gpu1.compute-mode")->severity, Severity::kError);
+}
+
+TEST(Preflight, CudaCodeForEachComputeCapability) {
+  const char* kDefault = "80-real;86-real;89-real;90-real;90-virtual";
+  auto sass = [&](const char* archs, int ma, int mi) { return CudaCodeFor(archs, ma, mi).sass; };
+  auto ptx = [&](const char* archs, int ma, int mi) { return CudaCodeFor(archs, ma, mi).ptx; };
+  EXPECT_EQ(sass(kDefault, 8, 0), "sm_80");  // A100
+  EXPECT_EQ(sass(kDefault, 8, 6), "sm_86");  // A10, A40
+  EXPECT_EQ(sass(kDefault, 8, 7), "sm_86");  // Orin: sm_86 code runs on 8.7
+  EXPECT_EQ(sass(kDefault, 8, 9), "sm_89");  // L4, L40
+  EXPECT_EQ(sass(kDefault, 9, 0), "sm_90");  // H100, H200
+  EXPECT_EQ(sass(kDefault, 10, 0), "");      // Blackwell: no machine code...
+  EXPECT_EQ(ptx(kDefault, 10, 0), "compute_90");  // ...but PTX the driver compiles
+  EXPECT_EQ(ptx(kDefault, 8, 0), "");  // compute_90 PTX cannot run on an older GPU
+  EXPECT_EQ(sass(kDefault, 7, 5), "");
+  EXPECT_EQ(ptx("80-virtual", 9, 0), "compute_80");  // the PTX-only build checked on the H200
+  EXPECT_EQ(sass("80-virtual", 9, 0), "");
+  EXPECT_EQ(sass("80", 8, 6), "sm_80");  // "80" is real and virtual
+  EXPECT_EQ(ptx("80", 8, 6), "compute_80");
+  EXPECT_EQ(sass("90a-real", 9, 0), "sm_90a");
+  EXPECT_EQ(ptx("90a-real;90a-virtual", 10, 0), "");  // arch-specific PTX is not forward-compatible
+  EXPECT_EQ(sass("all", 9, 0), "");
 }
 
 TEST(Preflight, MemoryPlanAgainstFreeMemory) {

@@ -289,7 +289,11 @@ def test_build_options_reach_the_builder(tmp_path, onnx_bytes):
     plain = kiln.build(onnx_bytes, backend="cpu", profiles=PROFILE, optimize=False)
     assert plain.report["passes"]["nodes_after"] == plain.report["passes"]["nodes_before"]
     expect("KILN-E3004", kiln.build, onnx_bytes, backend="cpu", profiles=PROFILE, deadline="soon")
-    expect("KILN-E3001", kiln.build, onnx_bytes, backend="cpu")
+    # No profile for the dynamic batch: built for batch 1 only, with the KILN-E3001 warning.
+    one = kiln.build(onnx_bytes, backend="cpu")
+    assert one.inputs[0].shape == (1, 8)
+    assert any("KILN-E3001" in w for w in one.report["warnings"]), one.report["warnings"]
+    expect("KILN-E5003", one.create_execution_context().run, [torch.randn(2, 8)])
 
 
 def test_rebinding_follows_changed_tensors(engine, mlp):

@@ -70,7 +70,7 @@ int InspectOnnx(const InspectOptions& o) {
   print("output", info->outputs);
   if (!info->symbols.empty()) {
     std::cout << fmt::format(
-        "  dynamic dims: {} (give each dynamic input a --profile when building)\n",
+        "  dynamic dims: {} (built at 1 unless a --profile gives MIN,OPT,MAX for the input)\n",
         fmt::join(info->symbols, ", "));
   }
   std::cout << "  ops:";

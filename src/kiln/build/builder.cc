@@ -120,8 +120,68 @@ void SpecializeFixedDims(Graph& graph, const OptimizationProfile& profile) {
   }
 }
 
-Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
-  for (const InputProfile& p : profile.inputs) {
+namespace {
+std::string DimsText(const std::vector<int64_t>& dims) {
+  return fmt::format("{}", fmt::join(dims, "x"));
+}
+
+// A profile given for a static input must equal its shape (trtexec accepts such a profile
+// silently); it is then dropped, since the engine needs none. A profile that disagrees names both.
+Status CheckStaticInputProfile(const Value& in, const InputProfile& p) {
+  std::vector<int64_t> shape;
+  for (const Dim& d : in.shape()) shape.push_back(d.value());
+  for (const auto* dims : {&p.min, &p.opt, &p.max}) {
+    if (*dims != shape) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' has the static shape {}; the profile gives {},{},{}: a profile "
+                       "of a static input must equal its shape (or drop --profile {})",
+                       p.input, DimsText(shape), DimsText(p.min), DimsText(p.opt),
+                       DimsText(p.max), p.input);
+    }
+  }
+  return OkStatus();
+}
+
+Status ValidateDynamicInputProfile(const Value& in, const InputProfile& p) {
+  size_t rank = in.shape().size();
+  for (const auto* dims : {&p.min, &p.opt, &p.max}) {
+    if (dims->size() != rank) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "profile of '{}' has rank {}; the input {} has rank {}", p.input,
+                       dims->size(), ToString(in.shape()), rank);
+    }
+  }
+  for (size_t i = 0; i < rank; ++i) {
+    const Dim& d = in.shape()[i];
+    if (d.is_static() &&
+        (p.min[i] != d.value() || p.opt[i] != d.value() || p.max[i] != d.value())) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' dimension {} is fixed at {}; the profile gives {}/{}/{}",
+                       p.input, i, d.value(), p.min[i], p.opt[i], p.max[i]);
+    }
+    if (!(p.min[i] <= p.opt[i] && p.opt[i] <= p.max[i])) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' dimension {} ({}): need min <= opt <= max, got {} / {} / {}",
+                       p.input, i, d.ToString(), p.min[i], p.opt[i], p.max[i]);
+    }
+    if (p.min[i] < 1 && !d.is_static()) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' dimension {}: min must be at least 1", p.input, i);
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+// The profile the engine is built for, from the one the user gave (trtexec's rules, which users
+// know): a profile of a static input that equals its shape is dropped silently, one that
+// disagrees is an error naming both; a dynamic input without a profile gets every dynamic
+// dimension fixed at 1 (min = opt = max), with a warning naming the shape and the flag.
+StatusOr<OptimizationProfile> ResolveProfile(const Graph& graph, const OptimizationProfile& given,
+                                             std::vector<Status>* warnings) {
+  OptimizationProfile resolved;
+  for (const InputProfile& p : given.inputs) {
     const Value* in = graph.FindValue(p.input);
     if (!in || !in->is_graph_input()) {
       std::vector<std::string> names;
@@ -131,47 +191,26 @@ Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile) {
                        fmt::join(names, ", "));
     }
     if (IsStatic(in->shape())) {
-      return MakeError(
-          ErrorCode::kInvalidProfile,
-          "input '{}' has the static shape {}; it needs no profile (remove --profile {})", p.input,
-          ToString(in->shape()), p.input);
+      KILN_RETURN_IF_ERROR(CheckStaticInputProfile(*in, p));
+      continue;
     }
-    size_t rank = in->shape().size();
-    for (const auto* dims : {&p.min, &p.opt, &p.max}) {
-      if (dims->size() != rank) {
-        return MakeError(ErrorCode::kInvalidProfile,
-                         "profile of '{}' has rank {}; the input {} has rank {}", p.input,
-                         dims->size(), ToString(in->shape()), rank);
-      }
-    }
-    for (size_t i = 0; i < rank; ++i) {
-      const Dim& d = in->shape()[i];
-      if (d.is_static() &&
-          (p.min[i] != d.value() || p.opt[i] != d.value() || p.max[i] != d.value())) {
-        return MakeError(ErrorCode::kInvalidProfile,
-                         "input '{}' dimension {} is fixed at {}; the profile gives {}/{}/{}",
-                         p.input, i, d.value(), p.min[i], p.opt[i], p.max[i]);
-      }
-      if (!(p.min[i] <= p.opt[i] && p.opt[i] <= p.max[i])) {
-        return MakeError(ErrorCode::kInvalidProfile,
-                         "input '{}' dimension {} ({}): need min <= opt <= max, got {} / {} / {}",
-                         p.input, i, d.ToString(), p.min[i], p.opt[i], p.max[i]);
-      }
-      if (p.min[i] < 1 && !d.is_static()) {
-        return MakeError(ErrorCode::kInvalidProfile,
-                         "input '{}' dimension {}: min must be at least 1", p.input, i);
-      }
-    }
+    KILN_RETURN_IF_ERROR(ValidateDynamicInputProfile(*in, p));
+    resolved.inputs.push_back(p);
   }
   for (const Value* in : graph.inputs()) {
-    if (!IsStatic(in->shape()) && !profile.Find(in->name())) {
-      return MakeError(
-          ErrorCode::kMissingProfile,
-          "input '{}' has dynamic shape {} and no profile; add --profile {}:MIN,OPT,MAX",
-          in->name(), ToString(in->shape()), in->name());
-    }
+    if (IsStatic(in->shape()) || resolved.Find(in->name())) continue;
+    InputProfile p;
+    p.input = in->name();
+    for (const Dim& d : in->shape()) p.min.push_back(d.is_static() ? d.value() : 1);
+    p.opt = p.max = p.min;
+    warnings->push_back(MakeError(
+        ErrorCode::kMissingProfile,
+        "input '{}' has dynamic shape {} and no profile: building for {} only (min = opt = max); "
+        "add --profile {}:MIN,OPT,MAX for other shapes",
+        in->name(), ToString(in->shape()), DimsText(p.min), in->name()));
+    resolved.inputs.push_back(std::move(p));
   }
-  return OkStatus();
+  return resolved;
 }
 
 // Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched,
@@ -252,8 +291,11 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
 }
 }  // namespace
 
-StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& config,
+StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input,
+                                                  const BuilderConfig& requested,
                                                   BuildReport* report) {
+  // The build sees the resolved profile (trtexec's defaults filled in) as config.profile.
+  BuilderConfig config = requested;
   const auto start = Clock::now();
   BuildReport local_report;
   BuildReport& rep = report ? *report : local_report;
@@ -268,7 +310,12 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   Graph& graph = *input.graph;
   progress("verify", 0, 1, "");
   KILN_RETURN_IF_ERROR(Verify(graph));
-  KILN_RETURN_IF_ERROR(ValidateProfile(graph, config.profile));
+  {
+    std::vector<Status> profile_warnings;
+    KILN_ASSIGN_OR_RETURN(config.profile,
+                          ResolveProfile(graph, requested.profile, &profile_warnings));
+    for (const Status& w : profile_warnings) Warn(rep, w);
+  }
   if (config.optimize) SpecializeFixedDims(graph, config.profile);
   auto inferred_or = InferShapes(graph);
   if (!inferred_or.ok()) {
@@ -331,6 +378,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
       po.make_request = [&max_dims](const Node& node) { return MakeKernelRequest(node, max_dims); };
     }
     KILN_ASSIGN_OR_RETURN(assigned, precision::AssignPrecision(graph, po));
+    rep.time_breakdown.precision_query_seconds = assigned.kernel_query_seconds;
     rep.casts_inserted = assigned.casts_inserted;
     rep.weights_converted = assigned.weights_converted;
   }
@@ -354,12 +402,14 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     // plain int8-dtype kernel (an int8 Add), which must stay.
     auto lp = assigned.layers.find(node->name());
     const bool int8 = lp != assigned.layers.end() && lp->second.int8;
+    const auto generate_start = Clock::now();
     for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *node)) {
       for (TacticConfig& t : p->Tactics(l.request)) {
         if (int8 && !t.name.starts_with(precision::kInt8TacticPrefix)) continue;
         l.candidates.push_back({p, std::move(t)});
       }
     }
+    l.generate_seconds = Seconds(generate_start);
     if (!config.search_tactics && l.candidates.size() > 1) l.candidates.resize(1);
     if (l.candidates.empty()) {
       std::vector<std::string> types;
@@ -526,6 +576,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   BuildReport stored = rep;
   stored.build_seconds = stored.phase_seconds_import = stored.phase_seconds_passes = 0;
   stored.phase_seconds_tactics = stored.phase_seconds_plan = stored.phase_seconds_precision = 0;
+  stored.time_breakdown = BuildTimeBreakdown();
   // Where the calibration came from (a run or the cache) does not change the engine.
   stored.calibration.clear();
   stored.calibration_batches_run = 0;
@@ -593,6 +644,30 @@ std::string BuildReport::ToJson() const {
   w.EndObject();
   w.Key("tactics_reused").Int(tactics_reused);
   w.Key("tactics_timed").Int(tactics_timed);
+  w.Key("time_breakdown").BeginObject();
+  w.Key("generate_seconds").Double(time_breakdown.generate_seconds);
+  w.Key("precision_query_seconds").Double(time_breakdown.precision_query_seconds);
+  w.Key("setup_seconds").Double(time_breakdown.setup_seconds);
+  w.Key("signatures").BeginArray();
+  for (const SignatureTime& t : time_breakdown.signatures) {
+    w.BeginObject();
+    w.Key("candidates").Int(t.candidates);
+    w.Key("first_layer").String(t.first_layer);
+    w.Key("generate_seconds").Double(t.generate_seconds);
+    w.Key("layers").Int(t.layers);
+    w.Key("op").String(t.op_type);
+    w.Key("setup_seconds").Double(t.setup_seconds);
+    w.Key("signature").String(t.signature);
+    w.Key("timed").Int(t.timed);
+    w.Key("timing_seconds").Double(t.timing_seconds);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Key("tactics_other_seconds")
+      .Double(std::max(0.0, phase_seconds_tactics - time_breakdown.generate_seconds -
+                                time_breakdown.setup_seconds - time_breakdown.timing_seconds));
+  w.Key("timing_seconds").Double(time_breakdown.timing_seconds);
+  w.EndObject();
   w.Key("timing_cache_hits").Int(timing_cache_hits);
   w.Key("warnings").StringArray(warnings);
   w.EndObject();
@@ -640,6 +715,36 @@ std::string BuildReport::PrecisionJson() const {
   return j.dump(2);
 }
 
+std::string BuildReport::TimeText(bool per_signature) const {
+  const BuildTimeBreakdown& b = time_breakdown;
+  std::string out = fmt::format(
+      "    phases: import {:.3f} s  passes {:.3f} s  precision {:.3f} s (kernel queries {:.3f} s)  "
+      "tactics {:.3f} s  plan {:.3f} s\n",
+      phase_seconds_import, phase_seconds_passes, phase_seconds_precision,
+      b.precision_query_seconds, phase_seconds_tactics, phase_seconds_plan);
+  const double other =
+      std::max(0.0, phase_seconds_tactics - b.generate_seconds - b.setup_seconds - b.timing_seconds);
+  out += fmt::format(
+      "    tactics: listing candidates {:.3f} s  set-up {:.3f} s  timing {:.3f} s  other {:.3f} s\n",
+      b.generate_seconds, b.setup_seconds, b.timing_seconds, other);
+  if (!per_signature || b.signatures.empty()) return out;
+  constexpr size_t kShown = 15;
+  out += fmt::format("    tactic seconds per layer signature ({} signatures{}):\n",
+                     b.signatures.size(),
+                     b.signatures.size() > kShown ? fmt::format(", the {} slowest", kShown) : "");
+  out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9}  {}\n", "op", "layers",
+                     "cands", "timed", "listing", "set-up", "timing", "first layer");
+  for (size_t i = 0; i < b.signatures.size() && i < kShown; ++i) {
+    const SignatureTime& t = b.signatures[i];
+    std::string name = t.first_layer.size() > 40 ? "…" + t.first_layer.substr(t.first_layer.size() - 39)
+                                                 : t.first_layer;
+    out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>9.3f} {:>9.3f} {:>9.3f}  {}\n", t.op_type,
+                       t.layers, t.candidates, t.timed, t.generate_seconds, t.setup_seconds,
+                       t.timing_seconds, name);
+  }
+  return out;
+}
+
 std::string BuildReport::ToText(bool per_layer) const {
   std::string out;
   out += fmt::format("build report: {} on {} ({})\n", model_name, backend, device);
@@ -670,6 +775,7 @@ std::string BuildReport::ToText(bool per_layer) const {
                      fmt::join(counts, ", "), casts_inserted, weights_converted);
   if (!calibration.empty()) out += fmt::format("  calibration: {}\n", calibration);
   out += fmt::format("  build time {:.3f} s\n", build_seconds);
+  out += TimeText(per_layer);
   for (const auto& w : warnings) out += fmt::format("  warning: {}\n", w);
   return out;
 }

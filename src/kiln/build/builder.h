@@ -25,6 +25,29 @@ struct LayerReport {
   int64_t output_bytes = 0;  // at the max profile shape
 };
 
+// Where the tactic phase's seconds went for one layer signature (op, operand types and shapes at
+// the profile): the layers that share a signature share one search.
+struct SignatureTime {
+  std::string signature;
+  std::string op_type;
+  std::string first_layer;
+  int64_t layers = 0;
+  int64_t candidates = 0;  // tactics listed for one of its layers
+  int64_t timed = 0;       // candidates timed, over its layers
+  // Listing the candidates (the backend's queries: cuDNN/cuBLASLt heuristics, plan finalisation).
+  double generate_seconds = 0;
+  double setup_seconds = 0;   // creating and preparing each timed candidate, with its inputs
+  double timing_seconds = 0;  // running the timed candidates
+  double total_seconds() const { return generate_seconds + setup_seconds + timing_seconds; }
+};
+
+// A build's seconds inside its precision and tactic phases; "other" is the phase's remainder.
+struct BuildTimeBreakdown {
+  double precision_query_seconds = 0;  // precision asking the providers which kernels exist
+  double generate_seconds = 0, setup_seconds = 0, timing_seconds = 0;  // sums over signatures
+  std::vector<SignatureTime> signatures;  // most seconds first
+};
+
 struct BuildReport {
   std::string model_name;
   std::string backend;
@@ -54,6 +77,7 @@ struct BuildReport {
   int64_t weights_converted = 0;
   std::string calibration;              // "" when none
   int64_t calibration_batches_run = 0;  // 0 when the cache was used
+  BuildTimeBreakdown time_breakdown;
 
   std::string ToJson() const;
   // `--precision-report`: every layer's precision and reason, as a table or as JSON.
@@ -61,6 +85,9 @@ struct BuildReport {
   std::string PrecisionJson() const;
   // The table people read after `kiln build`.
   std::string ToText(bool per_layer) const;
+  // Where the build's seconds went: the phases, the tactic phase's listing / set-up / timing /
+  // other, and (per_signature) the slowest layer signatures.
+  std::string TimeText(bool per_signature) const;
 };
 
 struct BuildInput {
@@ -73,9 +100,13 @@ struct BuildInput {
 StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& config,
                                                   BuildReport* report);
 
-// Checks the profile against the graph's inputs: every dynamic input has min<=opt<=max of the
-// right rank with static dims matching; no profile for an input that is not dynamic.
-Status ValidateProfile(const Graph& graph, const OptimizationProfile& profile);
+// The profile an engine is built for, from the one the user gave, by trtexec's rules: every
+// dynamic input's min <= opt <= max of the right rank with its static dims matching; a profile of
+// a static input that equals its shape is dropped silently and one that disagrees is
+// KILN-E3000 naming both; a dynamic input without a profile gets each dynamic dimension fixed at
+// 1 (min = opt = max) and a KILN-E3001 warning (in *warnings) naming that shape and the flag.
+StatusOr<OptimizationProfile> ResolveProfile(const Graph& graph, const OptimizationProfile& given,
+                                             std::vector<Status>* warnings);
 // Every value's concrete dims when the graph inputs take one of the profile's shapes (0 min,
 // 1 opt, 2 max), from the ops' shape rules run on integers exactly as the runtime runs them.
 using ConcreteDimsMap = std::unordered_map<const Value*, std::vector<int64_t>>;

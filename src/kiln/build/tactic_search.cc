@@ -45,6 +45,7 @@ void FillRandom(Tensor& t, std::mt19937& rng) {
 
 StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
                                   const TacticCandidate& c, const TacticSearchOptions& options) {
+  const auto setup_start = Clock::now();
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel,
                         c.provider->Create(layer.request, c.tactic));
   std::mt19937 rng(1234);
@@ -103,7 +104,13 @@ StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
   // packing, inputs) used up the time is left untimed (runs == 0), and one whose warm-up run
   // crossed the deadline is judged by that run, so what runs past the deadline is at most one
   // set-up and one launch.
-  if (Expired(options)) return TacticTiming{};
+  const auto run_start = Clock::now();
+  const double setup_seconds = std::chrono::duration<double>(run_start - setup_start).count();
+  if (Expired(options)) {
+    TacticTiming untimed;
+    untimed.setup_seconds = setup_seconds;
+    return untimed;
+  }
   std::vector<double> times;
   double total = 0;
   for (int i = 0; i < options.warmup_runs; ++i) {
@@ -128,6 +135,8 @@ StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
     if (static_cast<int>(times.size()) >= options.min_runs && total >= options.min_total_ms) break;
   }
   TacticTiming t;
+  t.setup_seconds = setup_seconds;
+  t.run_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
   t.runs = static_cast<int>(times.size());
   t.max_ms = *std::max_element(times.begin(), times.end());
   std::sort(times.begin(), times.end());
@@ -135,8 +144,56 @@ StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
   return t;
 }
 
+namespace {
+// The report's per-signature breakdown, most seconds first, and its totals.
+class SignatureClock {
+ public:
+  explicit SignatureClock(std::vector<LayerSearch>& layers) {
+    for (const LayerSearch& l : layers) {
+      auto [it, inserted] = index_.try_emplace(l.signature, times_.size());
+      if (inserted) {
+        times_.push_back({l.signature, l.node->op_type(), l.node->name(), 0,
+                          static_cast<int64_t>(l.candidates.size())});
+      }
+      SignatureTime& t = times_[it->second];
+      ++t.layers;
+      t.generate_seconds += l.generate_seconds;
+    }
+  }
+  // A candidate timed (counted) or only set up before the deadline stopped it (not counted).
+  void Timed(const LayerSearch& l, const TacticTiming& timing, bool counted = true) {
+    SignatureTime& t = times_[index_.at(l.signature)];
+    if (counted) ++t.timed;
+    t.setup_seconds += timing.setup_seconds;
+    t.timing_seconds += timing.run_seconds;
+  }
+  void Failed(const LayerSearch& l) { ++times_[index_.at(l.signature)].timed; }
+  void Into(BuildTimeBreakdown& out) {
+    std::stable_sort(times_.begin(), times_.end(), [](const SignatureTime& a, const SignatureTime& b) {
+      return a.total_seconds() > b.total_seconds();
+    });
+    for (const SignatureTime& t : times_) {
+      out.generate_seconds += t.generate_seconds;
+      out.setup_seconds += t.setup_seconds;
+      out.timing_seconds += t.timing_seconds;
+    }
+    out.signatures = std::move(times_);
+  }
+
+ private:
+  std::unordered_map<std::string, size_t> index_;
+  std::vector<SignatureTime> times_;
+};
+}  // namespace
+
 Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
                      const TacticSearchOptions& options, BuildReport* report) {
+  SignatureClock clock(layers);
+  struct Publish {  // on every return, errors included: the breakdown says where the time went
+    SignatureClock& clock;
+    BuildReport* report;
+    ~Publish() { clock.Into(report->time_breakdown); }
+  } publish{clock, report};
   // Phase 1 happened when candidates were listed: chosen = 0 is the heuristic choice. Candidates
   // that break the workspace bound are dropped here; a layer left with none cannot be built.
   for (LayerSearch& l : layers) {
@@ -224,11 +281,17 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
       }
       auto t = TimeTactic(backend, *l, l->candidates[i], options);
       if (t.ok() && t->runs == 0) {  // the deadline passed while it was being set up
+        clock.Timed(*l, *t, /*counted=*/false);
         report->deadline_hit = true;
         complete = false;
         break;
       }
       ++report->tactics_timed;
+      if (t.ok()) {
+        clock.Timed(*l, *t);
+      } else {
+        clock.Failed(*l);
+      }
       if (!t.ok()) {
         KILN_LOG(Debug, BUILD, "tactic {} failed on '{}': {}", l->candidates[i].tactic.name,
                  l->node->name(), t.status().ToString());

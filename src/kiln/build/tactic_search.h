@@ -44,6 +44,7 @@ struct LayerSearch {
   size_t chosen = 0;
   double time_ms = -1;
   std::string signature;
+  double generate_seconds = 0;  // listing `candidates` (for the report's breakdown)
 };
 
 // Times one candidate at the opt shapes. Returns the median and the slowest single run (ms);
@@ -52,6 +53,8 @@ struct TacticTiming {
   double median_ms = 0;
   double max_ms = 0;
   int runs = 0;
+  double setup_seconds = 0;  // kernel creation, inputs, Prepare
+  double run_seconds = 0;    // warm-up and timed runs with their synchronisations
 };
 StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
                                   const TacticCandidate& candidate,

@@ -87,6 +87,36 @@ StatusOr<double> ParseMemoryBudget(std::string_view text) {
                    text, unit);
 }
 
+CudaCodeMatch CudaCodeFor(std::string_view archs, int major, int minor) {
+  CudaCodeMatch best;
+  int best_sass = -1, best_ptx = -1;
+  const int gpu = major * 10 + minor;
+  size_t pos = 0;
+  while (pos <= archs.size()) {
+    size_t end = archs.find_first_of(";,", pos);
+    if (end == std::string_view::npos) end = archs.size();
+    std::string_view entry = archs.substr(pos, end - pos);
+    pos = end + 1;
+    int num = 0;
+    size_t i = 0;
+    while (i < entry.size() && entry[i] >= '0' && entry[i] <= '9') num = num * 10 + (entry[i++] - '0');
+    if (i == 0) continue;  // "all", "native": nothing to tell from the text
+    const bool specific = i < entry.size() && (entry[i] == 'a' || entry[i] == 'f');
+    std::string_view suffix = entry.substr(i + (specific ? 1 : 0));
+    const bool real = suffix != "-virtual", virt = suffix != "-real";
+    const bool sass_runs = specific ? num == gpu : (num / 10 == major && num % 10 <= minor);
+    if (real && sass_runs && num > best_sass) {
+      best_sass = num;
+      best.sass = fmt::format("sm_{}{}", num, specific ? std::string(1, entry[i]) : "");
+    }
+    if (virt && !specific && num <= gpu && num > best_ptx) {
+      best_ptx = num;
+      best.ptx = fmt::format("compute_{}", num);
+    }
+  }
+  return best;
+}
+
 std::vector<Finding> CheckMachine(const MachineFacts& f, const KnownProblems& kp,
                                   const MemoryPlan& plan) {
   std::vector<Finding> out;
@@ -179,13 +209,31 @@ std::vector<Finding> CheckMachine(const MachineFacts& f, const KnownProblems& kp
           "46 (device busy or unavailable). Exclusive mode does not disable any watchdog",
           "nvidia-smi -i N -c DEFAULT (root) when ranks or tools share the GPU");
     }
-    if (g.cc_major > 0 && g.cc_major != 9) {
-      add(Severity::kWarning, id + ".arch",
-          fmt::format("GPU {} has compute capability {}.{}; kiln's CUDA backend is built for sm_90",
-                      g.index, g.cc_major, g.cc_minor),
-          "kernels compiled for sm_90 do not run on other architectures",
-          fmt::format("build kiln with CMAKE_CUDA_ARCHITECTURES including {}{}", g.cc_major,
-                      g.cc_minor));
+    if (g.cc_major > 0 && !f.cuda_archs.empty()) {
+      const CudaCodeMatch code = CudaCodeFor(f.cuda_archs, g.cc_major, g.cc_minor);
+      const std::string gpu = fmt::format("GPU {} ({}, compute capability {}.{})", g.index,
+                                          g.name, g.cc_major, g.cc_minor);
+      if (!code.sass.empty()) {
+        add(Severity::kInfo, id + ".arch",
+            fmt::format("{}: this kiln carries {} machine code for it", gpu, code.sass));
+      } else if (!code.ptx.empty()) {
+        add(Severity::kWarning, id + ".arch",
+            fmt::format("{}: no machine code for it in this kiln; the driver JIT-compiles its {} "
+                        "PTX at first use",
+                        gpu, code.ptx),
+            "the first process on a node spends seconds to minutes compiling kernels (the "
+            "driver caches them in ~/.nv/ComputeCache); kernels compiled for the exact "
+            "architecture may also run faster",
+            fmt::format("rebuild kiln with -DKILN_CUDA_ARCHS=\"{};{}{}-real\"", f.cuda_archs,
+                        g.cc_major, g.cc_minor));
+      } else {
+        add(Severity::kError, id + ".arch",
+            fmt::format("{}: this kiln has no code for it (built for {})", gpu, f.cuda_archs),
+            "its CUDA kernels cannot load on this GPU: no machine code of its architecture and "
+            "no PTX old enough for the driver to compile",
+            fmt::format("rebuild kiln with -DKILN_CUDA_ARCHS=\"{};{}{}-real\"", f.cuda_archs,
+                        g.cc_major, g.cc_minor));
+      }
     }
     if (plan.set) {
       if (!g.free_bytes) {

@@ -35,6 +35,9 @@ struct LibraryFacts {
 
 struct MachineFacts {
   std::string kiln_version;
+  // The CUDA architectures this kiln's kernels were compiled for, in CMake's syntax
+  // ("80-real;86-real;89-real;90-real;90-virtual"); empty when built without the CUDA backend.
+  std::string cuda_archs;
   std::string driver_version;  // from /proc/driver/nvidia/version; empty when no driver
   int cuda_driver_api = 0;     // cuDriverGetVersion: 13000 = CUDA 13.0; 0 unknown
   std::string gpu_error;       // why no GPU could be listed (empty when GPUs were probed)
@@ -70,6 +73,17 @@ struct MemoryPlan {
 // "0.5", "8GiB", "8G", "512MiB", "8589934592"; errors name the text.
 StatusOr<double> ParseMemoryBudget(std::string_view text);
 std::string FormatBytes(double bytes);
+
+// What code this kiln carries for a GPU of compute capability major.minor, given the
+// architectures it was compiled for (CMake syntax, ';' or ',' between entries:
+// "80-real;90-virtual;86"; "NN" alone is both
+// real and virtual). Machine code for sm_XY runs on X.Z with Z >= Y (same major; "90a" only on
+// 9.0 itself); PTX of compute_XY is JIT-compiled by the driver for any GPU of X.Y or newer.
+struct CudaCodeMatch {
+  std::string sass;  // "sm_80": the best machine code that runs there; empty when none
+  std::string ptx;   // "compute_90": the newest PTX the driver can compile for it; empty when none
+};
+CudaCodeMatch CudaCodeFor(std::string_view archs, int major, int minor);
 
 // Reads the machine: dlopen of libcuda.so.1 and the GPU libraries; never fails, absent things
 // are recorded as facts. `env` holds the process environment to record.

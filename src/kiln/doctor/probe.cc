@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <ifaddrs.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -210,6 +211,10 @@ MachineFacts ProbeMachine(const std::map<std::string, std::string>& env) {
   f.kiln_version = KILN_VERSION;
 #else
   f.kiln_version = "unknown";
+#endif
+#ifdef KILN_CUDA_ARCHS_BUILT
+  f.cuda_archs = KILN_CUDA_ARCHS_BUILT;  // commas in the definition; CMake's ';' for the user
+  std::replace(f.cuda_archs.begin(), f.cuda_archs.end(), ',', ';');
 #endif
   f.driver_version = DriverVersion();
   ProbeGpus(f);

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <unordered_map>
@@ -106,6 +107,14 @@ double Assigner::AbsMax(const Value* v) {
 
 bool Assigner::HasKernel(const Node& node, DataType dtype, const OpPrecisionRule& rule, bool int8) {
   if (!options_.make_request) return dtype == DataType::kFloat32;
+  const auto start = std::chrono::steady_clock::now();
+  struct AddElapsed {
+    double& total;
+    std::chrono::steady_clock::time_point start;
+    ~AddElapsed() {
+      total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  } add_elapsed{result_.kernel_query_seconds, start};
   KernelRequest r = options_.make_request(node);
   std::vector<std::unique_ptr<Tensor>> converted;
   for (size_t i = 0; i < r.inputs.size(); ++i) {

@@ -78,6 +78,9 @@ struct PrecisionResult {
   int64_t int8_layers = 0;           // layers computing in INT8 after the sensitivity fallback
   int64_t int8_fallbacks = 0;        // INT8-capable layers sent back to FP16/FP32 by it
   double int8_estimated_rel_l2 = 0;  // the fallback plan's estimate for the INT8 layers kept
+  // Seconds spent asking the backend's providers which precisions have kernels (for a GPU
+  // backend: cuDNN/cuBLASLt queries and plan finalisation), for the build report's breakdown.
+  double kernel_query_seconds = 0;
 };
 
 // Decides every layer's precision and rewrites the graph accordingly. Graph inputs and outputs
