@@ -31,8 +31,16 @@ for b in "${bins[@]}"; do
   strip --strip-unneeded ".bundle/bin/$(basename "$b")" 2>/dev/null || true
   patchelf --set-rpath '$ORIGIN/../lib' ".bundle/bin/$(basename "$b")" 2>/dev/null || true
 done
+# The C API library the Python package loads (python/kiln; KILN_LIBRARY=.bundle/lib/libkiln_c.so),
+# beside the libraries it needs.
+if [ -f "$build_dir/src/kiln/api/libkiln_c.so" ]; then
+  cp "$build_dir/src/kiln/api/libkiln_c.so" .bundle/lib/
+  strip --strip-unneeded .bundle/lib/libkiln_c.so 2>/dev/null || true
+  patchelf --set-rpath '$ORIGIN' .bundle/lib/libkiln_c.so 2>/dev/null || true
+fi
 skip='^(linux-vdso|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|ld-linux|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcudnn|libnccl|libnvidia|libmpi|libopen-|libcupti|libnvrtc|libnvJitLink)'
-for b in .bundle/bin/*; do
+for b in .bundle/bin/* .bundle/lib/libkiln_c.so; do
+  [ -f "$b" ] || continue
   ldd "$b" 2>/dev/null | awk '/=> \//{print $1" "$3}' | while read -r name path; do
     if ! [[ "$name" =~ $skip ]]; then cp -Ln "$path" .bundle/lib/ 2>/dev/null || true; fi
   done

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "kiln/app/pipeline.h"
+#include "kiln/app/shared_build.h"
 #include "kiln/backends/backend.h"
 #include "kiln/dist/build_once.h"
 #include "kiln/dist/mpi_comm.h"
@@ -103,28 +104,9 @@ std::chrono::milliseconds Ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
-// `kiln build --distributed`: the content-addressed key, then dist::BuildOnce with the real build
-// as its callback; every rank writes the same verified bytes to `output`.
+// `kiln build --distributed`: app::BuildOnceShared (the library's build-once path, shared with the
+// C API); every rank writes the same verified bytes to `output`.
 int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::string& output) {
-  auto backend = GetBackend(config.backend);
-  if (!backend.ok()) return ReportError(backend.status());
-  auto device = (*backend)->Info();
-  if (!device.ok()) return ReportError(device.status());
-  dist::KeyBuilder kb;
-  {
-    std::ifstream f(o.model, std::ios::binary);
-    std::vector<char> chunk(1 << 20);
-    while (f) {
-      f.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-      kb.ModelBytes(std::as_bytes(std::span(chunk.data(), static_cast<size_t>(f.gcount()))));
-    }
-  }
-  kb.Config("builder-config", config.Hash().Hex());
-  kb.Target(ToString(config.backend), device->arch);
-  kb.LibraryVersion("kiln", KILN_VERSION);
-  kb.LibraryVersion("backend", device->library_versions);
-  dist::CacheKey key = kb.Build();
-
   dist::BuildOnceOptions opts;
   auto transport = dist::ParseTransport(o.transport);
   if (!transport.ok()) return ReportError(transport.status());
@@ -144,9 +126,6 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
   opts.join_timeout = Ms(o.join_timeout_s);
   opts.wait_timeout = Ms(o.wait_timeout_s);
   opts.transfer_timeout = Ms(o.transfer_timeout_s);
-  // Received (or cached) bytes are a full engine load away from being trusted.
-  opts.verify = [](std::span<const std::byte> bytes) { return LoadEngineBytes(bytes).status(); };
-  if (opts.cache) opts.cache->verify = opts.verify;
 
   // Joins the launcher's MPI job when there is one (held for the rest of the process).
   std::unique_ptr<dist::MpiSession> mpi;
@@ -155,27 +134,18 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
     if (!session.ok()) return ReportError(session.status());
     mpi = std::move(*session);
   }
-  std::optional<BuildReport> build_report;
-  auto result =
-      dist::BuildOnce(key, opts, [&](dist::ProgressSink& sink) -> StatusOr<std::vector<std::byte>> {
-        BuilderConfig c = config;
-        auto inner = c.progress;
-        c.progress = [&sink, inner](const BuildProgress& p) {
-          sink.Update(fmt::format("{} {}/{} {:.1f}s", p.phase, p.done, p.total, p.elapsed_s));
-          return inner ? inner(p) : true;
-        };
-        KILN_ASSIGN_OR_RETURN(auto built, app::BuildFromOnnxFile(o.model, c));
-        build_report = built.report;
-        RecordBuildMetrics(built.report);
-        return SerializeEngine(*built.desc);
-      });
-  if (!result.ok()) return ReportError(result.status());
+  app::ModelSource model;
+  model.path = o.model;
+  auto shared = app::BuildOnceShared(model, config, opts);
+  if (!shared.ok()) return ReportError(shared.status());
+  if (shared->build_report) RecordBuildMetrics(*shared->build_report);
+  const std::optional<BuildReport>& build_report = shared->build_report;
   // Atomic: a temporary file beside the output, then rename (ranks may share the path).
   std::string tmp = fmt::format("{}.tmp.{}", output, ::getpid());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(result->bytes.data()),
-            static_cast<std::streamsize>(result->bytes.size()));
+    f.write(reinterpret_cast<const char*>(shared->bytes.data()),
+            static_cast<std::streamsize>(shared->bytes.size()));
     if (!f)
       return ReportError(MakeError(ErrorCode::kIoError, "cannot write the engine to '{}'", tmp));
   }
@@ -183,14 +153,15 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
     return ReportError(MakeError(ErrorCode::kIoError, "cannot rename '{}' to '{}'", tmp, output));
   }
   // NCCL communicator set-up is the report's "NCCL init latency" figure.
-  if (result->report.transport == "nccl")
-    obs::Metrics().ObserveNcclInit(result->report.bulk_setup_s);
-  std::string report = result->report.ToJson();
+  if (shared->dist_report.transport == "nccl")
+    obs::Metrics().ObserveNcclInit(shared->dist_report.bulk_setup_s);
+  std::string report = shared->dist_report.ToJson();
   if (!o.dist_report.empty()) std::ofstream(o.dist_report) << report << "\n";
   if (build_report && !o.json) std::cout << build_report->ToText(o.layers);
   std::cout << report << "\n";
   std::cout << fmt::format("engine written to {} ({} bytes, rank {} of {})\n", output,
-                           result->bytes.size(), result->report.rank, result->report.world_size);
+                           shared->bytes.size(), shared->dist_report.rank,
+                           shared->dist_report.world_size);
   return 0;
 }
 

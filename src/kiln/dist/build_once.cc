@@ -8,8 +8,10 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "kiln/core/hash.h"
 #include "kiln/core/logging.h"
@@ -44,6 +46,9 @@ struct ResultHeader {
 };
 
 enum Role : int32_t { kReceived = 0, kBuilt = 1, kCacheHit = 2, kTookOver = 3 };
+// A ResultHeader whose outcome is kInProgress is a heartbeat: `message` is the build's latest
+// progress line, and the result follows in a later header.
+constexpr int32_t kInProgress = -1;
 constexpr const char* kRoleNames[] = {"received", "built", "cache-hit", "took-over"};
 
 struct StatsRecord {
@@ -255,6 +260,60 @@ LeaderOutcome RunLeader(const CacheKey& key, const BuildOnceOptions& options,
   return out;
 }
 
+// RunLeader on a thread of its own while this one sends the group a heartbeat (the build's latest
+// progress line) every heartbeat_interval; the result header follows as without heartbeats.
+LeaderOutcome RunLeaderWithHeartbeats(const CacheKey& key, const BuildOnceOptions& options,
+                                      const BuildFn& build, Communicator& group) {
+  ProgressSink relay;
+  const BuildFn relayed = [&build, &relay](ProgressSink&) { return build(relay); };
+  std::promise<LeaderOutcome> done;
+  std::future<LeaderOutcome> result = done.get_future();
+  std::thread builder([&] { done.set_value(RunLeader(key, options, relayed)); });
+  Status beat;
+  while (result.wait_for(options.heartbeat_interval) != std::future_status::ready) {
+    if (!beat.ok()) continue;  // the group is gone; the build still finishes before returning
+    ResultHeader header{};
+    header.outcome = kInProgress;
+    CopyText(header.message, relay.Latest());
+    beat = group.Broadcast(std::as_writable_bytes(std::span(&header, 1)), 0,
+                           Clock::now() + options.transfer_timeout, "build heartbeat");
+  }
+  builder.join();
+  LeaderOutcome out = result.get();
+  if (!beat.ok() && out.bytes.ok()) {
+    out.bytes = std::move(beat).AddContext("sending the build's progress to the group");
+  }
+  return out;
+}
+
+// A non-leader's wait for the leader's result header: one wait bounded by wait_timeout, or, with
+// heartbeats, one per heartbeat (each bounded by heartbeat_timeout, all by wait_timeout).
+Status WaitForResult(const BuildOnceOptions& options, Communicator& group, const std::string& who,
+                     ResultHeader* header) {
+  const Deadline wait_deadline = Clock::now() + options.wait_timeout;
+  const bool beats = options.heartbeat_interval.count() > 0 && group.size() > 1;
+  while (true) {
+    const Deadline beat_deadline = Clock::now() + options.heartbeat_timeout;
+    const bool bounded_by_beat = beats && beat_deadline < wait_deadline;
+    Status s = group.Broadcast(std::as_writable_bytes(std::span(header, 1)), 0,
+                               bounded_by_beat ? beat_deadline : wait_deadline, "result header");
+    if (!s.ok() && bounded_by_beat && s.code() == ErrorCode::kCollectiveTimeout) {
+      return MakeError(ErrorCode::kRankMissing,
+                       "the builder {} sent no heartbeat for {:.0f} s (it sends one every "
+                       "{:.1f} s while it builds): it hung or left the job",
+                       who, std::chrono::duration<double>(options.heartbeat_timeout).count(),
+                       std::chrono::duration<double>(options.heartbeat_interval).count());
+    }
+    if (!s.ok()) {
+      return std::move(s).AddContext(
+          fmt::format("waiting (bound {:.0f} s) for the builder {} to finish",
+                      std::chrono::duration<double>(options.wait_timeout).count(), who));
+    }
+    if (header->outcome != kInProgress) return OkStatus();
+    if (options.on_progress) options.on_progress(Text(header->message, sizeof(header->message)));
+  }
+}
+
 std::string_view CacheField(const BuildOnceOptions& options, Role leader_role) {
   if (!options.cache) return "none";
   switch (leader_role) {
@@ -440,7 +499,9 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   StatsRecord stats{me.rank, kReceived, 0, 0, 0, 0};
   ResultHeader header{};
   if (leader) {
-    LeaderOutcome out = RunLeader(key, options, build);
+    LeaderOutcome out = options.heartbeat_interval.count() > 0 && group->size() > 1
+                            ? RunLeaderWithHeartbeats(key, options, build, *group)
+                            : RunLeader(key, options, build);
     stats.role = out.role;
     stats.wait_s = out.wait_s;
     stats.build_s = out.build_s;
@@ -463,13 +524,7 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
     KILN_RETURN_IF_ERROR(out.bytes);
   } else {
     const Clock::time_point t_wait = Clock::now();
-    Status s = group->Broadcast(std::as_writable_bytes(std::span(&header, 1)), 0,
-                                Clock::now() + options.wait_timeout, "result header");
-    if (!s.ok()) {
-      return std::move(s).AddContext(fmt::format(
-          "waiting (bound {:.0f} s) for the builder {} to finish",
-          std::chrono::duration<double>(options.wait_timeout).count(), Who(leader_hello)));
-    }
+    KILN_RETURN_IF_ERROR(WaitForResult(options, *group, Who(leader_hello), &header));
     stats.wait_s = SecondsSince(t_wait);
     if (header.code != 0) {
       return MakeError(ErrorCode::kBuildFailedOnBuilder, "the builder {} failed: {}",

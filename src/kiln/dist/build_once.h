@@ -54,6 +54,13 @@ struct BuildOnceOptions {
   Communicator* comm = nullptr;  // an existing communicator to use instead of MPI's world
   BulkTransportFactory bulk_factory;
   VerifyFn verify;  // checks received bytes (and built ones before they are shared)
+  // > 0: the leader builds on a thread of its own and, until it is done, sends its group the
+  // build's latest progress line this often; the others pass each line to `on_progress` and give
+  // up (KILN-E7003) on a leader silent for `heartbeat_timeout`, long before `wait_timeout`. 0 (the
+  // CLI's default): one wait for the result, bounded by `wait_timeout`.
+  Millis heartbeat_interval{0};
+  Millis heartbeat_timeout = std::chrono::seconds(60);
+  std::function<void(const std::string&)> on_progress;
 };
 
 struct RankReport {

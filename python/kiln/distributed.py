@@ -1,0 +1,157 @@
+"""Build once per job over the job's own torch.distributed process group (gloo or NCCL).
+
+Rank 0 of the group builds; the others wait (bounded) and receive the engine bytes through the
+process group; every rank checks the bytes' checksum and loads them. The election, the bounds,
+the checks and the report are the library's (the path `kiln build --distributed` takes); this
+module only moves bytes through torch.distributed when the library asks.
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import re
+from typing import Any, Optional
+
+from . import _lib
+from ._lib import lib
+
+__all__ = ["build"]
+
+
+def build(model, example_inputs=None, *, group=None, join_timeout: float = 60.0,
+          wait_timeout: float = 1800.0, transfer_timeout: float = 300.0,
+          heartbeat_timeout: float = 60.0, **options):
+    """kiln.build(..., distributed=group): one build per job, the same engine on every rank.
+
+    Every rank of `group` (the default process group when None) calls this with the same model
+    and options. join_timeout bounds the ranks' arrival, wait_timeout the wait for the builder,
+    transfer_timeout the bytes; the builder sends its progress about every second and a builder
+    silent for heartbeat_timeout (0: no heartbeats) fails the others (KILN-E7003). Waiting ranks
+    see the builder's progress through `progress` as phase "builder" (the line as detail). A
+    builder that fails or vanishes fails every rank with a KilnError. The engine's
+    `build_once_report` says who built and who waited how long.
+    """
+    from . import build as _build
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        from . import _error
+        raise _error(7000, "kiln.distributed.build needs an initialised torch.distributed process "
+                     "group (torch.distributed.init_process_group)")
+    return _build(model, example_inputs, distributed=group if group is not None else True,
+                  join_timeout=join_timeout, wait_timeout=wait_timeout,
+                  transfer_timeout=transfer_timeout, heartbeat_timeout=heartbeat_timeout,
+                  **options)
+
+
+class _GroupComm:
+    """The process group as kiln_comm callbacks (0 ok, 1 timed out, 2 failed)."""
+
+    def __init__(self, group):
+        import torch
+        import torch.distributed as dist
+        self.torch = torch
+        self.dist = dist
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.size = dist.get_world_size(self.group)
+        backend = str(dist.get_backend(self.group)).lower()
+        self.device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
+                       else torch.device("cpu"))
+        self.errors = []
+        self.collectives = 0
+        self.struct = _lib.Comm()
+        self.struct.rank = self.rank
+        self.struct.size = self.size
+        self._allgather = _lib.ALLGATHER_FN(self.allgather)
+        self._broadcast = _lib.BROADCAST_FN(self.broadcast)
+        self.struct.allgather = self._allgather
+        self.struct.broadcast = self._broadcast
+
+    def _global(self, group_rank: int) -> int:
+        if self.group is self.dist.group.WORLD:
+            return group_rank
+        get = getattr(self.dist, "get_global_rank", None) or \
+            self.dist.distributed_c10d._get_global_rank
+        return get(self.group, group_rank)
+
+    def _tensor(self, address: int, size: int):
+        """A uint8 tensor over `size` bytes at `address` (a copy on the NCCL device)."""
+        torch = self.torch
+        t = torch.empty(size, dtype=torch.uint8)
+        if size:
+            ctypes.memmove(t.data_ptr(), address, size)
+        return t.to(self.device)
+
+    def _wait(self, work, timeout_s: float) -> int:
+        ok = work.wait(timeout=datetime.timedelta(seconds=max(timeout_s, 0.001)))
+        return 0 if ok is None or ok else 1
+
+    def _fail(self, e: BaseException) -> int:
+        text = f"{type(e).__name__}: {e}"
+        self.errors.append(text)
+        lowered = text.lower()
+        return 1 if ("timed out" in lowered or "timeout" in lowered) else 2
+
+    def allgather(self, _user, mine, size, out, timeout_s) -> int:
+        try:
+            self.collectives += 1
+            t = self._tensor(mine, size)
+            parts = [self.torch.empty_like(t) for _ in range(self.size)]
+            rc = self._wait(self.dist.all_gather(parts, t, group=self.group, async_op=True),
+                            timeout_s)
+            if rc:
+                return rc
+            for i, p in enumerate(parts):
+                if size:
+                    p = p.cpu()
+                    ctypes.memmove(out + i * size, p.data_ptr(), size)
+            return 0
+        except BaseException as e:  # noqa: B902 (reported through the status, never lost)
+            return self._fail(e)
+
+    def broadcast(self, _user, data, size, root, timeout_s) -> int:
+        try:
+            self.collectives += 1
+            t = self._tensor(data, size)
+            work = self.dist.broadcast(t, src=self._global(root), group=self.group, async_op=True)
+            rc = self._wait(work, timeout_s)
+            if rc:
+                return rc
+            if size and self.rank != root:
+                t = t.cpu()
+                ctypes.memmove(data, t.data_ptr(), size)
+            return 0
+        except BaseException as e:  # noqa: B902
+            return self._fail(e)
+
+
+def _build_once(config, data: bytes, name: str, group, join_timeout: float = 60.0,
+                wait_timeout: float = 1800.0, transfer_timeout: float = 300.0,
+                heartbeat_timeout: float = 60.0):
+    from . import Engine, KilnError, _raise_status
+    comm = _GroupComm(group)
+    h = ctypes.c_void_p()
+    report = ctypes.c_void_p()
+    status = lib.kiln_build_once(config._h, data, len(data), name.encode(),
+                                 ctypes.byref(comm.struct), float(join_timeout),
+                                 float(wait_timeout), float(transfer_timeout),
+                                 float(heartbeat_timeout), ctypes.byref(h),
+                                 ctypes.byref(report))
+    if config.error is not None:
+        if status:
+            lib.kiln_status_free(status)
+        raise config.error
+    try:
+        _raise_status(status)
+    except KilnError as e:
+        # Every rank can tell what failed the job: the builder's own code rides along on E7011.
+        found = re.search(r"KILN-E\d+", e.message) if e.number == 7011 else None
+        e.builder_code = found.group(0) if found else e.code
+        if comm.errors:
+            e.message += f" (process group: {comm.errors[-1]})"
+            e.args = (f"{e.code} {e.name}: {e.message}\n  remedy: {e.remedy}",)
+        raise
+    engine = Engine(h.value)
+    engine.build_once_report = json.loads(_lib.take_buffer(report))
+    return engine

@@ -1,0 +1,183 @@
+/* kiln's stable C API: build, save/load, execution contexts and build-once over opaque handles,
+ * so that C, Python (ctypes), Rust and Go reach the one C++ implementation through one binary
+ * (libkiln_c.so) whatever their version. Every fallible call returns a kiln_status*: NULL is
+ * success; otherwise the caller reads its catalog code, message and remedy and frees it.
+ * Nothing here aborts on caller input. */
+#ifndef KILN_C_H_
+#define KILN_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_C_API_VERSION 1
+
+typedef struct kiln_status kiln_status;
+typedef struct kiln_build_config kiln_build_config;
+typedef struct kiln_engine kiln_engine;
+typedef struct kiln_context kiln_context;
+typedef struct kiln_buffer kiln_buffer;
+
+/* ---- status ---- */
+/* The catalog number (5001 for KILN-E5001). */
+int kiln_status_code(const kiln_status* s);
+/* "KILN-E5001" */
+const char* kiln_status_id(const kiln_status* s);
+/* The catalog name ("InputTypeMismatch"). */
+const char* kiln_status_name(const kiln_status* s);
+/* What happened, with the context it gained on its way up. */
+const char* kiln_status_message(const kiln_status* s);
+/* What to do (the catalog's remedy). */
+const char* kiln_status_remedy(const kiln_status* s);
+void kiln_status_free(kiln_status* s);
+/* A status for catalog code `code` (its remedy from the catalog) and `message`: bindings raise
+ * their own checks with the catalog's words. An unknown code gives KILN-E1000. */
+kiln_status* kiln_status_make(int code, const char* message);
+
+/* ---- owned byte buffers (engines, JSON) ---- */
+const uint8_t* kiln_buffer_data(const kiln_buffer* b);
+size_t kiln_buffer_size(const kiln_buffer* b);
+void kiln_buffer_free(kiln_buffer* b);
+
+int kiln_api_version(void);
+/* "0.1.0" */
+const char* kiln_version(void);
+
+/* ---- tensors: borrowed memory described like DLPack ---- */
+enum kiln_dtype {
+  KILN_DTYPE_FLOAT32 = 1,
+  KILN_DTYPE_FLOAT16 = 2,
+  KILN_DTYPE_BFLOAT16 = 3,
+  KILN_DTYPE_INT8 = 4,
+  KILN_DTYPE_UINT8 = 5,
+  KILN_DTYPE_INT32 = 6,
+  KILN_DTYPE_INT64 = 7,
+  KILN_DTYPE_BOOL = 8,
+};
+/* DLPack's device type numbers. */
+enum kiln_device_type { KILN_DEVICE_CPU = 1, KILN_DEVICE_CUDA = 2 };
+
+typedef struct kiln_tensor {
+  void* data;
+  int32_t dtype;          /* enum kiln_dtype */
+  int32_t ndim;           /* at most KILN_MAX_DIMS */
+  const int64_t* dims;    /* ndim entries */
+  const int64_t* strides; /* in elements, ndim entries; NULL: dense row-major */
+  int32_t device_type;    /* enum kiln_device_type */
+  int32_t device_id;
+} kiln_tensor;
+
+#define KILN_MAX_DIMS 16
+
+/* ---- build ---- */
+kiln_status* kiln_build_config_create(kiln_build_config** out);
+void kiln_build_config_free(kiln_build_config* c);
+/* One option, as its CLI flag takes it (the CLI's parsers read it):
+ *   backend          auto | cpu | cuda
+ *   fp16, bf16, int8 0 | 1
+ *   profile          NAME:MIN,OPT,MAX (dims as 1x3x224x224); repeat for each dynamic input
+ *   deadline         30s | 5m | 1500ms
+ *   memory_budget    512M | 8G | 0.5 (a fraction of free memory)
+ *   max_kernel_time  milliseconds
+ *   timing_cache     path
+ *   calib_dir        DIR/test_data_set_N/input_I.pb
+ *   calib_method     minmax | entropy | percentile[=P]
+ *   calib_percentile in (0, 100]: the percentile method's share of |x| kept (set after the method)
+ *   calib_cache      path
+ *   int8_tolerance   a number or "off"
+ *   optimize         0 | 1
+ * An unknown key or a bad value is KILN-E1001 naming it. */
+kiln_status* kiln_build_config_set(kiln_build_config* c, const char* key, const char* value);
+/* Called for each progress step of a build; returning 0 cancels it (the tactic phase then keeps
+ * the best engine so far, as TensorRT's progress monitor does). */
+typedef int (*kiln_progress_fn)(void* user, const char* phase, int64_t done, int64_t total,
+                                double elapsed_s, const char* detail);
+void kiln_build_config_set_progress(kiln_build_config* c, kiln_progress_fn fn, void* user);
+
+/* Builds an engine (loaded for its backend, ready for contexts) from an ONNX file or bytes. */
+kiln_status* kiln_build_from_file(const kiln_build_config* c, const char* onnx_path,
+                                  kiln_engine** out);
+kiln_status* kiln_build_from_bytes(const kiln_build_config* c, const void* onnx, size_t size,
+                                   const char* model_name, kiln_engine** out);
+
+/* ---- engines ---- */
+/* Loads a .kiln file or engine bytes for the backend it was built for: KILN-E4004 when it targets
+ * another device architecture, KILN-E5006 when its GPU backend cannot run here. */
+kiln_status* kiln_engine_load(const char* path, kiln_engine** out);
+kiln_status* kiln_engine_deserialize(const void* data, size_t size, kiln_engine** out);
+void kiln_engine_free(kiln_engine* e);
+/* The engine's bytes (deterministic: the same engine gives the same bytes). */
+kiln_status* kiln_engine_serialize(const kiln_engine* e, kiln_buffer** out);
+/* Atomic write (temporary file, then rename). */
+kiln_status* kiln_engine_save(const kiln_engine* e, const char* path);
+/* The build report as JSON (the one `kiln build --report` writes; "{}" for loaded engines). */
+kiln_status* kiln_engine_report_json(const kiln_engine* e, kiln_buffer** out);
+/* "cpu" or "cuda", and the device architecture it targets ("x86_64", "sm_90"). */
+const char* kiln_engine_backend(const kiln_engine* e);
+const char* kiln_engine_arch(const kiln_engine* e);
+/* Inputs first, then outputs. */
+int kiln_engine_num_bindings(const kiln_engine* e);
+/* Binding i: its name, whether it is an input, its dtype and its dims (-1 where dynamic;
+ * dims_out holds KILN_MAX_DIMS). */
+kiln_status* kiln_engine_binding(const kiln_engine* e, int i, const char** name, int* is_input,
+                                 int32_t* dtype, int32_t* ndim, int64_t* dims_out);
+/* An input's profile (min, opt, max; each KILN_MAX_DIMS); *has_profile = 0 for static inputs. */
+kiln_status* kiln_engine_profile(const kiln_engine* e, const char* input, int* has_profile,
+                                 int32_t* ndim, int64_t* min, int64_t* opt, int64_t* max);
+
+/* ---- execution contexts ---- */
+/* cuda_graphs: capture on the first execute after shapes or addresses change, replay after. A
+ * context is for one thread at a time: a call made while another thread is between its first
+ * bind and its execute is KILN-E5011. */
+kiln_status* kiln_context_create(const kiln_engine* e, int cuda_graphs, kiln_context** out);
+void kiln_context_free(kiln_context* c);
+/* Binds caller memory to an input (setting its shape from the tensor) or an output (whose dims
+ * must be the ones the inputs imply). Checked: name (E5005), dtype (E5001), device (E5012),
+ * layout (E5013), shape (E5002/E5003/E5014). Nothing is copied. */
+kiln_status* kiln_context_bind(kiln_context* c, const char* name, const kiln_tensor* t);
+/* The dims of an input or output once every input is bound (dims_out holds KILN_MAX_DIMS). */
+kiln_status* kiln_context_shape(kiln_context* c, const char* name, int32_t* ndim,
+                                int64_t* dims_out);
+/* Enqueues the engine on `stream` (a cudaStream_t; NULL on the CPU). No device-wide sync: on
+ * CUDA the outputs are ready when the stream reaches this point. */
+kiln_status* kiln_context_execute(kiln_context* c, void* stream);
+/* Ends a bind...execute sequence without executing (the caller gave up half way). */
+void kiln_context_release(kiln_context* c);
+/* Graph statistics: captures made and graph launches. */
+int64_t kiln_context_graph_captures(const kiln_context* c);
+int64_t kiln_context_graph_launches(const kiln_context* c);
+
+/* ---- build once per job over the caller's process group ---- */
+/* A process group the caller owns (torch.distributed, MPI, ...), as callbacks. Each returns 0 on
+ * success, 1 when it passed timeout_s, 2 when it failed otherwise; kiln turns them into
+ * KILN-E7016 and KILN-E7023. */
+typedef struct kiln_comm {
+  void* user;
+  int rank;
+  int size;
+  /* Every rank contributes `size` bytes at `mine`; `out` receives size x ranks bytes, rank order. */
+  int (*allgather)(void* user, const void* mine, size_t size, void* out, double timeout_s);
+  /* root's `size` bytes land in every rank's `bytes`. */
+  int (*broadcast)(void* user, void* bytes, size_t size, int root, double timeout_s);
+} kiln_comm;
+
+/* Every rank of `comm` calls this with the same model and options: rank 0 builds, the others wait
+ * (bounded by wait_timeout_s) and receive the bytes (transfer_timeout_s), each rank checks their
+ * checksum and loads them. A builder that fails fails every rank (KILN-E7011 with its error on the
+ * others); ranks whose keys differ fail with KILN-E7004. heartbeat_timeout_s > 0: the builder
+ * sends its progress line to the others about every second (they get it through the config's
+ * progress callback as phase "builder", the line as detail), and a builder silent that long fails
+ * them with KILN-E7003. *report_json (optional) gets who built and who waited how long. */
+kiln_status* kiln_build_once(const kiln_build_config* c, const void* onnx, size_t size,
+                             const char* model_name, const kiln_comm* comm, double join_timeout_s,
+                             double wait_timeout_s, double transfer_timeout_s,
+                             double heartbeat_timeout_s, kiln_engine** out,
+                             kiln_buffer** report_json);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_C_H_ */

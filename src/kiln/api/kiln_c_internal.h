@@ -1,0 +1,40 @@
+// What the C API's handles hold, shared by its files (kiln_c.cc, kiln_c_dist.cc); not installed.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/api/kiln_c.h"
+#include "kiln/build/builder_config.h"
+#include "kiln/core/status.h"
+#include "kiln/runtime/runtime.h"
+
+struct kiln_engine {
+  std::shared_ptr<const kiln::EngineDesc> desc;
+  std::shared_ptr<const kiln::Engine> engine;
+  std::string backend;      // "cpu", "cuda"
+  std::string report_json;  // the build report ("{}" when the engine carries none)
+};
+
+struct kiln_build_config {
+  kiln::BuilderConfig config;
+  std::string backend = "auto";
+  kiln_progress_fn progress = nullptr;
+  void* progress_user = nullptr;
+};
+
+namespace kiln::api {
+
+// NULL for OK; otherwise a status the caller frees.
+kiln_status* ToC(const Status& s);
+kiln_buffer* MakeBuffer(std::vector<std::byte> bytes);
+kiln_buffer* MakeBuffer(std::string_view text);
+// The engine loaded for the backend it targets (E5006 when that backend cannot run here, E4004
+// for another architecture).
+StatusOr<std::unique_ptr<kiln_engine>> EngineFromDesc(std::shared_ptr<const EngineDesc> desc);
+// The BuilderConfig a kiln_build_config stands for (backend resolved, progress wired).
+StatusOr<BuilderConfig> ResolveConfig(const kiln_build_config& c);
+
+}  // namespace kiln::api
