@@ -7,7 +7,8 @@
 # 64 MiB; the uncompressed bundle with OpenBLAS and oneDNN is larger) and, there, run
 # `source scripts/gpu_env.sh` first: it unpacks the bundle and sets the library path.
 # KILN_BUNDLE_BINS="kiln|cuda_runtime_tests" limits the binaries (a regex alternation of names);
-# scripts/gpu_run.sh needs kiln and runs every cuda_*_tests binary it finds. The zoo and
+# scripts/gpu_run.sh needs kiln and runs every cuda_*_tests binary it finds. KILN_BUNDLE_NO_BUILD=1
+# bundles what the build folder holds without building first. The zoo and
 # bench/cuda/*.py travel with the working tree.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -18,7 +19,9 @@ build_dir=${KILN_BUNDLE_BUILD:-build-cuda}
 if [ "$build_dir" = build-cuda ] && [ ! -f build-cuda/build.ninja ]; then
   cmake --preset cuda >/dev/null
 fi
-if [ -n "${KILN_BUNDLE_BINS:-}" ]; then
+if [ -n "${KILN_BUNDLE_NO_BUILD:-}" ]; then
+  echo "bundle_gpu.sh: KILN_BUNDLE_NO_BUILD set: bundling $build_dir as it is" >&2
+elif [ -n "${KILN_BUNDLE_BINS:-}" ]; then
   # Build only the named binaries (their names are their CMake targets).
   cmake --build "$build_dir" -j"${KILN_BUILD_JOBS:-$(nproc)}" --target ${KILN_BUNDLE_BINS//|/ }
 else
