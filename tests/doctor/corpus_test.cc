@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "kiln/doctor/log_analyzer.h"
@@ -179,10 +179,11 @@ TEST(Corpus, Accuracy) {
     clean += f;
     if (!r || !f) wrong.push_back(c + " (" + d->root_summary + ")");
   }
-  std::printf("doctor corpus accuracy: %d incidents, root cause first %d/%d (%.1f%%), no false alarm "
-              "%d/%d (%.1f%%)\n",
-              total, root_ok, total, 100.0 * root_ok / std::max(total, 1), clean, total,
-              100.0 * clean / std::max(total, 1));
+  std::printf(
+      "doctor corpus accuracy: %d incidents, root cause first %d/%d (%.1f%%), no false alarm "
+      "%d/%d (%.1f%%)\n",
+      total, root_ok, total, 100.0 * root_ok / std::max(total, 1), clean, total,
+      100.0 * clean / std::max(total, 1));
   EXPECT_EQ(root_ok, total) << ::testing::PrintToString(wrong);
   EXPECT_EQ(clean, total) << ::testing::PrintToString(wrong);
 }

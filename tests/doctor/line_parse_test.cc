@@ -34,8 +34,10 @@ TEST(LineParse, SyslogWithKernelStamp) {
 
 TEST(LineParse, TensorRtCppAndPythonLoggerOrders) {
   // trtexec and the C++ samples print "[E] [TRT]", the Python logger "[TRT] [E]": same time.
-  LineInfo c = ParseLine("[06/20/2026-08:15:02] [E] [TRT] 1: Error Code 1: Cuda Runtime (out of memory)");
-  LineInfo p = ParseLine("[06/20/2026-08:15:02] [TRT] [E] 1: Error Code 1: Cuda Runtime (out of memory)");
+  LineInfo c =
+      ParseLine("[06/20/2026-08:15:02] [E] [TRT] 1: Error Code 1: Cuda Runtime (out of memory)");
+  LineInfo p =
+      ParseLine("[06/20/2026-08:15:02] [TRT] [E] 1: Error Code 1: Cuda Runtime (out of memory)");
   EXPECT_EQ(c.time.kind, Kind::kAbsolute);
   EXPECT_EQ(FormatTimeUs(c.time.us), "2026-06-20 08:15:02.000");
   EXPECT_EQ(c.time.us, p.time.us);
@@ -68,13 +70,15 @@ TEST(LineParse, KubernetesPrefixAndTimestamps) {
   EXPECT_EQ(FormatTimeUs(j.time.us), "2026-06-20 08:14:11.500");
   EXPECT_EQ(j.body, "UserWarning: TypedStorage is deprecated");
   // journalctl -o short-iso is a syslog line, not a wrapper: the host is kept.
-  LineInfo k = ParseLine("2026-06-20T08:14:33+00:00 gpu-node-6 kernel: NVRM: Xid (PCI:0000:ba:00): 94");
+  LineInfo k =
+      ParseLine("2026-06-20T08:14:33+00:00 gpu-node-6 kernel: NVRM: Xid (PCI:0000:ba:00): 94");
   EXPECT_EQ(k.host, "gpu-node-6");
   EXPECT_EQ(k.body, "NVRM: Xid (PCI:0000:ba:00): 94");
 }
 
 TEST(LineParse, JournaldShortPreciseAndDmesgFacility) {
-  LineInfo i = ParseLine("Jun 20 08:14:31.554120 gpu-node-5 kernel: NVRM: Xid (PCI:0000:5d:00): 43");
+  LineInfo i =
+      ParseLine("Jun 20 08:14:31.554120 gpu-node-5 kernel: NVRM: Xid (PCI:0000:5d:00): 43");
   EXPECT_EQ(i.time.kind, Kind::kNoYear);
   EXPECT_EQ(i.time.us, (8 * 3600 + 14 * 60 + 31) * 1000000LL + 554120);
   EXPECT_EQ(i.host, "gpu-node-5");

@@ -72,9 +72,10 @@ TEST(SignatureLines, EachLineYieldsItsSignature) {
     std::vector<std::string> got;
     for (const Event* e : by_file[i]) {
       got.push_back(e->id);
-      bool match = !w.expect.empty()   ? e->id == w.expect
-                   : !w.prefix.empty() ? e->id.starts_with(w.prefix)
-                                       : std::find(w.any.begin(), w.any.end(), e->id) != w.any.end();
+      bool match = !w.expect.empty() ? e->id == w.expect
+                   : !w.prefix.empty()
+                       ? e->id.starts_with(w.prefix)
+                       : std::find(w.any.begin(), w.any.end(), e->id) != w.any.end();
       if (match && (w.rank < 0 || e->rank == w.rank)) found = true;
     }
     EXPECT_TRUE(found) << w.sig << ": " << w.line << "\n  got " << ::testing::PrintToString(got);

@@ -1,6 +1,7 @@
 // Reads the prefixes of one log line: timestamps in the formats of the usual stack (dmesg, syslog,
 // glog/PyTorch, TensorRT, python logging, nvidia-smi CSV, kiln) and who wrote it (host, rank, pid,
-// CUDA device), under the wrappers launchers add to every line (Slurm, Kubernetes). Runs only on lines that matched a signature, so clarity beats speed here.
+// CUDA device), under the wrappers launchers add to every line (Slurm, Kubernetes). Runs only on
+// lines that matched a signature, so clarity beats speed here.
 #pragma once
 
 #include <cstdint>

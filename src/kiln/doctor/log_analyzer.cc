@@ -868,10 +868,9 @@ void LogAnalyzer::Impl::BlameConcurrentBuilds(Diagnosis& d) {
   c.pid = -1;
   c.gpu.clear();
   std::string where = best_last->host.empty() ? "one node" : "host " + best_last->host;
-  c.title = fmt::format("{} ranks built TensorRT engines at once on {}{}, and GPU memory ran out",
-                        best.size(), where,
-                        ranks.size() == best.size() ? fmt::format(" (ranks {})", RankList(ranks))
-                                                    : std::string());
+  c.title = fmt::format(
+      "{} ranks built TensorRT engines at once on {}{}, and GPU memory ran out", best.size(), where,
+      ranks.size() == best.size() ? fmt::format(" (ranks {})", RankList(ranks)) : std::string());
   c.meaning = fmt::format(
       "{} engine builds overlapped from {}; {} out-of-memory sign(s) came while they ran. Each "
       "builder times tactics with its own workspace, so N builders need N times the memory; the "
@@ -1102,7 +1101,8 @@ Diagnosis LogAnalyzer::Impl::Finish() {
       int64_t t = e.raw_time.kernel_rel_us >= 0                      ? -1 - e.raw_time.kernel_rel_us
                   : e.raw_time.kind == LineTime::Kind::kBootRelative ? -1 - e.raw_time.us
                                                                      : e.time_us;
-      if (t != kNoTime && !e.time_estimated && !seen.insert({e.id, e.host, t, body_hash[i], e.rank, e.local_rank, e.pid}).second)
+      if (t != kNoTime && !e.time_estimated &&
+          !seen.insert({e.id, e.host, t, body_hash[i], e.rank, e.local_rank, e.pid}).second)
         continue;
       kept.push_back(std::move(e));
     }

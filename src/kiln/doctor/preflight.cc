@@ -338,11 +338,11 @@ std::vector<Finding> CheckNvml(const NvmlFacts& nvml) {
                      "memory errors go undetected", "nvidia-smi -e 1 and reboot (root)"});
     } else if (g.ecc_enabled.value_or(false) && g.ecc_enabled_pending.has_value() &&
                !*g.ecc_enabled_pending) {
-      out.push_back({Severity::kWarning, id + ".ecc-mode",
-                     fmt::format("GPU {} ({}): ECC will be off after the next reboot", g.index,
-                                 g.pci_bus),
-                     "someone ran nvidia-smi -e 0; memory errors will then go undetected",
-                     "nvidia-smi -i N -e 1 before the reboot (root)"});
+      out.push_back(
+          {Severity::kWarning, id + ".ecc-mode",
+           fmt::format("GPU {} ({}): ECC will be off after the next reboot", g.index, g.pci_bus),
+           "someone ran nvidia-smi -e 0; memory errors will then go undetected",
+           "nvidia-smi -i N -e 1 before the reboot (root)"});
     }
     // Page retirement (before Ampere): pages with a double-bit error, or repeated single-bit
     // errors, are taken out of use at the next driver load.
@@ -355,19 +355,20 @@ std::vector<Finding> CheckNvml(const NvmlFacts& nvml) {
       uint64_t dbe = g.retired_pages_dbe.value_or(0), sbe = g.retired_pages_sbe.value_or(0);
       // NVIDIA's guidance for page retirement: a board is replaced at 60 or more retired pages.
       bool many = dbe + sbe >= 60;
-      out.push_back({many ? Severity::kError : Severity::kInfo, id + ".retired-pages",
-                     fmt::format("GPU {} ({}) has retired {} page(s) ({} double-bit, {} repeated "
-                                 "single-bit)",
-                                 g.index, g.pci_bus, dbe + sbe, dbe, sbe),
-                     many ? "the retirement budget of the board is used up"
-                          : "retired pages are out of use; the GPU is fine while the count stays low",
-                     many ? "drain the GPU and open a hardware case" : ""});
+      out.push_back(
+          {many ? Severity::kError : Severity::kInfo, id + ".retired-pages",
+           fmt::format("GPU {} ({}) has retired {} page(s) ({} double-bit, {} repeated "
+                       "single-bit)",
+                       g.index, g.pci_bus, dbe + sbe, dbe, sbe),
+           many ? "the retirement budget of the board is used up"
+                : "retired pages are out of use; the GPU is fine while the count stays low",
+           many ? "drain the GPU and open a hardware case" : ""});
     }
     if (!g.error.empty()) {
-      out.push_back({Severity::kWarning, id + ".nvml",
-                     fmt::format("GPU {} ({}): memory health not read: {}", g.index, g.pci_bus,
-                                 g.error),
-                     "NVML could not query this GPU", "check nvidia-smi -q -i N -d ECC,ROW_REMAPPER"});
+      out.push_back(
+          {Severity::kWarning, id + ".nvml",
+           fmt::format("GPU {} ({}): memory health not read: {}", g.index, g.pci_bus, g.error),
+           "NVML could not query this GPU", "check nvidia-smi -q -i N -d ECC,ROW_REMAPPER"});
       continue;
     }
     for (const std::string& call : g.failed_calls) {

@@ -59,7 +59,7 @@ struct NvmlGpuFacts {
   std::optional<bool> retired_pages_pending;
   std::optional<uint64_t> remapped_rows_correctable;
   std::optional<bool> ecc_enabled_pending;
-  std::string error;  // why this GPU could not be read (empty when it was)
+  std::string error;                      // why this GPU could not be read (empty when it was)
   std::vector<std::string> failed_calls;  // NVML queries that failed (not "not supported")
 };
 struct NvmlFacts {

@@ -301,14 +301,13 @@ StatusOr<GpuMemoryHealth> Nvml::MemoryHealth(int device) {
     int type, counter;
     std::optional<uint64_t>* out;
   };
-  for (const Counter& c : {Counter{NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC,
-                                   &h.ecc_uncorrected_volatile},
-                           Counter{NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC,
-                                   &h.ecc_uncorrected_aggregate},
-                           Counter{NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC,
-                                   &h.ecc_corrected_volatile},
-                           Counter{NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC,
-                                   &h.ecc_corrected_aggregate}}) {
+  for (const Counter& c :
+       {Counter{NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, &h.ecc_uncorrected_volatile},
+        Counter{NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC,
+                &h.ecc_uncorrected_aggregate},
+        Counter{NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, &h.ecc_corrected_volatile},
+        Counter{NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC,
+                &h.ecc_corrected_aggregate}}) {
     unsigned long long n = 0;
     if (query(api_->GetTotalEccErrors, "nvmlDeviceGetTotalEccErrors", {}, c.type, c.counter, &n))
       *c.out = n;
@@ -323,10 +322,9 @@ StatusOr<GpuMemoryHealth> Nvml::MemoryHealth(int device) {
   }
   // A page count of 0 with no buffer asks for the count only: INSUFFICIENT_SIZE means "there are
   // pageCount of them".
-  for (auto [cause, out] : {std::pair{NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-                                      &h.retired_pages_sbe},
-                            std::pair{NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
-                                      &h.retired_pages_dbe}}) {
+  for (auto [cause, out] :
+       {std::pair{NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, &h.retired_pages_sbe},
+        std::pair{NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, &h.retired_pages_dbe}}) {
     unsigned int count = 0;
     if (query(api_->GetRetiredPages, "nvmlDeviceGetRetiredPages", {NVML_ERROR_INSUFFICIENT_SIZE},
               cause, &count, static_cast<unsigned long long*>(nullptr)))
