@@ -30,6 +30,13 @@ def pools(rng):
     trt = [f"[rank{r}]:[06/20/2026-10:{m:02d}:{s:02d}] [TRT] [V] Tactic: 0x{rng.randrange(1 << 63):016x} Time: {rng.random():.5f}"
            for r in range(16) for m in range(60) for s in range(0, 60, 13)]
     trt += [f"[rank{r}]:[06/20/2026-10:00:0{r % 10}] [TRT] [I] [MemUsageChange] Init CUDA: CPU +2, GPU +0, now: CPU 1532, GPU {30000 + r} (MiB)" for r in range(16)]
+    # TensorRT's C++/trtexec logger order ("[E] [TRT]"), srun --label and kubectl --timestamps wrappers.
+    trt += [f"[06/20/2026-10:{m:02d}:{s:02d}] [I] [TRT] [GraphReduction] The approximate region cut reduction algorithm is called."
+            for m in range(60) for s in range(0, 60, 9)]
+    wrapped = [f"{r:2d}: [2026-06-20 10:{m:02d}:{s:02d},000] train: [INFO] step {m * 60 + s} loss {1 + rng.random():.4f}"
+               for r in range(16) for m in range(0, 60, 5) for s in range(0, 60, 15)]
+    wrapped += [f"2026-06-20T10:{m:02d}:{s:02d}.{rng.randrange(10**9):09d}Z [rank{r}]:[06/20/2026-10:{m:02d}:{s:02d}] [TRT] [W] TensorRT encountered issues when converting weights between types and that could affect accuracy."
+                for r in range(16) for m in range(0, 60, 5) for s in range(0, 60, 15)]
     kern = [f"Jun 20 10:{m:02d}:{s:02d} {h} kernel: [{86970 + m * 60 + s:6d}.{rng.randrange(10**6):06d}] {msg}"
             for h in HOSTS for m in range(0, 60, 3) for s in range(0, 60, 17)
             for msg in ("audit: type=1400 audit(1781949600.123:412): apparmor=\"STATUS\" operation=\"profile_load\"",
@@ -47,8 +54,10 @@ def pools(rng):
         "[rank7]:[E620 10:50:02.300100 40007 ProcessGroupNCCL.cpp:616] [Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88213, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600091 milliseconds before timing out.",
         "[rank3]: RuntimeError: CUDA error: unspecified launch failure",
         "Jun 20 10:40:01 gpu-node-a kernel: [ 8790.332218] NVRM: Xid (PCI:0000:c6:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "[06/20/2026-10:41:07] [E] [TRT] 2: [virtualMemoryBuffer.cpp::resizePhysical::145] Error Code 2: OutOfMemory (no further information)",
+        " 5: RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx(...)`",
     ]
-    weighted = [(info, 40), (init, 0.05), (train, 25), (trt, 15), (kern, 6), (torchrun, 5), (kiln, 5), (smi, 1), (env, 0.2), (junk, 0.3)]
+    weighted = [(info, 40), (init, 0.05), (train, 25), (trt, 15), (kern, 6), (wrapped, 3), (torchrun, 5), (kiln, 5), (smi, 1), (env, 0.2), (junk, 0.3)]
     return weighted, failures
 
 

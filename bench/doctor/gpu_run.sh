@@ -17,7 +17,7 @@ echo "== NCCL_SOCKET_IFNAME=eth0 NCCL_IB_TIMEOUT=30 CUDA_WATCHDOG_TIMEOUT=10 kil
 NCCL_SOCKET_IFNAME=eth0 NCCL_IB_TIMEOUT=30 CUDA_WATCHDOG_TIMEOUT=10 $K doctor --color never | head -20
 $K doctor --json > "$out/preflight.json"; echo "json exit $?"
 echo "== kiln doctor logs on the corpus"
-for d in tests/doctor/corpus/*/; do
+for d in tests/doctor/incidents/*/; do
   printf '%-34s ' "$(basename "$d")"; $K doctor logs "$d/logs" --json | python3 -c "import json,sys; d=json.load(sys.stdin); r=d['root_cause']; print(d['verdict'], r and r['id'])"
 done
 echo "== benchmark"

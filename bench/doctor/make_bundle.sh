@@ -15,5 +15,5 @@ ldd "$KILN" | awk '/=> \// {print $3}' | grep -v -E '/lib(c|m|stdc\+\+|gcc_s|pth
 # The scripts and corpus the GPU run reads, for when the bundle travels without this worktree.
 mkdir -p "$out/tree/bench" "$out/tree/tests/doctor"
 cp -r bench/doctor "$out/tree/bench/"
-cp -r tests/doctor/corpus "$out/tree/tests/doctor/"
+cp -r tests/doctor/incidents "$out/tree/tests/doctor/"
 ls -la "$out/lib"

@@ -32,6 +32,62 @@ TEST(LineParse, SyslogWithKernelStamp) {
   EXPECT_EQ(i.body, "NVRM: Xid");
 }
 
+TEST(LineParse, TensorRtCppAndPythonLoggerOrders) {
+  // trtexec and the C++ samples print "[E] [TRT]", the Python logger "[TRT] [E]": same time.
+  LineInfo c =
+      ParseLine("[06/20/2026-08:15:02] [E] [TRT] 1: Error Code 1: Cuda Runtime (out of memory)");
+  LineInfo p =
+      ParseLine("[06/20/2026-08:15:02] [TRT] [E] 1: Error Code 1: Cuda Runtime (out of memory)");
+  EXPECT_EQ(c.time.kind, Kind::kAbsolute);
+  EXPECT_EQ(FormatTimeUs(c.time.us), "2026-06-20 08:15:02.000");
+  EXPECT_EQ(c.time.us, p.time.us);
+}
+
+TEST(LineParse, SlurmLabelGivesTheRank) {
+  LineInfo i = ParseLine(" 3: [06/20/2026-08:15:02] [TRT] [E] OutOfMemory");
+  EXPECT_EQ(i.rank, 3);
+  EXPECT_EQ(FormatTimeUs(i.time.us), "2026-06-20 08:15:02.000");
+  EXPECT_EQ(i.unwrapped, "[06/20/2026-08:15:02] [TRT] [E] OutOfMemory");
+  LineInfo j = ParseLine("12: export NCCL_IB_TIMEOUT=30");
+  EXPECT_EQ(j.rank, 12);
+  EXPECT_EQ(j.body, "export NCCL_IB_TIMEOUT=30");
+  // A line that merely starts with a number is not a label.
+  LineInfo k = ParseLine("2026-06-20 08:14:10,000 INFO step 3");
+  EXPECT_EQ(k.rank, -1);
+  EXPECT_EQ(FormatTimeUs(k.time.us), "2026-06-20 08:14:10.000");
+}
+
+TEST(LineParse, KubernetesPrefixAndTimestamps) {
+  LineInfo i = ParseLine(
+      "[pod/encoder-build-0/trainer] 2026-06-20T08:14:52.118230001Z [rank1]:[06/20/2026-08:14:52] "
+      "[TRT] [E] 2: Error Code 2: OutOfMemory");
+  EXPECT_EQ(i.host, "encoder-build-0");
+  EXPECT_EQ(i.rank, 1);
+  EXPECT_EQ(FormatTimeUs(i.time.us), "2026-06-20 08:14:52.000");  // the program's own time wins
+  // Without a time of its own the line takes the kubelet's.
+  LineInfo j = ParseLine("2026-06-20T08:14:11.500000001Z UserWarning: TypedStorage is deprecated");
+  EXPECT_EQ(j.time.kind, Kind::kAbsolute);
+  EXPECT_EQ(FormatTimeUs(j.time.us), "2026-06-20 08:14:11.500");
+  EXPECT_EQ(j.body, "UserWarning: TypedStorage is deprecated");
+  // journalctl -o short-iso is a syslog line, not a wrapper: the host is kept.
+  LineInfo k =
+      ParseLine("2026-06-20T08:14:33+00:00 gpu-node-6 kernel: NVRM: Xid (PCI:0000:ba:00): 94");
+  EXPECT_EQ(k.host, "gpu-node-6");
+  EXPECT_EQ(k.body, "NVRM: Xid (PCI:0000:ba:00): 94");
+}
+
+TEST(LineParse, JournaldShortPreciseAndDmesgFacility) {
+  LineInfo i =
+      ParseLine("Jun 20 08:14:31.554120 gpu-node-5 kernel: NVRM: Xid (PCI:0000:5d:00): 43");
+  EXPECT_EQ(i.time.kind, Kind::kNoYear);
+  EXPECT_EQ(i.time.us, (8 * 3600 + 14 * 60 + 31) * 1000000LL + 554120);
+  EXPECT_EQ(i.host, "gpu-node-5");
+  LineInfo x = ParseLine("kern  :err   : [ 8790.332218] NVRM: Xid (PCI:0000:c6:00): 79, pid=1");
+  EXPECT_EQ(x.time.kind, Kind::kBootRelative);
+  EXPECT_EQ(x.time.us, 8790332218);
+  EXPECT_EQ(x.body, "NVRM: Xid (PCI:0000:c6:00): 79, pid=1");
+}
+
 TEST(LineParse, Rfc3339Syslog) {
   LineInfo i = ParseLine("2026-06-20T12:34:56.250000+02:00 gpu-node-b kernel: NVRM: Xid");
   EXPECT_EQ(i.time.kind, Kind::kAbsolute);

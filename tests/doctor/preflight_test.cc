@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/doctor/preflight.h"
+#include "kiln/obs/fake_gpu_source.h"
 
 namespace kiln::doctor {
 namespace {
@@ -167,6 +168,101 @@ TEST(Preflight, NvmlFacts) {
   EXPECT_EQ(Find(f, "gpu2.remap")->severity, Severity::kError);
   EXPECT_EQ(Find(f, "gpu2.ecc-mode")->severity, Severity::kWarning);
   EXPECT_EQ(Find(f, "gpu0.remap"), nullptr);
+}
+
+// The live path (GatherNvmlFacts) reads the same GpuSource interface as the sampler; with the fake
+// source every memory-health fact becomes the finding it should.
+TEST(Preflight, NvmlMemoryHealthFromGpuSource) {
+  obs::FakeGpuSource src(4);
+  obs::GpuMemoryHealth healthy;
+  healthy.device = 0;
+  healthy.ecc_enabled = true;
+  healthy.ecc_enabled_pending = true;
+  healthy.ecc_uncorrected_volatile = 0;
+  healthy.ecc_uncorrected_aggregate = 0;
+  healthy.remapped_rows_correctable = 0;
+  healthy.remapped_rows_uncorrectable = 0;
+  healthy.remap_pending = false;
+  healthy.remap_failed = false;
+  src.SetMemoryHealth(healthy);
+  obs::GpuMemoryHealth bad = healthy;  // errors since the last reset, a failed remap
+  bad.device = 1;
+  bad.ecc_uncorrected_volatile = 4;
+  bad.ecc_uncorrected_aggregate = 9;
+  bad.remapped_rows_uncorrectable = 3;
+  bad.remap_failed = true;
+  src.SetMemoryHealth(bad);
+  obs::GpuMemoryHealth old;  // a pre-Ampere GPU: page retirement, one pending
+  old.device = 2;
+  old.ecc_enabled = true;
+  old.ecc_enabled_pending = false;
+  old.ecc_uncorrected_volatile = 0;
+  old.ecc_uncorrected_aggregate = 2;
+  old.retired_pages_sbe = 3;
+  old.retired_pages_dbe = 2;
+  old.retired_pages_pending = true;
+  old.errors.push_back({"nvmlDeviceGetRemappedRows", 999, "Unknown Error"});
+  src.SetMemoryHealth(old);
+  src.FailNextSamples(3, 1, MakeError(ErrorCode::kNvmlCallFailed, "GPU is lost"));
+
+  NvmlFacts facts = GatherNvmlFacts(src);
+  ASSERT_TRUE(facts.available);
+  ASSERT_EQ(facts.gpus.size(), 4u);
+  EXPECT_EQ(facts.gpus[1].pci_bus, "00000000:02:00.0");
+  EXPECT_EQ(facts.gpus[1].ecc_uncorrected_volatile, 4u);
+  EXPECT_EQ(facts.gpus[1].remapped_rows_uncorrectable, 3u);
+  EXPECT_EQ(facts.gpus[2].retired_pages_dbe, 2u);
+  EXPECT_EQ(facts.gpus[2].failed_calls.size(), 1u);
+  EXPECT_NE(facts.gpus[3].error.find("GPU is lost"), std::string::npos);
+
+  auto f = CheckNvml(facts);
+  // GPU 0: nothing wrong, one info line that says what was read.
+  EXPECT_EQ(Find(f, "gpu0.ecc"), nullptr);
+  EXPECT_EQ(Find(f, "gpu0.remap"), nullptr);
+  ASSERT_NE(Find(f, "gpu0.memory-health"), nullptr);
+  EXPECT_EQ(Find(f, "gpu0.memory-health")->severity, Severity::kInfo);
+  EXPECT_NE(Find(f, "gpu0.memory-health")->what.find("uncorrected errors volatile 0 aggregate 0"),
+            std::string::npos)
+      << Find(f, "gpu0.memory-health")->what;
+  // GPU 1: volatile uncorrected errors and a failed remap are errors, each with its remedy.
+  ASSERT_NE(Find(f, "gpu1.ecc"), nullptr);
+  EXPECT_EQ(Find(f, "gpu1.ecc")->severity, Severity::kError);
+  EXPECT_NE(Find(f, "gpu1.ecc")->what.find("4 uncorrected"), std::string::npos);
+  EXPECT_FALSE(Find(f, "gpu1.ecc")->todo.empty());
+  EXPECT_EQ(Find(f, "gpu1.remap")->severity, Severity::kError);
+  EXPECT_FALSE(Find(f, "gpu1.remap")->todo.empty());
+  // GPU 2: lifetime errors only (warning), pending retirement, ECC off after reboot, a failed call.
+  EXPECT_EQ(Find(f, "gpu2.ecc")->severity, Severity::kWarning);
+  EXPECT_EQ(Find(f, "gpu2.retired-pages")->severity, Severity::kWarning);
+  EXPECT_NE(Find(f, "gpu2.retired-pages")->todo.find("reset"), std::string::npos);
+  EXPECT_EQ(Find(f, "gpu2.ecc-mode")->severity, Severity::kWarning);
+  ASSERT_NE(Find(f, "gpu2.nvml"), nullptr);
+  EXPECT_NE(Find(f, "gpu2.nvml")->what.find("nvmlDeviceGetRemappedRows"), std::string::npos);
+  // GPU 3 could not be read at all: said so, not silently healthy.
+  EXPECT_EQ(Find(f, "gpu3.nvml")->severity, Severity::kWarning);
+  EXPECT_EQ(Find(f, "gpu3.memory-health"), nullptr);
+  EXPECT_EQ(ExitCodeFor(f), 2);
+}
+
+TEST(Preflight, RetiredPagesPastTheBudgetAreAnError) {
+  NvmlFacts n;
+  n.available = true;
+  NvmlGpuFacts g;
+  g.index = 0;
+  g.pci_bus = "0000:18:00";
+  g.retired_pages_sbe = 50;
+  g.retired_pages_dbe = 12;
+  g.retired_pages_pending = false;
+  n.gpus = {g};
+  auto f = CheckNvml(n);
+  ASSERT_NE(Find(f, "gpu0.retired-pages"), nullptr);
+  EXPECT_EQ(Find(f, "gpu0.retired-pages")->severity, Severity::kError);
+  EXPECT_NE(Find(f, "gpu0.retired-pages")->what.find("62 page(s)"), std::string::npos);
+  g.retired_pages_sbe = 1;
+  g.retired_pages_dbe = 0;
+  n.gpus = {g};
+  f = CheckNvml(n);
+  EXPECT_EQ(Find(f, "gpu0.retired-pages")->severity, Severity::kInfo);
 }
 
 TEST(Preflight, ParseMemoryBudget) {

@@ -176,8 +176,40 @@ int nvmlDeviceGetCurrentClocksThrottleReasons(void* d, unsigned long long* r) {
 }
 int nvmlDeviceGetTotalEccErrors(void* d, int type, int counter, unsigned long long* n) {
   if (int rc = Fail("nvmlDeviceGetTotalEccErrors")) return rc;
-  if (counter != 1) return 2;  // kiln asks for aggregate counts
-  *n = type == 0 ? 7 : 1;
+  // Aggregate (counter 1): 7 corrected, 1 uncorrected; volatile (counter 0): 3 and 1 on device 0,
+  // nothing since the last reset on device 1.
+  if (counter == 1) {
+    *n = type == 0 ? 7 : 1;
+  } else if (counter == 0) {
+    *n = Index(d) == 1 ? 0 : (type == 0 ? 3 : 1);
+  } else {
+    return 2;
+  }
+  return 0;
+}
+int nvmlDeviceGetEccMode(void* d, int* current, int* pending) {
+  if (int rc = Fail("nvmlDeviceGetEccMode")) return rc;
+  *current = 1;
+  *pending = Index(d) == 1 ? 0 : 1;  // device 1: ECC turned off at the next reboot
+  return 0;
+}
+// Device 0 is pre-Ampere-like here: 2 single-bit and 1 double-bit retired pages, one pending.
+int nvmlDeviceGetRetiredPages(void* d, int cause, unsigned int* count, unsigned long long* addr) {
+  if (int rc = Fail("nvmlDeviceGetRetiredPages")) return rc;
+  if (Index(d) == 1) return 3;
+  unsigned int have = cause == 0 ? 2 : 1;
+  if (*count < have) {
+    *count = have;
+    return 7;  // NVML_ERROR_INSUFFICIENT_SIZE
+  }
+  for (unsigned int i = 0; i < have; ++i) addr[i] = 0x1000ull * (i + 1);
+  *count = have;
+  return 0;
+}
+int nvmlDeviceGetRetiredPagesPendingStatus(void* d, int* pending) {
+  if (int rc = Fail("nvmlDeviceGetRetiredPagesPendingStatus")) return rc;
+  if (Index(d) == 1) return 3;
+  *pending = 1;
   return 0;
 }
 int nvmlDeviceGetRemappedRows(void* d, unsigned int* corr, unsigned int* unc, unsigned int* pending,

@@ -98,6 +98,49 @@ TEST(Nvml, InitFailureIsNotAvailable) {
   EXPECT_NE(nvml.status().message().find("Driver Not Loaded"), std::string::npos);
 }
 
+TEST(Nvml, MemoryHealthReadsEccRemapAndRetiredPages) {
+  FakeNvmlControl fake;
+  auto loaded = Nvml::Load(KILN_FAKE_NVML_PATH);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  Nvml& nvml = **loaded;
+  auto h0 = nvml.MemoryHealth(0);
+  ASSERT_TRUE(h0.ok()) << h0.status().ToString();
+  EXPECT_TRUE(h0->errors.empty());
+  EXPECT_EQ(h0->ecc_enabled, true);
+  EXPECT_EQ(h0->ecc_enabled_pending, true);
+  EXPECT_EQ(h0->ecc_uncorrected_volatile, 1u);
+  EXPECT_EQ(h0->ecc_uncorrected_aggregate, 1u);
+  EXPECT_EQ(h0->ecc_corrected_volatile, 3u);
+  EXPECT_EQ(h0->ecc_corrected_aggregate, 7u);
+  EXPECT_EQ(h0->remapped_rows_correctable, 2u);
+  EXPECT_EQ(h0->remapped_rows_uncorrectable, 1u);
+  EXPECT_EQ(h0->remap_pending, true);
+  EXPECT_EQ(h0->remap_failed, false);
+  // Counted with a zero-sized buffer: NVML_ERROR_INSUFFICIENT_SIZE carries the count.
+  EXPECT_EQ(h0->retired_pages_sbe, 2u);
+  EXPECT_EQ(h0->retired_pages_dbe, 1u);
+  EXPECT_EQ(h0->retired_pages_pending, true);
+
+  auto h1 = nvml.MemoryHealth(1);
+  ASSERT_TRUE(h1.ok());
+  EXPECT_EQ(h1->ecc_enabled_pending, false);
+  EXPECT_EQ(h1->ecc_uncorrected_volatile, 0u);
+  // Not supported on this device: absent, not an error.
+  EXPECT_FALSE(h1->remapped_rows_correctable.has_value());
+  EXPECT_FALSE(h1->retired_pages_sbe.has_value());
+  EXPECT_FALSE(h1->retired_pages_pending.has_value());
+  EXPECT_TRUE(h1->errors.empty());
+
+  fake.fail("nvmlDeviceGetEccMode", 999);
+  auto h2 = nvml.MemoryHealth(0);
+  ASSERT_TRUE(h2.ok());
+  EXPECT_FALSE(h2->ecc_enabled.has_value());
+  ASSERT_EQ(h2->errors.size(), 1u);
+  EXPECT_EQ(h2->errors[0].call, "nvmlDeviceGetEccMode");
+  EXPECT_EQ(h2->errors[0].code, 999);
+  EXPECT_EQ(nvml.MemoryHealth(5).status().code(), ErrorCode::kOutOfRange);
+}
+
 TEST(Nvml, SampleMapsEveryFieldToBaseUnits) {
   FakeNvmlControl fake;
   auto loaded = Nvml::Load(KILN_FAKE_NVML_PATH);

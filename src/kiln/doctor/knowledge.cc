@@ -109,7 +109,9 @@ StatusOr<std::shared_ptr<const SignatureDb>> SignatureDb::Load(std::string_view 
     s.phase = GetString(e, "phase");
     s.phase_title = GetString(e, "phase_title");
     if (s.phase_title.empty()) s.phase_title = s.phase;
-    s.phase_begin = GetString(e, "edge") == "begin";
+    const std::string edge = GetString(e, "edge");
+    s.phase_begin = edge == "begin";
+    s.phase_progress = edge == "progress";
     s.handler = GetString(e, "handler");
     s.caseless = e.value("caseless", false);
     s.generic = e.value("generic", false);
@@ -124,6 +126,8 @@ StatusOr<std::shared_ptr<const SignatureDb>> SignatureDb::Load(std::string_view 
         (s.meaning.empty() || s.remedy.empty()))
       return where("a warning or error needs 'meaning' and 'remedy'");
     if (!s.phase.empty() && s.role != Role::kStall) return where("'phase' needs role 'stall'");
+    if (s.role == Role::kStall && edge != "begin" && edge != "end" && edge != "progress")
+      return where("a stall entry needs 'edge': begin, end or progress");
     std::string fields = GetString(e, "fields");
     if (!fields.empty()) {
       RE2::Options opts;

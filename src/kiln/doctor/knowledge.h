@@ -47,6 +47,7 @@ struct Signature {
   std::string phase;        // for stall entries: the phase name
   std::string phase_title;  // "building a TensorRT engine"
   bool phase_begin = false;
+  bool phase_progress = false;  // a line inside the phase (neither opens nor closes it)
   std::string handler;          // "env", "kiln_catalog", "smi_header", "smi_row"
   std::unique_ptr<RE2> fields;  // named groups, run only on matching lines
 };

@@ -304,6 +304,69 @@ void ReadPgRank(std::string_view body, LineInfo& info) {
   }
 }
 
+// Prefixes that launchers and collectors put before every line the program printed:
+//   kubectl logs --timestamps   "2026-06-20T08:14:10.123456789Z "
+//   kubectl logs --prefix       "[pod/trainer-0/trainer] "
+//   srun --label                "3: " (task id = SLURM_PROCID, right-aligned with spaces)
+//   dmesg -x                    "kern  :err   : "
+// The Kubernetes time is kept unless the program's own line carries one.
+void ReadWrappers(Cursor& c, LineInfo& info) {
+  for (bool more = true; more;) {
+    more = false;
+    size_t save = c.i;
+    LineTime t;
+    if (c.i < c.s.size() && IsDigit(c.s[c.i]) && c.s.size() - c.i > 20 && c.s[c.i + 10] == 'T' &&
+        ReadIsoDateTime(c, t) && c.Eat(' ')) {
+      // "<ts> host prog[pid]: ..." is a syslog line (journalctl -o short-iso), not a wrapper.
+      Cursor peek = c;
+      std::string_view host = peek.Token();
+      peek.Spaces();
+      std::string_view prog = peek.Token();
+      if (!(host.size() > 0 && prog.size() > 1 && prog.back() == ':' &&
+            host.find(':') == std::string_view::npos && host.front() != '[')) {
+        info.time = t;
+        more = true;
+        continue;
+      }
+    }
+    c.i = save;
+    if (c.Eat("[pod/")) {
+      size_t slash = c.s.find('/', c.i);
+      size_t close = c.s.find("] ", c.i);
+      if (close != std::string_view::npos && close - c.i < 260) {
+        if (slash != std::string_view::npos && slash < close && info.host.empty())
+          info.host = c.s.substr(c.i, slash - c.i);
+        c.i = close + 2;
+        more = true;
+        continue;
+      }
+    }
+    c.i = save;
+    {
+      c.Spaces();
+      int64_t task;
+      if (c.i - save < 8 && c.Num(&task) && task < 1000000 && c.Eat(": ")) {
+        if (info.rank < 0) info.rank = static_cast<int>(task);
+        more = true;
+        continue;
+      }
+    }
+    c.i = save;
+    for (std::string_view fac : {"kern  :", "user  :", "daemon:", "syslog:"}) {
+      if (c.Eat(fac)) {
+        size_t colon = c.s.find(": ", c.i);
+        if (colon != std::string_view::npos && colon - c.i <= 7) {
+          c.i = colon + 2;
+          more = true;
+        } else {
+          c.i = save;
+        }
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int64_t CivilToUnixUs(int y, int m, int d, int hh, int mm, int ss, int64_t micros) {
@@ -346,6 +409,10 @@ std::string FormatTimeUs(int64_t us, bool with_date) {
 LineInfo ParseLine(std::string_view line) {
   LineInfo info;
   Cursor c{line};
+  ReadWrappers(c, info);
+  info.unwrapped = c.Rest();
+  const LineTime wrapper_time = info.time;
+  info.time = {};
   while (ReadRankPrefix(c, info)) {
   }
   const bool bracketed = c.i < line.size() && line[c.i] == '[';
@@ -396,6 +463,7 @@ LineInfo ParseLine(std::string_view line) {
   ReadNcclPrefix(c, info);
   info.body = c.Rest();
   ReadPgRank(info.body, info);
+  if (info.time.kind == LineTime::Kind::kNone) info.time = wrapper_time;
   return info;
 }
 

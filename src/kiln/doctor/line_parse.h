@@ -1,6 +1,7 @@
 // Reads the prefixes of one log line: timestamps in the formats of the usual stack (dmesg, syslog,
 // glog/PyTorch, TensorRT, python logging, nvidia-smi CSV, kiln) and who wrote it (host, rank, pid,
-// CUDA device). Runs only on lines that matched a signature, so clarity beats speed here.
+// CUDA device), under the wrappers launchers add to every line (Slurm, Kubernetes). Runs only on
+// lines that matched a signature, so clarity beats speed here.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,9 @@ struct LineInfo {
   int64_t pid = -1;
   char level = 0;         // 'E', 'W', 'I', 'D' when the format carries one
   std::string_view body;  // the line after the recognised prefixes
+  // The line after launcher wrappers only (Kubernetes `--timestamps`/`--prefix`, Slurm
+  // `srun --label`, dmesg `-x` facility): what the program itself printed.
+  std::string_view unwrapped;
 };
 
 LineInfo ParseLine(std::string_view line);

@@ -152,7 +152,7 @@ struct LogAnalyzer::Impl {
   hs_database_t* hs_db = nullptr;
   hs_scratch_t* scratch = nullptr;
   std::vector<int> hs_to_sig;
-  int sig_kiln = -1, sig_memory_full = -1, sig_ecc = -1;
+  int sig_kiln = -1, sig_memory_full = -1, sig_ecc = -1, sig_concurrent = -1;
 
   struct FileState {
     std::string name;
@@ -214,6 +214,7 @@ struct LogAnalyzer::Impl {
     sig_kiln = db->Find("kiln.catalog");
     sig_memory_full = db->Find("smi.memory-full");
     sig_ecc = db->Find("smi.ecc-uncorrected");
+    sig_concurrent = db->Find("build.concurrent");
     kept_per_sig.assign(sigs.size(), 0);
     seen_per_sig.assign(sigs.size(), 0);
     return OkStatus();
@@ -299,6 +300,21 @@ struct LogAnalyzer::Impl {
     if (specific) {
       sigs.erase(std::remove_if(sigs.begin(), sigs.end(), [&](int s) { return all[s].generic; }),
                  sigs.end());
+    } else if (sigs.size() > 1) {
+      // Several fallbacks of one category ("Error Code 1: Cuda Runtime" is also a TensorRT
+      // error): the one listed first in the database is the narrower and stands for the line.
+      std::sort(sigs.begin(), sigs.end());
+      std::vector<std::string_view> categories;
+      sigs.erase(std::remove_if(sigs.begin(), sigs.end(),
+                                [&](int s) {
+                                  std::string_view cat = all[s].category;
+                                  if (std::find(categories.begin(), categories.end(), cat) !=
+                                      categories.end())
+                                    return true;
+                                  categories.push_back(cat);
+                                  return false;
+                                }),
+                 sigs.end());
     }
     std::sort(sigs.begin(), sigs.end(), [&](int a, int b) {
       return !all[a].handler.empty() > !all[b].handler.empty();  // handlers first
@@ -343,11 +359,11 @@ struct LogAnalyzer::Impl {
         continue;
       }
       if (sig.handler == "smi_header") {
-        HandleSmiHeader(file, line);
+        HandleSmiHeader(file, info.unwrapped);
         continue;
       }
       if (sig.handler == "smi_row") {
-        HandleSmiRow(base_event(s), line, hash);
+        HandleSmiRow(base_event(s), info.unwrapped, hash);
         continue;
       }
       if (sig.role != Role::kInfo && kept_per_sig[s] >= opt.max_events_per_signature) {
@@ -580,6 +596,7 @@ struct LogAnalyzer::Impl {
   Diagnosis Finish();
   void ResolveTimes(Diagnosis& d);
   void ChooseRoot(Diagnosis& d);
+  void BlameConcurrentBuilds(Diagnosis& d);
   void PickRoot(Diagnosis& d, const std::vector<int>& failures, const std::vector<int>& candidates,
                 const std::function<bool(int, int)>& before);
   void GroupEvents(Diagnosis& d, const std::vector<int>& failures,
@@ -751,8 +768,123 @@ void LogAnalyzer::Impl::ChooseRoot(Diagnosis& d) {
   } else {
     d.verdict = Diagnosis::Verdict::kFailure;
     PickRoot(d, failures, candidates, before);
+    BlameConcurrentBuilds(d);
   }
   GroupEvents(d, failures, before);
+}
+
+// Engine builds that overlapped in time on one host, when memory ran out during them and the
+// root cause so far is a memory or TensorRT failure: the out-of-memory errors (and the "no
+// implementation" errors that follow from tactics skipped for memory) are consequences of N
+// builders sharing one node's GPU memory at once. The cure is to build once, not a bigger
+// workspace.
+void LogAnalyzer::Impl::BlameConcurrentBuilds(Diagnosis& d) {
+  std::vector<Event>& ev = d.events;
+  const auto& sigs = db->signatures();
+  if (d.root < 0 || sig_concurrent < 0) return;
+  const Event& root = ev[d.root];
+  if (root.sig < 0) return;
+  const Signature& rs = sigs[root.sig];
+  if (!(rs.kind == "memory" || rs.category == "tensorrt")) return;
+  // One builder: a rank (or local rank, pid, else file) on a host, from its first build line
+  // (begin or progress) to its end line or last TensorRT line.
+  struct Build {
+    std::string host;
+    int rank = -1;
+    int64_t begin = kNoTime, end = kNoTime;
+    int first = -1;
+    bool began = false;
+  };
+  std::map<std::tuple<std::string, char, int64_t>, Build> builds;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const Event& e = ev[i];
+    if (e.sig < 0 || e.time_us == kNoTime) continue;
+    const Signature& s = sigs[e.sig];
+    bool phase = s.role == Role::kStall && s.phase == "trt_build";
+    if (!phase && s.category != "tensorrt") continue;
+    auto key = e.rank >= 0         ? std::make_tuple(e.host, 'r', int64_t{e.rank})
+               : e.local_rank >= 0 ? std::make_tuple(e.host, 'l', int64_t{e.local_rank})
+               : e.pid >= 0        ? std::make_tuple(e.host, 'p', e.pid)
+                                   : std::make_tuple(e.host, 'f', int64_t{e.file});
+    Build& b = builds[key];
+    b.host = e.host;
+    b.rank = e.rank >= 0 ? e.rank : e.local_rank;
+    if (phase && !s.phase_progress && !s.phase_begin) {  // an end line closes the build
+      if (b.began) b.end = std::max(b.end, e.time_us);
+      continue;
+    }
+    if (phase && (b.begin == kNoTime || e.time_us < b.begin)) {
+      b.begin = e.time_us;
+      b.first = static_cast<int>(i);
+      b.began = true;
+    }
+    if (b.end == kNoTime || e.time_us > b.end) b.end = e.time_us;
+  }
+  // Per host: the largest set of builds running at one moment (sweep over begin/end).
+  std::map<std::string, std::vector<const Build*>> by_host;
+  for (const auto& [key, b] : builds) {
+    if (b.began) by_host[b.host].push_back(&b);
+  }
+  const Build* best_last = nullptr;
+  std::vector<const Build*> best;
+  for (auto& [host, list] : by_host) {
+    if (!root.host.empty() && !host.empty() && host != root.host) continue;
+    for (const Build* b : list) {
+      // The builds running when `b` started, b included.
+      std::vector<const Build*> running;
+      for (const Build* o : list) {
+        if (o->begin <= b->begin && o->end >= b->begin) running.push_back(o);
+      }
+      if (running.size() > best.size()) {
+        best = running;
+        best_last = b;
+      }
+    }
+  }
+  if (best.size() < 2) return;
+  int64_t from = best_last->begin, to = best_last->begin;
+  for (const Build* b : best) to = std::max(to, b->end);
+  // Memory ran out while they ran (or within a minute after the last of them).
+  constexpr int64_t kAfterUs = 60'000'000;
+  int memory_events = 0;
+  for (const Event& e : ev) {
+    if (e.sig < 0 || sigs[e.sig].kind != "memory" || e.time_us == kNoTime) continue;
+    if (!best_last->host.empty() && !e.host.empty() && e.host != best_last->host) continue;
+    if (e.time_us >= from && e.time_us <= to + kAfterUs) ++memory_events;
+  }
+  if (memory_events == 0) return;
+  std::vector<int> ranks;
+  for (const Build* b : best) {
+    if (b->rank >= 0) ranks.push_back(b->rank);
+  }
+  Event c = ev[best_last->first];
+  c.sig = sig_concurrent;
+  c.id = sigs[sig_concurrent].id;
+  c.severity = Severity::kError;
+  c.role = sigs[sig_concurrent].role;
+  c.time_estimated = false;
+  c.rank = -1;
+  c.local_rank = -1;
+  c.pid = -1;
+  c.gpu.clear();
+  std::string where = best_last->host.empty() ? "one node" : "host " + best_last->host;
+  c.title = fmt::format(
+      "{} ranks built TensorRT engines at once on {}{}, and GPU memory ran out", best.size(), where,
+      ranks.size() == best.size() ? fmt::format(" (ranks {})", RankList(ranks)) : std::string());
+  c.meaning = fmt::format(
+      "{} engine builds overlapped from {}; {} out-of-memory sign(s) came while they ran. Each "
+      "builder times tactics with its own workspace, so N builders need N times the memory; the "
+      "out-of-memory errors and the failures after them (tactics skipped, 'could not find any "
+      "implementation') follow from that",
+      best.size(), FormatTimeUs(from, false), memory_events);
+  c.fields.clear();
+  c.fields.emplace_back("builders", fmt::format("{}", best.size()));
+  ev.push_back(std::move(c));
+  d.root = static_cast<int>(ev.size() - 1);
+  d.root_summary = fmt::format("{} ({}, at {})", ev[d.root].title, where, FormatTimeUs(from));
+  d.root_note =
+      "several engine builds ran at the same time on one node when memory ran out; the "
+      "earliest out-of-memory error is their consequence, not the cause";
 }
 
 void LogAnalyzer::Impl::PickRoot(Diagnosis& d, const std::vector<int>& failures,
@@ -830,6 +962,7 @@ void LogAnalyzer::Impl::PickRoot(Diagnosis& d, const std::vector<int>& failures,
       for (int i : order) {
         const Signature& s = sigs[ev[i].sig];
         auto key = std::make_tuple(s.phase, ev[i].rank, ev[i].rank >= 0 ? -1 : ev[i].file);
+        if (s.phase_progress) continue;
         if (s.phase_begin)
           open.emplace(key, i);  // keep the first begin of an open phase
         else
@@ -958,7 +1091,9 @@ Diagnosis LogAnalyzer::Impl::Finish() {
   ResolveTimes(d);
   // De-duplicate the same kernel event read from both dmesg and kern.log (and repeated files).
   {
-    std::set<std::tuple<std::string, std::string, int64_t, uint64_t>> seen;
+    // Who wrote the line is part of the key: eight ranks printing the same line in the same
+    // second are eight events.
+    std::set<std::tuple<std::string, std::string, int64_t, uint64_t, int, int, int64_t>> seen;
     std::vector<Event> kept;
     for (size_t i = 0; i < d.events.size(); ++i) {
       Event& e = d.events[i];
@@ -966,7 +1101,8 @@ Diagnosis LogAnalyzer::Impl::Finish() {
       int64_t t = e.raw_time.kernel_rel_us >= 0                      ? -1 - e.raw_time.kernel_rel_us
                   : e.raw_time.kind == LineTime::Kind::kBootRelative ? -1 - e.raw_time.us
                                                                      : e.time_us;
-      if (t != kNoTime && !e.time_estimated && !seen.insert({e.id, e.host, t, body_hash[i]}).second)
+      if (t != kNoTime && !e.time_estimated &&
+          !seen.insert({e.id, e.host, t, body_hash[i], e.rank, e.local_rank, e.pid}).second)
         continue;
       kept.push_back(std::move(e));
     }

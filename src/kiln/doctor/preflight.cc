@@ -303,28 +303,46 @@ std::vector<Finding> CheckMachine(const MachineFacts& f, const KnownProblems& kp
   return out;
 }
 
-NvmlFacts GatherNvmlFacts() {
+NvmlFacts GatherNvmlFacts(obs::GpuSource& source) {
   NvmlFacts facts;
-  auto nvml = obs::Nvml::Load();
-  if (!nvml.ok()) {
-    facts.reason = nvml.status().message();
-    return facts;
-  }
   facts.available = true;
-  for (int i = 0; i < (*nvml)->DeviceCount(); ++i) {
+  for (int i = 0; i < source.DeviceCount(); ++i) {
     NvmlGpuFacts g;
     g.index = i;
-    if (auto info = (*nvml)->Info(i); info.ok()) g.pci_bus = info->pci_bus_id;
-    if (auto s = (*nvml)->Sample(i); s.ok()) {
-      g.ecc_uncorrected_aggregate = s->ecc_uncorrected_total;
-      if (s->remapped_rows_uncorrectable)
-        g.remapped_rows_uncorrectable = *s->remapped_rows_uncorrectable;
-      g.remap_pending = s->remap_pending;
-      g.remap_failure = s->remap_failed;
+    if (auto info = source.Info(i); info.ok()) g.pci_bus = info->pci_bus_id;
+    auto h = source.MemoryHealth(i);
+    if (!h.ok()) {
+      g.error = h.status().message();
+      facts.gpus.push_back(std::move(g));
+      continue;
     }
+    g.ecc_enabled = h->ecc_enabled;
+    g.ecc_enabled_pending = h->ecc_enabled_pending;
+    g.ecc_uncorrected_volatile = h->ecc_uncorrected_volatile;
+    g.ecc_uncorrected_aggregate = h->ecc_uncorrected_aggregate;
+    if (h->remapped_rows_correctable) g.remapped_rows_correctable = *h->remapped_rows_correctable;
+    if (h->remapped_rows_uncorrectable)
+      g.remapped_rows_uncorrectable = *h->remapped_rows_uncorrectable;
+    g.remap_pending = h->remap_pending;
+    g.remap_failure = h->remap_failed;
+    if (h->retired_pages_sbe) g.retired_pages_sbe = *h->retired_pages_sbe;
+    if (h->retired_pages_dbe) g.retired_pages_dbe = *h->retired_pages_dbe;
+    g.retired_pages_pending = h->retired_pages_pending;
+    for (const obs::CallError& e : h->errors)
+      g.failed_calls.push_back(fmt::format("{}: {} (NVML error {})", e.call, e.message, e.code));
     facts.gpus.push_back(std::move(g));
   }
   return facts;
+}
+
+NvmlFacts GatherNvmlFacts() {
+  auto nvml = obs::Nvml::Load();
+  if (!nvml.ok()) {
+    NvmlFacts facts;
+    facts.reason = nvml.status().message();
+    return facts;
+  }
+  return GatherNvmlFacts(**nvml);
 }
 
 std::vector<Finding> CheckNvml(const NvmlFacts& nvml) {
@@ -366,7 +384,62 @@ std::vector<Finding> CheckNvml(const NvmlFacts& nvml) {
       out.push_back({Severity::kWarning, id + ".ecc-mode",
                      fmt::format("GPU {} ({}) has ECC disabled", g.index, g.pci_bus),
                      "memory errors go undetected", "nvidia-smi -e 1 and reboot (root)"});
+    } else if (g.ecc_enabled.value_or(false) && g.ecc_enabled_pending.has_value() &&
+               !*g.ecc_enabled_pending) {
+      out.push_back(
+          {Severity::kWarning, id + ".ecc-mode",
+           fmt::format("GPU {} ({}): ECC will be off after the next reboot", g.index, g.pci_bus),
+           "someone ran nvidia-smi -e 0; memory errors will then go undetected",
+           "nvidia-smi -i N -e 1 before the reboot (root)"});
     }
+    // Page retirement (before Ampere): pages with a double-bit error, or repeated single-bit
+    // errors, are taken out of use at the next driver load.
+    if (g.retired_pages_pending.value_or(false)) {
+      out.push_back({Severity::kWarning, id + ".retired-pages",
+                     fmt::format("GPU {} ({}): a page retirement is pending", g.index, g.pci_bus),
+                     "the bad page stays in use until the driver reloads (Xid 63 on older GPUs)",
+                     "drain the GPU and reset it or reboot the node so the page is retired"});
+    } else if (g.retired_pages_dbe.value_or(0) > 0 || g.retired_pages_sbe.value_or(0) > 0) {
+      uint64_t dbe = g.retired_pages_dbe.value_or(0), sbe = g.retired_pages_sbe.value_or(0);
+      // NVIDIA's guidance for page retirement: a board is replaced at 60 or more retired pages.
+      bool many = dbe + sbe >= 60;
+      out.push_back(
+          {many ? Severity::kError : Severity::kInfo, id + ".retired-pages",
+           fmt::format("GPU {} ({}) has retired {} page(s) ({} double-bit, {} repeated "
+                       "single-bit)",
+                       g.index, g.pci_bus, dbe + sbe, dbe, sbe),
+           many ? "the retirement budget of the board is used up"
+                : "retired pages are out of use; the GPU is fine while the count stays low",
+           many ? "drain the GPU and open a hardware case" : ""});
+    }
+    if (!g.error.empty()) {
+      out.push_back(
+          {Severity::kWarning, id + ".nvml",
+           fmt::format("GPU {} ({}): memory health not read: {}", g.index, g.pci_bus, g.error),
+           "NVML could not query this GPU", "check nvidia-smi -q -i N -d ECC,ROW_REMAPPER"});
+      continue;
+    }
+    for (const std::string& call : g.failed_calls) {
+      out.push_back({Severity::kWarning, id + ".nvml",
+                     fmt::format("GPU {} ({}): an NVML query failed: {}", g.index, g.pci_bus, call),
+                     "that part of the memory health is unknown", "check nvidia-smi -q -i N"});
+    }
+    // What was read, so a healthy GPU shows that it was checked (and with which counters).
+    auto opt = [](const auto& v) {
+      return v.has_value() ? fmt::format("{}", *v) : std::string("n/a");
+    };
+    out.push_back(
+        {Severity::kInfo, id + ".memory-health",
+         fmt::format("GPU {} ({}): ECC {}; uncorrected errors volatile {} aggregate {}; remapped "
+                     "rows {} correctable {} uncorrectable, remap pending {}, remap failure {}; "
+                     "retired pages {} single-bit {} double-bit, pending {}",
+                     g.index, g.pci_bus,
+                     g.ecc_enabled.has_value() ? (*g.ecc_enabled ? "on" : "off") : "n/a",
+                     opt(g.ecc_uncorrected_volatile), opt(g.ecc_uncorrected_aggregate),
+                     opt(g.remapped_rows_correctable), opt(g.remapped_rows_uncorrectable),
+                     opt(g.remap_pending), opt(g.remap_failure), opt(g.retired_pages_sbe),
+                     opt(g.retired_pages_dbe), opt(g.retired_pages_pending)),
+         "", ""});
   }
   return out;
 }

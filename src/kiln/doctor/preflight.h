@@ -12,6 +12,7 @@
 #include "kiln/core/status.h"
 #include "kiln/doctor/finding.h"
 #include "kiln/doctor/knowledge.h"
+#include "kiln/obs/gpu_source.h"
 
 namespace kiln::doctor {
 
@@ -56,6 +57,13 @@ struct NvmlGpuFacts {
   std::optional<uint64_t> ecc_uncorrected_volatile, ecc_uncorrected_aggregate;
   std::optional<uint64_t> remapped_rows_uncorrectable;
   std::optional<bool> remap_pending, remap_failure;
+  // Page retirement (GPUs before Ampere; Ampere and later remap rows instead).
+  std::optional<uint64_t> retired_pages_sbe, retired_pages_dbe;
+  std::optional<bool> retired_pages_pending;
+  std::optional<uint64_t> remapped_rows_correctable;
+  std::optional<bool> ecc_enabled_pending;
+  std::string error;                      // why this GPU could not be read (empty when it was)
+  std::vector<std::string> failed_calls;  // NVML queries that failed (not "not supported")
 };
 struct NvmlFacts {
   bool available = false;
@@ -92,8 +100,11 @@ MachineFacts ProbeMachine(const std::map<std::string, std::string>& env);
 std::vector<Finding> CheckMachine(const MachineFacts& facts, const KnownProblems& kp,
                                   const MemoryPlan& plan);
 std::vector<Finding> CheckNvml(const NvmlFacts& nvml);
-// Reads ECC and row-remapping counters of every GPU through NVML (not available: a reason).
+// Reads ECC, row-remapping and retired-page state of every GPU through NVML (not available: a
+// reason).
 NvmlFacts GatherNvmlFacts();
+// The same from any GPU source (tests use obs::FakeGpuSource).
+NvmlFacts GatherNvmlFacts(obs::GpuSource& source);
 
 struct PreflightReport {
   MachineFacts facts;

@@ -49,6 +49,26 @@ StatusOr<std::vector<XidEvent>> FakeGpuSource::WaitXid(std::chrono::milliseconds
   return out;
 }
 
+StatusOr<GpuMemoryHealth> FakeGpuSource::MemoryHealth(int device) {
+  std::lock_guard lock(mu_);
+  if (device < 0 || device >= devices_) {
+    return MakeError(ErrorCode::kOutOfRange, "fake GPU {} does not exist", device);
+  }
+  if (auto it = fail_samples_.find(device); it != fail_samples_.end() && it->second.first > 0) {
+    --it->second.first;
+    return it->second.second;
+  }
+  auto it = health_.find(device);
+  GpuMemoryHealth h = it != health_.end() ? it->second : GpuMemoryHealth{};
+  h.device = device;
+  return h;
+}
+
+void FakeGpuSource::SetMemoryHealth(const GpuMemoryHealth& health) {
+  std::lock_guard lock(mu_);
+  health_[health.device] = health;
+}
+
 void FakeGpuSource::Set(const GpuSample& sample) {
   std::lock_guard lock(mu_);
   if (sample.device >= 0 && sample.device < devices_) current_[sample.device] = sample;

@@ -21,6 +21,7 @@ class FakeGpuSource final : public GpuSource {
   int DeviceCount() const override { return devices_; }
   StatusOr<GpuInfo> Info(int device) override;
   StatusOr<GpuSample> Sample(int device) override;
+  StatusOr<GpuMemoryHealth> MemoryHealth(int device) override;
   StatusOr<std::vector<XidEvent>> WaitXid(std::chrono::milliseconds timeout) override;
 
   // The sample returned from now on for `sample.device` (until the next Set).
@@ -30,6 +31,8 @@ class FakeGpuSource final : public GpuSource {
   // The next `count` samples of `device` report `call` as failed (the field goes absent).
   void FailNextCalls(int device, int count, CallError error);
   void PushXid(int device, uint64_t xid);
+  // What MemoryHealth returns for `health.device` (default: every field absent).
+  void SetMemoryHealth(const GpuMemoryHealth& health);
   // WaitXid returns NvmlNotSupported (a driver that cannot register events).
   void DisableXid() { xid_supported_ = false; }
   int samples_taken() const;
@@ -39,6 +42,7 @@ class FakeGpuSource final : public GpuSource {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<GpuSample> current_;
+  std::map<int, GpuMemoryHealth> health_;
   std::map<int, std::pair<int, Status>> fail_samples_;
   std::map<int, std::pair<int, CallError>> fail_calls_;
   std::deque<XidEvent> xids_;

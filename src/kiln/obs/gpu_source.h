@@ -72,6 +72,26 @@ struct GpuSample {
   std::vector<CallError> errors;
 };
 
+// Memory health of one GPU, read on demand (`kiln doctor`), not on every sample. Every value is
+// optional: ECC counters need ECC on, row remapping exists from Ampere on, page retirement before
+// it; "not supported" leaves the field absent, other failures are listed in `errors`.
+struct GpuMemoryHealth {
+  int device = 0;
+  std::optional<bool> ecc_enabled;          // current ECC mode (nvmlDeviceGetEccMode)
+  std::optional<bool> ecc_enabled_pending;  // mode after the next reboot
+  // nvmlDeviceGetTotalEccErrors: volatile = since the last driver load / GPU reset, aggregate =
+  // the GPU's lifetime.
+  std::optional<uint64_t> ecc_uncorrected_volatile, ecc_uncorrected_aggregate;
+  std::optional<uint64_t> ecc_corrected_volatile, ecc_corrected_aggregate;
+  // nvmlDeviceGetRemappedRows
+  std::optional<uint32_t> remapped_rows_correctable, remapped_rows_uncorrectable;
+  std::optional<bool> remap_pending, remap_failed;
+  // nvmlDeviceGetRetiredPages (single-bit and double-bit causes) and ...PendingStatus
+  std::optional<uint32_t> retired_pages_sbe, retired_pages_dbe;
+  std::optional<bool> retired_pages_pending;
+  std::vector<CallError> errors;
+};
+
 struct GpuInfo {
   std::string name;        // "NVIDIA H200"
   std::string uuid;        // "GPU-..."
@@ -92,6 +112,8 @@ class GpuSource {
   virtual StatusOr<GpuInfo> Info(int device) = 0;
   // A whole-sample failure (device handle gone) is an error; a failed field is in errors.
   virtual StatusOr<GpuSample> Sample(int device) = 0;
+  // ECC mode and counters, row remapping and retired pages of one GPU.
+  virtual StatusOr<GpuMemoryHealth> MemoryHealth(int device) = 0;
   // Waits at most `timeout` for Xid events; an empty vector when none came. NvmlNotSupported
   // when no device can report Xids (callers stop asking).
   virtual StatusOr<std::vector<XidEvent>> WaitXid(std::chrono::milliseconds timeout) = 0;

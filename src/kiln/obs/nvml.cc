@@ -4,7 +4,10 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 namespace kiln::obs {
 namespace {
@@ -20,7 +23,13 @@ constexpr nvmlReturn_t NVML_ERROR_FUNCTION_NOT_FOUND = 13;
 constexpr int NVML_TEMPERATURE_GPU = 0;
 constexpr int NVML_MEMORY_ERROR_TYPE_CORRECTED = 0;
 constexpr int NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1;
+constexpr int NVML_VOLATILE_ECC = 0;
 constexpr int NVML_AGGREGATE_ECC = 1;
+constexpr nvmlReturn_t NVML_ERROR_INSUFFICIENT_SIZE = 7;
+// nvmlPageRetirementCause_t
+constexpr int NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0;
+constexpr int NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1;
+using nvmlEnableState_t = int;  // NVML_FEATURE_DISABLED = 0, NVML_FEATURE_ENABLED = 1
 constexpr unsigned long long nvmlEventTypeXidCriticalError = 0x8ULL;
 constexpr unsigned int kNameBufferSize = 96;    // NVML_DEVICE_NAME_V2_BUFFER_SIZE
 constexpr unsigned int kUuidBufferSize = 96;    // NVML_DEVICE_UUID_V2_BUFFER_SIZE
@@ -75,6 +84,9 @@ struct Nvml::Api {
   nvmlReturn_t (*GetTotalEccErrors)(nvmlDevice_t, int, int, unsigned long long*) = nullptr;
   nvmlReturn_t (*GetRemappedRows)(nvmlDevice_t, unsigned int*, unsigned int*, unsigned int*,
                                   unsigned int*) = nullptr;
+  nvmlReturn_t (*GetEccMode)(nvmlDevice_t, nvmlEnableState_t*, nvmlEnableState_t*) = nullptr;
+  nvmlReturn_t (*GetRetiredPages)(nvmlDevice_t, int, unsigned int*, unsigned long long*) = nullptr;
+  nvmlReturn_t (*GetRetiredPagesPendingStatus)(nvmlDevice_t, nvmlEnableState_t*) = nullptr;
   nvmlReturn_t (*EventSetCreate)(nvmlEventSet_t*) = nullptr;
   nvmlReturn_t (*EventSetFree)(nvmlEventSet_t) = nullptr;
   nvmlReturn_t (*RegisterEvents)(nvmlDevice_t, unsigned long long, nvmlEventSet_t) = nullptr;
@@ -125,6 +137,9 @@ StatusOr<std::unique_ptr<Nvml>> Nvml::Load(const std::string& library) {
   }
   Resolve(lib, &a.GetTotalEccErrors, "nvmlDeviceGetTotalEccErrors");
   Resolve(lib, &a.GetRemappedRows, "nvmlDeviceGetRemappedRows");
+  Resolve(lib, &a.GetEccMode, "nvmlDeviceGetEccMode");
+  Resolve(lib, &a.GetRetiredPages, "nvmlDeviceGetRetiredPages");
+  Resolve(lib, &a.GetRetiredPagesPendingStatus, "nvmlDeviceGetRetiredPagesPendingStatus");
   Resolve(lib, &a.EventSetCreate, "nvmlEventSetCreate");
   Resolve(lib, &a.EventSetFree, "nvmlEventSetFree");
   Resolve(lib, &a.RegisterEvents, "nvmlDeviceRegisterEvents");
@@ -255,6 +270,71 @@ StatusOr<GpuSample> Nvml::Sample(int device) {
     s.remap_failed = failed != 0;
   }
   return s;
+}
+
+StatusOr<GpuMemoryHealth> Nvml::MemoryHealth(int device) {
+  if (device < 0 || device >= DeviceCount()) {
+    return MakeError(ErrorCode::kOutOfRange, "GPU {} does not exist (NVML sees {})", device,
+                     DeviceCount());
+  }
+  nvmlDevice_t d = devices_[device];
+  GpuMemoryHealth h;
+  h.device = device;
+  // `ok` lists the return codes that still carry an answer (besides success).
+  auto query = [&](auto fn, const char* call, std::initializer_list<int> ok,
+                   auto&&... args) -> bool {
+    if (fn == nullptr) return false;
+    int rc = fn(d, args...);
+    if (rc == NVML_SUCCESS || std::find(ok.begin(), ok.end(), rc) != ok.end()) return true;
+    if (rc != NVML_ERROR_NOT_SUPPORTED && rc != NVML_ERROR_FUNCTION_NOT_FOUND) {
+      const char* text = api_->ErrorString ? api_->ErrorString(rc) : nullptr;
+      h.errors.push_back({call, rc, text ? text : "unknown NVML error"});
+    }
+    return false;
+  };
+  nvmlEnableState_t current = 0, pending = 0;
+  if (query(api_->GetEccMode, "nvmlDeviceGetEccMode", {}, &current, &pending)) {
+    h.ecc_enabled = current != 0;
+    h.ecc_enabled_pending = pending != 0;
+  }
+  struct Counter {
+    int type, counter;
+    std::optional<uint64_t>* out;
+  };
+  for (const Counter& c :
+       {Counter{NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, &h.ecc_uncorrected_volatile},
+        Counter{NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC,
+                &h.ecc_uncorrected_aggregate},
+        Counter{NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, &h.ecc_corrected_volatile},
+        Counter{NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC,
+                &h.ecc_corrected_aggregate}}) {
+    unsigned long long n = 0;
+    if (query(api_->GetTotalEccErrors, "nvmlDeviceGetTotalEccErrors", {}, c.type, c.counter, &n))
+      *c.out = n;
+  }
+  unsigned int corr = 0, unc = 0, remap_pending = 0, failed = 0;
+  if (query(api_->GetRemappedRows, "nvmlDeviceGetRemappedRows", {}, &corr, &unc, &remap_pending,
+            &failed)) {
+    h.remapped_rows_correctable = corr;
+    h.remapped_rows_uncorrectable = unc;
+    h.remap_pending = remap_pending != 0;
+    h.remap_failed = failed != 0;
+  }
+  // A page count of 0 with no buffer asks for the count only: INSUFFICIENT_SIZE means "there are
+  // pageCount of them".
+  for (auto [cause, out] :
+       {std::pair{NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, &h.retired_pages_sbe},
+        std::pair{NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, &h.retired_pages_dbe}}) {
+    unsigned int count = 0;
+    if (query(api_->GetRetiredPages, "nvmlDeviceGetRetiredPages", {NVML_ERROR_INSUFFICIENT_SIZE},
+              cause, &count, static_cast<unsigned long long*>(nullptr)))
+      *out = count;
+  }
+  nvmlEnableState_t retire_pending = 0;
+  if (query(api_->GetRetiredPagesPendingStatus, "nvmlDeviceGetRetiredPagesPendingStatus", {},
+            &retire_pending))
+    h.retired_pages_pending = retire_pending != 0;
+  return h;
 }
 
 StatusOr<std::vector<XidEvent>> Nvml::WaitXid(std::chrono::milliseconds timeout) {

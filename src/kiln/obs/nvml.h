@@ -23,6 +23,7 @@ class Nvml final : public GpuSource {
   int DeviceCount() const override;
   StatusOr<GpuInfo> Info(int device) override;
   StatusOr<GpuSample> Sample(int device) override;
+  StatusOr<GpuMemoryHealth> MemoryHealth(int device) override;
   StatusOr<std::vector<XidEvent>> WaitXid(std::chrono::milliseconds timeout) override;
 
   const std::string& DriverVersion() const { return driver_version_; }
