@@ -269,6 +269,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   progress("verify", 0, 1, "");
   KILN_RETURN_IF_ERROR(Verify(graph));
   KILN_RETURN_IF_ERROR(ValidateProfile(graph, config.profile));
+  KILN_RETURN_IF_ERROR(CheckProfileSizes(graph, config.profile));
   if (config.optimize) SpecializeFixedDims(graph, config.profile);
   auto inferred_or = InferShapes(graph);
   if (!inferred_or.ok()) {
