@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "kiln/engine/engine_file.h"
 
 namespace kiln::app {
@@ -32,7 +34,9 @@ TEST(HostRunner, InputsSharingASymbolChangeOneAtATime) {
   auto runner = HostRunner::Create(*engine);
   ASSERT_TRUE(runner.ok()) << runner.status().ToString();
   for (int64_t batch : {2, 3, 1}) {
-    auto inputs = RandomInputs(**engine, {{"a", {batch, 4}}, {"b", {batch, 4}}}, /*seed=*/batch);
+    auto random = RandomInputs(**engine, {{"a", {batch, 4}}, {"b", {batch, 4}}}, /*seed=*/batch);
+    ASSERT_TRUE(random.ok()) << random.status().ToString();
+    std::map<std::string, Tensor>& inputs = *random;
     ASSERT_TRUE((*runner)->SetInputs(inputs).ok());
     ASSERT_TRUE((*runner)->Run().ok());
     const Tensor& y = (*runner)->outputs().at("y");
@@ -61,10 +65,31 @@ TEST(HostRunner, ShapeOutsideProfileNamesInputDimensionAndBounds) {
   ASSERT_TRUE(engine.ok());
   auto runner = HostRunner::Create(*engine);
   ASSERT_TRUE(runner.ok());
-  Status s = (*runner)->SetInputs(RandomInputs(**engine, {{"a", {5, 4}}, {"b", {5, 4}}}, 7));
+  std::map<std::string, Tensor> feed = {{"a", Tensor(DataType::kFloat32, {5, 4})},
+                                        {"b", Tensor(DataType::kFloat32, {5, 4})}};
+  Status s = (*runner)->SetInputs(feed);
   EXPECT_EQ(s.code(), ErrorCode::kShapeOutsideProfile);
   EXPECT_NE(s.message().find("input 'a' dimension 0"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("[1, 4]"), std::string::npos) << s.message();
+}
+
+// Shapes are checked before a tensor is allocated for them: a dimension of 2^63-1 (`kiln run
+// --shapes`) is refused with the profile's bounds, never allocated.
+TEST(RandomInputs, RefusesShapesOutsideTheEngineBeforeAllocating) {
+  auto engine = AddEngine();
+  ASSERT_TRUE(engine.ok());
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  auto outside = RandomInputs(**engine, {{"a", {huge, 4}}}, 7);
+  ASSERT_FALSE(outside.ok());
+  EXPECT_EQ(outside.status().code(), ErrorCode::kShapeOutsideProfile);
+  EXPECT_NE(outside.status().message().find(std::to_string(huge)), std::string::npos)
+      << outside.status().message();
+  auto fixed = RandomInputs(**engine, {{"a", {2, huge}}}, 7);
+  ASSERT_FALSE(fixed.ok());
+  EXPECT_EQ(fixed.status().code(), ErrorCode::kInputShapeInvalid);
+  auto unknown = RandomInputs(**engine, {{"nope", {2, 4}}}, 7);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), ErrorCode::kUnknownBinding);
 }
 
 TEST(Compare, CountsMismatchesAndRelativeL2) {

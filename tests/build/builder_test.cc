@@ -146,6 +146,31 @@ TEST(Builder, ProfileErrorsSayWhatToChange) {
   EXPECT_EQ(BuildZoo("resnet_tiny", unknown).status().code(), ErrorCode::kInvalidProfile);
 }
 
+// A profile past the size limits is refused before shapes are inferred or anything is timed,
+// naming the input and the value (the plan would otherwise be sized from a wrapped figure).
+TEST(Builder, ProfilePastTheSizeLimitsIsE3008BeforeAnythingRuns) {
+  for (std::string max : {"4611686018427387904x3x64x64", "4294967296x3x64x64"}) {
+    BuilderConfig huge;
+    ASSERT_TRUE(ParseProfileSpec("input:1x3x64x64,2x3x64x64," + max, &huge.profile).ok());
+    BuildReport report;
+    auto engine = BuildZoo("resnet_tiny", huge, &report);
+    ASSERT_FALSE(engine.ok());
+    EXPECT_EQ(engine.status().code(), ErrorCode::kProfileTooLarge) << engine.status().ToString();
+    EXPECT_NE(engine.status().message().find("max shape of input 'input'"), std::string::npos)
+        << engine.status().message();
+    EXPECT_NE(engine.status().message().find(max.substr(0, max.find('x'))), std::string::npos)
+        << engine.status().message();
+    EXPECT_EQ(report.phase_seconds_passes, 0.0);  // refused before the passes ran
+  }
+}
+
+TEST(BuilderConfig, MemoryBudgetThatOverflowsIsRefused) {
+  auto b = MemoryBudget::Parse("9999999999T");
+  EXPECT_EQ(b.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("9999999999T"), std::string::npos);
+  EXPECT_EQ(*MemoryBudget::Parse("8388607T")->bytes, int64_t{8388607} << 40);
+}
+
 TEST(Builder, Fp16BuildReportsEveryLayersPrecisionAndReason) {
   BuilderConfig c = ResnetConfig();
   c.fp16 = true;

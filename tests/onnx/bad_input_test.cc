@@ -156,5 +156,51 @@ TEST(OnnxBadInput, DeclaredTypeContradictingAConstantIsTypeMismatch) {
   EXPECT_EQ(s.code(), ErrorCode::kTypeMismatch) << s.ToString();
 }
 
+// Sizes past kiln's limits (ir/sizes.h) are refused at import, naming the tensor and the value,
+// before anything is allocated: initializers and Constant values (2^32 x 2^32 once wrapped to 0
+// elements) and graph inputs' static dims.
+TEST(OnnxBadInput, HugeShapesAreE2015NamingTensorAndValue) {
+  const int64_t k2to32 = int64_t{1} << 32;
+  {
+    ModelBuilder b(17);
+    b.Input("x", onnx::TensorProto::FLOAT, {int64_t{2}});
+    b.Initializer("w", {}, {k2to32, k2to32});
+    b.Node("Add", {"x", "w"}, {"y"}, "add");
+    b.Output("y");
+    std::string bytes = b.Bytes();
+    Status s = ImportOnnxBytes(AsBytes(bytes), "").status();
+    EXPECT_EQ(s.code(), ErrorCode::kTensorTooLarge) << s.ToString();
+    EXPECT_NE(s.message().find("tensor 'w'"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("[4294967296,4294967296]"), std::string::npos) << s.message();
+  }
+  {
+    ModelBuilder b(17);
+    b.Input("x", onnx::TensorProto::FLOAT, {int64_t{2}});
+    auto* c = b.Node("Constant", {}, {"w"}, "const");
+    auto* a = c->add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
+    a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+    a->mutable_t()->add_dims(int64_t{1} << 62);
+    b.Node("Add", {"x", "w"}, {"y"}, "add");
+    b.Output("y");
+    std::string bytes = b.Bytes();
+    Status s = ImportOnnxBytes(AsBytes(bytes), "").status();
+    EXPECT_EQ(s.code(), ErrorCode::kTensorTooLarge) << s.ToString();
+    EXPECT_NE(s.message().find("4611686018427387904"), std::string::npos) << s.message();
+  }
+  for (std::vector<DimSpec> dims : {std::vector<DimSpec>{int64_t{1}, int64_t{1} << 62},
+                                    std::vector<DimSpec>{std::string("batch"), k2to32, k2to32}}) {
+    ModelBuilder b(17);
+    b.Input("x", onnx::TensorProto::FLOAT, dims);
+    b.Node("Relu", {"x"}, {"y"}, "relu");
+    b.Output("y");
+    std::string bytes = b.Bytes();
+    Status s = ImportOnnxBytes(AsBytes(bytes), "").status();
+    EXPECT_EQ(s.code(), ErrorCode::kTensorTooLarge) << s.ToString();
+    EXPECT_NE(s.message().find("graph input 'x'"), std::string::npos) << s.message();
+  }
+}
+
 }  // namespace
 }  // namespace kiln

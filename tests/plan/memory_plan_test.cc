@@ -5,9 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <optional>
 #include <random>
 #include <set>
+
+#include "kiln/ir/sizes.h"
 
 namespace kiln {
 namespace {
@@ -165,6 +168,67 @@ TEST(MemoryPlan, MissingProfileAndUnboundSymbolsAreNamed) {
 
   profile.inputs[0].max = {3};
   EXPECT_EQ(PlanMemory(g, Layers(g), profile).status().code(), ErrorCode::kInvalidProfile);
+}
+
+// Sizes past the limits of ir/sizes.h are KILN-E3008 naming the value or input and the value,
+// never a wrapped figure: 2^32 x 2^32 floats once planned as "peak 0 B".
+TEST(MemoryPlan, SizesPastTheLimitsAreE3008NamingTheValue) {
+  const int64_t k2to32 = int64_t{1} << 32;
+  {
+    Graph g;
+    Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("n"), 4});
+    g.MarkOutput(Op(g, "y", {Op(g, "a", {x}, {Dim::Symbol("n"), 4})}, {Dim::Symbol("n"), 4}));
+    OptimizationProfile profile;
+    profile.inputs.push_back({"x", {1, 4}, {2, 4}, {int64_t{1} << 62, 4}});
+    auto plan = PlanMemory(g, Layers(g), profile);
+    EXPECT_EQ(plan.status().code(), ErrorCode::kProfileTooLarge) << plan.status().ToString();
+    EXPECT_NE(plan.status().message().find("max shape of input 'x'"), std::string::npos)
+        << plan.status().message();
+    EXPECT_NE(plan.status().message().find("4611686018427387904"), std::string::npos);
+
+    // Within the per-input limit, but a symbolic product past it at the max shapes.
+    Graph h;
+    Dim n = Dim::Symbol("n");
+    Value* hx = h.AddInput("x", DataType::kFloat32, {n, 4});
+    h.MarkOutput(Op(h, "y", {Op(h, "sq", {hx}, {n, n})}, {n, 4}));
+    profile.inputs[0].max = {k2to32, 4};
+    profile.inputs[0].opt = {2, 4};
+    plan = PlanMemory(h, Layers(h), profile);
+    EXPECT_EQ(plan.status().code(), ErrorCode::kProfileTooLarge) << plan.status().ToString();
+    EXPECT_NE(plan.status().message().find("value 'sq'"), std::string::npos)
+        << plan.status().message();
+  }
+  {
+    Graph g;
+    Value* x = g.AddInput("x", DataType::kFloat32, {4});
+    g.MarkOutput(Op(g, "y", {Op(g, "a", {x}, {k2to32, k2to32})}, {4}));
+    auto plan = PlanMemory(g, Layers(g), {});
+    EXPECT_EQ(plan.status().code(), ErrorCode::kProfileTooLarge);
+    EXPECT_NE(plan.status().message().find("value 'a'"), std::string::npos);
+  }
+  {
+    // A workspace past the limits (a tactic's estimate at huge max shapes).
+    Graph g;
+    Value* x = g.AddInput("x", DataType::kFloat32, {4});
+    g.MarkOutput(Op(g, "y", {Op(g, "a", {x}, {4})}, {4}));
+    auto plan = PlanMemory(g, Layers(g, std::numeric_limits<int64_t>::max()), {});
+    EXPECT_EQ(plan.status().code(), ErrorCode::kProfileTooLarge);
+    EXPECT_NE(plan.status().message().find("workspace of layer"), std::string::npos);
+  }
+  {
+    // Each buffer within the per-tensor limit, their sum past the total limit (2^50 bytes).
+    Graph g;
+    Value* prev = g.AddInput("x", DataType::kFloat32, {4});
+    const int64_t count = kMaxTotalBytes / kMaxTensorBytes + 1;
+    for (int64_t i = 0; i < count; ++i) {
+      prev = Op(g, fmt::format("t{}", i), {prev}, {int64_t{1} << 38});  // 1 TiB each
+    }
+    g.MarkOutput(Op(g, "y", {prev}, {4}));
+    auto plan = PlanMemory(g, Layers(g), {});
+    EXPECT_EQ(plan.status().code(), ErrorCode::kProfileTooLarge);
+    EXPECT_NE(plan.status().message().find("activations"), std::string::npos)
+        << plan.status().message();
+  }
 }
 
 // Random DAGs: every pair of buffers whose lifetimes overlap must occupy disjoint bytes.
@@ -391,7 +455,7 @@ TEST(MemoryPlanViews, PropertySimulatedRunsReadWhatWasWritten) {
       if (it == plan.offsets.end()) return std::nullopt;
       int64_t bytes = 4;
       for (const Dim& d : v->shape()) bytes *= d.value();
-      return std::make_pair(it->second, AlignUp(bytes));
+      return std::make_pair(it->second, (bytes + kPlanAlignment - 1) / kPlanAlignment * kPlanAlignment);
     };
     std::vector<std::string> stamp(static_cast<size_t>(plan.arena_bytes / kPlanAlignment));
     for (const PlanLayer& l : layers) {

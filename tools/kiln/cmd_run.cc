@@ -123,7 +123,9 @@ int Run(const RunOptions& o) {
     if (Status s = ParseProfileSpec(spec, &p); !s.ok()) return ReportError(s);
     shapes[p.inputs[0].input] = p.inputs[0].opt;
   }
-  std::map<std::string, Tensor> feed = app::RandomInputs(**engine, shapes, o.seed);
+  auto random = app::RandomInputs(**engine, shapes, o.seed);
+  if (!random.ok()) return ReportError(random.status());
+  std::map<std::string, Tensor> feed = std::move(*random);
   for (const std::string& spec : o.inputs) {
     size_t eq = spec.find('=');
     if (eq == std::string::npos) {

@@ -155,9 +155,12 @@ Comparison CompareTensors(const Tensor& actual, const Tensor& expected, double r
   return c;
 }
 
-std::map<std::string, Tensor> RandomInputs(
+StatusOr<std::map<std::string, Tensor>> RandomInputs(
     const Engine& engine, const std::map<std::string, std::vector<int64_t>>& shapes, uint64_t seed,
     int64_t int_high) {
+  // A shape given for no input is an error, and every given shape is checked against the
+  // engine before a byte is allocated for it.
+  for (const auto& [name, dims] : shapes) KILN_RETURN_IF_ERROR(engine.CheckInputShape(name, dims));
   std::mt19937_64 rng(seed);
   std::map<std::string, Tensor> out;
   for (const TensorDesc& d : engine.inputs()) {

@@ -62,7 +62,8 @@ struct Comparison {
 Comparison CompareTensors(const Tensor& actual, const Tensor& expected, double rtol, double atol);
 
 // Random inputs for an engine at the given shapes (never all zeros; integer inputs in [0, high)).
-std::map<std::string, Tensor> RandomInputs(
+// Each given shape is checked with Engine::CheckInputShape before anything is allocated.
+StatusOr<std::map<std::string, Tensor>> RandomInputs(
     const Engine& engine, const std::map<std::string, std::vector<int64_t>>& shapes, uint64_t seed,
     int64_t int_high = 2);
 

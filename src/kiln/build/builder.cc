@@ -316,6 +316,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input,
                           ResolveProfile(graph, requested.profile, &profile_warnings));
     for (const Status& w : profile_warnings) Warn(rep, w);
   }
+  KILN_RETURN_IF_ERROR(CheckProfileSizes(graph, config.profile));
   if (config.optimize) SpecializeFixedDims(graph, config.profile);
   auto inferred_or = InferShapes(graph);
   if (!inferred_or.ok()) {

@@ -3,6 +3,9 @@
 
 #include <charconv>
 #include <cmath>
+#include <limits>
+
+#include "kiln/ir/sizes.h"
 
 namespace kiln {
 
@@ -55,7 +58,13 @@ StatusOr<MemoryBudget> MemoryBudget::Parse(const std::string& text) {
                      "--memory-budget '{}' is not a size (512M, 8G, bytes) or a fraction (0.5)",
                      text);
   }
-  b.bytes = v * scale;
+  auto bytes = CheckedMul(v, scale);
+  if (!bytes) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "--memory-budget '{}' does not fit in 64 bits; give at most {}T", text,
+                     std::numeric_limits<int64_t>::max() >> 40);
+  }
+  b.bytes = *bytes;
   return b;
 }
 

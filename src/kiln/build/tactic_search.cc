@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "kiln/core/logging.h"
+#include "kiln/ir/sizes.h"
 
 namespace kiln {
 
@@ -18,7 +19,7 @@ bool Expired(const TacticSearchOptions& o) { return o.deadline && Clock::now() >
 
 int64_t Elements(const std::vector<int64_t>& dims) {
   int64_t n = 1;
-  for (int64_t d : dims) n *= std::max<int64_t>(d, 1);
+  for (int64_t d : dims) n = SatMul(n, std::max<int64_t>(d, 1));
   return n;
 }
 

@@ -19,6 +19,7 @@
 #include <unordered_set>
 
 #include "kiln/engine/engine_generated.h"
+#include "kiln/ir/sizes.h"
 #include "kiln/ops/op_schema.h"
 
 #ifndef KILN_VERSION_STRING
@@ -60,15 +61,12 @@ bool ValidDataType(uint8_t t) {
          t <= static_cast<uint8_t>(DataType::kBool);
 }
 
-// Bytes of a dense tensor; nullopt on a negative dim or overflow.
+// Bytes of a dense tensor; nullopt past the size limits (ir/sizes.h) or a negative dim.
 std::optional<uint64_t> DenseBytes(DataType dtype, std::span<const int64_t> dims) {
   if (dims.size() > kMaxRank) return std::nullopt;
-  uint64_t bytes = SizeOf(dtype);
-  for (int64_t d : dims) {
-    if (d < 0) return std::nullopt;
-    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) return std::nullopt;
-  }
-  return bytes;
+  auto size = CheckedTensorSize(dims, dtype, ErrorCode::kEngineMalformed, "");
+  if (!size.ok()) return std::nullopt;
+  return static_cast<uint64_t>(size->bytes);
 }
 
 // ---------------------------------------------------------------------------------------------

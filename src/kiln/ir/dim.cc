@@ -6,10 +6,17 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "kiln/ir/sizes.h"
+
 namespace kiln {
 
 namespace {
+// Exact division helpers that never trap (INT64_MIN / -1 saturates).
+bool Divides(int64_t c, int64_t d) { return d == -1 || c % d == 0; }
+int64_t DivInt(int64_t c, int64_t d) { return d == -1 ? SatSub(0, c) : c / d; }
+
 int64_t FloorDivInt(int64_t a, int64_t b) {
+  if (b == -1) return SatSub(0, a);  // INT64_MIN / -1 would trap
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
@@ -34,7 +41,7 @@ Dim Dim::FromTerms(Terms terms) {
   out.reserve(terms.size());
   for (auto& t : terms) {
     if (!out.empty() && out.back().first == t.first) {
-      out.back().second += t.second;
+      out.back().second = SatAdd(out.back().second, t.second);
     } else {
       out.push_back(std::move(t));
     }
@@ -105,7 +112,7 @@ std::vector<std::string> Dim::Symbols() const {
 }
 
 Dim operator+(const Dim& a, const Dim& b) {
-  if (a.is_static() && b.is_static()) return a.value_ + b.value_;
+  if (a.is_static() && b.is_static()) return SatAdd(a.value_, b.value_);
   if (b.is_static() && b.value_ == 0) return a;
   if (a.is_static() && a.value_ == 0) return b;
   Dim::Terms t = a.terms();
@@ -115,16 +122,16 @@ Dim operator+(const Dim& a, const Dim& b) {
 }
 
 Dim operator-(const Dim& a, const Dim& b) {
-  if (a.is_static() && b.is_static()) return a.value_ - b.value_;
+  if (a.is_static() && b.is_static()) return SatSub(a.value_, b.value_);
   Dim::Terms neg = b.terms();
-  for (auto& t : neg) t.second = -t.second;
+  for (auto& t : neg) t.second = SatSub(0, t.second);
   Dim::Terms t = a.terms();
   t.insert(t.end(), std::make_move_iterator(neg.begin()), std::make_move_iterator(neg.end()));
   return Dim::FromTerms(std::move(t));
 }
 
 Dim operator*(const Dim& a, const Dim& b) {
-  if (a.is_static() && b.is_static()) return a.value_ * b.value_;
+  if (a.is_static() && b.is_static()) return SatMul(a.value_, b.value_);
   if ((a.is_static() && a.value_ == 0) || (b.is_static() && b.value_ == 0)) return 0;
   if (b.is_static() && b.value_ == 1) return a;
   if (a.is_static() && a.value_ == 1) return b;
@@ -134,7 +141,7 @@ Dim operator*(const Dim& a, const Dim& b) {
       Dim::Monomial m = ma;
       m.insert(m.end(), mb.begin(), mb.end());
       std::sort(m.begin(), m.end());
-      out.push_back({std::move(m), ca * cb});
+      out.push_back({std::move(m), SatMul(ca, cb)});
     }
   }
   return Dim::FromTerms(std::move(out));
@@ -154,8 +161,8 @@ Dim FloorDiv(const Dim& a, const Dim& b) {
     Dim::Terms out;
     bool exact = true;
     for (const auto& [m, c] : a.terms()) {
-      if (c % b.value() != 0) exact = false;
-      out.push_back({m, c / (exact ? b.value() : 1)});
+      if (!Divides(c, b.value())) exact = false;
+      out.push_back({m, exact ? DivInt(c, b.value()) : c});
     }
     if (exact) return Dim::FromTerms(std::move(out));
   }
@@ -176,11 +183,11 @@ Dim FloorDiv(const Dim& a, const Dim& b) {
         }
         rest.erase(it);
       }
-      if (!exact || c % bc != 0) {
+      if (!exact || !Divides(c, bc)) {
         exact = false;
         break;
       }
-      out.push_back({rest, c / bc});
+      out.push_back({rest, DivInt(c, bc)});
     }
     if (exact) return Dim::FromTerms(std::move(out));
   }
@@ -191,7 +198,8 @@ Dim CeilDiv(const Dim& a, const Dim& b) { return FloorDiv(a + b - 1, b); }
 
 Dim Mod(const Dim& a, const Dim& b) {
   if (a.is_static() && b.is_static() && b.value() != 0) {
-    return a.value() - FloorDivInt(a.value(), b.value()) * b.value();
+    if (b.value() == -1) return 0;  // the general form would saturate on INT64_MIN
+    return SatSub(a.value(), SatMul(FloorDivInt(a.value(), b.value()), b.value()));
   }
   if (FloorDiv(a, b) * b == a) return 0;
   return Dim::Opaque("mod", a, b);

@@ -2,6 +2,8 @@
 // 3, batch, 2*seq, batch*seq*12. Expressions that are not polynomials (an inexact division,
 // a max) become a fresh symbol whose name is the expression. Shape rules are written once over
 // Dim: at build time dims may be symbolic; at run time every Dim is a plain integer.
+// Arithmetic saturates instead of wrapping (ir/sizes.h): an overflowing static result becomes
+// INT64_MAX or INT64_MIN, which the size checks every inferred shape passes through reject.
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,8 @@
 #include <queue>
 #include <unordered_set>
 
+#include "kiln/ir/sizes.h"
+
 namespace kiln {
 
 void Value::set_constant(Tensor t) {
@@ -272,6 +274,9 @@ Status Verify(const Graph& graph) {
       return MakeError(ErrorCode::kTypeMismatch, "graph input '{}' has no element type",
                        in->name());
     }
+    // Symbolic dims are checked where they are bound (the profile, run-time shapes).
+    KILN_RETURN_IF_ERROR(CheckShapeSize(in->shape(), in->dtype(), ErrorCode::kTensorTooLarge,
+                                        fmt::format("graph input '{}'", in->name())));
   }
   return OkStatus();
 }

@@ -174,7 +174,8 @@ class Graph {
 };
 
 // Structural checks: every input defined (graph input, constant or node output), one producer per
-// value, no cycles, outputs defined, dtypes known. Op-specific type rules live in ops.
+// value, no cycles, outputs defined, dtypes known, graph inputs' static dims within the size
+// limits (ir/sizes.h, KILN-E2015). Op-specific type rules live in ops.
 Status Verify(const Graph& graph);
 
 }  // namespace kiln

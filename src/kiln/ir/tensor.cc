@@ -4,26 +4,31 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
+
+#include "kiln/ir/sizes.h"
 
 namespace kiln {
 
-int64_t NumElements(const std::vector<int64_t>& dims) {
+int64_t NumElements(std::span<const int64_t> dims) {
   int64_t n = 1;
-  for (int64_t d : dims) n *= d;
+  for (int64_t d : dims) n = SatMul(n, d);
   return n;
 }
 
-int64_t TensorView::num_elements() const {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
+size_t ByteSize(int64_t elements, DataType dtype) {
+  return static_cast<size_t>(SatMul(std::max<int64_t>(elements, 0),
+                                    static_cast<int64_t>(SizeOf(dtype))));
 }
 
 namespace {
 // zero = false only where every byte is written next (a copy).
 std::shared_ptr<void> AllocateAligned(size_t bytes, bool zero = true) {
+  // Callers pass checked sizes (ir/sizes.h); one that is not fails here, never under-allocates.
+  if (bytes > static_cast<size_t>(kMaxTensorBytes)) throw std::bad_alloc();
   size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
   if (zero) {
     std::memset(p, 0, rounded);
   } else if (rounded > bytes) {

@@ -14,7 +14,17 @@
 
 namespace kiln {
 
-int64_t NumElements(const std::vector<int64_t>& dims);
+// The product of `dims`, saturating at INT64_MAX instead of wrapping. Tensors take dims that
+// passed CheckedTensorSize (ir/sizes.h) wherever they come from outside, so this never
+// saturates for them; where it would, allocation fails (std::bad_alloc) instead of
+// under-allocating.
+int64_t NumElements(std::span<const int64_t> dims);
+inline int64_t NumElements(const std::vector<int64_t>& dims) {
+  return NumElements(std::span<const int64_t>(dims));
+}
+
+// elements * SizeOf(dtype), saturating like NumElements.
+size_t ByteSize(int64_t elements, DataType dtype);
 
 // A borrowed, dense, row-major tensor.
 struct TensorView {
@@ -22,8 +32,8 @@ struct TensorView {
   std::span<const int64_t> dims;
   void* data = nullptr;
 
-  int64_t num_elements() const;
-  size_t size_bytes() const { return static_cast<size_t>(num_elements()) * SizeOf(dtype); }
+  int64_t num_elements() const { return NumElements(dims); }
+  size_t size_bytes() const { return ByteSize(num_elements(), dtype); }
   template <typename T>
   T* as() const {
     return static_cast<T*>(data);
@@ -52,7 +62,7 @@ class Tensor {
   DataType dtype() const { return dtype_; }
   const std::vector<int64_t>& dims() const { return dims_; }
   int64_t num_elements() const { return NumElements(dims_); }
-  size_t size_bytes() const { return static_cast<size_t>(num_elements()) * SizeOf(dtype_); }
+  size_t size_bytes() const { return ByteSize(num_elements(), dtype_); }
   bool empty() const { return dtype_ == DataType::kUndefined; }
 
   const void* raw() const { return data_; }

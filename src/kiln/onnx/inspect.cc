@@ -2,6 +2,7 @@
 // unsupported ops included, without loading weights or failing on what kiln cannot build.
 #include <set>
 
+#include "kiln/ir/sizes.h"
 #include "kiln/onnx/onnx_internal.h"
 
 namespace kiln {
@@ -34,13 +35,9 @@ OnnxTensorInfo DescribeValue(const onnx::ValueInfoProto& vi) {
 }
 
 int64_t ElementsOf(const onnx::TensorProto& t) {
-  int64_t n = 1;
-  for (int64_t d : t.dims()) {
-    if (d < 0) return 0;
-    if (d != 0 && n > (int64_t{1} << 50) / d) return 0;  // nonsense shape: count nothing
-    n *= d;
-  }
-  return n;
+  std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
+  auto size = CheckedTensorSize(dims, DataType::kUndefined, ErrorCode::kTensorTooLarge, "");
+  return size.ok() ? size->elements : 0;  // nonsense shape: count nothing (import refuses it)
 }
 
 }  // namespace

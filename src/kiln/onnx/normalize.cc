@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "kiln/core/float16.h"
+#include "kiln/ir/sizes.h"
 #include "kiln/onnx/onnx_internal.h"
 #include "kiln/ops/op_schema.h"
 
@@ -151,7 +152,7 @@ class Normalizer {
 
   static int64_t Numel(const onnx::TensorProto& t) {
     int64_t n = 1;
-    for (int64_t d : t.dims()) n = d <= 0 ? 0 : (n > (int64_t{1} << 40) ? n : n * d);
+    for (int64_t d : t.dims()) n = d <= 0 ? 0 : SatMul(n, d);  // sizes are checked at import
     return n;
   }
 

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "kiln/ir/sizes.h"
 #include "kiln/onnx/onnx_internal.h"
 #include "kiln/ops/onnx_dtype.h"
 
@@ -205,26 +206,19 @@ StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataReso
                      "tensor '{}' is stored in segments, which kiln does not read", p.name());
   }
   std::vector<int64_t> dims(p.dims().begin(), p.dims().end());
-  // Bound the element count before anything is allocated (the file may be hostile).
-  constexpr int64_t kMaxBytes = int64_t{1} << 46;  // 64 TiB: far beyond any real model
-  int64_t n = 1;
   for (int64_t d : dims) {
     if (d < 0) {
       return MakeError(ErrorCode::kInvalidModel, "tensor '{}' has a negative dimension {}",
                        p.name(), d);
     }
-    if (d != 0 && n > kMaxBytes / d) {
-      return MakeError(ErrorCode::kInvalidModel, "tensor '{}' has an impossibly large shape",
-                       p.name());
-    }
-    n *= d;
   }
-  size_t elem = SizeOf(*dtype);
-  if (n > kMaxBytes / static_cast<int64_t>(elem)) {
-    return MakeError(ErrorCode::kInvalidModel, "tensor '{}' has an impossibly large shape",
-                     p.name());
-  }
-  size_t bytes = static_cast<size_t>(n) * elem;
+  // Bound the size before anything is allocated (the file may be hostile).
+  KILN_ASSIGN_OR_RETURN(
+      TensorSize size,
+      CheckedTensorSize(dims, *dtype, ErrorCode::kTensorTooLarge, fmt::format("tensor '{}'", p.name())));
+  const int64_t n = size.elements;
+  const size_t elem = SizeOf(*dtype);
+  const size_t bytes = static_cast<size_t>(size.bytes);
 
   if (p.data_location() == onnx::TensorProto::EXTERNAL) {
     if (!resolver) {

@@ -24,6 +24,7 @@
 //   The mask always broadcasts to the logical scores [batch..., Sq, Sk] ([B, H, Sq, Sk] for
 //   bshd and bsd).
 // Softmax runs in FP32 with max subtraction in every backend.
+#include "kiln/ir/sizes.h"
 #include "kiln/ops/op_schema.h"
 
 namespace kiln {
@@ -45,6 +46,9 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
   int64_t heads = ctx.attrs().GetInt("num_heads", 0);
   if (packed && heads <= 0) {
     return ctx.Error(ErrorCode::kInvalidAttribute, "layout bsd needs num_heads > 0");
+  }
+  if (heads > kMaxDim) {  // 3 * heads below must not overflow
+    return ctx.Error(ErrorCode::kInvalidAttribute, "num_heads is {}; at most {}", heads, kMaxDim);
   }
   const bool qkv = ctx.attrs().GetInt("qkv_packed", 0) != 0;
   if (qkv && !packed) {

@@ -217,7 +217,9 @@ Status InferDiv(InferenceContext& ctx) {
     if (b == Dim(0)) return std::nullopt;
     // ONNX integer division truncates; dims are non-negative, so floor division agrees unless a
     // static operand is negative.
-    if (a.is_static() && b.is_static()) return Dim(a.value() / b.value());
+    if (a.is_static() && b.is_static()) {
+      return b.value() == -1 ? Dim(0) - a : Dim(a.value() / b.value());  // INT64_MIN / -1 traps
+    }
     if (b.is_static() && b.value() < 0) return std::nullopt;
     return FloorDiv(a, b);
   });

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kiln/ir/sizes.h"
 #include "kiln/ops/op_schema.h"
 
 namespace kiln {
@@ -46,18 +47,30 @@ StatusOr<WindowAttrs> ReadWindowAttrs(const AttributeMap& attrs, size_t rank,
                        out.size(), n);
     }
     for (int64_t v : out) {
-      if (v < min) {
-        return MakeError(ErrorCode::kInvalidAttribute, "{} has value {}; it must be >= {}", name, v,
-                         min);
+      if (v < min || v > kMaxDim) {
+        return MakeError(ErrorCode::kInvalidAttribute, "{} has value {}; it must be in [{}, {}]",
+                         name, v, min, kMaxDim);
       }
     }
     return OkStatus();
   };
   for (int64_t k : a.kernel) {
-    if (k < 1) return MakeError(ErrorCode::kInvalidAttribute, "kernel_shape has value {}", k);
+    if (k < 1 || k > kMaxDim) {
+      return MakeError(ErrorCode::kInvalidAttribute, "kernel_shape has value {}", k);
+    }
   }
   KILN_RETURN_IF_ERROR(read("strides", rank, 1, 1, a.strides));
   KILN_RETURN_IF_ERROR(read("dilations", rank, 1, 1, a.dilations));
+  // The dilated kernel extent, which the window formulas (nn.h) use unchecked.
+  for (size_t i = 0; i < rank; ++i) {
+    auto k_eff = CheckedMul(a.dilations[i], a.kernel[i] - 1);
+    if (!k_eff || *k_eff >= kMaxDim) {
+      return MakeError(ErrorCode::kInvalidAttribute,
+                       "dilations {} x kernel_shape {} on axis {}: the dilated kernel is larger "
+                       "than {}",
+                       a.dilations[i], a.kernel[i], i, kMaxDim);
+    }
+  }
   KILN_RETURN_IF_ERROR(read("pads", 2 * rank, 0, 0, a.pads));
   KILN_RETURN_IF_ERROR(read("output_padding", rank, 0, 0, a.output_padding));
   a.output_shape = attrs.GetInts("output_shape");
@@ -468,8 +481,7 @@ Status InferResize(InferenceContext& ctx) {
         scale = policy == "not_larger" ? std::min(scale, r) : std::max(scale, r);
       }
       for (size_t i = 0; i < axes.size(); ++i) {
-        y[axes[i]] =
-            static_cast<int64_t>(std::round(scale * static_cast<double>(x[axes[i]].value())));
+        y[axes[i]] = SatFromDouble(std::round(scale * static_cast<double>(x[axes[i]].value())));
       }
     } else {
       return ctx.Error(ErrorCode::kInvalidAttribute, "keep_aspect_ratio_policy '{}' is invalid",
@@ -491,11 +503,11 @@ Status InferResize(InferenceContext& ctx) {
       }
       const Dim& in = x[axes[i]];
       if (in.is_static()) {
-        y[axes[i]] = static_cast<int64_t>(std::floor(static_cast<double>(in.value()) * s[i]));
+        y[axes[i]] = SatFromDouble(std::floor(static_cast<double>(in.value()) * s[i]));
       } else if (s[i] >= 1 && s[i] == std::floor(s[i])) {
-        y[axes[i]] = in * static_cast<int64_t>(s[i]);
+        y[axes[i]] = in * SatFromDouble(s[i]);
       } else if (s[i] < 1 && 1 / s[i] == std::floor(1 / s[i])) {
-        y[axes[i]] = FloorDiv(in, Dim(static_cast<int64_t>(1 / s[i])));
+        y[axes[i]] = FloorDiv(in, Dim(SatFromDouble(1 / s[i])));
       } else {
         y[axes[i]] = Dim::Symbol(fmt::format("floor({}*{})", in.ToString(), s[i]));
       }

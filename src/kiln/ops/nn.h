@@ -12,6 +12,7 @@
 #include "kiln/core/status.h"
 #include "kiln/ir/attribute.h"
 #include "kiln/ir/dim.h"
+#include "kiln/ir/sizes.h"
 
 namespace kiln {
 class InferenceContext;
@@ -52,7 +53,8 @@ struct WindowAttrs {
 
 // Reads auto_pad, kernel_shape (or `kernel_from_weights` when the attribute is absent),
 // strides, dilations, pads, group, ceil_mode, output_padding and output_shape. Errors name the
-// attribute (KILN-E2009).
+// attribute (KILN-E2009). Kernel sizes, strides, dilations, pads, output_padding and the dilated
+// kernel are at most kMaxDim (ir/sizes.h), so the formulas below cannot overflow on checked dims.
 StatusOr<WindowAttrs> ReadWindowAttrs(const AttributeMap& attrs, size_t rank,
                                       const std::vector<int64_t>& kernel_from_weights);
 
@@ -99,9 +101,17 @@ T TransposeOutDim(const T& in, const WindowAttrs& a, size_t i) {
   if (!a.output_shape.empty()) return T(a.output_shape[i]);
   int64_t k_eff = a.dilations[i] * (a.kernel[i] - 1) + 1;
   int64_t s = a.strides[i];
-  if (a.auto_pad == AutoPad::kSameUpper || a.auto_pad == AutoPad::kSameLower) return in * T(s);
+  // Stride times input may pass int64 even for checked values: Dim saturates, int64 must too.
+  auto mul = [](const T& x, int64_t y) {
+    if constexpr (std::is_same_v<T, int64_t>) {
+      return SatMul(x, y);
+    } else {
+      return x * T(y);
+    }
+  };
+  if (a.auto_pad == AutoPad::kSameUpper || a.auto_pad == AutoPad::kSameLower) return mul(in, s);
   int64_t pads = a.auto_pad == AutoPad::kValid ? 0 : a.pads[i] + a.pads[i + a.kernel.size()];
-  return T(s) * (in - T(1)) + T(a.output_padding[i] + k_eff - pads);
+  return mul(in - T(1), s) + T(a.output_padding[i] + k_eff - pads);
 }
 
 // ConvTranspose begin padding for concrete sizes: the total padding implied by in/out is split

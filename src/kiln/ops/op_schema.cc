@@ -5,6 +5,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kiln/ir/sizes.h"
+
 namespace kiln {
 
 namespace {
@@ -58,6 +60,29 @@ std::optional<std::vector<int64_t>> InferenceContext::input_ints(size_t i) const
   return out;
 }
 
+namespace {
+// Every shape kiln infers (import, build, the profile's max shapes, run time, constant folding)
+// comes out of InferNode, so this is where an oversized or overflowed result (Dim arithmetic
+// saturates) is stopped, before anything is planned, allocated or run.
+Status CheckOutputSizes(const Node& node, std::span<const ValueInfo> outputs) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const ValueInfo& out = outputs[i];
+    if (CheckShapeSize(out.shape, out.dtype, ErrorCode::kTensorTooLarge, "").ok()) continue;
+    // The message is only formatted on the error path (this runs for every node, every time).
+    const Value* v = i < node.num_outputs() ? node.output(i) : nullptr;
+    // A negative dim is a rule's shape error (inputs that do not fit), not a size past limits.
+    const bool negative = std::any_of(out.shape.begin(), out.shape.end(), [](const Dim& d) {
+      return d.is_static() && d.value() < 0;
+    });
+    return CheckShapeSize(out.shape, out.dtype,
+                          negative ? ErrorCode::kShapeMismatch : ErrorCode::kTensorTooLarge,
+                          fmt::format("node '{}' ({}): output '{}'", node.name(), node.op_type(),
+                                      v ? v->name() : fmt::format("#{}", i)));
+  }
+  return OkStatus();
+}
+}  // namespace
+
 Status InferNode(const Node& node, std::span<const ValueInfo* const> inputs,
                  std::span<ValueInfo> outputs) {
   const OpSchema* schema = FindOpSchema(node.op_type());
@@ -86,7 +111,8 @@ Status InferNode(const Node& node, std::span<const ValueInfo* const> inputs,
     }
   }
   InferenceContext ctx(node, inputs, outputs);
-  return schema->infer(ctx);
+  KILN_RETURN_IF_ERROR(schema->infer(ctx));
+  return CheckOutputSizes(node, outputs);
 }
 
 StatusOr<ShapeInferenceResult> InferShapes(Graph& graph) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "kiln/ir/sizes.h"
 #include "kiln/ops/onnx_dtype.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/ops/rule_util.h"
@@ -62,14 +63,15 @@ StatusOr<Dim> SliceDim(const InferenceContext& ctx, const Dim& d, Dim start, Dim
     int64_t n = d.value(), s = start.value(), e = end.value();
     if (s < 0) s += n;
     if (e < 0) e += n;
+    // Written so that no step (INT64_MIN included) overflows: ceil(len / |step|).
     if (step > 0) {
       s = std::clamp<int64_t>(s, 0, n);
       e = std::clamp<int64_t>(e, 0, n);
-      return Dim(e > s ? (e - s + step - 1) / step : 0);
+      return Dim(e > s ? 1 + (e - s - 1) / step : 0);
     }
     s = std::clamp<int64_t>(s, 0, n - 1);
     e = std::clamp<int64_t>(e, -1, n - 1);
-    return Dim(s > e ? (s - e - step - 1) / (-step) : 0);
+    return Dim(s > e ? 1 + (s - e - 1) / SatSub(0, step) : 0);
   }
   auto norm = [&](Dim x, bool is_end) -> Dim {
     if (!x.is_static()) return x;
@@ -86,7 +88,7 @@ StatusOr<Dim> SliceDim(const InferenceContext& ctx, const Dim& d, Dim start, Dim
     if (step == 1) return len;
     return CeilDiv(len, step);
   }
-  return CeilDiv(start - end, -step);
+  return CeilDiv(start - end, SatSub(0, step));
 }
 }  // namespace
 
@@ -260,7 +262,7 @@ Status InferSplit(InferenceContext& ctx) {
     int64_t sum = 0;
     for (int64_t s : split) {
       if (s < 0) return ctx.Error(ErrorCode::kInvalidAttribute, "split has a negative size");
-      sum += s;
+      sum = SatAdd(sum, s);
       sizes.push_back(s);
     }
     if (d.is_static() && d.value() != sum) {
@@ -528,7 +530,7 @@ Status InferRange(InferenceContext& ctx) {
   if (IsFloat(t) && c0 && c1 && c2) {
     double start = c0->GetDouble(0), limit = c1->GetDouble(0), delta = c2->GetDouble(0);
     if (delta == 0) return ctx.Error(ErrorCode::kInvalidAttribute, "Range delta is 0");
-    n = std::max<int64_t>(static_cast<int64_t>(std::ceil((limit - start) / delta)), 0);
+    n = std::max<int64_t>(SatFromDouble(std::ceil((limit - start) / delta)), 0);
   } else if (auto s = dims_of(0), l = dims_of(1), d = dims_of(2); s && l && d) {
     if (!d->is_static() || d->value() == 0) {
       return ctx.Error(ErrorCode::kDataDependentShape, "Range delta must be a non-zero constant");
@@ -633,7 +635,7 @@ Status InferOneHot(InferenceContext& ctx) {
   if (depth && depth->size() == 1) {
     depth_dim = (*depth)[0];
   } else if (const Tensor* c = ctx.input_constant(1); c && c->num_elements() == 1) {
-    depth_dim = static_cast<int64_t>(c->GetDouble(0));
+    depth_dim = SatFromDouble(c->GetDouble(0));
   } else {
     return ctx.Error(ErrorCode::kDataDependentShape, "depth must be a constant");
   }
@@ -649,7 +651,12 @@ Status InferOneHot(InferenceContext& ctx) {
 namespace {
 Status SpaceDepth(InferenceContext& ctx, bool to_space) {
   KILN_ASSIGN_OR_RETURN(int64_t b, RequiredIntAttr(ctx, "blocksize"));
-  if (b < 1) return ctx.Error(ErrorCode::kInvalidAttribute, "blocksize must be >= 1");
+  // blocksize^2 must not overflow (a wrapped 0 would divide by zero below): at most 2^20.
+  constexpr int64_t kMaxBlock = int64_t{1} << 20;
+  if (b < 1 || b > kMaxBlock) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "blocksize is {}; it must be in [1, {}]", b,
+                     kMaxBlock);
+  }
   if (to_space) {
     KILN_ASSIGN_OR_RETURN(std::string mode, StringAttr(ctx, "mode", "DCR"));
     if (mode != "DCR" && mode != "CRD") {

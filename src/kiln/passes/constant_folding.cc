@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kiln/core/logging.h"
+#include "kiln/ir/sizes.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln::passes {
@@ -52,7 +53,8 @@ class ConstantFoldingPass final : public Pass {
       if (!out->has_shape() || out->dtype() == DataType::kUndefined) return false;
       auto dims = StaticDims(out->shape());
       if (!dims) return false;
-      bytes += NumElements(*dims) * static_cast<int64_t>(SizeOf(out->dtype()));
+      // Inferred shapes are size-checked (InferNode); saturating keeps a sum of them honest.
+      bytes = SatAdd(bytes, static_cast<int64_t>(ByteSize(NumElements(*dims), out->dtype())));
     }
     return bytes <= limit;
   }

@@ -7,6 +7,8 @@
 #include <cctype>
 #include <unordered_map>
 
+#include "kiln/ir/sizes.h"
+
 namespace kiln {
 
 bool IsViewOp(std::string_view op_type) {
@@ -33,8 +35,26 @@ std::string ViewTacticName(const Node& node) {
   return fmt::format("{}-{}-view", out ? ToString(out->dtype()) : "any", op);
 }
 
+Status CheckProfileSizes(const Graph& graph, const OptimizationProfile& profile) {
+  for (const InputProfile& p : profile.inputs) {
+    const Value* in = graph.FindValue(p.input);
+    const DataType dtype = in ? in->dtype() : DataType::kUndefined;
+    for (const auto& [which, dims] : {std::pair<const char*, const std::vector<int64_t>*>{
+                                          "min", &p.min},
+                                      {"opt", &p.opt},
+                                      {"max", &p.max}}) {
+      KILN_RETURN_IF_ERROR(CheckedTensorSize(*dims, dtype, ErrorCode::kProfileTooLarge,
+                                             fmt::format("the profile's {} shape of input '{}'",
+                                                         which, p.input))
+                               .status());
+    }
+  }
+  return OkStatus();
+}
+
 StatusOr<std::map<std::string, int64_t>> MaxShapeBindings(const Graph& graph,
                                                           const OptimizationProfile& profile) {
+  KILN_RETURN_IF_ERROR(CheckProfileSizes(graph, profile));
   std::map<std::string, int64_t> bindings;
   for (const Value* in : graph.inputs()) {
     if (IsStatic(in->shape())) continue;
@@ -95,21 +115,23 @@ StatusOr<int64_t> PlannedBytes(const Value& v, const std::map<std::string, int64
   if (v.dtype() == DataType::kUndefined) {
     return MakeError(ErrorCode::kInternal, "value '{}' has no element type", v.name());
   }
-  int64_t bytes = static_cast<int64_t>(SizeOf(v.dtype()));
-  for (int64_t d : dims) {
-    if (__builtin_mul_overflow(bytes, d, &bytes) || bytes > (int64_t{1} << 60)) {
-      return MakeError(ErrorCode::kInvalidProfile,
-                       "value '{}' would need more than 2^60 bytes at the profile's max shapes",
-                       v.name());
-    }
-  }
-  return AlignUp(bytes);
+  const std::string what = fmt::format("value '{}' at the profile's max shapes", v.name());
+  KILN_ASSIGN_OR_RETURN(TensorSize size,
+                        CheckedTensorSize(dims, v.dtype(), ErrorCode::kProfileTooLarge, what));
+  return CheckedAlignUp(size.bytes, kPlanAlignment, ErrorCode::kProfileTooLarge, what);
 }
 
-int64_t WeightsBytes(const Graph& graph) {
+StatusOr<int64_t> WeightsBytes(const Graph& graph) {
   int64_t total = 0;
   for (const Value* v : graph.values()) {
-    if (v->is_constant()) total += AlignUp(static_cast<int64_t>(v->constant()->size_bytes()));
+    if (!v->is_constant()) continue;
+    const std::string what = fmt::format("constant '{}'", v->name());
+    KILN_ASSIGN_OR_RETURN(
+        int64_t bytes,
+        CheckedAlignUp(static_cast<int64_t>(v->constant()->size_bytes()), kPlanAlignment,
+                       ErrorCode::kTensorTooLarge, what));
+    KILN_ASSIGN_OR_RETURN(total, CheckedTotalBytes(total, bytes, ErrorCode::kTensorTooLarge,
+                                                   "the model's weights"));
   }
   return total;
 }
@@ -117,6 +139,16 @@ int64_t WeightsBytes(const Graph& graph) {
 namespace {
 bool Overlaps(const PlannedBuffer& a, const PlannedBuffer& b) {
   return a.first <= b.last && b.first <= a.last;
+}
+
+// The plan's one workspace serves every layer: the largest, aligned.
+Status AddWorkspace(const PlanLayer& layer, MemoryPlan& plan) {
+  KILN_ASSIGN_OR_RETURN(
+      int64_t ws, CheckedAlignUp(layer.workspace_bytes, kPlanAlignment,
+                                 ErrorCode::kProfileTooLarge,
+                                 fmt::format("the workspace of layer '{}'", layer.node->name())));
+  plan.workspace_bytes = std::max(plan.workspace_bytes, ws);
+  return OkStatus();
 }
 
 // Best fit among the gaps left by `placed` buffers that are live at the same time as `b`.
@@ -173,7 +205,7 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
           root_of[out] = root;
           detail.aliases[out->name()] = root->name();
           buffers[it->second].last = static_cast<int>(l);
-          plan.workspace_bytes = std::max(plan.workspace_bytes, AlignUp(layers[l].workspace_bytes));
+          KILN_RETURN_IF_ERROR(AddWorkspace(layers[l], plan));
           continue;
         }
       }
@@ -191,7 +223,7 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
       auto it = in ? index.find(resolve(in)) : index.end();
       if (it != index.end()) buffers[it->second].last = static_cast<int>(l);
     }
-    plan.workspace_bytes = std::max(plan.workspace_bytes, AlignUp(layers[l].workspace_bytes));
+    KILN_RETURN_IF_ERROR(AddWorkspace(layers[l], plan));
   }
   // A value read by a layer before the layer that produces it would be read uninitialised.
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -204,6 +236,14 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
                          l, layers[l].node->name(), in->name());
       }
     }
+  }
+
+  // Every offset below is at most the sum of all buffers: bounding the sum bounds them all.
+  int64_t all_buffers = 0;
+  for (const PlannedBuffer& b : buffers) {
+    KILN_ASSIGN_OR_RETURN(all_buffers,
+                          CheckedTotalBytes(all_buffers, b.bytes, ErrorCode::kProfileTooLarge,
+                                            "the activations at the profile's max shapes"));
   }
 
   // Greedy placement in a few orders, keeping the smallest arena (the first order on ties, so
@@ -222,7 +262,8 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
         return a.value->name() < b.value->name();
       },
       [](const PlannedBuffer& a, const PlannedBuffer& b) {  // most bytes x layers first
-        const int64_t ea = a.bytes * (a.last - a.first + 1), eb = b.bytes * (b.last - b.first + 1);
+        const int64_t ea = SatMul(a.bytes, a.last - a.first + 1),
+                      eb = SatMul(b.bytes, b.last - b.first + 1);
         if (ea != eb) return ea > eb;
         if (a.first != b.first) return a.first < b.first;
         return a.value->name() < b.value->name();
@@ -248,8 +289,13 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
   for (const PlannedBuffer& b : placed) plan.offsets[b.value->name()] = b.offset;
   detail.buffers = std::move(placed);
   for (const auto& [alias, root] : detail.aliases) plan.offsets[alias] = plan.offsets.at(root);
-  plan.weights_bytes = WeightsBytes(graph);
-  plan.peak_bytes = plan.weights_bytes + plan.arena_bytes + plan.workspace_bytes;
+  KILN_ASSIGN_OR_RETURN(plan.weights_bytes, WeightsBytes(graph));
+  KILN_ASSIGN_OR_RETURN(int64_t with_arena,
+                        CheckedTotalBytes(plan.weights_bytes, plan.arena_bytes,
+                                          ErrorCode::kProfileTooLarge, "the plan's peak"));
+  KILN_ASSIGN_OR_RETURN(plan.peak_bytes,
+                        CheckedTotalBytes(with_arena, plan.workspace_bytes,
+                                          ErrorCode::kProfileTooLarge, "the plan's peak"));
   return detail;
 }
 

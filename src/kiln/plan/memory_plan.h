@@ -21,7 +21,7 @@ namespace kiln {
 
 // Every buffer and weight is placed on this boundary (vector loads, cache lines, mmap borrowing).
 inline constexpr int64_t kPlanAlignment = 64;
-inline int64_t AlignUp(int64_t n, int64_t a = kPlanAlignment) { return (n + a - 1) / a * a; }
+// Sizes are rounded up to it with CheckedAlignUp (ir/sizes.h).
 
 // One layer as the planner sees it: the node it runs and its tactic's workspace estimate.
 // allow_alias = false keeps a view layer's copy (the builder's KILN_ALIAS_VIEWS=0 switch).
@@ -64,6 +64,11 @@ struct MemoryPlanDetail {
   std::map<std::string, std::string> aliases;
 };
 
+// Checks every profile shape (min, opt, max) of every input against the size limits
+// (ir/sizes.h); KILN-E3008 names the input, the shape and the value. MaxShapeBindings runs it,
+// so every plan (the builder's, an engine's at load) starts from checked shapes.
+Status CheckProfileSizes(const Graph& graph, const OptimizationProfile& profile);
+
 // symbol -> max value, from each dynamic graph input's profile: a dim that is a bare symbol
 // ("batch") binds that symbol to the profile's max at that index. A symbol bound by several
 // inputs takes the largest max (the plan must fit every one of them). KILN-E3001 names a dynamic
@@ -75,11 +80,13 @@ StatusOr<std::map<std::string, int64_t>> MaxShapeBindings(const Graph& graph,
 StatusOr<std::vector<int64_t>> ConcreteDims(const Value& v,
                                             const std::map<std::string, int64_t>& bindings);
 
-// Bytes of `v` at `bindings`, rounded up to kPlanAlignment; errors name the value.
+// Bytes of `v` at `bindings`, rounded up to kPlanAlignment; errors name the value (KILN-E3008
+// past the size limits of ir/sizes.h).
 StatusOr<int64_t> PlannedBytes(const Value& v, const std::map<std::string, int64_t>& bindings);
 
-// Sum of every constant's bytes, each aligned (the layout of an engine file's weights section).
-int64_t WeightsBytes(const Graph& graph);
+// Sum of every constant's bytes, each aligned (the layout of an engine file's weights section);
+// KILN-E2015 past kMaxTotalBytes.
+StatusOr<int64_t> WeightsBytes(const Graph& graph);
 
 // Plans the arena for `layers` (execution order). Offsets: buffers sorted by size (largest
 // first, ties by first use then name) and each placed in the smallest gap between already

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "kiln/ir/sizes.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/runtime/runtime.h"
 
@@ -34,6 +35,10 @@ Status Engine::Build() {
 
   // Bindings: inputs first, then outputs, in the graph's order.
   for (const Value* v : graph.inputs()) {
+    // Shapes within the static dims and the profile (checked by MaxShapeBindings) are then
+    // within the size limits: CheckInputShape relies on it.
+    KILN_RETURN_IF_ERROR(CheckShapeSize(v->shape(), v->dtype(), ErrorCode::kEngineMalformed,
+                                        fmt::format("engine input '{}'", v->name())));
     binding_of_[v->name()] = static_cast<int>(bindings_.size());
     bindings_.push_back({v->name(), true, -1, v->dtype()});
     TensorDesc d{v->name(), v->dtype(), v->shape(), std::nullopt};
@@ -61,7 +66,11 @@ Status Engine::Build() {
       s.storage = Storage::kConstant;
       s.constant = v->constant()->raw();
       s.offset = static_cast<int64_t>(device_weight_bytes);
-      device_weight_bytes += AlignUp(static_cast<int64_t>(v->constant()->size_bytes()));
+      KILN_ASSIGN_OR_RETURN(int64_t bytes,
+                            CheckedAlignUp(static_cast<int64_t>(v->constant()->size_bytes()),
+                                           kPlanAlignment, ErrorCode::kEngineMalformed,
+                                           fmt::format("constant '{}'", v->name())));
+      device_weight_bytes += static_cast<uint64_t>(bytes);
     } else if (v->is_graph_output()) {
       s.storage = Storage::kOutput;
       s.binding = binding_of_.at(v->name());
@@ -73,8 +82,9 @@ Status Engine::Build() {
       }
       s.offset = off->second;
       KILN_ASSIGN_OR_RETURN(s.planned_bytes, PlannedBytes(*v, max_bindings_));
-      if (s.offset % kPlanAlignment != 0 || s.offset < 0 ||
-          s.offset + s.planned_bytes > plan.arena_bytes) {
+      // Written so that no offset read from a file can overflow the comparison.
+      if (s.offset % kPlanAlignment != 0 || s.offset < 0 || s.planned_bytes > plan.arena_bytes ||
+          s.offset > plan.arena_bytes - s.planned_bytes) {
         return MakeError(ErrorCode::kEngineMalformed,
                          "the memory plan puts '{}' ({} bytes at the max shapes) at offset {}: "
                          "unaligned or outside the {}-byte arena",
@@ -136,8 +146,15 @@ Status Engine::Build() {
 
   // Weights: borrowed where the backend reads host memory, else uploaded once for all contexts.
   weights_bytes_ = static_cast<int64_t>(device_weight_bytes);
-  if (plan.workspace_bytes < 0 ||
-      plan.peak_bytes < weights_bytes_ + arena_bytes_ + plan.workspace_bytes) {
+  // Checked sums: the plan's figures come from a file and must not wrap past the comparison.
+  StatusOr<int64_t> needed =
+      CheckedTotalBytes(weights_bytes_, arena_bytes_, ErrorCode::kEngineMalformed, "the plan");
+  if (needed.ok()) {
+    needed = CheckedTotalBytes(*needed, plan.workspace_bytes, ErrorCode::kEngineMalformed,
+                               "the plan");
+  }
+  if (!needed.ok()) return needed.status();
+  if (plan.peak_bytes < *needed) {
     return MakeError(ErrorCode::kEngineMalformed,
                      "the plan's peak ({} bytes) is less than its weights {} + arena {} + "
                      "workspace {}",

@@ -125,17 +125,17 @@ Status ExecutionContext::Init() {
   return all_static ? Propagate() : OkStatus();
 }
 
-std::string ExecutionContext::BindingNames(bool inputs, bool outputs) const {
+std::string Engine::BindingNames(bool inputs, bool outputs) const {
   std::vector<std::string> names;
-  for (const Engine::Binding& b : engine_->bindings_) {
+  for (const Binding& b : bindings_) {
     if ((b.is_input && inputs) || (!b.is_input && outputs)) names.push_back("'" + b.name + "'");
   }
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-StatusOr<int> ExecutionContext::FindBinding(const std::string& name) const {
-  auto it = engine_->binding_of_.find(name);
-  if (it == engine_->binding_of_.end()) {
+StatusOr<int> Engine::FindBinding(const std::string& name) const {
+  auto it = binding_of_.find(name);
+  if (it == binding_of_.end()) {
     return MakeError(ErrorCode::kUnknownBinding,
                      "the engine has no input or output named '{}'; inputs: {}; outputs: {}", name,
                      BindingNames(true, false), BindingNames(false, true));
@@ -143,21 +143,29 @@ StatusOr<int> ExecutionContext::FindBinding(const std::string& name) const {
   return it->second;
 }
 
-Status ExecutionContext::SetInputShape(const std::string& name, std::span<const int64_t> dims) {
+std::string ExecutionContext::BindingNames(bool inputs, bool outputs) const {
+  return engine_->BindingNames(inputs, outputs);
+}
+
+StatusOr<int> ExecutionContext::FindBinding(const std::string& name) const {
+  return engine_->FindBinding(name);
+}
+
+Status Engine::CheckInputShape(const std::string& name, std::span<const int64_t> dims) const {
   KILN_ASSIGN_OR_RETURN(int b, FindBinding(name));
-  const Engine::Binding& binding = engine_->bindings_[b];
+  const Binding& binding = bindings_[b];
   if (!binding.is_input) {
     return MakeError(ErrorCode::kUnknownBinding,
                      "'{}' is an output (its shape follows from the inputs); inputs: {}", name,
                      BindingNames(true, false));
   }
-  const Shape& shape = engine_->slots_[binding.slot].value->shape();
+  const Shape& shape = slots_[binding.slot].value->shape();
   if (dims.size() != shape.size()) {
     return MakeError(ErrorCode::kInputShapeInvalid,
                      "input '{}' has rank {} (shape {}); got [{}] of rank {}", name, shape.size(),
                      ToString(shape), fmt::join(dims, ","), dims.size());
   }
-  const InputProfile* profile = engine_->desc_->profile.Find(name);
+  const InputProfile* profile = desc_->profile.Find(name);
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] < 0) {
       return MakeError(ErrorCode::kInputShapeInvalid, "input '{}' dimension {} is negative ({})",
@@ -180,7 +188,15 @@ Status ExecutionContext::SetInputShape(const std::string& name, std::span<const 
                        i, shape[i].ToString(), dims[i], profile->min[i], profile->max[i]);
     }
   }
-  dims_[binding.slot].assign(dims.begin(), dims.end());
+  // Within the profile and the static dims, both checked against the size limits at load
+  // (Engine::Build), so the shape is too.
+  return OkStatus();
+}
+
+Status ExecutionContext::SetInputShape(const std::string& name, std::span<const int64_t> dims) {
+  KILN_RETURN_IF_ERROR(engine_->CheckInputShape(name, dims));
+  const int b = engine_->binding_of_.at(name);  // CheckInputShape found it
+  dims_[engine_->bindings_[b].slot].assign(dims.begin(), dims.end());
   input_shape_set_[b] = true;
   // Propagation waits until the shapes are used: inputs that share a symbol ("batch") may be
   // changed one after another, and only the final combination must agree.

@@ -65,6 +65,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool is_view_layer(size_t layer) const { return layer < layers_.size() && layers_[layer].view; }
   size_t view_layers() const { return view_layers_; }
 
+  // Checks `dims` for input `name` as ExecutionContext::SetInputShape does (KILN-E5005 an
+  // unknown name, KILN-E5003 the rank or a static dim, KILN-E5002 outside the profile) without
+  // a context: callers check a shape before they allocate a tensor for it (`kiln run --shapes`).
+  Status CheckInputShape(const std::string& name, std::span<const int64_t> dims) const;
+
   // Creates kernels and allocates the context's arena and workspace (the only allocations). A
   // failure (KILN-E6003 when the device is out of memory) leaves the engine usable.
   StatusOr<std::unique_ptr<ExecutionContext>> CreateExecutionContext(
@@ -102,6 +107,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   };
 
   Status Build();
+  StatusOr<int> FindBinding(const std::string& name) const;
+  std::string BindingNames(bool inputs, bool outputs) const;
 
   std::shared_ptr<const EngineDesc> desc_;
   Backend* backend_ = nullptr;
