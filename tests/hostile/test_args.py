@@ -87,7 +87,7 @@ def case_cache_and_conformance_numbers(h):
 
 def case_unknown_flag_and_missing_argument(h):
     for args in (["run", "--no-such-flag"], ["build"], ["--bogus"], ["no-such-command"],
-                 ["cache"], ["inspect", "a", "b"]):
+                 ["cache"], ["cache", "ls", "extra"]):
         r = h.refused(args, code=USAGE, timeout=30)
         if r.rc != USAGE_EXIT:
             raise hostile.CaseFailure("%s: exit %d, expected %d" % (args, r.rc, USAGE_EXIT))
