@@ -112,7 +112,7 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
       sub->add_subcommand("gc", "Remove files left by dead builders; evict down to --max-bytes");
   add_dir(gc);
   gc->add_option("--max-bytes", o->max_bytes, "evict least recently used entries above this total")
-      ->check(Count(0, 1.8e19));
+      ->check(Count(0, kMaxUint64));
   gc->add_option("--older-than", o->older_than_s,
                  "seconds a leftover file must be old to be removed")
       ->check(Count(0, 10 * 365 * 24 * 3600.0));

@@ -291,7 +291,7 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
       ->check(Number(0, kMaxRunSeconds));
   sub->add_option("--seed", o->seed, "random input seed")
       ->capture_default_str()
-      ->check(Count(0, 1.8e19));
+      ->check(Count(0, kMaxUint64));
   sub->add_flag("--json", o->json, "print the summary as JSON");
   sub->add_flag("--no-cuda-graph", o->no_cuda_graph,
                 "launch layer by layer instead of capturing and replaying a CUDA graph");

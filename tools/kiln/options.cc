@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 
 #include <charconv>
+#include <optional>
 #include <cmath>
 #include <string_view>
 
@@ -34,7 +35,7 @@ std::string Range(double min, double max, bool min_open) {
 }  // namespace
 
 CLI::Validator Number(double min, double max, bool min_open, bool integer) {
-  std::string desc = fmt::format("{} in {}", integer ? "INT" : "NUMBER", Range(min, max, min_open));
+  const std::string desc = Range(min, max, min_open);  // help shows "INT:[0, 65535]"
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         std::optional<double> v = ParseNumber(text);
@@ -51,11 +52,11 @@ CLI::Validator Number(double min, double max, bool min_open, bool integer) {
 }
 
 CLI::Validator Seconds(bool zero_ok) {
-  return Number(0, kMaxSeconds, /*min_open=*/!zero_ok).description(fmt::format(
-      "SECONDS in {}", Range(0, kMaxSeconds, !zero_ok)));
+  return Number(0, kMaxSeconds, /*min_open=*/!zero_ok)
+      .description(fmt::format("{} s", Range(0, kMaxSeconds, !zero_ok)));
 }
 
-CLI::Validator Port() { return Number(0, 65535, false, true).description("PORT in [0, 65535]"); }
+CLI::Validator Port() { return Number(0, 65535, false, true); }
 
 CLI::Validator Ipv4Address() {
   return CLI::Validator(
