@@ -66,8 +66,9 @@ TEST(BuildOnceLocalTest, TimeoutsMustBePositive) {
   int calls = 0;
   for (int which = 0; which < 3; ++which) {
     BuildOnceOptions o;
-    (which == 0 ? o.join_timeout : which == 1 ? o.wait_timeout : o.transfer_timeout) =
-        std::chrono::milliseconds(-1000);
+    (which == 0   ? o.join_timeout
+     : which == 1 ? o.wait_timeout
+                  : o.transfer_timeout) = std::chrono::milliseconds(-1000);
     StatusOr<BuildOnceResult> r = BuildOnce(TestKey(), o, Builder(&calls, 8));
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << r.status().ToString();
@@ -101,8 +102,8 @@ TEST(BuildOnceLocalTest, ADeadBuilderIsNotACommunicatorTimeout) {
 
   // Alive here (this very process) but silent past the bound: a wait timeout.
   Status slow = ExplainBuilderWait(
-      MakeError(ErrorCode::kCollectiveTimeout, "broadcast of result header stopped"),
-      "rank 0", "h1", getpid(), "h1");
+      MakeError(ErrorCode::kCollectiveTimeout, "broadcast of result header stopped"), "rank 0",
+      "h1", getpid(), "h1");
   EXPECT_EQ(slow.code(), ErrorCode::kCacheWaitTimeout) << slow.ToString();
 
   // The builder's own verdicts and other errors keep their code.

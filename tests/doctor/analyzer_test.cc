@@ -283,7 +283,8 @@ TEST(Analyzer, SpecialFilesAreRefusedUnlessAllowedAndReadsAreCapped) {
   // Under the cap: no note.
   auto whole = MakeAnalyzer();
   ASSERT_TRUE(whole->AddFile(big).ok());
-  for (const auto& n : whole->Finish().notes) EXPECT_EQ(n.find("only the first"), std::string::npos);
+  for (const auto& n : whole->Finish().notes)
+    EXPECT_EQ(n.find("only the first"), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

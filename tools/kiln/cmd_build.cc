@@ -329,15 +329,17 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
           "NAME:MIN,OPT,MAX per dynamic input, e.g. input:1x3x224x224,8x3x224x224,32x3x224x224")
       ->take_all();
   auto* bounds = sub->add_option_group("Bounds", "time and memory the build may use");
-  bounds->add_option(
-      "--deadline", o->deadline,
-      "bound the build (30s, 5m, 1500ms); at the deadline the best engine so far is written")
+  bounds
+      ->add_option(
+          "--deadline", o->deadline,
+          "bound the build (30s, 5m, 1500ms); at the deadline the best engine so far is written")
       ->check(DurationText());
   bounds->add_option(
       "--memory-budget", o->memory_budget,
       "peak device memory for the engine: bytes (512M, 8G) or a fraction of free memory (0.5)");
-  bounds->add_option("--max-kernel-time", o->max_kernel_time_ms,
-                     "reject tactics whose single launch exceeds this many milliseconds")
+  bounds
+      ->add_option("--max-kernel-time", o->max_kernel_time_ms,
+                   "reject tactics whose single launch exceeds this many milliseconds")
       ->check(Number(0, kMaxSeconds * 1000, /*min_open=*/true));
   sub->add_option("--timing-cache", o->timing_cache, "timing cache file to read and update");
   sub->add_option("--report", o->report_path, "write the build report as JSON to this file");

@@ -32,8 +32,9 @@ StatusOr<std::unique_ptr<dist::EngineCache>> OpenCache(const CacheCmdOptions& o)
   // "0 corrupt entries" would be a false all-clear.
   std::error_code ec;
   if (!std::filesystem::is_directory(c.dir, ec)) {
-    return MakeError(ErrorCode::kNotFound, "cache directory '{}' does not exist or is not a directory{}",
-                     c.dir.string(), ec ? fmt::format(" ({})", ec.message()) : std::string());
+    return MakeError(ErrorCode::kNotFound,
+                     "cache directory '{}' does not exist or is not a directory{}", c.dir.string(),
+                     ec ? fmt::format(" ({})", ec.message()) : std::string());
   }
   return dist::EngineCache::Open(c);
 }

@@ -157,7 +157,8 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   sub->add_flag("--layers", o->layers, "list the engine's layers and tactics");
   sub->footer(
       "Exit code: 0 when everything is supported, 1 when the model has unsupported ops, is "
-      "malformed (a cycle, an undefined value, bad external data: what `kiln build` refuses) or the "
+      "malformed (a cycle, an undefined value, bad external data: what `kiln build` refuses) or "
+      "the "
       "file is bad.");
   return [o]() { return o->path.ends_with(".onnx") ? InspectOnnx(*o) : InspectEngine(*o); };
 }

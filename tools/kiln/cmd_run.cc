@@ -111,8 +111,10 @@ Status CheckInputName(const Engine& engine, const std::string& name, const char*
     if (d.name == name) return OkStatus();
     names.push_back(d.name);
   }
-  return MakeError(ErrorCode::kNotFound, "{} names '{}', which is not an input of the engine (its "
-                   "inputs: {})", flag, name, fmt::join(names, ", "));
+  return MakeError(ErrorCode::kNotFound,
+                   "{} names '{}', which is not an input of the engine (its "
+                   "inputs: {})",
+                   flag, name, fmt::join(names, ", "));
 }
 
 std::string Bytes(int64_t b) {

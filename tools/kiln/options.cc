@@ -4,8 +4,8 @@
 #include <arpa/inet.h>
 
 #include <charconv>
-#include <optional>
 #include <cmath>
+#include <optional>
 #include <string_view>
 
 #include "kiln/obs/duration.h"
@@ -41,8 +41,7 @@ CLI::Validator Number(double min, double max, bool min_open, bool integer) {
         std::optional<double> v = ParseNumber(text);
         if (!v) return fmt::format("'{}' is not a number", text);
         if (!std::isfinite(*v)) return fmt::format("'{}' is not a finite number", text);
-        if (integer && std::trunc(*v) != *v)
-          return fmt::format("'{}' is not a whole number", text);
+        if (integer && std::trunc(*v) != *v) return fmt::format("'{}' is not a whole number", text);
         if (*v < min || (min_open && *v == min) || *v > max) {
           return fmt::format("{} is outside the allowed range {}", text, Range(min, max, min_open));
         }

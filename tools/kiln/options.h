@@ -19,7 +19,7 @@ constexpr int kUsageExitCode = 64;
 // Bounds that keep every conversion to milliseconds, counts and sizes far from overflow.
 constexpr double kMaxSeconds = 7 * 24 * 3600.0;  // one week: longer than any job's wait
 constexpr double kMaxCount = 1e9;
-constexpr double kMaxRanks = 1 << 20;  // ranks of one job
+constexpr double kMaxRanks = 1 << 20;                  // ranks of one job
 constexpr double kMaxUint64 = 18446744073709551615.0;  // for uint64 options (CLI11 checks the rest)
 
 // A finite number in [min, max] (min excluded when `min_open`); `integer` also refuses

@@ -328,16 +328,16 @@ std::string BuildOnceReport::ToJson() const {
   return j.dump(2);
 }
 
-Status ExplainBuilderWait(Status wait_error, std::string_view builder, std::string_view builder_host,
-                          int64_t builder_pid, std::string_view my_host) {
+Status ExplainBuilderWait(Status wait_error, std::string_view builder,
+                          std::string_view builder_host, int64_t builder_pid,
+                          std::string_view my_host) {
   const ErrorCode code = wait_error.code();
   if (code != ErrorCode::kCommInitTimeout && code != ErrorCode::kCollectiveTimeout &&
       code != ErrorCode::kRankMissing && code != ErrorCode::kCommFailed) {
     return wait_error;
   }
   if (builder_host == my_host && builder_pid > 0) {
-    const bool gone =
-        ::kill(static_cast<pid_t>(builder_pid), 0) != 0 && errno == ESRCH;
+    const bool gone = ::kill(static_cast<pid_t>(builder_pid), 0) != 0 && errno == ESRCH;
     if (gone) {
       return MakeError(ErrorCode::kBuilderLost,
                        "the builder {} died before it sent the engine: its process is gone ({})",
@@ -359,12 +359,14 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   const Clock::time_point start = Clock::now();
   // Every wait below is bounded by one of these; a bound that is not positive is a caller's
   // mistake (the CLI refuses it), never "wait forever" nor "time out at once".
-  for (auto [bound, name] : {std::pair{options.join_timeout, "join"},
-                             std::pair{options.wait_timeout, "wait"},
-                             std::pair{options.transfer_timeout, "transfer"}}) {
+  for (auto [bound, name] :
+       {std::pair{options.join_timeout, "join"}, std::pair{options.wait_timeout, "wait"},
+        std::pair{options.transfer_timeout, "transfer"}}) {
     if (bound.count() <= 0) {
-      return MakeError(ErrorCode::kInvalidArgument, "the build-once {} timeout must be positive "
-                       "(got {} ms)", name, bound.count());
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "the build-once {} timeout must be positive "
+                       "(got {} ms)",
+                       name, bound.count());
     }
   }
   KILN_ASSIGN_OR_RETURN(RankInfo me, DiscoverRank(options.rank_overrides));

@@ -1056,12 +1056,12 @@ Status LogAnalyzer::AddFile(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode) && !impl_->opt.allow_special_files) {
     close(fd);
-    const char* kind = S_ISFIFO(st.st_mode)    ? "a FIFO"
-                       : S_ISCHR(st.st_mode)   ? "a character device"
-                       : S_ISBLK(st.st_mode)   ? "a block device"
-                       : S_ISSOCK(st.st_mode)  ? "a socket"
-                       : S_ISDIR(st.st_mode)   ? "a directory"
-                                               : "not a regular file";
+    const char* kind = S_ISFIFO(st.st_mode)   ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISDIR(st.st_mode)  ? "a directory"
+                                              : "not a regular file";
     return MakeError(ErrorCode::kLogFileNotRegular, "log '{}' is {}, not a regular file", path,
                      kind);
   }

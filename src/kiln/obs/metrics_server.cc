@@ -154,8 +154,8 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsServe
   }
   socklen_t len = sizeof(addr);
   if (::getsockname(server->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return MakeError(ErrorCode::kMetricsServerFailed,
-                     "metrics server on {}: getsockname: {}", listen, std::strerror(errno));
+    return MakeError(ErrorCode::kMetricsServerFailed, "metrics server on {}: getsockname: {}",
+                     listen, std::strerror(errno));
   }
   server->wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (server->wake_fd_ < 0) {
