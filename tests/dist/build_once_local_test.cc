@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 
 namespace kiln::dist {
@@ -57,6 +60,56 @@ TEST(BuildOnceLocalTest, CacheTurnsTheSecondCallIntoAHit) {
   EXPECT_EQ(second->report.ranks[0].role, "cache-hit");
   EXPECT_EQ(first->bytes, second->bytes);
   std::filesystem::remove_all(tmpl);
+}
+
+TEST(BuildOnceLocalTest, TimeoutsMustBePositive) {
+  int calls = 0;
+  for (int which = 0; which < 3; ++which) {
+    BuildOnceOptions o;
+    (which == 0   ? o.join_timeout
+     : which == 1 ? o.wait_timeout
+                  : o.transfer_timeout) = std::chrono::milliseconds(-1000);
+    StatusOr<BuildOnceResult> r = BuildOnce(TestKey(), o, Builder(&calls, 8));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << r.status().ToString();
+  }
+  EXPECT_EQ(calls, 0);
+}
+
+// The pid of a process that has exited and been reaped: kill(pid, 0) answers ESRCH.
+int64_t GonePid() {
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status = 0;
+  waitpid(child, &status, 0);
+  return child;
+}
+
+TEST(BuildOnceLocalTest, ADeadBuilderIsNotACommunicatorTimeout) {
+  // What the waiting rank's Broadcast ends with when its builder was killed mid-build.
+  Status wait = MakeError(ErrorCode::kCommInitTimeout,
+                          "duplicating the MPI communicator did not complete within the bound");
+  Status dead = ExplainBuilderWait(wait, "rank 0 (host h1, pid 7)", "h1", GonePid(), "h1");
+  EXPECT_EQ(dead.code(), ErrorCode::kBuilderLost) << dead.ToString();
+  EXPECT_EQ(dead.Id(), "KILN-E7020");
+  EXPECT_NE(dead.message().find("process is gone"), std::string::npos) << dead.message();
+  EXPECT_EQ(dead.remedy().find("MASTER_ADDR"), std::string::npos) << dead.remedy();
+
+  // On another host the process cannot be checked: still the builder's loss, said honestly.
+  Status remote = ExplainBuilderWait(wait, "rank 0 (host h2, pid 7)", "h2", 7, "h1");
+  EXPECT_EQ(remote.code(), ErrorCode::kBuilderLost);
+  EXPECT_NE(remote.message().find("cannot be checked"), std::string::npos) << remote.message();
+
+  // Alive here (this very process) but silent past the bound: a wait timeout.
+  Status slow = ExplainBuilderWait(
+      MakeError(ErrorCode::kCollectiveTimeout, "broadcast of result header stopped"), "rank 0",
+      "h1", getpid(), "h1");
+  EXPECT_EQ(slow.code(), ErrorCode::kCacheWaitTimeout) << slow.ToString();
+
+  // The builder's own verdicts and other errors keep their code.
+  Status other = ExplainBuilderWait(MakeError(ErrorCode::kTransferCorrupt, "bad hash"), "rank 0",
+                                    "h1", GonePid(), "h1");
+  EXPECT_EQ(other.code(), ErrorCode::kTransferCorrupt);
 }
 
 TEST(BuildOnceLocalTest, BuildErrorsKeepTheirCode) {

@@ -1,6 +1,8 @@
 // Log analyzer behaviour on hostile and large input: garbage bytes, invalid UTF-8, NUL bytes,
 // lines longer than a chunk, many matches, de-duplication and time anchoring.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -231,6 +233,58 @@ TEST(Analyzer, FilesOnDiskAndCompressedFiles) {
   EXPECT_TRUE(gz_note);
   auto missing = DiagnoseLogs({(dir / "nope").string()});
   EXPECT_EQ(missing.status().code(), ErrorCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Analyzer, SpecialFilesAreRefusedUnlessAllowedAndReadsAreCapped) {
+  auto dir = std::filesystem::temp_directory_path() / fmt::format("kiln_doctor_cap_{}", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string fifo = (dir / "pipe.log").string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  // A FIFO with no writer: refused at once, without waiting for a writer to appear.
+  Status s = MakeAnalyzer()->AddFile(fifo);
+  EXPECT_EQ(s.code(), ErrorCode::kLogFileNotRegular) << s.ToString();
+  EXPECT_NE(s.message().find("FIFO"), std::string::npos) << s.message();
+  EXPECT_EQ(MakeAnalyzer()->AddFile("/dev/zero").code(), ErrorCode::kLogFileNotRegular);
+
+  // Allowed, /dev/zero is read up to the cap, and the diagnosis says the rest was skipped.
+  AnalyzerOptions capped;
+  capped.allow_special_files = true;
+  capped.max_file_bytes = 3 << 20;
+  capped.chunk_bytes = 1 << 20;
+  auto zero = MakeAnalyzer(capped);
+  ASSERT_TRUE(zero->AddFile("/dev/zero").ok());
+  Diagnosis d = zero->Finish();
+  EXPECT_EQ(d.bytes, uint64_t{3} << 20);
+  bool cut = false;
+  for (const auto& n : d.notes) cut |= n.find("only the first 3 MiB") != std::string::npos;
+  EXPECT_TRUE(cut);
+
+  // A regular file over the cap: its first lines are scanned, the note names it.
+  const std::string big = (dir / "big.log").string();
+  {
+    std::ofstream f(big);
+    f << "NCCL_IB_TIMEOUT=25\n";
+    for (int i = 0; i < 200000; ++i) f << "an ordinary line of a long log file\n";  // ~7 MiB
+  }
+  AnalyzerOptions one_mib;
+  one_mib.max_file_bytes = 1 << 20;
+  auto a = MakeAnalyzer(one_mib);
+  ASSERT_TRUE(a->AddFile(big).ok());
+  Diagnosis db = a->Finish();
+  EXPECT_EQ(db.bytes, uint64_t{1} << 20);
+  ASSERT_EQ(db.warnings.size(), 1u);
+  EXPECT_EQ(db.warnings[0].id, "env.NCCL_IB_TIMEOUT");
+  bool big_cut = false;
+  for (const auto& n : db.notes) {
+    big_cut |= n.find("big.log") != std::string::npos && n.find("first 1 MiB") != std::string::npos;
+  }
+  EXPECT_TRUE(big_cut);
+  // Under the cap: no note.
+  auto whole = MakeAnalyzer();
+  ASSERT_TRUE(whole->AddFile(big).ok());
+  for (const auto& n : whole->Finish().notes)
+    EXPECT_EQ(n.find("only the first"), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

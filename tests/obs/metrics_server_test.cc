@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "tests/obs/http_get.h"
 #include "tests/obs/metrics_text.h"
@@ -76,6 +78,105 @@ TEST(MetricsServer, BadAddressAndPortAreRejected) {
   // An address that is not on this host cannot be bound (TEST-NET-1, never assigned).
   auto foreign = MetricsServer::Start({"192.0.2.1", 0}, &m);
   EXPECT_EQ(foreign.status().code(), ErrorCode::kMetricsServerFailed);
+}
+
+TEST(MetricsServer, OutOfRangeQuadIsNotAnAddress) {
+  KilnMetrics m;
+  auto s = MetricsServer::Start({"999.1.1.1", 0}, &m);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), ErrorCode::kMetricsServerFailed);
+  EXPECT_NE(s.status().message().find("999.1.1.1"), std::string::npos);
+}
+
+// A loopback TCP connection that sends nothing (an idle or stalled client); -1 on failure.
+int ConnectIdle(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+TEST(MetricsServer, EightIdleConnectionsDoNotDelayAScrape) {
+  KilnMetrics m;
+  m.AddTacticsTimed(3);
+  auto server = MetricsServer::Start({"127.0.0.1", 0}, &m);  // default workers and read bound
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  std::vector<int> idle;
+  for (int i = 0; i < 8; ++i) {
+    int fd = ConnectIdle((*server)->port());
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the server take them
+  const auto start = std::chrono::steady_clock::now();
+  std::string body = HttpGet((*server)->port());
+  const double took = SecondsSince(start);
+  for (int fd : idle) ::close(fd);
+  EXPECT_EQ(SampleValue(body, "kiln_build_tactics_timed_total"), 3.0);
+  // Before the event loop, two idle clients held civetweb's two workers for 30 s each.
+  EXPECT_LT(took, 1.0);
+}
+
+TEST(MetricsServer, MoreIdleClientsThanConnectionsStillLetAScrapeThrough) {
+  KilnMetrics m;
+  MetricsServerOptions o;
+  o.bind_address = "127.0.0.1";
+  o.max_connections = 4;
+  o.io_timeout = std::chrono::milliseconds(800);
+  auto server = MetricsServer::Start(o, &m);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  std::vector<int> idle;
+  for (int i = 0; i < 12; ++i) {
+    int fd = ConnectIdle((*server)->port());
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto start = std::chrono::steady_clock::now();
+  std::string body = HttpGet((*server)->port());
+  const double took = SecondsSince(start);
+  EXPECT_EQ(SampleValue(body, "kiln_up"), 1.0);
+  // The newcomer takes the place of the oldest silent client at once; no waiting for timeouts.
+  EXPECT_LT(took, 0.5);
+  // Every stalled connection was closed by the server (evicted, or at the 0.8 s bound): recv
+  // sees the end of the stream, not this test's 3 s receive timeout.
+  for (int fd : idle) {
+    timeval tv{3, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[512];
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    EXPECT_EQ(n, 0) << "a stalled connection was still open after 3 s";
+    ::close(fd);
+  }
+}
+
+TEST(MetricsServer, AnswersOnlyGetAndHeadOfKnownPaths) {
+  KilnMetrics m;
+  auto server = MetricsServer::Start({"127.0.0.1", 0}, &m);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  EXPECT_EQ(HttpGet((*server)->port(), "/nothing-here").find("kiln_up"), std::string::npos);
+  EXPECT_NE(HttpGet((*server)->port(), "/metrics?x=1").find("kiln_up"), std::string::npos);
+}
+
+TEST(MetricsServer, ConnectionCapAndTimeoutAreChecked) {
+  KilnMetrics m;
+  MetricsServerOptions o;
+  o.max_connections = 0;
+  EXPECT_EQ(MetricsServer::Start(o, &m).status().code(), ErrorCode::kInvalidArgument);
+  o.max_connections = 4;
+  o.io_timeout = std::chrono::milliseconds(0);
+  EXPECT_EQ(MetricsServer::Start(o, &m).status().code(), ErrorCode::kInvalidArgument);
 }
 
 // A scrape during a build: values in each scrape are consistent (a histogram's count equals its

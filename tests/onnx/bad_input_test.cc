@@ -57,12 +57,15 @@ TEST(OnnxBadInput, TruncatedZooModelIsE2001) {
     EXPECT_EQ(s.code(), ErrorCode::kModelTruncated) << "cut at " << cut << ": " << s.ToString();
     EXPECT_NE(s.message().find("cut short"), std::string::npos) << s.message();
   }
-  // Cut exactly before opset_import (stored after the graph): parses, but is incomplete.
+  // No opset_import at all (or a copy cut exactly before it, stored after the graph): the model
+  // is invalid, and the message says what is missing rather than guessing at a cut.
   onnx::ModelProto m;
   ASSERT_TRUE(m.ParseFromString(bytes));
   m.clear_opset_import();
   WriteFile(dir / "no_opset.onnx", m.SerializeAsString());
-  EXPECT_EQ(ImportFileStatus(dir / "no_opset.onnx").code(), ErrorCode::kModelTruncated);
+  Status no_opset = ImportFileStatus(dir / "no_opset.onnx");
+  EXPECT_EQ(no_opset.code(), ErrorCode::kInvalidModel) << no_opset.ToString();
+  EXPECT_NE(no_opset.message().find("no opset_import"), std::string::npos) << no_opset.message();
   fs::remove_all(dir);
 }
 

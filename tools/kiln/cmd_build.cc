@@ -19,6 +19,7 @@
 #include "kiln/obs/metrics_server.h"
 #include "kiln/obs/progress.h"
 #include "tools/kiln/command.h"
+#include "tools/kiln/options.h"
 
 namespace kiln::cli {
 namespace {
@@ -283,7 +284,8 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
       ->capture_default_str();
   prec->add_option("--calib-percentile", o->calib_percentile,
                    "share of |x| kept unclipped by the percentile calibrator, in (0, 100]")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Number(0, 100, /*min_open=*/true));
   prec->add_option("--calib-cache", o->calib_cache,
                    "calibration cache file (like TensorRT's): reused when it matches the model "
                    "and method, else written after calibrating");
@@ -298,14 +300,18 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
           "NAME:MIN,OPT,MAX per dynamic input, e.g. input:1x3x224x224,8x3x224x224,32x3x224x224")
       ->take_all();
   auto* bounds = sub->add_option_group("Bounds", "time and memory the build may use");
-  bounds->add_option(
-      "--deadline", o->deadline,
-      "bound the build (30s, 5m, 1500ms); at the deadline the best engine so far is written");
+  bounds
+      ->add_option(
+          "--deadline", o->deadline,
+          "bound the build (30s, 5m, 1500ms); at the deadline the best engine so far is written")
+      ->check(DurationText());
   bounds->add_option(
       "--memory-budget", o->memory_budget,
       "peak device memory for the engine: bytes (512M, 8G) or a fraction of free memory (0.5)");
-  bounds->add_option("--max-kernel-time", o->max_kernel_time_ms,
-                     "reject tactics whose single launch exceeds this many milliseconds");
+  bounds
+      ->add_option("--max-kernel-time", o->max_kernel_time_ms,
+                   "reject tactics whose single launch exceeds this many milliseconds")
+      ->check(Number(0, kMaxSeconds * 1000, /*min_open=*/true));
   sub->add_option("--timing-cache", o->timing_cache, "timing cache file to read and update");
   sub->add_option("--report", o->report_path, "write the build report as JSON to this file");
   sub->add_flag("--no-optimize", o->no_optimize, "skip graph optimizations (debugging)");
@@ -323,14 +329,19 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
   dist->add_option("--cache-dir", o->cache_dir,
                    "shared engine cache directory (content-addressed)");
   dist->add_option("--join-timeout", o->join_timeout_s, "seconds for every rank to arrive")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Seconds());
   dist->add_option("--wait-timeout", o->wait_timeout_s, "seconds to wait for the builder")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Seconds());
   dist->add_option("--transfer-timeout", o->transfer_timeout_s, "seconds for the bytes to arrive")
-      ->capture_default_str();
-  dist->add_option("--rank", o->rank, "this process's rank (overrides the launcher's environment)");
+      ->capture_default_str()
+      ->check(Seconds());
+  dist->add_option("--rank", o->rank, "this process's rank (overrides the launcher's environment)")
+      ->check(Count(0, kMaxRanks - 1));
   dist->add_option("--world-size", o->world_size,
-                   "the job's world size (overrides the environment)");
+                   "the job's world size (overrides the environment)")
+      ->check(Count(1, kMaxRanks));
   dist->add_option("--dist-report", o->dist_report,
                    "write who built, who waited and for how long (JSON)");
   return [o, &global]() { return Run(*o, global); };

@@ -2,11 +2,13 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 
 #include "kiln/core/params.h"
 #include "kiln/dist/engine_cache.h"
 #include "tools/kiln/command.h"
+#include "tools/kiln/options.h"
 
 namespace kiln::cli {
 namespace {
@@ -25,6 +27,14 @@ StatusOr<std::unique_ptr<dist::EngineCache>> OpenCache(const CacheCmdOptions& o)
   if (c.dir.empty()) {
     return MakeError(ErrorCode::kInvalidArgument,
                      "no cache directory: pass --dir or set KILN_CACHE_DIR");
+  }
+  // Looking after a cache that is not there is a mistake (a typo in --dir), not an empty cache:
+  // "0 corrupt entries" would be a false all-clear.
+  std::error_code ec;
+  if (!std::filesystem::is_directory(c.dir, ec)) {
+    return MakeError(ErrorCode::kNotFound,
+                     "cache directory '{}' does not exist or is not a directory{}", c.dir.string(),
+                     ec ? fmt::format(" ({})", ec.message()) : std::string());
   }
   return dist::EngineCache::Open(c);
 }
@@ -102,9 +112,11 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   CLI::App* gc =
       sub->add_subcommand("gc", "Remove files left by dead builders; evict down to --max-bytes");
   add_dir(gc);
-  gc->add_option("--max-bytes", o->max_bytes, "evict least recently used entries above this total");
+  gc->add_option("--max-bytes", o->max_bytes, "evict least recently used entries above this total")
+      ->check(Count(0, kMaxUint64));
   gc->add_option("--older-than", o->older_than_s,
-                 "seconds a leftover file must be old to be removed");
+                 "seconds a leftover file must be old to be removed")
+      ->check(Count(0, 10 * 365 * 24 * 3600.0));
   CLI::App* verify =
       sub->add_subcommand("verify", "Check every entry's checksum (exit 1 if any is corrupt)");
   add_dir(verify);

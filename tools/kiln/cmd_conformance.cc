@@ -18,6 +18,7 @@
 
 #include "kiln/app/conformance.h"
 #include "tools/kiln/command.h"
+#include "tools/kiln/options.h"
 
 namespace kiln::cli {
 namespace {
@@ -238,9 +239,11 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   sub->add_option("--json", o->json_path, "write every case's result to this JSON file");
   sub->add_option("--filter", o->filter, "only cases whose path matches this regex");
   sub->add_option("--rel-l2", o->rel_l2,
-                  "pass on relative L2 error below this (default: allclose rtol 1e-3 atol 1e-7)");
+                  "pass on relative L2 error below this (default: allclose rtol 1e-3 atol 1e-7)")
+      ->check(Number(0, 1e6, /*min_open=*/true));
   sub->add_option("--timeout", o->timeout_s, "seconds per case before it is killed")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Seconds());
   sub->add_flag("--fp16", o->fp16,
                 "build FP16 engines (default bound: relative L2 <= 2e-2, docs/precision.md)");
   sub->add_flag("--bf16", o->bf16,

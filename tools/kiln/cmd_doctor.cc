@@ -11,6 +11,7 @@
 #include "kiln/doctor/report.h"
 #include "kiln/engine/engine_file.h"
 #include "tools/kiln/command.h"
+#include "tools/kiln/options.h"
 
 namespace kiln::cli {
 namespace {
@@ -29,6 +30,8 @@ struct DoctorOptions {
   std::string signatures;
   int year = 0;
   size_t chunk_mib = 8;
+  uint64_t max_mib = 1024;
+  bool allow_special = false;
 };
 
 StatusOr<std::string> ReadWholeFile(const std::string& path) {
@@ -100,6 +103,8 @@ int RunLogs(const DoctorOptions& o) {
   doctor::AnalyzerOptions opts;
   opts.default_year = o.year;
   opts.chunk_bytes = o.chunk_mib << 20;
+  opts.max_file_bytes = o.max_mib << 20;
+  opts.allow_special_files = o.allow_special;
   auto analyzer = doctor::LogAnalyzer::Create(*db, *kp, opts);
   if (!analyzer.ok()) return Fail(analyzer.status());
   auto files = doctor::ExpandLogPaths(o.paths);
@@ -132,7 +137,8 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   sub->add_option("--engine", o->engine,
                   "a .kiln engine: its planned peak memory per rank is checked against free memory")
       ->check(CLI::ExistingFile);
-  sub->add_option("--ranks-per-gpu", o->ranks_per_gpu, "ranks sharing each GPU (default 1)");
+  sub->add_option("--ranks-per-gpu", o->ranks_per_gpu, "ranks sharing each GPU (default 1)")
+      ->check(Count(1, 1024));
   sub->add_option("--known-problems", o->known_problems,
                   "a known-problems table to use instead of the built-in one (JSON)");
   CLI::App* logs =
@@ -149,9 +155,17 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   logs->add_option("--signatures", o->signatures,
                    "a signature database to use instead of the built-in one (JSON)");
   logs->add_option("--year", o->year,
-                   "year for timestamps without one (syslog, glog) when no log line has a date");
+                   "year for timestamps without one (syslog, glog) when no log line has a date")
+      ->check(Count(1970, 9999));
   logs->add_option("--chunk-mib", o->chunk_mib, "read and scan this many MiB at a time (default 8)")
-      ->check(CLI::Range(1, 1024));
+      ->check(Count(1, 1024));
+  logs->add_option("--max-mib", o->max_mib,
+                   "read at most this many MiB of each file; the diagnosis notes a file that was "
+                   "cut (default 1024)")
+      ->check(Count(1, 1 << 20));
+  logs->add_flag("--allow-special", o->allow_special,
+                 "also read FIFOs, devices and sockets (refused by default: they may block or "
+                 "never end), up to --max-mib");
   return [o, logs]() -> int { return logs->parsed() ? RunLogs(*o) : RunPreflight(*o); };
 }
 

@@ -52,7 +52,11 @@ int InspectOnnx(const InspectOptions& o) {
       u.push_back({{"op", op.op_type}, {"reason", op.reason}, {"nodes", op.node_names}});
     }
     j["unsupported"] = u;
+    if (!info->structure.ok()) {
+      j["error"] = {{"code", info->structure.Id()}, {"message", info->structure.message()}};
+    }
     std::cout << j.dump(2) << "\n";
+    if (!info->structure.ok()) return ReportError(info->structure);
     return info->unsupported.empty() ? 0 : 1;
   }
   std::cout << fmt::format("{}: ONNX model, opset {}, IR version {}, from {} {}\n", o.path,
@@ -78,6 +82,7 @@ int InspectOnnx(const InspectOptions& o) {
   std::cout << "\n";
   if (info->unsupported.empty()) {
     std::cout << "  every op is supported\n";
+    if (!info->structure.ok()) return ReportError(info->structure);
     return 0;
   }
   std::cout << fmt::format("  {} unsupported op type(s):\n", info->unsupported.size());
@@ -88,6 +93,7 @@ int InspectOnnx(const InspectOptions& o) {
                              fmt::join(names, ", "), op.node_names.size() > 5 ? ", ..." : "",
                              op.reason);
   }
+  if (!info->structure.ok()) return ReportError(info->structure);
   return 1;
 }
 
@@ -150,8 +156,10 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   sub->add_flag("--json", o->json, "print JSON");
   sub->add_flag("--layers", o->layers, "list the engine's layers and tactics");
   sub->footer(
-      "Exit code: 0 when everything is supported, 1 when the model has unsupported ops or the file "
-      "is bad.");
+      "Exit code: 0 when everything is supported, 1 when the model has unsupported ops, is "
+      "malformed (a cycle, an undefined value, bad external data: what `kiln build` refuses) or "
+      "the "
+      "file is bad.");
   return [o]() { return o->path.ends_with(".onnx") ? InspectOnnx(*o) : InspectEngine(*o); };
 }
 

@@ -13,6 +13,7 @@
 #include "kiln/obs/nvml.h"
 #include "kiln/obs/sampler.h"
 #include "tools/kiln/command.h"
+#include "tools/kiln/options.h"
 
 namespace kiln::cli {
 namespace {
@@ -134,29 +135,40 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
       "throttled or failing GPUs");
   sub->add_option("--metrics-port", o->port,
                   "TCP port for /metrics (0: pick a free port and print it)")
-      ->capture_default_str();
-  sub->add_option("--metrics-bind", o->bind, "IPv4 address to listen on")->capture_default_str();
+      ->capture_default_str()
+      ->check(Port());
+  sub->add_option("--metrics-bind", o->bind, "IPv4 address to listen on")
+      ->capture_default_str()
+      ->check(Ipv4Address());
   sub->add_flag("--no-server", o->no_server, "serve nothing; only write --metrics-file");
   sub->add_option(
       "--metrics-file", o->metrics_file,
       "also write the metrics here every interval (node-exporter textfile; name it *.prom)");
   sub->add_option("--duration", o->duration,
                   "stop after this long, e.g. 10s or 2h (0: until SIGINT/SIGTERM)")
-      ->capture_default_str();
-  sub->add_option("--interval", o->interval, "sampling interval")->capture_default_str();
+      ->capture_default_str()
+      ->check(DurationText(/*zero_ok=*/true));
+  sub->add_option("--interval", o->interval, "sampling interval")
+      ->capture_default_str()
+      ->check(DurationText());
   sub->add_option("--collapse-window", o->collapse_window,
                   "how long a GPU that worked must stay near zero to raise utilization collapse")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(DurationText(/*zero_ok=*/true));
   sub->add_option("--busy-ratio", o->busy_ratio, "utilization (0..1) that counts as working")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Number(0, 1));
   sub->add_option("--idle-ratio", o->idle_ratio, "utilization (0..1) that counts as near zero")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Number(0, 1));
   sub->add_option("--memory-pressure", o->memory_pressure,
                   "used/total memory (0..1) that raises memory pressure")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Number(0, 1, /*min_open=*/true));
   sub->add_option("--throttle-window", o->throttle_window,
                   "how long thermal/power-brake/hardware slowdown must last to raise throttling")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(DurationText(/*zero_ok=*/true));
   sub->add_option("--nvml-library", o->nvml_library, "NVML library to load")->capture_default_str();
   return [o, &global]() { return Run(*o, global); };
 }

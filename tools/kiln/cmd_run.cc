@@ -14,9 +14,15 @@
 #include "kiln/obs/run_summary.h"
 #include "kiln/onnx/onnx_import.h"
 #include "tools/kiln/command.h"
+#include "tools/kiln/options.h"
 
 namespace kiln::cli {
 namespace {
+
+// A benchmark is bounded: at most this many runs of each kind (app::BenchmarkOptions'
+// max_iterations stops the timed loop there) and this many seconds.
+constexpr double kMaxRunIterations = 100000;
+constexpr double kMaxRunSeconds = 24 * 3600.0;
 
 struct RunOptions {
   std::string engine;
@@ -97,6 +103,20 @@ Status WriteNpy(const std::string& path, const Tensor& t) {
   return OkStatus();
 }
 
+// --shapes and --input must name inputs of the engine: a misspelt name would otherwise be
+// ignored and the run measured on other shapes or random data than the user asked for.
+Status CheckInputName(const Engine& engine, const std::string& name, const char* flag) {
+  std::vector<std::string> names;
+  for (const TensorDesc& d : engine.inputs()) {
+    if (d.name == name) return OkStatus();
+    names.push_back(d.name);
+  }
+  return MakeError(ErrorCode::kNotFound,
+                   "{} names '{}', which is not an input of the engine (its "
+                   "inputs: {})",
+                   flag, name, fmt::join(names, ", "));
+}
+
 std::string Bytes(int64_t b) {
   return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20));
 }
@@ -121,6 +141,8 @@ int Run(const RunOptions& o) {
   for (const std::string& spec : o.shapes) {
     OptimizationProfile p;  // reuse the NAME:DIMS parser (one shape = min=opt=max)
     if (Status s = ParseProfileSpec(spec, &p); !s.ok()) return ReportError(s);
+    if (Status s = CheckInputName(**engine, p.inputs[0].input, "--shapes"); !s.ok())
+      return ReportError(s);
     shapes[p.inputs[0].input] = p.inputs[0].opt;
   }
   auto random = app::RandomInputs(**engine, shapes, o.seed);
@@ -132,6 +154,8 @@ int Run(const RunOptions& o) {
       return ReportError(
           MakeError(ErrorCode::kInvalidArgument, "--input '{}': use NAME=FILE.pb", spec));
     }
+    if (Status s = CheckInputName(**engine, spec.substr(0, eq), "--input"); !s.ok())
+      return ReportError(s);
     auto t = LoadTensorProto(spec.substr(eq + 1));
     if (!t.ok()) return ReportError(t.status());
     feed[spec.substr(0, eq)] = std::move(*t);
@@ -260,23 +284,31 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
       ->take_all();
   sub->add_option("--input", o->inputs, "NAME=FILE.pb: feed a TensorProto instead of random data")
       ->take_all();
-  sub->add_option("--warmup", o->warmup, "untimed runs first")->capture_default_str();
+  sub->add_option("--warmup", o->warmup, "untimed runs first")
+      ->capture_default_str()
+      ->check(Count(0, kMaxRunIterations));
   sub->add_option("--iterations", o->iterations, "at least this many timed runs")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Count(1, kMaxRunIterations));
   sub->add_option("--duration", o->duration_s, "and at least this many seconds")
-      ->capture_default_str();
-  sub->add_option("--seed", o->seed, "random input seed")->capture_default_str();
+      ->capture_default_str()
+      ->check(Number(0, kMaxRunSeconds));
+  sub->add_option("--seed", o->seed, "random input seed")
+      ->capture_default_str()
+      ->check(Count(0, kMaxUint64));
   sub->add_flag("--json", o->json, "print the summary as JSON");
   sub->add_flag("--no-cuda-graph", o->no_cuda_graph,
                 "launch layer by layer instead of capturing and replaying a CUDA graph");
   sub->add_option("--layer-iterations", o->layer_iterations,
                   "eager runs with an event around each layer, for per-layer and max kernel time "
                   "(0: skip)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Count(0, kMaxRunIterations));
   sub->add_option("--save-outputs", o->save_outputs,
                   "write each output of a final run as DIR/NAME.npy (NumPy format)");
   sub->add_option("--top-layers", o->top_layers, "slowest layers listed in the table")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Count(0, kMaxCount));
   sub->add_flag("--verify", o->verify,
                 "also print the four figures of a fix's verification: build time, max kernel time, "
                 "NCCL init, peak memory");

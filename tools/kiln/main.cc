@@ -14,6 +14,7 @@
 #include "kiln/obs/error_counter.h"
 #include "kiln/obs/metrics.h"
 #include "tools/kiln/command.h"
+#include "tools/kiln/options.h"
 
 namespace kiln::cli {
 
@@ -31,7 +32,8 @@ int ReportError(const Status& status) {
 void MetricsFlags::Add(CLI::App* sub) {
   auto* g = sub->add_option_group("Metrics", "Prometheus metrics of this command");
   g->add_option("--metrics-port", port,
-                "serve /metrics on this port while the command runs (0: any free port)");
+                "serve /metrics on this port while the command runs (0: any free port)")
+      ->check(Port());
   g->add_option("--metrics-file", file,
                 "write the metrics to this file at the end (node-exporter textfile)");
 }
@@ -83,10 +85,15 @@ int main(int argc, char** argv) {
     if (subs.size() > before) runs.emplace_back(subs.back(), std::move(run));
   }
 
+  RequireFiniteNumbers(app);
+  app.footer(fmt::format("Exit code {}: the command line was refused (KILN-E1015, KILN-E1016).",
+                         kUsageExitCode));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    ReportError(ParseErrorStatus(e));
+    return kUsageExitCode;
   }
   if (!global.log_level.empty()) {
     kiln::LogLevel level;

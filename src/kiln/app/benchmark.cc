@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 
 namespace kiln::app {
@@ -30,8 +31,23 @@ LatencyStats LatencyStats::FromSamples(std::vector<double> s) {
   return st;
 }
 
+namespace {
+// The timed loop ends on `elapsed >= min_seconds`: NaN would never compare true.
+Status CheckBounds(const BenchmarkOptions& o) {
+  if (o.warmup < 0 || o.min_iterations < 0 || o.max_iterations < 1 ||
+      !std::isfinite(o.min_seconds) || o.min_seconds < 0) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "benchmark bounds must be finite and not negative (warmup {}, iterations "
+                     "{}..{}, {} s)",
+                     o.warmup, o.min_iterations, o.max_iterations, o.min_seconds);
+  }
+  return OkStatus();
+}
+}  // namespace
+
 StatusOr<LatencyStats> Benchmark(HostRunner& runner, const BenchmarkOptions& options) {
   using Clock = std::chrono::steady_clock;
+  KILN_RETURN_IF_ERROR(CheckBounds(options));
   for (int i = 0; i < options.warmup; ++i) KILN_RETURN_IF_ERROR(runner.Run());
   std::vector<double> samples;
   auto start = Clock::now();
@@ -59,6 +75,7 @@ StatusOr<EngineProfile> ProfileEngine(HostRunner& runner, const ProfileOptions& 
   using Clock = std::chrono::steady_clock;
   ExecutionContext& ctx = runner.context();
   Backend& backend = ctx.engine().backend();
+  KILN_RETURN_IF_ERROR(CheckBounds(options));
   EngineProfile out;
   out.device_timing = backend.device_timing();
   // Events made once, before timing (Execute and the timed loop do not allocate).

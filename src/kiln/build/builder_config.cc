@@ -151,8 +151,9 @@ StatusOr<std::chrono::milliseconds> ParseDuration(const std::string& text) {
     return MakeError(ErrorCode::kInvalidDeadline, "'{}' is not a duration (use 30s, 1500ms, 5m)",
                      text);
   }
-  if (!(v > 0)) {
-    return MakeError(ErrorCode::kInvalidDeadline, "duration '{}' must be positive", text);
+  if (!(v > 0) || !std::isfinite(v) || v * scale_ms > 1e15) {
+    return MakeError(ErrorCode::kInvalidDeadline, "duration '{}' must be positive and finite",
+                     text);
   }
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(v * scale_ms)));
 }

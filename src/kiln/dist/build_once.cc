@@ -5,8 +5,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
 #include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <future>
 #include <map>
@@ -384,9 +387,47 @@ std::string BuildOnceReport::ToJson() const {
   return j.dump(2);
 }
 
+Status ExplainBuilderWait(Status wait_error, std::string_view builder,
+                          std::string_view builder_host, int64_t builder_pid,
+                          std::string_view my_host) {
+  const ErrorCode code = wait_error.code();
+  if (code != ErrorCode::kCommInitTimeout && code != ErrorCode::kCollectiveTimeout &&
+      code != ErrorCode::kRankMissing && code != ErrorCode::kCommFailed) {
+    return wait_error;
+  }
+  if (builder_host == my_host && builder_pid > 0) {
+    const bool gone = ::kill(static_cast<pid_t>(builder_pid), 0) != 0 && errno == ESRCH;
+    if (gone) {
+      return MakeError(ErrorCode::kBuilderLost,
+                       "the builder {} died before it sent the engine: its process is gone ({})",
+                       builder, wait_error.message());
+    }
+    if (code == ErrorCode::kCommFailed) return wait_error;
+    return MakeError(ErrorCode::kCacheWaitTimeout,
+                     "the builder {} is still running but sent no result within the bound ({})",
+                     builder, wait_error.message());
+  }
+  return MakeError(ErrorCode::kBuilderLost,
+                   "the builder {} stopped answering before it sent the engine: it died or hangs "
+                   "(its process on host {} cannot be checked from host {}) ({})",
+                   builder, builder_host, my_host, wait_error.message());
+}
+
 StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions& options,
                                     const BuildFn& build) {
   const Clock::time_point start = Clock::now();
+  // Every wait below is bounded by one of these; a bound that is not positive is a caller's
+  // mistake (the CLI refuses it), never "wait forever" nor "time out at once".
+  for (auto [bound, name] :
+       {std::pair{options.join_timeout, "join"}, std::pair{options.wait_timeout, "wait"},
+        std::pair{options.transfer_timeout, "transfer"}}) {
+    if (bound.count() <= 0) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "the build-once {} timeout must be positive "
+                       "(got {} ms)",
+                       name, bound.count());
+    }
+  }
   KILN_ASSIGN_OR_RETURN(RankInfo me, DiscoverRank(options.rank_overrides));
   Transport transport = options.transport;
   if (transport == Transport::kAuto) {
@@ -524,7 +565,16 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
     KILN_RETURN_IF_ERROR(out.bytes);
   } else {
     const Clock::time_point t_wait = Clock::now();
-    KILN_RETURN_IF_ERROR(WaitForResult(options, *group, Who(leader_hello), &header));
+    if (Status s = WaitForResult(options, *group, Who(leader_hello), &header); !s.ok()) {
+      Status explained = ExplainBuilderWait(s, Who(leader_hello),
+                                            Text(leader_hello.host, sizeof(leader_hello.host)),
+                                            leader_hello.pid, me.host);
+      // A missed heartbeat from a builder still alive stays what it is (hung or left the job).
+      if (s.code() == ErrorCode::kRankMissing && explained.code() != ErrorCode::kBuilderLost) {
+        return s;
+      }
+      return explained;
+    }
     stats.wait_s = SecondsSince(t_wait);
     if (header.code != 0) {
       return MakeError(ErrorCode::kBuildFailedOnBuilder, "the builder {} failed: {}",

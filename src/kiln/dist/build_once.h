@@ -100,4 +100,13 @@ struct BuildOnceResult {
 StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions& options,
                                     const BuildFn& build);
 
+// What a rank that waited for its builder's result reports when the wait failed. A builder that
+// died (its pid gone, when it runs on this host) or stopped answering (another host: it cannot be
+// checked from here) is KILN-E7020, not the communicator error the wait ended with (a dead peer
+// looks like a communicator that never set up, KILN-E7013); a builder still alive here past the
+// bound is KILN-E7005. Other errors keep their code.
+Status ExplainBuilderWait(Status wait_error, std::string_view builder,
+                          std::string_view builder_host, int64_t builder_pid,
+                          std::string_view my_host);
+
 }  // namespace kiln::dist

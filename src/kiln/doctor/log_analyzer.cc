@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <hs/hs.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -561,9 +562,23 @@ struct LogAnalyzer::Impl {
     std::vector<char> buf(cap);
     size_t carry = 0;
     uint64_t line_no = 0;
+    uint64_t read_total = 0;
     bool first = true;
     while (true) {
-      ssize_t n = read(fd, buf.data() + carry, cap - carry);
+      if (read_total >= opt.max_file_bytes) {
+        if (carry > 0) ScanChunk(file, buf.data(), carry, &line_no);
+        char probe;
+        if (read(fd, &probe, 1) > 0) {
+          notes.push_back(fmt::format(
+              "{}: only the first {} MiB were read (the per-file cap, --max-mib); the rest was "
+              "not scanned",
+              files[file].name, opt.max_file_bytes >> 20));
+        }
+        break;
+      }
+      const size_t want =
+          static_cast<size_t>(std::min<uint64_t>(cap - carry, opt.max_file_bytes - read_total));
+      ssize_t n = read(fd, buf.data() + carry, want);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         if (carry > 0) ScanChunk(file, buf.data(), carry, &line_no);
@@ -577,6 +592,7 @@ struct LogAnalyzer::Impl {
       }
       first = false;
       bytes += static_cast<uint64_t>(n);
+      read_total += static_cast<uint64_t>(n);
       size_t total = carry + static_cast<size_t>(n);
       const char* nl = static_cast<const char*>(memrchr(buf.data(), '\n', total));
       if (nl) {
@@ -1162,10 +1178,30 @@ StatusOr<std::unique_ptr<LogAnalyzer>> LogAnalyzer::Create(std::shared_ptr<const
 }
 
 Status LogAnalyzer::AddFile(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; the flag is dropped once the file is
+  // known to be one we read.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     return MakeError(ErrorCode::kIoError, "cannot open log '{}': {}", path, std::strerror(errno));
   }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return MakeError(ErrorCode::kIoError, "cannot stat log '{}': {}", path, std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode) && !impl_->opt.allow_special_files) {
+    close(fd);
+    const char* kind = S_ISFIFO(st.st_mode)   ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISDIR(st.st_mode)  ? "a directory"
+                                              : "not a regular file";
+    return MakeError(ErrorCode::kLogFileNotRegular, "log '{}' is {}, not a regular file", path,
+                     kind);
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   int file = impl_->AddFileState(path);
   impl_->Scan(file, fd);

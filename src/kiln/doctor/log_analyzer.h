@@ -85,6 +85,12 @@ struct AnalyzerOptions {
   size_t max_events_per_signature = 2000;
   size_t max_line_chars = 400;  // evidence text kept per line
   int default_year = 0;         // for logs without a year and no dated line (0: this year)
+  // At most this much of one file is read (a runaway log, /dev/zero); the rest is skipped with a
+  // note in the diagnosis. `kiln doctor logs --max-mib` sets it.
+  uint64_t max_file_bytes = uint64_t{1} << 30;
+  // AddFile refuses FIFOs, devices and sockets (KILN-E9003), which may block or never end,
+  // unless this is set; they are then read up to max_file_bytes.
+  bool allow_special_files = false;
 };
 
 class LogAnalyzer {
@@ -96,7 +102,7 @@ class LogAnalyzer {
   LogAnalyzer(const LogAnalyzer&) = delete;
   LogAnalyzer& operator=(const LogAnalyzer&) = delete;
 
-  // Streams one file (any size; invalid UTF-8 and NUL bytes are fine).
+  // Streams one regular file, up to max_file_bytes (invalid UTF-8 and NUL bytes are fine).
   Status AddFile(const std::string& path);
   // Same for text already in memory; `name` stands for the path in evidence.
   void AddBuffer(std::string_view name, std::string_view data);

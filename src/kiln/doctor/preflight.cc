@@ -52,7 +52,7 @@ std::string FormatBytes(double b) {
 StatusOr<double> ParseMemoryBudget(std::string_view text) {
   double v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || v <= 0) {
+  if (ec != std::errc() || !(v > 0) || !std::isfinite(v)) {
     return MakeError(ErrorCode::kInvalidArgument,
                      "--memory-budget '{}' is not a positive number of bytes (8GiB, 512MiB) or a "
                      "share of free memory (0.5)",

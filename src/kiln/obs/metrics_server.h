@@ -1,23 +1,29 @@
 // Serves a metrics registry over HTTP (/metrics, Prometheus text format) for long-running kiln
-// commands; short ones write a textfile instead (KilnMetrics::WriteTextfile).
+// commands; short ones write a textfile instead (KilnMetrics::WriteTextfile). One thread polls
+// every connection, so clients that connect and send nothing cannot keep the scraper waiting.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "kiln/core/status.h"
 #include "kiln/obs/metrics.h"
-
-namespace prometheus {
-class Exposer;
-}
 
 namespace kiln::obs {
 
 struct MetricsServerOptions {
   std::string bind_address = "0.0.0.0";  // all interfaces, like node-exporter
   int port = 0;                          // 0: the kernel picks a free port
+  // Idle or slow clients must not starve the scraper. The server answers every connection from
+  // one event loop (an idle one costs a socket, not a worker); a connection has io_timeout to
+  // send its request and take the answer, then it is closed; past max_connections the oldest
+  // still-silent connection is closed to make room for the new one.
+  std::chrono::milliseconds io_timeout{3000};
+  int max_connections = 256;
 };
 
 class MetricsServer {
@@ -36,7 +42,14 @@ class MetricsServer {
 
  private:
   MetricsServer() = default;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  void Loop();
+
+  KilnMetrics* metrics_ = nullptr;
+  MetricsServerOptions options_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: the destructor wakes the loop to stop it
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
   std::string bind_address_;
   int port_ = 0;
 };

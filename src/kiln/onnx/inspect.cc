@@ -87,6 +87,12 @@ StatusOr<OnnxModelInfo> InspectOnnxFile(const std::string& path) {
   std::vector<NormalizedNode> nodes;
   KILN_RETURN_IF_ERROR(NormalizeNodes(model.mutable_graph(), opset, &nodes));
   info.unsupported = FindUnsupportedOps(nodes, opset);
+
+  // The import a build runs, with unsupported ops kept: inspect must not call a model fine that
+  // build then refuses (a cycle, an undefined value, missing external data).
+  ImportOptions import;
+  import.allow_unsupported_ops = true;
+  info.structure = ImportOnnxFile(path, import).status();
   return info;
 }
 

@@ -91,10 +91,15 @@ struct OnnxModelInfo {
   int64_t parameter_bytes = 0;
   std::vector<std::string> symbols;            // dynamic dim names of the inputs, sorted
   std::vector<OnnxUnsupportedOp> unsupported;  // empty: every op is supported
+  // The structural checks a build's import runs (cycles KILN-E2005, undefined values E2006,
+  // external data E2002, ...), unsupported ops aside: not OK means `kiln build` refuses the
+  // model even where every op is supported.
+  Status structure;
 };
 
 // Reads a model for inspection; fails only when the file itself is unreadable (KILN-E2000,
-// E2001, E2002, E2003, E2010, ...), never because of unsupported ops (it lists them).
+// E2001, E2003, E2010, ...), never because of unsupported ops (it lists them) or a malformed
+// graph (`structure` says so).
 StatusOr<OnnxModelInfo> InspectOnnxFile(const std::string& path);
 
 }  // namespace kiln

@@ -244,11 +244,17 @@ Status CheckModelShape(const onnx::ModelProto& model, const std::string& what) {
                      "cut short before the graph",
                      what, model.ir_version());
   }
+  // Not ModelTruncated: a model written without opset_import (by hand, by a converter) is the
+  // common case; a copy cut exactly after the graph looks the same, so the message says both.
   if (model.opset_import_size() == 0 && model.ir_version() >= 3) {
-    return MakeError(ErrorCode::kModelTruncated,
-                     "{} has a graph but no opset_import (required since IR version 3 and "
-                     "stored after the graph); the file was probably cut short",
-                     what);
+    return MakeError(
+        ErrorCode::kInvalidModel,
+        "{} has no opset_import, which ONNX requires since IR version 3 (the model "
+        "does not say which operator set its nodes follow); add one (e.g. "
+        "model.opset_import.append(onnx.helper.make_opsetid('', 17))) or re-export the "
+        "model; if it is a copy, check that it is complete (opset_import is stored "
+        "after the graph)",
+        what);
   }
   return OkStatus();
 }
