@@ -92,21 +92,22 @@ void UnregisterTemp(int slot) {
 struct sigaction g_previous[2];
 constexpr std::array<int, 2> kCleanupSignals = {SIGTERM, SIGINT};
 
-void OnTerminatingSignal(int sig) {
+void OnTerminatingSignal(int sig, siginfo_t* info, void* context) {
   const int saved = errno;
   for (TempSlot& s : g_temps) {
     if (s.state.load() == 2) ::unlink(s.path);
   }
-  // Hand the signal on: to a handler that was there before, else its default action.
-  const int i = sig == SIGTERM ? 0 : 1;
-  if (g_previous[i].sa_handler != SIG_DFL && g_previous[i].sa_handler != SIG_IGN &&
-      !(g_previous[i].sa_flags & SA_SIGINFO)) {
-    g_previous[i].sa_handler(sig);
-    errno = saved;
-    return;
+  // Hand the signal on: to a handler that was there before (a host process's, e.g. Python's),
+  // else its default action, which ends the process as the signal would have.
+  const struct sigaction& prev = g_previous[sig == SIGTERM ? 0 : 1];
+  if (prev.sa_flags & SA_SIGINFO) {
+    prev.sa_sigaction(sig, info, context);
+  } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) {
+    prev.sa_handler(sig);
+  } else {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
   }
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
   errno = saved;
 }
 
@@ -309,10 +310,10 @@ void InstallTempCleanup() {
       if (old.sa_handler == SIG_IGN) continue;  // e.g. nohup: the signal stays ignored
       g_previous[i] = old;
       struct sigaction sa {};
-      sa.sa_handler = OnTerminatingSignal;
+      sa.sa_sigaction = OnTerminatingSignal;
       sigemptyset(&sa.sa_mask);
       for (int s : kCleanupSignals) sigaddset(&sa.sa_mask, s);
-      sa.sa_flags = 0;
+      sa.sa_flags = SA_SIGINFO;
       ::sigaction(kCleanupSignals[i], &sa, nullptr);
     }
   });
