@@ -188,6 +188,10 @@ TEST_F(FileIoTest, AtomicOutputRefusesSpecialFilesAndLinks) {
 
 TEST_F(FileIoTest, AtomicOutputRefusesAFileThisProcessRead) {
   Put("in.json", "data");
+  // Unguarded (a long-lived process): reading does not make a file unwritable.
+  ASSERT_TRUE(ReadInputFile(P("in.json"), "input", 100).ok());
+  ASSERT_TRUE(WriteFileAtomic(P("in.json"), "report", "data").ok());
+  GuardInputsOfThisProcess(true);  // as the CLI runs
   ASSERT_TRUE(ReadInputFile(P("in.json"), "input", 100).ok());
   Status s = WriteFileAtomic(P("in.json"), "report", "x");
   EXPECT_EQ(s.code(), ErrorCode::kOutputOverwritesInput);
@@ -197,6 +201,7 @@ TEST_F(FileIoTest, AtomicOutputRefusesAFileThisProcessRead) {
   EXPECT_TRUE(WriteFileAtomic(P("in.json"), "cache", "y", rewrite).ok());
   EXPECT_EQ(Get("in.json"), "y");
   EXPECT_EQ(Names(), std::vector<std::string>{"in.json"});
+  GuardInputsOfThisProcess(false);
 }
 
 std::string HostName() {

@@ -48,6 +48,7 @@ struct ReadFile {
   int64_t ctime_s = 0, ctime_ns = 0;
   bool operator==(const ReadFile&) const = default;
 };
+std::atomic<bool> g_guard_inputs{false};
 std::mutex g_inputs_mu;
 std::vector<ReadFile> g_inputs;
 
@@ -56,6 +57,7 @@ ReadFile ReadFileOf(const struct stat& st) {
 }
 
 void RememberInput(const struct stat& st) {
+  if (!g_guard_inputs.load()) return;
   const ReadFile r = ReadFileOf(st);
   std::lock_guard lock(g_inputs_mu);
   if (std::find(g_inputs.begin(), g_inputs.end(), r) == g_inputs.end()) g_inputs.push_back(r);
@@ -176,6 +178,14 @@ bool IsWrongFileKind(const Status& s) {
   const ErrorCode c = s.code();
   return c == ErrorCode::kNotRegularFile || c == ErrorCode::kFileTooLarge ||
          c == ErrorCode::kOutputNotRegular || c == ErrorCode::kOutputOverwritesInput;
+}
+
+void GuardInputsOfThisProcess(bool on) {
+  g_guard_inputs.store(on);
+  if (!on) {
+    std::lock_guard lock(g_inputs_mu);
+    g_inputs.clear();
+  }
 }
 
 bool WasReadByThisProcess(const struct stat& st) {

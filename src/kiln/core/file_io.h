@@ -89,7 +89,7 @@ class FileRoles {
 // destructor, by SIGTERM/SIGINT (see InstallTempCleanup) and, if this process is killed, by the
 // next AtomicOutput for the same path (its pid is then gone). Create refuses what
 // CheckOutputPath refuses; Commit refuses (KILN-E1012) a path that is now a file this process
-// read, unless `replaces_input` (a cache rewritten after reading it).
+// read (see GuardInputsOfThisProcess), unless `replaces_input` (a cache rewritten after reading).
 class AtomicOutput {
  public:
   struct Options {
@@ -142,8 +142,14 @@ int RemoveStaleTemporaries(const std::string& path);
 // treat a bad cache as a warning must stop on these).
 bool IsWrongFileKind(const Status& s);
 
-// Whether this process opened the file `st` describes through OpenInputFile. Compares device,
-// inode and change time, so a file created later on a recycled inode is not taken for an input.
+// Makes this process remember every file OpenInputFile opens, so that no AtomicOutput replaces
+// one (KILN-E1012) unless it says so. For processes that run one command (the `kiln` CLI): a
+// long-lived process (Python) that loads an engine and later rewrites it leaves it off (default).
+void GuardInputsOfThisProcess(bool on);
+
+// Whether this process opened the file `st` describes through OpenInputFile (while guarded).
+// Compares device, inode and change time, so a file created later on a recycled inode is not taken
+// for an input.
 bool WasReadByThisProcess(const struct stat& st);
 
 }  // namespace kiln
