@@ -101,8 +101,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   p->preamble_bytes = kiln::kEnginePreambleBytes;
   p->flags = 0;
   p->payload_bytes = size - kiln::kEnginePreambleBytes;
-  p->checksum = kiln::HashBytes(std::span(sealed).subspan(kiln::kEnginePreambleBytes));
   kiln::WriteEnginePreamble(*p, sealed);
+  kiln::SealEnginePreamble(sealed,
+                           kiln::HashBytes(std::span(sealed).subspan(kiln::kEnginePreambleBytes)));
   TryLoad(sealed);
   return 0;
 }

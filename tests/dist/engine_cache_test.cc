@@ -187,13 +187,83 @@ TEST_F(EngineCacheTest, LeastRecentlyUsedIsEvicted) {
   EXPECT_EQ(list->size(), 3u);
 }
 
-TEST_F(EngineCacheTest, WritableByOthersDrawsWarning) {
+TEST_F(EngineCacheTest, DirectoryWritableByOthersIsRefusedUnlessTrusted) {
   auto quiet = Open(Options());
   EXPECT_TRUE(Logged("KILN-E7010").empty());
-  ::chmod(dir_.c_str(), 0777);
-  auto warned = Open(Options());
+  for (mode_t mode : {0777, 0775}) {
+    ::chmod(dir_.c_str(), mode);
+    StatusOr<std::unique_ptr<EngineCache>> refused = EngineCache::Open(Options());
+    ASSERT_FALSE(refused.ok()) << std::oct << mode;
+    EXPECT_EQ(refused.status().code(), ErrorCode::kCacheDirInsecure);
+    EXPECT_NE(refused.status().message().find(mode == 0777 ? "every user" : "by group"),
+              std::string::npos)
+        << refused.status().message();
+    EXPECT_NE(refused.status().message().find("--trust-shared-cache"), std::string::npos);
+  }
+  // Accepted with the explicit option, with the warning.
+  CacheOptions trusted = Options();
+  trusted.trust_shared = true;
+  auto warned = Open(trusted);
+  ASSERT_NE(warned, nullptr);
   ASSERT_EQ(Logged("KILN-E7010").size(), 1u);
-  EXPECT_NE(Logged("KILN-E7010")[0].find("writable by every user"), std::string::npos);
+  EXPECT_NE(Logged("KILN-E7010")[0].find("writable by group"), std::string::npos);
+  // Sticky (like /tmp): others cannot replace our files; entries are checked one by one.
+  ::chmod(dir_.c_str(), 01777);
+  EXPECT_NE(Open(Options()), nullptr);
+}
+
+TEST_F(EngineCacheTest, DirectoryOwnedByAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give the directory away";
+  ASSERT_EQ(::chown(dir_.c_str(), 65534, 65534), 0);
+  StatusOr<std::unique_ptr<EngineCache>> refused = EngineCache::Open(Options());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kCacheDirInsecure);
+  EXPECT_NE(refused.status().message().find("uid 65534"), std::string::npos);
+}
+
+TEST_F(EngineCacheTest, EntriesOthersCanWriteAreNeitherUsedNorRemoved) {
+  auto cache = Open(Options());
+  ASSERT_TRUE(cache->Publish(KeyOf(5), Bytes(100, 5)).ok());
+  const fs::path entry = cache->EntryPath(KeyOf(5));
+  ::chmod(entry.c_str(), 0666);  // planted or left writable: anyone could have changed it
+  std::atomic<int> builds = 0;
+  StatusOr<CacheResult> r = cache->GetOrBuild(KeyOf(5), CountingBuild(&builds, Bytes(100, 6)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCacheEntryUntrusted);
+  EXPECT_NE(r.status().message().find("every user"), std::string::npos) << r.status().message();
+  EXPECT_EQ(builds.load(), 0);
+  EXPECT_TRUE(fs::exists(entry));
+  StatusOr<std::vector<std::string>> bad = cache->VerifyAll(/*remove=*/false);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(*bad, std::vector<std::string>{KeyOf(5)});
+  // Trusted on request.
+  CacheOptions trusted = Options();
+  trusted.trust_shared = true;
+  auto lenient = Open(trusted);
+  StatusOr<std::vector<std::byte>> hit = lenient->Lookup(KeyOf(5));
+  ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+  EXPECT_EQ(*hit, Bytes(100, 5));
+  if (::geteuid() == 0) {  // owned by another user
+    ::chmod(entry.c_str(), 0644);
+    ASSERT_EQ(::chown(entry.c_str(), 65534, 65534), 0);
+    EXPECT_EQ(cache->Lookup(KeyOf(5)).status().code(), ErrorCode::kCacheEntryUntrusted);
+  }
+}
+
+TEST_F(EngineCacheTest, ChangedVersionFieldIsRefused) {
+  auto cache = Open(Options());
+  ASSERT_TRUE(cache->Publish(KeyOf(6), Bytes(100, 6)).ok());
+  {
+    std::fstream f(cache->EntryPath(KeyOf(6)), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);  // the u32 version after the 8-byte magic
+    f.put('\x02');
+  }
+  int discarded = 0;
+  EXPECT_EQ(cache->Lookup(KeyOf(6), &discarded).status().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(discarded, 1);
+  ASSERT_EQ(Logged("KILN-E7008").size(), 1u);
+  EXPECT_NE(Logged("KILN-E7008")[0].find("entry format 2"), std::string::npos)
+      << Logged("KILN-E7008")[0];
 }
 
 TEST_F(EngineCacheTest, RacingThreadsBuildExactlyOnce) {

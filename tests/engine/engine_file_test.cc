@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -56,8 +57,8 @@ std::vector<std::string> FileNames(const std::filesystem::path& dir) {
 void Reseal(Bytes& b) {
   auto p = ReadEnginePreamble(b);
   ASSERT_TRUE(p.ok());
-  p->checksum = HashBytes(std::span(b).subspan(kEnginePreambleBytes));
   WriteEnginePreamble(*p, b);
+  SealEnginePreamble(b, HashBytes(std::span(b).subspan(kEnginePreambleBytes)));
 }
 
 fb::Engine* Mutable(Bytes& b) {
@@ -271,6 +272,32 @@ TEST(EngineFile, AWriteThatFailsMidStreamKeepsTheOldEngineAndLeavesNoTemporary) 
   std::filesystem::remove_all(dir);
 }
 
+TEST(EngineFile, SpecialFilesAreRefusedOnBothSides) {
+  auto dir =
+      std::filesystem::temp_directory_path() / ("kiln_engine_fifo_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string fifo = (dir / "pipe.kiln").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // Loading from a FIFO with no writer would block in open(); it is refused at once.
+  auto loaded = LoadEngineFile(fifo);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), ErrorCode::kNotRegularFile);
+  // Writing over it (or over a link) is refused and leaves both in place.
+  EXPECT_EQ(WriteEngineFile(*Chain(), fifo).code(), ErrorCode::kOutputNotRegular);
+  const std::string target = (dir / "real.kiln").string();
+  ASSERT_TRUE(WriteEngineFile(*Chain(), target).ok());
+  std::filesystem::create_symlink(target, dir / "link.kiln");
+  EXPECT_EQ(WriteEngineFile(*Chain(), (dir / "link.kiln").string()).code(),
+            ErrorCode::kOutputNotRegular);
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "link.kiln"));
+  std::vector<std::string> names = FileNames(dir);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"link.kiln", "pipe.kiln", "real.kiln"}));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(EngineFile, RejectsWrongMagic) {
   Bytes b = Serialize(*Chain());
   EXPECT_EQ(LoadStatus({}).code(), ErrorCode::kEngineNotKiln);
@@ -313,15 +340,54 @@ TEST(EngineFile, FlippedBytesFailTheChecksum) {
   EXPECT_EQ(LoadStatus(f).code(), ErrorCode::kEngineChecksum);
 }
 
+TEST(EngineFile, ChecksumCoversTheWholePreamble) {
+  const Bytes b = Serialize(*Chain());
+  ASSERT_TRUE(LoadStatus(b).ok());
+  // Every preamble byte outside the checksum itself: version, sizes, flags, the kiln version
+  // text (bytes 48..63, NUL padding included).
+  for (size_t at = 4; at < kEnginePreambleBytes; ++at) {
+    if (at >= 32 && at < 48) continue;
+    for (std::byte bit : {std::byte{0x01}, std::byte{0x80}}) {
+      Bytes f = b;
+      f[at] ^= bit;
+      Status s = LoadStatus(f);
+      EXPECT_NE(s.code(), ErrorCode::kOk) << "flip at " << at;
+      if (at >= 8 && at < 32) continue;  // sizes may be caught as truncation first
+      EXPECT_EQ(s.code(), ErrorCode::kEngineChecksum) << "flip at " << at << ": " << s.ToString();
+    }
+  }
+}
+
+TEST(EngineFile, FormatOneFilesAskForARebuild) {
+  // A format-1 file: the same layout, its checksum over the payload only.
+  Bytes b = Serialize(*Chain());
+  auto pre = ReadEnginePreamble(b);
+  ASSERT_TRUE(pre.ok());
+  pre->format_version = 1;
+  pre->checksum = HashBytes(std::span(b).subspan(kEnginePreambleBytes));
+  WriteEnginePreamble(*pre, b);
+  Status s = LoadStatus(b);
+  EXPECT_EQ(s.code(), ErrorCode::kEngineVersionTooOld) << s.ToString();
+  EXPECT_NE(s.message().find("format version 1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("rebuild"), std::string::npos) << s.message();
+  // A current file whose version byte was changed to 1 is corrupt, not old.
+  Bytes f = Serialize(*Chain());
+  f[4] = std::byte{1};
+  EXPECT_EQ(LoadStatus(f).code(), ErrorCode::kEngineChecksum);
+}
+
 TEST(EngineFile, NewerFormatNamesTheVersionNeeded) {
   Bytes b = Serialize(*Chain());
   auto pre = ReadEnginePreamble(b);
   pre->format_version = kEngineFormatVersion + 1;
   pre->kiln_version = "9.4.2";
   WriteEnginePreamble(*pre, b);
+  Reseal(b);  // a newer kiln seals its files by the same rule
   Status s = LoadStatus(b);
   EXPECT_EQ(s.code(), ErrorCode::kEngineVersionTooNew);
-  EXPECT_NE(s.message().find("format version 2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(fmt::format("format version {}", kEngineFormatVersion + 1)),
+            std::string::npos)
+      << s.message();
   EXPECT_NE(s.message().find("kiln 9.4.2 or newer"), std::string::npos) << s.message();
 }
 

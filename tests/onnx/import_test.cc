@@ -2,7 +2,10 @@
 // constants, external data and protobuf limits.
 #include <google/protobuf/io/coded_stream.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <chrono>
 
 #include <cstring>
 
@@ -374,6 +377,30 @@ TEST(OnnxExternalData, SymlinkOutOfTheDirectoryIsRejected) {
   EXPECT_EQ(g.status().code(), ErrorCode::kExternalDataPathInvalid);
   EXPECT_NE(g.status().message().find("symlink"), std::string::npos);
   fs::remove(outside);
+}
+
+TEST(OnnxExternalData, FifoIsRefusedWithoutBlocking) {
+  ExternalModel m = WriteExternalModel();
+  fs::remove(m.dir / "weights.bin");
+  ASSERT_EQ(::mkfifo((m.dir / "weights.bin").c_str(), 0600), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto g = ImportOnnxFile(m.model.string());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), ErrorCode::kNotRegularFile);
+  EXPECT_NE(g.status().message().find("weights.bin"), std::string::npos) << g.status().message();
+  EXPECT_NE(g.status().ToString().find("'w1'"), std::string::npos) << g.status().ToString();
+}
+
+TEST(OnnxImportFile, FifoModelIsRefusedWithoutBlocking) {
+  fs::path dir = TestDir();
+  ASSERT_EQ(::mkfifo((dir / "model.onnx").c_str(), 0600), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto g = ImportOnnxFile((dir / "model.onnx").string());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), ErrorCode::kNotRegularFile);
+  EXPECT_NE(g.status().message().find("FIFO"), std::string::npos) << g.status().message();
 }
 
 TEST(OnnxExternalData, BytesWithoutDirectoryCannotUseExternalData) {

@@ -1,9 +1,10 @@
 // `kiln build`: ONNX model -> .kiln engine, bounded in time and memory, with a build report.
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "kiln/app/pipeline.h"
 #include "kiln/app/shared_build.h"
 #include "kiln/backends/backend.h"
+#include "kiln/core/file_io.h"
 #include "kiln/dist/build_once.h"
 #include "kiln/dist/mpi_comm.h"
 #include "kiln/dist/nccl_factory.h"
@@ -48,6 +50,7 @@ struct BuildOptions {
   std::string transport = "auto";
   std::string build_on = "rank0";
   std::string cache_dir;
+  bool trust_shared_cache = false;
   double join_timeout_s = 60, wait_timeout_s = 1800, transfer_timeout_s = 300;
   int rank = -1, world_size = -1;
   std::string dist_report;
@@ -121,6 +124,7 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
     dist::CacheOptions cache;
     cache.dir = o.cache_dir;
     cache.wait_timeout = Ms(o.wait_timeout_s);
+    cache.trust_shared = o.trust_shared_cache;
     opts.cache = cache;
   }
   opts.bulk_factory = dist::NcclFactoryIfBuilt();  // used only with --transport nccl
@@ -142,22 +146,17 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
   if (shared->build_report) RecordBuildMetrics(*shared->build_report);
   const std::optional<BuildReport>& build_report = shared->build_report;
   // Atomic: a temporary file beside the output, then rename (ranks may share the path).
-  std::string tmp = fmt::format("{}.tmp.{}", output, ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(shared->bytes.data()),
-            static_cast<std::streamsize>(shared->bytes.size()));
-    if (!f)
-      return ReportError(MakeError(ErrorCode::kIoError, "cannot write the engine to '{}'", tmp));
-  }
-  if (std::rename(tmp.c_str(), output.c_str()) != 0) {
-    return ReportError(MakeError(ErrorCode::kIoError, "cannot rename '{}' to '{}'", tmp, output));
-  }
+  const std::string_view engine_text(reinterpret_cast<const char*>(shared->bytes.data()),
+                                     shared->bytes.size());
+  if (Status s = WriteFileAtomic(output, "engine", engine_text); !s.ok()) return ReportError(s);
   // NCCL communicator set-up is the report's "NCCL init latency" figure.
   if (shared->dist_report.transport == "nccl")
     obs::Metrics().ObserveNcclInit(shared->dist_report.bulk_setup_s);
   std::string report = shared->dist_report.ToJson();
-  if (!o.dist_report.empty()) std::ofstream(o.dist_report) << report << "\n";
+  if (!o.dist_report.empty()) {
+    if (Status s = WriteFileAtomic(o.dist_report, "distributed report", report + "\n"); !s.ok())
+      return ReportError(s);
+  }
   if (build_report && !o.json) std::cout << build_report->ToText(o.layers);
   std::cout << report << "\n";
   std::cout << fmt::format("engine written to {} ({} bytes, rank {} of {})\n", output,
@@ -203,6 +202,18 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   if (output.empty()) {
     output = o.model.substr(0, o.model.rfind('.')) + ".kiln";
   }
+  // Every file the build reads and writes, checked before any work: no output may be an input,
+  // another output, a link or a special file.
+  FileRoles files;
+  files.Input(o.model, "model");
+  files.InOut(o.timing_cache, "timing cache");
+  files.InOut(o.calib_cache, "calibration cache");
+  files.Output(output, "engine");
+  files.Output(o.report_path, "build report");
+  files.Output(o.precision_report, "precision report");
+  files.Output(o.dist_report, "distributed report");
+  files.Output(o.metrics.file, "metrics file");
+  if (Status s = files.Check(); !s.ok()) return ReportError(s);
   obs::MetricsExportOptions mo;
   if (o.metrics.port >= 0) mo.port = o.metrics.port;
   mo.file = o.metrics.file;
@@ -220,11 +231,9 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   if (Status s = (*metrics)->Finish(); !s.ok()) return ReportError(s);
   if (Status s = WriteEngineFile(*built->desc, output); !s.ok()) return ReportError(s);
   if (!o.report_path.empty()) {
-    std::ofstream f(o.report_path);
-    f << built->report.ToJson() << "\n";
-    if (!f)
-      return ReportError(
-          MakeError(ErrorCode::kIoError, "cannot write the report to '{}'", o.report_path));
+    if (Status s = WriteFileAtomic(o.report_path, "build report", built->report.ToJson() + "\n");
+        !s.ok())
+      return ReportError(s);
   }
   if (o.json) {
     std::cout << built->report.ToJson() << "\n";
@@ -236,12 +245,10 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
     if (o.precision_report.empty()) {
       std::cout << built->report.PrecisionTable();
     } else {
-      std::ofstream f(o.precision_report);
-      f << built->report.PrecisionJson() << "\n";
-      if (!f) {
-        return ReportError(MakeError(
-            ErrorCode::kIoError, "cannot write the precision report to '{}'", o.precision_report));
-      }
+      if (Status s = WriteFileAtomic(o.precision_report, "precision report",
+                                     built->report.PrecisionJson() + "\n");
+          !s.ok())
+        return ReportError(s);
     }
   }
   return 0;
@@ -328,6 +335,9 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
   dist->add_option("--build-on", o->build_on, "rank0, per-node or per-arch")->capture_default_str();
   dist->add_option("--cache-dir", o->cache_dir,
                    "shared engine cache directory (content-addressed)");
+  dist->add_flag("--trust-shared-cache", o->trust_shared_cache,
+                 "use a cache directory or entries that other users can write (refused by "
+                 "default: they could plant an engine that this job runs)");
   dist->add_option("--join-timeout", o->join_timeout_s, "seconds for every rank to arrive")
       ->capture_default_str()
       ->check(Seconds());

@@ -19,11 +19,13 @@ struct CacheCmdOptions {
   uint64_t max_bytes = 0;
   int older_than_s = 3600;
   bool remove = false;
+  bool trust_shared = false;
 };
 
 StatusOr<std::unique_ptr<dist::EngineCache>> OpenCache(const CacheCmdOptions& o) {
   dist::CacheOptions c;
   c.dir = o.dir.empty() ? param::CacheDir() : o.dir;
+  c.trust_shared = o.trust_shared;
   if (c.dir.empty()) {
     return MakeError(ErrorCode::kInvalidArgument,
                      "no cache directory: pass --dir or set KILN_CACHE_DIR");
@@ -105,6 +107,8 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   sub->require_subcommand(1);
   auto add_dir = [&](CLI::App* c) {
     c->add_option("--dir", o->dir, "cache directory (default: KILN_CACHE_DIR)");
+    c->add_flag("--trust-shared-cache", o->trust_shared,
+                "open a directory other users can write (refused by default)");
   };
   CLI::App* ls = sub->add_subcommand("ls", "List entries, least recently used first");
   add_dir(ls);
@@ -117,8 +121,8 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   gc->add_option("--older-than", o->older_than_s,
                  "seconds a leftover file must be old to be removed")
       ->check(Count(0, 10 * 365 * 24 * 3600.0));
-  CLI::App* verify =
-      sub->add_subcommand("verify", "Check every entry's checksum (exit 1 if any is corrupt)");
+  CLI::App* verify = sub->add_subcommand(
+      "verify", "Check every entry's checksum, version and owner (exit 1 if any fails)");
   add_dir(verify);
   verify->add_flag("--remove", o->remove, "remove corrupt entries");
   return [o, ls, gc, verify]() -> int {

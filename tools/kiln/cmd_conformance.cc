@@ -11,12 +11,13 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
-#include <fstream>
 #include <iostream>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "kiln/app/conformance.h"
+#include "kiln/core/file_io.h"
 #include "tools/kiln/command.h"
 #include "tools/kiln/options.h"
 
@@ -171,10 +172,9 @@ int Run(const ConformanceCliOptions& o) {
   }
   std::set<std::string> expected;
   if (!o.expected.empty()) {
-    std::ifstream f(o.expected);
-    if (!f)
-      return ReportError(
-          MakeError(ErrorCode::kNotFound, "cannot read the expected-pass list '{}'", o.expected));
+    auto text = ReadInputFile(o.expected, "expected-pass list", uint64_t{16} << 20);
+    if (!text.ok()) return ReportError(text.status());
+    std::istringstream f(*text);
     for (std::string line; std::getline(f, line);) {
       if (!line.empty() && line[0] != '#') expected.insert(line);
     }
@@ -215,7 +215,8 @@ int Run(const ConformanceCliOptions& o) {
   if (!o.json_path.empty()) {
     nlohmann::json j = nlohmann::json::array();
     for (const auto& r : results) j.push_back(ToJson(r));
-    std::ofstream(o.json_path) << j.dump(1) << "\n";
+    if (Status s = WriteFileAtomic(o.json_path, "conformance report", j.dump(1) + "\n"); !s.ok())
+      return ReportError(s);
   }
   if (!regressions.empty()) {
     std::cout << fmt::format("REGRESSION: {} case(s) in {} fail now: {}\n", regressions.size(),

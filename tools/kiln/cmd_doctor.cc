@@ -6,6 +6,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "kiln/core/file_io.h"
 #include "kiln/doctor/log_analyzer.h"
 #include "kiln/doctor/preflight.h"
 #include "kiln/doctor/report.h"
@@ -34,12 +35,9 @@ struct DoctorOptions {
   bool allow_special = false;
 };
 
+// The known-problems and signature databases are small JSON files: a regular file, bounded.
 StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return MakeError(ErrorCode::kIoError, "cannot read '{}'", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return ReadInputFile(path, "doctor database", uint64_t{64} << 20);
 }
 
 bool UseColor(const std::string& mode) {

@@ -4,11 +4,11 @@
 #include <fmt/ranges.h>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "kiln/app/benchmark.h"
 #include "kiln/build/builder_config.h"
+#include "kiln/core/file_io.h"
 #include "kiln/obs/metrics.h"
 #include "kiln/obs/metrics_server.h"
 #include "kiln/obs/run_summary.h"
@@ -92,15 +92,22 @@ Status WriteNpy(const std::string& path, const Tensor& t) {
                                    descr, t.dims().empty() ? "" : shape);
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
-  std::ofstream f(path, std::ios::binary);
-  if (!f) return MakeError(ErrorCode::kIoError, "cannot write '{}'", path);
+  KILN_ASSIGN_OR_RETURN(AtomicOutput f, AtomicOutput::Create(path, "saved output"));
   const uint16_t len = static_cast<uint16_t>(header.size());
-  f.write("\x93NUMPY\x01\x00", 8);
-  f.write(reinterpret_cast<const char*>(&len), 2);
-  f.write(header.data(), static_cast<std::streamsize>(header.size()));
-  f.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.size_bytes()));
-  if (!f) return MakeError(ErrorCode::kIoError, "writing '{}' failed", path);
-  return OkStatus();
+  const char prefix[10] = {'\x93',
+                           'N',
+                           'U',
+                           'M',
+                           'P',
+                           'Y',
+                           '\x01',
+                           '\x00',
+                           static_cast<char>(len & 0xff),
+                           static_cast<char>(len >> 8)};
+  KILN_RETURN_IF_ERROR(f.Write(std::string_view(prefix, sizeof(prefix))));
+  KILN_RETURN_IF_ERROR(f.Write(header));
+  KILN_RETURN_IF_ERROR(f.Write(std::span(static_cast<const std::byte*>(t.raw()), t.size_bytes())));
+  return f.Commit();
 }
 
 // --shapes and --input must name inputs of the engine: a misspelt name would otherwise be
@@ -122,6 +129,14 @@ std::string Bytes(int64_t b) {
 }
 
 int Run(const RunOptions& o) {
+  FileRoles files;
+  files.Input(o.engine, "engine");
+  for (const std::string& spec : o.inputs) {
+    if (size_t eq = spec.find('='); eq != std::string::npos)
+      files.Input(spec.substr(eq + 1), "input");
+  }
+  files.Output(o.metrics.file, "metrics file");
+  if (Status s = files.Check(); !s.ok()) return ReportError(s);
   obs::MetricsExportOptions mo;
   if (o.metrics.port >= 0) mo.port = o.metrics.port;
   mo.file = o.metrics.file;

@@ -9,6 +9,7 @@
 #include <mimalloc.h>
 #endif
 
+#include "kiln/core/file_io.h"
 #include "kiln/core/logging.h"
 #include "kiln/core/status.h"
 #include "kiln/obs/error_counter.h"
@@ -60,6 +61,8 @@ std::string AllocatorName() {
 
 int main(int argc, char** argv) {
   using namespace kiln::cli;
+  // One command per process: no output of it may replace a file it read (core/file_io.h).
+  kiln::GuardInputsOfThisProcess(true);
   CLI::App app{
       "kiln: builds mixed-precision inference engines from ONNX models, bounded in time and\n"
       "memory, and runs them inside distributed GPU jobs.\n"};

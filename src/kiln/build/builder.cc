@@ -17,6 +17,7 @@
 #include "kiln/backends/cpu/cpu_eval.h"
 #include "kiln/build/tactic_search.h"
 #include "kiln/build/timing_cache.h"
+#include "kiln/core/file_io.h"
 #include "kiln/core/json_writer.h"
 #include "kiln/core/logging.h"
 #include "kiln/core/params.h"
@@ -266,6 +267,7 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
                                     ToString(cached->method), cached->data_sets);
       return std::optional<CalibrationTable>(std::move(*cached));
     }
+    if (IsWrongFileKind(cached.status())) return cached.status();
     Warn(rep, cached.status());
   }
   if (config.calibration_dir.empty()) {
@@ -285,7 +287,10 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
   rep.calibration = fmt::format("calibrated ({}, {} data set(s) from '{}')", ToString(table.method),
                                 table.data_sets, config.calibration_dir);
   if (!cache.empty()) {
-    if (Status s = SaveCalibrationCache(cache, key, table); !s.ok()) Warn(rep, s);
+    if (Status s = SaveCalibrationCache(cache, key, table); !s.ok()) {
+      if (IsWrongFileKind(s)) return s;
+      Warn(rep, s);
+    }
   }
   return std::optional<CalibrationTable>(std::move(table));
 }
@@ -487,6 +492,9 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input,
     cache.emplace(
         fmt::format("{}|{}|{}", ToString(config.backend), device.arch, device.library_versions));
     if (Status s = cache->Load(config.timing_cache_path); !s.ok()) {
+      // A path that names no cache file at all (a FIFO, a device, a huge file) is the user's
+      // mistake to fix, not a stale cache to replace.
+      if (IsWrongFileKind(s)) return s;
       rep.warnings.push_back(s.ToString());
       KILN_LOG(Warn, BUILD, "{}", s.ToString());
     } else {
@@ -499,6 +507,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input,
   // atomic rename) was most of a warm build's cache work.
   if (cache && (cache->modified() || !cache_file_current)) {
     if (Status s = cache->Save(config.timing_cache_path); !s.ok()) {
+      if (IsWrongFileKind(s)) return s;
       rep.warnings.push_back(s.ToString());
       KILN_LOG(Warn, BUILD, "{}", s.ToString());
     }

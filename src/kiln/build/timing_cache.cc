@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "kiln/core/file_io.h"
 #include "kiln/core/hash.h"
 #include "kiln/core/logging.h"
 
@@ -22,6 +23,9 @@ namespace kiln {
 namespace {
 constexpr const char* kFormat = "kiln-timing-cache-v1";
 constexpr auto kLockBound = std::chrono::seconds(30);
+// Far above any real cache (a few hundred bytes per timed layer); a bound on what a wrong path
+// (a huge file, /dev/zero behind a link) can make kiln read.
+constexpr uint64_t kMaxTimingCacheBytes = uint64_t{256} << 20;
 
 std::string AttrText(const Attribute& a) {
   return std::visit(
@@ -146,18 +150,21 @@ Status TimingCache::Parse(const std::string& text) {
 }
 
 Status TimingCache::Load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return OkStatus();  // no cache yet
-  std::stringstream ss;
-  ss << f.rdbuf();
-  Status s = Parse(ss.str());
+  StatusOr<InputFile> f = OpenInputFile(path, "timing cache");
+  if (!f.ok() && f.status().code() == ErrorCode::kNotFound) return OkStatus();  // no cache yet
+  KILN_RETURN_IF_ERROR(f);
+  StatusOr<std::string> text = ReadBounded(f->fd.get(), path, "timing cache", kMaxTimingCacheBytes);
+  KILN_RETURN_IF_ERROR(text);
+  Status s = Parse(*text);
   if (!s.ok()) s.AddContext(fmt::format("reading '{}'", path));
   return s;
 }
 
 Status TimingCache::Save(const std::string& path) const {
   std::string lock_path = path + ".lock";
-  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // The cache itself must be a writable regular file before anything is locked or merged.
+  KILN_RETURN_IF_ERROR(CheckOutputPath(path, "timing cache"));
+  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     return MakeError(ErrorCode::kIoError, "cannot create the timing cache lock '{}': {}", lock_path,
                      strerror(errno));
@@ -181,22 +188,10 @@ Status TimingCache::Save(const std::string& path) const {
   if (Status s = merged.Load(path); !s.ok()) {
     KILN_LOG(Warn, BUILD, "{} (it will be replaced)", s.ToString());
   }
-  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  Status result = OkStatus();
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << merged.Serialize();
-    out.flush();
-    if (!out) result = MakeError(ErrorCode::kIoError, "cannot write the timing cache '{}'", tmp);
-  }
-  if (result.ok()) {
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec)
-      result = MakeError(ErrorCode::kIoError, "cannot replace the timing cache '{}': {}", path,
-                         ec.message());
-  }
-  if (!result.ok()) std::filesystem::remove(tmp);
+  // Read above and rewritten by design: the one output allowed to replace an input.
+  AtomicOutput::Options rewrite;
+  rewrite.replaces_input = true;
+  Status result = WriteFileAtomic(path, "timing cache", merged.Serialize(), rewrite);
   ::flock(fd, LOCK_UN);
   ::close(fd);
   return result;

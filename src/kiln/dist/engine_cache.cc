@@ -21,6 +21,7 @@
 
 #include "kiln/core/hash.h"
 #include "kiln/core/logging.h"
+#include "kiln/core/params.h"
 #include "kiln/dist/log_util.h"
 #include "kiln/dist/rank.h"
 
@@ -43,6 +44,7 @@ struct EntryHeader {
 };
 static_assert(sizeof(EntryHeader) == 72);
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'C', 'E', '0', '1'};
+constexpr uint32_t kEntryVersion = 1;
 constexpr std::string_view kEntrySuffix = ".engine";
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -230,6 +232,10 @@ std::string ReadEntry(int fd, std::string_view key, const VerifyFn& verify,
   if (std::memcmp(header.magic, kMagic, 8) != 0 || header.header_size != sizeof(header)) {
     return "not a kiln cache entry";
   }
+  if (header.version != kEntryVersion) {
+    return fmt::format("its header says entry format {}; this kiln writes and reads format {}",
+                       header.version, kEntryVersion);
+  }
   if (std::string_view(header.key, 32) != key) {
     return fmt::format("its header names key {}", std::string_view(header.key, 32));
   }
@@ -252,24 +258,35 @@ std::string ReadEntry(int fd, std::string_view key, const VerifyFn& verify,
   return {};
 }
 
-void WarnIfInsecure(const fs::path& dir) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return;
-  std::string why;
-  if (st.st_mode & S_IWOTH) {
-    why = "it is writable by every user";
-  } else if ((st.st_mode & S_IWGRP) && st.st_uid != ::geteuid()) {
-    why = fmt::format("it is group-writable (gid {}) and owned by another user (uid {})", st.st_gid,
-                      st.st_uid);
-  } else if (st.st_uid != ::geteuid() && st.st_uid != 0) {
-    why = fmt::format("it is owned by another user (uid {})", st.st_uid);
+// Why others could plant entries in `dir`, or an empty string when they cannot. A sticky
+// directory writable by others (like /tmp) is accepted: there nobody can replace our files, and
+// every entry's owner is checked when it is read (EntryDistrust).
+std::string DirDistrust(const struct stat& st) {
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return fmt::format("it is owned by another user (uid {})", st.st_uid);
   }
-  if (!why.empty()) {
-    LogWithCode(LogLevel::kWarn, ErrorCode::kCacheDirInsecure,
-                fmt::format("engine cache directory {} is not private: {}; anyone who can write "
-                            "there can plant an engine that this job will run",
-                            dir.string(), why));
+  if (st.st_mode & S_ISVTX) return {};
+  if (st.st_mode & S_IWOTH) return "it is writable by every user (and not sticky)";
+  if (st.st_mode & S_IWGRP) {
+    return fmt::format("it is writable by group {} (and not sticky)", st.st_gid);
   }
+  return {};
+}
+
+// Why an entry file may not be trusted, or an empty string.
+std::string EntryDistrust(const struct stat& st) {
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return fmt::format("it is owned by another user (uid {})", st.st_uid);
+  }
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    return fmt::format("it is writable by {} (mode {:o})",
+                       st.st_mode & S_IWOTH ? "every user" : "its group", st.st_mode & 07777);
+  }
+  return {};
+}
+
+bool TrustShared(const CacheOptions& options) {
+  return options.trust_shared || param::TrustSharedCache() != 0;
 }
 
 }  // namespace
@@ -344,7 +361,22 @@ StatusOr<std::unique_ptr<EngineCache>> EngineCache::Open(CacheOptions options) {
     return MakeError(ErrorCode::kInvalidArgument, "cache path '{}' is not a directory",
                      options.dir.string());
   }
-  WarnIfInsecure(options.dir);
+  struct stat st {};
+  if (::stat(options.dir.c_str(), &st) != 0) return FileError(errno, "checking", options.dir / ".");
+  if (std::string why = DirDistrust(st); !why.empty()) {
+    const std::string what = fmt::format(
+        "engine cache directory {} is not private: {}; anyone who can write there can "
+        "plant an engine that this job will run",
+        options.dir.string(), why);
+    if (!TrustShared(options)) {
+      return MakeError(ErrorCode::kCacheDirInsecure,
+                       "{} (accept the risk with --trust-shared-cache or "
+                       "KILN_TRUST_SHARED_CACHE=1)",
+                       what);
+    }
+    LogWithCode(LogLevel::kWarn, ErrorCode::kCacheDirInsecure,
+                what + " (used anyway: the shared cache is trusted)");
+  }
   return std::unique_ptr<EngineCache>(new EngineCache(std::move(options)));
 }
 
@@ -366,13 +398,30 @@ StatusOr<std::vector<std::byte>> EngineCache::Lookup(std::string_view key, int* 
     return MakeError(ErrorCode::kInvalidArgument, "'{}' is not a cache key (32 hex digits)", key);
   }
   const fs::path path = EntryPath(key);
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO planted under an entry's name must not hang the lookup.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return MakeError(ErrorCode::kNotFound, "no cache entry {}", key);
     return FileError(errno, "opening", path);
   }
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return MakeError(ErrorCode::kCacheEntryCorrupt, "cache entry {} is not a regular file",
+                     path.string());
+  }
+  if (std::string why = EntryDistrust(st); !why.empty()) {
+    if (!TrustShared(options_)) {
+      ::close(fd);
+      // Neither used nor removed: the file is not ours to judge.
+      return MakeError(ErrorCode::kCacheEntryUntrusted,
+                       "cache entry {} is not trusted: {}; anyone who can write it can plant an "
+                       "engine (accept the risk with --trust-shared-cache)",
+                       path.string(), why);
+    }
+    LogWithCode(LogLevel::kWarn, ErrorCode::kCacheEntryUntrusted,
+                fmt::format("cache entry {} is used although {}", path.string(), why));
+  }
   std::vector<std::byte> bytes;
   std::string problem = ReadEntry(fd, key, options_.verify, &bytes);
   if (problem.empty()) {
@@ -394,7 +443,7 @@ StatusOr<std::vector<std::byte>> EngineCache::Lookup(std::string_view key, int* 
 Status EngineCache::Publish(std::string_view key, std::span<const std::byte> bytes) {
   EntryHeader header{};
   std::memcpy(header.magic, kMagic, 8);
-  header.version = 1;
+  header.version = kEntryVersion;
   header.header_size = sizeof(header);
   header.size = bytes.size();
   const Hash128 h = HashBytes(bytes);
@@ -620,11 +669,23 @@ StatusOr<std::vector<std::string>> EngineCache::VerifyAll(bool remove) {
       if (discarded > 0) bad.push_back(e.key);
       continue;
     }
-    int fd = ::open(EntryPath(e.key).c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = ::open(EntryPath(e.key).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) continue;  // evicted meanwhile
     std::vector<std::byte> bytes;
-    if (!ReadEntry(fd, e.key, options_.verify, &bytes).empty()) bad.push_back(e.key);
+    struct stat st {};
+    std::string problem = ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)
+                              ? std::string("not a regular file")
+                              : ReadEntry(fd, e.key, options_.verify, &bytes);
     ::close(fd);
+    if (!problem.empty()) {
+      bad.push_back(e.key);
+      LogWithCode(LogLevel::kWarn, ErrorCode::kCacheEntryCorrupt,
+                  fmt::format("cache entry {} is corrupt: {}", EntryPath(e.key).string(), problem));
+    } else if (std::string why = EntryDistrust(st); !why.empty()) {
+      bad.push_back(e.key);
+      LogWithCode(LogLevel::kWarn, ErrorCode::kCacheEntryUntrusted,
+                  fmt::format("cache entry {} is not trusted: {}", EntryPath(e.key).string(), why));
+    }
   }
   return bad;
 }

@@ -30,6 +30,10 @@ struct CacheOptions {
   Millis poll_interval = Millis(50);
   Millis progress_log_interval = Millis(5000);
   VerifyFn verify;  // optional check beyond the cache's own checksum
+  // Accept a directory or entries other users can write (KILN-E7010 / KILN-E7017 otherwise):
+  // anyone who can write there can plant an engine that this process will run. Also set by
+  // KILN_TRUST_SHARED_CACHE=1.
+  bool trust_shared = false;
 };
 
 enum class CacheOutcome { kHit, kBuilt, kTookOver };
@@ -62,7 +66,8 @@ struct CacheEntryInfo {
 
 class EngineCache {
  public:
-  // Creates the directory when missing; warns (KILN-E7010) when others can write to it.
+  // Creates the directory when missing. Refuses (KILN-E7010) a directory owned by another user
+  // (root aside) or writable by group or others without the sticky bit, unless trust_shared.
   static StatusOr<std::unique_ptr<EngineCache>> Open(CacheOptions options);
   EngineCache(const EngineCache&) = delete;
   EngineCache& operator=(const EngineCache&) = delete;

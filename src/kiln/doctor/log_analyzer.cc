@@ -16,6 +16,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "kiln/core/file_io.h"
 #include "kiln/core/hash.h"
 #include "kiln/core/logging.h"
 #include "kiln/doctor/env_check.h"
@@ -1204,8 +1205,7 @@ Status LogAnalyzer::AddFile(const std::string& path) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   int file = impl_->AddFileState(path);
-  impl_->Scan(file, fd);
-  close(fd);
+  impl_->Scan(file, in.fd.get());
   return OkStatus();
 }
 

@@ -48,7 +48,7 @@ struct MemoryPlan {
 };
 
 struct EngineHeader {
-  uint32_t format_version = 1;
+  uint32_t format_version = 2;  // kEngineFormatVersion (engine_file.h), the one written
   std::string kiln_version;
   BackendKind backend = BackendKind::kCpu;
   std::string device_arch;  // "x86_64", "sm_90"

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kiln/core/file_io.h"
 #include "kiln/engine/engine_generated.h"
 #include "kiln/ir/sizes.h"
 #include "kiln/ops/op_schema.h"
@@ -296,8 +297,8 @@ StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
   EnginePreamble p;
   p.payload_bytes = total - kEnginePreambleBytes;
   p.flatbuffer_bytes = fb_bytes;
-  p.checksum = hasher.Digest();
   p.kiln_version = std::string(KilnVersion());
+  p.checksum = hasher.Digest();  // the payload's hash; SealEnginePreamble makes it the file's
   return p;
 }
 
@@ -313,64 +314,27 @@ StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine) {
                               return OkStatus();
                             }));
   WriteEnginePreamble(p, out);
+  SealEnginePreamble(out, p.checksum);
   return out;
 }
 
 Status WriteEngineFile(const EngineDesc& engine, const std::string& path) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, getpid(), counter++);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return MakeError(ErrorCode::kIoError, "cannot create '{}': {}", tmp, std::strerror(errno));
-  }
+  KILN_ASSIGN_OR_RETURN(AtomicOutput out, AtomicOutput::Create(path, "engine"));
   // Everything is written where it belongs: the payload as it is serialized (no in-memory copy of
-  // the weights), then the preamble, which holds the payload's checksum, at offset 0.
-  auto write_at = [&](std::span<const std::byte> bytes, off_t offset) -> Status {
-    size_t done = 0;
-    while (done < bytes.size()) {
-      ssize_t n =
-          ::pwrite(fd, bytes.data() + done, bytes.size() - done, offset + static_cast<off_t>(done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        return MakeError(ErrorCode::kIoError, "writing '{}' failed at byte {}: {}", tmp,
-                         offset + static_cast<off_t>(done), std::strerror(n < 0 ? errno : EIO));
-      }
-      done += static_cast<size_t>(n);
-    }
-    return OkStatus();
-  };
-  off_t offset = kEnginePreambleBytes;
-  StatusOr<EnginePreamble> pre = EmitEnginePayload(
-      engine, [](uint64_t) {},
-      [&](std::span<const std::byte> piece) {
-        KILN_RETURN_IF_ERROR(write_at(piece, offset));
-        offset += static_cast<off_t>(piece.size());
-        return OkStatus();
-      });
-  Status written = pre.status();
-  if (written.ok()) {
-    std::array<std::byte, kEnginePreambleBytes> head{};
-    WriteEnginePreamble(*pre, head);
-    written = write_at(head, 0);
-  }
-  if (!written.ok()) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return written;
-  }
-  // Flushed before the rename, so a crash leaves either the old file or the complete new one.
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return MakeError(ErrorCode::kIoError, "flushing '{}' failed: {}", tmp, std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return MakeError(ErrorCode::kIoError, "renaming '{}' to '{}' failed: {}", tmp, path,
-                     std::strerror(err));
-  }
-  return OkStatus();
+  // the weights), then the preamble, which holds the checksum, at offset 0.
+  uint64_t offset = kEnginePreambleBytes;
+  KILN_ASSIGN_OR_RETURN(EnginePreamble pre, EmitEnginePayload(
+                                                engine, [](uint64_t) {},
+                                                [&](std::span<const std::byte> piece) {
+                                                  KILN_RETURN_IF_ERROR(out.WriteAt(piece, offset));
+                                                  offset += piece.size();
+                                                  return OkStatus();
+                                                }));
+  std::array<std::byte, kEnginePreambleBytes> head{};
+  WriteEnginePreamble(pre, head);
+  SealEnginePreamble(head, pre.checksum);
+  KILN_RETURN_IF_ERROR(out.WriteAt(head, 0));
+  return out.Commit();  // the destructor removes the temporary on every error above
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -414,6 +378,24 @@ void WriteEnginePreamble(const EnginePreamble& p, std::span<std::byte> out) {
   PutLe<uint64_t>(d + 32, p.checksum.high);
   PutLe<uint64_t>(d + 40, p.checksum.low);
   std::memcpy(d + 48, p.kiln_version.data(), std::min<size_t>(p.kiln_version.size(), 15));
+}
+
+Hash128 EngineChecksum(std::span<const std::byte> preamble, const Hash128& payload_hash) {
+  const auto head = preamble.first(kEnginePreambleBytes);
+  std::array<std::byte, 16> payload{};
+  PutLe<uint64_t>(payload.data(), payload_hash.high);
+  PutLe<uint64_t>(payload.data() + 8, payload_hash.low);
+  Hasher h;
+  h.Update(head.first(32));
+  h.Update(head.subspan(48));
+  h.Update(payload);
+  return h.Digest();
+}
+
+void SealEnginePreamble(std::span<std::byte> preamble, const Hash128& payload_hash) {
+  const Hash128 c = EngineChecksum(preamble, payload_hash);
+  PutLe<uint64_t>(preamble.data() + 32, c.high);
+  PutLe<uint64_t>(preamble.data() + 40, c.low);
 }
 
 Status CheckEngineTarget(const EngineHeader& header, BackendKind backend, std::string_view arch) {
@@ -555,12 +537,25 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
                      size - pre.preamble_bytes - pre.payload_bytes, pre.preamble_bytes,
                      pre.payload_bytes);
   }
-  // 2. Checksum of everything after the preamble.
-  Hash128 actual = HashBytes(file.subspan(pre.preamble_bytes, pre.payload_bytes));
-  if (!(actual == pre.checksum)) {
+  // 2. Checksum: from format 2 on, of every byte but its own; format 1 covered the payload only.
+  const Hash128 payload_hash = HashBytes(file.subspan(pre.preamble_bytes, pre.payload_bytes));
+  if (pre.format_version == 1) {
+    if (!(payload_hash == pre.checksum)) {
+      return MakeError(ErrorCode::kEngineChecksum,
+                       "the file says format version 1, but its payload checksum is {} and the "
+                       "preamble records {}",
+                       payload_hash.Hex(), pre.checksum.Hex());
+    }
+    return MakeError(ErrorCode::kEngineVersionTooOld,
+                     "the engine has format version 1 (written by kiln {}), whose checksum left "
+                     "the preamble unprotected; this kiln {} reads format version {}: rebuild "
+                     "the engine",
+                     pre.kiln_version, KilnVersion(), kEngineFormatVersion);
+  }
+  if (const Hash128 actual = EngineChecksum(file, payload_hash); !(actual == pre.checksum)) {
     return MakeError(ErrorCode::kEngineChecksum,
-                     "payload checksum is {} but the preamble records {}", actual.Hex(),
-                     pre.checksum.Hex());
+                     "checksum of the preamble and payload is {} but the preamble records {}",
+                     actual.Hex(), pre.checksum.Hex());
   }
   // 3. Version.
   if (pre.format_version > kEngineFormatVersion) {
@@ -935,25 +930,15 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std:
 
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineFile(const std::string& path,
                                                            const LoadOptions& options) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return MakeError(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIoError,
-                     "cannot open engine '{}': {}", path, std::strerror(errno));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return MakeError(ErrorCode::kIoError, "cannot stat engine '{}': {}", path, std::strerror(err));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
+  KILN_ASSIGN_OR_RETURN(InputFile in, OpenInputFile(path, "engine"));
+  const int fd = in.fd.get();
+  const size_t size = static_cast<size_t>(in.size);
   if (size == 0) {
-    ::close(fd);
     return MakeError(ErrorCode::kEngineTruncated, "engine file '{}' is empty", path);
   }
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   int err = errno;
-  ::close(fd);  // the mapping stays valid without the descriptor
+  in.fd = UniqueFd();  // the mapping stays valid without the descriptor
   if (map == MAP_FAILED) {
     return MakeError(ErrorCode::kIoError, "cannot map engine '{}' ({} bytes): {}", path, size,
                      std::strerror(err));

@@ -4,16 +4,19 @@
 // without copying. Loading verifies everything before anything is used: a crafted file yields a
 // catalog error (KILN-E4000..E4005), never an out-of-bounds read.
 //
-// Preamble (little-endian). Bytes 0..47 keep this layout in every format version, so any kiln
-// can check magic, length and checksum and then say which version a newer file needs.
+// Preamble (little-endian). Bytes 0..47 keep this layout in every format version, and from
+// format 2 on the checksum rule below is fixed too, so any kiln can check magic, length and
+// checksum and then say which version a newer file needs.
 //   0  char[4]  magic "KILN"
 //   4  u32      format version
 //   8  u32      preamble bytes (64)
 //  12  u32      flags (0)
 //  16  u64      payload bytes: everything after the preamble
 //  24  u64      FlatBuffer bytes (it starts right after the preamble)
-//  32  u64[2]   XXH3-128 of the payload (high, low)
+//  32  u64[2]   checksum (high, low): see EngineChecksum
 //  48  char[16] kiln version that wrote the file, NUL-padded
+// Format 1 checksummed the payload alone (bytes 4..31 and 48..63 could change unseen); format 2
+// covers every byte of the file. A format-1 file is refused with KILN-E4006 (rebuild it).
 // The weights section starts at AlignUp(64 + FlatBuffer bytes, 64) and runs to the end.
 #pragma once
 
@@ -34,7 +37,7 @@
 namespace kiln {
 
 // The newest engine format this kiln reads and the one it writes.
-inline constexpr uint32_t kEngineFormatVersion = 1;
+inline constexpr uint32_t kEngineFormatVersion = 2;
 inline constexpr size_t kEnginePreambleBytes = 64;
 inline constexpr size_t kEngineWeightsAlignment = 64;
 inline constexpr std::array<char, 4> kEngineMagic = {'K', 'I', 'L', 'N'};
@@ -52,6 +55,14 @@ struct EnginePreamble {
   std::string kiln_version;  // at most 15 characters are stored
 };
 
+// The checksum a format-2 (and later) preamble records: XXH3-128 over the preamble's raw bytes
+// 0..31 and 48..63 (the checksum's own bytes left out), followed by the payload's XXH3-128 (high
+// then low, little-endian), so the payload is hashed once, as it is written. `preamble` holds at
+// least kEnginePreambleBytes.
+Hash128 EngineChecksum(std::span<const std::byte> preamble, const Hash128& payload_hash);
+// Writes EngineChecksum(preamble, payload_hash) into bytes 32..47 of an encoded preamble.
+void SealEnginePreamble(std::span<std::byte> preamble, const Hash128& payload_hash);
+
 // Decodes the preamble (magic and size only: KILN-E4000 / KILN-E4001); no other check.
 StatusOr<EnginePreamble> ReadEnginePreamble(std::span<const std::byte> file);
 // Encodes `p` into the first kEnginePreambleBytes of `out` (out.size() must be at least that).
@@ -68,12 +79,15 @@ struct LoadOptions {
 
 // Deterministic: the same EngineDesc gives byte-identical output (no timestamps; maps sorted).
 StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine);
-// Atomic: writes a temporary file beside `path`, flushes it and renames it over `path`. The same
+// Atomic (core/file_io.h AtomicOutput): writes a temporary file beside `path`, flushes it and
+// renames it over `path`; refuses a `path` that is a link, a special file or a file this process
+// read (KILN-E1011, KILN-E1012), and leaves no temporary on an error, SIGTERM or SIGINT. The same
 // bytes as SerializeEngine, written as they are serialized: no second in-memory copy of the
 // weights (a large model's build peaks at about 1.2x its weights, not 2x).
 Status WriteEngineFile(const EngineDesc& engine, const std::string& path);
 
-// Maps the file read-only; constants borrow the mapping (it lives as long as any of them).
+// Maps the file read-only (a regular file only: KILN-E1009 otherwise, without blocking); constants
+// borrow the mapping (it lives as long as any of them).
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineFile(const std::string& path,
                                                            const LoadOptions& options = {});
 // Copies `bytes` once into an aligned buffer that the constants then borrow.

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "kiln/core/file_io.h"
+
 namespace kiln::obs {
 
 const std::vector<double>& BuildSecondsBuckets() {
@@ -201,28 +203,10 @@ Status KilnMetrics::WriteTextfile(const std::string& path) const {
   if (path.empty()) {
     return MakeError(ErrorCode::kMetricsFileWriteFailed, "the metrics file path is empty");
   }
-  std::string text = Serialize();
-  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    return MakeError(ErrorCode::kMetricsFileWriteFailed, "cannot create '{}': {}", tmp,
-                     std::strerror(errno));
-  }
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  int write_errno = errno;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    return MakeError(ErrorCode::kMetricsFileWriteFailed, "cannot write '{}': {}", tmp,
-                     std::strerror(write_errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    std::remove(tmp.c_str());
-    return MakeError(ErrorCode::kMetricsFileWriteFailed, "cannot rename '{}' to '{}': {}", tmp,
-                     path, std::strerror(e));
-  }
-  return OkStatus();
+  // Atomic (a collector never reads half a file), never over a link, a device or an input.
+  Status s = WriteFileAtomic(path, "metrics file", Serialize());
+  if (s.ok() || IsWrongFileKind(s)) return s;
+  return Status(ErrorCode::kMetricsFileWriteFailed, s.message());
 }
 
 }  // namespace kiln::obs

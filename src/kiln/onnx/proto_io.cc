@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "kiln/core/file_io.h"
 #include "kiln/onnx/onnx_internal.h"
 
 namespace kiln::onnx_internal {
@@ -35,21 +36,10 @@ class Fd {
   int fd_;
 };
 
-StatusOr<std::pair<int, uint64_t>> OpenForRead(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    return MakeError(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIoError,
-                     "cannot open '{}': open() failed: {}", path, std::strerror(err));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    int err = errno;
-    ::close(fd);
-    return MakeError(ErrorCode::kIoError, "'{}' is not a regular file{}", path,
-                     err ? fmt::format(" (fstat: {})", std::strerror(err)) : "");
-  }
-  return std::make_pair(fd, static_cast<uint64_t>(st.st_size));
+// Regular files only, opened without blocking (a FIFO or device is KILN-E1009, not a hang).
+StatusOr<std::pair<int, uint64_t>> OpenForRead(const std::string& path, std::string_view what) {
+  KILN_ASSIGN_OR_RETURN(InputFile f, OpenInputFile(path, what));
+  return std::make_pair(f.fd.release(), f.size);
 }
 
 // ModelProto's top-level fields and their wire types (onnx.proto), so that a file that happens
@@ -261,7 +251,7 @@ Status CheckModelShape(const onnx::ModelProto& model, const std::string& what) {
 
 Status ParseModelFile(const std::string& path, onnx::ModelProto* model, uint64_t* file_bytes,
                       Hash128* file_hash) {
-  KILN_ASSIGN_OR_RETURN(auto opened, OpenForRead(path));
+  KILN_ASSIGN_OR_RETURN(auto opened, OpenForRead(path, "model"));
   Fd fd(opened.first);
   uint64_t size = opened.second;
   if (file_bytes) *file_bytes = size;
@@ -340,7 +330,7 @@ Status ParseModelBytes(std::span<const std::byte> bytes, onnx::ModelProto* model
 }
 
 Status ParseTensorFile(const std::string& path, onnx::TensorProto* tensor) {
-  KILN_ASSIGN_OR_RETURN(auto opened, OpenForRead(path));
+  KILN_ASSIGN_OR_RETURN(auto opened, OpenForRead(path, "tensor file"));
   Fd fd(opened.first);
   if (opened.second > static_cast<uint64_t>(kProtobufTotalBytesLimit)) {
     return MakeError(ErrorCode::kInvalidModel,

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "kiln/core/file_io.h"
 #include "kiln/ir/sizes.h"
 #include "kiln/onnx/onnx_internal.h"
 #include "kiln/ops/onnx_dtype.h"
@@ -127,28 +128,25 @@ StatusOr<ExternalDataResolver::Range> ExternalDataResolver::Resolve(const onnx::
   }
   auto it = files_.find(path);
   if (it == files_.end()) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      int err = errno;
+    StatusOr<InputFile> opened = OpenInputFile(path, "external data file");
+    if (!opened.ok()) {
+      const ErrorCode code = opened.status().code();
+      if (code != ErrorCode::kNotFound && code != ErrorCode::kIoError) {  // a FIFO, a device
+        return std::move(opened).status().AddContext(
+            fmt::format("while reading the external data of tensor '{}'", tensor.name()));
+      }
       return MakeError(ErrorCode::kExternalDataMissing,
                        "tensor '{}' keeps its data in '{}' (looked for '{}'), which cannot be "
                        "opened: {}",
-                       tensor.name(), location, path, std::strerror(err));
+                       tensor.name(), location, path, opened.status().message());
     }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      return MakeError(ErrorCode::kExternalDataMissing,
-                       "tensor '{}': external data '{}' is not a regular file", tensor.name(),
-                       path);
-    }
+    const int fd = opened->fd.get();
     Mapping m;
-    m.size = static_cast<size_t>(st.st_size);
+    m.size = static_cast<size_t>(opened->size);
     if (m.size > 0) {
       void* p = ::mmap(nullptr, m.size, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
         int err = errno;
-        ::close(fd);
         return MakeError(ErrorCode::kIoError, "tensor '{}': mmap of '{}' ({} bytes) failed: {}",
                          tensor.name(), path, m.size, std::strerror(err));
       }
@@ -157,7 +155,7 @@ StatusOr<ExternalDataResolver::Range> ExternalDataResolver::Resolve(const onnx::
           p, [size](const void* q) { ::munmap(const_cast<void*>(q), size); });
       m.data = static_cast<const std::byte*>(p);
     }
-    ::close(fd);  // the mapping stays valid without the descriptor
+    // The descriptor closes with `opened`; the mapping stays valid without it.
     it = files_.emplace(path, std::move(m)).first;
   }
   const Mapping& m = it->second;

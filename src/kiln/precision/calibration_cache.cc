@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kiln/core/file_io.h"
 #include "kiln/precision/calibration.h"
 
 namespace kiln::precision {
@@ -21,6 +22,8 @@ constexpr std::string_view kFormat = "kiln-calibration-cache";
 // 2: adds the INT8 sensitivity ("int8_sensitivity", "int8_all_rel_l2"); a version 1 cache has
 // none, so it is recalibrated rather than giving engines that differ from a fresh build's.
 constexpr int64_t kVersion = 2;
+// A cache holds two numbers per tensor; far below this bound even for the largest models.
+constexpr uint64_t kMaxCacheBytes = uint64_t{64} << 20;
 
 Status Invalid(const std::string& path, const std::string& why) {
   return MakeError(ErrorCode::kCalibrationCacheInvalid,
@@ -45,11 +48,12 @@ std::string CalibrationCacheKey(const std::string& model_hash, const Graph& grap
 }
 
 StatusOr<CalibrationTable> LoadCalibrationCache(const std::string& path, const std::string& key) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Invalid(path, "cannot be read");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  StatusOr<std::string> text = ReadInputFile(path, "calibration cache", kMaxCacheBytes);
+  if (!text.ok()) {
+    if (IsWrongFileKind(text.status())) return text.status();  // not a stale cache: a wrong path
+    return Invalid(path, fmt::format("cannot be read ({})", text.status().message()));
+  }
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Invalid(path, "is not JSON (corrupt)");
   if (j.value("format", "") != kFormat) return Invalid(path, "is not a kiln calibration cache");
   if (!j.contains("version") || !j["version"].is_number_integer() ||
@@ -114,25 +118,11 @@ Status SaveCalibrationCache(const std::string& path, const std::string& key,
   }
   j["int8_sensitivity"] = std::move(sensitivity);
   j["int8_all_rel_l2"] = std::isfinite(table.int8_all_rel_l2) ? table.int8_all_rel_l2 : 1e300;
-  // Atomic replace: a reader sees the old file or the new one, never half of one.
-  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << j.dump(1) << "\n";
-    out.flush();
-    if (!out) {
-      std::filesystem::remove(tmp);
-      return MakeError(ErrorCode::kIoError, "cannot write the calibration cache '{}'", tmp);
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    return MakeError(ErrorCode::kIoError, "cannot replace the calibration cache '{}': {}", path,
-                     ec.message());
-  }
-  return OkStatus();
+  // Atomic replace: a reader sees the old file or the new one, never half of one. It may replace
+  // the stale cache this build read.
+  AtomicOutput::Options rewrite;
+  rewrite.replaces_input = true;
+  return WriteFileAtomic(path, "calibration cache", j.dump(1) + "\n", rewrite);
 }
 
 }  // namespace kiln::precision
