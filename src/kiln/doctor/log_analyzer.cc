@@ -1205,7 +1205,8 @@ Status LogAnalyzer::AddFile(const std::string& path) {
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   int file = impl_->AddFileState(path);
-  impl_->Scan(file, in.fd.get());
+  impl_->Scan(file, fd);
+  close(fd);
   return OkStatus();
 }
 
