@@ -164,8 +164,8 @@ Status Main(const std::string& model_dir, int rounds, double seconds_per_round, 
                         runtime->DeserializeEngine(warm.bytes));
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const InputProfile& p : profile.inputs) shapes[p.input] = p.opt;
-  KILN_ASSIGN_OR_RETURN(const std::map<std::string, Tensor> inputs,
-                        app::RandomInputs(*probe, shapes, /*seed=*/7));
+  using InputMap = std::map<std::string, Tensor>;
+  KILN_ASSIGN_OR_RETURN(const InputMap inputs, app::RandomInputs(*probe, shapes, /*seed=*/7));
   KILN_ASSIGN_OR_RETURN(Runner a, Load(*runtime, warm, inputs));
   KILN_ASSIGN_OR_RETURN(Runner b, Load(*runtime, base, inputs));
   app::BenchmarkOptions bo;
