@@ -36,7 +36,9 @@ for b in "${bins[@]}"; do
 done
 # The C API library the Python package loads (python/kiln; KILN_LIBRARY=.bundle/lib/libkiln_c.so),
 # beside the libraries it needs.
-if [ -f "$build_dir/src/kiln/api/libkiln_c.so" ]; then
+# With KILN_BUNDLE_BINS, only when it names kiln_c (the library is as large as kiln itself).
+if [ -f "$build_dir/src/kiln/api/libkiln_c.so" ] &&
+   { [ -z "${KILN_BUNDLE_BINS:-}" ] || [[ "kiln_c" =~ ^(${KILN_BUNDLE_BINS})$ ]]; }; then
   cp "$build_dir/src/kiln/api/libkiln_c.so" .bundle/lib/
   strip --strip-unneeded .bundle/lib/libkiln_c.so 2>/dev/null || true
   patchelf --set-rpath '$ORIGIN' .bundle/lib/libkiln_c.so 2>/dev/null || true
