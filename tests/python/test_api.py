@@ -227,7 +227,11 @@ def test_engine_for_another_architecture(engine):
     at = 0
     while (at := data.find(arch, 64)) > 0:  # the header's target and the report's device
         data[at:at + len(arch)] = foreign
-    high, low = _xxh3_128(bytes(data[64:]))
+    # Engine format 2: the checksum is XXH3-128 of preamble bytes 0..31 and 48..63, then the
+    # payload's XXH3-128 (high, low; little-endian), as engine_file.cc's EngineChecksum.
+    p_high, p_low = _xxh3_128(bytes(data[64:]))
+    high, low = _xxh3_128(bytes(data[0:32]) + bytes(data[48:64]) +
+                          p_high.to_bytes(8, "little") + p_low.to_bytes(8, "little"))
     data[32:40] = high.to_bytes(8, "little")
     data[40:48] = low.to_bytes(8, "little")
     e = expect("KILN-E4004", kiln.deserialize, bytes(data))
