@@ -37,8 +37,7 @@ const std::vector<onnx::ModelProto>& Seeds() {
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(zoo, ec)) {
       std::filesystem::path model = entry.path() / "model.onnx";
-      if (!std::filesystem::is_regular_file(model) ||
-          std::filesystem::file_size(model) > 600000) {
+      if (!std::filesystem::is_regular_file(model) || std::filesystem::file_size(model) > 600000) {
         continue;
       }
       std::ifstream f(model, std::ios::binary);
@@ -60,10 +59,23 @@ class Script {
   size_t Index(size_t n) { return n == 0 ? 0 : Byte() % n; }
   // A dimension or value: mostly the sizes that break arithmetic, sometimes raw bits.
   int64_t Value() {
-    static constexpr int64_t kInteresting[] = {
-        0, 1, 2, 3, -1, -2, 7, 64, 1000, int64_t{1} << 31, int64_t{1} << 32,
-        (int64_t{1} << 38) + 1, int64_t{1} << 40, (int64_t{1} << 40) + 1, int64_t{1} << 62,
-        std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
+    static constexpr int64_t kInteresting[] = {0,
+                                               1,
+                                               2,
+                                               3,
+                                               -1,
+                                               -2,
+                                               7,
+                                               64,
+                                               1000,
+                                               int64_t{1} << 31,
+                                               int64_t{1} << 32,
+                                               (int64_t{1} << 38) + 1,
+                                               int64_t{1} << 40,
+                                               (int64_t{1} << 40) + 1,
+                                               int64_t{1} << 62,
+                                               std::numeric_limits<int64_t>::max(),
+                                               std::numeric_limits<int64_t>::min()};
     uint8_t kind = Byte();
     if (kind < 200) return kInteresting[kind % std::size(kInteresting)];
     uint64_t raw = 0;
@@ -91,7 +103,9 @@ void Refill(onnx::TensorProto* t) {
   t->clear_double_data();
   t->clear_external_data();
   t->set_data_location(onnx::TensorProto::DEFAULT);
-  size_t elem = t->data_type() == onnx::TensorProto::INT64 || t->data_type() == onnx::TensorProto::DOUBLE ? 8 : 4;
+  size_t elem =
+      t->data_type() == onnx::TensorProto::INT64 || t->data_type() == onnx::TensorProto::DOUBLE ? 8
+                                                                                                : 4;
   t->set_raw_data(std::string(static_cast<size_t>(n) * elem, '\0'));
 }
 
@@ -199,8 +213,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Every inferred shape passed InferNode's size check: its static part is within the limits.
   for (const kiln::Value* v : (*graph)->values()) {
     if (!v->has_shape()) continue;
-    kiln::Status s = kiln::CheckShapeSize(v->shape(), v->dtype(),
-                                          kiln::ErrorCode::kTensorTooLarge, v->name());
+    kiln::Status s =
+        kiln::CheckShapeSize(v->shape(), v->dtype(), kiln::ErrorCode::kTensorTooLarge, v->name());
     if (!s.ok()) Fail("an inferred shape is past the limits", s.ToString());
   }
 
@@ -218,8 +232,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Fail("plan totals", std::to_string(p.peak_bytes));
   }
   for (const kiln::PlannedBuffer& b : plan->buffers) {
-    if (b.bytes < 0 || b.bytes > kiln::kMaxTensorBytes + kiln::kPlanAlignment ||
-        b.offset < 0 || b.offset + b.bytes > p.arena_bytes) {
+    if (b.bytes < 0 || b.bytes > kiln::kMaxTensorBytes + kiln::kPlanAlignment || b.offset < 0 ||
+        b.offset + b.bytes > p.arena_bytes) {
       Fail("a planned buffer", b.value->name());
     }
   }

@@ -130,7 +130,6 @@ TEST(Builder, ReportSaysWhereTheTacticSecondsWent) {
 }
 
 TEST(Builder, ProfileErrorsSayWhatToChange) {
-
   BuilderConfig inverted;
   ASSERT_TRUE(ParseProfileSpec("input:4x3x64x64,2x3x64x64,8x3x64x64", &inverted.profile).ok());
   auto bad = BuildZoo("resnet_tiny", inverted);

@@ -99,14 +99,14 @@ TEST(Preflight, CudaCodeForEachComputeCapability) {
   const char* kDefault = "80-real;86-real;89-real;90-real;90-virtual";
   auto sass = [&](const char* archs, int ma, int mi) { return CudaCodeFor(archs, ma, mi).sass; };
   auto ptx = [&](const char* archs, int ma, int mi) { return CudaCodeFor(archs, ma, mi).ptx; };
-  EXPECT_EQ(sass(kDefault, 8, 0), "sm_80");  // A100
-  EXPECT_EQ(sass(kDefault, 8, 6), "sm_86");  // A10, A40
-  EXPECT_EQ(sass(kDefault, 8, 7), "sm_86");  // Orin: sm_86 code runs on 8.7
-  EXPECT_EQ(sass(kDefault, 8, 9), "sm_89");  // L4, L40
-  EXPECT_EQ(sass(kDefault, 9, 0), "sm_90");  // H100, H200
-  EXPECT_EQ(sass(kDefault, 10, 0), "");      // Blackwell: no machine code...
+  EXPECT_EQ(sass(kDefault, 8, 0), "sm_80");       // A100
+  EXPECT_EQ(sass(kDefault, 8, 6), "sm_86");       // A10, A40
+  EXPECT_EQ(sass(kDefault, 8, 7), "sm_86");       // Orin: sm_86 code runs on 8.7
+  EXPECT_EQ(sass(kDefault, 8, 9), "sm_89");       // L4, L40
+  EXPECT_EQ(sass(kDefault, 9, 0), "sm_90");       // H100, H200
+  EXPECT_EQ(sass(kDefault, 10, 0), "");           // Blackwell: no machine code...
   EXPECT_EQ(ptx(kDefault, 10, 0), "compute_90");  // ...but PTX the driver compiles
-  EXPECT_EQ(ptx(kDefault, 8, 0), "");  // compute_90 PTX cannot run on an older GPU
+  EXPECT_EQ(ptx(kDefault, 8, 0), "");             // compute_90 PTX cannot run on an older GPU
   EXPECT_EQ(sass(kDefault, 7, 5), "");
   EXPECT_EQ(ptx("80-virtual", 9, 0), "compute_80");  // the PTX-only build checked on the H200
   EXPECT_EQ(sass("80-virtual", 9, 0), "");

@@ -103,8 +103,8 @@ TEST(CheckShapeSize, ChecksTheStaticPartOfSymbolicShapes) {
   EXPECT_TRUE(
       CheckShapeSize({batch, 3, 224, 224}, DataType::kFloat32, ErrorCode::kTensorTooLarge, "x")
           .ok());
-  Status s = CheckShapeSize({batch, k2to32, k2to32}, DataType::kFloat32,
-                            ErrorCode::kTensorTooLarge, "graph input 'x'");
+  Status s = CheckShapeSize({batch, k2to32, k2to32}, DataType::kFloat32, ErrorCode::kTensorTooLarge,
+                            "graph input 'x'");
   EXPECT_EQ(s.code(), ErrorCode::kTensorTooLarge);
   EXPECT_NE(s.message().find("graph input 'x'"), std::string::npos);
   EXPECT_NE(s.message().find("[batch,4294967296,4294967296]"), std::string::npos) << s.message();

@@ -23,7 +23,7 @@ Tensor F32(std::vector<int64_t> dims, std::vector<float> v) {
 }
 
 struct Operand {
-  Operand(Shape s) : shape(std::move(s)) {}  // NOLINT: a graph input of this shape
+  Operand(Shape s) : shape(std::move(s)) {}      // NOLINT: a graph input of this shape
   Operand(Tensor t) : constant(std::move(t)) {}  // NOLINT: a constant
   Shape shape;
   std::optional<Tensor> constant;
@@ -128,8 +128,7 @@ TEST(SizeRules, ReshapeAndSliceNeverWrap) {
 TEST(SizeRules, DivisionsThatWouldTrapAreSafe) {
   const int64_t lo = std::numeric_limits<int64_t>::min();
   EXPECT_TRUE(Infer("Div", {I64({1}, {lo}), I64({1}, {-1})}).ok());
-  Status s = Infer("DepthToSpace", {Shape{1, 16, 2, 2}},
-                   Attrs({{"blocksize", int64_t{1} << 32}}));
+  Status s = Infer("DepthToSpace", {Shape{1, 16, 2, 2}}, Attrs({{"blocksize", int64_t{1} << 32}}));
   EXPECT_EQ(s.code(), ErrorCode::kInvalidAttribute) << s.ToString();
   s = Infer("SpaceToDepth", {Shape{1, 16, 2, 2}}, Attrs({{"blocksize", int64_t{1} << 32}}));
   EXPECT_EQ(s.code(), ErrorCode::kInvalidAttribute) << s.ToString();

@@ -455,7 +455,8 @@ TEST(MemoryPlanViews, PropertySimulatedRunsReadWhatWasWritten) {
       if (it == plan.offsets.end()) return std::nullopt;
       int64_t bytes = 4;
       for (const Dim& d : v->shape()) bytes *= d.value();
-      return std::make_pair(it->second, (bytes + kPlanAlignment - 1) / kPlanAlignment * kPlanAlignment);
+      return std::make_pair(it->second,
+                            (bytes + kPlanAlignment - 1) / kPlanAlignment * kPlanAlignment);
     };
     std::vector<std::string> stamp(static_cast<size_t>(plan.arena_bytes / kPlanAlignment));
     for (const PlanLayer& l : layers) {

@@ -158,7 +158,8 @@ typedef struct kiln_comm {
   void* user;
   int rank;
   int size;
-  /* Every rank contributes `size` bytes at `mine`; `out` receives size x ranks bytes, rank order. */
+  /* Every rank contributes `size` bytes at `mine`; `out` receives size x ranks bytes, rank order.
+   */
   int (*allgather)(void* user, const void* mine, size_t size, void* out, double timeout_s);
   /* root's `size` bytes land in every rank's `bytes`. */
   int (*broadcast)(void* user, void* bytes, size_t size, int root, double timeout_s);

@@ -136,8 +136,8 @@ Status CheckStaticInputProfile(const Value& in, const InputProfile& p) {
       return MakeError(ErrorCode::kInvalidProfile,
                        "input '{}' has the static shape {}; the profile gives {},{},{}: a profile "
                        "of a static input must equal its shape (or drop --profile {})",
-                       p.input, DimsText(shape), DimsText(p.min), DimsText(p.opt),
-                       DimsText(p.max), p.input);
+                       p.input, DimsText(shape), DimsText(p.min), DimsText(p.opt), DimsText(p.max),
+                       p.input);
     }
   }
   return OkStatus();
@@ -296,8 +296,7 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
 }
 }  // namespace
 
-StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input,
-                                                  const BuilderConfig& requested,
+StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& requested,
                                                   BuildReport* report) {
   // The build sees the resolved profile (trtexec's defaults filled in) as config.profile.
   BuilderConfig config = requested;
@@ -732,10 +731,11 @@ std::string BuildReport::TimeText(bool per_signature) const {
       "tactics {:.3f} s  plan {:.3f} s\n",
       phase_seconds_import, phase_seconds_passes, phase_seconds_precision,
       b.precision_query_seconds, phase_seconds_tactics, phase_seconds_plan);
-  const double other =
-      std::max(0.0, phase_seconds_tactics - b.generate_seconds - b.setup_seconds - b.timing_seconds);
+  const double other = std::max(
+      0.0, phase_seconds_tactics - b.generate_seconds - b.setup_seconds - b.timing_seconds);
   out += fmt::format(
-      "    tactics: listing candidates {:.3f} s  set-up {:.3f} s  timing {:.3f} s  other {:.3f} s\n",
+      "    tactics: listing candidates {:.3f} s  set-up {:.3f} s  timing {:.3f} s  other {:.3f} "
+      "s\n",
       b.generate_seconds, b.setup_seconds, b.timing_seconds, other);
   if (!per_signature || b.signatures.empty()) return out;
   constexpr size_t kShown = 15;
@@ -746,8 +746,9 @@ std::string BuildReport::TimeText(bool per_signature) const {
                      "cands", "timed", "listing", "set-up", "timing", "first layer");
   for (size_t i = 0; i < b.signatures.size() && i < kShown; ++i) {
     const SignatureTime& t = b.signatures[i];
-    std::string name = t.first_layer.size() > 40 ? "…" + t.first_layer.substr(t.first_layer.size() - 39)
-                                                 : t.first_layer;
+    std::string name = t.first_layer.size() > 40
+                           ? "…" + t.first_layer.substr(t.first_layer.size() - 39)
+                           : t.first_layer;
     out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>9.3f} {:>9.3f} {:>9.3f}  {}\n", t.op_type,
                        t.layers, t.candidates, t.timed, t.generate_seconds, t.setup_seconds,
                        t.timing_seconds, name);

@@ -45,7 +45,7 @@ struct SignatureTime {
 struct BuildTimeBreakdown {
   double precision_query_seconds = 0;  // precision asking the providers which kernels exist
   double generate_seconds = 0, setup_seconds = 0, timing_seconds = 0;  // sums over signatures
-  std::vector<SignatureTime> signatures;  // most seconds first
+  std::vector<SignatureTime> signatures;                               // most seconds first
 };
 
 struct BuildReport {

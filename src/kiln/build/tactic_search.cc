@@ -170,9 +170,10 @@ class SignatureClock {
   }
   void Failed(const LayerSearch& l) { ++times_[index_.at(l.signature)].timed; }
   void Into(BuildTimeBreakdown& out) {
-    std::stable_sort(times_.begin(), times_.end(), [](const SignatureTime& a, const SignatureTime& b) {
-      return a.total_seconds() > b.total_seconds();
-    });
+    std::stable_sort(times_.begin(), times_.end(),
+                     [](const SignatureTime& a, const SignatureTime& b) {
+                       return a.total_seconds() > b.total_seconds();
+                     });
     for (const SignatureTime& t : times_) {
       out.generate_seconds += t.generate_seconds;
       out.setup_seconds += t.setup_seconds;

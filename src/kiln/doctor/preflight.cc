@@ -99,7 +99,8 @@ CudaCodeMatch CudaCodeFor(std::string_view archs, int major, int minor) {
     pos = end + 1;
     int num = 0;
     size_t i = 0;
-    while (i < entry.size() && entry[i] >= '0' && entry[i] <= '9') num = num * 10 + (entry[i++] - '0');
+    while (i < entry.size() && entry[i] >= '0' && entry[i] <= '9')
+      num = num * 10 + (entry[i++] - '0');
     if (i == 0) continue;  // "all", "native": nothing to tell from the text
     const bool specific = i < entry.size() && (entry[i] == 'a' || entry[i] == 'f');
     std::string_view suffix = entry.substr(i + (specific ? 1 : 0));
@@ -211,8 +212,8 @@ std::vector<Finding> CheckMachine(const MachineFacts& f, const KnownProblems& kp
     }
     if (g.cc_major > 0 && !f.cuda_archs.empty()) {
       const CudaCodeMatch code = CudaCodeFor(f.cuda_archs, g.cc_major, g.cc_minor);
-      const std::string gpu = fmt::format("GPU {} ({}, compute capability {}.{})", g.index,
-                                          g.name, g.cc_major, g.cc_minor);
+      const std::string gpu = fmt::format("GPU {} ({}, compute capability {}.{})", g.index, g.name,
+                                          g.cc_major, g.cc_minor);
       if (!code.sass.empty()) {
         add(Severity::kInfo, id + ".arch",
             fmt::format("{}: this kiln carries {} machine code for it", gpu, code.sass));

@@ -29,11 +29,10 @@ Status CheckExtent(int64_t extent, DataType dtype, ErrorCode code, std::string_v
   const int64_t elem = dtype == DataType::kUndefined ? 1 : static_cast<int64_t>(SizeOf(dtype));
   auto bytes = CheckedMul(extent, elem);
   if (!bytes || *bytes > kMaxTensorBytes) {
-    return TooLarge(code, what,
-                    bytes ? fmt::format("has shape {} ({} bytes of {})", dims_text, *bytes,
-                                        ToString(dtype))
-                          : fmt::format("has shape {}, whose byte size overflows 64 bits",
-                                        dims_text));
+    return TooLarge(
+        code, what,
+        bytes ? fmt::format("has shape {} ({} bytes of {})", dims_text, *bytes, ToString(dtype))
+              : fmt::format("has shape {}, whose byte size overflows 64 bits", dims_text));
   }
   return OkStatus();
 }
@@ -50,8 +49,9 @@ StatusOr<TensorSize> CheckedTensorSize(std::span<const int64_t> dims, DataType d
                        fmt::join(dims, ","), i, d);
     }
     if (d > kMaxDim) {
-      return TooLarge(code, what,
-                      fmt::format("has shape [{}]: dimension {} is {}", fmt::join(dims, ","), i, d));
+      return TooLarge(
+          code, what,
+          fmt::format("has shape [{}]: dimension {} is {}", fmt::join(dims, ","), i, d));
     }
     if (d == 0) empty = true;
     auto next = CheckedMul(extent, std::max<int64_t>(d, 1));
@@ -62,7 +62,8 @@ StatusOr<TensorSize> CheckedTensorSize(std::span<const int64_t> dims, DataType d
     }
     extent = *next;
   }
-  KILN_RETURN_IF_ERROR(CheckExtent(extent, dtype, code, what, fmt::format("[{}]", fmt::join(dims, ","))));
+  KILN_RETURN_IF_ERROR(
+      CheckExtent(extent, dtype, code, what, fmt::format("[{}]", fmt::join(dims, ","))));
   TensorSize size;
   size.elements = empty ? 0 : extent;
   size.bytes = size.elements * static_cast<int64_t>(SizeOf(dtype));

@@ -17,8 +17,8 @@ int64_t NumElements(std::span<const int64_t> dims) {
 }
 
 size_t ByteSize(int64_t elements, DataType dtype) {
-  return static_cast<size_t>(SatMul(std::max<int64_t>(elements, 0),
-                                    static_cast<int64_t>(SizeOf(dtype))));
+  return static_cast<size_t>(
+      SatMul(std::max<int64_t>(elements, 0), static_cast<int64_t>(SizeOf(dtype))));
 }
 
 namespace {

@@ -211,9 +211,8 @@ StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataReso
     }
   }
   // Bound the size before anything is allocated (the file may be hostile).
-  KILN_ASSIGN_OR_RETURN(
-      TensorSize size,
-      CheckedTensorSize(dims, *dtype, ErrorCode::kTensorTooLarge, fmt::format("tensor '{}'", p.name())));
+  KILN_ASSIGN_OR_RETURN(TensorSize size, CheckedTensorSize(dims, *dtype, ErrorCode::kTensorTooLarge,
+                                                           fmt::format("tensor '{}'", p.name())));
   const int64_t n = size.elements;
   const size_t elem = SizeOf(*dtype);
   const size_t bytes = static_cast<size_t>(size.bytes);

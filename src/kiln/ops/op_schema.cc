@@ -71,9 +71,8 @@ Status CheckOutputSizes(const Node& node, std::span<const ValueInfo> outputs) {
     // The message is only formatted on the error path (this runs for every node, every time).
     const Value* v = i < node.num_outputs() ? node.output(i) : nullptr;
     // A negative dim is a rule's shape error (inputs that do not fit), not a size past limits.
-    const bool negative = std::any_of(out.shape.begin(), out.shape.end(), [](const Dim& d) {
-      return d.is_static() && d.value() < 0;
-    });
+    const bool negative = std::any_of(out.shape.begin(), out.shape.end(),
+                                      [](const Dim& d) { return d.is_static() && d.value() < 0; });
     return CheckShapeSize(out.shape, out.dtype,
                           negative ? ErrorCode::kShapeMismatch : ErrorCode::kTensorTooLarge,
                           fmt::format("node '{}' ({}): output '{}'", node.name(), node.op_type(),

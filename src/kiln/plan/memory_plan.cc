@@ -39,14 +39,14 @@ Status CheckProfileSizes(const Graph& graph, const OptimizationProfile& profile)
   for (const InputProfile& p : profile.inputs) {
     const Value* in = graph.FindValue(p.input);
     const DataType dtype = in ? in->dtype() : DataType::kUndefined;
-    for (const auto& [which, dims] : {std::pair<const char*, const std::vector<int64_t>*>{
-                                          "min", &p.min},
-                                      {"opt", &p.opt},
-                                      {"max", &p.max}}) {
-      KILN_RETURN_IF_ERROR(CheckedTensorSize(*dims, dtype, ErrorCode::kProfileTooLarge,
-                                             fmt::format("the profile's {} shape of input '{}'",
-                                                         which, p.input))
-                               .status());
+    for (const auto& [which, dims] :
+         {std::pair<const char*, const std::vector<int64_t>*>{"min", &p.min},
+          {"opt", &p.opt},
+          {"max", &p.max}}) {
+      KILN_RETURN_IF_ERROR(
+          CheckedTensorSize(*dims, dtype, ErrorCode::kProfileTooLarge,
+                            fmt::format("the profile's {} shape of input '{}'", which, p.input))
+              .status());
     }
   }
   return OkStatus();
@@ -126,12 +126,11 @@ StatusOr<int64_t> WeightsBytes(const Graph& graph) {
   for (const Value* v : graph.values()) {
     if (!v->is_constant()) continue;
     const std::string what = fmt::format("constant '{}'", v->name());
+    KILN_ASSIGN_OR_RETURN(int64_t bytes,
+                          CheckedAlignUp(static_cast<int64_t>(v->constant()->size_bytes()),
+                                         kPlanAlignment, ErrorCode::kTensorTooLarge, what));
     KILN_ASSIGN_OR_RETURN(
-        int64_t bytes,
-        CheckedAlignUp(static_cast<int64_t>(v->constant()->size_bytes()), kPlanAlignment,
-                       ErrorCode::kTensorTooLarge, what));
-    KILN_ASSIGN_OR_RETURN(total, CheckedTotalBytes(total, bytes, ErrorCode::kTensorTooLarge,
-                                                   "the model's weights"));
+        total, CheckedTotalBytes(total, bytes, ErrorCode::kTensorTooLarge, "the model's weights"));
   }
   return total;
 }
@@ -144,8 +143,7 @@ bool Overlaps(const PlannedBuffer& a, const PlannedBuffer& b) {
 // The plan's one workspace serves every layer: the largest, aligned.
 Status AddWorkspace(const PlanLayer& layer, MemoryPlan& plan) {
   KILN_ASSIGN_OR_RETURN(
-      int64_t ws, CheckedAlignUp(layer.workspace_bytes, kPlanAlignment,
-                                 ErrorCode::kProfileTooLarge,
+      int64_t ws, CheckedAlignUp(layer.workspace_bytes, kPlanAlignment, ErrorCode::kProfileTooLarge,
                                  fmt::format("the workspace of layer '{}'", layer.node->name())));
   plan.workspace_bytes = std::max(plan.workspace_bytes, ws);
   return OkStatus();

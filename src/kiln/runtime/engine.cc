@@ -66,10 +66,10 @@ Status Engine::Build() {
       s.storage = Storage::kConstant;
       s.constant = v->constant()->raw();
       s.offset = static_cast<int64_t>(device_weight_bytes);
-      KILN_ASSIGN_OR_RETURN(int64_t bytes,
-                            CheckedAlignUp(static_cast<int64_t>(v->constant()->size_bytes()),
-                                           kPlanAlignment, ErrorCode::kEngineMalformed,
-                                           fmt::format("constant '{}'", v->name())));
+      KILN_ASSIGN_OR_RETURN(
+          int64_t bytes,
+          CheckedAlignUp(static_cast<int64_t>(v->constant()->size_bytes()), kPlanAlignment,
+                         ErrorCode::kEngineMalformed, fmt::format("constant '{}'", v->name())));
       device_weight_bytes += static_cast<uint64_t>(bytes);
     } else if (v->is_graph_output()) {
       s.storage = Storage::kOutput;
@@ -150,8 +150,8 @@ Status Engine::Build() {
   StatusOr<int64_t> needed =
       CheckedTotalBytes(weights_bytes_, arena_bytes_, ErrorCode::kEngineMalformed, "the plan");
   if (needed.ok()) {
-    needed = CheckedTotalBytes(*needed, plan.workspace_bytes, ErrorCode::kEngineMalformed,
-                               "the plan");
+    needed =
+        CheckedTotalBytes(*needed, plan.workspace_bytes, ErrorCode::kEngineMalformed, "the plan");
   }
   if (!needed.ok()) return needed.status();
   if (plan.peak_bytes < *needed) {
