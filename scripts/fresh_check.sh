@@ -113,7 +113,7 @@ echo "=== fresh_check: the two commands installed $(wc -l <<<"$installed") Debia
 fmt -w 100 <<<"$(tr '\n' ' ' <<<"$installed")"
 echo "=== fresh_check: Python packages in the venv (pip):"
 in_root ".venv/bin/python -m pip list --local --format=freeze 2>/dev/null | tr '\n' ' '; echo"
-echo "=== fresh_check: CUDA backend in the root's build: $(grep -o 'KILN_ENABLE_CUDA:STRING=.*' "$root/kiln/build/CMakeCache.txt")"
+echo "=== fresh_check: CUDA backend in the root's build: $(grep -o 'KILN_ENABLE_CUDA:STRING=.*' "$root/kiln/builder/CMakeCache.txt")"
 echo "=== fresh_check: timings"
 printf '  %s\n' "${timings[@]}"
 echo "  total                              $(( $(date +%s) - t0 )) s"

@@ -84,7 +84,7 @@ def time_cuda(fn, iterations, warmup):
     return float(np.median(samples)), samples
 
 
-def kiln_build(kiln, onnx_path, engine, profile, cache, fp16, timeout):
+def kiln_builder(kiln, onnx_path, engine, profile, cache, fp16, timeout):
     cmd = [kiln, "build", onnx_path, "-o", engine, "--backend", "cuda", "--profile"]
     cmd += profile.split() + ["--timing-cache", cache]
     if fp16:
@@ -110,11 +110,11 @@ def build_engine(a, name, batch, model_dir, info, work, cold=False):
     if cold and os.path.exists(cache):
         os.remove(cache)
     profile = info["profiles"][str(batch)]
-    path, dt, err = kiln_build(a.kiln, onnx_path, engine, profile, cache, True, a.build_timeout)
+    path, dt, err = kiln_builder(a.kiln, onnx_path, engine, profile, cache, True, a.build_timeout)
     if path:
         return path, "fp16", dt, None
     if err and "KILN-E1006" in err:
-        path, dt, err2 = kiln_build(a.kiln, onnx_path, engine, profile, cache, False,
+        path, dt, err2 = kiln_builder(a.kiln, onnx_path, engine, profile, cache, False,
                                     a.build_timeout)
         if path:
             return path, "fp32 (this kiln has no --fp16 yet)", dt, None

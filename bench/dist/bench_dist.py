@@ -8,7 +8,7 @@ The build is synthetic: --build-ms of CPU time per build (a parameter, not a rea
 plus generating the bytes. Real builds cost minutes and GPU memory; the ratio therefore depends on
 that parameter, and the transfer figures (bytes/s) are the part that does not.
 
-    python3 bench/dist/bench_dist.py --driver build/tests/dist/dist_driver \
+    python3 bench/dist/bench_dist.py --driver build/tests/distributed/dist_driver \
         --out bench/results/dist_cpu.json
 """
 import argparse
@@ -69,7 +69,7 @@ def run(driver, np_, size, build_ms, mode, tmp):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--driver", default="build/tests/dist/dist_driver")
+    ap.add_argument("--driver", default="build/tests/distributed/dist_driver")
     ap.add_argument("--out", default="bench/results/dist_cpu.json")
     ap.add_argument("--sizes", default="100000000,1000000000")
     ap.add_argument("--ranks", default="2,4")

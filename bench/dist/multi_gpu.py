@@ -13,7 +13,7 @@ GPU from its local rank (OMPI_COMM_WORLD_LOCAL_RANK or LOCAL_RANK). Steps, each 
      build time;
   4. every rank building its own engine (plain `kiln build` under mpirun, the behaviour kiln
      replaces): total time and peak memory per GPU, as the comparison;
-  5. a forced NCCL init timeout: build-once through NCCL (tests/dist/dist_driver, synthetic
+  5. a forced NCCL init timeout: build-once through NCCL (tests/distributed/dist_driver, synthetic
      engine) where the last rank takes the NCCL id and never joins; every other rank must fail
      within its bound with KILN-E7013 naming that rank (with one GPU: two processes on it);
   6. the step-2 engine run on every GPU at once (`kiln run --save-outputs`, same input file):

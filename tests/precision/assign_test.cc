@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "kiln/backends/cpu/cpu_eval.h"
-#include "kiln/build/builder.h"
+#include "kiln/builder/builder.h"
 #include "kiln/ops/op_schema.h"
 #include "tests/precision/test_util.h"
 

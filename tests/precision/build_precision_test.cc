@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "kiln/backends/cpu/cpu_eval.h"
-#include "kiln/build/builder.h"
+#include "kiln/builder/builder.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/onnx/onnx_import.h"
 #include "kiln/ops/op_schema.h"

@@ -4,7 +4,7 @@ file(MAKE_DIRECTORY ${WORK})
 set(MODEL ${ZOO}/resnet_tiny/model.onnx)
 set(PROFILE input:1x3x64x64,2x3x64x64,4x3x64x64)
 
-function(kiln_build out_var expect_rc)
+function(kiln_builder out_var expect_rc)
   execute_process(COMMAND ${KILN} build ${MODEL} -o ${WORK}/e.kiln --profile ${PROFILE}
                           --deadline 1ms ${ARGN}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -15,7 +15,7 @@ function(kiln_build out_var expect_rc)
 endfunction()
 
 # The table on stdout.
-kiln_build(out 0 --fp16 --precision-report)
+kiln_builder(out 0 --fp16 --precision-report)
 foreach(want "layers per precision: f16" "precision: f16" "graph output keeps its ONNX type")
   string(FIND "${out}" "${want}" at)
   if(at EQUAL -1)
@@ -24,7 +24,7 @@ foreach(want "layers per precision: f16" "precision: f16" "graph output keeps it
 endforeach()
 
 # JSON to a file; INT8 with calibration over the zoo's own data sets and a cache.
-kiln_build(out 0 --int8 --calib-dir ${ZOO}/resnet_tiny --calib-method percentile=99.9
+kiln_builder(out 0 --int8 --calib-dir ${ZOO}/resnet_tiny --calib-method percentile=99.9
            --calib-cache ${WORK}/calib.json --precision-report ${WORK}/precision.json)
 file(READ ${WORK}/precision.json json)
 string(JSON n LENGTH "${json}" layers)
@@ -36,7 +36,7 @@ endif()
 if(NOT EXISTS ${WORK}/calib.json)
   message(FATAL_ERROR "--calib-cache was not written")
 endif()
-kiln_build(out 0 --int8 --calib-dir ${ZOO}/resnet_tiny --calib-method percentile=99.9
+kiln_builder(out 0 --int8 --calib-dir ${ZOO}/resnet_tiny --calib-method percentile=99.9
            --calib-cache ${WORK}/calib.json)
 string(FIND "${out}" "calibration: from cache" at)
 if(at EQUAL -1)
@@ -44,18 +44,18 @@ if(at EQUAL -1)
 endif()
 
 # Bad method and bad percentile.
-kiln_build(out 1 --int8 --calib-method kl)
+kiln_builder(out 1 --int8 --calib-method kl)
 string(FIND "${out}" "minmax, entropy or percentile" at)
 if(at EQUAL -1)
   message(FATAL_ERROR "--calib-method kl: unexpected message:\n${out}")
 endif()
-kiln_build(out 1 --int8 --int8-tolerance 0)
+kiln_builder(out 1 --int8 --int8-tolerance 0)
 string(FIND "${out}" "--int8-tolerance '0': give the relative L2 error" at)
 if(at EQUAL -1)
   message(FATAL_ERROR "--int8-tolerance 0: unexpected message:\n${out}")
 endif()
 # Refused on the command line (KILN-E1016, exit 64, tools/kiln/options.h) before any work.
-kiln_build(out 64 --int8 --calib-method percentile --calib-percentile 0)
+kiln_builder(out 64 --int8 --calib-method percentile --calib-percentile 0)
 string(FIND "${out}" "allowed range (0, 100]" at)
 if(at EQUAL -1)
   message(FATAL_ERROR "--calib-percentile 0: unexpected message:\n${out}")

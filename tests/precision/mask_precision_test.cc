@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "kiln/backends/cpu/cpu_eval.h"
-#include "kiln/build/builder.h"
+#include "kiln/builder/builder.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/precision/precision.h"
 #include "tests/precision/test_util.h"

@@ -9,7 +9,7 @@
 #include <filesystem>
 
 #include "kiln/backends/cpu/cpu_eval.h"
-#include "kiln/build/builder.h"
+#include "kiln/builder/builder.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/precision/precision.h"

@@ -10,7 +10,7 @@
 #include <random>
 
 #include "kiln/app/pipeline.h"
-#include "kiln/build/builder.h"
+#include "kiln/builder/builder.h"
 #include "kiln/onnx/onnx_import.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/runtime/runtime.h"

@@ -13,9 +13,9 @@
 #include "kiln/app/shared_build.h"
 #include "kiln/backends/backend.h"
 #include "kiln/core/file_io.h"
-#include "kiln/dist/build_once.h"
-#include "kiln/dist/mpi_comm.h"
-#include "kiln/dist/nccl_factory.h"
+#include "kiln/distributed/build_once.h"
+#include "kiln/distributed/mpi_comm.h"
+#include "kiln/distributed/nccl_factory.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/obs/metrics.h"
 #include "kiln/obs/metrics_server.h"
@@ -111,31 +111,31 @@ std::chrono::milliseconds Ms(double seconds) {
 // `kiln build --distributed`: app::BuildOnceShared (the library's build-once path, shared with the
 // C API); every rank writes the same verified bytes to `output`.
 int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::string& output) {
-  dist::BuildOnceOptions opts;
-  auto transport = dist::ParseTransport(o.transport);
+  distributed::BuildOnceOptions opts;
+  auto transport = distributed::ParseTransport(o.transport);
   if (!transport.ok()) return ReportError(transport.status());
-  auto build_on = dist::ParseBuildOn(o.build_on);
+  auto build_on = distributed::ParseBuildOn(o.build_on);
   if (!build_on.ok()) return ReportError(build_on.status());
   opts.transport = *transport;
   opts.build_on = *build_on;
   if (o.rank >= 0) opts.rank_overrides.rank = o.rank;
   if (o.world_size > 0) opts.rank_overrides.world_size = o.world_size;
   if (!o.cache_dir.empty()) {
-    dist::CacheOptions cache;
+    distributed::CacheOptions cache;
     cache.dir = o.cache_dir;
     cache.wait_timeout = Ms(o.wait_timeout_s);
     cache.trust_shared = o.trust_shared_cache;
     opts.cache = cache;
   }
-  opts.bulk_factory = dist::NcclFactoryIfBuilt();  // used only with --transport nccl
+  opts.bulk_factory = distributed::NcclFactoryIfBuilt();  // used only with --transport nccl
   opts.join_timeout = Ms(o.join_timeout_s);
   opts.wait_timeout = Ms(o.wait_timeout_s);
   opts.transfer_timeout = Ms(o.transfer_timeout_s);
 
   // Joins the launcher's MPI job when there is one (held for the rest of the process).
-  std::unique_ptr<dist::MpiSession> mpi;
-  if (dist::MpiAvailable()) {
-    auto session = dist::MpiSession::Start();
+  std::unique_ptr<distributed::MpiSession> mpi;
+  if (distributed::MpiAvailable()) {
+    auto session = distributed::MpiSession::Start();
     if (!session.ok()) return ReportError(session.status());
     mpi = std::move(*session);
   }

@@ -6,7 +6,7 @@
 #include <iostream>
 
 #include "kiln/core/params.h"
-#include "kiln/dist/engine_cache.h"
+#include "kiln/distributed/engine_cache.h"
 #include "tools/kiln/command.h"
 #include "tools/kiln/options.h"
 
@@ -22,8 +22,8 @@ struct CacheCmdOptions {
   bool trust_shared = false;
 };
 
-StatusOr<std::unique_ptr<dist::EngineCache>> OpenCache(const CacheCmdOptions& o) {
-  dist::CacheOptions c;
+StatusOr<std::unique_ptr<distributed::EngineCache>> OpenCache(const CacheCmdOptions& o) {
+  distributed::CacheOptions c;
   c.dir = o.dir.empty() ? param::CacheDir() : o.dir;
   c.trust_shared = o.trust_shared;
   if (c.dir.empty()) {
@@ -38,7 +38,7 @@ StatusOr<std::unique_ptr<dist::EngineCache>> OpenCache(const CacheCmdOptions& o)
                      "cache directory '{}' does not exist or is not a directory{}", c.dir.string(),
                      ec ? fmt::format(" ({})", ec.message()) : std::string());
   }
-  return dist::EngineCache::Open(c);
+  return distributed::EngineCache::Open(c);
 }
 
 int Ls(const CacheCmdOptions& o) {
@@ -49,10 +49,10 @@ int Ls(const CacheCmdOptions& o) {
   nlohmann::json out = nlohmann::json::array();
   uint64_t total = 0;
   const auto now = std::filesystem::file_time_type::clock::now();
-  for (const dist::CacheEntryInfo& e : *entries) {
+  for (const distributed::CacheEntryInfo& e : *entries) {
     total += e.bytes;
     const double age_h = std::chrono::duration<double>(now - e.last_used).count() / 3600;
-    std::optional<dist::Heartbeat> hb = dist::ReadHeartbeat((*cache)->HeartbeatPath(e.key));
+    std::optional<distributed::Heartbeat> hb = distributed::ReadHeartbeat((*cache)->HeartbeatPath(e.key));
     if (o.json) {
       out.push_back({{"key", e.key}, {"bytes", e.bytes}, {"last_used_hours_ago", age_h}});
     } else {

@@ -7,7 +7,7 @@
 #include <iostream>
 
 #include "kiln/app/benchmark.h"
-#include "kiln/build/builder_config.h"
+#include "kiln/builder/builder_config.h"
 #include "kiln/core/file_io.h"
 #include "kiln/obs/metrics.h"
 #include "kiln/obs/metrics_server.h"

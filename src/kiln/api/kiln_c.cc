@@ -14,7 +14,7 @@
 #include "kiln/api/kiln_c_internal.h"
 #include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
-#include "kiln/build/builder.h"
+#include "kiln/builder/builder.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/precision/sensitivity.h"
 #include "kiln/runtime/runtime.h"

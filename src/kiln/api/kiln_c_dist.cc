@@ -1,4 +1,4 @@
-// kiln_build_once: the caller's process group as a dist::Communicator, then the library's
+// kiln_build_once: the caller's process group as a distributed::Communicator, then the library's
 // build-once path (app::BuildOnceShared), the same one `kiln build --distributed` takes.
 #include <algorithm>
 #include <chrono>
@@ -11,12 +11,12 @@
 namespace kiln::api {
 namespace {
 
-double SecondsLeft(dist::Deadline deadline) {
-  return std::max(0.0, std::chrono::duration<double>(deadline - dist::Clock::now()).count());
+double SecondsLeft(distributed::Deadline deadline) {
+  return std::max(0.0, std::chrono::duration<double>(deadline - distributed::Clock::now()).count());
 }
 
 // Collectives through the caller's callbacks; each call's bound is what is left of its deadline.
-class CallbackCommunicator : public dist::Communicator {
+class CallbackCommunicator : public distributed::Communicator {
  public:
   explicit CallbackCommunicator(const kiln_comm& comm) : comm_(comm) {}
   int rank() const override { return comm_.rank; }
@@ -24,7 +24,7 @@ class CallbackCommunicator : public dist::Communicator {
   std::string_view kind() const override { return "process-group"; }
 
   StatusOr<std::vector<std::byte>> AllGather(std::span<const std::byte> mine,
-                                             dist::Deadline deadline,
+                                             distributed::Deadline deadline,
                                              std::string_view what) override {
     std::vector<std::byte> all(mine.size() * static_cast<size_t>(comm_.size));
     double bound = SecondsLeft(deadline);
@@ -33,14 +33,14 @@ class CallbackCommunicator : public dist::Communicator {
     return all;
   }
 
-  Status Broadcast(std::span<std::byte> bytes, int root, dist::Deadline deadline,
+  Status Broadcast(std::span<std::byte> bytes, int root, distributed::Deadline deadline,
                    std::string_view what) override {
     double bound = SecondsLeft(deadline);
     int rc = comm_.broadcast(comm_.user, bytes.data(), bytes.size(), root, bound);
     return Check(rc, what, bound);
   }
 
-  StatusOr<std::unique_ptr<dist::Communicator>> Split(int, int) override {
+  StatusOr<std::unique_ptr<distributed::Communicator>> Split(int, int) override {
     return MakeError(ErrorCode::kUnimplemented,
                      "a caller's process group builds once per job (build_on rank0); per-node and "
                      "per-arch groups need MPI (`kiln build --distributed --build-on ...`)");
@@ -99,8 +99,8 @@ extern "C" kiln_status* kiln_build_once(const kiln_build_config* c, const void* 
   auto config = ResolveConfig(*c);
   if (!config.ok()) return ToC(config.status());
   CallbackCommunicator group(*comm);
-  dist::BuildOnceOptions options;
-  options.transport = dist::Transport::kMpi;  // control and bytes over `comm`
+  distributed::BuildOnceOptions options;
+  options.transport = distributed::Transport::kMpi;  // control and bytes over `comm`
   options.comm = &group;
   // The process group is who this process is; the launcher's variables do not get a say.
   options.rank_overrides.rank = comm->rank;
@@ -114,9 +114,9 @@ extern "C" kiln_status* kiln_build_once(const kiln_build_config* c, const void* 
     if (c->progress) {
       kiln_progress_fn fn = c->progress;
       void* user = c->progress_user;
-      const dist::Clock::time_point start = dist::Clock::now();
+      const distributed::Clock::time_point start = distributed::Clock::now();
       options.on_progress = [fn, user, start](const std::string& line) {
-        fn(user, "builder", 0, 0, dist::SecondsSince(start), line.c_str());
+        fn(user, "builder", 0, 0, distributed::SecondsSince(start), line.c_str());
       };
     }
   }

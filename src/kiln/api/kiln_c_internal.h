@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kiln/api/kiln_c.h"
-#include "kiln/build/builder_config.h"
+#include "kiln/builder/builder_config.h"
 #include "kiln/core/status.h"
 #include "kiln/runtime/runtime.h"
 

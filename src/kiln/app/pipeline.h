@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/build/builder.h"
+#include "kiln/builder/builder.h"
 #include "kiln/runtime/runtime.h"
 
 namespace kiln::app {

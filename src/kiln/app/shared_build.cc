@@ -1,19 +1,19 @@
-// BuildOnceShared: content address, then dist::BuildOnce around the ONNX build.
+// BuildOnceShared: content address, then distributed::BuildOnce around the ONNX build.
 #include "kiln/app/shared_build.h"
 
 #include <fstream>
 
 #include "kiln/backends/backend.h"
-#include "kiln/dist/cache_key.h"
+#include "kiln/distributed/cache_key.h"
 #include "kiln/engine/engine_file.h"
 
 namespace kiln::app {
 namespace {
 
-StatusOr<dist::CacheKey> EngineKey(const ModelSource& model, const BuilderConfig& config) {
+StatusOr<distributed::CacheKey> EngineKey(const ModelSource& model, const BuilderConfig& config) {
   KILN_ASSIGN_OR_RETURN(Backend * backend, GetBackend(config.backend));
   KILN_ASSIGN_OR_RETURN(DeviceInfo device, backend->Info());
-  dist::KeyBuilder kb;
+  distributed::KeyBuilder kb;
   if (!model.path.empty()) {
     std::ifstream f(model.path, std::ios::binary);
     if (!f) return MakeError(ErrorCode::kIoError, "cannot read the model '{}'", model.path);
@@ -35,8 +35,8 @@ StatusOr<dist::CacheKey> EngineKey(const ModelSource& model, const BuilderConfig
 }  // namespace
 
 StatusOr<SharedBuild> BuildOnceShared(const ModelSource& model, const BuilderConfig& config,
-                                      dist::BuildOnceOptions options) {
-  KILN_ASSIGN_OR_RETURN(dist::CacheKey key, EngineKey(model, config));
+                                      distributed::BuildOnceOptions options) {
+  KILN_ASSIGN_OR_RETURN(distributed::CacheKey key, EngineKey(model, config));
   // Received (or cached) bytes are a full engine load away from being trusted.
   if (!options.verify) {
     options.verify = [](std::span<const std::byte> bytes) {
@@ -45,8 +45,8 @@ StatusOr<SharedBuild> BuildOnceShared(const ModelSource& model, const BuilderCon
   }
   if (options.cache && !options.cache->verify) options.cache->verify = options.verify;
   SharedBuild out;
-  auto result = dist::BuildOnce(
-      key, options, [&](dist::ProgressSink& sink) -> StatusOr<std::vector<std::byte>> {
+  auto result = distributed::BuildOnce(
+      key, options, [&](distributed::ProgressSink& sink) -> StatusOr<std::vector<std::byte>> {
         BuilderConfig c = config;
         auto inner = c.progress;
         c.progress = [&sink, inner](const BuildProgress& p) {

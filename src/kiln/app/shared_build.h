@@ -1,6 +1,6 @@
 // Build once per job, as `kiln build --distributed` and the Python package's kiln.distributed do
 // it: the engine's content address from the model bytes, the build config, the device and the
-// library versions, then dist::BuildOnce with the real build as its callback. The CLI and the C
+// library versions, then distributed::BuildOnce with the real build as its callback. The CLI and the C
 // API call this one function.
 #pragma once
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kiln/app/pipeline.h"
-#include "kiln/dist/build_once.h"
+#include "kiln/distributed/build_once.h"
 
 namespace kiln::app {
 
@@ -24,13 +24,13 @@ struct ModelSource {
 
 struct SharedBuild {
   std::vector<std::byte> bytes;  // the verified engine, identical on every rank
-  dist::BuildOnceReport dist_report;
+  distributed::BuildOnceReport dist_report;
   std::optional<BuildReport> build_report;  // on the rank that built it
 };
 
 // `options.verify` defaults to a full engine load of the bytes. Each rank's key must match the
 // others' in its group (KILN-E7004 otherwise).
 StatusOr<SharedBuild> BuildOnceShared(const ModelSource& model, const BuilderConfig& config,
-                                      dist::BuildOnceOptions options);
+                                      distributed::BuildOnceOptions options);
 
 }  // namespace kiln::app

@@ -22,8 +22,8 @@
 #include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
 #include "kiln/backends/cuda/cuda_kernel.h"
-#include "kiln/build/builder.h"
-#include "kiln/build/builder_config.h"
+#include "kiln/builder/builder.h"
+#include "kiln/builder/builder_config.h"
 #include "kiln/ops/op_schema.h"
 #include "op_tester.h"
 

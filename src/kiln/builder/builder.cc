@@ -1,0 +1,794 @@
+// BuildEngine: the build pipeline. Phases: verify -> profile -> shapes -> (passes) -> tactics ->
+// memory plan -> engine. Each phase reports progress; every phase after the first valid engine
+// only improves it.
+#include "kiln/builder/builder.h"
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <unordered_map>
+
+#include "kiln/backends/backend.h"
+#include "kiln/backends/cpu/cpu_eval.h"
+#include "kiln/builder/tactic_search.h"
+#include "kiln/builder/timing_cache.h"
+#include "kiln/core/file_io.h"
+#include "kiln/core/json_writer.h"
+#include "kiln/core/logging.h"
+#include "kiln/core/params.h"
+#include "kiln/ops/op_schema.h"
+#include "kiln/passes/pass.h"
+#include "kiln/plan/memory_plan.h"
+#include "kiln/precision/precision.h"
+
+namespace kiln {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+OperandDesc Describe(const Value* v, const ConcreteDimsMap& max_dims) {
+  OperandDesc d;
+  if (!v) return d;
+  d.dtype = v->dtype();
+  d.shape = v->shape();
+  if (auto it = max_dims.find(v); it != max_dims.end()) {
+    d.max_dims = it->second;
+  } else {
+    d.max_dims.assign(v->shape().size(), -1);  // unknown at the max shapes
+  }
+  d.constant = v->constant();
+  return d;
+}
+}  // namespace
+
+StatusOr<ConcreteDimsMap> ConcreteDims(const Graph& graph, const std::vector<Node*>& order,
+                                       const OptimizationProfile& profile, int which) {
+  std::unordered_map<const Value*, ValueInfo> info;
+  for (const Value* in : graph.inputs()) {
+    ValueInfo vi;
+    vi.dtype = in->dtype();
+    if (const InputProfile* p = profile.Find(in->name())) {
+      vi.shape = MakeShape(which == 0 ? p->min : which == 1 ? p->opt : p->max);
+    } else {
+      vi.shape = in->shape();
+    }
+    info[in] = std::move(vi);
+  }
+  for (const Node* node : order) {
+    std::vector<const ValueInfo*> ins;
+    for (const Value* v : node->inputs()) {
+      if (!v) {
+        ins.push_back(nullptr);
+        continue;
+      }
+      auto it = info.find(v);
+      if (it == info.end()) {
+        ValueInfo vi;
+        vi.dtype = v->dtype();
+        vi.shape = v->shape();
+        vi.constant = v->constant();
+        it = info.emplace(v, std::move(vi)).first;
+      }
+      ins.push_back(&it->second);
+    }
+    std::vector<ValueInfo> outs(node->num_outputs());
+    KILN_RETURN_IF_ERROR(InferNode(*node, ins, outs));
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (node->output(i)) info[node->output(i)] = std::move(outs[i]);
+    }
+  }
+  ConcreteDimsMap out;
+  for (const auto& [v, vi] : info) {
+    if (auto dims = StaticDims(vi.shape)) out[v] = std::move(*dims);
+  }
+  return out;
+}
+
+KernelRequest MakeKernelRequest(const Node& node, const ConcreteDimsMap& max_dims) {
+  KernelRequest r;
+  r.node = &node;
+  for (const Value* v : node.inputs()) r.inputs.push_back(Describe(v, max_dims));
+  for (const Value* v : node.outputs()) r.outputs.push_back(Describe(v, max_dims));
+  return r;
+}
+
+// Dims that the profile fixes (min == max) become constants in the graph's inputs. The engine
+// can only ever see that extent, and the shape subgraphs exporters emit around every reshape
+// (Shape -> Gather -> Unsqueeze -> Concat) then fold to constants instead of running as layers:
+// an HF BERT-base export kept about 350 such layers out of 597 with a batch-1 profile.
+void SpecializeFixedDims(Graph& graph, const OptimizationProfile& profile) {
+  for (Value* in : graph.inputs()) {
+    const InputProfile* p = profile.Find(in->name());
+    if (!p || p->min.size() != in->shape().size()) continue;
+    Shape shape = in->shape();
+    bool changed = false;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (!shape[d].is_static() && p->min[d] == p->max[d]) {
+        shape[d] = Dim(p->min[d]);
+        changed = true;
+      }
+    }
+    if (changed) in->set_shape(std::move(shape));
+  }
+}
+
+namespace {
+std::string DimsText(const std::vector<int64_t>& dims) {
+  return fmt::format("{}", fmt::join(dims, "x"));
+}
+
+// A profile given for a static input must equal its shape (trtexec accepts such a profile
+// silently); it is then dropped, since the engine needs none. A profile that disagrees names both.
+Status CheckStaticInputProfile(const Value& in, const InputProfile& p) {
+  std::vector<int64_t> shape;
+  for (const Dim& d : in.shape()) shape.push_back(d.value());
+  for (const auto* dims : {&p.min, &p.opt, &p.max}) {
+    if (*dims != shape) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' has the static shape {}; the profile gives {},{},{}: a profile "
+                       "of a static input must equal its shape (or drop --profile {})",
+                       p.input, DimsText(shape), DimsText(p.min), DimsText(p.opt), DimsText(p.max),
+                       p.input);
+    }
+  }
+  return OkStatus();
+}
+
+Status ValidateDynamicInputProfile(const Value& in, const InputProfile& p) {
+  size_t rank = in.shape().size();
+  for (const auto* dims : {&p.min, &p.opt, &p.max}) {
+    if (dims->size() != rank) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "profile of '{}' has rank {}; the input {} has rank {}", p.input,
+                       dims->size(), ToString(in.shape()), rank);
+    }
+  }
+  for (size_t i = 0; i < rank; ++i) {
+    const Dim& d = in.shape()[i];
+    if (d.is_static() &&
+        (p.min[i] != d.value() || p.opt[i] != d.value() || p.max[i] != d.value())) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' dimension {} is fixed at {}; the profile gives {}/{}/{}",
+                       p.input, i, d.value(), p.min[i], p.opt[i], p.max[i]);
+    }
+    if (!(p.min[i] <= p.opt[i] && p.opt[i] <= p.max[i])) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' dimension {} ({}): need min <= opt <= max, got {} / {} / {}",
+                       p.input, i, d.ToString(), p.min[i], p.opt[i], p.max[i]);
+    }
+    if (p.min[i] < 1 && !d.is_static()) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "input '{}' dimension {}: min must be at least 1", p.input, i);
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+// The profile the engine is built for, from the one the user gave (trtexec's rules, which users
+// know): a profile of a static input that equals its shape is dropped silently, one that
+// disagrees is an error naming both; a dynamic input without a profile gets every dynamic
+// dimension fixed at 1 (min = opt = max), with a warning naming the shape and the flag.
+StatusOr<OptimizationProfile> ResolveProfile(const Graph& graph, const OptimizationProfile& given,
+                                             std::vector<Status>* warnings) {
+  OptimizationProfile resolved;
+  for (const InputProfile& p : given.inputs) {
+    const Value* in = graph.FindValue(p.input);
+    if (!in || !in->is_graph_input()) {
+      std::vector<std::string> names;
+      for (const Value* v : graph.inputs()) names.push_back(v->name());
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "profile for '{}', which is not a model input (inputs: {})", p.input,
+                       fmt::join(names, ", "));
+    }
+    if (IsStatic(in->shape())) {
+      KILN_RETURN_IF_ERROR(CheckStaticInputProfile(*in, p));
+      continue;
+    }
+    KILN_RETURN_IF_ERROR(ValidateDynamicInputProfile(*in, p));
+    resolved.inputs.push_back(p);
+  }
+  for (const Value* in : graph.inputs()) {
+    if (IsStatic(in->shape()) || resolved.Find(in->name())) continue;
+    InputProfile p;
+    p.input = in->name();
+    for (const Dim& d : in->shape()) p.min.push_back(d.is_static() ? d.value() : 1);
+    p.opt = p.max = p.min;
+    warnings->push_back(MakeError(
+        ErrorCode::kMissingProfile,
+        "input '{}' has dynamic shape {} and no profile: building for {} only (min = opt = max); "
+        "add --profile {}:MIN,OPT,MAX for other shapes",
+        in->name(), ToString(in->shape()), DimsText(p.min), in->name()));
+    resolved.inputs.push_back(std::move(p));
+  }
+  return resolved;
+}
+
+// Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched,
+// nothing is prepared to run: Kernel::QueryWorkspace).
+StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& c) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel, c.provider->Create(l.request, c.tactic));
+  // Present activations get a non-null placeholder address: kernels (the CPU FP16 wrapper among
+  // them) tell omitted optional inputs by a null pointer, as they will see them at run time.
+  // Kernels read shapes only here, never activation data.
+  alignas(64) static std::byte placeholder[64];
+  std::vector<TensorView> ins, outs;
+  for (const OperandDesc& d : l.request.inputs) {
+    ins.push_back(d.dtype == DataType::kUndefined
+                      ? TensorView{}
+                      : TensorView{d.dtype, d.max_dims,
+                                   d.constant ? const_cast<void*>(d.constant->raw())
+                                              : static_cast<void*>(placeholder)});
+  }
+  for (const OperandDesc& d : l.request.outputs) {
+    outs.push_back({d.dtype, d.max_dims, static_cast<void*>(placeholder)});
+  }
+  for (const auto& views : {&ins, &outs}) {
+    for (const TensorView& v : *views) {
+      if (v.dtype != DataType::kUndefined &&
+          std::any_of(v.dims.begin(), v.dims.end(), [](int64_t x) { return x < 0; })) {
+        return c.tactic.workspace_bytes;  // max shape unknown: keep the tactic's own estimate
+      }
+    }
+  }
+  return kernel->QueryWorkspace(ins, outs);
+}
+
+namespace {
+void Warn(BuildReport& rep, const Status& s) {
+  rep.warnings.push_back(s.ToString());
+  KILN_LOG(Warn, BUILD, "{}", s.ToString());
+}
+
+// The calibration table for this build: the cache when it is valid for this graph and method,
+// else a calibration run over --calib-dir (then written to the cache). None without either.
+StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph& graph,
+                                                                    const BuilderConfig& config,
+                                                                    const Hash128& model_hash,
+                                                                    BuildReport& rep) {
+  using namespace precision;
+  const std::string key = CalibrationCacheKey(model_hash.Hex(), graph, config.calibration_method,
+                                              config.calibration_percentile);
+  const std::string& cache = config.calibration_cache_path;
+  if (!cache.empty() && std::filesystem::exists(cache)) {
+    auto cached = LoadCalibrationCache(cache, key);
+    if (cached.ok()) {
+      rep.calibration = fmt::format("from cache '{}' ({}, {} data set(s))", cache,
+                                    ToString(cached->method), cached->data_sets);
+      return std::optional<CalibrationTable>(std::move(*cached));
+    }
+    if (IsWrongFileKind(cached.status())) return cached.status();
+    Warn(rep, cached.status());
+  }
+  if (config.calibration_dir.empty()) {
+    if (config.int8) {
+      Warn(rep, MakeError(ErrorCode::kCalibrationInputInvalid,
+                          "--int8 without calibration data (--calib-dir or a valid --calib-cache): "
+                          "INT8 candidates fall back to FP16/FP32"));
+    }
+    return std::optional<CalibrationTable>();
+  }
+  KILN_ASSIGN_OR_RETURN(auto data,
+                        LoadCalibrationData(graph, config.profile, config.calibration_dir));
+  const int64_t before = CalibrationBatchesRun();
+  KILN_ASSIGN_OR_RETURN(CalibrationTable table, Calibrate(graph, data, config.calibration_method,
+                                                          config.calibration_percentile));
+  rep.calibration_batches_run = CalibrationBatchesRun() - before;
+  rep.calibration = fmt::format("calibrated ({}, {} data set(s) from '{}')", ToString(table.method),
+                                table.data_sets, config.calibration_dir);
+  if (!cache.empty()) {
+    if (Status s = SaveCalibrationCache(cache, key, table); !s.ok()) {
+      if (IsWrongFileKind(s)) return s;
+      Warn(rep, s);
+    }
+  }
+  return std::optional<CalibrationTable>(std::move(table));
+}
+}  // namespace
+
+StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& requested,
+                                                  BuildReport* report) {
+  // The build sees the resolved profile (trtexec's defaults filled in) as config.profile.
+  BuilderConfig config = requested;
+  const auto start = Clock::now();
+  BuildReport local_report;
+  BuildReport& rep = report ? *report : local_report;
+  rep = BuildReport();
+  rep.model_name = input.model_name;
+  rep.backend = std::string(ToString(config.backend));
+  auto progress = [&](std::string phase, int64_t done, int64_t total, std::string detail) {
+    if (!config.progress) return true;
+    return config.progress({std::move(phase), done, total, Seconds(start), std::move(detail)});
+  };
+
+  Graph& graph = *input.graph;
+  progress("verify", 0, 1, "");
+  KILN_RETURN_IF_ERROR(Verify(graph));
+  {
+    std::vector<Status> profile_warnings;
+    KILN_ASSIGN_OR_RETURN(config.profile,
+                          ResolveProfile(graph, requested.profile, &profile_warnings));
+    for (const Status& w : profile_warnings) Warn(rep, w);
+  }
+  KILN_RETURN_IF_ERROR(CheckProfileSizes(graph, config.profile));
+  if (config.optimize) SpecializeFixedDims(graph, config.profile);
+  auto inferred_or = InferShapes(graph);
+  if (!inferred_or.ok()) {
+    return std::move(inferred_or)
+        .status()
+        .AddContext(fmt::format("inferring shapes of '{}'", input.model_name));
+  }
+  ShapeInferenceResult inferred = std::move(inferred_or).value();
+  rep.phase_seconds_import = Seconds(start);
+
+  if (config.optimize) {
+    const auto passes_start = Clock::now();
+    progress("passes", 0, 1, "");
+    passes::PassOptions pass_options;
+    pass_options.evaluator = [](const Node& node, std::span<const Tensor* const> inputs) {
+      return cpu::EvaluateNode(node, inputs);
+    };
+    // cuDNN runs f16/bf16 convolutions on tensor cores channels-last; f32 and the CPU stay NCHW.
+    if (config.backend == BackendKind::kCuda && (config.fp16 || config.bf16)) {
+      pass_options.conv_layout = "NHWC";
+    }
+    KILN_ASSIGN_OR_RETURN(passes::PassReport passes,
+                          passes::RunDefaultPasses(graph, pass_options, &inferred.dims_values));
+    rep.passes = passes.ToString();
+    for (const auto& e : passes.passes) {
+      for (const std::string& note : e.stats.notes) rep.pass_notes.push_back(e.pass + ": " + note);
+    }
+    rep.nodes_before_passes = passes.nodes_before;
+    rep.nodes_after_passes = passes.nodes_after;
+    rep.phase_seconds_passes = Seconds(passes_start);
+  }
+
+  KILN_ASSIGN_OR_RETURN(Backend * backend, GetBackend(config.backend));
+  KILN_ASSIGN_OR_RETURN(DeviceInfo device, backend->Info());
+  rep.device = device.name;
+
+  // Precision: calibration (when given) then per-layer decisions and the graph rewrite.
+  const auto precision_start = Clock::now();
+  progress("precision", 0, 1, "");
+  precision::PrecisionResult assigned;
+  {
+    std::optional<precision::CalibrationTable> calibration;
+    if (config.int8 || config.fp16 || config.bf16) {
+      KILN_ASSIGN_OR_RETURN(calibration, GetCalibration(graph, config, input.model_hash, rep));
+    }
+    precision::PrecisionOptions po;
+    po.fp16 = config.fp16;
+    po.bf16 = config.bf16;
+    po.int8 = config.int8;
+    po.backend = config.backend;
+    po.calibration = calibration ? &*calibration : nullptr;
+    po.int8_tolerance = config.int8_tolerance;
+    // Kernel requests (which ask the providers whether a reduced-precision kernel exists) need
+    // the max dims: one shape-rule sweep over the graph, only worth it when something may be
+    // reduced. Without a precision flag every layer stays FP32 and no request is made.
+    ConcreteDimsMap max_dims;
+    if (config.fp16 || config.bf16 || config.int8) {
+      KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+      KILN_ASSIGN_OR_RETURN(max_dims, ConcreteDims(graph, order, config.profile, 2));
+      po.make_request = [&max_dims](const Node& node) { return MakeKernelRequest(node, max_dims); };
+    }
+    KILN_ASSIGN_OR_RETURN(assigned, precision::AssignPrecision(graph, po));
+    rep.time_breakdown.precision_query_seconds = assigned.kernel_query_seconds;
+    rep.casts_inserted = assigned.casts_inserted;
+    rep.weights_converted = assigned.weights_converted;
+  }
+  rep.phase_seconds_precision = Seconds(precision_start);
+
+  // Layers and their candidate tactics (heuristic order: first provider's first tactic first).
+  const auto tactics_start = Clock::now();
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  KILN_ASSIGN_OR_RETURN(auto max_dims, ConcreteDims(graph, order, config.profile, 2));
+  KILN_ASSIGN_OR_RETURN(auto opt_dims_of, ConcreteDims(graph, order, config.profile, 1));
+  std::vector<LayerSearch> searches;
+  std::vector<std::string> missing;
+  for (Node* node : order) {
+    LayerSearch l;
+    l.node = node;
+    // Max dims come from the shape rules run on integers (symbolic substitution cannot see
+    // through every data-dependent shape; the rules can).
+    l.request = MakeKernelRequest(*node, max_dims);
+    // An INT8 layer takes only INT8 tactics. Other layers need no filter: providers offer
+    // quantized tactics only to annotated nodes, and an "i8-" tactic of an unannotated node is a
+    // plain int8-dtype kernel (an int8 Add), which must stay.
+    auto lp = assigned.layers.find(node->name());
+    const bool int8 = lp != assigned.layers.end() && lp->second.int8;
+    const auto generate_start = Clock::now();
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *node)) {
+      for (TacticConfig& t : p->Tactics(l.request)) {
+        if (int8 && !t.name.starts_with(precision::kInt8TacticPrefix)) continue;
+        l.candidates.push_back({p, std::move(t)});
+      }
+    }
+    l.generate_seconds = Seconds(generate_start);
+    if (!config.search_tactics && l.candidates.size() > 1) l.candidates.resize(1);
+    if (l.candidates.empty()) {
+      std::vector<std::string> types;
+      for (const auto& d : l.request.inputs) types.push_back(std::string(ToString(d.dtype)));
+      missing.push_back(fmt::format("'{}' ({}; inputs {})", node->name(), node->op_type(),
+                                    fmt::join(types, ",")));
+      continue;
+    }
+    bool known = true;
+    auto opt_dims = [&](const Value* v, std::vector<std::vector<int64_t>>& out) {
+      std::vector<int64_t> dims;
+      if (v) {
+        auto it = opt_dims_of.find(v);
+        if (it == opt_dims_of.end()) {
+          known = false;
+        } else {
+          dims = it->second;
+        }
+      }
+      out.push_back(std::move(dims));
+    };
+    for (const Value* v : node->inputs()) opt_dims(v, l.opt_in);
+    for (const Value* v : node->outputs()) opt_dims(v, l.opt_out);
+    if (!known) {
+      l.opt_in.clear();
+      l.opt_out.clear();
+    }
+    l.signature = LayerSignature(l.request, l.opt_in);
+    searches.push_back(std::move(l));
+  }
+  if (!missing.empty()) {
+    return MakeError(ErrorCode::kNoTactic, "{} layer(s) have no {} implementation: {}",
+                     missing.size(), ToString(config.backend), fmt::join(missing, ", "));
+  }
+
+  std::optional<int64_t> budget;
+  if (config.memory_budget.bytes) {
+    budget = *config.memory_budget.bytes;
+  } else if (config.memory_budget.fraction) {
+    budget = static_cast<int64_t>(static_cast<double>(device.free_memory) *
+                                  *config.memory_budget.fraction /
+                                  std::max(1, config.memory_budget.ranks_per_device));
+  }
+  TacticSearchOptions search;
+  search.start = start;
+  search.progress = config.progress;
+  search.max_kernel_time_ms = config.max_kernel_time_ms;
+  if (config.deadline) search.deadline = start + *config.deadline;
+  const bool alias_views = param::AliasViews() != 0;
+  if (budget) {
+    // The memory budget bounds weights + activations (fixed by the graph) + the largest
+    // workspace (chosen per layer): plan the arena first, then give tactics what is left.
+    std::vector<PlanLayer> base_layers;
+    for (const LayerSearch& l : searches) base_layers.push_back({l.node, 0, alias_views});
+    KILN_ASSIGN_OR_RETURN(MemoryPlan base_plan, PlanMemory(graph, base_layers, config.profile));
+    if (base_plan.weights_bytes > *budget) {
+      return MakeError(ErrorCode::kMemoryBudgetExceeded,
+                       "the weights alone need {} bytes; the memory budget ({}) allows {} bytes",
+                       base_plan.weights_bytes, config.memory_budget.ToString(), *budget);
+    }
+    if (base_plan.peak_bytes > *budget) {
+      return MakeError(ErrorCode::kMemoryBudgetExceeded,
+                       "weights + activations at the profile's max shapes need {} bytes (weights "
+                       "{}, activations {}); "
+                       "the memory budget ({}) allows {} bytes",
+                       base_plan.peak_bytes, base_plan.weights_bytes, base_plan.arena_bytes,
+                       config.memory_budget.ToString(), *budget);
+    }
+    search.max_workspace_bytes = *budget - base_plan.peak_bytes;
+  }
+  std::optional<TimingCache> cache;
+  bool cache_file_current = false;  // the file holds exactly what `cache` holds
+  if (!config.timing_cache_path.empty()) {
+    cache.emplace(
+        fmt::format("{}|{}|{}", ToString(config.backend), device.arch, device.library_versions));
+    if (Status s = cache->Load(config.timing_cache_path); !s.ok()) {
+      // A path that names no cache file at all (a FIFO, a device, a huge file) is the user's
+      // mistake to fix, not a stale cache to replace.
+      if (IsWrongFileKind(s)) return s;
+      rep.warnings.push_back(s.ToString());
+      KILN_LOG(Warn, BUILD, "{}", s.ToString());
+    } else {
+      cache_file_current = std::filesystem::exists(config.timing_cache_path);
+    }
+    search.cache = &*cache;
+  }
+  KILN_RETURN_IF_ERROR(SearchTactics(*backend, searches, search, &rep));
+  // A build that timed nothing new leaves a valid cache file as it is: rewriting it (lock, merge,
+  // atomic rename) was most of a warm build's cache work.
+  if (cache && (cache->modified() || !cache_file_current)) {
+    if (Status s = cache->Save(config.timing_cache_path); !s.ok()) {
+      if (IsWrongFileKind(s)) return s;
+      rep.warnings.push_back(s.ToString());
+      KILN_LOG(Warn, BUILD, "{}", s.ToString());
+    }
+  }
+  std::vector<LayerDesc> layers;
+  std::vector<PlanLayer> plan_layers;
+  for (LayerSearch& l : searches) {
+    TacticCandidate& c = l.candidates[l.chosen];
+    // The plan reserves what the kernel itself asks for at the max shapes (a tactic's estimate
+    // may not know every dim); the runtime checks the same figure again.
+    KILN_ASSIGN_OR_RETURN(size_t prepared, PreparedWorkspace(l, c));
+    c.tactic.workspace_bytes = std::max(c.tactic.workspace_bytes, prepared);
+    LayerDesc layer;
+    layer.node = l.node;
+    layer.provider_id = std::string(c.provider->id());
+    layer.tactic = c.tactic;
+    layer.measured_ms = l.time_ms;
+    auto lp = assigned.layers.find(l.node->name());
+    layer.precision_reason = lp != assigned.layers.end() ? lp->second.reason : "fp32";
+    plan_layers.push_back({l.node, static_cast<int64_t>(c.tactic.workspace_bytes), alias_views});
+    layers.push_back(std::move(layer));
+  }
+  rep.phase_seconds_tactics = Seconds(tactics_start);
+
+  const auto plan_start = Clock::now();
+  KILN_ASSIGN_OR_RETURN(MemoryPlanDetail detail,
+                        PlanMemoryDetailed(graph, plan_layers, config.profile));
+  MemoryPlan plan = detail.plan;
+  // Aliased views launch nothing (memory_plan.h): their tactic and time say so in the engine.
+  for (LayerDesc& l : layers) {
+    if (l.node->num_outputs() == 1 && detail.aliases.count(l.node->output(0)->name())) {
+      l.tactic.name = ViewTacticName(*l.node);
+      l.measured_ms = 0;
+    }
+  }
+  rep.naive_activation_bytes = NaivePeak(detail);
+  if (budget) KILN_RETURN_IF_ERROR(CheckBudget(plan, *budget));
+  rep.phase_seconds_plan = Seconds(plan_start);
+
+  auto engine = std::make_unique<EngineDesc>();
+  engine->header.kiln_version = KILN_VERSION_STRING;
+  engine->header.backend = config.backend;
+  engine->header.device_arch = device.arch;
+  engine->header.library_versions = device.library_versions;
+  engine->header.model_hash = input.model_hash.Hex();
+  engine->header.config_hash = config.Hash().Hex();
+  engine->header.model_name = input.model_name;
+  engine->profile = config.profile;
+  engine->plan = plan;
+
+  rep.layers = static_cast<int64_t>(layers.size());
+  rep.weights_bytes = plan.weights_bytes;
+  rep.arena_bytes = plan.arena_bytes;
+  rep.workspace_bytes = plan.workspace_bytes;
+  rep.peak_bytes = plan.peak_bytes;
+  for (const LayerDesc& l : layers) {
+    LayerReport lr;
+    lr.name = l.node->name();
+    lr.op_type = l.node->op_type();
+    auto lp = assigned.layers.find(l.node->name());
+    lr.precision = lp != assigned.layers.end() ? lp->second.label()
+                   : l.node->num_outputs() && l.node->output(0)
+                       ? std::string(ToString(l.node->output(0)->dtype()))
+                       : "";
+    ++rep.precision_counts[lr.precision];
+    lr.precision_reason = l.precision_reason;
+    lr.tactic = l.tactic.name;
+    lr.time_ms = l.measured_ms;
+    lr.workspace_bytes = static_cast<int64_t>(l.tactic.workspace_bytes);
+    rep.layer_reports.push_back(std::move(lr));
+  }
+  engine->layers = std::move(layers);
+  engine->graph = std::move(input.graph);
+  // The report stored in the engine leaves out wall-clock figures, so that the same model, config
+  // and timing cache give a byte-identical engine.
+  BuildReport stored = rep;
+  stored.build_seconds = stored.phase_seconds_import = stored.phase_seconds_passes = 0;
+  stored.phase_seconds_tactics = stored.phase_seconds_plan = stored.phase_seconds_precision = 0;
+  stored.time_breakdown = BuildTimeBreakdown();
+  // Where the calibration came from (a run or the cache) does not change the engine.
+  stored.calibration.clear();
+  stored.calibration_batches_run = 0;
+  std::erase_if(stored.warnings,
+                [](const std::string& w) { return w.find("KILN-E3006") != std::string::npos; });
+  engine->build_report_json = stored.ToJson();
+  rep.build_seconds = Seconds(start);
+  progress("done", 1, 1, "");
+  return engine;
+}
+
+std::string BuildReport::ToJson() const {
+  // Every build stores this report in its engine, so it is written without a JSON document tree
+  // (nlohmann's took ~0.4 ms of a 6 ms warm build of gpt_tiny). Keys in sorted order, the layout
+  // of nlohmann's dump(2), which `kiln inspect` and the tests parse.
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("backend").String(backend);
+  w.Key("build_seconds").Double(build_seconds);
+  w.Key("deadline_hit").Bool(deadline_hit);
+  w.Key("device").String(device);
+  w.Key("layer_reports").BeginArray();
+  for (const LayerReport& l : layer_reports) {
+    w.BeginObject();
+    w.Key("name").String(l.name);
+    w.Key("op").String(l.op_type);
+    w.Key("precision").String(l.precision);
+    w.Key("precision_reason").String(l.precision_reason);
+    w.Key("tactic").String(l.tactic);
+    w.Key("time_ms").Double(l.time_ms);
+    w.Key("workspace_bytes").Int(l.workspace_bytes);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Key("layers").Int(layers);
+  w.Key("memory").BeginObject();
+  w.Key("arena_bytes").Int(arena_bytes);
+  w.Key("naive_activation_bytes").Int(naive_activation_bytes);
+  w.Key("peak_bytes").Int(peak_bytes);
+  w.Key("weights_bytes").Int(weights_bytes);
+  w.Key("workspace_bytes").Int(workspace_bytes);
+  w.EndObject();
+  w.Key("model").String(model_name);
+  w.Key("passes").BeginObject();
+  w.Key("nodes_after").Int(nodes_after_passes);
+  w.Key("nodes_before").Int(nodes_before_passes);
+  w.Key("notes").StringArray(pass_notes);
+  w.Key("summary").String(passes);
+  w.EndObject();
+  w.Key("phase_seconds").BeginObject();
+  w.Key("import").Double(phase_seconds_import);
+  w.Key("passes").Double(phase_seconds_passes);
+  w.Key("plan").Double(phase_seconds_plan);
+  w.Key("precision").Double(phase_seconds_precision);
+  w.Key("tactics").Double(phase_seconds_tactics);
+  w.EndObject();
+  w.Key("precision").BeginObject();
+  w.Key("calibration").String(calibration);
+  w.Key("calibration_batches_run").Int(calibration_batches_run);
+  w.Key("casts_inserted").Int(casts_inserted);
+  w.Key("counts").BeginObject();
+  for (const auto& [label, n] : precision_counts) w.Key(label).Int(n);  // std::map: sorted
+  w.EndObject();
+  w.Key("weights_converted").Int(weights_converted);
+  w.EndObject();
+  w.Key("tactics_reused").Int(tactics_reused);
+  w.Key("tactics_timed").Int(tactics_timed);
+  w.Key("time_breakdown").BeginObject();
+  w.Key("generate_seconds").Double(time_breakdown.generate_seconds);
+  w.Key("precision_query_seconds").Double(time_breakdown.precision_query_seconds);
+  w.Key("setup_seconds").Double(time_breakdown.setup_seconds);
+  w.Key("signatures").BeginArray();
+  for (const SignatureTime& t : time_breakdown.signatures) {
+    w.BeginObject();
+    w.Key("candidates").Int(t.candidates);
+    w.Key("first_layer").String(t.first_layer);
+    w.Key("generate_seconds").Double(t.generate_seconds);
+    w.Key("layers").Int(t.layers);
+    w.Key("op").String(t.op_type);
+    w.Key("setup_seconds").Double(t.setup_seconds);
+    w.Key("signature").String(t.signature);
+    w.Key("timed").Int(t.timed);
+    w.Key("timing_seconds").Double(t.timing_seconds);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Key("tactics_other_seconds")
+      .Double(std::max(0.0, phase_seconds_tactics - time_breakdown.generate_seconds -
+                                time_breakdown.setup_seconds - time_breakdown.timing_seconds));
+  w.Key("timing_seconds").Double(time_breakdown.timing_seconds);
+  w.EndObject();
+  w.Key("timing_cache_hits").Int(timing_cache_hits);
+  w.Key("warnings").StringArray(warnings);
+  w.EndObject();
+  return w.Take();
+}
+
+namespace {
+std::string HumanBytes(int64_t b) {
+  if (b >= (1LL << 30)) return fmt::format("{:.2f} GiB", b / double(1LL << 30));
+  if (b >= (1LL << 20)) return fmt::format("{:.2f} MiB", b / double(1LL << 20));
+  if (b >= (1LL << 10)) return fmt::format("{:.1f} KiB", b / double(1LL << 10));
+  return fmt::format("{} B", b);
+}
+}  // namespace
+
+std::string BuildReport::PrecisionTable() const {
+  std::string out =
+      fmt::format("{:<4} {:<32} {:<18} {:<5} {}\n", "#", "layer", "op", "prec", "reason");
+  for (size_t i = 0; i < layer_reports.size(); ++i) {
+    const auto& l = layer_reports[i];
+    std::string name = l.name.size() > 32 ? "…" + l.name.substr(l.name.size() - 31) : l.name;
+    out += fmt::format("{:<4} {:<32} {:<18} {:<5} {}\n", i, name, l.op_type, l.precision,
+                       l.precision_reason);
+  }
+  std::vector<std::string> counts;
+  for (const auto& [label, n] : precision_counts) counts.push_back(fmt::format("{} {}", label, n));
+  out += fmt::format("layers per precision: {}\n", fmt::join(counts, ", "));
+  return out;
+}
+
+std::string BuildReport::PrecisionJson() const {
+  nlohmann::json ls = nlohmann::json::array();
+  for (const LayerReport& l : layer_reports) {
+    ls.push_back({{"name", l.name},
+                  {"op", l.op_type},
+                  {"precision", l.precision},
+                  {"reason", l.precision_reason}});
+  }
+  nlohmann::json j = {{"model", model_name},
+                      {"backend", backend},
+                      {"layers", ls},
+                      {"counts", precision_counts},
+                      {"casts_inserted", casts_inserted},
+                      {"calibration", calibration}};
+  return j.dump(2);
+}
+
+std::string BuildReport::TimeText(bool per_signature) const {
+  const BuildTimeBreakdown& b = time_breakdown;
+  std::string out = fmt::format(
+      "    phases: import {:.3f} s  passes {:.3f} s  precision {:.3f} s (kernel queries {:.3f} s)  "
+      "tactics {:.3f} s  plan {:.3f} s\n",
+      phase_seconds_import, phase_seconds_passes, phase_seconds_precision,
+      b.precision_query_seconds, phase_seconds_tactics, phase_seconds_plan);
+  const double other = std::max(
+      0.0, phase_seconds_tactics - b.generate_seconds - b.setup_seconds - b.timing_seconds);
+  out += fmt::format(
+      "    tactics: listing candidates {:.3f} s  set-up {:.3f} s  timing {:.3f} s  other {:.3f} "
+      "s\n",
+      b.generate_seconds, b.setup_seconds, b.timing_seconds, other);
+  if (!per_signature || b.signatures.empty()) return out;
+  constexpr size_t kShown = 15;
+  out += fmt::format("    tactic seconds per layer signature ({} signatures{}):\n",
+                     b.signatures.size(),
+                     b.signatures.size() > kShown ? fmt::format(", the {} slowest", kShown) : "");
+  out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9}  {}\n", "op", "layers",
+                     "cands", "timed", "listing", "set-up", "timing", "first layer");
+  for (size_t i = 0; i < b.signatures.size() && i < kShown; ++i) {
+    const SignatureTime& t = b.signatures[i];
+    std::string name = t.first_layer.size() > 40
+                           ? "…" + t.first_layer.substr(t.first_layer.size() - 39)
+                           : t.first_layer;
+    out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>9.3f} {:>9.3f} {:>9.3f}  {}\n", t.op_type,
+                       t.layers, t.candidates, t.timed, t.generate_seconds, t.setup_seconds,
+                       t.timing_seconds, name);
+  }
+  return out;
+}
+
+std::string BuildReport::ToText(bool per_layer) const {
+  std::string out;
+  out += fmt::format("build report: {} on {} ({})\n", model_name, backend, device);
+  if (per_layer) {
+    out += fmt::format("  {:<4} {:<32} {:<18} {:<5} {:<36} {:>9}\n", "#", "layer", "op", "prec",
+                       "tactic", "time ms");
+    for (size_t i = 0; i < layer_reports.size(); ++i) {
+      const auto& l = layer_reports[i];
+      std::string name = l.name.size() > 32 ? "…" + l.name.substr(l.name.size() - 31) : l.name;
+      out += fmt::format("  {:<4} {:<32} {:<18} {:<5} {:<36} {:>9}\n", i, name, l.op_type,
+                         l.precision, l.tactic,
+                         l.time_ms < 0 ? std::string("-") : fmt::format("{:.4f}", l.time_ms));
+    }
+  }
+  if (nodes_before_passes) {
+    out += fmt::format("  graph passes: {} -> {} nodes\n", nodes_before_passes, nodes_after_passes);
+  }
+  for (const std::string& note : pass_notes) out += fmt::format("    {}\n", note);
+  out += fmt::format("  layers {}   tactics timed {}   timing-cache hits {}   reused {}{}\n",
+                     layers, tactics_timed, timing_cache_hits, tactics_reused,
+                     deadline_hit ? "   (deadline reached: best engine so far)" : "");
+  out += fmt::format("  memory: weights {}  activations {}  workspace {}  peak {}\n",
+                     HumanBytes(weights_bytes), HumanBytes(arena_bytes),
+                     HumanBytes(workspace_bytes), HumanBytes(peak_bytes));
+  std::vector<std::string> counts;
+  for (const auto& [label, n] : precision_counts) counts.push_back(fmt::format("{} {}", label, n));
+  out += fmt::format("  precision: {}   casts inserted {}   weights converted {}\n",
+                     fmt::join(counts, ", "), casts_inserted, weights_converted);
+  if (!calibration.empty()) out += fmt::format("  calibration: {}\n", calibration);
+  out += fmt::format("  build time {:.3f} s\n", build_seconds);
+  out += TimeText(per_layer);
+  for (const auto& w : warnings) out += fmt::format("  warning: {}\n", w);
+  return out;
+}
+
+}  // namespace kiln
