@@ -8,6 +8,7 @@ if(KILN_BUILD_FUZZ AND CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   add_executable(engine_load_fuzz
     ${CMAKE_CURRENT_LIST_DIR}/engine_load_fuzz.cc
     ${PROJECT_SOURCE_DIR}/src/kiln/engine/engine_file.cc
+    ${PROJECT_SOURCE_DIR}/src/kiln/engine/engine_plan.cc
     ${PROJECT_SOURCE_DIR}/src/kiln/runtime/engine.cc
     ${PROJECT_SOURCE_DIR}/src/kiln/runtime/execution_context.cc
     ${PROJECT_SOURCE_DIR}/tests/engine/test_kernels.cc)

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kiln/backends/reference.h"
+
 namespace kiln::cpu {
 namespace {
 
@@ -45,6 +47,24 @@ TEST(CpuEval, MissingKernelIsACatalogError) {
   auto out = EvaluateGraph(g, {{"x", Tensor(DataType::kInt64, {4})}});
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), ErrorCode::kNoTactic);
+}
+
+// Linking the CPU backend registers it as the reference that the builder hands to passes and
+// precision: the same results as EvaluateNode.
+TEST(CpuEval, IsTheRegisteredReferenceEvaluator) {
+  const NodeEvaluator& reference = ReferenceEvaluator();
+  ASSERT_TRUE(reference);
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat32, {3});
+  Value* y = g.AddValue("y");
+  const Node* relu = g.AddNode("Relu", "relu", {x}, {y});
+  g.MarkOutput(y);
+  Tensor in = Tensor::FromVector<float>(DataType::kFloat32, {3}, {-1.f, 0.5f, 2.f});
+  const Tensor* ins[] = {&in};
+  auto out = reference(*relu, ins);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_EQ(out->size(), 1u);
+  EXPECT_EQ((*out)[0].ToFloatVector(), (std::vector<float>{0.f, 0.5f, 2.f}));
 }
 
 }  // namespace

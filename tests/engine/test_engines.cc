@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kiln/backends/kernel.h"
+#include "kiln/engine/engine_plan.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/plan/memory_plan.h"
 

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <random>
 
+#include "kiln/backends/cpu/cpu_eval.h"
+#include "kiln/onnx/calibration_data.h"
 #include "kiln/onnx/onnx_import.h"
 #include "kiln/ops/op_schema.h"
 #include "tests/precision/test_util.h"
@@ -82,7 +84,7 @@ TEST(Calibration, StatisticsComeFromTheReference) {
       {{"x", F32({2, 4}, {-9, 1, 2, 3, 4, 5, 6, 7})}},
       {{"x", F32({2, 4}, {0, 0, 0, 0, 0, 0, 0, 8})}}};
   const int64_t before = CalibrationBatchesRun();
-  auto table = Calibrate(*g, data, CalibrationMethod::kMinMax, 99.99);
+  auto table = Calibrate(*g, cpu::EvaluateNode, data, CalibrationMethod::kMinMax, 99.99);
   ASSERT_TRUE(table.ok()) << table.status().ToString();
   EXPECT_EQ(CalibrationBatchesRun() - before, 2);
   EXPECT_DOUBLE_EQ(table->Find("x")->absmax, 9.0);

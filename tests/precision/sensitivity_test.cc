@@ -11,6 +11,7 @@
 #include "kiln/backends/cpu/cpu_eval.h"
 #include "kiln/builder/builder.h"
 #include "kiln/engine/engine_file.h"
+#include "kiln/onnx/calibration_data.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/precision/precision.h"
 #include "tests/precision/test_util.h"
@@ -112,16 +113,17 @@ TEST(Int8Sensitivity, LeaveOneOutSeesRangesThatChangeBetweenBatches) {
   ASSERT_TRUE(InferShapes(*g).ok());
   std::vector<std::map<std::string, Tensor>> data = {{{"x", F32({4, 16}, Random(64, 1, 1.0f))}},
                                                      {{"x", F32({4, 16}, Random(64, 2, 4.0f))}}};
-  auto table = precision::Calibrate(*g, data, precision::CalibrationMethod::kMinMax, 99.99);
+  auto table = precision::Calibrate(*g, cpu::EvaluateNode, data,
+                                    precision::CalibrationMethod::kMinMax, 99.99);
   ASSERT_TRUE(table.ok()) << table.status().ToString();
   const double held_out = table->int8_sensitivity.at("mm");
   std::vector<std::map<std::string, Tensor>> activations;
   for (const auto& feed : data) {
-    auto values = precision::EvaluateAllValues(*g, feed);
+    auto values = precision::EvaluateCalibrationBatch(*g, feed, cpu::EvaluateNode);
     ASSERT_TRUE(values.ok());
     activations.push_back(std::move(*values));
   }
-  auto in_sample = precision::MeasureInt8Sensitivity(*g, activations, *table);
+  auto in_sample = precision::MeasureInt8Sensitivity(*g, cpu::EvaluateNode, activations, *table);
   ASSERT_TRUE(in_sample.ok());
   EXPECT_EQ(in_sample->evaluations, 2);  // the layer alone, then all (the same one) together
   // In-sample: the small batch gets a quarter of the levels, a few percent. Held out: the large
@@ -130,7 +132,7 @@ TEST(Int8Sensitivity, LeaveOneOutSeesRangesThatChangeBetweenBatches) {
   EXPECT_GT(held_out, 0.3);
   EXPECT_DOUBLE_EQ(table->int8_all_rel_l2, held_out);
   // One data set: nothing to hold out, the figure is in-sample.
-  auto one = precision::Calibrate(*g, std::span(data).first(1),
+  auto one = precision::Calibrate(*g, cpu::EvaluateNode, std::span(data).first(1),
                                   precision::CalibrationMethod::kMinMax, 99.99);
   ASSERT_TRUE(one.ok());
   EXPECT_LT(one->int8_sensitivity.at("mm"), 3e-2);
@@ -217,9 +219,10 @@ TEST(Int8Sensitivity, SensitiveLayerFallsBackInsensitiveOneStaysInt8) {
   const std::string dir = CalibrationDir();
   // The measured figures, as the build sees them.
   auto g = SensitiveThenRobust();
-  auto data = precision::LoadCalibrationData(*g, {}, dir);
+  auto data = LoadCalibrationData(*g, {}, dir);
   ASSERT_TRUE(data.ok()) << data.status().ToString();
-  auto table = precision::Calibrate(*g, *data, precision::CalibrationMethod::kMinMax, 99.99);
+  auto table = precision::Calibrate(*g, cpu::EvaluateNode, *data,
+                                    precision::CalibrationMethod::kMinMax, 99.99);
   ASSERT_TRUE(table.ok()) << table.status().ToString();
   ASSERT_EQ(table->int8_sensitivity.size(), 2u);
   const double sensitive = table->int8_sensitivity.at("sensitive");

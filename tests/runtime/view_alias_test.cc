@@ -11,6 +11,7 @@
 
 #include "kiln/app/pipeline.h"
 #include "kiln/builder/builder.h"
+#include "kiln/engine/engine_plan.h"
 #include "kiln/onnx/onnx_import.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/runtime/runtime.h"

@@ -14,13 +14,14 @@
 #include <unordered_map>
 
 #include "kiln/backends/backend.h"
-#include "kiln/backends/cpu/cpu_eval.h"
+#include "kiln/backends/reference.h"
 #include "kiln/builder/tactic_search.h"
 #include "kiln/builder/timing_cache.h"
 #include "kiln/core/file_io.h"
 #include "kiln/core/json_writer.h"
 #include "kiln/core/logging.h"
 #include "kiln/core/params.h"
+#include "kiln/onnx/calibration_data.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/passes/pass.h"
 #include "kiln/plan/memory_plan.h"
@@ -281,8 +282,9 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
   KILN_ASSIGN_OR_RETURN(auto data,
                         LoadCalibrationData(graph, config.profile, config.calibration_dir));
   const int64_t before = CalibrationBatchesRun();
-  KILN_ASSIGN_OR_RETURN(CalibrationTable table, Calibrate(graph, data, config.calibration_method,
-                                                          config.calibration_percentile));
+  KILN_ASSIGN_OR_RETURN(CalibrationTable table,
+                        Calibrate(graph, ReferenceEvaluator(), data, config.calibration_method,
+                                  config.calibration_percentile));
   rep.calibration_batches_run = CalibrationBatchesRun() - before;
   rep.calibration = fmt::format("calibrated ({}, {} data set(s) from '{}')", ToString(table.method),
                                 table.data_sets, config.calibration_dir);
@@ -335,9 +337,7 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     const auto passes_start = Clock::now();
     progress("passes", 0, 1, "");
     passes::PassOptions pass_options;
-    pass_options.evaluator = [](const Node& node, std::span<const Tensor* const> inputs) {
-      return cpu::EvaluateNode(node, inputs);
-    };
+    pass_options.evaluator = ReferenceEvaluator();
     // cuDNN runs f16/bf16 convolutions on tensor cores channels-last; f32 and the CPU stay NCHW.
     if (config.backend == BackendKind::kCuda && (config.fp16 || config.bf16)) {
       pass_options.conv_layout = "NHWC";

@@ -3,31 +3,16 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "kiln/backends/kernel.h"
 #include "kiln/ir/graph.h"
+#include "kiln/plan/memory_plan.h"
+#include "kiln/plan/profile.h"
 
 namespace kiln {
-
-// min/opt/max dims for one dynamic input.
-struct InputProfile {
-  std::string input;
-  std::vector<int64_t> min, opt, max;
-};
-
-struct OptimizationProfile {
-  std::vector<InputProfile> inputs;
-  const InputProfile* Find(const std::string& input) const {
-    for (const auto& p : inputs) {
-      if (p.input == input) return &p;
-    }
-    return nullptr;
-  }
-};
 
 // One executable layer: a node of the (optimized) graph with its chosen implementation.
 struct LayerDesc {
@@ -36,15 +21,6 @@ struct LayerDesc {
   TacticConfig tactic;           // name, params, workspace estimate
   double measured_ms = -1;       // timing at build (-1: heuristic choice, not timed)
   std::string precision_reason;  // why this layer runs in its precision (report)
-};
-
-// Where each non-constant, non-binding value lives in the activation arena (max-profile sizes).
-struct MemoryPlan {
-  std::map<std::string, int64_t> offsets;  // value name -> byte offset in the arena
-  int64_t arena_bytes = 0;                 // activations after liveness reuse
-  int64_t workspace_bytes = 0;             // largest layer workspace (one shared region)
-  int64_t weights_bytes = 0;
-  int64_t peak_bytes = 0;  // weights + arena + workspace
 };
 
 struct EngineHeader {

@@ -519,13 +519,13 @@ StatusOr<Attribute> ReadAttribute(const fb::Attribute* a, const std::string& whe
   return Malformed("{}: attribute kind {} is unknown", where, a->kind());
 }
 
-StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, size_t size,
-                                                         std::shared_ptr<const void> keepalive,
-                                                         const LoadOptions& options) {
-  std::span<const std::byte> file(data, size);
-  KILN_ASSIGN_OR_RETURN(EnginePreamble pre, ReadEnginePreamble(file));
+// The verifier, one function per section of the file, in file order: preamble (length, checksum,
+// format), the FlatBuffer's structure, the header, the graph (values, inputs, constants, nodes,
+// then the Graph built from them, then its outputs), layers, profile and memory plan. Each checks
+// every field of its section before anything is built from it; the first error stops the load.
 
-  // 1. Length: the payload must be exactly what the preamble announces.
+// 1. Length: the payload must be exactly what the preamble announces.
+Status VerifyLength(const EnginePreamble& pre, size_t size) {
   if (pre.preamble_bytes < kEnginePreambleBytes || pre.preamble_bytes > size ||
       size - pre.preamble_bytes < pre.payload_bytes) {
     return MakeError(ErrorCode::kEngineTruncated,
@@ -537,7 +537,12 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
                      size - pre.preamble_bytes - pre.payload_bytes, pre.preamble_bytes,
                      pre.payload_bytes);
   }
-  // 2. Checksum: from format 2 on, of every byte but its own; format 1 covered the payload only.
+  return OkStatus();
+}
+
+// 2. Checksum: from format 2 on, of every byte but its own; format 1 covered the payload only
+// (and is refused as too old once its checksum holds).
+Status VerifyChecksum(std::span<const std::byte> file, const EnginePreamble& pre) {
   const Hash128 payload_hash = HashBytes(file.subspan(pre.preamble_bytes, pre.payload_bytes));
   if (pre.format_version == 1) {
     if (!(payload_hash == pre.checksum)) {
@@ -557,7 +562,11 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
                      "checksum of the preamble and payload is {} but the preamble records {}",
                      actual.Hex(), pre.checksum.Hex());
   }
-  // 3. Version.
+  return OkStatus();
+}
+
+// 3. Version and the preamble's layout fields; returns where the weights section starts.
+StatusOr<uint64_t> VerifyFormat(const EnginePreamble& pre, size_t size) {
   if (pre.format_version > kEngineFormatVersion) {
     return MakeError(ErrorCode::kEngineVersionTooNew,
                      "the engine has format version {} (written by kiln {}); this kiln {} reads "
@@ -578,21 +587,24 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
   if (weights_start > size) {
     return Malformed("weights section would start at {} past the end ({})", weights_start, size);
   }
-  const std::byte* weights = data + weights_start;
-  const uint64_t weights_size = size - weights_start;
+  return weights_start;
+}
 
-  // 4. The FlatBuffer's own structure.
+// 4. The FlatBuffer's own structure.
+StatusOr<const fb::Engine*> VerifyFlatBuffer(const std::byte* data, const EnginePreamble& pre) {
   const auto* fb_data = reinterpret_cast<const uint8_t*>(data + kEnginePreambleBytes);
   flatbuffers::Verifier verifier(fb_data, pre.flatbuffer_bytes, /*max_depth=*/64,
                                  /*max_tables=*/1 << 24);
   if (pre.flatbuffer_bytes > FLATBUFFERS_MAX_BUFFER_SIZE || !fb::VerifyEngineBuffer(verifier)) {
     return Malformed("the FlatBuffer ({} bytes) fails verification", pre.flatbuffer_bytes);
   }
-  const fb::Engine* e = fb::GetEngine(fb_data);
+  return fb::GetEngine(fb_data);
+}
 
-  // 5. Every field, before anything is built from it.
-  auto engine = std::make_shared<EngineDesc>();
-  const fb::Header* h = e->header();
+// 5. The header table, and the target the caller expects (LoadOptions).
+StatusOr<EngineHeader> ReadHeader(const fb::Engine& e, const EnginePreamble& pre,
+                                  const LoadOptions& options) {
+  const fb::Header* h = e.header();
   if (!h) return Malformed("the header table is missing");
   if (h->format_version() != pre.format_version) {
     return Malformed("header format version {} differs from the preamble's {}", h->format_version(),
@@ -601,7 +613,7 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
   if (h->backend() > static_cast<uint8_t>(BackendKind::kCuda)) {
     return Malformed("header.backend {} is not a kiln backend", h->backend());
   }
-  EngineHeader& header = engine->header;
+  EngineHeader header;
   header.format_version = h->format_version();
   header.kiln_version = Str(h->kiln_version());
   header.backend = static_cast<BackendKind>(h->backend());
@@ -616,17 +628,42 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
                           options.expected_arch ? std::string_view(*options.expected_arch)
                                                 : std::string_view(header.device_arch)));
   }
+  return header;
+}
 
-  const fb::GraphDesc* g = e->graph();
-  if (!g || !g->values()) return Malformed("the graph table or its values are missing");
-  const auto& fvalues = *g->values();
-  const int32_t nv = static_cast<int32_t>(fvalues.size());
-  auto value_ok = [&](int32_t i, bool allow_omitted) {
-    return (allow_omitted && i == -1) || (i >= 0 && i < nv);
-  };
+// A constant's place in the weights section, checked against it.
+struct ConstRef {
+  DataType dtype;
+  std::vector<int64_t> dims;
+  uint64_t offset, length;
+};
+
+// What the graph section's checks learn about its values, for building the Graph from them.
+enum class ValueRole : int8_t { kNone, kInput, kConstant, kNodeOutput };
+struct GraphSection {
+  const fb::GraphDesc* g = nullptr;
+  const flatbuffers::Vector<flatbuffers::Offset<fb::ValueDesc>>* values = nullptr;
+  int32_t num_values = 0;
+  std::vector<ValueRole> role;
+  std::vector<int32_t> inputs;
+  std::unordered_map<int32_t, ConstRef> constants;
+
+  const fb::ValueDesc* value(int32_t i) const { return values->Get(i); }
+  std::string name(int32_t i) const { return value(i)->name()->str(); }
+  // A value index the file gives: in range, or -1 where an optional input/output is omitted.
+  bool index_ok(int32_t i, bool allow_omitted) const {
+    return (allow_omitted && i == -1) || (i >= 0 && i < num_values);
+  }
+};
+
+// 6a. Values: each named, once, with a kiln dtype (0: not inferred).
+Status VerifyValues(GraphSection& gs) {
+  if (!gs.g || !gs.g->values()) return Malformed("the graph table or its values are missing");
+  gs.values = gs.g->values();
+  gs.num_values = static_cast<int32_t>(gs.values->size());
   std::unordered_set<std::string> names;
-  for (int32_t i = 0; i < nv; ++i) {
-    const fb::ValueDesc* v = fvalues[i];
+  for (int32_t i = 0; i < gs.num_values; ++i) {
+    const fb::ValueDesc* v = gs.value(i);
     if (!v || !v->name() || v->name()->size() == 0)
       return Malformed("graph.values[{}] has no name", i);
     if (!names.insert(v->name()->str()).second) {
@@ -637,59 +674,67 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
                        v->dtype());
     }
   }
-  std::vector<int8_t> role(nv, 0);  // 1 input, 2 constant, 3 node output
-  std::vector<int32_t> input_list = Vec(g->inputs());
-  for (int32_t i : input_list) {
-    if (!value_ok(i, false)) return Malformed("graph.inputs: value index {} is out of range", i);
-    if (role[i]) return Malformed("graph.inputs: value index {} is listed twice", i);
-    if (fvalues[i]->dtype() == 0) {
-      return Malformed("graph input '{}' has no dtype", fvalues[i]->name()->str());
-    }
-    role[i] = 1;
-  }
-  struct ConstRef {
-    DataType dtype;
-    std::vector<int64_t> dims;
-    uint64_t offset, length;
-  };
-  std::unordered_map<int32_t, ConstRef> constants;
-  if (g->constants()) {
-    for (size_t k = 0; k < g->constants()->size(); ++k) {
-      const fb::ConstantDesc* c = g->constants()->Get(k);
-      if (!value_ok(c->value(), false)) {
-        return Malformed("graph.constants[{}]: value index {} is out of range", k, c->value());
-      }
-      if (role[c->value()]) {
-        return Malformed("graph.constants[{}]: value '{}' is already an input or constant", k,
-                         fvalues[c->value()]->name()->str());
-      }
-      role[c->value()] = 2;
-      if (!ValidDataType(c->dtype()) || c->dtype() != fvalues[c->value()]->dtype()) {
-        return Malformed(
-            "graph.constants[{}] ('{}'): dtype {} is invalid or differs from the value's", k,
-            fvalues[c->value()]->name()->str(), c->dtype());
-      }
-      ConstRef ref{static_cast<DataType>(c->dtype()), Vec(c->dims()), c->offset(), c->length()};
-      auto bytes = DenseBytes(ref.dtype, ref.dims);
-      if (!bytes || *bytes != ref.length) {
-        return Malformed("graph.constants[{}] ('{}'): length {} does not match its dims ({})", k,
-                         fvalues[c->value()]->name()->str(), ref.length,
-                         bytes ? fmt::format("{} bytes", *bytes) : std::string("invalid"));
-      }
-      if (ref.offset % kEngineWeightsAlignment != 0 || ref.offset > weights_size ||
-          ref.length > weights_size - ref.offset) {
-        return Malformed(
-            "graph.constants[{}] ('{}'): bytes [{}, +{}) are not an aligned range of "
-            "the {}-byte weights section",
-            k, fvalues[c->value()]->name()->str(), ref.offset, ref.length, weights_size);
-      }
-      constants.emplace(c->value(), std::move(ref));
-    }
-  }
+  gs.role.assign(gs.num_values, ValueRole::kNone);
+  return OkStatus();
+}
 
-  // Nodes.
-  if (!g->nodes()) return Malformed("graph.nodes is missing");
-  const auto& fnodes = *g->nodes();
+// 6b. Graph inputs: in range, once each, typed.
+Status VerifyInputs(GraphSection& gs) {
+  gs.inputs = Vec(gs.g->inputs());
+  for (int32_t i : gs.inputs) {
+    if (!gs.index_ok(i, false)) return Malformed("graph.inputs: value index {} is out of range", i);
+    if (gs.role[i] != ValueRole::kNone) {
+      return Malformed("graph.inputs: value index {} is listed twice", i);
+    }
+    if (gs.value(i)->dtype() == 0) return Malformed("graph input '{}' has no dtype", gs.name(i));
+    gs.role[i] = ValueRole::kInput;
+  }
+  return OkStatus();
+}
+
+// 6c. Constants: each a value not yet defined, dense bytes matching its dims, at an aligned range
+// inside the weights section.
+Status VerifyConstants(GraphSection& gs, uint64_t weights_size) {
+  if (!gs.g->constants()) return OkStatus();
+  for (size_t k = 0; k < gs.g->constants()->size(); ++k) {
+    const fb::ConstantDesc* c = gs.g->constants()->Get(k);
+    if (!gs.index_ok(c->value(), false)) {
+      return Malformed("graph.constants[{}]: value index {} is out of range", k, c->value());
+    }
+    if (gs.role[c->value()] != ValueRole::kNone) {
+      return Malformed("graph.constants[{}]: value '{}' is already an input or constant", k,
+                       gs.name(c->value()));
+    }
+    gs.role[c->value()] = ValueRole::kConstant;
+    if (!ValidDataType(c->dtype()) || c->dtype() != gs.value(c->value())->dtype()) {
+      return Malformed(
+          "graph.constants[{}] ('{}'): dtype {} is invalid or differs from the value's", k,
+          gs.name(c->value()), c->dtype());
+    }
+    ConstRef ref{static_cast<DataType>(c->dtype()), Vec(c->dims()), c->offset(), c->length()};
+    auto bytes = DenseBytes(ref.dtype, ref.dims);
+    if (!bytes || *bytes != ref.length) {
+      return Malformed("graph.constants[{}] ('{}'): length {} does not match its dims ({})", k,
+                       gs.name(c->value()), ref.length,
+                       bytes ? fmt::format("{} bytes", *bytes) : std::string("invalid"));
+    }
+    if (ref.offset % kEngineWeightsAlignment != 0 || ref.offset > weights_size ||
+        ref.length > weights_size - ref.offset) {
+      return Malformed(
+          "graph.constants[{}] ('{}'): bytes [{}, +{}) are not an aligned range of "
+          "the {}-byte weights section",
+          k, gs.name(c->value()), ref.offset, ref.length, weights_size);
+    }
+    gs.constants.emplace(c->value(), std::move(ref));
+  }
+  return OkStatus();
+}
+
+// 6d. Nodes: a known op with an arity that fits it, value indices in range, each output defined
+// once, attributes named once with a known kind.
+Status VerifyNodes(GraphSection& gs) {
+  if (!gs.g->nodes()) return Malformed("graph.nodes is missing");
+  const auto& fnodes = *gs.g->nodes();
   for (size_t n = 0; n < fnodes.size(); ++n) {
     const fb::NodeDesc* node = fnodes[n];
     const std::string where = fmt::format("graph.nodes[{}] ('{}')", n, Str(node->name()));
@@ -705,17 +750,17 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
                        schema->name);
     }
     for (int32_t i : ins) {
-      if (!value_ok(i, true))
+      if (!gs.index_ok(i, true))
         return Malformed("{}: input value index {} is out of range", where, i);
     }
     for (int32_t i : outs) {
-      if (!value_ok(i, true))
+      if (!gs.index_ok(i, true))
         return Malformed("{}: output value index {} is out of range", where, i);
-      if (i >= 0 && role[i]) {
+      if (i >= 0 && gs.role[i] != ValueRole::kNone) {
         return Malformed("{}: output '{}' is already defined (input, constant or another node)",
-                         where, fvalues[i]->name()->str());
+                         where, gs.name(i));
       }
-      if (i >= 0) role[i] = 3;
+      if (i >= 0) gs.role[i] = ValueRole::kNodeOutput;
     }
     if (node->attributes()) {
       std::set<std::string> seen;
@@ -730,34 +775,49 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
       }
     }
   }
+  return OkStatus();
+}
 
-  // Build the graph (inputs first, in order; then the other values in file order).
-  auto graph = std::make_unique<Graph>();
-  graph->set_name(Str(g->name()));
-  graph->set_opset(g->opset());
-  std::vector<Value*> vptr(nv, nullptr);
-  for (int32_t i : input_list) {
-    const fb::ValueDesc* v = fvalues[i];
+// The Graph built from a checked graph section.
+struct BuiltGraph {
+  std::unique_ptr<Graph> graph;
+  std::vector<Value*> values;  // by file index
+  std::vector<Node*> nodes;    // by file index
+};
+
+// 6e. Builds the graph (inputs first, in order; then the other values in file order; then the
+// nodes), with constants borrowing the weights section; then marks and checks its outputs and
+// verifies the whole graph.
+StatusOr<BuiltGraph> BuildGraph(const GraphSection& gs, const std::byte* weights,
+                                const std::shared_ptr<const void>& keepalive) {
+  BuiltGraph out;
+  out.graph = std::make_unique<Graph>();
+  Graph& graph = *out.graph;
+  graph.set_name(Str(gs.g->name()));
+  graph.set_opset(gs.g->opset());
+  std::vector<Value*>& vptr = out.values;
+  vptr.assign(gs.num_values, nullptr);
+  for (int32_t i : gs.inputs) {
+    const fb::ValueDesc* v = gs.value(i);
     KILN_ASSIGN_OR_RETURN(Shape shape, ReadShape(v->shape(), "input '" + v->name()->str() + "'"));
-    vptr[i] =
-        graph->AddInput(v->name()->str(), static_cast<DataType>(v->dtype()), std::move(shape));
+    vptr[i] = graph.AddInput(v->name()->str(), static_cast<DataType>(v->dtype()), std::move(shape));
   }
-  for (int32_t i = 0; i < nv; ++i) {
+  for (int32_t i = 0; i < gs.num_values; ++i) {
     if (vptr[i]) continue;
-    const fb::ValueDesc* v = fvalues[i];
-    if (auto c = constants.find(i); c != constants.end()) {
+    const fb::ValueDesc* v = gs.value(i);
+    if (auto c = gs.constants.find(i); c != gs.constants.end()) {
       const ConstRef& ref = c->second;
-      vptr[i] = graph->AddConstant(
+      vptr[i] = graph.AddConstant(
           v->name()->str(), Tensor::Borrow(ref.dtype, ref.dims, weights + ref.offset, keepalive));
       continue;
     }
-    vptr[i] = graph->AddValue(v->name()->str(), static_cast<DataType>(v->dtype()));
+    vptr[i] = graph.AddValue(v->name()->str(), static_cast<DataType>(v->dtype()));
     if (v->has_shape()) {
       KILN_ASSIGN_OR_RETURN(Shape shape, ReadShape(v->shape(), "value '" + v->name()->str() + "'"));
       vptr[i]->set_shape(std::move(shape));
     }
   }
-  std::vector<Node*> node_ptrs;
+  const auto& fnodes = *gs.g->nodes();
   for (size_t n = 0; n < fnodes.size(); ++n) {
     const fb::NodeDesc* node = fnodes[n];
     std::vector<Value*> ins, outs;
@@ -772,38 +832,49 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
         attrs.Set(a->name()->str(), std::move(attr));
       }
     }
-    node_ptrs.push_back(graph->AddNode(Str(node->op_type()), Str(node->name()), std::move(ins),
-                                       std::move(outs), std::move(attrs), Str(node->domain())));
+    out.nodes.push_back(graph.AddNode(Str(node->op_type()), Str(node->name()), std::move(ins),
+                                      std::move(outs), std::move(attrs), Str(node->domain())));
   }
-  std::vector<int32_t> output_list = Vec(g->outputs());
-  std::vector<bool> is_output(nv, false);
-  for (int32_t i : output_list) {
-    if (!value_ok(i, false)) return Malformed("graph.outputs: value index {} is out of range", i);
+  std::vector<bool> is_output(gs.num_values, false);
+  for (int32_t i : Vec(gs.g->outputs())) {
+    if (!gs.index_ok(i, false)) {
+      return Malformed("graph.outputs: value index {} is out of range", i);
+    }
     if (is_output[i]) return Malformed("graph.outputs: value index {} is listed twice", i);
-    if (!role[i]) {
-      return Malformed("graph output '{}' is defined by nothing", fvalues[i]->name()->str());
+    if (gs.role[i] == ValueRole::kNone) {
+      return Malformed("graph output '{}' is defined by nothing", gs.name(i));
     }
     is_output[i] = true;
-    graph->MarkOutput(vptr[i]);
+    graph.MarkOutput(vptr[i]);
   }
-  if (Status s = Verify(*graph); !s.ok()) return Malformed("the graph is invalid: {}", s.message());
+  if (Status s = Verify(graph); !s.ok()) return Malformed("the graph is invalid: {}", s.message());
+  return out;
+}
 
-  // Layers: each node exactly once, in an order where every input exists before it is read.
-  std::vector<bool> ready(nv, false), covered(fnodes.size(), false);
-  for (int32_t i = 0; i < nv; ++i) ready[i] = role[i] == 1 || role[i] == 2;
+// 7. Layers: each node exactly once, in an order where every input exists before it is read,
+// with a provider this kiln has (when the caller asks).
+StatusOr<std::vector<LayerDesc>> ReadLayers(const fb::Engine& e, const GraphSection& gs,
+                                            const BuiltGraph& built, BackendKind backend,
+                                            const LoadOptions& options) {
+  const size_t num_nodes = built.nodes.size();
+  std::vector<bool> ready(gs.num_values, false), covered(num_nodes, false);
+  for (int32_t i = 0; i < gs.num_values; ++i) {
+    ready[i] = gs.role[i] == ValueRole::kInput || gs.role[i] == ValueRole::kConstant;
+  }
   std::unordered_map<const Value*, int32_t> vindex;
-  for (int32_t i = 0; i < nv; ++i) vindex[vptr[i]] = i;
-  const size_t nl = e->layers() ? e->layers()->size() : 0;
+  for (int32_t i = 0; i < gs.num_values; ++i) vindex[built.values[i]] = i;
+  std::vector<LayerDesc> layers;
+  const size_t nl = e.layers() ? e.layers()->size() : 0;
   for (size_t l = 0; l < nl; ++l) {
-    const fb::Layer* layer = e->layers()->Get(l);
-    if (layer->node() < 0 || static_cast<size_t>(layer->node()) >= fnodes.size()) {
+    const fb::Layer* layer = e.layers()->Get(l);
+    if (layer->node() < 0 || static_cast<size_t>(layer->node()) >= num_nodes) {
       return Malformed("layers[{}]: node index {} is out of range", l, layer->node());
     }
     if (covered[layer->node()]) {
       return Malformed("layers[{}]: node {} already has a layer", l, layer->node());
     }
     covered[layer->node()] = true;
-    Node* node = node_ptrs[layer->node()];
+    Node* node = built.nodes[layer->node()];
     for (Value* in : node->inputs()) {
       if (in && !ready[vindex[in]]) {
         return Malformed("layers[{}] ('{}') reads '{}' before any earlier layer produces it", l,
@@ -824,29 +895,33 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
     desc.measured_ms = layer->measured_ms();
     desc.precision_reason = Str(layer->precision_reason());
     if (options.check_providers) {
-      const KernelProvider* p = KernelRegistry::Get().Find(header.backend, desc.provider_id);
+      const KernelProvider* p = KernelRegistry::Get().Find(backend, desc.provider_id);
       if (!p || p->op_type() != node->op_type()) {
         return Malformed(
             "layers[{}] ('{}', {}): provider '{}' is not registered for backend '{}' "
             "and op {} in this kiln",
-            l, node->name(), node->op_type(), desc.provider_id, ToString(header.backend),
-            node->op_type());
+            l, node->name(), node->op_type(), desc.provider_id, ToString(backend), node->op_type());
       }
     }
-    engine->layers.push_back(std::move(desc));
+    layers.push_back(std::move(desc));
   }
-  for (size_t n = 0; n < fnodes.size(); ++n) {
+  for (size_t n = 0; n < num_nodes; ++n) {
     if (!covered[n])
-      return Malformed("graph.nodes[{}] ('{}') has no layer", n, node_ptrs[n]->name());
+      return Malformed("graph.nodes[{}] ('{}') has no layer", n, built.nodes[n]->name());
   }
+  return layers;
+}
 
-  // Profile.
-  if (e->profile()) {
-    for (size_t k = 0; k < e->profile()->size(); ++k) {
-      const fb::InputProfile* p = e->profile()->Get(k);
+// 8. Profile: graph inputs, once each, ranks matching, min <= opt <= max; every dynamic input
+// has one.
+StatusOr<OptimizationProfile> ReadProfile(const fb::Engine& e, const Graph& graph) {
+  OptimizationProfile profile;
+  if (e.profile()) {
+    for (size_t k = 0; k < e.profile()->size(); ++k) {
+      const fb::InputProfile* p = e.profile()->Get(k);
       InputProfile ip{Str(p->input()), Vec(p->min()), Vec(p->opt()), Vec(p->max())};
-      const Value* in = graph->FindValue(ip.input);
-      if (!in || !in->is_graph_input() || engine->profile.Find(ip.input)) {
+      const Value* in = graph.FindValue(ip.input);
+      if (!in || !in->is_graph_input() || profile.Find(ip.input)) {
         return Malformed("profile[{}]: '{}' is not a graph input or is listed twice", k, ip.input);
       }
       const size_t rank = in->shape().size();
@@ -860,19 +935,23 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
                            d, ip.min[d], ip.opt[d], ip.max[d]);
         }
       }
-      engine->profile.inputs.push_back(std::move(ip));
+      profile.inputs.push_back(std::move(ip));
     }
   }
-  for (const Value* in : graph->inputs()) {
-    if (!IsStatic(in->shape()) && !engine->profile.Find(in->name())) {
+  for (const Value* in : graph.inputs()) {
+    if (!IsStatic(in->shape()) && !profile.Find(in->name())) {
       return Malformed("graph input '{}' has dynamic shape {} but no profile", in->name(),
                        ToString(in->shape()));
     }
   }
+  return profile;
+}
 
-  // Memory plan: offsets only for intermediate values; every intermediate has one.
-  if (const fb::MemoryPlan* p = e->plan()) {
-    MemoryPlan& plan = engine->plan;
+// 9. Memory plan: offsets only for intermediate values, aligned, inside the arena; every
+// intermediate has one.
+StatusOr<MemoryPlan> ReadMemoryPlan(const fb::Engine& e, const Graph& graph) {
+  MemoryPlan plan;
+  if (const fb::MemoryPlan* p = e.plan()) {
     plan.arena_bytes = p->arena_bytes();
     plan.workspace_bytes = p->workspace_bytes();
     plan.weights_bytes = p->weights_bytes();
@@ -884,7 +963,7 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
     if (p->offsets()) {
       for (const fb::PlanOffset* o : *p->offsets()) {
         std::string name = Str(o->value());
-        const Value* v = graph->FindValue(name);
+        const Value* v = graph.FindValue(name);
         if (!v || v->is_graph_input() || v->is_graph_output() || v->is_constant() ||
             plan.offsets.count(name)) {
           return Malformed("plan: '{}' is not an intermediate value or is listed twice", name);
@@ -901,13 +980,41 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
       }
     }
   }
-  for (const Value* v : graph->values()) {
-    if (v->producer() && !v->is_graph_output() && !engine->plan.offsets.count(v->name())) {
+  for (const Value* v : graph.values()) {
+    if (v->producer() && !v->is_graph_output() && !plan.offsets.count(v->name())) {
       return Malformed("plan: intermediate value '{}' has no arena offset", v->name());
     }
   }
+  return plan;
+}
+
+// The sections above in file order; nothing is built from a field before it is checked.
+StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, size_t size,
+                                                         std::shared_ptr<const void> keepalive,
+                                                         const LoadOptions& options) {
+  std::span<const std::byte> file(data, size);
+  KILN_ASSIGN_OR_RETURN(EnginePreamble pre, ReadEnginePreamble(file));
+  KILN_RETURN_IF_ERROR(VerifyLength(pre, size));
+  KILN_RETURN_IF_ERROR(VerifyChecksum(file, pre));
+  KILN_ASSIGN_OR_RETURN(const uint64_t weights_start, VerifyFormat(pre, size));
+  KILN_ASSIGN_OR_RETURN(const fb::Engine* e, VerifyFlatBuffer(data, pre));
+
+  auto engine = std::make_shared<EngineDesc>();
+  KILN_ASSIGN_OR_RETURN(engine->header, ReadHeader(*e, pre, options));
+
+  GraphSection gs;
+  gs.g = e->graph();
+  KILN_RETURN_IF_ERROR(VerifyValues(gs));
+  KILN_RETURN_IF_ERROR(VerifyInputs(gs));
+  KILN_RETURN_IF_ERROR(VerifyConstants(gs, size - weights_start));
+  KILN_RETURN_IF_ERROR(VerifyNodes(gs));
+  KILN_ASSIGN_OR_RETURN(BuiltGraph built, BuildGraph(gs, data + weights_start, keepalive));
+
+  KILN_ASSIGN_OR_RETURN(engine->layers, ReadLayers(*e, gs, built, engine->header.backend, options));
+  KILN_ASSIGN_OR_RETURN(engine->profile, ReadProfile(*e, *built.graph));
+  KILN_ASSIGN_OR_RETURN(engine->plan, ReadMemoryPlan(*e, *built.graph));
   engine->build_report_json = Str(e->build_report_json());
-  engine->graph = std::move(graph);
+  engine->graph = std::move(built.graph);
   return std::shared_ptr<const EngineDesc>(std::move(engine));
 }
 

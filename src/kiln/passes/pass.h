@@ -14,14 +14,14 @@
 #include <vector>
 
 #include "kiln/core/status.h"
+#include "kiln/ir/evaluator.h"
 #include "kiln/ir/graph.h"
 
 namespace kiln::passes {
 
-// Evaluates one node on host tensors (nullptr for omitted optional inputs). The builder passes
-// kiln::cpu::EvaluateNode.
-using NodeEvaluator =
-    std::function<StatusOr<std::vector<Tensor>>(const Node&, std::span<const Tensor* const>)>;
+// Evaluates one node on host tensors (ir/evaluator.h). The builder passes the reference
+// (backends/reference.h: the CPU backend's).
+using NodeEvaluator = kiln::NodeEvaluator;
 
 // What one pass did (summed over the manager's iterations).
 struct PassStats {

@@ -14,14 +14,23 @@
 #include <vector>
 
 #include "kiln/core/status.h"
-#include "kiln/engine/engine_desc.h"
 #include "kiln/ir/graph.h"
+#include "kiln/plan/profile.h"
 
 namespace kiln {
 
 // Every buffer and weight is placed on this boundary (vector loads, cache lines, mmap borrowing).
 inline constexpr int64_t kPlanAlignment = 64;
 // Sizes are rounded up to it with CheckedAlignUp (ir/sizes.h).
+
+// Where each non-constant, non-binding value lives in the activation arena (max-profile sizes).
+struct MemoryPlan {
+  std::map<std::string, int64_t> offsets;  // value name -> byte offset in the arena
+  int64_t arena_bytes = 0;                 // activations after liveness reuse
+  int64_t workspace_bytes = 0;             // largest layer workspace (one shared region)
+  int64_t weights_bytes = 0;
+  int64_t peak_bytes = 0;  // weights + arena + workspace
+};
 
 // One layer as the planner sees it: the node it runs and its tactic's workspace estimate.
 // allow_alias = false keeps a view layer's copy (the builder's KILN_ALIAS_VIEWS=0 switch).
@@ -98,14 +107,6 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
                                               const OptimizationProfile& profile);
 StatusOr<MemoryPlan> PlanMemory(const Graph& graph, std::span<const PlanLayer> layers,
                                 const OptimizationProfile& profile);
-// The same for an assembled engine (its layers' nodes and tactic workspaces).
-StatusOr<MemoryPlan> PlanMemory(const EngineDesc& engine, bool alias_views = true);
-
-// Whether layer `index` of a planned engine is an aliased view: a view node whose output has
-// the same arena offset as its data input. The runtime launches nothing for it (the copy would
-// move bytes onto themselves); this reads the plan, so engines need no extra field for it.
-bool IsAliasedView(const EngineDesc& engine, size_t index);
-
 // The peak without any reuse (every buffer its own bytes), for the build report's comparison.
 int64_t NaivePeak(const MemoryPlanDetail& detail);
 

@@ -1,19 +1,15 @@
-// Calibration statistics: data loading and checking, the two reference passes, and the three
-// ways of turning a histogram of |x| into a clipping threshold.
+// Calibration statistics: the two reference passes over the data (onnx/calibration_data.h loads
+// it) and the three ways of turning a histogram of |x| into a clipping threshold.
 #include "kiln/precision/calibration.h"
 
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
-#include <filesystem>
 #include <limits>
 #include <set>
 #include <unordered_map>
 
-#include "kiln/backends/cpu/cpu_eval.h"
-#include "kiln/onnx/onnx_import.h"
 #include "kiln/precision/precision.h"
 #include "kiln/precision/sensitivity.h"
 
@@ -21,25 +17,8 @@ namespace kiln::precision {
 
 using kiln::ToString;
 
-namespace fs = std::filesystem;
-
 namespace {
 std::atomic<int64_t> g_batches_run{0};
-
-// The number after `prefix` in a file or directory name ("input_12.pb" -> 12), or -1.
-int64_t IndexAfter(const std::string& name, std::string_view prefix, std::string_view suffix) {
-  if (!name.starts_with(prefix) || !name.ends_with(suffix)) return -1;
-  std::string_view digits(name);
-  digits = digits.substr(prefix.size(), digits.size() - prefix.size() - suffix.size());
-  int64_t v = -1;
-  auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-  if (ec != std::errc() || p != digits.data() + digits.size()) return -1;
-  return v;
-}
-
-std::string DimsString(std::span<const int64_t> dims) {
-  return fmt::format("[{}]", fmt::join(dims, ","));
-}
 
 // Smooths a distribution so that KL divergence stays finite where q has zeros (MXNet/TensorRT
 // practice): moves `eps` of mass onto every empty bin, taken evenly from the others.
@@ -193,131 +172,29 @@ double ComputeAmax(std::span<const float> values, CalibrationMethod method, doub
   return AmaxFromHistogram(hist, method, percentile);
 }
 
-StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
-    const Graph& graph, const OptimizationProfile& profile, const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    return MakeError(ErrorCode::kCalibrationInputInvalid,
-                     "--calib-dir '{}' is not a directory; give a directory holding "
-                     "test_data_set_*/input_*.pb (the ONNX test-data layout)",
-                     dir);
-  }
-  std::vector<std::pair<int64_t, fs::path>> sets;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    int64_t idx = IndexAfter(e.path().filename().string(), "test_data_set_", "");
-    if (e.is_directory() && idx >= 0) sets.emplace_back(idx, e.path());
-  }
-  std::sort(sets.begin(), sets.end());
-  if (sets.empty()) {
-    return MakeError(ErrorCode::kCalibrationInputInvalid,
-                     "--calib-dir '{}' holds no test_data_set_* directory; write each "
-                     "calibration batch as test_data_set_N/input_I.pb (TensorProto per input)",
-                     dir);
-  }
-  const auto& inputs = graph.inputs();
-  std::vector<std::map<std::string, Tensor>> out;
-  for (const auto& [set_index, set_dir] : sets) {
-    std::vector<std::pair<int64_t, fs::path>> files;
-    for (const auto& e : fs::directory_iterator(set_dir, ec)) {
-      int64_t idx = IndexAfter(e.path().filename().string(), "input_", ".pb");
-      if (e.is_regular_file() && idx >= 0) files.emplace_back(idx, e.path());
-    }
-    std::sort(files.begin(), files.end());
-    if (files.size() != inputs.size()) {
-      std::vector<std::string> names;
-      for (const Value* v : inputs) names.push_back(v->name());
-      return MakeError(ErrorCode::kCalibrationInputInvalid,
-                       "calibration data set '{}' has {} input file(s); the model has {} "
-                       "input(s) ({}), expected input_0.pb .. input_{}.pb",
-                       set_dir.string(), files.size(), inputs.size(), fmt::join(names, ", "),
-                       static_cast<int64_t>(inputs.size()) - 1);
-    }
-    std::map<std::string, Tensor> feed;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const Value* in = inputs[i];
-      const std::string path = files[i].second.string();
-      KILN_ASSIGN_OR_RETURN(Tensor t, LoadTensorProto(path));
-      if (t.dtype() != in->dtype()) {
-        return MakeError(ErrorCode::kCalibrationInputInvalid,
-                         "calibration input '{}' for model input '{}': expected dtype {}, got {}",
-                         path, in->name(), ToString(in->dtype()), ToString(t.dtype()));
-      }
-      const Shape& shape = in->shape();
-      const InputProfile* p = profile.Find(in->name());
-      bool ok = t.dims().size() == shape.size();
-      for (size_t d = 0; ok && d < shape.size(); ++d) {
-        if (shape[d].is_static()) {
-          ok = t.dims()[d] == shape[d].value();
-        } else if (p && d < p->min.size()) {
-          ok = t.dims()[d] >= p->min[d] && t.dims()[d] <= p->max[d];
-        }
-      }
-      if (!ok) {
-        std::string expected = ToString(shape);
-        if (p) {
-          expected +=
-              fmt::format(" within the profile {}..{}", DimsString(p->min), DimsString(p->max));
-        }
-        return MakeError(ErrorCode::kCalibrationInputInvalid,
-                         "calibration input '{}' for model input '{}': expected shape {}, got {}",
-                         path, in->name(), expected, DimsString(t.dims()));
-      }
-      feed[in->name()] = std::move(t);
-    }
-    out.push_back(std::move(feed));
-  }
-  return out;
-}
-
 int64_t CalibrationBatchesRun() { return g_batches_run.load(); }
 
-StatusOr<std::map<std::string, Tensor>> EvaluateAllValues(
-    const Graph& graph, const std::map<std::string, Tensor>& feed) {
-  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
-  // The reference, node by node, keeping every value (EvaluateGraph returns outputs only).
-  std::map<std::string, Tensor> outs = feed;
-  std::unordered_map<const Value*, const Tensor*> known;
+StatusOr<std::map<std::string, Tensor>> EvaluateCalibrationBatch(
+    const Graph& graph, const std::map<std::string, Tensor>& feed, const NodeEvaluator& evaluate) {
   for (const Value* in : graph.inputs()) {
-    auto it = outs.find(in->name());
-    if (it == outs.end()) {
+    if (!feed.count(in->name())) {
       return MakeError(ErrorCode::kCalibrationInputInvalid,
                        "calibration data has no value for model input '{}'", in->name());
     }
-    known[in] = &it->second;
   }
-  for (const Node* node : order) {
-    std::vector<const Tensor*> ins;
-    for (const Value* v : node->inputs()) {
-      if (!v) {
-        ins.push_back(nullptr);
-      } else if (v->constant()) {
-        ins.push_back(v->constant());
-      } else {
-        auto it = known.find(v);
-        if (it == known.end()) {
-          return MakeError(ErrorCode::kInternal,
-                           "calibration: '{}' read by '{}' was never computed", v->name(),
-                           node->name());
-        }
-        ins.push_back(it->second);
-      }
-    }
-    auto results = cpu::EvaluateNode(*node, ins);
+  auto in_context = [&](const Node& node,
+                        std::span<const Tensor* const> ins) -> StatusOr<std::vector<Tensor>> {
+    auto results = evaluate(node, ins);
     if (!results.ok()) {
       return std::move(results).status().AddContext(
-          fmt::format("while calibrating layer '{}'", node->name()));
+          fmt::format("while calibrating layer '{}'", node.name()));
     }
-    for (size_t i = 0; i < results->size(); ++i) {
-      const Value* v = node->output(i);
-      if (!v) continue;
-      auto [it, inserted] = outs.insert_or_assign(v->name(), std::move((*results)[i]));
-      known[v] = &it->second;
-    }
-  }
-  return outs;
+    return results;
+  };
+  return EvaluateAllValues(graph, feed, in_context);
 }
 
-StatusOr<CalibrationTable> Calibrate(const Graph& graph,
+StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& evaluate,
                                      std::span<const std::map<std::string, Tensor>> data,
                                      CalibrationMethod method, double percentile) {
   // Every float value a node computes is watched; only INT8 candidates' activations need a
@@ -345,7 +222,7 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph,
   auto run =
       [&](const std::map<std::string, Tensor>& feed) -> StatusOr<std::map<std::string, Tensor>> {
     g_batches_run.fetch_add(1);
-    return EvaluateAllValues(graph, feed);
+    return EvaluateCalibrationBatch(graph, feed, evaluate);
   };
   // The first pass's activations are kept when there are INT8 candidates: the sensitivity
   // analysis re-evaluates only what lies downstream of a quantized layer.
@@ -418,7 +295,7 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph,
   }
   if (!activations.empty()) {
     KILN_ASSIGN_OR_RETURN(SensitivityResult sens,
-                          MeasureInt8Sensitivity(graph, activations, table, held_out));
+                          MeasureInt8Sensitivity(graph, evaluate, activations, table, held_out));
     table.int8_sensitivity = std::move(sens.layers);
     table.int8_all_rel_l2 = sens.evaluations > 0 ? sens.all_int8 : -1;
   }

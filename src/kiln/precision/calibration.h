@@ -1,7 +1,7 @@
-// INT8 post-training calibration: per-tensor ranges collected by running the FP32 CPU reference
-// over a directory of inputs, reduced to one clipping threshold (amax) per tensor by min-max,
-// entropy (KL divergence, TensorRT-style) or percentile; and the calibration cache that lets a
-// later build skip all of it.
+// INT8 post-training calibration: per-tensor ranges collected by running the FP32 reference
+// evaluator over calibration inputs, reduced to one clipping threshold (amax) per tensor by
+// min-max, entropy (KL divergence, TensorRT-style) or percentile; and the calibration cache that
+// lets a later build skip all of it.
 #pragma once
 
 #include <atomic>
@@ -14,7 +14,7 @@
 
 #include "kiln/core/hash.h"
 #include "kiln/core/status.h"
-#include "kiln/engine/engine_desc.h"
+#include "kiln/ir/evaluator.h"
 #include "kiln/ir/graph.h"
 
 namespace kiln::precision {
@@ -69,22 +69,18 @@ double AmaxFromHistogram(const AbsHistogram& hist, CalibrationMethod method, dou
 // Convenience for a single array (tests, tools): histogram over [0, absmax] then the method.
 double ComputeAmax(std::span<const float> values, CalibrationMethod method, double percentile);
 
-// Loads every data set of `dir` and checks each tensor against the graph's inputs (count, dtype,
-// static dims, the profile's min..max for dynamic dims): KILN-E3007 names the input, what was
-// expected and what was found.
-StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
-    const Graph& graph, const OptimizationProfile& profile, const std::string& dir);
+// Runs `evaluate` (the FP32 reference) on one feed (by graph-input name) and returns every value
+// it computed, inputs included, by name. KILN-E3007 names a model input the feed lacks; a node's
+// error gains "while calibrating layer '...'".
+StatusOr<std::map<std::string, Tensor>> EvaluateCalibrationBatch(
+    const Graph& graph, const std::map<std::string, Tensor>& feed, const NodeEvaluator& evaluate);
 
-// Runs the FP32 CPU reference on one feed (by graph-input name) and returns every value it
-// computed, inputs included, by name.
-StatusOr<std::map<std::string, Tensor>> EvaluateAllValues(
-    const Graph& graph, const std::map<std::string, Tensor>& feed);
-
-// Runs the FP32 CPU reference over the data and reduces every float tensor's statistics.
+// Runs the FP32 reference (`evaluate`: the builder hands in backends/reference.h's) over the
+// data (onnx/calibration_data.h loads it) and reduces every float tensor's statistics.
 // Two passes: the first finds each tensor's absmax (the histogram range), the second fills the
 // histograms. Then, when the graph has INT8 candidates, their sensitivity is measured on the first
 // pass's activations (candidates + 1 partial evaluations per data set; sensitivity.h).
-StatusOr<CalibrationTable> Calibrate(const Graph& graph,
+StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& evaluate,
                                      std::span<const std::map<std::string, Tensor>> data,
                                      CalibrationMethod method, double percentile);
 

@@ -10,7 +10,6 @@
 #include <memory>
 #include <unordered_map>
 
-#include "kiln/backends/cpu/cpu_eval.h"
 #include "kiln/precision/precision.h"
 
 namespace kiln::precision {
@@ -44,9 +43,9 @@ const Tensor* Lookup(const std::map<std::string, Tensor>& values, const std::str
 // One layer set evaluated INT8 on every data set: the maximum rel-L2 of the float graph outputs.
 class Simulator {
  public:
-  Simulator(const Graph& graph, std::vector<const Node*> order,
+  Simulator(const Graph& graph, const NodeEvaluator& evaluate, std::vector<const Node*> order,
             std::span<const std::map<std::string, Tensor>> activations)
-      : graph_(graph), order_(std::move(order)), activations_(activations) {
+      : graph_(graph), evaluate_(evaluate), order_(std::move(order)), activations_(activations) {
     for (size_t i = 0; i < order_.size(); ++i) position_[order_[i]] = i;
   }
 
@@ -90,7 +89,7 @@ class Simulator {
           ins[0] = &quantized_input;
           ins[1] = q->second.weights;
         }
-        auto results = cpu::EvaluateNode(*node, ins);
+        auto results = evaluate_(*node, ins);
         if (!results.ok()) {
           return std::move(results).status().AddContext(
               fmt::format("while measuring the INT8 sensitivity at layer '{}'", node->name()));
@@ -112,6 +111,7 @@ class Simulator {
 
  private:
   const Graph& graph_;
+  const NodeEvaluator& evaluate_;
   std::vector<const Node*> order_;
   std::unordered_map<const Node*, size_t> position_;
   std::span<const std::map<std::string, Tensor>> activations_;
@@ -186,12 +186,13 @@ double RelativeL2(const Tensor& actual, const Tensor& reference) {
 }
 
 StatusOr<SensitivityResult> MeasureInt8Sensitivity(
-    const Graph& graph, std::span<const std::map<std::string, Tensor>> activations,
-    const CalibrationTable& table, std::span<const std::map<std::string, double>> held_out_amax) {
+    const Graph& graph, const NodeEvaluator& evaluate,
+    std::span<const std::map<std::string, Tensor>> activations, const CalibrationTable& table,
+    std::span<const std::map<std::string, double>> held_out_amax) {
   SensitivityResult result;
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
   std::vector<const Node*> const_order(order.begin(), order.end());
-  Simulator sim(graph, const_order, activations);
+  Simulator sim(graph, evaluate, const_order, activations);
 
   // The analysed layers, in topological order (deterministic), with their quantized weights.
   std::vector<std::pair<const Node*, Simulator::Layer>> layers;
@@ -219,6 +220,7 @@ StatusOr<SensitivityResult> MeasureInt8Sensitivity(
     layers.emplace_back(node, std::move(layer));
   }
   if (layers.empty() || activations.empty()) return result;
+  if (!evaluate) return MakeError(ErrorCode::kInternal, "int8 sensitivity: no reference evaluator");
 
   std::unordered_map<const Node*, Simulator::Layer> all;
   for (const auto& [node, layer] : layers) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/core/status.h"
+#include "kiln/ir/evaluator.h"
 #include "kiln/ir/graph.h"
 #include "kiln/precision/calibration.h"
 
@@ -46,7 +47,9 @@ struct SensitivityResult {
   int64_t evaluations = 0;               // graph evaluations (partial ones included)
 };
 
-// `activations`: per data set, every value's FP32 tensor by name (what calibration computed).
+// `evaluate`: the FP32 reference (ir/evaluator.h) that re-evaluates the nodes downstream of the
+// quantized layers. `activations`: per data set, every value's FP32 tensor by name (what
+// calibration computed).
 // Each candidate with a calibrated amax is quantized alone, and then all together; only the nodes
 // downstream of a quantized layer are evaluated again. rel-L2 is the maximum over data sets and
 // float graph outputs. Evaluations: candidates + 1 (per data set).
@@ -55,8 +58,8 @@ struct SensitivityResult {
 // (leave-one-out), so the figure is the error on inputs the scales were not fitted to, which is
 // what an engine meets after the build. Missing: the table's amax.
 StatusOr<SensitivityResult> MeasureInt8Sensitivity(
-    const Graph& graph, std::span<const std::map<std::string, Tensor>> activations,
-    const CalibrationTable& table,
+    const Graph& graph, const NodeEvaluator& evaluate,
+    std::span<const std::map<std::string, Tensor>> activations, const CalibrationTable& table,
     std::span<const std::map<std::string, double>> held_out_amax = {});
 
 // Which INT8 layers fall back to keep the estimated end-to-end error within `tolerance`.

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "kiln/engine/engine_plan.h"
 #include "kiln/ir/sizes.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/runtime/runtime.h"

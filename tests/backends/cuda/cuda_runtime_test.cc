@@ -16,6 +16,7 @@
 
 #include "kiln/app/benchmark.h"
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/engine/engine_plan.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/runtime/runtime.h"
 #include "tests/engine/test_engines.h"

@@ -1,9 +1,8 @@
 // Node-at-a-time CPU evaluation: shape rule -> heuristic tactic -> kernel -> run.
 #include "kiln/backends/cpu/cpu_eval.h"
 
-#include <unordered_map>
-
 #include "kiln/backends/kernel.h"
+#include "kiln/backends/reference.h"
 #include "kiln/ops/op_schema.h"
 
 namespace kiln::cpu {
@@ -68,49 +67,12 @@ StatusOr<std::vector<Tensor>> EvaluateNode(const Node& node,
 
 StatusOr<std::map<std::string, Tensor>> EvaluateGraph(const Graph& graph,
                                                       const std::map<std::string, Tensor>& inputs) {
-  std::unordered_map<const Value*, Tensor> values;
-  for (const Value* in : graph.inputs()) {
-    auto it = inputs.find(in->name());
-    if (it == inputs.end()) {
-      return MakeError(ErrorCode::kInputCountMismatch, "no value given for graph input '{}'",
-                       in->name());
-    }
-    values[in] = it->second;
-  }
-  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
-  for (const Node* node : order) {
-    std::vector<const Tensor*> ins;
-    for (const Value* v : node->inputs()) {
-      if (!v) {
-        ins.push_back(nullptr);
-      } else if (v->constant()) {
-        ins.push_back(v->constant());
-      } else {
-        auto it = values.find(v);
-        if (it == values.end()) {
-          return MakeError(ErrorCode::kUndefinedValue, "value '{}' read by '{}' was never computed",
-                           v->name(), node->name());
-        }
-        ins.push_back(&it->second);
-      }
-    }
-    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, EvaluateNode(*node, ins));
-    for (size_t i = 0; i < outs.size(); ++i) {
-      if (node->output(i)) values[node->output(i)] = std::move(outs[i]);
-    }
-  }
-  std::map<std::string, Tensor> result;
-  for (const Value* out : graph.outputs()) {
-    if (out->constant()) {
-      result[out->name()] = *out->constant();
-    } else if (auto it = values.find(out); it != values.end()) {
-      result[out->name()] = it->second;
-    } else {
-      return MakeError(ErrorCode::kUndefinedValue, "graph output '{}' was never computed",
-                       out->name());
-    }
-  }
-  return result;
+  return EvaluateGraphOutputs(graph, inputs, EvaluateNode);
 }
+
+namespace {
+// The CPU backend is the reference (DESIGN.md): passes and precision evaluate with this.
+const bool kReferenceRegistered = RegisterReferenceEvaluator(EvaluateNode);
+}  // namespace
 
 }  // namespace kiln::cpu
