@@ -35,7 +35,12 @@ def _key(h):
     if len(entries) != 1:
         raise CaseFailure("expected one cache entry, found %s" % os.listdir(cache))
     os.remove(h.path("dist.kiln"))
-    return model, cache, entries[0][:-len(".engine")]
+    key = entries[0][:-len(".engine")]
+    # The lock file stays after a build (by design); the cases plant their own.
+    for suffix in (".lock", ".hb"):
+        if os.path.lexists(os.path.join(cache, key + suffix)):
+            os.remove(os.path.join(cache, key + suffix))
+    return model, cache, key
 
 
 def _refused_fast(h, args, code="KILN-E7017", bound=20):
@@ -72,12 +77,19 @@ def case_lock_and_heartbeat_special_files(h):
                        (key + ".hb", lambda p: os.symlink("/dev/zero", p))):
         path = os.path.join(cache, name)
         make(path)
+        lock = os.path.join(cache, key + ".lock")
+        if not os.path.lexists(lock):  # an ordinary lock file, as a previous build leaves it
+            with open(lock, "w"):
+                pass
+            os.chmod(lock, 0o644)
         h._before = None
         h.freeze()
         # Trusting the shared cache does not make a FIFO or a link acceptable.
         _refused_fast(h, _dist_build(h, model, cache))
         _refused_fast(h, _dist_build(h, model, cache, extra=["--trust-shared-cache"]))
         os.remove(path)
+        if os.path.lexists(lock) and name != key + ".lock":
+            os.remove(lock)
 
 
 def case_control_files_writable_by_others(h):
