@@ -491,9 +491,14 @@ TEST_F(EngineCacheTest, GarbageAndVerifyAll) {
   ASSERT_TRUE(cache->Publish(KeyOf(50), Bytes(100, 1)).ok());
   ASSERT_TRUE(cache->Publish(KeyOf(51), Bytes(100, 2)).ok());
   fs::resize_file(cache->EntryPath(KeyOf(51)), 100);
-  const fs::path orphan = dir_ / ".x.engine.tmp.host.1.abc";
+  const fs::path orphan = dir_ / ("." + KeyOf(52) + ".engine.tmp.host.1.abc");
   std::ofstream(orphan) << "partial";
   fs::last_write_time(orphan, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  // Files of the user's that only look alike are not the cache's: never verified nor removed.
+  for (const char* name : {".notes.tmp.old", "plan.takeover.txt", "resnet50.engine"}) {
+    std::ofstream(dir_ / name) << "the user's";
+    fs::last_write_time(dir_ / name, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  }
   StatusOr<std::vector<std::string>> bad = cache->VerifyAll(/*remove=*/false);
   ASSERT_TRUE(bad.ok());
   EXPECT_EQ(*bad, std::vector<std::string>{KeyOf(51)});
@@ -505,6 +510,10 @@ TEST_F(EngineCacheTest, GarbageAndVerifyAll) {
   ASSERT_TRUE(removed.ok());
   EXPECT_EQ(*removed, 1);
   EXPECT_FALSE(fs::exists(orphan));
+  ASSERT_TRUE(cache->Evict(0).ok());
+  for (const char* name : {".notes.tmp.old", "plan.takeover.txt", "resnet50.engine"}) {
+    EXPECT_TRUE(fs::exists(dir_ / name)) << name;
+  }
 }
 
 

@@ -218,5 +218,24 @@ def case_sigint_during_cache_publish(h):
     _signal_during_publish(h, signal.SIGINT)
 
 
+def case_user_files_in_the_cache_dir_are_not_entries(h):
+    """`kiln cache verify --remove` and `gc` in a directory that also holds a user's TensorRT
+    engines (*.engine) and notes: only the cache's own files are judged or removed."""
+    model, cache, key = _key(h)
+    for name in ("resnet50.engine", ".notes.tmp.old", "plan.takeover.txt"):
+        h.write(os.path.join("cache", name), b"the user's")
+        old = time.time() - 7200
+        os.utime(h.path("cache", name), (old, old))
+    h.freeze()
+    for args in (["verify", "--remove"], ["verify"], ["gc", "--max-bytes", "0"],
+                 ["gc", "--older-than", "1"]):
+        r = h.run(["cache"] + args + ["--dir", cache], timeout=60)
+        if r.rc >= 128 or r.rc < 0:
+            raise CaseFailure("crashed: %r" % r)
+        for name in ("resnet50.engine", ".notes.tmp.old", "plan.takeover.txt"):
+            if not os.path.exists(h.path("cache", name)):
+                raise CaseFailure("cache %s removed the user's %s: %r" % (args, name, r))
+
+
 if __name__ == "__main__":
     hostile.main(globals())

@@ -712,6 +712,9 @@ StatusOr<std::vector<CacheEntryInfo>> EngineCache::List() const {
     if (!name.ends_with(kEntrySuffix) || name.starts_with(".")) continue;
     CacheEntryInfo info;
     info.key = name.substr(0, name.size() - kEntrySuffix.size());
+    // Only the cache's own entries: a user's "resnet.engine" (TensorRT's usual name) in the same
+    // directory is not an entry to verify, remove or evict.
+    if (!IsKeyName(info.key)) continue;
     // lstat: a link or a special file planted as an entry is listed (VerifyAll reports it), with
     // its own size, never its target's.
     struct stat st {};
@@ -759,7 +762,9 @@ StatusOr<int> EngineCache::CollectGarbage(std::chrono::seconds older_than) {
     const std::string name = e.path().filename().string();
     const bool temp = name.starts_with(".") && name.find(".tmp.") != std::string::npos;
     const bool marker = name.find(".takeover.") != std::string::npos;
-    if (!temp && !marker) continue;
+    // Only names the cache makes (.<key>.engine.tmp.*, <key>.takeover.*): never a user's file
+    // that happens to contain ".tmp." or ".takeover.".
+    if ((!temp && !marker) || !IsCacheFileName(name)) continue;
     if (!CheckNotAnInput(e.path().string(), "cache file").ok()) continue;
     // The link itself is judged and removed, never what it points to.
     struct stat st {};
