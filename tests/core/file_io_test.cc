@@ -254,7 +254,6 @@ TEST_F(FileIoTest, SigtermRemovesLiveTemporariesAndStillTerminates) {
   EXPECT_TRUE(Names().empty());
 }
 
-
 // A symbolic link in an output's directory is resolved, and every check applies to the real path
 // (issue 17's rule): the write lands where the link leads, never over an input or a device there.
 TEST_F(FileIoTest, SymlinkedOutputDirectoryIsResolvedAndCheckedThere) {
@@ -287,8 +286,7 @@ TEST_F(FileIoTest, SymlinkedOutputDirectoryIsResolvedAndCheckedThere) {
   // A missing directory, and a path that names a directory.
   EXPECT_EQ(ResolveOutputPath(P("nowhere/out.kiln"), "engine").status().code(),
             ErrorCode::kNotFound);
-  EXPECT_EQ(ResolveOutputPath(P("real/"), "engine").status().code(),
-            ErrorCode::kOutputNotRegular);
+  EXPECT_EQ(ResolveOutputPath(P("real/"), "engine").status().code(), ErrorCode::kOutputNotRegular);
   EXPECT_EQ(ResolveOutputPath(P("real/.."), "engine").status().code(),
             ErrorCode::kOutputNotRegular);
 }

@@ -516,12 +516,9 @@ TEST_F(EngineCacheTest, GarbageAndVerifyAll) {
   }
 }
 
-
 // ---- lock, heartbeat and takeover files get the entries' trust rules (issue 17) ----------------
 
-int NeverBuild(std::atomic<int>* builds) {
-  return builds->load();
-}
+int NeverBuild(std::atomic<int>* builds) { return builds->load(); }
 
 TEST_F(EngineCacheTest, LinkedOrSpecialLockFileIsRefusedNeverFollowed) {
   auto cache = Open(Options());
@@ -596,8 +593,7 @@ TEST_F(EngineCacheTest, ControlFilesWritableByOthersAreRefusedUnlessTrusted) {
     ASSERT_EQ(::chown(cache->LockPath(KeyOf(65)).c_str(), 65534, 65534), 0);
     r = cache->GetOrBuild(KeyOf(65), CountingBuild(&builds, Bytes(10, 1)));
     ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.status().message().find("another user"), std::string::npos)
-        << r.status().message();
+    EXPECT_NE(r.status().message().find("another user"), std::string::npos) << r.status().message();
   }
   // Accepted when the shared cache is trusted.
   CacheOptions trusted = Options();

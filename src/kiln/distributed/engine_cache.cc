@@ -342,8 +342,7 @@ std::string_view ToString(CacheOutcome outcome) {
   return "?";
 }
 
-StatusOr<std::optional<Heartbeat>> ReadHeartbeatChecked(const fs::path& path,
-                                                         bool trust_shared) {
+StatusOr<std::optional<Heartbeat>> ReadHeartbeatChecked(const fs::path& path, bool trust_shared) {
   // O_NOFOLLOW: a link is not followed; O_NONBLOCK: a FIFO has no writer to wait for.
   int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
@@ -816,15 +815,16 @@ bool IsCacheFileName(std::string_view name) {
   if (name.starts_with(".")) name.remove_prefix(1);  // a temporary: .<key>.<kind>.tmp.*
   if (name.size() < 33 || !IsKeyName(name.substr(0, 32))) return false;
   const std::string_view rest = name.substr(32);
-  return rest.starts_with(kEntrySuffix) || rest.starts_with(".lock") ||
-         rest.starts_with(".hb") || rest.starts_with(".takeover.");
+  return rest.starts_with(kEntrySuffix) || rest.starts_with(".lock") || rest.starts_with(".hb") ||
+         rest.starts_with(".takeover.");
 }
 
 Status CheckNotACacheFile(const fs::path& dir, const std::string& path, std::string_view what) {
   if (path.empty()) return OkStatus();
   const fs::path p(path);
   if (!IsCacheFileName(p.filename().string())) return OkStatus();
-  struct stat cache_dir {}, parent {};
+  struct stat cache_dir {};
+  struct stat parent {};
   const fs::path parent_path = p.has_parent_path() ? p.parent_path() : fs::path(".");
   if (::stat(dir.c_str(), &cache_dir) != 0 || ::stat(parent_path.c_str(), &parent) != 0 ||
       cache_dir.st_dev != parent.st_dev || cache_dir.st_ino != parent.st_ino) {

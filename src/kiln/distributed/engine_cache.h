@@ -109,7 +109,7 @@ class EngineCache {
 // a file of another user or writable by others is KILN-E7017. An absent or unparsable heartbeat
 // is nullopt. ReadHeartbeat is nullopt for all of those.
 StatusOr<std::optional<Heartbeat>> ReadHeartbeatChecked(const std::filesystem::path& path,
-                                                         bool trust_shared);
+                                                        bool trust_shared);
 std::optional<Heartbeat> ReadHeartbeat(const std::filesystem::path& path);
 Status WriteHeartbeat(const std::filesystem::path& path, const Heartbeat& hb);
 
