@@ -49,6 +49,8 @@ TEST(BuilderConfig, ParsesSizesFractionsDurationsAndProfiles) {
   EXPECT_EQ(p.inputs[0].max, (std::vector<int64_t>{4, 3}));
   EXPECT_EQ(ParseProfileSpec("x:1x3,2x3", &p).code(), ErrorCode::kInvalidProfile);
   EXPECT_EQ(ParseProfileSpec("noshape", &p).code(), ErrorCode::kInvalidProfile);
+  EXPECT_EQ(ParseProfileSpec("x:1x3x", &p).code(), ErrorCode::kInvalidProfile);  // issue 17
+  EXPECT_EQ(ParseProfileSpec("x:1x3,2x3x,4x3", &p).code(), ErrorCode::kInvalidProfile);
 }
 
 TEST(Builder, DynamicInputWithoutProfileDefaultsToOneWithAWarning) {

@@ -254,5 +254,93 @@ TEST_F(FileIoTest, SigtermRemovesLiveTemporariesAndStillTerminates) {
   EXPECT_TRUE(Names().empty());
 }
 
+// A symbolic link in an output's directory is resolved, and every check applies to the real path
+// (issue 17's rule): the write lands where the link leads, never over an input or a device there.
+TEST_F(FileIoTest, SymlinkedOutputDirectoryIsResolvedAndCheckedThere) {
+  fs::create_directories(dir_ / "real");
+  fs::create_directory_symlink(dir_ / "real", dir_ / "via");
+  StatusOr<std::string> r = ResolveOutputPath(P("via/out.kiln"), "engine");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, fs::canonical(dir_ / "real").string() + "/out.kiln");
+  ASSERT_TRUE(WriteFileAtomic(P("via/out.kiln"), "engine", "e").ok());
+  EXPECT_EQ(Get("real/out.kiln"), "e");
+  EXPECT_TRUE(fs::is_symlink(dir_ / "via"));
+
+  // The model seen through the link is the model.
+  Put("real/model.onnx", "model");
+  FileRoles roles;
+  roles.Input(P("real/model.onnx"), "model");
+  roles.Output(P("via/model.onnx"), "engine");
+  EXPECT_EQ(roles.Check().code(), ErrorCode::kOutputOverwritesInput);
+  GuardInputsOfThisProcess(true);
+  ASSERT_TRUE(ReadInputFile(P("real/model.onnx"), "model", 100).ok());
+  EXPECT_EQ(WriteFileAtomic(P("via/model.onnx"), "engine", "x").code(),
+            ErrorCode::kOutputOverwritesInput);
+  GuardInputsOfThisProcess(false);
+  EXPECT_EQ(Get("real/model.onnx"), "model");
+
+  // A directory link to /dev: the device behind it is refused, never replaced.
+  fs::create_directory_symlink("/dev", dir_ / "devlink");
+  EXPECT_EQ(WriteFileAtomic(P("devlink/null"), "engine", "x").code(), ErrorCode::kOutputNotRegular);
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  // A missing directory, and a path that names a directory.
+  EXPECT_EQ(ResolveOutputPath(P("nowhere/out.kiln"), "engine").status().code(),
+            ErrorCode::kNotFound);
+  EXPECT_EQ(ResolveOutputPath(P("real/"), "engine").status().code(), ErrorCode::kOutputNotRegular);
+  EXPECT_EQ(ResolveOutputPath(P("real/.."), "engine").status().code(),
+            ErrorCode::kOutputNotRegular);
+}
+
+// Declared inputs count as read once FileRoles::Check passed, before anything reads them.
+TEST_F(FileIoTest, FileRolesInputsAreGuardedBeforeTheyAreRead) {
+  Put("calib.json", "cache");
+  GuardInputsOfThisProcess(true);
+  FileRoles roles;
+  roles.InOut(P("calib.json"), "calibration cache");
+  roles.Output(P("out.kiln"), "engine");
+  ASSERT_TRUE(roles.Check().ok());
+  EXPECT_EQ(CheckNotAnInput(P("calib.json"), "heartbeat").code(),
+            ErrorCode::kOutputOverwritesInput);
+  EXPECT_TRUE(CheckNotAnInput(P("out.kiln"), "heartbeat").ok());
+  EXPECT_EQ(WriteFileAtomic(P("calib.json"), "engine", "x").code(),
+            ErrorCode::kOutputOverwritesInput);
+  GuardInputsOfThisProcess(false);
+  EXPECT_EQ(Get("calib.json"), "cache");
+}
+
+// A writer's own temporary (the engine cache's) registered with TempRegistration leaves with the
+// process on SIGTERM, as AtomicOutput's do.
+TEST_F(FileIoTest, RegisteredTemporariesAreRemovedOnSigterm) {
+  const std::string tmp = P(".entry.engine.tmp.x");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    TempRegistration reg(tmp);
+    if (!reg.registered()) ::_exit(3);
+    std::ofstream(tmp) << "partial";
+    (void)!::write(ready[1], "r", 1);
+    for (;;) ::pause();
+  }
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  EXPECT_TRUE(fs::exists(tmp));
+  ::kill(child, SIGTERM);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  EXPECT_FALSE(fs::exists(tmp));
+  // Released (after its rename, say): the name is the writer's again and stays.
+  {
+    TempRegistration reg(P("kept"));
+    reg.Release();
+  }
+  Put("kept", "k");
+  EXPECT_EQ(Get("kept"), "k");
+}
+
 }  // namespace
 }  // namespace kiln

@@ -17,6 +17,7 @@
 #include "kiln/distributed/build_once.h"
 #include "kiln/distributed/mpi_comm.h"
 #include "kiln/distributed/nccl_factory.h"
+#include "kiln/distributed/tcp_exchange.h"
 
 namespace {
 
@@ -43,6 +44,44 @@ struct Args {
   int nccl_stuck_rank = -1;        // this rank takes the NCCL id, then never joins the communicator
   bool every_rank_builds = false;  // the baseline: no sharing at all
   std::string report_dir;
+  int die_mid_transfer_ms = -1;  // the builder SIGKILLs itself this long into the engine transfer
+  std::string control = "auto";  // auto | tcp (MASTER_ADDR/MASTER_PORT, as torchrun sets them)
+};
+
+// Forwards to the job's communicator; on the builder, the engine transfer is cut short by the
+// builder's own death (SIGKILL from a thread, while the bytes are on their way): the receivers
+// must then fail with a catalog error within the bound, never hang nor keep partial bytes.
+class DyingCommunicator final : public Communicator {
+ public:
+  DyingCommunicator(std::unique_ptr<Communicator> inner, int die_ms)
+      : inner_(std::move(inner)), die_ms_(die_ms) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string_view kind() const override { return inner_->kind(); }
+  StatusOr<std::vector<std::byte>> AllGather(std::span<const std::byte> mine, Deadline deadline,
+                                             std::string_view what) override {
+    return inner_->AllGather(mine, deadline, what);
+  }
+  Status Broadcast(std::span<std::byte> bytes, int root, Deadline deadline,
+                   std::string_view what) override {
+    if (what == "engine bytes" && root == rank() && die_ms_ >= 0) {
+      std::thread([ms = die_ms_, n = bytes.size()] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        std::fprintf(stderr, "driver pid %d: killed mid-transfer of %zu bytes (test)\n", getpid(),
+                     n);
+        std::fflush(stderr);
+        ::raise(SIGKILL);
+      }).detach();
+    }
+    return inner_->Broadcast(bytes, root, deadline, what);
+  }
+  StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
+    return inner_->Split(color, key);
+  }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  int die_ms_;
 };
 
 // Deterministic bytes (splitmix64), so every process can check it got the right engine.
@@ -159,6 +198,20 @@ int Run(const Args& a) {
     std::fprintf(stderr, "rank %d: arriving %d ms late (test)\n", my_rank, a.absent_ms);
     std::this_thread::sleep_for(std::chrono::milliseconds(a.absent_ms));
   }
+  std::unique_ptr<Communicator> comm;
+  if (a.die_mid_transfer_ms >= 0 || a.control == "tcp") {
+    StatusOr<std::unique_ptr<Communicator>> inner =
+        a.control == "tcp" && me.ok()
+            ? TcpConnect(*me, std::chrono::steady_clock::now() + o.join_timeout)
+            : MpiWorld();
+    if (!inner.ok()) {
+      std::printf("ERROR rank=%d after=0s %s\n", my_rank, inner.status().ToString().c_str());
+      std::fflush(stdout);
+      _exit(2);
+    }
+    comm = std::make_unique<DyingCommunicator>(std::move(inner).value(), a.die_mid_transfer_ms);
+    o.comm = comm.get();
+  }
 
   const CacheKey key = KeyBuilder()
                            .ModelBytes(std::as_bytes(std::span(&a.seed, 1)))
@@ -232,6 +285,10 @@ int main(int argc, char** argv) {
   app.add_option("--absent-ms", a.absent_ms);
   app.add_flag("--every-rank-builds", a.every_rank_builds);
   app.add_option("--report-dir", a.report_dir);
+  app.add_option("--die-mid-transfer-ms", a.die_mid_transfer_ms,
+                 "the builder kills itself (SIGKILL) this long into sending the engine (test)");
+  app.add_option("--control", a.control, "tcp: control over TCP to MASTER_ADDR (no MPI)")
+      ->check(CLI::IsMember({"auto", "tcp"}));
   CLI11_PARSE(app, argc, argv);
   return Run(a);
 }

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "kiln/core/file_io.h"
 #include "kiln/core/logging.h"
 #include "kiln/distributed/rank.h"
 
@@ -490,9 +491,14 @@ TEST_F(EngineCacheTest, GarbageAndVerifyAll) {
   ASSERT_TRUE(cache->Publish(KeyOf(50), Bytes(100, 1)).ok());
   ASSERT_TRUE(cache->Publish(KeyOf(51), Bytes(100, 2)).ok());
   fs::resize_file(cache->EntryPath(KeyOf(51)), 100);
-  const fs::path orphan = dir_ / ".x.engine.tmp.host.1.abc";
+  const fs::path orphan = dir_ / ("." + KeyOf(52) + ".engine.tmp.host.1.abc");
   std::ofstream(orphan) << "partial";
   fs::last_write_time(orphan, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  // Files of the user's that only look alike are not the cache's: never verified nor removed.
+  for (const char* name : {".notes.tmp.old", "plan.takeover.txt", "resnet50.engine"}) {
+    std::ofstream(dir_ / name) << "the user's";
+    fs::last_write_time(dir_ / name, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  }
   StatusOr<std::vector<std::string>> bad = cache->VerifyAll(/*remove=*/false);
   ASSERT_TRUE(bad.ok());
   EXPECT_EQ(*bad, std::vector<std::string>{KeyOf(51)});
@@ -504,6 +510,163 @@ TEST_F(EngineCacheTest, GarbageAndVerifyAll) {
   ASSERT_TRUE(removed.ok());
   EXPECT_EQ(*removed, 1);
   EXPECT_FALSE(fs::exists(orphan));
+  ASSERT_TRUE(cache->Evict(0).ok());
+  for (const char* name : {".notes.tmp.old", "plan.takeover.txt", "resnet50.engine"}) {
+    EXPECT_TRUE(fs::exists(dir_ / name)) << name;
+  }
+}
+
+// ---- lock, heartbeat and takeover files get the entries' trust rules (issue 17) ----------------
+
+int NeverBuild(std::atomic<int>* builds) { return builds->load(); }
+
+TEST_F(EngineCacheTest, LinkedOrSpecialLockFileIsRefusedNeverFollowed) {
+  auto cache = Open(Options());
+  std::atomic<int> builds = 0;
+  // A dangling link: following it with O_CREAT would create its target.
+  const fs::path target = dir_ / "created-through-the-link";
+  fs::create_symlink(target, cache->LockPath(KeyOf(60)));
+  StatusOr<CacheResult> r = cache->GetOrBuild(KeyOf(60), CountingBuild(&builds, Bytes(10, 1)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCacheEntryUntrusted) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("symbolic link"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(fs::exists(target));
+  EXPECT_EQ(NeverBuild(&builds), 0);
+
+  // A FIFO as the lock: refused at once, even with the shared cache trusted.
+  ASSERT_EQ(::mkfifo(cache->LockPath(KeyOf(61)).c_str(), 0600), 0);
+  CacheOptions trusted = Options();
+  trusted.trust_shared = true;
+  auto trusting = Open(trusted);
+  const auto t0 = std::chrono::steady_clock::now();
+  r = trusting->GetOrBuild(KeyOf(61), CountingBuild(&builds, Bytes(10, 1)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCacheEntryUntrusted) << r.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(NeverBuild(&builds), 0);
+}
+
+TEST_F(EngineCacheTest, HeartbeatThatIsAFifoOrALinkNeitherBlocksNorIsRead) {
+  auto cache = Open(Options());
+  std::atomic<int> builds = 0;
+  // A FIFO without a writer: an ordinary open for reading would wait forever.
+  ASSERT_EQ(::mkfifo(cache->HeartbeatPath(KeyOf(62)).c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<CacheResult> r = cache->GetOrBuild(KeyOf(62), CountingBuild(&builds, Bytes(10, 1)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCacheEntryUntrusted) << r.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  // A link to an endless device: not followed.
+  fs::create_symlink("/dev/zero", cache->HeartbeatPath(KeyOf(63)));
+  r = cache->GetOrBuild(KeyOf(63), CountingBuild(&builds, Bytes(10, 1)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCacheEntryUntrusted) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("heartbeat"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(ReadHeartbeat(cache->HeartbeatPath(KeyOf(63))).has_value());
+  EXPECT_EQ(NeverBuild(&builds), 0);
+  // A heartbeat larger than any kiln writes is not one.
+  std::ofstream(cache->HeartbeatPath(KeyOf(64))) << std::string(1 << 20, ' ');
+  EXPECT_FALSE(ReadHeartbeat(cache->HeartbeatPath(KeyOf(64))).has_value());
+}
+
+TEST_F(EngineCacheTest, ControlFilesWritableByOthersAreRefusedUnlessTrusted) {
+  auto cache = Open(Options());
+  std::atomic<int> builds = 0;
+  std::ofstream(cache->LockPath(KeyOf(65))).flush();
+  ASSERT_EQ(::chmod(cache->LockPath(KeyOf(65)).c_str(), 0666), 0);
+  StatusOr<CacheResult> r = cache->GetOrBuild(KeyOf(65), CountingBuild(&builds, Bytes(10, 1)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCacheEntryUntrusted) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("--trust-shared-cache"), std::string::npos);
+  Heartbeat hb;
+  hb.pid = 1;
+  hb.host = "elsewhere";
+  hb.token = "planted";
+  ASSERT_TRUE(WriteHeartbeat(cache->HeartbeatPath(KeyOf(66)), hb).ok());
+  ASSERT_EQ(::chmod(cache->HeartbeatPath(KeyOf(66)).c_str(), 0646), 0);
+  r = cache->GetOrBuild(KeyOf(66), CountingBuild(&builds, Bytes(10, 1)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCacheEntryUntrusted) << r.status().ToString();
+  EXPECT_EQ(NeverBuild(&builds), 0);
+  if (geteuid() == 0) {  // another user's lock file, mode 0644
+    ASSERT_EQ(::chmod(cache->LockPath(KeyOf(65)).c_str(), 0644), 0);
+    ASSERT_EQ(::chown(cache->LockPath(KeyOf(65)).c_str(), 65534, 65534), 0);
+    r = cache->GetOrBuild(KeyOf(65), CountingBuild(&builds, Bytes(10, 1)));
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("another user"), std::string::npos) << r.status().message();
+  }
+  // Accepted when the shared cache is trusted.
+  CacheOptions trusted = Options();
+  trusted.trust_shared = true;
+  auto trusting = Open(trusted);
+  r = trusting->GetOrBuild(KeyOf(65), CountingBuild(&builds, Bytes(10, 1)));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->outcome, CacheOutcome::kBuilt);
+}
+
+TEST_F(EngineCacheTest, PlantedTakeoverMarkerDoesNotHoldTheWaiterToItsBound) {
+  CacheOptions o = Options();
+  o.stale_after = milliseconds(200);
+  auto cache = Open(o);
+  // A holder of the lock that never writes a heartbeat; the waiter's takeover marker for that
+  // case is planted as a link.
+  ForeignBuilder holder(*cache, KeyOf(67), Heartbeat{}, /*beating=*/false);
+  fs::create_symlink(dir_ / "elsewhere", cache->TakeoverMarker(KeyOf(67), "nohb"));
+  std::atomic<int> builds = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<CacheResult> r = cache->GetOrBuild(KeyOf(67), CountingBuild(&builds, Bytes(10, 1)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kCacheEntryUntrusted) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("takeover marker"), std::string::npos);
+  // Long before the 5 s wait bound.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_FALSE(fs::exists(dir_ / "elsewhere"));
+  EXPECT_EQ(NeverBuild(&builds), 0);
+}
+
+TEST_F(EngineCacheTest, LinkedEntryIsNotFollowed) {
+  auto cache = Open(Options());
+  ASSERT_TRUE(cache->Publish(KeyOf(68), Bytes(100, 1)).ok());
+  fs::rename(cache->EntryPath(KeyOf(68)), dir_ / "real-entry");
+  fs::create_symlink(dir_ / "real-entry", cache->EntryPath(KeyOf(68)));
+  StatusOr<std::vector<std::byte>> hit = cache->Lookup(KeyOf(68));
+  ASSERT_FALSE(hit.ok());
+  EXPECT_EQ(hit.status().code(), ErrorCode::kCacheEntryUntrusted) << hit.status().ToString();
+  StatusOr<std::vector<std::string>> bad = cache->VerifyAll(/*remove=*/false);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(*bad, std::vector<std::string>{KeyOf(68)});
+}
+
+// Library writers check their targets against the command's inputs (file_io's guard): the model
+// kept in the cache directory under an entry's name is neither discarded as a corrupt entry nor
+// replaced by a published one, nor evicted.
+TEST_F(EngineCacheTest, InputsOfTheCommandAreNeverReplacedNorRemoved) {
+  GuardInputsOfThisProcess(true);
+  auto cache = Open(Options());
+  const fs::path model = cache->EntryPath(KeyOf(69));
+  std::ofstream(model) << "an ONNX model, not a cache entry";
+  ASSERT_TRUE(OpenInputFile(model.string(), "model").ok());
+  StatusOr<std::vector<std::byte>> hit = cache->Lookup(KeyOf(69));
+  EXPECT_EQ(hit.status().code(), ErrorCode::kOutputOverwritesInput) << hit.status().ToString();
+  Status pub = cache->Publish(KeyOf(69), Bytes(10, 1));
+  EXPECT_EQ(pub.code(), ErrorCode::kOutputOverwritesInput) << pub.ToString();
+  ASSERT_TRUE(cache->Evict(0).ok());
+  // The heartbeat too: a calibration cache named like it is an input of the command.
+  const fs::path calib = cache->HeartbeatPath(KeyOf(70));
+  std::ofstream(calib) << "{}";
+  FileRoles roles;
+  roles.InOut(calib.string(), "calibration cache");
+  ASSERT_TRUE(roles.Check().ok());
+  std::atomic<int> builds = 0;
+  StatusOr<CacheResult> r = cache->GetOrBuild(KeyOf(70), CountingBuild(&builds, Bytes(10, 1)));
+  EXPECT_EQ(r.status().code(), ErrorCode::kOutputOverwritesInput) << r.status().ToString();
+  GuardInputsOfThisProcess(false);
+  std::ifstream in(model);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "an ONNX model, not a cache entry");
+  std::ifstream in2(calib);
+  std::string text2((std::istreambuf_iterator<char>(in2)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text2, "{}");
 }
 
 }  // namespace

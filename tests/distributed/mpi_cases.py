@@ -241,6 +241,56 @@ def case_torchrun_nccl_no_device(a, tmp):
               "explained: " + o)
 
 
+def _check_mid_transfer_errors(lines, bound, text):
+    """Every receiver failed with KILN-E7020 during the transfer (not before it), within `bound`."""
+    for line in lines:
+        check("KILN-E7020" in line, f"the receiver names the lost builder: {line}\n{text}")
+        check("sharing" in line and "engine bytes" in line,
+              f"it failed in the transfer, after the header: {line}\n{text}")
+        after = float(re.search(r"after=([0-9.]+)s", line).group(1))
+        check(after < bound, f"failed within {bound} s: {line}\n{text}")
+
+
+def case_builder_dies_mid_transfer_tcp(a, tmp):
+    # Launched like torchrun (no MPI), control and bytes over TCP through rank 0, which builds a
+    # 128 MiB engine and is SIGKILLed 20 ms into sending it. Every receiver must fail promptly with
+    # KILN-E7020 (not the broken connection's E7014, not a hang until the 20 s transfer bound, not
+    # partial bytes taken for the engine).
+    port = 21000 + (os.getpid() * 7) % 20000
+    args = ["--control", "tcp", "--size", str(128 * MB), "--build-ms", "50",
+            "--die-mid-transfer-ms", "20", "--transfer-ms", "20000", "--join-ms", "10000"]
+    procs = {r: subprocess.Popen([a.driver] + args, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=torchrun_env(r, 4, port))
+             for r in (3, 2, 1, 0)}
+    outs = {r: p.communicate(timeout=60) for r, p in procs.items()}
+    text = "\n".join(f"rank {r} rc {procs[r].returncode}:\n{o}{e[-1500:]}" for r, (o, e) in outs.items())
+    check(procs[0].returncode == -signal.SIGKILL, "the builder died by SIGKILL:\n" + text)
+    check("killed mid-transfer" in outs[0][1], "the builder died in the transfer:\n" + text)
+    for r in (1, 2, 3):
+        check(procs[r].returncode == 2, f"rank {r} failed cleanly:\n" + text)
+        check("RESULT" not in outs[r][0], f"rank {r} took no partial bytes:\n" + text)
+    _check_mid_transfer_errors([l for r in (1, 2, 3) for l in outs[r][0].splitlines()
+                                if l.startswith("ERROR ")], 10, text)
+    check(sum(l.startswith("ERROR ") for r in (1, 2, 3) for l in outs[r][0].splitlines()) == 3,
+          "three receivers reported:\n" + text)
+
+
+def case_builder_dies_mid_transfer_mpi(a, tmp):
+    # The same under mpirun (the CPU path, bytes by MPI_Ibcast). Open MPI's mpirun ends the whole
+    # job when a rank dies by a signal, so a receiver may be stopped by the launcher before it sees
+    # the loss; what kiln must guarantee: no receiver reports success with the builder's partial
+    # bytes, any receiver that reports names the lost builder (KILN-E7020) within the bound, and
+    # the job ends within that bound.
+    r = Run(mpirun_prefix() + ["-np", "3", a.driver, "--size", str(128 * MB), "--build-ms", "50",
+                               "--die-mid-transfer-ms", "20", "--transfer-ms", "20000"], timeout=60)
+    text = r.dump()
+    check(r.rc != 0, "the job fails", r)
+    check("killed mid-transfer" in r.err, "the builder died in the transfer", r)
+    check(not r.results, "no rank took partial bytes for the engine", r)
+    check(r.elapsed < 20 + 10, f"the job ended within the transfer bound ({r.elapsed:.1f} s)", r)
+    _check_mid_transfer_errors(r.errors, 20, text)
+
+
 # ---- plain processes racing on one cache directory (no launcher: world size 1 each) ----
 
 def proc_env():
@@ -351,7 +401,7 @@ def main():
     if fn is None:
         sys.exit(f"no case {a.case}")
     if a.case not in ("race_one_build", "builder_killed", "builder_hung", "corrupt_entry",
-                      "torchrun_nccl_no_device"):
+                      "torchrun_nccl_no_device", "builder_dies_mid_transfer_tcp"):
         if shutil.which("mpirun") is None:
             print("SKIP: mpirun not found")
             return

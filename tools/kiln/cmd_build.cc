@@ -214,6 +214,23 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   files.Output(o.dist_report, "distributed report");
   files.Output(o.metrics.file, "metrics file");
   if (Status s = files.Check(); !s.ok()) return ReportError(s);
+  if (o.distributed && !o.cache_dir.empty()) {
+    // The engine cache writes, locks and removes files in its directory by name; none of this
+    // command's files may be one of them.
+    const std::pair<const std::string*, const char*> own[] = {
+        {&o.model, "model"},
+        {&o.timing_cache, "timing cache"},
+        {&o.calib_cache, "calibration cache"},
+        {&output, "engine"},
+        {&o.report_path, "build report"},
+        {&o.precision_report, "precision report"},
+        {&o.dist_report, "distributed report"},
+        {&o.metrics.file, "metrics file"}};
+    for (const auto& [path, what] : own) {
+      if (Status s = distributed::CheckNotACacheFile(o.cache_dir, *path, what); !s.ok())
+        return ReportError(s);
+    }
+  }
   obs::MetricsExportOptions mo;
   if (o.metrics.port >= 0) mo.port = o.metrics.port;
   mo.file = o.metrics.file;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <regex>
 #include <set>
@@ -170,6 +171,19 @@ int Run(const ConformanceCliOptions& o) {
                                  "no conformance cases (model.onnx + test_data_set_*) under {}",
                                  fmt::join(o.roots, ", ")));
   }
+  // The cases run in child processes, so this process never reads their files itself: declare
+  // them, or --json naming a case's model or data would replace it after the run.
+  FileRoles files;
+  files.Input(o.expected, "expected-pass list");
+  files.Output(o.json_path, "conformance report");
+  for (const std::string& dir : cases) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
+      std::error_code ec2;
+      if (e.is_regular_file(ec2)) files.Input(e.path().string(), "file of case " + dir);
+    }
+  }
+  if (Status s = files.Check(); !s.ok()) return ReportError(s);
   std::set<std::string> expected;
   if (!o.expected.empty()) {
     auto text = ReadInputFile(o.expected, "expected-pass list", uint64_t{16} << 20);

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <thread>
 
+#include "kiln/core/file_io.h"
 #include "kiln/core/logging.h"
 #include "kiln/obs/duration.h"
 #include "kiln/obs/error_counter.h"
@@ -38,6 +39,11 @@ struct Options {
 
 int Run(const Options& o, const GlobalOptions& global) {
   using namespace kiln::obs;
+  // The NVML library named by a path is read (loaded); the metrics file must not replace it.
+  FileRoles files;
+  if (o.nvml_library.find('/') != std::string::npos) files.Input(o.nvml_library, "NVML library");
+  files.Output(o.metrics_file, "metrics file");
+  if (Status s = files.Check(); !s.ok()) return ReportError(s);
   SamplerOptions so;
   auto interval = ParseDuration(o.interval);
   if (!interval.ok()) return ReportError(Status(interval.status()).AddContext("in --interval"));

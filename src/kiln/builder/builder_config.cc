@@ -17,6 +17,12 @@ bool ParseInt(std::string_view s, int64_t* out) {
 
 StatusOr<std::vector<int64_t>> ParseDims(std::string_view s, const std::string& whole) {
   std::vector<int64_t> dims;
+  // A shape ends with a dimension: "1x8x" would otherwise pass for "1x8".
+  if (!s.empty() && s.back() == 'x') {
+    return MakeError(ErrorCode::kInvalidProfile,
+                     "'{}' is not a valid shape in --profile '{}' (write dims as 8x3x224x224)",
+                     std::string(s), whole);
+  }
   while (!s.empty()) {
     size_t x = s.find('x');
     int64_t d;

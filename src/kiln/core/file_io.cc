@@ -12,9 +12,13 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <mutex>
+
+#include "kiln/core/logging.h"
 
 namespace kiln {
 namespace {
@@ -274,6 +278,53 @@ Status CheckOutputPath(const std::string& path, std::string_view what) {
   return OkStatus();
 }
 
+StatusOr<std::string> ResolveOutputPath(const std::string& path, std::string_view what) {
+  if (path.empty()) return MakeError(ErrorCode::kInvalidArgument, "the {} path is empty", what);
+  const std::string name = Basename(path);
+  if (name.empty() || name == "." || name == "..") {
+    return MakeError(ErrorCode::kOutputNotRegular,
+                     "{} '{}' names a directory; kiln writes outputs only as regular files", what,
+                     path);
+  }
+  const std::string dir = DirOf(path);
+  std::unique_ptr<char, decltype(&std::free)> real(::realpath(dir.c_str(), nullptr), &std::free);
+  if (!real) {
+    const int err = errno;
+    return MakeError(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIoError,
+                     "the directory '{}' of the {} '{}' cannot be used: {}", dir, what, path,
+                     std::strerror(err));
+  }
+  const std::string real_dir(real.get());
+  std::error_code ec;
+  std::string lexical = std::filesystem::absolute(dir, ec).lexically_normal().string();
+  while (lexical.size() > 1 && lexical.back() == '/') lexical.pop_back();
+  if (!ec && lexical != real_dir) {
+    // Said, not refused: the real path is what every check then looks at.
+    struct stat st {};
+    const bool named_link = ::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+    if (named_link) {
+      KILN_LOG(Warn, CORE, "the {} '{}' is written in '{}': its directory '{}' is a symbolic link",
+               what, path, real_dir, dir);
+    } else {
+      KILN_LOG(Info, CORE, "the {} '{}' is written in '{}' (its path goes through a symbolic link)",
+               what, path, real_dir);
+    }
+  }
+  return real_dir == "/" ? "/" + name : real_dir + "/" + name;
+}
+
+Status CheckNotAnInput(const std::string& path, std::string_view what) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return OkStatus();
+  if (WasReadByThisProcess(st)) {
+    return MakeError(ErrorCode::kOutputOverwritesInput,
+                     "the {} '{}' is a file this command read as an input; kiln does not replace "
+                     "nor remove it",
+                     what, path);
+  }
+  return OkStatus();
+}
+
 void FileRoles::Input(std::string path, std::string what) {
   if (!path.empty()) roles_.push_back({std::move(path), std::move(what), true, false});
 }
@@ -306,6 +357,13 @@ Status FileRoles::Check() const {
                        out.what, out.path, other.what, other.path, other.what);
     }
   }
+  // Every input of the command counts as read from now on, also the ones read late or by a
+  // library writer's own code (a calibration cache read mid-build): no writer of this process
+  // (the engine cache's entries and heartbeats among them) may then replace one (CheckNotAnInput).
+  for (const Role& r : roles_) {
+    struct stat st {};
+    if (r.read && ::stat(r.path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) RememberInput(st);
+  }
   return OkStatus();
 }
 
@@ -327,6 +385,16 @@ void InstallTempCleanup() {
       ::sigaction(kCleanupSignals[i], &sa, nullptr);
     }
   });
+}
+
+TempRegistration::TempRegistration(const std::string& path) {
+  InstallTempCleanup();
+  slot_ = RegisterTemp(path);
+}
+
+void TempRegistration::Release() {
+  UnregisterTemp(slot_);
+  slot_ = -1;
 }
 
 int RemoveStaleTemporaries(const std::string& path) {
@@ -365,10 +433,14 @@ StatusOr<AtomicOutput> AtomicOutput::Create(const std::string& path, std::string
 StatusOr<AtomicOutput> AtomicOutput::Create(const std::string& path, std::string_view what,
                                             Options options) {
   KILN_RETURN_IF_ERROR(CheckOutputPath(path, what));
-  RemoveStaleTemporaries(path);
+  // Written where the path really leads: the checks, the temporary and the rename all act on the
+  // resolved directory (ResolveOutputPath).
+  KILN_ASSIGN_OR_RETURN(const std::string real, ResolveOutputPath(path, what));
+  KILN_RETURN_IF_ERROR(CheckOutputPath(real, what));
+  RemoveStaleTemporaries(real);
   InstallTempCleanup();
   static std::atomic<uint64_t> counter{0};
-  std::string tmp = fmt::format("{}.tmp.{}.{}.{}", path, ::getpid(), HostTag(), counter++);
+  std::string tmp = fmt::format("{}.tmp.{}.{}.{}", real, ::getpid(), HostTag(), counter++);
   // Registered before it exists, so no signal can fall between its creation and its registration.
   const int slot = RegisterTemp(tmp);
   int raw = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, options.mode);
@@ -378,7 +450,7 @@ StatusOr<AtomicOutput> AtomicOutput::Create(const std::string& path, std::string
     return MakeError(ErrorCode::kIoError, "cannot create the {} '{}' (as '{}'): {}", what, path,
                      tmp, std::strerror(err));
   }
-  return AtomicOutput(path, std::string(what), std::move(tmp), UniqueFd(raw), options, slot);
+  return AtomicOutput(real, std::string(what), std::move(tmp), UniqueFd(raw), options, slot);
 }
 
 AtomicOutput::AtomicOutput(std::string path, std::string what, std::string tmp, UniqueFd fd,

@@ -65,10 +65,25 @@ StatusOr<std::string> ReadBounded(int fd, const std::string& path, std::string_v
 // link. A FIFO, device, socket, directory or symbolic link is KILN-E1011.
 Status CheckOutputPath(const std::string& path, std::string_view what);
 
+// Where an output is really written: its directory resolved through every symbolic link
+// (realpath), then its own name, which is never followed (CheckOutputPath refuses a link there).
+// The rule for a symlinked directory in an output path (issue 17): it is resolved, not refused,
+// and every check (kind of file, same file as an input) applies to the real path; AtomicOutput
+// writes and renames in the resolved directory, so a link swapped in meanwhile cannot redirect
+// the write. A directory that does not exist is KILN-E1003.
+StatusOr<std::string> ResolveOutputPath(const std::string& path, std::string_view what);
+
+// KILN-E1012 when `path` names a file that this process read as an input (while guarded, see
+// GuardInputsOfThisProcess): for writers and removers that do not go through AtomicOutput (the
+// engine cache publishing, evicting or discarding an entry). OK when the path does not exist.
+Status CheckNotAnInput(const std::string& path, std::string_view what);
+
 // The files one command reads and writes, checked once before any work: every output passes
 // CheckOutputPath, inputs that exist are regular files (KILN-E1009), and no output is an input or
 // another output (KILN-E1012; same device and inode, or, for outputs not yet there, the same
-// directory and name). A file read and then rewritten by design (a timing cache) is InOut.
+// directory and name). A file read and then rewritten by design (a timing cache) is InOut. After
+// a successful Check every existing input counts as read by this process (see
+// GuardInputsOfThisProcess), so that no writer replaces it, even before it is read.
 class FileRoles {
  public:
   void Input(std::string path, std::string what);
@@ -133,6 +148,23 @@ Status WriteFileAtomic(const std::string& path, std::string_view what, std::stri
 // signal end the process as it would have (default action re-raised: the parent sees the signal,
 // a shell reports 128+N). AtomicOutput::Create calls it; safe to call again.
 void InstallTempCleanup();
+
+// A temporary that a writer names and creates itself (the engine cache's), registered with the
+// SIGTERM/SIGINT handler (InstallTempCleanup) from construction (before the file exists) until
+// destruction or Release (after the rename): the handler unlinks it if a signal ends the process
+// in between. Holds one of a fixed number of slots; past them the file is not registered.
+class TempRegistration {
+ public:
+  explicit TempRegistration(const std::string& path);
+  TempRegistration(const TempRegistration&) = delete;
+  TempRegistration& operator=(const TempRegistration&) = delete;
+  ~TempRegistration() { Release(); }
+  void Release();
+  bool registered() const { return slot_ >= 0; }
+
+ private:
+  int slot_ = -1;
+};
 
 // Removes `<path>.tmp.<pid>.<this host>.*` files whose pid no longer exists on this host, as a
 // killed writer leaves them. Returns how many were removed.

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <map>
 #include <set>
@@ -387,6 +388,23 @@ std::string BuildOnceReport::ToJson() const {
   return j.dump(2);
 }
 
+namespace {
+
+// A process that has exited, including one its parent has not reaped yet (a zombie answers
+// kill(pid, 0) like a live one).
+bool ProcessGone(int64_t pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
+  std::ifstream stat_file(fmt::format("/proc/{}/stat", pid));
+  std::string text;
+  std::getline(stat_file, text);
+  const size_t paren = text.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= text.size()) return false;
+  const char state = text[paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
+}  // namespace
+
 Status ExplainBuilderWait(Status wait_error, std::string_view builder,
                           std::string_view builder_host, int64_t builder_pid,
                           std::string_view my_host) {
@@ -396,7 +414,13 @@ Status ExplainBuilderWait(Status wait_error, std::string_view builder,
     return wait_error;
   }
   if (builder_host == my_host && builder_pid > 0) {
-    const bool gone = ::kill(static_cast<pid_t>(builder_pid), 0) != 0 && errno == ESRCH;
+    bool gone = ProcessGone(builder_pid);
+    // A dropped connection is seen while the dying builder is still being torn down (its sockets
+    // close before it exits): give it a moment to finish dying.
+    for (int i = 0; !gone && code == ErrorCode::kCommFailed && i < 20; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      gone = ProcessGone(builder_pid);
+    }
     if (gone) {
       return MakeError(ErrorCode::kBuilderLost,
                        "the builder {} died before it sent the engine: its process is gone ({})",
@@ -603,6 +627,12 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   const Deadline xfer_deadline = Clock::now() + options.transfer_timeout;
   Status sent = bulk ? bulk->Broadcast(result.bytes, 0, xfer_deadline)
                      : group->Broadcast(result.bytes, 0, xfer_deadline, "engine bytes");
+  if (!sent.ok() && !leader) {
+    // The builder died (or hangs) mid-transfer: say so (KILN-E7020), not the broken connection.
+    sent = ExplainBuilderWait(std::move(sent), Who(leader_hello),
+                              Text(leader_hello.host, sizeof(leader_hello.host)), leader_hello.pid,
+                              me.host);
+  }
   KILN_RETURN_IF_ERROR_CTX(sent, "sharing {} engine bytes from {}", header.size, Who(leader_hello));
   stats.transfer_s = SecondsSince(t_xfer);
   if (!leader) {

@@ -19,6 +19,7 @@
 #include <random>
 #include <thread>
 
+#include "kiln/core/file_io.h"
 #include "kiln/core/hash.h"
 #include "kiln/core/logging.h"
 #include "kiln/core/params.h"
@@ -90,20 +91,27 @@ Status WriteAll(int fd, std::span<const std::byte> bytes, const fs::path& path) 
 // fsync of the directory. Readers see the old file or the whole new one, never a partial write.
 Status AtomicWrite(const fs::path& path, std::span<const std::byte> head,
                    std::span<const std::byte> body) {
+  // Never over a file this command read (the model or a calibration file kept in the cache
+  // directory, a timing cache named like an entry).
+  KILN_RETURN_IF_ERROR(CheckNotAnInput(path.string(), "engine cache file"));
   const fs::path tmp =
       path.parent_path() / fmt::format(".{}.tmp.{}.{}.{}", path.filename().string(), HostName(),
                                        getpid(), RandomToken());
+  // Registered before it exists: SIGTERM/SIGINT remove it, as they do the CLI's temporaries.
+  TempRegistration registration(tmp.string());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return FileError(errno, "creating", tmp);
   Status s = WriteAll(fd, head, tmp);
   if (s.ok()) s = WriteAll(fd, body, tmp);
   if (s.ok() && ::fsync(fd) != 0) s = FileError(errno, "syncing", tmp);
   if (::close(fd) != 0 && s.ok()) s = FileError(errno, "closing", tmp);
+  if (s.ok()) s = CheckNotAnInput(path.string(), "engine cache file");  // again, just before
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = FileError(errno, "renaming", tmp);
   if (!s.ok()) {
     ::unlink(tmp.c_str());
     return s;
   }
+  registration.Release();
   int dfd = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);  // Best effort: some file systems refuse fsync on directories.
@@ -112,15 +120,24 @@ Status AtomicWrite(const fs::path& path, std::span<const std::byte> head,
   return OkStatus();
 }
 
-// Creates `path` if nobody has: true for the one caller that did, false when it exists.
-StatusOr<bool> CreateExclusive(const fs::path& path) {
+bool TrustShared(const CacheOptions& options);
+Status CheckControlFile(const struct stat& st, const fs::path& path, std::string_view what,
+                        bool trust_shared);
+
+// Creates `path` if nobody has: true for the one caller that did, false when it exists. O_EXCL
+// never follows a link; an existing marker that is not one a kiln of this user made (a link, a
+// special file, another user's file) is KILN-E7017, not a claim that would make this waiter wait.
+StatusOr<bool> CreateExclusive(const fs::path& path, bool trust_shared) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd >= 0) {
     ::close(fd);
     return true;
   }
-  if (errno == EEXIST) return false;
-  return FileError(errno, "creating", path);
+  if (errno != EEXIST) return FileError(errno, "creating", path);
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return false;  // removed meanwhile: its owner finished
+  KILN_RETURN_IF_ERROR(CheckControlFile(st, path, "takeover marker", trust_shared));
+  return false;
 }
 
 bool PidAlive(int64_t pid) {
@@ -289,6 +306,28 @@ bool TrustShared(const CacheOptions& options) {
   return options.trust_shared || param::TrustSharedCache() != 0;
 }
 
+// The rules for the cache's lock, heartbeat and takeover files (KILN-E7017): never a symbolic
+// link nor a special file (whatever the trust: a link would be followed, a FIFO could block), and
+// not another user's nor writable by others unless the shared cache is trusted (who can write it
+// can make every job wait on a build that never comes, or take a build over).
+Status CheckControlFile(const struct stat& st, const fs::path& path, std::string_view what,
+                        bool trust_shared) {
+  if (S_ISLNK(st.st_mode) || !S_ISREG(st.st_mode)) {
+    return MakeError(ErrorCode::kCacheEntryUntrusted,
+                     "engine cache {} {} is a {}; kiln neither follows nor reads it", what,
+                     path.string(), S_ISLNK(st.st_mode) ? "symbolic link" : "special file");
+  }
+  if (std::string why = EntryDistrust(st); !why.empty()) {
+    if (!trust_shared) {
+      return MakeError(ErrorCode::kCacheEntryUntrusted,
+                       "engine cache {} {} is not trusted: {} (accept the risk with "
+                       "--trust-shared-cache)",
+                       what, path.string(), why);
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 std::string_view ToString(CacheOutcome outcome) {
@@ -303,11 +342,28 @@ std::string_view ToString(CacheOutcome outcome) {
   return "?";
 }
 
-std::optional<Heartbeat> ReadHeartbeat(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return std::nullopt;
+StatusOr<std::optional<Heartbeat>> ReadHeartbeatChecked(const fs::path& path, bool trust_shared) {
+  // O_NOFOLLOW: a link is not followed; O_NONBLOCK: a FIFO has no writer to wait for.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return std::optional<Heartbeat>();
+    struct stat lst {};
+    if (::lstat(path.c_str(), &lst) == 0) {
+      KILN_RETURN_IF_ERROR(CheckControlFile(lst, path, "heartbeat", trust_shared));
+    }
+    return FileError(err, "opening the heartbeat", path);
+  }
+  UniqueFd owned(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return FileError(errno, "checking the heartbeat", path);
+  KILN_RETURN_IF_ERROR(CheckControlFile(st, path, "heartbeat", trust_shared));
+  // A heartbeat is a line of JSON; more than this is not one kiln wrote.
+  constexpr uint64_t kMaxHeartbeatBytes = 64 << 10;
+  StatusOr<std::string> text = ReadBounded(fd, path.string(), "heartbeat", kMaxHeartbeatBytes);
+  if (!text.ok()) return std::optional<Heartbeat>();  // unreadable: no heartbeat seen
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::optional<Heartbeat>();
   Heartbeat hb;
   hb.pid = j.value("pid", int64_t{0});
   hb.host = j.value("host", std::string());
@@ -315,7 +371,12 @@ std::optional<Heartbeat> ReadHeartbeat(const fs::path& path) {
   hb.beat = j.value("beat", uint64_t{0});
   hb.started_unix = j.value("started_unix", int64_t{0});
   hb.progress = j.value("progress", std::string());
-  return hb;
+  return std::optional<Heartbeat>(std::move(hb));
+}
+
+std::optional<Heartbeat> ReadHeartbeat(const fs::path& path) {
+  StatusOr<std::optional<Heartbeat>> hb = ReadHeartbeatChecked(path, /*trust_shared=*/false);
+  return hb.ok() ? *hb : std::nullopt;
 }
 
 Status WriteHeartbeat(const fs::path& path, const Heartbeat& hb) {
@@ -329,9 +390,28 @@ Status WriteHeartbeat(const fs::path& path, const Heartbeat& hb) {
   return AtomicWrite(path, {}, std::as_bytes(std::span(text.data(), text.size())));
 }
 
-StatusOr<int> TryLockFile(const fs::path& path) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return FileError(errno, "opening the lock file", path);
+StatusOr<int> TryLockFile(const fs::path& path, bool trust_shared) {
+  // O_NOFOLLOW: a link planted as the lock is not followed (O_CREAT through a dangling link would
+  // create its target); O_NONBLOCK: opening a FIFO does not wait.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    struct stat lst {};
+    if (::lstat(path.c_str(), &lst) == 0) {
+      KILN_RETURN_IF_ERROR(CheckControlFile(lst, path, "lock file", trust_shared));
+    }
+    return FileError(err, "opening the lock file", path);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return FileError(err, "checking the lock file", path);
+  }
+  if (Status s = CheckControlFile(st, path, "lock file", trust_shared); !s.ok()) {
+    ::close(fd);
+    return s;
+  }
   struct flock fl {};
   fl.l_type = F_WRLCK;
   fl.l_whence = SEEK_SET;
@@ -398,10 +478,17 @@ StatusOr<std::vector<std::byte>> EngineCache::Lookup(std::string_view key, int* 
     return MakeError(ErrorCode::kInvalidArgument, "'{}' is not a cache key (32 hex digits)", key);
   }
   const fs::path path = EntryPath(key);
-  // O_NONBLOCK: a FIFO planted under an entry's name must not hang the lookup.
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO planted under an entry's name must not hang the lookup; O_NOFOLLOW: a
+  // link there is not followed (to a file of the user's, or one of another user's).
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return MakeError(ErrorCode::kNotFound, "no cache entry {}", key);
+    if (errno == ELOOP) {
+      return MakeError(ErrorCode::kCacheEntryUntrusted,
+                       "cache entry {} is a symbolic link; kiln does not follow links in its cache "
+                       "(remove it)",
+                       path.string());
+    }
     return FileError(errno, "opening", path);
   }
   struct stat st {};
@@ -430,9 +517,13 @@ StatusOr<std::vector<std::byte>> EngineCache::Lookup(std::string_view key, int* 
     return bytes;
   }
   ::close(fd);
+  // Not a cache entry but a file this command reads (the model kept in the cache directory under
+  // an entry's name): it is not ours to remove.
+  KILN_RETURN_IF_ERROR_CTX(CheckNotAnInput(path.string(), "corrupt cache entry"),
+                           "cache entry {} is not a valid entry ({})", key, problem);
   // Remove only the file we judged: a good entry may have been renamed over it meanwhile.
   struct stat now {};
-  if (::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino) ::unlink(path.c_str());
+  if (::lstat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino) ::unlink(path.c_str());
   if (discarded) ++*discarded;
   LogWithCode(
       LogLevel::kWarn, ErrorCode::kCacheEntryCorrupt,
@@ -472,7 +563,7 @@ StatusOr<CacheResult> EngineCache::GetOrBuild(std::string_view key, const BuildF
     }
     if (hit.status().code() != ErrorCode::kNotFound) return hit.status();
 
-    KILN_ASSIGN_OR_RETURN(int lock_fd, TryLockFile(LockPath(key)));
+    KILN_ASSIGN_OR_RETURN(int lock_fd, TryLockFile(LockPath(key), TrustShared(options_)));
     if (lock_fd >= 0) {
       // Someone may have published between our lookup and our lock.
       hit = Lookup(key, &result.discarded_corrupt);
@@ -486,16 +577,26 @@ StatusOr<CacheResult> EngineCache::GetOrBuild(std::string_view key, const BuildF
       // reads that heartbeat takes over too.
       // (If a waiter already claimed it, that waiter publishes the same bytes too.)
       fs::path marker;
-      if (std::optional<Heartbeat> old = ReadHeartbeat(HeartbeatPath(key))) {
-        marker = TakeoverMarker(key, old->token);
-        StatusOr<bool> claimed = CreateExclusive(marker);
-        if (!claimed.ok() || !*claimed) marker.clear();
+      StatusOr<std::optional<Heartbeat>> old =
+          ReadHeartbeatChecked(HeartbeatPath(key), TrustShared(options_));
+      if (!old.ok()) {
+        ::close(lock_fd);
+        return old.status();
+      }
+      if (*old) {
+        marker = TakeoverMarker(key, (*old)->token);
+        StatusOr<bool> claimed = CreateExclusive(marker, TrustShared(options_));
+        if (!claimed.ok()) {
+          ::close(lock_fd);
+          return claimed.status();
+        }
+        if (!*claimed) marker.clear();
       }
       return BuildAndPublish(key, build, lock_fd, marker, std::move(result));
     }
 
     const Clock::time_point now = Clock::now();
-    hb = ReadHeartbeat(HeartbeatPath(key));
+    KILN_ASSIGN_OR_RETURN(hb, ReadHeartbeatChecked(HeartbeatPath(key), TrustShared(options_)));
     const Clock::duration dead_grace = std::min<Clock::duration>(
         options_.stale_after, std::max<Clock::duration>(4 * options_.poll_interval, Millis(200)));
     const std::string stale = tracker.Observe(hb, now, options_.stale_after, dead_grace, my_host);
@@ -503,7 +604,7 @@ StatusOr<CacheResult> EngineCache::GetOrBuild(std::string_view key, const BuildF
       // One waiter per stale build attempt wins the marker and rebuilds without the lock (a hung
       // holder may keep it forever); the rest keep waiting for the new builder's heartbeat.
       const fs::path marker = TakeoverMarker(key, hb ? hb->token : "nohb");
-      KILN_ASSIGN_OR_RETURN(bool claimed, CreateExclusive(marker));
+      KILN_ASSIGN_OR_RETURN(bool claimed, CreateExclusive(marker, TrustShared(options_)));
       if (claimed) {
         const bool other_host = hb && hb->host != my_host;
         LogWithCode(LogLevel::kWarn, ErrorCode::kStaleBuilderLock,
@@ -608,11 +709,19 @@ StatusOr<std::vector<CacheEntryInfo>> EngineCache::List() const {
   for (const fs::directory_entry& e : fs::directory_iterator(options_.dir, ec)) {
     const std::string name = e.path().filename().string();
     if (!name.ends_with(kEntrySuffix) || name.starts_with(".")) continue;
-    std::error_code ec2;
     CacheEntryInfo info;
     info.key = name.substr(0, name.size() - kEntrySuffix.size());
-    info.bytes = e.file_size(ec2);
-    info.last_used = e.last_write_time(ec2);
+    // Only the cache's own entries: a user's "resnet.engine" (TensorRT's usual name) in the same
+    // directory is not an entry to verify, remove or evict.
+    if (!IsKeyName(info.key)) continue;
+    // lstat: a link or a special file planted as an entry is listed (VerifyAll reports it), with
+    // its own size, never its target's.
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) != 0) continue;  // removed meanwhile
+    info.bytes = S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+    std::error_code ec2;
+    info.last_used =
+        S_ISREG(st.st_mode) ? e.last_write_time(ec2) : fs::file_time_type::clock::now();
     if (!ec2) out.push_back(std::move(info));
   }
   if (ec) return FileError(ec.value(), "listing", options_.dir / ".");
@@ -631,6 +740,7 @@ StatusOr<int> EngineCache::Evict(uint64_t max_bytes, std::string_view keep) {
     if (total <= max_bytes) break;
     if (e.key == keep) continue;
     const fs::path path = EntryPath(e.key);
+    if (!CheckNotAnInput(path.string(), "cache entry").ok()) continue;  // this command's input
     if (::unlink(path.c_str()) == 0) {
       total -= e.bytes;
       ++removed;
@@ -646,14 +756,19 @@ StatusOr<int> EngineCache::Evict(uint64_t max_bytes, std::string_view keep) {
 StatusOr<int> EngineCache::CollectGarbage(std::chrono::seconds older_than) {
   int removed = 0;
   std::error_code ec;
-  const auto cutoff = fs::file_time_type::clock::now() - older_than;
+  const time_t cutoff_unix = ::time(nullptr) - static_cast<time_t>(older_than.count());
   for (const fs::directory_entry& e : fs::directory_iterator(options_.dir, ec)) {
     const std::string name = e.path().filename().string();
     const bool temp = name.starts_with(".") && name.find(".tmp.") != std::string::npos;
     const bool marker = name.find(".takeover.") != std::string::npos;
-    if (!temp && !marker) continue;
-    std::error_code ec2;
-    if (e.last_write_time(ec2) < cutoff && !ec2 && fs::remove(e.path(), ec2)) ++removed;
+    // Only names the cache makes (.<key>.engine.tmp.*, <key>.takeover.*): never a user's file
+    // that happens to contain ".tmp." or ".takeover.".
+    if ((!temp && !marker) || !IsCacheFileName(name)) continue;
+    if (!CheckNotAnInput(e.path().string(), "cache file").ok()) continue;
+    // The link itself is judged and removed, never what it points to.
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) != 0) continue;
+    if (st.st_mtime < cutoff_unix && ::unlink(e.path().c_str()) == 0) ++removed;
   }
   if (ec) return FileError(ec.value(), "listing", options_.dir / ".");
   return removed;
@@ -669,7 +784,13 @@ StatusOr<std::vector<std::string>> EngineCache::VerifyAll(bool remove) {
       if (discarded > 0) bad.push_back(e.key);
       continue;
     }
-    int fd = ::open(EntryPath(e.key).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    int fd = ::open(EntryPath(e.key).c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ELOOP) {
+      bad.push_back(e.key);
+      LogWithCode(LogLevel::kWarn, ErrorCode::kCacheEntryUntrusted,
+                  fmt::format("cache entry {} is a symbolic link", EntryPath(e.key).string()));
+      continue;
+    }
     if (fd < 0) continue;  // evicted meanwhile
     std::vector<std::byte> bytes;
     struct stat st {};
@@ -688,6 +809,32 @@ StatusOr<std::vector<std::string>> EngineCache::VerifyAll(bool remove) {
     }
   }
   return bad;
+}
+
+bool IsCacheFileName(std::string_view name) {
+  if (name.starts_with(".")) name.remove_prefix(1);  // a temporary: .<key>.<kind>.tmp.*
+  if (name.size() < 33 || !IsKeyName(name.substr(0, 32))) return false;
+  const std::string_view rest = name.substr(32);
+  return rest.starts_with(kEntrySuffix) || rest.starts_with(".lock") || rest.starts_with(".hb") ||
+         rest.starts_with(".takeover.");
+}
+
+Status CheckNotACacheFile(const fs::path& dir, const std::string& path, std::string_view what) {
+  if (path.empty()) return OkStatus();
+  const fs::path p(path);
+  if (!IsCacheFileName(p.filename().string())) return OkStatus();
+  struct stat cache_dir {};
+  struct stat parent {};
+  const fs::path parent_path = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  if (::stat(dir.c_str(), &cache_dir) != 0 || ::stat(parent_path.c_str(), &parent) != 0 ||
+      cache_dir.st_dev != parent.st_dev || cache_dir.st_ino != parent.st_ino) {
+    return OkStatus();
+  }
+  return MakeError(ErrorCode::kOutputOverwritesInput,
+                   "the {} '{}' lies in the engine cache directory {} under a name the cache "
+                   "manages; the cache would replace, lock or remove it: keep the command's own "
+                   "files outside the cache directory",
+                   what, path, dir.string());
 }
 
 }  // namespace kiln::distributed

@@ -104,12 +104,28 @@ class EngineCache {
   CacheOptions options_;
 };
 
-// Heartbeat files, public for `kiln cache ls` and tests.
+// Heartbeat files, public for `kiln cache ls` and tests. ReadHeartbeatChecked never follows a link
+// nor waits on a FIFO and reads at most 64 KiB; a link, a special file, or (unless trust_shared)
+// a file of another user or writable by others is KILN-E7017. An absent or unparsable heartbeat
+// is nullopt. ReadHeartbeat is nullopt for all of those.
+StatusOr<std::optional<Heartbeat>> ReadHeartbeatChecked(const std::filesystem::path& path,
+                                                        bool trust_shared);
 std::optional<Heartbeat> ReadHeartbeat(const std::filesystem::path& path);
 Status WriteHeartbeat(const std::filesystem::path& path, const Heartbeat& hb);
 
 // Takes the key's lock without waiting: an fd holding an open-file-description lock, -1 when
-// another holder has it. Errors: read-only directory, file system without locks.
-StatusOr<int> TryLockFile(const std::filesystem::path& path);
+// another holder has it. Errors: read-only directory, file system without locks; a lock file that
+// is a link or a special file, or (unless trust_shared) another user's or writable by others, is
+// KILN-E7017 (never followed, never waited on).
+StatusOr<int> TryLockFile(const std::filesystem::path& path, bool trust_shared = false);
+
+// Whether `name` (no directory) is one the cache manages in its directory: an entry, a lock, a
+// heartbeat, a takeover marker, or a temporary of one.
+bool IsCacheFileName(std::string_view name);
+// KILN-E1012 when `path` lies in the cache directory `dir` under a name the cache manages: the
+// cache would replace, lock or remove it. A command checks each of its files with it (a model or a
+// timing cache kept in the cache directory under an entry's name). OK when `dir` is not there yet.
+Status CheckNotACacheFile(const std::filesystem::path& dir, const std::string& path,
+                          std::string_view what);
 
 }  // namespace kiln::distributed

@@ -95,8 +95,9 @@ Status Transfer(int fd, void* buf, size_t n, bool write, Deadline deadline, std:
                             : ::recv(fd, static_cast<char*>(buf) + done, n - done, 0);
     if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (k <= 0) {
-      return MakeError(ErrorCode::kCommFailed, "{} {}: {}", write ? "sending to" : "receiving from",
-                       peer, k == 0 ? "the peer closed the connection" : std::strerror(errno));
+      return MakeError(ErrorCode::kCommFailed, "{} {}: {} (after {} of {} bytes)",
+                       write ? "sending to" : "receiving from", peer,
+                       k == 0 ? "the peer closed the connection" : std::strerror(errno), done, n);
     }
     done += static_cast<size_t>(k);
   }

@@ -3,6 +3,7 @@
 #include "kiln/obs/nvml.h"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
@@ -105,6 +106,14 @@ void Resolve(void* lib, Fn* slot, const char* symbol) {
 Nvml::Nvml() : api_(std::make_unique<Api>()) {}
 
 StatusOr<std::unique_ptr<Nvml>> Nvml::Load(const std::string& library) {
+  // dlopen would block on a FIFO named as the library (its open waits for a writer) and read a
+  // device: a path (not a bare name searched by the loader) must be a regular file.
+  struct stat st {};
+  if (library.find('/') != std::string::npos && ::stat(library.c_str(), &st) == 0 &&
+      !S_ISREG(st.st_mode)) {
+    return MakeError(ErrorCode::kNvmlUnavailable,
+                     "cannot load {}: not a regular file (a FIFO, device or directory)", library);
+  }
   ::dlerror();
   void* lib = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
