@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 #include "kiln/backends/backend.h"
@@ -297,6 +298,14 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
 }  // namespace
 
 namespace {
+// The set-up pool's bound: BuilderConfig::setup_threads, KILN_BUILD_SETUP_THREADS, else one per hardware thread (at most 16).
+int SetupThreads(const BuilderConfig& config) {
+  if (config.setup_threads > 0) return std::min(config.setup_threads, 256);
+  const int64_t given = param::BuildSetupThreads();
+  if (given > 0) return static_cast<int>(std::min<int64_t>(given, 256));
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+}
+
 // Everything a build carries from one phase to the next. Each phase reads what the earlier ones
 // left and adds its own part; BuildEngine runs them in order.
 struct BuildState {
@@ -320,6 +329,8 @@ struct BuildState {
   precision::PrecisionResult assigned;             // precision
   std::vector<LayerSearch> searches;               // tactics: layers and their candidates
   Clock::time_point tactics_start;                 // tactics .. timing form the tactic phase
+  std::optional<TimingCache> cache;                // tactics (warm layers), timing
+  bool cache_file_current = false;                 // the file holds exactly what `cache` holds
   std::optional<int64_t> budget;                   // budget: bytes for the whole engine
   TacticSearchOptions search;                      // budget, timing
   std::vector<LayerDesc> layers;                   // timing: the chosen tactics
@@ -408,12 +419,85 @@ Status PrecisionPhase(BuildState& s) {
   return OkStatus();
 }
 
-// Tactics: every layer's request and candidate tactics (heuristic order: first provider's first
-// tactic first) and its signature.
-Status TacticsPhase(BuildState& s) {
+// The timing cache for this build's device and libraries, loaded from the file when one is given.
+Status LoadTimingCache(BuildState& s) {
+  const BuilderConfig& config = s.config;
+  if (config.timing_cache_path.empty()) return OkStatus();
+  s.cache.emplace(fmt::format("{}|{}|{}", ToString(config.backend), s.device.arch,
+                              s.device.library_versions));
+  if (Status st = s.cache->Load(config.timing_cache_path); !st.ok()) {
+    // A path that names no cache file at all (a FIFO, a device, a huge file) is the user's
+    // mistake to fix, not a stale cache to replace.
+    if (IsWrongFileKind(st)) return st;
+    Warn(s.rep, st);
+  } else {
+    s.cache_file_current = std::filesystem::exists(config.timing_cache_path);
+  }
+  return OkStatus();
+}
+
+bool IsInt8Layer(const BuildState& s, const Node& node) {
+  auto lp = s.assigned.layers.find(node.name());
+  return lp != s.assigned.layers.end() && lp->second.int8;
+}
+
+// Asks the providers for the layer's tactics, the first TacticsPerProvider(opt_level) of each
+// (opt level 0, or search_tactics off: the heuristic's one).
+void ListCandidates(BuildState& s, LayerSearch& l) {
+  const BuilderConfig& config = s.config;
+  const bool search = config.search_tactics && config.opt_level > 0;
+  const int per_provider = search ? TacticsPerProvider(config.opt_level) : 1;
+  l.request.max_tactics = per_provider;
+  l.candidates.clear();
+  l.from_cache = false;
+  // An INT8 layer takes only INT8 tactics. Other layers need no filter: providers offer
+  // quantized tactics only to annotated nodes, and an "i8-" tactic of an unannotated node is a
+  // plain int8-dtype kernel (an int8 Add), which must stay.
+  const bool int8 = IsInt8Layer(s, *l.node);
+  const auto generate_start = Clock::now();
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *l.node)) {
+    int taken = 0;
+    for (TacticConfig& t : p->Tactics(l.request)) {
+      if (int8 && !t.name.starts_with(precision::kInt8TacticPrefix)) continue;
+      if (per_provider && taken == per_provider) break;
+      l.candidates.push_back({p, std::move(t)});
+      ++taken;
+    }
+  }
+  l.generate_seconds += Seconds(generate_start);
+  ++s.rep.time_breakdown.layers_listed;
+  if (!search && l.candidates.size() > 1) l.candidates.resize(1);
+}
+
+// A warm layer: the timing cache's winner for its signature becomes its one candidate, without
+// listing the providers' tactics (for cuDNN, finalising their plans); only that kernel is made.
+// False when the cache has no usable entry.
+bool TakeCachedWinner(BuildState& s, LayerSearch& l) {
+  const BuilderConfig& config = s.config;
+  if (!s.cache || !config.search_tactics || config.opt_level == 0) return false;
+  if (l.opt_in.empty() && !l.request.inputs.empty()) return false;  // never timed
+  const TimingEntry* e = s.cache->Find(l.signature);
+  if (!e) return false;
+  const KernelProvider* provider = nullptr;
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *l.node)) {
+    if (p->id() == e->provider_id) provider = p;
+  }
+  if (!provider) return false;
+  if (IsInt8Layer(s, *l.node) && !e->tactic.name.starts_with(precision::kInt8TacticPrefix)) {
+    return false;
+  }
+  l.candidates = {{provider, e->tactic}};
+  l.from_cache = true;
+  ++s.rep.time_breakdown.layers_from_cache;
+  return true;
+}
+
+// Every layer's request, signature and candidate tactics (heuristic order: first provider's first
+// tactic first); a layer the timing cache knows takes its winner alone. Layers without any
+// candidate go to *unbuildable.
+Status ListLayers(BuildState& s, std::vector<Node*>* unbuildable) {
   Graph& graph = s.graph();
   const BuilderConfig& config = s.config;
-  s.tactics_start = Clock::now();
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
   KILN_ASSIGN_OR_RETURN(auto max_dims, ConcreteDims(graph, order, config.profile, 2));
   KILN_ASSIGN_OR_RETURN(auto opt_dims_of, ConcreteDims(graph, order, config.profile, 1));
@@ -424,27 +508,6 @@ Status TacticsPhase(BuildState& s) {
     // Max dims come from the shape rules run on integers (symbolic substitution cannot see
     // through every data-dependent shape; the rules can).
     l.request = MakeKernelRequest(*node, max_dims);
-    // An INT8 layer takes only INT8 tactics. Other layers need no filter: providers offer
-    // quantized tactics only to annotated nodes, and an "i8-" tactic of an unannotated node is a
-    // plain int8-dtype kernel (an int8 Add), which must stay.
-    auto lp = s.assigned.layers.find(node->name());
-    const bool int8 = lp != s.assigned.layers.end() && lp->second.int8;
-    const auto generate_start = Clock::now();
-    for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *node)) {
-      for (TacticConfig& t : p->Tactics(l.request)) {
-        if (int8 && !t.name.starts_with(precision::kInt8TacticPrefix)) continue;
-        l.candidates.push_back({p, std::move(t)});
-      }
-    }
-    l.generate_seconds = Seconds(generate_start);
-    if (!config.search_tactics && l.candidates.size() > 1) l.candidates.resize(1);
-    if (l.candidates.empty()) {
-      std::vector<std::string> types;
-      for (const auto& d : l.request.inputs) types.push_back(std::string(ToString(d.dtype)));
-      missing.push_back(fmt::format("'{}' ({}; inputs {})", node->name(), node->op_type(),
-                                    fmt::join(types, ",")));
-      continue;
-    }
     bool known = true;
     auto opt_dims = [&](const Value* v, std::vector<std::vector<int64_t>>& out) {
       std::vector<int64_t> dims;
@@ -465,6 +528,15 @@ Status TacticsPhase(BuildState& s) {
       l.opt_out.clear();
     }
     l.signature = LayerSignature(l.request, l.opt_in);
+    if (!TakeCachedWinner(s, l)) ListCandidates(s, l);
+    if (l.candidates.empty()) {
+      std::vector<std::string> types;
+      for (const auto& d : l.request.inputs) types.push_back(std::string(ToString(d.dtype)));
+      missing.push_back(fmt::format("'{}' ({}; inputs {})", node->name(), node->op_type(),
+                                    fmt::join(types, ",")));
+      unbuildable->push_back(node);
+      continue;
+    }
     s.searches.push_back(std::move(l));
   }
   if (!missing.empty()) {
@@ -472,6 +544,40 @@ Status TacticsPhase(BuildState& s) {
                      missing.size(), ToString(config.backend), fmt::join(missing, ", "));
   }
   return OkStatus();
+}
+
+// Tactics: the layers and their candidates. The precision phase gave layers FP16/BF16 from the
+// providers' static capability; one whose reduced kernel cannot be built after all (no cuDNN
+// plan finalises for it) falls back to FP32 here, with the reason in the report, and the layers
+// are listed again (the providers remember their answers, so that costs little).
+Status TacticsPhase(BuildState& s) {
+  s.tactics_start = Clock::now();
+  KILN_RETURN_IF_ERROR(LoadTimingCache(s));
+  std::vector<Node*> unbuildable;
+  Status listed = ListLayers(s, &unbuildable);
+  if (listed.ok()) return OkStatus();
+  bool demoted = false;
+  for (Node* node : unbuildable) {
+    auto lp = s.assigned.layers.find(node->name());
+    if (lp == s.assigned.layers.end() || lp->second.int8 ||
+        (lp->second.dtype != DataType::kFloat16 && lp->second.dtype != DataType::kBFloat16)) {
+      continue;
+    }
+    const std::string reason = fmt::format(
+        "fp32: the {} backend offered {} for this layer but built no {} kernel for it (weights "
+        "keep their {} rounding)",
+        ToString(s.config.backend), ToString(lp->second.dtype), ToString(lp->second.dtype),
+        ToString(lp->second.dtype));
+    KILN_RETURN_IF_ERROR(precision::DemoteToFp32(s.graph(), *node, reason, s.assigned));
+    Warn(s.rep, MakeError(ErrorCode::kNoTactic, "layer '{}': {}", node->name(), reason));
+    demoted = true;
+  }
+  if (!demoted) return listed;
+  s.rep.casts_inserted = s.assigned.casts_inserted;
+  s.searches.clear();
+  s.rep.time_breakdown.layers_listed = s.rep.time_breakdown.layers_from_cache = 0;
+  unbuildable.clear();
+  return ListLayers(s, &unbuildable);
 }
 
 // Budget: the memory budget bounds weights + activations (fixed by the graph) + the largest
@@ -516,37 +622,53 @@ Status TimingPhase(BuildState& s) {
   s.search.progress = config.progress;
   s.search.max_kernel_time_ms = config.max_kernel_time_ms;
   if (config.deadline) s.search.deadline = s.start + *config.deadline;
-  std::optional<TimingCache> cache;
-  bool cache_file_current = false;  // the file holds exactly what `cache` holds
-  if (!config.timing_cache_path.empty()) {
-    cache.emplace(fmt::format("{}|{}|{}", ToString(config.backend), s.device.arch,
-                              s.device.library_versions));
-    if (Status st = cache->Load(config.timing_cache_path); !st.ok()) {
-      // A path that names no cache file at all (a FIFO, a device, a huge file) is the user's
-      // mistake to fix, not a stale cache to replace.
-      if (IsWrongFileKind(st)) return st;
-      Warn(rep, st);
-    } else {
-      cache_file_current = std::filesystem::exists(config.timing_cache_path);
+  s.search.early_stop = config.opt_level < kMaxOptLevel;
+  s.search.setup_threads = SetupThreads(config);
+  rep.time_breakdown.opt_level = config.opt_level;
+  // A cached winner whose workspace no longer fits the budget: back to the listed candidates.
+  for (LayerSearch& l : s.searches) {
+    if (l.from_cache && s.search.max_workspace_bytes &&
+        static_cast<int64_t>(l.candidates[0].tactic.workspace_bytes) >
+            *s.search.max_workspace_bytes) {
+      --rep.time_breakdown.layers_from_cache;
+      ListCandidates(s, l);
     }
-    s.search.cache = &*cache;
   }
+  if (s.cache) s.search.cache = &*s.cache;
   KILN_RETURN_IF_ERROR(SearchTactics(*s.backend, s.searches, s.search, &rep));
   // A build that timed nothing new leaves a valid cache file as it is: rewriting it (lock, merge,
   // atomic rename) was most of a warm build's cache work.
-  if (cache && (cache->modified() || !cache_file_current)) {
-    if (Status st = cache->Save(config.timing_cache_path); !st.ok()) {
+  if (s.cache && (s.cache->modified() || !s.cache_file_current)) {
+    if (Status st = s.cache->Save(config.timing_cache_path); !st.ok()) {
       if (IsWrongFileKind(st)) return st;
       Warn(rep, st);
     }
   }
-  s.search.cache = nullptr;
   for (LayerSearch& l : s.searches) {
-    TacticCandidate& c = l.candidates[l.chosen];
     // The plan reserves what the kernel itself asks for at the max shapes (a tactic's estimate
     // may not know every dim); the runtime checks the same figure again.
-    KILN_ASSIGN_OR_RETURN(size_t prepared, PreparedWorkspace(l, c));
-    c.tactic.workspace_bytes = std::max(c.tactic.workspace_bytes, prepared);
+    StatusOr<size_t> prepared = PreparedWorkspace(l, l.candidates[l.chosen]);
+    if (!prepared.ok() && l.from_cache) {
+      // The cached winner cannot be made here (a stale cache, another library build): this
+      // layer takes the heuristic's tactic, as a cold build would before timing.
+      Warn(rep, MakeError(ErrorCode::kTimingCacheInvalid,
+                          "the timing cache's tactic {} for layer '{}' cannot be created ({}); "
+                          "using the heuristic's tactic (rebuild the cache to time it again)",
+                          l.candidates[0].tactic.name, l.node->name(),
+                          prepared.status().message()));
+      --rep.time_breakdown.layers_from_cache;
+      ListCandidates(s, l);
+      if (l.candidates.empty()) {
+        return MakeError(ErrorCode::kNoTactic, "layer '{}' ({}) has no {} implementation",
+                         l.node->name(), l.node->op_type(), ToString(config.backend));
+      }
+      l.chosen = 0;
+      l.time_ms = -1;
+      prepared = PreparedWorkspace(l, l.candidates[0]);
+    }
+    KILN_RETURN_IF_ERROR(prepared.status());
+    TacticCandidate& c = l.candidates[l.chosen];
+    c.tactic.workspace_bytes = std::max(c.tactic.workspace_bytes, *prepared);
     LayerDesc layer;
     layer.node = l.node;
     layer.provider_id = std::string(c.provider->id());
@@ -643,6 +765,10 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   rep = BuildReport();
   rep.model_name = input.model_name;
   rep.backend = std::string(ToString(requested.backend));
+  if (requested.opt_level < kMinOptLevel || requested.opt_level > kMaxOptLevel) {
+    return MakeError(ErrorCode::kInvalidArgument, "optimisation level {} is outside {}..{}",
+                     requested.opt_level, kMinOptLevel, kMaxOptLevel);
+  }
   BuildState s(std::move(input), requested, rep);
 
   KILN_RETURN_IF_ERROR(OptimisePhase(s));
@@ -658,6 +784,12 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   rep.build_seconds = Seconds(s.start);
   s.Progress("done", 1, 1, "");
   return engine;
+}
+
+double BuildReport::TacticsOtherSeconds() const {
+  const BuildTimeBreakdown& b = time_breakdown;
+  return std::max(0.0, phase_seconds_tactics - b.generate_seconds - b.setup_wall_seconds -
+                           b.timing_seconds);
 }
 
 std::string BuildReport::ToJson() const {
@@ -716,29 +848,40 @@ std::string BuildReport::ToJson() const {
   w.EndObject();
   w.Key("tactics_reused").Int(tactics_reused);
   w.Key("tactics_timed").Int(tactics_timed);
+  const BuildTimeBreakdown& b = time_breakdown;
   w.Key("time_breakdown").BeginObject();
-  w.Key("generate_seconds").Double(time_breakdown.generate_seconds);
-  w.Key("precision_query_seconds").Double(time_breakdown.precision_query_seconds);
-  w.Key("setup_seconds").Double(time_breakdown.setup_seconds);
+  w.Key("early_stops").Int(b.early_stops);
+  w.Key("generate_seconds").Double(b.generate_seconds);
+  w.Key("inputs_seconds").Double(b.inputs_seconds);
+  w.Key("layers_from_cache").Int(b.layers_from_cache);
+  w.Key("layers_listed").Int(b.layers_listed);
+  w.Key("opt_level").Int(b.opt_level);
+  w.Key("precision_query_seconds").Double(b.precision_query_seconds);
+  w.Key("setup_max_concurrency").Int(b.setup_max_concurrency);
+  w.Key("setup_seconds").Double(b.setup_seconds);
+  w.Key("setup_threads").Int(b.setup_threads);
+  w.Key("setup_wall_seconds").Double(b.setup_wall_seconds);
+  w.Key("setups").Int(b.setups);
   w.Key("signatures").BeginArray();
-  for (const SignatureTime& t : time_breakdown.signatures) {
+  for (const SignatureTime& t : b.signatures) {
     w.BeginObject();
     w.Key("candidates").Int(t.candidates);
+    w.Key("early_stops").Int(t.early_stops);
     w.Key("first_layer").String(t.first_layer);
     w.Key("generate_seconds").Double(t.generate_seconds);
+    w.Key("inputs_seconds").Double(t.inputs_seconds);
     w.Key("layers").Int(t.layers);
     w.Key("op").String(t.op_type);
     w.Key("setup_seconds").Double(t.setup_seconds);
+    w.Key("setups").Int(t.setups);
     w.Key("signature").String(t.signature);
     w.Key("timed").Int(t.timed);
     w.Key("timing_seconds").Double(t.timing_seconds);
     w.EndObject();
   }
   w.EndArray();
-  w.Key("tactics_other_seconds")
-      .Double(std::max(0.0, phase_seconds_tactics - time_breakdown.generate_seconds -
-                                time_breakdown.setup_seconds - time_breakdown.timing_seconds));
-  w.Key("timing_seconds").Double(time_breakdown.timing_seconds);
+  w.Key("tactics_other_seconds").Double(TacticsOtherSeconds());
+  w.Key("timing_seconds").Double(b.timing_seconds);
   w.EndObject();
   w.Key("timing_cache_hits").Int(timing_cache_hits);
   w.Key("warnings").StringArray(warnings);
@@ -794,27 +937,31 @@ std::string BuildReport::TimeText(bool per_signature) const {
       "tactics {:.3f} s  plan {:.3f} s\n",
       phase_seconds_import, phase_seconds_passes, phase_seconds_precision,
       b.precision_query_seconds, phase_seconds_tactics, phase_seconds_plan);
-  const double other = std::max(
-      0.0, phase_seconds_tactics - b.generate_seconds - b.setup_seconds - b.timing_seconds);
   out += fmt::format(
       "    tactics: listing candidates {:.3f} s  set-up {:.3f} s  timing {:.3f} s  other {:.3f} "
       "s\n",
-      b.generate_seconds, b.setup_seconds, b.timing_seconds, other);
+      b.generate_seconds, b.setup_wall_seconds, b.timing_seconds, TacticsOtherSeconds());
+  out += fmt::format(
+      "    search: opt level {}  layers listed {}  from the timing cache {}  candidates set up {} "
+      "(inputs {:.3f} s, {:.3f} s on {} thread(s), at most {} at once)  stopped early {}\n",
+      b.opt_level, b.layers_listed, b.layers_from_cache, b.setups, b.inputs_seconds,
+      b.setup_seconds, b.setup_threads, b.setup_max_concurrency, b.early_stops);
   if (!per_signature || b.signatures.empty()) return out;
   constexpr size_t kShown = 15;
   out += fmt::format("    tactic seconds per layer signature ({} signatures{}):\n",
                      b.signatures.size(),
                      b.signatures.size() > kShown ? fmt::format(", the {} slowest", kShown) : "");
-  out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9}  {}\n", "op", "layers",
-                     "cands", "timed", "listing", "set-up", "timing", "first layer");
+  out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9}  {}\n", "op",
+                     "layers", "cands", "set up", "timed", "listing", "set-up", "timing",
+                     "first layer");
   for (size_t i = 0; i < b.signatures.size() && i < kShown; ++i) {
     const SignatureTime& t = b.signatures[i];
     std::string name = t.first_layer.size() > 40
                            ? "…" + t.first_layer.substr(t.first_layer.size() - 39)
                            : t.first_layer;
-    out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>9.3f} {:>9.3f} {:>9.3f}  {}\n", t.op_type,
-                       t.layers, t.candidates, t.timed, t.generate_seconds, t.setup_seconds,
-                       t.timing_seconds, name);
+    out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>6} {:>9.3f} {:>9.3f} {:>9.3f}  {}\n",
+                       t.op_type, t.layers, t.candidates, t.setups, t.timed, t.generate_seconds,
+                       t.setup_seconds, t.timing_seconds, name);
   }
   return out;
 }
