@@ -53,6 +53,9 @@ struct BuildTimeBreakdown {
   double generate_seconds = 0, setup_seconds = 0, timing_seconds = 0;  // sums over signatures
   double inputs_seconds = 0;      // part of setup_seconds: random inputs, once per signature
   double setup_wall_seconds = 0;  // wall time of the set-up stages (threads overlap)
+  // Wall time of listing the candidates, which the set-up threads share (generate_seconds is
+  // their sum over layers, in thread seconds).
+  double listing_wall_seconds = 0;
   int opt_level = 0;              // BuilderConfig::opt_level of the build
   int setup_threads = 0;          // the set-up pool's bound
   int setup_max_concurrency = 0;  // most set-ups seen running at once (<= setup_threads)

@@ -187,6 +187,37 @@ StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
   return RunTiming(backend, p, inputs, options);
 }
 
+int RunBounded(Backend& backend, int threads, size_t n, const std::function<void(size_t)>& task) {
+  std::atomic<size_t> next{0};
+  std::atomic<int> running{0}, peak{0};
+  auto work = [&] {
+    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+      int now = running.fetch_add(1) + 1;
+      int seen = peak.load();
+      while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+      }
+      task(i);
+      running.fetch_sub(1);
+    }
+  };
+  const int helpers = static_cast<int>(std::min<size_t>(n, std::max(threads, 1))) - 1;
+  std::vector<std::thread> pool;
+  pool.reserve(std::max(helpers, 0));
+  for (int t = 0; t < helpers; ++t) {
+    pool.emplace_back([&] {
+      if (Status s = backend.BindThread(); !s.ok()) {
+        KILN_LOG(Warn, BUILD, "set-up thread: {}", s.ToString());
+        return;  // the others (and the caller) take its share
+      }
+      work();
+    });
+  }
+  work();
+  for (std::thread& t : pool) t.join();
+  return peak.load();
+}
+
+
 namespace {
 // The report's per-signature breakdown, most seconds first, and its totals.
 class SignatureClock {
@@ -247,39 +278,6 @@ struct LayerSetUp {
   StatusOr<TimingInputs> inputs = TimingInputs();
   std::vector<std::optional<StatusOr<PreparedTactic>>> candidates;
 };
-
-// Runs task(i) for i in [0, n) on at most `threads` threads (the caller's among them), each
-// thread bound to the backend's device first. Returns the most tasks seen running at once.
-template <typename Task>
-int RunBounded(Backend& backend, int threads, size_t n, Task&& task) {
-  std::atomic<size_t> next{0};
-  std::atomic<int> running{0}, peak{0};
-  auto work = [&] {
-    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
-      int now = running.fetch_add(1) + 1;
-      int seen = peak.load();
-      while (now > seen && !peak.compare_exchange_weak(seen, now)) {
-      }
-      task(i);
-      running.fetch_sub(1);
-    }
-  };
-  const int helpers = static_cast<int>(std::min<size_t>(n, std::max(threads, 1))) - 1;
-  std::vector<std::thread> pool;
-  pool.reserve(std::max(helpers, 0));
-  for (int t = 0; t < helpers; ++t) {
-    pool.emplace_back([&] {
-      if (Status s = backend.BindThread(); !s.ok()) {
-        KILN_LOG(Warn, BUILD, "set-up thread: {}", s.ToString());
-        return;  // the others (and the caller) take its share
-      }
-      work();
-    });
-  }
-  work();
-  for (std::thread& t : pool) t.join();
-  return peak.load();
-}
 
 // The set-up stage for a window of layers: their inputs, then every candidate, spread over the
 // threads; candidates not started before the deadline stay unset.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -104,6 +105,10 @@ StatusOr<TacticTiming> RunTiming(Backend& backend, PreparedTactic& prepared,
 StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
                                   const TacticCandidate& candidate,
                                   const TacticSearchOptions& options);
+
+// Runs task(i) for i in [0, n) on at most `threads` threads (the caller's among them), each
+// other thread bound to the backend's device first. Returns the most tasks seen running at once.
+int RunBounded(Backend& backend, int threads, size_t n, const std::function<void(size_t)>& task);
 
 // Picks a tactic for every layer (layers[i].chosen) and fills the report's timing counters.
 Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
