@@ -88,6 +88,39 @@ TEST(PrecisionAssign, Fp16ChainCastsOnlyAtTheGraphEdges) {
   EXPECT_GT(kiln::testing::RelL2(out->at("y"), ref.at("y")), 0.0);  // really ran in FP16
 }
 
+// The tactic phase's fallback (issue 19): a layer given FP16 from static capability whose FP16
+// kernel could not be built computes in FP32 afterwards, between Casts, with the reason recorded,
+// and the graph still computes the model.
+TEST(PrecisionAssign, DemotedLayerComputesInFp32BetweenCasts) {
+  auto g = Chain();
+  std::map<std::string, Tensor> in = {{"x", F32({4, 16}, Random(64, 9))}};
+  auto ref = Reference(*g, in);
+  PrecisionOptions po;
+  po.fp16 = true;
+  po.make_request = [](const Node& node) { return MakeKernelRequest(node, {}); };
+  auto assigned = AssignPrecision(*g, po);
+  ASSERT_TRUE(assigned.ok()) << assigned.status().ToString();
+  ASSERT_EQ(assigned->layers.at("relu").dtype, DataType::kFloat16);
+  const int64_t casts = assigned->casts_inserted;
+  Node* relu = g->FindNode("relu");
+  ASSERT_TRUE(DemoteToFp32(*g, *relu, "fp32: no f16 kernel was built", *assigned).ok());
+  EXPECT_EQ(assigned->layers.at("relu").dtype, DataType::kFloat32);
+  EXPECT_EQ(assigned->layers.at("relu").reason, "fp32: no f16 kernel was built");
+  EXPECT_EQ(assigned->casts_inserted, casts + 2);  // f16 -> f32 in front, f32 -> f16 after
+  EXPECT_EQ(relu->input(0)->dtype(), DataType::kFloat32);
+  EXPECT_EQ(relu->output(0)->dtype(), DataType::kFloat32);
+  EXPECT_EQ(relu->input(0)->producer()->op_type(), "Cast");
+  ASSERT_EQ(relu->output(0)->consumers().size(), 1u);
+  EXPECT_EQ(relu->output(0)->consumers()[0]->op_type(), "Cast");
+  EXPECT_EQ(g->FindNode("mm2")->input(0)->dtype(), DataType::kFloat16);  // mm2 stays FP16
+  EXPECT_TRUE(Verify(*g).ok());
+  auto out = cpu::EvaluateGraph(*g, in);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_LT(kiln::testing::RelL2(out->at("y"), ref.at("y")), 1e-2);
+  // Only a layer given FP16/BF16 can be demoted.
+  EXPECT_EQ(DemoteToFp32(*g, *relu, "again", *assigned).code(), ErrorCode::kInternal);
+}
+
 TEST(PrecisionAssign, OneCastPerValueAndTargetSharedByConsumers) {
   // h (f16) feeds two FP32-only Exps and a Relu; both Exps share one Cast of h to f32; each Exp
   // output goes back to f16 once for the Adds.

@@ -40,6 +40,7 @@ struct BuildOptions {
   std::string deadline;
   std::string memory_budget;
   double max_kernel_time_ms = 0;
+  int opt_level = kDefaultOptLevel;
   std::string timing_cache;
   std::string report_path;
   bool no_optimize = false;
@@ -195,6 +196,7 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
     config.memory_budget = *b;
   }
   if (o.max_kernel_time_ms > 0) config.max_kernel_time_ms = o.max_kernel_time_ms;
+  config.opt_level = o.opt_level;
   config.timing_cache_path = o.timing_cache;
   config.progress = MakeProgress(global.quiet || o.json, global.log_format == "json");
 
@@ -336,6 +338,11 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
       ->add_option("--max-kernel-time", o->max_kernel_time_ms,
                    "reject tactics whose single launch exceeds this many milliseconds")
       ->check(Number(0, kMaxSeconds * 1000, /*min_open=*/true));
+  sub->add_option("--opt-level", o->opt_level,
+                  "how widely tactics are searched, 0..5 (like TensorRT's builder optimization "
+                  "level): 0 heuristic tactic only, 1-4 the first 1/2/4/8 tactics of each kernel "
+                  "provider with an early stop for clearly slower ones, 5 every tactic timed fully")
+      ->check(CLI::Range(kMinOptLevel, kMaxOptLevel));
   sub->add_option("--timing-cache", o->timing_cache, "timing cache file to read and update");
   sub->add_option("--report", o->report_path, "write the build report as JSON to this file");
   sub->add_flag("--no-optimize", o->no_optimize, "skip graph optimizations (debugging)");

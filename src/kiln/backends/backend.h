@@ -95,6 +95,9 @@ class Backend {
   virtual Status CopyToDevice(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual Status CopyToHost(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual Status Synchronize(void* stream) = 0;
+  // Makes the calling thread work on this backend's device: the builder's set-up threads call it
+  // before they create kernels (CUDA: the current device is per thread).
+  virtual Status BindThread() { return OkStatus(); }
 
   // ---- Streams, events and graphs. The defaults suit a backend that runs synchronously on the
   // host (the CPU): no streams, events that read the host clock, no graphs.

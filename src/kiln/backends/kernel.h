@@ -39,6 +39,9 @@ struct KernelRequest {
   const Node* node = nullptr;
   std::vector<OperandDesc> inputs;  // omitted optional inputs have dtype kUndefined
   std::vector<OperandDesc> outputs;
+  // How many of its tactics the builder will look at (0: all). A provider that does costly work
+  // per tactic while listing them (cuDNN finalises a plan for each) stops after this many good ones.
+  int max_tactics = 0;
 };
 
 // One tactic: a provider's configuration. `name` is the full, self-explanatory tactic name
@@ -111,6 +114,12 @@ class KernelProvider {
   // Tactics for this request, the heuristic's best guess first; empty when unsupported
   // (dtype, attribute or shape this provider cannot run).
   virtual std::vector<TacticConfig> Tactics(const KernelRequest& request) const = 0;
+  // Whether Tactics would offer anything for this request, answered from what the provider
+  // supports (op, dtypes, rank, attributes) without the work listing tactics may do: the
+  // precision pass asks it of every layer in every reduced precision. Providers whose Tactics
+  // is costly (cuDNN finalises plans) override it; a tactic that then fails to build is the
+  // tactic phase's to handle.
+  virtual bool Supports(const KernelRequest& request) const { return !Tactics(request).empty(); }
   virtual StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
                                                    const TacticConfig& tactic) const = 0;
   // The activation layout this provider runs, as the node's `kiln_layout` attribute names it

@@ -1,6 +1,6 @@
-// BuildEngine: the build pipeline. Phases: verify -> profile -> shapes -> (passes) -> tactics ->
-// memory plan -> engine. Each phase reports progress; every phase after the first valid engine
-// only improves it.
+// BuildEngine: the build pipeline, as named phases over one BuildState: optimise (verify, profile,
+// shapes, passes) -> precision -> tactics (candidates) -> budget -> timing -> plan -> assemble.
+// Each phase reports progress; every phase after the first valid engine only improves it.
 #include "kiln/builder/builder.h"
 
 #include <fmt/ranges.h>
@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 #include "kiln/backends/backend.h"
@@ -298,131 +299,215 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
 }
 }  // namespace
 
-StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& requested,
-                                                  BuildReport* report) {
-  // The build sees the resolved profile (trtexec's defaults filled in) as config.profile.
-  BuilderConfig config = requested;
-  const auto start = Clock::now();
-  BuildReport local_report;
-  BuildReport& rep = report ? *report : local_report;
-  rep = BuildReport();
-  rep.model_name = input.model_name;
-  rep.backend = std::string(ToString(config.backend));
-  auto progress = [&](std::string phase, int64_t done, int64_t total, std::string detail) {
+namespace {
+// The set-up pool's bound: BuilderConfig::setup_threads, KILN_BUILD_SETUP_THREADS, else one per hardware thread (at most 16).
+int SetupThreads(const BuilderConfig& config) {
+  if (config.setup_threads > 0) return std::min(config.setup_threads, 256);
+  const int64_t given = param::BuildSetupThreads();
+  if (given > 0) return static_cast<int>(std::min<int64_t>(given, 256));
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+}
+
+// Everything a build carries from one phase to the next. Each phase reads what the earlier ones
+// left and adds its own part; BuildEngine runs them in order.
+struct BuildState {
+  BuildState(BuildInput in, const BuilderConfig& requested, BuildReport& report)
+      : config(requested), input(std::move(in)), rep(report), start(Clock::now()) {}
+  BuildState(const BuildState&) = delete;
+  BuildState& operator=(const BuildState&) = delete;
+
+  Graph& graph() { return *input.graph; }
+  bool Progress(std::string phase, int64_t done, int64_t total, std::string detail) const {
     if (!config.progress) return true;
     return config.progress({std::move(phase), done, total, Seconds(start), std::move(detail)});
-  };
+  }
 
-  Graph& graph = *input.graph;
-  progress("verify", 0, 1, "");
+  BuilderConfig config;  // as requested, with the resolved profile (trtexec's defaults filled in)
+  BuildInput input;
+  BuildReport& rep;
+  const Clock::time_point start;
+  Backend* backend = nullptr;
+  DeviceInfo device;
+  precision::PrecisionResult assigned;             // precision
+  std::vector<LayerSearch> searches;               // tactics: layers and their candidates
+  Clock::time_point tactics_start;                 // tactics .. timing form the tactic phase
+  std::optional<TimingCache> cache;                // tactics (warm layers), timing
+  bool cache_file_current = false;                 // the file holds exactly what `cache` holds
+  std::optional<int64_t> budget;                   // budget: bytes for the whole engine
+  TacticSearchOptions search;                      // budget, timing
+  std::vector<LayerDesc> layers;                   // timing: the chosen tactics
+  std::vector<PlanLayer> plan_layers;              // timing -> plan
+  MemoryPlan plan;                                 // plan
+  const bool alias_views = param::AliasViews() != 0;
+};
+
+// Optimise: verify, resolve the profile, infer shapes, run the graph passes.
+Status OptimisePhase(BuildState& s) {
+  Graph& graph = s.graph();
+  BuildReport& rep = s.rep;
+  s.Progress("verify", 0, 1, "");
   KILN_RETURN_IF_ERROR(Verify(graph));
   {
     std::vector<Status> profile_warnings;
-    KILN_ASSIGN_OR_RETURN(config.profile,
-                          ResolveProfile(graph, requested.profile, &profile_warnings));
+    KILN_ASSIGN_OR_RETURN(s.config.profile,
+                          ResolveProfile(graph, s.config.profile, &profile_warnings));
     for (const Status& w : profile_warnings) Warn(rep, w);
   }
-  KILN_RETURN_IF_ERROR(CheckProfileSizes(graph, config.profile));
-  if (config.optimize) SpecializeFixedDims(graph, config.profile);
+  KILN_RETURN_IF_ERROR(CheckProfileSizes(graph, s.config.profile));
+  if (s.config.optimize) SpecializeFixedDims(graph, s.config.profile);
   auto inferred_or = InferShapes(graph);
   if (!inferred_or.ok()) {
     return std::move(inferred_or)
         .status()
-        .AddContext(fmt::format("inferring shapes of '{}'", input.model_name));
+        .AddContext(fmt::format("inferring shapes of '{}'", s.input.model_name));
   }
   ShapeInferenceResult inferred = std::move(inferred_or).value();
-  rep.phase_seconds_import = Seconds(start);
+  rep.phase_seconds_import = Seconds(s.start);
+  if (!s.config.optimize) return OkStatus();
 
-  if (config.optimize) {
-    const auto passes_start = Clock::now();
-    progress("passes", 0, 1, "");
-    passes::PassOptions pass_options;
-    pass_options.evaluator = ReferenceEvaluator();
-    // cuDNN runs f16/bf16 convolutions on tensor cores channels-last; f32 and the CPU stay NCHW.
-    if (config.backend == BackendKind::kCuda && (config.fp16 || config.bf16)) {
-      pass_options.conv_layout = "NHWC";
-    }
-    KILN_ASSIGN_OR_RETURN(passes::PassReport passes,
-                          passes::RunDefaultPasses(graph, pass_options, &inferred.dims_values));
-    rep.passes = passes.ToString();
-    for (const auto& e : passes.passes) {
-      for (const std::string& note : e.stats.notes) rep.pass_notes.push_back(e.pass + ": " + note);
-    }
-    rep.nodes_before_passes = passes.nodes_before;
-    rep.nodes_after_passes = passes.nodes_after;
-    rep.phase_seconds_passes = Seconds(passes_start);
+  const auto passes_start = Clock::now();
+  s.Progress("passes", 0, 1, "");
+  passes::PassOptions pass_options;
+  pass_options.evaluator = ReferenceEvaluator();
+  // cuDNN runs f16/bf16 convolutions on tensor cores channels-last; f32 and the CPU stay NCHW.
+  if (s.config.backend == BackendKind::kCuda && (s.config.fp16 || s.config.bf16)) {
+    pass_options.conv_layout = "NHWC";
   }
+  KILN_ASSIGN_OR_RETURN(passes::PassReport passes,
+                        passes::RunDefaultPasses(graph, pass_options, &inferred.dims_values));
+  rep.passes = passes.ToString();
+  for (const auto& e : passes.passes) {
+    for (const std::string& note : e.stats.notes) rep.pass_notes.push_back(e.pass + ": " + note);
+  }
+  rep.nodes_before_passes = passes.nodes_before;
+  rep.nodes_after_passes = passes.nodes_after;
+  rep.phase_seconds_passes = Seconds(passes_start);
+  return OkStatus();
+}
 
-  KILN_ASSIGN_OR_RETURN(Backend * backend, GetBackend(config.backend));
-  KILN_ASSIGN_OR_RETURN(DeviceInfo device, backend->Info());
-  rep.device = device.name;
-
-  // Precision: calibration (when given) then per-layer decisions and the graph rewrite.
+// Precision: calibration (when given) then per-layer decisions and the graph rewrite.
+Status PrecisionPhase(BuildState& s) {
+  Graph& graph = s.graph();
+  const BuilderConfig& config = s.config;
   const auto precision_start = Clock::now();
-  progress("precision", 0, 1, "");
-  precision::PrecisionResult assigned;
-  {
-    std::optional<precision::CalibrationTable> calibration;
-    if (config.int8 || config.fp16 || config.bf16) {
-      KILN_ASSIGN_OR_RETURN(calibration, GetCalibration(graph, config, input.model_hash, rep));
-    }
-    precision::PrecisionOptions po;
-    po.fp16 = config.fp16;
-    po.bf16 = config.bf16;
-    po.int8 = config.int8;
-    po.backend = config.backend;
-    po.calibration = calibration ? &*calibration : nullptr;
-    po.int8_tolerance = config.int8_tolerance;
-    // Kernel requests (which ask the providers whether a reduced-precision kernel exists) need
-    // the max dims: one shape-rule sweep over the graph, only worth it when something may be
-    // reduced. Without a precision flag every layer stays FP32 and no request is made.
-    ConcreteDimsMap max_dims;
-    if (config.fp16 || config.bf16 || config.int8) {
-      KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
-      KILN_ASSIGN_OR_RETURN(max_dims, ConcreteDims(graph, order, config.profile, 2));
-      po.make_request = [&max_dims](const Node& node) { return MakeKernelRequest(node, max_dims); };
-    }
-    KILN_ASSIGN_OR_RETURN(assigned, precision::AssignPrecision(graph, po));
-    rep.time_breakdown.precision_query_seconds = assigned.kernel_query_seconds;
-    rep.casts_inserted = assigned.casts_inserted;
-    rep.weights_converted = assigned.weights_converted;
+  s.Progress("precision", 0, 1, "");
+  std::optional<precision::CalibrationTable> calibration;
+  if (config.int8 || config.fp16 || config.bf16) {
+    KILN_ASSIGN_OR_RETURN(calibration, GetCalibration(graph, config, s.input.model_hash, s.rep));
   }
-  rep.phase_seconds_precision = Seconds(precision_start);
+  precision::PrecisionOptions po;
+  po.fp16 = config.fp16;
+  po.bf16 = config.bf16;
+  po.int8 = config.int8;
+  po.backend = config.backend;
+  po.calibration = calibration ? &*calibration : nullptr;
+  po.int8_tolerance = config.int8_tolerance;
+  // Kernel requests (which ask the providers whether a reduced-precision kernel exists) need
+  // the max dims: one shape-rule sweep over the graph, only worth it when something may be
+  // reduced. Without a precision flag every layer stays FP32 and no request is made.
+  ConcreteDimsMap max_dims;
+  if (config.fp16 || config.bf16 || config.int8) {
+    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+    KILN_ASSIGN_OR_RETURN(max_dims, ConcreteDims(graph, order, config.profile, 2));
+    po.make_request = [&max_dims](const Node& node) { return MakeKernelRequest(node, max_dims); };
+  }
+  KILN_ASSIGN_OR_RETURN(s.assigned, precision::AssignPrecision(graph, po));
+  s.rep.time_breakdown.precision_query_seconds = s.assigned.kernel_query_seconds;
+  s.rep.casts_inserted = s.assigned.casts_inserted;
+  s.rep.weights_converted = s.assigned.weights_converted;
+  s.rep.phase_seconds_precision = Seconds(precision_start);
+  return OkStatus();
+}
 
-  // Layers and their candidate tactics (heuristic order: first provider's first tactic first).
-  const auto tactics_start = Clock::now();
+// The timing cache for this build's device and libraries, loaded from the file when one is given.
+Status LoadTimingCache(BuildState& s) {
+  const BuilderConfig& config = s.config;
+  if (config.timing_cache_path.empty()) return OkStatus();
+  s.cache.emplace(fmt::format("{}|{}|{}", ToString(config.backend), s.device.arch,
+                              s.device.library_versions));
+  if (Status st = s.cache->Load(config.timing_cache_path); !st.ok()) {
+    // A path that names no cache file at all (a FIFO, a device, a huge file) is the user's
+    // mistake to fix, not a stale cache to replace.
+    if (IsWrongFileKind(st)) return st;
+    Warn(s.rep, st);
+  } else {
+    s.cache_file_current = std::filesystem::exists(config.timing_cache_path);
+  }
+  return OkStatus();
+}
+
+bool IsInt8Layer(const BuildState& s, const Node& node) {
+  auto lp = s.assigned.layers.find(node.name());
+  return lp != s.assigned.layers.end() && lp->second.int8;
+}
+
+// Asks the providers for the layer's tactics, the first TacticsPerProvider(opt_level) of each
+// (opt level 0, or search_tactics off: the heuristic's one).
+void ListCandidates(BuildState& s, LayerSearch& l) {
+  const BuilderConfig& config = s.config;
+  const bool search = config.search_tactics && config.opt_level > 0;
+  const int per_provider = search ? TacticsPerProvider(config.opt_level) : 1;
+  l.request.max_tactics = per_provider;
+  l.candidates.clear();
+  l.from_cache = false;
+  // An INT8 layer takes only INT8 tactics. Other layers need no filter: providers offer
+  // quantized tactics only to annotated nodes, and an "i8-" tactic of an unannotated node is a
+  // plain int8-dtype kernel (an int8 Add), which must stay.
+  const bool int8 = IsInt8Layer(s, *l.node);
+  const auto generate_start = Clock::now();
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *l.node)) {
+    int taken = 0;
+    for (TacticConfig& t : p->Tactics(l.request)) {
+      if (int8 && !t.name.starts_with(precision::kInt8TacticPrefix)) continue;
+      if (per_provider && taken == per_provider) break;
+      l.candidates.push_back({p, std::move(t)});
+      ++taken;
+    }
+  }
+  l.generate_seconds += Seconds(generate_start);
+  if (!search && l.candidates.size() > 1) l.candidates.resize(1);
+}
+
+// A warm layer: the timing cache's winner for its signature becomes its one candidate, without
+// listing the providers' tactics (for cuDNN, finalising their plans); only that kernel is made.
+// False when the cache has no usable entry.
+bool TakeCachedWinner(BuildState& s, LayerSearch& l) {
+  const BuilderConfig& config = s.config;
+  if (!s.cache || !config.search_tactics || config.opt_level == 0) return false;
+  if (l.opt_in.empty() && !l.request.inputs.empty()) return false;  // never timed
+  const TimingEntry* e = s.cache->Find(l.signature);
+  if (!e) return false;
+  const KernelProvider* provider = nullptr;
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *l.node)) {
+    if (p->id() == e->provider_id) provider = p;
+  }
+  if (!provider) return false;
+  if (IsInt8Layer(s, *l.node) && !e->tactic.name.starts_with(precision::kInt8TacticPrefix)) {
+    return false;
+  }
+  l.candidates = {{provider, e->tactic}};
+  l.from_cache = true;
+  ++s.rep.time_breakdown.layers_from_cache;
+  return true;
+}
+
+// Every layer's request, signature and candidate tactics (heuristic order: first provider's first
+// tactic first); a layer the timing cache knows takes its winner alone. Layers without any
+// candidate go to *unbuildable.
+Status ListLayers(BuildState& s, std::vector<Node*>* unbuildable) {
+  Graph& graph = s.graph();
+  const BuilderConfig& config = s.config;
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
   KILN_ASSIGN_OR_RETURN(auto max_dims, ConcreteDims(graph, order, config.profile, 2));
   KILN_ASSIGN_OR_RETURN(auto opt_dims_of, ConcreteDims(graph, order, config.profile, 1));
-  std::vector<LayerSearch> searches;
-  std::vector<std::string> missing;
-  for (Node* node : order) {
-    LayerSearch l;
+  std::vector<LayerSearch> layers(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    Node* node = order[i];
+    LayerSearch& l = layers[i];
     l.node = node;
     // Max dims come from the shape rules run on integers (symbolic substitution cannot see
     // through every data-dependent shape; the rules can).
     l.request = MakeKernelRequest(*node, max_dims);
-    // An INT8 layer takes only INT8 tactics. Other layers need no filter: providers offer
-    // quantized tactics only to annotated nodes, and an "i8-" tactic of an unannotated node is a
-    // plain int8-dtype kernel (an int8 Add), which must stay.
-    auto lp = assigned.layers.find(node->name());
-    const bool int8 = lp != assigned.layers.end() && lp->second.int8;
-    const auto generate_start = Clock::now();
-    for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *node)) {
-      for (TacticConfig& t : p->Tactics(l.request)) {
-        if (int8 && !t.name.starts_with(precision::kInt8TacticPrefix)) continue;
-        l.candidates.push_back({p, std::move(t)});
-      }
-    }
-    l.generate_seconds = Seconds(generate_start);
-    if (!config.search_tactics && l.candidates.size() > 1) l.candidates.resize(1);
-    if (l.candidates.empty()) {
-      std::vector<std::string> types;
-      for (const auto& d : l.request.inputs) types.push_back(std::string(ToString(d.dtype)));
-      missing.push_back(fmt::format("'{}' ({}; inputs {})", node->name(), node->op_type(),
-                                    fmt::join(types, ",")));
-      continue;
-    }
     bool known = true;
     auto opt_dims = [&](const Value* v, std::vector<std::vector<int64_t>>& out) {
       std::vector<int64_t> dims;
@@ -443,131 +528,225 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
       l.opt_out.clear();
     }
     l.signature = LayerSignature(l.request, l.opt_in);
-    searches.push_back(std::move(l));
+  }
+  // Listing asks the providers (cuDNN: heuristics and a plan finalised per tactic kept), so the
+  // layers the timing cache does not know are listed by the set-up threads.
+  std::vector<size_t> to_list;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!TakeCachedWinner(s, layers[i])) to_list.push_back(i);
+  }
+  s.rep.time_breakdown.layers_listed += static_cast<int64_t>(to_list.size());
+  const auto listing_start = Clock::now();
+  RunBounded(*s.backend, SetupThreads(config), to_list.size(),
+             [&](size_t k) { ListCandidates(s, layers[to_list[k]]); });
+  s.rep.time_breakdown.listing_wall_seconds += Seconds(listing_start);
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Node* node = order[i];
+    LayerSearch& l = layers[i];
+    if (l.candidates.empty()) {
+      std::vector<std::string> types;
+      for (const auto& d : l.request.inputs) types.push_back(std::string(ToString(d.dtype)));
+      missing.push_back(fmt::format("'{}' ({}; inputs {})", node->name(), node->op_type(),
+                                    fmt::join(types, ",")));
+      unbuildable->push_back(node);
+      continue;
+    }
+    s.searches.push_back(std::move(l));
   }
   if (!missing.empty()) {
     return MakeError(ErrorCode::kNoTactic, "{} layer(s) have no {} implementation: {}",
                      missing.size(), ToString(config.backend), fmt::join(missing, ", "));
   }
+  return OkStatus();
+}
 
-  std::optional<int64_t> budget;
+// Tactics: the layers and their candidates. The precision phase gave layers FP16/BF16 from the
+// providers' static capability; one whose reduced kernel cannot be built after all (no cuDNN
+// plan finalises for it) falls back to FP32 here, with the reason in the report, and the layers
+// are listed again (the providers remember their answers, so that costs little).
+Status TacticsPhase(BuildState& s) {
+  s.tactics_start = Clock::now();
+  KILN_RETURN_IF_ERROR(LoadTimingCache(s));
+  std::vector<Node*> unbuildable;
+  Status listed = ListLayers(s, &unbuildable);
+  if (listed.ok()) return OkStatus();
+  bool demoted = false;
+  for (Node* node : unbuildable) {
+    auto lp = s.assigned.layers.find(node->name());
+    if (lp == s.assigned.layers.end() || lp->second.int8 ||
+        (lp->second.dtype != DataType::kFloat16 && lp->second.dtype != DataType::kBFloat16)) {
+      continue;
+    }
+    const std::string reason = fmt::format(
+        "fp32: the {} backend offered {} for this layer but built no {} kernel for it (weights "
+        "keep their {} rounding)",
+        ToString(s.config.backend), ToString(lp->second.dtype), ToString(lp->second.dtype),
+        ToString(lp->second.dtype));
+    KILN_RETURN_IF_ERROR(precision::DemoteToFp32(s.graph(), *node, reason, s.assigned));
+    Warn(s.rep, MakeError(ErrorCode::kNoTactic, "layer '{}': {}", node->name(), reason));
+    demoted = true;
+  }
+  if (!demoted) return listed;
+  s.rep.casts_inserted = s.assigned.casts_inserted;
+  s.searches.clear();
+  s.rep.time_breakdown.layers_listed = s.rep.time_breakdown.layers_from_cache = 0;
+  unbuildable.clear();
+  return ListLayers(s, &unbuildable);
+}
+
+// Budget: the memory budget bounds weights + activations (fixed by the graph) + the largest
+// workspace (chosen per layer): plan the arena first, then give tactics what is left.
+Status BudgetPhase(BuildState& s) {
+  const BuilderConfig& config = s.config;
   if (config.memory_budget.bytes) {
-    budget = *config.memory_budget.bytes;
+    s.budget = *config.memory_budget.bytes;
   } else if (config.memory_budget.fraction) {
-    budget = static_cast<int64_t>(static_cast<double>(device.free_memory) *
-                                  *config.memory_budget.fraction /
-                                  std::max(1, config.memory_budget.ranks_per_device));
+    s.budget = static_cast<int64_t>(static_cast<double>(s.device.free_memory) *
+                                    *config.memory_budget.fraction /
+                                    std::max(1, config.memory_budget.ranks_per_device));
   }
-  TacticSearchOptions search;
-  search.start = start;
-  search.progress = config.progress;
-  search.max_kernel_time_ms = config.max_kernel_time_ms;
-  if (config.deadline) search.deadline = start + *config.deadline;
-  const bool alias_views = param::AliasViews() != 0;
-  if (budget) {
-    // The memory budget bounds weights + activations (fixed by the graph) + the largest
-    // workspace (chosen per layer): plan the arena first, then give tactics what is left.
-    std::vector<PlanLayer> base_layers;
-    for (const LayerSearch& l : searches) base_layers.push_back({l.node, 0, alias_views});
-    KILN_ASSIGN_OR_RETURN(MemoryPlan base_plan, PlanMemory(graph, base_layers, config.profile));
-    if (base_plan.weights_bytes > *budget) {
-      return MakeError(ErrorCode::kMemoryBudgetExceeded,
-                       "the weights alone need {} bytes; the memory budget ({}) allows {} bytes",
-                       base_plan.weights_bytes, config.memory_budget.ToString(), *budget);
-    }
-    if (base_plan.peak_bytes > *budget) {
-      return MakeError(ErrorCode::kMemoryBudgetExceeded,
-                       "weights + activations at the profile's max shapes need {} bytes (weights "
-                       "{}, activations {}); "
-                       "the memory budget ({}) allows {} bytes",
-                       base_plan.peak_bytes, base_plan.weights_bytes, base_plan.arena_bytes,
-                       config.memory_budget.ToString(), *budget);
-    }
-    search.max_workspace_bytes = *budget - base_plan.peak_bytes;
+  if (!s.budget) return OkStatus();
+  const int64_t budget = *s.budget;
+  std::vector<PlanLayer> base_layers;
+  for (const LayerSearch& l : s.searches) base_layers.push_back({l.node, 0, s.alias_views});
+  KILN_ASSIGN_OR_RETURN(MemoryPlan base_plan, PlanMemory(s.graph(), base_layers, config.profile));
+  if (base_plan.weights_bytes > budget) {
+    return MakeError(ErrorCode::kMemoryBudgetExceeded,
+                     "the weights alone need {} bytes; the memory budget ({}) allows {} bytes",
+                     base_plan.weights_bytes, config.memory_budget.ToString(), budget);
   }
-  std::optional<TimingCache> cache;
-  bool cache_file_current = false;  // the file holds exactly what `cache` holds
-  if (!config.timing_cache_path.empty()) {
-    cache.emplace(
-        fmt::format("{}|{}|{}", ToString(config.backend), device.arch, device.library_versions));
-    if (Status s = cache->Load(config.timing_cache_path); !s.ok()) {
-      // A path that names no cache file at all (a FIFO, a device, a huge file) is the user's
-      // mistake to fix, not a stale cache to replace.
-      if (IsWrongFileKind(s)) return s;
-      rep.warnings.push_back(s.ToString());
-      KILN_LOG(Warn, BUILD, "{}", s.ToString());
-    } else {
-      cache_file_current = std::filesystem::exists(config.timing_cache_path);
-    }
-    search.cache = &*cache;
+  if (base_plan.peak_bytes > budget) {
+    return MakeError(ErrorCode::kMemoryBudgetExceeded,
+                     "weights + activations at the profile's max shapes need {} bytes (weights "
+                     "{}, activations {}); "
+                     "the memory budget ({}) allows {} bytes",
+                     base_plan.peak_bytes, base_plan.weights_bytes, base_plan.arena_bytes,
+                     config.memory_budget.ToString(), budget);
   }
-  KILN_RETURN_IF_ERROR(SearchTactics(*backend, searches, search, &rep));
+  s.search.max_workspace_bytes = budget - base_plan.peak_bytes;
+  return OkStatus();
+}
+
+// Timing: the anytime search (timing cache, then timing until the deadline), the cache written
+// back, and each chosen tactic's workspace at the max shapes.
+Status TimingPhase(BuildState& s) {
+  const BuilderConfig& config = s.config;
+  BuildReport& rep = s.rep;
+  s.search.start = s.start;
+  s.search.progress = config.progress;
+  s.search.max_kernel_time_ms = config.max_kernel_time_ms;
+  if (config.deadline) s.search.deadline = s.start + *config.deadline;
+  s.search.early_stop = config.opt_level < kMaxOptLevel;
+  s.search.setup_threads = SetupThreads(config);
+  rep.time_breakdown.opt_level = config.opt_level;
+  // A cached winner whose workspace no longer fits the budget: back to the listed candidates.
+  for (LayerSearch& l : s.searches) {
+    if (l.from_cache && s.search.max_workspace_bytes &&
+        static_cast<int64_t>(l.candidates[0].tactic.workspace_bytes) >
+            *s.search.max_workspace_bytes) {
+      --rep.time_breakdown.layers_from_cache;
+      ++rep.time_breakdown.layers_listed;
+      ListCandidates(s, l);
+    }
+  }
+  if (s.cache) s.search.cache = &*s.cache;
+  KILN_RETURN_IF_ERROR(SearchTactics(*s.backend, s.searches, s.search, &rep));
   // A build that timed nothing new leaves a valid cache file as it is: rewriting it (lock, merge,
   // atomic rename) was most of a warm build's cache work.
-  if (cache && (cache->modified() || !cache_file_current)) {
-    if (Status s = cache->Save(config.timing_cache_path); !s.ok()) {
-      if (IsWrongFileKind(s)) return s;
-      rep.warnings.push_back(s.ToString());
-      KILN_LOG(Warn, BUILD, "{}", s.ToString());
+  if (s.cache && (s.cache->modified() || !s.cache_file_current)) {
+    if (Status st = s.cache->Save(config.timing_cache_path); !st.ok()) {
+      if (IsWrongFileKind(st)) return st;
+      Warn(rep, st);
     }
   }
-  std::vector<LayerDesc> layers;
-  std::vector<PlanLayer> plan_layers;
-  for (LayerSearch& l : searches) {
-    TacticCandidate& c = l.candidates[l.chosen];
+  for (LayerSearch& l : s.searches) {
     // The plan reserves what the kernel itself asks for at the max shapes (a tactic's estimate
     // may not know every dim); the runtime checks the same figure again.
-    KILN_ASSIGN_OR_RETURN(size_t prepared, PreparedWorkspace(l, c));
-    c.tactic.workspace_bytes = std::max(c.tactic.workspace_bytes, prepared);
+    StatusOr<size_t> prepared = PreparedWorkspace(l, l.candidates[l.chosen]);
+    if (!prepared.ok() && l.from_cache) {
+      // The cached winner cannot be made here (a stale cache, another library build): this
+      // layer takes the heuristic's tactic, as a cold build would before timing.
+      Warn(rep, MakeError(ErrorCode::kTimingCacheInvalid,
+                          "the timing cache's tactic {} for layer '{}' cannot be created ({}); "
+                          "using the heuristic's tactic (rebuild the cache to time it again)",
+                          l.candidates[0].tactic.name, l.node->name(),
+                          prepared.status().message()));
+      --rep.time_breakdown.layers_from_cache;
+      ++rep.time_breakdown.layers_listed;
+      ListCandidates(s, l);
+      if (l.candidates.empty()) {
+        return MakeError(ErrorCode::kNoTactic, "layer '{}' ({}) has no {} implementation",
+                         l.node->name(), l.node->op_type(), ToString(config.backend));
+      }
+      l.chosen = 0;
+      l.time_ms = -1;
+      prepared = PreparedWorkspace(l, l.candidates[0]);
+    }
+    KILN_RETURN_IF_ERROR(prepared.status());
+    TacticCandidate& c = l.candidates[l.chosen];
+    c.tactic.workspace_bytes = std::max(c.tactic.workspace_bytes, *prepared);
     LayerDesc layer;
     layer.node = l.node;
     layer.provider_id = std::string(c.provider->id());
     layer.tactic = c.tactic;
     layer.measured_ms = l.time_ms;
-    auto lp = assigned.layers.find(l.node->name());
-    layer.precision_reason = lp != assigned.layers.end() ? lp->second.reason : "fp32";
-    plan_layers.push_back({l.node, static_cast<int64_t>(c.tactic.workspace_bytes), alias_views});
-    layers.push_back(std::move(layer));
+    auto lp = s.assigned.layers.find(l.node->name());
+    layer.precision_reason = lp != s.assigned.layers.end() ? lp->second.reason : "fp32";
+    s.plan_layers.push_back(
+        {l.node, static_cast<int64_t>(c.tactic.workspace_bytes), s.alias_views});
+    s.layers.push_back(std::move(layer));
   }
-  rep.phase_seconds_tactics = Seconds(tactics_start);
+  rep.phase_seconds_tactics = Seconds(s.tactics_start);
+  return OkStatus();
+}
 
+// Plan: activation offsets after liveness reuse, workspace, peak; checked against the budget.
+Status PlanPhase(BuildState& s) {
   const auto plan_start = Clock::now();
   KILN_ASSIGN_OR_RETURN(MemoryPlanDetail detail,
-                        PlanMemoryDetailed(graph, plan_layers, config.profile));
-  MemoryPlan plan = detail.plan;
+                        PlanMemoryDetailed(s.graph(), s.plan_layers, s.config.profile));
+  s.plan = detail.plan;
   // Aliased views launch nothing (memory_plan.h): their tactic and time say so in the engine.
-  for (LayerDesc& l : layers) {
+  for (LayerDesc& l : s.layers) {
     if (l.node->num_outputs() == 1 && detail.aliases.count(l.node->output(0)->name())) {
       l.tactic.name = ViewTacticName(*l.node);
       l.measured_ms = 0;
     }
   }
-  rep.naive_activation_bytes = NaivePeak(detail);
-  if (budget) KILN_RETURN_IF_ERROR(CheckBudget(plan, *budget));
-  rep.phase_seconds_plan = Seconds(plan_start);
+  s.rep.naive_activation_bytes = NaivePeak(detail);
+  if (s.budget) KILN_RETURN_IF_ERROR(CheckBudget(s.plan, *s.budget));
+  s.rep.phase_seconds_plan = Seconds(plan_start);
+  return OkStatus();
+}
 
+// Assemble: the engine (header, profile, plan, layers, graph) and the report, of which the
+// engine stores the part that does not depend on the clock.
+std::unique_ptr<EngineDesc> AssemblePhase(BuildState& s) {
+  BuildReport& rep = s.rep;
+  const MemoryPlan& plan = s.plan;
   auto engine = std::make_unique<EngineDesc>();
   engine->header.kiln_version = KILN_VERSION_STRING;
-  engine->header.backend = config.backend;
-  engine->header.device_arch = device.arch;
-  engine->header.library_versions = device.library_versions;
-  engine->header.model_hash = input.model_hash.Hex();
-  engine->header.config_hash = config.Hash().Hex();
-  engine->header.model_name = input.model_name;
-  engine->profile = config.profile;
+  engine->header.backend = s.config.backend;
+  engine->header.device_arch = s.device.arch;
+  engine->header.library_versions = s.device.library_versions;
+  engine->header.model_hash = s.input.model_hash.Hex();
+  engine->header.config_hash = s.config.Hash().Hex();
+  engine->header.model_name = s.input.model_name;
+  engine->profile = s.config.profile;
   engine->plan = plan;
 
-  rep.layers = static_cast<int64_t>(layers.size());
+  rep.layers = static_cast<int64_t>(s.layers.size());
   rep.weights_bytes = plan.weights_bytes;
   rep.arena_bytes = plan.arena_bytes;
   rep.workspace_bytes = plan.workspace_bytes;
   rep.peak_bytes = plan.peak_bytes;
-  for (const LayerDesc& l : layers) {
+  for (const LayerDesc& l : s.layers) {
     LayerReport lr;
     lr.name = l.node->name();
     lr.op_type = l.node->op_type();
-    auto lp = assigned.layers.find(l.node->name());
-    lr.precision = lp != assigned.layers.end() ? lp->second.label()
+    auto lp = s.assigned.layers.find(l.node->name());
+    lr.precision = lp != s.assigned.layers.end() ? lp->second.label()
                    : l.node->num_outputs() && l.node->output(0)
                        ? std::string(ToString(l.node->output(0)->dtype()))
                        : "";
@@ -578,8 +757,8 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
     lr.workspace_bytes = static_cast<int64_t>(l.tactic.workspace_bytes);
     rep.layer_reports.push_back(std::move(lr));
   }
-  engine->layers = std::move(layers);
-  engine->graph = std::move(input.graph);
+  engine->layers = std::move(s.layers);
+  engine->graph = std::move(s.input.graph);
   // The report stored in the engine leaves out wall-clock figures, so that the same model, config
   // and timing cache give a byte-identical engine.
   BuildReport stored = rep;
@@ -592,9 +771,42 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   std::erase_if(stored.warnings,
                 [](const std::string& w) { return w.find("KILN-E3006") != std::string::npos; });
   engine->build_report_json = stored.ToJson();
-  rep.build_seconds = Seconds(start);
-  progress("done", 1, 1, "");
   return engine;
+}
+}  // namespace
+
+StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& requested,
+                                                  BuildReport* report) {
+  BuildReport local_report;
+  BuildReport& rep = report ? *report : local_report;
+  rep = BuildReport();
+  rep.model_name = input.model_name;
+  rep.backend = std::string(ToString(requested.backend));
+  if (requested.opt_level < kMinOptLevel || requested.opt_level > kMaxOptLevel) {
+    return MakeError(ErrorCode::kInvalidArgument, "optimisation level {} is outside {}..{}",
+                     requested.opt_level, kMinOptLevel, kMaxOptLevel);
+  }
+  BuildState s(std::move(input), requested, rep);
+
+  KILN_RETURN_IF_ERROR(OptimisePhase(s));
+  KILN_ASSIGN_OR_RETURN(s.backend, GetBackend(s.config.backend));
+  KILN_ASSIGN_OR_RETURN(s.device, s.backend->Info());
+  rep.device = s.device.name;
+  KILN_RETURN_IF_ERROR(PrecisionPhase(s));
+  KILN_RETURN_IF_ERROR(TacticsPhase(s));
+  KILN_RETURN_IF_ERROR(BudgetPhase(s));
+  KILN_RETURN_IF_ERROR(TimingPhase(s));
+  KILN_RETURN_IF_ERROR(PlanPhase(s));
+  std::unique_ptr<EngineDesc> engine = AssemblePhase(s);
+  rep.build_seconds = Seconds(s.start);
+  s.Progress("done", 1, 1, "");
+  return engine;
+}
+
+double BuildReport::TacticsOtherSeconds() const {
+  const BuildTimeBreakdown& b = time_breakdown;
+  return std::max(0.0, phase_seconds_tactics - b.listing_wall_seconds - b.setup_wall_seconds -
+                           b.timing_seconds);
 }
 
 std::string BuildReport::ToJson() const {
@@ -653,29 +865,41 @@ std::string BuildReport::ToJson() const {
   w.EndObject();
   w.Key("tactics_reused").Int(tactics_reused);
   w.Key("tactics_timed").Int(tactics_timed);
+  const BuildTimeBreakdown& b = time_breakdown;
   w.Key("time_breakdown").BeginObject();
-  w.Key("generate_seconds").Double(time_breakdown.generate_seconds);
-  w.Key("precision_query_seconds").Double(time_breakdown.precision_query_seconds);
-  w.Key("setup_seconds").Double(time_breakdown.setup_seconds);
+  w.Key("early_stops").Int(b.early_stops);
+  w.Key("generate_seconds").Double(b.generate_seconds);
+  w.Key("inputs_seconds").Double(b.inputs_seconds);
+  w.Key("layers_from_cache").Int(b.layers_from_cache);
+  w.Key("layers_listed").Int(b.layers_listed);
+  w.Key("listing_wall_seconds").Double(b.listing_wall_seconds);
+  w.Key("opt_level").Int(b.opt_level);
+  w.Key("precision_query_seconds").Double(b.precision_query_seconds);
+  w.Key("setup_max_concurrency").Int(b.setup_max_concurrency);
+  w.Key("setup_seconds").Double(b.setup_seconds);
+  w.Key("setup_threads").Int(b.setup_threads);
+  w.Key("setup_wall_seconds").Double(b.setup_wall_seconds);
+  w.Key("setups").Int(b.setups);
   w.Key("signatures").BeginArray();
-  for (const SignatureTime& t : time_breakdown.signatures) {
+  for (const SignatureTime& t : b.signatures) {
     w.BeginObject();
     w.Key("candidates").Int(t.candidates);
+    w.Key("early_stops").Int(t.early_stops);
     w.Key("first_layer").String(t.first_layer);
     w.Key("generate_seconds").Double(t.generate_seconds);
+    w.Key("inputs_seconds").Double(t.inputs_seconds);
     w.Key("layers").Int(t.layers);
     w.Key("op").String(t.op_type);
     w.Key("setup_seconds").Double(t.setup_seconds);
+    w.Key("setups").Int(t.setups);
     w.Key("signature").String(t.signature);
     w.Key("timed").Int(t.timed);
     w.Key("timing_seconds").Double(t.timing_seconds);
     w.EndObject();
   }
   w.EndArray();
-  w.Key("tactics_other_seconds")
-      .Double(std::max(0.0, phase_seconds_tactics - time_breakdown.generate_seconds -
-                                time_breakdown.setup_seconds - time_breakdown.timing_seconds));
-  w.Key("timing_seconds").Double(time_breakdown.timing_seconds);
+  w.Key("tactics_other_seconds").Double(TacticsOtherSeconds());
+  w.Key("timing_seconds").Double(b.timing_seconds);
   w.EndObject();
   w.Key("timing_cache_hits").Int(timing_cache_hits);
   w.Key("warnings").StringArray(warnings);
@@ -731,27 +955,32 @@ std::string BuildReport::TimeText(bool per_signature) const {
       "tactics {:.3f} s  plan {:.3f} s\n",
       phase_seconds_import, phase_seconds_passes, phase_seconds_precision,
       b.precision_query_seconds, phase_seconds_tactics, phase_seconds_plan);
-  const double other = std::max(
-      0.0, phase_seconds_tactics - b.generate_seconds - b.setup_seconds - b.timing_seconds);
   out += fmt::format(
       "    tactics: listing candidates {:.3f} s  set-up {:.3f} s  timing {:.3f} s  other {:.3f} "
       "s\n",
-      b.generate_seconds, b.setup_seconds, b.timing_seconds, other);
+      b.listing_wall_seconds, b.setup_wall_seconds, b.timing_seconds, TacticsOtherSeconds());
+  out += fmt::format(
+      "    search: opt level {}  layers listed {} ({:.3f} s over the threads)  from the timing "
+      "cache {}  candidates set up {} (inputs {:.3f} s, {:.3f} s on {} thread(s), at most {} at "
+      "once)  stopped early {}\n",
+      b.opt_level, b.layers_listed, b.generate_seconds, b.layers_from_cache, b.setups,
+      b.inputs_seconds, b.setup_seconds, b.setup_threads, b.setup_max_concurrency, b.early_stops);
   if (!per_signature || b.signatures.empty()) return out;
   constexpr size_t kShown = 15;
   out += fmt::format("    tactic seconds per layer signature ({} signatures{}):\n",
                      b.signatures.size(),
                      b.signatures.size() > kShown ? fmt::format(", the {} slowest", kShown) : "");
-  out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9}  {}\n", "op", "layers",
-                     "cands", "timed", "listing", "set-up", "timing", "first layer");
+  out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9}  {}\n", "op",
+                     "layers", "cands", "set up", "timed", "listing", "set-up", "timing",
+                     "first layer");
   for (size_t i = 0; i < b.signatures.size() && i < kShown; ++i) {
     const SignatureTime& t = b.signatures[i];
     std::string name = t.first_layer.size() > 40
                            ? "…" + t.first_layer.substr(t.first_layer.size() - 39)
                            : t.first_layer;
-    out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>9.3f} {:>9.3f} {:>9.3f}  {}\n", t.op_type,
-                       t.layers, t.candidates, t.timed, t.generate_seconds, t.setup_seconds,
-                       t.timing_seconds, name);
+    out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>6} {:>9.3f} {:>9.3f} {:>9.3f}  {}\n",
+                       t.op_type, t.layers, t.candidates, t.setups, t.timed, t.generate_seconds,
+                       t.setup_seconds, t.timing_seconds, name);
   }
   return out;
 }

@@ -34,9 +34,15 @@ struct SignatureTime {
   int64_t layers = 0;
   int64_t candidates = 0;  // tactics listed for one of its layers
   int64_t timed = 0;       // candidates timed, over its layers
+  int64_t setups = 0;      // candidates set up (created, prepared) for timing
+  int64_t early_stops = 0;  // timed candidates stopped as clearly slower than the best
   // Listing the candidates (the backend's queries: cuDNN/cuBLASLt heuristics, plan finalisation).
   double generate_seconds = 0;
-  double setup_seconds = 0;   // creating and preparing each timed candidate, with its inputs
+  // Setting up: the random inputs at the opt shapes (once per signature, inputs_seconds) and
+  // creating and preparing each candidate (cuDNN plans, weight packing). Thread seconds: with
+  // several set-up threads their sum exceeds the wall time (BuildTimeBreakdown::setup_wall_seconds).
+  double setup_seconds = 0;
+  double inputs_seconds = 0;  // part of setup_seconds
   double timing_seconds = 0;  // running the timed candidates
   double total_seconds() const { return generate_seconds + setup_seconds + timing_seconds; }
 };
@@ -45,7 +51,19 @@ struct SignatureTime {
 struct BuildTimeBreakdown {
   double precision_query_seconds = 0;  // precision asking the providers which kernels exist
   double generate_seconds = 0, setup_seconds = 0, timing_seconds = 0;  // sums over signatures
-  std::vector<SignatureTime> signatures;                               // most seconds first
+  double inputs_seconds = 0;      // part of setup_seconds: random inputs, once per signature
+  double setup_wall_seconds = 0;  // wall time of the set-up stages (threads overlap)
+  // Wall time of listing the candidates, which the set-up threads share (generate_seconds is
+  // their sum over layers, in thread seconds).
+  double listing_wall_seconds = 0;
+  int opt_level = 0;              // BuilderConfig::opt_level of the build
+  int setup_threads = 0;          // the set-up pool's bound
+  int setup_max_concurrency = 0;  // most set-ups seen running at once (<= setup_threads)
+  int64_t layers_listed = 0;      // layers whose providers listed their tactics
+  int64_t layers_from_cache = 0;  // layers that took the timing cache's winner without listing
+  int64_t setups = 0;             // candidates set up for timing (sum over signatures)
+  int64_t early_stops = 0;        // timed candidates stopped early (sum over signatures)
+  std::vector<SignatureTime> signatures;  // most seconds first
 };
 
 struct BuildReport {
@@ -88,6 +106,8 @@ struct BuildReport {
   // Where the build's seconds went: the phases, the tactic phase's listing / set-up / timing /
   // other, and (per_signature) the slowest layer signatures.
   std::string TimeText(bool per_signature) const;
+  // The tactic phase's seconds outside listing, set-up (wall) and timing.
+  double TacticsOtherSeconds() const;
 };
 
 struct BuildInput {

@@ -164,12 +164,29 @@ StatusOr<std::chrono::milliseconds> ParseDuration(const std::string& text) {
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(v * scale_ms)));
 }
 
+int TacticsPerProvider(int opt_level) {
+  switch (opt_level) {
+    case 0:
+    case 1:
+      return 1;
+    case 2:
+      return 2;
+    case 3:
+      return 4;
+    case 4:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
 Hash128 BuilderConfig::Hash() const {
   Hasher h;
   h.Field("kiln-build-config-v1");
   h.Field(static_cast<int64_t>(backend)).Field(fp16).Field(bf16).Field(int8).Field(optimize);
   // Only hashed when off, so that every existing config keeps its hash (and cached engines).
   if (!search_tactics) h.Field("heuristic-tactics-only");
+  if (opt_level != kDefaultOptLevel) h.Field("opt-level").Field(static_cast<int64_t>(opt_level));
   for (const auto& p : profile.inputs) {
     h.Field(p.input);
     for (const auto* v : {&p.min, &p.opt, &p.max}) {

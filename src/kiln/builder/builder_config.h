@@ -39,6 +39,10 @@ struct BuildProgress {
 };
 using ProgressCallback = std::function<bool(const BuildProgress&)>;
 
+inline constexpr int kMinOptLevel = 0, kMaxOptLevel = 5, kDefaultOptLevel = 2;
+// Tactics taken per provider at an optimisation level (0: all of them).
+int TacticsPerProvider(int opt_level);
+
 struct BuilderConfig {
   BackendKind backend = BackendKind::kCpu;
   // What layers may use besides FP32 (TensorRT's kFP16/kBF16/kINT8); each layer's choice is
@@ -65,6 +69,15 @@ struct BuilderConfig {
   // false: every layer keeps its heuristic (first) tactic and nothing is timed; the baseline
   // that bench/build compares the tactic search against.
   bool search_tactics = true;
+  // How widely the tactic search looks (like TensorRT's builder optimization level), 0..5:
+  // 0 keeps each layer's heuristic tactic (nothing timed); 1-4 take the first 1, 2, 4, 8 tactics
+  // of each provider in its heuristic order (a provider that finalises plans to list them, like
+  // cuDNN, finalises only those) and stop timing a candidate once it is clearly slower than the
+  // best; 5 takes every tactic and times each fully. Default 2.
+  int opt_level = kDefaultOptLevel;
+  // Bound of the threads that set up tactic candidates (0: KILN_BUILD_SETUP_THREADS, else one per
+  // hardware thread up to 16). Not in the hash: it changes how fast an engine is found.
+  int setup_threads = 0;
   ProgressCallback progress;
 
   // Everything that changes the engine's bytes (not progress or the timing cache path; the

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -28,7 +29,19 @@ struct TacticSearchOptions {
   int min_runs = 3;
   int max_runs = 300;
   double min_total_ms = 3.0;
+  // Statistical early stop: a candidate is stopped once it is clearly slower than the layer's best
+  // so far (its fastest run above kEarlyStopRatio x that median, or its warm-up run above
+  // kEarlyStopWarmupRatio x). Its runs can then only have given a larger median.
+  bool early_stop = false;
+  // Candidates set up (created, prepared, workspace allocated) concurrently: the candidates of
+  // up to `setup_threads` layer signatures at a time, by at most `setup_threads` threads, while
+  // nothing is being timed; timing stays serial.
+  int setup_threads = 1;
 };
+
+// The early stop's margins (see TacticSearchOptions::early_stop).
+inline constexpr double kEarlyStopRatio = 1.25;
+inline constexpr double kEarlyStopWarmupRatio = 2.0;
 
 struct TacticCandidate {
   const KernelProvider* provider = nullptr;
@@ -45,6 +58,9 @@ struct LayerSearch {
   double time_ms = -1;
   std::string signature;
   double generate_seconds = 0;  // listing `candidates` (for the report's breakdown)
+  // The candidate is the timing cache's winner for this signature, taken without listing the
+  // providers' tactics (a warm build sets up nothing).
+  bool from_cache = false;
 };
 
 // Times one candidate at the opt shapes. Returns the median and the slowest single run (ms);
@@ -53,12 +69,46 @@ struct TacticTiming {
   double median_ms = 0;
   double max_ms = 0;
   int runs = 0;
-  double setup_seconds = 0;  // kernel creation, inputs, Prepare
+  double setup_seconds = 0;  // kernel creation, Prepare, workspace (inputs: TimingInputs)
   double run_seconds = 0;    // warm-up and timed runs with their synchronisations
+  bool stopped_early = false;  // clearly slower than best_ms: median_ms is a lower bound
 };
+
+// A layer's operands at the opt shapes, random inputs, on the backend: made once per layer
+// signature and shared by all its candidates.
+struct TimingInputs {
+  std::vector<Tensor> host_inputs, host_outputs;
+  std::vector<DeviceBuffer> buffers;
+  std::vector<TensorView> ins, outs;
+  double seconds = 0;
+};
+StatusOr<TimingInputs> MakeTimingInputs(Backend& backend, const LayerSearch& layer);
+
+// One candidate ready to run: created, prepared for the opt shapes, workspace allocated.
+struct PreparedTactic {
+  std::unique_ptr<Kernel> kernel;
+  DeviceBuffer workspace;
+  size_t workspace_bytes = 0;
+  double seconds = 0;
+};
+StatusOr<PreparedTactic> PrepareTactic(Backend& backend, const LayerSearch& layer,
+                                       const TacticCandidate& candidate,
+                                       const TimingInputs& inputs);
+
+// Times a prepared candidate. best_ms (< 0: none yet) is the layer's best median so far, for the
+// early stop. runs == 0 when the deadline passed before it could run.
+StatusOr<TacticTiming> RunTiming(Backend& backend, PreparedTactic& prepared,
+                                 const TimingInputs& inputs, const TacticSearchOptions& options,
+                                 double best_ms = -1);
+
+// Sets up and times one candidate (MakeTimingInputs + PrepareTactic + RunTiming).
 StatusOr<TacticTiming> TimeTactic(Backend& backend, const LayerSearch& layer,
                                   const TacticCandidate& candidate,
                                   const TacticSearchOptions& options);
+
+// Runs task(i) for i in [0, n) on at most `threads` threads (the caller's among them), each
+// other thread bound to the backend's device first. Returns the most tasks seen running at once.
+int RunBounded(Backend& backend, int threads, size_t n, const std::function<void(size_t)>& task);
 
 // Picks a tactic for every layer (layers[i].chosen) and fills the report's timing counters.
 Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,

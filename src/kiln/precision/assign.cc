@@ -130,8 +130,12 @@ bool Assigner::HasKernel(const Node& node, DataType dtype, const OpPrecisionRule
     if (IsFloat(d.dtype)) d.dtype = dtype;
   }
   for (const KernelProvider* p : KernelRegistry::Get().Providers(options_.backend, node)) {
+    // FP16/BF16 from the providers' static capability (no cuDNN plan is finalised here; the
+    // tactic phase lists and builds the plans once). INT8 needs the tactics' names.
+    if (!int8 && p->Supports(r)) return true;
+    if (!int8) continue;
     for (const TacticConfig& t : p->Tactics(r)) {
-      if (!int8 || t.name.starts_with(kInt8TacticPrefix)) return true;
+      if (t.name.starts_with(kInt8TacticPrefix)) return true;
     }
   }
   return false;
@@ -424,6 +428,57 @@ StatusOr<PrecisionResult> Assigner::Run() {
 StatusOr<PrecisionResult> AssignPrecision(Graph& graph, const PrecisionOptions& options) {
   Assigner assigner(graph, options);
   return assigner.Run();
+}
+
+Status DemoteToFp32(Graph& graph, Node& node, const std::string& reason,
+                    PrecisionResult& result) {
+  auto it = result.layers.find(node.name());
+  if (it == result.layers.end() || it->second.int8 ||
+      (it->second.dtype != DataType::kFloat16 && it->second.dtype != DataType::kBFloat16)) {
+    return MakeError(ErrorCode::kInternal, "layer '{}' was not given FP16 or BF16", node.name());
+  }
+  const DataType reduced = it->second.dtype;
+  const OpPrecisionRule rule = LookupOpPrecision(node.op_type());
+  auto cast = [&](Value* from, Value* to) {
+    AttributeMap attrs;
+    attrs.Set("to", OnnxDataTypeCode(to->dtype()));
+    std::string name = graph.UniqueName(
+        fmt::format("cast_{}_to_{}", from->name(), ToString(to->dtype())));
+    graph.AddNode("Cast", name, {from}, {to}, std::move(attrs));
+    LayerPrecision lp;
+    lp.dtype = to->dtype();
+    lp.reason = fmt::format("precision boundary: {} -> {}", ToString(from->dtype()),
+                            ToString(to->dtype()));
+    result.layers[name] = lp;
+    ++result.casts_inserted;
+  };
+  for (size_t i = 0; i < node.num_inputs(); ++i) {
+    Value* v = node.input(i);
+    if (!v || v->dtype() != reduced || Contains(rule.fixed_inputs, static_cast<int>(i))) continue;
+    const std::string name = graph.UniqueName(fmt::format("{}_f32", v->name()));
+    Value* wide;
+    if (v->constant()) {
+      wide = graph.AddConstant(name, v->constant()->CastTo(DataType::kFloat32));
+    } else {
+      wide = graph.AddValue(name, DataType::kFloat32);
+      cast(v, wide);
+    }
+    graph.SetInput(&node, i, wide);
+  }
+  for (Value* out : node.outputs()) {
+    if (!out || out->dtype() != reduced) continue;
+    Value* narrow =
+        graph.AddValue(graph.UniqueName(fmt::format("{}_{}", out->name(), ToString(reduced))),
+                       reduced);
+    graph.ReplaceAllUses(out, narrow);  // consumers keep reading the reduced type
+    out->set_dtype(DataType::kFloat32);
+    cast(out, narrow);
+  }
+  it->second.dtype = DataType::kFloat32;
+  it->second.reason = reason;
+  KILN_RETURN_IF_ERROR_CTX(InferShapes(graph).status(), "after computing layer '{}' in FP32",
+                           node.name());
+  return OkStatus();
 }
 
 }  // namespace kiln::precision

@@ -87,4 +87,11 @@ struct PrecisionResult {
 // keep their ONNX dtypes. Shapes must be inferred; they are inferred again at the end.
 StatusOr<PrecisionResult> AssignPrecision(Graph& graph, const PrecisionOptions& options);
 
+// The tactic phase's fallback for a layer given FP16/BF16 from the backend's static capability
+// (KernelProvider::Supports) whose reduced kernel then could not be built: it computes in FP32
+// from here on. Its reduced activations get a Cast to FP32 in front, its reduced weights are
+// widened back (keeping their reduced rounding), its outputs become FP32 with a Cast back to the
+// reduced type for the consumers; result.layers records `reason`. Shapes are inferred again.
+Status DemoteToFp32(Graph& graph, Node& node, const std::string& reason, PrecisionResult& result);
+
 }  // namespace kiln::precision

@@ -19,8 +19,10 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "kiln/backends/cuda/conv_cudnn.h"
 #include "kiln/backends/cuda/cuda_common.h"
@@ -678,21 +680,33 @@ class PlanCache {
                                   ToString(spec.dtype), spec.nhwc, spec.has_bias, spec.has_z,
                                   static_cast<int>(spec.act.kind), spec.act.max, fused, g.Key(),
                                   choice.Key(), CurrentDevice());
-    std::lock_guard lock(mu_);
-    if (auto it = plans_.find(key); it != plans_.end()) return it->second;
-    // Failures are remembered too: every layer of the same shape would otherwise retry them.
-    if (auto it = failed_.find(key); it != failed_.end()) return it->second;
-    KILN_ASSIGN_OR_RETURN(cudnnHandle_t handle, CudnnHandle());
+    {
+      // The builder's set-up threads finalise plans concurrently (each with its own cuDNN
+      // handle): the lock guards the maps only, and a key being built by one thread is waited
+      // for by the others rather than built twice.
+      std::unique_lock lock(mu_);
+      building_cv_.wait(lock, [&] { return !building_.count(key); });
+      if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+      // Failures are remembered too: every layer of the same shape would otherwise retry them.
+      if (auto it = failed_.find(key); it != failed_.end()) return it->second;
+      building_.insert(key);
+    }
     auto plan = [&]() -> StatusOr<std::shared_ptr<Plan>> {
+      KILN_ASSIGN_OR_RETURN(cudnnHandle_t handle, CudnnHandle());
       KILN_ASSIGN_OR_RETURN(OpGraph og, GraphBuilder(spec, g, fused).Build(handle));
       return BuildPlan(handle, std::move(og), choice);
     }();
-    if (!plan.ok()) {
-      failed_.emplace(key, plan.status());
-      return plan.status();
+    {
+      std::lock_guard lock(mu_);
+      building_.erase(key);
+      if (plan.ok()) {
+        plans_[key] = *plan;
+      } else {
+        failed_.emplace(key, plan.status());
+      }
     }
-    plans_[key] = *plan;
-    return *plan;
+    building_cv_.notify_all();
+    return plan;
   }
 
  private:
@@ -702,6 +716,8 @@ class PlanCache {
     return d;
   }
   std::mutex mu_;
+  std::condition_variable building_cv_;
+  std::set<std::string> building_;  // keys some thread is finalising now
   std::map<std::string, std::shared_ptr<Plan>> plans_;
   std::map<std::string, Status> failed_;
 };
@@ -891,7 +907,10 @@ class CudnnConvProvider : public KernelProvider {
     if (!g.ok()) return {};
     auto handle = CudnnHandle();
     if (!handle.ok()) return {};
+    // At most KILN_CUDNN_MAX_TACTICS, and no more than the builder will look at (its optimisation
+    // level): each one listed costs a plan finalisation.
     int64_t max_tactics = std::max<int64_t>(1, param::CudnnMaxTactics());
+    if (request.max_tactics > 0) max_tactics = std::min<int64_t>(max_tactics, request.max_tactics);
     // The same request comes back often: the precision pass asks before the builder does, and
     // ResNet repeats its blocks. Building the operation graph and running cuDNN's heuristics
     // again for it costs milliseconds each time, so the answer is kept per process.
@@ -943,6 +962,27 @@ class CudnnConvProvider : public KernelProvider {
     std::lock_guard lock(memo_mu);
     memo->emplace(memo_key, out);
     return out;
+  }
+
+  // Static capability: the node reads as a convolution cuDNN's graph API expresses (dtype, rank,
+  // layout, attributes, extents), on a device where cuDNN runs it in that dtype. cuDNN has
+  // engines for every f16/bf16 convolution kiln sends it on sm_80 and later; elsewhere reduced
+  // precision is checked by listing the tactics (finalising their plans) as before.
+  bool Supports(const KernelRequest& request) const final {
+    auto spec = ReadSpec(request);
+    if (!spec.ok()) return false;
+    if (spec->nhwc && !request.inputs[1].constant) return false;
+    std::vector<int64_t> x = DimsOf(request.inputs[0]), y = DimsOf(request.outputs[0]);
+    if (x.empty() || y.empty() || !Resolve(*spec, x, y).ok()) return false;
+    if (!CudnnHandle().ok()) return false;
+    if (spec->dtype == DataType::kFloat32) return true;
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      return false;
+    }
+    if (major >= 8) return true;
+    return !Tactics(request).empty();
   }
 
   StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,

@@ -165,6 +165,11 @@ class CudaBackend final : public Backend {
   Status CopyToHost(void* dst, const void* src, size_t bytes, void* stream) override {
     return Copy(dst, src, bytes, cudaMemcpyDeviceToHost, stream);
   }
+  Status BindThread() override {
+    KILN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return OkStatus();
+  }
+
   Status Synchronize(void* stream) override {
     if (stream) {
       KILN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
