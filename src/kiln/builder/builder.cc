@@ -322,7 +322,13 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   }
   KILN_RETURN_IF_ERROR(CheckProfileSizes(graph, config.profile));
   if (config.optimize) SpecializeFixedDims(graph, config.profile);
-  auto inferred_or = InferShapes(graph);
+  // With optimization on, shape arithmetic folds as shapes are inferred (see InferShapes).
+  auto inferred_or = config.optimize
+                         ? InferShapes(graph,
+                                       [](const Node& node, std::span<const Tensor* const> inputs) {
+                                         return cpu::EvaluateNode(node, inputs);
+                                       })
+                         : InferShapes(graph);
   if (!inferred_or.ok()) {
     return std::move(inferred_or)
         .status()
