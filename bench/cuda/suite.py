@@ -23,8 +23,9 @@ beside the times.
 The device gives 10 minutes per call: pick models with --models, bound the whole run with
 --budget (no model is started past it; the JSON is rewritten after every row) and carry the last
 JSON back with --resume: rows already measured there are kept and not measured again (--redo
-measures them anyway). --device cpu (kiln's CPU backend, FP32, PyTorch eager only) checks the
-script's own logic on a machine without a GPU; torch 1.x has only the TorchScript exporter.
+measures them anyway; rows where kiln failed are always tried again). --device cpu (kiln's CPU
+backend, FP32, PyTorch eager only) checks the script's own logic on a machine without a GPU;
+torch 1.x has only the TorchScript exporter.
 """
 import argparse
 import json
@@ -254,7 +255,8 @@ def kiln_build(a, onnx_path, engine, profile, cache, report):
 
 def kiln_run(a, name, engine, input_dir, outdir):
     shutil.rmtree(outdir, ignore_errors=True)
-    cmd = [a.kiln, "run", engine, "--json", "--warmup", "10", "--iterations", str(a.iterations),
+    warmup = "10" if a.device == "cuda" else "1"
+    cmd = [a.kiln, "run", engine, "--json", "--warmup", warmup, "--iterations", str(a.iterations),
            "--duration", "0", "--save-outputs", outdir]
     for n, _, _ in input_specs(name):
         cmd += ["--input", f"{n}={os.path.join(input_dir, n + '.pb')}"]
@@ -369,7 +371,8 @@ def torch_rows(a, name, batch, fast, args, compiled):
                 if a.device == "cuda":
                     torch.cuda.synchronize()
                 first_s = time.time() - t0
-                med = time_fn(call, a.iterations, 5 if mode == "eager" else 10, a.device)
+                warm = (5 if mode == "eager" else 10) if a.device == "cuda" else 1
+                med = time_fn(call, a.iterations, warm, a.device)
             row[f"torch_{mode}_ms"] = med
             if mode != "eager":
                 row[f"torch_{mode}_compile_s"] = round(first_s, 2)
@@ -385,8 +388,10 @@ def torch_rows(a, name, batch, fast, args, compiled):
 
 
 def done(result, model, exporter, batch):
+    """Whether the resumed results hold this row. kiln failures are tried again (a new bundle may
+    fix them); exporter failures are the exporter's and stay."""
     return any(r.get("model") == model and r.get("exporter") == exporter and
-               r.get("batch") == batch for r in result["rows"])
+               r.get("batch") == batch and not r.get("kiln_error") for r in result["rows"])
 
 
 def bench_model(a, name, result, save, t_start):
@@ -577,7 +582,8 @@ def main():
     a.modes = [m for m in a.modes.split(",") if m]
     if a.device == "cpu":
         a.modes = [m for m in a.modes if m == "eager"]
-    a.iterations = max(a.iterations, 50 if a.device == "cuda" else 3)
+    # >= 50 on the GPU (the method); a few on the CPU, where only the script's logic is checked.
+    a.iterations = max(a.iterations, 50) if a.device == "cuda" else min(a.iterations, 3)
     a.work = a.work or os.path.join(os.environ.get("TMPDIR", "/tmp"), "kiln_suite_work")
     os.makedirs(a.work, exist_ok=True)
     if a.device == "cuda":
