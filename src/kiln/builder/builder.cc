@@ -355,7 +355,9 @@ Status OptimisePhase(BuildState& s) {
   }
   KILN_RETURN_IF_ERROR(CheckProfileSizes(graph, s.config.profile));
   if (s.config.optimize) SpecializeFixedDims(graph, s.config.profile);
-  auto inferred_or = InferShapes(graph);
+  // With optimization on, shape arithmetic folds as shapes are inferred (see InferShapes).
+  auto inferred_or =
+      s.config.optimize ? InferShapes(graph, ReferenceEvaluator()) : InferShapes(graph);
   if (!inferred_or.ok()) {
     return std::move(inferred_or)
         .status()

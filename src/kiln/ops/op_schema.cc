@@ -114,7 +114,57 @@ Status InferNode(const Node& node, std::span<const ValueInfo* const> inputs,
   return CheckOutputSizes(node, outputs);
 }
 
-StatusOr<ShapeInferenceResult> InferShapes(Graph& graph) {
+namespace {
+// Outputs at most this many elements are folded at inference time (shape vectors, pads, slice
+// bounds; never weights).
+constexpr int64_t kMaxFoldedShapeElements = 4096;
+
+// The known contents of a value for folding: its constant, or its dims-value when every element
+// is static (rank 0 or 1, as dims-values are). Null when unknown.
+const Tensor* KnownInput(const ValueInfo& vi, std::vector<Tensor>& storage) {
+  if (vi.constant) return vi.constant;
+  if (!vi.dims_value || (vi.dtype != DataType::kInt64 && vi.dtype != DataType::kInt32)) {
+    return nullptr;
+  }
+  if (vi.shape.size() > 1) return nullptr;
+  std::vector<int64_t> values;
+  for (const Dim& d : *vi.dims_value) {
+    if (!d.is_static()) return nullptr;
+    values.push_back(d.value());
+  }
+  std::vector<int64_t> dims;
+  if (vi.shape.size() == 1) {
+    dims.push_back(static_cast<int64_t>(values.size()));
+    if (!(vi.shape[0] == Dim(dims[0]))) return nullptr;
+  } else if (values.size() != 1) {
+    return nullptr;
+  }
+  Tensor t = Tensor::FromVector<int64_t>(DataType::kInt64, dims, values);
+  if (vi.dtype == DataType::kInt32) t = t.CastTo(DataType::kInt32);
+  storage.push_back(std::move(t));
+  return &storage.back();
+}
+
+// Whether a node with these inferred outputs and inputs is shape arithmetic worth folding.
+bool FoldableShapeNode(const Node& node, std::span<const ValueInfo* const> ins,
+                       std::span<const ValueInfo> outs) {
+  if (outs.empty() || node.num_outputs() != outs.size()) return false;
+  bool any_input = false;
+  for (const ValueInfo* in : ins) {
+    if (!in) continue;
+    any_input = true;
+    if (!in->constant && !in->dims_value) return false;
+  }
+  if (!any_input) return false;  // Constant, RandomNormal...: nothing to fold
+  for (const ValueInfo& out : outs) {
+    if (!IsInteger(out.dtype) && out.dtype != DataType::kBool) return false;
+    auto dims = StaticDims(out.shape);
+    if (!dims || NumElements(*dims) > kMaxFoldedShapeElements) return false;
+  }
+  return true;
+}
+
+StatusOr<ShapeInferenceResult> InferShapesImpl(Graph& graph, const ShapeEvaluator* fold) {
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
   ShapeInferenceResult result;
   std::unordered_map<const Value*, ValueInfo> info;
@@ -134,16 +184,62 @@ StatusOr<ShapeInferenceResult> InferShapes(Graph& graph) {
     std::vector<ValueInfo> outs(node->num_outputs());
     KILN_RETURN_IF_ERROR(InferNode(*node, ins, outs));
     node->clear_shape_dirty();
+    std::optional<std::vector<Tensor>> folded;
+    if (fold) {
+      // Outputs whose dims-values are all static (Gather(Shape(x), 2) with a static dim 2) are
+      // constants already, whatever the inputs.
+      std::vector<Tensor> storage;
+      storage.reserve(outs.size());
+      for (const ValueInfo& out : outs) {
+        if (!KnownInput(out, storage)) break;
+      }
+      if (!outs.empty() && storage.size() == outs.size()) folded = std::move(storage);
+    }
+    if (fold && !folded && FoldableShapeNode(*node, ins, outs)) {
+      std::vector<Tensor> storage;
+      storage.reserve(ins.size());
+      std::vector<const Tensor*> known;
+      bool all_known = true;
+      for (const ValueInfo* in : ins) {
+        const Tensor* t = in ? KnownInput(*in, storage) : nullptr;
+        if (in && !t) all_known = false;
+        known.push_back(t);
+      }
+      if (all_known) {
+        // An op the evaluator lacks (or rejects) simply stays: not an error.
+        auto evaluated = (*fold)(*node, known);
+        bool fits = evaluated.ok() && evaluated->size() == outs.size();
+        for (size_t i = 0; fits && i < outs.size(); ++i) {
+          fits = (*evaluated)[i].dtype() == outs[i].dtype &&
+                 StaticDims(outs[i].shape) == (*evaluated)[i].dims();
+        }
+        if (fits) folded = std::move(*evaluated);
+      }
+    }
+    std::vector<Value*> values = node->outputs();
+    if (folded) graph.RemoveNode(node);
     for (size_t i = 0; i < outs.size(); ++i) {
-      Value* v = node->output(i);
+      Value* v = values[i];
       if (!v) continue;
       v->set_dtype(outs[i].dtype);
       v->set_shape(outs[i].shape);
+      if (folded) {
+        v->set_constant(std::move((*folded)[i]));
+        outs[i].constant = v->constant();
+        outs[i].dims_value.reset();
+      }
       if (outs[i].dims_value) result.dims_values[v] = *outs[i].dims_value;
       info[v] = std::move(outs[i]);
     }
   }
   return result;
+}
+}  // namespace
+
+StatusOr<ShapeInferenceResult> InferShapes(Graph& graph) { return InferShapesImpl(graph, nullptr); }
+
+StatusOr<ShapeInferenceResult> InferShapes(Graph& graph, const ShapeEvaluator& fold) {
+  return InferShapesImpl(graph, &fold);
 }
 
 Status InferNewShapes(Graph& graph,

@@ -2,6 +2,7 @@
 // same rule runs at build time (dims may be symbolic) and at run time (dims are integers).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -101,6 +102,19 @@ struct ShapeInferenceResult {
   std::unordered_map<const Value*, std::vector<Dim>> dims_values;
 };
 StatusOr<ShapeInferenceResult> InferShapes(Graph& graph);
+
+// Evaluates one node on host tensors (the builder passes kiln::cpu::EvaluateNode).
+using ShapeEvaluator =
+    std::function<StatusOr<std::vector<Tensor>>(const Node&, std::span<const Tensor* const>)>;
+
+// InferShapes that also folds shape arithmetic as it goes: a node whose inputs are all known
+// (constants, or dims-values with every element static) and whose outputs are small integer
+// tensors with static shapes is evaluated with `fold`, removed, and its outputs become constants.
+// Rules further down (Pad's pads, Slice's starts, Reshape's shape) then see values that
+// dims-values alone do not carry: multi-dimensional ones (a Reshape to [-1, 2], a Transpose) and
+// ones through ops without a dims-value rule (Mod, Where, Min). A node `fold` cannot evaluate
+// stays as it is.
+StatusOr<ShapeInferenceResult> InferShapes(Graph& graph, const ShapeEvaluator& fold);
 
 // Incremental shape inference after a rewrite: infers, in topological order, only the nodes
 // marked shape_dirty() (added, re-wired, attributes or op type changed, an input constant

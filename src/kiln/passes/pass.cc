@@ -110,11 +110,14 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeConvBatchNormFoldingPass());
   pm->Add(MakeLayerNormFusionPass());
   pm->Add(MakeSkipLayerNormFusionPass());
+  pm->Add(MakeRmsNormFusionPass());
   pm->Add(MakeGeluFusionPass());
   pm->Add(MakeAttentionFusionPass());
   pm->Add(MakeAttentionLayoutPass());
+  pm->Add(MakeGatedActivationFusionPass());  // before gemm_fusion takes the activation
   pm->Add(MakeGemmFusionPass());
   pm->Add(MakeQkvFusionPass());
+  pm->Add(MakeGatedProjectionMergePass());
   pm->Add(MakeConvFusionPass());
   pm->Add(MakeDeadNodeEliminationPass());
   return pm;

@@ -273,6 +273,46 @@ std::vector<Case> Cases() {
     t.Input(kF32, {5, 40}).Input(kF32, {40}).Input(kF32, {40}).Outputs(3).Tolerance(1e-4, 1e-4);
     return t;
   });
+  // RMSNormalization: vector loads with a warp per row (768, Llama's hidden sizes), a block per
+  // row (4096 on f32, 5120), scalar loads (33, 1500: not a multiple of 16 bytes), many rows.
+  for (std::vector<int64_t> dims :
+       {std::vector<int64_t>{4, 7, 33}, std::vector<int64_t>{3, 768}, std::vector<int64_t>{2, 1500},
+        std::vector<int64_t>{2, 4096}, std::vector<int64_t>{2, 5120},
+        std::vector<int64_t>{1200, 768}}) {
+    add("RmsNorm_" + std::to_string(dims.front()) + "x" + std::to_string(dims.back()), [dims] {
+      OpTester t("RMSNormalization", Attrs({{"axis", int64_t{-1}}, {"epsilon", 1e-6f}}));
+      t.Input(kF32, dims, -3, 3).Input(kF32, {dims.back()}, 0.5, 1.5);
+      t.FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
+      return t;
+    });
+  }
+  add("RmsNorm_axis1", [] {
+    OpTester t("RMSNormalization", Attrs({{"axis", int64_t{1}}}));
+    t.Input(kF32, {2, 3, 8}).Input(kF32, {3, 8}, 0.5, 1.5).FloatTypes(kAllFloats);
+    t.Tolerance(1e-4, 1e-4);
+    return t;
+  });
+  // GatedActivation (SwiGLU, GeGLU): two inputs (odd sizes: scalar accesses; 688: 16-byte), and
+  // the packed gate/up halves of one input (Llama 7B's 11008 intermediate, an odd 35).
+  for (const char* act : {"silu", "gelu", "gelu_tanh"}) {
+    std::string sact = act;
+    for (std::vector<int64_t> dims :
+         {std::vector<int64_t>{4, 7, 33}, std::vector<int64_t>{64, 688}}) {
+      add("Gated_" + sact + "_" + std::to_string(dims.back()), [sact, dims] {
+        OpTester t("GatedActivation", Attrs({{"activation", sact}}));
+        t.Input(kF32, dims, -4, 4).Input(kF32, dims).FloatTypes(kAllFloats).Tolerance(1e-5, 1e-5);
+        return t;
+      });
+    }
+    for (std::vector<int64_t> dims :
+         {std::vector<int64_t>{8, 2 * 11008}, std::vector<int64_t>{5, 70}}) {
+      add("Gated_packed_" + sact + "_" + std::to_string(dims.back()), [sact, dims] {
+        OpTester t("GatedActivation", Attrs({{"activation", sact}}));
+        t.Input(kF32, dims, -4, 4).FloatTypes(kAllFloats).Tolerance(1e-5, 1e-5);
+        return t;
+      });
+    }
+  }
   for (const char* op : {"Softmax", "LogSoftmax"}) {
     std::string sop = op;
     for (std::vector<int64_t> dims : {std::vector<int64_t>{3, 37}, std::vector<int64_t>{2, 4, 128},
@@ -797,6 +837,8 @@ TEST(CudaKernelCoverage, EveryRuntimeOpHasACudaProvider) {
                          "Cast",
                          "LayerNormalization",
                          "SkipLayerNormalization",
+                         "RMSNormalization",
+                         "GatedActivation",
                          "Softmax",
                          "MaxPool",
                          "AveragePool",

@@ -1,6 +1,7 @@
 // The GEMM epilogue kernel: what cuBLASLt's epilogues cannot do (a C operand that broadcasts
 // other than per column, beta != 1 with a bias, activations other than ReLU and tanh-GELU),
-// applied to the matmul's FP32 result in one launch before the single store of the output.
+// applied to the matmul's FP32 result in one launch before the single store of the output; and
+// the gated activation (SwiGLU, GeGLU) with the same activation formulas.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -70,6 +71,56 @@ __global__ void GemmEpilogueKernel(GemmEpilogueParams p) {
   }
 }
 
+// y[r, j] = act(a[r * stride + j]) * b[r * stride + j] for j < n: 16-byte accesses when n, the
+// stride and every pointer allow (the packed gate/up halves of an even row do), else one element.
+template <typename T, int kVec>
+__global__ void GatedKernel(GatedActivationParams p) {
+  using V = uint4;
+  const T* a = static_cast<const T*>(p.a);
+  const T* b = static_cast<const T*>(p.b);
+  T* y = static_cast<T*>(p.y);
+  const int64_t per_row = p.n / kVec;
+  const int64_t total = p.rows * per_row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, j = (i - r * per_row) * kVec;
+    const int64_t in = r * p.stride + j;
+    if constexpr (kVec == 1) {
+      y[r * p.n + j] = Store<T>(Activate(p.act, Load(a[in]), p.act_min, p.act_max) * Load(b[in]));
+    } else {
+      V ra = *reinterpret_cast<const V*>(a + in);
+      V rb = *reinterpret_cast<const V*>(b + in);
+      V ry;
+      const T* ea = reinterpret_cast<const T*>(&ra);
+      const T* eb = reinterpret_cast<const T*>(&rb);
+      T* ey = reinterpret_cast<T*>(&ry);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        ey[e] = Store<T>(Activate(p.act, Load(ea[e]), p.act_min, p.act_max) * Load(eb[e]));
+      }
+      *reinterpret_cast<V*>(y + r * p.n + j) = ry;
+    }
+  }
+}
+
+template <typename T>
+cudaError_t LaunchGatedT(const GatedActivationParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kThreads = 256;
+  auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool vec = p.n % kVec == 0 && p.stride % kVec == 0 && aligned(p.a) && aligned(p.b) &&
+                   aligned(p.y);
+  int64_t work = p.rows * (vec ? p.n / kVec : p.n);
+  int64_t blocks = (work + kThreads - 1) / kThreads;
+  blocks = blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks);
+  if (vec) {
+    GatedKernel<T, kVec><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  } else {
+    GatedKernel<T, 1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t LaunchGemmEpilogue(const GemmEpilogueParams& p, cudaStream_t stream) {
@@ -114,6 +165,19 @@ cudaError_t LaunchGemmEpilogue(const GemmEpilogueParams& p, cudaStream_t stream)
       break;
   }
   return cudaGetLastError();
+}
+
+cudaError_t LaunchGatedActivation(const GatedActivationParams& p, cudaStream_t stream) {
+  if (p.rows * p.n == 0) return cudaSuccess;
+  switch (p.type) {
+    case BlasType::kF32:
+      return LaunchGatedT<float>(p, stream);
+    case BlasType::kF16:
+      return LaunchGatedT<__half>(p, stream);
+    case BlasType::kBF16:
+      return LaunchGatedT<__nv_bfloat16>(p, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace kiln::cuda

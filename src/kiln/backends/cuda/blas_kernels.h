@@ -33,6 +33,20 @@ struct GemmEpilogueParams {
 };
 cudaError_t LaunchGemmEpilogue(const GemmEpilogueParams& p, cudaStream_t stream);
 
+// GatedActivation: y[r, j] = act(a[r * stride + j]) * b[r * stride + j], rows x n outputs (y
+// row-major, no gaps). Two inputs: stride = n; the packed gate/up input [rows, 2n]: b = a + n,
+// stride = 2n. FP32 math.
+struct GatedActivationParams {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* y = nullptr;
+  BlasType type = BlasType::kF32;
+  int64_t rows = 0, n = 0, stride = 0;
+  BlasAct act = BlasAct::kSilu;
+  float act_min = 0.f, act_max = 0.f;
+};
+cudaError_t LaunchGatedActivation(const GatedActivationParams& p, cudaStream_t stream);
+
 // Fused scaled dot-product attention (kiln's Attention op) over a flattened batch.
 // Q [batch, sq, d], K [batch_k, sk, d], V [batch_v, sk, dv] with per-batch offsets given by
 // index maps: the operand batch index of output batch b is sum over dims of coord * stride

@@ -500,4 +500,73 @@ cudaError_t LaunchBatchNorm(Elem t, Elem param_t, const void* x, const void* sca
   });
 }
 
+// ---- RMSNormalization --------------------------------------------------------------------------
+namespace {
+
+// kN elements moved as one load of their total size (16 bytes when kN = 16 / sizeof(T)).
+template <typename T, int kN>
+struct alignas(sizeof(T) * kN) RmsVec {
+  T v[kN];
+};
+
+// One row per group (a warp, or a block for long rows), kVec elements per load; x is read twice
+// (the sum of squares, then the output), the second time mostly from cache. FP32 statistics.
+template <bool kWarp, typename T, int kVec>
+__global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ scale,
+                              T* __restrict__ y, int64_t rows, int64_t n, float eps) {
+  using V = RmsVec<T, kVec>;
+  __shared__ float scratch[33];
+  int64_t row, stride;
+  int lane, width;
+  RowGeometry<kWarp>(row, lane, width, stride);
+  const int64_t vecs = n / kVec;
+  const V* g = reinterpret_cast<const V*>(scale);
+  // Rows are uniform per group, so the whole group leaves together (no divergent barriers).
+  for (; row < rows; row += stride) {
+    const V* p = reinterpret_cast<const V*>(x + row * n);
+    V* q = reinterpret_cast<V*>(y + row * n);
+    float sq = 0.f;
+    for (int64_t j = lane; j < vecs; j += width) {
+      V a = p[j];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        float v = Load(a.v[e]);
+        sq += v * v;
+      }
+    }
+    const float inv = rsqrtf(GroupSum<kWarp>(sq, scratch) / static_cast<float>(n) + eps);
+    for (int64_t j = lane; j < vecs; j += width) {
+      V a = p[j], w = g[j], o;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) o.v[e] = Store<T>(Load(a.v[e]) * inv * Load(w.v[e]));
+      q[j] = o;
+    }
+  }
+}
+
+// Rows of up to this many loads go to one warp each; longer ones to a block.
+constexpr int64_t kRmsWarpLoads = 256;
+
+}  // namespace
+
+cudaError_t LaunchRmsNorm(Elem t, const void* x, const void* scale, void* y, int64_t rows,
+                          int64_t n, float epsilon, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  return DispatchFloat(t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    auto* px = static_cast<const T*>(x);
+    auto* ps = static_cast<const T*>(scale);
+    auto* py = static_cast<T*>(y);
+    const bool vec = n % kVec == 0 && Aligned16(x) && Aligned16(y) && Aligned16(scale);
+    const bool warp = (vec ? n / kVec : n) <= kRmsWarpLoads;
+    auto go = [&](auto kernel) {
+      kernel<<<RowBlocks(rows, warp), kBlockThreads, 0, stream>>>(px, ps, py, rows, n, epsilon);
+      return cudaGetLastError();
+    };
+    if (vec) return warp ? go(RmsNormKernel<true, T, kVec>) : go(RmsNormKernel<false, T, kVec>);
+    return warp ? go(RmsNormKernel<true, T, 1>) : go(RmsNormKernel<false, T, 1>);
+  });
+}
+
 }  // namespace kiln::cuda

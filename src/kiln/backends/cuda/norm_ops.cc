@@ -1,7 +1,8 @@
-// CUDA providers of LayerNormalization, SkipLayerNormalization, Softmax/LogSoftmax and
-// BatchNormalization (kernels in norm.cu). Row geometry comes from Prepare; f32, f16 and bf16
-// storage with FP32 statistics. LayerNormalization has two tactics the builder times: "row" (any
-// parameter type, statistics outputs) and "warp-vec" (LaunchSkipLayerNorm without a skip).
+// CUDA providers of LayerNormalization, SkipLayerNormalization, RMSNormalization,
+// Softmax/LogSoftmax and BatchNormalization (kernels in norm.cu). Row geometry comes from Prepare;
+// f32, f16 and bf16 storage with FP32 statistics. LayerNormalization has two tactics the builder
+// times: "row" (any parameter type, statistics outputs) and "warp-vec" (LaunchSkipLayerNorm
+// without a skip).
 #include "kiln/backends/cuda/cuda_kernel.h"
 
 namespace kiln::cuda {
@@ -185,6 +186,59 @@ CudaOpDef SkipLayerNormDef() {
   };
 }
 KILN_CUDA_OP_PROVIDER(SkipLayerNormProvider, SkipLayerNormDef());
+
+// ---- RMSNormalization -------------------------------------------------------------------------
+class RmsNormKernel final : public Kernel {
+ public:
+  RmsNormKernel(int64_t axis, float eps, Elem t) : axis_(axis), eps_(eps), t_(t) {}
+  StatusOr<size_t> Prepare(std::span<const TensorView> in, std::span<const TensorView>) override {
+    const auto& x = in[0].dims;
+    int64_t axis = NormAxis(axis_, x.size());
+    if (axis < 0 || axis > static_cast<int64_t>(x.size())) {
+      return MakeError(ErrorCode::kShapeMismatch, "RMSNormalization axis {} of rank {}", axis_,
+                       x.size());
+    }
+    n_ = 1;
+    for (size_t i = static_cast<size_t>(axis); i < x.size(); ++i) n_ *= x[i];
+    rows_ = n_ == 0 ? 0 : in[0].num_elements() / n_;
+    if (in[1].num_elements() != n_) {
+      return MakeError(ErrorCode::kUnimplemented,
+                       "RMSNormalization on CUDA needs Scale of the full normalized size ({} "
+                       "elements); it has {}",
+                       n_, in[1].num_elements());
+    }
+    return size_t{0};
+  }
+  Status Run(const KernelRunArgs& a) override {
+    return Launched(LaunchRmsNorm(t_, a.inputs[0].data, a.inputs[1].data, a.outputs[0].data, rows_,
+                                  n_, eps_, StreamOf(a)),
+                    "RMSNormalization kernel");
+  }
+
+ private:
+  int64_t axis_;
+  float eps_;
+  Elem t_;
+  int64_t rows_ = 0, n_ = 0;
+};
+
+CudaOpDef RmsNormDef() {
+  return {
+      .op_type = "RMSNormalization",
+      .variant = "row",
+      .accepts =
+          [](const KernelRequest& r) {
+            return r.inputs.size() == 2 && r.node->attrs().GetInt("stash_type", 1) == 1 &&
+                   OneFloatType(r);
+          },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        return std::unique_ptr<Kernel>(std::make_unique<RmsNormKernel>(
+            r.node->attrs().GetInt("axis", -1), r.node->attrs().GetFloat("epsilon", 1e-5f),
+            *ToElem(InType(r, 0))));
+      },
+  };
+}
+KILN_CUDA_OP_PROVIDER(RmsNormProvider, RmsNormDef());
 
 // ---- Softmax / LogSoftmax ---------------------------------------------------------------------
 class SoftmaxKernel final : public Kernel {
