@@ -205,9 +205,24 @@ def _signal_during_publish(h, sig):
                                                                           err[-2000:]))
     if p.returncode != -sig:
         raise CaseFailure("expected death by %s, got rc %s" % (sig.name, p.returncode))
+    if sig == signal.SIGKILL:
+        return model, cache, seen
     left = [n for n in os.listdir(cache) if ".tmp." in n]
     if left:
         raise CaseFailure("cache temporary left behind after %s: %s" % (sig.name, left))
+
+
+def case_sigkill_during_cache_publish_then_next_publish_cleans_up(h):
+    model, cache, seen = _signal_during_publish(h, signal.SIGKILL)
+    if not [n for n in os.listdir(cache) if ".tmp." in n and ".engine" in n]:
+        raise CaseFailure("SIGKILL left no cache temporary; the case tests nothing (saw %s)" % seen)
+    r = h.run(["build", model, "-o", h.path("out.kiln"), "--cache-dir", cache] + DIST,
+              timeout=300)
+    if r.rc != 0:
+        raise CaseFailure("the next build failed: %r" % r)
+    left = [n for n in os.listdir(cache) if ".tmp." in n]
+    if left:
+        raise CaseFailure("the killed writer's temporary is still there: %s" % left)
 
 
 def case_sigterm_during_cache_publish(h):

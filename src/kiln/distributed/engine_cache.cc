@@ -3,6 +3,7 @@
 // markers so that only one waiter replaces a dead builder, and write-then-rename publishing.
 #include "kiln/distributed/engine_cache.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
@@ -87,6 +89,30 @@ Status WriteAll(int fd, std::span<const std::byte> bytes, const fs::path& path) 
   return OkStatus();
 }
 
+// Removes `.<name>.tmp.<this host>.<pid>.*` temporaries of `path` whose writer is gone (a
+// SIGKILL during a publish leaves one, up to an engine's size): the next write to the same path
+// cleans up, as file_io's AtomicOutput does for the CLI's outputs.
+void RemoveStaleTemps(const fs::path& path) {
+  const std::string prefix = fmt::format(".{}.tmp.{}.", path.filename().string(), HostName());
+  DIR* d = ::opendir(path.parent_path().c_str());
+  if (d == nullptr) return;
+  while (const dirent* e = ::readdir(d)) {
+    std::string_view name(e->d_name);
+    if (!name.starts_with(prefix)) continue;
+    std::string_view rest = name.substr(prefix.size());
+    int64_t pid = 0;
+    auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), pid);
+    if (ec != std::errc() || pid <= 0 || end == rest.data() || *end != '.') continue;
+    if (pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    const fs::path stale = path.parent_path() / std::string(name);
+    struct stat st {};
+    if (::lstat(stale.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid()) {
+      ::unlink(stale.c_str());
+    }
+  }
+  ::closedir(d);
+}
+
 // Writes `bytes` to `path` atomically: a unique temp file in the same directory, fsync, rename,
 // fsync of the directory. Readers see the old file or the whole new one, never a partial write.
 Status AtomicWrite(const fs::path& path, std::span<const std::byte> head,
@@ -97,6 +123,7 @@ Status AtomicWrite(const fs::path& path, std::span<const std::byte> head,
   const fs::path tmp =
       path.parent_path() / fmt::format(".{}.tmp.{}.{}.{}", path.filename().string(), HostName(),
                                        getpid(), RandomToken());
+  RemoveStaleTemps(path);
   // Registered before it exists: SIGTERM/SIGINT remove it, as they do the CLI's temporaries.
   TempRegistration registration(tmp.string());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
