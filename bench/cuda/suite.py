@@ -8,6 +8,7 @@ TorchScript exporter and the dynamo exporter, batch 1 and 32, in one run on the 
       [--models convnext_t,llama] [--exporters ts,dynamo] [--batches 1,32] \
       [--modes eager,default,reduce-overhead] [--deadline 60] [--budget 540] \
       [--resume bench/results/suite.json] [--iterations 50] [--device cuda|cpu]
+      [--layers-dir $OUT/layers]
   python3 bench/cuda/suite.py --table suite.json       # the markdown table only
 
 For each model: seeded random weights (torchvision constructors, transformers models from their
@@ -143,7 +144,15 @@ CNN_LAST = {"cnn"}  # families timed channels-last in PyTorch (its fastest layou
 
 def make_model(name, attn="eager"):
     torch.manual_seed(0)
-    return MODELS[name][1](attn).eval()
+    m = MODELS[name][1](attn).eval()
+    # Some constructors zero a layer on purpose (torchvision's ViT head): the output would then be
+    # all zeros and the check against the reference vacuous. Such weights get seeded values.
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() >= 2 and not p.any():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    return m
 
 
 def input_specs(name):
@@ -189,22 +198,23 @@ def export(name, exporter, model, out_dir, sample):
     args = tuple(torch.from_numpy(sample[n]) for n in names)
     out = output_name(name)
     t0 = time.time()
-    with torch.no_grad():
-        if exporter == "ts":
-            kw = {"dynamo": False} if _torch_major() >= 2 else {}
-            dyn = {n: {0: "batch"} for n in names + [out]}
-            torch.onnx.export(model, args, path, input_names=names, output_names=[out],
-                              dynamic_axes=dyn, opset_version=17, do_constant_folding=True, **kw)
-        elif exporter == "dynamo":
-            if _torch_major() < 2:
-                raise RuntimeError(f"torch {torch.__version__} has no dynamo exporter")
-            batch = torch.export.Dim("batch", min=1, max=1024)
-            dyn = tuple({0: batch} for _ in names)
-            # What a user gets from torch.onnx.export by default on torch 2.x (opset 18).
-            torch.onnx.export(model, args, path, input_names=names, output_names=[out],
-                              dynamic_shapes=dyn, dynamo=True)
-        else:
-            raise ValueError(f"unknown exporter {exporter}")
+    # Not under no_grad: there nn.MultiheadAttention takes its fused fast path
+    # (aten::_native_multi_head_attention), which the TorchScript exporter cannot export (ViT).
+    if exporter == "ts":
+        kw = {"dynamo": False} if _torch_major() >= 2 else {}
+        dyn = {n: {0: "batch"} for n in names + [out]}
+        torch.onnx.export(model, args, path, input_names=names, output_names=[out],
+                          dynamic_axes=dyn, opset_version=17, do_constant_folding=True, **kw)
+    elif exporter == "dynamo":
+        if _torch_major() < 2:
+            raise RuntimeError(f"torch {torch.__version__} has no dynamo exporter")
+        batch = torch.export.Dim("batch", min=1, max=1024)
+        dyn = tuple({0: batch} for _ in names)
+        # What a user gets from torch.onnx.export by default on torch 2.x (opset 18).
+        torch.onnx.export(model, args, path, input_names=names, output_names=[out],
+                          dynamic_shapes=dyn, dynamo=True)
+    else:
+        raise ValueError(f"unknown exporter {exporter}")
     if not os.path.exists(path):
         raise RuntimeError("the exporter wrote no model.onnx")
     return time.time() - t0
@@ -258,6 +268,9 @@ def kiln_run(a, name, engine, input_dir, outdir):
     warmup = "10" if a.device == "cuda" else "1"
     cmd = [a.kiln, "run", engine, "--json", "--warmup", warmup, "--iterations", str(a.iterations),
            "--duration", "0", "--save-outputs", outdir]
+    if a.layers_dir:
+        # Per-layer GPU times (eager, one event pair per layer): where the time goes.
+        cmd += ["--layer-iterations", "5"]
     for n, _, _ in input_specs(name):
         cmd += ["--input", f"{n}={os.path.join(input_dir, n + '.pb')}"]
     try:
@@ -298,6 +311,11 @@ def kiln_row(a, name, exporter, batch, export_dir, ref, feed, work):
     if err:
         row["kiln_error"] = f"run: {err}"
         return row
+    if a.layers_dir and j.get("layers"):
+        os.makedirs(a.layers_dir, exist_ok=True)
+        with open(os.path.join(a.layers_dir, f"{name}_{exporter}_b{batch}_layers.json"), "w") as f:
+            json.dump({"model": name, "exporter": exporter, "batch": batch,
+                       "layers": j["layers"]}, f)
     tol = FP16_TOL if a.device == "cuda" else FP32_TOL
     e = rel_l2(out, ref) if out is not None else float("inf")
     row["kiln_rel_l2_vs_torch_fp32"] = e if math.isfinite(e) else None
@@ -421,6 +439,8 @@ def bench_model(a, name, result, save, t_start):
     for b in a.batches:
         with torch.inference_mode():
             refs[b] = ref_model(*torch_args(name, feeds[b], torch.float32, dev)).float().cpu().numpy()
+        if not np.any(refs[b]):
+            raise RuntimeError(f"the FP32 reference output at batch {b} is all zeros: no check")
 
     # Exports: one per exporter, dynamic batch, from the FP32 CPU module.
     exports = {}
@@ -560,6 +580,8 @@ def main():
     ap.add_argument("--budget", type=int, default=540,
                     help="seconds after which no further model is started")
     ap.add_argument("--run-timeout", type=int, default=120)
+    ap.add_argument("--layers-dir", help="write each engine's per-layer GPU times here (kiln run "
+                    "--layer-iterations 5)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--no-kiln", action="store_true", help="export and time PyTorch only")
     ap.add_argument("--list", action="store_true", help="list the models and exit")

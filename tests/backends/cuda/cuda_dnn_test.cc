@@ -1,6 +1,7 @@
-// cuDNN convolutions (backends/cuda/conv_cudnn.cc) against the CPU backend: every provider and
-// every tactic it offers, on fresh random inputs, for Conv (groups, depthwise, stride, dilation,
-// 1x1, odd sizes, asymmetric pads, 1-D), each FusedConv epilogue and ConvTranspose, in f32, f16
+// cuDNN convolutions (backends/cuda/conv_cudnn.cc) and kiln's depthwise kernel (conv_depthwise.cc)
+// against the CPU backend: every provider and every tactic it offers, on fresh random inputs, for
+// Conv (groups, depthwise, stride, dilation, 1x1, odd sizes, asymmetric pads, 1-D), each
+// FusedConv epilogue and ConvTranspose, in f32, f16
 // and bf16, NCHW and NHWC (kiln_layout). The reference is the CPU's NCHW kernel on the same
 // rounded inputs, in f32. Skips without a GPU.
 // On the GPU machine: KILN_BUNDLE_BINS=cuda_dnn_tests scripts/bundle_gpu.sh here, then there
@@ -114,6 +115,54 @@ std::vector<ConvCase> Cases() {
        "relu6",
        {P{"pads", {1, 1, 1, 1}}, P{"strides", {2, 2}}}},
       {"fused_silu_1x1", "FusedConv", {2, 16, 6, 6}, {32, 16, 1, 1}, true, false, "silu", {}},
+      // Depthwise shapes for kiln's own kernel (conv_depthwise.cu, NHWC) beside cuDNN's: 7x7 as
+      // ConvNeXt (C a multiple of 8: 16-byte loads), odd channels (one channel per thread), 5x5
+      // stride 2 with asymmetric pads (EfficientNet), 3x3 stride 2 on an odd extent.
+      {"depthwise7x7_convnext",
+       "Conv",
+       {2, 96, 14, 14},
+       {96, 1, 7, 7},
+       true,
+       false,
+       "",
+       {P{"pads", {3, 3, 3, 3}}},
+       96},
+      {"depthwise7x7_odd_channels",
+       "Conv",
+       {1, 20, 9, 11},
+       {20, 1, 7, 7},
+       true,
+       false,
+       "",
+       {P{"pads", {3, 3, 3, 3}}},
+       20},
+      {"depthwise5x5_stride2_asym",
+       "Conv",
+       {2, 24, 15, 13},
+       {24, 1, 5, 5},
+       false,
+       false,
+       "",
+       {P{"pads", {1, 2, 2, 1}}, P{"strides", {2, 2}}},
+       24},
+      {"depthwise3x3_stride2_odd",
+       "Conv",
+       {1, 40, 17, 17},
+       {40, 1, 3, 3},
+       true,
+       false,
+       "",
+       {P{"pads", {1, 1, 1, 1}}, P{"strides", {2, 2}}},
+       40},
+      {"fused_residual_gelu_depthwise7x7",
+       "FusedConv",
+       {2, 32, 8, 8},
+       {32, 1, 7, 7},
+       true,
+       true,
+       "gelu",
+       {P{"pads", {3, 3, 3, 3}}},
+       32},
       {"fused_hardswish_depthwise",
        "FusedConv",
        {1, 16, 7, 7},

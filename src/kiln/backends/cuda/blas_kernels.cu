@@ -108,8 +108,8 @@ cudaError_t LaunchGatedT(const GatedActivationParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kThreads = 256;
   auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  const bool vec = p.n % kVec == 0 && p.stride % kVec == 0 && aligned(p.a) && aligned(p.b) &&
-                   aligned(p.y);
+  const bool vec =
+      p.n % kVec == 0 && p.stride % kVec == 0 && aligned(p.a) && aligned(p.b) && aligned(p.y);
   int64_t work = p.rows * (vec ? p.n / kVec : p.n);
   int64_t blocks = (work + kThreads - 1) / kThreads;
   blocks = blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks);

@@ -1,0 +1,131 @@
+// The depthwise convolution kernel (conv_depthwise.h): one thread per output pixel and group of
+// kVec channels (16 bytes of f16/bf16, or one channel when C or the pointers do not allow it),
+// so that neighbouring threads read neighbouring channels of the same input pixel: every tap is
+// one coalesced load. Taps are read through the cache; FP32 accumulation; the epilogue (bias,
+// residual, activation) before the single store.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kiln/backends/cuda/conv_depthwise.h"
+#include "kiln/backends/cuda/device_util.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+// Same formulas as the CPU backend's ApplyActivation (kiln::FusedActivation's order).
+__device__ __forceinline__ float DwActivate(int act, float x, float lo, float hi) {
+  switch (act) {
+    case 1:  // relu
+      return x > 0.f ? x : 0.f;
+    case 2:  // clip
+      return fminf(fmaxf(x, lo), hi);
+    case 3:  // sigmoid
+      return 1.f / (1.f + expf(-x));
+    case 4:  // hardswish
+      return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
+    case 5:  // silu
+      return x / (1.f + expf(-x));
+    case 6:  // gelu
+      return 0.5f * x * (1.f + erff(x * 0.70710678f));
+    case 7:  // gelu_tanh
+      return 0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    default:
+      return x;
+  }
+}
+
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) DwVec {
+  T v[kVec];
+};
+
+template <typename T, int kVec>
+__global__ void DepthwiseConvKernel(DepthwiseConvArgs a) {
+  using V = DwVec<T, kVec>;
+  const T* x = static_cast<const T*>(a.x);
+  const T* w = static_cast<const T*>(a.w);
+  const T* bias = static_cast<const T*>(a.bias);
+  const T* z = static_cast<const T*>(a.z);
+  T* y = static_cast<T*>(a.y);
+  const int64_t cv = a.c / kVec;
+  const int64_t total = a.n * a.oh * a.ow * cv;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t cg = i % cv;
+    int64_t p = i / cv;
+    const int64_t ox = p % a.ow;
+    p /= a.ow;
+    const int64_t oy = p % a.oh;
+    const int64_t n = p / a.oh;
+    const int64_t c0 = cg * kVec;
+    float acc[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[e] = 0.f;
+    const int64_t iy0 = oy * a.stride_h - a.pad_h;
+    const int64_t ix0 = ox * a.stride_w - a.pad_w;
+    for (int ky = 0; ky < a.r; ++ky) {
+      const int64_t iy = iy0 + ky;
+      if (iy < 0 || iy >= a.h) continue;
+      const T* row = x + ((n * a.h + iy) * a.w_in) * a.c + c0;
+      for (int kx = 0; kx < a.s; ++kx) {
+        const int64_t ix = ix0 + kx;
+        if (ix < 0 || ix >= a.w_in) continue;
+        V xv = *reinterpret_cast<const V*>(row + ix * a.c);
+        V wv = *reinterpret_cast<const V*>(w + (ky * a.s + kx) * a.c + c0);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[e] += Load(xv.v[e]) * Load(wv.v[e]);
+      }
+    }
+    const int64_t out = ((n * a.oh + oy) * a.ow + ox) * a.c + c0;
+    V bv, zv, ov;
+    if (bias) bv = *reinterpret_cast<const V*>(bias + c0);
+    if (z) zv = *reinterpret_cast<const V*>(z + out);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      float v = acc[e];
+      if (bias) v += Load(bv.v[e]);
+      if (z) v += Load(zv.v[e]);
+      ov.v[e] = Store<T>(DwActivate(a.act, v, a.act_min, a.act_max));
+    }
+    *reinterpret_cast<V*>(y + out) = ov;
+  }
+}
+
+bool Aligned(const void* p, size_t bytes) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+template <typename T>
+cudaError_t LaunchT(const DepthwiseConvArgs& a, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kThreads = 256;
+  const bool vec = a.c % kVec == 0 && Aligned(a.x, 16) && Aligned(a.w, 16) && Aligned(a.bias, 16) &&
+                   Aligned(a.z, 16) && Aligned(a.y, 16);
+  const int64_t work = a.n * a.oh * a.ow * (vec ? a.c / kVec : a.c);
+  int64_t blocks = (work + kThreads - 1) / kThreads;
+  blocks = blocks < 1 ? 1 : (blocks > 132 * 64 ? 132 * 64 : blocks);
+  if (vec) {
+    DepthwiseConvKernel<T, kVec><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+  } else {
+    DepthwiseConvKernel<T, 1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchDepthwiseConv(const DepthwiseConvArgs& a, cudaStream_t stream) {
+  if (a.n * a.oh * a.ow * a.c == 0) return cudaSuccess;
+  switch (a.dtype) {
+    case 0:
+      return LaunchT<float>(a, stream);
+    case 1:
+      return LaunchT<__half>(a, stream);
+    case 2:
+      return LaunchT<__nv_bfloat16>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace kiln::cuda

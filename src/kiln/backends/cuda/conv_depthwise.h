@@ -1,0 +1,29 @@
+// kiln's own depthwise convolution (channels-last, one filter per channel: group = C, weight
+// [C, 1, r, s]) beside cuDNN's engines, with the FusedConv epilogue (bias, residual, activation)
+// in the same pass. Plain structs only, so conv_depthwise.cu stays free of kiln's C++ headers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+struct DepthwiseConvArgs {
+  int dtype = 0;               // 0 f32, 1 f16, 2 bf16 (x, w, bias, z and y share it)
+  const void* x = nullptr;     // [n, h, w, c]
+  const void* w = nullptr;     // [r * s, c]: the filter taps, channels contiguous
+  const void* bias = nullptr;  // [c] or nullptr
+  const void* z = nullptr;     // residual, y's shape, or nullptr
+  void* y = nullptr;           // [n, oh, ow, c]
+  int64_t n = 0, h = 0, w_in = 0, c = 0, oh = 0, ow = 0;
+  int r = 1, s = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  // FusedActivation's value (kiln/ops/fused.h; kept out of nvcc's way) and the clip bounds.
+  int act = 0;
+  float act_min = 0.f, act_max = 0.f;
+};
+
+// y = act(conv(x, w) + bias + z), FP32 accumulation; enqueued on `stream`.
+cudaError_t LaunchDepthwiseConv(const DepthwiseConvArgs& a, cudaStream_t stream);
+
+}  // namespace kiln::cuda
