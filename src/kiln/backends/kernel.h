@@ -40,7 +40,8 @@ struct KernelRequest {
   std::vector<OperandDesc> inputs;  // omitted optional inputs have dtype kUndefined
   std::vector<OperandDesc> outputs;
   // How many of its tactics the builder will look at (0: all). A provider that does costly work
-  // per tactic while listing them (cuDNN finalises a plan for each) stops after this many good ones.
+  // per tactic while listing them (cuDNN finalises a plan for each) stops after this many good
+  // ones.
   int max_tactics = 0;
 };
 

@@ -300,7 +300,8 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
 }  // namespace
 
 namespace {
-// The set-up pool's bound: BuilderConfig::setup_threads, KILN_BUILD_SETUP_THREADS, else one per hardware thread (at most 16).
+// The set-up pool's bound: BuilderConfig::setup_threads, KILN_BUILD_SETUP_THREADS, else one per
+// hardware thread (at most 16).
 int SetupThreads(const BuilderConfig& config) {
   if (config.setup_threads > 0) return std::min(config.setup_threads, 256);
   const int64_t given = param::BuildSetupThreads();
@@ -328,16 +329,16 @@ struct BuildState {
   const Clock::time_point start;
   Backend* backend = nullptr;
   DeviceInfo device;
-  precision::PrecisionResult assigned;             // precision
-  std::vector<LayerSearch> searches;               // tactics: layers and their candidates
-  Clock::time_point tactics_start;                 // tactics .. timing form the tactic phase
-  std::optional<TimingCache> cache;                // tactics (warm layers), timing
-  bool cache_file_current = false;                 // the file holds exactly what `cache` holds
-  std::optional<int64_t> budget;                   // budget: bytes for the whole engine
-  TacticSearchOptions search;                      // budget, timing
-  std::vector<LayerDesc> layers;                   // timing: the chosen tactics
-  std::vector<PlanLayer> plan_layers;              // timing -> plan
-  MemoryPlan plan;                                 // plan
+  precision::PrecisionResult assigned;  // precision
+  std::vector<LayerSearch> searches;    // tactics: layers and their candidates
+  Clock::time_point tactics_start;      // tactics .. timing form the tactic phase
+  std::optional<TimingCache> cache;     // tactics (warm layers), timing
+  bool cache_file_current = false;      // the file holds exactly what `cache` holds
+  std::optional<int64_t> budget;        // budget: bytes for the whole engine
+  TacticSearchOptions search;           // budget, timing
+  std::vector<LayerDesc> layers;        // timing: the chosen tactics
+  std::vector<PlanLayer> plan_layers;   // timing -> plan
+  MemoryPlan plan;                      // plan
   const bool alias_views = param::AliasViews() != 0;
 };
 
@@ -425,8 +426,8 @@ Status PrecisionPhase(BuildState& s) {
 Status LoadTimingCache(BuildState& s) {
   const BuilderConfig& config = s.config;
   if (config.timing_cache_path.empty()) return OkStatus();
-  s.cache.emplace(fmt::format("{}|{}|{}", ToString(config.backend), s.device.arch,
-                              s.device.library_versions));
+  s.cache.emplace(
+      fmt::format("{}|{}|{}", ToString(config.backend), s.device.arch, s.device.library_versions));
   if (Status st = s.cache->Load(config.timing_cache_path); !st.ok()) {
     // A path that names no cache file at all (a FIFO, a device, a huge file) is the user's
     // mistake to fix, not a stale cache to replace.
@@ -669,11 +670,11 @@ Status TimingPhase(BuildState& s) {
     if (!prepared.ok() && l.from_cache) {
       // The cached winner cannot be made here (a stale cache, another library build): this
       // layer takes the heuristic's tactic, as a cold build would before timing.
-      Warn(rep, MakeError(ErrorCode::kTimingCacheInvalid,
-                          "the timing cache's tactic {} for layer '{}' cannot be created ({}); "
-                          "using the heuristic's tactic (rebuild the cache to time it again)",
-                          l.candidates[0].tactic.name, l.node->name(),
-                          prepared.status().message()));
+      Warn(rep,
+           MakeError(ErrorCode::kTimingCacheInvalid,
+                     "the timing cache's tactic {} for layer '{}' cannot be created ({}); "
+                     "using the heuristic's tactic (rebuild the cache to time it again)",
+                     l.candidates[0].tactic.name, l.node->name(), prepared.status().message()));
       --rep.time_breakdown.layers_from_cache;
       ++rep.time_breakdown.layers_listed;
       ListCandidates(s, l);
@@ -972,9 +973,8 @@ std::string BuildReport::TimeText(bool per_signature) const {
   out += fmt::format("    tactic seconds per layer signature ({} signatures{}):\n",
                      b.signatures.size(),
                      b.signatures.size() > kShown ? fmt::format(", the {} slowest", kShown) : "");
-  out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9}  {}\n", "op",
-                     "layers", "cands", "set up", "timed", "listing", "set-up", "timing",
-                     "first layer");
+  out += fmt::format("      {:<18} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9}  {}\n", "op", "layers",
+                     "cands", "set up", "timed", "listing", "set-up", "timing", "first layer");
   for (size_t i = 0; i < b.signatures.size() && i < kShown; ++i) {
     const SignatureTime& t = b.signatures[i];
     std::string name = t.first_layer.size() > 40

@@ -32,15 +32,16 @@ struct SignatureTime {
   std::string op_type;
   std::string first_layer;
   int64_t layers = 0;
-  int64_t candidates = 0;  // tactics listed for one of its layers
-  int64_t timed = 0;       // candidates timed, over its layers
-  int64_t setups = 0;      // candidates set up (created, prepared) for timing
+  int64_t candidates = 0;   // tactics listed for one of its layers
+  int64_t timed = 0;        // candidates timed, over its layers
+  int64_t setups = 0;       // candidates set up (created, prepared) for timing
   int64_t early_stops = 0;  // timed candidates stopped as clearly slower than the best
   // Listing the candidates (the backend's queries: cuDNN/cuBLASLt heuristics, plan finalisation).
   double generate_seconds = 0;
   // Setting up: the random inputs at the opt shapes (once per signature, inputs_seconds) and
   // creating and preparing each candidate (cuDNN plans, weight packing). Thread seconds: with
-  // several set-up threads their sum exceeds the wall time (BuildTimeBreakdown::setup_wall_seconds).
+  // several set-up threads their sum exceeds the wall time
+  // (BuildTimeBreakdown::setup_wall_seconds).
   double setup_seconds = 0;
   double inputs_seconds = 0;  // part of setup_seconds
   double timing_seconds = 0;  // running the timed candidates

@@ -23,7 +23,9 @@ using Clock = std::chrono::steady_clock;
 
 bool Expired(const TacticSearchOptions& o) { return o.deadline && Clock::now() >= *o.deadline; }
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 int64_t Elements(const std::vector<int64_t>& dims) {
   int64_t n = 1;
@@ -216,7 +218,6 @@ int RunBounded(Backend& backend, int threads, size_t n, const std::function<void
   for (std::thread& t : pool) t.join();
   return peak.load();
 }
-
 
 namespace {
 // The report's per-signature breakdown, most seconds first, and its totals.
@@ -517,8 +518,7 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
       }
     }
     if (stop) break;
-    pending.insert(pending.begin() + static_cast<std::ptrdiff_t>(next), again.begin(),
-                   again.end());
+    pending.insert(pending.begin() + static_cast<std::ptrdiff_t>(next), again.begin(), again.end());
   }
   return OkStatus();
 }

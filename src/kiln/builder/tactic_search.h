@@ -69,8 +69,8 @@ struct TacticTiming {
   double median_ms = 0;
   double max_ms = 0;
   int runs = 0;
-  double setup_seconds = 0;  // kernel creation, Prepare, workspace (inputs: TimingInputs)
-  double run_seconds = 0;    // warm-up and timed runs with their synchronisations
+  double setup_seconds = 0;    // kernel creation, Prepare, workspace (inputs: TimingInputs)
+  double run_seconds = 0;      // warm-up and timed runs with their synchronisations
   bool stopped_early = false;  // clearly slower than best_ms: median_ms is a lower bound
 };
 

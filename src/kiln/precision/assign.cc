@@ -430,8 +430,7 @@ StatusOr<PrecisionResult> AssignPrecision(Graph& graph, const PrecisionOptions& 
   return assigner.Run();
 }
 
-Status DemoteToFp32(Graph& graph, Node& node, const std::string& reason,
-                    PrecisionResult& result) {
+Status DemoteToFp32(Graph& graph, Node& node, const std::string& reason, PrecisionResult& result) {
   auto it = result.layers.find(node.name());
   if (it == result.layers.end() || it->second.int8 ||
       (it->second.dtype != DataType::kFloat16 && it->second.dtype != DataType::kBFloat16)) {
@@ -442,13 +441,13 @@ Status DemoteToFp32(Graph& graph, Node& node, const std::string& reason,
   auto cast = [&](Value* from, Value* to) {
     AttributeMap attrs;
     attrs.Set("to", OnnxDataTypeCode(to->dtype()));
-    std::string name = graph.UniqueName(
-        fmt::format("cast_{}_to_{}", from->name(), ToString(to->dtype())));
+    std::string name =
+        graph.UniqueName(fmt::format("cast_{}_to_{}", from->name(), ToString(to->dtype())));
     graph.AddNode("Cast", name, {from}, {to}, std::move(attrs));
     LayerPrecision lp;
     lp.dtype = to->dtype();
-    lp.reason = fmt::format("precision boundary: {} -> {}", ToString(from->dtype()),
-                            ToString(to->dtype()));
+    lp.reason =
+        fmt::format("precision boundary: {} -> {}", ToString(from->dtype()), ToString(to->dtype()));
     result.layers[name] = lp;
     ++result.casts_inserted;
   };
@@ -467,9 +466,8 @@ Status DemoteToFp32(Graph& graph, Node& node, const std::string& reason,
   }
   for (Value* out : node.outputs()) {
     if (!out || out->dtype() != reduced) continue;
-    Value* narrow =
-        graph.AddValue(graph.UniqueName(fmt::format("{}_{}", out->name(), ToString(reduced))),
-                       reduced);
+    Value* narrow = graph.AddValue(
+        graph.UniqueName(fmt::format("{}_{}", out->name(), ToString(reduced))), reduced);
     graph.ReplaceAllUses(out, narrow);  // consumers keep reading the reduced type
     out->set_dtype(DataType::kFloat32);
     cast(out, narrow);

@@ -17,9 +17,9 @@
 
 #include <algorithm>
 #include <array>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <set>
