@@ -24,41 +24,65 @@
 
 #include "kiln/ops/nn.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln {
 
+namespace {
+struct ActivationRow {
+  FusedActivation kind;
+  std::string_view name;
+  std::string_view source;  // an op type, or empty
+};
+constexpr ActivationRow kActivations[] = {
+#define KILN_ACTIVATION(kind, name, source) {FusedActivation::k##kind, name, source},
+#include "kiln/ops/activations.inc"
+#undef KILN_ACTIVATION
+};
+}  // namespace
+
+std::string_view ToString(FusedActivation kind) {
+  for (const ActivationRow& a : kActivations) {
+    if (a.kind == kind) return a.name;
+  }
+  return "?";
+}
+
+std::optional<FusedActivation> FusedActivationOf(OpType op) {
+  for (const ActivationRow& a : kActivations) {
+    if (!a.source.empty() && op != OpType::kNumOps && a.source == GetOpSchema(op).name) {
+      return a.kind;
+    }
+  }
+  return std::nullopt;
+}
+
 StatusOr<FusedActivationSpec> ParseFusedActivation(const AttributeMap& attrs) {
   FusedActivationSpec spec;
-  std::string name = attrs.GetString("activation", "none");
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  if (name == "none") {
-    spec.kind = FusedActivation::kNone;
-  } else if (name == "relu") {
-    spec.kind = FusedActivation::kRelu;
-  } else if (name == "relu6") {
-    spec = {FusedActivation::kClip, 0.f, 6.f};
-  } else if (name == "clip") {
-    spec = {FusedActivation::kClip, attrs.GetFloat("activation_min", -kInf),
-            attrs.GetFloat("activation_max", kInf)};
+  // Every fused op declares the same activation attributes; FusedConv's rows stand for all.
+  const std::string name = attrs::FusedConv::activation(attrs);
+  if (name == "relu6") return FusedActivationSpec{FusedActivation::kClip, 0.f, 6.f};
+  const ActivationRow* row = nullptr;
+  for (const ActivationRow& a : kActivations) {
+    if (a.name == name) row = &a;
+  }
+  if (!row) {
+    std::string names;
+    for (const ActivationRow& a : kActivations) {
+      names += fmt::format("{}{}", names.empty() ? "" : ", ", a.name);
+      if (a.kind == FusedActivation::kRelu) names += ", relu6";
+    }
+    return MakeError(ErrorCode::kInvalidAttribute, "activation '{}' is not one of {}", name,
+                     names);
+  }
+  spec.kind = row->kind;
+  if (spec.kind == FusedActivation::kClip) {
+    spec.min = attrs::FusedConv::activation_min(attrs);
+    spec.max = attrs::FusedConv::activation_max(attrs);
     if (spec.min > spec.max) {
       return MakeError(ErrorCode::kInvalidAttribute, "activation_min {} > activation_max {}",
                        spec.min, spec.max);
     }
-  } else if (name == "sigmoid") {
-    spec.kind = FusedActivation::kSigmoid;
-  } else if (name == "hardswish") {
-    spec.kind = FusedActivation::kHardSwish;
-  } else if (name == "silu") {
-    spec.kind = FusedActivation::kSilu;
-  } else if (name == "gelu") {
-    spec.kind = FusedActivation::kGelu;
-  } else if (name == "gelu_tanh") {
-    spec.kind = FusedActivation::kGeluTanh;
-  } else {
-    return MakeError(ErrorCode::kInvalidAttribute,
-                     "activation '{}' is not one of none, relu, relu6, clip, sigmoid, hardswish, "
-                     "silu, gelu, gelu_tanh",
-                     name);
   }
   return spec;
 }

@@ -6,6 +6,7 @@
 // trailing axes with keepdims.
 #include <algorithm>
 
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/pattern.h"
 
@@ -14,7 +15,7 @@ namespace {
 
 // The reduced axes of a ReduceMean (input 1 since opset 18, attribute before), normalised.
 std::optional<std::vector<int64_t>> ReduceAxes(const Node& n, int64_t rank) {
-  if (n.attrs().GetInt("keepdims", 1) != 1) return std::nullopt;
+  if (attrs::ReduceMean::keepdims(n) != 1) return std::nullopt;
   std::vector<int64_t> axes;
   if (Value* a = n.input(1)) {
     if (!a->is_constant()) return std::nullopt;

@@ -6,6 +6,7 @@
 // the layout GPT-2 exports natively (c_attn). Runs after gemm_fusion has made the FusedMatMuls.
 #include <cstring>
 
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln::passes {
@@ -15,11 +16,11 @@ namespace {
 // weight (and f32 bias, if any), no activation, read only by `attn`.
 const Node* Projection(const Value* v, const Node* attn) {
   const Node* n = v->producer();
-  if (!n || n->op_type() != "FusedMatMul" || v->is_graph_output()) return nullptr;
+  if (!n || !IsOp(*n, OpType::kFusedMatMul) || v->is_graph_output()) return nullptr;
   for (const Node* c : v->consumers()) {
     if (c != attn) return nullptr;
   }
-  if (n->attrs().GetString("activation", "") != "" || n->attrs().GetInt("transA", 0) != 0) {
+  if (n->attrs().GetString("activation", "") != "" || attrs::FusedMatMul::transA(*n) != 0) {
     return nullptr;
   }
   const Value* a = n->input(0);
@@ -46,9 +47,9 @@ class QkvFusionPass final : public Pass {
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     int fused = 0;
     for (Node* attn : order) {
-      if (attn->is_dead() || attn->op_type() != "Attention") continue;
-      if (attn->attrs().GetString("layout", "") != "bsd" ||
-          attn->attrs().GetInt("qkv_packed", 0) != 0) {
+      if (attn->is_dead() || !IsOp(*attn, OpType::kAttention)) continue;
+      if (attrs::Attention::layout(*attn) != "bsd" ||
+          attrs::Attention::qkv_packed(*attn) != 0) {
         continue;
       }
       fused += Rewrite(graph, ctx, attn) ? 1 : 0;
@@ -68,14 +69,14 @@ class QkvFusionPass final : public Pass {
     }
     if (p[0] == p[1] || p[1] == p[2] || p[0] == p[2]) return false;
     Value* a = p[0]->input(0);
-    const int64_t trans_b = p[0]->attrs().GetInt("transB", 0);
-    const float alpha = p[0]->attrs().GetFloat("alpha", 1.f);
+    const int64_t trans_b = attrs::FusedMatMul::transB(*p[0]);
+    const float alpha = attrs::FusedMatMul::alpha(*p[0]);
     const bool bias = p[0]->num_inputs() > 2 && p[0]->input(2);
     const std::vector<int64_t>& wd = p[0]->input(1)->constant()->dims();
     for (int i = 1; i < 3; ++i) {
       const bool has_bias = p[i]->num_inputs() > 2 && p[i]->input(2);
-      if (p[i]->input(0) != a || p[i]->attrs().GetInt("transB", 0) != trans_b ||
-          p[i]->attrs().GetFloat("alpha", 1.f) != alpha || has_bias != bias ||
+      if (p[i]->input(0) != a || attrs::FusedMatMul::transB(*p[i]) != trans_b ||
+          attrs::FusedMatMul::alpha(*p[i]) != alpha || has_bias != bias ||
           p[i]->input(1)->constant()->dims() != wd) {
         return false;
       }
