@@ -30,9 +30,9 @@ constexpr uint32_t InputMask(std::initializer_list<int> inputs) {
 constexpr std::array<OpTraits, kNumOps + 1> kTraits = [] {
   using namespace op_traits;
   std::array<OpTraits, kNumOps + 1> t{};
-#define KILN_OP_TRAITS(name, first, prec, reason, flag_bits)                      \
-  t[Index(OpType::k##name)] = OpTraits{true, first, PrecisionClass::k##prec, reason, \
-                                       static_cast<uint32_t>(flag_bits), 0};
+#define KILN_OP_TRAITS(name, first, prec, reason, flag_bits) \
+  t[Index(OpType::k##name)] =                                \
+      OpTraits{true, first, PrecisionClass::k##prec, reason, static_cast<uint32_t>(flag_bits), 0};
 #define KILN_OP_FIXED_INPUTS(name, ...) \
   t[Index(OpType::k##name)].fixed_inputs = InputMask({__VA_ARGS__});
 #include "kiln/ops/ops.inc"
@@ -71,8 +71,9 @@ const OpTraits& GetOpTraits(OpType op) { return kTraits[std::min(Index(op), kNum
 std::span<const AttrSpec> AllAttrSpecs() {
   static const std::vector<AttrSpec>* specs = [] {
     auto* v = new std::vector<AttrSpec>();
-#define KILN_OP_ATTR(op, attr, kind, ...)                                                   \
-  v->push_back({OpType::k##op, #attr, AttributeKind::k##kind, Attribute(attrs::op::attr##_default())});
+#define KILN_OP_ATTR(op, attr, kind, ...) \
+  v->push_back(                           \
+      {OpType::k##op, #attr, AttributeKind::k##kind, Attribute(attrs::op::attr##_default())});
 #include "kiln/ops/ops.inc"
 #undef KILN_OP_ATTR
     return v;
@@ -85,6 +86,12 @@ const AttrSpec* FindAttrSpec(OpType op, std::string_view name) {
     if (s.op == op && s.name == name) return &s;
   }
   return nullptr;
+}
+
+float DeclaredFloat(OpType op, const AttributeMap& attrs, std::string_view name, float fallback) {
+  const AttrSpec* spec = FindAttrSpec(op, name);
+  if (!spec || spec->kind != AttributeKind::kFloat) return fallback;
+  return attrs.GetFloat(std::string(name), std::get<float>(spec->default_value));
 }
 
 std::string_view NoKernelReason(OpType op, std::string_view backend) {

@@ -62,6 +62,12 @@ std::span<const AttrSpec> AllAttrSpecs();
 // nullptr when `op` declares no optional attribute `name`.
 const AttrSpec* FindAttrSpec(OpType op, std::string_view name);
 
+// The float attribute `name` of a node of type `op`: its value, else the table's default, else
+// `fallback` when the op declares no such attribute. For tables of ops that share one reader
+// (the backends' unary activations read alpha, beta and gamma this way).
+float DeclaredFloat(OpType op, const AttributeMap& attrs, std::string_view name,
+                    float fallback = 0.f);
+
 // The reason ops.inc gives for `backend` ("cpu", "cuda") having no kernel for `op`; empty when
 // the backend is expected to have one.
 std::string_view NoKernelReason(OpType op, std::string_view backend);
@@ -106,13 +112,13 @@ struct Reader<std::vector<float>> {
 #define KILN_ATTR_TYPE_String std::string
 #define KILN_ATTR_TYPE_Ints std::vector<int64_t>
 #define KILN_ATTR_TYPE_Floats std::vector<float>
-#define KILN_OP_ATTR(op, attr, kind, ...)                                           \
-  namespace op {                                                                    \
-  inline KILN_ATTR_TYPE_##kind attr##_default() { return __VA_ARGS__; }             \
-  inline KILN_ATTR_TYPE_##kind attr(const AttributeMap& a) {                        \
+#define KILN_OP_ATTR(op, attr, kind, ...)                                            \
+  namespace op {                                                                     \
+  inline KILN_ATTR_TYPE_##kind attr##_default() { return __VA_ARGS__; }              \
+  inline KILN_ATTR_TYPE_##kind attr(const AttributeMap& a) {                         \
     return internal::Reader<KILN_ATTR_TYPE_##kind>::Get(a, #attr, attr##_default()); \
-  }                                                                                 \
-  inline KILN_ATTR_TYPE_##kind attr(const Node& n) { return attr(n.attrs()); }      \
+  }                                                                                  \
+  inline KILN_ATTR_TYPE_##kind attr(const Node& n) { return attr(n.attrs()); }       \
   }
 #include "kiln/ops/ops.inc"
 #undef KILN_OP_ATTR

@@ -16,6 +16,7 @@
 #include "kiln/backends/cpu/cpu_kernel.h"
 #include "kiln/backends/cpu/int8_common.h"
 #include "kiln/backends/cpu/onednn_common.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -43,11 +44,12 @@ StatusOr<Int8GemmSpec> ReadInt8GemmSpec(const KernelRequest& request) {
   Int8GemmSpec s;
   s.gemm = op == "Gemm" || op == "FusedGemm";
   if (op != "MatMul") {
-    s.trans_a = at.GetInt("transA", 0) != 0;
-    s.trans_b = at.GetInt("transB", 0) != 0;
-    s.alpha = at.GetFloat("alpha", 1.f);
+    // Gemm, MatMul and their fused forms share these defaults (ops.inc).
+    s.trans_a = attrs::Gemm::transA(at) != 0;
+    s.trans_b = attrs::Gemm::transB(at) != 0;
+    s.alpha = attrs::Gemm::alpha(at);
   }
-  if (s.gemm) s.beta = at.GetFloat("beta", 1.f);
+  if (s.gemm) s.beta = attrs::Gemm::beta(at);
   if (op == "FusedGemm" || op == "FusedMatMul") {
     KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
   }

@@ -20,6 +20,7 @@
 #include "kiln/core/logging.h"
 #include "kiln/ops/fused.h"
 #include "kiln/ops/matmul_geometry.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -68,11 +69,12 @@ StatusOr<Spec> ReadSpec(const Node& node) {
   const std::string& op = node.op_type();
   s.kind = (op == "Gemm" || op == "FusedGemm") ? OpKind::kGemm : OpKind::kMatMul;
   if (op != "MatMul") {
-    s.trans_a = at.GetInt("transA", 0) != 0;
-    s.trans_b = at.GetInt("transB", 0) != 0;
-    s.alpha = at.GetFloat("alpha", 1.f);
+    // Gemm, MatMul and their fused forms share these defaults (ops.inc).
+    s.trans_a = attrs::Gemm::transA(at) != 0;
+    s.trans_b = attrs::Gemm::transB(at) != 0;
+    s.alpha = attrs::Gemm::alpha(at);
   }
-  if (s.kind == OpKind::kGemm) s.beta = at.GetFloat("beta", 1.f);
+  if (s.kind == OpKind::kGemm) s.beta = attrs::Gemm::beta(at);
   if (op == "FusedGemm" || op == "FusedMatMul") {
     KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
   }
