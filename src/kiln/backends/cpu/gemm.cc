@@ -82,7 +82,7 @@ class GemmProviderBase : public CpuFloatProvider {
     s.trans_b = attrs::Gemm::transB(at) != 0;
     s.alpha = attrs::Gemm::alpha(at);
     s.beta = attrs::Gemm::beta(at);
-    if (request.node->op_type() == "FusedGemm") {
+    if (IsOp(*request.node, OpType::kFusedGemm)) {
       KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
     }
     return s;

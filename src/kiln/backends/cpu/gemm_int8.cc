@@ -39,18 +39,18 @@ struct Int8GemmSpec {
 };
 
 StatusOr<Int8GemmSpec> ReadInt8GemmSpec(const KernelRequest& request) {
-  const std::string& op = request.node->op_type();
+  const OpType op = OpTypeOf(*request.node);
   const AttributeMap& at = request.node->attrs();
   Int8GemmSpec s;
-  s.gemm = op == "Gemm" || op == "FusedGemm";
-  if (op != "MatMul") {
+  s.gemm = op == OpType::kGemm || op == OpType::kFusedGemm;
+  if (op != OpType::kMatMul) {
     // Gemm, MatMul and their fused forms share these defaults (ops.inc).
     s.trans_a = attrs::Gemm::transA(at) != 0;
     s.trans_b = attrs::Gemm::transB(at) != 0;
     s.alpha = attrs::Gemm::alpha(at);
   }
   if (s.gemm) s.beta = attrs::Gemm::beta(at);
-  if (op == "FusedGemm" || op == "FusedMatMul") {
+  if (op == OpType::kFusedGemm || op == OpType::kFusedMatMul) {
     KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
   }
   return s;

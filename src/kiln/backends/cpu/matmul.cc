@@ -72,7 +72,7 @@ class MatMulProviderBase : public CpuFloatProvider {
  protected:
   static StatusOr<MatMulSpec> ReadSpec(const KernelRequest& request) {
     MatMulSpec s;
-    if (request.node->op_type() == "FusedMatMul") {
+    if (IsOp(*request.node, OpType::kFusedMatMul)) {
       const AttributeMap& at = request.node->attrs();
       s.trans_a = attrs::FusedMatMul::transA(at) != 0;
       s.trans_b = attrs::FusedMatMul::transB(at) != 0;

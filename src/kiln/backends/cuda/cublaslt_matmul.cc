@@ -66,16 +66,16 @@ struct Spec {
 StatusOr<Spec> ReadSpec(const Node& node) {
   const AttributeMap& at = node.attrs();
   Spec s;
-  const std::string& op = node.op_type();
-  s.kind = (op == "Gemm" || op == "FusedGemm") ? OpKind::kGemm : OpKind::kMatMul;
-  if (op != "MatMul") {
+  const OpType op = OpTypeOf(node);
+  s.kind = (op == OpType::kGemm || op == OpType::kFusedGemm) ? OpKind::kGemm : OpKind::kMatMul;
+  if (op != OpType::kMatMul) {
     // Gemm, MatMul and their fused forms share these defaults (ops.inc).
     s.trans_a = attrs::Gemm::transA(at) != 0;
     s.trans_b = attrs::Gemm::transB(at) != 0;
     s.alpha = attrs::Gemm::alpha(at);
   }
   if (s.kind == OpKind::kGemm) s.beta = attrs::Gemm::beta(at);
-  if (op == "FusedGemm" || op == "FusedMatMul") {
+  if (op == OpType::kFusedGemm || op == OpType::kFusedMatMul) {
     KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
   }
   return s;
