@@ -72,8 +72,7 @@ StatusOr<FusedActivationSpec> ParseFusedActivation(const AttributeMap& attrs) {
       names += fmt::format("{}{}", names.empty() ? "" : ", ", a.name);
       if (a.kind == FusedActivation::kRelu) names += ", relu6";
     }
-    return MakeError(ErrorCode::kInvalidAttribute, "activation '{}' is not one of {}", name,
-                     names);
+    return MakeError(ErrorCode::kInvalidAttribute, "activation '{}' is not one of {}", name, names);
   }
   spec.kind = row->kind;
   if (spec.kind == FusedActivation::kClip) {
@@ -89,7 +88,7 @@ StatusOr<FusedActivationSpec> ParseFusedActivation(const AttributeMap& attrs) {
 
 StatusOr<AttentionAttrs> ReadAttentionAttrs(const AttributeMap& attrs) {
   AttentionAttrs a;
-  const std::string kind = attrs.GetString("mask_kind", "none");
+  const std::string kind = attrs::Attention::mask_kind(attrs);
   if (kind == "none") {
     a.mask = AttentionMask::kNone;
   } else if (kind == "additive") {
@@ -103,14 +102,14 @@ StatusOr<AttentionAttrs> ReadAttentionAttrs(const AttributeMap& attrs) {
                      "Attention mask_kind '{}' is not one of none, additive, boolean, causal",
                      kind);
   }
-  const std::string layout = attrs.GetString("layout", "bhsd");
+  const std::string layout = attrs::Attention::layout(attrs);
   if (layout == "bhsd") {
     a.layout = AttentionLayout::kBhsd;
   } else if (layout == "bshd") {
     a.layout = AttentionLayout::kBshd;
   } else if (layout == "bsd") {
     a.layout = AttentionLayout::kBsd;
-    a.heads = attrs.GetInt("num_heads", 0);
+    a.heads = attrs::Attention::num_heads(attrs);
     if (a.heads <= 0) {
       return MakeError(ErrorCode::kInvalidAttribute,
                        "Attention layout 'bsd' needs num_heads > 0 (got {})", a.heads);
@@ -119,13 +118,13 @@ StatusOr<AttentionAttrs> ReadAttentionAttrs(const AttributeMap& attrs) {
     return MakeError(ErrorCode::kInvalidAttribute,
                      "Attention layout '{}' is not one of bhsd, bshd, bsd", layout);
   }
-  a.qkv_packed = attrs.GetInt("qkv_packed", 0) != 0;
+  a.qkv_packed = attrs::Attention::qkv_packed(attrs) != 0;
   if (a.qkv_packed && a.layout != AttentionLayout::kBsd) {
     return MakeError(ErrorCode::kInvalidAttribute, "Attention qkv_packed needs layout 'bsd'");
   }
   a.default_scale = !attrs.Has("scale");
-  a.scale = attrs.GetFloat("scale", 1.f);
-  a.mask_fill = attrs.GetFloat("mask_fill", -std::numeric_limits<float>::infinity());
+  a.scale = attrs::Attention::scale(attrs);
+  a.mask_fill = attrs::Attention::mask_fill(attrs);
   return a;
 }
 
@@ -171,8 +170,8 @@ Status InferFusedGemm(InferenceContext& ctx) {
 
 Status InferFusedMatMul(InferenceContext& ctx) {
   KILN_RETURN_IF_ERROR(CheckActivation(ctx));
-  KILN_RETURN_IF_ERROR(InferMatMulLike(ctx, ctx.attrs().GetInt("transA", 0) != 0,
-                                       ctx.attrs().GetInt("transB", 0) != 0));
+  KILN_RETURN_IF_ERROR(InferMatMulLike(ctx, attrs::FusedMatMul::transA(ctx.attrs()) != 0,
+                                       attrs::FusedMatMul::transB(ctx.attrs()) != 0));
   if (ctx.has_input(2)) {
     const Shape& bias = ctx.input_shape(2);
     const Shape& y = ctx.output(0).shape;
