@@ -26,6 +26,7 @@
 // Softmax runs in FP32 with max subtraction in every backend.
 #include "kiln/ir/sizes.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln {
 
@@ -43,14 +44,14 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
     return ctx.Error(ErrorCode::kShapeMismatch, "layout {} needs rank-{} Q {}, K {}, V {}", layout,
                      rank, ToString(q), ToString(k), ToString(v));
   }
-  int64_t heads = ctx.attrs().GetInt("num_heads", 0);
+  int64_t heads = attrs::Attention::num_heads(ctx.attrs());
   if (packed && heads <= 0) {
     return ctx.Error(ErrorCode::kInvalidAttribute, "layout bsd needs num_heads > 0");
   }
   if (heads > kMaxDim) {  // 3 * heads below must not overflow
     return ctx.Error(ErrorCode::kInvalidAttribute, "num_heads is {}; at most {}", heads, kMaxDim);
   }
-  const bool qkv = ctx.attrs().GetInt("qkv_packed", 0) != 0;
+  const bool qkv = attrs::Attention::qkv_packed(ctx.attrs()) != 0;
   if (qkv && !packed) {
     return ctx.Error(ErrorCode::kInvalidAttribute, "qkv_packed needs layout bsd");
   }
@@ -90,7 +91,7 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
   if (!batch.ok()) return ctx.Error(ErrorCode::kShapeMismatch, "{}", batch.status().message());
   Dim h = packed ? Dim(heads) : q[2];
   if (ctx.has_input(3)) {
-    std::string kind = ctx.attrs().GetString("mask_kind", "none");
+    std::string kind = attrs::Attention::mask_kind(ctx.attrs());
     DataType mt = ctx.input_type(3);
     DataType t = ctx.input_type(0);
     if ((kind == "additive" && mt != t) || (kind == "boolean" && mt != DataType::kBool)) {
@@ -112,7 +113,7 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
 }  // namespace
 
 Status InferAttention(InferenceContext& ctx) {
-  std::string kind = ctx.attrs().GetString("mask_kind", "none");
+  std::string kind = attrs::Attention::mask_kind(ctx.attrs());
   bool has_mask = ctx.has_input(3);
   if (kind == "none" || kind == "causal") {
     if (has_mask) {
@@ -131,7 +132,7 @@ Status InferAttention(InferenceContext& ctx) {
     return ctx.Error(ErrorCode::kTypeMismatch, "Q, K, V must share one float type; got {}, {}, {}",
                      ToString(t), ToString(ctx.input_type(1)), ToString(ctx.input_type(2)));
   }
-  std::string layout = ctx.attrs().GetString("layout", "bhsd");
+  std::string layout = attrs::Attention::layout(ctx.attrs());
   if (layout == "bshd" || layout == "bsd") return InferAttentionHeadsInterleaved(ctx, layout);
   if (layout != "bhsd") {
     return ctx.Error(ErrorCode::kInvalidAttribute, "layout '{}' is not one of bhsd, bshd, bsd",

@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/op_table.h"
 #include "kiln/ops/rule_util.h"
 
 namespace kiln {
@@ -157,15 +158,17 @@ Status InferNeg(InferenceContext& ctx) {
 Status InferNot(InferenceContext& ctx) { return Unary(ctx, Accept::kBool); }
 Status InferIsNaN(InferenceContext& ctx) { return Unary(ctx, Accept::kFloat, DataType::kBool); }
 Status InferIsInf(InferenceContext& ctx) {
-  KILN_RETURN_IF_ERROR(IntAttr(ctx, "detect_negative", 1).status());
-  KILN_RETURN_IF_ERROR(IntAttr(ctx, "detect_positive", 1).status());
+  KILN_RETURN_IF_ERROR(
+      IntAttr(ctx, "detect_negative", attrs::IsInf::detect_negative_default()).status());
+  KILN_RETURN_IF_ERROR(
+      IntAttr(ctx, "detect_positive", attrs::IsInf::detect_positive_default()).status());
   return Unary(ctx, Accept::kFloat, DataType::kBool);
 }
 
 Status InferGelu(InferenceContext& ctx) {
   // Compared in place: GCC 12 warned (falsely) that a std::string moved out of the StatusOr
   // might be uninitialized.
-  StatusOr<std::string> approx = StringAttr(ctx, "approximate", "none");
+  StatusOr<std::string> approx = StringAttr(ctx, "approximate", attrs::Gelu::approximate_default());
   if (!approx.ok()) return approx.status();
   if (*approx != "none" && *approx != "tanh") {
     return ctx.Error(ErrorCode::kInvalidAttribute,
@@ -225,7 +228,7 @@ Status InferDiv(InferenceContext& ctx) {
   });
 }
 Status InferMod(InferenceContext& ctx) {
-  KILN_ASSIGN_OR_RETURN(int64_t fmod, IntAttr(ctx, "fmod", 0));
+  KILN_ASSIGN_OR_RETURN(int64_t fmod, IntAttr(ctx, "fmod", attrs::Mod::fmod_default()));
   if (fmod != 0 && fmod != 1) {
     return ctx.Error(ErrorCode::kInvalidAttribute, "attribute 'fmod' is {}; it must be 0 or 1",
                      fmod);

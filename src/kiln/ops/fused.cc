@@ -24,48 +24,71 @@
 
 #include "kiln/ops/nn.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln {
 
+namespace {
+struct ActivationRow {
+  FusedActivation kind;
+  std::string_view name;
+  std::string_view source;  // an op type, or empty
+};
+constexpr ActivationRow kActivations[] = {
+#define KILN_ACTIVATION(kind, name, source) {FusedActivation::k##kind, name, source},
+#include "kiln/ops/activations.inc"
+#undef KILN_ACTIVATION
+};
+}  // namespace
+
+std::string_view ToString(FusedActivation kind) {
+  for (const ActivationRow& a : kActivations) {
+    if (a.kind == kind) return a.name;
+  }
+  return "?";
+}
+
+std::optional<FusedActivation> FusedActivationOf(OpType op) {
+  for (const ActivationRow& a : kActivations) {
+    if (!a.source.empty() && op != OpType::kNumOps && a.source == GetOpSchema(op).name) {
+      return a.kind;
+    }
+  }
+  return std::nullopt;
+}
+
 StatusOr<FusedActivationSpec> ParseFusedActivation(const AttributeMap& attrs) {
   FusedActivationSpec spec;
-  std::string name = attrs.GetString("activation", "none");
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  if (name == "none") {
-    spec.kind = FusedActivation::kNone;
-  } else if (name == "relu") {
-    spec.kind = FusedActivation::kRelu;
-  } else if (name == "relu6") {
-    spec = {FusedActivation::kClip, 0.f, 6.f};
-  } else if (name == "clip") {
-    spec = {FusedActivation::kClip, attrs.GetFloat("activation_min", -kInf),
-            attrs.GetFloat("activation_max", kInf)};
+  // Every fused op declares the same activation attributes; FusedConv's rows stand for all.
+  const std::string name = attrs::FusedConv::activation(attrs);
+  if (name == "relu6") return FusedActivationSpec{FusedActivation::kClip, 0.f, 6.f};
+  const ActivationRow* row = nullptr;
+  for (const ActivationRow& a : kActivations) {
+    if (a.name == name) row = &a;
+  }
+  if (!row) {
+    std::string names;
+    for (const ActivationRow& a : kActivations) {
+      names += fmt::format("{}{}", names.empty() ? "" : ", ", a.name);
+      if (a.kind == FusedActivation::kRelu) names += ", relu6";
+    }
+    return MakeError(ErrorCode::kInvalidAttribute, "activation '{}' is not one of {}", name, names);
+  }
+  spec.kind = row->kind;
+  if (spec.kind == FusedActivation::kClip) {
+    spec.min = attrs::FusedConv::activation_min(attrs);
+    spec.max = attrs::FusedConv::activation_max(attrs);
     if (spec.min > spec.max) {
       return MakeError(ErrorCode::kInvalidAttribute, "activation_min {} > activation_max {}",
                        spec.min, spec.max);
     }
-  } else if (name == "sigmoid") {
-    spec.kind = FusedActivation::kSigmoid;
-  } else if (name == "hardswish") {
-    spec.kind = FusedActivation::kHardSwish;
-  } else if (name == "silu") {
-    spec.kind = FusedActivation::kSilu;
-  } else if (name == "gelu") {
-    spec.kind = FusedActivation::kGelu;
-  } else if (name == "gelu_tanh") {
-    spec.kind = FusedActivation::kGeluTanh;
-  } else {
-    return MakeError(ErrorCode::kInvalidAttribute,
-                     "activation '{}' is not one of none, relu, relu6, clip, sigmoid, hardswish, "
-                     "silu, gelu, gelu_tanh",
-                     name);
   }
   return spec;
 }
 
 StatusOr<AttentionAttrs> ReadAttentionAttrs(const AttributeMap& attrs) {
   AttentionAttrs a;
-  const std::string kind = attrs.GetString("mask_kind", "none");
+  const std::string kind = attrs::Attention::mask_kind(attrs);
   if (kind == "none") {
     a.mask = AttentionMask::kNone;
   } else if (kind == "additive") {
@@ -79,14 +102,14 @@ StatusOr<AttentionAttrs> ReadAttentionAttrs(const AttributeMap& attrs) {
                      "Attention mask_kind '{}' is not one of none, additive, boolean, causal",
                      kind);
   }
-  const std::string layout = attrs.GetString("layout", "bhsd");
+  const std::string layout = attrs::Attention::layout(attrs);
   if (layout == "bhsd") {
     a.layout = AttentionLayout::kBhsd;
   } else if (layout == "bshd") {
     a.layout = AttentionLayout::kBshd;
   } else if (layout == "bsd") {
     a.layout = AttentionLayout::kBsd;
-    a.heads = attrs.GetInt("num_heads", 0);
+    a.heads = attrs::Attention::num_heads(attrs);
     if (a.heads <= 0) {
       return MakeError(ErrorCode::kInvalidAttribute,
                        "Attention layout 'bsd' needs num_heads > 0 (got {})", a.heads);
@@ -95,13 +118,13 @@ StatusOr<AttentionAttrs> ReadAttentionAttrs(const AttributeMap& attrs) {
     return MakeError(ErrorCode::kInvalidAttribute,
                      "Attention layout '{}' is not one of bhsd, bshd, bsd", layout);
   }
-  a.qkv_packed = attrs.GetInt("qkv_packed", 0) != 0;
+  a.qkv_packed = attrs::Attention::qkv_packed(attrs) != 0;
   if (a.qkv_packed && a.layout != AttentionLayout::kBsd) {
     return MakeError(ErrorCode::kInvalidAttribute, "Attention qkv_packed needs layout 'bsd'");
   }
   a.default_scale = !attrs.Has("scale");
-  a.scale = attrs.GetFloat("scale", 1.f);
-  a.mask_fill = attrs.GetFloat("mask_fill", -std::numeric_limits<float>::infinity());
+  a.scale = attrs::Attention::scale(attrs);
+  a.mask_fill = attrs::Attention::mask_fill(attrs);
   return a;
 }
 
@@ -147,8 +170,8 @@ Status InferFusedGemm(InferenceContext& ctx) {
 
 Status InferFusedMatMul(InferenceContext& ctx) {
   KILN_RETURN_IF_ERROR(CheckActivation(ctx));
-  KILN_RETURN_IF_ERROR(InferMatMulLike(ctx, ctx.attrs().GetInt("transA", 0) != 0,
-                                       ctx.attrs().GetInt("transB", 0) != 0));
+  KILN_RETURN_IF_ERROR(InferMatMulLike(ctx, attrs::FusedMatMul::transA(ctx.attrs()) != 0,
+                                       attrs::FusedMatMul::transB(ctx.attrs()) != 0));
   if (ctx.has_input(2)) {
     const Shape& bias = ctx.input_shape(2);
     const Shape& y = ctx.output(0).shape;

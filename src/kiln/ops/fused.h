@@ -4,23 +4,28 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "kiln/core/status.h"
 #include "kiln/ir/attribute.h"
+#include "kiln/ops/op_schema.h"
 
 namespace kiln {
 
+// The activations listed in activations.inc, in its order (the CUDA kernels mirror the values).
 enum class FusedActivation : uint8_t {
-  kNone,
-  kRelu,
-  kClip,  // min(max(x, activation_min), activation_max); "relu6" is Clip(0, 6)
-  kSigmoid,
-  kHardSwish,  // x * clip(x / 6 + 1/2, 0, 1) (ONNX HardSwish)
-  kSilu,       // x * sigmoid(x)
-  kGelu,       // exact: 0.5 x (1 + erf(x / sqrt 2))
-  kGeluTanh,   // tanh approximation
+#define KILN_ACTIVATION(kind, name, source) k##kind,
+#include "kiln/ops/activations.inc"
+#undef KILN_ACTIVATION
 };
+
+// The "activation" attribute value of a kind ("relu", "gelu_tanh", ...).
+std::string_view ToString(FusedActivation kind);
+// The activation a fusion absorbs for an op of this type (activations.inc's source column);
+// nullopt for ops that are not one (SiLU and tanh-Gelu are recognised by pattern and attribute).
+std::optional<FusedActivation> FusedActivationOf(OpType op);
 
 struct FusedActivationSpec {
   FusedActivation kind = FusedActivation::kNone;

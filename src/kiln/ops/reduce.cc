@@ -1,6 +1,7 @@
 // Shape rules for reductions (axes as an input, opset 18 form), ArgMax/ArgMin, Softmax,
 // LogSoftmax and LayerNormalization.
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/op_table.h"
 #include "kiln/ops/rule_util.h"
 
 namespace kiln {
@@ -92,9 +93,11 @@ Status InferLayerNormalization(InferenceContext& ctx) {
     return ctx.Error(ErrorCode::kTypeMismatch, "input type {} is not a float type",
                      ToString(ctx.input_type(0)));
   }
-  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", -1));
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr,
+                        IntAttr(ctx, "axis", attrs::LayerNormalization::axis_default()));
   KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
-  KILN_ASSIGN_OR_RETURN(float eps, FloatAttr(ctx, "epsilon", 1e-5f));
+  KILN_ASSIGN_OR_RETURN(float eps,
+                        FloatAttr(ctx, "epsilon", attrs::LayerNormalization::epsilon_default()));
   if (!(eps >= 0)) return ctx.Error(ErrorCode::kInvalidAttribute, "epsilon {} is negative", eps);
   Shape norm(x.begin() + axis, x.end());
   for (size_t i = 1; i < 3; ++i) {

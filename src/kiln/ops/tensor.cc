@@ -7,6 +7,7 @@
 #include "kiln/ir/sizes.h"
 #include "kiln/ops/onnx_dtype.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/op_table.h"
 #include "kiln/ops/rule_util.h"
 
 namespace kiln {
@@ -94,7 +95,7 @@ StatusOr<Dim> SliceDim(const InferenceContext& ctx, const Dim& d, Dim start, Dim
 
 Status InferShape(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0);
-  KILN_ASSIGN_OR_RETURN(int64_t start, IntAttr(ctx, "start", 0));
+  KILN_ASSIGN_OR_RETURN(int64_t start, IntAttr(ctx, "start", attrs::Shape::start_default()));
   KILN_ASSIGN_OR_RETURN(int64_t end, IntAttr(ctx, "end", rank));
   if (start < 0) start += rank;
   if (end < 0) end += rank;
@@ -115,7 +116,8 @@ Status InferSize(InferenceContext& ctx) {
 
 Status InferReshape(InferenceContext& ctx) {
   KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "shape"));
-  KILN_ASSIGN_OR_RETURN(int64_t allowzero, IntAttr(ctx, "allowzero", 0));
+  KILN_ASSIGN_OR_RETURN(int64_t allowzero,
+                        IntAttr(ctx, "allowzero", attrs::Reshape::allowzero_default()));
   KILN_ASSIGN_OR_RETURN(std::vector<Dim> target, RequiredDims(ctx, 1, "shape"));
   const Shape& in = ctx.input_shape(0);
   Shape out(target.size());
@@ -166,7 +168,7 @@ Status InferReshape(InferenceContext& ctx) {
 
 Status InferFlatten(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0);
-  KILN_ASSIGN_OR_RETURN(int64_t axis, IntAttr(ctx, "axis", 1));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, IntAttr(ctx, "axis", attrs::Flatten::axis_default()));
   if (axis < -rank || axis > rank) {
     return ctx.Error(ErrorCode::kInvalidAttribute, "axis {} is out of range for rank {}", axis,
                      rank);
@@ -248,7 +250,7 @@ Status InferConcat(InferenceContext& ctx) {
 
 Status InferSplit(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0);
-  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", 0));
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", attrs::Split::axis_default()));
   KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
   int64_t n = static_cast<int64_t>(ctx.num_outputs());
   const Dim& d = ctx.input_shape(0)[axis];
@@ -342,7 +344,7 @@ Status InferSlice(InferenceContext& ctx) {
 Status InferGather(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0);
   KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
-  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", 0));
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", attrs::Gather::axis_default()));
   KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
   const Shape& data = ctx.input_shape(0);
   Shape out(data.begin(), data.begin() + axis);
@@ -369,7 +371,8 @@ Status InferGather(InferenceContext& ctx) {
 Status InferGatherElements(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0);
   KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
-  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", 0));
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr,
+                        IntAttr(ctx, "axis", attrs::GatherElements::axis_default()));
   KILN_RETURN_IF_ERROR(Axis(ctx, axis_attr, rank).status());
   if (Rank(ctx, 1) != rank) {
     return ctx.Error(ErrorCode::kShapeMismatch, "indices {} and data {} differ in rank",
@@ -381,7 +384,8 @@ Status InferGatherElements(InferenceContext& ctx) {
 
 Status InferScatterND(InferenceContext& ctx) {
   KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
-  KILN_ASSIGN_OR_RETURN(std::string red, StringAttr(ctx, "reduction", "none"));
+  KILN_ASSIGN_OR_RETURN(std::string red,
+                        StringAttr(ctx, "reduction", attrs::ScatterND::reduction_default()));
   if (red != "none" && red != "add" && red != "mul" && red != "max" && red != "min") {
     return ctx.Error(ErrorCode::kInvalidAttribute, "reduction '{}' is not none/add/mul/max/min",
                      red);
@@ -550,7 +554,7 @@ Status InferRange(InferenceContext& ctx) {
 
 Status InferPad(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0);
-  KILN_ASSIGN_OR_RETURN(std::string mode, StringAttr(ctx, "mode", "constant"));
+  KILN_ASSIGN_OR_RETURN(std::string mode, StringAttr(ctx, "mode", attrs::Pad::mode_default()));
   if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap") {
     return ctx.Error(ErrorCode::kInvalidAttribute,
                      "mode '{}' is not constant, reflect, edge or wrap", mode);
@@ -584,7 +588,7 @@ Status InferPad(InferenceContext& ctx) {
 }
 
 Status InferTrilu(InferenceContext& ctx) {
-  KILN_ASSIGN_OR_RETURN(int64_t upper, IntAttr(ctx, "upper", 1));
+  KILN_ASSIGN_OR_RETURN(int64_t upper, IntAttr(ctx, "upper", attrs::Trilu::upper_default()));
   if (upper != 0 && upper != 1) {
     return ctx.Error(ErrorCode::kInvalidAttribute, "attribute 'upper' must be 0 or 1");
   }
@@ -610,7 +614,7 @@ Status InferCumSum(InferenceContext& ctx) {
 
 Status InferTopK(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0);
-  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", -1));
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", attrs::TopK::axis_default()));
   KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
   KILN_ASSIGN_OR_RETURN(std::vector<Dim> k, RequiredDims(ctx, 1, "K"));
   if (k.size() != 1) return ctx.Error(ErrorCode::kShapeMismatch, "K must have one element");
@@ -628,7 +632,7 @@ Status InferTopK(InferenceContext& ctx) {
 
 Status InferOneHot(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0) + 1;
-  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", -1));
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", attrs::OneHot::axis_default()));
   KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
   auto depth = ctx.input_dims_value(1);
   Dim depth_dim;
@@ -658,7 +662,8 @@ Status SpaceDepth(InferenceContext& ctx, bool to_space) {
                      kMaxBlock);
   }
   if (to_space) {
-    KILN_ASSIGN_OR_RETURN(std::string mode, StringAttr(ctx, "mode", "DCR"));
+    KILN_ASSIGN_OR_RETURN(std::string mode,
+                          StringAttr(ctx, "mode", attrs::DepthToSpace::mode_default()));
     if (mode != "DCR" && mode != "CRD") {
       return ctx.Error(ErrorCode::kInvalidAttribute, "mode '{}' is not DCR or CRD", mode);
     }

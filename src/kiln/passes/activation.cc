@@ -1,13 +1,30 @@
-// Activation epilogues for the Gemm/MatMul/Conv fusions.
+// Activation epilogues for the Gemm/MatMul/Conv fusions: the ops with the kEpilogue trait
+// (ops.inc) and the activations they become (activations.inc), plus SiLU by pattern.
 #include "kiln/passes/activation.h"
 
+#include "kiln/ops/fused.h"
+#include "kiln/ops/op_table.h"
+
 namespace kiln::passes {
+
+namespace {
+// The ops the fusions absorb: those with the kEpilogue trait in ops.inc.
+const std::vector<std::string>& EpilogueOps() {
+  static const std::vector<std::string> ops = [] {
+    std::vector<std::string> v;
+    for (const OpSchema& s : AllOpSchemas()) {
+      if (HasTrait(s.type, op_traits::kEpilogue)) v.emplace_back(s.name);
+    }
+    return v;
+  }();
+  return ops;
+}
+}  // namespace
 
 Pattern ActivationOver(const Pattern& body) {
   using namespace pat;
   return OneOf({
-      Op(std::vector<std::string>{"Relu", "Sigmoid", "HardSwish", "Gelu", "Clip"}, {body})
-          .Capture("act"),
+      Op(EpilogueOps(), {body}).Capture("act"),
       Op("Mul", {body, Op("Sigmoid", {body})}).Capture("act"),
   });
 }
@@ -15,21 +32,18 @@ Pattern ActivationOver(const Pattern& body) {
 bool ActivationAttrs(const Match& m, AttributeMap& attrs) {
   const Node* act = m.node("act");
   if (!act) return true;
-  const std::string& op = act->op_type();
-  if (op == "Relu") {
-    attrs.Set("activation", std::string("relu"));
-  } else if (op == "Sigmoid") {
-    attrs.Set("activation", std::string("sigmoid"));
-  } else if (op == "HardSwish") {
-    attrs.Set("activation", std::string("hardswish"));
-  } else if (op == "Mul") {
-    attrs.Set("activation", std::string("silu"));
-  } else if (op == "Gelu") {
-    std::string approx = act->attrs().GetString("approximate", "none");
+  const OpType op = OpTypeOf(*act);
+  std::optional<FusedActivation> kind = FusedActivationOf(op);
+  if (op == OpType::kMul) {
+    kind = FusedActivation::kSilu;
+  } else if (op == OpType::kGelu) {
+    std::string approx = attrs::Gelu::approximate(*act);
     if (approx != "none" && approx != "tanh") return false;
-    attrs.Set("activation", std::string(approx == "tanh" ? "gelu_tanh" : "gelu"));
-  } else if (op == "Clip") {
-    attrs.Set("activation", std::string("clip"));
+    if (approx == "tanh") kind = FusedActivation::kGeluTanh;
+  }
+  if (!kind) return false;
+  attrs.Set("activation", std::string(ToString(*kind)));
+  if (*kind == FusedActivation::kClip) {
     for (size_t i = 1; i <= 2; ++i) {
       Value* bound = act->input(i);
       if (!bound) continue;
@@ -37,8 +51,6 @@ bool ActivationAttrs(const Match& m, AttributeMap& attrs) {
       if (!v) return false;
       attrs.Set(i == 1 ? "activation_min" : "activation_max", static_cast<float>(*v));
     }
-  } else {
-    return false;
   }
   return true;
 }

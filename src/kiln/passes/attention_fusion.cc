@@ -8,6 +8,7 @@
 // tensor at all; any other boolean cond stays an input (mask_kind "boolean").
 #include <algorithm>
 
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/pattern.h"
 
@@ -20,7 +21,7 @@ bool SoftmaxOverLastAxis(const Node& n) {
   Value* in = n.input(0);
   if (!in || !in->has_shape()) return false;
   int64_t rank = static_cast<int64_t>(in->shape().size());
-  int64_t axis = n.attrs().GetInt("axis", -1);
+  int64_t axis = attrs::Softmax::axis(n);
   return axis == -1 || axis == rank - 1;
 }
 
@@ -56,7 +57,7 @@ std::optional<std::vector<int64_t>> StaticInts(const Value* v, const PassContext
 // that it equals the causal mask wherever it is read.
 bool IsTopLeftCausal(const Value* cond, const PassContext& ctx) {
   const Value* c = cond;
-  while (c && c->producer() && c->producer()->op_type() == "Slice") {
+  while (c && c->producer() && IsOp(*c->producer(), OpType::kSlice)) {
     const Node& s = *c->producer();
     const Value* data = s.input(0);
     if (!data || !data->has_shape()) return false;
@@ -116,7 +117,7 @@ class AttentionFusionPass final : public Pass {
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       Node* node = *it;
-      if (node->is_dead() || node->op_type() != "MatMul") continue;
+      if (node->is_dead() || !IsOp(*node, OpType::kMatMul)) continue;
       auto m = MatchAt(pattern, node);
       if (!m) continue;
       Rewrite(graph, ctx, *m);
@@ -177,8 +178,8 @@ class AttentionFusionPass final : public Pass {
     std::swap(swap[rank - 1], swap[rank - 2]);
     Value* k_src = kt;
     std::vector<int64_t> perm = swap;
-    if (Node* t = kt->producer(); t && t->op_type() == "Transpose") {
-      std::vector<int64_t> p = t->attrs().GetInts("perm");
+    if (Node* t = kt->producer(); t && IsOp(*t, OpType::kTranspose)) {
+      std::vector<int64_t> p = attrs::Transpose::perm(*t);
       if (p.size() == rank) {
         std::swap(p[rank - 1], p[rank - 2]);
         k_src = t->input(0);

@@ -6,6 +6,7 @@
 // num_heads) when every operand's Reshape can go too, else "bshd" (rank 4) when only the
 // Transposes can. Runs after attention_fusion; the bypassed Reshape/Transpose nodes are left for
 // dead-node elimination (they stay where something else still reads them).
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/pattern.h"
 
@@ -13,8 +14,8 @@ namespace kiln::passes {
 namespace {
 
 bool IsHeadSwap(const Node* n) {
-  if (!n || n->op_type() != "Transpose") return false;
-  std::vector<int64_t> p = n->attrs().GetInts("perm");
+  if (!n || !IsOp(*n, OpType::kTranspose)) return false;
+  std::vector<int64_t> p = attrs::Transpose::perm(*n);
   return p == std::vector<int64_t>{0, 2, 1, 3};
 }
 
@@ -27,7 +28,7 @@ bool StaticDim(const Dim& d, int64_t& out) {
 // [B, S, E] -> Reshape -> [B, S, H, D] with E = H * D: the rank-3 source, else nullptr.
 Value* PackedSource(Value* split) {
   Node* r = split->producer();
-  if (!r || r->op_type() != "Reshape") return nullptr;
+  if (!r || !IsOp(*r, OpType::kReshape)) return nullptr;
   Value* x = r->input(0);
   if (!x || !x->has_shape() || !split->has_shape()) return nullptr;
   const Shape& xs = x->shape();
@@ -45,7 +46,7 @@ Value* PackedSource(Value* split) {
 // (GPT-2's c_attn output): X, which Attention reads with qkv_packed; else nullptr.
 Value* SplitSource(Value* const packed[3], const PassContext& ctx) {
   Node* s = packed[0]->producer();
-  if (!s || s->op_type() != "Split" || s->num_outputs() != 3) return nullptr;
+  if (!s || !IsOp(*s, OpType::kSplit) || s->num_outputs() != 3) return nullptr;
   for (int i = 0; i < 3; ++i) {
     if (packed[i]->producer() != s || s->output(i) != packed[i]) return nullptr;
   }
@@ -55,7 +56,7 @@ Value* SplitSource(Value* const packed[3], const PassContext& ctx) {
       e3 % 3 != 0) {
     return nullptr;
   }
-  int64_t axis = s->attrs().GetInt("axis", 0);
+  int64_t axis = attrs::Split::axis(*s);
   if (axis != -1 && axis != 2) return nullptr;
   std::vector<int64_t> sizes;
   if (s->num_inputs() > 1 && s->input(1)) {
@@ -92,8 +93,8 @@ class AttentionLayoutPass final : public Pass {
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     int bsd = 0, bshd = 0;
     for (Node* node : order) {
-      if (node->is_dead() || node->op_type() != "Attention") continue;
-      if (node->attrs().GetString("layout", "bhsd") != "bhsd") continue;
+      if (node->is_dead() || !IsOp(*node, OpType::kAttention)) continue;
+      if (attrs::Attention::layout(*node) != "bhsd") continue;
       if (std::string_view l = Rewrite(graph, ctx, node); l == "bsd") {
         ++bsd;
       } else if (l == "bshd") {

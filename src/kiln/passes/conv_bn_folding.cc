@@ -6,6 +6,7 @@
 // stored in W's dtype.
 #include <cmath>
 
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/pattern.h"
 
@@ -13,7 +14,7 @@ namespace kiln::passes {
 namespace {
 
 bool InferenceBatchNorm(const Node& bn) {
-  if (bn.attrs().GetInt("training_mode", 0) != 0) return false;
+  if (attrs::BatchNormalization::training_mode(bn) != 0) return false;
   for (size_t i = 1; i < bn.num_outputs(); ++i) {
     Value* v = bn.output(i);
     if (v && (v->is_graph_output() || !v->consumers().empty())) return false;
@@ -44,7 +45,7 @@ class ConvBatchNormFoldingPass final : public Pass {
   Status Run(Graph& graph, PassContext& ctx) override {
     static const Pattern pattern = ConvBnPattern();
     for (Node* node : graph.nodes()) {
-      if (node->is_dead() || node->op_type() != "BatchNormalization") continue;
+      if (node->is_dead() || !IsOp(*node, OpType::kBatchNormalization)) continue;
       auto m = MatchAt(pattern, node);
       if (!m) continue;
       Fold(graph, ctx, *m);
@@ -58,8 +59,8 @@ class ConvBatchNormFoldingPass final : public Pass {
     Node* bn = m.node("bn");
     const Tensor& w = *m.value("w")->constant();
     if (w.dims().size() < 2) return;
-    bool transpose = conv->op_type() == "ConvTranspose";
-    int64_t group = conv->attrs().GetInt("group", 1);
+    bool transpose = IsOp(*conv, OpType::kConvTranspose);
+    int64_t group = attrs::Conv::group(*conv);
     int64_t out_channels = transpose ? w.dims()[1] * group : w.dims()[0];
     auto scale = ConstantValues(m.value("scale"));
     auto bias = ConstantValues(m.value("bias"));
@@ -72,7 +73,7 @@ class ConvBatchNormFoldingPass final : public Pass {
     };
     if (!sized(scale) || !sized(bias) || !sized(mean) || !sized(var)) return;
     if (conv->input(2) && !sized(conv_bias)) return;
-    double eps = bn->attrs().GetFloat("epsilon", 1e-5f);
+    double eps = attrs::BatchNormalization::epsilon(*bn);
 
     std::vector<double> f(out_channels), new_bias(out_channels);
     for (int64_t c = 0; c < out_channels; ++c) {

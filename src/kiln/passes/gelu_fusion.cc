@@ -6,6 +6,7 @@
 // three association shapes cover them all.
 #include <cmath>
 
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/pattern.h"
 
@@ -55,7 +56,7 @@ class GeluFusionPass final : public Pass {
     // Consumers first, so the outermost Mul is the root.
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       Node* node = *it;
-      if (node->is_dead() || node->op_type() != "Mul") continue;
+      if (node->is_dead() || !IsOp(*node, OpType::kMul)) continue;
       std::string approximate = "none";
       auto m = MatchAt(erf, node);
       if (!m) {

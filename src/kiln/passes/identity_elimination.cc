@@ -4,6 +4,7 @@
 // input or a constant, the node stays.
 #include <algorithm>
 
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln::passes {
@@ -14,12 +15,12 @@ bool SameShape(const Value* a, const Value* b) {
 }
 
 bool IsNoOp(const Node& n) {
-  const std::string& op = n.op_type();
+  const OpType op = OpTypeOf(n);
   Value* in = n.input(0);
   Value* out = n.output(0);
   if (!in || !out) return false;
-  if (op == "Identity") return true;
-  if (op == "Dropout") {
+  if (op == OpType::kIdentity) return true;
+  if (n.op_type() == "Dropout") {  // not in ops.inc (the importer rewrites it); tests build it
     // Inference: Dropout is the identity unless training_mode is a true constant; its mask
     // output must be unused.
     Value* mask = n.output(1);
@@ -30,15 +31,15 @@ bool IsNoOp(const Node& n) {
     }
     return true;
   }
-  if (op == "Cast") {
+  if (op == OpType::kCast) {
     return in->dtype() != DataType::kUndefined && in->dtype() == out->dtype();
   }
-  if (op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" || op == "Flatten" ||
-      op == "Expand") {
+  if (op == OpType::kReshape || op == OpType::kSqueeze || op == OpType::kUnsqueeze ||
+      op == OpType::kFlatten || op == OpType::kExpand) {
     return in->dtype() == out->dtype() && SameShape(in, out);
   }
-  if (op == "Transpose") {
-    std::vector<int64_t> perm = n.attrs().GetInts("perm");
+  if (op == OpType::kTranspose) {
+    std::vector<int64_t> perm = attrs::Transpose::perm(n);
     if (perm.empty()) return in->has_shape() && in->shape().size() <= 1;
     for (size_t i = 0; i < perm.size(); ++i) {
       if (perm[i] != static_cast<int64_t>(i)) return false;

@@ -6,6 +6,7 @@
 // trailing axes with keepdims.
 #include <algorithm>
 
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/norm_params.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/pattern.h"

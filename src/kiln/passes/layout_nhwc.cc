@@ -1,34 +1,31 @@
 // Layout pass: turns convolution stacks channels-last (NHWC) for backends whose convolutions are
 // fastest that way (CUDA tensor cores in f16/bf16), inserting the fewest Transposes at the stack
-// boundaries. Conv/FusedConv/ConvTranspose and the pools get kiln_layout = "NHWC" (nn.h);
-// layout-agnostic ops between them (elementwise, Concat, Resize) are rewritten as the same ONNX op
+// boundaries. The ops with a channels-last form (ops.inc's kChannelsLast: Conv/FusedConv/
+// ConvTranspose and the pools) get kiln_layout = "NHWC" (nn.h); layout-agnostic ops between them
+// (ops.inc's kLayoutAgnostic elementwise ops, Concat, Resize) are rewritten as the same ONNX op
 // on the permuted tensor (per-channel constants, Concat's axis and Resize's scales permuted), so
 // they need no tag and no special kernel.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
-#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "kiln/ops/nn.h"
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln::passes {
 namespace {
 
-const std::set<std::string> kAnchors = {"Conv",    "FusedConv",   "ConvTranspose",
-                                        "MaxPool", "AveragePool", "GlobalAveragePool"};
-// Elementwise ops whose non-activation inputs are scalars or broadcast constants.
-const std::set<std::string> kElementwise = {
-    "Abs",        "Ceil",      "Celu",     "Clip", "Cos",         "Elu",
-    "Erf",        "Exp",       "Floor",    "Gelu", "HardSigmoid", "HardSwish",
-    "Identity",   "LeakyRelu", "Log",      "Mish", "Neg",         "PRelu",
-    "Reciprocal", "Relu",      "Round",    "Selu", "Sigmoid",     "Sign",
-    "Sin",        "Softplus",  "Softsign", "Sqrt", "Tanh",        "ThresholdedRelu",
-    "Cast",       "Add",       "Sub",      "Mul",  "Div",         "Pow",
-    "Max",        "Min",       "Mean",     "Sum"};
+using namespace op_traits;
+
+// Nodes with a channels-last form (tagged kiln_layout = "NHWC") and elementwise ops whose
+// non-activation inputs are scalars or broadcast constants: both from the op table (ops.inc's
+// kChannelsLast and kLayoutAgnostic traits).
+bool IsAnchor(OpType op) { return HasTrait(op, kChannelsLast); }
+bool IsAgnostic(OpType op) { return HasTrait(op, kLayoutAgnostic); }
 
 // NCHW axis -> NHWC axis.
 int64_t NhwcAxis(int64_t nchw_axis) {
@@ -134,7 +131,7 @@ class LayoutNhwcPass final : public Pass {
 
     for (Node* n : order) {
       if (!nhwc.count(n)) continue;
-      if (kAnchors.count(n->op_type())) n->mutable_attrs().Set("kiln_layout", std::string("NHWC"));
+      if (IsAnchor(OpTypeOf(*n))) n->mutable_attrs().Set("kiln_layout", std::string("NHWC"));
       KILN_RETURN_IF_ERROR(RewriteAgnostic(graph, *n));
       for (size_t i = 0; i < n->num_inputs(); ++i) {
         Value* in = n->input(i);
@@ -193,22 +190,21 @@ class LayoutNhwcPass final : public Pass {
  private:
   // Inputs that carry the activation (and so follow the node's layout).
   static bool IsActivationInput(const Node& n, size_t i) {
-    const std::string& op = n.op_type();
-    if (op == "Conv" || op == "ConvTranspose") return i == 0;
-    if (op == "FusedConv") return i == 0 || i == 3;
-    if (kAnchors.count(op)) return i == 0;
-    if (op == "Resize") return i == 0;
-    if (op == "Concat") return true;
+    const OpType op = OpTypeOf(n);
+    if (op == OpType::kFusedConv) return i == 0 || i == 3;
+    if (IsAnchor(op)) return i == 0;
+    if (op == OpType::kResize) return i == 0;
+    if (op == OpType::kConcat) return true;
     return !n.input(i)->is_constant();  // elementwise
   }
 
   template <typename IsNhwc>
   static bool Decide(const Node& n, const IsNhwc& value_nhwc) {
-    const std::string& op = n.op_type();
+    const OpType op = OpTypeOf(n);
     if (n.num_outputs() != 1 || !IsRank4(n.output(0))) return false;
-    if (kAnchors.count(op)) return IsRank4(n.input(0));
+    if (IsAnchor(op)) return IsRank4(n.input(0));
     bool any_nhwc = false;
-    if (kElementwise.count(op)) {
+    if (IsAgnostic(op)) {
       for (const Value* in : n.inputs()) {
         if (!in) continue;
         if (in->is_constant()) {
@@ -220,13 +216,13 @@ class LayoutNhwcPass final : public Pass {
       }
       return any_nhwc;
     }
-    if (op == "Concat") {
+    if (op == OpType::kConcat) {
       for (const Value* in : n.inputs()) {
         if (!in || !value_nhwc(in) || !IsRank4(in)) return false;
       }
       return true;
     }
-    if (op == "Resize") {
+    if (op == OpType::kResize) {
       // The resampled axes move with the layout; the attribute form (axes) is left alone.
       if (n.attrs().Has("axes") || !value_nhwc(n.input(0))) return false;
       const Value* roi = n.input(1);
@@ -242,8 +238,8 @@ class LayoutNhwcPass final : public Pass {
 
   // Makes an agnostic node compute the same thing on the NHWC tensor.
   static Status RewriteAgnostic(Graph& graph, Node& n) {
-    const std::string& op = n.op_type();
-    if (op == "Concat") {
+    const OpType op = OpTypeOf(n);
+    if (op == OpType::kConcat) {
       int64_t axis = n.attrs().GetInt("axis", 1);
       if (axis < 0) axis += 4;
       if (axis < 0 || axis > 3) {
@@ -253,7 +249,7 @@ class LayoutNhwcPass final : public Pass {
       n.mutable_attrs().Set("axis", NhwcAxis(axis));
       return OkStatus();
     }
-    if (op == "Resize") {
+    if (op == OpType::kResize) {
       for (size_t i : {size_t{2}, size_t{3}}) {
         Value* v = n.input(i);
         if (!IsFourVector(v)) continue;
@@ -268,7 +264,7 @@ class LayoutNhwcPass final : public Pass {
       }
       return OkStatus();
     }
-    if (!kElementwise.count(op)) return OkStatus();
+    if (!IsAgnostic(op)) return OkStatus();
     for (size_t i = 0; i < n.num_inputs(); ++i) {
       Value* v = n.input(i);
       if (!v || !v->is_constant() || v->constant()->num_elements() == 1) continue;

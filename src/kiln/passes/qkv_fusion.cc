@@ -5,6 +5,7 @@
 // concatenated, [K, 3N], whose output it reads with qkv_packed (Q, K, V side by side in each row).
 // One wide GEMM instead of three narrow ones: fewer launches and better tensor-core occupancy,
 // the layout GPT-2 exports natively (c_attn). Runs after gemm_fusion has made the FusedMatMuls.
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/projection_concat.h"
 
@@ -19,9 +20,9 @@ class QkvFusionPass final : public Pass {
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     int fused = 0;
     for (Node* attn : order) {
-      if (attn->is_dead() || attn->op_type() != "Attention") continue;
-      if (attn->attrs().GetString("layout", "") != "bsd" ||
-          attn->attrs().GetInt("qkv_packed", 0) != 0) {
+      if (attn->is_dead() || !IsOp(*attn, OpType::kAttention)) continue;
+      if (attrs::Attention::layout(*attn) != "bsd" ||
+          attrs::Attention::qkv_packed(*attn) != 0) {
         continue;
       }
       fused += Rewrite(graph, ctx, attn) ? 1 : 0;

@@ -3,6 +3,7 @@
 // small integer tensors as dims-values; every one whose elements are all static becomes a
 // constant, and the chain that computed it dies. With symbolic dims only the static parts fold
 // (Gather(Shape(x), 2) with a static dim 2 does; Gather(Shape(x), 0) with dim 0 = batch does not).
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln::passes {
@@ -47,7 +48,7 @@ class ShapeSimplificationPass final : public Pass {
         }
         std::optional<Tensor> t;
         if (const std::vector<Dim>* dv = ctx.dims_value(out)) t = StaticShapeTensor(out, *dv);
-        if (!t && node->op_type() == "Shape") t = StaticShapeOf(*node);
+        if (!t && IsOp(*node, OpType::kShape)) t = StaticShapeOf(*node);
         if (!t) {
           all = false;
           break;
@@ -74,7 +75,7 @@ class ShapeSimplificationPass final : public Pass {
     auto dims = StaticDims(in->shape());
     if (!dims) return std::nullopt;
     int64_t rank = static_cast<int64_t>(dims->size());
-    int64_t start = node.attrs().GetInt("start", 0);
+    int64_t start = attrs::Shape::start(node);
     int64_t end = node.attrs().GetInt("end", rank);
     if (start < 0) start += rank;
     if (end < 0) end += rank;

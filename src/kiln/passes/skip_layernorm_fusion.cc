@@ -6,6 +6,7 @@
 // broadcast Add is a bias (MatMul + bias, which the gemm fusion takes), not a residual.
 #include <algorithm>
 
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/pattern.h"
 
@@ -30,7 +31,7 @@ class SkipLayerNormFusionPass final : public Pass {
     static const Pattern pattern = SkipLayerNormPattern();
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     for (Node* node : order) {
-      if (node->is_dead() || node->op_type() != "LayerNormalization") continue;
+      if (node->is_dead() || !IsOp(*node, OpType::kLayerNormalization)) continue;
       auto m = MatchAt(pattern, node);
       if (!m) continue;
       Rewrite(graph, ctx, *m);
@@ -60,7 +61,7 @@ class SkipLayerNormFusionPass final : public Pass {
     if (!scale) {
       std::vector<int64_t> norm_dims;
       int64_t rank = static_cast<int64_t>(x->shape().size());
-      int64_t axis = ln->attrs().GetInt("axis", -1);
+      int64_t axis = attrs::LayerNormalization::axis(*ln);
       if (axis < 0) axis += rank;
       if (axis < 0 || axis > rank) return;
       for (int64_t i = axis; i < rank; ++i) {
@@ -81,8 +82,8 @@ class SkipLayerNormFusionPass final : public Pass {
     std::vector<Value*> outputs = {y};
     if (keep_sum) outputs.push_back(sum);
     AttributeMap attrs;
-    attrs.Set("axis", ln->attrs().GetInt("axis", -1));
-    attrs.Set("epsilon", ln->attrs().GetFloat("epsilon", 1e-5f));
+    attrs.Set("axis", attrs::LayerNormalization::axis(*ln));
+    attrs.Set("epsilon", attrs::LayerNormalization::epsilon(*ln));
     std::string name = graph.UniqueName(ln->name() + "_skip");
     // Removing both releases y and s; the fused node produces them (names and graph-output
     // marks stay with the values).

@@ -12,6 +12,7 @@
 
 #include "kiln/ops/onnx_dtype.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/op_table.h"
 #include "kiln/precision/precision.h"
 
 namespace kiln::precision {
@@ -44,10 +45,9 @@ double ConstantAbsMax(const Tensor& t) {
 // uniform weights with a finite fill, NaN with -inf; kiln's conversions clamp, so it stays
 // uniform wherever the mask is a constant.)
 bool IsMaskOperand(const Node& node, size_t i) {
-  if (node.op_type() == "Attention") {
-    return i == 3 && node.attrs().GetString("mask_kind", "none") == "additive";
-  }
-  if (node.op_type() == "Where" && (i == 1 || i == 2)) {
+  const OpType op = OpTypeOf(node);
+  if (op == OpType::kAttention) return i == 3 && attrs::Attention::mask_kind(node) == "additive";
+  if (op == OpType::kWhere && (i == 1 || i == 2)) {
     const Value* v = node.input(i);
     if (!v || !v->constant() || v->constant()->num_elements() < 1) return false;
     const Tensor& t = *v->constant();
@@ -179,7 +179,7 @@ std::string Assigner::CannotRun(const Node& node, DataType dtype, const OpPrecis
 
 LayerPrecision Assigner::Decide(Node& node) {
   LayerPrecision lp;
-  const OpPrecisionRule rule = LookupOpPrecision(node.op_type());
+  const OpPrecisionRule rule = LookupOpPrecision(OpTypeOf(node));
   bool float_io = false;
   for (size_t i = 0; i < node.num_inputs(); ++i) {
     const Value* v = node.input(i);
@@ -364,7 +364,7 @@ Status Assigner::Rewrite(const std::vector<Node*>& order) {
   };
   for (Node* node : layers) {
     const LayerPrecision& lp = decided_.at(node);
-    const OpPrecisionRule rule = LookupOpPrecision(node->op_type());
+    const OpPrecisionRule rule = LookupOpPrecision(OpTypeOf(*node));
     if (rule.any_input_storage) continue;
     for (size_t i = 0; i < node->num_inputs(); ++i) {
       Value* v = node->input(i);

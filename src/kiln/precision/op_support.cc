@@ -1,88 +1,54 @@
-// The per-op precision table: what each op allows before kernels are asked. Ops not listed run
-// reduced (FP32 accumulation in the kernel); the exceptions below say why.
-#include <array>
-
+// What each op allows before kernels are asked, from the op table (ops.inc: the precision class
+// and reason of each op's KILN_OP_TRAITS row, KILN_OP_FIXED_INPUTS), and the INT8 candidates.
+#include "kiln/ops/op_table.h"
 #include "kiln/precision/precision.h"
 
 namespace kiln::precision {
 
 using kiln::ToString;
 
-namespace {
-struct Entry {
-  std::string_view op;
-  OpPrecision kind;
-  std::string_view reason;
-};
-
-constexpr std::string_view kShapeOp = "integer/shape op: keeps the model's types";
-constexpr std::string_view kCompare = "comparison: compares the model's values exactly";
-constexpr std::string_view kSums =
-    "sum over many elements can leave the FP16 range; kept FP32 for accuracy";
-
-constexpr std::array kTable = {
-    // Types are the model's: integer, bool and shape computations, explicit casts, index outputs.
-    Entry{"Cast", OpPrecision::kUntouched, "explicit Cast: keeps the model's target type"},
-    Entry{"Shape", OpPrecision::kUntouched, kShapeOp},
-    Entry{"Size", OpPrecision::kUntouched, kShapeOp},
-    Entry{"ConstantOfShape", OpPrecision::kUntouched, kShapeOp},
-    Entry{"Range", OpPrecision::kUntouched, kShapeOp},
-    Entry{"OneHot", OpPrecision::kUntouched, kShapeOp},
-    Entry{"Mod", OpPrecision::kUntouched, kShapeOp},
-    Entry{"And", OpPrecision::kUntouched, kShapeOp},
-    Entry{"Or", OpPrecision::kUntouched, kShapeOp},
-    Entry{"Xor", OpPrecision::kUntouched, kShapeOp},
-    Entry{"Not", OpPrecision::kUntouched, kShapeOp},
-    Entry{"ArgMax", OpPrecision::kUntouched,
-          "index output: ties must resolve on the model's values"},
-    Entry{"ArgMin", OpPrecision::kUntouched,
-          "index output: ties must resolve on the model's values"},
-    Entry{"TopK", OpPrecision::kUntouched, "index output: ties must resolve on the model's values"},
-    Entry{"IsInf", OpPrecision::kUntouched, "FP16 would turn finite values above 65504 into inf"},
-    Entry{"IsNaN", OpPrecision::kUntouched, kCompare},
-    Entry{"Equal", OpPrecision::kUntouched, kCompare},
-    Entry{"Greater", OpPrecision::kUntouched, kCompare},
-    Entry{"GreaterOrEqual", OpPrecision::kUntouched, kCompare},
-    Entry{"Less", OpPrecision::kUntouched, kCompare},
-    Entry{"LessOrEqual", OpPrecision::kUntouched, kCompare},
-    // Kept FP32 for accuracy: outputs or intermediate values that leave FP16's range or lose
-    // most of its 11-bit mantissa.
-    Entry{"Exp", OpPrecision::kKeepFp32, "exp overflows FP16 for inputs above 11.1"},
-    Entry{"Pow", OpPrecision::kKeepFp32, "x^y leaves the FP16 range for moderate x and y"},
-    Entry{"Reciprocal", OpPrecision::kKeepFp32, "1/x overflows FP16 for |x| below 1.5e-5"},
-    Entry{"Log", OpPrecision::kKeepFp32,
-          "log of FP16 inputs loses small values (below 6e-8 they become -inf)"},
-    Entry{"LogSoftmax", OpPrecision::kKeepFp32,
-          "log-probabilities of unlikely classes fall below FP16's resolution"},
-    Entry{"CumSum", OpPrecision::kKeepFp32, kSums},
-    Entry{"ReduceSum", OpPrecision::kKeepFp32, kSums},
-    Entry{"ReduceSumSquare", OpPrecision::kKeepFp32, kSums},
-    Entry{"ReduceL2", OpPrecision::kKeepFp32, kSums},
-    Entry{"ReduceProd", OpPrecision::kKeepFp32, "products overflow or underflow FP16 quickly"},
-    Entry{"ReduceLogSumExp", OpPrecision::kKeepFp32, kSums},
-};
-}  // namespace
-
-OpPrecisionRule LookupOpPrecision(std::string_view op_type) {
+OpPrecisionRule LookupOpPrecision(OpType op) {
+  // The class and its reason are the op's KILN_OP_TRAITS row in ops.inc; an op kiln does not
+  // declare is reducible (its kernels decide).
+  const OpTraits& traits = GetOpTraits(op);
   OpPrecisionRule rule;
-  for (const Entry& e : kTable) {
-    if (e.op == op_type) {
-      rule.kind = e.kind;
-      rule.reason = e.reason;
-      rule.any_input_storage = op_type == "Shape" || op_type == "Size" || op_type == "Cast";
-      return rule;
-    }
+  switch (traits.precision) {
+    case PrecisionClass::kReducible:
+      rule.kind = OpPrecision::kReducible;
+      break;
+    case PrecisionClass::kKeepFp32:
+      rule.kind = OpPrecision::kKeepFp32;
+      break;
+    case PrecisionClass::kUntouched:
+      rule.kind = OpPrecision::kUntouched;
+      break;
   }
-  rule.kind = OpPrecision::kReducible;
-  // Inputs that are not of the op's data type T keep the model's dtype.
-  if (op_type == "Resize") rule.fixed_inputs = {1, 2};  // roi, scales
+  rule.reason = traits.precision_reason;
+  rule.any_input_storage = (traits.flags & op_traits::kAnyInputStorage) != 0;
+  for (int i = 0; i < 32; ++i) {
+    if (traits.fixed_inputs & (1u << i)) rule.fixed_inputs.push_back(i);
+  }
   return rule;
 }
 
+OpPrecisionRule LookupOpPrecision(std::string_view op_type) {
+  return LookupOpPrecision(LookupOpType(op_type).value_or(OpType::kNumOps));
+}
+
 bool IsInt8Candidate(const Node& node) {
-  const std::string& op = node.op_type();
-  bool product = op == "Conv" || op == "FusedConv" || op == "Gemm" || op == "FusedGemm" ||
-                 op == "MatMul" || op == "FusedMatMul";
+  bool product = false;
+  switch (OpTypeOf(node)) {
+    case OpType::kConv:
+    case OpType::kFusedConv:
+    case OpType::kGemm:
+    case OpType::kFusedGemm:
+    case OpType::kMatMul:
+    case OpType::kFusedMatMul:
+      product = true;
+      break;
+    default:
+      break;
+  }
   return product && node.input(0) && node.input(1) && node.input(1)->is_constant() &&
          IsFloat(node.input(0)->dtype());
 }

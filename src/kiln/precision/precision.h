@@ -13,6 +13,7 @@
 #include "kiln/backends/kernel.h"
 #include "kiln/core/status.h"
 #include "kiln/ir/graph.h"
+#include "kiln/ops/op_schema.h"
 #include "kiln/precision/calibration.h"
 #include "kiln/precision/sensitivity.h"
 
@@ -40,6 +41,7 @@ struct OpPrecisionRule {
   // shape; Cast converts from whatever it is given.
   bool any_input_storage = false;
 };
+OpPrecisionRule LookupOpPrecision(OpType op);
 OpPrecisionRule LookupOpPrecision(std::string_view op_type);
 
 // Conv/FusedConv/Gemm/FusedGemm/MatMul/FusedMatMul whose input 1 is a constant weight.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kiln/backends/cpu/cpu_kernel.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -71,13 +72,14 @@ class BatchNormProvider final : public CpuFloatProvider {
   }
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig&) const override {
-    if (request.outputs.size() != 1 || request.node->attrs().GetInt("training_mode", 0) != 0) {
+    if (request.outputs.size() != 1 ||
+        attrs::BatchNormalization::training_mode(*request.node) != 0) {
       return MakeError(ErrorCode::kUnimplemented,
                        "node '{}': training-mode BatchNormalization is not supported",
                        request.node->name());
     }
     return std::unique_ptr<Kernel>(
-        std::make_unique<BatchNormKernel>(request.node->attrs().GetFloat("epsilon", 1e-5f)));
+        std::make_unique<BatchNormKernel>(attrs::BatchNormalization::epsilon(*request.node)));
   }
 };
 KILN_REGISTER_KERNEL_PROVIDER(BatchNormProvider);

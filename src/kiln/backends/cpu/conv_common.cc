@@ -1,5 +1,6 @@
 // Conv geometry shared by the CPU conv tactics.
 #include "kiln/backends/cpu/conv_common.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 
@@ -36,7 +37,7 @@ StatusOr<ConvSpec> ReadConvSpec(const KernelRequest& request) {
                      attrs.status().message());
   }
   spec.attrs = std::move(*attrs);
-  if (node.op_type() == "FusedConv") {
+  if (IsOp(node, OpType::kFusedConv)) {
     KILN_ASSIGN_OR_RETURN(spec.act, ParseFusedActivation(node.attrs()));
   }
   return spec;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -224,7 +225,7 @@ const bool kRegistered = [] {
       .accepts = [](const KernelRequest& r) { return SameInputs(r) && ArithType(InType(r, 0)); },
       .create =
           [](const KernelRequest& r) {
-            bool fmod = r.node->attrs().GetInt("fmod", 0) != 0;
+            bool fmod = attrs::Mod::fmod(*r.node) != 0;
             return KernelOr([fmod, t = InType(r, 0)](const KernelRunArgs& args) {
               return DispatchNumeric(t, [&](auto tag) -> Status {
                 using T = typename decltype(tag)::type;

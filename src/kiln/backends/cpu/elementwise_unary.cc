@@ -1,11 +1,12 @@
-// Elementwise unary ops and activations on the CPU, from one table: each op is a name, its
-// attribute defaults and a scalar expression. FP32 compute (f16/bf16 through the wrapper); the
-// ops that ONNX defines on integers or bools get those paths too. Clip reads min/max inputs.
-// Gelu (the graph passes' fused op) uses vec_math.h's erf/tanh, which vectorize.
+// Elementwise unary ops and activations on the CPU, from one table: each op is a name and a
+// scalar expression (attribute defaults come from ops.inc). FP32 compute (f16/bf16 through the
+// wrapper); the ops that ONNX defines on integers or bools get those paths too. Clip reads min/max
+// inputs. Gelu (the graph passes' fused op) uses vec_math.h's erf/tanh, which vectorize.
 #include <cmath>
 
 #include "kiln/backends/cpu/op_util.h"
 #include "kiln/backends/cpu/vec_math.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -28,38 +29,36 @@ Status MapUnary(const KernelRunArgs& a, F f) {
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
 
-// name, alpha default, beta default, gamma default, expression in x and p (UnaryParams).
-#define KILN_CPU_FLOAT_UNARY_OPS(X)                                                              \
-  X(Relu, 0, 0, 0, x > 0.f ? x : 0.f)                                                            \
-  X(LeakyRelu, 0.01f, 0, 0, x >= 0.f ? x : p.alpha * x)                                          \
-  X(Sigmoid, 0, 0, 0, x >= 0.f ? 1.f / (1.f + std::exp(-x)) : std::exp(x) / (1.f + std::exp(x))) \
-  X(Tanh, 0, 0, 0, std::tanh(x))                                                                 \
-  X(Erf, 0, 0, 0, std::erf(x))                                                                   \
-  X(Exp, 0, 0, 0, std::exp(x))                                                                   \
-  X(Log, 0, 0, 0, std::log(x))                                                                   \
-  X(Sqrt, 0, 0, 0, std::sqrt(x))                                                                 \
-  X(Reciprocal, 0, 0, 0, 1.f / x)                                                                \
-  X(Neg, 0, 0, 0, -x)                                                                            \
-  X(Abs, 0, 0, 0, std::fabs(x))                                                                  \
-  X(Floor, 0, 0, 0, std::floor(x))                                                               \
-  X(Ceil, 0, 0, 0, std::ceil(x))                                                                 \
-  X(Round, 0, 0, 0, std::nearbyint(x))                                                           \
-  X(Sign, 0, 0, 0, x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f))                                       \
-  X(Sin, 0, 0, 0, std::sin(x))                                                                   \
-  X(Cos, 0, 0, 0, std::cos(x))                                                                   \
-  X(Softplus, 0, 0, 0, x > 20.f ? x : std::log1p(std::exp(x)))                                   \
-  X(Softsign, 0, 0, 0, x / (1.f + std::fabs(x)))                                                 \
-  X(Elu, 1.f, 0, 0, x >= 0.f ? x : p.alpha * std::expm1(x))                                      \
-  X(Selu, 1.67326319217681884765625f, 0, 1.05070102214813232421875f,                             \
-    x > 0.f ? p.gamma * x : p.gamma * p.alpha * std::expm1(x))                                   \
-  X(Celu, 1.f, 0, 0, std::max(0.f, x) + std::min(0.f, p.alpha * std::expm1(x / p.alpha)))        \
-  X(HardSigmoid, 0.2f, 0.5f, 0, std::clamp(p.alpha* x + p.beta, 0.f, 1.f))                       \
-  X(HardSwish, 0, 0, 0, x* std::clamp(x / 6.f + 0.5f, 0.f, 1.f))                                 \
-  X(Mish, 0, 0, 0, x* std::tanh(x > 20.f ? x : std::log1p(std::exp(x))))                         \
-  X(ThresholdedRelu, 1.f, 0, 0, x > p.alpha ? x : 0.f)                                           \
-  X(Gelu, 0, 0, 0,                                                                               \
-    p.tanh_gelu ? 0.5f * x*(1.f + FastTanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)))          \
-                : 0.5f * x * (1.f + FastErf(x * kInvSqrt2)))
+// name, expression in x and p (UnaryParams: the op's alpha, beta, gamma from ops.inc).
+#define KILN_CPU_FLOAT_UNARY_OPS(X)                                                           \
+  X(Relu, x > 0.f ? x : 0.f)                                                                  \
+  X(LeakyRelu, x >= 0.f ? x : p.alpha * x)                                                    \
+  X(Sigmoid, x >= 0.f ? 1.f / (1.f + std::exp(-x)) : std::exp(x) / (1.f + std::exp(x)))       \
+  X(Tanh, std::tanh(x))                                                                       \
+  X(Erf, std::erf(x))                                                                         \
+  X(Exp, std::exp(x))                                                                         \
+  X(Log, std::log(x))                                                                         \
+  X(Sqrt, std::sqrt(x))                                                                       \
+  X(Reciprocal, 1.f / x)                                                                      \
+  X(Neg, -x)                                                                                  \
+  X(Abs, std::fabs(x))                                                                        \
+  X(Floor, std::floor(x))                                                                     \
+  X(Ceil, std::ceil(x))                                                                       \
+  X(Round, std::nearbyint(x))                                                                 \
+  X(Sign, x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f))                                             \
+  X(Sin, std::sin(x))                                                                         \
+  X(Cos, std::cos(x))                                                                         \
+  X(Softplus, x > 20.f ? x : std::log1p(std::exp(x)))                                         \
+  X(Softsign, x / (1.f + std::fabs(x)))                                                       \
+  X(Elu, x >= 0.f ? x : p.alpha * std::expm1(x))                                              \
+  X(Selu, x > 0.f ? p.gamma * x : p.gamma * p.alpha * std::expm1(x))                          \
+  X(Celu, std::max(0.f, x) + std::min(0.f, p.alpha * std::expm1(x / p.alpha)))                \
+  X(HardSigmoid, std::clamp(p.alpha* x + p.beta, 0.f, 1.f))                                   \
+  X(HardSwish, x* std::clamp(x / 6.f + 0.5f, 0.f, 1.f))                                       \
+  X(Mish, x* std::tanh(x > 20.f ? x : std::log1p(std::exp(x))))                               \
+  X(ThresholdedRelu, x > p.alpha ? x : 0.f)                                                   \
+  X(Gelu, p.tanh_gelu ? 0.5f * x*(1.f + FastTanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))) \
+                      : 0.5f * x * (1.f + FastErf(x * kInvSqrt2)))
 
 // Ops that ONNX also defines on signed integers: integer expression in x. (Relu on integers is
 // left out on purpose: no model needs it, and cpu_eval_test uses it as the missing-kernel case.)
@@ -68,12 +67,14 @@ constexpr float kSqrt2OverPi = 0.79788456080286536f;
   X(Abs, x < 0 ? -x : x)          \
   X(Sign, static_cast<T>(x > 0 ? 1 : (x < 0 ? -1 : 0)))
 
-UnaryParams ReadParams(const Node& node, float alpha, float beta, float gamma) {
+// The op's parameters with their defaults from ops.inc (0 for an op that declares none).
+UnaryParams ReadParams(const Node& node) {
+  const OpType op = OpTypeOf(node);
   UnaryParams p;
-  p.alpha = node.attrs().GetFloat("alpha", alpha);
-  p.beta = node.attrs().GetFloat("beta", beta);
-  p.gamma = node.attrs().GetFloat("gamma", gamma);
-  p.tanh_gelu = node.attrs().GetString("approximate", "none") == "tanh";
+  p.alpha = DeclaredFloat(op, node.attrs(), "alpha");
+  p.beta = DeclaredFloat(op, node.attrs(), "beta");
+  p.gamma = DeclaredFloat(op, node.attrs(), "gamma");
+  p.tanh_gelu = op == OpType::kGelu && attrs::Gelu::approximate(node) == "tanh";
   return p;
 }
 
@@ -101,7 +102,7 @@ bool HasIntPath(std::string_view op) {
 // `fn` is the table's lambda; taking its type (not a function pointer) lets the element loop
 // inline and vectorise it.
 template <typename Fn>
-void RegisterFloatUnary(const char* op, float alpha, float beta, float gamma, Fn fn) {
+void RegisterFloatUnary(const char* op, Fn fn) {
   std::string name = op;
   RegisterOpKernel({
       .op_type = name,
@@ -111,8 +112,8 @@ void RegisterFloatUnary(const char* op, float alpha, float beta, float gamma, Fn
             return t == DataType::kFloat32 || (HasIntPath(name) && SignedInt(t));
           },
       .create =
-          [name, alpha, beta, gamma, fn](const KernelRequest& r) {
-            UnaryParams p = ReadParams(*r.node, alpha, beta, gamma);
+          [name, fn](const KernelRequest& r) {
+            UnaryParams p = ReadParams(*r.node);
             DataType t = InType(r, 0);
             return KernelOr([name, p, fn, t](const KernelRunArgs& a) -> Status {
               switch (t) {
@@ -140,9 +141,8 @@ Status RunClip(const KernelRunArgs& a) {
 }
 
 const bool kRegistered = [] {
-#define KILN_REGISTER_UNARY(Name, alpha, beta, gamma, expr) \
-  RegisterFloatUnary(#Name, alpha, beta, gamma,             \
-                     [](float x, const UnaryParams& p) -> float { return expr; });
+#define KILN_REGISTER_UNARY(Name, expr) \
+  RegisterFloatUnary(#Name, [](float x, const UnaryParams& p) -> float { return expr; });
   KILN_CPU_FLOAT_UNARY_OPS(KILN_REGISTER_UNARY)
 #undef KILN_REGISTER_UNARY
 
@@ -193,8 +193,8 @@ const bool kRegistered = [] {
       .accepts = [](const KernelRequest& r) { return InType(r, 0) == DataType::kFloat32; },
       .create =
           [](const KernelRequest& r) {
-            bool neg = r.node->attrs().GetInt("detect_negative", 1) != 0;
-            bool pos = r.node->attrs().GetInt("detect_positive", 1) != 0;
+            bool neg = attrs::IsInf::detect_negative(*r.node) != 0;
+            bool pos = attrs::IsInf::detect_positive(*r.node) != 0;
             return KernelOr([neg, pos](const KernelRunArgs& a) {
               return MapUnary<float, uint8_t>(a, [&](float x) -> uint8_t {
                 return std::isinf(x) && ((x > 0 && pos) || (x < 0 && neg));

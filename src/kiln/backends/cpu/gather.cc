@@ -1,6 +1,7 @@
 // Gather, GatherElements and ScatterND on the CPU (any data dtype: byte moves; int32/int64
 // indices, negative indices count from the end). An out-of-range index is an error, not a crash.
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -21,7 +22,7 @@ const bool kRegistered = [] {
       .accepts = DataAndIndices,
       .create =
           [](const KernelRequest& r) {
-            int64_t axis_attr = r.node->attrs().GetInt("axis", 0);
+            int64_t axis_attr = attrs::Gather::axis(*r.node);
             return KernelOr([axis_attr](const KernelRunArgs& a) -> Status {
               const TensorView& data = a.inputs[0];
               int64_t rank = static_cast<int64_t>(data.dims.size());
@@ -57,7 +58,7 @@ const bool kRegistered = [] {
       .accepts = DataAndIndices,
       .create =
           [](const KernelRequest& r) {
-            int64_t axis_attr = r.node->attrs().GetInt("axis", 0);
+            int64_t axis_attr = attrs::GatherElements::axis(*r.node);
             return KernelOr([axis_attr](const KernelRunArgs& a) -> Status {
               const TensorView& data = a.inputs[0];
               const TensorView& out = a.outputs[0];
@@ -94,14 +95,14 @@ const bool kRegistered = [] {
       .accepts =
           [](const KernelRequest& r) {
             // The reducing forms need arithmetic: f32/i64/i32 only.
-            if (r.node->attrs().GetString("reduction", "none") == "none") return DataAndIndices(r);
+            if (attrs::ScatterND::reduction(*r.node) == "none") return DataAndIndices(r);
             DataType t = InType(r, 0);
             return IsIndexType(InType(r, 1)) &&
                    (t == DataType::kFloat32 || t == DataType::kInt64 || t == DataType::kInt32);
           },
       .create =
           [](const KernelRequest& r) {
-            std::string red = r.node->attrs().GetString("reduction", "none");
+            std::string red = attrs::ScatterND::reduction(*r.node);
             return KernelOr([red](const KernelRunArgs& a) -> Status {
               const TensorView& data = a.inputs[0];
               const TensorView& ind = a.inputs[1];

@@ -5,6 +5,7 @@
 #include "kiln/backends/cpu/conv_common.h"
 #include "kiln/backends/cpu/cpu_kernel.h"
 #include "kiln/backends/cpu/sgemm.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -77,11 +78,11 @@ class GemmProviderBase : public CpuFloatProvider {
   static StatusOr<GemmSpec> ReadSpec(const KernelRequest& request) {
     const AttributeMap& at = request.node->attrs();
     GemmSpec s;
-    s.trans_a = at.GetInt("transA", 0) != 0;
-    s.trans_b = at.GetInt("transB", 0) != 0;
-    s.alpha = at.GetFloat("alpha", 1.f);
-    s.beta = at.GetFloat("beta", 1.f);
-    if (request.node->op_type() == "FusedGemm") {
+    s.trans_a = attrs::Gemm::transA(at) != 0;
+    s.trans_b = attrs::Gemm::transB(at) != 0;
+    s.alpha = attrs::Gemm::alpha(at);
+    s.beta = attrs::Gemm::beta(at);
+    if (IsOp(*request.node, OpType::kFusedGemm)) {
       KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
     }
     return s;

@@ -16,6 +16,7 @@
 #include "kiln/backends/cpu/cpu_kernel.h"
 #include "kiln/backends/cpu/int8_common.h"
 #include "kiln/backends/cpu/onednn_common.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -38,17 +39,18 @@ struct Int8GemmSpec {
 };
 
 StatusOr<Int8GemmSpec> ReadInt8GemmSpec(const KernelRequest& request) {
-  const std::string& op = request.node->op_type();
+  const OpType op = OpTypeOf(*request.node);
   const AttributeMap& at = request.node->attrs();
   Int8GemmSpec s;
-  s.gemm = op == "Gemm" || op == "FusedGemm";
-  if (op != "MatMul") {
-    s.trans_a = at.GetInt("transA", 0) != 0;
-    s.trans_b = at.GetInt("transB", 0) != 0;
-    s.alpha = at.GetFloat("alpha", 1.f);
+  s.gemm = op == OpType::kGemm || op == OpType::kFusedGemm;
+  if (op != OpType::kMatMul) {
+    // Gemm, MatMul and their fused forms share these defaults (ops.inc).
+    s.trans_a = attrs::Gemm::transA(at) != 0;
+    s.trans_b = attrs::Gemm::transB(at) != 0;
+    s.alpha = attrs::Gemm::alpha(at);
   }
-  if (s.gemm) s.beta = at.GetFloat("beta", 1.f);
-  if (op == "FusedGemm" || op == "FusedMatMul") {
+  if (s.gemm) s.beta = attrs::Gemm::beta(at);
+  if (op == OpType::kFusedGemm || op == OpType::kFusedMatMul) {
     KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
   }
   return s;

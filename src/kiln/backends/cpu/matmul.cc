@@ -9,6 +9,7 @@
 #include "kiln/backends/cpu/cpu_kernel.h"
 #include "kiln/backends/cpu/sgemm.h"
 #include "kiln/ops/matmul_geometry.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -71,11 +72,11 @@ class MatMulProviderBase : public CpuFloatProvider {
  protected:
   static StatusOr<MatMulSpec> ReadSpec(const KernelRequest& request) {
     MatMulSpec s;
-    if (request.node->op_type() == "FusedMatMul") {
+    if (IsOp(*request.node, OpType::kFusedMatMul)) {
       const AttributeMap& at = request.node->attrs();
-      s.trans_a = at.GetInt("transA", 0) != 0;
-      s.trans_b = at.GetInt("transB", 0) != 0;
-      s.alpha = at.GetFloat("alpha", 1.f);
+      s.trans_a = attrs::FusedMatMul::transA(at) != 0;
+      s.trans_b = attrs::FusedMatMul::transB(at) != 0;
+      s.alpha = attrs::FusedMatMul::alpha(at);
       KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
     }
     return s;

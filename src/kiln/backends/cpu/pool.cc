@@ -5,6 +5,7 @@
 
 #include "kiln/backends/cpu/cpu_kernel.h"
 #include "kiln/ops/nn.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -130,7 +131,7 @@ class PoolProvider final : public CpuFloatProvider {
                        attrs.status().message());
     }
     return std::unique_ptr<Kernel>(std::make_unique<PoolKernel>(
-        std::move(*attrs), kMax, request.node->attrs().GetInt("count_include_pad", 0) != 0));
+        std::move(*attrs), kMax, attrs::AveragePool::count_include_pad(*request.node) != 0));
   }
 };
 using MaxPoolProvider = PoolProvider<true>;

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -244,7 +245,7 @@ void RegisterReduce(const char* op, Reducer red, bool float_only) {
             return float_only ? InType(r, 0) == DataType::kFloat32 : ReduceTypes(r);
           },
       .create = [red](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
-        bool noop = r.node->attrs().GetInt("noop_with_empty_axes", 0) != 0;
+        bool noop = attrs::ReduceSum::noop_with_empty_axes(*r.node) != 0;
         DataType t = InType(r, 0);
         // Reduced axes that are not adjacent are first moved last, in the workspace: asked for
         // unless at most one axis is reduced.
@@ -282,8 +283,8 @@ const bool kRegistered = [] {
         .accepts = ReduceTypes,
         .create =
             [is_max](const KernelRequest& r) {
-              int64_t axis = r.node->attrs().GetInt("axis", 0);
-              bool last = r.node->attrs().GetInt("select_last_index", 0) != 0;
+              int64_t axis = attrs::ArgMax::axis(*r.node);  // ArgMin declares the same defaults
+              bool last = attrs::ArgMax::select_last_index(*r.node) != 0;
               DataType t = InType(r, 0);
               return KernelOr([=](const KernelRunArgs& a) {
                 return ForReduceType(t, [&](auto tag) -> Status {
@@ -299,8 +300,8 @@ const bool kRegistered = [] {
       .accepts = ReduceTypes,
       .create =
           [](const KernelRequest& r) {
-            bool exclusive = r.node->attrs().GetInt("exclusive", 0) != 0;
-            bool reverse = r.node->attrs().GetInt("reverse", 0) != 0;
+            bool exclusive = attrs::CumSum::exclusive(*r.node) != 0;
+            bool reverse = attrs::CumSum::reverse(*r.node) != 0;
             DataType t = InType(r, 0);
             return KernelOr([=](const KernelRunArgs& a) {
               return ForReduceType(t, [&](auto tag) -> Status {
@@ -315,9 +316,9 @@ const bool kRegistered = [] {
       .accepts = ReduceTypes,
       .create =
           [](const KernelRequest& r) {
-            int64_t axis = r.node->attrs().GetInt("axis", -1);
-            bool largest = r.node->attrs().GetInt("largest", 1) != 0;
-            bool sorted = r.node->attrs().GetInt("sorted", 1) != 0;
+            int64_t axis = attrs::TopK::axis(*r.node);
+            bool largest = attrs::TopK::largest(*r.node) != 0;
+            bool sorted = attrs::TopK::sorted(*r.node) != 0;
             DataType t = InType(r, 0);
             auto run = [=](const KernelRunArgs& a) {
               return ForReduceType(t, [&](auto tag) -> Status {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kiln/backends/cpu/cpu_kernel.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -216,9 +217,9 @@ class ResizeKernel final : public Kernel {
 StatusOr<ResizeSpec> ReadResizeSpec(const KernelRequest& request) {
   const AttributeMap& at = request.node->attrs();
   ResizeSpec s;
-  std::string mode = at.GetString("mode", "nearest");
+  std::string mode = attrs::Resize::mode(at);
   s.mode = mode == "linear" ? Mode::kLinear : mode == "cubic" ? Mode::kCubic : Mode::kNearest;
-  std::string c = at.GetString("coordinate_transformation_mode", "half_pixel");
+  std::string c = attrs::Resize::coordinate_transformation_mode(at);
   if (c == "half_pixel") {
     s.coord = Coord::kHalfPixel;
   } else if (c == "half_pixel_symmetric") {
@@ -236,15 +237,15 @@ StatusOr<ResizeSpec> ReadResizeSpec(const KernelRequest& request) {
                      "node '{}': coordinate_transformation_mode '{}' is not supported",
                      request.node->name(), c);
   }
-  std::string n = at.GetString("nearest_mode", "round_prefer_floor");
+  std::string n = attrs::Resize::nearest_mode(at);
   s.nearest = n == "round_prefer_ceil" ? Nearest::kRoundPreferCeil
               : n == "floor"           ? Nearest::kFloor
               : n == "ceil"            ? Nearest::kCeil
                                        : Nearest::kRoundPreferFloor;
-  s.cubic_a = at.GetFloat("cubic_coeff_a", -0.75f);
-  s.exclude_outside = at.GetInt("exclude_outside", 0) != 0;
+  s.cubic_a = attrs::Resize::cubic_coeff_a(at);
+  s.exclude_outside = attrs::Resize::exclude_outside(at) != 0;
   int64_t rank = static_cast<int64_t>(request.inputs[0].shape.size());
-  s.axes = at.GetInts("axes");
+  s.axes = attrs::Resize::axes(at);
   if (s.axes.empty()) {
     for (int64_t i = 0; i < rank; ++i) s.axes.push_back(i);
   }
@@ -253,7 +254,7 @@ StatusOr<ResizeSpec> ReadResizeSpec(const KernelRequest& request) {
       request.inputs[2].constant->num_elements() > 0) {
     s.scales = request.inputs[2].constant->ToFloatVector();
   }
-  if (at.GetInt("antialias", 0) != 0) {
+  if (attrs::Resize::antialias(at) != 0) {
     return MakeError(ErrorCode::kUnimplemented, "node '{}': antialias is not supported",
                      request.node->name());
   }

@@ -2,6 +2,7 @@
 // Unsqueeze copy bytes (the builder may alias them later); Shape and Size write dims;
 // ConstantOfShape fills; Range counts. All dtypes.
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -47,7 +48,7 @@ const bool kRegistered = [] {
       .accepts = AnyType,
       .create =
           [](const KernelRequest& r) {
-            int64_t start = r.node->attrs().GetInt("start", 0);
+            int64_t start = attrs::Shape::start(*r.node);
             return KernelOr([start](const KernelRunArgs& a) {
               int64_t rank = static_cast<int64_t>(a.inputs[0].dims.size());
               int64_t s = start < 0 ? start + rank : start;

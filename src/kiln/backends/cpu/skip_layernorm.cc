@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -35,8 +36,8 @@ const bool kRegistered = [] {
           },
       .create =
           [](const KernelRequest& r) {
-            int64_t axis_attr = r.node->attrs().GetInt("axis", -1);
-            float eps = r.node->attrs().GetFloat("epsilon", 1e-5f);
+            int64_t axis_attr = attrs::SkipLayerNormalization::axis(*r.node);
+            float eps = attrs::SkipLayerNormalization::epsilon(*r.node);
             // Workspace: room to broadcast Scale and B to a full row each.
             auto prepare = [=](std::span<const TensorView> in,
                                std::span<const TensorView>) -> StatusOr<size_t> {

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -71,7 +72,7 @@ const bool kRegistered = [] {
       .accepts = AnyType,
       .create =
           [](const KernelRequest& r) {
-            std::string name = r.node->attrs().GetString("mode", "constant");
+            std::string name = attrs::Pad::mode(*r.node);
             PadMode mode = name == "edge"      ? PadMode::kEdge
                            : name == "wrap"    ? PadMode::kWrap
                            : name == "reflect" ? PadMode::kReflect

@@ -2,6 +2,7 @@
 // transpose. Dims that stay adjacent are merged first; a batched 2D transpose (the common
 // NCHW<->NHWC and K^T perms) runs in cache blocks, a kept innermost dim copies contiguous runs.
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 
@@ -140,7 +141,7 @@ const bool kRegistered = [] {
       .accepts = AnyType,
       .create =
           [](const KernelRequest& r) {
-            std::vector<int64_t> perm = r.node->attrs().GetInts("perm");
+            std::vector<int64_t> perm = attrs::Transpose::perm(*r.node);
             return KernelOr([perm](const KernelRunArgs& a) {
               const TensorView& x = a.inputs[0];
               DimVec p(perm.begin(), perm.end());

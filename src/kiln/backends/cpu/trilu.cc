@@ -1,6 +1,7 @@
 // Trilu and OneHot on the CPU. Trilu keeps the upper or lower triangle of the last two axes
 // (any dtype; zero bytes elsewhere); OneHot writes values[0]/values[1] by index.
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -12,7 +13,7 @@ const bool kRegistered = [] {
       .accepts = [](const KernelRequest& r) { return InType(r, 0) != DataType::kUndefined; },
       .create =
           [](const KernelRequest& r) {
-            bool upper = r.node->attrs().GetInt("upper", 1) != 0;
+            bool upper = attrs::Trilu::upper(*r.node) != 0;
             return KernelOr([upper](const KernelRunArgs& a) {
               const TensorView& x = a.inputs[0];
               int64_t k = a.inputs.size() > 1 && a.inputs[1].data ? ReadInts(a.inputs[1])[0] : 0;
@@ -46,7 +47,7 @@ const bool kRegistered = [] {
           },
       .create =
           [](const KernelRequest& r) {
-            int64_t axis_attr = r.node->attrs().GetInt("axis", -1);
+            int64_t axis_attr = attrs::OneHot::axis(*r.node);
             return KernelOr([axis_attr](const KernelRunArgs& a) {
               const TensorView& ind = a.inputs[0];
               const TensorView& y = a.outputs[0];

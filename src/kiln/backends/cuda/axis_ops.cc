@@ -3,6 +3,7 @@
 // Floats (f32/f16/bf16) and i32/i64; ArgMax's keepdims does not matter (the output is dense).
 #include "kiln/backends/cuda/cuda_kernel.h"
 #include "kiln/backends/cuda/cuda_launch_more.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -35,8 +36,8 @@ CudaOpDef ArgDef(bool is_max) {
           },
       .create =
           [is_max](const KernelRequest& r) {
-            int64_t axis = r.node->attrs().GetInt("axis", 0);
-            bool last = r.node->attrs().GetInt("select_last_index", 0) != 0;
+            int64_t axis = attrs::ArgMax::axis(*r.node);  // ArgMin declares the same defaults
+            bool last = attrs::ArgMax::select_last_index(*r.node) != 0;
             Elem t = *ToElem(InType(r, 0));
             return MakeFnKernel([=](const KernelRunArgs& a) -> Status {
               KILN_ASSIGN_OR_RETURN(AxisSplit s, SplitAt(a.inputs[0].dims, axis));
@@ -69,8 +70,8 @@ CudaOpDef CumSumDef() {
       .create =
           [](const KernelRequest& r) {
             int64_t axis = (*ConstantInts(r, 1))[0];
-            bool exclusive = r.node->attrs().GetInt("exclusive", 0) != 0;
-            bool reverse = r.node->attrs().GetInt("reverse", 0) != 0;
+            bool exclusive = attrs::CumSum::exclusive(*r.node) != 0;
+            bool reverse = attrs::CumSum::reverse(*r.node) != 0;
             Elem t = *ToElem(InType(r, 0));
             return MakeFnKernel([=](const KernelRunArgs& a) -> Status {
               KILN_ASSIGN_OR_RETURN(AxisSplit s, SplitAt(a.inputs[0].dims, axis));
@@ -95,9 +96,9 @@ CudaOpDef TopKDef() {
           },
       .create =
           [](const KernelRequest& r) {
-            int64_t axis = r.node->attrs().GetInt("axis", -1);
-            bool largest = r.node->attrs().GetInt("largest", 1) != 0;
-            bool sorted = r.node->attrs().GetInt("sorted", 1) != 0;
+            int64_t axis = attrs::TopK::axis(*r.node);
+            bool largest = attrs::TopK::largest(*r.node) != 0;
+            bool sorted = attrs::TopK::sorted(*r.node) != 0;
             Elem t = *ToElem(InType(r, 0));
             return MakeFnKernel([=](const KernelRunArgs& a) -> Status {
               const TensorView& x = a.inputs[0];

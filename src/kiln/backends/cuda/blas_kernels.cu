@@ -5,34 +5,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kiln/backends/cuda/activation.cuh"
 #include "kiln/backends/cuda/blas_kernels.h"
 #include "kiln/backends/cuda/device_util.cuh"
 
 namespace kiln::cuda {
 namespace {
-
-// Same formulas as the CPU backend's ApplyActivation (the reference).
-__device__ __forceinline__ float Activate(BlasAct act, float x, float lo, float hi) {
-  switch (act) {
-    case BlasAct::kNone:
-      return x;
-    case BlasAct::kRelu:
-      return x > 0.f ? x : 0.f;
-    case BlasAct::kClip:
-      return fminf(fmaxf(x, lo), hi);
-    case BlasAct::kSigmoid:
-      return 1.f / (1.f + expf(-x));
-    case BlasAct::kHardSwish:
-      return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
-    case BlasAct::kSilu:
-      return x / (1.f + expf(-x));
-    case BlasAct::kGelu:
-      return 0.5f * x * (1.f + erff(x * 0.70710678f));
-    case BlasAct::kGeluTanh:
-      return 0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
-  }
-  return x;
-}
 
 // In place on y (acc == nullptr): 8 elements per thread with 16-byte accesses when y is 16-byte
 // aligned and 16-bit, so the pass costs one read and one write of y at full bandwidth.

@@ -12,8 +12,13 @@ namespace kiln::cuda {
 // Storage types the kernels handle; the providers map DataType onto these.
 enum class BlasType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
-// Mirrors kiln::FusedActivation (static_assert'ed in the providers).
-enum class BlasAct : int { kNone = 0, kRelu, kClip, kSigmoid, kHardSwish, kSilu, kGelu, kGeluTanh };
+// kiln::FusedActivation's values, from the same list (activations.inc is plain macros, so the .cu
+// files stay free of kiln's C++ headers); the device formulas are in activation.cuh.
+enum class BlasAct : int {
+#define KILN_ACTIVATION(kind, name, source) k##kind,
+#include "kiln/ops/activations.inc"
+#undef KILN_ACTIVATION
+};
 
 // y[r, c] = act(acc[r, c] + beta * C[r * c_row_stride + c * c_col_stride]), rows x cols
 // row-major. acc is FP32 (the matmul's unrounded result; may alias y when y is FP32); C and y

@@ -1,6 +1,7 @@
 // CUDA providers of IsNaN and IsInf (kernel in classify.cu): float storage in, bool out.
 #include "kiln/backends/cuda/cuda_kernel.h"
 #include "kiln/backends/cuda/cuda_launch_more.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -15,8 +16,8 @@ CudaOpDef ClassifyDef(const char* op, bool nan) {
       .create =
           [nan](const KernelRequest& r) {
             const AttributeMap& at = r.node->attrs();
-            bool pos = at.GetInt("detect_positive", 1) != 0;
-            bool neg = at.GetInt("detect_negative", 1) != 0;
+            bool pos = attrs::IsInf::detect_positive(at) != 0;
+            bool neg = attrs::IsInf::detect_negative(at) != 0;
             Elem t = *ToElem(InType(r, 0));
             return MakeFnKernel([t, nan, pos, neg](const KernelRunArgs& a) {
               return Launched(

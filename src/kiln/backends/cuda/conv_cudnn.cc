@@ -31,6 +31,7 @@
 #include "kiln/core/params.h"
 #include "kiln/ops/fused.h"
 #include "kiln/ops/nn.h"
+#include "kiln/ops/op_table.h"
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
@@ -136,10 +137,11 @@ std::vector<int64_t> DimsOf(const OperandDesc& d) {
 StatusOr<ConvSpec> ReadSpec(const KernelRequest& request) {
   const Node& node = *request.node;
   ConvSpec spec;
-  spec.op = node.op_type() == "ConvTranspose" ? ConvOp::kTranspose : ConvOp::kForward;
-  spec.op_name = node.op_type() == "ConvTranspose" ? "conv-transpose"
-                 : node.op_type() == "FusedConv"   ? "fused-conv"
-                                                   : "conv";
+  const OpType op = OpTypeOf(node);
+  spec.op = op == OpType::kConvTranspose ? ConvOp::kTranspose : ConvOp::kForward;
+  spec.op_name = op == OpType::kConvTranspose ? "conv-transpose"
+                 : op == OpType::kFusedConv   ? "fused-conv"
+                                              : "conv";
   std::string layout = NodeLayout(node);
   if (!layout.empty() && layout != "NHWC") {
     return MakeError(ErrorCode::kUnimplemented, "kiln_layout '{}'", layout);
@@ -173,7 +175,7 @@ StatusOr<ConvSpec> ReadSpec(const KernelRequest& request) {
                                             std::vector<int64_t>(w->begin() + 2, w->end())));
   spec.has_bias = request.inputs.size() > 2 && request.inputs[2].dtype != DataType::kUndefined;
   spec.has_z = request.inputs.size() > 3 && request.inputs[3].dtype != DataType::kUndefined;
-  if (node.op_type() == "FusedConv") {
+  if (IsOp(node, OpType::kFusedConv)) {
     KILN_ASSIGN_OR_RETURN(spec.act, ParseFusedActivation(node.attrs()));
   }
   return spec;

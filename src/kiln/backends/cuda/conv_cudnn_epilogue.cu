@@ -3,34 +3,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kiln/backends/cuda/activation.cuh"
 #include "kiln/backends/cuda/conv_cudnn.h"
 #include "kiln/backends/cuda/device_util.cuh"
 
 namespace kiln::cuda {
 namespace {
-
-// `kind` is FusedActivation's value: none, relu, clip, sigmoid, hardswish, silu, gelu, gelu_tanh.
-__device__ float Activate(float x, int kind, float lo, float hi) {
-  switch (kind) {
-    case 0:
-      return x;
-    case 1:
-      return x > 0.f ? x : 0.f;
-    case 2:
-      return fminf(fmaxf(x, lo), hi);
-    case 3:
-      return 1.f / (1.f + expf(-x));
-    case 4:
-      return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
-    case 5:
-      return x / (1.f + expf(-x));
-    case 6:
-      return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
-    case 7:
-      return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-  }
-  return x;
-}
 
 template <typename T>
 __global__ void EpilogueKernel(T* y, const T* bias, const T* z, int64_t total, int64_t c,
@@ -40,7 +18,7 @@ __global__ void EpilogueKernel(T* y, const T* bias, const T* z, int64_t total, i
     float v = Load(y[i]);
     if (bias) v += Load(bias[channels_last ? i % c : (i / hw) % c]);
     if (z) v += Load(z[i]);
-    y[i] = Store<T>(Activate(v, kind, lo, hi));
+    y[i] = Store<T>(Activate(static_cast<BlasAct>(kind), v, lo, hi));  // kind: FusedActivation
   }
 }
 

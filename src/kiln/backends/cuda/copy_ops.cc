@@ -10,6 +10,7 @@
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/cuda/cuda_kernel.h"
 #include "kiln/backends/cuda/index_fault.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -78,7 +79,7 @@ CudaOpDef TransposeDef() {
       .op_type = "Transpose",
       .accepts = AnyType,
       .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
-        std::vector<int64_t> perm = r.node->attrs().GetInts("perm");
+        std::vector<int64_t> perm = attrs::Transpose::perm(*r.node);
         auto plan = [perm](std::span<const TensorView> in,
                            std::span<const TensorView> out) -> StatusOr<Strided> {
           return TransposeSpace(in[0].dims, perm, out[0].dims);
@@ -287,7 +288,7 @@ CudaOpDef GatherDef() {
       .op_type = "Gather",
       .accepts = [](const KernelRequest& r) { return AnyType(r) && IndexType(InType(r, 1)); },
       .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
-        int64_t axis_attr = r.node->attrs().GetInt("axis", 0);
+        int64_t axis_attr = attrs::Gather::axis(*r.node);
         bool idx64 = InType(r, 1) == DataType::kInt64;
         return std::unique_ptr<Kernel>(
             std::make_unique<GatherKernel>(axis_attr, idx64, ConstantInts(r, 1)));
@@ -308,7 +309,7 @@ CudaOpDef TriluDef() {
           },
       .create =
           [](const KernelRequest& r) {
-            bool upper = r.node->attrs().GetInt("upper", 1) != 0;
+            bool upper = attrs::Trilu::upper(*r.node) != 0;
             return MakeFnKernel([upper](const KernelRunArgs& a) {
               const TensorView& x = a.inputs[0];
               size_t rank = x.dims.size();
@@ -333,7 +334,7 @@ CudaOpDef ShapeDef() {
       .accepts = AnyType,
       .create =
           [](const KernelRequest& r) {
-            int64_t start = r.node->attrs().GetInt("start", 0);
+            int64_t start = attrs::Shape::start(*r.node);
             return MakeFnKernel([start](const KernelRunArgs& a) -> Status {
               int64_t rank = static_cast<int64_t>(a.inputs[0].dims.size());
               int64_t s = std::clamp<int64_t>(start < 0 ? start + rank : start, 0, rank);

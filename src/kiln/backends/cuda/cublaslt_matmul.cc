@@ -20,6 +20,7 @@
 #include "kiln/core/logging.h"
 #include "kiln/ops/fused.h"
 #include "kiln/ops/matmul_geometry.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -65,15 +66,16 @@ struct Spec {
 StatusOr<Spec> ReadSpec(const Node& node) {
   const AttributeMap& at = node.attrs();
   Spec s;
-  const std::string& op = node.op_type();
-  s.kind = (op == "Gemm" || op == "FusedGemm") ? OpKind::kGemm : OpKind::kMatMul;
-  if (op != "MatMul") {
-    s.trans_a = at.GetInt("transA", 0) != 0;
-    s.trans_b = at.GetInt("transB", 0) != 0;
-    s.alpha = at.GetFloat("alpha", 1.f);
+  const OpType op = OpTypeOf(node);
+  s.kind = (op == OpType::kGemm || op == OpType::kFusedGemm) ? OpKind::kGemm : OpKind::kMatMul;
+  if (op != OpType::kMatMul) {
+    // Gemm, MatMul and their fused forms share these defaults (ops.inc).
+    s.trans_a = attrs::Gemm::transA(at) != 0;
+    s.trans_b = attrs::Gemm::transB(at) != 0;
+    s.alpha = attrs::Gemm::alpha(at);
   }
-  if (s.kind == OpKind::kGemm) s.beta = at.GetFloat("beta", 1.f);
-  if (op == "FusedGemm" || op == "FusedMatMul") {
+  if (s.kind == OpKind::kGemm) s.beta = attrs::Gemm::beta(at);
+  if (op == OpType::kFusedGemm || op == OpType::kFusedMatMul) {
     KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
   }
   return s;

@@ -5,12 +5,13 @@
 
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/cuda/cuda_kernel.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
 
 // ---- unary ------------------------------------------------------------------------------------
-CudaOpDef UnaryDef(const char* op, UnaryOp kind, float alpha, float beta, float gamma) {
+CudaOpDef UnaryDef(const char* op, UnaryOp kind) {
   return {
       .op_type = op,
       .accepts =
@@ -20,12 +21,14 @@ CudaOpDef UnaryDef(const char* op, UnaryOp kind, float alpha, float beta, float 
             return IsFloatStorage(t) && OutType(r, 0) == t;
           },
       .create =
-          [kind, alpha, beta, gamma](const KernelRequest& r) {
+          [kind](const KernelRequest& r) {
+            // alpha, beta, gamma with the op's defaults from ops.inc (0 where it has none).
             const AttributeMap& at = r.node->attrs();
-            UnaryParams p{at.GetFloat("alpha", alpha), at.GetFloat("beta", beta),
-                          at.GetFloat("gamma", gamma)};
+            const OpType op = OpTypeOf(*r.node);
+            UnaryParams p{DeclaredFloat(op, at, "alpha"), DeclaredFloat(op, at, "beta"),
+                          DeclaredFloat(op, at, "gamma")};
             UnaryOp k = kind;
-            if (k == UnaryOp::kGelu && at.GetString("approximate", "none") == "tanh") {
+            if (k == UnaryOp::kGelu && attrs::Gelu::approximate(at) == "tanh") {
               k = UnaryOp::kGeluTanh;
             }
             Elem t = *ToElem(InType(r, 0));
@@ -38,37 +41,35 @@ CudaOpDef UnaryDef(const char* op, UnaryOp kind, float alpha, float beta, float 
   };
 }
 
-KILN_CUDA_OP_PROVIDER(ReluProvider, UnaryDef("Relu", UnaryOp::kRelu, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(LeakyReluProvider, UnaryDef("LeakyRelu", UnaryOp::kLeakyRelu, 0.01f, 0, 0));
-KILN_CUDA_OP_PROVIDER(SigmoidProvider, UnaryDef("Sigmoid", UnaryOp::kSigmoid, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(TanhProvider, UnaryDef("Tanh", UnaryOp::kTanh, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(ErfProvider, UnaryDef("Erf", UnaryOp::kErf, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(ExpProvider, UnaryDef("Exp", UnaryOp::kExp, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(LogProvider, UnaryDef("Log", UnaryOp::kLog, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(SqrtProvider, UnaryDef("Sqrt", UnaryOp::kSqrt, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(ReciprocalProvider, UnaryDef("Reciprocal", UnaryOp::kReciprocal, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(NegProvider, UnaryDef("Neg", UnaryOp::kNeg, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(AbsProvider, UnaryDef("Abs", UnaryOp::kAbs, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(FloorProvider, UnaryDef("Floor", UnaryOp::kFloor, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(CeilProvider, UnaryDef("Ceil", UnaryOp::kCeil, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(RoundProvider, UnaryDef("Round", UnaryOp::kRound, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(SignProvider, UnaryDef("Sign", UnaryOp::kSign, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(SinProvider, UnaryDef("Sin", UnaryOp::kSin, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(CosProvider, UnaryDef("Cos", UnaryOp::kCos, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(SoftplusProvider, UnaryDef("Softplus", UnaryOp::kSoftplus, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(SoftsignProvider, UnaryDef("Softsign", UnaryOp::kSoftsign, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(EluProvider, UnaryDef("Elu", UnaryOp::kElu, 1.f, 0, 0));
-KILN_CUDA_OP_PROVIDER(SeluProvider, UnaryDef("Selu", UnaryOp::kSelu, 1.67326319217681884765625f, 0,
-                                             1.05070102214813232421875f));
-KILN_CUDA_OP_PROVIDER(CeluProvider, UnaryDef("Celu", UnaryOp::kCelu, 1.f, 0, 0));
-KILN_CUDA_OP_PROVIDER(HardSigmoidProvider,
-                      UnaryDef("HardSigmoid", UnaryOp::kHardSigmoid, 0.2f, 0.5f, 0));
-KILN_CUDA_OP_PROVIDER(HardSwishProvider, UnaryDef("HardSwish", UnaryOp::kHardSwish, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(MishProvider, UnaryDef("Mish", UnaryOp::kMish, 0, 0, 0));
+KILN_CUDA_OP_PROVIDER(ReluProvider, UnaryDef("Relu", UnaryOp::kRelu));
+KILN_CUDA_OP_PROVIDER(LeakyReluProvider, UnaryDef("LeakyRelu", UnaryOp::kLeakyRelu));
+KILN_CUDA_OP_PROVIDER(SigmoidProvider, UnaryDef("Sigmoid", UnaryOp::kSigmoid));
+KILN_CUDA_OP_PROVIDER(TanhProvider, UnaryDef("Tanh", UnaryOp::kTanh));
+KILN_CUDA_OP_PROVIDER(ErfProvider, UnaryDef("Erf", UnaryOp::kErf));
+KILN_CUDA_OP_PROVIDER(ExpProvider, UnaryDef("Exp", UnaryOp::kExp));
+KILN_CUDA_OP_PROVIDER(LogProvider, UnaryDef("Log", UnaryOp::kLog));
+KILN_CUDA_OP_PROVIDER(SqrtProvider, UnaryDef("Sqrt", UnaryOp::kSqrt));
+KILN_CUDA_OP_PROVIDER(ReciprocalProvider, UnaryDef("Reciprocal", UnaryOp::kReciprocal));
+KILN_CUDA_OP_PROVIDER(NegProvider, UnaryDef("Neg", UnaryOp::kNeg));
+KILN_CUDA_OP_PROVIDER(AbsProvider, UnaryDef("Abs", UnaryOp::kAbs));
+KILN_CUDA_OP_PROVIDER(FloorProvider, UnaryDef("Floor", UnaryOp::kFloor));
+KILN_CUDA_OP_PROVIDER(CeilProvider, UnaryDef("Ceil", UnaryOp::kCeil));
+KILN_CUDA_OP_PROVIDER(RoundProvider, UnaryDef("Round", UnaryOp::kRound));
+KILN_CUDA_OP_PROVIDER(SignProvider, UnaryDef("Sign", UnaryOp::kSign));
+KILN_CUDA_OP_PROVIDER(SinProvider, UnaryDef("Sin", UnaryOp::kSin));
+KILN_CUDA_OP_PROVIDER(CosProvider, UnaryDef("Cos", UnaryOp::kCos));
+KILN_CUDA_OP_PROVIDER(SoftplusProvider, UnaryDef("Softplus", UnaryOp::kSoftplus));
+KILN_CUDA_OP_PROVIDER(SoftsignProvider, UnaryDef("Softsign", UnaryOp::kSoftsign));
+KILN_CUDA_OP_PROVIDER(EluProvider, UnaryDef("Elu", UnaryOp::kElu));
+KILN_CUDA_OP_PROVIDER(SeluProvider, UnaryDef("Selu", UnaryOp::kSelu));
+KILN_CUDA_OP_PROVIDER(CeluProvider, UnaryDef("Celu", UnaryOp::kCelu));
+KILN_CUDA_OP_PROVIDER(HardSigmoidProvider, UnaryDef("HardSigmoid", UnaryOp::kHardSigmoid));
+KILN_CUDA_OP_PROVIDER(HardSwishProvider, UnaryDef("HardSwish", UnaryOp::kHardSwish));
+KILN_CUDA_OP_PROVIDER(MishProvider, UnaryDef("Mish", UnaryOp::kMish));
 KILN_CUDA_OP_PROVIDER(ThresholdedReluProvider,
-                      UnaryDef("ThresholdedRelu", UnaryOp::kThresholdedRelu, 1.f, 0, 0));
-KILN_CUDA_OP_PROVIDER(GeluProvider, UnaryDef("Gelu", UnaryOp::kGelu, 0, 0, 0));
-KILN_CUDA_OP_PROVIDER(NotProvider, UnaryDef("Not", UnaryOp::kNot, 0, 0, 0));
+                      UnaryDef("ThresholdedRelu", UnaryOp::kThresholdedRelu));
+KILN_CUDA_OP_PROVIDER(GeluProvider, UnaryDef("Gelu", UnaryOp::kGelu));
+KILN_CUDA_OP_PROVIDER(NotProvider, UnaryDef("Not", UnaryOp::kNot));
 
 bool ClipType(DataType t) {
   return IsFloatStorage(t) || t == DataType::kInt32 || t == DataType::kInt64;
@@ -153,7 +154,7 @@ CudaOpDef BinaryDef(const char* op, BinaryOp kind, BinaryKind family) {
           },
       .create = [kind](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
         BinaryOp k = kind;
-        if (k == BinaryOp::kMod && r.node->attrs().GetInt("fmod", 0) != 0) k = BinaryOp::kFmod;
+        if (k == BinaryOp::kMod && attrs::Mod::fmod(*r.node) != 0) k = BinaryOp::kFmod;
         return std::unique_ptr<Kernel>(
             std::make_unique<BinaryKernel>(k, *ToElem(InType(r, 0)), *ToElem(InType(r, 1))));
       },

@@ -4,6 +4,7 @@
 // times: "row" (any parameter type, statistics outputs) and "warp-vec" (LaunchSkipLayerNorm
 // without a skip).
 #include "kiln/backends/cuda/cuda_kernel.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -326,7 +327,7 @@ CudaOpDef BatchNormDef() {
       .accepts =
           [](const KernelRequest& r) {
             if (r.inputs.size() != 5 || r.outputs.size() != 1) return false;
-            if (r.node->attrs().GetInt("training_mode", 0) != 0) return false;
+            if (attrs::BatchNormalization::training_mode(*r.node) != 0) return false;
             if (!IsFloatStorage(InType(r, 0))) return false;
             for (size_t i = 2; i < 5; ++i) {
               if (InType(r, i) != InType(r, 1)) return false;
@@ -336,7 +337,7 @@ CudaOpDef BatchNormDef() {
       .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
         bool nhwc = r.node->attrs().GetString("kiln_layout", "NCHW") == "NHWC";
         return std::unique_ptr<Kernel>(
-            std::make_unique<BatchNormKernel>(r.node->attrs().GetFloat("epsilon", 1e-5f), nhwc,
+            std::make_unique<BatchNormKernel>(attrs::BatchNormalization::epsilon(*r.node), nhwc,
                                               *ToElem(InType(r, 0)), *ToElem(InType(r, 1))));
       },
   };

@@ -5,6 +5,7 @@
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/cuda/cuda_kernel.h"
 #include "kiln/backends/cuda/cuda_launch_more.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -111,7 +112,7 @@ CudaOpDef PadDef() {
       .accepts =
           [](const KernelRequest& r) {
             if (!AnyType(r) || r.inputs.size() < 2 || !IndexType(InType(r, 1))) return false;
-            std::string mode = r.node->attrs().GetString("mode", "constant");
+            std::string mode = attrs::Pad::mode(*r.node);
             if (mode != "constant" && mode != "edge" && mode != "wrap" && mode != "reflect") {
               return false;
             }
@@ -127,7 +128,7 @@ CudaOpDef PadDef() {
             return !fill || InType(r, 2) == InType(r, 0);
           },
       .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
-        std::string name = r.node->attrs().GetString("mode", "constant");
+        std::string name = attrs::Pad::mode(*r.node);
         PadMode mode = name == "edge"      ? PadMode::kEdge
                        : name == "wrap"    ? PadMode::kWrap
                        : name == "reflect" ? PadMode::kReflect

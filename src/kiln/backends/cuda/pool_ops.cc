@@ -5,6 +5,7 @@
 
 #include "kiln/backends/cuda/cuda_kernel.h"
 #include "kiln/ops/nn.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -95,7 +96,7 @@ CudaOpDef PoolDef(const char* op, bool is_max) {
                            attrs.status().message());
         }
         return std::unique_ptr<Kernel>(std::make_unique<PoolKernel>(
-            std::move(*attrs), is_max, r.node->attrs().GetInt("count_include_pad", 0) != 0,
+            std::move(*attrs), is_max, attrs::AveragePool::count_include_pad(*r.node) != 0,
             Nhwc(*r.node), *ToElem(InType(r, 0))));
       },
   };

@@ -3,6 +3,7 @@
 // bool too (the types the CPU reference takes). The axes input must be a build-time constant.
 #include "kiln/backends/cuda/cuda_kernel.h"
 #include "kiln/backends/cuda/cuda_launch_more.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -44,7 +45,7 @@ CudaOpDef IntReduceDef(const char* op, IntReduceOp kind) {
           },
       .create = [kind](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
         std::vector<int64_t> axes = ConstantInts(r, 1).value_or(std::vector<int64_t>{});
-        bool noop = r.node->attrs().GetInt("noop_with_empty_axes", 0) != 0;
+        bool noop = attrs::ReduceSum::noop_with_empty_axes(*r.node) != 0;
         return std::unique_ptr<Kernel>(
             std::make_unique<IntReduceKernel>(kind, *ToElem(InType(r, 0)), std::move(axes), noop));
       },

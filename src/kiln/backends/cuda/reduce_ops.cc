@@ -2,6 +2,7 @@
 // constant (it always is after the importer and constant folding); Prepare picks the row, column
 // or strided form from the reduced axis set, so Run only launches.
 #include "kiln/backends/cuda/cuda_kernel.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -67,7 +68,7 @@ CudaOpDef ReduceDef(const char* op, ReduceOp kind) {
           },
       .create = [kind](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
         std::vector<int64_t> axes = ConstantInts(r, 1).value_or(std::vector<int64_t>{});
-        bool noop = r.node->attrs().GetInt("noop_with_empty_axes", 0) != 0;
+        bool noop = attrs::ReduceSum::noop_with_empty_axes(*r.node) != 0;
         return std::unique_ptr<Kernel>(
             std::make_unique<ReduceKernel>(kind, *ToElem(InType(r, 0)), std::move(axes), noop));
       },

@@ -2,6 +2,7 @@
 // the CPU). Scales come from a constant `scales` input when given, else from the output and
 // input sizes, as the CPU reference does; the output shape itself is known from shape inference.
 #include "kiln/backends/cuda/cuda_kernel.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -24,24 +25,24 @@ constexpr const char* kNearestModes[] = {"round_prefer_floor", "round_prefer_cei
 std::optional<ResizeSpec> ReadSpec(const KernelRequest& r) {
   const AttributeMap& at = r.node->attrs();
   ResizeSpec s;
-  std::string mode = at.GetString("mode", "nearest");
+  std::string mode = attrs::Resize::mode(at);
   if (mode != "nearest" && mode != "linear" && mode != "cubic") return std::nullopt;
-  if (at.GetInt("antialias", 0) != 0) return std::nullopt;
+  if (attrs::Resize::antialias(at) != 0) return std::nullopt;
   s.mode = mode == "linear" ? 1 : (mode == "cubic" ? 2 : 0);
-  s.cubic_a = at.GetFloat("cubic_coeff_a", -0.75f);
-  s.exclude_outside = at.GetInt("exclude_outside", 0) != 0;
-  std::string c = at.GetString("coordinate_transformation_mode", "half_pixel");
+  s.cubic_a = attrs::Resize::cubic_coeff_a(at);
+  s.exclude_outside = attrs::Resize::exclude_outside(at) != 0;
+  std::string c = attrs::Resize::coordinate_transformation_mode(at);
   s.coord = -1;
   for (int i = 0; i < 6; ++i) {
     if (c == kCoordModes[i]) s.coord = i;
   }
   if (s.coord < 0) return std::nullopt;
-  std::string n = at.GetString("nearest_mode", "round_prefer_floor");
+  std::string n = attrs::Resize::nearest_mode(at);
   for (int i = 0; i < 4; ++i) {
     if (n == kNearestModes[i]) s.nearest = i;
   }
   int64_t rank = static_cast<int64_t>(r.inputs[0].shape.size());
-  s.axes = at.GetInts("axes");
+  s.axes = attrs::Resize::axes(at);
   if (s.axes.empty()) {
     for (int64_t i = 0; i < rank; ++i) s.axes.push_back(i);
   }

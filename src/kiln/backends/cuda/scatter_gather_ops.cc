@@ -4,6 +4,7 @@
 #include "kiln/backends/cuda/cuda_kernel.h"
 #include "kiln/backends/cuda/cuda_launch_more.h"
 #include "kiln/backends/cuda/index_fault.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -73,7 +74,7 @@ CudaOpDef GatherElementsDef() {
           },
       .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
         return std::unique_ptr<Kernel>(std::make_unique<GatherElementsKernel>(
-            r.node->attrs().GetInt("axis", 0), ConstantInts(r, 1)));
+            attrs::GatherElements::axis(*r.node), ConstantInts(r, 1)));
       },
   };
 }
@@ -158,14 +159,14 @@ CudaOpDef ScatterNDDef() {
           [](const KernelRequest& r) {
             DataType t = InType(r, 0);
             if (!ToElem(t) || !IndexType(InType(r, 1)) || InType(r, 2) != t) return false;
-            auto red = ReductionOf(r.node->attrs().GetString("reduction", "none"));
+            auto red = ReductionOf(attrs::ScatterND::reduction(*r.node));
             if (!red) return false;
             // Reductions combine values: f32/i32/i64, as the CPU reference.
             return *red == ScatterReduction::kNone || t == DataType::kFloat32 ||
                    t == DataType::kInt32 || t == DataType::kInt64;
           },
       .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
-        auto red = *ReductionOf(r.node->attrs().GetString("reduction", "none"));
+        auto red = *ReductionOf(attrs::ScatterND::reduction(*r.node));
         return std::unique_ptr<Kernel>(
             std::make_unique<ScatterNDKernel>(red, *ToElem(InType(r, 0)), ConstantInts(r, 1)));
       },
@@ -186,7 +187,7 @@ CudaOpDef OneHotDef() {
           },
       .create =
           [](const KernelRequest& r) {
-            int64_t axis_attr = r.node->attrs().GetInt("axis", -1);
+            int64_t axis_attr = attrs::OneHot::axis(*r.node);
             Elem idx_t = *ToElem(InType(r, 0));
             return MakeFnKernel([axis_attr, idx_t](const KernelRunArgs& a) -> Status {
               const TensorView& y = a.outputs[0];

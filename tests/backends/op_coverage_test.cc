@@ -1,0 +1,61 @@
+// Coverage of the op table by the backends: every op kiln declares (ops.inc) has a kernel on the
+// CPU (the reference) and on CUDA where that backend is built, unless ops.inc declares the
+// reason it has none (KILN_OP_NO_KERNEL). Registration is static, so no device is needed.
+#include <gtest/gtest.h>
+
+#include "kiln/backends/backend.h"
+#include "kiln/ops/op_table.h"
+
+namespace kiln {
+namespace {
+
+std::vector<std::string> OpsWithoutKernel(BackendKind backend) {
+  std::vector<std::string> missing;
+  for (const OpSchema& s : AllOpSchemas()) {
+    if (!NoKernelReason(s.type, ToString(backend)).empty()) continue;
+    if (KernelRegistry::Get().Providers(backend, s.name).empty()) missing.emplace_back(s.name);
+  }
+  return missing;
+}
+
+TEST(OpCoverage, EveryOpHasACpuKernel) {
+  std::vector<std::string> missing = OpsWithoutKernel(BackendKind::kCpu);
+  EXPECT_TRUE(missing.empty()) << "no CPU kernel (and no KILN_OP_NO_KERNEL reason) for: "
+                               << ::testing::PrintToString(missing);
+}
+
+TEST(OpCoverage, EveryOpHasACudaKernelOrADeclaredReason) {
+#if KILN_TEST_CUDA_BUILT
+  std::vector<std::string> missing = OpsWithoutKernel(BackendKind::kCuda);
+  EXPECT_TRUE(missing.empty()) << "no CUDA kernel (and no KILN_OP_NO_KERNEL reason) for: "
+                               << ::testing::PrintToString(missing);
+#else
+  GTEST_SKIP() << "the CUDA backend is not built into this kiln";
+#endif
+}
+
+// Every kernel provider is for a declared op: a provider whose op is misspelt or not in ops.inc
+// would never be asked.
+TEST(OpCoverage, EveryKernelIsForADeclaredOp) {
+  std::vector<std::string> stray;
+  for (const KernelProvider* p : KernelRegistry::Get().All()) {
+    if (!LookupOpType(p->op_type())) {
+      stray.push_back(std::string(ToString(p->backend())) + ":" + std::string(p->op_type()));
+    }
+  }
+  EXPECT_TRUE(stray.empty()) << ::testing::PrintToString(stray);
+}
+
+// A declared reason must name a backend kiln has and an op the backend indeed lacks.
+TEST(OpCoverage, NoKernelReasonsAreCurrent) {
+  for (const OpSchema& s : AllOpSchemas()) {
+    for (BackendKind b : {BackendKind::kCpu, BackendKind::kCuda}) {
+      if (NoKernelReason(s.type, ToString(b)).empty()) continue;
+      EXPECT_TRUE(KernelRegistry::Get().Providers(b, s.name).empty())
+          << s.name << " on " << ToString(b) << " has a kernel now; drop its KILN_OP_NO_KERNEL row";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
