@@ -321,7 +321,7 @@ Status WaitForResult(const BuildOnceOptions& options, Communicator& group, const
 
 // A process that has exited: no such pid, or a zombie its parent has not reaped yet (torchrun's
 // agent and multiprocessing reap their children only when they next look).
-bool ProcessGone(int64_t pid) {
+bool ProcessExited(int64_t pid) {
   if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
@@ -331,6 +331,18 @@ bool ProcessGone(int64_t pid) {
   if (paren == std::string::npos || paren + 2 >= line.size()) return false;
   const char state = line[paren + 2];
   return state == 'Z' || state == 'X';
+}
+
+// A dying process closes its sockets a moment before it becomes a zombie: a peer that saw the
+// connection close looks again for up to `grace` before it calls the process alive.
+constexpr Millis kExitGrace{1000};
+bool ProcessGone(int64_t pid, Millis grace) {
+  const Deadline until = Clock::now() + grace;
+  while (!ProcessExited(pid)) {
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
 }
 
 std::string_view CacheField(const BuildOnceOptions& options, Role leader_role) {
@@ -641,7 +653,7 @@ Status ExplainBuilderWait(Status wait_error, std::string_view builder,
     return wait_error;
   }
   if (builder_host == my_host && builder_pid > 0) {
-    if (ProcessGone(builder_pid)) {
+    if (ProcessGone(builder_pid, failed ? kExitGrace : Millis(0))) {
       return MakeError(ErrorCode::kBuilderLost,
                        "the builder {} died before it sent the engine: its process is gone ({})",
                        builder, wait_error.message());
