@@ -38,5 +38,6 @@ def test_gpu_train_script_on_the_cpu(tmp_path):
     assert over["cpp_enqueue_us"] > 0 and over["ctypes_execute_us"] > 0
     assert over["python_run_us"] > 0
     assert abs(over["overhead_us"] - (over["python_run_us"] - over["cpp_enqueue_us"])) < 0.02
+    assert "run_over_ctypes_execute_us" in over
     assert "overhead of context.run over the C++ enqueue" in (
         tmp_path / "call_overhead.txt").read_text()
