@@ -247,6 +247,15 @@ class ExecutionContext:
         self._cuda = engine.backend == "cuda"
         # The GPU the context's memory lives on (the current one at creation).
         self._device_index = _torch().cuda.current_device() if self._cuda else None
+        # Held through each call that touches the context (run, bind, shape, execute), so that a
+        # second thread is refused before it writes the slots the first one is handing to C.
+        self._lock = threading.Lock()
+
+    def _claim(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise _error(5011, "this execution context is in use by another thread (inside its "
+                         "run, bind, shape or execute); give each thread its own context "
+                         "(engine.create_execution_context())")
 
     def __del__(self):
         h = getattr(self, "_h", None)
@@ -264,6 +273,13 @@ class ExecutionContext:
     def bind(self, name: str, tensor) -> None:
         """Binds a tensor's memory to an input or output (no copy). Inputs first: an output's
         shape follows from them."""
+        self._claim()
+        try:
+            self._bind(name, tensor)
+        finally:
+            self._lock.release()
+
+    def _bind(self, name: str, tensor) -> None:
         slot = self._slot(name)
         slot.key = None
         if self._cuda and tensor.device.type == "cuda" and tensor.device.index != self._device_index:
@@ -274,6 +290,13 @@ class ExecutionContext:
 
     def shape(self, name: str) -> Tuple[int, ...]:
         """An input's bound shape, or an output's once every input is bound."""
+        self._claim()
+        try:
+            return self._shape(name)
+        finally:
+            self._lock.release()
+
+    def _shape(self, name: str) -> Tuple[int, ...]:
         _raise_status(lib.kiln_context_shape(self._h, self._slot(name).name,
                                              ctypes.byref(self._shape_ndim), self._shape_dims))
         return tuple(self._shape_dims[:self._shape_ndim.value])
@@ -281,7 +304,11 @@ class ExecutionContext:
     def execute(self, stream=None) -> None:
         """Enqueues the engine on `stream` (CUDA engines: torch.cuda.current_stream() when None);
         no device-wide synchronisation."""
-        _raise_status(lib.kiln_context_execute(self._h, self._stream_ptr(stream)))
+        self._claim()
+        try:
+            _raise_status(lib.kiln_context_execute(self._h, self._stream_ptr(stream)))
+        finally:
+            self._lock.release()
 
     def _stream_ptr(self, stream):
         if not self._cuda:
@@ -295,6 +322,13 @@ class ExecutionContext:
         """Runs the engine on torch tensors: `inputs` maps names to tensors (or is a sequence in
         the engine's input order); `outputs` optionally maps output names to preallocated
         tensors, which are written in place. Returns every output by name."""
+        self._claim()
+        try:
+            return self._run(inputs, outputs, stream)
+        finally:
+            self._lock.release()
+
+    def _run(self, inputs, outputs, stream) -> Dict[str, Any]:
         torch = _torch()
         if isinstance(inputs, Mapping):
             items = list(inputs.items())
@@ -318,14 +352,14 @@ class ExecutionContext:
                 out = given.pop(name, None)
                 if out is None:
                     device = items[0][1].device if (items and self._cuda) else "cpu"
-                    out = torch.empty(self.shape(name), dtype=self._output_dtypes[name],
+                    out = torch.empty(self._shape(name), dtype=self._output_dtypes[name],
                                       device=device)
                 self._bind_cached(name, out, force)
                 result[name] = out
             if given:
                 raise _error(5005, f"outputs {sorted(given)} are not engine outputs; the engine "
                              f"has {self._output_names}")
-            self.execute(stream)
+            _raise_status(lib.kiln_context_execute(self._h, self._stream_ptr(stream)))
         except BaseException:
             for slot in self._slots.values():
                 slot.key = None
@@ -339,7 +373,7 @@ class ExecutionContext:
         key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
         if not force and slot.key == key:
             return False
-        self.bind(name, tensor)
+        self._bind(name, tensor)
         slot.key = key
         return True
 

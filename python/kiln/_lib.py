@@ -40,13 +40,38 @@ BROADCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, 
 
 
 class Comm(ctypes.Structure):
+    pass
+
+
+# int split(void* user, int color, int key, kiln_comm* out, double timeout_s)
+SPLIT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                            ctypes.POINTER(Comm), ctypes.c_double)
+Comm._fields_ = [
+    ("user", ctypes.c_void_p),
+    ("rank", ctypes.c_int),
+    ("size", ctypes.c_int),
+    ("allgather", ALLGATHER_FN),
+    ("broadcast", BROADCAST_FN),
+    ("split", SPLIT_FN),
+]
+
+
+class BuildOnceOptions(ctypes.Structure):
+    """struct kiln_build_once_options (zero: the default)."""
+
     _fields_ = [
-        ("user", ctypes.c_void_p),
-        ("rank", ctypes.c_int),
-        ("size", ctypes.c_int),
-        ("allgather", ALLGATHER_FN),
-        ("broadcast", BROADCAST_FN),
+        ("join_timeout_s", ctypes.c_double),
+        ("wait_timeout_s", ctypes.c_double),
+        ("transfer_timeout_s", ctypes.c_double),
+        ("heartbeat_timeout_s", ctypes.c_double),
+        ("build_on", ctypes.c_char_p),
+        ("cache_dir", ctypes.c_char_p),
+        ("trust_shared_cache", ctypes.c_int),
     ]
+
+
+# The kiln_c.h this module describes (KILN_C_API_VERSION).
+API_VERSION = 2
 
 
 def _candidates():
@@ -127,9 +152,13 @@ _decl("kiln_context_release", None, _P)
 _decl("kiln_context_graph_captures", ctypes.c_int64, _P)
 _decl("kiln_context_graph_launches", ctypes.c_int64, _P)
 _decl("kiln_build_once", _S, _P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
-      ctypes.POINTER(Comm), ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
-      ctypes.POINTER(_P),
+      ctypes.POINTER(Comm), ctypes.POINTER(BuildOnceOptions), ctypes.POINTER(_P),
       ctypes.POINTER(_P))
+
+if lib.kiln_api_version() != API_VERSION:
+    raise ImportError(
+        f"kiln: {lib._name} has C API version {lib.kiln_api_version()}, this package needs "
+        f"{API_VERSION}: rebuild libkiln_c.so from the same checkout (or reinstall the package)")
 
 
 def take_buffer(buf: int) -> bytes:

@@ -1,9 +1,11 @@
-"""Build once per job over the job's own torch.distributed process group (gloo or NCCL).
+"""Build once per job (or per node, or per architecture) over the job's own torch.distributed
+process group (gloo or NCCL).
 
-Rank 0 of the group builds; the others wait (bounded) and receive the engine bytes through the
-process group; every rank checks the bytes' checksum and loads them. The election, the bounds,
-the checks and the report are the library's (the path `kiln build --distributed` takes); this
-module only moves bytes through torch.distributed when the library asks.
+The lowest rank of each group builds (or reads the shared engine cache); the others wait (bounded)
+and receive the engine bytes through the process group; every rank checks the bytes' checksum and
+loads them. The election, the groups, the bounds, the checks and the report are the library's (the
+path `kiln build --distributed` takes); this module only moves bytes through torch.distributed and
+makes sub-groups when the library asks.
 """
 from __future__ import annotations
 
@@ -19,18 +21,27 @@ from ._lib import lib
 __all__ = ["build"]
 
 
-def build(model, example_inputs=None, *, group=None, join_timeout: float = 60.0,
+def build(model, example_inputs=None, *, group=None, build_on: str = "rank0",
+          cache_dir=None, trust_shared_cache: bool = False, join_timeout: float = 60.0,
           wait_timeout: float = 1800.0, transfer_timeout: float = 300.0,
           heartbeat_timeout: float = 60.0, **options):
-    """kiln.build(..., distributed=group): one build per job, the same engine on every rank.
+    """kiln.build(..., distributed=group): one build per job (or per node, or per architecture),
+    the same engine on every rank of a group.
 
     Every rank of `group` (the default process group when None) calls this with the same model
-    and options. join_timeout bounds the ranks' arrival, wait_timeout the wait for the builder,
-    transfer_timeout the bytes; the builder sends its progress about every second and a builder
-    silent for heartbeat_timeout (0: no heartbeats) fails the others (KILN-E7003). Waiting ranks
-    see the builder's progress through `progress` as phase "builder" (the line as detail). A
-    builder that fails or vanishes fails every rank with a KilnError. The engine's
-    `build_once_report` says who built and who waited how long.
+    and options. build_on: "rank0" (one builder for the job), "per-node" (one per node: the
+    KILN_DIST_NODE variable, else the host name) or "per-arch" (one per device architecture), as
+    `kiln build --build-on`; per-node and per-arch need the job's whole process group (its
+    sub-groups are made with torch.distributed.new_group, which every rank of the job must call;
+    another group that would split is KILN-E7027). cache_dir: the shared engine cache the builders
+    go through (a hit is read, not built; builders of several nodes or jobs build once between
+    them); trust_shared_cache accepts a directory other users can write. join_timeout bounds the
+    ranks' arrival, wait_timeout the wait for the builder, transfer_timeout the bytes; the builder
+    sends its progress about every second and a builder silent for heartbeat_timeout (0: no
+    heartbeats) fails the others (KILN-E7003). Waiting ranks see the builder's progress through
+    `progress` as phase "builder" (the line as detail). A builder that fails or vanishes fails
+    every rank with a KilnError. The engine's `build_once_report` says who built and who waited
+    how long.
     """
     from . import build as _build
     import torch.distributed as dist
@@ -39,6 +50,7 @@ def build(model, example_inputs=None, *, group=None, join_timeout: float = 60.0,
         raise _error(7000, "kiln.distributed.build needs an initialised torch.distributed process "
                      "group (torch.distributed.init_process_group)")
     return _build(model, example_inputs, distributed=group if group is not None else True,
+                  build_on=build_on, cache_dir=cache_dir, trust_shared_cache=trust_shared_cache,
                   join_timeout=join_timeout, wait_timeout=wait_timeout,
                   transfer_timeout=transfer_timeout, heartbeat_timeout=heartbeat_timeout,
                   **options)
@@ -47,7 +59,7 @@ def build(model, example_inputs=None, *, group=None, join_timeout: float = 60.0,
 class _GroupComm:
     """The process group as kiln_comm callbacks (0 ok, 1 timed out, 2 failed)."""
 
-    def __init__(self, group):
+    def __init__(self, group, errors=None):
         import torch
         import torch.distributed as dist
         self.torch = torch
@@ -58,15 +70,21 @@ class _GroupComm:
         backend = str(dist.get_backend(self.group)).lower()
         self.device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
                        else torch.device("cpu"))
-        self.errors = []
+        self.errors = errors if errors is not None else []
+        self.children = []  # sub-groups made by split, released after the build
         self.collectives = 0
         self.struct = _lib.Comm()
         self.struct.rank = self.rank
         self.struct.size = self.size
         self._allgather = _lib.ALLGATHER_FN(self.allgather)
         self._broadcast = _lib.BROADCAST_FN(self.broadcast)
+        # torch.distributed.new_group needs every rank of the job: only a group of all of them
+        # can split (kiln answers KILN-E7027 for another one that would have to).
+        self._split = (_lib.SPLIT_FN(self.split) if self.size == dist.get_world_size()
+                       else _lib.SPLIT_FN())
         self.struct.allgather = self._allgather
         self.struct.broadcast = self._broadcast
+        self.struct.split = self._split
 
     def _global(self, group_rank: int) -> int:
         if self.group is self.dist.group.WORLD:
@@ -126,18 +144,76 @@ class _GroupComm:
             return self._fail(e)
 
 
-def _build_once(config, data: bytes, name: str, group, join_timeout: float = 60.0,
+    def split(self, _user, color, key, out, timeout_s) -> int:
+        """Sub-groups by color (kiln_comm.split): every rank makes every group, in one order, as
+        torch.distributed.new_group asks; a group's ranks are ordered by their rank in the job
+        (kiln passes the job rank as the key)."""
+        try:
+            self.collectives += 1
+            torch, dist = self.torch, self.dist
+            mine = torch.tensor([color, key, self._global(self.rank)], dtype=torch.int64,
+                                device=self.device)
+            parts = [torch.empty_like(mine) for _ in range(self.size)]
+            rc = self._wait(dist.all_gather(parts, mine, group=self.group, async_op=True),
+                            timeout_s)
+            if rc:
+                return rc
+            rows = sorted(tuple(int(v) for v in p.cpu().tolist()) for p in parts)
+            timeout = datetime.timedelta(seconds=max(timeout_s, 1.0))
+            chosen = None
+            for c in sorted({r[0] for r in rows}):
+                members = sorted(r[2] for r in rows if r[0] == c)
+                made = dist.new_group(ranks=members, timeout=timeout)
+                if c == color:
+                    chosen = made
+            child = _GroupComm(chosen, self.errors)
+            child._split = _lib.SPLIT_FN()  # one level of groups is all build-once makes
+            child.struct.split = child._split
+            self.children.append(child)
+            dst = out.contents
+            dst.user = None
+            dst.rank = child.rank
+            dst.size = child.size
+            dst.allgather = child._allgather
+            dst.broadcast = child._broadcast
+            dst.split = child._split
+            return 0
+        except BaseException as e:  # noqa: B902
+            return self._fail(e)
+
+    def release(self) -> None:
+        """Drops the sub-groups split made (each rank its own)."""
+        for child in self.children:
+            try:
+                self.dist.destroy_process_group(child.group)
+            except Exception:  # noqa: BLE001 (a broken group may refuse; it is dropped anyway)
+                pass
+        self.children = []
+
+
+def _build_once(config, data: bytes, name: str, group, build_on: str = "rank0", cache_dir=None,
+                trust_shared_cache: bool = False, join_timeout: float = 60.0,
                 wait_timeout: float = 1800.0, transfer_timeout: float = 300.0,
                 heartbeat_timeout: float = 60.0):
+    import os
     from . import Engine, KilnError, _raise_status
     comm = _GroupComm(group)
+    opts = _lib.BuildOnceOptions()
+    opts.join_timeout_s = float(join_timeout)
+    opts.wait_timeout_s = float(wait_timeout)
+    opts.transfer_timeout_s = float(transfer_timeout)
+    opts.heartbeat_timeout_s = float(heartbeat_timeout)
+    opts.build_on = str(build_on).encode()
+    opts.cache_dir = os.fsencode(cache_dir) if cache_dir is not None else None
+    opts.trust_shared_cache = 1 if trust_shared_cache else 0
     h = ctypes.c_void_p()
     report = ctypes.c_void_p()
-    status = lib.kiln_build_once(config._h, data, len(data), name.encode(),
-                                 ctypes.byref(comm.struct), float(join_timeout),
-                                 float(wait_timeout), float(transfer_timeout),
-                                 float(heartbeat_timeout), ctypes.byref(h),
-                                 ctypes.byref(report))
+    try:
+        status = lib.kiln_build_once(config._h, data, len(data), name.encode(),
+                                     ctypes.byref(comm.struct), ctypes.byref(opts),
+                                     ctypes.byref(h), ctypes.byref(report))
+    finally:
+        comm.release()
     if config.error is not None:
         if status:
             lib.kiln_status_free(status)

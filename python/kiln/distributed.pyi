@@ -1,8 +1,10 @@
 # Type stubs for kiln.distributed (python/kiln/distributed.py).
-from typing import Any
+import os
+from typing import Any, Optional, Union
 
 from . import Engine
 
-def build(model: Any, example_inputs: Any = ..., *, group: Any = ..., join_timeout: float = ...,
-          wait_timeout: float = ..., transfer_timeout: float = ...,
+def build(model: Any, example_inputs: Any = ..., *, group: Any = ..., build_on: str = ...,
+          cache_dir: Optional[Union[str, os.PathLike]] = ..., trust_shared_cache: bool = ...,
+          join_timeout: float = ..., wait_timeout: float = ..., transfer_timeout: float = ...,
           heartbeat_timeout: float = ..., **options: Any) -> Engine: ...

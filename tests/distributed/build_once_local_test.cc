@@ -8,7 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
 
 namespace kiln::distributed {
 namespace {
@@ -110,6 +114,34 @@ TEST(BuildOnceLocalTest, ADeadBuilderIsNotACommunicatorTimeout) {
   Status other = ExplainBuilderWait(MakeError(ErrorCode::kTransferCorrupt, "bad hash"), "rank 0",
                                     "h1", GonePid(), "h1");
   EXPECT_EQ(other.code(), ErrorCode::kTransferCorrupt);
+}
+
+TEST(BuildOnceLocalTest, AProcessGroupThatLostItsBuilderNamesTheBuilder) {
+  // A torch.distributed group (the C API's kiln_comm) whose builder died: the collective fails
+  // (the peer closed its connection) while the dead builder may still be a zombie that its
+  // launcher has not reaped.
+  Status wait = MakeError(ErrorCode::kProcessGroupFailed,
+                          "result header over the process group failed: connection closed");
+  pid_t zombie = fork();
+  if (zombie == 0) _exit(0);
+  // Until the parent reaps it the child stays a zombie: kill(pid, 0) still succeeds.
+  for (int i = 0; i < 200 && ::kill(zombie, 0) == 0; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(zombie) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    if (line.find(") Z") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  Status dead = ExplainBuilderWait(wait, "rank 0 (host h1, pid 9)", "h1", zombie, "h1");
+  int status = 0;
+  waitpid(zombie, &status, 0);
+  EXPECT_EQ(dead.code(), ErrorCode::kBuilderLost) << dead.ToString();
+  EXPECT_NE(dead.message().find("process is gone"), std::string::npos) << dead.message();
+  EXPECT_EQ(ExplainBuilderWait(wait, "rank 0", "h1", GonePid(), "h1").code(),
+            ErrorCode::kBuilderLost);
+  // The builder alive here: another rank broke the group, which stays what it is.
+  EXPECT_EQ(ExplainBuilderWait(wait, "rank 0", "h1", getpid(), "h1").code(),
+            ErrorCode::kProcessGroupFailed);
 }
 
 TEST(BuildOnceLocalTest, BuildErrorsKeepTheirCode) {

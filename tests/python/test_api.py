@@ -189,6 +189,46 @@ def test_context_used_from_two_threads(engine, mlp):
     torch.testing.assert_close(ctx(x), mlp(x).detach(), rtol=1e-4, atol=1e-5)
 
 
+def test_one_context_raced_by_two_threads(engine, mlp):
+    # Two threads call run() on one context as fast as they can, with different batch sizes (so
+    # a torn binding would show as a wrong shape or wrong values, or crash): every call either
+    # gives the right answer or raises KILN-E5011, and both outcomes happen.
+    ctx = engine.create_execution_context()
+    xs = {1: torch.randn(1, 8), 16: torch.randn(16, 8)}
+    expected = {b: mlp(x).detach() for b, x in xs.items()}
+    outcomes = {"ok": 0, "busy": 0}
+    bad = []
+    lock = threading.Lock()
+    start = threading.Barrier(2)
+
+    def hammer(batch):
+        start.wait(10)
+        for _ in range(300):
+            try:
+                out = ctx.run([xs[batch]])["logits"]
+                if out.shape != (batch, 4) or not torch.allclose(out, expected[batch], rtol=1e-4,
+                                                                 atol=1e-5):
+                    bad.append((batch, out.shape))
+                with lock:
+                    outcomes["ok"] += 1
+            except kiln.KilnError as e:
+                if e.code != "KILN-E5011":
+                    bad.append(str(e))
+                with lock:
+                    outcomes["busy"] += 1
+
+    threads = [threading.Thread(target=hammer, args=(b,)) for b in xs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not bad, bad[:3]
+    assert outcomes["ok"] + outcomes["busy"] == 600
+    assert outcomes["ok"] > 0 and outcomes["busy"] > 0, outcomes
+    # Free again afterwards, for either thread's shapes.
+    torch.testing.assert_close(ctx(xs[16]), expected[16], rtol=1e-4, atol=1e-5)
+
+
 def test_contexts_of_one_engine_run_in_parallel_threads(engine, mlp):
     results = {}
 

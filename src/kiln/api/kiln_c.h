@@ -13,7 +13,8 @@
 extern "C" {
 #endif
 
-#define KILN_C_API_VERSION 1
+/* 2: kiln_comm.split and kiln_build_once_options (build_on, cache_dir). */
+#define KILN_C_API_VERSION 2
 
 typedef struct kiln_status kiln_status;
 typedef struct kiln_build_config kiln_build_config;
@@ -154,7 +155,8 @@ int64_t kiln_context_graph_launches(const kiln_context* c);
 /* A process group the caller owns (torch.distributed, MPI, ...), as callbacks. Each returns 0 on
  * success, 1 when it passed timeout_s, 2 when it failed otherwise; kiln turns them into
  * KILN-E7016 and KILN-E7023. */
-typedef struct kiln_comm {
+typedef struct kiln_comm kiln_comm;
+struct kiln_comm {
   void* user;
   int rank;
   int size;
@@ -163,19 +165,43 @@ typedef struct kiln_comm {
   int (*allgather)(void* user, const void* mine, size_t size, void* out, double timeout_s);
   /* root's `size` bytes land in every rank's `bytes`. */
   int (*broadcast)(void* user, void* bytes, size_t size, int root, double timeout_s);
-} kiln_comm;
+  /* Optional (NULL: the group cannot be split, and build_on per-node/per-arch with more than one
+   * group is KILN-E7027). Collective over this group: the ranks that pass the same color form a
+   * new group, ordered by key, which the callback describes in *out. kiln uses it until
+   * kiln_build_once returns; the caller releases it afterwards. */
+  int (*split)(void* user, int color, int key, kiln_comm* out, double timeout_s);
+};
 
-/* Every rank of `comm` calls this with the same model and options: rank 0 builds, the others wait
- * (bounded by wait_timeout_s) and receive the bytes (transfer_timeout_s), each rank checks their
- * checksum and loads them. A builder that fails fails every rank (KILN-E7011 with its error on the
- * others); ranks whose keys differ fail with KILN-E7004. heartbeat_timeout_s > 0: the builder
- * sends its progress line to the others about every second (they get it through the config's
- * progress callback as phase "builder", the line as detail), and a builder silent that long fails
- * them with KILN-E7003. *report_json (optional) gets who built and who waited how long. */
+/* How kiln_build_once waits and groups; zero-initialise, then set what you need (a zero timeout
+ * takes its default). */
+typedef struct kiln_build_once_options {
+  double join_timeout_s;     /* every rank arrives within this (default 60) */
+  double wait_timeout_s;     /* for the builder: build, or cache wait (default 1800) */
+  double transfer_timeout_s; /* for the bytes (default 300) */
+  /* > 0: the builder sends its progress line to the others about every second (they get it
+   * through the config's progress callback as phase "builder", the line as detail), and a
+   * builder silent that long fails them with KILN-E7003. 0: no heartbeats. */
+  double heartbeat_timeout_s;
+  /* NULL or "rank0": one builder per job; "per-node": one per node (KILN_DIST_NODE, else the
+   * host name); "per-arch": one per device architecture. Groups need kiln_comm.split. */
+  const char* build_on;
+  /* NULL: no cache. A directory: the builders go through the shared engine cache there (file
+   * lock, heartbeat, atomic publish): a hit is read, not built, and builders of several groups
+   * (per-node) or several jobs build one engine between them. */
+  const char* cache_dir;
+  /* 1: accept a cache directory other users can write (KILN-E7010 otherwise). */
+  int trust_shared_cache;
+} kiln_build_once_options;
+
+/* Every rank of `comm` calls this with the same model and options (NULL: the defaults): the
+ * lowest rank of each group builds (or reads the cache), the others wait (bounded) and receive the
+ * bytes through `comm`, each rank checks their checksum and loads them. A builder that fails fails
+ * every rank of its group (KILN-E7011 with its error on the others); a builder that dies is
+ * KILN-E7020 on the others; ranks whose keys differ fail with KILN-E7004. *report_json (optional)
+ * gets who built and who waited how long. */
 kiln_status* kiln_build_once(const kiln_build_config* c, const void* onnx, size_t size,
-                             const char* model_name, const kiln_comm* comm, double join_timeout_s,
-                             double wait_timeout_s, double transfer_timeout_s,
-                             double heartbeat_timeout_s, kiln_engine** out,
+                             const char* model_name, const kiln_comm* comm,
+                             const kiln_build_once_options* options, kiln_engine** out,
                              kiln_buffer** report_json);
 
 #ifdef __cplusplus

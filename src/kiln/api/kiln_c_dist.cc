@@ -1,5 +1,6 @@
-// kiln_build_once: the caller's process group as a distributed::Communicator, then the library's
-// build-once path (app::BuildOnceShared), the same one `kiln build --distributed` takes.
+// kiln_build_once: the caller's process group as a distributed::Communicator (split into per-node
+// or per-arch groups through its callback), then the library's build-once path
+// (app::BuildOnceShared), the same one `kiln build --distributed` takes.
 #include <algorithm>
 #include <chrono>
 
@@ -18,7 +19,9 @@ double SecondsLeft(distributed::Deadline deadline) {
 // Collectives through the caller's callbacks; each call's bound is what is left of its deadline.
 class CallbackCommunicator : public distributed::Communicator {
  public:
-  explicit CallbackCommunicator(const kiln_comm& comm) : comm_(comm) {}
+  // `split_timeout`: the bound on forming sub-groups (the join bound: every rank is there).
+  CallbackCommunicator(const kiln_comm& comm, double split_timeout)
+      : comm_(comm), split_timeout_(split_timeout) {}
   int rank() const override { return comm_.rank; }
   int size() const override { return comm_.size; }
   std::string_view kind() const override { return "process-group"; }
@@ -40,10 +43,26 @@ class CallbackCommunicator : public distributed::Communicator {
     return Check(rc, what, bound);
   }
 
-  StatusOr<std::unique_ptr<distributed::Communicator>> Split(int, int) override {
-    return MakeError(ErrorCode::kUnimplemented,
-                     "a caller's process group builds once per job (build_on rank0); per-node and "
-                     "per-arch groups need MPI (`kiln build --distributed --build-on ...`)");
+  StatusOr<std::unique_ptr<distributed::Communicator>> Split(int color, int key) override {
+    if (!comm_.split) {
+      return MakeError(ErrorCode::kProcessGroupCannotSplit,
+                       "the ranks form more than one build-once group, and the process group "
+                       "(rank {} of {}) has no split callback",
+                       comm_.rank, comm_.size);
+    }
+    kiln_comm sub{};
+    int rc = comm_.split(comm_.user, color, key, &sub, split_timeout_);
+    KILN_RETURN_IF_ERROR(
+        Check(rc, fmt::format("forming the group of color {}", color), split_timeout_));
+    if (!sub.allgather || !sub.broadcast || sub.size < 1 || sub.rank < 0 || sub.rank >= sub.size ||
+        sub.size > comm_.size) {
+      return MakeError(ErrorCode::kProcessGroupFailed,
+                       "the process group's split callback gave rank {} of {} (of a parent of "
+                       "{}) or no collectives",
+                       sub.rank, sub.size, comm_.size);
+    }
+    return std::unique_ptr<distributed::Communicator>(
+        std::make_unique<CallbackCommunicator>(sub, split_timeout_));
   }
 
  private:
@@ -60,6 +79,7 @@ class CallbackCommunicator : public distributed::Communicator {
                      what, comm_.rank, comm_.size, rc);
   }
   kiln_comm comm_;
+  double split_timeout_;
 };
 
 std::chrono::milliseconds Ms(double seconds) {
@@ -77,9 +97,8 @@ Status CheckBound(const char* name, double seconds) {
 
 extern "C" kiln_status* kiln_build_once(const kiln_build_config* c, const void* onnx, size_t size,
                                         const char* model_name, const kiln_comm* comm,
-                                        double join_timeout_s, double wait_timeout_s,
-                                        double transfer_timeout_s, double heartbeat_timeout_s,
-                                        kiln_engine** out, kiln_buffer** report_json) {
+                                        const kiln_build_once_options* opts, kiln_engine** out,
+                                        kiln_buffer** report_json) {
   using namespace kiln;       // NOLINT
   using namespace kiln::api;  // NOLINT
   if (!c || !onnx || !comm || !out || !comm->allgather || !comm->broadcast) {
@@ -91,26 +110,46 @@ extern "C" kiln_status* kiln_build_once(const kiln_build_config* c, const void* 
     return ToC(MakeError(ErrorCode::kRankEnvInvalid, "process group rank {} of size {}", comm->rank,
                          comm->size));
   }
-  for (auto [name, v] : {std::pair{"join_timeout", join_timeout_s},
-                         {"wait_timeout", wait_timeout_s},
-                         {"transfer_timeout", transfer_timeout_s}}) {
+  kiln_build_once_options o{};
+  if (opts) o = *opts;
+  if (o.join_timeout_s == 0) o.join_timeout_s = 60;
+  if (o.wait_timeout_s == 0) o.wait_timeout_s = 1800;
+  if (o.transfer_timeout_s == 0) o.transfer_timeout_s = 300;
+  for (auto [name, v] : {std::pair{"join_timeout", o.join_timeout_s},
+                         {"wait_timeout", o.wait_timeout_s},
+                         {"transfer_timeout", o.transfer_timeout_s}}) {
     if (Status s = CheckBound(name, v); !s.ok()) return ToC(s);
+  }
+  distributed::BuildOnceOptions options;
+  if (o.build_on) {
+    auto build_on = distributed::ParseBuildOn(o.build_on);
+    if (!build_on.ok()) return ToC(build_on.status());
+    options.build_on = *build_on;
+  }
+  if (o.cache_dir) {
+    if (!*o.cache_dir) {
+      return ToC(MakeError(ErrorCode::kInvalidArgument, "cache_dir is empty: give a directory"));
+    }
+    distributed::CacheOptions cache;
+    cache.dir = o.cache_dir;
+    cache.wait_timeout = Ms(o.wait_timeout_s);
+    cache.trust_shared = o.trust_shared_cache != 0;
+    options.cache = cache;
   }
   auto config = ResolveConfig(*c);
   if (!config.ok()) return ToC(config.status());
-  CallbackCommunicator group(*comm);
-  distributed::BuildOnceOptions options;
+  CallbackCommunicator group(*comm, o.join_timeout_s);
   options.transport = distributed::Transport::kMpi;  // control and bytes over `comm`
   options.comm = &group;
   // The process group is who this process is; the launcher's variables do not get a say.
   options.rank_overrides.rank = comm->rank;
   options.rank_overrides.world_size = comm->size;
-  options.join_timeout = Ms(join_timeout_s);
-  options.wait_timeout = Ms(wait_timeout_s);
-  options.transfer_timeout = Ms(transfer_timeout_s);
-  if (heartbeat_timeout_s > 0) {
-    options.heartbeat_timeout = Ms(heartbeat_timeout_s);
-    options.heartbeat_interval = std::min(Ms(1.0), Ms(heartbeat_timeout_s / 4));
+  options.join_timeout = Ms(o.join_timeout_s);
+  options.wait_timeout = Ms(o.wait_timeout_s);
+  options.transfer_timeout = Ms(o.transfer_timeout_s);
+  if (o.heartbeat_timeout_s > 0) {
+    options.heartbeat_timeout = Ms(o.heartbeat_timeout_s);
+    options.heartbeat_interval = std::min(Ms(1.0), Ms(o.heartbeat_timeout_s / 4));
     if (c->progress) {
       kiln_progress_fn fn = c->progress;
       void* user = c->progress_user;

@@ -1,6 +1,7 @@
-// BuildOnce: rank exchange and consistency checks, grouping by --build-on, one build (or cache
-// read) per group, a header broadcast that carries the builder's success or error, the bytes,
-// and a final exchange of per-rank timings for the report.
+// BuildOnce in phases: elect (rank exchange, consistency checks, groups by --build-on), then
+// build (the leader: one build or cache read per group, and a header that carries its success or
+// error) or receive (the others: a bounded wait for that header), relay (the bytes), and report
+// (a final exchange of per-rank timings).
 #include "kiln/distributed/build_once.h"
 
 #include <nlohmann/json.hpp>
@@ -318,6 +319,32 @@ Status WaitForResult(const BuildOnceOptions& options, Communicator& group, const
   }
 }
 
+// A process that has exited: no such pid, or a zombie its parent has not reaped yet (torchrun's
+// agent and multiprocessing reap their children only when they next look).
+bool ProcessExited(int64_t pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  // "pid (comm) S ...": the state follows the last ')' (comm may hold anything).
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
+  const char state = line[paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
+// A dying process closes its sockets a moment before it becomes a zombie: a peer that saw the
+// connection close looks again for up to `grace` before it calls the process alive.
+constexpr Millis kExitGrace{1000};
+bool ProcessGone(int64_t pid, Millis grace) {
+  const Deadline until = Clock::now() + grace;
+  while (!ProcessExited(pid)) {
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
 std::string_view CacheField(const BuildOnceOptions& options, Role leader_role) {
   if (!options.cache) return "none";
   switch (leader_role) {
@@ -328,6 +355,239 @@ std::string_view CacheField(const BuildOnceOptions& options, Role leader_role) {
     default:
       return "built";
   }
+}
+
+// ---- BuildOnce's phases: elect, build (the leader) or receive (the others), relay, report ----
+
+// The transport the options and the launch call for (kAuto resolved).
+StatusOr<Transport> ResolveTransport(const BuildOnceOptions& options, const RankInfo& me) {
+  if (options.transport != Transport::kAuto) return options.transport;
+  if (options.comm || (me.world_size > 1 && MpiAvailable())) return Transport::kMpi;
+  // torchrun or Slurm without MPI: meet in the cache.
+  if (me.world_size > 1 && options.cache) return Transport::kCache;
+  if (me.world_size > 1) {
+    return MakeError(
+        ErrorCode::kTransportUnavailable,
+        "world size {} (from {}) but MPI is not running: launch with mpirun or srun "
+        "--mpi, use --transport nccl (torchrun: control over TCP to MASTER_ADDR), or give a "
+        "shared cache directory (--cache-dir) for --transport cache",
+        me.world_size, me.launcher);
+  }
+  return Transport::kLocal;
+}
+
+// No communication: this process goes through the cache directory by itself (or builds alone).
+StatusOr<BuildOnceResult> BuildAlone(const CacheKey& key, const BuildOnceOptions& options,
+                                     const BuildFn& build, Transport transport, const RankInfo& me,
+                                     BuildOnceResult result) {
+  if (transport == Transport::kLocal && me.world_size > 1) {
+    return MakeError(ErrorCode::kTransportUnavailable,
+                     "--transport local with world size {} (from {}): use mpi, nccl or cache",
+                     me.world_size, me.launcher);
+  }
+  if (transport == Transport::kCache && !options.cache) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "--transport cache needs a cache directory (--cache-dir)");
+  }
+  LeaderOutcome out = RunLeader(key, options, build);
+  KILN_RETURN_IF_ERROR(out.bytes);
+  BuildOnceReport& report = result.report;
+  result.bytes = std::move(out.bytes).value();
+  report.builders = {me.rank};
+  report.cache = CacheField(options, out.role);
+  report.build_s = out.build_s;
+  report.bytes = result.bytes.size();
+  report.checksum = HashBytes(result.bytes).Hex();
+  report.ranks.push_back({me.rank, me.host, kRoleNames[out.role], out.wait_s, 0, out.build_s, 0});
+  return result;
+}
+
+// The communicator of the whole job: the caller's, or MPI's world, or (torchrun with --transport
+// nccl and no MPI) TCP through rank 0.
+StatusOr<std::unique_ptr<Communicator>> OpenWorld(const BuildOnceOptions& options,
+                                                  Transport transport, const RankInfo& me) {
+  if (transport == Transport::kNccl && !MpiAvailable() &&
+      (me.world_size == 1 || !me.master_addr.empty())) {
+    // Control messages, and so the NCCL unique id, go over TCP through rank 0 at
+    // MASTER_ADDR:MASTER_PORT + kTcpExchangePortOffset.
+    return TcpConnect(me, Clock::now() + options.join_timeout);
+  }
+  return MpiWorld();
+}
+
+// Who is in which group and who builds for it, as every rank of the job agreed.
+struct Election {
+  std::vector<HelloRecord> table;  // by transport rank
+  std::unique_ptr<Communicator> owned_group;
+  Communicator* group = nullptr;  // this rank's group (the world when there is one group)
+  bool leader = false;            // this rank builds for its group
+  HelloRecord leader_hello{};     // who does
+};
+
+// Elect: everyone says who they are (rank 0 names whoever does not arrive), every rank checks the
+// same table alike, the ranks form groups by build_on, and the lowest transport rank of each
+// group is its leader.
+StatusOr<Election> Elect(Communicator& world, const RankInfo& me, const CacheKey& key,
+                         const BuildOnceOptions& options, BuildOnceReport& report) {
+  const Clock::time_point t_hello = Clock::now();
+  HelloRecord hello{};
+  hello.claimed_rank = me.rank;
+  hello.claimed_world = me.world_size;
+  hello.local_rank = me.local_rank;
+  hello.transport_rank = world.rank();
+  hello.pid = getpid();
+  CopyText(hello.host, me.host);
+  CopyText(hello.node, me.node);
+  CopyText(hello.arch, key.arch);
+  CopyText(hello.key, report.key);
+  KILN_ASSIGN_OR_RETURN(std::vector<std::byte> table_bytes,
+                        world.AllGather(AsBytes(hello), Clock::now() + options.join_timeout,
+                                        "build-once rank exchange"));
+  Election e;
+  e.table = Unpack<HelloRecord>(table_bytes);
+  KILN_RETURN_IF_ERROR(CheckConsistency(e.table, world.size()));
+  const std::vector<int> colors = GroupColors(e.table, options.build_on);
+  KILN_RETURN_IF_ERROR(CheckKeys(e.table, colors, options.build_on == BuildOn::kPerArch));
+  report.handshake_s = SecondsSince(t_hello);
+  report.world_size = world.size();
+
+  std::map<int, int> leader_of;  // color -> transport rank of its leader
+  for (size_t i = 0; i < e.table.size(); ++i) {
+    if (!leader_of.count(colors[i])) leader_of[colors[i]] = static_cast<int>(i);
+  }
+  for (const auto& [color, leader] : leader_of)
+    report.builders.push_back(e.table[leader].claimed_rank);
+  e.group = &world;
+  if (leader_of.size() > 1) {
+    KILN_ASSIGN_OR_RETURN(e.owned_group, world.Split(colors[world.rank()], world.rank()));
+    e.group = e.owned_group.get();
+  }
+  e.leader = e.group->rank() == 0;
+  e.leader_hello = e.table[leader_of[colors[world.rank()]]];
+  return e;
+}
+
+// Build (the leader): build or read the cache, with heartbeats to the group when asked, then send
+// the group the header that carries the verdict (size and checksum, or the error).
+Status Build(const CacheKey& key, const BuildOnceOptions& options, const BuildFn& build,
+             Communicator& group, BuildOnceResult& result, ResultHeader& header,
+             StatsRecord& stats) {
+  LeaderOutcome out = options.heartbeat_interval.count() > 0 && group.size() > 1
+                          ? RunLeaderWithHeartbeats(key, options, build, group)
+                          : RunLeader(key, options, build);
+  stats.role = out.role;
+  stats.wait_s = out.wait_s;
+  stats.build_s = out.build_s;
+  header.outcome = out.role;
+  header.build_s = out.build_s;
+  if (out.bytes.ok()) {
+    result.bytes = std::move(out.bytes).value();
+    const Hash128 h = HashBytes(result.bytes);
+    header.size = result.bytes.size();
+    header.hash_high = h.high;
+    header.hash_low = h.low;
+  } else {
+    header.code = static_cast<int32_t>(out.bytes.status().code());
+    CopyText(header.message, out.bytes.status().ToString());
+  }
+  KILN_RETURN_IF_ERROR_CTX(
+      group.Broadcast(std::as_writable_bytes(std::span(&header, 1)), 0,
+                      Clock::now() + options.transfer_timeout, "result header"),
+      "sending the build result to the group");
+  return out.bytes.status();
+}
+
+// Receive (the others): wait, bounded, for the leader's verdict; a leader that failed fails this
+// rank with its error, one that died or hangs is named as such.
+Status Receive(const BuildOnceOptions& options, const Election& e, const RankInfo& me,
+               BuildOnceResult& result, ResultHeader& header, StatsRecord& stats) {
+  const Clock::time_point t_wait = Clock::now();
+  const HelloRecord& builder = e.leader_hello;
+  if (Status s = WaitForResult(options, *e.group, Who(builder), &header); !s.ok()) {
+    Status explained = ExplainBuilderWait(s, Who(builder), Text(builder.host, sizeof(builder.host)),
+                                          builder.pid, me.host);
+    // A missed heartbeat from a builder still alive stays what it is (hung or left the job).
+    if (s.code() == ErrorCode::kRankMissing && explained.code() != ErrorCode::kBuilderLost) {
+      return s;
+    }
+    return explained;
+  }
+  stats.wait_s = SecondsSince(t_wait);
+  if (header.code != 0) {
+    return MakeError(ErrorCode::kBuildFailedOnBuilder, "the builder {} failed: {}", Who(builder),
+                     Text(header.message, sizeof(header.message)));
+  }
+  result.bytes.resize(header.size);
+  return OkStatus();
+}
+
+// Relay: the bytes from the leader to its group (NCCL when asked, else the control communicator);
+// the others check them against the leader's checksum and verify them.
+Status Relay(const BuildOnceOptions& options, Transport transport, const Election& e,
+             const RankInfo& me, const ResultHeader& header, BuildOnceResult& result,
+             StatsRecord& stats) {
+  Communicator& group = *e.group;
+  std::unique_ptr<BulkTransport> bulk;
+  if (transport == Transport::kNccl) {
+    // The set-up gets --join-timeout less a reserve in which every rank learns how the others'
+    // set-up went, so that a rank stuck in it (or gone) is named on every rank that is not.
+    const Clock::time_point t_setup = Clock::now();
+    const Deadline join_deadline = t_setup + options.join_timeout;
+    const Millis reserve = std::min<Millis>(std::chrono::seconds(5), options.join_timeout / 5);
+    StatusOr<std::unique_ptr<BulkTransport>> made =
+        options.bulk_factory(group, me, join_deadline - reserve);
+    KILN_RETURN_IF_ERROR(ShareSetupOutcome(group, made.status(), SecondsSince(t_setup),
+                                           std::max(join_deadline, Clock::now() + reserve)));
+    bulk = std::move(*made);
+    result.report.bulk_setup_s = bulk->setup_seconds();
+    stats.bulk_setup_s = result.report.bulk_setup_s;
+  }
+  const Clock::time_point t_xfer = Clock::now();
+  const Deadline xfer_deadline = Clock::now() + options.transfer_timeout;
+  Status sent = bulk ? bulk->Broadcast(result.bytes, 0, xfer_deadline)
+                     : group.Broadcast(result.bytes, 0, xfer_deadline, "engine bytes");
+  if (!sent.ok() && !e.leader) {
+    // The builder died (or hangs) mid-transfer: say so (KILN-E7020), not the broken connection.
+    sent = ExplainBuilderWait(std::move(sent), Who(e.leader_hello),
+                              Text(e.leader_hello.host, sizeof(e.leader_hello.host)),
+                              e.leader_hello.pid, me.host);
+  }
+  KILN_RETURN_IF_ERROR_CTX(sent, "sharing {} engine bytes from {}", header.size,
+                           Who(e.leader_hello));
+  stats.transfer_s = SecondsSince(t_xfer);
+  if (e.leader) return OkStatus();
+  const Hash128 got = HashBytes(result.bytes);
+  if (got != Hash128{header.hash_high, header.hash_low}) {
+    return MakeError(ErrorCode::kTransferCorrupt,
+                     "received {} bytes from {} hash to {}, the builder's to {}",
+                     result.bytes.size(), Who(e.leader_hello), got.Hex(),
+                     Hash128{header.hash_high, header.hash_low}.Hex());
+  }
+  if (options.verify)
+    KILN_RETURN_IF_ERROR_CTX(options.verify(result.bytes), "verifying the received engine");
+  return OkStatus();
+}
+
+// Report: who did what (every rank gets the whole table).
+Status ShareReport(Communicator& world, const BuildOnceOptions& options, const Election& e,
+                   const StatsRecord& stats, const ResultHeader& header, BuildOnceResult& result) {
+  KILN_ASSIGN_OR_RETURN(std::vector<std::byte> stats_bytes,
+                        world.AllGather(AsBytes(stats), Clock::now() + options.join_timeout,
+                                        "build-once report exchange"));
+  BuildOnceReport& report = result.report;
+  const std::vector<StatsRecord> all = Unpack<StatsRecord>(stats_bytes);
+  for (size_t i = 0; i < all.size(); ++i) {
+    report.ranks.push_back({all[i].rank, Text(e.table[i].host, sizeof(e.table[i].host)),
+                            kRoleNames[all[i].role], all[i].wait_s, all[i].transfer_s,
+                            all[i].build_s, all[i].bulk_setup_s});
+  }
+  std::sort(report.ranks.begin(), report.ranks.end(),
+            [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
+  report.cache = CacheField(options, static_cast<Role>(header.outcome));
+  report.build_s = header.build_s;
+  report.bytes = result.bytes.size();
+  report.checksum = Hash128{header.hash_high, header.hash_low}.Hex();
+  return OkStatus();
 }
 
 }  // namespace
@@ -388,45 +648,24 @@ std::string BuildOnceReport::ToJson() const {
   return j.dump(2);
 }
 
-namespace {
-
-// A process that has exited, including one its parent has not reaped yet (a zombie answers
-// kill(pid, 0) like a live one).
-bool ProcessGone(int64_t pid) {
-  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat_file(fmt::format("/proc/{}/stat", pid));
-  std::string text;
-  std::getline(stat_file, text);
-  const size_t paren = text.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= text.size()) return false;
-  const char state = text[paren + 2];
-  return state == 'Z' || state == 'X';
-}
-
-}  // namespace
 
 Status ExplainBuilderWait(Status wait_error, std::string_view builder,
                           std::string_view builder_host, int64_t builder_pid,
                           std::string_view my_host) {
   const ErrorCode code = wait_error.code();
+  // A communicator that failed (rather than timed out) says a peer broke the connection.
+  const bool failed = code == ErrorCode::kCommFailed || code == ErrorCode::kProcessGroupFailed;
   if (code != ErrorCode::kCommInitTimeout && code != ErrorCode::kCollectiveTimeout &&
-      code != ErrorCode::kRankMissing && code != ErrorCode::kCommFailed) {
+      code != ErrorCode::kRankMissing && !failed) {
     return wait_error;
   }
   if (builder_host == my_host && builder_pid > 0) {
-    bool gone = ProcessGone(builder_pid);
-    // A dropped connection is seen while the dying builder is still being torn down (its sockets
-    // close before it exits): give it a moment to finish dying.
-    for (int i = 0; !gone && code == ErrorCode::kCommFailed && i < 20; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      gone = ProcessGone(builder_pid);
-    }
-    if (gone) {
+    if (ProcessGone(builder_pid, failed ? kExitGrace : Millis(0))) {
       return MakeError(ErrorCode::kBuilderLost,
                        "the builder {} died before it sent the engine: its process is gone ({})",
                        builder, wait_error.message());
     }
-    if (code == ErrorCode::kCommFailed) return wait_error;
+    if (failed) return wait_error;
     return MakeError(ErrorCode::kCacheWaitTimeout,
                      "the builder {} is still running but sent no result within the bound ({})",
                      builder, wait_error.message());
@@ -453,23 +692,7 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
     }
   }
   KILN_ASSIGN_OR_RETURN(RankInfo me, DiscoverRank(options.rank_overrides));
-  Transport transport = options.transport;
-  if (transport == Transport::kAuto) {
-    if (options.comm || (me.world_size > 1 && MpiAvailable())) {
-      transport = Transport::kMpi;
-    } else if (me.world_size > 1 && options.cache) {
-      transport = Transport::kCache;  // torchrun or Slurm without MPI: meet in the cache
-    } else if (me.world_size > 1) {
-      return MakeError(
-          ErrorCode::kTransportUnavailable,
-          "world size {} (from {}) but MPI is not running: launch with mpirun or srun "
-          "--mpi, use --transport nccl (torchrun: control over TCP to MASTER_ADDR), or give a "
-          "shared cache directory (--cache-dir) for --transport cache",
-          me.world_size, me.launcher);
-    } else {
-      transport = Transport::kLocal;
-    }
-  }
+  KILN_ASSIGN_OR_RETURN(Transport transport, ResolveTransport(options, me));
   BuildOnceResult result;
   BuildOnceReport& report = result.report;
   report.key = key.Hex();
@@ -478,41 +701,16 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
   report.world_size = me.world_size;
   report.rank = me.rank;
 
-  // The cache alone: each process of the job goes through the directory by itself.
   if (transport == Transport::kCache || (transport == Transport::kLocal && !options.comm)) {
-    if (transport == Transport::kLocal && me.world_size > 1) {
-      return MakeError(ErrorCode::kTransportUnavailable,
-                       "--transport local with world size {} (from {}): use mpi, nccl or cache",
-                       me.world_size, me.launcher);
-    }
-    if (transport == Transport::kCache && !options.cache) {
-      return MakeError(ErrorCode::kInvalidArgument,
-                       "--transport cache needs a cache directory (--cache-dir)");
-    }
-    LeaderOutcome out = RunLeader(key, options, build);
-    KILN_RETURN_IF_ERROR(out.bytes);
-    result.bytes = std::move(out.bytes).value();
-    report.builders = {me.rank};
-    report.cache = CacheField(options, out.role);
-    report.build_s = out.build_s;
-    report.bytes = result.bytes.size();
-    report.checksum = HashBytes(result.bytes).Hex();
-    report.ranks.push_back({me.rank, me.host, kRoleNames[out.role], out.wait_s, 0, out.build_s, 0});
-    report.total_s = SecondsSince(start);
+    KILN_ASSIGN_OR_RETURN(result,
+                          BuildAlone(key, options, build, transport, me, std::move(result)));
+    result.report.total_s = SecondsSince(start);
     return result;
   }
-
   std::unique_ptr<Communicator> owned_world;
   Communicator* world = options.comm;
   if (world == nullptr) {
-    if (transport == Transport::kNccl && !MpiAvailable() &&
-        (me.world_size == 1 || !me.master_addr.empty())) {
-      // A launch without MPI (torchrun): control messages, and so the NCCL unique id, go over
-      // TCP through rank 0 at MASTER_ADDR:MASTER_PORT + kTcpExchangePortOffset.
-      KILN_ASSIGN_OR_RETURN(owned_world, TcpConnect(me, Clock::now() + options.join_timeout));
-    } else {
-      KILN_ASSIGN_OR_RETURN(owned_world, MpiWorld());
-    }
+    KILN_ASSIGN_OR_RETURN(owned_world, OpenWorld(options, transport, me));
     world = owned_world.get();
   }
   if (transport != Transport::kNccl) report.transport = world->kind();
@@ -522,147 +720,16 @@ StatusOr<BuildOnceResult> BuildOnce(const CacheKey& key, const BuildOnceOptions&
         "--transport nccl, but this kiln was built without NCCL (no CUDA toolkit at build time)");
   }
 
-  // 1. Everyone says who they are; rank 0 names whoever does not arrive.
-  const Clock::time_point t_hello = Clock::now();
-  HelloRecord hello{};
-  hello.claimed_rank = me.rank;
-  hello.claimed_world = me.world_size;
-  hello.local_rank = me.local_rank;
-  hello.transport_rank = world->rank();
-  hello.pid = getpid();
-  CopyText(hello.host, me.host);
-  CopyText(hello.node, me.node);
-  CopyText(hello.arch, key.arch);
-  CopyText(hello.key, report.key);
-  KILN_ASSIGN_OR_RETURN(std::vector<std::byte> table_bytes,
-                        world->AllGather(AsBytes(hello), Clock::now() + options.join_timeout,
-                                         "build-once rank exchange"));
-  const std::vector<HelloRecord> table = Unpack<HelloRecord>(table_bytes);
-  KILN_RETURN_IF_ERROR(CheckConsistency(table, world->size()));
-  const std::vector<int> colors = GroupColors(table, options.build_on);
-  KILN_RETURN_IF_ERROR(CheckKeys(table, colors, options.build_on == BuildOn::kPerArch));
-  report.handshake_s = SecondsSince(t_hello);
-  report.world_size = world->size();
-
-  // 2. Groups: the lowest transport rank of each group builds for it.
-  std::map<int, int> leader_of;  // color -> transport rank of its leader
-  for (size_t i = 0; i < table.size(); ++i) {
-    if (!leader_of.count(colors[i])) leader_of[colors[i]] = static_cast<int>(i);
-  }
-  for (const auto& [color, leader] : leader_of)
-    report.builders.push_back(table[leader].claimed_rank);
-  std::unique_ptr<Communicator> owned_group;
-  Communicator* group = world;
-  if (leader_of.size() > 1) {
-    KILN_ASSIGN_OR_RETURN(owned_group, world->Split(colors[world->rank()], world->rank()));
-    group = owned_group.get();
-  }
-  const bool leader = group->rank() == 0;
-  const HelloRecord& leader_hello = table[leader_of[colors[world->rank()]]];
-
-  // 3. The leader builds (or reads the cache); the header carries its verdict to the group.
+  KILN_ASSIGN_OR_RETURN(Election election, Elect(*world, me, key, options, report));
   StatsRecord stats{me.rank, kReceived, 0, 0, 0, 0};
   ResultHeader header{};
-  if (leader) {
-    LeaderOutcome out = options.heartbeat_interval.count() > 0 && group->size() > 1
-                            ? RunLeaderWithHeartbeats(key, options, build, *group)
-                            : RunLeader(key, options, build);
-    stats.role = out.role;
-    stats.wait_s = out.wait_s;
-    stats.build_s = out.build_s;
-    header.outcome = out.role;
-    header.build_s = out.build_s;
-    if (out.bytes.ok()) {
-      result.bytes = std::move(out.bytes).value();
-      const Hash128 h = HashBytes(result.bytes);
-      header.size = result.bytes.size();
-      header.hash_high = h.high;
-      header.hash_low = h.low;
-    } else {
-      header.code = static_cast<int32_t>(out.bytes.status().code());
-      CopyText(header.message, out.bytes.status().ToString());
-    }
-    KILN_RETURN_IF_ERROR_CTX(
-        group->Broadcast(std::as_writable_bytes(std::span(&header, 1)), 0,
-                         Clock::now() + options.transfer_timeout, "result header"),
-        "sending the build result to the group");
-    KILN_RETURN_IF_ERROR(out.bytes);
+  if (election.leader) {
+    KILN_RETURN_IF_ERROR(Build(key, options, build, *election.group, result, header, stats));
   } else {
-    const Clock::time_point t_wait = Clock::now();
-    if (Status s = WaitForResult(options, *group, Who(leader_hello), &header); !s.ok()) {
-      Status explained = ExplainBuilderWait(s, Who(leader_hello),
-                                            Text(leader_hello.host, sizeof(leader_hello.host)),
-                                            leader_hello.pid, me.host);
-      // A missed heartbeat from a builder still alive stays what it is (hung or left the job).
-      if (s.code() == ErrorCode::kRankMissing && explained.code() != ErrorCode::kBuilderLost) {
-        return s;
-      }
-      return explained;
-    }
-    stats.wait_s = SecondsSince(t_wait);
-    if (header.code != 0) {
-      return MakeError(ErrorCode::kBuildFailedOnBuilder, "the builder {} failed: {}",
-                       Who(leader_hello), Text(header.message, sizeof(header.message)));
-    }
-    result.bytes.resize(header.size);
+    KILN_RETURN_IF_ERROR(Receive(options, election, me, result, header, stats));
   }
-
-  // 4. The bytes.
-  std::unique_ptr<BulkTransport> bulk;
-  if (transport == Transport::kNccl) {
-    // The set-up gets --join-timeout less a reserve in which every rank learns how the others'
-    // set-up went, so that a rank stuck in it (or gone) is named on every rank that is not.
-    const Clock::time_point t_setup = Clock::now();
-    const Deadline join_deadline = t_setup + options.join_timeout;
-    const Millis reserve = std::min<Millis>(std::chrono::seconds(5), options.join_timeout / 5);
-    StatusOr<std::unique_ptr<BulkTransport>> made =
-        options.bulk_factory(*group, me, join_deadline - reserve);
-    KILN_RETURN_IF_ERROR(ShareSetupOutcome(*group, made.status(), SecondsSince(t_setup),
-                                           std::max(join_deadline, Clock::now() + reserve)));
-    bulk = std::move(*made);
-    report.bulk_setup_s = bulk->setup_seconds();
-    stats.bulk_setup_s = report.bulk_setup_s;
-  }
-  const Clock::time_point t_xfer = Clock::now();
-  const Deadline xfer_deadline = Clock::now() + options.transfer_timeout;
-  Status sent = bulk ? bulk->Broadcast(result.bytes, 0, xfer_deadline)
-                     : group->Broadcast(result.bytes, 0, xfer_deadline, "engine bytes");
-  if (!sent.ok() && !leader) {
-    // The builder died (or hangs) mid-transfer: say so (KILN-E7020), not the broken connection.
-    sent = ExplainBuilderWait(std::move(sent), Who(leader_hello),
-                              Text(leader_hello.host, sizeof(leader_hello.host)), leader_hello.pid,
-                              me.host);
-  }
-  KILN_RETURN_IF_ERROR_CTX(sent, "sharing {} engine bytes from {}", header.size, Who(leader_hello));
-  stats.transfer_s = SecondsSince(t_xfer);
-  if (!leader) {
-    const Hash128 got = HashBytes(result.bytes);
-    if (got != Hash128{header.hash_high, header.hash_low}) {
-      return MakeError(ErrorCode::kTransferCorrupt,
-                       "received {} bytes from {} hash to {}, the builder's to {}",
-                       result.bytes.size(), Who(leader_hello), got.Hex(),
-                       Hash128{header.hash_high, header.hash_low}.Hex());
-    }
-    if (options.verify)
-      KILN_RETURN_IF_ERROR_CTX(options.verify(result.bytes), "verifying the received engine");
-  }
-
-  // 5. Who did what, for the report (every rank gets the whole table).
-  KILN_ASSIGN_OR_RETURN(std::vector<std::byte> stats_bytes,
-                        world->AllGather(AsBytes(stats), Clock::now() + options.join_timeout,
-                                         "build-once report exchange"));
-  const std::vector<StatsRecord> all = Unpack<StatsRecord>(stats_bytes);
-  for (size_t i = 0; i < all.size(); ++i) {
-    report.ranks.push_back({all[i].rank, Text(table[i].host, sizeof(table[i].host)),
-                            kRoleNames[all[i].role], all[i].wait_s, all[i].transfer_s,
-                            all[i].build_s, all[i].bulk_setup_s});
-  }
-  std::sort(report.ranks.begin(), report.ranks.end(),
-            [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
-  report.cache = CacheField(options, static_cast<Role>(header.outcome));
-  report.build_s = header.build_s;
-  report.bytes = result.bytes.size();
-  report.checksum = Hash128{header.hash_high, header.hash_low}.Hex();
+  KILN_RETURN_IF_ERROR(Relay(options, transport, election, me, header, result, stats));
+  KILN_RETURN_IF_ERROR(ShareReport(*world, options, election, stats, header, result));
   report.total_s = SecondsSince(start);
   return result;
 }
