@@ -3,8 +3,8 @@
 # Exports the model with bench/cuda/export_models.py, then builds it FP16 at a fixed batch with
 # --opt-level 0, the default, 5, the default with serial set-up (KILN_BUILD_SETUP_THREADS=1), and
 # twice on one timing cache (cold, then warm); times each engine with `kiln run` (CUDA graph,
-# compute_ms). Reports go to $OUT/build_<model>_<variant>.json, the summary to
-# $OUT/build_times_<model>.json and stdout.
+# compute_ms). The summary (each report's phase times and time_breakdown) goes to
+# $OUT/build_times_<model>.json and stdout, the build logs to $OUT/build_times_<model>.log.
 #
 #   run(carry=[".bundle.tgz"]): source scripts/gpu_env.sh && scripts/gpu_build_times.sh resnet50 32
 set -uo pipefail
@@ -15,9 +15,8 @@ kiln=${KILN:-.bundle/bin/kiln}
 work=$(mktemp -d)
 mkdir -p "$out"
 timeout 240 python3 bench/cuda/export_models.py --out "$work" --models "$model" --batches "$batch" \
-  > "$out/export_$model.log" 2>&1 || { echo "export of $model failed"; tail -5 "$out/export_$model.log"; exit 1; }
-onnx="$work/$model.onnx"
-[ -f "$onnx" ] || onnx=$(ls "$work"/*.onnx | head -1)
+  > "$work/export.log" 2>&1 || { echo "export of $model failed"; tail -5 "$work/export.log"; exit 1; }
+onnx="$work/$model/model.onnx"   # export_models.py writes DIR/MODEL/model.onnx
 input=$(python3 -c "import onnx,sys; m=onnx.load('$onnx', load_external_data=False); print(m.graph.input[0].name)")
 dims=$(python3 -c "
 import onnx; m=onnx.load('$onnx', load_external_data=False)
@@ -29,18 +28,22 @@ profile="$input:$dims,$dims,$dims"
 build() {  # name, extra args...
   local name=$1; shift
   local t0 t1
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   timeout 300 "$kiln" build "$onnx" --backend cuda --fp16 --profile "$profile" \
-    -o "$work/$name.kiln" --report "$out/build_${model}_$name.json" "$@" > "$out/build_${model}_$name.log" 2>&1
+    -o "$work/$name.kiln" --report "$work/build_$name.json" "$@" > "$work/build_$name.log" 2>&1
   local rc=$?
-  t1=$(date +%s.%N)
+  [ $rc -eq 0 ] || tail -4 "$work/build_$name.log"
+  cat "$work/build_$name.log" >> "$out/build_times_$model.log"
+  t1=$(date +%s%N)
   local run_ms=""
   if [ $rc -eq 0 ]; then
     run_ms=$(timeout 120 "$kiln" run "$work/$name.kiln" --shapes "$shape" --json 2>/dev/null \
       | python3 -c "import json,sys; print(json.load(sys.stdin).get('compute_ms',{}).get('median',''))" 2>/dev/null)
   fi
-  printf '%s %s %.2f %s\n' "$name" "$rc" "$(echo "$t1 - $t0" | bc)" "$run_ms" >> "$work/summary.txt"
-  echo "$name rc=$rc wall=$(echo "$t1 - $t0" | bc)s run_ms=$run_ms"
+  local wall
+  wall=$(python3 -c "print(f'{($t1 - $t0) / 1e9:.2f}')")
+  echo "$name $rc $wall $run_ms" >> "$work/summary.txt"
+  echo "$name rc=$rc wall=${wall}s run_ms=$run_ms"
 }
 
 build level0 --opt-level 0
@@ -50,16 +53,16 @@ KILN_BUILD_SETUP_THREADS=1 build serial_setup
 build cache_cold --timing-cache "$work/tc.cache"
 build cache_warm --timing-cache "$work/tc.cache"
 
-python3 - "$work/summary.txt" "$out" "$model" "$batch" <<'EOF'
+python3 - "$work/summary.txt" "$work" "$model" "$batch" "$out" <<'EOF'
 import json, sys
-summary, out, model, batch = sys.argv[1:]
+summary, work, model, batch, out = sys.argv[1:]
 rows = []
 for line in open(summary):
     name, rc, wall, *rest = line.split()
     row = {"variant": name, "rc": int(rc), "wall_s": float(wall),
            "run_ms": float(rest[0]) if rest and rest[0] else None}
     try:
-        rep = json.load(open(f"{out}/build_{model}_{name}.json"))
+        rep = json.load(open(f"{work}/build_{name}.json"))
         tb = rep.get("time_breakdown", {})
         row.update({k: rep.get(k) for k in ("build_seconds", "phase_seconds")})
         row["time_breakdown"] = {k: v for k, v in tb.items() if not isinstance(v, list)}
