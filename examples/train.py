@@ -110,6 +110,7 @@ class Sampler:
             except OSError:
                 self.nvml = None
         self.util, self.mem = [], []
+        self._cpu_start = (time.process_time(), time.monotonic())
         self._stop = threading.Event()
         self._thread = None
 
@@ -124,8 +125,14 @@ class Sampler:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
+    def _cpu_share(self, cpu0, t0, cpu1, t1):
+        # This process's CPU time over the window, as a share of every core; clamped because
+        # process_time and monotonic tick at different granularities.
+        share = 100.0 * (cpu1 - cpu0) / max(t1 - t0, 1e-9) / (os.cpu_count() or 1)
+        return min(100.0, max(0.0, share))
+
     def _run(self):
-        cpu0, t0 = time.process_time(), time.monotonic()
+        cpu0, t0 = self._cpu_start
         while not self._stop.wait(self.interval):
             if self.nvml is not None:
                 u = self.nvml.utilization()
@@ -133,12 +140,13 @@ class Sampler:
                     self.util.append(u)
             elif self.device.type == "cpu":
                 cpu1, t1 = time.process_time(), time.monotonic()
-                self.util.append(100.0 * (cpu1 - cpu0) / max(t1 - t0, 1e-9) / os.cpu_count())
+                self.util.append(self._cpu_share(cpu0, t0, cpu1, t1))
                 cpu0, t0 = cpu1, t1
             self.mem.append(self.memory_now())
 
     def start(self):
         self.util, self.mem = [], [self.memory_now()]
+        self._cpu_start = (time.process_time(), time.monotonic())
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -147,6 +155,9 @@ class Sampler:
         self._stop.set()
         self._thread.join()
         self.mem.append(self.memory_now())
+        if not self.util and self.device.type == "cpu":
+            # An epoch shorter than one sampling interval: one sample over the whole epoch.
+            self.util.append(self._cpu_share(*self._cpu_start, time.process_time(), time.monotonic()))
         util = statistics.fmean(self.util) if self.util else None
         return util, max(self.mem)
 
@@ -332,7 +343,13 @@ def main():
     judged = [k for k in checks if use_cuda or k != "util"]
     ok = all(r["ok"] for r in rows) and all(checks[k][0] is not False for k in judged)
     dist.destroy_process_group()
-    return 0 if ok else 1
+    # Exit here, before main()'s locals are torn down: under torchrun with gloo, torch 1.13's
+    # teardown of the DDP model joins a torch thread that is waiting for the GIL the joining thread
+    # holds (gdb: the main thread in pthread_join, the other in PyEval_AcquireThread), about one run
+    # in two. Everything this job had to do is done and written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if ok else 1)
 
 
 def print_tables(rows, world, args, pg_init_s, checks, use_cuda):
@@ -366,9 +383,4 @@ def print_tables(rows, world, args, pg_init_s, checks, use_cuda):
 
 
 if __name__ == "__main__":
-    status = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Not sys.exit: under torchrun with gloo and two or more epochs, interpreter shutdown was seen
-    # to hang in native code after main() returned (not yet understood); the work is done here.
-    os._exit(status)
+    main()  # ends the process itself (os._exit), see the end of main()
