@@ -192,7 +192,9 @@ def test_context_used_from_two_threads(engine, mlp):
 def test_one_context_raced_by_two_threads(engine, mlp):
     # Two threads call run() on one context as fast as they can, with different batch sizes (so
     # a torn binding would show as a wrong shape or wrong values, or crash): every call either
-    # gives the right answer or raises KILN-E5011, and both outcomes happen.
+    # gives the right answer or raises KILN-E5011. Whether the threads ever overlap is up to the
+    # scheduler (a loaded two-core CI machine ran all 600 calls without one), so E5011 itself is
+    # asserted deterministically by test_context_used_from_two_threads above, not here.
     ctx = engine.create_execution_context()
     xs = {1: torch.randn(1, 8), 16: torch.randn(16, 8)}
     expected = {b: mlp(x).detach() for b, x in xs.items()}
@@ -224,7 +226,7 @@ def test_one_context_raced_by_two_threads(engine, mlp):
         t.join(60)
     assert not bad, bad[:3]
     assert outcomes["ok"] + outcomes["busy"] == 600
-    assert outcomes["ok"] > 0 and outcomes["busy"] > 0, outcomes
+    assert outcomes["ok"] > 0, outcomes
     # Free again afterwards, for either thread's shapes.
     torch.testing.assert_close(ctx(xs[16]), expected[16], rtol=1e-4, atol=1e-5)
 
