@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <unordered_map>
 
@@ -29,8 +30,19 @@ double ConstantAbsMax(const Tensor& t) {
   double m = 0;
   const int64_t n = t.num_elements();
   if (t.dtype() == DataType::kFloat32) {
+    // Eight running maxima the compiler can keep in one vector register; NaNs are skipped as
+    // std::max skips them (a comparison with NaN is false).
     const float* x = t.data<float>();
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(std::fabs(x[i])));
+    float lanes[8] = {};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      for (int j = 0; j < 8; ++j) {
+        const float a = std::fabs(x[i + j]);
+        lanes[j] = lanes[j] < a ? a : lanes[j];
+      }
+    }
+    for (; i < n; ++i) m = std::max(m, static_cast<double>(std::fabs(x[i])));
+    for (float l : lanes) m = std::max(m, static_cast<double>(l));
   } else {
     for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(t.GetDouble(i)));
   }
@@ -62,14 +74,15 @@ bool IsMaskOperand(const Node& node, size_t i) {
 }
 
 // A constant in FP16 with out-of-range values saturated to +-65504 rather than +-inf (only mask
-// operands reach here with such values: the range guard keeps any other layer FP32).
-Tensor CastSaturating(const Tensor& src, DataType to) {
-  Tensor t = src.CastTo(to);
-  if (to != DataType::kFloat16) return t;
-  for (int64_t i = 0; i < t.num_elements(); ++i) {
-    double x = t.GetDouble(i);
-    if (std::isinf(x) && !std::isinf(src.GetDouble(i))) {
-      StoreFromDouble(t.view(), i, x > 0 ? 65504.0 : -65504.0);
+// operands reach here with such values: the range guard keeps any other layer FP32). `t` is
+// src already cast to `to`; only its infinities are looked at again.
+Tensor Saturate(const Tensor& src, Tensor t) {
+  if (t.dtype() != DataType::kFloat16) return t;
+  uint16_t* bits = t.mutable_data<uint16_t>();
+  const int64_t n = t.num_elements();
+  for (int64_t i = 0; i < n; ++i) {
+    if ((bits[i] & 0x7fffu) == 0x7c00u && !std::isinf(src.GetDouble(i))) {
+      bits[i] = (bits[i] & 0x8000u) ? 0xfbffu : 0x7bffu;  // -+65504
     }
   }
   return t;
@@ -97,7 +110,27 @@ class Assigner {
   std::unordered_map<const Value*, double> weight_absmax_;
   std::unordered_map<const Node*, LayerPrecision> decided_;
   std::unordered_map<const Value*, DataType> original_;
+  // Constants converted for the kernel queries, by source tensor and type: each weight is
+  // converted once, and the rewrite takes the same tensor. The keys stay valid: values (and the
+  // constants inside them) live until the graph is compacted, after AssignPrecision.
+  std::map<std::pair<const Tensor*, DataType>, std::unique_ptr<Tensor>> cast_constants_;
+  const Tensor& CastConstant(const Tensor& t, DataType to);
+  Tensor TakeCastConstant(const Tensor& t, DataType to);
 };
+
+const Tensor& Assigner::CastConstant(const Tensor& t, DataType to) {
+  auto [it, inserted] = cast_constants_.try_emplace({&t, to});
+  if (inserted) it->second = std::make_unique<Tensor>(t.CastTo(to));
+  return *it->second;
+}
+
+Tensor Assigner::TakeCastConstant(const Tensor& t, DataType to) {
+  auto it = cast_constants_.find({&t, to});
+  if (it == cast_constants_.end()) return t.CastTo(to);
+  Tensor out = std::move(*it->second);
+  cast_constants_.erase(it);
+  return out;
+}
 
 double Assigner::AbsMax(const Value* v) {
   auto [it, inserted] = weight_absmax_.try_emplace(v, 0.0);
@@ -116,14 +149,10 @@ bool Assigner::HasKernel(const Node& node, DataType dtype, const OpPrecisionRule
     }
   } add_elapsed{result_.kernel_query_seconds, start};
   KernelRequest r = options_.make_request(node);
-  std::vector<std::unique_ptr<Tensor>> converted;
   for (size_t i = 0; i < r.inputs.size(); ++i) {
     OperandDesc& d = r.inputs[i];
     if (!IsFloat(d.dtype) || Contains(rule.fixed_inputs, static_cast<int>(i))) continue;
-    if (d.constant && d.dtype != dtype) {
-      converted.push_back(std::make_unique<Tensor>(d.constant->CastTo(dtype)));
-      d.constant = converted.back().get();
-    }
+    if (d.constant && d.dtype != dtype) d.constant = &CastConstant(*d.constant, dtype);
     d.dtype = dtype;
   }
   for (OperandDesc& d : r.outputs) {
@@ -343,7 +372,7 @@ Status Assigner::Rewrite(const std::vector<Node*>& order) {
     Value* nv;
     if (v->constant()) {
       nv = graph_.AddConstant(graph_.UniqueName(fmt::format("{}_{}", v->name(), ToString(to))),
-                              CastSaturating(*v->constant(), to));
+                              Saturate(*v->constant(), TakeCastConstant(*v->constant(), to)));
       ++result_.weights_converted;
     } else {
       nv = graph_.AddValue(graph_.UniqueName(fmt::format("{}_{}", v->name(), ToString(to))), to);
