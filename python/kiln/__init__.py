@@ -66,9 +66,20 @@ def version() -> str:
 
 # ---- tensors --------------------------------------------------------------------------------
 
+_TORCH = None
+
+
 def _torch():
-    import torch  # imported on use: building from ONNX needs no torch
-    return torch
+    global _TORCH
+    if _TORCH is None:
+        import torch  # imported on use: building from ONNX needs no torch
+        _TORCH = torch
+    return _TORCH
+
+
+def _current_raw_stream():
+    """torch's getter of the current CUDA stream's handle by device index, or None."""
+    return getattr(_torch()._C, "_cuda_getCurrentRawStream", None)
 
 
 _DTYPE_CODES: Dict[Any, int] = {}
@@ -240,10 +251,13 @@ class ExecutionContext:
         self._h = h
         self._slots = {t.name: _Slot(t.name) for t in engine.inputs + engine.outputs}
         self._input_names = [t.name for t in engine.inputs]
+        self._input_set = frozenset(self._input_names)
         self._output_names = [t.name for t in engine.outputs]
         self._shape_dims = (ctypes.c_int64 * _lib.KILN_MAX_DIMS)()
         self._shape_ndim = ctypes.c_int32()
         self._output_dtypes = {t.name: t.dtype for t in engine.outputs}
+        # Output shapes of the bound inputs, kept while no input binding changes.
+        self._out_shapes: Dict[str, Tuple[int, ...]] = {}
         self._cuda = engine.backend == "cuda"
         # The GPU the context's memory lives on (the current one at creation).
         self._device_index = _torch().cuda.current_device() if self._cuda else None
@@ -282,6 +296,8 @@ class ExecutionContext:
     def _bind(self, name: str, tensor) -> None:
         slot = self._slot(name)
         slot.key = None
+        if name in self._input_set:
+            self._out_shapes.clear()
         if self._cuda and tensor.device.type == "cuda" and tensor.device.index != self._device_index:
             raise _error(5012, f"tensor '{name}' is on {tensor.device}; this context was created "
                          f"on cuda:{self._device_index}")
@@ -302,8 +318,8 @@ class ExecutionContext:
         return tuple(self._shape_dims[:self._shape_ndim.value])
 
     def execute(self, stream=None) -> None:
-        """Enqueues the engine on `stream` (CUDA engines: torch.cuda.current_stream() when None);
-        no device-wide synchronisation."""
+        """Enqueues the engine on `stream` (CUDA engines: torch's current stream of the context's
+        GPU when None); no device-wide synchronisation."""
         self._claim()
         try:
             _raise_status(lib.kiln_context_execute(self._h, self._stream_ptr(stream)))
@@ -314,7 +330,12 @@ class ExecutionContext:
         if not self._cuda:
             return None
         if stream is None:
-            stream = _torch().cuda.current_stream()
+            # The current stream's handle without building a torch.cuda.Stream object (a few
+            # microseconds per call on torch 2.x); torch.cuda.current_stream() where torch lacks it.
+            raw = _current_raw_stream()
+            if raw is not None:
+                return raw(self._device_index)
+            stream = _torch().cuda.current_stream(self._device_index)
         return stream if isinstance(stream, int) else stream.cuda_stream
 
     def run(self, inputs, outputs: Optional[Mapping[str, Any]] = None,
@@ -329,32 +350,41 @@ class ExecutionContext:
             self._lock.release()
 
     def _run(self, inputs, outputs, stream) -> Dict[str, Any]:
-        torch = _torch()
         if isinstance(inputs, Mapping):
             items = list(inputs.items())
         else:
-            if isinstance(inputs, torch.Tensor):
-                inputs = [inputs]
-            inputs = list(inputs)
+            if isinstance(inputs, _torch().Tensor):
+                inputs = (inputs,)
+            elif not isinstance(inputs, (list, tuple)):
+                inputs = list(inputs)
             if len(inputs) != len(self._input_names):
                 raise _error(5000, f"{len(inputs)} inputs given; the engine takes "
                              f"{len(self._input_names)}: {self._input_names}")
-            items = list(zip(self._input_names, inputs))
-        given = dict(outputs or {})
+            items = zip(self._input_names, inputs)
+        given = dict(outputs) if outputs else None
         result: Dict[str, Any] = {}
         try:
             # Tensors bound by the last run with the same memory, shape, strides, dtype and device
-            # stay bound (the engine reads the memory at every execute); new input shapes re-check
-            # every output.
-            changed = [self._bind_cached(name, t, False) for name, t in items]
-            force = any(changed)
+            # stay bound (the engine reads the memory at every execute); new input bindings
+            # re-check every output and the output shapes are asked again.
+            changed = False
+            first = None
+            for name, t in items:
+                if first is None:
+                    first = t
+                if self._bind_cached(name, t, False):
+                    changed = True
+            if changed:
+                self._out_shapes.clear()
             for name in self._output_names:
-                out = given.pop(name, None)
+                out = given.pop(name, None) if given else None
                 if out is None:
-                    device = items[0][1].device if (items and self._cuda) else "cpu"
-                    out = torch.empty(self._shape(name), dtype=self._output_dtypes[name],
-                                      device=device)
-                self._bind_cached(name, out, force)
+                    shape = self._out_shapes.get(name)
+                    if shape is None:
+                        shape = self._out_shapes[name] = self._shape(name)
+                    device = first.device if (first is not None and self._cuda) else "cpu"
+                    out = _torch().empty(shape, dtype=self._output_dtypes[name], device=device)
+                self._bind_cached(name, out, changed)
                 result[name] = out
             if given:
                 raise _error(5005, f"outputs {sorted(given)} are not engine outputs; the engine "
@@ -363,6 +393,7 @@ class ExecutionContext:
         except BaseException:
             for slot in self._slots.values():
                 slot.key = None
+            self._out_shapes.clear()
             lib.kiln_context_release(self._h)
             raise
         return result

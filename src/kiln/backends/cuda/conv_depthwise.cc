@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "kiln/backends/cuda/blas_kernels.h"
 #include "kiln/backends/cuda/conv_depthwise.h"
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/cuda/cuda_kernel.h"
@@ -17,6 +18,9 @@
 
 namespace kiln::cuda {
 namespace {
+
+// The kernel computes the activation with activation.cuh's Activate, which takes the same list.
+static_assert(static_cast<int>(BlasAct::kGeluTanh) == static_cast<int>(FusedActivation::kGeluTanh));
 
 constexpr int64_t kMaxTaps = 7;  // per spatial axis
 

@@ -6,33 +6,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kiln/backends/cuda/activation.cuh"
 #include "kiln/backends/cuda/conv_depthwise.h"
 #include "kiln/backends/cuda/device_util.cuh"
 
 namespace kiln::cuda {
 namespace {
-
-// Same formulas as the CPU backend's ApplyActivation (kiln::FusedActivation's order).
-__device__ __forceinline__ float DwActivate(int act, float x, float lo, float hi) {
-  switch (act) {
-    case 1:  // relu
-      return x > 0.f ? x : 0.f;
-    case 2:  // clip
-      return fminf(fmaxf(x, lo), hi);
-    case 3:  // sigmoid
-      return 1.f / (1.f + expf(-x));
-    case 4:  // hardswish
-      return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
-    case 5:  // silu
-      return x / (1.f + expf(-x));
-    case 6:  // gelu
-      return 0.5f * x * (1.f + erff(x * 0.70710678f));
-    case 7:  // gelu_tanh
-      return 0.5f * x * (1.f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
-    default:
-      return x;
-  }
-}
 
 template <typename T, int kVec>
 struct alignas(sizeof(T) * kVec) DwVec {
@@ -85,7 +64,7 @@ __global__ void DepthwiseConvKernel(DepthwiseConvArgs a) {
       float v = acc[e];
       if (bias) v += Load(bv.v[e]);
       if (z) v += Load(zv.v[e]);
-      ov.v[e] = Store<T>(DwActivate(a.act, v, a.act_min, a.act_max));
+      ov.v[e] = Store<T>(Activate(static_cast<BlasAct>(a.act), v, a.act_min, a.act_max));
     }
     *reinterpret_cast<V*>(y + out) = ov;
   }

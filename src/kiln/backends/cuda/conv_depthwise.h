@@ -18,7 +18,8 @@ struct DepthwiseConvArgs {
   void* y = nullptr;           // [n, oh, ow, c]
   int64_t n = 0, h = 0, w_in = 0, c = 0, oh = 0, ow = 0;
   int r = 1, s = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
-  // FusedActivation's value (kiln/ops/fused.h; kept out of nvcc's way) and the clip bounds.
+  // FusedActivation's value (kiln/ops/fused.h; kept out of nvcc's way; the kernel reads it as
+  // the BlasAct of activation.cuh, the same list) and the clip bounds.
   int act = 0;
   float act_min = 0.f, act_max = 0.f;
 };
