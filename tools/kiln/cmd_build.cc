@@ -58,13 +58,6 @@ struct BuildOptions {
   MetricsFlags metrics;
 };
 
-StatusOr<BackendKind> ParseBackend(const std::string& s) {
-  if (s == "auto") return BestAvailableBackend();
-  if (s == "cpu") return BackendKind::kCpu;
-  if (s == "cuda") return BackendKind::kCuda;
-  return MakeError(ErrorCode::kInvalidArgument, "--backend '{}': use auto, cpu or cuda", s);
-}
-
 // Build progress through obs::Progress: a bar with ETA on a terminal, plain lines otherwise, log
 // events under --log-format json. One Progress per build phase.
 ProgressCallback MakeProgress(bool quiet, bool json_events) {

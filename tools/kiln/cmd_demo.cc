@@ -9,6 +9,7 @@
 #include "kiln/engine/engine_file.h"
 #include "kiln/onnx/onnx_import.h"
 #include "tools/kiln/command.h"
+#include "tools/kiln/options.h"
 
 extern const unsigned char kiln_default_model[];
 extern const std::size_t kiln_default_model_size;
@@ -32,9 +33,9 @@ std::span<const std::byte> Bytes(const unsigned char* p, size_t n) {
 
 int Run(const DemoOptions& o) {
   BuilderConfig config;
-  config.backend = o.backend == "cpu"    ? BackendKind::kCpu
-                   : o.backend == "cuda" ? BackendKind::kCuda
-                                         : BestAvailableBackend();
+  auto backend = ParseBackend(o.backend);
+  if (!backend.ok()) return ReportError(backend.status());
+  config.backend = *backend;
   config.fp16 = o.fp16;
   if (Status s = ParseProfileSpec("input:1x3x64x64,4x3x64x64,16x3x64x64", &config.profile);
       !s.ok()) {

@@ -6,9 +6,11 @@
 
 #include <iostream>
 
+#include "kiln/builder/builder.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/onnx/onnx_import.h"
 #include "tools/kiln/command.h"
+#include "tools/kiln/options.h"
 
 namespace kiln::cli {
 namespace {
@@ -17,7 +19,52 @@ struct InspectOptions {
   std::string path;
   bool json = false;
   bool layers = false;
+  std::string backend = "auto";
+  std::vector<std::string> profiles;
+  bool no_kernels = false;
 };
+
+// The kernel check: does every layer of the build's optimised graph have a kernel on the backend?
+// Runs only on a model that imports (no unsupported op, a sound structure).
+struct KernelCheck {
+  bool ran = false;
+  std::string backend;
+  std::vector<KernelGap> gaps;
+  Status error;  // why the check could not run (an unavailable backend, a shape error...)
+};
+
+KernelCheck CheckKernels(const InspectOptions& o) {
+  KernelCheck check;
+  if (o.no_kernels) return check;
+  check.ran = true;
+  BuilderConfig config;
+  auto backend = ParseBackend(o.backend);
+  if (!backend.ok()) {
+    check.error = backend.status();
+    return check;
+  }
+  config.backend = *backend;
+  check.backend = std::string(ToString(*backend));
+  for (const std::string& p : o.profiles) {
+    if (Status s = ParseProfileSpec(p, &config.profile); !s.ok()) {
+      check.error = s;
+      return check;
+    }
+  }
+  OnnxModelMeta meta;
+  auto graph = ImportOnnxFile(o.path, ImportOptions(), &meta);
+  if (!graph.ok()) {
+    check.error = graph.status();
+    return check;
+  }
+  auto gaps = FindKernelGaps(BuildInput{std::move(*graph), o.path, meta.file_hash}, config);
+  if (!gaps.ok()) {
+    check.error = gaps.status();
+  } else {
+    check.gaps = std::move(*gaps);
+  }
+  return check;
+}
 
 std::string Human(int64_t n) {
   if (n >= 1000000) return fmt::format("{:.2f}M", n / 1e6);
@@ -55,9 +102,24 @@ int InspectOnnx(const InspectOptions& o) {
     if (!info->structure.ok()) {
       j["error"] = {{"code", info->structure.Id()}, {"message", info->structure.message()}};
     }
+    KernelCheck kernels;
+    if (info->unsupported.empty() && info->structure.ok()) kernels = CheckKernels(o);
+    if (kernels.ran) {
+      nlohmann::json k = {{"backend", kernels.backend}};
+      nlohmann::json gaps = nlohmann::json::array();
+      for (const KernelGap& g : kernels.gaps) {
+        gaps.push_back({{"layer", g.layer}, {"op", g.op_type}, {"operands", g.operands}});
+      }
+      k["missing"] = gaps;
+      if (!kernels.error.ok()) {
+        k["error"] = {{"code", kernels.error.Id()}, {"message", kernels.error.message()}};
+      }
+      j["kernels"] = k;
+    }
     std::cout << j.dump(2) << "\n";
     if (!info->structure.ok()) return ReportError(info->structure);
-    return info->unsupported.empty() ? 0 : 1;
+    if (!info->unsupported.empty() || !kernels.gaps.empty()) return 1;
+    return kernels.error.ok() ? 0 : ReportError(kernels.error);
   }
   std::cout << fmt::format("{}: ONNX model, opset {}, IR version {}, from {} {}\n", o.path,
                            info->meta.opset, info->meta.ir_version, info->meta.producer_name,
@@ -83,7 +145,24 @@ int InspectOnnx(const InspectOptions& o) {
   if (info->unsupported.empty()) {
     std::cout << "  every op is supported\n";
     if (!info->structure.ok()) return ReportError(info->structure);
-    return 0;
+    const KernelCheck kernels = CheckKernels(o);
+    if (!kernels.ran) return 0;
+    if (!kernels.error.ok()) {
+      std::cout << fmt::format("  kernels: not checked ({})\n", kernels.error.Id());
+      return ReportError(kernels.error);
+    }
+    if (kernels.gaps.empty()) {
+      std::cout << fmt::format(
+          "  every layer has a {} kernel (FP32, at the profile's max shapes)\n", kernels.backend);
+      return 0;
+    }
+    std::cout << fmt::format(
+        "  {} layer(s) without a {} kernel (a build fails with KILN-E3003 on them):\n",
+        kernels.gaps.size(), kernels.backend);
+    for (const KernelGap& g : kernels.gaps) {
+      std::cout << fmt::format("    {} ({}; {})\n", g.layer, g.op_type, g.operands);
+    }
+    return 1;
   }
   std::cout << fmt::format("  {} unsupported op type(s):\n", info->unsupported.size());
   for (const auto& op : info->unsupported) {
@@ -155,11 +234,21 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
       ->check(CLI::ExistingFile);
   sub->add_flag("--json", o->json, "print JSON");
   sub->add_flag("--layers", o->layers, "list the engine's layers and tactics");
+  sub->add_option("--backend", o->backend,
+                  "models: check that every layer has a kernel on auto (best present), cpu or "
+                  "cuda")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub->add_option("--profile", o->profiles,
+                  "models: NAME:MIN,OPT,MAX per dynamic input for the kernel check (as build's)")
+      ->take_all();
+  sub->add_flag("--no-kernels", o->no_kernels,
+                "models: skip the kernel check (import-level checks only)");
   sub->footer(
-      "Exit code: 0 when everything is supported, 1 when the model has unsupported ops, is "
+      "Exit code: 0 when everything is supported, 1 when the model has unsupported ops (subgraphs "
+      "of If, Loop and Scan included) or a layer without a kernel on the backend, or is "
       "malformed (a cycle, an undefined value, bad external data: what `kiln build` refuses) or "
-      "the "
-      "file is bad.");
+      "the file is bad.");
   return [o]() { return o->path.ends_with(".onnx") ? InspectOnnx(*o) : InspectEngine(*o); };
 }
 

@@ -119,4 +119,11 @@ Status ParseErrorStatus(const CLI::ParseError& e) {
   return MakeError(ErrorCode::kCommandLineInvalid, "{} (`--help` lists the options)", what);
 }
 
+StatusOr<BackendKind> ParseBackend(const std::string& text) {
+  if (text == "auto") return BestAvailableBackend();
+  if (text == "cpu") return BackendKind::kCpu;
+  if (text == "cuda") return BackendKind::kCuda;
+  return MakeError(ErrorCode::kInvalidArgument, "--backend '{}': use auto, cpu or cuda", text);
+}
+
 }  // namespace kiln::cli

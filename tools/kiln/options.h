@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "kiln/backends/backend.h"
 #include "kiln/core/status.h"
 
 namespace kiln::cli {
@@ -46,5 +47,9 @@ void RequireFiniteNumbers(CLI::App& app);
 // The catalog error for a CLI11 parse error: a missing file KILN-E1003, a refused value
 // KILN-E1016, anything else (unknown option, missing or extra argument) KILN-E1015.
 Status ParseErrorStatus(const CLI::ParseError& e);
+
+// `--backend`'s value: auto (the best backend present), cpu or cuda; anything else is
+// KILN-E1001 naming the three.
+StatusOr<BackendKind> ParseBackend(const std::string& text);
 
 }  // namespace kiln::cli

@@ -806,6 +806,44 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   return engine;
 }
 
+StatusOr<std::vector<KernelGap>> FindKernelGaps(BuildInput input, const BuilderConfig& requested) {
+  BuildReport rep;
+  BuilderConfig config = requested;
+  config.fp16 = config.bf16 = config.int8 = false;
+  config.progress = nullptr;
+  BuildState s(std::move(input), config, rep);
+  KILN_RETURN_IF_ERROR(OptimisePhase(s));
+  KILN_ASSIGN_OR_RETURN(s.backend, GetBackend(s.config.backend));
+  Graph& graph = s.graph();
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  KILN_ASSIGN_OR_RETURN(auto max_dims, ConcreteDims(graph, order, s.config.profile, 2));
+  std::vector<KernelGap> gaps;
+  for (const Node* node : order) {
+    const KernelRequest request = MakeKernelRequest(*node, max_dims);
+    bool found = false;
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(s.config.backend, *node)) {
+      if (p->Supports(request)) {
+        found = true;
+        break;
+      }
+    }
+    if (found) continue;
+    std::vector<std::string> operands;
+    for (size_t i = 0; i < node->num_inputs(); ++i) {
+      const Value* v = node->input(i);
+      if (!v) continue;
+      auto dims = max_dims.find(v);
+      operands.push_back(fmt::format("{}[{}]", ToString(v->dtype()),
+                                     dims == max_dims.end()
+                                         ? std::string("?")
+                                         : fmt::format("{}", fmt::join(dims->second, ","))));
+    }
+    gaps.push_back(
+        {node->name(), node->op_type(), fmt::format("inputs {}", fmt::join(operands, ", "))});
+  }
+  return gaps;
+}
+
 double BuildReport::TacticsOtherSeconds() const {
   const BuildTimeBreakdown& b = time_breakdown;
   return std::max(0.0, phase_seconds_tactics - b.listing_wall_seconds - b.setup_wall_seconds -

@@ -84,9 +84,16 @@ StatusOr<OnnxModelInfo> InspectOnnxFile(const std::string& path) {
   }
   info.num_nodes = g.node_size();
 
+  // Inside the subgraphs of If, Loop and Scan (and any other graph attribute): the ops there are
+  // what a build would meet once the outer op were supported, so they are listed too, each node
+  // named with the path of the ops that hold it. Walked before normalising, which takes the
+  // nodes out of the graph.
+  KILN_ASSIGN_OR_RETURN(std::vector<OnnxUnsupportedOp> inner,
+                        FindUnsupportedOpsInSubgraphs(model.graph(), opset));
   std::vector<NormalizedNode> nodes;
   KILN_RETURN_IF_ERROR(NormalizeNodes(model.mutable_graph(), opset, &nodes));
   info.unsupported = FindUnsupportedOps(nodes, opset);
+  MergeUnsupportedOps(std::move(inner), &info.unsupported);
 
   // The import a build runs, with unsupported ops kept: inspect must not call a model fine that
   // build then refuses (a cycle, an undefined value, missing external data).

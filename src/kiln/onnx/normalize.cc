@@ -522,6 +522,56 @@ Status NormalizeNodes(onnx::GraphProto* graph, int64_t opset, std::vector<Normal
   return Normalizer(graph, opset, out).Run();
 }
 
+void MergeUnsupportedOps(std::vector<OnnxUnsupportedOp> more,
+                         std::vector<OnnxUnsupportedOp>* into) {
+  for (OnnxUnsupportedOp& op : more) {
+    auto same = std::find_if(into->begin(), into->end(),
+                             [&](const OnnxUnsupportedOp& u) { return u.op_type == op.op_type; });
+    if (same == into->end()) {
+      into->push_back(std::move(op));
+      continue;
+    }
+    for (std::string& n : op.node_names) same->node_names.push_back(std::move(n));
+  }
+}
+
+namespace {
+
+Status SubgraphUnsupportedOps(const onnx::GraphProto& g, int64_t opset, const std::string& path,
+                              int depth, std::vector<OnnxUnsupportedOp>* out) {
+  if (depth > 64) return MakeError(ErrorCode::kInvalidModel, "subgraphs nested more than 64 deep");
+  for (const auto& n : g.node()) {
+    for (const auto& a : n.attribute()) {
+      std::vector<const onnx::GraphProto*> subs;
+      if (a.has_g()) subs.push_back(&a.g());
+      for (const auto& sg : a.graphs()) subs.push_back(&sg);
+      for (const onnx::GraphProto* sub : subs) {
+        const std::string where = fmt::format("{}{} '{}'.{}", path.empty() ? "" : path + " > ",
+                                              n.op_type(), n.name(), a.name());
+        onnx::GraphProto copy = *sub;  // normalising takes the nodes out
+        std::vector<NormalizedNode> nodes;
+        KILN_RETURN_IF_ERROR(NormalizeNodes(&copy, opset, &nodes));
+        std::vector<OnnxUnsupportedOp> found = FindUnsupportedOps(nodes, opset);
+        for (OnnxUnsupportedOp& op : found) {
+          for (std::string& name : op.node_names) name += " (in " + where + ")";
+        }
+        MergeUnsupportedOps(std::move(found), out);
+        KILN_RETURN_IF_ERROR(SubgraphUnsupportedOps(*sub, opset, where, depth + 1, out));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<std::vector<OnnxUnsupportedOp>> FindUnsupportedOpsInSubgraphs(
+    const onnx::GraphProto& graph, int64_t opset) {
+  std::vector<OnnxUnsupportedOp> out;
+  KILN_RETURN_IF_ERROR(SubgraphUnsupportedOps(graph, opset, "", 0, &out));
+  return out;
+}
+
 std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNode>& nodes,
                                                   int64_t opset) {
   std::vector<OnnxUnsupportedOp> result;

@@ -123,6 +123,13 @@ Status NormalizeNodes(onnx::GraphProto* graph, int64_t opset, std::vector<Normal
 // The unsupported ops among normalised nodes, grouped by type, in first-seen order.
 std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNode>& nodes,
                                                   int64_t opset);
+// The unsupported ops inside the subgraphs of `graph`'s nodes (If's branches, Loop's and Scan's
+// bodies, any graph attribute), depth first; each node is named with the path of the ops that
+// hold it ("nms (in If 'maybe'.then_branch)"). Call before NormalizeNodes takes the nodes out.
+StatusOr<std::vector<OnnxUnsupportedOp>> FindUnsupportedOpsInSubgraphs(
+    const onnx::GraphProto& graph, int64_t opset);
+// Adds `more` to `into`: node names join an entry of the same op type, new types go last.
+void MergeUnsupportedOps(std::vector<OnnxUnsupportedOp> more, std::vector<OnnxUnsupportedOp>* into);
 // The KILN-E2004 error listing them all.
 Status UnsupportedOpsError(const std::vector<OnnxUnsupportedOp>& unsupported);
 
