@@ -203,6 +203,98 @@ TEST(CpuConv, HalfAndBFloat16ThroughTheWrapper) {
   }
 }
 
+// 3-D convolution (rank-5 operands): a naive reference of its own, per axis from the ONNX spec.
+Reference Conv3dReference(const ConvParams& p, const std::string& act = "none") {
+  return [p, act](const std::vector<Tensor>& in, const std::vector<int64_t>& yd) {
+    const Tensor& x = in[0];
+    const Tensor& w = in[1];
+    const int64_t n = p.x[0], c = p.x[1], m = p.w[0], cg = p.w[1], mg = m / p.group;
+    int64_t id[3], od[3], k[3], s[3], d[3], pb[3];
+    for (size_t i = 0; i < 3; ++i) {
+      id[i] = p.x[2 + i];
+      od[i] = yd[2 + i];
+      k[i] = p.w[2 + i];
+      s[i] = p.strides.empty() ? 1 : p.strides[i];
+      d[i] = p.dilations.empty() ? 1 : p.dilations[i];
+      pb[i] = PadBegin(p, i, id[i], od[i]);
+    }
+    std::vector<double> y(static_cast<size_t>(n * m * od[0] * od[1] * od[2]));
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t oc = 0; oc < m; ++oc)
+        for (int64_t oz = 0; oz < od[0]; ++oz)
+          for (int64_t oy = 0; oy < od[1]; ++oy)
+            for (int64_t ox = 0; ox < od[2]; ++ox) {
+              double acc = in.size() > 2 && !in[2].empty() ? in[2].GetDouble(oc) : 0.0;
+              const int64_t grp = oc / mg;
+              for (int64_t ic = 0; ic < cg; ++ic)
+                for (int64_t kz = 0; kz < k[0]; ++kz)
+                  for (int64_t ky = 0; ky < k[1]; ++ky)
+                    for (int64_t kx = 0; kx < k[2]; ++kx) {
+                      const int64_t zz = oz * s[0] - pb[0] + kz * d[0];
+                      const int64_t yy = oy * s[1] - pb[1] + ky * d[1];
+                      const int64_t xx = ox * s[2] - pb[2] + kx * d[2];
+                      if (zz < 0 || zz >= id[0] || yy < 0 || yy >= id[1] || xx < 0 || xx >= id[2]) {
+                        continue;
+                      }
+                      const int64_t ci = grp * cg + ic;
+                      acc += x.GetDouble((((b * c + ci) * id[0] + zz) * id[1] + yy) * id[2] + xx) *
+                             w.GetDouble((((oc * cg + ic) * k[0] + kz) * k[1] + ky) * k[2] + kx);
+                    }
+              const int64_t o = (((b * m + oc) * od[0] + oz) * od[1] + oy) * od[2] + ox;
+              if (in.size() > 3 && !in[3].empty()) acc += in[3].GetDouble(o);
+              y[o] = Activate(act, acc);
+            }
+    return y;
+  };
+}
+
+std::set<std::string> RunConv3d(const ConvParams& p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::set<std::string> names;
+  for (const auto& r : CheckAllTactics(MakeConv(p, rng), Conv3dReference(p), 1e-4, 1e-4)) {
+    names.insert(r.tactic);
+  }
+  return names;
+}
+
+TEST(CpuConv3d, PaddedStridedDilatedGroupedAndAutoPad) {
+  auto names = RunConv3d({{2, 3, 5, 7, 6}, {4, 3, 3, 3, 3}, {}, {}, {1, 1, 1, 1, 1, 1}}, 21);
+  EXPECT_EQ(names, std::set<std::string>{"f32-conv3d-cpu-vol2col-openblas"});
+  // R3D-18's stem: 3x7x7, stride 1x2x2, pads 1x3x3.
+  RunConv3d({{1, 3, 4, 17, 15}, {8, 3, 3, 7, 7}, {1, 2, 2}, {}, {1, 3, 3, 1, 3, 3}}, 22);
+  // Asymmetric pads, strides and dilations per axis, no bias.
+  RunConv3d({{1, 4, 9, 8, 7},
+             {5, 4, 2, 3, 2},
+             {2, 1, 3},
+             {1, 2, 1},
+             {0, 1, 2, 1, 0, 1},
+             "NOTSET",
+             1,
+             false},
+            23);
+  // Groups and depthwise (channel multiplier 2).
+  RunConv3d({{1, 6, 4, 5, 6}, {4, 3, 1, 3, 3}, {}, {}, {0, 1, 1, 0, 1, 1}, "NOTSET", 2}, 24);
+  RunConv3d({{1, 4, 5, 5, 5}, {8, 1, 3, 3, 3}, {}, {}, {1, 1, 1, 1, 1, 1}, "NOTSET", 4}, 25);
+  for (std::string pad : {"SAME_UPPER", "SAME_LOWER", "VALID"}) {
+    RunConv3d({{1, 2, 6, 7, 5}, {3, 2, 2, 3, 2}, {2, 2, 1}, {}, {}, pad}, 26);
+  }
+}
+
+TEST(CpuConv3d, FusedBiasResidualActivation) {
+  for (std::string act : {"none", "relu", "silu"}) {
+    ConvParams p{{2, 3, 4, 6, 5}, {4, 3, 3, 3, 3}, {1, 2, 1}, {}, {1, 1, 1, 1, 1, 1}};
+    std::mt19937 rng(27);
+    OpCase c = MakeConv(p, rng);
+    c.op = "FusedConv";
+    c.attrs.Set("activation", act);
+    auto y = InferOutputDims(c);
+    ASSERT_TRUE(y.ok()) << y.status().ToString();
+    c.inputs.push_back(RandomTensor(*y, rng, -2.f, 2.f));  // residual Z
+    auto results = CheckAllTactics(c, Conv3dReference(p, act), 1e-4, 1e-4);
+    EXPECT_EQ(results.size(), 1u) << act;
+  }
+}
+
 TEST(CpuFusedConv, BiasResidualAndEveryActivation) {
   for (std::string act :
        {"none", "relu", "relu6", "clip", "sigmoid", "hardswish", "silu", "gelu", "gelu_tanh"}) {

@@ -24,7 +24,8 @@ struct ConvGeometry {
   int64_t ph = 0, pw = 0, pad_h_end = 0, pad_w_end = 0;
 };
 
-// Reads and validates the node's attributes; 1-D and 2-D only (an error for other ranks).
+// Reads and validates the node's attributes; 1-D and 2-D only (an error for other ranks; 3-D
+// convolutions have their own provider, conv3d.cc).
 StatusOr<ConvSpec> ReadConvSpec(const KernelRequest& request);
 // Concrete geometry from X, W and Y dims; checks that Y has the shape the attributes imply.
 StatusOr<ConvGeometry> ResolveConvGeometry(const ConvSpec& spec, std::span<const int64_t> x,
