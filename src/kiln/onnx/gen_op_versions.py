@@ -15,7 +15,7 @@ import sys
 import onnx
 import onnx.defs
 
-MAX_OPSET = 23  # keep equal to kMaxOnnxOpset in onnx_import.h
+MAX_OPSET = 27  # keep equal to kMaxOnnxOpset in onnx_import.h
 
 
 def signature(schema):

@@ -369,6 +369,17 @@ class Normalizer {
     } else if (op == "Dropout") {
       RewriteDropout(n);
       *version = 1;
+    } else if (op == "CastLike") {
+      // CastLike(x, like) is Cast(x, to = like's element type) when that type is declared (an
+      // input, initializer or value_info): the `like` operand is then no longer read. Without a
+      // declared type it stays CastLike, which kiln does not implement (reported in KILN-E2004).
+      auto like = elem_types_.find(InputName(*n, 1));
+      if (n->input_size() == 2 && like != elem_types_.end()) {
+        n->mutable_input()->RemoveLast();
+        n->set_op_type("Cast");
+        SetIntAttr(n, "to", like->second);
+        *version = EffectiveOpVersion("Cast", opset_);
+      }
     }
     return OkStatus();
   }

@@ -19,7 +19,7 @@ namespace kiln {
 
 // Model opsets (default domain) kiln imports. Below: KILN-E2012; above: KILN-E2003.
 inline constexpr int64_t kMinOnnxOpset = 7;
-inline constexpr int64_t kMaxOnnxOpset = 23;
+inline constexpr int64_t kMaxOnnxOpset = 27;
 
 struct ImportOptions {
   // Run the IR verifier (cycles KILN-E2005, undefined values KILN-E2006) after the import.
