@@ -18,6 +18,8 @@ constexpr std::string_view kReasonShapeOp = "integer/shape op: keeps the model's
 constexpr std::string_view kReasonCompare = "comparison: compares the model's values exactly";
 constexpr std::string_view kReasonIndexOutput =
     "index output: ties must resolve on the model's values";
+constexpr std::string_view kReasonQuantize =
+    "quantize/dequantize: keeps the model's scales and integer types";
 constexpr std::string_view kReasonSums =
     "sum over many elements can leave the FP16 range; kept FP32 for accuracy";
 

@@ -1,0 +1,152 @@
+// Shape rules of explicit quantization (QDQ models): QuantizeLinear and DequantizeLinear, per
+// tensor or per axis. Blockwise quantization (block_size > 0) is refused with its own message.
+#include <cmath>
+#include <optional>
+
+#include "kiln/ops/onnx_dtype.h"
+#include "kiln/ops/op_schema.h"
+#include "kiln/ops/op_table.h"
+#include "kiln/ops/rule_util.h"
+
+namespace kiln {
+
+using namespace ops_internal;  // NOLINT: the shape-rule helpers of this folder
+
+namespace {
+
+bool IsQuantizedType(DataType t) {
+  return t == DataType::kInt8 || t == DataType::kUInt8 || t == DataType::kInt32;
+}
+
+// The scale (input 1) and zero point (input 2): a scalar or one element for the whole tensor,
+// or a 1-D tensor of x.shape[axis] elements; the zero point, when given, has the scale's shape
+// and the quantized type.
+Status CheckScaleAndZeroPoint(const InferenceContext& ctx, int64_t axis_attr, int64_t block_size,
+                              DataType quantized) {
+  if (block_size != 0) {
+    return ctx.Error(ErrorCode::kUnimplemented,
+                     "blockwise quantization (block_size {}) is not supported; kiln takes per-"
+                     "tensor and per-axis scales",
+                     block_size);
+  }
+  const Shape& x = ctx.input_shape(0);
+  const Shape& scale = ctx.input_shape(1);
+  if (!IsFloat(ctx.input_type(1))) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "the scale has type {}; it must be a float type",
+                     ToString(ctx.input_type(1)));
+  }
+  if (scale.size() > 1) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "the scale has shape {}; it must be a scalar or 1-D (per axis)",
+                     ToString(scale));
+  }
+  // A constant scale must be finite and positive: zero, negative, infinite or NaN scales would
+  // turn every value into a saturated or undefined one without any error.
+  if (const Tensor* s = ctx.input_constant(1)) {
+    for (int64_t i = 0; i < s->num_elements(); ++i) {
+      const double v = s->GetDouble(i);
+      if (!(std::isfinite(v) && v > 0)) {
+        return ctx.Error(ErrorCode::kInvalidModel,
+                         "scale element {} is {}; quantization scales must be finite and "
+                         "positive",
+                         i, v);
+      }
+    }
+  }
+  const bool per_axis = scale.size() == 1 && !(scale[0].is_static() && scale[0].value() == 1);
+  if (per_axis) {
+    KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, static_cast<int64_t>(x.size())));
+    if (DimsEqual(scale[0], x[static_cast<size_t>(axis)]) == false) {
+      return ctx.Error(ErrorCode::kShapeMismatch,
+                       "the per-axis scale has {} elements; axis {} of the input has {}",
+                       scale[0].ToString(), axis, x[static_cast<size_t>(axis)].ToString());
+    }
+  }
+  if (ctx.has_input(2)) {
+    if (ctx.input_type(2) != quantized) {
+      return ctx.Error(ErrorCode::kTypeMismatch, "the zero point has type {}; expected {}",
+                       ToString(ctx.input_type(2)), ToString(quantized));
+    }
+    // The same number of elements as the scale: one (a scalar or [1], in either) or one per
+    // channel of the axis.
+    const Shape& zp = ctx.input_shape(2);
+    auto elements = [](const Shape& s) -> std::optional<int64_t> {
+      if (s.empty()) return 1;
+      if (s.size() == 1 && s[0].is_static()) return s[0].value();
+      return std::nullopt;
+    };
+    const auto zn = elements(zp), sn = elements(scale);
+    const bool same =
+        zn && sn ? *zn == *sn
+                 : zp.size() == 1 && scale.size() == 1 && DimsEqual(zp[0], scale[0]) != false;
+    if (zp.size() > 1 || !same) {
+      return ctx.Error(ErrorCode::kShapeMismatch,
+                       "the zero point has shape {}; the scale has shape {}", ToString(zp),
+                       ToString(scale));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status InferQuantizeLinear(InferenceContext& ctx) {
+  const DataType x = ctx.input_type(0);
+  if (!IsFloat(x) && x != DataType::kInt32) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "input type {} is not float or int32", ToString(x));
+  }
+  KILN_ASSIGN_OR_RETURN(
+      int64_t output_dtype,
+      IntAttr(ctx, "output_dtype", attrs::QuantizeLinear::output_dtype_default()));
+  DataType out = ctx.has_input(2) ? ctx.input_type(2) : DataType::kUInt8;
+  if (output_dtype != 0) {
+    auto t = DataTypeFromOnnx(output_dtype);
+    if (!t || (ctx.has_input(2) && *t != ctx.input_type(2))) {
+      return ctx.Error(ErrorCode::kInvalidAttribute,
+                       "output_dtype is ONNX type {}; kiln quantizes to int8 or uint8, the zero "
+                       "point's type when one is given",
+                       output_dtype);
+    }
+    out = *t;
+  }
+  if (out != DataType::kInt8 && out != DataType::kUInt8) {
+    return ctx.Error(ErrorCode::kUnimplemented,
+                     "quantizing to {} is not supported (int8 and uint8 are)", ToString(out));
+  }
+  KILN_ASSIGN_OR_RETURN(int64_t axis, IntAttr(ctx, "axis", attrs::QuantizeLinear::axis_default()));
+  KILN_ASSIGN_OR_RETURN(int64_t block,
+                        IntAttr(ctx, "block_size", attrs::QuantizeLinear::block_size_default()));
+  KILN_RETURN_IF_ERROR(CheckScaleAndZeroPoint(ctx, axis, block, out));
+  ctx.set_output(0, out, ctx.input_shape(0));
+  return OkStatus();
+}
+
+Status InferDequantizeLinear(InferenceContext& ctx) {
+  const DataType x = ctx.input_type(0);
+  if (!IsQuantizedType(x)) {
+    return ctx.Error(ErrorCode::kTypeMismatch,
+                     "input type {} is not supported (int8, uint8 and int32 are)", ToString(x));
+  }
+  KILN_ASSIGN_OR_RETURN(
+      int64_t output_dtype,
+      IntAttr(ctx, "output_dtype", attrs::DequantizeLinear::output_dtype_default()));
+  DataType out = ctx.input_type(1);
+  if (output_dtype != 0) {
+    auto t = DataTypeFromOnnx(output_dtype);
+    if (!t || !IsFloat(*t)) {
+      return ctx.Error(ErrorCode::kInvalidAttribute,
+                       "output_dtype is ONNX type {}; it must be a float type kiln has",
+                       output_dtype);
+    }
+    out = *t;
+  }
+  KILN_ASSIGN_OR_RETURN(int64_t axis,
+                        IntAttr(ctx, "axis", attrs::DequantizeLinear::axis_default()));
+  KILN_ASSIGN_OR_RETURN(int64_t block,
+                        IntAttr(ctx, "block_size", attrs::DequantizeLinear::block_size_default()));
+  KILN_RETURN_IF_ERROR(CheckScaleAndZeroPoint(ctx, axis, block, x));
+  ctx.set_output(0, out, ctx.input_shape(0));
+  return OkStatus();
+}
+
+}  // namespace kiln
