@@ -125,7 +125,12 @@ def test_a_rank_lost_mid_build_fails_the_others_in_bound(tmp_path, onnx_bytes):
     assert "process group" in builder["message"]
     assert builder["seconds"] < 30
     # The other survivor learns it when the group breaks under it (the builder, having failed,
-    # leaves too), or when its transfer bound runs out if it already held the result header.
+    # leaves too), when its transfer bound runs out if it already held the result header, or from
+    # the builder itself: its failure relayed to the survivors as KILN-E7011 carrying the
+    # builder's own code (seen on a loaded two-core CI machine).
     other = results[1]["lose-rank"]
-    assert other["code"] in ("KILN-E7023", "KILN-E7016", "KILN-E7020"), other
+    assert other["code"] in ("KILN-E7023", "KILN-E7016", "KILN-E7020", "KILN-E7011"), other
+    if other["code"] == "KILN-E7011":
+        assert other.get("builder_code") == "KILN-E7023", other
+        assert "process group" in other["message"], other
     assert other["seconds"] < 30
