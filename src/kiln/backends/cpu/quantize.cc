@@ -5,6 +5,7 @@
 //   dequantize  x = float(q - zero_point) * scale
 // Constant DequantizeLinear of a weight is folded at build time through these same kernels.
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "kiln/backends/cpu/op_util.h"
@@ -19,22 +20,27 @@ struct QuantParams {
   std::vector<int32_t> zero;
   int64_t channels = 1, inner = 1;  // element i uses channel (i / inner) % channels
 
-  void Load(const KernelRunArgs& a, int64_t axis_attr) {
-    const TensorView& s = a.inputs[1];
-    const int64_t n = s.num_elements();
+  // Sizes the vectors for the bound shapes (Prepare: nothing is allocated while executing).
+  void Size(std::span<const TensorView> in, int64_t axis_attr) {
+    const int64_t n = in[1].num_elements();
     scale.resize(static_cast<size_t>(n));
-    zero.assign(static_cast<size_t>(n), 0);
-    for (int64_t i = 0; i < n; ++i) scale[i] = static_cast<float>(LoadAsDouble(s, i));
-    if (a.inputs.size() > 2 && a.inputs[2].data) {
-      for (int64_t i = 0; i < n; ++i) zero[i] = static_cast<int32_t>(LoadAsDouble(a.inputs[2], i));
-    }
+    zero.resize(static_cast<size_t>(n));
     channels = n;
     inner = 1;
     if (n > 1) {
-      const auto& dims = a.inputs[0].dims;
+      const auto& dims = in[0].dims;
       const int64_t rank = static_cast<int64_t>(dims.size());
       const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
       for (int64_t d = axis + 1; d < rank; ++d) inner *= dims[d];
+    }
+  }
+  // Reads the scale and zero point of this run (they may be run-time inputs).
+  void Load(const KernelRunArgs& a) {
+    const int64_t n = channels;
+    for (int64_t i = 0; i < n; ++i) scale[i] = static_cast<float>(LoadAsDouble(a.inputs[1], i));
+    const bool has_zero = a.inputs.size() > 2 && a.inputs[2].data;
+    for (int64_t i = 0; i < n; ++i) {
+      zero[i] = has_zero ? static_cast<int32_t>(LoadAsDouble(a.inputs[2], i)) : 0;
     }
   }
   int64_t Channel(int64_t i) const { return channels == 1 ? 0 : (i / inner) % channels; }
@@ -85,20 +91,26 @@ const bool kRegistered = [] {
             return (IsFloat(InType(r, 0)) || InType(r, 0) == DataType::kInt32) &&
                    IsFloat(InType(r, 1)) && (out == DataType::kInt8 || out == DataType::kUInt8);
           },
-      .create =
-          [](const KernelRequest& r) {
-            const int64_t axis = attrs::QuantizeLinear::axis(*r.node);
-            const DataType out = OutType(r, 0);
-            return KernelOr([axis, out, p = QuantParams()](const KernelRunArgs& a) mutable {
-              p.Load(a, axis);
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        const int64_t axis = attrs::QuantizeLinear::axis(*r.node);
+        const DataType out = OutType(r, 0);
+        auto p = std::make_shared<QuantParams>();
+        return std::unique_ptr<Kernel>(std::make_unique<FnKernel>(
+            [p, out](const KernelRunArgs& a) {
+              p->Load(a);
               if (out == DataType::kInt8) {
-                QuantizeLoop(a.inputs[0], p, a.outputs[0].as<int8_t>());
+                QuantizeLoop(a.inputs[0], *p, a.outputs[0].as<int8_t>());
               } else {
-                QuantizeLoop(a.inputs[0], p, a.outputs[0].as<uint8_t>());
+                QuantizeLoop(a.inputs[0], *p, a.outputs[0].as<uint8_t>());
               }
               return OkStatus();
-            });
-          },
+            },
+            [p, axis](std::span<const TensorView> in,
+                      std::span<const TensorView>) -> StatusOr<size_t> {
+              p->Size(in, axis);
+              return size_t{0};
+            }));
+      },
   });
   RegisterOpKernel({
       .op_type = "DequantizeLinear",
@@ -110,22 +122,28 @@ const bool kRegistered = [] {
             return (in == DataType::kInt8 || in == DataType::kUInt8 || in == DataType::kInt32) &&
                    IsFloat(InType(r, 1)) && IsFloat(OutType(r, 0));
           },
-      .create =
-          [](const KernelRequest& r) {
-            const int64_t axis = attrs::DequantizeLinear::axis(*r.node);
-            const DataType in = InType(r, 0);
-            return KernelOr([axis, in, p = QuantParams()](const KernelRunArgs& a) mutable {
-              p.Load(a, axis);
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        const int64_t axis = attrs::DequantizeLinear::axis(*r.node);
+        const DataType in = InType(r, 0);
+        auto p = std::make_shared<QuantParams>();
+        return std::unique_ptr<Kernel>(std::make_unique<FnKernel>(
+            [p, in](const KernelRunArgs& a) {
+              p->Load(a);
               if (in == DataType::kInt8) {
-                DequantizeLoop<int8_t>(a.inputs[0], p, a.outputs[0]);
+                DequantizeLoop<int8_t>(a.inputs[0], *p, a.outputs[0]);
               } else if (in == DataType::kUInt8) {
-                DequantizeLoop<uint8_t>(a.inputs[0], p, a.outputs[0]);
+                DequantizeLoop<uint8_t>(a.inputs[0], *p, a.outputs[0]);
               } else {
-                DequantizeLoop<int32_t>(a.inputs[0], p, a.outputs[0]);
+                DequantizeLoop<int32_t>(a.inputs[0], *p, a.outputs[0]);
               }
               return OkStatus();
-            });
-          },
+            },
+            [p, axis](std::span<const TensorView> in_views,
+                      std::span<const TensorView>) -> StatusOr<size_t> {
+              p->Size(in_views, axis);
+              return size_t{0};
+            }));
+      },
   });
   return true;
 }();
