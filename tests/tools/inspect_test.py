@@ -1,7 +1,8 @@
 """`kiln inspect` tells the truth before a build (issue 21): it lists unsupported ops inside If/Loop
 bodies as `kiln build` does (one KILN-E2004 naming them all), and it finds the layers that have no
-kernel on the backend (a 3-D transposed convolution on the CPU), which `kiln build` then refuses
-with KILN-E3003 naming the same layer; a 3-D convolution, which has one, inspects and builds.
+kernel on the backend (a convolution over four spatial axes on the CPU), which `kiln build` then
+refuses with KILN-E3003 naming the same layer; a 3-D convolution, which has one, inspects and
+builds.
 Models are generated here with onnx.helper."""
 import argparse
 import json
@@ -31,11 +32,11 @@ def conv3d_model(path):
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
 
 
-def convtranspose3d_model(path):
-    w = nh.from_array(np.random.default_rng(1).standard_normal((2, 3, 2, 2, 2)).astype(np.float32),
+def conv4d_model(path):
+    w = nh.from_array(np.random.default_rng(1).standard_normal((2, 2, 2, 2, 2, 2)).astype(np.float32),
                       "w")
-    g = h.make_graph([h.make_node("ConvTranspose", ["x", "w"], ["y"], name="up3d", strides=[2] * 3)],
-                     "ct3", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 3, 4, 4])],
+    g = h.make_graph([h.make_node("Conv", ["x", "w"], ["y"], name="conv4d")], "c4",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 3, 3, 3, 3])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], [w])
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
 
@@ -94,24 +95,24 @@ def main():
         b = run(a.kiln, "build", "--backend", "cpu", c3, "-o", os.path.join(d, "c3.kiln"))
         check(b.returncode == 0, f"conv3d: kiln build builds it (rc {b.returncode})")
 
-        # A 3-D transposed convolution: supported as an op, no CPU kernel for its rank.
-        t3 = os.path.join(d, "convtranspose3d.onnx")
-        convtranspose3d_model(t3)
+        # A convolution over four spatial axes: supported as an op, no CPU kernel for its rank.
+        t3 = os.path.join(d, "conv4d.onnx")
+        conv4d_model(t3)
         r = run(a.kiln, "inspect", "--backend", "cpu", t3)
-        check(r.returncode == 1, f"convtranspose3d: exit 1 (rc {r.returncode})")
+        check(r.returncode == 1, f"conv4d: exit 1 (rc {r.returncode})")
         check("every op is supported" in r.stdout and "without a cpu kernel" in r.stdout,
-              "convtranspose3d: ops supported, one layer without a cpu kernel")
+              "conv4d: ops supported, one layer without a cpu kernel")
         j = json.loads(run(a.kiln, "inspect", "--json", "--backend", "cpu", t3).stdout)
         missing = j.get("kernels", {}).get("missing", [])
-        check(len(missing) == 1 and missing[0]["op"] == "ConvTranspose"
-              and "f32[1,2,3,4,4]" in missing[0]["operands"],
-              f"convtranspose3d --json: the layer, its op and its rank-5 operands ({missing})")
-        b = run(a.kiln, "build", "--backend", "cpu", t3, "-o", os.path.join(d, "t3.kiln"))
+        check(len(missing) == 1 and missing[0]["op"] == "Conv"
+              and "f32[1,2,3,3,3,3]" in missing[0]["operands"],
+              f"conv4d --json: the layer, its op and its rank-6 operands ({missing})")
+        b = run(a.kiln, "build", "--backend", "cpu", t3, "-o", os.path.join(d, "c4.kiln"))
         check(b.returncode != 0 and "KILN-E3003" in b.stderr and missing
               and missing[0]["layer"] in b.stderr,
-              "convtranspose3d: kiln build refuses the same layer with KILN-E3003")
+              "conv4d: kiln build refuses the same layer with KILN-E3003")
         r = run(a.kiln, "inspect", "--no-kernels", t3)
-        check(r.returncode == 0 and "kernel" not in r.stdout, "convtranspose3d --no-kernels: exit 0")
+        check(r.returncode == 0 and "kernel" not in r.stdout, "conv4d --no-kernels: exit 0")
         r = run(a.kiln, "inspect", "--backend", "tpu", t3)
         check(r.returncode == 64 and "KILN-E1016" in r.stderr, "--backend tpu: refused at parse")
 

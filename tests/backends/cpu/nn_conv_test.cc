@@ -417,5 +417,97 @@ TEST(CpuConvTranspose, AutoPadAndOneD) {
   RunDeconv({{2, 3, 7}, {3, 2, 4}, {3}, {}, {1, 2}}, 26);
 }
 
+// 3-D: a reference of its own over (depth, height, width), with the same begin-padding rules.
+Reference Deconv3dReference(const DeconvParams& p) {
+  return [p](const std::vector<Tensor>& in, const std::vector<int64_t>& yd) {
+    auto at = [](const std::vector<int64_t>& v, size_t i, int64_t def) {
+      return v.empty() ? def : v[i];
+    };
+    const int64_t n = p.x[0], c = p.x[1], g = p.group, cg = c / g, mg = p.w[1], m = mg * g;
+    int64_t id[3], od[3], k[3], s[3], d[3], pb[3];
+    for (size_t i = 0; i < 3; ++i) {
+      id[i] = p.x[2 + i];
+      od[i] = yd[2 + i];
+      k[i] = p.w[2 + i];
+      s[i] = at(p.strides, i, 1);
+      d[i] = at(p.dilations, i, 1);
+      const bool computed = !p.output_shape.empty() || p.auto_pad.starts_with("SAME");
+      if (!computed) {
+        pb[i] = p.auto_pad == "VALID" ? 0 : at(p.pads, i, 0);
+      } else {
+        int64_t total =
+            s[i] * (id[i] - 1) + at(p.output_padding, i, 0) + (k[i] - 1) * d[i] + 1 - od[i];
+        int64_t half = total >= 0 ? total / 2 : -((1 - total) / 2);
+        pb[i] = p.auto_pad == "SAME_UPPER" ? half : total - half;
+      }
+    }
+    const int64_t ovol = od[0] * od[1] * od[2];
+    std::vector<double> y(static_cast<size_t>(n * m * ovol), 0.0);
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t oc = 0; oc < m; ++oc)
+        for (int64_t i = 0; i < ovol; ++i) {
+          y[(b * m + oc) * ovol + i] = in.size() > 2 && !in[2].empty() ? in[2].GetDouble(oc) : 0;
+        }
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t ci = 0; ci < c; ++ci)
+        for (int64_t z = 0; z < id[0]; ++z)
+          for (int64_t yy = 0; yy < id[1]; ++yy)
+            for (int64_t xx = 0; xx < id[2]; ++xx) {
+              const double xv =
+                  in[0].GetDouble((((b * c + ci) * id[0] + z) * id[1] + yy) * id[2] + xx);
+              const int64_t grp = ci / cg;
+              for (int64_t oc = 0; oc < mg; ++oc)
+                for (int64_t kz = 0; kz < k[0]; ++kz)
+                  for (int64_t ky = 0; ky < k[1]; ++ky)
+                    for (int64_t kx = 0; kx < k[2]; ++kx) {
+                      const int64_t oz = z * s[0] - pb[0] + kz * d[0];
+                      const int64_t oy = yy * s[1] - pb[1] + ky * d[1];
+                      const int64_t ox = xx * s[2] - pb[2] + kx * d[2];
+                      if (oz < 0 || oz >= od[0] || oy < 0 || oy >= od[1] || ox < 0 || ox >= od[2])
+                        continue;
+                      y[(((b * m + grp * mg + oc) * od[0] + oz) * od[1] + oy) * od[2] + ox] +=
+                          xv *
+                          in[1].GetDouble((((ci * mg + oc) * k[0] + kz) * k[1] + ky) * k[2] + kx);
+                    }
+            }
+    return y;
+  };
+}
+
+std::vector<int64_t> RunDeconv3d(const DeconvParams& p, uint32_t seed, bool bias = true) {
+  std::mt19937 rng(seed);
+  OpCase c;
+  c.op = "ConvTranspose";
+  if (!p.strides.empty()) c.attrs.Set("strides", p.strides);
+  if (!p.dilations.empty()) c.attrs.Set("dilations", p.dilations);
+  if (!p.pads.empty()) c.attrs.Set("pads", p.pads);
+  if (!p.output_padding.empty()) c.attrs.Set("output_padding", p.output_padding);
+  if (!p.output_shape.empty()) c.attrs.Set("output_shape", p.output_shape);
+  if (p.auto_pad != "NOTSET") c.attrs.Set("auto_pad", p.auto_pad);
+  c.attrs.Set("group", p.group);
+  c.inputs = {RandomTensor(p.x, rng), RandomTensor(p.w, rng)};
+  if (bias) c.inputs.push_back(RandomTensor({p.w[1] * p.group}, rng));
+  c.constant = {false, true, true};
+  auto results = CheckAllTactics(c, Deconv3dReference(p), 1e-4, 1e-4);
+  EXPECT_EQ(results.size(), 2u);
+  auto dims = InferOutputDims(c);
+  return dims.ok() ? *dims : std::vector<int64_t>{};
+}
+
+TEST(CpuConvTranspose, ThreeD) {
+  // A 3-D U-Net's 2x2x2 stride-2 upsampling.
+  EXPECT_EQ(RunDeconv3d({{1, 4, 3, 4, 5}, {4, 2, 2, 2, 2}, {2, 2, 2}}, 30),
+            (std::vector<int64_t>{1, 2, 6, 8, 10}));
+  // Pads, output_padding and dilations per axis, no bias.
+  RunDeconv3d(
+      {{2, 3, 4, 3, 5}, {3, 2, 3, 2, 3}, {2, 1, 3}, {1, 2, 1}, {1, 0, 1, 0, 1, 2}, {1, 0, 2}}, 31,
+      false);
+  // Groups, and automatic padding to an output_shape.
+  RunDeconv3d({{1, 4, 3, 3, 3}, {4, 3, 3, 3, 3}, {2, 2, 2}, {}, {}, {}, {}, "NOTSET", 2}, 32);
+  EXPECT_EQ(
+      RunDeconv3d({{1, 2, 3, 4, 3}, {2, 2, 3, 3, 3}, {2, 2, 2}, {}, {}, {}, {}, "SAME_UPPER"}, 33),
+      (std::vector<int64_t>{1, 2, 6, 8, 6}));
+}
+
 }  // namespace
 }  // namespace kiln::testing

@@ -1,5 +1,6 @@
-// ConvTranspose on the CPU (1-D and 2-D): per image and group, col = W_g^T x X_g (one sgemm,
-// Mg*kh*kw x IH*IW), then col2im scatters col into Y (initialised with the bias).
+// ConvTranspose on the CPU (1-D, 2-D and 3-D): per image and group, col = W_g^T x X_g (one sgemm,
+// Mg*kd*kh*kw x ID*IH*IW), then col2im scatters col into Y (initialised with the bias). 1-D and 2-D
+// are 3-D with depth (and height) 1.
 // Tactics: f32-convtranspose-cpu-gemm-col2im-openblas and ...-blocked-8x8.
 #include <algorithm>
 
@@ -14,14 +15,18 @@ size_t Align64(size_t n) { return (n + 63) / 64 * 64; }
 
 struct DeconvGeometry {
   int64_t n = 0, group = 1, cg = 0, mg = 0;
+  int64_t id = 1, od = 1, kd = 1, sd = 1, dd = 1, pd = 0;  // depth (3-D only)
   int64_t ih = 1, iw = 1, oh = 1, ow = 1, kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1;
   int64_t ph = 0, pw = 0;
+  int64_t InVolume() const { return id * ih * iw; }
+  int64_t OutVolume() const { return od * oh * ow; }
+  int64_t Rows() const { return mg * kd * kh * kw; }
 };
 
 StatusOr<DeconvGeometry> ResolveDeconv(const nn::WindowAttrs& a, std::span<const int64_t> x,
                                        std::span<const int64_t> w, std::span<const int64_t> y) {
   size_t r = a.kernel.size();
-  if (x.size() != r + 2 || w.size() != r + 2 || (r != 1 && r != 2)) {
+  if (x.size() != r + 2 || w.size() != r + 2 || r < 1 || r > 3) {
     return MakeError(ErrorCode::kShapeMismatch, "ConvTranspose operand ranks do not match");
   }
   DeconvGeometry g;
@@ -41,10 +46,11 @@ StatusOr<DeconvGeometry> ResolveDeconv(const nn::WindowAttrs& a, std::span<const
     d = a.dilations[i];
     p = nn::TransposePadBegin(in, out, a, i);
   };
-  if (r == 2) axis(0, g.ih, g.oh, g.kh, g.sh, g.dh, g.ph);
+  if (r == 3) axis(0, g.id, g.od, g.kd, g.sd, g.dd, g.pd);
+  if (r >= 2) axis(r - 2, g.ih, g.oh, g.kh, g.sh, g.dh, g.ph);
   axis(r - 1, g.iw, g.ow, g.kw, g.sw, g.dw, g.pw);
-  if (!y.empty() &&
-      (y[0] != g.n || y[1] != g.mg * g.group || y[r + 1] != g.ow || (r == 2 && y[2] != g.oh))) {
+  if (!y.empty() && (y[0] != g.n || y[1] != g.mg * g.group || y[r + 1] != g.ow ||
+                     (r >= 2 && y[r] != g.oh) || (r == 3 && y[2] != g.od))) {
     return MakeError(ErrorCode::kShapeMismatch,
                      "ConvTranspose output dims do not match the attributes");
   }
@@ -57,7 +63,7 @@ class ConvTransposeKernel final : public Kernel {
       : attrs_(std::move(attrs)), impl_(impl) {}
 
   static size_t Workspace(const DeconvGeometry& g, GemmImpl impl) {
-    int64_t rows = g.mg * g.kh * g.kw, cols = g.ih * g.iw;
+    int64_t rows = g.Rows(), cols = g.InVolume();
     return Align64(static_cast<size_t>(rows * cols) * 4) +
            SgemmWorkspaceBytes(impl, rows, cols, g.cg);
   }
@@ -75,14 +81,15 @@ class ConvTransposeKernel final : public Kernel {
     const float* w = args.inputs[1].as<const float>();
     const float* bias = args.inputs.size() > 2 ? args.inputs[2].as<const float>() : nullptr;
     float* y = args.outputs[0].as<float>();
-    int64_t rows = g.mg * g.kh * g.kw, ihw = g.ih * g.iw, ohw = g.oh * g.ow;
+    int64_t rows = g.Rows(), ihw = g.InVolume(), ohw = g.OutVolume();
     int64_t m = g.mg * g.group, c = g.cg * g.group;
     auto* col = static_cast<float*>(args.workspace);
     void* gemm_ws =
         static_cast<std::byte*>(args.workspace) + Align64(static_cast<size_t>(rows * ihw) * 4);
     for (int64_t n = 0; n < g.n; ++n) {
       for (int64_t grp = 0; grp < g.group; ++grp) {
-        // W is [C, Mg, kh, kw]: group grp's slice is a Cg x rows matrix; we need its transpose.
+        // W is [C, Mg, (kd,) kh, kw]: group grp's slice is a Cg x rows matrix; we need its
+        // transpose.
         const float* wg = w + grp * g.cg * rows;
         const float* xg = x + (n * c + grp * g.cg) * ihw;
         float* yg = y + (n * m + grp * g.mg) * ohw;
@@ -93,17 +100,23 @@ class ConvTransposeKernel final : public Kernel {
             float* plane = yg + oc * ohw;
             float b = bias ? bias[grp * g.mg + oc] : 0.f;
             std::fill(plane, plane + ohw, b);
-            for (int64_t ky = 0; ky < g.kh; ++ky) {
-              for (int64_t kx = 0; kx < g.kw; ++kx) {
-                const float* src = col + ((oc * g.kh + ky) * g.kw + kx) * ihw;
-                for (int64_t ih = 0; ih < g.ih; ++ih) {
-                  int64_t oh = ih * g.sh - g.ph + ky * g.dh;
-                  if (oh < 0 || oh >= g.oh) continue;
-                  float* dst = plane + oh * g.ow;
-                  const float* s = src + ih * g.iw;
-                  for (int64_t iw = 0; iw < g.iw; ++iw) {
-                    int64_t ow = iw * g.sw - g.pw + kx * g.dw;
-                    if (ow >= 0 && ow < g.ow) dst[ow] += s[iw];
+            for (int64_t kz = 0; kz < g.kd; ++kz) {
+              for (int64_t ky = 0; ky < g.kh; ++ky) {
+                for (int64_t kx = 0; kx < g.kw; ++kx) {
+                  const float* src = col + (((oc * g.kd + kz) * g.kh + ky) * g.kw + kx) * ihw;
+                  for (int64_t iz = 0; iz < g.id; ++iz) {
+                    const int64_t oz = iz * g.sd - g.pd + kz * g.dd;
+                    if (oz < 0 || oz >= g.od) continue;
+                    for (int64_t ih = 0; ih < g.ih; ++ih) {
+                      int64_t oh = ih * g.sh - g.ph + ky * g.dh;
+                      if (oh < 0 || oh >= g.oh) continue;
+                      float* dst = plane + (oz * g.oh + oh) * g.ow;
+                      const float* s = src + (iz * g.ih + ih) * g.iw;
+                      for (int64_t iw = 0; iw < g.iw; ++iw) {
+                        int64_t ow = iw * g.sw - g.pw + kx * g.dw;
+                        if (ow >= 0 && ow < g.ow) dst[ow] += s[iw];
+                      }
+                    }
                   }
                 }
               }
@@ -124,9 +137,9 @@ class ConvTransposeKernel final : public Kernel {
 StatusOr<nn::WindowAttrs> ReadDeconvAttrs(const KernelRequest& request) {
   size_t rank = request.inputs[0].shape.size();
   auto w = StaticDims(request.inputs[1].shape);
-  if ((rank != 3 && rank != 4) || !w || w->size() != rank) {
+  if (rank < 3 || rank > 5 || !w || w->size() != rank) {
     return MakeError(ErrorCode::kUnimplemented,
-                     "node '{}': the CPU backend runs 1-D and 2-D ConvTranspose with static "
+                     "node '{}': the CPU backend runs 1-D, 2-D and 3-D ConvTranspose with static "
                      "weights",
                      request.node->name());
   }
