@@ -375,7 +375,9 @@ Reference DeconvReference(const DeconvParams& p) {
   };
 }
 
-std::vector<int64_t> RunDeconv(const DeconvParams& p, uint32_t seed, bool bias = true) {
+// `reference`: DeconvReference (1-D, 2-D) by default; the 3-D tests pass Deconv3dReference.
+std::vector<int64_t> RunDeconv(const DeconvParams& p, uint32_t seed, bool bias = true,
+                               const Reference& reference = nullptr) {
   std::mt19937 rng(seed);
   OpCase c;
   c.op = "ConvTranspose";
@@ -389,7 +391,7 @@ std::vector<int64_t> RunDeconv(const DeconvParams& p, uint32_t seed, bool bias =
   c.inputs = {RandomTensor(p.x, rng), RandomTensor(p.w, rng)};
   if (bias) c.inputs.push_back(RandomTensor({p.w[1] * p.group}, rng));
   c.constant = {false, true, true};
-  auto results = CheckAllTactics(c, DeconvReference(p), 1e-4, 1e-4);
+  auto results = CheckAllTactics(c, reference ? reference : DeconvReference(p), 1e-4, 1e-4);
   EXPECT_EQ(results.size(), 2u);
   auto dims = InferOutputDims(c);
   return dims.ok() ? *dims : std::vector<int64_t>{};
@@ -475,23 +477,7 @@ Reference Deconv3dReference(const DeconvParams& p) {
 }
 
 std::vector<int64_t> RunDeconv3d(const DeconvParams& p, uint32_t seed, bool bias = true) {
-  std::mt19937 rng(seed);
-  OpCase c;
-  c.op = "ConvTranspose";
-  if (!p.strides.empty()) c.attrs.Set("strides", p.strides);
-  if (!p.dilations.empty()) c.attrs.Set("dilations", p.dilations);
-  if (!p.pads.empty()) c.attrs.Set("pads", p.pads);
-  if (!p.output_padding.empty()) c.attrs.Set("output_padding", p.output_padding);
-  if (!p.output_shape.empty()) c.attrs.Set("output_shape", p.output_shape);
-  if (p.auto_pad != "NOTSET") c.attrs.Set("auto_pad", p.auto_pad);
-  c.attrs.Set("group", p.group);
-  c.inputs = {RandomTensor(p.x, rng), RandomTensor(p.w, rng)};
-  if (bias) c.inputs.push_back(RandomTensor({p.w[1] * p.group}, rng));
-  c.constant = {false, true, true};
-  auto results = CheckAllTactics(c, Deconv3dReference(p), 1e-4, 1e-4);
-  EXPECT_EQ(results.size(), 2u);
-  auto dims = InferOutputDims(c);
-  return dims.ok() ? *dims : std::vector<int64_t>{};
+  return RunDeconv(p, seed, bias, Deconv3dReference(p));
 }
 
 TEST(CpuConvTranspose, ThreeD) {
