@@ -13,17 +13,11 @@
 #include "kiln/backends/cpu/conv_common.h"
 #include "kiln/backends/cpu/cpu_kernel.h"
 #include "kiln/backends/cpu/sgemm.h"
-#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
 
 constexpr size_t kSpatial = 3;
-
-struct Conv3dSpec {
-  nn::WindowAttrs attrs;
-  FusedActivationSpec act;
-};
 
 struct Conv3dGeometry {
   int64_t n = 0, group = 1, cg = 0, mg = 0;  // batch, groups, in/out channels per group
@@ -38,30 +32,11 @@ struct Conv3dGeometry {
 
 size_t Align64(size_t n) { return (n + 63) / 64 * 64; }
 
-StatusOr<Conv3dSpec> ReadConv3dSpec(const KernelRequest& request) {
-  const Node& node = *request.node;
-  if (request.inputs.size() < 2 || request.outputs.empty()) {
-    return MakeError(ErrorCode::kInvalidModel, "node '{}' ({}): needs X, W and one output",
-                     node.name(), node.op_type());
-  }
-  if (request.inputs[0].shape.size() != kSpatial + 2) {
-    return MakeError(ErrorCode::kUnimplemented, "not a 3-D convolution");
-  }
-  auto w = StaticDims(request.inputs[1].shape);
-  if (!w || w->size() != kSpatial + 2) {
-    return MakeError(ErrorCode::kShapeMismatch, "node '{}': weight shape must be static, rank 5",
-                     node.name());
-  }
-  Conv3dSpec spec;
-  KILN_ASSIGN_OR_RETURN(spec.attrs,
-                        nn::ReadWindowAttrs(node.attrs(), kSpatial, {(*w)[2], (*w)[3], (*w)[4]}));
-  if (IsOp(node, OpType::kFusedConv)) {
-    KILN_ASSIGN_OR_RETURN(spec.act, ParseFusedActivation(node.attrs()));
-  }
-  return spec;
+StatusOr<ConvSpec> ReadConv3dSpec(const KernelRequest& request) {
+  return ReadConvSpec(request, kSpatial, kSpatial);
 }
 
-StatusOr<Conv3dGeometry> ResolveConv3d(const Conv3dSpec& spec, std::span<const int64_t> x,
+StatusOr<Conv3dGeometry> ResolveConv3d(const ConvSpec& spec, std::span<const int64_t> x,
                                        std::span<const int64_t> w, std::span<const int64_t> y) {
   const nn::WindowAttrs& a = spec.attrs;
   if (x.size() != kSpatial + 2 || w.size() != kSpatial + 2) {
@@ -137,7 +112,7 @@ void Vol2ColPlane(const Conv3dGeometry& g, const float* x, int64_t od, float* co
 
 class Conv3dKernel final : public Kernel {
  public:
-  explicit Conv3dKernel(Conv3dSpec spec) : spec_(std::move(spec)) {}
+  explicit Conv3dKernel(ConvSpec spec) : spec_(std::move(spec)) {}
 
   static size_t Workspace(const Conv3dGeometry& g) {
     return Align64(static_cast<size_t>(g.Rows() * g.OutPlane()) * sizeof(float)) +
@@ -188,7 +163,7 @@ class Conv3dKernel final : public Kernel {
   }
 
  private:
-  Conv3dSpec spec_;
+  ConvSpec spec_;
   Conv3dGeometry geo_;
 };
 
@@ -207,7 +182,7 @@ class Conv3dProviderBase : public CpuFloatProvider {
 
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig&) const override {
-    KILN_ASSIGN_OR_RETURN(Conv3dSpec spec, ReadConv3dSpec(request));
+    KILN_ASSIGN_OR_RETURN(ConvSpec spec, ReadConv3dSpec(request));
     return std::unique_ptr<Kernel>(std::make_unique<Conv3dKernel>(std::move(spec)));
   }
 };

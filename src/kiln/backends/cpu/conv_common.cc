@@ -10,18 +10,19 @@ std::vector<int64_t> MaxDimsOf(const OperandDesc& operand) {
   return {};
 }
 
-StatusOr<ConvSpec> ReadConvSpec(const KernelRequest& request) {
+StatusOr<ConvSpec> ReadConvSpec(const KernelRequest& request, size_t min_spatial,
+                                size_t max_spatial) {
   const Node& node = *request.node;
   if (request.inputs.size() < 2 || request.outputs.empty()) {
     return MakeError(ErrorCode::kInvalidModel, "node '{}' ({}): needs X, W and one output",
                      node.name(), node.op_type());
   }
   size_t rank = request.inputs[0].shape.size();
-  if (rank != 3 && rank != 4) {
+  if (rank < min_spatial + 2 || rank > max_spatial + 2) {
     return MakeError(ErrorCode::kUnimplemented,
-                     "node '{}' ({}): the CPU backend runs 1-D and 2-D convolutions; the input "
-                     "has rank {}",
-                     node.name(), node.op_type(), rank);
+                     "node '{}' ({}): this CPU convolution runs {}-D to {}-D convolutions; the "
+                     "input has rank {}",
+                     node.name(), node.op_type(), min_spatial, max_spatial, rank);
   }
   auto kernel = StaticDims(request.inputs[1].shape);
   if (!kernel || kernel->size() != rank) {

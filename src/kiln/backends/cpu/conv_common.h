@@ -24,9 +24,11 @@ struct ConvGeometry {
   int64_t ph = 0, pw = 0, pad_h_end = 0, pad_w_end = 0;
 };
 
-// Reads and validates the node's attributes; 1-D and 2-D only (an error for other ranks; 3-D
-// convolutions have their own provider, conv3d.cc).
-StatusOr<ConvSpec> ReadConvSpec(const KernelRequest& request);
+// Reads and validates the node's attributes for convolutions of min_spatial..max_spatial axes
+// (an error for other ranks): 1-D and 2-D by default (conv.cc, conv_onednn.cc); conv3d.cc asks
+// for 3-D.
+StatusOr<ConvSpec> ReadConvSpec(const KernelRequest& request, size_t min_spatial = 1,
+                                size_t max_spatial = 2);
 // Concrete geometry from X, W and Y dims; checks that Y has the shape the attributes imply.
 StatusOr<ConvGeometry> ResolveConvGeometry(const ConvSpec& spec, std::span<const int64_t> x,
                                            std::span<const int64_t> w, std::span<const int64_t> y);

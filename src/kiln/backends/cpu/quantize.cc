@@ -80,6 +80,22 @@ void DequantizeLoop(const TensorView& x, const QuantParams& p, const TensorView&
   });
 }
 
+// A Q/DQ kernel: parameters sized in Prepare, read at each run, then `body(args, params)`.
+template <typename Body>
+StatusOr<std::unique_ptr<Kernel>> QdqKernel(int64_t axis, Body body) {
+  auto p = std::make_shared<QuantParams>();
+  return std::unique_ptr<Kernel>(std::make_unique<FnKernel>(
+      [p, body](const KernelRunArgs& a) {
+        p->Load(a);
+        body(a, *p);
+        return OkStatus();
+      },
+      [p, axis](std::span<const TensorView> in, std::span<const TensorView>) -> StatusOr<size_t> {
+        p->Size(in, axis);
+        return size_t{0};
+      }));
+}
+
 const bool kRegistered = [] {
   RegisterOpKernel({
       .op_type = "QuantizeLinear",
@@ -91,26 +107,18 @@ const bool kRegistered = [] {
             return (IsFloat(InType(r, 0)) || InType(r, 0) == DataType::kInt32) &&
                    IsFloat(InType(r, 1)) && (out == DataType::kInt8 || out == DataType::kUInt8);
           },
-      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
-        const int64_t axis = attrs::QuantizeLinear::axis(*r.node);
-        const DataType out = OutType(r, 0);
-        auto p = std::make_shared<QuantParams>();
-        return std::unique_ptr<Kernel>(std::make_unique<FnKernel>(
-            [p, out](const KernelRunArgs& a) {
-              p->Load(a);
-              if (out == DataType::kInt8) {
-                QuantizeLoop(a.inputs[0], *p, a.outputs[0].as<int8_t>());
-              } else {
-                QuantizeLoop(a.inputs[0], *p, a.outputs[0].as<uint8_t>());
-              }
-              return OkStatus();
-            },
-            [p, axis](std::span<const TensorView> in,
-                      std::span<const TensorView>) -> StatusOr<size_t> {
-              p->Size(in, axis);
-              return size_t{0};
-            }));
-      },
+      .create =
+          [](const KernelRequest& r) {
+            const DataType out = OutType(r, 0);
+            return QdqKernel(attrs::QuantizeLinear::axis(*r.node),
+                             [out](const KernelRunArgs& a, const QuantParams& p) {
+                               if (out == DataType::kInt8) {
+                                 QuantizeLoop(a.inputs[0], p, a.outputs[0].as<int8_t>());
+                               } else {
+                                 QuantizeLoop(a.inputs[0], p, a.outputs[0].as<uint8_t>());
+                               }
+                             });
+          },
   });
   RegisterOpKernel({
       .op_type = "DequantizeLinear",
@@ -122,28 +130,20 @@ const bool kRegistered = [] {
             return (in == DataType::kInt8 || in == DataType::kUInt8 || in == DataType::kInt32) &&
                    IsFloat(InType(r, 1)) && IsFloat(OutType(r, 0));
           },
-      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
-        const int64_t axis = attrs::DequantizeLinear::axis(*r.node);
-        const DataType in = InType(r, 0);
-        auto p = std::make_shared<QuantParams>();
-        return std::unique_ptr<Kernel>(std::make_unique<FnKernel>(
-            [p, in](const KernelRunArgs& a) {
-              p->Load(a);
-              if (in == DataType::kInt8) {
-                DequantizeLoop<int8_t>(a.inputs[0], *p, a.outputs[0]);
-              } else if (in == DataType::kUInt8) {
-                DequantizeLoop<uint8_t>(a.inputs[0], *p, a.outputs[0]);
-              } else {
-                DequantizeLoop<int32_t>(a.inputs[0], *p, a.outputs[0]);
-              }
-              return OkStatus();
-            },
-            [p, axis](std::span<const TensorView> in_views,
-                      std::span<const TensorView>) -> StatusOr<size_t> {
-              p->Size(in_views, axis);
-              return size_t{0};
-            }));
-      },
+      .create =
+          [](const KernelRequest& r) {
+            const DataType in = InType(r, 0);
+            return QdqKernel(attrs::DequantizeLinear::axis(*r.node),
+                             [in](const KernelRunArgs& a, const QuantParams& p) {
+                               if (in == DataType::kInt8) {
+                                 DequantizeLoop<int8_t>(a.inputs[0], p, a.outputs[0]);
+                               } else if (in == DataType::kUInt8) {
+                                 DequantizeLoop<uint8_t>(a.inputs[0], p, a.outputs[0]);
+                               } else {
+                                 DequantizeLoop<int32_t>(a.inputs[0], p, a.outputs[0]);
+                               }
+                             });
+          },
   });
   return true;
 }();
