@@ -6,9 +6,11 @@
 // matrix-product equations run at naive-GEMM speed.
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ir/sizes.h"
 #include "kiln/ops/einsum.h"
 
 namespace kiln::cpu {
@@ -21,7 +23,9 @@ struct EinsumPlan {
   int64_t out_size = 1, red_size = 1;
 };
 
-EinsumPlan Plan(const EinsumEquation& e, std::span<const TensorView> in) {
+// The plan for the bound shapes; an iteration space (output elements x summed combinations)
+// beyond int64 is refused rather than wrapped.
+StatusOr<EinsumPlan> Plan(const EinsumEquation& e, std::span<const TensorView> in) {
   EinsumPlan p;
   const size_t n = static_cast<size_t>(e.num_axes());
   p.extent.assign(n, 1);
@@ -41,16 +45,25 @@ EinsumPlan Plan(const EinsumEquation& e, std::span<const TensorView> in) {
     }
   }
   std::vector<bool> in_out(n, false);
+  std::optional<int64_t> out_size = 1, red_size = 1;
   for (int64_t a : e.output_axes) {
     p.out_axes.push_back(a);
     in_out[static_cast<size_t>(a)] = true;
-    p.out_size *= p.extent[static_cast<size_t>(a)];
+    out_size = CheckedMul(out_size.value_or(0), p.extent[static_cast<size_t>(a)]);
+    if (!out_size) break;
   }
-  for (size_t a = 0; a < n; ++a) {
+  for (size_t a = 0; a < n && red_size; ++a) {
     if (in_out[a]) continue;
     p.red_axes.push_back(static_cast<int64_t>(a));
-    p.red_size *= p.extent[a];
+    red_size = CheckedMul(*red_size, p.extent[a]);
   }
+  if (!out_size || !red_size || !CheckedMul(*out_size, *red_size)) {
+    return MakeError(ErrorCode::kTensorTooLarge,
+                     "Einsum's iteration space (output elements x summed combinations) exceeds "
+                     "int64");
+  }
+  p.out_size = *out_size;
+  p.red_size = *red_size;
   return p;
 }
 
@@ -61,37 +74,38 @@ constexpr size_t kMaxAxes = 24;
 
 void RunEinsum(const EinsumPlan& p, std::span<const TensorView> in, float* y) {
   const size_t ops = in.size();
-  ParallelRows(p.out_size, p.red_size * static_cast<int64_t>(ops), [&](int64_t b, int64_t e) {
-    int64_t base[kMaxOperands], off[kMaxOperands], idx[kMaxAxes];
-    const size_t nred = p.red_axes.size();
-    for (int64_t o = b; o < e; ++o) {
-      std::fill(base, base + ops, 0);
-      int64_t rest = o;
-      for (size_t k = p.out_axes.size(); k-- > 0;) {
-        const size_t axis = static_cast<size_t>(p.out_axes[k]);
-        const int64_t c = rest % p.extent[axis];
-        rest /= p.extent[axis];
-        for (size_t i = 0; i < ops; ++i) base[i] += c * p.stride[i][axis];
-      }
-      std::fill(idx, idx + nred, 0);
-      std::copy(base, base + ops, off);
-      double acc = 0;
-      for (int64_t r = 0; r < p.red_size; ++r) {
-        double prod = 1;
-        for (size_t i = 0; i < ops; ++i) prod *= in[i].as<const float>()[off[i]];
-        acc += prod;
-        // Next reduction index (an odometer over red_axes, the last fastest).
-        for (size_t k = nred; k-- > 0;) {
-          const size_t axis = static_cast<size_t>(p.red_axes[k]);
-          for (size_t i = 0; i < ops; ++i) off[i] += p.stride[i][axis];
-          if (++idx[k] < p.extent[axis]) break;
-          for (size_t i = 0; i < ops; ++i) off[i] -= idx[k] * p.stride[i][axis];
-          idx[k] = 0;
-        }
-      }
-      y[o] = static_cast<float>(acc);
-    }
-  });
+  ParallelRows(p.out_size, SatMul(p.red_size, static_cast<int64_t>(ops)),
+               [&](int64_t b, int64_t e) {
+                 int64_t base[kMaxOperands], off[kMaxOperands], idx[kMaxAxes];
+                 const size_t nred = p.red_axes.size();
+                 for (int64_t o = b; o < e; ++o) {
+                   std::fill(base, base + ops, 0);
+                   int64_t rest = o;
+                   for (size_t k = p.out_axes.size(); k-- > 0;) {
+                     const size_t axis = static_cast<size_t>(p.out_axes[k]);
+                     const int64_t c = rest % p.extent[axis];
+                     rest /= p.extent[axis];
+                     for (size_t i = 0; i < ops; ++i) base[i] += c * p.stride[i][axis];
+                   }
+                   std::fill(idx, idx + nred, 0);
+                   std::copy(base, base + ops, off);
+                   double acc = 0;
+                   for (int64_t r = 0; r < p.red_size; ++r) {
+                     double prod = 1;
+                     for (size_t i = 0; i < ops; ++i) prod *= in[i].as<const float>()[off[i]];
+                     acc += prod;
+                     // Next reduction index (an odometer over red_axes, the last fastest).
+                     for (size_t k = nred; k-- > 0;) {
+                       const size_t axis = static_cast<size_t>(p.red_axes[k]);
+                       for (size_t i = 0; i < ops; ++i) off[i] += p.stride[i][axis];
+                       if (++idx[k] < p.extent[axis]) break;
+                       for (size_t i = 0; i < ops; ++i) off[i] -= idx[k] * p.stride[i][axis];
+                       idx[k] = 0;
+                     }
+                   }
+                   y[o] = static_cast<float>(acc);
+                 }
+               });
 }
 
 StatusOr<EinsumEquation> ParseRequest(const KernelRequest& r) {
@@ -126,7 +140,7 @@ const bool kRegistered = [] {
             },
             [plan, eq = std::move(eq)](std::span<const TensorView> in,
                                        std::span<const TensorView>) -> StatusOr<size_t> {
-              *plan = Plan(eq, in);
+              KILN_ASSIGN_OR_RETURN(*plan, Plan(eq, in));
               return size_t{0};
             }));
       },
