@@ -33,9 +33,10 @@ struct KernelCheck {
   Status error;  // why the check could not run (an unavailable backend, a shape error...)
 };
 
-KernelCheck CheckKernels(const InspectOptions& o) {
+// `graph`: the model as InspectOnnxFile imported it (a build's starting point).
+KernelCheck CheckKernels(const InspectOptions& o, std::unique_ptr<Graph> graph) {
   KernelCheck check;
-  if (o.no_kernels) return check;
+  if (o.no_kernels || !graph) return check;
   check.ran = true;
   BuilderConfig config;
   auto backend = ParseBackend(o.backend);
@@ -51,13 +52,7 @@ KernelCheck CheckKernels(const InspectOptions& o) {
       return check;
     }
   }
-  OnnxModelMeta meta;
-  auto graph = ImportOnnxFile(o.path, ImportOptions(), &meta);
-  if (!graph.ok()) {
-    check.error = graph.status();
-    return check;
-  }
-  auto gaps = FindKernelGaps(BuildInput{std::move(*graph), o.path, meta.file_hash}, config);
+  auto gaps = FindKernelGaps(BuildInput{std::move(graph), o.path, Hash128()}, config);
   if (!gaps.ok()) {
     check.error = gaps.status();
   } else {
@@ -102,8 +97,7 @@ int InspectOnnx(const InspectOptions& o) {
     if (!info->structure.ok()) {
       j["error"] = {{"code", info->structure.Id()}, {"message", info->structure.message()}};
     }
-    KernelCheck kernels;
-    if (info->unsupported.empty() && info->structure.ok()) kernels = CheckKernels(o);
+    const KernelCheck kernels = CheckKernels(o, std::move(info->graph));
     if (kernels.ran) {
       nlohmann::json k = {{"backend", kernels.backend}};
       nlohmann::json gaps = nlohmann::json::array();
@@ -145,7 +139,7 @@ int InspectOnnx(const InspectOptions& o) {
   if (info->unsupported.empty()) {
     std::cout << "  every op is supported\n";
     if (!info->structure.ok()) return ReportError(info->structure);
-    const KernelCheck kernels = CheckKernels(o);
+    const KernelCheck kernels = CheckKernels(o, std::move(info->graph));
     if (!kernels.ran) return 0;
     if (!kernels.error.ok()) {
       std::cout << fmt::format("  kernels: not checked ({})\n", kernels.error.Id());

@@ -99,7 +99,9 @@ StatusOr<OnnxModelInfo> InspectOnnxFile(const std::string& path) {
   // build then refuses (a cycle, an undefined value, missing external data).
   ImportOptions import;
   import.allow_unsupported_ops = true;
-  info.structure = ImportOnnxFile(path, import).status();
+  auto imported = ImportOnnxFile(path, import);
+  info.structure = imported.status();
+  if (imported.ok() && info.unsupported.empty()) info.graph = std::move(*imported);
   return info;
 }
 

@@ -95,6 +95,9 @@ struct OnnxModelInfo {
   // external data E2002, ...), unsupported ops aside: not OK means `kiln build` refuses the
   // model even where every op is supported.
   Status structure;
+  // The imported graph when `structure` is OK and every op is supported: what a build starts
+  // from (`kiln inspect`'s kernel check takes it instead of importing the file again).
+  std::unique_ptr<Graph> graph;
 };
 
 // Reads a model for inspection; fails only when the file itself is unreadable (KILN-E2000,
