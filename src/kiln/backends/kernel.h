@@ -18,6 +18,7 @@
 #include "kiln/core/status.h"
 #include "kiln/ir/graph.h"
 #include "kiln/ir/tensor.h"
+#include "kiln/ops/op_schema.h"
 
 namespace kiln {
 
@@ -136,21 +137,28 @@ class KernelRegistry {
  public:
   static KernelRegistry& Get();
   void Register(std::unique_ptr<KernelProvider> provider);
-  // Providers of an op on a backend, in registration priority order.
+  // Providers of an op on a backend, sorted by id. Keyed on OpType (ops.inc); the name form looks
+  // the op up first and finds nothing for an op kiln does not declare.
+  std::vector<const KernelProvider*> Providers(BackendKind backend, OpType op) const;
   std::vector<const KernelProvider*> Providers(BackendKind backend, std::string_view op_type) const;
   // Providers of the node's op that also run its layout (NodeLayout); what builders and
   // evaluators should use.
   std::vector<const KernelProvider*> Providers(BackendKind backend, const Node& node) const;
   const KernelProvider* Find(BackendKind backend, std::string_view provider_id) const;
   std::vector<const KernelProvider*> All() const;
+  // Providers whose op_type() is no op of ops.inc (a misspelling): never offered to a layer.
+  // backends.OpCoverage checks that there are none.
+  std::vector<const KernelProvider*> Undeclared() const;
 
  private:
   std::vector<std::unique_ptr<KernelProvider>> providers_;
-  // backend -> op type -> providers sorted by id: built on first use after a registration, since
+  void BuildIndexLocked() const;
+  // backend -> OpType -> providers sorted by id: built on first use after a registration, since
   // every layer of every build asks (a scan of all providers was 3% of a warm build).
-  using OpIndex = std::map<std::string, std::vector<const KernelProvider*>, std::less<>>;
+  using OpIndex = std::vector<std::vector<const KernelProvider*>>;
   mutable std::mutex index_mu_;
   mutable std::map<BackendKind, OpIndex> index_;
+  mutable std::vector<const KernelProvider*> undeclared_;
   mutable bool index_built_ = false;
 };
 
@@ -163,4 +171,4 @@ struct KernelProviderRegistrar {
 
 // Registers a KernelProvider subclass; put it in the kernel's own file (STYLE.md rule 4).
 #define KILN_REGISTER_KERNEL_PROVIDER(Provider) \
-  static ::kiln::KernelProviderRegistrar<Provider> KILN_CONCAT_(kiln_provider_, __LINE__)
+  static ::kiln::KernelProviderRegistrar<Provider> KILN_CONCAT_(kiln_provider_, __COUNTER__)

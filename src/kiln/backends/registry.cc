@@ -2,8 +2,10 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "kiln/backends/backend.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln {
 
@@ -28,26 +30,48 @@ void KernelRegistry::Register(std::unique_ptr<KernelProvider> provider) {
   index_built_ = false;
 }
 
+void KernelRegistry::BuildIndexLocked() const {
+  if (index_built_) return;
+  index_.clear();
+  undeclared_.clear();
+  for (const auto& p : providers_) {
+    std::optional<OpType> op = LookupOpType(p->op_type());
+    if (!op) {
+      undeclared_.push_back(p.get());
+      continue;
+    }
+    auto& by_op = index_[p->backend()];
+    by_op.resize(static_cast<size_t>(OpType::kNumOps));
+    by_op[static_cast<size_t>(*op)].push_back(p.get());
+  }
+  // Registration order across files is unspecified; sort by id for determinism.
+  for (auto& [backend_kind, by_op] : index_) {
+    for (auto& list : by_op) {
+      std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->id() < b->id(); });
+    }
+  }
+  index_built_ = true;
+}
+
+std::vector<const KernelProvider*> KernelRegistry::Providers(BackendKind backend, OpType op) const {
+  std::lock_guard lock(index_mu_);
+  BuildIndexLocked();
+  auto by_backend = index_.find(backend);
+  const size_t i = static_cast<size_t>(op);
+  if (by_backend == index_.end() || i >= by_backend->second.size()) return {};
+  return by_backend->second[i];
+}
+
 std::vector<const KernelProvider*> KernelRegistry::Providers(BackendKind backend,
                                                              std::string_view op_type) const {
+  std::optional<OpType> op = LookupOpType(op_type);
+  return op ? Providers(backend, *op) : std::vector<const KernelProvider*>();
+}
+
+std::vector<const KernelProvider*> KernelRegistry::Undeclared() const {
   std::lock_guard lock(index_mu_);
-  if (!index_built_) {
-    index_.clear();
-    for (const auto& p : providers_) {
-      index_[p->backend()][std::string(p->op_type())].push_back(p.get());
-    }
-    // Registration order across files is unspecified; sort by id for determinism.
-    for (auto& [backend_kind, ops] : index_) {
-      for (auto& [op, list] : ops) {
-        std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->id() < b->id(); });
-      }
-    }
-    index_built_ = true;
-  }
-  auto by_backend = index_.find(backend);
-  if (by_backend == index_.end()) return {};
-  auto it = by_backend->second.find(op_type);  // std::less<>: no key string built
-  return it == by_backend->second.end() ? std::vector<const KernelProvider*>() : it->second;
+  BuildIndexLocked();
+  return undeclared_;
 }
 
 std::string NodeLayout(const Node& node) {
@@ -57,7 +81,7 @@ std::string NodeLayout(const Node& node) {
 
 std::vector<const KernelProvider*> KernelRegistry::Providers(BackendKind backend,
                                                              const Node& node) const {
-  std::vector<const KernelProvider*> out = Providers(backend, node.op_type());
+  std::vector<const KernelProvider*> out = Providers(backend, OpTypeOf(node));
   std::string layout = NodeLayout(node);
   std::erase_if(out, [&](const KernelProvider* p) { return !p->SupportsLayout(layout); });
   return out;

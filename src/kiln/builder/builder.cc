@@ -22,6 +22,7 @@
 #include "kiln/core/json_writer.h"
 #include "kiln/core/logging.h"
 #include "kiln/core/params.h"
+#include "kiln/engine/engine_plan.h"
 #include "kiln/onnx/calibration_data.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/passes/pass.h"
@@ -612,7 +613,9 @@ Status BudgetPhase(BuildState& s) {
   if (!s.budget) return OkStatus();
   const int64_t budget = *s.budget;
   std::vector<PlanLayer> base_layers;
-  for (const LayerSearch& l : s.searches) base_layers.push_back({l.node, 0, s.alias_views});
+  for (const LayerSearch& l : s.searches) {
+    base_layers.push_back(PlanLayerFor(*l.node, 0, s.alias_views));
+  }
   KILN_ASSIGN_OR_RETURN(MemoryPlan base_plan, PlanMemory(s.graph(), base_layers, config.profile));
   if (base_plan.weights_bytes > budget) {
     return MakeError(ErrorCode::kMemoryBudgetExceeded,
@@ -697,7 +700,7 @@ Status TimingPhase(BuildState& s) {
     auto lp = s.assigned.layers.find(l.node->name());
     layer.precision_reason = lp != s.assigned.layers.end() ? lp->second.reason : "fp32";
     s.plan_layers.push_back(
-        {l.node, static_cast<int64_t>(c.tactic.workspace_bytes), s.alias_views});
+        PlanLayerFor(*l.node, static_cast<int64_t>(c.tactic.workspace_bytes), s.alias_views));
     s.layers.push_back(std::move(layer));
   }
   rep.phase_seconds_tactics = Seconds(s.tactics_start);

@@ -11,6 +11,10 @@
 
 namespace kiln {
 
+// A layer as the planner sees it: `view` is set when the node's op has the kView trait (ops.inc)
+// and `alias_views` allows aliasing. The builder and PlanMemory(EngineDesc) both use it.
+PlanLayer PlanLayerFor(const Node& node, int64_t workspace_bytes, bool alias_views);
+
 // The plan for an assembled engine (its layers' nodes and tactic workspaces).
 StatusOr<MemoryPlan> PlanMemory(const EngineDesc& engine, bool alias_views = true);
 

@@ -11,13 +11,8 @@
 
 namespace kiln {
 
-bool IsViewOp(std::string_view op_type) {
-  return op_type == "Reshape" || op_type == "Flatten" || op_type == "Squeeze" ||
-         op_type == "Unsqueeze" || op_type == "Identity";
-}
-
 const Value* ViewInput(const Node& node) {
-  if (!IsViewOp(node.op_type()) || node.num_inputs() < 1 || node.num_outputs() != 1) {
+  if (node.num_inputs() < 1 || node.num_outputs() != 1) {
     return nullptr;
   }
   const Value* in = node.input(0);
@@ -189,7 +184,7 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
   for (size_t l = 0; l < layers.size(); ++l) {
     const Node* node = layers[l].node;
     if (!node) return MakeError(ErrorCode::kInternal, "layer {} has no node", l);
-    if (const Value* in = layers[l].allow_alias ? ViewInput(*node) : nullptr) {
+    if (const Value* in = layers[l].view ? ViewInput(*node) : nullptr) {
       const Value* out = node->output(0);
       const Value* root = resolve(in);
       auto it = index.find(root);

@@ -2,8 +2,9 @@
 // optimization profile's MAX shapes, with buffers whose lifetimes do not overlap sharing bytes.
 // Graph inputs/outputs are bound by the caller and constants live in the weights section, so
 // neither takes arena space. Layers run one after another, so one workspace region serves all.
-// View layers (Reshape, Flatten, Squeeze, Unsqueeze, Identity: the output is the input's bytes)
-// are aliased: their output shares the input's buffer and the runtime launches nothing for them.
+// View layers (ops with the op table's kView trait: the output is the input's bytes under another
+// shape) are aliased: their output shares the input's buffer and the runtime launches nothing for
+// them. The caller says which layers are views (PlanLayer::view); the planner knows no op names.
 #pragma once
 
 #include <cstdint>
@@ -32,20 +33,19 @@ struct MemoryPlan {
   int64_t peak_bytes = 0;  // weights + arena + workspace
 };
 
-// One layer as the planner sees it: the node it runs and its tactic's workspace estimate.
-// allow_alias = false keeps a view layer's copy (the builder's KILN_ALIAS_VIEWS=0 switch).
+// One layer as the planner sees it: the node it runs, its tactic's workspace estimate, and
+// whether its output may share its data input's bytes: the node's op is a view (the op table's
+// kView trait: Identity, Reshape, Flatten, Squeeze, Unsqueeze; all kiln tensors are dense and
+// row-major) and aliasing is on (the builder's KILN_ALIAS_VIEWS=0 switch turns it off).
+// engine/engine_plan.h's PlanLayerFor fills it from the op table.
 struct PlanLayer {
   const Node* node = nullptr;
   int64_t workspace_bytes = 0;
-  bool allow_alias = true;
+  bool view = false;
 };
 
-// Ops whose output is the input's bytes under another shape (all kiln tensors are dense and
-// row-major): Identity, Reshape, Flatten, Squeeze, Unsqueeze.
-bool IsViewOp(std::string_view op_type);
-
-// The value whose bytes a view node's output may share: its data input, when the node is a view
-// op with a data input and an output of the same type. nullptr for every other node.
+// The value whose bytes a view layer's output may share: the node's data input (input 0), when
+// the node has one output, of the data input's type. nullptr otherwise. Asked of views only.
 const Value* ViewInput(const Node& node);
 
 // The tactic name a view layer carries in the engine once aliased ("f16-reshape-view"): reports,

@@ -1,7 +1,8 @@
-// Elementwise unary ops and activations on the CPU, from one table: each op is a name and a
-// scalar expression (attribute defaults come from ops.inc). FP32 compute (f16/bf16 through the
-// wrapper); the ops that ONNX defines on integers or bools get those paths too. Clip reads min/max
-// inputs. Gelu (the graph passes' fused op) uses vec_math.h's erf/tanh, which vectorize.
+// Elementwise unary ops and activations on the CPU, from the table both backends share
+// (ops/unary_ops.inc: each op a name and a scalar formula; attribute defaults from ops.inc). FP32
+// compute (f16/bf16 through the wrapper); the ops that ONNX defines on integers or bools get those
+// paths too. Clip reads min/max inputs. Gelu (the graph passes' fused op) uses vec_math.h's
+// erf/tanh, which vectorize.
 #include <cmath>
 
 #include "kiln/backends/cpu/op_util.h"
@@ -26,46 +27,28 @@ Status MapUnary(const KernelRunArgs& a, F f) {
   return OkStatus();
 }
 
-constexpr float kInvSqrt2 = 0.70710678118654752f;
-constexpr float kSqrt2OverPi = 0.79788456080286536f;
-
-// name, expression in x and p (UnaryParams: the op's alpha, beta, gamma from ops.inc).
-#define KILN_CPU_FLOAT_UNARY_OPS(X)                                                           \
-  X(Relu, x > 0.f ? x : 0.f)                                                                  \
-  X(LeakyRelu, x >= 0.f ? x : p.alpha * x)                                                    \
-  X(Sigmoid, x >= 0.f ? 1.f / (1.f + std::exp(-x)) : std::exp(x) / (1.f + std::exp(x)))       \
-  X(Tanh, std::tanh(x))                                                                       \
-  X(Erf, std::erf(x))                                                                         \
-  X(Exp, std::exp(x))                                                                         \
-  X(Log, std::log(x))                                                                         \
-  X(Sqrt, std::sqrt(x))                                                                       \
-  X(Reciprocal, 1.f / x)                                                                      \
-  X(Neg, -x)                                                                                  \
-  X(Abs, std::fabs(x))                                                                        \
-  X(Floor, std::floor(x))                                                                     \
-  X(Ceil, std::ceil(x))                                                                       \
-  X(Round, std::nearbyint(x))                                                                 \
-  X(Sign, x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f))                                             \
-  X(Sin, std::sin(x))                                                                         \
-  X(Cos, std::cos(x))                                                                         \
-  X(Softplus, x > 20.f ? x : std::log1p(std::exp(x)))                                         \
-  X(Softsign, x / (1.f + std::fabs(x)))                                                       \
-  X(Elu, x >= 0.f ? x : p.alpha * std::expm1(x))                                              \
-  X(Selu, x > 0.f ? p.gamma * x : p.gamma * p.alpha * std::expm1(x))                          \
-  X(Celu, std::max(0.f, x) + std::min(0.f, p.alpha * std::expm1(x / p.alpha)))                \
-  X(HardSigmoid, std::clamp(p.alpha* x + p.beta, 0.f, 1.f))                                   \
-  X(HardSwish, x* std::clamp(x / 6.f + 0.5f, 0.f, 1.f))                                       \
-  X(Mish, x* std::tanh(x > 20.f ? x : std::log1p(std::exp(x))))                               \
-  X(ThresholdedRelu, x > p.alpha ? x : 0.f)                                                   \
-  X(Gelu, p.tanh_gelu ? 0.5f * x*(1.f + FastTanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))) \
-                      : 0.5f * x * (1.f + FastErf(x * kInvSqrt2)))
-
-// Ops that ONNX also defines on signed integers: integer expression in x. (Relu on integers is
-// left out on purpose: no model needs it, and cpu_eval_test uses it as the missing-kernel case.)
-#define KILN_CPU_INT_UNARY_OPS(X) \
-  X(Neg, -x)                      \
-  X(Abs, x < 0 ? -x : x)          \
-  X(Sign, static_cast<T>(x > 0 ? 1 : (x < 0 ? -1 : 0)))
+// The math the shared formulas (ops/unary_ops.inc) call: std:: functions, and vec_math.h's erf
+// and tanh for Gelu, which vectorize.
+namespace m {
+inline float exp(float x) { return std::exp(x); }
+inline float tanh(float x) { return std::tanh(x); }
+inline float erf(float x) { return std::erf(x); }
+inline float log(float x) { return std::log(x); }
+inline float sqrt(float x) { return std::sqrt(x); }
+inline float fabs(float x) { return std::fabs(x); }
+inline float floor(float x) { return std::floor(x); }
+inline float ceil(float x) { return std::ceil(x); }
+inline float nearbyint(float x) { return std::nearbyint(x); }
+inline float sin(float x) { return std::sin(x); }
+inline float cos(float x) { return std::cos(x); }
+inline float log1p(float x) { return std::log1p(x); }
+inline float expm1(float x) { return std::expm1(x); }
+inline float max(float a, float b) { return std::max(a, b); }
+inline float min(float a, float b) { return std::min(a, b); }
+inline float clamp(float v, float lo, float hi) { return std::clamp(v, lo, hi); }
+inline float fast_tanh(float x) { return FastTanh(x); }
+inline float fast_erf(float x) { return FastErf(x); }
+}  // namespace m
 
 // The op's parameters with their defaults from ops.inc (0 for an op that declares none).
 UnaryParams ReadParams(const Node& node) {
@@ -84,18 +67,22 @@ bool SignedInt(DataType t) {
 
 template <typename T>
 Status RunIntUnary(std::string_view op, const KernelRunArgs& a) {
-#define KILN_INT_CASE(Name, expr) \
-  if (op == #Name) return MapUnary<T, T>(a, [](T x) -> T { return static_cast<T>(expr); });
-  KILN_CPU_INT_UNARY_OPS(KILN_INT_CASE)
-#undef KILN_INT_CASE
+#define KILN_UNARY_OP(Name, formula)
+#define KILN_INT_UNARY_OP(Name, formula) \
+  if (op == #Name) return MapUnary<T, T>(a, [](T x) -> T { return static_cast<T>(formula); });
+#include "kiln/ops/unary_ops.inc"
+#undef KILN_INT_UNARY_OP
+#undef KILN_UNARY_OP
   return MakeError(ErrorCode::kKernelFailed, "no integer path for {}", op);
 }
 
 bool HasIntPath(std::string_view op) {
-#define KILN_INT_NAME(Name, expr) \
+#define KILN_UNARY_OP(Name, formula)
+#define KILN_INT_UNARY_OP(Name, formula) \
   if (op == #Name) return true;
-  KILN_CPU_INT_UNARY_OPS(KILN_INT_NAME)
-#undef KILN_INT_NAME
+#include "kiln/ops/unary_ops.inc"
+#undef KILN_INT_UNARY_OP
+#undef KILN_UNARY_OP
   return false;
 }
 
@@ -141,11 +128,12 @@ Status RunClip(const KernelRunArgs& a) {
 }
 
 const bool kRegistered = [] {
-#define KILN_REGISTER_UNARY(Name, expr) \
-  RegisterFloatUnary(#Name, [](float x, const UnaryParams& p) -> float { return expr; });
-  KILN_CPU_FLOAT_UNARY_OPS(KILN_REGISTER_UNARY)
-#undef KILN_REGISTER_UNARY
-
+#define KILN_UNARY_OP(Name, formula) \
+  RegisterFloatUnary(#Name, [](float x, const UnaryParams& p) -> float { return formula; });
+#define KILN_INT_UNARY_OP(Name, formula)
+#include "kiln/ops/unary_ops.inc"
+#undef KILN_INT_UNARY_OP
+#undef KILN_UNARY_OP
   RegisterOpKernel({
       .op_type = "Clip",
       .accepts =

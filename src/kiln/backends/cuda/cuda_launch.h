@@ -28,39 +28,18 @@ struct Strided {
 };
 
 // ---- elementwise.cu ---------------------------------------------------------------------------
+// One per row of ops/unary_ops.inc, then Not (bool).
 enum class UnaryOp : int32_t {
-  kRelu,
-  kLeakyRelu,
-  kSigmoid,
-  kTanh,
-  kErf,
-  kExp,
-  kLog,
-  kSqrt,
-  kReciprocal,
-  kNeg,
-  kAbs,
-  kFloor,
-  kCeil,
-  kRound,
-  kSign,
-  kSin,
-  kCos,
-  kSoftplus,
-  kSoftsign,
-  kElu,
-  kSelu,
-  kCelu,
-  kHardSigmoid,
-  kHardSwish,
-  kMish,
-  kThresholdedRelu,
-  kGelu,
-  kGeluTanh,
+#define KILN_UNARY_OP(Name, formula) k##Name,
+#define KILN_INT_UNARY_OP(Name, formula)
+#include "kiln/ops/unary_ops.inc"
+#undef KILN_INT_UNARY_OP
+#undef KILN_UNARY_OP
   kNot
 };
 struct UnaryParams {
   float alpha = 0, beta = 0, gamma = 0;
+  bool tanh_gelu = false;  // Gelu with approximate = "tanh"
 };
 // y[i] = op(x[i]) for float storage (f32/f16/bf16; kNot on bool). n elements, dense.
 cudaError_t LaunchUnary(UnaryOp op, UnaryParams p, Elem t, const void* x, void* y, int64_t n,

@@ -36,7 +36,14 @@ cudaError_t LaunchVariadic(VariadicOp op, Elem t, const VariadicDesc& d, void* y
                            cudaStream_t stream);
 
 // ---- int_unary.cu -----------------------------------------------------------------------------
-enum class IntUnaryOp : int32_t { kNeg, kAbs, kSign };
+// One per KILN_INT_UNARY_OP row of ops/unary_ops.inc.
+enum class IntUnaryOp : int32_t {
+#define KILN_UNARY_OP(Name, formula)
+#define KILN_INT_UNARY_OP(Name, formula) k##Name,
+#include "kiln/ops/unary_ops.inc"
+#undef KILN_INT_UNARY_OP
+#undef KILN_UNARY_OP
+};
 // y = op(x) for i8/i32/i64, n elements, dense.
 cudaError_t LaunchIntUnary(IntUnaryOp op, Elem t, const void* x, void* y, int64_t n,
                            cudaStream_t stream);

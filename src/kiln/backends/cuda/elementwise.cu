@@ -10,47 +10,38 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr float kInvSqrt2 = 0.70710678118654752f;
-constexpr float kSqrt2OverPi = 0.79788456080286536f;
+// The math the shared formulas (ops/unary_ops.inc) call, as single-precision device functions.
+namespace m {
+__device__ __forceinline__ float exp(float x) { return expf(x); }
+__device__ __forceinline__ float tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ float erf(float x) { return erff(x); }
+__device__ __forceinline__ float log(float x) { return logf(x); }
+__device__ __forceinline__ float sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ float fabs(float x) { return fabsf(x); }
+__device__ __forceinline__ float floor(float x) { return floorf(x); }
+__device__ __forceinline__ float ceil(float x) { return ceilf(x); }
+__device__ __forceinline__ float nearbyint(float x) { return nearbyintf(x); }
+__device__ __forceinline__ float sin(float x) { return sinf(x); }
+__device__ __forceinline__ float cos(float x) { return cosf(x); }
+__device__ __forceinline__ float log1p(float x) { return log1pf(x); }
+__device__ __forceinline__ float expm1(float x) { return expm1f(x); }
+__device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ float min(float a, float b) { return fminf(a, b); }
+__device__ __forceinline__ float clamp(float v, float lo, float hi) {
+  return fminf(fmaxf(v, lo), hi);
+}
+__device__ __forceinline__ float fast_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ float fast_erf(float x) { return erff(x); }
+}  // namespace m
 
 template <UnaryOp kOp>
 __device__ __forceinline__ float Unary(float x, const UnaryParams& p) {
-  if constexpr (kOp == UnaryOp::kRelu) return x > 0.f ? x : 0.f;
-  if constexpr (kOp == UnaryOp::kLeakyRelu) return x >= 0.f ? x : p.alpha * x;
-  if constexpr (kOp == UnaryOp::kSigmoid) {
-    return x >= 0.f ? 1.f / (1.f + expf(-x)) : expf(x) / (1.f + expf(x));
-  }
-  if constexpr (kOp == UnaryOp::kTanh) return tanhf(x);
-  if constexpr (kOp == UnaryOp::kErf) return erff(x);
-  if constexpr (kOp == UnaryOp::kExp) return expf(x);
-  if constexpr (kOp == UnaryOp::kLog) return logf(x);
-  if constexpr (kOp == UnaryOp::kSqrt) return sqrtf(x);
-  if constexpr (kOp == UnaryOp::kReciprocal) return 1.f / x;
-  if constexpr (kOp == UnaryOp::kNeg) return -x;
-  if constexpr (kOp == UnaryOp::kAbs) return fabsf(x);
-  if constexpr (kOp == UnaryOp::kFloor) return floorf(x);
-  if constexpr (kOp == UnaryOp::kCeil) return ceilf(x);
-  if constexpr (kOp == UnaryOp::kRound) return nearbyintf(x);
-  if constexpr (kOp == UnaryOp::kSign) return x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f);
-  if constexpr (kOp == UnaryOp::kSin) return sinf(x);
-  if constexpr (kOp == UnaryOp::kCos) return cosf(x);
-  if constexpr (kOp == UnaryOp::kSoftplus) return x > 20.f ? x : log1pf(expf(x));
-  if constexpr (kOp == UnaryOp::kSoftsign) return x / (1.f + fabsf(x));
-  if constexpr (kOp == UnaryOp::kElu) return x >= 0.f ? x : p.alpha * expm1f(x);
-  if constexpr (kOp == UnaryOp::kSelu) {
-    return x > 0.f ? p.gamma * x : p.gamma * p.alpha * expm1f(x);
-  }
-  if constexpr (kOp == UnaryOp::kCelu) {
-    return fmaxf(0.f, x) + fminf(0.f, p.alpha * expm1f(x / p.alpha));
-  }
-  if constexpr (kOp == UnaryOp::kHardSigmoid) return fminf(fmaxf(p.alpha * x + p.beta, 0.f), 1.f);
-  if constexpr (kOp == UnaryOp::kHardSwish) return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
-  if constexpr (kOp == UnaryOp::kMish) return x * tanhf(x > 20.f ? x : log1pf(expf(x)));
-  if constexpr (kOp == UnaryOp::kThresholdedRelu) return x > p.alpha ? x : 0.f;
-  if constexpr (kOp == UnaryOp::kGelu) return 0.5f * x * (1.f + erff(x * kInvSqrt2));
-  if constexpr (kOp == UnaryOp::kGeluTanh) {
-    return 0.5f * x * (1.f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-  }
+#define KILN_UNARY_OP(Name, formula) \
+  if constexpr (kOp == UnaryOp::k##Name) return formula;
+#define KILN_INT_UNARY_OP(Name, formula)
+#include "kiln/ops/unary_ops.inc"
+#undef KILN_INT_UNARY_OP
+#undef KILN_UNARY_OP
   return x;
 }
 
@@ -317,38 +308,13 @@ cudaError_t LaunchUnary(UnaryOp op, UnaryParams p, Elem t, const void* x, void* 
                         cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   switch (op) {
-#define KILN_UNARY_CASE(Name) \
-  case UnaryOp::Name:         \
-    return UnaryTyped<UnaryOp::Name>(p, t, x, y, n, stream);
-    KILN_UNARY_CASE(kRelu)
-    KILN_UNARY_CASE(kLeakyRelu)
-    KILN_UNARY_CASE(kSigmoid)
-    KILN_UNARY_CASE(kTanh)
-    KILN_UNARY_CASE(kErf)
-    KILN_UNARY_CASE(kExp)
-    KILN_UNARY_CASE(kLog)
-    KILN_UNARY_CASE(kSqrt)
-    KILN_UNARY_CASE(kReciprocal)
-    KILN_UNARY_CASE(kNeg)
-    KILN_UNARY_CASE(kAbs)
-    KILN_UNARY_CASE(kFloor)
-    KILN_UNARY_CASE(kCeil)
-    KILN_UNARY_CASE(kRound)
-    KILN_UNARY_CASE(kSign)
-    KILN_UNARY_CASE(kSin)
-    KILN_UNARY_CASE(kCos)
-    KILN_UNARY_CASE(kSoftplus)
-    KILN_UNARY_CASE(kSoftsign)
-    KILN_UNARY_CASE(kElu)
-    KILN_UNARY_CASE(kSelu)
-    KILN_UNARY_CASE(kCelu)
-    KILN_UNARY_CASE(kHardSigmoid)
-    KILN_UNARY_CASE(kHardSwish)
-    KILN_UNARY_CASE(kMish)
-    KILN_UNARY_CASE(kThresholdedRelu)
-    KILN_UNARY_CASE(kGelu)
-    KILN_UNARY_CASE(kGeluTanh)
-#undef KILN_UNARY_CASE
+#define KILN_UNARY_OP(Name, formula) \
+  case UnaryOp::k##Name:             \
+    return UnaryTyped<UnaryOp::k##Name>(p, t, x, y, n, stream);
+#define KILN_INT_UNARY_OP(Name, formula)
+#include "kiln/ops/unary_ops.inc"
+#undef KILN_INT_UNARY_OP
+#undef KILN_UNARY_OP
     case UnaryOp::kNot:
       NotKernel<<<GridFor(n), 256, 0, stream>>>(static_cast<const uint8_t*>(x),
                                                 static_cast<uint8_t*>(y), n);

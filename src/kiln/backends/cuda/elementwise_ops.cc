@@ -26,14 +26,11 @@ CudaOpDef UnaryDef(const char* op, UnaryOp kind) {
             const AttributeMap& at = r.node->attrs();
             const OpType op = OpTypeOf(*r.node);
             UnaryParams p{DeclaredFloat(op, at, "alpha"), DeclaredFloat(op, at, "beta"),
-                          DeclaredFloat(op, at, "gamma")};
-            UnaryOp k = kind;
-            if (k == UnaryOp::kGelu && attrs::Gelu::approximate(at) == "tanh") {
-              k = UnaryOp::kGeluTanh;
-            }
+                          DeclaredFloat(op, at, "gamma"),
+                          op == OpType::kGelu && attrs::Gelu::approximate(at) == "tanh"};
             Elem t = *ToElem(InType(r, 0));
-            return MakeFnKernel([k, p, t](const KernelRunArgs& a) {
-              return Launched(LaunchUnary(k, p, t, a.inputs[0].data, a.outputs[0].data,
+            return MakeFnKernel([kind, p, t](const KernelRunArgs& a) {
+              return Launched(LaunchUnary(kind, p, t, a.inputs[0].data, a.outputs[0].data,
                                           a.outputs[0].num_elements(), StreamOf(a)),
                               "unary elementwise kernel");
             });
@@ -41,34 +38,13 @@ CudaOpDef UnaryDef(const char* op, UnaryOp kind) {
   };
 }
 
-KILN_CUDA_OP_PROVIDER(ReluProvider, UnaryDef("Relu", UnaryOp::kRelu));
-KILN_CUDA_OP_PROVIDER(LeakyReluProvider, UnaryDef("LeakyRelu", UnaryOp::kLeakyRelu));
-KILN_CUDA_OP_PROVIDER(SigmoidProvider, UnaryDef("Sigmoid", UnaryOp::kSigmoid));
-KILN_CUDA_OP_PROVIDER(TanhProvider, UnaryDef("Tanh", UnaryOp::kTanh));
-KILN_CUDA_OP_PROVIDER(ErfProvider, UnaryDef("Erf", UnaryOp::kErf));
-KILN_CUDA_OP_PROVIDER(ExpProvider, UnaryDef("Exp", UnaryOp::kExp));
-KILN_CUDA_OP_PROVIDER(LogProvider, UnaryDef("Log", UnaryOp::kLog));
-KILN_CUDA_OP_PROVIDER(SqrtProvider, UnaryDef("Sqrt", UnaryOp::kSqrt));
-KILN_CUDA_OP_PROVIDER(ReciprocalProvider, UnaryDef("Reciprocal", UnaryOp::kReciprocal));
-KILN_CUDA_OP_PROVIDER(NegProvider, UnaryDef("Neg", UnaryOp::kNeg));
-KILN_CUDA_OP_PROVIDER(AbsProvider, UnaryDef("Abs", UnaryOp::kAbs));
-KILN_CUDA_OP_PROVIDER(FloorProvider, UnaryDef("Floor", UnaryOp::kFloor));
-KILN_CUDA_OP_PROVIDER(CeilProvider, UnaryDef("Ceil", UnaryOp::kCeil));
-KILN_CUDA_OP_PROVIDER(RoundProvider, UnaryDef("Round", UnaryOp::kRound));
-KILN_CUDA_OP_PROVIDER(SignProvider, UnaryDef("Sign", UnaryOp::kSign));
-KILN_CUDA_OP_PROVIDER(SinProvider, UnaryDef("Sin", UnaryOp::kSin));
-KILN_CUDA_OP_PROVIDER(CosProvider, UnaryDef("Cos", UnaryOp::kCos));
-KILN_CUDA_OP_PROVIDER(SoftplusProvider, UnaryDef("Softplus", UnaryOp::kSoftplus));
-KILN_CUDA_OP_PROVIDER(SoftsignProvider, UnaryDef("Softsign", UnaryOp::kSoftsign));
-KILN_CUDA_OP_PROVIDER(EluProvider, UnaryDef("Elu", UnaryOp::kElu));
-KILN_CUDA_OP_PROVIDER(SeluProvider, UnaryDef("Selu", UnaryOp::kSelu));
-KILN_CUDA_OP_PROVIDER(CeluProvider, UnaryDef("Celu", UnaryOp::kCelu));
-KILN_CUDA_OP_PROVIDER(HardSigmoidProvider, UnaryDef("HardSigmoid", UnaryOp::kHardSigmoid));
-KILN_CUDA_OP_PROVIDER(HardSwishProvider, UnaryDef("HardSwish", UnaryOp::kHardSwish));
-KILN_CUDA_OP_PROVIDER(MishProvider, UnaryDef("Mish", UnaryOp::kMish));
-KILN_CUDA_OP_PROVIDER(ThresholdedReluProvider,
-                      UnaryDef("ThresholdedRelu", UnaryOp::kThresholdedRelu));
-KILN_CUDA_OP_PROVIDER(GeluProvider, UnaryDef("Gelu", UnaryOp::kGelu));
+// One provider per row of ops/unary_ops.inc ("cuda.relu", ...), then Not on bool.
+#define KILN_UNARY_OP(Name, formula) \
+  KILN_CUDA_OP_PROVIDER(Name##Provider, UnaryDef(#Name, UnaryOp::k##Name));
+#define KILN_INT_UNARY_OP(Name, formula)
+#include "kiln/ops/unary_ops.inc"
+#undef KILN_INT_UNARY_OP
+#undef KILN_UNARY_OP
 KILN_CUDA_OP_PROVIDER(NotProvider, UnaryDef("Not", UnaryOp::kNot));
 
 bool ClipType(DataType t) {

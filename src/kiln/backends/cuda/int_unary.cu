@@ -1,6 +1,6 @@
-// Neg, Abs and Sign on signed integers (i8/i32/i64) on CUDA: the shape arithmetic of exported
-// models (the float activations are elementwise.cu's). Wrapping as the CPU's (Neg of the minimum
-// value stays the minimum).
+// Neg, Abs and Sign on signed integers (i8/i32/i64) on CUDA (the KILN_INT_UNARY_OP rows of
+// ops/unary_ops.inc): the shape arithmetic of exported models (the float activations are
+// elementwise.cu's). Wrapping as the CPU's (Neg of the minimum value stays the minimum).
 #include <cstdint>
 
 #include "kiln/backends/cuda/cuda_launch_more.h"
@@ -10,21 +10,22 @@ namespace kiln::cuda {
 namespace {
 
 template <typename T>
-__global__ void IntUnaryKernel(IntUnaryOp op, const T* __restrict__ x, T* __restrict__ y,
+__global__ void IntUnaryKernel(IntUnaryOp op, const T* __restrict__ in, T* __restrict__ y,
                                int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    T v = x[i];
+    const T x_i = in[i];
     switch (op) {
-      case IntUnaryOp::kNeg:
-        y[i] = static_cast<T>(-v);
-        break;
-      case IntUnaryOp::kAbs:
-        y[i] = static_cast<T>(v < 0 ? -v : v);
-        break;
-      case IntUnaryOp::kSign:
-        y[i] = static_cast<T>(v > 0 ? 1 : (v < 0 ? -1 : 0));
-        break;
+#define KILN_UNARY_OP(Name, formula)
+#define KILN_INT_UNARY_OP(Name, formula) \
+  case IntUnaryOp::k##Name: {            \
+    [[maybe_unused]] const T x = x_i;    \
+    y[i] = static_cast<T>(formula);      \
+    break;                               \
+  }
+#include "kiln/ops/unary_ops.inc"
+#undef KILN_INT_UNARY_OP
+#undef KILN_UNARY_OP
     }
   }
 }

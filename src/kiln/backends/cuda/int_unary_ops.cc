@@ -27,9 +27,12 @@ CudaOpDef IntUnaryDef(const char* op, IntUnaryOp kind) {
           },
   };
 }
-KILN_CUDA_OP_PROVIDER(NegIntProvider, IntUnaryDef("Neg", IntUnaryOp::kNeg));
-KILN_CUDA_OP_PROVIDER(AbsIntProvider, IntUnaryDef("Abs", IntUnaryOp::kAbs));
-KILN_CUDA_OP_PROVIDER(SignIntProvider, IntUnaryDef("Sign", IntUnaryOp::kSign));
+#define KILN_UNARY_OP(Name, formula)
+#define KILN_INT_UNARY_OP(Name, formula) \
+  KILN_CUDA_OP_PROVIDER(Name##IntProvider, IntUnaryDef(#Name, IntUnaryOp::k##Name));
+#include "kiln/ops/unary_ops.inc"
+#undef KILN_INT_UNARY_OP
+#undef KILN_UNARY_OP
 
 }  // namespace
 }  // namespace kiln::cuda
