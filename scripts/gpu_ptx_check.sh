@@ -5,7 +5,8 @@
 #
 #   here:  cmake --preset default -B build-ptx -DKILN_CUDA_ARCHS=80-virtual
 #          KILN_BUNDLE_BUILD=build-ptx KILN_BUNDLE_BINS="kiln|cuda_blas_tests|cuda_dnn_tests|\
-#          cuda_kernels_tests|cuda_ops_more_tests|cuda_runtime_tests" scripts/bundle_gpu.sh
+#          cuda_kernels_tests|cuda_ops_more_tests|cuda_runtime_tests|op_conformance_tests" \
+#          scripts/bundle_gpu.sh
 #          mv .bundle.tgz .bundle-ptx.tgz
 #   there: run(carry=[".bundle-ptx.tgz"]): scripts/gpu_ptx_check.sh
 # Writes $OUT/ptx_check.tgz (every log) and prints a summary last.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine (builds nothing): (a) conformance on the GPU: every cuda_*_tests binary
-# in the bundle, then `kiln conformance --backend cuda` over the zoo (FP32, and FP16 where this
+# in the bundle and the op conformance suite (op_conformance_tests, its CUDA instantiation), then `kiln conformance --backend cuda` over the zoo (FP32, and FP16 where this
 # kiln's conformance has --fp16); (b) the benchmark of issue 4: export ResNet-50, BERT-base and
 # GPT-2 small with torch, build kiln engines, time kiln against PyTorch eager / torch.compile /
 # torch.compile(mode="reduce-overhead") in the same run. Results go to $OUT (JSON and logs); a
@@ -45,11 +45,13 @@ t_start=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 
 if [ "$conformance" = 1 ]; then
-  # (a1) the CUDA test binaries the bundle carries.
-  for t in .bundle/bin/cuda_*_tests; do
+  # (a1) the CUDA test binaries the bundle carries, and the op conformance suite on CUDA.
+  for t in .bundle/bin/cuda_*_tests .bundle/bin/op_conformance_tests; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
-    timeout 180 "$t" --gtest_brief=1 >"$OUT/$name.log" 2>&1
+    filter=()
+    [ "$name" = op_conformance_tests ] && filter=(--gtest_filter='*/cuda*')
+    timeout 180 "$t" --gtest_brief=1 "${filter[@]}" >"$OUT/$name.log" 2>&1
     rc=$?
     pass=$(grep -c '^\[       OK \]' "$OUT/$name.log")
     fail=$(grep -c '^\[  FAILED  \]' "$OUT/$name.log")

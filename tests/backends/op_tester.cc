@@ -178,6 +178,41 @@ Status RunKernel(Backend& backend, Kernel& kernel, const std::vector<Tensor>& in
 }
 }  // namespace
 
+StatusOr<std::unique_ptr<OpTester::Layer>> OpTester::Request(DataType float_type) const {
+  auto l = std::make_unique<Layer>();
+  std::vector<Value*> in_values, out_values;
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const InputSpec& in = inputs_[i];
+    if (in.kind == InputSpec::kOmitted) {
+      in_values.push_back(nullptr);
+      l->request.inputs.emplace_back();
+      continue;
+    }
+    const DataType t = IsFloat(in.dtype) ? float_type : in.dtype;
+    const Tensor* constant = nullptr;
+    if (in.kind == InputSpec::kConstant) {
+      Tensor c = IsFloat(in.dtype) ? in.value.CastTo(t) : in.value;
+      in_values.push_back(l->graph.AddConstant(fmt::format("c{}", i), c));
+      constant = in_values.back()->constant();
+    } else {
+      in_values.push_back(l->graph.AddInput(fmt::format("x{}", i), t, MakeShape(in.dims)));
+    }
+    l->request.inputs.push_back({t, MakeShape(in.dims), in.dims, constant});
+  }
+  for (int i = 0; i < num_outputs_; ++i) {
+    out_values.push_back(l->graph.AddValue(fmt::format("y{}", i)));
+  }
+  l->request.node = l->graph.AddNode(op_type_, "node", in_values, out_values, attrs_);
+  for (Value* v : out_values) l->graph.MarkOutput(v);
+  KILN_RETURN_IF_ERROR(InferShapes(l->graph).status());
+  for (Value* v : out_values) {
+    auto dims = StaticDims(v->shape());
+    if (!dims) return MakeError(ErrorCode::kShapeMismatch, "output shape is not static");
+    l->request.outputs.push_back({v->dtype(), v->shape(), *dims, nullptr});
+  }
+  return l;
+}
+
 int OpTester::RunType(BackendKind backend_kind, DataType float_type) {
   SCOPED_TRACE(fmt::format("{} as {}", op_type_, ToString(float_type)));
   // Inputs: random ones drawn fresh, float ones cast to the storage type under test.

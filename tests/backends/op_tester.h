@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -57,6 +58,18 @@ class OpTester {
   // Runs every provider and tactic of `backend`; expects each to match the reference. Returns the
   // number of (type, tactic) combinations run; 0 with GTEST_SKIP when the backend is absent.
   int Run(BackendKind backend);
+
+  // The one-node graph and kernel request Run builds for float storage `float_type` (float
+  // operands in that type; random inputs as graph inputs, constants in the request), without
+  // inputs or a device: what a provider's Tactics/Supports is asked about.
+  struct Layer {
+    Graph graph;
+    KernelRequest request;
+  };
+  StatusOr<std::unique_ptr<Layer>> Request(DataType float_type) const;
+
+  const std::string& op_type() const { return op_type_; }
+  const std::vector<DataType>& float_types() const { return float_types_; }
 
  private:
   struct InputSpec {

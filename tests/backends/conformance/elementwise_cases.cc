@@ -1,0 +1,285 @@
+// Op conformance cases, elementwise family: Unary activations, broadcasting binary ops, Cast,
+// variadic Sum/Mean/Max/Min, integer Neg/Abs/Sign, IsNaN/IsInf. Each case is a one-node graph that
+// the suite (op_conformance_test.cc) runs on every backend built here, every tactic, on fresh
+// random inputs, against the CPU backend (see op_cases.h).
+#include "op_cases.h"
+
+#include <map>
+#include <utility>
+
+namespace kiln::testing {
+
+std::vector<OpCase> ElementwiseCases() {
+  std::vector<OpCase> c;
+  // `add`: a case each backend runs where it has a tactic; `must`: every backend must have one.
+  [[maybe_unused]] auto add = [&c](std::string name, std::function<OpTester()> make) {
+    c.push_back({std::move(name), std::move(make), false});
+  };
+  [[maybe_unused]] auto must = [&c](std::string name, std::function<OpTester()> make) {
+    c.push_back({std::move(name), std::move(make), true});
+  };
+
+  // ---- unary ops: every row of ops/unary_ops.inc (a new row is a case here with no edit), plus
+  // attribute variants; odd, vector-tail, large and single-element shapes ----------------------
+  struct U {
+    std::string op;
+    double lo, hi;
+    AttributeMap attrs;
+  };
+  // Input ranges where [-2, 2] leaves the op's domain or misses its shape.
+  const std::map<std::string, std::pair<double, double>> ranges = {
+      {"Sigmoid", {-6, 6}},        {"Tanh", {-3, 3}},         {"Log", {0.1, 4}},
+      {"Sqrt", {0.01, 4}},         {"Reciprocal", {0.25, 4}}, {"Softplus", {-3, 3}},
+      {"HardSigmoid", {-4, 4}},    {"HardSwish", {-5, 5}},    {"Gelu", {-3, 3}},
+      {"Mish", {-3, 3}},           {"Sin", {-4, 4}},          {"Cos", {-4, 4}},
+      {"ThresholdedRelu", {-3, 3}}};
+  std::vector<U> unary;
+  auto unary_op = [&](const char* op) {
+    auto r = ranges.find(op);
+    unary.push_back({op,
+                     r == ranges.end() ? -2.0 : r->second.first,
+                     r == ranges.end() ? 2.0 : r->second.second,
+                     {}});
+  };
+#define KILN_UNARY_OP(Name, formula) unary_op(#Name);
+#define KILN_INT_UNARY_OP(Name, formula)
+#include "kiln/ops/unary_ops.inc"
+#undef KILN_INT_UNARY_OP
+#undef KILN_UNARY_OP
+  unary.push_back({"LeakyRelu", -2, 2, Attrs({{"alpha", 0.1f}})});
+  unary.push_back({"HardSigmoid", -4, 4, Attrs({{"alpha", 0.25f}, {"beta", 0.4f}})});
+  unary.push_back({"Gelu", -3, 3, Attrs({{"approximate", std::string("tanh")}})});
+  unary.push_back({"Elu", -2, 2, Attrs({{"alpha", 0.5f}})});
+  unary.push_back({"Celu", -2, 2, Attrs({{"alpha", 0.7f}})});
+  unary.push_back({"Selu", -2, 2, Attrs({{"alpha", 1.5f}, {"gamma", 1.1f}})});
+  unary.push_back({"ThresholdedRelu", -3, 3, Attrs({{"alpha", 0.5f}})});
+  for (const U& u : unary) {
+    for (std::vector<int64_t> dims :
+         {std::vector<int64_t>{2, 3, 17}, std::vector<int64_t>{4099}, std::vector<int64_t>{1}}) {
+      std::string name =
+          u.op + (u.attrs.size() ? "_attr" : "") + "_" + std::to_string(NumElements(dims));
+      must(name, [u, dims] {
+        OpTester t(u.op, u.attrs);
+        t.Input(kF32, dims, u.lo, u.hi).FloatTypes(kAllFloats).Tolerance(1e-5, 1e-5);
+        return t;
+      });
+    }
+  }
+  add("Clip_min_max", [] {
+    OpTester t("Clip");
+    t.Input(kF32, {3, 33}).Input(F32({}, {-0.5f})).Input(F32({}, {0.75f})).FloatTypes(kAllFloats);
+    return t;
+  });
+  add("Clip_min_only", [] {
+    OpTester t("Clip");
+    t.Input(kF32, {130}).Input(F32({}, {0.1f})).FloatTypes(kAllFloats);
+    return t;
+  });
+  add("Not", [] {
+    OpTester t("Not");
+    t.Input(kBool, {5, 7});
+    return t;
+  });
+
+  // ---- binary with broadcasting ---------------------------------------------------------------
+  struct B {
+    std::vector<int64_t> a, b;
+  };
+  std::vector<B> shapes = {{{3, 5, 7}, {3, 5, 7}},     {{3, 1, 7}, {5, 1}},       {{}, {2, 3}},
+                           {{256, 1031}, {256, 1031}}, {{2, 3, 4, 5}, {3, 1, 1}}, {{1001}, {1}}};
+  for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"}) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      B s = shapes[i];
+      std::string sop = op;
+      add(sop + "_" + std::to_string(i), [sop, s] {
+        OpTester t(sop);
+        double lo = sop == "Div" ? 0.5 : -2;
+        t.Input(kF32, s.a).Input(kF32, s.b, lo, 2.0).FloatTypes(kAllFloats);
+        return t;
+      });
+    }
+  }
+  for (const char* op : {"Add", "Mul", "Sub", "Div"}) {
+    std::string sop = op;
+    add(sop + "_i64", [sop] {
+      OpTester t(sop);
+      t.Input(kI64, {4, 3}, -9, 9).Input(kI64, {3}, 1, 5);
+      return t;
+    });
+  }
+  add("Add_i32", [] {
+    OpTester t("Add");
+    t.Input(kI32, {7, 5}, -50, 50).Input(kI32, {7, 1}, -50, 50);
+    return t;
+  });
+  add("Pow_f32", [] {
+    OpTester t("Pow");
+    t.Input(kF32, {4, 9}, 0.5, 2).Input(kF32, {9}, -2, 3).FloatTypes(kAllFloats);
+    return t;
+  });
+  add("Pow_square", [] {
+    OpTester t("Pow");
+    t.Input(kF32, {37}, -2, 2).Input(F32({}, {2.f})).FloatTypes(kAllFloats);
+    return t;
+  });
+  add("Pow_i64_exp", [] {
+    OpTester t("Pow");
+    t.Input(kF32, {3, 4}, -2, 2).Input(I64({}, {3}));
+    return t;
+  });
+  for (const char* op : {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"}) {
+    std::string sop = op;
+    add(sop + "_f32", [sop] {
+      OpTester t(sop);
+      t.Input(kF32, {6, 11}, -2, 2).Input(kF32, {11}, -2, 2);
+      return t;
+    });
+    add(sop + "_i64", [sop] {
+      OpTester t(sop);
+      t.Input(kI64, {5, 4}, -2, 2).Input(kI64, {5, 1}, -2, 2);
+      return t;
+    });
+  }
+  add("Equal_bool", [] {
+    OpTester t("Equal");
+    t.Input(kBool, {3, 8}).Input(kBool, {8});
+    return t;
+  });
+  for (const char* op : {"And", "Or", "Xor"}) {
+    std::string sop = op;
+    add(sop, [sop] {
+      OpTester t(sop);
+      t.Input(kBool, {4, 1, 6}).Input(kBool, {5, 6});
+      return t;
+    });
+  }
+  add("Where_broadcast", [] {
+    OpTester t("Where");
+    t.Input(kBool, {2, 1, 5}).Input(kF32, {2, 3, 5}).Input(kF32, {5}).FloatTypes(kAllFloats);
+    return t;
+  });
+  add("Where_i64", [] {
+    OpTester t("Where");
+    t.Input(kBool, {7}).Input(kI64, {7}, -9, 9).Input(kI64, {}, -9, 9);
+    return t;
+  });
+
+  // ---- Cast -------------------------------------------------------------------------------------
+  struct C {
+    DataType from;
+    int64_t to;  // ONNX type number
+    double lo, hi;
+  };
+  for (C cc : std::vector<C>{{kF32, 7, -50, 50},
+                             {kF32, 10, -4, 4},
+                             {kF32, 16, -4, 4},
+                             {kF32, 9, -1, 1},
+                             {kI64, 1, -1000, 1000},
+                             {kI32, 7, -1000, 1000},
+                             {kBool, 1, 0, 1},
+                             {DataType::kFloat16, 1, -4, 4},
+                             {DataType::kBFloat16, 6, -100, 100}}) {
+    add("Cast_" + std::string(ToString(cc.from)) + "_to_" + std::to_string(cc.to), [cc] {
+      OpTester t("Cast", Attrs({{"to", cc.to}}));
+      DataType stored = IsFloat(cc.from) ? kF32 : cc.from;
+      t.Input(stored, {3, 67}, cc.lo, cc.hi);
+      if (IsFloat(cc.from)) t.FloatTypes({cc.from});
+      return t;
+    });
+  }
+
+  // ---- variadic Sum / Mean / Max / Min --------------------------------------------------------
+  struct V {
+    std::string name;
+    std::vector<std::vector<int64_t>> shapes;
+  };
+  std::vector<V> vshapes = {
+      {"same3", {{2, 3, 17}, {2, 3, 17}, {2, 3, 17}}},
+      {"bcast3", {{3, 1, 5}, {1, 4, 5}, {5}}},
+      {"one", {{4, 33}}},
+      {"five", {{6, 7}, {7}, {6, 1}, {}, {6, 7}}},
+      {"sixteen", std::vector<std::vector<int64_t>>(16, std::vector<int64_t>{3, 5})},
+  };
+  for (const char* op : {"Sum", "Mean", "Max", "Min"}) {
+    for (const V& v : vshapes) {
+      std::string sop = op;
+      must(sop + "_" + v.name, [sop, v] {
+        OpTester t(sop);
+        for (const auto& s : v.shapes) t.Input(kF32, s);
+        // Long sums in f16/bf16 round once at the end (FP32 accumulation on both sides).
+        t.FloatTypes(kAllFloats).Tolerance(1e-5, 1e-5);
+        return t;
+      });
+    }
+    std::string sop = op;
+    if (sop == "Mean") continue;  // ONNX's Mean takes floats only
+    must(sop + "_i64_bcast", [sop] {
+      OpTester t(sop);
+      t.Input(kI64, {4, 3}, -50, 50).Input(kI64, {3}, -50, 50).Input(kI64, {4, 1}, -50, 50);
+      return t;
+    });
+    must(sop + "_u8", [sop] {
+      // Sums wrap in the 8-bit types, as on the CPU.
+      OpTester t(sop);
+      t.Input(DataType::kUInt8, {6, 5}, 0, 255).Input(DataType::kUInt8, {5}, 0, 255);
+      t.Input(DataType::kUInt8, {6, 1}, 0, 255);
+      return t;
+    });
+    must(sop + "_i8", [sop] {
+      OpTester t(sop);
+      for (int i = 0; i < 3; ++i) t.Input(DataType::kInt8, {4, 9}, -128, 127);
+      return t;
+    });
+    must(sop + "_i32_four", [sop] {
+      OpTester t(sop);
+      for (int i = 0; i < 4; ++i) t.Input(kI32, {5, 6}, -99, 99);
+      return t;
+    });
+  }
+
+  // ---- Neg / Abs / Sign on signed integers ----------------------------------------------------
+  for (const char* op : {"Neg", "Abs", "Sign"}) {
+    for (DataType t : {kI64, kI32, DataType::kInt8}) {
+      std::string sop = op;
+      must(sop + "_" + std::string(ToString(t)), [sop, t] {
+        OpTester u(sop);
+        u.Input(t, {5, 7}, -100, 100);
+        return u;
+      });
+    }
+  }
+
+  // ---- IsNaN / IsInf ---------------------------------------------------------------------------
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor special = F32({2, 5}, {inf, -inf, nan, 1.5f, -2.f, 0.f, -nan, 65504.f, -1e-3f, inf});
+  must("IsNaN", [special] {
+    OpTester t("IsNaN");
+    t.Input(special).FloatTypes(kAllFloats);
+    return t;
+  });
+  must("IsNaN_random", [] {
+    OpTester t("IsNaN");
+    t.Input(kF32, {1030}).FloatTypes(kAllFloats);
+    return t;
+  });
+  must("IsInf", [special] {
+    OpTester t("IsInf");
+    t.Input(special).FloatTypes(kAllFloats);
+    return t;
+  });
+  must("IsInf_positive_only", [special] {
+    OpTester t("IsInf", Attrs({{"detect_negative", int64_t{0}}}));
+    t.Input(special).FloatTypes(kAllFloats);
+    return t;
+  });
+  must("IsInf_negative_only", [special] {
+    OpTester t("IsInf", Attrs({{"detect_positive", int64_t{0}}}));
+    t.Input(special).FloatTypes(kAllFloats);
+    return t;
+  });
+
+  return c;
+}
+
+}  // namespace kiln::testing
