@@ -184,7 +184,7 @@ def _load_fast():
         return None, "off (KILN_PYTHON_FAST=0)"
     here = Path(__file__).resolve().parent
     seen = []
-    for folder in (here, Path(lib._name).resolve().parent):
+    for folder in (here, Path(lib._name).parent):
         for path in sorted(folder.glob("_fast*.so")):
             seen.append(str(path))
             try:
