@@ -3,20 +3,25 @@
 
 Builds ResNet-50 (torchvision's, seeded random weights, no download: bench/cuda/export_models.py)
 for the CUDA backend in FP16 at batch 1, then times, each as the median host time of one call:
-  cpp_enqueue_us   `kiln run ENGINE --json`'s enqueue time: ExecutionContext::Execute from C++
-                   (CUDA-graph path: one graph launch per call)
+  cpp_enqueue_us    `kiln run ENGINE --json`'s enqueue time: ExecutionContext::Execute from C++
+                    (CUDA-graph path: one graph launch per call)
   ctypes_execute_us kiln_context_execute called through ctypes with the bindings in place (the
-                   floor any Python binding pays)
-  python_run_us    context.run([x], outputs={...}) with preallocated tensors (the API users call)
-and reports overhead_us = python_run_us - cpp_enqueue_us against the issue's target (<= 10 us),
-and run_over_ctypes_execute_us (the two Python-side timings, interleaved in one process: the
-figure least disturbed by a busy machine). CPU figures (--tiny) on a shared machine are noise.
-Each timed call is followed, outside the timed region, by a synchronisation, as kiln run does, so
-no queue builds up on the device.
+                    floor of a ctypes binding)
+  python_run_us     context.run([x], outputs={...}) with preallocated tensors (the API users call)
+                    on kiln._fast, the C hot path (python/kiln/_fast.c), when the package has it
+  ctypes_run_us     the same call on a second context kept to the pure ctypes path
+  call_us           ctx(x) on kiln._fast (the output allocated by each call)
+The Python-side timings are taken in one process, in interleaved rounds (each round times every
+path, in a rotating order, so a slower spell of the machine touches all alike); ratios are the
+medians of the per-round ratios. overhead_us = python_run_us - cpp_enqueue_us is checked against
+the issue's target (<= 10 us). CPU figures (--tiny) on a shared machine are noise. Each timed call
+is followed, outside the timed region, by a synchronisation, as kiln run does, so no queue builds
+up on the device.
 
   PYTHONPATH=python KILN_LIBRARY=.bundle/lib/libkiln_c.so python3 bench/python/call_overhead.py \
       --kiln .bundle/bin/kiln --out $OUT/call_overhead
   python3 bench/python/call_overhead.py --tiny       # CPU: zoo/resnet_tiny, a check that it runs
+  python3 bench/python/call_overhead.py --trivial    # CPU: a 4x2 linear layer, the overhead alone
 
 Writes OUT/call_overhead.json (and the engine) and prints a short table.
 """
@@ -48,6 +53,9 @@ def find_kiln(given):
 
 
 def build_engine(args):
+    if args.trivial:
+        torch.manual_seed(0)
+        return kiln.build(torch.nn.Linear(4, 2), (torch.randn(1, 4),), backend="cpu")
     if args.tiny:
         return kiln.build(os.path.join(ROOT, "zoo", "resnet_tiny", "model.onnx"), backend="cpu")
     sys.path.insert(0, os.path.join(ROOT, "bench", "cuda"))
@@ -87,14 +95,19 @@ def cpp_enqueue_us(kiln_bin, engine_path, iterations):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="CPU, zoo/resnet_tiny: a check that it runs")
+    p.add_argument("--trivial", action="store_true",
+                   help="CPU, one 4x2 linear layer: the call overhead with next to no compute")
     p.add_argument("--kiln", help="the kiln binary (default: $KILN, .bundle/bin, build/tools)")
     p.add_argument("--iterations", type=int, default=2000)
     p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=10, help="interleaved rounds of every path")
     p.add_argument("--deadline", default="120s", help="bound on the ResNet-50 build")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
     if args.tiny:
         args.iterations = min(args.iterations, 300)
+    if args.trivial:
+        args.iterations = max(args.iterations, 20000)
     os.makedirs(args.out, exist_ok=True)
 
     t0 = time.monotonic()
@@ -107,52 +120,97 @@ def main():
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     ctx = engine.create_execution_context(cuda_graphs=True)
+    # A second context of the engine kept to the ctypes path (its kiln._fast runner dropped
+    # before its first run).
+    ctx_ctypes = engine.create_execution_context(cuda_graphs=True)
+    ctx_ctypes._fast = None
+    fast = ctx._fast is not None
+    if not fast:
+        print(f"call_overhead.py: no kiln._fast ({_lib.fast_origin}): the run rows are both "
+              "the ctypes path", file=sys.stderr)
     info = engine.inputs[0]
     x = torch.randn(*[d if d > 0 else 1 for d in info.shape], device=device).to(info.dtype)
-    outputs = {o.name: torch.empty(*[d if d > 0 else 1 for d in o.shape], device=device,
-                                   dtype=o.dtype) for o in engine.outputs}
+
+    def new_outputs():
+        return {o.name: torch.empty(*[d if d > 0 else 1 for d in o.shape], device=device,
+                                    dtype=o.dtype) for o in engine.outputs}
+    outputs, outputs_ctypes = new_outputs(), new_outputs()
     run = lambda: ctx.run([x], outputs=outputs)  # noqa: E731
-    run()
+    run_ctypes = lambda: ctx_ctypes.run([x], outputs=outputs_ctypes)  # noqa: E731
+    call = lambda: ctx(x)  # noqa: E731
+    for fn in (run, run_ctypes, call):
+        fn()
     sync()
+    same = all(torch.equal(outputs[n], outputs_ctypes[n]) for n in outputs)
     # The same bindings, kiln_context_execute alone through ctypes.
     stream = torch.cuda.current_stream().cuda_stream if cuda else None
-    handle = ctx._h
+    handle = ctx_ctypes._h
 
     def execute():
         status = _lib.lib.kiln_context_execute(handle, stream)
         if status:
             kiln._raise_status(status)
-    # Interleaved blocks, so that a slower spell of the machine touches both alike.
-    py_ns, ex_ns = [], []
-    block = max(args.iterations // 10, 1)
-    for _ in range(10):
-        py_ns += time_calls(run, sync, args.warmup // 10 + 1, block)
-        ex_ns += time_calls(execute, sync, args.warmup // 10 + 1, block)
-    python_us, ctypes_us = median_us(py_ns), median_us(ex_ns)
+    paths = {"python_run": run, "ctypes_run": run_ctypes, "ctypes_execute": execute,
+             "call": call}
+    names = list(paths)
+    samples = {n: [] for n in names}
+    rounds = []
+    block = max(args.iterations // args.rounds, 1)
+    fast_runs = ctx._fast.runs if fast else 0
+    for r in range(args.rounds):
+        medians = {}
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            s = time_calls(paths[n], sync, args.warmup // args.rounds + 1, block)
+            samples[n] += s
+            medians[n] = median_us(s)
+        rounds.append(medians)
+    fast_runs = (ctx._fast.runs - fast_runs) if fast else 0
+    us = {n: median_us(samples[n]) for n in names}
     cpp_us, cpp = cpp_enqueue_us(find_kiln(args.kiln), engine_path, args.iterations)
 
+    def ratio(a, b):
+        return round(statistics.median(m[a] / m[b] for m in rounds), 3)
+    python_us = us["python_run"]
     result = {
-        "model": "resnet_tiny (zoo)" if args.tiny else "ResNet-50 (torchvision, random weights)",
-        "backend": engine.backend, "arch": engine.arch, "precision": "fp32" if args.tiny else "fp16",
-        "batch": 1, "torch": torch.__version__, "build_s": round(build_s, 3),
-        "iterations": args.iterations, "cuda_graph_launches": ctx.graph_launches,
-        "cuda_graph_captures": ctx.graph_captures,
-        "cpp_enqueue_us": round(cpp_us, 2), "ctypes_execute_us": round(ctypes_us, 2),
-        "python_run_us": round(python_us, 2), "overhead_us": round(python_us - cpp_us, 2),
-        # In-process and interleaved with the run() samples: the Python layer's own cost.
-        "run_over_ctypes_execute_us": round(python_us - ctypes_us, 2),
+        "model": ("linear 4x2" if args.trivial else "resnet_tiny (zoo)" if args.tiny else
+                  "ResNet-50 (torchvision, random weights)"),
+        "backend": engine.backend, "arch": engine.arch, "precision": "fp16" if cuda else "fp32",
+        "batch": 1, "torch": torch.__version__, "python": sys.version.split()[0],
+        "build_s": round(build_s, 3), "iterations": args.iterations, "rounds": args.rounds,
+        "fast_path": fast, "fast_origin": _lib.fast_origin,
+        # Every timed run of the fast context went through kiln._fast (none fell back).
+        "fast_runs_counted": fast_runs,
+        "fast_runs_expected": 2 * args.rounds * (args.warmup // args.rounds + 1 + block) if fast else 0,
+        "fast_and_ctypes_outputs_equal": same,
+        "cuda_graph_launches": ctx.graph_launches, "cuda_graph_captures": ctx.graph_captures,
+        "cpp_enqueue_us": round(cpp_us, 2), "ctypes_execute_us": round(us["ctypes_execute"], 2),
+        "python_run_us": round(python_us, 2), "ctypes_run_us": round(us["ctypes_run"], 2),
+        "call_us": round(us["call"], 2),
+        "overhead_us": round(python_us - cpp_us, 2),
+        "overhead_ctypes_us": round(us["ctypes_run"] - cpp_us, 2),
+        # In-process and interleaved: the Python layer's own cost on each path.
+        "run_over_ctypes_execute_us": round(python_us - us["ctypes_execute"], 2),
+        "ctypes_run_over_ctypes_execute_us": round(us["ctypes_run"] - us["ctypes_execute"], 2),
+        "ratio_ctypes_run_to_fast_run": ratio("ctypes_run", "python_run"),
+        "ratio_fast_run_to_ctypes_execute": ratio("python_run", "ctypes_execute"),
+        "round_medians_us": [{n: round(v, 2) for n, v in m.items()} for m in rounds],
         "target_us": TARGET_US, "within_target": python_us - cpp_us <= TARGET_US,
         "kiln_run_compute_ms_median": cpp.get("compute_ms", {}).get("median"),
     }
     with open(os.path.join(args.out, "call_overhead.json"), "w") as f:
         json.dump(result, f, indent=2)
-    print(f"{'':<34} {'median us/call':>14}")
-    print(f"{'C++ ExecutionContext::Execute':<34} {cpp_us:>14.2f}")
-    print(f"{'kiln_context_execute via ctypes':<34} {ctypes_us:>14.2f}")
-    print(f"{'context.run (Python)':<34} {python_us:>14.2f}")
+    print(f"{'':<40} {'median us/call':>14}")
+    print(f"{'C++ ExecutionContext::Execute':<40} {cpp_us:>14.2f}")
+    print(f"{'kiln_context_execute via ctypes':<40} {us['ctypes_execute']:>14.2f}")
+    print(f"{'context.run, ctypes path':<40} {us['ctypes_run']:>14.2f}")
+    print(f"{'context.run, kiln._fast' + ('' if fast else ' (absent)'):<40} {python_us:>14.2f}")
+    print(f"{'ctx(x), kiln._fast, output allocated':<40} {us['call']:>14.2f}")
+    print(f"ctypes run / fast run: {result['ratio_ctypes_run_to_fast_run']:.2f}x (median of "
+          f"{args.rounds} interleaved rounds); outputs equal: {same}")
     print(f"overhead of context.run over the C++ enqueue: {python_us - cpp_us:.2f} us "
-          f"(target <= {TARGET_US:g} us: {'met' if result['within_target'] else 'NOT met'}); "
-          f"graph launches {ctx.graph_launches}, captures {ctx.graph_captures}")
+          f"(ctypes path {us['ctypes_run'] - cpp_us:.2f} us; target <= {TARGET_US:g} us: "
+          f"{'met' if result['within_target'] else 'NOT met'}); graph launches "
+          f"{ctx.graph_launches}, captures {ctx.graph_captures}")
     print(json.dumps(result))
     return 0
 
