@@ -26,7 +26,7 @@ up on the device.
 Writes OUT/call_overhead.json (and the engine) and prints a short table.
 """
 import argparse
-import ctypes
+import contextlib
 import json
 import os
 import statistics
@@ -119,58 +119,91 @@ def main():
     device = "cuda" if cuda else "cpu"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    ctx = engine.create_execution_context(cuda_graphs=True)
-    # A second context of the engine kept to the ctypes path (its kiln._fast runner dropped
-    # before its first run).
-    ctx_ctypes = engine.create_execution_context(cuda_graphs=True)
-    ctx_ctypes._fast = None
-    fast = ctx._fast is not None
-    if not fast:
-        print(f"call_overhead.py: no kiln._fast ({_lib.fast_origin}): the run rows are both "
-              "the ctypes path", file=sys.stderr)
     info = engine.inputs[0]
     x = torch.randn(*[d if d > 0 else 1 for d in info.shape], device=device).to(info.dtype)
 
     def new_outputs():
         return {o.name: torch.empty(*[d if d > 0 else 1 for d in o.shape], device=device,
                                     dtype=o.dtype) for o in engine.outputs}
-    outputs, outputs_ctypes = new_outputs(), new_outputs()
-    run = lambda: ctx.run([x], outputs=outputs)  # noqa: E731
-    run_ctypes = lambda: ctx_ctypes.run([x], outputs=outputs_ctypes)  # noqa: E731
-    call = lambda: ctx(x)  # noqa: E731
-    for fn in (run, run_ctypes, call):
-        fn()
-    sync()
-    same = all(torch.equal(outputs[n], outputs_ctypes[n]) for n in outputs)
-    # The same bindings, kiln_context_execute alone through ctypes.
-    stream = torch.cuda.current_stream().cuda_stream if cuda else None
-    handle = ctx_ctypes._h
 
-    def execute():
-        status = _lib.lib.kiln_context_execute(handle, stream)
-        if status:
-            kiln._raise_status(status)
-    paths = {"python_run": run, "ctypes_run": run_ctypes, "ctypes_execute": execute,
-             "call": call}
+    def new_context(fast):
+        c = engine.create_execution_context(cuda_graphs=True)
+        if not fast:
+            c._fast = None  # kept to the ctypes path: its runner dropped before its first run
+        return c
+    # Torch's current stream is the legacy default stream unless the caller makes another
+    # current; `kiln run` enqueues on the context's own stream. On CUDA every path is timed on
+    # both: "default" (what context.run uses unless told) and "side" (a torch.cuda.Stream made
+    # current, as kiln run's), each with contexts of its own.
+    streams = {"default": None}
+    if cuda:
+        streams["side"] = torch.cuda.Stream()
+    paths = {}  # name -> (fn, stream or None)
+    fast_contexts, outs = [], {}
+    for where, side in streams.items():
+        suffix = "" if where == "default" else "_side"
+        ctx, ctx_ctypes = new_context(True), new_context(False)
+        fast_contexts.append(ctx)
+        out, out_ctypes = new_outputs(), new_outputs()
+        outs[where] = (out, out_ctypes)
+        handle = ctx_ctypes._h
+        stream = side.cuda_stream if side is not None else (
+            torch.cuda.current_stream().cuda_stream if cuda else None)
+
+        def execute(handle=handle, stream=stream):
+            status = _lib.lib.kiln_context_execute(handle, stream)
+            if status:
+                kiln._raise_status(status)
+        paths["python_run" + suffix] = (lambda c=ctx, o=out: c.run([x], outputs=o), side)
+        paths["ctypes_run" + suffix] = (lambda c=ctx_ctypes, o=out_ctypes: c.run([x], outputs=o),
+                                        side)
+        # The same bindings, kiln_context_execute alone through ctypes.
+        paths["ctypes_execute" + suffix] = (execute, side)
+        paths["call" + suffix] = (lambda c=ctx: c(x), side)
+    fast = fast_contexts[0]._fast is not None
+    if not fast:
+        print(f"call_overhead.py: no kiln._fast ({_lib.fast_origin}): the run rows are both "
+              "the ctypes path", file=sys.stderr)
+
+    def on(stream):
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    for name, (fn, stream) in paths.items():
+        with on(stream):
+            fn()
+    sync()
+    same = all(torch.equal(a[n], b[n]) for a, b in outs.values() for n in a)
     names = list(paths)
     samples = {n: [] for n in names}
     rounds = []
     block = max(args.iterations // args.rounds, 1)
-    fast_runs = ctx._fast.runs if fast else 0
+    fast_runs = sum(c._fast.runs for c in fast_contexts) if fast else 0
     for r in range(args.rounds):
         medians = {}
         for n in names[r % len(names):] + names[:r % len(names)]:
-            s = time_calls(paths[n], sync, args.warmup // args.rounds + 1, block)
+            fn, stream = paths[n]
+            with on(stream):
+                s = time_calls(fn, sync, args.warmup // args.rounds + 1, block)
             samples[n] += s
             medians[n] = median_us(s)
         rounds.append(medians)
-    fast_runs = (ctx._fast.runs - fast_runs) if fast else 0
+    fast_runs = (sum(c._fast.runs for c in fast_contexts) - fast_runs) if fast else 0
     us = {n: median_us(samples[n]) for n in names}
     cpp_us, cpp = cpp_enqueue_us(find_kiln(args.kiln), engine_path, args.iterations)
 
     def ratio(a, b):
         return round(statistics.median(m[a] / m[b] for m in rounds), 3)
     python_us = us["python_run"]
+    ctx = fast_contexts[0]
+    side = {}
+    if cuda:
+        side = {"python_run_us": round(us["python_run_side"], 2),
+                "ctypes_run_us": round(us["ctypes_run_side"], 2),
+                "ctypes_execute_us": round(us["ctypes_execute_side"], 2),
+                "call_us": round(us["call_side"], 2),
+                "overhead_us": round(us["python_run_side"] - cpp_us, 2),
+                "overhead_ctypes_us": round(us["ctypes_run_side"] - cpp_us, 2),
+                "ratio_ctypes_run_to_fast_run": ratio("ctypes_run_side", "python_run_side"),
+                "within_target": us["python_run_side"] - cpp_us <= TARGET_US}
     result = {
         "model": ("linear 4x2" if args.trivial else "resnet_tiny (zoo)" if args.tiny else
                   "ResNet-50 (torchvision, random weights)"),
@@ -180,7 +213,8 @@ def main():
         "fast_path": fast, "fast_origin": _lib.fast_origin,
         # Every timed run of the fast context went through kiln._fast (none fell back).
         "fast_runs_counted": fast_runs,
-        "fast_runs_expected": 2 * args.rounds * (args.warmup // args.rounds + 1 + block) if fast else 0,
+        "fast_runs_expected": (2 * len(streams) * args.rounds *
+                               (args.warmup // args.rounds + 1 + block) if fast else 0),
         "fast_and_ctypes_outputs_equal": same,
         "cuda_graph_launches": ctx.graph_launches, "cuda_graph_captures": ctx.graph_captures,
         "cpp_enqueue_us": round(cpp_us, 2), "ctypes_execute_us": round(us["ctypes_execute"], 2),
@@ -194,6 +228,8 @@ def main():
         "ratio_ctypes_run_to_fast_run": ratio("ctypes_run", "python_run"),
         "ratio_fast_run_to_ctypes_execute": ratio("python_run", "ctypes_execute"),
         "round_medians_us": [{n: round(v, 2) for n, v in m.items()} for m in rounds],
+        # The same on a side stream made current (CUDA only), against the same C++ figure.
+        "side_stream": side,
         "target_us": TARGET_US, "within_target": python_us - cpp_us <= TARGET_US,
         "kiln_run_compute_ms_median": cpp.get("compute_ms", {}).get("median"),
     }
@@ -205,6 +241,16 @@ def main():
     print(f"{'context.run, ctypes path':<40} {us['ctypes_run']:>14.2f}")
     print(f"{'context.run, kiln._fast' + ('' if fast else ' (absent)'):<40} {python_us:>14.2f}")
     print(f"{'ctx(x), kiln._fast, output allocated':<40} {us['call']:>14.2f}")
+    if cuda:
+        print("on a side stream made current (torch.cuda.stream), as kiln run's own stream:")
+        for n, label in (("ctypes_execute_side", "kiln_context_execute via ctypes"),
+                         ("ctypes_run_side", "context.run, ctypes path"),
+                         ("python_run_side", "context.run, kiln._fast"),
+                         ("call_side", "ctx(x), kiln._fast, output allocated")):
+            print(f"  {label:<38} {us[n]:>14.2f}")
+        print(f"  overhead over the C++ enqueue: {side['overhead_us']:.2f} us (ctypes path "
+              f"{side['overhead_ctypes_us']:.2f} us); ctypes run / fast run: "
+              f"{side['ratio_ctypes_run_to_fast_run']:.2f}x")
     print(f"ctypes run / fast run: {result['ratio_ctypes_run_to_fast_run']:.2f}x (median of "
           f"{args.rounds} interleaved rounds); outputs equal: {same}")
     print(f"overhead of context.run over the C++ enqueue: {python_us - cpp_us:.2f} us "

@@ -265,8 +265,11 @@ class ExecutionContext:
         # second thread is refused before it writes the slots the first one is handing to C.
         self._lock = threading.Lock()
         # kiln._fast's runner for this context (None: ctypes alone): run() and ctx(x) go through
-        # it first, and take the Python path below whenever it declines the call.
+        # it first, and take the Python path below whenever it declines the call. Its flag is then
+        # the lock of both paths (tried the same way, and cheaper to take from C).
         self._fast = self._fast_runner()
+        if self._fast is not None:
+            self._lock = self._fast
 
     def _fast_runner(self):
         if _lib.fast is None:
@@ -282,7 +285,7 @@ class ExecutionContext:
         return _lib.fast.Runner(
             self._h.value, _lib.fast_functions(), tuple(self._input_names),
             tuple(self._output_names), tuple(self._output_dtypes[n] for n in self._output_names),
-            dict(_dtype_tables()[0]), self._lock, _raise_status, torch, stream_of,
+            dict(_dtype_tables()[0]), _raise_status, torch, stream_of,
             self._device_index)
 
     def _claim(self) -> None:

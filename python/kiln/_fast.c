@@ -50,8 +50,6 @@ typedef struct {
   PyObject* out_names;    /* tuple of str */
   PyObject* out_dtypes;   /* tuple of torch.dtype */
   PyObject* dtype_codes;  /* {torch.dtype: enum kiln_dtype} */
-  PyObject* lock_acquire; /* the context's threading.Lock, bound methods */
-  PyObject* lock_release;
   PyObject* raise_status; /* kiln._raise_status */
   PyObject* empty;        /* torch.empty */
   PyObject* tensor_type;  /* torch.Tensor */
@@ -59,6 +57,7 @@ typedef struct {
   PyObject* stream_of;    /* CUDA engines: device index -> current stream handle; else None */
   PyObject* device_index; /* CUDA engines: the context's GPU; else None */
   long long runs;         /* runs completed here */
+  int busy;               /* the context's lock (acquire/release below), held by a call in it */
 } Runner;
 
 static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_device, *s_layout, *s_type, *s_index,
@@ -334,12 +333,8 @@ static PyObject* NewOutput(Runner* r, Py_ssize_t j, PyObject* first, kiln_status
 static int Run(Runner* r, PyObject* inputs, PyObject* outputs, PyObject* stream,
                PyObject** result) {
   *result = NULL;
-  if (!r->ctx) return kBail;
-  PyObject* got = PyObject_CallFunctionObjArgs(r->lock_acquire, Py_False, NULL);
-  if (!got) return kRaised;
-  int claimed = got == Py_True;
-  Py_DECREF(got);
-  if (!claimed) return kBail; /* in use by another thread: KILN-E5011 from Python */
+  if (!r->ctx || r->busy) return kBail; /* busy: in use by another thread, KILN-E5011 */
+  r->busy = 1;
 
   int rc = kDone, changed = 0, bound_now = 0, stream_failed = 0;
   kiln_status* status = NULL;
@@ -388,12 +383,7 @@ static int Run(Runner* r, PyObject* inputs, PyObject* outputs, PyObject* stream,
   PyEval_RestoreThread(thread);
   if (status) goto raised;
   for (Py_ssize_t k = 0; k < count; ++k) Py_DECREF(tensors[k]);
-  got = PyObject_CallFunctionObjArgs(r->lock_release, NULL);
-  Py_XDECREF(got);
-  if (!got) {
-    Py_DECREF(dict);
-    return kRaised;
-  }
+  r->busy = 0;
   ++r->runs;
   *result = dict;
   return kDone;
@@ -407,11 +397,7 @@ fail:
   for (Py_ssize_t k = 0; k < count; ++k) Py_DECREF(tensors[k]);
   Py_XDECREF(dict);
   if (rc == kBail) PyErr_Clear();
-  PyObject *type = NULL, *value = NULL, *trace = NULL;
-  PyErr_Fetch(&type, &value, &trace);
-  got = PyObject_CallFunctionObjArgs(r->lock_release, NULL);
-  Py_XDECREF(got);
-  PyErr_Restore(type, value, trace);
+  r->busy = 0;
   if (status) {
     PyObject* handle = PyLong_FromVoidPtr(status);
     PyObject* none = handle ? PyObject_CallFunctionObjArgs(r->raise_status, handle, NULL) : NULL;
@@ -453,6 +439,33 @@ static PyObject* Runner_call(Runner* r, PyObject* inputs) {
   return values;
 }
 
+/* The context's lock, for the Python path too: a flag read and set under the GIL (the module needs
+ * the GIL, so it never runs free-threaded). It is only ever tried: a context in use is refused
+ * (KILN-E5011), never waited for. */
+static PyObject* Runner_acquire(Runner* r, PyObject* args, PyObject* kwargs) {
+  static char* kw[] = {"blocking", NULL};
+  int blocking = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:acquire", kw, &blocking)) return NULL;
+  if (!r->busy) {
+    r->busy = 1;
+    Py_RETURN_TRUE;
+  }
+  if (blocking) {
+    PyErr_SetString(PyExc_RuntimeError, "kiln context lock: only acquire(blocking=False)");
+    return NULL;
+  }
+  Py_RETURN_FALSE;
+}
+
+static PyObject* Runner_release(Runner* r, PyObject* unused) {
+  if (!r->busy) {
+    PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
+    return NULL;
+  }
+  r->busy = 0;
+  Py_RETURN_NONE;
+}
+
 static PyObject* Runner_forget(Runner* r, PyObject* unused) {
   Forget(r);
   Py_RETURN_NONE;
@@ -478,8 +491,6 @@ static void Runner_dealloc(Runner* r) {
   Py_XDECREF(r->out_names);
   Py_XDECREF(r->out_dtypes);
   Py_XDECREF(r->dtype_codes);
-  Py_XDECREF(r->lock_acquire);
-  Py_XDECREF(r->lock_release);
   Py_XDECREF(r->raise_status);
   Py_XDECREF(r->empty);
   Py_XDECREF(r->tensor_type);
@@ -496,17 +507,18 @@ static void* Address(PyObject* tuple, Py_ssize_t i) {
 }
 
 /* Runner(handle, (bind, shape, execute, release), input_names, output_names, output_dtypes,
- *        dtype_codes, lock, raise_status, torch) with stream_of and device_index for CUDA. */
+ *        dtype_codes, raise_status, torch) with stream_of and device_index for CUDA. */
 static PyObject* Runner_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  static char* kw[] = {"handle",        "functions",   "input_names",  "output_names",
-                       "output_dtypes", "dtype_codes", "lock",         "raise_status",
-                       "torch",         "stream_of",   "device_index", NULL};
-  PyObject *handle, *fns, *in_names, *out_names, *out_dtypes, *codes, *lock, *raise_status, *torch;
+  static char* kw[] = {
+      "handle",      "functions",    "input_names", "output_names", "output_dtypes",
+      "dtype_codes", "raise_status", "torch",       "stream_of",    "device_index",
+      NULL};
+  PyObject *handle, *fns, *in_names, *out_names, *out_dtypes, *codes, *raise_status, *torch;
   PyObject *stream_of = Py_None, *device_index = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!O!O!O!OOO|OO:Runner", kw, &handle,
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!O!O!O!OO|OO:Runner", kw, &handle,
                                    &PyTuple_Type, &fns, &PyTuple_Type, &in_names, &PyTuple_Type,
                                    &out_names, &PyTuple_Type, &out_dtypes, &PyDict_Type, &codes,
-                                   &lock, &raise_status, &torch, &stream_of, &device_index)) {
+                                   &raise_status, &torch, &stream_of, &device_index)) {
     return NULL;
   }
   if (PyTuple_Size(fns) != 4 || PyTuple_Size(out_dtypes) != PyTuple_Size(out_names)) {
@@ -546,14 +558,10 @@ static PyObject* Runner_new(PyTypeObject* type, PyObject* args, PyObject* kwargs
       if (bad) goto error;
     }
   }
-  r->lock_acquire = PyObject_GetAttrString(lock, "acquire");
-  r->lock_release = PyObject_GetAttrString(lock, "release");
   r->empty = PyObject_GetAttrString(torch, "empty");
   r->tensor_type = PyObject_GetAttrString(torch, "Tensor");
   r->strided = PyObject_GetAttrString(torch, "strided");
-  if (!r->lock_acquire || !r->lock_release || !r->empty || !r->tensor_type || !r->strided) {
-    goto error;
-  }
+  if (!r->empty || !r->tensor_type || !r->strided) goto error;
   Py_INCREF(out_names);
   r->out_names = out_names;
   Py_INCREF(out_dtypes);
@@ -577,6 +585,9 @@ static PyMethodDef Runner_methods[] = {
      "run(inputs, outputs=None, stream=None) -> {name: tensor}, or None: take the Python path"},
     {"call", (PyCFunction)Runner_call, METH_O,
      "call(inputs_tuple) -> tensor or tuple, or None: take the Python path"},
+    {"acquire", (PyCFunction)(void (*)(void))Runner_acquire, METH_VARARGS | METH_KEYWORDS,
+     "acquire(blocking=True) -> bool: the context's lock (only tried; see above)"},
+    {"release", (PyCFunction)Runner_release, METH_NOARGS, "release(): the context's lock"},
     {"forget", (PyCFunction)Runner_forget, METH_NOARGS,
      "The context was bound by someone else: recheck every binding on the next run"},
     {"close", (PyCFunction)Runner_close, METH_NOARGS,

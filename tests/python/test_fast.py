@@ -230,3 +230,17 @@ def test_without_the_module_the_package_runs_on_ctypes(tmp_path):
     out = run_child(CHILD, KILN_LIBRARY=str(lib))
     assert out[:3] == ["True", "True", "not"]
     assert out[3:] == run_child(CHILD)[3:]
+
+
+def test_a_context_in_use_is_refused_on_both_paths(engine, mlp):
+    # The runner's flag is the context's lock for both paths: held (as by a thread inside run),
+    # every call is refused with KILN-E5011 and nothing runs.
+    x = torch.randn(4, 8)
+    for ctx in contexts(engine):
+        assert ctx._lock.acquire(blocking=False)
+        assert not ctx._lock.acquire(blocking=False)
+        for call in (lambda: ctx.run([x]), lambda: ctx(x), lambda: ctx.bind("input_0", x)):
+            e = failure(call)
+            assert e[0] == "KILN-E5011" and "another thread" in e[3]
+        ctx._lock.release()
+        torch.testing.assert_close(ctx(x), mlp(x).detach(), rtol=1e-4, atol=1e-5)
