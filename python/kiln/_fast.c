@@ -70,17 +70,17 @@ enum { kDone = 1, kBail = 0, kRaised = -1 };
  * on the stack). */
 enum { kMaxBindings = 256 };
 
+static void ClearOutShapes(Runner* r) {
+  for (Py_ssize_t j = 0; r->out_shapes && j < r->n_out; ++j) Py_CLEAR(r->out_shapes[j]);
+}
+
 static void Forget(Runner* r) {
   for (Py_ssize_t i = 0; i < r->n_in + r->n_out; ++i) {
     r->b[i].bound = 0;
     Py_CLEAR(r->b[i].dtype);
     Py_CLEAR(r->b[i].device);
   }
-  for (Py_ssize_t j = 0; j < r->n_out; ++j) Py_CLEAR(r->out_shapes[j]);
-}
-
-static void ClearOutShapes(Runner* r) {
-  for (Py_ssize_t j = 0; j < r->n_out; ++j) Py_CLEAR(r->out_shapes[j]);
+  ClearOutShapes(r);
 }
 
 /* Reads a tuple of ints (torch.Size, stride()) into out; -1 when it is not one or too long. */
@@ -285,8 +285,9 @@ static int GatherInputs(Runner* r, PyObject* inputs, Py_ssize_t* index, PyObject
   return kDone;
 }
 
-/* The given output tensors by output index (borrowed, NULL where not given); kBail when the
- * mapping is not a dict or names something that is not an output. */
+/* The given output tensors by output index (new references, NULL where not given: the caller
+ * drops them with DropAll); kBail when the mapping is not a dict or names something that is not
+ * an output. */
 static int GatherOutputs(Runner* r, PyObject* outputs, PyObject** given) {
   for (Py_ssize_t j = 0; j < r->n_out; ++j) given[j] = NULL;
   if (outputs == Py_None) return kDone;
@@ -294,13 +295,20 @@ static int GatherOutputs(Runner* r, PyObject* outputs, PyObject** given) {
   Py_ssize_t found = 0;
   for (Py_ssize_t j = 0; j < r->n_out; ++j) {
     given[j] = PyDict_GetItemWithError(outputs, PyTuple_GetItem(r->out_names, j));
-    if (given[j]) ++found;
+    if (given[j]) {
+      Py_INCREF(given[j]);
+      ++found;
+    }
   }
   if (PyErr_Occurred() || found != PyDict_Size(outputs)) {
     PyErr_Clear();
     return kBail; /* KILN-E5005 from Python */
   }
   return kDone;
+}
+
+static void DropAll(PyObject** objects, Py_ssize_t n) {
+  for (Py_ssize_t k = 0; k < n; ++k) Py_CLEAR(objects[k]);
 }
 
 /* Allocates output j as Python does: torch.empty(shape, dtype, device of the first input on CUDA,
@@ -338,7 +346,7 @@ static int Run(Runner* r, PyObject* inputs, PyObject* outputs, PyObject* stream,
 
   int rc = kDone, changed = 0, bound_now = 0, stream_failed = 0;
   kiln_status* status = NULL;
-  Py_ssize_t count = 0;
+  Py_ssize_t count = 0, n_given = 0;
   Py_ssize_t index[kMaxBindings];
   PyObject* tensors[kMaxBindings];
   PyObject* given[kMaxBindings];
@@ -351,6 +359,7 @@ static int Run(Runner* r, PyObject* inputs, PyObject* outputs, PyObject* stream,
   rc = GatherInputs(r, inputs, index, tensors, &count);
   if (rc != kDone) goto fail;
   rc = GatherOutputs(r, outputs, given);
+  n_given = r->n_out;
   if (rc != kDone) goto fail;
   for (Py_ssize_t k = 0; k < count; ++k) {
     rc = BindCached(r, index[k], tensors[k], 0, &bound_now, &status);
@@ -382,7 +391,8 @@ static int Run(Runner* r, PyObject* inputs, PyObject* outputs, PyObject* stream,
   status = r->execute(r->ctx, s);
   PyEval_RestoreThread(thread);
   if (status) goto raised;
-  for (Py_ssize_t k = 0; k < count; ++k) Py_DECREF(tensors[k]);
+  DropAll(tensors, count);
+  DropAll(given, n_given);
   r->busy = 0;
   ++r->runs;
   *result = dict;
@@ -394,7 +404,8 @@ fail:
   /* As Python's path: every binding is rechecked next time and the context is released. */
   Forget(r);
   r->release(r->ctx);
-  for (Py_ssize_t k = 0; k < count; ++k) Py_DECREF(tensors[k]);
+  DropAll(tensors, count);
+  DropAll(given, n_given);
   Py_XDECREF(dict);
   if (rc == kBail) PyErr_Clear();
   r->busy = 0;

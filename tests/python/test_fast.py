@@ -1,8 +1,11 @@
 # kiln._fast, the C hot path of ExecutionContext.run (issue 24), against the pure ctypes path it
 # stands in for: it is loaded and used when this build made it, both paths give the same values
 # and the same errors, runs stay zero-copy, bindings made by either path never leak into the
-# other's, and KILN_PYTHON_FAST=0 or a missing module leave the package on ctypes alone.
+# other's, KILN_PYTHON_FAST=0 or a missing module leave the package on ctypes alone, and the one
+# abi3 binary runs under the other CPython versions found here.
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,7 +14,7 @@ import torch
 
 import kiln
 from kiln import _lib
-from conftest import PROFILE, ROOT
+
 
 BUILT = os.environ.get("KILN_PYTHON_FAST_BUILT") == "1"  # set by tests/python/CMakeLists.txt
 
@@ -244,3 +247,44 @@ def test_a_context_in_use_is_refused_on_both_paths(engine, mlp):
             assert e[0] == "KILN-E5011" and "another thread" in e[3]
         ctx._lock.release()
         torch.testing.assert_close(ctx(x), mlp(x).detach(), rtol=1e-4, atol=1e-5)
+
+
+def other_pythons():
+    """CPython 3.9 to 3.13 interpreters other than this one: python3.N on PATH that run, and
+    KILN_EXTRA_PYTHONS (paths separated by ':')."""
+    found = [p for p in os.environ.get("KILN_EXTRA_PYTHONS", "").split(":") if p]
+    for minor in range(9, 14):
+        path = shutil.which(f"python3.{minor}")
+        if path and subprocess.run([path, "-c", "pass"], capture_output=True).returncode == 0:
+            found.append(path)
+    mine = f"{sys.version_info.major}.{sys.version_info.minor}"
+    versions = {}
+    for path in found:
+        v = subprocess.run([path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                           capture_output=True, text=True).stdout.strip()
+        if v and v != mine:
+            versions.setdefault(v, path)
+    return versions
+
+
+def test_one_binary_serves_other_pythons(tmp_path, onnx_bytes, mlp):
+    # The abi3 module built here runs an engine under every other CPython found (Debian 12 has
+    # only 3.11: CI skips this; KILN_EXTRA_PYTHONS names more).
+    pythons = other_pythons()
+    if not pythons:
+        pytest.skip("no other CPython 3.9-3.13 here (set KILN_EXTRA_PYTHONS)")
+    model = tmp_path / "mlp.onnx"
+    model.write_bytes(onnx_bytes)
+    x = ((torch.arange(8, dtype=torch.float32) - 4) / 4).reshape(1, 8)
+    want = mlp(x).detach().flatten()
+    check = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fast_abi_check.py")
+    for version, python in sorted(pythons.items()):
+        p = subprocess.run([python, check, str(model)], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, f"{python}: {p.stdout}{p.stderr}"
+        got = json.loads(p.stdout.splitlines()[-1])
+        assert got["python"].startswith(version + ".")
+        assert got["origin"] == _lib.fast_origin and got["runs"] == 2
+        torch.testing.assert_close(torch.tensor(got["run"]), want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(torch.tensor(got["call"]), want, rtol=1e-4, atol=1e-5)
+        assert got["error"] == "KILN-E5003"  # batch 2 for an engine built for batch 1
