@@ -24,6 +24,11 @@ if [ -n "${KILN_BUNDLE_NO_BUILD:-}" ]; then
 elif [ -n "${KILN_BUNDLE_BINS:-}" ]; then
   # Build only the named binaries (their names are their CMake targets).
   cmake --build "$build_dir" -j"${KILN_BUILD_JOBS:-$(nproc)}" --target ${KILN_BUNDLE_BINS//|/ }
+  # kiln_c brings the package's kiln._fast along (absent where CMake found no Python headers).
+  if [[ "kiln_c" =~ ^(${KILN_BUNDLE_BINS})$ ]]; then
+    cmake --build "$build_dir" --target kiln_python_fast ||
+      echo "bundle_gpu.sh: no kiln._fast: the package will run on ctypes alone" >&2
+  fi
 else
   cmake --build "$build_dir" -j"${KILN_BUILD_JOBS:-$(nproc)}"
 fi
@@ -35,13 +40,20 @@ for b in "${bins[@]}"; do
   patchelf --set-rpath '$ORIGIN/../lib' ".bundle/bin/$(basename "$b")" 2>/dev/null || true
 done
 # The C API library the Python package loads (python/kiln; KILN_LIBRARY=.bundle/lib/libkiln_c.so),
-# beside the libraries it needs.
+# beside the libraries it needs, and the package's kiln._fast module.
 # With KILN_BUNDLE_BINS, only when it names kiln_c (the library is as large as kiln itself).
 if [ -f "$build_dir/src/kiln/api/libkiln_c.so" ] &&
    { [ -z "${KILN_BUNDLE_BINS:-}" ] || [[ "kiln_c" =~ ^(${KILN_BUNDLE_BINS})$ ]]; }; then
   cp "$build_dir/src/kiln/api/libkiln_c.so" .bundle/lib/
   strip --strip-unneeded .bundle/lib/libkiln_c.so 2>/dev/null || true
   patchelf --set-rpath '$ORIGIN' .bundle/lib/libkiln_c.so 2>/dev/null || true
+  # kiln._fast (the C hot path of runs; stable ABI, so the GPU machine's Python 3.12 loads it): the
+  # package finds it beside KILN_LIBRARY. It needs no library of its own.
+  for module in "$build_dir"/src/kiln/api/_fast*.so; do
+    [ -f "$module" ] || continue
+    cp "$module" .bundle/lib/
+    strip --strip-unneeded ".bundle/lib/$(basename "$module")" 2>/dev/null || true
+  done
 fi
 skip='^(linux-vdso|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|ld-linux|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcudnn|libnccl|libnvidia|libmpi|libopen-|libcupti|libnvrtc|libnvJitLink)'
 for b in .bundle/bin/* .bundle/lib/libkiln_c.so; do

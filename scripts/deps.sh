@@ -11,7 +11,7 @@ pkgs=(
   libopenmpi-dev openmpi-bin
   prometheus-cpp-dev prometheus
   libhyperscan-dev libre2-dev
-  python3 python3-venv python3-torch python3-torchvision python3-onnx python3-pytest python3-setuptools python3-wheel python3-pip
+  python3 python3-dev python3-venv python3-torch python3-torchvision python3-onnx python3-pytest python3-setuptools python3-wheel python3-pip
 )
 missing=()
 for p in "${pkgs[@]}"; do

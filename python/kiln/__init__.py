@@ -264,6 +264,29 @@ class ExecutionContext:
         # Held through each call that touches the context (run, bind, shape, execute), so that a
         # second thread is refused before it writes the slots the first one is handing to C.
         self._lock = threading.Lock()
+        # kiln._fast's runner for this context (None: ctypes alone): run() and ctx(x) go through
+        # it first, and take the Python path below whenever it declines the call. Its flag is then
+        # the lock of both paths (tried the same way, and cheaper to take from C).
+        self._fast = self._fast_runner()
+        if self._fast is not None:
+            self._lock = self._fast
+
+    def _fast_runner(self):
+        if _lib.fast is None:
+            return None
+        try:
+            torch = _torch()
+        except ImportError:
+            return None
+        stream_of = None
+        if self._cuda:
+            stream_of = _current_raw_stream() or (
+                lambda index: torch.cuda.current_stream(index).cuda_stream)
+        return _lib.fast.Runner(
+            self._h.value, _lib.fast_functions(), tuple(self._input_names),
+            tuple(self._output_names), tuple(self._output_dtypes[n] for n in self._output_names),
+            dict(_dtype_tables()[0]), _raise_status, torch, stream_of,
+            self._device_index)
 
     def _claim(self) -> None:
         if not self._lock.acquire(blocking=False):
@@ -272,6 +295,9 @@ class ExecutionContext:
                          "(engine.create_execution_context())")
 
     def __del__(self):
+        fast = getattr(self, "_fast", None)
+        if fast is not None:
+            fast.close()
         h = getattr(self, "_h", None)
         if h is not None and h.value:
             lib.kiln_context_free(h)
@@ -296,6 +322,8 @@ class ExecutionContext:
     def _bind(self, name: str, tensor) -> None:
         slot = self._slot(name)
         slot.key = None
+        if self._fast is not None:
+            self._fast.forget()  # its bindings are no longer the context's
         if name in self._input_set:
             self._out_shapes.clear()
         if self._cuda and tensor.device.type == "cuda" and tensor.device.index != self._device_index:
@@ -343,6 +371,11 @@ class ExecutionContext:
         """Runs the engine on torch tensors: `inputs` maps names to tensors (or is a sequence in
         the engine's input order); `outputs` optionally maps output names to preallocated
         tensors, which are written in place. Returns every output by name."""
+        fast = self._fast
+        if fast is not None:
+            result = fast.run(inputs, outputs, stream)
+            if result is not None:
+                return result
         self._claim()
         try:
             return self._run(inputs, outputs, stream)
@@ -350,6 +383,12 @@ class ExecutionContext:
             self._lock.release()
 
     def _run(self, inputs, outputs, stream) -> Dict[str, Any]:
+        if self._fast is not None:
+            # The C path may have bound other tensors since this path's keys were set: rebind all.
+            self._fast.forget()
+            for slot in self._slots.values():
+                slot.key = None
+            self._out_shapes.clear()
         if isinstance(inputs, Mapping):
             items = list(inputs.items())
         else:
@@ -410,6 +449,11 @@ class ExecutionContext:
 
     def __call__(self, *inputs):
         """context(x, ...) -> the output tensor, or a tuple of them."""
+        fast = self._fast
+        if fast is not None:
+            values = fast.call(inputs)
+            if values is not None:
+                return values
         out = self.run(list(inputs))
         values = [out[n] for n in self._output_names]
         return values[0] if len(values) == 1 else tuple(values)

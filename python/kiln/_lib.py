@@ -5,6 +5,7 @@ One binary serves every Python version: this module only describes the C signatu
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 from pathlib import Path
 
@@ -169,3 +170,42 @@ def take_buffer(buf: int) -> bytes:
         return ctypes.string_at(data, size) if size else b""
     finally:
         lib.kiln_buffer_free(buf)
+
+
+# ---- kiln._fast: the C hot path of ExecutionContext.run (python/kiln/_fast.c) -----------------
+
+def _load_fast():
+    """The kiln._fast extension and where it came from, or None and why not.
+
+    Looked for next to this package (`pip install .` puts it there), then beside the libkiln_c.so
+    just loaded (KILN_LIBRARY's folder, the build folder, the bundle's lib/). KILN_PYTHON_FAST=0
+    keeps to ctypes alone. A module for another C API version is left aside."""
+    if os.environ.get("KILN_PYTHON_FAST", "1") == "0":
+        return None, "off (KILN_PYTHON_FAST=0)"
+    here = Path(__file__).resolve().parent
+    seen = []
+    for folder in (here, Path(lib._name).parent):
+        for path in sorted(folder.glob("_fast*.so")):
+            seen.append(str(path))
+            try:
+                spec = importlib.util.spec_from_file_location(__package__ + "._fast", path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            except ImportError as e:  # built for another platform or Python ABI
+                seen[-1] += f" ({e})"
+                continue
+            if module.C_API_VERSION != API_VERSION:
+                seen[-1] += f" (C API version {module.C_API_VERSION}, not {API_VERSION})"
+                continue
+            return module, str(path)
+    return None, "not found" + (": " + ", ".join(seen) if seen else "")
+
+
+def fast_functions():
+    """The addresses kiln._fast calls: kiln_context_bind, _shape, _execute and _release."""
+    return tuple(ctypes.cast(getattr(lib, "kiln_context_" + n), ctypes.c_void_p).value
+                 for n in ("bind", "shape", "execute", "release"))
+
+
+# fast: the module or None (ctypes alone); fast_origin: its path, or why it is not used.
+fast, fast_origin = _load_fast()

@@ -39,5 +39,13 @@ def test_gpu_train_script_on_the_cpu(tmp_path):
     assert over["python_run_us"] > 0
     assert abs(over["overhead_us"] - (over["python_run_us"] - over["cpp_enqueue_us"])) < 0.02
     assert "run_over_ctypes_execute_us" in over
+    # Both paths of context.run, in one process: kiln._fast (when this build made it) ran every
+    # timed call of its context, and both wrote the same outputs.
+    assert over["ctypes_run_us"] > 0 and over["call_us"] > 0
+    assert over["fast_and_ctypes_outputs_equal"] is True
+    assert over["fast_path"] is (os.environ.get("KILN_PYTHON_FAST_BUILT") == "1")
+    assert over["fast_runs_counted"] == over["fast_runs_expected"]
+    assert over["ratio_ctypes_run_to_fast_run"] > 0 and len(over["round_medians_us"]) == 10
+    assert len(over["cpp_enqueue_runs_us"]) == 3 and over["side_stream"] == {}
     assert "overhead of context.run over the C++ enqueue" in (
         tmp_path / "call_overhead.txt").read_text()

@@ -1,7 +1,8 @@
 # `pip install .` of the package into a fresh venv that sees Debian's torch
 # (--system-site-packages), then kiln imported from the venv (not from the checkout) builds and
-# runs an engine. The checkout's packaging files are copied first, so the test writes nothing into
-# the source tree; KILN_LIBRARY hands setup.py this build's libkiln_c.so.
+# runs an engine (on kiln._fast when the build made it). The checkout's packaging files are copied
+# first, so the test writes nothing into the source tree; KILN_LIBRARY hands setup.py this build's
+# libkiln_c.so, and kiln._fast beside it.
 import os
 import shutil
 import subprocess
@@ -31,14 +32,18 @@ def test_pip_install_into_a_venv(tmp_path):
             "m = torch.nn.Linear(4, 3)\n"
             "e = kiln.build(m, torch.randn(2, 4), backend='cpu')\n"
             "x = torch.randn(2, 4)\n"
-            "d = (e.create_execution_context()(x) - m(x)).abs().max().item()\n"
-            "print(kiln.__file__, d)\n")
+            "c = e.create_execution_context()\n"
+            "d = (c(x) - m(x)).abs().max().item()\n"
+            "print(kiln.__file__, d, kiln._lib.fast_origin, c._fast.runs if c._fast else 0)\n")
     p = subprocess.run([py, "-c", code], env=env, cwd=str(tmp_path), capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
-    where, diff = p.stdout.split()
-    assert where.startswith(str(venv)) and os.path.isfile(os.path.join(os.path.dirname(where),
-                                                                       "libkiln_c.so"))
+    where, diff, fast, runs = p.stdout.split()
+    package = os.path.dirname(where)
+    assert where.startswith(str(venv)) and os.path.isfile(os.path.join(package, "libkiln_c.so"))
     assert float(diff) < 1e-5
+    # kiln._fast, when this build made it, is installed and runs the call from the package.
+    if os.environ.get("KILN_PYTHON_FAST_BUILT") == "1":
+        assert fast == os.path.join(package, "_fast.abi3.so") and runs == "1", p.stdout
     for stub in ("__init__.pyi", "distributed.pyi", "py.typed"):
         assert os.path.isfile(os.path.join(os.path.dirname(where), stub))
