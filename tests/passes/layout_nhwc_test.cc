@@ -102,6 +102,67 @@ TEST(LayoutNhwc, DoesNothingWithoutTheOption) {
   EXPECT_EQ(CountTagged(*g), 0);
 }
 
+// A squeeze-excite block as the dynamo exporter writes it: the spatial mean is ReduceMean over
+// axes 2 and 3. The global_pool pass makes it GlobalAveragePool, so the whole block stays NHWC
+// (before, the layout pass put a transpose pair around the reduction).
+std::unique_ptr<Graph> SqueezeExcite(std::vector<int64_t> axes, int64_t keepdims) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, {Dim::Symbol("n"), 4, 9, 11});
+  Value* w1 = Const(*g, RandomTensor(DataType::kFloat32, {16, 4, 3, 3}, 1));
+  Value* c1 = Op(*g, "Conv", {x, w1}, Attrs(std::pair{"pads", std::vector<int64_t>{1, 1, 1, 1}}));
+  Value* mean =
+      Op(*g, "ReduceMean", {c1, Const(*g, Ints(axes))}, Attrs(std::pair{"keepdims", keepdims}));
+  if (keepdims == 0) mean = Op(*g, "Unsqueeze", {mean, Const(*g, Ints({2, 3}))});
+  Value* w2 = Const(*g, RandomTensor(DataType::kFloat32, {16, 16, 1, 1}, 2));
+  Value* gate = Op(*g, "Sigmoid", {Op(*g, "Conv", {mean, w2})});
+  Value* scaled = Op(*g, "Mul", {c1, gate});
+  Value* w3 = Const(*g, RandomTensor(DataType::kFloat32, {8, 16, 1, 1}, 3));
+  g->MarkOutput(Op(*g, "Conv", {scaled, w3}));
+  return g;
+}
+
+TEST(GlobalPool, SpatialReduceMeanBecomesGlobalAveragePoolAndStaysChannelsLast) {
+  for (std::vector<int64_t> axes : {std::vector<int64_t>{2, 3}, std::vector<int64_t>{-1, -2}}) {
+    auto before = SqueezeExcite(axes, 1);
+    auto after = SqueezeExcite(axes, 1);
+    auto report = RunDefaultPasses(*after, NhwcOptions());
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    SCOPED_TRACE(report->ToString());
+    EXPECT_EQ(report->rewrites("global_pool"), 1);
+    EXPECT_EQ(CountOps(*after, "ReduceMean"), 0);
+    EXPECT_EQ(CountOps(*after, "GlobalAveragePool"), 1);
+    EXPECT_EQ(CountOps(*after, "Transpose"), 2);  // into NHWC after x, back for the output
+    ExpectSameOutputs(*before, *after, {{"n", 2}}, 1e-4);
+  }
+}
+
+TEST(GlobalPool, OtherReductionsStay) {
+  struct Case {
+    DataType dtype;
+    std::vector<int64_t> dims, axes;
+    int64_t keepdims;
+  };
+  const std::vector<Case> cases = {
+      {DataType::kFloat32, {2, 4, 6, 5}, {3}, 1},        // not every spatial axis
+      {DataType::kFloat32, {2, 4, 6, 5}, {1, 2, 3}, 1},  // the channels too
+      {DataType::kFloat32, {2, 4, 6, 5}, {2, 3}, 0},     // spatial axes dropped
+      {DataType::kInt64, {2, 4, 6, 5}, {2, 3}, 1},       // integers (the pool is float only)
+      {DataType::kFloat32, {2, 5, 8}, {2}, 1},           // rank 3: a transformer's hidden axis
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c.axes) + " of " + ::testing::PrintToString(c.dims));
+    Graph g;
+    Value* x = g.AddInput("x", c.dtype, MakeShape(c.dims));
+    g.MarkOutput(
+        Op(g, "ReduceMean", {x, Const(g, Ints(c.axes))}, Attrs(std::pair{"keepdims", c.keepdims})));
+    auto report = RunDefaultPasses(g, NhwcOptions());
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->rewrites("global_pool"), 0);
+    EXPECT_EQ(CountOps(g, "ReduceMean"), 1);
+    EXPECT_EQ(CountOps(g, "GlobalAveragePool"), 0);
+  }
+}
+
 TEST(LayoutNhwc, ShapeRuleHonoursTheAttribute) {
   Graph g;
   Value* x = g.AddInput("x", DataType::kFloat32, {2, 9, 7, 3});  // N, H, W, C

@@ -119,6 +119,7 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeQkvFusionPass());
   pm->Add(MakeGatedProjectionMergePass());
   pm->Add(MakeConvFusionPass());
+  pm->Add(MakeGlobalPoolPass());  // after the fusions: it only renames a reduction
   pm->Add(MakeDeadNodeEliminationPass());
   return pm;
 }

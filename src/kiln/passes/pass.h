@@ -142,6 +142,7 @@ std::unique_ptr<Pass> MakeAttentionLayoutPass();  // heads read in place (Attent
 std::unique_ptr<Pass> MakeQkvFusionPass();        // Q/K/V projections -> one (after gemm_fusion)
 std::unique_ptr<Pass> MakeGemmFusionPass();       // Gemm/MatMul + bias + activation
 std::unique_ptr<Pass> MakeConvFusionPass();       // Conv + bias + residual + activation
+std::unique_ptr<Pass> MakeGlobalPoolPass();       // ReduceMean over H, W -> GlobalAveragePool
 std::unique_ptr<Pass> MakeLayoutNhwcPass();       // channels-last convolution stacks (conv_layout)
 
 // The default pipeline, in order: simplifications first (so patterns see constants and no

@@ -3,6 +3,8 @@
 // without a GPU (provider coverage, tactic names, broadcast coalescing, zoo coverage). The
 // kernels' conformance cases (values against the CPU backend on fresh random inputs, in f32, f16
 // and bf16) are rows of the op conformance suite (tests/backends/conformance/).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -173,10 +175,20 @@ TEST(CudaNhwcPool, AveragePool) {
                        {"strides", std::vector<int64_t>{2, 2}}}),
                 {1, 8, 6, 7}, DataType::kFloat32);
 }
-TEST(CudaNhwcPool, GlobalAveragePool) {
-  for (DataType t : kAllFloats) {
-    SCOPED_TRACE(std::string(ToString(t)));
-    CheckNhwcPool("GlobalAveragePool", {}, {2, 24, 7, 5}, t);
+// Global pools in NHWC: rows split over blocks with partials in the workspace (large H*W, few
+// images and channels), 16-byte channel vectors and the scalar path (C not a multiple of the
+// vector), several channel tiles, one row, one image.
+TEST(CudaNhwcPool, GlobalAveragePoolAndGlobalMaxPool) {
+  const std::vector<std::vector<int64_t>> shapes = {
+      {2, 24, 7, 5}, {3, 32, 56, 56}, {2, 13, 40, 9}, {1, 1280, 7, 7},
+      {4, 8, 1, 1},  {1, 3000, 2, 2}, {5, 3, 17, 19}};
+  for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"}) {
+    for (const auto& dims : shapes) {
+      for (DataType t : kAllFloats) {
+        SCOPED_TRACE(fmt::format("{} {} {}", op, fmt::join(dims, "x"), ToString(t)));
+        CheckNhwcPool(op, {}, dims, t);
+      }
+    }
   }
 }
 

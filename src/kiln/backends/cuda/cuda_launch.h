@@ -115,9 +115,13 @@ struct PoolDesc {
 };
 cudaError_t LaunchPool(Elem t, const PoolDesc& d, const void* x, void* y, cudaStream_t stream);
 // Global pooling: NCHW reduces `size` contiguous elements per plane (planes = N*C); NHWC reduces
-// `size` = H*W rows of C for each of n images (planes = N*C too, channels = C).
+// `size` = H*W rows of C for each of n images (planes = N*C too, channels = C), splitting the rows
+// over blocks with FP32 partials in the workspace (GlobalPoolNhwcWorkspace bytes; with less, fewer
+// splits). Results do not depend on the split.
 cudaError_t LaunchGlobalPool(Elem t, bool is_max, bool nhwc, const void* x, void* y, int64_t planes,
-                             int64_t channels, int64_t size, cudaStream_t stream);
+                             int64_t channels, int64_t size, void* workspace,
+                             size_t workspace_bytes, cudaStream_t stream);
+size_t GlobalPoolNhwcWorkspace(int64_t n, int64_t channels, int64_t rows);
 
 // ---- reduce.cu --------------------------------------------------------------------------------
 enum class ReduceOp : int32_t { kSum, kMean, kMax, kMin, kProd, kSumSquare, kL2, kLogSumExp };

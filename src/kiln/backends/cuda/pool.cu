@@ -1,6 +1,7 @@
 // Pooling on CUDA: MaxPool/AveragePool (1-D and 2-D windows, direct: one thread per output) and
-// GlobalAveragePool/GlobalMaxPool (a warp per plane in NCHW; in NHWC one thread per (image,
-// channel) so neighbouring threads read neighbouring channels). Both layouts, FP32 math.
+// GlobalAveragePool/GlobalMaxPool (a warp per plane in NCHW; in NHWC blocks of channel vectors
+// over row splits, then a fold of the splits: see GlobalPoolNhwcPartial). Both layouts, FP32 math.
+#include <algorithm>
 #include <cstdint>
 
 #include "kiln/backends/cuda/device_util.cuh"
@@ -77,19 +78,73 @@ __global__ void GlobalPoolPlaneKernel(const T* __restrict__ x, T* __restrict__ y
   }
 }
 
+// NHWC global pooling, in two passes so that every SM has work even when N*C is small (an
+// EfficientNet stage-1 squeeze-excite pool is 32 images x 32 channels over 112x112 rows).
+// Pass 1: block (32, 8) of grid (channel tiles, N, splits) reduces rows [split * rows_per_split,
+// ...) of one image for 32 channel vectors of V elements each (16-byte loads when V > 1): the 8
+// row phases stride through the rows, then fold through shared memory. With one split it writes
+// the output; otherwise it writes FP32 partials [split][n][c] to the workspace and pass 2 folds
+// the splits of each (n, c). Deterministic: no atomics.
+constexpr int kNhwcVectors = 32;  // channel vectors per block (threadIdx.x)
+constexpr int kNhwcPhases = 8;    // row phases per block (threadIdx.y)
+
+template <typename T, int V>
+__global__ void GlobalPoolNhwcPartial(const T* __restrict__ x, T* __restrict__ y,
+                                      float* __restrict__ partial, int64_t channels, int64_t rows,
+                                      int64_t rows_per_split, bool is_max) {
+  __shared__ float fold[kNhwcPhases][kNhwcVectors][V];
+  const int64_t n = blockIdx.y, split = blockIdx.z;
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kNhwcVectors + threadIdx.x) * V;
+  const bool active = c0 < channels;
+  float acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = is_max ? -INFINITY : 0.f;
+  const int64_t begin = split * rows_per_split;
+  const int64_t end = begin + rows_per_split < rows ? begin + rows_per_split : rows;
+  if (active) {
+    const T* src = x + n * rows * channels + c0;
+    for (int64_t r = begin + threadIdx.y; r < end; r += kNhwcPhases) {
+      T v[V];
+      if constexpr (V > 1) {
+        *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(src + r * channels);
+      } else {
+        v[0] = src[r * channels];
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float f = Load(v[k]);
+        acc[k] = is_max ? fmaxf(acc[k], f) : acc[k] + f;
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) fold[threadIdx.y][threadIdx.x][k] = acc[k];
+  __syncthreads();
+  if (threadIdx.y != 0 || !active) return;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    float a = fold[0][threadIdx.x][k];
+    for (int p = 1; p < kNhwcPhases; ++p) {
+      a = is_max ? fmaxf(a, fold[p][threadIdx.x][k]) : a + fold[p][threadIdx.x][k];
+    }
+    if (partial) {
+      partial[(split * gridDim.y + n) * channels + c0 + k] = a;
+    } else {
+      y[n * channels + c0 + k] = Store<T>(is_max ? a : a / static_cast<float>(rows));
+    }
+  }
+}
+
 template <typename T>
-__global__ void GlobalPoolNhwcKernel(const T* __restrict__ x, T* __restrict__ y, int64_t planes,
-                                     int64_t channels, int64_t size, bool is_max) {
+__global__ void GlobalPoolNhwcFold(const float* __restrict__ partial, T* __restrict__ y,
+                                   int64_t planes, int64_t splits, int64_t rows, bool is_max) {
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < planes;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t n = p / channels, c = p % channels;
-    const T* src = x + n * size * channels + c;
-    float acc = is_max ? -INFINITY : 0.f;
-    for (int64_t j = 0; j < size; ++j) {
-      float v = Load(src[j * channels]);
-      acc = is_max ? fmaxf(acc, v) : acc + v;
+    float a = partial[p];
+    for (int64_t s = 1; s < splits; ++s) {
+      a = is_max ? fmaxf(a, partial[s * planes + p]) : a + partial[s * planes + p];
     }
-    y[p] = Store<T>(is_max ? acc : acc / static_cast<float>(size));
+    y[p] = Store<T>(is_max ? a : a / static_cast<float>(rows));
   }
 }
 
@@ -106,20 +161,60 @@ cudaError_t LaunchPool(Elem t, const PoolDesc& d, const void* x, void* y, cudaSt
   });
 }
 
+int64_t GlobalPoolNhwcSplits(int64_t n, int64_t channels, int64_t rows) {
+  // About four blocks per SM of an H100/H200 (132 SMs), each split keeping >= 32 rows.
+  constexpr int64_t kTargetBlocks = 4 * 132;
+  const int64_t tiles = (channels + kNhwcVectors - 1) / kNhwcVectors;  // V = 1 bounds it above
+  const int64_t blocks = std::max<int64_t>(1, tiles * n);
+  const int64_t by_blocks = (kTargetBlocks + blocks - 1) / blocks;
+  const int64_t by_rows = std::max<int64_t>(1, rows / 32);
+  return std::max<int64_t>(1, std::min({by_blocks, by_rows, int64_t{65535}}));
+}
+
+size_t GlobalPoolNhwcWorkspace(int64_t n, int64_t channels, int64_t rows) {
+  const int64_t splits = GlobalPoolNhwcSplits(n, channels, rows);
+  return splits > 1 ? static_cast<size_t>(splits * n * channels) * sizeof(float) : 0;
+}
+
 cudaError_t LaunchGlobalPool(Elem t, bool is_max, bool nhwc, const void* x, void* y, int64_t planes,
-                             int64_t channels, int64_t size, cudaStream_t stream) {
+                             int64_t channels, int64_t size, void* workspace,
+                             size_t workspace_bytes, cudaStream_t stream) {
   if (planes == 0) return cudaSuccess;
   return DispatchFloat(t, [&](auto tag) {
     using T = decltype(tag);
     auto* px = static_cast<const T*>(x);
     auto* py = static_cast<T*>(y);
-    if (nhwc) {
-      GlobalPoolNhwcKernel<T>
-          <<<GridFor(planes), 256, 0, stream>>>(px, py, planes, channels, size, is_max);
-    } else {
+    if (!nhwc) {
       GlobalPoolPlaneKernel<T>
           <<<GridFor(planes * 32), 256, 0, stream>>>(px, py, planes, size, is_max);
+      return cudaGetLastError();
     }
+    const int64_t n = planes / channels;
+    if (n > 65535) return cudaErrorInvalidConfiguration;  // grid.y
+    int64_t splits = GlobalPoolNhwcSplits(n, channels, size);
+    // Fewer splits when the workspace given is smaller than planned (shapes below the max).
+    const int64_t fit = static_cast<int64_t>(workspace_bytes / sizeof(float)) / planes;
+    if (splits > 1 && fit < splits) splits = fit >= 2 ? fit : 1;
+    if (size == 0) splits = 1;
+    const int64_t rows_per_split = (size + splits - 1) / std::max<int64_t>(1, splits);
+    float* partial = splits > 1 ? static_cast<float*>(workspace) : nullptr;
+    constexpr int kV = 16 / sizeof(T);
+    const bool vec = channels % kV == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    const int v = vec ? kV : 1;
+    const int64_t vectors = channels / v + (channels % v != 0);
+    dim3 grid(static_cast<unsigned>((vectors + kNhwcVectors - 1) / kNhwcVectors),
+              static_cast<unsigned>(n), static_cast<unsigned>(splits));
+    dim3 block(kNhwcVectors, kNhwcPhases);
+    if (vec) {
+      GlobalPoolNhwcPartial<T, kV>
+          <<<grid, block, 0, stream>>>(px, py, partial, channels, size, rows_per_split, is_max);
+    } else {
+      GlobalPoolNhwcPartial<T, 1>
+          <<<grid, block, 0, stream>>>(px, py, partial, channels, size, rows_per_split, is_max);
+    }
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess || !partial) return e;
+    GlobalPoolNhwcFold<T>
+        <<<GridFor(planes), 256, 0, stream>>>(partial, py, planes, splits, size, is_max);
     return cudaGetLastError();
   });
 }

@@ -2,6 +2,8 @@
 // GlobalMaxPool (kernels in pool.cu). The string attribute kiln_layout="NHWC", set by the
 // builder's layout pass, means 4-D activations are N,H,W,C; window geometry is fixed in Prepare.
 #include <algorithm>
+#include <array>
+#include <span>
 
 #include "kiln/backends/cuda/cuda_kernel.h"
 #include "kiln/ops/nn.h"
@@ -119,15 +121,28 @@ CudaOpDef GlobalPoolDef(const char* op, bool is_max) {
           [is_max](const KernelRequest& r) {
             bool nhwc = Nhwc(*r.node);
             Elem t = *ToElem(InType(r, 0));
-            return MakeFnKernel([is_max, nhwc, t](const KernelRunArgs& a) {
-              const auto& dims = a.inputs[0].dims;
-              int64_t channels = nhwc ? dims.back() : dims[1];
-              int64_t planes = dims[0] * channels;
-              int64_t size = planes == 0 ? 0 : a.inputs[0].num_elements() / planes;
-              return Launched(LaunchGlobalPool(t, is_max, nhwc, a.inputs[0].data, a.outputs[0].data,
-                                               planes, channels, size, StreamOf(a)),
-                              "global pool kernel");
-            });
+            // planes = N*C, channels = C, size = the spatial elements per plane.
+            auto geometry = [nhwc](const TensorView& x) {
+              const int64_t channels = nhwc ? x.dims.back() : x.dims[1];
+              const int64_t planes = x.dims[0] * channels;
+              const int64_t size = planes == 0 ? 0 : x.num_elements() / planes;
+              return std::array<int64_t, 3>{planes, channels, size};
+            };
+            return MakeFnKernel(
+                [is_max, nhwc, t, geometry](const KernelRunArgs& a) {
+                  const auto [planes, channels, size] = geometry(a.inputs[0]);
+                  return Launched(
+                      LaunchGlobalPool(t, is_max, nhwc, a.inputs[0].data, a.outputs[0].data, planes,
+                                       channels, size, a.workspace, a.workspace_bytes, StreamOf(a)),
+                      "global pool kernel");
+                },
+                [nhwc, geometry](std::span<const TensorView> in,
+                                 std::span<const TensorView>) -> StatusOr<size_t> {
+                  if (!nhwc) return size_t{0};
+                  const auto [planes, channels, size] = geometry(in[0]);
+                  return channels == 0 ? size_t{0}
+                                       : GlobalPoolNhwcWorkspace(planes / channels, channels, size);
+                });
           },
   };
 }
