@@ -85,8 +85,20 @@ std::vector<OpCase> ElementwiseCases() {
   struct B {
     std::vector<int64_t> a, b;
   };
-  std::vector<B> shapes = {{{3, 5, 7}, {3, 5, 7}},     {{3, 1, 7}, {5, 1}},       {{}, {2, 3}},
-                           {{256, 1031}, {256, 1031}}, {{2, 3, 4, 5}, {3, 1, 1}}, {{1001}, {1}}};
+  // 6-10: one operand broadcast over the middle dims (CUDA's row-broadcast path): a
+  // squeeze-excite scale in NHWC either way round, a bias over rows either way round, and a row of
+  // 12 (a whole vector in f32, not in f16/bf16: there the strided path runs).
+  std::vector<B> shapes = {{{3, 5, 7}, {3, 5, 7}},
+                           {{3, 1, 7}, {5, 1}},
+                           {{}, {2, 3}},
+                           {{256, 1031}, {256, 1031}},
+                           {{2, 3, 4, 5}, {3, 1, 1}},
+                           {{1001}, {1}},
+                           {{2, 6, 5, 16}, {2, 1, 1, 16}},
+                           {{2, 1, 1, 16}, {2, 6, 5, 16}},
+                           {{7, 24}, {24}},
+                           {{24}, {7, 24}},
+                           {{3, 10, 12}, {3, 1, 12}}};
   for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"}) {
     for (size_t i = 0; i < shapes.size(); ++i) {
       B s = shapes[i];

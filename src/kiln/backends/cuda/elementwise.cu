@@ -220,6 +220,47 @@ __global__ void BinaryStridedKernel(const T* __restrict__ a, const B* __restrict
   }
 }
 
+// One operand broadcast over the middle of [outer, mid, inner] while the other is dense: a
+// squeeze-excite scale (x[N, H*W, C] * s[N, 1, C]), a per-channel bias over NHWC rows. Each thread
+// moves one 16-byte vector of the dense operand, the output and the broadcast operand (inner is a
+// multiple of the vector, so a vector never crosses a row): one division per vector instead of the
+// strided walk's per element.
+template <BinaryOp kOp, typename T, bool kBroadcastB>
+__global__ void BinaryRowBroadcastKernel(const T* __restrict__ a, const T* __restrict__ b,
+                                         T* __restrict__ y, int64_t mid_inner, int64_t inner,
+                                         int64_t n) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t chunks = n / kVec;
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < chunks;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i0 = c * kVec;
+    const int64_t r0 = (i0 / mid_inner) * inner + i0 % inner;  // the broadcast operand's element
+    alignas(16) T va[kVec];
+    alignas(16) T vb[kVec];
+    alignas(16) T vy[kVec];
+    *reinterpret_cast<uint4*>(va) = *reinterpret_cast<const uint4*>(a + (kBroadcastB ? i0 : r0));
+    *reinterpret_cast<uint4*>(vb) = *reinterpret_cast<const uint4*>(b + (kBroadcastB ? r0 : i0));
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) vy[k] = Store<T>(Binary<kOp>(Load(va[k]), Load(vb[k])));
+    *reinterpret_cast<uint4*>(y + i0) = *reinterpret_cast<uint4*>(vy);
+  }
+}
+
+// Whether the coalesced space `s` is [outer, mid, inner] (or [mid, inner]) with operand `dense`
+// row-major and the other operand broadcast over mid only; sets mid * inner and inner.
+bool IsRowBroadcast(const Strided& s, int dense, int64_t* mid_inner, int64_t* inner) {
+  if (s.rank < 2 || s.rank > 3 || s.offset[0] != 0 || s.offset[1] != 0) return false;
+  const int bcast = 1 - dense;
+  const int d = s.rank - 2;  // the mid dim
+  const int64_t in = s.dims[d + 1], mid = s.dims[d];
+  if (s.strides[dense][d + 1] != 1 || s.strides[dense][d] != in) return false;
+  if (s.strides[bcast][d + 1] != 1 || s.strides[bcast][d] != 0) return false;
+  if (s.rank == 3 && (s.strides[dense][0] != mid * in || s.strides[bcast][0] != in)) return false;
+  *mid_inner = mid * in;
+  *inner = in;
+  return true;
+}
+
 template <BinaryOp kOp, typename T, typename B>
 cudaError_t BinaryTyped(const void* a, const void* b, void* y, const Strided& s, int64_t n,
                         bool same_shape, cudaStream_t stream) {
@@ -231,9 +272,28 @@ cudaError_t BinaryTyped(const void* a, const void* b, void* y, const Strided& s,
   if (same_shape) {
     BinaryDenseKernel<kOp, T, B, O>
         <<<GridFor((n + 3) / 4), 256, 0, stream>>>(pa, pb, py, n, Aligned16(a, b, y));
-  } else {
-    BinaryStridedKernel<kOp, T, B, O><<<GridFor(n), 256, 0, stream>>>(pa, pb, py, s, n);
+    return cudaGetLastError();
   }
+  if constexpr (std::is_same_v<T, B> && std::is_same_v<T, O>) {
+    constexpr int kVec = 16 / sizeof(T);
+    int64_t mid_inner = 0, inner = 0;
+    for (int dense = 0; dense < 2; ++dense) {
+      if (!IsRowBroadcast(s, dense, &mid_inner, &inner) || inner % kVec != 0 ||
+          !Aligned16(a, b, y)) {
+        continue;
+      }
+      const int64_t chunks = n / kVec;
+      if (dense == 0) {
+        BinaryRowBroadcastKernel<kOp, T, true>
+            <<<GridFor(chunks), 256, 0, stream>>>(pa, pb, py, mid_inner, inner, n);
+      } else {
+        BinaryRowBroadcastKernel<kOp, T, false>
+            <<<GridFor(chunks), 256, 0, stream>>>(pa, pb, py, mid_inner, inner, n);
+      }
+      return cudaGetLastError();
+    }
+  }
+  BinaryStridedKernel<kOp, T, B, O><<<GridFor(n), 256, 0, stream>>>(pa, pb, py, s, n);
   return cudaGetLastError();
 }
 
