@@ -2,13 +2,16 @@
 #include "kiln/distributed/engine_cache.h"
 
 #include <gtest/gtest.h>
+
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "kiln/core/file_io.h"
@@ -431,23 +434,34 @@ TEST_F(EngineCacheTest, FailedBuildLeavesNoEntryNoHeartbeatNoLock) {
 
 TEST_F(EngineCacheTest, HeartbeatCarriesBuilderProgress) {
   auto cache = Open(Options());
-  std::atomic<bool> seen = false;
+  // The build holds until the waiter has read its progress from the heartbeat file (an event, not
+  // a sleep that hopes to be long enough); both sides give up after 10 s.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool seen = false;
   auto waiter = std::thread([&] {
-    for (int i = 0; i < 200 && !seen; ++i) {
+    for (int i = 0; i < 1000; ++i) {
       std::optional<Heartbeat> hb = ReadHeartbeat(cache->HeartbeatPath(KeyOf(35)));
-      if (hb && hb->progress == "layer 7 of 9" && hb->pid == getpid()) seen = true;
+      if (hb && hb->progress == "layer 7 of 9" && hb->pid == getpid()) {
+        std::lock_guard lock(mu);
+        seen = true;
+        cv.notify_all();
+        return;
+      }
       std::this_thread::sleep_for(milliseconds(10));
     }
   });
   StatusOr<CacheResult> r =
-      cache->GetOrBuild(KeyOf(35), [](ProgressSink& s) -> StatusOr<std::vector<std::byte>> {
+      cache->GetOrBuild(KeyOf(35), [&](ProgressSink& s) -> StatusOr<std::vector<std::byte>> {
         s.Update("layer 7 of 9");
-        std::this_thread::sleep_for(milliseconds(400));
+        std::unique_lock lock(mu);
+        cv.wait_for(lock, std::chrono::seconds(10), [&] { return seen; });
         return Bytes(10, 3);
       });
   waiter.join();
   ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(seen.load());
+  std::lock_guard lock(mu);
+  EXPECT_TRUE(seen);
 }
 
 TEST_F(EngineCacheTest, ReadOnlyDirectoryServesHitsAndRefusesBuilds) {
