@@ -407,6 +407,16 @@ Status ExecutionContext::Execute(void* stream) {
   Backend& backend = *engine_->backend_;
   void* s = stream;
   const bool legacy = !stream && own_stream_;
+  const bool graphs = options_.cuda_graphs && !options_.layer_timing && !graphs_failed_ &&
+                      backend.supports_graphs() && param::CudaGraphCacheSize() > 0;
+  if (legacy && graphs) {
+    // A graph captured earlier replays on the legacy stream itself, in its order: no events
+    // (they cost more than the launch; torch's default stream is the legacy one).
+    if (void* exec = FindGraph()) {
+      ++graph_launches_;
+      return backend.LaunchGraph(exec, nullptr);
+    }
+  }
   if (legacy) {
     // The legacy stream cannot be captured into a graph; run on our stream between two events
     // so the work keeps the legacy stream's order.
@@ -414,10 +424,7 @@ Status ExecutionContext::Execute(void* stream) {
     KILN_RETURN_IF_ERROR(backend.RecordEvent(order_in_.get(), nullptr));
     KILN_RETURN_IF_ERROR(backend.StreamWaitEvent(s, order_in_.get()));
   }
-  Status run = (options_.cuda_graphs && !options_.layer_timing && !graphs_failed_ &&
-                backend.supports_graphs() && s && param::CudaGraphCacheSize() > 0)
-                   ? ExecuteGraph(s)
-                   : RunLayers(s, options_.layer_timing);
+  Status run = (graphs && s) ? ExecuteGraph(s) : RunLayers(s, options_.layer_timing);
   if (legacy) {
     // Also after a failure: later legacy-stream work must not overtake what was enqueued.
     Status rec = backend.RecordEvent(order_out_.get(), s);
@@ -460,16 +467,21 @@ Status ExecutionContext::RunLayers(void* stream, bool timed) {
   return OkStatus();
 }
 
-Status ExecutionContext::ExecuteGraph(void* stream) {
-  Backend& backend = *engine_->backend_;
+void* ExecutionContext::FindGraph() {
   // The key is the bound addresses (shapes are fixed until the next Propagate clears graphs_).
   graph_key_.clear();  // keeps its capacity: no allocation
   for (void* p : binding_ptrs_) graph_key_.push_back(p);
   for (GraphEntry& g : graphs_) {
-    if (g.key == graph_key_) {
-      ++graph_launches_;
-      return backend.LaunchGraph(g.exec.get(), stream);
-    }
+    if (g.key == graph_key_) return g.exec.get();
+  }
+  return nullptr;
+}
+
+Status ExecutionContext::ExecuteGraph(void* stream) {
+  Backend& backend = *engine_->backend_;
+  if (void* exec = FindGraph()) {
+    ++graph_launches_;
+    return backend.LaunchGraph(exec, stream);
   }
   // First run with these addresses: capture the layers (recorded, not run), then launch.
   if (Status begin = backend.BeginCapture(stream); !begin.ok()) {

@@ -194,6 +194,8 @@ class ExecutionContext {
   Status Init();
   Status RunLayers(void* stream, bool timed);
   Status ExecuteGraph(void* stream);
+  // The graph captured for the addresses bound now (graph_key_ rebuilt), or nullptr.
+  void* FindGraph();
   Status Propagate();
   StatusOr<int> FindBinding(const std::string& name) const;
   std::string BindingNames(bool inputs, bool outputs) const;

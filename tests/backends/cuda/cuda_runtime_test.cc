@@ -295,6 +295,39 @@ TEST(CudaStreams, TheCallersStreamOrdersTheWork) {
   }
 }
 
+// The legacy default stream (nullptr, torch's default stream): the first run captures on the
+// context's stream between two events; later runs replay the graph on the legacy stream itself.
+// Only the legacy stream's order makes the results right: the input arrives by a device-to-device
+// copy queued on it, the output leaves by a copy queued after the run.
+TEST(CudaStreams, TheLegacyStreamOrdersTheWork) {
+  KILN_GPU_OR_SKIP(gpu, 4096);
+  Backend& b = gpu.engine->backend();
+  for (bool graphs : {true, false}) {
+    ExecutionOptions o;
+    o.cuda_graphs = graphs;
+    auto ctx = gpu.engine->CreateExecutionContext(o);
+    ASSERT_TRUE(ctx.ok());
+    Io io = MakeIo(b, 4096, 4);
+    ASSERT_TRUE(Bind(**ctx, io, 4096).ok());
+    DeviceBuffer staging = std::move(*b.Allocate(io.hx.size() * 4));
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> xi = RandomX(4096, 10 + static_cast<uint32_t>(i));
+      ASSERT_TRUE(b.CopyToDevice(staging.data(), xi.data(), xi.size() * 4, nullptr).ok());
+      ASSERT_EQ(cudaMemcpyAsync(io.x.data(), staging.data(), xi.size() * 4,
+                                cudaMemcpyDeviceToDevice, nullptr),
+                cudaSuccess);
+      ASSERT_TRUE((*ctx)->Execute(nullptr).ok());
+      ASSERT_EQ(cudaMemcpyAsync(io.hy.data(), io.y.data(), io.hy.size() * 4, cudaMemcpyDeviceToHost,
+                                nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+      EXPECT_EQ(io.hy, Expected(xi)) << "graphs " << graphs << ", run " << i;
+    }
+    EXPECT_EQ((*ctx)->graph_captures(), graphs ? 1 : 0);
+    EXPECT_EQ((*ctx)->graph_launches(), graphs ? 3 : 0);
+  }
+}
+
 TEST(CudaTiming, PerLayerTimesSumToTheWholeEnqueue) {
   KILN_GPU_OR_SKIP(gpu, 16384);
   Backend& b = gpu.engine->backend();
