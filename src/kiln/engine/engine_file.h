@@ -84,12 +84,18 @@ StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine);
 // read (KILN-E1011, KILN-E1012), and leaves no temporary on an error, SIGTERM or SIGINT. The same
 // bytes as SerializeEngine, written as they are serialized: no second in-memory copy of the
 // weights (a large model's build peaks at about 1.2x its weights, not 2x).
-Status WriteEngineFile(const EngineDesc& engine, const std::string& path);
+// `replaces_input`: `path` may be a file this process read (refit writing an engine over itself;
+// readers still see the old file or the whole new one).
+Status WriteEngineFile(const EngineDesc& engine, const std::string& path,
+                       bool replaces_input = false);
 
 // Maps the file read-only (a regular file only: KILN-E1009 otherwise, without blocking); constants
 // borrow the mapping (it lives as long as any of them).
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineFile(const std::string& path,
                                                            const LoadOptions& options = {});
+// The same, for a caller that changes the engine before using it (refit replaces constants).
+StatusOr<std::shared_ptr<EngineDesc>> LoadEngineFileForEdit(const std::string& path,
+                                                            const LoadOptions& options = {});
 // Copies `bytes` once into an aligned buffer that the constants then borrow.
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std::byte> bytes,
                                                             const LoadOptions& options = {});
