@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
+#include "kiln/app/live_refit.h"
 #include "kiln/app/pipeline.h"
 #include "kiln/builder/refit.h"
 #include "kiln/core/file_io.h"
@@ -300,15 +302,26 @@ TEST_F(RefitWrongWeights, AnotherArchitectureIsRefused) {
   ExpectRefused(other->initializers, ErrorCode::kRefitWeightsMismatch, "'" + FirstSource() + "'");
 }
 
-TEST_F(RefitWrongWeights, ChangedStructuralInitializerIsRefused) {
-  // An initializer the build read to shape the engine (fixed), if the model has one.
-  if (engine_->weight_program.fixed.empty()) GTEST_SKIP() << "no fixed initializer";
-  const WeightProgram::Fixed& f = engine_->weight_program.fixed.front();
-  auto w = weights_;
-  Tensor changed = Tensor::FromBytes(f.dtype, f.dims, w.at(f.name).bytes());
-  std::memset(changed.mutable_raw(), 0x11, changed.size_bytes());
-  w[f.name] = changed;
-  ExpectRefused(w, ErrorCode::kRefitNotRefittable, "'" + f.name + "'");
+TEST(RefitStructure, ChangedIndexInitializerIsRefused) {
+  // bert_tiny's position_ids (int64) shape the engine: refit requires them unchanged.
+  const fs::path dir = ZooRoot() / "bert_tiny";
+  auto graph = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(graph.ok());
+  auto w = Initializers(**graph);
+  std::unique_ptr<EngineDesc> engine = Build(std::move(*graph), Config(dir, Precision::kFp32, ""));
+  ASSERT_TRUE(engine);
+  const auto& fixed = engine->weight_program.fixed;
+  auto it = std::find_if(fixed.begin(), fixed.end(),
+                         [](const WeightProgram::Fixed& f) { return f.name == "position_ids"; });
+  ASSERT_NE(it, fixed.end());
+  const std::vector<std::byte> before = Bytes(*engine);
+  Tensor& ids = w.at("position_ids");
+  ids = Tensor::FromBytes(ids.dtype(), ids.dims(), ids.bytes());
+  ids.mutable_data<int64_t>()[1] = 0;
+  Status s = RefitEngine(*engine, w, HashString("other"));
+  EXPECT_EQ(s.code(), ErrorCode::kRefitNotRefittable) << s.ToString();
+  EXPECT_NE(s.message().find("'position_ids'"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(Bytes(*engine) == before);
 }
 
 TEST_F(RefitWrongWeights, SameWeightsGiveTheSameEngine) {
@@ -336,6 +349,40 @@ TEST_F(RefitWrongWeights, RefusedFileRefitLeavesTheFile) {
   fs::remove_all(tmp);
 }
 
+TEST(RefitProgram, RefitNeedsNoDeviceOfTheEnginesBackend) {
+  // A CUDA engine is refit on a host without a GPU: refit only reads, replays on the host and
+  // writes. (Its layers here are CPU ones under a CUDA header; refit never looks at them.)
+  const fs::path dir = ZooRoot() / "squeezenet_tiny";
+  auto graph = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(graph.ok());
+  std::unique_ptr<EngineDesc> e = Build(std::move(*graph), Config(dir, Precision::kFp16, ""));
+  ASSERT_TRUE(e);
+  e->header.backend = BackendKind::kCuda;
+  e->header.device_arch = "sm_90";
+  const fs::path tmp = fs::temp_directory_path() / fmt::format("kiln_refit_cuda_{}", ::getpid());
+  fs::create_directories(tmp);
+  ASSERT_TRUE(WriteEngineFile(*e, (tmp / "e.kiln").string()).ok());
+  const std::string before = *ReadInputFile((tmp / "e.kiln").string(), "engine", 1 << 30);
+  RefitReport report;
+  Status s = RefitEngineFile((tmp / "e.kiln").string(), (dir / "model.onnx").string(),
+                             (tmp / "same.kiln").string(), &report);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_GT(report.constants_refit, 0);
+  LoadOptions any;
+  any.check_providers = false;
+  auto refit = LoadEngineFile((tmp / "same.kiln").string(), any);
+  ASSERT_TRUE(refit.ok()) << refit.status().ToString();
+  EXPECT_EQ((*refit)->header.backend, BackendKind::kCuda);
+  EXPECT_EQ((*refit)->header.device_arch, "sm_90");
+  // Its own weights again: the same engine but for the model hash, which is now the file's.
+  auto loaded = LoadEngineFileForEdit((tmp / "e.kiln").string(), any);
+  ASSERT_TRUE(loaded.ok());
+  (*loaded)->header.model_hash = (*refit)->header.model_hash;
+  EXPECT_TRUE(Bytes(**loaded) == Bytes(**refit));
+  EXPECT_EQ(before, *ReadInputFile((tmp / "e.kiln").string(), "engine", 1 << 30));
+  fs::remove_all(tmp);
+}
+
 TEST(RefitProgram, EngineWithoutProgramIsRefused) {
   EngineDesc e;
   e.graph = std::make_unique<Graph>();
@@ -352,6 +399,127 @@ TEST(RefitProgram, NonRefittableConstantIsNamedWithItsReason) {
   Status s = RefitEngine(e, {}, HashString("x"));
   EXPECT_EQ(s.code(), ErrorCode::kRefitNotRefittable) << s.ToString();
   EXPECT_NE(s.message().find("'w_made_by_hand'"), std::string::npos) << s.ToString();
+}
+
+// ---- a loaded engine refit between executions
+
+class LiveRefit : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ZooRoot() / "resnet_tiny";
+    auto graph = ImportOnnxFile((dir_ / "model.onnx").string());
+    ASSERT_TRUE(graph.ok());
+    weights_a_ = Initializers(**graph);
+    weights_b_ = Perturbed(weights_a_, 7);
+    const BuilderConfig config = Config(dir_, Precision::kFp32, "");
+    std::shared_ptr<const EngineDesc> a = Build(std::move(*graph), config);
+    std::shared_ptr<const EngineDesc> b =
+        Build(ImportWith(dir_ / "model.onnx", weights_b_), config);
+    ASSERT_TRUE(a && b);
+    out_a_ = RunZooInput(a, dir_);
+    out_b_ = RunZooInput(b, dir_);
+    ASSERT_FALSE(SameBytes(out_a_.begin()->second, out_b_.begin()->second));
+    auto runtime = Runtime::Create(BackendKind::kCpu);
+    ASSERT_TRUE(runtime.ok());
+    auto engine = (*runtime)->CreateEngine(a);
+    ASSERT_TRUE(engine.ok());
+    engine_ = *engine;
+    for (int i = 0;; ++i) {
+      fs::path p = dir_ / "test_data_set_0" / fmt::format("input_{}.pb", i);
+      if (!fs::exists(p)) break;
+      std::string name;
+      auto t = LoadTensorProto(p.string(), &name);
+      ASSERT_TRUE(t.ok());
+      inputs_.emplace(name, std::move(*t));
+    }
+  }
+
+  std::unique_ptr<app::HostRunner> Runner() {
+    auto runner = app::HostRunner::Create(engine_);
+    EXPECT_TRUE(runner.ok());
+    EXPECT_TRUE((*runner)->SetInputs(inputs_).ok());
+    return std::move(*runner);
+  }
+
+  // The one output of resnet_tiny after a run.
+  static const Tensor& Output(app::HostRunner& r) {
+    Status s = r.Run();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return r.outputs().begin()->second;
+  }
+
+  fs::path dir_;
+  std::map<std::string, Tensor> weights_a_, weights_b_, inputs_;
+  std::map<std::string, Tensor> out_a_, out_b_;
+  std::shared_ptr<const Engine> engine_;
+};
+
+TEST_F(LiveRefit, ContextsSeeTheNewWeightsAtTheirNextRun) {
+  auto before = Runner();  // created before the refit
+  EXPECT_TRUE(SameBytes(Output(*before), out_a_.begin()->second));
+  RefitReport report;
+  auto generation = app::RefitLoadedEngine(*engine_, weights_b_, &report);
+  ASSERT_TRUE(generation.ok()) << generation.status().ToString();
+  EXPECT_EQ(*generation, 1u);
+  EXPECT_EQ(engine_->weights_generation(), 1u);
+  EXPECT_GT(report.constants_refit, 0);
+  // The same context, at its next run, and a context created afterwards: B's outputs exactly.
+  EXPECT_TRUE(SameBytes(Output(*before), out_b_.begin()->second));
+  auto after = Runner();
+  EXPECT_TRUE(SameBytes(Output(*after), out_b_.begin()->second));
+  // And back to A.
+  ASSERT_TRUE(app::RefitLoadedEngine(*engine_, weights_a_).ok());
+  EXPECT_TRUE(SameBytes(Output(*before), out_a_.begin()->second));
+  EXPECT_TRUE(SameBytes(Output(*after), out_a_.begin()->second));
+}
+
+TEST_F(LiveRefit, WrongWeightsChangeNothing) {
+  auto runner = Runner();
+  auto w = weights_b_;
+  w.erase(w.begin());
+  auto generation = app::RefitLoadedEngine(*engine_, w);
+  EXPECT_EQ(generation.status().code(), ErrorCode::kRefitWeightsMismatch);
+  EXPECT_EQ(engine_->weights_generation(), 0u);
+  EXPECT_TRUE(SameBytes(Output(*runner), out_a_.begin()->second));
+  // A constant of another shape handed to the runtime directly is refused as well.
+  const std::string name = engine_->desc().weight_program.targets.front().constant;
+  auto refused = engine_->RefitWeights({{name, Tensor(DataType::kFloat32, {1})}});
+  EXPECT_EQ(refused.status().code(), ErrorCode::kRefitWeightsMismatch);
+  EXPECT_TRUE(SameBytes(Output(*runner), out_a_.begin()->second));
+}
+
+TEST_F(LiveRefit, NoRunSeesHalfUpdatedWeights) {
+  // One thread runs its context in a loop while this one refits A <-> B: every run gives exactly
+  // A's or B's outputs, never a mix, and both are seen.
+  auto runner = Runner();
+  std::atomic<bool> stop{false};
+  std::atomic<int> runs{0};
+  int as = 0, bs = 0, other = 0;  // the worker's alone until it is joined
+  std::thread worker([&] {
+    while (!stop.load()) {
+      const Tensor& out = Output(*runner);
+      ++runs;
+      if (SameBytes(out, out_a_.begin()->second)) {
+        ++as;
+      } else if (SameBytes(out, out_b_.begin()->second)) {
+        ++bs;
+      } else {
+        ++other;
+      }
+    }
+  });
+  for (int i = 0; i < 20; ++i) {
+    Status s = app::RefitLoadedEngine(*engine_, i % 2 == 0 ? weights_b_ : weights_a_).status();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    // Two more runs: the second starts after the refit, so each generation is run at least once.
+    const int runs_then = runs.load();
+    while (runs.load() < runs_then + 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  stop = true;
+  worker.join();
+  EXPECT_EQ(other, 0);
+  EXPECT_GT(as, 0);
+  EXPECT_GT(bs, 0);
 }
 
 }  // namespace
