@@ -5,12 +5,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "kiln/core/hash.h"
+#include "kiln/core/thread_pool.h"
 #include "kiln/ir/graph.h"
 
 namespace kiln {
@@ -393,19 +395,49 @@ StatusOr<std::map<std::string, Tensor>> RunWeightProgram(
   }
   size_t slot = program.sources.size();
   for (const Tensor& l : program.literals) slots[slot++] = l;
-  std::vector<const Tensor*> ins;
-  for (const WeightProgram::Step& step : program.steps) {
-    ins.clear();
-    for (int32_t i : step.inputs) {
-      ins.push_back(i < 0 ? nullptr : &slots[static_cast<size_t>(i)]);
+  // Steps in levels (a step's level is one past its inputs' deepest step), each level's steps in
+  // parallel: they read earlier levels only and write their own slots, so the bytes do not depend
+  // on the order (a CNN's folds are all one level).
+  const size_t n = program.steps.size();
+  std::vector<size_t> first_slot(n);
+  std::vector<int> level_of_slot(slots.size(), 0), level(n, 0);
+  std::vector<std::vector<size_t>> levels;
+  for (size_t i = 0; i < n; ++i) {
+    const WeightProgram::Step& step = program.steps[i];
+    first_slot[i] = slot;
+    for (int32_t in : step.inputs) {
+      if (in >= 0) level[i] = std::max(level[i], level_of_slot[static_cast<size_t>(in)] + 1);
     }
-    auto outs =
-        RunWeightStep(step.op_type, step.domain, step.attrs, ins, step.num_outputs, evaluate);
-    if (!outs.ok()) {
-      return std::move(outs).status().AddContext(
-          fmt::format("replaying weight step {} ({})", step.op_type, step.domain));
+    for (int32_t k = 0; k < step.num_outputs; ++k) level_of_slot[slot++] = level[i];
+    if (levels.size() <= static_cast<size_t>(level[i])) levels.resize(level[i] + 1);
+    levels[level[i]].push_back(i);
+  }
+  std::vector<Status> errors(n);
+  for (const std::vector<size_t>& steps : levels) {
+    ThreadPool::Default().ParallelFor(
+        static_cast<int64_t>(steps.size()), [&](int64_t b, int64_t e) {
+          std::vector<const Tensor*> ins;
+          for (int64_t j = b; j < e; ++j) {
+            const size_t i = steps[static_cast<size_t>(j)];
+            const WeightProgram::Step& step = program.steps[i];
+            ins.clear();
+            for (int32_t in : step.inputs) {
+              ins.push_back(in < 0 ? nullptr : &slots[static_cast<size_t>(in)]);
+            }
+            auto outs = RunWeightStep(step.op_type, step.domain, step.attrs, ins, step.num_outputs,
+                                      evaluate);
+            if (!outs.ok()) {
+              errors[i] = std::move(outs).status().AddContext(
+                  fmt::format("replaying weight step {} ({})", step.op_type, step.domain));
+              continue;
+            }
+            for (size_t k = 0; k < outs->size(); ++k)
+              slots[first_slot[i] + k] = std::move((*outs)[k]);
+          }
+        });
+    for (Status& e : errors) {
+      if (!e.ok()) return std::move(e);
     }
-    for (Tensor& t : *outs) slots[slot++] = std::move(t);
   }
   std::map<std::string, Tensor> result;
   for (const WeightProgram::Target& t : program.targets) {

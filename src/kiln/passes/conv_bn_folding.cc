@@ -67,8 +67,11 @@ StatusOr<std::vector<Tensor>> FoldConvBatchNorm(const AttributeMap& a,
     double b = in[5] ? in[5]->GetDouble(c) : 0.0;
     new_bias[c] = (b - mean.GetDouble(c)) * f[c] + bias.GetDouble(c);
   }
-  // W is [M, C/g, k...] for Conv and [C, M/g, k...] for ConvTranspose.
-  Tensor w32 = w.CastTo(DataType::kFloat32);
+  // W is [M, C/g, k...] for Conv and [C, M/g, k...] for ConvTranspose. An f32 W is read in
+  // place and written once into the result.
+  Tensor cast = w.dtype() == DataType::kFloat32 ? Tensor() : w.CastTo(DataType::kFloat32);
+  const float* src = w.dtype() == DataType::kFloat32 ? w.data<float>() : cast.data<float>();
+  Tensor w32(DataType::kFloat32, w.dims());
   float* wd = w32.mutable_data<float>();
   int64_t inner = 1;
   for (size_t i = 2; i < w.dims().size(); ++i) inner *= w.dims()[i];
@@ -76,13 +79,14 @@ StatusOr<std::vector<Tensor>> FoldConvBatchNorm(const AttributeMap& a,
   for (int64_t i = 0; i < d0; ++i) {
     for (int64_t j = 0; j < d1; ++j) {
       int64_t oc = transpose ? (i / (d0 / group)) * d1 + j : i;
-      float* p = wd + (i * d1 + j) * inner;
-      for (int64_t k = 0; k < inner; ++k) p[k] = static_cast<float>(p[k] * f[oc]);
+      const int64_t at = (i * d1 + j) * inner;
+      for (int64_t k = 0; k < inner; ++k) wd[at + k] = static_cast<float>(src[at + k] * f[oc]);
     }
   }
   std::vector<float> b32(new_bias.begin(), new_bias.end());
   std::vector<Tensor> out;
-  out.push_back(w32.CastTo(w.dtype()));
+  // An f32 weight is already in its dtype: no second copy of what is most of a CNN's bytes.
+  out.push_back(w.dtype() == DataType::kFloat32 ? std::move(w32) : w32.CastTo(w.dtype()));
   out.push_back(
       Tensor::FromVector<float>(DataType::kFloat32, {out_channels}, b32).CastTo(w.dtype()));
   return out;
