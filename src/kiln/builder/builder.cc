@@ -349,6 +349,13 @@ Status OptimisePhase(BuildState& s) {
   BuildReport& rep = s.rep;
   s.Progress("verify", 0, 1, "");
   KILN_RETURN_IF_ERROR(Verify(graph));
+  // A graph made in code (not imported) gives its constants no provenance: they are its weights,
+  // refit by value name as the importer's initializers are.
+  for (Value* v : graph.values()) {
+    if (v->is_constant() && !v->provenance()) {
+      v->set_provenance(InitializerExpr(v->name(), *v->constant()));
+    }
+  }
   s.initializers = CollectInitializers(graph);  // before anything folds them
   {
     std::vector<Status> profile_warnings;
@@ -766,6 +773,11 @@ std::unique_ptr<EngineDesc> AssemblePhase(BuildState& s) {
   engine->graph = std::move(s.input.graph);
   engine->weight_program = RecordWeightProgram(*engine->graph, s.initializers);
   s.initializers.clear();
+  if (const auto& unfit = engine->weight_program.non_refittable; !unfit.empty()) {
+    rep.warnings.push_back(fmt::format(
+        "{} weight(s) cannot be refit (`kiln refit` refuses this engine); the first, '{}': {}",
+        unfit.size(), unfit.front().constant, unfit.front().reason));
+  }
   // The report stored in the engine leaves out wall-clock figures, so that the same model, config
   // and timing cache give a byte-identical engine.
   BuildReport stored = rep;
