@@ -383,6 +383,24 @@ TEST(RefitProgram, RefitNeedsNoDeviceOfTheEnginesBackend) {
   fs::remove_all(tmp);
 }
 
+TEST(WeightFreeKey, SameForOtherWeightsDifferentForOtherStructure) {
+  auto hash_of = [](const fs::path& model, const std::map<std::string, Tensor>* weights) {
+    std::unique_ptr<Graph> g =
+        weights ? ImportWith(model, *weights) : std::move(*ImportOnnxFile(model.string()));
+    return WeightFreeModelHash(*g);
+  };
+  const fs::path bert = ZooRoot() / "bert_tiny" / "model.onnx";
+  auto a = Initializers(*ImportWith(bert, {}));
+  auto b = Perturbed(a, 5);
+  EXPECT_EQ(hash_of(bert, &a), hash_of(bert, &b));  // only float weights differ
+  EXPECT_NE(hash_of(bert, nullptr), hash_of(ZooRoot() / "gpt_tiny" / "model.onnx", nullptr));
+  auto ids = a;  // an index initializer shapes the engine: part of the key
+  Tensor& t = ids.at("position_ids");
+  t = Tensor::FromBytes(t.dtype(), t.dims(), t.bytes());
+  t.mutable_data<int64_t>()[1] = 0;
+  EXPECT_NE(hash_of(bert, &a), hash_of(bert, &ids));
+}
+
 TEST(RefitProgram, EngineWithoutProgramIsRefused) {
   EngineDesc e;
   e.graph = std::make_unique<Graph>();

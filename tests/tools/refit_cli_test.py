@@ -58,6 +58,22 @@ def main():
         assert r.returncode == 0, r.stderr
         with open(out, "rb") as f:
             assert f.read() == old
+        # The weight-free cache: B's build finds A's engine under the architecture's key and
+        # refits it instead of building; the result is again B's engine, byte for byte.
+        cache = os.path.join(tmp, "cache")
+        os.mkdir(cache, 0o700)
+        dist = ["--distributed", "--transport", "local", "--cache-dir", cache,
+                "--weight-free-cache", "--opt-level", "0", *profile]
+        r = run(a.kiln, "build", model_a, *dist, "-o", os.path.join(tmp, "wa.kiln"))
+        assert r.returncode == 0 and '"role": "built"' in r.stdout, (r.stdout, r.stderr)
+        wb = os.path.join(tmp, "wb.kiln")
+        r = run(a.kiln, "build", model_b, *dist, "-o", wb)
+        assert r.returncode == 0, r.stderr
+        assert '"role": "cache-hit"' in r.stdout and "refit with this model's weights" in r.stdout, \
+            r.stdout
+        with open(wb, "rb") as f:
+            assert f.read() == fresh, "the weight-free cache hit is not B's engine"
+        assert len([n for n in os.listdir(cache) if n.endswith(".engine")]) == 1
     print("ok")
 
 

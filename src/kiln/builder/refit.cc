@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <type_traits>
+#include <variant>
 
 #include "kiln/backends/reference.h"
 #include "kiln/core/json_writer.h"
@@ -85,6 +87,66 @@ Status RefitEngine(EngineDesc& engine, const std::map<std::string, Tensor>& init
   for (auto& [name, t] : values) engine.graph->FindValue(name)->set_constant(std::move(t));
   engine.header.model_hash = model_hash.Hex();
   return OkStatus();
+}
+
+namespace {
+
+void HashTensor(Hasher& h, const Tensor& t, bool values) {
+  h.Field(static_cast<int64_t>(t.dtype())).Field(static_cast<int64_t>(t.dims().size()));
+  for (int64_t d : t.dims()) h.Field(d);
+  if (values) h.Update(t.bytes());
+}
+
+void HashAttribute(Hasher& h, const std::string& name, const Attribute& a) {
+  h.Field(name).Field(static_cast<int64_t>(KindOf(a)));
+  std::visit(
+      [&](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          h.Field(v);
+        } else if constexpr (std::is_same_v<T, float>) {
+          h.Update(std::as_bytes(std::span(&v, 1)));
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          h.Field(v);
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
+                             std::is_same_v<T, std::vector<float>>) {
+          h.Field(static_cast<int64_t>(v.size())).Update(std::as_bytes(std::span(v)));
+        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          h.Field(static_cast<int64_t>(v.size()));
+          for (const std::string& x : v) h.Field(x);
+        } else {
+          HashTensor(h, v, true);
+        }
+      },
+      a);
+}
+
+}  // namespace
+
+Hash128 WeightFreeModelHash(const Graph& g) {
+  Hasher h;
+  h.Field("kiln weight-free model 1").Field(g.opset());
+  for (const Value* v : g.inputs()) {
+    h.Field(v->name()).Field(static_cast<int64_t>(v->dtype())).Field(ToString(v->shape()));
+  }
+  for (const Value* v : g.outputs()) h.Field(v->name());
+  for (const Value* v : g.values()) {
+    if (!v->is_constant()) continue;
+    const Tensor& t = *v->constant();
+    const WeightExprPtr& e = v->provenance();
+    const bool weight = e && e->kind == WeightExpr::Kind::kInitializer && t.num_elements() > 1 &&
+                        (t.dtype() == DataType::kFloat32 || t.dtype() == DataType::kFloat16 ||
+                         t.dtype() == DataType::kBFloat16);
+    h.Field(v->name());
+    HashTensor(h, t, !weight);
+  }
+  for (const Node* n : g.nodes()) {
+    h.Field(n->op_type()).Field(n->domain()).Field(static_cast<int64_t>(n->num_inputs()));
+    for (const Value* v : n->inputs()) h.Field(v ? v->name() : std::string());
+    for (const Value* v : n->outputs()) h.Field(v ? v->name() : std::string());
+    for (const auto& [name, a] : n->attrs().all()) HashAttribute(h, name, a);
+  }
+  return h.Digest();
 }
 
 StatusOr<OnnxWeights> ReadOnnxWeights(const std::string& path) {

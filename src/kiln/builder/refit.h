@@ -42,6 +42,13 @@ StatusOr<std::map<std::string, Tensor>> ComputeRefit(
 Status RefitEngine(EngineDesc& engine, const std::map<std::string, Tensor>& initializers,
                    const Hash128& model_hash, RefitReport* report = nullptr);
 
+// The model without its weights, for a cache keyed by architecture (a hit is refit, not
+// rebuilt): the imported graph's structure (inputs, outputs, nodes with their attributes, every
+// constant's name, dtype and dims) and the values of what the build may read to shape the engine
+// (ONNX Constant nodes, integer initializers, initializers of one element), but not the values
+// of the other initializers. Two models with the same hash differ only in those weights.
+Hash128 WeightFreeModelHash(const Graph& imported);
+
 // A model's initializers by name (an ONNX file; external data resolved beside it), and the hash
 // of the file's bytes a build of it would record.
 struct OnnxWeights {

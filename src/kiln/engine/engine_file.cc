@@ -1216,6 +1216,12 @@ StatusOr<std::shared_ptr<EngineDesc>> LoadVerified(const std::byte* data, size_t
 
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std::byte> bytes,
                                                             const LoadOptions& options) {
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<EngineDesc> desc, LoadEngineBytesForEdit(bytes, options));
+  return std::shared_ptr<const EngineDesc>(std::move(desc));
+}
+
+StatusOr<std::shared_ptr<EngineDesc>> LoadEngineBytesForEdit(std::span<const std::byte> bytes,
+                                                             const LoadOptions& options) {
   // One aligned copy: the FlatBuffer wants 8-byte alignment and the weights 64-byte alignment.
   // Exactly `bytes.size()` long, so an address sanitizer sees any read past the end.
   const std::align_val_t align{kEngineWeightsAlignment};
@@ -1226,10 +1232,7 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std:
   std::shared_ptr<void> storage(
       p, [](void* q) { ::operator delete (q, std::align_val_t{kEngineWeightsAlignment}); });
   if (!bytes.empty()) std::memcpy(p, bytes.data(), bytes.size());
-  KILN_ASSIGN_OR_RETURN(
-      std::shared_ptr<EngineDesc> desc,
-      LoadVerified(static_cast<const std::byte*>(p), bytes.size(), storage, options));
-  return std::shared_ptr<const EngineDesc>(std::move(desc));
+  return LoadVerified(static_cast<const std::byte*>(p), bytes.size(), storage, options);
 }
 
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineFile(const std::string& path,

@@ -99,6 +99,9 @@ StatusOr<std::shared_ptr<EngineDesc>> LoadEngineFileForEdit(const std::string& p
 // Copies `bytes` once into an aligned buffer that the constants then borrow.
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std::byte> bytes,
                                                             const LoadOptions& options = {});
+// The same, for a caller that changes the engine (refit of a cached engine).
+StatusOr<std::shared_ptr<EngineDesc>> LoadEngineBytesForEdit(std::span<const std::byte> bytes,
+                                                             const LoadOptions& options = {});
 
 // KILN-E4004 naming both targets when the engine's backend or device arch is not this one.
 Status CheckEngineTarget(const EngineHeader& header, BackendKind backend, std::string_view arch);
