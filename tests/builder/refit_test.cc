@@ -401,6 +401,59 @@ TEST(WeightFreeKey, SameForOtherWeightsDifferentForOtherStructure) {
   EXPECT_NE(hash_of(bert, &a), hash_of(bert, &ids));
 }
 
+// The loader checks the weight program section (engine_file.cc ReadWeightProgram): a crafted
+// program is KILN-E4005 naming the entry, never an out-of-range read at refit.
+class RefitProgramFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const fs::path dir = ZooRoot() / "resnet_tiny";
+    auto graph = ImportOnnxFile((dir / "model.onnx").string());
+    ASSERT_TRUE(graph.ok());
+    engine_ = Build(std::move(*graph), Config(dir, Precision::kFp32, ""));
+    ASSERT_TRUE(engine_ && !engine_->weight_program.steps.empty());
+  }
+  void ExpectMalformed(const std::string& where) {
+    auto loaded = LoadEngineBytes(Bytes(*engine_));
+    ASSERT_FALSE(loaded.ok());
+    EXPECT_EQ(loaded.status().code(), ErrorCode::kEngineMalformed) << loaded.status().ToString();
+    EXPECT_NE(loaded.status().message().find(where), std::string::npos)
+        << loaded.status().ToString();
+  }
+  std::unique_ptr<EngineDesc> engine_;
+};
+
+TEST_F(RefitProgramFile, RoundTrips) {
+  auto loaded = LoadEngineBytes(Bytes(*engine_));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const WeightProgram& p = (*loaded)->weight_program;
+  EXPECT_TRUE(p.recorded);
+  EXPECT_EQ(p.sources.size(), engine_->weight_program.sources.size());
+  EXPECT_EQ(p.steps.size(), engine_->weight_program.steps.size());
+  EXPECT_EQ(p.targets.size(), engine_->weight_program.targets.size());
+  EXPECT_TRUE(Bytes(**loaded) == Bytes(*engine_));
+}
+
+TEST_F(RefitProgramFile, StepReadingALaterSlotIsMalformed) {
+  engine_->weight_program.steps.front().inputs.front() = engine_->weight_program.num_slots();
+  ExpectMalformed("weight_program.steps[0]");
+}
+
+TEST_F(RefitProgramFile, UnknownOnnxOpIsMalformed) {
+  engine_->weight_program.steps.front().domain = "";
+  engine_->weight_program.steps.front().op_type = "NoSuchOp";
+  ExpectMalformed("weight_program.steps[0]");
+}
+
+TEST_F(RefitProgramFile, TargetSlotOutOfRangeIsMalformed) {
+  engine_->weight_program.targets.front().slot = engine_->weight_program.num_slots();
+  ExpectMalformed("weight_program.targets[0]");
+}
+
+TEST_F(RefitProgramFile, RepeatedSourceIsMalformed) {
+  engine_->weight_program.sources.push_back(engine_->weight_program.sources.front());
+  ExpectMalformed("weight_program.sources[");
+}
+
 TEST(RefitProgram, EngineWithoutProgramIsRefused) {
   EngineDesc e;
   e.graph = std::make_unique<Graph>();

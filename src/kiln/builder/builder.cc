@@ -773,6 +773,8 @@ std::unique_ptr<EngineDesc> AssemblePhase(BuildState& s) {
   engine->graph = std::move(s.input.graph);
   engine->weight_program = RecordWeightProgram(*engine->graph, s.initializers);
   s.initializers.clear();
+  // The program holds what refit needs; the provenance would keep folded literals alive.
+  for (Value* v : engine->graph->values()) v->set_provenance(nullptr);
   if (const auto& unfit = engine->weight_program.non_refittable; !unfit.empty()) {
     rep.warnings.push_back(fmt::format(
         "{} weight(s) cannot be refit (`kiln refit` refuses this engine); the first, '{}': {}",

@@ -587,8 +587,9 @@ StatusOr<Attribute> ReadAttribute(const fb::Attribute* a, const std::string& whe
 
 // The verifier, one function per section of the file, in file order: preamble (length, checksum,
 // format), the FlatBuffer's structure, the header, the graph (values, inputs, constants, nodes,
-// then the Graph built from them, then its outputs), layers, profile and memory plan. Each checks
-// every field of its section before anything is built from it; the first error stops the load.
+// then the Graph built from them, then its outputs), layers, profile, memory plan and weight
+// program. Each checks every field of its section before anything is built from it; the first
+// error stops the load.
 
 // 1. Length: the payload must be exactly what the preamble announces.
 Status VerifyLength(const EnginePreamble& pre, size_t size) {
