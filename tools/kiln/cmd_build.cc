@@ -51,6 +51,7 @@ struct BuildOptions {
   std::string transport = "auto";
   std::string build_on = "rank0";
   std::string cache_dir;
+  bool weight_free_cache = false;
   bool trust_shared_cache = false;
   double join_timeout_s = 60, wait_timeout_s = 1800, transfer_timeout_s = 300;
   int rank = -1, world_size = -1;
@@ -135,6 +136,7 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
   }
   app::ModelSource model;
   model.path = o.model;
+  model.weight_free_key = o.weight_free_cache;
   auto shared = app::BuildOnceShared(model, config, opts);
   if (!shared.ok()) return ReportError(shared.status());
   if (shared->build_report) RecordBuildMetrics(*shared->build_report);
@@ -153,6 +155,7 @@ int RunDistributed(const BuildOptions& o, BuilderConfig config, const std::strin
   }
   if (build_report && !o.json) std::cout << build_report->ToText(o.layers);
   std::cout << report << "\n";
+  if (shared->refit) std::cout << "the shared engine was refit with this model's weights\n";
   std::cout << fmt::format("engine written to {} ({} bytes, rank {} of {})\n", output,
                            shared->bytes.size(), shared->dist_report.rank,
                            shared->dist_report.world_size);
@@ -352,6 +355,10 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
   dist->add_option("--build-on", o->build_on, "rank0, per-node or per-arch")->capture_default_str();
   dist->add_option("--cache-dir", o->cache_dir,
                    "shared engine cache directory (content-addressed)");
+  dist->add_flag("--weight-free-cache", o->weight_free_cache,
+                 "key the shared engine by the model's architecture and the build config, not its "
+                 "weights: an engine built for other weights of the model is refit with these "
+                 "(kiln refit) instead of rebuilt");
   dist->add_flag("--trust-shared-cache", o->trust_shared_cache,
                  "use a cache directory or entries that other users can write (refused by "
                  "default: they could plant an engine that this job runs)");

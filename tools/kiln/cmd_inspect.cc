@@ -170,6 +170,18 @@ int InspectOnnx(const InspectOptions& o) {
   return 1;
 }
 
+// What `kiln refit` can renew: one line for people.
+std::string RefitSummary(const WeightProgram& p) {
+  if (!p.recorded) return "not refittable (no weight program: built before refit; rebuild)";
+  std::string out = fmt::format(
+      "{} weight(s) from {} initializer(s) through {} step(s); {} initializer(s) must stay as "
+      "built",
+      p.targets.size(), p.sources.size(), p.steps.size(), p.fixed.size());
+  if (p.non_refittable.empty()) return out;
+  return out + fmt::format("; {} not refittable, first '{}': {}", p.non_refittable.size(),
+                           p.non_refittable.front().constant, p.non_refittable.front().reason);
+}
+
 int InspectEngine(const InspectOptions& o) {
   LoadOptions opts;
   opts.check_providers = false;  // show engines built where other kernels exist
@@ -185,6 +197,16 @@ int InspectEngine(const InspectOptions& o) {
         {"backend", ToString(e.header.backend)},     {"arch", e.header.device_arch},
         {"libraries", e.header.library_versions},    {"model_hash", e.header.model_hash},
         {"config_hash", e.header.config_hash},       {"model", e.header.model_name}};
+    nlohmann::json unfit = nlohmann::json::array();
+    for (const auto& n : e.weight_program.non_refittable) {
+      unfit.push_back({{"constant", n.constant}, {"reason", n.reason}});
+    }
+    j["refit"] = {{"recorded", e.weight_program.recorded},
+                  {"weights", e.weight_program.targets.size()},
+                  {"initializers", e.weight_program.sources.size()},
+                  {"steps", e.weight_program.steps.size()},
+                  {"fixed_initializers", e.weight_program.fixed.size()},
+                  {"non_refittable", unfit}};
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -210,6 +232,7 @@ int InspectEngine(const InspectOptions& o) {
       "peak {:.2f} MiB\n",
       e.layers.size(), e.plan.weights_bytes / double(1 << 20), e.plan.arena_bytes / double(1 << 20),
       e.plan.workspace_bytes / double(1 << 20), e.plan.peak_bytes / double(1 << 20));
+  std::cout << fmt::format("  refit: {}\n", RefitSummary(e.weight_program));
   if (o.layers) {
     for (size_t i = 0; i < e.layers.size(); ++i) {
       const LayerDesc& l = e.layers[i];

@@ -330,16 +330,17 @@ struct BuildState {
   const Clock::time_point start;
   Backend* backend = nullptr;
   DeviceInfo device;
-  precision::PrecisionResult assigned;  // precision
-  std::vector<LayerSearch> searches;    // tactics: layers and their candidates
-  Clock::time_point tactics_start;      // tactics .. timing form the tactic phase
-  std::optional<TimingCache> cache;     // tactics (warm layers), timing
-  bool cache_file_current = false;      // the file holds exactly what `cache` holds
-  std::optional<int64_t> budget;        // budget: bytes for the whole engine
-  TacticSearchOptions search;           // budget, timing
-  std::vector<LayerDesc> layers;        // timing: the chosen tactics
-  std::vector<PlanLayer> plan_layers;   // timing -> plan
-  MemoryPlan plan;                      // plan
+  precision::PrecisionResult assigned;        // precision
+  std::vector<LayerSearch> searches;          // tactics: layers and their candidates
+  Clock::time_point tactics_start;            // tactics .. timing form the tactic phase
+  std::optional<TimingCache> cache;           // tactics (warm layers), timing
+  bool cache_file_current = false;            // the file holds exactly what `cache` holds
+  std::optional<int64_t> budget;              // budget: bytes for the whole engine
+  TacticSearchOptions search;                 // budget, timing
+  std::vector<LayerDesc> layers;              // timing: the chosen tactics
+  std::vector<PlanLayer> plan_layers;         // timing -> plan
+  MemoryPlan plan;                            // plan
+  std::vector<InitializerInfo> initializers;  // optimise (as imported) -> assemble (refit record)
   const bool alias_views = param::AliasViews() != 0;
 };
 
@@ -349,6 +350,14 @@ Status OptimisePhase(BuildState& s) {
   BuildReport& rep = s.rep;
   s.Progress("verify", 0, 1, "");
   KILN_RETURN_IF_ERROR(Verify(graph));
+  // A graph made in code (not imported) gives its constants no provenance: they are its weights,
+  // refit by value name as the importer's initializers are.
+  for (Value* v : graph.values()) {
+    if (v->is_constant() && !v->provenance()) {
+      v->set_provenance(InitializerExpr(v->name(), *v->constant()));
+    }
+  }
+  s.initializers = CollectInitializers(graph);  // before anything folds them
   {
     std::vector<Status> profile_warnings;
     KILN_ASSIGN_OR_RETURN(s.config.profile,
@@ -765,6 +774,15 @@ std::unique_ptr<EngineDesc> AssemblePhase(BuildState& s) {
   }
   engine->layers = std::move(s.layers);
   engine->graph = std::move(s.input.graph);
+  engine->weight_program = RecordWeightProgram(*engine->graph, s.initializers);
+  s.initializers.clear();
+  // The program holds what refit needs; the provenance would keep folded literals alive.
+  for (Value* v : engine->graph->values()) v->set_provenance(nullptr);
+  if (const auto& unfit = engine->weight_program.non_refittable; !unfit.empty()) {
+    rep.warnings.push_back(fmt::format(
+        "{} weight(s) cannot be refit (`kiln refit` refuses this engine); the first, '{}': {}",
+        unfit.size(), unfit.front().constant, unfit.front().reason));
+  }
   // The report stored in the engine leaves out wall-clock figures, so that the same model, config
   // and timing cache give a byte-identical engine.
   BuildReport stored = rep;

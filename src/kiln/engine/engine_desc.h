@@ -9,6 +9,7 @@
 
 #include "kiln/backends/kernel.h"
 #include "kiln/ir/graph.h"
+#include "kiln/ir/weight_program.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/plan/profile.h"
 
@@ -41,6 +42,8 @@ struct EngineDesc {
   OptimizationProfile profile;    // one profile for now
   MemoryPlan plan;
   std::string build_report_json;  // the build report, for `kiln inspect`
+  // How each constant was made from the model's initializers: what refit replays.
+  WeightProgram weight_program;
 };
 
 }  // namespace kiln

@@ -131,6 +131,61 @@ flatbuffers::Offset<fb::Attribute> WriteAttribute(FbBuilder& b, const std::strin
 
 namespace {
 
+// The weight program's table; constants are named by their value index.
+StatusOr<flatbuffers::Offset<fb::WeightProgram>> WriteWeightProgram(
+    FbBuilder& b, const WeightProgram& p, const Graph& graph,
+    const std::function<int32_t(const Value*)>& index_of) {
+  auto constant_index = [&](const std::string& name) -> StatusOr<int32_t> {
+    const Value* v = graph.FindValue(name);
+    if (!v || !v->is_constant()) {
+      return MakeError(ErrorCode::kInternal, "the weight program names '{}', not a constant", name);
+    }
+    return index_of(v);
+  };
+  std::vector<flatbuffers::Offset<fb::WeightSource>> sources;
+  for (const WeightProgram::Source& src : p.sources) {
+    auto name = b.CreateString(src.name);
+    auto dims = b.CreateVector(src.dims);
+    sources.push_back(fb::CreateWeightSource(b, name, static_cast<uint8_t>(src.dtype), dims));
+  }
+  std::vector<flatbuffers::Offset<fb::InlineTensor>> literals;
+  for (const Tensor& t : p.literals) literals.push_back(WriteInlineTensor(b, t));
+  std::vector<flatbuffers::Offset<fb::WeightStep>> steps;
+  for (const WeightProgram::Step& step : p.steps) {
+    std::vector<flatbuffers::Offset<fb::Attribute>> attrs;
+    for (const auto& [name, a] : step.attrs.all()) attrs.push_back(WriteAttribute(b, name, a));
+    auto op = b.CreateString(step.op_type);
+    auto domain = b.CreateString(step.domain);
+    auto ins = b.CreateVector(step.inputs);
+    auto attr_vec = b.CreateVector(attrs);
+    steps.push_back(fb::CreateWeightStep(b, op, domain, ins, step.num_outputs, attr_vec));
+  }
+  std::vector<flatbuffers::Offset<fb::WeightTarget>> targets;
+  for (const WeightProgram::Target& t : p.targets) {
+    KILN_ASSIGN_OR_RETURN(int32_t value, constant_index(t.constant));
+    targets.push_back(fb::CreateWeightTarget(b, value, t.slot));
+  }
+  std::vector<flatbuffers::Offset<fb::FixedInitializer>> fixed;
+  for (const WeightProgram::Fixed& f : p.fixed) {
+    auto name = b.CreateString(f.name);
+    auto dims = b.CreateVector(f.dims);
+    auto hash = b.CreateString(f.hash);
+    fixed.push_back(fb::CreateFixedInitializer(b, name, static_cast<uint8_t>(f.dtype), dims, hash));
+  }
+  std::vector<flatbuffers::Offset<fb::NonRefittable>> unfit;
+  for (const WeightProgram::NonRefittable& n : p.non_refittable) {
+    KILN_ASSIGN_OR_RETURN(int32_t value, constant_index(n.constant));
+    unfit.push_back(fb::CreateNonRefittable(b, value, b.CreateString(n.reason)));
+  }
+  auto src_vec = b.CreateVector(sources);
+  auto lit_vec = b.CreateVector(literals);
+  auto step_vec = b.CreateVector(steps);
+  auto target_vec = b.CreateVector(targets);
+  auto fixed_vec = b.CreateVector(fixed);
+  auto unfit_vec = b.CreateVector(unfit);
+  return fb::CreateWeightProgram(b, src_vec, lit_vec, step_vec, target_vec, fixed_vec, unfit_vec);
+}
+
 // The payload (everything after the preamble) in order, piece by piece, to `sink`; returns the
 // preamble that describes it. SerializeEngine collects the pieces in memory; WriteEngineFile
 // writes them to the file as they come, so a build never holds a second copy of the weights.
@@ -263,7 +318,12 @@ StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
                                  b.CreateString(h.library_versions), b.CreateString(h.model_hash),
                                  b.CreateString(h.config_hash), b.CreateString(h.model_name));
   auto report = b.CreateString(engine.build_report_json);
-  auto root = fb::CreateEngine(b, header, graph_desc, layer_vec, profile_vec, plan, report);
+  flatbuffers::Offset<fb::WeightProgram> program;
+  if (engine.weight_program.recorded) {
+    KILN_ASSIGN_OR_RETURN(program, WriteWeightProgram(b, engine.weight_program, graph, index_of));
+  }
+  auto root =
+      fb::CreateEngine(b, header, graph_desc, layer_vec, profile_vec, plan, report, program);
   fb::FinishEngineBuffer(b, root);
 
   const uint64_t fb_bytes = b.GetSize();
@@ -318,8 +378,10 @@ StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine) {
   return out;
 }
 
-Status WriteEngineFile(const EngineDesc& engine, const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(AtomicOutput out, AtomicOutput::Create(path, "engine"));
+Status WriteEngineFile(const EngineDesc& engine, const std::string& path, bool replaces_input) {
+  AtomicOutput::Options options;
+  options.replaces_input = replaces_input;
+  KILN_ASSIGN_OR_RETURN(AtomicOutput out, AtomicOutput::Create(path, "engine", options));
   // Everything is written where it belongs: the payload as it is serialized (no in-memory copy of
   // the weights), then the preamble, which holds the checksum, at offset 0.
   uint64_t offset = kEnginePreambleBytes;
@@ -478,6 +540,24 @@ StatusOr<Shape> ReadShape(const flatbuffers::Vector<flatbuffers::Offset<fb::Dim>
   return shape;
 }
 
+// A tensor stored inside the FlatBuffer: a kiln dtype and exactly the bytes its dims need.
+StatusOr<Tensor> ReadInlineTensor(const fb::InlineTensor* t, const std::string& where) {
+  if (!t) return Malformed("{} has no tensor", where);
+  if (!ValidDataType(t->dtype())) {
+    return Malformed("{}: dtype {} is not a kiln dtype", where, t->dtype());
+  }
+  std::vector<int64_t> dims = Vec(t->dims());
+  auto dtype = static_cast<DataType>(t->dtype());
+  auto bytes = DenseBytes(dtype, dims);
+  const size_t have = t->data() ? t->data()->size() : 0;
+  if (!bytes || *bytes != have) {
+    return Malformed("{}: {} data bytes for dims of {} bytes", where, have,
+                     bytes ? fmt::format("{}", *bytes) : std::string("invalid"));
+  }
+  return Tensor::FromBytes(dtype, std::move(dims),
+                           std::as_bytes(std::span(t->data() ? t->data()->data() : nullptr, have)));
+}
+
 StatusOr<Attribute> ReadAttribute(const fb::Attribute* a, const std::string& where) {
   switch (static_cast<AttributeKind>(a->kind())) {
     case AttributeKind::kInt:
@@ -498,22 +578,8 @@ StatusOr<Attribute> ReadAttribute(const fb::Attribute* a, const std::string& whe
       return Attribute(std::move(out));
     }
     case AttributeKind::kTensor: {
-      const fb::InlineTensor* t = a->t();
-      if (!t) return Malformed("{}: tensor attribute has no tensor", where);
-      if (!ValidDataType(t->dtype())) {
-        return Malformed("{}: tensor attribute dtype {} is not a kiln dtype", where, t->dtype());
-      }
-      std::vector<int64_t> dims = Vec(t->dims());
-      auto dtype = static_cast<DataType>(t->dtype());
-      auto bytes = DenseBytes(dtype, dims);
-      const size_t have = t->data() ? t->data()->size() : 0;
-      if (!bytes || *bytes != have) {
-        return Malformed("{}: tensor attribute has {} data bytes for dims of {} bytes", where, have,
-                         bytes ? fmt::format("{}", *bytes) : std::string("invalid"));
-      }
-      return Attribute(Tensor::FromBytes(
-          dtype, std::move(dims),
-          std::as_bytes(std::span(t->data() ? t->data()->data() : nullptr, have))));
+      KILN_ASSIGN_OR_RETURN(Tensor t, ReadInlineTensor(a->t(), where + ": tensor attribute"));
+      return Attribute(std::move(t));
     }
   }
   return Malformed("{}: attribute kind {} is unknown", where, a->kind());
@@ -521,8 +587,9 @@ StatusOr<Attribute> ReadAttribute(const fb::Attribute* a, const std::string& whe
 
 // The verifier, one function per section of the file, in file order: preamble (length, checksum,
 // format), the FlatBuffer's structure, the header, the graph (values, inputs, constants, nodes,
-// then the Graph built from them, then its outputs), layers, profile and memory plan. Each checks
-// every field of its section before anything is built from it; the first error stops the load.
+// then the Graph built from them, then its outputs), layers, profile, memory plan and weight
+// program. Each checks every field of its section before anything is built from it; the first
+// error stops the load.
 
 // 1. Length: the payload must be exactly what the preamble announces.
 Status VerifyLength(const EnginePreamble& pre, size_t size) {
@@ -988,10 +1055,137 @@ StatusOr<MemoryPlan> ReadMemoryPlan(const fb::Engine& e, const Graph& graph) {
   return plan;
 }
 
+// 10. Weight program (absent: not refittable): sources named once with a kiln dtype and valid
+// dims; literals dense; each step an op (an ONNX op this kiln knows, or a weight op) reading only
+// earlier slots; targets and non-refittable entries constants of the graph, each once; fixed
+// initializers named once with a hash.
+StatusOr<WeightProgram> ReadWeightProgram(const fb::Engine& e, const GraphSection& gs) {
+  WeightProgram p;
+  const fb::WeightProgram* w = e.weight_program();
+  if (!w) return p;
+  p.recorded = true;
+  std::set<std::string> initializers;
+  auto read_dims = [](const flatbuffers::Vector<int64_t>* v, const std::string& where,
+                      DataType dtype) -> StatusOr<std::vector<int64_t>> {
+    std::vector<int64_t> dims = Vec(v);
+    if (!DenseBytes(dtype, dims)) return Malformed("{}: dims are invalid", where);
+    return dims;
+  };
+  if (w->sources()) {
+    for (size_t i = 0; i < w->sources()->size(); ++i) {
+      const fb::WeightSource* src = w->sources()->Get(i);
+      const std::string where = fmt::format("weight_program.sources[{}]", i);
+      if (!src->name() || src->name()->size() == 0 ||
+          !initializers.insert(Str(src->name())).second) {
+        return Malformed("{}: the name is empty or repeated", where);
+      }
+      if (!ValidDataType(src->dtype()))
+        return Malformed("{}: dtype {} is invalid", where, src->dtype());
+      auto dtype = static_cast<DataType>(src->dtype());
+      KILN_ASSIGN_OR_RETURN(auto dims, read_dims(src->dims(), where, dtype));
+      p.sources.push_back({Str(src->name()), dtype, std::move(dims)});
+    }
+  }
+  if (w->literals()) {
+    for (size_t i = 0; i < w->literals()->size(); ++i) {
+      KILN_ASSIGN_OR_RETURN(
+          Tensor t,
+          ReadInlineTensor(w->literals()->Get(i), fmt::format("weight_program.literals[{}]", i)));
+      p.literals.push_back(std::move(t));
+    }
+  }
+  int64_t slots = static_cast<int64_t>(p.sources.size() + p.literals.size());
+  constexpr int32_t kMaxStepOutputs = 64;
+  if (w->steps()) {
+    for (size_t i = 0; i < w->steps()->size(); ++i) {
+      const fb::WeightStep* step = w->steps()->Get(i);
+      const std::string where = fmt::format("weight_program.steps[{}]", i);
+      WeightProgram::Step out;
+      out.op_type = Str(step->op_type());
+      out.domain = Str(step->domain());
+      if (out.domain != kWeightOpDomain && (!out.domain.empty() || !FindOpSchema(out.op_type))) {
+        return Malformed("{}: op '{}' (domain '{}') is unknown to this kiln", where, out.op_type,
+                         out.domain);
+      }
+      if (out.domain == kWeightOpDomain && out.op_type.empty()) {
+        return Malformed("{}: the weight op has no name", where);
+      }
+      out.num_outputs = step->num_outputs();
+      if (out.num_outputs < 1 || out.num_outputs > kMaxStepOutputs) {
+        return Malformed("{}: {} outputs", where, out.num_outputs);
+      }
+      out.inputs = Vec(step->inputs());
+      for (int32_t in : out.inputs) {
+        if (in < -1 || in >= slots)
+          return Malformed("{}: input slot {} is not an earlier slot", where, in);
+      }
+      if (step->attributes()) {
+        for (const fb::Attribute* a : *step->attributes()) {
+          if (!a->name() || a->name()->size() == 0 || out.attrs.Has(a->name()->str())) {
+            return Malformed("{}: an attribute name is empty or repeated", where);
+          }
+          KILN_ASSIGN_OR_RETURN(Attribute attr,
+                                ReadAttribute(a, where + " attribute '" + a->name()->str() + "'"));
+          out.attrs.Set(a->name()->str(), std::move(attr));
+        }
+      }
+      slots += out.num_outputs;
+      p.steps.push_back(std::move(out));
+    }
+  }
+  std::set<int32_t> constants;
+  auto constant = [&](int32_t value, const std::string& where) -> StatusOr<std::string> {
+    if (!gs.index_ok(value, false) || gs.role[value] != ValueRole::kConstant ||
+        !constants.insert(value).second) {
+      return Malformed("{}: value {} is not a constant of the graph, or is named twice", where,
+                       value);
+    }
+    return gs.name(value);
+  };
+  if (w->targets()) {
+    for (size_t i = 0; i < w->targets()->size(); ++i) {
+      const fb::WeightTarget* t = w->targets()->Get(i);
+      const std::string where = fmt::format("weight_program.targets[{}]", i);
+      KILN_ASSIGN_OR_RETURN(std::string name, constant(t->value(), where));
+      if (t->slot() < 0 || t->slot() >= slots)
+        return Malformed("{}: slot {} is out of range", where, t->slot());
+      p.targets.push_back({std::move(name), t->slot()});
+    }
+  }
+  if (w->non_refittable()) {
+    for (size_t i = 0; i < w->non_refittable()->size(); ++i) {
+      const fb::NonRefittable* n = w->non_refittable()->Get(i);
+      KILN_ASSIGN_OR_RETURN(
+          std::string name,
+          constant(n->value(), fmt::format("weight_program.non_refittable[{}]", i)));
+      p.non_refittable.push_back({std::move(name), Str(n->reason())});
+    }
+  }
+  if (w->fixed()) {
+    std::set<std::string> fixed_names;
+    for (size_t i = 0; i < w->fixed()->size(); ++i) {
+      const fb::FixedInitializer* f = w->fixed()->Get(i);
+      const std::string where = fmt::format("weight_program.fixed[{}]", i);
+      // A fixed initializer may also be a source (an index type the steps read), once.
+      std::string name = Str(f->name());
+      if (name.empty() || !fixed_names.insert(name).second) {
+        return Malformed("{}: the name '{}' is empty or repeated", where, name);
+      }
+      if (!ValidDataType(f->dtype()))
+        return Malformed("{}: dtype {} is invalid", where, f->dtype());
+      auto dtype = static_cast<DataType>(f->dtype());
+      KILN_ASSIGN_OR_RETURN(auto dims, read_dims(f->dims(), where, dtype));
+      if (Str(f->hash()).size() != 32) return Malformed("{}: the hash is not 32 hex digits", where);
+      p.fixed.push_back({std::move(name), dtype, std::move(dims), Str(f->hash())});
+    }
+  }
+  return p;
+}
+
 // The sections above in file order; nothing is built from a field before it is checked.
-StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, size_t size,
-                                                         std::shared_ptr<const void> keepalive,
-                                                         const LoadOptions& options) {
+StatusOr<std::shared_ptr<EngineDesc>> LoadVerified(const std::byte* data, size_t size,
+                                                   std::shared_ptr<const void> keepalive,
+                                                   const LoadOptions& options) {
   std::span<const std::byte> file(data, size);
   KILN_ASSIGN_OR_RETURN(EnginePreamble pre, ReadEnginePreamble(file));
   KILN_RETURN_IF_ERROR(VerifyLength(pre, size));
@@ -1014,14 +1208,21 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadVerified(const std::byte* data, 
   KILN_ASSIGN_OR_RETURN(engine->profile, ReadProfile(*e, *built.graph));
   KILN_ASSIGN_OR_RETURN(engine->plan, ReadMemoryPlan(*e, *built.graph));
   engine->build_report_json = Str(e->build_report_json());
+  KILN_ASSIGN_OR_RETURN(engine->weight_program, ReadWeightProgram(*e, gs));
   engine->graph = std::move(built.graph);
-  return std::shared_ptr<const EngineDesc>(std::move(engine));
+  return engine;
 }
 
 }  // namespace
 
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std::byte> bytes,
                                                             const LoadOptions& options) {
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<EngineDesc> desc, LoadEngineBytesForEdit(bytes, options));
+  return std::shared_ptr<const EngineDesc>(std::move(desc));
+}
+
+StatusOr<std::shared_ptr<EngineDesc>> LoadEngineBytesForEdit(std::span<const std::byte> bytes,
+                                                             const LoadOptions& options) {
   // One aligned copy: the FlatBuffer wants 8-byte alignment and the weights 64-byte alignment.
   // Exactly `bytes.size()` long, so an address sanitizer sees any read past the end.
   const std::align_val_t align{kEngineWeightsAlignment};
@@ -1037,6 +1238,12 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std:
 
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineFile(const std::string& path,
                                                            const LoadOptions& options) {
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<EngineDesc> desc, LoadEngineFileForEdit(path, options));
+  return std::shared_ptr<const EngineDesc>(std::move(desc));
+}
+
+StatusOr<std::shared_ptr<EngineDesc>> LoadEngineFileForEdit(const std::string& path,
+                                                            const LoadOptions& options) {
   KILN_ASSIGN_OR_RETURN(InputFile in, OpenInputFile(path, "engine"));
   const int fd = in.fd.get();
   const size_t size = static_cast<size_t>(in.size);

@@ -1,7 +1,7 @@
 // The .kiln engine file: a fixed 64-byte preamble, a FlatBuffer (engine.fbs) with the header,
-// graph, layers, profile, memory plan and build report, then the weights section (64-byte
-// aligned, each tensor 64-byte aligned) so a loader can mmap the file and borrow the weights
-// without copying. Loading verifies everything before anything is used: a crafted file yields a
+// graph, layers, profile, memory plan, build report and weight program (refit), then the weights
+// section (64-byte aligned, each tensor 64-byte aligned) so a loader can mmap the file and borrow
+// the weights without copying. Loading verifies everything before anything is used: a crafted file yields a
 // catalog error (KILN-E4000..E4005), never an out-of-bounds read.
 //
 // Preamble (little-endian). Bytes 0..47 keep this layout in every format version, and from
@@ -84,15 +84,24 @@ StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine);
 // read (KILN-E1011, KILN-E1012), and leaves no temporary on an error, SIGTERM or SIGINT. The same
 // bytes as SerializeEngine, written as they are serialized: no second in-memory copy of the
 // weights (a large model's build peaks at about 1.2x its weights, not 2x).
-Status WriteEngineFile(const EngineDesc& engine, const std::string& path);
+// `replaces_input`: `path` may be a file this process read (refit writing an engine over itself;
+// readers still see the old file or the whole new one).
+Status WriteEngineFile(const EngineDesc& engine, const std::string& path,
+                       bool replaces_input = false);
 
 // Maps the file read-only (a regular file only: KILN-E1009 otherwise, without blocking); constants
 // borrow the mapping (it lives as long as any of them).
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineFile(const std::string& path,
                                                            const LoadOptions& options = {});
+// The same, for a caller that changes the engine before using it (refit replaces constants).
+StatusOr<std::shared_ptr<EngineDesc>> LoadEngineFileForEdit(const std::string& path,
+                                                            const LoadOptions& options = {});
 // Copies `bytes` once into an aligned buffer that the constants then borrow.
 StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std::byte> bytes,
                                                             const LoadOptions& options = {});
+// The same, for a caller that changes the engine (refit of a cached engine).
+StatusOr<std::shared_ptr<EngineDesc>> LoadEngineBytesForEdit(std::span<const std::byte> bytes,
+                                                             const LoadOptions& options = {});
 
 // KILN-E4004 naming both targets when the engine's backend or device arch is not this one.
 Status CheckEngineTarget(const EngineHeader& header, BackendKind backend, std::string_view arch);

@@ -15,6 +15,7 @@ void Value::set_constant(Tensor t) {
   dtype_ = t.dtype();
   set_shape(MakeShape(t.dims()));
   constant_ = std::move(t);
+  provenance_.reset();
   for (Node* c : consumers_) c->shape_dirty_ = true;
 }
 

@@ -19,6 +19,7 @@
 namespace kiln {
 
 class Node;
+struct WeightExpr;
 
 class Value {
  public:
@@ -42,7 +43,12 @@ class Value {
 
   bool is_constant() const { return constant_.has_value(); }
   const Tensor* constant() const { return constant_ ? &*constant_ : nullptr; }
+  // Sets the constant and forgets its provenance: the caller records the new one.
   void set_constant(Tensor t);
+  // How the constant was made from the model's initializers (ir/weight_program.h); nullptr when
+  // the code that made it recorded nothing.
+  const std::shared_ptr<const WeightExpr>& provenance() const { return provenance_; }
+  void set_provenance(std::shared_ptr<const WeightExpr> e) { provenance_ = std::move(e); }
 
   bool is_graph_input() const { return is_graph_input_; }
   bool is_graph_output() const { return is_graph_output_; }
@@ -57,6 +63,7 @@ class Value {
   int producer_output_ = -1;
   std::vector<Node*> consumers_;
   std::optional<Tensor> constant_;
+  std::shared_ptr<const WeightExpr> provenance_;
   bool is_graph_input_ = false;
   bool is_graph_output_ = false;
   bool referenced_ = false;  // scratch for Graph::Compact

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "kiln/core/logging.h"
+#include "kiln/ir/weight_program.h"
 #include "kiln/onnx/onnx_internal.h"
 #include "kiln/ops/op_schema.h"
 
@@ -103,7 +104,8 @@ class GraphBuilder {
       // The tensor takes the proto's raw_data (its storage, or a copy made as the proto's is
       // freed), and the typed fields are freed below: a large model is never held twice.
       KILN_ASSIGN_OR_RETURN(Tensor tensor, TakeTensorFromProto(&t, &resolver_));
-      graph_->AddConstant(t.name(), std::move(tensor));
+      Value* v = graph_->AddConstant(t.name(), std::move(tensor));
+      v->set_provenance(InitializerExpr(t.name(), *v->constant()));  // what refit renews
       google::protobuf::RepeatedField<float>().Swap(t.mutable_float_data());
       google::protobuf::RepeatedField<int32_t>().Swap(t.mutable_int32_data());
       google::protobuf::RepeatedField<int64_t>().Swap(t.mutable_int64_data());
@@ -255,6 +257,7 @@ class GraphBuilder {
       KILN_ASSIGN_OR_RETURN(Tensor t, ConstantNodeValue(n));
       KILN_ASSIGN_OR_RETURN(Value * v, Define(n.output(0), n.name()));
       v->set_constant(std::move(t));
+      v->set_provenance(LiteralExpr(*v->constant()));  // part of the architecture, not a weight
       return OkStatus();
     }
     bool supported = default_domain && FindOpSchema(n.op_type()) != nullptr;

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "kiln/ir/sizes.h"
+#include "kiln/ir/weight_program.h"
 
 namespace kiln {
 
@@ -185,6 +186,8 @@ StatusOr<ShapeInferenceResult> InferShapesImpl(Graph& graph, const ShapeEvaluato
     KILN_RETURN_IF_ERROR(InferNode(*node, ins, outs));
     node->clear_shape_dirty();
     std::optional<std::vector<Tensor>> folded;
+    // Provenance of folded outputs: literals when their dims-values were static, else the step.
+    std::vector<WeightExprPtr> provenance;
     if (fold) {
       // Outputs whose dims-values are all static (Gather(Shape(x), 2) with a static dim 2) are
       // constants already, whatever the inputs.
@@ -213,7 +216,10 @@ StatusOr<ShapeInferenceResult> InferShapesImpl(Graph& graph, const ShapeEvaluato
           fits = (*evaluated)[i].dtype() == outs[i].dtype &&
                  StaticDims(outs[i].shape) == (*evaluated)[i].dims();
         }
-        if (fits) folded = std::move(*evaluated);
+        if (fits) {
+          folded = std::move(*evaluated);
+          provenance = FoldedNodeOutputs(*node, known, *folded);
+        }
       }
     }
     std::vector<Value*> values = node->outputs();
@@ -225,6 +231,7 @@ StatusOr<ShapeInferenceResult> InferShapesImpl(Graph& graph, const ShapeEvaluato
       v->set_shape(outs[i].shape);
       if (folded) {
         v->set_constant(std::move((*folded)[i]));
+        v->set_provenance(provenance.empty() ? LiteralExpr(*v->constant()) : provenance[i]);
         outs[i].constant = v->constant();
         outs[i].dims_value.reset();
       }

@@ -5,6 +5,7 @@
 
 #include "kiln/core/logging.h"
 #include "kiln/ir/sizes.h"
+#include "kiln/ir/weight_program.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln::passes {
@@ -30,10 +31,14 @@ class ConstantFoldingPass final : public Pass {
         continue;
       }
       if (outputs->size() != node->num_outputs()) continue;
+      // Refit replays the node on new weights with the same evaluator (weight_program.h).
+      std::vector<WeightExprPtr> provenance = FoldedNodeOutputs(*node, inputs, *outputs);
       std::vector<Value*> outs = node->outputs();
       graph.RemoveNode(node);
       for (size_t i = 0; i < outs.size(); ++i) {
-        if (outs[i]) outs[i]->set_constant(std::move((*outputs)[i]));
+        if (!outs[i]) continue;
+        outs[i]->set_constant(std::move((*outputs)[i]));
+        outs[i]->set_provenance(provenance[i]);
       }
       ctx.stats().rewrites += 1;
       ctx.stats().nodes_removed += 1;

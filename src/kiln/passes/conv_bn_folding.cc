@@ -6,6 +6,7 @@
 // stored in W's dtype.
 #include <cmath>
 
+#include "kiln/ir/weight_program.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/pattern.h"
@@ -37,6 +38,61 @@ Pattern ConvBnPattern() {
       .Capture("bn")
       .Where(InferenceBatchNorm);
 }
+
+constexpr std::string_view kFoldOp = "ConvBatchNormFold";
+
+// The weight op: inputs W, scale, bias, mean, var and the conv's bias (optional); attributes
+// transpose, group, epsilon; outputs W' and B' in W's dtype. The pass checked the sizes.
+StatusOr<std::vector<Tensor>> FoldConvBatchNorm(const AttributeMap& a,
+                                                std::span<const Tensor* const> in) {
+  if (in.size() != 6 || !in[0] || !in[1] || !in[2] || !in[3] || !in[4] ||
+      in[0]->dims().size() < 2) {
+    return MakeError(ErrorCode::kInternal, "{}: needs W, scale, bias, mean and var", kFoldOp);
+  }
+  const Tensor& w = *in[0];
+  const bool transpose = a.GetInt("transpose", 0) != 0;
+  const int64_t group = a.GetInt("group", 1);
+  const double eps = a.GetFloat("epsilon", 1e-5f);
+  const int64_t out_channels = transpose ? w.dims()[1] * group : w.dims()[0];
+  for (size_t i = 1; i < in.size(); ++i) {
+    if (in[i] && in[i]->num_elements() != out_channels) {
+      return MakeError(ErrorCode::kInternal, "{}: input {} has {} elements for {} channels",
+                       kFoldOp, i, in[i]->num_elements(), out_channels);
+    }
+  }
+  const Tensor &scale = *in[1], &bias = *in[2], &mean = *in[3], &var = *in[4];
+  std::vector<double> f(out_channels), new_bias(out_channels);
+  for (int64_t c = 0; c < out_channels; ++c) {
+    f[c] = scale.GetDouble(c) / std::sqrt(var.GetDouble(c) + eps);
+    double b = in[5] ? in[5]->GetDouble(c) : 0.0;
+    new_bias[c] = (b - mean.GetDouble(c)) * f[c] + bias.GetDouble(c);
+  }
+  // W is [M, C/g, k...] for Conv and [C, M/g, k...] for ConvTranspose. An f32 W is read in
+  // place and written once into the result.
+  Tensor cast = w.dtype() == DataType::kFloat32 ? Tensor() : w.CastTo(DataType::kFloat32);
+  const float* src = w.dtype() == DataType::kFloat32 ? w.data<float>() : cast.data<float>();
+  Tensor w32(DataType::kFloat32, w.dims());
+  float* wd = w32.mutable_data<float>();
+  int64_t inner = 1;
+  for (size_t i = 2; i < w.dims().size(); ++i) inner *= w.dims()[i];
+  int64_t d0 = w.dims()[0], d1 = w.dims()[1];
+  for (int64_t i = 0; i < d0; ++i) {
+    for (int64_t j = 0; j < d1; ++j) {
+      int64_t oc = transpose ? (i / (d0 / group)) * d1 + j : i;
+      const int64_t at = (i * d1 + j) * inner;
+      for (int64_t k = 0; k < inner; ++k) wd[at + k] = static_cast<float>(src[at + k] * f[oc]);
+    }
+  }
+  std::vector<float> b32(new_bias.begin(), new_bias.end());
+  std::vector<Tensor> out;
+  // An f32 weight is already in its dtype: no second copy of what is most of a CNN's bytes.
+  out.push_back(w.dtype() == DataType::kFloat32 ? std::move(w32) : w32.CastTo(w.dtype()));
+  out.push_back(
+      Tensor::FromVector<float>(DataType::kFloat32, {out_channels}, b32).CastTo(w.dtype()));
+  return out;
+}
+
+const bool kFoldRegistered = RegisterWeightOp(std::string(kFoldOp), FoldConvBatchNorm);
 
 class ConvBatchNormFoldingPass final : public Pass {
  public:
@@ -73,32 +129,18 @@ class ConvBatchNormFoldingPass final : public Pass {
     };
     if (!sized(scale) || !sized(bias) || !sized(mean) || !sized(var)) return;
     if (conv->input(2) && !sized(conv_bias)) return;
-    double eps = attrs::BatchNormalization::epsilon(*bn);
-
-    std::vector<double> f(out_channels), new_bias(out_channels);
-    for (int64_t c = 0; c < out_channels; ++c) {
-      f[c] = (*scale)[c] / std::sqrt((*var)[c] + eps);
-      double b = conv_bias ? (*conv_bias)[c] : 0.0;
-      new_bias[c] = (b - (*mean)[c]) * f[c] + (*bias)[c];
-    }
-    // W is [M, C/g, k...] for Conv and [C, M/g, k...] for ConvTranspose.
-    Tensor w32 = w.CastTo(DataType::kFloat32);
-    float* wd = w32.mutable_data<float>();
-    int64_t inner = 1;
-    for (size_t i = 2; i < w.dims().size(); ++i) inner *= w.dims()[i];
-    int64_t d0 = w.dims()[0], d1 = w.dims()[1];
-    for (int64_t i = 0; i < d0; ++i) {
-      for (int64_t j = 0; j < d1; ++j) {
-        int64_t oc = transpose ? (i / (d0 / group)) * d1 + j : i;
-        float* p = wd + (i * d1 + j) * inner;
-        for (int64_t k = 0; k < inner; ++k) p[k] = static_cast<float>(p[k] * f[oc]);
-      }
-    }
-    std::vector<float> b32(new_bias.begin(), new_bias.end());
-    Value* new_w = AddConstant(graph, m.value("w")->name() + "_bnfold", w32.CastTo(w.dtype()));
-    Value* new_b = AddConstant(
-        graph, conv->name() + "_bias_bnfold",
-        Tensor::FromVector<float>(DataType::kFloat32, {out_channels}, b32).CastTo(w.dtype()));
+    AttributeMap fold;
+    fold.Set("transpose", int64_t{transpose ? 1 : 0});
+    fold.Set("group", group);
+    fold.Set("epsilon", attrs::BatchNormalization::epsilon(*bn));
+    std::vector<Value*> inputs = {m.value("w"),    m.value("scale"), m.value("bias"),
+                                  m.value("mean"), m.value("var"),   conv->input(2)};
+    std::vector<Value*> made =
+        DeriveConstants(graph, {m.value("w")->name() + "_bnfold", conv->name() + "_bias_bnfold"},
+                        std::string(kFoldOp), fold, inputs);
+    if (made.empty()) return;
+    Value* new_w = made[0];
+    Value* new_b = made[1];
     Node* folded = ReplaceMatched(graph, ctx, m.matched, bn, conv->op_type(),
                                   {m.value("x"), new_w, new_b}, conv->attrs());
     folded->set_name(graph.UniqueName(conv->name() + "_bn"));

@@ -4,11 +4,30 @@
 // A per-channel Add alone folds into Conv's own bias (the result stays a plain Conv).
 #include <algorithm>
 
+#include "kiln/ir/weight_program.h"
 #include "kiln/passes/activation.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln::passes {
 namespace {
+
+// The weight op: the extra bias plus the conv's own (optional), per channel, in the extra's dtype.
+constexpr std::string_view kBiasSumOp = "ConvBiasSum";
+StatusOr<std::vector<Tensor>> ConvBiasSum(const AttributeMap&, std::span<const Tensor* const> in) {
+  if (in.size() != 2 || !in[0] || (in[1] && in[1]->num_elements() != in[0]->num_elements())) {
+    return MakeError(ErrorCode::kInternal, "{}: two biases of one size", kBiasSumOp);
+  }
+  const Tensor& e = *in[0];
+  const int64_t channels = e.num_elements();
+  std::vector<float> sum(static_cast<size_t>(channels));
+  for (int64_t c = 0; c < channels; ++c) {
+    sum[c] = static_cast<float>(e.GetDouble(c) + (in[1] ? in[1]->GetDouble(c) : 0.0));
+  }
+  std::vector<Tensor> out;
+  out.push_back(Tensor::FromVector<float>(DataType::kFloat32, {channels}, sum).CastTo(e.dtype()));
+  return out;
+}
+const bool kBiasSumRegistered = RegisterWeightOp(std::string(kBiasSumOp), ConvBiasSum);
 
 bool ConstantBiasOrNone(const Node& conv) { return !conv.input(2) || conv.input(2)->is_constant(); }
 
@@ -82,13 +101,9 @@ class ConvFusionPass final : public Pass {
       const Tensor& e = *extra->constant();
       int64_t channels = e.num_elements();
       if (b && b->constant()->num_elements() != channels) return;
-      std::vector<float> sum(static_cast<size_t>(channels));
-      for (int64_t c = 0; c < channels; ++c) {
-        sum[c] = static_cast<float>(e.GetDouble(c) + (b ? b->constant()->GetDouble(c) : 0.0));
-      }
-      b = AddConstant(
-          graph, conv->name() + "_bias_fused",
-          Tensor::FromVector<float>(DataType::kFloat32, {channels}, sum).CastTo(e.dtype()));
+      b = DeriveConstant(graph, conv->name() + "_bias_fused", std::string(kBiasSumOp), {},
+                         {extra, b});
+      if (!b) return;
     }
     bool fused = z || m.has("act");
     std::vector<Value*> inputs = {m.value("x"), m.value("w"), b};

@@ -3,11 +3,27 @@
 //   Gemm(A, B, C?) -> Add(bias, when Gemm has no C)? -> act? => FusedGemm(A, B, C?)
 // with the activation as an attribute (kiln/ops/fused.h). At least a bias or an activation must
 // be absorbed; a lone MatMul/Gemm stays as it is.
+#include "kiln/ir/weight_program.h"
 #include "kiln/passes/activation.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln::passes {
 namespace {
+
+// The weight op: the input's bytes with other dims (attribute dims; same element count).
+constexpr std::string_view kReshapeOp = "ReshapeBytes";
+StatusOr<std::vector<Tensor>> ReshapeBytes(const AttributeMap& a,
+                                           std::span<const Tensor* const> in) {
+  std::vector<int64_t> dims = a.GetInts("dims");
+  if (in.size() != 1 || !in[0] || NumElements(dims) != in[0]->num_elements()) {
+    return MakeError(ErrorCode::kInternal, "{}: one input of {} elements", kReshapeOp,
+                     NumElements(dims));
+  }
+  std::vector<Tensor> out;
+  out.push_back(Tensor::FromBytes(in[0]->dtype(), std::move(dims), in[0]->bytes()));
+  return out;
+}
+const bool kReshapeRegistered = RegisterWeightOp(std::string(kReshapeOp), ReshapeBytes);
 
 // Add(x, bias) where bias is a constant over the last axis ([N] or [1, ..., 1, N]) that does not
 // change x's shape.
@@ -94,8 +110,12 @@ class GemmFusionPass final : public Pass {
       if (t.dims().size() == 1) {
         inputs.push_back(bias);
       } else {
-        Tensor flat = Tensor::FromBytes(t.dtype(), {t.dims().back()}, t.bytes());
-        inputs.push_back(AddConstant(graph, bias->name() + "_1d", std::move(flat)));
+        AttributeMap flat;
+        flat.Set("dims", std::vector<int64_t>{t.dims().back()});
+        Value* b =
+            DeriveConstant(graph, bias->name() + "_1d", std::string(kReshapeOp), flat, {bias});
+        if (!b) return;
+        inputs.push_back(b);
       }
     }
     ReplaceMatched(graph, ctx, m.matched, m.root, "FusedMatMul", std::move(inputs),

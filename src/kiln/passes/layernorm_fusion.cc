@@ -77,8 +77,16 @@ class LayerNormFusionPass final : public Pass {
       beta = NormParam(m.value("beta"), norm_dims, x->dtype());
       if (!beta) return;
     }
-    std::vector<Value*> inputs = {x, AddConstant(graph, m.root->name() + "_scale", *gamma)};
-    if (beta) inputs.push_back(AddConstant(graph, m.root->name() + "_bias", *beta));
+    Value* scale = AddNormParam(graph, m.root->name() + "_scale",
+                                m.has("gamma") ? m.value("gamma") : nullptr, norm_dims, x->dtype());
+    if (!scale) return;
+    std::vector<Value*> inputs = {x, scale};
+    if (beta) {
+      Value* b =
+          AddNormParam(graph, m.root->name() + "_bias", m.value("beta"), norm_dims, x->dtype());
+      if (!b) return;
+      inputs.push_back(b);
+    }
     AttributeMap attrs;
     attrs.Set("axis", axis - rank);
     attrs.Set("epsilon", static_cast<float>(*eps));

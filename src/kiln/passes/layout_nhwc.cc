@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kiln/ir/weight_program.h"
 #include "kiln/ops/nn.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
@@ -61,6 +62,36 @@ Tensor PermuteBroadcastConstant(const Tensor& t) {
         }
   return out;
 }
+
+// Weight ops of the layout: the broadcast permutation above, and a four-vector put in NHWC order.
+constexpr std::string_view kPermuteOp = "PermuteBroadcastNhwc";
+constexpr std::string_view kFourVectorOp = "FourVectorNhwc";
+
+StatusOr<std::vector<Tensor>> PermuteOp(const AttributeMap&, std::span<const Tensor* const> in) {
+  if (in.size() != 1 || !in[0]) return MakeError(ErrorCode::kInternal, "{}: one input", kPermuteOp);
+  std::vector<Tensor> out;
+  out.push_back(PermuteBroadcastConstant(*in[0]));
+  return out;
+}
+
+StatusOr<std::vector<Tensor>> FourVectorOp(const AttributeMap&, std::span<const Tensor* const> in) {
+  if (in.size() != 1 || !in[0] || in[0]->num_elements() != 4) {
+    return MakeError(ErrorCode::kInternal, "{}: one four-vector input", kFourVectorOp);
+  }
+  const Tensor& t = *in[0];
+  Tensor p(t.dtype(), t.dims());
+  size_t es = SizeOf(t.dtype());
+  for (int64_t a = 0; a < 4; ++a) {
+    std::memcpy(static_cast<std::byte*>(p.mutable_raw()) + NhwcAxis(a) * es,
+                static_cast<const std::byte*>(t.raw()) + a * es, es);
+  }
+  std::vector<Tensor> out;
+  out.push_back(std::move(p));
+  return out;
+}
+
+const bool kPermuteRegistered = RegisterWeightOp(std::string(kPermuteOp), PermuteOp);
+const bool kFourVectorRegistered = RegisterWeightOp(std::string(kFourVectorOp), FourVectorOp);
 
 // A constant 1-D vector of four entries (Resize's scales or sizes) in NHWC order.
 bool IsFourVector(const Value* v) {
@@ -114,8 +145,8 @@ class LayoutNhwcPass final : public Pass {
       if (!into_nhwc && nchw && nchw->size() == 4 && is_one((*nchw)[2]) && is_one((*nchw)[3])) {
         // N x 1 x 1 x C and N x C x 1 x 1 have the same bytes: a Reshape, no data movement.
         Value* target =
-            AddConstant(graph, src->name() + "_nchw_shape",
-                        Tensor::FromVector<int64_t>(DataType::kInt64, {4}, {0, -1, 1, 1}));
+            AddLiteralConstant(graph, src->name() + "_nchw_shape",
+                               Tensor::FromVector<int64_t>(DataType::kInt64, {4}, {0, -1, 1, 1}));
         graph.AddNode("Reshape", graph.UniqueName(src->name() + "_layout"), {src, target}, {dst});
         reshaped.push_back(src->name());
         return dst;
@@ -253,14 +284,11 @@ class LayoutNhwcPass final : public Pass {
       for (size_t i : {size_t{2}, size_t{3}}) {
         Value* v = n.input(i);
         if (!IsFourVector(v)) continue;
-        Tensor t = *v->constant();
-        Tensor p(t.dtype(), t.dims());
-        size_t es = SizeOf(t.dtype());
-        for (int64_t a = 0; a < 4; ++a) {
-          std::memcpy(static_cast<std::byte*>(p.mutable_raw()) + NhwcAxis(a) * es,
-                      static_cast<const std::byte*>(t.raw()) + a * es, es);
-        }
-        graph.SetInput(&n, i, AddConstant(graph, v->name() + "_nhwc", std::move(p)));
+        Value* p = DeriveConstant(graph, v->name() + "_nhwc", std::string(kFourVectorOp), {}, {v});
+        if (!p)
+          return MakeError(ErrorCode::kInternal, "node '{}': cannot permute '{}'", n.name(),
+                           v->name());
+        graph.SetInput(&n, i, p);
       }
       return OkStatus();
     }
@@ -269,8 +297,11 @@ class LayoutNhwcPass final : public Pass {
       Value* v = n.input(i);
       if (!v || !v->is_constant() || v->constant()->num_elements() == 1) continue;
       // Constants may be shared with channels-first readers: the permuted copy is new.
-      graph.SetInput(
-          &n, i, AddConstant(graph, v->name() + "_nhwc", PermuteBroadcastConstant(*v->constant())));
+      Value* p = DeriveConstant(graph, v->name() + "_nhwc", std::string(kPermuteOp), {}, {v});
+      if (!p)
+        return MakeError(ErrorCode::kInternal, "node '{}': cannot permute '{}'", n.name(),
+                         v->name());
+      graph.SetInput(&n, i, p);
     }
     return OkStatus();
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kiln/ir/graph.h"
@@ -21,5 +22,9 @@ std::optional<int64_t> TrailingAxis(const std::vector<int64_t>& axes, int64_t ra
 // non-normalized axis or has another element count.
 std::optional<Tensor> NormParam(const Value* v, const std::vector<int64_t>& norm_dims,
                                 DataType dtype);
+// The same as a new constant of `graph`, recorded for refit (a literal of ones when `v` is null);
+// nullptr when it does not fit.
+Value* AddNormParam(Graph& graph, const std::string& prefix, Value* v,
+                    const std::vector<int64_t>& norm_dims, DataType dtype);
 
 }  // namespace kiln::passes

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "kiln/core/logging.h"
+#include "kiln/ir/weight_program.h"
 #include "kiln/ops/op_schema.h"
 
 namespace kiln::passes {
@@ -186,6 +187,36 @@ bool ForwardValue(Graph& graph, Value* v, Value* replacement) {
 
 Value* AddConstant(Graph& graph, const std::string& prefix, Tensor t) {
   return graph.AddConstant(graph.UniqueName(prefix), std::move(t));
+}
+
+Value* AddLiteralConstant(Graph& graph, const std::string& prefix, Tensor t) {
+  Value* v = AddConstant(graph, prefix, std::move(t));
+  v->set_provenance(LiteralExpr(*v->constant()));
+  return v;
+}
+
+std::vector<Value*> DeriveConstants(Graph& graph, const std::vector<std::string>& prefixes,
+                                    const std::string& op, const AttributeMap& attrs,
+                                    const std::vector<Value*>& inputs) {
+  auto derived = DeriveWithWeightOp(op, attrs, inputs, static_cast<int>(prefixes.size()));
+  if (!derived.ok()) {
+    KILN_LOG(Debug, BUILD, "weight op {} failed; the pattern stays: {}", op,
+             derived.status().ToString());
+    return {};
+  }
+  std::vector<Value*> out;
+  for (size_t i = 0; i < prefixes.size(); ++i) {
+    Value* v = AddConstant(graph, prefixes[i], std::move((*derived)[i].value));
+    v->set_provenance(std::move((*derived)[i].expr));
+    out.push_back(v);
+  }
+  return out;
+}
+
+Value* DeriveConstant(Graph& graph, const std::string& prefix, const std::string& op,
+                      const AttributeMap& attrs, const std::vector<Value*>& inputs) {
+  std::vector<Value*> out = DeriveConstants(graph, {prefix}, op, attrs, inputs);
+  return out.empty() ? nullptr : out.front();
 }
 
 }  // namespace kiln::passes

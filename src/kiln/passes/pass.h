@@ -165,7 +165,20 @@ Node* ReplaceMatched(Graph& graph, PassContext& ctx, const std::vector<Node*>& m
 // Makes `v`'s readers read `replacement` instead, and keeps graph outputs' names. False when `v`
 // is a graph output that cannot take the replacement's place without renaming a graph input.
 bool ForwardValue(Graph& graph, Value* v, Value* replacement);
-// A new constant value.
+// A new constant value. Its provenance is unrecorded: refit reports it as non-refittable, so a
+// constant made from weights is made with DeriveConstants, and one that is not with
+// AddLiteralConstant.
 Value* AddConstant(Graph& graph, const std::string& prefix, Tensor t);
+// A new constant independent of the model's initializers (ones, a shape): refit keeps it.
+Value* AddLiteralConstant(Graph& graph, const std::string& prefix, Tensor t);
+// New constants computed from constants by the weight op `op` (ir/weight_program.h), one per
+// entry of `prefixes`, with the step recorded so that refit replays the same code on new
+// weights. Empty when the op fails (a pass then leaves the graph as it was).
+std::vector<Value*> DeriveConstants(Graph& graph, const std::vector<std::string>& prefixes,
+                                    const std::string& op, const AttributeMap& attrs,
+                                    const std::vector<Value*>& inputs);
+// The one-output form; nullptr when the op fails.
+Value* DeriveConstant(Graph& graph, const std::string& prefix, const std::string& op,
+                      const AttributeMap& attrs, const std::vector<Value*>& inputs);
 
 }  // namespace kiln::passes

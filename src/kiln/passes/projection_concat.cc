@@ -3,7 +3,53 @@
 
 #include <cstring>
 
+#include "kiln/ir/weight_program.h"
+#include "kiln/passes/pass.h"
+
 namespace kiln::passes {
+namespace {
+
+constexpr std::string_view kConcatOp = "ConcatAxis";
+
+// The weight op: its inputs (one dtype, equal dims but along `axis`) side by side along `axis`.
+StatusOr<std::vector<Tensor>> ConcatAxis(const AttributeMap& a, std::span<const Tensor* const> in) {
+  if (in.empty() || !in[0]) return MakeError(ErrorCode::kInternal, "{}: no inputs", kConcatOp);
+  const std::vector<int64_t>& d0 = in[0]->dims();
+  const int64_t axis = a.GetInt("axis", 0);
+  if (axis < 0 || axis >= static_cast<int64_t>(d0.size())) {
+    return MakeError(ErrorCode::kInternal, "{}: axis {} of a rank-{} tensor", kConcatOp, axis,
+                     d0.size());
+  }
+  std::vector<int64_t> dims = d0;
+  dims[axis] = 0;
+  for (const Tensor* t : in) {
+    std::vector<int64_t> d = t ? t->dims() : std::vector<int64_t>();
+    if (!t || t->dtype() != in[0]->dtype() || d.size() != d0.size()) {
+      return MakeError(ErrorCode::kInternal, "{}: inputs differ in dtype or rank", kConcatOp);
+    }
+    dims[axis] += d[axis];
+    d[axis] = d0[axis];
+    if (d != d0) return MakeError(ErrorCode::kInternal, "{}: inputs differ in shape", kConcatOp);
+  }
+  Tensor out(in[0]->dtype(), dims);
+  int64_t outer = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= d0[i];
+  auto* dst = static_cast<std::byte*>(out.mutable_raw());
+  for (int64_t o = 0; o < outer; ++o) {
+    for (const Tensor* t : in) {
+      const size_t block = t->size_bytes() / static_cast<size_t>(outer);
+      std::memcpy(dst, static_cast<const std::byte*>(t->raw()) + o * block, block);
+      dst += block;
+    }
+  }
+  std::vector<Tensor> result;
+  result.push_back(std::move(out));
+  return result;
+}
+
+const bool kConcatRegistered = RegisterWeightOp(std::string(kConcatOp), ConcatAxis);
+
+}  // namespace
 
 const Node* ConstantProjection(const Value* v, const Node* reader) {
   const Node* n = v->producer();
@@ -34,7 +80,6 @@ const Node* ConstantProjection(const Value* v, const Node* reader) {
 
 Value* ConcatProjections(Graph& graph, std::span<const Node* const> p, const std::string& suffix) {
   if (p.empty()) return nullptr;
-  const int64_t k = static_cast<int64_t>(p.size());
   Value* a = p[0]->input(0);
   const int64_t trans_b = p[0]->attrs().GetInt("transB", 0);
   const float alpha = p[0]->attrs().GetFloat("alpha", 1.f);
@@ -48,35 +93,29 @@ Value* ConcatProjections(Graph& graph, std::span<const Node* const> p, const std
       return nullptr;
     }
   }
-  // W is [K, N] (or [N, K] with transB): concatenate along N.
-  const int64_t rows = wd[0], cols = wd[1];
-  const int64_t n = trans_b ? rows : cols;
+  const int64_t n = trans_b ? wd[0] : wd[1];
   for (size_t i = 0; bias && i < p.size(); ++i) {
     if (p[i]->input(2)->constant()->num_elements() != n) return nullptr;  // nothing changed yet
   }
-  Tensor w(DataType::kFloat32,
-           trans_b ? std::vector<int64_t>{k * rows, cols} : std::vector<int64_t>{rows, k * cols});
-  float* wp = w.mutable_data<float>();
-  for (int64_t i = 0; i < k; ++i) {
-    const float* src = p[i]->input(1)->constant()->data<float>();
-    if (trans_b) {
-      std::memcpy(wp + i * rows * cols, src, sizeof(float) * rows * cols);
-    } else {
-      for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(wp + r * k * cols + i * cols, src + r * cols, sizeof(float) * cols);
-      }
-    }
+  // W is [K, N] (or [N, K] with transB): concatenate along N.
+  std::vector<Value*> weights, biases;
+  for (const Node* proj : p) {
+    weights.push_back(proj->input(1));
+    if (bias) biases.push_back(proj->input(2));
   }
-  std::vector<Value*> inputs = {
-      a, graph.AddConstant(graph.UniqueName(p[0]->name() + suffix + "_weight"), std::move(w))};
+  AttributeMap along_n;
+  along_n.Set("axis", int64_t{trans_b ? 0 : 1});
+  Value* w = DeriveConstant(graph, p[0]->name() + suffix + "_weight", std::string(kConcatOp),
+                            along_n, weights);
+  if (!w) return nullptr;
+  std::vector<Value*> inputs = {a, w};
   if (bias) {
-    Tensor b(DataType::kFloat32, {k * n});
-    for (int64_t i = 0; i < k; ++i) {
-      const Tensor& src = *p[i]->input(2)->constant();
-      std::memcpy(b.mutable_data<float>() + i * n, src.data<float>(), sizeof(float) * n);
-    }
-    inputs.push_back(
-        graph.AddConstant(graph.UniqueName(p[0]->name() + suffix + "_bias"), std::move(b)));
+    AttributeMap along_0;
+    along_0.Set("axis", int64_t{0});
+    Value* b = DeriveConstant(graph, p[0]->name() + suffix + "_bias", std::string(kConcatOp),
+                              along_0, biases);
+    if (!b) return nullptr;
+    inputs.push_back(b);
   }
   Value* out = graph.AddValue(graph.UniqueName(p[0]->name() + suffix), a->dtype());
   graph.AddNode("FusedMatMul", graph.UniqueName(p[0]->name() + suffix), std::move(inputs), {out},

@@ -64,7 +64,10 @@ class RmsNormFusionPass final : public Pass {
     if (!eps || !(*eps >= 0)) return;
     auto gamma = NormParam(m.has("gamma") ? m.value("gamma") : nullptr, norm_dims, x->dtype());
     if (!gamma) return;
-    std::vector<Value*> inputs = {x, AddConstant(graph, m.root->name() + "_scale", *gamma)};
+    Value* scale = AddNormParam(graph, m.root->name() + "_scale",
+                                m.has("gamma") ? m.value("gamma") : nullptr, norm_dims, x->dtype());
+    if (!scale) return;
+    std::vector<Value*> inputs = {x, scale};
     AttributeMap attrs;
     attrs.Set("axis", *axis - rank);
     attrs.Set("epsilon", static_cast<float>(*eps));

@@ -3,6 +3,7 @@
 // small integer tensors as dims-values; every one whose elements are all static becomes a
 // constant, and the chain that computed it dies. With symbolic dims only the static parts fold
 // (Gather(Shape(x), 2) with a static dim 2 does; Gather(Shape(x), 0) with dim 0 = batch does not).
+#include "kiln/ir/weight_program.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 
@@ -59,7 +60,9 @@ class ShapeSimplificationPass final : public Pass {
       std::vector<Value*> outs = node->outputs();
       graph.RemoveNode(node);
       for (size_t i = 0; i < outs.size(); ++i) {
-        if (outs[i]) outs[i]->set_constant(std::move(*folded[i]));
+        if (!outs[i]) continue;
+        outs[i]->set_constant(std::move(*folded[i]));
+        outs[i]->set_provenance(LiteralExpr(*outs[i]->constant()));  // a static shape
       }
       ctx.stats().rewrites += 1;
       ctx.stats().nodes_removed += 1;

@@ -72,7 +72,7 @@ class SkipLayerNormFusionPass final : public Pass {
       Tensor ones = Tensor::FromVector<float>(
           DataType::kFloat32, norm_dims,
           std::vector<float>(static_cast<size_t>(NumElements(norm_dims)), 1.f));
-      scale = AddConstant(graph, ln->name() + "_scale", ones.CastTo(x->dtype()));
+      scale = AddLiteralConstant(graph, ln->name() + "_scale", ones.CastTo(x->dtype()));
     }
     std::vector<Value*> inputs = {x, skip, scale};
     if (Value* bias = ln->input(2)) inputs.push_back(bias);

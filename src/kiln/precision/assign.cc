@@ -11,6 +11,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "kiln/ir/weight_program.h"
 #include "kiln/ops/onnx_dtype.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/ops/op_table.h"
@@ -86,6 +87,27 @@ Tensor Saturate(const Tensor& src, Tensor t) {
     }
   }
   return t;
+}
+
+// The weight op of a converted constant: Saturate(src, src cast to `to`), attribute to (a kiln
+// DataType). Build and refit convert through it.
+constexpr std::string_view kCastOp = "SaturatingCast";
+StatusOr<std::vector<Tensor>> SaturatingCast(const AttributeMap& a,
+                                             std::span<const Tensor* const> in) {
+  if (in.size() != 1 || !in[0]) return MakeError(ErrorCode::kInternal, "{}: one input", kCastOp);
+  std::vector<Tensor> out;
+  out.push_back(Saturate(*in[0], in[0]->CastTo(static_cast<DataType>(a.GetInt("to", 0)))));
+  return out;
+}
+const bool kCastRegistered = RegisterWeightOp(std::string(kCastOp), SaturatingCast);
+
+// Records `converted` (made from `src` by SaturatingCast) as the step refit replays.
+void RecordCast(const Value& src, Value* converted) {
+  AttributeMap attrs;
+  attrs.Set("to", static_cast<int64_t>(converted->constant()->dtype()));
+  std::vector<Tensor> outs = {*converted->constant()};
+  converted->set_provenance(StepOutputs(std::string(kCastOp), std::string(kWeightOpDomain),
+                                        std::move(attrs), {ProvenanceOf(src)}, outs)[0]);
 }
 
 class Assigner {
@@ -373,6 +395,7 @@ Status Assigner::Rewrite(const std::vector<Node*>& order) {
     if (v->constant()) {
       nv = graph_.AddConstant(graph_.UniqueName(fmt::format("{}_{}", v->name(), ToString(to))),
                               Saturate(*v->constant(), TakeCastConstant(*v->constant(), to)));
+      RecordCast(*v, nv);
       ++result_.weights_converted;
     } else {
       nv = graph_.AddValue(graph_.UniqueName(fmt::format("{}_{}", v->name(), ToString(to))), to);
@@ -486,7 +509,9 @@ Status DemoteToFp32(Graph& graph, Node& node, const std::string& reason, Precisi
     const std::string name = graph.UniqueName(fmt::format("{}_f32", v->name()));
     Value* wide;
     if (v->constant()) {
-      wide = graph.AddConstant(name, v->constant()->CastTo(DataType::kFloat32));
+      wide = graph.AddConstant(name,
+                               Saturate(*v->constant(), v->constant()->CastTo(DataType::kFloat32)));
+      RecordCast(*v, wide);
     } else {
       wide = graph.AddValue(name, DataType::kFloat32);
       cast(v, wide);

@@ -65,7 +65,6 @@ Status Engine::Build() {
       s.binding = binding_of_.at(v->name());
     } else if (v->is_constant()) {
       s.storage = Storage::kConstant;
-      s.constant = v->constant()->raw();
       s.offset = static_cast<int64_t>(device_weight_bytes);
       KILN_ASSIGN_OR_RETURN(
           int64_t bytes,
@@ -163,18 +162,81 @@ Status Engine::Build() {
   }
   workspace_bytes_ = plan.workspace_bytes;
   if (auto info = backend_->Info(); info.ok()) device_total_memory_ = info->total_memory;
-  if (!backend_->host_accessible() && device_weight_bytes > 0) {
-    KILN_ASSIGN_OR_RETURN(device_weights_, backend_->Allocate(device_weight_bytes));
-    auto* base = static_cast<std::byte*>(device_weights_.data());
-    for (Slot& s : slots_) {
-      if (s.storage != Storage::kConstant) continue;
-      KILN_RETURN_IF_ERROR(backend_->CopyToDevice(base + s.offset, s.constant,
-                                                  s.value->constant()->size_bytes(), nullptr));
-      s.constant = base + s.offset;
+  std::vector<Tensor> tensors(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].storage == Storage::kConstant) tensors[i] = *slots_[i].value->constant();
+  }
+  KILN_ASSIGN_OR_RETURN(weights_, MakeWeightSet(std::move(tensors), 0));
+  return OkStatus();
+}
+
+StatusOr<std::shared_ptr<const Engine::WeightSet>> Engine::MakeWeightSet(
+    std::vector<Tensor> tensors, uint64_t generation) const {
+  auto set = std::make_shared<WeightSet>();
+  set->generation = generation;
+  set->tensors = std::move(tensors);
+  set->data.assign(slots_.size(), nullptr);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].storage == Storage::kConstant) set->data[i] = set->tensors[i].raw();
+  }
+  if (!backend_->host_accessible() && weights_bytes_ > 0) {
+    KILN_ASSIGN_OR_RETURN(set->device, backend_->Allocate(static_cast<size_t>(weights_bytes_)));
+    auto* base = static_cast<std::byte*>(set->device.data());
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].storage != Storage::kConstant) continue;
+      KILN_RETURN_IF_ERROR(backend_->CopyToDevice(base + slots_[i].offset, set->data[i],
+                                                  set->tensors[i].size_bytes(), nullptr));
+      set->data[i] = base + slots_[i].offset;
     }
     KILN_RETURN_IF_ERROR(backend_->Synchronize(nullptr));
   }
-  return OkStatus();
+  return std::shared_ptr<const WeightSet>(std::move(set));
+}
+
+std::shared_ptr<const Engine::WeightSet> Engine::CurrentWeights() const {
+  std::lock_guard lock(weights_mutex_);
+  return weights_;
+}
+
+uint64_t Engine::weights_generation() const {
+  return weights_generation_.load(std::memory_order_acquire);
+}
+
+StatusOr<uint64_t> Engine::RefitWeights(const std::map<std::string, Tensor>& constants) const {
+  // One refit at a time: the next starts from the set this one publishes.
+  std::lock_guard refit_lock(refit_mutex_);
+  std::shared_ptr<const WeightSet> current = CurrentWeights();
+  std::vector<Tensor> tensors = current->tensors;  // shares every unchanged tensor's bytes
+  for (const auto& [name, t] : constants) {
+    const Value* v = desc_->graph->FindValue(name);
+    auto it = v ? slot_of_.find(v) : slot_of_.end();
+    if (it == slot_of_.end() || slots_[it->second].storage != Storage::kConstant) {
+      // A constant no layer reads has no slot: nothing runs with it, so there is nothing to swap.
+      if (v && v->is_constant() && v->dtype() == t.dtype() && v->constant()->dims() == t.dims()) {
+        continue;
+      }
+      return MakeError(ErrorCode::kRefitWeightsMismatch,
+                       "'{}' is not a weight of engine '{}' with that dtype and shape", name,
+                       desc_->header.model_name);
+    }
+    const Tensor& old = tensors[it->second];
+    if (old.dtype() != t.dtype() || old.dims() != t.dims()) {
+      return MakeError(ErrorCode::kRefitWeightsMismatch,
+                       "weight '{}' is {}[{}] in engine '{}'; the refit gives {}[{}]", name,
+                       ToString(old.dtype()), fmt::join(old.dims(), ","), desc_->header.model_name,
+                       ToString(t.dtype()), fmt::join(t.dims(), ","));
+    }
+    tensors[it->second] = t;
+  }
+  const uint64_t generation = current->generation + 1;
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const WeightSet> next,
+                        MakeWeightSet(std::move(tensors), generation));
+  {
+    std::lock_guard lock(weights_mutex_);
+    weights_ = std::move(next);
+  }
+  weights_generation_.store(generation, std::memory_order_release);
+  return generation;
 }
 
 StatusOr<std::unique_ptr<ExecutionContext>> Engine::CreateExecutionContext(

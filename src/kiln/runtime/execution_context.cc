@@ -26,35 +26,49 @@ int64_t ExecutionContext::allocated_bytes() const {
   return static_cast<int64_t>(arena_.size() + workspace_.size());
 }
 
+StatusOr<std::unique_ptr<Kernel>> ExecutionContext::CreateKernel(size_t l) const {
+  const Engine& e = *engine_;
+  const Engine::Layer& layer = e.layers_[l];
+  KernelRequest request;
+  request.node = layer.desc->node;
+  auto describe = [&](const Value* v, int slot) {
+    OperandDesc d;
+    if (!v) return d;
+    d.dtype = v->dtype();
+    d.shape = v->shape();
+    if (auto dims = ConcreteDims(*v, e.max_bindings_); dims.ok()) d.max_dims = std::move(*dims);
+    // Weights come from this context's generation (a refit replaces them; the desc keeps the
+    // ones it was loaded with).
+    d.constant = v->constant() && slot >= 0 ? &weights_->tensors[slot] : v->constant();
+    return d;
+  };
+  for (size_t i = 0; i < request.node->num_inputs(); ++i) {
+    request.inputs.push_back(describe(request.node->input(i), layer.inputs[i]));
+  }
+  for (size_t i = 0; i < request.node->num_outputs(); ++i) {
+    request.outputs.push_back(describe(request.node->output(i), layer.outputs[i]));
+  }
+  auto kernel = layer.provider->Create(request, layer.desc->tactic);
+  if (!kernel.ok()) {
+    return std::move(kernel).status().AddContext(
+        fmt::format("while creating layer '{}' with provider '{}' tactic '{}'",
+                    request.node->name(), layer.provider->id(), layer.desc->tactic.name));
+  }
+  return std::move(*kernel);
+}
+
 Status ExecutionContext::Init() {
   const Engine& e = *engine_;
+  weights_ = e.CurrentWeights();
 
   // Kernels: one per layer, from the stored provider and tactic; none for aliased views.
-  for (const Engine::Layer& layer : e.layers_) {
-    if (layer.view) {
+  for (size_t l = 0; l < e.layers_.size(); ++l) {
+    if (e.layers_[l].view) {
       kernels_.push_back(nullptr);
       continue;
     }
-    KernelRequest request;
-    request.node = layer.desc->node;
-    auto describe = [&](const Value* v) {
-      OperandDesc d;
-      if (!v) return d;
-      d.dtype = v->dtype();
-      d.shape = v->shape();
-      if (auto dims = ConcreteDims(*v, e.max_bindings_); dims.ok()) d.max_dims = std::move(*dims);
-      d.constant = v->constant();
-      return d;
-    };
-    for (const Value* v : request.node->inputs()) request.inputs.push_back(describe(v));
-    for (const Value* v : request.node->outputs()) request.outputs.push_back(describe(v));
-    auto kernel = layer.provider->Create(request, layer.desc->tactic);
-    if (!kernel.ok()) {
-      return std::move(kernel).status().AddContext(
-          fmt::format("while creating layer '{}' with provider '{}' tactic '{}'",
-                      request.node->name(), layer.provider->id(), layer.desc->tactic.name));
-    }
-    kernels_.push_back(std::move(*kernel));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel, CreateKernel(l));
+    kernels_.push_back(std::move(kernel));
   }
 
   // The only device allocations this context ever makes; checked against the device first so
@@ -95,7 +109,7 @@ Status ExecutionContext::Init() {
     if (s.storage == Engine::Storage::kArena) {
       ptrs_[i] = static_cast<std::byte*>(arena_.data()) + s.offset;
     } else if (s.storage == Engine::Storage::kConstant) {
-      ptrs_[i] = const_cast<void*>(s.constant);  // kernels never write their inputs
+      ptrs_[i] = const_cast<void*>(weights_->data[i]);  // kernels never write their inputs
       dims_[i] = s.value->constant()->dims();
     }
   }
@@ -249,7 +263,8 @@ Status ExecutionContext::Propagate() {
     if (s.storage == Engine::Storage::kInput || s.storage == Engine::Storage::kConstant) {
       info[i].dtype = s.value->dtype();
       info[i].shape = MakeShape(dims_[i]);
-      info[i].constant = s.value->constant();
+      info[i].constant =
+          s.storage == Engine::Storage::kConstant ? &weights_->tensors[i] : s.value->constant();
       known[i] = true;
     }
   }
@@ -389,9 +404,53 @@ StatusOr<std::vector<int64_t>> ExecutionContext::GetTensorShape(const std::strin
   return dims_[binding.slot];
 }
 
+Status ExecutionContext::AdoptWeights(void* stream) {
+  const Engine& e = *engine_;
+  // Runs already enqueued read the old bytes: they finish before those can be released.
+  KILN_RETURN_IF_ERROR(e.backend_->Synchronize(stream ? stream : own_stream_.get()));
+  std::shared_ptr<const Engine::WeightSet> next = e.CurrentWeights();
+  std::shared_ptr<const Engine::WeightSet> previous = std::move(weights_);
+  weights_ = next;
+  // Kernels may pack or quantize their weights when created: those reading a weight are made
+  // again. On any failure the context keeps the old generation whole.
+  std::vector<std::pair<size_t, std::unique_ptr<Kernel>>> remade;
+  for (size_t l = 0; l < e.layers_.size(); ++l) {
+    if (e.layers_[l].view) continue;
+    bool reads_weight = false;
+    for (int id : e.layers_[l].inputs) {
+      reads_weight |= id >= 0 && e.slots_[id].storage == Engine::Storage::kConstant;
+    }
+    if (!reads_weight) continue;
+    auto kernel = CreateKernel(l);
+    if (!kernel.ok()) {
+      weights_ = std::move(previous);
+      return std::move(kernel).status().AddContext("while switching to refit weights");
+    }
+    remade.emplace_back(l, std::move(*kernel));
+  }
+  for (auto& [l, kernel] : remade) kernels_[l] = std::move(kernel);
+  for (size_t i = 0; i < e.slots_.size(); ++i) {
+    if (e.slots_[i].storage != Engine::Storage::kConstant) continue;
+    ptrs_[i] = const_cast<void*>(weights_->data[i]);
+    UpdateViewPointers(static_cast<int>(i));
+  }
+  graphs_.clear();  // captured with the old weights' addresses
+  next_graph_slot_ = 0;
+  // New kernels see their shapes again before they run.
+  if (shapes_ready_) {
+    shapes_ready_ = false;
+    KILN_RETURN_IF_ERROR(InferShapes());
+  }
+  return OkStatus();
+}
+
 Status ExecutionContext::Execute(void* stream) {
   // Every check here only reads; messages are built (and allocate) only on failure. New input
-  // shapes are propagated first (that path allocates; steady-state runs never do).
+  // shapes are propagated first (that path allocates; steady-state runs never do), and refit
+  // weights are taken between runs (that allocates too).
+  if (engine_->weights_generation_.load(std::memory_order_acquire) != weights_->generation) {
+    KILN_RETURN_IF_ERROR(AdoptWeights(stream));
+  }
   if (!shapes_ready_) KILN_RETURN_IF_ERROR(InferShapes());
   for (size_t b = 0; b < binding_ptrs_.size(); ++b) {
     if (!binding_ptrs_[b]) {

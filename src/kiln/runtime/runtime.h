@@ -5,9 +5,12 @@
 // and every TensorView are settled when shapes are set.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -75,9 +78,32 @@ class Engine : public std::enable_shared_from_this<Engine> {
   StatusOr<std::unique_ptr<ExecutionContext>> CreateExecutionContext(
       const ExecutionOptions& options = {}) const;
 
+  // Refit between executions (docs/refit.md): `constants` (by value name, each with the dtype and
+  // dims of the constant it replaces; KILN-E4008 otherwise, and nothing changes) become the
+  // engine's weights. The new set is complete (uploaded, on a device backend) before it is
+  // published; every context switches to it at its next Execute, between two runs, never during
+  // one (that Execute re-creates the kernels that read weights: it allocates, as after new
+  // shapes). The weights a context still uses stay alive until it switches. Any thread; returns
+  // the new weights generation. The engine's desc keeps the weights it was loaded with.
+  StatusOr<uint64_t> RefitWeights(const std::map<std::string, Tensor>& constants) const;
+  // 0 as loaded; +1 per RefitWeights.
+  uint64_t weights_generation() const;
+
  private:
   friend class ExecutionContext;
   Engine() = default;
+
+  // One generation of the weights: per slot (constants only), the host tensor kernels are
+  // created from and the bytes layers read (the tensor's, or its copy on the device).
+  struct WeightSet {
+    uint64_t generation = 0;
+    std::vector<Tensor> tensors;    // per slot; shares bytes with the desc where unchanged
+    std::vector<const void*> data;  // per slot
+    DeviceBuffer device;            // backends that cannot read host memory
+  };
+  StatusOr<std::shared_ptr<const WeightSet>> MakeWeightSet(std::vector<Tensor> tensors,
+                                                           uint64_t generation) const;
+  std::shared_ptr<const WeightSet> CurrentWeights() const;
 
   enum class Storage : uint8_t { kArena, kConstant, kInput, kOutput };
   struct Slot {
@@ -85,8 +111,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     Storage storage = Storage::kArena;
     int64_t offset = 0;         // arena values
     int64_t planned_bytes = 0;  // arena values: bytes at the profile's max shapes
-    const void* constant = nullptr;
-    int binding = -1;  // inputs and produced outputs
+    int binding = -1;           // inputs and produced outputs
   };
   struct Layer {
     const LayerDesc* desc = nullptr;
@@ -121,7 +146,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<OutputCopy> output_copies_;
   std::map<std::string, int64_t> max_bindings_;
   std::vector<TensorDesc> inputs_, outputs_;
-  DeviceBuffer device_weights_;  // backends that cannot read host memory
+  // The current weights; refit publishes a new set under the mutex (contexts check the
+  // generation, an atomic, before each Execute, and take the set under the mutex when it moved).
+  mutable std::mutex weights_mutex_;
+  mutable std::mutex refit_mutex_;  // serialises RefitWeights
+  mutable std::shared_ptr<const WeightSet> weights_;
+  mutable std::atomic<uint64_t> weights_generation_{0};
   int64_t weights_bytes_ = 0;
   // What a context allocates: the arena up to the end of its last planned buffer (never more
   // than the plan's arena) and the plan's workspace.
@@ -192,6 +222,11 @@ class ExecutionContext {
   friend class Engine;
   ExecutionContext(std::shared_ptr<const Engine> engine, const ExecutionOptions& options);
   Status Init();
+  // Creates layer `l`'s kernel from the weights this context uses.
+  StatusOr<std::unique_ptr<Kernel>> CreateKernel(size_t l) const;
+  // Switches to the engine's current weights (after RefitWeights): waits for `stream`, re-creates
+  // the kernels that read weights, points the constant slots at the new bytes and re-prepares.
+  Status AdoptWeights(void* stream);
   Status RunLayers(void* stream, bool timed);
   Status ExecuteGraph(void* stream);
   // The graph captured for the addresses bound now (graph_key_ rebuilt), or nullptr.
@@ -202,6 +237,7 @@ class ExecutionContext {
   void UpdateViewPointers(int slot);
 
   std::shared_ptr<const Engine> engine_;
+  std::shared_ptr<const Engine::WeightSet> weights_;  // the generation this context runs with
   std::vector<std::unique_ptr<Kernel>> kernels_;
   DeviceBuffer arena_;
   DeviceBuffer workspace_;

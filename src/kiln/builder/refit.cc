@@ -1,0 +1,191 @@
+// Refit (refit.h): check the new weights, replay the engine's weight program, swap the constants.
+#include "kiln/builder/refit.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <type_traits>
+#include <variant>
+
+#include "kiln/backends/reference.h"
+#include "kiln/core/json_writer.h"
+#include "kiln/engine/engine_file.h"
+#include "kiln/ir/weight_program.h"
+#include "kiln/onnx/onnx_import.h"
+
+namespace kiln {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+std::string TypeText(DataType dtype, const std::vector<int64_t>& dims) {
+  return fmt::format("{}[{}]", ToString(dtype), fmt::join(dims, ","));
+}
+
+}  // namespace
+
+std::string RefitReport::ToText() const {
+  return fmt::format(
+      "refit: {} constant(s) replaced ({:.1f} MiB) by {} weight step(s) from {} initializer(s); "
+      "{} constant(s) independent of the weights kept\n"
+      "  read {:.3f} s, replay {:.3f} s, write {:.3f} s\n",
+      constants_refit, static_cast<double>(bytes_refit) / (1 << 20), steps, initializers,
+      constants_kept, read_seconds, replay_seconds, write_seconds);
+}
+
+std::string RefitReport::ToJson() const {
+  return fmt::format(
+      "{{\"initializers\": {}, \"steps\": {}, \"constants_refit\": {}, \"constants_kept\": {}, "
+      "\"bytes_refit\": {}, \"read_seconds\": {:.6f}, \"replay_seconds\": {:.6f}, "
+      "\"write_seconds\": {:.6f}}}",
+      initializers, steps, constants_refit, constants_kept, bytes_refit, read_seconds,
+      replay_seconds, write_seconds);
+}
+
+StatusOr<std::map<std::string, Tensor>> ComputeRefit(
+    const EngineDesc& engine, const std::map<std::string, Tensor>& initializers,
+    RefitReport* report) {
+  if (!engine.graph) return MakeError(ErrorCode::kInvalidArgument, "no engine to refit");
+  const auto start = Clock::now();
+  const WeightProgram& program = engine.weight_program;
+  KILN_ASSIGN_OR_RETURN(auto values, RunWeightProgram(program, initializers, ReferenceEvaluator()));
+  int64_t bytes = 0;
+  for (const auto& [name, t] : values) {
+    const Value* v = engine.graph->FindValue(name);
+    if (!v || !v->is_constant()) {
+      return MakeError(ErrorCode::kEngineMalformed,
+                       "the weight program makes '{}', which is not a constant of the engine",
+                       name);
+    }
+    const Tensor& old = *v->constant();
+    if (old.dtype() != t.dtype() || old.dims() != t.dims()) {
+      // Only a structural initializer could do this, and those are checked unchanged: a bug.
+      return MakeError(ErrorCode::kInternal, "refit made constant '{}' as {}; the engine holds {}",
+                       name, TypeText(t.dtype(), t.dims()), TypeText(old.dtype(), old.dims()));
+    }
+    bytes += static_cast<int64_t>(t.size_bytes());
+  }
+  if (report) {
+    report->initializers = static_cast<int64_t>(initializers.size());
+    report->steps = static_cast<int64_t>(program.steps.size());
+    report->constants_refit = static_cast<int64_t>(values.size());
+    int64_t constants = 0;
+    for (const Value* v : engine.graph->values()) constants += v->is_constant() ? 1 : 0;
+    report->constants_kept = constants - report->constants_refit;
+    report->bytes_refit = bytes;
+    report->replay_seconds = Seconds(start);
+  }
+  return values;
+}
+
+Status RefitEngine(EngineDesc& engine, const std::map<std::string, Tensor>& initializers,
+                   const Hash128& model_hash, RefitReport* report) {
+  KILN_ASSIGN_OR_RETURN(auto values, ComputeRefit(engine, initializers, report));
+  for (auto& [name, t] : values) engine.graph->FindValue(name)->set_constant(std::move(t));
+  engine.header.model_hash = model_hash.Hex();
+  return OkStatus();
+}
+
+namespace {
+
+void HashTensor(Hasher& h, const Tensor& t, bool values) {
+  h.Field(static_cast<int64_t>(t.dtype())).Field(static_cast<int64_t>(t.dims().size()));
+  for (int64_t d : t.dims()) h.Field(d);
+  if (values) h.Update(t.bytes());
+}
+
+void HashAttribute(Hasher& h, const std::string& name, const Attribute& a) {
+  h.Field(name).Field(static_cast<int64_t>(KindOf(a)));
+  std::visit(
+      [&](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          h.Field(v);
+        } else if constexpr (std::is_same_v<T, float>) {
+          h.Update(std::as_bytes(std::span(&v, 1)));
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          h.Field(v);
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
+                             std::is_same_v<T, std::vector<float>>) {
+          h.Field(static_cast<int64_t>(v.size())).Update(std::as_bytes(std::span(v)));
+        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          h.Field(static_cast<int64_t>(v.size()));
+          for (const std::string& x : v) h.Field(x);
+        } else {
+          HashTensor(h, v, true);
+        }
+      },
+      a);
+}
+
+}  // namespace
+
+Hash128 WeightFreeModelHash(const Graph& g) {
+  Hasher h;
+  h.Field("kiln weight-free model 1").Field(g.opset());
+  for (const Value* v : g.inputs()) {
+    h.Field(v->name()).Field(static_cast<int64_t>(v->dtype())).Field(ToString(v->shape()));
+  }
+  for (const Value* v : g.outputs()) h.Field(v->name());
+  for (const Value* v : g.values()) {
+    if (!v->is_constant()) continue;
+    const Tensor& t = *v->constant();
+    const WeightExprPtr& e = v->provenance();
+    const bool weight = e && e->kind == WeightExpr::Kind::kInitializer && t.num_elements() > 1 &&
+                        (t.dtype() == DataType::kFloat32 || t.dtype() == DataType::kFloat16 ||
+                         t.dtype() == DataType::kBFloat16);
+    h.Field(v->name());
+    HashTensor(h, t, !weight);
+  }
+  for (const Node* n : g.nodes()) {
+    h.Field(n->op_type()).Field(n->domain()).Field(static_cast<int64_t>(n->num_inputs()));
+    for (const Value* v : n->inputs()) h.Field(v ? v->name() : std::string());
+    for (const Value* v : n->outputs()) h.Field(v ? v->name() : std::string());
+    for (const auto& [name, a] : n->attrs().all()) HashAttribute(h, name, a);
+  }
+  return h.Digest();
+}
+
+StatusOr<OnnxWeights> ReadOnnxWeights(const std::string& path) {
+  // Only the initializers matter: the file may hold another architecture, which the check
+  // against the engine's program then names, whatever ops it uses.
+  ImportOptions options;
+  options.hash_file = true;
+  options.allow_unsupported_ops = true;
+  options.verify = false;
+  OnnxModelMeta meta;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, ImportOnnxFile(path, options, &meta));
+  OnnxWeights out;
+  out.file_hash = meta.file_hash;
+  for (InitializerInfo& init : CollectInitializers(*graph)) {
+    out.initializers.emplace(std::move(init.name), std::move(init.value));
+  }
+  return out;
+}
+
+Status RefitEngineFile(const std::string& engine_path, const std::string& onnx_path,
+                       const std::string& out_path, RefitReport* report) {
+  RefitReport local;
+  RefitReport& rep = report ? *report : local;
+  LoadOptions load;
+  load.check_providers = false;  // refit runs on the host: a CUDA engine is refit here too
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<EngineDesc> engine,
+                        LoadEngineFileForEdit(engine_path, load));
+  auto start = Clock::now();
+  KILN_ASSIGN_OR_RETURN(OnnxWeights weights, ReadOnnxWeights(onnx_path));
+  rep.read_seconds = Seconds(start);
+  Status refit = RefitEngine(*engine, weights.initializers, weights.file_hash, &rep);
+  if (!refit.ok()) {
+    return std::move(refit).AddContext(
+        fmt::format("refitting '{}' with the weights of '{}'", engine_path, onnx_path));
+  }
+  start = Clock::now();
+  KILN_RETURN_IF_ERROR(WriteEngineFile(*engine, out_path, /*replaces_input=*/true));
+  rep.write_seconds = Seconds(start);
+  return OkStatus();
+}
+
+}  // namespace kiln

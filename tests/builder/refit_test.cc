@@ -1,0 +1,597 @@
+// Issue 20, "Done means": for every zoo model on the CPU backend, FP32, FP16 and INT8, an engine
+// built with weights A and refit to weights B is the engine a fresh build with weights B makes
+// (byte for byte: same tactics, same plan, same constants) and runs to the same outputs; wrong
+// weights give a catalog error naming the first mismatch and leave the engine unchanged.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "kiln/app/live_refit.h"
+#include "kiln/app/pipeline.h"
+#include "kiln/builder/refit.h"
+#include "kiln/core/file_io.h"
+#include "kiln/engine/engine_file.h"
+#include "kiln/ir/weight_program.h"
+#include "kiln/onnx/onnx_import.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path ZooRoot() {
+  const char* root = std::getenv("KILN_SOURCE_DIR");
+  return fs::path(root ? root : ".") / "zoo";
+}
+
+// The committed zoo (zoo/*/model.onnx), spelled out because the parameters are made before the
+// environment names the source tree; ZooListIsComplete keeps the list honest.
+const std::vector<std::string>& ZooModels() {
+  static const std::vector<std::string> names = {
+      "bert_tiny",   "efficientnet_tiny", "gpt_tiny",  "mobilenetv3_tiny",
+      "resnet_tiny", "squeezenet_tiny",   "unet_tiny", "vit_tiny"};
+  return names;
+}
+
+TEST(RefitZooList, ZooListIsComplete) {
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(ZooRoot())) {
+    if (fs::exists(e.path() / "model.onnx")) found.push_back(e.path().filename().string());
+  }
+  std::sort(found.begin(), found.end());
+  EXPECT_EQ(found, ZooModels());
+}
+
+OptimizationProfile ZooProfile(const fs::path& dir) {
+  std::ifstream in(dir / "info.json");
+  nlohmann::json info = nlohmann::json::parse(in);
+  OptimizationProfile profile;
+  if (!info.contains("profile")) return profile;
+  for (const auto& [name, p] : info["profile"].items()) {
+    profile.inputs.push_back({name, p["min"].get<std::vector<int64_t>>(),
+                              p["opt"].get<std::vector<int64_t>>(),
+                              p["max"].get<std::vector<int64_t>>()});
+  }
+  return profile;
+}
+
+std::map<std::string, Tensor> Initializers(const Graph& graph) {
+  std::map<std::string, Tensor> out;
+  for (InitializerInfo& i : CollectInitializers(graph)) out.emplace(i.name, std::move(i.value));
+  return out;
+}
+
+// Weights B: every f32 initializer of more than one element scaled by U(0.8, 1.2) and moved by
+// U(0, 0.02) per element (signs and positivity, a BatchNorm variance's, are kept); scalars are
+// the model's constants (epsilons, GELU's factors) and stay.
+std::map<std::string, Tensor> Perturbed(const std::map<std::string, Tensor>& a, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> scale(0.8f, 1.2f), shift(0.f, 0.02f);
+  std::map<std::string, Tensor> b;
+  for (const auto& [name, t] : a) {
+    if (t.dtype() != DataType::kFloat32 || t.num_elements() < 2) {
+      b.emplace(name, t);
+      continue;
+    }
+    Tensor p = Tensor::FromBytes(t.dtype(), t.dims(), t.bytes());
+    float* d = p.mutable_data<float>();
+    for (int64_t i = 0; i < p.num_elements(); ++i) d[i] = d[i] * scale(rng) + shift(rng);
+    b.emplace(name, std::move(p));
+  }
+  return b;
+}
+
+// The model with its initializers replaced (what importing an ONNX file of weights B gives).
+std::unique_ptr<Graph> ImportWith(const fs::path& model, const std::map<std::string, Tensor>& w) {
+  auto graph = ImportOnnxFile(model.string());
+  EXPECT_TRUE(graph.ok()) << graph.status().ToString();
+  for (const auto& [name, t] : w) {
+    Value* v = (*graph)->FindValue(name);
+    v->set_constant(t);
+    v->set_provenance(InitializerExpr(name, t));
+  }
+  return std::move(*graph);
+}
+
+enum class Precision { kFp32, kFp16, kInt8 };
+const char* Name(Precision p) {
+  return p == Precision::kFp32 ? "fp32" : p == Precision::kFp16 ? "fp16" : "int8";
+}
+
+BuilderConfig Config(const fs::path& dir, Precision p, const fs::path& calib_cache) {
+  BuilderConfig config;
+  config.backend = BackendKind::kCpu;
+  config.profile = ZooProfile(dir);
+  config.opt_level = 0;  // the heuristic tactic: builds A and B choose alike
+  config.fp16 = p != Precision::kFp32;
+  if (p == Precision::kInt8) {
+    config.int8 = true;
+    config.calibration_dir = dir.string();
+    // The calibration (activation scales) of weights A is reused for B through the cache, as a
+    // refit keeps the stored scales; the sensitivity fallback, which weighs the weights, is off.
+    config.calibration_cache_path = calib_cache.string();
+    config.int8_tolerance = std::numeric_limits<double>::infinity();
+  }
+  return config;
+}
+
+std::unique_ptr<EngineDesc> Build(std::unique_ptr<Graph> graph, const BuilderConfig& config) {
+  BuildReport report;
+  auto built = BuildEngine({std::move(graph), "model", HashString("model")}, config, &report);
+  EXPECT_TRUE(built.ok()) << built.status().ToString();
+  return built.ok() ? std::move(*built) : nullptr;
+}
+
+std::vector<std::byte> Bytes(const EngineDesc& e) {
+  auto bytes = SerializeEngine(e);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
+  return bytes.ok() ? *bytes : std::vector<std::byte>();
+}
+
+std::map<std::string, Tensor> RunZooInput(std::shared_ptr<const EngineDesc> desc,
+                                          const fs::path& dir) {
+  auto runtime = Runtime::Create(BackendKind::kCpu);
+  EXPECT_TRUE(runtime.ok());
+  auto engine = (*runtime)->CreateEngine(std::move(desc));
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  std::map<std::string, Tensor> inputs;
+  for (int i = 0;; ++i) {
+    fs::path p = dir / "test_data_set_0" / fmt::format("input_{}.pb", i);
+    if (!fs::exists(p)) break;
+    std::string name;
+    auto t = LoadTensorProto(p.string(), &name);
+    EXPECT_TRUE(t.ok());
+    inputs.emplace(name, std::move(*t));
+  }
+  auto runner = app::HostRunner::Create(*engine);
+  EXPECT_TRUE(runner.ok());
+  EXPECT_TRUE((*runner)->SetInputs(inputs).ok());
+  Status s = (*runner)->Run();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return (*runner)->outputs();
+}
+
+bool SameBytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.dims() == b.dims() &&
+         std::memcmp(a.raw(), b.raw(), a.size_bytes()) == 0;
+}
+
+class RefitZoo : public ::testing::TestWithParam<std::tuple<std::string, Precision>> {};
+
+TEST_P(RefitZoo, RefitToBIsAFreshBuildWithB) {
+  const auto& [model, precision] = GetParam();
+  const fs::path dir = ZooRoot() / model;
+  const fs::path tmp = fs::temp_directory_path() /
+                       fmt::format("kiln_refit_{}_{}_{}", model, Name(precision), ::getpid());
+  fs::create_directories(tmp);
+  const BuilderConfig config = Config(dir, precision, tmp / "calib.cache");
+
+  auto a_graph = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(a_graph.ok());
+  const std::map<std::string, Tensor> weights_a = Initializers(**a_graph);
+  const std::map<std::string, Tensor> weights_b = Perturbed(weights_a, 20);
+
+  std::unique_ptr<EngineDesc> a = Build(std::move(*a_graph), config);
+  std::unique_ptr<EngineDesc> b = Build(ImportWith(dir / "model.onnx", weights_b), config);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->weight_program.recorded);
+  EXPECT_TRUE(a->weight_program.non_refittable.empty())
+      << a->weight_program.non_refittable.front().constant << ": "
+      << a->weight_program.non_refittable.front().reason;
+  EXPECT_FALSE(a->weight_program.targets.empty());
+  const std::vector<std::byte> a_bytes = Bytes(*a);
+  const std::vector<std::byte> b_bytes = Bytes(*b);
+  ASSERT_NE(a_bytes, b_bytes) << "weights B changed nothing";
+  if (precision == Precision::kInt8) {
+    int int8_layers = 0;
+    for (const LayerDesc& l : a->layers) int8_layers += l.tactic.name.rfind("i8-", 0) == 0;
+    EXPECT_GT(int8_layers, 0) << "no INT8 layer: the INT8 case would test FP16 again";
+  }
+
+  // Through the file, as `kiln refit` does: the program survives serialization.
+  const fs::path a_path = tmp / "a.kiln";
+  ASSERT_TRUE(WriteEngineFile(*a, a_path.string()).ok());
+  auto loaded = LoadEngineFileForEdit(a_path.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  RefitReport report;
+  Status s = RefitEngine(**loaded, weights_b, HashString("model"), &report);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(report.constants_refit, static_cast<int64_t>(a->weight_program.targets.size()));
+  EXPECT_GT(report.bytes_refit, 0);
+
+  // Same layers and tactics as A (refit never touches them), and the very engine B's build made.
+  ASSERT_EQ((*loaded)->layers.size(), a->layers.size());
+  for (size_t i = 0; i < a->layers.size(); ++i) {
+    EXPECT_EQ((*loaded)->layers[i].provider_id, a->layers[i].provider_id);
+    EXPECT_EQ((*loaded)->layers[i].tactic.name, a->layers[i].tactic.name);
+    EXPECT_EQ((*loaded)->layers[i].tactic.name, b->layers[i].tactic.name);
+  }
+  EXPECT_TRUE(Bytes(**loaded) == b_bytes) << "the refit engine differs from a fresh build with B";
+
+  // And it runs to B's outputs, bit for bit, which are not A's.
+  std::shared_ptr<const EngineDesc> refit = std::move(*loaded);
+  auto out_refit = RunZooInput(refit, dir);
+  auto out_b = RunZooInput(std::shared_ptr<const EngineDesc>(std::move(b)), dir);
+  auto out_a = RunZooInput(std::shared_ptr<const EngineDesc>(std::move(a)), dir);
+  ASSERT_FALSE(out_b.empty());
+  bool any_differs_from_a = false;
+  for (const auto& [name, t] : out_b) {
+    ASSERT_TRUE(out_refit.count(name));
+    EXPECT_TRUE(SameBytes(out_refit.at(name), t)) << "output " << name;
+    any_differs_from_a |= !SameBytes(out_a.at(name), t);
+  }
+  EXPECT_TRUE(any_differs_from_a);
+  fs::remove_all(tmp);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, RefitZoo,
+    ::testing::Combine(::testing::ValuesIn(ZooModels()),
+                       ::testing::Values(Precision::kFp32, Precision::kFp16, Precision::kInt8)),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + Name(std::get<1>(info.param)); });
+
+// ---- wrong weights: a catalog error naming the first mismatch; the engine is unchanged.
+
+class RefitWrongWeights : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ZooRoot() / "resnet_tiny";
+    auto graph = ImportOnnxFile((dir_ / "model.onnx").string());
+    ASSERT_TRUE(graph.ok());
+    weights_ = Initializers(**graph);
+    engine_ = Build(std::move(*graph), Config(dir_, Precision::kFp32, ""));
+    ASSERT_TRUE(engine_);
+    before_ = Bytes(*engine_);
+  }
+
+  // Refit with `w` fails with `code`, names `what`, and leaves the engine as it was.
+  void ExpectRefused(const std::map<std::string, Tensor>& w, ErrorCode code,
+                     const std::string& what) {
+    Status s = RefitEngine(*engine_, w, HashString("other"));
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), code) << s.ToString();
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.ToString();
+    EXPECT_TRUE(Bytes(*engine_) == before_) << "a refused refit changed the engine";
+  }
+
+  // A refittable f32 weight (a source of the engine's program) and its neighbour in the program.
+  std::string FirstSource() const { return engine_->weight_program.sources.front().name; }
+
+  fs::path dir_;
+  std::map<std::string, Tensor> weights_;
+  std::unique_ptr<EngineDesc> engine_;
+  std::vector<std::byte> before_;
+};
+
+TEST_F(RefitWrongWeights, MissingInitializerIsNamed) {
+  auto w = weights_;
+  w.erase(FirstSource());
+  ExpectRefused(w, ErrorCode::kRefitWeightsMismatch, "'" + FirstSource() + "'");
+}
+
+TEST_F(RefitWrongWeights, ExtraInitializerIsNamed) {
+  auto w = weights_;
+  w.emplace("not_in_the_model", Tensor(DataType::kFloat32, {3}));
+  ExpectRefused(w, ErrorCode::kRefitWeightsMismatch, "'not_in_the_model'");
+}
+
+TEST_F(RefitWrongWeights, OtherShapeIsNamedWithBothShapes) {
+  auto w = weights_;
+  const Tensor& t = w.at(FirstSource());
+  std::vector<int64_t> dims = t.dims();
+  dims[0] += 1;
+  w[FirstSource()] = Tensor(t.dtype(), dims);
+  ExpectRefused(w, ErrorCode::kRefitWeightsMismatch, "'" + FirstSource() + "' is f32[");
+}
+
+TEST_F(RefitWrongWeights, OtherDtypeIsNamed) {
+  auto w = weights_;
+  w[FirstSource()] = w.at(FirstSource()).CastTo(DataType::kFloat16);
+  ExpectRefused(w, ErrorCode::kRefitWeightsMismatch, "'" + FirstSource() + "' is f16[");
+}
+
+TEST_F(RefitWrongWeights, AnotherArchitectureIsRefused) {
+  auto other = ReadOnnxWeights((ZooRoot() / "bert_tiny" / "model.onnx").string());
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  ExpectRefused(other->initializers, ErrorCode::kRefitWeightsMismatch, "'" + FirstSource() + "'");
+}
+
+TEST(RefitStructure, ChangedIndexInitializerIsRefused) {
+  // bert_tiny's position_ids (int64) shape the engine: refit requires them unchanged.
+  const fs::path dir = ZooRoot() / "bert_tiny";
+  auto graph = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(graph.ok());
+  auto w = Initializers(**graph);
+  std::unique_ptr<EngineDesc> engine = Build(std::move(*graph), Config(dir, Precision::kFp32, ""));
+  ASSERT_TRUE(engine);
+  const auto& fixed = engine->weight_program.fixed;
+  auto it = std::find_if(fixed.begin(), fixed.end(),
+                         [](const WeightProgram::Fixed& f) { return f.name == "position_ids"; });
+  ASSERT_NE(it, fixed.end());
+  const std::vector<std::byte> before = Bytes(*engine);
+  Tensor& ids = w.at("position_ids");
+  ids = Tensor::FromBytes(ids.dtype(), ids.dims(), ids.bytes());
+  ids.mutable_data<int64_t>()[1] = 0;
+  Status s = RefitEngine(*engine, w, HashString("other"));
+  EXPECT_EQ(s.code(), ErrorCode::kRefitNotRefittable) << s.ToString();
+  EXPECT_NE(s.message().find("'position_ids'"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(Bytes(*engine) == before);
+}
+
+TEST_F(RefitWrongWeights, SameWeightsGiveTheSameEngine) {
+  ASSERT_TRUE(RefitEngine(*engine_, weights_, HashString("model")).ok());
+  EXPECT_TRUE(Bytes(*engine_) == before_);
+}
+
+TEST_F(RefitWrongWeights, RefusedFileRefitLeavesTheFile) {
+  const fs::path tmp = fs::temp_directory_path() / fmt::format("kiln_refit_file_{}", ::getpid());
+  fs::create_directories(tmp);
+  const fs::path path = tmp / "e.kiln";
+  ASSERT_TRUE(WriteEngineFile(*engine_, path.string()).ok());
+  auto read = [&] { return ReadInputFile(path.string(), "engine", uint64_t{1} << 30); };
+  auto before = read();
+  ASSERT_TRUE(before.ok());
+  Status s = RefitEngineFile(path.string(), (ZooRoot() / "vit_tiny" / "model.onnx").string(),
+                             path.string());
+  EXPECT_EQ(s.code(), ErrorCode::kRefitWeightsMismatch) << s.ToString();
+  auto after = read();
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(*before == *after);
+  // The model's own weights refit the file in place (replaced whole).
+  s = RefitEngineFile(path.string(), (dir_ / "model.onnx").string(), path.string());
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  fs::remove_all(tmp);
+}
+
+TEST(RefitProgram, RefitNeedsNoDeviceOfTheEnginesBackend) {
+  // A CUDA engine is refit on a host without a GPU: refit only reads, replays on the host and
+  // writes. (Its layers here are CPU ones under a CUDA header; refit never looks at them.)
+  const fs::path dir = ZooRoot() / "squeezenet_tiny";
+  auto graph = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(graph.ok());
+  std::unique_ptr<EngineDesc> e = Build(std::move(*graph), Config(dir, Precision::kFp16, ""));
+  ASSERT_TRUE(e);
+  e->header.backend = BackendKind::kCuda;
+  e->header.device_arch = "sm_90";
+  const fs::path tmp = fs::temp_directory_path() / fmt::format("kiln_refit_cuda_{}", ::getpid());
+  fs::create_directories(tmp);
+  ASSERT_TRUE(WriteEngineFile(*e, (tmp / "e.kiln").string()).ok());
+  const std::string before = *ReadInputFile((tmp / "e.kiln").string(), "engine", 1 << 30);
+  RefitReport report;
+  Status s = RefitEngineFile((tmp / "e.kiln").string(), (dir / "model.onnx").string(),
+                             (tmp / "same.kiln").string(), &report);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_GT(report.constants_refit, 0);
+  LoadOptions any;
+  any.check_providers = false;
+  auto refit = LoadEngineFile((tmp / "same.kiln").string(), any);
+  ASSERT_TRUE(refit.ok()) << refit.status().ToString();
+  EXPECT_EQ((*refit)->header.backend, BackendKind::kCuda);
+  EXPECT_EQ((*refit)->header.device_arch, "sm_90");
+  // Its own weights again: the same engine but for the model hash, which is now the file's.
+  auto loaded = LoadEngineFileForEdit((tmp / "e.kiln").string(), any);
+  ASSERT_TRUE(loaded.ok());
+  (*loaded)->header.model_hash = (*refit)->header.model_hash;
+  EXPECT_TRUE(Bytes(**loaded) == Bytes(**refit));
+  EXPECT_EQ(before, *ReadInputFile((tmp / "e.kiln").string(), "engine", 1 << 30));
+  fs::remove_all(tmp);
+}
+
+TEST(WeightFreeKey, SameForOtherWeightsDifferentForOtherStructure) {
+  auto hash_of = [](const fs::path& model, const std::map<std::string, Tensor>* weights) {
+    std::unique_ptr<Graph> g =
+        weights ? ImportWith(model, *weights) : std::move(*ImportOnnxFile(model.string()));
+    return WeightFreeModelHash(*g);
+  };
+  const fs::path bert = ZooRoot() / "bert_tiny" / "model.onnx";
+  auto a = Initializers(*ImportWith(bert, {}));
+  auto b = Perturbed(a, 5);
+  EXPECT_EQ(hash_of(bert, &a), hash_of(bert, &b));  // only float weights differ
+  EXPECT_NE(hash_of(bert, nullptr), hash_of(ZooRoot() / "gpt_tiny" / "model.onnx", nullptr));
+  auto ids = a;  // an index initializer shapes the engine: part of the key
+  Tensor& t = ids.at("position_ids");
+  t = Tensor::FromBytes(t.dtype(), t.dims(), t.bytes());
+  t.mutable_data<int64_t>()[1] = 0;
+  EXPECT_NE(hash_of(bert, &a), hash_of(bert, &ids));
+}
+
+// The loader checks the weight program section (engine_file.cc ReadWeightProgram): a crafted
+// program is KILN-E4005 naming the entry, never an out-of-range read at refit.
+class RefitProgramFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const fs::path dir = ZooRoot() / "resnet_tiny";
+    auto graph = ImportOnnxFile((dir / "model.onnx").string());
+    ASSERT_TRUE(graph.ok());
+    engine_ = Build(std::move(*graph), Config(dir, Precision::kFp32, ""));
+    ASSERT_TRUE(engine_ && !engine_->weight_program.steps.empty());
+  }
+  void ExpectMalformed(const std::string& where) {
+    auto loaded = LoadEngineBytes(Bytes(*engine_));
+    ASSERT_FALSE(loaded.ok());
+    EXPECT_EQ(loaded.status().code(), ErrorCode::kEngineMalformed) << loaded.status().ToString();
+    EXPECT_NE(loaded.status().message().find(where), std::string::npos)
+        << loaded.status().ToString();
+  }
+  std::unique_ptr<EngineDesc> engine_;
+};
+
+TEST_F(RefitProgramFile, RoundTrips) {
+  auto loaded = LoadEngineBytes(Bytes(*engine_));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const WeightProgram& p = (*loaded)->weight_program;
+  EXPECT_TRUE(p.recorded);
+  EXPECT_EQ(p.sources.size(), engine_->weight_program.sources.size());
+  EXPECT_EQ(p.steps.size(), engine_->weight_program.steps.size());
+  EXPECT_EQ(p.targets.size(), engine_->weight_program.targets.size());
+  EXPECT_TRUE(Bytes(**loaded) == Bytes(*engine_));
+}
+
+TEST_F(RefitProgramFile, StepReadingALaterSlotIsMalformed) {
+  engine_->weight_program.steps.front().inputs.front() = engine_->weight_program.num_slots();
+  ExpectMalformed("weight_program.steps[0]");
+}
+
+TEST_F(RefitProgramFile, UnknownOnnxOpIsMalformed) {
+  engine_->weight_program.steps.front().domain = "";
+  engine_->weight_program.steps.front().op_type = "NoSuchOp";
+  ExpectMalformed("weight_program.steps[0]");
+}
+
+TEST_F(RefitProgramFile, TargetSlotOutOfRangeIsMalformed) {
+  engine_->weight_program.targets.front().slot = engine_->weight_program.num_slots();
+  ExpectMalformed("weight_program.targets[0]");
+}
+
+TEST_F(RefitProgramFile, RepeatedSourceIsMalformed) {
+  engine_->weight_program.sources.push_back(engine_->weight_program.sources.front());
+  ExpectMalformed("weight_program.sources[");
+}
+
+TEST(RefitProgram, EngineWithoutProgramIsRefused) {
+  EngineDesc e;
+  e.graph = std::make_unique<Graph>();
+  Status s = RefitEngine(e, {}, HashString("x"));
+  EXPECT_EQ(s.code(), ErrorCode::kRefitNotRecorded) << s.ToString();
+}
+
+TEST(RefitProgram, NonRefittableConstantIsNamedWithItsReason) {
+  EngineDesc e;
+  e.graph = std::make_unique<Graph>();
+  e.graph->AddConstant("w_made_by_hand", Tensor(DataType::kFloat32, {2}));  // no provenance
+  e.weight_program = RecordWeightProgram(*e.graph, {});
+  ASSERT_EQ(e.weight_program.non_refittable.size(), 1u);
+  Status s = RefitEngine(e, {}, HashString("x"));
+  EXPECT_EQ(s.code(), ErrorCode::kRefitNotRefittable) << s.ToString();
+  EXPECT_NE(s.message().find("'w_made_by_hand'"), std::string::npos) << s.ToString();
+}
+
+// ---- a loaded engine refit between executions
+
+class LiveRefit : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ZooRoot() / "resnet_tiny";
+    auto graph = ImportOnnxFile((dir_ / "model.onnx").string());
+    ASSERT_TRUE(graph.ok());
+    weights_a_ = Initializers(**graph);
+    weights_b_ = Perturbed(weights_a_, 7);
+    const BuilderConfig config = Config(dir_, Precision::kFp32, "");
+    std::shared_ptr<const EngineDesc> a = Build(std::move(*graph), config);
+    std::shared_ptr<const EngineDesc> b =
+        Build(ImportWith(dir_ / "model.onnx", weights_b_), config);
+    ASSERT_TRUE(a && b);
+    out_a_ = RunZooInput(a, dir_);
+    out_b_ = RunZooInput(b, dir_);
+    ASSERT_FALSE(SameBytes(out_a_.begin()->second, out_b_.begin()->second));
+    auto runtime = Runtime::Create(BackendKind::kCpu);
+    ASSERT_TRUE(runtime.ok());
+    auto engine = (*runtime)->CreateEngine(a);
+    ASSERT_TRUE(engine.ok());
+    engine_ = *engine;
+    for (int i = 0;; ++i) {
+      fs::path p = dir_ / "test_data_set_0" / fmt::format("input_{}.pb", i);
+      if (!fs::exists(p)) break;
+      std::string name;
+      auto t = LoadTensorProto(p.string(), &name);
+      ASSERT_TRUE(t.ok());
+      inputs_.emplace(name, std::move(*t));
+    }
+  }
+
+  std::unique_ptr<app::HostRunner> Runner() {
+    auto runner = app::HostRunner::Create(engine_);
+    EXPECT_TRUE(runner.ok());
+    EXPECT_TRUE((*runner)->SetInputs(inputs_).ok());
+    return std::move(*runner);
+  }
+
+  // The one output of resnet_tiny after a run.
+  static const Tensor& Output(app::HostRunner& r) {
+    Status s = r.Run();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return r.outputs().begin()->second;
+  }
+
+  fs::path dir_;
+  std::map<std::string, Tensor> weights_a_, weights_b_, inputs_;
+  std::map<std::string, Tensor> out_a_, out_b_;
+  std::shared_ptr<const Engine> engine_;
+};
+
+TEST_F(LiveRefit, ContextsSeeTheNewWeightsAtTheirNextRun) {
+  auto before = Runner();  // created before the refit
+  EXPECT_TRUE(SameBytes(Output(*before), out_a_.begin()->second));
+  RefitReport report;
+  auto generation = app::RefitLoadedEngine(*engine_, weights_b_, &report);
+  ASSERT_TRUE(generation.ok()) << generation.status().ToString();
+  EXPECT_EQ(*generation, 1u);
+  EXPECT_EQ(engine_->weights_generation(), 1u);
+  EXPECT_GT(report.constants_refit, 0);
+  // The same context, at its next run, and a context created afterwards: B's outputs exactly.
+  EXPECT_TRUE(SameBytes(Output(*before), out_b_.begin()->second));
+  auto after = Runner();
+  EXPECT_TRUE(SameBytes(Output(*after), out_b_.begin()->second));
+  // And back to A.
+  ASSERT_TRUE(app::RefitLoadedEngine(*engine_, weights_a_).ok());
+  EXPECT_TRUE(SameBytes(Output(*before), out_a_.begin()->second));
+  EXPECT_TRUE(SameBytes(Output(*after), out_a_.begin()->second));
+}
+
+TEST_F(LiveRefit, WrongWeightsChangeNothing) {
+  auto runner = Runner();
+  auto w = weights_b_;
+  w.erase(w.begin());
+  auto generation = app::RefitLoadedEngine(*engine_, w);
+  EXPECT_EQ(generation.status().code(), ErrorCode::kRefitWeightsMismatch);
+  EXPECT_EQ(engine_->weights_generation(), 0u);
+  EXPECT_TRUE(SameBytes(Output(*runner), out_a_.begin()->second));
+  // A constant of another shape handed to the runtime directly is refused as well.
+  const std::string name = engine_->desc().weight_program.targets.front().constant;
+  auto refused = engine_->RefitWeights({{name, Tensor(DataType::kFloat32, {1})}});
+  EXPECT_EQ(refused.status().code(), ErrorCode::kRefitWeightsMismatch);
+  EXPECT_TRUE(SameBytes(Output(*runner), out_a_.begin()->second));
+}
+
+TEST_F(LiveRefit, NoRunSeesHalfUpdatedWeights) {
+  // One thread runs its context in a loop while this one refits A <-> B: every run gives exactly
+  // A's or B's outputs, never a mix, and both are seen.
+  auto runner = Runner();
+  std::atomic<bool> stop{false};
+  std::atomic<int> runs{0};
+  int as = 0, bs = 0, other = 0;  // the worker's alone until it is joined
+  std::thread worker([&] {
+    while (!stop.load()) {
+      const Tensor& out = Output(*runner);
+      ++runs;
+      if (SameBytes(out, out_a_.begin()->second)) {
+        ++as;
+      } else if (SameBytes(out, out_b_.begin()->second)) {
+        ++bs;
+      } else {
+        ++other;
+      }
+    }
+  });
+  for (int i = 0; i < 20; ++i) {
+    Status s = app::RefitLoadedEngine(*engine_, i % 2 == 0 ? weights_b_ : weights_a_).status();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    // Two more runs: the second starts after the refit, so each generation is run at least once.
+    const int runs_then = runs.load();
+    while (runs.load() < runs_then + 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  stop = true;
+  worker.join();
+  EXPECT_EQ(other, 0);
+  EXPECT_GT(as, 0);
+  EXPECT_GT(bs, 0);
+}
+
+}  // namespace
+}  // namespace kiln
