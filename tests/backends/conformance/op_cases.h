@@ -1,5 +1,5 @@
 // The op conformance suite's case tables: one table per op family (elementwise_cases.cc,
-// nn_cases.cc, reduce_cases.cc, tensor_cases.cc, quantize_cases.cc). A case is a
+// nn_cases.cc, reduce_cases.cc, tensor_cases.cc, matmul_cases.cc, quantize_cases.cc). A case is a
 // one-node graph as an OpTester (op_tester.h); op_conformance_test.cc runs every case on every
 // backend built into this kiln (TEST_P over BackendKind x case): every provider and tactic of the
 // backend, in every float storage type the case names, on fresh random inputs, against the case's
@@ -33,6 +33,7 @@ std::vector<OpCase> ElementwiseCases();
 std::vector<OpCase> NnCases();
 std::vector<OpCase> ReduceCases();
 std::vector<OpCase> TensorCases();
+std::vector<OpCase> MatmulCases();
 std::vector<OpCase> QuantizeCases();
 
 // ---- shorthands for the tables ------------------------------------------------------------------

@@ -1,8 +1,8 @@
 // The launch interface of the CUDA kernels for the ops that first ran only on the CPU (variadic
 // Sum/Mean/Max/Min, integer Neg/Abs/Sign and Reduce*, IsInf/IsNaN, ArgMax/ArgMin, CumSum, TopK,
-// Pad/Tile, GatherElements, ScatterND, OneHot, QuantizeLinear/DequantizeLinear). Same contract
-// as cuda_launch.h: plain structs by value, no kiln headers, cudaError_t back, enqueue on `stream`
-// only.
+// Pad/Tile, GatherElements, ScatterND, OneHot, QuantizeLinear/DequantizeLinear, Einsum). Same
+// contract as cuda_launch.h: plain structs by value, no kiln headers, cudaError_t back, enqueue on
+// `stream` only.
 #pragma once
 
 #include "kiln/backends/cuda/cuda_launch.h"
@@ -165,5 +165,24 @@ cudaError_t LaunchQuantize(Elem x_t, Elem q_t, const QuantDesc& d, const void* x
 // float storage (y_t), computed in FP32.
 cudaError_t LaunchDequantize(Elem q_t, Elem y_t, const QuantDesc& d, const void* q, void* y,
                              int64_t n, cudaStream_t stream);
+
+// ---- einsum.cu --------------------------------------------------------------------------------
+// Einsum over a host-made plan (ops/einsum.h): each output element (dense over out_dims, the last
+// fastest) sums over red_dims the product of the operands' elements, read through each operand's
+// element strides along the output and the summed dims (size-1 dims dropped, runs merged).
+// Float storage, every operand and the output of one type; FP32 products and accumulation.
+constexpr int kEinsumMaxOperands = 8;
+constexpr int kEinsumMaxRank = 12;  // per side: output dims, summed dims
+struct EinsumDesc {
+  int32_t operands = 0;
+  int32_t out_rank = 0, red_rank = 0;
+  const void* ptr[kEinsumMaxOperands] = {};
+  int64_t out_dims[kEinsumMaxRank] = {};
+  int64_t red_dims[kEinsumMaxRank] = {};
+  int64_t out_strides[kEinsumMaxOperands][kEinsumMaxRank] = {};
+  int64_t red_strides[kEinsumMaxOperands][kEinsumMaxRank] = {};
+  int64_t red_size = 1;
+};
+cudaError_t LaunchEinsum(Elem t, const EinsumDesc& d, void* y, int64_t n, cudaStream_t stream);
 
 }  // namespace kiln::cuda
