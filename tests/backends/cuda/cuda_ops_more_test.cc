@@ -335,6 +335,24 @@ TEST(CudaOpsCoverage, TacticsWithoutADevice) {
                    {{x16}, {Tensor()}, {Tensor()}, {I64({2}, {4, 16}), true}},
                    {Tensor(DataType::kFloat16, {4, 16})},
                    "f16-resize-cuda-direct"});
+  cases.push_back(
+      {"Einsum",
+       Attrs({{"equation", std::string("bhid,bhjd->bhij")}}),
+       {{Tensor(DataType::kFloat16, {2, 3, 5, 8})}, {Tensor(DataType::kFloat16, {2, 3, 7, 8})}},
+       {Tensor(DataType::kFloat16, {2, 3, 5, 7})},
+       "f16-einsum-cuda-direct"});
+  const Tensor q8 = Tensor::FromVector(DataType::kInt8, {}, std::vector<int8_t>{3});
+  cases.push_back(
+      {"QuantizeLinear",
+       Attrs({{"axis", int64_t{1}}}),
+       {{x16}, {F32({8}, std::vector<float>(8, 0.1f)).CastTo(DataType::kFloat16), true}},
+       {Tensor(DataType::kUInt8, {2, 8})},
+       "f16-quantize-linear-cuda"});
+  cases.push_back({"DequantizeLinear",
+                   {},
+                   {{Tensor(DataType::kInt8, {2, 8})}, {F32({}, {0.5f}), true}, {q8, true}},
+                   {Tensor(kF32, {2, 8})},
+                   "i8-dequantize-linear-cuda"});
   for (T& c : cases) {
     SCOPED_TRACE(c.op);
     std::vector<Operand> ins;
