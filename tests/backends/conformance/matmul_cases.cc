@@ -2,9 +2,10 @@
 // ones the parser must get right (tests/conformance/einsum_ort_test.py checks the CPU kernel on
 // the same forms against ONNX Runtime): matrix products and the attention forms, implicit
 // outputs, transposes, diagonals and traces, sums, inner and outer products, three operands,
-// '...' with broadcasting, upper-case labels. Each case runs on every backend built here, every
-// tactic, in f32, f16 and bf16, against the CPU backend (see op_cases.h); every backend must run
-// them (`must`).
+// '...' with broadcasting, upper-case labels, and the matrix-product forms cuda.einsum.cublaslt
+// takes (operand and output transposes, grouped labels). Each case runs on every backend built
+// here, every tactic, in f32, f16 and bf16, against the CPU backend (see op_cases.h); every
+// backend must run them (`must`).
 #include "op_cases.h"
 
 namespace kiln::testing {
@@ -27,6 +28,10 @@ std::vector<OpCase> MatmulCases() {
            {"attention_scores", "bhid,bhjd->bhij", {{2, 3, 5, 4}, {2, 3, 7, 4}}},
            {"attention_values", "bhij,bhjd->bhid", {{2, 3, 5, 7}, {2, 3, 7, 8}}},
            {"heads_last", "bihd,bjhd->bhij", {{2, 5, 3, 4}, {2, 6, 3, 4}}},
+           {"scores_transposed_out", "bhid,bhjd->bhji", {{2, 3, 5, 4}, {2, 3, 7, 4}}},
+           {"both_transposed", "ki,kj->ji", {{6, 3}, {6, 4}}},
+           {"grouped_rows", "bxyk,bkn->bxyn", {{2, 3, 2, 5}, {2, 5, 4}}},
+           {"vector_matrix", "bk,bkn->bn", {{3, 5}, {3, 5, 4}}},
            {"implicit_matmul", "ij,jk", {{3, 4}, {4, 2}}},
            {"transpose", "ijk->kji", {{2, 3, 4}}},
            {"implicit_transpose", "ba", {{3, 5}}},

@@ -1,7 +1,8 @@
 // Einsum on CUDA, any equation: one thread per output element walks the summed index space of the
 // host-made plan (einsum_ops.cc), the innermost summed dim as a plain strided loop and the outer
 // ones decoded from a counter, and accumulates the operands' products in FP32. Correct for every
-// equation the CPU runs; matrix-product equations run at naive-GEMM speed.
+// equation the CPU runs; matrix-product equations run at naive-GEMM speed here and through cuBLASLt
+// in einsum_gemm.cc's tactics.
 #include <cstdint>
 
 #include "kiln/backends/cuda/cuda_launch_more.h"
