@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
+
+#include "kiln/ir/sizes.h"
 
 #include "kiln/ops/op_schema.h"
 #include "kiln/ops/op_table.h"
@@ -131,6 +134,48 @@ StatusOr<EinsumEquation> ParseEinsum(const std::string& equation,
                      "equation '{}': the operands' '...' must appear in the output", equation);
   }
   return e;
+}
+
+StatusOr<EinsumPlan> PlanEinsum(const EinsumEquation& e, std::span<const TensorView> in) {
+  EinsumPlan p;
+  const size_t n = static_cast<size_t>(e.num_axes());
+  p.extent.assign(n, 1);
+  for (size_t i = 0; i < in.size(); ++i) {
+    for (size_t k = 0; k < in[i].dims.size(); ++k) {
+      int64_t& x = p.extent[static_cast<size_t>(e.operand_axes[i][k])];
+      x = std::max(x, in[i].dims[k]);
+    }
+  }
+  p.stride.assign(in.size(), std::vector<int64_t>(n, 0));
+  for (size_t i = 0; i < in.size(); ++i) {
+    int64_t s = 1;
+    for (size_t k = in[i].dims.size(); k-- > 0;) {
+      const size_t axis = static_cast<size_t>(e.operand_axes[i][k]);
+      if (!(in[i].dims[k] == 1 && p.extent[axis] > 1)) p.stride[i][axis] += s;
+      s *= in[i].dims[k];
+    }
+  }
+  std::vector<bool> in_out(n, false);
+  std::optional<int64_t> out_size = 1, red_size = 1;
+  for (int64_t a : e.output_axes) {
+    p.out_axes.push_back(a);
+    in_out[static_cast<size_t>(a)] = true;
+    out_size = CheckedMul(out_size.value_or(0), p.extent[static_cast<size_t>(a)]);
+    if (!out_size) break;
+  }
+  for (size_t a = 0; a < n && red_size; ++a) {
+    if (in_out[a]) continue;
+    p.red_axes.push_back(static_cast<int64_t>(a));
+    red_size = CheckedMul(*red_size, p.extent[a]);
+  }
+  if (!out_size || !red_size || !CheckedMul(*out_size, *red_size)) {
+    return MakeError(ErrorCode::kTensorTooLarge,
+                     "Einsum's iteration space (output elements x summed combinations) exceeds "
+                     "int64");
+  }
+  p.out_size = *out_size;
+  p.red_size = *red_size;
+  return p;
 }
 
 Status InferEinsum(InferenceContext& ctx) {

@@ -1,12 +1,12 @@
 // The op conformance suite's case tables: one table per op family (elementwise_cases.cc,
-// nn_cases.cc, reduce_cases.cc, tensor_cases.cc). A case is a one-node graph as an OpTester
-// (op_tester.h); op_conformance_test.cc runs every case on every backend built into this kiln
-// (TEST_P over BackendKind x case): every provider and tactic of the backend, in every float
-// storage type the case names, on fresh random inputs, against the case's reference or the CPU
-// backend's first tactic. Cases made with `must` also require a tactic on every backend (the
-// suite checks that host-side, without a device); the others are checked where a backend has
-// one. Backend-specific tests (run-time index checks, NHWC variants, tactic names) stay in
-// tests/backends/<backend>/.
+// nn_cases.cc, reduce_cases.cc, tensor_cases.cc, matmul_cases.cc, quantize_cases.cc). A case is a
+// one-node graph as an OpTester (op_tester.h); op_conformance_test.cc runs every case on every
+// backend built into this kiln (TEST_P over BackendKind x case): every provider and tactic of the
+// backend, in every float storage type the case names, on fresh random inputs, against the case's
+// reference or the CPU backend's first tactic. Cases made with `must` also require a tactic on
+// every backend (the suite checks that host-side, without a device); the others are checked where
+// a backend has one. Backend-specific tests (run-time index checks, NHWC variants, tactic names)
+// stay in tests/backends/<backend>/.
 #pragma once
 
 #include <cctype>
@@ -33,6 +33,8 @@ std::vector<OpCase> ElementwiseCases();
 std::vector<OpCase> NnCases();
 std::vector<OpCase> ReduceCases();
 std::vector<OpCase> TensorCases();
+std::vector<OpCase> MatmulCases();
+std::vector<OpCase> QuantizeCases();
 
 // ---- shorthands for the tables ------------------------------------------------------------------
 inline constexpr DataType kF32 = DataType::kFloat32;

@@ -19,7 +19,8 @@ namespace {
 
 std::vector<OpCase> AllCases() {
   std::vector<OpCase> all;
-  for (auto family : {ElementwiseCases, NnCases, ReduceCases, TensorCases}) {
+  for (auto family :
+       {ElementwiseCases, NnCases, ReduceCases, TensorCases, MatmulCases, QuantizeCases}) {
     for (OpCase& c : family()) all.push_back(std::move(c));
   }
   return all;

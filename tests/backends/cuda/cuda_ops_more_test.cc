@@ -292,7 +292,7 @@ TEST(CudaPad, RuntimePadsMatchCpu) {
 // ---- host-side checks: run without a GPU -------------------------------------------------------
 
 // Every op kiln declares has at least one CUDA provider, or a reason it has none in the op table
-// (KILN_OP_NO_KERNEL: QuantizeLinear/DequantizeLinear so far).
+// (KILN_OP_NO_KERNEL).
 TEST(CudaOpsCoverage, EveryDeclaredOpHasACudaProvider) {
   std::vector<std::string> missing;
   for (const OpSchema& s : AllOpSchemas()) {
@@ -335,6 +335,24 @@ TEST(CudaOpsCoverage, TacticsWithoutADevice) {
                    {{x16}, {Tensor()}, {Tensor()}, {I64({2}, {4, 16}), true}},
                    {Tensor(DataType::kFloat16, {4, 16})},
                    "f16-resize-cuda-direct"});
+  cases.push_back(
+      {"Einsum",  // heads after the sequence: no matrix product, so on a GPU too the direct kernel
+       Attrs({{"equation", std::string("bihd,bjhd->bhij")}}),
+       {{Tensor(DataType::kFloat16, {2, 5, 3, 8})}, {Tensor(DataType::kFloat16, {2, 7, 3, 8})}},
+       {Tensor(DataType::kFloat16, {2, 3, 5, 7})},
+       "f16-einsum-cuda-direct"});
+  const Tensor q8 = Tensor::FromVector(DataType::kInt8, {}, std::vector<int8_t>{3});
+  cases.push_back(
+      {"QuantizeLinear",
+       Attrs({{"axis", int64_t{1}}}),
+       {{x16}, {F32({8}, std::vector<float>(8, 0.1f)).CastTo(DataType::kFloat16), true}},
+       {Tensor(DataType::kUInt8, {2, 8})},
+       "f16-quantize-linear-cuda"});
+  cases.push_back({"DequantizeLinear",
+                   {},
+                   {{Tensor(DataType::kInt8, {2, 8})}, {F32({}, {0.5f}), true}, {q8, true}},
+                   {Tensor(kF32, {2, 8})},
+                   "i8-dequantize-linear-cuda"});
   for (T& c : cases) {
     SCOPED_TRACE(c.op);
     std::vector<Operand> ins;

@@ -1,7 +1,8 @@
 // The launch interface of the CUDA kernels for the ops that first ran only on the CPU (variadic
 // Sum/Mean/Max/Min, integer Neg/Abs/Sign and Reduce*, IsInf/IsNaN, ArgMax/ArgMin, CumSum, TopK,
-// Pad/Tile, GatherElements, ScatterND, OneHot). Same contract as cuda_launch.h: plain structs by
-// value, no kiln headers, cudaError_t back, enqueue on `stream` only.
+// Pad/Tile, GatherElements, ScatterND, OneHot, QuantizeLinear/DequantizeLinear, Einsum). Same
+// contract as cuda_launch.h: plain structs by value, no kiln headers, cudaError_t back, enqueue on
+// `stream` only.
 #pragma once
 
 #include "kiln/backends/cuda/cuda_launch.h"
@@ -142,5 +143,46 @@ cudaError_t LaunchOneHot(size_t elem_size, Elem idx_t, const void* indices, cons
 cudaError_t LaunchGatherChecked(size_t elem_size, const void* data, const void* idx, bool idx64,
                                 void* out, int64_t outer, int64_t axis_n, int64_t inner,
                                 int64_t num_idx, IndexFault* fault, cudaStream_t stream);
+
+// ---- quantize.cu ------------------------------------------------------------------------------
+// QuantizeLinear / DequantizeLinear parameters: element i uses channel (i / inner) % channels
+// (per tensor: channels = 1). A scale or zero point known on the host (a constant, per tensor)
+// comes by value; otherwise the kernel reads `channels` elements from the device (scale: float
+// storage of scale_t; zero: the quantized type; null zero and zero_value 0 when omitted).
+struct QuantDesc {
+  int64_t channels = 1, inner = 1;
+  const void* scale = nullptr;  // null: scale_value
+  Elem scale_t = Elem::kF32;
+  float scale_value = 1.f;
+  const void* zero = nullptr;  // null: zero_value
+  int32_t zero_value = 0;
+};
+// y = saturate(round_half_even(x / scale) + zero) into i8/u8 (q_t); x in float storage or i32,
+// x / scale in FP32, NaN to the zero point. n elements, dense; 4 per thread where aligned.
+cudaError_t LaunchQuantize(Elem x_t, Elem q_t, const QuantDesc& d, const void* x, void* y,
+                           int64_t n, cudaStream_t stream);
+// y = float(q - zero) * scale, q in i8/u8/i32 (q_t; the zero point has the same type), y in
+// float storage (y_t), computed in FP32.
+cudaError_t LaunchDequantize(Elem q_t, Elem y_t, const QuantDesc& d, const void* q, void* y,
+                             int64_t n, cudaStream_t stream);
+
+// ---- einsum.cu --------------------------------------------------------------------------------
+// Einsum over a host-made plan (ops/einsum.h): each output element (dense over out_dims, the last
+// fastest) sums over red_dims the product of the operands' elements, read through each operand's
+// element strides along the output and the summed dims (size-1 dims dropped, runs merged).
+// Float storage, every operand and the output of one type; FP32 products and accumulation.
+constexpr int kEinsumMaxOperands = 8;
+constexpr int kEinsumMaxRank = 12;  // per side: output dims, summed dims
+struct EinsumDesc {
+  int32_t operands = 0;
+  int32_t out_rank = 0, red_rank = 0;
+  const void* ptr[kEinsumMaxOperands] = {};
+  int64_t out_dims[kEinsumMaxRank] = {};
+  int64_t red_dims[kEinsumMaxRank] = {};
+  int64_t out_strides[kEinsumMaxOperands][kEinsumMaxRank] = {};
+  int64_t red_strides[kEinsumMaxOperands][kEinsumMaxRank] = {};
+  int64_t red_size = 1;
+};
+cudaError_t LaunchEinsum(Elem t, const EinsumDesc& d, void* y, int64_t n, cudaStream_t stream);
 
 }  // namespace kiln::cuda
