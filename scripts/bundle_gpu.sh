@@ -33,7 +33,7 @@ else
   cmake --build "$build_dir" -j"${KILN_BUILD_JOBS:-$(nproc)}"
 fi
 rm -rf .bundle && mkdir -p .bundle/bin .bundle/lib
-mapfile -t bins < <(find "$build_dir" -type f -executable \( -name kiln -o -name '*_tests' -o -name '*_driver' -o -name '*_bench' -o -name 'obs_overhead_bench' \) -not -path '*/CMakeFiles/*' | grep -E "/(${KILN_BUNDLE_BINS:-[^/]+})\$")
+mapfile -t bins < <(find "$build_dir" -type f -executable \( -name kiln -o -name '*_tests' -o -name '*_driver' -o -name '*_bench' -o -name 'obs_overhead_bench' -o -name 'kiln_bench_*' \) -not -path '*/CMakeFiles/*' | grep -E "/(${KILN_BUNDLE_BINS:-[^/]+})\$")
 for b in "${bins[@]}"; do
   cp "$b" .bundle/bin/
   strip --strip-unneeded ".bundle/bin/$(basename "$b")" 2>/dev/null || true
