@@ -31,6 +31,6 @@ for m in models:
 PY
 for m in ${models//,/ }; do
   [ -f "$work/$m/model.onnx" ] || continue
-  timeout 240 .bundle/bin/kiln_bench_refit "$work/$m" --backend cuda --fp16 --iterations 5 \
+  timeout 150 .bundle/bin/kiln_bench_refit "$work/$m" --backend cuda --fp16 --iterations 3 \
     --json "$out/refit_h200_${m}_fp16.json" 2>&1 | tail -15
 done
