@@ -1,8 +1,8 @@
 // The .kiln engine file: a fixed 64-byte preamble, a FlatBuffer (engine.fbs) with the header,
 // graph, layers, profile, memory plan, build report and weight program (refit), then the weights
 // section (64-byte aligned, each tensor 64-byte aligned) so a loader can mmap the file and borrow
-// the weights without copying. Loading verifies everything before anything is used: a crafted file yields a
-// catalog error (KILN-E4000..E4005), never an out-of-bounds read.
+// the weights without copying. Loading verifies everything before anything is used: a crafted file
+// yields a catalog error (KILN-E4000..E4005), never an out-of-bounds read.
 //
 // Preamble (little-endian). Bytes 0..47 keep this layout in every format version, and from
 // format 2 on the checksum rule below is fixed too, so any kiln can check magic, length and
