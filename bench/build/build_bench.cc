@@ -14,40 +14,16 @@
 #include "kiln/app/benchmark.h"
 #include "kiln/app/pipeline.h"
 #include "kiln/engine/engine_file.h"
+#include "zoo_bench.h"
 
 namespace {
 
 using namespace kiln;
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// The profile the zoo suggests for the model (info.json "profile": min/opt/max per input).
-StatusOr<OptimizationProfile> ZooProfile(const fs::path& dir) {
-  std::ifstream in(dir / "info.json");
-  if (!in) return MakeError(ErrorCode::kNotFound, "no info.json in '{}'", dir.string());
-  nlohmann::json info = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (info.is_discarded() || !info.contains("profile"))
-    return MakeError(ErrorCode::kInvalidArgument, "'{}' has no profile", dir.string());
-  OptimizationProfile profile;
-  for (const auto& [name, p] : info["profile"].items()) {
-    InputProfile ip;
-    ip.input = name;
-    ip.min = p["min"].get<std::vector<int64_t>>();
-    ip.opt = p["opt"].get<std::vector<int64_t>>();
-    ip.max = p["max"].get<std::vector<int64_t>>();
-    profile.inputs.push_back(std::move(ip));
-  }
-  return profile;
-}
+using bench::Clock;
+using bench::Median;
+using bench::Since;
+using bench::ZooProfile;
 
 struct Built {
   double seconds = 0;

@@ -22,34 +22,15 @@
 #include "kiln/app/pipeline.h"
 #include "kiln/ir/weight_program.h"
 #include "kiln/onnx/onnx_import.h"
+#include "zoo_bench.h"
 
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-OptimizationProfile Profile(const fs::path& dir) {
-  std::ifstream in(dir / "info.json");
-  nlohmann::json info = nlohmann::json::parse(in, nullptr, false);
-  OptimizationProfile profile;
-  if (info.is_discarded() || !info.contains("profile")) return profile;
-  for (const auto& [name, p] : info["profile"].items()) {
-    profile.inputs.push_back({name, p["min"].get<std::vector<int64_t>>(),
-                              p["opt"].get<std::vector<int64_t>>(),
-                              p["max"].get<std::vector<int64_t>>()});
-  }
-  return profile;
-}
+using bench::Clock;
+using bench::Median;
+using bench::Since;
 
 std::map<std::string, Tensor> WeightsB(const std::string& model) {
   auto graph = ImportOnnxFile(model);
@@ -99,7 +80,9 @@ int Main(int argc, char** argv) {
   BuilderConfig config;
   config.backend = backend == "cuda" ? BackendKind::kCuda : BackendKind::kCpu;
   config.fp16 = fp16;
-  config.profile = Profile(dir);
+  // No profile in info.json: the model's own (static) shapes.
+  auto profile = bench::ZooProfile(dir);
+  config.profile = profile.ok() ? *profile : OptimizationProfile{};
   config.timing_cache_path = cache.string();
   auto t = Clock::now();
   app::BuiltEngine built = Check(app::BuildFromOnnxFile(model, config), "cold build");
