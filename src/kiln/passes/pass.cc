@@ -129,18 +129,30 @@ StatusOr<PassReport> RunDefaultPasses(
     Graph& graph, const PassOptions& options,
     std::unordered_map<const Value*, std::vector<Dim>>* inferred) {
   KILN_ASSIGN_OR_RETURN(PassReport report, MakeDefaultPassManager(options)->Run(graph, inferred));
-  if (options.conv_layout.empty() || std::find(options.disabled.begin(), options.disabled.end(),
-                                               "layout_nhwc") != options.disabled.end()) {
-    return report;
+  auto append = [&](const PassReport& r) {
+    report.passes.insert(report.passes.end(), r.passes.begin(), r.passes.end());
+    report.nodes_after = r.nodes_after;
+  };
+  const bool layout = !options.conv_layout.empty() &&
+                      std::find(options.disabled.begin(), options.disabled.end(), "layout_nhwc") ==
+                          options.disabled.end();
+  if (layout) {
+    PassOptions layout_options = options;
+    layout_options.max_iterations = 1;
+    PassManager layout_pm(layout_options);
+    layout_pm.Add(MakeLayoutNhwcPass());
+    KILN_ASSIGN_OR_RETURN(PassReport layout_report, layout_pm.Run(graph));
+    append(layout_report);
   }
-  PassOptions layout_options = options;
-  layout_options.max_iterations = 1;
-  PassManager layout(layout_options);
-  layout.Add(MakeLayoutNhwcPass());
-  KILN_ASSIGN_OR_RETURN(PassReport layout_report, layout.Run(graph));
-  report.passes.insert(report.passes.end(), layout_report.passes.begin(),
-                       layout_report.passes.end());
-  report.nodes_after = layout_report.nodes_after;
+  // After the fusions and the layout: Transposes (the model's and the layout's) sink and cancel,
+  // which can leave a per-column scale right after a product. Run last so that the fusions above
+  // see the graph as the model wrote it.
+  PassManager late(options);
+  late.Add(MakeTransposeSinkingPass());
+  late.Add(MakeMatMulScaleFoldingPass());
+  late.Add(MakeDeadNodeEliminationPass());
+  KILN_ASSIGN_OR_RETURN(PassReport late_report, late.Run(graph));
+  append(late_report);
   return report;
 }
 

@@ -138,12 +138,14 @@ std::unique_ptr<Pass> MakeRmsNormFusionPass();          // x * rsqrt(mean(x^2) +
 std::unique_ptr<Pass> MakeGatedActivationFusionPass();  // act(a) * b (SwiGLU, GeGLU)
 std::unique_ptr<Pass> MakeGatedProjectionMergePass();   // gate/up -> one GEMM (after gemm_fusion)
 std::unique_ptr<Pass> MakeAttentionFusionPass();
-std::unique_ptr<Pass> MakeAttentionLayoutPass();  // heads read in place (Attention layout)
-std::unique_ptr<Pass> MakeQkvFusionPass();        // Q/K/V projections -> one (after gemm_fusion)
-std::unique_ptr<Pass> MakeGemmFusionPass();       // Gemm/MatMul + bias + activation
-std::unique_ptr<Pass> MakeConvFusionPass();       // Conv + bias + residual + activation
-std::unique_ptr<Pass> MakeGlobalPoolPass();       // ReduceMean over H, W -> GlobalAveragePool
-std::unique_ptr<Pass> MakeLayoutNhwcPass();       // channels-last convolution stacks (conv_layout)
+std::unique_ptr<Pass> MakeAttentionLayoutPass();   // heads read in place (Attention layout)
+std::unique_ptr<Pass> MakeQkvFusionPass();         // Q/K/V projections -> one (after gemm_fusion)
+std::unique_ptr<Pass> MakeGemmFusionPass();        // Gemm/MatMul + bias + activation
+std::unique_ptr<Pass> MakeConvFusionPass();        // Conv + bias + residual + activation
+std::unique_ptr<Pass> MakeGlobalPoolPass();        // ReduceMean over H, W -> GlobalAveragePool
+std::unique_ptr<Pass> MakeLayoutNhwcPass();        // channels-last convolution stacks (conv_layout)
+std::unique_ptr<Pass> MakeTransposeSinkingPass();  // Transposes sunk and cancelled (after layout)
+std::unique_ptr<Pass> MakeMatMulScaleFoldingPass();  // MatMul then a per-column Mul -> one MatMul
 
 // The default pipeline, in order: simplifications first (so patterns see constants and no
 // no-op nodes), then fusions from the largest pattern to the smallest (GELU before
