@@ -217,34 +217,49 @@ StatusOr<OptimizationProfile> ResolveProfile(const Graph& graph, const Optimizat
   return resolved;
 }
 
-// Creates the chosen kernel and asks it for its workspace at the max shapes (no data is touched,
-// nothing is prepared to run: Kernel::QueryWorkspace).
-StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& c) {
+// Creates the chosen kernel and asks it for its workspace at the max shapes and at each of
+// `other_shapes` (no data is touched, nothing is prepared to run: Kernel::QueryWorkspace); the
+// most it asks for. A kernel may want more at a smaller shape than at the max (cuDNN picks its
+// internal algorithm per shape), so a dynamic profile's min and opt are asked too.
+StatusOr<size_t> QueryWorkspaceAt(Kernel& kernel, const KernelRequest& at);
+StatusOr<size_t> PreparedWorkspace(const LayerSearch& l, const TacticCandidate& c,
+                                   const std::vector<ConcreteDimsMap>& other_shapes = {}) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> kernel, c.provider->Create(l.request, c.tactic));
+  KILN_ASSIGN_OR_RETURN(size_t most, QueryWorkspaceAt(*kernel, l.request));
+  for (const ConcreteDimsMap& dims : other_shapes) {
+    KILN_ASSIGN_OR_RETURN(size_t here, QueryWorkspaceAt(*kernel, MakeKernelRequest(*l.node, dims)));
+    most = std::max(most, here);
+  }
+  return most;
+}
+
+// The workspace `kernel` asks for with its operands at `at`'s dims (max_dims, whichever point of
+// the profile they were taken at); the tactic's own estimate where a dim is unknown.
+StatusOr<size_t> QueryWorkspaceAt(Kernel& kernel, const KernelRequest& at) {
   // Present activations get a non-null placeholder address: kernels (the CPU FP16 wrapper among
   // them) tell omitted optional inputs by a null pointer, as they will see them at run time.
   // Kernels read shapes only here, never activation data.
   alignas(64) static std::byte placeholder[64];
   std::vector<TensorView> ins, outs;
-  for (const OperandDesc& d : l.request.inputs) {
+  for (const OperandDesc& d : at.inputs) {
     ins.push_back(d.dtype == DataType::kUndefined
                       ? TensorView{}
                       : TensorView{d.dtype, d.max_dims,
                                    d.constant ? const_cast<void*>(d.constant->raw())
                                               : static_cast<void*>(placeholder)});
   }
-  for (const OperandDesc& d : l.request.outputs) {
+  for (const OperandDesc& d : at.outputs) {
     outs.push_back({d.dtype, d.max_dims, static_cast<void*>(placeholder)});
   }
   for (const auto& views : {&ins, &outs}) {
     for (const TensorView& v : *views) {
       if (v.dtype != DataType::kUndefined &&
           std::any_of(v.dims.begin(), v.dims.end(), [](int64_t x) { return x < 0; })) {
-        return c.tactic.workspace_bytes;  // max shape unknown: keep the tactic's own estimate
+        return size_t{0};  // shape unknown here: the caller keeps the tactic's own estimate
       }
     }
   }
-  return kernel->QueryWorkspace(ins, outs);
+  return kernel.QueryWorkspace(ins, outs);
 }
 
 namespace {
@@ -675,10 +690,21 @@ Status TimingPhase(BuildState& s) {
       Warn(rep, st);
     }
   }
+  // A dynamic profile: the kernels are also asked at its min and opt shapes.
+  std::vector<ConcreteDimsMap> other_shapes;
+  if (std::any_of(config.profile.inputs.begin(), config.profile.inputs.end(),
+                  [](const InputProfile& p) { return p.min != p.max || p.opt != p.max; })) {
+    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, s.graph().TopologicalOrder());
+    for (int which : {0, 1}) {
+      KILN_ASSIGN_OR_RETURN(ConcreteDimsMap dims,
+                            ConcreteDims(s.graph(), order, config.profile, which));
+      other_shapes.push_back(std::move(dims));
+    }
+  }
   for (LayerSearch& l : s.searches) {
-    // The plan reserves what the kernel itself asks for at the max shapes (a tactic's estimate
-    // may not know every dim); the runtime checks the same figure again.
-    StatusOr<size_t> prepared = PreparedWorkspace(l, l.candidates[l.chosen]);
+    // The plan reserves what the kernel itself asks for at the profile's shapes (a tactic's
+    // estimate may not know every dim); the runtime checks the same figure again.
+    StatusOr<size_t> prepared = PreparedWorkspace(l, l.candidates[l.chosen], other_shapes);
     if (!prepared.ok() && l.from_cache) {
       // The cached winner cannot be made here (a stale cache, another library build): this
       // layer takes the heuristic's tactic, as a cold build would before timing.
@@ -696,7 +722,7 @@ Status TimingPhase(BuildState& s) {
       }
       l.chosen = 0;
       l.time_ms = -1;
-      prepared = PreparedWorkspace(l, l.candidates[0]);
+      prepared = PreparedWorkspace(l, l.candidates[0], other_shapes);
     }
     KILN_RETURN_IF_ERROR(prepared.status());
     TacticCandidate& c = l.candidates[l.chosen];
