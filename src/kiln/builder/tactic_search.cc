@@ -441,6 +441,9 @@ Status SearchTactics(Backend& backend, std::vector<LayerSearch>& layers,
                  *options.max_kernel_time_ms);
         continue;
       }
+      KILN_LOG(Debug, BUILD, "tactic {} on '{}': median {:.4f} ms over {} run(s){}",
+               l->candidates[i].tactic.name, l->node->name(), t->median_ms, t->runs,
+               t->stopped_early ? " (stopped early: clearly slower)" : "");
       if (t->stopped_early) continue;  // clearly slower than `best`
       if (best < 0 || t->median_ms < best) {
         best = t->median_ms;
