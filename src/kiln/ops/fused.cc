@@ -35,7 +35,7 @@ struct ActivationRow {
   std::string_view source;  // an op type, or empty
 };
 constexpr ActivationRow kActivations[] = {
-#define KILN_ACTIVATION(kind, name, source) {FusedActivation::k##kind, name, source},
+#define KILN_ACTIVATION(kind, name, source, formula) {FusedActivation::k##kind, name, source},
 #include "kiln/ops/activations.inc"
 #undef KILN_ACTIVATION
 };

@@ -16,7 +16,7 @@ namespace kiln {
 
 // The activations listed in activations.inc, in its order (the CUDA kernels mirror the values).
 enum class FusedActivation : uint8_t {
-#define KILN_ACTIVATION(kind, name, source) k##kind,
+#define KILN_ACTIVATION(kind, name, source, formula) k##kind,
 #include "kiln/ops/activations.inc"
 #undef KILN_ACTIVATION
 };

@@ -1,4 +1,5 @@
-// Op conformance cases, elementwise family: Unary activations, broadcasting binary ops, Cast,
+// Op conformance cases, elementwise family: Unary activations, broadcasting binary ops (both from
+// the op lists, ops/unary_ops.inc and binary_ops.inc), Cast,
 // variadic Sum/Mean/Max/Min, integer Neg/Abs/Sign, IsNaN/IsInf. Each case is a one-node graph that
 // the suite (op_conformance_test.cc) runs on every backend built here, every tactic, on fresh
 // random inputs, against the CPU backend (see op_cases.h).
@@ -6,6 +7,8 @@
 
 #include <map>
 #include <utility>
+
+#include "kiln/ops/binary_ops.h"
 
 namespace kiln::testing {
 
@@ -81,7 +84,8 @@ std::vector<OpCase> ElementwiseCases() {
     return t;
   });
 
-  // ---- binary with broadcasting ---------------------------------------------------------------
+  // ---- binary ops: every row of ops/binary_ops.inc (a new row is a case here with no edit), by
+  // its type class, plus attribute and mixed-type variants --------------------------------------
   struct B {
     std::vector<int64_t> a, b;
   };
@@ -99,72 +103,139 @@ std::vector<OpCase> ElementwiseCases() {
                            {{7, 24}, {24}},
                            {{24}, {7, 24}},
                            {{3, 10, 12}, {3, 1, 12}}};
-  for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"}) {
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      B s = shapes[i];
-      std::string sop = op;
-      add(sop + "_" + std::to_string(i), [sop, s] {
-        OpTester t(sop);
-        double lo = sop == "Div" ? 0.5 : -2;
-        t.Input(kF32, s.a).Input(kF32, s.b, lo, 2.0).FloatTypes(kAllFloats);
-        return t;
-      });
+  // Operand ranges where [-2, 2] leaves the op's domain: divisors away from 0, positive bases.
+  struct Range {
+    double a_lo, a_hi, b_lo, b_hi;
+  };
+  const std::map<std::string, Range> float_ranges = {
+      {"Div", {-2, 2, 0.5, 2}}, {"Mod", {-4, 4, 0.5, 2}}, {"Pow", {0.5, 2, -2, 3}}};
+  const std::map<std::string, Range> int_ranges = {{"Div", {-9, 9, 1, 5}}, {"Mod", {-9, 9, 1, 5}}};
+  // Attributes the float cases need: ONNX's Mod takes floats only with fmod = 1.
+  const std::map<std::string, AttributeMap> float_attrs = {{"Mod", Attrs({{"fmod", int64_t{1}}})}};
+  auto range = [](const std::map<std::string, Range>& m, const std::string& op, Range dflt) {
+    auto r = m.find(op);
+    return r == m.end() ? dflt : r->second;
+  };
+  // Whether b broadcasts to a's shape (ONNX's unidirectional broadcast).
+  auto unidirectional = [](const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+    if (b.size() > a.size()) return false;
+    for (size_t i = 0; i < b.size(); ++i) {
+      const int64_t d = b[b.size() - 1 - i];
+      if (d != 1 && d != a[a.size() - 1 - i]) return false;
     }
-  }
-  for (const char* op : {"Add", "Mul", "Sub", "Div"}) {
-    std::string sop = op;
-    add(sop + "_i64", [sop] {
-      OpTester t(sop);
-      t.Input(kI64, {4, 3}, -9, 9).Input(kI64, {3}, 1, 5);
-      return t;
-    });
-  }
-  add("Add_i32", [] {
-    OpTester t("Add");
-    t.Input(kI32, {7, 5}, -50, 50).Input(kI32, {7, 1}, -50, 50);
-    return t;
-  });
-  add("Pow_f32", [] {
-    OpTester t("Pow");
-    t.Input(kF32, {4, 9}, 0.5, 2).Input(kF32, {9}, -2, 3).FloatTypes(kAllFloats);
-    return t;
-  });
+    return true;
+  };
+  auto binary_op = [&](const std::string& op, BinaryTypes types) {
+    const Range fr = range(float_ranges, op, {-2, 2, -2, 2});
+    const Range ir = range(int_ranges, op, {-9, 9, -5, 5});
+    auto fa = float_attrs.find(op);
+    const AttributeMap fattrs = fa == float_attrs.end() ? AttributeMap{} : fa->second;
+    switch (types) {
+      case BinaryTypes::kArith:
+      case BinaryTypes::kArithWide:
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          B s = shapes[i];
+          // PRelu's slope broadcasts to X (ONNX's unidirectional broadcast).
+          if (types == BinaryTypes::kArithWide && !unidirectional(s.a, s.b)) continue;
+          must(op + "_" + std::to_string(i), [op, s, fr, fattrs] {
+            OpTester t(op, fattrs);
+            t.Input(kF32, s.a, fr.a_lo, fr.a_hi).Input(kF32, s.b, fr.b_lo, fr.b_hi);
+            t.FloatTypes(kAllFloats);
+            return t;
+          });
+        }
+        for (DataType it : {kI64, kI32}) {
+          must(op + "_" + std::string(ToString(it)), [op, it, ir] {
+            OpTester t(op);
+            t.Input(it, {4, 3}, ir.a_lo, ir.a_hi).Input(it, {3}, ir.b_lo, ir.b_hi);
+            return t;
+          });
+        }
+        break;
+      case BinaryTypes::kCompare:
+      case BinaryTypes::kEquality:
+        must(op + "_f32", [op] {
+          OpTester t(op);
+          // Small integers in f32, so that ties occur.
+          t.Input(Rounded({6, 11}, -2, 2, 7)).Input(Rounded({11}, -2, 2, 8));
+          return t;
+        });
+        must(op + "_f32_random", [op] {
+          OpTester t(op);
+          t.Input(kF32, {6, 11}, -2, 2).Input(kF32, {11}, -2, 2);
+          return t;
+        });
+        must(op + "_i64", [op] {
+          OpTester t(op);
+          t.Input(kI64, {5, 4}, -2, 2).Input(kI64, {5, 1}, -2, 2);
+          return t;
+        });
+        if (types == BinaryTypes::kEquality) {
+          must(op + "_bool", [op] {
+            OpTester t(op);
+            t.Input(kBool, {3, 8}).Input(kBool, {8});
+            return t;
+          });
+        }
+        break;
+      case BinaryTypes::kLogic:
+        must(op, [op] {
+          OpTester t(op);
+          t.Input(kBool, {4, 1, 6}).Input(kBool, {5, 6});
+          return t;
+        });
+        break;
+      case BinaryTypes::kPow:
+        must(op + "_f32", [op, fr, fattrs] {
+          OpTester t(op, fattrs);
+          t.Input(kF32, {4, 9}, fr.a_lo, fr.a_hi).Input(kF32, {9}, fr.b_lo, fr.b_hi);
+          t.FloatTypes(kAllFloats);
+          return t;
+        });
+        must(op + "_i64_i64", [op] {
+          OpTester t(op);
+          t.Input(kI64, {3, 5}, -4, 4).Input(kI64, {5}, 0, 5);
+          return t;
+        });
+        must(op + "_i64_exp", [op] {
+          OpTester t(op);
+          t.Input(kF32, {3, 4}, -2, 2).Input(I64({}, {3}));
+          return t;
+        });
+        break;
+    }
+  };
+#define KILN_BINARY_OP(Name, Types, formula) binary_op(#Name, BinaryTypes::k##Types);
+#define KILN_VARIADIC_OP(Name, Types, formula) binary_op(#Name, BinaryTypes::k##Types);
+#include "kiln/ops/binary_ops.inc"
+#undef KILN_VARIADIC_OP
+#undef KILN_BINARY_OP
   add("Pow_square", [] {
     OpTester t("Pow");
     t.Input(kF32, {37}, -2, 2).Input(F32({}, {2.f})).FloatTypes(kAllFloats);
     return t;
   });
-  add("Pow_i64_exp", [] {
+  add("Pow_i32_f32_exp", [] {
     OpTester t("Pow");
-    t.Input(kF32, {3, 4}, -2, 2).Input(I64({}, {3}));
+    t.Input(kI32, {2, 6}, -5, 5).Input(F32({}, {2.f}));
     return t;
   });
-  for (const char* op : {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"}) {
-    std::string sop = op;
-    add(sop + "_f32", [sop] {
-      OpTester t(sop);
-      t.Input(kF32, {6, 11}, -2, 2).Input(kF32, {11}, -2, 2);
-      return t;
-    });
-    add(sop + "_i64", [sop] {
-      OpTester t(sop);
-      t.Input(kI64, {5, 4}, -2, 2).Input(kI64, {5, 1}, -2, 2);
-      return t;
-    });
-  }
-  add("Equal_bool", [] {
-    OpTester t("Equal");
-    t.Input(kBool, {3, 8}).Input(kBool, {8});
+  must("Mod_fmod_negative_divisors", [] {
+    OpTester t("Mod", Attrs({{"fmod", int64_t{1}}}));
+    t.Input(kF32, {5, 8}, -4, 4).Input(F32({8}, {3.f, -3.f, 0.7f, -0.7f, 1.5f, 2.f, -1.f, 0.5f}));
+    t.FloatTypes(kAllFloats);
     return t;
   });
-  for (const char* op : {"And", "Or", "Xor"}) {
-    std::string sop = op;
-    add(sop, [sop] {
-      OpTester t(sop);
-      t.Input(kBool, {4, 1, 6}).Input(kBool, {5, 6});
-      return t;
-    });
-  }
+  must("Mod_fmod_i32", [] {
+    OpTester t("Mod", Attrs({{"fmod", int64_t{1}}}));
+    t.Input(kI32, {5, 6}, -20, 20).Input(I32({6}, {3, -3, 7, -7, 5, -2}));
+    return t;
+  });
+  must("Mod_negative_divisors", [] {
+    OpTester t("Mod");
+    t.Input(kI64, {5, 6}, -20, 20).Input(I64({6}, {3, -3, 7, -7, 5, -2}));
+    return t;
+  });
   add("Where_broadcast", [] {
     OpTester t("Where");
     t.Input(kBool, {2, 1, 5}).Input(kF32, {2, 3, 5}).Input(kF32, {5}).FloatTypes(kAllFloats);

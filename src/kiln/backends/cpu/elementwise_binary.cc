@@ -1,10 +1,11 @@
-// Broadcasting elementwise ops on the CPU: arithmetic, comparisons and logic (binary), Sum/Mean/
-// Max/Min (variadic), Where (ternary) and PRelu. One table line per op: name and scalar lambda.
-// Floats compute in FP32 (f16/bf16 through the wrapper); integer and bool paths where ONNX
-// defines them (integer Div truncates, as ONNX says).
-#include <cmath>
+// Broadcasting elementwise ops on the CPU: every row of ops/binary_ops.inc (arithmetic,
+// comparisons, logic, Pow, Mod, PRelu; Max/Min with any number of inputs), Sum/Mean and Where.
+// Floats compute in FP32 (f16/bf16 through the wrapper); integer and bool paths by the row's type
+// class.
+#include <type_traits>
 
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ops/binary_ops.h"
 #include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
@@ -40,35 +41,6 @@ void BinaryLoop(const KernelRunArgs& args, F f) {
   });
 }
 
-template <typename T>
-T IntPow(T base, T exp) {
-  if (exp < 0) return base == 1 ? 1 : (base == -1 ? (exp % 2 ? -1 : 1) : 0);
-  T r = 1;
-  for (; exp > 0; exp >>= 1, base *= base) {
-    if (exp & 1) r *= base;
-  }
-  return r;
-}
-
-// Arithmetic: name, expression over a, b of type T (a C++ arithmetic type).
-#define KILN_CPU_ARITH_OPS(X) \
-  X(Add, a + b)               \
-  X(Sub, a - b)               \
-  X(Mul, a* b)                \
-  X(Div, std::is_integral_v<T> ? (b == 0 ? T(0) : static_cast<T>(a / b)) : static_cast<T>(a / b))
-
-#define KILN_CPU_COMPARE_OPS(X) \
-  X(Equal, a == b)              \
-  X(Less, a < b)                \
-  X(LessOrEqual, a <= b)        \
-  X(Greater, a > b)             \
-  X(GreaterOrEqual, a >= b)
-
-#define KILN_CPU_LOGIC_OPS(X) \
-  X(And, a&& b)               \
-  X(Or, a || b)               \
-  X(Xor, (a != 0) != (b != 0))
-
 bool ArithType(DataType t) {
   return t == DataType::kFloat32 || t == DataType::kInt64 || t == DataType::kInt32 ||
          t == DataType::kInt8 || t == DataType::kUInt8;
@@ -80,27 +52,74 @@ bool SameInputs(const KernelRequest& r) {
   return true;
 }
 
-template <typename Op>
-void RegisterTyped(const char* name, bool allow_bool, bool float_ok, Op op) {
-  RegisterOpKernel({
-      .op_type = name,
-      .accepts =
-          [allow_bool, float_ok](const KernelRequest& r) {
-            DataType t = InType(r, 0);
-            return SameInputs(r) &&
-                   (t == DataType::kBool ? allow_bool
-                                         : (t == DataType::kFloat32 ? float_ok : ArithType(t)));
-          },
-      .create =
-          [op](const KernelRequest& r) {
-            return KernelOr([op, t = InType(r, 0)](const KernelRunArgs& a) {
-              return DispatchNumeric(t, [&](auto tag) -> Status {
-                op(tag, a);
-                return OkStatus();
-              });
-            });
-          },
-  });
+// The operand types the CPU serves for each of binary_ops.inc's type classes (f16/bf16 arrive
+// as f32 through the float wrapper).
+bool Accepts(BinaryTypes types, const KernelRequest& r) {
+  const DataType t = InType(r, 0);
+  switch (types) {
+    case BinaryTypes::kArith:
+    case BinaryTypes::kCompare:
+      return SameInputs(r) && ArithType(t);
+    case BinaryTypes::kArithWide:
+      return SameInputs(r) &&
+             (t == DataType::kFloat32 || t == DataType::kInt64 || t == DataType::kInt32);
+    case BinaryTypes::kEquality:
+      return SameInputs(r) && (ArithType(t) || t == DataType::kBool);
+    case BinaryTypes::kLogic:
+      return t == DataType::kBool && InType(r, 1) == DataType::kBool;
+    case BinaryTypes::kPow: {
+      // The exponent may have another type than the base.
+      const DataType e = InType(r, 1);
+      if (t == DataType::kFloat32) return e == DataType::kFloat32 || IsIndexType(e);
+      return IsIndexType(t) && (IsIndexType(e) || e == DataType::kFloat32);
+    }
+  }
+  return false;
+}
+
+// Runs a Pow-typed formula `f(a, b)` for base type B0 over the exponent type `e`.
+template <typename Base, typename F>
+void PowLoop(DataType e, const KernelRunArgs& args, F f) {
+  if (e == DataType::kFloat32) {
+    BinaryLoop<Base, float, Base>(args,
+                                  [f](Base x, float y) { return static_cast<Base>(f(x, y)); });
+  } else if (e == DataType::kInt64) {
+    BinaryLoop<Base, int64_t, Base>(args,
+                                    [f](Base x, int64_t y) { return static_cast<Base>(f(x, y)); });
+  } else {
+    BinaryLoop<Base, int32_t, Base>(args,
+                                    [f](Base x, int32_t y) { return static_cast<Base>(f(x, y)); });
+  }
+}
+
+// out = formula(a, b) for a two-operand row, by its type class.
+template <BinaryTypes kTypes, typename F>
+Status RunBinary(DataType a_type, DataType b_type, const KernelRunArgs& args, F f) {
+  if constexpr (kTypes == BinaryTypes::kLogic) {
+    BinaryLoop<uint8_t, uint8_t, uint8_t>(
+        args, [f](uint8_t a, uint8_t b) -> uint8_t { return static_cast<uint8_t>(f(a, b)); });
+    return OkStatus();
+  } else if constexpr (kTypes == BinaryTypes::kPow) {
+    if (a_type == DataType::kFloat32) {
+      PowLoop<float>(b_type, args, f);
+    } else if (a_type == DataType::kInt64) {
+      PowLoop<int64_t>(b_type, args, f);
+    } else {
+      PowLoop<int32_t>(b_type, args, f);
+    }
+    return OkStatus();
+  } else {
+    return DispatchNumeric(a_type, [&](auto tag) -> Status {
+      using T = typename decltype(tag)::type;
+      if constexpr (WritesBool(kTypes)) {
+        BinaryLoop<T, T, uint8_t>(
+            args, [f](T a, T b) -> uint8_t { return static_cast<uint8_t>(f(a, b)); });
+      } else if constexpr (!std::is_same_v<T, bool>) {
+        BinaryLoop<T, T, T>(args, [f](T a, T b) -> T { return static_cast<T>(f(a, b)); });
+      }
+      return OkStatus();
+    });
+  }
 }
 
 // Variadic: out = fold(f, inputs...), then finish(out, count) (Mean divides).
@@ -151,139 +170,89 @@ void WhereLoop(const KernelRunArgs& args) {
   });
 }
 
-template <typename T>
-T ModOf(T a, T b, bool fmod) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (fmod) return std::fmod(a, b);
-    T m = std::fmod(a, b);
-    return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
-  } else {
-    if (b == 0) return 0;
-    T m = static_cast<T>(a % b);
-    if (!fmod && m != 0 && ((m < 0) != (b < 0))) m = static_cast<T>(m + b);
-    return m;
-  }
+// The node's attributes that the formulas read, with ops.inc's defaults.
+BinaryParams ReadParams(const Node& node) {
+  BinaryParams p;
+  p.fmod = OpTypeOf(node) == OpType::kMod && attrs::Mod::fmod(node) != 0;
+  return p;
 }
 
-const bool kRegistered = [] {
-#define KILN_REGISTER_ARITH(Name, expr)                                              \
-  RegisterTyped(#Name, false, true, [](auto tag, const KernelRunArgs& args) {        \
-    using T = typename decltype(tag)::type;                                          \
-    if constexpr (!std::is_same_v<T, bool>) {                                        \
-      BinaryLoop<T, T, T>(args, [](T a, T b) -> T { return static_cast<T>(expr); }); \
-    }                                                                                \
+// out = fold of every input with the formula (a KILN_VARIADIC_OP row).
+template <BinaryTypes kTypes, typename F>
+Status RunVariadic(DataType t, const KernelRunArgs& args, F f) {
+  static_assert(!WritesBool(kTypes) && kTypes != BinaryTypes::kPow,
+                "a Variadic row folds operands of one type into that type");
+  return DispatchNumeric(t, [&](auto tag) -> Status {
+    using T = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<T, bool>) {
+      Variadic<T>(
+          args, [f](T a, T b) -> T { return static_cast<T>(f(a, b)); }, false);
+    }
+    return OkStatus();
   });
-  KILN_CPU_ARITH_OPS(KILN_REGISTER_ARITH)
-#undef KILN_REGISTER_ARITH
+}
 
-#define KILN_REGISTER_COMPARE(Name, expr)                                                    \
-  RegisterTyped(#Name, std::string_view(#Name) == "Equal", true,                             \
-                [](auto tag, const KernelRunArgs& args) {                                    \
-                  using T = typename decltype(tag)::type;                                    \
-                  BinaryLoop<T, T, uint8_t>(args, [](T a, T b) -> uint8_t { return expr; }); \
-                });
-  KILN_CPU_COMPARE_OPS(KILN_REGISTER_COMPARE)
-#undef KILN_REGISTER_COMPARE
-
-#define KILN_REGISTER_LOGIC(Name, expr)                                                      \
-  RegisterOpKernel({.op_type = #Name,                                                        \
-                    .float_wrap = false,                                                     \
-                    .accepts =                                                               \
-                        [](const KernelRequest& r) {                                         \
-                          return InType(r, 0) == DataType::kBool &&                          \
-                                 InType(r, 1) == DataType::kBool;                            \
-                        },                                                                   \
-                    .create =                                                                \
-                        [](const KernelRequest&) {                                           \
-                          return KernelOr([](const KernelRunArgs& args) {                    \
-                            BinaryLoop<uint8_t, uint8_t, uint8_t>(                           \
-                                args, [](uint8_t a, uint8_t b) -> uint8_t { return expr; }); \
-                            return OkStatus();                                               \
-                          });                                                                \
-                        }});
-  KILN_CPU_LOGIC_OPS(KILN_REGISTER_LOGIC)
-#undef KILN_REGISTER_LOGIC
-
-  // Variadic ops.
-#define KILN_REGISTER_VARIADIC(Name, expr, mean)                              \
-  RegisterTyped(#Name, false, true, [](auto tag, const KernelRunArgs& args) { \
-    using T = typename decltype(tag)::type;                                   \
-    if constexpr (!std::is_same_v<T, bool>) {                                 \
-      Variadic<T>(                                                            \
-          args, [](T a, T b) -> T { return expr; }, mean);                    \
-    }                                                                         \
-  });
-  KILN_REGISTER_VARIADIC(Sum, static_cast<T>(a + b), false)
-  KILN_REGISTER_VARIADIC(Mean, static_cast<T>(a + b), true)
-  // NaN propagates through Max/Min, as in ONNX Runtime.
-  KILN_REGISTER_VARIADIC(Max, (a > b || a != a) ? a : b, false)
-  KILN_REGISTER_VARIADIC(Min, (a < b || a != a) ? a : b, false)
-#undef KILN_REGISTER_VARIADIC
-
+// One provider per row of ops/binary_ops.inc. `formula` is the row's generic lambda; taking its
+// type (not a function pointer) lets the element loops inline and vectorise it.
+template <BinaryTypes kTypes, bool kVariadic, typename Formula>
+void RegisterRow(const char* op, Formula formula) {
   RegisterOpKernel({
-      .op_type = "Mod",
-      .accepts = [](const KernelRequest& r) { return SameInputs(r) && ArithType(InType(r, 0)); },
+      .op_type = op,
+      .float_wrap = kTypes != BinaryTypes::kLogic,
+      .accepts = [](const KernelRequest& r) { return Accepts(kTypes, r); },
       .create =
-          [](const KernelRequest& r) {
-            bool fmod = attrs::Mod::fmod(*r.node) != 0;
-            return KernelOr([fmod, t = InType(r, 0)](const KernelRunArgs& args) {
+          [formula](const KernelRequest& r) {
+            const BinaryParams p = ReadParams(*r.node);
+            auto f = [formula, p](auto a, auto b) { return formula(a, b, p); };
+            return KernelOr([f, a = InType(r, 0), b = InType(r, 1)](const KernelRunArgs& args) {
+              if constexpr (kVariadic) {
+                return RunVariadic<kTypes>(a, args, f);
+              } else {
+                return RunBinary<kTypes>(a, b, args, f);
+              }
+            });
+          },
+  });
+}
+
+// Sum and Mean, any number of inputs (not binary_ops.inc rows: neither has a two-operand kernel on
+// CUDA, so a row would add one).
+void RegisterSumOrMean(const char* op, bool mean) {
+  RegisterOpKernel({
+      .op_type = op,
+      .accepts = [](const KernelRequest& r) { return Accepts(BinaryTypes::kArith, r); },
+      .create =
+          [mean](const KernelRequest& r) {
+            return KernelOr([mean, t = InType(r, 0)](const KernelRunArgs& args) {
               return DispatchNumeric(t, [&](auto tag) -> Status {
                 using T = typename decltype(tag)::type;
                 if constexpr (!std::is_same_v<T, bool>) {
-                  BinaryLoop<T, T, T>(args, [fmod](T a, T b) { return ModOf(a, b, fmod); });
+                  Variadic<T>(
+                      args, [](T a, T b) -> T { return static_cast<T>(a + b); }, mean);
                 }
                 return OkStatus();
               });
             });
           },
   });
+}
 
-  // Pow: the exponent may have another type than the base.
-  RegisterOpKernel({
-      .op_type = "Pow",
-      .accepts =
-          [](const KernelRequest& r) {
-            DataType b = InType(r, 0), e = InType(r, 1);
-            if (b == DataType::kFloat32) return e == DataType::kFloat32 || IsIndexType(e);
-            return IsIndexType(b) && (IsIndexType(e) || e == DataType::kFloat32);
-          },
-      .create =
-          [](const KernelRequest& r) {
-            return KernelOr([b = InType(r, 0), e = InType(r, 1)](const KernelRunArgs& args) {
-              auto fpow = [](double x, double y) { return std::pow(x, y); };
-              if (b == DataType::kFloat32) {
-                if (e == DataType::kFloat32) {
-                  BinaryLoop<float, float, float>(args, [](float x, float y) {
-                    return y == 2.f ? x * x : (y == 0.5f ? std::sqrt(x) : std::pow(x, y));
-                  });
-                } else if (e == DataType::kInt64) {
-                  BinaryLoop<float, int64_t, float>(
-                      args, [&](float x, int64_t y) { return static_cast<float>(fpow(x, y)); });
-                } else {
-                  BinaryLoop<float, int32_t, float>(
-                      args, [&](float x, int32_t y) { return static_cast<float>(fpow(x, y)); });
-                }
-                return OkStatus();
-              }
-              return DispatchNumeric(b, [&](auto tag) -> Status {
-                using T = typename decltype(tag)::type;
-                if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, int32_t>) {
-                  if (e == DataType::kFloat32) {
-                    BinaryLoop<T, float, T>(
-                        args, [&](T x, float y) { return static_cast<T>(fpow(x, y)); });
-                  } else if (e == DataType::kInt64) {
-                    BinaryLoop<T, int64_t, T>(
-                        args, [](T x, int64_t y) { return IntPow<T>(x, static_cast<T>(y)); });
-                  } else {
-                    BinaryLoop<T, int32_t, T>(
-                        args, [](T x, int32_t y) { return IntPow<T>(x, static_cast<T>(y)); });
-                  }
-                }
-                return OkStatus();
-              });
-            });
-          },
-  });
+const bool kRegistered = [] {
+#define KILN_CPU_REGISTER_ROW(Name, Types, variadic, formula)             \
+  RegisterRow<BinaryTypes::k##Types, variadic>(                           \
+      #Name, [](auto a, auto b, [[maybe_unused]] const BinaryParams& p) { \
+        using A [[maybe_unused]] = decltype(a);                           \
+        using B [[maybe_unused]] = decltype(b);                           \
+        return formula;                                                   \
+      });
+#define KILN_BINARY_OP(Name, Types, formula) KILN_CPU_REGISTER_ROW(Name, Types, false, formula)
+#define KILN_VARIADIC_OP(Name, Types, formula) KILN_CPU_REGISTER_ROW(Name, Types, true, formula)
+#include "kiln/ops/binary_ops.inc"
+#undef KILN_VARIADIC_OP
+#undef KILN_BINARY_OP
+#undef KILN_CPU_REGISTER_ROW
+  RegisterSumOrMean("Sum", false);
+  RegisterSumOrMean("Mean", true);
 
   RegisterOpKernel({
       .op_type = "Where",
@@ -312,27 +281,6 @@ const bool kRegistered = [] {
           },
   });
 
-  RegisterOpKernel({
-      .op_type = "PRelu",
-      .accepts =
-          [](const KernelRequest& r) {
-            return SameInputs(r) &&
-                   (InType(r, 0) == DataType::kFloat32 || InType(r, 0) == DataType::kInt64 ||
-                    InType(r, 0) == DataType::kInt32);
-          },
-      .create =
-          [](const KernelRequest& r) {
-            return KernelOr([t = InType(r, 0)](const KernelRunArgs& args) {
-              return DispatchNumeric(t, [&](auto tag) -> Status {
-                using T = typename decltype(tag)::type;
-                if constexpr (!std::is_same_v<T, bool>) {
-                  BinaryLoop<T, T, T>(args, [](T x, T s) -> T { return x < 0 ? x * s : x; });
-                }
-                return OkStatus();
-              });
-            });
-          },
-  });
   return true;
 }();
 

@@ -1,21 +1,15 @@
 // Elementwise unary ops and activations on the CPU, from the table both backends share
-// (ops/unary_ops.inc: each op a name and a scalar formula; attribute defaults from ops.inc). FP32
-// compute (f16/bf16 through the wrapper); the ops that ONNX defines on integers or bools get those
-// paths too. Clip reads min/max inputs. Gelu (the graph passes' fused op) uses vec_math.h's
-// erf/tanh, which vectorize.
+// (ops/unary_ops.inc: each op a name and a scalar formula, unary_formula.h; attribute defaults
+// from ops.inc). FP32 compute (f16/bf16 through the wrapper); the ops that ONNX defines on
+// integers or bools get those paths too. Clip reads min/max inputs.
 #include <cmath>
 
 #include "kiln/backends/cpu/op_util.h"
-#include "kiln/backends/cpu/vec_math.h"
+#include "kiln/backends/cpu/unary_formula.h"
 #include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
-
-struct UnaryParams {
-  float alpha = 0, beta = 0, gamma = 0;
-  bool tanh_gelu = false;
-};
 
 template <typename In, typename Out, typename F>
 Status MapUnary(const KernelRunArgs& a, F f) {
@@ -26,29 +20,6 @@ Status MapUnary(const KernelRunArgs& a, F f) {
   });
   return OkStatus();
 }
-
-// The math the shared formulas (ops/unary_ops.inc) call: std:: functions, and vec_math.h's erf
-// and tanh for Gelu, which vectorize.
-namespace m {
-inline float exp(float x) { return std::exp(x); }
-inline float tanh(float x) { return std::tanh(x); }
-inline float erf(float x) { return std::erf(x); }
-inline float log(float x) { return std::log(x); }
-inline float sqrt(float x) { return std::sqrt(x); }
-inline float fabs(float x) { return std::fabs(x); }
-inline float floor(float x) { return std::floor(x); }
-inline float ceil(float x) { return std::ceil(x); }
-inline float nearbyint(float x) { return std::nearbyint(x); }
-inline float sin(float x) { return std::sin(x); }
-inline float cos(float x) { return std::cos(x); }
-inline float log1p(float x) { return std::log1p(x); }
-inline float expm1(float x) { return std::expm1(x); }
-inline float max(float a, float b) { return std::max(a, b); }
-inline float min(float a, float b) { return std::min(a, b); }
-inline float clamp(float v, float lo, float hi) { return std::clamp(v, lo, hi); }
-inline float fast_tanh(float x) { return FastTanh(x); }
-inline float fast_erf(float x) { return FastErf(x); }
-}  // namespace m
 
 // The op's parameters with their defaults from ops.inc (0 for an op that declares none).
 UnaryParams ReadParams(const Node& node) {
@@ -129,7 +100,8 @@ Status RunClip(const KernelRunArgs& a) {
 
 const bool kRegistered = [] {
 #define KILN_UNARY_OP(Name, formula) \
-  RegisterFloatUnary(#Name, [](float x, const UnaryParams& p) -> float { return formula; });
+  RegisterFloatUnary(#Name,          \
+                     [](float x, const UnaryParams& p) { return Unary<OpType::k##Name>(x, p); });
 #define KILN_INT_UNARY_OP(Name, formula)
 #include "kiln/ops/unary_ops.inc"
 #undef KILN_INT_UNARY_OP

@@ -1,4 +1,5 @@
-// FP32 GEMM: OpenBLAS and kiln's own packed, blocked kernel; the activation epilogue.
+// FP32 GEMM: OpenBLAS and kiln's own packed, blocked kernel; the bias/residual epilogue (the
+// activation itself is activation.cc's).
 #include "kiln/backends/cpu/sgemm.h"
 
 #include <cblas.h>
@@ -9,7 +10,6 @@
 #include <mutex>
 #include <string>
 
-#include "kiln/backends/cpu/vec_math.h"
 #include "kiln/core/logging.h"
 #include "kiln/core/thread_pool.h"
 
@@ -143,7 +143,6 @@ void BlockedSgemm(int64_t kc_max, bool trans_a, bool trans_b, int64_t m, int64_t
   }
 }
 
-float Sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 }  // namespace
 
 size_t SgemmWorkspaceBytes(GemmImpl impl, int64_t m, int64_t n, int64_t k) {
@@ -238,37 +237,6 @@ void Sgemm(GemmImpl impl, bool trans_a, bool trans_b, int64_t m, int64_t n, int6
     pool.ParallelFor((m + chunk - 1) / chunk, [&](int64_t s0, int64_t s1) {
       call(s0 * chunk, std::min(m, s1 * chunk), 0, n);
     });
-  }
-}
-
-void ApplyActivation(const FusedActivationSpec& act, float* x, int64_t n) {
-  switch (act.kind) {
-    case FusedActivation::kNone:
-      return;
-    case FusedActivation::kRelu:
-      for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.f ? x[i] : 0.f;
-      return;
-    case FusedActivation::kClip:
-      for (int64_t i = 0; i < n; ++i) x[i] = std::min(std::max(x[i], act.min), act.max);
-      return;
-    case FusedActivation::kSigmoid:
-      for (int64_t i = 0; i < n; ++i) x[i] = Sigmoid(x[i]);
-      return;
-    case FusedActivation::kHardSwish:
-      for (int64_t i = 0; i < n; ++i) {
-        x[i] = x[i] * std::min(std::max(x[i] / 6.f + 0.5f, 0.f), 1.f);
-      }
-      return;
-    case FusedActivation::kSilu:
-      for (int64_t i = 0; i < n; ++i) x[i] = x[i] * Sigmoid(x[i]);
-      return;
-    // libm's erff/tanhf per element cost several times the GEMM they follow (vec_math.h).
-    case FusedActivation::kGelu:
-      GeluErfInPlace(x, n);
-      return;
-    case FusedActivation::kGeluTanh:
-      GeluTanhInPlace(x, n);
-      return;
   }
 }
 

@@ -54,8 +54,12 @@ void Sgemm(GemmImpl impl, bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 // Sets OpenBLAS to one thread, once per process (see the note above).
 void ConfigureBlasThreads();
 
-// Applies the activation to n contiguous floats in place.
+// Applies the activation to n contiguous floats in place (activation.cc): a vectorised or cheaper
+// loop for the hot kinds, ApplyListedActivation for the rest.
 void ApplyActivation(const FusedActivationSpec& act, float* x, int64_t n);
+// The same with the formula of the kind's row in ops/activations.inc, for every kind: the
+// fallback, and the reference ApplyActivation's own loops are tested against.
+void ApplyListedActivation(const FusedActivationSpec& act, float* x, int64_t n);
 
 // Epilogue on rows of a row-major matrix block: for r in [0, rows), x[r * ld + j] for j in
 // [0, cols): adds row_bias[r] (per-row, e.g. conv channel) and/or col_bias[j], adds

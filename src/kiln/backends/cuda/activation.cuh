@@ -1,30 +1,24 @@
-// The fused activations' formulas on the device, one per kind of activations.inc, shared by every
-// CUDA epilogue (cuBLASLt's in blas_kernels.cu, cuDNN's in conv_cudnn_epilogue.cu). Same
-// formulas as the CPU backend's ApplyActivation (the reference).
+// The fused activations' formulas on the device, one per row of ops/activations.inc (the list
+// gives each its formula, built on unary_ops.inc's), shared by every CUDA epilogue (cuBLASLt's in
+// blas_kernels.cu, cuDNN's in conv_cudnn_epilogue.cu, the depthwise convolution's).
 #pragma once
 
 #include "kiln/backends/cuda/blas_kernels.h"
+#include "kiln/backends/cuda/unary_formula.cuh"
 
 namespace kiln::cuda {
 
 __device__ __forceinline__ float Activate(BlasAct act, float x, float lo, float hi) {
   switch (act) {
-    case BlasAct::kNone:
-      return x;
-    case BlasAct::kRelu:
-      return x > 0.f ? x : 0.f;
-    case BlasAct::kClip:
-      return fminf(fmaxf(x, lo), hi);
-    case BlasAct::kSigmoid:
-      return 1.f / (1.f + expf(-x));
-    case BlasAct::kHardSwish:
-      return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
-    case BlasAct::kSilu:
-      return x / (1.f + expf(-x));
-    case BlasAct::kGelu:
-      return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
-    case BlasAct::kGeluTanh:
-      return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+#define KILN_UNARY(Op, v) Unary<UnaryOp::k##Op>(v, UnaryParams{})
+#define KILN_UNARY_TANH_GELU(v) Unary<UnaryOp::kGelu>(v, UnaryParams{0.f, 0.f, 0.f, true})
+#define KILN_ACTIVATION(Kind, name, source, formula) \
+  case BlasAct::k##Kind:                             \
+    return formula;
+#include "kiln/ops/activations.inc"
+#undef KILN_ACTIVATION
+#undef KILN_UNARY_TANH_GELU
+#undef KILN_UNARY
   }
   return x;
 }

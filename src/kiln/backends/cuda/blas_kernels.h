@@ -15,7 +15,7 @@ enum class BlasType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 // kiln::FusedActivation's values, from the same list (activations.inc is plain macros, so the .cu
 // files stay free of kiln's C++ headers); the device formulas are in activation.cuh.
 enum class BlasAct : int {
-#define KILN_ACTIVATION(kind, name, source) k##kind,
+#define KILN_ACTIVATION(kind, name, source, formula) k##kind,
 #include "kiln/ops/activations.inc"
 #undef KILN_ACTIVATION
 };

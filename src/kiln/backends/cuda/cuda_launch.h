@@ -1,5 +1,6 @@
 // The launch interface between kiln's own CUDA kernels (*.cu) and their providers (*_ops.cc).
-// Deliberately free of kiln headers: nvcc cannot compile fmt's compile-time format checks, so
+// Deliberately free of kiln headers (but the plain op lists, ops/*_ops.inc and binary_ops.h): nvcc
+// cannot compile fmt's compile-time format checks, so
 // the .cu files see only plain structs passed by value and return cudaError_t; the providers turn
 // that into Status. Every launcher enqueues on `stream` only (no allocation, no synchronisation,
 // no host reads of device data), so layers can be captured into CUDA graphs.
@@ -9,6 +10,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kiln/ops/binary_ops.h"  // plain C++: the binary formulas' types and helpers
 
 namespace kiln::cuda {
 
@@ -48,31 +51,21 @@ cudaError_t LaunchUnary(UnaryOp op, UnaryParams p, Elem t, const void* x, void* 
 cudaError_t LaunchClip(Elem t, const void* x, const void* lo, const void* hi, void* y, int64_t n,
                        cudaStream_t stream);
 
+// One per row of ops/binary_ops.inc (variadic rows too: their two-operand form).
 enum class BinaryOp : int32_t {
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,
-  kPow,
-  kMax,
-  kMin,
-  kPRelu,
-  kMod,
-  kFmod,
-  kEqual,
-  kLess,
-  kLessOrEqual,
-  kGreater,
-  kGreaterOrEqual,
-  kAnd,
-  kOr,
-  kXor
+#define KILN_BINARY_OP(Name, Types, formula) k##Name,
+#define KILN_VARIADIC_OP(Name, Types, formula) k##Name,
+#include "kiln/ops/binary_ops.inc"
+#undef KILN_VARIADIC_OP
+#undef KILN_BINARY_OP
 };
 // y = op(a, b) with numpy broadcasting described by `s` (operands 0 = a, 1 = b; the output is
-// dense over s.dims). Comparisons write bool. `exp_type` is b's type for Pow (may differ).
-// `same_shape` selects the vectorised dense path (a, b and y all dense and of n elements).
-cudaError_t LaunchBinary(BinaryOp op, Elem t, Elem b_type, const void* a, const void* b, void* y,
-                         const Strided& s, int64_t n, bool same_shape, cudaStream_t stream);
+// dense over s.dims). Comparisons write bool. `b_type` is b's type (Pow's may differ); `p` the
+// node's attributes. `same_shape` selects the vectorised dense path (a, b and y all dense and of
+// n elements).
+cudaError_t LaunchBinary(BinaryOp op, BinaryParams p, Elem t, Elem b_type, const void* a,
+                         const void* b, void* y, const Strided& s, int64_t n, bool same_shape,
+                         cudaStream_t stream);
 // out = cond ? x : y (cond bool = operand 0, x = 1, y = 2), any element size.
 cudaError_t LaunchWhere(size_t elem_size, const void* cond, const void* x, const void* y, void* out,
                         const Strided& s, int64_t n, cudaStream_t stream);

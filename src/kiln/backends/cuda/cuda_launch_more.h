@@ -21,7 +21,16 @@ struct IndexFault {
 
 // ---- variadic.cu ------------------------------------------------------------------------------
 constexpr int kMaxVariadicInputs = 16;
-enum class VariadicOp : int32_t { kSum, kMean, kMax, kMin };
+// Sum and Mean, then one per KILN_VARIADIC_OP row of ops/binary_ops.inc (Max, Min).
+enum class VariadicOp : int32_t {
+  kSum,
+  kMean,
+#define KILN_BINARY_OP(Name, Types, formula)
+#define KILN_VARIADIC_OP(Name, Types, formula) k##Name,
+#include "kiln/ops/binary_ops.inc"
+#undef KILN_VARIADIC_OP
+#undef KILN_BINARY_OP
+};
 // y (dense over dims) = fold of the inputs with numpy broadcasting; FP32 accumulation for f16/bf16
 // (f32 and integers compute in their own type, as the CPU reference). `strides[k][d]` is input k's
 // element stride along output dim d (0 where broadcast).

@@ -1,49 +1,17 @@
-// Elementwise CUDA kernels: unary activations, Clip, broadcasting binary ops, Where and Cast.
+// Elementwise CUDA kernels: unary activations, Clip, broadcasting binary ops (every row of
+// ops/unary_ops.inc and binary_ops.inc), Where and Cast.
 // Dense operands move 16 bytes per thread per step (vectorised loads); broadcasting walks a
 // coalesced index space. One launch per layer, grid-stride loops, FP32 math for f16/bf16.
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 
+#include "kiln/backends/cuda/binary_formula.cuh"
 #include "kiln/backends/cuda/device_util.cuh"
+#include "kiln/backends/cuda/unary_formula.cuh"
 
 namespace kiln::cuda {
 namespace {
-
-// The math the shared formulas (ops/unary_ops.inc) call, as single-precision device functions.
-namespace m {
-__device__ __forceinline__ float exp(float x) { return expf(x); }
-__device__ __forceinline__ float tanh(float x) { return tanhf(x); }
-__device__ __forceinline__ float erf(float x) { return erff(x); }
-__device__ __forceinline__ float log(float x) { return logf(x); }
-__device__ __forceinline__ float sqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ float fabs(float x) { return fabsf(x); }
-__device__ __forceinline__ float floor(float x) { return floorf(x); }
-__device__ __forceinline__ float ceil(float x) { return ceilf(x); }
-__device__ __forceinline__ float nearbyint(float x) { return nearbyintf(x); }
-__device__ __forceinline__ float sin(float x) { return sinf(x); }
-__device__ __forceinline__ float cos(float x) { return cosf(x); }
-__device__ __forceinline__ float log1p(float x) { return log1pf(x); }
-__device__ __forceinline__ float expm1(float x) { return expm1f(x); }
-__device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
-__device__ __forceinline__ float min(float a, float b) { return fminf(a, b); }
-__device__ __forceinline__ float clamp(float v, float lo, float hi) {
-  return fminf(fmaxf(v, lo), hi);
-}
-__device__ __forceinline__ float fast_tanh(float x) { return tanhf(x); }
-__device__ __forceinline__ float fast_erf(float x) { return erff(x); }
-}  // namespace m
-
-template <UnaryOp kOp>
-__device__ __forceinline__ float Unary(float x, const UnaryParams& p) {
-#define KILN_UNARY_OP(Name, formula) \
-  if constexpr (kOp == UnaryOp::k##Name) return formula;
-#define KILN_INT_UNARY_OP(Name, formula)
-#include "kiln/ops/unary_ops.inc"
-#undef KILN_INT_UNARY_OP
-#undef KILN_UNARY_OP
-  return x;
-}
 
 // Each thread handles kVec consecutive elements per step: one 16-byte load/store when the
 // pointers are aligned and the chunk is whole, element by element otherwise (the tail).
@@ -118,68 +86,10 @@ __global__ void ClipKernel(const T* __restrict__ x, const T* lo_p, const T* hi_p
   }
 }
 
-// ---- binary ----------------------------------------------------------------------------------
-template <typename C>
-__device__ __forceinline__ C ModOf(C a, C b, bool fmod_mode) {
-  if constexpr (std::is_floating_point_v<C>) {
-    C m = fmodf(a, b);
-    if (fmod_mode) return m;
-    return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
-  } else {
-    if (b == 0) return 0;
-    C m = a % b;
-    if (!fmod_mode && m != 0 && ((m < 0) != (b < 0))) m += b;
-    return m;
-  }
-}
-
-template <BinaryOp kOp, typename C, typename E>
-__device__ __forceinline__ auto Binary(C a, E b) {
-  if constexpr (kOp == BinaryOp::kAdd) return static_cast<C>(a + b);
-  if constexpr (kOp == BinaryOp::kSub) return static_cast<C>(a - b);
-  if constexpr (kOp == BinaryOp::kMul) return static_cast<C>(a * b);
-  if constexpr (kOp == BinaryOp::kDiv) {
-    if constexpr (std::is_integral_v<C>) {
-      return b == 0 ? C(0) : static_cast<C>(a / b);
-    } else {
-      return static_cast<C>(a / b);
-    }
-  }
-  if constexpr (kOp == BinaryOp::kPow) {
-    if constexpr (std::is_integral_v<C> && std::is_integral_v<E>) {
-      C base = a, r = 1;
-      E e = b;
-      if (e < 0) return base == 1 ? C(1) : (base == -1 ? C(e % 2 ? -1 : 1) : C(0));
-      for (; e > 0; e >>= 1, base *= base) {
-        if (e & 1) r *= base;
-      }
-      return r;
-    } else if constexpr (std::is_same_v<C, float> && std::is_same_v<E, float>) {
-      return b == 2.f ? a * a : (b == 0.5f ? sqrtf(a) : powf(a, b));
-    } else {
-      return static_cast<C>(pow(static_cast<double>(a), static_cast<double>(b)));
-    }
-  }
-  if constexpr (kOp == BinaryOp::kMax) return (a > b || a != a) ? a : static_cast<C>(b);
-  if constexpr (kOp == BinaryOp::kMin) return (a < b || a != a) ? a : static_cast<C>(b);
-  if constexpr (kOp == BinaryOp::kPRelu) return a < 0 ? static_cast<C>(a * b) : a;
-  if constexpr (kOp == BinaryOp::kMod) return ModOf<C>(a, b, false);
-  if constexpr (kOp == BinaryOp::kFmod) return ModOf<C>(a, b, true);
-  if constexpr (kOp == BinaryOp::kEqual) return static_cast<bool>(a == b);
-  if constexpr (kOp == BinaryOp::kLess) return static_cast<bool>(a < b);
-  if constexpr (kOp == BinaryOp::kLessOrEqual) return static_cast<bool>(a <= b);
-  if constexpr (kOp == BinaryOp::kGreater) return static_cast<bool>(a > b);
-  if constexpr (kOp == BinaryOp::kGreaterOrEqual) return static_cast<bool>(a >= b);
-  if constexpr (kOp == BinaryOp::kAnd) return static_cast<bool>(a && b);
-  if constexpr (kOp == BinaryOp::kOr) return static_cast<bool>(a || b);
-  if constexpr (kOp == BinaryOp::kXor) return static_cast<bool>((a != 0) != (b != 0));
-}
-
-constexpr bool IsPredicate(BinaryOp op) { return op >= BinaryOp::kEqual; }
-
+// ---- binary (the formulas: binary_formula.cuh, from ops/binary_ops.inc) ----------------------
 template <BinaryOp kOp, typename T, typename B, typename O>
 __global__ void BinaryDenseKernel(const T* __restrict__ a, const B* __restrict__ b,
-                                  O* __restrict__ y, int64_t n, bool aligned) {
+                                  O* __restrict__ y, int64_t n, bool aligned, BinaryParams p) {
   // Vector width from the widest operand so every access is at most 16 bytes.
   constexpr int kWidest = sizeof(T) > sizeof(B) ? (sizeof(T) > sizeof(O) ? sizeof(T) : sizeof(O))
                                                 : (sizeof(B) > sizeof(O) ? sizeof(B) : sizeof(O));
@@ -199,11 +109,11 @@ __global__ void BinaryDenseKernel(const T* __restrict__ a, const B* __restrict__
       *reinterpret_cast<VA*>(va) = *reinterpret_cast<const VA*>(a + i0);
       *reinterpret_cast<VB*>(vb) = *reinterpret_cast<const VB*>(b + i0);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) vy[k] = Store<O>(Binary<kOp>(Load(va[k]), Load(vb[k])));
+      for (int k = 0; k < kVec; ++k) vy[k] = Store<O>(Binary<kOp>(Load(va[k]), Load(vb[k]), p));
       *reinterpret_cast<VY*>(y + i0) = *reinterpret_cast<VY*>(vy);
     } else {
       for (int64_t i = i0; i < n && i < i0 + kVec; ++i) {
-        y[i] = Store<O>(Binary<kOp>(Load(a[i]), Load(b[i])));
+        y[i] = Store<O>(Binary<kOp>(Load(a[i]), Load(b[i]), p));
       }
     }
   }
@@ -211,12 +121,12 @@ __global__ void BinaryDenseKernel(const T* __restrict__ a, const B* __restrict__
 
 template <BinaryOp kOp, typename T, typename B, typename O>
 __global__ void BinaryStridedKernel(const T* __restrict__ a, const B* __restrict__ b,
-                                    O* __restrict__ y, Strided s, int64_t n) {
+                                    O* __restrict__ y, Strided s, int64_t n, BinaryParams p) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t off[2];
     StridedOffsets<2>(s, i, off);
-    y[i] = Store<O>(Binary<kOp>(Load(a[off[0]]), Load(b[off[1]])));
+    y[i] = Store<O>(Binary<kOp>(Load(a[off[0]]), Load(b[off[1]]), p));
   }
 }
 
@@ -228,7 +138,7 @@ __global__ void BinaryStridedKernel(const T* __restrict__ a, const B* __restrict
 template <BinaryOp kOp, typename T, bool kBroadcastB>
 __global__ void BinaryRowBroadcastKernel(const T* __restrict__ a, const T* __restrict__ b,
                                          T* __restrict__ y, int64_t mid_inner, int64_t inner,
-                                         int64_t n) {
+                                         int64_t n, BinaryParams p) {
   constexpr int kVec = 16 / sizeof(T);
   const int64_t chunks = n / kVec;
   for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < chunks;
@@ -241,7 +151,7 @@ __global__ void BinaryRowBroadcastKernel(const T* __restrict__ a, const T* __res
     *reinterpret_cast<uint4*>(va) = *reinterpret_cast<const uint4*>(a + (kBroadcastB ? i0 : r0));
     *reinterpret_cast<uint4*>(vb) = *reinterpret_cast<const uint4*>(b + (kBroadcastB ? r0 : i0));
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) vy[k] = Store<T>(Binary<kOp>(Load(va[k]), Load(vb[k])));
+    for (int k = 0; k < kVec; ++k) vy[k] = Store<T>(Binary<kOp>(Load(va[k]), Load(vb[k]), p));
     *reinterpret_cast<uint4*>(y + i0) = *reinterpret_cast<uint4*>(vy);
   }
 }
@@ -262,16 +172,16 @@ bool IsRowBroadcast(const Strided& s, int dense, int64_t* mid_inner, int64_t* in
 }
 
 template <BinaryOp kOp, typename T, typename B>
-cudaError_t BinaryTyped(const void* a, const void* b, void* y, const Strided& s, int64_t n,
-                        bool same_shape, cudaStream_t stream) {
-  using O = std::conditional_t<IsPredicate(kOp), bool, T>;
+cudaError_t BinaryTyped(BinaryParams p, const void* a, const void* b, void* y, const Strided& s,
+                        int64_t n, bool same_shape, cudaStream_t stream) {
+  using O = std::conditional_t<WritesBool(TypesOf(kOp)), bool, T>;
   if (n == 0) return cudaSuccess;
   auto* pa = static_cast<const T*>(a);
   auto* pb = static_cast<const B*>(b);
   auto* py = static_cast<O*>(y);
   if (same_shape) {
     BinaryDenseKernel<kOp, T, B, O>
-        <<<GridFor((n + 3) / 4), 256, 0, stream>>>(pa, pb, py, n, Aligned16(a, b, y));
+        <<<GridFor((n + 3) / 4), 256, 0, stream>>>(pa, pb, py, n, Aligned16(a, b, y), p);
     return cudaGetLastError();
   }
   if constexpr (std::is_same_v<T, B> && std::is_same_v<T, O>) {
@@ -285,40 +195,39 @@ cudaError_t BinaryTyped(const void* a, const void* b, void* y, const Strided& s,
       const int64_t chunks = n / kVec;
       if (dense == 0) {
         BinaryRowBroadcastKernel<kOp, T, true>
-            <<<GridFor(chunks), 256, 0, stream>>>(pa, pb, py, mid_inner, inner, n);
+            <<<GridFor(chunks), 256, 0, stream>>>(pa, pb, py, mid_inner, inner, n, p);
       } else {
         BinaryRowBroadcastKernel<kOp, T, false>
-            <<<GridFor(chunks), 256, 0, stream>>>(pa, pb, py, mid_inner, inner, n);
+            <<<GridFor(chunks), 256, 0, stream>>>(pa, pb, py, mid_inner, inner, n, p);
       }
       return cudaGetLastError();
     }
   }
-  BinaryStridedKernel<kOp, T, B, O><<<GridFor(n), 256, 0, stream>>>(pa, pb, py, s, n);
+  BinaryStridedKernel<kOp, T, B, O><<<GridFor(n), 256, 0, stream>>>(pa, pb, py, s, n, p);
   return cudaGetLastError();
 }
 
+// The storage types each type class dispatches over (the providers accept the same).
 template <BinaryOp kOp>
-cudaError_t BinaryOpTyped(Elem t, Elem bt, const void* a, const void* b, void* y, const Strided& s,
-                          int64_t n, bool same, cudaStream_t stream) {
-  if constexpr (kOp == BinaryOp::kAnd || kOp == BinaryOp::kOr || kOp == BinaryOp::kXor) {
-    return BinaryTyped<kOp, bool, bool>(a, b, y, s, n, same, stream);
-  } else if constexpr (kOp == BinaryOp::kPow) {
+cudaError_t BinaryOpTyped(BinaryParams p, Elem t, Elem bt, const void* a, const void* b, void* y,
+                          const Strided& s, int64_t n, bool same, cudaStream_t stream) {
+  constexpr BinaryTypes kTypes = TypesOf(kOp);
+  if constexpr (kTypes == BinaryTypes::kLogic) {
+    return BinaryTyped<kOp, bool, bool>(p, a, b, y, s, n, same, stream);
+  } else if constexpr (kTypes == BinaryTypes::kPow) {
     // The exponent may have another type than the base (f32 ^ i64, i64 ^ f32, ...).
     return DispatchNumeric(t, [&](auto ta) {
       return DispatchNumeric(bt, [&](auto tb) {
-        return BinaryTyped<kOp, decltype(ta), decltype(tb)>(a, b, y, s, n, same, stream);
+        return BinaryTyped<kOp, decltype(ta), decltype(tb)>(p, a, b, y, s, n, same, stream);
       });
     });
-  } else if constexpr (kOp == BinaryOp::kEqual) {
-    if (t == Elem::kBool) return BinaryTyped<kOp, bool, bool>(a, b, y, s, n, same, stream);
-    return DispatchNumeric(t, [&](auto ta) {
-      using T = decltype(ta);
-      return BinaryTyped<kOp, T, T>(a, b, y, s, n, same, stream);
-    });
   } else {
+    if constexpr (kTypes == BinaryTypes::kEquality) {
+      if (t == Elem::kBool) return BinaryTyped<kOp, bool, bool>(p, a, b, y, s, n, same, stream);
+    }
     return DispatchNumeric(t, [&](auto ta) {
       using T = decltype(ta);
-      return BinaryTyped<kOp, T, T>(a, b, y, s, n, same, stream);
+      return BinaryTyped<kOp, T, T>(p, a, b, y, s, n, same, stream);
     });
   }
 }
@@ -395,31 +304,17 @@ cudaError_t LaunchClip(Elem t, const void* x, const void* lo, const void* hi, vo
   });
 }
 
-cudaError_t LaunchBinary(BinaryOp op, Elem t, Elem b_type, const void* a, const void* b, void* y,
-                         const Strided& s, int64_t n, bool same_shape, cudaStream_t stream) {
+cudaError_t LaunchBinary(BinaryOp op, BinaryParams p, Elem t, Elem b_type, const void* a,
+                         const void* b, void* y, const Strided& s, int64_t n, bool same_shape,
+                         cudaStream_t stream) {
   switch (op) {
-#define KILN_BINARY_CASE(Name) \
-  case BinaryOp::Name:         \
-    return BinaryOpTyped<BinaryOp::Name>(t, b_type, a, b, y, s, n, same_shape, stream);
-    KILN_BINARY_CASE(kAdd)
-    KILN_BINARY_CASE(kSub)
-    KILN_BINARY_CASE(kMul)
-    KILN_BINARY_CASE(kDiv)
-    KILN_BINARY_CASE(kPow)
-    KILN_BINARY_CASE(kMax)
-    KILN_BINARY_CASE(kMin)
-    KILN_BINARY_CASE(kPRelu)
-    KILN_BINARY_CASE(kMod)
-    KILN_BINARY_CASE(kFmod)
-    KILN_BINARY_CASE(kEqual)
-    KILN_BINARY_CASE(kLess)
-    KILN_BINARY_CASE(kLessOrEqual)
-    KILN_BINARY_CASE(kGreater)
-    KILN_BINARY_CASE(kGreaterOrEqual)
-    KILN_BINARY_CASE(kAnd)
-    KILN_BINARY_CASE(kOr)
-    KILN_BINARY_CASE(kXor)
-#undef KILN_BINARY_CASE
+#define KILN_BINARY_OP(Name, Types, formula) \
+  case BinaryOp::k##Name:                    \
+    return BinaryOpTyped<BinaryOp::k##Name>(p, t, b_type, a, b, y, s, n, same_shape, stream);
+#define KILN_VARIADIC_OP(Name, Types, formula) KILN_BINARY_OP(Name, Types, formula)
+#include "kiln/ops/binary_ops.inc"
+#undef KILN_VARIADIC_OP
+#undef KILN_BINARY_OP
   }
   return cudaErrorInvalidValue;
 }

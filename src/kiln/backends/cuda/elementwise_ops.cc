@@ -1,6 +1,7 @@
 // CUDA providers of the elementwise ops (kernels in elementwise.cu): unary activations in f32,
-// f16 and bf16 storage (FP32 math), Clip, broadcasting arithmetic / comparison / logic, Pow with
-// mixed types, Where and Cast. Broadcast geometry is worked out in Prepare, never in Run.
+// f16 and bf16 storage (FP32 math), Clip, the broadcasting binary ops (one per row of
+// ops/binary_ops.inc: arithmetic, comparison, logic, Pow with mixed types), Where and Cast.
+// Broadcast geometry is worked out in Prepare, never in Run.
 #include <cstring>
 
 #include "kiln/backends/cuda/cuda_common.h"
@@ -81,7 +82,7 @@ KILN_CUDA_OP_PROVIDER(ClipProvider, ClipDef());
 // Broadcast geometry per shape, computed in Prepare.
 class BinaryKernel final : public Kernel {
  public:
-  BinaryKernel(BinaryOp op, Elem a, Elem b) : op_(op), a_(a), b_(b) {}
+  BinaryKernel(BinaryOp op, BinaryParams p, Elem a, Elem b) : op_(op), p_(p), a_(a), b_(b) {}
   StatusOr<size_t> Prepare(std::span<const TensorView> in,
                            std::span<const TensorView> out) override {
     std::span<const int64_t> dims[2] = {in[0].dims, in[1].dims};
@@ -90,13 +91,15 @@ class BinaryKernel final : public Kernel {
     return size_t{0};
   }
   Status Run(const KernelRunArgs& a) override {
-    return Launched(LaunchBinary(op_, a_, b_, a.inputs[0].data, a.inputs[1].data, a.outputs[0].data,
-                                 space_, a.outputs[0].num_elements(), same_, StreamOf(a)),
-                    "binary elementwise kernel");
+    return Launched(
+        LaunchBinary(op_, p_, a_, b_, a.inputs[0].data, a.inputs[1].data, a.outputs[0].data, space_,
+                     a.outputs[0].num_elements(), same_, StreamOf(a)),
+        "binary elementwise kernel");
   }
 
  private:
   BinaryOp op_;
+  BinaryParams p_;
   Elem a_, b_;
   Strided space_;
   bool same_ = false;
@@ -106,57 +109,50 @@ bool NumericType(DataType t) {
   return IsFloatStorage(t) || t == DataType::kInt32 || t == DataType::kInt64;
 }
 
-enum class BinaryKind { kArith, kCompare, kEqual, kLogic, kPow };
+// The operand types CUDA serves for each of binary_ops.inc's type classes (elementwise.cu
+// dispatches over the same).
+bool Accepts(BinaryTypes types, DataType a, DataType b) {
+  switch (types) {
+    case BinaryTypes::kArith:
+    case BinaryTypes::kArithWide:
+    case BinaryTypes::kCompare:
+      return a == b && NumericType(a);
+    case BinaryTypes::kEquality:
+      return a == b && (NumericType(a) || a == DataType::kBool);
+    case BinaryTypes::kLogic:
+      return a == DataType::kBool && b == DataType::kBool;
+    case BinaryTypes::kPow:
+      return NumericType(a) && NumericType(b);
+  }
+  return false;
+}
 
-CudaOpDef BinaryDef(const char* op, BinaryOp kind, BinaryKind family) {
+CudaOpDef BinaryDef(const char* op, BinaryOp kind, BinaryTypes types) {
   return {
       .op_type = op,
       .accepts =
-          [family](const KernelRequest& r) {
-            if (r.inputs.size() != 2) return false;  // Max/Min/Sum with other arities: CPU
-            DataType a = InType(r, 0), b = InType(r, 1);
-            switch (family) {
-              case BinaryKind::kArith:
-              case BinaryKind::kCompare:
-                return a == b && NumericType(a);
-              case BinaryKind::kEqual:
-                return a == b && (NumericType(a) || a == DataType::kBool);
-              case BinaryKind::kLogic:
-                return a == DataType::kBool && b == DataType::kBool;
-              case BinaryKind::kPow:
-                return NumericType(a) && NumericType(b);
-            }
-            return false;
+          [types](const KernelRequest& r) {
+            if (r.inputs.size() != 2) return false;  // Max/Min with other arities: variadic_ops.cc
+            return Accepts(types, InType(r, 0), InType(r, 1));
           },
       .create = [kind](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
-        BinaryOp k = kind;
-        if (k == BinaryOp::kMod && attrs::Mod::fmod(*r.node) != 0) k = BinaryOp::kFmod;
+        // The node's attributes that the formulas read, with ops.inc's defaults.
+        BinaryParams p;
+        p.fmod = OpTypeOf(*r.node) == OpType::kMod && attrs::Mod::fmod(*r.node) != 0;
         return std::unique_ptr<Kernel>(
-            std::make_unique<BinaryKernel>(k, *ToElem(InType(r, 0)), *ToElem(InType(r, 1))));
+            std::make_unique<BinaryKernel>(kind, p, *ToElem(InType(r, 0)), *ToElem(InType(r, 1))));
       },
   };
 }
 
-KILN_CUDA_OP_PROVIDER(AddProvider, BinaryDef("Add", BinaryOp::kAdd, BinaryKind::kArith));
-KILN_CUDA_OP_PROVIDER(SubProvider, BinaryDef("Sub", BinaryOp::kSub, BinaryKind::kArith));
-KILN_CUDA_OP_PROVIDER(MulProvider, BinaryDef("Mul", BinaryOp::kMul, BinaryKind::kArith));
-KILN_CUDA_OP_PROVIDER(DivProvider, BinaryDef("Div", BinaryOp::kDiv, BinaryKind::kArith));
-KILN_CUDA_OP_PROVIDER(MaxProvider, BinaryDef("Max", BinaryOp::kMax, BinaryKind::kArith));
-KILN_CUDA_OP_PROVIDER(MinProvider, BinaryDef("Min", BinaryOp::kMin, BinaryKind::kArith));
-KILN_CUDA_OP_PROVIDER(PReluProvider, BinaryDef("PRelu", BinaryOp::kPRelu, BinaryKind::kArith));
-KILN_CUDA_OP_PROVIDER(ModProvider, BinaryDef("Mod", BinaryOp::kMod, BinaryKind::kArith));
-KILN_CUDA_OP_PROVIDER(PowProvider, BinaryDef("Pow", BinaryOp::kPow, BinaryKind::kPow));
-KILN_CUDA_OP_PROVIDER(EqualProvider, BinaryDef("Equal", BinaryOp::kEqual, BinaryKind::kEqual));
-KILN_CUDA_OP_PROVIDER(LessProvider, BinaryDef("Less", BinaryOp::kLess, BinaryKind::kCompare));
-KILN_CUDA_OP_PROVIDER(LessOrEqualProvider,
-                      BinaryDef("LessOrEqual", BinaryOp::kLessOrEqual, BinaryKind::kCompare));
-KILN_CUDA_OP_PROVIDER(GreaterProvider,
-                      BinaryDef("Greater", BinaryOp::kGreater, BinaryKind::kCompare));
-KILN_CUDA_OP_PROVIDER(GreaterOrEqualProvider,
-                      BinaryDef("GreaterOrEqual", BinaryOp::kGreaterOrEqual, BinaryKind::kCompare));
-KILN_CUDA_OP_PROVIDER(AndProvider, BinaryDef("And", BinaryOp::kAnd, BinaryKind::kLogic));
-KILN_CUDA_OP_PROVIDER(OrProvider, BinaryDef("Or", BinaryOp::kOr, BinaryKind::kLogic));
-KILN_CUDA_OP_PROVIDER(XorProvider, BinaryDef("Xor", BinaryOp::kXor, BinaryKind::kLogic));
+// One provider per row of ops/binary_ops.inc ("cuda.add", ...); variadic rows get their
+// two-operand provider here and the others in variadic_ops.cc.
+#define KILN_BINARY_OP(Name, Types, formula) \
+  KILN_CUDA_OP_PROVIDER(Name##Provider, BinaryDef(#Name, BinaryOp::k##Name, BinaryTypes::k##Types));
+#define KILN_VARIADIC_OP(Name, Types, formula) KILN_BINARY_OP(Name, Types, formula)
+#include "kiln/ops/binary_ops.inc"
+#undef KILN_VARIADIC_OP
+#undef KILN_BINARY_OP
 
 // ---- Where ------------------------------------------------------------------------------------
 class WhereKernel final : public Kernel {

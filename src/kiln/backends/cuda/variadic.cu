@@ -1,21 +1,27 @@
-// Variadic Sum, Mean, Max and Min on CUDA: one thread per output element folds all inputs (up to
-// kMaxVariadicInputs, numpy broadcasting) in input order, as the CPU reference does. f16/bf16
-// accumulate in FP32; f32 and the integer types in their own type.
+// Variadic Sum, Mean, and the variadic rows of ops/binary_ops.inc (Max, Min) on CUDA: one thread
+// per output element folds all inputs (up to kMaxVariadicInputs, numpy broadcasting) in input
+// order, as the CPU reference does. f16/bf16 accumulate in FP32; f32 and the integer types in their
+// own type.
 #include <cstdint>
 
+#include "kiln/backends/cuda/binary_formula.cuh"
 #include "kiln/backends/cuda/cuda_launch_more.h"
 #include "kiln/backends/cuda/device_util.cuh"
 
 namespace kiln::cuda {
 namespace {
 
+// The fold: a sum for Sum and Mean, else the row's formula (binary_formula.cuh).
 template <typename C>
 __device__ __forceinline__ C Combine(VariadicOp op, C a, C b) {
   switch (op) {
-    case VariadicOp::kMax:
-      return (a > b || a != a) ? a : b;  // NaN propagates, as on the CPU
-    case VariadicOp::kMin:
-      return (a < b || a != a) ? a : b;
+#define KILN_BINARY_OP(Name, Types, formula)
+#define KILN_VARIADIC_OP(Name, Types, formula) \
+  case VariadicOp::k##Name:                    \
+    return Binary<BinaryOp::k##Name>(a, b, BinaryParams{});
+#include "kiln/ops/binary_ops.inc"
+#undef KILN_VARIADIC_OP
+#undef KILN_BINARY_OP
     default:
       return static_cast<C>(a + b);
   }

@@ -1,6 +1,7 @@
 // CUDA providers of the variadic elementwise ops (kernel in variadic.cu): Sum and Mean with any
-// number of inputs up to kMaxVariadicInputs, Max and Min with other than two (the binary
-// provider in elementwise_ops.cc takes two). Broadcast strides are worked out in Prepare.
+// number of inputs up to kMaxVariadicInputs, the variadic rows of ops/binary_ops.inc (Max, Min)
+// with other than two (the binary provider in elementwise_ops.cc takes two). Broadcast strides are
+// worked out in Prepare.
 #include "kiln/backends/cuda/cuda_kernel.h"
 #include "kiln/backends/cuda/cuda_launch_more.h"
 
@@ -89,8 +90,14 @@ CudaOpDef VariadicDef(const char* op, VariadicOp kind, bool skip_binary) {
 }
 KILN_CUDA_OP_PROVIDER(SumProvider, VariadicDef("Sum", VariadicOp::kSum, false));
 KILN_CUDA_OP_PROVIDER(MeanProvider, VariadicDef("Mean", VariadicOp::kMean, false));
-KILN_CUDA_OP_PROVIDER(MaxVariadicProvider, VariadicDef("Max", VariadicOp::kMax, true));
-KILN_CUDA_OP_PROVIDER(MinVariadicProvider, VariadicDef("Min", VariadicOp::kMin, true));
+// One per KILN_VARIADIC_OP row of ops/binary_ops.inc ("cuda.max.variadic", ...), for other than
+// two inputs.
+#define KILN_BINARY_OP(Name, Types, formula)
+#define KILN_VARIADIC_OP(Name, Types, formula) \
+  KILN_CUDA_OP_PROVIDER(Name##VariadicProvider, VariadicDef(#Name, VariadicOp::k##Name, true));
+#include "kiln/ops/binary_ops.inc"
+#undef KILN_VARIADIC_OP
+#undef KILN_BINARY_OP
 
 }  // namespace
 }  // namespace kiln::cuda
