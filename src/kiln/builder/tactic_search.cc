@@ -143,12 +143,17 @@ StatusOr<TacticTiming> RunTiming(Backend& backend, PreparedTactic& p, const Timi
   const bool stop_early = options.early_stop && best_ms > 0;
   std::vector<double> times;
   double total = 0;
+  // A candidate's first launch can carry one-time costs (the CUDA driver loads a kernel's module
+  // lazily at its first launch; libraries initialise), so the early stop judges the fastest of at
+  // least two runs: never the first run alone.
+  double warm_fastest = 0;
   for (int i = 0; i < options.warmup_runs; ++i) {
     auto t0 = Clock::now();
     KILN_RETURN_IF_ERROR(p.kernel->Run(args));
     KILN_RETURN_IF_ERROR(backend.Synchronize(nullptr));
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    const bool slow = stop_early && ms > best_ms * kEarlyStopWarmupRatio;
+    warm_fastest = i == 0 ? ms : std::min(warm_fastest, ms);
+    const bool slow = stop_early && i >= 1 && warm_fastest > best_ms * kEarlyStopWarmupRatio;
     if (Expired(options) || slow) {
       times.push_back(ms);
       total = ms;

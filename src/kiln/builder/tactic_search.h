@@ -30,8 +30,10 @@ struct TacticSearchOptions {
   int max_runs = 300;
   double min_total_ms = 3.0;
   // Statistical early stop: a candidate is stopped once it is clearly slower than the layer's best
-  // so far (its fastest run above kEarlyStopRatio x that median, or its warm-up run above
-  // kEarlyStopWarmupRatio x). Its runs can then only have given a larger median.
+  // so far (its fastest timed run above kEarlyStopRatio x that median, or, with several warm-up
+  // runs, its fastest warm-up run after the first above kEarlyStopWarmupRatio x). Its runs can
+  // then only have given a larger median. The first run alone never stops a candidate: it may
+  // carry one-time costs (lazy module loading).
   bool early_stop = false;
   // Candidates set up (created, prepared, workspace allocated) concurrently: the candidates of
   // up to `setup_threads` layer signatures at a time, by at most `setup_threads` threads, while
