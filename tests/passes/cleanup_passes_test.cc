@@ -3,6 +3,8 @@
 // outputs before and after agree on random inputs.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "pass_test_util.h"
 
 namespace kiln::passes {
@@ -127,6 +129,81 @@ TEST(IdentityElimination, CastToTheSameTypeReshapeToTheSameShapeIdentityTranspos
   EXPECT_EQ(after.num_nodes(), 1u);
   EXPECT_EQ(CountOps(after, "Relu"), 1);
   ExpectSameOutputs(before, after);
+}
+
+// Swin's window padding and the crop after it: Pad by zeros and a Slice of every element are
+// bypassed; a Pad by anything else, a Slice that drops an element, reverses or strides stays.
+TEST(IdentityElimination, ZeroPadAndWholeSlice) {
+  struct Case {
+    std::string name;
+    std::function<Value*(Graph&, Value*)> op;  // on x [2, 6, 5]
+    bool bypassed;
+  };
+  auto i64 = [](std::vector<int64_t> v) { return Ints(std::move(v)); };
+  const std::vector<Case> cases = {
+      {"pad zeros",
+       [&](Graph& g, Value* x) {
+         return Op(g, "Pad", {x, Const(g, i64({0, 0, 0, 0, 0, 0}))});
+       },
+       true},
+      {"pad zeros, reflect",
+       [&](Graph& g, Value* x) {
+         return Op(g, "Pad", {x, Const(g, i64({0, 0, 0, 0, 0, 0}))},
+                   Attrs(std::pair{"mode", std::string("reflect")}));
+       },
+       true},
+      {"pad one",
+       [&](Graph& g, Value* x) {
+         return Op(g, "Pad", {x, Const(g, i64({0, 0, 0, 0, 1, 0}))});
+       },
+       false},
+      {"pad in and out",  // +1 on the left, -1 on the right: a shift, same shape
+       [&](Graph& g, Value* x) {
+         return Op(g, "Pad", {x, Const(g, i64({0, 0, 1, 0, 0, -1}))});
+       },
+       false},
+      {"slice all",
+       [&](Graph& g, Value* x) {
+         return Op(g, "Slice",
+                   {x, Const(g, i64({0, 0})), Const(g, i64({6, 5})), Const(g, i64({1, 2}))});
+       },
+       true},
+      {"slice all, huge end and negative start",
+       [&](Graph& g, Value* x) {
+         return Op(g, "Slice",
+                   {x, Const(g, i64({-6})), Const(g, i64({INT64_MAX})), Const(g, i64({1})),
+                    Const(g, i64({1}))});
+       },
+       true},
+      {"slice one less",
+       [&](Graph& g, Value* x) {
+         return Op(g, "Slice", {x, Const(g, i64({1})), Const(g, i64({6})), Const(g, i64({1}))});
+       },
+       false},
+      {"slice reversed",
+       [&](Graph& g, Value* x) {
+         return Op(g, "Slice",
+                   {x, Const(g, i64({-1})), Const(g, i64({INT64_MIN})), Const(g, i64({2})),
+                    Const(g, i64({-1}))});
+       },
+       false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto make = [&](Graph& g) {
+      Value* x = g.AddInput("x", DataType::kFloat32, {2, 6, 5});
+      g.MarkOutput(Op(g, "Relu", {c.op(g, Op(g, "Sigmoid", {x}))}));
+    };
+    Graph before, after;
+    make(before);
+    make(after);
+    std::vector<std::unique_ptr<Pass>> passes;
+    passes.push_back(MakeIdentityEliminationPass());
+    passes.push_back(MakeDeadNodeEliminationPass());
+    RunPasses(after, std::move(passes));
+    EXPECT_EQ(after.num_nodes(), c.bypassed ? 2u : 3u);
+    ExpectSameOutputs(before, after);
+  }
 }
 
 // Reshape(x, Concat([-1], Unsqueeze(Gather(Shape(x), 2)))) with x [n, 4, 6]: dim 2 is static, so

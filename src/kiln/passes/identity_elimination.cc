@@ -1,7 +1,7 @@
 // Identity elimination: nodes that return their input unchanged (Identity, inference-mode
 // Dropout, Cast to the same type, Reshape to the same shape, Transpose by the identity
-// permutation) are bypassed. A graph output keeps its name; when that would need renaming a graph
-// input or a constant, the node stays.
+// permutation, Pad by zeros, Slice of every element) are bypassed. A graph output keeps its name;
+// when that would need renaming a graph input or a constant, the node stays.
 #include <algorithm>
 
 #include "kiln/ops/op_table.h"
@@ -36,6 +36,28 @@ bool IsNoOp(const Node& n) {
   }
   if (op == OpType::kReshape || op == OpType::kSqueeze || op == OpType::kUnsqueeze ||
       op == OpType::kFlatten || op == OpType::kExpand) {
+    return in->dtype() == out->dtype() && SameShape(in, out);
+  }
+  if (op == OpType::kPad) {
+    // Zero pads add nothing whatever the mode (Swin's pad to a multiple of the window size when
+    // the size already is one).
+    const Value* pads = n.input(1);
+    if (!pads || !pads->is_constant() || in->dtype() != out->dtype()) return false;
+    for (int64_t i = 0; i < pads->constant()->num_elements(); ++i) {
+      if (pads->constant()->GetInt(i) != 0) return false;
+    }
+    return true;
+  }
+  if (op == OpType::kSlice) {
+    // Step 1 on every sliced axis and the same shape out as in: each axis keeps all of its
+    // elements from the first on, so the slice is the whole tensor (the crop after a zero pad).
+    const Value* steps = n.input(4);
+    if (steps) {
+      if (!steps->is_constant()) return false;
+      for (int64_t i = 0; i < steps->constant()->num_elements(); ++i) {
+        if (steps->constant()->GetInt(i) != 1) return false;
+      }
+    }
     return in->dtype() == out->dtype() && SameShape(in, out);
   }
   if (op == OpType::kTranspose) {
