@@ -1,5 +1,7 @@
-// RefitLoadedEngine (live_refit.h): compute on the host, then one publish.
+// RefitLoadedEngine and LiveEngine (live_refit.h): compute on the host, then one publish.
 #include "kiln/app/live_refit.h"
+
+#include "kiln/engine/engine_file.h"
 
 namespace kiln::app {
 
@@ -8,6 +10,38 @@ StatusOr<uint64_t> RefitLoadedEngine(const Engine& engine,
                                      RefitReport* report) {
   KILN_ASSIGN_OR_RETURN(auto constants, ComputeRefit(engine.desc(), initializers, report));
   return engine.RefitWeights(constants);
+}
+
+LiveEngine::LiveEngine(std::shared_ptr<const EngineDesc> desc, std::shared_ptr<const Engine> engine)
+    : loaded_(std::move(desc)), engine_(std::move(engine)) {}
+
+StatusOr<uint64_t> LiveEngine::Refit(const std::map<std::string, Tensor>& initializers,
+                                     const Hash128& model_hash, RefitReport* report) {
+  // Held through the publish: the constants recorded are those of the generation published last.
+  std::lock_guard lock(mutex_);
+  KILN_ASSIGN_OR_RETURN(auto constants, ComputeRefit(engine_->desc(), initializers, report));
+  KILN_ASSIGN_OR_RETURN(uint64_t generation, engine_->RefitWeights(constants));
+  constants_ = std::move(constants);
+  model_hash_ = model_hash.Hex();
+  refit_ = true;
+  current_.reset();
+  return generation;
+}
+
+StatusOr<std::shared_ptr<const EngineDesc>> LiveEngine::Current() {
+  std::lock_guard lock(mutex_);
+  if (!refit_) return loaded_;
+  if (current_) return current_;
+  // The running engine shares its desc with its contexts, so the refit engine is a copy: the
+  // loaded one through its own bytes, with the new constants set.
+  KILN_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, SerializeEngine(*loaded_));
+  LoadOptions options;
+  options.check_providers = false;
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<EngineDesc> copy, LoadEngineBytesForEdit(bytes, options));
+  for (const auto& [name, t] : constants_) copy->graph->FindValue(name)->set_constant(t);
+  copy->header.model_hash = model_hash_;
+  current_ = std::move(copy);
+  return current_;
 }
 
 }  // namespace kiln::app

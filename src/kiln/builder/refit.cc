@@ -149,21 +149,50 @@ Hash128 WeightFreeModelHash(const Graph& g) {
   return h.Digest();
 }
 
-StatusOr<OnnxWeights> ReadOnnxWeights(const std::string& path) {
-  // Only the initializers matter: the file may hold another architecture, which the check
-  // against the engine's program then names, whatever ops it uses.
+namespace {
+
+// Only the initializers matter: the model may hold another architecture, which the check against
+// the engine's program then names, whatever ops it uses.
+ImportOptions WeightsImportOptions() {
   ImportOptions options;
   options.hash_file = true;
   options.allow_unsupported_ops = true;
   options.verify = false;
-  OnnxModelMeta meta;
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, ImportOnnxFile(path, options, &meta));
+  return options;
+}
+
+OnnxWeights WeightsOf(const Graph& graph, const Hash128& file_hash) {
   OnnxWeights out;
-  out.file_hash = meta.file_hash;
-  for (InitializerInfo& init : CollectInitializers(*graph)) {
+  out.file_hash = file_hash;
+  for (InitializerInfo& init : CollectInitializers(graph)) {
     out.initializers.emplace(std::move(init.name), std::move(init.value));
   }
   return out;
+}
+
+}  // namespace
+
+StatusOr<OnnxWeights> ReadOnnxWeights(const std::string& path) {
+  OnnxModelMeta meta;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph,
+                        ImportOnnxFile(path, WeightsImportOptions(), &meta));
+  return WeightsOf(*graph, meta.file_hash);
+}
+
+StatusOr<OnnxWeights> ReadOnnxWeightsFromBytes(std::span<const std::byte> bytes) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph,
+                        ImportOnnxBytes(bytes, "", WeightsImportOptions()));
+  return WeightsOf(*graph, HashBytes(bytes));
+}
+
+Hash128 InitializersHash(const std::map<std::string, Tensor>& initializers) {
+  Hasher h;
+  h.Field("kiln refit initializers 1").Field(static_cast<int64_t>(initializers.size()));
+  for (const auto& [name, t] : initializers) {
+    h.Field(name);
+    HashTensor(h, t, true);
+  }
+  return h.Digest();
 }
 
 Status RefitEngineFile(const std::string& engine_path, const std::string& onnx_path,

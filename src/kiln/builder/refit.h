@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 
 #include "kiln/core/hash.h"
@@ -56,6 +57,13 @@ struct OnnxWeights {
   Hash128 file_hash;
 };
 StatusOr<OnnxWeights> ReadOnnxWeights(const std::string& path);
+// The same for a model held in memory (no external data); file_hash is HashBytes(bytes), the hash
+// a build from these bytes records.
+StatusOr<OnnxWeights> ReadOnnxWeightsFromBytes(std::span<const std::byte> bytes);
+
+// The model hash a refit from bare initializers records (there is no model file to hash): every
+// initializer's name, dtype, dims and bytes. Two refits with the same weights record the same.
+Hash128 InitializersHash(const std::map<std::string, Tensor>& initializers);
 
 // `kiln refit`: loads `engine_path` (any backend: refit runs on the host), refits it with the
 // initializers of `onnx_path` and writes the result to `out_path` atomically. `out_path` may be
