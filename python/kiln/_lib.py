@@ -77,6 +77,17 @@ class BuildOnceOptions(ctypes.Structure):
     ]
 
 
+class RefitWeights(ctypes.Structure):
+    """struct kiln_refit_weights: one rank's new weights (ONNX bytes or named tensors)."""
+
+    _fields_ = [
+        ("onnx", ctypes.c_char_p),
+        ("onnx_size", ctypes.c_size_t),
+        ("tensors", ctypes.POINTER(NamedTensor)),
+        ("count", ctypes.c_size_t),
+    ]
+
+
 # The kiln_c.h this module describes (KILN_C_API_VERSION).
 API_VERSION = 3
 
@@ -156,6 +167,8 @@ _decl("kiln_engine_refit_from_bytes", _S, _P, ctypes.c_char_p, ctypes.c_size_t,
 _decl("kiln_engine_refit", _S, _P, ctypes.POINTER(NamedTensor), ctypes.c_size_t,
       ctypes.POINTER(_P))
 _decl("kiln_engine_weights_generation", ctypes.c_uint64, _P)
+_decl("kiln_engine_refit_group", _S, _P, ctypes.POINTER(RefitWeights), ctypes.POINTER(Comm),
+      ctypes.c_double, ctypes.POINTER(_P))
 _decl("kiln_context_create", _S, _P, ctypes.c_int, ctypes.POINTER(_P))
 _decl("kiln_context_free", None, _P)
 _decl("kiln_context_bind", _S, _P, ctypes.c_char_p, ctypes.POINTER(Tensor))

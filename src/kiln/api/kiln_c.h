@@ -14,7 +14,8 @@ extern "C" {
 #endif
 
 /* 2: kiln_comm.split and kiln_build_once_options (build_on, cache_dir).
- * 3: refit (kiln_engine_refit*, kiln_named_tensor, kiln_engine_weights_generation). */
+ * 3: refit (kiln_engine_refit*, kiln_named_tensor, kiln_engine_weights_generation,
+ *    kiln_engine_refit_group, kiln_refit_weights). */
 #define KILN_C_API_VERSION 3
 
 typedef struct kiln_status kiln_status;
@@ -231,6 +232,28 @@ kiln_status* kiln_build_once(const kiln_build_config* c, const void* onnx, size_
                              const char* model_name, const kiln_comm* comm,
                              const kiln_build_once_options* options, kiln_engine** out,
                              kiln_buffer** report_json);
+
+/* ---- refit across the ranks of a group ---- */
+/* One rank's new weights: ONNX model bytes (onnx, onnx_size) or named host tensors (tensors,
+ * count), not both. */
+typedef struct kiln_refit_weights {
+  const void* onnx;
+  size_t onnx_size;
+  const kiln_named_tensor* tensors;
+  size_t count;
+} kiln_refit_weights;
+
+/* Every rank of `comm` calls this with its engine (the one kiln_build_once gave every rank, with
+ * the same refits since: KILN-E7028 otherwise) and its new weights, or NULL when it holds none.
+ * When every rank holds them, each refits locally and nothing is sent. Otherwise the lowest rank
+ * that holds them checks and replays the refit and broadcasts only the constants whose bytes
+ * changed; the others publish those. Ranks that pass weights must pass the same ones (KILN-E7028).
+ * A refit error (KILN-E4007..E4009) reaches every rank, and no engine changes. timeout_s (0: 300)
+ * bounds each exchange. *report_json (optional): mode ("local" or "relay"), source, holders,
+ * constants_sent, bytes_sent, generation, and the refit's report where this rank computed it. */
+kiln_status* kiln_engine_refit_group(kiln_engine* e, const kiln_refit_weights* weights,
+                                     const kiln_comm* comm, double timeout_s,
+                                     kiln_buffer** report_json);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
 // not installed.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,9 @@ kiln_buffer* MakeBuffer(std::string_view text);
 StatusOr<std::unique_ptr<kiln_engine>> EngineFromDesc(std::shared_ptr<const EngineDesc> desc);
 // enum kiln_dtype -> DataType (nullopt for a code kiln does not know).
 std::optional<DataType> FromCDtype(int32_t dtype);
+// Named host tensors (kiln_engine_refit's weights) as initializers, copied; names checked.
+StatusOr<std::map<std::string, Tensor>> WeightsFromC(const kiln_named_tensor* weights,
+                                                     size_t count);
 // The BuilderConfig a kiln_build_config stands for (backend resolved, progress wired).
 StatusOr<BuilderConfig> ResolveConfig(const kiln_build_config& c);
 

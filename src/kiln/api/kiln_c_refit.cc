@@ -80,6 +80,28 @@ kiln_status* Refit(kiln_engine& e, const std::map<std::string, Tensor>& initiali
   return nullptr;
 }
 
+}  // namespace
+
+StatusOr<std::map<std::string, Tensor>> WeightsFromC(const kiln_named_tensor* weights,
+                                                     size_t count) {
+  if (!weights && count > 0) return MakeError(ErrorCode::kInvalidArgument, "weights is NULL");
+  std::map<std::string, Tensor> initializers;
+  for (size_t i = 0; i < count; ++i) {
+    if (!weights[i].name) {
+      return MakeError(ErrorCode::kInvalidArgument, "weights[{}].name is NULL", i);
+    }
+    std::string name = weights[i].name;
+    KILN_ASSIGN_OR_RETURN(Tensor t, WeightFromC(name, weights[i].tensor));
+    if (!initializers.emplace(name, std::move(t)).second) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "weight '{}' is given twice (weights[{}] again)", name, i);
+    }
+  }
+  return initializers;
+}
+
+namespace {
+
 kiln_status* NullArgument(const char* what) {
   return ToC(MakeError(ErrorCode::kInvalidArgument, "{} is NULL", what));
 }
@@ -115,21 +137,9 @@ kiln_status* kiln_engine_refit_from_bytes(kiln_engine* e, const void* onnx, size
 kiln_status* kiln_engine_refit(kiln_engine* e, const kiln_named_tensor* weights, size_t count,
                                kiln_buffer** report_json) {
   if (!e) return NullArgument("engine");
-  if (!weights && count > 0) return NullArgument("weights");
-  std::map<std::string, kiln::Tensor> initializers;
-  for (size_t i = 0; i < count; ++i) {
-    if (!weights[i].name) {
-      return ToC(MakeError(ErrorCode::kInvalidArgument, "weights[{}].name is NULL", i));
-    }
-    std::string name = weights[i].name;
-    auto t = WeightFromC(name, weights[i].tensor);
-    if (!t.ok()) return ToC(t.status());
-    if (!initializers.emplace(name, std::move(*t)).second) {
-      return ToC(MakeError(ErrorCode::kInvalidArgument,
-                           "weight '{}' is given twice (weights[{}] again)", name, i));
-    }
-  }
-  return Refit(*e, initializers, kiln::InitializersHash(initializers), 0, report_json);
+  auto initializers = WeightsFromC(weights, count);
+  if (!initializers.ok()) return ToC(initializers.status());
+  return Refit(*e, *initializers, kiln::InitializersHash(*initializers), 0, report_json);
 }
 
 uint64_t kiln_engine_weights_generation(const kiln_engine* e) {

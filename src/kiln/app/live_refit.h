@@ -35,6 +35,18 @@ class LiveEngine {
   StatusOr<uint64_t> Refit(const std::map<std::string, Tensor>& initializers,
                            const Hash128& model_hash, RefitReport* report = nullptr);
 
+  // The two halves of Refit, for a refit shared by ranks (shared_refit.h). Compute checks and
+  // replays (changes nothing); Changed keeps the constants whose bytes differ from the running
+  // ones; Publish makes `constants` (all the program makes, or some) the running weights, as
+  // Refit does, and records them with `model_hash` (hex).
+  StatusOr<std::map<std::string, Tensor>> Compute(const std::map<std::string, Tensor>& initializers,
+                                                  RefitReport* report = nullptr) const;
+  std::map<std::string, Tensor> Changed(const std::map<std::string, Tensor>& constants);
+  StatusOr<uint64_t> Publish(const std::map<std::string, Tensor>& constants,
+                             const std::string& model_hash);
+  // The model hash of the weights running now (the loaded engine's, or the last refit's).
+  std::string model_hash();
+
   // The engine as loaded until the first refit; after one, the same engine with the refit
   // constants and model hash (the engine `kiln refit` would write), made on the first call after
   // each refit and kept until the next.
