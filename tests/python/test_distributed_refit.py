@@ -3,7 +3,7 @@
 # the constants that changed cross the group; ranks that all hold the weights refit locally and send
 # nothing; every rank ends with the engine a local refit makes, byte for byte; wrong weights, ranks
 # that bring different weights and ranks that run different weights fail every rank and change
-# nothing.
+# nothing; a rank that never joins fails the other within the bound.
 import datetime
 import hashlib
 import json
@@ -166,3 +166,48 @@ def test_ranks_that_run_different_weights_are_refused(ranks, expected):
         assert "before this refit" in step["message"]
         # Rank 1's own local refit to B stands; nothing else changed.
         assert step["out"] == (expected["a"] if r == 0 else expected["b"])
+
+
+def _absent_worker(rank, init_file, out_dir, onnx_a_path):
+    """Rank 0 refits with a 2 s bound; rank 1 never joins the refit."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    import time
+
+    import kiln
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    engine = kiln.distributed.build(onnx_a_path, backend="cpu", profiles=PROFILE)
+    result = {}
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            kiln.distributed.refit(engine, NET_B.state_dict(), timeout=2.0)
+        except kiln.KilnError as e:
+            result = {"code": e.code, "message": e.message}
+        result["seconds"] = time.monotonic() - t0
+        result["generation"] = engine.weights_generation
+        result["out"] = engine.create_execution_context()(X).tolist()
+    else:
+        time.sleep(8)  # past rank 0's bound, then gone without a word
+    with open(os.path.join(out_dir, f"absent{rank}.json"), "w") as f:
+        json.dump(result, f)
+    os._exit(0)  # the group is broken for rank 0: no destroy_process_group
+
+
+def test_a_rank_that_never_joins_the_refit_fails_the_others_within_the_bound(tmp_path, expected):
+    onnx_a = tmp_path / "a.onnx"
+    onnx_a.write_bytes(ONNX_A)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_absent_worker,
+                         args=(r, str(tmp_path / "init"), str(tmp_path), str(onnx_a)))
+             for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0, "a rank failed or hung"
+    result = json.loads((tmp_path / "absent0.json").read_text())
+    assert result["code"] in ("KILN-E7016", "KILN-E7023"), result
+    assert "refit hello" in result["message"], result
+    assert result["seconds"] < 7, result  # the 2 s bound, not rank 1's 8 s
+    assert result["generation"] == 0 and result["out"] == expected["a"]
