@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
       expect_code(kiln_engine_refit(e, &w, 1, NULL), 5012, "refit with a CUDA weight");
       expect_code(kiln_engine_refit_from_bytes(e, garbage, sizeof garbage, NULL), 2000,
                   "refit from garbage bytes");
+      expect_code(kiln_engine_refit_group(e, NULL, NULL, 0, NULL), 1001,
+                  "refit_group without comm");
       if (kiln_engine_weights_generation(e) != 1) ++failures;
       kiln_context_free(ctx);
       kiln_engine_free(e);
