@@ -11,6 +11,7 @@ import ctypes
 import io
 import json
 import os
+import sys
 import tempfile
 import threading
 from typing import Any, Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
@@ -218,9 +219,102 @@ class Engine:
     def create_execution_context(self, cuda_graphs: bool = True) -> "ExecutionContext":
         return ExecutionContext(self, cuda_graphs)
 
+    def refit(self, weights) -> Dict[str, Any]:
+        """Puts new weights into this engine without a rebuild (docs/refit.md): same layers, same
+        tactics, the constants a fresh build with these weights would make.
+
+        `weights`: an ONNX model (a path, its bytes or an onnx.ModelProto) or a mapping from
+        initializer name to a tensor (a PyTorch state_dict whose names are the ONNX initializers',
+        numpy arrays, anything numpy.asarray takes). Every initializer the engine was built from
+        must be given, with its dtype and shape, and nothing else (a state_dict's buffers that the
+        export dropped, such as BatchNorm's num_batches_tracked, are extra: leave them out).
+
+        Every execution context of the engine takes the new weights at its next run, never in the
+        middle of one; save() and serialize() then give the refit engine. Wrong weights raise
+        KilnError (KILN-E4008 naming the first missing, extra or mismatched initializer; KILN-E4009
+        for an initializer whose value shaped the engine) and leave the engine as it was. Returns
+        the refit report (constants replaced, steps replayed, seconds, the new `generation`)."""
+        buf = ctypes.c_void_p()
+        if isinstance(weights, (str, os.PathLike)):
+            _raise_status(lib.kiln_engine_refit_from_file(self._h, os.fsencode(weights),
+                                                          ctypes.byref(buf)))
+        elif isinstance(weights, (bytes, bytearray, memoryview)) or hasattr(
+                weights, "SerializeToString"):
+            data = bytes(weights) if not hasattr(weights, "SerializeToString") else \
+                weights.SerializeToString()
+            _raise_status(lib.kiln_engine_refit_from_bytes(self._h, data, len(data),
+                                                           ctypes.byref(buf)))
+        elif isinstance(weights, Mapping):
+            named, keep = _named_tensors(weights)
+            _raise_status(lib.kiln_engine_refit(self._h, named, len(keep), ctypes.byref(buf)))
+        else:
+            raise _error(1001, f"weights is a {type(weights).__name__}: give an ONNX path, ONNX "
+                         "bytes, an onnx.ModelProto or a mapping from initializer name to tensor "
+                         "(a state_dict)")
+        return json.loads(_lib.take_buffer(buf))
+
+    @property
+    def weights_generation(self) -> int:
+        """0 as built or loaded; +1 per refit."""
+        return lib.kiln_engine_weights_generation(self._h)
+
     def __repr__(self) -> str:
         return (f"kiln.Engine(backend={self.backend!r}, arch={self.arch!r}, "
                 f"inputs={[t.name for t in self.inputs]}, outputs={[t.name for t in self.outputs]})")
+
+
+_NUMPY_DTYPES = {"float32": _lib.DTYPE_FLOAT32, "float16": _lib.DTYPE_FLOAT16,
+                 "int8": _lib.DTYPE_INT8, "uint8": _lib.DTYPE_UINT8, "int32": _lib.DTYPE_INT32,
+                 "int64": _lib.DTYPE_INT64, "bool": _lib.DTYPE_BOOL}
+
+
+def _host_weight(name: str, value):
+    """A refit weight as (owner, address, dtype code, shape): dense host memory that `owner`
+    keeps alive. torch tensors are detached, moved to the CPU and made contiguous; anything else
+    goes through numpy.asarray."""
+    torch = _TORCH or sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        code = _dtype_tables()[0].get(t.dtype)
+        if code is None:
+            raise _error(4008, f"weight '{name}' has dtype {t.dtype}, which no kiln engine's "
+                         "initializer has (float32, float16, bfloat16, int8, uint8, int32, int64, "
+                         "bool): convert it to the dtype of the model's initializer")
+        return t, t.data_ptr(), code, tuple(t.shape)
+    import numpy
+    a = numpy.ascontiguousarray(numpy.asarray(value))
+    code = _NUMPY_DTYPES.get(a.dtype.name)
+    if code is None:
+        raise _error(4008, f"weight '{name}' has dtype {a.dtype.name}, which no kiln engine's "
+                     "initializer has (float32, float16, int8, uint8, int32, int64, bool): convert "
+                     "it to the dtype of the model's initializer")
+    return a, a.ctypes.data, code, a.shape
+
+
+def _named_tensors(weights: Mapping[str, Any]):
+    """A mapping name -> tensor as a kiln_named_tensor array, and what keeps its memory alive."""
+    keep = []
+    array = (_lib.NamedTensor * max(len(weights), 1))()
+    for i, (name, value) in enumerate(weights.items()):
+        if not isinstance(name, str):
+            raise _error(1001, f"weight names are initializer names (str), not {name!r}")
+        owner, address, code, shape = _host_weight(name, value)
+        encoded = name.encode()
+        dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        keep.append((owner, encoded, dims))
+        entry = array[i]
+        entry.name = encoded
+        entry.tensor.data = address
+        entry.tensor.dtype = code
+        entry.tensor.ndim = len(shape)
+        entry.tensor.dims = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
+        entry.tensor.strides = None
+        entry.tensor.device_type = _lib.DEVICE_CPU
+        entry.tensor.device_id = 0
+    return array, keep
 
 
 def load(path: Union[str, os.PathLike]) -> Engine:

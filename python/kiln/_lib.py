@@ -31,6 +31,12 @@ class Tensor(ctypes.Structure):
     ]
 
 
+class NamedTensor(ctypes.Structure):
+    """struct kiln_named_tensor: one refit weight by initializer name."""
+
+    _fields_ = [("name", ctypes.c_char_p), ("tensor", Tensor)]
+
+
 PROGRESS_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64,
                                ctypes.c_int64, ctypes.c_double, ctypes.c_char_p)
 # struct kiln_comm (kiln_c.h): a process group the caller owns, as three callbacks.
@@ -71,8 +77,19 @@ class BuildOnceOptions(ctypes.Structure):
     ]
 
 
+class RefitWeights(ctypes.Structure):
+    """struct kiln_refit_weights: one rank's new weights (ONNX bytes or named tensors)."""
+
+    _fields_ = [
+        ("onnx", ctypes.c_char_p),
+        ("onnx_size", ctypes.c_size_t),
+        ("tensors", ctypes.POINTER(NamedTensor)),
+        ("count", ctypes.c_size_t),
+    ]
+
+
 # The kiln_c.h this module describes (KILN_C_API_VERSION).
-API_VERSION = 2
+API_VERSION = 3
 
 
 def _candidates():
@@ -144,6 +161,14 @@ _decl("kiln_engine_binding", _S, _P, ctypes.c_int, ctypes.POINTER(ctypes.c_char_
       ctypes.POINTER(ctypes.c_int32), _I64P)
 _decl("kiln_engine_profile", _S, _P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int),
       ctypes.POINTER(ctypes.c_int32), _I64P, _I64P, _I64P)
+_decl("kiln_engine_refit_from_file", _S, _P, ctypes.c_char_p, ctypes.POINTER(_P))
+_decl("kiln_engine_refit_from_bytes", _S, _P, ctypes.c_char_p, ctypes.c_size_t,
+      ctypes.POINTER(_P))
+_decl("kiln_engine_refit", _S, _P, ctypes.POINTER(NamedTensor), ctypes.c_size_t,
+      ctypes.POINTER(_P))
+_decl("kiln_engine_weights_generation", ctypes.c_uint64, _P)
+_decl("kiln_engine_refit_group", _S, _P, ctypes.POINTER(RefitWeights), ctypes.POINTER(Comm),
+      ctypes.c_double, ctypes.POINTER(_P))
 _decl("kiln_context_create", _S, _P, ctypes.c_int, ctypes.POINTER(_P))
 _decl("kiln_context_free", None, _P)
 _decl("kiln_context_bind", _S, _P, ctypes.c_char_p, ctypes.POINTER(Tensor))

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from . import _lib
 from ._lib import lib
 
-__all__ = ["build"]
+__all__ = ["build", "refit"]
 
 
 def build(model, example_inputs=None, *, group=None, build_on: str = "rank0",
@@ -54,6 +54,66 @@ def build(model, example_inputs=None, *, group=None, build_on: str = "rank0",
                   join_timeout=join_timeout, wait_timeout=wait_timeout,
                   transfer_timeout=transfer_timeout, heartbeat_timeout=heartbeat_timeout,
                   **options)
+
+
+def refit(engine, weights=None, *, group=None, timeout: float = 300.0):
+    """New weights into the engine every rank of `group` holds (the one kiln.distributed.build gave
+    them), between runs, sending only what changed.
+
+    Every rank of `group` (the default process group when None) calls this with its engine and,
+    when it holds them, the new weights (as Engine.refit takes them: an ONNX path, bytes or
+    ModelProto, or a mapping from initializer name to tensor such as a state_dict); ranks without
+    them pass None. When every rank holds the weights, each refits locally and nothing is sent.
+    Otherwise the lowest rank that holds them checks and replays the refit and broadcasts only the
+    engine constants whose bytes changed; the others take those. Ranks that pass weights must pass
+    the same ones, and every rank must run the same weights before (KILN-E7028 names the ranks).
+    Wrong weights raise the refit's error (KILN-E4008, ...) on every rank and change no engine.
+    `timeout` bounds each exchange. Returns the report: mode ("local" or "relay"), source,
+    holders, constants_sent, constants_unchanged, bytes_sent, generation, and the refit's report
+    where this rank computed it."""
+    import os
+    import torch.distributed as dist
+    from . import KilnError, _error, _named_tensors, _raise_status
+    from collections.abc import Mapping
+    if not dist.is_available() or not dist.is_initialized():
+        raise _error(7000, "kiln.distributed.refit needs an initialised torch.distributed "
+                     "process group (torch.distributed.init_process_group)")
+    keep = None
+    w = None
+    if weights is not None:
+        w = _lib.RefitWeights()
+        if isinstance(weights, (str, os.PathLike)):
+            with open(weights, "rb") as f:
+                weights = f.read()
+        if hasattr(weights, "SerializeToString"):
+            weights = weights.SerializeToString()
+        if isinstance(weights, (bytes, bytearray, memoryview)):
+            keep = bytes(weights)
+            w.onnx = keep
+            w.onnx_size = len(keep)
+        elif isinstance(weights, Mapping):
+            named, owners = _named_tensors(weights)
+            keep = (named, owners)
+            w.tensors = named
+            w.count = len(owners)
+        else:
+            raise _error(1001, f"weights is a {type(weights).__name__}: give an ONNX path, ONNX "
+                         "bytes, an onnx.ModelProto, a mapping from initializer name to tensor, "
+                         "or None on ranks without the new weights")
+    comm = _GroupComm(group)
+    report = ctypes.c_void_p()
+    status = lib.kiln_engine_refit_group(engine._h, ctypes.byref(w) if w is not None else None,
+                                         ctypes.byref(comm.struct), float(timeout),
+                                         ctypes.byref(report))
+    try:
+        _raise_status(status)
+    except KilnError as e:
+        if comm.errors:
+            e.message += f" (process group: {comm.errors[-1]})"
+            e.args = (f"{e.code} {e.name}: {e.message}\n  remedy: {e.remedy}",)
+        raise
+    del keep
+    return json.loads(_lib.take_buffer(report))
 
 
 class _GroupComm:

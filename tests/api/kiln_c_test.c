@@ -63,6 +63,22 @@ int main(int argc, char** argv) {
       int64_t d[KILN_MAX_DIMS];
       if (!ok(kiln_engine_binding(e, 0, &name, &is_input, &dtype, &ndim, d), "binding")) return 1;
       expect_code(kiln_context_bind(ctx, name, &t), 5012, "CUDA tensor on a CPU engine");
+      /* Refit with the model's own weights: a new generation; wrong weights change nothing. */
+      kiln_buffer* refit = NULL;
+      if (ok(kiln_engine_refit_from_file(e, argv[1], &refit), "refit from file")) {
+        if (kiln_engine_weights_generation(e) != 1 || kiln_buffer_size(refit) < 10) ++failures;
+        kiln_buffer_free(refit);
+      }
+      kiln_named_tensor w = {"no_such_initializer", t};
+      w.tensor.device_type = KILN_DEVICE_CPU;
+      expect_code(kiln_engine_refit(e, &w, 1, NULL), 4008, "refit with foreign weights");
+      w.tensor.device_type = KILN_DEVICE_CUDA;
+      expect_code(kiln_engine_refit(e, &w, 1, NULL), 5012, "refit with a CUDA weight");
+      expect_code(kiln_engine_refit_from_bytes(e, garbage, sizeof garbage, NULL), 2000,
+                  "refit from garbage bytes");
+      expect_code(kiln_engine_refit_group(e, NULL, NULL, 0, NULL), 1001,
+                  "refit_group without comm");
+      if (kiln_engine_weights_generation(e) != 1) ++failures;
       kiln_context_free(ctx);
       kiln_engine_free(e);
     }

@@ -19,6 +19,7 @@
 #include "kiln/engine/engine_file.h"
 #include "kiln/ir/weight_program.h"
 #include "kiln/onnx/onnx_import.h"
+#include "kiln/precision/precision.h"
 
 namespace kiln {
 namespace {
@@ -235,6 +236,97 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::ValuesIn(ZooModels()),
                        ::testing::Values(Precision::kFp32, Precision::kFp16, Precision::kInt8)),
     [](const auto& info) { return std::get<0>(info.param) + "_" + Name(std::get<1>(info.param)); });
+
+// ---- INT8 recalibration: refit to B, then the scales calibrated again on B with the same data,
+// is a fresh INT8 build of B (its own calibration, no cache), byte for byte.
+
+float InputAmax(const EngineDesc& e, const std::string& node) {
+  return e.graph->FindNode(node)->attrs().GetFloat(std::string(precision::kInt8InputAmaxAttr), 0.f);
+}
+
+class RecalibrateZoo : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RecalibrateZoo, RecalibratedRefitIsAFreshInt8BuildWithB) {
+  const fs::path dir = ZooRoot() / GetParam();
+  BuilderConfig config = Config(dir, Precision::kInt8, "");
+  config.calibration_cache_path.clear();  // each build calibrates its own weights
+
+  auto a_graph = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(a_graph.ok());
+  const std::map<std::string, Tensor> weights_b = Perturbed(Initializers(**a_graph), 21);
+  std::unique_ptr<EngineDesc> a = Build(std::move(*a_graph), config);
+  std::unique_ptr<EngineDesc> b = Build(ImportWith(dir / "model.onnx", weights_b), config);
+  ASSERT_TRUE(a && b);
+  std::vector<std::string> int8_layers;
+  bool scales_differ = false;
+  for (const LayerDesc& l : b->layers) {
+    if (l.tactic.name.rfind("i8-", 0) != 0) continue;
+    int8_layers.push_back(l.node->name());
+    scales_differ |= InputAmax(*a, l.node->name()) != InputAmax(*b, l.node->name());
+  }
+  ASSERT_FALSE(int8_layers.empty());
+  ASSERT_TRUE(scales_differ) << "B calibrates to A's scales: the test would prove nothing";
+  const std::vector<std::byte> b_bytes = Bytes(*b);
+
+  auto refit = LoadEngineBytesForEdit(Bytes(*a));
+  ASSERT_TRUE(refit.ok()) << refit.status().ToString();
+  RefitReport report;
+  ASSERT_TRUE(RefitEngine(**refit, weights_b, HashString("model"), &report).ok());
+  EXPECT_EQ(report.int8_scales, "stored");
+  EXPECT_EQ(report.int8_layers, static_cast<int64_t>(int8_layers.size()));
+  EXPECT_FALSE(Bytes(**refit) == b_bytes) << "A's stored scales should differ from B's";
+  EXPECT_NE(report.ToText().find("stored activation scales"), std::string::npos);
+
+  Status s = RecalibrateInt8(**refit, ImportWith(dir / "model.onnx", weights_b),
+                             {dir.string(), config.calibration_method, 99.99}, &report);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(report.int8_scales, "recalibrated");
+  EXPECT_NE(report.ToText().find("recalibrated: minmax"), std::string::npos) << report.ToText();
+  for (const std::string& n : int8_layers) {
+    EXPECT_EQ(InputAmax(**refit, n), InputAmax(*b, n)) << n;
+  }
+  EXPECT_TRUE(Bytes(**refit) == b_bytes) << "the recalibrated engine differs from B's fresh build";
+  auto out_refit = RunZooInput(std::shared_ptr<const EngineDesc>(std::move(*refit)), dir);
+  auto out_b = RunZooInput(std::shared_ptr<const EngineDesc>(std::move(b)), dir);
+  for (const auto& [name, t] : out_b) EXPECT_TRUE(SameBytes(out_refit.at(name), t)) << name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Zoo, RecalibrateZoo,
+                         ::testing::Values("resnet_tiny", "bert_tiny", "mobilenetv3_tiny",
+                                           "vit_tiny"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(Recalibrate, AnEngineWithoutInt8LayersHasNothingToRecalibrate) {
+  const fs::path dir = ZooRoot() / "resnet_tiny";
+  auto graph = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(graph.ok());
+  auto engine = Build(std::move(*graph), Config(dir, Precision::kFp16, ""));
+  ASSERT_TRUE(engine);
+  const std::vector<std::byte> before = Bytes(*engine);
+  auto model = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(model.ok());
+  RefitReport report;
+  ASSERT_TRUE(RecalibrateInt8(*engine, std::move(*model), {dir.string()}, &report).ok());
+  EXPECT_EQ(report.int8_layers, 0);
+  EXPECT_EQ(report.int8_scales, "");
+  EXPECT_TRUE(Bytes(*engine) == before);
+}
+
+TEST(Recalibrate, WithoutCalibrationDataItIsRefusedAndNothingChanges) {
+  const fs::path dir = ZooRoot() / "resnet_tiny";
+  auto graph = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(graph.ok());
+  BuilderConfig config = Config(dir, Precision::kInt8, "");
+  config.calibration_cache_path.clear();
+  auto engine = Build(std::move(*graph), config);
+  ASSERT_TRUE(engine);
+  const std::vector<std::byte> before = Bytes(*engine);
+  auto model = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(model.ok());
+  Status s = RecalibrateInt8(*engine, std::move(*model), {""});
+  EXPECT_EQ(s.code(), ErrorCode::kCalibrationInputInvalid) << s.ToString();
+  EXPECT_TRUE(Bytes(*engine) == before);
+}
 
 // ---- wrong weights: a catalog error naming the first mismatch; the engine is unchanged.
 

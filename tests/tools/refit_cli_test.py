@@ -1,7 +1,8 @@
 """`kiln refit` as users run it (issue 20): an engine built with weights A and refit with the ONNX
 file of weights B is byte-identical to `kiln build` of B (same tactics at --opt-level 0); weights of
 another architecture are refused with KILN-E4008 naming an initializer, and the engine file given
-to be replaced in place is left as it was."""
+to be replaced in place is left as it was. INT8: the stored scales by default, and with
+--recalibrate a fresh INT8 build's bytes."""
 import argparse
 import json
 import os
@@ -12,6 +13,37 @@ import tempfile
 
 def run(*args):
     return subprocess.run([*args], capture_output=True, text=True, timeout=120)
+
+
+def int8_refit(a, tmp, zoo, model_a, model_b, profile):
+    """INT8: a refit keeps the stored activation scales (and says so); --recalibrate calibrates
+    again with B and the same data, giving the engine `kiln build --int8` of B makes."""
+    calib = os.path.join(zoo, "resnet_tiny")
+    int8 = ["--int8", "--calib-dir", calib, "--int8-tolerance", "off", "--opt-level", "0",
+            *profile]
+    engine_a, engine_b = os.path.join(tmp, "a8.kiln"), os.path.join(tmp, "b8.kiln")
+    for model, engine in ((model_a, engine_a), (model_b, engine_b)):
+        r = run(a.kiln, "build", model, *int8, "-o", engine)
+        assert r.returncode == 0, r.stderr
+    with open(engine_b, "rb") as f:
+        fresh = f.read()
+    stored, recal = os.path.join(tmp, "stored8.kiln"), os.path.join(tmp, "recal8.kiln")
+    r = run(a.kiln, "refit", engine_a, "--weights", model_b, "-o", stored)
+    assert r.returncode == 0, r.stderr
+    assert "re-quantise the new weights with the stored activation scales" in r.stdout, r.stdout
+    with open(stored, "rb") as f:
+        assert f.read() != fresh, "B's own calibration should give other scales than A's"
+    r = run(a.kiln, "refit", engine_a, "--weights", model_b, "--recalibrate", "--calib-dir", calib,
+            "-o", recal, "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["int8_scales"] == "recalibrated" and report["int8_layers"] > 0, report
+    assert report["calibration"].startswith("minmax, 2 data set(s) from"), report
+    with open(recal, "rb") as f:
+        assert f.read() == fresh, "the recalibrated refit differs from a fresh INT8 build with B"
+    # Calibration data without --recalibrate is a mistake, not silently ignored.
+    r = run(a.kiln, "refit", engine_a, "--weights", model_b, "--calib-dir", calib, "-o", recal)
+    assert r.returncode != 0 and "KILN-E1001" in r.stderr, (r.returncode, r.stderr)
 
 
 def main():
@@ -74,6 +106,7 @@ def main():
         with open(wb, "rb") as f:
             assert f.read() == fresh, "the weight-free cache hit is not B's engine"
         assert len([n for n in os.listdir(cache) if n.endswith(".engine")]) == 1
+        int8_refit(a, tmp, zoo, model_a, model_b, profile)
     print("ok")
 
 

@@ -73,7 +73,8 @@ StatusOr<std::unique_ptr<kiln_engine>> EngineFromDesc(std::shared_ptr<const Engi
   KILN_ASSIGN_OR_RETURN(auto runtime, Runtime::CreateForEngine(desc->header));
   auto e = std::make_unique<kiln_engine>();
   e->desc = desc;
-  KILN_ASSIGN_OR_RETURN(e->engine, runtime->CreateEngine(std::move(desc)));
+  KILN_ASSIGN_OR_RETURN(e->engine, runtime->CreateEngine(desc));
+  e->live = std::make_unique<app::LiveEngine>(std::move(desc), e->engine);
   e->backend = std::string(ToString(e->desc->header.backend));
   return e;
 }
@@ -97,6 +98,29 @@ StatusOr<BuilderConfig> ResolveConfig(const kiln_build_config& c) {
     };
   }
   return config;
+}
+
+std::optional<DataType> FromCDtype(int32_t d) {
+  switch (d) {
+    case KILN_DTYPE_FLOAT32:
+      return DataType::kFloat32;
+    case KILN_DTYPE_FLOAT16:
+      return DataType::kFloat16;
+    case KILN_DTYPE_BFLOAT16:
+      return DataType::kBFloat16;
+    case KILN_DTYPE_INT8:
+      return DataType::kInt8;
+    case KILN_DTYPE_UINT8:
+      return DataType::kUInt8;
+    case KILN_DTYPE_INT32:
+      return DataType::kInt32;
+    case KILN_DTYPE_INT64:
+      return DataType::kInt64;
+    case KILN_DTYPE_BOOL:
+      return DataType::kBool;
+    default:
+      return std::nullopt;
+  }
 }
 
 namespace {
@@ -185,29 +209,6 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
                    "memory_budget, max_kernel_time, timing_cache, calib_dir, calib_method, "
                    "calib_percentile, calib_cache, int8_tolerance or optimize",
                    key);
-}
-
-std::optional<DataType> FromCDtype(int32_t d) {
-  switch (d) {
-    case KILN_DTYPE_FLOAT32:
-      return DataType::kFloat32;
-    case KILN_DTYPE_FLOAT16:
-      return DataType::kFloat16;
-    case KILN_DTYPE_BFLOAT16:
-      return DataType::kBFloat16;
-    case KILN_DTYPE_INT8:
-      return DataType::kInt8;
-    case KILN_DTYPE_UINT8:
-      return DataType::kUInt8;
-    case KILN_DTYPE_INT32:
-      return DataType::kInt32;
-    case KILN_DTYPE_INT64:
-      return DataType::kInt64;
-    case KILN_DTYPE_BOOL:
-      return DataType::kBool;
-    default:
-      return std::nullopt;
-  }
 }
 
 int32_t ToCDtype(DataType d) {
@@ -448,7 +449,9 @@ void kiln_engine_free(kiln_engine* e) { delete e; }
 kiln_status* kiln_engine_serialize(const kiln_engine* e, kiln_buffer** out) {
   KILN_C_REQUIRE(e, "engine");
   KILN_C_REQUIRE(out, "out");
-  auto bytes = kiln::SerializeEngine(*e->desc);
+  auto current = e->live->Current();
+  if (!current.ok()) return ToC(current.status());
+  auto bytes = kiln::SerializeEngine(**current);
   if (!bytes.ok()) return ToC(bytes.status());
   *out = MakeBuffer(std::move(*bytes));
   return nullptr;
@@ -457,7 +460,9 @@ kiln_status* kiln_engine_serialize(const kiln_engine* e, kiln_buffer** out) {
 kiln_status* kiln_engine_save(const kiln_engine* e, const char* path) {
   KILN_C_REQUIRE(e, "engine");
   KILN_C_REQUIRE(path, "path");
-  return ToC(kiln::WriteEngineFile(*e->desc, path));
+  auto current = e->live->Current();
+  if (!current.ok()) return ToC(current.status());
+  return ToC(kiln::WriteEngineFile(**current, path));
 }
 
 kiln_status* kiln_engine_report_json(const kiln_engine* e, kiln_buffer** out) {

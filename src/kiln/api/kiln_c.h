@@ -13,8 +13,10 @@
 extern "C" {
 #endif
 
-/* 2: kiln_comm.split and kiln_build_once_options (build_on, cache_dir). */
-#define KILN_C_API_VERSION 2
+/* 2: kiln_comm.split and kiln_build_once_options (build_on, cache_dir).
+ * 3: refit (kiln_engine_refit*, kiln_named_tensor, kiln_engine_weights_generation,
+ *    kiln_engine_refit_group, kiln_refit_weights). */
+#define KILN_C_API_VERSION 3
 
 typedef struct kiln_status kiln_status;
 typedef struct kiln_build_config kiln_build_config;
@@ -110,7 +112,8 @@ kiln_status* kiln_build_from_bytes(const kiln_build_config* c, const void* onnx,
 kiln_status* kiln_engine_load(const char* path, kiln_engine** out);
 kiln_status* kiln_engine_deserialize(const void* data, size_t size, kiln_engine** out);
 void kiln_engine_free(kiln_engine* e);
-/* The engine's bytes (deterministic: the same engine gives the same bytes). */
+/* The engine's bytes (deterministic: the same engine gives the same bytes); after a refit, the
+ * refit engine's. */
 kiln_status* kiln_engine_serialize(const kiln_engine* e, kiln_buffer** out);
 /* Atomic write (temporary file, then rename). */
 kiln_status* kiln_engine_save(const kiln_engine* e, const char* path);
@@ -128,6 +131,32 @@ kiln_status* kiln_engine_binding(const kiln_engine* e, int i, const char** name,
 /* An input's profile (min, opt, max; each KILN_MAX_DIMS); *has_profile = 0 for static inputs. */
 kiln_status* kiln_engine_profile(const kiln_engine* e, const char* input, int* has_profile,
                                  int32_t* ndim, int64_t* min, int64_t* opt, int64_t* max);
+
+/* ---- refit: new weights into a loaded engine (docs/refit.md) ---- */
+/* One weight by initializer name: host memory (device_type KILN_DEVICE_CPU), dense row-major
+ * (strides NULL or dense), copied during the call. */
+typedef struct kiln_named_tensor {
+  const char* name;
+  kiln_tensor tensor;
+} kiln_named_tensor;
+/* Replays the engine's weight program on new initializers: from an ONNX file, ONNX bytes, or
+ * `count` named tensors. The new weights are complete before they are published; every context
+ * of the engine takes them at its next execute (never during one), and runs already enqueued
+ * finish with the old ones. Afterwards kiln_engine_serialize and kiln_engine_save give the refit
+ * engine (its model hash is the new file's or bytes' hash; for named tensors, a hash of them).
+ * Wrong weights (one missing or extra, another dtype or shape: KILN-E4008; a changed initializer
+ * that shaped the engine: KILN-E4009; an engine without a weight program: KILN-E4007) name the
+ * first mismatch, and the engine is unchanged. Refits of one engine are serialised; any thread.
+ * *report_json (optional) gets what was done: constants replaced, steps replayed, timings and
+ * the new weights generation. */
+kiln_status* kiln_engine_refit_from_file(kiln_engine* e, const char* onnx_path,
+                                         kiln_buffer** report_json);
+kiln_status* kiln_engine_refit_from_bytes(kiln_engine* e, const void* onnx, size_t size,
+                                          kiln_buffer** report_json);
+kiln_status* kiln_engine_refit(kiln_engine* e, const kiln_named_tensor* weights, size_t count,
+                               kiln_buffer** report_json);
+/* 0 as built or loaded; +1 per successful refit. */
+uint64_t kiln_engine_weights_generation(const kiln_engine* e);
 
 /* ---- execution contexts ---- */
 /* cuda_graphs: capture on the first execute after shapes or addresses change, replay after. A
@@ -203,6 +232,28 @@ kiln_status* kiln_build_once(const kiln_build_config* c, const void* onnx, size_
                              const char* model_name, const kiln_comm* comm,
                              const kiln_build_once_options* options, kiln_engine** out,
                              kiln_buffer** report_json);
+
+/* ---- refit across the ranks of a group ---- */
+/* One rank's new weights: ONNX model bytes (onnx, onnx_size) or named host tensors (tensors,
+ * count), not both. */
+typedef struct kiln_refit_weights {
+  const void* onnx;
+  size_t onnx_size;
+  const kiln_named_tensor* tensors;
+  size_t count;
+} kiln_refit_weights;
+
+/* Every rank of `comm` calls this with its engine (the one kiln_build_once gave every rank, with
+ * the same refits since: KILN-E7028 otherwise) and its new weights, or NULL when it holds none.
+ * When every rank holds them, each refits locally and nothing is sent. Otherwise the lowest rank
+ * that holds them checks and replays the refit and broadcasts only the constants whose bytes
+ * changed; the others publish those. Ranks that pass weights must pass the same ones (KILN-E7028).
+ * A refit error (KILN-E4007..E4009) reaches every rank, and no engine changes. timeout_s (0: 300)
+ * bounds each exchange. *report_json (optional): mode ("local" or "relay"), source, holders,
+ * constants_sent, bytes_sent, generation, and the refit's report where this rank computed it. */
+kiln_status* kiln_engine_refit_group(kiln_engine* e, const kiln_refit_weights* weights,
+                                     const kiln_comm* comm, double timeout_s,
+                                     kiln_buffer** report_json);
 
 #ifdef __cplusplus
 }

@@ -1,12 +1,16 @@
 // kiln_build_once: the caller's process group as a distributed::Communicator (split into per-node
 // or per-arch groups through its callback), then the library's build-once path
-// (app::BuildOnceShared), the same one `kiln build --distributed` takes.
+// (app::BuildOnceShared), the same one `kiln build --distributed` takes; and
+// kiln_engine_refit_group over the same adapter (app::RefitShared).
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "kiln/api/kiln_c.h"
 #include "kiln/api/kiln_c_internal.h"
 #include "kiln/app/shared_build.h"
+#include "kiln/app/shared_refit.h"
+#include "kiln/builder/refit.h"
 #include "kiln/engine/engine_file.h"
 
 namespace kiln::api {
@@ -174,5 +178,48 @@ extern "C" kiln_status* kiln_build_once(const kiln_build_config* c, const void* 
       shared->build_report ? shared->build_report->ToJson() : (*engine)->desc->build_report_json;
   if (report_json) *report_json = MakeBuffer(std::string_view(shared->dist_report.ToJson()));
   *out = engine->release();
+  return nullptr;
+}
+
+// kiln_engine_refit_group: the same process group as a Communicator, then app::RefitShared.
+extern "C" kiln_status* kiln_engine_refit_group(kiln_engine* e, const kiln_refit_weights* weights,
+                                                const kiln_comm* comm, double timeout_s,
+                                                kiln_buffer** report_json) {
+  using namespace kiln;       // NOLINT
+  using namespace kiln::api;  // NOLINT
+  if (!e || !comm || !comm->allgather || !comm->broadcast) {
+    return ToC(MakeError(ErrorCode::kInvalidArgument,
+                         "kiln_engine_refit_group needs an engine and a comm with both callbacks"));
+  }
+  if (comm->size < 1 || comm->rank < 0 || comm->rank >= comm->size) {
+    return ToC(MakeError(ErrorCode::kRankEnvInvalid, "process group rank {} of size {}", comm->rank,
+                         comm->size));
+  }
+  if (timeout_s == 0) timeout_s = 300;
+  if (Status s = CheckBound("timeout", timeout_s); !s.ok()) return ToC(s);
+  std::optional<app::SharedRefitWeights> mine;
+  if (weights) {
+    if (weights->onnx && weights->tensors) {
+      return ToC(MakeError(ErrorCode::kInvalidArgument,
+                           "kiln_refit_weights has both ONNX bytes and named tensors: give one"));
+    }
+    mine.emplace();
+    if (weights->onnx) {
+      auto read = ReadOnnxWeightsFromBytes(
+          {static_cast<const std::byte*>(weights->onnx), weights->onnx_size});
+      if (!read.ok()) return ToC(read.status());
+      mine->initializers = std::move(read->initializers);
+      mine->model_hash = read->file_hash;
+    } else {
+      auto named = WeightsFromC(weights->tensors, weights->count);
+      if (!named.ok()) return ToC(named.status());
+      mine->initializers = std::move(*named);
+      mine->model_hash = InitializersHash(mine->initializers);
+    }
+  }
+  CallbackCommunicator group(*comm, timeout_s);
+  auto report = app::RefitShared(*e->live, mine ? &*mine : nullptr, group, timeout_s);
+  if (!report.ok()) return ToC(report.status());
+  if (report_json) *report_json = MakeBuffer(std::string_view(report->ToJson()));
   return nullptr;
 }

@@ -861,6 +861,13 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   return engine;
 }
 
+StatusOr<std::unique_ptr<Graph>> CalibrationGraph(BuildInput input, const BuilderConfig& config) {
+  BuildReport rep;
+  BuildState s(std::move(input), config, rep);
+  KILN_RETURN_IF_ERROR(OptimisePhase(s));
+  return std::move(s.input.graph);
+}
+
 StatusOr<std::vector<KernelGap>> FindKernelGaps(BuildInput input, const BuilderConfig& requested) {
   BuildReport rep;
   BuilderConfig config = requested;

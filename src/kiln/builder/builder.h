@@ -121,6 +121,11 @@ struct BuildInput {
 StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const BuilderConfig& config,
                                                   BuildReport* report);
 
+// The graph a build with `config` calibrates INT8 on: `input`'s graph after the build's first
+// phase (verify, profile, shape inference, the graph passes), before precision. Refit's
+// recalibration (refit.h) calibrates it again with new weights.
+StatusOr<std::unique_ptr<Graph>> CalibrationGraph(BuildInput input, const BuilderConfig& config);
+
 // The profile an engine is built for, from the one the user gave, by trtexec's rules: every
 // dynamic input's min <= opt <= max of the right rank with its static dims matching; a profile of
 // a static input that equals its shape is dropped silently and one that disagrees is

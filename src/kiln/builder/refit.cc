@@ -12,6 +12,7 @@
 #include "kiln/engine/engine_file.h"
 #include "kiln/ir/weight_program.h"
 #include "kiln/onnx/onnx_import.h"
+#include "kiln/precision/precision.h"
 
 namespace kiln {
 namespace {
@@ -28,21 +29,41 @@ std::string TypeText(DataType dtype, const std::vector<int64_t>& dims) {
 }  // namespace
 
 std::string RefitReport::ToText() const {
-  return fmt::format(
+  std::string text = fmt::format(
       "refit: {} constant(s) replaced ({:.1f} MiB) by {} weight step(s) from {} initializer(s); "
-      "{} constant(s) independent of the weights kept\n"
-      "  read {:.3f} s, replay {:.3f} s, write {:.3f} s\n",
+      "{} constant(s) independent of the weights kept\n",
       constants_refit, static_cast<double>(bytes_refit) / (1 << 20), steps, initializers,
-      constants_kept, read_seconds, replay_seconds, write_seconds);
+      constants_kept);
+  if (int8_scales == "stored") {
+    text += fmt::format(
+        "  int8: {} layer(s) re-quantise the new weights with the stored activation scales (not "
+        "recalibrated; --recalibrate does)\n",
+        int8_layers);
+  } else if (!int8_scales.empty()) {
+    text += fmt::format("  int8: {} layer(s) with activation scales {}: {}\n", int8_layers,
+                        int8_scales, calibration);
+  }
+  text += fmt::format("  read {:.3f} s, replay {:.3f} s, write {:.3f} s\n", read_seconds,
+                      replay_seconds, write_seconds);
+  return text;
 }
 
 std::string RefitReport::ToJson() const {
-  return fmt::format(
-      "{{\"initializers\": {}, \"steps\": {}, \"constants_refit\": {}, \"constants_kept\": {}, "
-      "\"bytes_refit\": {}, \"read_seconds\": {:.6f}, \"replay_seconds\": {:.6f}, "
-      "\"write_seconds\": {:.6f}}}",
-      initializers, steps, constants_refit, constants_kept, bytes_refit, read_seconds,
-      replay_seconds, write_seconds);
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("initializers").Int(initializers);
+  w.Key("steps").Int(steps);
+  w.Key("constants_refit").Int(constants_refit);
+  w.Key("constants_kept").Int(constants_kept);
+  w.Key("bytes_refit").Int(bytes_refit);
+  w.Key("int8_layers").Int(int8_layers);
+  w.Key("int8_scales").String(int8_scales);
+  w.Key("calibration").String(calibration);
+  w.Key("read_seconds").Double(read_seconds);
+  w.Key("replay_seconds").Double(replay_seconds);
+  w.Key("write_seconds").Double(write_seconds);
+  w.EndObject();
+  return w.Take();
 }
 
 StatusOr<std::map<std::string, Tensor>> ComputeRefit(
@@ -76,6 +97,12 @@ StatusOr<std::map<std::string, Tensor>> ComputeRefit(
     for (const Value* v : engine.graph->values()) constants += v->is_constant() ? 1 : 0;
     report->constants_kept = constants - report->constants_refit;
     report->bytes_refit = bytes;
+    report->int8_layers = 0;
+    for (const Node* n : engine.graph->nodes()) {
+      report->int8_layers += n->attrs().Has(std::string(precision::kInt8InputAmaxAttr)) ? 1 : 0;
+    }
+    report->int8_scales = report->int8_layers > 0 ? "stored" : "";
+    report->calibration.clear();
     report->replay_seconds = Seconds(start);
   }
   return values;
@@ -149,25 +176,55 @@ Hash128 WeightFreeModelHash(const Graph& g) {
   return h.Digest();
 }
 
-StatusOr<OnnxWeights> ReadOnnxWeights(const std::string& path) {
-  // Only the initializers matter: the file may hold another architecture, which the check
-  // against the engine's program then names, whatever ops it uses.
+namespace {
+
+// Only the initializers matter: the model may hold another architecture, which the check against
+// the engine's program then names, whatever ops it uses.
+ImportOptions WeightsImportOptions() {
   ImportOptions options;
   options.hash_file = true;
   options.allow_unsupported_ops = true;
   options.verify = false;
-  OnnxModelMeta meta;
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, ImportOnnxFile(path, options, &meta));
+  return options;
+}
+
+OnnxWeights WeightsOf(const Graph& graph, const Hash128& file_hash) {
   OnnxWeights out;
-  out.file_hash = meta.file_hash;
-  for (InitializerInfo& init : CollectInitializers(*graph)) {
+  out.file_hash = file_hash;
+  for (InitializerInfo& init : CollectInitializers(graph)) {
     out.initializers.emplace(std::move(init.name), std::move(init.value));
   }
   return out;
 }
 
+}  // namespace
+
+StatusOr<OnnxWeights> ReadOnnxWeights(const std::string& path) {
+  OnnxModelMeta meta;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph,
+                        ImportOnnxFile(path, WeightsImportOptions(), &meta));
+  return WeightsOf(*graph, meta.file_hash);
+}
+
+StatusOr<OnnxWeights> ReadOnnxWeightsFromBytes(std::span<const std::byte> bytes) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph,
+                        ImportOnnxBytes(bytes, "", WeightsImportOptions()));
+  return WeightsOf(*graph, HashBytes(bytes));
+}
+
+Hash128 InitializersHash(const std::map<std::string, Tensor>& initializers) {
+  Hasher h;
+  h.Field("kiln refit initializers 1").Field(static_cast<int64_t>(initializers.size()));
+  for (const auto& [name, t] : initializers) {
+    h.Field(name);
+    HashTensor(h, t, true);
+  }
+  return h.Digest();
+}
+
 Status RefitEngineFile(const std::string& engine_path, const std::string& onnx_path,
-                       const std::string& out_path, RefitReport* report) {
+                       const std::string& out_path, RefitReport* report,
+                       const RecalibrateOptions* recalibrate) {
   RefitReport local;
   RefitReport& rep = report ? *report : local;
   LoadOptions load;
@@ -175,9 +232,22 @@ Status RefitEngineFile(const std::string& engine_path, const std::string& onnx_p
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<EngineDesc> engine,
                         LoadEngineFileForEdit(engine_path, load));
   auto start = Clock::now();
-  KILN_ASSIGN_OR_RETURN(OnnxWeights weights, ReadOnnxWeights(onnx_path));
+  OnnxWeights weights;
+  std::unique_ptr<Graph> model;  // recalibration: the whole model, imported as a build imports it
+  if (recalibrate) {
+    ImportOptions options;
+    options.hash_file = true;
+    OnnxModelMeta meta;
+    KILN_ASSIGN_OR_RETURN(model, ImportOnnxFile(onnx_path, options, &meta));
+    weights = WeightsOf(*model, meta.file_hash);
+  } else {
+    KILN_ASSIGN_OR_RETURN(weights, ReadOnnxWeights(onnx_path));
+  }
   rep.read_seconds = Seconds(start);
   Status refit = RefitEngine(*engine, weights.initializers, weights.file_hash, &rep);
+  if (refit.ok() && recalibrate) {
+    refit = RecalibrateInt8(*engine, std::move(model), *recalibrate, &rep);
+  }
   if (!refit.ok()) {
     return std::move(refit).AddContext(
         fmt::format("refitting '{}' with the weights of '{}'", engine_path, onnx_path));

@@ -160,6 +160,16 @@ double Assigner::AbsMax(const Value* v) {
   return it->second;
 }
 
+}  // namespace
+
+std::string Int8LayerReason(std::string_view input, double amax, CalibrationMethod method,
+                            DataType storage) {
+  return fmt::format("i8: input '{}' amax {:.6g} ({}), {} storage", input, amax, ToString(method),
+                     ToString(storage));
+}
+
+namespace {
+
 bool Assigner::HasKernel(const Node& node, DataType dtype, const OpPrecisionRule& rule, bool int8) {
   if (!options_.make_request) return dtype == DataType::kFloat32;
   const auto start = std::chrono::steady_clock::now();
@@ -298,8 +308,8 @@ LayerPrecision Assigner::Decide(Node& node) {
     return lp;
   }
   lp.int8 = true;
-  lp.reason = fmt::format("i8: input '{}' amax {:.6g} ({}), {} storage", node.input(0)->name(),
-                          range->amax, ToString(options_.calibration->method), ToString(lp.dtype));
+  lp.reason =
+      Int8LayerReason(node.input(0)->name(), range->amax, options_.calibration->method, lp.dtype);
   return lp;
 }
 

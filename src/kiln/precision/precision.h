@@ -47,6 +47,11 @@ OpPrecisionRule LookupOpPrecision(std::string_view op_type);
 // Conv/FusedConv/Gemm/FusedGemm/MatMul/FusedMatMul whose input 1 is a constant weight.
 bool IsInt8Candidate(const Node& node);
 
+// An INT8 layer's precision reason (before any sensitivity note): its input, the calibrated amax,
+// the method and the layer's float storage. Written once here: refit's recalibration rewrites it.
+std::string Int8LayerReason(std::string_view input, double amax, CalibrationMethod method,
+                            DataType storage);
+
 // The FP16 range guard: a tensor whose |x| exceeds kFp16Max / kFp16GuardMargin keeps its layer in
 // FP32 (the margin leaves room for the layer's own arithmetic on the way to the limit).
 inline constexpr double kFp16Max = 65504.0;
