@@ -15,12 +15,6 @@ namespace {
 
 using namespace testing;
 
-PassOptions NhwcOptions() {
-  PassOptions o = TestOptions();
-  o.conv_layout = "NHWC";
-  return o;
-}
-
 int CountTagged(const Graph& g) {
   int n = 0;
   for (Node* node : g.nodes()) n += node->attrs().GetString("kiln_layout", "") == "NHWC";

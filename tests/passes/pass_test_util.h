@@ -80,6 +80,13 @@ inline PassOptions TestOptions() {
   return o;
 }
 
+// TestOptions with the layout pass on, as the builder sets it for CUDA in FP16/BF16.
+inline PassOptions NhwcOptions() {
+  PassOptions o = TestOptions();
+  o.conv_layout = "NHWC";
+  return o;
+}
+
 // Runs `passes` (a fresh PassManager) over `g`; fails the test on error.
 inline PassReport RunPasses(Graph& g, std::vector<std::unique_ptr<Pass>> passes,
                             PassOptions options = TestOptions()) {

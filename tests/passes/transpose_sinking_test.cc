@@ -14,12 +14,6 @@ namespace {
 
 using namespace testing;
 
-PassOptions NhwcOptions() {
-  PassOptions o = TestOptions();
-  o.conv_layout = "NHWC";
-  return o;
-}
-
 Value* Transpose(Graph& g, Value* x, std::vector<int64_t> perm) {
   return Op(g, "Transpose", {x}, Attrs(std::pair{"perm", std::move(perm)}));
 }
