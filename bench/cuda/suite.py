@@ -278,10 +278,10 @@ def first_error(p):
     return (lines[0] if lines else f"rc {p.returncode}")[:300]
 
 
-def kiln_build(a, onnx_path, engine, profile, cache, report):
+def kiln_build(a, onnx_path, engine, profile, cache, report, extra=()):
     cmd = [a.kiln, "build", onnx_path, "-o", engine, "--backend", a.device, "--profile"]
     cmd += profile.split() + ["--timing-cache", cache, "--deadline", f"{a.deadline}s",
-                              "--report", report]
+                              "--report", report] + list(extra)
     if a.device == "cuda":
         cmd.append("--fp16")
     t0 = time.time()
@@ -353,6 +353,43 @@ def kiln_row(a, name, exporter, batch, export_dir, ref, feed, work):
     row["kiln_latency_ms"] = j["latency_ms"]["median"]
     row["kiln_cuda_graph"] = j.get("cuda_graph")
     row["kiln_max_kernel_ms"] = j.get("max_kernel_ms")
+    if a.build_variants:
+        row.update(build_variants(a, name, exporter, batch, export_dir, profile, work, in_dir,
+                                  ref, tol))
+    return row
+
+
+def build_variants(a, name, exporter, batch, export_dir, profile, work, in_dir, ref, tol):
+    """Issue 19's other two builds of the same engine: warm (the timing cache the cold build just
+    wrote) and the widest search (--opt-level 5, its own empty cache), whose engine is checked and
+    timed like the default one."""
+    row = {}
+    onnx_path = os.path.join(export_dir, "model.onnx")
+    warm_s, err = kiln_build(a, onnx_path, os.path.join(work, f"{exporter}_b{batch}_warm.kiln"),
+                             profile, os.path.join(work, f"{exporter}.timing_cache"),
+                             os.path.join(work, f"{exporter}_b{batch}_warm.json"))
+    row["kiln_warm_build_s"] = None if err else round(warm_s, 2)
+    if err:
+        row["kiln_warm_error"] = err
+    engine = os.path.join(work, f"{exporter}_b{batch}_widest.kiln")
+    widest_s, err = kiln_build(a, onnx_path, engine, profile,
+                               os.path.join(work, f"{exporter}_widest.timing_cache"),
+                               os.path.join(work, f"{exporter}_b{batch}_widest.json"),
+                               extra=["--opt-level", "5"])
+    row["kiln_widest_build_s"] = round(widest_s, 2)
+    if err:
+        row["kiln_widest_error"] = f"build: {err}"
+        return row
+    j, out, err = kiln_run(a, name, engine, in_dir,
+                           os.path.join(work, f"out_{exporter}_b{batch}_widest"))
+    if err:
+        row["kiln_widest_error"] = f"run: {err}"
+        return row
+    e = rel_l2(out, ref) if out is not None else float("inf")
+    if e <= tol:
+        row["kiln_widest_ms"] = j["compute_ms"]["median"]
+    else:
+        row["kiln_widest_error"] = f"check: rel L2 {e:.2e}"
     return row
 
 
@@ -590,6 +627,16 @@ def table(result):
             f(m.get("torch_eager_ms")), f(m.get("torch_default_ms")),
             f(m.get("torch_reduce-overhead_ms")), f"{ratio:.2f}" if ratio else "-",
             f(m.get("kiln_build_s"), 1), comp, check]) + " |")
+    variants = [m for m in rows if "kiln_widest_build_s" in m or "kiln_warm_build_s" in m]
+    if variants:
+        lines += ["", "| model | exporter | batch | cold build s | warm build s | widest build s "
+                  "| default ms | widest ms | default / widest |", "|" + "---|" * 9]
+        for m in variants:
+            d, w = m.get("kiln_ms"), m.get("kiln_widest_ms")
+            lines.append("| " + " | ".join([
+                m["model"], m["exporter"], str(m["batch"]), f(m.get("kiln_build_s"), 2),
+                f(m.get("kiln_warm_build_s"), 2), f(m.get("kiln_widest_build_s"), 2), f(d), f(w),
+                f"{d / w:.3f}" if d and w else (m.get("kiln_widest_error") or "-")[:40]]) + " |")
     # The bars: b32 throughput ratio (r-o / kiln >= 1) and b1 latency (kiln / r-o <= 1).
     for b in sorted({m["batch"] for m in rows}):
         rs = [m["kiln_over_reduce_overhead"] for m in rows
@@ -623,6 +670,9 @@ def main():
                     "--layer-iterations 5)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--no-kiln", action="store_true", help="export and time PyTorch only")
+    ap.add_argument("--build-variants", action="store_true",
+                    help="also build each engine warm (same timing cache) and with --opt-level 5 "
+                         "(checked and timed): issue 19's warm build and default-vs-widest bars")
     ap.add_argument("--list", action="store_true", help="list the models and exit")
     a = ap.parse_args()
     if a.list:
