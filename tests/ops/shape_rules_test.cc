@@ -2,6 +2,7 @@
 // patterns), slicing, splitting, squeezing, broadcasting errors and attribute validation.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <limits>
 
 #include "kiln/ops/onnx_dtype.h"
@@ -353,6 +354,91 @@ TEST(ShapeRules, TensorOpsShapes) {
   bad.Op("Concat", {bad.In(kFloat32, {2, 3}), bad.In(kFloat32, {2, 4})},
          Attrs({{"axis", int64_t{0}}}));
   EXPECT_EQ(bad.Infer().code(), ErrorCode::kShapeMismatch);
+}
+
+TEST(ShapeRules, GatherNdAndScatterElements) {
+  GraphBuilder b;
+  Value* boxes = b.In(kFloat32, {kBatch, 100, 4});
+  Value* picks =
+      b.Op("GatherND", {boxes, b.In(kInt64, {kBatch, 7, 1})}, Attrs({{"batch_dims", int64_t{1}}}));
+  Value* cells = b.Op("GatherND", {b.In(kFloat32, {5, 6, 7}), b.In(kInt32, {kSeq, 2})});
+  Value* scat =
+      b.Op("ScatterElements",
+           {b.In(kFloat32, {kBatch, 9}), b.In(kInt64, {kBatch, 3}), b.In(kFloat32, {kBatch, 3})},
+           Attrs({{"axis", int64_t{-1}}, {"reduction", std::string("max")}}));
+  ASSERT_TRUE(b.Infer().ok());
+  EXPECT_EQ(picks->shape(), (Shape{kBatch, 7, 4}));
+  EXPECT_EQ(cells->shape(), (Shape{kSeq, 7}));
+  EXPECT_EQ(scat->shape(), (Shape{kBatch, 9}));
+
+  struct Bad {
+    const char* what;
+    std::function<void(GraphBuilder&)> add;
+    ErrorCode code;
+  };
+  std::vector<Bad> bad = {
+      {"tuple longer than data",
+       [](GraphBuilder& g) {
+         g.Op("GatherND", {g.In(kFloat32, {2, 3}), g.In(kInt64, {4, 3})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"symbolic tuple length",
+       [](GraphBuilder& g) {
+         g.Op("GatherND", {g.In(kFloat32, {2, 3}), g.In(kInt64, {4, kSeq})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"batch dims differ",
+       [](GraphBuilder& g) {
+         g.Op("GatherND", {g.In(kFloat32, {2, 3}), g.In(kInt64, {3, 1})},
+              Attrs({{"batch_dims", int64_t{1}}}));
+       },
+       ErrorCode::kShapeMismatch},
+      {"batch_dims too large",
+       [](GraphBuilder& g) {
+         g.Op("GatherND", {g.In(kFloat32, {2, 3}), g.In(kInt64, {2, 1})},
+              Attrs({{"batch_dims", int64_t{2}}}));
+       },
+       ErrorCode::kInvalidAttribute},
+      {"float indices",
+       [](GraphBuilder& g) {
+         g.Op("GatherND", {g.In(kFloat32, {2, 3}), g.In(kFloat32, {1, 1})});
+       },
+       ErrorCode::kTypeMismatch},
+      {"updates shape differs",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements",
+              {g.In(kFloat32, {4, 4}), g.In(kInt64, {2, 2}), g.In(kFloat32, {2, 3})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"indices rank differs",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements", {g.In(kFloat32, {4, 4}), g.In(kInt64, {2}), g.In(kFloat32, {2})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"bad reduction",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements", {g.In(kFloat32, {4}), g.In(kInt64, {2}), g.In(kFloat32, {2})},
+              Attrs({{"reduction", std::string("mean")}}));
+       },
+       ErrorCode::kInvalidAttribute},
+      {"axis out of range",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements", {g.In(kFloat32, {4}), g.In(kInt64, {2}), g.In(kFloat32, {2})},
+              Attrs({{"axis", int64_t{1}}}));
+       },
+       ErrorCode::kInvalidAttribute},
+      {"updates type differs",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements", {g.In(kFloat32, {4}), g.In(kInt64, {2}), g.In(kInt64, {2})});
+       },
+       ErrorCode::kTypeMismatch},
+  };
+  for (const Bad& c : bad) {
+    SCOPED_TRACE(c.what);
+    GraphBuilder g;
+    c.add(g);
+    EXPECT_EQ(g.Infer().code(), c.code);
+  }
 }
 
 // At run time the same rules see integers: InferNode on concrete shapes.
