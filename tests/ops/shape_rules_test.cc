@@ -356,7 +356,7 @@ TEST(ShapeRules, TensorOpsShapes) {
   EXPECT_EQ(bad.Infer().code(), ErrorCode::kShapeMismatch);
 }
 
-TEST(ShapeRules, GatherNdAndScatterElements) {
+TEST(ShapeRules, GatherNdScatterElementsScatterNd) {
   GraphBuilder b;
   Value* boxes = b.In(kFloat32, {kBatch, 100, 4});
   Value* picks =
@@ -370,6 +370,11 @@ TEST(ShapeRules, GatherNdAndScatterElements) {
   EXPECT_EQ(picks->shape(), (Shape{kBatch, 7, 4}));
   EXPECT_EQ(cells->shape(), (Shape{kSeq, 7}));
   EXPECT_EQ(scat->shape(), (Shape{kBatch, 9}));
+  GraphBuilder nd;
+  Value* rows = nd.Op("ScatterND", {nd.In(kFloat32, {kBatch, 5}), nd.In(kInt64, {kSeq, 1}),
+                                    nd.In(kFloat32, {kSeq, 5})});
+  ASSERT_TRUE(nd.Infer().ok());
+  EXPECT_EQ(rows->shape(), (Shape{kBatch, 5}));
 
   struct Bad {
     const char* what;
@@ -432,6 +437,21 @@ TEST(ShapeRules, GatherNdAndScatterElements) {
          g.Op("ScatterElements", {g.In(kFloat32, {4}), g.In(kInt64, {2}), g.In(kInt64, {2})});
        },
        ErrorCode::kTypeMismatch},
+      {"ScatterND tuple longer than data",
+       [](GraphBuilder& g) {
+         g.Op("ScatterND", {g.In(kFloat32, {4, 4}), g.In(kInt64, {2, 3}), g.In(kFloat32, {2})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"ScatterND updates too short",
+       [](GraphBuilder& g) {
+         g.Op("ScatterND", {g.In(kFloat32, {4, 5}), g.In(kInt64, {2, 1}), g.In(kFloat32, {2, 4})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"ScatterND updates of another rank",
+       [](GraphBuilder& g) {
+         g.Op("ScatterND", {g.In(kFloat32, {4, 5}), g.In(kInt64, {2, 2}), g.In(kFloat32, {2, 1})});
+       },
+       ErrorCode::kShapeMismatch},
   };
   for (const Bad& c : bad) {
     SCOPED_TRACE(c.what);

@@ -469,6 +469,32 @@ Status InferScatterND(InferenceContext& ctx) {
     return ctx.Error(ErrorCode::kTypeMismatch, "updates type {} differs from data type {}",
                      ToString(ctx.input_type(2)), ToString(ctx.input_type(0)));
   }
+  // updates = indices.shape[:-1] ++ data.shape[k:], k = indices.shape[-1] (checked where static;
+  // the kernel checks the rest at run time).
+  const Shape& data = ctx.input_shape(0);
+  const Shape& ind = ctx.input_shape(1);
+  const Shape& upd = ctx.input_shape(2);
+  if (ind.empty()) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "indices must have rank >= 1");
+  }
+  if (std::optional<int64_t> k = ind.back().static_value()) {
+    int64_t r = Rank(ctx, 0);
+    if (*k < 1 || *k > r) {
+      return ctx.Error(ErrorCode::kShapeMismatch,
+                       "the last dim of indices {} must lie in [1, {}] for data {}", ToString(ind),
+                       r, ToString(data));
+    }
+    Shape want(ind.begin(), ind.end() - 1);
+    want.insert(want.end(), data.begin() + *k, data.end());
+    bool differs = want.size() != upd.size();
+    for (size_t i = 0; !differs && i < want.size(); ++i) {
+      differs = DimsEqual(want[i], upd[i]) == false;
+    }
+    if (differs) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "updates {} must have shape {}", ToString(upd),
+                       ToString(want));
+    }
+  }
   ctx.set_output(0, ctx.input_type(0), ctx.input_shape(0));
   return OkStatus();
 }

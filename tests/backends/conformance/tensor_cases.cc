@@ -51,6 +51,15 @@ ReferenceFn GatherNdRef(int64_t b) {
   };
 }
 
+// `o` combined with `u` by a scatter reduction ("none": replaced).
+double Reduce(const std::string& red, double o, double u) {
+  return red == "add"   ? o + u
+         : red == "mul" ? o * u
+         : red == "max" ? std::max(o, u)
+         : red == "min" ? std::min(o, u)
+                        : u;
+}
+
 // ScatterElements: update t goes to data's element at t's coordinates with the axis one replaced
 // by indices[t], in index order.
 ReferenceFn ScatterElementsRef(int64_t axis, std::string red) {
@@ -63,12 +72,30 @@ ReferenceFn ScatterElementsRef(int64_t axis, std::string red) {
       int64_t j = static_cast<int64_t>(ind[t]);
       c[a] = j < 0 ? j + data.dims[a] : j;
       double& o = out[Offset(c, data.Strides())];
-      double u = upd[t];
-      o = red == "add"   ? o + u
-          : red == "mul" ? o * u
-          : red == "max" ? std::max(o, u)
-          : red == "min" ? std::min(o, u)
-                         : u;
+      o = Reduce(red, o, upd[t]);
+    }
+    return std::vector<RefTensor>{out};
+  };
+}
+
+// ScatterND: index tuple t (k entries) picks a slice of data; update slice t combines into it.
+ReferenceFn ScatterNdRef(std::string red) {
+  return [red](const std::vector<RefTensor>& in) {
+    const RefTensor &data = in[0], &ind = in[1], &upd = in[2];
+    RefTensor out = data;
+    int64_t k = ind.dims.back(), tuples = ind.size() / k, slice = data.size();
+    for (int64_t d = 0; d < k; ++d) slice /= data.dims[d];
+    for (int64_t t = 0; t < tuples; ++t) {
+      std::vector<int64_t> at;
+      for (int64_t d = 0; d < k; ++d) {
+        int64_t j = static_cast<int64_t>(ind[t * k + d]);
+        at.push_back(j < 0 ? j + data.dims[d] : j);
+      }
+      at.resize(data.dims.size(), 0);
+      int64_t base = Offset(at, data.Strides());
+      for (int64_t e = 0; e < slice; ++e) {
+        out[base + e] = Reduce(red, out[base + e], upd[t * slice + e]);
+      }
     }
     return std::vector<RefTensor>{out};
   };
@@ -445,6 +472,44 @@ std::vector<OpCase> TensorCases() {
       return t;
     });
   }
+
+  // Reductions in the types only the CPU has so far (`add` cases, against the reference).
+  add("ScatterND_max_all_floats", [] {
+    OpTester t("ScatterND", Attrs({{"reduction", std::string("max")}}));
+    t.Input(kF32, {5, 4}).Input(I64({6, 1}, {1, 3, 1, 0, -2, 1})).Input(kF32, {6, 4});
+    t.FloatTypes(kAllFloats);
+    t.Reference(ScatterNdRef("max"));
+    return t;
+  });
+  add("ScatterND_add_f16_bf16", [] {
+    OpTester t("ScatterND", Attrs({{"reduction", std::string("add")}}));
+    t.Input(kF32, {4, 3}).Input(I64({3, 2}, {1, 2, 1, 2, -4, 0})).Input(kF32, {3});
+    t.FloatTypes({DataType::kFloat16, DataType::kBFloat16});
+    t.Reference(ScatterNdRef("add"));
+    return t;
+  });
+  add("ScatterND_mul_i8", [] {
+    OpTester t("ScatterND", Attrs({{"reduction", std::string("mul")}}));
+    t.Input(DataType::kInt8, {3, 2, 2}, -3, 3)
+        .Input(I64({2, 2}, {2, 1, 2, -1}))
+        .Input(DataType::kInt8, {2, 2}, -3, 3);
+    t.Reference(ScatterNdRef("mul"));
+    return t;
+  });
+  add("ScatterND_min_u8", [] {
+    OpTester t("ScatterND", Attrs({{"reduction", std::string("min")}}));
+    t.Input(DataType::kUInt8, {4, 3}, 0, 255)
+        .Input(I32({3, 1}, {0, 3, 0}))
+        .Input(DataType::kUInt8, {3, 3}, 0, 255);
+    t.Reference(ScatterNdRef("min"));
+    return t;
+  });
+  add("ScatterND_none_reference", [] {
+    OpTester t("ScatterND");
+    t.Input(kI64, {2, 3, 4}, -9, 9).Input(I64({2, 2}, {1, -1, 0, 0})).Input(kI64, {2, 4}, -9, 9);
+    t.Reference(ScatterNdRef("none"));
+    return t;
+  });
 
   // ---- GatherND (CPU only for now: these are `add` cases) ---------------------------------------
   add("GatherND_elements_neg", [] {

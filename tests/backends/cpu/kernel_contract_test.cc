@@ -146,6 +146,20 @@ TEST(CpuKernelContract, ElementsIndicesLongerThanDataAreAnError) {
       << s.message();
 }
 
+// ScatterND's updates must hold one slice per index tuple; a run-time shape that breaks this
+// (symbolic dims the shape rule could not compare) is an error, not a read past the buffer.
+TEST(CpuKernelContract, ScatterNdUpdatesThatDoNotMatchAreAnError) {
+  OneNode n("ScatterND", {{kFloat32, {4, 5}}, {kInt64, {2, 1}}, {kFloat32, {2, 5}}});
+  std::vector<Tensor> ins = {Tensor(kFloat32, {4, 5}),
+                             Tensor::FromVector(kInt64, {2, 1}, std::vector<int64_t>{0, 3}),
+                             Tensor(kFloat32, {2, 4})};
+  Tensor out(kFloat32, {4, 5});
+  Status s = RunFirstTactic(n, "ScatterND", ins, out);
+  EXPECT_EQ(s.code(), ErrorCode::kKernelFailed);
+  EXPECT_NE(s.message().find("8 updates for 2 index tuples of 5-element slices"), std::string::npos)
+      << s.message();
+}
+
 TEST(CpuKernelContract, IntegerDivisionByZeroIsDefined) {
   OneNode n("Div", {{kInt64, {3}}, {kInt64, {3}}});
   std::vector<Tensor> ins = {Tensor::FromVector(kInt64, {3}, std::vector<int64_t>{7, -7, 5}),

@@ -293,10 +293,20 @@ const bool kRegistered = [] {
               CopyData(data, a.outputs[0]);
               int64_t k = ind.dims.back();
               int64_t q = ind.num_elements() / std::max<int64_t>(k, 1);
+              if (k < 1 || k > static_cast<int64_t>(data.dims.size())) {
+                return MakeError(ErrorCode::kKernelFailed,
+                                 "index tuples of {} entries for data of rank {}", k,
+                                 data.dims.size());
+              }
               DimVec ds = Strides(data.dims);
               int64_t slice = 1;
               for (size_t d = static_cast<size_t>(k); d < data.dims.size(); ++d)
                 slice *= data.dims[d];
+              if (a.inputs[2].num_elements() != q * slice) {
+                return MakeError(ErrorCode::kKernelFailed,
+                                 "{} updates for {} index tuples of {}-element slices",
+                                 a.inputs[2].num_elements(), q, slice);
+              }
               auto* upd = a.inputs[2].as<const std::byte>();
               // Each index tuple's element offset, checked; `visit(t, off)` applies update t.
               auto each = [&](auto&& visit) -> Status {
