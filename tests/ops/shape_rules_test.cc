@@ -370,6 +370,11 @@ TEST(ShapeRules, GatherNdScatterElementsScatterNd) {
   EXPECT_EQ(picks->shape(), (Shape{kBatch, 7, 4}));
   EXPECT_EQ(cells->shape(), (Shape{kSeq, 7}));
   EXPECT_EQ(scat->shape(), (Shape{kBatch, 9}));
+  GraphBuilder along;  // longer than data on the gather axis itself is allowed
+  Value* ge = along.Op("GatherElements", {along.In(kFloat32, {2, 3}), along.In(kInt64, {2, 7})},
+                       Attrs({{"axis", int64_t{1}}}));
+  ASSERT_TRUE(along.Infer().ok());
+  EXPECT_EQ(ge->shape(), (Shape{2, 7}));
   GraphBuilder nd;
   Value* rows = nd.Op("ScatterND", {nd.In(kFloat32, {kBatch, 5}), nd.In(kInt64, {kSeq, 1}),
                                     nd.In(kFloat32, {kSeq, 5})});
@@ -437,6 +442,18 @@ TEST(ShapeRules, GatherNdScatterElementsScatterNd) {
          g.Op("ScatterElements", {g.In(kFloat32, {4}), g.In(kInt64, {2}), g.In(kInt64, {2})});
        },
        ErrorCode::kTypeMismatch},
+      {"GatherElements indices longer than data off the axis",
+       [](GraphBuilder& g) {
+         g.Op("GatherElements", {g.In(kFloat32, {2, 3}), g.In(kInt64, {3, 5})},
+              Attrs({{"axis", int64_t{1}}}));
+       },
+       ErrorCode::kShapeMismatch},
+      {"ScatterElements indices longer than data off the axis",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements",
+              {g.In(kFloat32, {2, 3}), g.In(kInt64, {1, 4}), g.In(kFloat32, {1, 4})});
+       },
+       ErrorCode::kShapeMismatch},
       {"ScatterND tuple longer than data",
        [](GraphBuilder& g) {
          g.Op("ScatterND", {g.In(kFloat32, {4, 4}), g.In(kInt64, {2, 3}), g.In(kFloat32, {2})});

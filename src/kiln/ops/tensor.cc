@@ -368,16 +368,35 @@ Status InferGather(InferenceContext& ctx) {
   return OkStatus();
 }
 
+// GatherElements/ScatterElements: indices address data by their own coordinates on every axis
+// but `axis`, so there they may not be longer than data (checked where both dims are static; the
+// CPU kernels check again at run time).
+Status IndicesWithinData(const InferenceContext& ctx, int64_t axis) {
+  const Shape& data = ctx.input_shape(0);
+  const Shape& ind = ctx.input_shape(1);
+  for (size_t d = 0; d < data.size() && d < ind.size(); ++d) {
+    auto n = data[d].static_value(), m = ind[d].static_value();
+    if (static_cast<int64_t>(d) != axis && n && m && *m > *n) {
+      return ctx.Error(ErrorCode::kShapeMismatch,
+                       "indices {} are longer than data {} on axis {} (the gather/scatter axis "
+                       "is {})",
+                       ToString(ind), ToString(data), d, axis);
+    }
+  }
+  return OkStatus();
+}
+
 Status InferGatherElements(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0);
   KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
   KILN_ASSIGN_OR_RETURN(int64_t axis_attr,
                         IntAttr(ctx, "axis", attrs::GatherElements::axis_default()));
-  KILN_RETURN_IF_ERROR(Axis(ctx, axis_attr, rank).status());
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
   if (Rank(ctx, 1) != rank) {
     return ctx.Error(ErrorCode::kShapeMismatch, "indices {} and data {} differ in rank",
                      ToString(ctx.input_shape(1)), ToString(ctx.input_shape(0)));
   }
+  KILN_RETURN_IF_ERROR(IndicesWithinData(ctx, axis));
   ctx.set_output(0, ctx.input_type(0), ctx.input_shape(1));
   return OkStatus();
 }
@@ -429,7 +448,7 @@ Status InferScatterElements(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0);
   KILN_ASSIGN_OR_RETURN(int64_t axis_attr,
                         IntAttr(ctx, "axis", attrs::ScatterElements::axis_default()));
-  KILN_RETURN_IF_ERROR(Axis(ctx, axis_attr, rank).status());
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
   KILN_ASSIGN_OR_RETURN(std::string red,
                         StringAttr(ctx, "reduction", attrs::ScatterElements::reduction_default()));
   if (red != "none" && red != "add" && red != "mul" && red != "max" && red != "min") {
@@ -453,6 +472,7 @@ Status InferScatterElements(InferenceContext& ctx) {
                        ToString(ind), ToString(upd));
     }
   }
+  KILN_RETURN_IF_ERROR(IndicesWithinData(ctx, axis));
   ctx.set_output(0, ctx.input_type(0), ctx.input_shape(0));
   return OkStatus();
 }
