@@ -2,6 +2,7 @@
 // patterns), slicing, splitting, squeezing, broadcasting errors and attribute validation.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <limits>
 
 #include "kiln/ops/onnx_dtype.h"
@@ -353,6 +354,128 @@ TEST(ShapeRules, TensorOpsShapes) {
   bad.Op("Concat", {bad.In(kFloat32, {2, 3}), bad.In(kFloat32, {2, 4})},
          Attrs({{"axis", int64_t{0}}}));
   EXPECT_EQ(bad.Infer().code(), ErrorCode::kShapeMismatch);
+}
+
+TEST(ShapeRules, GatherNdScatterElementsScatterNd) {
+  GraphBuilder b;
+  Value* boxes = b.In(kFloat32, {kBatch, 100, 4});
+  Value* picks =
+      b.Op("GatherND", {boxes, b.In(kInt64, {kBatch, 7, 1})}, Attrs({{"batch_dims", int64_t{1}}}));
+  Value* cells = b.Op("GatherND", {b.In(kFloat32, {5, 6, 7}), b.In(kInt32, {kSeq, 2})});
+  Value* scat =
+      b.Op("ScatterElements",
+           {b.In(kFloat32, {kBatch, 9}), b.In(kInt64, {kBatch, 3}), b.In(kFloat32, {kBatch, 3})},
+           Attrs({{"axis", int64_t{-1}}, {"reduction", std::string("max")}}));
+  ASSERT_TRUE(b.Infer().ok());
+  EXPECT_EQ(picks->shape(), (Shape{kBatch, 7, 4}));
+  EXPECT_EQ(cells->shape(), (Shape{kSeq, 7}));
+  EXPECT_EQ(scat->shape(), (Shape{kBatch, 9}));
+  GraphBuilder along;  // longer than data on the gather axis itself is allowed
+  Value* ge = along.Op("GatherElements", {along.In(kFloat32, {2, 3}), along.In(kInt64, {2, 7})},
+                       Attrs({{"axis", int64_t{1}}}));
+  ASSERT_TRUE(along.Infer().ok());
+  EXPECT_EQ(ge->shape(), (Shape{2, 7}));
+  GraphBuilder nd;
+  Value* rows = nd.Op("ScatterND", {nd.In(kFloat32, {kBatch, 5}), nd.In(kInt64, {kSeq, 1}),
+                                    nd.In(kFloat32, {kSeq, 5})});
+  ASSERT_TRUE(nd.Infer().ok());
+  EXPECT_EQ(rows->shape(), (Shape{kBatch, 5}));
+
+  struct Bad {
+    const char* what;
+    std::function<void(GraphBuilder&)> add;
+    ErrorCode code;
+  };
+  std::vector<Bad> bad = {
+      {"tuple longer than data",
+       [](GraphBuilder& g) {
+         g.Op("GatherND", {g.In(kFloat32, {2, 3}), g.In(kInt64, {4, 3})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"symbolic tuple length",
+       [](GraphBuilder& g) {
+         g.Op("GatherND", {g.In(kFloat32, {2, 3}), g.In(kInt64, {4, kSeq})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"batch dims differ",
+       [](GraphBuilder& g) {
+         g.Op("GatherND", {g.In(kFloat32, {2, 3}), g.In(kInt64, {3, 1})},
+              Attrs({{"batch_dims", int64_t{1}}}));
+       },
+       ErrorCode::kShapeMismatch},
+      {"batch_dims too large",
+       [](GraphBuilder& g) {
+         g.Op("GatherND", {g.In(kFloat32, {2, 3}), g.In(kInt64, {2, 1})},
+              Attrs({{"batch_dims", int64_t{2}}}));
+       },
+       ErrorCode::kInvalidAttribute},
+      {"float indices",
+       [](GraphBuilder& g) {
+         g.Op("GatherND", {g.In(kFloat32, {2, 3}), g.In(kFloat32, {1, 1})});
+       },
+       ErrorCode::kTypeMismatch},
+      {"updates shape differs",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements",
+              {g.In(kFloat32, {4, 4}), g.In(kInt64, {2, 2}), g.In(kFloat32, {2, 3})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"indices rank differs",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements", {g.In(kFloat32, {4, 4}), g.In(kInt64, {2}), g.In(kFloat32, {2})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"bad reduction",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements", {g.In(kFloat32, {4}), g.In(kInt64, {2}), g.In(kFloat32, {2})},
+              Attrs({{"reduction", std::string("mean")}}));
+       },
+       ErrorCode::kInvalidAttribute},
+      {"axis out of range",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements", {g.In(kFloat32, {4}), g.In(kInt64, {2}), g.In(kFloat32, {2})},
+              Attrs({{"axis", int64_t{1}}}));
+       },
+       ErrorCode::kInvalidAttribute},
+      {"updates type differs",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements", {g.In(kFloat32, {4}), g.In(kInt64, {2}), g.In(kInt64, {2})});
+       },
+       ErrorCode::kTypeMismatch},
+      {"GatherElements indices longer than data off the axis",
+       [](GraphBuilder& g) {
+         g.Op("GatherElements", {g.In(kFloat32, {2, 3}), g.In(kInt64, {3, 5})},
+              Attrs({{"axis", int64_t{1}}}));
+       },
+       ErrorCode::kShapeMismatch},
+      {"ScatterElements indices longer than data off the axis",
+       [](GraphBuilder& g) {
+         g.Op("ScatterElements",
+              {g.In(kFloat32, {2, 3}), g.In(kInt64, {1, 4}), g.In(kFloat32, {1, 4})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"ScatterND tuple longer than data",
+       [](GraphBuilder& g) {
+         g.Op("ScatterND", {g.In(kFloat32, {4, 4}), g.In(kInt64, {2, 3}), g.In(kFloat32, {2})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"ScatterND updates too short",
+       [](GraphBuilder& g) {
+         g.Op("ScatterND", {g.In(kFloat32, {4, 5}), g.In(kInt64, {2, 1}), g.In(kFloat32, {2, 4})});
+       },
+       ErrorCode::kShapeMismatch},
+      {"ScatterND updates of another rank",
+       [](GraphBuilder& g) {
+         g.Op("ScatterND", {g.In(kFloat32, {4, 5}), g.In(kInt64, {2, 2}), g.In(kFloat32, {2, 1})});
+       },
+       ErrorCode::kShapeMismatch},
+  };
+  for (const Bad& c : bad) {
+    SCOPED_TRACE(c.what);
+    GraphBuilder g;
+    c.add(g);
+    EXPECT_EQ(g.Infer().code(), c.code);
+  }
 }
 
 // At run time the same rules see integers: InferNode on concrete shapes.

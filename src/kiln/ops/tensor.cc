@@ -368,17 +368,112 @@ Status InferGather(InferenceContext& ctx) {
   return OkStatus();
 }
 
+// GatherElements/ScatterElements: indices address data by their own coordinates on every axis
+// but `axis`, so there they may not be longer than data (checked where both dims are static; the
+// CPU kernels check again at run time).
+Status IndicesWithinData(const InferenceContext& ctx, int64_t axis) {
+  const Shape& data = ctx.input_shape(0);
+  const Shape& ind = ctx.input_shape(1);
+  for (size_t d = 0; d < data.size() && d < ind.size(); ++d) {
+    auto n = data[d].static_value(), m = ind[d].static_value();
+    if (static_cast<int64_t>(d) != axis && n && m && *m > *n) {
+      return ctx.Error(ErrorCode::kShapeMismatch,
+                       "indices {} are longer than data {} on axis {} (the gather/scatter axis "
+                       "is {})",
+                       ToString(ind), ToString(data), d, axis);
+    }
+  }
+  return OkStatus();
+}
+
 Status InferGatherElements(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0);
   KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
   KILN_ASSIGN_OR_RETURN(int64_t axis_attr,
                         IntAttr(ctx, "axis", attrs::GatherElements::axis_default()));
-  KILN_RETURN_IF_ERROR(Axis(ctx, axis_attr, rank).status());
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
   if (Rank(ctx, 1) != rank) {
     return ctx.Error(ErrorCode::kShapeMismatch, "indices {} and data {} differ in rank",
                      ToString(ctx.input_shape(1)), ToString(ctx.input_shape(0)));
   }
+  KILN_RETURN_IF_ERROR(IndicesWithinData(ctx, axis));
   ctx.set_output(0, ctx.input_type(0), ctx.input_shape(1));
+  return OkStatus();
+}
+
+// GatherND: out = indices.shape[:-1] ++ data.shape[batch_dims + k:], k = indices.shape[-1],
+// which must be static (it decides the output's rank).
+Status InferGatherND(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
+  KILN_ASSIGN_OR_RETURN(int64_t b,
+                        IntAttr(ctx, "batch_dims", attrs::GatherND::batch_dims_default()));
+  const Shape& data = ctx.input_shape(0);
+  const Shape& ind = ctx.input_shape(1);
+  int64_t r = Rank(ctx, 0), q = Rank(ctx, 1);
+  if (r < 1 || q < 1) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "data {} and indices {} must have rank >= 1",
+                     ToString(data), ToString(ind));
+  }
+  if (b < 0 || b >= std::min(r, q)) {
+    return ctx.Error(ErrorCode::kInvalidAttribute,
+                     "batch_dims {} must lie in [0, {}) for data of rank {} and indices of rank {}",
+                     b, std::min(r, q), r, q);
+  }
+  std::optional<int64_t> k = ind.back().static_value();
+  if (!k) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "the last dim of indices {} must be static: it decides the output's rank",
+                     ToString(ind));
+  }
+  if (*k < 1 || *k > r - b) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "the last dim of indices {} must lie in [1, {}] for data {} and batch_dims {}",
+                     ToString(ind), r - b, ToString(data), b);
+  }
+  for (int64_t i = 0; i < b; ++i) {
+    if (DimsEqual(data[i], ind[i]) == false) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "batch dim {} differs: data {}, indices {}", i,
+                       ToString(data), ToString(ind));
+    }
+  }
+  Shape out(ind.begin(), ind.end() - 1);
+  out.insert(out.end(), data.begin() + b + *k, data.end());
+  ctx.set_output(0, ctx.input_type(0), out);
+  return OkStatus();
+}
+
+// ScatterElements: indices and updates of one shape, of data's rank; the output is data's shape.
+Status InferScatterElements(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
+  int64_t rank = Rank(ctx, 0);
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr,
+                        IntAttr(ctx, "axis", attrs::ScatterElements::axis_default()));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
+  KILN_ASSIGN_OR_RETURN(std::string red,
+                        StringAttr(ctx, "reduction", attrs::ScatterElements::reduction_default()));
+  if (red != "none" && red != "add" && red != "mul" && red != "max" && red != "min") {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "reduction '{}' is not none/add/mul/max/min",
+                     red);
+  }
+  if (ctx.input_type(2) != ctx.input_type(0)) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "updates type {} differs from data type {}",
+                     ToString(ctx.input_type(2)), ToString(ctx.input_type(0)));
+  }
+  const Shape& ind = ctx.input_shape(1);
+  const Shape& upd = ctx.input_shape(2);
+  if (Rank(ctx, 1) != rank || Rank(ctx, 2) != rank) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "indices {} and updates {} must have the rank of data {}", ToString(ind),
+                     ToString(upd), ToString(ctx.input_shape(0)));
+  }
+  for (int64_t i = 0; i < rank; ++i) {
+    if (DimsEqual(ind[i], upd[i]) == false) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "indices {} and updates {} differ in shape",
+                       ToString(ind), ToString(upd));
+    }
+  }
+  KILN_RETURN_IF_ERROR(IndicesWithinData(ctx, axis));
+  ctx.set_output(0, ctx.input_type(0), ctx.input_shape(0));
   return OkStatus();
 }
 
@@ -393,6 +488,32 @@ Status InferScatterND(InferenceContext& ctx) {
   if (ctx.input_type(2) != ctx.input_type(0)) {
     return ctx.Error(ErrorCode::kTypeMismatch, "updates type {} differs from data type {}",
                      ToString(ctx.input_type(2)), ToString(ctx.input_type(0)));
+  }
+  // updates = indices.shape[:-1] ++ data.shape[k:], k = indices.shape[-1] (checked where static;
+  // the kernel checks the rest at run time).
+  const Shape& data = ctx.input_shape(0);
+  const Shape& ind = ctx.input_shape(1);
+  const Shape& upd = ctx.input_shape(2);
+  if (ind.empty()) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "indices must have rank >= 1");
+  }
+  if (std::optional<int64_t> k = ind.back().static_value()) {
+    int64_t r = Rank(ctx, 0);
+    if (*k < 1 || *k > r) {
+      return ctx.Error(ErrorCode::kShapeMismatch,
+                       "the last dim of indices {} must lie in [1, {}] for data {}", ToString(ind),
+                       r, ToString(data));
+    }
+    Shape want(ind.begin(), ind.end() - 1);
+    want.insert(want.end(), data.begin() + *k, data.end());
+    bool differs = want.size() != upd.size();
+    for (size_t i = 0; !differs && i < want.size(); ++i) {
+      differs = DimsEqual(want[i], upd[i]) == false;
+    }
+    if (differs) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "updates {} must have shape {}", ToString(upd),
+                       ToString(want));
+    }
   }
   ctx.set_output(0, ctx.input_type(0), ctx.input_shape(0));
   return OkStatus();

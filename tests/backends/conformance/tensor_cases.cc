@@ -1,11 +1,107 @@
 // Op conformance cases, tensor family: Resize (linear, nearest, cubic), data movement and
 // shape ops (Transpose, Slice, Gather, Concat, Split, Expand, Shape, Trilu, ...), Pad, Tile,
-// DepthToSpace/SpaceToDepth, GatherElements, ScatterND, OneHot, Range. Each case is a one-node
-// graph that the suite (op_conformance_test.cc) runs on every backend built here, every tactic, on
-// fresh random inputs, against the CPU backend (see op_cases.h).
+// DepthToSpace/SpaceToDepth, GatherElements, GatherND, ScatterElements, ScatterND, OneHot, Range.
+// Each case is a one-node graph that the suite (op_conformance_test.cc) runs on every backend built
+// here, every tactic, on fresh random inputs, against the CPU backend or the case's reference (see
+// op_cases.h).
+#include <algorithm>
+
 #include "op_cases.h"
 
 namespace kiln::testing {
+namespace {
+
+// The coordinates of element i of a row-major tensor of `dims`.
+std::vector<int64_t> Coords(int64_t i, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> c(dims.size());
+  for (size_t a = dims.size(); a-- > 0;) {
+    c[a] = i % dims[a];
+    i /= dims[a];
+  }
+  return c;
+}
+
+int64_t Offset(const std::vector<int64_t>& coords, const std::vector<int64_t>& strides) {
+  int64_t off = 0;
+  for (size_t a = 0; a < coords.size(); ++a) off += coords[a] * strides[a];
+  return off;
+}
+
+// GatherND (ONNX spec, per output element): out[i..., s...] = data[i[:b]..., tuple(i)..., s...].
+ReferenceFn GatherNdRef(int64_t b) {
+  return [b](const std::vector<RefTensor>& in) {
+    const RefTensor &data = in[0], &ind = in[1];
+    int64_t q = static_cast<int64_t>(ind.dims.size()), k = ind.dims.back();
+    std::vector<int64_t> dims(ind.dims.begin(), ind.dims.end() - 1);
+    dims.insert(dims.end(), data.dims.begin() + b + k, data.dims.end());
+    RefTensor out = RefTensor::Zeros(dims);
+    for (int64_t o = 0; o < out.size(); ++o) {
+      std::vector<int64_t> c = Coords(o, dims);
+      std::vector<int64_t> ic(c.begin(), c.begin() + q - 1), at(c.begin(), c.begin() + b);
+      ic.push_back(0);
+      for (int64_t d = 0; d < k; ++d) {
+        ic.back() = d;
+        int64_t j = static_cast<int64_t>(ind[Offset(ic, ind.Strides())]);
+        at.push_back(j < 0 ? j + data.dims[b + d] : j);
+      }
+      at.insert(at.end(), c.begin() + q - 1, c.end());
+      out[o] = data[Offset(at, data.Strides())];
+    }
+    return std::vector<RefTensor>{out};
+  };
+}
+
+// `o` combined with `u` by a scatter reduction ("none": replaced).
+double Reduce(const std::string& red, double o, double u) {
+  return red == "add"   ? o + u
+         : red == "mul" ? o * u
+         : red == "max" ? std::max(o, u)
+         : red == "min" ? std::min(o, u)
+                        : u;
+}
+
+// ScatterElements: update t goes to data's element at t's coordinates with the axis one replaced
+// by indices[t], in index order.
+ReferenceFn ScatterElementsRef(int64_t axis, std::string red) {
+  return [axis, red](const std::vector<RefTensor>& in) {
+    const RefTensor &data = in[0], &ind = in[1], &upd = in[2];
+    RefTensor out = data;
+    int64_t a = axis < 0 ? axis + static_cast<int64_t>(data.dims.size()) : axis;
+    for (int64_t t = 0; t < ind.size(); ++t) {
+      std::vector<int64_t> c = Coords(t, ind.dims);
+      int64_t j = static_cast<int64_t>(ind[t]);
+      c[a] = j < 0 ? j + data.dims[a] : j;
+      double& o = out[Offset(c, data.Strides())];
+      o = Reduce(red, o, upd[t]);
+    }
+    return std::vector<RefTensor>{out};
+  };
+}
+
+// ScatterND: index tuple t (k entries) picks a slice of data; update slice t combines into it.
+ReferenceFn ScatterNdRef(std::string red) {
+  return [red](const std::vector<RefTensor>& in) {
+    const RefTensor &data = in[0], &ind = in[1], &upd = in[2];
+    RefTensor out = data;
+    int64_t k = ind.dims.back(), tuples = ind.size() / k, slice = data.size();
+    for (int64_t d = 0; d < k; ++d) slice /= data.dims[d];
+    for (int64_t t = 0; t < tuples; ++t) {
+      std::vector<int64_t> at;
+      for (int64_t d = 0; d < k; ++d) {
+        int64_t j = static_cast<int64_t>(ind[t * k + d]);
+        at.push_back(j < 0 ? j + data.dims[d] : j);
+      }
+      at.resize(data.dims.size(), 0);
+      int64_t base = Offset(at, data.Strides());
+      for (int64_t e = 0; e < slice; ++e) {
+        out[base + e] = Reduce(red, out[base + e], upd[t * slice + e]);
+      }
+    }
+    return std::vector<RefTensor>{out};
+  };
+}
+
+}  // namespace
 
 std::vector<OpCase> TensorCases() {
   std::vector<OpCase> c;
@@ -376,6 +472,143 @@ std::vector<OpCase> TensorCases() {
       return t;
     });
   }
+
+  // Reductions in the types only the CPU has so far (`add` cases, against the reference).
+  add("ScatterND_max_all_floats", [] {
+    OpTester t("ScatterND", Attrs({{"reduction", std::string("max")}}));
+    t.Input(kF32, {5, 4}).Input(I64({6, 1}, {1, 3, 1, 0, -2, 1})).Input(kF32, {6, 4});
+    t.FloatTypes(kAllFloats);
+    t.Reference(ScatterNdRef("max"));
+    return t;
+  });
+  add("ScatterND_add_f16_bf16", [] {
+    OpTester t("ScatterND", Attrs({{"reduction", std::string("add")}}));
+    t.Input(kF32, {4, 3}).Input(I64({3, 2}, {1, 2, 1, 2, -4, 0})).Input(kF32, {3});
+    t.FloatTypes({DataType::kFloat16, DataType::kBFloat16});
+    t.Reference(ScatterNdRef("add"));
+    return t;
+  });
+  add("ScatterND_mul_i8", [] {
+    OpTester t("ScatterND", Attrs({{"reduction", std::string("mul")}}));
+    t.Input(DataType::kInt8, {3, 2, 2}, -3, 3)
+        .Input(I64({2, 2}, {2, 1, 2, -1}))
+        .Input(DataType::kInt8, {2, 2}, -3, 3);
+    t.Reference(ScatterNdRef("mul"));
+    return t;
+  });
+  add("ScatterND_min_u8", [] {
+    OpTester t("ScatterND", Attrs({{"reduction", std::string("min")}}));
+    t.Input(DataType::kUInt8, {4, 3}, 0, 255)
+        .Input(I32({3, 1}, {0, 3, 0}))
+        .Input(DataType::kUInt8, {3, 3}, 0, 255);
+    t.Reference(ScatterNdRef("min"));
+    return t;
+  });
+  add("ScatterND_none_reference", [] {
+    OpTester t("ScatterND");
+    t.Input(kI64, {2, 3, 4}, -9, 9).Input(I64({2, 2}, {1, -1, 0, 0})).Input(kI64, {2, 4}, -9, 9);
+    t.Reference(ScatterNdRef("none"));
+    return t;
+  });
+
+  // ---- GatherND (CPU only for now: these are `add` cases) ---------------------------------------
+  add("GatherND_elements_neg", [] {
+    OpTester t("GatherND");
+    t.Input(kF32, {4, 5}).Input(I64({3, 2}, {0, 1, -1, 4, 2, -5})).FloatTypes(kAllFloats);
+    t.Reference(GatherNdRef(0));
+    return t;
+  });
+  add("GatherND_slices_3d", [] {
+    OpTester t("GatherND");
+    t.Input(kF32, {3, 4, 5}).Input(I64({2, 2, 1}, {0, 2, -1, 1})).FloatTypes(kAllFloats);
+    t.Reference(GatherNdRef(0));
+    return t;
+  });
+  add("GatherND_batch_dims1_i32_indices", [] {
+    OpTester t("GatherND", Attrs({{"batch_dims", int64_t{1}}}));
+    t.Input(kI64, {2, 3, 4}, -50, 50).Input(I32({2, 2, 2}, {2, 3, -3, 0, 1, -1, 0, 2}));
+    t.Reference(GatherNdRef(1));
+    return t;
+  });
+  add("GatherND_batch_dims2_random", [] {
+    OpTester t("GatherND", Attrs({{"batch_dims", int64_t{2}}}));
+    t.Input(kF32, {2, 3, 4, 5}).Input(kI64, {2, 3, 4, 1}, -4, 3);
+    t.Reference(GatherNdRef(2));
+    return t;
+  });
+  add("GatherND_bool", [] {
+    OpTester t("GatherND");
+    t.Input(kBool, {3, 2, 2}).Input(I64({2, 2}, {2, 1, -3, 0}));
+    t.Reference(GatherNdRef(0));
+    return t;
+  });
+
+  // ---- ScatterElements (CPU only for now) ------------------------------------------------------
+  add("ScatterElements_axis0", [] {
+    OpTester t("ScatterElements");
+    // Distinct rows per column (the none reduction leaves duplicates undefined).
+    t.Input(kF32, {4, 3}).Input(I64({2, 3}, {1, -1, 0, 3, 2, 2})).Input(kF32, {2, 3});
+    t.FloatTypes(kAllFloats);
+    t.Reference(ScatterElementsRef(0, "none"));
+    return t;
+  });
+  add("ScatterElements_neg_axis_i32_indices", [] {
+    OpTester t("ScatterElements", Attrs({{"axis", int64_t{-1}}}));
+    t.Input(kI64, {3, 5}, -99, 99)
+        .Input(I32({3, 2}, {4, 0, -1, 2, 1, 3}))
+        .Input(kI64, {3, 2}, -99, 99);
+    t.Reference(ScatterElementsRef(-1, "none"));
+    return t;
+  });
+  add("ScatterElements_small_indices_3d", [] {
+    OpTester t("ScatterElements", Attrs({{"axis", int64_t{1}}}));
+    // Indices shorter than data on the other axes: only that corner is written.
+    t.Input(kF32, {2, 4, 3}).Input(I64({1, 2, 2}, {3, 0, -4, 1})).Input(kF32, {1, 2, 2});
+    t.Reference(ScatterElementsRef(1, "none"));
+    return t;
+  });
+  add("ScatterElements_u8", [] {
+    OpTester t("ScatterElements");
+    t.Input(DataType::kUInt8, {3, 2}, 0, 255)
+        .Input(I64({1, 2}, {2, 0}))
+        .Input(DataType::kUInt8, {1, 2}, 0, 255);
+    t.Reference(ScatterElementsRef(0, "none"));
+    return t;
+  });
+  for (const char* red : {"add", "mul", "max", "min"}) {
+    std::string r = red;
+    // Duplicate indices on purpose: the reductions combine them.
+    add("ScatterElements_" + r + "_i64", [r] {
+      OpTester t("ScatterElements", Attrs({{"axis", int64_t{1}}, {"reduction", r}}));
+      t.Input(kI64, {3, 4}, -9, 9)
+          .Input(I64({3, 3}, {0, 0, 3, 1, -3, 1, 2, 2, 2}))
+          .Input(kI64, {3, 3}, -9, 9);
+      t.Reference(ScatterElementsRef(1, r));
+      return t;
+    });
+    add("ScatterElements_" + r + "_f32", [r] {
+      OpTester t("ScatterElements", Attrs({{"reduction", r}}));
+      t.Input(kF32, {4, 3}).Input(I64({3, 3}, {1, 0, 3, -3, 0, 3, 1, 2, -1})).Input(kF32, {3, 3});
+      // max and min are exact in every float type; f16/bf16 add and mul round per step.
+      if (r == "max" || r == "min") t.FloatTypes(kAllFloats);
+      t.Reference(ScatterElementsRef(0, r));
+      return t;
+    });
+  }
+  add("ScatterElements_add_i32", [] {
+    OpTester t("ScatterElements", Attrs({{"reduction", std::string("add")}}));
+    t.Input(kI32, {2, 3}, -99, 99).Input(I64({3, 1}, {1, -1, 0})).Input(kI32, {3, 1}, -99, 99);
+    t.Reference(ScatterElementsRef(0, "add"));
+    return t;
+  });
+  add("ScatterElements_max_u8", [] {
+    OpTester t("ScatterElements", Attrs({{"reduction", std::string("max")}}));
+    t.Input(DataType::kUInt8, {2, 3}, 0, 255)
+        .Input(I64({3, 2}, {1, 0, 1, 1, 0, 0}))
+        .Input(DataType::kUInt8, {3, 2}, 0, 255);
+    t.Reference(ScatterElementsRef(0, "max"));
+    return t;
+  });
 
   // ---- OneHot (out-of-range indices give a row of off values) ----------------------------------
   for (int64_t axis : {-1, 0, 1}) {

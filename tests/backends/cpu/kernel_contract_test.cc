@@ -99,6 +99,68 @@ TEST(CpuKernelContract, OutOfRangeIndexIsAnErrorNotACrash) {
   EXPECT_NE(s.message().find("index 3 is out of range"), std::string::npos) << s.message();
 }
 
+TEST(CpuKernelContract, GatherNdAndScatterElementsRefuseOutOfRangeIndices) {
+  {
+    OneNode n("GatherND", {{kFloat32, {3, 2}}, {kInt64, {2, 2}}});
+    std::vector<Tensor> ins = {
+        Tensor(kFloat32, {3, 2}),
+        Tensor::FromVector(kInt64, {2, 2}, std::vector<int64_t>{-3, 1, 0, 2})};
+    Tensor out(kFloat32, {2});
+    Status s = RunFirstTactic(n, "GatherND", ins, out);
+    EXPECT_EQ(s.code(), ErrorCode::kKernelFailed);
+    EXPECT_NE(s.message().find("index 2 is out of range for an axis of size 2"), std::string::npos)
+        << s.message();
+  }
+  for (const char* red : {"none", "add"}) {
+    AttributeMap attrs = Axis(1);
+    attrs.Set("reduction", std::string(red));
+    OneNode n("ScatterElements", {{kFloat32, {2, 3}}, {kInt64, {1, 2}}, {kFloat32, {1, 2}}}, attrs);
+    std::vector<Tensor> ins = {Tensor(kFloat32, {2, 3}),
+                               Tensor::FromVector(kInt64, {1, 2}, std::vector<int64_t>{-3, -4}),
+                               Tensor(kFloat32, {1, 2})};
+    Tensor out(kFloat32, {2, 3});
+    Status s = RunFirstTactic(n, "ScatterElements", ins, out);
+    EXPECT_EQ(s.code(), ErrorCode::kKernelFailed) << red;
+    EXPECT_NE(s.message().find("index -4 is out of range for an axis of size 3"), std::string::npos)
+        << s.message();
+  }
+}
+
+// Indices longer than data on an axis they do not index would address outside data. The shape
+// rules refuse it where dims are static; with symbolic dims only the run-time shapes show it, so
+// the kernels check too (simulated here by running with a smaller data tensor than planned).
+TEST(CpuKernelContract, ElementsIndicesLongerThanDataAreAnError) {
+  OneNode g("GatherElements", {{kFloat32, {3, 3}}, {kInt64, {3, 1}}}, Axis(1));
+  std::vector<Tensor> gin = {Tensor(kFloat32, {2, 3}), Tensor(kInt64, {3, 1})};
+  Tensor gout(kFloat32, {3, 1});
+  Status s = RunFirstTactic(g, "GatherElements", gin, gout);
+  EXPECT_EQ(s.code(), ErrorCode::kKernelFailed);
+  EXPECT_NE(s.message().find("indices dim 0 has 3 entries, data only 2"), std::string::npos)
+      << s.message();
+  OneNode sc("ScatterElements", {{kFloat32, {2, 4}}, {kInt64, {1, 4}}, {kFloat32, {1, 4}}});
+  std::vector<Tensor> sin = {Tensor(kFloat32, {2, 3}), Tensor(kInt64, {1, 4}),
+                             Tensor(kFloat32, {1, 4})};
+  Tensor sout(kFloat32, {2, 3});
+  s = RunFirstTactic(sc, "ScatterElements", sin, sout);
+  EXPECT_EQ(s.code(), ErrorCode::kKernelFailed);
+  EXPECT_NE(s.message().find("indices dim 1 has 4 entries, data only 3"), std::string::npos)
+      << s.message();
+}
+
+// ScatterND's updates must hold one slice per index tuple; a run-time shape that breaks this
+// (symbolic dims the shape rule could not compare) is an error, not a read past the buffer.
+TEST(CpuKernelContract, ScatterNdUpdatesThatDoNotMatchAreAnError) {
+  OneNode n("ScatterND", {{kFloat32, {4, 5}}, {kInt64, {2, 1}}, {kFloat32, {2, 5}}});
+  std::vector<Tensor> ins = {Tensor(kFloat32, {4, 5}),
+                             Tensor::FromVector(kInt64, {2, 1}, std::vector<int64_t>{0, 3}),
+                             Tensor(kFloat32, {2, 4})};
+  Tensor out(kFloat32, {4, 5});
+  Status s = RunFirstTactic(n, "ScatterND", ins, out);
+  EXPECT_EQ(s.code(), ErrorCode::kKernelFailed);
+  EXPECT_NE(s.message().find("8 updates for 2 index tuples of 5-element slices"), std::string::npos)
+      << s.message();
+}
+
 TEST(CpuKernelContract, IntegerDivisionByZeroIsDefined) {
   OneNode n("Div", {{kInt64, {3}}, {kInt64, {3}}});
   std::vector<Tensor> ins = {Tensor::FromVector(kInt64, {3}, std::vector<int64_t>{7, -7, 5}),
