@@ -131,6 +131,30 @@ TEST(Builder, ReportSaysWhereTheTacticSecondsWent) {
       << (*engine)->build_report_json;
 }
 
+// `kiln build --disable-pass`: a named pass is skipped (and the engine is another engine: the
+// config hash differs); a name that is no pass is refused with the list of names.
+TEST(Builder, DisabledPassIsSkippedAndUnknownNamesAreRefused) {
+  BuilderConfig c = ResnetConfig();
+  BuildReport on, off;
+  ASSERT_TRUE(BuildZoo("resnet_tiny", c, &on).ok());
+  EXPECT_NE(on.passes.find("conv_fusion "), std::string::npos) << on.passes;
+  BuilderConfig d = c;
+  d.disabled_passes = {"conv_fusion"};
+  EXPECT_NE(c.Hash(), d.Hash());
+  auto engine = BuildZoo("resnet_tiny", d, &off);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_EQ(off.passes.find("conv_fusion "), std::string::npos) << off.passes;
+  for (const LayerReport& l : off.layer_reports) EXPECT_NE(l.op_type, "FusedConv") << l.name;
+  EXPECT_GT(off.layer_reports.size(), on.layer_reports.size());
+
+  BuilderConfig bad = c;
+  bad.disabled_passes = {"transpose_sinkin"};
+  auto st = BuildZoo("resnet_tiny", bad).status();
+  EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("'transpose_sinkin'"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("transpose_sinking"), std::string::npos) << st.message();
+}
+
 TEST(Builder, ProfileErrorsSayWhatToChange) {
   BuilderConfig inverted;
   ASSERT_TRUE(ParseProfileSpec("input:4x3x64x64,2x3x64x64,8x3x64x64", &inverted.profile).ok());

@@ -44,6 +44,7 @@ struct BuildOptions {
   std::string timing_cache;
   std::string report_path;
   bool no_optimize = false;
+  std::vector<std::string> disabled_passes;
   bool layers = false;
   bool json = false;
   // Distributed: every rank runs the same command; one builds, the others receive the bytes.
@@ -178,6 +179,7 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   if (!tolerance.ok()) return ReportError(tolerance.status());
   config.int8_tolerance = *tolerance;
   config.optimize = !o.no_optimize;
+  config.disabled_passes = o.disabled_passes;
   for (const std::string& p : o.profiles) {
     if (Status s = ParseProfileSpec(p, &config.profile); !s.ok()) return ReportError(s);
   }
@@ -342,6 +344,10 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
   sub->add_option("--timing-cache", o->timing_cache, "timing cache file to read and update");
   sub->add_option("--report", o->report_path, "write the build report as JSON to this file");
   sub->add_flag("--no-optimize", o->no_optimize, "skip graph optimizations (debugging)");
+  sub->add_option("--disable-pass", o->disabled_passes,
+                  "skip one graph pass by name, e.g. transpose_sinking (repeatable; the build "
+                  "report's pass lines name them): a way around a rewrite that misbehaves on a "
+                  "model");
   sub->add_flag("--layers", o->layers, "print the per-layer table (precision, tactic, time)");
   sub->add_flag("--json", o->json, "print the build report as JSON instead of text");
   o->metrics.Add(sub);

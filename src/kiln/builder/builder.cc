@@ -397,6 +397,7 @@ Status OptimisePhase(BuildState& s) {
   s.Progress("passes", 0, 1, "");
   passes::PassOptions pass_options;
   pass_options.evaluator = ReferenceEvaluator();
+  pass_options.disabled = s.config.disabled_passes;
   // cuDNN runs f16/bf16 convolutions on tensor cores channels-last; f32 and the CPU stay NCHW.
   if (s.config.backend == BackendKind::kCuda && (s.config.fp16 || s.config.bf16)) {
     pass_options.conv_layout = "NHWC";
@@ -843,6 +844,16 @@ StatusOr<std::unique_ptr<EngineDesc>> BuildEngine(BuildInput input, const Builde
   if (requested.opt_level < kMinOptLevel || requested.opt_level > kMaxOptLevel) {
     return MakeError(ErrorCode::kInvalidArgument, "optimisation level {} is outside {}..{}",
                      requested.opt_level, kMinOptLevel, kMaxOptLevel);
+  }
+  if (!requested.disabled_passes.empty()) {
+    const std::vector<std::string> known = passes::DefaultPassNames();
+    for (const std::string& n : requested.disabled_passes) {
+      if (std::find(known.begin(), known.end(), n) == known.end()) {
+        return MakeError(ErrorCode::kInvalidArgument,
+                         "there is no graph pass named '{}' to disable; the passes are: {}", n,
+                         fmt::join(known, ", "));
+      }
+    }
   }
   BuildState s(std::move(input), requested, rep);
 

@@ -1,6 +1,8 @@
 // Parsing of build options and the config hash.
 #include "kiln/builder/builder_config.h"
 
+#include <algorithm>
+
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -187,6 +189,13 @@ Hash128 BuilderConfig::Hash() const {
   // Only hashed when off, so that every existing config keeps its hash (and cached engines).
   if (!search_tactics) h.Field("heuristic-tactics-only");
   if (opt_level != kDefaultOptLevel) h.Field("opt-level").Field(static_cast<int64_t>(opt_level));
+  // Only hashed when some are, so that every existing config keeps its hash.
+  if (!disabled_passes.empty()) {
+    std::vector<std::string> sorted = disabled_passes;
+    std::sort(sorted.begin(), sorted.end());
+    h.Field("disabled-passes").Field(static_cast<int64_t>(sorted.size()));
+    for (const std::string& n : sorted) h.Field(n);
+  }
   for (const auto& p : profile.inputs) {
     h.Field(p.input);
     for (const auto* v : {&p.min, &p.opt, &p.max}) {

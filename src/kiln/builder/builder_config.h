@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kiln/backends/kernel.h"
 #include "kiln/core/hash.h"
@@ -66,6 +67,9 @@ struct BuilderConfig {
   std::optional<double> max_kernel_time_ms;
   std::string timing_cache_path;
   bool optimize = true;  // graph passes
+  // Graph passes to skip, by name (passes::DefaultPassNames(); `kiln build --disable-pass`): a
+  // way around a rewrite that misbehaves on a model. Names outside that list are refused.
+  std::vector<std::string> disabled_passes;
   // false: every layer keeps its heuristic (first) tactic and nothing is timed; the baseline
   // that bench/build compares the tactic search against.
   bool search_tactics = true;

@@ -52,6 +52,12 @@ std::string PassReport::ToString() const {
 
 void PassManager::Add(std::unique_ptr<Pass> pass) { passes_.push_back(std::move(pass)); }
 
+std::vector<std::string> PassManager::pass_names() const {
+  std::vector<std::string> names;
+  for (const auto& p : passes_) names.emplace_back(p->name());
+  return names;
+}
+
 StatusOr<PassReport> PassManager::Run(
     Graph& graph, std::unordered_map<const Value*, std::vector<Dim>>* inferred) {
   PassReport report;
@@ -125,6 +131,19 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   return pm;
 }
 
+namespace {
+// After the fusions and the layout: Transposes (the model's and the layout's) sink and cancel,
+// which can leave a per-column scale right after a product. Run last so that the fusions above
+// see the graph as the model wrote it.
+std::unique_ptr<PassManager> MakeLatePassManager(const PassOptions& options) {
+  auto pm = std::make_unique<PassManager>(options);
+  pm->Add(MakeTransposeSinkingPass());
+  pm->Add(MakeMatMulScaleFoldingPass());
+  pm->Add(MakeDeadNodeEliminationPass());
+  return pm;
+}
+}  // namespace
+
 StatusOr<PassReport> RunDefaultPasses(
     Graph& graph, const PassOptions& options,
     std::unordered_map<const Value*, std::vector<Dim>>* inferred) {
@@ -144,16 +163,21 @@ StatusOr<PassReport> RunDefaultPasses(
     KILN_ASSIGN_OR_RETURN(PassReport layout_report, layout_pm.Run(graph));
     append(layout_report);
   }
-  // After the fusions and the layout: Transposes (the model's and the layout's) sink and cancel,
-  // which can leave a per-column scale right after a product. Run last so that the fusions above
-  // see the graph as the model wrote it.
-  PassManager late(options);
-  late.Add(MakeTransposeSinkingPass());
-  late.Add(MakeMatMulScaleFoldingPass());
-  late.Add(MakeDeadNodeEliminationPass());
-  KILN_ASSIGN_OR_RETURN(PassReport late_report, late.Run(graph));
+  KILN_ASSIGN_OR_RETURN(PassReport late_report, MakeLatePassManager(options)->Run(graph));
   append(late_report);
   return report;
+}
+
+std::vector<std::string> DefaultPassNames() {
+  std::vector<std::string> names;
+  for (const std::string& n : MakeDefaultPassManager({})->pass_names()) {
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  }
+  names.emplace_back(MakeLayoutNhwcPass()->name());
+  for (const std::string& n : MakeLatePassManager({})->pass_names()) {
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  }
+  return names;
 }
 
 Node* ReplaceMatched(Graph& graph, PassContext& ctx, const std::vector<Node*>& matched, Node* root,

@@ -119,6 +119,7 @@ class PassManager {
   // are fresh), so the first pass does not infer again; taken over by the run.
   StatusOr<PassReport> Run(Graph& graph,
                            std::unordered_map<const Value*, std::vector<Dim>>* inferred = nullptr);
+  std::vector<std::string> pass_names() const;
 
  private:
   PassOptions options_;
@@ -153,6 +154,8 @@ std::unique_ptr<Pass> MakeMatMulScaleFoldingPass();  // MatMul then a per-column
 // RunDefaultPasses then runs the layout pass once on the fused graph when options.conv_layout
 // asks for NHWC (it sees final FusedConv nodes, so no fusion has to understand layouts).
 std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options);
+// The names RunDefaultPasses may run (PassOptions::disabled takes them), in pipeline order.
+std::vector<std::string> DefaultPassNames();
 StatusOr<PassReport> RunDefaultPasses(
     Graph& graph, const PassOptions& options,
     std::unordered_map<const Value*, std::vector<Dim>>* inferred = nullptr);
