@@ -702,18 +702,10 @@ Status TimingPhase(BuildState& s) {
       other_shapes.push_back(std::move(dims));
     }
   }
-  // The plan reserves what the kernel itself asks for at the profile's shapes (a tactic's
-  // estimate may not know every dim); the runtime checks the same figure again. Asking means
-  // creating the kernel (cuDNN finalises a plan per shape), so the layers are asked on the set-up
-  // threads.
-  std::vector<std::optional<StatusOr<size_t>>> asked(s.searches.size());
-  RunBounded(*s.backend, SetupThreads(config), s.searches.size(), [&](size_t i) {
-    LayerSearch& l = s.searches[i];
-    asked[i] = PreparedWorkspace(l, l.candidates[l.chosen], other_shapes);
-  });
-  for (size_t i = 0; i < s.searches.size(); ++i) {
-    LayerSearch& l = s.searches[i];
-    StatusOr<size_t> prepared = std::move(*asked[i]);
+  for (LayerSearch& l : s.searches) {
+    // The plan reserves what the kernel itself asks for at the profile's shapes (a tactic's
+    // estimate may not know every dim); the runtime checks the same figure again.
+    StatusOr<size_t> prepared = PreparedWorkspace(l, l.candidates[l.chosen], other_shapes);
     if (!prepared.ok() && l.from_cache) {
       // The cached winner cannot be made here (a stale cache, another library build): this
       // layer takes the heuristic's tactic, as a cold build would before timing.
