@@ -442,6 +442,19 @@ Status InferGatherND(InferenceContext& ctx) {
   return OkStatus();
 }
 
+// The scatters' shared checks: a reduction ONNX defines, and updates (input 2) of data's type.
+static Status CheckScatterReductionAndUpdates(InferenceContext& ctx, const std::string& red) {
+  if (red != "none" && red != "add" && red != "mul" && red != "max" && red != "min") {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "reduction '{}' is not none/add/mul/max/min",
+                     red);
+  }
+  if (ctx.input_type(2) != ctx.input_type(0)) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "updates type {} differs from data type {}",
+                     ToString(ctx.input_type(2)), ToString(ctx.input_type(0)));
+  }
+  return OkStatus();
+}
+
 // ScatterElements: indices and updates of one shape, of data's rank; the output is data's shape.
 Status InferScatterElements(InferenceContext& ctx) {
   KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
@@ -451,14 +464,7 @@ Status InferScatterElements(InferenceContext& ctx) {
   KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
   KILN_ASSIGN_OR_RETURN(std::string red,
                         StringAttr(ctx, "reduction", attrs::ScatterElements::reduction_default()));
-  if (red != "none" && red != "add" && red != "mul" && red != "max" && red != "min") {
-    return ctx.Error(ErrorCode::kInvalidAttribute, "reduction '{}' is not none/add/mul/max/min",
-                     red);
-  }
-  if (ctx.input_type(2) != ctx.input_type(0)) {
-    return ctx.Error(ErrorCode::kTypeMismatch, "updates type {} differs from data type {}",
-                     ToString(ctx.input_type(2)), ToString(ctx.input_type(0)));
-  }
+  KILN_RETURN_IF_ERROR(CheckScatterReductionAndUpdates(ctx, red));
   const Shape& ind = ctx.input_shape(1);
   const Shape& upd = ctx.input_shape(2);
   if (Rank(ctx, 1) != rank || Rank(ctx, 2) != rank) {
@@ -481,14 +487,7 @@ Status InferScatterND(InferenceContext& ctx) {
   KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "indices"));
   KILN_ASSIGN_OR_RETURN(std::string red,
                         StringAttr(ctx, "reduction", attrs::ScatterND::reduction_default()));
-  if (red != "none" && red != "add" && red != "mul" && red != "max" && red != "min") {
-    return ctx.Error(ErrorCode::kInvalidAttribute, "reduction '{}' is not none/add/mul/max/min",
-                     red);
-  }
-  if (ctx.input_type(2) != ctx.input_type(0)) {
-    return ctx.Error(ErrorCode::kTypeMismatch, "updates type {} differs from data type {}",
-                     ToString(ctx.input_type(2)), ToString(ctx.input_type(0)));
-  }
+  KILN_RETURN_IF_ERROR(CheckScatterReductionAndUpdates(ctx, red));
   // updates = indices.shape[:-1] ++ data.shape[k:], k = indices.shape[-1] (checked where static;
   // the kernel checks the rest at run time).
   const Shape& data = ctx.input_shape(0);
