@@ -45,22 +45,8 @@ bool IsBroadcastConstant(const Value* v) {
 // numpy broadcasting does) and transposed with perm (0, 2, 3, 1). Scalars stay as they are.
 Tensor PermuteBroadcastConstant(const Tensor& t) {
   if (t.num_elements() == 1) return t;
-  std::vector<int64_t> d = t.dims();
-  while (d.size() < 4) d.insert(d.begin(), 1);
-  std::vector<int64_t> out_dims = {d[0], d[2], d[3], d[1]};
-  Tensor out(t.dtype(), out_dims);
-  size_t es = SizeOf(t.dtype());
-  const auto* src = static_cast<const std::byte*>(t.raw());
-  auto* dst = static_cast<std::byte*>(out.mutable_raw());
-  for (int64_t n = 0; n < d[0]; ++n)
-    for (int64_t c = 0; c < d[1]; ++c)
-      for (int64_t h = 0; h < d[2]; ++h)
-        for (int64_t w = 0; w < d[3]; ++w) {
-          int64_t s = ((n * d[1] + c) * d[2] + h) * d[3] + w;
-          int64_t o = ((n * d[2] + h) * d[3] + w) * d[1] + c;
-          std::memcpy(dst + o * es, src + s * es, es);
-        }
-  return out;
+  static constexpr int64_t kToNhwc[4] = {0, 2, 3, 1};
+  return TransposePadded(t, kToNhwc);
 }
 
 // Weight ops of the layout: the broadcast permutation above, and a four-vector put in NHWC order.

@@ -182,6 +182,9 @@ Value* AddLiteralConstant(Graph& graph, const std::string& prefix, Tensor t);
 std::vector<Value*> DeriveConstants(Graph& graph, const std::vector<std::string>& prefixes,
                                     const std::string& op, const AttributeMap& attrs,
                                     const std::vector<Value*>& inputs);
+// `t` padded with leading ones to perm's rank (numpy broadcasting), then transposed by perm (a
+// permutation; t's rank at most perm's). The constants of transpose_sinking and layout_nhwc.
+Tensor TransposePadded(const Tensor& t, std::span<const int64_t> perm);
 // The one-output form; nullptr when the op fails.
 Value* DeriveConstant(Graph& graph, const std::string& prefix, const std::string& op,
                       const AttributeMap& attrs, const std::vector<Value*>& inputs);

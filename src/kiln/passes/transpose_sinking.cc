@@ -21,6 +21,37 @@
 #include "kiln/passes/pass.h"
 
 namespace kiln::passes {
+
+Tensor TransposePadded(const Tensor& t, std::span<const int64_t> perm) {
+  const size_t rank = perm.size();
+  std::vector<int64_t> d = t.dims();
+  d.insert(d.begin(), static_cast<std::ptrdiff_t>(rank - d.size()), 1);
+  std::vector<int64_t> out_dims(rank);
+  for (size_t k = 0; k < rank; ++k) out_dims[k] = d[static_cast<size_t>(perm[k])];
+  // Input strides, read in the output's order.
+  std::vector<int64_t> in_stride(rank, 1);
+  for (size_t i = rank; i-- > 1;) in_stride[i - 1] = in_stride[i] * d[i];
+  std::vector<int64_t> step(rank);
+  for (size_t k = 0; k < rank; ++k) step[k] = in_stride[static_cast<size_t>(perm[k])];
+  Tensor out(t.dtype(), out_dims);
+  const size_t es = SizeOf(t.dtype());
+  const auto* src = static_cast<const std::byte*>(t.raw());
+  auto* dst = static_cast<std::byte*>(out.mutable_raw());
+  const int64_t n = out.num_elements();
+  std::vector<int64_t> idx(rank, 0);
+  int64_t offset = 0;
+  for (int64_t o = 0; o < n; ++o) {
+    std::memcpy(dst + o * static_cast<int64_t>(es), src + offset * static_cast<int64_t>(es), es);
+    for (size_t k = rank; k-- > 0;) {  // odometer over the output index
+      offset += step[k];
+      if (++idx[k] < out_dims[k]) break;
+      offset -= step[k] * out_dims[k];
+      idx[k] = 0;
+    }
+  }
+  return out;
+}
+
 namespace {
 
 using Perm = std::vector<int64_t>;
@@ -89,35 +120,8 @@ StatusOr<std::vector<Tensor>> TransposeBroadcast(const AttributeMap& a,
     return MakeError(ErrorCode::kInternal, "{}: one input of rank <= {}", kTransposeOp,
                      perm.size());
   }
-  const Tensor& t = *in[0];
-  const size_t rank = perm.size();
-  std::vector<int64_t> d = t.dims();
-  d.insert(d.begin(), static_cast<std::ptrdiff_t>(rank - d.size()), 1);
-  std::vector<int64_t> out_dims(rank);
-  for (size_t k = 0; k < rank; ++k) out_dims[k] = d[static_cast<size_t>(perm[k])];
-  // Input strides, read in the output's order.
-  std::vector<int64_t> in_stride(rank, 1);
-  for (size_t i = rank; i-- > 1;) in_stride[i - 1] = in_stride[i] * d[i];
-  std::vector<int64_t> step(rank);
-  for (size_t k = 0; k < rank; ++k) step[k] = in_stride[static_cast<size_t>(perm[k])];
-  Tensor out(t.dtype(), out_dims);
-  const size_t es = SizeOf(t.dtype());
-  const auto* src = static_cast<const std::byte*>(t.raw());
-  auto* dst = static_cast<std::byte*>(out.mutable_raw());
-  const int64_t n = out.num_elements();
-  std::vector<int64_t> idx(rank, 0);
-  int64_t offset = 0;
-  for (int64_t o = 0; o < n; ++o) {
-    std::memcpy(dst + o * static_cast<int64_t>(es), src + offset * static_cast<int64_t>(es), es);
-    for (size_t k = rank; k-- > 0;) {  // odometer over the output index
-      offset += step[k];
-      if (++idx[k] < out_dims[k]) break;
-      offset -= step[k] * out_dims[k];
-      idx[k] = 0;
-    }
-  }
   std::vector<Tensor> result;
-  result.push_back(std::move(out));
+  result.push_back(TransposePadded(*in[0], perm));
   return result;
 }
 
