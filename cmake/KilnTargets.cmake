@@ -1,12 +1,34 @@
 # Helpers that keep each layer's CMakeLists.txt to a few lines.
 
-# kiln_library(NAME SOURCES ... DEPS ...): one static library per layer, warnings on.
+# kiln_library(NAME SOURCES ... DEPS ... [PRIVATE_DEPS ...] [GENERATED_HEADERS ...]): one static
+# library per layer, warnings on, that sees only the headers of the libraries it links.
 function(kiln_library name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS;GENERATED_HEADERS" ${ARGN})
   add_library(${name} STATIC ${ARG_SOURCES})
-  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/src ${PROJECT_BINARY_DIR}/src)
+  kiln_header_tree(${name} ${ARG_GENERATED_HEADERS})
   target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
   kiln_warnings(${name})
+endfunction()
+
+# kiln_header_tree(TARGET [GENERATED_HEADER ...]): TARGET's include directory holds only the
+# headers of its own folder (not its subfolders, which are other targets), as symbolic links in
+# BUILD/include/TARGET/kiln/<folder>/, plus the generated headers named. Consumers reach it through
+# target_link_libraries, so a library sees its own headers and those of the libraries it links
+# (PUBLIC links transitively), and an #include of a layer it does not link fails to compile, not
+# only tools/check_layers.py --targets. The links follow the folder at every configure (a new
+# header re-runs CMake through CONFIGURE_DEPENDS); edits to a header need no configure.
+function(kiln_header_tree name)
+  file(RELATIVE_PATH rel ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
+  set(root ${PROJECT_BINARY_DIR}/include/${name})
+  file(GLOB headers CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.h ${CMAKE_CURRENT_SOURCE_DIR}/*.inc
+       ${CMAKE_CURRENT_SOURCE_DIR}/*.cuh)
+  file(REMOVE_RECURSE ${root})
+  file(MAKE_DIRECTORY ${root}/${rel})
+  foreach(h IN LISTS headers ARGN)
+    get_filename_component(base ${h} NAME)
+    file(CREATE_LINK ${h} ${root}/${rel}/${base} SYMBOLIC)
+  endforeach()
+  target_include_directories(${name} PUBLIC ${root})
 endfunction()
 
 function(kiln_warnings target)
