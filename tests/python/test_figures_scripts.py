@@ -49,3 +49,35 @@ def test_gpu_train_script_on_the_cpu(tmp_path):
     assert len(over["cpp_enqueue_runs_us"]) == 3 and over["side_stream"] == {}
     assert "overhead of context.run over the C++ enqueue" in (
         tmp_path / "call_overhead.txt").read_text()
+
+
+def test_model_sweep_script(tmp_path):
+    """bench/models/sweep.py (issue 21's real-model sweep): a torchvision model exported with
+    random weights passes kiln conformance against PyTorch's FP32 output; a kiln that fails is a
+    row with its reason, not a crash; --table reads the JSON back."""
+    kiln = os.environ.get("KILN_EXE")
+    assert kiln, "CTest sets KILN_EXE"
+    script = os.path.join(ROOT, "bench", "models", "sweep.py")
+    out = tmp_path / "sweep.json"
+    p = subprocess.run([sys.executable, script, "--kiln", kiln, "--models", "squeezenet1_1",
+                        "--work", str(tmp_path / "w"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=500)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(out.read_text())
+    (row,) = res["rows"]
+    assert row["model"] == "squeezenet1_1" and row["exported"] and row["passed"], row
+    assert row["inputs"] == {"input": [1, 3, 224, 224]}
+    assert (tmp_path / "w" / "squeezenet1_1" / "test_data_set_0" / "output_0.pb").exists()
+    assert "1 of 1 exported models pass on cpu (100.0%)" in p.stdout
+    # The same case with a kiln that cannot build it: a failed row with the reason.
+    bad = tmp_path / "bad.json"
+    p = subprocess.run([sys.executable, script, "--kiln", "/bin/false", "--models",
+                        "squeezenet1_1", "--out", str(bad)],
+                       capture_output=True, text=True, timeout=500)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (row,) = json.loads(bad.read_text())["rows"]
+    assert row["exported"] and not row["passed"] and row["reason"], row
+    p = subprocess.run([sys.executable, script, "--table", str(bad)], capture_output=True,
+                       text=True, timeout=60)
+    assert "| squeezenet1_1 | classification | ok | FAIL |" in p.stdout
+    assert "0 of 1 exported models pass on cpu (0.0%)" in p.stdout
