@@ -114,15 +114,8 @@ class AttentionFusionPass final : public Pass {
 
   Status Run(Graph& graph, PassContext& ctx) override {
     static const Pattern pattern = AttentionPattern();
-    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      Node* node = *it;
-      if (node->is_dead() || !IsOp(*node, OpType::kMatMul)) continue;
-      auto m = MatchAt(pattern, node);
-      if (!m) continue;
-      Rewrite(graph, ctx, *m);
-    }
-    return OkStatus();
+    return ForEachMatch(graph, pattern, RootOrder::kFromOutputs, nullptr,
+                        [&](const Match& m) { Rewrite(graph, ctx, m); });
   }
 
  private:

@@ -76,13 +76,8 @@ class ConvFusionPass final : public Pass {
 
   Status Run(Graph& graph, PassContext& ctx) override {
     static const Pattern pattern = ConvPattern();
-    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      Node* node = *it;
-      if (node->is_dead()) continue;
-      if (auto m = MatchAt(pattern, node)) Fuse(graph, ctx, *m);
-    }
-    return OkStatus();
+    return ForEachMatch(graph, pattern, RootOrder::kFromOutputs, nullptr,
+                        [&](const Match& m) { Fuse(graph, ctx, m); });
   }
 
  private:

@@ -37,16 +37,11 @@ class GatedActivationFusionPass final : public Pass {
 
   Status Run(Graph& graph, PassContext& ctx) override {
     static const Pattern pattern = GatedPattern();
-    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      Node* node = *it;
-      if (node->is_dead() || node->op_type() != "Mul" || node->num_inputs() != 2) continue;
-      if (IsSilu(*node)) continue;
-      auto m = MatchAt(pattern, node);
-      if (!m) continue;
-      Rewrite(graph, ctx, *m);
-    }
-    return OkStatus();
+    // A Mul that is SiLU itself (x * Sigmoid(x)) is not a gate.
+    return ForEachMatch(
+        graph, pattern, RootOrder::kFromOutputs,
+        [](const Node& n) { return n.num_inputs() == 2 && !IsSilu(n); },
+        [&](const Match& m) { Rewrite(graph, ctx, m); });
   }
 
  private:

@@ -234,6 +234,18 @@ std::optional<Match> MatchAt(const Pattern& pattern, Node* node) {
   return std::nullopt;
 }
 
+Status ForEachMatch(Graph& graph, const Pattern& pattern, RootOrder order,
+                    const std::function<bool(const Node&)>& is_root,
+                    const std::function<void(const Match&)>& rewrite) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> nodes, graph.TopologicalOrder());
+  if (order == RootOrder::kFromOutputs) std::reverse(nodes.begin(), nodes.end());
+  for (Node* node : nodes) {
+    if (node->is_dead() || (is_root && !is_root(*node))) continue;
+    if (auto m = MatchAt(pattern, node)) rewrite(*m);
+  }
+  return OkStatus();
+}
+
 std::optional<std::vector<double>> ConstantValues(const Value* v, int64_t max_elements) {
   if (!v || !v->is_constant()) return std::nullopt;
   const Tensor& t = *v->constant();

@@ -84,6 +84,17 @@ struct Match {
 // graph outputs: fusing them away must not change what anything else sees.
 std::optional<Match> MatchAt(const Pattern& pattern, Node* node);
 
+// The order in which ForEachMatch visits candidate roots: the graph's topological order, or from
+// the outputs back (a chain's last op first, so the largest match wins: a norm's gamma Mul, an
+// activation after a bias).
+enum class RootOrder { kTopological, kFromOutputs };
+// Every fusion's loop: calls `rewrite` with each match of `pattern` rooted at a live node that
+// `is_root` (when given) accepts, visiting the nodes of the graph as it is when the call starts, in
+// `order`. Nodes a rewrite kills are not visited; nodes it adds are not either.
+Status ForEachMatch(Graph& graph, const Pattern& pattern, RootOrder order,
+                    const std::function<bool(const Node&)>& is_root,
+                    const std::function<void(const Match&)>& rewrite);
+
 // Helpers for predicates on constants.
 // The constant's elements as doubles when it has at most `max_elements` elements.
 std::optional<std::vector<double>> ConstantValues(const Value* v, int64_t max_elements = 1 << 20);

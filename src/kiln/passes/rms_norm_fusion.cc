@@ -29,18 +29,9 @@ class RmsNormFusionPass final : public Pass {
 
   Status Run(Graph& graph, PassContext& ctx) override {
     static const Pattern pattern = RmsNormPattern();
-    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     // From the outputs back, so that the gamma Mul is the root when there is one.
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      Node* node = *it;
-      if (node->is_dead()) continue;
-      const std::string& op = node->op_type();
-      if (op != "Mul" && op != "Div") continue;
-      auto m = MatchAt(pattern, node);
-      if (!m) continue;
-      Rewrite(graph, ctx, *m);
-    }
-    return OkStatus();
+    return ForEachMatch(graph, pattern, RootOrder::kFromOutputs, nullptr,
+                        [&](const Match& m) { Rewrite(graph, ctx, m); });
   }
 
  private:

@@ -29,14 +29,8 @@ class SkipLayerNormFusionPass final : public Pass {
 
   Status Run(Graph& graph, PassContext& ctx) override {
     static const Pattern pattern = SkipLayerNormPattern();
-    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
-    for (Node* node : order) {
-      if (node->is_dead() || !IsOp(*node, OpType::kLayerNormalization)) continue;
-      auto m = MatchAt(pattern, node);
-      if (!m) continue;
-      Rewrite(graph, ctx, *m);
-    }
-    return OkStatus();
+    return ForEachMatch(graph, pattern, RootOrder::kTopological, nullptr,
+                        [&](const Match& m) { Rewrite(graph, ctx, m); });
   }
 
  private:
