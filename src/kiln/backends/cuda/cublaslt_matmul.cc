@@ -35,38 +35,14 @@ static_assert(sizeof(cublasLtMatmulAlgo_t) == 8 * sizeof(uint64_t));
 constexpr int64_t kBaseAlign = 64;
 constexpr int64_t kMaxUsefulAlign = 16;
 
-enum class OpKind { kGemm, kMatMul };
+using OpKind = GemmKind;
+using Spec = GemmSpec;
 
 // Plan variants, stored with the tactic (its 9th param) so that Prepare rebuilds the plan the
 // algorithm was chosen for. Used when cuBLASLt has no algorithm for the preferred plan.
 constexpr int64_t kPlanDefault = 0;
 constexpr int64_t kPlanOwnEpilogue = 1;   // bias/C and activation in kiln's kernel only
 constexpr int64_t kPlanNoZeroStride = 2;  // broadcast batches as calls, not a stride-0 batch
-
-struct Spec {
-  OpKind kind = OpKind::kGemm;
-  bool trans_a = false, trans_b = false;
-  float alpha = 1.f, beta = 1.f;
-  FusedActivationSpec act;
-};
-
-StatusOr<Spec> ReadSpec(const Node& node) {
-  const AttributeMap& at = node.attrs();
-  Spec s;
-  const OpType op = OpTypeOf(node);
-  s.kind = (op == OpType::kGemm || op == OpType::kFusedGemm) ? OpKind::kGemm : OpKind::kMatMul;
-  if (op != OpType::kMatMul) {
-    // Gemm, MatMul and their fused forms share these defaults (ops.inc).
-    s.trans_a = attrs::Gemm::transA(at) != 0;
-    s.trans_b = attrs::Gemm::transB(at) != 0;
-    s.alpha = attrs::Gemm::alpha(at);
-  }
-  if (s.kind == OpKind::kGemm) s.beta = attrs::Gemm::beta(at);
-  if (op == OpType::kFusedGemm || op == OpType::kFusedMatMul) {
-    KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
-  }
-  return s;
-}
 
 cudaDataType_t CudaType(BlasType t) {
   switch (t) {
@@ -494,7 +470,7 @@ class CublasLtProviderBase : public KernelProvider {
   BackendKind backend() const final { return BackendKind::kCuda; }
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
-    auto spec = ReadSpec(*request.node);
+    auto spec = ReadGemmSpec(*request.node);
     auto type = Type(request);
     if (!spec.ok() || !type) return {};
     std::vector<int64_t> a = MaxDims(request.inputs[0]), b = MaxDims(request.inputs[1]);
@@ -555,7 +531,7 @@ class CublasLtProviderBase : public KernelProvider {
 
   StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
                                            const TacticConfig& tactic) const final {
-    KILN_ASSIGN_OR_RETURN(Spec spec, ReadSpec(*request.node));
+    KILN_ASSIGN_OR_RETURN(Spec spec, ReadGemmSpec(*request.node));
     auto type = Type(request);
     if (!type) {
       return MakeError(ErrorCode::kInvalidArgument,

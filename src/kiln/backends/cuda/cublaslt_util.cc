@@ -4,8 +4,27 @@
 #include <fmt/format.h>
 
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
+
+StatusOr<GemmSpec> ReadGemmSpec(const Node& node) {
+  const AttributeMap& at = node.attrs();
+  GemmSpec s;
+  const OpType op = OpTypeOf(node);
+  s.kind = (op == OpType::kGemm || op == OpType::kFusedGemm) ? GemmKind::kGemm : GemmKind::kMatMul;
+  if (op != OpType::kMatMul) {
+    // Gemm, MatMul and their fused forms share these defaults (ops.inc).
+    s.trans_a = attrs::Gemm::transA(at) != 0;
+    s.trans_b = attrs::Gemm::transB(at) != 0;
+    s.alpha = attrs::Gemm::alpha(at);
+  }
+  if (s.kind == GemmKind::kGemm) s.beta = attrs::Gemm::beta(at);
+  if (op == OpType::kFusedGemm || op == OpType::kFusedMatMul) {
+    KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
+  }
+  return s;
+}
 
 Status MakeLayout(LayoutPtr& out, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
                   int64_t count, int64_t stride) {

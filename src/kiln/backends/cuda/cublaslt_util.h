@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "kiln/core/status.h"
+#include "kiln/ir/graph.h"
+#include "kiln/ops/fused.h"
 
 namespace kiln::cuda {
 
@@ -20,6 +22,16 @@ inline constexpr size_t kMaxCublasWorkspace = size_t{32} << 20;
 inline constexpr size_t kWorkspaceAlign = 256;
 
 inline size_t AlignUpSize(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Gemm, FusedGemm, MatMul and FusedMatMul's attributes (MatMul: the defaults).
+enum class GemmKind { kGemm, kMatMul };
+struct GemmSpec {
+  GemmKind kind = GemmKind::kGemm;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.f, beta = 1.f;  // beta: Gemm's; MatMul's bias enters unscaled
+  FusedActivationSpec act;
+};
+StatusOr<GemmSpec> ReadGemmSpec(const Node& node);
 
 // ---- RAII for cuBLASLt descriptors.
 struct DescDeleter {

@@ -1,0 +1,445 @@
+// INT8 Gemm, FusedGemm, MatMul and FusedMatMul on CUDA through cuBLASLt's IMMA kernels
+// ("i8-gemm-cuda-cublaslt-...", "i8-matmul-cuda-cublaslt-..."), with the CPU INT8 kernel's
+// contract (kiln/backends/int8_quant.h, backends/cpu/gemm_int8.cc): offered only for nodes the
+// precision pass marked, whose B is a constant 2-D matrix; A in the layer's float storage is
+// quantized per tensor (amax / 127), B per output column N, products accumulate in int32, and
+// alpha * a_scale * b_scale[n] dequantizes before C/bias and the activation; Y is in the storage
+// type. MatMul's batch dims of A fold into M (B has none), as on the CPU.
+//
+// cuBLASLt's IMMA kernels in the regular column-major order take only the "TN" form (A transposed,
+// B not), m and k multiples of 4 and leading dimensions multiples of 4, and for int32 results no
+// epilogue at all (no bias, no activation, no per-channel alpha: those need int8 outputs). So:
+//  * B is quantized at Create into kiln's own device buffer as [Np, Kp] (each output channel's K
+//    weights contiguous, zero padded), which is cuBLASLt's A stored [Kp, Np] and transposed;
+//  * each Run quantizes A into the workspace as [M, Kp] (cuBLASLt's B, column-major [Kp, M],
+//    not transposed), transposing a transA operand on the way, zero padding K;
+//  * cuBLASLt writes Y^T = B^T A^T as int32 [M, Np] into the workspace, and one kernel
+//    (int8_gemm.cu) dequantizes, adds C and activates into Y.
+// Np and Kp are N and K rounded up to 16 (the requirement is 4; 16 keeps every column 16-byte
+// aligned, which the faster kernels ask for), and every operand cuBLASLt touches is kiln's own
+// buffer, so no shape or operand address is refused for layout reasons. The zero padding adds
+// nothing to the sums.
+//
+// Tactics are the heuristic's top algorithms at the profile's largest M, stored as the
+// algorithm's 8 words like the FP16 tactics (cublaslt_matmul.cc).
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "kiln/backends/cuda/cublaslt_util.h"
+#include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/backends/cuda/int8_kernels.h"
+#include "kiln/backends/int8_quant.h"
+#include "kiln/backends/kernel.h"
+#include "kiln/core/logging.h"
+
+namespace kiln::cuda {
+namespace {
+
+// Padding of K and N (see the top of the file).
+constexpr int64_t kInt8Pad = 16;
+constexpr int kMaxTactics = 8;
+
+int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+struct DeviceFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DeviceBuffer = std::unique_ptr<void, DeviceFree>;
+
+StatusOr<DeviceBuffer> Upload(const void* host, size_t bytes) {
+  void* dev = nullptr;
+  KILN_CUDA_RETURN_IF_ERROR(cudaMalloc(&dev, bytes));
+  DeviceBuffer owned(dev);
+  KILN_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+  return owned;
+}
+
+// M and K of A for these dims: Gemm's A is 2-D; MatMul's leading dims fold into M (a 1-D A is
+// one row). A transposed A must be 2-D. The CPU INT8 kernel's rule.
+StatusOr<std::pair<int64_t, int64_t>> RowsAndDepth(const GemmSpec& s, std::span<const int64_t> a) {
+  const bool gemm = s.kind == GemmKind::kGemm;
+  if (a.empty() || (gemm && a.size() != 2) || (s.trans_a && a.size() != 2)) {
+    return MakeError(ErrorCode::kShapeMismatch, "int8 {}: A has rank {}", gemm ? "Gemm" : "MatMul",
+                     a.size());
+  }
+  if (s.trans_a) return std::pair{a[1], a[0]};
+  int64_t m = 1;
+  for (size_t i = 0; i + 1 < a.size(); ++i) m *= a[i];
+  return std::pair{m, a.back()};
+}
+
+// K and N of the constant B, or nullopt when B is not a constant 2-D float matrix.
+std::optional<std::pair<int64_t, int64_t>> ConstantB(const GemmSpec& s, const KernelRequest& r) {
+  if (r.inputs.size() < 2) return std::nullopt;
+  const Tensor* b = r.inputs[1].constant;
+  if (!b || !ToBlasType(b->dtype()) || b->dims().size() != 2) return std::nullopt;
+  const auto& d = b->dims();
+  return s.trans_b ? std::pair{d[1], d[0]} : std::pair{d[0], d[1]};
+}
+
+// How C (Gemm, times beta) or the bias (FusedMatMul, unscaled) enters the epilogue: element
+// (i, j) at i * row_stride + j * col_stride (0 broadcasts). The CPU kernel's broadcasting rules.
+struct Addend {
+  bool present = false;
+  float factor = 1.f;
+  int64_t row_stride = 0, col_stride = 0;
+};
+
+StatusOr<Addend> ResolveAddend(const GemmSpec& s, const std::vector<int64_t>* c, int64_t m,
+                               int64_t n) {
+  Addend a;
+  const bool gemm = s.kind == GemmKind::kGemm;
+  if (!c || (gemm && s.beta == 0.f)) return a;  // the CPU ignores C when beta is 0
+  int64_t cm = c->size() == 2 ? (*c)[0] : 1, cn = c->empty() ? 1 : c->back();
+  if (c->size() > 2 || (cm != 1 && cm != m) || (cn != 1 && cn != n) || (!gemm && cm != 1)) {
+    return MakeError(ErrorCode::kShapeMismatch, "int8 {}: addend does not broadcast to [{}, {}]",
+                     gemm ? "Gemm" : "MatMul", m, n);
+  }
+  a.present = true;
+  a.factor = gemm ? s.beta : 1.f;
+  a.row_stride = cm == 1 ? 0 : cn;
+  a.col_stride = cn == 1 ? 0 : 1;
+  return a;
+}
+
+// cuBLASLt's descriptors for one M: int8 x int8 -> int32, computed in int32, TN form.
+struct Int8Descs {
+  MatmulDescPtr op;
+  LayoutPtr a, b, d;  // cuBLASLt's A (kiln's quantized B), B (quantized A), C = D (int32)
+  LtOperation lt() const { return {op.get(), a.get(), b.get(), d.get(), d.get()}; }
+};
+
+StatusOr<Int8Descs> MakeInt8Descs(int64_t m, int64_t np, int64_t kp) {
+  Int8Descs d;
+  cublasLtMatmulDesc_t op = nullptr;
+  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+  d.op.reset(op);
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  KILN_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  KILN_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  KILN_RETURN_IF_ERROR(MakeLayout(d.a, CUDA_R_8I, kp, np, kp, 1, 0));
+  KILN_RETURN_IF_ERROR(MakeLayout(d.b, CUDA_R_8I, kp, m, kp, 1, 0));
+  KILN_RETURN_IF_ERROR(MakeLayout(d.d, CUDA_R_32I, np, m, np, 1, 0));
+  return d;
+}
+
+// Every operand is a 256-byte aligned buffer of kiln's with 16-byte aligned columns.
+constexpr LtAlignment kInt8Alignment{16, 16, 16};
+
+// Workspace: [alignment slack][int8 A: M x Kp][int32 Y: M x Np][cuBLASLt's], each 256-aligned.
+struct Int8Workspace {
+  size_t a_bytes = 0, acc_bytes = 0, lt_bytes = 0;
+  size_t total() const { return kWorkspaceAlign + a_bytes + acc_bytes + lt_bytes; }
+};
+Int8Workspace WorkspaceFor(int64_t m, int64_t np, int64_t kp, size_t lt_bytes) {
+  Int8Workspace w;
+  w.a_bytes = AlignUpSize(static_cast<size_t>(m * kp), kWorkspaceAlign);
+  w.acc_bytes = AlignUpSize(static_cast<size_t>(m * np) * sizeof(int32_t), kWorkspaceAlign);
+  w.lt_bytes = AlignUpSize(lt_bytes, kWorkspaceAlign);
+  return w;
+}
+
+class CublasLtInt8Kernel final : public Kernel {
+ public:
+  CublasLtInt8Kernel(GemmSpec spec, BlasType type, float amax, int64_t k, int64_t n,
+                     DeviceBuffer b_q, DeviceBuffer col_scale,
+                     std::optional<cublasLtMatmulAlgo_t> algo, std::string name)
+      : spec_(spec),
+        type_(type),
+        inv_scale_(Int8ActivationInvScale(amax)),
+        k_(k),
+        n_(n),
+        kp_(RoundUp(k, kInt8Pad)),
+        np_(RoundUp(n, kInt8Pad)),
+        b_q_(std::move(b_q)),
+        col_scale_(std::move(col_scale)),
+        tactic_algo_(algo),
+        name_(std::move(name)) {}
+
+  StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
+                           std::span<const TensorView> outputs) override {
+    KILN_ASSIGN_OR_RETURN(auto mk, RowsAndDepth(spec_, inputs[0].dims));
+    m_ = mk.first;
+    if (mk.second != k_ || outputs[0].num_elements() != m_ * n_) {
+      return MakeError(ErrorCode::kShapeMismatch,
+                       "{}: A is [{} x {}], B [{} x {}], Y has {} elements", name_, m_, mk.second,
+                       k_, n_, outputs[0].num_elements());
+    }
+    std::vector<int64_t> c_dims;
+    const bool has_c = inputs.size() > 2 && inputs[2].dtype != DataType::kUndefined;
+    if (has_c) c_dims.assign(inputs[2].dims.begin(), inputs[2].dims.end());
+    KILN_ASSIGN_OR_RETURN(addend_, ResolveAddend(spec_, has_c ? &c_dims : nullptr, m_, n_));
+    a_row_stride_ = spec_.trans_a ? 1 : k_;
+    a_col_stride_ = spec_.trans_a ? m_ : 1;
+    empty_ = m_ * n_ == 0;
+    if (empty_) return size_t{0};
+    KILN_ASSIGN_OR_RETURN(descs_, MakeInt8Descs(m_, np_, kp_));
+    KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
+    bool have_algo = false;
+    size_t lt_ws = 0;
+    if (tactic_algo_) {
+      // The tactic's own algorithm, if it takes this M (it was chosen at the largest).
+      cublasLtMatmulHeuristicResult_t r{};
+      const LtOperation lt = descs_.lt();
+      cublasStatus_t st =
+          cublasLtMatmulAlgoCheck(h, lt.op, lt.a, lt.b, lt.c, lt.d, &*tactic_algo_, &r);
+      if (st == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= kMaxCublasWorkspace) {
+        algo_ = *tactic_algo_;
+        lt_ws = r.workspaceSize;
+        have_algo = true;
+      } else {
+        KILN_LOG(Debug, BACKEND,
+                 "{}: the tactic's algorithm does not fit M={} (status {}); using the heuristic's "
+                 "first",
+                 name_, m_, static_cast<int>(st));
+      }
+    }
+    if (!have_algo) {
+      KILN_ASSIGN_OR_RETURN(auto results, LtHeuristics(h, descs_.lt(), kInt8Alignment, 1));
+      if (results.empty()) {
+        return MakeError(ErrorCode::kCublasLtNoAlgorithm,
+                         "{}: no cuBLASLt int8 algorithm for m={} n={} k={} (padded {} x {})",
+                         name_, m_, n_, k_, np_, kp_);
+      }
+      algo_ = results[0].algo;
+      lt_ws = results[0].workspaceSize;
+    }
+    ws_ = WorkspaceFor(m_, np_, kp_, lt_ws);
+    lt_ws_ = lt_ws;
+    return ws_.total();
+  }
+
+  Status Run(const KernelRunArgs& args) override {
+    if (empty_) return OkStatus();
+    if (!descs_.op) return MakeError(ErrorCode::kInternal, "{}: Run before Prepare", name_);
+    if (args.workspace == nullptr || args.workspace_bytes < ws_.total()) {
+      return MakeError(ErrorCode::kInternal, "{}: workspace of {} bytes; {} needed", name_,
+                       args.workspace_bytes, ws_.total());
+    }
+    KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
+    cudaStream_t stream = static_cast<cudaStream_t>(args.stream);
+    auto* base = reinterpret_cast<char*>(
+        AlignUpSize(reinterpret_cast<uintptr_t>(args.workspace), kWorkspaceAlign));
+    auto* a_q = reinterpret_cast<int8_t*>(base);
+    auto* acc = reinterpret_cast<int32_t*>(base + ws_.a_bytes);
+    void* lt_ws = base + ws_.a_bytes + ws_.acc_bytes;
+
+    Int8QuantizeParams q;
+    q.x = args.inputs[0].data;
+    q.type = type_;
+    q.q = a_q;
+    q.rows = m_;
+    q.depth = k_;
+    q.ldq = kp_;
+    q.row_stride = a_row_stride_;
+    q.col_stride = a_col_stride_;
+    q.inv_scale = inv_scale_;
+    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Quantize(q, stream));
+
+    const int32_t alpha = 1, beta = 0;
+    const LtOperation lt = descs_.lt();
+    KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(h, lt.op, &alpha, b_q_.get(), lt.a, a_q, lt.b, &beta,
+                                               acc, lt.c, acc, lt.d, &algo_,
+                                               lt_ws_ ? lt_ws : nullptr, lt_ws_, stream));
+
+    Int8EpilogueParams e;
+    e.acc = acc;
+    e.ld_acc = np_;
+    e.col_scale = static_cast<const float*>(col_scale_.get());
+    e.y = args.outputs[0].data;
+    e.type = type_;
+    e.rows = m_;
+    e.cols = n_;
+    if (addend_.present) {
+      e.c = args.inputs[2].data;
+      e.c_row_stride = addend_.row_stride;
+      e.c_col_stride = addend_.col_stride;
+      e.beta = addend_.factor;
+    }
+    e.act = static_cast<BlasAct>(spec_.act.kind);
+    e.act_min = spec_.act.min;
+    e.act_max = spec_.act.max;
+    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Epilogue(e, stream));
+    return OkStatus();
+  }
+
+ private:
+  GemmSpec spec_;
+  BlasType type_;
+  float inv_scale_;
+  int64_t k_, n_, kp_, np_, m_ = 0;
+  DeviceBuffer b_q_;        // int8 [Np, Kp]
+  DeviceBuffer col_scale_;  // float [Np]: alpha * a_scale * b_scale[n] (0 in the padding)
+  std::optional<cublasLtMatmulAlgo_t> tactic_algo_;
+  std::string name_;
+  Addend addend_;
+  int64_t a_row_stride_ = 0, a_col_stride_ = 1;
+  bool empty_ = false;
+  Int8Descs descs_;
+  cublasLtMatmulAlgo_t algo_{};
+  size_t lt_ws_ = 0;
+  Int8Workspace ws_;
+};
+
+// The largest dims of an operand: max_dims, else its static shape; empty when unknown.
+std::vector<int64_t> MaxDims(const OperandDesc& o) {
+  if (!o.max_dims.empty()) return o.max_dims;
+  if (auto d = StaticDims(o.shape)) return *d;
+  return {};
+}
+
+// What a request needs for an INT8 tactic, at its largest shapes; nullopt (decline) otherwise.
+struct Int8Problem {
+  GemmSpec spec;
+  BlasType type = BlasType::kF32;
+  float amax = 0.f;
+  int64_t m = 0, k = 0, n = 0;
+};
+
+std::optional<Int8Problem> ResolveRequest(const KernelRequest& r) {
+  Int8Problem p;
+  std::optional<float> amax = Int8InputAmax(*r.node);
+  if (!amax || r.inputs.size() < 2 || r.outputs.empty()) return std::nullopt;
+  p.amax = *amax;
+  auto spec = ReadGemmSpec(*r.node);
+  if (!spec.ok() || spec->alpha == 0.f) return std::nullopt;
+  p.spec = *spec;
+  // A, C and Y in one float storage type (B is a constant of any float type).
+  const DataType t = r.inputs[0].dtype;
+  auto type = ToBlasType(t);
+  if (!type || r.outputs[0].dtype != t) return std::nullopt;
+  const bool has_c = r.inputs.size() > 2 && r.inputs[2].dtype != DataType::kUndefined;
+  if (has_c && r.inputs[2].dtype != t) return std::nullopt;
+  p.type = *type;
+  auto kn = ConstantB(p.spec, r);
+  if (!kn) return std::nullopt;
+  std::tie(p.k, p.n) = *kn;
+  std::vector<int64_t> a = MaxDims(r.inputs[0]);
+  if (a.empty()) return std::nullopt;
+  auto mk = RowsAndDepth(p.spec, a);
+  if (!mk.ok() || mk->second != p.k) return std::nullopt;
+  p.m = mk->first;
+  if (p.m <= 0 || p.k <= 0 || p.n <= 0) return std::nullopt;
+  if (has_c) {
+    std::vector<int64_t> c = MaxDims(r.inputs[2]);
+    if (c.empty() && r.inputs[2].shape.size() != 0) return std::nullopt;
+    if (!ResolveAddend(p.spec, &c, p.m, p.n).ok()) return std::nullopt;
+  }
+  // int32 accumulation: 127 * 127 * K must not overflow.
+  if (p.k > (int64_t{1} << 31) / (127 * 127)) return std::nullopt;
+  return p;
+}
+
+class CublasLtInt8ProviderBase : public KernelProvider {
+ public:
+  BackendKind backend() const final { return BackendKind::kCuda; }
+
+  std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
+    std::optional<Int8Problem> p = ResolveRequest(request);
+    if (!p) return {};
+    auto handle = CublasLtHandle();  // fails where there is no GPU: no tactics then
+    if (!handle.ok()) return {};
+    const int64_t kp = RoundUp(p->k, kInt8Pad), np = RoundUp(p->n, kInt8Pad);
+    auto descs = MakeInt8Descs(p->m, np, kp);
+    if (!descs.ok()) return {};
+    auto found = LtHeuristics(*handle, descs->lt(), kInt8Alignment, kMaxTactics);
+    if (!found.ok()) {
+      KILN_LOG(Warn, BACKEND, "{}: {}", id(), found.status().ToString());
+      return {};
+    }
+    std::vector<TacticConfig> tactics;
+    const char* what = p->spec.kind == GemmKind::kGemm ? "gemm" : "matmul";
+    for (const auto& r : *found) {
+      TacticConfig t;
+      t.name = fmt::format("i8-{}-cuda-cublaslt-{}", what, AlgoName(r.algo));
+      for (const TacticConfig& prev : tactics) {
+        if (prev.name == t.name) t.name += fmt::format("-h{}", tactics.size());
+      }
+      t.params.resize(8);
+      std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
+      t.workspace_bytes = WorkspaceFor(p->m, np, kp, r.workspaceSize).total();
+      tactics.push_back(std::move(t));
+    }
+    return tactics;
+  }
+
+  StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
+                                           const TacticConfig& tactic) const final {
+    const Node& node = *request.node;
+    KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadGemmSpec(node));
+    std::optional<float> amax = Int8InputAmax(node);
+    auto kn = ConstantB(spec, request);
+    auto type = ToBlasType(request.inputs[0].dtype);
+    if (!amax || !kn || !type || spec.alpha == 0.f) {
+      return MakeError(ErrorCode::kNoTactic,
+                       "node '{}': {} needs a finite positive {} attribute, a constant 2-D float "
+                       "B (input 1), float A and a non-zero alpha",
+                       node.name(), tactic.name, kInt8InputAmaxAttr);
+    }
+    std::optional<cublasLtMatmulAlgo_t> algo;
+    if (tactic.params.size() == 8) {
+      cublasLtMatmulAlgo_t x;
+      std::memcpy(&x, tactic.params.data(), sizeof(x));
+      algo = x;
+    } else if (!tactic.params.empty()) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "{}: tactic '{}' has {} params; expected 8 (the algorithm's words)", id(),
+                       tactic.name, tactic.params.size());
+    }
+    auto [k, n] = *kn;
+    const int64_t kp = RoundUp(k, kInt8Pad), np = RoundUp(n, kInt8Pad);
+    // B's channels are its columns N: element (n, k) sits at k * N + n, or n * K + k when
+    // transposed (as the CPU kernel quantizes them). Then repacked as [Np, Kp] for cuBLASLt.
+    const Tensor b = request.inputs[1].constant->CastTo(DataType::kFloat32);
+    Int8Weights w = spec.trans_b ? QuantizeWeightsPerChannel(b.data<float>(), n, k, k, 1)
+                                 : QuantizeWeightsPerChannel(b.data<float>(), n, k, 1, n);
+    std::vector<int8_t> packed(static_cast<size_t>(np * kp), 0);
+    std::vector<float> col_scale(static_cast<size_t>(np), 0.f);
+    const float a_scale = Int8ActivationScale(*amax);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < k; ++i) {
+        packed[j * kp + i] = w.q[spec.trans_b ? j * k + i : i * n + j];
+      }
+      col_scale[j] = spec.alpha * a_scale * w.scales[j];  // as the CPU kernel's output scales
+    }
+    KILN_ASSIGN_OR_RETURN(DeviceBuffer b_q, Upload(packed.data(), packed.size()));
+    KILN_ASSIGN_OR_RETURN(DeviceBuffer scales,
+                          Upload(col_scale.data(), col_scale.size() * sizeof(float)));
+    return std::unique_ptr<Kernel>(std::make_unique<CublasLtInt8Kernel>(
+        spec, *type, *amax, k, n, std::move(b_q), std::move(scales), algo, tactic.name));
+  }
+};
+
+class Int8GemmProvider final : public CublasLtInt8ProviderBase {
+ public:
+  std::string_view id() const override { return "cuda.gemm.cublaslt.i8"; }
+  std::string_view op_type() const override { return "Gemm"; }
+};
+KILN_REGISTER_KERNEL_PROVIDER(Int8GemmProvider);
+
+class Int8FusedGemmProvider final : public CublasLtInt8ProviderBase {
+ public:
+  std::string_view id() const override { return "cuda.fused_gemm.cublaslt.i8"; }
+  std::string_view op_type() const override { return "FusedGemm"; }
+};
+KILN_REGISTER_KERNEL_PROVIDER(Int8FusedGemmProvider);
+
+class Int8MatMulProvider final : public CublasLtInt8ProviderBase {
+ public:
+  std::string_view id() const override { return "cuda.matmul.cublaslt.i8"; }
+  std::string_view op_type() const override { return "MatMul"; }
+};
+KILN_REGISTER_KERNEL_PROVIDER(Int8MatMulProvider);
+
+class Int8FusedMatMulProvider final : public CublasLtInt8ProviderBase {
+ public:
+  std::string_view id() const override { return "cuda.fused_matmul.cublaslt.i8"; }
+  std::string_view op_type() const override { return "FusedMatMul"; }
+};
+KILN_REGISTER_KERNEL_PROVIDER(Int8FusedMatMulProvider);
+
+}  // namespace
+}  // namespace kiln::cuda
