@@ -22,6 +22,8 @@
 
 #include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
+#include "kiln/backends/cuda/int8_gemm_plan.h"
+#include "kiln/backends/int8_quant.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/ir/graph.h"
 #include "kiln/onnx/onnx_import.h"
@@ -222,6 +224,7 @@ class Int8Node {
   }
 
   const std::vector<Tensor>& inputs() const { return inputs_; }
+  const Node& node() const { return *node_; }
 
  private:
   std::unique_ptr<Graph> graph_;
@@ -461,6 +464,85 @@ TEST_F(CudaInt8Test, DeclinesWhatItCannotRun) {
   // K so deep that 127 * 127 * K could overflow the int32 accumulator.
   I8Case deep{"MatMul", {1, 140000}, 140000, 4};
   EXPECT_EQ(offered(deep, DataType::kFloat32), 0u);
+}
+
+// ---- Without a GPU: the host-side plan (geometry, B packed as cuBLASLt's transposed A, A's
+// strides, C's broadcasting, the per-column scales) replayed on the host with the product the
+// kernel asks cuBLASLt for (column-major D[Np, M] = A_lt^T B_lt, A_lt = packed B stored [Kp, Np],
+// B_lt = quantized A stored [Kp, M]) and the epilogue's formula, against the CPU's INT8 kernel.
+std::vector<float> ReplayOnHost(const I8Case& c, const Int8Node& node) {
+  auto spec = cuda::ReadGemmSpec(node.node());
+  EXPECT_TRUE(spec.ok());
+  const std::vector<Tensor>& in = node.inputs();
+  auto mk = cuda::Int8RowsAndDepth(*spec, in[0].dims());
+  EXPECT_TRUE(mk.ok()) << mk.status().ToString();
+  const auto [m, k] = *mk;
+  const cuda::Int8PackedB b = cuda::PackInt8B(*spec, in[1], *c.amax);
+  EXPECT_EQ(b.k, k);
+  EXPECT_EQ(b.kp % 4, 0);
+  EXPECT_EQ(b.np % 4, 0);
+  const cuda::Int8AStrides as = cuda::Int8AStridesFor(*spec, m, k);
+  std::vector<int64_t> c_dims = in.size() > 2 ? in[2].dims() : std::vector<int64_t>{};
+  auto addend = cuda::ResolveInt8Addend(*spec, in.size() > 2 ? &c_dims : nullptr, m, b.n);
+  EXPECT_TRUE(addend.ok()) << addend.status().ToString();
+  const std::vector<float> a = in[0].ToFloatVector();
+  const float inv = Int8ActivationInvScale(*c.amax);
+  std::vector<int8_t> a_q(static_cast<size_t>(m * b.kp), 0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t kk = 0; kk < k; ++kk) {
+      a_q[i * b.kp + kk] = QuantizeInt8(a[i * as.row_stride + kk * as.col_stride], inv);
+    }
+  }
+  std::vector<float> cv = in.size() > 2 ? in[2].ToFloatVector() : std::vector<float>{};
+  std::vector<float> y(static_cast<size_t>(m * b.n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < b.n; ++j) {
+      int32_t acc = 0;  // D(j, i) at i * Np + j
+      for (int64_t kk = 0; kk < b.kp; ++kk) {
+        acc += int32_t{b.packed[j * b.kp + kk]} * int32_t{a_q[i * b.kp + kk]};
+      }
+      float v = static_cast<float>(acc) * b.col_scale[j];
+      if (addend->present) {
+        v += addend->factor * cv[i * addend->row_stride + j * addend->col_stride];
+      }
+      if (c.act == "relu") v = std::max(v, 0.f);
+      y[i * b.n + j] = v;
+    }
+  }
+  return y;
+}
+
+TEST(CudaInt8Host, ThePackedPlanReplaysTheCpuInt8Kernel) {
+  const std::vector<I8Case> cases = {
+      {"Gemm", {7, 64}, 64, 24, false, false, 1.f, 1.f, {24}, true},
+      {"Gemm", {7, 64}, 64, 24, false, true, 0.5f, 2.f, {1, 24}, true},
+      {"Gemm", {32, 9}, 32, 16, true, false, 1.f, 0.5f, {9, 16}, false},
+      {"Gemm", {9, 32}, 32, 16, false, false, 1.f, 1.f, {9, 1}, true},
+      {"Gemm", {5, 48}, 48, 12, false, false, 1.f, 1.f, {1}, true},
+      {"Gemm", {5, 48}, 48, 12, false, false, 1.f, 0.f, {5, 12}, false},
+      {"Gemm", {13, 7}, 13, 9, true, true, -1.5f, 1.f, {}, false},
+      {"Gemm", {1, 3}, 3, 5, false, false, 1.f, 1.f, {5}, true},
+      {"FusedGemm", {17, 129}, 129, 33, false, true, 1.f, 1.f, {33}, true, "relu"},
+      {"MatMul", {2, 3, 31}, 31, 33},
+      {"MatMul", {64}, 64, 24},
+      {"FusedMatMul", {64, 10}, 64, 24, true, false, 1.f, 1.f, {24}, true, "relu"},
+      {"FusedMatMul", {4, 6, 20}, 20, 36, false, true, 0.25f, 1.f, {36}, false},
+  };
+  uint32_t seed = 100;
+  for (const I8Case& c : cases) {
+    SCOPED_TRACE(c.Describe());
+    std::mt19937 rng(++seed);
+    std::vector<Tensor> inputs = MakeInputs(c, rng);
+    Int8Node node(c, inputs, DataType::kFloat32);
+    const std::vector<float> cpu = node.RunCpu("i8-");
+    const std::vector<float> replay = ReplayOnHost(c, node);
+    EXPECT_LE(RelL2(replay, cpu), 1e-5);
+    // Saturation: amax 0.25 clips most of A, on both.
+    I8Case sat = c;
+    sat.amax = 0.25f;
+    Int8Node clipped(sat, inputs, DataType::kFloat32);
+    EXPECT_LE(RelL2(ReplayOnHost(sat, clipped), clipped.RunCpu("i8-")), 1e-5) << "amax 0.25";
+  }
 }
 
 // ---- End to end: a --int8 CUDA build of bert_tiny.

@@ -28,6 +28,7 @@
 
 #include "kiln/backends/cuda/cublaslt_util.h"
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/backends/cuda/int8_gemm_plan.h"
 #include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/int8_quant.h"
 #include "kiln/backends/kernel.h"
@@ -36,11 +37,7 @@
 namespace kiln::cuda {
 namespace {
 
-// Padding of K and N (see the top of the file).
-constexpr int64_t kInt8Pad = 16;
 constexpr int kMaxTactics = 8;
-
-int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
 struct DeviceFree {
   void operator()(void* p) const { cudaFree(p); }
@@ -55,20 +52,6 @@ StatusOr<DeviceBuffer> Upload(const void* host, size_t bytes) {
   return owned;
 }
 
-// M and K of A for these dims: Gemm's A is 2-D; MatMul's leading dims fold into M (a 1-D A is
-// one row). A transposed A must be 2-D. The CPU INT8 kernel's rule.
-StatusOr<std::pair<int64_t, int64_t>> RowsAndDepth(const GemmSpec& s, std::span<const int64_t> a) {
-  const bool gemm = s.kind == GemmKind::kGemm;
-  if (a.empty() || (gemm && a.size() != 2) || (s.trans_a && a.size() != 2)) {
-    return MakeError(ErrorCode::kShapeMismatch, "int8 {}: A has rank {}", gemm ? "Gemm" : "MatMul",
-                     a.size());
-  }
-  if (s.trans_a) return std::pair{a[1], a[0]};
-  int64_t m = 1;
-  for (size_t i = 0; i + 1 < a.size(); ++i) m *= a[i];
-  return std::pair{m, a.back()};
-}
-
 // K and N of the constant B, or nullopt when B is not a constant 2-D float matrix.
 std::optional<std::pair<int64_t, int64_t>> ConstantB(const GemmSpec& s, const KernelRequest& r) {
   if (r.inputs.size() < 2) return std::nullopt;
@@ -76,31 +59,6 @@ std::optional<std::pair<int64_t, int64_t>> ConstantB(const GemmSpec& s, const Ke
   if (!b || !ToBlasType(b->dtype()) || b->dims().size() != 2) return std::nullopt;
   const auto& d = b->dims();
   return s.trans_b ? std::pair{d[1], d[0]} : std::pair{d[0], d[1]};
-}
-
-// How C (Gemm, times beta) or the bias (FusedMatMul, unscaled) enters the epilogue: element
-// (i, j) at i * row_stride + j * col_stride (0 broadcasts). The CPU kernel's broadcasting rules.
-struct Addend {
-  bool present = false;
-  float factor = 1.f;
-  int64_t row_stride = 0, col_stride = 0;
-};
-
-StatusOr<Addend> ResolveAddend(const GemmSpec& s, const std::vector<int64_t>* c, int64_t m,
-                               int64_t n) {
-  Addend a;
-  const bool gemm = s.kind == GemmKind::kGemm;
-  if (!c || (gemm && s.beta == 0.f)) return a;  // the CPU ignores C when beta is 0
-  int64_t cm = c->size() == 2 ? (*c)[0] : 1, cn = c->empty() ? 1 : c->back();
-  if (c->size() > 2 || (cm != 1 && cm != m) || (cn != 1 && cn != n) || (!gemm && cm != 1)) {
-    return MakeError(ErrorCode::kShapeMismatch, "int8 {}: addend does not broadcast to [{}, {}]",
-                     gemm ? "Gemm" : "MatMul", m, n);
-  }
-  a.present = true;
-  a.factor = gemm ? s.beta : 1.f;
-  a.row_stride = cm == 1 ? 0 : cn;
-  a.col_stride = cn == 1 ? 0 : 1;
-  return a;
 }
 
 // cuBLASLt's descriptors for one M: int8 x int8 -> int32, computed in int32, TN form.
@@ -152,8 +110,8 @@ class CublasLtInt8Kernel final : public Kernel {
         inv_scale_(Int8ActivationInvScale(amax)),
         k_(k),
         n_(n),
-        kp_(RoundUp(k, kInt8Pad)),
-        np_(RoundUp(n, kInt8Pad)),
+        kp_(Int8Padded(k)),
+        np_(Int8Padded(n)),
         b_q_(std::move(b_q)),
         col_scale_(std::move(col_scale)),
         tactic_algo_(algo),
@@ -161,7 +119,7 @@ class CublasLtInt8Kernel final : public Kernel {
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
-    KILN_ASSIGN_OR_RETURN(auto mk, RowsAndDepth(spec_, inputs[0].dims));
+    KILN_ASSIGN_OR_RETURN(auto mk, Int8RowsAndDepth(spec_, inputs[0].dims));
     m_ = mk.first;
     if (mk.second != k_ || outputs[0].num_elements() != m_ * n_) {
       return MakeError(ErrorCode::kShapeMismatch,
@@ -171,9 +129,8 @@ class CublasLtInt8Kernel final : public Kernel {
     std::vector<int64_t> c_dims;
     const bool has_c = inputs.size() > 2 && inputs[2].dtype != DataType::kUndefined;
     if (has_c) c_dims.assign(inputs[2].dims.begin(), inputs[2].dims.end());
-    KILN_ASSIGN_OR_RETURN(addend_, ResolveAddend(spec_, has_c ? &c_dims : nullptr, m_, n_));
-    a_row_stride_ = spec_.trans_a ? 1 : k_;
-    a_col_stride_ = spec_.trans_a ? m_ : 1;
+    KILN_ASSIGN_OR_RETURN(addend_, ResolveInt8Addend(spec_, has_c ? &c_dims : nullptr, m_, n_));
+    a_strides_ = Int8AStridesFor(spec_, m_, k_);
     empty_ = m_ * n_ == 0;
     if (empty_) return size_t{0};
     KILN_ASSIGN_OR_RETURN(descs_, MakeInt8Descs(m_, np_, kp_));
@@ -234,8 +191,8 @@ class CublasLtInt8Kernel final : public Kernel {
     q.rows = m_;
     q.depth = k_;
     q.ldq = kp_;
-    q.row_stride = a_row_stride_;
-    q.col_stride = a_col_stride_;
+    q.row_stride = a_strides_.row_stride;
+    q.col_stride = a_strides_.col_stride;
     q.inv_scale = inv_scale_;
     KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Quantize(q, stream));
 
@@ -275,8 +232,8 @@ class CublasLtInt8Kernel final : public Kernel {
   DeviceBuffer col_scale_;  // float [Np]: alpha * a_scale * b_scale[n] (0 in the padding)
   std::optional<cublasLtMatmulAlgo_t> tactic_algo_;
   std::string name_;
-  Addend addend_;
-  int64_t a_row_stride_ = 0, a_col_stride_ = 1;
+  Int8Addend addend_;
+  Int8AStrides a_strides_;
   bool empty_ = false;
   Int8Descs descs_;
   cublasLtMatmulAlgo_t algo_{};
@@ -319,14 +276,14 @@ std::optional<Int8Problem> ResolveRequest(const KernelRequest& r) {
   std::tie(p.k, p.n) = *kn;
   std::vector<int64_t> a = MaxDims(r.inputs[0]);
   if (a.empty()) return std::nullopt;
-  auto mk = RowsAndDepth(p.spec, a);
+  auto mk = Int8RowsAndDepth(p.spec, a);
   if (!mk.ok() || mk->second != p.k) return std::nullopt;
   p.m = mk->first;
   if (p.m <= 0 || p.k <= 0 || p.n <= 0) return std::nullopt;
   if (has_c) {
     std::vector<int64_t> c = MaxDims(r.inputs[2]);
     if (c.empty() && r.inputs[2].shape.size() != 0) return std::nullopt;
-    if (!ResolveAddend(p.spec, &c, p.m, p.n).ok()) return std::nullopt;
+    if (!ResolveInt8Addend(p.spec, &c, p.m, p.n).ok()) return std::nullopt;
   }
   // int32 accumulation: 127 * 127 * K must not overflow.
   if (p.k > (int64_t{1} << 31) / (127 * 127)) return std::nullopt;
@@ -342,7 +299,7 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     if (!p) return {};
     auto handle = CublasLtHandle();  // fails where there is no GPU: no tactics then
     if (!handle.ok()) return {};
-    const int64_t kp = RoundUp(p->k, kInt8Pad), np = RoundUp(p->n, kInt8Pad);
+    const int64_t kp = Int8Padded(p->k), np = Int8Padded(p->n);
     auto descs = MakeInt8Descs(p->m, np, kp);
     if (!descs.ok()) return {};
     auto found = LtHeuristics(*handle, descs->lt(), kInt8Alignment, kMaxTactics);
@@ -389,27 +346,12 @@ class CublasLtInt8ProviderBase : public KernelProvider {
                        "{}: tactic '{}' has {} params; expected 8 (the algorithm's words)", id(),
                        tactic.name, tactic.params.size());
     }
-    auto [k, n] = *kn;
-    const int64_t kp = RoundUp(k, kInt8Pad), np = RoundUp(n, kInt8Pad);
-    // B's channels are its columns N: element (n, k) sits at k * N + n, or n * K + k when
-    // transposed (as the CPU kernel quantizes them). Then repacked as [Np, Kp] for cuBLASLt.
-    const Tensor b = request.inputs[1].constant->CastTo(DataType::kFloat32);
-    Int8Weights w = spec.trans_b ? QuantizeWeightsPerChannel(b.data<float>(), n, k, k, 1)
-                                 : QuantizeWeightsPerChannel(b.data<float>(), n, k, 1, n);
-    std::vector<int8_t> packed(static_cast<size_t>(np * kp), 0);
-    std::vector<float> col_scale(static_cast<size_t>(np), 0.f);
-    const float a_scale = Int8ActivationScale(*amax);
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t i = 0; i < k; ++i) {
-        packed[j * kp + i] = w.q[spec.trans_b ? j * k + i : i * n + j];
-      }
-      col_scale[j] = spec.alpha * a_scale * w.scales[j];  // as the CPU kernel's output scales
-    }
-    KILN_ASSIGN_OR_RETURN(DeviceBuffer b_q, Upload(packed.data(), packed.size()));
+    const Int8PackedB b = PackInt8B(spec, *request.inputs[1].constant, *amax);
+    KILN_ASSIGN_OR_RETURN(DeviceBuffer b_q, Upload(b.packed.data(), b.packed.size()));
     KILN_ASSIGN_OR_RETURN(DeviceBuffer scales,
-                          Upload(col_scale.data(), col_scale.size() * sizeof(float)));
+                          Upload(b.col_scale.data(), b.col_scale.size() * sizeof(float)));
     return std::unique_ptr<Kernel>(std::make_unique<CublasLtInt8Kernel>(
-        spec, *type, *amax, k, n, std::move(b_q), std::move(scales), algo, tactic.name));
+        spec, *type, *amax, b.k, b.n, std::move(b_q), std::move(scales), algo, tactic.name));
   }
 };
 
