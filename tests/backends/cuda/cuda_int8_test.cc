@@ -22,7 +22,7 @@
 
 #include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
-#include "kiln/backends/cuda/int8_gemm_plan.h"
+#include "kiln/backends/cuda/quant_gemm_plan.h"
 #include "kiln/backends/int8_quant.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/ir/graph.h"
@@ -474,16 +474,16 @@ std::vector<float> ReplayOnHost(const I8Case& c, const Int8Node& node) {
   auto spec = cuda::ReadGemmSpec(node.node());
   EXPECT_TRUE(spec.ok());
   const std::vector<Tensor>& in = node.inputs();
-  auto mk = cuda::Int8RowsAndDepth(*spec, in[0].dims());
+  auto mk = cuda::QuantRowsAndDepth(*spec, in[0].dims());
   EXPECT_TRUE(mk.ok()) << mk.status().ToString();
   const auto [m, k] = *mk;
   const cuda::Int8PackedB b = cuda::PackInt8B(*spec, in[1], *c.amax);
   EXPECT_EQ(b.k, k);
   EXPECT_EQ(b.kp % 4, 0);
   EXPECT_EQ(b.np % 4, 0);
-  const cuda::Int8AStrides as = cuda::Int8AStridesFor(*spec, m, k);
+  const cuda::QuantAStrides as = cuda::QuantAStridesFor(*spec, m, k);
   std::vector<int64_t> c_dims = in.size() > 2 ? in[2].dims() : std::vector<int64_t>{};
-  auto addend = cuda::ResolveInt8Addend(*spec, in.size() > 2 ? &c_dims : nullptr, m, b.n);
+  auto addend = cuda::ResolveQuantAddend(*spec, in.size() > 2 ? &c_dims : nullptr, m, b.n);
   EXPECT_TRUE(addend.ok()) << addend.status().ToString();
   const std::vector<float> a = in[0].ToFloatVector();
   const float inv = Int8ActivationInvScale(*c.amax);

@@ -28,8 +28,8 @@
 
 #include "kiln/backends/cuda/cublaslt_util.h"
 #include "kiln/backends/cuda/cuda_common.h"
-#include "kiln/backends/cuda/int8_gemm_plan.h"
 #include "kiln/backends/cuda/int8_kernels.h"
+#include "kiln/backends/cuda/quant_gemm_plan.h"
 #include "kiln/backends/int8_quant.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/core/logging.h"
@@ -50,15 +50,6 @@ StatusOr<DeviceBuffer> Upload(const void* host, size_t bytes) {
   DeviceBuffer owned(dev);
   KILN_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
   return owned;
-}
-
-// K and N of the constant B, or nullopt when B is not a constant 2-D float matrix.
-std::optional<std::pair<int64_t, int64_t>> ConstantB(const GemmSpec& s, const KernelRequest& r) {
-  if (r.inputs.size() < 2) return std::nullopt;
-  const Tensor* b = r.inputs[1].constant;
-  if (!b || !ToBlasType(b->dtype()) || b->dims().size() != 2) return std::nullopt;
-  const auto& d = b->dims();
-  return s.trans_b ? std::pair{d[1], d[0]} : std::pair{d[0], d[1]};
 }
 
 // cuBLASLt's descriptors for one M: int8 x int8 -> int32, computed in int32, TN form.
@@ -110,8 +101,8 @@ class CublasLtInt8Kernel final : public Kernel {
         inv_scale_(Int8ActivationInvScale(amax)),
         k_(k),
         n_(n),
-        kp_(Int8Padded(k)),
-        np_(Int8Padded(n)),
+        kp_(QuantPadded(k)),
+        np_(QuantPadded(n)),
         b_q_(std::move(b_q)),
         col_scale_(std::move(col_scale)),
         tactic_algo_(algo),
@@ -119,7 +110,7 @@ class CublasLtInt8Kernel final : public Kernel {
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
-    KILN_ASSIGN_OR_RETURN(auto mk, Int8RowsAndDepth(spec_, inputs[0].dims));
+    KILN_ASSIGN_OR_RETURN(auto mk, QuantRowsAndDepth(spec_, inputs[0].dims));
     m_ = mk.first;
     if (mk.second != k_ || outputs[0].num_elements() != m_ * n_) {
       return MakeError(ErrorCode::kShapeMismatch,
@@ -129,8 +120,8 @@ class CublasLtInt8Kernel final : public Kernel {
     std::vector<int64_t> c_dims;
     const bool has_c = inputs.size() > 2 && inputs[2].dtype != DataType::kUndefined;
     if (has_c) c_dims.assign(inputs[2].dims.begin(), inputs[2].dims.end());
-    KILN_ASSIGN_OR_RETURN(addend_, ResolveInt8Addend(spec_, has_c ? &c_dims : nullptr, m_, n_));
-    a_strides_ = Int8AStridesFor(spec_, m_, k_);
+    KILN_ASSIGN_OR_RETURN(addend_, ResolveQuantAddend(spec_, has_c ? &c_dims : nullptr, m_, n_));
+    a_strides_ = QuantAStridesFor(spec_, m_, k_);
     empty_ = m_ * n_ == 0;
     if (empty_) return size_t{0};
     KILN_ASSIGN_OR_RETURN(descs_, MakeInt8Descs(m_, np_, kp_));
@@ -232,8 +223,8 @@ class CublasLtInt8Kernel final : public Kernel {
   DeviceBuffer col_scale_;  // float [Np]: alpha * a_scale * b_scale[n] (0 in the padding)
   std::optional<cublasLtMatmulAlgo_t> tactic_algo_;
   std::string name_;
-  Int8Addend addend_;
-  Int8AStrides a_strides_;
+  QuantAddend addend_;
+  QuantAStrides a_strides_;
   bool empty_ = false;
   Int8Descs descs_;
   cublasLtMatmulAlgo_t algo_{};
@@ -241,65 +232,18 @@ class CublasLtInt8Kernel final : public Kernel {
   Int8Workspace ws_;
 };
 
-// The largest dims of an operand: max_dims, else its static shape; empty when unknown.
-std::vector<int64_t> MaxDims(const OperandDesc& o) {
-  if (!o.max_dims.empty()) return o.max_dims;
-  if (auto d = StaticDims(o.shape)) return *d;
-  return {};
-}
-
-// What a request needs for an INT8 tactic, at its largest shapes; nullopt (decline) otherwise.
-struct Int8Problem {
-  GemmSpec spec;
-  BlasType type = BlasType::kF32;
-  float amax = 0.f;
-  int64_t m = 0, k = 0, n = 0;
-};
-
-std::optional<Int8Problem> ResolveRequest(const KernelRequest& r) {
-  Int8Problem p;
-  std::optional<float> amax = Int8InputAmax(*r.node);
-  if (!amax || r.inputs.size() < 2 || r.outputs.empty()) return std::nullopt;
-  p.amax = *amax;
-  auto spec = ReadGemmSpec(*r.node);
-  if (!spec.ok() || spec->alpha == 0.f) return std::nullopt;
-  p.spec = *spec;
-  // A, C and Y in one float storage type (B is a constant of any float type).
-  const DataType t = r.inputs[0].dtype;
-  auto type = ToBlasType(t);
-  if (!type || r.outputs[0].dtype != t) return std::nullopt;
-  const bool has_c = r.inputs.size() > 2 && r.inputs[2].dtype != DataType::kUndefined;
-  if (has_c && r.inputs[2].dtype != t) return std::nullopt;
-  p.type = *type;
-  auto kn = ConstantB(p.spec, r);
-  if (!kn) return std::nullopt;
-  std::tie(p.k, p.n) = *kn;
-  std::vector<int64_t> a = MaxDims(r.inputs[0]);
-  if (a.empty()) return std::nullopt;
-  auto mk = Int8RowsAndDepth(p.spec, a);
-  if (!mk.ok() || mk->second != p.k) return std::nullopt;
-  p.m = mk->first;
-  if (p.m <= 0 || p.k <= 0 || p.n <= 0) return std::nullopt;
-  if (has_c) {
-    std::vector<int64_t> c = MaxDims(r.inputs[2]);
-    if (c.empty() && r.inputs[2].shape.size() != 0) return std::nullopt;
-    if (!ResolveInt8Addend(p.spec, &c, p.m, p.n).ok()) return std::nullopt;
-  }
-  // int32 accumulation: 127 * 127 * K must not overflow.
-  if (p.k > (int64_t{1} << 31) / (127 * 127)) return std::nullopt;
-  return p;
-}
-
 class CublasLtInt8ProviderBase : public KernelProvider {
  public:
   BackendKind backend() const final { return BackendKind::kCuda; }
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
-    std::optional<Int8Problem> p = ResolveRequest(request);
+    std::optional<QuantizedGemm> p = ResolveQuantizedGemm(request, Int8InputAmax(*request.node));
+    // int32 accumulation: 127 * 127 * K must not overflow.
+    if (p && p->k > (int64_t{1} << 31) / (127 * 127)) return {};
     if (!p) return {};
     auto handle = CublasLtHandle();  // fails where there is no GPU: no tactics then
     if (!handle.ok()) return {};
-    const int64_t kp = Int8Padded(p->k), np = Int8Padded(p->n);
+    const int64_t kp = QuantPadded(p->k), np = QuantPadded(p->n);
     auto descs = MakeInt8Descs(p->m, np, kp);
     if (!descs.ok()) return {};
     auto found = LtHeuristics(*handle, descs->lt(), kInt8Alignment, kMaxTactics);
@@ -328,7 +272,7 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     const Node& node = *request.node;
     KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadGemmSpec(node));
     std::optional<float> amax = Int8InputAmax(node);
-    auto kn = ConstantB(spec, request);
+    auto kn = QuantConstantB(spec, request);
     auto type = ToBlasType(request.inputs[0].dtype);
     if (!amax || !kn || !type || spec.alpha == 0.f) {
       return MakeError(ErrorCode::kNoTactic,
