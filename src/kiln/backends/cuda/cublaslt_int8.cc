@@ -39,19 +39,6 @@ namespace {
 
 constexpr int kMaxTactics = 8;
 
-struct DeviceFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-using DeviceBuffer = std::unique_ptr<void, DeviceFree>;
-
-StatusOr<DeviceBuffer> Upload(const void* host, size_t bytes) {
-  void* dev = nullptr;
-  KILN_CUDA_RETURN_IF_ERROR(cudaMalloc(&dev, bytes));
-  DeviceBuffer owned(dev);
-  KILN_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
-  return owned;
-}
-
 // cuBLASLt's descriptors for one M: int8 x int8 -> int32, computed in int32, TN form.
 struct Int8Descs {
   MatmulDescPtr op;
@@ -94,7 +81,7 @@ Int8Workspace WorkspaceFor(int64_t m, int64_t np, int64_t kp, size_t lt_bytes) {
 class CublasLtInt8Kernel final : public Kernel {
  public:
   CublasLtInt8Kernel(GemmSpec spec, BlasType type, float amax, int64_t k, int64_t n,
-                     DeviceBuffer b_q, DeviceBuffer col_scale,
+                     OwnedDeviceMemory b_q, OwnedDeviceMemory col_scale,
                      std::optional<cublasLtMatmulAlgo_t> algo, std::string name)
       : spec_(spec),
         type_(type),
@@ -219,8 +206,8 @@ class CublasLtInt8Kernel final : public Kernel {
   BlasType type_;
   float inv_scale_;
   int64_t k_, n_, kp_, np_, m_ = 0;
-  DeviceBuffer b_q_;        // int8 [Np, Kp]
-  DeviceBuffer col_scale_;  // float [Np]: alpha * a_scale * b_scale[n] (0 in the padding)
+  OwnedDeviceMemory b_q_;        // int8 [Np, Kp]
+  OwnedDeviceMemory col_scale_;  // float [Np]: alpha * a_scale * b_scale[n] (0 in the padding)
   std::optional<cublasLtMatmulAlgo_t> tactic_algo_;
   std::string name_;
   QuantAddend addend_;
@@ -291,9 +278,9 @@ class CublasLtInt8ProviderBase : public KernelProvider {
                        tactic.name, tactic.params.size());
     }
     const Int8PackedB b = PackInt8B(spec, *request.inputs[1].constant, *amax);
-    KILN_ASSIGN_OR_RETURN(DeviceBuffer b_q, Upload(b.packed.data(), b.packed.size()));
-    KILN_ASSIGN_OR_RETURN(DeviceBuffer scales,
-                          Upload(b.col_scale.data(), b.col_scale.size() * sizeof(float)));
+    KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory b_q, UploadToDevice(b.packed.data(), b.packed.size()));
+    KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory scales,
+                          UploadToDevice(b.col_scale.data(), b.col_scale.size() * sizeof(float)));
     return std::unique_ptr<Kernel>(std::make_unique<CublasLtInt8Kernel>(
         spec, *type, *amax, b.k, b.n, std::move(b_q), std::move(scales), algo, tactic.name));
   }

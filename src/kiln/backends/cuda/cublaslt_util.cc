@@ -26,6 +26,16 @@ StatusOr<GemmSpec> ReadGemmSpec(const Node& node) {
   return s;
 }
 
+void DeviceFree::operator()(void* p) const { cudaFree(p); }
+
+StatusOr<OwnedDeviceMemory> UploadToDevice(const void* host, size_t bytes) {
+  void* dev = nullptr;
+  KILN_CUDA_RETURN_IF_ERROR(cudaMalloc(&dev, bytes));
+  OwnedDeviceMemory owned(dev);
+  KILN_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+  return owned;
+}
+
 Status MakeLayout(LayoutPtr& out, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
                   int64_t count, int64_t stride) {
   cublasLtMatrixLayout_t l = nullptr;

@@ -43,6 +43,13 @@ using MatmulDescPtr = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
 using LayoutPtr = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
 using PreferencePtr = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDeleter>;
 
+// Device memory a kernel owns (quantized, packed weights), and a host copy uploaded into it.
+struct DeviceFree {
+  void operator()(void* p) const;
+};
+using OwnedDeviceMemory = std::unique_ptr<void, DeviceFree>;
+StatusOr<OwnedDeviceMemory> UploadToDevice(const void* host, size_t bytes);
+
 // A column-major layout (CUBLASLT_ORDER_COL), strided-batched when count > 1.
 Status MakeLayout(LayoutPtr& out, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
                   int64_t count, int64_t stride);

@@ -1,7 +1,11 @@
-// Host-side planning of the CUDA INT8 matrix product (quant_gemm_plan.h).
+// Host-side planning of the CUDA INT8 and FP8 matrix products (quant_gemm_plan.h).
 #include "kiln/backends/cuda/quant_gemm_plan.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/backends/fp8_quant.h"
 #include "kiln/backends/int8_quant.h"
 
 namespace kiln::cuda {
@@ -108,6 +112,28 @@ Int8PackedB PackInt8B(const GemmSpec& s, const Tensor& b_any, float amax) {
       p.packed[j * p.kp + i] = w.q[s.trans_b ? j * k + i : i * n + j];
     }
     p.col_scale[j] = s.alpha * a_scale * w.scales[j];
+  }
+  return p;
+}
+
+Fp8PackedB PackFp8B(const GemmSpec& s, const Tensor& b_any) {
+  Fp8PackedB p;
+  const Tensor b = b_any.CastTo(DataType::kFloat32);
+  const auto& d = b.dims();
+  p.k = s.trans_b ? d[1] : d[0];
+  p.n = s.trans_b ? d[0] : d[1];
+  p.kp = QuantPadded(p.k);
+  p.np = QuantPadded(p.n);
+  const float* w = b.data<float>();
+  float absmax = 0.f;
+  for (int64_t i = 0; i < p.k * p.n; ++i) absmax = std::max(absmax, std::fabs(w[i]));
+  p.scale = absmax > 0.f ? Fp8Scale(absmax) : 1.f;
+  const float inv = 1.f / p.scale;
+  p.packed.assign(static_cast<size_t>(p.np * p.kp), 0);  // 0x00 is +0 in E4M3
+  for (int64_t j = 0; j < p.n; ++j) {
+    for (int64_t i = 0; i < p.k; ++i) {
+      p.packed[j * p.kp + i] = ToE4M3(w[s.trans_b ? j * p.k + i : i * p.n + j] * inv);
+    }
   }
   return p;
 }

@@ -74,4 +74,13 @@ struct Int8PackedB {
 };
 Int8PackedB PackInt8B(const GemmSpec& s, const Tensor& b, float amax);
 
+// B quantized per tensor to FP8 E4M3 with the FP8 contract (backends/fp8_quant.h) and packed as
+// [Np, Kp] E4M3 bytes, zero padded, like PackInt8B. scale = absmax(B) / 448 (1 for a zero B).
+struct Fp8PackedB {
+  int64_t k = 0, n = 0, kp = 0, np = 0;
+  std::vector<uint8_t> packed;
+  float scale = 1.f;
+};
+Fp8PackedB PackFp8B(const GemmSpec& s, const Tensor& b);
+
 }  // namespace kiln::cuda
