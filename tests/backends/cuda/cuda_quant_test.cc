@@ -9,7 +9,11 @@
 //    bound: inputs uniform in [-1, 1], amax 1).
 // Shapes no IMMA kernel takes as they are (K or N not a multiple of 4, one row, a 1-D A) run
 // through the kernel's zero padding; what INT8 cannot run declines (no i8 tactic) and stays FP16.
-// The end-to-end test builds bert_tiny with --int8 for CUDA. Everything skips without a GPU.
+// The end-to-end test builds bert_tiny with --int8 for CUDA. The FP8 E4M3 products
+// (cublaslt_fp8.cc: f8-*) are checked the same way against the FP8 contract's emulation (sm_89+
+// only; there is no CPU FP8 kernel), with bert_tiny --fp8 end to end. The host halves (B packed,
+// the geometry, E4M3 rounding against CUDA's own conversion) are checked without a GPU.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -23,6 +27,7 @@
 #include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
 #include "kiln/backends/cuda/quant_gemm_plan.h"
+#include "kiln/backends/fp8_quant.h"
 #include "kiln/backends/int8_quant.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/ir/graph.h"
@@ -73,6 +78,7 @@ struct I8Case {
   bool c_const = false;
   std::string act{};
   std::optional<float> amax = 1.f;  // nullopt: no INT8 attribute
+  std::optional<float> fp8_amax{};  // the FP8 attribute (set by FP8 cases, with amax nullopt)
   bool b_const = true;
   std::vector<int64_t> b_dims{};  // overrides B's dims (a batched B)
   // Output column n of B (and of a row bias) scaled by col_factors[n % size]: per-channel range.
@@ -108,6 +114,7 @@ class Int8Node {
     if (c.op == "Gemm" || c.op == "FusedGemm") attrs.Set("beta", c.beta);
     if (!c.act.empty()) attrs.Set("activation", c.act);
     if (c.amax) attrs.Set(kAmax, *c.amax);
+    if (c.fp8_amax) attrs.Set(kFp8InputAmaxAttr, *c.fp8_amax);
     Value* out = graph_->AddValue("out");
     node_ = graph_->AddNode(c.op, "node", ins, {out}, attrs);
     graph_->MarkOutput(out);
@@ -545,7 +552,237 @@ TEST(CudaInt8Host, ThePackedPlanReplaysTheCpuInt8Kernel) {
   }
 }
 
-// ---- End to end: a --int8 CUDA build of bert_tiny.
+// ---- FP8 E4M3 (cublaslt_fp8.cc).
+
+bool DeviceHasFp8() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major > 8 || (major == 8 && minor >= 9);
+}
+
+class CudaFp8Test : public CudaInt8Test {
+ protected:
+  void SetUp() override {
+    CudaInt8Test::SetUp();
+    if (IsSkipped()) return;
+    if (!DeviceHasFp8()) GTEST_SKIP() << "FP8 needs compute capability 8.9 or later";
+  }
+};
+
+I8Case Fp8(I8Case c, float amax = 1.f) {
+  c.amax = std::nullopt;
+  c.fp8_amax = amax;
+  return c;
+}
+
+// The FP8 contract's view of a tensor: per tensor, scale amax / 448, E4M3 and back.
+Tensor DequantizedFp8(const Tensor& x, float amax) {
+  std::vector<float> v = x.ToFloatVector();
+  const float scale = Fp8Scale(amax), inv = Fp8InvScale(amax);
+  for (float& f : v) f = FromE4M3(ToE4M3(f * inv)) * scale;
+  return Tensor::FromVector(DataType::kFloat32, x.dims(), v);
+}
+float AbsMax(const Tensor& t) {
+  float m = 0.f;
+  for (float f : t.ToFloatVector()) m = std::max(m, std::fabs(f));
+  return m;
+}
+
+// Every CUDA FP8 tactic of the case against the contract (the CPU's FP32 kernel on E4M3-rounded
+// inputs) and against FP32. E4M3 keeps 3 mantissa bits: each operand's rounding error is up to
+// 2^-4 relative, rms about 2.5-3% for inputs uniform in [-1, 1]; the host replay of the same
+// contract measures 2.3e-2 to 4.2e-2 against FP32, so the bound is 8e-2.
+int CheckFp8Case(const I8Case& c, uint32_t seed, DataType storage = DataType::kFloat32,
+                 bool check_fp32 = true) {
+  SCOPED_TRACE(c.Describe() + " fp8, storage " + std::string(ToString(storage)));
+  std::mt19937 rng(seed);
+  std::vector<Tensor> inputs = MakeInputs(c, rng);
+  for (Tensor& t : inputs) t = t.CastTo(storage).CastTo(DataType::kFloat32);
+  Int8Node node(c, inputs, storage);
+  auto tactics = node.Tactics(BackendKind::kCuda, "f8-");
+  EXPECT_FALSE(tactics.empty()) << "no CUDA FP8 tactic";
+  if (tactics.empty()) return 0;
+  EXPECT_TRUE(node.Tactics(BackendKind::kCuda, "i8-").empty()) << "INT8 without its attribute";
+  std::vector<float> fp32 = Int8Node(c, inputs, DataType::kFloat32).RunCpu("f32-");
+  std::vector<Tensor> dq = inputs;
+  dq[0] = DequantizedFp8(inputs[0], *c.fp8_amax);
+  dq[1] = DequantizedFp8(inputs[1], AbsMax(inputs[1]));
+  std::vector<float> contract = Int8Node(c, dq, DataType::kFloat32).RunCpu("f32-");
+  const double contract_bound = storage == DataType::kFloat32   ? 1e-4
+                                : storage == DataType::kFloat16 ? 2e-3
+                                                                : 1e-2;
+  for (const auto& [p, t] : tactics) {
+    SCOPED_TRACE(t.name);
+    EXPECT_TRUE(t.name.starts_with(c.op.find("Gemm") != std::string::npos
+                                       ? "f8-gemm-cuda-cublaslt-e4m3-"
+                                       : "f8-matmul-cuda-cublaslt-e4m3-"));
+    std::vector<float> y = node.RunCuda(p, t);
+    if (y.empty()) continue;
+    EXPECT_LE(RelL2(y, contract), contract_bound) << "against the FP8 contract";
+    if (check_fp32) EXPECT_LE(RelL2(y, fp32), 8e-2) << "against FP32";
+  }
+  return static_cast<int>(tactics.size());
+}
+
+TEST_F(CudaFp8Test, GemmAndMatMulMatchTheContract) {
+  EXPECT_GT(CheckFp8Case(Fp8({"Gemm", {7, 64}, 64, 24, false, false, 1.f, 1.f, {24}, true}), 81),
+            0);
+  EXPECT_GT(CheckFp8Case(Fp8({"Gemm", {32, 9}, 32, 16, true, true, 0.5f, 2.f, {9, 16}, false}), 82),
+            0);
+  EXPECT_GT(
+      CheckFp8Case(
+          Fp8({"FusedGemm", {17, 129}, 129, 257, false, true, 1.f, 1.f, {257}, true, "gelu"}), 83),
+      0);
+  EXPECT_GT(CheckFp8Case(Fp8({"MatMul", {2, 3, 31}, 31, 33}), 84), 0);
+  EXPECT_GT(
+      CheckFp8Case(
+          Fp8({"FusedMatMul", {4, 16, 256}, 256, 384, false, false, 1.f, 1.f, {384}, true, "relu"}),
+          85, DataType::kFloat16),
+      0);
+  EXPECT_GT(CheckFp8Case(Fp8({"Gemm", {64, 512}, 512, 768, false, true, 1.f, 1.f, {768}, true}), 86,
+                         DataType::kBFloat16),
+            0);
+  // A calibrated absmax well above the values: E4M3's exponent keeps their precision.
+  EXPECT_GT(CheckFp8Case(Fp8({"Gemm", {8, 64}, 64, 16}, 16.f), 87), 0);
+  // Values beyond it saturate at 448 * scale, in the kernel as in the contract.
+  EXPECT_GT(CheckFp8Case(Fp8({"Gemm", {8, 64}, 64, 16}, 0.25f), 89, DataType::kFloat32,
+                         /*check_fp32=*/false),
+            0);
+}
+
+TEST_F(CudaFp8Test, DeclinesWithoutTheAttributeOrAConstantB) {
+  std::mt19937 rng(88);
+  I8Case plain{"Gemm", {8, 64}, 64, 32, false, false, 1.f, 1.f, {32}, true};
+  plain.amax = std::nullopt;
+  EXPECT_TRUE(Int8Node(plain, MakeInputs(plain, rng), DataType::kFloat16)
+                  .Tactics(BackendKind::kCuda, "f8-")
+                  .empty());
+  I8Case dynamic_b = Fp8(plain);
+  dynamic_b.b_const = false;
+  EXPECT_TRUE(Int8Node(dynamic_b, MakeInputs(dynamic_b, rng), DataType::kFloat16)
+                  .Tactics(BackendKind::kCuda, "f8-")
+                  .empty());
+}
+
+// Without a GPU: the host's E4M3 conversion is CUDA's (__nv_cvt_float_to_fp8, which the device
+// quantization kernel calls), bit for bit, so B packed on the host and A quantized on the device
+// follow one rounding.
+TEST(CudaFp8Host, HostE4M3IsCudasConversion) {
+  std::vector<float> values = {0.f,
+                               -0.f,
+                               1.f,
+                               -1.f,
+                               448.f,
+                               -448.f,
+                               449.f,
+                               464.f,
+                               465.f,
+                               1e9f,
+                               -1e9f,
+                               0.0625f,
+                               0.015625f,
+                               0.0078125f,
+                               0.001953125f,
+                               0.0009765625f,
+                               0.00293f,
+                               1e-9f,
+                               1.0625f,
+                               1.1875f,
+                               17.f,
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity()};
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> mant(-1.f, 1.f);
+  std::uniform_int_distribution<int> exp(-14, 10);
+  for (int i = 0; i < 200000; ++i) values.push_back(std::ldexp(mant(rng), exp(rng)));
+  // Every E4M3 value and the midpoints between neighbours (ties round to even).
+  for (int b = 0; b < 256; ++b) {
+    const float v = FromE4M3(static_cast<uint8_t>(b));
+    if (std::isnan(v)) continue;
+    values.push_back(v);
+    const float next = FromE4M3(static_cast<uint8_t>(b + 1 < 256 ? b + 1 : b));
+    if (!std::isnan(next)) values.push_back((v + next) / 2);
+  }
+  int checked = 0;
+  for (float v : values) {
+    const uint8_t want = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    ASSERT_EQ(ToE4M3(v), want) << "x = " << v;
+    if ((want & 0x7f) != 0x7f) {
+      EXPECT_EQ(ToE4M3(FromE4M3(want)), want) << "round trip of " << int{want};
+    }
+    ++checked;
+  }
+  EXPECT_EQ(ToE4M3(std::nanf("")) & 0x7f, 0x7f);
+  EXPECT_EQ(FromE4M3(0x7e), 448.f);
+  EXPECT_EQ(FromE4M3(0x01), std::ldexp(1.f, -9));
+  EXPECT_GT(checked, 200000);
+}
+
+// Without a GPU: B packed as E4M3 [Np, Kp] with its per-tensor scale, replayed on the host with
+// the product the kernel asks cuBLASLt for, against the FP8 contract's emulation.
+TEST(CudaFp8Host, ThePackedPlanReplaysTheContract) {
+  const std::vector<I8Case> cases = {
+      {"Gemm", {7, 64}, 64, 24, false, false, 1.f, 1.f, {24}, true},
+      {"Gemm", {32, 9}, 32, 16, true, true, 0.5f, 2.f, {9, 16}, false},
+      {"MatMul", {2, 3, 31}, 31, 33},
+      {"FusedMatMul", {5, 20}, 20, 36, false, true, 0.25f, 1.f, {36}, false, "relu"},
+  };
+  uint32_t seed = 300;
+  for (const I8Case& base : cases) {
+    const I8Case c = Fp8(base, 1.f);
+    SCOPED_TRACE(c.Describe());
+    std::mt19937 rng(++seed);
+    std::vector<Tensor> inputs = MakeInputs(c, rng);
+    Int8Node node(c, inputs, DataType::kFloat32);
+    auto spec = cuda::ReadGemmSpec(node.node());
+    ASSERT_TRUE(spec.ok());
+    auto mk = cuda::QuantRowsAndDepth(*spec, inputs[0].dims());
+    ASSERT_TRUE(mk.ok());
+    const auto [m, k] = *mk;
+    const cuda::Fp8PackedB b = cuda::PackFp8B(*spec, inputs[1]);
+    EXPECT_FLOAT_EQ(b.scale, AbsMax(inputs[1]) / 448.f);
+    const cuda::QuantAStrides as = cuda::QuantAStridesFor(*spec, m, k);
+    std::vector<int64_t> c_dims = inputs.size() > 2 ? inputs[2].dims() : std::vector<int64_t>{};
+    auto addend = cuda::ResolveQuantAddend(*spec, inputs.size() > 2 ? &c_dims : nullptr, m, b.n);
+    ASSERT_TRUE(addend.ok());
+    const std::vector<float> a = inputs[0].ToFloatVector();
+    std::vector<float> cv = inputs.size() > 2 ? inputs[2].ToFloatVector() : std::vector<float>{};
+    std::vector<uint8_t> a_q(static_cast<size_t>(m * b.kp), 0);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t kk = 0; kk < k; ++kk) {
+        a_q[i * b.kp + kk] =
+            ToE4M3(a[i * as.row_stride + kk * as.col_stride] * Fp8InvScale(*c.fp8_amax));
+      }
+    }
+    std::vector<float> y(static_cast<size_t>(m * b.n));
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < b.n; ++j) {
+        float acc = 0.f;
+        for (int64_t kk = 0; kk < b.kp; ++kk) {
+          acc += FromE4M3(b.packed[j * b.kp + kk]) * FromE4M3(a_q[i * b.kp + kk]);
+        }
+        float v = spec->alpha * Fp8Scale(*c.fp8_amax) * b.scale * acc;
+        if (addend->present) {
+          v += addend->factor * cv[i * addend->row_stride + j * addend->col_stride];
+        }
+        if (c.act == "relu") v = std::max(v, 0.f);
+        y[i * b.n + j] = v;
+      }
+    }
+    std::vector<Tensor> dq = inputs;
+    dq[0] = DequantizedFp8(inputs[0], *c.fp8_amax);
+    dq[1] = DequantizedFp8(inputs[1], AbsMax(inputs[1]));
+    std::vector<float> contract = Int8Node(c, dq, DataType::kFloat32).RunCpu("f32-");
+    EXPECT_LE(RelL2(y, contract), 1e-5);
+    const double vs_fp32 = RelL2(y, node.RunCpu("f32-"));
+    EXPECT_LE(vs_fp32, 8e-2);
+    EXPECT_GT(vs_fp32, 1e-3) << "nothing was rounded to E4M3";
+  }
+}
+
+// ---- End to end: --int8 and --fp8 CUDA builds of bert_tiny.
 
 std::string ZooDir(const std::string& model) {
   const char* root = std::getenv("KILN_SOURCE_DIR");
@@ -588,11 +825,17 @@ bool GemmFamily(const std::string& op) {
   return op == "Gemm" || op == "FusedGemm" || op == "MatMul" || op == "FusedMatMul";
 }
 
-TEST_F(CudaInt8Test, BertTinyInt8BuildKeepsItsMatrixProductsInt8) {
+// Builds bert_tiny for CUDA with --int8 or --fp8 (calibrated on its zoo data sets), checks that
+// its matrix products with constant weights took the quantized kernels, and runs both data sets
+// against PyTorch's FP32 outputs (and, for INT8, against the CPU's INT8 engine of the same
+// model: one engine graph, either backend).
+void CheckBertTiny(bool fp8) {
   const std::string dir = ZooDir("bert_tiny");
   if (!std::filesystem::exists(dir + "/model.onnx")) GTEST_SKIP() << "no zoo at " << dir;
+  const std::string label = fp8 ? "f8" : "i8";
   BuilderConfig config;
-  config.int8 = true;
+  config.int8 = !fp8;
+  config.fp8 = fp8;
   config.calibration_dir = dir;
   // Every INT8 layer stays INT8 (no sensitivity fallback): the kernels are what is tested.
   config.int8_tolerance = std::numeric_limits<double>::infinity();
@@ -602,25 +845,29 @@ TEST_F(CudaInt8Test, BertTinyInt8BuildKeepsItsMatrixProductsInt8) {
   config.backend = BackendKind::kCuda;
   auto gpu = app::BuildFromOnnxFile(dir + "/model.onnx", config);
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
-  int int8_products = 0;
+  int quantized = 0;
   for (const LayerReport& l : gpu->report.layer_reports) {
     if (!GemmFamily(l.op_type)) continue;
     SCOPED_TRACE(l.name + " (" + l.op_type + "): " + l.precision + ", " + l.tactic + ", " +
                  l.precision_reason);
-    EXPECT_EQ(l.precision_reason.find("no int8 kernel"), std::string::npos);
-    if (l.precision == "i8") {
-      ++int8_products;
-      EXPECT_TRUE(l.tactic.starts_with("i8-matmul-cuda-cublaslt-") ||
-                  l.tactic.starts_with("i8-gemm-cuda-cublaslt-"));
+    EXPECT_EQ(l.precision_reason.find(fp8 ? "no fp8 kernel" : "no int8 kernel"), std::string::npos);
+    if (l.precision == label) {
+      ++quantized;
+      EXPECT_TRUE(l.tactic.starts_with(label + "-matmul-cuda-cublaslt-") ||
+                  l.tactic.starts_with(label + "-gemm-cuda-cublaslt-"));
     }
   }
   // The projections and feed-forward products of both encoder layers (and the pooler).
-  std::printf("bert_tiny on cuda: %d INT8 matrix products\n", int8_products);
-  EXPECT_GE(int8_products, 5);
+  std::printf("bert_tiny on cuda: %d %s matrix products\n", quantized, label.c_str());
+  EXPECT_GE(quantized, 5);
 
-  config.backend = BackendKind::kCpu;
-  auto cpu = app::BuildFromOnnxFile(dir + "/model.onnx", config);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  std::optional<app::BuiltEngine> cpu;
+  if (!fp8) {
+    config.backend = BackendKind::kCpu;
+    auto built = app::BuildFromOnnxFile(dir + "/model.onnx", config);
+    ASSERT_TRUE(built.ok()) << built.status().ToString();
+    cpu = std::move(*built);
+  }
   // The model's input and output names in order (input_I.pb / output_O.pb are in that order).
   auto model = ImportOnnxFile(dir + "/model.onnx");
   ASSERT_TRUE(model.ok()) << model.status().ToString();
@@ -642,23 +889,34 @@ TEST_F(CudaInt8Test, BertTinyInt8BuildKeepsItsMatrixProductsInt8) {
     }
     auto on_gpu = RunEngine(*gpu->desc, BackendKind::kCuda, feed);
     ASSERT_TRUE(on_gpu.ok()) << on_gpu.status().ToString();
-    auto on_cpu = RunEngine(*cpu->desc, BackendKind::kCpu, feed);
-    ASSERT_TRUE(on_cpu.ok()) << on_cpu.status().ToString();
+    std::optional<std::map<std::string, Tensor>> on_cpu;
+    if (cpu) {
+      auto r = RunEngine(*cpu->desc, BackendKind::kCpu, feed);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      on_cpu = std::move(*r);
+    }
     for (const auto& [name, want] : expected) {
       std::vector<float> got = on_gpu->at(name).ToFloatVector();
       const double vs_fp32 = RelL2(got, want.ToFloatVector());
-      const double vs_cpu_int8 = RelL2(got, on_cpu->at(name).ToFloatVector());
-      std::printf(
-          "bert_tiny int8 on cuda, set %d, %s: rel_l2 %.3g vs PyTorch FP32, %.3g vs the "
-          "CPU's INT8 engine\n",
-          set, name.c_str(), vs_fp32, vs_cpu_int8);
-      // The zoo INT8 bound (tests/precision/zoo_accuracy_test.cc); the two INT8 engines differ
-      // by FP16 rounding and the odd activation rounded to the neighbouring int8 step.
-      EXPECT_LE(vs_fp32, 1e-1) << name;
-      EXPECT_LE(vs_cpu_int8, 5e-2) << name;
+      std::printf("bert_tiny %s on cuda, set %d, %s: rel_l2 %.3g vs PyTorch FP32\n", label.c_str(),
+                  set, name.c_str(), vs_fp32);
+      // The zoo INT8 bound (tests/precision/zoo_accuracy_test.cc); FP8 E4M3 per tensor rounds
+      // each operand to 3 mantissa bits (about 4e-2 per layer on random data, no sensitivity
+      // fallback): a first bound, to be tightened from the H200 run.
+      EXPECT_LE(vs_fp32, fp8 ? 2e-1 : 1e-1) << name;
+      if (on_cpu) {
+        // The two INT8 engines differ by FP16 rounding and the odd activation rounded to the
+        // neighbouring int8 step.
+        const double vs_cpu = RelL2(got, on_cpu->at(name).ToFloatVector());
+        std::printf("  %.3g vs the CPU's INT8 engine\n", vs_cpu);
+        EXPECT_LE(vs_cpu, 5e-2) << name;
+      }
     }
   }
 }
+
+TEST_F(CudaInt8Test, BertTinyInt8BuildKeepsItsMatrixProductsInt8) { CheckBertTiny(false); }
+TEST_F(CudaFp8Test, BertTinyFp8BuildKeepsItsMatrixProductsFp8) { CheckBertTiny(true); }
 
 }  // namespace
 }  // namespace kiln::testing
