@@ -569,9 +569,11 @@ def _dims_text(dims: Sequence[int]) -> str:
 
 def _options(backend, fp16, bf16, int8, profiles, deadline, memory_budget, max_kernel_time,
              timing_cache, calib_dir, calib_method, calib_percentile, calib_cache,
-             int8_tolerance, optimize) -> Sequence[Tuple[str, str]]:
+             int8_tolerance, optimize, fp8=False) -> Sequence[Tuple[str, str]]:
     opts = [("backend", backend), ("fp16", "1" if fp16 else "0"), ("bf16", "1" if bf16 else "0"),
             ("int8", "1" if int8 else "0"), ("optimize", "1" if optimize else "0")]
+    if fp8:
+        opts.append(("fp8", "1"))
     for name, (lo, opt, hi) in (profiles or {}).items():
         opts.append(("profile", f"{name}:{_dims_text(lo)},{_dims_text(opt)},{_dims_text(hi)}"))
     if deadline is not None:
@@ -698,7 +700,7 @@ def _write_calibration(data, input_names: Sequence[str], directory: str) -> None
 
 
 def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = False,
-          bf16: bool = False, int8: bool = False,
+          bf16: bool = False, int8: bool = False, fp8: bool = False,
           profiles: Optional[Mapping[str, Tuple[Sequence[int], Sequence[int], Sequence[int]]]] = None,
           deadline: Union[None, float, str] = None, memory_budget: Union[None, int, float, str] = None,
           max_kernel_time: Optional[float] = None, timing_cache=None, calibration=None,
@@ -710,7 +712,7 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
           opset: Optional[int] = None, distributed=None, **distributed_options) -> Engine:
     """Builds an engine from an ONNX path, ONNX bytes, or a torch.nn.Module with example inputs.
 
-    Every `kiln build` option is a keyword: backend ("auto", "cpu", "cuda"), fp16/bf16/int8,
+    Every `kiln build` option is a keyword: backend ("auto", "cpu", "cuda"), fp16/bf16/int8/fp8,
     profiles ({input: (min, opt, max)}), deadline (seconds or "5m"), memory_budget (bytes, a
     fraction of free memory, or "8G"), max_kernel_time (ms), timing_cache (path), calibration
     (tensors or a DataLoader; or a directory in the ONNX test-data layout), calib_method,
@@ -751,7 +753,7 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
                 calib_dir = tmp
         options = _options(backend, fp16, bf16, int8, profiles, deadline, memory_budget,
                            max_kernel_time, timing_cache, calib_dir, calib_method,
-                           calib_percentile, calib_cache, int8_tolerance, optimize)
+                           calib_percentile, calib_cache, int8_tolerance, optimize, fp8=fp8)
         config = _Config(options, progress)
         if distributed:
             from . import distributed as dist

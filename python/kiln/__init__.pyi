@@ -65,6 +65,7 @@ def deserialize(data: bytes) -> Engine: ...
 def build(model: Union[_Path, bytes, torch.nn.Module],
           example_inputs: Union[None, torch.Tensor, Sequence[torch.Tensor]] = ..., *,
           backend: str = ..., fp16: bool = ..., bf16: bool = ..., int8: bool = ...,
+          fp8: bool = ...,
           profiles: Optional[Mapping[str, _Profile]] = ...,
           deadline: Union[None, float, str] = ...,
           memory_budget: Union[None, int, float, str] = ...,

@@ -269,7 +269,7 @@ TEST(PrecisionAssign, Fp32BuildsSayWhy) {
   EXPECT_EQ(report.precision_counts["f32"], 3);
   EXPECT_EQ(report.casts_inserted, 0);
   EXPECT_EQ(FindLayer(report, "mm1")->precision_reason,
-            "fp32: reduced precision not enabled (--fp16/--bf16/--int8)");
+            "fp32: reduced precision not enabled (--fp16/--bf16/--int8/--fp8)");
   EXPECT_NE(report.PrecisionTable().find("mm1"), std::string::npos);
   EXPECT_NE(report.PrecisionJson().find("\"reason\""), std::string::npos);
 }

@@ -1,4 +1,4 @@
-// Precision through BuildEngine: INT8 assignment with a test-only INT8 provider, the calibration
+// Precision through BuildEngine: INT8 and FP8 assignment with test-only providers, the calibration
 // cache across builds (reuse, corrupt and foreign files), calibration input errors, and
 // determinism with --fp16.
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "kiln/backends/cpu/cpu_eval.h"
+#include "kiln/backends/fp8_quant.h"
 #include "kiln/builder/builder.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/onnx/onnx_import.h"
@@ -84,6 +85,58 @@ class FakeInt8MatMul final : public KernelProvider {
   }
 };
 KILN_REGISTER_KERNEL_PROVIDER(FakeInt8MatMul);
+
+// A reference FP8 MatMul [M,K] x const [K,N] following the FP8 contract (backends/fp8_quant.h):
+// input 0 and the weights each quantized per tensor to E4M3 with scale absmax/448, FP32
+// accumulation, float (f32/f16) in and out. The CPU backend has no FP8 kernel of its own.
+class FakeFp8MatMul final : public KernelProvider {
+ public:
+  std::string_view id() const override { return "test.f8.matmul"; }
+  std::string_view op_type() const override { return "MatMul"; }
+  BackendKind backend() const override { return BackendKind::kCpu; }
+  std::vector<TacticConfig> Tactics(const KernelRequest& r) const override {
+    if (!Fp8InputAmax(*r.node)) return {};
+    if (r.inputs.size() != 2 || !r.inputs[1].constant || r.inputs[0].shape.size() != 2 ||
+        r.inputs[1].constant->dims().size() != 2) {
+      return {};
+    }
+    return {{"f8-matmul-cpu-test-reference", {}, 0}};
+  }
+  StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& r,
+                                           const TacticConfig&) const override {
+    struct K final : Kernel {
+      float in_scale = 1, w_scale = 1;
+      int64_t k = 0, n = 0;
+      std::vector<float> w;  // E4M3 values
+      Status Run(const KernelRunArgs& a) override {
+        const TensorView& x = a.inputs[0];
+        const int64_t m = x.dims[0];
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            float acc = 0;
+            for (int64_t p = 0; p < k; ++p) {
+              const float q = FromE4M3(ToE4M3(float(LoadAsDouble(x, i * k + p)) / in_scale));
+              acc += q * w[p * n + j];
+            }
+            StoreFromDouble(a.outputs[0], i * n + j, double(acc) * in_scale * w_scale);
+          }
+        }
+        return OkStatus();
+      }
+    };
+    auto kernel = std::make_unique<K>();
+    kernel->in_scale = Fp8Scale(*Fp8InputAmax(*r.node));
+    Tensor wf = r.inputs[1].constant->CastTo(DataType::kFloat32);
+    kernel->k = wf.dims()[0];
+    kernel->n = wf.dims()[1];
+    float mx = 0;
+    for (float v : wf.ToFloatVector()) mx = std::max(mx, std::fabs(v));
+    kernel->w_scale = mx > 0 ? Fp8Scale(mx) : 1.f;
+    for (float v : wf.ToFloatVector()) kernel->w.push_back(FromE4M3(ToE4M3(v / kernel->w_scale)));
+    return std::unique_ptr<Kernel>(std::move(kernel));
+  }
+};
+KILN_REGISTER_KERNEL_PROVIDER(FakeFp8MatMul);
 
 const LayerReport* FindLayer(const BuildReport& r, const std::string& name) {
   for (const auto& l : r.layer_reports) {
@@ -162,6 +215,80 @@ TEST(PrecisionInt8, WithoutCalibrationDataInt8FallsBackWithAWarning) {
             std::string::npos);
   ASSERT_EQ(report.warnings.size(), 1u);
   EXPECT_NE(report.warnings[0].find("KILN-E3007"), std::string::npos);
+}
+
+// Calibration data for MatMulGemm's x: the absmax over every set is 3.
+std::string MatMulCalibration(const std::string& name) {
+  std::string dir = testing::TempDir(name);
+  std::vector<std::vector<Tensor>> sets;
+  for (uint64_t s = 0; s < 4; ++s) sets.push_back({F32({4, 16}, Random(64, 100 + s, 2.0f))});
+  sets[2][0].mutable_data<float>()[7] = 3.0f;
+  testing::WriteDataSets(dir, sets);
+  return dir;
+}
+
+TEST(PrecisionFp8, AnnotatedLayerTakesTheFp8KernelOthersStayFp16) {
+  BuilderConfig c;
+  c.fp8 = true;
+  c.calibration_dir = MatMulCalibration("fp8_calib");
+  c.deadline = std::chrono::milliseconds(1);
+  c.optimize = false;
+  std::map<std::string, Tensor> in = {{"x", F32({4, 16}, Random(64, 77, 2.0f))}};
+  auto g = MatMulGemm();
+  auto ref = cpu::EvaluateGraph(*g, in);
+  ASSERT_TRUE(ref.ok());
+  BuildReport report;
+  std::unique_ptr<EngineDesc> engine;
+  auto out = testing::BuildAndRun(std::move(g), c, in, &report, &engine);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const LayerReport* mm = FindLayer(report, "mm");
+  EXPECT_EQ(mm->precision, "f8");
+  EXPECT_EQ(mm->tactic, "f8-matmul-cpu-test-reference");
+  EXPECT_EQ(mm->precision_reason, "f8: input 'x' absmax 3, E4M3 per tensor, f16 storage");
+  const Node* node = engine->graph->FindNode("mm");
+  EXPECT_FLOAT_EQ(node->attrs().GetFloat("kiln_fp8_input_amax", -1), 3.0f);
+  EXPECT_FALSE(node->attrs().Has("kiln_int8_input_amax"));
+  EXPECT_EQ(node->input(0)->dtype(), DataType::kFloat16);  // --fp8 implies FP16 storage
+  // The batched weight has no FP8 kernel: FP16 with the reason.
+  const LayerReport* bmm = FindLayer(report, "bmm");
+  EXPECT_EQ(bmm->precision, "f16");
+  EXPECT_EQ(bmm->precision_reason, "f16: no fp8 kernel on cpu");
+  EXPECT_FALSE(engine->graph->FindNode("bmm")->attrs().Has("kiln_fp8_input_amax"));
+  EXPECT_EQ(report.precision_counts["f8"], 1);
+  // E4M3 per tensor: a few percent relative error, and not none.
+  double err = testing::RelL2(out->at("y"), ref->at("y"));
+  EXPECT_LT(err, 8e-2);
+  EXPECT_GT(err, 1e-3);
+}
+
+TEST(PrecisionFp8, WithInt8TheInt8KernelComesFirst) {
+  BuilderConfig c;
+  c.int8 = true;
+  c.fp8 = true;
+  c.int8_tolerance = HUGE_VAL;
+  c.calibration_dir = MatMulCalibration("int8_fp8_calib");
+  c.deadline = std::chrono::milliseconds(1);
+  c.optimize = false;
+  BuildReport report;
+  ASSERT_TRUE(BuildEngine({MatMulGemm(), "t", HashString("t")}, c, &report).ok());
+  EXPECT_EQ(FindLayer(report, "mm")->precision, "i8");
+  EXPECT_EQ(FindLayer(report, "bmm")->precision, "f16");
+  EXPECT_EQ(FindLayer(report, "bmm")->precision_reason,
+            "f16: no int8 kernel on cpu; no fp8 kernel on cpu");
+}
+
+TEST(PrecisionFp8, WithoutCalibrationDataFp8FallsBackWithAWarning) {
+  BuilderConfig c;
+  c.fp8 = true;
+  c.deadline = std::chrono::milliseconds(1);
+  c.optimize = false;
+  BuildReport report;
+  ASSERT_TRUE(BuildEngine({MatMulGemm(), "t", HashString("t")}, c, &report).ok());
+  EXPECT_EQ(FindLayer(report, "mm")->precision, "f16");
+  EXPECT_NE(FindLayer(report, "mm")->precision_reason.find("not fp8: no calibration data"),
+            std::string::npos);
+  ASSERT_EQ(report.warnings.size(), 1u);
+  EXPECT_NE(report.warnings[0].find("--fp8 without calibration data"), std::string::npos);
 }
 
 BuilderConfig ZooInt8(const std::string& model, const std::string& cache) {
@@ -255,13 +382,14 @@ TEST(PrecisionDeterminism, Fp16BuildsAreByteIdentical) {
 
 TEST(PrecisionConfig, HashCoversPrecisionAndCalibration) {
   BuilderConfig base;
-  std::vector<BuilderConfig> variants(6, base);
+  std::vector<BuilderConfig> variants(7, base);
   variants[0].fp16 = true;
   variants[1].bf16 = true;
   variants[2].int8 = true;
   variants[3].calibration_dir = "calib";
   variants[4].calibration_method = precision::CalibrationMethod::kEntropy;
   variants[5].calibration_cache_path = "c.json";
+  variants[6].fp8 = true;
   for (const BuilderConfig& v : variants) EXPECT_NE(v.Hash(), base.Hash());
   BuilderConfig p1 = base, p2 = base;
   ASSERT_TRUE(ParseCalibrationMethodSpec("percentile=99.9", 99.99, &p1).ok());

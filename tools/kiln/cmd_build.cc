@@ -30,7 +30,7 @@ struct BuildOptions {
   std::string model;
   std::string output;
   std::string backend = "auto";
-  bool fp16 = false, bf16 = false, int8 = false;
+  bool fp16 = false, bf16 = false, int8 = false, fp8 = false;
   std::string calib_dir, calib_method = "minmax", calib_cache;
   std::string int8_tolerance = fmt::format("{:g}", precision::kDefaultInt8Tolerance);
   double calib_percentile = 99.99;
@@ -171,6 +171,7 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   config.fp16 = o.fp16;
   config.bf16 = o.bf16;
   config.int8 = o.int8;
+  config.fp8 = o.fp8;
   config.calibration_dir = o.calib_dir;
   config.calibration_cache_path = o.calib_cache;
   if (Status s = ParseCalibrationMethodSpec(o.calib_method, o.calib_percentile, &config); !s.ok())
@@ -281,7 +282,7 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
       ->capture_default_str();
   auto* prec = sub->add_option_group(
       "Precision",
-      "what layers may use besides FP32 (like trtexec --fp16/--bf16/--int8); a layer runs "
+      "what layers may use besides FP32 (like trtexec --fp16/--bf16/--int8/--fp8); a layer runs "
       "reduced when its op, its weights' and activations' range and the backend's kernels allow "
       "it, and the report says why");
   prec->add_flag("--fp16", o->fp16,
@@ -293,6 +294,10 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
   prec->add_flag("--int8", o->int8,
                  "allow INT8 for Conv/Gemm/MatMul with constant weights (post-training "
                  "calibration; implies --fp16 as the fallback)");
+  prec->add_flag("--fp8", o->fp8,
+                 "allow FP8 E4M3 (per-tensor scales) for Gemm/MatMul with constant weights where "
+                 "the backend has a kernel (cuBLASLt on sm_89+; with --int8, for the layers not "
+                 "INT8; calibration as --int8; implies --fp16 as the fallback)");
   prec->add_option("--calib-dir", o->calib_dir,
                    "calibration inputs: DIR/test_data_set_N/input_I.pb (ONNX test-data layout, "
                    "one TensorProto per model input), run through the FP32 reference");

@@ -154,11 +154,12 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
     c.backend = value;
     return ResolveConfig(c).status();
   }
-  if (key == "fp16" || key == "bf16" || key == "int8" || key == "optimize") {
+  if (key == "fp16" || key == "bf16" || key == "int8" || key == "fp8" || key == "optimize") {
     KILN_ASSIGN_OR_RETURN(bool on, ParseBool(key, value));
     (key == "fp16"   ? config.fp16
      : key == "bf16" ? config.bf16
      : key == "int8" ? config.int8
+     : key == "fp8"  ? config.fp8
                      : config.optimize) = on;
     return OkStatus();
   }
@@ -204,11 +205,12 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
     KILN_ASSIGN_OR_RETURN(config.int8_tolerance, precision::ParseInt8Tolerance(value));
     return OkStatus();
   }
-  return MakeError(ErrorCode::kInvalidArgument,
-                   "unknown build option '{}': use backend, fp16, bf16, int8, profile, deadline, "
-                   "memory_budget, max_kernel_time, timing_cache, calib_dir, calib_method, "
-                   "calib_percentile, calib_cache, int8_tolerance or optimize",
-                   key);
+  return MakeError(
+      ErrorCode::kInvalidArgument,
+      "unknown build option '{}': use backend, fp16, bf16, int8, fp8, profile, deadline, "
+      "memory_budget, max_kernel_time, timing_cache, calib_dir, calib_method, "
+      "calib_percentile, calib_cache, int8_tolerance or optimize",
+      key);
 }
 
 int32_t ToCDtype(DataType d) {

@@ -289,10 +289,11 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
     Warn(rep, cached.status());
   }
   if (config.calibration_dir.empty()) {
-    if (config.int8) {
+    if (config.int8 || config.fp8) {
       Warn(rep, MakeError(ErrorCode::kCalibrationInputInvalid,
-                          "--int8 without calibration data (--calib-dir or a valid --calib-cache): "
-                          "INT8 candidates fall back to FP16/FP32"));
+                          "{} without calibration data (--calib-dir or a valid --calib-cache): "
+                          "INT8/FP8 candidates fall back to FP16/FP32",
+                          config.int8 ? "--int8" : "--fp8"));
     }
     return std::optional<CalibrationTable>();
   }
@@ -421,13 +422,14 @@ Status PrecisionPhase(BuildState& s) {
   const auto precision_start = Clock::now();
   s.Progress("precision", 0, 1, "");
   std::optional<precision::CalibrationTable> calibration;
-  if (config.int8 || config.fp16 || config.bf16) {
+  if (config.int8 || config.fp8 || config.fp16 || config.bf16) {
     KILN_ASSIGN_OR_RETURN(calibration, GetCalibration(graph, config, s.input.model_hash, s.rep));
   }
   precision::PrecisionOptions po;
   po.fp16 = config.fp16;
   po.bf16 = config.bf16;
   po.int8 = config.int8;
+  po.fp8 = config.fp8;
   po.backend = config.backend;
   po.calibration = calibration ? &*calibration : nullptr;
   po.int8_tolerance = config.int8_tolerance;
@@ -435,7 +437,7 @@ Status PrecisionPhase(BuildState& s) {
   // the max dims: one shape-rule sweep over the graph, only worth it when something may be
   // reduced. Without a precision flag every layer stays FP32 and no request is made.
   ConcreteDimsMap max_dims;
-  if (config.fp16 || config.bf16 || config.int8) {
+  if (config.fp16 || config.bf16 || config.int8 || config.fp8) {
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     KILN_ASSIGN_OR_RETURN(max_dims, ConcreteDims(graph, order, config.profile, 2));
     po.make_request = [&max_dims](const Node& node) { return MakeKernelRequest(node, max_dims); };
@@ -465,9 +467,13 @@ Status LoadTimingCache(BuildState& s) {
   return OkStatus();
 }
 
-bool IsInt8Layer(const BuildState& s, const Node& node) {
+// The tactic prefix a quantized layer is limited to ("i8-", "f8-"), or "" for a float layer.
+std::string_view QuantizedPrefix(const BuildState& s, const Node& node) {
   auto lp = s.assigned.layers.find(node.name());
-  return lp != s.assigned.layers.end() && lp->second.int8;
+  if (lp == s.assigned.layers.end()) return {};
+  if (lp->second.int8) return precision::kInt8TacticPrefix;
+  if (lp->second.fp8) return precision::kFp8TacticPrefix;
+  return {};
 }
 
 // Asks the providers for the layer's tactics, the first TacticsPerProvider(opt_level) of each
@@ -479,15 +485,15 @@ void ListCandidates(BuildState& s, LayerSearch& l) {
   l.request.max_tactics = per_provider;
   l.candidates.clear();
   l.from_cache = false;
-  // An INT8 layer takes only INT8 tactics. Other layers need no filter: providers offer
-  // quantized tactics only to annotated nodes, and an "i8-" tactic of an unannotated node is a
-  // plain int8-dtype kernel (an int8 Add), which must stay.
-  const bool int8 = IsInt8Layer(s, *l.node);
+  // An INT8 (FP8) layer takes only INT8 (FP8) tactics. Other layers need no filter: providers
+  // offer quantized tactics only to annotated nodes, and an "i8-" tactic of an unannotated node
+  // is a plain int8-dtype kernel (an int8 Add), which must stay.
+  const std::string_view quantized = QuantizedPrefix(s, *l.node);
   const auto generate_start = Clock::now();
   for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *l.node)) {
     int taken = 0;
     for (TacticConfig& t : p->Tactics(l.request)) {
-      if (int8 && !t.name.starts_with(precision::kInt8TacticPrefix)) continue;
+      if (!quantized.empty() && !t.name.starts_with(quantized)) continue;
       if (per_provider && taken == per_provider) break;
       l.candidates.push_back({p, std::move(t)});
       ++taken;
@@ -511,7 +517,8 @@ bool TakeCachedWinner(BuildState& s, LayerSearch& l) {
     if (p->id() == e->provider_id) provider = p;
   }
   if (!provider) return false;
-  if (IsInt8Layer(s, *l.node) && !e->tactic.name.starts_with(precision::kInt8TacticPrefix)) {
+  const std::string_view quantized = QuantizedPrefix(s, *l.node);
+  if (!quantized.empty() && !e->tactic.name.starts_with(quantized)) {
     return false;
   }
   l.candidates = {{provider, e->tactic}};
@@ -603,7 +610,7 @@ Status TacticsPhase(BuildState& s) {
   bool demoted = false;
   for (Node* node : unbuildable) {
     auto lp = s.assigned.layers.find(node->name());
-    if (lp == s.assigned.layers.end() || lp->second.int8 ||
+    if (lp == s.assigned.layers.end() || lp->second.int8 || lp->second.fp8 ||
         (lp->second.dtype != DataType::kFloat16 && lp->second.dtype != DataType::kBFloat16)) {
       continue;
     }
@@ -874,7 +881,7 @@ StatusOr<std::unique_ptr<Graph>> CalibrationGraph(BuildInput input, const Builde
 StatusOr<std::vector<KernelGap>> FindKernelGaps(BuildInput input, const BuilderConfig& requested) {
   BuildReport rep;
   BuilderConfig config = requested;
-  config.fp16 = config.bf16 = config.int8 = false;
+  config.fp16 = config.bf16 = config.int8 = config.fp8 = false;
   config.progress = nullptr;
   BuildState s(std::move(input), config, rep);
   KILN_RETURN_IF_ERROR(OptimisePhase(s));

@@ -210,6 +210,7 @@ Hash128 BuilderConfig::Hash() const {
   h.Field(calibration_cache_path);
   // Only INT8 builds read it, so other configs keep their hashes.
   if (int8) h.Field("int8-tolerance").Field(fmt::format("{:.9g}", int8_tolerance));
+  if (fp8) h.Field("fp8");  // only when on: other configs keep their hashes
   return h.Digest();
 }
 

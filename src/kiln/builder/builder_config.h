@@ -51,6 +51,9 @@ struct BuilderConfig {
   bool fp16 = false;
   bool bf16 = false;
   bool int8 = false;  // INT8 where calibrated and a kernel exists; FP16 fallback, then FP32
+  // FP8 E4M3 (per-tensor scales) where calibrated and a kernel exists (cuBLASLt on sm_89+), for
+  // the INT8 candidates not made INT8; FP16 fallback, then FP32.
+  bool fp8 = false;
   // INT8 calibration: inputs in the ONNX test-data layout (DIR/test_data_set_*/input_*.pb), run
   // through the FP32 reference. With --fp16 alone they also feed the FP16 activation range guard.
   std::string calibration_dir;

@@ -120,7 +120,14 @@ class Assigner {
   LayerPrecision Decide(Node& node);
   // The first reason `node` cannot run in `dtype` (range guard, then kernels), or "" when it can.
   std::string CannotRun(const Node& node, DataType dtype, const OpPrecisionRule& rule);
-  bool HasKernel(const Node& node, DataType dtype, const OpPrecisionRule& rule, bool int8);
+  // Whether a provider offers a kernel for `node` in `dtype`; with a `quantized` tactic prefix
+  // ("i8-", "f8-"), one of that kind for the annotated node.
+  bool HasKernel(const Node& node, DataType dtype, const OpPrecisionRule& rule,
+                 std::string_view quantized = {});
+  // INT8 and FP8 for a candidate whose float precision `lp` is decided: mark it and ask the
+  // kernels; on success `lp` says so, else its reason says why not.
+  void TryInt8(Node& node, const OpPrecisionRule& rule, LayerPrecision& lp);
+  void TryFp8(Node& node, const OpPrecisionRule& rule, LayerPrecision& lp);
   double AbsMax(const Value* v);
   Status Rewrite(const std::vector<Node*>& order);
   // The INT8 sensitivity fallback over the layers Decide made INT8.
@@ -170,7 +177,8 @@ std::string Int8LayerReason(std::string_view input, double amax, CalibrationMeth
 
 namespace {
 
-bool Assigner::HasKernel(const Node& node, DataType dtype, const OpPrecisionRule& rule, bool int8) {
+bool Assigner::HasKernel(const Node& node, DataType dtype, const OpPrecisionRule& rule,
+                         std::string_view quantized) {
   if (!options_.make_request) return dtype == DataType::kFloat32;
   const auto start = std::chrono::steady_clock::now();
   struct AddElapsed {
@@ -192,11 +200,13 @@ bool Assigner::HasKernel(const Node& node, DataType dtype, const OpPrecisionRule
   }
   for (const KernelProvider* p : KernelRegistry::Get().Providers(options_.backend, node)) {
     // FP16/BF16 from the providers' static capability (no cuDNN plan is finalised here; the
-    // tactic phase lists and builds the plans once). INT8 needs the tactics' names.
-    if (!int8 && p->Supports(r)) return true;
-    if (!int8) continue;
+    // tactic phase lists and builds the plans once). INT8 and FP8 need the tactics' names.
+    if (quantized.empty()) {
+      if (p->Supports(r)) return true;
+      continue;
+    }
     for (const TacticConfig& t : p->Tactics(r)) {
-      if (t.name.starts_with(kInt8TacticPrefix)) return true;
+      if (t.name.starts_with(quantized)) return true;
     }
   }
   return false;
@@ -232,7 +242,7 @@ std::string Assigner::CannotRun(const Node& node, DataType dtype, const OpPrecis
       if (std::string why = beyond(v, "output"); !why.empty()) return why;
     }
   }
-  if (!HasKernel(node, dtype, rule, false)) {
+  if (!HasKernel(node, dtype, rule)) {
     return fmt::format("no {} kernel on {}", ToString(dtype), ToString(options_.backend));
   }
   return "";
@@ -258,9 +268,9 @@ LayerPrecision Assigner::Decide(Node& node) {
     return lp;
   }
   lp.dtype = DataType::kFloat32;
-  const bool fp16 = options_.fp16 || options_.int8;
+  const bool fp16 = options_.fp16 || options_.int8 || options_.fp8;
   if (!fp16 && !options_.bf16) {
-    lp.reason = "fp32: reduced precision not enabled (--fp16/--bf16/--int8)";
+    lp.reason = "fp32: reduced precision not enabled (--fp16/--bf16/--int8/--fp8)";
     return lp;
   }
   if (rule.kind == OpPrecision::kKeepFp32) {
@@ -287,30 +297,64 @@ LayerPrecision Assigner::Decide(Node& node) {
     lp.reason = fmt::format("fp32: {}", fmt::join(refused, "; "));
   }
 
-  if (!options_.int8 || !IsInt8Candidate(node)) return lp;
+  if (!IsInt8Candidate(node)) return lp;
+  if (options_.int8) TryInt8(node, rule, lp);
+  if (options_.fp8 && !lp.int8) TryFp8(node, rule, lp);
+  return lp;
+}
+
+void Assigner::TryInt8(Node& node, const OpPrecisionRule& rule, LayerPrecision& lp) {
   // INT8: the kernel quantizes input 0 with the calibrated amax and the weights per channel; the
   // layer's float storage is what was decided above.
   const TensorRange* range =
       options_.calibration ? options_.calibration->Find(node.input(0)->name()) : nullptr;
   if (!range) {
     lp.reason += "; not int8: no calibration data for its input (give --calib-dir)";
-    return lp;
+    return;
   }
   if (!(range->amax > 0) || !std::isfinite(range->amax)) {
     lp.reason += fmt::format("; not int8: input '{}' has calibrated amax {} (all zero?)",
                              node.input(0)->name(), range->amax);
-    return lp;
+    return;
   }
   node.mutable_attrs().Set(std::string(kInt8InputAmaxAttr), static_cast<float>(range->amax));
-  if (!HasKernel(node, lp.dtype, rule, true)) {
+  if (!HasKernel(node, lp.dtype, rule, kInt8TacticPrefix)) {
     node.mutable_attrs().Erase(std::string(kInt8InputAmaxAttr));
     lp.reason = fmt::format("{}: no int8 kernel on {}", lp.label(), ToString(options_.backend));
-    return lp;
+    return;
   }
   lp.int8 = true;
   lp.reason =
       Int8LayerReason(node.input(0)->name(), range->amax, options_.calibration->method, lp.dtype);
-  return lp;
+}
+
+void Assigner::TryFp8(Node& node, const OpPrecisionRule& rule, LayerPrecision& lp) {
+  // FP8 E4M3 keeps 3 mantissa bits over a wide exponent range: the scale maps the calibrated
+  // absmax (not a clipped amax) to E4M3's largest finite value, as TensorRT's FP8 calibration.
+  const TensorRange* range =
+      options_.calibration ? options_.calibration->Find(node.input(0)->name()) : nullptr;
+  if (!range) {
+    lp.reason += "; not fp8: no calibration data for its input (give --calib-dir)";
+    return;
+  }
+  if (!(range->absmax > 0) || !std::isfinite(range->absmax)) {
+    lp.reason += fmt::format("; not fp8: input '{}' has calibrated absmax {} (all zero?)",
+                             node.input(0)->name(), range->absmax);
+    return;
+  }
+  node.mutable_attrs().Set(std::string(kFp8InputAmaxAttr), static_cast<float>(range->absmax));
+  if (!HasKernel(node, lp.dtype, rule, kFp8TacticPrefix)) {
+    node.mutable_attrs().Erase(std::string(kFp8InputAmaxAttr));
+    if (options_.int8) {
+      lp.reason += fmt::format("; no fp8 kernel on {}", ToString(options_.backend));
+    } else {
+      lp.reason = fmt::format("{}: no fp8 kernel on {}", lp.label(), ToString(options_.backend));
+    }
+    return;
+  }
+  lp.fp8 = true;
+  lp.reason = fmt::format("f8: input '{}' absmax {:.6g}, E4M3 per tensor, {} storage",
+                          node.input(0)->name(), range->absmax, ToString(lp.dtype));
 }
 
 void Assigner::FallBackSensitiveInt8(const std::vector<Node*>& order) {
@@ -475,7 +519,10 @@ StatusOr<PrecisionResult> Assigner::Run() {
   for (Value* v : graph_.values()) original_[v] = v->dtype();
   for (Node* node : order) decided_[node] = Decide(*node);
   if (options_.int8) FallBackSensitiveInt8(order);
-  for (const auto& [node, lp] : decided_) result_.int8_layers += lp.int8;
+  for (const auto& [node, lp] : decided_) {
+    result_.int8_layers += lp.int8;
+    result_.fp8_layers += lp.fp8;
+  }
   bool any_reduced = std::any_of(decided_.begin(), decided_.end(),
                                  [](const auto& kv) { return IsReduced(kv.second); });
   if (any_reduced) KILN_RETURN_IF_ERROR(Rewrite(order));
@@ -494,7 +541,7 @@ StatusOr<PrecisionResult> AssignPrecision(Graph& graph, const PrecisionOptions& 
 
 Status DemoteToFp32(Graph& graph, Node& node, const std::string& reason, PrecisionResult& result) {
   auto it = result.layers.find(node.name());
-  if (it == result.layers.end() || it->second.int8 ||
+  if (it == result.layers.end() || it->second.int8 || it->second.fp8 ||
       (it->second.dtype != DataType::kFloat16 && it->second.dtype != DataType::kBFloat16)) {
     return MakeError(ErrorCode::kInternal, "layer '{}' was not given FP16 or BF16", node.name());
   }

@@ -55,6 +55,7 @@ bool IsInt8Candidate(const Node& node) {
 
 std::string LayerPrecision::label() const {
   if (int8) return "i8";
+  if (fp8) return "f8";
   return std::string(ToString(dtype));
 }
 

@@ -25,6 +25,11 @@ namespace kiln::precision {
 inline constexpr std::string_view kInt8InputAmaxAttr = "kiln_int8_input_amax";
 // INT8 tactics' names start with this (STYLE.md rule 5: "i8-conv-cpu-...").
 inline constexpr std::string_view kInt8TacticPrefix = "i8-";
+// The FP8 counterpart (--fp8): the calibrated absmax of input 0. The kernel quantizes input 0 to
+// FP8 E4M3 per tensor with scale amax/448 and its constant weights (input 1) per tensor with
+// absmax/448 (backends/fp8_quant.h); inputs and outputs stay float. FP8 tactics are "f8-...".
+inline constexpr std::string_view kFp8InputAmaxAttr = "kiln_fp8_input_amax";
+inline constexpr std::string_view kFp8TacticPrefix = "f8-";
 
 // What the op allows, independent of kernels.
 enum class OpPrecision : uint8_t {
@@ -61,6 +66,9 @@ struct PrecisionOptions {
   bool fp16 = false;
   bool bf16 = false;
   bool int8 = false;  // implies FP16 as the fallback
+  // FP8 E4M3 for the INT8 candidates (those not made INT8 when both are asked for); implies FP16
+  // as the fallback. Needs calibration data, like INT8.
+  bool fp8 = false;
   BackendKind backend = BackendKind::kCpu;
   const CalibrationTable* calibration = nullptr;  // activation ranges (absmax, amax); optional
   // INT8 layers fall back to FP16 (most sensitive first, PlanInt8Fallback) until the estimated
@@ -74,8 +82,9 @@ struct PrecisionOptions {
 struct LayerPrecision {
   DataType dtype = DataType::kFloat32;  // the layer's float storage (inputs/outputs)
   bool int8 = false;                    // computes in INT8 (kInt8InputAmaxAttr is set)
+  bool fp8 = false;                     // computes in FP8 E4M3 (kFp8InputAmaxAttr is set)
   std::string reason;
-  std::string label() const;  // "i8", "f16", "bf16", "f32"
+  std::string label() const;  // "i8", "f8", "f16", "bf16", "f32"
 };
 
 struct PrecisionResult {
@@ -85,6 +94,7 @@ struct PrecisionResult {
   int64_t int8_layers = 0;           // layers computing in INT8 after the sensitivity fallback
   int64_t int8_fallbacks = 0;        // INT8-capable layers sent back to FP16/FP32 by it
   double int8_estimated_rel_l2 = 0;  // the fallback plan's estimate for the INT8 layers kept
+  int64_t fp8_layers = 0;            // layers computing in FP8
   // Seconds spent asking the backend's providers which precisions have kernels (for a GPU
   // backend: cuDNN/cuBLASLt queries and plan finalisation), for the build report's breakdown.
   double kernel_query_seconds = 0;

@@ -141,7 +141,7 @@ class Int8GemmKernel final : public Kernel {
   Int8GemmKernel(Int8GemmSpec spec, float amax, int64_t k, int64_t n, Int8Weights weights,
                  AddendPlan addend)
       : spec_(spec),
-        a_scale_(amax / 127.f),
+        a_scale_(Int8ActivationScale(amax)),
         k_(k),
         n_(n),
         weights_(std::move(weights)),

@@ -38,13 +38,16 @@ __global__ void GemmEpilogueKernel(GemmEpilogueParams p) {
   const T* c = static_cast<const T*>(p.c);
   T* y = static_cast<T*>(p.y);
   int64_t total = p.rows * p.cols;
+  const bool dense = p.acc_ld == 0 || p.acc_ld == p.cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v = p.acc[i];
-    if (c) {
-      int64_t r = i / p.cols, col = i - r * p.cols;
-      v += p.beta * Load(c[r * p.c_row_stride + col * p.c_col_stride]);
+    int64_t r = 0, col = 0;
+    if (c || !dense) {
+      r = i / p.cols;
+      col = i - r * p.cols;
     }
+    float v = dense ? p.acc[i] : p.acc[r * p.acc_ld + col];
+    if (c) v += p.beta * Load(c[r * p.c_row_stride + col * p.c_col_stride]);
     y[i] = Store<T>(Activate(p.act, v, p.act_min, p.act_max));
   }
 }

@@ -27,6 +27,7 @@ enum class BlasAct : int {
 // the activation is applied in place; C must be null then.
 struct GemmEpilogueParams {
   const float* acc = nullptr;
+  int64_t acc_ld = 0;  // acc's row stride in elements; 0: cols (acc dense like y)
   void* y = nullptr;
   BlasType type = BlasType::kF32;
   int64_t rows = 0, cols = 0;

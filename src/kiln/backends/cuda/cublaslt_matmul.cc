@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "kiln/backends/cuda/blas_kernels.h"
+#include "kiln/backends/cuda/cublaslt_util.h"
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/core/logging.h"
@@ -29,57 +30,19 @@ static_assert(static_cast<int>(BlasAct::kGeluTanh) == static_cast<int>(FusedActi
 static_assert(static_cast<int>(BlasAct::kClip) == static_cast<int>(FusedActivation::kClip));
 static_assert(sizeof(cublasLtMatmulAlgo_t) == 8 * sizeof(uint64_t));
 
-// cuBLAS's own default for Hopper; tactics needing more are not offered.
-constexpr size_t kMaxCublasWorkspace = size_t{32} << 20;
-// cuBLASLt wants a 256-byte aligned workspace; kiln's arena guarantees 64.
-constexpr size_t kWorkspaceAlign = 256;
 // Operand base alignment kiln's memory plan guarantees (kPlanAlignment) and the most any
 // cuBLASLt kernel asks for.
 constexpr int64_t kBaseAlign = 64;
 constexpr int64_t kMaxUsefulAlign = 16;
 
-// ---- RAII for cuBLASLt descriptors.
-struct DescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
-  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
-};
-using MatmulDescPtr = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
-using LayoutPtr = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
-using PreferencePtr = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDeleter>;
-
-enum class OpKind { kGemm, kMatMul };
+using OpKind = GemmKind;
+using Spec = GemmSpec;
 
 // Plan variants, stored with the tactic (its 9th param) so that Prepare rebuilds the plan the
 // algorithm was chosen for. Used when cuBLASLt has no algorithm for the preferred plan.
 constexpr int64_t kPlanDefault = 0;
 constexpr int64_t kPlanOwnEpilogue = 1;   // bias/C and activation in kiln's kernel only
 constexpr int64_t kPlanNoZeroStride = 2;  // broadcast batches as calls, not a stride-0 batch
-
-struct Spec {
-  OpKind kind = OpKind::kGemm;
-  bool trans_a = false, trans_b = false;
-  float alpha = 1.f, beta = 1.f;
-  FusedActivationSpec act;
-};
-
-StatusOr<Spec> ReadSpec(const Node& node) {
-  const AttributeMap& at = node.attrs();
-  Spec s;
-  const OpType op = OpTypeOf(node);
-  s.kind = (op == OpType::kGemm || op == OpType::kFusedGemm) ? OpKind::kGemm : OpKind::kMatMul;
-  if (op != OpType::kMatMul) {
-    // Gemm, MatMul and their fused forms share these defaults (ops.inc).
-    s.trans_a = attrs::Gemm::transA(at) != 0;
-    s.trans_b = attrs::Gemm::transB(at) != 0;
-    s.alpha = attrs::Gemm::alpha(at);
-  }
-  if (s.kind == OpKind::kGemm) s.beta = attrs::Gemm::beta(at);
-  if (op == OpType::kFusedGemm || op == OpType::kFusedMatMul) {
-    KILN_ASSIGN_OR_RETURN(s.act, ParseFusedActivation(at));
-  }
-  return s;
-}
 
 cudaDataType_t CudaType(BlasType t) {
   switch (t) {
@@ -288,22 +251,6 @@ struct LtDescs {
   bool d_f32 = false;  // D is FP32 (kiln's epilogue follows)
 };
 
-Status MakeLayout(LayoutPtr& out, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
-                  int64_t count, int64_t stride) {
-  cublasLtMatrixLayout_t l = nullptr;
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&l, t, static_cast<uint64_t>(rows),
-                                                         static_cast<uint64_t>(cols), ld));
-  out.reset(l);
-  if (count > 1) {
-    int32_t c32 = static_cast<int32_t>(count);
-    KILN_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c32, sizeof(c32)));
-    KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(
-        l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
-  }
-  return OkStatus();
-}
-
 StatusOr<LtDescs> MakeDescs(const Problem& p, BlasType type) {
   LtDescs d;
   cudaDataType_t t = CudaType(type);
@@ -342,74 +289,9 @@ StatusOr<LtDescs> MakeDescs(const Problem& p, BlasType type) {
 // The heuristic's algorithms (best first) for these descriptors.
 StatusOr<std::vector<cublasLtMatmulHeuristicResult_t>> Heuristics(cublasLtHandle_t h,
                                                                   const LtDescs& d, int count) {
-  cublasLtMatmulPreference_t pref = nullptr;
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
-  PreferencePtr owned(pref);
-  size_t ws = kMaxCublasWorkspace;
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  uint32_t aa = static_cast<uint32_t>(d.align_a), ab = static_cast<uint32_t>(d.align_b),
-           acd = static_cast<uint32_t>(d.align_cd);
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab)));
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &acd, sizeof(acd)));
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &acd, sizeof(acd)));
-  // Split-K partial sums are reduced in the compute type (FP32) only: the in-place and
-  // output-type schemes add them in the output type, which for BF16/FP16 outputs lost up to 0.04
-  // per element on a K=129 product on the H200 (seen in cuda_blas_tests).
-  uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof(reduction)));
-  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
-  int found = 0;
-  cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(h, d.op.get(), d.a.get(), d.b.get(), d.c.get(), d.d.get(),
-                                     pref, count, results.data(), &found);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED)
-    found = 0;  // no algorithm: an empty list, not a failure
-  else if (st != CUBLAS_STATUS_SUCCESS)
-    return CublasStatus(st, "cublasLtMatmulAlgoGetHeuristic");
-  results.resize(static_cast<size_t>(found));
-  std::erase_if(results, [](const cublasLtMatmulHeuristicResult_t& r) {
-    return r.state != CUBLAS_STATUS_SUCCESS;
-  });
-  return results;
+  return LtHeuristics(h, {d.op.get(), d.a.get(), d.b.get(), d.c.get(), d.d.get()},
+                      {d.align_a, d.align_b, d.align_cd}, count);
 }
-
-// "algo66-tile15-stages8-splitk1-red0-swz0-cust0-inner0-cluster1": the algorithm's config.
-std::string AlgoName(const cublasLtMatmulAlgo_t& algo) {
-  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) -> int64_t {
-    // cuBLASLt checks the buffer size against the attribute's own (16/32/64-bit): ask first.
-    size_t size = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, nullptr, 0, &size) !=
-            CUBLAS_STATUS_SUCCESS ||
-        size == 0 || size > sizeof(uint64_t)) {
-      return -1;
-    }
-    uint64_t v = 0;  // little-endian: a narrower attribute lands in the low bytes
-    size_t written = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, size, &written) !=
-        CUBLAS_STATUS_SUCCESS) {
-      return -1;
-    }
-    if (size == 4) return static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(v)));
-    if (size == 2) return static_cast<int64_t>(static_cast<int16_t>(static_cast<uint16_t>(v)));
-    return static_cast<int64_t>(v);
-  };
-  return fmt::format(
-      "algo{}-tile{}-stages{}-splitk{}-red{}-swz{}-cust{}-inner{}-cluster{}",
-      get(CUBLASLT_ALGO_CONFIG_ID), get(CUBLASLT_ALGO_CONFIG_TILE_ID),
-      get(CUBLASLT_ALGO_CONFIG_STAGES_ID), get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
-      get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-      get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION), get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID),
-      get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
-}
-
-size_t AlignUpSize(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 // Workspace layout: [cuBLASLt workspace, 256-aligned][FP32 result for kiln's epilogue]. The
 // extra 256 bytes let Run align a workspace pointer that is only 64-byte aligned.
@@ -588,7 +470,7 @@ class CublasLtProviderBase : public KernelProvider {
   BackendKind backend() const final { return BackendKind::kCuda; }
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
-    auto spec = ReadSpec(*request.node);
+    auto spec = ReadGemmSpec(*request.node);
     auto type = Type(request);
     if (!spec.ok() || !type) return {};
     std::vector<int64_t> a = MaxDims(request.inputs[0]), b = MaxDims(request.inputs[1]);
@@ -649,7 +531,7 @@ class CublasLtProviderBase : public KernelProvider {
 
   StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
                                            const TacticConfig& tactic) const final {
-    KILN_ASSIGN_OR_RETURN(Spec spec, ReadSpec(*request.node));
+    KILN_ASSIGN_OR_RETURN(Spec spec, ReadGemmSpec(*request.node));
     auto type = Type(request);
     if (!type) {
       return MakeError(ErrorCode::kInvalidArgument,

@@ -1,0 +1,318 @@
+// INT8 Gemm, FusedGemm, MatMul and FusedMatMul on CUDA through cuBLASLt's IMMA kernels
+// ("i8-gemm-cuda-cublaslt-...", "i8-matmul-cuda-cublaslt-..."), with the CPU INT8 kernel's
+// contract (kiln/backends/int8_quant.h, backends/cpu/gemm_int8.cc): offered only for nodes the
+// precision pass marked, whose B is a constant 2-D matrix; A in the layer's float storage is
+// quantized per tensor (amax / 127), B per output column N, products accumulate in int32, and
+// alpha * a_scale * b_scale[n] dequantizes before C/bias and the activation; Y is in the storage
+// type. MatMul's batch dims of A fold into M (B has none), as on the CPU.
+//
+// cuBLASLt's IMMA kernels in the regular column-major order take only the "TN" form (A transposed,
+// B not), m and k multiples of 4 and leading dimensions multiples of 4, and for int32 results no
+// epilogue at all (no bias, no activation, no per-channel alpha: those need int8 outputs). So:
+//  * B is quantized at Create into kiln's own device buffer as [Np, Kp] (each output channel's K
+//    weights contiguous, zero padded), which is cuBLASLt's A stored [Kp, Np] and transposed;
+//  * each Run quantizes A into the workspace as [M, Kp] (cuBLASLt's B, column-major [Kp, M],
+//    not transposed), transposing a transA operand on the way, zero padding K;
+//  * cuBLASLt writes Y^T = B^T A^T as int32 [M, Np] into the workspace, and one kernel
+//    (int8_gemm.cu) dequantizes, adds C and activates into Y.
+// Np and Kp are N and K rounded up to 16 (the requirement is 4; 16 keeps every column 16-byte
+// aligned, which the faster kernels ask for), and every operand cuBLASLt touches is kiln's own
+// buffer, so no shape or operand address is refused for layout reasons. The zero padding adds
+// nothing to the sums.
+//
+// Tactics are the heuristic's top algorithms at the profile's largest M, stored as the
+// algorithm's 8 words like the FP16 tactics (cublaslt_matmul.cc).
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "kiln/backends/cuda/cublaslt_util.h"
+#include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/backends/cuda/int8_kernels.h"
+#include "kiln/backends/cuda/quant_gemm_plan.h"
+#include "kiln/backends/int8_quant.h"
+#include "kiln/backends/kernel.h"
+#include "kiln/core/logging.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kMaxTactics = 8;
+
+// cuBLASLt's descriptors for one M: int8 x int8 -> int32, computed in int32, TN form.
+struct Int8Descs {
+  MatmulDescPtr op;
+  LayoutPtr a, b, d;  // cuBLASLt's A (kiln's quantized B), B (quantized A), C = D (int32)
+  LtOperation lt() const { return {op.get(), a.get(), b.get(), d.get(), d.get()}; }
+};
+
+StatusOr<Int8Descs> MakeInt8Descs(int64_t m, int64_t np, int64_t kp) {
+  Int8Descs d;
+  cublasLtMatmulDesc_t op = nullptr;
+  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+  d.op.reset(op);
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  KILN_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  KILN_CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  KILN_RETURN_IF_ERROR(MakeLayout(d.a, CUDA_R_8I, kp, np, kp, 1, 0));
+  KILN_RETURN_IF_ERROR(MakeLayout(d.b, CUDA_R_8I, kp, m, kp, 1, 0));
+  KILN_RETURN_IF_ERROR(MakeLayout(d.d, CUDA_R_32I, np, m, np, 1, 0));
+  return d;
+}
+
+// Every operand is a 256-byte aligned buffer of kiln's with 16-byte aligned columns.
+constexpr LtAlignment kInt8Alignment{16, 16, 16};
+
+// Workspace: [alignment slack][int8 A: M x Kp][int32 Y: M x Np][cuBLASLt's], each 256-aligned.
+struct Int8Workspace {
+  size_t a_bytes = 0, acc_bytes = 0, lt_bytes = 0;
+  size_t total() const { return kWorkspaceAlign + a_bytes + acc_bytes + lt_bytes; }
+};
+Int8Workspace WorkspaceFor(int64_t m, int64_t np, int64_t kp, size_t lt_bytes) {
+  Int8Workspace w;
+  w.a_bytes = AlignUpSize(static_cast<size_t>(m * kp), kWorkspaceAlign);
+  w.acc_bytes = AlignUpSize(static_cast<size_t>(m * np) * sizeof(int32_t), kWorkspaceAlign);
+  w.lt_bytes = AlignUpSize(lt_bytes, kWorkspaceAlign);
+  return w;
+}
+
+class CublasLtInt8Kernel final : public Kernel {
+ public:
+  CublasLtInt8Kernel(GemmSpec spec, BlasType type, float amax, int64_t k, int64_t n,
+                     OwnedDeviceMemory b_q, OwnedDeviceMemory col_scale,
+                     std::optional<cublasLtMatmulAlgo_t> algo, std::string name)
+      : spec_(spec),
+        type_(type),
+        inv_scale_(Int8ActivationInvScale(amax)),
+        k_(k),
+        n_(n),
+        kp_(QuantPadded(k)),
+        np_(QuantPadded(n)),
+        b_q_(std::move(b_q)),
+        col_scale_(std::move(col_scale)),
+        tactic_algo_(algo),
+        name_(std::move(name)) {}
+
+  StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
+                           std::span<const TensorView> outputs) override {
+    KILN_ASSIGN_OR_RETURN(auto mk, QuantRowsAndDepth(spec_, inputs[0].dims));
+    m_ = mk.first;
+    if (mk.second != k_ || outputs[0].num_elements() != m_ * n_) {
+      return MakeError(ErrorCode::kShapeMismatch,
+                       "{}: A is [{} x {}], B [{} x {}], Y has {} elements", name_, m_, mk.second,
+                       k_, n_, outputs[0].num_elements());
+    }
+    std::vector<int64_t> c_dims;
+    const bool has_c = inputs.size() > 2 && inputs[2].dtype != DataType::kUndefined;
+    if (has_c) c_dims.assign(inputs[2].dims.begin(), inputs[2].dims.end());
+    KILN_ASSIGN_OR_RETURN(addend_, ResolveQuantAddend(spec_, has_c ? &c_dims : nullptr, m_, n_));
+    a_strides_ = QuantAStridesFor(spec_, m_, k_);
+    empty_ = m_ * n_ == 0;
+    if (empty_) return size_t{0};
+    KILN_ASSIGN_OR_RETURN(descs_, MakeInt8Descs(m_, np_, kp_));
+    KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
+    bool have_algo = false;
+    size_t lt_ws = 0;
+    if (tactic_algo_) {
+      // The tactic's own algorithm, if it takes this M (it was chosen at the largest).
+      cublasLtMatmulHeuristicResult_t r{};
+      const LtOperation lt = descs_.lt();
+      cublasStatus_t st =
+          cublasLtMatmulAlgoCheck(h, lt.op, lt.a, lt.b, lt.c, lt.d, &*tactic_algo_, &r);
+      if (st == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= kMaxCublasWorkspace) {
+        algo_ = *tactic_algo_;
+        lt_ws = r.workspaceSize;
+        have_algo = true;
+      } else {
+        KILN_LOG(Debug, BACKEND,
+                 "{}: the tactic's algorithm does not fit M={} (status {}); using the heuristic's "
+                 "first",
+                 name_, m_, static_cast<int>(st));
+      }
+    }
+    if (!have_algo) {
+      KILN_ASSIGN_OR_RETURN(auto results, LtHeuristics(h, descs_.lt(), kInt8Alignment, 1));
+      if (results.empty()) {
+        return MakeError(ErrorCode::kCublasLtNoAlgorithm,
+                         "{}: no cuBLASLt int8 algorithm for m={} n={} k={} (padded {} x {})",
+                         name_, m_, n_, k_, np_, kp_);
+      }
+      algo_ = results[0].algo;
+      lt_ws = results[0].workspaceSize;
+    }
+    ws_ = WorkspaceFor(m_, np_, kp_, lt_ws);
+    lt_ws_ = lt_ws;
+    return ws_.total();
+  }
+
+  Status Run(const KernelRunArgs& args) override {
+    if (empty_) return OkStatus();
+    if (!descs_.op) return MakeError(ErrorCode::kInternal, "{}: Run before Prepare", name_);
+    if (args.workspace == nullptr || args.workspace_bytes < ws_.total()) {
+      return MakeError(ErrorCode::kInternal, "{}: workspace of {} bytes; {} needed", name_,
+                       args.workspace_bytes, ws_.total());
+    }
+    KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
+    cudaStream_t stream = static_cast<cudaStream_t>(args.stream);
+    auto* base = reinterpret_cast<char*>(
+        AlignUpSize(reinterpret_cast<uintptr_t>(args.workspace), kWorkspaceAlign));
+    auto* a_q = reinterpret_cast<int8_t*>(base);
+    auto* acc = reinterpret_cast<int32_t*>(base + ws_.a_bytes);
+    void* lt_ws = base + ws_.a_bytes + ws_.acc_bytes;
+
+    Int8QuantizeParams q;
+    q.x = args.inputs[0].data;
+    q.type = type_;
+    q.q = a_q;
+    q.rows = m_;
+    q.depth = k_;
+    q.ldq = kp_;
+    q.row_stride = a_strides_.row_stride;
+    q.col_stride = a_strides_.col_stride;
+    q.inv_scale = inv_scale_;
+    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Quantize(q, stream));
+
+    const int32_t alpha = 1, beta = 0;
+    const LtOperation lt = descs_.lt();
+    KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(h, lt.op, &alpha, b_q_.get(), lt.a, a_q, lt.b, &beta,
+                                               acc, lt.c, acc, lt.d, &algo_,
+                                               lt_ws_ ? lt_ws : nullptr, lt_ws_, stream));
+
+    Int8EpilogueParams e;
+    e.acc = acc;
+    e.ld_acc = np_;
+    e.col_scale = static_cast<const float*>(col_scale_.get());
+    e.y = args.outputs[0].data;
+    e.type = type_;
+    e.rows = m_;
+    e.cols = n_;
+    if (addend_.present) {
+      e.c = args.inputs[2].data;
+      e.c_row_stride = addend_.row_stride;
+      e.c_col_stride = addend_.col_stride;
+      e.beta = addend_.factor;
+    }
+    e.act = static_cast<BlasAct>(spec_.act.kind);
+    e.act_min = spec_.act.min;
+    e.act_max = spec_.act.max;
+    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Epilogue(e, stream));
+    return OkStatus();
+  }
+
+ private:
+  GemmSpec spec_;
+  BlasType type_;
+  float inv_scale_;
+  int64_t k_, n_, kp_, np_, m_ = 0;
+  OwnedDeviceMemory b_q_;        // int8 [Np, Kp]
+  OwnedDeviceMemory col_scale_;  // float [Np]: alpha * a_scale * b_scale[n] (0 in the padding)
+  std::optional<cublasLtMatmulAlgo_t> tactic_algo_;
+  std::string name_;
+  QuantAddend addend_;
+  QuantAStrides a_strides_;
+  bool empty_ = false;
+  Int8Descs descs_;
+  cublasLtMatmulAlgo_t algo_{};
+  size_t lt_ws_ = 0;
+  Int8Workspace ws_;
+};
+
+class CublasLtInt8ProviderBase : public KernelProvider {
+ public:
+  BackendKind backend() const final { return BackendKind::kCuda; }
+
+  std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
+    std::optional<QuantizedGemm> p = ResolveQuantizedGemm(request, Int8InputAmax(*request.node));
+    // int32 accumulation: 127 * 127 * K must not overflow.
+    if (p && p->k > (int64_t{1} << 31) / (127 * 127)) return {};
+    if (!p) return {};
+    auto handle = CublasLtHandle();  // fails where there is no GPU: no tactics then
+    if (!handle.ok()) return {};
+    const int64_t kp = QuantPadded(p->k), np = QuantPadded(p->n);
+    auto descs = MakeInt8Descs(p->m, np, kp);
+    if (!descs.ok()) return {};
+    auto found = LtHeuristics(*handle, descs->lt(), kInt8Alignment, kMaxTactics);
+    if (!found.ok()) {
+      KILN_LOG(Warn, BACKEND, "{}: {}", id(), found.status().ToString());
+      return {};
+    }
+    std::vector<TacticConfig> tactics;
+    const char* what = p->spec.kind == GemmKind::kGemm ? "gemm" : "matmul";
+    for (const auto& r : *found) {
+      TacticConfig t;
+      t.name = fmt::format("i8-{}-cuda-cublaslt-{}", what, AlgoName(r.algo));
+      for (const TacticConfig& prev : tactics) {
+        if (prev.name == t.name) t.name += fmt::format("-h{}", tactics.size());
+      }
+      t.params.resize(8);
+      std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
+      t.workspace_bytes = WorkspaceFor(p->m, np, kp, r.workspaceSize).total();
+      tactics.push_back(std::move(t));
+    }
+    return tactics;
+  }
+
+  StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
+                                           const TacticConfig& tactic) const final {
+    const Node& node = *request.node;
+    KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadGemmSpec(node));
+    std::optional<float> amax = Int8InputAmax(node);
+    auto kn = QuantConstantB(spec, request);
+    auto type = ToBlasType(request.inputs[0].dtype);
+    if (!amax || !kn || !type || spec.alpha == 0.f) {
+      return MakeError(ErrorCode::kNoTactic,
+                       "node '{}': {} needs a finite positive {} attribute, a constant 2-D float "
+                       "B (input 1), float A and a non-zero alpha",
+                       node.name(), tactic.name, kInt8InputAmaxAttr);
+    }
+    std::optional<cublasLtMatmulAlgo_t> algo;
+    if (tactic.params.size() == 8) {
+      cublasLtMatmulAlgo_t x;
+      std::memcpy(&x, tactic.params.data(), sizeof(x));
+      algo = x;
+    } else if (!tactic.params.empty()) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "{}: tactic '{}' has {} params; expected 8 (the algorithm's words)", id(),
+                       tactic.name, tactic.params.size());
+    }
+    const Int8PackedB b = PackInt8B(spec, *request.inputs[1].constant, *amax);
+    KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory b_q, UploadToDevice(b.packed.data(), b.packed.size()));
+    KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory scales,
+                          UploadToDevice(b.col_scale.data(), b.col_scale.size() * sizeof(float)));
+    return std::unique_ptr<Kernel>(std::make_unique<CublasLtInt8Kernel>(
+        spec, *type, *amax, b.k, b.n, std::move(b_q), std::move(scales), algo, tactic.name));
+  }
+};
+
+class Int8GemmProvider final : public CublasLtInt8ProviderBase {
+ public:
+  std::string_view id() const override { return "cuda.gemm.cublaslt.i8"; }
+  std::string_view op_type() const override { return "Gemm"; }
+};
+KILN_REGISTER_KERNEL_PROVIDER(Int8GemmProvider);
+
+class Int8FusedGemmProvider final : public CublasLtInt8ProviderBase {
+ public:
+  std::string_view id() const override { return "cuda.fused_gemm.cublaslt.i8"; }
+  std::string_view op_type() const override { return "FusedGemm"; }
+};
+KILN_REGISTER_KERNEL_PROVIDER(Int8FusedGemmProvider);
+
+class Int8MatMulProvider final : public CublasLtInt8ProviderBase {
+ public:
+  std::string_view id() const override { return "cuda.matmul.cublaslt.i8"; }
+  std::string_view op_type() const override { return "MatMul"; }
+};
+KILN_REGISTER_KERNEL_PROVIDER(Int8MatMulProvider);
+
+class Int8FusedMatMulProvider final : public CublasLtInt8ProviderBase {
+ public:
+  std::string_view id() const override { return "cuda.fused_matmul.cublaslt.i8"; }
+  std::string_view op_type() const override { return "FusedMatMul"; }
+};
+KILN_REGISTER_KERNEL_PROVIDER(Int8FusedMatMulProvider);
+
+}  // namespace
+}  // namespace kiln::cuda

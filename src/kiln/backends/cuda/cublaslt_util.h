@@ -1,0 +1,76 @@
+// What the cuBLASLt providers share (cublaslt_matmul.cc: f32/f16/bf16; cublaslt_int8.cc: INT8):
+// descriptor ownership, layouts, the heuristic query, workspace limits and tactic naming.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/core/status.h"
+#include "kiln/ir/graph.h"
+#include "kiln/ops/fused.h"
+
+namespace kiln::cuda {
+
+// cuBLAS's own default for Hopper; tactics needing more are not offered.
+inline constexpr size_t kMaxCublasWorkspace = size_t{32} << 20;
+// cuBLASLt wants a 256-byte aligned workspace; kiln's arena guarantees 64.
+inline constexpr size_t kWorkspaceAlign = 256;
+
+inline size_t AlignUpSize(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Gemm, FusedGemm, MatMul and FusedMatMul's attributes (MatMul: the defaults).
+enum class GemmKind { kGemm, kMatMul };
+struct GemmSpec {
+  GemmKind kind = GemmKind::kGemm;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.f, beta = 1.f;  // beta: Gemm's; MatMul's bias enters unscaled
+  FusedActivationSpec act;
+};
+StatusOr<GemmSpec> ReadGemmSpec(const Node& node);
+
+// ---- RAII for cuBLASLt descriptors.
+struct DescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
+  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
+  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
+};
+using MatmulDescPtr = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
+using LayoutPtr = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
+using PreferencePtr = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDeleter>;
+
+// Device memory a kernel owns (quantized, packed weights), and a host copy uploaded into it.
+struct DeviceFree {
+  void operator()(void* p) const;
+};
+using OwnedDeviceMemory = std::unique_ptr<void, DeviceFree>;
+StatusOr<OwnedDeviceMemory> UploadToDevice(const void* host, size_t bytes);
+
+// A column-major layout (CUBLASLT_ORDER_COL), strided-batched when count > 1.
+Status MakeLayout(LayoutPtr& out, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+                  int64_t count, int64_t stride);
+
+// The descriptors of one cublasLtMatmul (borrowed) and the operands' guaranteed alignments in
+// bytes (cuBLASLt's A, B, and C/D).
+struct LtOperation {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, c, d;
+};
+struct LtAlignment {
+  int64_t a = 1, b = 1, cd = 1;
+};
+// The heuristic's algorithms (best first) for these descriptors, within kMaxCublasWorkspace;
+// empty (not an error) when cuBLASLt has none.
+StatusOr<std::vector<cublasLtMatmulHeuristicResult_t>> LtHeuristics(cublasLtHandle_t h,
+                                                                    const LtOperation& op,
+                                                                    const LtAlignment& align,
+                                                                    int count);
+
+// "algo66-tile15-stages8-splitk1-red0-swz0-cust0-inner0-cluster1": the algorithm's config.
+std::string AlgoName(const cublasLtMatmulAlgo_t& algo);
+
+}  // namespace kiln::cuda

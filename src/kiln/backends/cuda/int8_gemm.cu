@@ -1,0 +1,100 @@
+// The element-wise halves of the INT8 matrix product (cublaslt_int8.cc): activations to int8 with
+// the INT8 contract's rounding (kiln/backends/int8_quant.h: x * inv_scale in FP32, saturate to
+// [-127, 127] with NaN to +127, round half to even), bit-identical to the CPU's; and the
+// dequantize/bias/activation epilogue on cuBLASLt's int32 result, in FP32, stored once.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kiln/backends/cuda/activation.cuh"
+#include "kiln/backends/cuda/device_util.cuh"
+#include "kiln/backends/cuda/int8_kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ int8_t QuantizeOne(float x, float inv_scale) {
+  float v = __fmul_rn(x, inv_scale);
+  v = v < 127.f ? v : 127.f;  // NaN compares false: it becomes 127
+  v = v > -127.f ? v : -127.f;
+  return static_cast<int8_t>(__float2int_rn(v));
+}
+
+// Four consecutive outputs of one row per thread, stored as one 32-bit word.
+template <typename T>
+__global__ void Int8QuantizeKernel(Int8QuantizeParams p) {
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t per_row = p.ldq / 4;
+  const int64_t total = p.rows * per_row;
+  for (int64_t w = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; w < total;
+       w += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = w / per_row, k0 = (w - r * per_row) * 4;
+    char4 out;
+    int8_t* e = reinterpret_cast<int8_t*>(&out);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t k = k0 + j;
+      e[j] = k < p.depth ? QuantizeOne(Load(x[r * p.row_stride + k * p.col_stride]), p.inv_scale)
+                         : int8_t{0};
+    }
+    reinterpret_cast<char4*>(p.q + r * p.ldq)[k0 / 4] = out;
+  }
+}
+
+template <typename T>
+__global__ void Int8EpilogueKernel(Int8EpilogueParams p) {
+  const T* c = static_cast<const T*>(p.c);
+  T* y = static_cast<T*>(p.y);
+  const int64_t total = p.rows * p.cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / p.cols, col = i - r * p.cols;
+    float v = static_cast<float>(p.acc[r * p.ld_acc + col]) * p.col_scale[col];
+    if (c) v += p.beta * Load(c[r * p.c_row_stride + col * p.c_col_stride]);
+    y[i] = Store<T>(Activate(p.act, v, p.act_min, p.act_max));
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchInt8Quantize(const Int8QuantizeParams& p, cudaStream_t stream) {
+  if (p.ldq % 4 != 0 || reinterpret_cast<uintptr_t>(p.q) % 4 != 0 || p.depth > p.ldq) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t work = p.rows * (p.ldq / 4);
+  if (work == 0) return cudaSuccess;
+  dim3 grid(GridFor(work, kThreads));
+  switch (p.type) {
+    case BlasType::kF32:
+      Int8QuantizeKernel<float><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case BlasType::kF16:
+      Int8QuantizeKernel<__half><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case BlasType::kBF16:
+      Int8QuantizeKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchInt8Epilogue(const Int8EpilogueParams& p, cudaStream_t stream) {
+  const int64_t total = p.rows * p.cols;
+  if (total == 0) return cudaSuccess;
+  dim3 grid(GridFor(total, kThreads));
+  switch (p.type) {
+    case BlasType::kF32:
+      Int8EpilogueKernel<float><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case BlasType::kF16:
+      Int8EpilogueKernel<__half><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case BlasType::kBF16:
+      Int8EpilogueKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,46 @@
+// Launchers for the kernels around the INT8 cuBLASLt product (int8_gemm.cu): quantizing the
+// activations into the padded int8 layout cuBLASLt's IMMA kernels take, and the epilogue that
+// dequantizes the int32 result per output channel, adds bias/C and applies the activation. Plain
+// structs and cudaError_t only, like blas_kernels.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kiln/backends/cuda/blas_kernels.h"
+
+namespace kiln::cuda {
+
+// q[i * ldq + k] = QuantizeInt8(x(i, k), inv_scale) for k < depth, 0 for depth <= k < ldq, over
+// rows x ldq; x(i, k) is x[i * row_stride + k * col_stride] in storage type `type`. ldq must be a
+// multiple of 4 and q 4-byte aligned (every thread writes four bytes at once).
+struct Int8QuantizeParams {
+  const void* x = nullptr;
+  BlasType type = BlasType::kF32;
+  int8_t* q = nullptr;
+  int64_t rows = 0, depth = 0, ldq = 0;
+  int64_t row_stride = 0, col_stride = 1;
+  float inv_scale = 1.f;
+};
+cudaError_t LaunchInt8Quantize(const Int8QuantizeParams& p, cudaStream_t stream);
+
+// y[r, c] = act(float(acc[r * ld_acc + c]) * col_scale[c] + beta * C[r * c_row_stride + c *
+// c_col_stride]) for rows x cols (y row-major, no gaps, storage `type`; C of the same type, may
+// be null). col_scale is on the device: alpha * activation scale * weight scale per channel.
+struct Int8EpilogueParams {
+  const int32_t* acc = nullptr;
+  int64_t ld_acc = 0;
+  const float* col_scale = nullptr;
+  void* y = nullptr;
+  BlasType type = BlasType::kF32;
+  int64_t rows = 0, cols = 0;
+  const void* c = nullptr;
+  int64_t c_row_stride = 0, c_col_stride = 0;
+  float beta = 1.f;
+  BlasAct act = BlasAct::kNone;
+  float act_min = 0.f, act_max = 0.f;
+};
+cudaError_t LaunchInt8Epilogue(const Int8EpilogueParams& p, cudaStream_t stream);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,86 @@
+// The host-side half of the CUDA quantized matrix products (cublaslt_int8.cc: INT8 IMMA;
+// cublaslt_fp8.cc: FP8 E4M3), without any CUDA call: which requests they take, the geometry
+// (rows, depth, A's strides, how C enters), and B quantized and packed into the padded "TN"
+// layout both cuBLASLt paths require. Separate so that a test can replay the whole product on
+// the host where there is no GPU.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kiln/backends/cuda/blas_kernels.h"
+#include "kiln/backends/cuda/cublaslt_util.h"
+#include "kiln/backends/kernel.h"
+#include "kiln/core/status.h"
+#include "kiln/ir/tensor.h"
+
+namespace kiln::cuda {
+
+// K and N are padded to this (IMMA needs multiples of 4; 16 keeps every column 16-byte aligned).
+inline constexpr int64_t kQuantPad = 16;
+inline int64_t QuantPadded(int64_t n) { return (n + kQuantPad - 1) / kQuantPad * kQuantPad; }
+
+// K and N of the constant B, or nullopt when B is not a constant 2-D float matrix.
+std::optional<std::pair<int64_t, int64_t>> QuantConstantB(const GemmSpec& s,
+                                                          const KernelRequest& r);
+
+// A request a quantized product takes, at its largest shapes: a Gemm-family node with a usable
+// activation amax (the INT8 or FP8 attribute's), a non-zero alpha, A, C and Y in one float
+// storage type and a constant 2-D B (any float type); nullopt (decline) otherwise.
+struct QuantizedGemm {
+  GemmSpec spec;
+  BlasType type = BlasType::kF32;
+  float amax = 0.f;
+  int64_t m = 0, k = 0, n = 0;
+};
+std::optional<QuantizedGemm> ResolveQuantizedGemm(const KernelRequest& r,
+                                                  std::optional<float> amax);
+
+// M and K of A for these dims: Gemm's A is 2-D; MatMul's leading dims fold into M (a 1-D A is
+// one row). A transposed A must be 2-D. The CPU INT8 kernel's rule.
+StatusOr<std::pair<int64_t, int64_t>> QuantRowsAndDepth(const GemmSpec& s,
+                                                        std::span<const int64_t> a);
+
+// How C (Gemm, times beta) or the bias (FusedMatMul, unscaled) enters the epilogue: element
+// (i, j) at i * row_stride + j * col_stride (0 broadcasts). The CPU kernel's broadcasting rules;
+// Gemm ignores C when beta is 0.
+struct QuantAddend {
+  bool present = false;
+  float factor = 1.f;
+  int64_t row_stride = 0, col_stride = 0;
+};
+StatusOr<QuantAddend> ResolveQuantAddend(const GemmSpec& s, const std::vector<int64_t>* c_dims,
+                                         int64_t m, int64_t n);
+
+// A's element (i, k) sits at i * row_stride + k * col_stride.
+struct QuantAStrides {
+  int64_t row_stride = 0, col_stride = 1;
+};
+inline QuantAStrides QuantAStridesFor(const GemmSpec& s, int64_t m, int64_t k) {
+  return s.trans_a ? QuantAStrides{1, m} : QuantAStrides{k, 1};
+}
+
+// B [K, N] (or [N, K] when transposed, any float type) quantized per output column with the
+// INT8 contract and packed as [Np, Kp] int8 (each column's K weights contiguous, zero padded):
+// cuBLASLt's A, column-major [Kp, Np], transposed. col_scale[n] = alpha * a_scale * b_scale[n]
+// (0 in the padding), computed as the CPU kernel computes its output scales.
+struct Int8PackedB {
+  int64_t k = 0, n = 0, kp = 0, np = 0;
+  std::vector<int8_t> packed;
+  std::vector<float> col_scale;
+};
+Int8PackedB PackInt8B(const GemmSpec& s, const Tensor& b, float amax);
+
+// B quantized per tensor to FP8 E4M3 with the FP8 contract (backends/fp8_quant.h) and packed as
+// [Np, Kp] E4M3 bytes, zero padded, like PackInt8B. scale = absmax(B) / 448 (1 for a zero B).
+struct Fp8PackedB {
+  int64_t k = 0, n = 0, kp = 0, np = 0;
+  std::vector<uint8_t> packed;
+  float scale = 1.f;
+};
+Fp8PackedB PackFp8B(const GemmSpec& s, const Tensor& b);
+
+}  // namespace kiln::cuda

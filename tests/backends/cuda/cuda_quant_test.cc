@@ -1,0 +1,924 @@
+// The CUDA INT8 matrix products (cublaslt_int8.cc: i8-gemm/i8-matmul-cuda-cublaslt-*) against the
+// CPU, on fresh random inputs, every tactic the heuristic offers:
+//  * contract: against the CPU's FP32 kernel run on the inputs the INT8 contract says the kernel
+//    sees (A quantized per tensor with scale amax/127 and saturated, B per output column, both
+//    dequantized back to float; C/bias unquantized). Only float rounding separates the two;
+//  * the same engine graph on either backend: against the CPU's own INT8 kernel (oneDNN) on the
+//    same node;
+//  * accuracy: against the CPU's FP32 kernel on the original inputs (2e-2, the CPU INT8 tests'
+//    bound: inputs uniform in [-1, 1], amax 1).
+// Shapes no IMMA kernel takes as they are (K or N not a multiple of 4, one row, a 1-D A) run
+// through the kernel's zero padding; what INT8 cannot run declines (no i8 tactic) and stays FP16.
+// The end-to-end test builds bert_tiny with --int8 for CUDA. The FP8 E4M3 products
+// (cublaslt_fp8.cc: f8-*) are checked the same way against the FP8 contract's emulation (sm_89+
+// only; there is no CPU FP8 kernel), with bert_tiny --fp8 end to end. The host halves (B packed,
+// the geometry, E4M3 rounding against CUDA's own conversion) are checked without a GPU.
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "kiln/app/pipeline.h"
+#include "kiln/backends/backend.h"
+#include "kiln/backends/cuda/quant_gemm_plan.h"
+#include "kiln/backends/fp8_quant.h"
+#include "kiln/backends/int8_quant.h"
+#include "kiln/engine/engine_file.h"
+#include "kiln/ir/graph.h"
+#include "kiln/onnx/onnx_import.h"
+#include "kiln/ops/op_schema.h"
+
+namespace kiln::testing {
+namespace {
+
+constexpr char kAmax[] = "kiln_int8_input_amax";
+
+class CudaInt8Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto backend = GetBackend(BackendKind::kCuda);
+    if (!backend.ok()) GTEST_SKIP() << "no CUDA device: " << backend.status().ToString();
+  }
+};
+
+Tensor Random(std::vector<int64_t> dims, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return Tensor::FromVector(DataType::kFloat32, dims, v);
+}
+
+double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// One Gemm-family node: A [rows..., K] (or [K, M] with transA), constant B [K, N] (or [N, K]
+// with transB), optional C / bias.
+struct I8Case {
+  std::string op = "Gemm";
+  std::vector<int64_t> a;  // A's dims as stored
+  int64_t k = 0, n = 0;
+  bool ta = false, tb = false;
+  float alpha = 1.f, beta = 1.f;
+  std::vector<int64_t> c{};  // empty: no C
+  bool c_const = false;
+  std::string act{};
+  std::optional<float> amax = 1.f;  // nullopt: no INT8 attribute
+  std::optional<float> fp8_amax{};  // the FP8 attribute (set by FP8 cases, with amax nullopt)
+  bool b_const = true;
+  std::vector<int64_t> b_dims{};  // overrides B's dims (a batched B)
+  // Output column n of B (and of a row bias) scaled by col_factors[n % size]: per-channel range.
+  std::vector<float> col_factors{};
+  std::string Describe() const {
+    return fmt::format("{} A=[{}] K={} N={} ta={} tb={} alpha={} beta={} C=[{}]{} act={}", op,
+                       fmt::join(a, ","), k, n, ta, tb, alpha, beta, fmt::join(c, ","),
+                       c_const ? " const" : "", act);
+  }
+};
+
+// The node's graph, request and host inputs, for one float storage type; runs a CPU or CUDA
+// tactic and returns Y as floats.
+class Int8Node {
+ public:
+  Int8Node(const I8Case& c, std::vector<Tensor> inputs, DataType storage) {
+    graph_ = std::make_unique<Graph>();
+    std::vector<bool> constant = {false, c.b_const, c.c_const};
+    std::vector<Value*> ins;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Tensor t = inputs[i].CastTo(storage);
+      std::string name = fmt::format("in{}", i);
+      ins.push_back(constant[i] ? graph_->AddConstant(name, t)
+                                : graph_->AddInput(name, t.dtype(), MakeShape(t.dims())));
+      inputs_.push_back(std::move(t));
+    }
+    AttributeMap attrs;
+    if (c.op != "MatMul") {
+      attrs.Set("transA", int64_t{c.ta});
+      attrs.Set("transB", int64_t{c.tb});
+      attrs.Set("alpha", c.alpha);
+    }
+    if (c.op == "Gemm" || c.op == "FusedGemm") attrs.Set("beta", c.beta);
+    if (!c.act.empty()) attrs.Set("activation", c.act);
+    if (c.amax) attrs.Set(kAmax, *c.amax);
+    if (c.fp8_amax) attrs.Set(kFp8InputAmaxAttr, *c.fp8_amax);
+    Value* out = graph_->AddValue("out");
+    node_ = graph_->AddNode(c.op, "node", ins, {out}, attrs);
+    graph_->MarkOutput(out);
+    Status st = InferShapes(*graph_).status();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    request_.node = node_;
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      OperandDesc d;
+      d.dtype = inputs_[i].dtype();
+      d.shape = MakeShape(inputs_[i].dims());
+      d.max_dims = inputs_[i].dims();
+      d.constant = node_->input(i)->constant();
+      request_.inputs.push_back(d);
+    }
+    OperandDesc o;
+    o.dtype = out->dtype();
+    o.shape = out->shape();
+    if (auto dims = StaticDims(o.shape)) o.max_dims = *dims;
+    request_.outputs.push_back(o);
+  }
+
+  // Raises the request's largest A and Y (a profile's max) above the shapes Run uses.
+  void SetMaxShapes(std::vector<int64_t> a, std::vector<int64_t> y) {
+    request_.inputs[0].max_dims = std::move(a);
+    request_.outputs[0].max_dims = std::move(y);
+  }
+
+  std::vector<std::pair<const KernelProvider*, TacticConfig>> Tactics(BackendKind backend,
+                                                                      std::string_view prefix) {
+    std::vector<std::pair<const KernelProvider*, TacticConfig>> out;
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(backend, node_->op_type())) {
+      for (TacticConfig& t : p->Tactics(request_)) {
+        if (t.name.starts_with(prefix)) out.emplace_back(p, std::move(t));
+      }
+    }
+    return out;
+  }
+
+  // The first CPU tactic starting with `prefix`, on host memory.
+  std::vector<float> RunCpu(std::string_view prefix) {
+    auto tactics = Tactics(BackendKind::kCpu, prefix);
+    if (tactics.empty()) {
+      ADD_FAILURE() << "no CPU tactic starting with '" << prefix << "'";
+      return {};
+    }
+    auto& [p, t] = tactics[0];
+    auto kernel = p->Create(request_, t);
+    EXPECT_TRUE(kernel.ok()) << kernel.status().ToString();
+    if (!kernel.ok()) return {};
+    std::vector<TensorView> in, out;
+    for (const Tensor& x : inputs_) in.push_back(x.view());
+    Tensor y(node_->output(0)->dtype(), *StaticDims(node_->output(0)->shape()));
+    out.push_back(y.view());
+    auto ws = (*kernel)->Prepare(in, out);
+    EXPECT_TRUE(ws.ok()) << ws.status().ToString();
+    if (!ws.ok()) return {};
+    std::vector<std::byte> workspace(*ws + 64);
+    void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(workspace.data()) + 63) &
+                                            ~uintptr_t{63});
+    Status st = (*kernel)->Run({in, out, aligned, *ws, nullptr});
+    EXPECT_TRUE(st.ok()) << t.name << ": " << st.ToString();
+    return y.ToFloatVector();
+  }
+
+  // One CUDA tactic on device copies of the inputs (run twice: the same bits both times).
+  std::vector<float> RunCuda(const KernelProvider* p, const TacticConfig& t) {
+    Backend* gpu = *GetBackend(BackendKind::kCuda);
+    auto kernel = p->Create(request_, t);
+    EXPECT_TRUE(kernel.ok()) << t.name << ": " << kernel.status().ToString();
+    if (!kernel.ok()) return {};
+    std::vector<DeviceBuffer> buffers;
+    std::vector<TensorView> in, out;
+    auto upload = [&](const Tensor& x) -> void* {
+      auto buf = gpu->Allocate(std::max<size_t>(x.size_bytes(), 1));
+      EXPECT_TRUE(buf.ok());
+      if (!buf.ok()) return nullptr;
+      EXPECT_TRUE(gpu->CopyToDevice(buf->data(), x.raw(), x.size_bytes(), nullptr).ok());
+      buffers.push_back(std::move(*buf));
+      return buffers.back().data();
+    };
+    for (const Tensor& x : inputs_) {
+      TensorView v = x.view();
+      v.data = upload(x);
+      in.push_back(v);
+    }
+    Tensor y(node_->output(0)->dtype(), *StaticDims(node_->output(0)->shape()));
+    TensorView yv = y.view();
+    yv.data = upload(y);
+    out.push_back(yv);
+    auto ws = (*kernel)->Prepare(in, out);
+    EXPECT_TRUE(ws.ok()) << t.name << ": " << ws.status().ToString();
+    if (!ws.ok()) return {};
+    EXPECT_LE(*ws, t.workspace_bytes) << t.name << ": the tactic's estimate is at the max shape";
+    void* ws_ptr = nullptr;
+    if (*ws > 0) {
+      auto buf = gpu->Allocate(*ws);
+      EXPECT_TRUE(buf.ok());
+      if (!buf.ok()) return {};
+      // Garbage in the workspace: the kernel must write everything it reads.
+      EXPECT_EQ(cudaMemset(buf->data(), 0x7f, *ws), cudaSuccess);
+      ws_ptr = buf->data();
+      buffers.push_back(std::move(*buf));
+    }
+    std::vector<float> runs[2];
+    for (auto& r : runs) {
+      Status st = (*kernel)->Run({in, out, ws_ptr, *ws, nullptr});
+      EXPECT_TRUE(st.ok()) << t.name << ": " << st.ToString();
+      EXPECT_TRUE(gpu->Synchronize(nullptr).ok()) << t.name;
+      EXPECT_TRUE(gpu->CopyToHost(y.mutable_raw(), yv.data, y.size_bytes(), nullptr).ok());
+      r = y.ToFloatVector();
+    }
+    EXPECT_EQ(runs[0], runs[1]) << t.name << ": two runs differ";
+    return runs[0];
+  }
+
+  const std::vector<Tensor>& inputs() const { return inputs_; }
+  const Node& node() const { return *node_; }
+
+ private:
+  std::unique_ptr<Graph> graph_;
+  Node* node_ = nullptr;
+  std::vector<Tensor> inputs_;
+  KernelRequest request_;
+};
+
+std::vector<Tensor> MakeInputs(const I8Case& c, std::mt19937& rng) {
+  std::vector<Tensor> in;
+  in.push_back(Random(c.a, rng));
+  std::vector<int64_t> bd = !c.b_dims.empty() ? c.b_dims
+                            : c.tb            ? std::vector<int64_t>{c.n, c.k}
+                                              : std::vector<int64_t>{c.k, c.n};
+  in.push_back(Random(bd, rng));
+  if (!c.c.empty()) in.push_back(Random(c.c, rng));
+  if (!c.col_factors.empty()) {
+    auto scale = [&](Tensor& t, bool columns_first) {
+      std::vector<float> v = t.ToFloatVector();
+      const int64_t cols = t.dims().back();
+      for (size_t i = 0; i < v.size(); ++i) {
+        const int64_t col =
+            columns_first ? static_cast<int64_t>(i) / cols : static_cast<int64_t>(i) % cols;
+        v[i] *= c.col_factors[static_cast<size_t>(col) % c.col_factors.size()];
+      }
+      t = Tensor::FromVector(DataType::kFloat32, t.dims(), v);
+    };
+    scale(in[1], c.tb);
+    if (in.size() > 2 && in[2].num_elements() == c.n) scale(in[2], false);
+  }
+  return in;
+}
+
+// A as the INT8 kernel sees it: scale amax/127, round half to even, saturate.
+Tensor DequantizedA(const Tensor& x, float amax) {
+  std::vector<float> v = x.ToFloatVector();
+  const float scale = amax / 127.f;
+  for (float& f : v) f = std::clamp(std::nearbyint(f * (1.f / scale)), -127.f, 127.f) * scale;
+  return Tensor::FromVector(DataType::kFloat32, x.dims(), v);
+}
+
+// B as the INT8 kernel sees it: per output column n, symmetric absmax.
+Tensor DequantizedB(const Tensor& b, bool tb) {
+  std::vector<float> v = b.ToFloatVector();
+  const int64_t rows = b.dims()[0], cols = b.dims()[1];
+  const int64_t n = tb ? rows : cols, k = tb ? cols : rows;
+  auto at = [&](int64_t j, int64_t i) -> float& { return v[tb ? j * k + i : i * n + j]; };
+  for (int64_t j = 0; j < n; ++j) {
+    float absmax = 0;
+    for (int64_t i = 0; i < k; ++i) absmax = std::max(absmax, std::fabs(at(j, i)));
+    const float scale = absmax > 0 ? absmax / 127.f : 1.f;
+    for (int64_t i = 0; i < k; ++i) {
+      at(j, i) = std::clamp(std::nearbyint(at(j, i) / scale), -127.f, 127.f) * scale;
+    }
+  }
+  return Tensor::FromVector(DataType::kFloat32, b.dims(), v);
+}
+
+struct Bounds {
+  double contract, cpu_int8, fp32;
+};
+Bounds BoundsFor(DataType storage) {
+  switch (storage) {
+    case DataType::kFloat16:
+      return {2e-3, 2e-3, 2e-2};
+    case DataType::kBFloat16:
+      return {1e-2, 1e-2, 3e-2};
+    default:
+      return {1e-5, 1e-4, 2e-2};
+  }
+}
+
+// Runs every CUDA INT8 tactic of the case in `storage`; checks each as the file's top says.
+// Returns the number of tactics run.
+int CheckCase(const I8Case& c, uint32_t seed, DataType storage = DataType::kFloat32,
+              std::vector<int64_t> max_a = {}, std::vector<int64_t> max_y = {},
+              bool check_fp32 = true) {
+  SCOPED_TRACE(c.Describe() + " storage " + std::string(ToString(storage)));
+  std::mt19937 rng(seed);
+  std::vector<Tensor> inputs = MakeInputs(c, rng);
+  // Through f16/bf16 storage every reference sees the rounded values, as the kernel does.
+  for (Tensor& t : inputs) t = t.CastTo(storage).CastTo(DataType::kFloat32);
+  Int8Node node(c, inputs, storage);
+  if (!max_a.empty()) node.SetMaxShapes(max_a, max_y);
+  auto tactics = node.Tactics(BackendKind::kCuda, "i8-");
+  EXPECT_FALSE(tactics.empty()) << "no CUDA INT8 tactic";
+  if (tactics.empty()) return 0;
+
+  Int8Node cpu(c, inputs, storage);
+  const std::string float_prefix = std::string(ToString(storage)) + "-";
+  std::vector<float> cpu_int8 = cpu.RunCpu("i8-");
+  std::vector<float> fp32 = Int8Node(c, inputs, DataType::kFloat32).RunCpu("f32-");
+  std::vector<Tensor> dq = inputs;
+  dq[0] = DequantizedA(inputs[0], *c.amax);
+  dq[1] = DequantizedB(inputs[1], c.tb);
+  std::vector<float> contract = Int8Node(c, dq, DataType::kFloat32).RunCpu("f32-");
+  const Bounds b = BoundsFor(storage);
+  for (const auto& [p, t] : tactics) {
+    SCOPED_TRACE(t.name);
+    EXPECT_TRUE(t.name.starts_with(c.op.find("Gemm") != std::string::npos
+                                       ? "i8-gemm-cuda-cublaslt-"
+                                       : "i8-matmul-cuda-cublaslt-"));
+    std::vector<float> y = node.RunCuda(p, t);
+    if (y.empty()) continue;
+    EXPECT_LE(RelL2(y, contract), b.contract) << "against the INT8 contract";
+    EXPECT_LE(RelL2(y, cpu_int8), b.cpu_int8) << "against the CPU's INT8 kernel";
+    if (check_fp32) {
+      EXPECT_LE(RelL2(y, fp32), b.fp32) << "against FP32";
+    } else {
+      EXPECT_GT(RelL2(y, fp32), 0.1) << "clipping at amax had no effect";
+    }
+  }
+  return static_cast<int>(tactics.size());
+}
+
+TEST_F(CudaInt8Test, GemmMatchesTheCpuContract) {
+  // B [K, N]: channel n at stride 1; transposed: the other way. C as a row bias, [1, N], a full
+  // runtime [M, N], a column [M, 1], a scalar, none; alpha and beta.
+  EXPECT_GT(CheckCase({"Gemm", {7, 64}, 64, 24, false, false, 1.f, 1.f, {24}, true}, 1), 0);
+  EXPECT_GT(CheckCase({"Gemm", {7, 64}, 64, 24, false, true, 0.5f, 2.f, {1, 24}, true}, 2), 0);
+  EXPECT_GT(CheckCase({"Gemm", {32, 9}, 32, 16, true, false, 1.f, 0.5f, {9, 16}, false}, 3), 0);
+  EXPECT_GT(CheckCase({"Gemm", {9, 32}, 32, 16, false, false, 1.f, 1.f, {9, 1}, true}, 4), 0);
+  EXPECT_GT(CheckCase({"Gemm", {5, 48}, 48, 12, false, false, 1.f, 1.f, {1}, true}, 5), 0);
+  EXPECT_GT(CheckCase({"Gemm", {5, 48}, 48, 12}, 6), 0);
+  EXPECT_GT(CheckCase({"Gemm", {130, 256}, 256, 384, false, true, 1.f, 0.f, {384}, true}, 7), 0);
+  EXPECT_GT(CheckCase({"Gemm", {256, 512}, 512, 768, false, true, 1.f, 1.f, {768}, true}, 8), 0);
+}
+
+TEST_F(CudaInt8Test, FusedGemmEveryActivation) {
+  for (const char* act : {"relu", "gelu", "gelu_tanh", "sigmoid", "silu", "hardswish", "relu6"}) {
+    EXPECT_GT(CheckCase({"FusedGemm", {8, 64}, 64, 32, false, true, 1.f, 1.f, {32}, true, act}, 11),
+              0)
+        << act;
+  }
+  EXPECT_GT(
+      CheckCase({"FusedGemm", {8, 64}, 64, 32, false, false, 1.f, 1.f, {8, 32}, false, "gelu"}, 12),
+      0);
+}
+
+TEST_F(CudaInt8Test, MatMulAndFusedMatMul) {
+  // Batched A folds into M; a 1-D A is one row.
+  EXPECT_GT(CheckCase({"MatMul", {2, 3, 32}, 32, 16}, 21), 0);
+  EXPECT_GT(CheckCase({"MatMul", {10, 64}, 64, 24}, 22), 0);
+  EXPECT_GT(CheckCase({"MatMul", {64}, 64, 24}, 23), 0);
+  EXPECT_GT(
+      CheckCase({"FusedMatMul", {10, 64}, 64, 24, false, true, 0.5f, 1.f, {24}, true, "gelu"}, 24),
+      0);
+  EXPECT_GT(
+      CheckCase({"FusedMatMul", {4, 16, 64}, 64, 96, false, false, 1.f, 1.f, {96}, false, "relu"},
+                25),
+      0);
+  EXPECT_GT(CheckCase({"FusedMatMul", {64, 10}, 64, 24, true, false, 1.f, 1.f, {24}, true}, 26), 0);
+}
+
+TEST_F(CudaInt8Test, HalfStorage) {
+  for (DataType t : {DataType::kFloat16, DataType::kBFloat16}) {
+    EXPECT_GT(CheckCase({"Gemm", {7, 64}, 64, 24, false, true, 1.f, 1.f, {24}, true}, 31, t), 0);
+    EXPECT_GT(
+        CheckCase(
+            {"FusedMatMul", {2, 24, 128}, 128, 384, false, false, 1.f, 1.f, {384}, true, "gelu"},
+            32, t),
+        0);
+    EXPECT_GT(
+        CheckCase({"FusedGemm", {33, 20}, 20, 17, false, false, 1.f, 1.f, {33, 17}, false, "silu"},
+                  33, t),
+        0);
+  }
+}
+
+// K or N not a multiple of 4 (IMMA needs it), single rows: the kernel pads K and N with zeros.
+TEST_F(CudaInt8Test, OddShapesRunThroughThePadding) {
+  EXPECT_GT(CheckCase({"Gemm", {1, 3}, 3, 5, false, false, 1.f, 1.f, {5}, true}, 41), 0);
+  EXPECT_GT(CheckCase({"Gemm", {7, 13}, 13, 9, false, true, 1.f, 1.f, {7, 9}, false}, 42), 0);
+  EXPECT_GT(CheckCase({"MatMul", {3, 5, 31}, 31, 33}, 43), 0);
+  EXPECT_GT(
+      CheckCase({"FusedGemm", {17, 129}, 129, 257, false, true, 1.f, 1.f, {257}, true, "relu"}, 44),
+      0);
+  EXPECT_GT(CheckCase({"Gemm", {2, 1}, 1, 1}, 45), 0);
+}
+
+// Tactics are chosen at the profile's largest M; each runs at smaller ones too.
+TEST_F(CudaInt8Test, TacticsFromMaxShapesRunAtSmallerShapes) {
+  EXPECT_GT(CheckCase({"Gemm", {3, 256}, 256, 128, false, true, 1.f, 1.f, {128}, true}, 51,
+                      DataType::kFloat16, {512, 256}, {512, 128}),
+            0);
+  EXPECT_GT(
+      CheckCase({"MatMul", {1, 2, 64}, 64, 64}, 52, DataType::kFloat32, {8, 128, 64}, {8, 128, 64}),
+      0);
+}
+
+// Saturation above amax, and per-channel scales: columns scaled 1e-3..10 keep their accuracy.
+TEST_F(CudaInt8Test, SaturationAndPerChannelScales) {
+  I8Case sat{"Gemm", {16, 64}, 64, 8, false, false, 1.f, 1.f, {8}, true};
+  sat.amax = 0.25f;
+  // The contract and the CPU kernel clip too; FP32 does not.
+  EXPECT_GT(CheckCase(sat, 61, DataType::kFloat32, {}, {}, /*check_fp32=*/false), 0);
+  I8Case scaled{"Gemm", {16, 64}, 64, 8, false, false, 1.f, 1.f, {8}, true};
+  scaled.col_factors = {1e-3f, 1.f, 1e-2f, 10.f};
+  EXPECT_GT(CheckCase(scaled, 62), 0);
+  scaled.tb = true;
+  EXPECT_GT(CheckCase(scaled, 63, DataType::kFloat16), 0);
+}
+
+// What INT8 cannot run is declined (no i8 tactic; the layer stays FP16 with a reason), while the
+// FP16/FP32 cuBLASLt tactics stay offered.
+TEST_F(CudaInt8Test, DeclinesWhatItCannotRun) {
+  std::mt19937 rng(71);
+  auto offered = [&](const I8Case& c, DataType storage = DataType::kFloat16) {
+    Int8Node node(c, MakeInputs(c, rng), storage);
+    EXPECT_FALSE(node.Tactics(BackendKind::kCuda, std::string(ToString(storage)) + "-").empty())
+        << c.Describe() << ": the float tactics must remain";
+    return node.Tactics(BackendKind::kCuda, "i8-").size();
+  };
+  I8Case base{"Gemm", {8, 64}, 64, 32, false, false, 1.f, 1.f, {32}, true};
+  EXPECT_GT(offered(base), 0u);
+  I8Case c = base;
+  c.amax = std::nullopt;  // not marked by the precision pass
+  EXPECT_EQ(offered(c), 0u);
+  for (float bad : {0.f, -1.f, std::numeric_limits<float>::infinity()}) {
+    c = base;
+    c.amax = bad;
+    EXPECT_EQ(offered(c), 0u) << bad;
+  }
+  c = base;
+  c.b_const = false;  // B is not a weight
+  EXPECT_EQ(offered(c), 0u);
+  c = base;
+  c.alpha = 0.f;
+  EXPECT_EQ(offered(c), 0u);
+  // A batched constant B (MatMul [2, K, N]).
+  I8Case batched{"MatMul", {2, 8, 64}, 64, 32};
+  batched.b_dims = {2, 64, 32};
+  EXPECT_EQ(offered(batched), 0u);
+  // A transposed A of rank 3.
+  I8Case ta3{"FusedMatMul", {2, 64, 8}, 64, 32, true, false, 1.f, 1.f, {32}, true};
+  EXPECT_EQ(offered(ta3), 0u);
+  // K so deep that 127 * 127 * K could overflow the int32 accumulator.
+  I8Case deep{"MatMul", {1, 140000}, 140000, 4};
+  EXPECT_EQ(offered(deep, DataType::kFloat32), 0u);
+}
+
+// ---- Without a GPU: the host-side plan (geometry, B packed as cuBLASLt's transposed A, A's
+// strides, C's broadcasting, the per-column scales) replayed on the host with the product the
+// kernel asks cuBLASLt for (column-major D[Np, M] = A_lt^T B_lt, A_lt = packed B stored [Kp, Np],
+// B_lt = quantized A stored [Kp, M]) and the epilogue's formula, against the CPU's INT8 kernel.
+std::vector<float> ReplayOnHost(const I8Case& c, const Int8Node& node) {
+  auto spec = cuda::ReadGemmSpec(node.node());
+  EXPECT_TRUE(spec.ok());
+  const std::vector<Tensor>& in = node.inputs();
+  auto mk = cuda::QuantRowsAndDepth(*spec, in[0].dims());
+  EXPECT_TRUE(mk.ok()) << mk.status().ToString();
+  const auto [m, k] = *mk;
+  const cuda::Int8PackedB b = cuda::PackInt8B(*spec, in[1], *c.amax);
+  EXPECT_EQ(b.k, k);
+  EXPECT_EQ(b.kp % 4, 0);
+  EXPECT_EQ(b.np % 4, 0);
+  const cuda::QuantAStrides as = cuda::QuantAStridesFor(*spec, m, k);
+  std::vector<int64_t> c_dims = in.size() > 2 ? in[2].dims() : std::vector<int64_t>{};
+  auto addend = cuda::ResolveQuantAddend(*spec, in.size() > 2 ? &c_dims : nullptr, m, b.n);
+  EXPECT_TRUE(addend.ok()) << addend.status().ToString();
+  const std::vector<float> a = in[0].ToFloatVector();
+  const float inv = Int8ActivationInvScale(*c.amax);
+  std::vector<int8_t> a_q(static_cast<size_t>(m * b.kp), 0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t kk = 0; kk < k; ++kk) {
+      a_q[i * b.kp + kk] = QuantizeInt8(a[i * as.row_stride + kk * as.col_stride], inv);
+    }
+  }
+  std::vector<float> cv = in.size() > 2 ? in[2].ToFloatVector() : std::vector<float>{};
+  std::vector<float> y(static_cast<size_t>(m * b.n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < b.n; ++j) {
+      int32_t acc = 0;  // D(j, i) at i * Np + j
+      for (int64_t kk = 0; kk < b.kp; ++kk) {
+        acc += int32_t{b.packed[j * b.kp + kk]} * int32_t{a_q[i * b.kp + kk]};
+      }
+      float v = static_cast<float>(acc) * b.col_scale[j];
+      if (addend->present) {
+        v += addend->factor * cv[i * addend->row_stride + j * addend->col_stride];
+      }
+      if (c.act == "relu") v = std::max(v, 0.f);
+      y[i * b.n + j] = v;
+    }
+  }
+  return y;
+}
+
+TEST(CudaInt8Host, ThePackedPlanReplaysTheCpuInt8Kernel) {
+  const std::vector<I8Case> cases = {
+      {"Gemm", {7, 64}, 64, 24, false, false, 1.f, 1.f, {24}, true},
+      {"Gemm", {7, 64}, 64, 24, false, true, 0.5f, 2.f, {1, 24}, true},
+      {"Gemm", {32, 9}, 32, 16, true, false, 1.f, 0.5f, {9, 16}, false},
+      {"Gemm", {9, 32}, 32, 16, false, false, 1.f, 1.f, {9, 1}, true},
+      {"Gemm", {5, 48}, 48, 12, false, false, 1.f, 1.f, {1}, true},
+      {"Gemm", {5, 48}, 48, 12, false, false, 1.f, 0.f, {5, 12}, false},
+      {"Gemm", {13, 7}, 13, 9, true, true, -1.5f, 1.f, {}, false},
+      {"Gemm", {1, 3}, 3, 5, false, false, 1.f, 1.f, {5}, true},
+      {"FusedGemm", {17, 129}, 129, 33, false, true, 1.f, 1.f, {33}, true, "relu"},
+      {"MatMul", {2, 3, 31}, 31, 33},
+      {"MatMul", {64}, 64, 24},
+      {"FusedMatMul", {64, 10}, 64, 24, true, false, 1.f, 1.f, {24}, true, "relu"},
+      {"FusedMatMul", {4, 6, 20}, 20, 36, false, true, 0.25f, 1.f, {36}, false},
+  };
+  uint32_t seed = 100;
+  for (const I8Case& c : cases) {
+    SCOPED_TRACE(c.Describe());
+    std::mt19937 rng(++seed);
+    std::vector<Tensor> inputs = MakeInputs(c, rng);
+    Int8Node node(c, inputs, DataType::kFloat32);
+    const std::vector<float> cpu = node.RunCpu("i8-");
+    const std::vector<float> replay = ReplayOnHost(c, node);
+    EXPECT_LE(RelL2(replay, cpu), 1e-5);
+    // Saturation: amax 0.25 clips most of A, on both.
+    I8Case sat = c;
+    sat.amax = 0.25f;
+    Int8Node clipped(sat, inputs, DataType::kFloat32);
+    EXPECT_LE(RelL2(ReplayOnHost(sat, clipped), clipped.RunCpu("i8-")), 1e-5) << "amax 0.25";
+  }
+}
+
+// ---- FP8 E4M3 (cublaslt_fp8.cc).
+
+bool DeviceHasFp8() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major > 8 || (major == 8 && minor >= 9);
+}
+
+class CudaFp8Test : public CudaInt8Test {
+ protected:
+  void SetUp() override {
+    CudaInt8Test::SetUp();
+    if (IsSkipped()) return;
+    if (!DeviceHasFp8()) GTEST_SKIP() << "FP8 needs compute capability 8.9 or later";
+  }
+};
+
+I8Case Fp8(I8Case c, float amax = 1.f) {
+  c.amax = std::nullopt;
+  c.fp8_amax = amax;
+  return c;
+}
+
+// The FP8 contract's view of a tensor: per tensor, scale amax / 448, E4M3 and back.
+Tensor DequantizedFp8(const Tensor& x, float amax) {
+  std::vector<float> v = x.ToFloatVector();
+  const float scale = Fp8Scale(amax), inv = Fp8InvScale(amax);
+  for (float& f : v) f = FromE4M3(ToE4M3(f * inv)) * scale;
+  return Tensor::FromVector(DataType::kFloat32, x.dims(), v);
+}
+float AbsMax(const Tensor& t) {
+  float m = 0.f;
+  for (float f : t.ToFloatVector()) m = std::max(m, std::fabs(f));
+  return m;
+}
+
+// Every CUDA FP8 tactic of the case against the contract (the CPU's FP32 kernel on E4M3-rounded
+// inputs) and against FP32. E4M3 keeps 3 mantissa bits: each operand's rounding error is up to
+// 2^-4 relative, rms about 2.5-3% for inputs uniform in [-1, 1]; the host replay of the same
+// contract measures 2.3e-2 to 4.2e-2 against FP32, so the bound is 8e-2.
+int CheckFp8Case(const I8Case& c, uint32_t seed, DataType storage = DataType::kFloat32,
+                 bool check_fp32 = true) {
+  SCOPED_TRACE(c.Describe() + " fp8, storage " + std::string(ToString(storage)));
+  std::mt19937 rng(seed);
+  std::vector<Tensor> inputs = MakeInputs(c, rng);
+  for (Tensor& t : inputs) t = t.CastTo(storage).CastTo(DataType::kFloat32);
+  Int8Node node(c, inputs, storage);
+  auto tactics = node.Tactics(BackendKind::kCuda, "f8-");
+  EXPECT_FALSE(tactics.empty()) << "no CUDA FP8 tactic";
+  if (tactics.empty()) return 0;
+  EXPECT_TRUE(node.Tactics(BackendKind::kCuda, "i8-").empty()) << "INT8 without its attribute";
+  std::vector<float> fp32 = Int8Node(c, inputs, DataType::kFloat32).RunCpu("f32-");
+  std::vector<Tensor> dq = inputs;
+  dq[0] = DequantizedFp8(inputs[0], *c.fp8_amax);
+  dq[1] = DequantizedFp8(inputs[1], AbsMax(inputs[1]));
+  std::vector<float> contract = Int8Node(c, dq, DataType::kFloat32).RunCpu("f32-");
+  const double contract_bound = storage == DataType::kFloat32   ? 1e-4
+                                : storage == DataType::kFloat16 ? 2e-3
+                                                                : 1e-2;
+  for (const auto& [p, t] : tactics) {
+    SCOPED_TRACE(t.name);
+    EXPECT_TRUE(t.name.starts_with(c.op.find("Gemm") != std::string::npos
+                                       ? "f8-gemm-cuda-cublaslt-e4m3-"
+                                       : "f8-matmul-cuda-cublaslt-e4m3-"));
+    std::vector<float> y = node.RunCuda(p, t);
+    if (y.empty()) continue;
+    EXPECT_LE(RelL2(y, contract), contract_bound) << "against the FP8 contract";
+    if (check_fp32) {
+      EXPECT_LE(RelL2(y, fp32), 8e-2) << "against FP32";
+    }
+  }
+  return static_cast<int>(tactics.size());
+}
+
+TEST_F(CudaFp8Test, GemmAndMatMulMatchTheContract) {
+  EXPECT_GT(CheckFp8Case(Fp8({"Gemm", {7, 64}, 64, 24, false, false, 1.f, 1.f, {24}, true}), 81),
+            0);
+  EXPECT_GT(CheckFp8Case(Fp8({"Gemm", {32, 9}, 32, 16, true, true, 0.5f, 2.f, {9, 16}, false}), 82),
+            0);
+  EXPECT_GT(
+      CheckFp8Case(
+          Fp8({"FusedGemm", {17, 129}, 129, 257, false, true, 1.f, 1.f, {257}, true, "gelu"}), 83),
+      0);
+  EXPECT_GT(CheckFp8Case(Fp8({"MatMul", {2, 3, 31}, 31, 33}), 84), 0);
+  EXPECT_GT(
+      CheckFp8Case(
+          Fp8({"FusedMatMul", {4, 16, 256}, 256, 384, false, false, 1.f, 1.f, {384}, true, "relu"}),
+          85, DataType::kFloat16),
+      0);
+  EXPECT_GT(CheckFp8Case(Fp8({"Gemm", {64, 512}, 512, 768, false, true, 1.f, 1.f, {768}, true}), 86,
+                         DataType::kBFloat16),
+            0);
+  // A calibrated absmax well above the values: E4M3's exponent keeps their precision.
+  EXPECT_GT(CheckFp8Case(Fp8({"Gemm", {8, 64}, 64, 16}, 16.f), 87), 0);
+  // Values beyond it saturate at 448 * scale, in the kernel as in the contract.
+  EXPECT_GT(CheckFp8Case(Fp8({"Gemm", {8, 64}, 64, 16}, 0.25f), 89, DataType::kFloat32,
+                         /*check_fp32=*/false),
+            0);
+}
+
+TEST_F(CudaFp8Test, DeclinesWithoutTheAttributeOrAConstantB) {
+  std::mt19937 rng(88);
+  I8Case plain{"Gemm", {8, 64}, 64, 32, false, false, 1.f, 1.f, {32}, true};
+  plain.amax = std::nullopt;
+  EXPECT_TRUE(Int8Node(plain, MakeInputs(plain, rng), DataType::kFloat16)
+                  .Tactics(BackendKind::kCuda, "f8-")
+                  .empty());
+  I8Case dynamic_b = Fp8(plain);
+  dynamic_b.b_const = false;
+  EXPECT_TRUE(Int8Node(dynamic_b, MakeInputs(dynamic_b, rng), DataType::kFloat16)
+                  .Tactics(BackendKind::kCuda, "f8-")
+                  .empty());
+}
+
+// Without a GPU: the host's E4M3 conversion is CUDA's (__nv_cvt_float_to_fp8, which the device
+// quantization kernel calls), bit for bit, so B packed on the host and A quantized on the device
+// follow one rounding.
+TEST(CudaFp8Host, HostE4M3IsCudasConversion) {
+  std::vector<float> values = {0.f,
+                               -0.f,
+                               1.f,
+                               -1.f,
+                               448.f,
+                               -448.f,
+                               449.f,
+                               464.f,
+                               465.f,
+                               1e9f,
+                               -1e9f,
+                               0.0625f,
+                               0.015625f,
+                               0.0078125f,
+                               0.001953125f,
+                               0.0009765625f,
+                               0.00293f,
+                               1e-9f,
+                               1.0625f,
+                               1.1875f,
+                               17.f,
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity()};
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> mant(-1.f, 1.f);
+  std::uniform_int_distribution<int> exp(-14, 10);
+  for (int i = 0; i < 200000; ++i) values.push_back(std::ldexp(mant(rng), exp(rng)));
+  // Every E4M3 value and the midpoints between neighbours (ties round to even).
+  for (int b = 0; b < 256; ++b) {
+    const float v = FromE4M3(static_cast<uint8_t>(b));
+    if (std::isnan(v)) continue;
+    values.push_back(v);
+    const float next = FromE4M3(static_cast<uint8_t>(b + 1 < 256 ? b + 1 : b));
+    if (!std::isnan(next)) values.push_back((v + next) / 2);
+  }
+  int checked = 0;
+  for (float v : values) {
+    const uint8_t want = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    ASSERT_EQ(ToE4M3(v), want) << "x = " << v;
+    if ((want & 0x7f) != 0x7f) {
+      EXPECT_EQ(ToE4M3(FromE4M3(want)), want) << "round trip of " << int{want};
+    }
+    ++checked;
+  }
+  EXPECT_EQ(ToE4M3(std::nanf("")) & 0x7f, 0x7f);
+  EXPECT_EQ(FromE4M3(0x7e), 448.f);
+  EXPECT_EQ(FromE4M3(0x01), std::ldexp(1.f, -9));
+  EXPECT_GT(checked, 200000);
+}
+
+// Without a GPU: B packed as E4M3 [Np, Kp] with its per-tensor scale, replayed on the host with
+// the product the kernel asks cuBLASLt for, against the FP8 contract's emulation.
+TEST(CudaFp8Host, ThePackedPlanReplaysTheContract) {
+  const std::vector<I8Case> cases = {
+      {"Gemm", {7, 64}, 64, 24, false, false, 1.f, 1.f, {24}, true},
+      {"Gemm", {32, 9}, 32, 16, true, true, 0.5f, 2.f, {9, 16}, false},
+      {"MatMul", {2, 3, 31}, 31, 33},
+      {"FusedMatMul", {5, 20}, 20, 36, false, true, 0.25f, 1.f, {36}, false, "relu"},
+  };
+  uint32_t seed = 300;
+  for (const I8Case& base : cases) {
+    const I8Case c = Fp8(base, 1.f);
+    SCOPED_TRACE(c.Describe());
+    std::mt19937 rng(++seed);
+    std::vector<Tensor> inputs = MakeInputs(c, rng);
+    Int8Node node(c, inputs, DataType::kFloat32);
+    auto spec = cuda::ReadGemmSpec(node.node());
+    ASSERT_TRUE(spec.ok());
+    auto mk = cuda::QuantRowsAndDepth(*spec, inputs[0].dims());
+    ASSERT_TRUE(mk.ok());
+    const auto [m, k] = *mk;
+    const cuda::Fp8PackedB b = cuda::PackFp8B(*spec, inputs[1]);
+    EXPECT_FLOAT_EQ(b.scale, AbsMax(inputs[1]) / 448.f);
+    const cuda::QuantAStrides as = cuda::QuantAStridesFor(*spec, m, k);
+    std::vector<int64_t> c_dims = inputs.size() > 2 ? inputs[2].dims() : std::vector<int64_t>{};
+    auto addend = cuda::ResolveQuantAddend(*spec, inputs.size() > 2 ? &c_dims : nullptr, m, b.n);
+    ASSERT_TRUE(addend.ok());
+    const std::vector<float> a = inputs[0].ToFloatVector();
+    std::vector<float> cv = inputs.size() > 2 ? inputs[2].ToFloatVector() : std::vector<float>{};
+    std::vector<uint8_t> a_q(static_cast<size_t>(m * b.kp), 0);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t kk = 0; kk < k; ++kk) {
+        a_q[i * b.kp + kk] =
+            ToE4M3(a[i * as.row_stride + kk * as.col_stride] * Fp8InvScale(*c.fp8_amax));
+      }
+    }
+    std::vector<float> y(static_cast<size_t>(m * b.n));
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < b.n; ++j) {
+        float acc = 0.f;
+        for (int64_t kk = 0; kk < b.kp; ++kk) {
+          acc += FromE4M3(b.packed[j * b.kp + kk]) * FromE4M3(a_q[i * b.kp + kk]);
+        }
+        float v = spec->alpha * Fp8Scale(*c.fp8_amax) * b.scale * acc;
+        if (addend->present) {
+          v += addend->factor * cv[i * addend->row_stride + j * addend->col_stride];
+        }
+        if (c.act == "relu") v = std::max(v, 0.f);
+        y[i * b.n + j] = v;
+      }
+    }
+    std::vector<Tensor> dq = inputs;
+    dq[0] = DequantizedFp8(inputs[0], *c.fp8_amax);
+    dq[1] = DequantizedFp8(inputs[1], AbsMax(inputs[1]));
+    std::vector<float> contract = Int8Node(c, dq, DataType::kFloat32).RunCpu("f32-");
+    EXPECT_LE(RelL2(y, contract), 1e-5);
+    const double vs_fp32 = RelL2(y, node.RunCpu("f32-"));
+    EXPECT_LE(vs_fp32, 8e-2);
+    EXPECT_GT(vs_fp32, 1e-3) << "nothing was rounded to E4M3";
+  }
+}
+
+// ---- End to end: --int8 and --fp8 CUDA builds of bert_tiny.
+
+std::string ZooDir(const std::string& model) {
+  const char* root = std::getenv("KILN_SOURCE_DIR");
+  return std::string(root ? root : ".") + "/zoo/" + model;
+}
+
+Status AddZooProfile(const std::string& dir, BuilderConfig& config) {
+  std::ifstream info_file(dir + "/info.json");
+  if (!info_file.good()) return MakeError(ErrorCode::kIoError, "no {}/info.json", dir);
+  nlohmann::json info = nlohmann::json::parse(info_file);
+  for (const auto& [name, p] : info["profile"].items()) {
+    std::string spec = name;
+    spec.append(":");
+    for (const char* which : {"min", "opt", "max"}) {
+      bool first = true;
+      for (const auto& d : p[which]) {
+        if (!first) spec.append("x");
+        spec.append(std::to_string(d.get<int64_t>()));
+        first = false;
+      }
+      if (std::string_view(which) != "max") spec.append(",");
+    }
+    KILN_RETURN_IF_ERROR(ParseProfileSpec(spec, &config.profile));
+  }
+  return OkStatus();
+}
+
+StatusOr<std::map<std::string, Tensor>> RunEngine(const EngineDesc& desc, BackendKind backend,
+                                                  const std::map<std::string, Tensor>& feed) {
+  KILN_ASSIGN_OR_RETURN(auto bytes, SerializeEngine(desc));
+  KILN_ASSIGN_OR_RETURN(auto runtime, Runtime::Create(backend));
+  KILN_ASSIGN_OR_RETURN(auto engine, runtime->DeserializeEngine(bytes));
+  KILN_ASSIGN_OR_RETURN(auto runner, app::HostRunner::Create(engine));
+  KILN_RETURN_IF_ERROR(runner->SetInputs(feed));
+  KILN_RETURN_IF_ERROR(runner->Run());
+  return runner->outputs();
+}
+
+bool GemmFamily(const std::string& op) {
+  return op == "Gemm" || op == "FusedGemm" || op == "MatMul" || op == "FusedMatMul";
+}
+
+// Builds bert_tiny for CUDA with --int8 or --fp8 (calibrated on its zoo data sets), checks that
+// its matrix products with constant weights took the quantized kernels, and runs both data sets
+// against PyTorch's FP32 outputs (and, for INT8, against the CPU's INT8 engine of the same
+// model: one engine graph, either backend).
+void CheckBertTiny(bool fp8) {
+  const std::string dir = ZooDir("bert_tiny");
+  if (!std::filesystem::exists(dir + "/model.onnx")) GTEST_SKIP() << "no zoo at " << dir;
+  const std::string label = fp8 ? "f8" : "i8";
+  BuilderConfig config;
+  config.int8 = !fp8;
+  config.fp8 = fp8;
+  config.calibration_dir = dir;
+  // Every INT8 layer stays INT8 (no sensitivity fallback): the kernels are what is tested.
+  config.int8_tolerance = std::numeric_limits<double>::infinity();
+  config.search_tactics = false;
+  ASSERT_TRUE(AddZooProfile(dir, config).ok());
+
+  config.backend = BackendKind::kCuda;
+  auto gpu = app::BuildFromOnnxFile(dir + "/model.onnx", config);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  int quantized = 0;
+  for (const LayerReport& l : gpu->report.layer_reports) {
+    if (!GemmFamily(l.op_type)) continue;
+    SCOPED_TRACE(l.name + " (" + l.op_type + "): " + l.precision + ", " + l.tactic + ", " +
+                 l.precision_reason);
+    EXPECT_EQ(l.precision_reason.find(fp8 ? "no fp8 kernel" : "no int8 kernel"), std::string::npos);
+    if (l.precision == label) {
+      ++quantized;
+      EXPECT_TRUE(l.tactic.starts_with(label + "-matmul-cuda-cublaslt-") ||
+                  l.tactic.starts_with(label + "-gemm-cuda-cublaslt-"));
+    }
+  }
+  // The projections and feed-forward products of both encoder layers (and the pooler).
+  std::printf("bert_tiny on cuda: %d %s matrix products\n", quantized, label.c_str());
+  EXPECT_GE(quantized, 5);
+
+  std::optional<app::BuiltEngine> cpu;
+  if (!fp8) {
+    config.backend = BackendKind::kCpu;
+    auto built = app::BuildFromOnnxFile(dir + "/model.onnx", config);
+    ASSERT_TRUE(built.ok()) << built.status().ToString();
+    cpu = std::move(*built);
+  }
+  // The model's input and output names in order (input_I.pb / output_O.pb are in that order).
+  auto model = ImportOnnxFile(dir + "/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+
+  for (int set : {0, 1}) {
+    SCOPED_TRACE(fmt::format("test_data_set_{}", set));
+    const std::string data = fmt::format("{}/test_data_set_{}", dir, set);
+    std::map<std::string, Tensor> feed, expected;
+    const Graph& g = **model;
+    for (size_t i = 0; i < g.inputs().size(); ++i) {
+      auto t = LoadTensorProto(fmt::format("{}/input_{}.pb", data, i));
+      ASSERT_TRUE(t.ok()) << t.status().ToString();
+      feed[g.inputs()[i]->name()] = std::move(*t);
+    }
+    for (size_t i = 0; i < g.outputs().size(); ++i) {
+      auto t = LoadTensorProto(fmt::format("{}/output_{}.pb", data, i));
+      ASSERT_TRUE(t.ok()) << t.status().ToString();
+      expected[g.outputs()[i]->name()] = std::move(*t);
+    }
+    auto on_gpu = RunEngine(*gpu->desc, BackendKind::kCuda, feed);
+    ASSERT_TRUE(on_gpu.ok()) << on_gpu.status().ToString();
+    std::optional<std::map<std::string, Tensor>> on_cpu;
+    if (cpu) {
+      auto r = RunEngine(*cpu->desc, BackendKind::kCpu, feed);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      on_cpu = std::move(*r);
+    }
+    for (const auto& [name, want] : expected) {
+      std::vector<float> got = on_gpu->at(name).ToFloatVector();
+      const double vs_fp32 = RelL2(got, want.ToFloatVector());
+      std::printf("bert_tiny %s on cuda, set %d, %s: rel_l2 %.3g vs PyTorch FP32\n", label.c_str(),
+                  set, name.c_str(), vs_fp32);
+      // The zoo INT8 bound (tests/precision/zoo_accuracy_test.cc); FP8 E4M3 per tensor rounds
+      // each operand to 3 mantissa bits (about 4e-2 per layer on random data, no sensitivity
+      // fallback): a first bound, to be tightened from the H200 run.
+      EXPECT_LE(vs_fp32, fp8 ? 2e-1 : 1e-1) << name;
+      if (on_cpu) {
+        // The two INT8 engines differ by FP16 rounding and the odd activation rounded to the
+        // neighbouring int8 step.
+        const double vs_cpu = RelL2(got, on_cpu->at(name).ToFloatVector());
+        std::printf("  %.3g vs the CPU's INT8 engine\n", vs_cpu);
+        EXPECT_LE(vs_cpu, 5e-2) << name;
+      }
+    }
+  }
+}
+
+TEST_F(CudaInt8Test, BertTinyInt8BuildKeepsItsMatrixProductsInt8) { CheckBertTiny(false); }
+TEST_F(CudaFp8Test, BertTinyFp8BuildKeepsItsMatrixProductsFp8) { CheckBertTiny(true); }
+
+}  // namespace
+}  // namespace kiln::testing
