@@ -17,6 +17,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -39,9 +41,14 @@ namespace {
 
 constexpr char kAmax[] = "kiln_int8_input_amax";
 
+// The INT8/FP8 tactics are off by default until they have run on a GPU (cublaslt_util.h,
+// QuantTacticsEnabled); this binary tests them, so it turns them on before anything asks.
+const bool kQuantTacticsOn = setenv("KILN_CUDA_QUANT_TACTICS", "1", 1) == 0;
+
 class CudaInt8Test : public ::testing::Test {
  protected:
   void SetUp() override {
+    ASSERT_TRUE(kQuantTacticsOn);
     auto backend = GetBackend(BackendKind::kCuda);
     if (!backend.ok()) GTEST_SKIP() << "no CUDA device: " << backend.status().ToString();
   }

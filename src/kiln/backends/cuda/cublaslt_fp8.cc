@@ -235,6 +235,7 @@ class CublasLtFp8ProviderBase : public KernelProvider {
   BackendKind backend() const final { return BackendKind::kCuda; }
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
+    if (!QuantTacticsEnabled()) return {};
     std::optional<QuantizedGemm> p = ResolveQuantizedGemm(request, Fp8InputAmax(*request.node));
     if (!p) return {};
     auto handle = CublasLtHandle();  // fails where there is no GPU: no tactics then

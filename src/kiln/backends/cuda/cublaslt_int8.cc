@@ -224,6 +224,7 @@ class CublasLtInt8ProviderBase : public KernelProvider {
   BackendKind backend() const final { return BackendKind::kCuda; }
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
+    if (!QuantTacticsEnabled()) return {};
     std::optional<QuantizedGemm> p = ResolveQuantizedGemm(request, Int8InputAmax(*request.node));
     // int32 accumulation: 127 * 127 * K must not overflow.
     if (p && p->k > (int64_t{1} << 31) / (127 * 127)) return {};

@@ -3,10 +3,31 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <mutex>
+#include <string_view>
+
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/core/logging.h"
 #include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
+
+bool QuantTacticsEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("KILN_CUDA_QUANT_TACTICS");
+    return v && std::string_view(v) == "1";
+  }();
+  if (!enabled) {
+    static std::once_flag told;
+    std::call_once(told, [] {
+      KILN_LOG(Info, BACKEND,
+               "CUDA INT8/FP8 matrix-product tactics are off: not yet verified on a GPU "
+               "(KILN_CUDA_QUANT_TACTICS=1 turns them on); such layers stay FP16");
+    });
+  }
+  return enabled;
+}
 
 StatusOr<GemmSpec> ReadGemmSpec(const Node& node) {
   const AttributeMap& at = node.attrs();

@@ -33,6 +33,13 @@ struct GemmSpec {
 };
 StatusOr<GemmSpec> ReadGemmSpec(const Node& node);
 
+// Whether the INT8 and FP8 tactics (cublaslt_int8.cc, cublaslt_fp8.cc) are offered. They were
+// written and checked on the host (their packed plans replayed against the CPU's kernels) but have
+// not yet run on a GPU, so they are off unless KILN_CUDA_QUANT_TACTICS=1: until then a CUDA
+// --int8/--fp8 build keeps its matrix products FP16 with the reason "no int8 kernel on cuda", as
+// before they existed. The first refusal logs how to turn them on.
+bool QuantTacticsEnabled();
+
 // ---- RAII for cuBLASLt descriptors.
 struct DescDeleter {
   void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
