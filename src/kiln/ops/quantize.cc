@@ -15,7 +15,8 @@ using namespace ops_internal;  // NOLINT: the shape-rule helpers of this folder
 namespace {
 
 bool IsQuantizedType(DataType t) {
-  return t == DataType::kInt8 || t == DataType::kUInt8 || t == DataType::kInt32;
+  return t == DataType::kInt8 || t == DataType::kUInt8 || t == DataType::kInt16 ||
+         t == DataType::kUInt16 || t == DataType::kInt32;
 }
 
 // The scale (input 1) and zero point (input 2): a scalar or one element for the whole tensor,
@@ -102,16 +103,19 @@ Status InferQuantizeLinear(InferenceContext& ctx) {
   if (output_dtype != 0) {
     auto t = DataTypeFromOnnx(output_dtype);
     if (!t || (ctx.has_input(2) && *t != ctx.input_type(2))) {
-      return ctx.Error(ErrorCode::kInvalidAttribute,
-                       "output_dtype is ONNX type {}; kiln quantizes to int8 or uint8, the zero "
-                       "point's type when one is given",
-                       output_dtype);
+      return ctx.Error(
+          ErrorCode::kInvalidAttribute,
+          "output_dtype is ONNX type {}; kiln quantizes to (u)int8 or (u)int16, the zero "
+          "point's type when one is given",
+          output_dtype);
     }
     out = *t;
   }
-  if (out != DataType::kInt8 && out != DataType::kUInt8) {
+  if (out != DataType::kInt8 && out != DataType::kUInt8 && out != DataType::kInt16 &&
+      out != DataType::kUInt16) {
     return ctx.Error(ErrorCode::kUnimplemented,
-                     "quantizing to {} is not supported (int8 and uint8 are)", ToString(out));
+                     "quantizing to {} is not supported (int8, uint8, int16 and uint16 are)",
+                     ToString(out));
   }
   KILN_ASSIGN_OR_RETURN(int64_t axis, IntAttr(ctx, "axis", attrs::QuantizeLinear::axis_default()));
   KILN_ASSIGN_OR_RETURN(int64_t block,
@@ -125,7 +129,8 @@ Status InferDequantizeLinear(InferenceContext& ctx) {
   const DataType x = ctx.input_type(0);
   if (!IsQuantizedType(x)) {
     return ctx.Error(ErrorCode::kTypeMismatch,
-                     "input type {} is not supported (int8, uint8 and int32 are)", ToString(x));
+                     "input type {} is not supported ((u)int8, (u)int16 and int32 are)",
+                     ToString(x));
   }
   KILN_ASSIGN_OR_RETURN(
       int64_t output_dtype,

@@ -593,12 +593,14 @@ Status InferCast(InferenceContext& ctx) {
   auto t = DataTypeFromOnnx(to);
   if (!t) {
     return ctx.Error(ErrorCode::kInvalidAttribute,
-                     "attribute 'to' is ONNX type {}, which kiln does not support (float, "
-                     "float16, bfloat16, int8, uint8, int32, int64, bool)",
+                     "attribute 'to' is ONNX type {}, which kiln does not support (double, "
+                     "float, float16, bfloat16, int8, uint8, int16, uint16, int32, uint32, int64, "
+                     "uint64, bool)",
                      to);
   }
   ctx.set_output(0, *t, ctx.input_shape(0));
-  if (IsInteger(*t)) {
+  // Dims-values (which may hold -1) pass through casts to signed integers only.
+  if (IsInteger(*t) && (!IsUnsigned(*t) || *t == DataType::kUInt8)) {
     if (auto v = ctx.input_dims_value(0)) ctx.set_output_dims_value(0, *v);
   }
   return OkStatus();

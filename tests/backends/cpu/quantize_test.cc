@@ -133,6 +133,42 @@ TEST(CpuQuantize, DequantizeInt8Uint8Int32PerTensorAndPerAxis) {
             0);
 }
 
+TEST(CpuQuantize, Int16AndUint16BothWays) {
+  // Saturation at both ends of the 16-bit ranges, per tensor and per axis.
+  EXPECT_GT(OpTester("QuantizeLinear")
+                .Input(kFloat32, {4, 6}, -40000.0, 40000.0)
+                .Constant(MakeTensor(kFloat32, {}, {0.5}))
+                .Constant(MakeTensor(kInt16, {}, {-300}))
+                .Reference(QuantizeRef(1, -32768, 32767))
+                .Tolerance(0, 0)
+                .Run(BackendKind::kCpu),
+            0);
+  EXPECT_GT(OpTester("QuantizeLinear", Axis(0))
+                .Input(kFloat32, {3, 5}, -100.0, 70000.0)
+                .Constant(MakeTensor(kFloat32, {3}, {1.0, 0.5, 2.0}))
+                .Constant(MakeTensor(kUInt16, {3}, {0, 1000, 65535}))
+                .Reference(QuantizeRef(0, 0, 65535))
+                .Tolerance(0, 0)
+                .Run(BackendKind::kCpu),
+            0);
+  EXPECT_GT(OpTester("DequantizeLinear")
+                .Input(kInt16, {4, 6}, -32768, 32767)
+                .Constant(MakeTensor(kFloat32, {}, {0.001}))
+                .Constant(MakeTensor(kInt16, {}, {-12}))
+                .Reference(DequantizeRef(1))
+                .Tolerance(0, 0)
+                .Run(BackendKind::kCpu),
+            0);
+  EXPECT_GT(OpTester("DequantizeLinear")
+                .Input(kUInt16, {9}, 0, 65535)
+                .Constant(MakeTensor(kFloat32, {}, {0.25}))
+                .Constant(MakeTensor(kUInt16, {}, {30000}))
+                .Reference(DequantizeRef(1))
+                .Tolerance(0, 0)
+                .Run(BackendKind::kCpu),
+            0);
+}
+
 // The shape rule's verdict on a one-node graph.
 Status InferQdq(const std::string& op, DataType x, const Tensor& scale,
                 const std::optional<Tensor>& zero, AttributeMap attrs = {}) {

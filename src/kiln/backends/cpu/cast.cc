@@ -1,4 +1,4 @@
-// Cast on the CPU between every kiln dtype (f32, f16, bf16, i8, u8, i32, i64, bool). Floats to
+// Cast on the CPU between every kiln dtype (f64, f32, f16, bf16, the integers, bool). Floats to
 // integers truncate toward zero; to bool is `!= 0`; f16/bf16 round to nearest even.
 #include <cmath>
 
@@ -66,6 +66,11 @@ void WithType(DataType t, F&& f) {
       KILN_CAST_CASE(kInt32, int32_t)
       KILN_CAST_CASE(kInt64, int64_t)
       KILN_CAST_CASE(kBool, bool)
+      KILN_CAST_CASE(kFloat64, double)
+      KILN_CAST_CASE(kInt16, int16_t)
+      KILN_CAST_CASE(kUInt16, uint16_t)
+      KILN_CAST_CASE(kUInt32, uint32_t)
+      KILN_CAST_CASE(kUInt64, uint64_t)
 #undef KILN_CAST_CASE
     default:
       break;

@@ -105,7 +105,9 @@ const bool kRegistered = [] {
           [](const KernelRequest& r) {
             const DataType out = OutType(r, 0);
             return (IsFloat(InType(r, 0)) || InType(r, 0) == DataType::kInt32) &&
-                   IsFloat(InType(r, 1)) && (out == DataType::kInt8 || out == DataType::kUInt8);
+                   IsFloat(InType(r, 1)) &&
+                   (out == DataType::kInt8 || out == DataType::kUInt8 || out == DataType::kInt16 ||
+                    out == DataType::kUInt16);
           },
       .create =
           [](const KernelRequest& r) {
@@ -114,6 +116,10 @@ const bool kRegistered = [] {
                              [out](const KernelRunArgs& a, const QuantParams& p) {
                                if (out == DataType::kInt8) {
                                  QuantizeLoop(a.inputs[0], p, a.outputs[0].as<int8_t>());
+                               } else if (out == DataType::kInt16) {
+                                 QuantizeLoop(a.inputs[0], p, a.outputs[0].as<int16_t>());
+                               } else if (out == DataType::kUInt16) {
+                                 QuantizeLoop(a.inputs[0], p, a.outputs[0].as<uint16_t>());
                                } else {
                                  QuantizeLoop(a.inputs[0], p, a.outputs[0].as<uint8_t>());
                                }
@@ -127,7 +133,8 @@ const bool kRegistered = [] {
       .accepts =
           [](const KernelRequest& r) {
             const DataType in = InType(r, 0);
-            return (in == DataType::kInt8 || in == DataType::kUInt8 || in == DataType::kInt32) &&
+            return (in == DataType::kInt8 || in == DataType::kUInt8 || in == DataType::kInt16 ||
+                    in == DataType::kUInt16 || in == DataType::kInt32) &&
                    IsFloat(InType(r, 1)) && IsFloat(OutType(r, 0));
           },
       .create =
@@ -139,6 +146,10 @@ const bool kRegistered = [] {
                                  DequantizeLoop<int8_t>(a.inputs[0], p, a.outputs[0]);
                                } else if (in == DataType::kUInt8) {
                                  DequantizeLoop<uint8_t>(a.inputs[0], p, a.outputs[0]);
+                               } else if (in == DataType::kInt16) {
+                                 DequantizeLoop<int16_t>(a.inputs[0], p, a.outputs[0]);
+                               } else if (in == DataType::kUInt16) {
+                                 DequantizeLoop<uint16_t>(a.inputs[0], p, a.outputs[0]);
                                } else {
                                  DequantizeLoop<int32_t>(a.inputs[0], p, a.outputs[0]);
                                }
