@@ -359,6 +359,20 @@ TEST(ShapeRules, NewTypesLossesAndEmptyOperands) {
   GraphBuilder nodir;
   nodir.Op("BitShift", {nodir.In(kUInt8, {3}), nodir.In(kUInt8, {3})});
   EXPECT_EQ(nodir.Infer().code(), ErrorCode::kInvalidAttribute);
+  GraphBuilder cast;
+  cast.Op("BitCast", {cast.In(kFloat32, {3})}, Attrs({{"to", int64_t{7}}}));  // f32 -> i64
+  EXPECT_EQ(cast.Infer().code(), ErrorCode::kTypeMismatch);
+  GraphBuilder q;
+  Value* scale = q.In(kFloat32, {});
+  Value* zp = q.In(kInt8, {});
+  Value* qy = q.Op("QLinearMatMul", {q.In(kInt8, {kBatch, 2, 4}), scale, zp, q.In(kInt8, {4, 3}),
+                                     scale, zp, scale, q.In(kUInt8, {})});
+  auto dq = q.OpN("DynamicQuantizeLinear", {q.In(kFloat32, {kBatch, 5})}, 3);
+  ASSERT_TRUE(q.Infer().ok());
+  EXPECT_EQ(qy->shape(), (Shape{kBatch, 2, 3}));
+  EXPECT_EQ(qy->dtype(), kUInt8);
+  EXPECT_EQ(dq[0]->dtype(), kUInt8);
+  EXPECT_EQ(dq[1]->shape(), Shape{});
   GraphBuilder target;
   target.Op("NegativeLogLikelihoodLoss",
             {target.In(kFloat32, {2, 4, 6}), target.In(kInt64, {2, 5})});

@@ -154,4 +154,46 @@ Status InferDequantizeLinear(InferenceContext& ctx) {
   return OkStatus();
 }
 
+// DynamicQuantizeLinear(x f32) -> (y u8, y_scale f32 scalar, y_zero_point u8 scalar).
+Status InferDynamicQuantizeLinear(InferenceContext& ctx) {
+  if (ctx.input_type(0) != DataType::kFloat32) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "input type {} must be float32",
+                     ToString(ctx.input_type(0)));
+  }
+  ctx.set_output(0, DataType::kUInt8, ctx.input_shape(0));
+  ctx.set_output(1, DataType::kFloat32, Shape{});
+  ctx.set_output(2, DataType::kUInt8, Shape{});
+  return OkStatus();
+}
+
+// QLinearMatMul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp): MatMul's shapes on a and b
+// (8-bit integers); the result has y_zero_point's type.
+Status InferQLinearMatMul(InferenceContext& ctx) {
+  for (size_t i : {0, 2, 3, 5, 7}) {
+    const DataType t = ctx.input_type(i);
+    if (t != DataType::kInt8 && t != DataType::kUInt8) {
+      return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; int8 or uint8 is required",
+                       i, ToString(t));
+    }
+  }
+  for (size_t i : {1, 4, 6}) {
+    if (!IsFloat(ctx.input_type(i))) {
+      return ctx.Error(ErrorCode::kTypeMismatch, "scale input {} has type {}; a float is required",
+                       i, ToString(ctx.input_type(i)));
+    }
+  }
+  Shape a = ctx.input_shape(0), b = ctx.input_shape(3);
+  if (a.size() < 2 || b.size() < 2 || DimsEqual(a.back(), b[b.size() - 2]) == false) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "a {} and b {} are not matrices that multiply",
+                     ToString(a), ToString(b));
+  }
+  auto batch = BroadcastShapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2));
+  if (!batch.ok()) return ctx.Error(ErrorCode::kShapeMismatch, "{}", batch.status().message());
+  Shape y = *batch;
+  y.push_back(a[a.size() - 2]);
+  y.push_back(b.back());
+  ctx.set_output(0, ctx.input_type(7), y);
+  return OkStatus();
+}
+
 }  // namespace kiln

@@ -610,6 +610,43 @@ TEST_P(BinaryOps, CastWithF64AndWideIntegers) {
   }
 }
 
+TEST_P(BinaryOps, BitCastKeepsBytesAndEyeLikeIsTyped) {
+  if (GetParam() != BackendKind::kCpu) GTEST_SKIP() << "BitCast, EyeLike: CPU only (ops.inc)";
+  AttributeMap to_i32;
+  to_i32.Set("to", int64_t{6});
+  OpTester("BitCast", to_i32)
+      .Input(MakeTensor(kFloat32, {3}, {1.0, -2.0, 0.0}))
+      .Reference([](const std::vector<RefTensor>&) {
+        // IEEE-754 bits of 1.0f, -2.0f, 0.0f as int32.
+        return std::vector<RefTensor>{{{3}, {1065353216.0, -1073741824.0, 0.0}}};
+      })
+      .Run(GetParam());
+  AttributeMap to_i16;
+  to_i16.Set("to", int64_t{5});
+  OpTester("BitCast", to_i16)
+      .Input(MakeTensor(kUInt16, {3}, {1, 65535, 32768}))
+      .Reference([](const std::vector<RefTensor>&) {
+        return std::vector<RefTensor>{{{3}, {1, -1, -32768}}};
+      })
+      .Run(GetParam());
+  for (int64_t k : {0, 1, -2}) {
+    SCOPED_TRACE(k);
+    AttributeMap attrs;
+    attrs.Set("k", k);
+    attrs.Set("dtype", int64_t{11});  // double
+    OpTester("EyeLike", attrs)
+        .Input(kInt32, {3, 4}, 0, 9)
+        .Reference([k](const std::vector<RefTensor>&) {
+          RefTensor out = RefTensor::Zeros({3, 4});
+          for (int64_t i = 0; i < 3; ++i) {
+            if (i + k >= 0 && i + k < 4) out[i * 4 + i + k] = 1;
+          }
+          return std::vector<RefTensor>{out};
+        })
+        .Run(GetParam());
+  }
+}
+
 KILN_INSTANTIATE_BACKENDS(BinaryOps);
 
 }  // namespace

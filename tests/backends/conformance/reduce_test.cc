@@ -376,6 +376,92 @@ TEST_P(ReduceOps, ReduceL1AndLogSumHardmaxLpNormalization) {
   }
 }
 
+TEST_P(ReduceOps, CumProdBothDirections) {
+  if (GetParam() != BackendKind::kCpu) GTEST_SKIP() << "CumProd: CPU only (ops.inc)";
+  for (int64_t exclusive : {0, 1}) {
+    for (int64_t reverse : {0, 1}) {
+      SCOPED_TRACE(fmt::format("exclusive {} reverse {}", exclusive, reverse));
+      OpTester("CumProd", Attrs({{"exclusive", exclusive}, {"reverse", reverse}}))
+          .Input(kFloat64, {3, 4}, 0.5, 2)
+          .Constant(Int64s({}, {1}))
+          .Tolerance(1e-12, 1e-12)
+          .Reference([=](const std::vector<RefTensor>& in) {
+            RefTensor out = in[0];
+            for (int64_t r = 0; r < 3; ++r) {
+              double acc = 1;
+              for (int64_t s = 0; s < 4; ++s) {
+                const int64_t j = reverse ? 3 - s : s;
+                if (exclusive) out[r * 4 + j] = acc;
+                acc *= in[0][r * 4 + j];
+                if (!exclusive) out[r * 4 + j] = acc;
+              }
+            }
+            return std::vector<RefTensor>{out};
+          })
+          .Run(GetParam());
+    }
+  }
+}
+
+TEST_P(ReduceOps, InstanceNormLrnAndMeanVarianceNormalization) {
+  if (GetParam() != BackendKind::kCpu) GTEST_SKIP() << "these ops: CPU only (ops.inc)";
+  // Statistics per (n, c) over H x W.
+  auto normalize = [](const RefTensor& x, int64_t groups, auto group_of, double eps, bool mvn) {
+    std::vector<double> sum(groups), sq(groups), cnt(groups);
+    for (int64_t i = 0; i < x.size(); ++i) {
+      sum[group_of(i)] += x[i];
+      sq[group_of(i)] += x[i] * x[i];
+      cnt[group_of(i)] += 1;
+    }
+    RefTensor out = x;
+    for (int64_t i = 0; i < x.size(); ++i) {
+      const int64_t g = group_of(i);
+      const double mean = sum[g] / cnt[g], var = sq[g] / cnt[g] - mean * mean;
+      out[i] = mvn ? (x[i] - mean) / (std::sqrt(var) + 1e-9) : (x[i] - mean) / std::sqrt(var + eps);
+    }
+    return out;
+  };
+  OpTester("InstanceNormalization", Attrs({{"epsilon", 1e-3f}}))
+      .Input(kFloat32, {2, 3, 4, 5}, -2, 2)
+      .Input(kFloat32, {3}, 0.5, 2)
+      .Input(kFloat32, {3}, -1, 1)
+      .FloatTypes({kFloat32, kFloat16})
+      .Tolerance(1e-5, 1e-4)
+      .Reference([&](const std::vector<RefTensor>& in) {
+        RefTensor y = normalize(
+            in[0], 6, [](int64_t i) { return i / 20; }, 1e-3, false);
+        for (int64_t i = 0; i < y.size(); ++i)
+          y[i] = y[i] * in[1][(i / 20) % 3] + in[2][(i / 20) % 3];
+        return std::vector<RefTensor>{y};
+      })
+      .Run(GetParam());
+  // MVN over the default axes [0, 2, 3]: one group per channel.
+  OpTester("MeanVarianceNormalization")
+      .Input(kFloat64, {2, 3, 2, 2}, -2, 2)
+      .Tolerance(1e-9, 1e-9)
+      .Reference([&](const std::vector<RefTensor>& in) {
+        return std::vector<RefTensor>{normalize(
+            in[0], 3, [](int64_t i) { return (i / 4) % 3; }, 0, true)};
+      })
+      .Run(GetParam());
+  // LRN over a window of 3 channels (1 before, 1 after).
+  OpTester("LRN", Attrs({{"size", int64_t{3}}, {"alpha", 0.5f}, {"beta", 0.75f}, {"bias", 2.0f}}))
+      .Input(kFloat32, {2, 5, 3}, -2, 2)
+      .Reference([](const std::vector<RefTensor>& in) {
+        RefTensor out = in[0];
+        for (int64_t i = 0; i < out.size(); ++i) {
+          const int64_t n = i / 15, c = (i / 3) % 5, w = i % 3;
+          double sq = 0;
+          for (int64_t k = std::max<int64_t>(0, c - 1); k <= std::min<int64_t>(4, c + 1); ++k) {
+            sq += in[0][(n * 5 + k) * 3 + w] * in[0][(n * 5 + k) * 3 + w];
+          }
+          out[i] = in[0][i] / std::pow(2.0 + 0.5 / 3 * sq, 0.75);
+        }
+        return std::vector<RefTensor>{out};
+      })
+      .Run(GetParam());
+}
+
 // NLL over log-probabilities x [N, C, D...] with targets [N, D...]; weights and ignore_index as
 // the ONNX spec (mean divides by the weights of the counted targets).
 RefTensor RefNll(const RefTensor& x, const RefTensor& target, const RefTensor* weight,

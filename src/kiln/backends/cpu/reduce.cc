@@ -2,7 +2,8 @@
 // TopK on the CPU. The input is viewed as [outer, n, inner] when the reduced axes are adjacent
 // (the usual case); other axis sets are first transposed (into the workspace) so the reduced
 // axes come last.
-// Accumulation is in double; floats store FP32 (f16/bf16 through the wrapper).
+// Accumulation is in double (CumSum/CumProd: in the element type); floats store FP32 (f16/bf16
+// through the wrapper).
 #include <cmath>
 #include <numeric>
 
@@ -154,7 +155,8 @@ void ArgReduce(const KernelRunArgs& a, int64_t axis, bool is_max, bool last) {
   });
 }
 
-template <typename T>
+// CumSum (kProd false) and CumProd along the axis input.
+template <typename T, bool kProd = false>
 void CumSum(const KernelRunArgs& a, bool exclusive, bool reverse) {
   const TensorView& x = a.inputs[0];
   int64_t axis = ReadInts(a.inputs[1])[0];
@@ -164,17 +166,13 @@ void CumSum(const KernelRunArgs& a, bool exclusive, bool reverse) {
   ParallelRows(v.outer * v.inner, v.n, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       int64_t base = (t / v.inner) * v.n * v.inner + t % v.inner;
-      T acc = 0;
+      T acc = kProd ? T(1) : T(0);
       for (int64_t s = 0; s < v.n; ++s) {
         int64_t j = reverse ? v.n - 1 - s : s;
         int64_t k = base + j * v.inner;
-        if (exclusive) {
-          dst[k] = acc;
-          acc += src[k];
-        } else {
-          acc += src[k];
-          dst[k] = acc;
-        }
+        if (exclusive) dst[k] = acc;
+        acc = kProd ? static_cast<T>(acc * src[k]) : static_cast<T>(acc + src[k]);
+        if (!exclusive) dst[k] = acc;
       }
     }
   });
@@ -378,22 +376,30 @@ const bool kRegistered = [] {
             });
           },
   });
-  RegisterOpKernel({
-      .op_type = "CumSum",
-      .accepts = ReduceTypes,
-      .create =
-          [](const KernelRequest& r) {
-            bool exclusive = attrs::CumSum::exclusive(*r.node) != 0;
-            bool reverse = attrs::CumSum::reverse(*r.node) != 0;
-            DataType t = InType(r, 0);
-            return KernelOr([=](const KernelRunArgs& a) {
-              return ForReduceType(t, [&](auto tag) -> Status {
-                CumSum<typename decltype(tag)::type>(a, exclusive, reverse);
-                return OkStatus();
+  for (bool prod : {false, true}) {
+    RegisterOpKernel({
+        .op_type = prod ? "CumProd" : "CumSum",
+        .accepts = ReduceTypes,
+        .create =
+            [prod](const KernelRequest& r) {
+              // CumProd declares the same attributes and defaults.
+              bool exclusive = attrs::CumSum::exclusive(*r.node) != 0;
+              bool reverse = attrs::CumSum::reverse(*r.node) != 0;
+              DataType t = InType(r, 0);
+              return KernelOr([=](const KernelRunArgs& a) {
+                return ForReduceType(t, [&](auto tag) -> Status {
+                  using T = typename decltype(tag)::type;
+                  if (prod) {
+                    CumSum<T, true>(a, exclusive, reverse);
+                  } else {
+                    CumSum<T>(a, exclusive, reverse);
+                  }
+                  return OkStatus();
+                });
               });
-            });
-          },
-  });
+            },
+    });
+  }
   RegisterOpKernel({
       .op_type = "TopK",
       .accepts = ReduceTypes,
