@@ -93,7 +93,13 @@ def _dtype_tables():
         pairs = [(torch.float32, _lib.DTYPE_FLOAT32), (torch.float16, _lib.DTYPE_FLOAT16),
                  (torch.bfloat16, _lib.DTYPE_BFLOAT16), (torch.int8, _lib.DTYPE_INT8),
                  (torch.uint8, _lib.DTYPE_UINT8), (torch.int32, _lib.DTYPE_INT32),
-                 (torch.int64, _lib.DTYPE_INT64), (torch.bool, _lib.DTYPE_BOOL)]
+                 (torch.int64, _lib.DTYPE_INT64), (torch.bool, _lib.DTYPE_BOOL),
+                 (torch.float64, _lib.DTYPE_FLOAT64), (torch.int16, _lib.DTYPE_INT16)]
+        # torch has uint16/32/64 since 2.3 (with few kernels); older versions lack them.
+        for name, c in (("uint16", _lib.DTYPE_UINT16), ("uint32", _lib.DTYPE_UINT32),
+                        ("uint64", _lib.DTYPE_UINT64)):
+            if hasattr(torch, name):
+                pairs.append((getattr(torch, name), c))
         for t, c in pairs:
             _DTYPE_CODES[t] = c
             _CODE_DTYPES[c] = t
@@ -101,7 +107,8 @@ def _dtype_tables():
 
 
 _DTYPE_NAMES = {1: "float32", 2: "float16", 3: "bfloat16", 4: "int8", 5: "uint8", 6: "int32",
-                7: "int64", 8: "bool"}
+                7: "int64", 8: "bool", 9: "float64", 10: "int16", 11: "uint16", 12: "uint32",
+                13: "uint64"}
 
 
 class TensorInfo(NamedTuple):
@@ -265,7 +272,10 @@ class Engine:
 
 _NUMPY_DTYPES = {"float32": _lib.DTYPE_FLOAT32, "float16": _lib.DTYPE_FLOAT16,
                  "int8": _lib.DTYPE_INT8, "uint8": _lib.DTYPE_UINT8, "int32": _lib.DTYPE_INT32,
-                 "int64": _lib.DTYPE_INT64, "bool": _lib.DTYPE_BOOL}
+                 "int64": _lib.DTYPE_INT64, "bool": _lib.DTYPE_BOOL,
+                 "float64": _lib.DTYPE_FLOAT64, "int16": _lib.DTYPE_INT16,
+                 "uint16": _lib.DTYPE_UINT16, "uint32": _lib.DTYPE_UINT32,
+                 "uint64": _lib.DTYPE_UINT64}
 
 
 def _host_weight(name: str, value):

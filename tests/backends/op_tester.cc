@@ -339,12 +339,14 @@ int OpTester::RunType(BackendKind backend_kind, DataType float_type) {
         if (want.size() != outs[o].num_elements()) continue;
         DataType t = outs[o].dtype();
         double rel = t == DataType::kFloat16 ? 1e-2 : (t == DataType::kBFloat16 ? 2e-2 : rel_tol_);
-        double abs = t == DataType::kFloat32 ? abs_tol_ : (IsFloat(t) ? rel : 0.0);
+        double abs = t == DataType::kFloat32 || t == DataType::kFloat64 ? abs_tol_
+                     : IsFloat(t)                                       ? rel
+                                                                        : 0.0;
         int bad = 0;
         for (int64_t i = 0; i < want.size() && bad < 5; ++i) {
           double got = outs[o].GetDouble(i), w = want[i];
           bool ok = (std::isnan(w) && std::isnan(got)) || got == w ||
-                    (IsFloat(t) && std::fabs(got - w) <= abs + rel * std::fabs(w));
+                    (IsFloatingPoint(t) && std::fabs(got - w) <= abs + rel * std::fabs(w));
           if (!ok) {
             ++bad;
             ADD_FAILURE() << "output " << o << " element " << i << ": got " << got << ", want "

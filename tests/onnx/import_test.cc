@@ -112,6 +112,23 @@ TEST(OnnxImport, EveryKilnDtypeFromTypedFieldsAndRawData) {
   i64->add_dims(2);
   i64->add_int64_data(int64_t{1} << 40);
   i64->add_int64_data(-1);
+  add_typed("i16", onnx::TensorProto::INT16, {-300, 7});
+  add_typed("u16", onnx::TensorProto::UINT16, {65000, 2});
+  auto* f64 = b.graph().add_initializer();
+  f64->set_name("f64");
+  f64->set_data_type(onnx::TensorProto::DOUBLE);
+  f64->add_dims(2);
+  f64->add_double_data(0.1);
+  f64->add_double_data(-1e300);
+  for (auto [name, type] :
+       {std::pair{"u32", onnx::TensorProto::UINT32}, std::pair{"u64", onnx::TensorProto::UINT64}}) {
+    auto* u = b.graph().add_initializer();
+    u->set_name(name);
+    u->set_data_type(type);
+    u->add_dims(2);
+    u->add_uint64_data(4000000000u);
+    u->add_uint64_data(3);
+  }
   auto* raw = b.graph().add_initializer();
   raw->set_name("raw");
   raw->set_data_type(onnx::TensorProto::FLOAT);
@@ -141,26 +158,36 @@ TEST(OnnxImport, EveryKilnDtypeFromTypedFieldsAndRawData) {
   EXPECT_EQ(vals("bf"), (std::vector<double>{0.5, 4.0}));
   EXPECT_EQ((*g)->FindValue("i64")->constant()->ToInt64Vector(),
             (std::vector<int64_t>{int64_t{1} << 40, -1}));
+  EXPECT_EQ((*g)->FindValue("i16")->dtype(), DataType::kInt16);
+  EXPECT_EQ(vals("i16"), (std::vector<double>{-300, 7}));
+  EXPECT_EQ((*g)->FindValue("u16")->dtype(), DataType::kUInt16);
+  EXPECT_EQ(vals("u16"), (std::vector<double>{65000, 2}));
+  EXPECT_EQ((*g)->FindValue("f64")->dtype(), DataType::kFloat64);
+  EXPECT_EQ(vals("f64"), (std::vector<double>{0.1, -1e300}));
+  EXPECT_EQ((*g)->FindValue("u32")->dtype(), DataType::kUInt32);
+  EXPECT_EQ(vals("u32"), (std::vector<double>{4000000000.0, 3}));
+  EXPECT_EQ((*g)->FindValue("u64")->dtype(), DataType::kUInt64);
+  EXPECT_EQ(vals("u64"), (std::vector<double>{4000000000.0, 3}));
   EXPECT_EQ((*g)->FindValue("raw")->constant()->dims(), (std::vector<int64_t>{2, 1}));
   EXPECT_EQ(vals("raw"), (std::vector<double>{0.25, 8.0}));
 }
 
 TEST(OnnxImport, UnsupportedDtypesAreListedTogether) {
   ModelBuilder b(17);
-  b.Input("x", onnx::TensorProto::UINT16, {int64_t{1}});
+  b.Input("x", onnx::TensorProto::COMPLEX64, {int64_t{1}});
   auto* d = b.graph().add_initializer();
-  d->set_name("weights64");
-  d->set_data_type(onnx::TensorProto::DOUBLE);
+  d->set_name("weights8");
+  d->set_data_type(17);  // FLOAT8E4M3FN (newer than the onnx headers here)
   d->add_dims(1);
-  d->add_double_data(1.0);
+  d->set_raw_data(std::string(1, '\0'));
   b.Node("Identity", {"x"}, {"y"});
   b.Output("y");
   auto g = Import(b);
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), ErrorCode::kUnsupportedDataType);
-  EXPECT_NE(g.status().message().find("initializer 'weights64' (float64)"), std::string::npos)
+  EXPECT_NE(g.status().message().find("initializer 'weights8' (float8e4m3fn)"), std::string::npos)
       << g.status().message();
-  EXPECT_NE(g.status().message().find("input 'x' (uint16)"), std::string::npos);
+  EXPECT_NE(g.status().message().find("input 'x' (complex64)"), std::string::npos);
   EXPECT_NE(g.status().message().find("2 tensor(s)"), std::string::npos);
 }
 

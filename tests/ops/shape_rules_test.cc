@@ -213,7 +213,7 @@ TEST(ShapeRules, BadAttributesAreE2009) {
       {"Concat", {}, {2, 3}},  // axis is required
       {"Concat", Attrs({{"axis", int64_t{2}}}), {2, 3}},
       {"Gelu", Attrs({{"approximate", std::string("fast")}}), {2}},
-      {"Cast", Attrs({{"to", int64_t{13}}}), {2}},  // uint32
+      {"Cast", Attrs({{"to", int64_t{8}}}), {2}},  // string
       {"Softmax", Attrs({{"axis", int64_t{5}}}), {2, 3}},
       {"Softmax", Attrs({{"axis", std::string("last")}}), {2, 3}},  // wrong kind
       {"Flatten", Attrs({{"axis", int64_t{-4}}}), {2, 3}},
@@ -327,6 +327,56 @@ TEST(ShapeRules, ReductionsSoftmaxLayerNormTopKTypes) {
   EXPECT_EQ(ln[2]->dtype(), kFloat32);
   EXPECT_EQ(topk[0]->shape(), (Shape{kBatch, kSeq, 5}));
   EXPECT_EQ(topk[1]->dtype(), kInt64);
+}
+
+TEST(ShapeRules, NewTypesLossesAndEmptyOperands) {
+  GraphBuilder b;
+  Value* x = b.In(kFloat64, {kBatch, 4, 6});
+  // An `axes` graph input of static length 0 is known to be empty: every axis is reduced.
+  Value* all = b.Op("ReduceSum", {x, b.In(kInt64, {0})});
+  Value* l1 = b.Op("ReduceL1", {b.In(kUInt32, {3, 5}), b.Const(I64({1}, {1}))});
+  Value* sub = b.Op("Sub", {b.In(kUInt16, {3}), b.In(kUInt16, {1})});
+  Value* shift = b.Op("BitShift", {b.In(kUInt8, {3}), b.In(kUInt8, {3})},
+                      Attrs({{"direction", std::string("LEFT")}}));
+  Value* nll = b.Op("NegativeLogLikelihoodLoss", {x, b.In(kInt64, {kBatch, 6})},
+                    Attrs({{"reduction", std::string("none")}}));
+  auto sce = b.OpN("SoftmaxCrossEntropyLoss", {x, b.In(kInt32, {kBatch, 6})}, 2);
+  ASSERT_TRUE(b.Infer().ok());
+  EXPECT_EQ(all->shape(), (Shape{1, 1, 1}));
+  EXPECT_EQ(all->dtype(), kFloat64);
+  EXPECT_EQ(l1->shape(), (Shape{3, 1}));
+  EXPECT_EQ(sub->dtype(), kUInt16);
+  EXPECT_EQ(shift->shape(), (Shape{3}));
+  EXPECT_EQ(nll->shape(), (Shape{kBatch, 6}));
+  EXPECT_EQ(sce[0]->shape(), Shape{});
+  EXPECT_EQ(sce[1]->shape(), (Shape{kBatch, 4, 6}));
+
+  // BitShift takes unsigned types only and needs a direction; a loss target must match.
+  GraphBuilder bad;
+  bad.Op("BitShift", {bad.In(kInt32, {3}), bad.In(kInt32, {3})},
+         Attrs({{"direction", std::string("LEFT")}}));
+  EXPECT_EQ(bad.Infer().code(), ErrorCode::kTypeMismatch);
+  GraphBuilder nodir;
+  nodir.Op("BitShift", {nodir.In(kUInt8, {3}), nodir.In(kUInt8, {3})});
+  EXPECT_EQ(nodir.Infer().code(), ErrorCode::kInvalidAttribute);
+  GraphBuilder cast;
+  cast.Op("BitCast", {cast.In(kFloat32, {3})}, Attrs({{"to", int64_t{7}}}));  // f32 -> i64
+  EXPECT_EQ(cast.Infer().code(), ErrorCode::kTypeMismatch);
+  GraphBuilder q;
+  Value* scale = q.In(kFloat32, {});
+  Value* zp = q.In(kInt8, {});
+  Value* qy = q.Op("QLinearMatMul", {q.In(kInt8, {kBatch, 2, 4}), scale, zp, q.In(kInt8, {4, 3}),
+                                     scale, zp, scale, q.In(kUInt8, {})});
+  auto dq = q.OpN("DynamicQuantizeLinear", {q.In(kFloat32, {kBatch, 5})}, 3);
+  ASSERT_TRUE(q.Infer().ok());
+  EXPECT_EQ(qy->shape(), (Shape{kBatch, 2, 3}));
+  EXPECT_EQ(qy->dtype(), kUInt8);
+  EXPECT_EQ(dq[0]->dtype(), kUInt8);
+  EXPECT_EQ(dq[1]->shape(), Shape{});
+  GraphBuilder target;
+  target.Op("NegativeLogLikelihoodLoss",
+            {target.In(kFloat32, {2, 4, 6}), target.In(kInt64, {2, 5})});
+  EXPECT_EQ(target.Infer().code(), ErrorCode::kShapeMismatch);
 }
 
 TEST(ShapeRules, TensorOpsShapes) {
@@ -494,12 +544,16 @@ TEST(ShapeRules, ConcreteDimsAtRunTime) {
 }
 
 TEST(ShapeRules, OnnxDtypeMappingRoundTrips) {
-  for (int64_t code : {1, 2, 3, 6, 7, 9, 10, 16}) {
+  for (int64_t code : {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 16}) {
     auto t = DataTypeFromOnnx(code);
     ASSERT_TRUE(t.has_value()) << code;
     EXPECT_EQ(OnnxDataTypeCode(*t), code);
   }
-  EXPECT_FALSE(DataTypeFromOnnx(11).has_value());  // double
+  EXPECT_FALSE(DataTypeFromOnnx(8).has_value());   // string
+  EXPECT_FALSE(DataTypeFromOnnx(17).has_value());  // float8e4m3fn
+  EXPECT_EQ(*DataTypeFromOnnx(11), kFloat64);
+  EXPECT_EQ(*DataTypeFromOnnx(5), kInt16);
+  EXPECT_EQ(*DataTypeFromOnnx(13), kUInt64);
   EXPECT_EQ(*DataTypeFromOnnx(10), kFloat16);
   EXPECT_EQ(*DataTypeFromOnnx(16), kBFloat16);
 }

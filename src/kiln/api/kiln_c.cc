@@ -118,6 +118,16 @@ std::optional<DataType> FromCDtype(int32_t d) {
       return DataType::kInt64;
     case KILN_DTYPE_BOOL:
       return DataType::kBool;
+    case KILN_DTYPE_FLOAT64:
+      return DataType::kFloat64;
+    case KILN_DTYPE_INT16:
+      return DataType::kInt16;
+    case KILN_DTYPE_UINT16:
+      return DataType::kUInt16;
+    case KILN_DTYPE_UINT32:
+      return DataType::kUInt32;
+    case KILN_DTYPE_UINT64:
+      return DataType::kUInt64;
     default:
       return std::nullopt;
   }
@@ -231,6 +241,16 @@ int32_t ToCDtype(DataType d) {
       return KILN_DTYPE_INT64;
     case DataType::kBool:
       return KILN_DTYPE_BOOL;
+    case DataType::kFloat64:
+      return KILN_DTYPE_FLOAT64;
+    case DataType::kInt16:
+      return KILN_DTYPE_INT16;
+    case DataType::kUInt16:
+      return KILN_DTYPE_UINT16;
+    case DataType::kUInt32:
+      return KILN_DTYPE_UINT32;
+    case DataType::kUInt64:
+      return KILN_DTYPE_UINT64;
     default:
       return 0;
   }

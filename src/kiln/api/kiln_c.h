@@ -59,6 +59,11 @@ enum kiln_dtype {
   KILN_DTYPE_INT32 = 6,
   KILN_DTYPE_INT64 = 7,
   KILN_DTYPE_BOOL = 8,
+  KILN_DTYPE_FLOAT64 = 9,
+  KILN_DTYPE_INT16 = 10,
+  KILN_DTYPE_UINT16 = 11,
+  KILN_DTYPE_UINT32 = 12,
+  KILN_DTYPE_UINT64 = 13,
 };
 /* DLPack's device type numbers. */
 enum kiln_device_type { KILN_DEVICE_CPU = 1, KILN_DEVICE_CUDA = 2 };

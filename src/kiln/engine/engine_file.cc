@@ -58,8 +58,7 @@ Status Malformed(fmt::format_string<Args...> format, Args&&... args) {
 }
 
 bool ValidDataType(uint8_t t) {
-  return t > static_cast<uint8_t>(DataType::kUndefined) &&
-         t <= static_cast<uint8_t>(DataType::kBool);
+  return t > static_cast<uint8_t>(DataType::kUndefined) && t <= static_cast<uint8_t>(kLastDataType);
 }
 
 // Bytes of a dense tensor; nullopt past the size limits (ir/sizes.h) or a negative dim.

@@ -103,6 +103,16 @@ double LoadAsDouble(const TensorView& v, int64_t i) {
       return static_cast<double>(static_cast<const int64_t*>(v.data)[i]);
     case DataType::kBool:
       return static_cast<const uint8_t*>(v.data)[i] ? 1.0 : 0.0;
+    case DataType::kFloat64:
+      return static_cast<const double*>(v.data)[i];
+    case DataType::kInt16:
+      return static_cast<const int16_t*>(v.data)[i];
+    case DataType::kUInt16:
+      return static_cast<const uint16_t*>(v.data)[i];
+    case DataType::kUInt32:
+      return static_cast<const uint32_t*>(v.data)[i];
+    case DataType::kUInt64:
+      return static_cast<double>(static_cast<const uint64_t*>(v.data)[i]);
     case DataType::kUndefined:
       break;
   }
@@ -134,6 +144,21 @@ void StoreFromDouble(const TensorView& v, int64_t i, double x) {
       break;
     case DataType::kBool:
       static_cast<uint8_t*>(v.data)[i] = x != 0 ? 1 : 0;
+      break;
+    case DataType::kFloat64:
+      static_cast<double*>(v.data)[i] = x;
+      break;
+    case DataType::kInt16:
+      static_cast<int16_t*>(v.data)[i] = static_cast<int16_t>(x);
+      break;
+    case DataType::kUInt16:
+      static_cast<uint16_t*>(v.data)[i] = static_cast<uint16_t>(x);
+      break;
+    case DataType::kUInt32:
+      static_cast<uint32_t*>(v.data)[i] = static_cast<uint32_t>(x);
+      break;
+    case DataType::kUInt64:
+      static_cast<uint64_t*>(v.data)[i] = static_cast<uint64_t>(x);
       break;
     case DataType::kUndefined:
       break;

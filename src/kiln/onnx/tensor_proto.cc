@@ -260,6 +260,10 @@ StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataReso
     KILN_RETURN_IF_ERROR(CheckCount(p, "float_data", p.float_data(), n));
   } else if (*dtype == DataType::kInt64) {
     KILN_RETURN_IF_ERROR(CheckCount(p, "int64_data", p.int64_data(), n));
+  } else if (*dtype == DataType::kFloat64) {
+    KILN_RETURN_IF_ERROR(CheckCount(p, "double_data", p.double_data(), n));
+  } else if (*dtype == DataType::kUInt32 || *dtype == DataType::kUInt64) {
+    KILN_RETURN_IF_ERROR(CheckCount(p, "uint64_data", p.uint64_data(), n));
   } else {
     KILN_RETURN_IF_ERROR(CheckCount(p, "int32_data", p.int32_data(), n));
   }
@@ -275,6 +279,25 @@ StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataReso
     case DataType::kInt32:
       std::memcpy(t.mutable_raw(), p.int32_data().data(), bytes);
       break;
+    case DataType::kFloat64:
+      std::memcpy(t.mutable_raw(), p.double_data().data(), bytes);
+      break;
+    case DataType::kUInt64:
+      std::memcpy(t.mutable_raw(), p.uint64_data().data(), bytes);
+      break;
+    case DataType::kUInt32: {
+      auto* out = static_cast<uint32_t*>(t.mutable_raw());
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = static_cast<uint32_t>(p.uint64_data(static_cast<int>(i)));
+      break;
+    }
+    case DataType::kInt16:
+    case DataType::kUInt16: {
+      auto* out = static_cast<uint16_t*>(t.mutable_raw());
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = static_cast<uint16_t>(p.int32_data(static_cast<int>(i)));
+      break;
+    }
     // Narrow types are widened to int32_data, one value per element (16-bit floats as bits).
     case DataType::kInt8:
     case DataType::kUInt8:

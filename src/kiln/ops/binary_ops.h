@@ -29,14 +29,22 @@ struct BinaryParams {
 namespace binary_math {
 
 // ONNX Mod: the remainder with the divisor's sign (fmod: the dividend's, as C's fmod); an integer
-// remainder by zero is 0. T is float or an integer type.
+// remainder by zero is 0. T is float, double or an integer type.
 template <typename T>
 KILN_HOST_DEVICE T Mod(T a, T b, bool fmod) {
   if constexpr (std::is_floating_point_v<T>) {
-    static_assert(std::is_same_v<T, float>, "the formulas compute floats in FP32");
-    const T m = fmodf(a, b);
+    // f32 (and f16/bf16, computed as f32) or f64.
+    T m;
+    if constexpr (std::is_same_v<T, float>) {
+      m = fmodf(a, b);
+    } else {
+      m = ::fmod(a, b);
+    }
     if (fmod) return m;
     return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
+  } else if constexpr (std::is_unsigned_v<T>) {
+    // Both signs are positive: Python's and C's remainders agree.
+    return b == 0 ? T(0) : static_cast<T>(a % b);
   } else {
     if (b == 0) return 0;
     T m = static_cast<T>(a % b);

@@ -13,7 +13,7 @@ using namespace ops_internal;
 
 namespace {
 
-enum class Accept { kAny, kFloat, kNumeric, kBool, kSigned };
+enum class Accept { kAny, kFloat, kFloatingPoint, kNumeric, kBool, kSigned, kInteger, kUnsigned };
 
 Status CheckType(InferenceContext& ctx, size_t i, Accept accept) {
   DataType t = ctx.input_type(i);
@@ -24,14 +24,23 @@ Status CheckType(InferenceContext& ctx, size_t i, Accept accept) {
     case Accept::kFloat:
       ok = IsFloat(t);
       break;
+    case Accept::kFloatingPoint:
+      ok = IsFloatingPoint(t);
+      break;
     case Accept::kNumeric:
-      ok = IsFloat(t) || IsInteger(t);
+      ok = IsFloatingPoint(t) || IsInteger(t);
       break;
     case Accept::kBool:
       ok = t == DataType::kBool;
       break;
+    case Accept::kInteger:
+      ok = IsInteger(t);
+      break;
+    case Accept::kUnsigned:
+      ok = IsUnsigned(t);
+      break;
     case Accept::kSigned:
-      ok = IsFloat(t) || (IsInteger(t) && t != DataType::kUInt8);
+      ok = IsFloatingPoint(t) || (IsInteger(t) && !IsUnsigned(t));
       break;
   }
   if (!ok) {
@@ -66,6 +75,10 @@ Status Broadcast(InferenceContext& ctx, size_t first, Accept accept, DataType ou
   return OkStatus();
 }
 
+// Whether arithmetic on values of type t folds as dims: signed integers only (dims are signed
+// 64-bit; an unsigned result wraps where a Dim would go negative).
+bool FoldsDims(DataType t) { return IsInteger(t) && !IsUnsigned(t); }
+
 // Elementwise fold of dims-values (rank 0 or 1, broadcasting a single element). `fn` returns
 // nullopt when an element cannot be known.
 void FoldDims(InferenceContext& ctx, const std::vector<size_t>& ins,
@@ -95,7 +108,7 @@ void FoldDims(InferenceContext& ctx, const std::vector<size_t>& ins,
 Status Arith(InferenceContext& ctx,
              const std::function<std::optional<Dim>(const Dim&, const Dim&)>& f) {
   KILN_RETURN_IF_ERROR(Broadcast(ctx, 0, Accept::kNumeric, DataType::kUndefined));
-  if (IsInteger(ctx.input_type(0))) {
+  if (FoldsDims(ctx.input_type(0))) {
     FoldDims(ctx, {0, 1}, [&](const std::vector<Dim>& a) { return f(a[0], a[1]); });
   }
   return OkStatus();
@@ -103,7 +116,7 @@ Status Arith(InferenceContext& ctx,
 
 Status Variadic(InferenceContext& ctx, const std::function<Dim(const Dim&, const Dim&)>& f) {
   KILN_RETURN_IF_ERROR(Broadcast(ctx, 0, Accept::kNumeric, DataType::kUndefined));
-  if (f && IsInteger(ctx.input_type(0))) {
+  if (f && FoldsDims(ctx.input_type(0))) {
     std::vector<size_t> ins;
     for (size_t i = 0; i < ctx.num_inputs(); ++i) ins.push_back(i);
     FoldDims(ctx, ins, [&](const std::vector<Dim>& a) -> std::optional<Dim> {
@@ -120,12 +133,19 @@ Status Compare(InferenceContext& ctx, Accept accept) {
 }
 }  // namespace
 
-// Unary ops. Float-only activations reject integer inputs at build time.
+// Unary ops. Float-only activations (f64 included) reject integer inputs at build time.
 #define KILN_FLOAT_UNARY(Name) \
-  Status Infer##Name(InferenceContext& ctx) { return Unary(ctx, Accept::kFloat); }
+  Status Infer##Name(InferenceContext& ctx) { return Unary(ctx, Accept::kFloatingPoint); }
+KILN_FLOAT_UNARY(Acos)
+KILN_FLOAT_UNARY(Acosh)
+KILN_FLOAT_UNARY(Asin)
+KILN_FLOAT_UNARY(Asinh)
+KILN_FLOAT_UNARY(Atan)
+KILN_FLOAT_UNARY(Atanh)
 KILN_FLOAT_UNARY(Celu)
 KILN_FLOAT_UNARY(Ceil)
 KILN_FLOAT_UNARY(Cos)
+KILN_FLOAT_UNARY(Cosh)
 KILN_FLOAT_UNARY(Elu)
 KILN_FLOAT_UNARY(Erf)
 KILN_FLOAT_UNARY(Exp)
@@ -138,11 +158,14 @@ KILN_FLOAT_UNARY(Mish)
 KILN_FLOAT_UNARY(Reciprocal)
 KILN_FLOAT_UNARY(Round)
 KILN_FLOAT_UNARY(Selu)
+KILN_FLOAT_UNARY(Shrink)
 KILN_FLOAT_UNARY(Sigmoid)
 KILN_FLOAT_UNARY(Sin)
+KILN_FLOAT_UNARY(Sinh)
 KILN_FLOAT_UNARY(Softplus)
 KILN_FLOAT_UNARY(Softsign)
 KILN_FLOAT_UNARY(Sqrt)
+KILN_FLOAT_UNARY(Tan)
 KILN_FLOAT_UNARY(Tanh)
 KILN_FLOAT_UNARY(ThresholdedRelu)
 #undef KILN_FLOAT_UNARY
@@ -174,7 +197,7 @@ Status InferGelu(InferenceContext& ctx) {
     return ctx.Error(ErrorCode::kInvalidAttribute,
                      "attribute 'approximate' is '{}'; it must be 'none' or 'tanh'", *approx);
   }
-  return Unary(ctx, Accept::kFloat);
+  return Unary(ctx, Accept::kFloatingPoint);
 }
 
 Status InferIdentity(InferenceContext& ctx) {
@@ -233,7 +256,7 @@ Status InferMod(InferenceContext& ctx) {
     return ctx.Error(ErrorCode::kInvalidAttribute, "attribute 'fmod' is {}; it must be 0 or 1",
                      fmod);
   }
-  if (fmod == 0 && IsFloat(ctx.input_type(0))) {
+  if (fmod == 0 && IsFloatingPoint(ctx.input_type(0))) {
     return ctx.Error(ErrorCode::kInvalidAttribute, "Mod on floats needs fmod=1 (ONNX rule)");
   }
   return Broadcast(ctx, 0, Accept::kNumeric, DataType::kUndefined);
@@ -253,7 +276,7 @@ Status InferSum(InferenceContext& ctx) {
   return Variadic(ctx, [](const Dim& a, const Dim& b) { return a + b; });
 }
 Status InferMean(InferenceContext& ctx) {
-  KILN_RETURN_IF_ERROR(CheckType(ctx, 0, Accept::kFloat));
+  KILN_RETURN_IF_ERROR(CheckType(ctx, 0, Accept::kFloatingPoint));
   return Variadic(ctx, nullptr);
 }
 
@@ -261,7 +284,7 @@ Status InferMean(InferenceContext& ctx) {
 // `Where(Equal(shape, -1), ones, shape)` around Expand/Reshape targets.
 Status InferEqual(InferenceContext& ctx) {
   KILN_RETURN_IF_ERROR(Compare(ctx, Accept::kAny));
-  if (IsInteger(ctx.input_type(0))) {
+  if (FoldsDims(ctx.input_type(0))) {
     FoldDims(ctx, {0, 1}, [](const std::vector<Dim>& a) -> std::optional<Dim> {
       auto eq = DimsEqual(a[0], a[1]);
       if (!eq) return std::nullopt;
@@ -278,6 +301,28 @@ Status InferAnd(InferenceContext& ctx) { return Compare(ctx, Accept::kBool); }
 Status InferOr(InferenceContext& ctx) { return Compare(ctx, Accept::kBool); }
 Status InferXor(InferenceContext& ctx) { return Compare(ctx, Accept::kBool); }
 
+// Bitwise ops: integer operands of one type (ONNX's T), broadcasting; BitShift only on unsigned
+// types and with a required direction.
+Status InferBitwiseAnd(InferenceContext& ctx) {
+  return Broadcast(ctx, 0, Accept::kInteger, DataType::kUndefined);
+}
+Status InferBitwiseOr(InferenceContext& ctx) {
+  return Broadcast(ctx, 0, Accept::kInteger, DataType::kUndefined);
+}
+Status InferBitwiseXor(InferenceContext& ctx) {
+  return Broadcast(ctx, 0, Accept::kInteger, DataType::kUndefined);
+}
+Status InferBitwiseNot(InferenceContext& ctx) { return Unary(ctx, Accept::kInteger); }
+Status InferBitShift(InferenceContext& ctx) {
+  StatusOr<std::string> direction = StringAttr(ctx, "direction", "");
+  if (!direction.ok()) return direction.status();
+  if (*direction != "LEFT" && *direction != "RIGHT") {
+    return ctx.Error(ErrorCode::kInvalidAttribute,
+                     "attribute 'direction' is '{}'; it must be 'LEFT' or 'RIGHT'", *direction);
+  }
+  return Broadcast(ctx, 0, Accept::kUnsigned, DataType::kUndefined);
+}
+
 Status InferWhere(InferenceContext& ctx) {
   KILN_RETURN_IF_ERROR(CheckType(ctx, 0, Accept::kBool));
   if (ctx.input_type(1) != ctx.input_type(2)) {
@@ -288,7 +333,7 @@ Status InferWhere(InferenceContext& ctx) {
   if (s.ok()) s = BroadcastShapes(*s, ctx.input_shape(2));
   if (!s.ok()) return ctx.Error(ErrorCode::kShapeMismatch, "{}", s.status().message());
   ctx.set_output(0, ctx.input_type(1), *s);
-  if (IsInteger(ctx.input_type(1))) {
+  if (FoldsDims(ctx.input_type(1))) {
     FoldDims(ctx, {0, 1, 2}, [](const std::vector<Dim>& a) -> std::optional<Dim> {
       if (!a[0].is_static()) return std::nullopt;
       return a[0].value() != 0 ? a[1] : a[2];

@@ -7,6 +7,7 @@
 
 #include "kiln/ir/sizes.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln {
 
@@ -514,6 +515,57 @@ Status InferResize(InferenceContext& ctx) {
     }
   }
   ctx.set_output(0, ctx.input_type(0), std::move(y));
+  return OkStatus();
+}
+
+namespace {
+// X [N, C, ...] of a float type; the output has X's type and shape.
+Status NormalizationLike(InferenceContext& ctx, size_t min_rank) {
+  const Shape& x = ctx.input_shape(0);
+  if (!IsFloatingPoint(ctx.input_type(0)) || x.size() < min_rank) {
+    return ctx.Error(ErrorCode::kTypeMismatch,
+                     "input must be a float tensor of rank >= {}; got {} {}", min_rank,
+                     ToString(ctx.input_type(0)), ToString(x));
+  }
+  ctx.set_output(0, ctx.input_type(0), x);
+  return OkStatus();
+}
+}  // namespace
+
+// InstanceNormalization(X [N, C, ...], scale [C], B [C]).
+Status InferInstanceNormalization(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(NormalizationLike(ctx, 3));
+  const Dim& c = ctx.input_shape(0)[1];
+  for (size_t i = 1; i < 3; ++i) {
+    const Shape& s = ctx.input_shape(i);
+    if (ctx.input_type(i) != ctx.input_type(0) || s.size() != 1 ||
+        (s[0].is_static() && c.is_static() && s[0] != c)) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "{} {} must be [C] = [{}] of type {}",
+                       i == 1 ? "scale" : "B", ToString(s), c.ToString(),
+                       ToString(ctx.input_type(0)));
+    }
+  }
+  return OkStatus();
+}
+
+// LRN over channels of X [N, C, ...]; `size` (required) is the window's length.
+Status InferLRN(InferenceContext& ctx) {
+  const Attribute* size = ctx.attrs().Find("size");
+  if (!size || !std::holds_alternative<int64_t>(*size) || std::get<int64_t>(*size) < 1) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "attribute 'size' (required) must be >= 1");
+  }
+  return NormalizationLike(ctx, 3);
+}
+
+// MeanVarianceNormalization: (X - mean) / sqrt(var + 1e-9) over `axes`.
+Status InferMeanVarianceNormalization(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(NormalizationLike(ctx, 1));
+  const int64_t rank = static_cast<int64_t>(ctx.input_shape(0).size());
+  for (int64_t a : attrs::MeanVarianceNormalization::axes(ctx.node())) {
+    if (a < -rank || a >= rank) {
+      return ctx.Error(ErrorCode::kInvalidAttribute, "axis {} is outside rank {}", a, rank);
+    }
+  }
   return OkStatus();
 }
 

@@ -28,6 +28,16 @@ inline std::optional<DataType> DataTypeFromOnnx(int64_t code) {
       return DataType::kFloat16;
     case 16:
       return DataType::kBFloat16;
+    case 4:
+      return DataType::kUInt16;
+    case 5:
+      return DataType::kInt16;
+    case 11:
+      return DataType::kFloat64;
+    case 12:
+      return DataType::kUInt32;
+    case 13:
+      return DataType::kUInt64;
     default:
       return std::nullopt;
   }
@@ -52,6 +62,16 @@ inline int64_t OnnxDataTypeCode(DataType t) {
       return 10;
     case DataType::kBFloat16:
       return 16;
+    case DataType::kUInt16:
+      return 4;
+    case DataType::kInt16:
+      return 5;
+    case DataType::kFloat64:
+      return 11;
+    case DataType::kUInt32:
+      return 12;
+    case DataType::kUInt64:
+      return 13;
     case DataType::kUndefined:
       return 0;
   }

@@ -44,6 +44,11 @@ std::optional<std::vector<Dim>> InferenceContext::input_dims_value(size_t i) con
     for (int64_t x : v.constant->ToInt64Vector()) out.push_back(x);
     return out;
   }
+  // An integer vector of static length 0 has known contents whether or not it is a constant
+  // (a graph input fed `axes = []`).
+  if (IsInteger(v.dtype) && v.shape.size() == 1 && v.shape[0] == Dim(0)) {
+    return std::vector<Dim>{};
+  }
   return std::nullopt;
 }
 

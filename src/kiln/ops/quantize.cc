@@ -15,7 +15,8 @@ using namespace ops_internal;  // NOLINT: the shape-rule helpers of this folder
 namespace {
 
 bool IsQuantizedType(DataType t) {
-  return t == DataType::kInt8 || t == DataType::kUInt8 || t == DataType::kInt32;
+  return t == DataType::kInt8 || t == DataType::kUInt8 || t == DataType::kInt16 ||
+         t == DataType::kUInt16 || t == DataType::kInt32;
 }
 
 // The scale (input 1) and zero point (input 2): a scalar or one element for the whole tensor,
@@ -102,16 +103,19 @@ Status InferQuantizeLinear(InferenceContext& ctx) {
   if (output_dtype != 0) {
     auto t = DataTypeFromOnnx(output_dtype);
     if (!t || (ctx.has_input(2) && *t != ctx.input_type(2))) {
-      return ctx.Error(ErrorCode::kInvalidAttribute,
-                       "output_dtype is ONNX type {}; kiln quantizes to int8 or uint8, the zero "
-                       "point's type when one is given",
-                       output_dtype);
+      return ctx.Error(
+          ErrorCode::kInvalidAttribute,
+          "output_dtype is ONNX type {}; kiln quantizes to (u)int8 or (u)int16, the zero "
+          "point's type when one is given",
+          output_dtype);
     }
     out = *t;
   }
-  if (out != DataType::kInt8 && out != DataType::kUInt8) {
+  if (out != DataType::kInt8 && out != DataType::kUInt8 && out != DataType::kInt16 &&
+      out != DataType::kUInt16) {
     return ctx.Error(ErrorCode::kUnimplemented,
-                     "quantizing to {} is not supported (int8 and uint8 are)", ToString(out));
+                     "quantizing to {} is not supported (int8, uint8, int16 and uint16 are)",
+                     ToString(out));
   }
   KILN_ASSIGN_OR_RETURN(int64_t axis, IntAttr(ctx, "axis", attrs::QuantizeLinear::axis_default()));
   KILN_ASSIGN_OR_RETURN(int64_t block,
@@ -125,7 +129,8 @@ Status InferDequantizeLinear(InferenceContext& ctx) {
   const DataType x = ctx.input_type(0);
   if (!IsQuantizedType(x)) {
     return ctx.Error(ErrorCode::kTypeMismatch,
-                     "input type {} is not supported (int8, uint8 and int32 are)", ToString(x));
+                     "input type {} is not supported ((u)int8, (u)int16 and int32 are)",
+                     ToString(x));
   }
   KILN_ASSIGN_OR_RETURN(
       int64_t output_dtype,
@@ -146,6 +151,48 @@ Status InferDequantizeLinear(InferenceContext& ctx) {
                         IntAttr(ctx, "block_size", attrs::DequantizeLinear::block_size_default()));
   KILN_RETURN_IF_ERROR(CheckScaleAndZeroPoint(ctx, axis, block, x));
   ctx.set_output(0, out, ctx.input_shape(0));
+  return OkStatus();
+}
+
+// DynamicQuantizeLinear(x f32) -> (y u8, y_scale f32 scalar, y_zero_point u8 scalar).
+Status InferDynamicQuantizeLinear(InferenceContext& ctx) {
+  if (ctx.input_type(0) != DataType::kFloat32) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "input type {} must be float32",
+                     ToString(ctx.input_type(0)));
+  }
+  ctx.set_output(0, DataType::kUInt8, ctx.input_shape(0));
+  ctx.set_output(1, DataType::kFloat32, Shape{});
+  ctx.set_output(2, DataType::kUInt8, Shape{});
+  return OkStatus();
+}
+
+// QLinearMatMul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp): MatMul's shapes on a and b
+// (8-bit integers); the result has y_zero_point's type.
+Status InferQLinearMatMul(InferenceContext& ctx) {
+  for (size_t i : {0, 2, 3, 5, 7}) {
+    const DataType t = ctx.input_type(i);
+    if (t != DataType::kInt8 && t != DataType::kUInt8) {
+      return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; int8 or uint8 is required",
+                       i, ToString(t));
+    }
+  }
+  for (size_t i : {1, 4, 6}) {
+    if (!IsFloat(ctx.input_type(i))) {
+      return ctx.Error(ErrorCode::kTypeMismatch, "scale input {} has type {}; a float is required",
+                       i, ToString(ctx.input_type(i)));
+    }
+  }
+  Shape a = ctx.input_shape(0), b = ctx.input_shape(3);
+  if (a.size() < 2 || b.size() < 2 || DimsEqual(a.back(), b[b.size() - 2]) == false) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "a {} and b {} are not matrices that multiply",
+                     ToString(a), ToString(b));
+  }
+  auto batch = BroadcastShapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2));
+  if (!batch.ok()) return ctx.Error(ErrorCode::kShapeMismatch, "{}", batch.status().message());
+  Shape y = *batch;
+  y.push_back(a[a.size() - 2]);
+  y.push_back(b.back());
+  ctx.set_output(0, ctx.input_type(7), y);
   return OkStatus();
 }
 

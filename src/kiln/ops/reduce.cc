@@ -1,5 +1,5 @@
 // Shape rules for reductions (axes as an input, opset 18 form), ArgMax/ArgMin, Softmax,
-// LogSoftmax and LayerNormalization.
+// LogSoftmax, Hardmax, LpNormalization and LayerNormalization.
 #include "kiln/ops/op_schema.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/ops/rule_util.h"
@@ -12,8 +12,9 @@ namespace {
 Status Reduce(InferenceContext& ctx, bool float_only, bool allow_bool = false) {
   int64_t rank = static_cast<int64_t>(ctx.input_shape(0).size());
   DataType t = ctx.input_type(0);
-  bool ok = float_only ? IsFloat(t)
-                       : (IsFloat(t) || IsInteger(t) || (allow_bool && t == DataType::kBool));
+  bool ok = float_only
+                ? IsFloatingPoint(t)
+                : (IsFloatingPoint(t) || IsInteger(t) || (allow_bool && t == DataType::kBool));
   if (!ok) {
     return ctx.Error(ErrorCode::kTypeMismatch, "input type {} is not supported",
                      ToString(ctx.input_type(0)));
@@ -62,7 +63,7 @@ Status ArgReduce(InferenceContext& ctx) {
 }
 
 Status SoftmaxLike(InferenceContext& ctx) {
-  if (!IsFloat(ctx.input_type(0))) {
+  if (!IsFloatingPoint(ctx.input_type(0))) {
     return ctx.Error(ErrorCode::kTypeMismatch, "input type {} is not a float type",
                      ToString(ctx.input_type(0)));
   }
@@ -79,12 +80,22 @@ Status InferReduceMax(InferenceContext& ctx) { return Reduce(ctx, false, true); 
 Status InferReduceMin(InferenceContext& ctx) { return Reduce(ctx, false, true); }
 Status InferReduceProd(InferenceContext& ctx) { return Reduce(ctx, false); }
 Status InferReduceSumSquare(InferenceContext& ctx) { return Reduce(ctx, false); }
+Status InferReduceL1(InferenceContext& ctx) { return Reduce(ctx, false); }
 Status InferReduceL2(InferenceContext& ctx) { return Reduce(ctx, true); }
+Status InferReduceLogSum(InferenceContext& ctx) { return Reduce(ctx, true); }
 Status InferReduceLogSumExp(InferenceContext& ctx) { return Reduce(ctx, true); }
 Status InferArgMax(InferenceContext& ctx) { return ArgReduce(ctx); }
 Status InferArgMin(InferenceContext& ctx) { return ArgReduce(ctx); }
 Status InferSoftmax(InferenceContext& ctx) { return SoftmaxLike(ctx); }
 Status InferLogSoftmax(InferenceContext& ctx) { return SoftmaxLike(ctx); }
+Status InferHardmax(InferenceContext& ctx) { return SoftmaxLike(ctx); }
+Status InferLpNormalization(InferenceContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(int64_t p, IntAttr(ctx, "p", attrs::LpNormalization::p_default()));
+  if (p != 1 && p != 2) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "attribute 'p' is {}; it must be 1 or 2", p);
+  }
+  return SoftmaxLike(ctx);
+}
 
 Status InferLayerNormalization(InferenceContext& ctx) {
   const Shape& x = ctx.input_shape(0);

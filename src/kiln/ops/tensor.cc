@@ -593,12 +593,14 @@ Status InferCast(InferenceContext& ctx) {
   auto t = DataTypeFromOnnx(to);
   if (!t) {
     return ctx.Error(ErrorCode::kInvalidAttribute,
-                     "attribute 'to' is ONNX type {}, which kiln does not support (float, "
-                     "float16, bfloat16, int8, uint8, int32, int64, bool)",
+                     "attribute 'to' is ONNX type {}, which kiln does not support (double, "
+                     "float, float16, bfloat16, int8, uint8, int16, uint16, int32, uint32, int64, "
+                     "uint64, bool)",
                      to);
   }
   ctx.set_output(0, *t, ctx.input_shape(0));
-  if (IsInteger(*t)) {
+  // Dims-values (which may hold -1) pass through casts to signed integers only.
+  if (IsInteger(*t) && (!IsUnsigned(*t) || *t == DataType::kUInt8)) {
     if (auto v = ctx.input_dims_value(0)) ctx.set_output_dims_value(0, *v);
   }
   return OkStatus();
@@ -815,5 +817,46 @@ Status SpaceDepth(InferenceContext& ctx, bool to_space) {
 
 Status InferDepthToSpace(InferenceContext& ctx) { return SpaceDepth(ctx, true); }
 Status InferSpaceToDepth(InferenceContext& ctx) { return SpaceDepth(ctx, false); }
+
+// CumProd: CumSum's rule (a scalar integer axis), any numeric type.
+Status InferCumProd(InferenceContext& ctx) { return InferCumSum(ctx); }
+
+// BitCast: the same bytes read as `to`, which must have the input's element size (shape kept).
+Status InferBitCast(InferenceContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(int64_t to, RequiredIntAttr(ctx, "to"));
+  auto t = DataTypeFromOnnx(to);
+  if (!t) {
+    return ctx.Error(ErrorCode::kInvalidAttribute,
+                     "attribute 'to' is ONNX type {}, which kiln does not support", to);
+  }
+  if (SizeOf(*t) != SizeOf(ctx.input_type(0))) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "{} and {} have different element sizes",
+                     ToString(ctx.input_type(0)), ToString(*t));
+  }
+  ctx.set_output(0, *t, ctx.input_shape(0));
+  return OkStatus();
+}
+
+// EyeLike: a 2-D tensor of the input's shape with ones on diagonal k, of type `dtype` (the
+// input's when absent).
+Status InferEyeLike(InferenceContext& ctx) {
+  if (Rank(ctx, 0) != 2) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "input {} must be 2-D",
+                     ToString(ctx.input_shape(0)));
+  }
+  DataType t = ctx.input_type(0);
+  if (ctx.attrs().Has("dtype")) {
+    KILN_ASSIGN_OR_RETURN(int64_t code, RequiredIntAttr(ctx, "dtype"));
+    auto d = DataTypeFromOnnx(code);
+    if (!d) {
+      return ctx.Error(ErrorCode::kInvalidAttribute,
+                       "attribute 'dtype' is ONNX type {}, which kiln does not support", code);
+    }
+    t = *d;
+  }
+  KILN_RETURN_IF_ERROR(IntAttr(ctx, "k", attrs::EyeLike::k_default()).status());
+  ctx.set_output(0, t, ctx.input_shape(0));
+  return OkStatus();
+}
 
 }  // namespace kiln

@@ -45,6 +45,15 @@ std::vector<UnaryCase> UnaryCases() {
       {"Sign", -3, 3, [](double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); }},
       {"Sin", -3, 3, [](double x) { return std::sin(x); }},
       {"Cos", -3, 3, [](double x) { return std::cos(x); }},
+      {"Tan", -1.2, 1.2, [](double x) { return std::tan(x); }},
+      {"Asin", -0.95, 0.95, [](double x) { return std::asin(x); }},
+      {"Acos", -0.95, 0.95, [](double x) { return std::acos(x); }},
+      {"Atan", -3, 3, [](double x) { return std::atan(x); }},
+      {"Sinh", -3, 3, [](double x) { return std::sinh(x); }},
+      {"Cosh", -3, 3, [](double x) { return std::cosh(x); }},
+      {"Asinh", -3, 3, [](double x) { return std::asinh(x); }},
+      {"Acosh", 1.05, 4, [](double x) { return std::acosh(x); }},
+      {"Atanh", -0.9, 0.9, [](double x) { return std::atanh(x); }},
       {"Softplus", -3, 3, softplus},
       {"Softsign", -3, 3, [](double x) { return x / (1 + std::fabs(x)); }},
       {"Elu", -3, 3, [](double x) { return x >= 0 ? x : 0.5 * (std::exp(x) - 1); },
@@ -159,6 +168,42 @@ TEST_P(UnaryOps, ClipWithOptionalBounds) {
       .Constant(Int64s({}, {-2}))
       .Reference(clip(-2, INFINITY))
       .Run(GetParam());
+}
+
+TEST_P(UnaryOps, EveryFloatUnaryInF64) {
+  if (GetParam() != BackendKind::kCpu) GTEST_SKIP() << "f64 unary kernels: CPU only";
+  for (const UnaryCase& c : UnaryCases()) {
+    if (std::string(c.op) == "Identity") continue;  // a view, no kernel
+    SCOPED_TRACE(c.op);
+    auto ref = c.ref;
+    // FP64 compute; the attributes (alpha, gamma) are FP32 values, hence not 1e-12.
+    OpTester(c.op, c.attrs)
+        .Input(kFloat64, {2, 3, 17}, c.lo, c.hi)
+        .Tolerance(1e-6, 1e-6)
+        .Reference([ref](const std::vector<RefTensor>& in) {
+          RefTensor out = in[0];
+          for (double& v : out.data) v = ref(v);
+          return std::vector<RefTensor>{out};
+        })
+        .Run(GetParam());
+  }
+}
+
+TEST_P(UnaryOps, ShrinkWithLambdAndBias) {
+  if (GetParam() != BackendKind::kCpu) GTEST_SKIP() << "Shrink: CPU only (ops.inc)";
+  AttributeMap attrs;
+  attrs.Set("lambd", 1.5f);
+  attrs.Set("bias", 0.5f);
+  for (DataType t : {kFloat32, kFloat64}) {
+    OpTester("Shrink", attrs)
+        .Input(t, {4, 9}, -3, 3)
+        .Reference([](const std::vector<RefTensor>& in) {
+          RefTensor out = in[0];
+          for (double& x : out.data) x = x < -1.5 ? x + 0.5 : (x > 1.5 ? x - 0.5 : 0);
+          return std::vector<RefTensor>{out};
+        })
+        .Run(GetParam());
+  }
 }
 
 KILN_INSTANTIATE_BACKENDS(UnaryOps);
@@ -386,6 +431,219 @@ TEST_P(BinaryOps, CastBetweenAllTypes) {
           })
           .Run(GetParam());
     }
+  }
+}
+
+// f64 and the 16/32/64-bit integer types beyond the index types: CPU kernels only (the CUDA
+// backend's elementwise kernels serve f32/f16/bf16 and the index types).
+constexpr DataType kWideTypes[] = {kFloat64, kInt16, kUInt16, kUInt32, kUInt64, kInt8, kUInt8};
+
+TEST_P(BinaryOps, ArithmeticInF64AndEveryIntegerType) {
+  if (GetParam() != BackendKind::kCpu) GTEST_SKIP() << "f64 and 16/32/64-bit types: CPU only";
+  std::vector<std::pair<const char*, BinFn>> ops = {
+      {"Add", [](double a, double b) { return a + b; }},
+      {"Mul", [](double a, double b) { return a * b; }},
+      {"Max", [](double a, double b) { return std::max(a, b); }},
+      {"Min", [](double a, double b) { return std::min(a, b); }},
+      {"Equal", [](double a, double b) { return double(a == b); }},
+      {"Less", [](double a, double b) { return double(a < b); }},
+      {"GreaterOrEqual", [](double a, double b) { return double(a >= b); }},
+  };
+  for (DataType type : kWideTypes) {
+    const bool is_float = type == kFloat64;
+    for (auto& [op, f] : ops) {
+      SCOPED_TRACE(fmt::format("{} {}", op, ToString(type)));
+      BinFn fn = f;
+      // Unsigned operands stay non-negative; f64 ones are fractional.
+      OpTester(op)
+          .Input(type, {3, 1, 5}, 0, 9.5)
+          .Input(type, {4, 1}, 0, 4.5)
+          .Tolerance(is_float ? 1e-12 : 0, is_float ? 1e-12 : 0)
+          .Reference([fn](const std::vector<RefTensor>& in) { return RefBinary(in, fn); })
+          .Run(GetParam());
+    }
+    // Sub and Div with the larger operand first (no unsigned wrap); Div truncates integers.
+    SCOPED_TRACE(ToString(type));
+    OpTester("Sub")
+        .Input(MakeTensor(type, {4}, {9, 7, 120, 100}))
+        .Input(MakeTensor(type, {4}, {2, 7, 13, 99}))
+        .Reference([](const std::vector<RefTensor>&) {
+          return std::vector<RefTensor>{{{4}, {7, 0, 107, 1}}};
+        })
+        .Run(GetParam());
+    OpTester("Div")
+        .Input(MakeTensor(type, {4}, {9, 7, 100, 3}))
+        .Input(MakeTensor(type, {4}, {2, 7, 8, 4}))
+        .Reference([is_float](const std::vector<RefTensor>&) {
+          return std::vector<RefTensor>{{{4},
+                                         is_float ? std::vector<double>{4.5, 1, 12.5, 0.75}
+                                                  : std::vector<double>{4, 1, 12, 0}}};
+        })
+        .Run(GetParam());
+  }
+}
+
+TEST_P(BinaryOps, ModAndPowInF64AndUnsignedTypes) {
+  if (GetParam() != BackendKind::kCpu) GTEST_SKIP() << "f64 and 16/32/64-bit types: CPU only";
+  AttributeMap fmod;
+  fmod.Set("fmod", int64_t{1});
+  OpTester("Mod", fmod)
+      .Input(MakeTensor(kFloat64, {4}, {-4.3, 7.2, 5.0, -4.3}))
+      .Input(MakeTensor(kFloat64, {4}, {2.1, -3.4, 2.5, -2.1}))
+      .Reference([](const std::vector<RefTensor>& in) {
+        return RefBinary(in, [](double a, double b) { return std::fmod(a, b); });
+      })
+      .Tolerance(1e-12, 1e-12)
+      .Run(GetParam());
+  for (DataType type : {kUInt16, kUInt32, kUInt64}) {
+    SCOPED_TRACE(ToString(type));
+    OpTester("Mod")
+        .Input(MakeTensor(type, {4}, {4, 7, 9, 3}))
+        .Input(MakeTensor(type, {4}, {2, 4, 5, 0}))
+        .Reference([](const std::vector<RefTensor>&) {
+          return std::vector<RefTensor>{{{4}, {0, 3, 4, 0}}};
+        })
+        .Run(GetParam());
+    // f32 base, unsigned exponent (ONNX's T1).
+    OpTester("Pow")
+        .Input(MakeTensor(kFloat32, {3}, {1.5, 2, -3}))
+        .Input(MakeTensor(type, {3}, {2, 3, 3}))
+        .Reference([](const std::vector<RefTensor>&) {
+          return std::vector<RefTensor>{{{3}, {2.25, 8, -27}}};
+        })
+        .Run(GetParam());
+  }
+}
+
+TEST_P(BinaryOps, BitwiseOpsOnIntegers) {
+  if (GetParam() != BackendKind::kCpu) GTEST_SKIP() << "bitwise ops: CPU only (ops.inc)";
+  for (DataType type : {kInt8, kUInt8, kInt16, kUInt16, kInt32, kUInt32, kInt64, kUInt64}) {
+    SCOPED_TRACE(ToString(type));
+    // Column broadcast against a row; values in [0, 100] so every type holds them.
+    const std::vector<double> a = {12, 5, 100, 0, 7, 64};
+    const std::vector<double> b = {10, 3};
+    auto run = [&](const char* op, auto f) {
+      OpTester(op)
+          .Input(MakeTensor(type, {3, 2}, a))
+          .Input(MakeTensor(type, {2}, b))
+          .Reference([f](const std::vector<RefTensor>& in) {
+            return RefBinary(in, [f](double x, double y) {
+              return static_cast<double>(f(static_cast<int64_t>(x), static_cast<int64_t>(y)));
+            });
+          })
+          .Run(GetParam());
+    };
+    run("BitwiseAnd", [](int64_t x, int64_t y) { return x & y; });
+    run("BitwiseOr", [](int64_t x, int64_t y) { return x | y; });
+    run("BitwiseXor", [](int64_t x, int64_t y) { return x ^ y; });
+  }
+  // Not: ~x in the type's width.
+  OpTester("BitwiseNot")
+      .Input(MakeTensor(kUInt8, {3}, {0, 1, 200}))
+      .Reference([](const std::vector<RefTensor>&) {
+        return std::vector<RefTensor>{{{3}, {255, 254, 55}}};
+      })
+      .Run(GetParam());
+  OpTester("BitwiseNot")
+      .Input(MakeTensor(kInt16, {3}, {0, 5, -7}))
+      .Reference([](const std::vector<RefTensor>&) {
+        return std::vector<RefTensor>{{{3}, {-1, -6, 6}}};
+      })
+      .Run(GetParam());
+}
+
+TEST_P(BinaryOps, BitShiftBothDirections) {
+  if (GetParam() != BackendKind::kCpu) GTEST_SKIP() << "BitShift: CPU only (ops.inc)";
+  for (DataType type : {kUInt8, kUInt16, kUInt32, kUInt64}) {
+    SCOPED_TRACE(ToString(type));
+    const double width = 8.0 * static_cast<double>(SizeOf(type));
+    AttributeMap left, right;
+    left.Set("direction", std::string("LEFT"));
+    right.Set("direction", std::string("RIGHT"));
+    OpTester("BitShift", left)
+        .Input(MakeTensor(type, {4}, {16, 4, 1, 3}))
+        .Input(MakeTensor(type, {4}, {1, 2, 3, width}))
+        .Reference([](const std::vector<RefTensor>&) {
+          return std::vector<RefTensor>{{{4}, {32, 16, 8, 0}}};
+        })
+        .Run(GetParam());
+    OpTester("BitShift", right)
+        .Input(MakeTensor(type, {4}, {16, 4, 1, 3}))
+        .Input(MakeTensor(type, {4}, {1, 2, 3, width}))
+        .Reference([](const std::vector<RefTensor>&) {
+          return std::vector<RefTensor>{{{4}, {8, 1, 0, 0}}};
+        })
+        .Run(GetParam());
+  }
+}
+
+TEST_P(BinaryOps, CastWithF64AndWideIntegers) {
+  if (GetParam() != BackendKind::kCpu) GTEST_SKIP() << "f64 and 16/32/64-bit types: CPU only";
+  const std::map<DataType, int64_t> onnx = {{kFloat32, 1}, {kFloat16, 10}, {kFloat64, 11},
+                                            {kInt16, 5},   {kUInt16, 4},   {kUInt32, 12},
+                                            {kUInt64, 13}, {kInt64, 7},    {kBool, 9}};
+  for (const auto& [from, from_code] : onnx) {
+    for (const auto& [to, to_code] : onnx) {
+      SCOPED_TRACE(fmt::format("{} -> {}", ToString(from), ToString(to)));
+      AttributeMap attrs;
+      attrs.Set("to", to_code);
+      // Non-negative values every type holds (after rounding to the source type).
+      OpTester("Cast", attrs)
+          .Input(from, {3, 5}, 0, 100)
+          .FloatTypes({IsFloat(from) ? from : kFloat32})
+          .Reference([to](const std::vector<RefTensor>& in) {
+            RefTensor out = in[0];
+            for (double& x : out.data) {
+              if (to == kBool)
+                x = x != 0;
+              else if (IsInteger(to))
+                x = std::trunc(x);
+              else if (to == kFloat16)
+                x = HalfBitsToFloat(FloatToHalfBits(static_cast<float>(x)));
+              else if (to == kFloat32)
+                x = static_cast<float>(x);
+            }
+            return std::vector<RefTensor>{out};
+          })
+          .Run(GetParam());
+    }
+  }
+}
+
+TEST_P(BinaryOps, BitCastKeepsBytesAndEyeLikeIsTyped) {
+  if (GetParam() != BackendKind::kCpu) GTEST_SKIP() << "BitCast, EyeLike: CPU only (ops.inc)";
+  AttributeMap to_i32;
+  to_i32.Set("to", int64_t{6});
+  OpTester("BitCast", to_i32)
+      .Input(MakeTensor(kFloat32, {3}, {1.0, -2.0, 0.0}))
+      .Reference([](const std::vector<RefTensor>&) {
+        // IEEE-754 bits of 1.0f, -2.0f, 0.0f as int32.
+        return std::vector<RefTensor>{{{3}, {1065353216.0, -1073741824.0, 0.0}}};
+      })
+      .Run(GetParam());
+  AttributeMap to_i16;
+  to_i16.Set("to", int64_t{5});
+  OpTester("BitCast", to_i16)
+      .Input(MakeTensor(kUInt16, {3}, {1, 65535, 32768}))
+      .Reference([](const std::vector<RefTensor>&) {
+        return std::vector<RefTensor>{{{3}, {1, -1, -32768}}};
+      })
+      .Run(GetParam());
+  for (int64_t k : {0, 1, -2}) {
+    SCOPED_TRACE(k);
+    AttributeMap attrs;
+    attrs.Set("k", k);
+    attrs.Set("dtype", int64_t{11});  // double
+    OpTester("EyeLike", attrs)
+        .Input(kInt32, {3, 4}, 0, 9)
+        .Reference([k](const std::vector<RefTensor>&) {
+          RefTensor out = RefTensor::Zeros({3, 4});
+          for (int64_t i = 0; i < 3; ++i) {
+            if (i + k >= 0 && i + k < 4) out[i * 4 + i + k] = 1;
+          }
+          return std::vector<RefTensor>{out};
+        })
+        .Run(GetParam());
   }
 }
 

@@ -64,6 +64,10 @@ TEST(CpuKernelContract, TacticNamesSayDtypeOpAndVariant) {
             std::vector<std::string>{"f32-layer-normalization-cpu-row"});
   EXPECT_EQ(OneNode("Where", {{kBool, {4}}, {kInt64, {4}}, {kInt64, {4}}}).TacticNames("Where"),
             std::vector<std::string>{"i64-where-cpu"});
+  EXPECT_EQ(OneNode("Add", {{kUInt16, {4}}, {kUInt16, {1}}}).TacticNames("Add"),
+            std::vector<std::string>{"u16-add-cpu"});
+  EXPECT_EQ(OneNode("ReduceMax", {{kFloat64, {4}}}).TacticNames("ReduceMax"),
+            std::vector<std::string>{"f64-reduce-max-cpu"});
 }
 
 TEST(CpuKernelContract, UnsupportedTypesHaveNoTactic) {
@@ -97,6 +101,17 @@ TEST(CpuKernelContract, OutOfRangeIndexIsAnErrorNotACrash) {
   Status s = RunFirstTactic(n, "Gather", ins, out);
   EXPECT_EQ(s.code(), ErrorCode::kKernelFailed);
   EXPECT_NE(s.message().find("index 3 is out of range"), std::string::npos) << s.message();
+}
+
+TEST(CpuKernelContract, LossTargetOutsideTheClassesIsAnError) {
+  OneNode n("NegativeLogLikelihoodLoss", {{kFloat32, {2, 3}}, {kInt64, {2}}});
+  std::vector<Tensor> ins = {Tensor(kFloat32, {2, 3}),
+                             Tensor::FromVector(kInt64, {2}, std::vector<int64_t>{1, 3})};
+  Tensor out(kFloat32, {});
+  Status s = RunFirstTactic(n, "NegativeLogLikelihoodLoss", ins, out);
+  EXPECT_EQ(s.code(), ErrorCode::kKernelFailed);
+  EXPECT_NE(s.message().find("target 3 at element 1 is outside the 3 classes"), std::string::npos)
+      << s.message();
 }
 
 TEST(CpuKernelContract, GatherNdAndScatterElementsRefuseOutOfRangeIndices) {

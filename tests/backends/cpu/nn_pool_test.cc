@@ -98,6 +98,65 @@ TEST(CpuPool, AveragePoolCountIncludePadAndCeil) {
   }
 }
 
+// 3-D windows with explicit pads, strides and dilations: a direct reference over (d, h, w).
+TEST(CpuPool, ThreeDimensionalWindows) {
+  for (bool is_max : {true, false}) {
+    for (bool include : {false, true}) {
+      if (is_max && include) continue;
+      SCOPED_TRACE(std::string(is_max ? "max" : "average") + (include ? " include pad" : ""));
+      const std::vector<int64_t> x = {1, 2, 5, 6, 7}, k = {2, 3, 2}, st = {1, 2, 2},
+                                 dil = {2, 1, 2}, pads = {1, 0, 1, 0, 1, 1};
+      std::mt19937 rng(9);
+      OpCase c;
+      c.op = is_max ? "MaxPool" : "AveragePool";
+      c.attrs.Set("kernel_shape", k);
+      c.attrs.Set("strides", st);
+      c.attrs.Set("dilations", dil);
+      c.attrs.Set("pads", pads);
+      if (!is_max) c.attrs.Set("count_include_pad", int64_t{include});
+      c.inputs = {RandomTensor(x, rng)};
+      Reference ref = [&](const std::vector<Tensor>& in, const std::vector<int64_t>& yd) {
+        std::vector<double> y;
+        for (int64_t pl = 0; pl < 2; ++pl)
+          for (int64_t o0 = 0; o0 < yd[2]; ++o0)
+            for (int64_t o1 = 0; o1 < yd[3]; ++o1)
+              for (int64_t o2 = 0; o2 < yd[4]; ++o2) {
+                const int64_t o[3] = {o0, o1, o2};
+                double best = -INFINITY, sum = 0;
+                int64_t count = 0, padded = 0;
+                for (int64_t a = 0; a < k[0]; ++a)
+                  for (int64_t b = 0; b < k[1]; ++b)
+                    for (int64_t e = 0; e < k[2]; ++e) {
+                      const int64_t kk[3] = {a, b, e};
+                      int64_t pos[3];
+                      bool inside = true, in_pad = true;
+                      for (int i = 0; i < 3; ++i) {
+                        pos[i] = o[i] * st[i] - pads[i] + kk[i] * dil[i];
+                        inside &= pos[i] >= 0 && pos[i] < x[i + 2];
+                        in_pad &= pos[i] >= -pads[i] && pos[i] < x[i + 2] + pads[i + 3];
+                      }
+                      padded += in_pad;
+                      if (!inside) continue;
+                      const double v =
+                          in[0].GetDouble(((pl * x[2] + pos[0]) * x[3] + pos[1]) * x[4] + pos[2]);
+                      best = std::max(best, v);
+                      sum += v;
+                      ++count;
+                    }
+                y.push_back(is_max ? best : sum / static_cast<double>(include ? padded : count));
+              }
+        return y;
+      };
+      EXPECT_EQ(CheckAllTactics(c, ref, 1e-5, 1e-5).size(), 1u);
+      auto dims = InferOutputDims(c);
+      ASSERT_TRUE(dims.ok());
+      // Window extents (k - 1) * dilation + 1: 3, 3, 3. d: (5 + 1 + 0 - 3) / 1 + 1 = 4;
+      // h: (6 + 0 + 1 - 3) / 2 + 1 = 3; w: (7 + 1 + 1 - 3) / 2 + 1 = 4.
+      EXPECT_EQ(*dims, (std::vector<int64_t>{1, 2, 4, 3, 4}));
+    }
+  }
+}
+
 TEST(CpuPool, MaxPoolIndicesOutputIsAClearError) {
   OpCase c;
   c.op = "MaxPool";

@@ -133,6 +133,102 @@ TEST(CpuQuantize, DequantizeInt8Uint8Int32PerTensorAndPerAxis) {
             0);
 }
 
+TEST(CpuQuantize, Int16AndUint16BothWays) {
+  // Saturation at both ends of the 16-bit ranges, per tensor and per axis.
+  EXPECT_GT(OpTester("QuantizeLinear")
+                .Input(kFloat32, {4, 6}, -40000.0, 40000.0)
+                .Constant(MakeTensor(kFloat32, {}, {0.5}))
+                .Constant(MakeTensor(kInt16, {}, {-300}))
+                .Reference(QuantizeRef(1, -32768, 32767))
+                .Tolerance(0, 0)
+                .Run(BackendKind::kCpu),
+            0);
+  EXPECT_GT(OpTester("QuantizeLinear", Axis(0))
+                .Input(kFloat32, {3, 5}, -100.0, 70000.0)
+                .Constant(MakeTensor(kFloat32, {3}, {1.0, 0.5, 2.0}))
+                .Constant(MakeTensor(kUInt16, {3}, {0, 1000, 65535}))
+                .Reference(QuantizeRef(0, 0, 65535))
+                .Tolerance(0, 0)
+                .Run(BackendKind::kCpu),
+            0);
+  EXPECT_GT(OpTester("DequantizeLinear")
+                .Input(kInt16, {4, 6}, -32768, 32767)
+                .Constant(MakeTensor(kFloat32, {}, {0.001}))
+                .Constant(MakeTensor(kInt16, {}, {-12}))
+                .Reference(DequantizeRef(1))
+                .Tolerance(0, 0)
+                .Run(BackendKind::kCpu),
+            0);
+  EXPECT_GT(OpTester("DequantizeLinear")
+                .Input(kUInt16, {9}, 0, 65535)
+                .Constant(MakeTensor(kFloat32, {}, {0.25}))
+                .Constant(MakeTensor(kUInt16, {}, {30000}))
+                .Reference(DequantizeRef(1))
+                .Tolerance(0, 0)
+                .Run(BackendKind::kCpu),
+            0);
+}
+
+TEST(CpuQuantize, DynamicQuantizeLinearCoversTheRangeWithZero) {
+  // min 0 (zero is always covered), max 2.55: scale 0.01, zero point 0.
+  EXPECT_GT(OpTester("DynamicQuantizeLinear")
+                .Input(MakeTensor(kFloat32, {4}, {0.0, 1.0, 2.55, 0.126}))
+                .Outputs(3)
+                .Reference([](const std::vector<RefTensor>&) {
+                  return std::vector<RefTensor>{{{4}, {0, 100, 255, 13}}, {{}, {0.01f}}, {{}, {0}}};
+                })
+                .Run(BackendKind::kCpu),
+            0);
+  // Negative values move the zero point: [-1, 1.55] -> scale 0.01, zero point 100.
+  EXPECT_GT(OpTester("DynamicQuantizeLinear")
+                .Input(MakeTensor(kFloat32, {3}, {-1.0, 1.55, 0.5}))
+                .Outputs(3)
+                .Reference([](const std::vector<RefTensor>&) {
+                  return std::vector<RefTensor>{{{3}, {0, 255, 150}}, {{}, {0.01f}}, {{}, {100}}};
+                })
+                .Run(BackendKind::kCpu),
+            0);
+}
+
+TEST(CpuQuantize, QLinearMatMulPerTensorAndBatched) {
+  // y = round((a - azp) x (b - bzp) * as * bs / ys) + yzp, saturated, in uint8.
+  for (bool batched : {false, true}) {
+    SCOPED_TRACE(batched);
+    std::vector<int64_t> ad = batched ? std::vector<int64_t>{2, 2, 3} : std::vector<int64_t>{2, 3};
+    std::vector<int64_t> bd = batched ? std::vector<int64_t>{2, 3, 2} : std::vector<int64_t>{3, 2};
+    EXPECT_GT(
+        OpTester("QLinearMatMul")
+            .Input(kUInt8, ad, 0, 255)
+            .Constant(MakeTensor(kFloat32, {}, {0.02}))
+            .Constant(MakeTensor(kUInt8, {}, {100}))
+            .Input(kUInt8, bd, 0, 255)
+            .Constant(MakeTensor(kFloat32, {}, {0.01}))
+            .Constant(MakeTensor(kUInt8, {}, {120}))
+            .Constant(MakeTensor(kFloat32, {}, {0.05}))
+            .Constant(MakeTensor(kUInt8, {}, {128}))
+            .Reference([batched](const std::vector<RefTensor>& in) {
+              const int64_t batches = batched ? 2 : 1;
+              RefTensor y = RefTensor::Zeros(batched ? std::vector<int64_t>{2, 2, 2}
+                                                     : std::vector<int64_t>{2, 2});
+              const double m = static_cast<float>(static_cast<float>(0.02f * 0.01f) / 0.05f);
+              for (int64_t bi = 0; bi < batches; ++bi) {
+                for (int64_t i = 0; i < 2; ++i) {
+                  for (int64_t j = 0; j < 2; ++j) {
+                    double acc = 0;
+                    for (int64_t k = 0; k < 3; ++k) {
+                      acc += (in[0][bi * 6 + i * 3 + k] - 100) * (in[3][bi * 6 + k * 2 + j] - 120);
+                    }
+                    y[bi * 4 + i * 2 + j] = std::clamp(std::nearbyint(acc * m) + 128, 0.0, 255.0);
+                  }
+                }
+              }
+              return std::vector<RefTensor>{y};
+            })
+            .Run(BackendKind::kCpu),
+        0);
+  }
+}
+
 // The shape rule's verdict on a one-node graph.
 Status InferQdq(const std::string& op, DataType x, const Tensor& scale,
                 const std::optional<Tensor>& zero, AttributeMap attrs = {}) {

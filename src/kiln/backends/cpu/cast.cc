@@ -1,8 +1,11 @@
-// Cast on the CPU between every kiln dtype (f32, f16, bf16, i8, u8, i32, i64, bool). Floats to
-// integers truncate toward zero; to bool is `!= 0`; f16/bf16 round to nearest even.
+// Cast on the CPU between every kiln dtype (f64, f32, f16, bf16, the integers, bool). Floats to
+// integers truncate toward zero; to bool is `!= 0`; f16/bf16 round to nearest even. BitCast
+// (the same bytes) and EyeLike (a typed identity) are here too.
 #include <cmath>
+#include <cstring>
 
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
@@ -66,6 +69,11 @@ void WithType(DataType t, F&& f) {
       KILN_CAST_CASE(kInt32, int32_t)
       KILN_CAST_CASE(kInt64, int64_t)
       KILN_CAST_CASE(kBool, bool)
+      KILN_CAST_CASE(kFloat64, double)
+      KILN_CAST_CASE(kInt16, int16_t)
+      KILN_CAST_CASE(kUInt16, uint16_t)
+      KILN_CAST_CASE(kUInt32, uint32_t)
+      KILN_CAST_CASE(kUInt64, uint64_t)
 #undef KILN_CAST_CASE
     default:
       break;
@@ -97,6 +105,46 @@ const bool kRegistered = [] {
                   CastLoop<Src, Dst>(a, load, store);
                 });
               });
+              return OkStatus();
+            });
+          },
+  });
+  // BitCast: the same bytes under another type of the same size (the rule checks the sizes).
+  RegisterOpKernel({
+      .op_type = "BitCast",
+      .float_wrap = false,
+      .accepts =
+          [](const KernelRequest& r) {
+            return InType(r, 0) != DataType::kUndefined &&
+                   SizeOf(InType(r, 0)) == SizeOf(OutType(r, 0));
+          },
+      .create =
+          [](const KernelRequest&) {
+            return KernelOr([](const KernelRunArgs& a) {
+              if (a.outputs[0].size_bytes() > 0) {
+                std::memcpy(a.outputs[0].data, a.inputs[0].data, a.outputs[0].size_bytes());
+              }
+              return OkStatus();
+            });
+          },
+  });
+  // EyeLike: ones on diagonal k of a 2-D output, zeros elsewhere, in any type.
+  RegisterOpKernel({
+      .op_type = "EyeLike",
+      .name_operand = -1,
+      .float_wrap = false,
+      .accepts = [](const KernelRequest& r) { return OutType(r, 0) != DataType::kUndefined; },
+      .create =
+          [](const KernelRequest& r) {
+            const int64_t k = attrs::EyeLike::k(*r.node);
+            return KernelOr([k](const KernelRunArgs& a) {
+              const TensorView& y = a.outputs[0];
+              const int64_t rows = y.dims[0], cols = y.dims[1];
+              if (y.size_bytes() > 0) std::memset(y.data, 0, y.size_bytes());
+              for (int64_t i = 0; i < rows; ++i) {
+                const int64_t j = i + k;
+                if (j >= 0 && j < cols) StoreFromDouble(y, i * cols + j, 1.0);
+              }
               return OkStatus();
             });
           },

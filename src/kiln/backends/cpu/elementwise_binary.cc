@@ -1,5 +1,6 @@
 // Broadcasting elementwise ops on the CPU: every row of ops/binary_ops.inc (arithmetic,
-// comparisons, logic, Pow, Mod, PRelu; Max/Min with any number of inputs), Sum/Mean and Where.
+// comparisons, logic, Pow, Mod, PRelu; Max/Min with any number of inputs), Sum/Mean, Where and
+// the bitwise ops (BitwiseAnd/Or/Xor, BitShift).
 // Floats compute in FP32 (f16/bf16 through the wrapper); integer and bool paths by the row's type
 // class.
 #include <type_traits>
@@ -41,9 +42,9 @@ void BinaryLoop(const KernelRunArgs& args, F f) {
   });
 }
 
+// Every numeric type: f32 (and f16/bf16 through the wrapper), f64 and the integers.
 bool ArithType(DataType t) {
-  return t == DataType::kFloat32 || t == DataType::kInt64 || t == DataType::kInt32 ||
-         t == DataType::kInt8 || t == DataType::kUInt8;
+  return t == DataType::kFloat32 || t == DataType::kFloat64 || IsInteger(t);
 }
 bool SameInputs(const KernelRequest& r) {
   for (const auto& d : r.inputs) {
@@ -61,35 +62,31 @@ bool Accepts(BinaryTypes types, const KernelRequest& r) {
     case BinaryTypes::kCompare:
       return SameInputs(r) && ArithType(t);
     case BinaryTypes::kArithWide:
-      return SameInputs(r) &&
-             (t == DataType::kFloat32 || t == DataType::kInt64 || t == DataType::kInt32);
+      return SameInputs(r) && (t == DataType::kFloat32 || t == DataType::kFloat64 ||
+                               t == DataType::kInt64 || t == DataType::kInt32);
     case BinaryTypes::kEquality:
       return SameInputs(r) && (ArithType(t) || t == DataType::kBool);
     case BinaryTypes::kLogic:
       return t == DataType::kBool && InType(r, 1) == DataType::kBool;
     case BinaryTypes::kPow: {
-      // The exponent may have another type than the base.
+      // The exponent may have any numeric type, whatever the base's (ONNX's T and T1).
       const DataType e = InType(r, 1);
-      if (t == DataType::kFloat32) return e == DataType::kFloat32 || IsIndexType(e);
-      return IsIndexType(t) && (IsIndexType(e) || e == DataType::kFloat32);
+      return (t == DataType::kFloat32 || t == DataType::kFloat64 || IsIndexType(t)) && ArithType(e);
     }
   }
   return false;
 }
 
-// Runs a Pow-typed formula `f(a, b)` for base type B0 over the exponent type `e`.
+// Runs a Pow-typed formula `f(a, b)` for base type Base over the exponent type `e`.
 template <typename Base, typename F>
-void PowLoop(DataType e, const KernelRunArgs& args, F f) {
-  if (e == DataType::kFloat32) {
-    BinaryLoop<Base, float, Base>(args,
-                                  [f](Base x, float y) { return static_cast<Base>(f(x, y)); });
-  } else if (e == DataType::kInt64) {
-    BinaryLoop<Base, int64_t, Base>(args,
-                                    [f](Base x, int64_t y) { return static_cast<Base>(f(x, y)); });
-  } else {
-    BinaryLoop<Base, int32_t, Base>(args,
-                                    [f](Base x, int32_t y) { return static_cast<Base>(f(x, y)); });
-  }
+Status PowLoop(DataType e, const KernelRunArgs& args, F f) {
+  return DispatchNumeric(e, [&](auto tag) -> Status {
+    using E = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<E, bool>) {
+      BinaryLoop<Base, E, Base>(args, [f](Base x, E y) { return static_cast<Base>(f(x, y)); });
+    }
+    return OkStatus();
+  });
 }
 
 // out = formula(a, b) for a two-operand row, by its type class.
@@ -100,14 +97,16 @@ Status RunBinary(DataType a_type, DataType b_type, const KernelRunArgs& args, F 
         args, [f](uint8_t a, uint8_t b) -> uint8_t { return static_cast<uint8_t>(f(a, b)); });
     return OkStatus();
   } else if constexpr (kTypes == BinaryTypes::kPow) {
-    if (a_type == DataType::kFloat32) {
-      PowLoop<float>(b_type, args, f);
-    } else if (a_type == DataType::kInt64) {
-      PowLoop<int64_t>(b_type, args, f);
-    } else {
-      PowLoop<int32_t>(b_type, args, f);
+    switch (a_type) {
+      case DataType::kFloat32:
+        return PowLoop<float>(b_type, args, f);
+      case DataType::kFloat64:
+        return PowLoop<double>(b_type, args, f);
+      case DataType::kInt64:
+        return PowLoop<int64_t>(b_type, args, f);
+      default:
+        return PowLoop<int32_t>(b_type, args, f);
     }
-    return OkStatus();
   } else {
     return DispatchNumeric(a_type, [&](auto tag) -> Status {
       using T = typename decltype(tag)::type;
@@ -215,6 +214,61 @@ void RegisterRow(const char* op, Formula formula) {
   });
 }
 
+// BitwiseAnd/Or/Xor: integer operands of one type, broadcasting (CPU only: ops.inc declares no
+// CUDA kernel, so they are not binary_ops.inc rows, which generate one).
+template <typename F>
+void RegisterBitwise(const char* op, F f) {
+  RegisterOpKernel({
+      .op_type = op,
+      .float_wrap = false,
+      .accepts = [](const KernelRequest& r) { return SameInputs(r) && IsInteger(InType(r, 0)); },
+      .create =
+          [f](const KernelRequest& r) {
+            return KernelOr([f, t = InType(r, 0)](const KernelRunArgs& args) {
+              return DispatchNumeric(t, [&](auto tag) -> Status {
+                using T = typename decltype(tag)::type;
+                if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+                  BinaryLoop<T, T, T>(args, [f](T a, T b) { return static_cast<T>(f(a, b)); });
+                }
+                return OkStatus();
+              });
+            });
+          },
+  });
+}
+
+// BitShift on unsigned integers; a shift by the type's width or more gives 0 (C++ leaves it
+// undefined; ONNX Runtime gives 0 too).
+void RegisterBitShift() {
+  RegisterOpKernel({
+      .op_type = "BitShift",
+      .float_wrap = false,
+      .accepts = [](const KernelRequest& r) { return SameInputs(r) && IsUnsigned(InType(r, 0)); },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        const Attribute* dir = r.node->attrs().Find("direction");
+        const std::string* d = dir ? std::get_if<std::string>(dir) : nullptr;
+        if (!d || (*d != "LEFT" && *d != "RIGHT")) {
+          return MakeError(ErrorCode::kInvalidAttribute,
+                           "BitShift needs direction 'LEFT' or 'RIGHT'");
+        }
+        const bool left = *d == "LEFT";
+        return KernelOr([left, t = InType(r, 0)](const KernelRunArgs& args) {
+          return DispatchNumeric(t, [&](auto tag) -> Status {
+            using T = typename decltype(tag)::type;
+            if constexpr (std::is_unsigned_v<T> && !std::is_same_v<T, bool>) {
+              constexpr T kBits = static_cast<T>(8 * sizeof(T));
+              BinaryLoop<T, T, T>(args, [left](T a, T b) -> T {
+                if (b >= kBits) return 0;
+                return static_cast<T>(left ? a << b : a >> b);
+              });
+            }
+            return OkStatus();
+          });
+        });
+      },
+  });
+}
+
 // Sum and Mean, any number of inputs (not binary_ops.inc rows: neither has a two-operand kernel on
 // CUDA, so a row would add one).
 void RegisterSumOrMean(const char* op, bool mean) {
@@ -251,6 +305,10 @@ const bool kRegistered = [] {
 #undef KILN_VARIADIC_OP
 #undef KILN_BINARY_OP
 #undef KILN_CPU_REGISTER_ROW
+  RegisterBitwise("BitwiseAnd", [](auto a, auto b) { return a & b; });
+  RegisterBitwise("BitwiseOr", [](auto a, auto b) { return a | b; });
+  RegisterBitwise("BitwiseXor", [](auto a, auto b) { return a ^ b; });
+  RegisterBitShift();
   RegisterSumOrMean("Sum", false);
   RegisterSumOrMean("Mean", true);
 
@@ -268,6 +326,9 @@ const bool kRegistered = [] {
               switch (SizeOf(t)) {
                 case 1:
                   WhereLoop<uint8_t>(args);
+                  break;
+                case 2:
+                  WhereLoop<uint16_t>(args);
                   break;
                 case 4:
                   WhereLoop<uint32_t>(args);

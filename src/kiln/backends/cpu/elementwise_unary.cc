@@ -1,7 +1,8 @@
 // Elementwise unary ops and activations on the CPU, from the table both backends share
 // (ops/unary_ops.inc: each op a name and a scalar formula, unary_formula.h; attribute defaults
-// from ops.inc). FP32 compute (f16/bf16 through the wrapper); the ops that ONNX defines on
-// integers or bools get those paths too. Clip reads min/max inputs.
+// from ops.inc). FP32 compute (f16/bf16 through the wrapper), FP64 for f64; the ops that ONNX
+// defines on integers or bools get those paths too. Clip reads min/max inputs; BitwiseNot is
+// integers only; Shrink (attributes lambd and bias) runs f32 and f64.
 #include <cmath>
 
 #include "kiln/backends/cpu/op_util.h"
@@ -33,7 +34,8 @@ UnaryParams ReadParams(const Node& node) {
 }
 
 bool SignedInt(DataType t) {
-  return t == DataType::kInt64 || t == DataType::kInt32 || t == DataType::kInt8;
+  return t == DataType::kInt64 || t == DataType::kInt32 || t == DataType::kInt16 ||
+         t == DataType::kInt8;
 }
 
 template <typename T>
@@ -67,7 +69,8 @@ void RegisterFloatUnary(const char* op, Fn fn) {
       .accepts =
           [name](const KernelRequest& r) {
             DataType t = InType(r, 0);
-            return t == DataType::kFloat32 || (HasIntPath(name) && SignedInt(t));
+            return t == DataType::kFloat32 || t == DataType::kFloat64 ||
+                   (HasIntPath(name) && SignedInt(t));
           },
       .create =
           [name, fn](const KernelRequest& r) {
@@ -79,8 +82,12 @@ void RegisterFloatUnary(const char* op, Fn fn) {
                   return RunIntUnary<int64_t>(name, a);
                 case DataType::kInt32:
                   return RunIntUnary<int32_t>(name, a);
+                case DataType::kInt16:
+                  return RunIntUnary<int16_t>(name, a);
                 case DataType::kInt8:
                   return RunIntUnary<int8_t>(name, a);
+                case DataType::kFloat64:
+                  return MapUnary<double, double>(a, [&](double x) { return fn(x, p); });
                 default:
                   return MapUnary<float, float>(a, [&](float x) { return fn(x, p); });
               }
@@ -101,7 +108,7 @@ Status RunClip(const KernelRunArgs& a) {
 const bool kRegistered = [] {
 #define KILN_UNARY_OP(Name, formula) \
   RegisterFloatUnary(#Name,          \
-                     [](float x, const UnaryParams& p) { return Unary<OpType::k##Name>(x, p); });
+                     [](auto x, const UnaryParams& p) { return Unary<OpType::k##Name>(x, p); });
 #define KILN_INT_UNARY_OP(Name, formula)
 #include "kiln/ops/unary_ops.inc"
 #undef KILN_INT_UNARY_OP
@@ -135,6 +142,45 @@ const bool kRegistered = [] {
           [](const KernelRequest&) {
             return KernelOr([](const KernelRunArgs& a) {
               return MapUnary<uint8_t, uint8_t>(a, [](uint8_t x) -> uint8_t { return x ? 0 : 1; });
+            });
+          },
+  });
+  RegisterOpKernel({
+      .op_type = "Shrink",
+      .accepts =
+          [](const KernelRequest& r) {
+            return InType(r, 0) == DataType::kFloat32 || InType(r, 0) == DataType::kFloat64;
+          },
+      .create =
+          [](const KernelRequest& r) {
+            const double lambd = attrs::Shrink::lambd(*r.node), bias = attrs::Shrink::bias(*r.node);
+            return KernelOr([t = InType(r, 0), lambd, bias](const KernelRunArgs& a) -> Status {
+              auto shrink = [&](auto x) -> decltype(x) {
+                using T = decltype(x);
+                return x < -lambd ? static_cast<T>(x + bias)
+                                  : (x > lambd ? static_cast<T>(x - bias) : T(0));
+              };
+              if (t == DataType::kFloat64) return MapUnary<double, double>(a, shrink);
+              return MapUnary<float, float>(a, shrink);
+            });
+          },
+  });
+  RegisterOpKernel({
+      .op_type = "BitwiseNot",
+      .float_wrap = false,
+      .accepts = [](const KernelRequest& r) { return IsInteger(InType(r, 0)); },
+      .create =
+          [](const KernelRequest& r) {
+            return KernelOr([t = InType(r, 0)](const KernelRunArgs& a) {
+              return DispatchNumeric(t, [&](auto tag) -> Status {
+                using T = typename decltype(tag)::type;
+                if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+                  return MapUnary<T, T>(a, [](T x) { return static_cast<T>(~x); });
+                } else {
+                  return MakeError(ErrorCode::kKernelFailed, "BitwiseNot has no {} path",
+                                   ToString(t));
+                }
+              });
             });
           },
   });

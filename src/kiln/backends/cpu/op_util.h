@@ -63,7 +63,8 @@ inline int64_t ReadInt(const TensorView& v, int64_t i) {
 // A scalar of a host view as double.
 inline double ReadScalar(const TensorView& v) { return LoadAsDouble(v, 0); }
 
-// Calls f(std::type_identity<T>{}) for the C++ type of t among the listed kinds.
+// Calls f(std::type_identity<T>{}) for the C++ type of t: every numeric type and bool (f16/bf16
+// come as f32 through the float wrapper). Kernels accept the types they instantiate.
 template <typename F>
 Status DispatchNumeric(DataType t, F&& f) {
   switch (t) {
@@ -79,6 +80,16 @@ Status DispatchNumeric(DataType t, F&& f) {
       return f(std::type_identity<uint8_t>{});
     case DataType::kBool:
       return f(std::type_identity<bool>{});
+    case DataType::kFloat64:
+      return f(std::type_identity<double>{});
+    case DataType::kInt16:
+      return f(std::type_identity<int16_t>{});
+    case DataType::kUInt16:
+      return f(std::type_identity<uint16_t>{});
+    case DataType::kUInt32:
+      return f(std::type_identity<uint32_t>{});
+    case DataType::kUInt64:
+      return f(std::type_identity<uint64_t>{});
     default:
       return MakeError(ErrorCode::kKernelFailed, "CPU kernel has no {} path", ToString(t));
   }

@@ -1,4 +1,4 @@
-// MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool on the CPU (1-D and 2-D windows;
+// MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool on the CPU (1-D, 2-D and 3-D windows;
 // global pools any rank): direct loops, parallel over the N*C planes.
 #include <algorithm>
 #include <limits>
@@ -10,9 +10,11 @@
 namespace kiln::cpu {
 namespace {
 
+// Per spatial axis (depth, height, width; a 1-D or 2-D window leaves the outer ones at size 1).
 struct PoolGeometry {
-  int64_t planes = 0, ih = 1, iw = 1, oh = 1, ow = 1;
-  int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, ph = 0, pw = 0, peh = 0, pew = 0;
+  int64_t planes = 0, id = 1, ih = 1, iw = 1, od = 1, oh = 1, ow = 1;
+  int64_t kd = 1, kh = 1, kw = 1, sd = 1, sh = 1, sw = 1, dd = 1, dh = 1, dw = 1;
+  int64_t pd = 0, ph = 0, pw = 0, ped = 0, peh = 0, pew = 0;
 };
 
 class PoolKernel final : public Kernel {
@@ -25,7 +27,7 @@ class PoolKernel final : public Kernel {
     const auto& x = inputs[0].dims;
     const auto& y = outputs[0].dims;
     size_t r = attrs_.kernel.size();
-    if (x.size() != r + 2 || y.size() != r + 2 || (r != 1 && r != 2)) {
+    if (x.size() != r + 2 || y.size() != r + 2 || r < 1 || r > 3) {
       return MakeError(ErrorCode::kShapeMismatch, "pool operand ranks do not match the kernel");
     }
     PoolGeometry& g = g_;
@@ -49,7 +51,8 @@ class PoolKernel final : public Kernel {
       if (attrs_.auto_pad == nn::AutoPad::kValid) pe = 0;
       return OkStatus();
     };
-    if (r == 2) KILN_RETURN_IF_ERROR(axis(0, g.ih, g.oh, g.kh, g.sh, g.dh, g.ph, g.peh));
+    if (r == 3) KILN_RETURN_IF_ERROR(axis(0, g.id, g.od, g.kd, g.sd, g.dd, g.pd, g.ped));
+    if (r >= 2) KILN_RETURN_IF_ERROR(axis(r - 2, g.ih, g.oh, g.kh, g.sh, g.dh, g.ph, g.peh));
     KILN_RETURN_IF_ERROR(axis(r - 1, g.iw, g.ow, g.kw, g.sw, g.dw, g.pw, g.pew));
     return size_t{0};
   }
@@ -59,7 +62,9 @@ class PoolKernel final : public Kernel {
     float* y = args.outputs[0].as<float>();
     const PoolGeometry& g = g_;
     ThreadPool::Default().ParallelFor(g.planes, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) Plane(x + p * g.ih * g.iw, y + p * g.oh * g.ow);
+      for (int64_t p = p0; p < p1; ++p) {
+        Plane(x + p * g.id * g.ih * g.iw, y + p * g.od * g.oh * g.ow);
+      }
     });
     return OkStatus();
   }
@@ -67,34 +72,43 @@ class PoolKernel final : public Kernel {
  private:
   void Plane(const float* x, float* y) const {
     const PoolGeometry& g = g_;
-    for (int64_t oh = 0; oh < g.oh; ++oh) {
-      int64_t h0 = oh * g.sh - g.ph;
-      for (int64_t ow = 0; ow < g.ow; ++ow) {
-        int64_t w0 = ow * g.sw - g.pw;
-        float best = -std::numeric_limits<float>::infinity();
-        float sum = 0.f;
-        int64_t count = 0, padded_count = 0;
-        for (int64_t ky = 0; ky < g.kh; ++ky) {
-          int64_t ih = h0 + ky * g.dh;
-          bool h_in = ih >= 0 && ih < g.ih;
-          bool h_padded = ih >= -g.ph && ih < g.ih + g.peh;
-          for (int64_t kx = 0; kx < g.kw; ++kx) {
-            int64_t iw = w0 + kx * g.dw;
-            if (h_padded && iw >= -g.pw && iw < g.iw + g.pew) ++padded_count;
-            if (!h_in || iw < 0 || iw >= g.iw) continue;
-            float v = x[ih * g.iw + iw];
-            best = std::max(best, v);
-            sum += v;
-            ++count;
+    for (int64_t od = 0; od < g.od; ++od) {
+      const int64_t d0 = od * g.sd - g.pd;
+      for (int64_t oh = 0; oh < g.oh; ++oh) {
+        const int64_t h0 = oh * g.sh - g.ph;
+        for (int64_t ow = 0; ow < g.ow; ++ow) {
+          const int64_t w0 = ow * g.sw - g.pw;
+          float best = -std::numeric_limits<float>::infinity();
+          float sum = 0.f;
+          int64_t count = 0, padded_count = 0;
+          for (int64_t kz = 0; kz < g.kd; ++kz) {
+            const int64_t id = d0 + kz * g.dd;
+            const bool d_in = id >= 0 && id < g.id;
+            const bool d_padded = id >= -g.pd && id < g.id + g.ped;
+            for (int64_t ky = 0; ky < g.kh; ++ky) {
+              const int64_t ih = h0 + ky * g.dh;
+              const bool h_in = d_in && ih >= 0 && ih < g.ih;
+              const bool h_padded = d_padded && ih >= -g.ph && ih < g.ih + g.peh;
+              for (int64_t kx = 0; kx < g.kw; ++kx) {
+                const int64_t iw = w0 + kx * g.dw;
+                if (h_padded && iw >= -g.pw && iw < g.iw + g.pew) ++padded_count;
+                if (!h_in || iw < 0 || iw >= g.iw) continue;
+                const float v = x[(id * g.ih + ih) * g.iw + iw];
+                best = std::max(best, v);
+                sum += v;
+                ++count;
+              }
+            }
           }
-        }
-        if (is_max_) {
-          y[oh * g.ow + ow] = best;
-        } else {
-          // count_include_pad counts window positions inside the padded input (not those past
-          // it in ceil mode), as the ONNX reference does.
-          int64_t div = count_include_pad_ ? padded_count : count;
-          y[oh * g.ow + ow] = div > 0 ? sum / static_cast<float>(div) : 0.f;
+          float* out = y + (od * g.oh + oh) * g.ow + ow;
+          if (is_max_) {
+            *out = best;
+          } else {
+            // count_include_pad counts window positions inside the padded input (not those past
+            // it in ceil mode), as the ONNX reference does.
+            const int64_t div = count_include_pad_ ? padded_count : count;
+            *out = div > 0 ? sum / static_cast<float>(div) : 0.f;
+          }
         }
       }
     }
@@ -114,7 +128,7 @@ class PoolProvider final : public CpuFloatProvider {
  protected:
   std::vector<TacticConfig> F32Tactics(const KernelRequest& request) const override {
     size_t rank = request.inputs[0].shape.size();
-    if ((rank != 3 && rank != 4) || request.outputs.size() != 1) return {};
+    if (rank < 3 || rank > 5 || request.outputs.size() != 1) return {};
     return {{kMax ? "f32-maxpool-cpu-direct" : "f32-averagepool-cpu-direct", {}, 0}};
   }
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,

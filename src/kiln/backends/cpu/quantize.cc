@@ -4,11 +4,14 @@
 //               float; NaN becomes the zero point)
 //   dequantize  x = float(q - zero_point) * scale
 // Constant DequantizeLinear of a weight is folded at build time through these same kernels.
+// Also DynamicQuantizeLinear and QLinearMatMul (reference loops: int32 accumulation).
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
 
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/ops/matmul_geometry.h"
 #include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
@@ -96,6 +99,81 @@ StatusOr<std::unique_ptr<Kernel>> QdqKernel(int64_t axis, Body body) {
       }));
 }
 
+// DynamicQuantizeLinear: uint8 with the scale and zero point that cover [min(x, 0), max(x, 0)]
+// (ONNX's formula, FP32, ties to even).
+Status DynamicQuantize(const KernelRunArgs& a) {
+  const TensorView& x = a.inputs[0];
+  const float* xf = x.as<const float>();
+  const int64_t n = x.num_elements();
+  float mx = 0.f, mn = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    mx = std::max(mx, xf[i]);
+    mn = std::min(mn, xf[i]);
+  }
+  const float scale = (mx == mn ? 1.f : mx - mn) / 255.f;
+  const float zp = std::nearbyint(std::clamp(0.f - mn / scale, 0.f, 255.f));
+  uint8_t* y = a.outputs[0].as<uint8_t>();
+  ParallelRows(n, 4, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      y[i] = static_cast<uint8_t>(std::clamp(std::nearbyint(xf[i] / scale) + zp, 0.f, 255.f));
+    }
+  });
+  *a.outputs[1].as<float>() = scale;
+  *a.outputs[2].as<uint8_t>() = static_cast<uint8_t>(zp);
+  return OkStatus();
+}
+
+// A value of a scale or zero point that is a scalar, or a vector along the matrices' columns
+// (b's N: per-column scale/zero point) or rows.
+double ParamAt(const TensorView& p, int64_t index) {
+  return LoadAsDouble(p, p.num_elements() == 1 ? 0 : index);
+}
+
+// The float product scale of one FP16 operation: numpy rounds every f16 result to f16.
+double RoundLike(DataType t, double v) {
+  if (t == DataType::kFloat16) return HalfBitsToFloat(FloatToHalfBits(static_cast<float>(v)));
+  if (t == DataType::kBFloat16) {
+    return BFloat16BitsToFloat(FloatToBFloat16Bits(static_cast<float>(v)));
+  }
+  return static_cast<float>(v);
+}
+
+// QLinearMatMul as ONNX defines it: int32 (a - a_zp) x (b - b_zp), times
+// a_scale * b_scale / y_scale (in the scales' type), rounded half to even, plus y_zp, saturated.
+Status QLinearMatMul(const KernelRunArgs& a) {
+  const TensorView &av = a.inputs[0], &bv = a.inputs[3], &yv = a.outputs[0];
+  KILN_ASSIGN_OR_RETURN(MatMulGeometry g,
+                        ResolveMatMulGeometry(false, false, av.dims, bv.dims, /*offsets=*/true));
+  const bool u8 = yv.dtype == DataType::kUInt8;
+  const double qmin = u8 ? 0 : -128, qmax = u8 ? 255 : 127;
+  const DataType st = a.inputs[1].dtype;
+  // A folded batch (B without batch dims) is one [batch * m, k] matrix.
+  const bool folded = g.fold || g.a_offsets.empty();
+  const int64_t batches = folded ? 1 : static_cast<int64_t>(g.a_offsets.size());
+  const int64_t rows = folded ? g.batch * g.m : g.m;
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    const int64_t ao = folded ? 0 : g.a_offsets[bi];
+    const int64_t bo = folded ? 0 : g.b_offsets[bi];
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < g.n; ++j) {
+        int64_t acc = 0;
+        const double azp = ParamAt(a.inputs[2], i % g.m), bzp = ParamAt(a.inputs[5], j);
+        for (int64_t k = 0; k < g.k; ++k) {
+          const int64_t x = static_cast<int64_t>(LoadAsDouble(av, ao + i * g.k + k) - azp);
+          const int64_t w = static_cast<int64_t>(LoadAsDouble(bv, bo + k * g.n + j) - bzp);
+          acc += x * w;
+        }
+        const double m =
+            RoundLike(st, RoundLike(st, ParamAt(a.inputs[1], i % g.m) * ParamAt(a.inputs[4], j)) /
+                              ParamAt(a.inputs[6], j));
+        const double q = std::nearbyint(static_cast<double>(acc) * m) + ParamAt(a.inputs[7], j);
+        StoreFromDouble(yv, (bi * rows + i) * g.n + j, std::clamp(q, qmin, qmax));
+      }
+    }
+  }
+  return OkStatus();
+}
+
 const bool kRegistered = [] {
   RegisterOpKernel({
       .op_type = "QuantizeLinear",
@@ -105,7 +183,9 @@ const bool kRegistered = [] {
           [](const KernelRequest& r) {
             const DataType out = OutType(r, 0);
             return (IsFloat(InType(r, 0)) || InType(r, 0) == DataType::kInt32) &&
-                   IsFloat(InType(r, 1)) && (out == DataType::kInt8 || out == DataType::kUInt8);
+                   IsFloat(InType(r, 1)) &&
+                   (out == DataType::kInt8 || out == DataType::kUInt8 || out == DataType::kInt16 ||
+                    out == DataType::kUInt16);
           },
       .create =
           [](const KernelRequest& r) {
@@ -114,6 +194,10 @@ const bool kRegistered = [] {
                              [out](const KernelRunArgs& a, const QuantParams& p) {
                                if (out == DataType::kInt8) {
                                  QuantizeLoop(a.inputs[0], p, a.outputs[0].as<int8_t>());
+                               } else if (out == DataType::kInt16) {
+                                 QuantizeLoop(a.inputs[0], p, a.outputs[0].as<int16_t>());
+                               } else if (out == DataType::kUInt16) {
+                                 QuantizeLoop(a.inputs[0], p, a.outputs[0].as<uint16_t>());
                                } else {
                                  QuantizeLoop(a.inputs[0], p, a.outputs[0].as<uint8_t>());
                                }
@@ -127,7 +211,8 @@ const bool kRegistered = [] {
       .accepts =
           [](const KernelRequest& r) {
             const DataType in = InType(r, 0);
-            return (in == DataType::kInt8 || in == DataType::kUInt8 || in == DataType::kInt32) &&
+            return (in == DataType::kInt8 || in == DataType::kUInt8 || in == DataType::kInt16 ||
+                    in == DataType::kUInt16 || in == DataType::kInt32) &&
                    IsFloat(InType(r, 1)) && IsFloat(OutType(r, 0));
           },
       .create =
@@ -139,11 +224,34 @@ const bool kRegistered = [] {
                                  DequantizeLoop<int8_t>(a.inputs[0], p, a.outputs[0]);
                                } else if (in == DataType::kUInt8) {
                                  DequantizeLoop<uint8_t>(a.inputs[0], p, a.outputs[0]);
+                               } else if (in == DataType::kInt16) {
+                                 DequantizeLoop<int16_t>(a.inputs[0], p, a.outputs[0]);
+                               } else if (in == DataType::kUInt16) {
+                                 DequantizeLoop<uint16_t>(a.inputs[0], p, a.outputs[0]);
                                } else {
                                  DequantizeLoop<int32_t>(a.inputs[0], p, a.outputs[0]);
                                }
                              });
           },
+  });
+  RegisterOpKernel({
+      .op_type = "DynamicQuantizeLinear",
+      .float_wrap = false,
+      .accepts = [](const KernelRequest& r) { return InType(r, 0) == DataType::kFloat32; },
+      .create = [](const KernelRequest&) { return KernelOr(DynamicQuantize); },
+  });
+  RegisterOpKernel({
+      .op_type = "QLinearMatMul",
+      .name_operand = 0,
+      .float_wrap = false,
+      .accepts =
+          [](const KernelRequest& r) {
+            for (size_t i : {0, 2, 3, 5, 7}) {
+              if (InType(r, i) != DataType::kInt8 && InType(r, i) != DataType::kUInt8) return false;
+            }
+            return IsFloat(InType(r, 1)) && IsFloat(InType(r, 4)) && IsFloat(InType(r, 6));
+          },
+      .create = [](const KernelRequest&) { return KernelOr(QLinearMatMul); },
   });
   return true;
 }();

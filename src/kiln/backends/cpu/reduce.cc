@@ -2,7 +2,8 @@
 // TopK on the CPU. The input is viewed as [outer, n, inner] when the reduced axes are adjacent
 // (the usual case); other axis sets are first transposed (into the workspace) so the reduced
 // axes come last.
-// Accumulation is in double; floats store FP32 (f16/bf16 through the wrapper).
+// Accumulation is in double (CumSum/CumProd: in the element type); floats store FP32 (f16/bf16
+// through the wrapper).
 #include <cmath>
 #include <numeric>
 
@@ -35,7 +36,10 @@ double Keep(double a, int64_t) { return a; }
   X(                                                                                               \
       ReduceProd, 1.0, Id, [](double a, double b) { return a * b; }, Keep)                         \
   X(ReduceSumSquare, 0.0, Sq, Plus, Keep)                                                          \
+  X(                                                                                               \
+      ReduceL1, 0.0, [](double x) { return std::fabs(x); }, Plus, Keep)                            \
   X(ReduceL2, 0.0, Sq, Plus, [](double a, int64_t) { return std::sqrt(a); })                       \
+  X(ReduceLogSum, 0.0, Id, Plus, [](double a, int64_t) { return std::log(a); })                    \
   X(                                                                                               \
       ReduceLogSumExp, 0.0, [](double x) { return std::exp(x); }, Plus,                            \
       [](double a, int64_t) { return std::log(a); })
@@ -111,9 +115,10 @@ void ReduceTyped(const TensorView& x, const TensorView& y, const AxisFlags& redu
   });
 }
 
+// f32 (f16/bf16 through the wrapper), f64 and every integer type.
 bool ReduceTypes(const KernelRequest& r) {
   DataType t = InType(r, 0);
-  return t == DataType::kFloat32 || t == DataType::kInt64 || t == DataType::kInt32;
+  return t == DataType::kFloat32 || t == DataType::kFloat64 || IsInteger(t);
 }
 
 // [outer, n, inner] around one axis.
@@ -150,7 +155,8 @@ void ArgReduce(const KernelRunArgs& a, int64_t axis, bool is_max, bool last) {
   });
 }
 
-template <typename T>
+// CumSum (kProd false) and CumProd along the axis input.
+template <typename T, bool kProd = false>
 void CumSum(const KernelRunArgs& a, bool exclusive, bool reverse) {
   const TensorView& x = a.inputs[0];
   int64_t axis = ReadInts(a.inputs[1])[0];
@@ -160,17 +166,13 @@ void CumSum(const KernelRunArgs& a, bool exclusive, bool reverse) {
   ParallelRows(v.outer * v.inner, v.n, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       int64_t base = (t / v.inner) * v.n * v.inner + t % v.inner;
-      T acc = 0;
+      T acc = kProd ? T(1) : T(0);
       for (int64_t s = 0; s < v.n; ++s) {
         int64_t j = reverse ? v.n - 1 - s : s;
         int64_t k = base + j * v.inner;
-        if (exclusive) {
-          dst[k] = acc;
-          acc += src[k];
-        } else {
-          acc += src[k];
-          dst[k] = acc;
-        }
+        if (exclusive) dst[k] = acc;
+        acc = kProd ? static_cast<T>(acc * src[k]) : static_cast<T>(acc + src[k]);
+        if (!exclusive) dst[k] = acc;
       }
     }
   });
@@ -214,25 +216,67 @@ void TopK(const KernelRunArgs& a, int64_t axis_attr, bool largest, bool sorted) 
   });
 }
 
+// Hardmax: 1 at the first maximum along the axis, 0 elsewhere.
+template <typename T>
+void Hardmax(const KernelRunArgs& a, int64_t axis) {
+  const TensorView& x = a.inputs[0];
+  AxisView v(x.dims, NormAxis(axis, x.dims.size()));
+  const T* src = x.as<const T>();
+  T* dst = a.outputs[0].as<T>();
+  ParallelRows(v.outer * v.inner, v.n, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t off = (t / v.inner) * v.n * v.inner + t % v.inner;
+      int64_t best = 0;
+      for (int64_t j = 1; j < v.n; ++j) {
+        if (src[off + j * v.inner] > src[off + best * v.inner]) best = j;
+      }
+      for (int64_t j = 0; j < v.n; ++j) dst[off + j * v.inner] = j == best ? T(1) : T(0);
+    }
+  });
+}
+
+// LpNormalization: x / ||x||_p along the axis (p 1 or 2); a zero vector stays zero (as ONNX's
+// reference for opset 22, and ONNX Runtime).
+template <typename T>
+void LpNormalize(const KernelRunArgs& a, int64_t axis, int64_t p) {
+  const TensorView& x = a.inputs[0];
+  AxisView v(x.dims, NormAxis(axis, x.dims.size()));
+  const T* src = x.as<const T>();
+  T* dst = a.outputs[0].as<T>();
+  ParallelRows(v.outer * v.inner, v.n, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t off = (t / v.inner) * v.n * v.inner + t % v.inner;
+      double norm = 0;
+      for (int64_t j = 0; j < v.n; ++j) {
+        const double xj = static_cast<double>(src[off + j * v.inner]);
+        norm += p == 1 ? std::fabs(xj) : xj * xj;
+      }
+      if (p == 2) norm = std::sqrt(norm);
+      const double scale = norm == 0 ? 0.0 : 1.0 / norm;
+      for (int64_t j = 0; j < v.n; ++j) {
+        dst[off + j * v.inner] =
+            static_cast<T>(static_cast<double>(src[off + j * v.inner]) * scale);
+      }
+    }
+  });
+}
+
 size_t TopKWorkspace(std::span<const TensorView> in, int64_t axis_attr) {
   int64_t n = in[0].dims.empty() ? 1 : in[0].dims[NormAxis(axis_attr, in[0].dims.size())];
   return static_cast<size_t>(ThreadPool::Default().size() * n) * sizeof(int64_t);
 }
 
+// DispatchNumeric with bool read as its byte (the reductions compare and count bytes).
 template <typename F>
 Status ForReduceType(DataType t, F&& f) {
-  switch (t) {
-    case DataType::kFloat32:
-      return f(std::type_identity<float>{});
-    case DataType::kInt64:
-      return f(std::type_identity<int64_t>{});
-    case DataType::kInt32:
-      return f(std::type_identity<int32_t>{});
-    case DataType::kBool:
+  return DispatchNumeric(t, [&](auto tag) -> Status {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, bool>) {
       return f(std::type_identity<uint8_t>{});
-    default:
-      return MakeError(ErrorCode::kKernelFailed, "no {} path", ToString(t));
-  }
+    } else {
+      return f(tag);
+    }
+  });
 }
 
 void RegisterReduce(const char* op, Reducer red, bool float_only) {
@@ -242,7 +286,9 @@ void RegisterReduce(const char* op, Reducer red, bool float_only) {
           [float_only, name = std::string(op)](const KernelRequest& r) {
             // Max/Min are defined on bools (opset 20).
             if (InType(r, 0) == DataType::kBool) return name == "ReduceMax" || name == "ReduceMin";
-            return float_only ? InType(r, 0) == DataType::kFloat32 : ReduceTypes(r);
+            DataType t = InType(r, 0);
+            return float_only ? (t == DataType::kFloat32 || t == DataType::kFloat64)
+                              : ReduceTypes(r);
           },
       .create = [red](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
         bool noop = attrs::ReduceSum::noop_with_empty_axes(*r.node) != 0;
@@ -270,10 +316,11 @@ void RegisterReduce(const char* op, Reducer red, bool float_only) {
 }
 
 const bool kRegistered = [] {
-#define KILN_REGISTER_REDUCE(Name, init, pre, combine, post) \
-  RegisterReduce(                                            \
-      #Name, Reducer{init, pre, combine, post},              \
-      std::string_view(#Name) == "ReduceL2" || std::string_view(#Name) == "ReduceLogSumExp");
+#define KILN_REGISTER_REDUCE(Name, init, pre, combine, post)         \
+  RegisterReduce(#Name, Reducer{init, pre, combine, post},           \
+                 std::string_view(#Name) == "ReduceL2" ||            \
+                     std::string_view(#Name) == "ReduceLogSumExp" || \
+                     std::string_view(#Name) == "ReduceLogSum");
   KILN_CPU_REDUCE_OPS(KILN_REGISTER_REDUCE)
 #undef KILN_REGISTER_REDUCE
 
@@ -295,22 +342,64 @@ const bool kRegistered = [] {
             },
     });
   }
+  const auto float_types = [](const KernelRequest& r) {
+    return InType(r, 0) == DataType::kFloat32 || InType(r, 0) == DataType::kFloat64;
+  };
   RegisterOpKernel({
-      .op_type = "CumSum",
-      .accepts = ReduceTypes,
+      .op_type = "Hardmax",
+      .accepts = float_types,
       .create =
           [](const KernelRequest& r) {
-            bool exclusive = attrs::CumSum::exclusive(*r.node) != 0;
-            bool reverse = attrs::CumSum::reverse(*r.node) != 0;
+            int64_t axis = attrs::Hardmax::axis(*r.node);
             DataType t = InType(r, 0);
             return KernelOr([=](const KernelRunArgs& a) {
               return ForReduceType(t, [&](auto tag) -> Status {
-                CumSum<typename decltype(tag)::type>(a, exclusive, reverse);
+                Hardmax<typename decltype(tag)::type>(a, axis);
                 return OkStatus();
               });
             });
           },
   });
+  RegisterOpKernel({
+      .op_type = "LpNormalization",
+      .accepts = float_types,
+      .create =
+          [](const KernelRequest& r) {
+            int64_t axis = attrs::LpNormalization::axis(*r.node);
+            int64_t p = attrs::LpNormalization::p(*r.node);
+            DataType t = InType(r, 0);
+            return KernelOr([=](const KernelRunArgs& a) {
+              return ForReduceType(t, [&](auto tag) -> Status {
+                LpNormalize<typename decltype(tag)::type>(a, axis, p);
+                return OkStatus();
+              });
+            });
+          },
+  });
+  for (bool prod : {false, true}) {
+    RegisterOpKernel({
+        .op_type = prod ? "CumProd" : "CumSum",
+        .accepts = ReduceTypes,
+        .create =
+            [prod](const KernelRequest& r) {
+              // CumProd declares the same attributes and defaults.
+              bool exclusive = attrs::CumSum::exclusive(*r.node) != 0;
+              bool reverse = attrs::CumSum::reverse(*r.node) != 0;
+              DataType t = InType(r, 0);
+              return KernelOr([=](const KernelRunArgs& a) {
+                return ForReduceType(t, [&](auto tag) -> Status {
+                  using T = typename decltype(tag)::type;
+                  if (prod) {
+                    CumSum<T, true>(a, exclusive, reverse);
+                  } else {
+                    CumSum<T>(a, exclusive, reverse);
+                  }
+                  return OkStatus();
+                });
+              });
+            },
+    });
+  }
   RegisterOpKernel({
       .op_type = "TopK",
       .accepts = ReduceTypes,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kiln/backends/cpu/vec_math.h"
 #include "kiln/ops/op_schema.h"
@@ -17,34 +18,75 @@ struct UnaryParams {
 };
 
 // The math the shared formulas call: std:: functions, and vec_math.h's erf and tanh for Gelu,
-// which vectorize.
+// which vectorize. Each takes and gives the compute type T: float for f32 (and f16/bf16), double
+// for f64; the formulas' float literals and parameters then promote to T.
 namespace m {
-inline float exp(float x) { return std::exp(x); }
-inline float tanh(float x) { return std::tanh(x); }
-inline float erf(float x) { return std::erf(x); }
-inline float log(float x) { return std::log(x); }
-inline float sqrt(float x) { return std::sqrt(x); }
-inline float fabs(float x) { return std::fabs(x); }
-inline float floor(float x) { return std::floor(x); }
-inline float ceil(float x) { return std::ceil(x); }
-inline float nearbyint(float x) { return std::nearbyint(x); }
-inline float sin(float x) { return std::sin(x); }
-inline float cos(float x) { return std::cos(x); }
-inline float log1p(float x) { return std::log1p(x); }
-inline float expm1(float x) { return std::expm1(x); }
-inline float max(float a, float b) { return std::max(a, b); }
-inline float min(float a, float b) { return std::min(a, b); }
-inline float clamp(float v, float lo, float hi) { return std::clamp(v, lo, hi); }
-inline float fast_tanh(float x) { return FastTanh(x); }
-inline float fast_erf(float x) { return FastErf(x); }
+#define KILN_CPU_MATH_1(name) \
+  template <typename T>       \
+  inline T name(T x) {        \
+    return std::name(x);      \
+  }
+KILN_CPU_MATH_1(exp)
+KILN_CPU_MATH_1(tanh)
+KILN_CPU_MATH_1(erf)
+KILN_CPU_MATH_1(log)
+KILN_CPU_MATH_1(sqrt)
+KILN_CPU_MATH_1(fabs)
+KILN_CPU_MATH_1(floor)
+KILN_CPU_MATH_1(ceil)
+KILN_CPU_MATH_1(nearbyint)
+KILN_CPU_MATH_1(sin)
+KILN_CPU_MATH_1(cos)
+KILN_CPU_MATH_1(tan)
+KILN_CPU_MATH_1(asin)
+KILN_CPU_MATH_1(acos)
+KILN_CPU_MATH_1(atan)
+KILN_CPU_MATH_1(sinh)
+KILN_CPU_MATH_1(cosh)
+KILN_CPU_MATH_1(asinh)
+KILN_CPU_MATH_1(acosh)
+KILN_CPU_MATH_1(atanh)
+KILN_CPU_MATH_1(log1p)
+KILN_CPU_MATH_1(expm1)
+#undef KILN_CPU_MATH_1
+// Mixed operands (a float literal and a double) compute in the wider type.
+template <typename A, typename B>
+inline std::common_type_t<A, B> max(A a, B b) {
+  return std::max<std::common_type_t<A, B>>(a, b);
+}
+template <typename A, typename B>
+inline std::common_type_t<A, B> min(A a, B b) {
+  return std::min<std::common_type_t<A, B>>(a, b);
+}
+template <typename V, typename L, typename H>
+inline std::common_type_t<V, L, H> clamp(V v, L lo, H hi) {
+  return std::clamp<std::common_type_t<V, L, H>>(v, lo, hi);
+}
+// FP32 uses the vectorising approximations; FP64 the exact functions.
+template <typename T>
+inline T fast_tanh(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return FastTanh(x);
+  } else {
+    return std::tanh(x);
+  }
+}
+template <typename T>
+inline T fast_erf(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return FastErf(x);
+  } else {
+    return std::erf(x);
+  }
+}
 }  // namespace m
 
-// op(x) in FP32, for an op with a KILN_UNARY_OP row.
-template <OpType kOp>
-inline float Unary(float x, [[maybe_unused]] const UnaryParams& p) {
+// op(x) in T (float: FP32 for f32/f16/bf16; double for f64), for an op with a KILN_UNARY_OP row.
+template <OpType kOp, typename T = float>
+inline T Unary(T x, [[maybe_unused]] const UnaryParams& p) {
 #define KILN_UNARY_OP(Name, formula)      \
   if constexpr (kOp == OpType::k##Name) { \
-    return formula;                       \
+    return static_cast<T>(formula);       \
   } else
 #define KILN_INT_UNARY_OP(Name, formula)
 #include "kiln/ops/unary_ops.inc"

@@ -19,6 +19,15 @@ __device__ __forceinline__ float ceil(float x) { return ceilf(x); }
 __device__ __forceinline__ float nearbyint(float x) { return nearbyintf(x); }
 __device__ __forceinline__ float sin(float x) { return sinf(x); }
 __device__ __forceinline__ float cos(float x) { return cosf(x); }
+__device__ __forceinline__ float tan(float x) { return tanf(x); }
+__device__ __forceinline__ float asin(float x) { return asinf(x); }
+__device__ __forceinline__ float acos(float x) { return acosf(x); }
+__device__ __forceinline__ float atan(float x) { return atanf(x); }
+__device__ __forceinline__ float sinh(float x) { return sinhf(x); }
+__device__ __forceinline__ float cosh(float x) { return coshf(x); }
+__device__ __forceinline__ float asinh(float x) { return asinhf(x); }
+__device__ __forceinline__ float acosh(float x) { return acoshf(x); }
+__device__ __forceinline__ float atanh(float x) { return atanhf(x); }
 __device__ __forceinline__ float log1p(float x) { return log1pf(x); }
 __device__ __forceinline__ float expm1(float x) { return expm1f(x); }
 __device__ __forceinline__ float max(float a, float b) { return fmaxf(a, b); }
