@@ -373,6 +373,23 @@ TEST(ShapeRules, NewTypesLossesAndEmptyOperands) {
   EXPECT_EQ(qy->dtype(), kUInt8);
   EXPECT_EQ(dq[0]->dtype(), kUInt8);
   EXPECT_EQ(dq[1]->shape(), Shape{});
+  GraphBuilder rnn;
+  AttributeMap lstm_attrs = Attrs({{"hidden_size", int64_t{5}},
+                                   {"layout", int64_t{1}},
+                                   {"direction", std::string("bidirectional")}});
+  auto lstm = rnn.OpN("LSTM",
+                      {rnn.In(kFloat32, {kBatch, 7, 3}), rnn.In(kFloat32, {2, 20, 3}),
+                       rnn.In(kFloat32, {2, 20, 5})},
+                      3, lstm_attrs);
+  ASSERT_TRUE(rnn.Infer().ok());
+  EXPECT_EQ(lstm[0]->shape(), (Shape{kBatch, 7, 2, 5}));
+  EXPECT_EQ(lstm[1]->shape(), (Shape{kBatch, 2, 5}));
+  GraphBuilder bad_w;
+  bad_w.OpN("GRU",
+            {bad_w.In(kFloat32, {7, 2, 3}), bad_w.In(kFloat32, {1, 12, 3}),
+             bad_w.In(kFloat32, {1, 15, 5})},
+            2, Attrs({{"hidden_size", int64_t{5}}}));
+  EXPECT_EQ(bad_w.Infer().code(), ErrorCode::kShapeMismatch);  // W needs 3 * 5 rows
   GraphBuilder target;
   target.Op("NegativeLogLikelihoodLoss",
             {target.In(kFloat32, {2, 4, 6}), target.In(kInt64, {2, 5})});

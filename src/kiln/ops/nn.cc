@@ -380,6 +380,12 @@ Status InferMaxPool(InferenceContext& ctx) { return InferWithLayout(ctx, InferMa
 Status InferAveragePool(InferenceContext& ctx) {
   return InferWithLayout(ctx, InferAveragePoolNchw, {0});
 }
+Status InferLpPool(InferenceContext& ctx) {
+  const int64_t p = attrs::LpPool::p(ctx.node());
+  if (p < 1)
+    return ctx.Error(ErrorCode::kInvalidAttribute, "attribute 'p' is {}; it must be >= 1", p);
+  return InferPool(ctx, false);
+}
 Status InferGlobalAveragePool(InferenceContext& ctx) {
   return InferWithLayout(ctx, InferGlobalPool, {0});
 }

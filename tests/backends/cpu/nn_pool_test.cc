@@ -157,6 +157,42 @@ TEST(CpuPool, ThreeDimensionalWindows) {
   }
 }
 
+// LpPool: the p-norm of each window (padding adds zeros), p 2 and 3, with pads and strides.
+TEST(CpuPool, LpPoolNorms) {
+  for (int64_t p : {2, 3}) {
+    SCOPED_TRACE(p);
+    std::mt19937 rng(11);
+    OpCase c;
+    c.op = "LpPool";
+    c.attrs.Set("kernel_shape", std::vector<int64_t>{2, 3});
+    c.attrs.Set("strides", std::vector<int64_t>{2, 1});
+    c.attrs.Set("pads", std::vector<int64_t>{1, 1, 0, 1});
+    c.attrs.Set("p", p);
+    c.inputs = {RandomTensor({1, 2, 5, 6}, rng)};
+    Reference ref = [p](const std::vector<Tensor>& in, const std::vector<int64_t>& yd) {
+      std::vector<double> y;
+      for (int64_t pl = 0; pl < 2; ++pl)
+        for (int64_t oy = 0; oy < yd[2]; ++oy)
+          for (int64_t ox = 0; ox < yd[3]; ++ox) {
+            double sum = 0;
+            for (int64_t ky = 0; ky < 2; ++ky)
+              for (int64_t kx = 0; kx < 3; ++kx) {
+                const int64_t yy = oy * 2 - 1 + ky, xx = ox - 1 + kx;
+                if (yy < 0 || yy >= 5 || xx < 0 || xx >= 6) continue;
+                sum += std::pow(std::fabs(in[0].GetDouble((pl * 5 + yy) * 6 + xx)),
+                                static_cast<double>(p));
+              }
+            y.push_back(std::pow(sum, 1.0 / static_cast<double>(p)));
+          }
+      return y;
+    };
+    EXPECT_EQ(CheckAllTactics(c, ref, 1e-5, 1e-5).size(), 1u);
+    auto dims = InferOutputDims(c);
+    ASSERT_TRUE(dims.ok());
+    EXPECT_EQ(*dims, (std::vector<int64_t>{1, 2, 3, 6}));  // h (5+1-2)/2+1, w (6+1+1-3)+1
+  }
+}
+
 TEST(CpuPool, MaxPoolIndicesOutputIsAClearError) {
   OpCase c;
   c.op = "MaxPool";

@@ -1,6 +1,7 @@
-// MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool on the CPU (1-D, 2-D and 3-D windows;
-// global pools any rank): direct loops, parallel over the N*C planes.
+// MaxPool, AveragePool, LpPool, GlobalAveragePool and GlobalMaxPool on the CPU (1-D, 2-D and 3-D
+// windows; global pools any rank): direct loops, parallel over the N*C planes.
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "kiln/backends/cpu/cpu_kernel.h"
@@ -17,10 +18,13 @@ struct PoolGeometry {
   int64_t pd = 0, ph = 0, pw = 0, ped = 0, peh = 0, pew = 0;
 };
 
+enum class PoolMode { kMax, kAverage, kLp };
+
 class PoolKernel final : public Kernel {
  public:
-  PoolKernel(nn::WindowAttrs attrs, bool is_max, bool count_include_pad)
-      : attrs_(std::move(attrs)), is_max_(is_max), count_include_pad_(count_include_pad) {}
+  // `p`: LpPool's norm order (kLp only).
+  PoolKernel(nn::WindowAttrs attrs, PoolMode mode, bool count_include_pad, int64_t p = 2)
+      : attrs_(std::move(attrs)), mode_(mode), count_include_pad_(count_include_pad), p_(p) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
@@ -95,14 +99,19 @@ class PoolKernel final : public Kernel {
                 if (!h_in || iw < 0 || iw >= g.iw) continue;
                 const float v = x[(id * g.ih + ih) * g.iw + iw];
                 best = std::max(best, v);
-                sum += v;
+                sum += mode_ == PoolMode::kLp
+                           ? (p_ == 2 ? v * v : std::pow(std::fabs(v), static_cast<float>(p_)))
+                           : v;
                 ++count;
               }
             }
           }
           float* out = y + (od * g.oh + oh) * g.ow + ow;
-          if (is_max_) {
+          if (mode_ == PoolMode::kMax) {
             *out = best;
+          } else if (mode_ == PoolMode::kLp) {
+            // Padding contributes zeros to the p-norm.
+            *out = p_ == 2 ? std::sqrt(sum) : std::pow(sum, 1.f / static_cast<float>(p_));
           } else {
             // count_include_pad counts window positions inside the padded input (not those past
             // it in ceil mode), as the ONNX reference does.
@@ -115,21 +124,33 @@ class PoolKernel final : public Kernel {
   }
 
   nn::WindowAttrs attrs_;
-  bool is_max_, count_include_pad_;
+  PoolMode mode_;
+  bool count_include_pad_;
+  int64_t p_;
   PoolGeometry g_;
 };
 
-template <bool kMax>
+template <PoolMode kMode>
 class PoolProvider final : public CpuFloatProvider {
  public:
-  std::string_view id() const override { return kMax ? "cpu.maxpool" : "cpu.averagepool"; }
-  std::string_view op_type() const override { return kMax ? "MaxPool" : "AveragePool"; }
+  std::string_view id() const override {
+    return kMode == PoolMode::kMax ? "cpu.maxpool"
+                                   : (kMode == PoolMode::kLp ? "cpu.lppool" : "cpu.averagepool");
+  }
+  std::string_view op_type() const override {
+    return kMode == PoolMode::kMax ? "MaxPool"
+                                   : (kMode == PoolMode::kLp ? "LpPool" : "AveragePool");
+  }
 
  protected:
   std::vector<TacticConfig> F32Tactics(const KernelRequest& request) const override {
     size_t rank = request.inputs[0].shape.size();
     if (rank < 3 || rank > 5 || request.outputs.size() != 1) return {};
-    return {{kMax ? "f32-maxpool-cpu-direct" : "f32-averagepool-cpu-direct", {}, 0}};
+    return {{kMode == PoolMode::kMax  ? "f32-maxpool-cpu-direct"
+             : kMode == PoolMode::kLp ? "f32-lppool-cpu-direct"
+                                      : "f32-averagepool-cpu-direct",
+             {},
+             0}};
   }
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig&) const override {
@@ -145,13 +166,16 @@ class PoolProvider final : public CpuFloatProvider {
                        attrs.status().message());
     }
     return std::unique_ptr<Kernel>(std::make_unique<PoolKernel>(
-        std::move(*attrs), kMax, attrs::AveragePool::count_include_pad(*request.node) != 0));
+        std::move(*attrs), kMode, attrs::AveragePool::count_include_pad(*request.node) != 0,
+        attrs::LpPool::p(*request.node)));
   }
 };
-using MaxPoolProvider = PoolProvider<true>;
-using AveragePoolProvider = PoolProvider<false>;
+using MaxPoolProvider = PoolProvider<PoolMode::kMax>;
+using AveragePoolProvider = PoolProvider<PoolMode::kAverage>;
+using LpPoolProvider = PoolProvider<PoolMode::kLp>;
 KILN_REGISTER_KERNEL_PROVIDER(MaxPoolProvider);
 KILN_REGISTER_KERNEL_PROVIDER(AveragePoolProvider);
+KILN_REGISTER_KERNEL_PROVIDER(LpPoolProvider);
 
 // Global pools: one value per plane, any spatial rank.
 template <bool kMax>
