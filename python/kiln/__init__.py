@@ -214,14 +214,21 @@ class Engine:
         _raise_status(lib.kiln_engine_report_json(self._h, ctypes.byref(buf)))
         return json.loads(_lib.take_buffer(buf) or b"{}")
 
-    def serialize(self) -> bytes:
+    def serialize(self, strip_weights: bool = False) -> bytes:
+        """The engine's bytes. strip_weights: without the weights its weight program remakes from
+        the model (layers, tactics, plan and program only): for caches and for ranks that hold
+        the model; kiln.deserialize(data, weights=...) loads them again."""
         buf = ctypes.c_void_p()
-        _raise_status(lib.kiln_engine_serialize(self._h, ctypes.byref(buf)))
+        serialize = lib.kiln_engine_serialize_stripped if strip_weights else \
+            lib.kiln_engine_serialize
+        _raise_status(serialize(self._h, ctypes.byref(buf)))
         return _lib.take_buffer(buf)
 
-    def save(self, path: Union[str, os.PathLike]) -> None:
-        """Writes the .kiln file atomically."""
-        _raise_status(lib.kiln_engine_save(self._h, os.fsencode(path)))
+    def save(self, path: Union[str, os.PathLike], strip_weights: bool = False) -> None:
+        """Writes the .kiln file atomically (strip_weights: as for serialize; kiln.load(path,
+        weights=...) loads it)."""
+        save = lib.kiln_engine_save_stripped if strip_weights else lib.kiln_engine_save
+        _raise_status(save(self._h, os.fsencode(path)))
 
     def create_execution_context(self, cuda_graphs: bool = True) -> "ExecutionContext":
         return ExecutionContext(self, cuda_graphs)
@@ -327,18 +334,61 @@ def _named_tensors(weights: Mapping[str, Any]):
     return array, keep
 
 
-def load(path: Union[str, os.PathLike]) -> Engine:
-    """Loads a .kiln file for the backend it was built for."""
+def _weights_source(weights):
+    """Engine weights for kiln_engine_*_with_weights: (onnx_path or None, kiln_refit_weights or
+    None, what keeps their memory alive)."""
+    if isinstance(weights, (str, os.PathLike)):
+        return os.fsencode(weights), None, None
+    w = _lib.RefitWeights()
+    if hasattr(weights, "SerializeToString"):
+        weights = weights.SerializeToString()
+    if isinstance(weights, (bytes, bytearray, memoryview)):
+        keep = bytes(weights)
+        w.onnx = keep
+        w.onnx_size = len(keep)
+    elif isinstance(weights, Mapping):
+        named, owners = _named_tensors(weights)
+        keep = (named, owners)
+        w.tensors = named
+        w.count = len(owners)
+    else:
+        raise _error(1001, f"weights is a {type(weights).__name__}: give an ONNX path, ONNX "
+                     "bytes, an onnx.ModelProto or a mapping from initializer name to tensor "
+                     "(a state_dict)")
+    return None, ctypes.byref(w), (w, keep)
+
+
+def load(path: Union[str, os.PathLike], weights=None) -> Engine:
+    """Loads a .kiln file for the backend it was built for.
+
+    `weights` (as Engine.refit takes them: an ONNX path, ONNX bytes, an onnx.ModelProto or a
+    mapping from initializer name to tensor) fill the engine before it is loaded. A weight-stripped
+    engine (`kiln build --strip-weights`: no weight bytes in the file) needs them, and without
+    them raises KilnError KILN-E4010; the result is the engine a build of those weights makes
+    (save() writes the full engine). Wrong weights raise what Engine.refit raises (KILN-E4008
+    naming the first mismatch)."""
     h = ctypes.c_void_p()
-    _raise_status(lib.kiln_engine_load(os.fsencode(path), ctypes.byref(h)))
+    if weights is None:
+        _raise_status(lib.kiln_engine_load(os.fsencode(path), ctypes.byref(h)))
+    else:
+        onnx_path, w, keep = _weights_source(weights)
+        _raise_status(lib.kiln_engine_load_with_weights(os.fsencode(path), onnx_path, w,
+                                                        ctypes.byref(h), None))
+        del keep
     return Engine(h.value)
 
 
-def deserialize(data: bytes) -> Engine:
-    """Loads engine bytes (Engine.serialize's)."""
+def deserialize(data: bytes, weights=None) -> Engine:
+    """Loads engine bytes (Engine.serialize's); `weights` as for load()."""
     h = ctypes.c_void_p()
     data = bytes(data)
-    _raise_status(lib.kiln_engine_deserialize(data, len(data), ctypes.byref(h)))
+    if weights is None:
+        _raise_status(lib.kiln_engine_deserialize(data, len(data), ctypes.byref(h)))
+    else:
+        onnx_path, w, keep = _weights_source(weights)
+        _raise_status(lib.kiln_engine_deserialize_with_weights(data, len(data), onnx_path, w,
+                                                               ctypes.byref(h), None))
+        del keep
     return Engine(h.value)
 
 

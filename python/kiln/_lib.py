@@ -90,7 +90,7 @@ class RefitWeights(ctypes.Structure):
 
 
 # The kiln_c.h this module describes (KILN_C_API_VERSION).
-API_VERSION = 3
+API_VERSION = 4
 
 
 def _candidates():
@@ -170,6 +170,12 @@ _decl("kiln_engine_refit", _S, _P, ctypes.POINTER(NamedTensor), ctypes.c_size_t,
 _decl("kiln_engine_weights_generation", ctypes.c_uint64, _P)
 _decl("kiln_engine_refit_group", _S, _P, ctypes.POINTER(RefitWeights), ctypes.POINTER(Comm),
       ctypes.c_double, ctypes.POINTER(_P))
+_decl("kiln_engine_serialize_stripped", _S, _P, ctypes.POINTER(_P))
+_decl("kiln_engine_save_stripped", _S, _P, ctypes.c_char_p)
+_decl("kiln_engine_load_with_weights", _S, ctypes.c_char_p, ctypes.c_char_p,
+      ctypes.POINTER(RefitWeights), ctypes.POINTER(_P), ctypes.POINTER(_P))
+_decl("kiln_engine_deserialize_with_weights", _S, ctypes.c_char_p, ctypes.c_size_t,
+      ctypes.c_char_p, ctypes.POINTER(RefitWeights), ctypes.POINTER(_P), ctypes.POINTER(_P))
 _decl("kiln_context_create", _S, _P, ctypes.c_int, ctypes.POINTER(_P))
 _decl("kiln_context_free", None, _P)
 _decl("kiln_context_bind", _S, _P, ctypes.c_char_p, ctypes.POINTER(Tensor))

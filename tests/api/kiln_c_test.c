@@ -79,6 +79,41 @@ int main(int argc, char** argv) {
       expect_code(kiln_engine_refit_group(e, NULL, NULL, 0, NULL), 1001,
                   "refit_group without comm");
       if (kiln_engine_weights_generation(e) != 1) ++failures;
+      /* Weight-stripped: smaller bytes that load only with weights, and then give the engine's
+       * full bytes again (the model file's own weights: the same model hash). */
+      kiln_buffer *full = NULL, *stripped = NULL, *again = NULL;
+      if (ok(kiln_engine_serialize(e, &full), "serialize") &&
+          ok(kiln_engine_serialize_stripped(e, &stripped), "serialize stripped")) {
+        if (kiln_buffer_size(stripped) >= kiln_buffer_size(full)) ++failures;
+        kiln_engine* se = NULL;
+        expect_code(
+            kiln_engine_deserialize(kiln_buffer_data(stripped), kiln_buffer_size(stripped), &se),
+            4010, "stripped engine without weights");
+        kiln_refit_weights wrong = {NULL, 0, &w, 1};
+        w.tensor.device_type = KILN_DEVICE_CPU;
+        expect_code(
+            kiln_engine_deserialize_with_weights(
+                kiln_buffer_data(stripped), kiln_buffer_size(stripped), NULL, &wrong, &se, NULL),
+            4008, "stripped engine with foreign weights");
+        expect_code(
+            kiln_engine_deserialize_with_weights(
+                kiln_buffer_data(stripped), kiln_buffer_size(stripped), argv[1], &wrong, &se, NULL),
+            1001, "both an ONNX path and weights");
+        if (ok(kiln_engine_deserialize_with_weights(kiln_buffer_data(stripped),
+                                                    kiln_buffer_size(stripped), argv[1], NULL, &se,
+                                                    NULL),
+               "stripped engine with its weights") &&
+            ok(kiln_engine_serialize(se, &again), "serialize the filled engine")) {
+          if (kiln_buffer_size(again) != kiln_buffer_size(full) ||
+              memcmp(kiln_buffer_data(again), kiln_buffer_data(full), kiln_buffer_size(full))) {
+            ++failures;
+          }
+        }
+        kiln_buffer_free(again);
+        kiln_engine_free(se);
+      }
+      kiln_buffer_free(full);
+      kiln_buffer_free(stripped);
       kiln_context_free(ctx);
       kiln_engine_free(e);
     }

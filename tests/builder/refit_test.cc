@@ -241,6 +241,92 @@ INSTANTIATE_TEST_SUITE_P(
 // ---- INT8 recalibration: refit to B, then the scales calibrated again on B with the same data,
 // is a fresh INT8 build of B (its own calibration, no cache), byte for byte.
 
+// Weight-stripped engines (issue 20): `kiln build --strip-weights` then `kiln refit E --weights M`
+// gives the engine `kiln build M` writes, byte for byte; the stripped engine refuses to run.
+class StripZoo : public ::testing::TestWithParam<std::tuple<std::string, Precision>> {};
+
+TEST_P(StripZoo, AStrippedEngineFilledWithItsModelIsTheFullBuild) {
+  const auto& [model, precision] = GetParam();
+  const fs::path dir = ZooRoot() / model;
+  const fs::path tmp = fs::temp_directory_path() /
+                       fmt::format("kiln_strip_{}_{}_{}", model, Name(precision), ::getpid());
+  fs::create_directories(tmp);
+  const BuilderConfig config = Config(dir, precision, tmp / "calib.cache");
+  const fs::path onnx = dir / "model.onnx";
+
+  // As `kiln build` does (the model hash is the file's), then stripped as --strip-weights does.
+  auto built = app::BuildFromOnnxFile(onnx.string(), config);
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  EngineDesc& e = *built->desc;
+  const std::vector<std::byte> full = Bytes(e);
+  int64_t constants = 0;
+  for (const Value* v : e.graph->values()) constants += v->is_constant() ? 1 : 0;
+  ASSERT_TRUE(StripWeights(e).ok());
+  const std::vector<std::byte> stripped = Bytes(e);
+  ASSERT_FALSE(stripped.empty());
+  EXPECT_LT(stripped.size(), full.size());
+  const fs::path stripped_path = tmp / "stripped.kiln", full_path = tmp / "full.kiln";
+  ASSERT_TRUE(WriteEngineFile(e, stripped_path.string()).ok());
+
+  // It loads and verifies; exactly the program's targets are absent, every other constant (the
+  // literals) is there with its bytes.
+  auto loaded = LoadEngineFile(stripped_path.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_TRUE((*loaded)->header.weights_stripped);
+  const size_t absent = AbsentConstants(**loaded).size();
+  EXPECT_EQ(absent, e.weight_program.targets.size());
+  EXPECT_GT(absent, 0u);
+  int64_t present = 0;
+  for (const Value* v : (*loaded)->graph->values()) {
+    if (v->is_constant() && v->constant()->raw()) ++present;
+  }
+  EXPECT_EQ(present + static_cast<int64_t>(absent), constants);
+
+  // The runtime refuses it with the catalog code and says what to do.
+  auto runtime = Runtime::Create(BackendKind::kCpu);
+  ASSERT_TRUE(runtime.ok());
+  auto refused = (*runtime)->LoadEngine(stripped_path.string());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kEngineWeightsStripped);
+  EXPECT_NE(refused.status().message().find("kiln refit"), std::string::npos);
+
+  // `kiln refit stripped.kiln --weights model.onnx -o full.kiln`: the full build's bytes.
+  RefitReport report;
+  Status s = RefitEngineFile(stripped_path.string(), onnx.string(), full_path.string(), &report);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(report.filled_stripped);
+  EXPECT_EQ(report.constants_refit, static_cast<int64_t>(absent));
+  auto written = ReadInputFile(full_path.string(), "engine", uint64_t{1} << 30);
+  ASSERT_TRUE(written.ok());
+  ASSERT_EQ(written->size(), full.size());
+  EXPECT_TRUE(std::memcmp(written->data(), full.data(), full.size()) == 0)
+      << "the filled engine differs from the full build";
+  auto again = ReadInputFile(stripped_path.string(), "engine", uint64_t{1} << 30);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->size() == stripped.size() &&
+              std::memcmp(again->data(), stripped.data(), stripped.size()) == 0)
+      << "kiln refit -o changed its input";
+
+  // And it runs to the full engine's outputs, bit for bit.
+  auto filled = LoadEngineFile(full_path.string());
+  auto original = LoadEngineBytes(full);
+  ASSERT_TRUE(filled.ok() && original.ok());
+  auto out_filled = RunZooInput(*filled, dir);
+  auto out_full = RunZooInput(*original, dir);
+  ASSERT_FALSE(out_full.empty());
+  for (const auto& [name, t] : out_full) {
+    ASSERT_TRUE(out_filled.count(name));
+    EXPECT_TRUE(SameBytes(out_filled.at(name), t)) << "output " << name;
+  }
+  fs::remove_all(tmp);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, StripZoo,
+    ::testing::Combine(::testing::ValuesIn(ZooModels()),
+                       ::testing::Values(Precision::kFp32, Precision::kFp16, Precision::kInt8)),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + Name(std::get<1>(info.param)); });
+
 float InputAmax(const EngineDesc& e, const std::string& node) {
   return e.graph->FindNode(node)->attrs().GetFloat(std::string(precision::kInt8InputAmaxAttr), 0.f);
 }
@@ -462,6 +548,69 @@ TEST_F(RefitWrongWeights, RefusedFileRefitLeavesTheFile) {
   s = RefitEngineFile(path.string(), (dir_ / "model.onnx").string(), path.string());
   EXPECT_TRUE(s.ok()) << s.ToString();
   fs::remove_all(tmp);
+}
+
+// The same wrong weights fill no stripped engine: the same codes and names, and the engine (in
+// memory and on disk) stays stripped and unchanged.
+class StripWrongWeights : public RefitWrongWeights {
+ protected:
+  void SetUp() override {
+    RefitWrongWeights::SetUp();
+    ASSERT_TRUE(StripWeights(*engine_).ok());
+    before_ = Bytes(*engine_);
+  }
+};
+
+TEST_F(StripWrongWeights, MissingInitializerIsNamed) {
+  auto w = weights_;
+  w.erase(FirstSource());
+  ExpectRefused(w, ErrorCode::kRefitWeightsMismatch, "'" + FirstSource() + "'");
+  EXPECT_TRUE(engine_->header.weights_stripped);
+}
+
+TEST_F(StripWrongWeights, OtherShapeAndDtypeAreNamed) {
+  auto w = weights_;
+  const Tensor& t = w.at(FirstSource());
+  std::vector<int64_t> dims = t.dims();
+  dims[0] += 1;
+  w[FirstSource()] = Tensor(t.dtype(), dims);
+  ExpectRefused(w, ErrorCode::kRefitWeightsMismatch, "'" + FirstSource() + "' is f32[");
+  w = weights_;
+  w[FirstSource()] = w.at(FirstSource()).CastTo(DataType::kFloat16);
+  ExpectRefused(w, ErrorCode::kRefitWeightsMismatch, "'" + FirstSource() + "' is f16[");
+}
+
+TEST_F(StripWrongWeights, AnotherArchitectureLeavesTheFile) {
+  const fs::path tmp = fs::temp_directory_path() / fmt::format("kiln_strip_file_{}", ::getpid());
+  fs::create_directories(tmp);
+  const fs::path path = tmp / "e.kiln";
+  ASSERT_TRUE(WriteEngineFile(*engine_, path.string()).ok());
+  auto read = [&] { return ReadInputFile(path.string(), "engine", uint64_t{1} << 30); };
+  auto before = read();
+  ASSERT_TRUE(before.ok());
+  Status s = RefitEngineFile(path.string(), (ZooRoot() / "vit_tiny" / "model.onnx").string(),
+                             path.string());
+  EXPECT_EQ(s.code(), ErrorCode::kRefitWeightsMismatch) << s.ToString();
+  auto after = read();
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(*before == *after);
+  // Its own model fills it in place: a full engine that runs.
+  ASSERT_TRUE(RefitEngineFile(path.string(), (dir_ / "model.onnx").string(), path.string()).ok());
+  auto full = LoadEngineFile(path.string());
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  EXPECT_FALSE((*full)->header.weights_stripped);
+  EXPECT_FALSE(RunZooInput(*full, dir_).empty());
+  fs::remove_all(tmp);
+}
+
+TEST_F(StripWrongWeights, FilledInMemoryWithOtherWeightsItIsTheirBuild) {
+  // A stripped engine from a cache filled with weights B is the engine a build with B makes.
+  const auto weights_b = Perturbed(weights_, 7);
+  auto b = Build(ImportWith(dir_ / "model.onnx", weights_b), Config(dir_, Precision::kFp32, ""));
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(RefitEngine(*engine_, weights_b, HashString("model")).ok());
+  EXPECT_FALSE(engine_->header.weights_stripped);
+  EXPECT_TRUE(Bytes(*engine_) == Bytes(*b));
 }
 
 TEST(RefitProgram, RefitNeedsNoDeviceOfTheEnginesBackend) {

@@ -104,15 +104,18 @@ std::string Describe(const Attribute& a) {
 std::string Fingerprint(const EngineDesc& e) {
   std::string s;
   const EngineHeader& h = e.header;
-  s += fmt::format("header {} {} {} {} {} {} {}\n", h.format_version, ToString(h.backend),
-                   h.device_arch, h.library_versions, h.model_hash, h.config_hash, h.model_name);
+  s += fmt::format("header {} {} {} {} {} {} {} stripped={}\n", h.format_version,
+                   ToString(h.backend), h.device_arch, h.library_versions, h.model_hash,
+                   h.config_hash, h.model_name, h.weights_stripped);
   const Graph& g = *e.graph;
   s += fmt::format("graph {} opset {}\n", g.name(), g.opset());
   for (const Value* v : g.values()) {
     s += fmt::format("value {} {} {} {} in={} out={}", v->name(), ToString(v->dtype()),
                      v->has_shape() ? ToString(v->shape()) : "-", v->is_constant(),
                      v->is_graph_input(), v->is_graph_output());
-    if (const Tensor* t = v->constant()) {
+    if (const Tensor* t = v->constant(); t && !t->raw()) {
+      s += fmt::format(" absent {}[{}]", ToString(t->dtype()), fmt::join(t->dims(), ","));
+    } else if (t) {
       for (int64_t i = 0; i < t->num_elements(); ++i) s += fmt::format(" {}", t->GetDouble(i));
     }
     s += "\n";
@@ -539,6 +542,208 @@ TEST(EngineFile, CraftedFilesAreCaughtByBoundsChecks) {
   }
 }
 
+// The chain engine with a weight program that makes its constant w from initializer "w_init"
+// (as a build records it): what StripWeights needs.
+std::unique_ptr<EngineDesc> ChainWithProgram() {
+  auto e = Chain();
+  WeightProgram& p = e->weight_program;
+  p.recorded = true;
+  p.sources.push_back({"w_init", DataType::kFloat32, {4}});
+  p.targets.push_back({"w", 0});
+  return e;
+}
+
+std::unique_ptr<EngineDesc> StrippedChain() {
+  auto e = ChainWithProgram();
+  Status s = StripWeights(*e);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return e;
+}
+
+TEST(StrippedEngine, OmitsTheProgramsConstantsAndSaysSoInPreambleAndHeader) {
+  const Bytes full = Serialize(*ChainWithProgram());
+  const Bytes stripped = Serialize(*StrippedChain());
+  // w (16 bytes) was the only weight: its aligned 64 bytes are gone, and nothing else changed
+  // size but the two flags and the constant's `absent`.
+  auto full_pre = ReadEnginePreamble(full);
+  auto pre = ReadEnginePreamble(stripped);
+  ASSERT_TRUE(full_pre.ok() && pre.ok());
+  EXPECT_EQ(full_pre->flags, 0u);
+  EXPECT_EQ(pre->flags, kEngineFlagWeightsStripped);
+  EXPECT_EQ(full.size() - (kEnginePreambleBytes + full_pre->flatbuffer_bytes + 63) / 64 * 64, 64u);
+  EXPECT_EQ(stripped.size(), (kEnginePreambleBytes + pre->flatbuffer_bytes + 63) / 64 * 64);
+
+  auto loaded = LoadEngineBytes(stripped);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_TRUE((*loaded)->header.weights_stripped);
+  const Value* w = (*loaded)->graph->FindValue("w");
+  ASSERT_TRUE(w && w->is_constant());
+  EXPECT_EQ(w->constant()->dtype(), DataType::kFloat32);
+  EXPECT_EQ(w->constant()->dims(), (std::vector<int64_t>{4}));
+  EXPECT_EQ(w->constant()->raw(), nullptr);
+  EXPECT_EQ(AbsentConstants(**loaded), (std::vector<std::string>{"w"}));
+  EXPECT_EQ((*loaded)->weight_program.sources.front().name, "w_init");
+  // The loaded stripped engine serializes to the same bytes; the full one is unchanged.
+  EXPECT_EQ(Serialize(**loaded), stripped);
+  EXPECT_EQ(Fingerprint(**loaded), Fingerprint(*StrippedChain()));
+  auto full_loaded = LoadEngineBytes(full);
+  ASSERT_TRUE(full_loaded.ok());
+  EXPECT_FALSE((*full_loaded)->header.weights_stripped);
+  EXPECT_TRUE(AbsentConstants(**full_loaded).empty());
+}
+
+TEST(StrippedEngine, StrippingTwiceChangesNothing) {
+  auto e = StrippedChain();
+  const Bytes once = Serialize(*e);
+  ASSERT_TRUE(StripWeights(*e).ok());
+  EXPECT_EQ(Serialize(*e), once);
+}
+
+TEST(StrippedEngine, TheSerializationOptionWritesTheSameBytesAndKeepsTheEngine) {
+  auto full = ChainWithProgram();
+  const Bytes before = Serialize(*full);
+  auto bytes = SerializeEngine(*full, {.strip_weights = true});
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(*bytes, Serialize(*StrippedChain()));
+  EXPECT_FALSE(full->header.weights_stripped);
+  EXPECT_EQ(Serialize(*full), before);  // the engine itself keeps its weights
+  auto none = Chain();
+  EXPECT_EQ(SerializeEngine(*none, {.strip_weights = true}).status().code(),
+            ErrorCode::kRefitNotRecorded);
+}
+
+TEST(StrippedEngine, AnEngineRefitCouldNotFillIsNotStripped) {
+  auto none = Chain();  // no weight program
+  Status s = StripWeights(*none);
+  EXPECT_EQ(s.code(), ErrorCode::kRefitNotRecorded) << s.ToString();
+  EXPECT_FALSE(none->header.weights_stripped);
+  auto unfit = ChainWithProgram();
+  unfit->weight_program.targets.clear();
+  unfit->weight_program.non_refittable.push_back({"w", "made by code that records no step"});
+  s = StripWeights(*unfit);
+  EXPECT_EQ(s.code(), ErrorCode::kRefitNotRefittable) << s.ToString();
+  EXPECT_NE(s.message().find("'w'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("without --strip-weights"), std::string::npos) << s.message();
+  EXPECT_FALSE(unfit->header.weights_stripped);
+  // Nothing was dropped: w keeps its bytes.
+  EXPECT_EQ(unfit->graph->FindValue("w")->constant()->ToFloatVector(),
+            (std::vector<float>{-1.f, 0.5f, 2.f, -3.f}));
+}
+
+TEST(StrippedEngine, TruncatedOrFlippedStrippedFilesAreRejected) {
+  const Bytes b = Serialize(*StrippedChain());
+  for (size_t cut : {size_t{2}, size_t{63}, size_t{64}, b.size() / 2, b.size() - 1}) {
+    Bytes t(b.begin(), b.begin() + cut);
+    Status s = LoadStatus(t);
+    EXPECT_EQ(s.code(), ErrorCode::kEngineTruncated) << "cut at " << cut << ": " << s.ToString();
+  }
+  for (size_t at : {size_t{12}, kEnginePreambleBytes + 8, b.size() - 8}) {
+    Bytes f = b;
+    f[at] ^= std::byte{0x10};
+    EXPECT_EQ(LoadStatus(f).code(), ErrorCode::kEngineChecksum) << "flipped at " << at;
+  }
+}
+
+TEST(StrippedEngine, InconsistentStrippingIsMalformed) {
+  const Bytes stripped = Serialize(*StrippedChain());
+  const Bytes full = Serialize(*ChainWithProgram());
+  auto constant = [](fb::Engine* e) {
+    return e->mutable_graph()->mutable_constants()->GetMutableObject(0);
+  };
+  auto set_flags = [](Bytes& b, uint32_t flags) {
+    auto p = ReadEnginePreamble(b);
+    p->flags = flags;
+    WriteEnginePreamble(*p, b);
+    return true;
+  };
+  struct Case {
+    const char* name;
+    const Bytes* base;
+    std::function<bool(fb::Engine*, Bytes&)> edit;
+    const char* expected_text;
+  };
+  const std::vector<Case> cases = {
+      {"preamble flag cleared on a stripped file", &stripped,
+       [&](fb::Engine*, Bytes& b) { return set_flags(b, 0); }, "header.weights_stripped is true"},
+      {"preamble flag set on a full file", &full,
+       [&](fb::Engine*, Bytes& b) { return set_flags(b, kEngineFlagWeightsStripped); },
+       "header.weights_stripped is false"},
+      {"an unknown flag", &stripped,
+       [&](fb::Engine*, Bytes& b) { return set_flags(b, kEngineFlagWeightsStripped | 4); },
+       "flags 0x5"},
+      {"header says full, flag says stripped", &stripped,
+       [&](fb::Engine* e, Bytes&) { return e->mutable_header()->mutate_weights_stripped(false); },
+       "header.weights_stripped is false"},
+      {"an absent constant in a full engine", &full,
+       [&](fb::Engine* e, Bytes&) { return constant(e)->mutate_absent(true); }, "is not stripped"},
+      {"an absent constant with an offset", &stripped,
+       [&](fb::Engine* e, Bytes&) { return constant(e)->mutate_offset(64); }, "offset 64"},
+      {"an absent constant whose length differs from its dims", &stripped,
+       [&](fb::Engine* e, Bytes&) { return constant(e)->mutate_length(1 << 20); },
+       "does not match its dims"},
+      {"a program target present in a stripped engine", &stripped,
+       [&](fb::Engine* e, Bytes&) { return constant(e)->mutate_absent(false); },
+       "graph.constants[0]"},
+      {"a program target that is not a constant", &stripped,
+       [&](fb::Engine* e, Bytes&) {
+         // The target names another value (x, an input): the program's check names it.
+         return e->mutable_weight_program()->mutable_targets()->GetMutableObject(0)->mutate_value(
+             0);
+       },
+       "weight_program.targets[0]"},
+  };
+  for (const Case& c : cases) {
+    Bytes b = *c.base;
+    ASSERT_TRUE(c.edit(Mutable(b), b)) << c.name << ": the field is not in the buffer";
+    Reseal(b);
+    Status s = LoadStatus(b);
+    EXPECT_EQ(s.code(), ErrorCode::kEngineMalformed) << c.name << ": " << s.ToString();
+    EXPECT_NE(s.message().find(c.expected_text), std::string::npos)
+        << c.name << ": " << s.message();
+  }
+}
+
+TEST(StrippedEngine, AbsentConstantsMustBeExactlyTheProgramsTargets) {
+  // x[2,4] -> Add(x, w) -> Add(., v) -> y: w is made from an initializer, v is a literal.
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, {2, 4});
+  Value* w = g->AddConstant("w", Tensor::FromVector<float>(DataType::kFloat32, {4}, {1, 2, 3, 4}));
+  Value* v = g->AddConstant("v", Tensor::FromVector<float>(DataType::kFloat32, {4}, {5, 6, 7, 8}));
+  Value* a = g->AddValue("a");
+  Value* y = g->AddValue("y");
+  g->AddNode("Add", "add_w", {x, w}, {a});
+  g->AddNode("Add", "add_v", {a, v}, {y});
+  g->MarkOutput(y);
+  auto e = testing::AssembleTestEngine(std::move(g), {});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  (*e)->weight_program.recorded = true;
+  (*e)->weight_program.sources.push_back({"w_init", DataType::kFloat32, {4}});
+  (*e)->weight_program.targets.push_back({"w", 0});
+  ASSERT_TRUE(StripWeights(**e).ok());
+  Bytes b = Serialize(**e);
+  auto loaded = LoadEngineBytes(b);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ((*loaded)->graph->FindValue("w")->constant()->raw(), nullptr);
+  EXPECT_EQ((*loaded)->graph->FindValue("v")->constant()->ToFloatVector(),
+            (std::vector<float>{5, 6, 7, 8}));  // the literal stays
+  // The program's target moved to the literal v: v is present but made, w absent but not made.
+  fb::Engine* fe = Mutable(b);
+  const auto* values = fe->graph()->values();
+  int32_t v_index = -1;
+  for (uint32_t i = 0; i < values->size(); ++i) {
+    if (values->Get(i)->name()->str() == "v") v_index = static_cast<int32_t>(i);
+  }
+  ASSERT_GE(v_index, 0);
+  ASSERT_TRUE(
+      fe->mutable_weight_program()->mutable_targets()->GetMutableObject(0)->mutate_value(v_index));
+  Reseal(b);
+  Status s = LoadStatus(b);
+  EXPECT_EQ(s.code(), ErrorCode::kEngineMalformed) << s.ToString();
+  EXPECT_NE(s.message().find("constant 'w' is absent but the weight program does not make it"),
+            std::string::npos)
+      << s.message();
+}
+
 // The fuzzer's seed corpus: small real engines. Written to $KILN_ENGINE_SEED_DIR when set (see
 // fuzz/CMakeLists.engine.cmake), else to a temporary directory; each seed must load back.
 TEST(EngineFile, FuzzSeedsAreRealLoadableEngines) {
@@ -555,6 +760,7 @@ TEST(EngineFile, FuzzSeedsAreRealLoadableEngines) {
   auto ws = testing::AssembleTestEngine(testing::MakeWorkspaceGraph(), testing::WorkspaceProfile());
   ASSERT_TRUE(ws.ok());
   seeds.emplace_back("workspace.kiln", std::move(*ws));
+  seeds.emplace_back("chain_stripped.kiln", StrippedChain());
   for (const auto& [name, desc] : seeds) {
     const std::string path = (dir / name).string();
     ASSERT_TRUE(WriteEngineFile(*desc, path).ok());

@@ -47,6 +47,7 @@ struct BuildOptions {
   std::vector<std::string> disabled_passes;
   bool layers = false;
   bool json = false;
+  bool strip_weights = false;  // write the engine without the weights refit can remake
   // Distributed: every rank runs the same command; one builds, the others receive the bytes.
   bool distributed = false;
   std::string transport = "auto";
@@ -238,6 +239,12 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   auto metrics = obs::MetricsExport::Start(mo);
   if (!metrics.ok()) return ReportError(metrics.status());
   if ((*metrics)->server()) fmt::print(stderr, "metrics at {}\n", (*metrics)->server()->Url());
+  if (o.distributed && o.strip_weights) {
+    return ReportError(MakeError(
+        ErrorCode::kInvalidArgument,
+        "--strip-weights is for single-process builds (`kiln build MODEL --strip-weights -o "
+        "E.kiln`); a distributed build shares the full engine"));
+  }
   if (o.distributed) {
     int rc = RunDistributed(o, config, output);
     if (Status s = (*metrics)->Finish(); !s.ok()) return ReportError(s);
@@ -247,6 +254,21 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   if (!built.ok()) return ReportError(built.status());
   RecordBuildMetrics(built->report);
   if (Status s = (*metrics)->Finish(); !s.ok()) return ReportError(s);
+  std::string stripped_line;
+  if (o.strip_weights) {
+    int64_t bytes = 0;
+    for (const WeightProgram::Target& t : built->desc->weight_program.targets) {
+      if (const Value* v = built->desc->graph->FindValue(t.constant); v && v->constant()) {
+        bytes += static_cast<int64_t>(v->constant()->size_bytes());
+      }
+    }
+    if (Status s = StripWeights(*built->desc); !s.ok()) return ReportError(s);
+    stripped_line = fmt::format(
+        "weights stripped: {} constant(s), {:.2f} MiB left out (fill with `kiln refit {} "
+        "--weights {}`)\n",
+        built->desc->weight_program.targets.size(), static_cast<double>(bytes) / (1 << 20), output,
+        o.model);
+  }
   if (Status s = WriteEngineFile(*built->desc, output); !s.ok()) return ReportError(s);
   if (!o.report_path.empty()) {
     if (Status s = WriteFileAtomic(o.report_path, "build report", built->report.ToJson() + "\n");
@@ -257,7 +279,7 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
     std::cout << built->report.ToJson() << "\n";
   } else {
     std::cout << built->report.ToText(o.layers);
-    std::cout << fmt::format("engine written to {}\n", output);
+    std::cout << stripped_line << fmt::format("engine written to {}\n", output);
   }
   if (o.precision_report_opt && o.precision_report_opt->count() > 0) {
     if (o.precision_report.empty()) {
@@ -355,6 +377,11 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
                   "model");
   sub->add_flag("--layers", o->layers, "print the per-layer table (precision, tactic, time)");
   sub->add_flag("--json", o->json, "print the build report as JSON instead of text");
+  sub->add_flag("--strip-weights", o->strip_weights,
+                "write the engine without the weights its weight program remakes from the model "
+                "(layers, tactics, plan and program only; literals stay): for caches and for "
+                "ranks that hold the model. It runs after `kiln refit E.kiln --weights "
+                "MODEL.onnx` or with `kiln run E.kiln --weights MODEL.onnx`");
   o->metrics.Add(sub);
   auto* dist =
       sub->add_option_group("Distributed", "every rank of a job runs the same command; one builds");

@@ -182,21 +182,38 @@ std::string RefitSummary(const WeightProgram& p) {
                            p.non_refittable.front().constant, p.non_refittable.front().reason);
 }
 
+// A weight-stripped engine: how much is absent and how to fill it; "" for a full engine.
+std::string StrippedSummary(const EngineDesc& e, const std::string& path, int64_t* absent_bytes) {
+  *absent_bytes = 0;
+  const std::vector<std::string> absent = AbsentConstants(e);
+  if (!e.header.weights_stripped) return "";
+  for (const std::string& name : absent) {
+    *absent_bytes += static_cast<int64_t>(e.graph->FindValue(name)->constant()->size_bytes());
+  }
+  return fmt::format(
+      "weights stripped: {} constant(s), {:.2f} MiB not in the file (the weight program remakes "
+      "them: `kiln refit {} --weights MODEL.onnx`, or `kiln run {} --weights MODEL.onnx`)",
+      absent.size(), static_cast<double>(*absent_bytes) / (1 << 20), path, path);
+}
+
 int InspectEngine(const InspectOptions& o) {
   LoadOptions opts;
   opts.check_providers = false;  // show engines built where other kernels exist
   auto desc = LoadEngineFile(o.path, opts);
   if (!desc.ok()) return ReportError(desc.status());
   const EngineDesc& e = **desc;
+  int64_t absent_bytes = 0;
+  const std::string stripped = StrippedSummary(e, o.path, &absent_bytes);
   if (o.json) {
     nlohmann::json j =
         nlohmann::json::parse(e.build_report_json.empty() ? "{}" : e.build_report_json);
     j["file"] = o.path;
     j["header"] = {
-        {"format_version", e.header.format_version}, {"kiln_version", e.header.kiln_version},
-        {"backend", ToString(e.header.backend)},     {"arch", e.header.device_arch},
-        {"libraries", e.header.library_versions},    {"model_hash", e.header.model_hash},
-        {"config_hash", e.header.config_hash},       {"model", e.header.model_name}};
+        {"format_version", e.header.format_version},    {"kiln_version", e.header.kiln_version},
+        {"backend", ToString(e.header.backend)},        {"arch", e.header.device_arch},
+        {"libraries", e.header.library_versions},       {"model_hash", e.header.model_hash},
+        {"config_hash", e.header.config_hash},          {"model", e.header.model_name},
+        {"weights_stripped", e.header.weights_stripped}};
     nlohmann::json unfit = nlohmann::json::array();
     for (const auto& n : e.weight_program.non_refittable) {
       unfit.push_back({{"constant", n.constant}, {"reason", n.reason}});
@@ -206,7 +223,9 @@ int InspectEngine(const InspectOptions& o) {
                   {"initializers", e.weight_program.sources.size()},
                   {"steps", e.weight_program.steps.size()},
                   {"fixed_initializers", e.weight_program.fixed.size()},
-                  {"non_refittable", unfit}};
+                  {"non_refittable", unfit},
+                  {"absent_constants", AbsentConstants(e).size()},
+                  {"absent_bytes", absent_bytes}};
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -233,6 +252,7 @@ int InspectEngine(const InspectOptions& o) {
       e.layers.size(), e.plan.weights_bytes / double(1 << 20), e.plan.arena_bytes / double(1 << 20),
       e.plan.workspace_bytes / double(1 << 20), e.plan.peak_bytes / double(1 << 20));
   std::cout << fmt::format("  refit: {}\n", RefitSummary(e.weight_program));
+  if (!stripped.empty()) std::cout << "  " << stripped << "\n";
   if (o.layers) {
     for (size_t i = 0; i < e.layers.size(); ++i) {
       const LayerDesc& l = e.layers[i];

@@ -8,6 +8,7 @@
 
 #include "kiln/app/benchmark.h"
 #include "kiln/builder/builder_config.h"
+#include "kiln/builder/refit.h"
 #include "kiln/core/file_io.h"
 #include "kiln/obs/metrics.h"
 #include "kiln/obs/metrics_server.h"
@@ -26,6 +27,7 @@ constexpr double kMaxRunSeconds = 24 * 3600.0;
 
 struct RunOptions {
   std::string engine;
+  std::string weights;  // ONNX model whose initializers fill (refit) the engine in memory
   std::vector<std::string> shapes;
   std::vector<std::string> inputs;
   int warmup = 5;
@@ -128,9 +130,24 @@ std::string Bytes(int64_t b) {
   return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20));
 }
 
+// `--weights`: the engine (a weight-stripped one, or any) refit in memory with the model's
+// initializers before it is loaded for the runtime; the file is not changed.
+StatusOr<std::shared_ptr<const Engine>> LoadWithWeights(const Runtime& runtime,
+                                                        const std::string& engine_path,
+                                                        const std::string& onnx_path) {
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<EngineDesc> desc, LoadEngineFileForEdit(engine_path));
+  KILN_ASSIGN_OR_RETURN(OnnxWeights weights, ReadOnnxWeights(onnx_path));
+  if (Status s = RefitEngine(*desc, weights.initializers, weights.file_hash); !s.ok()) {
+    return std::move(s).AddContext(
+        fmt::format("filling '{}' with the weights of '{}'", engine_path, onnx_path));
+  }
+  return runtime.CreateEngine(std::move(desc));
+}
+
 int Run(const RunOptions& o) {
   FileRoles files;
   files.Input(o.engine, "engine");
+  files.Input(o.weights, "weights");
   for (const std::string& spec : o.inputs) {
     if (size_t eq = spec.find('='); eq != std::string::npos)
       files.Input(spec.substr(eq + 1), "input");
@@ -149,7 +166,8 @@ int Run(const RunOptions& o) {
   if (!header.ok()) return ReportError(header.status());
   auto runtime = Runtime::CreateForEngine((*header)->header);
   if (!runtime.ok()) return ReportError(runtime.status());
-  auto engine = (*runtime)->LoadEngine(o.engine);
+  auto engine = o.weights.empty() ? (*runtime)->LoadEngine(o.engine)
+                                  : LoadWithWeights(**runtime, o.engine, o.weights);
   if (!engine.ok()) return ReportError(engine.status());
 
   std::map<std::string, std::vector<int64_t>> shapes;
@@ -293,6 +311,10 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
   CLI::App* sub = app.add_subcommand(
       "run", "Run an engine and report latency and throughput (like trtexec --loadEngine)");
   sub->add_option("engine", o->engine, ".kiln engine file")->required()->check(CLI::ExistingFile);
+  sub->add_option("--weights", o->weights,
+                  "ONNX model whose initializers fill the engine in memory before it runs (a "
+                  "weight-stripped engine needs them; the file is not changed)")
+      ->check(CLI::ExistingFile);
   sub->add_option(
          "--shapes", o->shapes,
          "NAME:DIMS per dynamic input, e.g. input:8x3x224x224 (default: the profile's opt)")

@@ -487,6 +487,25 @@ kiln_status* kiln_engine_save(const kiln_engine* e, const char* path) {
   return ToC(kiln::WriteEngineFile(**current, path));
 }
 
+kiln_status* kiln_engine_serialize_stripped(const kiln_engine* e, kiln_buffer** out) {
+  KILN_C_REQUIRE(e, "engine");
+  KILN_C_REQUIRE(out, "out");
+  auto current = e->live->Current();
+  if (!current.ok()) return ToC(current.status());
+  auto bytes = kiln::SerializeEngine(**current, {.strip_weights = true});
+  if (!bytes.ok()) return ToC(bytes.status());
+  *out = MakeBuffer(std::move(*bytes));
+  return nullptr;
+}
+
+kiln_status* kiln_engine_save_stripped(const kiln_engine* e, const char* path) {
+  KILN_C_REQUIRE(e, "engine");
+  KILN_C_REQUIRE(path, "path");
+  auto current = e->live->Current();
+  if (!current.ok()) return ToC(current.status());
+  return ToC(kiln::WriteEngineFile(**current, path, false, {.strip_weights = true}));
+}
+
 kiln_status* kiln_engine_report_json(const kiln_engine* e, kiln_buffer** out) {
   KILN_C_REQUIRE(e, "engine");
   KILN_C_REQUIRE(out, "out");

@@ -15,8 +15,10 @@ extern "C" {
 
 /* 2: kiln_comm.split and kiln_build_once_options (build_on, cache_dir).
  * 3: refit (kiln_engine_refit*, kiln_named_tensor, kiln_engine_weights_generation,
- *    kiln_engine_refit_group, kiln_refit_weights). */
-#define KILN_C_API_VERSION 3
+ *    kiln_engine_refit_group, kiln_refit_weights).
+ * 4: weight-stripped engines (kiln_engine_serialize_stripped, kiln_engine_save_stripped,
+ *    kiln_engine_load_with_weights, kiln_engine_deserialize_with_weights). */
+#define KILN_C_API_VERSION 4
 
 typedef struct kiln_status kiln_status;
 typedef struct kiln_build_config kiln_build_config;
@@ -113,7 +115,8 @@ kiln_status* kiln_build_from_bytes(const kiln_build_config* c, const void* onnx,
 
 /* ---- engines ---- */
 /* Loads a .kiln file or engine bytes for the backend it was built for: KILN-E4004 when it targets
- * another device architecture, KILN-E5006 when its GPU backend cannot run here. */
+ * another device architecture, KILN-E5006 when its GPU backend cannot run here, KILN-E4010 for a
+ * weight-stripped engine (kiln_engine_load_with_weights loads those). */
 kiln_status* kiln_engine_load(const char* path, kiln_engine** out);
 kiln_status* kiln_engine_deserialize(const void* data, size_t size, kiln_engine** out);
 void kiln_engine_free(kiln_engine* e);
@@ -259,6 +262,31 @@ typedef struct kiln_refit_weights {
 kiln_status* kiln_engine_refit_group(kiln_engine* e, const kiln_refit_weights* weights,
                                      const kiln_comm* comm, double timeout_s,
                                      kiln_buffer** report_json);
+
+/* ---- weight-stripped engines (`kiln build --strip-weights`, docs/refit.md) ---- */
+/* The engine's bytes, or an atomic write of them, without the weights its weight program makes
+ * from the model (layers, tactics, plan and program; literals stay): for caches and for ranks that
+ * hold the model. The engine itself keeps its weights. KILN-E4007 / KILN-E4009 for an engine
+ * that refit could not fill again (no program, or a non-refittable constant). */
+kiln_status* kiln_engine_serialize_stripped(const kiln_engine* e, kiln_buffer** out);
+kiln_status* kiln_engine_save_stripped(const kiln_engine* e, const char* path);
+/* Loads an engine file or engine bytes, fills it with weights, then loads it for its backend as
+ * kiln_engine_load does. A weight-stripped engine (layers, tactics, plan and weight program, no
+ * weight bytes) needs this; a full one is refit. The weights: `onnx_path` (an ONNX file, external
+ * data beside it) or `weights` (ONNX bytes or named host tensors, as kiln_engine_refit_group
+ * takes them), exactly one (KILN-E1001 otherwise). The result is the engine a build of those
+ * weights makes: kiln_engine_serialize and kiln_engine_save give the full engine, byte for byte
+ * what `kiln build` of the model writes with the same tactics. Wrong weights fail as
+ * kiln_engine_refit does (KILN-E4008 naming the first mismatch, KILN-E4009), and nothing is
+ * loaded. *report_json (optional): the refit report ("filled_stripped": true for a stripped
+ * engine) with "generation": 0. */
+kiln_status* kiln_engine_load_with_weights(const char* path, const char* onnx_path,
+                                           const kiln_refit_weights* weights, kiln_engine** out,
+                                           kiln_buffer** report_json);
+kiln_status* kiln_engine_deserialize_with_weights(const void* data, size_t size,
+                                                  const char* onnx_path,
+                                                  const kiln_refit_weights* weights,
+                                                  kiln_engine** out, kiln_buffer** report_json);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
 // The C API's refit entry points (kiln_c.h, "refit"): new weights from an ONNX file, ONNX bytes or
-// named host tensors, replayed by the engine's LiveEngine (app/live_refit.h).
+// named host tensors, replayed by the engine's LiveEngine (app/live_refit.h); and the loading of
+// weight-stripped engines with their weights ("weight-stripped engines").
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -12,6 +13,7 @@
 #include "kiln/api/kiln_c.h"
 #include "kiln/api/kiln_c_internal.h"
 #include "kiln/builder/refit.h"
+#include "kiln/engine/engine_file.h"
 
 using kiln::ErrorCode;
 using kiln::MakeError;
@@ -106,6 +108,53 @@ kiln_status* NullArgument(const char* what) {
   return ToC(MakeError(ErrorCode::kInvalidArgument, "{} is NULL", what));
 }
 
+// The weights of kiln_engine_load_with_weights: an ONNX file, or ONNX bytes or named tensors.
+StatusOr<OnnxWeights> ReadWeights(const char* onnx_path, const kiln_refit_weights* weights) {
+  if ((onnx_path != nullptr) == (weights != nullptr)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "give the weights as onnx_path or as weights, exactly one of them");
+  }
+  if (onnx_path) return ReadOnnxWeights(onnx_path);
+  if ((weights->onnx != nullptr) == (weights->tensors != nullptr && weights->count > 0)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "kiln_refit_weights needs ONNX bytes or named tensors: give one");
+  }
+  if (weights->onnx) {
+    return ReadOnnxWeightsFromBytes(
+        {static_cast<const std::byte*>(weights->onnx), weights->onnx_size});
+  }
+  OnnxWeights out;
+  KILN_ASSIGN_OR_RETURN(out.initializers, WeightsFromC(weights->tensors, weights->count));
+  out.file_hash = InitializersHash(out.initializers);
+  return out;
+}
+
+// Fills a loaded engine (stripped or not) with the weights, then loads it for its backend.
+kiln_status* LoadFilled(StatusOr<std::shared_ptr<EngineDesc>> desc, const char* onnx_path,
+                        const kiln_refit_weights* weights, kiln_engine** out,
+                        kiln_buffer** report_json) {
+  if (!desc.ok()) return ToC(desc.status());
+  const auto start = std::chrono::steady_clock::now();
+  auto read = ReadWeights(onnx_path, weights);
+  if (!read.ok()) return ToC(read.status());
+  RefitReport report;
+  report.read_seconds = SecondsSince(start);
+  if (Status s = RefitEngine(**desc, read->initializers, read->file_hash, &report); !s.ok()) {
+    return ToC(s);
+  }
+  auto engine = EngineFromDesc(std::shared_ptr<const EngineDesc>(std::move(*desc)));
+  if (!engine.ok()) return ToC(engine.status());
+  (*engine)->report_json = (*engine)->desc->build_report_json;
+  if ((*engine)->report_json.empty()) (*engine)->report_json = "{}";
+  if (report_json) {
+    std::string json = report.ToJson();
+    json.insert(json.size() - 1, ", \"generation\": 0");
+    *report_json = MakeBuffer(std::string_view(json));
+  }
+  *out = engine->release();
+  return nullptr;
+}
+
 }  // namespace
 }  // namespace kiln::api
 
@@ -140,6 +189,30 @@ kiln_status* kiln_engine_refit(kiln_engine* e, const kiln_named_tensor* weights,
   auto initializers = WeightsFromC(weights, count);
   if (!initializers.ok()) return ToC(initializers.status());
   return Refit(*e, *initializers, kiln::InitializersHash(*initializers), 0, report_json);
+}
+
+kiln_status* kiln_engine_load_with_weights(const char* path, const char* onnx_path,
+                                           const kiln_refit_weights* weights, kiln_engine** out,
+                                           kiln_buffer** report_json) {
+  if (!path) return NullArgument("path");
+  if (!out) return NullArgument("out");
+  kiln::LoadOptions options;
+  options.check_providers = false;  // checked for its backend when it is loaded (EngineFromDesc)
+  return LoadFilled(kiln::LoadEngineFileForEdit(path, options), onnx_path, weights, out,
+                    report_json);
+}
+
+kiln_status* kiln_engine_deserialize_with_weights(const void* data, size_t size,
+                                                  const char* onnx_path,
+                                                  const kiln_refit_weights* weights,
+                                                  kiln_engine** out, kiln_buffer** report_json) {
+  if (!data) return NullArgument("data");
+  if (!out) return NullArgument("out");
+  kiln::LoadOptions options;
+  options.check_providers = false;
+  return LoadFilled(
+      kiln::LoadEngineBytesForEdit({static_cast<const std::byte*>(data), size}, options), onnx_path,
+      weights, out, report_json);
 }
 
 uint64_t kiln_engine_weights_generation(const kiln_engine* e) {

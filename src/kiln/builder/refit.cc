@@ -34,6 +34,9 @@ std::string RefitReport::ToText() const {
       "{} constant(s) independent of the weights kept\n",
       constants_refit, static_cast<double>(bytes_refit) / (1 << 20), steps, initializers,
       constants_kept);
+  if (filled_stripped) {
+    text += "  the engine was weight-stripped: it is the full engine now\n";
+  }
   if (int8_scales == "stored") {
     text += fmt::format(
         "  int8: {} layer(s) re-quantise the new weights with the stored activation scales (not "
@@ -56,6 +59,7 @@ std::string RefitReport::ToJson() const {
   w.Key("constants_refit").Int(constants_refit);
   w.Key("constants_kept").Int(constants_kept);
   w.Key("bytes_refit").Int(bytes_refit);
+  w.Key("filled_stripped").Bool(filled_stripped);
   w.Key("int8_layers").Int(int8_layers);
   w.Key("int8_scales").String(int8_scales);
   w.Key("calibration").String(calibration);
@@ -111,8 +115,12 @@ StatusOr<std::map<std::string, Tensor>> ComputeRefit(
 Status RefitEngine(EngineDesc& engine, const std::map<std::string, Tensor>& initializers,
                    const Hash128& model_hash, RefitReport* report) {
   KILN_ASSIGN_OR_RETURN(auto values, ComputeRefit(engine, initializers, report));
+  if (report) report->filled_stripped = engine.header.weights_stripped;
   for (auto& [name, t] : values) engine.graph->FindValue(name)->set_constant(std::move(t));
   engine.header.model_hash = model_hash.Hex();
+  // Every constant a stripped engine lacks is a target of its program (the loader checks it), so
+  // it is full now: the engine a build of these weights writes.
+  engine.header.weights_stripped = false;
   return OkStatus();
 }
 

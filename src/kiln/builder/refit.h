@@ -18,11 +18,12 @@
 namespace kiln {
 
 struct RefitReport {
-  int64_t initializers = 0;     // in the new weights
-  int64_t steps = 0;            // weight steps replayed
-  int64_t constants_refit = 0;  // engine constants replaced
-  int64_t constants_kept = 0;   // engine constants independent of the weights
-  int64_t bytes_refit = 0;      // bytes of the replaced constants
+  int64_t initializers = 0;      // in the new weights
+  int64_t steps = 0;             // weight steps replayed
+  int64_t constants_refit = 0;   // engine constants replaced
+  int64_t constants_kept = 0;    // engine constants independent of the weights
+  int64_t bytes_refit = 0;       // bytes of the replaced constants
+  bool filled_stripped = false;  // the engine was weight-stripped and is full now
   // INT8 layers, and what their activation scales are: "stored" (the build's, with which the
   // kernels re-quantise the new weights) or "recalibrated" (RecalibrateInt8); "" without any.
   int64_t int8_layers = 0;
@@ -45,7 +46,8 @@ StatusOr<std::map<std::string, Tensor>> ComputeRefit(
     RefitReport* report = nullptr);
 
 // ComputeRefit, then replaces the constants (all of them or, on any error, none) and records
-// `model_hash` (the new model's content address) in the header.
+// `model_hash` (the new model's content address) in the header. A weight-stripped engine
+// (StripWeights) is filled: it becomes the full engine a build with these weights writes.
 Status RefitEngine(EngineDesc& engine, const std::map<std::string, Tensor>& initializers,
                    const Hash128& model_hash, RefitReport* report = nullptr);
 

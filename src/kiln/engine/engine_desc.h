@@ -33,6 +33,9 @@ struct EngineHeader {
   std::string model_hash;   // hex of the ONNX bytes' hash
   std::string config_hash;  // hex of the build config's hash
   std::string model_name;
+  // The weights the program makes are absent (StripWeights, engine_file.h): the engine describes
+  // layers, tactics, plan and program only, and runs after a refit fills it.
+  bool weights_stripped = false;
 };
 
 struct EngineDesc {

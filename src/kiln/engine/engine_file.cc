@@ -185,15 +185,36 @@ StatusOr<flatbuffers::Offset<fb::WeightProgram>> WriteWeightProgram(
   return fb::CreateWeightProgram(b, src_vec, lit_vec, step_vec, target_vec, fixed_vec, unfit_vec);
 }
 
+// StripWeights' conditions: refit must be able to fill the engine again.
+Status CheckStrippable(const WeightProgram& p) {
+  if (!p.recorded) {
+    return MakeError(ErrorCode::kRefitNotRecorded,
+                     "the engine holds no weight program, so a copy without weights could never "
+                     "be filled again");
+  }
+  if (!p.non_refittable.empty()) {
+    return MakeError(ErrorCode::kRefitNotRefittable,
+                     "constant '{}' cannot be remade by refit ({}; {} such constant(s)), so the "
+                     "engine cannot be written without its weights: build it without "
+                     "--strip-weights",
+                     p.non_refittable.front().constant, p.non_refittable.front().reason,
+                     p.non_refittable.size());
+  }
+  return OkStatus();
+}
+
 // The payload (everything after the preamble) in order, piece by piece, to `sink`; returns the
 // preamble that describes it. SerializeEngine collects the pieces in memory; WriteEngineFile
 // writes them to the file as they come, so a build never holds a second copy of the weights.
 // `total` is told the file's size (preamble included) before the first piece.
 using PayloadSink = std::function<Status(std::span<const std::byte>)>;
 StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
+                                           const SerializeOptions& options,
                                            const std::function<void(uint64_t)>& total_bytes,
                                            const PayloadSink& sink) {
   if (!engine.graph) return MakeError(ErrorCode::kInternal, "the engine has no graph");
+  const bool stripped = engine.header.weights_stripped || options.strip_weights;
+  if (stripped) KILN_RETURN_IF_ERROR(CheckStrippable(engine.weight_program));
   const Graph& graph = *engine.graph;
   FbBuilder b(1 << 16);
   // Every scalar is stored even when it equals its default: the layout then does not depend on
@@ -248,7 +269,12 @@ StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
     node_descs.push_back(fb::CreateNodeDesc(b, name, op, domain, in_vec, out_vec, attr_vec));
   }
 
-  // Constants: laid out in value order, each at a 64-byte aligned offset of the weights section.
+  // Constants: laid out in value order, each at a 64-byte aligned offset of the weights section;
+  // a stripped engine's absent ones take no bytes there.
+  std::set<std::string> absent;
+  if (stripped) {
+    for (const WeightProgram::Target& t : engine.weight_program.targets) absent.insert(t.constant);
+  }
   std::vector<flatbuffers::Offset<fb::ConstantDesc>> constant_descs;
   std::vector<const Tensor*> weights;
   uint64_t weights_bytes = 0;
@@ -256,8 +282,15 @@ StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
     const Tensor* t = v->constant();
     if (!t) continue;
     auto dims = b.CreateVector(t->dims());
-    constant_descs.push_back(fb::CreateConstantDesc(
-        b, index_of(v), static_cast<uint8_t>(t->dtype()), dims, weights_bytes, t->size_bytes()));
+    const bool is_absent = absent.count(v->name()) > 0;
+    if (!is_absent && !t->raw() && t->size_bytes() > 0) {
+      return MakeError(ErrorCode::kInternal, "constant '{}' has no bytes in a full engine",
+                       v->name());
+    }
+    constant_descs.push_back(
+        fb::CreateConstantDesc(b, index_of(v), static_cast<uint8_t>(t->dtype()), dims,
+                               is_absent ? 0 : weights_bytes, t->size_bytes(), is_absent));
+    if (is_absent) continue;
     weights.push_back(t);
     weights_bytes += Align(t->size_bytes());
   }
@@ -312,10 +345,11 @@ StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
                            engine.plan.weights_bytes, engine.plan.peak_bytes);
 
   const EngineHeader& h = engine.header;
-  auto header = fb::CreateHeader(b, kEngineFormatVersion, b.CreateString(KilnVersion()),
-                                 static_cast<uint8_t>(h.backend), b.CreateString(h.device_arch),
-                                 b.CreateString(h.library_versions), b.CreateString(h.model_hash),
-                                 b.CreateString(h.config_hash), b.CreateString(h.model_name));
+  auto header =
+      fb::CreateHeader(b, kEngineFormatVersion, b.CreateString(KilnVersion()),
+                       static_cast<uint8_t>(h.backend), b.CreateString(h.device_arch),
+                       b.CreateString(h.library_versions), b.CreateString(h.model_hash),
+                       b.CreateString(h.config_hash), b.CreateString(h.model_name), stripped);
   auto report = b.CreateString(engine.build_report_json);
   flatbuffers::Offset<fb::WeightProgram> program;
   if (engine.weight_program.recorded) {
@@ -356,6 +390,7 @@ StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
   EnginePreamble p;
   p.payload_bytes = total - kEnginePreambleBytes;
   p.flatbuffer_bytes = fb_bytes;
+  p.flags = stripped ? kEngineFlagWeightsStripped : 0;
   p.kiln_version = std::string(KilnVersion());
   p.checksum = hasher.Digest();  // the payload's hash; SealEnginePreamble makes it the file's
   return p;
@@ -363,11 +398,44 @@ StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
 
 }  // namespace
 
-StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine) {
+std::vector<std::string> AbsentConstants(const EngineDesc& engine) {
+  std::vector<std::string> names;
+  if (!engine.header.weights_stripped) return names;
+  for (const WeightProgram::Target& t : engine.weight_program.targets) names.push_back(t.constant);
+  return names;
+}
+
+Status StripWeights(EngineDesc& engine) {
+  if (!engine.graph) return MakeError(ErrorCode::kInvalidArgument, "no engine to strip");
+  const WeightProgram& p = engine.weight_program;
+  KILN_RETURN_IF_ERROR(CheckStrippable(p));
+  std::vector<Value*> targets;
+  for (const WeightProgram::Target& t : p.targets) {
+    Value* v = engine.graph->FindValue(t.constant);
+    if (!v || !v->is_constant()) {
+      return MakeError(ErrorCode::kInternal, "the weight program makes '{}', not a constant",
+                       t.constant);
+    }
+    targets.push_back(v);
+  }
+  for (Value* v : targets) {
+    // dtype and dims only: the bytes are gone (set_constant would also drop the provenance,
+    // which a loaded engine does not have anyway; the program is what refit replays).
+    WeightExprPtr provenance = v->provenance();
+    const Tensor& t = *v->constant();
+    v->set_constant(Tensor::Borrow(t.dtype(), t.dims(), nullptr, nullptr));
+    v->set_provenance(std::move(provenance));
+  }
+  engine.header.weights_stripped = true;
+  return OkStatus();
+}
+
+StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine,
+                                                 const SerializeOptions& options) {
   std::vector<std::byte> out(kEnginePreambleBytes, std::byte{0});
   KILN_ASSIGN_OR_RETURN(EnginePreamble p,
                         EmitEnginePayload(
-                            engine, [&out](uint64_t total) { out.reserve(total); },
+                            engine, options, [&out](uint64_t total) { out.reserve(total); },
                             [&out](std::span<const std::byte> piece) {
                               out.insert(out.end(), piece.begin(), piece.end());
                               return OkStatus();
@@ -377,7 +445,8 @@ StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine) {
   return out;
 }
 
-Status WriteEngineFile(const EngineDesc& engine, const std::string& path, bool replaces_input) {
+Status WriteEngineFile(const EngineDesc& engine, const std::string& path, bool replaces_input,
+                       const SerializeOptions& serialize) {
   AtomicOutput::Options options;
   options.replaces_input = replaces_input;
   KILN_ASSIGN_OR_RETURN(AtomicOutput out, AtomicOutput::Create(path, "engine", options));
@@ -385,7 +454,7 @@ Status WriteEngineFile(const EngineDesc& engine, const std::string& path, bool r
   // the weights), then the preamble, which holds the checksum, at offset 0.
   uint64_t offset = kEnginePreambleBytes;
   KILN_ASSIGN_OR_RETURN(EnginePreamble pre, EmitEnginePayload(
-                                                engine, [](uint64_t) {},
+                                                engine, serialize, [](uint64_t) {},
                                                 [&](std::span<const std::byte> piece) {
                                                   KILN_RETURN_IF_ERROR(out.WriteAt(piece, offset));
                                                   offset += piece.size();
@@ -641,9 +710,10 @@ StatusOr<uint64_t> VerifyFormat(const EnginePreamble& pre, size_t size) {
                      pre.kiln_version);
   }
   if (pre.format_version == 0) return Malformed("format version 0 does not exist");
-  if (pre.preamble_bytes != kEnginePreambleBytes || pre.flags != 0) {
-    return Malformed("preamble of {} bytes with flags {:#x}; format {} has {} bytes and no flags",
-                     pre.preamble_bytes, pre.flags, pre.format_version, kEnginePreambleBytes);
+  if (pre.preamble_bytes != kEnginePreambleBytes || (pre.flags & ~kEngineKnownFlags) != 0) {
+    return Malformed(
+        "preamble of {} bytes with flags {:#x}; format {} has {} bytes and flags within {:#x}",
+        pre.preamble_bytes, pre.flags, pre.format_version, kEnginePreambleBytes, kEngineKnownFlags);
   }
   if (pre.flatbuffer_bytes > pre.payload_bytes) {
     return Malformed("FlatBuffer of {} bytes is larger than the payload ({} bytes)",
@@ -688,6 +758,11 @@ StatusOr<EngineHeader> ReadHeader(const fb::Engine& e, const EnginePreamble& pre
   header.model_hash = Str(h->model_hash());
   header.config_hash = Str(h->config_hash());
   header.model_name = Str(h->model_name());
+  header.weights_stripped = h->weights_stripped();
+  if (header.weights_stripped != ((pre.flags & kEngineFlagWeightsStripped) != 0)) {
+    return Malformed("header.weights_stripped is {} but the preamble's flags are {:#x}",
+                     header.weights_stripped, pre.flags);
+  }
   if (options.expected_backend || options.expected_arch) {
     KILN_RETURN_IF_ERROR(
         CheckEngineTarget(header, options.expected_backend.value_or(header.backend),
@@ -702,6 +777,7 @@ struct ConstRef {
   DataType dtype;
   std::vector<int64_t> dims;
   uint64_t offset, length;
+  bool absent = false;  // a stripped engine's: no bytes in the file
 };
 
 // What the graph section's checks learn about its values, for building the Graph from them.
@@ -759,8 +835,8 @@ Status VerifyInputs(GraphSection& gs) {
 }
 
 // 6c. Constants: each a value not yet defined, dense bytes matching its dims, at an aligned range
-// inside the weights section.
-Status VerifyConstants(GraphSection& gs, uint64_t weights_size) {
+// inside the weights section; or, in a stripped engine only, absent (offset 0: no range).
+Status VerifyConstants(GraphSection& gs, uint64_t weights_size, bool stripped) {
   if (!gs.g->constants()) return OkStatus();
   for (size_t k = 0; k < gs.g->constants()->size(); ++k) {
     const fb::ConstantDesc* c = gs.g->constants()->Get(k);
@@ -777,12 +853,22 @@ Status VerifyConstants(GraphSection& gs, uint64_t weights_size) {
           "graph.constants[{}] ('{}'): dtype {} is invalid or differs from the value's", k,
           gs.name(c->value()), c->dtype());
     }
-    ConstRef ref{static_cast<DataType>(c->dtype()), Vec(c->dims()), c->offset(), c->length()};
+    ConstRef ref{static_cast<DataType>(c->dtype()), Vec(c->dims()), c->offset(), c->length(),
+                 c->absent()};
     auto bytes = DenseBytes(ref.dtype, ref.dims);
     if (!bytes || *bytes != ref.length) {
       return Malformed("graph.constants[{}] ('{}'): length {} does not match its dims ({})", k,
                        gs.name(c->value()), ref.length,
                        bytes ? fmt::format("{} bytes", *bytes) : std::string("invalid"));
+    }
+    if (ref.absent) {
+      if (!stripped || ref.offset != 0) {
+        return Malformed(
+            "graph.constants[{}] ('{}') is absent (offset {}) in an engine that {} stripped", k,
+            gs.name(c->value()), ref.offset, stripped ? "is" : "is not");
+      }
+      gs.constants.emplace(c->value(), std::move(ref));
+      continue;
     }
     if (ref.offset % kEngineWeightsAlignment != 0 || ref.offset > weights_size ||
         ref.length > weights_size - ref.offset) {
@@ -873,8 +959,11 @@ StatusOr<BuiltGraph> BuildGraph(const GraphSection& gs, const std::byte* weights
     const fb::ValueDesc* v = gs.value(i);
     if (auto c = gs.constants.find(i); c != gs.constants.end()) {
       const ConstRef& ref = c->second;
+      // An absent constant has dtype and dims only (no bytes: the runtime refuses the engine).
       vptr[i] = graph.AddConstant(
-          v->name()->str(), Tensor::Borrow(ref.dtype, ref.dims, weights + ref.offset, keepalive));
+          v->name()->str(),
+          ref.absent ? Tensor::Borrow(ref.dtype, ref.dims, nullptr, nullptr)
+                     : Tensor::Borrow(ref.dtype, ref.dims, weights + ref.offset, keepalive));
       continue;
     }
     vptr[i] = graph.AddValue(v->name()->str(), static_cast<DataType>(v->dtype()));
@@ -1181,6 +1270,33 @@ StatusOr<WeightProgram> ReadWeightProgram(const fb::Engine& e, const GraphSectio
   return p;
 }
 
+// 11. A stripped engine lacks exactly the constants its program makes, and refit can fill it: it
+// has a program without non-refittable constants (StripWeights' conditions). A full engine lacks
+// nothing (VerifyConstants).
+Status VerifyAbsentConstants(const GraphSection& gs, const EngineDesc& engine) {
+  if (!engine.header.weights_stripped) return OkStatus();
+  const WeightProgram& p = engine.weight_program;
+  if (!p.recorded || !p.non_refittable.empty()) {
+    return Malformed("the engine is stripped but {}",
+                     p.recorded ? "has a non-refittable constant" : "has no weight program");
+  }
+  std::set<std::string> targets;
+  for (const WeightProgram::Target& t : p.targets) targets.insert(t.constant);
+  for (int32_t index = 0; index < gs.num_values; ++index) {  // file order: the first is named
+    auto c = gs.constants.find(index);
+    if (c == gs.constants.end()) continue;
+    const ConstRef& ref = c->second;
+    if (ref.absent != (targets.count(gs.name(index)) > 0)) {
+      return Malformed(
+          "constant '{}' is {} but the weight program {} it (a stripped engine lacks "
+          "exactly the constants the program makes)",
+          gs.name(index), ref.absent ? "absent" : "present",
+          ref.absent ? "does not make" : "makes");
+    }
+  }
+  return OkStatus();
+}
+
 // The sections above in file order; nothing is built from a field before it is checked.
 StatusOr<std::shared_ptr<EngineDesc>> LoadVerified(const std::byte* data, size_t size,
                                                    std::shared_ptr<const void> keepalive,
@@ -1199,7 +1315,7 @@ StatusOr<std::shared_ptr<EngineDesc>> LoadVerified(const std::byte* data, size_t
   gs.g = e->graph();
   KILN_RETURN_IF_ERROR(VerifyValues(gs));
   KILN_RETURN_IF_ERROR(VerifyInputs(gs));
-  KILN_RETURN_IF_ERROR(VerifyConstants(gs, size - weights_start));
+  KILN_RETURN_IF_ERROR(VerifyConstants(gs, size - weights_start, engine->header.weights_stripped));
   KILN_RETURN_IF_ERROR(VerifyNodes(gs));
   KILN_ASSIGN_OR_RETURN(BuiltGraph built, BuildGraph(gs, data + weights_start, keepalive));
 
@@ -1208,6 +1324,7 @@ StatusOr<std::shared_ptr<EngineDesc>> LoadVerified(const std::byte* data, size_t
   KILN_ASSIGN_OR_RETURN(engine->plan, ReadMemoryPlan(*e, *built.graph));
   engine->build_report_json = Str(e->build_report_json());
   KILN_ASSIGN_OR_RETURN(engine->weight_program, ReadWeightProgram(*e, gs));
+  KILN_RETURN_IF_ERROR(VerifyAbsentConstants(gs, *engine));
   engine->graph = std::move(built.graph);
   return engine;
 }

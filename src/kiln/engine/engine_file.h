@@ -10,7 +10,7 @@
 //   0  char[4]  magic "KILN"
 //   4  u32      format version
 //   8  u32      preamble bytes (64)
-//  12  u32      flags (0)
+//  12  u32      flags: bit 0 weights stripped (StripWeights below); the other bits 0
 //  16  u64      payload bytes: everything after the preamble
 //  24  u64      FlatBuffer bytes (it starts right after the preamble)
 //  32  u64[2]   checksum (high, low): see EngineChecksum
@@ -41,6 +41,10 @@ inline constexpr uint32_t kEngineFormatVersion = 2;
 inline constexpr size_t kEnginePreambleBytes = 64;
 inline constexpr size_t kEngineWeightsAlignment = 64;
 inline constexpr std::array<char, 4> kEngineMagic = {'K', 'I', 'L', 'N'};
+// Preamble flags. A kiln that does not know a bit refuses the file (KILN-E4005), so an older kiln
+// never runs a stripped engine's absent weights as if they were there.
+inline constexpr uint32_t kEngineFlagWeightsStripped = 1u << 0;
+inline constexpr uint32_t kEngineKnownFlags = kEngineFlagWeightsStripped;
 
 // This kiln's version ("0.1.0"), written into every engine.
 std::string_view KilnVersion();
@@ -77,8 +81,15 @@ struct LoadOptions {
   bool check_providers = true;
 };
 
+struct SerializeOptions {
+  // Write the engine weight-stripped (as StripWeights below would make it) without changing it:
+  // `kiln build --strip-weights`, Engine.save(strip_weights=True). Its errors are StripWeights'.
+  bool strip_weights = false;
+};
+
 // Deterministic: the same EngineDesc gives byte-identical output (no timestamps; maps sorted).
-StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine);
+StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine,
+                                                 const SerializeOptions& options = {});
 // Atomic (core/file_io.h AtomicOutput): writes a temporary file beside `path`, flushes it and
 // renames it over `path`; refuses a `path` that is a link, a special file or a file this process
 // read (KILN-E1011, KILN-E1012), and leaves no temporary on an error, SIGTERM or SIGINT. The same
@@ -87,7 +98,7 @@ StatusOr<std::vector<std::byte>> SerializeEngine(const EngineDesc& engine);
 // `replaces_input`: `path` may be a file this process read (refit writing an engine over itself;
 // readers still see the old file or the whole new one).
 Status WriteEngineFile(const EngineDesc& engine, const std::string& path,
-                       bool replaces_input = false);
+                       bool replaces_input = false, const SerializeOptions& options = {});
 
 // Maps the file read-only (a regular file only: KILN-E1009 otherwise, without blocking); constants
 // borrow the mapping (it lives as long as any of them).
@@ -102,6 +113,18 @@ StatusOr<std::shared_ptr<const EngineDesc>> LoadEngineBytes(std::span<const std:
 // The same, for a caller that changes the engine (refit of a cached engine).
 StatusOr<std::shared_ptr<EngineDesc>> LoadEngineBytesForEdit(std::span<const std::byte> bytes,
                                                              const LoadOptions& options = {});
+
+// Weight-stripped engines (issue 20): for caches, and for moving an engine between ranks that all
+// hold the model. Drops the bytes of every constant the engine's weight program makes from the
+// model's initializers (its targets); literals stay. The engine then serializes without them
+// (each such ConstantDesc is `absent`, the preamble and header say "stripped"), still loads and
+// verifies, and is refused by the runtime (KILN-E4010) until RefitEngine (builder/refit.h) fills
+// it with the model's weights, which gives the bytes a full build writes. KILN-E4007 for an engine
+// without a program, KILN-E4009 for one with a non-refittable constant (refit could never fill
+// it: build it without stripping). Stripping a stripped engine changes nothing.
+Status StripWeights(EngineDesc& engine);
+// The constants a stripped engine lacks (the program's targets); empty for a full engine.
+std::vector<std::string> AbsentConstants(const EngineDesc& engine);
 
 // KILN-E4004 naming both targets when the engine's backend or device arch is not this one.
 Status CheckEngineTarget(const EngineHeader& header, BackendKind backend, std::string_view arch);

@@ -22,6 +22,14 @@ StatusOr<std::shared_ptr<const Engine>> Engine::Create(std::shared_ptr<const Eng
                      "the engine was built for backend '{}'; this runtime runs backend '{}'",
                      ToString(desc->header.backend), ToString(backend->kind()));
   }
+  if (desc->header.weights_stripped) {
+    return MakeError(ErrorCode::kEngineWeightsStripped,
+                     "engine '{}' was written without its weights ({} constant(s) absent); it "
+                     "runs once it is given the weights of its model: `kiln refit ENGINE.kiln "
+                     "--weights MODEL.onnx` (writes the full engine) or `kiln run ENGINE.kiln "
+                     "--weights MODEL.onnx`",
+                     desc->header.model_name, desc->weight_program.targets.size());
+  }
   std::shared_ptr<Engine> engine(new Engine());
   engine->desc_ = std::move(desc);
   engine->backend_ = backend;
