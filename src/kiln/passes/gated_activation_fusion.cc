@@ -9,6 +9,7 @@
 // of one input with constant weights, they become one GEMM of twice the width whose output
 // GatedActivation reads packed (gate and up side by side in each row): one launch and one read
 // of the input instead of two.
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/activation.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/pattern.h"
@@ -26,7 +27,7 @@ Pattern GatedPattern() {
 bool IsSilu(const Node& mul) {
   for (size_t i = 0; i < 2; ++i) {
     const Node* p = mul.input(i) ? mul.input(i)->producer() : nullptr;
-    if (p && p->op_type() == "Sigmoid" && p->input(0) == mul.input(1 - i)) return true;
+    if (p && IsOp(*p, OpType::kSigmoid) && p->input(0) == mul.input(1 - i)) return true;
   }
   return false;
 }
@@ -67,7 +68,7 @@ class GatedProjectionMergePass final : public Pass {
   Status Run(Graph& graph, PassContext& ctx) override {
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     for (Node* node : order) {
-      if (node->is_dead() || node->op_type() != "GatedActivation" || node->num_inputs() != 2) {
+      if (node->is_dead() || !IsOp(*node, OpType::kGatedActivation) || node->num_inputs() != 2) {
         continue;
       }
       const Node* p[2] = {ConstantProjection(node->input(0), node),

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kiln/ir/weight_program.h"
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln::passes {
@@ -53,7 +54,8 @@ const bool kConcatRegistered = RegisterWeightOp(std::string(kConcatOp), ConcatAx
 
 const Node* ConstantProjection(const Value* v, const Node* reader) {
   const Node* n = v->producer();
-  if (!n || (n->op_type() != "FusedMatMul" && n->op_type() != "MatMul") || v->is_graph_output()) {
+  if (!n || !(IsOp(*n, OpType::kFusedMatMul) || IsOp(*n, OpType::kMatMul)) ||
+      v->is_graph_output()) {
     return nullptr;
   }
   for (const Node* c : v->consumers()) {

@@ -15,6 +15,7 @@
 #include "kiln/backends/kernel.h"
 #include "kiln/ops/fused.h"
 #include "kiln/ops/nn.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::cuda {
 namespace {
@@ -78,10 +79,11 @@ StatusOr<DwSpec> ReadDwSpec(const KernelRequest& req) {
       return MakeError(ErrorCode::kUnimplemented, "stride 1 or 2 without dilation only");
     }
   }
-  spec.op_name = node.op_type() == "FusedConv" ? "fused-conv" : "conv";
+  const bool fused = IsOp(node, OpType::kFusedConv);
+  spec.op_name = fused ? "fused-conv" : "conv";
   spec.has_bias = req.inputs.size() > 2 && req.inputs[2].dtype != DataType::kUndefined;
   spec.has_z = req.inputs.size() > 3 && req.inputs[3].dtype != DataType::kUndefined;
-  if (node.op_type() == "FusedConv") {
+  if (fused) {
     KILN_ASSIGN_OR_RETURN(spec.act, ParseFusedActivation(node.attrs()));
   }
   return spec;
