@@ -77,19 +77,6 @@ StatusOr<Fp8Descs> MakeFp8Descs(int64_t m, int64_t np, int64_t kp, const float* 
 
 constexpr LtAlignment kFp8Alignment{16, 16, 16};
 
-// Workspace: [alignment slack][E4M3 A: M x Kp][FP32 Y: M x Np][cuBLASLt's], each 256-aligned.
-struct Fp8Workspace {
-  size_t a_bytes = 0, acc_bytes = 0, lt_bytes = 0;
-  size_t total() const { return kWorkspaceAlign + a_bytes + acc_bytes + lt_bytes; }
-};
-Fp8Workspace WorkspaceFor(int64_t m, int64_t np, int64_t kp, size_t lt_bytes) {
-  Fp8Workspace w;
-  w.a_bytes = AlignUpSize(static_cast<size_t>(m * kp), kWorkspaceAlign);
-  w.acc_bytes = AlignUpSize(static_cast<size_t>(m * np) * sizeof(float), kWorkspaceAlign);
-  w.lt_bytes = AlignUpSize(lt_bytes, kWorkspaceAlign);
-  return w;
-}
-
 class CublasLtFp8Kernel final : public Kernel {
  public:
   CublasLtFp8Kernel(GemmSpec spec, BlasType type, float amax, int64_t k, int64_t n,
@@ -109,19 +96,12 @@ class CublasLtFp8Kernel final : public Kernel {
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
-    KILN_ASSIGN_OR_RETURN(auto mk, QuantRowsAndDepth(spec_, inputs[0].dims));
-    m_ = mk.first;
-    if (mk.second != k_ || outputs[0].num_elements() != m_ * n_) {
-      return MakeError(ErrorCode::kShapeMismatch,
-                       "{}: A is [{} x {}], B [{} x {}], Y has {} elements", name_, m_, mk.second,
-                       k_, n_, outputs[0].num_elements());
-    }
-    std::vector<int64_t> c_dims;
-    const bool has_c = inputs.size() > 2 && inputs[2].dtype != DataType::kUndefined;
-    if (has_c) c_dims.assign(inputs[2].dims.begin(), inputs[2].dims.end());
-    KILN_ASSIGN_OR_RETURN(addend_, ResolveQuantAddend(spec_, has_c ? &c_dims : nullptr, m_, n_));
-    a_strides_ = QuantAStridesFor(spec_, m_, k_);
-    empty_ = m_ * n_ == 0;
+    KILN_ASSIGN_OR_RETURN(QuantRunShape run,
+                          PrepareQuantRun(spec_, k_, n_, inputs, outputs, name_));
+    m_ = run.m;
+    addend_ = run.addend;
+    a_strides_ = run.a_strides;
+    empty_ = run.empty;
     if (empty_) return size_t{0};
     const auto* scales = static_cast<const float*>(scales_.get());
     KILN_ASSIGN_OR_RETURN(descs_, MakeFp8Descs(m_, np_, kp_, scales, scales + 1));
@@ -154,7 +134,7 @@ class CublasLtFp8Kernel final : public Kernel {
       algo_ = results[0].algo;
       lt_ws = results[0].workspaceSize;
     }
-    ws_ = WorkspaceFor(m_, np_, kp_, lt_ws);
+    ws_ = QuantWorkspaceFor(m_, np_, kp_, lt_ws);
     lt_ws_ = lt_ws;
     return ws_.total();
   }
@@ -227,7 +207,7 @@ class CublasLtFp8Kernel final : public Kernel {
   Fp8Descs descs_;
   cublasLtMatmulAlgo_t algo_{};
   size_t lt_ws_ = 0;
-  Fp8Workspace ws_;
+  QuantWorkspace ws_;
 };
 
 class CublasLtFp8ProviderBase : public KernelProvider {
@@ -258,7 +238,7 @@ class CublasLtFp8ProviderBase : public KernelProvider {
       }
       t.params.resize(8);
       std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
-      t.workspace_bytes = WorkspaceFor(p->m, np, kp, r.workspaceSize).total();
+      t.workspace_bytes = QuantWorkspaceFor(p->m, np, kp, r.workspaceSize).total();
       tactics.push_back(std::move(t));
     }
     return tactics;

@@ -138,4 +138,34 @@ Fp8PackedB PackFp8B(const GemmSpec& s, const Tensor& b_any) {
   return p;
 }
 
+StatusOr<QuantRunShape> PrepareQuantRun(const GemmSpec& s, int64_t k, int64_t n,
+                                        std::span<const TensorView> inputs,
+                                        std::span<const TensorView> outputs,
+                                        std::string_view name) {
+  KILN_ASSIGN_OR_RETURN(auto mk, QuantRowsAndDepth(s, inputs[0].dims));
+  QuantRunShape run;
+  run.m = mk.first;
+  if (mk.second != k || outputs[0].num_elements() != run.m * n) {
+    return MakeError(ErrorCode::kShapeMismatch,
+                     "{}: A is [{} x {}], B [{} x {}], Y has {} elements", name, run.m, mk.second,
+                     k, n, outputs[0].num_elements());
+  }
+  std::vector<int64_t> c_dims;
+  const bool has_c = inputs.size() > 2 && inputs[2].dtype != DataType::kUndefined;
+  if (has_c) c_dims.assign(inputs[2].dims.begin(), inputs[2].dims.end());
+  KILN_ASSIGN_OR_RETURN(run.addend, ResolveQuantAddend(s, has_c ? &c_dims : nullptr, run.m, n));
+  run.a_strides = QuantAStridesFor(s, run.m, k);
+  run.empty = run.m * n == 0;
+  return run;
+}
+
+QuantWorkspace QuantWorkspaceFor(int64_t m, int64_t np, int64_t kp, size_t lt_bytes) {
+  static_assert(sizeof(int32_t) == sizeof(float));
+  QuantWorkspace w;
+  w.a_bytes = AlignUpSize(static_cast<size_t>(m * kp), kWorkspaceAlign);
+  w.acc_bytes = AlignUpSize(static_cast<size_t>(m * np) * sizeof(int32_t), kWorkspaceAlign);
+  w.lt_bytes = AlignUpSize(lt_bytes, kWorkspaceAlign);
+  return w;
+}
+
 }  // namespace kiln::cuda

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -62,6 +63,26 @@ struct QuantAStrides {
 inline QuantAStrides QuantAStridesFor(const GemmSpec& s, int64_t m, int64_t k) {
   return s.trans_a ? QuantAStrides{1, m} : QuantAStrides{k, 1};
 }
+
+// What Prepare derives for one run of a quantized product with constant B [k, n]: M, how C
+// enters, A's strides, and whether the output is empty; a shape error names `name`.
+struct QuantRunShape {
+  int64_t m = 0;
+  QuantAddend addend;
+  QuantAStrides a_strides;
+  bool empty = false;
+};
+StatusOr<QuantRunShape> PrepareQuantRun(const GemmSpec& s, int64_t k, int64_t n,
+                                        std::span<const TensorView> inputs,
+                                        std::span<const TensorView> outputs, std::string_view name);
+
+// The workspace of both quantized products: [alignment slack][quantized A: M x Kp bytes]
+// [4-byte accumulators (int32 or FP32): M x Np][cuBLASLt's], each 256-byte aligned.
+struct QuantWorkspace {
+  size_t a_bytes = 0, acc_bytes = 0, lt_bytes = 0;
+  size_t total() const { return kWorkspaceAlign + a_bytes + acc_bytes + lt_bytes; }
+};
+QuantWorkspace QuantWorkspaceFor(int64_t m, int64_t np, int64_t kp, size_t lt_bytes);
 
 // B [K, N] (or [N, K] when transposed, any float type) quantized per output column with the
 // INT8 contract and packed as [Np, Kp] int8 (each column's K weights contiguous, zero padded):
