@@ -334,11 +334,10 @@ def _named_tensors(weights: Mapping[str, Any]):
     return array, keep
 
 
-def _weights_source(weights):
-    """Engine weights for kiln_engine_*_with_weights: (onnx_path or None, kiln_refit_weights or
-    None, what keeps their memory alive)."""
-    if isinstance(weights, (str, os.PathLike)):
-        return os.fsencode(weights), None, None
+def _refit_weights(weights, others):
+    """ONNX bytes, an onnx.ModelProto or a mapping from initializer name to tensor as a
+    kiln_refit_weights: (the struct, what keeps its memory alive). `others` ends the error's list
+    of what may be given after "an ONNX path, ONNX bytes, "."""
     w = _lib.RefitWeights()
     if hasattr(weights, "SerializeToString"):
         weights = weights.SerializeToString()
@@ -353,8 +352,17 @@ def _weights_source(weights):
         w.count = len(owners)
     else:
         raise _error(1001, f"weights is a {type(weights).__name__}: give an ONNX path, ONNX "
-                     "bytes, an onnx.ModelProto or a mapping from initializer name to tensor "
-                     "(a state_dict)")
+                     f"bytes, {others}")
+    return w, keep
+
+
+def _weights_source(weights):
+    """Engine weights for kiln_engine_*_with_weights: (onnx_path or None, kiln_refit_weights or
+    None, what keeps their memory alive)."""
+    if isinstance(weights, (str, os.PathLike)):
+        return os.fsencode(weights), None, None
+    w, keep = _refit_weights(weights, "an onnx.ModelProto or a mapping from initializer name to "
+                             "tensor (a state_dict)")
     return None, ctypes.byref(w), (w, keep)
 
 

@@ -73,33 +73,18 @@ def refit(engine, weights=None, *, group=None, timeout: float = 300.0):
     where this rank computed it."""
     import os
     import torch.distributed as dist
-    from . import KilnError, _error, _named_tensors, _raise_status
-    from collections.abc import Mapping
+    from . import KilnError, _error, _raise_status, _refit_weights
     if not dist.is_available() or not dist.is_initialized():
         raise _error(7000, "kiln.distributed.refit needs an initialised torch.distributed "
                      "process group (torch.distributed.init_process_group)")
     keep = None
     w = None
     if weights is not None:
-        w = _lib.RefitWeights()
         if isinstance(weights, (str, os.PathLike)):
             with open(weights, "rb") as f:
                 weights = f.read()
-        if hasattr(weights, "SerializeToString"):
-            weights = weights.SerializeToString()
-        if isinstance(weights, (bytes, bytearray, memoryview)):
-            keep = bytes(weights)
-            w.onnx = keep
-            w.onnx_size = len(keep)
-        elif isinstance(weights, Mapping):
-            named, owners = _named_tensors(weights)
-            keep = (named, owners)
-            w.tensors = named
-            w.count = len(owners)
-        else:
-            raise _error(1001, f"weights is a {type(weights).__name__}: give an ONNX path, ONNX "
-                         "bytes, an onnx.ModelProto, a mapping from initializer name to tensor, "
-                         "or None on ranks without the new weights")
+        w, keep = _refit_weights(weights, "an onnx.ModelProto, a mapping from initializer name "
+                                 "to tensor, or None on ranks without the new weights")
     comm = _GroupComm(group)
     report = ctypes.c_void_p()
     status = lib.kiln_engine_refit_group(engine._h, ctypes.byref(w) if w is not None else None,
