@@ -8,7 +8,7 @@ TorchScript exporter and the dynamo exporter, batch 1 and 32, in one run on the 
       [--models convnext_t,llama] [--exporters ts,dynamo] [--batches 1,32] \
       [--modes eager,default,reduce-overhead] [--deadline 60] [--budget 540] \
       [--resume bench/results/suite.json] [--iterations 50] [--device cuda|cpu]
-      [--layers-dir $OUT/layers]
+      [--layers-dir $OUT/layers] [--build-variants] [--quant int8,fp8]
   python3 bench/cuda/suite.py --table suite.json       # the markdown table only
 
 For each model: seeded random weights (torchvision constructors, transformers models from their
@@ -356,6 +356,54 @@ def kiln_row(a, name, exporter, batch, export_dir, ref, feed, work):
     if a.build_variants:
         row.update(build_variants(a, name, exporter, batch, export_dir, profile, work, in_dir,
                                   ref, tol))
+    for q in a.quant:
+        row.update(quant_variant(a, name, exporter, batch, export_dir, profile, work, in_dir, ref,
+                                 q))
+    return row
+
+
+QUANT_TOL = 5e-2  # issue 22's bar: INT8/FP8 engines within relative L2 5e-2 of FP32
+
+
+def quant_variant(a, name, exporter, batch, export_dir, profile, work, in_dir, ref, q):
+    """Issue 22's INT8 or FP8 engine of the same export and batch: calibrated on
+    --calib-sets seeded inputs of the batch (never the timed input), checked against the FP32
+    reference before it is timed; the build report's precision counts say how many layers run
+    quantized and how many stayed FP16."""
+    row = {}
+    calib = os.path.join(work, f"calib_b{batch}")
+    if not os.path.isdir(calib):
+        for k in range(a.calib_sets):
+            feed = make_inputs(name, batch, seed=1000 + k)
+            d = os.path.join(calib, f"test_data_set_{k}")
+            os.makedirs(d, exist_ok=True)
+            for i, (n, _, _) in enumerate(input_specs(name)):
+                write_inputs({f"input_{i}": feed[n]}, d)
+    engine = os.path.join(work, f"{exporter}_b{batch}_{q}.kiln")
+    report = os.path.join(work, f"{exporter}_b{batch}_{q}.json")
+    build_s, err = kiln_build(a, os.path.join(export_dir, "model.onnx"), engine, profile,
+                              os.path.join(work, f"{exporter}_{q}.timing_cache"), report,
+                              extra=[f"--{q}", "--calib-dir", calib])
+    row[f"kiln_{q}_build_s"] = round(build_s, 2)
+    if err:
+        row[f"kiln_{q}_error"] = f"build: {err}"
+        return row
+    try:
+        rep = json.load(open(report))
+        row[f"kiln_{q}_precision_counts"] = rep.get("precision", {}).get("counts")
+        row[f"kiln_{q}_calibration_s"] = rep.get("phase_seconds", {}).get("precision")
+    except (OSError, ValueError):
+        pass
+    j, out, err = kiln_run(a, name, engine, in_dir, os.path.join(work, f"out_{exporter}_b{batch}_{q}"))
+    if err:
+        row[f"kiln_{q}_error"] = f"run: {err}"
+        return row
+    e = rel_l2(out, ref) if out is not None else float("inf")
+    row[f"kiln_{q}_rel_l2_vs_torch_fp32"] = e if math.isfinite(e) else None
+    row[f"kiln_{q}_correct"] = bool(e <= QUANT_TOL)
+    row[f"kiln_{q}_ms"] = j["compute_ms"]["median"]
+    log(f"  kiln {q} {exporter} b{batch}: {row[f'kiln_{q}_ms']:.3f} ms, rel_l2 {e:.2e}, "
+        f"layers {row.get(f'kiln_{q}_precision_counts')}")
     return row
 
 
@@ -673,6 +721,10 @@ def main():
     ap.add_argument("--build-variants", action="store_true",
                     help="also build each engine warm (same timing cache) and with --opt-level 5 "
                          "(checked and timed): issue 19's warm build and default-vs-widest bars")
+    ap.add_argument("--quant", default="", help="also build, check and time INT8 and/or FP8 "
+                    "engines of each export (int8,fp8; issue 22), calibrated on --calib-sets "
+                    "seeded batches")
+    ap.add_argument("--calib-sets", type=int, default=2)
     ap.add_argument("--list", action="store_true", help="list the models and exit")
     a = ap.parse_args()
     if a.list:
@@ -689,6 +741,9 @@ def main():
     if unknown:
         ap.error(f"unknown models {unknown}; --list shows the suite")
     a.exporters = [e for e in a.exporters.split(",") if e]
+    a.quant = [q for q in a.quant.split(",") if q]
+    if any(q not in ("int8", "fp8") for q in a.quant):
+        ap.error("--quant takes int8 and/or fp8")
     a.batches = [int(b) for b in a.batches.split(",") if b]
     a.modes = [m for m in a.modes.split(",") if m]
     if a.device == "cpu":

@@ -440,17 +440,80 @@ TEST(CudaBroadcastSpace, TransposeStridesStayUnmerged) {
 // The index plans the copy and broadcast kernels execute, checked on the host: applying a plan's
 // Strided space to the input (what StridedCopyKernel / BinaryStridedKernel do per element) must
 // reproduce the CPU backend's result, for many shapes and permutations.
-std::vector<double> ApplySpace(const cuda::Strided& s, const Tensor& x, int operand, int64_t n) {
+// The launchers turn on 32-bit multiply-high division (EnableFastDivision) for spaces below 2^31
+// indices; this applies the space both ways, the kernels' fast division mirrored on the host, and
+// requires the same offsets.
+std::vector<double> ApplySpace(const cuda::Strided& s0, const Tensor& x, int operand, int64_t n) {
+  cuda::Strided s = s0;
+  cuda::EnableFastDivision(s, n);
+  EXPECT_EQ(s.div32, n > 0);  // an empty space launches nothing
   std::vector<double> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     int64_t r = i, off = s.offset[operand];
+    uint32_t u = static_cast<uint32_t>(i);
+    int64_t fast_off = s.offset[operand];
     for (int d = s.rank - 1; d >= 0; --d) {
       off += (r % s.dims[d]) * s.strides[operand][d];
       r /= s.dims[d];
+      uint32_t q = cuda::FastDivide(u, {s.div_mul[d], s.div_shift[d]});
+      fast_off +=
+          static_cast<int64_t>(u - q * static_cast<uint32_t>(s.dims[d])) * s.strides[operand][d];
+      u = q;
     }
+    EXPECT_EQ(fast_off, off) << "index " << i;
     out[static_cast<size_t>(i)] = x.GetDouble(off);
   }
   return out;
+}
+
+TEST(CudaFastDivision, MatchesIntegerDivisionBelowTwoToThe31) {
+  std::mt19937 rng(7);
+  std::vector<uint32_t> divisors = {1,
+                                    2,
+                                    3,
+                                    5,
+                                    7,
+                                    49,
+                                    56,
+                                    96,
+                                    641,
+                                    3136,
+                                    65535,
+                                    65536,
+                                    65537,
+                                    1u << 20,
+                                    (1u << 20) + 1,
+                                    1000000007u,
+                                    (1u << 30) + 3,
+                                    0x7fffffffu};
+  for (int k = 0; k < 200; ++k) divisors.push_back(1 + rng() % 0x7fffffffu);
+  for (int k = 0; k < 200; ++k) divisors.push_back(1 + rng() % 4096);
+  for (uint32_t d : divisors) {
+    cuda::FastDivisor f = cuda::MakeFastDivisor(d);
+    std::vector<uint32_t> ns = {0, 1, d - 1, d, d + 1, 0x7ffffffeu, 0x7fffffffu};
+    for (uint32_t m = 1; m < 64; ++m) {
+      uint64_t v = static_cast<uint64_t>(d) * m;
+      if (v <= 0x7fffffffu)
+        ns.insert(ns.end(), {static_cast<uint32_t>(v), static_cast<uint32_t>(v - 1)});
+    }
+    for (int k = 0; k < 2000; ++k) ns.push_back(rng() & 0x7fffffffu);
+    for (uint32_t n : ns) {
+      if (n > 0x7fffffffu) continue;
+      ASSERT_EQ(cuda::FastDivide(n, f), n / d) << n << " / " << d;
+    }
+  }
+}
+
+TEST(CudaFastDivision, LargeSpacesKeepSixtyFourBitDivision) {
+  cuda::Strided s;
+  s.rank = 2;
+  s.dims[0] = 1 << 20;
+  s.dims[1] = 1 << 12;  // 2^32 indices
+  cuda::EnableFastDivision(s, s.dims[0] * s.dims[1]);
+  EXPECT_FALSE(s.div32);
+  s.dims[0] = 1 << 18;  // 2^30
+  cuda::EnableFastDivision(s, s.dims[0] * s.dims[1]);
+  EXPECT_TRUE(s.div32);
 }
 
 Tensor RunCpuOp(const std::string& op, const AttributeMap& attrs, const std::vector<Tensor>& ins,

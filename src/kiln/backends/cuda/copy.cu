@@ -273,6 +273,7 @@ cudaError_t LaunchStridedCopy(size_t elem_size, const void* in, void* out, const
       break;
     }
   }
+  EnableFastDivision(s, n);
   TileDesc tiled;
   if (es <= 8 && PlanTiled(s, tiled)) {
     int64_t tiles =

@@ -28,7 +28,48 @@ struct Strided {
   int64_t dims[kMaxRank] = {};
   int64_t strides[3][kMaxRank] = {};
   int64_t offset[3] = {};  // element offset of each operand's first element
+  // Set by EnableFastDivision when every index of the space fits in 31 bits: the kernels then
+  // split an index into coordinates with 32-bit multiply-high and shift (div_mul, div_shift per
+  // dim) instead of 64-bit division, which the GPU emulates in software and which made broadcast
+  // and strided copies several times slower than memory bandwidth.
+  bool div32 = false;
+  uint32_t div_mul[kMaxRank] = {};
+  uint32_t div_shift[kMaxRank] = {};
 };
+
+// The magic numbers of 32-bit division by d >= 1, for dividends below 2^31: with
+// shift = ceil(log2 d) and mul = floor(2^32 (2^shift - d) / d) + 1,
+// n / d == (mulhi(n, mul) + n) >> shift (Granlund and Montgomery's round-up method; the sum
+// cannot overflow because n < 2^31 and mulhi(n, mul) <= n).
+struct FastDivisor {
+  uint32_t mul = 1, shift = 0;
+};
+inline FastDivisor MakeFastDivisor(uint32_t d) {
+  FastDivisor f;
+  uint32_t s = 0;
+  while ((uint64_t{1} << s) < d) ++s;
+  f.shift = s;
+  f.mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << s) - d)) / d + 1);
+  return f;
+}
+// The host's form of the device division, for tests.
+inline uint32_t FastDivide(uint32_t n, FastDivisor f) {
+  uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(n) * f.mul) >> 32);
+  return (hi + n) >> f.shift;
+}
+// Fills s's 32-bit division fields when the space has at most 2^31 - 1 indices (`count`) and
+// every dim does too; otherwise leaves s.div32 false and the kernels divide in 64 bits.
+inline void EnableFastDivision(Strided& s, int64_t count) {
+  s.div32 = false;
+  if (count <= 0 || count > INT32_MAX) return;
+  for (int d = 0; d < s.rank; ++d) {
+    if (s.dims[d] <= 0 || s.dims[d] > INT32_MAX) return;
+    FastDivisor f = MakeFastDivisor(static_cast<uint32_t>(s.dims[d]));
+    s.div_mul[d] = f.mul;
+    s.div_shift[d] = f.shift;
+  }
+  s.div32 = true;
+}
 
 // ---- elementwise.cu ---------------------------------------------------------------------------
 // One per row of ops/unary_ops.inc, then Not (bool).

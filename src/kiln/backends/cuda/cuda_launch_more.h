@@ -109,6 +109,10 @@ struct PadDesc {
   bool idx64 = true;
   int32_t count = 0;
   const void* fill = nullptr;  // a device scalar of the element type; null: zeros
+  // Set by LaunchPad when the output has fewer than 2^31 elements: 32-bit multiply-high division
+  // by each out dim (cuda_launch.h's FastDivisor) instead of 64-bit division.
+  bool div32 = false;
+  uint32_t div_mul[kMaxRank] = {}, div_shift[kMaxRank] = {};
 };
 cudaError_t LaunchPad(size_t elem_size, const PadDesc& d, const void* x, void* y, int64_t n,
                       cudaStream_t stream);

@@ -96,6 +96,18 @@ template <int K>
 __device__ __forceinline__ void StridedOffsets(const Strided& s, int64_t i, int64_t* off) {
 #pragma unroll
   for (int k = 0; k < K; ++k) off[k] = s.offset[k];
+  if (s.div32) {  // every index below 2^31: multiply-high division (EnableFastDivision)
+    uint32_t u = static_cast<uint32_t>(i);
+    for (int d = s.rank - 1; d >= 0; --d) {
+      const uint32_t dim = static_cast<uint32_t>(s.dims[d]);
+      const uint32_t q = (__umulhi(u, s.div_mul[d]) + u) >> s.div_shift[d];
+      const int64_t c = static_cast<int64_t>(u - q * dim);
+      u = q;
+#pragma unroll
+      for (int k = 0; k < K; ++k) off[k] += c * s.strides[k][d];
+    }
+    return;
+  }
   for (int d = s.rank - 1; d >= 0; --d) {
     int64_t dim = s.dims[d];
     int64_t c = i % dim;

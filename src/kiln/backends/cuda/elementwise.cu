@@ -203,7 +203,9 @@ cudaError_t BinaryTyped(BinaryParams p, const void* a, const void* b, void* y, c
       return cudaGetLastError();
     }
   }
-  BinaryStridedKernel<kOp, T, B, O><<<GridFor(n), 256, 0, stream>>>(pa, pb, py, s, n, p);
+  Strided fast = s;
+  EnableFastDivision(fast, n);
+  BinaryStridedKernel<kOp, T, B, O><<<GridFor(n), 256, 0, stream>>>(pa, pb, py, fast, n, p);
   return cudaGetLastError();
 }
 
@@ -322,11 +324,13 @@ cudaError_t LaunchBinary(BinaryOp op, BinaryParams p, Elem t, Elem b_type, const
 cudaError_t LaunchWhere(size_t elem_size, const void* cond, const void* x, const void* y, void* out,
                         const Strided& s, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
+  Strided fast = s;
+  EnableFastDivision(fast, n);
   return DispatchBytes(elem_size, [&](auto tag) {
     using T = decltype(tag);
     WhereKernel<T>
         <<<GridFor(n), 256, 0, stream>>>(static_cast<const bool*>(cond), static_cast<const T*>(x),
-                                         static_cast<const T*>(y), static_cast<T*>(out), s, n);
+                                         static_cast<const T*>(y), static_cast<T*>(out), fast, n);
     return cudaGetLastError();
   });
 }

@@ -59,10 +59,18 @@ __global__ void PadKernel(const U* __restrict__ x, U* __restrict__ y, PadDesc d,
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t r = i, off = 0;
+    uint32_t r32 = static_cast<uint32_t>(i);
     bool inside = true;
     for (int a = d.rank - 1; a >= 0; --a) {
-      int64_t o = r % d.out[a];
-      r /= d.out[a];
+      int64_t o;
+      if (d.div32) {
+        const uint32_t q = (__umulhi(r32, d.div_mul[a]) + r32) >> d.div_shift[a];
+        o = static_cast<int64_t>(r32 - q * static_cast<uint32_t>(d.out[a]));
+        r32 = q;
+      } else {
+        o = r % d.out[a];
+        r /= d.out[a];
+      }
       int64_t src = PadIndex(o - begin[a], d.in[a], d.mode);
       inside = inside && src >= 0;
       off += src * in_stride[a];
@@ -77,10 +85,21 @@ cudaError_t LaunchPad(size_t elem_size, const PadDesc& d, const void* x, void* y
                       cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (d.rank < 1 || d.rank > kMaxRank || d.count > kMaxRank) return cudaErrorInvalidValue;
+  PadDesc fast = d;
+  fast.div32 = n <= INT32_MAX;
+  for (int a = 0; a < d.rank && fast.div32; ++a) {
+    if (d.out[a] <= 0 || d.out[a] > INT32_MAX) {
+      fast.div32 = false;
+      break;
+    }
+    FastDivisor f = MakeFastDivisor(static_cast<uint32_t>(d.out[a]));
+    fast.div_mul[a] = f.mul;
+    fast.div_shift[a] = f.shift;
+  }
   return DispatchBytes(elem_size, [&](auto tag) {
     using U = decltype(tag);
     PadKernel<U>
-        <<<GridFor(n), 256, 0, stream>>>(static_cast<const U*>(x), static_cast<U*>(y), d, n);
+        <<<GridFor(n), 256, 0, stream>>>(static_cast<const U*>(x), static_cast<U*>(y), fast, n);
     return cudaGetLastError();
   });
 }

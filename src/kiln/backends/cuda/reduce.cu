@@ -109,8 +109,11 @@ cudaError_t ReduceStridedTyped(Elem t, const void* x, void* y, const Strided& ke
                                const Strided& red, int64_t count, cudaStream_t stream) {
   return DispatchFloat(t, [&](auto tag) {
     using T = decltype(tag);
+    Strided k = kept, r = red;
+    EnableFastDivision(k, outputs);
+    EnableFastDivision(r, count);
     ReduceStridedKernel<kOp, T><<<GridFor(outputs), 256, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), kept, outputs, red, count);
+        static_cast<const T*>(x), static_cast<T*>(y), k, outputs, r, count);
     return cudaGetLastError();
   });
 }

@@ -54,10 +54,13 @@ cudaError_t LaunchIntReduce(IntReduceOp op, Elem t, const void* x, void* y, cons
                             int64_t outputs, const Strided& red, int64_t count,
                             cudaStream_t stream) {
   if (outputs == 0) return cudaSuccess;
+  Strided k = kept, r = red;
+  EnableFastDivision(k, outputs);
+  EnableFastDivision(r, count);
   auto go = [&](auto tag) {
     using T = decltype(tag);
     IntReduceKernel<T><<<GridFor(outputs), 256, 0, stream>>>(
-        op, static_cast<const T*>(x), static_cast<T*>(y), kept, outputs, red, count);
+        op, static_cast<const T*>(x), static_cast<T*>(y), k, outputs, r, count);
     return cudaGetLastError();
   };
   switch (t) {
