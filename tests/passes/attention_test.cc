@@ -414,6 +414,69 @@ TEST(AttentionShapeRule, InterleavedLayouts) {
   }
 }
 
+// Swin's shifted-window attention: Q scaled before the product, a relative-position bias over
+// [1, H, S, S], then the scores split into [N/P, P, H, S, S] windows for a per-window mask and
+// merged back before the Softmax. `window_mask_dims` is the second mask's shape (rank 5).
+void WindowGraph(Graph& g, std::vector<int64_t> window_mask_dims, bool with_bias) {
+  const int64_t n = 6, heads = 2, s = 5, d = 4, p = 3;  // N = 6 windows-by-batch, P = 3
+  Value* q = g.AddInput("q", DataType::kFloat32, {n, heads, s, d});
+  Value* k = g.AddInput("k", DataType::kFloat32, {n, heads, s, d});
+  Value* v = g.AddInput("v", DataType::kFloat32, {n, heads, s, d});
+  Value* qs = Op(g, "Mul", {q, Const(g, Scalar(0.5f))});
+  Value* kt = Op(g, "Transpose", {k}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 1, 3, 2}}));
+  Value* scores = Op(g, "MatMul", {qs, kt});
+  if (with_bias) {
+    scores = Op(g, "Add",
+                {scores, Const(g, RandomTensor(DataType::kFloat32, {1, heads, s, s}, 11, -1, 1))});
+  }
+  Value* w = Op(g, "Reshape", {scores, Const(g, Ints({n / p, p, heads, s, s}))});
+  w = Op(g, "Add", {w, Const(g, RandomTensor(DataType::kFloat32, window_mask_dims, 12, -4, 0))});
+  Value* merged = Op(g, "Reshape", {w, Const(g, Ints({n, heads, s, s}))});
+  Value* probs = Op(g, "Softmax", {merged}, Attrs(std::pair{"axis", int64_t{-1}}));
+  Value* y = Op(g, "MatMul", {probs, v});
+  g.MarkOutput(y);
+  ASSERT_TRUE(InferShapes(g).ok());
+}
+
+TEST(AttentionFusion, ShiftedWindowMaskRunsOnRankFiveViews) {
+  for (bool with_bias : {true, false}) {
+    SCOPED_TRACE(with_bias ? "relative-position bias and window mask" : "window mask only");
+    Graph before, after;
+    WindowGraph(before, {1, 3, 1, 5, 5}, with_bias);
+    WindowGraph(after, {1, 3, 1, 5, 5}, with_bias);
+    PassReport r = RunPasses(after, AttentionOnly());
+    EXPECT_EQ(r.rewrites("attention_fusion"), 1);
+    Node* a = Find(after, "Attention");
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(CountOps(after, "Softmax"), 0);
+    EXPECT_EQ(CountOps(after, "MatMul"), 0);
+    EXPECT_EQ(CountOps(after, "Mul"), 0);  // Q's scale joined the op's
+    EXPECT_FLOAT_EQ(a->attrs().GetFloat("scale", 0), 0.5f);
+    EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "additive");
+    ASSERT_TRUE(a->input(0)->has_shape());
+    EXPECT_EQ(a->input(0)->shape().size(), 5u);
+    ExpectSameOutputs(before, after);
+  }
+}
+
+TEST(AttentionFusion, WindowSplitThatIsNotOfTheLeadingDimStays) {
+  // The same graph with a Reshape that regroups other dims ([6, 2, 5, 5] -> [2, 3, 2, 5, 5] is
+  // the window split; [6, 2, 25] -> [6, 2, 5, 5, 1] is not): fusion needs N = N/P x P exactly.
+  Graph g;
+  Value* q = g.AddInput("q", DataType::kFloat32, {6, 2, 5, 4});
+  Value* k = g.AddInput("k", DataType::kFloat32, {6, 2, 5, 4});
+  Value* kt = Op(g, "Transpose", {k}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 1, 3, 2}}));
+  Value* w = Op(g, "Reshape", {Op(g, "MatMul", {q, kt}), Const(g, Ints({6, 2, 5, 5, 1}))});
+  w = Op(g, "Add", {w, Const(g, RandomTensor(DataType::kFloat32, {1, 1, 1, 5, 1}, 3))});
+  Value* merged = Op(g, "Reshape", {w, Const(g, Ints({6, 2, 5, 5}))});
+  Value* y =
+      Op(g, "MatMul", {Op(g, "Softmax", {merged}, Attrs(std::pair{"axis", int64_t{-1}})), q});
+  g.MarkOutput(y);
+  ASSERT_TRUE(InferShapes(g).ok());
+  RunPasses(g, AttentionOnly());
+  EXPECT_EQ(CountOps(g, "Attention"), 0);
+}
+
 TEST(AttentionFusion, SoftmaxReadElsewhereDoesNotFuse) {
   Graph g;
   AttentionGraph(g, Form::kBertSoftmaxReadElsewhere);

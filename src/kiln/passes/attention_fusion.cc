@@ -6,6 +6,15 @@
 // sees the standard layout. Where(cond, scores, very negative) whose cond is a top-left slice of
 // a lower-triangular constant (GPT-2's causal buffer) becomes mask_kind "causal" with no mask
 // tensor at all; any other boolean cond stays an input (mask_kind "boolean").
+//
+// Two more forms exporters write:
+// - Q scaled before the product, MatMul(Mul(Q, c), K^T) (Swin, many ViTs): c joins the scale.
+// - Shifted-window attention (Swin): the scores [N, H, S, Sk] are split into windows,
+//   Reshape -> [N/P, P, H, S, Sk], a per-window mask [., P, ., S, Sk] is added, and a Reshape
+//   merges them back before the Softmax. The mask depends on the batch index modulo P, which no
+//   broadcast of a rank-4 mask expresses, so the fused Attention runs on rank-5 views of Q, K and
+//   V (Reshapes, which are free) with the sum of both masks, and a Reshape makes its output
+//   rank 4 again.
 #include <algorithm>
 
 #include "kiln/ops/op_table.h"
@@ -27,11 +36,17 @@ bool SoftmaxOverLastAxis(const Node& n) {
 
 Pattern AttentionPattern() {
   using namespace pat;
-  Pattern scores = Op("MatMul", {Any("q"), Any("kt")}).Capture("qk");
+  Pattern q = OneOf({Op("Mul", {Any("q"), Constant("q_scale").WhereValue(IsSplat)}), Any("q")});
+  Pattern scores = Op("MatMul", {q, Any("kt")}).Capture("qk");
   Pattern scaled = OneOf({Op("Div", {scores, Constant("scale_div").WhereValue(IsSplat)}),
                           Op("Mul", {scores, Constant("scale_mul").WhereValue(IsSplat)}), scores});
+  Pattern biased = OneOf({Op("Add", {scaled, Any("mask")}).Capture("mask_add"), scaled});
+  Pattern windowed =
+      Op("Reshape",
+         {Op("Add", {Op("Reshape", {biased, Any()}).Capture("split"), Any("window_mask")}), Any()})
+          .Capture("merge");
   Pattern masked = OneOf(
-      {Op("Add", {scaled, Any("mask")}).Capture("mask_add"),
+      {windowed, Op("Add", {scaled, Any("mask")}).Capture("mask_add"),
        Op("Where", {Any("cond"), scaled, Constant("fill").WhereValue(IsSplat)}).Capture("where"),
        scaled});
   Pattern probs = Op("Softmax", {masked}).Capture("softmax").Where(SoftmaxOverLastAxis);
@@ -138,11 +153,50 @@ class AttentionFusionPass final : public Pass {
       scale = 1.0 / c;
     }
     if (m.has("scale_mul")) scale = *ConstantSplat(m.value("scale_mul"));
+    if (m.has("q_scale")) scale *= *ConstantSplat(m.value("q_scale"));
     attrs.Set("scale", static_cast<float>(scale));
+
+    // Shifted windows: the leading scores dim N splits into [N/P, P] around the window mask.
+    std::vector<int64_t> split;  // the rank + 1 dims of the windowed scores
+    if (m.has("merge")) {
+      auto s4 = StaticDims(scores->shape());
+      Value* s5 = m.node("split")->output(0);
+      auto d5 = s5->has_shape() ? StaticDims(s5->shape()) : std::nullopt;
+      Value* merged = m.node("merge")->output(0);
+      auto back = merged->has_shape() ? StaticDims(merged->shape()) : std::nullopt;
+      if (!s4 || !d5 || !back || *back != *s4 || d5->size() != rank + 1 ||
+          (*d5)[0] * (*d5)[1] != (*s4)[0] ||
+          !std::equal(d5->begin() + 2, d5->end(), s4->begin() + 1)) {
+        return;
+      }
+      // A rank-`rank` first mask must not vary along N (it is aligned to [P, ...] in rank + 1).
+      if (m.has("mask_add")) {
+        const Value* m1 = m.value("mask");
+        if (!m1->has_shape() || m1->shape().size() > rank ||
+            (m1->shape().size() == rank && !(m1->shape()[0] == Dim(1)))) {
+          return;
+        }
+      }
+      const Value* m2 = m.value("window_mask");
+      if (!m2->has_shape() || m2->shape().size() > rank + 1 || m2->dtype() != q->dtype()) return;
+      split = *d5;
+    }
 
     Value* mask = nullptr;
     std::string kind = "none";
-    if (m.has("mask_add")) {
+    if (!split.empty()) {
+      mask = m.value("window_mask");
+      if (m.has("mask_add")) {
+        Value* m1 = m.value("mask");
+        if (m1->dtype() != q->dtype()) return;
+        Value* sum = graph.AddValue(graph.UniqueName(m.root->name() + "_window_mask"), q->dtype());
+        graph.AddNode("Add", graph.UniqueName(m.root->name() + "_window_mask_add"), {m1, mask},
+                      {sum});
+        ctx.stats().nodes_added += 1;
+        mask = sum;
+      }
+      kind = "additive";
+    } else if (m.has("mask_add")) {
       mask = m.value("mask");
       if (mask->dtype() != q->dtype()) return;
       kind = "additive";
@@ -190,9 +244,49 @@ class AttentionFusionPass final : public Pass {
                     std::move(tattrs));
       ctx.stats().nodes_added += 1;
     }
+    if (!split.empty()) {
+      RewriteWindowed(graph, ctx, m, split, {q, k, v}, mask, std::move(attrs));
+      return;
+    }
     std::vector<Value*> inputs = {q, k, v};
     if (mask) inputs.push_back(mask);
     ReplaceMatched(graph, ctx, m.matched, m.root, "Attention", std::move(inputs), std::move(attrs));
+  }
+
+  // Attention over rank + 1 views [N/P, P, ...] of Q, K and V, then a Reshape back to the
+  // root's rank-`rank` output.
+  static void RewriteWindowed(Graph& graph, PassContext& ctx, const Match& m,
+                              const std::vector<int64_t>& split, std::vector<Value*> qkv,
+                              Value* mask, AttributeMap attrs) {
+    Value* out = m.root->output(0);
+    auto out_dims = out->has_shape() ? StaticDims(out->shape()) : std::nullopt;
+    if (!out_dims) return;
+    std::vector<std::vector<int64_t>> views;
+    for (Value* x : qkv) {
+      auto d = x->has_shape() ? StaticDims(x->shape()) : std::nullopt;
+      if (!d || d->empty() || (*d)[0] != split[0] * split[1]) return;
+      std::vector<int64_t> v = {split[0], split[1]};
+      v.insert(v.end(), d->begin() + 1, d->end());
+      views.push_back(std::move(v));
+    }
+    auto shape_constant = [&](const std::vector<int64_t>& dims) {
+      return AddLiteralConstant(
+          graph, m.root->name() + "_window_shape",
+          Tensor::FromVector(DataType::kInt64, {static_cast<int64_t>(dims.size())}, dims));
+    };
+    std::vector<Value*> inputs;
+    for (size_t i = 0; i < qkv.size(); ++i) {
+      Value* view = graph.AddValue(graph.UniqueName(qkv[i]->name() + "_windows"), qkv[i]->dtype());
+      graph.AddNode("Reshape", graph.UniqueName(m.root->name() + "_window_view"),
+                    {qkv[i], shape_constant(views[i])}, {view});
+      inputs.push_back(view);
+    }
+    inputs.push_back(mask);
+    Value* y = graph.AddValue(graph.UniqueName(out->name() + "_windows"), out->dtype());
+    graph.AddNode("Attention", graph.UniqueName(m.root->name() + "_fused"), std::move(inputs), {y},
+                  std::move(attrs));
+    ctx.stats().nodes_added += 4;
+    ReplaceMatched(graph, ctx, m.matched, m.root, "Reshape", {y, shape_constant(*out_dims)}, {});
   }
 };
 
