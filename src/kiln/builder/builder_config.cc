@@ -203,6 +203,12 @@ Hash128 BuilderConfig::Hash() const {
       for (int64_t d : *v) h.Field(d);
     }
   }
+  // Only when given, so that other configs keep their hashes.
+  for (const auto& v : profile.shape_values) {
+    h.Field("shape-values").Field(v.input).Field(static_cast<int64_t>(v.values.size()));
+    for (int64_t x : v.values) h.Field(x);
+  }
+  if (shape_arena_bytes > 0) h.Field("shape-arena").Field(shape_arena_bytes);
   h.Field(memory_budget.ToString());
   h.Field(max_kernel_time_ms ? static_cast<int64_t>(*max_kernel_time_ms * 1e6) : -1);
   h.Field("calibration").Field(calibration_dir).Field(precision::ToString(calibration_method));
