@@ -98,6 +98,8 @@ struct BuilderConfig {
   Hash128 Hash() const;
 };
 
+// Parses "shape:2,-1" (a shape input and the values to build for) into `profile`.
+Status ParseShapeValuesSpec(const std::string& spec, OptimizationProfile* profile);
 // Parses "input:1x3x224x224,8x3x224x224,32x3x224x224" (min,opt,max) into `profile`.
 Status ParseProfileSpec(const std::string& spec, OptimizationProfile* profile);
 // Parses --calib-method: "minmax", "entropy", "percentile" or "percentile=P" (P overrides
