@@ -37,6 +37,8 @@ struct BuildOptions {
   CLI::Option* precision_report_opt = nullptr;
   std::string precision_report;  // "" with the flag given: print the table
   std::vector<std::string> profiles;
+  std::vector<std::string> shape_values;
+  int64_t shape_arena = 0;
   std::string deadline;
   std::string memory_budget;
   double max_kernel_time_ms = 0;
@@ -185,6 +187,10 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   for (const std::string& p : o.profiles) {
     if (Status s = ParseProfileSpec(p, &config.profile); !s.ok()) return ReportError(s);
   }
+  for (const std::string& v : o.shape_values) {
+    if (Status s = ParseShapeValuesSpec(v, &config.profile); !s.ok()) return ReportError(s);
+  }
+  config.shape_arena_bytes = o.shape_arena;
   if (!o.deadline.empty()) {
     auto d = ParseDuration(o.deadline);
     if (!d.ok()) return ReportError(d.status());
@@ -350,6 +356,16 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
           "--profile", o->profiles,
           "NAME:MIN,OPT,MAX per dynamic input, e.g. input:1x3x224x224,8x3x224x224,32x3x224x224")
       ->take_all();
+  shapes
+      ->add_option("--shape-values", o->shape_values,
+                   "NAME:V1,V2,... per shape input (an integer input feeding a shape operand): the "
+                   "values to build for; other values re-specialize the context at run time")
+      ->take_all();
+  shapes
+      ->add_option("--shape-arena", o->shape_arena,
+                   "bytes of activations a context may re-plan in for other shape input values "
+                   "(default: the plan's for the built values)")
+      ->check(CLI::NonNegativeNumber);
   auto* bounds = sub->add_option_group("Bounds", "time and memory the build may use");
   bounds
       ->add_option(

@@ -16,6 +16,11 @@ namespace kiln::app {
 namespace fs = std::filesystem;
 
 namespace {
+// Integer inputs of at most this many elements may be shape inputs (a shape, pads, axes).
+constexpr int64_t kMaxShapeInputElements = 64;
+// The activation arena a case's engine may re-plan in for other shape input values.
+constexpr int64_t kConformanceShapeArenaBytes = int64_t{16} << 20;
+
 struct DataSet {
   std::vector<Tensor> inputs, outputs;
 };
@@ -120,6 +125,18 @@ CaseResult RunConformanceCase(const std::string& dir, const ConformanceOptions& 
     p.opt = p.max;
     if (!p.min.empty()) config.profile.inputs.push_back(std::move(p));
   }
+  // Shape inputs: small integer inputs are offered with data set 0's values (the builder keeps
+  // those a shape rule reads: Reshape's shape, Slice's starts...); other data sets' values
+  // re-specialize the context, within an arena of kConformanceShapeArenaBytes.
+  for (size_t i = 0; i < inputs.size() && i < (*sets)[0].inputs.size(); ++i) {
+    const Tensor& t = (*sets)[0].inputs[i];
+    if (!IsInteger(inputs[i]->dtype()) || !IsStatic(inputs[i]->shape()) || t.dims().size() > 1 ||
+        t.num_elements() < 1 || t.num_elements() > kMaxShapeInputElements) {
+      continue;
+    }
+    config.profile.shape_values.push_back({inputs[i]->name(), t.ToInt64Vector()});
+  }
+  config.shape_arena_bytes = kConformanceShapeArenaBytes;
   std::vector<std::string> input_names, output_names;
   for (const Value* v : inputs) input_names.push_back(v->name());
   for (const Value* v : (*graph)->outputs()) output_names.push_back(v->name());

@@ -67,7 +67,7 @@ Status HostRunner::SetInputs(const std::map<std::string, Tensor>& inputs) {
   }
   for (const TensorDesc& d : engine_->inputs()) {
     Tensor& t = inputs_.at(d.name);
-    if (host) {
+    if (host || d.shape_values) {  // a shape input's values are read from host memory
       KILN_RETURN_IF_ERROR(context_->SetTensorAddress(d.name, t.mutable_raw()));
     } else {
       KILN_ASSIGN_OR_RETURN(DeviceBuffer buf, backend.Allocate(t.size_bytes()));

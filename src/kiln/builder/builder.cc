@@ -23,6 +23,7 @@
 #include "kiln/core/logging.h"
 #include "kiln/core/params.h"
 #include "kiln/engine/engine_plan.h"
+#include "kiln/ir/sizes.h"
 #include "kiln/onnx/calibration_data.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/passes/pass.h"
@@ -48,7 +49,9 @@ OperandDesc Describe(const Value* v, const ConcreteDimsMap& max_dims) {
   } else {
     d.max_dims.assign(v->shape().size(), -1);  // unknown at the max shapes
   }
-  d.constant = v->constant();
+  // A shape input's kernels see its build values as a constant (the runtime makes them again
+  // for other values).
+  d.constant = v->constant() ? v->constant() : v->shape_input_values();
   return d;
 }
 }  // namespace
@@ -57,8 +60,7 @@ StatusOr<ConcreteDimsMap> ConcreteDims(const Graph& graph, const std::vector<Nod
                                        const OptimizationProfile& profile, int which) {
   std::unordered_map<const Value*, ValueInfo> info;
   for (const Value* in : graph.inputs()) {
-    ValueInfo vi;
-    vi.dtype = in->dtype();
+    ValueInfo vi = InfoOf(*in);
     if (const InputProfile* p = profile.Find(in->name())) {
       vi.shape = MakeShape(which == 0 ? p->min : which == 1 ? p->opt : p->max);
     } else {
@@ -74,13 +76,7 @@ StatusOr<ConcreteDimsMap> ConcreteDims(const Graph& graph, const std::vector<Nod
         continue;
       }
       auto it = info.find(v);
-      if (it == info.end()) {
-        ValueInfo vi;
-        vi.dtype = v->dtype();
-        vi.shape = v->shape();
-        vi.constant = v->constant();
-        it = info.emplace(v, std::move(vi)).first;
-      }
+      if (it == info.end()) it = info.emplace(v, InfoOf(*v)).first;
       ins.push_back(&it->second);
     }
     std::vector<ValueInfo> outs(node->num_outputs());
@@ -214,7 +210,37 @@ StatusOr<OptimizationProfile> ResolveProfile(const Graph& graph, const Optimizat
         in->name(), ToString(in->shape()), DimsText(p.min), in->name()));
     resolved.inputs.push_back(std::move(p));
   }
+  resolved.shape_values = given.shape_values;
   return resolved;
+}
+
+// Shape inputs: each of the profile's shape_values names an integer graph input of static shape
+// and gives one value per element (KILN-E3000 otherwise); the input's Value carries them for the
+// shape rules (Value::shape_input_values).
+Status ApplyShapeValues(Graph& graph, const OptimizationProfile& profile) {
+  for (const ShapeInputValues& sv : profile.shape_values) {
+    Value* in = graph.FindValue(sv.input);
+    if (!in || !in->is_graph_input()) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "shape values for '{}', which is not a model input", sv.input);
+    }
+    auto dims = StaticDims(in->shape());
+    if (!IsInteger(in->dtype()) || !dims) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "shape values for '{}', an input of type {} and shape {}: a shape input is "
+                       "an integer tensor of static shape",
+                       sv.input, ToString(in->dtype()), ToString(in->shape()));
+    }
+    if (NumElements(*dims) != static_cast<int64_t>(sv.values.size())) {
+      return MakeError(ErrorCode::kInvalidProfile,
+                       "shape values for '{}' give {} value(s); its shape {} holds {}", sv.input,
+                       sv.values.size(), ToString(in->shape()), NumElements(*dims));
+    }
+    Tensor t = Tensor::FromVector<int64_t>(DataType::kInt64, *dims, sv.values);
+    if (in->dtype() != DataType::kInt64) t = t.CastTo(in->dtype());
+    in->set_shape_input_values(std::move(t));
+  }
+  return OkStatus();
 }
 
 // Creates the chosen kernel and asks it for its workspace at the max shapes and at each of
@@ -382,9 +408,27 @@ Status OptimisePhase(BuildState& s) {
   }
   KILN_RETURN_IF_ERROR(CheckProfileSizes(graph, s.config.profile));
   if (s.config.optimize) SpecializeFixedDims(graph, s.config.profile);
+  KILN_RETURN_IF_ERROR(ApplyShapeValues(graph, s.config.profile));
   // With optimization on, shape arithmetic folds as shapes are inferred (see InferShapes).
-  auto inferred_or =
-      s.config.optimize ? InferShapes(graph, ReferenceEvaluator()) : InferShapes(graph);
+  auto infer = [&] {
+    return s.config.optimize ? InferShapes(graph, ReferenceEvaluator()) : InferShapes(graph);
+  };
+  auto inferred_or = infer();
+  // Values given for an input that no shape rule reads make no shape input: they are dropped
+  // and shapes inferred again without them (nothing was folded because of them).
+  if (inferred_or.ok() &&
+      inferred_or->shape_inputs_read.size() < s.config.profile.shape_values.size()) {
+    std::erase_if(s.config.profile.shape_values, [&](const ShapeInputValues& sv) {
+      const Value* in = graph.FindValue(sv.input);
+      if (std::find(inferred_or->shape_inputs_read.begin(), inferred_or->shape_inputs_read.end(),
+                    in) != inferred_or->shape_inputs_read.end()) {
+        return false;
+      }
+      graph.FindValue(sv.input)->set_shape_input_values(std::nullopt);
+      return true;
+    });
+    inferred_or = infer();
+  }
   if (!inferred_or.ok()) {
     return std::move(inferred_or)
         .status()
@@ -764,6 +808,30 @@ Status PlanPhase(BuildState& s) {
     }
   }
   s.rep.naive_activation_bytes = NaivePeak(detail);
+  if (!s.config.profile.shape_values.empty()) {
+    // Shape inputs: contexts allocate this arena and re-plan in it for other values; its end
+    // holds the device copy of the values (backends that cannot read host memory).
+    KILN_ASSIGN_OR_RETURN(
+        int64_t arena,
+        CheckedAlignUp(std::max(s.plan.arena_bytes, s.config.shape_arena_bytes), kPlanAlignment,
+                       ErrorCode::kProfileTooLarge, "the shape-input arena"));
+    for (const ShapeInputValues& sv : s.config.profile.shape_values) {
+      const Value* in = s.graph().FindValue(sv.input);
+      const int64_t bytes = static_cast<int64_t>(sv.values.size() * SizeOf(in->dtype()));
+      KILN_ASSIGN_OR_RETURN(int64_t aligned,
+                            CheckedAlignUp(bytes, kPlanAlignment, ErrorCode::kProfileTooLarge,
+                                           "the shape-input arena"));
+      KILN_ASSIGN_OR_RETURN(arena, CheckedTotalBytes(arena, aligned, ErrorCode::kProfileTooLarge,
+                                                     "the shape-input arena"));
+    }
+    s.plan.shape_arena_bytes = arena;
+    KILN_ASSIGN_OR_RETURN(int64_t with_arena,
+                          CheckedTotalBytes(s.plan.weights_bytes, s.plan.shape_arena_bytes,
+                                            ErrorCode::kProfileTooLarge, "the plan's peak"));
+    KILN_ASSIGN_OR_RETURN(s.plan.peak_bytes,
+                          CheckedTotalBytes(with_arena, s.plan.workspace_bytes,
+                                            ErrorCode::kProfileTooLarge, "the plan's peak"));
+  }
   if (s.budget) KILN_RETURN_IF_ERROR(CheckBudget(s.plan, *s.budget));
   s.rep.phase_seconds_plan = Seconds(plan_start);
   return OkStatus();

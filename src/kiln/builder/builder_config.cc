@@ -82,6 +82,35 @@ std::string MemoryBudget::ToString() const {
   return "unlimited";
 }
 
+Status ParseShapeValuesSpec(const std::string& spec, OptimizationProfile* profile) {
+  const size_t colon = spec.rfind(':');
+  auto bad = [&] {
+    return MakeError(
+        ErrorCode::kInvalidProfile,
+        "--shape-values '{}' needs the form NAME:V1,V2,... (integers, e.g. shape:2,-1)", spec);
+  };
+  if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size()) return bad();
+  ShapeInputValues v;
+  v.input = spec.substr(0, colon);
+  std::string_view rest(spec);
+  rest.remove_prefix(colon + 1);
+  while (true) {
+    const size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    int64_t x = 0;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), x);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size()) return bad();
+    v.values.push_back(x);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  if (profile->FindShapeValues(v.input)) {
+    return MakeError(ErrorCode::kInvalidProfile, "--shape-values gives '{}' twice", v.input);
+  }
+  profile->shape_values.push_back(std::move(v));
+  return OkStatus();
+}
+
 Status ParseProfileSpec(const std::string& spec, OptimizationProfile* profile) {
   size_t colon = spec.rfind(':');
   if (colon == std::string::npos || colon == 0) {
@@ -203,6 +232,12 @@ Hash128 BuilderConfig::Hash() const {
       for (int64_t d : *v) h.Field(d);
     }
   }
+  // Only when given, so that other configs keep their hashes.
+  for (const auto& v : profile.shape_values) {
+    h.Field("shape-values").Field(v.input).Field(static_cast<int64_t>(v.values.size()));
+    for (int64_t x : v.values) h.Field(x);
+  }
+  if (shape_arena_bytes > 0) h.Field("shape-arena").Field(shape_arena_bytes);
   h.Field(memory_budget.ToString());
   h.Field(max_kernel_time_ms ? static_cast<int64_t>(*max_kernel_time_ms * 1e6) : -1);
   h.Field("calibration").Field(calibration_dir).Field(precision::ToString(calibration_method));

@@ -63,7 +63,13 @@ struct BuilderConfig {
   // INT8 layers fall back to FP16, most sensitive first, until the estimated relative L2 error
   // against FP32 on the calibration data is within this (+inf: none falls back).
   double int8_tolerance = precision::kDefaultInt8Tolerance;
+  // The profile; its shape_values name shape inputs and the values to build for (an input no
+  // shape rule reads is not a shape input: its values are dropped from the engine's profile).
   OptimizationProfile profile;
+  // Engines with shape inputs: the activation arena a context allocates and re-plans in for
+  // other values (at least the plan's arena for the build's values; 0: just that). Part of the
+  // peak checked against the memory budget.
+  int64_t shape_arena_bytes = 0;
   MemoryBudget memory_budget;
   // Bounded build: at the deadline the best engine so far is kept (never an error).
   std::optional<std::chrono::milliseconds> deadline;
@@ -92,6 +98,8 @@ struct BuilderConfig {
   Hash128 Hash() const;
 };
 
+// Parses "shape:2,-1" (a shape input and the values to build for) into `profile`.
+Status ParseShapeValuesSpec(const std::string& spec, OptimizationProfile* profile);
 // Parses "input:1x3x224x224,8x3x224x224,32x3x224x224" (min,opt,max) into `profile`.
 Status ParseProfileSpec(const std::string& spec, OptimizationProfile* profile);
 // Parses --calib-method: "minmax", "entropy", "percentile" or "percentile=P" (P overrides

@@ -334,15 +334,21 @@ StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
     profiles.push_back(fb::CreateInputProfile(b, name, mn, op, mx));
   }
   auto profile_vec = b.CreateVector(profiles);
+  std::vector<flatbuffers::Offset<fb::ShapeInputValues>> shape_values;
+  for (const ShapeInputValues& v : engine.profile.shape_values) {
+    auto name = b.CreateString(v.input);
+    shape_values.push_back(fb::CreateShapeInputValues(b, name, b.CreateVector(v.values)));
+  }
+  auto shape_values_vec = shape_values.empty() ? 0 : b.CreateVector(shape_values);
 
   std::vector<flatbuffers::Offset<fb::PlanOffset>> offsets;
   for (const auto& [name, offset] : engine.plan.offsets) {  // std::map: sorted
     offsets.push_back(fb::CreatePlanOffset(b, b.CreateString(name), offset));
   }
   auto offset_vec = b.CreateVector(offsets);
-  auto plan =
-      fb::CreateMemoryPlan(b, offset_vec, engine.plan.arena_bytes, engine.plan.workspace_bytes,
-                           engine.plan.weights_bytes, engine.plan.peak_bytes);
+  auto plan = fb::CreateMemoryPlan(b, offset_vec, engine.plan.arena_bytes,
+                                   engine.plan.workspace_bytes, engine.plan.weights_bytes,
+                                   engine.plan.peak_bytes, engine.plan.shape_arena_bytes);
 
   const EngineHeader& h = engine.header;
   auto header =
@@ -355,8 +361,8 @@ StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
   if (engine.weight_program.recorded) {
     KILN_ASSIGN_OR_RETURN(program, WriteWeightProgram(b, engine.weight_program, graph, index_of));
   }
-  auto root =
-      fb::CreateEngine(b, header, graph_desc, layer_vec, profile_vec, plan, report, program);
+  auto root = fb::CreateEngine(b, header, graph_desc, layer_vec, profile_vec, plan, report, program,
+                               shape_values_vec);
   fb::FinishEngineBuffer(b, root);
 
   const uint64_t fb_bytes = b.GetSize();
@@ -1093,6 +1099,25 @@ StatusOr<OptimizationProfile> ReadProfile(const fb::Engine& e, const Graph& grap
       profile.inputs.push_back(std::move(ip));
     }
   }
+  if (e.shape_values()) {
+    for (size_t k = 0; k < e.shape_values()->size(); ++k) {
+      const fb::ShapeInputValues* p = e.shape_values()->Get(k);
+      ShapeInputValues sv{Str(p->input()), Vec(p->values())};
+      const Value* in = graph.FindValue(sv.input);
+      if (!in || !in->is_graph_input() || profile.FindShapeValues(sv.input)) {
+        return Malformed("shape_values[{}]: '{}' is not a graph input or is listed twice", k,
+                         sv.input);
+      }
+      auto dims = StaticDims(in->shape());
+      if (!dims || !IsInteger(in->dtype()) ||
+          NumElements(*dims) != static_cast<int64_t>(sv.values.size())) {
+        return Malformed("shape_values[{}] ('{}'): {} values for an input of type {} and shape {}",
+                         k, sv.input, sv.values.size(), ToString(in->dtype()),
+                         ToString(in->shape()));
+      }
+      profile.shape_values.push_back(std::move(sv));
+    }
+  }
   for (const Value* in : graph.inputs()) {
     if (!IsStatic(in->shape()) && !profile.Find(in->name())) {
       return Malformed("graph input '{}' has dynamic shape {} but no profile", in->name(),
@@ -1111,8 +1136,9 @@ StatusOr<MemoryPlan> ReadMemoryPlan(const fb::Engine& e, const Graph& graph) {
     plan.workspace_bytes = p->workspace_bytes();
     plan.weights_bytes = p->weights_bytes();
     plan.peak_bytes = p->peak_bytes();
+    plan.shape_arena_bytes = p->shape_arena_bytes();
     if (plan.arena_bytes < 0 || plan.workspace_bytes < 0 || plan.weights_bytes < 0 ||
-        plan.peak_bytes < 0) {
+        plan.peak_bytes < 0 || plan.shape_arena_bytes < 0) {
       return Malformed("plan: a byte count is negative");
     }
     if (p->offsets()) {

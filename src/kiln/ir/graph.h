@@ -53,6 +53,19 @@ class Value {
   bool is_graph_input() const { return is_graph_input_; }
   bool is_graph_output() const { return is_graph_output_; }
 
+  // A shape input (an integer graph input that feeds a shape operand: Reshape's shape, Slice's
+  // starts...): the values the engine is specialized for. Shape rules read them as they read a
+  // constant's; nothing folds them, since the caller gives other values at run time.
+  const Tensor* shape_input_values() const {
+    return shape_input_values_ ? &*shape_input_values_ : nullptr;
+  }
+  void set_shape_input_values(std::optional<Tensor> t) { shape_input_values_ = std::move(t); }
+  // Set by shape inference: the shape or contents follow from a shape input's values, so they
+  // hold for the build's values only. A rewrite that decides by such a shape (a Reshape to the
+  // same shape is an identity) would bake those values in; passes leave these values alone.
+  bool value_dependent() const { return value_dependent_; }
+  void set_value_dependent(bool on) { value_dependent_ = on; }
+
  private:
   friend class Graph;
   std::string name_;
@@ -64,6 +77,8 @@ class Value {
   std::vector<Node*> consumers_;
   std::optional<Tensor> constant_;
   std::shared_ptr<const WeightExpr> provenance_;
+  std::optional<Tensor> shape_input_values_;
+  bool value_dependent_ = false;
   bool is_graph_input_ = false;
   bool is_graph_output_ = false;
   bool referenced_ = false;  // scratch for Graph::Compact

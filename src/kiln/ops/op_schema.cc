@@ -33,15 +33,35 @@ const OpSchema* FindOpSchema(std::string_view op_type) {
   return it == index->end() ? nullptr : it->second;
 }
 
+ValueInfo InfoOf(const Value& v) {
+  ValueInfo vi;
+  vi.dtype = v.dtype();
+  vi.shape = v.shape();
+  vi.constant = v.constant();
+  vi.shape_input_values = v.shape_input_values();
+  return vi;
+}
+
+const Tensor* InferenceContext::input_constant(size_t i) const {
+  if (!has_input(i)) return nullptr;
+  const ValueInfo& v = *inputs_[i];
+  if (v.constant) return v.constant;
+  if (v.shape_input_values && i < 64) shape_values_read_ |= uint64_t{1} << i;
+  return v.shape_input_values;
+}
+
 std::optional<std::vector<Dim>> InferenceContext::input_dims_value(size_t i) const {
   if (!has_input(i)) return std::nullopt;
   const ValueInfo& v = *inputs_[i];
-  if (v.dims_value) return v.dims_value;
-  if (v.constant &&
-      (v.constant->dtype() == DataType::kInt64 || v.constant->dtype() == DataType::kInt32) &&
-      v.constant->dims().size() <= 1) {
+  if (v.dims_value) {
+    if (v.value_dependent && i < 64) shape_values_read_ |= uint64_t{1} << i;
+    return v.dims_value;
+  }
+  const Tensor* c = input_constant(i);
+  if (c && (c->dtype() == DataType::kInt64 || c->dtype() == DataType::kInt32) &&
+      c->dims().size() <= 1) {
     std::vector<Dim> out;
-    for (int64_t x : v.constant->ToInt64Vector()) out.push_back(x);
+    for (int64_t x : c->ToInt64Vector()) out.push_back(x);
     return out;
   }
   // An integer vector of static length 0 has known contents whether or not it is a constant
@@ -53,8 +73,8 @@ std::optional<std::vector<Dim>> InferenceContext::input_dims_value(size_t i) con
 }
 
 std::optional<std::vector<int64_t>> InferenceContext::input_ints(size_t i) const {
-  if (has_input(i) && inputs_[i]->constant && IsInteger(inputs_[i]->constant->dtype())) {
-    return inputs_[i]->constant->ToInt64Vector();
+  if (const Tensor* c = input_constant(i); c && IsInteger(c->dtype())) {
+    return c->ToInt64Vector();
   }
   auto dims = input_dims_value(i);
   if (!dims) return std::nullopt;
@@ -89,7 +109,7 @@ Status CheckOutputSizes(const Node& node, std::span<const ValueInfo> outputs) {
 }  // namespace
 
 Status InferNode(const Node& node, std::span<const ValueInfo* const> inputs,
-                 std::span<ValueInfo> outputs) {
+                 std::span<ValueInfo> outputs, uint64_t* shape_values_read) {
   const OpSchema* schema = FindOpSchema(node.op_type());
   if (!schema) {
     return MakeError(ErrorCode::kUnsupportedOps, "node '{}': op '{}' is not supported", node.name(),
@@ -117,6 +137,14 @@ Status InferNode(const Node& node, std::span<const ValueInfo* const> inputs,
   }
   InferenceContext ctx(node, inputs, outputs);
   KILN_RETURN_IF_ERROR(schema->infer(ctx));
+  if (shape_values_read) *shape_values_read = ctx.shape_values_read();
+  // Whatever a node computes from a shape input's values holds for those values only.
+  const bool dependent = std::any_of(inputs.begin(), inputs.end(), [](const ValueInfo* in) {
+    return in && (in->value_dependent || in->shape_input_values);
+  });
+  if (dependent) {
+    for (ValueInfo& out : outputs) out.value_dependent = true;
+  }
   return CheckOutputSizes(node, outputs);
 }
 
@@ -129,6 +157,7 @@ constexpr int64_t kMaxFoldedShapeElements = 4096;
 // is static (rank 0 or 1, as dims-values are). Null when unknown.
 const Tensor* KnownInput(const ValueInfo& vi, std::vector<Tensor>& storage) {
   if (vi.constant) return vi.constant;
+  if (vi.value_dependent) return nullptr;  // known for the build's shape input values only
   if (!vi.dims_value || (vi.dtype != DataType::kInt64 && vi.dtype != DataType::kInt32)) {
     return nullptr;
   }
@@ -178,18 +207,23 @@ StatusOr<ShapeInferenceResult> InferShapesImpl(Graph& graph, const ShapeEvaluato
     if (!v) return nullptr;
     auto it = info.find(v);
     if (it != info.end()) return &it->second;
-    ValueInfo vi;
-    vi.dtype = v->dtype();
-    vi.shape = v->shape();
-    vi.constant = v->constant();
-    return &info.emplace(v, std::move(vi)).first->second;
+    return &info.emplace(v, InfoOf(*v)).first->second;
   };
   for (Node* node : order) {
     std::vector<const ValueInfo*> ins;
     for (Value* v : node->inputs()) ins.push_back(info_of(v));
     std::vector<ValueInfo> outs(node->num_outputs());
-    KILN_RETURN_IF_ERROR(InferNode(*node, ins, outs));
+    uint64_t read = 0;
+    KILN_RETURN_IF_ERROR(InferNode(*node, ins, outs, &read));
     node->clear_shape_dirty();
+    for (size_t i = 0; read && i < node->num_inputs() && i < 64; ++i) {
+      const Value* in = node->input(i);
+      if ((read >> i & 1) && in && in->shape_input_values() &&
+          std::find(result.shape_inputs_read.begin(), result.shape_inputs_read.end(), in) ==
+              result.shape_inputs_read.end()) {
+        result.shape_inputs_read.push_back(in);
+      }
+    }
     std::optional<std::vector<Tensor>> folded;
     // Provenance of folded outputs: literals when their dims-values were static, else the step.
     std::vector<WeightExprPtr> provenance;
@@ -240,7 +274,11 @@ StatusOr<ShapeInferenceResult> InferShapesImpl(Graph& graph, const ShapeEvaluato
         outs[i].constant = v->constant();
         outs[i].dims_value.reset();
       }
-      if (outs[i].dims_value) result.dims_values[v] = *outs[i].dims_value;
+      v->set_value_dependent(outs[i].value_dependent);
+      // Passes read dims-values as facts of the graph; these hold for one specialization only.
+      if (outs[i].dims_value && !outs[i].value_dependent) {
+        result.dims_values[v] = *outs[i].dims_value;
+      }
       info[v] = std::move(outs[i]);
     }
   }
@@ -282,9 +320,8 @@ Status InferNewShapes(Graph& graph,
       Value* v = node->input(i);
       if (!v) continue;
       ValueInfo& vi = in_infos[i];
-      vi.dtype = v->dtype();
-      vi.shape = v->shape();
-      vi.constant = v->constant();
+      vi = InfoOf(*v);
+      vi.value_dependent = v->value_dependent();
       if (auto it = dims_values.find(v); it != dims_values.end()) vi.dims_value = it->second;
       ins[i] = &vi;
     }
@@ -294,6 +331,8 @@ Status InferNewShapes(Graph& graph,
     for (size_t i = 0; i < outs.size(); ++i) {
       Value* v = node->output(i);
       if (!v) continue;
+      v->set_value_dependent(outs[i].value_dependent);
+      if (outs[i].value_dependent) outs[i].dims_value.reset();  // as InferShapes: not a fact
       auto old = dims_values.find(v);
       bool same =
           v->has_shape() && v->dtype() == outs[i].dtype && v->shape() == outs[i].shape &&

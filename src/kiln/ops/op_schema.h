@@ -30,7 +30,17 @@ struct ValueInfo {
   // The value's contents when it is a small integer tensor whose elements are known as dims
   // (the output of Shape and of arithmetic on it). Rank 0 or 1.
   std::optional<std::vector<Dim>> dims_value;
+  // A shape input's values (Value::shape_input_values): rules read them like a constant's, but
+  // they hold for one specialization only, so nothing folds them.
+  const Tensor* shape_input_values = nullptr;
+  // The shape, dims-value or contents follow from a shape input's values (InferNode sets it on
+  // every output of a node with such an input).
+  bool value_dependent = false;
 };
+
+// What inference knows of `v` before its producer is inferred: dtype, shape, constant and shape
+// input values (the starting point of every inference sweep).
+ValueInfo InfoOf(const Value& v);
 
 class InferenceContext {
  public:
@@ -46,9 +56,9 @@ class InferenceContext {
   const ValueInfo& input(size_t i) const { return *inputs_[i]; }
   DataType input_type(size_t i) const { return inputs_[i]->dtype; }
   const Shape& input_shape(size_t i) const { return inputs_[i]->shape; }
-  const Tensor* input_constant(size_t i) const {
-    return has_input(i) ? inputs_[i]->constant : nullptr;
-  }
+  // The contents of input i when known at inference: a constant or a shape input's values (the
+  // latter recorded in shape_values_read()).
+  const Tensor* input_constant(size_t i) const;
   // The elements of input i as dims when known (a constant integer tensor or a propagated shape
   // value); nullopt otherwise.
   std::optional<std::vector<Dim>> input_dims_value(size_t i) const;
@@ -64,6 +74,10 @@ class InferenceContext {
     outputs_[i].dims_value = std::move(value);
   }
 
+  // Bit i: the rule read input i's shape input values (directly or as a dims-value), i.e. the
+  // input feeds a shape operand. Inputs past 63 are not recorded.
+  uint64_t shape_values_read() const { return shape_values_read_; }
+
   // An error that names the node: "node 'conv1' (Conv): <message>".
   template <typename... Args>
   Status Error(ErrorCode code, fmt::format_string<Args...> format, Args&&... args) const {
@@ -75,6 +89,7 @@ class InferenceContext {
   const Node& node_;
   std::span<const ValueInfo* const> inputs_;
   std::span<ValueInfo> outputs_;
+  mutable uint64_t shape_values_read_ = 0;
 };
 
 using InferFn = Status (*)(InferenceContext&);
@@ -92,14 +107,19 @@ const OpSchema* FindOpSchema(std::string_view op_type);
 const OpSchema& GetOpSchema(OpType type);
 std::span<const OpSchema> AllOpSchemas();
 
-// Applies one node's rule (checks arity first).
+// Applies one node's rule (checks arity first). Outputs are value_dependent when an input is
+// (or is a shape input). `shape_values_read`, when given, receives the rule's
+// InferenceContext::shape_values_read().
 Status InferNode(const Node& node, std::span<const ValueInfo* const> inputs,
-                 std::span<ValueInfo> outputs);
+                 std::span<ValueInfo> outputs, uint64_t* shape_values_read = nullptr);
 
 // Infers dtypes and shapes of every value in topological order and stores them on the values
 // (and the known dims-values in the returned table). Errors name the node.
 struct ShapeInferenceResult {
   std::unordered_map<const Value*, std::vector<Dim>> dims_values;
+  // Graph inputs with shape_input_values whose values some rule read (they feed a shape
+  // operand), in first-read order.
+  std::vector<const Value*> shape_inputs_read;
 };
 StatusOr<ShapeInferenceResult> InferShapes(Graph& graph);
 

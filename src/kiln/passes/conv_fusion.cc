@@ -40,7 +40,8 @@ bool ChannelBias(const Node& add) {
   Value* x = bias == b ? a : b;
   Value* out = add.output(0);
   if (!bias->is_constant() || x->is_constant() || !x->has_shape() || !out->has_shape() ||
-      !(x->shape() == out->shape()) || x->shape().size() < 3 || bias->dtype() != x->dtype()) {
+      !(x->shape() == out->shape()) || x->value_dependent() || x->shape().size() < 3 ||
+      bias->dtype() != x->dtype()) {
     return false;
   }
   const auto& dims = bias->constant()->dims();
@@ -58,7 +59,8 @@ bool SameShapeResidual(const Node& add) {
   Value* b = add.input(1);
   Value* out = add.output(0);
   return a && b && a != b && a->has_shape() && b->has_shape() && out->has_shape() &&
-         a->shape() == out->shape() && b->shape() == out->shape() && a->dtype() == b->dtype();
+         !a->value_dependent() && !b->value_dependent() && a->shape() == out->shape() &&
+         b->shape() == out->shape() && a->dtype() == b->dtype();
 }
 
 Pattern ConvPattern() {

@@ -35,7 +35,8 @@ bool LastAxisBias(const Node& add) {
   Value* x = bias == b ? a : b;
   Value* out = add.output(0);
   if (!bias->is_constant() || x->is_constant() || !x->has_shape() || !out->has_shape() ||
-      !(x->shape() == out->shape()) || x->shape().empty() || bias->dtype() != x->dtype()) {
+      !(x->shape() == out->shape()) || x->value_dependent() || x->shape().empty() ||
+      bias->dtype() != x->dtype()) {
     return false;
   }
   const auto& dims = bias->constant()->dims();

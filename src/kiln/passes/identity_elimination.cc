@@ -10,8 +10,10 @@
 namespace kiln::passes {
 namespace {
 
+// Shapes that follow from a shape input's values are equal for the build's values only.
 bool SameShape(const Value* a, const Value* b) {
-  return a && b && a->has_shape() && b->has_shape() && a->shape() == b->shape();
+  return a && b && a->has_shape() && b->has_shape() && !a->value_dependent() &&
+         !b->value_dependent() && a->shape() == b->shape();
 }
 
 bool IsNoOp(const Node& n) {

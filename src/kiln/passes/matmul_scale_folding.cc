@@ -94,7 +94,8 @@ class MatMulScaleFoldingPass final : public Pass {
     Value* y = gamma == b ? a : b;
     Value* out = mul->output(0);
     if (!gamma->is_constant() || y->is_constant() || !y->has_shape() || !out->has_shape() ||
-        !(y->shape() == out->shape()) || y->shape().empty() || !y->shape().back().is_static()) {
+        !(y->shape() == out->shape()) || y->value_dependent() || y->shape().empty() ||
+        !y->shape().back().is_static()) {
       return;
     }
     Node* m = y->producer();

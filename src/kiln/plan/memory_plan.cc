@@ -164,7 +164,66 @@ int64_t ChooseOffset(const PlannedBuffer& b, const std::vector<PlannedBuffer>& p
   }
   return best >= 0 ? best : cursor;
 }
+
+// A buffer's name for tie-breaks; buffers without a value keep their input order.
+const std::string& NameOf(const PlannedBuffer& b) {
+  static const std::string kNone;
+  return b.value ? b.value->name() : kNone;
+}
 }  // namespace
+
+int64_t PlaceBuffers(std::span<PlannedBuffer> buffers) {
+  // Greedy placement in a few orders, keeping the smallest arena (the first order on ties, so
+  // plans only change where another order does better). Largest first packs most graphs well;
+  // the others help where aliased views made some buffers live long (a ViT's patch reshape).
+  using Order = bool (*)(const PlannedBuffer&, const PlannedBuffer&);
+  static constexpr Order kOrders[] = {
+      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // largest first
+        if (a.bytes != b.bytes) return a.bytes > b.bytes;
+        if (a.first != b.first) return a.first < b.first;
+        return NameOf(a) < NameOf(b);
+      },
+      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // longest-lived first
+        if (a.last - a.first != b.last - b.first) return a.last - a.first > b.last - b.first;
+        if (a.bytes != b.bytes) return a.bytes > b.bytes;
+        return NameOf(a) < NameOf(b);
+      },
+      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // most bytes x layers first
+        const int64_t ea = SatMul(a.bytes, a.last - a.first + 1),
+                      eb = SatMul(b.bytes, b.last - b.first + 1);
+        if (ea != eb) return ea > eb;
+        if (a.first != b.first) return a.first < b.first;
+        return NameOf(a) < NameOf(b);
+      },
+  };
+  // Sorted by index so that each order's placement can be written back in input order.
+  std::vector<size_t> index(buffers.size());
+  std::vector<int64_t> best_offsets;
+  int64_t best_arena = 0;
+  std::vector<PlannedBuffer> trial;
+  trial.reserve(buffers.size());
+  for (Order order : kOrders) {
+    for (size_t i = 0; i < index.size(); ++i) index[i] = i;
+    std::stable_sort(index.begin(), index.end(),
+                     [&](size_t a, size_t b) { return order(buffers[a], buffers[b]); });
+    trial.clear();
+    std::vector<int64_t> offsets(buffers.size());
+    int64_t arena = 0;
+    for (size_t i : index) {
+      PlannedBuffer b = buffers[i];
+      b.offset = ChooseOffset(b, trial);
+      offsets[i] = b.offset;
+      arena = std::max(arena, b.offset + b.bytes);
+      trial.push_back(b);
+    }
+    if (order == kOrders[0] || arena < best_arena) {
+      best_arena = arena;
+      best_offsets = std::move(offsets);
+    }
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].offset = best_offsets[i];
+  return best_arena;
+}
 
 StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<const PlanLayer> layers,
                                               const OptimizationProfile& profile) {
@@ -239,48 +298,9 @@ StatusOr<MemoryPlanDetail> PlanMemoryDetailed(const Graph& graph, std::span<cons
                                             "the activations at the profile's max shapes"));
   }
 
-  // Greedy placement in a few orders, keeping the smallest arena (the first order on ties, so
-  // plans only change where another order does better). Largest first packs most graphs well;
-  // the others help where aliased views made some buffers live long (a ViT's patch reshape).
-  using Order = bool (*)(const PlannedBuffer&, const PlannedBuffer&);
-  static constexpr Order kOrders[] = {
-      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // largest first
-        if (a.bytes != b.bytes) return a.bytes > b.bytes;
-        if (a.first != b.first) return a.first < b.first;
-        return a.value->name() < b.value->name();
-      },
-      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // longest-lived first
-        if (a.last - a.first != b.last - b.first) return a.last - a.first > b.last - b.first;
-        if (a.bytes != b.bytes) return a.bytes > b.bytes;
-        return a.value->name() < b.value->name();
-      },
-      [](const PlannedBuffer& a, const PlannedBuffer& b) {  // most bytes x layers first
-        const int64_t ea = SatMul(a.bytes, a.last - a.first + 1),
-                      eb = SatMul(b.bytes, b.last - b.first + 1);
-        if (ea != eb) return ea > eb;
-        if (a.first != b.first) return a.first < b.first;
-        return a.value->name() < b.value->name();
-      },
-  };
-  std::vector<PlannedBuffer> placed;
-  for (Order order : kOrders) {
-    std::vector<PlannedBuffer> sorted = buffers;
-    std::stable_sort(sorted.begin(), sorted.end(), order);
-    std::vector<PlannedBuffer> trial;
-    trial.reserve(sorted.size());
-    int64_t arena = 0;
-    for (PlannedBuffer b : sorted) {
-      b.offset = ChooseOffset(b, trial);
-      arena = std::max(arena, b.offset + b.bytes);
-      trial.push_back(b);
-    }
-    if (order == kOrders[0] || arena < plan.arena_bytes) {
-      plan.arena_bytes = arena;
-      placed = std::move(trial);
-    }
-  }
-  for (const PlannedBuffer& b : placed) plan.offsets[b.value->name()] = b.offset;
-  detail.buffers = std::move(placed);
+  plan.arena_bytes = PlaceBuffers(buffers);
+  for (const PlannedBuffer& b : buffers) plan.offsets[b.value->name()] = b.offset;
+  detail.buffers = std::move(buffers);
   for (const auto& [alias, root] : detail.aliases) plan.offsets[alias] = plan.offsets.at(root);
   KILN_ASSIGN_OR_RETURN(plan.weights_bytes, WeightsBytes(graph));
   KILN_ASSIGN_OR_RETURN(int64_t with_arena,

@@ -30,7 +30,11 @@ struct MemoryPlan {
   int64_t arena_bytes = 0;                 // activations after liveness reuse
   int64_t workspace_bytes = 0;             // largest layer workspace (one shared region)
   int64_t weights_bytes = 0;
-  int64_t peak_bytes = 0;  // weights + arena + workspace
+  int64_t peak_bytes = 0;  // weights + max(arena, shape_arena) + workspace
+  // Engines with shape inputs: the arena a context allocates (at least arena_bytes), in which it
+  // re-plans the activations when a shape input's values need more than the plan above gives
+  // them. 0 otherwise.
+  int64_t shape_arena_bytes = 0;
 };
 
 // One layer as the planner sees it: the node it runs, its tactic's workspace estimate, and
@@ -64,7 +68,7 @@ struct PlannedBuffer {
 
 struct MemoryPlanDetail {
   MemoryPlan plan;
-  std::vector<PlannedBuffer> buffers;  // in the placement order that was kept
+  std::vector<PlannedBuffer> buffers;  // in the order layers produce them
   // View outputs that share a buffer: value name -> the chain's root (the arena value whose
   // buffer it is). plan.offsets gives both the same offset; the root's buffer stays live until
   // the last reader of any value in the chain. A view keeps its copy (and is absent here) when
@@ -109,6 +113,13 @@ StatusOr<MemoryPlan> PlanMemory(const Graph& graph, std::span<const PlanLayer> l
                                 const OptimizationProfile& profile);
 // The peak without any reuse (every buffer its own bytes), for the build report's comparison.
 int64_t NaivePeak(const MemoryPlanDetail& detail);
+
+// Places buffers of known bytes and lifetimes (first/last set, offsets ignored) in one arena, as
+// PlanMemoryDetailed does: best fit over a few orders, the smallest arena kept. Sets each
+// buffer's offset (in place, the input order kept) and returns the arena's bytes. Buffers need
+// no value (the runtime re-plans slots of an engine, docs/architecture.md "Shape inputs"); ties
+// between orders then fall to the input order.
+int64_t PlaceBuffers(std::span<PlannedBuffer> buffers);
 
 // KILN-E3002 with the required and available bytes when plan.peak_bytes > budget_bytes.
 Status CheckBudget(const MemoryPlan& plan, int64_t budget_bytes);

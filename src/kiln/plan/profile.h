@@ -15,11 +15,27 @@ struct InputProfile {
   std::vector<int64_t> min, opt, max;
 };
 
+// The values of a shape input (an integer input that feeds a shape operand: Reshape's shape,
+// Slice's starts, Tile's repeats...), as TensorRT's setShapeValues: the engine's shapes, memory
+// plan and tactics are made for them; other values at run time re-specialize the context
+// (docs/architecture.md, "Shape inputs"). Row-major elements of the input's static shape.
+struct ShapeInputValues {
+  std::string input;
+  std::vector<int64_t> values;
+};
+
 struct OptimizationProfile {
   std::vector<InputProfile> inputs;
+  std::vector<ShapeInputValues> shape_values;
   const InputProfile* Find(const std::string& input) const {
     for (const auto& p : inputs) {
       if (p.input == input) return &p;
+    }
+    return nullptr;
+  }
+  const ShapeInputValues* FindShapeValues(const std::string& input) const {
+    for (const auto& v : shape_values) {
+      if (v.input == input) return &v;
     }
     return nullptr;
   }

@@ -50,12 +50,15 @@ Status Engine::Build() {
                                         fmt::format("engine input '{}'", v->name())));
     binding_of_[v->name()] = static_cast<int>(bindings_.size());
     bindings_.push_back({v->name(), true, -1, v->dtype()});
-    TensorDesc d{v->name(), v->dtype(), v->shape(), std::nullopt};
+    TensorDesc d{v->name(), v->dtype(), v->shape(), std::nullopt, std::nullopt};
     if (const InputProfile* p = desc_->profile.Find(v->name())) d.profile = *p;
+    if (const ShapeInputValues* sv = desc_->profile.FindShapeValues(v->name())) {
+      d.shape_values = sv->values;
+    }
     inputs_.push_back(std::move(d));
   }
   for (const Value* v : graph.outputs()) {
-    outputs_.push_back({v->name(), v->dtype(), v->shape(), std::nullopt});
+    outputs_.push_back({v->name(), v->dtype(), v->shape(), std::nullopt, std::nullopt});
     if (binding_of_.count(v->name())) continue;  // an input passed through: one tensor, one name
     binding_of_[v->name()] = static_cast<int>(bindings_.size());
     bindings_.push_back({v->name(), false, -1, v->dtype()});
@@ -152,6 +155,8 @@ Status Engine::Build() {
     }
   }
 
+  KILN_RETURN_IF_ERROR(BuildShapeInputs(&shape_device_bytes_));
+
   // Weights: borrowed where the backend reads host memory, else uploaded once for all contexts.
   weights_bytes_ = static_cast<int64_t>(device_weight_bytes);
   // Checked sums: the plan's figures come from a file and must not wrap past the comparison.
@@ -162,6 +167,16 @@ Status Engine::Build() {
         CheckedTotalBytes(*needed, plan.workspace_bytes, ErrorCode::kEngineMalformed, "the plan");
   }
   if (!needed.ok()) return needed.status();
+  if (has_shape_inputs() && plan.shape_arena_bytes > arena_bytes_) {
+    // The arena contexts allocate for shape inputs replaces the plan's in the peak.
+    needed = CheckedTotalBytes(weights_bytes_, plan.shape_arena_bytes, ErrorCode::kEngineMalformed,
+                               "the plan");
+    if (needed.ok()) {
+      needed =
+          CheckedTotalBytes(*needed, plan.workspace_bytes, ErrorCode::kEngineMalformed, "the plan");
+    }
+  }
+  if (!needed.ok()) return needed.status();
   if (plan.peak_bytes < *needed) {
     return MakeError(ErrorCode::kEngineMalformed,
                      "the plan's peak ({} bytes) is less than its weights {} + arena {} + "
@@ -169,12 +184,77 @@ Status Engine::Build() {
                      plan.peak_bytes, weights_bytes_, arena_bytes_, plan.workspace_bytes);
   }
   workspace_bytes_ = plan.workspace_bytes;
+  if (has_shape_inputs()) arena_bytes_ = std::max(arena_bytes_, plan.shape_arena_bytes);
   if (auto info = backend_->Info(); info.ok()) device_total_memory_ = info->total_memory;
   std::vector<Tensor> tensors(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].storage == Storage::kConstant) tensors[i] = *slots_[i].value->constant();
   }
   KILN_ASSIGN_OR_RETURN(weights_, MakeWeightSet(std::move(tensors), 0));
+  return OkStatus();
+}
+
+// Shape inputs: their slots and build values; which slots and layers follow from their values;
+// and every arena buffer's lifetime, for contexts that re-plan the arena for other values.
+Status Engine::BuildShapeInputs(int64_t* device_bytes) {
+  *device_bytes = 0;
+  for (const ShapeInputValues& sv : desc_->profile.shape_values) {
+    auto b = binding_of_.find(sv.input);
+    if (b == binding_of_.end() || !bindings_[b->second].is_input) {
+      return MakeError(ErrorCode::kEngineMalformed, "shape values for '{}', not an engine input",
+                       sv.input);
+    }
+    ShapeInput in;
+    in.binding = b->second;
+    in.slot = bindings_[in.binding].slot;
+    const Value* v = slots_[in.slot].value;
+    auto dims = StaticDims(v->shape());
+    if (!dims || !IsInteger(v->dtype()) ||
+        NumElements(*dims) != static_cast<int64_t>(sv.values.size())) {
+      return MakeError(ErrorCode::kEngineMalformed,
+                       "shape values for '{}': {} values for type {} and shape {}", sv.input,
+                       sv.values.size(), ToString(v->dtype()), ToString(v->shape()));
+    }
+    in.build_values = Tensor::FromVector<int64_t>(DataType::kInt64, *dims, sv.values);
+    if (v->dtype() != DataType::kInt64) in.build_values = in.build_values.CastTo(v->dtype());
+    in.device_offset = *device_bytes;
+    KILN_ASSIGN_OR_RETURN(
+        int64_t bytes,
+        CheckedAlignUp(static_cast<int64_t>(in.build_values.size_bytes()), kPlanAlignment,
+                       ErrorCode::kEngineMalformed, fmt::format("shape input '{}'", sv.input)));
+    *device_bytes += bytes;
+    slots_[in.slot].shape_input = static_cast<int>(shape_inputs_.size());
+    slots_[in.slot].value_dependent = true;
+    shape_inputs_.push_back(std::move(in));
+  }
+  if (shape_inputs_.empty()) return OkStatus();
+  for (Layer& layer : layers_) {
+    for (int id : layer.inputs) layer.value_dependent |= id >= 0 && slots_[id].value_dependent;
+    for (int id : layer.outputs) {
+      if (id >= 0 && layer.value_dependent) slots_[id].value_dependent = true;
+    }
+  }
+  // Lifetimes as the planner computes them (plan/memory_plan.cc): from the producing layer to the
+  // last reader; an aliased view's output is its root's buffer.
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
+    const int at = static_cast<int>(l);
+    if (layer.view) {
+      Slot& out = slots_[layer.outputs[0]];
+      out.buffer = slots_[layer.inputs[0]].buffer;
+      if (out.buffer >= 0) arena_buffers_[out.buffer].last = at;
+      continue;
+    }
+    for (int id : layer.outputs) {
+      if (id < 0 || slots_[id].storage != Storage::kArena || slots_[id].buffer >= 0) continue;
+      slots_[id].buffer = static_cast<int>(arena_buffers_.size());
+      arena_buffers_.push_back(
+          {slots_[id].value, slots_[id].planned_bytes, at, at, slots_[id].offset});
+    }
+    for (int id : layer.inputs) {
+      if (id >= 0 && slots_[id].buffer >= 0) arena_buffers_[slots_[id].buffer].last = at;
+    }
+  }
   return OkStatus();
 }
 

@@ -27,6 +27,12 @@ int64_t ExecutionContext::allocated_bytes() const {
 }
 
 StatusOr<std::unique_ptr<Kernel>> ExecutionContext::CreateKernel(size_t l) const {
+  return CreateKernelFor(l, /*concrete=*/false);
+}
+
+// `concrete`: value-dependent operands are described by the dims they have now (the engine's
+// shapes hold for the build's shape input values only).
+StatusOr<std::unique_ptr<Kernel>> ExecutionContext::CreateKernelFor(size_t l, bool concrete) const {
   const Engine& e = *engine_;
   const Engine::Layer& layer = e.layers_[l];
   KernelRequest request;
@@ -35,11 +41,18 @@ StatusOr<std::unique_ptr<Kernel>> ExecutionContext::CreateKernel(size_t l) const
     OperandDesc d;
     if (!v) return d;
     d.dtype = v->dtype();
-    d.shape = v->shape();
-    if (auto dims = ConcreteDims(*v, e.max_bindings_); dims.ok()) d.max_dims = std::move(*dims);
+    const Engine::Slot* s = slot >= 0 ? &e.slots_[slot] : nullptr;
+    if (concrete && s && s->value_dependent) {
+      d.shape = MakeShape(dims_[slot]);
+      d.max_dims = dims_[slot];
+    } else {
+      d.shape = v->shape();
+      if (auto dims = ConcreteDims(*v, e.max_bindings_); dims.ok()) d.max_dims = std::move(*dims);
+    }
     // Weights come from this context's generation (a refit replaces them; the desc keeps the
-    // ones it was loaded with).
-    d.constant = v->constant() && slot >= 0 ? &weights_->tensors[slot] : v->constant();
+    // ones it was loaded with); a shape input's values are the ones shapes follow now.
+    d.constant = v->constant() && s ? &weights_->tensors[slot] : v->constant();
+    if (s && s->shape_input >= 0) d.constant = &shape_values_[s->shape_input];
     return d;
   };
   for (size_t i = 0; i < request.node->num_inputs(); ++i) {
@@ -60,6 +73,12 @@ StatusOr<std::unique_ptr<Kernel>> ExecutionContext::CreateKernel(size_t l) const
 Status ExecutionContext::Init() {
   const Engine& e = *engine_;
   weights_ = e.CurrentWeights();
+  // Shape inputs start at the values the engine was built for (its plan holds for them). Own
+  // storage: ReadShapeValues writes new values into it in place.
+  for (const Engine::ShapeInput& in : e.shape_inputs_) {
+    shape_values_.push_back(Tensor::FromBytes(in.build_values.dtype(), in.build_values.dims(),
+                                              in.build_values.bytes()));
+  }
 
   // Kernels: one per layer, from the stored provider and tactic; none for aliased views.
   for (size_t l = 0; l < e.layers_.size(); ++l) {
@@ -111,6 +130,30 @@ Status ExecutionContext::Init() {
     } else if (s.storage == Engine::Storage::kConstant) {
       ptrs_[i] = const_cast<void*>(weights_->data[i]);  // kernels never write their inputs
       dims_[i] = s.value->constant()->dims();
+    }
+  }
+  // Layers read a shape input from the context's copy of its values: host memory, or the end of
+  // the arena on a backend that cannot read host memory.
+  for (size_t k = 0; k < e.shape_inputs_.size(); ++k) {
+    const Engine::ShapeInput& in = e.shape_inputs_[k];
+    if (e.backend_->host_accessible()) {
+      ptrs_[in.slot] = const_cast<void*>(shape_values_[k].raw());
+    } else {
+      ptrs_[in.slot] = static_cast<std::byte*>(arena_.data()) + arena_.size() -
+                       e.shape_device_bytes_ + in.device_offset;
+    }
+  }
+  KILN_RETURN_IF_ERROR(CopyShapeValuesToDevice());
+  // The operand dims each value-dependent kernel was made for (the engine's, at first).
+  kernel_dims_.assign(e.layers_.size(), {});
+  for (size_t l = 0; l < e.layers_.size(); ++l) {
+    if (!e.layers_[l].value_dependent || e.layers_[l].view) continue;
+    for (const auto* ids : {&e.layers_[l].inputs, &e.layers_[l].outputs}) {
+      for (int id : *ids) {
+        auto dims = id >= 0 ? ConcreteDims(*e.slots_[id].value, e.max_bindings_)
+                            : StatusOr<std::vector<int64_t>>(std::vector<int64_t>{});
+        kernel_dims_[l].push_back(dims.ok() ? std::move(*dims) : std::vector<int64_t>{-1});
+      }
     }
   }
   binding_ptrs_.assign(e.bindings_.size(), nullptr);
@@ -219,6 +262,7 @@ Status ExecutionContext::SetInputShape(const std::string& name, std::span<const 
 }
 
 Status ExecutionContext::InferShapes() {
+  KILN_RETURN_IF_ERROR(ReadShapeValues());
   if (shapes_ready_) return OkStatus();
   for (size_t k = 0; k < engine_->bindings_.size(); ++k) {
     if (engine_->bindings_[k].is_input && !input_shape_set_[k]) {
@@ -265,6 +309,7 @@ Status ExecutionContext::Propagate() {
       info[i].shape = MakeShape(dims_[i]);
       info[i].constant =
           s.storage == Engine::Storage::kConstant ? &weights_->tensors[i] : s.value->constant();
+      if (s.shape_input >= 0) info[i].shape_input_values = &shape_values_[s.shape_input];
       known[i] = true;
     }
   }
@@ -291,7 +336,8 @@ Status ExecutionContext::Propagate() {
                          "in the engine",
                          node.name(), v->name(), ToString(outs[k].dtype), ToString(v->dtype()));
       }
-      if (e.slots_[id].storage == Engine::Storage::kArena) {
+      // Value-dependent buffers are checked, and re-planned when they outgrow the plan, below.
+      if (e.slots_[id].storage == Engine::Storage::kArena && !e.slots_[id].value_dependent) {
         int64_t bytes = static_cast<int64_t>(SizeOf(v->dtype()));
         for (int64_t d : *dims) {
           if (__builtin_mul_overflow(bytes, d, &bytes)) bytes = INT64_MAX;
@@ -308,6 +354,8 @@ Status ExecutionContext::Propagate() {
       known[id] = true;
     }
   }
+
+  if (e.has_shape_inputs()) KILN_RETURN_IF_ERROR(Respecialize());
 
   // Views: one flat array, spans per layer; data pointers from the slots and bindings.
   views_.clear();
@@ -363,6 +411,106 @@ Status ExecutionContext::Propagate() {
   return OkStatus();
 }
 
+Status ExecutionContext::ReadShapeValues() {
+  const Engine& e = *engine_;
+  for (size_t k = 0; k < e.shape_inputs_.size(); ++k) {
+    const void* bound = binding_ptrs_[e.shape_inputs_[k].binding];
+    Tensor& now = shape_values_[k];
+    if (!bound || std::memcmp(bound, now.raw(), now.size_bytes()) == 0) continue;
+    // In place, into the context's own storage (Init made it; the slot points at it). Kernels
+    // that kept a copy of the old values are made again by Respecialize.
+    std::memcpy(const_cast<void*>(now.raw()), bound, now.size_bytes());
+    shape_values_changed_ = true;
+    shapes_ready_ = false;
+  }
+  return OkStatus();
+}
+
+Status ExecutionContext::CopyShapeValuesToDevice() {
+  const Engine& e = *engine_;
+  if (e.backend_->host_accessible() || e.shape_inputs_.empty()) return OkStatus();
+  // Runs still in flight may read the old values.
+  KILN_RETURN_IF_ERROR(e.backend_->Synchronize(own_stream_.get()));
+  KILN_RETURN_IF_ERROR(e.backend_->Synchronize(nullptr));
+  for (size_t k = 0; k < e.shape_inputs_.size(); ++k) {
+    KILN_RETURN_IF_ERROR(e.backend_->CopyToDevice(ptrs_[e.shape_inputs_[k].slot],
+                                                  shape_values_[k].raw(),
+                                                  shape_values_[k].size_bytes(), nullptr));
+  }
+  return e.backend_->Synchronize(nullptr);
+}
+
+Status ExecutionContext::Respecialize() {
+  const Engine& e = *engine_;
+  // Arena: each buffer's bytes for the shapes inferred now.
+  std::vector<PlannedBuffer> buffers = e.arena_buffers_;
+  bool fits = true;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const int root = e.slot_of_.at(buffers[i].value);
+    int64_t bytes = static_cast<int64_t>(SizeOf(buffers[i].value->dtype()));
+    for (int64_t d : dims_[root]) {
+      if (__builtin_mul_overflow(bytes, d, &bytes)) bytes = INT64_MAX;
+    }
+    bytes = bytes > INT64_MAX - kPlanAlignment
+                ? INT64_MAX
+                : (bytes + kPlanAlignment - 1) / kPlanAlignment * kPlanAlignment;
+    fits = fits && bytes <= buffers[i].bytes;
+    buffers[i].bytes = bytes;
+  }
+  auto* arena = static_cast<std::byte*>(arena_.data());
+  if (fits && arena_replanned_) {
+    // Back within the engine's plan: its offsets again.
+    for (size_t i = 0; i < e.slots_.size(); ++i) {
+      if (e.slots_[i].storage == Engine::Storage::kArena) ptrs_[i] = arena + e.slots_[i].offset;
+    }
+    arena_replanned_ = false;
+  } else if (!fits) {
+    const int64_t limit =
+        static_cast<int64_t>(arena_.size()) - static_cast<int64_t>(e.shape_device_bytes_);
+    const int64_t need = PlaceBuffers(buffers);
+    if (need > limit) {
+      std::vector<std::string> values;
+      for (size_t k = 0; k < e.shape_inputs_.size(); ++k) {
+        values.push_back(fmt::format("'{}' = [{}]", e.bindings_[e.shape_inputs_[k].binding].name,
+                                     fmt::join(shape_values_[k].ToInt64Vector(), ",")));
+      }
+      return MakeError(ErrorCode::kShapeValuesExceedArena,
+                       "shape input values {} need {} bytes of activations; engine '{}' bounds "
+                       "them to {} bytes (its plan for the build's values needs {})",
+                       fmt::join(values, ", "), need, e.desc_->header.model_name, limit,
+                       e.desc_->plan.arena_bytes);
+    }
+    for (size_t i = 0; i < e.slots_.size(); ++i) {
+      const Engine::Slot& s = e.slots_[i];
+      if (s.storage == Engine::Storage::kArena) ptrs_[i] = arena + buffers[s.buffer].offset;
+    }
+    arena_replanned_ = true;
+    ++arena_replans_;
+  }
+  // Kernels of value-dependent layers whose operands changed (or that read new values).
+  for (size_t l = 0; l < e.layers_.size(); ++l) {
+    const Engine::Layer& layer = e.layers_[l];
+    if (!layer.value_dependent || layer.view) continue;
+    std::vector<std::vector<int64_t>> now;
+    bool reads_values = false;
+    for (const auto* ids : {&layer.inputs, &layer.outputs}) {
+      for (int id : *ids) {
+        now.push_back(id >= 0 ? dims_[id] : std::vector<int64_t>{});
+        reads_values |= id >= 0 && e.slots_[id].shape_input >= 0;
+      }
+    }
+    if (now == kernel_dims_[l] && !(reads_values && shape_values_changed_)) continue;
+    KILN_ASSIGN_OR_RETURN(kernels_[l], CreateKernelFor(l, /*concrete=*/true));
+    kernel_dims_[l] = std::move(now);
+  }
+  if (shape_values_changed_) {
+    KILN_RETURN_IF_ERROR(CopyShapeValuesToDevice());
+    shape_values_changed_ = false;
+    ++shape_specializations_;
+  }
+  return OkStatus();
+}
+
 void ExecutionContext::UpdateViewPointers(int slot) {
   for (size_t v : views_of_slot_[slot]) views_[v].data = ptrs_[slot];
 }
@@ -374,7 +522,9 @@ Status ExecutionContext::SetTensorAddress(const std::string& name, void* data) {
   }
   binding_ptrs_[b] = data;
   const Engine::Binding& binding = engine_->bindings_[b];
-  if (engine_->slots_[binding.slot].storage != Engine::Storage::kConstant) {
+  // A shape input is read (host memory) when shapes are used; layers read the context's copy.
+  if (engine_->slots_[binding.slot].storage != Engine::Storage::kConstant &&
+      engine_->slots_[binding.slot].shape_input < 0) {
     ptrs_[binding.slot] = data;
     UpdateViewPointers(binding.slot);
   }
@@ -451,7 +601,7 @@ Status ExecutionContext::Execute(void* stream) {
   if (engine_->weights_generation_.load(std::memory_order_acquire) != weights_->generation) {
     KILN_RETURN_IF_ERROR(AdoptWeights(stream));
   }
-  if (!shapes_ready_) KILN_RETURN_IF_ERROR(InferShapes());
+  KILN_RETURN_IF_ERROR(InferShapes());  // reads shape inputs' values; a no-op when unchanged
   for (size_t b = 0; b < binding_ptrs_.size(); ++b) {
     if (!binding_ptrs_[b]) {
       std::vector<std::string> unbound;

@@ -21,6 +21,7 @@
 #include "kiln/core/status.h"
 #include "kiln/engine/engine_desc.h"
 #include "kiln/engine/engine_file.h"
+#include "kiln/plan/memory_plan.h"
 
 namespace kiln {
 
@@ -43,6 +44,10 @@ struct TensorDesc {
   DataType dtype = DataType::kUndefined;
   Shape shape;                          // symbolic where the engine is dynamic
   std::optional<InputProfile> profile;  // inputs with dynamic dims
+  // A shape input (docs/architecture.md, "Shape inputs"): the values the engine was built for.
+  // Its address is host memory on every backend (as TensorRT's shape tensors); other values
+  // re-specialize the context at the next Execute.
+  std::optional<std::vector<int64_t>> shape_values;
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {
@@ -67,6 +72,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // create no kernel for them and launch nothing (no CUDA graph node either).
   bool is_view_layer(size_t layer) const { return layer < layers_.size() && layers_[layer].view; }
   size_t view_layers() const { return view_layers_; }
+  // Shape inputs (TensorDesc::shape_values) and the arena contexts re-plan in for their values.
+  bool has_shape_inputs() const { return !shape_inputs_.empty(); }
+  int64_t shape_arena_bytes() const { return has_shape_inputs() ? arena_bytes_ : 0; }
 
   // Checks `dims` for input `name` as ExecutionContext::SetInputShape does (KILN-E5005 an
   // unknown name, KILN-E5003 the rank or a static dim, KILN-E5002 outside the profile) without
@@ -112,12 +120,24 @@ class Engine : public std::enable_shared_from_this<Engine> {
     int64_t offset = 0;         // arena values
     int64_t planned_bytes = 0;  // arena values: bytes at the profile's max shapes
     int binding = -1;           // inputs and produced outputs
+    int shape_input = -1;       // index into shape_inputs_
+    // Shape or contents follow from a shape input's values (the input itself included).
+    bool value_dependent = false;
+    int buffer = -1;  // arena values: index into arena_buffers_ (an aliased view: its root's)
   };
   struct Layer {
     const LayerDesc* desc = nullptr;
     const KernelProvider* provider = nullptr;
     std::vector<int> inputs, outputs;  // slot ids; -1 for omitted operands
     bool view = false;                 // aliased view: nothing to run
+    bool value_dependent = false;      // an operand is value-dependent: re-made for new shapes
+  };
+  // A shape input: its binding and slot, and the values the engine was built for.
+  struct ShapeInput {
+    int binding = -1;
+    int slot = -1;
+    Tensor build_values;
+    int64_t device_offset = 0;  // in a context's device copy of the values
   };
   struct Binding {
     std::string name;
@@ -132,6 +152,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   };
 
   Status Build();
+  Status BuildShapeInputs(int64_t* device_bytes);
   StatusOr<int> FindBinding(const std::string& name) const;
   std::string BindingNames(bool inputs, bool outputs) const;
 
@@ -144,6 +165,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<Binding> bindings_;  // inputs first, then outputs
   std::unordered_map<std::string, int> binding_of_;
   std::vector<OutputCopy> output_copies_;
+  std::vector<ShapeInput> shape_inputs_;
+  // Engines with shape inputs: every arena buffer's lifetime (first/last layer, aliased views'
+  // readers included) and planned bytes, for contexts that re-plan for new values.
+  std::vector<PlannedBuffer> arena_buffers_;
+  int64_t shape_device_bytes_ = 0;  // a context's device copy of every shape input's values
   std::map<std::string, int64_t> max_bindings_;
   std::vector<TensorDesc> inputs_, outputs_;
   // The current weights; refit publishes a new set under the mutex (contexts check the
@@ -185,6 +211,11 @@ class ExecutionContext {
   // The dims of an input or output (an output's after InferShapes).
   StatusOr<std::vector<int64_t>> GetTensorShape(const std::string& name);
   bool all_input_shapes_set() const { return shapes_ready_; }
+  // Shape inputs: how often this context was re-specialized for new values (shapes inferred,
+  // kernels reading them made again) and how often it re-planned its arena for them (values
+  // whose activations did not fit the engine's plan). Same values: neither moves.
+  int64_t shape_specializations() const { return shape_specializations_; }
+  int64_t arena_replans() const { return arena_replans_; }
 
   // Enqueues the layers on `stream` (a cudaStream_t on CUDA). nullptr runs them on the context's
   // own stream (stream()), ordered by events after earlier work on CUDA's legacy default stream
@@ -232,6 +263,16 @@ class ExecutionContext {
   // The graph captured for the addresses bound now (graph_key_ rebuilt), or nullptr.
   void* FindGraph();
   Status Propagate();
+  // Shape inputs: copies bound values that differ from the current ones (host memory; nothing
+  // allocates) and marks the shapes stale.
+  Status ReadShapeValues();
+  // After inference with new values: arena offsets (the engine's plan when everything fits it,
+  // else a plan for these sizes within the arena: KILN-E5015 past it) and the kernels of
+  // value-dependent layers whose operands changed, made again.
+  Status Respecialize();
+  // Backends that cannot read host memory: the shape inputs' values into their arena copy.
+  Status CopyShapeValuesToDevice();
+  StatusOr<std::unique_ptr<Kernel>> CreateKernelFor(size_t l, bool concrete) const;
   StatusOr<int> FindBinding(const std::string& name) const;
   std::string BindingNames(bool inputs, bool outputs) const;
   void UpdateViewPointers(int slot);
@@ -244,7 +285,14 @@ class ExecutionContext {
   std::vector<std::vector<int64_t>> dims_;  // per slot
   std::vector<void*> ptrs_;                 // per slot
   std::vector<bool> input_shape_set_;       // per binding
-  std::vector<void*> binding_ptrs_;         // per binding
+  std::vector<Tensor> shape_values_;        // per shape input: the values shapes follow now
+  DeviceBuffer shape_device_;               // their device copy (backends without host access)
+  bool shape_values_changed_ = false;
+  bool arena_replanned_ = false;  // slots use a plan made by this context
+  std::vector<std::vector<std::vector<int64_t>>> kernel_dims_;  // per layer: dims at creation
+  int64_t shape_specializations_ = 0;
+  int64_t arena_replans_ = 0;
+  std::vector<void*> binding_ptrs_;  // per binding
   bool shapes_ready_ = false;
   // Flat TensorView storage for every layer's operands; rebuilt by Propagate, pointers patched
   // by SetTensorAddress. layer_views_[l] = {first input view, #inputs, first output, #outputs}.
