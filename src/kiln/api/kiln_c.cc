@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <atomic>
+#include <map>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -39,6 +40,9 @@ struct kiln_context {
   // The thread between its first bind and its execute (a default id when none): a context is
   // one thread's at a time, and a second thread is refused instead of racing.
   std::atomic<std::thread::id> owner{};
+  // Host copies of shape inputs bound in device memory (the runtime reads shape inputs on the
+  // host, as TensorRT's shape tensors), by input name.
+  std::map<std::string, std::vector<std::byte>> shape_host;
 };
 
 namespace kiln::api {
@@ -260,6 +264,13 @@ std::string DimsText(std::span<const int64_t> dims) {
   return fmt::format("[{}]", fmt::join(dims, ","));
 }
 
+bool IsShapeInput(const kiln_context& c, const std::string& name) {
+  for (const TensorDesc& d : c.context->engine().inputs()) {
+    if (d.name == name) return d.shape_values.has_value();
+  }
+  return false;
+}
+
 // The checks the runtime cannot make on a bare pointer: dtype code, rank, device and layout.
 Status CheckTensor(const kiln_context& c, const std::string& name, const kiln_tensor& t) {
   if (!FromCDtype(t.dtype)) {
@@ -275,7 +286,10 @@ Status CheckTensor(const kiln_context& c, const std::string& name, const kiln_te
   const EngineHeader& header = c.context->engine().desc().header;
   bool cuda_engine = header.backend == BackendKind::kCuda;
   int32_t want = cuda_engine ? KILN_DEVICE_CUDA : KILN_DEVICE_CPU;
-  if (t.device_type != want) {
+  // A shape input's values are read on the host: host memory is taken on every backend, and
+  // device memory is copied at bind (BindChecked).
+  bool host_ok = cuda_engine && IsShapeInput(c, name) && t.device_type == KILN_DEVICE_CPU;
+  if (t.device_type != want && !host_ok) {
     return MakeError(ErrorCode::kTensorDeviceMismatch,
                      "tensor '{}' is on {} device type {}; engine '{}' runs on backend '{}' and "
                      "takes {} tensors",
@@ -332,6 +346,18 @@ Status BindChecked(kiln_context& c, const std::string& name, const kiln_tensor& 
   view.dtype = *FromCDtype(t.dtype);
   view.dims = dims;
   view.data = t.data;
+  if (is_input && t.device_type == KILN_DEVICE_CUDA && IsShapeInput(c, name)) {
+    // A shape input in device memory: its few values are copied to the host now (a synchronous
+    // copy; the runtime compares them with the values shapes were made for at execute).
+    std::vector<std::byte>& host = c.shape_host[name];
+    host.resize(view.size_bytes());
+    if (!host.empty()) {
+      Backend& backend = c.context->engine().backend();
+      KILN_RETURN_IF_ERROR(backend.CopyToHost(host.data(), t.data, host.size(), nullptr));
+      KILN_RETURN_IF_ERROR(backend.Synchronize(nullptr));
+    }
+    view.data = host.data();
+  }
   return c.context->BindTensor(name, view);
 }
 

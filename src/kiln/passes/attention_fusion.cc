@@ -159,6 +159,10 @@ class AttentionFusionPass final : public Pass {
     // Shifted windows: the leading scores dim N splits into [N/P, P] around the window mask.
     std::vector<int64_t> split;  // the rank + 1 dims of the windowed scores
     if (m.has("merge")) {
+      // Shapes that follow from a shape input's values hold for the build's values only.
+      for (const Value* x : {q, kt, v, scores}) {
+        if (x->value_dependent()) return;
+      }
       auto s4 = StaticDims(scores->shape());
       Value* s5 = m.node("split")->output(0);
       auto d5 = s5->has_shape() ? StaticDims(s5->shape()) : std::nullopt;
