@@ -110,6 +110,8 @@ StatusOr<PassReport> PassManager::Run(
 
 std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) {
   auto pm = std::make_unique<PassManager>(options);
+  // First: it needs the weights' DequantizeLinear before constant folding makes them constants.
+  pm->Add(MakeQdqFusionPass());
   pm->Add(MakeIdentityEliminationPass());
   pm->Add(MakeShapeSimplificationPass());
   pm->Add(MakeConstantFoldingPass());
