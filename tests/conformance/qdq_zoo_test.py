@@ -81,11 +81,21 @@ def fusable_layers(model_path):
     independently of kiln: input 0 is DQ(Q(x)) with per-tensor scales, input 1 a DQ of an int8
     initializer with zero points 0, per tensor or per output channel."""
     g = onnx.load(model_path, load_external_data=False).graph
-    inits = {t.name: t for t in g.initializer}
+    # Constants: initializers and Constant nodes (PyTorch's export writes scales as the latter).
+    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    for n in g.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            inits[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
     producer = {o: n for n in g.node for o in n.output}
 
     def arr(name):
-        return numpy_helper.to_array(inits[name]) if name in inits else None
+        return inits.get(name)
+
+    def through_cast(n):
+        # PyTorch puts a Cast to the same type between QuantizeLinear and DequantizeLinear.
+        if n is not None and n.op_type == "Cast":
+            return producer.get(n.input[0])
+        return n
 
     def attr(n, name, default):
         for a in n.attribute:
@@ -98,7 +108,8 @@ def fusable_layers(model_path):
         if n.op_type not in ("Conv", "Gemm", "MatMul") or len(n.input) < 2:
             continue
         dq = producer.get(n.input[0])
-        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        q = through_cast(producer.get(dq.input[0])) \
+            if dq is not None and dq.op_type == "DequantizeLinear" else None
         wdq = producer.get(n.input[1])
         if q is None or q.op_type != "QuantizeLinear" or wdq is None or \
                 wdq.op_type != "DequantizeLinear" or wdq.input[0] not in inits:

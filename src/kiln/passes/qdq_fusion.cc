@@ -9,7 +9,8 @@
 // integer weights (the weight's DQ is left to constant folding, which makes it the float weight
 // W_int8 * s_w; the kernel recovers the integers with s_w). A bias (float, or int32 through its own
 // DQ) stays the layer's input and is folded the same way. Q/DQ pairs after the layer stay as ops.
-// The pass runs first, before constant folding turns the weight's DQ into a plain constant.
+// The pass runs before constant folding turns the weight's DQ into a plain constant (right after
+// identity elimination, which removes the no-op Cast between Q and DQ of PyTorch's export).
 //
 // What it leaves alone (the layer then runs in float between its Q/DQ ops, literally, and a pass
 // note says why): a per-axis activation scale, Q and DQ that disagree, 16-bit types, a weight that
