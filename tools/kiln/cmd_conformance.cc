@@ -39,6 +39,7 @@ struct ConformanceCliOptions {
   std::string calib_method = "minmax";
   std::string int8_tolerance = fmt::format("{:g}", precision::kDefaultInt8Tolerance);
   bool verbose = false;
+  std::vector<std::string> disabled_passes;
 };
 
 nlohmann::json ToJson(const app::CaseResult& r) {
@@ -141,6 +142,7 @@ int Run(const ConformanceCliOptions& o) {
   options.fp16 = o.fp16;
   options.bf16 = o.bf16;
   options.int8 = o.int8;
+  options.disabled_passes = o.disabled_passes;
   if (o.int8) {
     auto m = precision::ParseCalibrationMethod(o.calib_method);
     if (!m.ok()) return ReportError(m.status());
@@ -273,6 +275,9 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions&) {
                   "calibration data) or 'off'; as kiln build's")
       ->capture_default_str();
   sub->add_flag("-v,--verbose", o->verbose, "print passing cases too");
+  sub->add_option("--disable-pass", o->disabled_passes,
+                  "skip one graph pass by name, as kiln build's (repeatable): e.g. qdq_fusion runs "
+                  "a QDQ model's Q/DQ ops literally");
   return [o]() { return Run(*o); };
 }
 

@@ -97,6 +97,7 @@ CaseResult RunConformanceCase(const std::string& dir, const ConformanceOptions& 
   config.fp16 = options.fp16;
   config.bf16 = options.bf16;
   config.optimize = options.optimize;
+  config.disabled_passes = options.disabled_passes;
   if (options.int8) {
     // INT8 calibrates on the case's own data sets (test_data_set_*): the same inputs it is then
     // judged on, so the figure is the quantization error, not a generalisation estimate.

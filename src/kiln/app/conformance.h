@@ -23,6 +23,9 @@ struct ConformanceOptions {
   precision::CalibrationMethod calibration_method = precision::CalibrationMethod::kMinMax;
   double int8_tolerance = precision::kDefaultInt8Tolerance;  // see BuilderConfig
   bool optimize = true;
+  // Graph passes not to run (BuilderConfig::disabled_passes), e.g. qdq_fusion to run a QDQ model's
+  // Q/DQ ops literally.
+  std::vector<std::string> disabled_passes;
   // Element-wise |a-e| <= atol + rtol*|e| (the ONNX backend tests' default: 1e-3, 1e-7) ...
   double rtol = 1e-3;
   double atol = 1e-7;

@@ -315,7 +315,10 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
     Warn(rep, cached.status());
   }
   if (config.calibration_dir.empty()) {
-    if (config.int8 || config.fp8) {
+    // A QDQ model's INT8 layers carry their scales: they need no calibration data.
+    if (config.int8 && !config.fp8 && HasModelInt8Layers(graph)) {
+      rep.calibration = "none: the model's Q/DQ scales (INT8 candidates without them stay float)";
+    } else if (config.int8 || config.fp8) {
       Warn(rep, MakeError(ErrorCode::kCalibrationInputInvalid,
                           "{} without calibration data (--calib-dir or a valid --calib-cache): "
                           "INT8/FP8 candidates fall back to FP16/FP32",
@@ -481,7 +484,9 @@ Status PrecisionPhase(BuildState& s) {
   // the max dims: one shape-rule sweep over the graph, only worth it when something may be
   // reduced. Without a precision flag every layer stays FP32 and no request is made.
   ConcreteDimsMap max_dims;
-  if (config.fp16 || config.bf16 || config.int8 || config.fp8) {
+  // A QDQ model's INT8 layers (qdq_fusion) are INT8 without any flag: the kernels are asked too.
+  const bool model_int8 = precision::HasModelInt8Layers(graph);
+  if (config.fp16 || config.bf16 || config.int8 || config.fp8 || model_int8) {
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     KILN_ASSIGN_OR_RETURN(max_dims, ConcreteDims(graph, order, config.profile, 2));
     po.make_request = [&max_dims](const Node& node) { return MakeKernelRequest(node, max_dims); };
@@ -490,6 +495,11 @@ Status PrecisionPhase(BuildState& s) {
   s.rep.time_breakdown.precision_query_seconds = s.assigned.kernel_query_seconds;
   s.rep.casts_inserted = s.assigned.casts_inserted;
   s.rep.weights_converted = s.assigned.weights_converted;
+  if (model_int8 && s.rep.calibration.empty()) {
+    s.rep.calibration = fmt::format(
+        "none: {} INT8 layer(s) from the model's Q/DQ scales, {} in float between their Q/DQ",
+        s.assigned.int8_model_layers, s.assigned.int8_model_fallbacks);
+  }
   s.rep.phase_seconds_precision = Seconds(precision_start);
   return OkStatus();
 }

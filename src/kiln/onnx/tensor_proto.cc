@@ -11,6 +11,8 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <utility>
 
 #include "kiln/core/file_io.h"
 #include "kiln/ir/sizes.h"
@@ -177,6 +179,22 @@ StatusOr<ExternalDataResolver::Range> ExternalDataResolver::Resolve(const onnx::
 
 namespace {
 
+// The range of an integer type that int32_data stores widened (8 and 16 bits); nullopt for others.
+std::optional<std::pair<int32_t, int32_t>> NarrowIntegerRange(DataType t) {
+  switch (t) {
+    case DataType::kInt8:
+      return std::pair{-128, 127};
+    case DataType::kUInt8:
+      return std::pair{0, 255};
+    case DataType::kInt16:
+      return std::pair{-32768, 32767};
+    case DataType::kUInt16:
+      return std::pair{0, 65535};
+    default:
+      return std::nullopt;
+  }
+}
+
 template <typename Field>
 Status CheckCount(const onnx::TensorProto& p, const char* field, const Field& f, int64_t n) {
   if (static_cast<int64_t>(f.size()) != n) {
@@ -266,6 +284,18 @@ StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataReso
     KILN_RETURN_IF_ERROR(CheckCount(p, "uint64_data", p.uint64_data(), n));
   } else {
     KILN_RETURN_IF_ERROR(CheckCount(p, "int32_data", p.int32_data(), n));
+  }
+  // int32_data holds 8- and 16-bit integers widened, one per element: a value outside the type's
+  // range (a uint8 zero point of 300) would otherwise wrap silently into another number.
+  if (auto range = NarrowIntegerRange(*dtype)) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t v = p.int32_data(static_cast<int>(i));
+      if (v < range->first || v > range->second) {
+        return MakeError(ErrorCode::kInvalidQuantization,
+                         "tensor '{}' ({}) element {} is {}, outside the type's range [{}, {}]",
+                         p.name(), ToString(*dtype), i, v, range->first, range->second);
+      }
+    }
   }
   Tensor t(*dtype, std::move(dims));
   if (n == 0) return t;

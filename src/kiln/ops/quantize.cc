@@ -47,7 +47,7 @@ Status CheckScaleAndZeroPoint(const InferenceContext& ctx, int64_t axis_attr, in
     for (int64_t i = 0; i < s->num_elements(); ++i) {
       const double v = s->GetDouble(i);
       if (!(std::isfinite(v) && v > 0)) {
-        return ctx.Error(ErrorCode::kInvalidModel,
+        return ctx.Error(ErrorCode::kInvalidQuantization,
                          "scale element {} is {}; quantization scales must be finite and "
                          "positive",
                          i, v);

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kiln/ir/weight_program.h"
+#include "kiln/ops/int8_layer.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/pattern.h"
@@ -24,6 +25,8 @@ bool InferenceBatchNorm(const Node& bn) {
 }
 
 bool ConstantBiasOrNone(const Node& conv) {
+  // A layer with a QDQ model's INT8 scales keeps the model's integer weights: BN stays an op.
+  if (HasModelInt8Attrs(conv)) return false;
   Value* b = conv.input(2);
   return !b || b->is_constant();
 }

@@ -4,6 +4,7 @@
 // with the activation as an attribute (kiln/ops/fused.h). At least a bias or an activation must
 // be absorbed; a lone MatMul/Gemm stays as it is.
 #include "kiln/ir/weight_program.h"
+#include "kiln/ops/int8_layer.h"
 #include "kiln/passes/activation.h"
 #include "kiln/passes/pass.h"
 
@@ -105,6 +106,8 @@ class GemmFusionPass final : public Pass {
   static void FuseMatMul(Graph& graph, PassContext& ctx, const Match& m) {
     AttributeMap attrs;
     if (!ActivationAttrs(m, attrs)) return;
+    // A QDQ model's INT8 scales (qdq_fusion) go with the product into its fused form.
+    const std::optional<ModelInt8Scales> int8 = ModelInt8ScalesOf(*m.node("mm"));
     std::vector<Value*> inputs = {m.value("a"), m.value("b")};
     if (Value* bias = m.value("bias")) {
       const Tensor& t = *bias->constant();
@@ -119,8 +122,9 @@ class GemmFusionPass final : public Pass {
         inputs.push_back(b);
       }
     }
-    ReplaceMatched(graph, ctx, m.matched, m.root, "FusedMatMul", std::move(inputs),
-                   std::move(attrs));
+    Node* fused = ReplaceMatched(graph, ctx, m.matched, m.root, "FusedMatMul", std::move(inputs),
+                                 std::move(attrs));
+    if (int8) SetModelInt8Attrs(*fused, *int8);
   }
 
   static void FuseGemm(Graph& graph, PassContext& ctx, const Match& m) {

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "kiln/ir/weight_program.h"
+#include "kiln/ops/int8_layer.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 
@@ -108,6 +109,8 @@ class MatMulScaleFoldingPass final : public Pass {
         m->attrs().GetString("activation", "none") != "none") {
       return;
     }
+    // A layer with a QDQ model's INT8 scales keeps the model's integer weights.
+    if (HasModelInt8Attrs(*m)) return;
     const int64_t n = y->shape().back().value();
     if (!IsColumnScale(gamma, y->shape().size(), n)) return;
     Value* w = m->input(1);

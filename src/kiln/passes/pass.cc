@@ -111,6 +111,9 @@ StatusOr<PassReport> PassManager::Run(
 std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) {
   auto pm = std::make_unique<PassManager>(options);
   pm->Add(MakeIdentityEliminationPass());
+  // Before constant folding, which would make the weights' DequantizeLinear plain constants; after
+  // identity elimination, which drops the no-op Cast PyTorch's export puts between Q and DQ.
+  pm->Add(MakeQdqFusionPass());
   pm->Add(MakeShapeSimplificationPass());
   pm->Add(MakeConstantFoldingPass());
   pm->Add(MakeDeadNodeEliminationPass());

@@ -127,6 +127,7 @@ class PassManager {
 };
 
 // The passes, one per file.
+std::unique_ptr<Pass> MakeQdqFusionPass();  // Q/DQ around Conv/Gemm/MatMul -> an INT8 layer
 std::unique_ptr<Pass> MakeConstantFoldingPass();
 std::unique_ptr<Pass> MakeDeadNodeEliminationPass();
 std::unique_ptr<Pass> MakeShapeSimplificationPass();

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kiln/ir/weight_program.h"
+#include "kiln/ops/int8_layer.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 
@@ -64,6 +65,8 @@ const Node* ConstantProjection(const Value* v, const Node* reader) {
   if (n->attrs().GetString("activation", "") != "" || n->attrs().GetInt("transA", 0) != 0) {
     return nullptr;
   }
+  // A layer with a QDQ model's INT8 scales keeps its own weight (its scales are per layer).
+  if (HasModelInt8Attrs(*n)) return nullptr;
   const Value* a = n->input(0);
   const Value* w = n->input(1);
   if (!a || a->is_constant() || !w || !w->is_constant() ||

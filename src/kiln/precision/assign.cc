@@ -11,6 +11,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "kiln/backends/int8_quant.h"
 #include "kiln/ir/weight_program.h"
 #include "kiln/ops/onnx_dtype.h"
 #include "kiln/ops/op_schema.h"
@@ -127,6 +128,15 @@ class Assigner {
   // INT8 and FP8 for a candidate whose float precision `lp` is decided: mark it and ask the
   // kernels; on success `lp` says so, else its reason says why not.
   void TryInt8(Node& node, const OpPrecisionRule& rule, LayerPrecision& lp);
+  // The layers of a QDQ model with the model's INT8 scales, before anything else: each becomes
+  // INT8 (decided here, FP32 storage) or, when it cannot, gets its Q/DQ back in front of input 0
+  // and is decided as a float layer like any other.
+  Status DecideModelInt8Layers();
+  // Why `node` cannot compute in INT8 with the model's scales `s`, or "" when it can.
+  std::string ModelInt8Refusal(const Node& node, const ModelInt8Scales& s);
+  // Puts the model's QuantizeLinear -> DequantizeLinear back in front of input 0 and removes the
+  // scales: the layer then computes in float on exactly the model's dequantized values.
+  void RestoreInputQdq(Node& node, const ModelInt8Scales& s);
   void TryFp8(Node& node, const OpPrecisionRule& rule, LayerPrecision& lp);
   double AbsMax(const Value* v);
   Status Rewrite(const std::vector<Node*>& order);
@@ -138,6 +148,8 @@ class Assigner {
   PrecisionResult result_;
   std::unordered_map<const Value*, double> weight_absmax_;
   std::unordered_map<const Node*, LayerPrecision> decided_;
+  std::unordered_map<const Node*, LayerPrecision> model_int8_;     // DecideModelInt8Layers' INT8
+  std::unordered_map<const Node*, std::string> fallback_reasons_;  // and why the others are not
   std::unordered_map<const Value*, DataType> original_;
   // Constants converted for the kernel queries, by source tensor and type: each weight is
   // converted once, and the rewrite takes the same tensor. The keys stay valid: values (and the
@@ -173,6 +185,25 @@ std::string Int8LayerReason(std::string_view input, double amax, CalibrationMeth
                             DataType storage) {
   return fmt::format("i8: input '{}' amax {:.6g} ({}), {} storage", input, amax, ToString(method),
                      ToString(storage));
+}
+
+std::string ModelInt8LayerReason(std::string_view input, const ModelInt8Scales& s) {
+  const auto [lo, hi] = std::minmax_element(s.weight_scales.begin(), s.weight_scales.end());
+  const bool per_tensor = *lo == *hi;
+  return fmt::format(
+      "i8: from the model's Q/DQ scales (input '{}' scale {:.6g} zero point {}; int8 weights, {}), "
+      "f32 storage, not calibrated",
+      input, s.input_scale, s.input_zero_point,
+      per_tensor
+          ? fmt::format("scale {:.6g}", *lo)
+          : fmt::format("{} per-channel scales {:.4g}..{:.4g}", s.weight_scales.size(), *lo, *hi));
+}
+
+bool HasModelInt8Layers(const Graph& graph) {
+  for (const Node* n : graph.nodes()) {
+    if (HasModelInt8Attrs(*n)) return true;
+  }
+  return false;
 }
 
 namespace {
@@ -298,7 +329,7 @@ LayerPrecision Assigner::Decide(Node& node) {
   }
 
   if (!IsInt8Candidate(node)) return lp;
-  if (options_.int8) TryInt8(node, rule, lp);
+  if (options_.int8 && !HasModelInt8Attrs(node)) TryInt8(node, rule, lp);
   if (options_.fp8 && !lp.int8) TryFp8(node, rule, lp);
   return lp;
 }
@@ -362,14 +393,17 @@ void Assigner::FallBackSensitiveInt8(const std::vector<Node*>& order) {
   const double tolerance = options_.int8_tolerance;
   std::vector<std::string> int8;
   for (Node* node : order) {
-    if (decided_.at(node).int8) int8.push_back(node->name());
+    // A QDQ model's layers keep the model's scales: the fallback is for calibrated layers.
+    if (decided_.at(node).int8 && !decided_.at(node).int8_from_model) {
+      int8.push_back(node->name());
+    }
   }
   if (!table || table->int8_all_rel_l2 < 0 || !std::isfinite(tolerance) || int8.empty()) return;
   const Int8FallbackPlan plan = PlanInt8Fallback(*table, int8, tolerance);
   result_.int8_estimated_rel_l2 = plan.estimate;
   for (Node* node : order) {
     LayerPrecision& lp = decided_.at(node);
-    if (!lp.int8) continue;
+    if (!lp.int8 || lp.int8_from_model) continue;
     auto s = table->int8_sensitivity.find(node->name());
     const double sensitivity = s == table->int8_sensitivity.end() ? 0.0 : s->second;
     auto f = plan.fall_back.find(node->name());
@@ -514,10 +548,90 @@ Status Assigner::Rewrite(const std::vector<Node*>& order) {
   return OkStatus();
 }
 
+std::string Assigner::ModelInt8Refusal(const Node& node, const ModelInt8Scales& s) {
+  if (!IsInt8Candidate(node)) return "its weight is not a constant";
+  const Tensor& w = *node.input(1)->constant();
+  if (StatusOr<Int8Weights> q = Int8WeightsFor(node, w); !q.ok()) return q.status().message();
+  (void)s;
+  const OpPrecisionRule rule = LookupOpPrecision(OpTypeOf(node));
+  if (!HasKernel(node, DataType::kFloat32, rule, kInt8TacticPrefix)) {
+    return fmt::format("no int8 kernel on {} takes it", ToString(options_.backend));
+  }
+  return "";
+}
+
+void Assigner::RestoreInputQdq(Node& node, const ModelInt8Scales& s) {
+  Value* x = node.input(0);
+  const std::string base = x->name();
+  Tensor scale(DataType::kFloat32, {});
+  *scale.mutable_data<float>() = s.input_scale;
+  Tensor zero(DataType::kInt8, {});
+  *zero.mutable_data<int8_t>() = static_cast<int8_t>(s.input_zero_point);
+  Value* sv = graph_.AddConstant(graph_.UniqueName(base + "_qdq_scale"), std::move(scale));
+  sv->set_provenance(LiteralExpr(*sv->constant()));
+  Value* zv = graph_.AddConstant(graph_.UniqueName(base + "_qdq_zero_point"), std::move(zero));
+  zv->set_provenance(LiteralExpr(*zv->constant()));
+  Value* q = graph_.AddValue(graph_.UniqueName(base + "_quantized"), DataType::kInt8);
+  Value* dq = graph_.AddValue(graph_.UniqueName(base + "_dequantized"), x->dtype());
+  graph_.AddNode("QuantizeLinear", graph_.UniqueName(node.name() + "_input_q"), {x, sv, zv}, {q});
+  graph_.AddNode("DequantizeLinear", graph_.UniqueName(node.name() + "_input_dq"), {q, sv, zv},
+                 {dq});
+  graph_.SetInput(&node, 0, dq);
+  EraseModelInt8Attrs(node);
+}
+
+Status Assigner::DecideModelInt8Layers() {
+  std::vector<Node*> layers;
+  for (Node* n : graph_.nodes()) {
+    if (HasModelInt8Attrs(*n)) layers.push_back(n);
+  }
+  if (layers.empty()) return OkStatus();
+  for (Node* node : layers) {
+    std::optional<ModelInt8Scales> s = ModelInt8ScalesOf(*node);
+    if (!s) {
+      // qdq_fusion writes only usable scales; anything else was written by hand.
+      return MakeError(ErrorCode::kInvalidModel,
+                       "layer '{}' carries INT8 scale attributes ({}, {}, {}) that are not usable "
+                       "scales (finite and positive) with a zero point in [-128, 127]",
+                       node->name(), kInt8InputScaleAttr, kInt8InputZeroPointAttr,
+                       kInt8WeightScalesAttr);
+    }
+    const std::string why = ModelInt8Refusal(*node, *s);
+    if (why.empty()) {
+      LayerPrecision lp;
+      lp.dtype = DataType::kFloat32;
+      lp.int8 = lp.int8_from_model = true;
+      lp.reason = ModelInt8LayerReason(node->input(0)->name(), *s);
+      model_int8_[node] = lp;
+      ++result_.int8_model_layers;
+      continue;
+    }
+    RestoreInputQdq(*node, *s);
+    fallback_reasons_[node] = why;
+    ++result_.int8_model_fallbacks;
+  }
+  KILN_RETURN_IF_ERROR_CTX(InferShapes(graph_).status(),
+                           "inferring shapes after restoring Q/DQ in front of float layers");
+  return OkStatus();
+}
+
 StatusOr<PrecisionResult> Assigner::Run() {
+  KILN_RETURN_IF_ERROR(DecideModelInt8Layers());
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph_.TopologicalOrder());
   for (Value* v : graph_.values()) original_[v] = v->dtype();
-  for (Node* node : order) decided_[node] = Decide(*node);
+  for (Node* node : order) {
+    if (auto m = model_int8_.find(node); m != model_int8_.end()) {
+      decided_[node] = m->second;
+      continue;
+    }
+    decided_[node] = Decide(*node);
+    if (auto f = fallback_reasons_.find(node); f != fallback_reasons_.end()) {
+      decided_[node].reason = fmt::format(
+          "{}; not int8 with the model's Q/DQ scales ({}): computes in float on the model's "
+          "dequantized input and weights",
+          decided_[node].reason, f->second);
+    }
+  }
   if (options_.int8) FallBackSensitiveInt8(order);
   for (const auto& [node, lp] : decided_) {
     result_.int8_layers += lp.int8;

@@ -13,6 +13,7 @@
 #include "kiln/backends/kernel.h"
 #include "kiln/core/status.h"
 #include "kiln/ir/graph.h"
+#include "kiln/ops/int8_layer.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/precision/calibration.h"
 #include "kiln/precision/sensitivity.h"
@@ -51,6 +52,12 @@ OpPrecisionRule LookupOpPrecision(std::string_view op_type);
 
 // Conv/FusedConv/Gemm/FusedGemm/MatMul/FusedMatMul whose input 1 is a constant weight.
 bool IsInt8Candidate(const Node& node);
+// Whether the graph has layers with a QDQ model's INT8 scales (passes/qdq_fusion.cc): they are
+// INT8 without --int8 or calibration, so the builder asks the backend's kernels about them.
+bool HasModelInt8Layers(const Graph& graph);
+
+// A QDQ model's INT8 layer's precision reason: where its scales come from.
+std::string ModelInt8LayerReason(std::string_view input, const ModelInt8Scales& scales);
 
 // An INT8 layer's precision reason (before any sensitivity note): its input, the calibrated amax,
 // the method and the layer's float storage. Written once here: refit's recalibration rewrites it.
@@ -81,14 +88,20 @@ struct PrecisionOptions {
 
 struct LayerPrecision {
   DataType dtype = DataType::kFloat32;  // the layer's float storage (inputs/outputs)
-  bool int8 = false;                    // computes in INT8 (kInt8InputAmaxAttr is set)
-  bool fp8 = false;                     // computes in FP8 E4M3 (kFp8InputAmaxAttr is set)
+  bool int8 = false;  // computes in INT8 (kInt8InputAmaxAttr, or the model's scales, is set)
+  bool int8_from_model =
+      false;         // INT8 with a QDQ model's scales (ops/int8_layer.h), not calibrated
+  bool fp8 = false;  // computes in FP8 E4M3 (kFp8InputAmaxAttr is set)
   std::string reason;
   std::string label() const;  // "i8", "f8", "f16", "bf16", "f32"
 };
 
 struct PrecisionResult {
   std::map<std::string, LayerPrecision> layers;  // by node name (Cast nodes inserted included)
+  // Layers of a QDQ model that compute in INT8 with the model's scales (counted in int8_layers
+  // too), and those that could not and compute in float between their Q/DQ instead.
+  int64_t int8_model_layers = 0;
+  int64_t int8_model_fallbacks = 0;
   int64_t casts_inserted = 0;
   int64_t weights_converted = 0;
   int64_t int8_layers = 0;           // layers computing in INT8 after the sensitivity fallback

@@ -90,6 +90,8 @@ struct I8Case {
   std::vector<int64_t> b_dims{};  // overrides B's dims (a batched B)
   // Output column n of B (and of a row bias) scaled by col_factors[n % size]: per-channel range.
   std::vector<float> col_factors{};
+  // A QDQ model's scales (ops/int8_layer.h) instead of the calibrated amax.
+  std::optional<ModelInt8Scales> model_scales{};
   std::string Describe() const {
     return fmt::format("{} A=[{}] K={} N={} ta={} tb={} alpha={} beta={} C=[{}]{} act={}", op,
                        fmt::join(a, ","), k, n, ta, tb, alpha, beta, fmt::join(c, ","),
@@ -124,6 +126,7 @@ class Int8Node {
     if (c.fp8_amax) attrs.Set(kFp8InputAmaxAttr, *c.fp8_amax);
     Value* out = graph_->AddValue("out");
     node_ = graph_->AddNode(c.op, "node", ins, {out}, attrs);
+    if (c.model_scales) SetModelInt8Attrs(*node_, *c.model_scales);
     graph_->MarkOutput(out);
     Status st = InferShapes(*graph_).status();
     EXPECT_TRUE(st.ok()) << st.ToString();
@@ -556,6 +559,69 @@ TEST(CudaInt8Host, ThePackedPlanReplaysTheCpuInt8Kernel) {
     sat.amax = 0.25f;
     Int8Node clipped(sat, inputs, DataType::kFloat32);
     EXPECT_LE(RelL2(ReplayOnHost(sat, clipped), clipped.RunCpu("i8-")), 1e-5) << "amax 0.25";
+  }
+}
+
+// Without a GPU: a layer with a QDQ model's scales (passes/qdq_fusion.cc). With activation zero
+// point 0 the CUDA product takes it, packing the model's own integer weights with the model's
+// scales; its plan replayed on the host agrees with the CPU kernel, which quantizes A as the
+// model's QuantizeLinear (the device's x * (1/s) differs from x / s only at rounding ties, and
+// nothing saturates here). Another zero point is declined: the device quantization is symmetric.
+TEST(CudaInt8Host, AQdqLayerPacksTheModelsIntegersAndScales) {
+  for (const std::string op : {"Gemm", "MatMul"}) {
+    SCOPED_TRACE(op);
+    const bool gemm = op == "Gemm";  // Gemm under transB: B [N, K]; MatMul: B [K, N]
+    I8Case c{op, {7, 64}, 64, 24, false, gemm, gemm ? 0.5f : 1.f, 1.f, {}, false};
+    c.amax = std::nullopt;
+    std::vector<float> ws(24);
+    for (int64_t j = 0; j < 24; ++j) ws[j] = 0.01f + 0.001f * static_cast<float>(j);
+    c.model_scales = ModelInt8Scales{0.02f, 0, ws};
+    std::mt19937 rng(7);
+    std::vector<Tensor> inputs = MakeInputs(c, rng);
+    std::vector<int8_t> q(24 * 64);
+    std::vector<float> b(24 * 64);
+    for (int64_t j = 0; j < 24; ++j) {
+      for (int64_t i = 0; i < 64; ++i) {
+        const int8_t v = static_cast<int8_t>((j * 37 + i * 11) % 256 - 128);  // -128..127
+        const int64_t at = gemm ? j * 64 + i : i * 24 + j;
+        q[at] = v;
+        b[at] = static_cast<float>(v) * ws[j];
+      }
+    }
+    inputs[1] = Tensor::FromVector(
+        DataType::kFloat32, gemm ? std::vector<int64_t>{24, 64} : std::vector<int64_t>{64, 24}, b);
+    Int8Node node(c, inputs, DataType::kFloat32);
+    std::optional<Int8Activation> act = cuda::CudaInt8Activation(node.node());
+    ASSERT_TRUE(act.has_value());
+    EXPECT_TRUE(act->from_model);
+    EXPECT_EQ(act->scale, 0.02f);
+    auto w = Int8WeightsFor(node.node(), inputs[1]);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(w->q, q);  // the model's integers, not re-quantized
+    EXPECT_EQ(w->scales, ws);
+    auto spec = cuda::ReadGemmSpec(node.node());
+    ASSERT_TRUE(spec.ok());
+    const cuda::Int8PackedB p = cuda::PackInt8B(*spec, 64, 24, *w, act->scale);
+    const std::vector<float> a = inputs[0].ToFloatVector();
+    std::vector<float> replay(7 * 24);
+    for (int64_t i = 0; i < 7; ++i) {
+      for (int64_t j = 0; j < 24; ++j) {
+        int32_t acc = 0;
+        for (int64_t k = 0; k < 64; ++k) {
+          EXPECT_EQ(p.packed[j * p.kp + k], q[gemm ? j * 64 + k : k * 24 + j]);
+          acc += int32_t{p.packed[j * p.kp + k]} * QuantizeInt8(a[i * 64 + k], 1.f / act->scale);
+        }
+        replay[i * 24 + j] = static_cast<float>(acc) * p.col_scale[j];
+      }
+    }
+    EXPECT_EQ(p.col_scale[3], c.alpha * 0.02f * ws[3]);
+    EXPECT_LE(RelL2(replay, node.RunCpu("i8-")), 1e-4);
+    // A zero point other than 0: declined on CUDA (taken on the CPU).
+    I8Case zp = c;
+    zp.model_scales->input_zero_point = 5;
+    Int8Node shifted(zp, inputs, DataType::kFloat32);
+    EXPECT_FALSE(cuda::CudaInt8Activation(shifted.node()).has_value());
+    EXPECT_FALSE(shifted.Tactics(BackendKind::kCpu, "i8-").empty());
   }
 }
 

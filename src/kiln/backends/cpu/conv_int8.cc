@@ -1,9 +1,11 @@
 // INT8 Conv and FusedConv on the CPU with oneDNN's int8 convolution: "i8-conv-cpu-onednn".
 // Offered only for nodes the precision pass marked (int8_common.h has the contract). At Create
-// the constant weights are quantized per output channel; at Prepare the primitive is made for
-// the shapes and the int8 weights are reordered into its layout. Each Run quantizes X
-// (s8, scale amax/127) into the workspace, reorders it into the primitive's layout, and runs the
-// primitive with int32 accumulation; oneDNN's per-channel output scales
+// the constant weights are quantized per output channel (or taken as the model's integers for a
+// layer of a QDQ model); at Prepare the primitive is made for the shapes and the int8 weights are
+// reordered into its layout. Each Run quantizes X (s8, scale amax/127, or the model's scale and
+// zero point, which oneDNN subtracts as the source zero point, padding included) into the
+// workspace, reorders it into the primitive's layout, and runs the primitive with int32
+// accumulation; oneDNN's per-channel output scales
 // (x_scale * w_scale[oc]) dequantize to f32. oneDNN 2.x adds the bias before the output scale,
 // so a constant bias is stored pre-divided by the scale. A residual Z, or a bias that is not a
 // constant, is written into Y first and added by a sum post-op; the activation is an eltwise
@@ -44,7 +46,8 @@ struct Int8ConvPlan {
 };
 
 StatusOr<Int8ConvPlan> MakeInt8Plan(const ConvSpec& spec, const ConvGeometry& g, bool const_bias,
-                                    bool preload, const std::vector<float>& scales) {
+                                    bool preload, const std::vector<float>& scales,
+                                    int32_t zero_point) {
   try {
     const OneDnnConvShapes sh = MakeOneDnnConvShapes(spec, g);
     auto s8 = memory::data_type::s8;
@@ -67,6 +70,7 @@ StatusOr<Int8ConvPlan> MakeInt8Plan(const ConvSpec& spec, const ConvGeometry& g,
     }
     dnnl::primitive_attr attr;
     attr.set_output_scales(1 << 1, scales);  // per output channel (dst dim 1)
+    if (zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {zero_point});
     attr.set_post_ops(ops);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     plan.pd = dnnl::convolution_forward::primitive_desc(desc, attr, OneDnnEngine());
@@ -105,10 +109,11 @@ void PreloadOutput(float* y, const float* z, const float* bias, int64_t planes, 
 
 class Int8ConvKernel final : public Kernel {
  public:
-  Int8ConvKernel(ConvSpec spec, float amax, Int8Weights weights, std::vector<float> const_bias,
-                 bool runtime_bias, bool has_residual)
+  Int8ConvKernel(ConvSpec spec, Int8Activation act, Int8Weights weights,
+                 std::vector<float> const_bias, bool runtime_bias, bool has_residual)
       : spec_(std::move(spec)),
-        x_scale_(amax / 127.f),
+        act_(act),
+        x_scale_(act.scale),
         weights_(std::move(weights)),
         bias_q_(std::move(const_bias)),
         runtime_bias_(runtime_bias),
@@ -128,7 +133,8 @@ class Int8ConvKernel final : public Kernel {
       return MakeError(ErrorCode::kShapeMismatch, "int8 conv: weight has {} output channels; Y {}",
                        scales_.size(), geo_.mg * geo_.group);
     }
-    KILN_ASSIGN_OR_RETURN(plan_, MakeInt8Plan(spec_, geo_, !bias_q_.empty(), preload(), scales_));
+    KILN_ASSIGN_OR_RETURN(
+        plan_, MakeInt8Plan(spec_, geo_, !bias_q_.empty(), preload(), scales_, act_.zero_point));
     try {
       dnnl::engine& eng = OneDnnEngine();
       stream_ = dnnl::stream(eng);
@@ -169,8 +175,7 @@ class Int8ConvKernel final : public Kernel {
     auto* ws = static_cast<std::byte*>(args.workspace);
     const Int8ConvPlan& p = *plan_;
     auto* q = reinterpret_cast<int8_t*>(ws);
-    QuantizeActivations(args.inputs[0].as<const float>(), args.inputs[0].num_elements(),
-                        1.f / x_scale_, q);
+    QuantizeActivations(args.inputs[0].as<const float>(), args.inputs[0].num_elements(), act_, q);
     float* y = args.outputs[0].as<float>();
     KILN_RETURN_IF_ERROR(SetHandle(user_q_, q));
     KILN_RETURN_IF_ERROR(SetHandle(user_dst_, y));
@@ -205,6 +210,7 @@ class Int8ConvKernel final : public Kernel {
   }
 
   ConvSpec spec_;
+  Int8Activation act_;
   float x_scale_;
   Int8Weights weights_;
   std::vector<float> bias_q_;  // constant bias / output scale; empty when none or not constant
@@ -222,7 +228,8 @@ class Int8ConvKernel final : public Kernel {
 class Int8ConvProviderBase : public CpuFloatProvider {
  protected:
   std::vector<TacticConfig> F32Tactics(const KernelRequest& request) const override {
-    if (!Int8InputAmax(*request.node) || !request.inputs[1].constant) return {};
+    std::optional<Int8Activation> act = Int8ActivationOf(*request.node);
+    if (!act || !request.inputs[1].constant) return {};
     auto spec = ReadConvSpec(request);
     if (!spec.ok()) return {};
     auto g = MaxConvGeometry(*spec, request);
@@ -232,7 +239,7 @@ class Int8ConvProviderBase : public CpuFloatProvider {
                     request.inputs[2].dtype != DataType::kUndefined) ||
                    (request.inputs.size() > 3 && request.inputs[3].dtype != DataType::kUndefined);
     std::vector<float> scales(static_cast<size_t>(g->mg * g->group), 1.f);
-    auto plan = MakeInt8Plan(*spec, *g, const_bias, preload, scales);
+    auto plan = MakeInt8Plan(*spec, *g, const_bias, preload, scales, act->zero_point);
     if (!plan.ok()) return {};
     return {{"i8-conv-cpu-onednn", {}, plan->total()}};
   }
@@ -240,18 +247,17 @@ class Int8ConvProviderBase : public CpuFloatProvider {
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,
                                               const TacticConfig& tactic) const override {
     const Node& node = *request.node;
-    std::optional<float> amax = Int8InputAmax(node);
+    std::optional<Int8Activation> act = Int8ActivationOf(node);
     const Tensor* w = request.inputs.size() > 1 ? request.inputs[1].constant : nullptr;
-    if (!amax || !w || w->dtype() != DataType::kFloat32 || w->dims().empty()) {
+    if (!act || !w || w->dtype() != DataType::kFloat32 || w->dims().empty()) {
       return MakeError(ErrorCode::kNoTactic,
-                       "node '{}': {} needs a finite positive {} attribute and a constant float "
-                       "weight (input 1)",
+                       "node '{}': {} needs a finite positive {} attribute (or the model's "
+                       "scales) and a constant float weight (input 1)",
                        node.name(), tactic.name, kInt8InputAmaxAttr);
     }
     KILN_ASSIGN_OR_RETURN(ConvSpec spec, ReadConvSpec(request));
     int64_t channels = w->dims()[0];
-    int64_t inner = w->num_elements() / std::max<int64_t>(channels, 1);
-    Int8Weights q = QuantizeWeightsPerChannel(w->data<float>(), channels, inner, inner, 1);
+    KILN_ASSIGN_OR_RETURN(Int8Weights q, Int8WeightsFor(node, *w));
     std::vector<float> bias;
     bool runtime_bias = false;
     if (request.inputs.size() > 2 && request.inputs[2].dtype != DataType::kUndefined) {
@@ -269,7 +275,7 @@ class Int8ConvProviderBase : public CpuFloatProvider {
     bool has_residual =
         request.inputs.size() > 3 && request.inputs[3].dtype != DataType::kUndefined;
     return std::unique_ptr<Kernel>(std::make_unique<Int8ConvKernel>(
-        std::move(spec), *amax, std::move(q), std::move(bias), runtime_bias, has_residual));
+        std::move(spec), *act, std::move(q), std::move(bias), runtime_bias, has_residual));
   }
 };
 

@@ -1,9 +1,11 @@
 // INT8 Gemm, FusedGemm, MatMul and FusedMatMul on the CPU with oneDNN's int8 matmul:
 // "i8-gemm-cpu-onednn" and "i8-matmul-cpu-onednn". Offered only for nodes the precision pass
 // marked (int8_common.h has the contract) whose B is a constant 2-D matrix. At Create, B is
-// quantized per output column N (symmetric absmax); at Prepare the primitive is made for the
-// shapes and B is reordered into its packed layout. Each Run quantizes A (s8, scale amax/127)
-// into the workspace and runs the primitive (int32 accumulation); per-column output scales
+// quantized per output column N (symmetric absmax), or taken as the model's integers for a layer
+// of a QDQ model; at Prepare the primitive is made for the shapes and B is reordered into its
+// packed layout. Each Run quantizes A (s8, scale amax/127, or the model's scale and zero point,
+// which oneDNN subtracts as the source zero point) into the workspace and runs the primitive
+// (int32 accumulation); per-column output scales
 // alpha * a_scale * b_scale[n] dequantize to f32. oneDNN 2.x adds the bias before the output
 // scale, so a constant row bias (FusedMatMul's bias, or Gemm's beta * C when C is [N], [1, N]
 // or a scalar) is stored pre-divided by the scale. Any other C, or a bias that is not a constant,
@@ -79,7 +81,7 @@ struct Int8GemmPlan {
 
 StatusOr<Int8GemmPlan> MakeInt8GemmPlan(const Int8GemmSpec& s, int64_t m, int64_t k, int64_t n,
                                         bool const_bias, bool preload,
-                                        const std::vector<float>& scales) {
+                                        const std::vector<float>& scales, int32_t zero_point) {
   try {
     auto s8 = memory::data_type::s8;
     auto f32 = memory::data_type::f32;
@@ -95,6 +97,7 @@ StatusOr<Int8GemmPlan> MakeInt8GemmPlan(const Int8GemmSpec& s, int64_t m, int64_
     if (auto alg = OneDnnEltwise(s.act, &alpha, &beta)) ops.append_eltwise(1.f, *alg, alpha, beta);
     dnnl::primitive_attr attr;
     attr.set_output_scales(1 << 1, scales);  // per column N
+    if (zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {zero_point});
     attr.set_post_ops(ops);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     Int8GemmPlan plan;
@@ -138,10 +141,11 @@ StatusOr<AddendPlan> PlanAddend(const Int8GemmSpec& s, const KernelRequest& r, i
 
 class Int8GemmKernel final : public Kernel {
  public:
-  Int8GemmKernel(Int8GemmSpec spec, float amax, int64_t k, int64_t n, Int8Weights weights,
+  Int8GemmKernel(Int8GemmSpec spec, Int8Activation act, int64_t k, int64_t n, Int8Weights weights,
                  AddendPlan addend)
       : spec_(spec),
-        a_scale_(Int8ActivationScale(amax)),
+        act_(act),
+        a_scale_(act.scale),
         k_(k),
         n_(n),
         weights_(std::move(weights)),
@@ -176,7 +180,7 @@ class Int8GemmKernel final : public Kernel {
       c_col_stride_ = cn == 1 ? 0 : 1;
     }
     KILN_ASSIGN_OR_RETURN(plan_, MakeInt8GemmPlan(spec_, m_, k_, n_, !addend_.row_bias.empty(),
-                                                  addend_.preload, scales_));
+                                                  addend_.preload, scales_, act_.zero_point));
     try {
       dnnl::engine& eng = OneDnnEngine();
       stream_ = dnnl::stream(eng);
@@ -210,7 +214,7 @@ class Int8GemmKernel final : public Kernel {
     SetOneDnnThreads();
     auto* ws = static_cast<std::byte*>(args.workspace);
     auto* q = reinterpret_cast<int8_t*>(ws);
-    QuantizeActivations(args.inputs[0].as<const float>(), m_ * k_, 1.f / a_scale_, q);
+    QuantizeActivations(args.inputs[0].as<const float>(), m_ * k_, act_, q);
     float* y = args.outputs[0].as<float>();
     if (addend_.preload) {
       const float* c = args.inputs[2].as<const float>();
@@ -236,6 +240,7 @@ class Int8GemmKernel final : public Kernel {
 
  private:
   Int8GemmSpec spec_;
+  Int8Activation act_;
   float a_scale_;
   int64_t k_, n_, m_ = 0;
   Int8Weights weights_;
@@ -264,7 +269,8 @@ class Int8GemmProviderBase : public CpuFloatProvider {
   virtual const char* tactic_name() const = 0;
 
   std::vector<TacticConfig> F32Tactics(const KernelRequest& request) const override {
-    if (!Int8InputAmax(*request.node)) return {};
+    std::optional<Int8Activation> act = Int8ActivationOf(*request.node);
+    if (!act) return {};
     auto spec = ReadInt8GemmSpec(request);
     if (!spec.ok() || spec->alpha == 0.f) return {};
     auto kn = ConstantB(*spec, request);
@@ -275,7 +281,7 @@ class Int8GemmProviderBase : public CpuFloatProvider {
     if (!addend.ok()) return {};
     std::vector<float> scales(static_cast<size_t>(kn->second), 1.f);
     auto plan = MakeInt8GemmPlan(*spec, mk->first, kn->first, kn->second, !addend->row_bias.empty(),
-                                 addend->preload, scales);
+                                 addend->preload, scales, act->zero_point);
     if (!plan.ok()) return {};
     return {{tactic_name(), {}, plan->total()}};
   }
@@ -284,22 +290,20 @@ class Int8GemmProviderBase : public CpuFloatProvider {
                                               const TacticConfig& tactic) const override {
     const Node& node = *request.node;
     KILN_ASSIGN_OR_RETURN(Int8GemmSpec spec, ReadInt8GemmSpec(request));
-    std::optional<float> amax = Int8InputAmax(node);
+    std::optional<Int8Activation> act = Int8ActivationOf(node);
     auto kn = ConstantB(spec, request);
-    if (!amax || !kn || spec.alpha == 0.f) {
+    if (!act || !kn || spec.alpha == 0.f) {
       return MakeError(ErrorCode::kNoTactic,
-                       "node '{}': {} needs a finite positive {} attribute, a constant 2-D float "
-                       "B (input 1) and a non-zero alpha",
+                       "node '{}': {} needs a finite positive {} attribute (or the model's "
+                       "scales), a constant 2-D float B (input 1) and a non-zero alpha",
                        node.name(), tactic.name, kInt8InputAmaxAttr);
     }
     auto [k, n] = *kn;
-    const float* b = request.inputs[1].constant->data<float>();
-    // Channels are B's columns N: element (n, k) sits at k * N + n, or n * K + k when transposed.
-    Int8Weights q = spec.trans_b ? QuantizeWeightsPerChannel(b, n, k, k, 1)
-                                 : QuantizeWeightsPerChannel(b, n, k, 1, n);
+    // Channels are B's columns N (Int8WeightLayoutOf).
+    KILN_ASSIGN_OR_RETURN(Int8Weights q, Int8WeightsFor(node, *request.inputs[1].constant));
     KILN_ASSIGN_OR_RETURN(AddendPlan addend, PlanAddend(spec, request, n));
     return std::unique_ptr<Kernel>(
-        std::make_unique<Int8GemmKernel>(spec, *amax, k, n, std::move(q), std::move(addend)));
+        std::make_unique<Int8GemmKernel>(spec, *act, k, n, std::move(q), std::move(addend)));
   }
 };
 

@@ -2,7 +2,9 @@
 // ("i8-gemm-cuda-cublaslt-...", "i8-matmul-cuda-cublaslt-..."), with the CPU INT8 kernel's
 // contract (kiln/backends/int8_quant.h, backends/cpu/gemm_int8.cc): offered only for nodes the
 // precision pass marked, whose B is a constant 2-D matrix; A in the layer's float storage is
-// quantized per tensor (amax / 127), B per output column N, products accumulate in int32, and
+// quantized per tensor (amax / 127, or a QDQ model's scale when its zero point is 0: the device
+// quantization is symmetric, so other zero points are declined), B per output column N (or the
+// model's integers with its scales), products accumulate in int32, and
 // alpha * a_scale * b_scale[n] dequantizes before C/bias and the activation; Y is in the storage
 // type. MatMul's batch dims of A fold into M (B has none), as on the CPU.
 //
@@ -67,12 +69,12 @@ constexpr LtAlignment kInt8Alignment{16, 16, 16};
 
 class CublasLtInt8Kernel final : public Kernel {
  public:
-  CublasLtInt8Kernel(GemmSpec spec, BlasType type, float amax, int64_t k, int64_t n,
+  CublasLtInt8Kernel(GemmSpec spec, BlasType type, float a_scale, int64_t k, int64_t n,
                      OwnedDeviceMemory b_q, OwnedDeviceMemory col_scale,
                      std::optional<cublasLtMatmulAlgo_t> algo, std::string name)
       : spec_(spec),
         type_(type),
-        inv_scale_(Int8ActivationInvScale(amax)),
+        inv_scale_(1.f / a_scale),
         k_(k),
         n_(n),
         kp_(QuantPadded(k)),
@@ -205,7 +207,9 @@ class CublasLtInt8ProviderBase : public KernelProvider {
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
     if (!QuantTacticsEnabled()) return {};
-    std::optional<QuantizedGemm> p = ResolveQuantizedGemm(request, Int8InputAmax(*request.node));
+    std::optional<Int8Activation> act = CudaInt8Activation(*request.node);
+    std::optional<QuantizedGemm> p = ResolveQuantizedGemm(
+        request, act ? std::optional<float>(act->scale * 127.f) : std::nullopt);
     // int32 accumulation: 127 * 127 * K must not overflow.
     if (p && p->k > (int64_t{1} << 31) / (127 * 127)) return {};
     if (!p) return {};
@@ -239,13 +243,14 @@ class CublasLtInt8ProviderBase : public KernelProvider {
                                            const TacticConfig& tactic) const final {
     const Node& node = *request.node;
     KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadGemmSpec(node));
-    std::optional<float> amax = Int8InputAmax(node);
+    std::optional<Int8Activation> act = CudaInt8Activation(node);
     auto kn = QuantConstantB(spec, request);
     auto type = ToBlasType(request.inputs[0].dtype);
-    if (!amax || !kn || !type || spec.alpha == 0.f) {
+    if (!act || !kn || !type || spec.alpha == 0.f) {
       return MakeError(ErrorCode::kNoTactic,
-                       "node '{}': {} needs a finite positive {} attribute, a constant 2-D float "
-                       "B (input 1), float A and a non-zero alpha",
+                       "node '{}': {} needs a finite positive {} attribute (or the model's scales "
+                       "with zero point 0), a constant 2-D float B (input 1), float A and a "
+                       "non-zero alpha",
                        node.name(), tactic.name, kInt8InputAmaxAttr);
     }
     std::optional<cublasLtMatmulAlgo_t> algo;
@@ -258,12 +263,14 @@ class CublasLtInt8ProviderBase : public KernelProvider {
                        "{}: tactic '{}' has {} params; expected 8 (the algorithm's words)", id(),
                        tactic.name, tactic.params.size());
     }
-    const Int8PackedB b = PackInt8B(spec, *request.inputs[1].constant, *amax);
+    const Tensor b_f32 = request.inputs[1].constant->CastTo(DataType::kFloat32);
+    KILN_ASSIGN_OR_RETURN(Int8Weights w, Int8WeightsFor(node, b_f32));
+    const Int8PackedB b = PackInt8B(spec, kn->first, kn->second, w, act->scale);
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory b_q, UploadToDevice(b.packed.data(), b.packed.size()));
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory scales,
                           UploadToDevice(b.col_scale.data(), b.col_scale.size() * sizeof(float)));
     return std::unique_ptr<Kernel>(std::make_unique<CublasLtInt8Kernel>(
-        spec, *type, *amax, b.k, b.n, std::move(b_q), std::move(scales), algo, tactic.name));
+        spec, *type, act->scale, b.k, b.n, std::move(b_q), std::move(scales), algo, tactic.name));
   }
 };
 

@@ -104,9 +104,18 @@ Int8PackedB PackInt8B(const GemmSpec& s, const Tensor& b_any, float amax) {
   const int64_t k = p.k, n = p.n;
   Int8Weights w = s.trans_b ? QuantizeWeightsPerChannel(b.data<float>(), n, k, k, 1)
                             : QuantizeWeightsPerChannel(b.data<float>(), n, k, 1, n);
+  return PackInt8B(s, k, n, w, Int8ActivationScale(amax));
+}
+
+Int8PackedB PackInt8B(const GemmSpec& s, int64_t k, int64_t n, const Int8Weights& w,
+                      float a_scale) {
+  Int8PackedB p;
+  p.k = k;
+  p.n = n;
+  p.kp = QuantPadded(k);
+  p.np = QuantPadded(n);
   p.packed.assign(static_cast<size_t>(p.np * p.kp), 0);
   p.col_scale.assign(static_cast<size_t>(p.np), 0.f);
-  const float a_scale = Int8ActivationScale(amax);
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < k; ++i) {
       p.packed[j * p.kp + i] = w.q[s.trans_b ? j * k + i : i * n + j];
@@ -114,6 +123,12 @@ Int8PackedB PackInt8B(const GemmSpec& s, const Tensor& b_any, float amax) {
     p.col_scale[j] = s.alpha * a_scale * w.scales[j];
   }
   return p;
+}
+
+std::optional<Int8Activation> CudaInt8Activation(const Node& node) {
+  std::optional<Int8Activation> a = Int8ActivationOf(node);
+  if (a && a->from_model && a->zero_point != 0) return std::nullopt;
+  return a;
 }
 
 Fp8PackedB PackFp8B(const GemmSpec& s, const Tensor& b_any) {

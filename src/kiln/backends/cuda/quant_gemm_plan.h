@@ -14,6 +14,7 @@
 
 #include "kiln/backends/cuda/blas_kernels.h"
 #include "kiln/backends/cuda/cublaslt_util.h"
+#include "kiln/backends/int8_quant.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/core/status.h"
 #include "kiln/ir/tensor.h"
@@ -94,6 +95,14 @@ struct Int8PackedB {
   std::vector<float> col_scale;
 };
 Int8PackedB PackInt8B(const GemmSpec& s, const Tensor& b, float amax);
+// The same packing for weights already quantized (Int8WeightsFor: the model's integers and scales
+// for a layer of a QDQ model), with the activation scale a_scale.
+Int8PackedB PackInt8B(const GemmSpec& s, int64_t k, int64_t n, const Int8Weights& w, float a_scale);
+// The CUDA INT8 product's activation for `node`: the calibrated one, or the model's when its zero
+// point is 0. The device quantization is the calibrated contract's (x times 1/scale, saturating
+// at +-127), so a model zero point other than 0 is declined (nullopt) and the layer stays float
+// between its Q/DQ (precision/assign.cc).
+std::optional<Int8Activation> CudaInt8Activation(const Node& node);
 
 // B quantized per tensor to FP8 E4M3 with the FP8 contract (backends/fp8_quant.h) and packed as
 // [Np, Kp] E4M3 bytes, zero padded, like PackInt8B. scale = absmax(B) / 448 (1 for a zero B).
