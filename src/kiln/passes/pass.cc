@@ -119,8 +119,8 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeDeadNodeEliminationPass());
   pm->Add(MakeConvBatchNormFoldingPass());
   pm->Add(MakeLayerNormFusionPass());
+  pm->Add(MakeRmsNormFusionPass());  // before the skip fusion, which takes its result
   pm->Add(MakeSkipLayerNormFusionPass());
-  pm->Add(MakeRmsNormFusionPass());
   pm->Add(MakeGeluFusionPass());
   pm->Add(MakeAttentionFusionPass());
   pm->Add(MakeAttentionLayoutPass());

@@ -135,7 +135,7 @@ std::unique_ptr<Pass> MakeIdentityEliminationPass();
 std::unique_ptr<Pass> MakeConvBatchNormFoldingPass();
 std::unique_ptr<Pass> MakeGeluFusionPass();
 std::unique_ptr<Pass> MakeLayerNormFusionPass();
-std::unique_ptr<Pass> MakeSkipLayerNormFusionPass();    // residual Add + LayerNormalization
+std::unique_ptr<Pass> MakeSkipLayerNormFusionPass();    // residual Add + Layer/RMSNormalization
 std::unique_ptr<Pass> MakeRmsNormFusionPass();          // x * rsqrt(mean(x^2) + eps) * w
 std::unique_ptr<Pass> MakeGatedActivationFusionPass();  // act(a) * b (SwiGLU, GeGLU)
 std::unique_ptr<Pass> MakeGatedProjectionMergePass();   // gate/up -> one GEMM (after gemm_fusion)

@@ -1,7 +1,7 @@
 // Op conformance cases, nn family: LayerNormalization, SkipLayerNormalization,
-// RMSNormalization, BatchNormalization, GatedActivation, Softmax/LogSoftmax and pooling. Each case
-// is a one-node graph that the suite (op_conformance_test.cc) runs on every backend built here,
-// every tactic, on fresh random inputs, against the CPU backend (see op_cases.h).
+// (Skip)RMSNormalization, BatchNormalization, GatedActivation, Softmax/LogSoftmax and pooling.
+// Each case is a one-node graph that the suite (op_conformance_test.cc) runs on every backend
+// built here, every tactic, on fresh random inputs, against the CPU backend (see op_cases.h).
 #include "op_cases.h"
 
 namespace kiln::testing {
@@ -101,6 +101,29 @@ std::vector<OpCase> NnCases() {
     OpTester t("RMSNormalization", Attrs({{"axis", int64_t{1}}}));
     t.Input(kF32, {2, 3, 8}).Input(kF32, {3, 8}, 0.5, 1.5).FloatTypes(kAllFloats);
     t.Tolerance(1e-4, 1e-4);
+    return t;
+  });
+  // SkipRMSNormalization (residual Add + RMSNorm): vector loads (768, 4096, Llama's hidden
+  // sizes: a warp or a block per row), scalar loads (33), with and without the sum output.
+  for (std::vector<int64_t> dims :
+       {std::vector<int64_t>{4, 7, 33}, std::vector<int64_t>{3, 768}, std::vector<int64_t>{2, 4096},
+        std::vector<int64_t>{2, 1500}, std::vector<int64_t>{1200, 768}}) {
+    for (int outputs : {1, 2}) {
+      must("SkipRmsNorm_" + std::to_string(dims.front()) + "x" + std::to_string(dims.back()) +
+               "_out" + std::to_string(outputs),
+           [dims, outputs] {
+             OpTester t("SkipRMSNormalization", Attrs({{"axis", int64_t{-1}}, {"epsilon", 1e-6f}}));
+             t.Input(kF32, dims, -3, 3).Input(kF32, dims, -3, 3);
+             t.Input(kF32, {dims.back()}, 0.5, 1.5).Outputs(outputs);
+             t.FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
+             return t;
+           });
+    }
+  }
+  add("SkipRmsNorm_axis1", [] {
+    OpTester t("SkipRMSNormalization", Attrs({{"axis", int64_t{1}}}));
+    t.Input(kF32, {2, 3, 8}).Input(kF32, {2, 3, 8}).Input(kF32, {3, 8}, 0.5, 1.5).Outputs(2);
+    t.FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
     return t;
   });
   // GatedActivation (SwiGLU, GeGLU): two inputs (odd sizes: scalar accesses; 688: 16-byte), and

@@ -258,6 +258,7 @@ TEST(CudaKernelCoverage, EveryRuntimeOpHasACudaProvider) {
                          "LayerNormalization",
                          "SkipLayerNormalization",
                          "RMSNormalization",
+                         "SkipRMSNormalization",
                          "GatedActivation",
                          "Softmax",
                          "MaxPool",

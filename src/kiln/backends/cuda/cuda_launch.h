@@ -128,10 +128,12 @@ cudaError_t LaunchLayerNorm(Elem t, Elem param_t, const void* x, const void* sca
 cudaError_t LaunchSkipLayerNorm(Elem t, const void* x, const void* skip, const void* scale,
                                 const void* bias, void* y, void* sum, int64_t rows, int64_t n,
                                 float epsilon, cudaStream_t stream);
-// RMSNormalization over rows of length n: y = x * rsqrt(mean(x^2) + epsilon) * scale, scale of n
-// elements, every operand of type t; FP32 statistics; 16-byte loads when n and the pointers allow.
-cudaError_t LaunchRmsNorm(Elem t, const void* x, const void* scale, void* y, int64_t rows,
-                          int64_t n, float epsilon, cudaStream_t stream);
+// RMSNormalization over rows of length n: y = s * rsqrt(mean(s^2) + epsilon) * scale with
+// s = x + skip (skip null: s = x), scale of n elements, every operand of type t; sum (null: not
+// written, and always null without skip) receives s. FP32 statistics over the FP32 sum; 16-byte
+// loads when n and the pointers allow.
+cudaError_t LaunchRmsNorm(Elem t, const void* x, const void* skip, const void* scale, void* y,
+                          void* sum, int64_t rows, int64_t n, float epsilon, cudaStream_t stream);
 // Softmax / LogSoftmax over the middle axis of [outer, n, inner].
 cudaError_t LaunchSoftmax(Elem t, bool log, const void* x, void* y, int64_t outer, int64_t n,
                           int64_t inner, cudaStream_t stream);
