@@ -53,21 +53,6 @@ Pattern AttentionPattern() {
   return Op("MatMul", {probs, Any("v")});
 }
 
-// Static integer elements of a value (a constant or a dims-value).
-std::optional<std::vector<int64_t>> StaticInts(const Value* v, const PassContext& ctx) {
-  if (!v) return std::nullopt;
-  if (v->is_constant() && IsInteger(v->constant()->dtype())) return v->constant()->ToInt64Vector();
-  if (const std::vector<Dim>* dv = ctx.dims_value(v)) {
-    std::vector<int64_t> out;
-    for (const Dim& d : *dv) {
-      if (!d.is_static()) return std::nullopt;
-      out.push_back(d.value());
-    }
-    return out;
-  }
-  return std::nullopt;
-}
-
 // True when `cond` is C[..., 0:a, 0:b] of a constant boolean C with C[..., i, j] = (j <= i), so
 // that it equals the causal mask wherever it is read.
 bool IsTopLeftCausal(const Value* cond, const PassContext& ctx) {

@@ -259,6 +259,7 @@ TEST(CudaKernelCoverage, EveryRuntimeOpHasACudaProvider) {
                          "SkipLayerNormalization",
                          "RMSNormalization",
                          "SkipRMSNormalization",
+                         "RotaryEmbedding",
                          "GatedActivation",
                          "Softmax",
                          "MaxPool",
