@@ -857,5 +857,128 @@ TEST_F(LiveRefit, NoRunSeesHalfUpdatedWeights) {
   EXPECT_GT(bs, 0);
 }
 
+// ---- a QDQ model's INT8 layers (explicit quantization): the int8 weights and the float bias
+// refit; the model's scales and zero points shaped the engine (they are the layer's attributes),
+// so new weights that change one are refused, naming the layer and the initializer.
+
+class RefitQdq : public ::testing::Test {
+ protected:
+  static Value* Init(Graph& g, const std::string& name, Tensor t) {
+    Value* v = g.AddConstant(name, t);
+    v->set_provenance(InitializerExpr(name, t));
+    return v;
+  }
+  static Value* Op(Graph& g, const std::string& op, std::vector<Value*> in,
+                   AttributeMap attrs = {}) {
+    Value* out = g.AddValue(g.UniqueName(op + "_out"));
+    g.AddNode(op, g.UniqueName(op), std::move(in), {out}, std::move(attrs));
+    return out;
+  }
+  static Tensor Ints(std::vector<int64_t> dims, uint32_t seed) {
+    Tensor t(DataType::kInt8, std::move(dims));
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> d(-127, 127);
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<int8_t>()[i] = d(rng);
+    return t;
+  }
+  static Tensor Floats(std::vector<int64_t> dims, std::vector<float> v) {
+    return Tensor::FromVector<float>(DataType::kFloat32, std::move(dims), std::move(v));
+  }
+
+  // x [2, 5, 16] -> Q/DQ (scale xs, zero point xz) -> MatMul with DQ(w [16, 8] int8, ws [8]) -> +b.
+  static std::unique_ptr<Graph> Model(const std::map<std::string, Tensor>& w) {
+    auto g = std::make_unique<Graph>();
+    Value* x = g->AddInput("x", DataType::kFloat32, {Dim(2), Dim(5), Dim(16)});
+    Value* xs = Init(*g, "xs", w.at("xs"));
+    Value* xz = Init(*g, "xz", w.at("xz"));
+    Value* xq = Op(*g, "DequantizeLinear", {Op(*g, "QuantizeLinear", {x, xs, xz}), xs, xz});
+    AttributeMap axis;
+    axis.Set("axis", int64_t{1});
+    Value* wq =
+        Op(*g, "DequantizeLinear",
+           {Init(*g, "w", w.at("w")), Init(*g, "ws", w.at("ws")), Init(*g, "wz", w.at("wz"))},
+           std::move(axis));
+    Value* y = Op(*g, "Add", {Op(*g, "MatMul", {xq, wq}), Init(*g, "b", w.at("b"))});
+    g->MarkOutput(y);
+    return g;
+  }
+
+  void SetUp() override {
+    std::vector<float> ws, b;
+    for (int c = 0; c < 8; ++c) {
+      ws.push_back(0.002f + 0.0005f * static_cast<float>(c));
+      b.push_back(0.1f * static_cast<float>(c) - 0.3f);
+    }
+    weights_a_ = {
+        {"xs", Floats({}, {0.015f})}, {"xz", Tensor(DataType::kInt8, {})},  {"w", Ints({16, 8}, 1)},
+        {"ws", Floats({8}, ws)},      {"wz", Tensor(DataType::kInt8, {8})}, {"b", Floats({8}, b)}};
+    config_.backend = BackendKind::kCpu;
+    config_.opt_level = 0;
+    engine_ = Build(Model(weights_a_), config_);
+    ASSERT_TRUE(engine_);
+    int int8_layers = 0;
+    for (const LayerDesc& l : engine_->layers) int8_layers += l.tactic.name.rfind("i8-", 0) == 0;
+    ASSERT_EQ(int8_layers, 1) << "the Q/DQ MatMul is not one INT8 layer";
+    ASSERT_TRUE(engine_->weight_program.non_refittable.empty())
+        << engine_->weight_program.non_refittable.front().constant << ": "
+        << engine_->weight_program.non_refittable.front().reason;
+    before_ = Bytes(*engine_);
+  }
+
+  std::map<std::string, Tensor> weights_a_;
+  BuilderConfig config_;
+  std::unique_ptr<EngineDesc> engine_;
+  std::vector<std::byte> before_;
+};
+
+TEST_F(RefitQdq, NewIntegerWeightsAndBiasAreAFreshBuild) {
+  auto w = weights_a_;
+  w["w"] = Ints({16, 8}, 2);
+  w["b"] = Floats({8}, {1, 2, 3, 4, 5, 6, 7, 8});
+  std::unique_ptr<EngineDesc> b = Build(Model(w), config_);
+  ASSERT_TRUE(b);
+  const std::vector<std::byte> b_bytes = Bytes(*b);
+  ASSERT_NE(before_, b_bytes);
+  Status s = RefitEngine(*engine_, w, HashString("model"));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(Bytes(*engine_) == b_bytes) << "the refit engine differs from a fresh build with B";
+}
+
+TEST_F(RefitQdq, ChangedScalesAndZeroPointsAreRefusedAndNamed) {
+  struct Case {
+    std::string name;
+    Tensor value;
+    std::string says;
+  };
+  std::vector<float> ws(8, 0.004f);
+  Tensor xz(DataType::kInt8, {});
+  xz.mutable_data<int8_t>()[0] = 3;
+  std::vector<Case> cases;
+  // The activation's scale and zero point are read by the build (the weight program's fixed
+  // initializers); the weight scales are a source of the dequantized weight and the layer's.
+  cases.push_back({"xs", Floats({}, {0.02f}), "'xs'"});
+  cases.push_back({"xz", std::move(xz), "'xz'"});
+  cases.push_back({"ws", Floats({8}, ws), "weight scale from initializer 'ws'"});
+  for (Case& c : cases) {
+    auto w = weights_a_;
+    w[c.name] = std::move(c.value);
+    Status s = RefitEngine(*engine_, w, HashString("model"));
+    EXPECT_EQ(s.code(), ErrorCode::kRefitNotRefittable) << c.name << ": " << s.ToString();
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << s.ToString();
+    EXPECT_TRUE(Bytes(*engine_) == before_) << "a refused refit changed the engine";
+  }
+  // The sources survive the engine file, as `kiln refit` reads it.
+  const fs::path path = fs::temp_directory_path() / fmt::format("kiln_refit_qdq_{}", ::getpid());
+  ASSERT_TRUE(WriteEngineFile(*engine_, path.string()).ok());
+  auto loaded = LoadEngineFileForEdit(path.string());
+  fs::remove(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  auto w = weights_a_;
+  w["ws"] = Floats({8}, ws);
+  Status s = RefitEngine(**loaded, w, HashString("model"));
+  EXPECT_EQ(s.code(), ErrorCode::kRefitNotRefittable) << s.ToString();
+  EXPECT_NE(s.message().find("weight scale from initializer 'ws'"), std::string::npos)
+      << s.ToString();
+}
 }  // namespace
 }  // namespace kiln

@@ -154,14 +154,19 @@ def int8_layers_in_engine(kiln, model_path, work):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kiln", required=True)
+    ap.add_argument("--kiln")
     ap.add_argument("--zoo", required=True)
+    ap.add_argument("--make-only", metavar="DIR",
+                    help="write the QDQ cases (model.onnx and ONNX Runtime's outputs) to DIR and "
+                         "stop, to run them elsewhere: kiln conformance --backend cuda DIR")
     ap.add_argument("--expected", default=os.path.join(os.path.dirname(__file__),
                                                        "qdq_expected_pass.txt"))
     a = ap.parse_args()
+    if not a.make_only and not a.kiln:
+        ap.error("--kiln is required unless --make-only")
     with tempfile.TemporaryDirectory() as d:
-        root = os.path.join(d, "qdq")
-        os.makedirs(root)
+        root = a.make_only or os.path.join(d, "qdq")
+        os.makedirs(root, exist_ok=True)
         cases = sorted(c for c in os.listdir(a.zoo)
                        if os.path.exists(os.path.join(a.zoo, c, "model.onnx")))
         for c in cases:
@@ -170,6 +175,9 @@ def main():
                 if not make_case(os.path.join(a.zoo, c), os.path.join(root, name), u8):
                     print(f"FAIL {name}: the quantizer left no QuantizeLinear/DequantizeLinear pair")
                     return 1
+        if a.make_only:
+            print(f"wrote {len(os.listdir(root))} QDQ cases to {root}")
+            return 0
         # The engine's INT8 layers are the model's: as many as the graph has fusable layers.
         for name in sorted(os.listdir(root)):
             model = os.path.join(root, name, "model.onnx")

@@ -12,6 +12,7 @@
 #include "kiln/engine/engine_file.h"
 #include "kiln/ir/weight_program.h"
 #include "kiln/onnx/onnx_import.h"
+#include "kiln/ops/int8_layer.h"
 #include "kiln/precision/precision.h"
 
 namespace kiln {
@@ -76,6 +77,8 @@ StatusOr<std::map<std::string, Tensor>> ComputeRefit(
   if (!engine.graph) return MakeError(ErrorCode::kInvalidArgument, "no engine to refit");
   const auto start = Clock::now();
   const WeightProgram& program = engine.weight_program;
+  // A QDQ model's INT8 layers carry its scales as attributes, which the program does not make.
+  KILN_RETURN_IF_ERROR(CheckModelInt8Sources(*engine.graph, initializers));
   KILN_ASSIGN_OR_RETURN(auto values, RunWeightProgram(program, initializers, ReferenceEvaluator()));
   int64_t bytes = 0;
   for (const auto& [name, t] : values) {

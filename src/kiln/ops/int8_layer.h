@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kiln/ir/graph.h"
@@ -24,12 +26,17 @@ inline constexpr const char* kInt8InputAmaxAttr = "kiln_int8_input_amax";
 inline constexpr const char* kInt8InputScaleAttr = "kiln_int8_input_scale";
 inline constexpr const char* kInt8InputZeroPointAttr = "kiln_int8_input_zero_point";
 inline constexpr const char* kInt8WeightScalesAttr = "kiln_int8_weight_scales";
+// The model initializers the three came from (input scale, input zero point, weight scale; "" for
+// one that was not an initializer), so that refit can refuse new weights that change them.
+inline constexpr const char* kInt8ScaleSourcesAttr = "kiln_int8_scale_sources";
 
 // The model's quantization of an INT8 layer from a QDQ model.
 struct ModelInt8Scales {
   float input_scale = 1.f;
   int32_t input_zero_point = 0;  // int8 domain, [-128, 127]
   std::vector<float> weight_scales;
+  // The model initializers the three came from (kInt8ScaleSourcesAttr; empty when unknown).
+  std::vector<std::string> sources;
 };
 
 // The node's model scales when it carries all three attributes with usable values (finite positive
@@ -39,5 +46,9 @@ std::optional<ModelInt8Scales> ModelInt8ScalesOf(const Node& node);
 bool HasModelInt8Attrs(const Node& node);
 void SetModelInt8Attrs(Node& node, const ModelInt8Scales& scales);
 void EraseModelInt8Attrs(Node& node);
+
+// Refit's check: the model's new initializers (by name) must give the INT8 layers of `graph` the
+// scales they were built with; an error names the first layer and initializer that differ.
+Status CheckModelInt8Sources(const Graph& graph, const std::map<std::string, Tensor>& initializers);
 
 }  // namespace kiln

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <optional>
 
+#include "kiln/ir/weight_program.h"
 #include "kiln/ops/int8_layer.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
@@ -154,6 +155,13 @@ StatusOr<ModelInt8Scales> LayerScales(const Match& m) {
   return s;
 }
 
+// The model initializer a constant is, or "" (refit checks the scales against it).
+std::string InitializerName(const Value* v) {
+  if (!v || !v->constant()) return "";
+  WeightExprPtr e = ProvenanceOf(*v);
+  return e && e->kind == WeightExpr::Kind::kInitializer ? e->name : "";
+}
+
 Pattern QdqLayerPattern() {
   using namespace pat;
   // Q and DQ may feed other readers too (one DQ read by a Conv and a residual Add): they stay for
@@ -181,6 +189,9 @@ class QdqFusionPass final : public Pass {
                                                     s.status().message()));
             return;
           }
+          s->sources = {InitializerName(m.node("q")->input(1)),
+                        InitializerName(m.node("q")->input(2)),
+                        InitializerName(m.node("wdq")->input(1))};
           SetModelInt8Attrs(*m.root, *s);
           graph.SetInput(m.root, 0, m.value("x"));
           ctx.stats().rewrites += 1;

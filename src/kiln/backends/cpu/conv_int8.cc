@@ -13,6 +13,7 @@
 // with argument arrays built in Prepare.
 #include <dnnl.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kiln/backends/cpu/conv_common.h"
@@ -35,7 +36,8 @@ Status OneDnnCall(dnnl_status_t status, const char* what) {
 }
 
 // The primitive for one shape with its memory descriptors and workspace layout:
-// [s8 X in NCHW][s8 X in the primitive's layout, if different][f32 Y in its layout, if
+// [quantized X in NCHW (s8, or f32: Int8ComputeType)][the same in the primitive's layout, if
+// different][f32 Y in its layout, if
 // different][scratchpad].
 struct Int8ConvPlan {
   dnnl::convolution_forward::primitive_desc pd;
@@ -51,16 +53,18 @@ StatusOr<Int8ConvPlan> MakeInt8Plan(const ConvSpec& spec, const ConvGeometry& g,
   try {
     const OneDnnConvShapes sh = MakeOneDnnConvShapes(spec, g);
     auto s8 = memory::data_type::s8;
+    const auto qt = Int8ComputeType();  // s8, or f32 holding the same integers
     auto f32 = memory::data_type::f32;
     Int8ConvPlan plan;
-    plan.user_q = memory::desc(sh.src, s8, sh.act_tag);
+    plan.user_q = memory::desc(sh.src, qt, sh.act_tag);
     plan.user_dst = memory::desc(sh.dst, f32, sh.act_tag);
-    plan.user_wei = memory::desc(sh.wei, s8, sh.wei_tag);
+    // kiln's int8 weights, or in the f32 form the same integers times their output scales.
+    plan.user_wei = memory::desc(sh.wei, qt, sh.wei_tag);
     memory::desc bias_md =
         const_bias ? memory::desc({g.mg * g.group}, f32, Tag::x) : memory::desc();
     dnnl::convolution_forward::desc desc(
         dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-        memory::desc(sh.src, s8, Tag::any), memory::desc(sh.wei, s8, Tag::any), bias_md,
+        memory::desc(sh.src, qt, Tag::any), memory::desc(sh.wei, qt, Tag::any), bias_md,
         memory::desc(sh.dst, f32, Tag::any), sh.strides, sh.dilation, sh.pad_l, sh.pad_r);
     dnnl::post_ops ops;
     if (preload) ops.append_sum(1.f);
@@ -69,8 +73,11 @@ StatusOr<Int8ConvPlan> MakeInt8Plan(const ConvSpec& spec, const ConvGeometry& g,
       ops.append_eltwise(1.f, *alg, alpha, beta);
     }
     dnnl::primitive_attr attr;
-    attr.set_output_scales(1 << 1, scales);  // per output channel (dst dim 1)
-    if (zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {zero_point});
+    // Per output channel (dst dim 1). oneDNN 2.x has no output scales for f32 convolution: the
+    // f32 form carries them in the weights (`scales` empty).
+    if (!scales.empty()) attr.set_output_scales(1 << 1, scales);
+    // The f32 form subtracts the zero point while quantizing (padding is 0 = the zero point).
+    if (zero_point != 0 && qt == s8) attr.set_zero_points(DNNL_ARG_SRC, 0, {zero_point});
     attr.set_post_ops(ops);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     plan.pd = dnnl::convolution_forward::primitive_desc(desc, attr, OneDnnEngine());
@@ -122,7 +129,16 @@ class Int8ConvKernel final : public Kernel {
     // to the int32 sum before scaling).
     scales_.resize(weights_.scales.size());
     for (size_t c = 0; c < scales_.size(); ++c) scales_[c] = x_scale_ * weights_.scales[c];
-    for (size_t c = 0; c < bias_q_.size(); ++c) bias_q_[c] /= scales_[c];
+    if (Int8ComputeType() == memory::data_type::s8) {
+      for (size_t c = 0; c < bias_q_.size(); ++c) bias_q_[c] /= scales_[c];
+    } else {
+      // The f32 form: weights q * scale (channel-major), no output scales, the bias as it is.
+      const size_t inner = weights_.q.size() / std::max<size_t>(scales_.size(), 1);
+      scaled_wei_.resize(weights_.q.size());
+      for (size_t i = 0; i < weights_.q.size(); ++i) {
+        scaled_wei_[i] = static_cast<float>(weights_.q[i]) * scales_[i / inner];
+      }
+    }
   }
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
@@ -134,12 +150,15 @@ class Int8ConvKernel final : public Kernel {
                        scales_.size(), geo_.mg * geo_.group);
     }
     KILN_ASSIGN_OR_RETURN(
-        plan_, MakeInt8Plan(spec_, geo_, !bias_q_.empty(), preload(), scales_, act_.zero_point));
+        plan_, MakeInt8Plan(spec_, geo_, !bias_q_.empty(), preload(),
+                            scaled_wei_.empty() ? scales_ : std::vector<float>{}, act_.zero_point));
     try {
       dnnl::engine& eng = OneDnnEngine();
       stream_ = dnnl::stream(eng);
       conv_ = dnnl::convolution_forward(plan_->pd);
-      memory user_wei(plan_->user_wei, eng, weights_.q.data());
+      memory user_wei(plan_->user_wei, eng,
+                      scaled_wei_.empty() ? static_cast<void*>(weights_.q.data())
+                                          : static_cast<void*>(scaled_wei_.data()));
       packed_wei_ = memory(plan_->pd.weights_desc(), eng);
       dnnl::reorder(user_wei, packed_wei_).execute(stream_, user_wei, packed_wei_);
       stream_.wait();
@@ -174,8 +193,13 @@ class Int8ConvKernel final : public Kernel {
     SetOneDnnThreads();
     auto* ws = static_cast<std::byte*>(args.workspace);
     const Int8ConvPlan& p = *plan_;
-    auto* q = reinterpret_cast<int8_t*>(ws);
-    QuantizeActivations(args.inputs[0].as<const float>(), args.inputs[0].num_elements(), act_, q);
+    void* q = ws;
+    const float* x = args.inputs[0].as<const float>();
+    if (Int8ComputeType() == memory::data_type::s8) {
+      QuantizeActivations(x, args.inputs[0].num_elements(), act_, reinterpret_cast<int8_t*>(q));
+    } else {
+      QuantizeActivations(x, args.inputs[0].num_elements(), act_, reinterpret_cast<float*>(q));
+    }
     float* y = args.outputs[0].as<float>();
     KILN_RETURN_IF_ERROR(SetHandle(user_q_, q));
     KILN_RETURN_IF_ERROR(SetHandle(user_dst_, y));
@@ -211,6 +235,7 @@ class Int8ConvKernel final : public Kernel {
 
   ConvSpec spec_;
   Int8Activation act_;
+  std::vector<float> scaled_wei_;  // the f32 form's weights (Int8ComputeType)
   float x_scale_;
   Int8Weights weights_;
   std::vector<float> bias_q_;  // constant bias / output scale; empty when none or not constant

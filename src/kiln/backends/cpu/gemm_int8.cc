@@ -72,7 +72,7 @@ StatusOr<std::pair<int64_t, int64_t>> RowsAndDepth(const Int8GemmSpec& s,
   return std::pair{m, a.back()};
 }
 
-// The primitive for one M, and the workspace layout [s8 A][scratchpad].
+// The primitive for one M, and the workspace layout [quantized A (s8 or f32)][scratchpad].
 struct Int8GemmPlan {
   dnnl::matmul::primitive_desc pd;
   size_t a_bytes = 0, scratch_bytes = 0;
@@ -83,11 +83,11 @@ StatusOr<Int8GemmPlan> MakeInt8GemmPlan(const Int8GemmSpec& s, int64_t m, int64_
                                         bool const_bias, bool preload,
                                         const std::vector<float>& scales, int32_t zero_point) {
   try {
-    auto s8 = memory::data_type::s8;
+    const auto qt = Int8ComputeType();  // s8, or f32 holding the same integers
     auto f32 = memory::data_type::f32;
     // A keeps its storage order: [K, M] when transposed.
-    memory::desc src({m, k}, s8, s.trans_a ? memory::dims{1, m} : memory::dims{k, 1});
-    memory::desc wei({k, n}, s8, memory::format_tag::any);
+    memory::desc src({m, k}, qt, s.trans_a ? memory::dims{1, m} : memory::dims{k, 1});
+    memory::desc wei({k, n}, qt, memory::format_tag::any);
     memory::desc bias =
         const_bias ? memory::desc({1, n}, f32, memory::format_tag::ab) : memory::desc();
     memory::desc dst({m, n}, f32, memory::format_tag::ab);
@@ -97,13 +97,16 @@ StatusOr<Int8GemmPlan> MakeInt8GemmPlan(const Int8GemmSpec& s, int64_t m, int64_
     if (auto alg = OneDnnEltwise(s.act, &alpha, &beta)) ops.append_eltwise(1.f, *alg, alpha, beta);
     dnnl::primitive_attr attr;
     attr.set_output_scales(1 << 1, scales);  // per column N
-    if (zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {zero_point});
+    // The f32 form subtracts the zero point while quantizing.
+    if (zero_point != 0 && qt == memory::data_type::s8) {
+      attr.set_zero_points(DNNL_ARG_SRC, 0, {zero_point});
+    }
     attr.set_post_ops(ops);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     Int8GemmPlan plan;
     plan.pd =
         dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, bias, dst), attr, OneDnnEngine());
-    plan.a_bytes = Align64(static_cast<size_t>(m * k));
+    plan.a_bytes = Align64(static_cast<size_t>(m * k) * memory::data_type_size(qt));
     plan.scratch_bytes = Align64(plan.pd.scratchpad_desc().get_size());
     return plan;
   } catch (const dnnl::error& e) {
@@ -213,8 +216,14 @@ class Int8GemmKernel final : public Kernel {
   Status Run(const KernelRunArgs& args) override {
     SetOneDnnThreads();
     auto* ws = static_cast<std::byte*>(args.workspace);
-    auto* q = reinterpret_cast<int8_t*>(ws);
-    QuantizeActivations(args.inputs[0].as<const float>(), m_ * k_, act_, q);
+    void* q = ws;
+    if (Int8ComputeType() == memory::data_type::s8) {
+      QuantizeActivations(args.inputs[0].as<const float>(), m_ * k_, act_,
+                          reinterpret_cast<int8_t*>(ws));
+    } else {
+      QuantizeActivations(args.inputs[0].as<const float>(), m_ * k_, act_,
+                          reinterpret_cast<float*>(ws));
+    }
     float* y = args.outputs[0].as<float>();
     if (addend_.preload) {
       const float* c = args.inputs[2].as<const float>();

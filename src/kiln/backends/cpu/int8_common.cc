@@ -15,6 +15,18 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
 QuantizeRangeModel(const float* x, int64_t n, float scale, float zero_point, int8_t* q) {
   for (int64_t i = 0; i < n; ++i) q[i] = QuantizeInt8Model(x[i], scale, zero_point);
 }
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void
+QuantizeRangeToFloat(const float* x, int64_t n, const Int8Activation& a, float* q) {
+  if (a.from_model) {
+    const float zp = static_cast<float>(a.zero_point);
+    for (int64_t i = 0; i < n; ++i) {
+      q[i] = static_cast<float>(QuantizeInt8Model(x[i], a.scale, zp)) - zp;
+    }
+  } else {
+    const float inv = 1.f / a.scale;
+    for (int64_t i = 0; i < n; ++i) q[i] = static_cast<float>(QuantizeInt8(x[i], inv));
+  }
+}
 
 constexpr int64_t kChunk = 1 << 14;
 }  // namespace
@@ -38,6 +50,15 @@ void QuantizeActivationsModel(const float* x, int64_t n, float scale, int32_t ze
   for (int64_t c = 0; c < chunks; ++c) {
     int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
     QuantizeRangeModel(x + lo, hi - lo, scale, zp, q + lo);
+  }
+}
+
+void QuantizeActivations(const float* x, int64_t n, const Int8Activation& a, float* q) {
+  int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+    QuantizeRangeToFloat(x + lo, hi - lo, a, q + lo);
   }
 }
 

@@ -33,4 +33,8 @@ inline void QuantizeActivations(const float* x, int64_t n, const Int8Activation&
   }
 }
 
+// The f32 form of the same integers (onednn_common.h, Int8ComputeType): q[i] = the quantized
+// activation minus the zero point, as a float.
+void QuantizeActivations(const float* x, int64_t n, const Int8Activation& a, float* q);
+
 }  // namespace kiln::cpu

@@ -3,6 +3,9 @@
 
 #include <omp.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "kiln/core/thread_pool.h"
 
 namespace kiln::cpu {
@@ -67,6 +70,20 @@ OneDnnConvShapes MakeOneDnnConvShapes(const ConvSpec& spec, const ConvGeometry& 
     s.wei_tag = g.group > 1 ? Tag::goiw : Tag::oiw;
   }
   return s;
+}
+
+dnnl::memory::data_type Int8ComputeType() {
+  static const dnnl::memory::data_type type = [] {
+    if (const char* e = std::getenv("KILN_CPU_INT8_F32"); e && *e) {
+      return std::strcmp(e, "0") == 0 ? dnnl::memory::data_type::s8 : dnnl::memory::data_type::f32;
+    }
+    using dnnl::cpu_isa;
+    const cpu_isa isa = dnnl::get_effective_cpu_isa();
+    const bool vnni = isa == cpu_isa::avx2_vnni || isa == cpu_isa::avx512_core_vnni ||
+                      isa == cpu_isa::avx512_core_bf16 || isa == cpu_isa::avx512_core_amx;
+    return vnni ? dnnl::memory::data_type::s8 : dnnl::memory::data_type::f32;
+  }();
+  return type;
 }
 
 void SetOneDnnThreads() { omp_set_num_threads(ThreadPool::Default().size()); }

@@ -27,6 +27,15 @@ struct OneDnnConvShapes {
 };
 OneDnnConvShapes MakeOneDnnConvShapes(const ConvSpec& spec, const ConvGeometry& g);
 
+// The element type of the INT8 primitives' quantized operands. s8 where oneDNN's integer products
+// are exact: CPUs with VNNI (AVX2-VNNI, AVX-512 VNNI, AMX). Without VNNI (AVX2, AVX-512F) oneDNN
+// multiplies u8 x s8 pairs with vpmaddubsw, whose 16-bit pair sums saturate (an s8 source is
+// shifted to u8 by 128): measured on an AVX2 EPYC, relative L2 1e-2 to 2e-1 against the INT8
+// contract. There the INT8 kernels hand oneDNN the same integers as f32 (activations q - zero
+// point, weights q), which multiply and sum exactly below 2^24 and round as f32 above: the
+// contract's results at f32 speed. KILN_CPU_INT8_F32=1 forces the f32 form (tests), =0 the s8.
+dnnl::memory::data_type Int8ComputeType();
+
 // Debian's oneDNN runs on OpenMP's threads, not kiln's ThreadPool: bound them by the pool's size
 // (KILN_NUM_THREADS) on the calling thread before executing a primitive.
 void SetOneDnnThreads();
