@@ -292,6 +292,44 @@ TEST(AttentionFusion, OnlyKRepeatedStaysPlain) {
   EXPECT_EQ(CountOps(g, "Expand"), 1);
 }
 
+// A constant additive mask is causal only when it is exactly 0 on and below the diagonal and very
+// negative above it (Llama's export: float32's lowest above the diagonal); a mask that also hides
+// a key below the diagonal, or shows one above it, stays an additive input.
+TEST(AttentionFusion, ConstantAdditiveMaskIsCausalOnlyWhenItIsTheCausalMask) {
+  enum class Form { kLowest, kHidesABelowDiagonalKey, kShowsAnAboveDiagonalKey };
+  for (Form form : {Form::kLowest, Form::kHidesABelowDiagonalKey, Form::kShowsAnAboveDiagonalKey}) {
+    SCOPED_TRACE(static_cast<int>(form));
+    auto make = [&](Graph& g) {
+      Tensor mask(DataType::kFloat32, {1, 1, kSeq, kSeq});
+      for (int64_t i = 0; i < kSeq; ++i) {
+        for (int64_t j = 0; j < kSeq; ++j) {
+          double v = j > i ? std::numeric_limits<float>::lowest() : 0.0;
+          if (form == Form::kHidesABelowDiagonalKey && i == 3 && j == 1) v = -1e9;
+          if (form == Form::kShowsAnAboveDiagonalKey && i == 1 && j == 4) v = 0.0;
+          StoreFromDouble(mask.view(), i * kSeq + j, v);
+        }
+      }
+      Value* q = g.AddInput("q", DataType::kFloat32, {2, kHeads, kSeq, kHeadDim});
+      Value* k = g.AddInput("k", DataType::kFloat32, {2, kHeads, kSeq, kHeadDim});
+      Value* v = g.AddInput("v", DataType::kFloat32, {2, kHeads, kSeq, kHeadDim});
+      Value* kt =
+          Op(g, "Transpose", {k}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 1, 3, 2}}));
+      Value* sc = Op(g, "Add", {Op(g, "MatMul", {q, kt}), Const(g, mask)});
+      g.MarkOutput(
+          Op(g, "MatMul", {Op(g, "Softmax", {sc}, Attrs(std::pair{"axis", int64_t{-1}})), v}));
+    };
+    Graph before, after;
+    make(before);
+    make(after);
+    RunPasses(after, Only(MakeAttentionFusionPass()));
+    Node* a = Find(after, "Attention");
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(a->attrs().GetString("mask_kind", ""), form == Form::kLowest ? "causal" : "additive");
+    EXPECT_EQ(a->num_inputs(), form == Form::kLowest ? 3u : 4u);
+    ExpectSameOutputs(before, after);
+  }
+}
+
 // ---- residual Add + RMSNorm
 
 Value* Rms(Graph& g, Value* x, uint32_t seed) {
