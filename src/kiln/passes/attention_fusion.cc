@@ -15,6 +15,9 @@
 //   broadcast of a rank-4 mask expresses, so the fused Attention runs on rank-5 views of Q, K and
 //   V (Reshapes, which are free) with the sum of both masks, and a Reshape makes its output
 //   rank 4 again.
+// - Grouped-query attention (Llama, Mistral): K and V repeated to Q's head count by repeat_kv
+//   (Unsqueeze -> Expand -> Reshape). The same rank + 1 views run it un-repeated: Q as
+//   [B, KVH, n_rep, S, D] against K and V as [B, KVH, 1, S, D], whose size-1 axis broadcasts.
 #include <algorithm>
 
 #include "kiln/ops/op_table.h"
@@ -51,21 +54,6 @@ Pattern AttentionPattern() {
        scaled});
   Pattern probs = Op("Softmax", {masked}).Capture("softmax").Where(SoftmaxOverLastAxis);
   return Op("MatMul", {probs, Any("v")});
-}
-
-// Static integer elements of a value (a constant or a dims-value).
-std::optional<std::vector<int64_t>> StaticInts(const Value* v, const PassContext& ctx) {
-  if (!v) return std::nullopt;
-  if (v->is_constant() && IsInteger(v->constant()->dtype())) return v->constant()->ToInt64Vector();
-  if (const std::vector<Dim>* dv = ctx.dims_value(v)) {
-    std::vector<int64_t> out;
-    for (const Dim& d : *dv) {
-      if (!d.is_static()) return std::nullopt;
-      out.push_back(d.value());
-    }
-    return out;
-  }
-  return std::nullopt;
 }
 
 // True when `cond` is C[..., 0:a, 0:b] of a constant boolean C with C[..., i, j] = (j <= i), so
@@ -123,18 +111,51 @@ bool IsTopLeftCausal(const Value* cond, const PassContext& ctx) {
   return true;
 }
 
+// True when `mask` is a constant additive mask of the square scores' full [S, S] extent (any
+// leading dims) that is 0 where key j <= query i and very negative (<= -1e4, -inf included) above
+// the diagonal in every plane: the causal mask (torch.full(-inf).triu(1), Llama's exports).
+bool IsAdditiveCausal(const Value* mask, const Shape& scores) {
+  if (!mask->is_constant() || !mask->has_shape() || scores.size() < 2) return false;
+  const Tensor& t = *mask->constant();
+  const auto& d = t.dims();
+  const size_t r = scores.size();
+  if (d.size() < 2 || !(scores[r - 1] == scores[r - 2]) || !(scores[r - 1] == Dim(d.back())) ||
+      d.back() != d[d.size() - 2]) {
+    return false;
+  }
+  const int64_t n = d.back();
+  const int64_t planes = n == 0 ? 0 : t.num_elements() / (n * n);
+  if (planes == 0 || planes * n * n > (int64_t{1} << 24)) return false;  // keep the scan cheap
+  for (int64_t p = 0; p < planes; ++p) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const double v = t.GetDouble((p * n + i) * n + j);
+        if (j <= i ? v != 0.0 : !(v <= -1e4)) return false;
+      }
+    }
+  }
+  return true;
+}
+
 class AttentionFusionPass final : public Pass {
  public:
   std::string_view name() const override { return "attention_fusion"; }
 
   Status Run(Graph& graph, PassContext& ctx) override {
     static const Pattern pattern = AttentionPattern();
-    return ForEachMatch(graph, pattern, RootOrder::kFromOutputs, nullptr,
-                        [&](const Match& m) { Rewrite(graph, ctx, m); });
+    int grouped = 0;
+    KILN_RETURN_IF_ERROR(ForEachMatch(graph, pattern, RootOrder::kFromOutputs, nullptr,
+                                      [&](const Match& m) { Rewrite(graph, ctx, m, grouped); }));
+    if (grouped > 0) {
+      ctx.stats().notes.push_back(fmt::format(
+          "{} grouped-query attention layer(s) read K and V un-repeated (no repeat_kv copies)",
+          grouped));
+    }
+    return OkStatus();
   }
 
  private:
-  static void Rewrite(Graph& graph, PassContext& ctx, const Match& m) {
+  static void Rewrite(Graph& graph, PassContext& ctx, const Match& m, int& grouped) {
     Value* q = m.value("q");
     Value* kt = m.value("kt");
     Value* v = m.value("v");
@@ -204,6 +225,10 @@ class AttentionFusionPass final : public Pass {
       mask = m.value("mask");
       if (mask->dtype() != q->dtype()) return;
       kind = "additive";
+      if (IsAdditiveCausal(mask, scores->shape())) {
+        kind = "causal";  // the kernels skip the masked keys instead of adding -inf to them
+        mask = nullptr;
+      }
     } else if (m.has("where")) {
       Value* cond = m.value("cond");
       double fill = *ConstantSplat(m.value("fill"));
@@ -252,6 +277,10 @@ class AttentionFusionPass final : public Pass {
       RewriteWindowed(graph, ctx, m, split, {q, k, v}, mask, std::move(attrs));
       return;
     }
+    if (RewriteGrouped(graph, ctx, m, q, k, v, mask, attrs)) {
+      ++grouped;
+      return;
+    }
     std::vector<Value*> inputs = {q, k, v};
     if (mask) inputs.push_back(mask);
     ReplaceMatched(graph, ctx, m.matched, m.root, "Attention", std::move(inputs), std::move(attrs));
@@ -265,32 +294,171 @@ class AttentionFusionPass final : public Pass {
     Value* out = m.root->output(0);
     auto out_dims = out->has_shape() ? StaticDims(out->shape()) : std::nullopt;
     if (!out_dims) return;
-    std::vector<std::vector<int64_t>> views;
+    std::vector<ViewOperand> operands;
     for (Value* x : qkv) {
       auto d = x->has_shape() ? StaticDims(x->shape()) : std::nullopt;
       if (!d || d->empty() || (*d)[0] != split[0] * split[1]) return;
       std::vector<int64_t> v = {split[0], split[1]};
       v.insert(v.end(), d->begin() + 1, d->end());
-      views.push_back(std::move(v));
+      operands.push_back({x, std::move(v)});
     }
+    operands.push_back({mask, {}});
+    FuseOnViews(graph, ctx, m, std::move(operands), *out_dims, std::move(attrs));
+  }
+
+  // Grouped-query attention: K and V repeated from KVH to H = KVH * n heads by repeat_kv,
+  //   Reshape(Expand([..., KVH, 1, S, D] -> [..., KVH, n, S, D]) -> [..., H, S, D]),
+  // run un-repeated: Attention on Q viewed as [..., KVH, n, Sq, D] against K and V as
+  // [..., KVH, 1, Sk, D] (the Expand's input: its size-1 axis broadcasts), the mask given the same
+  // head split, and the output viewed back as [..., H, Sq, Dv]. No copy of K or V is made.
+  // False (nothing changed) when K and V are not both repeats of one grouping.
+  static bool RewriteGrouped(Graph& graph, PassContext& ctx, const Match& m, Value* q, Value* k,
+                             Value* v, Value* mask, AttributeMap attrs) {
+    const size_t rank = q->shape().size();
+    if (rank < 3) return false;
+    const size_t a = rank - 3;  // the head axis
+    auto kr = RepeatSource(k, a);
+    auto vr = RepeatSource(v, a);
+    if (!kr || !vr || kr->kv_heads != vr->kv_heads || kr->n_rep != vr->n_rep) return false;
+    // The views bake static dims in; shapes that follow from a shape input's values hold for the
+    // build's values only.
+    for (const Value* x : {q, k, v, kr->source, vr->source, m.root->output(0), mask}) {
+      if (x && x->value_dependent()) return false;
+    }
+    const int64_t kvh = kr->kv_heads, n = kr->n_rep;
+    if (!(q->shape()[a] == Dim(kvh * n))) return false;
+    auto grouped = [&](const Shape& s, size_t axis) {
+      Shape g = s;
+      g[axis] = Dim(kvh);
+      g.insert(g.begin() + static_cast<std::ptrdiff_t>(axis) + 1, Dim(n));
+      return g;
+    };
+    auto q_view = ReshapeTarget(grouped(q->shape(), a), a);
+    Value* out = m.root->output(0);
+    if (!q_view || !out->has_shape() || out->shape().size() != rank) return false;
+    auto out_view = ReshapeTarget(out->shape(), a);
+    if (!out_view) return false;
+    std::vector<ViewOperand> operands = {{q, *q_view}, {kr->source, {}}, {vr->source, {}}};
+    if (mask) {
+      // A mask of rank >= 3 has a head axis: split like Q's (H) or given a size-1 axis (1).
+      if (!mask->has_shape()) return false;
+      const Shape& ms = mask->shape();
+      if (ms.size() >= 3) {
+        const size_t hm = ms.size() - 3;
+        if (ms[hm] == Dim(1)) {
+          // [..., 1, Sq, Sk] -> [..., 1, 1, Sq, Sk]: an Unsqueeze, whatever dims are dynamic.
+          operands.push_back({mask, {}, static_cast<int64_t>(hm) + 1});
+        } else if (ms[hm] == Dim(kvh * n)) {
+          auto view = ReshapeTarget(grouped(ms, hm), hm);
+          if (!view) return false;
+          operands.push_back({mask, *view});
+        } else {
+          return false;
+        }
+      } else {
+        operands.push_back({mask, {}});
+      }
+    }
+    FuseOnViews(graph, ctx, m, std::move(operands), *out_view, std::move(attrs));
+    return true;
+  }
+
+  // The un-repeated [..., KVH, 1, S, D] source of a value repeat_kv made, with the head axis at
+  // `a`; nullopt when `x` is not Reshape(Expand(source)) in that form.
+  struct Repeat {
+    Value* source = nullptr;
+    int64_t kv_heads = 0, n_rep = 0;
+  };
+  static std::optional<Repeat> RepeatSource(Value* x, size_t a) {
+    Node* r = x->producer();
+    if (!r || !IsOp(*r, OpType::kReshape) || !x->has_shape()) return std::nullopt;
+    Value* expanded = r->input(0);
+    Node* e = expanded ? expanded->producer() : nullptr;
+    if (!e || !IsOp(*e, OpType::kExpand)) return std::nullopt;
+    Value* src = e->input(0);
+    if (!src || !src->has_shape() || !expanded->has_shape()) return std::nullopt;
+    const Shape& xs = x->shape();
+    const Shape& es = expanded->shape();
+    const Shape& ss = src->shape();
+    if (es.size() != xs.size() + 1 || ss.size() != es.size() || !(ss[a + 1] == Dim(1))) {
+      return std::nullopt;
+    }
+    auto kvh = es[a].static_value();
+    auto n = es[a + 1].static_value();
+    if (!kvh || !n || *kvh <= 0 || *n <= 1 || !(xs[a] == Dim(*kvh * *n))) return std::nullopt;
+    for (size_t i = 0; i < es.size(); ++i) {
+      // The Expand repeats along the new axis only (a batch broadcast would be read wrongly).
+      if (i != a + 1 && !(es[i] == ss[i])) return std::nullopt;
+      if (i != a && i != a + 1 && !(xs[i < a ? i : i - 1] == es[i])) return std::nullopt;
+    }
+    return Repeat{src, *kvh, *n};
+  }
+
+  // Reshape targets for a view: static dims as themselves; a dynamic dim among the first
+  // `copy_prefix` (where the input has the same dim at the same position) as 0, ONNX's "copy";
+  // one other dynamic dim as -1. nullopt when more are dynamic or a dim is 0 (0 would copy).
+  static std::optional<std::vector<int64_t>> ReshapeTarget(const Shape& s, size_t copy_prefix) {
+    std::vector<int64_t> out;
+    bool inferred = false;
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (auto d = s[i].static_value()) {
+        if (*d == 0) return std::nullopt;
+        out.push_back(*d);
+      } else if (i < copy_prefix) {
+        out.push_back(0);
+      } else if (!inferred) {
+        inferred = true;
+        out.push_back(-1);
+      } else {
+        return std::nullopt;
+      }
+    }
+    return out;
+  }
+
+  // An Attention operand: the value and the Reshape target that makes its view, or the axis an
+  // Unsqueeze inserts (neither: the value is used as it is).
+  struct ViewOperand {
+    Value* value = nullptr;
+    std::vector<int64_t> view;
+    int64_t unsqueeze_axis = -1;
+  };
+
+  // Attention over operands that are one rank higher than the match's (Q, K, V and the mask, if
+  // any, each reshaped to its view where one is given), and a Reshape of its output to `out_view`
+  // that takes the root's place.
+  static void FuseOnViews(Graph& graph, PassContext& ctx, const Match& m,
+                          std::vector<ViewOperand> operands, const std::vector<int64_t>& out_view,
+                          AttributeMap attrs) {
+    Value* out = m.root->output(0);
     auto shape_constant = [&](const std::vector<int64_t>& dims) {
       return AddLiteralConstant(
-          graph, m.root->name() + "_window_shape",
+          graph, m.root->name() + "_view_shape",
           Tensor::FromVector(DataType::kInt64, {static_cast<int64_t>(dims.size())}, dims));
     };
     std::vector<Value*> inputs;
-    for (size_t i = 0; i < qkv.size(); ++i) {
-      Value* view = graph.AddValue(graph.UniqueName(qkv[i]->name() + "_windows"), qkv[i]->dtype());
-      graph.AddNode("Reshape", graph.UniqueName(m.root->name() + "_window_view"),
-                    {qkv[i], shape_constant(views[i])}, {view});
+    for (const ViewOperand& o : operands) {
+      if (!o.value) continue;
+      if (o.view.empty() && o.unsqueeze_axis < 0) {
+        inputs.push_back(o.value);
+        continue;
+      }
+      Value* view = graph.AddValue(graph.UniqueName(o.value->name() + "_view"), o.value->dtype());
+      if (o.view.empty()) {
+        graph.AddNode("Unsqueeze", graph.UniqueName(m.root->name() + "_view"),
+                      {o.value, shape_constant({o.unsqueeze_axis})}, {view});
+      } else {
+        graph.AddNode("Reshape", graph.UniqueName(m.root->name() + "_view"),
+                      {o.value, shape_constant(o.view)}, {view});
+      }
+      ctx.stats().nodes_added += 1;
       inputs.push_back(view);
     }
-    inputs.push_back(mask);
-    Value* y = graph.AddValue(graph.UniqueName(out->name() + "_windows"), out->dtype());
+    Value* y = graph.AddValue(graph.UniqueName(out->name() + "_view"), out->dtype());
     graph.AddNode("Attention", graph.UniqueName(m.root->name() + "_fused"), std::move(inputs), {y},
                   std::move(attrs));
-    ctx.stats().nodes_added += 4;
-    ReplaceMatched(graph, ctx, m.matched, m.root, "Reshape", {y, shape_constant(*out_dims)}, {});
+    ctx.stats().nodes_added += 1;
+    ReplaceMatched(graph, ctx, m.matched, m.root, "Reshape", {y, shape_constant(out_view)}, {});
   }
 };
 

@@ -119,8 +119,9 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeDeadNodeEliminationPass());
   pm->Add(MakeConvBatchNormFoldingPass());
   pm->Add(MakeLayerNormFusionPass());
+  pm->Add(MakeRmsNormFusionPass());  // before the skip fusion, which takes its result
   pm->Add(MakeSkipLayerNormFusionPass());
-  pm->Add(MakeRmsNormFusionPass());
+  pm->Add(MakeRotaryFusionPass());
   pm->Add(MakeGeluFusionPass());
   pm->Add(MakeAttentionFusionPass());
   pm->Add(MakeAttentionLayoutPass());
@@ -181,6 +182,20 @@ std::vector<std::string> DefaultPassNames() {
     if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
   }
   return names;
+}
+
+std::optional<std::vector<int64_t>> StaticInts(const Value* v, const PassContext& ctx) {
+  if (!v) return std::nullopt;
+  if (v->is_constant() && IsInteger(v->constant()->dtype())) return v->constant()->ToInt64Vector();
+  if (const std::vector<Dim>* dv = ctx.dims_value(v)) {
+    std::vector<int64_t> out;
+    for (const Dim& d : *dv) {
+      if (!d.is_static()) return std::nullopt;
+      out.push_back(d.value());
+    }
+    return out;
+  }
+  return std::nullopt;
 }
 
 Node* ReplaceMatched(Graph& graph, PassContext& ctx, const std::vector<Node*>& matched, Node* root,

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -135,8 +136,9 @@ std::unique_ptr<Pass> MakeIdentityEliminationPass();
 std::unique_ptr<Pass> MakeConvBatchNormFoldingPass();
 std::unique_ptr<Pass> MakeGeluFusionPass();
 std::unique_ptr<Pass> MakeLayerNormFusionPass();
-std::unique_ptr<Pass> MakeSkipLayerNormFusionPass();    // residual Add + LayerNormalization
+std::unique_ptr<Pass> MakeSkipLayerNormFusionPass();    // residual Add + Layer/RMSNormalization
 std::unique_ptr<Pass> MakeRmsNormFusionPass();          // x * rsqrt(mean(x^2) + eps) * w
+std::unique_ptr<Pass> MakeRotaryFusionPass();           // x * cos + rotate_half(x) * sin
 std::unique_ptr<Pass> MakeGatedActivationFusionPass();  // act(a) * b (SwiGLU, GeGLU)
 std::unique_ptr<Pass> MakeGatedProjectionMergePass();   // gate/up -> one GEMM (after gemm_fusion)
 std::unique_ptr<Pass> MakeAttentionFusionPass();
@@ -162,6 +164,10 @@ StatusOr<PassReport> RunDefaultPasses(
     std::unordered_map<const Value*, std::vector<Dim>>* inferred = nullptr);
 
 // ---- helpers for writing passes
+
+// The integer elements of `v` when they are known statically: a constant's, or the dims-value
+// the latest shape inference found (a shape computed from static dims); nullopt otherwise.
+std::optional<std::vector<int64_t>> StaticInts(const Value* v, const PassContext& ctx);
 
 // Replaces the match's root with one new node computing the root's first output (that value is
 // reused, so its name and graph-output mark stay; the root's other outputs must be unused) and

@@ -1,8 +1,10 @@
-// Residual Add + LayerNormalization fusion (ONNX Runtime calls the result SkipLayerNormalization):
-//   s = Add(x, skip); y = LayerNormalization(s, scale, bias?)
-// becomes SkipLayerNormalization(x, skip, scale, bias?) -> (y, s?), one pass over the activations
-// instead of two. s stays an output when something else reads it (the residual stream of pre-LN
-// transformers such as GPT-2); post-LN models (BERT) read only y. Only same-shape Adds fuse: a
+// Residual Add + normalization fusion (ONNX Runtime calls the results SkipLayerNormalization and
+// SkipSimplifiedLayerNormalization):
+//   s = Add(x, skip); y = LayerNormalization(s, scale, bias?)  -> SkipLayerNormalization
+//   s = Add(x, skip); y = RMSNormalization(s, scale)           -> SkipRMSNormalization
+// taking (x, skip, scale, bias?) and producing (y, s?), one pass over the activations instead of
+// two. s stays an output when something else reads it (the residual stream of pre-norm
+// transformers: GPT-2, Llama); post-LN models (BERT) read only y. Only same-shape Adds fuse: a
 // broadcast Add is a bias (MatMul + bias, which the gemm fusion takes), not a residual.
 #include <algorithm>
 
@@ -17,7 +19,8 @@ Pattern SkipLayerNormPattern() {
   using namespace pat;
   // The Add may have other readers: its output then becomes the fused node's second output.
   Pattern sum = Op("Add", {Any("x"), Any("skip")}).Capture("add").Shared();
-  return Op("LayerNormalization", {sum}).Capture("ln");
+  return Op(std::vector<std::string>{"LayerNormalization", "RMSNormalization"}, {sum})
+      .Capture("ln");
 }
 
 // Whether a value is read by anything (a node or the graph's outputs).
@@ -50,6 +53,15 @@ class SkipLayerNormFusionPass final : public Pass {
     Value* sum = add->output(0);
     Value* y = ln->output(0);
     if (!y || !sum || sum->dtype() != x->dtype()) return;
+    if (IsOp(*ln, OpType::kRMSNormalization)) {
+      // Scale is required; axis and epsilon carry over (FP32 statistics are RMSNormalization's
+      // only stash_type).
+      AttributeMap attrs;
+      attrs.Set("axis", attrs::RMSNormalization::axis(*ln));
+      attrs.Set("epsilon", attrs::RMSNormalization::epsilon(*ln));
+      Fuse(graph, ctx, ln, add, "SkipRMSNormalization", {x, skip, ln->input(1)}, std::move(attrs));
+      return;
+    }
     // LayerNormalization's Scale is optional in kiln's IR; the fused op needs one (ones).
     Value* scale = ln->input(1);
     if (!scale) {
@@ -70,20 +82,27 @@ class SkipLayerNormFusionPass final : public Pass {
     }
     std::vector<Value*> inputs = {x, skip, scale};
     if (Value* bias = ln->input(2)) inputs.push_back(bias);
-    // The sum stays an output when anything but this LayerNormalization reads it.
-    bool keep_sum = sum->is_graph_output();
-    for (Node* c : sum->consumers()) keep_sum |= c != ln;
-    std::vector<Value*> outputs = {y};
-    if (keep_sum) outputs.push_back(sum);
     AttributeMap attrs;
     attrs.Set("axis", attrs::LayerNormalization::axis(*ln));
     attrs.Set("epsilon", attrs::LayerNormalization::epsilon(*ln));
-    std::string name = graph.UniqueName(ln->name() + "_skip");
+    Fuse(graph, ctx, ln, add, "SkipLayerNormalization", std::move(inputs), std::move(attrs));
+  }
+
+  // Replaces the norm and the Add with one `op_type` node producing (y, s?).
+  static void Fuse(Graph& graph, PassContext& ctx, Node* norm, Node* add, const char* op_type,
+                   std::vector<Value*> inputs, AttributeMap attrs) {
+    Value* sum = add->output(0);
+    // The sum stays an output when anything but the norm reads it.
+    bool keep_sum = sum->is_graph_output();
+    for (Node* c : sum->consumers()) keep_sum |= c != norm;
+    std::vector<Value*> outputs = {norm->output(0)};
+    if (keep_sum) outputs.push_back(sum);
+    std::string name = graph.UniqueName(norm->name() + "_skip");
     // Removing both releases y and s; the fused node produces them (names and graph-output
     // marks stay with the values).
-    graph.RemoveNode(ln);
+    graph.RemoveNode(norm);
     graph.RemoveNode(add);
-    graph.AddNode("SkipLayerNormalization", std::move(name), std::move(inputs), std::move(outputs),
+    graph.AddNode(op_type, std::move(name), std::move(inputs), std::move(outputs),
                   std::move(attrs));
     ctx.stats().rewrites += 1;
     ctx.stats().nodes_removed += 2;

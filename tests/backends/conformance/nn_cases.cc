@@ -1,7 +1,8 @@
 // Op conformance cases, nn family: LayerNormalization, SkipLayerNormalization,
-// RMSNormalization, BatchNormalization, GatedActivation, Softmax/LogSoftmax and pooling. Each case
-// is a one-node graph that the suite (op_conformance_test.cc) runs on every backend built here,
-// every tactic, on fresh random inputs, against the CPU backend (see op_cases.h).
+// (Skip)RMSNormalization, RotaryEmbedding, BatchNormalization, GatedActivation,
+// Softmax/LogSoftmax and pooling. Each case is a one-node graph that the suite
+// (op_conformance_test.cc) runs on every backend built here, every tactic, on fresh random
+// inputs, against the CPU backend (see op_cases.h).
 #include "op_cases.h"
 
 namespace kiln::testing {
@@ -103,6 +104,53 @@ std::vector<OpCase> NnCases() {
     t.Tolerance(1e-4, 1e-4);
     return t;
   });
+  // SkipRMSNormalization (residual Add + RMSNorm): vector loads (768, 4096, Llama's hidden
+  // sizes: a warp or a block per row), scalar loads (33), with and without the sum output.
+  for (std::vector<int64_t> dims :
+       {std::vector<int64_t>{4, 7, 33}, std::vector<int64_t>{3, 768}, std::vector<int64_t>{2, 4096},
+        std::vector<int64_t>{2, 1500}, std::vector<int64_t>{1200, 768}}) {
+    for (int outputs : {1, 2}) {
+      must("SkipRmsNorm_" + std::to_string(dims.front()) + "x" + std::to_string(dims.back()) +
+               "_out" + std::to_string(outputs),
+           [dims, outputs] {
+             OpTester t("SkipRMSNormalization", Attrs({{"axis", int64_t{-1}}, {"epsilon", 1e-6f}}));
+             t.Input(kF32, dims, -3, 3).Input(kF32, dims, -3, 3);
+             t.Input(kF32, {dims.back()}, 0.5, 1.5).Outputs(outputs);
+             t.FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
+             return t;
+           });
+    }
+  }
+  add("SkipRmsNorm_axis1", [] {
+    OpTester t("SkipRMSNormalization", Attrs({{"axis", int64_t{1}}}));
+    t.Input(kF32, {2, 3, 8}).Input(kF32, {2, 3, 8}).Input(kF32, {3, 8}, 0.5, 1.5).Outputs(2);
+    t.FloatTypes(kAllFloats).Tolerance(1e-4, 1e-4);
+    return t;
+  });
+  // RotaryEmbedding: Llama's [B, H, S, D] against [1, 1, S, D] tables (D 64 and 128: 16-byte
+  // chunks), tables per batch ([B, 1, S, D], computed from position ids), the [B, S, H, D] layout
+  // against [S, 1, D], an odd half (D 6: scalar pairs), tables that broadcast along the row
+  // ([S, 1]), and the interleaved (GPT-J) form.
+  struct Rope {
+    std::string name;
+    std::vector<int64_t> x, cos;
+    int64_t interleaved;
+  };
+  for (const Rope& r : std::vector<Rope>{{"llama_d64", {2, 4, 9, 64}, {1, 1, 9, 64}, 0},
+                                         {"llama_d128", {2, 3, 5, 128}, {5, 128}, 0},
+                                         {"per_batch", {2, 4, 7, 64}, {2, 1, 7, 64}, 0},
+                                         {"bshd", {2, 7, 4, 32}, {7, 1, 32}, 0},
+                                         {"odd_half", {3, 2, 5, 6}, {5, 6}, 0},
+                                         {"row_broadcast", {2, 3, 5, 16}, {5, 1}, 0},
+                                         {"interleaved_d64", {2, 4, 9, 64}, {9, 64}, 1},
+                                         {"interleaved_d6", {3, 5, 6}, {5, 6}, 1}}) {
+    must("Rotary_" + r.name, [r] {
+      OpTester t("RotaryEmbedding", Attrs({{"interleaved", r.interleaved}}));
+      t.Input(kF32, r.x, -3, 3).Input(kF32, r.cos, -1, 1).Input(kF32, r.cos, -1, 1);
+      t.FloatTypes(kAllFloats).Tolerance(1e-5, 1e-5);
+      return t;
+    });
+  }
   // GatedActivation (SwiGLU, GeGLU): two inputs (odd sizes: scalar accesses; 688: 16-byte), and
   // the packed gate/up halves of one input (Llama 7B's 11008 intermediate, an odd 35).
   for (const char* act : {"silu", "gelu", "gelu_tanh"}) {

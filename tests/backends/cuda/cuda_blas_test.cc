@@ -222,6 +222,22 @@ TEST_F(CudaBlasTest, AttentionShapesAndMasks) {
   EXPECT_GE(runs, 10 * 3);
 }
 
+// Grouped-query attention as the attention fusion runs it (rank-5 views): Q [B, KVH, n, S, D]
+// against K and V [B, KVH, 1, S, D] (stride 0 over the group), with causal, additive
+// ([1, 1, 1, S, S]: Llama's constant mask viewed) and per-head masks, D 64 and 128 (the tensor-core
+// tactics) and an odd sequence.
+TEST_F(CudaBlasTest, AttentionGroupedQueryOnRankFiveViews) {
+  int runs = 0;
+  runs += RunAttention({{2, 2, 3, 64, 64}, {2, 2, 1, 64, 64}, {2, 2, 1, 64, 64}, "causal"}, 71);
+  runs += RunAttention({{2, 4, 3, 33, 128}, {2, 4, 1, 33, 128}, {2, 4, 1, 33, 128}, "causal"}, 72);
+  runs += RunAttention(
+      {{2, 2, 3, 40, 64}, {2, 2, 1, 40, 64}, {2, 2, 1, 40, 64}, "additive", {1, 1, 1, 40, 40}}, 73);
+  runs += RunAttention(
+      {{1, 2, 4, 17, 32}, {1, 2, 1, 17, 32}, {1, 2, 1, 17, 32}, "additive", {1, 2, 4, 17, 17}},
+      74);  // a mask per query head
+  EXPECT_GE(runs, 4 * 3);
+}
+
 // Heads interleaved in each row (the attention layout pass): [B, S, H, D] and [B, S, H*D], with
 // the tensor-core tactics' head dims, masks, B broadcast and sizes that are not tile multiples.
 TEST_F(CudaBlasTest, AttentionInterleavedHeadLayouts) {

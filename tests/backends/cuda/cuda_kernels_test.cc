@@ -258,6 +258,8 @@ TEST(CudaKernelCoverage, EveryRuntimeOpHasACudaProvider) {
                          "LayerNormalization",
                          "SkipLayerNormalization",
                          "RMSNormalization",
+                         "SkipRMSNormalization",
+                         "RotaryEmbedding",
                          "GatedActivation",
                          "Softmax",
                          "MaxPool",

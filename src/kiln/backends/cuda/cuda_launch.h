@@ -128,10 +128,27 @@ cudaError_t LaunchLayerNorm(Elem t, Elem param_t, const void* x, const void* sca
 cudaError_t LaunchSkipLayerNorm(Elem t, const void* x, const void* skip, const void* scale,
                                 const void* bias, void* y, void* sum, int64_t rows, int64_t n,
                                 float epsilon, cudaStream_t stream);
-// RMSNormalization over rows of length n: y = x * rsqrt(mean(x^2) + epsilon) * scale, scale of n
-// elements, every operand of type t; FP32 statistics; 16-byte loads when n and the pointers allow.
-cudaError_t LaunchRmsNorm(Elem t, const void* x, const void* scale, void* y, int64_t rows,
-                          int64_t n, float epsilon, cudaStream_t stream);
+// RMSNormalization over rows of length n: y = s * rsqrt(mean(s^2) + epsilon) * scale with
+// s = x + skip (skip null: s = x), scale of n elements, every operand of type t; sum (null: not
+// written, and always null without skip) receives s. FP32 statistics over the FP32 sum; 16-byte
+// loads when n and the pointers allow.
+cudaError_t LaunchRmsNorm(Elem t, const void* x, const void* skip, const void* scale, void* y,
+                          void* sum, int64_t rows, int64_t n, float epsilon, cudaStream_t stream);
+// RotaryEmbedding (rotary.cu): x and y are [rows, d] (d even); row r of x splits over the leading
+// dims `dims` (rank of them, innermost last), and cos's (sin's) row starts at the sum of those
+// coordinates times cos_strides (sin_strides), its elements `cos_step` apart (1, or 0 when cos
+// broadcasts along the row). Strides are in elements.
+struct RotaryGeometry {
+  int64_t rows = 0, d = 0;
+  int32_t rank = 0;
+  int64_t dims[kMaxRank] = {};
+  int64_t cos_strides[kMaxRank] = {};
+  int64_t sin_strides[kMaxRank] = {};
+  int64_t cos_step = 1, sin_step = 1;
+};
+// y = x * cos + rotate(x) * sin per row: rotate-half (interleaved false) or pairs (2i, 2i + 1).
+cudaError_t LaunchRotary(Elem t, bool interleaved, const void* x, const void* cos_t,
+                         const void* sin_t, void* y, const RotaryGeometry& g, cudaStream_t stream);
 // Softmax / LogSoftmax over the middle axis of [outer, n, inner].
 cudaError_t LaunchSoftmax(Elem t, bool log, const void* x, void* y, int64_t outer, int64_t n,
                           int64_t inner, cudaStream_t stream);

@@ -511,9 +511,12 @@ struct alignas(sizeof(T) * kN) RmsVec {
 
 // One row per group (a warp, or a block for long rows), kVec elements per load; x is read twice
 // (the sum of squares, then the output), the second time mostly from cache. FP32 statistics.
-template <bool kWarp, typename T, int kVec>
-__global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ scale,
-                              T* __restrict__ y, int64_t rows, int64_t n, float eps) {
+// kSkip: the row is s = x + skip, summed in FP32 both times it is read (the statistics see the
+// unrounded sum, as the CPU reference's do); sum_out (may be null) receives s rounded to T.
+template <bool kWarp, typename T, int kVec, bool kSkip>
+__global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ skip,
+                              const T* __restrict__ scale, T* __restrict__ y,
+                              T* __restrict__ sum_out, int64_t rows, int64_t n, float eps) {
   using V = RmsVec<T, kVec>;
   __shared__ float scratch[33];
   int64_t row, stride;
@@ -524,21 +527,34 @@ __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ sca
   // Rows are uniform per group, so the whole group leaves together (no divergent barriers).
   for (; row < rows; row += stride) {
     const V* p = reinterpret_cast<const V*>(x + row * n);
+    const V* k = kSkip ? reinterpret_cast<const V*>(skip + row * n) : nullptr;
     V* q = reinterpret_cast<V*>(y + row * n);
+    V* u = kSkip && sum_out ? reinterpret_cast<V*>(sum_out + row * n) : nullptr;
     float sq = 0.f;
     for (int64_t j = lane; j < vecs; j += width) {
-      V a = p[j];
+      V a = p[j], b, t;
+      if constexpr (kSkip) b = k[j];
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         float v = Load(a.v[e]);
+        if constexpr (kSkip) {
+          v += Load(b.v[e]);
+          t.v[e] = Store<T>(v);
+        }
         sq += v * v;
       }
+      if (u) u[j] = t;
     }
     const float inv = rsqrtf(GroupSum<kWarp>(sq, scratch) / static_cast<float>(n) + eps);
     for (int64_t j = lane; j < vecs; j += width) {
-      V a = p[j], w = g[j], o;
+      V a = p[j], w = g[j], b, o;
+      if constexpr (kSkip) b = k[j];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) o.v[e] = Store<T>(Load(a.v[e]) * inv * Load(w.v[e]));
+      for (int e = 0; e < kVec; ++e) {
+        float v = Load(a.v[e]);
+        if constexpr (kSkip) v += Load(b.v[e]);
+        o.v[e] = Store<T>(v * inv * Load(w.v[e]));
+      }
       q[j] = o;
     }
   }
@@ -549,23 +565,37 @@ constexpr int64_t kRmsWarpLoads = 256;
 
 }  // namespace
 
-cudaError_t LaunchRmsNorm(Elem t, const void* x, const void* scale, void* y, int64_t rows,
-                          int64_t n, float epsilon, cudaStream_t stream) {
+cudaError_t LaunchRmsNorm(Elem t, const void* x, const void* skip, const void* scale, void* y,
+                          void* sum, int64_t rows, int64_t n, float epsilon, cudaStream_t stream) {
   if (rows == 0 || n == 0) return cudaSuccess;
   return DispatchFloat(t, [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
     auto* px = static_cast<const T*>(x);
+    auto* pk = static_cast<const T*>(skip);
     auto* ps = static_cast<const T*>(scale);
     auto* py = static_cast<T*>(y);
-    const bool vec = n % kVec == 0 && Aligned16(x) && Aligned16(y) && Aligned16(scale);
+    auto* pu = static_cast<T*>(sum);
+    const bool vec = n % kVec == 0 && Aligned16(x) && Aligned16(y) && Aligned16(scale) &&
+                     (!skip || Aligned16(skip)) && (!sum || Aligned16(sum));
     const bool warp = (vec ? n / kVec : n) <= kRmsWarpLoads;
     auto go = [&](auto kernel) {
-      kernel<<<RowBlocks(rows, warp), kBlockThreads, 0, stream>>>(px, ps, py, rows, n, epsilon);
+      kernel<<<RowBlocks(rows, warp), kBlockThreads, 0, stream>>>(px, pk, ps, py, pu, rows, n,
+                                                                  epsilon);
       return cudaGetLastError();
     };
-    if (vec) return warp ? go(RmsNormKernel<true, T, kVec>) : go(RmsNormKernel<false, T, kVec>);
-    return warp ? go(RmsNormKernel<true, T, 1>) : go(RmsNormKernel<false, T, 1>);
+    if (skip) {
+      if (vec) {
+        return warp ? go(RmsNormKernel<true, T, kVec, true>)
+                    : go(RmsNormKernel<false, T, kVec, true>);
+      }
+      return warp ? go(RmsNormKernel<true, T, 1, true>) : go(RmsNormKernel<false, T, 1, true>);
+    }
+    if (vec) {
+      return warp ? go(RmsNormKernel<true, T, kVec, false>)
+                  : go(RmsNormKernel<false, T, kVec, false>);
+    }
+    return warp ? go(RmsNormKernel<true, T, 1, false>) : go(RmsNormKernel<false, T, 1, false>);
   });
 }
 

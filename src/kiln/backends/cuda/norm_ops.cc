@@ -1,4 +1,4 @@
-// CUDA providers of LayerNormalization, SkipLayerNormalization, RMSNormalization,
+// CUDA providers of LayerNormalization, SkipLayerNormalization, (Skip)RMSNormalization,
 // Softmax/LogSoftmax and BatchNormalization (kernels in norm.cu). Row geometry comes from Prepare;
 // f32, f16 and bf16 storage with FP32 statistics. LayerNormalization has two tactics the builder
 // times: "row" (any parameter type, statistics outputs) and "warp-vec" (LaunchSkipLayerNorm
@@ -188,38 +188,50 @@ CudaOpDef SkipLayerNormDef() {
 }
 KILN_CUDA_OP_PROVIDER(SkipLayerNormProvider, SkipLayerNormDef());
 
-// ---- RMSNormalization -------------------------------------------------------------------------
+// ---- RMSNormalization and SkipRMSNormalization ------------------------------------------------
+// One kernel for both: inputs (x, skip?, scale), outputs (y, sum?) as `has_skip` says.
 class RmsNormKernel final : public Kernel {
  public:
-  RmsNormKernel(int64_t axis, float eps, Elem t) : axis_(axis), eps_(eps), t_(t) {}
+  RmsNormKernel(int64_t axis, float eps, Elem t, bool has_skip)
+      : axis_(axis), eps_(eps), t_(t), has_skip_(has_skip) {}
   StatusOr<size_t> Prepare(std::span<const TensorView> in, std::span<const TensorView>) override {
     const auto& x = in[0].dims;
     int64_t axis = NormAxis(axis_, x.size());
     if (axis < 0 || axis > static_cast<int64_t>(x.size())) {
-      return MakeError(ErrorCode::kShapeMismatch, "RMSNormalization axis {} of rank {}", axis_,
+      return MakeError(ErrorCode::kShapeMismatch, "{} axis {} of rank {}", OpName(), axis_,
                        x.size());
+    }
+    if (has_skip_ && !SameDims(in[0].dims, in[1].dims)) {
+      return MakeError(ErrorCode::kShapeMismatch,
+                       "SkipRMSNormalization on CUDA needs Skip of X's shape ({} vs {} elements)",
+                       in[1].num_elements(), in[0].num_elements());
     }
     n_ = 1;
     for (size_t i = static_cast<size_t>(axis); i < x.size(); ++i) n_ *= x[i];
     rows_ = n_ == 0 ? 0 : in[0].num_elements() / n_;
-    if (in[1].num_elements() != n_) {
+    if (in[scale_index()].num_elements() != n_) {
       return MakeError(ErrorCode::kUnimplemented,
-                       "RMSNormalization on CUDA needs Scale of the full normalized size ({} "
-                       "elements); it has {}",
-                       n_, in[1].num_elements());
+                       "{} on CUDA needs Scale of the full normalized size ({} elements); it has "
+                       "{}",
+                       OpName(), n_, in[scale_index()].num_elements());
     }
     return size_t{0};
   }
   Status Run(const KernelRunArgs& a) override {
-    return Launched(LaunchRmsNorm(t_, a.inputs[0].data, a.inputs[1].data, a.outputs[0].data, rows_,
-                                  n_, eps_, StreamOf(a)),
-                    "RMSNormalization kernel");
+    const void* skip = has_skip_ ? a.inputs[1].data : nullptr;
+    void* sum = has_skip_ && a.outputs.size() > 1 ? a.outputs[1].data : nullptr;
+    return Launched(LaunchRmsNorm(t_, a.inputs[0].data, skip, a.inputs[scale_index()].data,
+                                  a.outputs[0].data, sum, rows_, n_, eps_, StreamOf(a)),
+                    has_skip_ ? "SkipRMSNormalization kernel" : "RMSNormalization kernel");
   }
 
  private:
+  size_t scale_index() const { return has_skip_ ? 2 : 1; }
+  const char* OpName() const { return has_skip_ ? "SkipRMSNormalization" : "RMSNormalization"; }
   int64_t axis_;
   float eps_;
   Elem t_;
+  bool has_skip_;
   int64_t rows_ = 0, n_ = 0;
 };
 
@@ -235,11 +247,25 @@ CudaOpDef RmsNormDef() {
       .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
         return std::unique_ptr<Kernel>(std::make_unique<RmsNormKernel>(
             r.node->attrs().GetInt("axis", -1), r.node->attrs().GetFloat("epsilon", 1e-5f),
-            *ToElem(InType(r, 0))));
+            *ToElem(InType(r, 0)), false));
       },
   };
 }
 KILN_CUDA_OP_PROVIDER(RmsNormProvider, RmsNormDef());
+
+CudaOpDef SkipRmsNormDef() {
+  return {
+      .op_type = "SkipRMSNormalization",
+      .variant = "row",
+      .accepts = [](const KernelRequest& r) { return r.inputs.size() == 3 && OneFloatType(r); },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        return std::unique_ptr<Kernel>(std::make_unique<RmsNormKernel>(
+            attrs::SkipRMSNormalization::axis(*r.node),
+            attrs::SkipRMSNormalization::epsilon(*r.node), *ToElem(InType(r, 0)), true));
+      },
+  };
+}
+KILN_CUDA_OP_PROVIDER(SkipRmsNormProvider, SkipRmsNormDef());
 
 // ---- Softmax / LogSoftmax ---------------------------------------------------------------------
 class SoftmaxKernel final : public Kernel {
