@@ -143,6 +143,7 @@ std::unique_ptr<PassManager> MakeLatePassManager(const PassOptions& options) {
   auto pm = std::make_unique<PassManager>(options);
   pm->Add(MakeTransposeSinkingPass());
   pm->Add(MakeMatMulScaleFoldingPass());
+  pm->Add(MakeSliceConcatFusionPass());
   pm->Add(MakeDeadNodeEliminationPass());
   return pm;
 }

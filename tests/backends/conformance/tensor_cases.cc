@@ -101,6 +101,27 @@ ReferenceFn ScatterNdRef(std::string red) {
   };
 }
 
+// ConcatSlices: along `axis`, the range [starts[i], starts[i] + lengths[i]) of each input.
+ReferenceFn ConcatSlicesRef(int64_t axis, std::vector<int64_t> starts,
+                            std::vector<int64_t> lengths) {
+  return [=](const std::vector<RefTensor>& in) {
+    std::vector<int64_t> dims = in[0].dims;
+    int64_t total = 0;
+    for (int64_t n : lengths) total += n;
+    dims[static_cast<size_t>(axis)] = total;
+    RefTensor out = RefTensor::Zeros(dims);
+    for (int64_t o = 0; o < out.size(); ++o) {
+      std::vector<int64_t> c = Coords(o, dims);
+      int64_t k = c[static_cast<size_t>(axis)];
+      size_t p = 0;
+      while (k >= lengths[p]) k -= lengths[p++];
+      c[static_cast<size_t>(axis)] = starts[p] + k;
+      out[o] = in[p][Offset(c, in[p].Strides())];
+    }
+    return std::vector<RefTensor>{out};
+  };
+}
+
 }  // namespace
 
 std::vector<OpCase> TensorCases() {
@@ -185,6 +206,23 @@ std::vector<OpCase> TensorCases() {
   add("Concat_i64_shapes", [] {
     OpTester t("Concat", Attrs({{"axis", int64_t{0}}}));
     t.Input(I64({1}, {4})).Input(I64({1}, {-1})).Input(I64({2}, {8, 16}));
+    return t;
+  });
+  // ConcatSlices (slice_concat_fusion): a roll's two ranges of axis 1, ranges of two inputs
+  // and a whole one on the last axis with an odd row (2-byte units), an empty range.
+  must("ConcatSlices_roll_axis1", [] {
+    std::vector<int64_t> st = {3, 0}, len = {4, 3};
+    OpTester t("ConcatSlices", Attrs({{"axis", int64_t{1}}, {"starts", st}, {"lengths", len}}));
+    t.Input(kF32, {2, 7, 6, 8}).Input(kF32, {2, 7, 6, 8}).FloatTypes(kAllFloats);
+    t.Reference(ConcatSlicesRef(1, st, len));
+    return t;
+  });
+  must("ConcatSlices_last_axis_mixed", [] {
+    std::vector<int64_t> st = {2, 0, 0, 1}, len = {3, 5, 0, 1};
+    OpTester t("ConcatSlices", Attrs({{"axis", int64_t{-1}}, {"starts", st}, {"lengths", len}}));
+    t.Input(kF32, {3, 2, 5}).Input(kF32, {3, 2, 5}).Input(kF32, {3, 2, 4}).Input(kF32, {3, 2, 3});
+    t.FloatTypes(kAllFloats);
+    t.Reference(ConcatSlicesRef(2, st, len));
     return t;
   });
   add("Split_equal", [] {

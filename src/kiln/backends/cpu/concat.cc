@@ -59,6 +59,56 @@ const bool kRegistered = [] {
             });
           },
   });
+  // ConcatSlices: Concat with part i the range [starts[i], starts[i] + lengths[i]) of its input's
+  // axis, copied from where it lies.
+  RegisterOpKernel({
+      .op_type = "ConcatSlices",
+      .float_wrap = false,
+      .accepts = AnyType,
+      .create =
+          [](const KernelRequest& r) {
+            const Node* node = r.node;
+            return KernelOr([node](const KernelRunArgs& a) {
+              const TensorView& out = a.outputs[0];
+              const int64_t axis = AxisOf(*node, 0, out.dims.size());
+              const std::vector<int64_t> starts = node->attrs().GetInts("starts");
+              const std::vector<int64_t> lengths = node->attrs().GetInts("lengths");
+              const int64_t outer = Outer(out.dims, axis);
+              const size_t out_chunk = ChunkBytes(out, axis);
+              const size_t inner = out.dims[axis] == 0 ? 0 : out_chunk / out.dims[axis];
+              SmallVec<size_t, 16> offsets, chunks, rows, firsts;
+              size_t off = 0;
+              for (size_t i = 0; i < a.inputs.size(); ++i) {
+                if (starts[i] < 0 || starts[i] + lengths[i] > a.inputs[i].dims[axis]) {
+                  return MakeError(ErrorCode::kShapeMismatch,
+                                   "ConcatSlices: part {} [{}, {}) of an axis of {}", i, starts[i],
+                                   starts[i] + lengths[i], a.inputs[i].dims[axis]);
+                }
+                offsets.push_back(off);
+                chunks.push_back(static_cast<size_t>(lengths[i]) * inner);
+                rows.push_back(ChunkBytes(a.inputs[i], axis));
+                firsts.push_back(static_cast<size_t>(starts[i]) * inner);
+                off += chunks.back();
+              }
+              if (off != out_chunk) {
+                return MakeError(ErrorCode::kShapeMismatch,
+                                 "ConcatSlices: parts do not add up along axis {}", axis);
+              }
+              auto* dst = out.as<std::byte>();
+              ParallelRows(outer, static_cast<int64_t>(out_chunk), [&](int64_t o0, int64_t o1) {
+                for (int64_t o = o0; o < o1; ++o) {
+                  for (size_t i = 0; i < a.inputs.size(); ++i) {
+                    if (chunks[i] == 0) continue;
+                    std::memcpy(dst + o * out_chunk + offsets[i],
+                                a.inputs[i].as<const std::byte>() + o * rows[i] + firsts[i],
+                                chunks[i]);
+                  }
+                }
+              });
+              return OkStatus();
+            });
+          },
+  });
   RegisterOpKernel({
       .op_type = "Split",
       .float_wrap = false,

@@ -98,14 +98,24 @@ __global__ void DeviceSliceKernel(const U* __restrict__ in, U* __restrict__ out,
 // Concat (kGather) or Split: part p holds `size` units of each row starting at unit `begin`.
 template <typename U, bool kConcat>
 __global__ void ConcatKernel(ConcatDesc d, U* __restrict__ whole, int64_t outer,
-                             int64_t row_units) {
+                             int64_t row_units, FastDivisor rows) {
   int64_t n = outer * row_units;
+  const bool div32 = n <= INT32_MAX;  // FastDivide's range (the host made `rows` for row_units)
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t row = i / row_units, col = i % row_units;
+    int64_t row, col;
+    if (div32) {
+      const uint32_t u = static_cast<uint32_t>(i);
+      const uint32_t q = (__umulhi(u, rows.mul) + u) >> rows.shift;
+      row = q;
+      col = static_cast<int64_t>(u - q * static_cast<uint32_t>(row_units));
+    } else {
+      row = i / row_units;
+      col = i % row_units;
+    }
     int p = 0;
     while (p + 1 < d.parts && col >= d.begin[p + 1]) ++p;
-    int64_t local = row * d.size[p] + (col - d.begin[p]);
+    int64_t local = row * d.stride[p] + (col - d.begin[p]);
     if constexpr (kConcat) {
       whole[i] = static_cast<const U*>(d.ptr[p])[local];
     } else {
@@ -320,7 +330,7 @@ size_t ConcatUnit(const ConcatDesc& d, const void* whole, int64_t row_bytes) {
     bool ok = AlignedTo(whole, w) && row_bytes % static_cast<int64_t>(w) == 0;
     for (int p = 0; p < d.parts && ok; ++p) {
       ok = AlignedTo(d.ptr[p], w) && d.begin[p] % static_cast<int64_t>(w) == 0 &&
-           d.size[p] % static_cast<int64_t>(w) == 0;
+           d.size[p] % static_cast<int64_t>(w) == 0 && d.stride[p] % static_cast<int64_t>(w) == 0;
     }
     if (ok) return w;
   }
@@ -331,17 +341,23 @@ template <bool kConcat>
 cudaError_t ConcatOrSplit(const ConcatDesc& d0, void* whole, int64_t outer, int64_t row_bytes,
                           cudaStream_t stream) {
   if (outer * row_bytes == 0) return cudaSuccess;
-  size_t w = ConcatUnit(d0, whole, row_bytes);
   ConcatDesc d = d0;
+  for (int p = 0; p < d.parts; ++p) {
+    if (d.stride[p] == 0) d.stride[p] = d.size[p];
+  }
+  size_t w = ConcatUnit(d, whole, row_bytes);
   for (int p = 0; p < d.parts; ++p) {
     d.begin[p] /= static_cast<int64_t>(w);
     d.size[p] /= static_cast<int64_t>(w);
+    d.stride[p] /= static_cast<int64_t>(w);
   }
   int64_t row_units = row_bytes / static_cast<int64_t>(w);
+  FastDivisor rows;
+  if (row_units <= INT32_MAX) rows = MakeFastDivisor(static_cast<uint32_t>(row_units));
   return DispatchUnit(w, [&](auto tag) {
     using U = decltype(tag);
     ConcatKernel<U, kConcat><<<GridFor(outer * row_units), 256, 0, stream>>>(
-        d, static_cast<U*>(whole), outer, row_units);
+        d, static_cast<U*>(whole), outer, row_units, rows);
     return cudaGetLastError();
   });
 }

@@ -233,6 +233,66 @@ CudaOpDef ConcatDef(bool concat) {
 KILN_CUDA_OP_PROVIDER(ConcatProvider, ConcatDef(true));
 KILN_CUDA_OP_PROVIDER(SplitProvider, ConcatDef(false));
 
+// ConcatSlices: Concat's kernel with each part read in place from its source, the range
+// [starts[i], starts[i] + lengths[i]) of the axis (rows of the source's full width apart).
+Status RunConcatSlices(const KernelRunArgs& a, int64_t axis_attr,
+                       const std::vector<int64_t>& starts, const std::vector<int64_t>& lengths) {
+  const TensorView& whole = a.outputs[0];
+  const int64_t axis = NormAxis(axis_attr, whole.dims.size());
+  const int64_t es = static_cast<int64_t>(SizeOf(whole.dtype));
+  int64_t inner_bytes = es;
+  for (size_t i = static_cast<size_t>(axis) + 1; i < whole.dims.size(); ++i) {
+    inner_bytes *= whole.dims[i];
+  }
+  ConcatDesc d;
+  int64_t begin = 0;
+  for (size_t i = 0; i < a.inputs.size(); ++i) {
+    const TensorView& src = a.inputs[i];
+    const int64_t bytes = lengths[i] * inner_bytes;
+    if (bytes == 0) continue;
+    if (starts[i] < 0 || starts[i] + lengths[i] > src.dims[static_cast<size_t>(axis)]) {
+      return MakeError(ErrorCode::kShapeMismatch, "ConcatSlices: part {} [{}, {}) of an axis of {}",
+                       i, starts[i], starts[i] + lengths[i], src.dims[static_cast<size_t>(axis)]);
+    }
+    if (d.parts == kMaxConcatParts) {
+      return MakeError(ErrorCode::kUnimplemented, "more than {} parts", kMaxConcatParts);
+    }
+    d.ptr[d.parts] = static_cast<const std::byte*>(src.data) + starts[i] * inner_bytes;
+    d.begin[d.parts] = begin;
+    d.size[d.parts] = bytes;
+    d.stride[d.parts] = RowBytes(src, axis);
+    ++d.parts;
+    begin += bytes;
+  }
+  if (begin != RowBytes(whole, axis)) {
+    return MakeError(ErrorCode::kShapeMismatch, "ConcatSlices: parts do not add up along axis {}",
+                     axis);
+  }
+  if (d.parts == 0) return OkStatus();
+  return Launched(LaunchConcat(d, whole.data, Outer(whole.dims, axis), begin, StreamOf(a)),
+                  "ConcatSlices kernel");
+}
+
+CudaOpDef ConcatSlicesDef() {
+  return {
+      .op_type = "ConcatSlices",
+      .accepts =
+          [](const KernelRequest& r) {
+            return AnyType(r) && r.inputs.size() <= static_cast<size_t>(kMaxConcatParts);
+          },
+      .create =
+          [](const KernelRequest& r) {
+            const int64_t axis = r.node->attrs().GetInt("axis", 0);
+            std::vector<int64_t> starts = r.node->attrs().GetInts("starts");
+            std::vector<int64_t> lengths = r.node->attrs().GetInts("lengths");
+            return MakeFnKernel([axis, starts, lengths](const KernelRunArgs& a) {
+              return RunConcatSlices(a, axis, starts, lengths);
+            });
+          },
+  };
+}
+KILN_CUDA_OP_PROVIDER(ConcatSlicesProvider, ConcatSlicesDef());
+
 // ---- Gather -----------------------------------------------------------------------------------
 // Out-of-range indices are an error, as on the CPU: constant indices are checked on the host in
 // Prepare; run-time ones by the kernel, reported after the layer when it runs eagerly

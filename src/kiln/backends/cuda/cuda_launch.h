@@ -225,6 +225,10 @@ struct ConcatDesc {
   const void* ptr[kMaxConcatParts] = {};
   int64_t begin[kMaxConcatParts] = {};  // byte offset within a row of the concatenated tensor
   int64_t size[kMaxConcatParts] = {};   // bytes per row of part p
+  // Bytes from one row of part p to the next in its buffer: 0 is size[p] (a dense part). A part
+  // that is a range of a larger tensor along the axis (ConcatSlices) has ptr at the range's start
+  // and the whole tensor's row here.
+  int64_t stride[kMaxConcatParts] = {};
 };
 cudaError_t LaunchConcat(const ConcatDesc& d, void* out, int64_t outer, int64_t row_bytes,
                          cudaStream_t stream);
