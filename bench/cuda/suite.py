@@ -137,7 +137,8 @@ MODELS = {
     "whisper_base_encoder": ("audio", _hf("WhisperConfig", "WhisperModel", "features",
                                           get="get_encoder", d_model=512, encoder_layers=6,
                                           encoder_attention_heads=8, decoder_layers=1,
-                                          encoder_ffn_dim=2048, num_mel_bins=80),
+                                          decoder_attention_heads=8, encoder_ffn_dim=2048,
+                                          decoder_ffn_dim=2048, num_mel_bins=80),
                              [("input_features", (80, 3000), "features")], "last_hidden_state",
                              {}),
 }
