@@ -121,6 +121,19 @@ TEST(SliceConcatFusion, NearMissesStay) {
   }
 }
 
+// A shape computed from slices of Shape (ViT's dynamic-batch reshape) keeps its Concat, whose
+// dims-value the Reshape reads.
+TEST(SliceConcatFusion, ShapeComputationsStay) {
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("b"), Dim(4), Dim(6)});
+  Value* shape = Op(g, "Shape", {x});
+  Value* target = Cat(g, {SliceOf(g, shape, {0}, {1}, {0}), Const(g, Ints({-1}))}, 0);
+  g.MarkOutput(Op(g, "Reshape", {x, target}));
+  PassReport r = RunPasses(g, Only());
+  EXPECT_EQ(r.rewrites("slice_concat_fusion"), 0);
+  EXPECT_EQ(CountOps(g, "ConcatSlices"), 0);
+}
+
 TEST(SliceConcatFusion, DefaultPipelineFusesARoll) {
   Graph before, after;
   RollGraph(before, Dim(2));

@@ -75,7 +75,12 @@ class SliceConcatFusionPass final : public Pass {
         continue;
       }
       const Value* y = node->output(0);
-      if (!y->has_shape() || y->value_dependent()) continue;
+      // Float data only: an integer Concat is usually a shape being computed (Concat of Slices
+      // of Shape), whose values later shape rules read through Concat's dims-value rule.
+      if (!y->has_shape() || y->value_dependent() || !IsFloat(y->dtype()) ||
+          ctx.dims_value(y) != nullptr) {
+        continue;
+      }
       const int64_t rank = static_cast<int64_t>(y->shape().size());
       if (rank == 0) continue;
       const int64_t axis = Normalized(node->attrs().GetInt("axis", 0), rank);
