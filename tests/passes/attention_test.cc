@@ -189,6 +189,35 @@ TEST(AttentionFusion, VitFormReadsKDirectly) {
   ExpectSameOutputs(before, after);
 }
 
+// torch's scaled_dot_product_attention export (nn.MultiheadAttention in torch 2): Q and K^T are
+// each scaled by sqrt(scale) before the product; both join the Attention's scale and K is read
+// directly.
+TEST(AttentionFusion, SdpaFormScalesQAndKTransposed) {
+  auto make = [](Graph& g) {
+    Value* q = g.AddInput("q", DataType::kFloat32, {2, 2, 5, 4});
+    Value* k = g.AddInput("k", DataType::kFloat32, {2, 2, 5, 4});
+    Value* v = g.AddInput("v", DataType::kFloat32, {2, 2, 5, 4});
+    Value* kt = Op(g, "Transpose", {k}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 1, 3, 2}}));
+    Value* s =
+        Op(g, "MatMul",
+           {Op(g, "Mul", {q, Const(g, Scalar(0.7f))}), Op(g, "Mul", {kt, Const(g, Scalar(0.6f))})});
+    Value* p = Op(g, "Softmax", {s}, Attrs(std::pair{"axis", int64_t{-1}}));
+    g.MarkOutput(Op(g, "MatMul", {p, v}));
+  };
+  Graph before, after;
+  make(before);
+  make(after);
+  PassReport r = RunPasses(after, AttentionOnly());
+  EXPECT_EQ(r.rewrites("attention_fusion"), 1);
+  ASSERT_EQ(after.num_nodes(), 1u);
+  Node* a = after.nodes()[0];
+  EXPECT_EQ(a->op_type(), "Attention");
+  EXPECT_EQ(a->input(0)->name(), "q");
+  EXPECT_EQ(a->input(1)->name(), "k");
+  EXPECT_NEAR(a->attrs().GetFloat("scale", 0), 0.42f, 1e-6);
+  ExpectSameOutputs(before, after);
+}
+
 TEST(AttentionFusion, Gpt2WhereOnATrilBufferBecomesCausal) {
   Graph before, after;
   AttentionGraph(before, Form::kGptCausal);

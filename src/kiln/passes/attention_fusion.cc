@@ -8,7 +8,9 @@
 // tensor at all; any other boolean cond stays an input (mask_kind "boolean").
 //
 // Two more forms exporters write:
-// - Q scaled before the product, MatMul(Mul(Q, c), K^T) (Swin, many ViTs): c joins the scale.
+// - Q scaled before the product, MatMul(Mul(Q, c), K^T) (Swin, many ViTs), and K^T too,
+//   MatMul(Mul(Q, c), Mul(K^T, d)) (torch's scaled_dot_product_attention export, which
+//   nn.MultiheadAttention uses): c and d join the scale.
 // - Shifted-window attention (Swin): the scores [N, H, S, Sk] are split into windows,
 //   Reshape -> [N/P, P, H, S, Sk], a per-window mask [., P, ., S, Sk] is added, and a Reshape
 //   merges them back before the Softmax. The mask depends on the batch index modulo P, which no
@@ -40,7 +42,9 @@ bool SoftmaxOverLastAxis(const Node& n) {
 Pattern AttentionPattern() {
   using namespace pat;
   Pattern q = OneOf({Op("Mul", {Any("q"), Constant("q_scale").WhereValue(IsSplat)}), Any("q")});
-  Pattern scores = Op("MatMul", {q, Any("kt")}).Capture("qk");
+  // torch's scaled_dot_product_attention export scales both: Q and K^T each by sqrt(scale).
+  Pattern kt = OneOf({Op("Mul", {Any("kt"), Constant("k_scale").WhereValue(IsSplat)}), Any("kt")});
+  Pattern scores = Op("MatMul", {q, kt}).Capture("qk");
   Pattern scaled = OneOf({Op("Div", {scores, Constant("scale_div").WhereValue(IsSplat)}),
                           Op("Mul", {scores, Constant("scale_mul").WhereValue(IsSplat)}), scores});
   Pattern biased = OneOf({Op("Add", {scaled, Any("mask")}).Capture("mask_add"), scaled});
@@ -175,6 +179,12 @@ class AttentionFusionPass final : public Pass {
     }
     if (m.has("scale_mul")) scale = *ConstantSplat(m.value("scale_mul"));
     if (m.has("q_scale")) scale *= *ConstantSplat(m.value("q_scale"));
+    if (m.has("k_scale")) {
+      // A scale of higher rank than K^T would broadcast the scores to another shape.
+      const Value* c = m.value("k_scale");
+      if (!c->has_shape() || c->shape().size() > kt->shape().size()) return;
+      scale *= *ConstantSplat(c);
+    }
     attrs.Set("scale", static_cast<float>(scale));
 
     // Shifted windows: the leading scores dim N splits into [N/P, P] around the window mask.
