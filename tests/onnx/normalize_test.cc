@@ -432,6 +432,24 @@ TEST(OnnxUnsupported, OpVersionNewerThanKilnImplementsIsReported) {
   EXPECT_NE(s.message().find("1 node(s) of 1 operator type(s)"), std::string::npos);
 }
 
+// ONNX's opset-23 Attention and RotaryEmbedding share their names with kiln's internal fusion
+// ops: the reason says kiln has no version of the ONNX operator, not "up to version 1".
+TEST(OnnxUnsupported, OnnxOpNamedLikeAnInternalFusionOpIsNotImplemented) {
+  for (const char* op : {"Attention", "RotaryEmbedding"}) {
+    std::vector<onnx_internal::NormalizedNode> nodes(1);
+    nodes[0].node.set_op_type(op);
+    nodes[0].node.set_name("n");
+    nodes[0].version = 23;
+    auto unsupported = onnx_internal::FindUnsupportedOps(nodes, kMaxOnnxOpset);
+    ASSERT_EQ(unsupported.size(), 1u) << op;
+    EXPECT_EQ(unsupported[0].op_type, fmt::format("{}-23", op));
+    EXPECT_EQ(unsupported[0].reason,
+              fmt::format("not implemented by kiln (ONNX's {} since opset 23; kiln's op of that "
+                          "name is an internal fusion, not this operator)",
+                          op));
+  }
+}
+
 TEST(OnnxUnsupported, OpsetTwentyThreeModelWithTypeOnlyBumpsImports) {
   // Identity-23 and Relu at opset 23 only widened types: same operators for kiln.
   ModelBuilder b = OneNode(23, "Identity", {"x"}, {"i"});

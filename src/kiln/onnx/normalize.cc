@@ -617,8 +617,16 @@ std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNo
       continue;
     }
     if (nn.version > schema->latest_opset) {
+      // ONNX added an op under the name of a kiln-internal fusion op (Attention, RotaryEmbedding
+      // in opset 23): kiln implements no version of the ONNX op.
+      const bool internal_namesake = FirstOnnxVersion(n.op_type()) > schema->latest_opset;
       add(fmt::format("{}-{}", n.op_type(), nn.version),
-          fmt::format("kiln implements {} up to version {}", n.op_type(), schema->latest_opset),
+          internal_namesake
+              ? fmt::format("not implemented by kiln (ONNX's {} since opset {}; kiln's op of that "
+                            "name is an internal fusion, not this operator)",
+                            n.op_type(), FirstOnnxVersion(n.op_type()))
+              : fmt::format("kiln implements {} up to version {}", n.op_type(),
+                            schema->latest_opset),
           name);
       continue;
     }

@@ -107,6 +107,8 @@ StatusOr<Tensor> TakeTensorFromProto(onnx::TensorProto* proto, ExternalDataResol
 // opset (or at all).
 int EffectiveOpVersion(std::string_view op_type, int64_t opset);
 bool IsOnnxOp(std::string_view op_type);
+// The first ai.onnx version of the op (0 for none).
+int FirstOnnxVersion(std::string_view op_type);
 
 // ---- normalisation (normalize.cc) ----
 
