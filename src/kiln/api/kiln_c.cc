@@ -5,8 +5,8 @@
 #include <fmt/ranges.h>
 
 #include <atomic>
-#include <map>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>

@@ -97,8 +97,8 @@ __global__ void DeviceSliceKernel(const U* __restrict__ in, U* __restrict__ out,
 
 // Concat (kGather) or Split: part p holds `size` units of each row starting at unit `begin`.
 template <typename U, bool kConcat>
-__global__ void ConcatKernel(ConcatDesc d, U* __restrict__ whole, int64_t outer,
-                             int64_t row_units, FastDivisor rows) {
+__global__ void ConcatKernel(ConcatDesc d, U* __restrict__ whole, int64_t outer, int64_t row_units,
+                             FastDivisor rows) {
   int64_t n = outer * row_units;
   const bool div32 = n <= INT32_MAX;  // FastDivide's range (the host made `rows` for row_units)
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
