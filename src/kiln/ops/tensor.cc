@@ -208,55 +208,9 @@ Status InferTranspose(InferenceContext& ctx) {
   return OkStatus();
 }
 
-Status InferConcatSlices(InferenceContext& ctx) {
-  const int64_t rank = Rank(ctx, 0);
-  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, RequiredIntAttr(ctx, "axis"));
-  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
-  KILN_ASSIGN_OR_RETURN(auto starts, IntsAttr(ctx, "starts"));
-  KILN_ASSIGN_OR_RETURN(auto lengths, IntsAttr(ctx, "lengths"));
-  if (!starts || !lengths || starts->size() != ctx.num_inputs() ||
-      lengths->size() != ctx.num_inputs()) {
-    return ctx.Error(ErrorCode::kInvalidAttribute,
-                     "starts and lengths need one entry per input ({})", ctx.num_inputs());
-  }
-  Shape out = ctx.input_shape(0);
-  int64_t total = 0;
-  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
-    const Shape& s = ctx.input_shape(i);
-    if (ctx.input_type(i) != ctx.input_type(0)) {
-      return ctx.Error(ErrorCode::kTypeMismatch, "input {} is {}, input 0 is {}", i,
-                       ToString(ctx.input_type(i)), ToString(ctx.input_type(0)));
-    }
-    if (static_cast<int64_t>(s.size()) != rank) {
-      return ctx.Error(ErrorCode::kShapeMismatch, "input {} {} and input 0 {} differ in rank", i,
-                       ToString(s), ToString(ctx.input_shape(0)));
-    }
-    const int64_t b = (*starts)[i], n = (*lengths)[i];
-    const Dim& a = s[static_cast<size_t>(axis)];
-    if (b < 0 || n < 0 || (a.is_static() && b + n > a.value())) {
-      return ctx.Error(ErrorCode::kShapeMismatch, "input {} {}: range [{}, {}) of axis {}", i,
-                       ToString(s), b, b + n, axis);
-    }
-    total += n;
-    for (int64_t d = 0; d < rank; ++d) {
-      if (d == axis) continue;
-      if (DimsEqual(out[d], s[d]) == false) {
-        return ctx.Error(ErrorCode::kShapeMismatch,
-                         "input {} {} and input 0 {} differ outside axis {}", i, ToString(s),
-                         ToString(ctx.input_shape(0)), axis);
-      }
-      if (!out[d].is_static() && s[d].is_static()) out[d] = s[d];
-    }
-  }
-  out[static_cast<size_t>(axis)] = Dim(total);
-  ctx.set_output(0, ctx.input_type(0), out);
-  return OkStatus();
-}
-
-Status InferConcat(InferenceContext& ctx) {
-  int64_t rank = Rank(ctx, 0);
-  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, RequiredIntAttr(ctx, "axis"));
-  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
+// Concat's and ConcatSlices' inputs: one type and rank, the dims off `axis` equal. Returns input
+// 0's shape with the off-axis dims made static where any input's is.
+static StatusOr<Shape> ConcatOffAxisShape(InferenceContext& ctx, int64_t rank, int64_t axis) {
   Shape out = ctx.input_shape(0);
   for (size_t i = 1; i < ctx.num_inputs(); ++i) {
     const Shape& s = ctx.input_shape(i);
@@ -269,16 +223,54 @@ Status InferConcat(InferenceContext& ctx) {
                        ToString(s), ToString(ctx.input_shape(0)));
     }
     for (int64_t d = 0; d < rank; ++d) {
-      if (d == axis) {
-        out[d] = out[d] + s[d];
-      } else if (DimsEqual(out[d], s[d]) == false) {
+      if (d == axis) continue;
+      if (DimsEqual(out[d], s[d]) == false) {
         return ctx.Error(ErrorCode::kShapeMismatch,
                          "input {} {} and input 0 {} differ outside axis {}", i, ToString(s),
                          ToString(ctx.input_shape(0)), axis);
-      } else if (!out[d].is_static()) {
-        out[d] = s[d].is_static() ? s[d] : out[d];
       }
+      if (!out[d].is_static() && s[d].is_static()) out[d] = s[d];
     }
+  }
+  return out;
+}
+
+Status InferConcatSlices(InferenceContext& ctx) {
+  const int64_t rank = Rank(ctx, 0);
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, RequiredIntAttr(ctx, "axis"));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
+  KILN_ASSIGN_OR_RETURN(auto starts, IntsAttr(ctx, "starts"));
+  KILN_ASSIGN_OR_RETURN(auto lengths, IntsAttr(ctx, "lengths"));
+  if (!starts || !lengths || starts->size() != ctx.num_inputs() ||
+      lengths->size() != ctx.num_inputs()) {
+    return ctx.Error(ErrorCode::kInvalidAttribute,
+                     "starts and lengths need one entry per input ({})", ctx.num_inputs());
+  }
+  KILN_ASSIGN_OR_RETURN(Shape out, ConcatOffAxisShape(ctx, rank, axis));
+  int64_t total = 0;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    const Shape& s = ctx.input_shape(i);
+    const int64_t b = (*starts)[i], n = (*lengths)[i];
+    const Dim& a = s[static_cast<size_t>(axis)];
+    if (b < 0 || n < 0 || (a.is_static() && b + n > a.value())) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "input {} {}: range [{}, {}) of axis {}", i,
+                       ToString(s), b, b + n, axis);
+    }
+    total += n;
+  }
+  out[static_cast<size_t>(axis)] = Dim(total);
+  ctx.set_output(0, ctx.input_type(0), out);
+  return OkStatus();
+}
+
+Status InferConcat(InferenceContext& ctx) {
+  int64_t rank = Rank(ctx, 0);
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, RequiredIntAttr(ctx, "axis"));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
+  KILN_ASSIGN_OR_RETURN(Shape out, ConcatOffAxisShape(ctx, rank, axis));
+  for (size_t i = 1; i < ctx.num_inputs(); ++i) {
+    out[static_cast<size_t>(axis)] =
+        out[static_cast<size_t>(axis)] + ctx.input_shape(i)[static_cast<size_t>(axis)];
   }
   ctx.set_output(0, ctx.input_type(0), out);
   if (rank == 1) {

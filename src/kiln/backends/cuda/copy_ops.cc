@@ -185,21 +185,38 @@ int64_t RowBytes(const TensorView& v, int64_t axis) {
   return n;
 }
 
-Status RunConcat(const KernelRunArgs& a, int64_t axis_attr, bool concat) {
+// The parts of a Concat (Split) along `axis` of `whole`: each a whole tensor, or with `starts`
+// the range [starts[i], starts[i] + lengths[i]) of part i's axis, read in place.
+Status RunParts(const KernelRunArgs& a, int64_t axis_attr, bool concat,
+                std::span<const int64_t> starts, std::span<const int64_t> lengths) {
   const TensorView& whole = concat ? a.outputs[0] : a.inputs[0];
   std::span<const TensorView> parts = concat ? a.inputs : a.outputs;
-  int64_t axis = NormAxis(axis_attr, whole.dims.size());
+  const int64_t axis = NormAxis(axis_attr, whole.dims.size());
   ConcatDesc d;
   int64_t begin = 0;
-  for (const TensorView& p : parts) {
-    int64_t bytes = RowBytes(p, axis);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const TensorView& p = parts[i];
+    const int64_t row = RowBytes(p, axis);
+    int64_t first = 0, bytes = row;
+    if (!starts.empty()) {
+      const int64_t n = p.dims[static_cast<size_t>(axis)];
+      if (starts[i] < 0 || starts[i] + lengths[i] > n) {
+        return MakeError(ErrorCode::kShapeMismatch,
+                         "ConcatSlices: part {} [{}, {}) of an axis of {}", i, starts[i],
+                         starts[i] + lengths[i], n);
+      }
+      const int64_t unit = n == 0 ? 0 : row / n;
+      first = starts[i] * unit;
+      bytes = lengths[i] * unit;
+    }
     if (bytes == 0) continue;
     if (d.parts == kMaxConcatParts) {
       return MakeError(ErrorCode::kUnimplemented, "more than {} parts", kMaxConcatParts);
     }
-    d.ptr[d.parts] = p.data;
+    d.ptr[d.parts] = static_cast<const std::byte*>(p.data) + first;
     d.begin[d.parts] = begin;
     d.size[d.parts] = bytes;
+    d.stride[d.parts] = row;
     ++d.parts;
     begin += bytes;
   }
@@ -212,6 +229,10 @@ Status RunConcat(const KernelRunArgs& a, int64_t axis_attr, bool concat) {
   cudaError_t err = concat ? LaunchConcat(d, whole.data, outer, begin, StreamOf(a))
                            : LaunchSplit(d, whole.data, outer, begin, StreamOf(a));
   return Launched(err, concat ? "Concat kernel" : "Split kernel");
+}
+
+Status RunConcat(const KernelRunArgs& a, int64_t axis_attr, bool concat) {
+  return RunParts(a, axis_attr, concat, {}, {});
 }
 
 CudaOpDef ConcatDef(bool concat) {
@@ -235,44 +256,6 @@ KILN_CUDA_OP_PROVIDER(SplitProvider, ConcatDef(false));
 
 // ConcatSlices: Concat's kernel with each part read in place from its source, the range
 // [starts[i], starts[i] + lengths[i]) of the axis (rows of the source's full width apart).
-Status RunConcatSlices(const KernelRunArgs& a, int64_t axis_attr,
-                       const std::vector<int64_t>& starts, const std::vector<int64_t>& lengths) {
-  const TensorView& whole = a.outputs[0];
-  const int64_t axis = NormAxis(axis_attr, whole.dims.size());
-  const int64_t es = static_cast<int64_t>(SizeOf(whole.dtype));
-  int64_t inner_bytes = es;
-  for (size_t i = static_cast<size_t>(axis) + 1; i < whole.dims.size(); ++i) {
-    inner_bytes *= whole.dims[i];
-  }
-  ConcatDesc d;
-  int64_t begin = 0;
-  for (size_t i = 0; i < a.inputs.size(); ++i) {
-    const TensorView& src = a.inputs[i];
-    const int64_t bytes = lengths[i] * inner_bytes;
-    if (bytes == 0) continue;
-    if (starts[i] < 0 || starts[i] + lengths[i] > src.dims[static_cast<size_t>(axis)]) {
-      return MakeError(ErrorCode::kShapeMismatch, "ConcatSlices: part {} [{}, {}) of an axis of {}",
-                       i, starts[i], starts[i] + lengths[i], src.dims[static_cast<size_t>(axis)]);
-    }
-    if (d.parts == kMaxConcatParts) {
-      return MakeError(ErrorCode::kUnimplemented, "more than {} parts", kMaxConcatParts);
-    }
-    d.ptr[d.parts] = static_cast<const std::byte*>(src.data) + starts[i] * inner_bytes;
-    d.begin[d.parts] = begin;
-    d.size[d.parts] = bytes;
-    d.stride[d.parts] = RowBytes(src, axis);
-    ++d.parts;
-    begin += bytes;
-  }
-  if (begin != RowBytes(whole, axis)) {
-    return MakeError(ErrorCode::kShapeMismatch, "ConcatSlices: parts do not add up along axis {}",
-                     axis);
-  }
-  if (d.parts == 0) return OkStatus();
-  return Launched(LaunchConcat(d, whole.data, Outer(whole.dims, axis), begin, StreamOf(a)),
-                  "ConcatSlices kernel");
-}
-
 CudaOpDef ConcatSlicesDef() {
   return {
       .op_type = "ConcatSlices",
@@ -286,7 +269,7 @@ CudaOpDef ConcatSlicesDef() {
             std::vector<int64_t> starts = r.node->attrs().GetInts("starts");
             std::vector<int64_t> lengths = r.node->attrs().GetInts("lengths");
             return MakeFnKernel([axis, starts, lengths](const KernelRunArgs& a) {
-              return RunConcatSlices(a, axis, starts, lengths);
+              return RunParts(a, axis, true, starts, lengths);
             });
           },
   };
