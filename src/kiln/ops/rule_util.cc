@@ -72,4 +72,28 @@ std::optional<bool> DimsEqual(const Dim& a, const Dim& b) {
   return std::nullopt;
 }
 
+StatusOr<int64_t> SkipNormAxis(const InferenceContext& ctx) {
+  DataType t = ctx.input_type(0);
+  if (!IsFloat(t) || ctx.input_type(1) != t) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "X and Skip must share one float type; got {}, {}",
+                     ToString(t), ToString(ctx.input_type(1)));
+  }
+  const Shape& x = ctx.input_shape(0);
+  const Shape& skip = ctx.input_shape(1);
+  bool same = x.size() == skip.size();
+  for (size_t i = 0; same && i < x.size(); ++i) {
+    // Unknown-equal symbolic dims pass here; kernels check the bound sizes at Prepare.
+    same = DimsEqual(x[i], skip[i]).value_or(true);
+  }
+  if (!same) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "Skip {} must have X's shape {}", ToString(skip),
+                     ToString(x));
+  }
+  KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", -1));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, static_cast<int64_t>(x.size())));
+  KILN_ASSIGN_OR_RETURN(float eps, FloatAttr(ctx, "epsilon", 1e-5f));
+  if (!(eps >= 0)) return ctx.Error(ErrorCode::kInvalidAttribute, "epsilon {} is negative", eps);
+  return axis;
+}
+
 }  // namespace kiln::ops_internal

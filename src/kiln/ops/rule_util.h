@@ -23,6 +23,9 @@ StatusOr<int64_t> Axis(const InferenceContext& ctx, int64_t axis, int64_t rank);
 // Integer values of input i (a constant or a static dims-value); KILN-E2011 when unknown.
 StatusOr<std::vector<int64_t>> RequiredInts(const InferenceContext& ctx, size_t i,
                                             const char* what);
+// The skip normalisations' common checks: X and Skip (inputs 0 and 1) of one float type and one
+// shape, epsilon (default 1e-5) not negative; returns the axis attribute (default -1) normalised.
+StatusOr<int64_t> SkipNormAxis(const InferenceContext& ctx);
 // Whether two dims are known equal / known different (dims are sizes, so never negative).
 std::optional<bool> DimsEqual(const Dim& a, const Dim& b);
 
