@@ -296,21 +296,35 @@ TEST(AttentionLayout, BertSplitAndMergeBecomeOneBsdLayer) {
   ExpectSameOutputs(before, after);
 }
 
-TEST(AttentionLayout, PreSplitQAndAMergedOutputGiveBshd) {
-  for (bool q_rank4 : {true, false}) {
-    SCOPED_TRACE(q_rank4 ? "Q arrives split" : "merged value is a graph output");
-    Graph before, after;
-    SplitMergeGraph(before, q_rank4, !q_rank4);
-    SplitMergeGraph(after, q_rank4, !q_rank4);
-    RunPasses(after, FusionAndLayout());
-    Node* a = Find(after, "Attention");
-    ASSERT_NE(a, nullptr);
-    EXPECT_EQ(a->attrs().GetString("layout", ""), "bshd");
-    EXPECT_EQ(CountOps(after, "Transpose"), 0);
-    // The Reshapes that split K and V (and Q) stay (bshd reads [B, S, H, D]); the merge one too.
-    EXPECT_EQ(CountOps(after, "Reshape"), q_rank4 ? 3 : 4);
-    ExpectSameOutputs(before, after);
-  }
+TEST(AttentionLayout, PreSplitQGivesBshd) {
+  Graph before, after;
+  SplitMergeGraph(before, true, false);
+  SplitMergeGraph(after, true, false);
+  RunPasses(after, FusionAndLayout());
+  Node* a = Find(after, "Attention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->attrs().GetString("layout", ""), "bshd");
+  EXPECT_EQ(CountOps(after, "Transpose"), 0);
+  // The Reshapes that split K and V stay (bshd reads [B, S, H, D]); the merge one too.
+  EXPECT_EQ(CountOps(after, "Reshape"), 3);
+  ExpectSameOutputs(before, after);
+}
+
+// The merged [B, S, H, Dv] value is a graph output: the attention writes [B, S, H*Dv] rows and a
+// Reshape (a view) gives the output its shape; the operands are read as [B, S, H*D] rows.
+TEST(AttentionLayout, MergedOutputIsWrittenThroughAView) {
+  Graph before, after;
+  SplitMergeGraph(before, false, true);
+  SplitMergeGraph(after, false, true);
+  RunPasses(after, FusionAndLayout());
+  Node* a = Find(after, "Attention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->attrs().GetString("layout", ""), "bsd");
+  EXPECT_EQ(a->input(0)->name(), "hq");
+  EXPECT_EQ(CountOps(after, "Transpose"), 0);
+  // The view to the output's [2, 5, 2, 4] and the model's own Reshape to [2, 5, 8] after it.
+  EXPECT_EQ(CountOps(after, "Reshape"), 2);
+  ExpectSameOutputs(before, after);
 }
 
 // GPT-2: one projection [2, 5, 24] split into Q, K, V thirds, then the head split and merge.

@@ -3,21 +3,27 @@
 //   Attention -> [B, H, S, Dv] -> Transpose(0, 2, 1, 3) -> Reshape [B, S, H*Dv]       (Y)
 // Kiln's Attention reads and writes the interleaved layouts directly (strides, no copies), so
 // this pass hands it the values before the split and after the merge: layout "bsd" (rank 3,
-// num_heads) when every operand's Reshape can go too, else "bshd" (rank 4) when only the
-// Transposes can. Runs after attention_fusion; the bypassed Reshape/Transpose nodes are left for
-// dead-node elimination (they stay where something else still reads them).
+// num_heads) when every operand's memory is rows of [B, S, H*D] (or [B, S, 3*H*D] rows of one
+// packed projection: qkv_packed), else "bshd" (rank 4) when every operand is a [B, S, H, D]
+// value. Runs after attention_fusion; the bypassed nodes are left for dead-node elimination
+// (they stay where something else still reads them).
+//
+// What counts as "the value before the split" is decided by strided-view analysis
+// (view_analysis.h), not by matching one exporter's chain: any chain of Reshape, Transpose,
+// Squeeze, Unsqueeze, Gather of one index, Slice and Split whose composition reads those rows.
+// nn.MultiheadAttention's export (Reshape -> Unsqueeze -> Transpose -> Squeeze -> Gather per
+// operand, in sequence-first order) is one such chain. Sequence-first also puts a Transpose of
+// the leading axes before the packed in-projection (batch_first modules); a row-wise product
+// commutes with it, so when reading the projection's output as if it came after that Transpose
+// gives rows of [B, S, 3*H*D], the pass computes the projection on the untransposed input and
+// the attention reads that.
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 #include "kiln/passes/pattern.h"
+#include "kiln/passes/view_analysis.h"
 
 namespace kiln::passes {
 namespace {
-
-bool IsHeadSwap(const Node* n) {
-  if (!n || !IsOp(*n, OpType::kTranspose)) return false;
-  std::vector<int64_t> p = attrs::Transpose::perm(*n);
-  return p == std::vector<int64_t>{0, 2, 1, 3};
-}
 
 bool StaticDim(const Dim& d, int64_t& out) {
   if (!d.is_static()) return false;
@@ -25,64 +31,196 @@ bool StaticDim(const Dim& d, int64_t& out) {
   return true;
 }
 
-// [B, S, E] -> Reshape -> [B, S, H, D] with E = H * D: the rank-3 source, else nullptr.
-Value* PackedSource(Value* split) {
-  Node* r = split->producer();
-  if (!r || !IsOp(*r, OpType::kReshape)) return nullptr;
-  Value* x = r->input(0);
-  if (!x || !x->has_shape() || !split->has_shape()) return nullptr;
-  const Shape& xs = x->shape();
-  const Shape& s = split->shape();
-  int64_t e = 0, h = 0, d = 0;
-  if (xs.size() != 3 || s.size() != 4 || !StaticDim(xs[2], e) || !StaticDim(s[2], h) ||
-      !StaticDim(s[3], d)) {
-    return nullptr;
+// True when `view`, an operand [B, H, S, D], reads rows of length `row` of a [B, S, row] source
+// (its heads side by side in each row) starting `offset` elements into each row.
+bool ReadsRows(const StridedView& view, const Dim& row, const Dim& offset) {
+  const Shape& s = view.shape;
+  if (s.size() != 4) return false;
+  const Dim want[4] = {s[2] * row, s[3], row, Dim(1)};
+  for (size_t k = 0; k < 4; ++k) {
+    if (!HasStride(view, k, want[k])) return false;
   }
-  if (!(xs[0] == s[0]) || !(xs[1] == s[1]) || e != h * d) return nullptr;
-  return x;
+  return view.offset == offset;
 }
 
-// Q, K, V as outputs 0, 1, 2 of one Split of X [B, S, 3E] into equal thirds along the last axis
-// (GPT-2's c_attn output): X, which Attention reads with qkv_packed; else nullptr.
-Value* SplitSource(Value* const packed[3], const PassContext& ctx) {
-  Node* s = packed[0]->producer();
-  if (!s || !IsOp(*s, OpType::kSplit) || s->num_outputs() != 3) return nullptr;
-  for (int i = 0; i < 3; ++i) {
-    if (packed[i]->producer() != s || s->output(i) != packed[i]) return nullptr;
-  }
-  Value* x = s->input(0);
-  int64_t e3 = 0;
-  if (!x || !x->has_shape() || x->shape().size() != 3 || !StaticDim(x->shape()[2], e3) ||
-      e3 % 3 != 0) {
-    return nullptr;
-  }
-  int64_t axis = attrs::Split::axis(*s);
-  if (axis != -1 && axis != 2) return nullptr;
-  std::vector<int64_t> sizes;
-  if (s->num_inputs() > 1 && s->input(1)) {
-    const Value* sv = s->input(1);
-    if (sv->is_constant()) {
-      sizes = sv->constant()->ToInt64Vector();
-    } else if (const std::vector<Dim>* dv = ctx.dims_value(sv)) {
-      for (const Dim& d : *dv) {
-        if (!d.is_static()) return nullptr;
-        sizes.push_back(d.value());
-      }
-    } else {
-      return nullptr;
+// Where an operand's memory is, as one of the interleaved layouts can read it.
+struct Read {
+  Value* source = nullptr;     // nullptr with `rows` set: the projection made by the rewrite
+  bool packed = false;         // bsd: [B, S, 3*H*D] rows, this operand's third
+  const Node* rows = nullptr;  // the row-wise product to recompute without its input Transpose
+};
+
+struct Reads {
+  std::optional<Read> bsd, bshd;
+};
+
+// Matches one operand view (shape [B, H, S, D]) of a source of shape `xs`.
+void Match(const StridedView& view, const Shape& xs, int part, Reads& r, Read read) {
+  const Shape& s = view.shape;
+  int64_t h = 0, d = 0;
+  if (!StaticDim(s[1], h) || !StaticDim(s[3], d)) return;
+  const int64_t e = h * d;
+  if (!r.bsd && xs.size() == 3 && xs[0] == s[0] && xs[1] == s[2] && xs[2].is_static()) {
+    const int64_t row = xs[2].value();
+    if (row == e && ReadsRows(view, row, 0)) {
+      r.bsd = read;
+    } else if (row == 3 * e && ReadsRows(view, row, Dim(part * e))) {
+      read.packed = true;
+      r.bsd = read;
     }
-  } else if (s->attrs().Has("split")) {
-    sizes = s->attrs().GetInts("split");
   }
-  if (!sizes.empty() && sizes != std::vector<int64_t>{e3 / 3, e3 / 3, e3 / 3}) return nullptr;
-  return x;
+  if (!r.bshd && xs.size() == 4 && xs[0] == s[0] && xs[1] == s[2] && xs[2] == s[1] &&
+      xs[3] == s[3] && ReadsRows(view, Dim(e), 0)) {
+    r.bshd = read;
+  }
 }
 
-// The sole reader of `v` when it is one node of `op` and `v` is not a graph output.
-Node* SoleConsumer(const Value* v, std::string_view op) {
-  if (v->is_graph_output() || v->consumers().size() != 1) return nullptr;
-  Node* c = v->consumers()[0];
-  return c->op_type() == op ? c : nullptr;
+// A product computed row by row over its input's leading axes: MatMul or FusedMatMul of a
+// rank >= 3 input (not transposed) by a rank-2 weight. Its input's Transpose of the leading
+// axes could as well come after it.
+bool IsRowWiseProduct(const Node& n) {
+  const bool fused = IsOp(n, OpType::kFusedMatMul);
+  if (!fused && !IsOp(n, OpType::kMatMul)) return false;
+  if (fused && attrs::FusedMatMul::transA(n) != 0) return false;
+  const Value* a = n.input(0);
+  const Value* b = n.input(1);
+  if (!a || !b || !a->has_shape() || !b->has_shape()) return false;
+  if (a->shape().size() < 3 || b->shape().size() != 2) return false;
+  if (fused && n.num_inputs() > 2 && n.input(2) &&
+      (!n.input(2)->has_shape() || n.input(2)->shape().size() != 1)) {
+    return false;
+  }
+  return true;
+}
+
+// For `p` made by a row-wise product of Transpose(x, perm) with perm keeping the last axis, and
+// that Transpose read by the product alone: perm (else empty).
+std::vector<int64_t> LeadingTransposeBefore(const Value* p) {
+  const Node* g = p->producer();
+  if (!g || !IsRowWiseProduct(*g)) return {};
+  const Value* t = g->input(0);
+  const Node* tn = t->producer();
+  if (!tn || !IsOp(*tn, OpType::kTranspose) || t->is_graph_output() || t->consumers().size() != 1) {
+    return {};
+  }
+  std::vector<int64_t> perm = attrs::Transpose::perm(*tn);
+  const int64_t rank = static_cast<int64_t>(t->shape().size());
+  if (static_cast<int64_t>(perm.size()) != rank || perm.back() != rank - 1) return {};
+  return perm;
+}
+
+// True when everything that reads `v` is `attn` or a view op whose results only lead there.
+bool OnlyFeeds(const Value* v, const Node* attn, int depth = 0) {
+  if (v->is_graph_output() || depth > 16) return false;
+  for (const Node* c : v->consumers()) {
+    if (c == attn) continue;
+    if (!ViewInput(*c) || ViewInput(*c) != v) return false;
+    for (size_t i = 0; i < c->num_outputs(); ++i) {
+      if (c->output(i) && !OnlyFeeds(c->output(i), attn, depth + 1)) return false;
+    }
+  }
+  return true;
+}
+
+// The ways operand `part` of `attn` can be read in place.
+Reads OperandReads(Value* operand, int part, const Node* attn, const PassContext& ctx) {
+  Reads r;
+  if (!operand->has_shape() || operand->shape().size() != 4) return r;
+  for (const StridedView& view : ViewsOf(operand, ctx)) {
+    Match(view, view.source->shape(), part, r, Read{view.source});
+  }
+  if (r.bsd) return r;
+  // Through the row-wise product at the chain's far end, as if its input Transpose came after.
+  ViewChain chain = ViewChainOf(operand);
+  const Value* p = chain.values.back();
+  std::vector<int64_t> perm = LeadingTransposeBefore(p);
+  if (perm.empty() || !p->has_shape() || !OnlyFeeds(p, attn)) return r;
+  const Shape& ps = p->shape();
+  Shape rows(ps.size());  // the product's output before the Transpose: rows[perm[k]] = ps[k]
+  for (size_t k = 0; k < perm.size(); ++k) rows[static_cast<size_t>(perm[k])] = ps[k];
+  StridedView start = TransposeView(ContiguousView(rows), perm);
+  std::optional<StridedView> view = ApplyChain(chain, chain.values.size() - 1, start, ctx);
+  if (view) {
+    Reads v;
+    Match(*view, rows, part, v, Read{nullptr, false, p->producer()});
+    if (v.bsd) r.bsd = v.bsd;
+  }
+  return r;
+}
+
+// Y's readers: a chain of single-reader Transposes and reshapes, each value read by the next
+// alone. For each value z on it, Y as a view of z (Y's elements in z's memory).
+struct OutputPlace {
+  std::vector<Node*> chain;  // the nodes from Y to `value`
+  Value* value = nullptr;
+  StridedView view;
+};
+
+std::vector<OutputPlace> OutputPlaces(Value* y) {
+  std::vector<Node*> chain;
+  std::vector<Value*> values{y};
+  while (chain.size() < 16) {
+    Value* cur = values.back();
+    if (cur->is_graph_output() || cur->consumers().size() != 1) break;
+    Node* c = cur->consumers()[0];
+    const bool invertible = IsOp(*c, OpType::kTranspose) || IsOp(*c, OpType::kReshape) ||
+                            IsOp(*c, OpType::kSqueeze) || IsOp(*c, OpType::kUnsqueeze) ||
+                            IsOp(*c, OpType::kFlatten);
+    if (!invertible || c->input(0) != cur || c->num_outputs() != 1 || !c->output(0) ||
+        !c->output(0)->has_shape()) {
+      break;
+    }
+    chain.push_back(c);
+    values.push_back(c->output(0));
+  }
+  std::vector<OutputPlace> places;
+  for (size_t k = chain.size(); k >= 1; --k) {  // farthest first
+    std::optional<StridedView> view = ContiguousView(values[k]);
+    for (size_t m = k; view && m >= 1; --m) {  // undo chain[m - 1]: values[m] -> values[m - 1]
+      const Node* c = chain[m - 1];
+      if (IsOp(*c, OpType::kTranspose)) {
+        std::vector<int64_t> perm = attrs::Transpose::perm(*c);
+        const size_t rank = values[m - 1]->shape().size();
+        if (perm.empty()) {
+          for (size_t i = rank; i-- > 0;) perm.push_back(static_cast<int64_t>(i));
+        }
+        if (perm.size() != rank) {
+          view.reset();
+          break;
+        }
+        std::vector<int64_t> inverse(rank);
+        for (size_t i = 0; i < rank; ++i)
+          inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+        view = TransposeView(*view, inverse);
+      } else {
+        view = ReshapeView(*view, values[m - 1]->shape());
+      }
+    }
+    if (view) {
+      places.push_back(OutputPlace{
+          std::vector<Node*>(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(k)),
+          values[k], std::move(*view)});
+    }
+  }
+  return places;
+}
+
+// A constant for Reshape to `shape` (at most one symbolic dim, written -1); nullptr otherwise.
+Value* ShapeConstant(Graph& graph, const Shape& shape) {
+  std::vector<int64_t> dims;
+  int symbolic = 0;
+  for (const Dim& d : shape) {
+    if (d.is_static()) {
+      dims.push_back(d.value());
+    } else {
+      dims.push_back(-1);
+      ++symbolic;
+    }
+  }
+  if (symbolic > 1) return nullptr;
+  return AddLiteralConstant(
+      graph, "attention_shape",
+      Tensor::FromVector<int64_t>(DataType::kInt64, {static_cast<int64_t>(dims.size())}, dims));
 }
 
 class AttentionLayoutPass final : public Pass {
@@ -91,6 +229,7 @@ class AttentionLayoutPass final : public Pass {
 
   Status Run(Graph& graph, PassContext& ctx) override {
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+    recomputed_.clear();
     int bsd = 0, bshd = 0;
     for (Node* node : order) {
       if (node->is_dead() || !IsOp(*node, OpType::kAttention)) continue;
@@ -112,64 +251,103 @@ class AttentionLayoutPass final : public Pass {
 
  private:
   // The layout given to `attn`, or "" when it stays as it is.
-  static std::string_view Rewrite(Graph& graph, PassContext& ctx, Node* attn) {
-    // Q, K, V: each the output of Transpose(0, 2, 1, 3) of a [B, S, H, D] value.
-    Value* split[3];
-    Value* packed[3];
-    bool all_packed = true;
+  std::string_view Rewrite(Graph& graph, PassContext& ctx, Node* attn) {
+    Value* q = attn->input(0);
+    if (!q || !q->has_shape() || q->shape().size() != 4) return "";
+    const Shape& qs = q->shape();
+    int64_t heads = 0;
+    if (!StaticDim(qs[1], heads)) return "";
+    Reads reads[3];
     for (int i = 0; i < 3; ++i) {
       Value* in = attn->input(i);
-      if (!in || !in->has_shape() || in->shape().size() != 4 || !IsHeadSwap(in->producer())) {
+      if (!in || !in->has_shape() || in->shape().size() != 4 || !(in->shape()[0] == qs[0]) ||
+          !(in->shape()[1] == qs[1])) {
         return "";
       }
-      split[i] = in->producer()->input(0);
-      if (!split[i] || !split[i]->has_shape() || split[i]->shape().size() != 4) return "";
-      packed[i] = PackedSource(split[i]);
-      all_packed = all_packed && packed[i] != nullptr;
+      reads[i] = OperandReads(in, i, attn, ctx);
     }
-    // Y: read only by Transpose(0, 2, 1, 3), whose output only a Reshape to [B, S, H*Dv] reads.
+    const bool all_bsd = reads[0].bsd && reads[1].bsd && reads[2].bsd;
+    const bool packed =
+        all_bsd && reads[0].bsd->packed && reads[1].bsd->packed && reads[2].bsd->packed;
+    const bool use_bsd =
+        all_bsd &&
+        (packed || (!reads[0].bsd->packed && !reads[1].bsd->packed && !reads[2].bsd->packed));
+    const bool use_bshd = !use_bsd && reads[0].bshd && reads[1].bshd && reads[2].bshd;
+    if (!use_bsd && !use_bshd) return "";
+
+    // Y [B, H, Sq, Dv]: where its readers want it as rows of [B, Sq, H, Dv].
     Value* y = attn->output(0);
-    Node* merge = SoleConsumer(y, "Transpose");
-    if (!merge || !IsHeadSwap(merge)) return "";
-    Value* z = merge->output(0);  // [B, S, H, Dv]
-    Node* flatten = SoleConsumer(z, "Reshape");
-    Value* w = flatten ? flatten->output(0) : nullptr;
-    if (w) {
-      int64_t e = 0, h = 0, dv = 0;
-      const bool fits = z->has_shape() && w->has_shape() && z->shape().size() == 4 &&
-                        w->shape().size() == 3 && StaticDim(w->shape()[2], e) &&
-                        StaticDim(z->shape()[2], h) && StaticDim(z->shape()[3], dv) &&
-                        e == h * dv && w->shape()[0] == z->shape()[0] &&
-                        w->shape()[1] == z->shape()[1];
-      if (!fits) w = nullptr;
+    if (!y || !y->has_shape() || y->shape().size() != 4) return "";
+    const Shape& ys = y->shape();
+    const Shape out_shape =
+        use_bsd ? Shape{ys[0], ys[2], ys[1] * ys[3]} : Shape{ys[0], ys[2], ys[1], ys[3]};
+    const OutputPlace* place = nullptr;
+    std::vector<OutputPlace> places = OutputPlaces(y);
+    for (const OutputPlace& p : places) {
+      if (!ReadsRows(p.view, ys[1] * ys[3], 0) || !(p.view.shape == ys)) continue;
+      if (p.value->shape() == out_shape || ShapeConstantFits(p.value->shape())) {
+        place = &p;
+        break;
+      }
     }
-    bool use_bsd = all_packed && w != nullptr;
-    int64_t heads = 0;
-    if (!StaticDim(split[0]->shape()[2], heads)) return "";
+    if (!place) return "";
 
     AttributeMap attrs = attn->attrs();
     attrs.Set("layout", std::string(use_bsd ? "bsd" : "bshd"));
     if (use_bsd) attrs.Set("num_heads", heads);
+    if (packed) attrs.Set("qkv_packed", int64_t{1});
     std::vector<Value*> inputs;
-    Value* qkv = use_bsd ? SplitSource(packed, ctx) : nullptr;
-    if (qkv) attrs.Set("qkv_packed", int64_t{1});
-    for (int i = 0; i < 3; ++i) inputs.push_back(qkv ? qkv : use_bsd ? packed[i] : split[i]);
-    if (attn->input(3)) inputs.push_back(attn->input(3));
-    Value* out = use_bsd ? w : z;
-    std::string name = attn->name();
-    // The new node writes the merged value itself (its name may be a graph output's).
-    if (use_bsd) {
-      graph.RemoveNode(flatten);
-      ctx.stats().nodes_removed += 1;
+    for (int i = 0; i < 3; ++i) {
+      const Read& r = use_bsd ? *reads[i].bsd : *reads[i].bshd;
+      inputs.push_back(r.source ? r.source : Recomputed(graph, ctx, r.rows));
     }
-    graph.RemoveNode(merge);
+    if (attn->input(3)) inputs.push_back(attn->input(3));
+    const std::string name = attn->name();
+    Value* target = place->value;
+    std::vector<Node*> chain = place->chain;
+    Value* shape = nullptr;
+    Value* out = target;
+    if (!(target->shape() == out_shape)) {
+      shape = ShapeConstant(graph, target->shape());
+      out = graph.AddValue(graph.UniqueName(name + "_rows"), y->dtype());
+    }
+    // The new node writes the merged value itself (its name may be a graph output's).
+    for (Node* n : chain) graph.RemoveNode(n);
     graph.RemoveNode(attn);
     graph.AddNode("Attention", graph.UniqueName(name + (use_bsd ? "_bsd" : "_bshd")),
                   std::move(inputs), {out}, std::move(attrs));
-    ctx.stats().nodes_removed += 1;  // attention replaced one for one; the merge Transpose went
+    if (shape) {
+      graph.AddNode("Reshape", graph.UniqueName(name + "_rows_view"), {out, shape}, {target});
+    }
+    ctx.stats().nodes_removed += static_cast<int64_t>(chain.size()) - (shape ? 1 : 0);
     ctx.stats().rewrites += 1;
     return use_bsd ? "bsd" : "bshd";
   }
+
+  static bool ShapeConstantFits(const Shape& shape) {
+    int symbolic = 0;
+    for (const Dim& d : shape) symbolic += d.is_static() ? 0 : 1;
+    return symbolic <= 1;
+  }
+
+  // The row-wise product `g` (its input a Transpose of the leading axes) computed on the
+  // Transpose's input instead: [B, S, N] rows where `g` made [S, B, N]. One per product.
+  Value* Recomputed(Graph& graph, PassContext& ctx, const Node* g) {
+    auto it = recomputed_.find(g);
+    if (it != recomputed_.end()) return it->second;
+    Value* x = g->input(0)->producer()->input(0);
+    std::vector<Value*> inputs;
+    for (size_t i = 0; i < g->num_inputs(); ++i) inputs.push_back(i == 0 ? x : g->input(i));
+    Value* rows =
+        graph.AddValue(graph.UniqueName(g->output(0)->name() + "_rows"), g->output(0)->dtype());
+    graph.AddNode(g->op_type(), graph.UniqueName(g->name() + "_rows"), std::move(inputs), {rows},
+                  g->attrs(), g->domain());
+    ctx.stats().rewrites += 1;
+    recomputed_[g] = rows;
+    return rows;
+  }
+
+  std::unordered_map<const Node*, Value*> recomputed_;  // this run's products, by the old one
 };
 
 }  // namespace

@@ -124,6 +124,7 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeRotaryFusionPass());
   pm->Add(MakeGeluFusionPass());
   pm->Add(MakeAttentionFusionPass());
+  pm->Add(MakeRowTransposePass());  // before the layout pass, which reads what it leaves
   pm->Add(MakeAttentionLayoutPass());
   pm->Add(MakeGatedActivationFusionPass());  // before gemm_fusion takes the activation
   pm->Add(MakeGemmFusionPass());

@@ -142,6 +142,7 @@ std::unique_ptr<Pass> MakeRotaryFusionPass();           // x * cos + rotate_half
 std::unique_ptr<Pass> MakeGatedActivationFusionPass();  // act(a) * b (SwiGLU, GeGLU)
 std::unique_ptr<Pass> MakeGatedProjectionMergePass();   // gate/up -> one GEMM (after gemm_fusion)
 std::unique_ptr<Pass> MakeAttentionFusionPass();
+std::unique_ptr<Pass> MakeRowTransposePass();      // row permutes above row-wise products
 std::unique_ptr<Pass> MakeAttentionLayoutPass();   // heads read in place (Attention layout)
 std::unique_ptr<Pass> MakeQkvFusionPass();         // Q/K/V projections -> one (after gemm_fusion)
 std::unique_ptr<Pass> MakeGemmFusionPass();        // Gemm/MatMul + bias + activation
