@@ -15,6 +15,8 @@ namespace {
 
 using namespace testing;
 
+using Passes = std::vector<std::unique_ptr<Pass>>;
+
 ShapeEvaluator CpuEvaluator() {
   return [](const Node& n, std::span<const Tensor* const> in) { return cpu::EvaluateNode(n, in); };
 }
@@ -132,6 +134,46 @@ TEST(ShapeFolding, SymbolicDimsAndLargeOutputsStay) {
   EXPECT_EQ(CountOps(g, "Mod"), 1);
   EXPECT_EQ(CountOps(g, "Shape"), 1);
   EXPECT_EQ(CountOps(g, "ConstantOfShape"), 1);
+}
+
+// The Shape of an intermediate tensor with symbolic dims (torch's unflatten reads the shape of
+// the value it reshapes; a Transpose read only for its shape) becomes a computation from the
+// graph inputs' shapes: the Transpose dies, and the outputs stay as they were for batches the
+// build never saw. Each dim a polynomial: b, 30 * b, and c of another input.
+TEST(ShapeDetach, ShapesOfIntermediatesComeFromTheInputsShapes) {
+  auto build = [](Graph& g) {
+    Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("b"), 5, 6});
+    Value* z = g.AddInput("z", DataType::kFloat32, {Dim::Symbol("c"), 2});
+    Value* t = Op(g, "Transpose", {x}, Attrs(std::pair{"perm", std::vector<int64_t>{1, 0, 2}}));
+    Value* s = Op(g, "Shape", {t});  // [5, b, 6]
+    // Reshape x to [b * 5, 6] from the transposed shape: Gather dims 0 and 1, Mul, Concat.
+    Value* d0 = Op(g, "Gather", {s, Const(g, Ints({0}))}, Attrs(std::pair{"axis", int64_t{0}}));
+    Value* d1 = Op(g, "Gather", {s, Const(g, Ints({1}))}, Attrs(std::pair{"axis", int64_t{0}}));
+    Value* rows = Op(g, "Mul", {d0, d1});
+    Value* target =
+        Op(g, "Concat", {rows, Const(g, Ints({6}))}, Attrs(std::pair{"axis", int64_t{0}}));
+    g.MarkOutput(Op(g, "Reshape", {x, target}));
+    // A shape of two inputs' symbols: an outer product's [30 * b, c, 2].
+    Value* flat = Op(g, "Reshape", {x, Const(g, Ints({-1, 1, 1}))});
+    Value* outer = Op(g, "Mul", {flat, Op(g, "Unsqueeze", {z, Const(g, Ints({0}))})});
+    g.MarkOutput(Op(g, "Shape", {outer}));
+  };
+  Graph before, after;
+  build(before);
+  build(after);
+  Passes v;
+  v.push_back(MakeShapeSimplificationPass());
+  v.push_back(MakeDeadNodeEliminationPass());
+  RunPasses(after, std::move(v));
+  EXPECT_EQ(CountOps(after, "Transpose"), 0);
+  for (Node* n : after.nodes()) {
+    if (n->op_type() == "Shape") {
+      EXPECT_TRUE(n->input(0)->name() == "x" || n->input(0)->name() == "z") << n->input(0)->name();
+    }
+  }
+  for (int64_t b : {1, 3}) {
+    ExpectSameOutputs(before, after, {{"b", b}, {"c", 4}});
+  }
 }
 
 }  // namespace
