@@ -15,9 +15,12 @@
 //              head split/merge transposes that exporters write around attention):
 //              "bhsd" (default) the above: [..., S, D], each head's rows contiguous;
 //              "bshd" rank 4 [B, S, H, D] for Q, K, V and Y (the scores are [B, H, Sq, Sk]);
-//              "bsd"  rank 3 [B, S, H*D] for Q, K, V and Y, with num_heads = H.
-//   num_heads  int, for "bsd"
-//   qkv_packed int, for "bsd" (default 0): 1 when each operand is [B, S, 3*H*D] with Q, K and V
+//              "bsd"  rank 3 [B, S, H*D] for Q, K, V and Y, with num_heads = H;
+//              "sbd"  rank 3 [S, B, H*D], sequence first (nn.MultiheadAttention's own order),
+//                     with num_heads = H.
+//   num_heads  int, for "bsd" and "sbd"
+//   qkv_packed int, for "bsd" and "sbd" (default 0): 1 when each operand is [B, S, 3*H*D]
+//              ([S, B, 3*H*D] for sbd) with Q, K and V
 //              side by side in each row, and Q is read from the first third of input 0's rows,
 //              K from the second third of input 1's, V from the last third of input 2's (the
 //              pass gives one value three times: GPT-2's c_attn output, so no Split copies).
@@ -32,10 +35,12 @@ namespace kiln {
 
 namespace {
 
-// Layouts bshd ([B, S, H, D]) and bsd ([B, S, H*D], num_heads = H): the heads sit inside each
-// row. B broadcasts (1 against B); H and D must agree.
+// Layouts bshd ([B, S, H, D]), bsd ([B, S, H*D], num_heads = H) and sbd ([S, B, H*D]): the
+// heads sit inside each row. B broadcasts (1 against B); H and D must agree.
 Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& layout) {
-  bool packed = layout == "bsd";
+  const bool seq_first = layout == "sbd";
+  const bool packed = layout == "bsd" || seq_first;             // rank 3, num_heads
+  const size_t bi = seq_first ? 1 : 0, si = seq_first ? 0 : 1;  // batch and sequence axes
   size_t rank = packed ? 3 : 4;
   const Shape& q = ctx.input_shape(0);
   const Shape& k = ctx.input_shape(1);
@@ -46,14 +51,14 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
   }
   int64_t heads = attrs::Attention::num_heads(ctx.attrs());
   if (packed && heads <= 0) {
-    return ctx.Error(ErrorCode::kInvalidAttribute, "layout bsd needs num_heads > 0");
+    return ctx.Error(ErrorCode::kInvalidAttribute, "layout {} needs num_heads > 0", layout);
   }
   if (heads > kMaxDim) {  // 3 * heads below must not overflow
     return ctx.Error(ErrorCode::kInvalidAttribute, "num_heads is {}; at most {}", heads, kMaxDim);
   }
   const bool qkv = attrs::Attention::qkv_packed(ctx.attrs()) != 0;
   if (qkv && !packed) {
-    return ctx.Error(ErrorCode::kInvalidAttribute, "qkv_packed needs layout bsd");
+    return ctx.Error(ErrorCode::kInvalidAttribute, "qkv_packed needs layout bsd or sbd");
   }
   if (qkv) {
     // One [B, S, 3*E] value three times: Y is [B, S, E].
@@ -65,7 +70,7 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
           "3 x num_heads {}); got Q {}",
           heads, ToString(q));
     }
-    Shape out{q[0], q[1], Dim(e3.value() / 3)};
+    Shape out{q[0], q[1], Dim(e3.value() / 3)};  // [B, S, E] or [S, B, E]
     ctx.set_output(0, ctx.input_type(0), std::move(out));
     return OkStatus();
   }
@@ -73,7 +78,7 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
     return a.is_static() && b.is_static() && !(a == b);
   };
   // Q and K share the head size; K and V the key count; all three the heads.
-  bool bad = differ(q[rank - 1], k[rank - 1]) || differ(k[1], v[1]) ||
+  bool bad = differ(q[rank - 1], k[rank - 1]) || differ(k[si], v[si]) ||
              (!packed && (differ(q[2], k[2]) || differ(k[2], v[2])));
   if (packed) {
     for (const Shape* s : {&q, &k, &v}) {
@@ -86,8 +91,8 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
                      ToString(q), ToString(k), ToString(v),
                      packed ? fmt::format(" (num_heads {})", heads) : "");
   }
-  auto batch = BroadcastShapes(Shape{q[0]}, Shape{k[0]});
-  if (batch.ok()) batch = BroadcastShapes(*batch, Shape{v[0]});
+  auto batch = BroadcastShapes(Shape{q[bi]}, Shape{k[bi]});
+  if (batch.ok()) batch = BroadcastShapes(*batch, Shape{v[bi]});
   if (!batch.ok()) return ctx.Error(ErrorCode::kShapeMismatch, "{}", batch.status().message());
   Dim h = packed ? Dim(heads) : q[2];
   if (ctx.has_input(3)) {
@@ -98,14 +103,16 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
       return ctx.Error(ErrorCode::kTypeMismatch, "a {} mask must be {}, got {}", kind,
                        kind == "boolean" ? "bool" : ToString(t), ToString(mt));
     }
-    Shape scores = {(*batch)[0], h, q[1], k[1]};
+    Shape scores = {(*batch)[0], h, q[si], k[si]};
     auto joined = BroadcastShapes(scores, ctx.input_shape(3));
     if (!joined.ok() || joined->size() != scores.size()) {
       return ctx.Error(ErrorCode::kShapeMismatch, "mask {} does not broadcast to the scores {}",
                        ToString(ctx.input_shape(3)), ToString(scores));
     }
   }
-  Shape out = packed ? Shape{(*batch)[0], q[1], v[2]} : Shape{(*batch)[0], q[1], q[2], v[3]};
+  Shape out = seq_first ? Shape{q[0], (*batch)[0], v[2]}
+              : packed  ? Shape{(*batch)[0], q[1], v[2]}
+                        : Shape{(*batch)[0], q[1], q[2], v[3]};
   ctx.set_output(0, ctx.input_type(0), std::move(out));
   return OkStatus();
 }
@@ -133,9 +140,11 @@ Status InferAttention(InferenceContext& ctx) {
                      ToString(t), ToString(ctx.input_type(1)), ToString(ctx.input_type(2)));
   }
   std::string layout = attrs::Attention::layout(ctx.attrs());
-  if (layout == "bshd" || layout == "bsd") return InferAttentionHeadsInterleaved(ctx, layout);
+  if (layout == "bshd" || layout == "bsd" || layout == "sbd") {
+    return InferAttentionHeadsInterleaved(ctx, layout);
+  }
   if (layout != "bhsd") {
-    return ctx.Error(ErrorCode::kInvalidAttribute, "layout '{}' is not one of bhsd, bshd, bsd",
+    return ctx.Error(ErrorCode::kInvalidAttribute, "layout '{}' is not one of bhsd, bshd, bsd, sbd",
                      layout);
   }
   const Shape& q = ctx.input_shape(0);

@@ -107,20 +107,21 @@ StatusOr<AttentionAttrs> ReadAttentionAttrs(const AttributeMap& attrs) {
     a.layout = AttentionLayout::kBhsd;
   } else if (layout == "bshd") {
     a.layout = AttentionLayout::kBshd;
-  } else if (layout == "bsd") {
-    a.layout = AttentionLayout::kBsd;
+  } else if (layout == "bsd" || layout == "sbd") {
+    a.layout = layout == "bsd" ? AttentionLayout::kBsd : AttentionLayout::kSbd;
     a.heads = attrs::Attention::num_heads(attrs);
     if (a.heads <= 0) {
       return MakeError(ErrorCode::kInvalidAttribute,
-                       "Attention layout 'bsd' needs num_heads > 0 (got {})", a.heads);
+                       "Attention layout '{}' needs num_heads > 0 (got {})", layout, a.heads);
     }
   } else {
     return MakeError(ErrorCode::kInvalidAttribute,
-                     "Attention layout '{}' is not one of bhsd, bshd, bsd", layout);
+                     "Attention layout '{}' is not one of bhsd, bshd, bsd, sbd", layout);
   }
   a.qkv_packed = attrs::Attention::qkv_packed(attrs) != 0;
-  if (a.qkv_packed && a.layout != AttentionLayout::kBsd) {
-    return MakeError(ErrorCode::kInvalidAttribute, "Attention qkv_packed needs layout 'bsd'");
+  if (a.qkv_packed && a.layout != AttentionLayout::kBsd && a.layout != AttentionLayout::kSbd) {
+    return MakeError(ErrorCode::kInvalidAttribute,
+                     "Attention qkv_packed needs layout 'bsd' or 'sbd'");
   }
   a.default_scale = !attrs.Has("scale");
   a.scale = attrs::Attention::scale(attrs);

@@ -41,11 +41,12 @@ enum class AttentionLayout : uint8_t {
   kBhsd,  // [B, H, S, D] per operand (and any leading batch dims)
   kBshd,  // [B, S, H, D]
   kBsd,   // [B, S, H*D] with num_heads = H; qkv_packed: [B, S, 3*H*D], Q, K, V side by side
+  kSbd,   // [S, B, H*D] (sequence first) with num_heads = H; qkv_packed as kBsd
 };
 struct AttentionAttrs {
   AttentionMask mask = AttentionMask::kNone;
   AttentionLayout layout = AttentionLayout::kBhsd;
-  int64_t heads = 0;  // kBsd
+  int64_t heads = 0;  // kBsd, kSbd
   bool qkv_packed = false;
   float scale = 1.f;
   bool default_scale = true;  // no "scale" attribute: 1/sqrt(D)

@@ -32,11 +32,12 @@ bool StaticDim(const Dim& d, int64_t& out) {
 }
 
 // True when `view`, an operand [B, H, S, D], reads rows of length `row` of a [B, S, row] source
-// (its heads side by side in each row) starting `offset` elements into each row.
-bool ReadsRows(const StridedView& view, const Dim& row, const Dim& offset) {
+// ([S, B, row] when seq_first) with its heads side by side in each row, starting `offset`
+// elements into each row.
+bool ReadsRows(const StridedView& view, const Dim& row, const Dim& offset, bool seq_first) {
   const Shape& s = view.shape;
   if (s.size() != 4) return false;
-  const Dim want[4] = {s[2] * row, s[3], row, Dim(1)};
+  const Dim want[4] = {seq_first ? row : s[2] * row, s[3], seq_first ? s[0] * row : row, Dim(1)};
   for (size_t k = 0; k < 4; ++k) {
     if (!HasStride(view, k, want[k])) return false;
   }
@@ -46,12 +47,12 @@ bool ReadsRows(const StridedView& view, const Dim& row, const Dim& offset) {
 // Where an operand's memory is, as one of the interleaved layouts can read it.
 struct Read {
   Value* source = nullptr;     // nullptr with `rows` set: the projection made by the rewrite
-  bool packed = false;         // bsd: [B, S, 3*H*D] rows, this operand's third
+  bool packed = false;         // bsd/sbd: rows of 3*H*D, this operand's third
   const Node* rows = nullptr;  // the row-wise product to recompute without its input Transpose
 };
 
 struct Reads {
-  std::optional<Read> bsd, bshd;
+  std::optional<Read> bsd, sbd, bshd;
 };
 
 // Matches one operand view (shape [B, H, S, D]) of a source of shape `xs`.
@@ -60,17 +61,23 @@ void Match(const StridedView& view, const Shape& xs, int part, Reads& r, Read re
   int64_t h = 0, d = 0;
   if (!StaticDim(s[1], h) || !StaticDim(s[3], d)) return;
   const int64_t e = h * d;
-  if (!r.bsd && xs.size() == 3 && xs[0] == s[0] && xs[1] == s[2] && xs[2].is_static()) {
+  for (bool seq_first : {false, true}) {
+    std::optional<Read>& slot = seq_first ? r.sbd : r.bsd;
+    const Dim& batch = seq_first ? xs[1] : xs[0];
+    const Dim& seq = seq_first ? xs[0] : xs[1];
+    if (slot || xs.size() != 3 || !(batch == s[0]) || !(seq == s[2]) || !xs[2].is_static()) {
+      continue;
+    }
     const int64_t row = xs[2].value();
-    if (row == e && ReadsRows(view, row, 0)) {
-      r.bsd = read;
-    } else if (row == 3 * e && ReadsRows(view, row, Dim(part * e))) {
-      read.packed = true;
-      r.bsd = read;
+    if (row == e && ReadsRows(view, row, 0, seq_first)) {
+      slot = read;
+    } else if (row == 3 * e && ReadsRows(view, row, Dim(part * e), seq_first)) {
+      slot = read;
+      slot->packed = true;
     }
   }
   if (!r.bshd && xs.size() == 4 && xs[0] == s[0] && xs[1] == s[2] && xs[2] == s[1] &&
-      xs[3] == s[3] && ReadsRows(view, Dim(e), 0)) {
+      xs[3] == s[3] && ReadsRows(view, Dim(e), 0, false)) {
     r.bshd = read;
   }
 }
@@ -205,24 +212,6 @@ std::vector<OutputPlace> OutputPlaces(Value* y) {
   return places;
 }
 
-// A constant for Reshape to `shape` (at most one symbolic dim, written -1); nullptr otherwise.
-Value* ShapeConstant(Graph& graph, const Shape& shape) {
-  std::vector<int64_t> dims;
-  int symbolic = 0;
-  for (const Dim& d : shape) {
-    if (d.is_static()) {
-      dims.push_back(d.value());
-    } else {
-      dims.push_back(-1);
-      ++symbolic;
-    }
-  }
-  if (symbolic > 1) return nullptr;
-  return AddLiteralConstant(
-      graph, "attention_shape",
-      Tensor::FromVector<int64_t>(DataType::kInt64, {static_cast<int64_t>(dims.size())}, dims));
-}
-
 class AttentionLayoutPass final : public Pass {
  public:
   std::string_view name() const override { return "attention_layout"; }
@@ -230,21 +219,20 @@ class AttentionLayoutPass final : public Pass {
   Status Run(Graph& graph, PassContext& ctx) override {
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     recomputed_.clear();
-    int bsd = 0, bshd = 0;
+    int bsd = 0, sbd = 0, bshd = 0;
     for (Node* node : order) {
       if (node->is_dead() || !IsOp(*node, OpType::kAttention)) continue;
       if (attrs::Attention::layout(*node) != "bhsd") continue;
-      if (std::string_view l = Rewrite(graph, ctx, node); l == "bsd") {
-        ++bsd;
-      } else if (l == "bshd") {
-        ++bshd;
-      }
+      std::string_view l = Rewrite(graph, ctx, node);
+      bsd += l == "bsd";
+      sbd += l == "sbd";
+      bshd += l == "bshd";
     }
-    if (bsd + bshd > 0) {
+    if (bsd + sbd + bshd > 0) {
       ctx.stats().notes.push_back(fmt::format(
-          "{} attention layer(s) read the heads in place ({} as [B, S, H*D], {} as [B, S, H, D]): "
-          "no head split/merge copies",
-          bsd + bshd, bsd, bshd));
+          "{} attention layer(s) read the heads in place ({} as [B, S, H*D], {} as [S, B, H*D], "
+          "{} as [B, S, H, D]): no head split/merge copies",
+          bsd + sbd + bshd, bsd, sbd, bshd));
     }
     return OkStatus();
   }
@@ -266,25 +254,41 @@ class AttentionLayoutPass final : public Pass {
       }
       reads[i] = OperandReads(in, i, attn, ctx);
     }
-    const bool all_bsd = reads[0].bsd && reads[1].bsd && reads[2].bsd;
-    const bool packed =
-        all_bsd && reads[0].bsd->packed && reads[1].bsd->packed && reads[2].bsd->packed;
-    const bool use_bsd =
-        all_bsd &&
-        (packed || (!reads[0].bsd->packed && !reads[1].bsd->packed && !reads[2].bsd->packed));
-    const bool use_bshd = !use_bsd && reads[0].bshd && reads[1].bshd && reads[2].bshd;
-    if (!use_bsd && !use_bshd) return "";
+    // bsd, else sbd (rows of [B, S] or [S, B] order; all packed or none), else bshd.
+    auto rows_layout = [&](std::optional<Read> Reads::*slot) {
+      const Reads& a = reads[0];
+      const Reads& b = reads[1];
+      const Reads& c = reads[2];
+      if (!(a.*slot) || !(b.*slot) || !(c.*slot)) return 0;  // 0: no, 1: rows, 3: packed rows
+      const int packed = (a.*slot)->packed + (b.*slot)->packed + (c.*slot)->packed;
+      return packed == 3 ? 3 : packed == 0 ? 1 : 0;
+    };
+    std::string layout;
+    int rows_kind = rows_layout(&Reads::bsd);
+    if (rows_kind) {
+      layout = "bsd";
+    } else if ((rows_kind = rows_layout(&Reads::sbd))) {
+      layout = "sbd";
+    } else if (reads[0].bshd && reads[1].bshd && reads[2].bshd) {
+      layout = "bshd";
+    } else {
+      return "";
+    }
+    const bool packed = rows_kind == 3;
+    const bool seq_first = layout == "sbd";
+    const bool use_rows = layout != "bshd";
 
-    // Y [B, H, Sq, Dv]: where its readers want it as rows of [B, Sq, H, Dv].
+    // Y [B, H, Sq, Dv]: where its readers want it as rows of [B, Sq, H, Dv] ([Sq, B, ...]).
     Value* y = attn->output(0);
     if (!y || !y->has_shape() || y->shape().size() != 4) return "";
     const Shape& ys = y->shape();
-    const Shape out_shape =
-        use_bsd ? Shape{ys[0], ys[2], ys[1] * ys[3]} : Shape{ys[0], ys[2], ys[1], ys[3]};
+    const Shape out_shape = seq_first  ? Shape{ys[2], ys[0], ys[1] * ys[3]}
+                            : use_rows ? Shape{ys[0], ys[2], ys[1] * ys[3]}
+                                       : Shape{ys[0], ys[2], ys[1], ys[3]};
     const OutputPlace* place = nullptr;
     std::vector<OutputPlace> places = OutputPlaces(y);
     for (const OutputPlace& p : places) {
-      if (!ReadsRows(p.view, ys[1] * ys[3], 0) || !(p.view.shape == ys)) continue;
+      if (!ReadsRows(p.view, ys[1] * ys[3], 0, seq_first) || !(p.view.shape == ys)) continue;
       if (p.value->shape() == out_shape || ShapeConstantFits(p.value->shape())) {
         place = &p;
         break;
@@ -293,12 +297,12 @@ class AttentionLayoutPass final : public Pass {
     if (!place) return "";
 
     AttributeMap attrs = attn->attrs();
-    attrs.Set("layout", std::string(use_bsd ? "bsd" : "bshd"));
-    if (use_bsd) attrs.Set("num_heads", heads);
+    attrs.Set("layout", layout);
+    if (use_rows) attrs.Set("num_heads", heads);
     if (packed) attrs.Set("qkv_packed", int64_t{1});
     std::vector<Value*> inputs;
     for (int i = 0; i < 3; ++i) {
-      const Read& r = use_bsd ? *reads[i].bsd : *reads[i].bshd;
+      const Read& r = layout == "bsd" ? *reads[i].bsd : seq_first ? *reads[i].sbd : *reads[i].bshd;
       inputs.push_back(r.source ? r.source : Recomputed(graph, ctx, r.rows));
     }
     if (attn->input(3)) inputs.push_back(attn->input(3));
@@ -308,20 +312,20 @@ class AttentionLayoutPass final : public Pass {
     Value* shape = nullptr;
     Value* out = target;
     if (!(target->shape() == out_shape)) {
-      shape = ShapeConstant(graph, target->shape());
+      shape = AddShapeConstant(graph, "attention_shape", target->shape());
       out = graph.AddValue(graph.UniqueName(name + "_rows"), y->dtype());
     }
     // The new node writes the merged value itself (its name may be a graph output's).
     for (Node* n : chain) graph.RemoveNode(n);
     graph.RemoveNode(attn);
-    graph.AddNode("Attention", graph.UniqueName(name + (use_bsd ? "_bsd" : "_bshd")),
-                  std::move(inputs), {out}, std::move(attrs));
+    graph.AddNode("Attention", graph.UniqueName(name + "_" + layout), std::move(inputs), {out},
+                  std::move(attrs));
     if (shape) {
       graph.AddNode("Reshape", graph.UniqueName(name + "_rows_view"), {out, shape}, {target});
     }
     ctx.stats().nodes_removed += static_cast<int64_t>(chain.size()) - (shape ? 1 : 0);
     ctx.stats().rewrites += 1;
-    return use_bsd ? "bsd" : "bshd";
+    return layout == "bsd" ? "bsd" : seq_first ? "sbd" : "bshd";
   }
 
   static bool ShapeConstantFits(const Shape& shape) {

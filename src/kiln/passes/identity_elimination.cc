@@ -2,6 +2,8 @@
 // Dropout, Cast to the same type, Reshape to the same shape, Transpose by the identity
 // permutation, Pad by zeros, Slice of every element) are bypassed. A graph output keeps its name;
 // when that would need renaming a graph input or a constant, the node stays.
+// A Transpose that only moves size-1 axes (the non-1 axes keep their order: [S, 1, E] to
+// [1, S, E] at batch 1) moves no data: it becomes a Reshape, a view.
 #include <algorithm>
 
 #include "kiln/ops/op_table.h"
@@ -87,7 +89,40 @@ class IdentityEliminationPass final : public Pass {
       ctx.stats().rewrites += 1;
       ctx.stats().nodes_removed += 1;
     }
+    for (Node* node : graph.nodes()) {
+      if (node->is_dead() || !IsOp(*node, OpType::kTranspose) || !IsReorderOfOnes(*node)) continue;
+      Value* shape = AddShapeConstant(graph, "transpose_view", node->output(0)->shape());
+      if (!shape) continue;
+      Value* in = node->input(0);
+      Value* out = node->output(0);
+      const std::string name = node->name();
+      graph.RemoveNode(node);
+      graph.AddNode("Reshape", graph.UniqueName(name + "_view"), {in, shape}, {out});
+      ctx.stats().rewrites += 1;
+    }
     return OkStatus();
+  }
+
+ private:
+  // A Transpose whose non-1 axes stay in order (and that is not the identity, done above).
+  static bool IsReorderOfOnes(const Node& n) {
+    const Value* in = n.input(0);
+    const Value* out = n.output(0);
+    if (!in || !out || !in->has_shape() || !out->has_shape() || in->value_dependent()) {
+      return false;
+    }
+    std::vector<int64_t> perm = attrs::Transpose::perm(n);
+    const Shape& s = in->shape();
+    if (perm.size() != s.size()) return false;
+    int64_t last = -1;
+    for (int64_t p : perm) {
+      if (p < 0 || p >= static_cast<int64_t>(s.size())) return false;
+      const Dim& d = s[static_cast<size_t>(p)];
+      if (d.is_static() && d.value() == 1) continue;
+      if (p < last) return false;
+      last = p;
+    }
+    return true;
   }
 };
 

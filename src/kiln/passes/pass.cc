@@ -124,10 +124,12 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeRotaryFusionPass());
   pm->Add(MakeGeluFusionPass());
   pm->Add(MakeAttentionFusionPass());
-  pm->Add(MakeRowTransposePass());  // before the layout pass, which reads what it leaves
-  pm->Add(MakeAttentionLayoutPass());
   pm->Add(MakeGatedActivationFusionPass());  // before gemm_fusion takes the activation
   pm->Add(MakeGemmFusionPass());
+  // After gemm_fusion: the layout pass reads through a fused projection (FusedMatMul) of a
+  // Transpose's input; row_transpose first, the layout pass reads what it leaves.
+  pm->Add(MakeRowTransposePass());
+  pm->Add(MakeAttentionLayoutPass());
   pm->Add(MakeQkvFusionPass());
   pm->Add(MakeGatedProjectionMergePass());
   pm->Add(MakeConvFusionPass());
@@ -249,6 +251,19 @@ Value* AddLiteralConstant(Graph& graph, const std::string& prefix, Tensor t) {
   Value* v = AddConstant(graph, prefix, std::move(t));
   v->set_provenance(LiteralExpr(*v->constant()));
   return v;
+}
+
+Value* AddShapeConstant(Graph& graph, const std::string& prefix, const Shape& shape) {
+  std::vector<int64_t> dims;
+  int symbolic = 0;
+  for (const Dim& d : shape) {
+    dims.push_back(d.is_static() ? d.value() : -1);
+    symbolic += d.is_static() ? 0 : 1;
+  }
+  if (symbolic > 1) return nullptr;
+  const int64_t n = static_cast<int64_t>(dims.size());
+  return AddLiteralConstant(graph, prefix,
+                            Tensor::FromVector<int64_t>(DataType::kInt64, {n}, dims));
 }
 
 std::vector<Value*> DeriveConstants(Graph& graph, const std::vector<std::string>& prefixes,

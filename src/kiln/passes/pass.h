@@ -185,6 +185,9 @@ bool ForwardValue(Graph& graph, Value* v, Value* replacement);
 Value* AddConstant(Graph& graph, const std::string& prefix, Tensor t);
 // A new constant independent of the model's initializers (ones, a shape): refit keeps it.
 Value* AddLiteralConstant(Graph& graph, const std::string& prefix, Tensor t);
+// A literal Reshape target for `shape`: its static dims, and -1 for its one symbolic dim;
+// nullptr when more than one dim is symbolic.
+Value* AddShapeConstant(Graph& graph, const std::string& prefix, const Shape& shape);
 // New constants computed from constants by the weight op `op` (ir/weight_program.h), one per
 // entry of `prefixes`, with the step recorded so that refit replays the same code on new
 // weights. Empty when the op fails (a pass then leaves the graph as it was).

@@ -21,8 +21,7 @@ class QkvFusionPass final : public Pass {
     int fused = 0;
     for (Node* attn : order) {
       if (attn->is_dead() || !IsOp(*attn, OpType::kAttention)) continue;
-      if (attrs::Attention::layout(*attn) != "bsd" ||
-          attrs::Attention::qkv_packed(*attn) != 0) {
+      if (attrs::Attention::layout(*attn) != "bsd" || attrs::Attention::qkv_packed(*attn) != 0) {
         continue;
       }
       fused += Rewrite(graph, ctx, attn) ? 1 : 0;

@@ -23,12 +23,13 @@ bool ReadOnlyBy(const Value* v, const Node* n) {
   return v && !v->is_graph_output() && v->consumers().size() == 1 && v->consumers()[0] == n;
 }
 
-// Gemm, MatMul or FusedMatMul of a rank-2 A (not transposed) by a rank-2 B.
+// Gemm, FusedGemm, MatMul or FusedMatMul of a rank-2 A (not transposed) by a rank-2 B.
 bool IsRowProduct(const Node& g) {
-  const bool gemm = IsOp(g, OpType::kGemm);
+  const bool gemm = IsOp(g, OpType::kGemm) || IsOp(g, OpType::kFusedGemm);
   const bool fused = IsOp(g, OpType::kFusedMatMul);
   if (!gemm && !fused && !IsOp(g, OpType::kMatMul)) return false;
-  if (gemm && attrs::Gemm::transA(g) != 0) return false;
+  if (IsOp(g, OpType::kGemm) && attrs::Gemm::transA(g) != 0) return false;
+  if (IsOp(g, OpType::kFusedGemm) && attrs::FusedGemm::transA(g) != 0) return false;
   if (fused && attrs::FusedMatMul::transA(g) != 0) return false;
   const Value* a = g.input(0);
   const Value* b = g.input(1);
@@ -43,19 +44,6 @@ bool IsRowProduct(const Node& g) {
     if (cs.size() > 2) return false;
   }
   return true;
-}
-
-Value* ShapeOf(Graph& graph, const Shape& shape) {
-  std::vector<int64_t> dims;
-  int symbolic = 0;
-  for (const Dim& d : shape) {
-    dims.push_back(d.is_static() ? d.value() : -1);
-    symbolic += d.is_static() ? 0 : 1;
-  }
-  if (symbolic > 1) return nullptr;
-  const int64_t n = static_cast<int64_t>(dims.size());
-  return AddLiteralConstant(graph, "row_shape",
-                            Tensor::FromVector<int64_t>(DataType::kInt64, {n}, dims));
 }
 
 class RowTransposePass final : public Pass {
@@ -103,8 +91,8 @@ class RowTransposePass final : public Pass {
     for (size_t k = 0; k + 1 < r; ++k) {
       if (!(us[k] == zs[k])) return false;
     }
-    Value* row_shape = ShapeOf(graph, out->shape());
-    Value* flat_shape = a->has_shape() ? ShapeOf(graph, a->shape()) : nullptr;
+    Value* row_shape = AddShapeConstant(graph, "row_shape", out->shape());
+    Value* flat_shape = a->has_shape() ? AddShapeConstant(graph, "row_shape", a->shape()) : nullptr;
     if (!row_shape || !flat_shape) return false;
     std::vector<int64_t> ext(perm.begin(), perm.end() - 1);
     for (size_t k = r - 1; k < us.size(); ++k) ext.push_back(static_cast<int64_t>(k));

@@ -181,7 +181,7 @@ struct AttnCase {
   float scale = 0.f;  // 0: default 1/sqrt(D)
   float fill = 0.f;   // 0: default -inf
   std::string layout = "bhsd";
-  int64_t heads = 0;  // layout bsd
+  int64_t heads = 0;  // layouts bsd, sbd
   bool qkv_packed = false;
 };
 
@@ -264,7 +264,13 @@ TEST_F(CudaBlasTest, AttentionInterleavedHeadLayouts) {
   runs += RunAttention(
       {{1, 17, 96}, {1, 17, 96}, {1, 17, 96}, "additive", {1, 1, 1, 17}, 0.f, 0.f, "bsd", 1, true},
       68);  // D = 32, one head
-  EXPECT_GE(runs, 8 * 3);
+  // Sequence first ([S, B, H*D], nn.MultiheadAttention's order): rows of one position B apart.
+  runs += RunAttention(
+      {{70, 2, 256}, {40, 2, 256}, {40, 2, 256}, "additive", {2, 1, 1, 40}, 0.f, 0.f, "sbd", 4},
+      69);
+  runs += RunAttention(
+      {{33, 3, 384}, {33, 3, 384}, {33, 3, 384}, "causal", {}, 0.f, 0.f, "sbd", 2, true}, 70);
+  EXPECT_GE(runs, 10 * 3);
 }
 
 TEST_F(CudaBlasTest, AttentionRejectsHeadDimsAbove128) {

@@ -40,14 +40,22 @@ OperandView ViewOf(std::span<const int64_t> x, AttentionLayout layout, int64_t h
     }
     return v;
   }
-  int64_t h = layout == AttentionLayout::kBsd ? heads : x[2];
-  int64_t e = layout == AttentionLayout::kBsd ? x[2] : x[2] * x[3];
-  v.rows = x[1];
+  const bool seq_first = layout == AttentionLayout::kSbd;
+  const bool rows3 = layout == AttentionLayout::kBsd || seq_first;  // [., ., H*D], num_heads
+  int64_t h = rows3 ? heads : x[2];
+  int64_t e = rows3 ? x[2] : x[2] * x[3];
   v.cols = e / parts / h;
-  v.row_stride = e;
-  v.batch.push_back(x[0]);
+  v.batch.push_back(seq_first ? x[1] : x[0]);
   v.batch.push_back(h);
-  v.stride.push_back(x[1] * e);
+  if (seq_first) {  // [S, B, E]: row s of batch b at (s * B + b) * E
+    v.rows = x[0];
+    v.row_stride = x[1] * e;
+    v.stride.push_back(e);
+  } else {
+    v.rows = x[1];
+    v.row_stride = e;
+    v.stride.push_back(x[1] * e);
+  }
   v.stride.push_back(v.cols);
   return v;
 }
@@ -74,11 +82,12 @@ class AttentionKernel final : public Kernel {
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
-    size_t need_rank = at_.layout == AttentionLayout::kBsd ? 3 : 4;
+    const bool rows3 = at_.layout == AttentionLayout::kBsd || at_.layout == AttentionLayout::kSbd;
+    size_t need_rank = rows3 ? 3 : 4;
     for (const TensorView* t : {&inputs[0], &inputs[1], &inputs[2], &outputs[0]}) {
       if ((at_.layout == AttentionLayout::kBhsd && t->dims.size() < 2) ||
           (at_.layout != AttentionLayout::kBhsd && t->dims.size() != need_rank) ||
-          (at_.layout == AttentionLayout::kBsd && t->dims[2] % at_.heads != 0) ||
+          (rows3 && t->dims[2] % at_.heads != 0) ||
           (parts() == 3 && t != &outputs[0] && t->dims[2] % (3 * at_.heads) != 0)) {
         return MakeError(ErrorCode::kShapeMismatch,
                          "attention: operand dims do not fit the layout");
@@ -103,9 +112,10 @@ class AttentionKernel final : public Kernel {
       return MakeError(ErrorCode::kInternal, "attention: workspace of {} bytes is too small",
                        a.workspace_bytes);
     }
-    // Packed: K and V start a third and two thirds into each row.
-    const int64_t k_off = parts() == 3 ? kv.row_stride / 3 : 0;
-    const int64_t v_off = parts() == 3 ? 2 * (vv.row_stride / 3) : 0;
+    // Packed: K and V start a third and two thirds into each row (of 3*H*D elements; in layout
+    // sbd the rows of one sequence position are B rows apart, so not the row stride).
+    const int64_t k_off = parts() == 3 ? a.inputs[1].dims[2] / 3 : 0;
+    const int64_t v_off = parts() == 3 ? 2 * (a.inputs[2].dims[2] / 3) : 0;
     const float* q = a.inputs[0].as<const float>();
     const float* k = a.inputs[1].as<const float>() + k_off;
     const float* v = a.inputs[2].as<const float>() + v_off;

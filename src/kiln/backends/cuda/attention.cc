@@ -65,10 +65,14 @@ class CudaAttentionKernel final : public Kernel {
         }
         return v;
       }
-      bool packed = spec_.layout == AttentionLayout::kBsd;
+      const bool seq_first = spec_.layout == AttentionLayout::kSbd;
+      const bool packed = spec_.layout == AttentionLayout::kBsd || seq_first;  // [., ., H*D]
       if (x.size() != (packed ? 3u : 4u)) {
         return MakeError(ErrorCode::kShapeMismatch, "Attention layout {} needs rank {} operands",
-                         packed ? "bsd" : "bshd", packed ? 3 : 4);
+                         seq_first ? "sbd"
+                         : packed  ? "bsd"
+                                   : "bshd",
+                         packed ? 3 : 4);
       }
       int64_t h = packed ? spec_.heads : x[2];
       int64_t e = packed ? x[2] : x[2] * x[3];
@@ -76,11 +80,18 @@ class CudaAttentionKernel final : public Kernel {
         return MakeError(ErrorCode::kShapeMismatch, "Attention: {} columns are not {} heads", x[2],
                          h);
       }
-      v.batch = {x[0], h};
-      v.rows = x[1];
       v.cols = e / parts / h;
-      v.row_stride = e;
-      v.stride = {x[1] * e, v.cols};
+      if (seq_first) {  // [S, B, E]: row s of batch b at (s * B + b) * E
+        v.batch = {x[1], h};
+        v.rows = x[0];
+        v.row_stride = x[1] * e;
+        v.stride = {e, v.cols};
+      } else {
+        v.batch = {x[0], h};
+        v.rows = x[1];
+        v.row_stride = e;
+        v.stride = {x[1] * e, v.cols};
+      }
       return v;
     };
     const int64_t parts = spec_.qkv_packed ? 3 : 1;
@@ -89,8 +100,9 @@ class CudaAttentionKernel final : public Kernel {
     KILN_ASSIGN_OR_RETURN(View v, view(in[2], parts));
     KILN_ASSIGN_OR_RETURN(View y, view(out[0], 1));
     // Packed: K and V start a third and two thirds into each row.
-    k_offset_ = spec_.qkv_packed ? k.row_stride / 3 : 0;
-    v_offset_ = spec_.qkv_packed ? 2 * (v.row_stride / 3) : 0;
+    // (A third of the row length, 3*H*D: in layout sbd the row stride is B rows of it.)
+    k_offset_ = spec_.qkv_packed ? in[1].dims[2] / 3 : 0;
+    v_offset_ = spec_.qkv_packed ? 2 * (in[2].dims[2] / 3) : 0;
     size_t nb = y.batch.size();
     if (q.batch.size() != nb || k.batch.size() != nb || v.batch.size() != nb) {
       return MakeError(ErrorCode::kShapeMismatch, "Attention operands must share one rank >= 2");
@@ -208,10 +220,10 @@ class CudaAttentionProvider final : public KernelProvider {
     auto type = ToBlasType(request.inputs[0].dtype);
     if (!type) return {};
     // Head dims must fit the kernels' registers; unknown (symbolic) ones are checked in Prepare.
-    // (In layout bsd a row holds num_heads heads.)
+    // (In layouts bsd and sbd a row holds num_heads heads.)
     auto head_dim = [&](const Shape& s) -> int64_t {
       if (s.empty() || !s.back().is_static()) return -1;
-      if (spec->layout == AttentionLayout::kBsd) {
+      if (spec->layout == AttentionLayout::kBsd || spec->layout == AttentionLayout::kSbd) {
         int64_t h = spec->heads * (spec->qkv_packed ? 3 : 1);
         return s.back().value() % h == 0 ? s.back().value() / h : 0;
       }
