@@ -75,10 +75,47 @@ const std::unordered_set<std::string_view>& ReduceOpsAxesInput18() {
   return s;
 }
 
-class Normalizer {
+class Normalizer final : public ExpansionHost {
  public:
   Normalizer(onnx::GraphProto* graph, int64_t opset, std::vector<NormalizedNode>* out)
       : graph_(graph), opset_(opset), out_(out) {}
+
+  // ExpansionHost
+  int32_t ElemType(const std::string& value) const override {
+    auto it = elem_types_.find(value);
+    return it == elem_types_.end() ? 0 : it->second;
+  }
+  std::optional<std::vector<int64_t>> Dims(const std::string& value) const override {
+    if (auto it = dims_.find(value); it != dims_.end()) return it->second;
+    if (auto it = ranks_.find(value); it != ranks_.end()) {
+      return std::vector<int64_t>(static_cast<size_t>(it->second), -1);
+    }
+    return std::nullopt;
+  }
+  void Declare(const std::string& value, int32_t elem_type, size_t rank) override {
+    if (elem_type != 0) elem_types_[value] = elem_type;
+    ranks_[value] = static_cast<int>(rank);
+  }
+  std::string FreshValueName(const std::string& hint) override {
+    std::string name = hint;
+    for (int k = 1; taken_.count(name); ++k) name = fmt::format("{}_{}", hint, k);
+    taken_.insert(name);
+    return name;
+  }
+  std::string FreshNodeName(const std::string& hint) override {
+    std::string name = hint;
+    for (int k = node_counter_[hint]; node_names_.count(name); ++k) {
+      name = fmt::format("{}_{}", hint, k);
+      node_counter_[hint] = k + 1;
+    }
+    node_names_.insert(name);
+    return name;
+  }
+  void Emit(NormalizedNode node) override {
+    if (node.node.op_type() == "Constant") RecordConstant(node.node);
+    out_->push_back(std::move(node));
+  }
+  int64_t opset() const override { return opset_; }
 
   Status Run() {
     CollectFacts();
@@ -105,6 +142,16 @@ class Normalizer {
       nn.version = EffectiveOpVersion(n.op_type(), opset_);
       if (n.op_type() == "Constant") RecordConstant(n);
       after_.clear();
+      if ((n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding") && nn.version >= 23) {
+        // ONNX's ops of these names, not kiln's internal fusions: expanded into primitives.
+        StatusOr<std::string> why = n.op_type() == "Attention"
+                                        ? ExpandAttention(n, nn.version, *this)
+                                        : ExpandRotaryEmbedding(n, *this);
+        KILN_RETURN_IF_ERROR_CTX(why.status(), "while expanding node '{}' ({}-{})", n.name(),
+                                 n.op_type(), nn.version);
+        if (why->empty()) continue;
+        nn.unsupported = std::move(why).value();
+      }
       KILN_RETURN_IF_ERROR_CTX(Rewrite(&n, &nn.version), "while normalising node '{}' ({}-{})",
                                n.name(), n.op_type(), nn.version);
       out_->push_back(std::move(nn));
@@ -133,7 +180,11 @@ class Normalizer {
       if (!vi.type().has_tensor_type()) return;
       const auto& tt = vi.type().tensor_type();
       if (tt.elem_type() != 0) elem_types_[vi.name()] = tt.elem_type();
-      if (tt.has_shape()) ranks_[vi.name()] = tt.shape().dim_size();
+      if (!tt.has_shape()) return;
+      ranks_[vi.name()] = tt.shape().dim_size();
+      std::vector<int64_t> dims;
+      for (const auto& d : tt.shape().dim()) dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+      dims_[vi.name()] = std::move(dims);
     };
     for (const auto& vi : graph_->input()) note_value_info(vi);
     for (const auto& vi : graph_->value_info()) note_value_info(vi);
@@ -142,6 +193,7 @@ class Normalizer {
       taken_.insert(t.name());
       elem_types_[t.name()] = t.data_type();
       ranks_[t.name()] = t.dims_size();
+      dims_[t.name()] = {t.dims().begin(), t.dims().end()};
       numel_[t.name()] = Numel(t);
     }
     for (const auto& n : graph_->node()) {
@@ -162,6 +214,7 @@ class Normalizer {
     if (const auto* a = FindAttr(n, "value"); a && a->has_t()) {
       elem_types_[out] = a->t().data_type();
       ranks_[out] = a->t().dims_size();
+      dims_[out] = {a->t().dims().begin(), a->t().dims().end()};
       numel_[out] = Numel(a->t());
     } else if (FindAttr(n, "value_float") || FindAttr(n, "value_int")) {
       elem_types_[out] =
@@ -177,22 +230,6 @@ class Normalizer {
       ranks_[out] = 1;
       numel_[out] = i->ints_size();
     }
-  }
-
-  std::string FreshValueName(const std::string& hint) {
-    std::string name = hint;
-    for (int k = 1; taken_.count(name); ++k) name = fmt::format("{}_{}", hint, k);
-    taken_.insert(name);
-    return name;
-  }
-  std::string FreshNodeName(const std::string& hint) {
-    std::string name = hint;
-    for (int k = node_counter_[hint]; node_names_.count(name); ++k) {
-      name = fmt::format("{}_{}", hint, k);
-      node_counter_[hint] = k + 1;
-    }
-    node_names_.insert(name);
-    return name;
   }
 
   // Emits a Constant node (before the node being rewritten) and returns its output's name.
@@ -513,6 +550,7 @@ class Normalizer {
   std::unordered_map<std::string, int> node_counter_;
   std::unordered_map<std::string, int32_t> elem_types_;
   std::unordered_map<std::string, int> ranks_;
+  std::unordered_map<std::string, std::vector<int64_t>> dims_;  // declared shapes (-1: no value)
   std::unordered_map<std::string, int64_t> numel_;
 };
 
@@ -602,6 +640,10 @@ std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNo
       continue;
     }
     if (n.op_type() == "Constant") continue;  // becomes a graph constant
+    if (!nn.unsupported.empty()) {
+      add(fmt::format("{}-{}", n.op_type(), nn.version), nn.unsupported, name);
+      continue;
+    }
     const OpSchema* schema = FindOpSchema(n.op_type());
     if (!schema || n.op_type().empty()) {
       add(n.op_type(),
@@ -617,16 +659,8 @@ std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNo
       continue;
     }
     if (nn.version > schema->latest_opset) {
-      // ONNX added an op under the name of a kiln-internal fusion op (Attention, RotaryEmbedding
-      // in opset 23): kiln implements no version of the ONNX op.
-      const bool internal_namesake = FirstOnnxVersion(n.op_type()) > schema->latest_opset;
       add(fmt::format("{}-{}", n.op_type(), nn.version),
-          internal_namesake
-              ? fmt::format("not implemented by kiln (ONNX's {} since opset {}; kiln's op of that "
-                            "name is an internal fusion, not this operator)",
-                            n.op_type(), FirstOnnxVersion(n.op_type()))
-              : fmt::format("kiln implements {} up to version {}", n.op_type(),
-                            schema->latest_opset),
+          fmt::format("kiln implements {} up to version {}", n.op_type(), schema->latest_opset),
           name);
       continue;
     }
