@@ -37,6 +37,7 @@ struct AttentionCase {
   float softcap = 0.0f;
   int64_t mode = -1;            // qk_matmul_output_mode; -1: no qk_matmul_output
   std::vector<int64_t> nonpad;  // nonpad_kv_seqlen (opset 24); empty: none
+  bool symbolic = false;        // sequence lengths declared as dim_params
 };
 
 // Every input of the case, random (the mask's booleans keep key 0, so no row is all masked).
@@ -74,11 +75,24 @@ std::string AttentionModel(const AttentionCase& c) {
        {"Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen"}) {
     auto it = in.find(name);
     if (it == in.end()) continue;
+    std::vector<DimSpec> dims = Spec(it->second.dims());
+    if (c.symbolic) {
+      // The sequence axes: Q's and K/V's (1 in 3-D, 2 in 4-D), the cache's, the mask's last two.
+      const std::string n = name;
+      const size_t seq = c.three_d ? 1 : 2;
+      if (n == "Q") dims[seq] = "q_len";
+      if (n == "K" || n == "V") dims[seq] = "kv_len";
+      if (n == "past_key" || n == "past_value") dims[2] = "past_len";
+      if (n == "attn_mask") {
+        dims.back() = "mask_len";
+        if (dims.size() >= 2 && c.mask[c.mask.size() - 2] != 1) dims[dims.size() - 2] = "q_len";
+      }
+    }
     mb.Input(name,
              it->second.dtype() == DataType::kBool    ? onnx::TensorProto::BOOL
              : it->second.dtype() == DataType::kInt64 ? onnx::TensorProto::INT64
                                                       : onnx::TensorProto::FLOAT,
-             Spec(it->second.dims()));
+             dims);
   }
   if (!c.mask.empty()) inputs[3] = "attn_mask";
   if (c.past > 0) inputs[4] = "past_key", inputs[5] = "past_value";
@@ -325,6 +339,24 @@ TEST(OnnxAttention, ShortMaskIsPaddedAndNonpadKvSeqlenMasksTheRest) {
   past.mask = {3, 5};  // one short of past + kv = 6
   past.causal = true;
   CheckAttention(past);
+}
+
+// Symbolic sequence lengths: the mask's extension, the causal mask and the cache work on dims
+// that are known only at run time (the passes run on the symbolic graph).
+TEST(OnnxAttention, SymbolicSequenceLengthsWithCacheShortMaskAndCausal) {
+  AttentionCase c;
+  c.symbolic = true;
+  c.hq = 4;
+  c.past = 2;
+  c.mask = {3, 5};
+  c.causal = true;
+  CheckAttention(c);
+  AttentionCase three;
+  three.symbolic = true;
+  three.three_d = true;
+  three.mask = {2, 1, 3, 4};
+  three.bool_mask = true;
+  CheckAttention(three);
 }
 
 TEST(OnnxAttention, UndeclaredQIsReportedWithTheReason) {

@@ -339,6 +339,13 @@ StatusOr<std::string> ExpandAttention(const onnx::NodeProto& n, int version, Exp
   auto zero_or_neg_inf = [&](const std::string& keep) {
     return e.Op("bias", "Where", {keep, e.Scalar(0.0, t), e.Scalar(-inf, t)});
   };
+  std::string key_index;  // Range(total), [T]
+  auto keys = [&]() {
+    if (key_index.empty()) {
+      key_index = e.Op("key_index", "Range", {e.IntScalar(0), total_scalar(), e.IntScalar(1)});
+    }
+    return key_index;
+  };
   std::vector<std::string> bias;
   std::string masked = capped;
   if (!mask.empty()) {
@@ -351,30 +358,20 @@ StatusOr<std::string> ExpandAttention(const onnx::NodeProto& n, int version, Exp
     } else {
       std::string m = bool_mask ? zero_or_neg_inf(mask) : mask;
       if (padded) {
-        // Concat with a -inf block rather than Pad: its width may be symbolic (Pad needs static
-        // pads), and it is empty when the lengths turn out equal.
-        if (total_len.empty()) total_len = e.Dims(kc, 2, 3);
-        const std::string width = e.Op("pad_width", "Sub", {total_len, e.Dims(m, -1, kEnd)});
-        const std::string fill_shape =
-            e.Op("pad_shape", "Concat", {e.Dims(m, 0, -1), width}, {Attr("axis", int64_t{0})});
-        onnx::AttributeProto value;
-        value.set_name("value");
-        value.set_type(onnx::AttributeProto::TENSOR);
-        *value.mutable_t() = e.ScalarProto(-inf, t);
-        value.mutable_t()->add_dims(1);
-        const std::string fill = e.Op("pad", "ConstantOfShape", {fill_shape}, {std::move(value)});
-        m = e.Op("mask_pad", "Concat", {m, fill}, {Attr("axis", int64_t{-1})});
+        // Column j of the extended mask is mask[..., min(j, M - 1)] where j < M, -inf past it: a
+        // Gather over Range(T), not a Pad or a Concat, whose width T - M would be a difference
+        // of dims (the memory plan sizes each value at the profile's largest dims).
+        const std::string mask_len = e.Dims(m, -1, kEnd);
+        const std::string last = e.Op("mask_last", "Sub", {mask_len, e.Ints({1})});
+        const std::string cols = e.Op("mask_cols", "Min", {keys(), last});
+        m = e.Op("mask_pad", "Where",
+                 {e.Op("mask_in", "Less", {keys(), mask_len}),
+                  e.Op("mask_pad", "Gather", {m, cols}, {Attr("axis", int64_t{-1})}),
+                  e.Scalar(-inf, t)});
       }
       bias.push_back(m);
     }
   }
-  std::string key_index;  // Range(total), [T]
-  auto keys = [&]() {
-    if (key_index.empty()) {
-      key_index = e.Op("key_index", "Range", {e.IntScalar(0), total_scalar(), e.IntScalar(1)});
-    }
-    return key_index;
-  };
   if (is_causal) {
     // Query i (at absolute position past + i) sees keys j <= past + i.
     std::string rows =
