@@ -38,6 +38,7 @@ struct AttentionCase {
   int64_t mode = -1;            // qk_matmul_output_mode; -1: no qk_matmul_output
   std::vector<int64_t> nonpad;  // nonpad_kv_seqlen (opset 24); empty: none
   bool symbolic = false;        // sequence lengths declared as dim_params
+  int64_t softmax_precision = 0;
 };
 
 // Every input of the case, random (the mask's booleans keep key 0, so no row is all masked).
@@ -111,6 +112,7 @@ std::string AttentionModel(const AttentionCase& c) {
   if (c.scale != 0.0f) AttrFloat(n, "scale", c.scale);
   if (c.softcap != 0.0f) AttrFloat(n, "softcap", c.softcap);
   if (c.mode > 0) AttrInt(n, "qk_matmul_output_mode", c.mode);
+  if (c.softmax_precision) AttrInt(n, "softmax_precision", c.softmax_precision);
   for (const auto& o : outputs) {
     if (!o.empty()) mb.Output(o);
   }
@@ -211,7 +213,8 @@ std::map<std::string, std::vector<double>> AttentionReference(
 }
 
 void ExpectClose(const std::map<std::string, Tensor>& got,
-                 const std::map<std::string, std::vector<double>>& want, const std::string& what) {
+                 const std::map<std::string, std::vector<double>>& want, const std::string& what,
+                 double tol) {
   for (const auto& [name, t] : got) {
     ASSERT_TRUE(want.count(name)) << what << ": unexpected output " << name;
     const std::vector<double>& w = want.at(name);
@@ -221,7 +224,7 @@ void ExpectClose(const std::map<std::string, Tensor>& got,
       if (std::isinf(w[i])) {
         EXPECT_EQ(g, w[i]) << what << ": " << name << "[" << i << "]";
       } else {
-        EXPECT_NEAR(g, w[i], 1e-5 * std::max(1.0, std::abs(w[i])))
+        EXPECT_NEAR(g, w[i], tol * std::max(1.0, std::abs(w[i])))
             << what << ": " << name << "[" << i << "]";
       }
     }
@@ -234,26 +237,27 @@ passes::PassOptions Options() { return passes::testing::TestOptions(); }
 // passes; returns the optimised graph.
 std::unique_ptr<Graph> CheckModel(const std::string& bytes,
                                   const std::map<std::string, Tensor>& inputs,
-                                  const std::map<std::string, std::vector<double>>& want) {
+                                  const std::map<std::string, std::vector<double>>& want,
+                                  double tol = 1e-5) {
   auto g = ImportOnnxBytes(AsBytes(bytes), "");
   EXPECT_TRUE(g.ok()) << g.status().ToString();
   if (!g.ok()) return nullptr;
   auto before = cpu::EvaluateGraph(**g, inputs);
   EXPECT_TRUE(before.ok()) << before.status().ToString();
-  if (before.ok()) ExpectClose(*before, want, "as imported");
+  if (before.ok()) ExpectClose(*before, want, "as imported", tol);
   auto report = passes::RunDefaultPasses(**g, Options());
   EXPECT_TRUE(report.ok()) << report.status().ToString();
   auto after = cpu::EvaluateGraph(**g, inputs);
   EXPECT_TRUE(after.ok()) << after.status().ToString();
-  if (after.ok()) ExpectClose(*after, want, "after the passes");
+  if (after.ok()) ExpectClose(*after, want, "after the passes", tol);
   return std::move(g).value();
 }
 
 int Count(const Graph& g, const std::string& op) { return passes::testing::CountOps(g, op); }
 
-std::unique_ptr<Graph> CheckAttention(const AttentionCase& c) {
+std::unique_ptr<Graph> CheckAttention(const AttentionCase& c, double tol = 1e-5) {
   std::map<std::string, Tensor> in = AttentionInputs(c);
-  return CheckModel(AttentionModel(c), in, AttentionReference(c, in));
+  return CheckModel(AttentionModel(c), in, AttentionReference(c, in), tol);
 }
 
 TEST(OnnxAttention, FourDimensionalGroupedQueryWithFloatMaskFusesToOneAttention) {
@@ -339,6 +343,23 @@ TEST(OnnxAttention, ShortMaskIsPaddedAndNonpadKvSeqlenMasksTheRest) {
   past.mask = {3, 5};  // one short of past + kv = 6
   past.causal = true;
   CheckAttention(past);
+}
+
+// softmax_precision other than Q's type: the softmax runs in FP16 between two Casts (values
+// within FP16's precision); the same type as Q adds nothing and fuses.
+TEST(OnnxAttention, SoftmaxPrecision) {
+  AttentionCase half;
+  half.mask = {3, 4};
+  half.softmax_precision = onnx::TensorProto::FLOAT16;
+  auto g = CheckAttention(half, 2e-3);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(Count(*g, "Cast"), 2);
+  EXPECT_EQ(Count(*g, "Softmax"), 1);
+  AttentionCase same;
+  same.softmax_precision = onnx::TensorProto::FLOAT;
+  g = CheckAttention(same);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(Count(*g, "Attention"), 1);
 }
 
 // Symbolic sequence lengths: the mask's extension, the causal mask and the cache work on dims
