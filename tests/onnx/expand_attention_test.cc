@@ -380,10 +380,40 @@ TEST(OnnxAttention, SymbolicSequenceLengthsWithCacheShortMaskAndCausal) {
   CheckAttention(three);
 }
 
+// Without value_info, Q's rank and type follow from the ops that made it (here Reshape by a
+// constant shape and a Mul), and the node expands.
+TEST(OnnxAttention, QRankAndTypeFollowFromItsProducers) {
+  AttentionCase c;
+  std::map<std::string, Tensor> in = AttentionInputs(c);
+  ModelBuilder mb(23);
+  for (const char* name : {"Q", "K", "V"}) {
+    mb.Input(name, onnx::TensorProto::FLOAT, Spec(in.at(name).dims()));
+  }
+  auto shape = [&](const std::string& name, std::vector<int64_t> dims) {
+    auto* t = mb.graph().add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_dims(static_cast<int64_t>(dims.size()));
+    for (int64_t d : dims) t->add_int64_data(d);
+  };
+  shape("flat", {c.b, -1});
+  shape("heads", {c.b, c.hq, c.sq, c.d});
+  mb.Initializer("one", {1.0f}, {});
+  mb.Node("Reshape", {"Q", "flat"}, {"q_flat"}, "flatten");
+  mb.Node("Reshape", {"q_flat", "heads"}, {"q_heads"}, "split_heads");
+  mb.Node("Mul", {"q_heads", "one"}, {"q"}, "scale");
+  mb.Node("Attention", {"q", "K", "V"}, {"Y"}, "attn");
+  mb.Output("Y");
+  auto g = CheckModel(mb.Bytes(), in, AttentionReference(c, in));
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(Count(*g, "Attention"), 1);
+}
+
 TEST(OnnxAttention, UndeclaredQIsReportedWithTheReason) {
   ModelBuilder mb(23);
   mb.Input("x", onnx::TensorProto::FLOAT, Spec({2, 2, 3, 4}));
-  mb.Node("Relu", {"x"}, {"q"}, "relu");  // q has no value_info
+  mb.Node("Shape", {"x"}, {"s"}, "shape");
+  mb.Node("Reshape", {"x", "s"}, {"q"}, "reshape");  // q: no value_info, shape not constant
   mb.Node("Attention", {"q", "x", "x"}, {"y"}, "attn");
   mb.Output("y");
   std::string bytes = mb.Bytes();

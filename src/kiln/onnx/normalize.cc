@@ -127,6 +127,9 @@ class Normalizer final : public ExpansionHost {
     }
     std::unordered_set<std::string> seen;
     seen.reserve(static_cast<size_t>(nodes->size()));
+    const bool expands = std::any_of(nodes->begin(), nodes->end(), [](const onnx::NodeProto& n) {
+      return n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding";
+    });
     for (auto& proto : *nodes) {
       NormalizedNode nn;
       nn.node = std::move(proto);
@@ -154,6 +157,7 @@ class Normalizer final : public ExpansionHost {
       }
       KILN_RETURN_IF_ERROR_CTX(Rewrite(&n, &nn.version), "while normalising node '{}' ({}-{})",
                                n.name(), n.op_type(), nn.version);
+      if (expands) PropagateFacts(n);
       out_->push_back(std::move(nn));
       for (auto& a : after_) out_->push_back(std::move(a));
     }
@@ -200,6 +204,70 @@ class Normalizer final : public ExpansionHost {
       for (const auto& o : n.output()) taken_.insert(o);
       for (const auto& i : n.input()) taken_.insert(i);
     }
+  }
+
+  // The element type and rank of a node's output that nothing declares, for ops whose result
+  // follows from their inputs' alone, so that an expansion (which needs Q's rank and type) also
+  // works on models without value_info. Run only for models with a node to expand.
+  void PropagateFacts(const onnx::NodeProto& n) {
+    static const std::unordered_set<std::string_view> kSameRank = {"Abs",
+                                                                   "Clip",
+                                                                   "Concat",
+                                                                   "Erf",
+                                                                   "Exp",
+                                                                   "Gelu",
+                                                                   "Identity",
+                                                                   "LayerNormalization",
+                                                                   "LeakyRelu",
+                                                                   "LogSoftmax",
+                                                                   "Neg",
+                                                                   "Pad",
+                                                                   "RMSNormalization",
+                                                                   "Relu",
+                                                                   "Sigmoid",
+                                                                   "Slice",
+                                                                   "Softmax",
+                                                                   "Sqrt",
+                                                                   "Tanh",
+                                                                   "Transpose"};
+    static const std::unordered_set<std::string_view> kBinary = {"Add", "Sub", "Mul", "Div", "Pow"};
+    if (n.output_size() < 1 || n.output(0).empty() || ranks_.count(n.output(0))) return;
+    const std::string& op = n.op_type();
+    auto rank = [&](int i) -> std::optional<int> {
+      auto it = ranks_.find(InputName(n, i));
+      return it == ranks_.end() ? std::nullopt : std::optional<int>(it->second);
+    };
+    auto numel = [&](int i) -> std::optional<int> {  // of a constant (a shape, axes)
+      auto it = numel_.find(InputName(n, i));
+      if (it == numel_.end() || it->second > 64) return std::nullopt;
+      return static_cast<int>(it->second);
+    };
+    int32_t type = ElemType(InputName(n, 0));
+    std::optional<int> r;
+    if (kSameRank.count(op)) {
+      r = rank(0);
+    } else if (op == "Cast") {
+      const auto* to = FindAttr(n, "to");
+      type = to ? static_cast<int32_t>(to->i()) : 0;
+      r = rank(0);
+    } else if (kBinary.count(op) || op == "Where") {
+      if (op == "Where") type = ElemType(InputName(n, 1));
+      for (int i = 0; i < n.input_size(); ++i) {
+        if (!rank(i)) return;
+        r = std::max(r.value_or(0), *rank(i));
+      }
+    } else if (op == "MatMul") {
+      if (rank(0) && rank(1) && *rank(0) >= 2 && *rank(1) >= 2) r = std::max(*rank(0), *rank(1));
+    } else if (op == "Reshape") {
+      r = numel(1);
+    } else if (op == "Unsqueeze" && rank(0) && numel(1)) {
+      r = *rank(0) + *numel(1);
+    } else if (op == "Squeeze" && rank(0) && numel(1)) {
+      r = *rank(0) - *numel(1);
+    }
+    if (!r || *r < 0) return;
+    if (type != 0) elem_types_[n.output(0)] = type;
+    ranks_[n.output(0)] = *r;
   }
 
   static int64_t Numel(const onnx::TensorProto& t) {
