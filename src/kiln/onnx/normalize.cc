@@ -128,7 +128,8 @@ class Normalizer final : public ExpansionHost {
     std::unordered_set<std::string> seen;
     seen.reserve(static_cast<size_t>(nodes->size()));
     const bool expands = std::any_of(nodes->begin(), nodes->end(), [](const onnx::NodeProto& n) {
-      return n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding";
+      return IsDefaultDomain(n.domain()) &&
+             (n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding");
     });
     for (auto& proto : *nodes) {
       NormalizedNode nn;
