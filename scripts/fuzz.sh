@@ -41,10 +41,10 @@ seed_dir() {
         fi
       done
       # ONNX's own single-op test models (tiny, every opset), when scripts/python_env.sh has
-      # made .venv: the ops whose older versions the importer rewrites.
+      # made .venv: the ops whose older versions the importer rewrites, and those it expands.
       local node_tests="${KILN_ONNX_NODE_TESTS:-$(ls -d .venv/lib/python3*/site-packages/onnx/backend/test/data/node 2>/dev/null | head -1)}"
       if [ -n "$node_tests" ] && [ -d "$node_tests" ]; then
-        for m in "$node_tests"/test_{slice,pad,clip,resize,upsample,softmax,logsoftmax,hardmax,split,squeeze,unsqueeze,reduce_sum,reduce_mean,dropout,batchnorm,constant,cast,topk,scatter,identity,relu,add}*/model.onnx; do
+        for m in "$node_tests"/test_{slice,pad,clip,resize,upsample,softmax,logsoftmax,hardmax,split,squeeze,unsqueeze,reduce_sum,reduce_mean,dropout,batchnorm,constant,cast,topk,scatter,identity,relu,add,attention_4d_gqa,attention_3d_with_past,attention_4d_diff_heads_mask4d,rotary_embedding}*/model.onnx; do
           [ -f "$m" ] && cp "$m" "$dir/$(basename "$(dirname "$m")").onnx"
         done
       fi

@@ -433,21 +433,26 @@ TEST(OnnxUnsupported, OpVersionNewerThanKilnImplementsIsReported) {
 }
 
 // ONNX's opset-23 Attention and RotaryEmbedding share their names with kiln's internal fusion
-// ops: the reason says kiln has no version of the ONNX operator, not "up to version 1".
-TEST(OnnxUnsupported, OnnxOpNamedLikeAnInternalFusionOpIsNotImplemented) {
-  for (const char* op : {"Attention", "RotaryEmbedding"}) {
-    std::vector<onnx_internal::NormalizedNode> nodes(1);
-    nodes[0].node.set_op_type(op);
-    nodes[0].node.set_name("n");
-    nodes[0].version = 23;
-    auto unsupported = onnx_internal::FindUnsupportedOps(nodes, kMaxOnnxOpset);
-    ASSERT_EQ(unsupported.size(), 1u) << op;
-    EXPECT_EQ(unsupported[0].op_type, fmt::format("{}-23", op));
-    EXPECT_EQ(unsupported[0].reason,
-              fmt::format("not implemented by kiln (ONNX's {} since opset 23; kiln's op of that "
-                          "name is an internal fusion, not this operator)",
-                          op));
+// ops: the importer expands them into primitive ops, so no node of either name (which would mean
+// kiln's other semantics) is left in the imported graph. tests/onnx/expand_attention_test.cc
+// checks the expansions' values.
+TEST(OnnxUnsupported, OnnxOpNamedLikeAnInternalFusionOpIsExpandedAtImport) {
+  ModelBuilder b(23);
+  b.Input("x", onnx::TensorProto::FLOAT, {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}});
+  b.Input("cos", onnx::TensorProto::FLOAT, {int64_t{1}, int64_t{3}, int64_t{2}});
+  b.Node("Attention", {"x", "x", "x"}, {"a"}, "attn");
+  b.Node("RotaryEmbedding", {"a", "cos", "cos"}, {"r"}, "rope");
+  b.Output("r");
+  std::string bytes = b.Bytes();
+  auto g = ImportOnnxBytes(AsBytes(bytes), "");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  int softmax = 0;
+  for (const Node* n : (*g)->nodes()) {
+    EXPECT_NE(n->op_type(), "Attention") << n->name();
+    EXPECT_NE(n->op_type(), "RotaryEmbedding") << n->name();
+    softmax += n->op_type() == "Softmax";
   }
+  EXPECT_EQ(softmax, 1);
 }
 
 TEST(OnnxUnsupported, OpsetTwentyThreeModelWithTypeOnlyBumpsImports) {

@@ -75,10 +75,47 @@ const std::unordered_set<std::string_view>& ReduceOpsAxesInput18() {
   return s;
 }
 
-class Normalizer {
+class Normalizer final : public ExpansionHost {
  public:
   Normalizer(onnx::GraphProto* graph, int64_t opset, std::vector<NormalizedNode>* out)
       : graph_(graph), opset_(opset), out_(out) {}
+
+  // ExpansionHost
+  int32_t ElemType(const std::string& value) const override {
+    auto it = elem_types_.find(value);
+    return it == elem_types_.end() ? 0 : it->second;
+  }
+  std::optional<std::vector<int64_t>> Dims(const std::string& value) const override {
+    if (auto it = dims_.find(value); it != dims_.end()) return it->second;
+    if (auto it = ranks_.find(value); it != ranks_.end()) {
+      return std::vector<int64_t>(static_cast<size_t>(it->second), -1);
+    }
+    return std::nullopt;
+  }
+  void Declare(const std::string& value, int32_t elem_type, size_t rank) override {
+    if (elem_type != 0) elem_types_[value] = elem_type;
+    ranks_[value] = static_cast<int>(rank);
+  }
+  std::string FreshValueName(const std::string& hint) override {
+    std::string name = hint;
+    for (int k = 1; taken_.count(name); ++k) name = fmt::format("{}_{}", hint, k);
+    taken_.insert(name);
+    return name;
+  }
+  std::string FreshNodeName(const std::string& hint) override {
+    std::string name = hint;
+    for (int k = node_counter_[hint]; node_names_.count(name); ++k) {
+      name = fmt::format("{}_{}", hint, k);
+      node_counter_[hint] = k + 1;
+    }
+    node_names_.insert(name);
+    return name;
+  }
+  void Emit(NormalizedNode node) override {
+    if (node.node.op_type() == "Constant") RecordConstant(node.node);
+    out_->push_back(std::move(node));
+  }
+  int64_t opset() const override { return opset_; }
 
   Status Run() {
     CollectFacts();
@@ -90,6 +127,10 @@ class Normalizer {
     }
     std::unordered_set<std::string> seen;
     seen.reserve(static_cast<size_t>(nodes->size()));
+    const bool expands = std::any_of(nodes->begin(), nodes->end(), [](const onnx::NodeProto& n) {
+      return IsDefaultDomain(n.domain()) &&
+             (n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding");
+    });
     for (auto& proto : *nodes) {
       NormalizedNode nn;
       nn.node = std::move(proto);
@@ -105,8 +146,19 @@ class Normalizer {
       nn.version = EffectiveOpVersion(n.op_type(), opset_);
       if (n.op_type() == "Constant") RecordConstant(n);
       after_.clear();
+      if ((n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding") && nn.version >= 23) {
+        // ONNX's ops of these names, not kiln's internal fusions: expanded into primitives.
+        StatusOr<std::string> why = n.op_type() == "Attention"
+                                        ? ExpandAttention(n, nn.version, *this)
+                                        : ExpandRotaryEmbedding(n, *this);
+        KILN_RETURN_IF_ERROR_CTX(why.status(), "while expanding node '{}' ({}-{})", n.name(),
+                                 n.op_type(), nn.version);
+        if (why->empty()) continue;
+        nn.unsupported = std::move(why).value();
+      }
       KILN_RETURN_IF_ERROR_CTX(Rewrite(&n, &nn.version), "while normalising node '{}' ({}-{})",
                                n.name(), n.op_type(), nn.version);
+      if (expands) PropagateFacts(n);
       out_->push_back(std::move(nn));
       for (auto& a : after_) out_->push_back(std::move(a));
     }
@@ -133,7 +185,11 @@ class Normalizer {
       if (!vi.type().has_tensor_type()) return;
       const auto& tt = vi.type().tensor_type();
       if (tt.elem_type() != 0) elem_types_[vi.name()] = tt.elem_type();
-      if (tt.has_shape()) ranks_[vi.name()] = tt.shape().dim_size();
+      if (!tt.has_shape()) return;
+      ranks_[vi.name()] = tt.shape().dim_size();
+      std::vector<int64_t> dims;
+      for (const auto& d : tt.shape().dim()) dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+      dims_[vi.name()] = std::move(dims);
     };
     for (const auto& vi : graph_->input()) note_value_info(vi);
     for (const auto& vi : graph_->value_info()) note_value_info(vi);
@@ -142,12 +198,77 @@ class Normalizer {
       taken_.insert(t.name());
       elem_types_[t.name()] = t.data_type();
       ranks_[t.name()] = t.dims_size();
+      dims_[t.name()] = {t.dims().begin(), t.dims().end()};
       numel_[t.name()] = Numel(t);
     }
     for (const auto& n : graph_->node()) {
       for (const auto& o : n.output()) taken_.insert(o);
       for (const auto& i : n.input()) taken_.insert(i);
     }
+  }
+
+  // The element type and rank of a node's output that nothing declares, for ops whose result
+  // follows from their inputs' alone, so that an expansion (which needs Q's rank and type) also
+  // works on models without value_info. Run only for models with a node to expand.
+  void PropagateFacts(const onnx::NodeProto& n) {
+    static const std::unordered_set<std::string_view> kSameRank = {"Abs",
+                                                                   "Clip",
+                                                                   "Concat",
+                                                                   "Erf",
+                                                                   "Exp",
+                                                                   "Gelu",
+                                                                   "Identity",
+                                                                   "LayerNormalization",
+                                                                   "LeakyRelu",
+                                                                   "LogSoftmax",
+                                                                   "Neg",
+                                                                   "Pad",
+                                                                   "RMSNormalization",
+                                                                   "Relu",
+                                                                   "Sigmoid",
+                                                                   "Slice",
+                                                                   "Softmax",
+                                                                   "Sqrt",
+                                                                   "Tanh",
+                                                                   "Transpose"};
+    static const std::unordered_set<std::string_view> kBinary = {"Add", "Sub", "Mul", "Div", "Pow"};
+    if (n.output_size() < 1 || n.output(0).empty() || ranks_.count(n.output(0))) return;
+    const std::string& op = n.op_type();
+    auto rank = [&](int i) -> std::optional<int> {
+      auto it = ranks_.find(InputName(n, i));
+      return it == ranks_.end() ? std::nullopt : std::optional<int>(it->second);
+    };
+    auto numel = [&](int i) -> std::optional<int> {  // of a constant (a shape, axes)
+      auto it = numel_.find(InputName(n, i));
+      if (it == numel_.end() || it->second > 64) return std::nullopt;
+      return static_cast<int>(it->second);
+    };
+    int32_t type = ElemType(InputName(n, 0));
+    std::optional<int> r;
+    if (kSameRank.count(op)) {
+      r = rank(0);
+    } else if (op == "Cast") {
+      const auto* to = FindAttr(n, "to");
+      type = to ? static_cast<int32_t>(to->i()) : 0;
+      r = rank(0);
+    } else if (kBinary.count(op) || op == "Where") {
+      if (op == "Where") type = ElemType(InputName(n, 1));
+      for (int i = 0; i < n.input_size(); ++i) {
+        if (!rank(i)) return;
+        r = std::max(r.value_or(0), *rank(i));
+      }
+    } else if (op == "MatMul") {
+      if (rank(0) && rank(1) && *rank(0) >= 2 && *rank(1) >= 2) r = std::max(*rank(0), *rank(1));
+    } else if (op == "Reshape") {
+      r = numel(1);
+    } else if (op == "Unsqueeze" && rank(0) && numel(1)) {
+      r = *rank(0) + *numel(1);
+    } else if (op == "Squeeze" && rank(0) && numel(1)) {
+      r = *rank(0) - *numel(1);
+    }
+    if (!r || *r < 0) return;
+    if (type != 0) elem_types_[n.output(0)] = type;
+    ranks_[n.output(0)] = *r;
   }
 
   static int64_t Numel(const onnx::TensorProto& t) {
@@ -162,6 +283,7 @@ class Normalizer {
     if (const auto* a = FindAttr(n, "value"); a && a->has_t()) {
       elem_types_[out] = a->t().data_type();
       ranks_[out] = a->t().dims_size();
+      dims_[out] = {a->t().dims().begin(), a->t().dims().end()};
       numel_[out] = Numel(a->t());
     } else if (FindAttr(n, "value_float") || FindAttr(n, "value_int")) {
       elem_types_[out] =
@@ -177,22 +299,6 @@ class Normalizer {
       ranks_[out] = 1;
       numel_[out] = i->ints_size();
     }
-  }
-
-  std::string FreshValueName(const std::string& hint) {
-    std::string name = hint;
-    for (int k = 1; taken_.count(name); ++k) name = fmt::format("{}_{}", hint, k);
-    taken_.insert(name);
-    return name;
-  }
-  std::string FreshNodeName(const std::string& hint) {
-    std::string name = hint;
-    for (int k = node_counter_[hint]; node_names_.count(name); ++k) {
-      name = fmt::format("{}_{}", hint, k);
-      node_counter_[hint] = k + 1;
-    }
-    node_names_.insert(name);
-    return name;
   }
 
   // Emits a Constant node (before the node being rewritten) and returns its output's name.
@@ -513,6 +619,7 @@ class Normalizer {
   std::unordered_map<std::string, int> node_counter_;
   std::unordered_map<std::string, int32_t> elem_types_;
   std::unordered_map<std::string, int> ranks_;
+  std::unordered_map<std::string, std::vector<int64_t>> dims_;  // declared shapes (-1: no value)
   std::unordered_map<std::string, int64_t> numel_;
 };
 
@@ -602,6 +709,10 @@ std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNo
       continue;
     }
     if (n.op_type() == "Constant") continue;  // becomes a graph constant
+    if (!nn.unsupported.empty()) {
+      add(fmt::format("{}-{}", n.op_type(), nn.version), nn.unsupported, name);
+      continue;
+    }
     const OpSchema* schema = FindOpSchema(n.op_type());
     if (!schema || n.op_type().empty()) {
       add(n.op_type(),
@@ -617,16 +728,8 @@ std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNo
       continue;
     }
     if (nn.version > schema->latest_opset) {
-      // ONNX added an op under the name of a kiln-internal fusion op (Attention, RotaryEmbedding
-      // in opset 23): kiln implements no version of the ONNX op.
-      const bool internal_namesake = FirstOnnxVersion(n.op_type()) > schema->latest_opset;
       add(fmt::format("{}-{}", n.op_type(), nn.version),
-          internal_namesake
-              ? fmt::format("not implemented by kiln (ONNX's {} since opset {}; kiln's op of that "
-                            "name is an internal fusion, not this operator)",
-                            n.op_type(), FirstOnnxVersion(n.op_type()))
-              : fmt::format("kiln implements {} up to version {}", n.op_type(),
-                            schema->latest_opset),
+          fmt::format("kiln implements {} up to version {}", n.op_type(), schema->latest_opset),
           name);
       continue;
     }

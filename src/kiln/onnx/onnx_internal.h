@@ -107,8 +107,6 @@ StatusOr<Tensor> TakeTensorFromProto(onnx::TensorProto* proto, ExternalDataResol
 // opset (or at all).
 int EffectiveOpVersion(std::string_view op_type, int64_t opset);
 bool IsOnnxOp(std::string_view op_type);
-// The first ai.onnx version of the op (0 for none).
-int FirstOnnxVersion(std::string_view op_type);
 
 // ---- normalisation (normalize.cc) ----
 
@@ -116,6 +114,9 @@ struct NormalizedNode {
   onnx::NodeProto node;  // canonical form; name unique in the graph
   int version = 0;       // ai.onnx version whose semantics the node now has (0: unknown op)
   std::string origin;    // original node's name when this node was added by a rewrite
+  // Why an op that kiln expands at import (ONNX's Attention, RotaryEmbedding) could not be
+  // expanded here (the node is kept as it is); FindUnsupportedOps reports it. Empty otherwise.
+  std::string unsupported;
 };
 
 // Rewrites older op versions into the canonical forms (README.md lists them) and gives every
@@ -134,6 +135,36 @@ StatusOr<std::vector<OnnxUnsupportedOp>> FindUnsupportedOpsInSubgraphs(
 void MergeUnsupportedOps(std::vector<OnnxUnsupportedOp> more, std::vector<OnnxUnsupportedOp>* into);
 // The KILN-E2004 error listing them all.
 Status UnsupportedOpsError(const std::vector<OnnxUnsupportedOp>& unsupported);
+
+// ---- expansions of ONNX ops into kiln's primitive ops (expand_attention.cc) ----
+
+// ONNX's Attention (23, 24) and RotaryEmbedding (23) share their names with kiln-internal fusion
+// ops of other semantics. The importer expands them into primitive ops (MatMul, Softmax,
+// Reshape, ...) that the graph passes fuse back where the pattern is the plain one. An expansion
+// needs facts only the normaliser has; it provides them through this interface.
+class ExpansionHost {
+ public:
+  virtual ~ExpansionHost() = default;
+  // The ONNX element type of a value when declared (graph input, initializer, value_info,
+  // Constant, or an expansion's output); 0 when unknown.
+  virtual int32_t ElemType(const std::string& value) const = 0;
+  // The value's dims when its rank is declared; -1 for a dim without a value.
+  virtual std::optional<std::vector<int64_t>> Dims(const std::string& value) const = 0;
+  // Records what an expansion knows of one of its outputs.
+  virtual void Declare(const std::string& value, int32_t elem_type, size_t rank) = 0;
+  virtual std::string FreshValueName(const std::string& hint) = 0;
+  virtual std::string FreshNodeName(const std::string& hint) = 0;
+  // Appends a node in canonical form (after the nodes emitted before it).
+  virtual void Emit(NormalizedNode node) = 0;
+  virtual int64_t opset() const = 0;
+};
+
+// Expand `n` (Attention of `version` 23 or 24, or RotaryEmbedding-23) through `host`. The result
+// is empty when the node was expanded, or the reason it was not (nothing emitted; the caller
+// reports the node unsupported). An error: the node is invalid (a 3-D Attention without head
+// counts, heads that do not divide, ...).
+StatusOr<std::string> ExpandAttention(const onnx::NodeProto& n, int version, ExpansionHost& host);
+StatusOr<std::string> ExpandRotaryEmbedding(const onnx::NodeProto& n, ExpansionHost& host);
 
 // Opset of the default domain; KILN-E2003 / E2012 when out of range; 0 when the model imports
 // only other domains.

@@ -39,9 +39,4 @@ int EffectiveOpVersion(std::string_view op_type, int64_t opset) {
 
 bool IsOnnxOp(std::string_view op_type) { return History().count(op_type) != 0; }
 
-int FirstOnnxVersion(std::string_view op_type) {
-  auto it = History().find(op_type);
-  return it == History().end() || it->second.versions.empty() ? 0 : it->second.versions.front();
-}
-
 }  // namespace kiln::onnx_internal
