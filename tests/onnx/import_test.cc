@@ -177,18 +177,72 @@ TEST(OnnxImport, UnsupportedDtypesAreListedTogether) {
   b.Input("x", onnx::TensorProto::COMPLEX64, {int64_t{1}});
   auto* d = b.graph().add_initializer();
   d->set_name("weights8");
-  d->set_data_type(17);  // FLOAT8E4M3FN (newer than the onnx headers here)
+  d->set_data_type(onnx::TensorProto::COMPLEX128);
   d->add_dims(1);
-  d->set_raw_data(std::string(1, '\0'));
+  d->set_raw_data(std::string(16, '\0'));
   b.Node("Identity", {"x"}, {"y"});
   b.Output("y");
   auto g = Import(b);
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), ErrorCode::kUnsupportedDataType);
-  EXPECT_NE(g.status().message().find("initializer 'weights8' (float8e4m3fn)"), std::string::npos)
+  EXPECT_NE(g.status().message().find("initializer 'weights8' (complex128)"), std::string::npos)
       << g.status().message();
   EXPECT_NE(g.status().message().find("input 'x' (complex64)"), std::string::npos);
   EXPECT_NE(g.status().message().find("2 tensor(s)"), std::string::npos);
+}
+
+// ONNX packs 4-bit values two to a byte and 2-bit values four to a byte, first element in the
+// low bits, in raw_data or one byte per int32_data entry; kiln unpacks them to one value per byte
+// (signed ones sign-extended). Float8 comes as bits, like float16.
+TEST(OnnxImport, PackedSubByteAndFloat8Tensors) {
+  auto make = [](int type, std::vector<int64_t> dims) {
+    onnx::TensorProto p;
+    p.set_name("t");
+    p.set_data_type(type);
+    for (int64_t d : dims) p.add_dims(d);
+    return p;
+  };
+  auto values = [](const onnx::TensorProto& p, DataType want) {
+    auto t = onnx_internal::TensorFromProto(p, nullptr);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    std::vector<double> out;
+    if (!t.ok()) return out;
+    EXPECT_EQ(t->dtype(), want);
+    EXPECT_EQ(t->size_bytes(), static_cast<size_t>(t->num_elements()));  // one byte per value
+    for (int64_t i = 0; i < t->num_elements(); ++i) out.push_back(t->GetDouble(i));
+    return out;
+  };
+  onnx::TensorProto i4 = make(22, {5});  // INT4, odd count: the last byte's high nibble is padding
+  i4.set_raw_data(std::string("\x78\x0f\x03", 3));
+  EXPECT_EQ(values(i4, DataType::kInt4), (std::vector<double>{-8, 7, -1, 0, 3}));
+  onnx::TensorProto u4 = make(21, {3});  // UINT4 in int32_data
+  u4.add_int32_data(0xf1);
+  u4.add_int32_data(0x09);
+  EXPECT_EQ(values(u4, DataType::kUInt4), (std::vector<double>{1, 15, 9}));
+  onnx::TensorProto i2 = make(26, {5});  // INT2: -2 -1 0 1 | -2
+  i2.set_raw_data(std::string("\x4e\x02", 2));
+  EXPECT_EQ(values(i2, DataType::kInt2), (std::vector<double>{-2, -1, 0, 1, -2}));
+  onnx::TensorProto u2 = make(25, {3});  // UINT2 in int32_data
+  u2.add_int32_data(0x23);
+  EXPECT_EQ(values(u2, DataType::kUInt2), (std::vector<double>{3, 0, 2}));
+  onnx::TensorProto f4 = make(23, {3});  // FLOAT4E2M1: -6, 0.5 | 1.5
+  f4.set_raw_data(std::string("\x1f\x03", 2));
+  EXPECT_EQ(values(f4, DataType::kFloat4E2M1), (std::vector<double>{-6, 0.5, 1.5}));
+  onnx::TensorProto f8 = make(19, {2});  // FLOAT8E5M2 in int32_data: 1, -Inf
+  f8.add_int32_data(0x3c);
+  f8.add_int32_data(0xfc);
+  EXPECT_EQ(values(f8, DataType::kFloat8E5M2), (std::vector<double>{1, -INFINITY}));
+  onnx::TensorProto e4 = make(17, {2});  // FLOAT8E4M3FN raw: 448, -2^-9
+  e4.set_raw_data(std::string("\x7e\x81", 2));
+  EXPECT_EQ(values(e4, DataType::kFloat8E4M3FN), (std::vector<double>{448, -1.0 / 512}));
+  // The packed byte count is checked: 5 int4 values need 3 bytes.
+  onnx::TensorProto short_i4 = make(22, {5});
+  short_i4.set_raw_data(std::string(2, '\0'));
+  auto bad = onnx_internal::TensorFromProto(short_i4, nullptr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidModel);
+  EXPECT_NE(bad.status().message().find("needs 3 bytes"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(OnnxImport, TensorDataCountMismatchIsInvalidModel) {

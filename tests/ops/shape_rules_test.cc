@@ -561,13 +561,17 @@ TEST(ShapeRules, ConcreteDimsAtRunTime) {
 }
 
 TEST(ShapeRules, OnnxDtypeMappingRoundTrips) {
-  for (int64_t code : {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 16}) {
+  for (int64_t code :
+       {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26}) {
     auto t = DataTypeFromOnnx(code);
     ASSERT_TRUE(t.has_value()) << code;
     EXPECT_EQ(OnnxDataTypeCode(*t), code);
   }
   EXPECT_FALSE(DataTypeFromOnnx(8).has_value());   // string
-  EXPECT_FALSE(DataTypeFromOnnx(17).has_value());  // float8e4m3fn
+  EXPECT_FALSE(DataTypeFromOnnx(14).has_value());  // complex64
+  EXPECT_EQ(*DataTypeFromOnnx(17), kFloat8E4M3FN);
+  EXPECT_EQ(*DataTypeFromOnnx(22), kInt4);
+  EXPECT_EQ(*DataTypeFromOnnx(26), kInt2);
   EXPECT_EQ(*DataTypeFromOnnx(11), kFloat64);
   EXPECT_EQ(*DataTypeFromOnnx(5), kInt16);
   EXPECT_EQ(*DataTypeFromOnnx(13), kUInt64);

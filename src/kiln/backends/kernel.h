@@ -46,6 +46,19 @@ struct KernelRequest {
   int max_tactics = 0;
 };
 
+// Whether a request has an operand of a storage-only type (dtype.h: float8, float4, int4...).
+// Providers serve those only where they say so (the CPU's OpKernelDef::storage_types); the rest
+// offer no tactic, so such a layer fails at build instead of computing on the wrong bytes.
+inline bool HasStorageOnlyOperand(const KernelRequest& r) {
+  for (const auto& d : r.inputs) {
+    if (IsStorageOnly(d.dtype)) return true;
+  }
+  for (const auto& d : r.outputs) {
+    if (IsStorageOnly(d.dtype)) return true;
+  }
+  return false;
+}
+
 // One tactic: a provider's configuration. `name` is the full, self-explanatory tactic name
 // (STYLE.md rule 5), e.g. "f32-conv-cpu-im2col-gemm" or "f32-gemm-cpu-blocked-8x8";
 // `params` are the provider's knobs (block sizes...), stored in the engine.

@@ -18,6 +18,20 @@ size_t SizeOf(DataType t) {
   return 0;
 }
 
+int BitWidth(DataType t) {
+  switch (t) {
+    case DataType::kInt4:
+    case DataType::kUInt4:
+    case DataType::kFloat4E2M1:
+      return 4;
+    case DataType::kInt2:
+    case DataType::kUInt2:
+      return 2;
+    default:
+      return static_cast<int>(8 * SizeOf(t));
+  }
+}
+
 std::string_view ToString(DataType t) {
   switch (t) {
 #define KILN_DTYPE_NAME(name, short_name, ctype, size) \

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kiln/core/minifloat.h"
 #include "kiln/ir/sizes.h"
 
 namespace kiln {
@@ -113,6 +114,21 @@ double LoadAsDouble(const TensorView& v, int64_t i) {
       return static_cast<const uint32_t*>(v.data)[i];
     case DataType::kUInt64:
       return static_cast<double>(static_cast<const uint64_t*>(v.data)[i]);
+    case DataType::kFloat8E4M3FN:
+    case DataType::kFloat8E4M3FNUZ:
+    case DataType::kFloat8E5M2:
+    case DataType::kFloat8E5M2FNUZ:
+      return Float8BitsToFloat(static_cast<const uint8_t*>(v.data)[i], ToFloat8Format(v.dtype));
+    case DataType::kFloat8E8M0:
+      return E8M0BitsToFloat(static_cast<const uint8_t*>(v.data)[i]);
+    case DataType::kFloat4E2M1:
+      return Float4E2M1BitsToFloat(static_cast<const uint8_t*>(v.data)[i]);
+    case DataType::kInt4:
+    case DataType::kInt2:
+      return static_cast<const int8_t*>(v.data)[i];
+    case DataType::kUInt4:
+    case DataType::kUInt2:
+      return static_cast<const uint8_t*>(v.data)[i];
     case DataType::kUndefined:
       break;
   }
@@ -159,6 +175,29 @@ void StoreFromDouble(const TensorView& v, int64_t i, double x) {
       break;
     case DataType::kUInt64:
       static_cast<uint64_t*>(v.data)[i] = static_cast<uint64_t>(x);
+      break;
+    case DataType::kFloat8E4M3FN:
+    case DataType::kFloat8E4M3FNUZ:
+    case DataType::kFloat8E5M2:
+    case DataType::kFloat8E5M2FNUZ:
+      static_cast<uint8_t*>(v.data)[i] =
+          FloatToFloat8Bits(static_cast<float>(x), ToFloat8Format(v.dtype), /*saturate=*/true);
+      break;
+    case DataType::kFloat8E8M0:
+      static_cast<uint8_t*>(v.data)[i] =
+          FloatToE8M0Bits(static_cast<float>(x), /*saturate=*/true, E8M0Rounding::kUp);
+      break;
+    case DataType::kFloat4E2M1:
+      static_cast<uint8_t*>(v.data)[i] = FloatToFloat4E2M1Bits(static_cast<float>(x));
+      break;
+    case DataType::kInt4:
+    case DataType::kUInt4:
+    case DataType::kInt2:
+    case DataType::kUInt2:
+      // Like Cast: truncation toward zero, then the higher bits dropped.
+      static_cast<uint8_t*>(v.data)[i] = static_cast<uint8_t>(
+          WrapToBits(std::isfinite(x) && std::fabs(x) < 9.2e18 ? static_cast<int64_t>(x) : 0,
+                     BitWidth(v.dtype), v.dtype == DataType::kInt4 || v.dtype == DataType::kInt2));
       break;
     case DataType::kUndefined:
       break;

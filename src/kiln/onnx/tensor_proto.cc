@@ -204,6 +204,32 @@ Status CheckCount(const onnx::TensorProto& p, const char* field, const Field& f,
   return OkStatus();
 }
 
+// ONNX packs 4-bit values two to a byte and 2-bit values four to a byte, the first element in
+// the least significant bits; kiln holds one value per byte (dtype.h), signed ones sign-extended.
+size_t OnnxBytes(DataType t, int64_t n) {
+  const int bits = BitWidth(t);
+  if (bits >= 8) return static_cast<size_t>(n) * static_cast<size_t>(bits / 8);
+  const int64_t per_byte = 8 / bits;
+  return static_cast<size_t>((n + per_byte - 1) / per_byte);
+}
+
+// `packed` holds OnnxBytes(t, n) bytes (or one byte per int32_data entry: `stride` 4 bytes apart).
+Tensor UnpackSubByte(DataType t, std::vector<int64_t> dims, const std::byte* packed,
+                     size_t stride = 1) {
+  Tensor out(t, std::move(dims));
+  const int bits = BitWidth(t);
+  const int per_byte = 8 / bits;
+  const bool is_signed = t == DataType::kInt4 || t == DataType::kInt2;
+  auto* y = static_cast<uint8_t*>(out.mutable_raw());
+  const int64_t n = out.num_elements();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto byte = static_cast<uint8_t>(packed[static_cast<size_t>(i / per_byte) * stride]);
+    const int v = (byte >> ((i % per_byte) * bits)) & ((1 << bits) - 1);
+    y[i] = static_cast<uint8_t>(WrapToBits(v, bits, is_signed));
+  }
+  return out;
+}
+
 }  // namespace
 
 namespace {
@@ -234,14 +260,17 @@ StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataReso
   const int64_t n = size.elements;
   const size_t elem = SizeOf(*dtype);
   const size_t bytes = static_cast<size_t>(size.bytes);
+  const bool packed = BitWidth(*dtype) < 8;
+  const size_t onnx_bytes = packed ? OnnxBytes(*dtype, n) : bytes;
 
   if (p.data_location() == onnx::TensorProto::EXTERNAL) {
     if (!resolver) {
       return MakeError(ErrorCode::kExternalDataMissing,
                        "tensor '{}' uses external data, which is not allowed here", p.name());
     }
-    KILN_ASSIGN_OR_RETURN(auto range, resolver->Resolve(p, bytes));
+    KILN_ASSIGN_OR_RETURN(auto range, resolver->Resolve(p, onnx_bytes));
     if (bytes == 0) return Tensor(*dtype, std::move(dims));
+    if (packed) return UnpackSubByte(*dtype, std::move(dims), range.data);
     // Borrow the mapping when kernels get the alignment they may assume; copy otherwise.
     if (reinterpret_cast<uintptr_t>(range.data) % 64 == 0) {
       return Tensor::Borrow(*dtype, std::move(dims), range.data, std::move(range.keepalive));
@@ -250,11 +279,15 @@ StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataReso
   }
 
   if (p.has_raw_data()) {
-    if (p.raw_data().size() != bytes) {
+    if (p.raw_data().size() != onnx_bytes) {
       return MakeError(ErrorCode::kInvalidModel,
                        "tensor '{}' ({} {}) needs {} bytes of raw_data but has {}", p.name(),
-                       ToString(*dtype), fmt::format("{}", fmt::join(dims, "x")), bytes,
+                       ToString(*dtype), fmt::format("{}", fmt::join(dims, "x")), onnx_bytes,
                        p.raw_data().size());
+    }
+    if (packed) {
+      return UnpackSubByte(*dtype, std::move(dims),
+                           reinterpret_cast<const std::byte*>(p.raw_data().data()));
     }
     if (owner && bytes > 0) {
       // The parsed bytes become the tensor's storage when they have the alignment kernels may
@@ -282,6 +315,9 @@ StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataReso
     KILN_RETURN_IF_ERROR(CheckCount(p, "double_data", p.double_data(), n));
   } else if (*dtype == DataType::kUInt32 || *dtype == DataType::kUInt64) {
     KILN_RETURN_IF_ERROR(CheckCount(p, "uint64_data", p.uint64_data(), n));
+  } else if (packed) {  // one packed byte per int32_data entry
+    KILN_RETURN_IF_ERROR(
+        CheckCount(p, "int32_data", p.int32_data(), static_cast<int64_t>(onnx_bytes)));
   } else {
     KILN_RETURN_IF_ERROR(CheckCount(p, "int32_data", p.int32_data(), n));
   }
@@ -296,6 +332,12 @@ StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataReso
                          p.name(), ToString(*dtype), i, v, range->first, range->second);
       }
     }
+  }
+  if (packed) {
+    // int32_data entries are little-endian: the packed byte is each entry's first byte.
+    if (n == 0) return Tensor(*dtype, std::move(dims));
+    return UnpackSubByte(*dtype, std::move(dims),
+                         reinterpret_cast<const std::byte*>(p.int32_data().data()), 4);
   }
   Tensor t(*dtype, std::move(dims));
   if (n == 0) return t;
@@ -333,7 +375,12 @@ StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataReso
     case DataType::kUInt8:
     case DataType::kBool:
     case DataType::kFloat16:
-    case DataType::kBFloat16: {
+    case DataType::kBFloat16:
+    case DataType::kFloat8E4M3FN:
+    case DataType::kFloat8E4M3FNUZ:
+    case DataType::kFloat8E5M2:
+    case DataType::kFloat8E5M2FNUZ:
+    case DataType::kFloat8E8M0: {
       auto* out = static_cast<std::byte*>(t.mutable_raw());
       for (int64_t i = 0; i < n; ++i) {
         int32_t v = p.int32_data(static_cast<int>(i));
@@ -347,6 +394,11 @@ StatusOr<Tensor> ConvertTensorProto(const onnx::TensorProto& p, ExternalDataReso
       }
       break;
     }
+    case DataType::kFloat4E2M1:  // packed: unpacked above
+    case DataType::kInt4:
+    case DataType::kUInt4:
+    case DataType::kInt2:
+    case DataType::kUInt2:
     case DataType::kUndefined:
       break;
   }

@@ -38,6 +38,26 @@ inline std::optional<DataType> DataTypeFromOnnx(int64_t code) {
       return DataType::kUInt32;
     case 13:
       return DataType::kUInt64;
+    case 17:
+      return DataType::kFloat8E4M3FN;
+    case 18:
+      return DataType::kFloat8E4M3FNUZ;
+    case 19:
+      return DataType::kFloat8E5M2;
+    case 20:
+      return DataType::kFloat8E5M2FNUZ;
+    case 21:
+      return DataType::kUInt4;
+    case 22:
+      return DataType::kInt4;
+    case 23:
+      return DataType::kFloat4E2M1;
+    case 24:
+      return DataType::kFloat8E8M0;
+    case 25:
+      return DataType::kUInt2;
+    case 26:
+      return DataType::kInt2;
     default:
       return std::nullopt;
   }
@@ -72,6 +92,26 @@ inline int64_t OnnxDataTypeCode(DataType t) {
       return 12;
     case DataType::kUInt64:
       return 13;
+    case DataType::kFloat8E4M3FN:
+      return 17;
+    case DataType::kFloat8E4M3FNUZ:
+      return 18;
+    case DataType::kFloat8E5M2:
+      return 19;
+    case DataType::kFloat8E5M2FNUZ:
+      return 20;
+    case DataType::kUInt4:
+      return 21;
+    case DataType::kInt4:
+      return 22;
+    case DataType::kFloat4E2M1:
+      return 23;
+    case DataType::kFloat8E8M0:
+      return 24;
+    case DataType::kUInt2:
+      return 25;
+    case DataType::kInt2:
+      return 26;
     case DataType::kUndefined:
       return 0;
   }

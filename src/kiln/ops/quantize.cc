@@ -1,5 +1,8 @@
 // Shape rules of explicit quantization (QDQ models): QuantizeLinear and DequantizeLinear, per
-// tensor or per axis. Blockwise quantization (block_size > 0) is refused with its own message.
+// tensor, per axis or blockwise (block_size > 0: the scale has x's rank and
+// ceil(x.shape[axis] / block_size) elements along the axis). Quantized types: (u)int8, (u)int16,
+// and the storage-only (u)int4, (u)int2, float8 (E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ) and float4
+// E2M1; DequantizeLinear also reads int32.
 #include <cmath>
 #include <optional>
 
@@ -14,9 +17,47 @@ using namespace ops_internal;  // NOLINT: the shape-rule helpers of this folder
 
 namespace {
 
-bool IsQuantizedType(DataType t) {
+// What QuantizeLinear may produce.
+bool IsQuantizeTarget(DataType t) {
   return t == DataType::kInt8 || t == DataType::kUInt8 || t == DataType::kInt16 ||
-         t == DataType::kUInt16 || t == DataType::kInt32;
+         t == DataType::kUInt16 || t == DataType::kInt4 || t == DataType::kUInt4 ||
+         t == DataType::kInt2 || t == DataType::kUInt2 || IsFloat8(t) || t == DataType::kFloat4E2M1;
+}
+// What DequantizeLinear reads.
+bool IsQuantizedType(DataType t) { return IsQuantizeTarget(t) || t == DataType::kInt32; }
+
+// The blockwise scale: x's rank, x's dims except ceil(x.shape[axis] / block) along the axis.
+Status CheckBlockedScale(const InferenceContext& ctx, int64_t axis_attr, int64_t block_size) {
+  const Shape& x = ctx.input_shape(0);
+  const Shape& scale = ctx.input_shape(1);
+  if (block_size < 0) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "block_size is {}; it must be positive",
+                     block_size);
+  }
+  KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, static_cast<int64_t>(x.size())));
+  bool ok = scale.size() == x.size();
+  for (size_t d = 0; ok && d < x.size(); ++d) {
+    if (static_cast<int64_t>(d) == axis) {
+      if (x[d].is_static() && scale[d].is_static()) {
+        ok = scale[d].value() == (x[d].value() + block_size - 1) / block_size;
+      }
+    } else {
+      ok = DimsEqual(scale[d], x[d]) != false;
+    }
+  }
+  if (!ok) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "blockwise quantization (block_size {}, axis {}): the scale has shape {}; "
+                     "for input {} it must have the input's dims with ceil(dim / block_size) on "
+                     "the axis",
+                     block_size, axis, ToString(scale), ToString(x));
+  }
+  if (ctx.has_input(2) && ctx.input_shape(2) != scale) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "the zero point has shape {}; the scale has shape {}",
+                     ToString(ctx.input_shape(2)), ToString(scale));
+  }
+  return OkStatus();
 }
 
 // The scale (input 1) and zero point (input 2): a scalar or one element for the whole tensor,
@@ -24,19 +65,32 @@ bool IsQuantizedType(DataType t) {
 // and the quantized type.
 Status CheckScaleAndZeroPoint(const InferenceContext& ctx, int64_t axis_attr, int64_t block_size,
                               DataType quantized) {
-  if (block_size != 0) {
-    return ctx.Error(ErrorCode::kUnimplemented,
-                     "blockwise quantization (block_size {}) is not supported; kiln takes per-"
-                     "tensor and per-axis scales",
-                     block_size);
-  }
   const Shape& x = ctx.input_shape(0);
   const Shape& scale = ctx.input_shape(1);
   if (!IsFloat(ctx.input_type(1))) {
     return ctx.Error(ErrorCode::kTypeMismatch, "the scale has type {}; it must be a float type",
                      ToString(ctx.input_type(1)));
   }
-  if (scale.size() > 1) {
+  if (ctx.has_input(2) && ctx.input_type(2) != quantized) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "the zero point has type {}; expected {}",
+                     ToString(ctx.input_type(2)), ToString(quantized));
+  }
+  // Float8 has no zero point: the one given (the type's carrier) must be zero.
+  if (IsFloat8(quantized) && ctx.has_input(2)) {
+    if (const Tensor* z = ctx.input_constant(2)) {
+      for (int64_t i = 0; i < z->num_elements(); ++i) {
+        if (z->GetDouble(i) != 0) {
+          return ctx.Error(ErrorCode::kInvalidQuantization,
+                           "zero point element {} is {}; float8 quantization has no zero point "
+                           "(it must be 0)",
+                           i, z->GetDouble(i));
+        }
+      }
+    }
+  }
+  if (block_size != 0) {
+    KILN_RETURN_IF_ERROR(CheckBlockedScale(ctx, axis_attr, block_size));
+  } else if (scale.size() > 1) {
     return ctx.Error(ErrorCode::kShapeMismatch,
                      "the scale has shape {}; it must be a scalar or 1-D (per axis)",
                      ToString(scale));
@@ -54,7 +108,8 @@ Status CheckScaleAndZeroPoint(const InferenceContext& ctx, int64_t axis_attr, in
       }
     }
   }
-  const bool per_axis = scale.size() == 1 && !(scale[0].is_static() && scale[0].value() == 1);
+  const bool per_axis =
+      block_size == 0 && scale.size() == 1 && !(scale[0].is_static() && scale[0].value() == 1);
   if (per_axis) {
     KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, static_cast<int64_t>(x.size())));
     if (DimsEqual(scale[0], x[static_cast<size_t>(axis)]) == false) {
@@ -63,11 +118,7 @@ Status CheckScaleAndZeroPoint(const InferenceContext& ctx, int64_t axis_attr, in
                        scale[0].ToString(), axis, x[static_cast<size_t>(axis)].ToString());
     }
   }
-  if (ctx.has_input(2)) {
-    if (ctx.input_type(2) != quantized) {
-      return ctx.Error(ErrorCode::kTypeMismatch, "the zero point has type {}; expected {}",
-                       ToString(ctx.input_type(2)), ToString(quantized));
-    }
+  if (ctx.has_input(2) && block_size == 0) {
     // The same number of elements as the scale: one (a scalar or [1], in either) or one per
     // channel of the axis.
     const Shape& zp = ctx.input_shape(2);
@@ -103,18 +154,17 @@ Status InferQuantizeLinear(InferenceContext& ctx) {
   if (output_dtype != 0) {
     auto t = DataTypeFromOnnx(output_dtype);
     if (!t || (ctx.has_input(2) && *t != ctx.input_type(2))) {
-      return ctx.Error(
-          ErrorCode::kInvalidAttribute,
-          "output_dtype is ONNX type {}; kiln quantizes to (u)int8 or (u)int16, the zero "
-          "point's type when one is given",
-          output_dtype);
+      return ctx.Error(ErrorCode::kInvalidAttribute,
+                       "output_dtype is ONNX type {}; it must be a type kiln quantizes to, the "
+                       "zero point's type when one is given",
+                       output_dtype);
     }
     out = *t;
   }
-  if (out != DataType::kInt8 && out != DataType::kUInt8 && out != DataType::kInt16 &&
-      out != DataType::kUInt16) {
+  if (!IsQuantizeTarget(out)) {
     return ctx.Error(ErrorCode::kUnimplemented,
-                     "quantizing to {} is not supported (int8, uint8, int16 and uint16 are)",
+                     "quantizing to {} is not supported ((u)int8, (u)int16, (u)int4, (u)int2, "
+                     "float8 e4m3fn/e4m3fnuz/e5m2/e5m2fnuz and float4e2m1 are)",
                      ToString(out));
   }
   KILN_ASSIGN_OR_RETURN(int64_t axis, IntAttr(ctx, "axis", attrs::QuantizeLinear::axis_default()));
@@ -129,7 +179,8 @@ Status InferDequantizeLinear(InferenceContext& ctx) {
   const DataType x = ctx.input_type(0);
   if (!IsQuantizedType(x)) {
     return ctx.Error(ErrorCode::kTypeMismatch,
-                     "input type {} is not supported ((u)int8, (u)int16 and int32 are)",
+                     "input type {} is not supported ((u)int8, (u)int16, int32, (u)int4, (u)int2, "
+                     "float8 e4m3fn/e4m3fnuz/e5m2/e5m2fnuz and float4e2m1 are)",
                      ToString(x));
   }
   KILN_ASSIGN_OR_RETURN(

@@ -631,9 +631,15 @@ Status InferCast(InferenceContext& ctx) {
   if (!t) {
     return ctx.Error(ErrorCode::kInvalidAttribute,
                      "attribute 'to' is ONNX type {}, which kiln does not support (double, "
-                     "float, float16, bfloat16, int8, uint8, int16, uint16, int32, uint32, int64, "
-                     "uint64, bool)",
+                     "float, float16, bfloat16, the float8 and float4 types, int2/4/8/16/32/64, "
+                     "uint2/4/8/16/32/64, bool)",
                      to);
+  }
+  KILN_ASSIGN_OR_RETURN(std::string round_mode,
+                        StringAttr(ctx, "round_mode", attrs::Cast::round_mode_default()));
+  if (round_mode != "up" && round_mode != "down" && round_mode != "nearest") {
+    return ctx.Error(ErrorCode::kInvalidAttribute,
+                     "round_mode is '{}'; it must be 'up', 'down' or 'nearest'", round_mode);
   }
   ctx.set_output(0, *t, ctx.input_shape(0));
   // Dims-values (which may hold -1) pass through casts to signed integers only.

@@ -1,8 +1,12 @@
 // QuantizeLinear and DequantizeLinear on the CPU (QDQ models) against references written from the
 // ONNX spec: per tensor and per axis, int8 and uint8 (int32 for dequantize), zero points or none,
 // f32 and f16 inputs, saturation at both ends and round-half-to-even ties; and the shape rule's
-// refusals (blockwise scales, zero or NaN constant scales, a zero point of another type).
+// refusals (badly shaped blockwise scales, zero or NaN constant scales, a zero point of another
+// type, a nonzero float8 zero point). The storage-only types: (u)int4/(u)int2 with their ranges,
+// float8 with and without saturation, float4 E2M1; blockwise scales.
 #include <cmath>
+
+#include "kiln/core/minifloat.h"
 
 #include "kiln/ir/graph.h"
 #include "kiln/ops/op_schema.h"
@@ -229,6 +233,141 @@ TEST(CpuQuantize, QLinearMatMulPerTensorAndBatched) {
   }
 }
 
+TEST(CpuQuantize, SubByteIntegersSaturateToTheirRanges) {
+  // int4 [-8, 7], uint4 [0, 15], int2 [-2, 1], uint2 [0, 3]; odd element counts, zero points.
+  struct Case {
+    DataType t;
+    double qmin, qmax, zero;
+  };
+  for (const Case& c : {Case{kInt4, -8, 7, -1}, Case{kUInt4, 0, 15, 3}, Case{kInt2, -2, 1, 0},
+                        Case{kUInt2, 0, 3, 1}}) {
+    EXPECT_GT(OpTester("QuantizeLinear")
+                  .Input(kFloat32, {3, 5}, -6.0, 6.0)
+                  .Constant(MakeTensor(kFloat32, {}, {0.5}))
+                  .Constant(MakeTensor(c.t, {}, {c.zero}))
+                  .Reference(QuantizeRef(1, c.qmin, c.qmax))
+                  .Tolerance(0, 0)
+                  .Run(BackendKind::kCpu),
+              0)
+        << ToString(c.t);
+    // Dequantize per axis: every value of the type, zero points per channel.
+    std::vector<double> all;
+    for (double v = c.qmin; v <= c.qmax; ++v) all.push_back(v);
+    const int64_t n = static_cast<int64_t>(all.size());
+    EXPECT_GT(OpTester("DequantizeLinear", Axis(0))
+                  .Input(MakeTensor(c.t, {2, n},
+                                    [&] {
+                                      std::vector<double> v = all;
+                                      v.insert(v.end(), all.rbegin(), all.rend());
+                                      return v;
+                                    }()))
+                  .Constant(MakeTensor(kFloat32, {2}, {0.25, 3.0}))
+                  .Constant(MakeTensor(c.t, {2}, {c.qmin, c.qmax}))
+                  .Reference(DequantizeRef(0))
+                  .Tolerance(0, 0)
+                  .Run(BackendKind::kCpu),
+              0)
+        << ToString(c.t);
+  }
+}
+
+AttributeMap Saturate(int64_t saturate) {
+  AttributeMap m;
+  m.Set("saturate", saturate);
+  return m;
+}
+
+TEST(CpuQuantize, Float8SaturatesOrOverflowsAndFloat4Rounds) {
+  // x / scale reaches past every format's largest value; saturate=1 clamps to it.
+  const Tensor x = MakeTensor(kFloat32, {2, 4},
+                              {0.3, -1.7, 1000.0, -1e6, 240.5, 0.0013, 61440.0 * 0.5, -3.14159});
+  for (DataType t : {kFloat8E4M3FN, kFloat8E4M3FNUZ, kFloat8E5M2, kFloat8E5M2FNUZ}) {
+    const Float8Format f = ToFloat8Format(t);
+    for (int64_t saturate : {1, 0}) {
+      EXPECT_GT(OpTester("QuantizeLinear", Saturate(saturate))
+                    .Input(x)
+                    .Constant(MakeTensor(kFloat32, {}, {0.5}))
+                    .Constant(MakeTensor(t, {}, {0}))
+                    .Reference([&](const std::vector<RefTensor>& in) {
+                      RefTensor y = RefTensor::Zeros(in[0].dims);
+                      for (int64_t i = 0; i < y.size(); ++i) {
+                        const float v = static_cast<float>(in[0][i]) / 0.5f;
+                        y[i] = Float8BitsToFloat(FloatToFloat8Bits(v, f, saturate != 0), f);
+                      }
+                      return std::vector<RefTensor>{y};
+                    })
+                    .Tolerance(0, 0)
+                    .Run(BackendKind::kCpu),
+                0)
+          << ToString(t) << " saturate " << saturate;
+    }
+    // Dequantize: the value times the scale.
+    EXPECT_GT(OpTester("DequantizeLinear")
+                  .Input(MakeTensor(t, {5}, {-2.5, 0.0, 1.0, 224.0, 0.015625}))
+                  .Constant(MakeTensor(kFloat32, {}, {2.0}))
+                  .Reference([](const std::vector<RefTensor>& in) {
+                    return std::vector<RefTensor>{{{5}, {-5.0, 0.0, 2.0, 448.0, 0.03125}}};
+                  })
+                  .Tolerance(0, 0)
+                  .Run(BackendKind::kCpu),
+              0)
+        << ToString(t);
+  }
+  // The saturated values themselves: 1000 / 0.5 is 448 in E4M3FN, 240 in E4M3FNUZ.
+  EXPECT_EQ(FloatToFloat8Bits(2000.f, Float8Format::kE4M3FN, true), 0x7e);
+  // float4: x / scale + zero point, ties to even, saturating at 6.
+  EXPECT_GT(OpTester("QuantizeLinear")
+                .Input(MakeTensor(kFloat32, {7}, {0.5, 1.5, 2.5, 5.0, -7.0, 100.0, 0.2}))
+                .Constant(MakeTensor(kFloat32, {}, {0.5}))
+                .Constant(MakeTensor(kFloat4E2M1, {}, {0}))
+                .Reference([](const std::vector<RefTensor>&) {
+                  return std::vector<RefTensor>{{{7}, {1.0, 3.0, 4.0, 6.0, -6.0, 6.0, 0.5}}};
+                })
+                .Tolerance(0, 0)
+                .Run(BackendKind::kCpu),
+            0);
+}
+
+TEST(CpuQuantize, BlockwiseScalesAndZeroPoints) {
+  // x 2x5, axis 1 in blocks of 2: blocks {0,1}, {2,3}, {4} per row; scale and zero point 2x3.
+  AttributeMap attrs = Axis(1);
+  attrs.Set("block_size", int64_t{2});
+  const std::vector<double> scale = {0.5, 1.0, 2.0, 0.25, 4.0, 0.125};
+  const std::vector<double> zero = {1, -2, 0, 3, 0, -4};
+  auto block_of = [](int64_t i) { return (i / 5) * 3 + (i % 5) / 2; };
+  EXPECT_GT(OpTester("QuantizeLinear", attrs)
+                .Input(kFloat32, {2, 5}, -20.0, 20.0)
+                .Constant(MakeTensor(kFloat32, {2, 3}, scale))
+                .Constant(MakeTensor(kInt8, {2, 3}, zero))
+                .Reference([&](const std::vector<RefTensor>& in) {
+                  RefTensor y = RefTensor::Zeros(in[0].dims);
+                  for (int64_t i = 0; i < y.size(); ++i) {
+                    const int64_t b = block_of(i);
+                    const float q =
+                        std::nearbyint(static_cast<float>(in[0][i]) / static_cast<float>(scale[b]));
+                    y[i] = std::fmin(std::fmax(q + zero[b], -128.0), 127.0);
+                  }
+                  return std::vector<RefTensor>{y};
+                })
+                .Tolerance(0, 0)
+                .Run(BackendKind::kCpu),
+            0);
+  EXPECT_GT(OpTester("DequantizeLinear", attrs)
+                .Input(MakeTensor(kInt4, {2, 5}, {-8, -1, 0, 7, 3, 1, 2, -3, -4, 5}))
+                .Constant(MakeTensor(kFloat32, {2, 3}, scale))
+                .Constant(MakeTensor(kInt4, {2, 3}, zero))
+                .Reference([&](const std::vector<RefTensor>& in) {
+                  RefTensor y = RefTensor::Zeros(in[0].dims);
+                  for (int64_t i = 0; i < y.size(); ++i) {
+                    y[i] = (in[0][i] - zero[block_of(i)]) * scale[block_of(i)];
+                  }
+                  return std::vector<RefTensor>{y};
+                })
+                .Tolerance(0, 0)
+                .Run(BackendKind::kCpu),
+            0);
+}
+
 // The shape rule's verdict on a one-node graph.
 Status InferQdq(const std::string& op, DataType x, const Tensor& scale,
                 const std::optional<Tensor>& zero, AttributeMap attrs = {}) {
@@ -250,11 +389,23 @@ TEST(CpuQuantize, ShapeRuleRefusesWhatItCannotRunFaithfully) {
     EXPECT_FALSE(s.ok()) << bad;
     EXPECT_NE(s.message().find("finite and positive"), std::string::npos) << s.ToString();
   }
+  // Blockwise (x is 2x3): axis 1 in blocks of 2 needs a 2x2 scale; a scalar one is refused.
   AttributeMap block;
   block.Set("block_size", int64_t{2});
   Status s = InferQdq("DequantizeLinear", kInt8, one, MakeTensor(kInt8, {}, {0}), block);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("blockwise"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(InferQdq("DequantizeLinear", kInt8, MakeTensor(kFloat32, {2, 2}, {1, 2, 3, 4}),
+                       MakeTensor(kInt8, {2, 2}, {0, 0, 0, 0}), block)
+                  .ok());
+  // Float8 has no zero point: a nonzero one is refused, zero is accepted.
+  EXPECT_TRUE(InferQdq("QuantizeLinear", kFloat32, one, MakeTensor(kFloat8E4M3FN, {}, {0})).ok());
+  s = InferQdq("QuantizeLinear", kFloat32, one, MakeTensor(kFloat8E4M3FN, {}, {1}));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("no zero point"), std::string::npos) << s.ToString();
+  // E8M0 is a scale type, not a quantized one.
+  s = InferQdq("QuantizeLinear", kFloat32, one, MakeTensor(kFloat8E8M0, {}, {1}));
+  EXPECT_FALSE(s.ok());
   s = InferQdq("DequantizeLinear", kInt8, one, MakeTensor(kUInt8, {}, {0}));
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("zero point has type"), std::string::npos) << s.ToString();

@@ -1,8 +1,13 @@
-// Cast on the CPU between every kiln dtype (f64, f32, f16, bf16, the integers, bool). Floats to
-// integers truncate toward zero; to bool is `!= 0`; f16/bf16 round to nearest even. BitCast
-// (the same bytes) and EyeLike (a typed identity) are here too.
+// Cast on the CPU between every kiln dtype (f64, f32, f16, bf16, the integers, bool and the
+// storage-only float8/float4/int4/int2 types). Floats to integers truncate toward zero; to bool is
+// `!= 0`; f16/bf16/float8/float4 round to nearest even (float8 with the `saturate` rules,
+// float8e8m0 with `round_mode`, minifloat.h). To int4/uint4/int2/uint2 the higher bits are
+// dropped, as ONNX's reference does (numpy wraps). f64 goes to the 8- and 4-bit floats through
+// f32. BitCast (the same bytes) and EyeLike (a typed identity) are here too.
 #include <cmath>
 #include <cstring>
+
+#include "kiln/core/minifloat.h"
 
 #include "kiln/backends/cpu/op_util.h"
 #include "kiln/ops/op_table.h"
@@ -43,9 +48,29 @@ void CastLoop(const KernelRunArgs& a, Load load, Store store) {
   });
 }
 
+// The attributes that shape a conversion to float8 (Cast-19+, Cast-24+).
+struct CastOptions {
+  bool saturate = true;
+  E8M0Rounding rounding = E8M0Rounding::kUp;
+};
+
+// A float or integer compute value to a sub-byte integer: truncated toward zero (NaN, Inf and
+// values past int64 are 0), then wrapped to `bits` bits.
+template <typename C>
+uint8_t ToSubByteInt(C v, int bits, bool is_signed) {
+  int64_t i = 0;
+  if constexpr (std::is_floating_point_v<C>) {
+    const double t = std::trunc(static_cast<double>(v));
+    i = std::isfinite(t) && std::fabs(t) < 9.2e18 ? static_cast<int64_t>(t) : 0;
+  } else {
+    i = static_cast<int64_t>(v);
+  }
+  return static_cast<uint8_t>(WrapToBits(i, bits, is_signed));
+}
+
 // Calls f(storage type, load-to-compute, store-from-compute) for dtype t.
 template <typename F>
-void WithType(DataType t, F&& f) {
+void WithType(DataType t, const CastOptions& o, F&& f) {
   switch (t) {
     case DataType::kFloat16:
       f(
@@ -57,6 +82,46 @@ void WithType(DataType t, F&& f) {
           std::type_identity<uint16_t>{}, [](uint16_t v) { return BFloat16BitsToFloat(v); },
           [](auto c) { return FloatToBFloat16Bits(static_cast<float>(c)); });
       break;
+    case DataType::kFloat8E4M3FN:
+    case DataType::kFloat8E4M3FNUZ:
+    case DataType::kFloat8E5M2:
+    case DataType::kFloat8E5M2FNUZ: {
+      const Float8Format format = ToFloat8Format(t);
+      const bool saturate = o.saturate;
+      f(
+          std::type_identity<uint8_t>{},
+          [format](uint8_t v) { return Float8BitsToFloat(v, format); },
+          [format, saturate](auto c) {
+            return FloatToFloat8Bits(static_cast<float>(c), format, saturate);
+          });
+      break;
+    }
+    case DataType::kFloat8E8M0: {
+      const bool saturate = o.saturate;
+      const E8M0Rounding rounding = o.rounding;
+      f(
+          std::type_identity<uint8_t>{}, [](uint8_t v) { return E8M0BitsToFloat(v); },
+          [saturate, rounding](auto c) {
+            return FloatToE8M0Bits(static_cast<float>(c), saturate, rounding);
+          });
+      break;
+    }
+    case DataType::kFloat4E2M1:
+      f(
+          std::type_identity<uint8_t>{}, [](uint8_t v) { return Float4E2M1BitsToFloat(v); },
+          [](auto c) { return FloatToFloat4E2M1Bits(static_cast<float>(c)); });
+      break;
+#define KILN_CAST_SUBBYTE_CASE(kind, T, bits, is_signed)                          \
+  case DataType::kind:                                                            \
+    f(                                                                            \
+        std::type_identity<T>{}, [](T v) { return static_cast<int32_t>(v); },     \
+        [](auto c) { return static_cast<T>(ToSubByteInt(c, bits, is_signed)); }); \
+    break;
+      KILN_CAST_SUBBYTE_CASE(kInt4, int8_t, 4, true)
+      KILN_CAST_SUBBYTE_CASE(kUInt4, uint8_t, 4, false)
+      KILN_CAST_SUBBYTE_CASE(kInt2, int8_t, 2, true)
+      KILN_CAST_SUBBYTE_CASE(kUInt2, uint8_t, 2, false)
+#undef KILN_CAST_SUBBYTE_CASE
 #define KILN_CAST_CASE(kind, T)                                        \
   case DataType::kind:                                                 \
     f(                                                                 \
@@ -75,15 +140,27 @@ void WithType(DataType t, F&& f) {
       KILN_CAST_CASE(kUInt32, uint32_t)
       KILN_CAST_CASE(kUInt64, uint64_t)
 #undef KILN_CAST_CASE
-    default:
+    case DataType::kUndefined:
       break;
   }
+}
+
+// The node's saturate and round_mode attributes (the rule checked round_mode's value).
+CastOptions CastOptionsOf(const Node& node) {
+  CastOptions o;
+  o.saturate = attrs::Cast::saturate(node) != 0;
+  const std::string mode = attrs::Cast::round_mode(node);
+  o.rounding = mode == "down"      ? E8M0Rounding::kDown
+               : mode == "nearest" ? E8M0Rounding::kNearest
+                                   : E8M0Rounding::kUp;
+  return o;
 }
 
 const bool kRegistered = [] {
   RegisterOpKernel({
       .op_type = "Cast",
       .float_wrap = false,
+      .storage_types = true,
       .accepts =
           [](const KernelRequest& r) {
             return InType(r, 0) != DataType::kUndefined && OutType(r, 0) != DataType::kUndefined;
@@ -91,16 +168,17 @@ const bool kRegistered = [] {
       .create =
           [](const KernelRequest& r) {
             DataType from = InType(r, 0), to = OutType(r, 0);
-            return KernelOr([from, to](const KernelRunArgs& a) {
+            const CastOptions options = CastOptionsOf(*r.node);
+            return KernelOr([from, to, options](const KernelRunArgs& a) {
               if (from == to) {
                 if (a.outputs[0].size_bytes() > 0) {
                   std::memcpy(a.outputs[0].data, a.inputs[0].data, a.outputs[0].size_bytes());
                 }
                 return OkStatus();
               }
-              WithType(from, [&](auto src_tag, auto load, auto) {
+              WithType(from, options, [&](auto src_tag, auto load, auto) {
                 using Src = typename decltype(src_tag)::type;
-                WithType(to, [&](auto dst_tag, auto, auto store) {
+                WithType(to, options, [&](auto dst_tag, auto, auto store) {
                   using Dst = typename decltype(dst_tag)::type;
                   CastLoop<Src, Dst>(a, load, store);
                 });

@@ -80,6 +80,7 @@ const bool kRegistered = [] {
   RegisterOpKernel({
       .op_type = "Concat",
       .float_wrap = false,
+      .storage_types = true,
       .accepts = AnyType,
       .create =
           [](const KernelRequest& r) {
@@ -93,6 +94,7 @@ const bool kRegistered = [] {
   RegisterOpKernel({
       .op_type = "ConcatSlices",
       .float_wrap = false,
+      .storage_types = true,
       .accepts = AnyType,
       .create =
           [](const KernelRequest& r) {
@@ -106,6 +108,7 @@ const bool kRegistered = [] {
   RegisterOpKernel({
       .op_type = "Split",
       .float_wrap = false,
+      .storage_types = true,
       .accepts = AnyType,
       .create =
           [](const KernelRequest& r) {

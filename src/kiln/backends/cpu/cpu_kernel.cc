@@ -144,6 +144,7 @@ bool CpuFloatProvider::AcceptsTypes(const KernelRequest& r) const {
 }
 
 std::vector<TacticConfig> CpuFloatProvider::Tactics(const KernelRequest& request) const {
+  if (HasStorageOnlyOperand(request)) return {};
   F32Request f32 = ToF32Request(request);
   if (!AcceptsTypes(f32.request)) return {};
   std::vector<TacticConfig> tactics = F32Tactics(f32.request);
@@ -174,7 +175,7 @@ std::vector<TacticConfig> CpuFloatProvider::Tactics(const KernelRequest& request
 StatusOr<std::unique_ptr<Kernel>> CpuFloatProvider::Create(const KernelRequest& request,
                                                            const TacticConfig& tactic) const {
   F32Request f32 = ToF32Request(request);
-  if (!AcceptsTypes(f32.request)) {
+  if (HasStorageOnlyOperand(request) || !AcceptsTypes(f32.request)) {
     return MakeError(ErrorCode::kNoTactic, "{} cannot run these operand types", id());
   }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> inner, CreateF32(f32.request, tactic));

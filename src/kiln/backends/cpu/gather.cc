@@ -97,6 +97,7 @@ const bool kRegistered = [] {
   RegisterOpKernel({
       .op_type = "Gather",
       .float_wrap = false,
+      .storage_types = true,
       .accepts = DataAndIndices,
       .create =
           [](const KernelRequest& r) {
@@ -133,6 +134,7 @@ const bool kRegistered = [] {
   RegisterOpKernel({
       .op_type = "GatherElements",
       .float_wrap = false,
+      .storage_types = true,
       .accepts = DataAndIndices,
       .create =
           [](const KernelRequest& r) {
@@ -171,6 +173,7 @@ const bool kRegistered = [] {
   RegisterOpKernel({
       .op_type = "GatherND",
       .float_wrap = false,
+      .storage_types = true,
       .accepts = DataAndIndices,
       .create =
           [](const KernelRequest& r) {

@@ -63,18 +63,21 @@ class AnyFnProvider final : public KernelProvider {
   std::string_view op_type() const override { return def_.op_type; }
   BackendKind backend() const override { return BackendKind::kCpu; }
   std::vector<TacticConfig> Tactics(const KernelRequest& r) const override {
-    if (!def_.accepts(r)) return {};
+    if (!Accepts(r)) return {};
     return {{TacticName(NameType(def_, r), def_.op_type, def_.variant), {}, 0}};
   }
   StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& r,
                                            const TacticConfig&) const override {
-    if (!def_.accepts(r)) {
+    if (!Accepts(r)) {
       return MakeError(ErrorCode::kNoTactic, "{} cannot run these operand types", id_);
     }
     return def_.create(r);
   }
 
  private:
+  bool Accepts(const KernelRequest& r) const {
+    return (def_.storage_types || !HasStorageOnlyOperand(r)) && def_.accepts(r);
+  }
   OpKernelDef def_;
   std::string id_;
 };

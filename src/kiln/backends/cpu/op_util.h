@@ -32,6 +32,10 @@ struct OpKernelDef {
   std::string variant;     // tactic suffix ("" or "row", "blocked"...)
   int name_operand = 0;    // the input whose dtype prefixes the tactic name; -1: output 0
   bool float_wrap = true;  // false: dtype-agnostic (byte moves), no f16/bf16 conversion
+  // Whether `accepts` may see the storage-only types (dtype.h: float8, float4, int4, int2...):
+  // set by kernels that convert them (Cast, Q/DQ) or move their bytes unchanged (one byte per
+  // value). Other kernels never see them; their layers fail at build with no CPU tactic.
+  bool storage_types = false;
   AcceptsFn accepts;
   CreateFn create;
 };

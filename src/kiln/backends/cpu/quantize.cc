@@ -1,8 +1,10 @@
-// QuantizeLinear and DequantizeLinear on the CPU (explicit quantization: QDQ models), per tensor
-// or per axis, the arithmetic of the ONNX spec and of ONNX Runtime:
+// QuantizeLinear and DequantizeLinear on the CPU (explicit quantization: QDQ models), per tensor,
+// per axis or blockwise, the arithmetic of the ONNX spec and of ONNX Runtime:
 //   quantize    q = clamp(round_half_even(x / scale) + zero_point, qmin, qmax)   (x / scale in
-//               float; NaN becomes the zero point)
-//   dequantize  x = float(q - zero_point) * scale
+//               float; NaN becomes the zero point); (u)int4 and (u)int2 the same with their
+//               ranges; float8: q = float8(x / scale) with `saturate` (no zero point); float4:
+//               q = float4(x / scale + zero_point)
+//   dequantize  x = float(q - zero_point) * scale; float8 and float4: float(q) * scale
 // Constant DequantizeLinear of a weight is folded at build time through these same kernels.
 // Also DynamicQuantizeLinear and QLinearMatMul (reference loops: int32 accumulation).
 #include <algorithm>
@@ -11,30 +13,40 @@
 #include <vector>
 
 #include "kiln/backends/cpu/op_util.h"
+#include "kiln/core/minifloat.h"
 #include "kiln/ops/matmul_geometry.h"
 #include "kiln/ops/op_table.h"
 
 namespace kiln::cpu {
 namespace {
 
-// Scales and zero points as floats/ints, one per channel of the axis (or one).
+// Scales and zero points as floats/ints, one per channel of the axis (or one), or one per block.
 struct QuantParams {
   std::vector<float> scale;
   std::vector<int32_t> zero;
+  std::vector<float> zero_value;    // the zero point's value (float4's is not an integer)
   int64_t channels = 1, inner = 1;  // element i uses channel (i / inner) % channels
+  int64_t block = 0, axis_dim = 1, scale_axis_dim = 1;  // blockwise (block > 0)
 
   // Sizes the vectors for the bound shapes (Prepare: nothing is allocated while executing).
-  void Size(std::span<const TensorView> in, int64_t axis_attr) {
+  void Size(std::span<const TensorView> in, int64_t axis_attr, int64_t block_size) {
     const int64_t n = in[1].num_elements();
     scale.resize(static_cast<size_t>(n));
     zero.resize(static_cast<size_t>(n));
+    zero_value.resize(static_cast<size_t>(n));
     channels = n;
     inner = 1;
-    if (n > 1) {
+    block = 0;
+    if (n > 1 || block_size > 0) {
       const auto& dims = in[0].dims;
       const int64_t rank = static_cast<int64_t>(dims.size());
       const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
       for (int64_t d = axis + 1; d < rank; ++d) inner *= dims[d];
+      if (block_size > 0 && rank > 0) {
+        block = block_size;
+        axis_dim = dims[axis];
+        scale_axis_dim = in[1].dims[axis];
+      }
     }
   }
   // Reads the scale and zero point of this run (they may be run-time inputs).
@@ -43,27 +55,69 @@ struct QuantParams {
     for (int64_t i = 0; i < n; ++i) scale[i] = static_cast<float>(LoadAsDouble(a.inputs[1], i));
     const bool has_zero = a.inputs.size() > 2 && a.inputs[2].data;
     for (int64_t i = 0; i < n; ++i) {
-      zero[i] = has_zero ? static_cast<int32_t>(LoadAsDouble(a.inputs[2], i)) : 0;
+      const double z = has_zero ? LoadAsDouble(a.inputs[2], i) : 0;
+      zero[i] = static_cast<int32_t>(z);
+      zero_value[i] = static_cast<float>(z);
     }
   }
-  int64_t Channel(int64_t i) const { return channels == 1 ? 0 : (i / inner) % channels; }
+  int64_t Channel(int64_t i) const {
+    if (block > 0) {  // the scale's index: x's coordinates with the axis one divided by block
+      const int64_t outer = i / (axis_dim * inner);
+      const int64_t a = (i / inner) % axis_dim;
+      return (outer * scale_axis_dim + a / block) * inner + i % inner;
+    }
+    return channels == 1 ? 0 : (i / inner) % channels;
+  }
 };
 
-template <typename Q>
-void QuantizeLoop(const TensorView& x, const QuantParams& p, Q* y) {
-  constexpr float kMin = static_cast<float>(std::numeric_limits<Q>::min());
-  constexpr float kMax = static_cast<float>(std::numeric_limits<Q>::max());
+// y[i] = store(x[i] / scale, channel) for every element.
+template <typename Q, typename Store>
+void QuantizeEach(const TensorView& x, const QuantParams& p, Q* y, Store store) {
   const float* xf = x.dtype == DataType::kFloat32 ? x.as<const float>() : nullptr;
   ParallelRows(x.num_elements(), 4, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t c = p.Channel(i);
       const float v = xf ? xf[i] : static_cast<float>(LoadAsDouble(x, i));
-      float q = std::nearbyint(v / p.scale[c]);
-      q = std::isnan(q) ? 0.f : q;
-      q = std::fmin(std::fmax(q + static_cast<float>(p.zero[c]), kMin), kMax);
-      y[i] = static_cast<Q>(q);
+      y[i] = store(v / p.scale[c], c);
     }
   });
+}
+
+// Integer quantization into [qmin, qmax] (a sub-byte type's range in its byte).
+template <typename Q>
+void QuantizeLoop(const TensorView& x, const QuantParams& p, Q* y,
+                  float qmin = static_cast<float>(std::numeric_limits<Q>::min()),
+                  float qmax = static_cast<float>(std::numeric_limits<Q>::max())) {
+  QuantizeEach(x, p, y, [&](float v, int64_t c) {
+    float q = std::nearbyint(v);
+    q = std::isnan(q) ? 0.f : q;
+    q = std::fmin(std::fmax(q + static_cast<float>(p.zero[c]), qmin), qmax);
+    return static_cast<Q>(q);
+  });
+}
+
+// Quantization to one of the storage-only types of QuantizeLinear.
+void QuantizeStorageOnly(DataType out, bool saturate, const TensorView& x, const QuantParams& p,
+                         const TensorView& y) {
+  switch (out) {
+    case DataType::kInt4:
+      return QuantizeLoop(x, p, y.as<int8_t>(), -8.f, 7.f);
+    case DataType::kUInt4:
+      return QuantizeLoop(x, p, y.as<uint8_t>(), 0.f, 15.f);
+    case DataType::kInt2:
+      return QuantizeLoop(x, p, y.as<int8_t>(), -2.f, 1.f);
+    case DataType::kUInt2:
+      return QuantizeLoop(x, p, y.as<uint8_t>(), 0.f, 3.f);
+    case DataType::kFloat4E2M1:
+      return QuantizeEach(x, p, y.as<uint8_t>(), [&](float v, int64_t c) {
+        return FloatToFloat4E2M1Bits(v + p.zero_value[c]);
+      });
+    default: {  // float8 (the rule admits no other type)
+      const Float8Format format = ToFloat8Format(out);
+      return QuantizeEach(x, p, y.as<uint8_t>(),
+                          [&](float v, int64_t) { return FloatToFloat8Bits(v, format, saturate); });
+    }
+  }
 }
 
 template <typename Q>
@@ -83,9 +137,23 @@ void DequantizeLoop(const TensorView& x, const QuantParams& p, const TensorView&
   });
 }
 
+// Float8 and float4 dequantization: the value times the scale (no zero point).
+void DequantizeFloatLoop(const TensorView& x, const QuantParams& p, const TensorView& y) {
+  const uint8_t* q = x.as<const uint8_t>();
+  const DataType t = x.dtype;
+  const Float8Format format = ToFloat8Format(t);
+  ParallelRows(x.num_elements(), 4, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float v = t == DataType::kFloat4E2M1 ? Float4E2M1BitsToFloat(q[i])
+                                                 : Float8BitsToFloat(q[i], format);
+      StoreFromDouble(y, i, v * p.scale[p.Channel(i)]);
+    }
+  });
+}
+
 // A Q/DQ kernel: parameters sized in Prepare, read at each run, then `body(args, params)`.
 template <typename Body>
-StatusOr<std::unique_ptr<Kernel>> QdqKernel(int64_t axis, Body body) {
+StatusOr<std::unique_ptr<Kernel>> QdqKernel(int64_t axis, int64_t block, Body body) {
   auto p = std::make_shared<QuantParams>();
   return std::unique_ptr<Kernel>(std::make_unique<FnKernel>(
       [p, body](const KernelRunArgs& a) {
@@ -93,8 +161,9 @@ StatusOr<std::unique_ptr<Kernel>> QdqKernel(int64_t axis, Body body) {
         body(a, *p);
         return OkStatus();
       },
-      [p, axis](std::span<const TensorView> in, std::span<const TensorView>) -> StatusOr<size_t> {
-        p->Size(in, axis);
+      [p, axis, block](std::span<const TensorView> in,
+                       std::span<const TensorView>) -> StatusOr<size_t> {
+        p->Size(in, axis, block);
         return size_t{0};
       }));
 }
@@ -179,20 +248,26 @@ const bool kRegistered = [] {
       .op_type = "QuantizeLinear",
       .name_operand = 0,
       .float_wrap = false,
+      .storage_types = true,
       .accepts =
           [](const KernelRequest& r) {
             const DataType out = OutType(r, 0);
             return (IsFloat(InType(r, 0)) || InType(r, 0) == DataType::kInt32) &&
                    IsFloat(InType(r, 1)) &&
                    (out == DataType::kInt8 || out == DataType::kUInt8 || out == DataType::kInt16 ||
-                    out == DataType::kUInt16);
+                    out == DataType::kUInt16 ||
+                    (IsStorageOnly(out) && out != DataType::kFloat8E8M0));
           },
       .create =
           [](const KernelRequest& r) {
             const DataType out = OutType(r, 0);
+            const bool saturate = attrs::QuantizeLinear::saturate(*r.node) != 0;
             return QdqKernel(attrs::QuantizeLinear::axis(*r.node),
-                             [out](const KernelRunArgs& a, const QuantParams& p) {
-                               if (out == DataType::kInt8) {
+                             attrs::QuantizeLinear::block_size(*r.node),
+                             [out, saturate](const KernelRunArgs& a, const QuantParams& p) {
+                               if (IsStorageOnly(out)) {
+                                 QuantizeStorageOnly(out, saturate, a.inputs[0], p, a.outputs[0]);
+                               } else if (out == DataType::kInt8) {
                                  QuantizeLoop(a.inputs[0], p, a.outputs[0].as<int8_t>());
                                } else if (out == DataType::kInt16) {
                                  QuantizeLoop(a.inputs[0], p, a.outputs[0].as<int16_t>());
@@ -208,21 +283,29 @@ const bool kRegistered = [] {
       .op_type = "DequantizeLinear",
       .name_operand = 0,
       .float_wrap = false,
+      .storage_types = true,
       .accepts =
           [](const KernelRequest& r) {
             const DataType in = InType(r, 0);
             return (in == DataType::kInt8 || in == DataType::kUInt8 || in == DataType::kInt16 ||
-                    in == DataType::kUInt16 || in == DataType::kInt32) &&
+                    in == DataType::kUInt16 || in == DataType::kInt32 ||
+                    (IsStorageOnly(in) && in != DataType::kFloat8E8M0)) &&
                    IsFloat(InType(r, 1)) && IsFloat(OutType(r, 0));
           },
       .create =
           [](const KernelRequest& r) {
             const DataType in = InType(r, 0);
             return QdqKernel(attrs::DequantizeLinear::axis(*r.node),
+                             attrs::DequantizeLinear::block_size(*r.node),
                              [in](const KernelRunArgs& a, const QuantParams& p) {
-                               if (in == DataType::kInt8) {
+                               // Sub-byte integers are sign-extended bytes: the 8-bit loops.
+                               if (IsFloat8(in) || in == DataType::kFloat4E2M1) {
+                                 DequantizeFloatLoop(a.inputs[0], p, a.outputs[0]);
+                               } else if (in == DataType::kInt8 || in == DataType::kInt4 ||
+                                          in == DataType::kInt2) {
                                  DequantizeLoop<int8_t>(a.inputs[0], p, a.outputs[0]);
-                               } else if (in == DataType::kUInt8) {
+                               } else if (in == DataType::kUInt8 || in == DataType::kUInt4 ||
+                                          in == DataType::kUInt2) {
                                  DequantizeLoop<uint8_t>(a.inputs[0], p, a.outputs[0]);
                                } else if (in == DataType::kInt16) {
                                  DequantizeLoop<int16_t>(a.inputs[0], p, a.outputs[0]);

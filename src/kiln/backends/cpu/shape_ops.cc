@@ -38,6 +38,7 @@ const bool kRegistered = [] {
   for (const char* op : {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}) {
     RegisterOpKernel({.op_type = op,
                       .float_wrap = false,
+                      .storage_types = true,
                       .accepts = AnyType,
                       .create = [](const KernelRequest&) { return KernelOr(CopyBytes); }});
   }
@@ -45,6 +46,7 @@ const bool kRegistered = [] {
       .op_type = "Shape",
       .name_operand = -1,
       .float_wrap = false,
+      .storage_types = true,
       .accepts = AnyType,
       .create =
           [](const KernelRequest& r) {
@@ -64,6 +66,7 @@ const bool kRegistered = [] {
       .op_type = "Size",
       .name_operand = -1,
       .float_wrap = false,
+      .storage_types = true,
       .accepts = AnyType,
       .create =
           [](const KernelRequest&) {

@@ -64,6 +64,7 @@ int64_t PadIndex(int64_t i, int64_t n, PadMode mode) {
 const bool kRegistered = [] {
   RegisterOpKernel({.op_type = "Slice",
                     .float_wrap = false,
+                    .storage_types = true,
                     .accepts = AnyType,
                     .create = [](const KernelRequest&) { return KernelOr(RunSlice); }});
   RegisterOpKernel({
@@ -110,6 +111,7 @@ const bool kRegistered = [] {
     RegisterOpKernel({
         .op_type = tile ? "Tile" : "Expand",
         .float_wrap = false,
+        .storage_types = true,
         .accepts = AnyType,
         .create =
             [tile](const KernelRequest&) {

@@ -138,6 +138,7 @@ const bool kRegistered = [] {
   RegisterOpKernel({
       .op_type = "Transpose",
       .float_wrap = false,
+      .storage_types = true,
       .accepts = AnyType,
       .create =
           [](const KernelRequest& r) {
@@ -157,6 +158,7 @@ const bool kRegistered = [] {
     RegisterOpKernel({
         .op_type = to_space ? "DepthToSpace" : "SpaceToDepth",
         .float_wrap = false,
+        .storage_types = true,
         .accepts = AnyType,
         .create =
             [to_space](const KernelRequest& r) {

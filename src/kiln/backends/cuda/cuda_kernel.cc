@@ -252,6 +252,9 @@ CudaOpProvider::CudaOpProvider(CudaOpDef def) : def_(std::move(def)) {
 
 std::vector<TacticConfig> CudaOpProvider::Tactics(const KernelRequest& request) const {
   if (!request.node || (request.inputs.empty() && def_.name_operand >= 0)) return {};
+  // The storage-only types (float8, float4, int4, int2...) have no CUDA kernels yet: the CPU
+  // backend runs them.
+  if (HasStorageOnlyOperand(request)) return {};
   if (def_.accepts && !def_.accepts(request)) return {};
   DataType t = def_.name_operand < 0 ? OutType(request, 0) : InType(request, def_.name_operand);
   return {{TacticName(t, def_.op_type, def_.variant), {}, 0}};
@@ -259,7 +262,7 @@ std::vector<TacticConfig> CudaOpProvider::Tactics(const KernelRequest& request) 
 
 StatusOr<std::unique_ptr<Kernel>> CudaOpProvider::Create(const KernelRequest& request,
                                                          const TacticConfig&) const {
-  if (def_.accepts && !def_.accepts(request)) {
+  if (HasStorageOnlyOperand(request) || (def_.accepts && !def_.accepts(request))) {
     return MakeError(ErrorCode::kUnimplemented, "node '{}': {} has no CUDA kernel for this case",
                      request.node ? request.node->name() : "", id_);
   }
