@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <limits>
 #include <optional>
 #include <random>
@@ -153,6 +155,24 @@ TEST(MemoryPlan, DynamicBatchUsesProfileMaxAndWorkspaceIsShared) {
   EXPECT_NE(over.message().find("needs 6080 bytes"), std::string::npos) << over.message();
   EXPECT_NE(over.message().find("budget is 4096 bytes"), std::string::npos) << over.message();
   EXPECT_TRUE(CheckBudget(*plan, 6080).ok());
+}
+
+// A dim with a negative term (a Pad or Concat of width T - M) is sized for the largest shape
+// the profile allows: T at its max with M at 0 bounds it, where T and M both at their max would
+// give T_max - M_max (0 when they share a max: a buffer of no bytes that the run then overflows).
+TEST(MemoryPlan, DimsWithNegativeTermsAreSizedByAnUpperBound) {
+  Graph g;
+  Dim t = Dim::Symbol("T"), m = Dim::Symbol("M");
+  Value* x = g.AddInput("x", DataType::kFloat32, {t - m, 100});
+  std::map<std::string, int64_t> at_max = {{"T", 16}, {"M", 16}};
+  auto bytes = PlannedBytes(*x, at_max);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(*bytes, 16 * 100 * 4);  // not 0
+  // Positive terms and constants count at the max: 2T + 3 - M.
+  Value* y = g.AddInput("y", DataType::kFloat32, {t * 2 + 3 - m});
+  auto ybytes = PlannedBytes(*y, {{"T", 10}, {"M", 4}});
+  ASSERT_TRUE(ybytes.ok());
+  EXPECT_GE(*ybytes, (2 * 10 + 3) * 4);
 }
 
 TEST(MemoryPlan, MissingProfileAndUnboundSymbolsAreNamed) {

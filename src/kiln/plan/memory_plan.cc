@@ -105,8 +105,36 @@ StatusOr<std::vector<int64_t>> ConcreteDims(const Value& v,
   return dims;
 }
 
+namespace {
+// An upper bound of `d` over every shape of the profile, given each symbol's max: the terms
+// with a positive coefficient at the max, those with a negative one dropped (a symbol is >= 0),
+// constants as they are. Evaluating d at the max of every symbol is not a bound when d has a
+// negative term: T - M at the max of both is 0 while T_max - M_min is not. nullopt when a term
+// mentions a symbol without a binding (an opaque division: the caller keeps the exact value).
+std::optional<int64_t> UpperBound(const Dim& d, const std::map<std::string, int64_t>& bindings) {
+  if (d.is_static()) return d.value();
+  int64_t bound = 0;
+  for (const auto& [monomial, coeff] : d.terms()) {
+    int64_t product = 1;
+    for (const std::string& sym : monomial) {
+      auto it = bindings.find(sym);
+      if (it == bindings.end()) return std::nullopt;
+      product = SatMul(product, it->second);
+    }
+    if (monomial.empty() || coeff > 0) bound = SatAdd(bound, SatMul(coeff, product));
+  }
+  return bound;
+}
+}  // namespace
+
 StatusOr<int64_t> PlannedBytes(const Value& v, const std::map<std::string, int64_t>& bindings) {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ConcreteDims(v, bindings));
+  // Sized for the largest shape the profile allows, not only for every symbol at its max.
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (std::optional<int64_t> b = UpperBound(v.shape()[i], bindings)) {
+      dims[i] = std::max(dims[i], *b);
+    }
+  }
   if (v.dtype() == DataType::kUndefined) {
     return MakeError(ErrorCode::kInternal, "value '{}' has no element type", v.name());
   }
