@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 
 #include "kiln/builder/builder.h"
 #include "kiln/engine/engine_file.h"
@@ -103,8 +105,8 @@ TEST(ShapeInputs, EngineRecordsTheBuildValuesAndABoundedArena) {
   ASSERT_EQ(engine->inputs().size(), 3u);
   EXPECT_FALSE(engine->inputs()[0].shape_values);
   ASSERT_TRUE(engine->inputs()[1].shape_values);
-  EXPECT_EQ(*engine->inputs()[1].shape_values, (std::vector<int64_t>{1, 1}));
-  EXPECT_EQ(*engine->inputs()[2].shape_values, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(engine->inputs()[1].shape_values->values, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(engine->inputs()[2].shape_values->values, (std::vector<int64_t>{3, 2}));
   EXPECT_GE(engine->shape_arena_bytes(), kShapeArena);
   EXPECT_GE(engine->planned_peak_bytes(), engine->shape_arena_bytes());
 }
@@ -211,10 +213,18 @@ TEST(ShapeInputs, BuilderChecksTheValuesAndDropsInputsNoRuleReads) {
   ASSERT_FALSE(desc.ok());
   EXPECT_EQ(desc.status().code(), ErrorCode::kInvalidProfile) << desc.status().ToString();
 
-  config.profile.shape_values = {{"x", {1, 2, 3, 4, 5, 6}}};
+  // Values that are not integers for an integer input.
+  config.profile.shape_values = {{"s", {}, {3, 2.5}}};
   desc = BuildEngine({MakeGraph(), "m", Hash128{}}, config, &report);
   ASSERT_FALSE(desc.ok());
   EXPECT_EQ(desc.status().code(), ErrorCode::kInvalidProfile) << desc.status().ToString();
+
+  // A float input may be a shape input (Resize's scales); x, which no rule reads, is dropped.
+  config.profile.shape_values = {{"x", {1, 2, 3, 4, 5, 6}}, {"s", {3, 2}}};
+  desc = BuildEngine({MakeGraph(), "m", Hash128{}}, config, &report);
+  ASSERT_TRUE(desc.ok()) << desc.status().ToString();
+  ASSERT_EQ((*desc)->profile.shape_values.size(), 1u);
+  EXPECT_EQ((*desc)->profile.shape_values[0].input, "s");
 
   // An integer input whose values no rule reads (Abs's operand) is no shape input.
   auto g = std::make_unique<Graph>();
@@ -229,6 +239,133 @@ TEST(ShapeInputs, BuilderChecksTheValuesAndDropsInputsNoRuleReads) {
   ASSERT_TRUE(desc.ok()) << desc.status().ToString();
   EXPECT_TRUE((*desc)->profile.shape_values.empty());
   EXPECT_EQ((*desc)->plan.shape_arena_bytes, 0);
+}
+
+// Float shape inputs: Resize's scales and Range's bounds given as graph inputs.
+std::shared_ptr<const Engine> BuildEngineOf(std::unique_ptr<Graph> g, OptimizationProfile profile) {
+  BuilderConfig config;
+  config.profile = std::move(profile);
+  config.shape_arena_bytes = 1 << 16;
+  BuildReport report;
+  const std::string name = g->name();
+  auto desc = BuildEngine({std::move(g), name, Hash128{}}, config, &report);
+  EXPECT_TRUE(desc.ok()) << desc.status().ToString();
+  if (!desc.ok()) return nullptr;
+  auto bytes = SerializeEngine(**desc);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
+  auto runtime = Runtime::Create(BackendKind::kCpu);
+  EXPECT_TRUE(runtime.ok());
+  auto engine = (*runtime)->DeserializeEngine(*bytes);
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  return engine.ok() ? *engine : nullptr;
+}
+
+// y = Resize(x [1, 1, 3, 4], scales) (nearest, asymmetric, floor): y[i][j] = x[i / s2][j / s3]
+// with the quotients floored, for output dims floor(3 * s2) x floor(4 * s3).
+TEST(ShapeInputs, ResizeScalesFromAFloatInputRespecializeWithTheirValues) {
+  auto g = std::make_unique<Graph>();
+  g->set_name("resize_scales");
+  g->set_opset(19);
+  Value* x = g->AddInput("x", DataType::kFloat32, {1, 1, 3, 4});
+  Value* scales = g->AddInput("scales", DataType::kFloat32, {4});
+  Value* y = g->AddValue("y");
+  Node* n = g->AddNode("Resize", "resize", {x, nullptr, scales}, {y});
+  n->mutable_attrs().Set("mode", std::string("nearest"));
+  n->mutable_attrs().Set("coordinate_transformation_mode", std::string("asymmetric"));
+  n->mutable_attrs().Set("nearest_mode", std::string("floor"));
+  g->MarkOutput(y);
+  OptimizationProfile profile;
+  profile.shape_values = {{"scales", {}, {1, 1, 2, 2}}};
+  auto engine = BuildEngineOf(std::move(g), profile);
+  ASSERT_TRUE(engine);
+  ASSERT_TRUE(engine->inputs()[1].shape_values);
+  EXPECT_EQ(engine->inputs()[1].shape_values->float_values, (std::vector<double>{1, 1, 2, 2}));
+  auto ctx = engine->CreateExecutionContext();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  std::vector<float> xs(12);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i * i % 7) - 2.5f;
+  int changes = 0;
+  std::vector<float> last = {1, 1, 2, 2};
+  for (std::vector<float> sc : std::vector<std::vector<float>>{
+           {1, 1, 2, 2}, {1, 1, 3, 1.5f}, {1, 1, 0.5f, 0.75f}, {1, 1, 2.5f, 1}, {1, 1, 2, 2}}) {
+    changes += sc != last;
+    last = sc;
+    ASSERT_TRUE((*ctx)->SetTensorAddress("x", xs.data()).ok());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("scales", sc.data()).ok());
+    auto dims = (*ctx)->GetTensorShape("y");
+    ASSERT_TRUE(dims.ok()) << dims.status().ToString();
+    const auto h = static_cast<int64_t>(std::floor(3 * static_cast<double>(sc[2])));
+    const auto w = static_cast<int64_t>(std::floor(4 * static_cast<double>(sc[3])));
+    ASSERT_EQ(*dims, (std::vector<int64_t>{1, 1, h, w}));
+    std::vector<float> out(static_cast<size_t>(h * w), -100.f);
+    ASSERT_TRUE((*ctx)->SetTensorAddress("y", out.data()).ok());
+    Status st = (*ctx)->Execute();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (int64_t i = 0; i < h; ++i) {
+      for (int64_t j = 0; j < w; ++j) {
+        const auto si = std::min<int64_t>(static_cast<int64_t>(std::floor(i / double{sc[2]})), 2);
+        const auto sj = std::min<int64_t>(static_cast<int64_t>(std::floor(j / double{sc[3]})), 3);
+        EXPECT_EQ(out[i * w + j], xs[si * 4 + sj]) << "scales " << sc[2] << "," << sc[3];
+      }
+    }
+  }
+  EXPECT_EQ((*ctx)->shape_specializations(), changes);
+}
+
+// y = Range(start, limit, delta) on f32 scalars, and OneHot's depth from an f32 input.
+TEST(ShapeInputs, RangeBoundsAndOneHotDepthFromFloatInputs) {
+  auto g = std::make_unique<Graph>();
+  g->set_name("range_onehot");
+  g->set_opset(19);
+  Value* start = g->AddInput("start", DataType::kFloat32, {});
+  Value* limit = g->AddInput("limit", DataType::kFloat32, {});
+  Value* delta = g->AddInput("delta", DataType::kFloat32, {});
+  Value* idx = g->AddInput("idx", DataType::kInt64, {3});
+  Value* depth = g->AddInput("depth", DataType::kFloat32, {});
+  Value* values = g->AddInput("values", DataType::kFloat32, {2});
+  Value* r = g->AddValue("r");
+  g->AddNode("Range", "range", {start, limit, delta}, {r});
+  Value* oh = g->AddValue("oh");
+  g->AddNode("OneHot", "onehot", {idx, depth, values}, {oh});
+  g->MarkOutput(r);
+  g->MarkOutput(oh);
+  OptimizationProfile profile;
+  profile.shape_values = {
+      {"start", {}, {0}}, {"limit", {}, {1}}, {"delta", {}, {0.25}}, {"depth", {}, {4}}};
+  auto engine = BuildEngineOf(std::move(g), profile);
+  ASSERT_TRUE(engine);
+  auto ctx = engine->CreateExecutionContext();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  std::vector<int64_t> ids = {0, 2, -1};
+  std::vector<float> vals = {-1.f, 3.f};
+  for (auto [s0, l0, d0, dep] : std::vector<std::array<float, 4>>{
+           {0, 1, 0.25f, 4}, {-2, 3, 0.5f, 3}, {5, 1, -1.5f, 6}, {0, 1, 0.25f, 4}}) {
+    float sv = s0, lv = l0, dv = d0, depv = dep;
+    ASSERT_TRUE((*ctx)->SetTensorAddress("start", &sv).ok());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("limit", &lv).ok());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("delta", &dv).ok());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("idx", ids.data()).ok());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("depth", &depv).ok());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("values", vals.data()).ok());
+    const auto n = static_cast<int64_t>(std::ceil((lv - sv) / dv));
+    auto rd = (*ctx)->GetTensorShape("r");
+    auto od = (*ctx)->GetTensorShape("oh");
+    ASSERT_TRUE(rd.ok() && od.ok());
+    const auto k = static_cast<int64_t>(depv);
+    ASSERT_EQ(*rd, (std::vector<int64_t>{n}));
+    ASSERT_EQ(*od, (std::vector<int64_t>{3, k}));
+    std::vector<float> rout(static_cast<size_t>(n)), oout(static_cast<size_t>(3 * k));
+    ASSERT_TRUE((*ctx)->SetTensorAddress("r", rout.data()).ok());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("oh", oout.data()).ok());
+    Status st = (*ctx)->Execute();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(rout[i], sv + static_cast<float>(i) * dv);
+    for (int64_t i = 0; i < 3; ++i) {
+      const int64_t hot = ids[i] < 0 ? ids[i] + k : ids[i];
+      for (int64_t j = 0; j < k; ++j) EXPECT_EQ(oout[i * k + j], j == hot ? 3.f : -1.f);
+    }
+  }
+  EXPECT_EQ((*ctx)->shape_specializations(), 3);
 }
 
 }  // namespace

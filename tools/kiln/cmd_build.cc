@@ -358,8 +358,9 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
       ->take_all();
   shapes
       ->add_option("--shape-values", o->shape_values,
-                   "NAME:V1,V2,... per shape input (an integer input feeding a shape operand): the "
-                   "values to build for; other values re-specialize the context at run time")
+                   "NAME:V1,V2,... per shape input (a small input feeding a shape operand: "
+                   "Reshape's shape, Resize's scales...): the values to build for; other values "
+                   "re-specialize the context at run time")
       ->take_all();
   shapes
       ->add_option("--shape-arena", o->shape_arena,

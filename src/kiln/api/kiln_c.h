@@ -175,7 +175,7 @@ void kiln_context_free(kiln_context* c);
 /* Binds caller memory to an input (setting its shape from the tensor) or an output (whose dims
  * must be the ones the inputs imply). Checked: name (E5005), dtype (E5001), device (E5012),
  * layout (E5013), shape (E5002/E5003/E5014). Nothing is copied, but for a shape input (an
- * integer input whose values shape the engine, docs/architecture.md "Shape inputs"): its values
+ * input whose values shape the engine, docs/architecture.md "Shape inputs"): its values
  * are read on the host, so on a CUDA engine it may be given in host memory, and one given in
  * device memory is copied to the host here (a synchronous copy of its few bytes). */
 kiln_status* kiln_context_bind(kiln_context* c, const char* name, const kiln_tensor* t);

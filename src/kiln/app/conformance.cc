@@ -126,16 +126,24 @@ CaseResult RunConformanceCase(const std::string& dir, const ConformanceOptions& 
     p.opt = p.max;
     if (!p.min.empty()) config.profile.inputs.push_back(std::move(p));
   }
-  // Shape inputs: small integer inputs are offered with data set 0's values (the builder keeps
-  // those a shape rule reads: Reshape's shape, Slice's starts...); other data sets' values
-  // re-specialize the context, within an arena of kConformanceShapeArenaBytes.
+  // Shape inputs: small integer and floating-point inputs are offered with data set 0's values
+  // (the builder keeps those a shape rule reads: Reshape's shape, Slice's starts, Resize's
+  // scales, Range's bounds...); other data sets' values re-specialize the context, within an
+  // arena of kConformanceShapeArenaBytes.
   for (size_t i = 0; i < inputs.size() && i < (*sets)[0].inputs.size(); ++i) {
     const Tensor& t = (*sets)[0].inputs[i];
-    if (!IsInteger(inputs[i]->dtype()) || !IsStatic(inputs[i]->shape()) || t.dims().size() > 1 ||
-        t.num_elements() < 1 || t.num_elements() > kMaxShapeInputElements) {
+    const DataType dtype = inputs[i]->dtype();
+    if (!(IsInteger(dtype) || IsFloatingPoint(dtype)) || !IsStatic(inputs[i]->shape()) ||
+        t.dims().size() > 1 || t.num_elements() < 1 || t.num_elements() > kMaxShapeInputElements) {
       continue;
     }
-    config.profile.shape_values.push_back({inputs[i]->name(), t.ToInt64Vector()});
+    ShapeInputValues sv{inputs[i]->name(), {}, {}};
+    if (IsInteger(dtype)) {
+      sv.values = t.ToInt64Vector();
+    } else {
+      for (int64_t k = 0; k < t.num_elements(); ++k) sv.float_values.push_back(t.GetDouble(k));
+    }
+    config.profile.shape_values.push_back(std::move(sv));
   }
   config.shape_arena_bytes = kConformanceShapeArenaBytes;
   std::vector<std::string> input_names, output_names;

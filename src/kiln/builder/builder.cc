@@ -214,31 +214,40 @@ StatusOr<OptimizationProfile> ResolveProfile(const Graph& graph, const Optimizat
   return resolved;
 }
 
-// Shape inputs: each of the profile's shape_values names an integer graph input of static shape
-// and gives one value per element (KILN-E3000 otherwise); the input's Value carries them for the
-// shape rules (Value::shape_input_values).
-Status ApplyShapeValues(Graph& graph, const OptimizationProfile& profile) {
-  for (const ShapeInputValues& sv : profile.shape_values) {
+// Shape inputs: each of the profile's shape_values names an integer or floating-point graph input
+// of static shape and gives one value per element (KILN-E3000 otherwise); the input's Value
+// carries them for the shape rules (Value::shape_input_values). Integers given for a
+// floating-point input (`--shape-values scales:1,1,2,2`) become its float_values.
+Status ApplyShapeValues(Graph& graph, OptimizationProfile& profile) {
+  for (ShapeInputValues& sv : profile.shape_values) {
     Value* in = graph.FindValue(sv.input);
     if (!in || !in->is_graph_input()) {
       return MakeError(ErrorCode::kInvalidProfile,
                        "shape values for '{}', which is not a model input", sv.input);
     }
     auto dims = StaticDims(in->shape());
-    if (!IsInteger(in->dtype()) || !dims) {
+    if (!(IsInteger(in->dtype()) || IsFloatingPoint(in->dtype())) || !dims) {
       return MakeError(ErrorCode::kInvalidProfile,
                        "shape values for '{}', an input of type {} and shape {}: a shape input is "
-                       "an integer tensor of static shape",
+                       "an integer or floating-point tensor of static shape",
                        sv.input, ToString(in->dtype()), ToString(in->shape()));
     }
-    if (NumElements(*dims) != static_cast<int64_t>(sv.values.size())) {
+    if (IsFloatingPoint(in->dtype()) && sv.float_values.empty()) {
+      sv.float_values.assign(sv.values.begin(), sv.values.end());
+      sv.values.clear();
+    }
+    if (!ShapeValuesFit(sv, in->dtype(), *dims)) {
+      if (IsInteger(in->dtype()) && !sv.float_values.empty()) {
+        return MakeError(ErrorCode::kInvalidProfile,
+                         "shape values for '{}' ({}) are not integers; the input has type {}",
+                         sv.input, ShapeValuesText(sv), ToString(in->dtype()));
+      }
       return MakeError(ErrorCode::kInvalidProfile,
                        "shape values for '{}' give {} value(s); its shape {} holds {}", sv.input,
-                       sv.values.size(), ToString(in->shape()), NumElements(*dims));
+                       sv.values.size() + sv.float_values.size(), ToString(in->shape()),
+                       NumElements(*dims));
     }
-    Tensor t = Tensor::FromVector<int64_t>(DataType::kInt64, *dims, sv.values);
-    if (in->dtype() != DataType::kInt64) t = t.CastTo(in->dtype());
-    in->set_shape_input_values(std::move(t));
+    in->set_shape_input_values(ShapeValuesTensor(sv, in->dtype(), *dims));
   }
   return OkStatus();
 }
@@ -827,7 +836,8 @@ Status PlanPhase(BuildState& s) {
                        ErrorCode::kProfileTooLarge, "the shape-input arena"));
     for (const ShapeInputValues& sv : s.config.profile.shape_values) {
       const Value* in = s.graph().FindValue(sv.input);
-      const int64_t bytes = static_cast<int64_t>(sv.values.size() * SizeOf(in->dtype()));
+      const int64_t bytes =
+          static_cast<int64_t>((sv.values.size() + sv.float_values.size()) * SizeOf(in->dtype()));
       KILN_ASSIGN_OR_RETURN(int64_t aligned,
                             CheckedAlignUp(bytes, kPlanAlignment, ErrorCode::kProfileTooLarge,
                                            "the shape-input arena"));

@@ -87,22 +87,42 @@ Status ParseShapeValuesSpec(const std::string& spec, OptimizationProfile* profil
   auto bad = [&] {
     return MakeError(
         ErrorCode::kInvalidProfile,
-        "--shape-values '{}' needs the form NAME:V1,V2,... (integers, e.g. shape:2,-1)", spec);
+        "--shape-values '{}' needs the form NAME:V1,V2,... (numbers, e.g. shape:2,-1 or "
+        "scales:1,1,0.5,0.5)",
+        spec);
   };
   if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size()) return bad();
   ShapeInputValues v;
   v.input = spec.substr(0, colon);
+  bool is_float = false;
   std::string_view rest(spec);
   rest.remove_prefix(colon + 1);
   while (true) {
     const size_t comma = rest.find(',');
     const std::string_view item = rest.substr(0, comma);
+    if (item.empty()) return bad();
     int64_t x = 0;
-    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), x);
-    if (item.empty() || ec != std::errc() || end != item.data() + item.size()) return bad();
-    v.values.push_back(x);
+    double f = 0;
+    const char* last = item.data() + item.size();
+    if (auto [end, ec] = std::from_chars(item.data(), last, x); ec == std::errc() && end == last) {
+      v.values.push_back(x);
+      v.float_values.push_back(static_cast<double>(x));
+    } else if (auto [fend, fec] = std::from_chars(item.data(), last, f);
+               fec == std::errc() && fend == last && std::isfinite(f)) {
+      is_float = true;
+      v.float_values.push_back(f);
+    } else {
+      return bad();
+    }
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
+  }
+  // All integers: `values` (ApplyShapeValues moves them for a floating-point input); any other
+  // number: `float_values`.
+  if (is_float) {
+    v.values.clear();
+  } else {
+    v.float_values.clear();
   }
   if (profile->FindShapeValues(v.input)) {
     return MakeError(ErrorCode::kInvalidProfile, "--shape-values gives '{}' twice", v.input);
@@ -236,6 +256,10 @@ Hash128 BuilderConfig::Hash() const {
   for (const auto& v : profile.shape_values) {
     h.Field("shape-values").Field(v.input).Field(static_cast<int64_t>(v.values.size()));
     for (int64_t x : v.values) h.Field(x);
+    if (!v.float_values.empty()) {  // only then: integer shape values keep their hashes
+      h.Field("float").Field(static_cast<int64_t>(v.float_values.size()));
+      for (double x : v.float_values) h.Field(fmt::format("{:.17g}", x));
+    }
   }
   if (shape_arena_bytes > 0) h.Field("shape-arena").Field(shape_arena_bytes);
   h.Field(memory_budget.ToString());

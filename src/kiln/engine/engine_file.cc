@@ -337,7 +337,9 @@ StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
   std::vector<flatbuffers::Offset<fb::ShapeInputValues>> shape_values;
   for (const ShapeInputValues& v : engine.profile.shape_values) {
     auto name = b.CreateString(v.input);
-    shape_values.push_back(fb::CreateShapeInputValues(b, name, b.CreateVector(v.values)));
+    auto values = b.CreateVector(v.values);
+    auto float_values = v.float_values.empty() ? 0 : b.CreateVector(v.float_values);
+    shape_values.push_back(fb::CreateShapeInputValues(b, name, values, float_values));
   }
   auto shape_values_vec = shape_values.empty() ? 0 : b.CreateVector(shape_values);
 
@@ -1102,18 +1104,19 @@ StatusOr<OptimizationProfile> ReadProfile(const fb::Engine& e, const Graph& grap
   if (e.shape_values()) {
     for (size_t k = 0; k < e.shape_values()->size(); ++k) {
       const fb::ShapeInputValues* p = e.shape_values()->Get(k);
-      ShapeInputValues sv{Str(p->input()), Vec(p->values())};
+      ShapeInputValues sv{Str(p->input()), Vec(p->values()), Vec(p->float_values())};
       const Value* in = graph.FindValue(sv.input);
       if (!in || !in->is_graph_input() || profile.FindShapeValues(sv.input)) {
         return Malformed("shape_values[{}]: '{}' is not a graph input or is listed twice", k,
                          sv.input);
       }
       auto dims = StaticDims(in->shape());
-      if (!dims || !IsInteger(in->dtype()) ||
-          NumElements(*dims) != static_cast<int64_t>(sv.values.size())) {
-        return Malformed("shape_values[{}] ('{}'): {} values for an input of type {} and shape {}",
-                         k, sv.input, sv.values.size(), ToString(in->dtype()),
-                         ToString(in->shape()));
+      if (!dims || !ShapeValuesFit(sv, in->dtype(), *dims)) {
+        return Malformed(
+            "shape_values[{}] ('{}'): {} integer and {} float values for an input of type {} and "
+            "shape {}",
+            k, sv.input, sv.values.size(), sv.float_values.size(), ToString(in->dtype()),
+            ToString(in->shape()));
       }
       profile.shape_values.push_back(std::move(sv));
     }

@@ -458,6 +458,13 @@ class Normalizer final : public ExpansionHost {
       }
       TrimInputs(n);
       if (*version < 13) *version = 13;
+    } else if (op == "GridSample" && v < 20) {
+      // GridSample-16 names the modes bilinear/bicubic (default bilinear); 20 linear/cubic.
+      std::string mode = FindAttr(*n, "mode") ? FindAttr(*n, "mode")->s() : "bilinear";
+      if (mode == "bilinear") mode = "linear";
+      if (mode == "bicubic") mode = "cubic";
+      SetStringAttr(n, "mode", mode);
+      *version = 20;
     } else if ((op == "Softmax" || op == "LogSoftmax" || op == "Hardmax") && v < 13) {
       KILN_RETURN_IF_ERROR(RewriteCoerce2D(n));
       *version = 13;

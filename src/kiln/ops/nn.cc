@@ -8,6 +8,7 @@
 #include "kiln/ir/sizes.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/ops/op_table.h"
+#include "kiln/ops/rule_util.h"
 
 namespace kiln {
 
@@ -418,7 +419,8 @@ Status InferBatchNormalization(InferenceContext& ctx) {
   return OkStatus();
 }
 
-// Resize (opset 19 form): X, roi (unused), scales, sizes; optional axes attribute.
+// Resize (opset 19 form): X, roi (tf_crop_and_resize only), scales, sizes; optional axes
+// attribute.
 Status InferResize(InferenceContext& ctx) {
   KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
   const AttributeMap& at = ctx.attrs();
@@ -431,19 +433,15 @@ Status InferResize(InferenceContext& ctx) {
   }
   std::string ctm = at.GetString("coordinate_transformation_mode", "half_pixel");
   if (ctm != "half_pixel" && ctm != "pytorch_half_pixel" && ctm != "align_corners" &&
-      ctm != "asymmetric" && ctm != "tf_half_pixel_for_nn" && ctm != "half_pixel_symmetric") {
-    return ctx.Error(ErrorCode::kUnimplemented,
-                     "coordinate_transformation_mode '{}' is not "
-                     "supported (tf_crop_and_resize needs roi)",
+      ctm != "asymmetric" && ctm != "tf_half_pixel_for_nn" && ctm != "half_pixel_symmetric" &&
+      ctm != "tf_crop_and_resize") {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "coordinate_transformation_mode '{}' is invalid",
                      ctm);
   }
   std::string nearest = at.GetString("nearest_mode", "round_prefer_floor");
   if (nearest != "round_prefer_floor" && nearest != "round_prefer_ceil" && nearest != "floor" &&
       nearest != "ceil") {
     return ctx.Error(ErrorCode::kInvalidAttribute, "nearest_mode '{}' is invalid", nearest);
-  }
-  if (at.GetInt("antialias", 0) != 0) {
-    return ctx.Error(ErrorCode::kUnimplemented, "antialias=1 is not supported");
   }
   std::vector<int64_t> axes = at.GetInts("axes");
   if (axes.empty()) {
@@ -453,6 +451,20 @@ Status InferResize(InferenceContext& ctx) {
     auto n = NormalizeAxis(a, static_cast<int64_t>(rank));
     if (!n.ok()) return ctx.Error(ErrorCode::kInvalidAttribute, "axes: {}", n.status().message());
     a = *n;
+  }
+  if (ctm == "tf_crop_and_resize") {
+    // The crop decides the kernel's taps (not the output's shape): read here so that a graph
+    // input feeding it becomes a shape input, whose values kernels see as a constant.
+    const bool has_roi =
+        ctx.has_input(1) && !(ctx.input_shape(1).size() == 1 && StaticEq(ctx.input_shape(1)[0], 0));
+    if (!has_roi || !IsFloat(ctx.input_type(1))) {
+      return ctx.Error(ErrorCode::kInvalidModel, "tf_crop_and_resize needs a float roi input");
+    }
+    if (const Tensor* roi = ctx.input_constant(1);
+        roi && roi->num_elements() != 2 * static_cast<int64_t>(axes.size())) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "roi has {} entries; {} axes need {}",
+                       roi->num_elements(), axes.size(), 2 * axes.size());
+    }
   }
   bool has_scales =
       ctx.has_input(2) && !(ctx.input_shape(2).size() == 1 && StaticEq(ctx.input_shape(2)[0], 0));
@@ -520,6 +532,97 @@ Status InferResize(InferenceContext& ctx) {
       }
     }
   }
+  ctx.set_output(0, ctx.input_type(0), std::move(y));
+  return OkStatus();
+}
+
+// Col2Im(input [N, C * prod(block_shape), L], image_shape [r], block_shape [r]) gives
+// [N, C, image_shape...]: the sliding blocks summed back into the image (Conv's im2col inverse).
+Status InferCol2Im(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
+  const Shape& x = ctx.input_shape(0);
+  if (x.size() != 3) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "input {} must be [N, C * prod(block), L]",
+                     ToString(x));
+  }
+  auto image = ctx.input_dims_value(1);
+  auto block = ctx.input_ints(2);
+  if (!image || !block) {
+    return ctx.Error(ErrorCode::kDataDependentShape,
+                     "image_shape and block_shape must be constants or shape inputs");
+  }
+  const size_t r = block->size();
+  if (r == 0 || image->size() != r) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "image_shape has {} entries, block_shape {}",
+                     image->size(), r);
+  }
+  const AttributeMap& at = ctx.attrs();
+  std::vector<int64_t> dil = attrs::Col2Im::dilations(at), str = attrs::Col2Im::strides(at),
+                       pads = attrs::Col2Im::pads(at);
+  if (dil.empty()) dil.assign(r, 1);
+  if (str.empty()) str.assign(r, 1);
+  if (pads.empty()) pads.assign(2 * r, 0);
+  if (dil.size() != r || str.size() != r || pads.size() != 2 * r) {
+    return ctx.Error(ErrorCode::kInvalidAttribute,
+                     "dilations, strides and pads must have {}, {} and {} entries", r, r, 2 * r);
+  }
+  int64_t per_channel = 1;
+  Dim blocks(1);
+  for (size_t i = 0; i < r; ++i) {
+    if ((*block)[i] < 1 || dil[i] < 1 || str[i] < 1 || pads[i] < 0 || pads[i + r] < 0) {
+      return ctx.Error(ErrorCode::kInvalidAttribute,
+                       "block_shape, dilations and strides must be positive, pads not negative");
+    }
+    per_channel *= (*block)[i];
+    // Sliding positions along axis i: (image + pads - dilated block) / stride + 1.
+    const Dim span = (*image)[i] + Dim(pads[i] + pads[i + r] - dil[i] * ((*block)[i] - 1) - 1);
+    blocks = blocks * (FloorDiv(span, Dim(str[i])) + Dim(1));
+  }
+  const Dim& cp = x[1];
+  if (cp.is_static() && cp.value() % per_channel != 0) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "input's axis 1 ({}) is not a multiple of {}",
+                     cp.value(), per_channel);
+  }
+  if (ops_internal::DimsEqual(blocks, x[2]) == false) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "input has {} blocks; the image holds {}",
+                     x[2].ToString(), blocks.ToString());
+  }
+  Shape y = {x[0], FloorDiv(cp, Dim(per_channel))};
+  for (const Dim& d : *image) y.push_back(d);
+  ctx.set_output(0, ctx.input_type(0), std::move(y));
+  return OkStatus();
+}
+
+// GridSample (opset 20 form): X [N, C, D1..Dr] and grid [N, O1..Or, r] of float types give
+// Y [N, C, O1..Or] of X's type.
+Status InferGridSample(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
+  const AttributeMap& at = ctx.attrs();
+  const std::string mode = attrs::GridSample::mode(at);
+  if (mode != "linear" && mode != "nearest" && mode != "cubic") {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "mode '{}' is not linear, nearest or cubic",
+                     mode);
+  }
+  const std::string padding = attrs::GridSample::padding_mode(at);
+  if (padding != "zeros" && padding != "border" && padding != "reflection") {
+    return ctx.Error(ErrorCode::kInvalidAttribute,
+                     "padding_mode '{}' is not zeros, border or reflection", padding);
+  }
+  const Shape& x = ctx.input_shape(0);
+  const Shape& grid = ctx.input_shape(1);
+  if (x.size() < 3 || grid.size() != x.size() || !IsFloat(ctx.input_type(1))) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "X {} must be [N, C, D1..Dr] (r >= 1) and grid {} a float [N, O1..Or, r]",
+                     ToString(x), ToString(grid));
+  }
+  const int64_t r = static_cast<int64_t>(x.size()) - 2;
+  if (ops_internal::DimsEqual(grid[0], x[0]) == false ||
+      ops_internal::DimsEqual(grid.back(), Dim(r)) == false) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "grid {} must be [N, O1..Or, {}] for X {}",
+                     ToString(grid), r, ToString(x));
+  }
+  Shape y = {x[0], x[1]};
+  for (size_t i = 1; i + 1 < grid.size(); ++i) y.push_back(grid[i]);
   ctx.set_output(0, ctx.input_type(0), std::move(y));
   return OkStatus();
 }

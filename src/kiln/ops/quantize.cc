@@ -97,7 +97,8 @@ Status CheckScaleAndZeroPoint(const InferenceContext& ctx, int64_t axis_attr, in
   }
   // A constant scale must be finite and positive: zero, negative, infinite or NaN scales would
   // turn every value into a saturated or undefined one without any error.
-  if (const Tensor* s = ctx.input_constant(1)) {
+  // (A graph input's values, even a shape input's, are not read: the scale is no shape operand.)
+  if (const Tensor* s = ctx.input(1).constant) {
     for (int64_t i = 0; i < s->num_elements(); ++i) {
       const double v = s->GetDouble(i);
       if (!(std::isfinite(v) && v > 0)) {

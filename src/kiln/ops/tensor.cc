@@ -677,8 +677,17 @@ Status InferConstantOfShape(InferenceContext& ctx) {
   return OkStatus();
 }
 
+// Range (opset 27 form): f16/bf16 bounds compute in f32 (stash_type 1, the default; the CPU
+// kernel's f16/bf16 wrapping is exactly that).
 Status InferRange(InferenceContext& ctx) {
   DataType t = ctx.input_type(0);
+  KILN_ASSIGN_OR_RETURN(int64_t stash,
+                        IntAttr(ctx, "stash_type", attrs::Range::stash_type_default()));
+  if (stash != 1 && (t == DataType::kFloat16 || t == DataType::kBFloat16)) {
+    return ctx.Error(ErrorCode::kUnimplemented,
+                     "stash_type {} (only 1, float, is supported for {} bounds)", stash,
+                     ToString(t));
+  }
   for (size_t i = 1; i < 3; ++i) {
     if (ctx.input_type(i) != t) {
       return ctx.Error(ErrorCode::kTypeMismatch, "start, limit and delta must share a type");
@@ -749,6 +758,32 @@ Status InferPad(InferenceContext& ctx) {
     }
   }
   ctx.set_output(0, ctx.input_type(0), out);
+  return OkStatus();
+}
+
+// CenterCropPad(input, shape [k]): each listed axis (attribute axes, default all) cropped or
+// zero-padded about its centre to shape's value.
+Status InferCenterCropPad(InferenceContext& ctx) {
+  const int64_t rank = Rank(ctx, 0);
+  KILN_RETURN_IF_ERROR(RequireIntegerInput(ctx, 1, "shape"));
+  KILN_ASSIGN_OR_RETURN(std::vector<Dim> target, RequiredDims(ctx, 1, "shape"));
+  std::vector<int64_t> axes = attrs::CenterCropPad::axes(ctx.attrs());
+  if (axes.empty()) {
+    for (int64_t i = 0; i < rank; ++i) axes.push_back(i);
+  }
+  KILN_ASSIGN_OR_RETURN(axes, NormalizeAxes(ctx, axes, rank));
+  if (target.size() != axes.size()) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "shape has {} entries for {} axes", target.size(),
+                     axes.size());
+  }
+  Shape out = ctx.input_shape(0);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    if (target[i].is_static() && target[i].value() < 0) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "shape[{}] is {}", i, target[i].value());
+    }
+    out[axes[i]] = target[i];
+  }
+  ctx.set_output(0, ctx.input_type(0), std::move(out));
   return OkStatus();
 }
 

@@ -53,7 +53,7 @@ Status Engine::Build() {
     TensorDesc d{v->name(), v->dtype(), v->shape(), std::nullopt, std::nullopt};
     if (const InputProfile* p = desc_->profile.Find(v->name())) d.profile = *p;
     if (const ShapeInputValues* sv = desc_->profile.FindShapeValues(v->name())) {
-      d.shape_values = sv->values;
+      d.shape_values = *sv;
     }
     inputs_.push_back(std::move(d));
   }
@@ -209,14 +209,12 @@ Status Engine::BuildShapeInputs(int64_t* device_bytes) {
     in.slot = bindings_[in.binding].slot;
     const Value* v = slots_[in.slot].value;
     auto dims = StaticDims(v->shape());
-    if (!dims || !IsInteger(v->dtype()) ||
-        NumElements(*dims) != static_cast<int64_t>(sv.values.size())) {
+    if (!dims || !ShapeValuesFit(sv, v->dtype(), *dims)) {
       return MakeError(ErrorCode::kEngineMalformed,
-                       "shape values for '{}': {} values for type {} and shape {}", sv.input,
-                       sv.values.size(), ToString(v->dtype()), ToString(v->shape()));
+                       "shape values for '{}': [{}] for type {} and shape {}", sv.input,
+                       ShapeValuesText(sv), ToString(v->dtype()), ToString(v->shape()));
     }
-    in.build_values = Tensor::FromVector<int64_t>(DataType::kInt64, *dims, sv.values);
-    if (v->dtype() != DataType::kInt64) in.build_values = in.build_values.CastTo(v->dtype());
+    in.build_values = ShapeValuesTensor(sv, v->dtype(), *dims);
     in.device_offset = *device_bytes;
     KILN_ASSIGN_OR_RETURN(
         int64_t bytes,

@@ -12,6 +12,18 @@
 
 namespace kiln {
 
+namespace {
+// A shape input's current values as text, for messages ("2,-1", "1,1,0.6,0.6").
+std::string ShapeValuesTextOf(const Tensor& t) {
+  std::vector<std::string> items;
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    items.push_back(IsInteger(t.dtype()) ? fmt::format("{}", t.GetInt(i))
+                                         : fmt::format("{}", t.GetDouble(i)));
+  }
+  return fmt::format("{}", fmt::join(items, ","));
+}
+}  // namespace
+
 ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine,
                                    const ExecutionOptions& options)
     : engine_(std::move(engine)), options_(options) {}
@@ -472,7 +484,7 @@ Status ExecutionContext::Respecialize() {
       std::vector<std::string> values;
       for (size_t k = 0; k < e.shape_inputs_.size(); ++k) {
         values.push_back(fmt::format("'{}' = [{}]", e.bindings_[e.shape_inputs_[k].binding].name,
-                                     fmt::join(shape_values_[k].ToInt64Vector(), ",")));
+                                     ShapeValuesTextOf(shape_values_[k])));
       }
       return MakeError(ErrorCode::kShapeValuesExceedArena,
                        "shape input values {} need {} bytes of activations; engine '{}' bounds "

@@ -47,7 +47,7 @@ struct TensorDesc {
   // A shape input (docs/architecture.md, "Shape inputs"): the values the engine was built for.
   // Its address is host memory on every backend (as TensorRT's shape tensors); other values
   // re-specialize the context at the next Execute.
-  std::optional<std::vector<int64_t>> shape_values;
+  std::optional<ShapeInputValues> shape_values;
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {

@@ -260,6 +260,9 @@ struct ResizeParams {
   std::vector<float> scales{};   // over all axes, or
   std::vector<int64_t> sizes{};  // over all axes
   bool exclude_outside = false;
+  bool antialias = false;
+  std::vector<float> roi{};  // tf_crop_and_resize: starts then ends over all axes
+  float extrapolation = 0;
 };
 
 double SrcCoord(const std::string& c, double x, double scale, int64_t in, int64_t out) {
@@ -272,10 +275,40 @@ double SrcCoord(const std::string& c, double x, double scale, int64_t in, int64_
   return (x + 0.5) / scale;  // tf_half_pixel_for_nn
 }
 
-// Taps (index, weight) along one axis for output coordinate o.
+// Antialiased taps: the filter (triangle for linear, Keys' cubic) stretched by 1/scale when
+// downsampling, over every source pixel it reaches (edge pixels repeated past the borders),
+// normalized to sum 1 (over the pixels inside with exclude_outside).
+std::vector<std::pair<int64_t, double>> AntialiasTaps(const ResizeParams& p, double x, double scale,
+                                                      int64_t in) {
+  const double s = std::min(scale, 1.0), reach = (p.mode == "linear" ? 1.0 : 2.0) / s;
+  std::vector<std::pair<int64_t, double>> taps;
+  double sum = 0;
+  for (auto i = static_cast<int64_t>(std::floor(x - reach)) - 1; i <= x + reach + 1; ++i) {
+    const double d = std::fabs(s * (static_cast<double>(i) - x)), a = -0.75;
+    double w = p.mode == "linear" ? std::max(0.0, 1 - d)
+               : d <= 1           ? ((a + 2) * d - (a + 3)) * d * d + 1
+               : d < 2            ? ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+                                  : 0;
+    if (p.exclude_outside && (i < 0 || i >= in)) w = 0;
+    sum += w;
+    taps.push_back({std::min(std::max<int64_t>(i, 0), in - 1), w});
+  }
+  for (auto& t : taps) t.second /= sum;
+  return taps;
+}
+
+// Taps (index, weight) along one axis for output coordinate o; index -1: the extrapolation value
+// (tf_crop_and_resize outside the input).
 std::vector<std::pair<int64_t, double>> Taps(const ResizeParams& p, int64_t o, double scale,
-                                             int64_t in, int64_t out) {
+                                             int64_t in, int64_t out, int axis) {
   double x = SrcCoord(p.coord, o, scale, in, out);
+  if (p.coord == "tf_crop_and_resize") {
+    const double r0 = p.roi[axis], r1 = p.roi[4 + axis], len = in * scale;
+    x = r0 * (in - 1) +
+        (len == 1 ? (r1 - r0) * (in - 1) / 2 : o * (r1 - r0) * (in - 1) / (len - 1));
+    if (x < 0 || x > in - 1) return {{-1, 1.0}};
+  }
+  if (p.antialias && p.mode != "nearest") return AntialiasTaps(p, x, scale, in);
   auto clampi = [in](int64_t v) { return std::min(std::max<int64_t>(v, 0), in - 1); };
   if (p.mode == "nearest") {
     int64_t i;
@@ -324,7 +357,10 @@ void RunResize(const ResizeParams& p, const std::vector<int64_t>& expect_dims, u
   c.attrs.Set("coordinate_transformation_mode", p.coord);
   c.attrs.Set("nearest_mode", p.nearest);
   if (p.exclude_outside) c.attrs.Set("exclude_outside", int64_t{1});
-  c.inputs = {RandomTensor(p.x, rng), Tensor()};
+  if (p.antialias) c.attrs.Set("antialias", int64_t{1});
+  if (!p.roi.empty()) c.attrs.Set("extrapolation_value", p.extrapolation);
+  c.inputs = {RandomTensor(p.x, rng),
+              p.roi.empty() ? Tensor() : Tensor::FromVector(DataType::kFloat32, {8}, p.roi)};
   c.constant = {false, true, true, true};
   if (!p.scales.empty()) {
     c.inputs.push_back(Tensor::FromVector(DataType::kFloat32, {4}, p.scales));
@@ -344,9 +380,13 @@ void RunResize(const ResizeParams& p, const std::vector<int64_t>& expect_dims, u
       for (int64_t oy = 0; oy < oh; ++oy)
         for (int64_t ox = 0; ox < ow; ++ox) {
           double acc = 0;
-          for (auto [yy, wy] : Taps(p, oy, sh, ih, oh))
-            for (auto [xx, wx] : Taps(p, ox, sw, iw, ow))
-              acc += wy * wx * in[0].GetDouble((pl * ih + yy) * iw + xx);
+          auto ty = Taps(p, oy, sh, ih, oh, 2), tx = Taps(p, ox, sw, iw, ow, 3);
+          if (ty[0].first < 0 || tx[0].first < 0) {
+            y.push_back(p.extrapolation);
+            continue;
+          }
+          for (auto [yy, wy] : ty)
+            for (auto [xx, wx] : tx) acc += wy * wx * in[0].GetDouble((pl * ih + yy) * iw + xx);
           y.push_back(acc);
         }
     return y;
@@ -372,6 +412,49 @@ TEST(CpuResize, LinearAndCubic) {
   }
   ResizeParams p{{1, 1, 5, 6}, "cubic", "half_pixel", "floor", {}, {1, 1, 9, 4}, true};
   RunResize(p, {1, 1, 9, 4}, 25);
+}
+
+TEST(CpuResize, Antialias) {
+  for (std::string mode : {"linear", "cubic"}) {
+    for (std::string coord : {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"}) {
+      // Downsampling by scales and by sizes (filter over ~2 and ~5 pixels), and upsampling (the
+      // plain filter).
+      RunResize({{1, 2, 9, 11}, mode, coord, "floor", {1, 1, 0.6f, 0.45f}, {}, false, true},
+                {1, 2, 5, 4}, 26);
+      RunResize({{2, 1, 13, 7}, mode, coord, "floor", {}, {2, 1, 3, 5}, false, true}, {2, 1, 3, 5},
+                27);
+      RunResize({{1, 1, 4, 5}, mode, coord, "floor", {1, 1, 1.5f, 0.5f}, {}, true, true},
+                {1, 1, 6, 2}, 28);
+    }
+  }
+}
+
+TEST(CpuResize, TfCropAndResize) {
+  // Crops inside, across and past the borders; extrapolated outputs take the attribute's value.
+  for (std::string mode : {"linear", "nearest", "cubic"}) {
+    RunResize({{1, 2, 6, 7},
+               mode,
+               "tf_crop_and_resize",
+               "round_prefer_floor",
+               {},
+               {1, 2, 4, 5},
+               false,
+               false,
+               {0, 0, 0.2f, 0.1f, 1, 1, 0.8f, 0.7f},
+               0},
+              {1, 2, 4, 5}, 29);
+    RunResize({{1, 1, 5, 5},
+               mode,
+               "tf_crop_and_resize",
+               "round_prefer_floor",
+               {1, 1, 1.5f, 1.6f},
+               {},
+               false,
+               false,
+               {0, 0, -0.3f, 0.4f, 1, 1, 0.9f, 1.3f},
+               7.5f},
+              {1, 1, 7, 8}, 30);
+  }
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
-// Resize on the CPU: nearest, linear (bi/tri-linear) and cubic, any rank. Every mode is
-// separable, so the kernel resamples one axis at a time with per-axis tap tables (source index
-// and weight per output coordinate) built in Prepare; Run only reads them. Intermediate results
-// between passes live in the workspace.
+// Resize on the CPU: nearest, linear (bi/tri-linear) and cubic, any rank, with antialias and
+// tf_crop_and_resize. Every mode is separable, so the kernel resamples one axis at a time with
+// per-axis tap tables (source index and weight per output coordinate) built in Prepare; Run only
+// reads them. Intermediate results between passes live in the workspace.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "kiln/backends/cpu/cpu_kernel.h"
@@ -18,7 +19,8 @@ enum class Coord {
   kPytorchHalfPixel,
   kAlignCorners,
   kAsymmetric,
-  kTfHalfPixelForNn
+  kTfHalfPixelForNn,
+  kTfCropAndResize
 };
 enum class Nearest { kRoundPreferFloor, kRoundPreferCeil, kFloor, kCeil };
 
@@ -28,15 +30,26 @@ struct ResizeSpec {
   Nearest nearest = Nearest::kRoundPreferFloor;
   float cubic_a = -0.75f;
   bool exclude_outside = false;
+  // Downsampling widens the linear/cubic filter by 1/scale (a low-pass filter, as PIL does).
+  bool antialias = false;
+  float extrapolation_value = 0.f;  // tf_crop_and_resize outside the input
   std::vector<int64_t> axes;
   std::vector<float> scales;  // per listed axis; empty when sizes are given
+  std::vector<double> roi;    // tf_crop_and_resize: per listed axis, starts then ends
 };
 
 size_t Align64(size_t n) { return (n + 63) / 64 * 64; }
 
-// Source coordinate of output coordinate x along an axis (ONNX coordinate_transformation_mode).
-double SourceCoord(Coord c, double x, double scale, int64_t in, int64_t out) {
+// Source coordinate of output coordinate x along an axis (ONNX coordinate_transformation_mode);
+// `roi` is the axis' [start, end] for tf_crop_and_resize.
+double SourceCoord(Coord c, double x, double scale, int64_t in, int64_t out, const double roi[2]) {
   switch (c) {
+    case Coord::kTfCropAndResize: {
+      // As ONNX: the crop's length over the unrounded resized length (in * scale).
+      const double len = scale * static_cast<double>(in), span = roi[1] - roi[0];
+      const double last = static_cast<double>(in - 1);
+      return roi[0] * last + (len == 1 ? span * last / 2 : x * span * last / (len - 1));
+    }
     case Coord::kHalfPixel:
       return (x + 0.5) / scale - 0.5;
     case Coord::kHalfPixelSymmetric: {
@@ -77,23 +90,88 @@ int64_t NearestIndex(Nearest n, double x) {
 
 struct AxisPass {
   int64_t axis = 0, in = 0, out = 0, taps = 1;
-  std::vector<int64_t> index;  // out * taps
-  std::vector<float> weight;   // out * taps
+  std::vector<int64_t> index;        // out * taps
+  std::vector<float> weight;         // out * taps
+  std::vector<uint8_t> extrapolate;  // per output coordinate (tf_crop_and_resize); may be empty
 };
 
-AxisPass BuildPass(const ResizeSpec& s, int64_t axis, int64_t in, int64_t out, double scale) {
+// Keys' cubic convolution kernel at distance d, coefficient a.
+double CubicCoeff(double a, double d) {
+  d = std::fabs(d);
+  if (d <= 1) return ((a + 2) * d - (a + 3)) * d * d + 1;
+  if (d < 2) return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a;
+  return 0.0;
+}
+
+// Taps of the antialiasing filter: the linear (triangle) or cubic kernel stretched by 1/scale
+// when downsampling, over the `taps` source pixels nearest x (the window ONNX's reference takes:
+// it starts `first` pixels from the last pixel at or left of x, ties to the left), normalized
+// to sum 1.
+int64_t AntialiasTaps(Mode mode, double scale, int64_t* first) {
+  const double s = std::min(scale, 1.0);
+  *first = static_cast<int64_t>(std::floor((mode == Mode::kLinear ? -1 : -2) / s)) + 1;
+  return 2 - 2 * *first;
+}
+
+void AntialiasWeights(const ResizeSpec& s, double x, double scale, int64_t in, int64_t first,
+                      int64_t taps, int64_t* idx, float* w) {
+  const double sc = std::min(scale, 1.0);
+  const int64_t left = static_cast<int64_t>(std::ceil(x)) - 1;  // ratio x - left is in (0, 1]
+  std::vector<double> ws(static_cast<size_t>(taps));
+  double sum = 0;
+  for (int64_t k = 0; k < taps; ++k) {
+    const int64_t src = left + first + k;
+    const double d = sc * (static_cast<double>(src) - x);
+    ws[k] =
+        s.mode == Mode::kLinear ? std::clamp(1 - std::fabs(d), 0.0, 1.0) : CubicCoeff(s.cubic_a, d);
+    sum += ws[k];
+    idx[k] = std::clamp<int64_t>(src, 0, in - 1);
+  }
+  if (sum != 0) {
+    for (double& v : ws) v /= sum;
+  }
+  if (s.exclude_outside) {
+    double kept = 0;
+    for (int64_t k = 0; k < taps; ++k) {
+      const int64_t src = left + first + k;
+      if (src < 0 || src >= in) ws[k] = 0;
+      kept += ws[k];
+    }
+    if (kept != 0) {
+      for (double& v : ws) v /= kept;
+    }
+  }
+  for (int64_t k = 0; k < taps; ++k) w[k] = static_cast<float>(ws[k]);
+}
+
+AxisPass BuildPass(const ResizeSpec& s, int64_t axis, int64_t in, int64_t out, double scale,
+                   const double roi[2]) {
   AxisPass p;
   p.axis = axis;
   p.in = in;
   p.out = out;
-  p.taps = s.mode == Mode::kNearest ? 1 : s.mode == Mode::kLinear ? 2 : 4;
+  const bool antialias = s.antialias && s.mode != Mode::kNearest;
+  int64_t first = 0;
+  p.taps = antialias                  ? AntialiasTaps(s.mode, scale, &first)
+           : s.mode == Mode::kNearest ? 1
+           : s.mode == Mode::kLinear  ? 2
+                                      : 4;
   p.index.resize(out * p.taps);
   p.weight.resize(out * p.taps);
+  if (s.coord == Coord::kTfCropAndResize) p.extrapolate.assign(out, 0);
   for (int64_t o = 0; o < out; ++o) {
-    double x = SourceCoord(s.coord, static_cast<double>(o), scale, in, out);
+    double x = SourceCoord(s.coord, static_cast<double>(o), scale, in, out, roi);
     int64_t* idx = &p.index[o * p.taps];
     float* w = &p.weight[o * p.taps];
-    if (s.mode == Mode::kNearest) {
+    if (s.coord == Coord::kTfCropAndResize && (x < 0 || x > static_cast<double>(in - 1))) {
+      p.extrapolate[o] = 1;
+      std::fill(idx, idx + p.taps, 0);
+      std::fill(w, w + p.taps, 0.f);
+      continue;
+    }
+    if (antialias) {
+      AntialiasWeights(s, x, scale, in, first, p.taps, idx, w);
+    } else if (s.mode == Mode::kNearest) {
       idx[0] = std::clamp<int64_t>(NearestIndex(s.nearest, x), 0, in - 1);
       w[0] = 1.f;
     } else if (s.mode == Mode::kLinear) {
@@ -106,20 +184,13 @@ AxisPass BuildPass(const ResizeSpec& s, int64_t axis, int64_t in, int64_t out, d
       w[0] = static_cast<float>(1 - t);
       w[1] = static_cast<float>(t);
     } else {
-      double a = s.cubic_a;
       int64_t x0 = static_cast<int64_t>(std::floor(x));
       double t = x - static_cast<double>(x0);
-      auto coeff = [a](double d) {  // Keys cubic kernel, d = |distance|
-        d = std::fabs(d);
-        if (d <= 1) return ((a + 2) * d - (a + 3)) * d * d + 1;
-        if (d < 2) return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a;
-        return 0.0;
-      };
       double sum = 0;
       double ws[4];
       for (int k = 0; k < 4; ++k) {
         int64_t src = x0 - 1 + k;
-        ws[k] = coeff(t + 1 - k);
+        ws[k] = CubicCoeff(s.cubic_a, t + 1 - k);
         if (s.exclude_outside && (src < 0 || src >= in)) ws[k] = 0;
         sum += ws[k];
         idx[k] = std::clamp<int64_t>(src, 0, in - 1);
@@ -149,12 +220,22 @@ class ResizeKernel final : public Kernel {
     for (size_t i = 0; i < spec_.scales.size() && i < spec_.axes.size(); ++i) {
       scale[spec_.axes[i]] = spec_.scales[i];
     }
+    // tf_crop_and_resize's crop per axis (the whole axis where not listed).
+    std::vector<std::array<double, 2>> roi(x.size(), {0.0, 1.0});
+    const size_t listed = spec_.axes.size();
+    for (size_t i = 0; i < listed && 2 * listed == spec_.roi.size(); ++i) {
+      roi[spec_.axes[i]] = {spec_.roi[i], spec_.roi[listed + i]};
+    }
     std::vector<int64_t> cur(x.begin(), x.end());
     max_intermediate_ = 0;
     for (size_t d = 0; d < x.size(); ++d) {
-      if (x[d] == y[d] && scale[d] == 1.0) continue;
+      const bool whole = roi[d][0] == 0.0 && roi[d][1] == 1.0;
+      if (x[d] == y[d] && scale[d] == 1.0 && (whole || spec_.coord != Coord::kTfCropAndResize)) {
+        continue;
+      }
       if (x[d] < 1) return MakeError(ErrorCode::kShapeMismatch, "Resize of an empty axis");
-      passes_.push_back(BuildPass(spec_, static_cast<int64_t>(d), x[d], y[d], scale[d]));
+      passes_.push_back(
+          BuildPass(spec_, static_cast<int64_t>(d), x[d], y[d], scale[d], roi[d].data()));
       cur[d] = y[d];
       max_intermediate_ = std::max(max_intermediate_, NumElements(cur));
     }
@@ -183,6 +264,7 @@ class ResizeKernel final : public Kernel {
       for (int64_t d = 0; d < pass.axis; ++d) outer *= dims[d];
       for (size_t d = pass.axis + 1; d < rank; ++d) inner *= dims[d];
       const float* s = src;
+      const float extrapolation = spec_.extrapolation_value;
       ThreadPool::Default().ParallelFor(outer * pass.out, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           int64_t o = r / pass.out, j = r % pass.out;
@@ -191,6 +273,10 @@ class ResizeKernel final : public Kernel {
           const float* w = &pass.weight[j * pass.taps];
           const float* base = s + o * pass.in * inner;
           const float* row0 = base + idx[0] * inner;
+          if (!pass.extrapolate.empty() && pass.extrapolate[j]) {
+            std::fill(d, d + inner, extrapolation);
+            continue;
+          }
           if (pass.taps == 1) {
             std::copy(row0, row0 + inner, d);
             continue;
@@ -232,6 +318,8 @@ StatusOr<ResizeSpec> ReadResizeSpec(const KernelRequest& request) {
     s.coord = Coord::kAsymmetric;
   } else if (c == "tf_half_pixel_for_nn") {
     s.coord = Coord::kTfHalfPixelForNn;
+  } else if (c == "tf_crop_and_resize") {
+    s.coord = Coord::kTfCropAndResize;
   } else {
     return MakeError(ErrorCode::kUnimplemented,
                      "node '{}': coordinate_transformation_mode '{}' is not supported",
@@ -254,9 +342,19 @@ StatusOr<ResizeSpec> ReadResizeSpec(const KernelRequest& request) {
       request.inputs[2].constant->num_elements() > 0) {
     s.scales = request.inputs[2].constant->ToFloatVector();
   }
-  if (attrs::Resize::antialias(at) != 0) {
-    return MakeError(ErrorCode::kUnimplemented, "node '{}': antialias is not supported",
-                     request.node->name());
+  s.antialias = attrs::Resize::antialias(at) != 0;
+  s.extrapolation_value = attrs::Resize::extrapolation_value(at);
+  if (s.coord == Coord::kTfCropAndResize) {
+    // The crop decides every tap: it must be known when the kernel is made (a constant, or a
+    // shape input's values, which re-make the kernel when they change).
+    const Tensor* roi = request.inputs.size() > 1 ? request.inputs[1].constant : nullptr;
+    if (!roi || roi->num_elements() != 2 * static_cast<int64_t>(s.axes.size())) {
+      return MakeError(ErrorCode::kUnimplemented,
+                       "node '{}': tf_crop_and_resize needs roi as a constant or a shape input "
+                       "of {} values",
+                       request.node->name(), 2 * s.axes.size());
+    }
+    for (int64_t i = 0; i < roi->num_elements(); ++i) s.roi.push_back(roi->GetDouble(i));
   }
   return s;
 }

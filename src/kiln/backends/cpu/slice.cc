@@ -1,6 +1,6 @@
-// Slice, Pad, Tile and Expand on the CPU (any dtype), all as per-axis index maps over MapCopy.
-// Slice reads starts/ends/axes/steps from its inputs at run time with ONNX clamping; Pad supports
-// constant, reflect, edge and wrap.
+// Slice, Pad, CenterCropPad, Tile and Expand on the CPU (any dtype), all as per-axis index maps
+// over MapCopy. Slice reads starts/ends/axes/steps from its inputs at run time with ONNX clamping;
+// Pad supports constant, reflect, edge and wrap.
 #include <limits>
 
 #include "kiln/backends/cpu/op_util.h"
@@ -103,6 +103,29 @@ const bool kRegistered = [] {
                   x.data, x.dims, y.data, y.dims,
                   [&](size_t ax, int64_t o) { return PadIndex(o - begin[ax], x.dims[ax], mode); },
                   SizeOf(x.dtype), fill);
+              return OkStatus();
+            });
+          },
+  });
+  // CenterCropPad: each axis read from (in - out) / 2 on (a crop), or written from
+  // (out - in) / 2 on with zeros around (a pad); the output's dims say which.
+  RegisterOpKernel({
+      .op_type = "CenterCropPad",
+      .float_wrap = false,
+      .accepts = AnyType,
+      .create =
+          [](const KernelRequest&) {
+            return KernelOr([](const KernelRunArgs& a) -> Status {
+              const TensorView& x = a.inputs[0];
+              const TensorView& y = a.outputs[0];
+              MapCopy(
+                  x.data, x.dims, y.data, y.dims,
+                  [&](size_t ax, int64_t o) -> int64_t {
+                    const int64_t in = x.dims[ax], out = y.dims[ax];
+                    const int64_t m = in >= out ? o + (in - out) / 2 : o - (out - in) / 2;
+                    return m >= 0 && m < in ? m : -1;
+                  },
+                  SizeOf(x.dtype), nullptr);
               return OkStatus();
             });
           },
