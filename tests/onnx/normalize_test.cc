@@ -62,12 +62,13 @@ TEST(OnnxOpset, NewerThanSupportedIsE2003) {
 TEST(OnnxOpset, OpsetTwentySevenModelsImportWhereTheInterfaceDidNotChange) {
   // Opsets 24-27 widened the types of Relu, Reshape, Identity... (same operators for kiln). Cast
   // gained round_mode at 24, which only applies to float8e8m0 (a type kiln refuses), so kiln's
-  // Cast covers versions up to 25; Range-27's stash_type defaults to float, kiln's Range.
+  // Cast covers versions up to 25; Range-27's stash_type is not implemented.
   EXPECT_EQ(onnx_internal::EffectiveOpVersion("Reshape", 27), 14);
   EXPECT_EQ(onnx_internal::EffectiveOpVersion("Cast", 27), 24);
   EXPECT_EQ(onnx_internal::EffectiveOpVersion("Range", 27), 27);
   ModelBuilder b = OneNode(27, "Relu", {"x"}, {"y"});
   ASSERT_TRUE(ImportLenient(b).ok());
+  // (Range-27 imports now: its stash_type defaults to float, which kiln's Range computes in.)
   ModelBuilder r(27);
   for (const char* in : {"s", "l", "d"}) r.Input(in, onnx::TensorProto::FLOAT, {});
   r.Node("Range", {"s", "l", "d"}, {"y"}, "n");
