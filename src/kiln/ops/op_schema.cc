@@ -57,7 +57,8 @@ std::optional<std::vector<Dim>> InferenceContext::input_dims_value(size_t i) con
     if (v.value_dependent && i < 64) shape_values_read_ |= uint64_t{1} << i;
     return v.dims_value;
   }
-  const Tensor* c = input_constant(i);
+  // Only integer contents are dims: a float input's values (a shape input's too) are not read.
+  const Tensor* c = IsFloatingPoint(v.dtype) ? nullptr : input_constant(i);
   if (c && (c->dtype() == DataType::kInt64 || c->dtype() == DataType::kInt32) &&
       c->dims().size() <= 1) {
     std::vector<Dim> out;
@@ -73,6 +74,7 @@ std::optional<std::vector<Dim>> InferenceContext::input_dims_value(size_t i) con
 }
 
 std::optional<std::vector<int64_t>> InferenceContext::input_ints(size_t i) const {
+  if (!has_input(i) || IsFloatingPoint(inputs_[i]->dtype)) return std::nullopt;
   if (const Tensor* c = input_constant(i); c && IsInteger(c->dtype())) {
     return c->ToInt64Vector();
   }

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "kiln/ir/tensor.h"
 
 namespace kiln {
@@ -27,7 +29,7 @@ struct InputProfile {
 struct ShapeInputValues {
   std::string input;
   std::vector<int64_t> values;
-  std::vector<double> float_values;
+  std::vector<double> float_values = {};
 };
 
 // Whether `v` fits an input of type `dtype` and static dims `dims`: an integer or floating-point
@@ -52,13 +54,8 @@ inline Tensor ShapeValuesTensor(const ShapeInputValues& v, DataType dtype,
 
 // The values as text, for messages: "2,-1" or "1,1,0.6,0.6".
 inline std::string ShapeValuesText(const ShapeInputValues& v) {
-  std::string out;
-  auto add = [&](const auto& xs) {
-    for (const auto& x : xs) out += (out.empty() ? "" : ",") + fmt::format("{}", x);
-  };
-  add(v.values);
-  add(v.float_values);
-  return out;
+  return v.float_values.empty() ? fmt::format("{}", fmt::join(v.values, ","))
+                                : fmt::format("{}", fmt::join(v.float_values, ","));
 }
 
 struct OptimizationProfile {
