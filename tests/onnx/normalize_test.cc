@@ -62,7 +62,7 @@ TEST(OnnxOpset, NewerThanSupportedIsE2003) {
 TEST(OnnxOpset, OpsetTwentySevenModelsImportWhereTheInterfaceDidNotChange) {
   // Opsets 24-27 widened the types of Relu, Reshape, Identity... (same operators for kiln). Cast
   // gained round_mode at 24 (float8e8m0's rounding, which kiln's Cast implements), so kiln's Cast
-  // covers versions up to 25; Range-27's stash_type is not implemented.
+  // covers versions up to 25; Range-27 (stash_type, default float, which kiln computes in) imports.
   EXPECT_EQ(onnx_internal::EffectiveOpVersion("Reshape", 27), 14);
   EXPECT_EQ(onnx_internal::EffectiveOpVersion("Cast", 27), 24);
   EXPECT_EQ(onnx_internal::EffectiveOpVersion("Range", 27), 27);
