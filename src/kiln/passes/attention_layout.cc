@@ -63,11 +63,10 @@ void Match(const StridedView& view, const Shape& xs, int part, Reads& r, Read re
   const int64_t e = h * d;
   for (bool seq_first : {false, true}) {
     std::optional<Read>& slot = seq_first ? r.sbd : r.bsd;
+    if (slot || xs.size() != 3) continue;
     const Dim& batch = seq_first ? xs[1] : xs[0];
     const Dim& seq = seq_first ? xs[0] : xs[1];
-    if (slot || xs.size() != 3 || !(batch == s[0]) || !(seq == s[2]) || !xs[2].is_static()) {
-      continue;
-    }
+    if (!(batch == s[0]) || !(seq == s[2]) || !xs[2].is_static()) continue;
     const int64_t row = xs[2].value();
     if (row == e && ReadsRows(view, row, 0, seq_first)) {
       slot = read;
@@ -186,18 +185,16 @@ std::vector<OutputPlace> OutputPlaces(Value* y) {
     for (size_t m = k; view && m >= 1; --m) {  // undo chain[m - 1]: values[m] -> values[m - 1]
       const Node* c = chain[m - 1];
       if (IsOp(*c, OpType::kTranspose)) {
-        std::vector<int64_t> perm = attrs::Transpose::perm(*c);
         const size_t rank = values[m - 1]->shape().size();
-        if (perm.empty()) {
-          for (size_t i = rank; i-- > 0;) perm.push_back(static_cast<int64_t>(i));
-        }
-        if (perm.size() != rank) {
+        std::optional<std::vector<int64_t>> perm = TransposePerm(*c, rank);
+        if (!perm) {
           view.reset();
           break;
         }
         std::vector<int64_t> inverse(rank);
-        for (size_t i = 0; i < rank; ++i)
-          inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+        for (size_t i = 0; i < rank; ++i) {
+          inverse[static_cast<size_t>((*perm)[i])] = static_cast<int64_t>(i);
+        }
         view = TransposeView(*view, inverse);
       } else {
         view = ReshapeView(*view, values[m - 1]->shape());
@@ -289,7 +286,7 @@ class AttentionLayoutPass final : public Pass {
     std::vector<OutputPlace> places = OutputPlaces(y);
     for (const OutputPlace& p : places) {
       if (!ReadsRows(p.view, ys[1] * ys[3], 0, seq_first) || !(p.view.shape == ys)) continue;
-      if (p.value->shape() == out_shape || ShapeConstantFits(p.value->shape())) {
+      if (p.value->shape() == out_shape || FitsShapeConstant(p.value->shape())) {
         place = &p;
         break;
       }
@@ -326,12 +323,6 @@ class AttentionLayoutPass final : public Pass {
     ctx.stats().nodes_removed += static_cast<int64_t>(chain.size()) - (shape ? 1 : 0);
     ctx.stats().rewrites += 1;
     return layout == "bsd" ? "bsd" : seq_first ? "sbd" : "bshd";
-  }
-
-  static bool ShapeConstantFits(const Shape& shape) {
-    int symbolic = 0;
-    for (const Dim& d : shape) symbolic += d.is_static() ? 0 : 1;
-    return symbolic <= 1;
   }
 
   // The row-wise product `g` (its input a Transpose of the leading axes) computed on the

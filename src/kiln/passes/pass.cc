@@ -253,14 +253,15 @@ Value* AddLiteralConstant(Graph& graph, const std::string& prefix, Tensor t) {
   return v;
 }
 
+bool FitsShapeConstant(const Shape& shape) {
+  return std::count_if(shape.begin(), shape.end(), [](const Dim& d) { return !d.is_static(); }) <=
+         1;
+}
+
 Value* AddShapeConstant(Graph& graph, const std::string& prefix, const Shape& shape) {
+  if (!FitsShapeConstant(shape)) return nullptr;
   std::vector<int64_t> dims;
-  int symbolic = 0;
-  for (const Dim& d : shape) {
-    dims.push_back(d.is_static() ? d.value() : -1);
-    symbolic += d.is_static() ? 0 : 1;
-  }
-  if (symbolic > 1) return nullptr;
+  for (const Dim& d : shape) dims.push_back(d.is_static() ? d.value() : -1);
   const int64_t n = static_cast<int64_t>(dims.size());
   return AddLiteralConstant(graph, prefix,
                             Tensor::FromVector<int64_t>(DataType::kInt64, {n}, dims));

@@ -185,8 +185,10 @@ bool ForwardValue(Graph& graph, Value* v, Value* replacement);
 Value* AddConstant(Graph& graph, const std::string& prefix, Tensor t);
 // A new constant independent of the model's initializers (ones, a shape): refit keeps it.
 Value* AddLiteralConstant(Graph& graph, const std::string& prefix, Tensor t);
+// True when `shape` has at most one symbolic dim: a literal Reshape target can name it.
+bool FitsShapeConstant(const Shape& shape);
 // A literal Reshape target for `shape`: its static dims, and -1 for its one symbolic dim;
-// nullptr when more than one dim is symbolic.
+// nullptr (and nothing added) when more than one dim is symbolic.
 Value* AddShapeConstant(Graph& graph, const std::string& prefix, const Shape& shape);
 // New constants computed from constants by the weight op `op` (ir/weight_program.h), one per
 // entry of `prefixes`, with the step recorded so that refit replays the same code on new

@@ -91,9 +91,11 @@ class RowTransposePass final : public Pass {
     for (size_t k = 0; k + 1 < r; ++k) {
       if (!(us[k] == zs[k])) return false;
     }
+    if (!a->has_shape() || !FitsShapeConstant(out->shape()) || !FitsShapeConstant(a->shape())) {
+      return false;
+    }
     Value* row_shape = AddShapeConstant(graph, "row_shape", out->shape());
-    Value* flat_shape = a->has_shape() ? AddShapeConstant(graph, "row_shape", a->shape()) : nullptr;
-    if (!row_shape || !flat_shape) return false;
+    Value* flat_shape = AddShapeConstant(graph, "row_shape", a->shape());
     std::vector<int64_t> ext(perm.begin(), perm.end() - 1);
     for (size_t k = r - 1; k < us.size(); ++k) ext.push_back(static_cast<int64_t>(k));
     AttributeMap tattrs;

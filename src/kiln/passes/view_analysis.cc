@@ -254,6 +254,22 @@ StridedView TransposeView(const StridedView& in, const std::vector<int64_t>& per
   return out;
 }
 
+std::optional<std::vector<int64_t>> TransposePerm(const Node& n, size_t rank) {
+  std::vector<int64_t> perm = attrs::Transpose::perm(n);
+  if (perm.empty()) {
+    for (size_t k = rank; k-- > 0;) perm.push_back(static_cast<int64_t>(k));
+  }
+  if (perm.size() != rank) return std::nullopt;
+  std::vector<bool> seen(rank, false);
+  for (int64_t p : perm) {
+    if (p < 0 || p >= static_cast<int64_t>(rank) || seen[static_cast<size_t>(p)]) {
+      return std::nullopt;
+    }
+    seen[static_cast<size_t>(p)] = true;
+  }
+  return perm;
+}
+
 Value* ViewInput(const Node& n) {
   if (n.num_inputs() == 0) return nullptr;
   if (IsReshapeLike(n) || IsOp(n, OpType::kTranspose) || IsOp(n, OpType::kIdentity) ||
@@ -273,20 +289,9 @@ std::optional<StridedView> ApplyView(const Node& n, size_t output_index, const S
     return ReshapeView(in, out->shape());
   }
   if (IsOp(n, OpType::kTranspose)) {
-    std::vector<int64_t> perm = attrs::Transpose::perm(n);
-    const size_t rank = in.shape.size();
-    if (perm.empty()) {
-      for (size_t k = rank; k-- > 0;) perm.push_back(static_cast<int64_t>(k));
-    }
-    if (perm.size() != rank) return std::nullopt;
-    std::vector<bool> seen(rank, false);
-    for (int64_t p : perm) {
-      if (p < 0 || p >= static_cast<int64_t>(rank) || seen[static_cast<size_t>(p)]) {
-        return std::nullopt;
-      }
-      seen[static_cast<size_t>(p)] = true;
-    }
-    return TransposeView(in, perm);
+    std::optional<std::vector<int64_t>> perm = TransposePerm(n, in.shape.size());
+    if (!perm) return std::nullopt;
+    return TransposeView(in, *perm);
   }
   if (IsOp(n, OpType::kGather)) return GatherView(n, in, ctx);
   if (IsOp(n, OpType::kSlice)) return SliceView(n, in, ctx);

@@ -77,6 +77,10 @@ std::optional<StridedView> ApplyChain(const ViewChain& chain, size_t from, Strid
 // last; only the sources the whole rest of the chain reads through.
 std::vector<StridedView> ViewsOf(Value* v, const PassContext& ctx, int max_depth = 16);
 
+// A Transpose's permutation for an input of `rank` (the default reverses), checked to be one;
+// nullopt otherwise.
+std::optional<std::vector<int64_t>> TransposePerm(const Node& n, size_t rank);
+
 // The data input of a view op (input 0), or nullptr when `n` is not one.
 Value* ViewInput(const Node& n);
 
