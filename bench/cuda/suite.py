@@ -335,6 +335,15 @@ def kiln_row(a, name, exporter, batch, export_dir, ref, feed, work):
         row["kiln_layers"] = len(layers) if isinstance(layers, list) else layers
         row["kiln_build_report_s"] = rep.get("build_seconds")
         row["kiln_deadline_hit"] = rep.get("deadline_hit")
+        # Where the build's seconds went (issue 19): phases, and inside tactics the timing share.
+        row["kiln_build_phases_s"] = rep.get("phase_seconds")
+        tb = rep.get("time_breakdown") or {}
+        sigs = tb.get("signatures") or []
+        row["kiln_build_timing_s"] = round(sum(s.get("timing_seconds", 0) for s in sigs), 3)
+        row["kiln_build_signatures"] = len(sigs)
+        if a.layers_dir:
+            os.makedirs(a.layers_dir, exist_ok=True)
+            shutil.copy(report, os.path.join(a.layers_dir, f"{name}_{exporter}_b{batch}_build.json"))
     except (OSError, ValueError):
         pass
     j, out, err = kiln_run(a, name, engine, in_dir, os.path.join(work, f"out_{exporter}_b{batch}"))
