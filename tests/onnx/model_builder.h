@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -116,14 +117,25 @@ inline void AttrFloats(onnx::NodeProto* n, const std::string& name, const std::v
   for (float x : v) a->add_floats(x);
 }
 
-// A fresh directory under the test temp dir, named after the running test.
+// A fresh directory under the test temp dir, named after the running test; removed when the
+// process exits (ctest runs each test in a process of its own, so none is left behind).
 inline std::filesystem::path TestDir() {
+  static std::vector<std::filesystem::path> made;
+  static const bool registered = [] {
+    std::atexit([] {
+      std::error_code ec;
+      for (const auto& d : made) std::filesystem::remove_all(d, ec);
+    });
+    return true;
+  }();
+  (void)registered;
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
                               (std::string("kiln_onnx_") + info->test_suite_name() + "_" +
                                info->name() + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  made.push_back(dir);
   return dir;
 }
 
