@@ -392,6 +392,11 @@ class Lowerer {
       }
       cond = (*v)[0] != 0;
     }
+    // A body that passes its condition through runs exactly `trips` iterations: the budget is
+    // checked up front (a loop past it is refused before anything is unrolled).
+    if (trips && cond && ConditionPassesThrough(*body)) {
+      KILN_RETURN_IF_ERROR(CheckBudget(*body, *trips));
+    }
     std::vector<std::string> states;
     for (int i = 0; i < num_states; ++i) states.push_back(In(2 + i));
     std::vector<std::vector<std::string>> pieces(static_cast<size_t>(num_scans));
@@ -430,6 +435,19 @@ class Lowerer {
       Stack(pieces[static_cast<size_t>(k)], 0, false, Out(num_states + k));
     }
     return OkStatus();
+  }
+
+  // The body's condition output is its condition input (directly or through Identity).
+  static bool ConditionPassesThrough(const onnx::GraphProto& body) {
+    const std::string& in = body.input(1).name();
+    const std::string& out = body.output(0).name();
+    if (in == out) return true;
+    for (const auto& n : body.node()) {
+      if (n.output_size() == 1 && n.output(0) == out) {
+        return n.op_type() == "Identity" && n.input_size() == 1 && n.input(0) == in;
+      }
+    }
+    return false;
   }
 
   // ---- Scan ----

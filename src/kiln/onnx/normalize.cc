@@ -204,7 +204,13 @@ class Normalizer final : public LoweringHost {
   }
   std::string FreshValueName(const std::string& hint) override {
     std::string name = hint;
-    for (int k = 1; taken_.count(name); ++k) name = fmt::format("{}_{}", hint, k);
+    // The suffix search resumes where it stopped for this hint (unrolled loops ask for the same
+    // hint thousands of times).
+    int& next = value_counter_[hint];
+    for (int k = std::max(next, 1); taken_.count(name); ++k) {
+      name = fmt::format("{}_{}", hint, k);
+      next = k + 1;
+    }
     taken_.insert(name);
     return name;
   }
@@ -1294,6 +1300,7 @@ class Normalizer final : public LoweringHost {
   std::unordered_set<std::string> taken_;
   std::unordered_set<std::string> node_names_;
   std::unordered_map<std::string, int> node_counter_;
+  std::unordered_map<std::string, int> value_counter_;
   std::unordered_map<std::string, int32_t> elem_types_;
   std::unordered_map<std::string, int> ranks_;
   std::unordered_map<std::string, std::vector<int64_t>> dims_;  // declared shapes (-1: no value)
