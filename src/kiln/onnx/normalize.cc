@@ -269,7 +269,9 @@ class Normalizer final : public LoweringHost {
     // (Q's rank and type) or control flow (scan lengths, constant conditions).
     facts_ = std::any_of(nodes->begin(), nodes->end(), [](const onnx::NodeProto& n) {
       return IsDefaultDomain(n.domain()) &&
-             (n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding" || IsControlFlowOp(n));
+             (n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding" ||
+              n.op_type() == "CausalConvWithState" || n.op_type() == "LinearAttention" ||
+              IsControlFlowOp(n));
     });
     for (auto& proto : *nodes) KILN_RETURN_IF_ERROR(Process(std::move(proto)));
     nodes->Clear();
@@ -306,10 +308,17 @@ class Normalizer final : public LoweringHost {
       out_->push_back(std::move(nn));
       return OkStatus();
     }
-    if ((n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding") && nn.version >= 23) {
-      // ONNX's ops of these names, not kiln's internal fusions: expanded into primitives.
-      StatusOr<std::string> why = n.op_type() == "Attention" ? ExpandAttention(n, nn.version, *this)
-                                                             : ExpandRotaryEmbedding(n, *this);
+    const bool ops27 = (n.op_type() == "CausalConvWithState" || n.op_type() == "LinearAttention") &&
+                       nn.version >= 27;
+    if (((n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding") && nn.version >= 23) ||
+        ops27) {
+      // ONNX's ops of these names, not kiln's internal fusions, or ops defined by function
+      // bodies: expanded into primitives.
+      StatusOr<std::string> why =
+          n.op_type() == "Attention"         ? ExpandAttention(n, nn.version, *this)
+          : n.op_type() == "RotaryEmbedding" ? ExpandRotaryEmbedding(n, *this)
+          : n.op_type() == "LinearAttention" ? ExpandLinearAttention(n, *this)
+                                             : ExpandCausalConvWithState(n, *this);
       KILN_RETURN_IF_ERROR_CTX(why.status(), "while expanding node '{}' ({}-{})", n.name(),
                                n.op_type(), nn.version);
       if (why->empty()) return OkStatus();

@@ -166,6 +166,9 @@ class ExpansionHost {
 // counts, heads that do not divide, ...).
 StatusOr<std::string> ExpandAttention(const onnx::NodeProto& n, int version, ExpansionHost& host);
 StatusOr<std::string> ExpandRotaryEmbedding(const onnx::NodeProto& n, ExpansionHost& host);
+// ONNX opset-27 ops defined by function bodies (expand_ops27.cc), the same contract.
+StatusOr<std::string> ExpandCausalConvWithState(const onnx::NodeProto& n, ExpansionHost& host);
+StatusOr<std::string> ExpandLinearAttention(const onnx::NodeProto& n, ExpansionHost& host);
 
 // ---- control flow lowered at import (lower_control_flow.cc) ----
 
