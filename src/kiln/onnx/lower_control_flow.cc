@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -105,6 +106,7 @@ class Lowerer {
     const std::string& op = n_.op_type();
     if (op == "If") return LowerIf();
     if (op == "Loop") return LowerLoop();
+    if (op == "FlexAttention") return LowerFlexAttention();
     return LowerScan();
   }
 
@@ -450,6 +452,116 @@ class Lowerer {
     return false;
   }
 
+  // ---- FlexAttention (ai.onnx.preview) ----
+
+  // As the spec's function writes it: K and V repeated per query head (grouped-query), Q and K
+  // each scaled by sqrt(scale) (default 1/sqrt(head size)), Q K^T cast to softmax_precision
+  // (float32, or float64 for float64 inputs), score_mod inlined on the scores, Softmax on the
+  // last axis, prob_mod inlined on the probabilities, the product with V (in that precision),
+  // cast back to Q's type.
+  Status LowerFlexAttention() {
+    const std::string q = In(0), k = In(1), v = In(2);
+    if (q.empty() || k.empty() || v.empty() || Out(0).empty()) {
+      return MakeError(ErrorCode::kInvalidModel,
+                       "FlexAttention needs inputs Q, K, V and output Y; node '{}' lacks one",
+                       n_.name());
+    }
+    const int32_t type = host_.ElemType(q);
+    if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::FLOAT16 &&
+        type != onnx::TensorProto::BFLOAT16 && type != onnx::TensorProto::DOUBLE) {
+      return Unlowerable(
+          "Q's float element type is not known, which kiln's expansion of this operator needs "
+          "(declare it in value_info, e.g. with onnx.shape_inference)");
+    }
+    for (const std::string& x : {q, k, v}) {
+      if (auto d = host_.Dims(x); d && d->size() != 4) {
+        return MakeError(ErrorCode::kShapeMismatch,
+                         "node '{}' (FlexAttention): input '{}' has rank {}; Q, K and V are "
+                         "rank 4",
+                         n_.name(), x, d->size());
+      }
+    }
+    const auto* sp_attr = FindAttr(n_, "softmax_precision");
+    const int32_t precision = sp_attr
+                                  ? static_cast<int32_t>(sp_attr->i())
+                                  : (type == onnx::TensorProto::DOUBLE ? onnx::TensorProto::DOUBLE
+                                                                       : onnx::TensorProto::FLOAT);
+    auto shape = [&](const std::string& x, int64_t start, int64_t end) {
+      onnx::AttributeProto s = IntAttrProto("start", start), e = IntAttrProto("end", end);
+      return Op("shape", "Shape", {x}, {s, e});
+    };
+    auto cast = [&](const std::string& x, int32_t from, int32_t to) {
+      return from == to ? x : Op("cast", "Cast", {x}, {IntAttrProto("to", to)});
+    };
+    // K, V repeated per query head: [B, Hkv, S, d] -> [B, Hkv, rep, S, d] -> [B, Hq, S, d].
+    const std::string rep = Op("kv_repeat", "Div", {shape(q, 1, 2), shape(k, 1, 2)});
+    const std::string expand_shape =
+        Op("repeat_shape", "Concat", {Ints({1, 1}), rep, Ints({1, 1})}, {IntAttrProto("axis", 0)});
+    auto repeat = [&](const std::string& x) {
+      std::string five = Op("kv_unsqueeze", "Unsqueeze", {x, Ints({2})});
+      std::string wide = Op("kv_expand", "Expand", {five, expand_shape});
+      std::string target =
+          Op("kv_shape", "Concat", {shape(x, 0, 1), shape(q, 1, 2), shape(x, 2, 4)},
+             {IntAttrProto("axis", 0)});
+      return Op("kv_aligned", "Reshape", {wide, target});
+    };
+    const std::string k_rep = repeat(k), v_rep = repeat(v);
+    // sqrt(scale), in Q's type.
+    std::string sqrt_scale;
+    if (const auto* a = FindAttr(n_, "scale")) {
+      onnx::TensorProto t;
+      t.set_data_type(onnx::TensorProto::FLOAT);
+      t.add_float_data(std::sqrt(a->f()));
+      sqrt_scale = Constant("sqrt_scale", std::move(t));
+    } else {
+      std::string d =
+          Op("head_size", "Cast", {shape(q, 3, 4)}, {IntAttrProto("to", onnx::TensorProto::FLOAT)});
+      sqrt_scale =
+          Op("sqrt_scale", "Sqrt", {Op("scale", "Reciprocal", {Op("sqrt_d", "Sqrt", {d})})});
+    }
+    sqrt_scale = cast(sqrt_scale, onnx::TensorProto::FLOAT, type);
+    std::string qs = Op("q_scaled", "Mul", {q, sqrt_scale});
+    std::string ks = Op("k_scaled", "Mul", {k_rep, sqrt_scale});
+    std::string kt = Op("k_transposed", "Transpose", {ks}, {[] {
+                          onnx::AttributeProto a;
+                          a.set_name("perm");
+                          a.set_type(onnx::AttributeProto::INTS);
+                          for (int64_t x : {0, 1, 3, 2}) a.add_ints(x);
+                          return a;
+                        }()});
+    std::string scores = cast(Op("scores", "MatMul", {qs, kt}), type, precision);
+    std::vector<std::string> outs;
+    if (const onnx::GraphProto* g = GraphAttr("score_mod")) {
+      KILN_RETURN_IF_ERROR(CheckModifier(*g, "score_mod"));
+      KILN_RETURN_IF_ERROR(Inline(*g, {scores}, n_.name() + "/score_mod/", &outs));
+      scores = outs[0];
+    }
+    std::string probs = Op("probs", "Softmax", {scores}, {IntAttrProto("axis", -1)});
+    if (const onnx::GraphProto* g = GraphAttr("prob_mod")) {
+      KILN_RETURN_IF_ERROR(CheckModifier(*g, "prob_mod"));
+      KILN_RETURN_IF_ERROR(Inline(*g, {probs}, n_.name() + "/prob_mod/", &outs));
+      probs = outs[0];
+    }
+    std::string y = Op("y", "MatMul", {probs, cast(v_rep, type, precision)});
+    if (precision == type) {
+      Op("output", "Identity", {y}, {}, Out(0));
+    } else {
+      Op("output", "Cast", {y}, {IntAttrProto("to", type)}, Out(0));
+    }
+    host_.Declare(Out(0), type, 4);
+    return OkStatus();
+  }
+
+  Status CheckModifier(const onnx::GraphProto& g, const char* what) {
+    if (g.input_size() != 1 || g.output_size() != 1) {
+      return MakeError(ErrorCode::kInvalidModel,
+                       "node '{}' (FlexAttention): its {} subgraph has {} input(s) and {} "
+                       "output(s); the spec wants one of each",
+                       n_.name(), what, g.input_size(), g.output_size());
+    }
+    return OkStatus();
+  }
+
   // ---- Scan ----
 
   Status LowerScan() {
@@ -608,6 +720,10 @@ class Lowerer {
 };
 
 }  // namespace
+
+StatusOr<std::string> ExpandFlexAttention(const onnx::NodeProto& n, LoweringHost& host) {
+  return LowerControlFlow(n, 1, host);
+}
 
 bool IsControlFlowOp(const onnx::NodeProto& n) {
   if (!n.domain().empty() && n.domain() != "ai.onnx") return false;

@@ -268,10 +268,11 @@ class Normalizer final : public LoweringHost {
     // Facts are propagated through the nodes only where something needs them: an expansion
     // (Q's rank and type) or control flow (scan lengths, constant conditions).
     facts_ = std::any_of(nodes->begin(), nodes->end(), [](const onnx::NodeProto& n) {
-      return IsDefaultDomain(n.domain()) &&
-             (n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding" ||
-              n.op_type() == "CausalConvWithState" || n.op_type() == "LinearAttention" ||
-              IsControlFlowOp(n));
+      return (IsDefaultDomain(n.domain()) &&
+              (n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding" ||
+               n.op_type() == "CausalConvWithState" || n.op_type() == "LinearAttention" ||
+               IsControlFlowOp(n))) ||
+             (n.domain() == "ai.onnx.preview" && n.op_type() == "FlexAttention");
     });
     for (auto& proto : *nodes) KILN_RETURN_IF_ERROR(Process(std::move(proto)));
     nodes->Clear();
@@ -288,6 +289,14 @@ class Normalizer final : public LoweringHost {
     if (n.name().empty() || !seen_.insert(n.name()).second) {
       n.set_name(FreshNodeName(n.op_type().empty() ? std::string("node") : n.op_type()));
       seen_.insert(n.name());
+    }
+    if (n.domain() == "ai.onnx.preview" && n.op_type() == "FlexAttention") {
+      const size_t mark = out_->size();
+      StatusOr<std::string> why = ExpandFlexAttention(n, *this);
+      KILN_RETURN_IF_ERROR_CTX(why.status(), "while expanding node '{}' (FlexAttention)", n.name());
+      if (why->empty()) return OkStatus();
+      out_->resize(mark);
+      nn.unsupported = std::move(why).value();
     }
     if (!IsDefaultDomain(n.domain())) {
       out_->push_back(std::move(nn));
@@ -1412,7 +1421,10 @@ std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNo
     const std::string& name = nn.origin.empty() ? n.name() : nn.origin;
     if (!IsDefaultDomain(n.domain())) {
       add(n.domain() + ":" + n.op_type(),
-          fmt::format("custom domain '{}' (kiln implements only the ai.onnx domain)", n.domain()),
+          !nn.unsupported.empty()
+              ? nn.unsupported
+              : fmt::format("custom domain '{}' (kiln implements only the ai.onnx domain)",
+                            n.domain()),
           name);
       continue;
     }

@@ -201,6 +201,9 @@ inline constexpr int64_t kMaxInlinedNodes = 200000;
 // KILN-E2004). An error: the node is malformed.
 StatusOr<std::string> LowerControlFlow(const onnx::NodeProto& n, int version, LoweringHost& host);
 bool IsControlFlowOp(const onnx::NodeProto& n);
+// ai.onnx.preview's FlexAttention: attention with its score_mod and prob_mod subgraphs inlined
+// (the same contract as LowerControlFlow).
+StatusOr<std::string> ExpandFlexAttention(const onnx::NodeProto& n, LoweringHost& host);
 
 // Opset of the default domain; KILN-E2003 / E2012 when out of range; 0 when the model imports
 // only other domains.
