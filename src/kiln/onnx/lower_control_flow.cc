@@ -230,6 +230,7 @@ class Lowerer {
       ++host_.inlined_nodes();
       KILN_RETURN_IF_ERROR(host_.EmitRaw(std::move(copy)));
     }
+    if (g.node_size() == 0) ++host_.inlined_nodes();  // an empty body still costs a copy
     outs->clear();
     for (const auto& o : g.output()) {
       auto it = map.find(o.name());
@@ -619,6 +620,14 @@ class Lowerer {
       batch_dims.push_back((*d)[0]);
     }
     const int64_t batch = batch_dims[0];
+    for (int64_t d : batch_dims) {
+      if (d != batch) {
+        return MakeError(ErrorCode::kShapeMismatch,
+                         "node '{}' (Scan-8): its inputs have batch sizes {} and {}", n_.name(),
+                         batch, d);
+      }
+    }
+    KILN_RETURN_IF_ERROR(CheckBudget(*body, batch));
     std::vector<std::vector<std::string>> per_batch(static_cast<size_t>(body->output_size()));
     for (int64_t b = 0; b < batch; ++b) {
       std::string idx = IntScalar("batch", b);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <unordered_set>
 
 #include "kiln/core/float16.h"
@@ -498,7 +499,7 @@ class Normalizer final : public LoweringHost {
     };
     auto numel = [](const Dims& d) {
       int64_t k = 1;
-      for (int64_t x : d) k *= x;
+      for (int64_t x : d) k = SatMul(k, x);
       return k;
     };
     auto broadcast = [&](int count) -> std::optional<Dims> {
@@ -619,7 +620,9 @@ class Normalizer final : public LoweringHost {
         if (const auto* v = vals(0)) ov = *v;
       } else if (op == "Neg" || op == "Abs" || op == "Not") {
         ov = elementwise(1, [&](const std::vector<int64_t>& a) -> std::optional<int64_t> {
-          return op == "Neg" ? -a[0] : op == "Abs" ? std::abs(a[0]) : int64_t{a[0] == 0};
+          if (op == "Not") return int64_t{a[0] == 0};
+          if (a[0] == std::numeric_limits<int64_t>::min()) return std::nullopt;
+          return op == "Neg" ? -a[0] : std::abs(a[0]);
         });
       } else if (op == "Cast") {
         const auto* to = FindAttr(n, "to");
@@ -638,10 +641,13 @@ class Normalizer final : public LoweringHost {
           elementwise(n.input_size(), [&](const std::vector<int64_t>& a) -> std::optional<int64_t> {
             if (op == "Where") return a[0] ? a[1] : a[2];
             if (a.size() != 2) return std::nullopt;
-            int64_t x = a[0], y = a[1];
-            if (op == "Add") return x + y;
-            if (op == "Sub") return x - y;
-            if (op == "Mul") return x * y;
+            int64_t x = a[0], y = a[1], r = 0;
+            if (op == "Add")
+              return __builtin_add_overflow(x, y, &r) ? std::nullopt : std::optional(r);
+            if (op == "Sub")
+              return __builtin_sub_overflow(x, y, &r) ? std::nullopt : std::optional(r);
+            if (op == "Mul")
+              return __builtin_mul_overflow(x, y, &r) ? std::nullopt : std::optional(r);
             if (op == "Div") {
               if (y == 0 || x < 0 || y < 0) return std::nullopt;
               return x / y;
@@ -880,7 +886,7 @@ class Normalizer final : public LoweringHost {
           int64_t a = axes_v ? (*axes_v)[k] : static_cast<int64_t>(k);
           a = a < 0 ? a + rank : a;
           int64_t st = steps_v ? (*steps_v)[k] : 1;
-          if (a < 0 || a >= rank || st == 0) return;
+          if (a < 0 || a >= rank || st == 0 || st == std::numeric_limits<int64_t>::min()) return;
           int64_t len = (*d)[static_cast<size_t>(a)];
           if (len < 0) {
             (*od)[static_cast<size_t>(a)] = -1;
@@ -893,11 +899,11 @@ class Normalizer final : public LoweringHost {
           if (st > 0) {
             s0 = std::clamp(s0, int64_t{0}, len);
             e0 = std::clamp(e0, int64_t{0}, len);
-            (*od)[static_cast<size_t>(a)] = e0 > s0 ? (e0 - s0 + st - 1) / st : 0;
+            (*od)[static_cast<size_t>(a)] = e0 > s0 ? (e0 - s0 - 1) / st + 1 : 0;
           } else {
             s0 = std::clamp(s0, int64_t{-1}, len - 1);
             e0 = std::clamp(e0, int64_t{-1}, len - 1);
-            (*od)[static_cast<size_t>(a)] = s0 > e0 ? (s0 - e0 - st - 1) / -st : 0;
+            (*od)[static_cast<size_t>(a)] = s0 > e0 ? (s0 - e0 - 1) / -st + 1 : 0;
           }
           first[static_cast<size_t>(a)] = s0;
           step[static_cast<size_t>(a)] = st;
@@ -914,7 +920,11 @@ class Normalizer final : public LoweringHost {
       const auto* a = vals(0);
       const auto* b = vals(1);
       const auto* c = vals(2);
-      if (a && b && c && a->size() == 1 && b->size() == 1 && c->size() == 1 && (*c)[0] != 0) {
+      // Within +-2^40, so that the count cannot overflow.
+      auto small = [](const std::vector<int64_t>* x) {
+        return x && x->size() == 1 && std::abs((*x)[0]) < (int64_t{1} << 40);
+      };
+      if (small(a) && small(b) && small(c) && (*c)[0] != 0) {
         int64_t count =
             std::max<int64_t>(0, ((*b)[0] - (*a)[0] + (*c)[0] - ((*c)[0] > 0 ? 1 : -1)) / (*c)[0]);
         od = Dims{count};
