@@ -98,7 +98,9 @@ void ExpectValues(const std::map<std::string, Tensor>& got,
   for (const auto& [name, w] : want) {
     ASSERT_TRUE(got.count(name)) << what << ": no output " << name;
     const Tensor& t = got.at(name);
-    if (want_dims.count(name)) EXPECT_EQ(t.dims(), want_dims.at(name)) << what << ": " << name;
+    if (want_dims.count(name)) {
+      EXPECT_EQ(t.dims(), want_dims.at(name)) << what << ": " << name;
+    }
     ASSERT_EQ(static_cast<size_t>(t.num_elements()), w.size()) << what << ": " << name;
     for (size_t i = 0; i < w.size(); ++i) {
       EXPECT_NEAR(t.GetDouble(static_cast<int64_t>(i)), w[i], 1e-5 * std::max(1.0, std::abs(w[i])))
@@ -341,6 +343,46 @@ TEST(ControlFlow, LoopWithNestedIfOnTheIterationNumber) {
   Check(mb, {{"v", Floats({3}, v)}}, {{"v_final", want}});
 }
 
+// A Loop with a constant trip count (6) whose condition is computed at run time: the initial
+// condition is a graph input and the body's is y[0] < limit. Unrolled with each state kept once
+// the condition turned false; a second state counts the iterations that ran.
+TEST(ControlFlow, LoopWithARunTimeConditionKeepsStatesOnceItIsFalse) {
+  ModelBuilder mb(16);
+  mb.Input("y0", kF, {2}).Input("go", kBool, {}).Input("limit", kF, {});
+  *mb.graph().add_initializer() = IntTensor("M", {6}, {});
+  mb.Initializer("step", {1.5f, -0.5f}, {2});
+  mb.Initializer("one", {1.0f}, {1});
+  mb.Initializer("n0", {0.0f}, {1});
+  onnx::GraphProto body =
+      Graph("body", {{"i", kI64, {}}, {"c", kBool, {}}, {"y", kF, {2}}, {"n", kF, {1}}},
+            {{"c_out", kBool, {}}, {"y_out", kF, {2}}, {"n_out", kF, {1}}});
+  Add(&body, "Add", {"y", "step"}, {"y_out"});
+  Add(&body, "Add", {"n", "one"}, {"n_out"});
+  ConstNode(&body, "zero", IntTensor("zero", {0}, {}));
+  AttrInt(Add(&body, "Gather", {"y_out", "zero"}, {"y_first"}), "axis", 0);
+  Add(&body, "Less", {"y_first", "limit"}, {"c_out"});
+  GraphAttr(mb.Node("Loop", {"M", "go", "y0", "n0"}, {"y", "n"}, "loop"), "body", std::move(body));
+  mb.Output("y").Output("n");
+  for (bool go : {true, false}) {
+    for (float limit : {3.0f, 100.0f, -10.0f}) {
+      std::vector<double> y = {0.25, 2.0};
+      double n = 0;
+      bool c = go;
+      for (int it = 0; it < 6 && c; ++it) {
+        y[0] += 1.5;
+        y[1] -= 0.5;
+        n += 1;
+        c = y[0] < limit;
+      }
+      Check(mb,
+            {{"y0", Floats({2}, {0.25f, 2.0f})},
+             {"go", Tensor::FromVector<uint8_t>(DataType::kBool, {}, {uint8_t(go)})},
+             {"limit", Floats({}, {limit})}},
+            {{"y", y}, {"n", {n}}});
+    }
+  }
+}
+
 // ---- If ----
 
 onnx::GraphProto Branch(const std::string& name, const std::string& op, const std::string& out,
@@ -404,20 +446,36 @@ TEST(ControlFlow, UnlowerableControlFlowIsOneCatalogErrorSayingWhy) {
     EXPECT_NE(st.message().find("trip count 'M' is computed at run time"), std::string::npos)
         << st.ToString();
   }
-  {  // Loop whose condition is data-dependent
+  {  // Loop whose condition is data-dependent, with a scan output (of data-dependent length)
     ModelBuilder mb(16);
     mb.Input("y0", kF, {1});
     *mb.graph().add_initializer() = IntTensor("M", {10}, {});
     mb.Initializer("lim", {5.0f}, {1});
     onnx::GraphProto body = Graph("body", {{"i", kI64, {}}, {"c", kBool, {}}, {"y", kF, {1}}},
-                                  {{"c_out", kBool, {1}}, {"y_out", kF, {1}}});
+                                  {{"c_out", kBool, {1}}, {"y_out", kF, {1}}, {"scan", kF, {1}}});
     Add(&body, "Add", {"y", "y"}, {"y_out"});
     Add(&body, "Less", {"y_out", "lim"}, {"c_out"});
-    GraphAttr(mb.Node("Loop", {"M", "", "y0"}, {"y"}, "loop"), "body", std::move(body));
-    mb.Output("y");
+    Add(&body, "Identity", {"y_out"}, {"scan"});
+    GraphAttr(mb.Node("Loop", {"M", "", "y0"}, {"y", "ys"}, "loop"), "body", std::move(body));
+    mb.Output("y").Output("ys");
     Status st = ImportStatus(mb);
     EXPECT_EQ(st.code(), ErrorCode::kUnsupportedOps) << st.ToString();
     EXPECT_NE(st.message().find("does not fold to a constant"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("scan outputs depends on the data"), std::string::npos)
+        << st.ToString();
+  }
+  {  // run-time condition and no trip count
+    ModelBuilder mb(16);
+    mb.Input("y0", kF, {1}).Input("c0", kBool, {});
+    onnx::GraphProto body = Graph("body", {{"i", kI64, {}}, {"c", kBool, {}}, {"y", kF, {1}}},
+                                  {{"c_out", kBool, {}}, {"y_out", kF, {1}}});
+    Add(&body, "Identity", {"c"}, {"c_out"});
+    Add(&body, "Neg", {"y"}, {"y_out"});
+    GraphAttr(mb.Node("Loop", {"", "c0", "y0"}, {"y"}, "loop"), "body", std::move(body));
+    mb.Output("y");
+    Status st = ImportStatus(mb);
+    EXPECT_EQ(st.code(), ErrorCode::kUnsupportedOps) << st.ToString();
+    EXPECT_NE(st.message().find("no trip count"), std::string::npos) << st.ToString();
   }
   {  // Scan over a symbolic length
     ModelBuilder mb(16);

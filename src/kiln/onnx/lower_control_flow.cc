@@ -388,10 +388,9 @@ class Lowerer {
     if (!In(1).empty()) {
       auto v = host_.IntValues(In(1));
       if (!v || v->size() != 1) {
-        return Unlowerable(
-            "its initial condition '{}' is computed at run time; kiln unrolls a Loop at import, "
-            "which needs a condition that folds to a constant",
-            In(1));
+        return LowerLoopGated(
+            *body, trips, num_states, num_scans,
+            fmt::format("its initial condition '{}' is computed at run time", In(1)));
       }
       cond = (*v)[0] != 0;
     }
@@ -403,6 +402,7 @@ class Lowerer {
     std::vector<std::string> states;
     for (int i = 0; i < num_states; ++i) states.push_back(In(2 + i));
     std::vector<std::vector<std::string>> pieces(static_cast<size_t>(num_scans));
+    const size_t mark = host_.EmittedCount();
     int64_t t = 0;
     for (; cond && (!trips || t < *trips); ++t) {
       KILN_RETURN_IF_ERROR(CheckBudget(*body, 1));  // as it goes: M may be INT64_MAX
@@ -412,11 +412,13 @@ class Lowerer {
       KILN_RETURN_IF_ERROR(Inline(*body, args, fmt::format("{}/iter{}/", n_.name(), t), &outs));
       auto c = host_.IntValues(outs[0]);
       if (!c || c->size() != 1) {
-        return Unlowerable(
-            "the condition its body computes ('{}') does not fold to a constant at import; kiln "
-            "unrolls a Loop, which needs a condition computed only from constants and the "
-            "iteration number",
-            body->output(0).name());
+        host_.DropEmittedAfter(mark);
+        hoisted_.clear();  // those constants were dropped too
+        return LowerLoopGated(
+            *body, trips, num_states, num_scans,
+            fmt::format("the condition its body computes ('{}') does not fold to a constant at "
+                        "import",
+                        body->output(0).name()));
       }
       cond = (*c)[0] != 0;
       for (int i = 0; i < num_states; ++i) states[static_cast<size_t>(i)] = outs[1 + i];
@@ -436,6 +438,57 @@ class Lowerer {
             Out(num_states + k));
       }
       Stack(pieces[static_cast<size_t>(k)], 0, false, Out(num_states + k));
+    }
+    return OkStatus();
+  }
+
+  // A Loop whose condition is computed at run time, with a constant trip count: every iteration
+  // unrolled, each state updated only while the condition held (Where(active, new, old), active
+  // = And(active, condition)). Needs states whose shapes the body keeps (Where would broadcast
+  // otherwise) and no scan outputs (their length would depend on the data). The body runs on in
+  // the iterations after the condition turned false; their results are discarded.
+  Status LowerLoopGated(const onnx::GraphProto& body, std::optional<int64_t> trips, int num_states,
+                        int num_scans, const std::string& why) {
+    if (!trips) {
+      return Unlowerable(
+          "{} and it has no trip count; kiln unrolls a Loop at import, which needs a constant "
+          "trip count when the condition is computed at run time",
+          why);
+    }
+    if (num_scans > 0) {
+      return Unlowerable(
+          "{}, so the length of its scan outputs depends on the data; kiln unrolls a Loop at "
+          "import, which needs a condition that folds to a constant for scan outputs",
+          why);
+    }
+    KILN_RETURN_IF_ERROR(CheckBudget(body, std::max<int64_t>(*trips, 0)));
+    std::string active = In(1).empty() ? BoolScalar("condition", true)
+                                       : Op("condition", "Reshape", {In(1), Ints({})});
+    std::vector<std::string> states;
+    for (int i = 0; i < num_states; ++i) states.push_back(In(2 + i));
+    for (int64_t t = 0; t < *trips; ++t) {
+      std::vector<std::string> args = {IntScalar("iteration", t), active};
+      args.insert(args.end(), states.begin(), states.end());
+      std::vector<std::string> outs;
+      KILN_RETURN_IF_ERROR(Inline(body, args, fmt::format("{}/iter{}/", n_.name(), t), &outs));
+      for (int i = 0; i < num_states; ++i) {
+        const std::string& old_v = states[static_cast<size_t>(i)];
+        const std::string& new_v = outs[static_cast<size_t>(1 + i)];
+        auto a = host_.Dims(old_v), b = host_.Dims(new_v);
+        if (!a || !b || *a != *b ||
+            !std::all_of(a->begin(), a->end(), [](int64_t d) { return d >= 0; })) {
+          return Unlowerable(
+              "{}, and kiln cannot show that its body keeps the shape of loop state '{}' (which "
+              "a run-time condition needs: each state is kept or replaced per iteration)",
+              why, body.input(2 + i).name());
+        }
+        states[static_cast<size_t>(i)] = Op("keep_or_update", "Where", {active, new_v, old_v});
+      }
+      std::string c = Op("body_condition", "Reshape", {outs[0], Ints({})});
+      active = Op("active", "And", {active, c});
+    }
+    for (int i = 0; i < num_states && i < n_.output_size(); ++i) {
+      Bind(i, states[static_cast<size_t>(i)]);
     }
     return OkStatus();
   }

@@ -256,6 +256,10 @@ class Normalizer final : public LoweringHost {
     return st;
   }
   int64_t& inlined_nodes() override { return inlined_nodes_; }
+  size_t EmittedCount() const override { return out_->size(); }
+  void DropEmittedAfter(size_t mark) override {
+    if (mark < out_->size()) out_->resize(mark);
+  }
 
   Status Run() {
     CollectFacts();

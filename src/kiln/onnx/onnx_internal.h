@@ -191,6 +191,10 @@ class LoweringHost : public ExpansionHost {
   virtual Status EmitRaw(onnx::NodeProto node) = 0;
   // Nodes inlined so far by lowering (unrolled bodies), against kMaxInlinedNodes.
   virtual int64_t& inlined_nodes() = 0;
+  // How many nodes have been emitted; DropEmittedAfter(mark) takes back those emitted since
+  // (a lowering that starts over another way).
+  virtual size_t EmittedCount() const = 0;
+  virtual void DropEmittedAfter(size_t mark) = 0;
 };
 
 // The most nodes that unrolling and inlining may add to one model.
