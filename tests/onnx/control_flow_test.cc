@@ -235,6 +235,31 @@ TEST(ControlFlow, Scan8BatchAxis) {
         {{"final", fin}, {"ys", ys}}, {{"ys", {2, 3, 2}}, {"final", {2, 2}}});
 }
 
+// A scan longer than Concat's 1024 inputs: the per-step outputs are concatenated in groups.
+TEST(ControlFlow, LongScanStacksInGroups) {
+  const int64_t L = 2500;
+  ModelBuilder mb(16);
+  mb.Input("s0", kF, {}).Input("x", kF, {L});
+  onnx::GraphProto body =
+      Graph("body", {{"s", kF, {}}, {"xt", kF, {}}}, {{"s_out", kF, {}}, {"y", kF, {}}});
+  Add(&body, "Add", {"s", "xt"}, {"s_out"});
+  Add(&body, "Identity", {"s_out"}, {"y"});
+  auto* scan = mb.Node("Scan", {"s0", "x"}, {"s", "ys"}, "scan");
+  AttrInt(scan, "num_scan_inputs", 1);
+  GraphAttr(scan, "body", std::move(body));
+  mb.Output("s").Output("ys");
+  std::vector<float> x(L);
+  std::vector<double> ys;
+  double acc = 1.0;
+  for (int64_t i = 0; i < L; ++i) {
+    x[i] = static_cast<float>(i % 7) - 3.0f;
+    acc += x[i];
+    ys.push_back(acc);
+  }
+  Check(mb, {{"s0", Floats({}, {1.0f})}, {"x", Floats({L}, x)}}, {{"s", {acc}}, {"ys", ys}},
+        {{"ys", {L}}});
+}
+
 // The scan length of a value computed in the graph (Transpose of a Reshape by a shape made of
 // Shape slices), as ONNX's own function bodies write it.
 TEST(ControlFlow, ScanLengthFromComputedShapes) {

@@ -7,6 +7,7 @@
 //                        length must be static), in float32 like the spec's function, with the
 //                        linear, gated, delta and gated_delta update rules and grouped-query
 //                        heads.
+#include <algorithm>
 #include <cmath>
 
 #include "kiln/onnx/expand_util.h"
@@ -147,6 +148,12 @@ StatusOr<std::string> ExpandLinearAttention(const onnx::NodeProto& n, ExpansionH
         "it, so it");
   }
   if (steps == 0) return std::string("the sequence length is 0");
+  // About 25 nodes a step: the same budget as unrolled control flow.
+  if (steps > kMaxInlinedNodes / 25) {
+    return fmt::format(
+        "the sequence length {} is more than kiln unrolls ({} steps; about 25 nodes each)", steps,
+        kMaxInlinedNodes / 25);
+  }
   const int32_t type = host.ElemType(q);
   if (!IsFloatType(type)) return NotExpanded("query's float element type is not known");
 
@@ -214,6 +221,16 @@ StatusOr<std::string> ExpandLinearAttention(const onnx::NodeProto& n, ExpansionH
     std::string o = e.Op("read_q", "Squeeze", {e.Op("read", "MatMul", {q_row, read}), second_last});
     o = e.Op("scaled", "Mul", {scale, o});  // [B, Hq, dv]
     outs.push_back(e.Op("out_step", "Unsqueeze", {o, e.Ints({1})}));
+  }
+  while (outs.size() > kMaxConcatInputs) {  // Concat's input limit: in groups
+    std::vector<std::string> groups;
+    for (size_t i = 0; i < outs.size(); i += kMaxConcatInputs) {
+      std::vector<std::string> part(
+          outs.begin() + static_cast<std::ptrdiff_t>(i),
+          outs.begin() + static_cast<std::ptrdiff_t>(std::min(outs.size(), i + kMaxConcatInputs)));
+      groups.push_back(e.Op("out_steps", "Concat", part, {Attr("axis", i64(1))}));
+    }
+    outs = std::move(groups);
   }
   std::string y =
       outs.size() == 1 ? outs[0] : e.Op("out_steps", "Concat", outs, {Attr("axis", i64(1))});

@@ -169,15 +169,21 @@ class Lowerer {
     return Constant(what, std::move(t));
   }
 
-  Status CheckBudget(const onnx::GraphProto& body, int64_t copies) {
+  // `copies` more inlined copies of `body` must fit the budget; `done`: copies made so far by
+  // a loop checked as it goes (-1: checked up front).
+  Status CheckBudget(const onnx::GraphProto& body, int64_t copies, int64_t done = -1) {
     const int64_t per = std::max<int64_t>(1, CountNodes(body));
     if (copies > kMaxInlinedNodes / per ||
         host_.inlined_nodes() + per * copies > kMaxInlinedNodes) {
+      std::string what = done >= 0 ? fmt::format(
+                                         "{} iterations of a {}-node body so far, and "
+                                         "its condition still holds",
+                                         done, per)
+                                   : fmt::format("{} copies of a {}-node body", copies, per);
       return Unlowerable(
-          "unrolling it would add more than {} nodes ({} iterations of a {}-node body); kiln "
-          "lowers control flow by unrolling, so long loops need a model that computes them "
-          "without a Loop/Scan",
-          kMaxInlinedNodes, copies, per);
+          "unrolling it would add more than {} nodes ({}); kiln lowers control flow by "
+          "unrolling, so long loops need a model that computes them without a Loop/Scan",
+          kMaxInlinedNodes, what);
     }
     return OkStatus();
   }
@@ -262,6 +268,17 @@ class Lowerer {
     std::string axes = Ints({axis});
     std::vector<std::string> unsq;
     for (const auto& p : pieces) unsq.push_back(Op("unsqueeze", "Unsqueeze", {p, axes}));
+    // Concat takes at most kMaxConcatInputs inputs: longer runs are concatenated in groups.
+    while (unsq.size() > kMaxConcatInputs) {
+      std::vector<std::string> groups;
+      for (size_t i = 0; i < unsq.size(); i += kMaxConcatInputs) {
+        std::vector<std::string> part(unsq.begin() + static_cast<std::ptrdiff_t>(i),
+                                      unsq.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                         unsq.size(), i + kMaxConcatInputs)));
+        groups.push_back(Op("concat", "Concat", part, {IntAttrProto("axis", axis)}));
+      }
+      unsq = std::move(groups);
+    }
     return Op("concat", "Concat", unsq, {IntAttrProto("axis", axis)}, out);
   }
 
@@ -405,7 +422,7 @@ class Lowerer {
     const size_t mark = host_.EmittedCount();
     int64_t t = 0;
     for (; cond && (!trips || t < *trips); ++t) {
-      KILN_RETURN_IF_ERROR(CheckBudget(*body, 1));  // as it goes: M may be INT64_MAX
+      KILN_RETURN_IF_ERROR(CheckBudget(*body, 1, t));  // as it goes: M may be INT64_MAX
       std::vector<std::string> args = {IntScalar("iteration", t), BoolScalar("condition", true)};
       args.insert(args.end(), states.begin(), states.end());
       std::vector<std::string> outs;
@@ -662,7 +679,9 @@ class Lowerer {
           "every sequence has the full length");
     }
     std::vector<int64_t> batch_dims;
-    for (const auto& v : states.empty() ? xs : states) {
+    std::vector<std::string> all = states;
+    all.insert(all.end(), xs.begin(), xs.end());
+    for (const auto& v : all) {
       auto d = host_.Dims(v);
       if (!d || d->empty() || (*d)[0] < 0) {
         return Unlowerable(
@@ -715,6 +734,22 @@ class Lowerer {
                    const std::vector<std::string>& want, std::vector<std::string>* got) {
     const size_t num_states = states.size();
     const size_t num_scans = body.output_size() - num_states;
+    for (int64_t d : in_dirs) {
+      if (d != 0 && d != 1) {
+        return MakeError(ErrorCode::kInvalidAttribute,
+                         "node '{}' (Scan): a scan direction is {}; directions are 0 (forward) "
+                         "or 1 (reverse)",
+                         n_.name(), d);
+      }
+    }
+    for (int64_t d : out_dirs) {
+      if (d != 0 && d != 1) {
+        return MakeError(ErrorCode::kInvalidAttribute,
+                         "node '{}' (Scan): a scan output direction is {}; directions are 0 "
+                         "(forward) or 1 (reverse)",
+                         n_.name(), d);
+      }
+    }
     int64_t length = -1;
     std::vector<int64_t> axes;
     for (size_t j = 0; j < xs.size(); ++j) {

@@ -199,6 +199,8 @@ class LoweringHost : public ExpansionHost {
 
 // The most nodes that unrolling and inlining may add to one model.
 inline constexpr int64_t kMaxInlinedNodes = 200000;
+// The most inputs of one Concat (ops.inc); longer stacks are concatenated in groups.
+inline constexpr size_t kMaxConcatInputs = 1024;
 
 // Lowers an If, Loop or Scan node (`version` is its op version). Empty: lowered; otherwise the
 // reason it cannot be (the caller drops whatever was emitted and reports the node in
