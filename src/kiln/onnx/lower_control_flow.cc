@@ -413,7 +413,12 @@ class Lowerer {
     }
     // A body that passes its condition through runs exactly `trips` iterations: the budget is
     // checked up front (a loop past it is refused before anything is unrolled).
-    if (trips && cond && ConditionPassesThrough(*body)) {
+    if (cond && ConditionPassesThrough(*body)) {
+      if (!trips) {
+        return Unlowerable(
+            "it has no trip count and its condition stays true, so it never ends (or only by an "
+            "error)");
+      }
       KILN_RETURN_IF_ERROR(CheckBudget(*body, *trips));
     }
     std::vector<std::string> states;
