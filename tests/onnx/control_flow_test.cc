@@ -338,6 +338,39 @@ TEST(ControlFlow, LoopConstantTripCountAndFoldingCondition) {
         {{"scans", {3, 2}}});
 }
 
+// ONNX's test_loop11 body (opset 11: Unsqueeze with an axes attribute, rewritten inside the
+// body) with a constant trip count and condition: y += x[i : i + 1] each iteration.
+TEST(ControlFlow, Opset11LoopBodyIsNormalised) {
+  ModelBuilder mb(11);
+  mb.Input("y", kF, {1});
+  *mb.graph().add_initializer() = IntTensor("trip_count", {5}, {});
+  *mb.graph().add_initializer() = IntTensor("cond", {1}, {}, kBool);
+  onnx::GraphProto body =
+      Graph("body", {{"iter_count", kI64, {}}, {"cond_in", kBool, {}}, {"y_in", kF, {1}}},
+            {{"cond_out", kBool, {}}, {"y_out", kF, {1}}, {"scan_out", kF, {1}}});
+  Add(&body, "Identity", {"cond_in"}, {"cond_out"});
+  ConstNode(&body, "x", [] {
+    TensorProto t;
+    t.set_name("x");
+    t.set_data_type(kF);
+    t.add_dims(5);
+    for (int i = 1; i <= 5; ++i) t.add_float_data(static_cast<float>(i));
+    return t;
+  }());
+  ConstNode(&body, "one", IntTensor("one", {1}, {}));
+  Add(&body, "Add", {"iter_count", "one"}, {"end"});
+  AttrInts(Add(&body, "Unsqueeze", {"iter_count"}, {"slice_start"}), "axes", {0});
+  AttrInts(Add(&body, "Unsqueeze", {"end"}, {"slice_end"}), "axes", {0});
+  Add(&body, "Slice", {"x", "slice_start", "slice_end"}, {"slice_out"});
+  Add(&body, "Add", {"y_in", "slice_out"}, {"y_out"});
+  Add(&body, "Identity", {"y_out"}, {"scan_out"});
+  GraphAttr(mb.Node("Loop", {"trip_count", "cond", "y"}, {"res_y", "res_scan"}, "loop"), "body",
+            std::move(body));
+  mb.Output("res_y").Output("res_scan");
+  Check(mb, {{"y", Floats({1}, {-2.0f})}}, {{"res_y", {13}}, {"res_scan", {-1, 1, 4, 8, 13}}},
+        {{"res_scan", {5, 1}}});
+}
+
 // A Loop of 4 iterations (trip count from a Constant node, condition a constant true) whose
 // body holds an If on iter == 0 (folds per iteration): the first iteration doubles, the others
 // add 1. Also a body value named like the Loop's own input.

@@ -1015,7 +1015,9 @@ class Normalizer final : public LoweringHost {
     c.node.add_output(out);
     elem_types_[out] = t.data_type();
     ranks_[out] = t.dims_size();
+    dims_[out] = {t.dims().begin(), t.dims().end()};
     numel_[out] = Numel(t);
+    if (auto v = SmallInts(t)) ints_[out] = std::move(*v);
     t.set_name(out);
     auto* a = c.node.add_attribute();
     a->set_name("value");
