@@ -207,7 +207,8 @@ class Lowerer {
     // Initializers once per subgraph, however many times it is inlined.
     auto& hoisted = hoisted_[&g];
     if (hoisted.empty() && g.initializer_size() > 0) {
-      for (const auto& t : g.initializer()) hoisted[t.name()] = Constant("initializer", t);
+      for (const auto& t : g.initializer())
+        hoisted[t.name()] = Constant("initializer/" + t.name(), t);
     }
     for (const auto& [from, to] : hoisted) map[from] = to;
     // Fresh names for every value the body defines, first: value_info may describe them.
