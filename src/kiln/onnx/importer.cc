@@ -343,10 +343,10 @@ StatusOr<std::unique_ptr<Graph>> ImportParsed(onnx::ModelProto& model, uint64_t 
                                               const ImportOptions& options, OnnxModelMeta* meta) {
   KILN_ASSIGN_OR_RETURN(int64_t opset, DefaultOpset(model));
   FillMeta(model, opset, bytes, meta);
-  KILN_ASSIGN_OR_RETURN(std::vector<OnnxUnsupportedOp> inner,
-                        FindUnsupportedOpsInSubgraphs(model.graph(), opset));
   std::vector<NormalizedNode> nodes;
   KILN_RETURN_IF_ERROR(NormalizeNodes(model.mutable_graph(), opset, &nodes));
+  KILN_ASSIGN_OR_RETURN(std::vector<OnnxUnsupportedOp> inner,
+                        FindUnsupportedOpsInSubgraphs(nodes, opset));
   std::vector<OnnxUnsupportedOp> unsupported = FindUnsupportedOps(nodes, opset);
   // One KILN-E2004 lists them all, those inside If, Loop and Scan bodies too.
   MergeUnsupportedOps(std::move(inner), &unsupported);

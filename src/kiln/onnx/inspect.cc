@@ -84,14 +84,14 @@ StatusOr<OnnxModelInfo> InspectOnnxFile(const std::string& path) {
   }
   info.num_nodes = g.node_size();
 
-  // Inside the subgraphs of If, Loop and Scan (and any other graph attribute): the ops there are
-  // what a build would meet once the outer op were supported, so they are listed too, each node
-  // named with the path of the ops that hold it. Walked before normalising, which takes the
-  // nodes out of the graph.
-  KILN_ASSIGN_OR_RETURN(std::vector<OnnxUnsupportedOp> inner,
-                        FindUnsupportedOpsInSubgraphs(model.graph(), opset));
+  // Inside the subgraphs of If, Loop and Scan nodes that could not be lowered (and any other
+  // graph attribute): the ops there are what a build would meet once the outer op were
+  // supported, so they are listed too, each node named with the path of the ops that hold it.
+  // Lowered control flow has its bodies' nodes among `nodes` already.
   std::vector<NormalizedNode> nodes;
   KILN_RETURN_IF_ERROR(NormalizeNodes(model.mutable_graph(), opset, &nodes));
+  KILN_ASSIGN_OR_RETURN(std::vector<OnnxUnsupportedOp> inner,
+                        FindUnsupportedOpsInSubgraphs(nodes, opset));
   info.unsupported = FindUnsupportedOps(nodes, opset);
   MergeUnsupportedOps(std::move(inner), &info.unsupported);
 

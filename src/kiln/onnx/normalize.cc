@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <unordered_set>
 
 #include "kiln/core/float16.h"
@@ -75,7 +77,112 @@ const std::unordered_set<std::string_view>& ReduceOpsAxesInput18() {
   return s;
 }
 
-class Normalizer final : public ExpansionHost {
+bool IsIntType(int32_t t) {
+  switch (t) {
+    case onnx::TensorProto::INT64:
+    case onnx::TensorProto::INT32:
+    case onnx::TensorProto::INT16:
+    case onnx::TensorProto::INT8:
+    case onnx::TensorProto::UINT32:
+    case onnx::TensorProto::UINT16:
+    case onnx::TensorProto::UINT8:
+    case onnx::TensorProto::BOOL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The values of a small integer or boolean tensor (at most kMaxFoldedValues), flat.
+constexpr size_t kMaxFoldedValues = 64;
+std::optional<std::vector<int64_t>> SmallInts(const onnx::TensorProto& t) {
+  if (!IsIntType(t.data_type()) || t.data_location() == onnx::TensorProto::EXTERNAL) {
+    return std::nullopt;
+  }
+  int64_t n = 1;
+  for (int64_t d : t.dims()) {
+    if (d < 0) return std::nullopt;
+    n = SatMul(n, d);
+  }
+  if (n > static_cast<int64_t>(kMaxFoldedValues)) return std::nullopt;
+  std::vector<int64_t> v;
+  if (t.has_raw_data()) {
+    const std::string& raw = t.raw_data();
+    size_t width = 0;
+    switch (t.data_type()) {
+      case onnx::TensorProto::INT64:
+        width = 8;
+        break;
+      case onnx::TensorProto::INT32:
+      case onnx::TensorProto::UINT32:
+        width = 4;
+        break;
+      case onnx::TensorProto::INT16:
+      case onnx::TensorProto::UINT16:
+        width = 2;
+        break;
+      default:
+        width = 1;
+        break;
+    }
+    if (raw.size() != width * static_cast<size_t>(n)) return std::nullopt;
+    for (int64_t i = 0; i < n; ++i) {
+      const char* p = raw.data() + width * static_cast<size_t>(i);
+      int64_t x = 0;
+      switch (t.data_type()) {
+        case onnx::TensorProto::INT64: {
+          int64_t y;
+          std::memcpy(&y, p, 8);
+          x = y;
+          break;
+        }
+        case onnx::TensorProto::INT32: {
+          int32_t y;
+          std::memcpy(&y, p, 4);
+          x = y;
+          break;
+        }
+        case onnx::TensorProto::UINT32: {
+          uint32_t y;
+          std::memcpy(&y, p, 4);
+          x = y;
+          break;
+        }
+        case onnx::TensorProto::INT16: {
+          int16_t y;
+          std::memcpy(&y, p, 2);
+          x = y;
+          break;
+        }
+        case onnx::TensorProto::UINT16: {
+          uint16_t y;
+          std::memcpy(&y, p, 2);
+          x = y;
+          break;
+        }
+        case onnx::TensorProto::INT8:
+          x = static_cast<int8_t>(*p);
+          break;
+        default:
+          x = static_cast<uint8_t>(*p);
+          break;
+      }
+      v.push_back(t.data_type() == onnx::TensorProto::BOOL ? (x != 0) : x);
+    }
+    return v;
+  }
+  if (t.data_type() == onnx::TensorProto::INT64) {
+    v.assign(t.int64_data().begin(), t.int64_data().end());
+  } else if (t.data_type() == onnx::TensorProto::UINT32) {
+    v.assign(t.uint64_data().begin(), t.uint64_data().end());
+  } else {
+    v.assign(t.int32_data().begin(), t.int32_data().end());
+  }
+  if (v.size() != static_cast<size_t>(n)) return std::nullopt;
+  return v;
+}
+
+class Normalizer final : public LoweringHost {
  public:
   Normalizer(onnx::GraphProto* graph, int64_t opset, std::vector<NormalizedNode>* out)
       : graph_(graph), opset_(opset), out_(out) {}
@@ -98,7 +205,13 @@ class Normalizer final : public ExpansionHost {
   }
   std::string FreshValueName(const std::string& hint) override {
     std::string name = hint;
-    for (int k = 1; taken_.count(name); ++k) name = fmt::format("{}_{}", hint, k);
+    // The suffix search resumes where it stopped for this hint (unrolled loops ask for the same
+    // hint thousands of times).
+    int& next = value_counter_[hint];
+    for (int k = std::max(next, 1); taken_.count(name); ++k) {
+      name = fmt::format("{}_{}", hint, k);
+      next = k + 1;
+    }
     taken_.insert(name);
     return name;
   }
@@ -112,10 +225,41 @@ class Normalizer final : public ExpansionHost {
     return name;
   }
   void Emit(NormalizedNode node) override {
-    if (node.node.op_type() == "Constant") RecordConstant(node.node);
+    if (node.node.op_type() == "Constant") {
+      RecordConstant(node.node);
+    } else if (facts_) {
+      PropagateFacts(node.node);
+      FoldAndShape(node.node);
+    }
     out_->push_back(std::move(node));
   }
   int64_t opset() const override { return opset_; }
+
+  // LoweringHost
+  std::optional<std::vector<int64_t>> IntValues(const std::string& value) const override {
+    auto it = ints_.find(value);
+    if (it == ints_.end()) return std::nullopt;
+    return it->second;
+  }
+  void DeclareDims(const std::string& value, int32_t elem_type,
+                   const std::vector<int64_t>& dims) override {
+    if (elem_type != 0) elem_types_[value] = elem_type;
+    ranks_[value] = static_cast<int>(dims.size());
+    dims_[value] = dims;
+  }
+  Status EmitRaw(onnx::NodeProto node) override {
+    if (++depth_ > 64) {
+      return MakeError(ErrorCode::kInvalidModel, "control flow nested more than 64 deep");
+    }
+    Status st = Process(std::move(node));
+    --depth_;
+    return st;
+  }
+  int64_t& inlined_nodes() override { return inlined_nodes_; }
+  size_t EmittedCount() const override { return out_->size(); }
+  void DropEmittedAfter(size_t mark) override {
+    if (mark < out_->size()) out_->resize(mark);
+  }
 
   Status Run() {
     CollectFacts();
@@ -125,48 +269,95 @@ class Normalizer final : public ExpansionHost {
     for (const auto& n : *nodes) {
       if (!n.name().empty()) node_names_.insert(n.name());
     }
-    std::unordered_set<std::string> seen;
-    seen.reserve(static_cast<size_t>(nodes->size()));
-    const bool expands = std::any_of(nodes->begin(), nodes->end(), [](const onnx::NodeProto& n) {
-      return IsDefaultDomain(n.domain()) &&
-             (n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding");
+    seen_.reserve(static_cast<size_t>(nodes->size()));
+    // Facts are propagated through the nodes only where something needs them: an expansion
+    // (Q's rank and type) or control flow (scan lengths, constant conditions).
+    facts_ = std::any_of(nodes->begin(), nodes->end(), [](const onnx::NodeProto& n) {
+      return (IsDefaultDomain(n.domain()) &&
+              (n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding" ||
+               n.op_type() == "CausalConvWithState" || n.op_type() == "LinearAttention" ||
+               IsControlFlowOp(n))) ||
+             (n.domain() == "ai.onnx.preview" && n.op_type() == "FlexAttention");
     });
-    for (auto& proto : *nodes) {
-      NormalizedNode nn;
-      nn.node = std::move(proto);
-      onnx::NodeProto& n = nn.node;
-      if (n.name().empty() || !seen.insert(n.name()).second) {
-        n.set_name(FreshNodeName(n.op_type().empty() ? std::string("node") : n.op_type()));
-        seen.insert(n.name());
-      }
-      if (!IsDefaultDomain(n.domain())) {
-        out_->push_back(std::move(nn));
-        continue;
-      }
-      nn.version = EffectiveOpVersion(n.op_type(), opset_);
-      if (n.op_type() == "Constant") RecordConstant(n);
-      after_.clear();
-      if ((n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding") && nn.version >= 23) {
-        // ONNX's ops of these names, not kiln's internal fusions: expanded into primitives.
-        StatusOr<std::string> why = n.op_type() == "Attention"
-                                        ? ExpandAttention(n, nn.version, *this)
-                                        : ExpandRotaryEmbedding(n, *this);
-        KILN_RETURN_IF_ERROR_CTX(why.status(), "while expanding node '{}' ({}-{})", n.name(),
-                                 n.op_type(), nn.version);
-        if (why->empty()) continue;
-        nn.unsupported = std::move(why).value();
-      }
-      KILN_RETURN_IF_ERROR_CTX(Rewrite(&n, &nn.version), "while normalising node '{}' ({}-{})",
-                               n.name(), n.op_type(), nn.version);
-      if (expands) PropagateFacts(n);
-      out_->push_back(std::move(nn));
-      for (auto& a : after_) out_->push_back(std::move(a));
-    }
+    for (auto& proto : *nodes) KILN_RETURN_IF_ERROR(Process(std::move(proto)));
     nodes->Clear();
     return OkStatus();
   }
 
  private:
+  // One node of the graph, or of a subgraph being inlined: a unique name, then its expansion,
+  // lowering or canonical form, appended to the output.
+  Status Process(onnx::NodeProto proto) {
+    NormalizedNode nn;
+    nn.node = std::move(proto);
+    onnx::NodeProto& n = nn.node;
+    if (n.name().empty() || !seen_.insert(n.name()).second) {
+      n.set_name(FreshNodeName(n.op_type().empty() ? std::string("node") : n.op_type()));
+      seen_.insert(n.name());
+    }
+    if (n.domain() == "ai.onnx.preview" && n.op_type() == "FlexAttention") {
+      const size_t mark = out_->size();
+      StatusOr<std::string> why = ExpandFlexAttention(n, *this);
+      KILN_RETURN_IF_ERROR_CTX(why.status(), "while expanding node '{}' (FlexAttention)", n.name());
+      if (why->empty()) return OkStatus();
+      out_->resize(mark);
+      nn.unsupported = std::move(why).value();
+    }
+    if (!IsDefaultDomain(n.domain())) {
+      out_->push_back(std::move(nn));
+      return OkStatus();
+    }
+    nn.version = EffectiveOpVersion(n.op_type(), opset_);
+    if (n.op_type() == "Constant") RecordConstant(n);
+    if (IsControlFlowOp(n) && nn.version > 0) {
+      // Lowered into this graph; when it cannot be, whatever was emitted is dropped and the
+      // node is reported with the reason.
+      const size_t mark = out_->size();
+      StatusOr<std::string> why = LowerControlFlow(n, nn.version, *this);
+      KILN_RETURN_IF_ERROR_CTX(why.status(), "while lowering node '{}' ({}-{})", n.name(),
+                               n.op_type(), nn.version);
+      if (why->empty()) return OkStatus();
+      out_->resize(mark);
+      nn.unsupported = std::move(why).value();
+      out_->push_back(std::move(nn));
+      return OkStatus();
+    }
+    const bool ops27 = (n.op_type() == "CausalConvWithState" || n.op_type() == "LinearAttention") &&
+                       nn.version >= 27;
+    if (((n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding") && nn.version >= 23) ||
+        ops27) {
+      // ONNX's ops of these names, not kiln's internal fusions, or ops defined by function
+      // bodies: expanded into primitives.
+      StatusOr<std::string> why =
+          n.op_type() == "Attention"         ? ExpandAttention(n, nn.version, *this)
+          : n.op_type() == "RotaryEmbedding" ? ExpandRotaryEmbedding(n, *this)
+          : n.op_type() == "LinearAttention" ? ExpandLinearAttention(n, *this)
+                                             : ExpandCausalConvWithState(n, *this);
+      KILN_RETURN_IF_ERROR_CTX(why.status(), "while expanding node '{}' ({}-{})", n.name(),
+                               n.op_type(), nn.version);
+      if (why->empty()) return OkStatus();
+      nn.unsupported = std::move(why).value();
+    }
+    after_.clear();
+    KILN_RETURN_IF_ERROR_CTX(Rewrite(&n, &nn.version), "while normalising node '{}' ({}-{})",
+                             n.name(), n.op_type(), nn.version);
+    std::vector<NormalizedNode> after = std::move(after_);
+    after_.clear();
+    if (facts_) {
+      PropagateFacts(n);
+      FoldAndShape(n);
+    }
+    out_->push_back(std::move(nn));
+    for (auto& a : after) {
+      if (facts_) {
+        PropagateFacts(a.node);
+        FoldAndShape(a.node);
+      }
+      out_->push_back(std::move(a));
+    }
+    return OkStatus();
+  }
+
   // What is known before any node runs: element types and ranks (inputs, initializers,
   // value_info), and every name already used.
   void CollectFacts() {
@@ -201,9 +392,21 @@ class Normalizer final : public ExpansionHost {
       dims_[t.name()] = {t.dims().begin(), t.dims().end()};
       numel_[t.name()] = Numel(t);
     }
-    for (const auto& n : graph_->node()) {
+    for (const auto& t : graph_->initializer()) {
+      if (auto v = SmallInts(t)) ints_[t.name()] = std::move(*v);
+    }
+    TakeNames(*graph_);
+  }
+
+  // Every value name of `g`'s nodes, in its subgraphs too (whose values may be inlined here).
+  void TakeNames(const onnx::GraphProto& g) {
+    for (const auto& n : g.node()) {
       for (const auto& o : n.output()) taken_.insert(o);
       for (const auto& i : n.input()) taken_.insert(i);
+      for (const auto& a : n.attribute()) {
+        if (a.has_g()) TakeNames(a.g());
+        for (const auto& sg : a.graphs()) TakeNames(sg);
+      }
     }
   }
 
@@ -271,6 +474,501 @@ class Normalizer final : public ExpansionHost {
     ranks_[n.output(0)] = *r;
   }
 
+  // Static dims and small integer values of a node's outputs where they follow from its
+  // inputs' (shapes of static dims, shape arithmetic, comparisons, Reshape/Transpose/Gather/...),
+  // so that control flow can be lowered on values computed in the graph (a Scan over a
+  // Transpose of a Reshape, a Loop whose condition compares the iteration number).
+  void FoldAndShape(const onnx::NodeProto& n) {
+    if (n.op_type() == "Constant" || n.output_size() < 1 || n.output(0).empty()) return;
+    using Dims = std::vector<int64_t>;
+    const std::string& op = n.op_type();
+    const std::string& out = n.output(0);
+    auto dims = [&](int i) -> std::optional<Dims> {
+      std::string name = InputName(n, i);
+      if (name.empty()) return std::nullopt;
+      auto it = dims_.find(name);
+      return it == dims_.end() ? std::nullopt : std::optional<Dims>(it->second);
+    };
+    auto vals = [&](int i) -> const std::vector<int64_t>* {
+      std::string name = InputName(n, i);
+      auto it = name.empty() ? ints_.end() : ints_.find(name);
+      return it == ints_.end() ? nullptr : &it->second;
+    };
+    auto int_attr = [&](const char* name, int64_t dflt) {
+      const auto* a = FindAttr(n, name);
+      return a ? a->i() : dflt;
+    };
+    auto is_static = [](const Dims& d) {
+      return std::all_of(d.begin(), d.end(), [](int64_t x) { return x >= 0; });
+    };
+    auto numel = [](const Dims& d) {
+      int64_t k = 1;
+      for (int64_t x : d) k = SatMul(k, x);
+      return k;
+    };
+    auto broadcast = [&](int count) -> std::optional<Dims> {
+      std::vector<Dims> all;
+      size_t rank = 0;
+      for (int i = 0; i < count; ++i) {
+        auto d = dims(i);
+        if (!d) return std::nullopt;
+        rank = std::max(rank, d->size());
+        all.push_back(std::move(*d));
+      }
+      Dims r(rank, 1);
+      for (size_t k = 0; k < rank; ++k) {
+        bool unknown = false;
+        for (const Dims& d : all) {
+          if (k + d.size() < rank) continue;
+          int64_t x = d[k + d.size() - rank];
+          if (x < 0) {
+            unknown = true;
+          } else if (x != 1) {
+            r[k] = x;
+          }
+        }
+        if (unknown && r[k] == 1) r[k] = -1;
+      }
+      return r;
+    };
+    // Elementwise over values of equal counts (or one value broadcast).
+    auto elementwise = [&](int count, auto fn) -> std::optional<std::vector<int64_t>> {
+      std::vector<const std::vector<int64_t>*> in;
+      size_t size = 1;
+      for (int i = 0; i < count; ++i) {
+        const auto* v = vals(i);
+        if (!v) return std::nullopt;
+        if (v->size() != 1 && size != 1 && v->size() != size) return std::nullopt;
+        if (v->size() != 1) size = v->size();
+        in.push_back(v);
+      }
+      std::vector<int64_t> r(size);
+      std::vector<int64_t> args(static_cast<size_t>(count));
+      for (size_t k = 0; k < size; ++k) {
+        for (size_t i = 0; i < in.size(); ++i) args[i] = (*in[i])[in[i]->size() == 1 ? 0 : k];
+        auto x = fn(args);
+        if (!x) return std::nullopt;
+        r[k] = *x;
+      }
+      return r;
+    };
+    static const std::unordered_set<std::string_view> kUnary = {"Abs",
+                                                                "Acos",
+                                                                "Asin",
+                                                                "Atan",
+                                                                "Ceil",
+                                                                "Cos",
+                                                                "Elu",
+                                                                "Erf",
+                                                                "Exp",
+                                                                "Floor",
+                                                                "Gelu",
+                                                                "HardSigmoid",
+                                                                "HardSwish",
+                                                                "Identity",
+                                                                "IsInf",
+                                                                "IsNaN",
+                                                                "LeakyRelu",
+                                                                "Log",
+                                                                "LogSoftmax",
+                                                                "Mish",
+                                                                "Neg",
+                                                                "Not",
+                                                                "Reciprocal",
+                                                                "Relu",
+                                                                "Round",
+                                                                "Selu",
+                                                                "Sigmoid",
+                                                                "Sign",
+                                                                "Sin",
+                                                                "Softmax",
+                                                                "Softplus",
+                                                                "Softsign",
+                                                                "Sqrt",
+                                                                "Tan",
+                                                                "Tanh",
+                                                                "Cast",
+                                                                "Clip",
+                                                                "LayerNormalization",
+                                                                "RMSNormalization",
+                                                                "Swish"};
+    static const std::unordered_set<std::string_view> kBroadcast = {"Add",
+                                                                    "Sub",
+                                                                    "Mul",
+                                                                    "Div",
+                                                                    "Pow",
+                                                                    "Mod",
+                                                                    "Equal",
+                                                                    "Less",
+                                                                    "LessOrEqual",
+                                                                    "Greater",
+                                                                    "GreaterOrEqual",
+                                                                    "And",
+                                                                    "Or",
+                                                                    "Xor",
+                                                                    "Where",
+                                                                    "Max",
+                                                                    "Min",
+                                                                    "Sum",
+                                                                    "Mean",
+                                                                    "PRelu",
+                                                                    "BitShift",
+                                                                    "BitwiseAnd",
+                                                                    "BitwiseOr",
+                                                                    "BitwiseXor"};
+    std::optional<Dims> od;
+    std::optional<std::vector<int64_t>> ov;
+    if (kUnary.count(op)) {
+      od = dims(0);
+      if (op == "Identity") {
+        if (const auto* v = vals(0)) ov = *v;
+      } else if (op == "Neg" || op == "Abs" || op == "Not") {
+        ov = elementwise(1, [&](const std::vector<int64_t>& a) -> std::optional<int64_t> {
+          if (op == "Not") return int64_t{a[0] == 0};
+          if (a[0] == std::numeric_limits<int64_t>::min()) return std::nullopt;
+          return op == "Neg" ? -a[0] : std::abs(a[0]);
+        });
+      } else if (op == "Cast") {
+        const auto* to = FindAttr(n, "to");
+        if (to && IsIntType(static_cast<int32_t>(to->i()))) {
+          if (const auto* v = vals(0)) {
+            ov = *v;
+            if (to->i() == onnx::TensorProto::BOOL) {
+              for (auto& x : *ov) x = x != 0;
+            }
+          }
+        }
+      }
+    } else if (kBroadcast.count(op)) {
+      od = broadcast(n.input_size());
+      ov =
+          elementwise(n.input_size(), [&](const std::vector<int64_t>& a) -> std::optional<int64_t> {
+            if (op == "Where") return a[0] ? a[1] : a[2];
+            if (a.size() != 2) return std::nullopt;
+            int64_t x = a[0], y = a[1], r = 0;
+            if (op == "Add")
+              return __builtin_add_overflow(x, y, &r) ? std::nullopt : std::optional(r);
+            if (op == "Sub")
+              return __builtin_sub_overflow(x, y, &r) ? std::nullopt : std::optional(r);
+            if (op == "Mul")
+              return __builtin_mul_overflow(x, y, &r) ? std::nullopt : std::optional(r);
+            if (op == "Div") {
+              if (y == 0 || x < 0 || y < 0) return std::nullopt;
+              return x / y;
+            }
+            if (op == "Equal") return int64_t{x == y};
+            if (op == "Less") return int64_t{x < y};
+            if (op == "LessOrEqual") return int64_t{x <= y};
+            if (op == "Greater") return int64_t{x > y};
+            if (op == "GreaterOrEqual") return int64_t{x >= y};
+            if (op == "And") return int64_t{x && y};
+            if (op == "Or") return int64_t{x || y};
+            if (op == "Xor") return int64_t{(x != 0) != (y != 0)};
+            if (op == "Max") return std::max(x, y);
+            if (op == "Min") return std::min(x, y);
+            return std::nullopt;
+          });
+    } else if (op == "Shape") {
+      if (auto d = dims(0)) {
+        auto r = static_cast<int64_t>(d->size());
+        auto clamp = [&](int64_t x) { return std::clamp(x < 0 ? x + r : x, int64_t{0}, r); };
+        int64_t start = clamp(int_attr("start", 0));
+        int64_t end = clamp(int_attr("end", r));
+        Dims part(d->begin() + start, d->begin() + std::max(start, end));
+        od = Dims{static_cast<int64_t>(part.size())};
+        if (is_static(part)) ov = part;
+      }
+    } else if (op == "Size") {
+      od = Dims{};
+      if (auto d = dims(0); d && is_static(*d)) ov = std::vector<int64_t>{numel(*d)};
+    } else if (op == "Transpose") {
+      if (auto d = dims(0)) {
+        std::vector<int64_t> perm;
+        if (const auto* p = FindAttr(n, "perm")) perm = Ints(*p);
+        if (perm.empty()) {
+          for (size_t k = d->size(); k-- > 0;) perm.push_back(static_cast<int64_t>(k));
+        }
+        if (perm.size() == d->size()) {
+          od = Dims();
+          for (int64_t k : perm) {
+            if (k < 0 || k >= static_cast<int64_t>(d->size())) return;
+            od->push_back((*d)[static_cast<size_t>(k)]);
+          }
+        }
+      }
+    } else if (op == "Reshape" || op == "Unsqueeze" || op == "Squeeze" || op == "Flatten") {
+      auto d = dims(0);
+      const auto* v1 = vals(1);
+      if (op == "Reshape" && v1) {
+        Dims r = *v1;
+        bool allowzero = int_attr("allowzero", 0) != 0;
+        int infer = -1;
+        for (size_t k = 0; k < r.size(); ++k) {
+          if (r[k] == 0 && !allowzero) r[k] = d && k < d->size() ? (*d)[k] : -1;
+          if ((*v1)[k] == -1) infer = static_cast<int>(k);
+        }
+        if (infer >= 0) {
+          r[static_cast<size_t>(infer)] = -1;
+          Dims known = r;
+          known.erase(known.begin() + infer);
+          if (d && is_static(*d) && is_static(known) && numel(known) > 0) {
+            r[static_cast<size_t>(infer)] = numel(*d) / numel(known);
+          }
+        }
+        od = r;
+      } else if (op == "Unsqueeze" && d && v1) {
+        auto rank = static_cast<int64_t>(d->size() + v1->size());
+        std::vector<bool> inserted(static_cast<size_t>(rank), false);
+        for (int64_t a : *v1) {
+          a = a < 0 ? a + rank : a;
+          if (a < 0 || a >= rank) return;
+          inserted[static_cast<size_t>(a)] = true;
+        }
+        od = Dims();
+        size_t k = 0;
+        for (int64_t i = 0; i < rank; ++i) {
+          if (inserted[static_cast<size_t>(i)]) {
+            od->push_back(1);
+          } else if (k < d->size()) {
+            od->push_back((*d)[k++]);
+          } else {
+            return;
+          }
+        }
+      } else if (op == "Squeeze" && d) {
+        auto rank = static_cast<int64_t>(d->size());
+        std::vector<bool> drop(d->size(), false);
+        if (v1) {
+          for (int64_t a : *v1) {
+            a = a < 0 ? a + rank : a;
+            if (a < 0 || a >= rank) return;
+            drop[static_cast<size_t>(a)] = true;
+          }
+        } else if (InputName(n, 1).empty()) {
+          for (size_t k = 0; k < d->size(); ++k) {
+            if ((*d)[k] < 0) return;
+            drop[k] = (*d)[k] == 1;
+          }
+        } else {
+          return;
+        }
+        od = Dims();
+        for (size_t k = 0; k < d->size(); ++k) {
+          if (!drop[k]) od->push_back((*d)[k]);
+        }
+      } else if (op == "Flatten" && d) {
+        auto rank = static_cast<int64_t>(d->size());
+        int64_t axis = int_attr("axis", 1);
+        axis = axis < 0 ? axis + rank : axis;
+        if (axis < 0 || axis > rank) return;
+        Dims a(d->begin(), d->begin() + axis), b(d->begin() + axis, d->end());
+        od = Dims{is_static(a) ? numel(a) : -1, is_static(b) ? numel(b) : -1};
+      }
+      if (const auto* v = vals(0);
+          v && od && is_static(*od) && numel(*od) == static_cast<int64_t>(v->size())) {
+        ov = *v;
+      }
+    } else if (op == "Concat") {
+      int64_t axis = int_attr("axis", 0);
+      std::vector<Dims> all;
+      for (int i = 0; i < n.input_size(); ++i) {
+        auto d = dims(i);
+        if (!d) break;
+        all.push_back(std::move(*d));
+      }
+      if (all.size() == static_cast<size_t>(n.input_size()) && !all.empty()) {
+        auto rank = static_cast<int64_t>(all[0].size());
+        int64_t a = axis < 0 ? axis + rank : axis;
+        if (a >= 0 && a < rank) {
+          od = all[0];
+          int64_t sum = 0;
+          for (const Dims& d : all) {
+            if (static_cast<int64_t>(d.size()) != rank) return;
+            sum = (sum < 0 || d[static_cast<size_t>(a)] < 0) ? -1 : sum + d[static_cast<size_t>(a)];
+            for (int64_t k = 0; k < rank; ++k) {
+              if (k != a && (*od)[static_cast<size_t>(k)] < 0)
+                (*od)[static_cast<size_t>(k)] = d[static_cast<size_t>(k)];
+            }
+          }
+          (*od)[static_cast<size_t>(a)] = sum;
+          if (a == 0) {
+            std::vector<int64_t> v;
+            for (int i = 0; i < n.input_size(); ++i) {
+              const auto* x = vals(i);
+              if (!x) {
+                v.clear();
+                break;
+              }
+              v.insert(v.end(), x->begin(), x->end());
+            }
+            if (!v.empty() && is_static(*od) && numel(*od) == static_cast<int64_t>(v.size()))
+              ov = v;
+          }
+        }
+      }
+    } else if (op == "Gather") {
+      auto d = dims(0);
+      auto idx = dims(1);
+      if (d && idx) {
+        auto rank = static_cast<int64_t>(d->size());
+        int64_t axis = int_attr("axis", 0);
+        axis = axis < 0 ? axis + rank : axis;
+        if (axis < 0 || axis >= rank) return;
+        od = Dims(d->begin(), d->begin() + axis);
+        od->insert(od->end(), idx->begin(), idx->end());
+        od->insert(od->end(), d->begin() + axis + 1, d->end());
+        const auto* v0 = vals(0);
+        const auto* v1 = vals(1);
+        if (v0 && v1 && rank == 1) {
+          std::vector<int64_t> v;
+          auto size = static_cast<int64_t>(v0->size());
+          for (int64_t i : *v1) {
+            i = i < 0 ? i + size : i;
+            if (i < 0 || i >= size) return;
+            v.push_back((*v0)[static_cast<size_t>(i)]);
+          }
+          ov = v;
+        }
+      }
+    } else if (op == "MatMul") {
+      auto a = dims(0);
+      auto b = dims(1);
+      if (a && b && a->size() >= 2 && b->size() >= 2) {
+        Dims ba(a->begin(), a->end() - 2), bb(b->begin(), b->end() - 2);
+        size_t rank = std::max(ba.size(), bb.size());
+        od = Dims(rank, 1);
+        for (size_t k = 0; k < rank; ++k) {
+          int64_t x = k + ba.size() >= rank ? ba[k + ba.size() - rank] : 1;
+          int64_t y = k + bb.size() >= rank ? bb[k + bb.size() - rank] : 1;
+          (*od)[k] = x == 1 ? y : y == 1 ? x : (x < 0 ? y : x);
+        }
+        od->push_back((*a)[a->size() - 2]);
+        od->push_back(b->back());
+      }
+    } else if (op == "Expand") {
+      auto d = dims(0);
+      const auto* shape = vals(1);
+      if (d && shape) {
+        size_t rank = std::max(d->size(), shape->size());
+        od = Dims(rank, 1);
+        for (size_t k = 0; k < rank; ++k) {
+          int64_t x = k + d->size() >= rank ? (*d)[k + d->size() - rank] : 1;
+          int64_t y = k + shape->size() >= rank ? (*shape)[k + shape->size() - rank] : 1;
+          (*od)[k] = x == 1 ? y : (y == 1 ? x : (x < 0 ? y : x));
+        }
+      }
+    } else if (op == "ConstantOfShape") {
+      if (const auto* shape = vals(0)) {
+        od = *shape;
+        int32_t type = onnx::TensorProto::FLOAT;
+        std::optional<std::vector<int64_t>> fill;
+        if (const auto* a = FindAttr(n, "value"); a && a->has_t()) {
+          type = a->t().data_type();
+          fill = SmallInts(a->t());
+        } else {
+          fill = std::vector<int64_t>{0};
+        }
+        elem_types_[out] = type;
+        if (IsIntType(type) && fill && fill->size() == 1 && is_static(*od) &&
+            numel(*od) <= static_cast<int64_t>(kMaxFoldedValues)) {
+          ov = std::vector<int64_t>(static_cast<size_t>(numel(*od)), (*fill)[0]);
+        }
+      }
+    } else if (op == "Slice") {
+      auto d = dims(0);
+      const auto* starts = vals(1);
+      const auto* ends = vals(2);
+      const auto* axes_v = vals(3);
+      const auto* steps_v = vals(4);
+      if (d && starts && ends && starts->size() == ends->size() &&
+          (InputName(n, 3).empty() || axes_v) && (InputName(n, 4).empty() || steps_v)) {
+        auto rank = static_cast<int64_t>(d->size());
+        od = *d;
+        std::vector<int64_t> first(d->size(), 0), step(d->size(), 1);
+        bool values_ok = true;
+        for (size_t k = 0; k < starts->size(); ++k) {
+          int64_t a = axes_v ? (*axes_v)[k] : static_cast<int64_t>(k);
+          a = a < 0 ? a + rank : a;
+          int64_t st = steps_v ? (*steps_v)[k] : 1;
+          if (a < 0 || a >= rank || st == 0 || st == std::numeric_limits<int64_t>::min()) return;
+          int64_t len = (*d)[static_cast<size_t>(a)];
+          if (len < 0) {
+            (*od)[static_cast<size_t>(a)] = -1;
+            values_ok = false;
+            continue;
+          }
+          int64_t s0 = (*starts)[k], e0 = (*ends)[k];
+          s0 = s0 < 0 ? s0 + len : s0;
+          e0 = e0 < 0 ? e0 + len : e0;
+          if (st > 0) {
+            s0 = std::clamp(s0, int64_t{0}, len);
+            e0 = std::clamp(e0, int64_t{0}, len);
+            (*od)[static_cast<size_t>(a)] = e0 > s0 ? (e0 - s0 - 1) / st + 1 : 0;
+          } else {
+            s0 = std::clamp(s0, int64_t{-1}, len - 1);
+            e0 = std::clamp(e0, int64_t{-1}, len - 1);
+            (*od)[static_cast<size_t>(a)] = s0 > e0 ? (s0 - e0 - 1) / -st + 1 : 0;
+          }
+          first[static_cast<size_t>(a)] = s0;
+          step[static_cast<size_t>(a)] = st;
+        }
+        const auto* v0 = vals(0);
+        if (v0 && values_ok && rank == 1) {
+          std::vector<int64_t> v;
+          for (int64_t i = 0; i < (*od)[0]; ++i)
+            v.push_back((*v0)[static_cast<size_t>(first[0] + i * step[0])]);
+          ov = v;
+        }
+      }
+    } else if (op == "Range") {
+      const auto* a = vals(0);
+      const auto* b = vals(1);
+      const auto* c = vals(2);
+      // Within +-2^40, so that the count cannot overflow.
+      auto small = [](const std::vector<int64_t>* x) {
+        return x && x->size() == 1 && std::abs((*x)[0]) < (int64_t{1} << 40);
+      };
+      if (small(a) && small(b) && small(c) && (*c)[0] != 0) {
+        int64_t count =
+            std::max<int64_t>(0, ((*b)[0] - (*a)[0] + (*c)[0] - ((*c)[0] > 0 ? 1 : -1)) / (*c)[0]);
+        od = Dims{count};
+        if (count <= static_cast<int64_t>(kMaxFoldedValues)) {
+          std::vector<int64_t> v;
+          for (int64_t i = 0; i < count; ++i) v.push_back((*a)[0] + i * (*c)[0]);
+          ov = v;
+        }
+      }
+    }
+    if (od && !dims_.count(out)) {
+      ranks_[out] = static_cast<int>(od->size());
+      dims_[out] = *od;
+    }
+    if (ov && ov->size() <= kMaxFoldedValues && !ints_.count(out)) ints_[out] = std::move(*ov);
+    // Element types the rank propagation does not give.
+    if (!elem_types_.count(out)) {
+      static const std::unordered_set<std::string_view> kBool = {
+          "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And",
+          "Or",    "Xor",  "Not",         "IsNaN",   "IsInf"};
+      int32_t t = 0;
+      if (kBool.count(op)) {
+        t = onnx::TensorProto::BOOL;
+      } else if (op == "Shape" || op == "Size") {
+        t = onnx::TensorProto::INT64;
+      } else if (op == "Cast") {
+        if (const auto* to = FindAttr(n, "to")) t = static_cast<int32_t>(to->i());
+      } else if (op == "Where") {
+        t = ElemType(InputName(n, 1));
+      } else if ((kUnary.count(op) || kBroadcast.count(op) || op == "Transpose" ||
+                  op == "Reshape" || op == "Unsqueeze" || op == "Squeeze" || op == "Flatten" ||
+                  op == "Concat" || op == "Gather" || op == "MatMul" || op == "Expand" ||
+                  op == "Slice" || op == "Range") &&
+                 op != "BitShift") {
+        t = ElemType(InputName(n, 0));
+      }
+      if (t != 0) elem_types_[out] = t;
+    }
+  }
+
   static int64_t Numel(const onnx::TensorProto& t) {
     int64_t n = 1;
     for (int64_t d : t.dims()) n = d <= 0 ? 0 : SatMul(n, d);  // sizes are checked at import
@@ -280,7 +978,12 @@ class Normalizer final : public ExpansionHost {
   void RecordConstant(const onnx::NodeProto& n) {
     if (n.output_size() < 1) return;
     const std::string& out = n.output(0);
+    if (const auto* a = FindAttr(n, "value_int")) ints_[out] = {a->i()};
+    if (const auto* a = FindAttr(n, "value_ints"); a && a->ints_size() <= 64) {
+      ints_[out] = {a->ints().begin(), a->ints().end()};
+    }
     if (const auto* a = FindAttr(n, "value"); a && a->has_t()) {
+      if (auto v = SmallInts(a->t())) ints_[out] = std::move(*v);
       elem_types_[out] = a->t().data_type();
       ranks_[out] = a->t().dims_size();
       dims_[out] = {a->t().dims().begin(), a->t().dims().end()};
@@ -312,7 +1015,9 @@ class Normalizer final : public ExpansionHost {
     c.node.add_output(out);
     elem_types_[out] = t.data_type();
     ranks_[out] = t.dims_size();
+    dims_[out] = {t.dims().begin(), t.dims().end()};
     numel_[out] = Numel(t);
+    if (auto v = SmallInts(t)) ints_[out] = std::move(*v);
     t.set_name(out);
     auto* a = c.node.add_attribute();
     a->set_name("value");
@@ -621,9 +1326,15 @@ class Normalizer final : public ExpansionHost {
   int64_t opset_;
   std::vector<NormalizedNode>* out_;
   std::vector<NormalizedNode> after_;
+  std::unordered_set<std::string> seen_;  // node names given out
+  bool facts_ = false;                    // propagate facts through the nodes
+  int depth_ = 0;                         // of inlined subgraphs
+  int64_t inlined_nodes_ = 0;
+  std::unordered_map<std::string, std::vector<int64_t>> ints_;  // small int/bool values known
   std::unordered_set<std::string> taken_;
   std::unordered_set<std::string> node_names_;
   std::unordered_map<std::string, int> node_counter_;
+  std::unordered_map<std::string, int> value_counter_;
   std::unordered_map<std::string, int32_t> elem_types_;
   std::unordered_map<std::string, int> ranks_;
   std::unordered_map<std::string, std::vector<int64_t>> dims_;  // declared shapes (-1: no value)
@@ -663,27 +1374,40 @@ void MergeUnsupportedOps(std::vector<OnnxUnsupportedOp> more,
 namespace {
 
 Status SubgraphUnsupportedOps(const onnx::GraphProto& g, int64_t opset, const std::string& path,
+                              int depth, std::vector<OnnxUnsupportedOp>* out);
+
+Status NodeSubgraphUnsupportedOps(const onnx::NodeProto& n, int64_t opset, const std::string& path,
+                                  int depth, std::vector<OnnxUnsupportedOp>* out) {
+  {
+    {
+      for (const auto& a : n.attribute()) {
+        std::vector<const onnx::GraphProto*> subs;
+        if (a.has_g()) subs.push_back(&a.g());
+        for (const auto& sg : a.graphs()) subs.push_back(&sg);
+        for (const onnx::GraphProto* sub : subs) {
+          const std::string where = fmt::format("{}{} '{}'.{}", path.empty() ? "" : path + " > ",
+                                                n.op_type(), n.name(), a.name());
+          onnx::GraphProto copy = *sub;  // normalising takes the nodes out
+          std::vector<NormalizedNode> nodes;
+          KILN_RETURN_IF_ERROR(NormalizeNodes(&copy, opset, &nodes));
+          std::vector<OnnxUnsupportedOp> found = FindUnsupportedOps(nodes, opset);
+          for (OnnxUnsupportedOp& op : found) {
+            for (std::string& name : op.node_names) name += " (in " + where + ")";
+          }
+          MergeUnsupportedOps(std::move(found), out);
+          KILN_RETURN_IF_ERROR(SubgraphUnsupportedOps(*sub, opset, where, depth + 1, out));
+        }
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Status SubgraphUnsupportedOps(const onnx::GraphProto& g, int64_t opset, const std::string& path,
                               int depth, std::vector<OnnxUnsupportedOp>* out) {
   if (depth > 64) return MakeError(ErrorCode::kInvalidModel, "subgraphs nested more than 64 deep");
   for (const auto& n : g.node()) {
-    for (const auto& a : n.attribute()) {
-      std::vector<const onnx::GraphProto*> subs;
-      if (a.has_g()) subs.push_back(&a.g());
-      for (const auto& sg : a.graphs()) subs.push_back(&sg);
-      for (const onnx::GraphProto* sub : subs) {
-        const std::string where = fmt::format("{}{} '{}'.{}", path.empty() ? "" : path + " > ",
-                                              n.op_type(), n.name(), a.name());
-        onnx::GraphProto copy = *sub;  // normalising takes the nodes out
-        std::vector<NormalizedNode> nodes;
-        KILN_RETURN_IF_ERROR(NormalizeNodes(&copy, opset, &nodes));
-        std::vector<OnnxUnsupportedOp> found = FindUnsupportedOps(nodes, opset);
-        for (OnnxUnsupportedOp& op : found) {
-          for (std::string& name : op.node_names) name += " (in " + where + ")";
-        }
-        MergeUnsupportedOps(std::move(found), out);
-        KILN_RETURN_IF_ERROR(SubgraphUnsupportedOps(*sub, opset, where, depth + 1, out));
-      }
-    }
+    KILN_RETURN_IF_ERROR(NodeSubgraphUnsupportedOps(n, opset, path, depth, out));
   }
   return OkStatus();
 }
@@ -691,9 +1415,11 @@ Status SubgraphUnsupportedOps(const onnx::GraphProto& g, int64_t opset, const st
 }  // namespace
 
 StatusOr<std::vector<OnnxUnsupportedOp>> FindUnsupportedOpsInSubgraphs(
-    const onnx::GraphProto& graph, int64_t opset) {
+    const std::vector<NormalizedNode>& nodes, int64_t opset) {
   std::vector<OnnxUnsupportedOp> out;
-  KILN_RETURN_IF_ERROR(SubgraphUnsupportedOps(graph, opset, "", 0, &out));
+  for (const NormalizedNode& nn : nodes) {
+    KILN_RETURN_IF_ERROR(NodeSubgraphUnsupportedOps(nn.node, opset, "", 0, &out));
+  }
   return out;
 }
 
@@ -711,13 +1437,18 @@ std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNo
     const std::string& name = nn.origin.empty() ? n.name() : nn.origin;
     if (!IsDefaultDomain(n.domain())) {
       add(n.domain() + ":" + n.op_type(),
-          fmt::format("custom domain '{}' (kiln implements only the ai.onnx domain)", n.domain()),
+          !nn.unsupported.empty()
+              ? nn.unsupported
+              : fmt::format("custom domain '{}' (kiln implements only the ai.onnx domain)",
+                            n.domain()),
           name);
       continue;
     }
     if (n.op_type() == "Constant") continue;  // becomes a graph constant
     if (!nn.unsupported.empty()) {
-      add(fmt::format("{}-{}", n.op_type(), nn.version), nn.unsupported, name);
+      // Control flow that could not be lowered: the reason does not depend on the version.
+      add(IsControlFlowOp(n) ? n.op_type() : fmt::format("{}-{}", n.op_type(), nn.version),
+          nn.unsupported, name);
       continue;
     }
     const OpSchema* schema = FindOpSchema(n.op_type());

@@ -126,11 +126,12 @@ Status NormalizeNodes(onnx::GraphProto* graph, int64_t opset, std::vector<Normal
 // The unsupported ops among normalised nodes, grouped by type, in first-seen order.
 std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNode>& nodes,
                                                   int64_t opset);
-// The unsupported ops inside the subgraphs of `graph`'s nodes (If's branches, Loop's and Scan's
-// bodies, any graph attribute), depth first; each node is named with the path of the ops that
-// hold it ("nms (in If 'maybe'.then_branch)"). Call before NormalizeNodes takes the nodes out.
+// The unsupported ops inside the subgraphs of normalised nodes that kept them (If, Loop and
+// Scan nodes that could not be lowered, any other graph attribute), depth first; each node is
+// named with the path of the ops that hold it ("nms (in If 'maybe'.then_branch)"). Lowered
+// control flow is gone from `nodes`: its bodies' nodes were normalised in place.
 StatusOr<std::vector<OnnxUnsupportedOp>> FindUnsupportedOpsInSubgraphs(
-    const onnx::GraphProto& graph, int64_t opset);
+    const std::vector<NormalizedNode>& nodes, int64_t opset);
 // Adds `more` to `into`: node names join an entry of the same op type, new types go last.
 void MergeUnsupportedOps(std::vector<OnnxUnsupportedOp> more, std::vector<OnnxUnsupportedOp>* into);
 // The KILN-E2004 error listing them all.
@@ -165,6 +166,50 @@ class ExpansionHost {
 // counts, heads that do not divide, ...).
 StatusOr<std::string> ExpandAttention(const onnx::NodeProto& n, int version, ExpansionHost& host);
 StatusOr<std::string> ExpandRotaryEmbedding(const onnx::NodeProto& n, ExpansionHost& host);
+// ONNX opset-27 ops defined by function bodies (expand_ops27.cc), the same contract.
+StatusOr<std::string> ExpandCausalConvWithState(const onnx::NodeProto& n, ExpansionHost& host);
+StatusOr<std::string> ExpandLinearAttention(const onnx::NodeProto& n, ExpansionHost& host);
+
+// ---- control flow lowered at import (lower_control_flow.cc) ----
+
+// kiln has no run-time control flow: If, Loop and Scan are lowered into the enclosing graph when
+// their shape is static (Scan over a known length, Loop with a constant trip count and a
+// condition that folds, If on a constant condition, or on a run-time one whose branches give
+// outputs of one shape and type: both branches + Where). The lowering needs the normaliser's
+// static facts (constant values, declared or propagated dims) and feeds the inlined body nodes
+// back through it (version rewrites, expansions, nested control flow).
+class LoweringHost : public ExpansionHost {
+ public:
+  // The values of a small integer or boolean tensor known at import (an initializer, a Constant,
+  // or a node folded from such values: shapes of static dims, comparisons, casts, ...), flat.
+  virtual std::optional<std::vector<int64_t>> IntValues(const std::string& value) const = 0;
+  // Records the declared element type and dims (-1: unknown) of a value nothing else describes.
+  virtual void DeclareDims(const std::string& value, int32_t elem_type,
+                           const std::vector<int64_t>& dims) = 0;
+  // Normalises one node of a subgraph being inlined (its op at the model's opset), as if it
+  // were a node of the graph: rewrites, expansions, control flow, facts.
+  virtual Status EmitRaw(onnx::NodeProto node) = 0;
+  // Nodes inlined so far by lowering (unrolled bodies), against kMaxInlinedNodes.
+  virtual int64_t& inlined_nodes() = 0;
+  // How many nodes have been emitted; DropEmittedAfter(mark) takes back those emitted since
+  // (a lowering that starts over another way).
+  virtual size_t EmittedCount() const = 0;
+  virtual void DropEmittedAfter(size_t mark) = 0;
+};
+
+// The most nodes that unrolling and inlining may add to one model.
+inline constexpr int64_t kMaxInlinedNodes = 200000;
+// The most inputs of one Concat (ops.inc); longer stacks are concatenated in groups.
+inline constexpr size_t kMaxConcatInputs = 1024;
+
+// Lowers an If, Loop or Scan node (`version` is its op version). Empty: lowered; otherwise the
+// reason it cannot be (the caller drops whatever was emitted and reports the node in
+// KILN-E2004). An error: the node is malformed.
+StatusOr<std::string> LowerControlFlow(const onnx::NodeProto& n, int version, LoweringHost& host);
+bool IsControlFlowOp(const onnx::NodeProto& n);
+// ai.onnx.preview's FlexAttention: attention with its score_mod and prob_mod subgraphs inlined
+// (the same contract as LowerControlFlow).
+StatusOr<std::string> ExpandFlexAttention(const onnx::NodeProto& n, LoweringHost& host);
 
 // Opset of the default domain; KILN-E2003 / E2012 when out of range; 0 when the model imports
 // only other domains.

@@ -1,0 +1,843 @@
+// If, Loop and Scan lowered into the enclosing graph at import. kiln's engines run a static
+// graph, so control flow is unrolled or inlined when its shape is known at import:
+//   Scan  every scan input's length along its scan axis is static: the body is inlined once per
+//         step (Gather of step t on each scan input, states threaded, the per-step scan outputs
+//         Unsqueeze'd and Concat'ed), directions and axes honoured; Scan-8's batch axis by one
+//         such unrolling per batch entry, stacked.
+//   Loop  the trip count is a constant (or absent) and the condition is constant or folds each
+//         iteration (computed from constants and the iteration number): unrolled likewise.
+//   If    a constant (or folding) condition inlines the branch taken; a run-time condition whose
+//         branches give outputs of one element type and shape inlines both and picks with Where
+//         (branches have no side effects).
+// Body inputs are bound to the values the node passes; values defined in a body get fresh names
+// (`<node>/iter<t>/<name>`), names a body reads from the outer scope stay as they are (inside
+// nested subgraphs too, where a local definition shadows them). Body nodes go back through the
+// normaliser (EmitRaw): version rewrites, expansions and nested control flow apply to them.
+// Anything else is reported as an unsupported node saying why (KILN-E2004).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kiln/onnx/onnx_internal.h"
+#include "kiln/ops/op_schema.h"
+
+namespace kiln::onnx_internal {
+
+namespace {
+
+const onnx::AttributeProto* FindAttr(const onnx::NodeProto& n, std::string_view name) {
+  for (const auto& a : n.attribute()) {
+    if (a.name() == name) return &a;
+  }
+  return nullptr;
+}
+std::vector<int64_t> IntsAttr(const onnx::NodeProto& n, std::string_view name) {
+  const auto* a = FindAttr(n, name);
+  if (!a) return {};
+  return {a->ints().begin(), a->ints().end()};
+}
+onnx::AttributeProto IntAttrProto(const std::string& name, int64_t v) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::INT);
+  a.set_i(v);
+  return a;
+}
+
+// A reason the node cannot be lowered (not an error of the model): reported in KILN-E2004.
+template <typename... Args>
+Status Unlowerable(fmt::format_string<Args...> f, Args&&... args) {
+  return Status(ErrorCode::kUnsupportedOps, fmt::format(f, std::forward<Args>(args)...));
+}
+
+// Names defined inside `g` (inputs, initializers, node outputs): they shadow the outer scope.
+std::unordered_set<std::string> LocalNames(const onnx::GraphProto& g) {
+  std::unordered_set<std::string> local;
+  for (const auto& i : g.input()) local.insert(i.name());
+  for (const auto& t : g.initializer()) local.insert(t.name());
+  for (const auto& n : g.node()) {
+    for (const auto& o : n.output()) local.insert(o);
+  }
+  return local;
+}
+
+// Renames the outer-scope names `g` reads (at any depth) by `map`, honouring shadowing.
+void RenameFree(onnx::GraphProto* g, const std::unordered_map<std::string, std::string>& map) {
+  std::unordered_set<std::string> local = LocalNames(*g);
+  std::unordered_map<std::string, std::string> inner;
+  for (const auto& [from, to] : map) {
+    if (!local.count(from)) inner.emplace(from, to);
+  }
+  if (inner.empty()) return;
+  for (auto& n : *g->mutable_node()) {
+    for (auto& in : *n.mutable_input()) {
+      if (auto it = inner.find(in); it != inner.end()) in = it->second;
+    }
+    for (auto& a : *n.mutable_attribute()) {
+      if (a.has_g()) RenameFree(a.mutable_g(), inner);
+      for (auto& sg : *a.mutable_graphs()) RenameFree(&sg, inner);
+    }
+  }
+  for (auto& o : *g->mutable_output()) {
+    if (auto it = inner.find(o.name()); it != inner.end()) o.set_name(it->second);
+  }
+}
+
+int64_t CountNodes(const onnx::GraphProto& g) {
+  int64_t n = g.node_size();
+  for (const auto& node : g.node()) {
+    for (const auto& a : node.attribute()) {
+      if (a.has_g()) n += CountNodes(a.g());
+      for (const auto& sg : a.graphs()) n += CountNodes(sg);
+    }
+  }
+  return n;
+}
+
+class Lowerer {
+ public:
+  Lowerer(const onnx::NodeProto& n, int version, LoweringHost& host)
+      : n_(n), version_(version), host_(host) {}
+
+  Status Run() {
+    const std::string& op = n_.op_type();
+    if (op == "If") return LowerIf();
+    if (op == "Loop") return LowerLoop();
+    if (op == "FlexAttention") return LowerFlexAttention();
+    return LowerScan();
+  }
+
+ private:
+  const onnx::GraphProto* GraphAttr(const char* name) const {
+    const auto* a = FindAttr(n_, name);
+    return a && a->has_g() ? &a->g() : nullptr;
+  }
+  std::string In(int i) const { return i < n_.input_size() ? n_.input(i) : std::string(); }
+  std::string Out(int i) const { return i < n_.output_size() ? n_.output(i) : std::string(); }
+
+  // A glue node in canonical form; its output is `out` when given, a fresh value otherwise.
+  std::string Op(const std::string& what, const std::string& op, std::vector<std::string> inputs,
+                 std::vector<onnx::AttributeProto> attrs = {}, const std::string& out = "") {
+    NormalizedNode nn;
+    nn.origin = n_.name();
+    const OpSchema* schema = FindOpSchema(op);
+    nn.version = schema ? schema->latest_opset : 0;
+    nn.node.set_op_type(op);
+    nn.node.set_name(host_.FreshNodeName(n_.name() + "/" + what));
+    for (auto& i : inputs) nn.node.add_input(std::move(i));
+    std::string name = out.empty() ? host_.FreshValueName(n_.name() + "/" + what) : out;
+    nn.node.add_output(name);
+    for (auto& a : attrs) *nn.node.add_attribute() = std::move(a);
+    host_.Emit(std::move(nn));
+    return name;
+  }
+  std::string Constant(const std::string& what, onnx::TensorProto t) {
+    NormalizedNode c;
+    c.origin = n_.name();
+    c.node.set_op_type("Constant");
+    c.node.set_name(host_.FreshNodeName(n_.name() + "/" + what));
+    std::string out = host_.FreshValueName(n_.name() + "/" + what);
+    c.node.add_output(out);
+    t.set_name(out);
+    auto* a = c.node.add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
+    *a->mutable_t() = std::move(t);
+    host_.Emit(std::move(c));
+    return out;
+  }
+  std::string Ints(const std::vector<int64_t>& v) {
+    onnx::TensorProto t;
+    t.set_data_type(onnx::TensorProto::INT64);
+    t.add_dims(static_cast<int64_t>(v.size()));
+    for (int64_t x : v) t.add_int64_data(x);
+    return Constant("ints", std::move(t));
+  }
+  std::string IntScalar(const std::string& what, int64_t v) {
+    onnx::TensorProto t;
+    t.set_data_type(onnx::TensorProto::INT64);
+    t.add_int64_data(v);
+    return Constant(what, std::move(t));
+  }
+  std::string BoolScalar(const std::string& what, bool v) {
+    onnx::TensorProto t;
+    t.set_data_type(onnx::TensorProto::BOOL);
+    t.add_int32_data(v ? 1 : 0);
+    return Constant(what, std::move(t));
+  }
+
+  // `copies` more inlined copies of `body` must fit the budget; `done`: copies made so far by
+  // a loop checked as it goes (-1: checked up front).
+  Status CheckBudget(const onnx::GraphProto& body, int64_t copies, int64_t done = -1) {
+    const int64_t per = std::max<int64_t>(1, CountNodes(body));
+    if (copies > kMaxInlinedNodes / per ||
+        host_.inlined_nodes() + per * copies > kMaxInlinedNodes) {
+      std::string what = done >= 0 ? fmt::format(
+                                         "{} iterations of a {}-node body so far, and "
+                                         "its condition still holds",
+                                         done, per)
+                                   : fmt::format("{} copies of a {}-node body", copies, per);
+      return Unlowerable(
+          "unrolling it would add more than {} nodes ({}); kiln lowers control flow by "
+          "unrolling, so long loops need a model that computes them without a Loop/Scan",
+          kMaxInlinedNodes, what);
+    }
+    return OkStatus();
+  }
+
+  // Inlines `g` with its inputs bound to `args`; `outs` receives its outputs' names here.
+  Status Inline(const onnx::GraphProto& g, const std::vector<std::string>& args,
+                const std::string& prefix, std::vector<std::string>* outs) {
+    if (g.input_size() != static_cast<int>(args.size())) {
+      return MakeError(ErrorCode::kInvalidModel,
+                       "node '{}' ({}): its subgraph '{}' has {} input(s), the node binds {}",
+                       n_.name(), n_.op_type(), g.name(), g.input_size(), args.size());
+    }
+    if (g.sparse_initializer_size() > 0) {
+      return Unlowerable("its subgraph '{}' has sparse initializers", g.name());
+    }
+    std::unordered_map<std::string, std::string> map;
+    for (int i = 0; i < g.input_size(); ++i) {
+      map[g.input(i).name()] = args[static_cast<size_t>(i)];
+      DeclareFromValueInfo(g.input(i), args[static_cast<size_t>(i)]);
+    }
+    // Initializers once per subgraph, however many times it is inlined.
+    auto& hoisted = hoisted_[&g];
+    if (hoisted.empty() && g.initializer_size() > 0) {
+      for (const auto& t : g.initializer())
+        hoisted[t.name()] = Constant("initializer/" + t.name(), t);
+    }
+    for (const auto& [from, to] : hoisted) map[from] = to;
+    // Fresh names for every value the body defines, first: value_info may describe them.
+    for (const auto& node : g.node()) {
+      for (const auto& o : node.output()) {
+        if (!o.empty()) map[o] = host_.FreshValueName(prefix + o);
+      }
+    }
+    for (const auto& vi : g.value_info()) {
+      if (auto it = map.find(vi.name()); it != map.end()) DeclareFromValueInfo(vi, it->second);
+    }
+    for (const auto& node : g.node()) {
+      onnx::NodeProto copy = node;
+      for (auto& in : *copy.mutable_input()) {
+        if (auto it = map.find(in); it != map.end()) in = it->second;
+      }
+      for (auto& o : *copy.mutable_output()) {
+        if (!o.empty()) o = map.at(o);
+      }
+      for (auto& a : *copy.mutable_attribute()) {
+        if (a.has_g()) RenameFree(a.mutable_g(), map);
+        for (auto& sg : *a.mutable_graphs()) RenameFree(&sg, map);
+      }
+      copy.set_name(
+          host_.FreshNodeName(prefix + (node.name().empty() ? node.op_type() : node.name())));
+      ++host_.inlined_nodes();
+      KILN_RETURN_IF_ERROR(host_.EmitRaw(std::move(copy)));
+    }
+    if (g.node_size() == 0) ++host_.inlined_nodes();  // an empty body still costs a copy
+    outs->clear();
+    for (const auto& o : g.output()) {
+      auto it = map.find(o.name());
+      outs->push_back(it == map.end() ? o.name() : it->second);  // else: an outer-scope value
+      DeclareFromValueInfo(o, outs->back());
+    }
+    return OkStatus();
+  }
+
+  void DeclareFromValueInfo(const onnx::ValueInfoProto& vi, const std::string& value) {
+    if (!vi.type().has_tensor_type() || host_.Dims(value)) return;
+    const auto& tt = vi.type().tensor_type();
+    if (!tt.has_shape()) return;
+    std::vector<int64_t> dims;
+    for (const auto& d : tt.shape().dim()) dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+    host_.DeclareDims(value, tt.elem_type(), dims);
+  }
+
+  // Out[i] = Identity(value) when the node names output i.
+  void Bind(int i, const std::string& value) {
+    if (Out(i).empty()) return;
+    Op("output", "Identity", {value}, {}, Out(i));
+  }
+
+  // Stacks per-step values along `axis` (of the stacked rank); `reverse`: last step first.
+  std::string Stack(std::vector<std::string> pieces, int64_t axis, bool reverse,
+                    const std::string& out) {
+    if (reverse) std::reverse(pieces.begin(), pieces.end());
+    std::string axes = Ints({axis});
+    std::vector<std::string> unsq;
+    for (const auto& p : pieces) unsq.push_back(Op("unsqueeze", "Unsqueeze", {p, axes}));
+    // Concat takes at most kMaxConcatInputs inputs: longer runs are concatenated in groups.
+    while (unsq.size() > kMaxConcatInputs) {
+      std::vector<std::string> groups;
+      for (size_t i = 0; i < unsq.size(); i += kMaxConcatInputs) {
+        std::vector<std::string> part(unsq.begin() + static_cast<std::ptrdiff_t>(i),
+                                      unsq.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                         unsq.size(), i + kMaxConcatInputs)));
+        groups.push_back(Op("concat", "Concat", part, {IntAttrProto("axis", axis)}));
+      }
+      unsq = std::move(groups);
+    }
+    return Op("concat", "Concat", unsq, {IntAttrProto("axis", axis)}, out);
+  }
+
+  // ---- If ----
+
+  Status LowerIf() {
+    const onnx::GraphProto* then_g = GraphAttr("then_branch");
+    const onnx::GraphProto* else_g = GraphAttr("else_branch");
+    if (!then_g || !else_g) {
+      return MakeError(ErrorCode::kInvalidAttribute,
+                       "node '{}' (If) needs graph attributes then_branch and else_branch",
+                       n_.name());
+    }
+    if (then_g->output_size() != else_g->output_size() ||
+        then_g->output_size() < n_.output_size()) {
+      return MakeError(ErrorCode::kInvalidModel,
+                       "node '{}' (If): its branches give {} and {} outputs, the node has {}",
+                       n_.name(), then_g->output_size(), else_g->output_size(), n_.output_size());
+    }
+    const std::string cond = In(0);
+    if (auto v = host_.IntValues(cond); v && v->size() == 1) {
+      std::vector<std::string> outs;
+      KILN_RETURN_IF_ERROR(Inline((*v)[0] ? *then_g : *else_g, {}, n_.name() + "/", &outs));
+      for (int i = 0; i < n_.output_size(); ++i) Bind(i, outs[static_cast<size_t>(i)]);
+      return OkStatus();
+    }
+    // A run-time condition: both branches, then Where per output.
+    for (int i = 0; i < n_.output_size(); ++i) {
+      if (!then_g->output(i).type().has_tensor_type() ||
+          !else_g->output(i).type().has_tensor_type()) {
+        return Unlowerable("output {} is not a tensor (kiln has no sequences or optionals)", i);
+      }
+    }
+    KILN_RETURN_IF_ERROR(CheckBudget(*then_g, 1));
+    std::vector<std::string> t, e;
+    KILN_RETURN_IF_ERROR(Inline(*then_g, {}, n_.name() + "/then/", &t));
+    KILN_RETURN_IF_ERROR(Inline(*else_g, {}, n_.name() + "/else/", &e));
+    for (int i = 0; i < n_.output_size(); ++i) {
+      if (Out(i).empty()) continue;
+      KILN_RETURN_IF_ERROR(SameTypeAndShape(then_g->output(i), else_g->output(i),
+                                            t[static_cast<size_t>(i)], e[static_cast<size_t>(i)],
+                                            i));
+    }
+    std::string c = Op("condition", "Reshape", {cond, Ints({})});
+    for (int i = 0; i < n_.output_size(); ++i) {
+      if (Out(i).empty()) continue;
+      Op("select", "Where", {c, t[static_cast<size_t>(i)], e[static_cast<size_t>(i)]}, {}, Out(i));
+    }
+    return OkStatus();
+  }
+
+  // Both branches' output i must have one element type and shape for Where to pick between
+  // them: from the branches' declarations, or the static facts of the inlined values.
+  Status SameTypeAndShape(const onnx::ValueInfoProto& a, const onnx::ValueInfoProto& b,
+                          const std::string& va, const std::string& vb, int i) {
+    const auto& ta = a.type().tensor_type();
+    const auto& tb = b.type().tensor_type();
+    int32_t ea = ta.elem_type() ? ta.elem_type() : host_.ElemType(va);
+    int32_t eb = tb.elem_type() ? tb.elem_type() : host_.ElemType(vb);
+    if (ea == 0 || ea != eb) {
+      return Unlowerable(
+          "its condition is computed at run time and kiln cannot show that both branches give "
+          "output {} of one element type ({} vs {}); kiln lowers such an If to both branches + "
+          "Where",
+          i, ea ? OnnxDataTypeName(ea) : "unknown", eb ? OnnxDataTypeName(eb) : "unknown");
+    }
+    bool same = false;
+    if (ta.has_shape() && tb.has_shape() && ta.shape().dim_size() == tb.shape().dim_size()) {
+      same = true;
+      for (int d = 0; d < ta.shape().dim_size() && same; ++d) {
+        const auto& x = ta.shape().dim(d);
+        const auto& y = tb.shape().dim(d);
+        same = (x.has_dim_value() && y.has_dim_value() && x.dim_value() == y.dim_value()) ||
+               (x.has_dim_param() && y.has_dim_param() && !x.dim_param().empty() &&
+                x.dim_param() == y.dim_param());
+      }
+    }
+    if (!same) {
+      auto da = host_.Dims(va);
+      auto db = host_.Dims(vb);
+      same = da && db && *da == *db &&
+             std::all_of(da->begin(), da->end(), [](int64_t d) { return d >= 0; });
+    }
+    if (!same) {
+      return Unlowerable(
+          "its condition is computed at run time and kiln cannot show that both branches give "
+          "output {} of one shape (declare the branches' output shapes); kiln lowers such an If "
+          "to both branches + Where",
+          i);
+    }
+    return OkStatus();
+  }
+
+  // ---- Loop ----
+
+  Status LowerLoop() {
+    const onnx::GraphProto* body = GraphAttr("body");
+    if (!body) {
+      return MakeError(ErrorCode::kInvalidAttribute, "node '{}' (Loop) needs graph attribute body",
+                       n_.name());
+    }
+    const int num_states = std::max(0, n_.input_size() - 2);
+    const int num_scans = body->output_size() - 1 - num_states;
+    if (body->input_size() != 2 + num_states || num_scans < 0 ||
+        n_.output_size() > num_states + num_scans) {
+      return MakeError(ErrorCode::kInvalidModel,
+                       "node '{}' (Loop): the body has {} input(s) and {} output(s) for {} loop "
+                       "state value(s) and {} node output(s)",
+                       n_.name(), body->input_size(), body->output_size(), num_states,
+                       n_.output_size());
+    }
+    std::optional<int64_t> trips;
+    if (!In(0).empty()) {
+      auto v = host_.IntValues(In(0));
+      if (!v || v->size() != 1) {
+        return Unlowerable(
+            "its trip count '{}' is computed at run time; kiln unrolls a Loop at import, which "
+            "needs a constant trip count (or none) and a condition that folds to a constant",
+            In(0));
+      }
+      trips = (*v)[0];
+    }
+    bool cond = true;
+    if (!In(1).empty()) {
+      auto v = host_.IntValues(In(1));
+      if (!v || v->size() != 1) {
+        return LowerLoopGated(
+            *body, trips, num_states, num_scans,
+            fmt::format("its initial condition '{}' is computed at run time", In(1)));
+      }
+      cond = (*v)[0] != 0;
+    }
+    // A body that passes its condition through runs exactly `trips` iterations: the budget is
+    // checked up front (a loop past it is refused before anything is unrolled).
+    if (cond && ConditionPassesThrough(*body)) {
+      if (!trips) {
+        return Unlowerable(
+            "it has no trip count and its condition stays true, so it never ends (or only by an "
+            "error)");
+      }
+      KILN_RETURN_IF_ERROR(CheckBudget(*body, *trips));
+    }
+    std::vector<std::string> states;
+    for (int i = 0; i < num_states; ++i) states.push_back(In(2 + i));
+    std::vector<std::vector<std::string>> pieces(static_cast<size_t>(num_scans));
+    const size_t mark = host_.EmittedCount();
+    int64_t t = 0;
+    for (; cond && (!trips || t < *trips); ++t) {
+      KILN_RETURN_IF_ERROR(CheckBudget(*body, 1, t));  // as it goes: M may be INT64_MAX
+      std::vector<std::string> args = {IntScalar("iteration", t), BoolScalar("condition", true)};
+      args.insert(args.end(), states.begin(), states.end());
+      std::vector<std::string> outs;
+      KILN_RETURN_IF_ERROR(Inline(*body, args, fmt::format("{}/iter{}/", n_.name(), t), &outs));
+      auto c = host_.IntValues(outs[0]);
+      if (!c || c->size() != 1) {
+        host_.DropEmittedAfter(mark);
+        hoisted_.clear();  // those constants were dropped too
+        return LowerLoopGated(
+            *body, trips, num_states, num_scans,
+            fmt::format("the condition its body computes ('{}') does not fold to a constant at "
+                        "import",
+                        body->output(0).name()));
+      }
+      cond = (*c)[0] != 0;
+      for (int i = 0; i < num_states; ++i) states[static_cast<size_t>(i)] = outs[1 + i];
+      for (int k = 0; k < num_scans; ++k) {
+        pieces[static_cast<size_t>(k)].push_back(outs[static_cast<size_t>(1 + num_states + k)]);
+      }
+    }
+    for (int i = 0; i < num_states && i < n_.output_size(); ++i) {
+      Bind(i, states[static_cast<size_t>(i)]);
+    }
+    for (int k = 0; k < num_scans && num_states + k < n_.output_size(); ++k) {
+      if (Out(num_states + k).empty()) continue;
+      if (t == 0) {
+        return Unlowerable(
+            "it runs zero iterations, so its scan output '{}' is empty with a shape kiln cannot "
+            "know",
+            Out(num_states + k));
+      }
+      Stack(pieces[static_cast<size_t>(k)], 0, false, Out(num_states + k));
+    }
+    return OkStatus();
+  }
+
+  // A Loop whose condition is computed at run time, with a constant trip count: every iteration
+  // unrolled, each state updated only while the condition held (Where(active, new, old), active
+  // = And(active, condition)). Needs states whose shapes the body keeps (Where would broadcast
+  // otherwise) and no scan outputs (their length would depend on the data). The body runs on in
+  // the iterations after the condition turned false; their results are discarded.
+  Status LowerLoopGated(const onnx::GraphProto& body, std::optional<int64_t> trips, int num_states,
+                        int num_scans, const std::string& why) {
+    if (!trips) {
+      return Unlowerable(
+          "{} and it has no trip count; kiln unrolls a Loop at import, which needs a constant "
+          "trip count when the condition is computed at run time",
+          why);
+    }
+    if (num_scans > 0) {
+      return Unlowerable(
+          "{}, so the length of its scan outputs depends on the data; kiln unrolls a Loop at "
+          "import, which needs a condition that folds to a constant for scan outputs",
+          why);
+    }
+    KILN_RETURN_IF_ERROR(CheckBudget(body, std::max<int64_t>(*trips, 0)));
+    std::string active = In(1).empty() ? BoolScalar("condition", true)
+                                       : Op("condition", "Reshape", {In(1), Ints({})});
+    std::vector<std::string> states;
+    for (int i = 0; i < num_states; ++i) states.push_back(In(2 + i));
+    for (int64_t t = 0; t < *trips; ++t) {
+      std::vector<std::string> args = {IntScalar("iteration", t), active};
+      args.insert(args.end(), states.begin(), states.end());
+      std::vector<std::string> outs;
+      KILN_RETURN_IF_ERROR(Inline(body, args, fmt::format("{}/iter{}/", n_.name(), t), &outs));
+      for (int i = 0; i < num_states; ++i) {
+        const std::string& old_v = states[static_cast<size_t>(i)];
+        const std::string& new_v = outs[static_cast<size_t>(1 + i)];
+        auto a = host_.Dims(old_v), b = host_.Dims(new_v);
+        if (!a || !b || *a != *b ||
+            !std::all_of(a->begin(), a->end(), [](int64_t d) { return d >= 0; })) {
+          return Unlowerable(
+              "{}, and kiln cannot show that its body keeps the shape of loop state '{}' (which "
+              "a run-time condition needs: each state is kept or replaced per iteration)",
+              why, body.input(2 + i).name());
+        }
+        states[static_cast<size_t>(i)] = Op("keep_or_update", "Where", {active, new_v, old_v});
+      }
+      std::string c = Op("body_condition", "Reshape", {outs[0], Ints({})});
+      active = Op("active", "And", {active, c});
+    }
+    for (int i = 0; i < num_states && i < n_.output_size(); ++i) {
+      Bind(i, states[static_cast<size_t>(i)]);
+    }
+    return OkStatus();
+  }
+
+  // The body's condition output is its condition input (directly or through Identity).
+  static bool ConditionPassesThrough(const onnx::GraphProto& body) {
+    const std::string& in = body.input(1).name();
+    const std::string& out = body.output(0).name();
+    if (in == out) return true;
+    for (const auto& n : body.node()) {
+      if (n.output_size() == 1 && n.output(0) == out) {
+        return n.op_type() == "Identity" && n.input_size() == 1 && n.input(0) == in;
+      }
+    }
+    return false;
+  }
+
+  // ---- FlexAttention (ai.onnx.preview) ----
+
+  // As the spec's function writes it: K and V repeated per query head (grouped-query), Q and K
+  // each scaled by sqrt(scale) (default 1/sqrt(head size)), Q K^T cast to softmax_precision
+  // (float32, or float64 for float64 inputs), score_mod inlined on the scores, Softmax on the
+  // last axis, prob_mod inlined on the probabilities, the product with V (in that precision),
+  // cast back to Q's type.
+  Status LowerFlexAttention() {
+    const std::string q = In(0), k = In(1), v = In(2);
+    if (q.empty() || k.empty() || v.empty() || Out(0).empty()) {
+      return MakeError(ErrorCode::kInvalidModel,
+                       "FlexAttention needs inputs Q, K, V and output Y; node '{}' lacks one",
+                       n_.name());
+    }
+    const int32_t type = host_.ElemType(q);
+    if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::FLOAT16 &&
+        type != onnx::TensorProto::BFLOAT16 && type != onnx::TensorProto::DOUBLE) {
+      return Unlowerable(
+          "Q's float element type is not known, which kiln's expansion of this operator needs "
+          "(declare it in value_info, e.g. with onnx.shape_inference)");
+    }
+    for (const std::string& x : {q, k, v}) {
+      if (auto d = host_.Dims(x); d && d->size() != 4) {
+        return MakeError(ErrorCode::kShapeMismatch,
+                         "node '{}' (FlexAttention): input '{}' has rank {}; Q, K and V are "
+                         "rank 4",
+                         n_.name(), x, d->size());
+      }
+    }
+    const auto* sp_attr = FindAttr(n_, "softmax_precision");
+    const int32_t precision = sp_attr
+                                  ? static_cast<int32_t>(sp_attr->i())
+                                  : (type == onnx::TensorProto::DOUBLE ? onnx::TensorProto::DOUBLE
+                                                                       : onnx::TensorProto::FLOAT);
+    auto shape = [&](const std::string& x, int64_t start, int64_t end) {
+      onnx::AttributeProto s = IntAttrProto("start", start), e = IntAttrProto("end", end);
+      return Op("shape", "Shape", {x}, {s, e});
+    };
+    auto cast = [&](const std::string& x, int32_t from, int32_t to) {
+      return from == to ? x : Op("cast", "Cast", {x}, {IntAttrProto("to", to)});
+    };
+    // K, V repeated per query head: [B, Hkv, S, d] -> [B, Hkv, rep, S, d] -> [B, Hq, S, d].
+    const std::string rep = Op("kv_repeat", "Div", {shape(q, 1, 2), shape(k, 1, 2)});
+    const std::string expand_shape =
+        Op("repeat_shape", "Concat", {Ints({1, 1}), rep, Ints({1, 1})}, {IntAttrProto("axis", 0)});
+    auto repeat = [&](const std::string& x) {
+      std::string five = Op("kv_unsqueeze", "Unsqueeze", {x, Ints({2})});
+      std::string wide = Op("kv_expand", "Expand", {five, expand_shape});
+      std::string target =
+          Op("kv_shape", "Concat", {shape(x, 0, 1), shape(q, 1, 2), shape(x, 2, 4)},
+             {IntAttrProto("axis", 0)});
+      return Op("kv_aligned", "Reshape", {wide, target});
+    };
+    const std::string k_rep = repeat(k), v_rep = repeat(v);
+    // sqrt(scale), in Q's type.
+    std::string sqrt_scale;
+    if (const auto* a = FindAttr(n_, "scale")) {
+      onnx::TensorProto t;
+      t.set_data_type(onnx::TensorProto::FLOAT);
+      t.add_float_data(std::sqrt(a->f()));
+      sqrt_scale = Constant("sqrt_scale", std::move(t));
+    } else {
+      std::string d =
+          Op("head_size", "Cast", {shape(q, 3, 4)}, {IntAttrProto("to", onnx::TensorProto::FLOAT)});
+      sqrt_scale =
+          Op("sqrt_scale", "Sqrt", {Op("scale", "Reciprocal", {Op("sqrt_d", "Sqrt", {d})})});
+    }
+    sqrt_scale = cast(sqrt_scale, onnx::TensorProto::FLOAT, type);
+    std::string qs = Op("q_scaled", "Mul", {q, sqrt_scale});
+    std::string ks = Op("k_scaled", "Mul", {k_rep, sqrt_scale});
+    std::string kt = Op("k_transposed", "Transpose", {ks}, {[] {
+                          onnx::AttributeProto a;
+                          a.set_name("perm");
+                          a.set_type(onnx::AttributeProto::INTS);
+                          for (int64_t x : {0, 1, 3, 2}) a.add_ints(x);
+                          return a;
+                        }()});
+    std::string scores = cast(Op("scores", "MatMul", {qs, kt}), type, precision);
+    std::vector<std::string> outs;
+    if (const onnx::GraphProto* g = GraphAttr("score_mod")) {
+      KILN_RETURN_IF_ERROR(CheckModifier(*g, "score_mod"));
+      KILN_RETURN_IF_ERROR(Inline(*g, {scores}, n_.name() + "/score_mod/", &outs));
+      scores = outs[0];
+    }
+    std::string probs = Op("probs", "Softmax", {scores}, {IntAttrProto("axis", -1)});
+    if (const onnx::GraphProto* g = GraphAttr("prob_mod")) {
+      KILN_RETURN_IF_ERROR(CheckModifier(*g, "prob_mod"));
+      KILN_RETURN_IF_ERROR(Inline(*g, {probs}, n_.name() + "/prob_mod/", &outs));
+      probs = outs[0];
+    }
+    std::string y = Op("y", "MatMul", {probs, cast(v_rep, type, precision)});
+    if (precision == type) {
+      Op("output", "Identity", {y}, {}, Out(0));
+    } else {
+      Op("output", "Cast", {y}, {IntAttrProto("to", type)}, Out(0));
+    }
+    host_.Declare(Out(0), type, 4);
+    return OkStatus();
+  }
+
+  Status CheckModifier(const onnx::GraphProto& g, const char* what) {
+    if (g.input_size() != 1 || g.output_size() != 1) {
+      return MakeError(ErrorCode::kInvalidModel,
+                       "node '{}' (FlexAttention): its {} subgraph has {} input(s) and {} "
+                       "output(s); the spec wants one of each",
+                       n_.name(), what, g.input_size(), g.output_size());
+    }
+    return OkStatus();
+  }
+
+  // ---- Scan ----
+
+  Status LowerScan() {
+    const onnx::GraphProto* body = GraphAttr("body");
+    const auto* m_attr = FindAttr(n_, "num_scan_inputs");
+    if (!body || !m_attr) {
+      return MakeError(ErrorCode::kInvalidAttribute,
+                       "node '{}' (Scan) needs attributes body and num_scan_inputs", n_.name());
+    }
+    const int first = version_ < 9 ? 1 : 0;  // Scan-8: input 0 is sequence_lens
+    const int num_inputs = n_.input_size() - first;
+    const auto m = static_cast<int>(m_attr->i());
+    const int num_states = num_inputs - m;
+    const int num_scans = body->output_size() - num_states;
+    if (m < 1 || num_states < 0 || num_scans < 0 || body->input_size() != num_inputs ||
+        n_.output_size() > body->output_size()) {
+      return MakeError(ErrorCode::kInvalidModel,
+                       "node '{}' (Scan): {} input(s) with num_scan_inputs = {}, a body of {} "
+                       "input(s) and {} output(s), {} node output(s)",
+                       n_.name(), num_inputs, m, body->input_size(), body->output_size(),
+                       n_.output_size());
+    }
+    std::vector<std::string> states, xs;
+    for (int i = 0; i < num_states; ++i) states.push_back(In(first + i));
+    for (int j = 0; j < m; ++j) xs.push_back(In(first + num_states + j));
+    std::vector<std::string> want;
+    for (int i = 0; i < body->output_size(); ++i) want.push_back(Out(i));
+    auto pad = [](std::vector<int64_t> v, size_t n) {
+      v.resize(std::max(v.size(), n), 0);
+      return v;
+    };
+    if (version_ >= 9) {
+      std::vector<std::string> got;
+      return ScanSteps(*body, states, xs, pad(IntsAttr(n_, "scan_input_axes"), xs.size()),
+                       pad(IntsAttr(n_, "scan_input_directions"), xs.size()),
+                       pad(IntsAttr(n_, "scan_output_axes"), static_cast<size_t>(num_scans)),
+                       pad(IntsAttr(n_, "scan_output_directions"), static_cast<size_t>(num_scans)),
+                       n_.name() + "/", want, &got);
+    }
+    // Scan-8: axis 0 of every input and output is a batch axis; the scan axis is 1.
+    if (!In(0).empty()) {
+      return Unlowerable(
+          "it has sequence_lens (per-batch lengths), which kiln cannot unroll; omit it when "
+          "every sequence has the full length");
+    }
+    std::vector<int64_t> batch_dims;
+    std::vector<std::string> all = states;
+    all.insert(all.end(), xs.begin(), xs.end());
+    for (const auto& v : all) {
+      auto d = host_.Dims(v);
+      if (!d || d->empty() || (*d)[0] < 0) {
+        return Unlowerable(
+            "the batch size of '{}' (axis 0) is not known at import; declare its shape (e.g. "
+            "run onnx.shape_inference)",
+            v);
+      }
+      batch_dims.push_back((*d)[0]);
+    }
+    const int64_t batch = batch_dims[0];
+    for (int64_t d : batch_dims) {
+      if (d != batch) {
+        return MakeError(ErrorCode::kShapeMismatch,
+                         "node '{}' (Scan-8): its inputs have batch sizes {} and {}", n_.name(),
+                         batch, d);
+      }
+    }
+    KILN_RETURN_IF_ERROR(CheckBudget(*body, batch));
+    std::vector<std::vector<std::string>> per_batch(static_cast<size_t>(body->output_size()));
+    for (int64_t b = 0; b < batch; ++b) {
+      std::string idx = IntScalar("batch", b);
+      auto take = [&](const std::string& v) {
+        return Op("batch_entry", "Gather", {v, idx}, {IntAttrProto("axis", 0)});
+      };
+      std::vector<std::string> bs, bx;
+      for (const auto& s : states) bs.push_back(take(s));
+      for (const auto& x : xs) bx.push_back(take(x));
+      std::vector<std::string> got;
+      KILN_RETURN_IF_ERROR(
+          ScanSteps(*body, bs, bx, std::vector<int64_t>(xs.size(), 0),
+                    pad(IntsAttr(n_, "directions"), xs.size()),
+                    std::vector<int64_t>(static_cast<size_t>(num_scans), 0),
+                    std::vector<int64_t>(static_cast<size_t>(num_scans), 0),
+                    fmt::format("{}/batch{}/", n_.name(), b),
+                    std::vector<std::string>(static_cast<size_t>(body->output_size())), &got));
+      for (size_t i = 0; i < got.size(); ++i) per_batch[i].push_back(got[i]);
+    }
+    for (int i = 0; i < n_.output_size(); ++i) {
+      if (!Out(i).empty()) Stack(per_batch[static_cast<size_t>(i)], 0, false, Out(i));
+    }
+    return OkStatus();
+  }
+
+  // The Scan-9 semantics: `want` names the final states and the stacked scan outputs (empty:
+  // fresh, or not wanted by the node); `got` receives every one of them.
+  Status ScanSteps(const onnx::GraphProto& body, std::vector<std::string> states,
+                   const std::vector<std::string>& xs, const std::vector<int64_t>& in_axes,
+                   const std::vector<int64_t>& in_dirs, const std::vector<int64_t>& out_axes,
+                   const std::vector<int64_t>& out_dirs, const std::string& prefix,
+                   const std::vector<std::string>& want, std::vector<std::string>* got) {
+    const size_t num_states = states.size();
+    const size_t num_scans = body.output_size() - num_states;
+    for (int64_t d : in_dirs) {
+      if (d != 0 && d != 1) {
+        return MakeError(ErrorCode::kInvalidAttribute,
+                         "node '{}' (Scan): a scan direction is {}; directions are 0 (forward) "
+                         "or 1 (reverse)",
+                         n_.name(), d);
+      }
+    }
+    for (int64_t d : out_dirs) {
+      if (d != 0 && d != 1) {
+        return MakeError(ErrorCode::kInvalidAttribute,
+                         "node '{}' (Scan): a scan output direction is {}; directions are 0 "
+                         "(forward) or 1 (reverse)",
+                         n_.name(), d);
+      }
+    }
+    int64_t length = -1;
+    std::vector<int64_t> axes;
+    for (size_t j = 0; j < xs.size(); ++j) {
+      auto d = host_.Dims(xs[j]);
+      if (!d) {
+        return Unlowerable(
+            "the shape of its scan input '{}' is not known at import; kiln unrolls a Scan over a "
+            "static length (declare the shape, e.g. run onnx.shape_inference)",
+            xs[j]);
+      }
+      const auto rank = static_cast<int64_t>(d->size());
+      int64_t a = in_axes[j] < 0 ? in_axes[j] + rank : in_axes[j];
+      if (a < 0 || a >= rank) {
+        return MakeError(ErrorCode::kInvalidAttribute,
+                         "node '{}' (Scan): scan axis {} of input '{}' is outside its rank {}",
+                         n_.name(), in_axes[j], xs[j], rank);
+      }
+      axes.push_back(a);
+      int64_t len = (*d)[static_cast<size_t>(a)];
+      if (len < 0) {
+        return Unlowerable(
+            "the length of its scan input '{}' along axis {} is not static; kiln unrolls a Scan "
+            "over a length known at import",
+            xs[j], a);
+      }
+      if (length >= 0 && len != length) {
+        return MakeError(ErrorCode::kShapeMismatch,
+                         "node '{}' (Scan): scan inputs have lengths {} and {} ('{}')", n_.name(),
+                         length, len, xs[j]);
+      }
+      length = len;
+    }
+    if (length == 0 && num_scans > 0) {
+      return Unlowerable("its scan length is 0, so its scan outputs are empty of unknown shape");
+    }
+    KILN_RETURN_IF_ERROR(CheckBudget(body, length));
+    std::vector<std::vector<std::string>> pieces(num_scans);
+    for (int64_t t = 0; t < length; ++t) {
+      std::vector<std::string> args = states;
+      for (size_t j = 0; j < xs.size(); ++j) {
+        std::string idx = IntScalar("step", in_dirs[j] ? length - 1 - t : t);
+        args.push_back(Op("step", "Gather", {xs[j], idx}, {IntAttrProto("axis", axes[j])}));
+      }
+      std::vector<std::string> outs;
+      KILN_RETURN_IF_ERROR(Inline(body, args, fmt::format("{}iter{}/", prefix, t), &outs));
+      for (size_t i = 0; i < num_states; ++i) states[i] = outs[i];
+      for (size_t k = 0; k < num_scans; ++k) pieces[k].push_back(outs[num_states + k]);
+    }
+    got->clear();
+    for (size_t i = 0; i < num_states; ++i) {
+      got->push_back(want[i].empty() ? states[i]
+                                     : Op("output", "Identity", {states[i]}, {}, want[i]));
+    }
+    for (size_t k = 0; k < num_scans; ++k) {
+      got->push_back(Stack(pieces[k], out_axes[k], out_dirs[k] != 0, want[num_states + k]));
+    }
+    return OkStatus();
+  }
+
+  const onnx::NodeProto& n_;
+  int version_;
+  LoweringHost& host_;
+  std::unordered_map<const onnx::GraphProto*, std::unordered_map<std::string, std::string>>
+      hoisted_;
+};
+
+}  // namespace
+
+StatusOr<std::string> ExpandFlexAttention(const onnx::NodeProto& n, LoweringHost& host) {
+  return LowerControlFlow(n, 1, host);
+}
+
+bool IsControlFlowOp(const onnx::NodeProto& n) {
+  if (!n.domain().empty() && n.domain() != "ai.onnx") return false;
+  return n.op_type() == "If" || n.op_type() == "Loop" || n.op_type() == "Scan";
+}
+
+StatusOr<std::string> LowerControlFlow(const onnx::NodeProto& n, int version, LoweringHost& host) {
+  Status st = Lowerer(n, version, host).Run();
+  if (st.ok()) return std::string();
+  if (st.code() == ErrorCode::kUnsupportedOps) return st.message();
+  return st;
+}
+
+}  // namespace kiln::onnx_internal
