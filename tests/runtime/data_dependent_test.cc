@@ -161,6 +161,111 @@ TEST(DataDependent, MaxShapeIsTheBoundAndThePlanHoldsIt) {
   EXPECT_EQ(*(*ctx)->GetTensorShape("vals"), (std::vector<int64_t>{12}));
 }
 
+// A constant input: the node is not folded (its output shape is not static) and runs at
+// execution; an all-static engine (no profile) still plans the count at its bound.
+TEST(DataDependent, ConstantInputRunsAtExecutionWithStaticInputs) {
+  auto g = std::make_unique<Graph>();
+  g->set_name("const_nonzero");
+  g->set_opset(17);
+  Value* c = g->AddConstant(
+      "c", Tensor::FromVector<int32_t>(DataType::kInt32, {2, 3}, {0, 4, 0, 5, 0, 6}));
+  Value* x = g->AddInput("x", DataType::kFloat32, {3});
+  Value* nz = g->AddValue("nz");
+  g->AddNode("NonZero", "nonzero", {c}, {nz});
+  Value* y = g->AddValue("y");
+  g->AddNode("Relu", "relu", {x}, {y});
+  g->MarkOutput(nz);
+  g->MarkOutput(y);
+  BuilderConfig config;
+  BuildReport report;
+  auto desc = BuildEngine({std::move(g), "const_nonzero", Hash128{}}, config, &report);
+  ASSERT_TRUE(desc.ok()) << desc.status().ToString();
+  auto runtime = Runtime::Create(BackendKind::kCpu);
+  ASSERT_TRUE(runtime.ok());
+  auto engine = (*runtime)->CreateEngine(std::shared_ptr<const EngineDesc>(std::move(*desc)));
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto ctx = (*engine)->CreateExecutionContext();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  EXPECT_EQ(*(*ctx)->GetMaxTensorShape("nz"), (std::vector<int64_t>{2, 6}));
+  std::vector<int64_t> nz_out(12, -1);
+  std::vector<float> xs = {-1, 2, 3}, ys(3);
+  ASSERT_TRUE((*ctx)->SetTensorAddress("x", xs.data()).ok());
+  ASSERT_TRUE((*ctx)->SetTensorAddress("y", ys.data()).ok());
+  ASSERT_TRUE((*ctx)->SetTensorAddress("nz", nz_out.data()).ok());
+  for (int run = 0; run < 2; ++run) {
+    ASSERT_TRUE((*ctx)->Execute().ok());
+    EXPECT_EQ(*(*ctx)->GetTensorShape("nz"), (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(std::vector<int64_t>(nz_out.begin(), nz_out.begin() + 6),
+              (std::vector<int64_t>{0, 1, 1, 1, 0, 2}));
+  }
+  EXPECT_EQ((*ctx)->data_dependent_updates(), 1);  // the bound, then 3 once
+  EXPECT_EQ(ys, (std::vector<float>{0, 2, 3}));
+}
+
+// TopK with a K that is only known at run time (a plain graph input, no shape values): the
+// count is data-dependent, bounded by the axis length; a layer after it sees the reported K.
+TEST(DataDependent, TopKWithARunTimeK) {
+  auto g = std::make_unique<Graph>();
+  g->set_name("topk");
+  g->set_opset(17);
+  Value* x = g->AddInput("x", DataType::kFloat32, {2, 5});
+  Value* k = g->AddInput("k", DataType::kInt64, {1});
+  Value* vals = g->AddValue("vals");
+  Value* idx = g->AddValue("idx");
+  AttributeMap axis1;
+  axis1.Set("axis", int64_t{1});
+  g->AddNode("TopK", "topk", {x, k}, {vals, idx}, axis1);
+  Value* neg = g->AddValue("neg");
+  g->AddNode("Neg", "neg", {vals}, {neg});
+  g->MarkOutput(neg);
+  g->MarkOutput(idx);
+  BuilderConfig config;
+  BuildReport report;
+  auto desc = BuildEngine({std::move(g), "topk", Hash128{}}, config, &report);
+  ASSERT_TRUE(desc.ok()) << desc.status().ToString();
+  auto runtime = Runtime::Create(BackendKind::kCpu);
+  ASSERT_TRUE(runtime.ok());
+  auto engine = (*runtime)->CreateEngine(std::shared_ptr<const EngineDesc>(std::move(*desc)));
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  EXPECT_TRUE((*engine)->has_data_dependent_dims());
+  auto ctx = (*engine)->CreateExecutionContext();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  std::vector<float> xs = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
+  std::vector<float> neg_out(10);
+  std::vector<int64_t> idx_out(10), kv(1);
+  ASSERT_TRUE((*ctx)->SetTensorAddress("x", xs.data()).ok());
+  ASSERT_TRUE((*ctx)->SetTensorAddress("k", kv.data()).ok());
+  ASSERT_TRUE((*ctx)->SetTensorAddress("neg", neg_out.data()).ok());
+  ASSERT_TRUE((*ctx)->SetTensorAddress("idx", idx_out.data()).ok());
+  EXPECT_EQ(*(*ctx)->GetMaxTensorShape("neg"), (std::vector<int64_t>{2, 5}));
+  for (int64_t kk : {3, 1, 0, 5, 3}) {
+    kv[0] = kk;
+    ASSERT_TRUE((*ctx)->Execute().ok()) << "k " << kk;
+    EXPECT_EQ(*(*ctx)->GetTensorShape("neg"), (std::vector<int64_t>{2, kk}));
+    // Reference: per row, indices by descending value, ties by lower index.
+    std::vector<float> want_neg;
+    std::vector<int64_t> want_idx;
+    for (int r = 0; r < 2; ++r) {
+      std::vector<int64_t> order = {0, 1, 2, 3, 4};
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return xs[r * 5 + a] > xs[r * 5 + b]; });
+      for (int64_t j = 0; j < kk; ++j) {
+        want_neg.push_back(-xs[r * 5 + order[j]]);
+        want_idx.push_back(order[j]);
+      }
+    }
+    EXPECT_EQ(std::vector<float>(neg_out.begin(), neg_out.begin() + 2 * kk), want_neg);
+    EXPECT_EQ(std::vector<int64_t>(idx_out.begin(), idx_out.begin() + 2 * kk), want_idx);
+  }
+  kv[0] = 6;  // past the axis: a catalog error naming K, and the context stays usable
+  Status bad = (*ctx)->Execute();
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.ToString().find("K is 6"), std::string::npos) << bad.ToString();
+  kv[0] = 2;
+  EXPECT_TRUE((*ctx)->Execute().ok());
+  EXPECT_EQ(*(*ctx)->GetTensorShape("idx"), (std::vector<int64_t>{2, 2}));
+}
+
 // ---- op values through the CPU evaluator (the path constant folding uses too)
 
 StatusOr<std::vector<Tensor>> Eval(const std::string& op, std::vector<Tensor> ins,
