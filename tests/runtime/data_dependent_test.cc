@@ -266,6 +266,63 @@ TEST(DataDependent, TopKWithARunTimeK) {
   EXPECT_EQ(*(*ctx)->GetTensorShape("idx"), (std::vector<int64_t>{2, 2}));
 }
 
+// Shape inputs and data-dependent dims together: Tile by a shape input, then NonZero. Other
+// repeats re-plan the arena at the bounds of those shapes; a reported count then re-infers the
+// later layers within that placement (Propagate(mid_run)).
+TEST(DataDependent, AfterAShapeInputTheArenaIsReplannedAtTheBound) {
+  auto g = std::make_unique<Graph>();
+  g->set_name("tile_nonzero");
+  g->set_opset(17);
+  Value* x = g->AddInput("x", DataType::kFloat32, {2, 3});
+  Value* repeats = g->AddInput("repeats", DataType::kInt64, {2});
+  Value* t = g->AddValue("t");
+  g->AddNode("Tile", "tile", {x, repeats}, {t});
+  Value* nz = g->AddValue("nz");
+  g->AddNode("NonZero", "nonzero", {t}, {nz});
+  Value* tr = g->AddValue("tr");
+  AttributeMap perm;
+  perm.Set("perm", std::vector<int64_t>{1, 0});
+  g->AddNode("Transpose", "transpose", {nz}, {tr}, perm);
+  g->MarkOutput(tr);
+  BuilderConfig config;
+  config.profile.shape_values = {{"repeats", {1, 1}}};
+  config.shape_arena_bytes = 1 << 16;
+  BuildReport report;
+  auto desc = BuildEngine({std::move(g), "tile_nonzero", Hash128{}}, config, &report);
+  ASSERT_TRUE(desc.ok()) << desc.status().ToString();
+  auto runtime = Runtime::Create(BackendKind::kCpu);
+  ASSERT_TRUE(runtime.ok());
+  auto engine = (*runtime)->CreateEngine(std::shared_ptr<const EngineDesc>(std::move(*desc)));
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto ctx = (*engine)->CreateExecutionContext();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  std::vector<float> xs = {0, 1, 0, 2, 0, 3};  // non-zero at (0,1), (1,0), (1,2)
+  std::vector<int64_t> out(2 * 2 * 6 * 4 * 3, -1);
+  ASSERT_TRUE((*ctx)->SetTensorAddress("x", xs.data()).ok());
+  ASSERT_TRUE((*ctx)->SetTensorAddress("tr", out.data()).ok());
+  for (auto [r0, r1] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 3}, {1, 2}, {2, 3}}) {
+    std::vector<int64_t> rep = {r0, r1};
+    ASSERT_TRUE((*ctx)->SetTensorAddress("repeats", rep.data()).ok());
+    auto max = (*ctx)->GetMaxTensorShape("tr");
+    ASSERT_TRUE(max.ok()) << max.status().ToString();
+    EXPECT_EQ(*max, (std::vector<int64_t>{6 * r0 * r1, 2}));
+    Status s = (*ctx)->Execute();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    // Reference: the tiled tensor's non-zeros, row-major, as [n, 2] rows (row, column).
+    std::vector<int64_t> want;
+    for (int64_t i = 0; i < 2 * r0; ++i) {
+      for (int64_t j = 0; j < 3 * r1; ++j) {
+        if (xs[static_cast<size_t>((i % 2) * 3 + j % 3)] != 0.f) want.insert(want.end(), {i, j});
+      }
+    }
+    const int64_t n = static_cast<int64_t>(want.size() / 2);
+    EXPECT_EQ(*(*ctx)->GetTensorShape("tr"), (std::vector<int64_t>{n, 2}));
+    EXPECT_EQ(std::vector<int64_t>(out.begin(), out.begin() + 2 * n), want);
+  }
+  EXPECT_GE((*ctx)->arena_replans(), 1);
+  EXPECT_GE((*ctx)->data_dependent_updates(), 4);
+}
+
 // ---- op values through the CPU evaluator (the path constant folding uses too)
 
 StatusOr<std::vector<Tensor>> Eval(const std::string& op, std::vector<Tensor> ins,

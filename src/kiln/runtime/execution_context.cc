@@ -770,7 +770,9 @@ Status ExecutionContext::RunLayers(void* stream, bool timed) {
                       layers[l].provider->id(), layers[l].desc->tactic.name));
     }
     if (timed) KILN_RETURN_IF_ERROR(backend.RecordEvent(events_[l + 1].get(), stream));
-    if (layers[l].data_dependent) {
+    // reported_: where the rule put data-dependent dims at this inference (the load-time flag
+    // may be set for a layer whose dims the concrete inputs make static: TopK's K from shapes).
+    if (layers[l].data_dependent && !reported_[l].empty()) {
       // The later layers were prepared for the dims the last run (or the bounds) gave; other
       // dims re-infer and re-prepare them (this allocates) before they run.
       bool changed = false;
