@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -363,6 +364,21 @@ TEST(DataDependent, NonZeroOfRank3AndAnEmptyInput) {
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   EXPECT_EQ((*out)[0].dims(), (std::vector<int64_t>{3, 3}));
   EXPECT_EQ(Ints((*out)[0]), (std::vector<int64_t>{0, 1, 1, 0, 0, 2, 1, 1, 3}));
+  // -0 is zero, NaN is not; bool and 8-byte integers by value.
+  auto f =
+      Eval("NonZero",
+           {Tensor::FromVector<float>(DataType::kFloat32, {4}, {-0.f, NAN, 0.f, 1e-30f})}, {}, 1);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(Ints((*f)[0]), (std::vector<int64_t>{1, 3}));
+  auto b =
+      Eval("NonZero", {Tensor::FromVector<uint8_t>(DataType::kBool, {2, 2}, {1, 0, 0, 1})}, {}, 1);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(Ints((*b)[0]), (std::vector<int64_t>{0, 1, 0, 1}));
+  auto i64 =
+      Eval("NonZero",
+           {Tensor::FromVector<int64_t>(DataType::kInt64, {3}, {int64_t{1} << 40, 0, -1})}, {}, 1);
+  ASSERT_TRUE(i64.ok()) << i64.status().ToString();
+  EXPECT_EQ(Ints((*i64)[0]), (std::vector<int64_t>{0, 2}));
   auto empty = Eval("NonZero", {Tensor(DataType::kInt32, {0, 5})}, {}, 1);
   ASSERT_TRUE(empty.ok()) << empty.status().ToString();
   EXPECT_EQ((*empty)[0].dims(), (std::vector<int64_t>{2, 0}));

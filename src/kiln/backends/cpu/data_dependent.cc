@@ -50,19 +50,32 @@ StatusOr<std::unique_ptr<Kernel>> Reporting(size_t outputs, ReportingKernel::Run
       std::make_unique<ReportingKernel>(outputs, std::move(run), std::move(workspace)));
 }
 
-bool IsZeroAt(const TensorView& v, int64_t i) {
-  const size_t es = SizeOf(v.dtype);
-  const auto* p = static_cast<const std::byte*>(v.data) + i * static_cast<int64_t>(es);
-  if (v.dtype == DataType::kFloat32) return *reinterpret_cast<const float*>(p) == 0.f;
-  if (v.dtype == DataType::kFloat64) return *reinterpret_cast<const double*>(p) == 0.0;
-  if (v.dtype == DataType::kFloat16 || v.dtype == DataType::kBFloat16) {
-    const uint16_t bits = *reinterpret_cast<const uint16_t*>(p);
-    return (bits & 0x7fff) == 0;  // +0 and -0
+// Calls f(nonzero) with a predicate on element i of v, chosen once per run: floats compare as
+// numbers (-0 is zero, NaN is not), every other type by its bytes.
+template <typename F>
+void WithNonZero(const TensorView& v, F&& f) {
+  const void* d = v.data;
+  switch (v.dtype) {
+    case DataType::kFloat32:
+      return f([p = static_cast<const float*>(d)](int64_t i) { return p[i] != 0.f; });
+    case DataType::kFloat64:
+      return f([p = static_cast<const double*>(d)](int64_t i) { return p[i] != 0.0; });
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      return f([p = static_cast<const uint16_t*>(d)](int64_t i) { return (p[i] & 0x7fff) != 0; });
+    default:
+      break;
   }
-  for (size_t k = 0; k < es; ++k) {
-    if (p[k] != std::byte{0}) return false;
+  switch (SizeOf(v.dtype)) {
+    case 1:
+      return f([p = static_cast<const uint8_t*>(d)](int64_t i) { return p[i] != 0; });
+    case 2:
+      return f([p = static_cast<const uint16_t*>(d)](int64_t i) { return p[i] != 0; });
+    case 4:
+      return f([p = static_cast<const uint32_t*>(d)](int64_t i) { return p[i] != 0; });
+    default:
+      return f([p = static_cast<const uint64_t*>(d)](int64_t i) { return p[i] != 0; });
   }
-  return true;
 }
 
 // ---- NonZero: [rank, n] coordinates of the non-zero elements, row-major order.
@@ -70,20 +83,22 @@ Status RunNonZero(const KernelRunArgs& a, OutDims& dims) {
   const TensorView& x = a.inputs[0];
   const int64_t total = x.num_elements();
   const size_t rank = std::max<size_t>(1, x.dims.size());
-  int64_t n = 0;
-  for (int64_t i = 0; i < total; ++i) n += IsZeroAt(x, i) ? 0 : 1;
   auto* out = a.outputs[0].as<int64_t>();
-  int64_t j = 0;
-  for (int64_t i = 0; i < total; ++i) {
-    if (IsZeroAt(x, i)) continue;
-    int64_t rest = i;
-    for (size_t r = x.dims.size(); r-- > 0;) {
-      out[static_cast<int64_t>(r) * n + j] = rest % x.dims[r];
-      rest /= x.dims[r];
+  int64_t n = 0;
+  WithNonZero(x, [&](auto nonzero) {
+    for (int64_t i = 0; i < total; ++i) n += nonzero(i) ? 1 : 0;
+    int64_t j = 0;
+    for (int64_t i = 0; i < total; ++i) {
+      if (!nonzero(i)) continue;
+      int64_t rest = i;
+      for (size_t r = x.dims.size(); r-- > 0;) {
+        out[static_cast<int64_t>(r) * n + j] = rest % x.dims[r];
+        rest /= x.dims[r];
+      }
+      if (x.dims.empty()) out[j] = 0;
+      ++j;
     }
-    if (x.dims.empty()) out[j] = 0;
-    ++j;
-  }
+  });
   dims[0].assign({static_cast<int64_t>(rank), n});
   return OkStatus();
 }
