@@ -324,6 +324,70 @@ TEST(DataDependent, AfterAShapeInputTheArenaIsReplannedAtTheBound) {
   EXPECT_GE((*ctx)->data_dependent_updates(), 4);
 }
 
+// Two data-dependent layers in a row: Unique of NonZero's output. The second bound (2 * n) names
+// the first dim, so the plan resolves n first; one run re-infers after each layer.
+TEST(DataDependent, UniqueOfNonZeroChainsTheBounds) {
+  auto g = std::make_unique<Graph>();
+  g->set_name("chain");
+  g->set_opset(17);
+  Value* x = g->AddInput("x", DataType::kFloat32, {Dim::Symbol("batch"), 3});
+  Value* nz = g->AddValue("nz");
+  g->AddNode("NonZero", "nonzero", {x}, {nz});
+  Value* y = g->AddValue("y");
+  Value* counts = g->AddValue("counts");
+  Value* none1 = nullptr;
+  Value* none2 = nullptr;
+  g->AddNode("Unique", "unique", {nz}, {y, none1, none2, counts});
+  g->MarkOutput(y);
+  g->MarkOutput(counts);
+  BuilderConfig config;
+  config.profile.inputs = {{"x", {1, 3}, {2, 3}, {5, 3}}};
+  BuildReport report;
+  auto desc = BuildEngine({std::move(g), "chain", Hash128{}}, config, &report);
+  ASSERT_TRUE(desc.ok()) << desc.status().ToString();
+  auto bytes = SerializeEngine(**desc);
+  ASSERT_TRUE(bytes.ok());
+  auto runtime = Runtime::Create(BackendKind::kCpu);
+  ASSERT_TRUE(runtime.ok());
+  auto engine = (*runtime)->DeserializeEngine(*bytes);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto ctx = (*engine)->CreateExecutionContext();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  for (const std::vector<float>& xs : std::vector<std::vector<float>>{
+           {0, 1, 0, 0, 0, 2},                    // (0,1), (1,2): values 0, 1, 2
+           {0, 0, 0, 0, 0, 0, 0, 0, 0},           // none
+           {4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5},  // (0,0), (3,2): 0, 2, 3
+       }) {
+    const int64_t batch = static_cast<int64_t>(xs.size()) / 3;
+    ASSERT_TRUE((*ctx)->SetInputShape("x", {batch, 3}).ok());
+    auto max = (*ctx)->GetMaxTensorShape("y");
+    ASSERT_TRUE(max.ok()) << max.status().ToString();
+    EXPECT_EQ(*max, (std::vector<int64_t>{2 * 3 * batch}));
+    std::vector<int64_t> y_out(static_cast<size_t>((*max)[0])), c_out(y_out.size());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("x", const_cast<float*>(xs.data())).ok());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("y", y_out.data()).ok());
+    ASSERT_TRUE((*ctx)->SetTensorAddress("counts", c_out.data()).ok());
+    Status s = (*ctx)->Execute();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    // Reference: the coordinates' distinct values, sorted, and how often each occurs.
+    std::map<int64_t, int64_t> seen;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (xs[i] == 0.f) continue;
+      ++seen[static_cast<int64_t>(i / 3)];
+      ++seen[static_cast<int64_t>(i % 3)];
+    }
+    std::vector<int64_t> want_y, want_c;
+    for (auto [v, c] : seen) {
+      want_y.push_back(v);
+      want_c.push_back(c);
+    }
+    const auto n = static_cast<int64_t>(want_y.size());
+    EXPECT_EQ(*(*ctx)->GetTensorShape("y"), (std::vector<int64_t>{n}));
+    EXPECT_EQ(std::vector<int64_t>(y_out.begin(), y_out.begin() + n), want_y);
+    EXPECT_EQ(std::vector<int64_t>(c_out.begin(), c_out.begin() + n), want_c);
+  }
+}
+
 // ---- op values through the CPU evaluator (the path constant folding uses too)
 
 StatusOr<std::vector<Tensor>> Eval(const std::string& op, std::vector<Tensor> ins,
