@@ -586,7 +586,9 @@ TEST(ShapeRules, ArityIsChecked) {
   EXPECT_EQ(s.code(), ErrorCode::kInvalidModel);
   EXPECT_NE(s.message().find("2 inputs"), std::string::npos) << s.message();
   EXPECT_NE(FindOpSchema("LayerNormalization"), nullptr);
-  EXPECT_EQ(FindOpSchema("NonZero"), nullptr);  // data-dependent output shape: not declared
+  EXPECT_NE(FindOpSchema("NonZero"),
+            nullptr);  // data-dependent output shape (ops/data_dependent.cc)
+  EXPECT_EQ(FindOpSchema("NoSuchOp"), nullptr);
 }
 
 }  // namespace

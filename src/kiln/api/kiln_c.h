@@ -179,7 +179,10 @@ void kiln_context_free(kiln_context* c);
  * are read on the host, so on a CUDA engine it may be given in host memory, and one given in
  * device memory is copied to the host here (a synchronous copy of its few bytes). */
 kiln_status* kiln_context_bind(kiln_context* c, const char* name, const kiln_tensor* t);
-/* The dims of an input or output once every input is bound (dims_out holds KILN_MAX_DIMS). */
+/* The dims of an input or output once every input is bound (dims_out holds KILN_MAX_DIMS). A
+ * data-dependent dim (NonZero's count...; docs/architecture.md "Data-dependent shapes") reads as
+ * its bound until an execute reports it: outputs are bound at the bound, and after the execute
+ * this gives the reported dims (the output's leading bytes). */
 kiln_status* kiln_context_shape(kiln_context* c, const char* name, int32_t* ndim,
                                 int64_t* dims_out);
 /* Enqueues the engine on `stream` (a cudaStream_t; NULL on the CPU). No device-wide sync: on

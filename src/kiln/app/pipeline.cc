@@ -1,7 +1,10 @@
 // BuildFromOnnx*, HostRunner and tensor comparison.
 #include "kiln/app/pipeline.h"
 
+#include <fmt/ranges.h>
+
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -48,6 +51,7 @@ StatusOr<std::unique_ptr<HostRunner>> HostRunner::Create(std::shared_ptr<const E
 Status HostRunner::SetInputs(const std::map<std::string, Tensor>& inputs) {
   inputs_ = inputs;
   outputs_.clear();
+  bound_outputs_.clear();
   device_buffers_.clear();
   to_host_.clear();
   to_device_.clear();
@@ -77,8 +81,11 @@ Status HostRunner::SetInputs(const std::map<std::string, Tensor>& inputs) {
     }
   }
   for (const TensorDesc& d : engine_->outputs()) {
-    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> dims, context_->GetTensorShape(d.name));
-    Tensor& t = outputs_[d.name] = Tensor(d.dtype, dims);
+    // Sized for any data-dependent dim's bound; Run cuts outputs_ to the reported dims.
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> dims, context_->GetMaxTensorShape(d.name));
+    Tensor* target = &(outputs_[d.name] = Tensor(d.dtype, dims));
+    if (engine_->has_data_dependent_dims()) target = &(bound_outputs_[d.name] = *target);
+    Tensor& t = *target;
     if (host) {
       KILN_RETURN_IF_ERROR(context_->SetTensorAddress(d.name, t.mutable_raw()));
     } else {
@@ -107,7 +114,25 @@ Status HostRunner::CopyOutputs() {
   for (auto& [dev, t] : to_host_) {
     KILN_RETURN_IF_ERROR(backend.CopyToHost(t->mutable_raw(), dev, t->size_bytes(), nullptr));
   }
-  return backend.Synchronize(nullptr);
+  KILN_RETURN_IF_ERROR(backend.Synchronize(nullptr));
+  // Data-dependent outputs: the bytes bound to the context hold the bounds; what the caller
+  // reads is the leading part at the dims the run reported (dense, so a prefix).
+  for (const auto& [name, bound] : bound_outputs_) {
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> dims, context_->GetTensorShape(name));
+    if (dims == bound.dims()) {
+      outputs_[name] = bound;
+      continue;
+    }
+    Tensor actual(bound.dtype(), dims);
+    if (actual.size_bytes() > bound.size_bytes()) {
+      return MakeError(ErrorCode::kInternal, "output '{}' has dims [{}] past its bound [{}]", name,
+                       fmt::join(dims, ","), fmt::join(bound.dims(), ","));
+    }
+    if (actual.size_bytes() > 0)
+      std::memcpy(actual.mutable_raw(), bound.raw(), actual.size_bytes());
+    outputs_[name] = std::move(actual);
+  }
+  return OkStatus();
 }
 
 Status HostRunner::Run() {

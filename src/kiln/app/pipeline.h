@@ -44,6 +44,9 @@ class HostRunner {
   std::shared_ptr<const Engine> engine_;
   std::unique_ptr<ExecutionContext> context_;
   std::map<std::string, Tensor> inputs_, outputs_;
+  // Engines with data-dependent dims: each output's tensor at its bound (the bytes bound to the
+  // context; shares them with outputs_ until a run reports smaller dims).
+  std::map<std::string, Tensor> bound_outputs_;
   std::vector<DeviceBuffer> device_buffers_;
   std::vector<std::pair<void*, Tensor*>> to_host_;  // device output -> host tensor
   std::vector<std::pair<const Tensor*, void*>> to_device_;

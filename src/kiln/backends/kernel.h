@@ -98,6 +98,13 @@ class Kernel {
     return Prepare(inputs, outputs);
   }
   virtual Status Run(const KernelRunArgs& args) = 0;
+  // Kernels of ops with data-dependent output dims (NonZero, Unique, Compress,
+  // NonMaxSuppression; docs/architecture.md "Data-dependent shapes"): the dims output i got in
+  // the last Run, known when Run returns (a device kernel synchronises). Their Run writes each
+  // output densely at those dims and never trusts an output view's dims: they are the dims'
+  // bounds or an earlier run's, while the bytes behind the view hold the bounds. nullptr for
+  // every other kernel.
+  virtual const std::vector<int64_t>* RunOutputDims(size_t i) const { return nullptr; }
 };
 
 // A Kernel made from functions: simple kernels with no state beyond what the functions capture.

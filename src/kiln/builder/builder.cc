@@ -81,6 +81,8 @@ StatusOr<ConcreteDimsMap> ConcreteDims(const Graph& graph, const std::vector<Nod
     }
     std::vector<ValueInfo> outs(node->num_outputs());
     KILN_RETURN_IF_ERROR(InferNode(*node, ins, outs));
+    // Data-dependent dims at their bound for these shapes: what the kernels are sized for.
+    KILN_RETURN_IF_ERROR(BindDataDependentDims(*node, outs, {}));
     for (size_t i = 0; i < outs.size(); ++i) {
       if (node->output(i)) info[node->output(i)] = std::move(outs[i]);
     }

@@ -307,7 +307,17 @@ StatusOr<EnginePreamble> EmitEnginePayload(const EngineDesc& engine,
   auto ins = b.CreateVector(inputs);
   auto outs = b.CreateVector(outputs);
   auto consts = b.CreateVector(constant_descs);
-  auto graph_desc = fb::CreateGraphDesc(b, graph_name, graph.opset(), vals, nds, ins, outs, consts);
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::DataDependentDim>>> dd;
+  if (!graph.data_dependent_bounds().empty()) {
+    std::vector<flatbuffers::Offset<fb::DataDependentDim>> items;
+    for (const auto& [symbol, bound] : graph.data_dependent_bounds()) {
+      auto sym = b.CreateString(symbol);
+      items.push_back(fb::CreateDataDependentDim(b, sym, WriteDim(b, bound)));
+    }
+    dd = b.CreateVector(items);
+  }
+  auto graph_desc =
+      fb::CreateGraphDesc(b, graph_name, graph.opset(), vals, nds, ins, outs, consts, dd);
 
   std::vector<flatbuffers::Offset<fb::Layer>> layers;
   for (size_t i = 0; i < engine.layers.size(); ++i) {
@@ -955,6 +965,16 @@ StatusOr<BuiltGraph> BuildGraph(const GraphSection& gs, const std::byte* weights
   Graph& graph = *out.graph;
   graph.set_name(Str(gs.g->name()));
   graph.set_opset(gs.g->opset());
+  if (gs.g->data_dependent()) {
+    for (const fb::DataDependentDim* d : *gs.g->data_dependent()) {
+      if (!d || !d->symbol() || !IsDataDependentSymbol(d->symbol()->str())) {
+        return Malformed("graph.data_dependent: an entry has no data-dependent symbol");
+      }
+      KILN_ASSIGN_OR_RETURN(Dim bound,
+                            ReadDim(d->bound(), "data-dependent dim '" + d->symbol()->str() + "'"));
+      graph.SetDataDependentBound(d->symbol()->str(), std::move(bound));
+    }
+  }
   std::vector<Value*>& vptr = out.values;
   vptr.assign(gs.num_values, nullptr);
   for (int32_t i : gs.inputs) {

@@ -248,4 +248,12 @@ std::optional<std::vector<int64_t>> StaticDims(const Shape& shape) {
 
 Shape MakeShape(const std::vector<int64_t>& dims) { return Shape(dims.begin(), dims.end()); }
 
+std::string DataDependentSymbol(const std::string& node, size_t output, size_t index) {
+  return "?" + node + ":" + std::to_string(output) + (index ? "." + std::to_string(index) : "");
+}
+
+bool IsDataDependentSymbol(const std::string& symbol) {
+  return !symbol.empty() && symbol[0] == '?';
+}
+
 }  // namespace kiln

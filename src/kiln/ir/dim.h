@@ -70,6 +70,12 @@ class Dim {
 
 using Shape = std::vector<Dim>;
 
+// Data-dependent dims: the symbol for dim `index` of output `output` of node `node` (an op whose
+// output dims follow from its input VALUES: NonZero, Unique...). The name starts with '?', which
+// no model's dim_param does in practice, so a reader can tell the kernel reports it at run time.
+std::string DataDependentSymbol(const std::string& node, size_t output, size_t index);
+bool IsDataDependentSymbol(const std::string& symbol);
+
 std::string ToString(const Shape& shape);  // "[batch,3,224,224]"
 bool IsStatic(const Shape& shape);
 // Product of dims (a Dim, possibly symbolic).

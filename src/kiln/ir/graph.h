@@ -3,6 +3,7 @@
 // structure, types and (symbolic) shapes.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -140,6 +141,15 @@ class Graph {
   int64_t opset() const { return opset_; }
   void set_opset(int64_t v) { opset_ = v; }
 
+  // Data-dependent dims (docs/architecture.md, "Data-dependent shapes"): symbols that an op's
+  // kernel reports at run time (NonZero's count, NMS's selected boxes), each with an upper bound
+  // over other dims (NonZero's: the input's element count). Shape inference records them; the
+  // memory plan sizes such a dim at its bound; the runtime binds the reported value.
+  const std::map<std::string, Dim>& data_dependent_bounds() const { return dd_bounds_; }
+  void SetDataDependentBound(const std::string& symbol, Dim bound) {
+    dd_bounds_.insert_or_assign(symbol, std::move(bound));
+  }
+
   // Creating values and nodes. Value names are unique; an empty name gets a fresh one.
   Value* AddValue(std::string name, DataType dtype = DataType::kUndefined);
   Value* AddInput(std::string name, DataType dtype, Shape shape);
@@ -181,6 +191,7 @@ class Graph {
 
   std::string name_;
   int64_t opset_ = 0;
+  std::map<std::string, Dim> dd_bounds_;
   std::vector<std::unique_ptr<Value>> values_;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::unordered_map<std::string, Value*> value_by_name_;

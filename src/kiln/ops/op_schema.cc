@@ -42,6 +42,34 @@ ValueInfo InfoOf(const Value& v) {
   return vi;
 }
 
+Dim InferenceContext::DataDependentDim(size_t i, size_t index, Dim bound) {
+  std::string symbol = DataDependentSymbol(node_.name(), i, index);
+  Dim d = Dim::Symbol(symbol);
+  outputs_[i].data_dependent.emplace_back(std::move(symbol), std::move(bound));
+  return d;
+}
+
+Status BindDataDependentDims(const Node& node, std::span<ValueInfo> outputs,
+                             const std::map<std::string, int64_t>& values,
+                             std::map<std::string, int64_t>* bounds) {
+  for (ValueInfo& out : outputs) {
+    if (out.data_dependent.empty()) continue;
+    std::map<std::string, int64_t> bind;
+    for (const auto& [symbol, bound] : out.data_dependent) {
+      if (!bound.is_static()) {
+        return MakeError(ErrorCode::kDataDependentShape,
+                         "node '{}' ({}): the bound {} of data-dependent dim '{}' is not concrete",
+                         node.name(), node.op_type(), bound.ToString(), symbol);
+      }
+      auto it = values.find(symbol);
+      bind[symbol] = it == values.end() ? bound.value() : std::min(it->second, bound.value());
+      if (bounds) (*bounds)[symbol] = bound.value();
+    }
+    for (Dim& d : out.shape) d = d.Substitute(bind);
+  }
+  return OkStatus();
+}
+
 const Tensor* InferenceContext::input_constant(size_t i) const {
   if (!has_input(i)) return nullptr;
   const ValueInfo& v = *inputs_[i];
@@ -277,6 +305,9 @@ StatusOr<ShapeInferenceResult> InferShapesImpl(Graph& graph, const ShapeEvaluato
         outs[i].dims_value.reset();
       }
       v->set_value_dependent(outs[i].value_dependent);
+      for (const auto& [symbol, bound] : outs[i].data_dependent) {
+        graph.SetDataDependentBound(symbol, bound);
+      }
       // Passes read dims-values as facts of the graph; these hold for one specialization only.
       if (outs[i].dims_value && !outs[i].value_dependent) {
         result.dims_values[v] = *outs[i].dims_value;
@@ -335,6 +366,9 @@ Status InferNewShapes(Graph& graph,
       if (!v) continue;
       v->set_value_dependent(outs[i].value_dependent);
       if (outs[i].value_dependent) outs[i].dims_value.reset();  // as InferShapes: not a fact
+      for (const auto& [symbol, bound] : outs[i].data_dependent) {
+        graph.SetDataDependentBound(symbol, bound);
+      }
       auto old = dims_values.find(v);
       bool same =
           v->has_shape() && v->dtype() == outs[i].dtype && v->shape() == outs[i].shape &&

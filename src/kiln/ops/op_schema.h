@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -36,6 +37,10 @@ struct ValueInfo {
   // The shape, dims-value or contents follow from a shape input's values (InferNode sets it on
   // every output of a node with such an input).
   bool value_dependent = false;
+  // Data-dependent dims of this output (ops whose output dims follow from input VALUES: NonZero,
+  // Unique, Compress, NonMaxSuppression): each symbol (DataDependentSymbol) and an upper bound
+  // over the inputs' dims. Set by the rule through InferenceContext::DataDependentDim.
+  std::vector<std::pair<std::string, Dim>> data_dependent;
 };
 
 // What inference knows of `v` before its producer is inferred: dtype, shape, constant and shape
@@ -73,6 +78,9 @@ class InferenceContext {
   void set_output_dims_value(size_t i, std::vector<Dim> value) {
     outputs_[i].dims_value = std::move(value);
   }
+  // A dim of output i (its dim `index`) that the kernel reports at run time, at most `bound`:
+  // a data-dependent symbol (docs/architecture.md, "Data-dependent shapes").
+  Dim DataDependentDim(size_t i, size_t index, Dim bound);
 
   // Bit i: the rule read input i's shape input values (directly or as a dims-value), i.e. the
   // input feeds a shape operand. Inputs past 63 are not recorded.
@@ -144,6 +152,14 @@ StatusOr<ShapeInferenceResult> InferShapes(Graph& graph, const ShapeEvaluator& f
 // Gives what InferShapes would, for the cost of the rewritten part.
 Status InferNewShapes(Graph& graph,
                       std::unordered_map<const Value*, std::vector<Dim>>& dims_values);
+
+// Concrete inference (the builder's profile shapes, the runtime, the CPU evaluator): every
+// data-dependent dim of `outputs` (ValueInfo::data_dependent) becomes `values`' entry for its
+// symbol when there is one (clamped to the bound), else its bound; the bound must be static here
+// (KILN-E2011 otherwise). `bounds`, when given, receives each symbol's bound.
+Status BindDataDependentDims(const Node& node, std::span<ValueInfo> outputs,
+                             const std::map<std::string, int64_t>& values,
+                             std::map<std::string, int64_t>* bounds = nullptr);
 
 // Helpers for rules.
 // Numpy-style broadcast of two shapes; error names both shapes.

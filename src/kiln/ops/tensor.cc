@@ -816,9 +816,23 @@ Status InferTopK(InferenceContext& ctx) {
   int64_t rank = Rank(ctx, 0);
   KILN_ASSIGN_OR_RETURN(int64_t axis_attr, IntAttr(ctx, "axis", attrs::TopK::axis_default()));
   KILN_ASSIGN_OR_RETURN(int64_t axis, Axis(ctx, axis_attr, rank));
+  const Dim& d = ctx.input_shape(0)[axis];
+  if (!ctx.input_dims_value(1)) {
+    // K computed from tensor values at run time: a data-dependent dim, at most the axis length
+    // (docs/architecture.md, "Data-dependent shapes"); the kernel reads K and reports it.
+    if (NumElements(ctx.input_shape(1)) != Dim(1)) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "K must have one element; got shape {}",
+                       ToString(ctx.input_shape(1)));
+    }
+    Shape out = ctx.input_shape(0);
+    out[axis] = ctx.DataDependentDim(0, axis, d);
+    ctx.set_output(0, ctx.input_type(0), out);
+    ctx.output(1).data_dependent = ctx.output(0).data_dependent;
+    ctx.set_output(1, DataType::kInt64, out);
+    return OkStatus();
+  }
   KILN_ASSIGN_OR_RETURN(std::vector<Dim> k, RequiredDims(ctx, 1, "K"));
   if (k.size() != 1) return ctx.Error(ErrorCode::kShapeMismatch, "K must have one element");
-  const Dim& d = ctx.input_shape(0)[axis];
   if (k[0].is_static() && (k[0].value() < 0 || (d.is_static() && k[0].value() > d.value()))) {
     return ctx.Error(ErrorCode::kShapeMismatch, "K={} is out of range for axis {} of {}",
                      k[0].value(), axis, ToString(ctx.input_shape(0)));

@@ -47,6 +47,28 @@ Status CheckProfileSizes(const Graph& graph, const OptimizationProfile& profile)
   return OkStatus();
 }
 
+namespace {
+// An upper bound of `d` over every shape of the profile, given each symbol's max: the terms
+// with a positive coefficient at the max, those with a negative one dropped (a symbol is >= 0),
+// constants as they are. Evaluating d at the max of every symbol is not a bound when d has a
+// negative term: T - M at the max of both is 0 while T_max - M_min is not. nullopt when a term
+// mentions a symbol without a binding (an opaque division: the caller keeps the exact value).
+std::optional<int64_t> UpperBound(const Dim& d, const std::map<std::string, int64_t>& bindings) {
+  if (d.is_static()) return d.value();
+  int64_t bound = 0;
+  for (const auto& [monomial, coeff] : d.terms()) {
+    int64_t product = 1;
+    for (const std::string& sym : monomial) {
+      auto it = bindings.find(sym);
+      if (it == bindings.end()) return std::nullopt;
+      product = SatMul(product, it->second);
+    }
+    if (monomial.empty() || coeff > 0) bound = SatAdd(bound, SatMul(coeff, product));
+  }
+  return bound;
+}
+}  // namespace
+
 StatusOr<std::map<std::string, int64_t>> MaxShapeBindings(const Graph& graph,
                                                           const OptimizationProfile& profile) {
   KILN_RETURN_IF_ERROR(CheckProfileSizes(graph, profile));
@@ -73,6 +95,29 @@ StatusOr<std::map<std::string, int64_t>> MaxShapeBindings(const Graph& graph,
       if (symbols.size() != 1 || !(d == Dim::Symbol(symbols[0]))) continue;
       auto [it, inserted] = bindings.emplace(symbols[0], p->max[i]);
       if (!inserted) it->second = std::max(it->second, p->max[i]);
+    }
+  }
+  // Data-dependent dims at their bounds' largest value. A bound may name another data-dependent
+  // dim (NonZero of NonZero's output): resolved in as many rounds as the chain is long.
+  std::map<std::string, const Dim*> open;
+  for (const auto& [symbol, bound] : graph.data_dependent_bounds()) open.emplace(symbol, &bound);
+  while (!open.empty()) {
+    bool progress = false;
+    for (auto it = open.begin(); it != open.end();) {
+      if (std::optional<int64_t> b = UpperBound(*it->second, bindings)) {
+        bindings[it->first] = std::max<int64_t>(0, *b);
+        it = open.erase(it);
+        progress = true;
+      } else {
+        ++it;
+      }
+    }
+    if (!progress) {
+      const auto& [symbol, bound] = *open.begin();
+      return MakeError(ErrorCode::kMissingProfile,
+                       "data-dependent dim '{}' is bounded by {}, which stays symbolic at the "
+                       "profile's max shapes",
+                       symbol, bound->ToString());
     }
   }
   return bindings;
@@ -104,28 +149,6 @@ StatusOr<std::vector<int64_t>> ConcreteDims(const Value& v,
   }
   return dims;
 }
-
-namespace {
-// An upper bound of `d` over every shape of the profile, given each symbol's max: the terms
-// with a positive coefficient at the max, those with a negative one dropped (a symbol is >= 0),
-// constants as they are. Evaluating d at the max of every symbol is not a bound when d has a
-// negative term: T - M at the max of both is 0 while T_max - M_min is not. nullopt when a term
-// mentions a symbol without a binding (an opaque division: the caller keeps the exact value).
-std::optional<int64_t> UpperBound(const Dim& d, const std::map<std::string, int64_t>& bindings) {
-  if (d.is_static()) return d.value();
-  int64_t bound = 0;
-  for (const auto& [monomial, coeff] : d.terms()) {
-    int64_t product = 1;
-    for (const std::string& sym : monomial) {
-      auto it = bindings.find(sym);
-      if (it == bindings.end()) return std::nullopt;
-      product = SatMul(product, it->second);
-    }
-    if (monomial.empty() || coeff > 0) bound = SatAdd(bound, SatMul(coeff, product));
-  }
-  return bound;
-}
-}  // namespace
 
 StatusOr<int64_t> PlannedBytes(const Value& v, const std::map<std::string, int64_t>& bindings) {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ConcreteDims(v, bindings));

@@ -86,6 +86,8 @@ Status CheckProfileSizes(const Graph& graph, const OptimizationProfile& profile)
 // ("batch") binds that symbol to the profile's max at that index. A symbol bound by several
 // inputs takes the largest max (the plan must fit every one of them). KILN-E3001 names a dynamic
 // input without a profile; KILN-E3000 a profile whose rank differs from its input's.
+// Data-dependent dims (Graph::data_dependent_bounds) bind to their bound's upper bound there, so
+// the plan sizes their buffers for the largest value a kernel can report.
 StatusOr<std::map<std::string, int64_t>> MaxShapeBindings(const Graph& graph,
                                                           const OptimizationProfile& profile);
 

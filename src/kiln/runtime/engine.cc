@@ -6,6 +6,7 @@
 
 #include "kiln/engine/engine_plan.h"
 #include "kiln/ir/sizes.h"
+#include "kiln/ops/op_schema.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/runtime/runtime.h"
 
@@ -128,6 +129,21 @@ Status Engine::Build() {
     for (const Value* v : l.node->outputs()) {
       KILN_ASSIGN_OR_RETURN(int id, slot_for(v));
       layer.outputs.push_back(id);
+    }
+    // A layer makes data-dependent dims when its op's rule says so (ops/data_dependent.cc).
+    {
+      std::vector<ValueInfo> in_info(l.node->num_inputs());
+      std::vector<const ValueInfo*> ins(l.node->num_inputs(), nullptr);
+      for (size_t i = 0; i < in_info.size(); ++i) {
+        if (!l.node->input(i)) continue;
+        in_info[i] = InfoOf(*l.node->input(i));
+        ins[i] = &in_info[i];
+      }
+      std::vector<ValueInfo> outs(l.node->num_outputs());
+      if (InferNode(*l.node, ins, outs).ok()) {
+        for (const ValueInfo& o : outs) layer.data_dependent |= !o.data_dependent.empty();
+      }
+      data_dependent_ |= layer.data_dependent;
     }
     // The plan put the view's output on its input's bytes: the copy would be a no-op.
     layer.view = IsAliasedView(*desc_, layers_.size());

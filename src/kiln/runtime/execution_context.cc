@@ -2,6 +2,7 @@
 // dims when input shapes are set; an allocation-free Execute (eager, graph replay, or timed).
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kiln/core/logging.h"
@@ -286,8 +287,11 @@ Status ExecutionContext::InferShapes() {
   return Propagate();
 }
 
-Status ExecutionContext::Propagate() {
+Status ExecutionContext::Propagate(bool mid_run) {
   shapes_ready_ = false;
+  // New input shapes: data-dependent dims read as their bounds until a layer reports them.
+  if (!mid_run) dd_values_.clear();
+  reported_.resize(engine_->layers_.size());
   // Kernels are prepared again below: graphs captured with the old preparation are stale.
   graphs_.clear();
   next_graph_slot_ = 0;
@@ -332,6 +336,19 @@ Status ExecutionContext::Propagate() {
     std::vector<ValueInfo> outs(layer.outputs.size());
     KILN_RETURN_IF_ERROR_CTX(InferNode(node, ins, outs), "while inferring shapes of layer '{}'",
                              node.name());
+    if (layer.data_dependent) {
+      // Where each symbol sits, for ReadReportedDims (names as the rule gives them now).
+      std::vector<ReportedDim>& where = reported_[&layer - e.layers_.data()];
+      where.clear();
+      for (size_t k = 0; k < outs.size(); ++k) {
+        for (const auto& [symbol, bound] : outs[k].data_dependent) {
+          for (size_t i = 0; i < outs[k].shape.size(); ++i) {
+            if (outs[k].shape[i] == Dim::Symbol(symbol)) where.push_back({k, i, symbol});
+          }
+        }
+      }
+      KILN_RETURN_IF_ERROR(BindDataDependentDims(node, outs, dd_values_, &dd_bounds_));
+    }
     for (size_t k = 0; k < outs.size(); ++k) {
       int id = layer.outputs[k];
       if (id < 0) continue;
@@ -367,7 +384,13 @@ Status ExecutionContext::Propagate() {
     }
   }
 
-  if (e.has_shape_inputs()) KILN_RETURN_IF_ERROR(Respecialize());
+  if (e.has_shape_inputs()) KILN_RETURN_IF_ERROR(Respecialize(mid_run));
+  if (!mid_run) {
+    binding_max_dims_.assign(e.bindings_.size(), {});
+    for (size_t b = 0; b < e.bindings_.size(); ++b) {
+      binding_max_dims_[b] = dims_[e.bindings_[b].slot];
+    }
+  }
 
   // Views: one flat array, spans per layer; data pointers from the slots and bindings.
   views_.clear();
@@ -452,7 +475,7 @@ Status ExecutionContext::CopyShapeValuesToDevice() {
   return e.backend_->Synchronize(nullptr);
 }
 
-Status ExecutionContext::Respecialize() {
+Status ExecutionContext::Respecialize(bool mid_run) {
   const Engine& e = *engine_;
   // Arena: each buffer's bytes for the shapes inferred now.
   std::vector<PlannedBuffer> buffers = e.arena_buffers_;
@@ -470,7 +493,20 @@ Status ExecutionContext::Respecialize() {
     buffers[i].bytes = bytes;
   }
   auto* arena = static_cast<std::byte*>(arena_.data());
-  if (fits && arena_replanned_) {
+  if (mid_run) {
+    // Earlier layers' outputs are in place: data-dependent dims that changed mid-run must fit
+    // the buffers as they are placed now.
+    const std::vector<PlannedBuffer>& placed =
+        arena_replanned_ ? placed_buffers_ : e.arena_buffers_;
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (buffers[i].bytes > placed[i].bytes) {
+        return MakeError(ErrorCode::kMemoryPlanViolated,
+                         "value '{}' needs {} bytes after a data-dependent dim was reported, but "
+                         "its buffer holds {}",
+                         buffers[i].value->name(), buffers[i].bytes, placed[i].bytes);
+      }
+    }
+  } else if (fits && arena_replanned_) {
     // Back within the engine's plan: its offsets again.
     for (size_t i = 0; i < e.slots_.size(); ++i) {
       if (e.slots_[i].storage == Engine::Storage::kArena) ptrs_[i] = arena + e.slots_[i].offset;
@@ -497,6 +533,7 @@ Status ExecutionContext::Respecialize() {
       if (s.storage == Engine::Storage::kArena) ptrs_[i] = arena + buffers[s.buffer].offset;
     }
     arena_replanned_ = true;
+    placed_buffers_ = buffers;
     ++arena_replans_;
   }
   // Kernels of value-dependent layers whose operands changed (or that read new values).
@@ -553,6 +590,59 @@ Status ExecutionContext::BindTensor(const std::string& name, const TensorView& v
   }
   if (binding.is_input) KILN_RETURN_IF_ERROR(SetInputShape(name, view.dims));
   return SetTensorAddress(name, view.data);
+}
+
+StatusOr<std::vector<int64_t>> ExecutionContext::GetMaxTensorShape(const std::string& name) {
+  KILN_ASSIGN_OR_RETURN(int b, FindBinding(name));
+  const Engine::Binding& binding = engine_->bindings_[b];
+  if (binding.is_input && input_shape_set_[b]) return dims_[binding.slot];
+  if (Status s = InferShapes(); !s.ok()) {
+    return std::move(s).AddContext(
+        fmt::format("the shape of '{}' follows from every input shape", name));
+  }
+  return binding_max_dims_[b];
+}
+
+Status ExecutionContext::ReadReportedDims(size_t l, bool* changed) {
+  const Engine& e = *engine_;
+  const Engine::Layer& layer = e.layers_[l];
+  const Node& node = *layer.desc->node;
+  const std::vector<ReportedDim>& where = reported_[l];
+  for (size_t k = 0; k < layer.outputs.size(); ++k) {
+    const int id = layer.outputs[k];
+    if (id < 0) continue;
+    const std::vector<int64_t>* got = kernels_[l]->RunOutputDims(k);
+    if (!got || got->size() != dims_[id].size()) {
+      return MakeError(ErrorCode::kInternal,
+                       "layer '{}' ({}): the kernel reported no dims of rank {} for output '{}'",
+                       node.name(), node.op_type(), dims_[id].size(), e.slots_[id].value->name());
+    }
+    for (size_t i = 0; i < got->size(); ++i) {
+      const int64_t v = (*got)[i];
+      auto it = std::find_if(where.begin(), where.end(),
+                             [&](const ReportedDim& r) { return r.output == k && r.dim == i; });
+      if (it == where.end()) {
+        if (v != dims_[id][i]) {
+          return MakeError(ErrorCode::kInternal,
+                           "layer '{}' ({}): output '{}' dimension {} is {} but its shape makes it "
+                           "{}",
+                           node.name(), node.op_type(), e.slots_[id].value->name(), i, v,
+                           dims_[id][i]);
+        }
+        continue;
+      }
+      const int64_t bound = dd_bounds_.at(it->symbol);
+      if (v < 0 || v > bound) {
+        return MakeError(
+            ErrorCode::kInternal,
+            "layer '{}' ({}): reported {} for data-dependent dim '{}', outside [0, {}]",
+            node.name(), node.op_type(), v, it->symbol, bound);
+      }
+      dd_values_[it->symbol] = v;
+      if (v != dims_[id][i]) *changed = true;
+    }
+  }
+  return OkStatus();
 }
 
 StatusOr<std::vector<int64_t>> ExecutionContext::GetTensorShape(const std::string& name) {
@@ -628,8 +718,10 @@ Status ExecutionContext::Execute(void* stream) {
   Backend& backend = *engine_->backend_;
   void* s = stream;
   const bool legacy = !stream && own_stream_;
+  // Data-dependent dims may change the later layers' shapes in the middle of a run: no graphs.
   const bool graphs = options_.cuda_graphs && !options_.layer_timing && !graphs_failed_ &&
-                      backend.supports_graphs() && param::CudaGraphCacheSize() > 0;
+                      backend.supports_graphs() && param::CudaGraphCacheSize() > 0 &&
+                      !engine_->data_dependent_;
   if (legacy && graphs) {
     // A graph captured earlier replays on the legacy stream itself, in its order: no events
     // (they cost more than the launch; torch's default stream is the legacy one).
@@ -678,6 +770,20 @@ Status ExecutionContext::RunLayers(void* stream, bool timed) {
                       layers[l].provider->id(), layers[l].desc->tactic.name));
     }
     if (timed) KILN_RETURN_IF_ERROR(backend.RecordEvent(events_[l + 1].get(), stream));
+    // reported_: where the rule put data-dependent dims at this inference (the load-time flag
+    // may be set for a layer whose dims the concrete inputs make static: TopK's K from shapes).
+    if (layers[l].data_dependent && !reported_[l].empty()) {
+      // The later layers were prepared for the dims the last run (or the bounds) gave; other
+      // dims re-infer and re-prepare them (this allocates) before they run.
+      bool changed = false;
+      KILN_RETURN_IF_ERROR(ReadReportedDims(l, &changed));
+      if (changed) {
+        ++dd_updates_;
+        KILN_RETURN_IF_ERROR_CTX(Propagate(/*mid_run=*/true),
+                                 "after layer '{}' reported its data-dependent dims",
+                                 layers[l].desc->node->name());
+      }
+    }
   }
   for (const Engine::OutputCopy& c : engine_->output_copies_) {
     const Tensor* t = engine_->slots_[c.slot].value->constant();

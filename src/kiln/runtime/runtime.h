@@ -74,6 +74,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   size_t view_layers() const { return view_layers_; }
   // Shape inputs (TensorDesc::shape_values) and the arena contexts re-plan in for their values.
   bool has_shape_inputs() const { return !shape_inputs_.empty(); }
+  // Layers with data-dependent output dims (docs/architecture.md, "Data-dependent shapes"):
+  // contexts bind the dims their kernels report and re-infer what follows; no CUDA graphs.
+  bool has_data_dependent_dims() const { return data_dependent_; }
   int64_t shape_arena_bytes() const { return has_shape_inputs() ? arena_bytes_ : 0; }
 
   // Checks `dims` for input `name` as ExecutionContext::SetInputShape does (KILN-E5005 an
@@ -131,6 +134,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
     std::vector<int> inputs, outputs;  // slot ids; -1 for omitted operands
     bool view = false;                 // aliased view: nothing to run
     bool value_dependent = false;      // an operand is value-dependent: re-made for new shapes
+    // Makes data-dependent dims (Graph::data_dependent_bounds): its kernel reports its output
+    // dims after each run (Kernel::RunOutputDims).
+    bool data_dependent = false;
   };
   // A shape input: its binding and slot, and the values the engine was built for.
   struct ShapeInput {
@@ -162,6 +168,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::unordered_map<const Value*, int> slot_of_;
   std::vector<Layer> layers_;
   size_t view_layers_ = 0;
+  bool data_dependent_ = false;
   std::vector<Binding> bindings_;  // inputs first, then outputs
   std::unordered_map<std::string, int> binding_of_;
   std::vector<OutputCopy> output_copies_;
@@ -208,8 +215,17 @@ class ExecutionContext {
   // agree, prepares each kernel and checks the plan (KILN-E5004). Called by GetTensorShape and
   // Execute when shapes changed; a no-op otherwise.
   Status InferShapes();
-  // The dims of an input or output (an output's after InferShapes).
+  // The dims of an input or output (an output's after InferShapes). A data-dependent dim
+  // (docs/architecture.md, "Data-dependent shapes") reads as its bound for these input shapes
+  // until an Execute reports it, then as the last Execute's value.
   StatusOr<std::vector<int64_t>> GetTensorShape(const std::string& name);
+  // The dims to allocate an output for: GetTensorShape's, with every data-dependent dim at its
+  // bound for the current input shapes (an output's bytes must hold any value an Execute may
+  // report). The same as GetTensorShape where the engine has no data-dependent dims.
+  StatusOr<std::vector<int64_t>> GetMaxTensorShape(const std::string& name);
+  // Data-dependent dims: how often an Execute found reported dims that differ from the ones its
+  // layers were prepared for, and re-inferred the shapes after that layer (allocates).
+  int64_t data_dependent_updates() const { return dd_updates_; }
   bool all_input_shapes_set() const { return shapes_ready_; }
   // Shape inputs: how often this context was re-specialized for new values (shapes inferred,
   // kernels reading them made again) and how often it re-planned its arena for them (values
@@ -262,14 +278,19 @@ class ExecutionContext {
   Status ExecuteGraph(void* stream);
   // The graph captured for the addresses bound now (graph_key_ rebuilt), or nullptr.
   void* FindGraph();
-  Status Propagate();
+  // `mid_run`: called by RunLayers after a layer reported data-dependent dims that differ from
+  // the current ones: keeps the bound values (dd_values_) and the arena placement.
+  Status Propagate(bool mid_run = false);
+  // After layer `l` ran: binds the data-dependent dims its kernel reports; `changed` when they
+  // differ from the dims the later layers were prepared for.
+  Status ReadReportedDims(size_t l, bool* changed);
   // Shape inputs: copies bound values that differ from the current ones (host memory; nothing
   // allocates) and marks the shapes stale.
   Status ReadShapeValues();
   // After inference with new values: arena offsets (the engine's plan when everything fits it,
   // else a plan for these sizes within the arena: KILN-E5015 past it) and the kernels of
   // value-dependent layers whose operands changed, made again.
-  Status Respecialize();
+  Status Respecialize(bool mid_run);
   // Backends that cannot read host memory: the shape inputs' values into their arena copy.
   Status CopyShapeValuesToDevice();
   StatusOr<std::unique_ptr<Kernel>> CreateKernelFor(size_t l, bool concrete) const;
@@ -288,7 +309,21 @@ class ExecutionContext {
   std::vector<Tensor> shape_values_;        // per shape input: the values shapes follow now
   DeviceBuffer shape_device_;               // their device copy (backends without host access)
   bool shape_values_changed_ = false;
-  bool arena_replanned_ = false;  // slots use a plan made by this context
+  bool arena_replanned_ = false;               // slots use a plan made by this context
+  std::vector<PlannedBuffer> placed_buffers_;  // that plan's buffers (bytes per buffer)
+  // Data-dependent dims: the values reported by the last Execute (symbol -> value; cleared when
+  // the inputs' shapes change, so that the dims read as their bounds), the bounds for the
+  // current input shapes, and each binding's dims at the bounds (GetMaxTensorShape).
+  std::map<std::string, int64_t> dd_values_;
+  std::map<std::string, int64_t> dd_bounds_;
+  // Per layer: the (output, dim, symbol) of each data-dependent dim its rule gave (Propagate).
+  struct ReportedDim {
+    size_t output = 0, dim = 0;
+    std::string symbol;
+  };
+  std::vector<std::vector<ReportedDim>> reported_;
+  std::vector<std::vector<int64_t>> binding_max_dims_;
+  int64_t dd_updates_ = 0;
   std::vector<std::vector<std::vector<int64_t>>> kernel_dims_;  // per layer: dims at creation
   int64_t shape_specializations_ = 0;
   int64_t arena_replans_ = 0;

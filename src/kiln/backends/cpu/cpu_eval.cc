@@ -1,6 +1,8 @@
 // Node-at-a-time CPU evaluation: shape rule -> heuristic tactic -> kernel -> run.
 #include "kiln/backends/cpu/cpu_eval.h"
 
+#include <cstring>
+
 #include "kiln/backends/kernel.h"
 #include "kiln/backends/reference.h"
 #include "kiln/ops/op_schema.h"
@@ -20,6 +22,8 @@ StatusOr<std::vector<Tensor>> EvaluateNode(const Node& node,
   }
   std::vector<ValueInfo> out_info(node.num_outputs());
   KILN_RETURN_IF_ERROR(InferNode(node, in_ptrs, out_info));
+  // Data-dependent outputs are allocated at their bounds and cut to what the kernel reports.
+  KILN_RETURN_IF_ERROR(BindDataDependentDims(node, out_info, {}));
 
   KernelRequest request;
   request.node = &node;
@@ -59,6 +63,19 @@ StatusOr<std::vector<Tensor>> EvaluateNode(const Node& node,
     args.workspace_bytes = ws_bytes;
     KILN_RETURN_IF_ERROR_CTX(kernel->Run(args), "running node '{}' with {}", node.name(),
                              tactics.front().name);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const std::vector<int64_t>* got = kernel->RunOutputDims(i);
+      if (!got || *got == outputs[i].dims()) continue;
+      Tensor actual(outputs[i].dtype(), *got);
+      if (actual.size_bytes() > outputs[i].size_bytes()) {
+        return MakeError(ErrorCode::kInternal, "node '{}': output {} reported dims past its bound",
+                         node.name(), i);
+      }
+      if (actual.size_bytes() > 0) {
+        std::memcpy(actual.mutable_raw(), outputs[i].raw(), actual.size_bytes());
+      }
+      outputs[i] = std::move(actual);
+    }
     return outputs;
   }
   return MakeError(ErrorCode::kNoTactic, "node '{}': no CPU kernel for {} with these operand types",

@@ -279,6 +279,55 @@ Status ForReduceType(DataType t, F&& f) {
   });
 }
 
+// TopK reads K from its input when it runs: a constant or shape input gives the dims inference
+// made; a K computed at run time is a data-dependent dim (docs/architecture.md), so the kernel
+// writes [.., K, ..] densely and reports those dims (Kernel::RunOutputDims).
+class TopKKernel final : public Kernel {
+ public:
+  TopKKernel(DataType t, int64_t axis, bool largest, bool sorted)
+      : t_(t), axis_(axis), largest_(largest), sorted_(sorted) {
+    dims_.reserve(8);
+  }
+  StatusOr<size_t> Prepare(std::span<const TensorView> in, std::span<const TensorView>) override {
+    return TopKWorkspace(in, axis_);
+  }
+  Status Run(const KernelRunArgs& a) override {
+    const TensorView& x = a.inputs[0];
+    if (x.dims.empty()) {
+      return MakeError(ErrorCode::kShapeMismatch, "TopK of a scalar: the input needs an axis");
+    }
+    const size_t axis = static_cast<size_t>(NormAxis(axis_, x.dims.size()));
+    const int64_t k = ReadInt(a.inputs[1], 0);
+    if (k < 0 || k > x.dims[axis]) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "TopK: K is {} but axis {} has {} elements; K must be within [0, {}]", k,
+                       axis, x.dims[axis], x.dims[axis]);
+    }
+    dims_.assign(x.dims.begin(), x.dims.end());
+    dims_[axis] = k;
+    for (size_t i = 0; i < 2; ++i) {
+      outs_[i] = a.outputs[i];
+      outs_[i].dims = dims_;
+    }
+    KernelRunArgs b = a;
+    b.outputs = std::span<const TensorView>(outs_, 2);
+    return ForReduceType(t_, [&](auto tag) -> Status {
+      TopK<typename decltype(tag)::type>(b, axis_, largest_, sorted_);
+      return OkStatus();
+    });
+  }
+  const std::vector<int64_t>* RunOutputDims(size_t i) const override {
+    return i < 2 ? &dims_ : nullptr;
+  }
+
+ private:
+  DataType t_;
+  int64_t axis_;
+  bool largest_, sorted_;
+  std::vector<int64_t> dims_;
+  TensorView outs_[2];
+};
+
 void RegisterReduce(const char* op, Reducer red, bool float_only) {
   RegisterOpKernel({
       .op_type = op,
@@ -402,25 +451,25 @@ const bool kRegistered = [] {
   }
   RegisterOpKernel({
       .op_type = "TopK",
-      .accepts = ReduceTypes,
-      .create =
+      .accepts =
           [](const KernelRequest& r) {
-            int64_t axis = attrs::TopK::axis(*r.node);
-            bool largest = attrs::TopK::largest(*r.node) != 0;
-            bool sorted = attrs::TopK::sorted(*r.node) != 0;
-            DataType t = InType(r, 0);
-            auto run = [=](const KernelRunArgs& a) {
-              return ForReduceType(t, [&](auto tag) -> Status {
-                TopK<typename decltype(tag)::type>(a, axis, largest, sorted);
-                return OkStatus();
-              });
-            };
-            auto prepare = [=](std::span<const TensorView> in,
-                               std::span<const TensorView>) -> StatusOr<size_t> {
-              return TopKWorkspace(in, axis);
-            };
-            return StatusOr<std::unique_ptr<Kernel>>(std::make_unique<FnKernel>(run, prepare));
+            // A run-time K (a data-dependent dim) is reported by TopKKernel itself: the f16/bf16
+            // wrapper would convert the outputs at their bound dims, so those types are refused.
+            const Value* y = r.node->output(0);
+            const bool run_time_k =
+                y && std::any_of(y->shape().begin(), y->shape().end(), [](const Dim& d) {
+                  auto s = d.Symbols();
+                  return s.size() == 1 && IsDataDependentSymbol(s[0]);
+                });
+            const bool half =
+                y && (y->dtype() == DataType::kFloat16 || y->dtype() == DataType::kBFloat16);
+            return ReduceTypes(r) && !(run_time_k && half);
           },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        return std::make_unique<TopKKernel>(InType(r, 0), attrs::TopK::axis(*r.node),
+                                            attrs::TopK::largest(*r.node) != 0,
+                                            attrs::TopK::sorted(*r.node) != 0);
+      },
   });
   return true;
 }();

@@ -84,6 +84,17 @@ CudaOpDef CumSumDef() {
 }
 KILN_CUDA_OP_PROVIDER(CumSumProvider, CumSumDef());
 
+// A K computed at run time makes the output dim data-dependent (docs/architecture.md): only a
+// kernel that reports its dims (the CPU's) may take the layer.
+bool HasDataDependentDim(const OperandDesc& d) {
+  for (const Dim& dim : d.shape) {
+    for (const std::string& s : dim.Symbols()) {
+      if (IsDataDependentSymbol(s)) return true;
+    }
+  }
+  return false;
+}
+
 // TopK: k is an input, but the output dims (from shape inference, which needs k constant or
 // bounded by the profile) already carry it; the kernel takes k from them.
 CudaOpDef TopKDef() {
@@ -92,7 +103,7 @@ CudaOpDef TopKDef() {
       .accepts =
           [](const KernelRequest& r) {
             return NumericType(InType(r, 0)) && OutType(r, 0) == InType(r, 0) &&
-                   OutType(r, 1) == DataType::kInt64;
+                   OutType(r, 1) == DataType::kInt64 && !HasDataDependentDim(r.outputs[0]);
           },
       .create =
           [](const KernelRequest& r) {
