@@ -15,6 +15,9 @@ namespace kiln::onnx_internal {
 
 namespace {
 
+// Models below this opset import the ops whose interface has not changed since (see Run).
+constexpr int64_t kFirstCanonicalOpset = 7;
+
 bool IsDefaultDomain(const std::string& d) { return d.empty() || d == "ai.onnx"; }
 
 const onnx::AttributeProto* FindAttr(const onnx::NodeProto& n, std::string_view name) {
@@ -145,6 +148,16 @@ class Normalizer final : public ExpansionHost {
       }
       nn.version = EffectiveOpVersion(n.op_type(), opset_);
       if (n.op_type() == "Constant") RecordConstant(n);
+      if (opset_ < kFirstCanonicalOpset && nn.version != 0 &&
+          nn.version != EffectiveOpVersion(n.op_type(), kFirstCanonicalOpset)) {
+        // A model below opset 7 imports only ops whose interface did not change before opset 7
+        // (Not, Constant, Relu-6, ...): kiln reads the opset-7 forms and rewrites later ones.
+        nn.unsupported = fmt::format(
+            "{}-{} differs from the form of opset {} that kiln reads; re-export with opset >= {}",
+            n.op_type(), nn.version, kFirstCanonicalOpset, kFirstCanonicalOpset);
+        out_->push_back(std::move(nn));
+        continue;
+      }
       after_.clear();
       if ((n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding") && nn.version >= 23) {
         // ONNX's ops of these names, not kiln's internal fusions: expanded into primitives.
@@ -159,6 +172,7 @@ class Normalizer final : public ExpansionHost {
       KILN_RETURN_IF_ERROR_CTX(Rewrite(&n, &nn.version), "while normalising node '{}' ({}-{})",
                                n.name(), n.op_type(), nn.version);
       if (expands) PropagateFacts(n);
+      PropagateElemType(n);
       out_->push_back(std::move(nn));
       for (auto& a : after_) out_->push_back(std::move(a));
     }
@@ -269,6 +283,131 @@ class Normalizer final : public ExpansionHost {
     if (!r || *r < 0) return;
     if (type != 0) elem_types_[n.output(0)] = type;
     ranks_[n.output(0)] = *r;
+  }
+
+  // The element type of output 0 where nothing declares it and the op fixes it from its inputs
+  // or attributes alone, so that CastLike's `like` operand may be any earlier value (the
+  // function-expanded node tests cast to an intermediate's type).
+  void PropagateElemType(const onnx::NodeProto& n) {
+    static const std::unordered_set<std::string_view> kSameAsInput0 = {"Abs",
+                                                                       "Acos",
+                                                                       "Acosh",
+                                                                       "Add",
+                                                                       "Asin",
+                                                                       "Asinh",
+                                                                       "Atan",
+                                                                       "Atanh",
+                                                                       "AveragePool",
+                                                                       "BatchNormalization",
+                                                                       "Ceil",
+                                                                       "Celu",
+                                                                       "Clip",
+                                                                       "Concat",
+                                                                       "Conv",
+                                                                       "ConvTranspose",
+                                                                       "Cos",
+                                                                       "Cosh",
+                                                                       "CumSum",
+                                                                       "DepthToSpace",
+                                                                       "Div",
+                                                                       "Einsum",
+                                                                       "Elu",
+                                                                       "Erf",
+                                                                       "Exp",
+                                                                       "Expand",
+                                                                       "Flatten",
+                                                                       "Floor",
+                                                                       "Gather",
+                                                                       "GatherElements",
+                                                                       "GatherND",
+                                                                       "Gelu",
+                                                                       "Gemm",
+                                                                       "GlobalAveragePool",
+                                                                       "GlobalMaxPool",
+                                                                       "HardSigmoid",
+                                                                       "HardSwish",
+                                                                       "Identity",
+                                                                       "InstanceNormalization",
+                                                                       "LayerNormalization",
+                                                                       "LeakyRelu",
+                                                                       "Log",
+                                                                       "LogSoftmax",
+                                                                       "MatMul",
+                                                                       "Max",
+                                                                       "MaxPool",
+                                                                       "Mean",
+                                                                       "Min",
+                                                                       "Mish",
+                                                                       "Mod",
+                                                                       "Mul",
+                                                                       "Neg",
+                                                                       "Pad",
+                                                                       "Pow",
+                                                                       "PRelu",
+                                                                       "Reciprocal",
+                                                                       "ReduceL1",
+                                                                       "ReduceL2",
+                                                                       "ReduceLogSum",
+                                                                       "ReduceLogSumExp",
+                                                                       "ReduceMax",
+                                                                       "ReduceMean",
+                                                                       "ReduceMin",
+                                                                       "ReduceProd",
+                                                                       "ReduceSum",
+                                                                       "ReduceSumSquare",
+                                                                       "Relu",
+                                                                       "Reshape",
+                                                                       "Resize",
+                                                                       "Round",
+                                                                       "ScatterElements",
+                                                                       "ScatterND",
+                                                                       "Selu",
+                                                                       "Shrink",
+                                                                       "Sigmoid",
+                                                                       "Sign",
+                                                                       "Sin",
+                                                                       "Sinh",
+                                                                       "Slice",
+                                                                       "Softmax",
+                                                                       "Softplus",
+                                                                       "Softsign",
+                                                                       "SpaceToDepth",
+                                                                       "Split",
+                                                                       "Sqrt",
+                                                                       "Squeeze",
+                                                                       "Sub",
+                                                                       "Sum",
+                                                                       "Tan",
+                                                                       "Tanh",
+                                                                       "ThresholdedRelu",
+                                                                       "Tile",
+                                                                       "TopK",
+                                                                       "Transpose",
+                                                                       "Trilu",
+                                                                       "Unsqueeze"};
+    static const std::unordered_set<std::string_view> kBool = {
+        "And", "Equal", "Greater", "GreaterOrEqual", "IsInf", "IsNaN", "Less", "LessOrEqual",
+        "Not", "Or",    "Xor"};
+    static const std::unordered_set<std::string_view> kInt64 = {"ArgMax", "ArgMin", "NonZero",
+                                                                "Shape", "Size"};
+    if (n.output_size() < 1 || n.output(0).empty() || elem_types_.count(n.output(0))) return;
+    const std::string& op = n.op_type();
+    int32_t type = 0;
+    if (kSameAsInput0.count(op) || op == "Range") {
+      type = ElemType(InputName(n, 0));
+    } else if (op == "Where") {
+      type = ElemType(InputName(n, 1));
+    } else if (kBool.count(op)) {
+      type = onnx::TensorProto::BOOL;
+    } else if (kInt64.count(op)) {
+      type = onnx::TensorProto::INT64;
+    } else if (op == "Cast") {
+      if (const auto* to = FindAttr(n, "to")) type = static_cast<int32_t>(to->i());
+    } else if (op == "ConstantOfShape") {
+      const auto* value = FindAttr(n, "value");
+      type = value && value->has_t() ? value->t().data_type() : onnx::TensorProto::FLOAT;
+    }
+    if (type != 0) elem_types_[n.output(0)] = type;
   }
 
   static int64_t Numel(const onnx::TensorProto& t) {
@@ -458,6 +597,15 @@ class Normalizer final : public ExpansionHost {
       }
       TrimInputs(n);
       if (*version < 13) *version = 13;
+    } else if (op == "Swish") {
+      RewriteSwish(n);
+      *version = EffectiveOpVersion("Mul", opset_);
+    } else if (op == "DFT" && v < 20) {
+      // DFT-17's axis attribute (default 1) is DFT-20's input 2 (default -2).
+      const auto* axis = FindAttr(*n, "axis");
+      SetInputName(n, 2, ConstInts(*n, "axis", {axis ? axis->i() : 1}));
+      EraseAttr(n, "axis");
+      *version = 20;
     } else if (op == "GridSample" && v < 20) {
       // GridSample-16 names the modes bilinear/bicubic (default bilinear); 20 linear/cubic.
       std::string mode = FindAttr(*n, "mode") ? FindAttr(*n, "mode")->s() : "bilinear";
@@ -495,6 +643,42 @@ class Normalizer final : public ExpansionHost {
       }
     }
     return OkStatus();
+  }
+
+  // Swish(x; alpha) = x * Sigmoid(alpha * x): Mul(x, Sigmoid(Mul(x, alpha))), where alpha is a
+  // scalar of x's type (float32 when that is not known).
+  void RewriteSwish(onnx::NodeProto* n) {
+    const auto* a = FindAttr(*n, "alpha");
+    const float alpha = a ? a->f() : 1.0f;
+    const std::string x = InputName(*n, 0);
+    std::string scaled = x;
+    if (alpha != 1.0f) {
+      const std::string c = ConstScalarLike(*n, "alpha", x, alpha);
+      scaled = FreshValueName(n->name() + "/scaled");
+      NormalizedNode mul;
+      mul.origin = n->name();
+      mul.version = EffectiveOpVersion("Mul", opset_);
+      mul.node.set_op_type("Mul");
+      mul.node.set_name(FreshNodeName(n->name() + "/scaled"));
+      mul.node.add_input(x);
+      mul.node.add_input(c);
+      mul.node.add_output(scaled);
+      out_->push_back(std::move(mul));
+    }
+    const std::string gate = FreshValueName(n->name() + "/sigmoid");
+    NormalizedNode sig;
+    sig.origin = n->name();
+    sig.version = EffectiveOpVersion("Sigmoid", opset_);
+    sig.node.set_op_type("Sigmoid");
+    sig.node.set_name(FreshNodeName(n->name() + "/sigmoid"));
+    sig.node.add_input(scaled);
+    sig.node.add_output(gate);
+    out_->push_back(std::move(sig));
+    n->set_op_type("Mul");
+    n->clear_attribute();
+    n->clear_input();
+    n->add_input(x);
+    n->add_input(gate);
   }
 
   Status RewriteUpsample(onnx::NodeProto* n, int v) {
