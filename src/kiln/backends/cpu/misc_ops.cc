@@ -314,7 +314,8 @@ Status RunMatMulInteger(const KernelRunArgs& a) {
   // Batch dims broadcast to the longest.
   const size_t batch_rank = std::max(ad.size(), bd.size()) - 2;
   std::vector<int64_t> batch(batch_rank, 1);
-  auto bdim = [&](const std::vector<int64_t>& d, size_t i) -> int64_t {  // i counts from the batch's left
+  auto bdim = [&](const std::vector<int64_t>& d,
+                  size_t i) -> int64_t {  // i counts from the batch's left
     const size_t off = batch_rank - (d.size() - 2);
     return i < off ? 1 : d[i - off];
   };
