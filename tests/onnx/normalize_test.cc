@@ -430,6 +430,56 @@ TEST(OnnxNormalize, SwishBecomesMulBySigmoidAndDft17GetsAnAxisInput) {
   EXPECT_FALSE(dft->attrs().Has("axis"));
 }
 
+TEST(OnnxNormalize, QLinearConvBecomesItsQdqForm) {
+  ModelBuilder b(10);
+  b.Input("x", onnx::TensorProto::UINT8, {int64_t{1}, int64_t{1}, int64_t{4}, int64_t{4}});
+  b.Input("xs", onnx::TensorProto::FLOAT, {});
+  b.Input("xz", onnx::TensorProto::UINT8, {});
+  b.Input("w", onnx::TensorProto::UINT8, {int64_t{2}, int64_t{1}, int64_t{1}, int64_t{1}});
+  b.Input("ws", onnx::TensorProto::FLOAT, {int64_t{2}});
+  b.Input("wz", onnx::TensorProto::UINT8, {int64_t{2}});
+  b.Input("ys", onnx::TensorProto::FLOAT, {});
+  b.Input("yz", onnx::TensorProto::UINT8, {});
+  b.Input("b", onnx::TensorProto::INT32, {int64_t{2}});
+  b.Node("QLinearConv", {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"}, {"y"}, "qc");
+  b.Output("y", onnx::TensorProto::UINT8);
+  std::string bytes = b.Bytes();
+  auto g = ImportOnnxBytes(AsBytes(bytes), "");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  Node* conv = (*g)->FindNode("qc");
+  ASSERT_NE(conv, nullptr);
+  EXPECT_EQ(conv->op_type(), "Conv");
+  ASSERT_EQ(conv->num_inputs(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(conv->input(i)->producer()->op_type(), "DequantizeLinear") << i;
+  }
+  EXPECT_EQ(conv->input(1)->producer()->attrs().GetInt("axis", 1), 0);
+  EXPECT_EQ(conv->output(0)->consumers().size(), 1u);
+  EXPECT_EQ(conv->output(0)->consumers()[0]->op_type(), "QuantizeLinear");
+}
+
+TEST(OnnxNormalize, MlBinarizerAndArrayFeatureExtractorBecomeDefaultOps) {
+  ModelBuilder b(17);
+  b.model().mutable_opset_import(0)->set_domain("ai.onnx.ml");
+  b.model().mutable_opset_import(0)->set_version(1);
+  b.Input("x", onnx::TensorProto::FLOAT, {int64_t{3}, int64_t{4}});
+  b.Input("i", onnx::TensorProto::INT64, {int64_t{2}});
+  AttrFloat(b.Node("Binarizer", {"x"}, {"y"}, "bin", "ai.onnx.ml"), "threshold", 0.5f);
+  b.Node("ArrayFeatureExtractor", {"x", "i"}, {"z"}, "afe", "ai.onnx.ml");
+  b.Output("y");
+  b.Output("z");
+  std::string bytes = b.Bytes();
+  auto g = ImportOnnxBytes(AsBytes(bytes), "");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  Node* bin = (*g)->FindNode("bin");
+  EXPECT_EQ(bin->op_type(), "Cast");
+  EXPECT_EQ(bin->attrs().GetInt("to", 0), onnx::TensorProto::FLOAT);
+  EXPECT_EQ(bin->input(0)->producer()->op_type(), "Greater");
+  Node* afe = (*g)->FindNode("afe");
+  EXPECT_EQ(afe->op_type(), "Gather");
+  EXPECT_EQ(afe->attrs().GetInt("axis", 0), -1);
+}
+
 // ---- unsupported ops ----
 
 TEST(OnnxUnsupported, AllUnsupportedOpsAreReportedAtOnce) {

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <unordered_set>
 
 #include "kiln/core/float16.h"
@@ -141,6 +142,14 @@ class Normalizer final : public ExpansionHost {
       if (n.name().empty() || !seen.insert(n.name()).second) {
         n.set_name(FreshNodeName(n.op_type().empty() ? std::string("node") : n.op_type()));
         seen.insert(n.name());
+      }
+      if (n.domain() == "ai.onnx.ml" && RewriteMl(&n)) {
+        nn.version = FindOpSchema(n.op_type())->latest_opset;
+        PropagateElemType(n);
+        out_->push_back(std::move(nn));
+        for (auto& a : after_) out_->push_back(std::move(a));
+        after_.clear();
+        continue;
       }
       if (!IsDefaultDomain(n.domain())) {
         out_->push_back(std::move(nn));
@@ -597,6 +606,15 @@ class Normalizer final : public ExpansionHost {
       }
       TrimInputs(n);
       if (*version < 13) *version = 13;
+    } else if (op == "RoiAlign" && v < 16) {
+      // RoiAlign-10 samples without the half-pixel shift (16's output_half_pixel).
+      if (!FindAttr(*n, "coordinate_transformation_mode")) {
+        SetStringAttr(n, "coordinate_transformation_mode", "output_half_pixel");
+      }
+      *version = 16;
+    } else if (op == "QLinearConv") {
+      RewriteQLinearConv(n);
+      *version = 1;
     } else if (op == "Swish") {
       RewriteSwish(n);
       *version = EffectiveOpVersion("Mul", opset_);
@@ -643,6 +661,107 @@ class Normalizer final : public ExpansionHost {
       }
     }
     return OkStatus();
+  }
+
+  // ai.onnx.ml ops that are default-domain ops in other words: Binarizer(x; threshold) is
+  // Cast(Greater(x, threshold), to = x's type) (x's type must be known: float, double, int32 or
+  // int64), ArrayFeatureExtractor(x, indices) is Gather(x, indices, axis = -1). False: left as
+  // it is (reported unsupported).
+  bool RewriteMl(onnx::NodeProto* n) {
+    if (n->op_type() == "ArrayFeatureExtractor" && n->input_size() == 2) {
+      n->set_domain("");
+      n->set_op_type("Gather");
+      SetIntAttr(n, "axis", -1);
+      return true;
+    }
+    if (n->op_type() != "Binarizer" || n->input_size() != 1 || n->output_size() != 1) return false;
+    const int32_t type = ElemType(n->input(0));
+    onnx::TensorProto t;
+    t.set_data_type(type);
+    const auto* a = FindAttr(*n, "threshold");
+    const float threshold = a ? a->f() : 0.0f;
+    switch (type) {
+      case onnx::TensorProto::FLOAT:
+        t.add_float_data(threshold);
+        break;
+      case onnx::TensorProto::DOUBLE:
+        t.add_double_data(threshold);
+        break;
+      case onnx::TensorProto::INT32:
+      case onnx::TensorProto::INT64:
+        // x > threshold for integers is x > floor(threshold).
+        if (type == onnx::TensorProto::INT32) {
+          t.add_int32_data(static_cast<int32_t>(std::floor(threshold)));
+        } else {
+          t.add_int64_data(static_cast<int64_t>(std::floor(threshold)));
+        }
+        break;
+      default:
+        return false;
+    }
+    const std::string c = EmitConstant(*n, "threshold", std::move(t));
+    const std::string gt = FreshValueName(n->name() + "/greater");
+    EmitBefore(*n, "Greater", "greater", {n->input(0), c}, gt);
+    n->set_domain("");
+    n->set_op_type("Cast");
+    n->clear_attribute();
+    n->clear_input();
+    n->add_input(gt);
+    SetIntAttr(n, "to", type);
+    return true;
+  }
+
+  // A node that the rewrites add before the node being rewritten, at the canonical version of
+  // its op (the form kiln implements, whatever the model's opset).
+  void EmitBefore(const onnx::NodeProto& owner, const std::string& op, const std::string& what,
+                  std::vector<std::string> inputs, const std::string& output) {
+    NormalizedNode nn;
+    nn.origin = owner.name();
+    const OpSchema* schema = FindOpSchema(op);
+    nn.version = schema ? schema->latest_opset : 1;
+    nn.node.set_op_type(op);
+    nn.node.set_name(FreshNodeName(owner.name() + "/" + what));
+    for (auto& i : inputs) nn.node.add_input(std::move(i));
+    nn.node.add_output(output);
+    out_->push_back(std::move(nn));
+  }
+
+  // QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?) is its QDQ form:
+  // QuantizeLinear(Conv(DQ(x), DQ(w, axis 0), DQ(B, x_scale * w_scale, axis 0)), y_scale, y_zp),
+  // which every backend runs (and qdq_fusion turns back into an INT8 convolution).
+  void RewriteQLinearConv(onnx::NodeProto* n) {
+    const std::string name = n->name();
+    auto in = [&](int i) { return InputName(*n, i); };
+    const std::string xf = FreshValueName(name + "/x"), wf = FreshValueName(name + "/w");
+    EmitBefore(*n, "DequantizeLinear", "x", {in(0), in(1), in(2)}, xf);
+    EmitBefore(*n, "DequantizeLinear", "w", {in(3), in(4), in(5)}, wf);
+    SetIntAttr(&out_->back().node, "axis", 0);
+    std::string bf;
+    if (!in(8).empty()) {
+      const std::string scale = FreshValueName(name + "/bias_scale");
+      EmitBefore(*n, "Mul", "bias_scale", {in(1), in(4)}, scale);
+      bf = FreshValueName(name + "/b");
+      EmitBefore(*n, "DequantizeLinear", "b", {in(8), scale}, bf);
+      SetIntAttr(&out_->back().node, "axis", 0);
+    }
+    const std::string y = n->output(0), yf = FreshValueName(name + "/y");
+    const std::string ys = in(6), yzp = in(7);
+    n->set_op_type("Conv");
+    n->clear_input();
+    n->add_input(xf);
+    n->add_input(wf);
+    if (!bf.empty()) n->add_input(bf);
+    n->set_output(0, yf);
+    NormalizedNode q;
+    q.origin = name;
+    q.version = FindOpSchema("QuantizeLinear")->latest_opset;
+    q.node.set_op_type("QuantizeLinear");
+    q.node.set_name(FreshNodeName(name + "/y"));
+    q.node.add_input(yf);
+    q.node.add_input(ys);
+    if (!yzp.empty()) q.node.add_input(yzp);
+    q.node.add_output(y);
+    after_.push_back(std::move(q));
   }
 
   // Swish(x; alpha) = x * Sigmoid(alpha * x): Mul(x, Sigmoid(Mul(x, alpha))), where alpha is a
