@@ -1,6 +1,6 @@
 // Shape rules of assorted ONNX ops kiln runs on the CPU only (issue 21's block of ops.inc): Det,
-// GroupNormalization, ReverseSequence, AffineGrid, TensorScatter, MaxUnpool, MatMulInteger and
-// ConvInteger.
+// GroupNormalization, ReverseSequence, AffineGrid, TensorScatter, MaxUnpool, MatMulInteger,
+// ConvInteger, DeformConv and RoiAlign.
 #include <optional>
 
 #include "kiln/ir/sizes.h"
@@ -275,6 +275,87 @@ Status InferConvInteger(InferenceContext& ctx) {
     return ctx.Error(ErrorCode::kShapeMismatch, "x_zero_point must be a scalar");
   }
   return InferAsFloat(ctx, 2, InferConvLike, DataType::kInt32);
+}
+
+// DeformConv(X [N, C, H, W], W [M, C / group, kH, kW], offset [N, offset_group * kH * kW * 2, oH,
+// oW], B [M]?, mask [N, offset_group * kH * kW, oH, oW]?) -> [N, M, oH, oW] (2-D only, as the
+// spec's reference); the geometry is Conv's.
+Status InferDeformConv(InferenceContext& ctx) {
+  for (size_t i : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{4}}) {
+    if (i == 0 || ctx.has_input(i)) KILN_RETURN_IF_ERROR(RequireFloatInput(ctx, i));
+  }
+  const Shape& x = ctx.input_shape(0);
+  const Shape& w = ctx.input_shape(1);
+  if (x.size() != 4 || w.size() != 4 || !w[2].is_static() || !w[3].is_static()) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "kiln runs 2-D DeformConv: X {} must be [N, C, H, W] and W {} [M, C / "
+                     "group, kH, kW] with a static kernel",
+                     ToString(x), ToString(w));
+  }
+  KILN_ASSIGN_OR_RETURN(int64_t offset_group, IntAttr(ctx, "offset_group", 1));
+  if (offset_group < 1 || (x[1].is_static() && x[1].value() % offset_group != 0)) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "offset_group {} does not divide {} channels",
+                     offset_group, x[1].ToString());
+  }
+  KILN_RETURN_IF_ERROR(InferAsFloat(ctx, 2, InferConvLike, ctx.input_type(0)));
+  const Shape y = ctx.output(0).shape;
+  const int64_t taps = w[2].value() * w[3].value();
+  const Shape& off = ctx.input_shape(2);
+  if (off.size() != 4 || DimsEqual(off[0], x[0]) == false ||
+      DimsEqual(off[1], Dim(offset_group * taps * 2)) == false ||
+      DimsEqual(off[2], y[2]) == false || DimsEqual(off[3], y[3]) == false) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "offset {} must be [N, {}, {}, {}]", ToString(off),
+                     offset_group * taps * 2, y[2].ToString(), y[3].ToString());
+  }
+  if (ctx.has_input(3)) {
+    const Shape& b = ctx.input_shape(3);
+    if (b.size() != 1 || DimsEqual(b[0], w[0]) == false) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "B {} must be [{}]", ToString(b),
+                       w[0].ToString());
+    }
+  }
+  if (ctx.has_input(4)) {
+    const Shape& m = ctx.input_shape(4);
+    if (m.size() != 4 || DimsEqual(m[1], Dim(offset_group * taps)) == false ||
+        DimsEqual(m[2], y[2]) == false || DimsEqual(m[3], y[3]) == false) {
+      return ctx.Error(ErrorCode::kShapeMismatch, "mask {} must be [N, {}, {}, {}]", ToString(m),
+                       offset_group * taps, y[2].ToString(), y[3].ToString());
+    }
+  }
+  return OkStatus();
+}
+
+// RoiAlign-16(X [N, C, H, W], rois [R, 4], batch_indices [R]) -> [R, C, output_height,
+// output_width].
+Status InferRoiAlign(InferenceContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireFloatInput(ctx, 0));
+  if (!IsFloat(ctx.input_type(1))) {  // kept FP32 under reduced precision (a fixed input)
+    return ctx.Error(ErrorCode::kTypeMismatch, "rois has type {}; a float type is required",
+                     ToString(ctx.input_type(1)));
+  }
+  const Shape& x = ctx.input_shape(0);
+  const Shape& rois = ctx.input_shape(1);
+  const Shape& idx = ctx.input_shape(2);
+  if (x.size() != 4 || rois.size() != 2 || DimsEqual(rois[1], Dim(4)) == false || idx.size() != 1 ||
+      !IsInteger(ctx.input_type(2)) || DimsEqual(idx[0], rois[0]) == false) {
+    return ctx.Error(ErrorCode::kShapeMismatch,
+                     "X {} must be [N, C, H, W], rois {} [R, 4] and batch_indices {} integers [R]",
+                     ToString(x), ToString(rois), ToString(idx));
+  }
+  KILN_ASSIGN_OR_RETURN(int64_t oh, IntAttr(ctx, "output_height", 1));
+  KILN_ASSIGN_OR_RETURN(int64_t ow, IntAttr(ctx, "output_width", 1));
+  KILN_ASSIGN_OR_RETURN(int64_t ratio, IntAttr(ctx, "sampling_ratio", 0));
+  KILN_ASSIGN_OR_RETURN(std::string mode, ops_internal::StringAttr(ctx, "mode", "avg"));
+  KILN_ASSIGN_OR_RETURN(std::string ctm, ops_internal::StringAttr(
+                                             ctx, "coordinate_transformation_mode", "half_pixel"));
+  if (oh < 1 || ow < 1 || oh > kMaxDim || ow > kMaxDim || ratio < 0 ||
+      (mode != "avg" && mode != "max") || (ctm != "half_pixel" && ctm != "output_half_pixel")) {
+    return ctx.Error(ErrorCode::kInvalidAttribute,
+                     "output_height/width must be positive, sampling_ratio not negative, mode avg "
+                     "or max, coordinate_transformation_mode half_pixel or output_half_pixel");
+  }
+  ctx.set_output(0, ctx.input_type(0), {rois[0], x[1], Dim(oh), Dim(ow)});
+  return OkStatus();
 }
 
 }  // namespace kiln

@@ -529,6 +529,302 @@ TEST(CpuConvInteger, PadsStridesDilationsGroups) {
   }
 }
 
+// ---- DeformConv ---------------------------------------------------------------------------------
+
+// Bilinear interpolation at (y, x) with zeros outside, from the four surrounding pixels.
+double Bilinear(const Tensor& t, int64_t base, int64_t h, int64_t w, double y, double x) {
+  auto px = [&](int64_t i, int64_t j) {
+    return i < 0 || i >= h || j < 0 || j >= w ? 0.0 : t.GetDouble(base + i * w + j);
+  };
+  const int64_t i0 = static_cast<int64_t>(std::floor(y)), j0 = static_cast<int64_t>(std::floor(x));
+  const double fy = y - double(i0), fx = x - double(j0);
+  return px(i0, j0) * (1 - fy) * (1 - fx) + px(i0, j0 + 1) * (1 - fy) * fx +
+         px(i0 + 1, j0) * fy * (1 - fx) + px(i0 + 1, j0 + 1) * fy * fx;
+}
+
+TEST(CpuDeformConv, OffsetsMasksBiasGroupsAndOffsetGroups) {
+  struct Case {
+    std::vector<int64_t> x, w;
+    int64_t group, offset_group;
+    std::vector<int64_t> pads, strides, dilations;
+    bool bias, mask;
+  };
+  for (const Case& k : std::vector<Case>{
+           {{1, 1, 3, 3}, {1, 1, 2, 2}, 1, 1, {0, 0, 0, 0}, {1, 1}, {1, 1}, false, false},
+           {{2, 4, 5, 6}, {6, 2, 3, 2}, 2, 2, {1, 0, 1, 1}, {2, 1}, {1, 2}, true, true},
+           {{1, 2, 4, 4}, {3, 2, 2, 2}, 1, 2, {1, 1, 1, 1}, {1, 1}, {1, 1}, true, false}}) {
+    std::mt19937 rng(120);
+    const int64_t kh = k.w[2], kw = k.w[3], taps = kh * kw;
+    const int64_t oh =
+        (k.x[2] + k.pads[0] + k.pads[2] - k.dilations[0] * (kh - 1) - 1) / k.strides[0] + 1;
+    const int64_t ow =
+        (k.x[3] + k.pads[1] + k.pads[3] - k.dilations[1] * (kw - 1) - 1) / k.strides[1] + 1;
+    OpCase c;
+    c.op = "DeformConv";
+    c.attrs.Set("group", k.group);
+    c.attrs.Set("offset_group", k.offset_group);
+    c.attrs.Set("pads", k.pads);
+    c.attrs.Set("strides", k.strides);
+    c.attrs.Set("dilations", k.dilations);
+    c.inputs = {
+        RandomTensor(k.x, rng), RandomTensor(k.w, rng),
+        RandomTensor({k.x[0], k.offset_group * taps * 2, oh, ow}, rng, -1.5f, 1.5f),
+        k.bias ? RandomTensor({k.w[0]}, rng) : Tensor(),
+        k.mask ? RandomTensor({k.x[0], k.offset_group * taps, oh, ow}, rng, 0.f, 1.f) : Tensor()};
+    c.constant = {false, true, false, true, false};
+    auto ref = [&](const std::vector<Tensor>& in, const std::vector<int64_t>& yd) {
+      EXPECT_EQ(yd, (std::vector<int64_t>{k.x[0], k.w[0], oh, ow}));
+      const int64_t cin = k.x[1], cg = k.w[1], mg = k.w[0] / k.group;
+      std::vector<double> y;
+      for (int64_t b = 0; b < k.x[0]; ++b) {
+        for (int64_t m = 0; m < k.w[0]; ++m) {
+          for (int64_t i = 0; i < oh; ++i) {
+            for (int64_t j = 0; j < ow; ++j) {
+              double acc = k.bias ? in[3].GetDouble(m) : 0.0;
+              for (int64_t cc = 0; cc < cg; ++cc) {
+                const int64_t ch = m / mg * cg + cc, og = ch / (cin / k.offset_group);
+                for (int64_t ki = 0; ki < kh; ++ki) {
+                  for (int64_t kj = 0; kj < kw; ++kj) {
+                    const int64_t t = ki * kw + kj;
+                    auto offset = [&](int64_t comp) {
+                      return in[2].GetDouble(
+                          ((((b * k.offset_group + og) * taps + t) * 2 + comp) * oh + i) * ow + j);
+                    };
+                    const double py =
+                        double(i * k.strides[0] - k.pads[0] + ki * k.dilations[0]) + offset(0);
+                    const double px =
+                        double(j * k.strides[1] - k.pads[1] + kj * k.dilations[1]) + offset(1);
+                    double v =
+                        Bilinear(in[0], (b * cin + ch) * k.x[2] * k.x[3], k.x[2], k.x[3], py, px) *
+                        in[1].GetDouble(((m * cg + cc) * kh + ki) * kw + kj);
+                    if (k.mask) {
+                      v *= in[4].GetDouble((((b * k.offset_group + og) * taps + t) * oh + i) * ow +
+                                           j);
+                    }
+                    acc += v;
+                  }
+                }
+              }
+              y.push_back(acc);
+            }
+          }
+        }
+      }
+      return y;
+    };
+    CheckAllTactics(c, ref, 1e-4, 1e-4);
+  }
+}
+
+// ---- RoiAlign -----------------------------------------------------------------------------------
+
+TEST(CpuRoiAlign, AverageAndMaxHalfPixelAndNot) {
+  for (std::string mode : {"avg", "max"}) {
+    for (std::string ctm : {"half_pixel", "output_half_pixel"}) {
+      for (int64_t ratio : {0, 2}) {
+        std::mt19937 rng(130);
+        const int64_t batch = 2, channels = 3, h = 8, w = 7, oh = 3, ow = 2;
+        OpCase c;
+        c.op = "RoiAlign";
+        c.attrs.Set("mode", mode);
+        c.attrs.Set("coordinate_transformation_mode", ctm);
+        c.attrs.Set("output_height", oh);
+        c.attrs.Set("output_width", ow);
+        c.attrs.Set("sampling_ratio", ratio);
+        c.attrs.Set("spatial_scale", 0.5f);
+        std::vector<float> rois = {0,  0,  12,    14,    2.5f, 1, 9,    6,
+                                   10, 12, 13.5f, 15.5f, 1,    3, 1.5f, 3};
+        c.inputs = {RandomTensor({batch, channels, h, w}, rng),
+                    Tensor::FromVector(DataType::kFloat32, {4, 4}, rois), Ints({4}, {0, 1, 1, 0})};
+        auto ref = [&](const std::vector<Tensor>& in, const std::vector<int64_t>& yd) {
+          EXPECT_EQ(yd, (std::vector<int64_t>{4, channels, oh, ow}));
+          std::vector<double> y;
+          const double off = ctm == "half_pixel" ? 0.5 : 0.0;
+          const std::vector<int64_t> bidx = {0, 1, 1, 0};
+          for (int64_t r = 0; r < 4; ++r) {
+            const double x0 = rois[r * 4] * 0.5 - off, y0 = rois[r * 4 + 1] * 0.5 - off;
+            double rw = rois[r * 4 + 2] * 0.5 - off - x0, rh = rois[r * 4 + 3] * 0.5 - off - y0;
+            if (ctm != "half_pixel") {
+              rw = std::max(rw, 1.0);
+              rh = std::max(rh, 1.0);
+            }
+            const double bh = rh / oh, bw = rw / ow;
+            const int64_t gh = ratio ? ratio : int64_t(std::ceil(rh / oh));
+            const int64_t gw = ratio ? ratio : int64_t(std::ceil(rw / ow));
+            for (int64_t ch = 0; ch < channels; ++ch) {
+              const int64_t base = (bidx[r] * channels + ch) * h * w;
+              for (int64_t i = 0; i < oh; ++i) {
+                for (int64_t j = 0; j < ow; ++j) {
+                  double sum = 0, best = -1e300;
+                  for (int64_t a = 0; a < gh; ++a) {
+                    for (int64_t b = 0; b < gw; ++b) {
+                      double yy = y0 + i * bh + (a + 0.5) * bh / gh;
+                      double xx = x0 + j * bw + (b + 0.5) * bw / gw;
+                      double corners[4] = {0, 0, 0, 0};
+                      if (yy >= -1 && yy <= h && xx >= -1 && xx <= w) {
+                        yy = std::min(std::max(yy, 0.0), double(h - 1));
+                        xx = std::min(std::max(xx, 0.0), double(w - 1));
+                        const int64_t yl = int64_t(yy), xl = int64_t(xx);
+                        const int64_t yh2 = std::min(yl + 1, h - 1), xh2 = std::min(xl + 1, w - 1);
+                        const double ly = yy - yl, lx = xx - xl;
+                        corners[0] = (1 - ly) * (1 - lx) * in[0].GetDouble(base + yl * w + xl);
+                        corners[1] = (1 - ly) * lx * in[0].GetDouble(base + yl * w + xh2);
+                        corners[2] = ly * (1 - lx) * in[0].GetDouble(base + yh2 * w + xl);
+                        corners[3] = ly * lx * in[0].GetDouble(base + yh2 * w + xh2);
+                      }
+                      sum += corners[0] + corners[1] + corners[2] + corners[3];
+                      best = std::max({best, corners[0], corners[1], corners[2], corners[3]});
+                    }
+                  }
+                  // No samples (an empty roi with sampling_ratio 0): 0 in both modes.
+                  if (gh * gw == 0) best = 0;
+                  y.push_back(mode == "max" ? best : sum / double(std::max<int64_t>(gh * gw, 1)));
+                }
+              }
+            }
+          }
+          return y;
+        };
+        CheckAllTactics(c, ref, 1e-5, 1e-5);
+      }
+    }
+  }
+}
+
+// ---- MaxPool of int8/uint8 and with Indices -----------------------------------------------------
+
+TEST(CpuMaxPoolIndexed, Uint8Int8AndIndicesInBothStorageOrders) {
+  struct Case {
+    std::vector<int64_t> x, kernel, pads, strides;
+    DataType t;
+    size_t outputs;
+    int64_t order;
+  };
+  for (const Case& k :
+       std::vector<Case>{{{1, 1, 5, 5}, {5, 5}, {2, 2, 2, 2}, {1, 1}, DataType::kUInt8, 1, 0},
+                         {{2, 3, 6, 7}, {3, 2}, {1, 0, 1, 1}, {2, 2}, DataType::kInt8, 1, 0},
+                         {{2, 2, 5, 6}, {2, 3}, {0, 1, 1, 0}, {1, 2}, DataType::kFloat32, 2, 0},
+                         {{1, 2, 5, 5}, {2, 2}, {0, 0, 0, 0}, {2, 2}, DataType::kFloat32, 2, 1},
+                         {{2, 2, 9}, {3}, {1, 1}, {2}, DataType::kUInt8, 2, 0}}) {
+    std::mt19937 rng(140);
+    OpCase c;
+    c.op = "MaxPool";
+    c.attrs.Set("kernel_shape", k.kernel);
+    c.attrs.Set("pads", k.pads);
+    c.attrs.Set("strides", k.strides);
+    c.attrs.Set("storage_order", k.order);
+    c.inputs = {k.t == DataType::kFloat32 ? RandomTensor(k.x, rng) : Random8(k.x, k.t, rng)};
+    c.num_outputs = k.outputs;
+    const size_t r = k.x.size() - 2;
+    // The reference: output 0 (values) or, with outputs == 2, checks output 0 and computes the
+    // indices below.
+    auto pool = [&](const Tensor& x, const std::vector<int64_t>& yd, bool want_index) {
+      const int64_t ih = k.x[2], iw = r == 2 ? k.x[3] : 1;
+      const int64_t oh = yd[2], ow = r == 2 ? yd[3] : 1;
+      const int64_t kh = k.kernel[0], kw = r == 2 ? k.kernel[1] : 1;
+      const int64_t sh = k.strides[0], sw = r == 2 ? k.strides[1] : 1;
+      const int64_t ph = k.pads[0], pw = r == 2 ? k.pads[1] : 0;
+      std::vector<double> y;
+      for (int64_t pl = 0; pl < k.x[0] * k.x[1]; ++pl) {
+        for (int64_t i = 0; i < oh; ++i) {
+          for (int64_t j = 0; j < ow; ++j) {
+            double best = -1e300;
+            int64_t where = -1;
+            for (int64_t a = 0; a < kh; ++a) {
+              for (int64_t b = 0; b < kw; ++b) {
+                const int64_t yy = i * sh - ph + a, xx = j * sw - pw + b;
+                if (yy < 0 || yy >= ih || xx < 0 || xx >= iw) continue;
+                const double v = x.GetDouble(pl * ih * iw + yy * iw + xx);
+                if (v > best) {
+                  best = v;
+                  where = pl * ih * iw + (k.order ? xx * ih + yy : yy * iw + xx);
+                }
+              }
+            }
+            y.push_back(want_index ? double(where) : best);
+          }
+        }
+      }
+      return y;
+    };
+    auto ref = [&](const std::vector<Tensor>& in, const std::vector<int64_t>& yd) {
+      return pool(in[0], yd, false);
+    };
+    auto results = CheckAllTactics(c, ref, 0, 0, DataType::kFloat32);
+    EXPECT_FALSE(results.empty());
+    if (k.outputs == 2) {
+      // The Indices output, run through the layer directly: the harness checks output 0 only.
+      auto dims = InferOutputDims(c);
+      ASSERT_TRUE(dims.ok());
+      std::vector<double> want = pool(c.inputs[0], *dims, true);
+      auto got = RunFirstTactic(c, 1);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_EQ(got->num_elements(), static_cast<int64_t>(want.size()));
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(got->GetDouble(static_cast<int64_t>(i)), want[i]) << i;
+      }
+    }
+  }
+}
+
+// ---- BatchNormalization, training mode ---------------------------------------------------------
+
+TEST(CpuBatchNormTraining, BatchStatisticsAndRunningOutputs) {
+  for (std::vector<int64_t> dims :
+       std::vector<std::vector<int64_t>>{{2, 3, 4, 5}, {3, 2}, {1, 4, 7}}) {
+    std::mt19937 rng(150);
+    const int64_t ch = dims[1];
+    OpCase c;
+    c.op = "BatchNormalization";
+    c.attrs.Set("training_mode", int64_t{1});
+    c.attrs.Set("epsilon", 1e-2f);
+    c.attrs.Set("momentum", 0.8f);
+    c.inputs = {RandomTensor(dims, rng), RandomTensor({ch}, rng), RandomTensor({ch}, rng),
+                RandomTensor({ch}, rng), RandomTensor({ch}, rng, 0.1f, 1.f)};
+    c.num_outputs = 3;
+    const int64_t n = dims[0], total = NumElements(dims), spatial = total / (n * ch);
+    // [0]: y; [1], [2]: running mean and variance.
+    auto stats = [&](const std::vector<Tensor>& in) {
+      std::vector<double> mean(ch), var(ch);
+      for (int64_t cc = 0; cc < ch; ++cc) {
+        for (int64_t b = 0; b < n; ++b) {
+          for (int64_t i = 0; i < spatial; ++i) {
+            mean[cc] += in[0].GetDouble((b * ch + cc) * spatial + i) / double(n * spatial);
+          }
+        }
+        for (int64_t b = 0; b < n; ++b) {
+          for (int64_t i = 0; i < spatial; ++i) {
+            var[cc] += std::pow(in[0].GetDouble((b * ch + cc) * spatial + i) - mean[cc], 2) /
+                       double(n * spatial);
+          }
+        }
+      }
+      return std::make_pair(mean, var);
+    };
+    auto ref = [&](const std::vector<Tensor>& in, const std::vector<int64_t>&) {
+      auto [mean, var] = stats(in);
+      std::vector<double> y(static_cast<size_t>(total));
+      for (int64_t e = 0; e < total; ++e) {
+        const int64_t cc = e / spatial % ch;
+        y[e] = (in[0].GetDouble(e) - mean[cc]) / std::sqrt(var[cc] + 1e-2) * in[1].GetDouble(cc) +
+               in[2].GetDouble(cc);
+      }
+      return y;
+    };
+    CheckAllTactics(c, ref, 1e-4, 1e-4);
+    auto [mean, var] = stats(c.inputs);
+    for (size_t k : {size_t{1}, size_t{2}}) {
+      auto got = RunFirstTactic(c, k);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      for (int64_t cc = 0; cc < ch; ++cc) {
+        const double batch = k == 1 ? mean[cc] : var[cc];
+        const double want = c.inputs[k + 2].GetDouble(cc) * 0.8 + batch * 0.2;
+        EXPECT_NEAR(got->GetDouble(cc), want, 1e-5) << k << " " << cc;
+      }
+    }
+  }
+}
+
 // ---- Einsum in double ---------------------------------------------------------------------------
 
 TEST(CpuEinsum, Float64Operands) {

@@ -1,7 +1,8 @@
 // Assorted ONNX ops on the CPU (ops/misc.cc has their shape rules): Det (LU with partial
 // pivoting, in double), GroupNormalization, ReverseSequence and TensorScatter (byte moves, any
-// type), AffineGrid, MaxUnpool, and reference kernels of MatMulInteger and ConvInteger (int32
-// accumulation; the INT8 oneDNN tactics serve the QDQ form of these products instead).
+// type), AffineGrid, MaxUnpool, DeformConv, RoiAlign, and reference kernels of MatMulInteger and
+// ConvInteger (int32 accumulation; the INT8 oneDNN tactics serve the QDQ form of these products
+// instead).
 #include <fmt/ranges.h>
 
 #include <cmath>
@@ -285,6 +286,305 @@ Status RunMaxUnpool(const UnpoolSpec& s, const KernelRunArgs& a) {
   return OkStatus();
 }
 
+// ---- DeformConv --------------------------------------------------------------------------------
+
+// Bilinear sample of a [height, width] plane at (y, x); corners outside read 0 (GridSample with
+// align_corners and zeros padding, as the spec's reference samples).
+double SampleZeros(const float* plane, int64_t height, int64_t width, double y, double x) {
+  const double y0 = std::floor(y), x0 = std::floor(x);
+  const double ly = y - y0, lx = x - x0;
+  double acc = 0;
+  for (int dy = 0; dy < 2; ++dy) {
+    for (int dx = 0; dx < 2; ++dx) {
+      const int64_t yi = static_cast<int64_t>(y0) + dy, xi = static_cast<int64_t>(x0) + dx;
+      if (yi < 0 || yi >= height || xi < 0 || xi >= width) continue;
+      acc += (dy ? ly : 1 - ly) * (dx ? lx : 1 - lx) * plane[yi * width + xi];
+    }
+  }
+  return acc;
+}
+
+Status RunDeformConv(const nn::WindowAttrs& at, int64_t offset_group, const KernelRunArgs& a) {
+  const TensorView& x = a.inputs[0];
+  const TensorView& w = a.inputs[1];
+  const TensorView& off = a.inputs[2];
+  const bool has_bias = a.inputs.size() > 3 && a.inputs[3].data;
+  const bool has_mask = a.inputs.size() > 4 && a.inputs[4].data;
+  const TensorView& y = a.outputs[0];
+  const int64_t n = x.dims[0], cin = x.dims[1], ih = x.dims[2], iw = x.dims[3];
+  const int64_t cout = w.dims[0], cg = w.dims[1], kh = w.dims[2], kw = w.dims[3];
+  const int64_t oh = y.dims[2], ow = y.dims[3], taps = kh * kw;
+  const int64_t mg = cout / at.group, per_offset_group = cin / offset_group;
+  const int64_t pad_h = nn::WindowPadBegin(ih, oh, at, 0),
+                pad_w = nn::WindowPadBegin(iw, ow, at, 1);
+  const float* xs = x.as<const float>();
+  const float* ws = w.as<const float>();
+  const float* os = off.as<const float>();
+  const float* bs = has_bias ? a.inputs[3].as<const float>() : nullptr;
+  const float* ms = has_mask ? a.inputs[4].as<const float>() : nullptr;
+  float* dst = y.as<float>();
+  ParallelRows(n * cout, oh * ow * cg * taps * 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / cout, m = r % cout, g = m / mg;
+      for (int64_t i = 0; i < oh; ++i) {
+        for (int64_t j = 0; j < ow; ++j) {
+          double acc = bs ? bs[m] : 0.0;
+          for (int64_t c = 0; c < cg; ++c) {
+            const int64_t ch = g * cg + c, og = ch / per_offset_group;
+            const float* plane = xs + (b * cin + ch) * ih * iw;
+            for (int64_t t = 0; t < taps; ++t) {
+              const int64_t ki = t / kw, kj = t % kw;
+              // offset [N, og, kH, kW, 2, oH, oW]; mask [N, og, kH, kW, oH, oW].
+              const int64_t obase = ((b * offset_group + og) * taps + t) * 2;
+              const double dy = os[(obase * oh + i) * ow + j];
+              const double dx = os[((obase + 1) * oh + i) * ow + j];
+              const double py =
+                  static_cast<double>(i * at.strides[0] - pad_h + ki * at.dilations[0]) + dy;
+              const double px =
+                  static_cast<double>(j * at.strides[1] - pad_w + kj * at.dilations[1]) + dx;
+              double v = SampleZeros(plane, ih, iw, py, px) * ws[(m * cg + c) * taps + t];
+              if (ms) v *= ms[(((b * offset_group + og) * taps + t) * oh + i) * ow + j];
+              acc += v;
+            }
+          }
+          dst[(r * oh + i) * ow + j] = static_cast<float>(acc);
+        }
+      }
+    }
+  });
+  return OkStatus();
+}
+
+// ---- RoiAlign ----------------------------------------------------------------------------------
+
+struct RoiAlignSpec {
+  bool half_pixel = true, max = false;
+  int64_t sampling_ratio = 0;
+  float spatial_scale = 1.0f;
+};
+
+// As the ONNX reference (and ONNX Runtime): a regular grid of bilinear samples per bin, averaged
+// or, for max, the largest weighted corner of each sample.
+Status RunRoiAlign(const RoiAlignSpec& s, const KernelRunArgs& a) {
+  const TensorView& x = a.inputs[0];
+  const TensorView& rois = a.inputs[1];
+  const TensorView& idx = a.inputs[2];
+  const TensorView& y = a.outputs[0];
+  const int64_t batch = x.dims[0], channels = x.dims[1], height = x.dims[2], width = x.dims[3];
+  const int64_t n_rois = y.dims[0], ph_n = y.dims[2], pw_n = y.dims[3];
+  const float* xs = x.as<const float>();
+  const float* rs = rois.as<const float>();
+  float* dst = y.as<float>();
+  for (int64_t r = 0; r < n_rois; ++r) {
+    const int64_t b = ReadInt(idx, r);
+    if (b < 0 || b >= batch) {
+      return MakeError(ErrorCode::kKernelFailed, "batch_indices[{}] is {}; X has {} images", r, b,
+                       batch);
+    }
+  }
+  ParallelRows(n_rois * channels, ph_n * pw_n * 16, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t r = q / channels, c = q % channels;
+      const double offset = s.half_pixel ? 0.5 : 0.0;
+      const double x0 = rs[r * 4 + 0] * s.spatial_scale - offset;
+      const double y0 = rs[r * 4 + 1] * s.spatial_scale - offset;
+      const double x1 = rs[r * 4 + 2] * s.spatial_scale - offset;
+      const double y1 = rs[r * 4 + 3] * s.spatial_scale - offset;
+      double roi_w = x1 - x0, roi_h = y1 - y0;
+      if (!s.half_pixel) {
+        roi_w = std::max(roi_w, 1.0);
+        roi_h = std::max(roi_h, 1.0);
+      }
+      const double bin_h = roi_h / static_cast<double>(ph_n),
+                   bin_w = roi_w / static_cast<double>(pw_n);
+      const int64_t grid_h =
+          s.sampling_ratio > 0 ? s.sampling_ratio
+                               : static_cast<int64_t>(std::ceil(roi_h / static_cast<double>(ph_n)));
+      const int64_t grid_w =
+          s.sampling_ratio > 0 ? s.sampling_ratio
+                               : static_cast<int64_t>(std::ceil(roi_w / static_cast<double>(pw_n)));
+      const double count = static_cast<double>(std::max<int64_t>(grid_h * grid_w, 1));
+      const float* plane = xs + (ReadInt(idx, r) * channels + c) * height * width;
+      for (int64_t ph = 0; ph < ph_n; ++ph) {
+        for (int64_t pw = 0; pw < pw_n; ++pw) {
+          double out = 0;
+          bool first = true;
+          for (int64_t iy = 0; iy < grid_h; ++iy) {
+            const double yy = y0 + static_cast<double>(ph) * bin_h +
+                              (static_cast<double>(iy) + 0.5) * bin_h / static_cast<double>(grid_h);
+            for (int64_t ix = 0; ix < grid_w; ++ix) {
+              const double xx =
+                  x0 + static_cast<double>(pw) * bin_w +
+                  (static_cast<double>(ix) + 0.5) * bin_w / static_cast<double>(grid_w);
+              double v[4] = {0, 0, 0, 0};
+              if (!(yy < -1.0 || yy > static_cast<double>(height) || xx < -1.0 ||
+                    xx > static_cast<double>(width))) {
+                double py = std::max(yy, 0.0), px = std::max(xx, 0.0);
+                int64_t yl = static_cast<int64_t>(py), xl = static_cast<int64_t>(px), yh, xh;
+                if (yl >= height - 1) {
+                  yh = yl = height - 1;
+                  py = static_cast<double>(yl);
+                } else {
+                  yh = yl + 1;
+                }
+                if (xl >= width - 1) {
+                  xh = xl = width - 1;
+                  px = static_cast<double>(xl);
+                } else {
+                  xh = xl + 1;
+                }
+                const double ly = py - static_cast<double>(yl), lx = px - static_cast<double>(xl);
+                v[0] = (1 - ly) * (1 - lx) * plane[yl * width + xl];
+                v[1] = (1 - ly) * lx * plane[yl * width + xh];
+                v[2] = ly * (1 - lx) * plane[yh * width + xl];
+                v[3] = ly * lx * plane[yh * width + xh];
+              }
+              if (s.max) {
+                const double m = std::max(std::max(v[0], v[1]), std::max(v[2], v[3]));
+                out = first ? m : std::max(out, m);
+                first = false;
+              } else {
+                out += v[0] + v[1] + v[2] + v[3];
+              }
+            }
+          }
+          dst[(q * ph_n + ph) * pw_n + pw] = static_cast<float>(s.max ? out : out / count);
+        }
+      }
+    }
+  });
+  return OkStatus();
+}
+
+// ---- MaxPool with Indices, and of int8/uint8 ---------------------------------------------------
+
+// A direct max pool (1-D to 3-D windows) that also writes, when asked, each maximum's position
+// in the flattened input: plane offset + (d * H + h) * W + w, or with storage_order 1 the
+// column-major position within the plane (w * H + h for 2-D). The first maximum wins ties, as
+// ONNX Runtime's.
+template <typename T>
+void MaxPoolIndexed(const nn::WindowAttrs& at, bool col_major, const TensorView& x,
+                    const TensorView& y, int64_t* indices) {
+  const size_t r = x.dims.size() - 2;
+  int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, s[3] = {1, 1, 1},
+          d[3] = {1, 1, 1}, p[3] = {0, 0, 0};
+  for (size_t i = 0; i < r; ++i) {
+    const size_t a = 3 - r + i;
+    in[a] = x.dims[i + 2];
+    out[a] = y.dims[i + 2];
+    k[a] = at.kernel[i];
+    s[a] = at.strides[i];
+    d[a] = at.dilations[i];
+    p[a] = nn::WindowPadBegin(in[a], out[a], at, i);
+  }
+  const int64_t planes = x.dims[0] * x.dims[1];
+  const int64_t in_plane = in[0] * in[1] * in[2], out_plane = out[0] * out[1] * out[2];
+  const T* src = x.as<const T>();
+  T* dst = y.as<T>();
+  ParallelRows(planes, out_plane * k[0] * k[1] * k[2], [&](int64_t p0, int64_t p1) {
+    for (int64_t pl = p0; pl < p1; ++pl) {
+      const T* plane = src + pl * in_plane;
+      for (int64_t o = 0; o < out_plane; ++o) {
+        const int64_t oz = o / (out[1] * out[2]), oy = o / out[2] % out[1], ox = o % out[2];
+        bool found = false;
+        T best{};
+        int64_t at_best = 0;
+        for (int64_t kz = 0; kz < k[0]; ++kz) {
+          const int64_t iz = oz * s[0] - p[0] + kz * d[0];
+          if (iz < 0 || iz >= in[0]) continue;
+          for (int64_t ky = 0; ky < k[1]; ++ky) {
+            const int64_t iy = oy * s[1] - p[1] + ky * d[1];
+            if (iy < 0 || iy >= in[1]) continue;
+            for (int64_t kx = 0; kx < k[2]; ++kx) {
+              const int64_t ix = ox * s[2] - p[2] + kx * d[2];
+              if (ix < 0 || ix >= in[2]) continue;
+              const T v = plane[(iz * in[1] + iy) * in[2] + ix];
+              if (!found || v > best) {
+                best = v;
+                found = true;
+                at_best =
+                    col_major ? (ix * in[1] + iy) * in[0] + iz : (iz * in[1] + iy) * in[2] + ix;
+              }
+            }
+          }
+        }
+        dst[pl * out_plane + o] = best;
+        if (indices) indices[pl * out_plane + o] = pl * in_plane + at_best;
+      }
+    }
+  });
+}
+
+Status RunMaxPoolIndexed(const nn::WindowAttrs& at, bool col_major, const KernelRunArgs& a) {
+  const TensorView& x = a.inputs[0];
+  const TensorView& y = a.outputs[0];
+  const size_t r = x.dims.size() - 2;
+  for (size_t i = 0; i < r; ++i) {
+    if (nn::WindowOutDim<int64_t>(x.dims[i + 2], at, i) != y.dims[i + 2]) {
+      return MakeError(ErrorCode::kShapeMismatch, "MaxPool of [{}] into [{}]",
+                       fmt::join(x.dims, "x"), fmt::join(y.dims, "x"));
+    }
+  }
+  int64_t* indices = a.outputs.size() > 1 ? a.outputs[1].as<int64_t>() : nullptr;
+  switch (x.dtype) {
+    case DataType::kUInt8:
+      MaxPoolIndexed<uint8_t>(at, col_major, x, y, indices);
+      break;
+    case DataType::kInt8:
+      MaxPoolIndexed<int8_t>(at, col_major, x, y, indices);
+      break;
+    default:
+      MaxPoolIndexed<float>(at, col_major, x, y, indices);
+  }
+  return OkStatus();
+}
+
+// ---- BatchNormalization, training mode ---------------------------------------------------------
+
+// y = scale * (x - mean_b) / sqrt(var_b + epsilon) + B with the batch's per-channel mean and
+// (population) variance; outputs 1 and 2, when present, are the running statistics
+// input * momentum + batch * (1 - momentum).
+Status RunBatchNormTraining(float epsilon, float momentum, const KernelRunArgs& a) {
+  const TensorView& x = a.inputs[0];
+  const int64_t n = x.dims[0], c = x.dims[1];
+  const int64_t spatial = n * c == 0 ? 0 : NumElements(x.dims) / (n * c);
+  const float* src = x.as<const float>();
+  const float* scale = a.inputs[1].as<const float>();
+  const float* bias = a.inputs[2].as<const float>();
+  const float* mean_in = a.inputs[3].as<const float>();
+  const float* var_in = a.inputs[4].as<const float>();
+  float* dst = a.outputs[0].as<float>();
+  float* mean_out = a.outputs.size() > 1 && a.outputs[1].data ? a.outputs[1].as<float>() : nullptr;
+  float* var_out = a.outputs.size() > 2 && a.outputs[2].data ? a.outputs[2].as<float>() : nullptr;
+  const double count = static_cast<double>(n * spatial);
+  ParallelRows(c, n * spatial * 3, [&](int64_t c0, int64_t c1) {
+    for (int64_t ch = c0; ch < c1; ++ch) {
+      double sum = 0, sq = 0;
+      for (int64_t b = 0; b < n; ++b) {
+        const float* p = src + (b * c + ch) * spatial;
+        for (int64_t i = 0; i < spatial; ++i) sum += p[i];
+      }
+      const double mean = count > 0 ? sum / count : 0.0;
+      for (int64_t b = 0; b < n; ++b) {
+        const float* p = src + (b * c + ch) * spatial;
+        for (int64_t i = 0; i < spatial; ++i) sq += (p[i] - mean) * (p[i] - mean);
+      }
+      const double var = count > 0 ? sq / count : 0.0;
+      const double k = scale[ch] / std::sqrt(var + static_cast<double>(epsilon));
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t at = (b * c + ch) * spatial;
+        for (int64_t i = 0; i < spatial; ++i) {
+          dst[at + i] = static_cast<float>((src[at + i] - mean) * k + bias[ch]);
+        }
+      }
+      if (mean_out)
+        mean_out[ch] = static_cast<float>(mean_in[ch] * momentum + mean * (1 - momentum));
+      if (var_out) var_out[ch] = static_cast<float>(var_in[ch] * momentum + var * (1 - momentum));
+    }
+  });
+  return OkStatus();
+}
+
 // ---- MatMulInteger and ConvInteger -------------------------------------------------------------
 
 int32_t Load8(const TensorView& v, int64_t i) {
@@ -524,6 +824,95 @@ const bool kRegistered = [] {
                               nn::ReadWindowAttrs(r.node->attrs(), kernel.size(), kernel));
         return KernelOr([attrs](const KernelRunArgs& a) { return RunConvInteger(attrs, a); });
       },
+  });
+  RegisterOpKernel({
+      .op_type = "DeformConv",
+      .accepts =
+          [](const KernelRequest& r) {
+            for (size_t i = 0; i < r.inputs.size(); ++i) {
+              if (InType(r, i) != DataType::kFloat32 && InType(r, i) != DataType::kUndefined) {
+                return false;
+              }
+            }
+            return r.inputs[0].shape.size() == 4;
+          },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        std::vector<int64_t> kernel;
+        for (size_t i = 2; i < r.inputs[1].shape.size(); ++i) {
+          kernel.push_back(r.inputs[1].shape[i].value());
+        }
+        KILN_ASSIGN_OR_RETURN(nn::WindowAttrs attrs,
+                              nn::ReadWindowAttrs(r.node->attrs(), kernel.size(), kernel));
+        const int64_t groups = attrs::DeformConv::offset_group(r.node->attrs());
+        return KernelOr(
+            [attrs, groups](const KernelRunArgs& a) { return RunDeformConv(attrs, groups, a); });
+      },
+  });
+  RegisterOpKernel({
+      .op_type = "RoiAlign",
+      .accepts =
+          [](const KernelRequest& r) {
+            return InType(r, 0) == DataType::kFloat32 && InType(r, 1) == DataType::kFloat32 &&
+                   IsIndexType(InType(r, 2));
+          },
+      .create =
+          [](const KernelRequest& r) {
+            const AttributeMap& at = r.node->attrs();
+            RoiAlignSpec spec{attrs::RoiAlign::coordinate_transformation_mode(at) == "half_pixel",
+                              attrs::RoiAlign::mode(at) == "max",
+                              attrs::RoiAlign::sampling_ratio(at),
+                              attrs::RoiAlign::spatial_scale(at)};
+            return KernelOr([spec](const KernelRunArgs& a) { return RunRoiAlign(spec, a); });
+          },
+  });
+  // MaxPool's forms the float pool kernel (pool.cc) does not take: an Indices output, or
+  // int8/uint8 values.
+  RegisterOpKernel({
+      .op_type = "MaxPool",
+      .variant = "indexed",
+      .accepts =
+          [](const KernelRequest& r) {
+            const DataType t = InType(r, 0);
+            const size_t rank = r.inputs[0].shape.size();
+            return (r.outputs.size() == 2 || Is8Bit(t)) && (t == DataType::kFloat32 || Is8Bit(t)) &&
+                   rank >= 3 && rank <= 5 && !IsChannelsLast(r.node->attrs()) &&
+                   (r.outputs.size() == 1 || OutType(r, 1) == DataType::kInt64);
+          },
+      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        KILN_ASSIGN_OR_RETURN(
+            nn::WindowAttrs attrs,
+            nn::ReadWindowAttrs(r.node->attrs(), r.inputs[0].shape.size() - 2, {}));
+        const bool col_major = attrs::MaxPool::storage_order(r.node->attrs()) == 1;
+        return KernelOr([attrs, col_major](const KernelRunArgs& a) {
+          return RunMaxPoolIndexed(attrs, col_major, a);
+        });
+      },
+  });
+  RegisterOpKernel({
+      .op_type = "BatchNormalization",
+      .variant = "training",
+      .accepts =
+          [](const KernelRequest& r) {
+            if (attrs::BatchNormalization::training_mode(*r.node) == 0 ||
+                IsChannelsLast(r.node->attrs()) || r.inputs.size() != 5) {
+              return false;
+            }
+            for (size_t i = 0; i < 5; ++i) {
+              if (InType(r, i) != DataType::kFloat32) return false;
+            }
+            for (size_t i = 1; i < r.outputs.size(); ++i) {
+              if (OutType(r, i) != DataType::kFloat32) return false;
+            }
+            return true;
+          },
+      .create =
+          [](const KernelRequest& r) {
+            const float eps = attrs::BatchNormalization::epsilon(*r.node);
+            const float momentum = attrs::BatchNormalization::momentum(*r.node);
+            return KernelOr([eps, momentum](const KernelRunArgs& a) {
+              return RunBatchNormTraining(eps, momentum, a);
+            });
+          },
   });
   return true;
 }();
