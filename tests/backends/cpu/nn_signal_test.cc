@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <complex>
+#include <limits>
 #include <numbers>
 
 #include "nn_test_util.h"
@@ -689,6 +690,26 @@ TEST(CpuRoiAlign, AverageAndMaxHalfPixelAndNot) {
       }
     }
   }
+}
+
+TEST(CpuRoiAlign, BadRoisAndBatchIndicesAreErrors) {
+  std::mt19937 rng(131);
+  OpCase c;
+  c.op = "RoiAlign";
+  c.attrs.Set("output_height", int64_t{2});
+  c.attrs.Set("output_width", int64_t{2});
+  const float inf = std::numeric_limits<float>::infinity();
+  c.inputs = {RandomTensor({1, 1, 4, 4}, rng),
+              Tensor::FromVector(DataType::kFloat32, {1, 4}, std::vector<float>{0, 0, inf, 3}),
+              Ints({1}, {0})};
+  auto got = RunFirstTactic(c, 0);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), ErrorCode::kKernelFailed);
+  c.inputs[1] = Tensor::FromVector(DataType::kFloat32, {1, 4}, std::vector<float>{0, 0, 2, 3});
+  c.inputs[2] = Ints({1}, {1});  // X has one image
+  got = RunFirstTactic(c, 0);
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("batch_indices"), std::string::npos);
 }
 
 // ---- MaxPool of int8/uint8 and with Indices -----------------------------------------------------

@@ -80,7 +80,7 @@ Status RunDet(const KernelRunArgs& a) {
 Status RunGroupNorm(int64_t groups, float epsilon, const KernelRunArgs& a) {
   const TensorView& x = a.inputs[0];
   const int64_t n = x.dims[0], c = x.dims[1];
-  const int64_t spatial = c == 0 ? 0 : NumElements(x.dims) / (n * c);
+  const int64_t spatial = n * c == 0 ? 0 : NumElements(x.dims) / (n * c);
   if (groups < 1 || c % groups != 0) {
     return MakeError(ErrorCode::kShapeMismatch, "{} groups do not divide {} channels", groups, c);
   }
@@ -169,6 +169,12 @@ Status RunAffineGrid(bool align_corners, const KernelRunArgs& a) {
   const int64_t n = theta.dims[0];
   // Spatial extents D (3-D only), H, W; the grid's last axis lists x (W), y (H), z (D).
   const int64_t depth = r == 3 ? size[2] : 1, height = size[r], width = size[r + 1];
+  bool fits = y.dims[0] == n && size[0] == n && y.dims.back() == static_cast<int64_t>(r);
+  for (size_t i = 0; i < r; ++i) fits = fits && y.dims[i + 1] == size[i + 2];
+  if (!fits) {
+    return MakeError(ErrorCode::kShapeMismatch, "AffineGrid size [{}] does not fit the grid [{}]",
+                     fmt::join(size, ","), fmt::join(y.dims, "x"));
+  }
   const float* th = theta.as<const float>();
   float* out = y.as<float>();
   const int64_t points = depth * height * width;
@@ -375,11 +381,22 @@ Status RunRoiAlign(const RoiAlignSpec& s, const KernelRunArgs& a) {
   const float* xs = x.as<const float>();
   const float* rs = rois.as<const float>();
   float* dst = y.as<float>();
+  // Samples per bin are at most this many along an axis (sampling_ratio 0 takes ceil(roi size /
+  // bins): a roi of 1e30 pixels would sample for ever).
+  constexpr double kMaxGrid = 1 << 16;
   for (int64_t r = 0; r < n_rois; ++r) {
     const int64_t b = ReadInt(idx, r);
     if (b < 0 || b >= batch) {
       return MakeError(ErrorCode::kKernelFailed, "batch_indices[{}] is {}; X has {} images", r, b,
                        batch);
+    }
+    for (int k = 0; k < 4; ++k) {
+      const double v = rs[r * 4 + k] * static_cast<double>(s.spatial_scale);
+      if (!std::isfinite(v) || std::fabs(v) > kMaxGrid * static_cast<double>(ph_n + pw_n)) {
+        return MakeError(ErrorCode::kKernelFailed,
+                         "roi {} coordinate {} is {} (scaled); it must be finite and within {}", r,
+                         k, v, kMaxGrid * static_cast<double>(ph_n + pw_n));
+      }
     }
   }
   ParallelRows(n_rois * channels, ph_n * pw_n * 16, [&](int64_t q0, int64_t q1) {

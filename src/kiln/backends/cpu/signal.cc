@@ -3,6 +3,7 @@
 // twiddle factors (O(N^2) per line: exact and simple; long transforms would want an FFT).
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
@@ -205,8 +206,15 @@ Status RunMelWeightMatrix(const KernelRunArgs& a) {
   for (int64_t i = 0; i < mel_bins + 2; ++i) {
     const double hz =
         700.0 * (std::pow(10.0, (static_cast<double>(i) * step + low_mel) / 2595.0) - 1.0);
-    points[static_cast<size_t>(i)] = static_cast<int64_t>(
-        std::floor(static_cast<double>(dft_length + 1) * hz / static_cast<double>(sample_rate)));
+    const double bin =
+        std::floor(static_cast<double>(dft_length + 1) * hz / static_cast<double>(sample_rate));
+    if (!std::isfinite(bin) || std::fabs(bin) > 1e15) {
+      return MakeError(ErrorCode::kKernelFailed,
+                       "MelWeightMatrix edges {} and {} Hz give DFT bin {}; the edges must be "
+                       "finite and above -700 Hz",
+                       lower, upper, bin);
+    }
+    points[static_cast<size_t>(i)] = static_cast<int64_t>(bin);
   }
   std::vector<double> w(static_cast<size_t>(spectrogram_bins * mel_bins), 0.0);
   auto at = [&](int64_t j, int64_t i) -> double* {
@@ -219,12 +227,12 @@ Status RunMelWeightMatrix(const KernelRunArgs& a) {
     if (center == lo) {
       if (double* p = at(center, i)) *p = 1;
     } else {
-      for (int64_t j = lo; j <= center; ++j) {
+      for (int64_t j = std::max<int64_t>(lo, 0); j <= std::min(center, spectrogram_bins - 1); ++j) {
         if (double* p = at(j, i))
           *p = static_cast<double>(j - lo) / static_cast<double>(center - lo);
       }
     }
-    for (int64_t j = center; j < hi; ++j) {
+    for (int64_t j = std::max<int64_t>(center, 0); j < std::min(hi, spectrogram_bins); ++j) {
       if (double* p = at(j, i)) *p = static_cast<double>(hi - j) / static_cast<double>(hi - center);
     }
   }
