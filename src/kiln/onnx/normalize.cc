@@ -612,7 +612,8 @@ class Normalizer final : public ExpansionHost {
         SetStringAttr(n, "coordinate_transformation_mode", "output_half_pixel");
       }
       *version = 16;
-    } else if (op == "QLinearConv") {
+    } else if (op == "QLinearConv" && n->input_size() >= 8 && n->output_size() == 1) {
+      // (Malformed arities stay QLinearConv, which is reported unsupported.)
       RewriteQLinearConv(n);
       *version = 1;
     } else if (op == "Swish") {
