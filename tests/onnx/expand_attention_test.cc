@@ -412,9 +412,10 @@ TEST(OnnxAttention, QRankAndTypeFollowFromItsProducers) {
 TEST(OnnxAttention, UndeclaredQIsReportedWithTheReason) {
   ModelBuilder mb(23);
   mb.Input("x", onnx::TensorProto::FLOAT, Spec({2, 2, 3, 4}));
-  // q: no value_info, and the normaliser does not propagate Trilu's type (a Reshape by
-  // Shape(x) it does follow: x's dims are static).
-  mb.Node("Trilu", {"x"}, {"q"}, "trilu");
+  // q: no value_info, reshaped by a run-time shape of unknown length: its element type follows
+  // from x's, its rank does not.
+  mb.Input("s", onnx::TensorProto::INT64, std::vector<DimSpec>{std::string("n")});
+  mb.Node("Reshape", {"x", "s"}, {"q"}, "reshape");
   mb.Node("Attention", {"q", "x", "x"}, {"y"}, "attn");
   mb.Output("y");
   std::string bytes = mb.Bytes();
@@ -422,8 +423,19 @@ TEST(OnnxAttention, UndeclaredQIsReportedWithTheReason) {
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), ErrorCode::kUnsupportedOps);
   EXPECT_NE(g.status().message().find("Attention-23"), std::string::npos);
-  EXPECT_NE(g.status().message().find("the element type of Q is not declared"), std::string::npos)
+  EXPECT_NE(g.status().message().find("the rank of Q is not declared"), std::string::npos)
       << g.status().message();
+  // Q from an op whose result type the importer does not follow: its type is the reason.
+  ModelBuilder hb(23);
+  hb.Input("x", onnx::TensorProto::FLOAT, Spec({2, 2, 3, 4}));
+  hb.Node("Hardmax", {"x"}, {"q"}, "hardmax");
+  hb.Node("Attention", {"q", "x", "x"}, {"y"}, "attn");
+  hb.Output("y");
+  std::string hbytes = hb.Bytes();
+  auto h = ImportOnnxBytes(AsBytes(hbytes), "");
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("the element type of Q is not declared"), std::string::npos)
+      << h.status().message();
   // Declared, it imports.
   ModelBuilder::FillValueInfo(mb.graph().add_value_info(), "q", onnx::TensorProto::FLOAT,
                               Spec({2, 2, 3, 4}));

@@ -78,10 +78,18 @@ TEST(OnnxOpset, OpsetTwentySevenModelsImportWhereTheInterfaceDidNotChange) {
   ASSERT_TRUE(range.ok()) << range.status().ToString();
 }
 
-TEST(OnnxOpset, OlderThanSevenIsE2012) {
-  auto g = ImportLenient(OneNode(6, "Relu", {"x"}, {"y"}));
+TEST(OnnxOpset, OlderThanSevenImportsOnlyOpsUnchangedSinceThen) {
+  // Relu-6 and Not-1 are the forms of opset 7: they import from opsets 6 and 1.
+  ASSERT_TRUE(ImportLenient(OneNode(6, "Relu", {"x"}, {"y"})).ok());
+  ASSERT_TRUE(ImportLenient(OneNode(1, "Not", {"x"}, {"y"})).ok());
+  // Add-6 (the broadcast attribute) is not Add-7's interface: reported, not misread.
+  ModelBuilder b = OneNode(6, "Add", {"x", "z"}, {"y"});
+  std::string bytes = b.Bytes();
+  auto g = ImportOnnxBytes(AsBytes(bytes), "");
   ASSERT_FALSE(g.ok());
-  EXPECT_EQ(g.status().code(), ErrorCode::kOpsetTooOld);
+  EXPECT_EQ(g.status().code(), ErrorCode::kUnsupportedOps);
+  EXPECT_NE(g.status().message().find("Add-6 differs from the form of opset 7"), std::string::npos)
+      << g.status().message();
 }
 
 TEST(OnnxOpset, EffectiveVersionFollowsTheSpec) {
@@ -362,10 +370,29 @@ TEST(OnnxNormalize, CastLikeWithADeclaredTypeBecomesCast) {
   EXPECT_EQ(n->num_inputs(), 1u);
   EXPECT_EQ(n->attrs().GetInt("to", 0), onnx::TensorProto::FLOAT16);
 
-  // `like` computed by a node with no declared type: stays CastLike, which kiln does not have.
+  // `like` computed by nodes with no declared type whose result type follows from their
+  // inputs (Cast's `to`, then Relu): Cast to that type.
+  ModelBuilder d(21);
+  d.Input("x", onnx::TensorProto::FLOAT, {int64_t{2}});
+  AttrInt(d.Node("Cast", {"x"}, {"i"}, "cast"), "to", onnx::TensorProto::INT32);
+  d.Node("Relu", {"i"}, {"r"}, "relu");
+  d.Node("Equal", {"r", "r"}, {"e"}, "eq");
+  d.Node("CastLike", {"x", "r"}, {"y"}, "cl");
+  d.Node("CastLike", {"x", "e"}, {"z"}, "cl2");
+  d.Output("y");
+  d.Output("z");
+  bytes = d.Bytes();
+  auto k = ImportOnnxBytes(AsBytes(bytes), "");
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_EQ((*k)->FindNode("cl")->op_type(), "Cast");
+  EXPECT_EQ((*k)->FindNode("cl")->attrs().GetInt("to", 0), onnx::TensorProto::INT32);
+  EXPECT_EQ((*k)->FindNode("cl2")->attrs().GetInt("to", 0), onnx::TensorProto::BOOL);
+
+  // `like` computed by an op whose type kiln does not follow at import (Hardmax): stays
+  // CastLike, which kiln does not have.
   ModelBuilder c(21);
   c.Input("x", onnx::TensorProto::FLOAT, {int64_t{2}});
-  c.Node("Relu", {"x"}, {"r"}, "relu");
+  c.Node("Hardmax", {"x"}, {"r"}, "hm");
   c.Node("CastLike", {"x", "r"}, {"y"}, "cl");
   c.Output("y");
   bytes = c.Bytes();
@@ -373,6 +400,84 @@ TEST(OnnxNormalize, CastLikeWithADeclaredTypeBecomesCast) {
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.status().code(), ErrorCode::kUnsupportedOps);
   EXPECT_NE(h.status().message().find("CastLike"), std::string::npos);
+}
+
+TEST(OnnxNormalize, SwishBecomesMulBySigmoidAndDft17GetsAnAxisInput) {
+  ModelBuilder b(24);
+  b.Input("x", onnx::TensorProto::FLOAT, {int64_t{2}, int64_t{3}, int64_t{1}});
+  AttrFloat(b.Node("Swish", {"x"}, {"y"}, "sw"), "alpha", 2.0f);
+  b.Output("y");
+  std::string bytes = b.Bytes();
+  auto g = ImportOnnxBytes(AsBytes(bytes), "");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  Node* n = (*g)->FindNode("sw");
+  ASSERT_NE(n, nullptr);
+  EXPECT_EQ(n->op_type(), "Mul");
+  EXPECT_EQ(n->input(0)->name(), "x");
+  ASSERT_NE(n->input(1)->producer(), nullptr);
+  EXPECT_EQ(n->input(1)->producer()->op_type(), "Sigmoid");
+
+  ModelBuilder d(17);
+  d.Input("x", onnx::TensorProto::FLOAT, {int64_t{2}, int64_t{3}, int64_t{1}});
+  AttrInt(d.Node("DFT", {"x"}, {"y"}, "dft"), "axis", 1);
+  d.Output("y");
+  bytes = d.Bytes();
+  auto h = ImportOnnxBytes(AsBytes(bytes), "");
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  Node* dft = (*h)->FindNode("dft");
+  ASSERT_EQ(dft->num_inputs(), 3u);
+  EXPECT_EQ(dft->input(1), nullptr);
+  EXPECT_FALSE(dft->attrs().Has("axis"));
+}
+
+TEST(OnnxNormalize, QLinearConvBecomesItsQdqForm) {
+  ModelBuilder b(10);
+  b.Input("x", onnx::TensorProto::UINT8, {int64_t{1}, int64_t{1}, int64_t{4}, int64_t{4}});
+  b.Input("xs", onnx::TensorProto::FLOAT, {});
+  b.Input("xz", onnx::TensorProto::UINT8, {});
+  b.Input("w", onnx::TensorProto::UINT8, {int64_t{2}, int64_t{1}, int64_t{1}, int64_t{1}});
+  b.Input("ws", onnx::TensorProto::FLOAT, {int64_t{2}});
+  b.Input("wz", onnx::TensorProto::UINT8, {int64_t{2}});
+  b.Input("ys", onnx::TensorProto::FLOAT, {});
+  b.Input("yz", onnx::TensorProto::UINT8, {});
+  b.Input("b", onnx::TensorProto::INT32, {int64_t{2}});
+  b.Node("QLinearConv", {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"}, {"y"}, "qc");
+  b.Output("y", onnx::TensorProto::UINT8);
+  std::string bytes = b.Bytes();
+  auto g = ImportOnnxBytes(AsBytes(bytes), "");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  Node* conv = (*g)->FindNode("qc");
+  ASSERT_NE(conv, nullptr);
+  EXPECT_EQ(conv->op_type(), "Conv");
+  ASSERT_EQ(conv->num_inputs(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(conv->input(i)->producer()->op_type(), "DequantizeLinear") << i;
+  }
+  EXPECT_EQ(conv->input(1)->producer()->attrs().GetInt("axis", 1), 0);
+  EXPECT_EQ(conv->output(0)->consumers().size(), 1u);
+  EXPECT_EQ(conv->output(0)->consumers()[0]->op_type(), "QuantizeLinear");
+}
+
+TEST(OnnxNormalize, MlBinarizerAndArrayFeatureExtractorBecomeDefaultOps) {
+  ModelBuilder b(17);
+  b.model().mutable_opset_import(0)->set_domain("ai.onnx.ml");
+  b.model().mutable_opset_import(0)->set_version(1);
+  b.Input("x", onnx::TensorProto::FLOAT, {int64_t{3}, int64_t{4}});
+  b.Input("i", onnx::TensorProto::INT64, {int64_t{2}});
+  AttrFloat(b.Node("Binarizer", {"x"}, {"y"}, "bin", "ai.onnx.ml"), "threshold", 0.5f);
+  b.Node("ArrayFeatureExtractor", {"x", "i"}, {"z"}, "afe", "ai.onnx.ml");
+  b.Output("y");
+  b.Output("z");
+  std::string bytes = b.Bytes();
+  auto g = ImportOnnxBytes(AsBytes(bytes), "");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  Node* bin = (*g)->FindNode("bin");
+  EXPECT_EQ(bin->op_type(), "Cast");
+  EXPECT_EQ(bin->attrs().GetInt("to", 0), onnx::TensorProto::FLOAT);
+  EXPECT_EQ(bin->input(0)->producer()->op_type(), "Greater");
+  Node* afe = (*g)->FindNode("afe");
+  EXPECT_EQ(afe->op_type(), "Gather");
+  EXPECT_EQ(afe->attrs().GetInt("axis", 0), -1);
 }
 
 // ---- unsupported ops ----

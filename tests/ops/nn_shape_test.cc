@@ -141,8 +141,13 @@ TEST(NnShapes, PoolsCeilModeAndIndices) {
                    {"ceil_mode", int64_t{1}},
                    {"pads", std::vector<int64_t>{0, 0, 1, 1}}}));
   EXPECT_EQ(*y, (Shape{1, 1, 4, 4}));
-  auto bad = Infer("MaxPool", {{{1, 1, 8, 8}}}, k3s2, 2);
-  EXPECT_EQ(bad.status().code(), ErrorCode::kUnimplemented);
+  // MaxPool's Indices output has the values' shape (CPU only; pads 1: (8 + 2 - 3) / 2 + 1 = 4);
+  // storage_order is 0 or 1.
+  EXPECT_EQ(*Infer("MaxPool", {{{1, 1, 8, 8}}}, k3s2, 2), (Shape{1, 1, 4, 4}));
+  AttributeMap order = k3s2;
+  order.Set("storage_order", int64_t{2});
+  auto bad = Infer("MaxPool", {{{1, 1, 8, 8}}}, order, 2);
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidAttribute);
   bad = Infer("MaxPool", {{{1, 1, 8, 8}}});
   EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidAttribute);
   EXPECT_EQ(*Infer("GlobalAveragePool", {{{kBatch, 2048, 7, 7}}}), (Shape{kBatch, 2048, 1, 1}));
@@ -152,8 +157,13 @@ TEST(NnShapes, PoolsCeilModeAndIndices) {
 TEST(NnShapes, BatchNormalization) {
   std::vector<In> ins = {{{kBatch, 8, 4, 4}}, {{8}}, {{8}}, {{8}}, {{8}}};
   EXPECT_EQ(*Infer("BatchNormalization", ins), (Shape{kBatch, 8, 4, 4}));
-  auto bad = Infer("BatchNormalization", ins, Attrs({{"training_mode", int64_t{1}}}));
-  EXPECT_EQ(bad.status().code(), ErrorCode::kUnimplemented);
+  // Training mode (batch statistics; CPU only) may give the running mean and variance.
+  EXPECT_EQ(*Infer("BatchNormalization", ins, Attrs({{"training_mode", int64_t{1}}}), 3),
+            (Shape{kBatch, 8, 4, 4}));
+  auto bad = Infer("BatchNormalization", ins, {}, 3);  // running outputs in inference mode
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidModel);
+  bad = Infer("BatchNormalization", ins, Attrs({{"training_mode", int64_t{2}}}));
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidAttribute);
   ins[2].shape = {7};
   EXPECT_EQ(Infer("BatchNormalization", ins).status().code(), ErrorCode::kShapeMismatch);
 }

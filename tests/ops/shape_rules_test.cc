@@ -23,6 +23,10 @@ Tensor I64(std::vector<int64_t> dims, std::vector<int64_t> v) {
   return Tensor::FromVector(kInt64, std::move(dims), v);
 }
 
+Tensor F32(std::vector<int64_t> dims, std::vector<float> v) {
+  return Tensor::FromVector(kFloat32, std::move(dims), v);
+}
+
 AttributeMap Attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
   AttributeMap m;
   for (auto& [k, v] : kv) m.Set(k, v);
@@ -287,6 +291,10 @@ TEST(ShapeRules, ArithmeticCastRangeAndConstantOfShapeOnDims) {
   Value* lin = b.Op("Add", {b.Op("Mul", {seq, b.Const(I64({}, {2}))}), b.Const(I64({}, {1}))});
   Value* cast = b.Op("Cast", {lin}, Attrs({{"to", int64_t{6}}}));
   Value* f = b.Op("Cast", {seq}, Attrs({{"to", int64_t{1}}}));
+  // A float Range over a cast dim (the window ops' expansions): whole-number float constants
+  // and the cast dim size it; a half cast is not exact for every dim and keeps no dims.
+  Value* frange = b.Op("Range", {b.Const(F32({}, {0.f})), f, b.Const(F32({}, {1.f}))});
+  Value* half = b.Op("Cast", {seq}, Attrs({{"to", int64_t{10}}}));
   Value* zeros = b.Op("ConstantOfShape", {shape});
   Value* size = b.Op("Size", {x});
   ASSERT_TRUE(b.Infer().ok());
@@ -297,7 +305,10 @@ TEST(ShapeRules, ArithmeticCastRangeAndConstantOfShapeOnDims) {
   EXPECT_EQ(*b.DimsValue(cast), (std::vector<Dim>{kSeq * 2 + 1}));
   EXPECT_EQ(cast->dtype(), kInt32);
   EXPECT_EQ(f->dtype(), kFloat32);
-  EXPECT_FALSE(b.DimsValue(f).has_value());
+  EXPECT_EQ(*b.DimsValue(f), (std::vector<Dim>{kSeq}));
+  EXPECT_EQ(frange->shape(), (Shape{kSeq}));
+  EXPECT_EQ(frange->dtype(), kFloat32);
+  EXPECT_FALSE(b.DimsValue(half).has_value());
   EXPECT_EQ(zeros->shape(), (Shape{kBatch, kSeq, 64}));
   EXPECT_EQ(zeros->dtype(), kFloat32);
   EXPECT_EQ(*b.DimsValue(size), (std::vector<Dim>{kBatch * kSeq * 64}));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <cmath>
 #include <unordered_set>
 
 #include "kiln/core/float16.h"
@@ -16,6 +17,9 @@
 namespace kiln::onnx_internal {
 
 namespace {
+
+// Models below this opset import the ops whose interface has not changed since (see Run).
+constexpr int64_t kFirstCanonicalOpset = 7;
 
 bool IsDefaultDomain(const std::string& d) { return d.empty() || d == "ai.onnx"; }
 
@@ -303,12 +307,32 @@ class Normalizer final : public LoweringHost {
       out_->resize(mark);
       nn.unsupported = std::move(why).value();
     }
+    if (n.domain() == "ai.onnx.ml" && RewriteMl(&n)) {
+      nn.version = FindOpSchema(n.op_type())->latest_opset;
+      PropagateElemType(n);
+      if (facts_) {
+        PropagateFacts(n);
+        FoldAndShape(n);
+      }
+      out_->push_back(std::move(nn));
+      return OkStatus();
+    }
     if (!IsDefaultDomain(n.domain())) {
       out_->push_back(std::move(nn));
       return OkStatus();
     }
     nn.version = EffectiveOpVersion(n.op_type(), opset_);
     if (n.op_type() == "Constant") RecordConstant(n);
+    if (opset_ < kFirstCanonicalOpset && nn.version != 0 &&
+        nn.version != EffectiveOpVersion(n.op_type(), kFirstCanonicalOpset)) {
+      // A model below opset 7 imports only ops whose interface did not change before opset 7
+      // (Not, Constant, Relu-6, ...): kiln reads the opset-7 forms and rewrites later ones.
+      nn.unsupported = fmt::format(
+          "{}-{} differs from the form of opset {} that kiln reads; re-export with opset >= {}",
+          n.op_type(), nn.version, kFirstCanonicalOpset, kFirstCanonicalOpset);
+      out_->push_back(std::move(nn));
+      return OkStatus();
+    }
     if (IsControlFlowOp(n) && nn.version > 0) {
       // Lowered into this graph; when it cannot be, whatever was emitted is dropped and the
       // node is reported with the reason.
@@ -347,12 +371,14 @@ class Normalizer final : public LoweringHost {
       PropagateFacts(n);
       FoldAndShape(n);
     }
+    PropagateElemType(n);
     out_->push_back(std::move(nn));
     for (auto& a : after) {
       if (facts_) {
         PropagateFacts(a.node);
         FoldAndShape(a.node);
       }
+      PropagateElemType(a.node);
       out_->push_back(std::move(a));
     }
     return OkStatus();
@@ -969,6 +995,131 @@ class Normalizer final : public LoweringHost {
     }
   }
 
+  // The element type of output 0 where nothing declares it and the op fixes it from its inputs
+  // or attributes alone, so that CastLike's `like` operand may be any earlier value (the
+  // function-expanded node tests cast to an intermediate's type).
+  void PropagateElemType(const onnx::NodeProto& n) {
+    static const std::unordered_set<std::string_view> kSameAsInput0 = {"Abs",
+                                                                       "Acos",
+                                                                       "Acosh",
+                                                                       "Add",
+                                                                       "Asin",
+                                                                       "Asinh",
+                                                                       "Atan",
+                                                                       "Atanh",
+                                                                       "AveragePool",
+                                                                       "BatchNormalization",
+                                                                       "Ceil",
+                                                                       "Celu",
+                                                                       "Clip",
+                                                                       "Concat",
+                                                                       "Conv",
+                                                                       "ConvTranspose",
+                                                                       "Cos",
+                                                                       "Cosh",
+                                                                       "CumSum",
+                                                                       "DepthToSpace",
+                                                                       "Div",
+                                                                       "Einsum",
+                                                                       "Elu",
+                                                                       "Erf",
+                                                                       "Exp",
+                                                                       "Expand",
+                                                                       "Flatten",
+                                                                       "Floor",
+                                                                       "Gather",
+                                                                       "GatherElements",
+                                                                       "GatherND",
+                                                                       "Gelu",
+                                                                       "Gemm",
+                                                                       "GlobalAveragePool",
+                                                                       "GlobalMaxPool",
+                                                                       "HardSigmoid",
+                                                                       "HardSwish",
+                                                                       "Identity",
+                                                                       "InstanceNormalization",
+                                                                       "LayerNormalization",
+                                                                       "LeakyRelu",
+                                                                       "Log",
+                                                                       "LogSoftmax",
+                                                                       "MatMul",
+                                                                       "Max",
+                                                                       "MaxPool",
+                                                                       "Mean",
+                                                                       "Min",
+                                                                       "Mish",
+                                                                       "Mod",
+                                                                       "Mul",
+                                                                       "Neg",
+                                                                       "Pad",
+                                                                       "Pow",
+                                                                       "PRelu",
+                                                                       "Reciprocal",
+                                                                       "ReduceL1",
+                                                                       "ReduceL2",
+                                                                       "ReduceLogSum",
+                                                                       "ReduceLogSumExp",
+                                                                       "ReduceMax",
+                                                                       "ReduceMean",
+                                                                       "ReduceMin",
+                                                                       "ReduceProd",
+                                                                       "ReduceSum",
+                                                                       "ReduceSumSquare",
+                                                                       "Relu",
+                                                                       "Reshape",
+                                                                       "Resize",
+                                                                       "Round",
+                                                                       "ScatterElements",
+                                                                       "ScatterND",
+                                                                       "Selu",
+                                                                       "Shrink",
+                                                                       "Sigmoid",
+                                                                       "Sign",
+                                                                       "Sin",
+                                                                       "Sinh",
+                                                                       "Slice",
+                                                                       "Softmax",
+                                                                       "Softplus",
+                                                                       "Softsign",
+                                                                       "SpaceToDepth",
+                                                                       "Split",
+                                                                       "Sqrt",
+                                                                       "Squeeze",
+                                                                       "Sub",
+                                                                       "Sum",
+                                                                       "Tan",
+                                                                       "Tanh",
+                                                                       "ThresholdedRelu",
+                                                                       "Tile",
+                                                                       "TopK",
+                                                                       "Transpose",
+                                                                       "Trilu",
+                                                                       "Unsqueeze"};
+    static const std::unordered_set<std::string_view> kBool = {
+        "And", "Equal", "Greater", "GreaterOrEqual", "IsInf", "IsNaN", "Less", "LessOrEqual",
+        "Not", "Or",    "Xor"};
+    static const std::unordered_set<std::string_view> kInt64 = {"ArgMax", "ArgMin", "NonZero",
+                                                                "Shape", "Size"};
+    if (n.output_size() < 1 || n.output(0).empty() || elem_types_.count(n.output(0))) return;
+    const std::string& op = n.op_type();
+    int32_t type = 0;
+    if (kSameAsInput0.count(op) || op == "Range") {
+      type = ElemType(InputName(n, 0));
+    } else if (op == "Where") {
+      type = ElemType(InputName(n, 1));
+    } else if (kBool.count(op)) {
+      type = onnx::TensorProto::BOOL;
+    } else if (kInt64.count(op)) {
+      type = onnx::TensorProto::INT64;
+    } else if (op == "Cast") {
+      if (const auto* to = FindAttr(n, "to")) type = static_cast<int32_t>(to->i());
+    } else if (op == "ConstantOfShape") {
+      const auto* value = FindAttr(n, "value");
+      type = value && value->has_t() ? value->t().data_type() : onnx::TensorProto::FLOAT;
+    }
+    if (type != 0) elem_types_[n.output(0)] = type;
+  }
+
   static int64_t Numel(const onnx::TensorProto& t) {
     int64_t n = 1;
     for (int64_t d : t.dims()) n = d <= 0 ? 0 : SatMul(n, d);  // sizes are checked at import
@@ -1163,6 +1314,25 @@ class Normalizer final : public LoweringHost {
       }
       TrimInputs(n);
       if (*version < 13) *version = 13;
+    } else if (op == "RoiAlign" && v < 16) {
+      // RoiAlign-10 samples without the half-pixel shift (16's output_half_pixel).
+      if (!FindAttr(*n, "coordinate_transformation_mode")) {
+        SetStringAttr(n, "coordinate_transformation_mode", "output_half_pixel");
+      }
+      *version = 16;
+    } else if (op == "QLinearConv" && n->input_size() >= 8 && n->output_size() == 1) {
+      // (Malformed arities stay QLinearConv, which is reported unsupported.)
+      RewriteQLinearConv(n);
+      *version = 1;
+    } else if (op == "Swish") {
+      RewriteSwish(n);
+      *version = EffectiveOpVersion("Mul", opset_);
+    } else if (op == "DFT" && v < 20) {
+      // DFT-17's axis attribute (default 1) is DFT-20's input 2 (default -2).
+      const auto* axis = FindAttr(*n, "axis");
+      SetInputName(n, 2, ConstInts(*n, "axis", {axis ? axis->i() : 1}));
+      EraseAttr(n, "axis");
+      *version = 20;
     } else if (op == "GridSample" && v < 20) {
       // GridSample-16 names the modes bilinear/bicubic (default bilinear); 20 linear/cubic.
       std::string mode = FindAttr(*n, "mode") ? FindAttr(*n, "mode")->s() : "bilinear";
@@ -1200,6 +1370,143 @@ class Normalizer final : public LoweringHost {
       }
     }
     return OkStatus();
+  }
+
+  // ai.onnx.ml ops that are default-domain ops in other words: Binarizer(x; threshold) is
+  // Cast(Greater(x, threshold), to = x's type) (x's type must be known: float, double, int32 or
+  // int64), ArrayFeatureExtractor(x, indices) is Gather(x, indices, axis = -1). False: left as
+  // it is (reported unsupported).
+  bool RewriteMl(onnx::NodeProto* n) {
+    if (n->op_type() == "ArrayFeatureExtractor" && n->input_size() == 2) {
+      n->set_domain("");
+      n->set_op_type("Gather");
+      SetIntAttr(n, "axis", -1);
+      return true;
+    }
+    if (n->op_type() != "Binarizer" || n->input_size() != 1 || n->output_size() != 1) return false;
+    const int32_t type = ElemType(n->input(0));
+    onnx::TensorProto t;
+    t.set_data_type(type);
+    const auto* a = FindAttr(*n, "threshold");
+    const float threshold = a ? a->f() : 0.0f;
+    switch (type) {
+      case onnx::TensorProto::FLOAT:
+        t.add_float_data(threshold);
+        break;
+      case onnx::TensorProto::DOUBLE:
+        t.add_double_data(threshold);
+        break;
+      case onnx::TensorProto::INT32:
+      case onnx::TensorProto::INT64:
+        // x > threshold for integers is x > floor(threshold).
+        if (type == onnx::TensorProto::INT32) {
+          t.add_int32_data(static_cast<int32_t>(std::floor(threshold)));
+        } else {
+          t.add_int64_data(static_cast<int64_t>(std::floor(threshold)));
+        }
+        break;
+      default:
+        return false;
+    }
+    const std::string c = EmitConstant(*n, "threshold", std::move(t));
+    const std::string gt = FreshValueName(n->name() + "/greater");
+    EmitBefore(*n, "Greater", "greater", {n->input(0), c}, gt);
+    n->set_domain("");
+    n->set_op_type("Cast");
+    n->clear_attribute();
+    n->clear_input();
+    n->add_input(gt);
+    SetIntAttr(n, "to", type);
+    return true;
+  }
+
+  // A node that the rewrites add before the node being rewritten, at the canonical version of
+  // its op (the form kiln implements, whatever the model's opset).
+  void EmitBefore(const onnx::NodeProto& owner, const std::string& op, const std::string& what,
+                  std::vector<std::string> inputs, const std::string& output) {
+    NormalizedNode nn;
+    nn.origin = owner.name();
+    const OpSchema* schema = FindOpSchema(op);
+    nn.version = schema ? schema->latest_opset : 1;
+    nn.node.set_op_type(op);
+    nn.node.set_name(FreshNodeName(owner.name() + "/" + what));
+    for (auto& i : inputs) nn.node.add_input(std::move(i));
+    nn.node.add_output(output);
+    out_->push_back(std::move(nn));
+  }
+
+  // QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?) is its QDQ form:
+  // QuantizeLinear(Conv(DQ(x), DQ(w, axis 0), DQ(B, x_scale * w_scale, axis 0)), y_scale, y_zp),
+  // which every backend runs (and qdq_fusion turns back into an INT8 convolution).
+  void RewriteQLinearConv(onnx::NodeProto* n) {
+    const std::string name = n->name();
+    auto in = [&](int i) { return InputName(*n, i); };
+    const std::string xf = FreshValueName(name + "/x"), wf = FreshValueName(name + "/w");
+    EmitBefore(*n, "DequantizeLinear", "x", {in(0), in(1), in(2)}, xf);
+    EmitBefore(*n, "DequantizeLinear", "w", {in(3), in(4), in(5)}, wf);
+    SetIntAttr(&out_->back().node, "axis", 0);
+    std::string bf;
+    if (!in(8).empty()) {
+      const std::string scale = FreshValueName(name + "/bias_scale");
+      EmitBefore(*n, "Mul", "bias_scale", {in(1), in(4)}, scale);
+      bf = FreshValueName(name + "/b");
+      EmitBefore(*n, "DequantizeLinear", "b", {in(8), scale}, bf);
+      SetIntAttr(&out_->back().node, "axis", 0);
+    }
+    const std::string y = n->output(0), yf = FreshValueName(name + "/y");
+    const std::string ys = in(6), yzp = in(7);
+    n->set_op_type("Conv");
+    n->clear_input();
+    n->add_input(xf);
+    n->add_input(wf);
+    if (!bf.empty()) n->add_input(bf);
+    n->set_output(0, yf);
+    NormalizedNode q;
+    q.origin = name;
+    q.version = FindOpSchema("QuantizeLinear")->latest_opset;
+    q.node.set_op_type("QuantizeLinear");
+    q.node.set_name(FreshNodeName(name + "/y"));
+    q.node.add_input(yf);
+    q.node.add_input(ys);
+    if (!yzp.empty()) q.node.add_input(yzp);
+    q.node.add_output(y);
+    after_.push_back(std::move(q));
+  }
+
+  // Swish(x; alpha) = x * Sigmoid(alpha * x): Mul(x, Sigmoid(Mul(x, alpha))), where alpha is a
+  // scalar of x's type (float32 when that is not known).
+  void RewriteSwish(onnx::NodeProto* n) {
+    const auto* a = FindAttr(*n, "alpha");
+    const float alpha = a ? a->f() : 1.0f;
+    const std::string x = InputName(*n, 0);
+    std::string scaled = x;
+    if (alpha != 1.0f) {
+      const std::string c = ConstScalarLike(*n, "alpha", x, alpha);
+      scaled = FreshValueName(n->name() + "/scaled");
+      NormalizedNode mul;
+      mul.origin = n->name();
+      mul.version = EffectiveOpVersion("Mul", opset_);
+      mul.node.set_op_type("Mul");
+      mul.node.set_name(FreshNodeName(n->name() + "/scaled"));
+      mul.node.add_input(x);
+      mul.node.add_input(c);
+      mul.node.add_output(scaled);
+      out_->push_back(std::move(mul));
+    }
+    const std::string gate = FreshValueName(n->name() + "/sigmoid");
+    NormalizedNode sig;
+    sig.origin = n->name();
+    sig.version = EffectiveOpVersion("Sigmoid", opset_);
+    sig.node.set_op_type("Sigmoid");
+    sig.node.set_name(FreshNodeName(n->name() + "/sigmoid"));
+    sig.node.add_input(scaled);
+    sig.node.add_output(gate);
+    out_->push_back(std::move(sig));
+    n->set_op_type("Mul");
+    n->clear_attribute();
+    n->clear_input();
+    n->add_input(x);
+    n->add_input(gate);
   }
 
   Status RewriteUpsample(onnx::NodeProto* n, int v) {

@@ -18,7 +18,7 @@
 namespace kiln {
 
 // Model opsets (default domain) kiln imports. Below: KILN-E2012; above: KILN-E2003.
-inline constexpr int64_t kMinOnnxOpset = 7;
+inline constexpr int64_t kMinOnnxOpset = 1;
 inline constexpr int64_t kMaxOnnxOpset = 27;
 
 struct ImportOptions {

@@ -313,7 +313,11 @@ Status InferConvTransposeNchw(InferenceContext& ctx) {
 }
 
 Status InferPool(InferenceContext& ctx, bool is_max) {
-  KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
+  // MaxPool also takes int8/uint8 (a max needs no arithmetic).
+  const DataType xt = ctx.input_type(0);
+  if (!is_max || (xt != DataType::kInt8 && xt != DataType::kUInt8)) {
+    KILN_RETURN_IF_ERROR(RequireFloat(ctx, 0));
+  }
   const Shape& x = ctx.input_shape(0);
   if (x.size() < 3) {
     return ctx.Error(ErrorCode::kShapeMismatch,
@@ -324,15 +328,12 @@ Status InferPool(InferenceContext& ctx, bool is_max) {
   if (!ctx.attrs().Has("kernel_shape")) {
     return ctx.Error(ErrorCode::kInvalidAttribute, "kernel_shape is required");
   }
-  if (ctx.num_outputs() > 1) {
-    return ctx.Error(ErrorCode::kUnimplemented,
-                     "the Indices output of MaxPool is not supported; remove it from the model "
-                     "(export without return_indices)");
-  }
-  if (is_max && ctx.attrs().GetInt("storage_order", 0) != 0) {
-    return ctx.Error(ErrorCode::kUnimplemented,
-                     "storage_order 1 only affects Indices, which "
-                     "kiln does not support");
+  if (is_max) {
+    const int64_t order = ctx.attrs().GetInt("storage_order", 0);
+    if (order != 0 && order != 1) {
+      return ctx.Error(ErrorCode::kInvalidAttribute, "storage_order is {}; it must be 0 or 1",
+                       order);
+    }
   }
   size_t rank = x.size() - 2;
   KILN_ASSIGN_OR_RETURN(nn::WindowAttrs a, ReadAttrs(ctx, rank, {}));
@@ -354,6 +355,8 @@ Status InferPool(InferenceContext& ctx, bool is_max) {
     }
     y.push_back(out);
   }
+  // MaxPool's Indices: int64 positions of each maximum in the flattened input (CPU only).
+  if (ctx.num_outputs() > 1) ctx.set_output(1, DataType::kInt64, y);
   ctx.set_output(0, ctx.input_type(0), std::move(y));
   return OkStatus();
 }
@@ -394,10 +397,17 @@ Status InferGlobalMaxPool(InferenceContext& ctx) { return InferGlobalPool(ctx); 
 
 // BatchNormalization, inference form: X [N, C, ...], scale/B/mean/var [C] -> Y like X.
 Status InferBatchNormalization(InferenceContext& ctx) {
-  if (ctx.attrs().GetInt("training_mode", 0) != 0 || ctx.num_outputs() > 1) {
-    return ctx.Error(ErrorCode::kUnimplemented,
-                     "training-mode BatchNormalization (running mean/var outputs) is not "
-                     "supported; export the model in eval mode");
+  // training_mode 1 normalises by the batch's statistics and may output the updated running
+  // mean and variance (CPU only); inference mode has one output.
+  const int64_t training = ctx.attrs().GetInt("training_mode", 0);
+  if (training != 0 && training != 1) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "training_mode is {}; it must be 0 or 1",
+                     training);
+  }
+  if (training == 0 && ctx.num_outputs() > 1) {
+    return ctx.Error(ErrorCode::kInvalidModel,
+                     "running mean/var outputs need training_mode 1; export the model in eval "
+                     "mode");
   }
   const Shape& x = ctx.input_shape(0);
   if (x.size() < 2) {
@@ -416,6 +426,9 @@ Status InferBatchNormalization(InferenceContext& ctx) {
     }
   }
   ctx.set_output(0, ctx.input_type(0), x);
+  for (size_t i = 1; i < ctx.num_outputs(); ++i) {
+    ctx.set_output(i, ctx.input_type(3), ctx.input_shape(3));
+  }
   return OkStatus();
 }
 

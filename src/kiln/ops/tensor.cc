@@ -2,6 +2,7 @@
 // exported shape subgraphs (Shape -> Gather -> Unsqueeze -> Concat -> Reshape) resolve to
 // static or symbolic target shapes.
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "kiln/ir/sizes.h"
@@ -642,8 +643,12 @@ Status InferCast(InferenceContext& ctx) {
                      "round_mode is '{}'; it must be 'up', 'down' or 'nearest'", round_mode);
   }
   ctx.set_output(0, *t, ctx.input_shape(0));
-  // Dims-values (which may hold -1) pass through casts to signed integers only.
-  if (IsInteger(*t) && (!IsUnsigned(*t) || *t == DataType::kUInt8)) {
+  // Dims-values (which may hold -1) pass through casts to signed integers only, and from an
+  // integer to f32/f64, which hold every dim exactly (Range reads such a float bound: the
+  // window ops' expansions compute their length as Cast(size, float)).
+  const bool int_to_float =
+      IsInteger(ctx.input_type(0)) && (*t == DataType::kFloat32 || *t == DataType::kFloat64);
+  if ((IsInteger(*t) && (!IsUnsigned(*t) || *t == DataType::kUInt8)) || int_to_float) {
     if (auto v = ctx.input_dims_value(0)) ctx.set_output_dims_value(0, *v);
   }
   return OkStatus();
@@ -700,6 +705,15 @@ Status InferRange(InferenceContext& ctx) {
   }
   auto dims_of = [&](size_t i) -> std::optional<Dim> {
     if (auto v = ctx.input_dims_value(i); v && v->size() == 1) return (*v)[0];
+    // A float bound that is a whole-number constant joins dims (a float Range whose limit is a
+    // cast dim: Range(0.0, Cast(n, float), 1.0)).
+    if (const Tensor* c = ctx.input_constant(i);
+        c && IsFloatingPoint(t) && c->num_elements() == 1) {
+      const double x = c->GetDouble(0);
+      if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) <= double(kMaxDim)) {
+        return Dim(static_cast<int64_t>(x));
+      }
+    }
     return std::nullopt;
   };
   Dim n;

@@ -219,7 +219,8 @@ class LayoutNhwcPass final : public Pass {
   static bool Decide(const Node& n, const IsNhwc& value_nhwc) {
     const OpType op = OpTypeOf(n);
     if (n.num_outputs() != 1 || !IsRank4(n.output(0))) return false;
-    if (IsAnchor(op)) return IsRank4(n.input(0));
+    // (An int8/uint8 MaxPool stays NCHW: only the float pools have channels-last kernels.)
+    if (IsAnchor(op)) return IsRank4(n.input(0)) && IsFloat(n.input(0)->dtype());
     bool any_nhwc = false;
     if (IsAgnostic(op)) {
       for (const Value* in : n.inputs()) {

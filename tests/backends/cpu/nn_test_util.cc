@@ -60,6 +60,47 @@ StatusOr<std::vector<int64_t>> InferOutputDims(const OpCase& c) {
   return *dims;
 }
 
+StatusOr<Tensor> RunFirstTactic(const OpCase& c, size_t k) {
+  KILN_ASSIGN_OR_RETURN(Built built, Build(c, DataType::kFloat32));
+  Node* node = built.node;
+  KernelRequest request;
+  request.node = node;
+  for (size_t i = 0; i < built.inputs.size(); ++i) {
+    OperandDesc d;
+    if (!built.inputs[i].empty()) {
+      d.dtype = built.inputs[i].dtype();
+      d.shape = MakeShape(built.inputs[i].dims());
+      d.max_dims = built.inputs[i].dims();
+      d.constant = node->input(i)->constant();
+    }
+    request.inputs.push_back(d);
+  }
+  std::vector<Tensor> outs;
+  for (size_t i = 0; i < node->num_outputs(); ++i) {
+    OperandDesc d;
+    d.dtype = node->output(i)->dtype();
+    d.shape = node->output(i)->shape();
+    d.max_dims = *StaticDims(d.shape);
+    request.outputs.push_back(d);
+    outs.emplace_back(d.dtype, d.max_dims);
+  }
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCpu, c.op)) {
+    for (const TacticConfig& t : p->Tactics(request)) {
+      KILN_ASSIGN_OR_RETURN(auto kernel, p->Create(request, t));
+      std::vector<TensorView> in_views, out_views;
+      for (const Tensor& in : built.inputs) {
+        in_views.push_back(in.empty() ? TensorView{} : in.view());
+      }
+      for (const Tensor& out : outs) out_views.push_back(out.view());
+      KILN_ASSIGN_OR_RETURN(size_t ws, kernel->Prepare(in_views, out_views));
+      std::vector<std::byte> workspace(ws + 64);
+      KILN_RETURN_IF_ERROR(kernel->Run({in_views, out_views, workspace.data(), ws, nullptr}));
+      return std::move(outs[k]);
+    }
+  }
+  return MakeError(ErrorCode::kUnimplemented, "no CPU tactic for {}", c.op);
+}
+
 std::vector<TacticResult> CheckAllTactics(const OpCase& c, const Reference& reference, double atol,
                                           double rtol, DataType dtype) {
   std::vector<TacticResult> results;

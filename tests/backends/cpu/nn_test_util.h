@@ -42,6 +42,10 @@ struct TacticResult {
 std::vector<TacticResult> CheckAllTactics(const OpCase& c, const Reference& reference, double atol,
                                           double rtol, DataType dtype = DataType::kFloat32);
 
+// Runs the first tactic of the first CPU provider that offers one, with every output allocated,
+// and returns output `k` (the harness above checks output 0 only).
+StatusOr<Tensor> RunFirstTactic(const OpCase& c, size_t k);
+
 // Output shape inferred for the case (static), or an error.
 StatusOr<std::vector<int64_t>> InferOutputDims(const OpCase& c);
 

@@ -67,7 +67,11 @@ class BatchNormProvider final : public CpuFloatProvider {
 
  protected:
   std::vector<TacticConfig> F32Tactics(const KernelRequest& request) const override {
-    if (request.outputs.size() != 1) return {};
+    // Training mode (batch statistics) is misc_ops.cc's kernel.
+    if (request.outputs.size() != 1 ||
+        attrs::BatchNormalization::training_mode(*request.node) != 0) {
+      return {};
+    }
     return {{"f32-batchnorm-cpu", {}, 0}};
   }
   StatusOr<std::unique_ptr<Kernel>> CreateF32(const KernelRequest& request,

@@ -1,4 +1,5 @@
-// Einsum on the CPU: any equation (ops/einsum.h), f32 (f16/bf16 through the float wrapper). Each
+// Einsum on the CPU: any equation (ops/einsum.h), f32 (f16/bf16 through the float wrapper) and
+// f64. Each
 // output element sums, over the labels the output drops, the product of the operands' elements;
 // an operand reads through one stride per axis of the iteration space (a label repeated in one
 // operand adds its strides: the diagonal; an ellipsis dimension of extent 1 broadcasts with
@@ -20,7 +21,8 @@ namespace {
 constexpr size_t kMaxOperands = 8;
 constexpr size_t kMaxAxes = 24;
 
-void RunEinsum(const EinsumPlan& p, std::span<const TensorView> in, float* y) {
+template <typename T>
+void RunEinsum(const EinsumPlan& p, std::span<const TensorView> in, T* y) {
   const size_t ops = in.size();
   ParallelRows(p.out_size, SatMul(p.red_size, static_cast<int64_t>(ops)),
                [&](int64_t b, int64_t e) {
@@ -40,7 +42,7 @@ void RunEinsum(const EinsumPlan& p, std::span<const TensorView> in, float* y) {
                    double acc = 0;
                    for (int64_t r = 0; r < p.red_size; ++r) {
                      double prod = 1;
-                     for (size_t i = 0; i < ops; ++i) prod *= in[i].as<const float>()[off[i]];
+                     for (size_t i = 0; i < ops; ++i) prod *= in[i].as<const T>()[off[i]];
                      acc += prod;
                      // Next reduction index (an odometer over red_axes, the last fastest).
                      for (size_t k = nred; k-- > 0;) {
@@ -51,7 +53,7 @@ void RunEinsum(const EinsumPlan& p, std::span<const TensorView> in, float* y) {
                        idx[k] = 0;
                      }
                    }
-                   y[o] = static_cast<float>(acc);
+                   y[o] = static_cast<T>(acc);
                  }
                });
 }
@@ -67,12 +69,13 @@ const bool kRegistered = [] {
       .op_type = "Einsum",
       .accepts =
           [](const KernelRequest& r) {
+            const DataType t = OutType(r, 0);
             if (r.inputs.empty() || r.inputs.size() > kMaxOperands ||
-                OutType(r, 0) != DataType::kFloat32) {
+                (t != DataType::kFloat32 && t != DataType::kFloat64)) {
               return false;
             }
             for (const OperandDesc& d : r.inputs) {
-              if (d.dtype != DataType::kFloat32) return false;
+              if (d.dtype != t) return false;
             }
             auto eq = ParseRequest(r);
             return eq.ok() && eq->num_axes() <= static_cast<int64_t>(kMaxAxes);
@@ -83,7 +86,11 @@ const bool kRegistered = [] {
         auto plan = std::make_shared<EinsumPlan>();
         return std::unique_ptr<Kernel>(std::make_unique<FnKernel>(
             [plan](const KernelRunArgs& a) {
-              RunEinsum(*plan, a.inputs, a.outputs[0].as<float>());
+              if (a.outputs[0].dtype == DataType::kFloat64) {
+                RunEinsum(*plan, a.inputs, a.outputs[0].as<double>());
+              } else {
+                RunEinsum(*plan, a.inputs, a.outputs[0].as<float>());
+              }
               return OkStatus();
             },
             [plan, eq = std::move(eq)](std::span<const TensorView> in,
