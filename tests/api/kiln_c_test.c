@@ -25,6 +25,55 @@ static int ok(kiln_status* s, const char* what) {
   return 0;
 }
 
+static void expect(int cond, const char* what) {
+  if (cond) return;
+  fprintf(stderr, "FAIL %s\n", what);
+  ++failures;
+}
+
+/* NonZero -> Transpose(perm 1,0) over x: float[3, 4], y: int64[n, 2] (opset 13). Made with onnx's
+ * helper.make_graph([make_node("NonZero", ["x"], ["nz"]), make_node("Transpose", ["nz"], ["y"],
+ * perm=[1, 0])], "nz", [x: FLOAT [3, 4]], [y: INT64 ["n", 2]]), ir_version 7. */
+static const unsigned char kNonZeroModel[] = {
+    8,   7,   58,  100, 10,  16, 10, 1,   120, 18,  2,   110, 122, 34, 7,  78,  111, 110, 90,
+    101, 114, 111, 10,  33,  10, 2,  110, 122, 18,  1,   121, 34,  9,  84, 114, 97,  110, 115,
+    112, 111, 115, 101, 42,  13, 10, 4,   112, 101, 114, 109, 64,  1,  64, 0,   160, 1,   7,
+    18,  2,   110, 122, 90,  19, 10, 1,   120, 18,  14,  10,  12,  8,  1,  18,  8,   10,  2,
+    8,   3,   10,  2,   8,   4,  98, 20,  10,  1,   121, 18,  15,  10, 13, 8,   7,   18,  9,
+    10,  3,   18,  1,   110, 10, 2,  8,   2,   66,  4,   10,  0,   16, 13};
+
+/* One run of the NonZero model on x: the output is bound at its bound (12 x 2), and afterwards
+ * kiln_context_shape gives [count, 2] with the coordinates in the leading bytes, row-major as
+ * numpy.transpose(numpy.nonzero(x)) lists them. */
+static void check_nonzero_run(kiln_context* ctx, const float* x) {
+  int64_t xdims[2] = {3, 4};
+  kiln_tensor xt = {(void*)x, KILN_DTYPE_FLOAT32, 2, xdims, NULL, KILN_DEVICE_CPU, 0};
+  if (!ok(kiln_context_bind(ctx, "x", &xt), "bind x")) return;
+  int32_t ndim = 0;
+  int64_t max[KILN_MAX_DIMS];
+  if (!ok(kiln_context_max_shape(ctx, "y", &ndim, max), "max shape")) return;
+  expect(ndim == 2 && max[0] == 12 && max[1] == 2, "y's max shape is [12, 2]");
+  static int64_t y[24];
+  for (int i = 0; i < 24; ++i) y[i] = -7;
+  int64_t ydims[2] = {12, 2};
+  kiln_tensor yt = {y, KILN_DTYPE_INT64, 2, ydims, NULL, KILN_DEVICE_CPU, 0};
+  if (!ok(kiln_context_bind(ctx, "y", &yt), "bind y")) return;
+  if (!ok(kiln_context_execute(ctx, NULL), "execute")) return;
+  int64_t dims[KILN_MAX_DIMS];
+  if (!ok(kiln_context_shape(ctx, "y", &ndim, dims), "shape after execute")) return;
+  int64_t count = 0;
+  for (int i = 0; i < 12; ++i) {
+    if (x[i] == 0.0f) continue;
+    expect(count < 12 && y[2 * count] == i / 4 && y[2 * count + 1] == i % 4, "y's coordinates");
+    ++count;
+  }
+  expect(ndim == 2 && dims[0] == count && dims[1] == 2, "y's shape after execute is [count, 2]");
+  /* The bound is unchanged, and the context is free again for another thread after the query. */
+  if (ok(kiln_context_max_shape(ctx, "y", &ndim, max), "max shape after execute")) {
+    expect(ndim == 2 && max[0] == 12 && max[1] == 2, "y's max shape after execute");
+  }
+}
+
 int main(int argc, char** argv) {
   if (kiln_api_version() != KILN_C_API_VERSION) ++failures;
   kiln_build_config* c = NULL;
@@ -41,6 +90,31 @@ int main(int argc, char** argv) {
     ++failures;
   }
   kiln_status_free(s);
+  /* Data-dependent output dims: NonZero's count after each run, 0 included, on one context. */
+  if (ok(kiln_build_from_bytes(c, kNonZeroModel, sizeof kNonZeroModel, "nonzero", &e),
+         "build nonzero")) {
+    uint32_t mask = 7;
+    if (ok(kiln_engine_binding_data_dependent(e, 0, &mask), "data-dependent x")) {
+      expect(mask == 0, "x has no data-dependent dim");
+    }
+    if (ok(kiln_engine_binding_data_dependent(e, 1, &mask), "data-dependent y")) {
+      expect(mask == 1, "y's dim 0 is data-dependent");
+    }
+    expect_code(kiln_engine_binding_data_dependent(e, 2, &mask), 1007, "binding out of range");
+    kiln_context* ctx = NULL;
+    if (ok(kiln_context_create(e, 0, &ctx), "nonzero context")) {
+      static const float a[12] = {0, 1, 0, 2, 3, 0, 0, 0, 0, 0, 4, 5};
+      static const float zeros[12] = {0};
+      static const float b[12] = {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+      check_nonzero_run(ctx, a);
+      check_nonzero_run(ctx, zeros);
+      check_nonzero_run(ctx, b);
+      check_nonzero_run(ctx, a);
+      kiln_context_free(ctx);
+    }
+    kiln_engine_free(e);
+    e = NULL;
+  }
   if (argc > 1) {
     /* The model given: build it, then check the bindings and the report. */
     ok(kiln_build_config_set(c, "profile", "input:1x3x64x64,2x3x64x64,2x3x64x64"), "profile");

@@ -17,6 +17,7 @@
 #include "kiln/backends/backend.h"
 #include "kiln/builder/builder.h"
 #include "kiln/engine/engine_file.h"
+#include "kiln/ir/dim.h"
 #include "kiln/precision/sensitivity.h"
 #include "kiln/runtime/runtime.h"
 
@@ -374,6 +375,31 @@ Status Claim(kiln_context& c) {
 
 void Release(kiln_context& c) { c.owner.store(std::thread::id{}); }
 
+// kiln_context_shape and kiln_context_max_shape. Within a bind...execute sequence the context
+// stays claimed; a query outside one (an output's dims after an execute) claims it only for the
+// call, so that another thread may use the context afterwards.
+kiln_status* ContextShape(kiln_context* c, const char* name, int32_t* ndim, int64_t* dims_out,
+                          bool max) {
+  KILN_C_REQUIRE(c, "context");
+  KILN_C_REQUIRE(name, "name");
+  KILN_C_REQUIRE(ndim && dims_out, "an output pointer");
+  const bool held = c->owner.load() == std::this_thread::get_id();
+  if (Status s = Claim(*c); !s.ok()) return ToC(s);
+  auto dims = max ? c->context->GetMaxTensorShape(name) : c->context->GetTensorShape(name);
+  if (!dims.ok()) {
+    Release(*c);
+    return ToC(dims.status());
+  }
+  if (dims->size() > KILN_MAX_DIMS) {
+    Release(*c);
+    return Error(ErrorCode::kOutOfRange, fmt::format("'{}' has rank {}", name, dims->size()));
+  }
+  *ndim = static_cast<int32_t>(dims->size());
+  std::copy(dims->begin(), dims->end(), dims_out);
+  if (!held) Release(*c);
+  return nullptr;
+}
+
 }  // namespace
 }  // namespace kiln::api
 
@@ -574,6 +600,26 @@ kiln_status* kiln_engine_binding(const kiln_engine* e, int i, const char** name,
   return nullptr;
 }
 
+kiln_status* kiln_engine_binding_data_dependent(const kiln_engine* e, int i, uint32_t* mask) {
+  KILN_C_REQUIRE(e, "engine");
+  KILN_C_REQUIRE(mask, "mask");
+  const auto& ins = e->engine->inputs();
+  const auto& outs = e->engine->outputs();
+  if (i < 0 || static_cast<size_t>(i) >= ins.size() + outs.size()) {
+    return Error(ErrorCode::kOutOfRange, fmt::format("binding {} does not exist; the engine has {}",
+                                                     i, ins.size() + outs.size()));
+  }
+  *mask = 0;
+  if (static_cast<size_t>(i) < ins.size()) return nullptr;
+  const kiln::TensorDesc& d = outs[i - ins.size()];
+  for (size_t k = 0; k < d.shape.size() && k < KILN_MAX_DIMS; ++k) {
+    for (const std::string& symbol : d.shape[k].Symbols()) {
+      if (kiln::IsDataDependentSymbol(symbol)) *mask |= uint32_t{1} << k;
+    }
+  }
+  return nullptr;
+}
+
 kiln_status* kiln_engine_profile(const kiln_engine* e, const char* input, int* has_profile,
                                  int32_t* ndim, int64_t* min, int64_t* opt, int64_t* max) {
   KILN_C_REQUIRE(e, "engine");
@@ -623,22 +669,12 @@ kiln_status* kiln_context_bind(kiln_context* c, const char* name, const kiln_ten
 
 kiln_status* kiln_context_shape(kiln_context* c, const char* name, int32_t* ndim,
                                 int64_t* dims_out) {
-  KILN_C_REQUIRE(c, "context");
-  KILN_C_REQUIRE(name, "name");
-  KILN_C_REQUIRE(ndim && dims_out, "an output pointer");
-  if (Status s = Claim(*c); !s.ok()) return ToC(s);
-  auto dims = c->context->GetTensorShape(name);
-  if (!dims.ok()) {
-    Release(*c);
-    return ToC(dims.status());
-  }
-  if (dims->size() > KILN_MAX_DIMS) {
-    Release(*c);
-    return Error(ErrorCode::kOutOfRange, fmt::format("'{}' has rank {}", name, dims->size()));
-  }
-  *ndim = static_cast<int32_t>(dims->size());
-  std::copy(dims->begin(), dims->end(), dims_out);
-  return nullptr;
+  return ContextShape(c, name, ndim, dims_out, /*max=*/false);
+}
+
+kiln_status* kiln_context_max_shape(kiln_context* c, const char* name, int32_t* ndim,
+                                    int64_t* dims_out) {
+  return ContextShape(c, name, ndim, dims_out, /*max=*/true);
 }
 
 kiln_status* kiln_context_execute(kiln_context* c, void* stream) {

@@ -17,8 +17,10 @@ extern "C" {
  * 3: refit (kiln_engine_refit*, kiln_named_tensor, kiln_engine_weights_generation,
  *    kiln_engine_refit_group, kiln_refit_weights).
  * 4: weight-stripped engines (kiln_engine_serialize_stripped, kiln_engine_save_stripped,
- *    kiln_engine_load_with_weights, kiln_engine_deserialize_with_weights). */
-#define KILN_C_API_VERSION 4
+ *    kiln_engine_load_with_weights, kiln_engine_deserialize_with_weights).
+ * 5: data-dependent output dims (kiln_engine_binding_data_dependent, kiln_context_max_shape;
+ *    kiln_context_shape gives the dims the last execute reported). */
+#define KILN_C_API_VERSION 5
 
 typedef struct kiln_status kiln_status;
 typedef struct kiln_build_config kiln_build_config;
@@ -136,6 +138,12 @@ int kiln_engine_num_bindings(const kiln_engine* e);
  * dims_out holds KILN_MAX_DIMS). */
 kiln_status* kiln_engine_binding(const kiln_engine* e, int i, const char** name, int* is_input,
                                  int32_t* dtype, int32_t* ndim, int64_t* dims_out);
+/* Which dims of binding i follow from tensor VALUES (NonZero's count, Unique's, Compress's,
+ * NonMaxSuppression's, TopK's with a run-time K; docs/architecture.md "Data-dependent shapes"):
+ * bit k of *mask set for dim k. 0 for inputs and for outputs whose dims follow from the input
+ * shapes alone. Such an output is bound at kiln_context_max_shape; each execute writes it densely
+ * at the dims it finds (its leading bytes), and kiln_context_shape gives those dims. */
+kiln_status* kiln_engine_binding_data_dependent(const kiln_engine* e, int i, uint32_t* mask);
 /* An input's profile (min, opt, max; each KILN_MAX_DIMS); *has_profile = 0 for static inputs. */
 kiln_status* kiln_engine_profile(const kiln_engine* e, const char* input, int* has_profile,
                                  int32_t* ndim, int64_t* min, int64_t* opt, int64_t* max);
@@ -173,18 +181,24 @@ uint64_t kiln_engine_weights_generation(const kiln_engine* e);
 kiln_status* kiln_context_create(const kiln_engine* e, int cuda_graphs, kiln_context** out);
 void kiln_context_free(kiln_context* c);
 /* Binds caller memory to an input (setting its shape from the tensor) or an output (whose dims
- * must be the ones the inputs imply). Checked: name (E5005), dtype (E5001), device (E5012),
- * layout (E5013), shape (E5002/E5003/E5014). Nothing is copied, but for a shape input (an
- * input whose values shape the engine, docs/architecture.md "Shape inputs"): its values
- * are read on the host, so on a CUDA engine it may be given in host memory, and one given in
+ * must be the ones the inputs imply: kiln_context_max_shape's). Checked: name (E5005), dtype
+ * (E5001), device (E5012), layout (E5013), shape (E5002/E5003/E5014). Nothing is copied, but for a
+ * shape input (an input whose values shape the engine, docs/architecture.md "Shape inputs"): its
+ * values are read on the host, so on a CUDA engine it may be given in host memory, and one given in
  * device memory is copied to the host here (a synchronous copy of its few bytes). */
 kiln_status* kiln_context_bind(kiln_context* c, const char* name, const kiln_tensor* t);
 /* The dims of an input or output once every input is bound (dims_out holds KILN_MAX_DIMS). A
- * data-dependent dim (NonZero's count...; docs/architecture.md "Data-dependent shapes") reads as
- * its bound until an execute reports it: outputs are bound at the bound, and after the execute
- * this gives the reported dims (the output's leading bytes). */
+ * data-dependent dim (kiln_engine_binding_data_dependent) reads as its bound until an execute
+ * reports it; after an execute it gives the dims that execute reported, the output's actual
+ * shape (its leading bytes hold the output, dense at those dims), until the next execute or a
+ * change of an input's shape (then the bound again). Before the first execute and for engines
+ * without data-dependent dims it equals kiln_context_max_shape. */
 kiln_status* kiln_context_shape(kiln_context* c, const char* name, int32_t* ndim,
                                 int64_t* dims_out);
+/* The dims to allocate and bind an output at: kiln_context_shape's with every data-dependent dim
+ * at its bound for the bound input shapes (any count an execute may report fits). */
+kiln_status* kiln_context_max_shape(kiln_context* c, const char* name, int32_t* ndim,
+                                    int64_t* dims_out);
 /* Enqueues the engine on `stream` (a cudaStream_t; NULL on the CPU). No device-wide sync: on
  * CUDA the outputs are ready when the stream reaches this point. */
 kiln_status* kiln_context_execute(kiln_context* c, void* stream);
