@@ -171,6 +171,7 @@ class Engine:
         self.backend: str = lib.kiln_engine_backend(self._h).decode()
         self.arch: str = lib.kiln_engine_arch(self._h).decode()
         infos = []
+        data_dependent = []
         for i in range(lib.kiln_engine_num_bindings(self._h)):
             name = ctypes.c_char_p()
             is_input = ctypes.c_int()
@@ -188,6 +189,13 @@ class Engine:
                 dt = _DTYPE_NAMES.get(dtype.value)
             infos.append(TensorInfo(n, dt, tuple(dims[:ndim.value]), bool(is_input.value),
                                     profile))
+            mask = ctypes.c_uint32()
+            _raise_status(lib.kiln_engine_binding_data_dependent(self._h, i, ctypes.byref(mask)))
+            if mask.value:
+                data_dependent.append(n)
+        # Outputs with a dim that follows from tensor values (NonZero's count...): bound at their
+        # bound, returned cut to the dims each run reports.
+        self.data_dependent_outputs: Tuple[str, ...] = tuple(data_dependent)
         self.inputs: Tuple[TensorInfo, ...] = tuple(t for t in infos if t.is_input)
         self.outputs: Tuple[TensorInfo, ...] = tuple(t for t in infos if not t.is_input)
 
@@ -418,6 +426,7 @@ class ExecutionContext:
         self._shape_dims = (ctypes.c_int64 * _lib.KILN_MAX_DIMS)()
         self._shape_ndim = ctypes.c_int32()
         self._output_dtypes = {t.name: t.dtype for t in engine.outputs}
+        self._data_dependent = engine.data_dependent_outputs
         # Output shapes of the bound inputs, kept while no input binding changes.
         self._out_shapes: Dict[str, Tuple[int, ...]] = {}
         self._cuda = engine.backend == "cuda"
@@ -434,7 +443,8 @@ class ExecutionContext:
             self._lock = self._fast
 
     def _fast_runner(self):
-        if _lib.fast is None:
+        if _lib.fast is None or self._data_dependent:
+            # Data-dependent outputs are cut to each run's dims on the Python path.
             return None
         try:
             torch = _torch()
@@ -495,17 +505,39 @@ class ExecutionContext:
         _raise_status(lib.kiln_context_bind(self._h, slot.name, slot.ref))
 
     def shape(self, name: str) -> Tuple[int, ...]:
-        """An input's bound shape, or an output's once every input is bound."""
+        """An input's bound shape, or an output's once every input is bound. A data-dependent
+        output (engine.data_dependent_outputs) has its bound until an execute, then the dims that
+        execute reported (its actual shape)."""
         self._claim()
         try:
             return self._shape(name)
         finally:
             self._lock.release()
 
-    def _shape(self, name: str) -> Tuple[int, ...]:
-        _raise_status(lib.kiln_context_shape(self._h, self._slot(name).name,
-                                             ctypes.byref(self._shape_ndim), self._shape_dims))
+    def max_shape(self, name: str) -> Tuple[int, ...]:
+        """The shape to allocate and bind an output at: shape()'s, with each data-dependent dim at
+        its bound for the bound inputs."""
+        self._claim()
+        try:
+            return self._shape(name, lib.kiln_context_max_shape)
+        finally:
+            self._lock.release()
+
+    def _shape(self, name: str, fn=None) -> Tuple[int, ...]:
+        _raise_status((fn or lib.kiln_context_shape)(
+            self._h, self._slot(name).name, ctypes.byref(self._shape_ndim), self._shape_dims))
         return tuple(self._shape_dims[:self._shape_ndim.value])
+
+    def _cut(self, name: str, out):
+        """A data-dependent output after a run: the view of its leading elements at the dims the
+        run reported (the engine writes it densely there)."""
+        shape = self._shape(name)
+        if tuple(out.shape) == shape:
+            return out
+        n = 1
+        for d in shape:
+            n *= d
+        return out.reshape(-1)[:n].view(shape)
 
     def execute(self, stream=None) -> None:
         """Enqueues the engine on `stream` (CUDA engines: torch's current stream of the context's
@@ -532,7 +564,10 @@ class ExecutionContext:
             stream=None) -> Dict[str, Any]:
         """Runs the engine on torch tensors: `inputs` maps names to tensors (or is a sequence in
         the engine's input order); `outputs` optionally maps output names to preallocated
-        tensors, which are written in place. Returns every output by name."""
+        tensors, which are written in place. Returns every output by name. A data-dependent output
+        (engine.data_dependent_outputs: NonZero's count...) is allocated, or must be given, at
+        max_shape(); it is returned as a view of its leading elements at the dims this run
+        reported (0 rows included)."""
         fast = self._fast
         if fast is not None:
             result = fast.run(inputs, outputs, stream)
@@ -582,7 +617,8 @@ class ExecutionContext:
                 if out is None:
                     shape = self._out_shapes.get(name)
                     if shape is None:
-                        shape = self._out_shapes[name] = self._shape(name)
+                        shape = self._out_shapes[name] = self._shape(
+                            name, lib.kiln_context_max_shape)
                     device = first.device if (first is not None and self._cuda) else "cpu"
                     out = _torch().empty(shape, dtype=self._output_dtypes[name], device=device)
                 self._bind_cached(name, out, changed)
@@ -591,6 +627,8 @@ class ExecutionContext:
                 raise _error(5005, f"outputs {sorted(given)} are not engine outputs; the engine "
                              f"has {self._output_names}")
             _raise_status(lib.kiln_context_execute(self._h, self._stream_ptr(stream)))
+            for name in self._data_dependent:
+                result[name] = self._cut(name, result[name])
         except BaseException:
             for slot in self._slots.values():
                 slot.key = None

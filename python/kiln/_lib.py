@@ -90,7 +90,7 @@ class RefitWeights(ctypes.Structure):
 
 
 # The kiln_c.h this module describes (KILN_C_API_VERSION).
-API_VERSION = 4
+API_VERSION = 5
 
 
 def _candidates():
@@ -180,6 +180,8 @@ _decl("kiln_context_create", _S, _P, ctypes.c_int, ctypes.POINTER(_P))
 _decl("kiln_context_free", None, _P)
 _decl("kiln_context_bind", _S, _P, ctypes.c_char_p, ctypes.POINTER(Tensor))
 _decl("kiln_context_shape", _S, _P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _I64P)
+_decl("kiln_context_max_shape", _S, _P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _I64P)
+_decl("kiln_engine_binding_data_dependent", _S, _P, ctypes.c_int, ctypes.POINTER(ctypes.c_uint32))
 _decl("kiln_context_execute", _S, _P, _P)
 _decl("kiln_context_release", None, _P)
 _decl("kiln_context_graph_captures", ctypes.c_int64, _P)
@@ -234,9 +236,10 @@ def _load_fast():
 
 
 def fast_functions():
-    """The addresses kiln._fast calls: kiln_context_bind, _shape, _execute and _release."""
+    """The addresses kiln._fast calls: kiln_context_bind, _max_shape (the dims it allocates an
+    output at), _execute and _release."""
     return tuple(ctypes.cast(getattr(lib, "kiln_context_" + n), ctypes.c_void_p).value
-                 for n in ("bind", "shape", "execute", "release"))
+                 for n in ("bind", "max_shape", "execute", "release"))
 
 
 # fast: the module or None (ctypes alone); fast_origin: its path, or why it is not used.
