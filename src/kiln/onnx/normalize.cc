@@ -4,9 +4,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
-#include <cmath>
 #include <unordered_set>
 
 #include "kiln/core/float16.h"
@@ -512,8 +512,12 @@ class Normalizer final : public LoweringHost {
     auto dims = [&](int i) -> std::optional<Dims> {
       std::string name = InputName(n, i);
       if (name.empty()) return std::nullopt;
-      auto it = dims_.find(name);
-      return it == dims_.end() ? std::nullopt : std::optional<Dims>(it->second);
+      if (auto it = dims_.find(name); it != dims_.end()) return it->second;
+      // Only the rank known: every dim unknown.
+      if (auto it = ranks_.find(name); it != ranks_.end() && it->second >= 0) {
+        return Dims(static_cast<size_t>(it->second), -1);
+      }
+      return std::nullopt;
     };
     auto vals = [&](int i) -> const std::vector<int64_t>* {
       std::string name = InputName(n, i);
@@ -702,7 +706,11 @@ class Normalizer final : public LoweringHost {
         int64_t end = clamp(int_attr("end", r));
         Dims part(d->begin() + start, d->begin() + std::max(start, end));
         od = Dims{static_cast<int64_t>(part.size())};
-        if (is_static(part)) ov = part;
+        if (is_static(part)) {
+          ov = part;
+        } else if (part.size() <= kMaxFoldedValues) {
+          shape_vals_[out] = part;  // some dims known: a Gather may pick those
+        }
       }
     } else if (op == "Size") {
       od = Dims{};
@@ -797,10 +805,14 @@ class Normalizer final : public LoweringHost {
     } else if (op == "Concat") {
       int64_t axis = int_attr("axis", 0);
       std::vector<Dims> all;
-      for (int i = 0; i < n.input_size(); ++i) {
+      // The inputs share one rank: one input's dims give the others' rank where unknown.
+      std::optional<size_t> known_rank;
+      for (int i = 0; i < n.input_size() && !known_rank; ++i) {
+        if (auto d = dims(i)) known_rank = d->size();
+      }
+      for (int i = 0; i < n.input_size() && known_rank; ++i) {
         auto d = dims(i);
-        if (!d) break;
-        all.push_back(std::move(*d));
+        all.push_back(d ? std::move(*d) : Dims(*known_rank, -1));
       }
       if (all.size() == static_cast<size_t>(n.input_size()) && !all.empty()) {
         auto rank = static_cast<int64_t>(all[0].size());
@@ -845,15 +857,26 @@ class Normalizer final : public LoweringHost {
         od->insert(od->end(), d->begin() + axis + 1, d->end());
         const auto* v0 = vals(0);
         const auto* v1 = vals(1);
-        if (v0 && v1 && rank == 1) {
+        // A shape with some dims unknown (-1): what the indices pick may all be known.
+        const std::vector<int64_t>* partial = nullptr;
+        if (!v0) {
+          auto it = shape_vals_.find(InputName(n, 0));
+          if (it != shape_vals_.end()) partial = &it->second;
+        }
+        const std::vector<int64_t>* src = v0 ? v0 : partial;
+        if (src && v1 && rank == 1) {
           std::vector<int64_t> v;
-          auto size = static_cast<int64_t>(v0->size());
+          auto size = static_cast<int64_t>(src->size());
           for (int64_t i : *v1) {
             i = i < 0 ? i + size : i;
             if (i < 0 || i >= size) return;
-            v.push_back((*v0)[static_cast<size_t>(i)]);
+            v.push_back((*src)[static_cast<size_t>(i)]);
           }
-          ov = v;
+          if (!partial || is_static(v)) {
+            ov = v;
+          } else if (!shape_vals_.count(out)) {
+            shape_vals_[out] = v;
+          }
         }
       }
     } else if (op == "MatMul") {
@@ -946,6 +969,45 @@ class Normalizer final : public LoweringHost {
           ov = v;
         }
       }
+    } else if (op == "NonZero") {
+      // [rank of X, how many are non-zero (known only at run time)].
+      auto d = dims(0);
+      od = Dims{d ? static_cast<int64_t>(d->size()) : -1, -1};
+    } else if (op == "Split") {
+      // Each output's dims (several outputs: recorded here, not through od).
+      auto d = dims(0);
+      if (!d) return;
+      auto rank = static_cast<int64_t>(d->size());
+      int64_t axis = int_attr("axis", 0);
+      axis = axis < 0 ? axis + rank : axis;
+      if (axis < 0 || axis >= rank) return;
+      const int outs = n.output_size();
+      std::vector<int64_t> sizes;
+      if (const auto* v1 = vals(1)) {
+        sizes = *v1;
+      } else if (const auto* a = FindAttr(n, "split"); a && !InputName(n, 1).size()) {
+        sizes = Ints(*a);
+      }
+      int64_t len = (*d)[static_cast<size_t>(axis)];
+      if (sizes.empty() && InputName(n, 1).empty() && len >= 0 && outs > 0) {
+        int64_t k = int_attr("num_outputs", outs);
+        if (k <= 0) return;
+        int64_t chunk = (len + k - 1) / k;
+        for (int64_t i = 0; i < k; ++i)
+          sizes.push_back(std::max<int64_t>(0, std::min(chunk, len - i * chunk)));
+      }
+      if (sizes.size() != static_cast<size_t>(outs)) return;
+      for (int i = 0; i < outs; ++i) {
+        const std::string& o = n.output(i);
+        if (o.empty() || dims_.count(o)) continue;
+        Dims od_i = *d;
+        od_i[static_cast<size_t>(axis)] = sizes[static_cast<size_t>(i)];
+        ranks_[o] = static_cast<int>(od_i.size());
+        dims_[o] = std::move(od_i);
+        if (int32_t t = ElemType(InputName(n, 0)); t != 0 && !elem_types_.count(o))
+          elem_types_[o] = t;
+      }
+      return;
     } else if (op == "Range") {
       const auto* a = vals(0);
       const auto* b = vals(1);
@@ -978,7 +1040,7 @@ class Normalizer final : public LoweringHost {
       int32_t t = 0;
       if (kBool.count(op)) {
         t = onnx::TensorProto::BOOL;
-      } else if (op == "Shape" || op == "Size") {
+      } else if (op == "Shape" || op == "Size" || op == "NonZero") {
         t = onnx::TensorProto::INT64;
       } else if (op == "Cast") {
         if (const auto* to = FindAttr(n, "to")) t = static_cast<int32_t>(to->i());
@@ -1645,6 +1707,8 @@ class Normalizer final : public LoweringHost {
   std::unordered_map<std::string, int32_t> elem_types_;
   std::unordered_map<std::string, int> ranks_;
   std::unordered_map<std::string, std::vector<int64_t>> dims_;  // declared shapes (-1: no value)
+  // Shapes with some dims unknown (-1), from Shape of such dims: Gather may pick known ones.
+  std::unordered_map<std::string, std::vector<int64_t>> shape_vals_;
   std::unordered_map<std::string, int64_t> numel_;
 };
 
