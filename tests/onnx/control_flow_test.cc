@@ -543,6 +543,44 @@ TEST(ControlFlow, IfOnAStaticDimBehindADataDependentOneFolds) {
   Check(mb, {{"x", Floats({4, 2}, x)}, {"m", m}}, {{"y", {1, 5, 7}}}, {{"y", {3}}});
 }
 
+// The same condition behind values whose dims import does not know: a Reshape to a shape of
+// a symbolic dim and a Slice to a bound computed from it keep their ranks, so the Gather of
+// column 0 is [?, 1] and the condition still folds.
+TEST(ControlFlow, IfOnAStaticDimBehindSymbolicReshapeAndSliceFolds) {
+  ModelBuilder mb(16);
+  mb.Input("x", kF, {"N", 2}).Input("m", kBool, {4});
+  *mb.graph().add_initializer() = IntTensor("one", {1}, {1});
+  *mb.graph().add_initializer() = IntTensor("zero", {0}, {1});
+  mb.Node("Shape", {"x"}, {"s"});                // [N, 2]: not all known
+  mb.Node("Reshape", {"x", "s"}, {"r"});         // [?, ?]
+  mb.Node("Gather", {"s", "zero"}, {"e"});       // [N]
+  mb.Node("Slice", {"r", "zero", "e"}, {"rs"});  // [?, ?]
+  mb.Node("NonZero", {"m"}, {"nz"});
+  mb.Node("Transpose", {"nz"}, {"nzt"});
+  mb.Node("Squeeze", {"nzt", "one"}, {"idx"});
+  mb.Node("Gather", {"rs", "idx"}, {"rows"});                // [?, ?]
+  auto* col = mb.Node("Gather", {"rows", "zero"}, {"col"});  // [?, 1]
+  auto* axis = col->add_attribute();
+  axis->set_name("axis");
+  axis->set_type(onnx::AttributeProto::INT);
+  axis->set_i(1);
+  mb.Node("Shape", {"col"}, {"shape"});
+  mb.Node("Gather", {"shape", "one"}, {"d1"});
+  mb.Node("Equal", {"d1", "one"}, {"c"});
+  auto* n = mb.Node("If", {"c"}, {"y"}, "if");
+  onnx::GraphProto then_g = Graph("then", {}, {{"o", kF, {-1}, false}});
+  Add(&then_g, "Squeeze", {"col", "one"}, {"o"});
+  onnx::GraphProto else_g = Graph("else", {}, {{"o", kF, {-1, 1}, false}});
+  Add(&else_g, "Identity", {"col"}, {"o"});
+  GraphAttr(n, "then_branch", std::move(then_g));
+  GraphAttr(n, "else_branch", std::move(else_g));
+  mb.Output("y");
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
+  Tensor m = Tensor::FromVector<uint8_t>(DataType::kBool, {4}, {1, 0, 1, 1});
+  // x as [4, 2], rows 0..3: rows 0, 2, 3 by m, column 0.
+  Check(mb, {{"x", Floats({4, 2}, x)}, {"m", m}}, {{"y", {1, 5, 7}}}, {{"y", {3}}});
+}
+
 // ---- what cannot be lowered ----
 
 TEST(ControlFlow, UnlowerableControlFlowIsOneCatalogErrorSayingWhy) {

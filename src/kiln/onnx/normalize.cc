@@ -646,6 +646,32 @@ class Normalizer final : public LoweringHost {
                                                                     "BitwiseAnd",
                                                                     "BitwiseOr",
                                                                     "BitwiseXor"};
+    // Ops whose output has the rank of input 0 (dims not followed here).
+    static const std::unordered_set<std::string_view> kSameRankUnknownDims = {
+        "Conv",
+        "ConvTranspose",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "Resize",
+        "Upsample",
+        "TopK",
+        "LRN",
+        "Dropout",
+        "Pad",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Tile",
+        "CumSum",
+        "ScatterND",
+        "ScatterElements",
+        "HardSwish",
+        "Hardmax",
+        "LpNormalization"};
     std::optional<Dims> od;
     std::optional<std::vector<int64_t>> ov;
     if (kUnary.count(op)) {
@@ -711,6 +737,8 @@ class Normalizer final : public LoweringHost {
         } else if (part.size() <= kMaxFoldedValues) {
           shape_vals_[out] = part;  // some dims known: a Gather may pick those
         }
+      } else {
+        od = Dims{-1};  // a shape is 1-D whatever its length
       }
     } else if (op == "Size") {
       od = Dims{};
@@ -750,6 +778,9 @@ class Normalizer final : public LoweringHost {
           }
         }
         od = r;
+      } else if (op == "Reshape") {
+        // The shape is computed at run time: its length is the rank.
+        if (auto sd = dims(1); sd && sd->size() == 1 && (*sd)[0] >= 0) od = Dims((*sd)[0], -1);
       } else if (op == "Unsqueeze" && d && v1) {
         auto rank = static_cast<int64_t>(d->size() + v1->size());
         std::vector<bool> inserted(static_cast<size_t>(rank), false);
@@ -969,6 +1000,21 @@ class Normalizer final : public LoweringHost {
           ov = v;
         }
       }
+    } else if (kSameRankUnknownDims.count(op)) {
+      // The rank follows the input's; the dims are left unknown (Conv's channels from W).
+      if (auto d = dims(0)) {
+        od = Dims(d->size(), -1);
+        if (op == "Conv" && od->size() >= 2) {
+          if (auto w = dims(1); w && !w->empty()) (*od)[1] = (*w)[0];
+          (*od)[0] = (*d)[0];
+        }
+      }
+    } else if (op == "Gemm") {
+      od = Dims{-1, -1};
+    } else if (op == "RoiAlign") {
+      od = Dims{-1, -1, int_attr("output_height", 1), int_attr("output_width", 1)};
+    } else if (op == "NonMaxSuppression") {
+      od = Dims{-1, 3};
     } else if (op == "NonZero") {
       // [rank of X, how many are non-zero (known only at run time)].
       auto d = dims(0);
@@ -1024,6 +1070,30 @@ class Normalizer final : public LoweringHost {
           std::vector<int64_t> v;
           for (int64_t i = 0; i < count; ++i) v.push_back((*a)[0] + i * (*c)[0]);
           ov = v;
+        }
+      }
+    }
+    // Ranks where the dims did not follow: a Slice by bounds computed at run time keeps the
+    // rank; ConstantOfShape of a shape of known length has that rank; Compress is 1-D without
+    // an axis, else of the input's rank.
+    if (!od) {
+      if (op == "Slice") {
+        if (auto d = dims(0)) od = Dims(d->size(), -1);
+      } else if (op == "ConstantOfShape") {
+        if (auto sd = dims(0); sd && sd->size() == 1 && (*sd)[0] >= 0) od = Dims((*sd)[0], -1);
+      } else if (op == "Compress") {
+        if (!FindAttr(n, "axis")) {
+          od = Dims{-1};
+        } else if (auto d = dims(0)) {
+          od = *d;
+          auto rank = static_cast<int64_t>(d->size());
+          int64_t axis = int_attr("axis", 0);
+          axis = axis < 0 ? axis + rank : axis;
+          if (axis >= 0 && axis < rank) {
+            (*od)[static_cast<size_t>(axis)] = -1;
+          } else {
+            od.reset();
+          }
         }
       }
     }
