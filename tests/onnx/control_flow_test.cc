@@ -487,6 +487,100 @@ TEST(ControlFlow, IfOnARunTimeConditionIsBothBranchesAndWhere) {
   }
 }
 
+// 1-D branch outputs of different lengths (an empty constant against a data-dependent count, as
+// in detection post-processing): Compress over both under the taken branch's mask.
+TEST(ControlFlow, IfOnARunTimeConditionWithOneDimensionalBranchesOfDifferentLengthsIsCompress) {
+  ModelBuilder mb(16);
+  mb.Input("x", kF, {3}).Input("c", kBool, {});
+  mb.Initializer("k", {2.0f}, {1});
+  auto* n = mb.Node("If", {"c"}, {"y"}, "if");
+  GraphAttr(n, "then_branch", Branch("then", "Mul", "o", true, 3));  // [3]
+  onnx::GraphProto else_g = Graph("else", {}, {{"o", kF, {1}}});
+  Add(&else_g, "Add", {"k", "k"}, {"o"});  // [1]
+  GraphAttr(n, "else_branch", std::move(else_g));
+  mb.Output("y");
+  std::vector<float> x = {1, -2, 5};
+  for (bool c : {true, false}) {
+    std::vector<double> want = c ? std::vector<double>{2, -4, 10} : std::vector<double>{4};
+    Tensor cond = Tensor::FromVector<uint8_t>(DataType::kBool, {}, {uint8_t(c)});
+    Check(mb, {{"x", Floats({3}, x)}, {"c", cond}}, {{"y", want}},
+          {{"y", {static_cast<int64_t>(want.size())}}});
+  }
+}
+
+// A condition computed from a dim that is static behind a data-dependent one (Shape of a
+// Gather by NonZero's indices, then Gather of the static dim) folds: the branch taken is
+// inlined, even though the branches differ in rank.
+TEST(ControlFlow, IfOnAStaticDimBehindADataDependentOneFolds) {
+  ModelBuilder mb(16);
+  mb.Input("x", kF, {4, 2}).Input("m", kBool, {4});
+  *mb.graph().add_initializer() = IntTensor("one", {1}, {1});
+  *mb.graph().add_initializer() = IntTensor("zero", {0}, {1});
+  mb.Node("NonZero", {"m"}, {"nz"});            // [1, ?]
+  mb.Node("Transpose", {"nz"}, {"nzt"});        // [?, 1]
+  mb.Node("Squeeze", {"nzt", "one"}, {"idx"});  // [?]
+  mb.Node("Gather", {"x", "idx"}, {"rows"});    // [?, 2]
+  mb.Node("Gather", {"rows", "zero"}, {"col"})->add_attribute()->CopyFrom([] {
+    onnx::AttributeProto a;
+    a.set_name("axis");
+    a.set_type(onnx::AttributeProto::INT);
+    a.set_i(1);
+    return a;
+  }());  // [?, 1]
+  mb.Node("Shape", {"col"}, {"shape"});
+  mb.Node("Gather", {"shape", "one"}, {"d1"});  // [1]: static
+  mb.Node("Equal", {"d1", "one"}, {"c"});
+  auto* n = mb.Node("If", {"c"}, {"y"}, "if");
+  onnx::GraphProto then_g = Graph("then", {}, {{"o", kF, {-1}, false}});
+  Add(&then_g, "Squeeze", {"col", "one"}, {"o"});
+  onnx::GraphProto else_g = Graph("else", {}, {{"o", kF, {-1, 1}, false}});
+  Add(&else_g, "Identity", {"col"}, {"o"});
+  GraphAttr(n, "then_branch", std::move(then_g));
+  GraphAttr(n, "else_branch", std::move(else_g));
+  mb.Output("y");
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
+  Tensor m = Tensor::FromVector<uint8_t>(DataType::kBool, {4}, {1, 0, 1, 1});
+  Check(mb, {{"x", Floats({4, 2}, x)}, {"m", m}}, {{"y", {1, 5, 7}}}, {{"y", {3}}});
+}
+
+// The same condition behind values whose dims import does not know: a Reshape to a shape of
+// a symbolic dim and a Slice to a bound computed from it keep their ranks, so the Gather of
+// column 0 is [?, 1] and the condition still folds.
+TEST(ControlFlow, IfOnAStaticDimBehindSymbolicReshapeAndSliceFolds) {
+  ModelBuilder mb(16);
+  mb.Input("x", kF, {"N", 2}).Input("m", kBool, {4});
+  *mb.graph().add_initializer() = IntTensor("one", {1}, {1});
+  *mb.graph().add_initializer() = IntTensor("zero", {0}, {1});
+  mb.Node("Shape", {"x"}, {"s"});                // [N, 2]: not all known
+  mb.Node("Reshape", {"x", "s"}, {"r"});         // [?, ?]
+  mb.Node("Gather", {"s", "zero"}, {"e"});       // [N]
+  mb.Node("Slice", {"r", "zero", "e"}, {"rs"});  // [?, ?]
+  mb.Node("NonZero", {"m"}, {"nz"});
+  mb.Node("Transpose", {"nz"}, {"nzt"});
+  mb.Node("Squeeze", {"nzt", "one"}, {"idx"});
+  mb.Node("Gather", {"rs", "idx"}, {"rows"});                // [?, ?]
+  auto* col = mb.Node("Gather", {"rows", "zero"}, {"col"});  // [?, 1]
+  auto* axis = col->add_attribute();
+  axis->set_name("axis");
+  axis->set_type(onnx::AttributeProto::INT);
+  axis->set_i(1);
+  mb.Node("Shape", {"col"}, {"shape"});
+  mb.Node("Gather", {"shape", "one"}, {"d1"});
+  mb.Node("Equal", {"d1", "one"}, {"c"});
+  auto* n = mb.Node("If", {"c"}, {"y"}, "if");
+  onnx::GraphProto then_g = Graph("then", {}, {{"o", kF, {-1}, false}});
+  Add(&then_g, "Squeeze", {"col", "one"}, {"o"});
+  onnx::GraphProto else_g = Graph("else", {}, {{"o", kF, {-1, 1}, false}});
+  Add(&else_g, "Identity", {"col"}, {"o"});
+  GraphAttr(n, "then_branch", std::move(then_g));
+  GraphAttr(n, "else_branch", std::move(else_g));
+  mb.Output("y");
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
+  Tensor m = Tensor::FromVector<uint8_t>(DataType::kBool, {4}, {1, 0, 1, 1});
+  // x as [4, 2], rows 0..3: rows 0, 2, 3 by m, column 0.
+  Check(mb, {{"x", Floats({4, 2}, x)}, {"m", m}}, {{"y", {1, 5, 7}}}, {{"y", {3}}});
+}
+
 // ---- what cannot be lowered ----
 
 TEST(ControlFlow, UnlowerableControlFlowIsOneCatalogErrorSayingWhy) {
@@ -554,8 +648,9 @@ TEST(ControlFlow, UnlowerableControlFlowIsOneCatalogErrorSayingWhy) {
     mb.Initializer("k", {2.0f}, {1});
     auto* n = mb.Node("If", {"c"}, {"y"}, "if");
     GraphAttr(n, "then_branch", Branch("then", "Mul", "o", true, 3));
-    onnx::GraphProto else_g = Graph("else", {}, {{"o", kF, {1}}});
-    Add(&else_g, "Add", {"k", "k"}, {"o"});  // [1]
+    mb.Initializer("k2", {2.0f}, {1, 1});
+    onnx::GraphProto else_g = Graph("else", {}, {{"o", kF, {1, 1}}});
+    Add(&else_g, "Add", {"k", "k2"}, {"o"});  // [1, 1]: another rank
     GraphAttr(n, "else_branch", std::move(else_g));
     mb.Output("y");
     Status st = ImportStatus(mb);

@@ -136,6 +136,52 @@ TEST(ShapeFolding, SymbolicDimsAndLargeOutputsStay) {
   EXPECT_EQ(CountOps(g, "ConstantOfShape"), 1);
 }
 
+// torchvision's detection transform: the resized size is floor(h * scale) through float ops
+// (scale = min(800 / min(h, w), 1333 / max(h, w)) from the image's constant size), cast back to
+// int64. Small float results of constants fold too, so the Resize gets constant sizes.
+void FloatScaleResizeGraph(Graph& g) {
+  Value* x = g.AddInput("x", DataType::kFloat32, {1, 1, 4, 6});
+  Value* hw = Const(g, Tensor::FromVector<float>(DataType::kFloat32, {2}, {4, 6}));
+  Value* lo = Op(g, "ReduceMin", {hw}, Attrs(std::pair{"keepdims", int64_t{0}}));
+  Value* hi = Op(g, "ReduceMax", {hw}, Attrs(std::pair{"keepdims", int64_t{0}}));
+  auto f = [&](float v) {
+    return Const(g, Tensor::FromVector<float>(DataType::kFloat32, {}, {v}));
+  };
+  Value* scale = Op(g, "Min",
+                    {Op(g, "Mul", {Op(g, "Reciprocal", {lo}), f(6.f)}),
+                     Op(g, "Mul", {Op(g, "Reciprocal", {hi}), f(15.f)})});  // min(1.5, 2.5)
+  Value* sized = Op(g, "Floor", {Op(g, "Mul", {hw, scale})});               // [6, 9]
+  Value* hw64 = Op(g, "Cast", {sized}, Attrs(std::pair{"to", int64_t{7}}));
+  Value* sizes =
+      Op(g, "Concat", {Const(g, Ints({1, 1})), hw64}, Attrs(std::pair{"axis", int64_t{0}}));
+  Value* empty = Const(g, Tensor::FromVector<float>(DataType::kFloat32, {0}, {}));
+  g.MarkOutput(Op(g, "Resize", {x, empty, empty, sizes}));
+}
+
+TEST(ShapeFolding, ResizeSizesThroughAFloatScaleFold) {
+  Graph g;
+  FloatScaleResizeGraph(g);
+  auto r = InferShapes(g, CpuEvaluator());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(CountOps(g, "Resize"), 1);
+  EXPECT_EQ(g.num_nodes(), 1u);
+  Node* resize = g.outputs()[0]->producer();
+  ASSERT_TRUE(resize->input(3)->is_constant());
+  EXPECT_EQ(resize->input(3)->constant()->ToInt64Vector(), (std::vector<int64_t>{1, 1, 6, 9}));
+  EXPECT_EQ(g.outputs()[0]->shape(), (Shape{1, 1, 6, 9}));
+}
+
+TEST(ShapeFolding, LargeFloatResultsOfConstantsStay) {
+  Graph g;
+  g.AddInput("x", DataType::kFloat32, {2});
+  Value* big =
+      Const(g, Tensor::FromVector<float>(DataType::kFloat32, {100}, std::vector<float>(100, 1.5f)));
+  g.MarkOutput(Op(g, "Floor", {big}));  // 100 floats: not a size, not folded
+  auto r = InferShapes(g, CpuEvaluator());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(CountOps(g, "Floor"), 1);
+}
+
 // The Shape of an intermediate tensor with symbolic dims (torch's unflatten reads the shape of
 // the value it reshapes; a Transpose read only for its shape) becomes a computation from the
 // graph inputs' shapes: the Transpose dies, and the outputs stay as they were for batches the

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -662,6 +663,24 @@ TEST(DataDependent, NonMaxSuppressionBoundUsesAConstantMaxOutput) {
   ASSERT_TRUE(InferShapes(g).ok());
   const std::string sym = sel->shape()[0].Symbols().at(0);
   EXPECT_EQ(g.data_dependent_bounds().at(sym), Dim::Symbol("b") * Dim(30));
+}
+
+// Exporters pass k = INT64_MAX ("every box") with a box count known only at run time (boxes
+// kept by an earlier data-dependent op): the bound is the box count, not k (which would overflow
+// the plan).
+TEST(DataDependent, NonMaxSuppressionBoundWithAHugeKAndASymbolicBoxCount) {
+  Graph g;
+  g.set_opset(17);
+  Value* boxes = g.AddInput("boxes", DataType::kFloat32, {1, Dim::Symbol("n"), 4});
+  Value* scores = g.AddInput("scores", DataType::kFloat32, {1, 2, Dim::Symbol("n")});
+  Value* k = g.AddConstant("k", Tensor::FromVector<int64_t>(DataType::kInt64, {1},
+                                                            {std::numeric_limits<int64_t>::max()}));
+  Value* sel = g.AddValue("sel");
+  g.AddNode("NonMaxSuppression", "nms", {boxes, scores, k}, {sel});
+  g.MarkOutput(sel);
+  ASSERT_TRUE(InferShapes(g).ok());
+  const std::string sym = sel->shape()[0].Symbols().at(0);
+  EXPECT_EQ(g.data_dependent_bounds().at(sym), Dim::Symbol("n") * Dim(2));
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 //         iteration (computed from constants and the iteration number): unrolled likewise.
 //   If    a constant (or folding) condition inlines the branch taken; a run-time condition whose
 //         branches give outputs of one element type and shape inlines both and picks with Where
-//         (branches have no side effects).
+//         (branches have no side effects); 1-D outputs of different lengths are picked with
+//         Compress over both concatenated (a data-dependent length). Other shape mismatches
+//         (ranks, multi-dimensional shapes) are reported.
 // Body inputs are bound to the values the node passes; values defined in a body get fresh names
 // (`<node>/iter<t>/<name>`), names a body reads from the outer scope stay as they are (inside
 // nested subgraphs too, where a local definition shadows them). Body nodes go back through the
@@ -317,18 +319,70 @@ class Lowerer {
     std::vector<std::string> t, e;
     KILN_RETURN_IF_ERROR(Inline(*then_g, {}, n_.name() + "/then/", &t));
     KILN_RETURN_IF_ERROR(Inline(*else_g, {}, n_.name() + "/else/", &e));
+    // Outputs of one shape are picked with Where; 1-D outputs whose lengths may differ (an empty
+    // constant against a data-dependent count: detection post-processing) with Compress over
+    // both, concatenated, under a mask that keeps the taken branch's elements: the output's
+    // length is then data-dependent (bounded by the two lengths' sum).
+    std::vector<bool> by_compress(static_cast<size_t>(n_.output_size()), false);
     for (int i = 0; i < n_.output_size(); ++i) {
       if (Out(i).empty()) continue;
-      KILN_RETURN_IF_ERROR(SameTypeAndShape(then_g->output(i), else_g->output(i),
-                                            t[static_cast<size_t>(i)], e[static_cast<size_t>(i)],
-                                            i));
+      const auto& ti = t[static_cast<size_t>(i)];
+      const auto& ei = e[static_cast<size_t>(i)];
+      Status same = SameTypeAndShape(then_g->output(i), else_g->output(i), ti, ei, i);
+      if (same.ok()) continue;
+      if (!SameElemType(then_g->output(i), else_g->output(i), ti, ei)) return same;
+      if (BothOneDimensional(then_g->output(i), else_g->output(i), ti, ei)) {
+        by_compress[static_cast<size_t>(i)] = true;
+        continue;
+      }
+      return Unlowerable(
+          "its condition is computed at run time and kiln cannot show that both branches give "
+          "output {} of one shape, nor that both give it 1-D (declare the branches' output "
+          "shapes); kiln lowers such an If to both branches + Where (one shape) or + Compress "
+          "(1-D outputs of different lengths); branches of different ranks or of different "
+          "multi-dimensional shapes need run-time control flow, which kiln does not have",
+          i);
     }
     std::string c = Op("condition", "Reshape", {cond, Ints({})});
+    std::string not_c;
     for (int i = 0; i < n_.output_size(); ++i) {
       if (Out(i).empty()) continue;
-      Op("select", "Where", {c, t[static_cast<size_t>(i)], e[static_cast<size_t>(i)]}, {}, Out(i));
+      const auto& ti = t[static_cast<size_t>(i)];
+      const auto& ei = e[static_cast<size_t>(i)];
+      if (!by_compress[static_cast<size_t>(i)]) {
+        Op("select", "Where", {c, ti, ei}, {}, Out(i));
+        continue;
+      }
+      if (not_c.empty()) not_c = Op("not_condition", "Not", {c});
+      std::string keep_t = Op("keep_then", "Expand", {c, Op("then_len", "Shape", {ti})});
+      std::string keep_e = Op("keep_else", "Expand", {not_c, Op("else_len", "Shape", {ei})});
+      std::string both = Op("both", "Concat", {ti, ei}, {IntAttrProto("axis", 0)});
+      std::string mask = Op("mask", "Concat", {keep_t, keep_e}, {IntAttrProto("axis", 0)});
+      Op("select", "Compress", {both, mask}, {IntAttrProto("axis", 0)}, Out(i));
     }
     return OkStatus();
+  }
+
+  // The declared or known rank of a branch output (nullopt: unknown).
+  std::optional<size_t> RankOf(const onnx::ValueInfoProto& vi, const std::string& v) const {
+    const auto& tt = vi.type().tensor_type();
+    if (tt.has_shape()) return static_cast<size_t>(tt.shape().dim_size());
+    if (auto d = host_.Dims(v)) return d->size();
+    return std::nullopt;
+  }
+  bool BothOneDimensional(const onnx::ValueInfoProto& a, const onnx::ValueInfoProto& b,
+                          const std::string& va, const std::string& vb) const {
+    auto ra = RankOf(a, va);
+    auto rb = RankOf(b, vb);
+    return ra && rb && *ra == 1 && *rb == 1;
+  }
+  bool SameElemType(const onnx::ValueInfoProto& a, const onnx::ValueInfoProto& b,
+                    const std::string& va, const std::string& vb) const {
+    int32_t ea = a.type().tensor_type().elem_type() ? a.type().tensor_type().elem_type()
+                                                    : host_.ElemType(va);
+    int32_t eb = b.type().tensor_type().elem_type() ? b.type().tensor_type().elem_type()
+                                                    : host_.ElemType(vb);
+    return ea != 0 && ea == eb;
   }
 
   // Both branches' output i must have one element type and shape for Where to pick between

@@ -4,9 +4,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
-#include <cmath>
 #include <unordered_set>
 
 #include "kiln/core/float16.h"
@@ -512,8 +512,12 @@ class Normalizer final : public LoweringHost {
     auto dims = [&](int i) -> std::optional<Dims> {
       std::string name = InputName(n, i);
       if (name.empty()) return std::nullopt;
-      auto it = dims_.find(name);
-      return it == dims_.end() ? std::nullopt : std::optional<Dims>(it->second);
+      if (auto it = dims_.find(name); it != dims_.end()) return it->second;
+      // Only the rank known: every dim unknown.
+      if (auto it = ranks_.find(name); it != ranks_.end() && it->second >= 0) {
+        return Dims(static_cast<size_t>(it->second), -1);
+      }
+      return std::nullopt;
     };
     auto vals = [&](int i) -> const std::vector<int64_t>* {
       std::string name = InputName(n, i);
@@ -642,6 +646,32 @@ class Normalizer final : public LoweringHost {
                                                                     "BitwiseAnd",
                                                                     "BitwiseOr",
                                                                     "BitwiseXor"};
+    // Ops whose output has the rank of input 0 (dims not followed here).
+    static const std::unordered_set<std::string_view> kSameRankUnknownDims = {
+        "Conv",
+        "ConvTranspose",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "Resize",
+        "Upsample",
+        "TopK",
+        "LRN",
+        "Dropout",
+        "Pad",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Tile",
+        "CumSum",
+        "ScatterND",
+        "ScatterElements",
+        "HardSwish",
+        "Hardmax",
+        "LpNormalization"};
     std::optional<Dims> od;
     std::optional<std::vector<int64_t>> ov;
     if (kUnary.count(op)) {
@@ -702,7 +732,13 @@ class Normalizer final : public LoweringHost {
         int64_t end = clamp(int_attr("end", r));
         Dims part(d->begin() + start, d->begin() + std::max(start, end));
         od = Dims{static_cast<int64_t>(part.size())};
-        if (is_static(part)) ov = part;
+        if (is_static(part)) {
+          ov = part;
+        } else if (part.size() <= kMaxFoldedValues) {
+          shape_vals_[out] = part;  // some dims known: a Gather may pick those
+        }
+      } else {
+        od = Dims{-1};  // a shape is 1-D whatever its length
       }
     } else if (op == "Size") {
       od = Dims{};
@@ -742,6 +778,9 @@ class Normalizer final : public LoweringHost {
           }
         }
         od = r;
+      } else if (op == "Reshape") {
+        // The shape is computed at run time: its length is the rank.
+        if (auto sd = dims(1); sd && sd->size() == 1 && (*sd)[0] >= 0) od = Dims((*sd)[0], -1);
       } else if (op == "Unsqueeze" && d && v1) {
         auto rank = static_cast<int64_t>(d->size() + v1->size());
         std::vector<bool> inserted(static_cast<size_t>(rank), false);
@@ -797,10 +836,14 @@ class Normalizer final : public LoweringHost {
     } else if (op == "Concat") {
       int64_t axis = int_attr("axis", 0);
       std::vector<Dims> all;
-      for (int i = 0; i < n.input_size(); ++i) {
+      // The inputs share one rank: one input's dims give the others' rank where unknown.
+      std::optional<size_t> known_rank;
+      for (int i = 0; i < n.input_size() && !known_rank; ++i) {
+        if (auto d = dims(i)) known_rank = d->size();
+      }
+      for (int i = 0; i < n.input_size() && known_rank; ++i) {
         auto d = dims(i);
-        if (!d) break;
-        all.push_back(std::move(*d));
+        all.push_back(d ? std::move(*d) : Dims(*known_rank, -1));
       }
       if (all.size() == static_cast<size_t>(n.input_size()) && !all.empty()) {
         auto rank = static_cast<int64_t>(all[0].size());
@@ -845,15 +888,26 @@ class Normalizer final : public LoweringHost {
         od->insert(od->end(), d->begin() + axis + 1, d->end());
         const auto* v0 = vals(0);
         const auto* v1 = vals(1);
-        if (v0 && v1 && rank == 1) {
+        // A shape with some dims unknown (-1): what the indices pick may all be known.
+        const std::vector<int64_t>* partial = nullptr;
+        if (!v0) {
+          auto it = shape_vals_.find(InputName(n, 0));
+          if (it != shape_vals_.end()) partial = &it->second;
+        }
+        const std::vector<int64_t>* src = v0 ? v0 : partial;
+        if (src && v1 && rank == 1) {
           std::vector<int64_t> v;
-          auto size = static_cast<int64_t>(v0->size());
+          auto size = static_cast<int64_t>(src->size());
           for (int64_t i : *v1) {
             i = i < 0 ? i + size : i;
             if (i < 0 || i >= size) return;
-            v.push_back((*v0)[static_cast<size_t>(i)]);
+            v.push_back((*src)[static_cast<size_t>(i)]);
           }
-          ov = v;
+          if (!partial || is_static(v)) {
+            ov = v;
+          } else if (!shape_vals_.count(out)) {
+            shape_vals_[out] = v;
+          }
         }
       }
     } else if (op == "MatMul") {
@@ -946,6 +1000,60 @@ class Normalizer final : public LoweringHost {
           ov = v;
         }
       }
+    } else if (kSameRankUnknownDims.count(op)) {
+      // The rank follows the input's; the dims are left unknown (Conv's channels from W).
+      if (auto d = dims(0)) {
+        od = Dims(d->size(), -1);
+        if (op == "Conv" && od->size() >= 2) {
+          if (auto w = dims(1); w && !w->empty()) (*od)[1] = (*w)[0];
+          (*od)[0] = (*d)[0];
+        }
+      }
+    } else if (op == "Gemm") {
+      od = Dims{-1, -1};
+    } else if (op == "RoiAlign") {
+      od = Dims{-1, -1, int_attr("output_height", 1), int_attr("output_width", 1)};
+    } else if (op == "NonMaxSuppression") {
+      od = Dims{-1, 3};
+    } else if (op == "NonZero") {
+      // [rank of X, how many are non-zero (known only at run time)].
+      auto d = dims(0);
+      od = Dims{d ? static_cast<int64_t>(d->size()) : -1, -1};
+    } else if (op == "Split") {
+      // Each output's dims (several outputs: recorded here, not through od).
+      auto d = dims(0);
+      if (!d) return;
+      auto rank = static_cast<int64_t>(d->size());
+      int64_t axis = int_attr("axis", 0);
+      axis = axis < 0 ? axis + rank : axis;
+      if (axis < 0 || axis >= rank) return;
+      const int outs = n.output_size();
+      std::vector<int64_t> sizes;
+      if (const auto* v1 = vals(1)) {
+        sizes = *v1;
+      } else if (const auto* a = FindAttr(n, "split"); a && !InputName(n, 1).size()) {
+        sizes = Ints(*a);
+      }
+      int64_t len = (*d)[static_cast<size_t>(axis)];
+      if (sizes.empty() && InputName(n, 1).empty() && len >= 0 && outs > 0) {
+        int64_t k = int_attr("num_outputs", outs);
+        if (k <= 0) return;
+        int64_t chunk = (len + k - 1) / k;
+        for (int64_t i = 0; i < k; ++i)
+          sizes.push_back(std::max<int64_t>(0, std::min(chunk, len - i * chunk)));
+      }
+      if (sizes.size() != static_cast<size_t>(outs)) return;
+      for (int i = 0; i < outs; ++i) {
+        const std::string& o = n.output(i);
+        if (o.empty() || dims_.count(o)) continue;
+        Dims od_i = *d;
+        od_i[static_cast<size_t>(axis)] = sizes[static_cast<size_t>(i)];
+        ranks_[o] = static_cast<int>(od_i.size());
+        dims_[o] = std::move(od_i);
+        if (int32_t t = ElemType(InputName(n, 0)); t != 0 && !elem_types_.count(o))
+          elem_types_[o] = t;
+      }
+      return;
     } else if (op == "Range") {
       const auto* a = vals(0);
       const auto* b = vals(1);
@@ -965,6 +1073,30 @@ class Normalizer final : public LoweringHost {
         }
       }
     }
+    // Ranks where the dims did not follow: a Slice by bounds computed at run time keeps the
+    // rank; ConstantOfShape of a shape of known length has that rank; Compress is 1-D without
+    // an axis, else of the input's rank.
+    if (!od) {
+      if (op == "Slice") {
+        if (auto d = dims(0)) od = Dims(d->size(), -1);
+      } else if (op == "ConstantOfShape") {
+        if (auto sd = dims(0); sd && sd->size() == 1 && (*sd)[0] >= 0) od = Dims((*sd)[0], -1);
+      } else if (op == "Compress") {
+        if (!FindAttr(n, "axis")) {
+          od = Dims{-1};
+        } else if (auto d = dims(0)) {
+          od = *d;
+          auto rank = static_cast<int64_t>(d->size());
+          int64_t axis = int_attr("axis", 0);
+          axis = axis < 0 ? axis + rank : axis;
+          if (axis >= 0 && axis < rank) {
+            (*od)[static_cast<size_t>(axis)] = -1;
+          } else {
+            od.reset();
+          }
+        }
+      }
+    }
     if (od && !dims_.count(out)) {
       ranks_[out] = static_cast<int>(od->size());
       dims_[out] = *od;
@@ -978,7 +1110,7 @@ class Normalizer final : public LoweringHost {
       int32_t t = 0;
       if (kBool.count(op)) {
         t = onnx::TensorProto::BOOL;
-      } else if (op == "Shape" || op == "Size") {
+      } else if (op == "Shape" || op == "Size" || op == "NonZero") {
         t = onnx::TensorProto::INT64;
       } else if (op == "Cast") {
         if (const auto* to = FindAttr(n, "to")) t = static_cast<int32_t>(to->i());
@@ -1645,6 +1777,8 @@ class Normalizer final : public LoweringHost {
   std::unordered_map<std::string, int32_t> elem_types_;
   std::unordered_map<std::string, int> ranks_;
   std::unordered_map<std::string, std::vector<int64_t>> dims_;  // declared shapes (-1: no value)
+  // Shapes with some dims unknown (-1), from Shape of such dims: Gather may pick known ones.
+  std::unordered_map<std::string, std::vector<int64_t>> shape_vals_;
   std::unordered_map<std::string, int64_t> numel_;
 };
 

@@ -115,7 +115,9 @@ Status InferNonMaxSuppression(InferenceContext& ctx) {
     if (const Tensor* k = ctx.input(2).constant;
         k && k->num_elements() == 1 && IsInteger(k->dtype())) {
       const int64_t kv = std::max<int64_t>(0, k->GetInt(0));
-      per_class = boxes[1].is_static() ? Dim(std::min(kv, boxes[1].value())) : Dim(kv);
+      // A symbolic box count bounds it (k may be INT64_MAX, exporters' "all"; a Min of a
+      // symbol would stay opaque to the memory plan's bounds).
+      per_class = boxes[1].is_static() ? Dim(std::min(kv, boxes[1].value())) : boxes[1];
     }
   } else {
     per_class = 0;  // the default max_output_boxes_per_class selects nothing

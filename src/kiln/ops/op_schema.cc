@@ -182,6 +182,8 @@ namespace {
 // Outputs at most this many elements are folded at inference time (shape vectors, pads, slice
 // bounds; never weights).
 constexpr int64_t kMaxFoldedShapeElements = 4096;
+// Floating-point outputs (scales computed from constants and shapes) up to this many elements.
+constexpr int64_t kMaxFoldedFloatElements = 64;
 
 // The known contents of a value for folding: its constant, or its dims-value when every element
 // is static (rank 0 or 1, as dims-values are). Null when unknown.
@@ -222,9 +224,14 @@ bool FoldableShapeNode(const Node& node, std::span<const ValueInfo* const> ins,
   }
   if (!any_input) return false;  // Constant, RandomNormal...: nothing to fold
   for (const ValueInfo& out : outs) {
-    if (!IsInteger(out.dtype) && out.dtype != DataType::kBool) return false;
     auto dims = StaticDims(out.shape);
-    if (!dims || NumElements(*dims) > kMaxFoldedShapeElements) return false;
+    if (!dims) return false;
+    // Floating-point results too, when small: a size computed through a float scale (an image
+    // resized by min(800 / h, 1333 / w), then Floor and Cast to int64), never weights.
+    const int64_t limit = IsInteger(out.dtype) || out.dtype == DataType::kBool
+                              ? kMaxFoldedShapeElements
+                              : kMaxFoldedFloatElements;
+    if (NumElements(*dims) > limit) return false;
   }
   return true;
 }
