@@ -7,6 +7,7 @@
 
 #include <climits>
 
+#include "kiln/ir/weight_program.h"
 #include "kiln/ops/op_schema.h"
 #include "pass_test_util.h"
 
@@ -139,13 +140,21 @@ TEST(ShapeFolding, SymbolicDimsAndLargeOutputsStay) {
 // torchvision's detection transform: the resized size is floor(h * scale) through float ops
 // (scale = min(800 / min(h, w), 1333 / max(h, w)) from the image's constant size), cast back to
 // int64. Small float results of constants fold too, so the Resize gets constant sizes.
+// Every constant here is a literal (as the importer records ONNX Constant nodes and shape
+// arithmetic), not a weight: float results made from weights are not folded (next test).
+Value* Literal(Graph& g, Tensor t) {
+  Value* v = Const(g, t);
+  v->set_provenance(LiteralExpr(t));
+  return v;
+}
+
 void FloatScaleResizeGraph(Graph& g) {
   Value* x = g.AddInput("x", DataType::kFloat32, {1, 1, 4, 6});
-  Value* hw = Const(g, Tensor::FromVector<float>(DataType::kFloat32, {2}, {4, 6}));
+  Value* hw = Literal(g, Tensor::FromVector<float>(DataType::kFloat32, {2}, {4, 6}));
   Value* lo = Op(g, "ReduceMin", {hw}, Attrs(std::pair{"keepdims", int64_t{0}}));
   Value* hi = Op(g, "ReduceMax", {hw}, Attrs(std::pair{"keepdims", int64_t{0}}));
   auto f = [&](float v) {
-    return Const(g, Tensor::FromVector<float>(DataType::kFloat32, {}, {v}));
+    return Literal(g, Tensor::FromVector<float>(DataType::kFloat32, {}, {v}));
   };
   Value* scale = Op(g, "Min",
                     {Op(g, "Mul", {Op(g, "Reciprocal", {lo}), f(6.f)}),
@@ -169,6 +178,30 @@ TEST(ShapeFolding, ResizeSizesThroughAFloatScaleFold) {
   ASSERT_TRUE(resize->input(3)->is_constant());
   EXPECT_EQ(resize->input(3)->constant()->ToInt64Vector(), (std::vector<int64_t>{1, 1, 6, 9}));
   EXPECT_EQ(g.outputs()[0]->shape(), (Shape{1, 1, 6, 9}));
+}
+
+TEST(ShapeFolding, SmallFloatResultsOfWeightsStay) {
+  // A DequantizeLinear of an INT8 weight of 16 elements (a QDQ model's small kernel) stays for
+  // qdq_fusion, and so does a Mul of a float weight; the same Mul of a literal folds.
+  for (bool weight : {true, false}) {
+    SCOPED_TRACE(weight);
+    Graph g;
+    g.AddInput("x", DataType::kFloat32, {2});
+    Tensor q = Tensor::FromVector<int8_t>(DataType::kInt8, {16}, std::vector<int8_t>(16, 3));
+    Tensor w = Tensor::FromVector<float>(DataType::kFloat32, {16}, std::vector<float>(16, 0.5f));
+    Value* qv = Const(g, q);
+    Value* wv = Const(g, w);
+    qv->set_provenance(weight ? InitializerExpr("q", q) : LiteralExpr(q));
+    wv->set_provenance(weight ? InitializerExpr("w", w) : LiteralExpr(w));
+    g.MarkOutput(Op(g, "DequantizeLinear",
+                    {qv, Literal(g, Tensor::FromVector<float>(DataType::kFloat32, {}, {0.25f}))}));
+    g.MarkOutput(
+        Op(g, "Mul", {wv, Literal(g, Tensor::FromVector<float>(DataType::kFloat32, {}, {2.f}))}));
+    auto r = InferShapes(g, CpuEvaluator());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(CountOps(g, "DequantizeLinear"), weight ? 1 : 0);
+    EXPECT_EQ(CountOps(g, "Mul"), weight ? 1 : 0);
+  }
 }
 
 TEST(ShapeFolding, LargeFloatResultsOfConstantsStay) {

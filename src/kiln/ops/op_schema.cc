@@ -223,15 +223,28 @@ bool FoldableShapeNode(const Node& node, std::span<const ValueInfo* const> ins,
     if (!in->constant && !in->dims_value) return false;
   }
   if (!any_input) return false;  // Constant, RandomNormal...: nothing to fold
+  // A constant of more than one element made from the model's initializers is a weight (a
+  // DequantizeLinear of an INT8 weight, a small convolution's kernel): a floating-point result
+  // made from one is left to the passes that read such patterns (qdq_fusion). Constants from
+  // shape arithmetic and ONNX Constant nodes are literals.
+  bool reads_weights = false;
+  for (size_t i = 0; i < node.num_inputs(); ++i) {
+    const Value* v = node.input(i);
+    if (!v || !v->is_constant() || v->constant()->num_elements() <= 1) continue;
+    const WeightExprPtr& e = v->provenance();
+    if (e && e->kind != WeightExpr::Kind::kLiteral) reads_weights = true;
+  }
   for (const ValueInfo& out : outs) {
     auto dims = StaticDims(out.shape);
     if (!dims) return false;
-    // Floating-point results too, when small: a size computed through a float scale (an image
-    // resized by min(800 / h, 1333 / w), then Floor and Cast to int64), never weights.
-    const int64_t limit = IsInteger(out.dtype) || out.dtype == DataType::kBool
-                              ? kMaxFoldedShapeElements
-                              : kMaxFoldedFloatElements;
-    if (NumElements(*dims) > limit) return false;
+    // Floating-point results too, when small and computed from shapes and scalars: a size
+    // computed through a float scale (an image resized by min(800 / h, 1333 / w), then Floor and
+    // Cast to int64), never weights.
+    const bool exact = IsInteger(out.dtype) || out.dtype == DataType::kBool;
+    if (!exact && reads_weights) return false;
+    if (NumElements(*dims) > (exact ? kMaxFoldedShapeElements : kMaxFoldedFloatElements)) {
+      return false;
+    }
   }
   return true;
 }
