@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kiln/onnx/expand_util.h"
 #include "kiln/onnx/onnx_internal.h"
 #include "kiln/ops/op_schema.h"
 
@@ -30,23 +31,14 @@ namespace kiln::onnx_internal {
 
 namespace {
 
-const onnx::AttributeProto* FindAttr(const onnx::NodeProto& n, std::string_view name) {
-  for (const auto& a : n.attribute()) {
-    if (a.name() == name) return &a;
-  }
-  return nullptr;
-}
+using expand::FindAttr;
 std::vector<int64_t> IntsAttr(const onnx::NodeProto& n, std::string_view name) {
   const auto* a = FindAttr(n, name);
   if (!a) return {};
   return {a->ints().begin(), a->ints().end()};
 }
 onnx::AttributeProto IntAttrProto(const std::string& name, int64_t v) {
-  onnx::AttributeProto a;
-  a.set_name(name);
-  a.set_type(onnx::AttributeProto::INT);
-  a.set_i(v);
-  return a;
+  return expand::Attr(name, v);
 }
 
 // A reason the node cannot be lowered (not an error of the model): reported in KILN-E2004.
@@ -123,41 +115,12 @@ class Lowerer {
   // A glue node in canonical form; its output is `out` when given, a fresh value otherwise.
   std::string Op(const std::string& what, const std::string& op, std::vector<std::string> inputs,
                  std::vector<onnx::AttributeProto> attrs = {}, const std::string& out = "") {
-    NormalizedNode nn;
-    nn.origin = n_.name();
-    const OpSchema* schema = FindOpSchema(op);
-    nn.version = schema ? schema->latest_opset : 0;
-    nn.node.set_op_type(op);
-    nn.node.set_name(host_.FreshNodeName(n_.name() + "/" + what));
-    for (auto& i : inputs) nn.node.add_input(std::move(i));
-    std::string name = out.empty() ? host_.FreshValueName(n_.name() + "/" + what) : out;
-    nn.node.add_output(name);
-    for (auto& a : attrs) *nn.node.add_attribute() = std::move(a);
-    host_.Emit(std::move(nn));
-    return name;
+    return emit_.Op(what, op, std::move(inputs), std::move(attrs), out);
   }
   std::string Constant(const std::string& what, onnx::TensorProto t) {
-    NormalizedNode c;
-    c.origin = n_.name();
-    c.node.set_op_type("Constant");
-    c.node.set_name(host_.FreshNodeName(n_.name() + "/" + what));
-    std::string out = host_.FreshValueName(n_.name() + "/" + what);
-    c.node.add_output(out);
-    t.set_name(out);
-    auto* a = c.node.add_attribute();
-    a->set_name("value");
-    a->set_type(onnx::AttributeProto::TENSOR);
-    *a->mutable_t() = std::move(t);
-    host_.Emit(std::move(c));
-    return out;
+    return emit_.Constant(what, std::move(t));
   }
-  std::string Ints(const std::vector<int64_t>& v) {
-    onnx::TensorProto t;
-    t.set_data_type(onnx::TensorProto::INT64);
-    t.add_dims(static_cast<int64_t>(v.size()));
-    for (int64_t x : v) t.add_int64_data(x);
-    return Constant("ints", std::move(t));
-  }
+  std::string Ints(const std::vector<int64_t>& v) { return emit_.Ints(v); }
   std::string IntScalar(const std::string& what, int64_t v) {
     onnx::TensorProto t;
     t.set_data_type(onnx::TensorProto::INT64);
@@ -872,6 +835,7 @@ class Lowerer {
   const onnx::NodeProto& n_;
   int version_;
   LoweringHost& host_;
+  expand::Emitter emit_{n_, host_};  // names glue nodes and values `<node>/<what>`
   std::unordered_map<const onnx::GraphProto*, std::unordered_map<std::string, std::string>>
       hoisted_;
 };
