@@ -103,21 +103,31 @@ Status RunNonZero(const KernelRunArgs& a, OutDims& dims) {
   return OkStatus();
 }
 
+// x as [outer, len, inner] around `axis_attr` (negative from the back); without an axis, one
+// flattened run of every element (outer = inner = 1, axis 0).
+struct AxisSplit {
+  int64_t outer = 1, len = 0, inner = 1;
+  size_t axis = 0;
+};
+AxisSplit SplitAtAxis(const TensorView& x, std::optional<int64_t> axis_attr) {
+  AxisSplit s;
+  s.len = x.num_elements();
+  if (!axis_attr) return s;
+  s.axis = static_cast<size_t>(*axis_attr < 0 ? *axis_attr + static_cast<int64_t>(x.dims.size())
+                                              : *axis_attr);
+  s.len = x.dims[s.axis];
+  for (size_t i = 0; i < s.axis; ++i) s.outer *= x.dims[i];
+  for (size_t i = s.axis + 1; i < x.dims.size(); ++i) s.inner *= x.dims[i];
+  return s;
+}
+
 // ---- Compress: the slices (or flattened elements) whose condition is true.
 Status RunCompress(std::optional<int64_t> axis_attr, const KernelRunArgs& a, OutDims& dims) {
   const TensorView& x = a.inputs[0];
   const TensorView& cond = a.inputs[1];
   const auto* c = cond.as<const bool>();
   const int64_t clen = cond.num_elements();
-  int64_t outer = 1, len = x.num_elements(), inner = 1;
-  size_t axis = 0;
-  if (axis_attr) {
-    axis = static_cast<size_t>(*axis_attr < 0 ? *axis_attr + static_cast<int64_t>(x.dims.size())
-                                              : *axis_attr);
-    len = x.dims[axis];
-    for (size_t i = 0; i < axis; ++i) outer *= x.dims[i];
-    for (size_t i = axis + 1; i < x.dims.size(); ++i) inner *= x.dims[i];
-  }
+  const auto [outer, len, inner, axis] = SplitAtAxis(x, axis_attr);
   int64_t n = 0;
   for (int64_t i = 0; i < clen; ++i) {
     if (!c[i]) continue;
@@ -174,15 +184,7 @@ Status RunUnique(std::optional<int64_t> axis_attr, bool sorted, const KernelRunA
                  OutDims& dims) {
   const TensorView& x = a.inputs[0];
   const T* src = x.as<const T>();
-  int64_t outer = 1, len = x.num_elements(), inner = 1;
-  size_t axis = 0;
-  if (axis_attr) {
-    axis = static_cast<size_t>(*axis_attr < 0 ? *axis_attr + static_cast<int64_t>(x.dims.size())
-                                              : *axis_attr);
-    len = x.dims[axis];
-    for (size_t i = 0; i < axis; ++i) outer *= x.dims[i];
-    for (size_t i = axis + 1; i < x.dims.size(); ++i) inner *= x.dims[i];
-  }
+  const auto [outer, len, inner, axis] = SplitAtAxis(x, axis_attr);
   // Slice k is x[o, k, i] for o < outer, i < inner, compared in (o, i) order.
   auto cmp = [&](int64_t p, int64_t q) -> int {
     for (int64_t o = 0; o < outer; ++o) {
