@@ -16,18 +16,6 @@ namespace {
 using ops_internal::DimsEqual;
 using ops_internal::IntAttr;
 
-Status RequireFloatInput(const InferenceContext& ctx, size_t i) {
-  if (!IsFloat(ctx.input_type(i))) {
-    return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; a float type is required", i,
-                     ToString(ctx.input_type(i)));
-  }
-  if (i > 0 && ctx.input_type(i) != ctx.input_type(0)) {
-    return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; input 0 has {}", i,
-                     ToString(ctx.input_type(i)), ToString(ctx.input_type(0)));
-  }
-  return OkStatus();
-}
-
 bool Is8Bit(DataType t) { return t == DataType::kInt8 || t == DataType::kUInt8; }
 
 // Runs a float shape rule on a view of the first `n` inputs with their types shown as f32, then
@@ -81,7 +69,7 @@ Status InferDet(InferenceContext& ctx) {
 
 // GroupNormalization-21: X [N, C, ...], scale and bias [C]; num_groups divides C.
 Status InferGroupNormalization(InferenceContext& ctx) {
-  for (size_t i = 0; i < 3; ++i) KILN_RETURN_IF_ERROR(RequireFloatInput(ctx, i));
+  for (size_t i = 0; i < 3; ++i) KILN_RETURN_IF_ERROR(ops_internal::RequireFloat(ctx, i));
   const Shape& x = ctx.input_shape(0);
   if (x.size() < 2) {
     return ctx.Error(ErrorCode::kShapeMismatch, "input {} must be [N, C, ...]", ToString(x));
@@ -134,7 +122,7 @@ Status InferReverseSequence(InferenceContext& ctx) {
 // AffineGrid(theta [N, 2, 3] | [N, 3, 4], size [N, C, H, W] | [N, C, D, H, W]) -> grid
 // [N, H, W, 2] | [N, D, H, W, 3].
 Status InferAffineGrid(InferenceContext& ctx) {
-  KILN_RETURN_IF_ERROR(RequireFloatInput(ctx, 0));
+  KILN_RETURN_IF_ERROR(ops_internal::RequireFloat(ctx, 0));
   const Shape& theta = ctx.input_shape(0);
   auto size = ctx.input_dims_value(1);
   if (!size) {
@@ -199,7 +187,7 @@ Status InferTensorScatter(InferenceContext& ctx) {
 // MaxUnpool(X [N, C, D...], I (X's shape, int64), output_shape?) -> output_shape, or the shape
 // MaxPool's inverse gives: (D - 1) * stride - pads + kernel.
 Status InferMaxUnpool(InferenceContext& ctx) {
-  KILN_RETURN_IF_ERROR(RequireFloatInput(ctx, 0));
+  KILN_RETURN_IF_ERROR(ops_internal::RequireFloat(ctx, 0));
   const Shape& x = ctx.input_shape(0);
   if (x.size() < 3 || ctx.input_type(1) != DataType::kInt64 ||
       ctx.input_shape(1).size() != x.size()) {
@@ -282,7 +270,7 @@ Status InferConvInteger(InferenceContext& ctx) {
 // spec's reference); the geometry is Conv's.
 Status InferDeformConv(InferenceContext& ctx) {
   for (size_t i : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{4}}) {
-    if (i == 0 || ctx.has_input(i)) KILN_RETURN_IF_ERROR(RequireFloatInput(ctx, i));
+    if (i == 0 || ctx.has_input(i)) KILN_RETURN_IF_ERROR(ops_internal::RequireFloat(ctx, i));
   }
   const Shape& x = ctx.input_shape(0);
   const Shape& w = ctx.input_shape(1);
@@ -328,7 +316,7 @@ Status InferDeformConv(InferenceContext& ctx) {
 // RoiAlign-16(X [N, C, H, W], rois [R, 4], batch_indices [R]) -> [R, C, output_height,
 // output_width].
 Status InferRoiAlign(InferenceContext& ctx) {
-  KILN_RETURN_IF_ERROR(RequireFloatInput(ctx, 0));
+  KILN_RETURN_IF_ERROR(ops_internal::RequireFloat(ctx, 0));
   if (!IsFloat(ctx.input_type(1))) {  // kept FP32 under reduced precision (a fixed input)
     return ctx.Error(ErrorCode::kTypeMismatch, "rois has type {}; a float type is required",
                      ToString(ctx.input_type(1)));

@@ -113,17 +113,7 @@ int64_t TransposePadBegin(int64_t in, int64_t out, const WindowAttrs& a, size_t 
 
 namespace {
 
-Status RequireFloat(InferenceContext& ctx, size_t i) {
-  if (!IsFloat(ctx.input_type(i))) {
-    return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; a float type is required", i,
-                     ToString(ctx.input_type(i)));
-  }
-  if (i > 0 && ctx.input_type(i) != ctx.input_type(0)) {
-    return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; input 0 has {}", i,
-                     ToString(ctx.input_type(i)), ToString(ctx.input_type(0)));
-  }
-  return OkStatus();
-}
+using ops_internal::RequireFloat;
 
 // Static spatial dims of a weight shape (dims 2..); errors when symbolic.
 StatusOr<std::vector<int64_t>> WeightKernel(InferenceContext& ctx, size_t input) {

@@ -96,4 +96,16 @@ StatusOr<int64_t> SkipNormAxis(const InferenceContext& ctx) {
   return axis;
 }
 
+Status RequireFloat(const InferenceContext& ctx, size_t i) {
+  if (!IsFloat(ctx.input_type(i))) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; a float type is required", i,
+                     ToString(ctx.input_type(i)));
+  }
+  if (i > 0 && ctx.input_type(i) != ctx.input_type(0)) {
+    return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; input 0 has {}", i,
+                     ToString(ctx.input_type(i)), ToString(ctx.input_type(0)));
+  }
+  return OkStatus();
+}
+
 }  // namespace kiln::ops_internal

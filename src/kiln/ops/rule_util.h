@@ -26,6 +26,8 @@ StatusOr<std::vector<int64_t>> RequiredInts(const InferenceContext& ctx, size_t 
 // The skip normalisations' common checks: X and Skip (inputs 0 and 1) of one float type and one
 // shape, epsilon (default 1e-5) not negative; returns the axis attribute (default -1) normalised.
 StatusOr<int64_t> SkipNormAxis(const InferenceContext& ctx);
+// Input i is of a float type, and of input 0's type when i > 0 (KILN-E2007 otherwise).
+Status RequireFloat(const InferenceContext& ctx, size_t i);
 // Whether two dims are known equal / known different (dims are sizes, so never negative).
 std::optional<bool> DimsEqual(const Dim& a, const Dim& b);
 
