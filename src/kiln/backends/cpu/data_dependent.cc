@@ -127,7 +127,9 @@ Status RunCompress(std::optional<int64_t> axis_attr, const KernelRunArgs& a, Out
   const TensorView& cond = a.inputs[1];
   const auto* c = cond.as<const bool>();
   const int64_t clen = cond.num_elements();
-  const auto [outer, len, inner, axis] = SplitAtAxis(x, axis_attr);
+  const AxisSplit split = SplitAtAxis(x, axis_attr);
+  const int64_t outer = split.outer, len = split.len, inner = split.inner;
+  const size_t axis = split.axis;
   int64_t n = 0;
   for (int64_t i = 0; i < clen; ++i) {
     if (!c[i]) continue;
@@ -184,7 +186,9 @@ Status RunUnique(std::optional<int64_t> axis_attr, bool sorted, const KernelRunA
                  OutDims& dims) {
   const TensorView& x = a.inputs[0];
   const T* src = x.as<const T>();
-  const auto [outer, len, inner, axis] = SplitAtAxis(x, axis_attr);
+  const AxisSplit split = SplitAtAxis(x, axis_attr);
+  const int64_t outer = split.outer, len = split.len, inner = split.inner;
+  const size_t axis = split.axis;
   // Slice k is x[o, k, i] for o < outer, i < inner, compared in (o, i) order.
   auto cmp = [&](int64_t p, int64_t q) -> int {
     for (int64_t o = 0; o < outer; ++o) {
