@@ -19,6 +19,8 @@ void GatedMlp(Graph& g, const std::string& act) {
   Value* a = nullptr;
   if (act == "silu") {
     a = Op(g, "Mul", {gate, Op(g, "Sigmoid", {gate})});
+  } else if (act == "swish") {
+    a = Op(g, "Mul", {gate, Op(g, "Sigmoid", {Op(g, "Mul", {Const(g, Scalar(0.75f)), gate})})});
   } else {
     a = Op(g, "Gelu", {gate}, Attrs(std::pair{"approximate", std::string(act)}));
   }
@@ -35,7 +37,7 @@ std::vector<std::unique_ptr<Pass>> Passes() {
 }
 
 TEST(GatedActivationFusion, SwiGluAndGeGlu) {
-  for (const char* act : {"silu", "none", "tanh"}) {
+  for (const char* act : {"silu", "swish", "none", "tanh"}) {
     SCOPED_TRACE(act);
     Graph before, after;
     GatedMlp(before, act);
@@ -48,10 +50,14 @@ TEST(GatedActivationFusion, SwiGluAndGeGlu) {
     EXPECT_EQ(CountOps(after, "Mul"), 0);
     for (Node* n : after.nodes()) {
       if (n->op_type() != "GatedActivation") continue;
-      std::string want = std::string(act) == "silu"   ? "silu"
-                         : std::string(act) == "none" ? "gelu"
-                                                      : "gelu_tanh";
+      std::string want = std::string(act) == "silu"    ? "silu"
+                         : std::string(act) == "swish" ? "swish"
+                         : std::string(act) == "none"  ? "gelu"
+                                                       : "gelu_tanh";
       EXPECT_EQ(n->attrs().GetString("activation", ""), want);
+      if (want == "swish") {
+        EXPECT_FLOAT_EQ(n->attrs().GetFloat("activation_alpha", 0.f), 0.75f);
+      }
       // The projections feed it directly (their activation stays unfused into them).
       for (Value* in : n->inputs()) {
         ASSERT_TRUE(in->producer());
@@ -84,6 +90,57 @@ TEST(GatedActivationFusion, GateAndUpBecomeOneGemm) {
     EXPECT_EQ(n->output(0)->shape()[2], Dim(24));
   }
   ExpectSameOutputs(before, after, {{"n", 3}}, 1e-5, 41);
+}
+
+// CLIP's MLP: fc2(quick_gelu(fc1(x))), quick_gelu(h) = h * Sigmoid(1.702 * h). The Swish is no
+// gate (its Mul's other input is the Sigmoid's own input, scaled): it becomes fc1's epilogue,
+// with the alpha, and the Mul-Sigmoid-Mul chain is gone.
+void QuickGeluMlp(Graph& g, bool scale_first) {
+  Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("n"), 5, 16});
+  Value* h = Op(g, "Add",
+                {Op(g, "MatMul", {x, Const(g, RandomTensor(DataType::kFloat32, {16, 24}, 7))}),
+                 Const(g, RandomTensor(DataType::kFloat32, {24}, 8))});
+  Value* c = Const(g, Scalar(1.702f));
+  Value* scaled = scale_first ? Op(g, "Mul", {c, h}) : Op(g, "Mul", {h, c});
+  Value* a = scale_first ? Op(g, "Mul", {Op(g, "Sigmoid", {scaled}), h})
+                         : Op(g, "Mul", {h, Op(g, "Sigmoid", {scaled})});
+  g.MarkOutput(Op(g, "MatMul", {a, Const(g, RandomTensor(DataType::kFloat32, {24, 16}, 9))}));
+}
+
+TEST(GatedActivationFusion, QuickGeluIsAnEpilogueNotAGate) {
+  for (bool scale_first : {false, true}) {
+    SCOPED_TRACE(scale_first);
+    Graph before, after;
+    QuickGeluMlp(before, scale_first);
+    QuickGeluMlp(after, scale_first);
+    PassReport r = RunPasses(after, Passes());
+    EXPECT_EQ(r.rewrites("gated_activation_fusion"), 0);
+    EXPECT_EQ(CountOps(after, "GatedActivation"), 0);
+    EXPECT_EQ(CountOps(after, "Sigmoid"), 0);
+    EXPECT_EQ(CountOps(after, "Mul"), 0);
+    int swish = 0;
+    for (Node* n : after.nodes()) {
+      if (n->attrs().GetString("activation", "") != "swish") continue;
+      ++swish;
+      EXPECT_FLOAT_EQ(n->attrs().GetFloat("activation_alpha", 0.f), 1.702f);
+    }
+    EXPECT_EQ(swish, 1);
+    ExpectSameOutputs(before, after, {{"n", 2}}, 1e-5, 43);
+  }
+}
+
+// A Swish whose scale is not one constant splat stays as it is (no alpha to carry).
+TEST(GatedActivationFusion, SwishWithPerElementScaleStays) {
+  Graph before, after;
+  for (Graph* g : {&before, &after}) {
+    Value* x = g->AddInput("x", DataType::kFloat32, {2, 24});
+    Value* h = Op(*g, "MatMul", {x, Const(*g, RandomTensor(DataType::kFloat32, {24, 24}, 11))});
+    Value* c = Const(*g, RandomTensor(DataType::kFloat32, {24}, 12));
+    g->MarkOutput(Op(*g, "Mul", {h, Op(*g, "Sigmoid", {Op(*g, "Mul", {h, c})})}));
+  }
+  RunPasses(after, Passes());
+  for (Node* n : after.nodes()) EXPECT_NE(n->attrs().GetString("activation", ""), "swish");
+  ExpectSameOutputs(before, after, {}, 1e-5, 44);
 }
 
 TEST(GatedActivationFusion, PlainSiluBroadcastAndConstantsStay) {

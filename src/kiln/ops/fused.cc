@@ -15,11 +15,14 @@
 //
 // The activation epilogue (every fused op):
 //   activation      string: "none" (default), "relu", "relu6", "clip", "sigmoid", "hardswish",
-//                   "silu", "gelu" (erf form), "gelu_tanh" (tanh approximation)
+//                   "silu", "swish" (x * sigmoid(alpha * x)), "gelu" (erf form), "gelu_tanh"
+//                   (tanh approximation)
 //   activation_min  float, for "clip" (default -inf)
 //   activation_max  float, for "clip" (default +inf); "relu6" is clip with 0 and 6
+//   activation_alpha  float, for "swish" (default 1; CLIP's QuickGELU is 1.702)
 #include "kiln/ops/fused.h"
 
+#include <cmath>
 #include <limits>
 
 #include "kiln/ops/nn.h"
@@ -81,6 +84,11 @@ StatusOr<FusedActivationSpec> ParseFusedActivation(const AttributeMap& attrs) {
     if (spec.min > spec.max) {
       return MakeError(ErrorCode::kInvalidAttribute, "activation_min {} > activation_max {}",
                        spec.min, spec.max);
+    }
+  } else if (spec.kind == FusedActivation::kSwish) {
+    spec.min = attrs::FusedConv::activation_alpha(attrs);
+    if (!std::isfinite(spec.min)) {
+      return MakeError(ErrorCode::kInvalidAttribute, "activation_alpha {} is not finite", spec.min);
     }
   }
   return spec;

@@ -29,10 +29,13 @@ std::optional<FusedActivation> FusedActivationOf(OpType op);
 
 struct FusedActivationSpec {
   FusedActivation kind = FusedActivation::kNone;
-  float min = 0.f, max = 0.f;  // kClip bounds
+  // kClip's bounds; kSwish's alpha is `min` (activations.inc's formulas read both as lo, hi, and
+  // every backend's epilogue passes them on)
+  float min = 0.f, max = 0.f;
 };
 
-// Reads the "activation" (default "none"), "activation_min" and "activation_max" attributes.
+// Reads the "activation" (default "none"), "activation_min" and "activation_max" attributes, and
+// "activation_alpha" for "swish".
 StatusOr<FusedActivationSpec> ParseFusedActivation(const AttributeMap& attrs);
 
 // kiln's fused Attention (ops/attention.cc documents its attributes).

@@ -1,6 +1,8 @@
 // Activation epilogues for the Gemm/MatMul/Conv fusions: the ops with the kEpilogue trait
-// (ops.inc) and the activations they become (activations.inc), plus SiLU by pattern.
+// (ops.inc) and the activations they become (activations.inc), plus SiLU and Swish by pattern.
 #include "kiln/passes/activation.h"
+
+#include <cmath>
 
 #include "kiln/ops/fused.h"
 #include "kiln/ops/op_table.h"
@@ -26,6 +28,8 @@ Pattern ActivationOver(const Pattern& body) {
   return OneOf({
       Op(EpilogueOps(), {body}).Capture("act"),
       Op("Mul", {body, Op("Sigmoid", {body})}).Capture("act"),
+      // x * Sigmoid(alpha * x), alpha a constant scalar (CLIP's QuickGELU, ONNX Swish)
+      Op("Mul", {body, Op("Sigmoid", {Op("Mul", {body, Constant("swish_alpha")})})}).Capture("act"),
   });
 }
 
@@ -36,6 +40,12 @@ bool ActivationAttrs(const Match& m, AttributeMap& attrs) {
   std::optional<FusedActivation> kind = FusedActivationOf(op);
   if (op == OpType::kMul) {
     kind = FusedActivation::kSilu;
+    if (const Value* alpha = m.value("swish_alpha")) {
+      auto v = ConstantSplat(alpha);
+      if (!v || !std::isfinite(*v)) return false;
+      kind = FusedActivation::kSwish;
+      attrs.Set("activation_alpha", static_cast<float>(*v));
+    }
   } else if (op == OpType::kGelu) {
     std::string approx = attrs::Gelu::approximate(*act);
     if (approx != "none" && approx != "tanh") return false;

@@ -4,7 +4,8 @@
 // becomes GatedActivation(a, b): one elementwise pass instead of two or three (Sigmoid, Mul, Mul).
 // Runs before gemm_fusion, which would otherwise take the activation into the gate projection
 // and leave the Mul on its own. A plain SiLU, x * Sigmoid(x), is not a gate and stays for the
-// epilogues; a broadcast Mul (squeeze-excite's per-channel scale) is not one either.
+// epilogues, as does Swish, x * Sigmoid(c * x) (CLIP's QuickGELU); a broadcast Mul
+// (squeeze-excite's per-channel scale) is not one either.
 // Then, after gemm_fusion, gated_projection_merge: when the gate and up come from two projections
 // of one input with constant weights, they become one GEMM of twice the width whose output
 // GatedActivation reads packed (gate and up side by side in each row): one launch and one read
@@ -23,11 +24,21 @@ Pattern GatedPattern() {
   return Op("Mul", {ActivationOver(Any("a")), Any("b")});
 }
 
-// x * Sigmoid(x) in either order: SiLU itself.
+// x * Sigmoid(x) or x * Sigmoid(x * c) (c constant) in either order: SiLU or Swish itself.
 bool IsSilu(const Node& mul) {
   for (size_t i = 0; i < 2; ++i) {
     const Node* p = mul.input(i) ? mul.input(i)->producer() : nullptr;
-    if (p && IsOp(*p, OpType::kSigmoid) && p->input(0) == mul.input(1 - i)) return true;
+    if (!p || !IsOp(*p, OpType::kSigmoid)) continue;
+    const Value* x = mul.input(1 - i);
+    if (p->input(0) == x) return true;
+    const Node* scale = p->input(0) ? p->input(0)->producer() : nullptr;
+    if (scale && IsOp(*scale, OpType::kMul) && scale->num_inputs() == 2) {
+      for (size_t j = 0; j < 2; ++j) {
+        if (scale->input(j) == x && scale->input(1 - j) && scale->input(1 - j)->is_constant()) {
+          return true;
+        }
+      }
+    }
   }
   return false;
 }
@@ -38,7 +49,7 @@ class GatedActivationFusionPass final : public Pass {
 
   Status Run(Graph& graph, PassContext& ctx) override {
     static const Pattern pattern = GatedPattern();
-    // A Mul that is SiLU itself (x * Sigmoid(x)) is not a gate.
+    // A Mul that is SiLU or Swish itself (x * Sigmoid(x), x * Sigmoid(c * x)) is not a gate.
     return ForEachMatch(
         graph, pattern, RootOrder::kFromOutputs,
         [](const Node& n) { return n.num_inputs() == 2 && !IsSilu(n); },

@@ -153,12 +153,13 @@ std::vector<OpCase> NnCases() {
   }
   // GatedActivation (SwiGLU, GeGLU): two inputs (odd sizes: scalar accesses; 688: 16-byte), and
   // the packed gate/up halves of one input (Llama 7B's 11008 intermediate, an odd 35).
-  for (const char* act : {"silu", "gelu", "gelu_tanh"}) {
+  // swish is x * sigmoid(alpha * x) with CLIP's QuickGELU alpha.
+  for (const char* act : {"silu", "swish", "gelu", "gelu_tanh"}) {
     std::string sact = act;
     for (std::vector<int64_t> dims :
          {std::vector<int64_t>{4, 7, 33}, std::vector<int64_t>{64, 688}}) {
       add("Gated_" + sact + "_" + std::to_string(dims.back()), [sact, dims] {
-        OpTester t("GatedActivation", Attrs({{"activation", sact}}));
+        OpTester t("GatedActivation", Attrs({{"activation", sact}, {"activation_alpha", 1.702f}}));
         t.Input(kF32, dims, -4, 4).Input(kF32, dims).FloatTypes(kAllFloats).Tolerance(1e-5, 1e-5);
         return t;
       });

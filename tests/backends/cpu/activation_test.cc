@@ -31,12 +31,15 @@ constexpr Row kRows[] = {
 };
 
 constexpr float kClipLo = -0.75f, kClipHi = 1.5f;
+constexpr float kSwishAlpha = 1.702f;  // CLIP's QuickGELU
 
 FusedActivationSpec SpecOf(FusedActivation kind) {
   FusedActivationSpec spec{kind};
   if (kind == FusedActivation::kClip) {
     spec.min = kClipLo;
     spec.max = kClipHi;
+  } else if (kind == FusedActivation::kSwish) {
+    spec.min = kSwishAlpha;
   }
   return spec;
 }
@@ -88,6 +91,16 @@ std::vector<float> Unfused(const Row& row, const std::vector<float>& x) {
     case FusedActivation::kSilu: {
       Value* s = g.AddValue("s");
       g.AddNode("Sigmoid", "sigmoid", {in}, {s});
+      g.AddNode("Mul", "mul", {in, s}, {y});
+      break;
+    }
+    case FusedActivation::kSwish: {
+      Value* alpha = g.AddInput("alpha", DataType::kFloat32, {});
+      inputs["alpha"] = Tensor::FromVector<float>(DataType::kFloat32, {}, {kSwishAlpha});
+      Value* ax = g.AddValue("ax");
+      Value* s = g.AddValue("s");
+      g.AddNode("Mul", "scale", {in, alpha}, {ax});
+      g.AddNode("Sigmoid", "sigmoid", {ax}, {s});
       g.AddNode("Mul", "mul", {in, s}, {y});
       break;
     }

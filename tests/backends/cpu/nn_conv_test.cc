@@ -50,6 +50,7 @@ double Activate(const std::string& act, double v) {
   if (act == "sigmoid") return 1 / (1 + std::exp(-v));
   if (act == "hardswish") return v * std::min(std::max(v / 6 + 0.5, 0.0), 1.0);
   if (act == "silu") return v / (1 + std::exp(-v));
+  if (act == "swish") return v / (1 + std::exp(-1.702 * v));  // activation_alpha 1.702 below
   if (act == "gelu") return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
   if (act == "gelu_tanh") {
     return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
@@ -296,8 +297,8 @@ TEST(CpuConv3d, FusedBiasResidualActivation) {
 }
 
 TEST(CpuFusedConv, BiasResidualAndEveryActivation) {
-  for (std::string act :
-       {"none", "relu", "relu6", "clip", "sigmoid", "hardswish", "silu", "gelu", "gelu_tanh"}) {
+  for (std::string act : {"none", "relu", "relu6", "clip", "sigmoid", "hardswish", "silu", "swish",
+                          "gelu", "gelu_tanh"}) {
     for (bool depthwise : {false, true}) {
       ConvParams p = depthwise
                          ? ConvParams{{1, 6, 9, 8}, {6, 1, 3, 3}, {}, {}, {1, 1, 1, 1}, "NOTSET", 6}
@@ -310,6 +311,7 @@ TEST(CpuFusedConv, BiasResidualAndEveryActivation) {
         c.attrs.Set("activation_min", -0.5f);
         c.attrs.Set("activation_max", 0.75f);
       }
+      if (act == "swish") c.attrs.Set("activation_alpha", 1.702f);
       auto y = InferOutputDims(c);
       ASSERT_TRUE(y.ok()) << y.status().ToString();
       c.inputs.push_back(RandomTensor(*y, rng, -2.f, 2.f));  // residual Z

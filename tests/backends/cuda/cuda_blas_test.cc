@@ -98,6 +98,12 @@ TEST_F(CudaBlasTest, FusedGemmEveryEpilogue) {
   RunGemmCase({40, 24, 16, false, false, 1.f, 1.f, {40, 24}, "silu"}, 18);
   RunGemmCase({40, 24, 16, false, false, 1.f, 1.f, {}, "hardswish"}, 19);
   RunGemmCase({40, 24, 16, false, false, 2.f, 0.5f, {24}, "relu6"}, 20);
+  AttributeMap swish = GemmAttrs(false, true, 1.f, 1.f, "swish");  // CLIP's QuickGELU
+  swish.Set("activation_alpha", 1.702f);
+  OpTester ts("FusedGemm", swish);
+  ts.Input(DataType::kFloat32, {33, 40}).Input(DataType::kFloat32, {24, 40});
+  ts.Input(DataType::kFloat32, {24}).FloatTypes(kAllFloat).Tolerance(1e-4, 1e-4);
+  EXPECT_GT(ts.Run(BackendKind::kCuda), 0);
   AttributeMap clip = GemmAttrs(false, false, 1.f, 1.f, "clip");
   clip.Set("activation_min", -0.5f);
   clip.Set("activation_max", 1.25f);

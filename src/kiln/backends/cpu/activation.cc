@@ -32,6 +32,9 @@ bool ApplyOwnLoop(const FusedActivationSpec& act, float* x, int64_t n) {
     case FusedActivation::kSilu:
       for (int64_t i = 0; i < n; ++i) x[i] = x[i] * Sigmoid(x[i]);
       return true;
+    case FusedActivation::kSwish:
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] * Sigmoid(act.min * x[i]);
+      return true;
     // vec_math.h's loops are cloned per ISA; libm's erff/tanhf per element cost several times
     // the GEMM they follow.
     case FusedActivation::kGelu:

@@ -36,6 +36,9 @@ std::optional<dnnl::algorithm> OneDnnEltwise(const FusedActivationSpec& act, flo
     case FusedActivation::kSilu:
       *alpha = 1.f;
       return dnnl::algorithm::eltwise_swish;
+    case FusedActivation::kSwish:  // x * sigmoid(alpha * x)
+      *alpha = act.min;
+      return dnnl::algorithm::eltwise_swish;
     case FusedActivation::kGelu:
       return dnnl::algorithm::eltwise_gelu_erf;
     case FusedActivation::kGeluTanh:
