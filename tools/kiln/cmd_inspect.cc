@@ -4,6 +4,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "kiln/builder/builder.h"
@@ -29,8 +30,12 @@ struct InspectOptions {
 struct KernelCheck {
   bool ran = false;
   std::string backend;
-  std::vector<KernelGap> gaps;
+  std::vector<KernelGap> gaps;  // layers without a kernel of the backend's own
   Status error;  // why the check could not run (an unavailable backend, a shape error...)
+  // The gaps the backend cannot fill by running the CPU's kernel on the host.
+  size_t missing() const {
+    return std::count_if(gaps.begin(), gaps.end(), [](const KernelGap& g) { return !g.on_host; });
+  }
 };
 
 // `graph`: the model as InspectOnnxFile imported it (a build's starting point).
@@ -100,11 +105,13 @@ int InspectOnnx(const InspectOptions& o) {
     const KernelCheck kernels = CheckKernels(o, std::move(info->graph));
     if (kernels.ran) {
       nlohmann::json k = {{"backend", kernels.backend}};
-      nlohmann::json gaps = nlohmann::json::array();
+      nlohmann::json gaps = nlohmann::json::array(), host = nlohmann::json::array();
       for (const KernelGap& g : kernels.gaps) {
-        gaps.push_back({{"layer", g.layer}, {"op", g.op_type}, {"operands", g.operands}});
+        (g.on_host ? host : gaps)
+            .push_back({{"layer", g.layer}, {"op", g.op_type}, {"operands", g.operands}});
       }
       k["missing"] = gaps;
+      k["on_host"] = host;
       if (!kernels.error.ok()) {
         k["error"] = {{"code", kernels.error.Id()}, {"message", kernels.error.message()}};
       }
@@ -112,7 +119,7 @@ int InspectOnnx(const InspectOptions& o) {
     }
     std::cout << j.dump(2) << "\n";
     if (!info->structure.ok()) return ReportError(info->structure);
-    if (!info->unsupported.empty() || !kernels.gaps.empty()) return 1;
+    if (!info->unsupported.empty() || kernels.missing() > 0) return 1;
     return kernels.error.ok() ? 0 : ReportError(kernels.error);
   }
   std::cout << fmt::format("{}: ONNX model, opset {}, IR version {}, from {} {}\n", o.path,
@@ -150,11 +157,23 @@ int InspectOnnx(const InspectOptions& o) {
           "  every layer has a {} kernel (FP32, at the profile's max shapes)\n", kernels.backend);
       return 0;
     }
+    const size_t on_host = kernels.gaps.size() - kernels.missing();
+    if (on_host > 0) {
+      std::cout << fmt::format(
+          "  {} layer(s) without a {} kernel run the CPU's on the host inside the engine (two "
+          "copies and a host round trip each run):\n",
+          on_host, kernels.backend);
+      for (const KernelGap& g : kernels.gaps) {
+        if (g.on_host)
+          std::cout << fmt::format("    {} ({}; {})\n", g.layer, g.op_type, g.operands);
+      }
+    }
+    if (kernels.missing() == 0) return 0;
     std::cout << fmt::format(
         "  {} layer(s) without a {} kernel (a build fails with KILN-E3003 on them):\n",
-        kernels.gaps.size(), kernels.backend);
+        kernels.missing(), kernels.backend);
     for (const KernelGap& g : kernels.gaps) {
-      std::cout << fmt::format("    {} ({}; {})\n", g.layer, g.op_type, g.operands);
+      if (!g.on_host) std::cout << fmt::format("    {} ({}; {})\n", g.layer, g.op_type, g.operands);
     }
     return 1;
   }

@@ -148,6 +148,10 @@ class KernelProvider {
   // ("" = ONNX's N,C,spatial; "NHWC" = channels last, set by the layout pass). Providers that
   // read the attribute override this; the rest never see tagged nodes.
   virtual bool SupportsLayout(std::string_view kiln_layout) const { return kiln_layout.empty(); }
+  // Whether this provider runs another backend's kernel on the host for a device backend (the
+  // CUDA backend's host fallback, backends/cuda/host_fallback.cc): offered only where no native
+  // provider serves the layer, and reported as such.
+  virtual bool runs_on_host() const { return false; }
 };
 
 // The node's `kiln_layout` attribute ("NHWC"), or "" for ONNX's channels-first layout.

@@ -555,13 +555,20 @@ void ListCandidates(BuildState& s, LayerSearch& l) {
   // is a plain int8-dtype kernel (an int8 Add), which must stay.
   const std::string_view quantized = QuantizedPrefix(s, *l.node);
   const auto generate_start = Clock::now();
-  for (const KernelProvider* p : KernelRegistry::Get().Providers(config.backend, *l.node)) {
-    int taken = 0;
-    for (TacticConfig& t : p->Tactics(l.request)) {
-      if (!quantized.empty() && !t.name.starts_with(quantized)) continue;
-      if (per_provider && taken == per_provider) break;
-      l.candidates.push_back({p, std::move(t)});
-      ++taken;
+  const auto providers = KernelRegistry::Get().Providers(config.backend, *l.node);
+  // The backend's own kernels first; a host fallback (another backend's kernel run on the host,
+  // backends/cuda/host_fallback.cc) only for a layer none of them takes.
+  for (bool host : {false, true}) {
+    if (host && !l.candidates.empty()) break;
+    for (const KernelProvider* p : providers) {
+      if (p->runs_on_host() != host) continue;
+      int taken = 0;
+      for (TacticConfig& t : p->Tactics(l.request)) {
+        if (!quantized.empty() && !t.name.starts_with(quantized)) continue;
+        if (per_provider && taken == per_provider) break;
+        l.candidates.push_back({p, std::move(t)});
+        ++taken;
+      }
     }
   }
   l.generate_seconds += Seconds(generate_start);
@@ -880,7 +887,10 @@ std::unique_ptr<EngineDesc> AssemblePhase(BuildState& s) {
   rep.arena_bytes = plan.arena_bytes;
   rep.workspace_bytes = plan.workspace_bytes;
   rep.peak_bytes = plan.peak_bytes;
+  std::vector<std::string> on_host;
   for (const LayerDesc& l : s.layers) {
+    const KernelProvider* provider = KernelRegistry::Get().Find(s.config.backend, l.provider_id);
+    if (provider && provider->runs_on_host()) on_host.push_back(l.node->name());
     LayerReport lr;
     lr.name = l.node->name();
     lr.op_type = l.node->op_type();
@@ -895,6 +905,13 @@ std::unique_ptr<EngineDesc> AssemblePhase(BuildState& s) {
     lr.time_ms = l.measured_ms;
     lr.workspace_bytes = static_cast<int64_t>(l.tactic.workspace_bytes);
     rep.layer_reports.push_back(std::move(lr));
+  }
+  if (!on_host.empty()) {
+    // Not a failure: the layers run, at the cost of two copies and a host round trip each.
+    rep.warnings.push_back(fmt::format(
+        "{} layer(s) have no {} kernel for their op or element types and run the CPU's kernel on "
+        "the host inside this engine (tactics 'host-...'): {}",
+        on_host.size(), ToString(s.config.backend), fmt::join(on_host, ", ")));
   }
   engine->layers = std::move(s.layers);
   engine->graph = std::move(s.input.graph);
@@ -982,14 +999,12 @@ StatusOr<std::vector<KernelGap>> FindKernelGaps(BuildInput input, const BuilderC
   std::vector<KernelGap> gaps;
   for (const Node* node : order) {
     const KernelRequest request = MakeKernelRequest(*node, max_dims);
-    bool found = false;
+    bool native = false, host = false;
     for (const KernelProvider* p : KernelRegistry::Get().Providers(s.config.backend, *node)) {
-      if (p->Supports(request)) {
-        found = true;
-        break;
-      }
+      if (!p->Supports(request)) continue;
+      (p->runs_on_host() ? host : native) = true;
     }
-    if (found) continue;
+    if (native) continue;
     std::vector<std::string> operands;
     for (size_t i = 0; i < node->num_inputs(); ++i) {
       const Value* v = node->input(i);
@@ -1001,7 +1016,7 @@ StatusOr<std::vector<KernelGap>> FindKernelGaps(BuildInput input, const BuilderC
                                          : fmt::format("{}", fmt::join(dims->second, ","))));
     }
     gaps.push_back(
-        {node->name(), node->op_type(), fmt::format("inputs {}", fmt::join(operands, ", "))});
+        {node->name(), node->op_type(), fmt::format("inputs {}", fmt::join(operands, ", ")), host});
   }
   return gaps;
 }

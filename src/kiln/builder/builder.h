@@ -148,11 +148,15 @@ struct KernelGap {
   std::string layer;     // the layer's name after the build's passes
   std::string op_type;   // "Conv", "FusedConv", ...
   std::string operands;  // "inputs float32[1,3,8,32,32], float32[4,3,3,3,3]" at the max shapes
+  // The backend has no kernel of its own for the layer but runs the CPU's on the host inside its
+  // engine (the CUDA backend's host fallback): the build succeeds, the layer costs two copies.
+  bool on_host = false;
 };
 
 // What a build of `input` with `config` would find missing, without building: the build's own
 // optimise phase (verify, profile, shape inference, passes), then for every layer whether any
-// kernel provider of config.backend supports it in FP32 at the profile's max shapes. Reduced
+// kernel provider of config.backend supports it in FP32 at the profile's max shapes (a layer only
+// the host fallback serves is listed with on_host set). Reduced
 // precisions are not asked: a layer without an FP16 kernel falls back to FP32 in a build. Nothing
 // is timed. Errors are the build's (a shape that cannot be inferred, an unavailable backend).
 StatusOr<std::vector<KernelGap>> FindKernelGaps(BuildInput input, const BuilderConfig& config);

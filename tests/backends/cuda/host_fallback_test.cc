@@ -1,0 +1,190 @@
+// The CUDA backend's host fallback (backends/cuda/host_fallback.cc): a CUDA build of a graph with
+// layers CUDA has no kernel for (CumProd; NonZero, whose output dims depend on the data) runs
+// them on the host inside the CUDA engine, between CUDA layers, and gives the CPU engine's
+// results on fresh random inputs, eager and replayed from a CUDA graph; the build report and
+// FindKernelGaps (`kiln inspect`) name those layers. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kiln/app/pipeline.h"
+#include "kiln/backends/backend.h"
+#include "kiln/builder/builder.h"
+#include "kiln/engine/engine_file.h"
+#include "kiln/ir/graph.h"
+#include "kiln/runtime/runtime.h"
+
+namespace kiln {
+namespace {
+
+Tensor Int64Scalar(int64_t v) { return Tensor::FromVector<int64_t>(DataType::kInt64, {}, {v}); }
+
+// y = CumProd(Relu(x) + 0.5, axis 1) * x: CUDA, host, CUDA.
+std::unique_ptr<Graph> CumProdGraph() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, {3, 40});
+  Value* r = g->AddValue("r");
+  Value* a = g->AddValue("a");
+  Value* c = g->AddValue("c");
+  Value* y = g->AddValue("y");
+  g->AddNode("Relu", "relu", {x}, {r});
+  g->AddNode("Add", "add",
+             {r, g->AddConstant("half", Tensor::FromVector<float>(DataType::kFloat32, {}, {0.5f}))},
+             {a});
+  g->AddNode("CumProd", "cumprod", {a, g->AddConstant("axis", Int64Scalar(1))}, {c});
+  g->AddNode("Mul", "mul", {c, x}, {y});
+  g->MarkOutput(y);
+  return g;
+}
+
+// i = NonZero(Relu(x)), s = Sigmoid(x): a data-dependent output next to a CUDA one.
+std::unique_ptr<Graph> NonZeroGraph() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, {6, 9});
+  Value* r = g->AddValue("r");
+  Value* i = g->AddValue("i");
+  Value* s = g->AddValue("s");
+  g->AddNode("Relu", "relu", {x}, {r});
+  g->AddNode("NonZero", "nonzero", {r}, {i});
+  g->AddNode("Sigmoid", "sigmoid", {x}, {s});
+  g->MarkOutput(i);
+  g->MarkOutput(s);
+  return g;
+}
+
+StatusOr<std::unique_ptr<EngineDesc>> Build(std::unique_ptr<Graph> g, BackendKind backend,
+                                            BuildReport* report) {
+  BuilderConfig config;
+  config.backend = backend;
+  return BuildEngine(BuildInput{std::move(g), "host_fallback_test", Hash128()}, config, report);
+}
+
+// Runs the engine on each feed in turn with one runner (CUDA graphs on: the later runs replay).
+std::vector<std::map<std::string, Tensor>> RunAll(const EngineDesc& desc, BackendKind backend,
+                                                  const std::vector<Tensor>& feeds) {
+  std::vector<std::map<std::string, Tensor>> out;
+  auto bytes = SerializeEngine(desc);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
+  auto runtime = Runtime::Create(backend);
+  EXPECT_TRUE(runtime.ok()) << runtime.status().ToString();
+  if (!bytes.ok() || !runtime.ok()) return out;
+  auto engine = (*runtime)->DeserializeEngine(*bytes);
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  if (!engine.ok()) return out;
+  auto runner = app::HostRunner::Create(*engine);
+  EXPECT_TRUE(runner.ok()) << runner.status().ToString();
+  if (!runner.ok()) return out;
+  for (const Tensor& x : feeds) {
+    Status s = (*runner)->SetInputs({{"x", x}});
+    if (s.ok()) s = (*runner)->Run();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (!s.ok()) return out;
+    out.push_back((*runner)->outputs());
+  }
+  return out;
+}
+
+std::vector<Tensor> RandomFeeds(std::vector<int64_t> dims, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.5f, 1.5f);
+  std::vector<Tensor> feeds;
+  for (int k = 0; k < n; ++k) {
+    Tensor t(DataType::kFloat32, dims);
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_data<float>()[i] = dist(rng);
+    feeds.push_back(std::move(t));
+  }
+  return feeds;
+}
+
+class HostFallbackTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto backend = GetBackend(BackendKind::kCuda);
+    if (!backend.ok()) GTEST_SKIP() << "no CUDA device: " << backend.status().ToString();
+  }
+};
+
+void ExpectHostLayers(const BuildReport& report, const std::vector<std::string>& host) {
+  for (const LayerReport& l : report.layer_reports) {
+    const bool on_host = std::find(host.begin(), host.end(), l.name) != host.end();
+    EXPECT_EQ(l.tactic.starts_with("host-"), on_host) << l.name << ": " << l.tactic;
+  }
+  bool warned = false;
+  for (const std::string& w : report.warnings) {
+    warned |= w.find("run the CPU's kernel on the host") != std::string::npos;
+  }
+  EXPECT_TRUE(warned);
+}
+
+TEST_F(HostFallbackTest, CpuOnlyLayerRunsBetweenCudaLayers) {
+  BuildReport gpu_report, cpu_report;
+  auto gpu = Build(CumProdGraph(), BackendKind::kCuda, &gpu_report);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  auto cpu = Build(CumProdGraph(), BackendKind::kCpu, &cpu_report);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  ExpectHostLayers(gpu_report, {"cumprod"});
+  const std::vector<Tensor> feeds = RandomFeeds({3, 40}, 4, 7);
+  auto on_gpu = RunAll(**gpu, BackendKind::kCuda, feeds);
+  auto on_cpu = RunAll(**cpu, BackendKind::kCpu, feeds);
+  ASSERT_EQ(on_gpu.size(), feeds.size());
+  ASSERT_EQ(on_cpu.size(), feeds.size());
+  for (size_t k = 0; k < feeds.size(); ++k) {
+    SCOPED_TRACE(k);
+    std::vector<float> got = on_gpu[k].at("y").ToFloatVector();
+    std::vector<float> want = on_cpu[k].at("y").ToFloatVector();
+    ASSERT_EQ(got.size(), want.size());
+    int64_t nonzero = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 1e-5f * std::max(1.f, std::fabs(want[i]))) << i;
+      nonzero += want[i] != 0.f;
+    }
+    EXPECT_GT(nonzero, 0);
+    // Fresh inputs give fresh outputs: the replayed graph re-reads x.
+    if (k > 0) EXPECT_NE(on_gpu[k].at("y").ToFloatVector(), on_gpu[k - 1].at("y").ToFloatVector());
+  }
+}
+
+TEST_F(HostFallbackTest, DataDependentLayerReportsItsDims) {
+  BuildReport gpu_report, cpu_report;
+  auto gpu = Build(NonZeroGraph(), BackendKind::kCuda, &gpu_report);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  auto cpu = Build(NonZeroGraph(), BackendKind::kCpu, &cpu_report);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  ExpectHostLayers(gpu_report, {"nonzero"});
+  std::vector<Tensor> feeds = RandomFeeds({6, 9}, 3, 11);
+  feeds.push_back(Tensor(DataType::kFloat32, {6, 9}));  // all zero: no index at all
+  auto on_gpu = RunAll(**gpu, BackendKind::kCuda, feeds);
+  auto on_cpu = RunAll(**cpu, BackendKind::kCpu, feeds);
+  ASSERT_EQ(on_gpu.size(), feeds.size());
+  ASSERT_EQ(on_cpu.size(), feeds.size());
+  for (size_t k = 0; k < feeds.size(); ++k) {
+    SCOPED_TRACE(k);
+    const Tensor& got = on_gpu[k].at("i");
+    const Tensor& want = on_cpu[k].at("i");
+    ASSERT_EQ(got.dims(), want.dims());
+    int64_t positive = 0;
+    for (int64_t i = 0; i < feeds[k].num_elements(); ++i) positive += feeds[k].data<float>()[i] > 0;
+    EXPECT_EQ(got.dims(), (std::vector<int64_t>{2, positive}));
+    for (int64_t i = 0; i < want.num_elements(); ++i) {
+      EXPECT_EQ(got.data<int64_t>()[i], want.data<int64_t>()[i]) << i;
+    }
+    std::vector<float> s = on_gpu[k].at("s").ToFloatVector();
+    std::vector<float> ws = on_cpu[k].at("s").ToFloatVector();
+    ASSERT_EQ(s.size(), ws.size());
+    for (size_t i = 0; i < s.size(); ++i) EXPECT_NEAR(s[i], ws[i], 1e-6f) << i;
+  }
+}
+
+TEST_F(HostFallbackTest, KernelGapsSayWhichLayersRunOnTheHost) {
+  BuilderConfig config;
+  config.backend = BackendKind::kCuda;
+  auto gaps = FindKernelGaps(BuildInput{CumProdGraph(), "gaps", Hash128()}, config);
+  ASSERT_TRUE(gaps.ok()) << gaps.status().ToString();
+  ASSERT_EQ(gaps->size(), 1u);
+  EXPECT_EQ((*gaps)[0].op_type, "CumProd");
+  EXPECT_TRUE((*gaps)[0].on_host);
+}
+
+}  // namespace
+}  // namespace kiln
