@@ -983,6 +983,18 @@ class Lowerer {
     if (!split.empty()) {
       auto v = host_.IntValues(split);
       auto sd = host_.Dims(split);
+      if (!v && sd && sd->size() == 1 && (*sd)[0] >= 0) {
+        // Sizes computed at run time, but as many as split has entries: the sequence's length
+        // is static, its elements' shapes follow Split's (sizes read at build time).
+        const int count = static_cast<int>((*sd)[0]);
+        std::vector<std::string> elems;
+        if (count > 0) {
+          KILN_RETURN_IF_ERROR(CheckBudgetNodes(count));
+          elems = emit_.Ops("split", "Split", {x, split}, count, {IntAttrProto("axis", axis_attr)});
+        }
+        host_.DefineSequence(Out(0), std::move(elems));
+        return OkStatus();
+      }
       if (!v || !sd) {
         return Unlowerable(
             "its split '{}' is computed at run time, so the sequence's length depends on "
