@@ -2055,7 +2055,7 @@ Status CheckSequenceInputs(const onnx::GraphProto& graph, const ImportOptions& o
     }
   }
   if (missing.empty()) return OkStatus();
-  return MakeError(ErrorCode::kUnsupportedDataType,
+  return MakeError(ErrorCode::kSequenceInputUnspecialized,
                    "graph input(s) '{}' are sequences of tensors; kiln's engines take tensors, "
                    "so a sequence input is specialised to a length fixed at build time: give "
                    "it (`kiln build --sequence-input NAME=LENGTH`, ImportOptions::"
