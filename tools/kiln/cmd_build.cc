@@ -38,6 +38,8 @@ struct BuildOptions {
   std::string precision_report;  // "" with the flag given: print the table
   std::vector<std::string> profiles;
   std::vector<std::string> shape_values;
+  std::vector<std::string> sequence_inputs;  // NAME=LENGTH[:RANK]
+  std::vector<std::string> absent_inputs;    // optional inputs built as absent
   int64_t shape_arena = 0;
   std::string deadline;
   std::string memory_budget;
@@ -191,6 +193,17 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
     if (Status s = ParseShapeValuesSpec(v, &config.profile); !s.ok()) return ReportError(s);
   }
   config.shape_arena_bytes = o.shape_arena;
+  ImportOptions import;
+  for (const std::string& v : o.sequence_inputs) {
+    if (Status s = app::ParseSequenceInputSpec(v, &import); !s.ok()) return ReportError(s);
+  }
+  import.absent_inputs.insert(o.absent_inputs.begin(), o.absent_inputs.end());
+  if (o.distributed && (!import.sequence_inputs.empty() || !import.absent_inputs.empty())) {
+    return ReportError(MakeError(ErrorCode::kInvalidArgument,
+                                 "--sequence-input and --absent-input are for single-process "
+                                 "builds; a distributed build does not specialise sequence or "
+                                 "optional inputs yet"));
+  }
   if (!o.deadline.empty()) {
     auto d = ParseDuration(o.deadline);
     if (!d.ok()) return ReportError(d.status());
@@ -256,7 +269,7 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
     if (Status s = (*metrics)->Finish(); !s.ok()) return ReportError(s);
     return rc;
   }
-  auto built = app::BuildFromOnnxFile(o.model, config);
+  auto built = app::BuildFromOnnxFile(o.model, config, &import);
   if (!built.ok()) return ReportError(built.status());
   RecordBuildMetrics(built->report);
   if (Status s = (*metrics)->Finish(); !s.ok()) return ReportError(s);
@@ -361,6 +374,17 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
                    "NAME:V1,V2,... per shape input (a small input feeding a shape operand: "
                    "Reshape's shape, Resize's scales...): the values to build for; other values "
                    "re-specialize the context at run time")
+      ->take_all();
+  shapes
+      ->add_option("--sequence-input", o->sequence_inputs,
+                   "NAME=LENGTH[:RANK] per sequence-typed input: kiln builds for that many "
+                   "tensors, engine inputs NAME.0 ... NAME.<LENGTH-1> (RANK: the elements' rank "
+                   "when the model does not declare it)")
+      ->take_all();
+  shapes
+      ->add_option("--absent-input", o->absent_inputs,
+                   "NAME of an optional-typed input to build as absent (None); optional inputs "
+                   "not named are present")
       ->take_all();
   shapes
       ->add_option("--shape-arena", o->shape_arena,

@@ -23,12 +23,22 @@ StatusOr<BuiltEngine> BuildFromOnnxBytes(std::span<const std::byte> bytes, const
   return out;
 }
 
-StatusOr<BuiltEngine> BuildFromOnnxFile(const std::string& path, const BuilderConfig& config) {
+StatusOr<BuiltEngine> BuildFromOnnxFile(const std::string& path, const BuilderConfig& config,
+                                        const ImportOptions* import) {
   // The engine key hashes the file's bytes; the importer hashes them as it parses them.
-  ImportOptions options;
+  ImportOptions options = import ? *import : ImportOptions{};
   options.hash_file = true;
   OnnxModelMeta meta;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, ImportOnnxFile(path, options, &meta));
+  if (!options.sequence_inputs.empty() || !options.absent_inputs.empty()) {
+    // Another specialisation of the same file is another engine.
+    std::string key = meta.file_hash.Hex();
+    for (const auto& [name, spec] : options.sequence_inputs) {
+      key += fmt::format("|seq {}={}:{}", name, spec.length, spec.element_rank);
+    }
+    for (const auto& name : options.absent_inputs) key += fmt::format("|absent {}", name);
+    meta.file_hash = HashString(key);
+  }
   std::string name = path.substr(path.find_last_of('/') + 1);
   if (name == "model.onnx" && path.find('/') != std::string::npos) {
     std::string dir = path.substr(0, path.find_last_of('/'));
@@ -38,6 +48,38 @@ StatusOr<BuiltEngine> BuildFromOnnxFile(const std::string& path, const BuilderCo
   BuildInput input{std::move(graph), name, meta.file_hash};
   KILN_ASSIGN_OR_RETURN(out.desc, BuildEngine(std::move(input), config, &out.report));
   return out;
+}
+
+Status ParseSequenceInputSpec(const std::string& spec, ImportOptions* options) {
+  auto bad = [&] {
+    return MakeError(ErrorCode::kCommandLineInvalid,
+                     "--sequence-input '{}': expected NAME=LENGTH or NAME=LENGTH:RANK (a "
+                     "sequence input of LENGTH tensors, each of RANK dims when the model does "
+                     "not declare the elements' shape), e.g. pieces=3 or pieces=3:2",
+                     spec);
+  };
+  const size_t eq = spec.rfind('=');
+  if (eq == std::string::npos || eq == 0) return bad();
+  std::string name = spec.substr(0, eq), rest = spec.substr(eq + 1);
+  SequenceInputSpec s;
+  std::string len = rest, rank;
+  if (size_t colon = rest.find(':'); colon != std::string::npos) {
+    len = rest.substr(0, colon);
+    rank = rest.substr(colon + 1);
+  }
+  auto parse = [](const std::string& text, int64_t* out) {
+    if (text.empty() || text.size() > 9) return false;
+    for (char c : text) {
+      if (c < '0' || c > '9') return false;
+    }
+    *out = std::stoll(text);
+    return true;
+  };
+  int64_t r = -1;
+  if (!parse(len, &s.length) || (!rank.empty() && !parse(rank, &r))) return bad();
+  s.element_rank = static_cast<int>(r);
+  options->sequence_inputs[name] = s;
+  return OkStatus();
 }
 
 StatusOr<std::unique_ptr<HostRunner>> HostRunner::Create(std::shared_ptr<const Engine> engine,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/builder/builder.h"
+#include "kiln/onnx/onnx_import.h"
 #include "kiln/runtime/runtime.h"
 
 namespace kiln::app {
@@ -18,7 +19,12 @@ struct BuiltEngine {
 };
 
 // Reads the model (hashing its bytes for the content address), imports it and builds.
-StatusOr<BuiltEngine> BuildFromOnnxFile(const std::string& path, const BuilderConfig& config);
+// `import` specialises sequence and optional graph inputs (onnx_import.h, ImportOptions); the
+// specialisation is part of the engine's key.
+StatusOr<BuiltEngine> BuildFromOnnxFile(const std::string& path, const BuilderConfig& config,
+                                        const ImportOptions* import = nullptr);
+// "NAME=LENGTH" or "NAME=LENGTH:RANK" (`kiln build --sequence-input`) into `options`.
+Status ParseSequenceInputSpec(const std::string& spec, ImportOptions* options);
 StatusOr<BuiltEngine> BuildFromOnnxBytes(std::span<const std::byte> bytes, const std::string& name,
                                          const BuilderConfig& config);
 

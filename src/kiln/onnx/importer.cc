@@ -343,8 +343,20 @@ StatusOr<std::unique_ptr<Graph>> ImportParsed(onnx::ModelProto& model, uint64_t 
                                               const ImportOptions& options, OnnxModelMeta* meta) {
   KILN_ASSIGN_OR_RETURN(int64_t opset, DefaultOpset(model));
   FillMeta(model, opset, bytes, meta);
+  // Sequence and optional inputs and outputs are specialised into tensors (README.md,
+  // "Sequences and optionals"); a build needs every sequence input's length.
+  if (!options.allow_unsupported_ops) {
+    KILN_RETURN_IF_ERROR(CheckSequenceInputs(model.graph(), options));
+  }
+  IoSpecialization io;
+  io.options = &options;
+  io.probe = options.allow_unsupported_ops;
   std::vector<NormalizedNode> nodes;
-  KILN_RETURN_IF_ERROR(NormalizeNodes(model.mutable_graph(), opset, &nodes));
+  KILN_RETURN_IF_ERROR(NormalizeNodes(model.mutable_graph(), opset, &nodes, &io));
+  if (meta) {
+    meta->inputs = std::move(io.inputs);
+    meta->outputs = std::move(io.outputs);
+  }
   KILN_ASSIGN_OR_RETURN(std::vector<OnnxUnsupportedOp> inner,
                         FindUnsupportedOpsInSubgraphs(nodes, opset));
   std::vector<OnnxUnsupportedOp> unsupported = FindUnsupportedOps(nodes, opset);
@@ -394,6 +406,109 @@ StatusOr<Tensor> LoadTensorProto(const std::string& path, std::string* name) {
   if (!tensor.ok()) return std::move(tensor).status().AddContext(fmt::format("reading '{}'", path));
   if (name) *name = proto.name();
   return tensor;
+}
+
+const char* ToString(OnnxValueKind kind) {
+  switch (kind) {
+    case OnnxValueKind::kTensor:
+      return "tensor";
+    case OnnxValueKind::kSequence:
+      return "sequence";
+    case OnnxValueKind::kOptionalTensor:
+      return "optional tensor";
+    case OnnxValueKind::kOptionalSequence:
+      return "optional sequence";
+    case OnnxValueKind::kOther:
+      break;
+  }
+  return "other (map, sparse tensor, nested sequence)";
+}
+
+StatusOr<OnnxSignature> ReadOnnxSignature(const std::string& path) {
+  onnx::ModelProto model;
+  uint64_t bytes = 0;
+  KILN_RETURN_IF_ERROR(ParseModelFile(path, &model, &bytes));
+  std::unordered_set<std::string> inits;
+  for (const auto& t : model.graph().initializer()) inits.insert(t.name());
+  OnnxSignature sig;
+  for (const auto& in : model.graph().input()) {
+    if (!inits.count(in.name())) sig.inputs.emplace_back(in.name(), KindOfType(in.type()));
+  }
+  for (const auto& out : model.graph().output()) {
+    sig.outputs.emplace_back(out.name(), KindOfType(out.type()));
+  }
+  return sig;
+}
+
+namespace {
+
+StatusOr<std::vector<Tensor>> SequenceTensors(const onnx::SequenceProto& seq,
+                                              ExternalDataResolver* resolver) {
+  if (seq.elem_type() != onnx::SequenceProto::TENSOR && seq.tensor_values_size() == 0 &&
+      seq.elem_type() != onnx::SequenceProto::UNDEFINED) {
+    return MakeError(ErrorCode::kUnsupportedDataType,
+                     "sequence '{}' holds elements of type {} (kiln reads sequences of tensors)",
+                     seq.name(), static_cast<int>(seq.elem_type()));
+  }
+  std::vector<Tensor> out;
+  for (const auto& t : seq.tensor_values()) {
+    KILN_ASSIGN_OR_RETURN(Tensor x, TensorFromProto(t, resolver));
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<OnnxValue> LoadOnnxValue(const std::string& path, OnnxValueKind kind) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  ExternalDataResolver resolver(dir.empty() ? "." : dir);
+  OnnxValue v;
+  v.kind = kind;
+  auto read = [&]() -> Status {
+    switch (kind) {
+      case OnnxValueKind::kTensor: {
+        KILN_ASSIGN_OR_RETURN(v.tensor, LoadTensorProto(path));
+        return OkStatus();
+      }
+      case OnnxValueKind::kSequence: {
+        onnx::SequenceProto seq;
+        KILN_RETURN_IF_ERROR(ParseMessageFile(path, &seq));
+        KILN_ASSIGN_OR_RETURN(v.elements, SequenceTensors(seq, &resolver));
+        return OkStatus();
+      }
+      case OnnxValueKind::kOptionalTensor:
+      case OnnxValueKind::kOptionalSequence: {
+        onnx::OptionalProto opt;
+        KILN_RETURN_IF_ERROR(ParseMessageFile(path, &opt));
+        if (opt.has_tensor_value()) {
+          KILN_ASSIGN_OR_RETURN(v.tensor, TensorFromProto(opt.tensor_value(), &resolver));
+          v.kind = OnnxValueKind::kOptionalTensor;
+        } else if (opt.has_sequence_value()) {
+          KILN_ASSIGN_OR_RETURN(v.elements, SequenceTensors(opt.sequence_value(), &resolver));
+          v.kind = OnnxValueKind::kOptionalSequence;
+        } else if (opt.elem_type() == onnx::OptionalProto::UNDEFINED ||
+                   opt.elem_type() == onnx::OptionalProto::TENSOR ||
+                   opt.elem_type() == onnx::OptionalProto::SEQUENCE) {
+          v.present = false;
+        } else {
+          return MakeError(ErrorCode::kUnsupportedDataType,
+                           "optional '{}' holds a value of type {} (kiln reads optional tensors "
+                           "and sequences of tensors)",
+                           opt.name(), static_cast<int>(opt.elem_type()));
+        }
+        return OkStatus();
+      }
+      case OnnxValueKind::kOther:
+        break;
+    }
+    return MakeError(ErrorCode::kUnsupportedDataType,
+                     "the value's declared type is not a tensor, a sequence of tensors or an "
+                     "optional of those, which kiln does not read");
+  };
+  Status st = read();
+  if (!st.ok()) return std::move(st).AddContext(fmt::format("reading '{}'", path));
+  return v;
 }
 
 StatusOr<Tensor> LoadTensorProtoBytes(std::span<const std::byte> bytes, std::string* name) {

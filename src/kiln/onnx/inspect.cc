@@ -14,13 +14,29 @@ namespace {
 OnnxTensorInfo DescribeValue(const onnx::ValueInfoProto& vi) {
   OnnxTensorInfo info;
   info.name = vi.name();
-  if (!vi.type().has_tensor_type()) {
+  // Sequences and optionals are described by their tensors: "sequence<f32>", "optional<f32>",
+  // "optional<sequence<f32>>", with the element's shape.
+  const onnx::TypeProto* t = &vi.type();
+  std::string wrap_open, wrap_close;
+  if (t->has_optional_type()) {
+    wrap_open += "optional<";
+    wrap_close += ">";
+    t = &t->optional_type().elem_type();
+  }
+  if (t->has_sequence_type()) {
+    wrap_open += "sequence<";
+    wrap_close += ">";
+    t = &t->sequence_type().elem_type();
+  }
+  if (!t->has_tensor_type()) {
     info.dtype = "non-tensor";
     return info;
   }
-  const auto& tt = vi.type().tensor_type();
+  const auto& tt = t->tensor_type();
   auto dtype = ToKilnDataType(tt.elem_type());
-  info.dtype = dtype ? std::string(ToString(*dtype)) : OnnxDataTypeName(tt.elem_type());
+  info.dtype = wrap_open +
+               (dtype ? std::string(ToString(*dtype)) : OnnxDataTypeName(tt.elem_type())) +
+               wrap_close;
   info.has_shape = tt.has_shape();
   for (const auto& d : tt.shape().dim()) {
     if (d.has_dim_value() && d.dim_value() >= 0) {
@@ -88,8 +104,12 @@ StatusOr<OnnxModelInfo> InspectOnnxFile(const std::string& path) {
   // graph attribute): the ops there are what a build would meet once the outer op were
   // supported, so they are listed too, each node named with the path of the ops that hold it.
   // Lowered control flow has its bodies' nodes among `nodes` already.
+  // Sequence inputs without a given length are probed at length 1: their ops are listed as
+  // unsupported only when no length would let them lower (a run-time position, split, ...).
+  IoSpecialization io;
+  io.probe = true;
   std::vector<NormalizedNode> nodes;
-  KILN_RETURN_IF_ERROR(NormalizeNodes(model.mutable_graph(), opset, &nodes));
+  KILN_RETURN_IF_ERROR(NormalizeNodes(model.mutable_graph(), opset, &nodes, &io));
   KILN_ASSIGN_OR_RETURN(std::vector<OnnxUnsupportedOp> inner,
                         FindUnsupportedOpsInSubgraphs(nodes, opset));
   info.unsupported = FindUnsupportedOps(nodes, opset);

@@ -101,7 +101,8 @@ class Lowerer {
     if (op == "If") return LowerIf();
     if (op == "Loop") return LowerLoop();
     if (op == "FlexAttention") return LowerFlexAttention();
-    return LowerScan();
+    if (op == "Scan") return LowerScan();
+    return LowerSequenceOp();
   }
 
  private:
@@ -221,10 +222,24 @@ class Lowerer {
     host_.DeclareDims(value, tt.elem_type(), dims);
   }
 
-  // Out[i] = Identity(value) when the node names output i.
+  // Out[i] = Identity(value) when the node names output i; a sequence or optional is aliased.
   void Bind(int i, const std::string& value) {
     if (Out(i).empty()) return;
-    Op("output", "Identity", {value}, {}, Out(i));
+    BindValue(Out(i), value);
+  }
+  void BindValue(const std::string& out, const std::string& value) {
+    if (const auto* o = host_.OptionalContents(value)) {
+      host_.DefineOptional(out, *o);
+      if (const auto* e = host_.SequenceElements(value)) host_.DefineSequence(out, *e);
+    } else if (const auto* e = host_.SequenceElements(value)) {
+      host_.DefineSequence(out, *e);
+    } else {
+      Op("output", "Identity", {value}, {}, out);
+    }
+  }
+  bool IsComposite(const std::string& v) const {
+    return host_.SequenceElements(v) || host_.OptionalContents(v) ||
+           !host_.UnknownComposite(v).empty();
   }
 
   // Stacks per-step values along `axis` (of the stacked rank); `reverse`: last step first.
@@ -272,23 +287,34 @@ class Lowerer {
       return OkStatus();
     }
     // A run-time condition: both branches, then Where per output.
-    for (int i = 0; i < n_.output_size(); ++i) {
-      if (!then_g->output(i).type().has_tensor_type() ||
-          !else_g->output(i).type().has_tensor_type()) {
-        return Unlowerable("output {} is not a tensor (kiln has no sequences or optionals)", i);
-      }
-    }
     KILN_RETURN_IF_ERROR(CheckBudget(*then_g, 1));
     std::vector<std::string> t, e;
     KILN_RETURN_IF_ERROR(Inline(*then_g, {}, n_.name() + "/then/", &t));
     KILN_RETURN_IF_ERROR(Inline(*else_g, {}, n_.name() + "/else/", &e));
+    std::vector<bool> composite(static_cast<size_t>(n_.output_size()), false);
+    std::string cond_scalar;
+    for (int i = 0; i < n_.output_size(); ++i) {
+      const auto& ti = t[static_cast<size_t>(i)];
+      const auto& ei = e[static_cast<size_t>(i)];
+      if (!IsComposite(ti) && !IsComposite(ei)) {
+        if (!then_g->output(i).type().has_tensor_type() &&
+            then_g->output(i).type().value_case() != onnx::TypeProto::VALUE_NOT_SET) {
+          return Unlowerable("output {} is neither a tensor nor a sequence or optional of tensors",
+                             i);
+        }
+        continue;
+      }
+      composite[static_cast<size_t>(i)] = true;
+      if (cond_scalar.empty()) cond_scalar = Op("condition", "Reshape", {cond, Ints({})});
+      KILN_RETURN_IF_ERROR(SelectComposite(cond_scalar, then_g->output(i), ti, ei, i, Out(i)));
+    }
     // Outputs of one shape are picked with Where; 1-D outputs whose lengths may differ (an empty
     // constant against a data-dependent count: detection post-processing) with Compress over
     // both, concatenated, under a mask that keeps the taken branch's elements: the output's
     // length is then data-dependent (bounded by the two lengths' sum).
     std::vector<bool> by_compress(static_cast<size_t>(n_.output_size()), false);
     for (int i = 0; i < n_.output_size(); ++i) {
-      if (Out(i).empty()) continue;
+      if (Out(i).empty() || composite[static_cast<size_t>(i)]) continue;
       const auto& ti = t[static_cast<size_t>(i)];
       const auto& ei = e[static_cast<size_t>(i)];
       Status same = SameTypeAndShape(then_g->output(i), else_g->output(i), ti, ei, i);
@@ -309,7 +335,7 @@ class Lowerer {
     std::string c = Op("condition", "Reshape", {cond, Ints({})});
     std::string not_c;
     for (int i = 0; i < n_.output_size(); ++i) {
-      if (Out(i).empty()) continue;
+      if (Out(i).empty() || composite[static_cast<size_t>(i)]) continue;
       const auto& ti = t[static_cast<size_t>(i)];
       const auto& ei = e[static_cast<size_t>(i)];
       if (!by_compress[static_cast<size_t>(i)]) {
@@ -323,6 +349,65 @@ class Lowerer {
       std::string mask = Op("mask", "Concat", {keep_t, keep_e}, {IntAttrProto("axis", 0)});
       Op("select", "Compress", {both, mask}, {IntAttrProto("axis", 0)}, Out(i));
     }
+    return OkStatus();
+  }
+
+  // Output i of an If on a run-time condition where a branch gives a sequence or optional:
+  // sequences of one length are picked element by element (Where, elements of one type and
+  // static shape); optionals that both hold a value (or are both empty) pick their values.
+  Status SelectComposite(const std::string& c, const onnx::ValueInfoProto& declared,
+                         const std::string& tv, const std::string& ev, int i,
+                         const std::string& out) {
+    const auto* to = host_.OptionalContents(tv);
+    const auto* eo = host_.OptionalContents(ev);
+    if (to || eo) {
+      if (!to || !eo) {
+        return Unlowerable("its branches give output {} as an optional in one and not the other",
+                           i);
+      }
+      if (to->has_value() != eo->has_value()) {
+        return Unlowerable(
+            "its condition is computed at run time and only one branch's optional output {} "
+            "holds a value, so whether it does depends on run-time data; kiln resolves "
+            "optionals at import",
+            i);
+      }
+      if (!to->has_value()) {
+        if (!out.empty()) host_.DefineOptional(out, std::nullopt);
+        return OkStatus();
+      }
+      std::string inner = out.empty() ? std::string() : host_.FreshValueName(out + "/value");
+      onnx::ValueInfoProto inner_decl;
+      if (declared.type().has_optional_type()) {
+        *inner_decl.mutable_type() = declared.type().optional_type().elem_type();
+      }
+      KILN_RETURN_IF_ERROR(SelectComposite(c, inner_decl, **to, **eo, i, inner));
+      if (!out.empty()) host_.DefineOptional(out, inner);
+      return OkStatus();
+    }
+    const auto* ts = host_.SequenceElements(tv);
+    const auto* es = host_.SequenceElements(ev);
+    if (!ts || !es) {
+      std::string why = host_.UnknownComposite(ts ? ev : tv);
+      return Unlowerable("its output {} is a sequence kiln cannot follow in {} branch{}", i,
+                         ts ? "the else" : "the then", why.empty() ? "" : " (" + why + ")");
+    }
+    if (ts->size() != es->size()) {
+      return Unlowerable(
+          "its condition is computed at run time and its branches give sequences of lengths {} "
+          "and {} as output {}, so the sequence's length depends on run-time data",
+          ts->size(), es->size(), i);
+    }
+    onnx::ValueInfoProto elem;
+    if (declared.type().has_sequence_type()) {
+      *elem.mutable_type() = declared.type().sequence_type().elem_type();
+    }
+    std::vector<std::string> picked;
+    for (size_t k = 0; k < ts->size(); ++k) {
+      KILN_RETURN_IF_ERROR(SameTypeAndShape(elem, elem, (*ts)[k], (*es)[k], i));
+      picked.push_back(Op("select", "Where", {c, (*ts)[k], (*es)[k]}));
+    }
+    if (!out.empty()) host_.DefineSequence(out, std::move(picked));
     return OkStatus();
   }
 
@@ -505,7 +590,15 @@ class Lowerer {
     std::string active = In(1).empty() ? BoolScalar("condition", true)
                                        : Op("condition", "Reshape", {In(1), Ints({})});
     std::vector<std::string> states;
-    for (int i = 0; i < num_states; ++i) states.push_back(In(2 + i));
+    for (int i = 0; i < num_states; ++i) {
+      states.push_back(In(2 + i));
+      if (IsComposite(states.back())) {
+        return Unlowerable(
+            "{}, and its loop state '{}' is a sequence or optional, whose length or presence "
+            "would then depend on run-time data",
+            why, body.input(2 + i).name());
+      }
+    }
     for (int64_t t = 0; t < *trips; ++t) {
       std::vector<std::string> args = {IntScalar("iteration", t), active};
       args.insert(args.end(), states.begin(), states.end());
@@ -652,6 +745,360 @@ class Lowerer {
                        "node '{}' (FlexAttention): its {} subgraph has {} input(s) and {} "
                        "output(s); the spec wants one of each",
                        n_.name(), what, g.input_size(), g.output_size());
+    }
+    return OkStatus();
+  }
+
+  // ---- Sequences and optionals ----
+  //
+  // kiln has tensors only: a sequence is tracked at import as the list of its elements' values,
+  // an optional as absent or the value it holds (LoweringHost). The ops that build and read
+  // them are resolved here when positions, split sizes and lengths are known at import; they
+  // leave canonical nodes only where a tensor is computed (Split, Concat, Identity, Constant).
+
+  // The elements of sequence input `v`, or why they are not known.
+  Status Elements(const std::string& v, std::vector<std::string>* elems) {
+    if (const auto* e = host_.SequenceElements(v)) {
+      *elems = *e;
+      return OkStatus();
+    }
+    std::string why = host_.UnknownComposite(v);
+    if (v.empty())
+      return MakeError(ErrorCode::kInvalidModel,
+                       "node '{}' ({}) needs a sequence "
+                       "input",
+                       n_.name(), n_.op_type());
+    return Unlowerable("its input sequence '{}' is not known at import{}", v,
+                       why.empty() ? " (kiln resolves sequences at import, from ops whose "
+                                     "lengths are known there)"
+                                   : ": " + why);
+  }
+
+  // A position known at import (SequenceAt, SequenceInsert, SequenceErase), in [lo, hi] after
+  // negative positions count from the end (`n` elements).
+  Status Position(const std::string& v, int64_t n, bool insert, size_t* pos) {
+    auto vals = host_.IntValues(v);
+    if (!vals || vals->size() != 1) {
+      return Unlowerable(
+          "its position '{}' is computed at run time; kiln resolves sequences at import, which "
+          "needs a position that is a constant (or folds to one)",
+          v);
+    }
+    int64_t p = (*vals)[0];
+    const int64_t hi = insert ? n : n - 1;
+    if (p < -n || p > hi) {
+      return MakeError(ErrorCode::kInvalidModel,
+                       "node '{}' ({}): position {} is outside [{}, {}] for a sequence of {} "
+                       "element(s)",
+                       n_.name(), n_.op_type(), p, -n, hi, n);
+    }
+    *pos = static_cast<size_t>(p < 0 ? p + n : p);
+    return OkStatus();
+  }
+
+  // `out` = a constant (a rank-0 tensor), named as the node's output.
+  void NamedConstant(const std::string& out, onnx::TensorProto t) {
+    NormalizedNode c;
+    c.origin = n_.name();
+    c.node.set_op_type("Constant");
+    c.node.set_name(host_.FreshNodeName(n_.name() + "/value"));
+    c.node.add_output(out);
+    t.set_name(out);
+    auto* a = c.node.add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
+    *a->mutable_t() = std::move(t);
+    host_.Emit(std::move(c));
+  }
+
+  // Concat of any number of pieces along `axis` (groups of kMaxConcatInputs).
+  std::string ConcatAll(std::vector<std::string> pieces, int64_t axis, const std::string& out) {
+    while (pieces.size() > kMaxConcatInputs) {
+      std::vector<std::string> groups;
+      for (size_t i = 0; i < pieces.size(); i += kMaxConcatInputs) {
+        std::vector<std::string> part(pieces.begin() + static_cast<std::ptrdiff_t>(i),
+                                      pieces.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                           pieces.size(), i + kMaxConcatInputs)));
+        groups.push_back(Op("concat", "Concat", part, {IntAttrProto("axis", axis)}));
+      }
+      pieces = std::move(groups);
+    }
+    return Op("concat", "Concat", pieces, {IntAttrProto("axis", axis)}, out);
+  }
+
+  Status LowerSequenceOp() {
+    const std::string& op = n_.op_type();
+    const std::string out = Out(0);
+    std::vector<std::string> elems;
+    if (op == "Identity") {
+      if (!host_.UnknownComposite(In(0)).empty()) return Elements(In(0), &elems);
+      if (!out.empty()) BindValue(out, In(0));
+      return OkStatus();
+    }
+    if (op == "SequenceConstruct") {
+      for (const auto& in : n_.input()) {
+        if (IsComposite(in)) {
+          return Unlowerable("its input '{}' is not a tensor (kiln's sequences hold tensors)", in);
+        }
+        elems.push_back(in);
+      }
+      host_.DefineSequence(out, std::move(elems));
+      return OkStatus();
+    }
+    if (op == "SequenceEmpty") {
+      host_.DefineSequence(out, {});
+      return OkStatus();
+    }
+    if (op == "SequenceInsert" || op == "SequenceErase") {
+      KILN_RETURN_IF_ERROR(Elements(In(0), &elems));
+      const auto n = static_cast<int64_t>(elems.size());
+      const bool insert = op == "SequenceInsert";
+      const std::string pos_in = In(insert ? 2 : 1);
+      size_t pos = insert ? elems.size() : elems.size() - 1;
+      if (!pos_in.empty()) {
+        KILN_RETURN_IF_ERROR(Position(pos_in, n, insert, &pos));
+      } else if (!insert && n == 0) {
+        return MakeError(ErrorCode::kInvalidModel,
+                         "node '{}' (SequenceErase): the sequence '{}' is empty", n_.name(), In(0));
+      }
+      if (insert) {
+        if (In(1).empty() || IsComposite(In(1))) {
+          return Unlowerable("its input '{}' is not a tensor (kiln's sequences hold tensors)",
+                             In(1));
+        }
+        elems.insert(elems.begin() + static_cast<std::ptrdiff_t>(pos), In(1));
+      } else {
+        elems.erase(elems.begin() + static_cast<std::ptrdiff_t>(pos));
+      }
+      host_.DefineSequence(out, std::move(elems));
+      return OkStatus();
+    }
+    if (op == "SequenceAt") {
+      KILN_RETURN_IF_ERROR(Elements(In(0), &elems));
+      size_t pos = 0;
+      KILN_RETURN_IF_ERROR(Position(In(1), static_cast<int64_t>(elems.size()), false, &pos));
+      Op("element", "Identity", {elems[pos]}, {}, out);
+      return OkStatus();
+    }
+    if (op == "SequenceLength") {
+      KILN_RETURN_IF_ERROR(Elements(In(0), &elems));
+      onnx::TensorProto t;
+      t.set_data_type(onnx::TensorProto::INT64);
+      t.add_int64_data(static_cast<int64_t>(elems.size()));
+      NamedConstant(out, std::move(t));
+      return OkStatus();
+    }
+    if (op == "ConcatFromSequence") {
+      KILN_RETURN_IF_ERROR(Elements(In(0), &elems));
+      const auto* axis_attr = FindAttr(n_, "axis");
+      if (!axis_attr) {
+        return MakeError(ErrorCode::kInvalidAttribute,
+                         "node '{}' (ConcatFromSequence) needs attribute axis", n_.name());
+      }
+      if (elems.empty()) {
+        return Unlowerable(
+            "its sequence '{}' is empty, and the concatenation of no tensors has no shape", In(0));
+      }
+      const int64_t axis = axis_attr->i();
+      if (expand::IntAttr(n_, "new_axis", 0) != 0) {
+        Stack(elems, axis, false, out);  // Unsqueeze at axis (of the output's rank), Concat
+      } else {
+        ConcatAll(elems, axis, out);
+      }
+      return OkStatus();
+    }
+    if (op == "SplitToSequence") return LowerSplitToSequence();
+    if (op == "SequenceMap") return LowerSequenceMap();
+    if (op == "Optional") {
+      if (In(0).empty()) {
+        host_.DefineOptional(out, std::nullopt);
+        return OkStatus();
+      }
+      if (!host_.UnknownComposite(In(0)).empty()) return Elements(In(0), &elems);
+      host_.DefineOptional(out, In(0));
+      return OkStatus();
+    }
+    if (op == "OptionalHasElement" || op == "OptionalGetElement") {
+      const std::string in = In(0);
+      if (std::string why = host_.UnknownComposite(in); !why.empty()) {
+        return Unlowerable("its input '{}' is not known at import: {}", in, why);
+      }
+      const auto* contents = in.empty() ? nullptr : host_.OptionalContents(in);
+      if (op == "OptionalHasElement") {
+        // No input, an empty optional: false; an optional holding a value, or (opset 18) a
+        // tensor or sequence: true.
+        const bool has = !in.empty() && (!contents || contents->has_value());
+        onnx::TensorProto t;
+        t.set_data_type(onnx::TensorProto::BOOL);
+        t.add_int32_data(has ? 1 : 0);
+        NamedConstant(out, std::move(t));
+        return OkStatus();
+      }
+      if (in.empty()) {
+        return MakeError(ErrorCode::kInvalidModel, "node '{}' (OptionalGetElement) needs an input",
+                         n_.name());
+      }
+      if (contents && !contents->has_value()) {
+        return Unlowerable(
+            "its optional input '{}' is empty here (known at import), and getting the element "
+            "of an empty optional is an error",
+            in);
+      }
+      const std::string value = contents ? **contents : in;
+      if (host_.OptionalContents(value) && value != in) {
+        BindValue(out, value);
+      } else if (const auto* e = host_.SequenceElements(value)) {
+        host_.DefineSequence(out, *e);
+      } else {
+        Op("element", "Identity", {value}, {}, out);
+      }
+      return OkStatus();
+    }
+    return Unlowerable("kiln does not lower {}", op);
+  }
+
+  // SplitToSequence: Split (by the constant sizes, chunks of a constant size, or pieces of 1
+  // along a static axis, squeezed unless keepdims) into the sequence's elements.
+  Status LowerSplitToSequence() {
+    const std::string x = In(0), split = In(1);
+    const int64_t axis_attr = expand::IntAttr(n_, "axis", 0);
+    const bool keepdims = expand::IntAttr(n_, "keepdims", 1) != 0;
+    auto dims = host_.Dims(x);
+    std::optional<int64_t> axis;
+    if (dims) {
+      const auto rank = static_cast<int64_t>(dims->size());
+      if (axis_attr < -rank || axis_attr >= rank) {
+        return MakeError(ErrorCode::kInvalidAttribute,
+                         "node '{}' (SplitToSequence): axis {} is outside the input's rank {}",
+                         n_.name(), axis_attr, rank);
+      }
+      axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+    }
+    auto axis_len = [&]() -> std::optional<int64_t> {
+      if (!axis) return std::nullopt;
+      int64_t d = (*dims)[static_cast<size_t>(*axis)];
+      return d >= 0 ? std::optional<int64_t>(d) : std::nullopt;
+    };
+    std::vector<int64_t> sizes;
+    if (!split.empty()) {
+      auto v = host_.IntValues(split);
+      auto sd = host_.Dims(split);
+      if (!v && sd && sd->size() == 1 && (*sd)[0] >= 0) {
+        // Sizes computed at run time, but as many as split has entries: the sequence's length
+        // is static, its elements' shapes follow Split's (sizes read at build time).
+        const int count = static_cast<int>((*sd)[0]);
+        std::vector<std::string> elems;
+        if (count > 0) {
+          KILN_RETURN_IF_ERROR(CheckBudgetNodes(count));
+          elems = emit_.Ops("split", "Split", {x, split}, count, {IntAttrProto("axis", axis_attr)});
+        }
+        host_.DefineSequence(Out(0), std::move(elems));
+        return OkStatus();
+      }
+      if (!v || !sd) {
+        return Unlowerable(
+            "its split '{}' is computed at run time, so the sequence's length depends on "
+            "run-time data; kiln resolves sequences at import (a constant split)",
+            split);
+      }
+      if (sd->empty()) {  // one chunk size: the last chunk takes the rest
+        const int64_t chunk = v->empty() ? 0 : (*v)[0];
+        auto len = axis_len();
+        if (chunk <= 0) {
+          return MakeError(ErrorCode::kInvalidModel,
+                           "node '{}' (SplitToSequence): split {} is not positive", n_.name(),
+                           chunk);
+        }
+        if (!len) {
+          return Unlowerable(
+              "the length of '{}' along axis {} is not static, so the number of chunks of {} "
+              "(the sequence's length) is not known at import",
+              x, axis_attr, chunk);
+        }
+        for (int64_t done = 0; done < *len; done += chunk)
+          sizes.push_back(std::min(chunk, *len - done));
+      } else {
+        sizes = *v;
+      }
+    } else {
+      auto len = axis_len();
+      if (!len) {
+        return Unlowerable(
+            "the length of '{}' along axis {} is not static, so the sequence's length (one "
+            "element per entry) is not known at import",
+            x, axis_attr);
+      }
+      sizes.assign(static_cast<size_t>(*len), 1);
+    }
+    std::vector<std::string> elems;
+    if (!sizes.empty()) {
+      KILN_RETURN_IF_ERROR(CheckBudgetNodes(static_cast<int64_t>(sizes.size())));
+      elems = emit_.Ops("split", "Split", {x, Ints(sizes)}, static_cast<int>(sizes.size()),
+                        {IntAttrProto("axis", axis_attr)});
+      if (split.empty() && !keepdims) {
+        const std::string axes = Ints({axis_attr});
+        for (auto& e : elems) e = Op("squeeze", "Squeeze", {e, axes});
+      }
+    }
+    host_.DefineSequence(Out(0), std::move(elems));
+    return OkStatus();
+  }
+
+  Status CheckBudgetNodes(int64_t nodes) {
+    if (nodes > kMaxInlinedNodes || host_.inlined_nodes() + nodes > kMaxInlinedNodes) {
+      return Unlowerable("it would add more than {} nodes ({} sequence elements)", kMaxInlinedNodes,
+                         nodes);
+    }
+    host_.inlined_nodes() += nodes;
+    return OkStatus();
+  }
+
+  // SequenceMap: the body inlined once per element (input sequences of one length; other
+  // inputs passed to every copy), each output gathering its per-element values.
+  Status LowerSequenceMap() {
+    const onnx::GraphProto* body = GraphAttr("body");
+    if (!body) {
+      return MakeError(ErrorCode::kInvalidAttribute,
+                       "node '{}' (SequenceMap) needs graph attribute body", n_.name());
+    }
+    std::vector<std::vector<std::string>> seqs(static_cast<size_t>(n_.input_size()));
+    std::vector<bool> is_seq(static_cast<size_t>(n_.input_size()), false);
+    int64_t length = -1;
+    for (int i = 0; i < n_.input_size(); ++i) {
+      const std::string in = In(i);
+      const bool seq = i == 0 || host_.SequenceElements(in) || !host_.UnknownComposite(in).empty();
+      if (!seq) continue;
+      is_seq[static_cast<size_t>(i)] = true;
+      KILN_RETURN_IF_ERROR(Elements(in, &seqs[static_cast<size_t>(i)]));
+      const auto len = static_cast<int64_t>(seqs[static_cast<size_t>(i)].size());
+      if (length >= 0 && len != length) {
+        return MakeError(ErrorCode::kShapeMismatch,
+                         "node '{}' (SequenceMap): its input sequences have lengths {} and {}",
+                         n_.name(), length, len);
+      }
+      length = len;
+    }
+    KILN_RETURN_IF_ERROR(CheckBudget(*body, length));
+    std::vector<std::vector<std::string>> results(static_cast<size_t>(body->output_size()));
+    for (int64_t k = 0; k < length; ++k) {
+      std::vector<std::string> args;
+      for (int i = 0; i < n_.input_size(); ++i) {
+        args.push_back(is_seq[static_cast<size_t>(i)]
+                           ? seqs[static_cast<size_t>(i)][static_cast<size_t>(k)]
+                           : In(i));
+      }
+      std::vector<std::string> outs;
+      KILN_RETURN_IF_ERROR(Inline(*body, args, fmt::format("{}/iter{}/", n_.name(), k), &outs));
+      for (size_t j = 0; j < outs.size(); ++j) {
+        if (IsComposite(outs[j])) {
+          return Unlowerable("its body's output {} is not a tensor (kiln's sequences hold tensors)",
+                             j);
+        }
+        results[j].push_back(outs[j]);
+      }
+    }
+    for (int j = 0; j < n_.output_size(); ++j) {
+      if (!Out(j).empty()) host_.DefineSequence(Out(j), results[static_cast<size_t>(j)]);
     }
     return OkStatus();
   }
@@ -844,6 +1291,15 @@ class Lowerer {
 
 StatusOr<std::string> ExpandFlexAttention(const onnx::NodeProto& n, LoweringHost& host) {
   return LowerControlFlow(n, 1, host);
+}
+
+bool IsSequenceOrOptionalOp(const onnx::NodeProto& n) {
+  if (!n.domain().empty() && n.domain() != "ai.onnx") return false;
+  static const std::unordered_set<std::string> kOps = {
+      "SequenceConstruct", "SequenceEmpty",  "SequenceInsert",     "SequenceErase",
+      "SequenceAt",        "SequenceLength", "SplitToSequence",    "ConcatFromSequence",
+      "SequenceMap",       "Optional",       "OptionalHasElement", "OptionalGetElement"};
+  return kOps.count(n.op_type()) > 0;
 }
 
 bool IsControlFlowOp(const onnx::NodeProto& n) {

@@ -188,8 +188,9 @@ std::optional<std::vector<int64_t>> SmallInts(const onnx::TensorProto& t) {
 
 class Normalizer final : public LoweringHost {
  public:
-  Normalizer(onnx::GraphProto* graph, int64_t opset, std::vector<NormalizedNode>* out)
-      : graph_(graph), opset_(opset), out_(out) {}
+  Normalizer(onnx::GraphProto* graph, int64_t opset, std::vector<NormalizedNode>* out,
+             IoSpecialization* io)
+      : graph_(graph), opset_(opset), out_(out), io_(io) {}
 
   // ExpansionHost
   int32_t ElemType(const std::string& value) const override {
@@ -264,8 +265,29 @@ class Normalizer final : public LoweringHost {
   void DropEmittedAfter(size_t mark) override {
     if (mark < out_->size()) out_->resize(mark);
   }
+  const std::vector<std::string>* SequenceElements(const std::string& value) const override {
+    auto it = seqs_.find(value);
+    return it == seqs_.end() ? nullptr : &it->second;
+  }
+  void DefineSequence(const std::string& value, std::vector<std::string> elements) override {
+    taken_.insert(value);
+    seqs_[value] = std::move(elements);
+  }
+  const std::optional<std::string>* OptionalContents(const std::string& value) const override {
+    auto it = optionals_.find(value);
+    return it == optionals_.end() ? nullptr : &it->second;
+  }
+  void DefineOptional(const std::string& value, std::optional<std::string> contents) override {
+    taken_.insert(value);
+    optionals_[value] = std::move(contents);
+  }
+  std::string UnknownComposite(const std::string& value) const override {
+    auto it = unknown_.find(value);
+    return it == unknown_.end() ? std::string() : it->second;
+  }
 
   Status Run() {
+    if (io_) KILN_RETURN_IF_ERROR(SpecializeInputs());
     CollectFacts();
     auto* nodes = graph_->mutable_node();
     out_->reserve(out_->size() + nodes->size());
@@ -280,11 +302,13 @@ class Normalizer final : public LoweringHost {
       return (IsDefaultDomain(n.domain()) &&
               (n.op_type() == "Attention" || n.op_type() == "RotaryEmbedding" ||
                n.op_type() == "CausalConvWithState" || n.op_type() == "LinearAttention" ||
-               IsControlFlowOp(n))) ||
+               IsControlFlowOp(n) || IsSequenceOrOptionalOp(n))) ||
              (n.domain() == "ai.onnx.preview" && n.op_type() == "FlexAttention");
     });
+    facts_ = facts_ || !seqs_.empty() || !optionals_.empty();
     for (auto& proto : *nodes) KILN_RETURN_IF_ERROR(Process(std::move(proto)));
     nodes->Clear();
+    if (io_) KILN_RETURN_IF_ERROR(SpecializeOutputs());
     return OkStatus();
   }
 
@@ -333,9 +357,11 @@ class Normalizer final : public LoweringHost {
       out_->push_back(std::move(nn));
       return OkStatus();
     }
-    if (IsControlFlowOp(n) && nn.version > 0) {
-      // Lowered into this graph; when it cannot be, whatever was emitted is dropped and the
-      // node is reported with the reason.
+    const bool composite_identity =
+        n.op_type() == "Identity" && n.input_size() == 1 && IsComposite(n.input(0));
+    if ((IsControlFlowOp(n) || IsSequenceOrOptionalOp(n) || composite_identity) && nn.version > 0) {
+      // Lowered into this graph (sequences and optionals into the values they hold); when it
+      // cannot be, whatever was emitted is dropped and the node is reported with the reason.
       const size_t mark = out_->size();
       StatusOr<std::string> why = LowerControlFlow(n, nn.version, *this);
       KILN_RETURN_IF_ERROR_CTX(why.status(), "while lowering node '{}' ({}-{})", n.name(),
@@ -343,6 +369,14 @@ class Normalizer final : public LoweringHost {
       if (why->empty()) return OkStatus();
       out_->resize(mark);
       nn.unsupported = std::move(why).value();
+      // Sequences and optionals it would define stay unknown; their users say why.
+      for (const auto& o : n.output()) {
+        if (!o.empty()) {
+          unknown_.emplace(o, fmt::format("it comes from node '{}' ({}), which kiln could not "
+                                          "lower",
+                                          n.name(), n.op_type()));
+        }
+      }
       out_->push_back(std::move(nn));
       return OkStatus();
     }
@@ -1761,9 +1795,198 @@ class Normalizer final : public LoweringHost {
     after_.push_back(std::move(c));
   }
 
+  bool IsComposite(const std::string& v) const {
+    return seqs_.count(v) || optionals_.count(v) || unknown_.count(v);
+  }
+
+  // Sequence- and optional-typed graph inputs become tensor inputs (README.md, "Sequences and
+  // optionals"): a sequence of length N is `<input>.0` ... `<input>.N-1`, a dim_param P of its
+  // element type the symbol `<input>.<k>_P` per element (ONNX's sequences hold elements of
+  // different shapes under one declared type); a present optional is its tensor under the
+  // input's own name (or its sequence's tensors), an absent one no input at all.
+  Status SpecializeInputs() {
+    std::unordered_set<std::string> inits, names;
+    for (const auto& t : graph_->initializer()) inits.insert(t.name());
+    for (const auto& vi : graph_->input()) names.insert(vi.name());
+    for (const auto& vi : graph_->output()) names.insert(vi.name());
+    for (const auto& vi : graph_->value_info()) names.insert(vi.name());
+    for (const auto& n : graph_->node()) {
+      for (const auto& o : n.output()) names.insert(o);
+      for (const auto& i : n.input()) names.insert(i);
+    }
+    names.insert(inits.begin(), inits.end());
+    google::protobuf::RepeatedPtrField<onnx::ValueInfoProto> rewritten;
+    for (auto& in : *graph_->mutable_input()) {
+      if (inits.count(in.name())) {
+        *rewritten.Add() = std::move(in);
+        continue;
+      }
+      const std::string name = in.name();
+      OnnxValueBinding b{name, KindOfType(in.type()), true, {}};
+      const bool optional =
+          b.kind == OnnxValueKind::kOptionalTensor || b.kind == OnnxValueKind::kOptionalSequence;
+      if (optional && io_->options && io_->options->absent_inputs.count(name)) {
+        b.present = false;
+        DefineOptional(name, std::nullopt);
+        io_->inputs.push_back(std::move(b));
+        continue;
+      }
+      if (b.kind == OnnxValueKind::kOptionalTensor) {
+        onnx::ValueInfoProto t;
+        t.set_name(name);
+        *t.mutable_type() = in.type().optional_type().elem_type();
+        *rewritten.Add() = std::move(t);
+        DefineOptional(name, name);
+        b.tensors = {name};
+        io_->inputs.push_back(std::move(b));
+        continue;
+      }
+      if (b.kind != OnnxValueKind::kSequence && b.kind != OnnxValueKind::kOptionalSequence) {
+        if (b.kind == OnnxValueKind::kTensor) b.tensors = {name};
+        *rewritten.Add() = std::move(in);
+        io_->inputs.push_back(std::move(b));
+        continue;
+      }
+      const onnx::TypeProto& elem =
+          optional ? in.type().optional_type().elem_type().sequence_type().elem_type()
+                   : in.type().sequence_type().elem_type();
+      SequenceInputSpec spec;
+      bool given = false;
+      if (io_->options) {
+        auto it = io_->options->sequence_inputs.find(name);
+        given = it != io_->options->sequence_inputs.end();
+        if (given) spec = it->second;
+      }
+      if (!given && io_->probe) {
+        spec.length = 1;
+      } else if (!given) {
+        unknown_.emplace(name, fmt::format("graph input '{}' is a sequence whose length was not "
+                                           "given at build time",
+                                           name));
+        *rewritten.Add() = std::move(in);
+        io_->inputs.push_back(std::move(b));
+        continue;
+      }
+      if (spec.length < 0) {
+        return MakeError(ErrorCode::kInvalidArgument,
+                         "sequence input '{}' is given length {}; a length is >= 0", name,
+                         spec.length);
+      }
+      std::vector<std::string> elems;
+      for (int64_t k = 0; k < spec.length; ++k) {
+        onnx::ValueInfoProto e;
+        e.set_name(fmt::format("{}.{}", name, k));
+        if (names.count(e.name())) {
+          return MakeError(ErrorCode::kInvalidModel,
+                           "element {} of sequence input '{}' becomes engine input '{}', a name "
+                           "the model already uses; rename that value",
+                           k, name, e.name());
+        }
+        *e.mutable_type() = elem;
+        auto* tt = e.mutable_type()->mutable_tensor_type();
+        if (!tt->has_shape() && spec.element_rank >= 0) {
+          for (int d = 0; d < spec.element_rank; ++d) tt->mutable_shape()->add_dim();
+        }
+        for (auto& d : *tt->mutable_shape()->mutable_dim()) {
+          if (d.has_dim_param() && !d.dim_param().empty()) {
+            d.set_dim_param(fmt::format("{}_{}", e.name(), d.dim_param()));
+          }
+        }
+        elems.push_back(e.name());
+        b.tensors.push_back(e.name());
+        *rewritten.Add() = std::move(e);
+      }
+      DefineSequence(name, std::move(elems));
+      if (optional) DefineOptional(name, name);
+      io_->inputs.push_back(std::move(b));
+    }
+    graph_->mutable_input()->Swap(&rewritten);
+    return OkStatus();
+  }
+
+  // Sequence and optional graph outputs become the tensors they hold: `<output>.0` ...
+  // `<output>.N-1` (Identity of each element), a present optional tensor `<output>`, an absent
+  // optional or an empty sequence nothing.
+  Status SpecializeOutputs() {
+    google::protobuf::RepeatedPtrField<onnx::ValueInfoProto> rewritten;
+    const OpSchema* identity = FindOpSchema("Identity");
+    auto emit_identity = [&](const std::string& from, const std::string& to) {
+      NormalizedNode nn;
+      nn.version = identity->latest_opset;
+      nn.node.set_op_type("Identity");
+      nn.node.set_name(FreshNodeName(to + "/output"));
+      nn.node.add_input(from);
+      nn.node.add_output(to);
+      nn.origin = nn.node.name();
+      out_->push_back(std::move(nn));
+    };
+    for (auto& out : *graph_->mutable_output()) {
+      const std::string name = out.name();
+      OnnxValueBinding b{name, KindOfType(out.type()), true, {}};
+      std::string value = name;
+      if (auto it = optionals_.find(name); it != optionals_.end()) {
+        if (b.kind != OnnxValueKind::kOptionalSequence) b.kind = OnnxValueKind::kOptionalTensor;
+        if (!it->second) {
+          b.present = false;
+          io_->outputs.push_back(std::move(b));
+          continue;
+        }
+        value = *it->second;
+        if (seqs_.count(value)) b.kind = OnnxValueKind::kOptionalSequence;
+      }
+      const auto seq = seqs_.find(value);
+      if (seq == seqs_.end() && !optionals_.count(name)) {
+        // A tensor, or a composite kiln could not lower (reported with its producer).
+        if (b.kind == OnnxValueKind::kTensor) b.tensors = {name};
+        *rewritten.Add() = std::move(out);
+        io_->outputs.push_back(std::move(b));
+        continue;
+      }
+      if (seq == seqs_.end()) {  // a present optional tensor
+        if (value != name) emit_identity(value, name);
+        onnx::ValueInfoProto t;
+        t.set_name(name);
+        if (out.type().has_optional_type()) {
+          *t.mutable_type() = out.type().optional_type().elem_type();
+        }
+        b.tensors = {name};
+        *rewritten.Add() = std::move(t);
+        io_->outputs.push_back(std::move(b));
+        continue;
+      }
+      if (b.kind != OnnxValueKind::kOptionalSequence) b.kind = OnnxValueKind::kSequence;
+      const std::vector<std::string> elems = seq->second;
+      for (size_t k = 0; k < elems.size(); ++k) {
+        std::string to = fmt::format("{}.{}", name, k);
+        if (taken_.count(to)) {
+          return MakeError(ErrorCode::kInvalidModel,
+                           "element {} of sequence output '{}' becomes engine output '{}', a "
+                           "name the model already uses; rename that value",
+                           k, name, to);
+        }
+        taken_.insert(to);
+        emit_identity(elems[k], to);
+        onnx::ValueInfoProto t;
+        t.set_name(to);
+        if (int32_t et = ElemType(elems[k]))
+          t.mutable_type()->mutable_tensor_type()->set_elem_type(et);
+        b.tensors.push_back(to);
+        *rewritten.Add() = std::move(t);
+      }
+      io_->outputs.push_back(std::move(b));
+    }
+    graph_->mutable_output()->Swap(&rewritten);
+    return OkStatus();
+  }
+
   onnx::GraphProto* graph_;
   int64_t opset_;
   std::vector<NormalizedNode>* out_;
+  IoSpecialization* io_ = nullptr;
+  // Sequences and optionals, which exist only here: a sequence's elements, an optional's value.
+  std::unordered_map<std::string, std::vector<std::string>> seqs_;
+  std::unordered_map<std::string, std::optional<std::string>> optionals_;
+  std::unordered_map<std::string, std::string> unknown_;  // composites kiln could not resolve
   std::vector<NormalizedNode> after_;
   std::unordered_set<std::string> seen_;  // node names given out
   bool facts_ = false;                    // propagate facts through the nodes
@@ -1795,8 +2018,49 @@ constexpr IncompatibleVersion kIncompatible[] = {
 
 }  // namespace
 
-Status NormalizeNodes(onnx::GraphProto* graph, int64_t opset, std::vector<NormalizedNode>* out) {
-  return Normalizer(graph, opset, out).Run();
+Status NormalizeNodes(onnx::GraphProto* graph, int64_t opset, std::vector<NormalizedNode>* out,
+                      IoSpecialization* io) {
+  return Normalizer(graph, opset, out, io).Run();
+}
+
+OnnxValueKind KindOfType(const onnx::TypeProto& t) {
+  if (t.has_tensor_type()) return OnnxValueKind::kTensor;
+  if (t.has_sequence_type()) {
+    return t.sequence_type().elem_type().has_tensor_type() ? OnnxValueKind::kSequence
+                                                           : OnnxValueKind::kOther;
+  }
+  if (t.has_optional_type()) {
+    const auto& e = t.optional_type().elem_type();
+    if (e.has_tensor_type()) return OnnxValueKind::kOptionalTensor;
+    if (e.has_sequence_type() && e.sequence_type().elem_type().has_tensor_type()) {
+      return OnnxValueKind::kOptionalSequence;
+    }
+  }
+  return OnnxValueKind::kOther;
+}
+
+Status CheckSequenceInputs(const onnx::GraphProto& graph, const ImportOptions& options) {
+  std::unordered_set<std::string> inits;
+  for (const auto& t : graph.initializer()) inits.insert(t.name());
+  std::vector<std::string> missing;
+  for (const auto& in : graph.input()) {
+    if (inits.count(in.name())) continue;
+    const OnnxValueKind kind = KindOfType(in.type());
+    if (kind == OnnxValueKind::kSequence && !options.sequence_inputs.count(in.name())) {
+      missing.push_back(in.name());
+    }
+    if (kind == OnnxValueKind::kOptionalSequence && !options.absent_inputs.count(in.name()) &&
+        !options.sequence_inputs.count(in.name())) {
+      missing.push_back(in.name());
+    }
+  }
+  if (missing.empty()) return OkStatus();
+  return MakeError(ErrorCode::kSequenceInputUnspecialized,
+                   "graph input(s) '{}' are sequences of tensors; kiln's engines take tensors, "
+                   "so a sequence input is specialised to a length fixed at build time: give "
+                   "it (`kiln build --sequence-input NAME=LENGTH`, ImportOptions::"
+                   "sequence_inputs), and it becomes inputs NAME.0 ... NAME.LENGTH-1",
+                   fmt::join(missing, "', '"));
 }
 
 void MergeUnsupportedOps(std::vector<OnnxUnsupportedOp> more,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +22,15 @@ namespace kiln {
 inline constexpr int64_t kMinOnnxOpset = 1;
 inline constexpr int64_t kMaxOnnxOpset = 27;
 
+// A sequence-typed graph input (or an optional one holding a sequence), specialised at build
+// time: kiln's engines take tensors, so the sequence becomes `length` tensor inputs named
+// `<input>.0` ... `<input>.<length-1>` (README.md, "Sequences and optionals").
+struct SequenceInputSpec {
+  int64_t length = 0;
+  // The elements' rank when the model does not declare the element shape (-1: the model's).
+  int element_rank = -1;
+};
+
 struct ImportOptions {
   // Run the IR verifier (cycles KILN-E2005, undefined values KILN-E2006) after the import.
   bool verify = true;
@@ -30,6 +40,26 @@ struct ImportOptions {
   // ImportOnnxFile: hash the file's bytes (OnnxModelMeta::file_hash) in the same read that
   // parses them, for callers that key on the model's content (the builder's engine key).
   bool hash_file = false;
+  // Sequence-typed graph inputs (and optional ones holding a sequence) by name: their length at
+  // build time. A sequence input without an entry is KILN-E2013 naming it.
+  std::map<std::string, SequenceInputSpec> sequence_inputs;
+  // Optional-typed graph inputs specialised as absent (None): they are no engine input, and
+  // OptionalHasElement of them is false. Optional inputs not listed are present.
+  std::set<std::string> absent_inputs;
+};
+
+// What an ONNX graph input or output is.
+enum class OnnxValueKind { kTensor, kSequence, kOptionalTensor, kOptionalSequence, kOther };
+const char* ToString(OnnxValueKind kind);
+
+// How one ONNX graph input or output maps onto the engine's tensors after the import's
+// specialisation: a tensor is itself; a sequence of length N is `<name>.0` ... `<name>.N-1`;
+// a present optional is its tensor (`<name>`) or its sequence's tensors; an absent one is none.
+struct OnnxValueBinding {
+  std::string name;
+  OnnxValueKind kind = OnnxValueKind::kTensor;
+  bool present = true;               // false: an absent optional
+  std::vector<std::string> tensors;  // engine tensor names, a sequence's elements in order
 };
 
 // What the model says about itself.
@@ -42,7 +72,27 @@ struct OnnxModelMeta {
   std::string graph_name;
   uint64_t file_bytes = 0;  // size of the .onnx file or byte span
   Hash128 file_hash;        // HashBytes of the file, with ImportOptions::hash_file
+  // The graph's inputs (initializers excluded) and outputs, in order, and their engine tensors.
+  std::vector<OnnxValueBinding> inputs, outputs;
 };
+
+// The names and kinds of a model's graph inputs (initializers excluded) and outputs, read from
+// their declared types (what a caller needs to read data for them: LoadOnnxValue).
+struct OnnxSignature {
+  std::vector<std::pair<std::string, OnnxValueKind>> inputs, outputs;
+};
+StatusOr<OnnxSignature> ReadOnnxSignature(const std::string& path);
+
+// A value of a backend-test `input_N.pb` / `output_N.pb`: a TensorProto, SequenceProto (of
+// tensors) or OptionalProto, read as `kind` says (the model's declared type of that input or
+// output), never guessed from the bytes.
+struct OnnxValue {
+  OnnxValueKind kind = OnnxValueKind::kTensor;
+  bool present = true;           // optionals: false when empty
+  Tensor tensor;                 // a tensor, or a present optional tensor
+  std::vector<Tensor> elements;  // a sequence, or a present optional sequence
+};
+StatusOr<OnnxValue> LoadOnnxValue(const std::string& path, OnnxValueKind kind);
 
 // Imports a model file. External data is resolved relative to the file's directory and mapped,
 // not copied, where alignment allows. Models larger than 2 GiB must keep their weights in

@@ -3,6 +3,7 @@
 // Only this layer and its tests include the ONNX protobuf headers.
 #pragma once
 
+#include <onnx/onnx-data_pb.h>
 #include <onnx/onnx_pb.h>
 
 #include <climits>
@@ -42,6 +43,8 @@ Status ParseModelBytes(std::span<const std::byte> bytes, onnx::ModelProto* model
 // Checks that a parsed message is an ONNX model (graph, ir_version, opset_import).
 Status CheckModelShape(const onnx::ModelProto& model, const std::string& what);
 Status ParseTensorFile(const std::string& path, onnx::TensorProto* tensor);
+// The same for any message (SequenceProto, OptionalProto of the backend-test data).
+Status ParseMessageFile(const std::string& path, google::protobuf::Message* msg);
 
 // How a failed parse looks when the top-level fields are walked one by one.
 enum class WireScan { kClean, kTruncated, kCorrupt };
@@ -119,9 +122,27 @@ struct NormalizedNode {
   std::string unsupported;
 };
 
+// The kind of a declared type: tensor, sequence of tensors, optional tensor or sequence.
+OnnxValueKind KindOfType(const onnx::TypeProto& t);
+
+// Sequence- and optional-typed graph inputs and outputs specialised into tensors (README.md,
+// "Sequences and optionals"): the graph's input and output lists are rewritten in place.
+struct IoSpecialization {
+  const ImportOptions* options = nullptr;  // lengths, absent optionals (null: none given)
+  // kiln inspect: a sequence input without a given length is taken as length 1, to report
+  // which of its ops lower once a length is given.
+  bool probe = false;
+  std::vector<OnnxValueBinding> inputs, outputs;  // filled: what each became
+};
+// Checks that every sequence-typed input of `graph` has a length in `options` (KILN-E2013
+// naming those that lack one, and how to give it).
+Status CheckSequenceInputs(const onnx::GraphProto& graph, const ImportOptions& options);
+
 // Rewrites older op versions into the canonical forms (README.md lists them) and gives every
-// node a unique name. Consumes the graph's nodes (they are moved out).
-Status NormalizeNodes(onnx::GraphProto* graph, int64_t opset, std::vector<NormalizedNode>* out);
+// node a unique name. Consumes the graph's nodes (they are moved out). `io`: sequence and
+// optional graph inputs/outputs are specialised (without it they stay, unknown to the lowering).
+Status NormalizeNodes(onnx::GraphProto* graph, int64_t opset, std::vector<NormalizedNode>* out,
+                      IoSpecialization* io = nullptr);
 
 // The unsupported ops among normalised nodes, grouped by type, in first-seen order.
 std::vector<OnnxUnsupportedOp> FindUnsupportedOps(const std::vector<NormalizedNode>& nodes,
@@ -195,6 +216,17 @@ class LoweringHost : public ExpansionHost {
   // (a lowering that starts over another way).
   virtual size_t EmittedCount() const = 0;
   virtual void DropEmittedAfter(size_t mark) = 0;
+
+  // Sequences and optionals exist only at import: a sequence is the list of its elements'
+  // tensor values, an optional is absent or names the value it holds (a tensor or a sequence).
+  // Null when `value` is no known sequence / optional.
+  virtual const std::vector<std::string>* SequenceElements(const std::string& value) const = 0;
+  virtual void DefineSequence(const std::string& value, std::vector<std::string> elements) = 0;
+  virtual const std::optional<std::string>* OptionalContents(const std::string& value) const = 0;
+  virtual void DefineOptional(const std::string& value, std::optional<std::string> contents) = 0;
+  // Why `value` (a sequence or optional whose producer could not be lowered, or a graph input
+  // without a length) is not known at import; empty when nothing is recorded.
+  virtual std::string UnknownComposite(const std::string& value) const = 0;
 };
 
 // The most nodes that unrolling and inlining may add to one model.
@@ -207,6 +239,9 @@ inline constexpr size_t kMaxConcatInputs = 1024;
 // KILN-E2004). An error: the node is malformed.
 StatusOr<std::string> LowerControlFlow(const onnx::NodeProto& n, int version, LoweringHost& host);
 bool IsControlFlowOp(const onnx::NodeProto& n);
+// The sequence and optional ops (SequenceConstruct, ..., SequenceMap, Optional, ...), lowered
+// at import by LowerControlFlow into the values they hold (the same contract).
+bool IsSequenceOrOptionalOp(const onnx::NodeProto& n);
 // ai.onnx.preview's FlexAttention: attention with its score_mod and prob_mod subgraphs inlined
 // (the same contract as LowerControlFlow).
 StatusOr<std::string> ExpandFlexAttention(const onnx::NodeProto& n, LoweringHost& host);

@@ -329,7 +329,7 @@ Status ParseModelBytes(std::span<const std::byte> bytes, onnx::ModelProto* model
   return CheckModelShape(*model, what);
 }
 
-Status ParseTensorFile(const std::string& path, onnx::TensorProto* tensor) {
+Status ParseMessageFile(const std::string& path, google::protobuf::Message* msg) {
   KILN_ASSIGN_OR_RETURN(auto opened, OpenForRead(path, "tensor file"));
   Fd fd(opened.first);
   if (opened.second > static_cast<uint64_t>(kProtobufTotalBytesLimit)) {
@@ -339,13 +339,17 @@ Status ParseTensorFile(const std::string& path, onnx::TensorProto* tensor) {
   pb::io::FileInputStream raw(fd.get());
   pb::io::CodedInputStream coded(&raw);
   ConfigureCodedStream(coded);
-  if (!tensor->ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage()) {
+  if (!msg->ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage()) {
     return MakeError(ErrorCode::kModelNotProtobuf,
-                     "'{}' ({} bytes) is not a valid onnx.TensorProto (protobuf parse failed; "
-                     "the file may be truncated or of another kind)",
-                     path, opened.second);
+                     "'{}' ({} bytes) is not a valid {} (protobuf parse failed; the file may be "
+                     "truncated or of another kind)",
+                     path, opened.second, msg->GetTypeName());
   }
   return OkStatus();
+}
+
+Status ParseTensorFile(const std::string& path, onnx::TensorProto* tensor) {
+  return ParseMessageFile(path, tensor);
 }
 
 }  // namespace kiln::onnx_internal
