@@ -41,7 +41,7 @@ struct ImportOptions {
   // parses them, for callers that key on the model's content (the builder's engine key).
   bool hash_file = false;
   // Sequence-typed graph inputs (and optional ones holding a sequence) by name: their length at
-  // build time. A sequence input without an entry is KILN-E2013 naming it.
+  // build time. A sequence input without an entry is KILN-E2017 naming it.
   std::map<std::string, SequenceInputSpec> sequence_inputs;
   // Optional-typed graph inputs specialised as absent (None): they are no engine input, and
   // OptionalHasElement of them is false. Optional inputs not listed are present.

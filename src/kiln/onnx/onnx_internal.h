@@ -134,7 +134,7 @@ struct IoSpecialization {
   bool probe = false;
   std::vector<OnnxValueBinding> inputs, outputs;  // filled: what each became
 };
-// Checks that every sequence-typed input of `graph` has a length in `options` (KILN-E2013
+// Checks that every sequence-typed input of `graph` has a length in `options` (KILN-E2017
 // naming those that lack one, and how to give it).
 Status CheckSequenceInputs(const onnx::GraphProto& graph, const ImportOptions& options);
 
