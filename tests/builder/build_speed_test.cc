@@ -180,6 +180,40 @@ TEST(BuildSpeed, EarlyStopEndsACandidateClearlySlowerThanTheBest) {
   EXPECT_GE(t->runs, 5);
 }
 
+// Two timed runs that agree end a candidate's timing before min_runs; without settle_ratio (the
+// widest level) it runs min_runs times. Sleeps of 10 ms: a loaded machine stretches them by far
+// less than the 1.5x allowed here.
+TEST(BuildSpeed, SettledRunsEndTimingBeforeMinRuns) {
+  auto backend = GetBackend(BackendKind::kCpu);
+  ASSERT_TRUE(backend.ok());
+  TimingInputs inputs;
+  TacticSearchOptions o;
+  o.min_runs = 4;
+  o.min_total_ms = 0;
+  o.settle_ratio = 1.5;
+  PreparedTactic settled;
+  settled.kernel = std::make_unique<SleepKernel>(10000);
+  auto t = RunTiming(**backend, settled, inputs, o, /*best_ms=*/0);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->runs, 2);
+  EXPECT_GE(t->median_ms, 10.0);
+
+  o.min_total_ms = 50;  // two 10 ms runs are not enough samples yet
+  PreparedTactic short_total;
+  short_total.kernel = std::make_unique<SleepKernel>(10000);
+  t = RunTiming(**backend, short_total, inputs, o, /*best_ms=*/0);
+  ASSERT_TRUE(t.ok());
+  EXPECT_GE(t->runs, 4);
+
+  o.min_total_ms = 0;
+  o.settle_ratio = 0;  // off
+  PreparedTactic full;
+  full.kernel = std::make_unique<SleepKernel>(10000);
+  t = RunTiming(**backend, full, inputs, o, /*best_ms=*/0);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->runs, 4);
+}
+
 // A kernel whose first launch is slow (the CUDA driver loads a module at a kernel's first launch)
 // and later ones fast: the early stop must not judge it by that first launch.
 class ColdStartKernel final : public Kernel {

@@ -748,6 +748,7 @@ Status TimingPhase(BuildState& s) {
   s.search.max_kernel_time_ms = config.max_kernel_time_ms;
   if (config.deadline) s.search.deadline = s.start + *config.deadline;
   s.search.early_stop = config.opt_level < kMaxOptLevel;
+  s.search.settle_ratio = config.opt_level < kMaxOptLevel ? kSettleRatio : 0;
   s.search.setup_threads = SetupThreads(config);
   rep.time_breakdown.opt_level = config.opt_level;
   // A cached winner whose workspace no longer fits the budget: back to the listed candidates.

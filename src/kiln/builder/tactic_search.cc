@@ -177,6 +177,10 @@ StatusOr<TacticTiming> RunTiming(Backend& backend, PreparedTactic& p, const Timi
       break;
     }
     if (static_cast<int>(times.size()) >= options.min_runs && total >= options.min_total_ms) break;
+    if (options.settle_ratio > 0 && times.size() == 2 && total >= options.min_total_ms &&
+        std::max(times[0], times[1]) <= options.settle_ratio * std::min(times[0], times[1])) {
+      break;
+    }
   }
   t.run_seconds = Since(run_start);
   t.runs = static_cast<int>(times.size());

@@ -35,6 +35,11 @@ struct TacticSearchOptions {
   // then only have given a larger median. The first run alone never stops a candidate: it may
   // carry one-time costs (lazy module loading).
   bool early_stop = false;
+  // Settled runs: a candidate whose first two timed runs are within settle_ratio of each other
+  // (slowest / fastest), once min_total_ms of samples are in, is done before min_runs (0: off).
+  // For long kernels (a CPU convolution at batch 8 runs for milliseconds) min_runs, not
+  // min_total_ms, sets the count, and two agreeing runs decide as well as three.
+  double settle_ratio = 0;
   // Candidates set up (created, prepared, workspace allocated) concurrently: the candidates of
   // up to `setup_threads` layer signatures at a time, by at most `setup_threads` threads, while
   // nothing is being timed; timing stays serial.
@@ -44,6 +49,8 @@ struct TacticSearchOptions {
 // The early stop's margins (see TacticSearchOptions::early_stop).
 inline constexpr double kEarlyStopRatio = 1.25;
 inline constexpr double kEarlyStopWarmupRatio = 2.0;
+// The builder's settle_ratio below the widest level.
+inline constexpr double kSettleRatio = 1.05;
 
 struct TacticCandidate {
   const KernelProvider* provider = nullptr;
