@@ -1,11 +1,10 @@
-// cuDNN convolutions (backends/cuda/conv_cudnn.cc) and kiln's depthwise kernel (conv_depthwise.cc)
-// against the CPU backend: every provider and every tactic it offers, on fresh random inputs, for
-// Conv (groups, depthwise, stride, dilation, 1x1, odd sizes, asymmetric pads, 1-D), each
-// FusedConv epilogue and ConvTranspose, in f32, f16
-// and bf16, NCHW and NHWC (kiln_layout). The reference is the CPU's NCHW kernel on the same
-// rounded inputs, in f32. Skips without a GPU.
-// On the GPU machine: KILN_BUNDLE_BINS=cuda_dnn_tests scripts/bundle_gpu.sh here, then there
-// `source scripts/gpu_env.sh && cuda_dnn_tests --gtest_filter='*cuda_*' --gtest_brief=1`
+// cuDNN convolutions (backends/cuda/conv_cudnn.cc) and kiln's depthwise and grouped kernels
+// (conv_depthwise.cc) against the CPU backend: every provider and every tactic it offers, on fresh
+// random inputs, for Conv (groups, depthwise, stride, dilation, 1x1, odd sizes, asymmetric pads,
+// 1-D), each FusedConv epilogue and ConvTranspose, in f32, f16 and bf16, NCHW and NHWC
+// (kiln_layout). The reference is the CPU's NCHW kernel on the same rounded inputs, in f32. Skips
+// without a GPU. On the GPU machine: KILN_BUNDLE_BINS=cuda_dnn_tests scripts/bundle_gpu.sh here,
+// then there `source scripts/gpu_env.sh && cuda_dnn_tests --gtest_filter='*cuda_*' --gtest_brief=1`
 // (KILN_CUDNN_MAX_TACTICS bounds the tactics per layer; KILN_LOG_LEVEL=DEBUG says why a cuDNN
 // graph or engine configuration gave no tactic).
 #include <gtest/gtest.h>
@@ -220,6 +219,56 @@ std::vector<ConvCase> Cases() {
        "relu",
        {P{"pads", {1, 1, 1, 1}}},
        72},
+      // Grouped shapes for kiln's grouped kernel (conv_grouped.cu, NHWC) beside cuDNN's: RegNet's
+      // 24-channel groups, ResNeXt-like 8 in / 16 out with a residual, stride 2, dilation with a
+      // filter above 48 KiB of shared memory (48 out per group), 1x1 with 64 out per group, 8
+      // out per group with asymmetric pads.
+      {"grouped3x3_regnet_relu",
+       "FusedConv",
+       {2, 48, 9, 11},
+       {48, 24, 3, 3},
+       true,
+       false,
+       "relu",
+       {P{"pads", {1, 1, 1, 1}}},
+       2},
+      {"grouped3x3_stride2",
+       "Conv",
+       {1, 96, 13, 13},
+       {96, 24, 3, 3},
+       true,
+       false,
+       "",
+       {P{"pads", {1, 1, 1, 1}}, P{"strides", {2, 2}}},
+       4},
+      {"grouped3x3_residual_silu_8to16",
+       "FusedConv",
+       {2, 32, 7, 7},
+       {64, 8, 3, 3},
+       true,
+       true,
+       "silu",
+       {P{"pads", {1, 1, 1, 1}}},
+       4},
+      {"grouped3x3_dilation2_48",
+       "Conv",
+       {1, 96, 10, 10},
+       {96, 48, 3, 3},
+       false,
+       false,
+       "",
+       {P{"pads", {2, 2, 2, 2}}, P{"dilations", {2, 2}}},
+       2},
+      {"grouped1x1_32to64", "Conv", {2, 64, 5, 5}, {128, 32, 1, 1}, true, false, "", {}, 2},
+      {"grouped3x3_8to8_asym",
+       "Conv",
+       {1, 32, 9, 8},
+       {32, 8, 3, 3},
+       true,
+       false,
+       "",
+       {P{"pads", {0, 1, 2, 1}}},
+       4},
       {"fused_residual_gelu_nobias",
        "FusedConv",
        {1, 8, 8, 8},

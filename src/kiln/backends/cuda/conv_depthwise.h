@@ -27,4 +27,31 @@ struct DepthwiseConvArgs {
 // y = act(conv(x, w) + bias + z), FP32 accumulation; enqueued on `stream`.
 cudaError_t LaunchDepthwiseConv(const DepthwiseConvArgs& a, cudaStream_t stream);
 
+// Grouped convolution with small groups (RegNet's group width 24, ResNeXt's 8-32): channels-last
+// x [n, h, w, group * cpg] and y [n, oh, ow, group * kpg], the filter in FP32 as
+// [group][r * s][cpg][kpg] (conv_grouped.cu).
+struct GroupedConvArgs {
+  int dtype = 0;               // 0 f32, 1 f16, 2 bf16 (x, bias, z and y share it)
+  const void* x = nullptr;     // [n, h, w, group * cpg]
+  const float* w = nullptr;    // [group][r * s][cpg][kpg], FP32
+  const void* bias = nullptr;  // [group * kpg] or nullptr
+  const void* z = nullptr;     // residual, y's shape, or nullptr
+  void* y = nullptr;           // [n, oh, ow, group * kpg]
+  int64_t n = 0, h = 0, w_in = 0, oh = 0, ow = 0;
+  int group = 1, cpg = 0, kpg = 0;
+  int r = 1, s = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
+  int act = 0;
+  float act_min = 0.f, act_max = 0.f;
+};
+
+// Whether LaunchGroupedConv runs these channel counts: cpg a multiple of 8 and kpg one of the
+// compiled widths (8, 16, 24, 32, 48, 64), with the group's FP32 filter within
+// kGroupedConvMaxFilterBytes of shared memory.
+inline constexpr int64_t kGroupedConvMaxFilterBytes = 96 * 1024;
+bool GroupedConvSupports(int64_t cpg, int64_t kpg, int64_t taps);
+
+// y = act(conv(x, w) + bias + z), FP32 accumulation; x, y, bias and z 16-byte aligned
+// (cudaErrorMisalignedAddress otherwise); enqueued on `stream`.
+cudaError_t LaunchGroupedConv(const GroupedConvArgs& a, cudaStream_t stream);
+
 }  // namespace kiln::cuda
