@@ -241,8 +241,31 @@ class CudaAttentionProvider final : public KernelProvider {
     bool mma =
         *type != BlasType::kF32 && dq == dvv && (dq == 16 || dq == 32 || dq == 64 || dq == 128);
     if (mma) {
-      tactics.push_back({fmt::format("{}-attention-cuda-flash-mma-64x64", t), {2}, 0});
-      tactics.push_back({fmt::format("{}-attention-cuda-flash-mma-32x64", t), {3}, 0});
+      // Ranked by the sequence lengths (the default build times the first two): one key tile
+      // (Swin's windows, short prompts) gains nothing from cp.async double buffering, where
+      // small row blocks keep enough blocks in flight; long sequences (Whisper's 1500 frames)
+      // want the K/V tiles prefetched and read once for many rows.
+      auto seq_len = [&](const Shape& sh) -> int64_t {
+        const int64_t r = static_cast<int64_t>(sh.size());
+        int64_t axis = r - 2;  // bhsd, bsd
+        if (spec->layout == AttentionLayout::kBshd) axis = r - 3;
+        if (spec->layout == AttentionLayout::kSbd) axis = 0;
+        if (axis < 0 || !sh[axis].is_static()) return -1;
+        return sh[axis].value();
+      };
+      const int64_t sq = seq_len(request.inputs[0].shape);
+      const int64_t sk = seq_len(request.inputs[1].shape);
+      const TacticConfig pipe128{fmt::format("{}-attention-cuda-flash-mma-pipe-128x64", t), {5}, 0};
+      const TacticConfig pipe64{fmt::format("{}-attention-cuda-flash-mma-pipe-64x64", t), {4}, 0};
+      const TacticConfig mma64{fmt::format("{}-attention-cuda-flash-mma-64x64", t), {2}, 0};
+      const TacticConfig mma32{fmt::format("{}-attention-cuda-flash-mma-32x64", t), {3}, 0};
+      if (sk >= 0 && sk <= 64) {
+        tactics.insert(tactics.end(), {mma64, mma32, pipe64, pipe128});
+      } else if (sq < 0 || sq >= 256) {
+        tactics.insert(tactics.end(), {pipe128, pipe64, mma64, mma32});
+      } else {
+        tactics.insert(tactics.end(), {pipe64, mma32, mma64, pipe128});
+      }
     }
     if (tc) tactics.push_back({fmt::format("{}-attention-cuda-flash-wmma-64x64", t), {1}, 0});
     tactics.push_back({fmt::format("{}-attention-cuda-flash-simt-16x32", t), {0}, 0});
@@ -257,7 +280,7 @@ class CudaAttentionProvider final : public KernelProvider {
       return MakeError(ErrorCode::kInvalidArgument, "cuda.attention: Q must be f32, f16 or bf16");
     }
     int variant = tactic.params.empty() ? 0 : static_cast<int>(tactic.params[0]);
-    if (tactic.params.size() > 1 || variant < 0 || variant > 3 ||
+    if (tactic.params.size() > 1 || variant < 0 || variant > 5 ||
         (variant >= 1 && *type == BlasType::kF32)) {
       return MakeError(ErrorCode::kInvalidArgument,
                        "cuda.attention: tactic '{}' has invalid params", tactic.name);

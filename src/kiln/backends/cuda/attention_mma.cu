@@ -8,6 +8,10 @@
 // wmma variant (whose accumulator layout is opaque). Softmax runs in FP32 with exp2 and the
 // scale folded into log2(e).
 //
+// Pipelined variants (4 and 5) double-buffer the K/V tiles with cp.async: the copy of tile j + 1
+// runs while the warps compute on tile j, so the loop waits on global memory once, not per tile.
+// Variant 5 has 8 warps (128 query rows per block): each K/V tile is read once for twice the rows.
+//
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .f16/.bf16): lane = 4 * g + t;
 //   A (16x16, row): a0 (g, 2t..2t+1) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..)
 //   B (16x8, col):  b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
@@ -114,14 +118,40 @@ __device__ __forceinline__ void LoadTile(T* dst, const T* src, int64_t row0, int
   }
 }
 
-template <typename T, int D, int kWarps>
+// LoadTile's asynchronous form (cp.async, 16 bytes per thread and step, L2 only): rows past
+// `limit` are zero-filled by a source size of 0 (the address stays in bounds all the same).
+// Completes at the next CpAsyncWait covering the group it is committed in.
+template <typename T, int D>
+__device__ __forceinline__ void LoadTileAsync(T* dst, const T* src, int64_t row0, int rows,
+                                              int64_t limit, int64_t ld, int tid, int threads) {
+  constexpr int kChunks = D / 8;
+  for (int idx = tid; idx < rows * kChunks; idx += threads) {
+    int r = idx / kChunks, c = idx % kChunks;
+    int64_t row = row0 + r;
+    const bool valid = row < limit;
+    const T* from = src + (valid ? row * ld + c * 8 : 0);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     SmemAddr(dst + r * (D + kPad) + c * 8)),
+                 "l"(from), "r"(valid ? 16 : 0));
+  }
+}
+
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// kStages 1: K/V loaded synchronously into one buffer per tile; 2: double-buffered with cp.async.
+template <typename T, int D, int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParams p) {
   constexpr int kRows = 16 * kWarps;
   constexpr int kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];  // dynamic: D = 128 needs > 48 KiB
   T* q_s = reinterpret_cast<T*>(smem_raw);
-  T* k_s = q_s + kRows * kLd;
-  T* v_s = k_s + kKeys * kLd;
+  T* k_buf = q_s + kRows * kLd;              // [kStages][kKeys][kLd]
+  T* v_buf = k_buf + kStages * kKeys * kLd;  // [kStages][kKeys][kLd]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -159,10 +189,33 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
     key_end = e < 0 ? 0 : (e < p.sk ? e : p.sk);
   }
 
-  for (int64_t key0 = 0; key0 < key_end; key0 += kKeys) {
-    __syncthreads();  // the previous tile is consumed
-    LoadTile<T, D>(k_s, k, key0, kKeys, p.sk, p.k_row, threadIdx.x, kWarps * 32);
-    LoadTile<T, D>(v_s, v, key0, kKeys, p.sk, p.v_row, threadIdx.x, kWarps * 32);
+  if (kStages > 1 && key_end > 0) {  // tile 0 in flight before the loop
+    LoadTileAsync<T, D>(k_buf, k, 0, kKeys, p.sk, p.k_row, threadIdx.x, kWarps * 32);
+    LoadTileAsync<T, D>(v_buf, v, 0, kKeys, p.sk, p.v_row, threadIdx.x, kWarps * 32);
+    CpAsyncCommit();
+  }
+  for (int64_t key0 = 0, tile = 0; key0 < key_end; key0 += kKeys, ++tile) {
+    // Every warp is done with the buffer the next load overwrites (the previous tile's).
+    __syncthreads();
+    const int stage = kStages > 1 ? static_cast<int>(tile % kStages) : 0;
+    T* k_s = k_buf + stage * kKeys * kLd;
+    T* v_s = v_buf + stage * kKeys * kLd;
+    if (kStages > 1) {
+      if (key0 + kKeys < key_end) {
+        const int next = (stage + 1) % kStages;
+        LoadTileAsync<T, D>(k_buf + next * kKeys * kLd, k, key0 + kKeys, kKeys, p.sk, p.k_row,
+                            threadIdx.x, kWarps * 32);
+        LoadTileAsync<T, D>(v_buf + next * kKeys * kLd, v, key0 + kKeys, kKeys, p.sk, p.v_row,
+                            threadIdx.x, kWarps * 32);
+        CpAsyncCommit();
+        CpAsyncWait<1>();  // this tile's group is done; the next one may still be in flight
+      } else {
+        CpAsyncWait<0>();
+      }
+    } else {
+      LoadTile<T, D>(k_s, k, key0, kKeys, p.sk, p.k_row, threadIdx.x, kWarps * 32);
+      LoadTile<T, D>(v_s, v, key0, kKeys, p.sk, p.v_row, threadIdx.x, kWarps * 32);
+    }
     __syncthreads();
 
     // S = Q K^T for 16 rows x 64 keys: 8 n-blocks of 8 keys.
@@ -269,42 +322,48 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
   }
 }
 
-constexpr size_t SmemBytes(int d, int warps, size_t elem) {
-  return elem * static_cast<size_t>(16 * warps + 2 * kKeys) * static_cast<size_t>(d + kPad);
+constexpr size_t SmemBytes(int d, int warps, int stages, size_t elem) {
+  return elem * static_cast<size_t>(16 * warps + 2 * stages * kKeys) *
+         static_cast<size_t>(d + kPad);
 }
 
-template <typename T, int D, int kWarps>
+template <typename T, int D, int kWarps, int kStages>
 cudaError_t LaunchDW(const AttentionParams& p, cudaStream_t stream) {
-  constexpr size_t kSmem = SmemBytes(D, kWarps, sizeof(T));
-  // Above 48 KiB a kernel must opt in; once per instantiation (host-side, capture-safe).
+  constexpr size_t kSmem = SmemBytes(D, kWarps, kStages, sizeof(T));
+  // Above 48 KiB a kernel must opt in; once per instantiation (host-side, capture-safe). A GPU
+  // with less shared memory per block (sm_86/89 for D = 128 with 8 warps) refuses: the tactic
+  // fails and the builder times the others.
   static const cudaError_t opt_in =
-      kSmem > 48 * 1024 ? cudaFuncSetAttribute(AttentionMmaKernel<T, D, kWarps>,
+      kSmem > 48 * 1024 ? cudaFuncSetAttribute(AttentionMmaKernel<T, D, kWarps, kStages>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(kSmem))
                         : cudaSuccess;
   if (opt_in != cudaSuccess) return opt_in;
   constexpr int kRows = 16 * kWarps;
   dim3 grid(static_cast<unsigned>((p.sq + kRows - 1) / kRows), static_cast<unsigned>(p.batch));
-  AttentionMmaKernel<T, D, kWarps><<<grid, kWarps * 32, kSmem, stream>>>(p);
+  AttentionMmaKernel<T, D, kWarps, kStages><<<grid, kWarps * 32, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <typename T, int D>
-cudaError_t LaunchD(const AttentionParams& p, int warps, cudaStream_t stream) {
-  return warps == 4 ? LaunchDW<T, D, 4>(p, stream) : LaunchDW<T, D, 2>(p, stream);
+cudaError_t LaunchD(const AttentionParams& p, int warps, bool pipelined, cudaStream_t stream) {
+  if (pipelined) {
+    return warps == 8 ? LaunchDW<T, D, 8, 2>(p, stream) : LaunchDW<T, D, 4, 2>(p, stream);
+  }
+  return warps == 4 ? LaunchDW<T, D, 4, 1>(p, stream) : LaunchDW<T, D, 2, 1>(p, stream);
 }
 
 template <typename T>
-cudaError_t LaunchT(const AttentionParams& p, int warps, cudaStream_t stream) {
+cudaError_t LaunchT(const AttentionParams& p, int warps, bool pipelined, cudaStream_t stream) {
   switch (p.d) {
     case 16:
-      return LaunchD<T, 16>(p, warps, stream);
+      return LaunchD<T, 16>(p, warps, pipelined, stream);
     case 32:
-      return LaunchD<T, 32>(p, warps, stream);
+      return LaunchD<T, 32>(p, warps, pipelined, stream);
     case 64:
-      return LaunchD<T, 64>(p, warps, stream);
+      return LaunchD<T, 64>(p, warps, pipelined, stream);
     case 128:
-      return LaunchD<T, 128>(p, warps, stream);
+      return LaunchD<T, 128>(p, warps, pipelined, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -328,16 +387,18 @@ bool AttentionMmaSupports(const AttentionParams& p) {
   return true;
 }
 
-cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, cudaStream_t stream) {
-  if (!AttentionMmaSupports(p) || (warps != 2 && warps != 4)) return cudaErrorInvalidValue;
+cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelined,
+                               cudaStream_t stream) {
+  const bool shape_ok = pipelined ? (warps == 4 || warps == 8) : (warps == 2 || warps == 4);
+  if (!AttentionMmaSupports(p) || !shape_ok) return cudaErrorInvalidValue;
   auto misaligned = [](const void* ptr, uintptr_t a) {
     return reinterpret_cast<uintptr_t>(ptr) % a != 0;
   };
   if (misaligned(p.q, 16) || misaligned(p.k, 16) || misaligned(p.v, 16) || misaligned(p.y, 4)) {
     return cudaErrorMisalignedAddress;
   }
-  if (p.type == BlasType::kF16) return LaunchT<__half>(p, warps, stream);
-  return LaunchT<__nv_bfloat16>(p, warps, stream);
+  if (p.type == BlasType::kF16) return LaunchT<__half>(p, warps, pipelined, stream);
+  return LaunchT<__nv_bfloat16>(p, warps, pipelined, stream);
 }
 
 }  // namespace kiln::cuda
