@@ -9,9 +9,11 @@
 //
 // cuBLASLt's FP8 kernels take only the "TN" form with 16-byte aligned operands, so the layout is
 // the INT8 product's (cublaslt_int8.cc): B packed at Create as [Np, Kp] E4M3 in kiln's own memory
-// (cuBLASLt's A, transposed), A quantized per run into the workspace as [M, Kp] (cuBLASLt's B),
-// K and N zero-padded to 16, the FP32 result [M, Np] in the workspace. The FP32 output keeps
-// every C/bias/activation combination in kiln's one epilogue instead of cuBLASLt's FP8 bias
+// (cuBLASLt's A, transposed), A quantized per run into the workspace as [Mp, Kp] (cuBLASLt's B),
+// M, K and N zero-padded to 16, the FP32 result [Mp, Np] in the workspace (cuBLASLt's FP8 kernels
+// want every dimension and pointer 16-byte aligned; the padding rows of A are zeros and the
+// epilogue reads the first M rows only). The FP32 output
+// keeps every C/bias/activation combination in kiln's one epilogue instead of cuBLASLt's FP8 bias
 // epilogues (whose bias type depends on the output type).
 #include <cstring>
 #include <memory>
@@ -30,6 +32,9 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kMaxTactics = 8;
+// The two per-tensor scales sit 16 bytes apart in one allocation: every pointer cuBLASLt's FP8
+// kernels take is then 16-byte aligned (the matrices must be; the scales alike, to be safe).
+constexpr int kScaleStride = 4;
 
 // FP8 tensor-core kernels exist from compute capability 8.9 (Ada) on.
 bool DeviceHasFp8() {
@@ -99,12 +104,13 @@ class CublasLtFp8Kernel final : public Kernel {
     KILN_ASSIGN_OR_RETURN(QuantRunShape run,
                           PrepareQuantRun(spec_, k_, n_, inputs, outputs, name_));
     m_ = run.m;
+    mp_ = QuantPadded(m_);
     addend_ = run.addend;
     a_strides_ = run.a_strides;
     empty_ = run.empty;
     if (empty_) return size_t{0};
     const auto* scales = static_cast<const float*>(scales_.get());
-    KILN_ASSIGN_OR_RETURN(descs_, MakeFp8Descs(m_, np_, kp_, scales, scales + 1));
+    KILN_ASSIGN_OR_RETURN(descs_, MakeFp8Descs(mp_, np_, kp_, scales, scales + kScaleStride));
     KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
     bool have_algo = false;
     size_t lt_ws = 0;
@@ -134,7 +140,7 @@ class CublasLtFp8Kernel final : public Kernel {
       algo_ = results[0].algo;
       lt_ws = results[0].workspaceSize;
     }
-    ws_ = QuantWorkspaceFor(m_, np_, kp_, lt_ws);
+    ws_ = QuantWorkspaceFor(mp_, np_, kp_, lt_ws);
     lt_ws_ = lt_ws;
     return ws_.total();
   }
@@ -165,6 +171,10 @@ class CublasLtFp8Kernel final : public Kernel {
     q.col_stride = a_strides_.col_stride;
     q.inv_scale = inv_scale_;
     KILN_CUDA_RETURN_IF_ERROR(LaunchFp8Quantize(q, stream));
+    if (mp_ > m_) {  // padding rows: zeros (E4M3 0x00), not the workspace's last contents
+      KILN_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(a_q + m_ * kp_, 0, static_cast<size_t>((mp_ - m_) * kp_), stream));
+    }
 
     const float alpha = spec_.alpha, beta = 0.f;
     const LtOperation lt = descs_.lt();
@@ -196,9 +206,9 @@ class CublasLtFp8Kernel final : public Kernel {
   GemmSpec spec_;
   BlasType type_;
   float inv_scale_;
-  int64_t k_, n_, kp_, np_, m_ = 0;
+  int64_t k_, n_, kp_, np_, m_ = 0, mp_ = 0;
   OwnedDeviceMemory b_q_;     // E4M3 [Np, Kp]
-  OwnedDeviceMemory scales_;  // float [2]: A's scale, B's scale
+  OwnedDeviceMemory scales_;  // A's scale at [0], B's at [kScaleStride]
   std::optional<cublasLtMatmulAlgo_t> tactic_algo_;
   std::string name_;
   QuantAddend addend_;
@@ -220,8 +230,8 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     if (!p) return {};
     auto handle = CublasLtHandle();  // fails where there is no GPU: no tactics then
     if (!handle.ok() || !DeviceHasFp8()) return {};
-    const int64_t kp = QuantPadded(p->k), np = QuantPadded(p->n);
-    auto descs = MakeFp8Descs(p->m, np, kp, nullptr, nullptr);
+    const int64_t kp = QuantPadded(p->k), np = QuantPadded(p->n), mp = QuantPadded(p->m);
+    auto descs = MakeFp8Descs(mp, np, kp, nullptr, nullptr);
     if (!descs.ok()) return {};
     auto found = LtHeuristics(*handle, descs->lt(), kFp8Alignment, kMaxTactics);
     if (!found.ok()) {
@@ -238,7 +248,7 @@ class CublasLtFp8ProviderBase : public KernelProvider {
       }
       t.params.resize(8);
       std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
-      t.workspace_bytes = QuantWorkspaceFor(p->m, np, kp, r.workspaceSize).total();
+      t.workspace_bytes = QuantWorkspaceFor(mp, np, kp, r.workspaceSize).total();
       tactics.push_back(std::move(t));
     }
     return tactics;
@@ -268,7 +278,9 @@ class CublasLtFp8ProviderBase : public KernelProvider {
                        tactic.name, tactic.params.size());
     }
     const Fp8PackedB b = PackFp8B(spec, *request.inputs[1].constant);
-    const float scales[2] = {Fp8Scale(*amax), b.scale};
+    float scales[2 * kScaleStride] = {};
+    scales[0] = Fp8Scale(*amax);
+    scales[kScaleStride] = b.scale;
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory b_q, UploadToDevice(b.packed.data(), b.packed.size()));
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory s, UploadToDevice(scales, sizeof(scales)));
     return std::unique_ptr<Kernel>(std::make_unique<CublasLtFp8Kernel>(
