@@ -8,11 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -198,6 +197,15 @@ int Run(const ConformanceCliOptions& o) {
   std::vector<app::CaseResult> results;
   std::map<std::string, int> failures_by_stage;
   int passed = 0;
+  // --json holds the cases run so far, rewritten at most every 2 s while the run goes on: a run
+  // killed by an outer timeout (a job's time limit) still leaves what it measured.
+  auto write_json = [&]() -> Status {
+    if (o.json_path.empty()) return OkStatus();
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& r : results) j.push_back(ToJson(r));
+    return WriteFileAtomic(o.json_path, "conformance report", j.dump(1) + "\n");
+  };
+  auto last_write = std::chrono::steady_clock::now();
   for (const std::string& dir : cases) {
     app::CaseResult r = RunIsolated(dir, options, o.timeout_s);
     if (r.passed) {
@@ -212,6 +220,10 @@ int Run(const ConformanceCliOptions& o) {
                    : r.error.substr(0, 160));
     }
     results.push_back(std::move(r));
+    if (std::chrono::steady_clock::now() - last_write > std::chrono::seconds(2)) {
+      if (Status s = write_json(); !s.ok()) return ReportError(s);
+      last_write = std::chrono::steady_clock::now();
+    }
   }
   std::vector<std::string> regressions, newly_passing;
   for (const auto& r : results) {
@@ -228,12 +240,7 @@ int Run(const ConformanceCliOptions& o) {
         "  {} case(s) pass that are not in {}: add them to keep them passing\n",
         newly_passing.size(), o.expected);
   }
-  if (!o.json_path.empty()) {
-    nlohmann::json j = nlohmann::json::array();
-    for (const auto& r : results) j.push_back(ToJson(r));
-    if (Status s = WriteFileAtomic(o.json_path, "conformance report", j.dump(1) + "\n"); !s.ok())
-      return ReportError(s);
-  }
+  if (Status s = write_json(); !s.ok()) return ReportError(s);
   if (!regressions.empty()) {
     std::cout << fmt::format("REGRESSION: {} case(s) in {} fail now: {}\n", regressions.size(),
                              o.expected, fmt::join(regressions, ", "));
