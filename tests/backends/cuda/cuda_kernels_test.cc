@@ -31,6 +31,16 @@
 namespace kiln {
 namespace {
 
+// The CUDA providers of `op` with kernels of their own: without the host fallback
+// (host_fallback.cc), whose one provider per op runs the CPU's kernel when no native one can.
+std::vector<const KernelProvider*> NativeCudaProviders(const std::string& op) {
+  std::vector<const KernelProvider*> out;
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, op)) {
+    if (!p->runs_on_host()) out.push_back(p);
+  }
+  return out;
+}
+
 using namespace testing;  // op_cases.h: Attrs, F32, I64, kAllFloats...
 
 // ---- direct provider runs: cases the one-node harness cannot express -------------------------
@@ -309,7 +319,7 @@ TEST(CudaKernelCoverage, TacticNamesCarryTheStorageType) {
     r.node = n;
     r.inputs = {{t, MakeShape({2, 8}), {2, 8}, nullptr}, {t, MakeShape({8}), {8}, nullptr}};
     r.outputs = {{t, MakeShape({2, 8}), {2, 8}, nullptr}};
-    auto providers = KernelRegistry::Get().Providers(BackendKind::kCuda, "Add");
+    auto providers = NativeCudaProviders("Add");
     ASSERT_EQ(providers.size(), 1u);
     auto tactics = providers[0]->Tactics(r);
     ASSERT_EQ(tactics.size(), 1u);
@@ -340,7 +350,7 @@ std::vector<std::string> CudaTacticNames(const std::string& op, int inputs, int 
     r.outputs.push_back({v->dtype(), v->shape(), *StaticDims(v->shape()), nullptr});
   }
   std::vector<std::string> names;
-  for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, op)) {
+  for (const KernelProvider* p : NativeCudaProviders(op)) {
     for (const TacticConfig& c : p->Tactics(r)) names.push_back(c.name);
   }
   std::sort(names.begin(), names.end());
@@ -361,14 +371,14 @@ TEST(CudaKernelCoverage, LayerNormTacticsIncludeWarpVec) {
 
 TEST(CudaKernelCoverage, PoolsRunChannelsLastNodes) {
   for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool"}) {
-    auto providers = KernelRegistry::Get().Providers(BackendKind::kCuda, op);
+    auto providers = NativeCudaProviders(op);
     ASSERT_EQ(providers.size(), 1u) << op;
     auto* p = dynamic_cast<const cuda::CudaOpProvider*>(providers[0]);
     ASSERT_NE(p, nullptr);
     EXPECT_TRUE(p->SupportsLayout("NHWC")) << op;
     EXPECT_TRUE(p->SupportsLayout("")) << op;
   }
-  auto add = KernelRegistry::Get().Providers(BackendKind::kCuda, "Add");
+  auto add = NativeCudaProviders("Add");
   ASSERT_EQ(add.size(), 1u);
   EXPECT_FALSE(dynamic_cast<const cuda::CudaOpProvider*>(add[0])->SupportsLayout("NHWC"));
 }
@@ -386,9 +396,15 @@ TEST(CudaKernelCoverage, UnsupportedRequestsGetNoTactics) {
   r.node = n;
   r.inputs = {{kF32, MakeShape({4, 4}), {4, 4}, nullptr}};
   r.outputs = {{kF32, MakeShape({8, 8}), {8, 8}, nullptr}};
-  auto providers = KernelRegistry::Get().Providers(BackendKind::kCuda, "Resize");
+  auto providers = NativeCudaProviders("Resize");
   ASSERT_EQ(providers.size(), 1u);
   EXPECT_TRUE(providers[0]->Tactics(r).empty());
+  // The layer runs on the host instead: the host fallback's one Resize provider takes it.
+  int host = 0;
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, "Resize")) {
+    if (p->runs_on_host() && !p->Tactics(r).empty()) ++host;
+  }
+  EXPECT_EQ(host, 1);
 }
 
 TEST(CudaBroadcastSpace, MergesContiguousAndBroadcastDims) {
