@@ -683,7 +683,11 @@ int CheckFp8Case(const I8Case& c, uint32_t seed, DataType storage = DataType::kF
   dq[0] = DequantizedFp8(inputs[0], *c.fp8_amax);
   dq[1] = DequantizedFp8(inputs[1], AbsMax(inputs[1]));
   std::vector<float> contract = Int8Node(c, dq, DataType::kFloat32).RunCpu("f32-");
-  const double contract_bound = storage == DataType::kFloat32   ? 1e-4
+  // Against the contract, FP32 storage: Hopper's and Ada's FP8 MMA accumulate with a 13-bit
+  // mantissa (e8m13), not FP32's 23, so each add may lose about 2^-13 = 1.2e-4 relative; an
+  // H100 measured 1.15e-4 at K = 129 by every algorithm (bench/results/h100_session17). 5e-4
+  // leaves the hardware its rounding and still fails any wrong product (those are near 1).
+  const double contract_bound = storage == DataType::kFloat32   ? 5e-4
                                 : storage == DataType::kFloat16 ? 2e-3
                                                                 : 1e-2;
   for (const auto& [p, t] : tactics) {
