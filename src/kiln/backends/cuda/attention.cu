@@ -12,6 +12,7 @@
 #include "kiln/backends/cuda/attention_common.cuh"
 #include "kiln/backends/cuda/blas_kernels.h"
 #include "kiln/backends/cuda/device_util.cuh"
+#include "kiln/backends/cuda/smem_opt_in.cuh"
 
 namespace kiln::cuda {
 
@@ -300,9 +301,8 @@ template <typename T>
 cudaError_t LaunchTc(const AttentionParams& p, cudaStream_t stream) {
   size_t smem = TcSmemBytes(p.d, p.dv, sizeof(T));
   // Above 48 KiB a kernel must opt in; done once per instantiation (host-side, capture-safe).
-  static const cudaError_t opt_in =
-      cudaFuncSetAttribute(AttentionTcKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(TcSmemBytes(kMaxD, kMaxD, sizeof(T))));
+  static const cudaError_t opt_in = OptInSharedMemory(
+      AttentionTcKernel<T>, static_cast<int>(TcSmemBytes(kMaxD, kMaxD, sizeof(T))));
   if (opt_in != cudaSuccess) return opt_in;
   dim3 grid(static_cast<unsigned>((p.sq + kTcRows - 1) / kTcRows), static_cast<unsigned>(p.batch));
   AttentionTcKernel<T><<<grid, kTcWarps * 32, smem, stream>>>(p);

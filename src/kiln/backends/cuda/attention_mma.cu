@@ -23,6 +23,7 @@
 
 #include "kiln/backends/cuda/attention_common.cuh"
 #include "kiln/backends/cuda/blas_kernels.h"
+#include "kiln/backends/cuda/smem_opt_in.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -334,10 +335,9 @@ cudaError_t LaunchDW(const AttentionParams& p, cudaStream_t stream) {
   // with less shared memory per block (sm_86/89 for D = 128 with 8 warps) refuses: the tactic
   // fails and the builder times the others.
   static const cudaError_t opt_in =
-      kSmem > 48 * 1024 ? cudaFuncSetAttribute(AttentionMmaKernel<T, D, kWarps, kStages>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kSmem))
-                        : cudaSuccess;
+      kSmem > 48 * 1024
+          ? OptInSharedMemory(AttentionMmaKernel<T, D, kWarps, kStages>, static_cast<int>(kSmem))
+          : cudaSuccess;
   if (opt_in != cudaSuccess) return opt_in;
   constexpr int kRows = 16 * kWarps;
   dim3 grid(static_cast<unsigned>((p.sq + kRows - 1) / kRows), static_cast<unsigned>(p.batch));

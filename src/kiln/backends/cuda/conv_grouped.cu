@@ -15,6 +15,7 @@
 #include "kiln/backends/cuda/activation.cuh"
 #include "kiln/backends/cuda/conv_depthwise.h"
 #include "kiln/backends/cuda/device_util.cuh"
+#include "kiln/backends/cuda/smem_opt_in.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -173,8 +174,8 @@ cudaError_t LaunchK(const GroupedConvArgs& a, cudaStream_t stream) {
   auto* kernel = GroupedConvKernel<T, kKpg, kPix>;
   // Above 48 KiB of dynamic shared memory a kernel must opt in; once per instantiation
   // (host-side, capture-safe).
-  static const cudaError_t opt_in = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kGroupedConvMaxFilterBytes);
+  static const cudaError_t opt_in =
+      OptInSharedMemory(kernel, static_cast<int>(kGroupedConvMaxFilterBytes));
   const size_t smem = static_cast<size_t>(a.r) * a.s * a.cpg * kKpg * sizeof(float);
   if (smem > 48 * 1024 && opt_in != cudaSuccess) return opt_in;
   const int64_t pixels = a.n * a.oh * a.ow;
