@@ -89,12 +89,14 @@ class Emitter {
     return names;
   }
 
-  std::string Constant(const std::string& what, onnx::TensorProto t) {
+  // A Constant node holding `t`; its output is `named` when given, a fresh value otherwise.
+  std::string Constant(const std::string& what, onnx::TensorProto t,
+                       const std::string& named = "") {
     NormalizedNode c;
     c.origin = owner_.name();
     c.node.set_op_type("Constant");
     c.node.set_name(host_.FreshNodeName(owner_.name() + "/" + what));
-    std::string out = host_.FreshValueName(owner_.name() + "/" + what);
+    std::string out = named.empty() ? host_.FreshValueName(owner_.name() + "/" + what) : named;
     c.node.add_output(out);
     t.set_name(out);
     auto* a = c.node.add_attribute();

@@ -796,21 +796,6 @@ class Lowerer {
     return OkStatus();
   }
 
-  // `out` = a constant (a rank-0 tensor), named as the node's output.
-  void NamedConstant(const std::string& out, onnx::TensorProto t) {
-    NormalizedNode c;
-    c.origin = n_.name();
-    c.node.set_op_type("Constant");
-    c.node.set_name(host_.FreshNodeName(n_.name() + "/value"));
-    c.node.add_output(out);
-    t.set_name(out);
-    auto* a = c.node.add_attribute();
-    a->set_name("value");
-    a->set_type(onnx::AttributeProto::TENSOR);
-    *a->mutable_t() = std::move(t);
-    host_.Emit(std::move(c));
-  }
-
   // Concat of any number of pieces along `axis` (groups of kMaxConcatInputs).
   std::string ConcatAll(std::vector<std::string> pieces, int64_t axis, const std::string& out) {
     while (pieces.size() > kMaxConcatInputs) {
@@ -885,7 +870,7 @@ class Lowerer {
       onnx::TensorProto t;
       t.set_data_type(onnx::TensorProto::INT64);
       t.add_int64_data(static_cast<int64_t>(elems.size()));
-      NamedConstant(out, std::move(t));
+      emit_.Constant("value", std::move(t), out);
       return OkStatus();
     }
     if (op == "ConcatFromSequence") {
@@ -931,7 +916,7 @@ class Lowerer {
         onnx::TensorProto t;
         t.set_data_type(onnx::TensorProto::BOOL);
         t.add_int32_data(has ? 1 : 0);
-        NamedConstant(out, std::move(t));
+        emit_.Constant("value", std::move(t), out);
         return OkStatus();
       }
       if (in.empty()) {
