@@ -47,23 +47,6 @@ onnx::GraphProto Graph(const std::string& name, const std::vector<Io>& inputs,
   return g;
 }
 
-onnx::NodeProto* Add(onnx::GraphProto* g, const std::string& op, const std::vector<std::string>& in,
-                     const std::vector<std::string>& out, const std::string& name = "") {
-  auto* n = g->add_node();
-  n->set_op_type(op);
-  n->set_name(name);
-  for (const auto& i : in) n->add_input(i);
-  for (const auto& o : out) n->add_output(o);
-  return n;
-}
-
-void GraphAttr(onnx::NodeProto* n, const std::string& name, onnx::GraphProto g) {
-  auto* a = n->add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::GRAPH);
-  *a->mutable_g() = std::move(g);
-}
-
 TensorProto IntTensor(const std::string& name, std::vector<int64_t> v, std::vector<int64_t> dims,
                       int32_t type = kI64) {
   TensorProto t;

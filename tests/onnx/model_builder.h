@@ -85,6 +85,26 @@ class ModelBuilder {
   onnx::ModelProto model_;
 };
 
+// A node `op`(in) -> out appended to `g` (named `name` when given).
+inline onnx::NodeProto* Add(onnx::GraphProto* g, const std::string& op,
+                            const std::vector<std::string>& in, const std::vector<std::string>& out,
+                            const std::string& name = "") {
+  auto* n = g->add_node();
+  n->set_op_type(op);
+  if (!name.empty()) n->set_name(name);
+  for (const auto& i : in) n->add_input(i);
+  for (const auto& o : out) n->add_output(o);
+  return n;
+}
+
+// A graph attribute (If's branches, Loop's and Scan's body).
+inline void GraphAttr(onnx::NodeProto* n, const std::string& name, onnx::GraphProto g) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::GRAPH);
+  *a->mutable_g() = std::move(g);
+}
+
 // Attribute helpers.
 inline void AttrInt(onnx::NodeProto* n, const std::string& name, int64_t v) {
   auto* a = n->add_attribute();

@@ -27,22 +27,6 @@ constexpr int32_t kF = TensorProto::FLOAT;
 constexpr int32_t kI64 = TensorProto::INT64;
 constexpr int32_t kBool = TensorProto::BOOL;
 
-onnx::NodeProto* Add(onnx::GraphProto* g, const std::string& op, const std::vector<std::string>& in,
-                     const std::vector<std::string>& out) {
-  auto* n = g->add_node();
-  n->set_op_type(op);
-  for (const auto& i : in) n->add_input(i);
-  for (const auto& o : out) n->add_output(o);
-  return n;
-}
-
-void GraphAttr(onnx::NodeProto* n, const std::string& name, onnx::GraphProto g) {
-  auto* a = n->add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::GRAPH);
-  *a->mutable_g() = std::move(g);
-}
-
 void IntConst(ModelBuilder& mb, const std::string& name, std::vector<int64_t> v,
               std::vector<int64_t> dims) {
   auto* t = mb.graph().add_initializer();
