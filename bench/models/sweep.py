@@ -260,8 +260,8 @@ def ort_arbitration(a, case_dir):
     except Exception:  # noqa: BLE001 -- no arbitration then
         return None
     worst = 0.0
-    alt = case_dir.rstrip("/") + "_ort"
-    shutil.rmtree(alt, ignore_errors=True)
+    # A fresh directory of its own (never an existing path beside the case), removed after.
+    alt = os.path.join(tempfile.mkdtemp(prefix="kiln_sweep_ort_"), os.path.basename(case_dir))
     shutil.copytree(case_dir, alt, ignore=shutil.ignore_patterns("result.json"))
     for f, g in zip(outs, got):
         t = load_tensor(os.path.join(data, f))
@@ -274,7 +274,7 @@ def ort_arbitration(a, case_dir):
         with open(os.path.join(alt, "test_data_set_0", f), "wb") as out:
             out.write(numpy_helper.from_array(np.asarray(g), t.name).SerializeToString())
     matches, _, _ = run_kiln(a, alt)
-    shutil.rmtree(alt, ignore_errors=True)
+    shutil.rmtree(os.path.dirname(alt), ignore_errors=True)
     return worst, matches
 
 
