@@ -269,6 +269,16 @@ std::vector<ConvCase> Cases() {
        "",
        {P{"pads", {0, 1, 2, 1}}},
        4},
+      // Squeeze-excite's second convolution: 1x1 on a 1x1 map, then a sigmoid (cuDNN offers
+      // runtime-compiled engines for it).
+      {"fused_1x1_on_1x1_sigmoid",
+       "FusedConv",
+       {3, 40, 1, 1},
+       {72, 40, 1, 1},
+       true,
+       false,
+       "sigmoid",
+       {}},
       {"fused_residual_gelu_nobias",
        "FusedConv",
        {1, 8, 8, 8},
@@ -473,7 +483,14 @@ TEST_P(CudnnConvTest, EveryTacticMatchesCpu) {
   auto [abs_tol, rel_tol] = Tolerance(dtype);
   int tactics_run = 0;
   for (const KernelProvider* p : KernelRegistry::Get().Providers(kind, *node)) {
-    for (const TacticConfig& tactic : p->Tactics(request)) {
+    const std::vector<TacticConfig> tactics = p->Tactics(request);
+    // KILN_CUDNN_RUNTIME_COMPILED's default: at most one engine that compiles its kernel at
+    // finalisation (seconds of build time each) per convolution.
+    const auto compiled = std::count_if(tactics.begin(), tactics.end(), [](const TacticConfig& t) {
+      return t.name.find("-rtc") != std::string::npos;
+    });
+    EXPECT_LE(compiled, 1) << p->id() << " offers " << compiled << " runtime-compiled engines";
+    for (const TacticConfig& tactic : tactics) {
       SCOPED_TRACE(tactic.name);
       auto kernel = p->Create(request, tactic);
       ASSERT_TRUE(kernel.ok()) << kernel.status().ToString();

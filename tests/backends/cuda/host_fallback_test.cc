@@ -53,6 +53,26 @@ std::unique_ptr<Graph> NonZeroGraph() {
   return g;
 }
 
+// y = Cast(Cast(Cast(x, f16), float8 E4M3), f32): the model's own FP16 meets a type CUDA's Cast
+// does not take.
+std::unique_ptr<Graph> Float8CastGraph() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, {4, 33});
+  Value* h = g->AddValue("h");
+  Value* e = g->AddValue("e");
+  Value* y = g->AddValue("y");
+  auto to = [](int64_t onnx_type) {
+    AttributeMap a;
+    a.Set("to", onnx_type);
+    return a;
+  };
+  g->AddNode("Cast", "to_f16", {x}, {h}, to(10));  // FLOAT16
+  g->AddNode("Cast", "to_f8", {h}, {e}, to(17));   // FLOAT8E4M3FN
+  g->AddNode("Cast", "to_f32", {e}, {y}, to(1));   // FLOAT
+  g->MarkOutput(y);
+  return g;
+}
+
 StatusOr<std::unique_ptr<EngineDesc>> Build(std::unique_ptr<Graph> g, BackendKind backend,
                                             BuildReport* report) {
   BuilderConfig config;
@@ -173,6 +193,37 @@ TEST_F(HostFallbackTest, DataDependentLayerReportsItsDims) {
     std::vector<float> ws = on_cpu[k].at("s").ToFloatVector();
     ASSERT_EQ(s.size(), ws.size());
     for (size_t i = 0; i < s.size(); ++i) EXPECT_NEAR(s[i], ws[i], 1e-6f) << i;
+  }
+}
+
+// The FP16 here is the model's, not the precision pass's: the layer runs on the host rather than
+// failing the build with KILN-E3003.
+TEST_F(HostFallbackTest, CastFromTheModelsFp16ToFloat8RunsOnTheHost) {
+  BuildReport gpu_report, cpu_report;
+  auto gpu = Build(Float8CastGraph(), BackendKind::kCuda, &gpu_report);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  auto cpu = Build(Float8CastGraph(), BackendKind::kCpu, &cpu_report);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  bool found = false;
+  for (const LayerReport& l : gpu_report.layer_reports) {
+    if (l.name != "to_f8") continue;
+    found = true;
+    EXPECT_TRUE(l.tactic.starts_with("host-")) << l.tactic;
+  }
+  EXPECT_TRUE(found);
+  const std::vector<Tensor> feeds = RandomFeeds({4, 33}, 2, 5);
+  auto on_gpu = RunAll(**gpu, BackendKind::kCuda, feeds);
+  auto on_cpu = RunAll(**cpu, BackendKind::kCpu, feeds);
+  ASSERT_EQ(on_gpu.size(), feeds.size());
+  ASSERT_EQ(on_cpu.size(), feeds.size());
+  for (size_t k = 0; k < feeds.size(); ++k) {
+    std::vector<float> got = on_gpu[k].at("y").ToFloatVector();
+    std::vector<float> want = on_cpu[k].at("y").ToFloatVector();
+    EXPECT_EQ(got, want);
+    // Float8 E4M3 keeps 3 mantissa bits: the round trip changes most values.
+    int changed = 0;
+    for (size_t i = 0; i < want.size(); ++i) changed += want[i] != feeds[k].data<float>()[i];
+    EXPECT_GT(changed, 0);
   }
 }
 

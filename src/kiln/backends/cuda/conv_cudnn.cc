@@ -502,6 +502,10 @@ class GraphBuilder {
 struct EngineChoice {
   int64_t engine = -1;
   std::vector<std::pair<int64_t, int64_t>> knobs;
+  // The engine compiles its kernel when its plan is finalised (cuDNN's runtime fusion engines):
+  // seconds per plan, where a precompiled engine takes milliseconds. Read from the engine, so not
+  // part of the key.
+  bool runtime_compiled = false;
   bool operator==(const EngineChoice&) const = default;
   std::string Key() const {
     std::string s = fmt::format("engine{}", engine);
@@ -544,6 +548,7 @@ StatusOr<bool> ReadChoice(cudnnBackendDescriptor_t cfg, DataType dtype, EngineCh
           behavior[i] == CUDNN_BEHAVIOR_NOTE_REQUIRES_BIAS_INT8x32_REORDER) {
         return false;
       }
+      if (behavior[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) out->runtime_compiled = true;
     }
   }
   constexpr int kMaxKnobs = CUDNN_KNOB_TYPE_COUNTS;
@@ -913,6 +918,10 @@ class CudnnConvProvider : public KernelProvider {
     // level): each one listed costs a plan finalisation.
     int64_t max_tactics = std::max<int64_t>(1, param::CudnnMaxTactics());
     if (request.max_tactics > 0) max_tactics = std::min<int64_t>(max_tactics, request.max_tactics);
+    // Runtime-compiled engines: KILN_CUDNN_RUNTIME_COMPILED says how many per graph (0, 1, all).
+    const int64_t rtc_param = param::CudnnRuntimeCompiled();
+    const int64_t max_runtime_compiled =
+        rtc_param >= 2 ? max_tactics : std::max<int64_t>(0, rtc_param);
     // The same request comes back often: the precision pass asks before the builder does, and
     // ResNet repeats its blocks. Building the operation graph and running cuDNN's heuristics
     // again for it costs milliseconds each time, so the answer is kept per process.
@@ -922,7 +931,8 @@ class CudnnConvProvider : public KernelProvider {
         fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", spec->op_name,
                     static_cast<int>(spec->op), ToString(spec->dtype), spec->nhwc, spec->has_bias,
                     spec->has_z, static_cast<int>(spec->act.kind), spec->act.min, spec->act.max,
-                    g->Key(), device, max_tactics);
+                    g->Key(), device, max_tactics) +
+        fmt::format("|rtc{}", max_runtime_compiled);
     static std::mutex memo_mu;
     static auto* memo = new std::map<std::string, std::vector<TacticConfig>>();
     {
@@ -940,8 +950,10 @@ class CudnnConvProvider : public KernelProvider {
       std::vector<EngineChoice> choices = Heuristics(*og, spec->dtype);
       KILN_LOG(Debug, BACKEND, "cuDNN {} graph for '{}' ({}): {} engine config(s)",
                fused ? "fused" : "conv", request.node->name(), g->Key(), choices.size());
+      int64_t compiled_left = max_runtime_compiled;
       for (const EngineChoice& c : choices) {
         if (static_cast<int64_t>(out.size()) >= max_tactics) break;
+        if (c.runtime_compiled && compiled_left-- <= 0) continue;
         // Only configurations that finalize at the largest shape become tactics.
         auto plan = PlanCache::Get().Find(*spec, *g, fused, c);
         if (!plan.ok()) {
@@ -950,10 +962,11 @@ class CudnnConvProvider : public KernelProvider {
           continue;
         }
         bool unfused_epilogue = !(fused && spec->op == ConvOp::kForward) && spec->NeedsEpilogue();
-        out.push_back({fmt::format("{}-{}-{}-cudnn-{}{}", DtypePrefix(spec->dtype), spec->op_name,
-                                   spec->nhwc ? "nhwc" : "nchw", c.Key(),
-                                   unfused_epilogue ? "-epilogue" : ""),
-                       EncodeParams(fused, c), static_cast<size_t>((*plan)->workspace)});
+        out.push_back(
+            {fmt::format("{}-{}-{}-cudnn-{}{}{}", DtypePrefix(spec->dtype), spec->op_name,
+                         spec->nhwc ? "nhwc" : "nchw", c.Key(), c.runtime_compiled ? "-rtc" : "",
+                         unfused_epilogue ? "-epilogue" : ""),
+             EncodeParams(fused, c), static_cast<size_t>((*plan)->workspace)});
       }
     };
     bool fusable =
