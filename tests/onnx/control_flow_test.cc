@@ -95,8 +95,9 @@ void ExpectValues(const std::map<std::string, Tensor>& got,
 // Imports, evaluates as imported and after the default passes, checks against `want`.
 void Check(const ModelBuilder& mb, const std::map<std::string, Tensor>& inputs,
            const std::map<std::string, std::vector<double>>& want,
-           const std::map<std::string, std::vector<int64_t>>& want_dims = {}) {
-  auto g = ImportOnnxBytes(AsBytes(mb.Bytes()), "");
+           const std::map<std::string, std::vector<int64_t>>& want_dims = {},
+           const ImportOptions& options = {}) {
+  auto g = ImportOnnxBytes(AsBytes(mb.Bytes()), "", options);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   auto before = cpu::EvaluateGraph(**g, inputs);
   ASSERT_TRUE(before.ok()) << before.status().ToString();
@@ -108,8 +109,8 @@ void Check(const ModelBuilder& mb, const std::map<std::string, Tensor>& inputs,
   ExpectValues(*after, want, want_dims, "after the passes");
 }
 
-Status ImportStatus(const ModelBuilder& mb) {
-  return ImportOnnxBytes(AsBytes(mb.Bytes()), "").status();
+Status ImportStatus(const ModelBuilder& mb, const ImportOptions& options = {}) {
+  return ImportOnnxBytes(AsBytes(mb.Bytes()), "", options).status();
 }
 
 // ---- Scan ----
@@ -424,6 +425,83 @@ TEST(ControlFlow, LoopWithARunTimeConditionKeepsStatesOnceItIsFalse) {
   }
 }
 
+// Loop(M, "", y0) with a run-time trip count M: y_t = y_{t-1} + t (the iteration number as a
+// float), scan output ys stacking each y_t. Unrolled to the bound (4 here); M above it fails
+// at run time (KILN-E5016), never a truncated result.
+ModelBuilder RunTimeTripCountLoop() {
+  ModelBuilder mb(16);
+  mb.Input("M", kI64, {}).Input("y0", kF, {2});
+  onnx::GraphProto body = Graph("body", {{"i", kI64, {}}, {"c", kBool, {}}, {"y", kF, {2}}},
+                                {{"c_out", kBool, {}}, {"y_out", kF, {2}}, {"scan", kF, {2}}});
+  Add(&body, "Identity", {"c"}, {"c_out"});
+  AttrInt(Add(&body, "Cast", {"i"}, {"fi"}), "to", kF);
+  Add(&body, "Add", {"y", "fi"}, {"y_out"});
+  Add(&body, "Identity", {"y_out"}, {"scan"});
+  GraphAttr(mb.Node("Loop", {"M", "", "y0"}, {"y", "ys"}, "loop"), "body", std::move(body));
+  mb.Output("y").Output("ys");
+  return mb;
+}
+
+TEST(ControlFlow, LoopWithARunTimeTripCountIsUnrolledToTheBound) {
+  ModelBuilder mb = RunTimeTripCountLoop();
+  ImportOptions options;
+  options.max_loop_trips = 4;
+  for (int64_t m : {0, 1, 3, 4}) {
+    SCOPED_TRACE(m);
+    std::vector<double> y = {0.5, -1.0}, ys;
+    for (int64_t t = 0; t < m; ++t) {
+      for (double& v : y) v += static_cast<double>(t);
+      ys.insert(ys.end(), y.begin(), y.end());
+    }
+    Check(mb,
+          {{"M", Tensor::FromVector<int64_t>(DataType::kInt64, {}, {m})},
+           {"y0", Floats({2}, {0.5f, -1.0f})}},
+          {{"y", y}, {"ys", ys}}, {{"ys", {m, 2}}}, options);
+  }
+  auto g = ImportOnnxBytes(AsBytes(mb.Bytes()), "", options);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto past =
+      cpu::EvaluateGraph(**g, {{"M", Tensor::FromVector<int64_t>(DataType::kInt64, {}, {5})},
+                               {"y0", Floats({2}, {0.5f, -1.0f})}});
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.status().code(), ErrorCode::kLoopTripLimit) << past.status().ToString();
+  EXPECT_NE(past.status().message().find("Loop 'loop'"), std::string::npos)
+      << past.status().ToString();
+}
+
+// A run-time condition with scan outputs (their length then depends on the data) and a run-time
+// condition without a trip count: both unrolled to the bound.
+TEST(ControlFlow, LoopWithARunTimeConditionAndScanOutputsCutsThemToTheIterationsRun) {
+  ModelBuilder mb(16);
+  mb.Input("y0", kF, {1}).Input("lim", kF, {1});
+  onnx::GraphProto body = Graph("body", {{"i", kI64, {}}, {"c", kBool, {}}, {"y", kF, {1}}},
+                                {{"c_out", kBool, {1}}, {"y_out", kF, {1}}, {"scan", kF, {1}}});
+  Add(&body, "Add", {"y", "y"}, {"y_out"});
+  Add(&body, "Less", {"y_out", "lim"}, {"c_out"});
+  Add(&body, "Identity", {"y_out"}, {"scan"});
+  GraphAttr(mb.Node("Loop", {"", "", "y0"}, {"y", "ys"}, "loop"), "body", std::move(body));
+  mb.Output("y").Output("ys");
+  for (float lim : {0.5f, 3.0f, 100.0f}) {
+    SCOPED_TRACE(lim);
+    double y = 1.0;
+    std::vector<double> ys;
+    bool c = true;
+    while (c) {
+      y += y;
+      ys.push_back(y);
+      c = y < lim;
+    }
+    Check(mb, {{"y0", Floats({1}, {1.0f})}, {"lim", Floats({1}, {lim})}}, {{"y", {y}}, {"ys", ys}},
+          {{"ys", {static_cast<int64_t>(ys.size()), 1}}});
+  }
+  // 2^17 > 1e5: the loop wants 17 iterations, one past the default bound of 16.
+  auto g = ImportOnnxBytes(AsBytes(mb.Bytes()), "");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto past = cpu::EvaluateGraph(**g, {{"y0", Floats({1}, {1.0f})}, {"lim", Floats({1}, {1e5f})}});
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.status().code(), ErrorCode::kLoopTripLimit) << past.status().ToString();
+}
+
 // ---- If ----
 
 onnx::GraphProto Branch(const std::string& name, const std::string& op, const std::string& out,
@@ -567,7 +645,9 @@ TEST(ControlFlow, IfOnAStaticDimBehindSymbolicReshapeAndSliceFolds) {
 // ---- what cannot be lowered ----
 
 TEST(ControlFlow, UnlowerableControlFlowIsOneCatalogErrorSayingWhy) {
-  {  // Loop with a run-time trip count
+  ImportOptions no_bound;
+  no_bound.max_loop_trips = 0;
+  {  // Loop with a run-time trip count, imported without a bound
     ModelBuilder mb(16);
     mb.Input("M", kI64, {}).Input("y0", kF, {1});
     onnx::GraphProto body = Graph("body", {{"i", kI64, {}}, {"c", kBool, {}}, {"y", kF, {1}}},
@@ -576,10 +656,12 @@ TEST(ControlFlow, UnlowerableControlFlowIsOneCatalogErrorSayingWhy) {
     Add(&body, "Identity", {"y"}, {"y_out"});
     GraphAttr(mb.Node("Loop", {"M", "", "y0"}, {"y"}, "loop"), "body", std::move(body));
     mb.Output("y");
-    Status st = ImportStatus(mb);
+    Status st = ImportStatus(mb, no_bound);
     EXPECT_EQ(st.code(), ErrorCode::kUnsupportedOps) << st.ToString();
     EXPECT_NE(st.message().find("trip count 'M' is computed at run time"), std::string::npos)
         << st.ToString();
+    EXPECT_NE(st.message().find("--max-loop-trips"), std::string::npos) << st.ToString();
+    EXPECT_TRUE(ImportStatus(mb).ok());  // the default bound lowers it
   }
   {  // Loop whose condition is data-dependent, with a scan output (of data-dependent length)
     ModelBuilder mb(16);
@@ -593,10 +675,23 @@ TEST(ControlFlow, UnlowerableControlFlowIsOneCatalogErrorSayingWhy) {
     Add(&body, "Identity", {"y_out"}, {"scan"});
     GraphAttr(mb.Node("Loop", {"M", "", "y0"}, {"y", "ys"}, "loop"), "body", std::move(body));
     mb.Output("y").Output("ys");
-    Status st = ImportStatus(mb);
+    Status st = ImportStatus(mb, no_bound);
     EXPECT_EQ(st.code(), ErrorCode::kUnsupportedOps) << st.ToString();
     EXPECT_NE(st.message().find("does not fold to a constant"), std::string::npos) << st.ToString();
-    EXPECT_NE(st.message().find("scan outputs depends on the data"), std::string::npos)
+    EXPECT_NE(st.message().find("a bound given at build time"), std::string::npos) << st.ToString();
+  }
+  {  // run-time trip count, and a body that grows its state
+    ModelBuilder mb(16);
+    mb.Input("M", kI64, {}).Input("y0", kF, {1});
+    onnx::GraphProto body = Graph("body", {{"i", kI64, {}}, {"c", kBool, {}}, {"y", kF, {1}}},
+                                  {{"c_out", kBool, {}}, {"y_out", kF, {2}}});
+    Add(&body, "Identity", {"c"}, {"c_out"});
+    AttrInt(Add(&body, "Concat", {"y", "y"}, {"y_out"}), "axis", 0);
+    GraphAttr(mb.Node("Loop", {"M", "", "y0"}, {"y"}, "loop"), "body", std::move(body));
+    mb.Output("y");
+    Status st = ImportStatus(mb);
+    EXPECT_EQ(st.code(), ErrorCode::kUnsupportedOps) << st.ToString();
+    EXPECT_NE(st.message().find("keeps the shape of loop state 'y'"), std::string::npos)
         << st.ToString();
   }
   {  // run-time condition and no trip count
@@ -608,9 +703,9 @@ TEST(ControlFlow, UnlowerableControlFlowIsOneCatalogErrorSayingWhy) {
     Add(&body, "Neg", {"y"}, {"y_out"});
     GraphAttr(mb.Node("Loop", {"", "c0", "y0"}, {"y"}, "loop"), "body", std::move(body));
     mb.Output("y");
-    Status st = ImportStatus(mb);
+    Status st = ImportStatus(mb, no_bound);
     EXPECT_EQ(st.code(), ErrorCode::kUnsupportedOps) << st.ToString();
-    EXPECT_NE(st.message().find("no trip count"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("a bound given at build time"), std::string::npos) << st.ToString();
   }
   {  // Scan over a symbolic length
     ModelBuilder mb(16);

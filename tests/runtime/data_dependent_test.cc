@@ -204,6 +204,72 @@ TEST(DataDependent, ConstantInputRunsAtExecutionWithStaticInputs) {
   EXPECT_EQ(ys, (std::vector<float>{0, 2, 3}));
 }
 
+// LoopGuard, the tail of a Loop unrolled to a bound (onnx/lower_control_flow.cc): `active` [5]
+// says which of 4 iterations ran; the stacked rows [4, 2] are cut to those (Gather of the
+// iterations it reports) and the state passes through. active[4] true (the loop wanted a fifth)
+// fails the run with KILN-E5016, and the context runs again afterwards.
+TEST(DataDependent, LoopGuardCutsRowsAndFailsPastItsBound) {
+  auto g = std::make_unique<Graph>();
+  g->set_name("loop_guard");
+  g->set_opset(17);
+  Value* active = g->AddInput("active", DataType::kBool, {5});
+  Value* state = g->AddInput("state", DataType::kFloat32, {3});
+  Value* rows = g->AddConstant("rows", Tensor::FromVector<float>(DataType::kFloat32, {4, 2},
+                                                                 {0, 1, 10, 11, 20, 21, 30, 31}));
+  Value* iters = g->AddValue("iters");
+  Value* state_out = g->AddValue("state_out");
+  AttributeMap attrs;
+  attrs.Set("loop", std::string("my_loop"));
+  g->AddNode("LoopGuard", "guard", {active, state}, {iters, state_out}, attrs);
+  Value* ys_value = g->AddValue("ys");
+  g->AddNode("Gather", "rows_run", {rows, iters}, {ys_value});
+  g->MarkOutput(ys_value);
+  g->MarkOutput(state_out);
+  BuilderConfig config;
+  BuildReport report;
+  auto desc = BuildEngine({std::move(g), "loop_guard", Hash128{}}, config, &report);
+  ASSERT_TRUE(desc.ok()) << desc.status().ToString();
+  auto runtime = Runtime::Create(BackendKind::kCpu);
+  ASSERT_TRUE(runtime.ok());
+  auto engine = (*runtime)->CreateEngine(std::shared_ptr<const EngineDesc>(std::move(*desc)));
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto ctx = (*engine)->CreateExecutionContext();
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  EXPECT_EQ(*(*ctx)->GetMaxTensorShape("ys"), (std::vector<int64_t>{4, 2}));
+  std::vector<float> ys(8, -1.f), st_in = {1.5f, -2.f, 3.f}, st_out(3, 0.f);
+  bool flags[5];
+  ASSERT_TRUE((*ctx)->SetTensorAddress("active", flags).ok());
+  ASSERT_TRUE((*ctx)->SetTensorAddress("state", st_in.data()).ok());
+  ASSERT_TRUE((*ctx)->SetTensorAddress("state_out", st_out.data()).ok());
+  ASSERT_TRUE((*ctx)->SetTensorAddress("ys", ys.data()).ok());
+  auto run = [&](int ran, bool wants_more) {
+    for (int t = 0; t < 5; ++t) flags[t] = t < ran;
+    flags[4] = wants_more;
+    return (*ctx)->Execute();
+  };
+  for (int ran : {2, 0, 4, 1}) {
+    SCOPED_TRACE(ran);
+    std::fill(st_out.begin(), st_out.end(), 0.f);
+    Status s = run(ran, false);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(*(*ctx)->GetTensorShape("ys"), (std::vector<int64_t>{ran, 2}));
+    std::vector<float> want;
+    for (int t = 0; t < ran; ++t) {
+      want.push_back(10.f * t);
+      want.push_back(10.f * t + 1);
+    }
+    EXPECT_EQ(std::vector<float>(ys.begin(), ys.begin() + 2 * ran), want);
+    EXPECT_EQ(st_out, st_in);
+  }
+  Status past = run(4, true);
+  EXPECT_EQ(past.code(), ErrorCode::kLoopTripLimit) << past.ToString();
+  EXPECT_NE(past.message().find("Loop 'my_loop'"), std::string::npos) << past.ToString();
+  EXPECT_NE(past.message().find("--max-loop-trips"), std::string::npos) << past.ToString();
+  Status again = run(3, false);
+  EXPECT_TRUE(again.ok()) << again.ToString();
+  EXPECT_EQ(*(*ctx)->GetTensorShape("ys"), (std::vector<int64_t>{3, 2}));
+}
+
 // TopK with a K that is only known at run time (a plain graph input, no shape values): the
 // count is data-dependent, bounded by the axis length; a layer after it sees the reported K.
 TEST(DataDependent, TopKWithARunTimeK) {

@@ -40,6 +40,7 @@ struct BuildOptions {
   std::vector<std::string> shape_values;
   std::vector<std::string> sequence_inputs;  // NAME=LENGTH[:RANK]
   std::vector<std::string> absent_inputs;    // optional inputs built as absent
+  int64_t max_loop_trips = ImportOptions().max_loop_trips;
   int64_t shape_arena = 0;
   std::string deadline;
   std::string memory_budget;
@@ -198,11 +199,13 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
     if (Status s = app::ParseSequenceInputSpec(v, &import); !s.ok()) return ReportError(s);
   }
   import.absent_inputs.insert(o.absent_inputs.begin(), o.absent_inputs.end());
-  if (o.distributed && (!import.sequence_inputs.empty() || !import.absent_inputs.empty())) {
+  import.max_loop_trips = o.max_loop_trips;
+  if (o.distributed && (!import.sequence_inputs.empty() || !import.absent_inputs.empty() ||
+                        import.max_loop_trips != ImportOptions().max_loop_trips)) {
     return ReportError(MakeError(ErrorCode::kInvalidArgument,
-                                 "--sequence-input and --absent-input are for single-process "
-                                 "builds; a distributed build does not specialise sequence or "
-                                 "optional inputs yet"));
+                                 "--sequence-input, --absent-input and --max-loop-trips are for "
+                                 "single-process builds; a distributed build imports with the "
+                                 "defaults yet"));
   }
   if (!o.deadline.empty()) {
     auto d = ParseDuration(o.deadline);
@@ -386,6 +389,13 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
                    "NAME of an optional-typed input to build as absent (None); optional inputs "
                    "not named are present")
       ->take_all();
+  shapes
+      ->add_option("--max-loop-trips", o->max_loop_trips,
+                   "iterations a Loop whose trip count or condition is computed at run time is "
+                   "unrolled to; a run that needs more fails with KILN-E5016 (0: refuse such "
+                   "Loops at import)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   shapes
       ->add_option("--shape-arena", o->shape_arena,
                    "bytes of activations a context may re-plan in for other shape input values "

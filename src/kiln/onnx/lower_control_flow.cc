@@ -497,10 +497,8 @@ class Lowerer {
     if (!In(0).empty()) {
       auto v = host_.IntValues(In(0));
       if (!v || v->size() != 1) {
-        return Unlowerable(
-            "its trip count '{}' is computed at run time; kiln unrolls a Loop at import, which "
-            "needs a constant trip count (or none) and a condition that folds to a constant",
-            In(0));
+        return LowerLoopBounded(*body, In(0), std::nullopt, num_states, num_scans,
+                                fmt::format("its trip count '{}' is computed at run time", In(0)));
       }
       trips = (*v)[0];
     }
@@ -574,17 +572,10 @@ class Lowerer {
   // the iterations after the condition turned false; their results are discarded.
   Status LowerLoopGated(const onnx::GraphProto& body, std::optional<int64_t> trips, int num_states,
                         int num_scans, const std::string& why) {
-    if (!trips) {
-      return Unlowerable(
-          "{} and it has no trip count; kiln unrolls a Loop at import, which needs a constant "
-          "trip count when the condition is computed at run time",
-          why);
-    }
-    if (num_scans > 0) {
-      return Unlowerable(
-          "{}, so the length of its scan outputs depends on the data; kiln unrolls a Loop at "
-          "import, which needs a condition that folds to a constant for scan outputs",
-          why);
+    // No trip count, or scan outputs whose length then depends on the data: unrolled to the
+    // import's bound instead.
+    if (!trips || num_scans > 0) {
+      return LowerLoopBounded(body, "", trips, num_states, num_scans, why);
     }
     KILN_RETURN_IF_ERROR(CheckBudget(body, std::max<int64_t>(*trips, 0)));
     std::string active = In(1).empty() ? BoolScalar("condition", true)
@@ -622,6 +613,130 @@ class Lowerer {
     }
     for (int i = 0; i < num_states && i < n_.output_size(); ++i) {
       Bind(i, states[static_cast<size_t>(i)]);
+    }
+    return OkStatus();
+  }
+
+  // A Loop whose trip count (`trip_value`, a run-time scalar) or condition is known only at run
+  // time, or whose scan outputs then have a data-dependent length: unrolled to B iterations,
+  // B = min(ImportOptions::max_loop_trips, a constant trip count). Iteration t runs while
+  // active[t] = condition so far && t < trip count; each state is kept or replaced as in
+  // LowerLoopGated (the body runs on in the iterations after; their results are discarded, and
+  // they see iteration number 0, an index every iteration has seen valid). A LoopGuard node
+  // (ops.inc) reads active[0..B]: it reports the n iterations that ran (the scan outputs keep
+  // their first n rows, a data-dependent length) and fails with KILN-E5016 when active[B] says
+  // the loop wanted more than B, so a truncated result never leaves the engine.
+  Status LowerLoopBounded(const onnx::GraphProto& body, const std::string& trip_value,
+                          std::optional<int64_t> trips, int num_states, int num_scans,
+                          const std::string& why) {
+    const int64_t limit = host_.max_loop_trips();
+    if (limit <= 0) {
+      return Unlowerable(
+          "{}; kiln unrolls such a Loop to a bound given at build time, and none is set "
+          "(`kiln build --max-loop-trips N`)",
+          why);
+    }
+    const int64_t bound = trips ? std::clamp<int64_t>(*trips, 0, limit) : limit;
+    KILN_RETURN_IF_ERROR(CheckBudget(body, bound));
+    std::vector<std::string> states;
+    for (int i = 0; i < num_states; ++i) {
+      states.push_back(In(2 + i));
+      if (IsComposite(states.back())) {
+        return Unlowerable(
+            "{}, and its loop state '{}' is a sequence or optional, whose length or presence "
+            "would then depend on run-time data",
+            why, body.input(2 + i).name());
+      }
+    }
+    std::string m;  // the run-time trip count as an int64 scalar
+    if (!trip_value.empty()) {
+      m = Op("trip_count", "Reshape", {trip_value, Ints({})});
+      if (host_.ElemType(trip_value) != onnx::TensorProto::INT64) {
+        m = Op("trip_count", "Cast", {m}, {IntAttrProto("to", onnx::TensorProto::INT64)});
+      }
+    }
+    // Whether iteration t may run as far as the trip count goes.
+    auto within_trips = [&](int64_t t, const std::string& active) {
+      if (!m.empty()) {
+        std::string more = Op("within_trip_count", "Less", {IntScalar("iteration", t), m});
+        return Op("active", "And", {active, more});
+      }
+      if (trips && t >= *trips) return BoolScalar("active", false);
+      return active;
+    };
+    std::string active = In(1).empty() ? BoolScalar("condition", true)
+                                       : Op("condition", "Reshape", {In(1), Ints({})});
+    active = within_trips(0, active);
+    std::vector<std::string> actives = {active};
+    std::vector<std::vector<std::string>> pieces(static_cast<size_t>(num_scans));
+    const std::string zero = IntScalar("iteration", 0);
+    for (int64_t t = 0; t < bound; ++t) {
+      std::string iteration =
+          t == 0 ? zero : Op("iteration", "Where", {active, IntScalar("iteration", t), zero});
+      std::vector<std::string> args = {iteration, active};
+      args.insert(args.end(), states.begin(), states.end());
+      std::vector<std::string> outs;
+      KILN_RETURN_IF_ERROR(Inline(body, args, fmt::format("{}/iter{}/", n_.name(), t), &outs));
+      for (int i = 0; i < num_states; ++i) {
+        const std::string& old_v = states[static_cast<size_t>(i)];
+        const std::string& new_v = outs[static_cast<size_t>(1 + i)];
+        auto a = host_.Dims(old_v), b = host_.Dims(new_v);
+        if (!a || !b || *a != *b ||
+            !std::all_of(a->begin(), a->end(), [](int64_t d) { return d >= 0; })) {
+          return Unlowerable(
+              "{}, and kiln cannot show that its body keeps the shape of loop state '{}' (which "
+              "a run-time trip count or condition needs: each state is kept or replaced per "
+              "iteration)",
+              why, body.input(2 + i).name());
+        }
+        states[static_cast<size_t>(i)] = Op("keep_or_update", "Where", {active, new_v, old_v});
+      }
+      for (int k = 0; k < num_scans; ++k) {
+        const std::string& piece = outs[static_cast<size_t>(1 + num_states + k)];
+        auto first = pieces[static_cast<size_t>(k)].empty()
+                         ? std::nullopt
+                         : host_.Dims(pieces[static_cast<size_t>(k)].front());
+        auto d = host_.Dims(piece);
+        if (!d || std::any_of(d->begin(), d->end(), [](int64_t x) { return x < 0; }) ||
+            (first && *first != *d)) {
+          return Unlowerable(
+              "{}, and kiln cannot show that every iteration's scan output '{}' has one static "
+              "shape (which stacking a run-time number of them needs)",
+              why, body.output(1 + num_states + k).name());
+        }
+        pieces[static_cast<size_t>(k)].push_back(piece);
+      }
+      std::string c = Op("body_condition", "Reshape", {outs[0], Ints({})});
+      active = within_trips(t + 1, Op("active", "And", {active, c}));
+      actives.push_back(active);
+    }
+    std::vector<std::string> flags;
+    for (const std::string& a : actives) flags.push_back(Op("active", "Reshape", {a, Ints({1})}));
+    std::string mask = flags.size() == 1
+                           ? flags[0]
+                           : Op("active_mask", "Concat", flags, {IntAttrProto("axis", 0)});
+    std::vector<std::string> guard_in = {mask};
+    guard_in.insert(guard_in.end(), states.begin(), states.end());
+    onnx::AttributeProto loop_name;
+    loop_name.set_name("loop");
+    loop_name.set_type(onnx::AttributeProto::STRING);
+    loop_name.set_s(n_.name());
+    std::vector<std::string> guarded =
+        emit_.Ops("loop_guard", "LoopGuard", guard_in, 1 + num_states, {loop_name});
+    for (int i = 0; i < num_states && i < n_.output_size(); ++i) {
+      Bind(i, guarded[static_cast<size_t>(1 + i)]);
+    }
+    for (int k = 0; k < num_scans && num_states + k < n_.output_size(); ++k) {
+      if (Out(num_states + k).empty()) continue;
+      if (bound == 0) {
+        return Unlowerable(
+            "{}, and it runs zero iterations, so its scan output '{}' is empty with a shape kiln "
+            "cannot know",
+            why, Out(num_states + k));
+      }
+      std::string stacked = Stack(pieces[static_cast<size_t>(k)], 0, false, "");
+      Op("scan_rows_run", "Gather", {stacked, guarded[0]}, {IntAttrProto("axis", 0)},
+         Out(num_states + k));
     }
     return OkStatus();
   }

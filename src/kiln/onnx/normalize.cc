@@ -261,6 +261,9 @@ class Normalizer final : public LoweringHost {
     return st;
   }
   int64_t& inlined_nodes() override { return inlined_nodes_; }
+  int64_t max_loop_trips() const override {
+    return io_->options ? io_->options->max_loop_trips : ImportOptions().max_loop_trips;
+  }
   size_t EmittedCount() const override { return out_->size(); }
   void DropEmittedAfter(size_t mark) override {
     if (mark < out_->size()) out_->resize(mark);

@@ -46,6 +46,10 @@ struct ImportOptions {
   // Optional-typed graph inputs specialised as absent (None): they are no engine input, and
   // OptionalHasElement of them is false. Optional inputs not listed are present.
   std::set<std::string> absent_inputs;
+  // A Loop whose trip count or condition is computed at run time is unrolled to this many
+  // iterations, each gated by the condition; a run that wants more fails with KILN-E5016
+  // (never a truncated result). 0: such a Loop is reported unsupported (KILN-E2004).
+  int64_t max_loop_trips = 16;
 };
 
 // What an ONNX graph input or output is.

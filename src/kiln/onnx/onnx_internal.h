@@ -212,6 +212,9 @@ class LoweringHost : public ExpansionHost {
   virtual Status EmitRaw(onnx::NodeProto node) = 0;
   // Nodes inlined so far by lowering (unrolled bodies), against kMaxInlinedNodes.
   virtual int64_t& inlined_nodes() = 0;
+  // ImportOptions::max_loop_trips: the iterations a Loop with a run-time trip count or
+  // condition is unrolled to.
+  virtual int64_t max_loop_trips() const = 0;
   // How many nodes have been emitted; DropEmittedAfter(mark) takes back those emitted since
   // (a lowering that starts over another way).
   virtual size_t EmittedCount() const = 0;

@@ -58,6 +58,24 @@ Status InferUnique(InferenceContext& ctx) {
   return OkStatus();
 }
 
+Status InferLoopGuard(InferenceContext& ctx) {
+  const Shape& active = ctx.input_shape(0);
+  if (ctx.input_type(0) != DataType::kBool || active.size() != 1 || !active[0].is_static() ||
+      active[0].value() < 1) {
+    return ctx.Error(ErrorCode::kShapeMismatch, "active must be a static bool[B+1]; got {} {}",
+                     ToString(ctx.input_type(0)), ToString(active));
+  }
+  if (ctx.num_outputs() != ctx.num_inputs()) {
+    return ctx.Error(ErrorCode::kInvalidModel, "{} input(s) but {} output(s); one state each",
+                     ctx.num_inputs(), ctx.num_outputs());
+  }
+  ctx.set_output(0, DataType::kInt64, {ctx.DataDependentDim(0, 0, Dim(active[0].value() - 1))});
+  for (size_t i = 1; i < ctx.num_inputs(); ++i) {
+    ctx.set_output(i, ctx.input_type(i), ctx.input_shape(i));
+  }
+  return OkStatus();
+}
+
 Status InferCompress(InferenceContext& ctx) {
   const Shape& x = ctx.input_shape(0);
   if (ctx.input_type(1) != DataType::kBool) {

@@ -336,6 +336,32 @@ Status RunNms(bool center, const KernelRunArgs& a, OutDims& dims) {
   return OkStatus();
 }
 
+// ---- LoopGuard: the iterations an unrolled Loop ran, and its states passed through.
+Status RunLoopGuard(const std::string& loop, const KernelRunArgs& a, OutDims& dims) {
+  const TensorView& active = a.inputs[0];
+  const auto* act = active.as<const bool>();
+  const int64_t bound = active.num_elements() - 1;
+  if (act[bound]) {
+    return MakeError(ErrorCode::kLoopTripLimit,
+                     "Loop '{}' wants more than the {} iteration(s) it was unrolled to at build "
+                     "time (its trip count or condition is computed at run time); rebuild with "
+                     "`kiln build --max-loop-trips N` for a larger N",
+                     loop, bound);
+  }
+  int64_t n = 0;
+  while (n < bound && act[n]) ++n;
+  auto* iterations = a.outputs[0].as<int64_t>();
+  for (int64_t i = 0; i < n; ++i) iterations[i] = i;
+  dims[0].assign({n});
+  for (size_t i = 1; i < a.inputs.size() && i < a.outputs.size(); ++i) {
+    const TensorView& x = a.inputs[i];
+    const size_t bytes = static_cast<size_t>(x.num_elements()) * SizeOf(x.dtype);
+    if (bytes && a.outputs[i].data != x.data) std::memcpy(a.outputs[i].data, x.data, bytes);
+    dims[i].assign(x.dims.begin(), x.dims.end());
+  }
+  return OkStatus();
+}
+
 std::optional<int64_t> AxisAttr(const Node& node) {
   if (!node.attrs().Has("axis")) return std::nullopt;
   return node.attrs().GetInt("axis", 0);
@@ -360,6 +386,25 @@ const bool kRegistered = [] {
             std::optional<int64_t> axis = AxisAttr(*r.node);
             return Reporting(
                 1, [axis](const KernelRunArgs& a, OutDims& d) { return RunCompress(axis, a, d); });
+          },
+  });
+  RegisterOpKernel({
+      .op_type = "LoopGuard",
+      .float_wrap = false,
+      .accepts =
+          [](const KernelRequest& r) {
+            for (size_t i = 1; i < r.inputs.size(); ++i) {
+              if (SizeOf(InType(r, i)) == 0) return false;
+            }
+            return InType(r, 0) == DataType::kBool;
+          },
+      .create =
+          [](const KernelRequest& r) {
+            std::string loop = attrs::LoopGuard::loop(r.node->attrs());
+            if (loop.empty()) loop = r.node->name();
+            return Reporting(r.node->num_outputs(), [loop](const KernelRunArgs& a, OutDims& d) {
+              return RunLoopGuard(loop, a, d);
+            });
           },
   });
   RegisterOpKernel({
