@@ -953,6 +953,11 @@ class CudnnConvProvider : public KernelProvider {
       int64_t compiled_left = max_runtime_compiled;
       for (const EngineChoice& c : choices) {
         if (static_cast<int64_t>(out.size()) >= max_tactics) break;
+        // A runtime-compiled engine of a fused NCHW graph gave wrong values (H100, cuDNN 9:
+        // engine 53 on a 1x1 FusedConv + sigmoid over a 1x1 map, f16 and bf16; its NHWC twin
+        // was right): NCHW fused graphs take precompiled engines only. kiln's GPU convolutions
+        // are NHWC unless the layout pass is off.
+        if (c.runtime_compiled && fused && !spec->nhwc) continue;
         if (c.runtime_compiled && compiled_left-- <= 0) continue;
         // Only configurations that finalize at the largest shape become tactics.
         auto plan = PlanCache::Get().Find(*spec, *g, fused, c);
