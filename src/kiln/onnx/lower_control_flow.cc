@@ -565,6 +565,44 @@ class Lowerer {
     return OkStatus();
   }
 
+  // The initial states of a Loop unrolled with a run-time condition: tensors only (a sequence's
+  // length would depend on the data).
+  Status GatedStates(const onnx::GraphProto& body, int num_states, const std::string& why,
+                     std::vector<std::string>* states) {
+    for (int i = 0; i < num_states; ++i) {
+      states->push_back(In(2 + i));
+      if (IsComposite(states->back())) {
+        return Unlowerable(
+            "{}, and its loop state '{}' is a sequence or optional, whose length or presence "
+            "would then depend on run-time data",
+            why, body.input(2 + i).name());
+      }
+    }
+    return OkStatus();
+  }
+
+  // Each state after one gated iteration: Where(active, the body's new value, the old one), which
+  // needs the body to keep the state's static shape.
+  Status KeepOrUpdate(const onnx::GraphProto& body, const std::vector<std::string>& outs,
+                      const std::string& active, const std::string& why,
+                      std::vector<std::string>* states) {
+    for (size_t i = 0; i < states->size(); ++i) {
+      const std::string& old_v = (*states)[i];
+      const std::string& new_v = outs[1 + i];
+      auto a = host_.Dims(old_v), b = host_.Dims(new_v);
+      if (!a || !b || *a != *b ||
+          !std::all_of(a->begin(), a->end(), [](int64_t d) { return d >= 0; })) {
+        return Unlowerable(
+            "{}, and kiln cannot show that its body keeps the shape of loop state '{}' (which a "
+            "run-time trip count or condition needs: each state is kept or replaced per "
+            "iteration)",
+            why, body.input(static_cast<int>(2 + i)).name());
+      }
+      (*states)[i] = Op("keep_or_update", "Where", {active, new_v, old_v});
+    }
+    return OkStatus();
+  }
+
   // A Loop whose condition is computed at run time, with a constant trip count: every iteration
   // unrolled, each state updated only while the condition held (Where(active, new, old), active
   // = And(active, condition)). Needs states whose shapes the body keeps (Where would broadcast
@@ -581,33 +619,13 @@ class Lowerer {
     std::string active = In(1).empty() ? BoolScalar("condition", true)
                                        : Op("condition", "Reshape", {In(1), Ints({})});
     std::vector<std::string> states;
-    for (int i = 0; i < num_states; ++i) {
-      states.push_back(In(2 + i));
-      if (IsComposite(states.back())) {
-        return Unlowerable(
-            "{}, and its loop state '{}' is a sequence or optional, whose length or presence "
-            "would then depend on run-time data",
-            why, body.input(2 + i).name());
-      }
-    }
+    KILN_RETURN_IF_ERROR(GatedStates(body, num_states, why, &states));
     for (int64_t t = 0; t < *trips; ++t) {
       std::vector<std::string> args = {IntScalar("iteration", t), active};
       args.insert(args.end(), states.begin(), states.end());
       std::vector<std::string> outs;
       KILN_RETURN_IF_ERROR(Inline(body, args, fmt::format("{}/iter{}/", n_.name(), t), &outs));
-      for (int i = 0; i < num_states; ++i) {
-        const std::string& old_v = states[static_cast<size_t>(i)];
-        const std::string& new_v = outs[static_cast<size_t>(1 + i)];
-        auto a = host_.Dims(old_v), b = host_.Dims(new_v);
-        if (!a || !b || *a != *b ||
-            !std::all_of(a->begin(), a->end(), [](int64_t d) { return d >= 0; })) {
-          return Unlowerable(
-              "{}, and kiln cannot show that its body keeps the shape of loop state '{}' (which "
-              "a run-time condition needs: each state is kept or replaced per iteration)",
-              why, body.input(2 + i).name());
-        }
-        states[static_cast<size_t>(i)] = Op("keep_or_update", "Where", {active, new_v, old_v});
-      }
+      KILN_RETURN_IF_ERROR(KeepOrUpdate(body, outs, active, why, &states));
       std::string c = Op("body_condition", "Reshape", {outs[0], Ints({})});
       active = Op("active", "And", {active, c});
     }
@@ -639,15 +657,7 @@ class Lowerer {
     const int64_t bound = trips ? std::clamp<int64_t>(*trips, 0, limit) : limit;
     KILN_RETURN_IF_ERROR(CheckBudget(body, bound));
     std::vector<std::string> states;
-    for (int i = 0; i < num_states; ++i) {
-      states.push_back(In(2 + i));
-      if (IsComposite(states.back())) {
-        return Unlowerable(
-            "{}, and its loop state '{}' is a sequence or optional, whose length or presence "
-            "would then depend on run-time data",
-            why, body.input(2 + i).name());
-      }
-    }
+    KILN_RETURN_IF_ERROR(GatedStates(body, num_states, why, &states));
     std::string m;  // the run-time trip count as an int64 scalar
     if (!trip_value.empty()) {
       m = Op("trip_count", "Reshape", {trip_value, Ints({})});
@@ -677,20 +687,7 @@ class Lowerer {
       args.insert(args.end(), states.begin(), states.end());
       std::vector<std::string> outs;
       KILN_RETURN_IF_ERROR(Inline(body, args, fmt::format("{}/iter{}/", n_.name(), t), &outs));
-      for (int i = 0; i < num_states; ++i) {
-        const std::string& old_v = states[static_cast<size_t>(i)];
-        const std::string& new_v = outs[static_cast<size_t>(1 + i)];
-        auto a = host_.Dims(old_v), b = host_.Dims(new_v);
-        if (!a || !b || *a != *b ||
-            !std::all_of(a->begin(), a->end(), [](int64_t d) { return d >= 0; })) {
-          return Unlowerable(
-              "{}, and kiln cannot show that its body keeps the shape of loop state '{}' (which "
-              "a run-time trip count or condition needs: each state is kept or replaced per "
-              "iteration)",
-              why, body.input(2 + i).name());
-        }
-        states[static_cast<size_t>(i)] = Op("keep_or_update", "Where", {active, new_v, old_v});
-      }
+      KILN_RETURN_IF_ERROR(KeepOrUpdate(body, outs, active, why, &states));
       for (int k = 0; k < num_scans; ++k) {
         const std::string& piece = outs[static_cast<size_t>(1 + num_states + k)];
         auto first = pieces[static_cast<size_t>(k)].empty()
