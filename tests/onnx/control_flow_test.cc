@@ -469,6 +469,50 @@ TEST(ControlFlow, LoopWithARunTimeTripCountIsUnrolledToTheBound) {
       << past.status().ToString();
 }
 
+// A body that slices a constant [4] at the iteration number (as ONNX's test_loop11 does): its
+// shapes need the number as a constant, so the iterations are unrolled with constants until the
+// slice would leave the tensor (4 iterations, under the default bound of 16); M = 5 wants a
+// fifth and fails with KILN-E5016.
+TEST(ControlFlow, LoopSlicingAtTheIterationNumberStopsWhereTheShapesWouldChange) {
+  ModelBuilder mb(16);
+  mb.Input("M", kI64, {}).Input("y0", kF, {1});
+  mb.Initializer("x", {1.0f, 2.0f, 4.0f, 8.0f}, {4});
+  onnx::GraphProto body =
+      Graph("body", {{"i", kI64, {}}, {"c", kBool, {}}, {"y", kF, {1}}},
+            {{"c_out", kBool, {}}, {"y_out", kF, {1}}, {"scan", kF, {1}}});
+  Add(&body, "Identity", {"c"}, {"c_out"});
+  ConstNode(&body, "one", IntTensor("one", {1}, {}));
+  ConstNode(&body, "axes", IntTensor("axes", {0}, {1}));
+  Add(&body, "Add", {"i", "one"}, {"end"});
+  Add(&body, "Unsqueeze", {"i", "axes"}, {"start1"});
+  Add(&body, "Unsqueeze", {"end", "axes"}, {"end1"});
+  Add(&body, "Slice", {"x", "start1", "end1"}, {"xi"});
+  Add(&body, "Add", {"y", "xi"}, {"y_out"});
+  Add(&body, "Identity", {"y_out"}, {"scan"});
+  GraphAttr(mb.Node("Loop", {"M", "", "y0"}, {"y", "ys"}, "loop"), "body", std::move(body));
+  mb.Output("y").Output("ys");
+  const std::vector<double> x = {1, 2, 4, 8};
+  for (int64_t m : {0, 2, 4}) {
+    SCOPED_TRACE(m);
+    double y = 0.5;
+    std::vector<double> ys;
+    for (int64_t t = 0; t < m; ++t) ys.push_back(y += x[static_cast<size_t>(t)]);
+    Check(mb,
+          {{"M", Tensor::FromVector<int64_t>(DataType::kInt64, {}, {m})},
+           {"y0", Floats({1}, {0.5f})}},
+          {{"y", {y}}, {"ys", ys}}, {{"ys", {m, 1}}});
+  }
+  auto g = ImportOnnxBytes(AsBytes(mb.Bytes()), "");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto past = cpu::EvaluateGraph(
+      **g, {{"M", Tensor::FromVector<int64_t>(DataType::kInt64, {}, {5})},
+            {"y0", Floats({1}, {0.5f})}});
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.status().code(), ErrorCode::kLoopTripLimit) << past.status().ToString();
+  EXPECT_NE(past.status().message().find("4 iteration(s)"), std::string::npos)
+      << past.status().ToString();
+}
+
 // A run-time condition with scan outputs (their length then depends on the data) and a run-time
 // condition without a trip count: both unrolled to the bound.
 TEST(ControlFlow, LoopWithARunTimeConditionAndScanOutputsCutsThemToTheIterationsRun) {

@@ -644,9 +644,31 @@ class Lowerer {
   // (ops.inc) reads active[0..B]: it reports the n iterations that ran (the scan outputs keep
   // their first n rows, a data-dependent length) and fails with KILN-E5016 when active[B] says
   // the loop wanted more than B, so a truncated result never leaves the engine.
+  //
+  // A body whose shapes depend on the iteration number (a Slice at it) cannot take the run-time
+  // number: then the iterations see constants 0, 1, ... instead, and the unrolling stops at the
+  // first iteration whose states or scan outputs would change shape (the loop may run no further
+  // with one static plan): B is that iteration, and the guard fails a run that wants it.
   Status LowerLoopBounded(const onnx::GraphProto& body, const std::string& trip_value,
                           std::optional<int64_t> trips, int num_states, int num_scans,
                           const std::string& why) {
+    const size_t mark = host_.EmittedCount();
+    Status run_time = LowerLoopBoundedAs(body, trip_value, trips, num_states, num_scans, why,
+                                         /*constant_iterations=*/false);
+    if (run_time.code() != ErrorCode::kUnsupportedOps) return run_time;
+    host_.DropEmittedAfter(mark);
+    hoisted_.clear();  // those constants were dropped too
+    Status constant = LowerLoopBoundedAs(body, trip_value, trips, num_states, num_scans, why,
+                                         /*constant_iterations=*/true);
+    if (constant.ok()) return constant;
+    host_.DropEmittedAfter(mark);
+    hoisted_.clear();
+    return run_time;
+  }
+
+  Status LowerLoopBoundedAs(const onnx::GraphProto& body, const std::string& trip_value,
+                            std::optional<int64_t> trips, int num_states, int num_scans,
+                            const std::string& why, bool constant_iterations) {
     const int64_t limit = host_.max_loop_trips();
     if (limit <= 0) {
       return Unlowerable(
@@ -654,7 +676,7 @@ class Lowerer {
           "(`kiln build --max-loop-trips N`)",
           why);
     }
-    const int64_t bound = trips ? std::clamp<int64_t>(*trips, 0, limit) : limit;
+    int64_t bound = trips ? std::clamp<int64_t>(*trips, 0, limit) : limit;
     KILN_RETURN_IF_ERROR(CheckBudget(body, bound));
     std::vector<std::string> states;
     KILN_RETURN_IF_ERROR(GatedStates(body, num_states, why, &states));
@@ -681,14 +703,18 @@ class Lowerer {
     std::vector<std::vector<std::string>> pieces(static_cast<size_t>(num_scans));
     const std::string zero = IntScalar("iteration", 0);
     for (int64_t t = 0; t < bound; ++t) {
+      const size_t iteration_mark = host_.EmittedCount();
       std::string iteration =
-          t == 0 ? zero : Op("iteration", "Where", {active, IntScalar("iteration", t), zero});
+          t == 0 || constant_iterations
+              ? IntScalar("iteration", t)
+              : Op("iteration", "Where", {active, IntScalar("iteration", t), zero});
       std::vector<std::string> args = {iteration, active};
       args.insert(args.end(), states.begin(), states.end());
       std::vector<std::string> outs;
-      KILN_RETURN_IF_ERROR(Inline(body, args, fmt::format("{}/iter{}/", n_.name(), t), &outs));
-      KILN_RETURN_IF_ERROR(KeepOrUpdate(body, outs, active, why, &states));
-      for (int k = 0; k < num_scans; ++k) {
+      std::vector<std::string> next_states = states;
+      Status st = Inline(body, args, fmt::format("{}/iter{}/", n_.name(), t), &outs);
+      if (st.ok()) st = KeepOrUpdate(body, outs, active, why, &next_states);
+      for (int k = 0; k < num_scans && st.ok(); ++k) {
         const std::string& piece = outs[static_cast<size_t>(1 + num_states + k)];
         auto first = pieces[static_cast<size_t>(k)].empty()
                          ? std::nullopt
@@ -696,12 +722,23 @@ class Lowerer {
         auto d = host_.Dims(piece);
         if (!d || std::any_of(d->begin(), d->end(), [](int64_t x) { return x < 0; }) ||
             (first && *first != *d)) {
-          return Unlowerable(
+          st = Unlowerable(
               "{}, and kiln cannot show that every iteration's scan output '{}' has one static "
               "shape (which stacking a run-time number of them needs)",
               why, body.output(1 + num_states + k).name());
         }
-        pieces[static_cast<size_t>(k)].push_back(piece);
+      }
+      if (!st.ok()) {
+        if (!constant_iterations || t == 0) return st;
+        // Iteration t would change a shape: the loop is unrolled to t iterations, and the guard
+        // reads whether it wanted this one (actives.back()).
+        host_.DropEmittedAfter(iteration_mark);
+        bound = t;
+        break;
+      }
+      states = std::move(next_states);
+      for (int k = 0; k < num_scans; ++k) {
+        pieces[static_cast<size_t>(k)].push_back(outs[static_cast<size_t>(1 + num_states + k)]);
       }
       std::string c = Op("body_condition", "Reshape", {outs[0], Ints({})});
       active = within_trips(t + 1, Op("active", "And", {active, c}));
