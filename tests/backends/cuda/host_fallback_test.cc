@@ -196,6 +196,58 @@ TEST_F(HostFallbackTest, DataDependentLayerReportsItsDims) {
   }
 }
 
+// y = DequantizeLinear(q, scale [2, 3], axis 1, block_size 2) over q int8 [2, 6]: blockwise
+// scales, which the CUDA kernel does not take (it read them as per-axis and failed the build).
+TEST_F(HostFallbackTest, BlockwiseDequantizeRunsOnTheHost) {
+  auto make = [] {
+    auto g = std::make_unique<Graph>();
+    Value* x = g->AddInput("x", DataType::kFloat32, {2, 6});
+    Value* q = g->AddValue("q");
+    Value* y = g->AddValue("y");
+    AttributeMap to_int8;
+    to_int8.Set("to", int64_t{3});  // INT8
+    g->AddNode("Cast", "to_int8", {x}, {q}, to_int8);
+    AttributeMap blocked;
+    blocked.Set("axis", int64_t{1});
+    blocked.Set("block_size", int64_t{2});
+    Value* scale =
+        g->AddConstant("scale", Tensor::FromVector<float>(DataType::kFloat32, {2, 3},
+                                                          {0.5f, 0.25f, 2.0f, 1.5f, 0.125f, 4.0f}));
+    g->AddNode("DequantizeLinear", "dq", {q, scale}, {y}, blocked);
+    g->MarkOutput(y);
+    return g;
+  };
+  BuildReport gpu_report, cpu_report;
+  auto gpu = Build(make(), BackendKind::kCuda, &gpu_report);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  auto cpu = Build(make(), BackendKind::kCpu, &cpu_report);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  for (const LayerReport& l : gpu_report.layer_reports) {
+    if (l.name == "dq") EXPECT_TRUE(l.tactic.starts_with("host-")) << l.tactic;
+  }
+  std::vector<Tensor> feeds = RandomFeeds({2, 6}, 2, 9);
+  for (Tensor& f : feeds) {
+    for (int64_t i = 0; i < f.num_elements(); ++i) f.mutable_data<float>()[i] *= 40.f;
+  }
+  auto on_gpu = RunAll(**gpu, BackendKind::kCuda, feeds);
+  auto on_cpu = RunAll(**cpu, BackendKind::kCpu, feeds);
+  ASSERT_EQ(on_gpu.size(), feeds.size());
+  ASSERT_EQ(on_cpu.size(), feeds.size());
+  for (size_t k = 0; k < feeds.size(); ++k) {
+    std::vector<float> got = on_gpu[k].at("y").ToFloatVector();
+    std::vector<float> want = on_cpu[k].at("y").ToFloatVector();
+    EXPECT_EQ(got, want);
+    // Element (r, c) is trunc(x) times scale[r][c / 2].
+    const std::vector<float> scale = {0.5f, 0.25f, 2.0f, 1.5f, 0.125f, 4.0f};
+    for (int64_t i = 0; i < 12; ++i) {
+      const float x = std::trunc(feeds[k].data<float>()[i]);
+      EXPECT_FLOAT_EQ(want[static_cast<size_t>(i)],
+                      x * scale[static_cast<size_t>((i / 6) * 3 + (i % 6) / 2)])
+          << i;
+    }
+  }
+}
+
 // The FP16 here is the model's, not the precision pass's: the layer runs on the host rather than
 // failing the build with KILN-E3003.
 TEST_F(HostFallbackTest, CastFromTheModelsFp16ToFloat8RunsOnTheHost) {

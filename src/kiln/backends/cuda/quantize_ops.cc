@@ -85,8 +85,9 @@ CudaOpDef QuantizeDef() {
       .accepts =
           [](const KernelRequest& r) {
             const DataType x = InType(r, 0);
+            // Blockwise scales (block_size > 0) have no CUDA kernel: the host fallback runs them.
             return (IsFloatStorage(x) || x == DataType::kInt32) && IsFloatStorage(InType(r, 1)) &&
-                   QuantizedType(OutType(r, 0));
+                   QuantizedType(OutType(r, 0)) && attrs::QuantizeLinear::block_size(*r.node) == 0;
           },
       .create =
           [](const KernelRequest& r) {
@@ -110,7 +111,8 @@ CudaOpDef DequantizeDef() {
           [](const KernelRequest& r) {
             const DataType q = InType(r, 0);
             return (QuantizedType(q) || q == DataType::kInt32) && IsFloatStorage(InType(r, 1)) &&
-                   IsFloatStorage(OutType(r, 0));
+                   IsFloatStorage(OutType(r, 0)) &&
+                   attrs::DequantizeLinear::block_size(*r.node) == 0;
           },
       .create =
           [](const KernelRequest& r) {
