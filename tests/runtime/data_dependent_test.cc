@@ -165,6 +165,18 @@ TEST(DataDependent, MaxShapeIsTheBoundAndThePlanHoldsIt) {
 
 // A constant input: the node is not folded (its output shape is not static) and runs at
 // execution; an all-static engine (no profile) still plans the count at its bound.
+// A CPU engine of `g` (no profile: its static shapes) and a context of it.
+StatusOr<std::unique_ptr<ExecutionContext>> CpuContext(std::unique_ptr<Graph> g) {
+  BuilderConfig config;
+  BuildReport report;
+  const std::string name = g->name();
+  KILN_ASSIGN_OR_RETURN(auto desc, BuildEngine({std::move(g), name, Hash128{}}, config, &report));
+  KILN_ASSIGN_OR_RETURN(auto runtime, Runtime::Create(BackendKind::kCpu));
+  KILN_ASSIGN_OR_RETURN(auto engine,
+                        runtime->CreateEngine(std::shared_ptr<const EngineDesc>(std::move(desc))));
+  return engine->CreateExecutionContext();
+}
+
 TEST(DataDependent, ConstantInputRunsAtExecutionWithStaticInputs) {
   auto g = std::make_unique<Graph>();
   g->set_name("const_nonzero");
@@ -178,15 +190,7 @@ TEST(DataDependent, ConstantInputRunsAtExecutionWithStaticInputs) {
   g->AddNode("Relu", "relu", {x}, {y});
   g->MarkOutput(nz);
   g->MarkOutput(y);
-  BuilderConfig config;
-  BuildReport report;
-  auto desc = BuildEngine({std::move(g), "const_nonzero", Hash128{}}, config, &report);
-  ASSERT_TRUE(desc.ok()) << desc.status().ToString();
-  auto runtime = Runtime::Create(BackendKind::kCpu);
-  ASSERT_TRUE(runtime.ok());
-  auto engine = (*runtime)->CreateEngine(std::shared_ptr<const EngineDesc>(std::move(*desc)));
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  auto ctx = (*engine)->CreateExecutionContext();
+  auto ctx = CpuContext(std::move(g));
   ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
   EXPECT_EQ(*(*ctx)->GetMaxTensorShape("nz"), (std::vector<int64_t>{2, 6}));
   std::vector<int64_t> nz_out(12, -1);
@@ -225,15 +229,7 @@ TEST(DataDependent, LoopGuardCutsRowsAndFailsPastItsBound) {
   g->AddNode("Gather", "rows_run", {rows, iters}, {ys_value});
   g->MarkOutput(ys_value);
   g->MarkOutput(state_out);
-  BuilderConfig config;
-  BuildReport report;
-  auto desc = BuildEngine({std::move(g), "loop_guard", Hash128{}}, config, &report);
-  ASSERT_TRUE(desc.ok()) << desc.status().ToString();
-  auto runtime = Runtime::Create(BackendKind::kCpu);
-  ASSERT_TRUE(runtime.ok());
-  auto engine = (*runtime)->CreateEngine(std::shared_ptr<const EngineDesc>(std::move(*desc)));
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  auto ctx = (*engine)->CreateExecutionContext();
+  auto ctx = CpuContext(std::move(g));
   ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
   EXPECT_EQ(*(*ctx)->GetMaxTensorShape("ys"), (std::vector<int64_t>{4, 2}));
   std::vector<float> ys(8, -1.f), st_in = {1.5f, -2.f, 3.f}, st_out(3, 0.f);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "kiln/app/pipeline.h"
@@ -137,6 +138,35 @@ void ExpectHostLayers(const BuildReport& report, const std::vector<std::string>&
   EXPECT_TRUE(warned);
 }
 
+// Builds make() for CUDA and for the CPU, expects layer `host_layer` on the host in the CUDA
+// build, runs both on `feeds` and gives output "y" of each run: {CUDA, CPU} per feed.
+std::vector<std::pair<std::vector<float>, std::vector<float>>> RunOnBoth(
+    const std::function<std::unique_ptr<Graph>()>& make, const std::string& host_layer,
+    const std::vector<Tensor>& feeds) {
+  std::vector<std::pair<std::vector<float>, std::vector<float>>> result;
+  BuildReport gpu_report, cpu_report;
+  auto gpu = Build(make(), BackendKind::kCuda, &gpu_report);
+  EXPECT_TRUE(gpu.ok()) << gpu.status().ToString();
+  auto cpu = Build(make(), BackendKind::kCpu, &cpu_report);
+  EXPECT_TRUE(cpu.ok()) << cpu.status().ToString();
+  if (!gpu.ok() || !cpu.ok()) return result;
+  bool found = false;
+  for (const LayerReport& l : gpu_report.layer_reports) {
+    if (l.name != host_layer) continue;
+    found = true;
+    EXPECT_TRUE(l.tactic.starts_with("host-")) << l.tactic;
+  }
+  EXPECT_TRUE(found) << "no layer " << host_layer;
+  auto on_gpu = RunAll(**gpu, BackendKind::kCuda, feeds);
+  auto on_cpu = RunAll(**cpu, BackendKind::kCpu, feeds);
+  EXPECT_EQ(on_gpu.size(), feeds.size());
+  EXPECT_EQ(on_cpu.size(), feeds.size());
+  for (size_t k = 0; k < on_gpu.size() && k < on_cpu.size(); ++k) {
+    result.emplace_back(on_gpu[k].at("y").ToFloatVector(), on_cpu[k].at("y").ToFloatVector());
+  }
+  return result;
+}
+
 TEST_F(HostFallbackTest, CpuOnlyLayerRunsBetweenCudaLayers) {
   BuildReport gpu_report, cpu_report;
   auto gpu = Build(CumProdGraph(), BackendKind::kCuda, &gpu_report);
@@ -217,28 +247,17 @@ TEST_F(HostFallbackTest, BlockwiseDequantizeRunsOnTheHost) {
     g->MarkOutput(y);
     return g;
   };
-  BuildReport gpu_report, cpu_report;
-  auto gpu = Build(make(), BackendKind::kCuda, &gpu_report);
-  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
-  auto cpu = Build(make(), BackendKind::kCpu, &cpu_report);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-  for (const LayerReport& l : gpu_report.layer_reports) {
-    if (l.name == "dq") EXPECT_TRUE(l.tactic.starts_with("host-")) << l.tactic;
-  }
   std::vector<Tensor> feeds = RandomFeeds({2, 6}, 2, 9);
   for (Tensor& f : feeds) {
     for (int64_t i = 0; i < f.num_elements(); ++i) f.mutable_data<float>()[i] *= 40.f;
   }
-  auto on_gpu = RunAll(**gpu, BackendKind::kCuda, feeds);
-  auto on_cpu = RunAll(**cpu, BackendKind::kCpu, feeds);
-  ASSERT_EQ(on_gpu.size(), feeds.size());
-  ASSERT_EQ(on_cpu.size(), feeds.size());
+  auto runs = RunOnBoth(make, "dq", feeds);
+  ASSERT_EQ(runs.size(), feeds.size());
+  const std::vector<float> scale = {0.5f, 0.25f, 2.0f, 1.5f, 0.125f, 4.0f};
   for (size_t k = 0; k < feeds.size(); ++k) {
-    std::vector<float> got = on_gpu[k].at("y").ToFloatVector();
-    std::vector<float> want = on_cpu[k].at("y").ToFloatVector();
+    const auto& [got, want] = runs[k];
     EXPECT_EQ(got, want);
     // Element (r, c) is trunc(x) times scale[r][c / 2].
-    const std::vector<float> scale = {0.5f, 0.25f, 2.0f, 1.5f, 0.125f, 4.0f};
     for (int64_t i = 0; i < 12; ++i) {
       const float x = std::trunc(feeds[k].data<float>()[i]);
       EXPECT_FLOAT_EQ(want[static_cast<size_t>(i)],
@@ -251,26 +270,11 @@ TEST_F(HostFallbackTest, BlockwiseDequantizeRunsOnTheHost) {
 // The FP16 here is the model's, not the precision pass's: the layer runs on the host rather than
 // failing the build with KILN-E3003.
 TEST_F(HostFallbackTest, CastFromTheModelsFp16ToFloat8RunsOnTheHost) {
-  BuildReport gpu_report, cpu_report;
-  auto gpu = Build(Float8CastGraph(), BackendKind::kCuda, &gpu_report);
-  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
-  auto cpu = Build(Float8CastGraph(), BackendKind::kCpu, &cpu_report);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-  bool found = false;
-  for (const LayerReport& l : gpu_report.layer_reports) {
-    if (l.name != "to_f8") continue;
-    found = true;
-    EXPECT_TRUE(l.tactic.starts_with("host-")) << l.tactic;
-  }
-  EXPECT_TRUE(found);
   const std::vector<Tensor> feeds = RandomFeeds({4, 33}, 2, 5);
-  auto on_gpu = RunAll(**gpu, BackendKind::kCuda, feeds);
-  auto on_cpu = RunAll(**cpu, BackendKind::kCpu, feeds);
-  ASSERT_EQ(on_gpu.size(), feeds.size());
-  ASSERT_EQ(on_cpu.size(), feeds.size());
+  auto runs = RunOnBoth(Float8CastGraph, "to_f8", feeds);
+  ASSERT_EQ(runs.size(), feeds.size());
   for (size_t k = 0; k < feeds.size(); ++k) {
-    std::vector<float> got = on_gpu[k].at("y").ToFloatVector();
-    std::vector<float> want = on_cpu[k].at("y").ToFloatVector();
+    const auto& [got, want] = runs[k];
     EXPECT_EQ(got, want);
     // Float8 E4M3 keeps 3 mantissa bits: the round trip changes most values.
     int changed = 0;
