@@ -1,7 +1,10 @@
 // `kiln conformance`: runs ONNX backend-test directories through the whole engine path and
 // reports pass/fail per case with the errors; with --expected, fails when a case that passed
-// before fails now. Each case runs in its own process with a time bound, so a crash or a hang in
-// one case is reported as that case's failure and the run goes on.
+// before fails now. Cases run in a worker process, one after another, each with a time bound: a
+// crash or a hang is reported as that case's failure and the next case starts in a new worker.
+// A worker also ends after any failed case, so a case that leaves the process in a bad state (a
+// CUDA context after a fault) cannot fail the cases after it; passing cases share one process,
+// so a CUDA run initialises the GPU once per run of passing cases, not once per case.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -10,6 +13,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -63,76 +67,147 @@ app::CaseResult FromJson(const nlohmann::json& j) {
   return r;
 }
 
-// Runs one case in a child process; a crash, a signal or the time bound becomes a failure.
-app::CaseResult RunIsolated(const std::string& dir, const app::ConformanceOptions& options,
-                            double timeout_s) {
+std::string CaseName(const std::string& dir) {
   std::string trimmed = dir;
   while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-  std::string name = trimmed.substr(trimmed.find_last_of('/') + 1);
-  int fds[2];
-  if (pipe(fds) != 0) {
-    app::CaseResult r;
-    r.name = name;
-    r.stage = "harness";
-    r.error = "pipe() failed";
-    return r;
-  }
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    std::string out = ToJson(app::RunConformanceCase(dir, options)).dump();
-    size_t off = 0;
-    while (off < out.size()) {
-      ssize_t n = write(fds[1], out.data() + off, out.size() - off);
-      if (n <= 0) break;
-      off += static_cast<size_t>(n);
-    }
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string buf;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  bool timed_out = false;
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p{fds[0], POLLIN, 0};
-    int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (ready <= 0) continue;
-    char chunk[4096];
-    ssize_t n = read(fds[0], chunk, sizeof(chunk));
-    if (n <= 0) break;
-    buf.append(chunk, static_cast<size_t>(n));
-  }
-  close(fds[0]);
-  if (timed_out) kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
+  return trimmed.substr(trimmed.find_last_of('/') + 1);
+}
+
+app::CaseResult HarnessFailure(const std::string& dir, std::string stage, std::string error,
+                               std::string code = "") {
   app::CaseResult r;
-  r.name = name;
-  if (timed_out) {
-    r.stage = "timeout";
-    r.error = fmt::format("KILN-E1004 case did not finish within {} s (killed)", timeout_s);
-    r.error_code = "KILN-E1004";
-    return r;
+  r.name = CaseName(dir);
+  r.stage = std::move(stage);
+  r.error = std::move(error);
+  r.error_code = std::move(code);
+  return r;
+}
+
+// A child process that runs cases[first], cases[first + 1], ... and writes each result as one
+// line of JSON to a pipe, until the last case or the first failed one.
+class Worker {
+ public:
+  ~Worker() { Stop(); }
+
+  bool Start(const std::vector<std::string>& cases, size_t first,
+             const app::ConformanceOptions& options) {
+    int fds[2];
+    if (pipe(fds) != 0) return false;
+    pid_ = fork();
+    if (pid_ < 0) {
+      close(fds[0]);
+      close(fds[1]);
+      return false;
+    }
+    if (pid_ == 0) {
+      close(fds[0]);
+      for (size_t i = first; i < cases.size(); ++i) {
+        app::CaseResult r = app::RunConformanceCase(cases[i], options);
+        std::string line = ToJson(r).dump() + "\n";  // dump() escapes newlines in strings
+        size_t off = 0;
+        while (off < line.size()) {
+          ssize_t n = write(fds[1], line.data() + off, line.size() - off);
+          if (n <= 0) _exit(1);
+          off += static_cast<size_t>(n);
+        }
+        if (!r.passed) break;
+      }
+      _exit(0);
+    }
+    close(fds[1]);
+    fd_ = fds[0];
+    buf_.clear();
+    return true;
   }
-  if (WIFSIGNALED(status)) {
-    r.stage = "crash";
-    r.error = fmt::format("the case crashed with signal {} ({})", WTERMSIG(status),
-                          strsignal(WTERMSIG(status)));
-    return r;
+
+  enum class Got { kResult, kTimeout, kEnded };
+  // The next result line within `timeout_s`, or why there is none.
+  Got Next(double timeout_s, std::string* line) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    for (;;) {
+      if (size_t nl = buf_.find('\n'); nl != std::string::npos) {
+        *line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return Got::kResult;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return Got::kTimeout;
+      pollfd p{fd_, POLLIN, 0};
+      int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+      if (ready <= 0) continue;
+      char chunk[4096];
+      ssize_t n = read(fd_, chunk, sizeof(chunk));
+      if (n <= 0) return Got::kEnded;
+      buf_.append(chunk, static_cast<size_t>(n));
+    }
   }
-  try {
-    return FromJson(nlohmann::json::parse(buf));
-  } catch (const std::exception& e) {
-    r.stage = "harness";
-    r.error = fmt::format("unreadable result: {}", e.what());
-    return r;
+
+  // Ends the worker (killed when `kill`) and gives its wait status.
+  int Stop(bool kill_it = true) {
+    if (pid_ <= 0) return 0;
+    if (kill_it) kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    close(fd_);
+    pid_ = -1;
+    fd_ = -1;
+    return status;
   }
+  bool running() const { return pid_ > 0; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string buf_;
+};
+
+// Runs the cases in workers (above) and calls `done` with each result, in order, until it returns
+// false.
+void RunCases(const std::vector<std::string>& cases, const app::ConformanceOptions& options,
+              double timeout_s, const std::function<bool(app::CaseResult)>& done) {
+  Worker worker;
+  size_t i = 0;
+  while (i < cases.size()) {
+    if (!worker.running() && !worker.Start(cases, i, options)) {
+      if (!done(HarnessFailure(cases[i], "harness", "pipe() or fork() failed"))) return;
+      ++i;
+      continue;
+    }
+    std::string line;
+    app::CaseResult r;
+    switch (worker.Next(timeout_s, &line)) {
+      case Worker::Got::kResult: {
+        try {
+          r = FromJson(nlohmann::json::parse(line));
+        } catch (const std::exception& e) {
+          r = HarnessFailure(cases[i], "harness", fmt::format("unreadable result: {}", e.what()));
+        }
+        if (!r.passed) worker.Stop(/*kill_it=*/false);  // it ends after a failed case
+        break;
+      }
+      case Worker::Got::kTimeout:
+        worker.Stop();
+        r = HarnessFailure(
+            cases[i], "timeout",
+            fmt::format("KILN-E1004 case did not finish within {} s (killed)", timeout_s),
+            "KILN-E1004");
+        break;
+      case Worker::Got::kEnded: {
+        const int status = worker.Stop(/*kill_it=*/false);
+        r = WIFSIGNALED(status)
+                ? HarnessFailure(cases[i], "crash",
+                                 fmt::format("the case crashed with signal {} ({})",
+                                             WTERMSIG(status), strsignal(WTERMSIG(status))))
+                : HarnessFailure(cases[i], "harness", "the case's process ended without a result");
+        break;
+      }
+    }
+    if (!done(std::move(r))) return;
+    ++i;
+  }
+  worker.Stop(/*kill_it=*/false);
 }
 
 int Run(const ConformanceCliOptions& o) {
@@ -206,8 +281,8 @@ int Run(const ConformanceCliOptions& o) {
     return WriteFileAtomic(o.json_path, "conformance report", j.dump(1) + "\n");
   };
   auto last_write = std::chrono::steady_clock::now();
-  for (const std::string& dir : cases) {
-    app::CaseResult r = RunIsolated(dir, options, o.timeout_s);
+  Status write_error;
+  RunCases(cases, options, o.timeout_s, [&](app::CaseResult r) -> bool {
     if (r.passed) {
       ++passed;
     } else {
@@ -221,10 +296,12 @@ int Run(const ConformanceCliOptions& o) {
     }
     results.push_back(std::move(r));
     if (std::chrono::steady_clock::now() - last_write > std::chrono::seconds(2)) {
-      if (Status s = write_json(); !s.ok()) return ReportError(s);
+      write_error = write_json();
       last_write = std::chrono::steady_clock::now();
     }
-  }
+    return write_error.ok();
+  });
+  if (!write_error.ok()) return ReportError(write_error);
   std::vector<std::string> regressions, newly_passing;
   for (const auto& r : results) {
     if (expected.count(r.name) && !r.passed) regressions.push_back(r.name);
