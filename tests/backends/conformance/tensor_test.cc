@@ -98,6 +98,17 @@ TEST_P(TensorOps, ShapeSizeConstantOfShapeRange) {
         return std::vector<RefTensor>{{{6}, {0.5, 0.75, 1.0, 1.25, 1.5, 1.75}}};
       })
       .Run(GetParam());
+  // FP16/BF16 bounds (computed in float, stash_type 1), counting down.
+  for (DataType t : {kFloat16, kBFloat16}) {
+    OpTester("Range")
+        .Constant(MakeTensor(t, {}, {3.0}))
+        .Constant(MakeTensor(t, {}, {-1.0}))
+        .Constant(MakeTensor(t, {}, {-0.75}))
+        .Reference([](const std::vector<RefTensor>&) {
+          return std::vector<RefTensor>{{{6}, {3.0, 2.25, 1.5, 0.75, 0.0, -0.75}}};
+        })
+        .Run(GetParam());
+  }
 }
 
 ReferenceFn TransposeRef(std::vector<int64_t> perm) {

@@ -176,10 +176,17 @@ __global__ void WriteInt64Kernel(Int64Values v, int64_t* y) {
 
 template <typename T>
 __global__ void RangeKernel(const T* start, const T* delta, T* __restrict__ y, int64_t n) {
-  T s = *start, d = *delta;
+  // Halves compute in float (ONNX's stash_type 1), as the CPU kernel does through its float
+  // wrapper; the float product and sum are rounded separately (no FMA), as on the CPU.
+  using C = typename Compute<T>::type;
+  const C s = Load(*start), d = Load(*delta);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    y[i] = static_cast<T>(s + static_cast<T>(i) * d);
+    if constexpr (std::is_same_v<C, float>) {
+      y[i] = Store<T>(__fadd_rn(s, __fmul_rn(static_cast<float>(i), d)));
+    } else {
+      y[i] = Store<T>(s + static_cast<C>(i) * d);
+    }
   }
 }
 
@@ -451,6 +458,10 @@ cudaError_t LaunchRange(Elem t, const void* start, const void* delta, void* y, i
   switch (t) {
     case Elem::kF32:
       return go(float{});
+    case Elem::kF16:
+      return go(__half{});
+    case Elem::kBF16:
+      return go(__nv_bfloat16{});
     case Elem::kI32:
       return go(int32_t{});
     case Elem::kI64:

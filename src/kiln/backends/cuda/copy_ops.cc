@@ -448,7 +448,9 @@ CudaOpDef RangeDef() {
       .accepts =
           [](const KernelRequest& r) {
             DataType t = InType(r, 0);
-            return (t == DataType::kFloat32 || IndexType(t)) && InType(r, 2) == t;
+            return (t == DataType::kFloat32 || t == DataType::kFloat16 ||
+                    t == DataType::kBFloat16 || IndexType(t)) &&
+                   InType(r, 2) == t;
           },
       .create =
           [](const KernelRequest& r) {
