@@ -477,9 +477,8 @@ TEST(ControlFlow, LoopSlicingAtTheIterationNumberStopsWhereTheShapesWouldChange)
   ModelBuilder mb(16);
   mb.Input("M", kI64, {}).Input("y0", kF, {1});
   mb.Initializer("x", {1.0f, 2.0f, 4.0f, 8.0f}, {4});
-  onnx::GraphProto body =
-      Graph("body", {{"i", kI64, {}}, {"c", kBool, {}}, {"y", kF, {1}}},
-            {{"c_out", kBool, {}}, {"y_out", kF, {1}}, {"scan", kF, {1}}});
+  onnx::GraphProto body = Graph("body", {{"i", kI64, {}}, {"c", kBool, {}}, {"y", kF, {1}}},
+                                {{"c_out", kBool, {}}, {"y_out", kF, {1}}, {"scan", kF, {1}}});
   Add(&body, "Identity", {"c"}, {"c_out"});
   ConstNode(&body, "one", IntTensor("one", {1}, {}));
   ConstNode(&body, "axes", IntTensor("axes", {0}, {1}));
@@ -505,8 +504,8 @@ TEST(ControlFlow, LoopSlicingAtTheIterationNumberStopsWhereTheShapesWouldChange)
   auto g = ImportOnnxBytes(AsBytes(mb.Bytes()), "");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   auto past = cpu::EvaluateGraph(
-      **g, {{"M", Tensor::FromVector<int64_t>(DataType::kInt64, {}, {5})},
-            {"y0", Floats({1}, {0.5f})}});
+      **g,
+      {{"M", Tensor::FromVector<int64_t>(DataType::kInt64, {}, {5})}, {"y0", Floats({1}, {0.5f})}});
   ASSERT_FALSE(past.ok());
   EXPECT_EQ(past.status().code(), ErrorCode::kLoopTripLimit) << past.status().ToString();
   EXPECT_NE(past.status().message().find("4 iteration(s)"), std::string::npos)
