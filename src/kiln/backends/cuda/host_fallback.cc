@@ -8,9 +8,9 @@
 // One provider per op ("cuda.host.<Op>", runs_on_host()). The builder asks it only for a layer
 // no CUDA provider has a tactic for (builder.cc ListCandidates), so a native kernel always wins;
 // it never offers FP16/BF16 for an op that has CUDA kernels (the precision pass then keeps the
-// layer FP32 on the device rather than moving it to the host), except for Cast, whose types are
-// the model's. Its tactics are the CPU providers'
-// tactics, named "host-<cpu tactic>".
+// layer FP32 on the device rather than moving it to the host), except for the ops the precision
+// pass leaves untouched (Cast...), whose types are the model's. Its tactics are the CPU
+// providers' tactics, named "host-<cpu tactic>".
 //
 // Running, all on the layer's stream: inputs are copied to pinned host buffers, the CPU kernel
 // runs in a host function (cudaLaunchHostFunc, so the layer stays asynchronous and can be
@@ -281,9 +281,10 @@ class HostFallbackProvider final : public KernelProvider {
   // rather than going FP16 here.
   bool ReducedWithNativeKernels(const KernelRequest& r) const {
     if (!HasReducedFloat(r)) return false;
-    // A Cast's types are the model's conversion, not the precision pass's choice: FP16 to float8
-    // or int4 (or back) has no CUDA kernel and runs here.
-    if (OpTypeOf(*r.node) == OpType::kCast) return false;
+    // An op the precision pass leaves untouched (Cast, comparisons, shape and index ops) has
+    // the model's own types, never the pass's choice: a Cast from the model's FP16 to float8 or
+    // int4 has no CUDA kernel and runs here.
+    if (GetOpTraits(OpTypeOf(*r.node)).precision == PrecisionClass::kUntouched) return false;
     for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, *r.node)) {
       if (!p->runs_on_host()) return true;
     }
