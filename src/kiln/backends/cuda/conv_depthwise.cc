@@ -38,7 +38,6 @@ struct DwSpec {
   FusedActivationSpec act;
 };
 
-int DtypeCode(DataType t) { return t == DataType::kFloat16 ? 1 : t == DataType::kBFloat16 ? 2 : 0; }
 std::string_view DtypePrefix(DataType t) {
   return t == DataType::kFloat16 ? "f16" : t == DataType::kBFloat16 ? "bf16" : "f32";
 }
@@ -173,7 +172,7 @@ class DepthwiseConvKernel final : public Kernel {
 
   Status Run(const KernelRunArgs& a) override {
     DepthwiseConvArgs args = args_;
-    args.dtype = DtypeCode(spec_.dtype);
+    args.dtype = *ToElem(spec_.dtype);
     args.x = a.inputs[0].data;
     args.w = taps_.get();
     args.bias = spec_.has_bias && Present(a, 2) ? a.inputs[2].data : nullptr;
@@ -238,7 +237,7 @@ class GroupedConvKernel final : public Kernel {
     int64_t pads[2];
     KILN_RETURN_IF_ERROR(ResolveWindow(spec_, x, y, pads));
     args_ = GroupedConvArgs{};
-    args_.dtype = DtypeCode(spec_.dtype);
+    args_.dtype = *ToElem(spec_.dtype);
     args_.n = x[0];
     args_.h = x[1];
     args_.w_in = x[2];

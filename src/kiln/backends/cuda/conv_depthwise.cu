@@ -201,16 +201,7 @@ cudaError_t LaunchT(const DepthwiseConvArgs& a, cudaStream_t stream) {
 
 cudaError_t LaunchDepthwiseConv(const DepthwiseConvArgs& a, cudaStream_t stream) {
   if (a.n * a.oh * a.ow * a.c == 0) return cudaSuccess;
-  switch (a.dtype) {
-    case 0:
-      return LaunchT<float>(a, stream);
-    case 1:
-      return LaunchT<__half>(a, stream);
-    case 2:
-      return LaunchT<__nv_bfloat16>(a, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return DispatchFloat(a.dtype, [&](auto tag) { return LaunchT<decltype(tag)>(a, stream); });
 }
 
 }  // namespace kiln::cuda

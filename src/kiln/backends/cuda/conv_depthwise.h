@@ -7,10 +7,12 @@
 
 #include <cstdint>
 
+#include "kiln/backends/cuda/cuda_launch.h"
+
 namespace kiln::cuda {
 
 struct DepthwiseConvArgs {
-  int dtype = 0;               // 0 f32, 1 f16, 2 bf16 (x, w, bias, z and y share it)
+  Elem dtype = Elem::kF32;     // f32, f16 or bf16 (x, w, bias, z and y share it)
   const void* x = nullptr;     // [n, h, w, c]
   const void* w = nullptr;     // [r * s, c]: the filter taps, channels contiguous
   const void* bias = nullptr;  // [c] or nullptr
@@ -31,7 +33,7 @@ cudaError_t LaunchDepthwiseConv(const DepthwiseConvArgs& a, cudaStream_t stream)
 // x [n, h, w, group * cpg] and y [n, oh, ow, group * kpg], the filter in FP32 as
 // [group][r * s][cpg][kpg] (conv_grouped.cu).
 struct GroupedConvArgs {
-  int dtype = 0;               // 0 f32, 1 f16, 2 bf16 (x, bias, z and y share it)
+  Elem dtype = Elem::kF32;     // f32, f16 or bf16 (x, bias, z and y share it)
   const void* x = nullptr;     // [n, h, w, group * cpg]
   const float* w = nullptr;    // [group][r * s][cpg][kpg], FP32
   const void* bias = nullptr;  // [group * kpg] or nullptr

@@ -225,16 +225,7 @@ cudaError_t LaunchGroupedConv(const GroupedConvArgs& a, cudaStream_t stream) {
     return cudaErrorMisalignedAddress;
   }
   if (a.n * a.oh * a.ow == 0) return cudaSuccess;
-  switch (a.dtype) {
-    case 0:
-      return LaunchT<float>(a, stream);
-    case 1:
-      return LaunchT<__half>(a, stream);
-    case 2:
-      return LaunchT<__nv_bfloat16>(a, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return DispatchFloat(a.dtype, [&](auto tag) { return LaunchT<decltype(tag)>(a, stream); });
 }
 
 }  // namespace kiln::cuda
