@@ -652,6 +652,12 @@ class Lowerer {
   Status LowerLoopBounded(const onnx::GraphProto& body, const std::string& trip_value,
                           std::optional<int64_t> trips, int num_states, int num_scans,
                           const std::string& why) {
+    if (host_.max_loop_trips() <= 0) {
+      return Unlowerable(
+          "{}; kiln unrolls such a Loop to a bound given at build time, and none is set "
+          "(`kiln build --max-loop-trips N`)",
+          why);
+    }
     const size_t mark = host_.EmittedCount();
     Status run_time = LowerLoopBoundedAs(body, trip_value, trips, num_states, num_scans, why,
                                          /*constant_iterations=*/false);
@@ -670,12 +676,6 @@ class Lowerer {
                             std::optional<int64_t> trips, int num_states, int num_scans,
                             const std::string& why, bool constant_iterations) {
     const int64_t limit = host_.max_loop_trips();
-    if (limit <= 0) {
-      return Unlowerable(
-          "{}; kiln unrolls such a Loop to a bound given at build time, and none is set "
-          "(`kiln build --max-loop-trips N`)",
-          why);
-    }
     int64_t bound = trips ? std::clamp<int64_t>(*trips, 0, limit) : limit;
     KILN_RETURN_IF_ERROR(CheckBudget(body, bound));
     std::vector<std::string> states;
@@ -701,7 +701,8 @@ class Lowerer {
     active = within_trips(0, active);
     std::vector<std::string> actives = {active};
     std::vector<std::vector<std::string>> pieces(static_cast<size_t>(num_scans));
-    const std::string zero = IntScalar("iteration", 0);
+    // The run-time number of iteration t >= 1: t while it runs, 0 once the loop has ended.
+    const std::string zero = constant_iterations ? "" : IntScalar("iteration", 0);
     for (int64_t t = 0; t < bound; ++t) {
       const size_t iteration_mark = host_.EmittedCount();
       std::string iteration =

@@ -355,7 +355,7 @@ Status RunLoopGuard(const std::string& loop, const KernelRunArgs& a, OutDims& di
   dims[0].assign({n});
   for (size_t i = 1; i < a.inputs.size() && i < a.outputs.size(); ++i) {
     const TensorView& x = a.inputs[i];
-    const size_t bytes = static_cast<size_t>(x.num_elements()) * SizeOf(x.dtype);
+    const size_t bytes = x.size_bytes();
     if (bytes && a.outputs[i].data != x.data) std::memcpy(a.outputs[i].data, x.data, bytes);
     dims[i].assign(x.dims.begin(), x.dims.end());
   }
