@@ -19,6 +19,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "kiln/app/conformance.h"
 #include "kiln/core/file_io.h"
@@ -144,12 +145,23 @@ class Worker {
     }
   }
 
-  // Ends the worker (killed when `kill`) and gives its wait status.
+  // Ends the worker (killed when `kill_it`) and gives its wait status. A worker left to end by
+  // itself (after a failed case or the last one, it only calls _exit) is killed if it has not
+  // within kExitBound.
   int Stop(bool kill_it = true) {
     if (pid_ <= 0) return 0;
     if (kill_it) kill(pid_, SIGKILL);
     int status = 0;
-    waitpid(pid_, &status, 0);
+    constexpr auto kExitBound = std::chrono::seconds(10);
+    const auto deadline = std::chrono::steady_clock::now() + kExitBound;
+    while (waitpid(pid_, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);  // SIGKILL cannot be ignored: this returns
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
     close(fd_);
     pid_ = -1;
     fd_ = -1;
