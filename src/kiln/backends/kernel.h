@@ -168,6 +168,9 @@ class KernelRegistry {
   // Providers of the node's op that also run its layout (NodeLayout); what builders and
   // evaluators should use.
   std::vector<const KernelProvider*> Providers(BackendKind backend, const Node& node) const;
+  // Providers(backend, op) without those that run another backend's kernel on the host
+  // (KernelProvider::runs_on_host: the CUDA backend's host fallback).
+  std::vector<const KernelProvider*> NativeProviders(BackendKind backend, OpType op) const;
   const KernelProvider* Find(BackendKind backend, std::string_view provider_id) const;
   std::vector<const KernelProvider*> All() const;
   // Providers whose op_type() is no op of ops.inc (a misspelling): never offered to a layer.

@@ -87,6 +87,13 @@ std::vector<const KernelProvider*> KernelRegistry::Providers(BackendKind backend
   return out;
 }
 
+std::vector<const KernelProvider*> KernelRegistry::NativeProviders(BackendKind backend,
+                                                                   OpType op) const {
+  std::vector<const KernelProvider*> out = Providers(backend, op);
+  std::erase_if(out, [](const KernelProvider* p) { return p->runs_on_host(); });
+  return out;
+}
+
 const KernelProvider* KernelRegistry::Find(BackendKind backend,
                                            std::string_view provider_id) const {
   for (const auto& p : providers_) {

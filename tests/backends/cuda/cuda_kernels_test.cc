@@ -26,6 +26,7 @@
 #include "kiln/builder/builder.h"
 #include "kiln/builder/builder_config.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/op_table.h"
 #include "op_tester.h"
 
 namespace kiln {
@@ -34,11 +35,7 @@ namespace {
 // The CUDA providers of `op` with kernels of their own: without the host fallback
 // (host_fallback.cc), whose one provider per op runs the CPU's kernel when no native one can.
 std::vector<const KernelProvider*> NativeCudaProviders(const std::string& op) {
-  std::vector<const KernelProvider*> out;
-  for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, op)) {
-    if (!p->runs_on_host()) out.push_back(p);
-  }
-  return out;
+  return KernelRegistry::Get().NativeProviders(BackendKind::kCuda, *LookupOpType(op));
 }
 
 using namespace testing;  // op_cases.h: Attrs, F32, I64, kAllFloats...
