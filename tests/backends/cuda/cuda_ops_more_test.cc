@@ -71,8 +71,9 @@ std::unique_ptr<Layer> MakeLayer(const std::string& op, AttributeMap attrs,
 // The single CUDA provider of `op` with a kernel of its own that offers a tactic for `r` (the
 // host fallback, host_fallback.cc, is not one: it runs the CPU's kernel).
 const KernelProvider* CudaProviderFor(const std::string& op, const KernelRequest& r) {
-  for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, op)) {
-    if (!p->runs_on_host() && !p->Tactics(r).empty()) return p;
+  for (const KernelProvider* p :
+       KernelRegistry::Get().NativeProviders(BackendKind::kCuda, *LookupOpType(op))) {
+    if (!p->Tactics(r).empty()) return p;
   }
   return nullptr;
 }
