@@ -231,7 +231,11 @@ TEST_F(CudaBlasTest, AttentionShapesAndMasks) {
   runs += RunAttention({{1, 2, 260, 128}, {1, 2, 260, 128}, {1, 2, 260, 128}, "causal"}, 62);
   runs +=
       RunAttention({{2, 1, 130, 32}, {2, 1, 333, 32}, {2, 1, 333, 32}, "additive", {130, 333}}, 63);
-  EXPECT_GE(runs, 13 * 3);
+  // Whisper's 1500 frames: 23 full key tiles without a mask (the scale-only path) and a partial
+  // one; a negative scale, where the raw scores' max is not the scaled scores' max.
+  runs += RunAttention({{1, 2, 1500, 64}, {1, 2, 1500, 64}, {1, 2, 1500, 64}}, 64);
+  runs += RunAttention({{1, 2, 300, 32}, {1, 2, 256, 32}, {1, 2, 256, 32}, "none", {}, -0.2f}, 65);
+  EXPECT_GE(runs, 15 * 3);
 }
 
 // Grouped-query attention as the attention fusion runs it (rank-5 views): Q [B, KVH, n, S, D]

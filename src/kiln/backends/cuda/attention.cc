@@ -244,7 +244,8 @@ class CudaAttentionProvider final : public KernelProvider {
       // Ranked by the sequence lengths (the default build times the first two): one key tile
       // (Swin's windows, short prompts) gains nothing from cp.async double buffering, where
       // small row blocks keep enough blocks in flight; long sequences (Whisper's 1500 frames)
-      // want the K/V tiles prefetched and read once for many rows.
+      // want the K/V tiles prefetched and read once for many rows, and (head dims up to 64)
+      // each fragment used for two m-tiles.
       auto seq_len = [&](const Shape& sh) -> int64_t {
         const int64_t r = static_cast<int64_t>(sh.size());
         int64_t axis = r - 2;  // bhsd, bsd
@@ -259,13 +260,21 @@ class CudaAttentionProvider final : public KernelProvider {
       const TacticConfig pipe64{fmt::format("{}-attention-cuda-flash-mma-pipe-64x64", t), {4}, 0};
       const TacticConfig mma64{fmt::format("{}-attention-cuda-flash-mma-64x64", t), {2}, 0};
       const TacticConfig mma32{fmt::format("{}-attention-cuda-flash-mma-32x64", t), {3}, 0};
-      if (sk >= 0 && sk <= 64) {
+      // Two m-tiles per warp: K/V fragments read once for 32 rows (head dims up to 64).
+      const TacticConfig pipe2m{
+          fmt::format("{}-attention-cuda-flash-mma-pipe2m-128x64", t), {6}, 0};
+      const bool one_tile = sk >= 0 && sk <= 64;
+      const bool long_rows = !one_tile && (sq < 0 || sq >= 256);
+      const bool two_m = dq <= 64;
+      if (long_rows && two_m) tactics.push_back(pipe2m);
+      if (one_tile) {
         tactics.insert(tactics.end(), {mma64, mma32, pipe64, pipe128});
-      } else if (sq < 0 || sq >= 256) {
+      } else if (long_rows) {
         tactics.insert(tactics.end(), {pipe128, pipe64, mma64, mma32});
       } else {
         tactics.insert(tactics.end(), {pipe64, mma32, mma64, pipe128});
       }
+      if (two_m && !long_rows) tactics.push_back(pipe2m);
     }
     if (tc) tactics.push_back({fmt::format("{}-attention-cuda-flash-wmma-64x64", t), {1}, 0});
     tactics.push_back({fmt::format("{}-attention-cuda-flash-simt-16x32", t), {0}, 0});
@@ -280,7 +289,7 @@ class CudaAttentionProvider final : public KernelProvider {
       return MakeError(ErrorCode::kInvalidArgument, "cuda.attention: Q must be f32, f16 or bf16");
     }
     int variant = tactic.params.empty() ? 0 : static_cast<int>(tactic.params[0]);
-    if (tactic.params.size() > 1 || variant < 0 || variant > 5 ||
+    if (tactic.params.size() > 1 || variant < 0 || variant > 6 ||
         (variant >= 1 && *type == BlasType::kF32)) {
       return MakeError(ErrorCode::kInvalidArgument,
                        "cuda.attention: tactic '{}' has invalid params", tactic.name);

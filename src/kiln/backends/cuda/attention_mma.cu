@@ -144,10 +144,22 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// 2^x on the special-function unit, denormal results flushed to zero (a probability below
+// 2^-126 adds nothing to a row sum that holds at least one 1).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // kStages 1: K/V loaded synchronously into one buffer per tile; 2: double-buffered with cp.async.
-template <typename T, int D, int kWarps, int kStages>
+// kMT: 16-row m-tiles per warp. With 2, each K and V fragment read from shared memory feeds two
+// tensor-core products (half the shared-memory traffic per FLOP), at twice the registers for S
+// and O (head dims up to 64).
+template <typename T, int D, int kWarps, int kStages, int kMT>
 __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParams p) {
-  constexpr int kRows = 16 * kWarps;
+  constexpr int kWarpRows = 16 * kMT;
+  constexpr int kRows = kWarpRows * kWarps;
   constexpr int kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];  // dynamic: D = 128 needs > 48 KiB
   T* q_s = reinterpret_cast<T*>(smem_raw);
@@ -168,19 +180,34 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
   LoadTile<T, D>(q_s, q, row0, kRows, p.sq, p.q_row, threadIdx.x, kWarps * 32);
   __syncthreads();
 
-  // This warp's Q fragments: D/16 k-steps of a 16x16 A tile.
-  uint32_t qf[D / 16][4];
-  {
-    const T* base = q_s + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kLd + (lane / 16) * 8;
+  // This warp's Q fragments: per m-tile, D/16 k-steps of a 16x16 A tile.
+  uint32_t qf[kMT][D / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) LdMatrixX4(qf[kk], base + kk * 16);
+  for (int mt = 0; mt < kMT; ++mt) {
+    const T* base = q_s + (warp * kWarpRows + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kLd +
+                    (lane / 16) * 8;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) LdMatrixX4(qf[mt][kk], base + kk * 16);
   }
 
-  float o[D / 8][4];
+  float o[kMT][D / 8][4];
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  const int64_t my_row[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+  }
+  // Per m-tile, rows g (h = 0) and g + 8 (h = 1) of this lane: running max (log2 units) and sum.
+  float m_run[kMT][2], l_run[kMT][2];
+  int64_t my_row[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_run[mt][h] = -INFINITY;
+      l_run[mt][h] = 0.f;
+      my_row[mt][h] = row0 + warp * kWarpRows + mt * 16 + g + 8 * h;
+    }
+  }
   const float scale_log2 = p.scale * 1.4426950408889634f;
 
   int64_t key_end = p.sk;
@@ -189,6 +216,9 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
     int64_t e = last + (p.sk - p.sq) + 1;
     key_end = e < 0 ? 0 : (e < p.sk ? e : p.sk);
   }
+  // Tiles that need no per-score work but the scale: all keys in range, no mask, and a positive
+  // scale (the max of the raw scores is then the max of the scaled ones).
+  const bool plain_kind = p.mask_kind == AttnMask::kNone && scale_log2 > 0.f;
 
   if (kStages > 1 && key_end > 0) {  // tile 0 in flight before the loop
     LoadTileAsync<T, D>(k_buf, k, 0, kKeys, p.sk, p.k_row, threadIdx.x, kWarps * 32);
@@ -219,10 +249,15 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
     }
     __syncthreads();
 
-    // S = Q K^T for 16 rows x 64 keys: 8 n-blocks of 8 keys.
-    float s[kKeys / 8][4];
+    // S = Q K^T for 16 rows per m-tile x 64 keys: 8 n-blocks of 8 keys. Each K fragment serves
+    // every m-tile.
+    float s[kMT][kKeys / 8][4];
 #pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+        s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+    }
 #pragma unroll
     for (int np = 0; np < kKeys / 16; ++np) {  // pairs of n-blocks (16 keys)
 #pragma unroll
@@ -232,66 +267,88 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
         const T* addr =
             k_s + (np * 16 + (lane % 8) + (lane / 16) * 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8;
         LdMatrixX4(kf, addr);
-        MmaType<T>::Mma(s[2 * np], qf[kk], kf);
-        MmaType<T>::Mma(s[2 * np + 1], qf[kk], kf + 2);
-      }
-    }
-
-    // Scale (log2 units), mask, bounds; the tile's row max.
-    float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;  // 0: row g, 1: row g + 8
-        const int64_t key = key0 + n * 8 + 2 * t + (e % 2);
-        float x = s[n][e] * scale_log2;
-        if (key >= p.sk) {
-          x = -INFINITY;
-        } else if (p.mask_kind != AttnMask::kNone) {
-          x = my_row[h] < p.sq ? MaskedScore<T>(p, x, my_row[h], key, mo) : x;
+        for (int mt = 0; mt < kMT; ++mt) {
+          MmaType<T>::Mma(s[mt][2 * np], qf[mt][kk], kf);
+          MmaType<T>::Mma(s[mt][2 * np + 1], qf[mt][kk], kf + 2);
         }
-        s[n][e] = x;
-        tile_max[h] = fmaxf(tile_max[h], x);
       }
-    }
-    float corr[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      // The four lanes of a quad hold one row's 64 scores between them.
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      const float m_new = fmaxf(m_run[h], tile_max[h]);
-      // A row masked everywhere so far keeps m = -inf: exp2 against 0 keeps P at 0 (not NaN),
-      // and a row masked everywhere ends 0/0 = NaN like the CPU reference.
-      const float base = m_new == -INFINITY ? 0.f : m_new;
-      corr[h] = exp2f(m_run[h] - base);
-      m_run[h] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-        s[n][2 * h] = exp2f(s[n][2 * h] - base);
-        s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - base);
-        sum += s[n][2 * h] + s[n][2 * h + 1];
-      }
-      l_run[h] = l_run[h] * corr[h] + sum;  // per-lane partial; reduced across the quad at the end
-    }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= corr[0];
-      o[n][1] *= corr[0];
-      o[n][2] *= corr[1];
-      o[n][3] *= corr[1];
     }
 
-    // O += P V: P's A fragments come from S's registers (two n-blocks make one 16-key k-step).
+    const bool plain = plain_kind && key0 + kKeys <= p.sk;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      // The tile's row max (log2 units): on the raw scores of a plain tile (scaled once per
+      // row), else scale, mask and bounds per score.
+      float tile_max[2] = {-INFINITY, -INFINITY};
+      if (plain) {
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n) {
+          tile_max[0] = fmaxf(tile_max[0], fmaxf(s[mt][n][0], s[mt][n][1]));
+          tile_max[1] = fmaxf(tile_max[1], fmaxf(s[mt][n][2], s[mt][n][3]));
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = e / 2;  // 0: row g, 1: row g + 8
+            const int64_t key = key0 + n * 8 + 2 * t + (e % 2);
+            float x = s[mt][n][e] * scale_log2;
+            if (key >= p.sk) {
+              x = -INFINITY;
+            } else if (p.mask_kind != AttnMask::kNone) {
+              x = my_row[mt][h] < p.sq ? MaskedScore<T>(p, x, my_row[mt][h], key, mo) : x;
+            }
+            s[mt][n][e] = x;
+            tile_max[h] = fmaxf(tile_max[h], x);
+          }
+        }
+      }
+      // A plain tile's scores are still raw: exp2(s * scale - m), one FMA per score.
+      const float mul = plain ? scale_log2 : 1.f;
+      float corr[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // The four lanes of a quad hold one row's 64 scores between them.
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        const float m_new = fmaxf(m_run[mt][h], tile_max[h] * mul);
+        // A row masked everywhere so far keeps m = -inf: exp2 against 0 keeps P at 0 (not NaN),
+        // and a row masked everywhere ends 0/0 = NaN like the CPU reference.
+        const float base = m_new == -INFINITY ? 0.f : m_new;
+        corr[h] = Exp2(m_run[mt][h] - base);
+        m_run[mt][h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n) {
+          s[mt][n][2 * h] = Exp2(fmaf(s[mt][n][2 * h], mul, -base));
+          s[mt][n][2 * h + 1] = Exp2(fmaf(s[mt][n][2 * h + 1], mul, -base));
+          sum += s[mt][n][2 * h] + s[mt][n][2 * h + 1];
+        }
+        l_run[mt][h] = l_run[mt][h] * corr[h] + sum;  // per-lane partial; quad-reduced at the end
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[mt][n][0] *= corr[0];
+        o[mt][n][1] *= corr[0];
+        o[mt][n][2] *= corr[1];
+        o[mt][n][3] *= corr[1];
+      }
+    }
+
+    // O += P V: P's A fragments come from S's registers (two n-blocks make one 16-key k-step);
+    // each V fragment serves every m-tile.
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      uint32_t pf[4];
-      pf[0] = MmaType<T>::Pack(s[2 * kk][0], s[2 * kk][1]);
-      pf[1] = MmaType<T>::Pack(s[2 * kk][2], s[2 * kk][3]);
-      pf[2] = MmaType<T>::Pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pf[3] = MmaType<T>::Pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      uint32_t pf[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pf[mt][0] = MmaType<T>::Pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pf[mt][1] = MmaType<T>::Pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pf[mt][2] = MmaType<T>::Pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pf[mt][3] = MmaType<T>::Pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int np = 0; np < D / 16; ++np) {
         // x4.trans: (keys +0..7, dv +0..7) (keys +8..15, dv +0..7) (keys +0..7, dv +8..15) (..)
@@ -299,71 +356,82 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
         const T* addr =
             v_s + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kLd + np * 16 + (lane / 16) * 8;
         LdMatrixX4Trans(vf, addr);
-        MmaType<T>::Mma(o[2 * np], pf, vf);
-        MmaType<T>::Mma(o[2 * np + 1], pf, vf + 2);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          MmaType<T>::Mma(o[mt][2 * np], pf[mt], vf);
+          MmaType<T>::Mma(o[mt][2 * np + 1], pf[mt], vf + 2);
+        }
       }
     }
   }
 
-  // Normalise and store: lane holds columns n*8 + 2t, +1 of rows g and g + 8.
+  // Normalise and store: lane holds columns n*8 + 2t, +1 of rows g and g + 8 of each m-tile.
   T* y = static_cast<T*>(p.y) + yo;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (my_row[h] >= p.sq) continue;
-    const float inv = 1.f / l;
-    T* yr = y + my_row[h] * p.y_row;
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      uint32_t packed = MmaType<T>::Pack(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
-      *reinterpret_cast<uint32_t*>(yr + n * 8 + 2 * t) = packed;
+    for (int h = 0; h < 2; ++h) {
+      float l = l_run[mt][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if (my_row[mt][h] >= p.sq) continue;
+      const float inv = 1.f / l;
+      T* yr = y + my_row[mt][h] * p.y_row;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        uint32_t packed = MmaType<T>::Pack(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(yr + n * 8 + 2 * t) = packed;
+      }
     }
   }
 }
 
-constexpr size_t SmemBytes(int d, int warps, int stages, size_t elem) {
-  return elem * static_cast<size_t>(16 * warps + 2 * stages * kKeys) *
-         static_cast<size_t>(d + kPad);
+constexpr size_t SmemBytes(int d, int rows, int stages, size_t elem) {
+  return elem * static_cast<size_t>(rows + 2 * stages * kKeys) * static_cast<size_t>(d + kPad);
 }
 
-template <typename T, int D, int kWarps, int kStages>
+template <typename T, int D, int kWarps, int kStages, int kMT>
 cudaError_t LaunchDW(const AttentionParams& p, cudaStream_t stream) {
-  constexpr size_t kSmem = SmemBytes(D, kWarps, kStages, sizeof(T));
+  constexpr int kRows = 16 * kMT * kWarps;
+  constexpr size_t kSmem = SmemBytes(D, kRows, kStages, sizeof(T));
   // Above 48 KiB a kernel must opt in; once per instantiation (host-side, capture-safe). A GPU
   // with less shared memory per block (sm_86/89 for D = 128 with 8 warps) refuses: the tactic
   // fails and the builder times the others.
   static const cudaError_t opt_in =
-      kSmem > 48 * 1024
-          ? OptInSharedMemory(AttentionMmaKernel<T, D, kWarps, kStages>, static_cast<int>(kSmem))
-          : cudaSuccess;
+      kSmem > 48 * 1024 ? OptInSharedMemory(AttentionMmaKernel<T, D, kWarps, kStages, kMT>,
+                                            static_cast<int>(kSmem))
+                        : cudaSuccess;
   if (opt_in != cudaSuccess) return opt_in;
-  constexpr int kRows = 16 * kWarps;
   dim3 grid(static_cast<unsigned>((p.sq + kRows - 1) / kRows), static_cast<unsigned>(p.batch));
-  AttentionMmaKernel<T, D, kWarps, kStages><<<grid, kWarps * 32, kSmem, stream>>>(p);
+  AttentionMmaKernel<T, D, kWarps, kStages, kMT><<<grid, kWarps * 32, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <typename T, int D>
-cudaError_t LaunchD(const AttentionParams& p, int warps, bool pipelined, cudaStream_t stream) {
-  if (pipelined) {
-    return warps == 8 ? LaunchDW<T, D, 8, 2>(p, stream) : LaunchDW<T, D, 4, 2>(p, stream);
+cudaError_t LaunchD(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
+                    cudaStream_t stream) {
+  if (m_tiles == 2) {  // pipelined, 4 warps; head dims up to 64 (S and O in registers twice)
+    if constexpr (D <= 64) return LaunchDW<T, D, 4, 2, 2>(p, stream);
+    return cudaErrorInvalidValue;
   }
-  return warps == 4 ? LaunchDW<T, D, 4, 1>(p, stream) : LaunchDW<T, D, 2, 1>(p, stream);
+  if (pipelined) {
+    return warps == 8 ? LaunchDW<T, D, 8, 2, 1>(p, stream) : LaunchDW<T, D, 4, 2, 1>(p, stream);
+  }
+  return warps == 4 ? LaunchDW<T, D, 4, 1, 1>(p, stream) : LaunchDW<T, D, 2, 1, 1>(p, stream);
 }
 
 template <typename T>
-cudaError_t LaunchT(const AttentionParams& p, int warps, bool pipelined, cudaStream_t stream) {
+cudaError_t LaunchT(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
+                    cudaStream_t stream) {
   switch (p.d) {
     case 16:
-      return LaunchD<T, 16>(p, warps, pipelined, stream);
+      return LaunchD<T, 16>(p, warps, pipelined, m_tiles, stream);
     case 32:
-      return LaunchD<T, 32>(p, warps, pipelined, stream);
+      return LaunchD<T, 32>(p, warps, pipelined, m_tiles, stream);
     case 64:
-      return LaunchD<T, 64>(p, warps, pipelined, stream);
+      return LaunchD<T, 64>(p, warps, pipelined, m_tiles, stream);
     case 128:
-      return LaunchD<T, 128>(p, warps, pipelined, stream);
+      return LaunchD<T, 128>(p, warps, pipelined, m_tiles, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -387,9 +455,12 @@ bool AttentionMmaSupports(const AttentionParams& p) {
   return true;
 }
 
-cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelined,
+cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
                                cudaStream_t stream) {
-  const bool shape_ok = pipelined ? (warps == 4 || warps == 8) : (warps == 2 || warps == 4);
+  const bool shape_ok = m_tiles == 2 ? pipelined && warps == 4 && p.d <= 64
+                        : m_tiles == 1
+                            ? (pipelined ? (warps == 4 || warps == 8) : (warps == 2 || warps == 4))
+                            : false;
   if (!AttentionMmaSupports(p) || !shape_ok) return cudaErrorInvalidValue;
   auto misaligned = [](const void* ptr, uintptr_t a) {
     return reinterpret_cast<uintptr_t>(ptr) % a != 0;
@@ -397,8 +468,8 @@ cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelin
   if (misaligned(p.q, 16) || misaligned(p.k, 16) || misaligned(p.v, 16) || misaligned(p.y, 4)) {
     return cudaErrorMisalignedAddress;
   }
-  if (p.type == BlasType::kF16) return LaunchT<__half>(p, warps, pipelined, stream);
-  return LaunchT<__nv_bfloat16>(p, warps, pipelined, stream);
+  if (p.type == BlasType::kF16) return LaunchT<__half>(p, warps, pipelined, m_tiles, stream);
+  return LaunchT<__nv_bfloat16>(p, warps, pipelined, m_tiles, stream);
 }
 
 }  // namespace kiln::cuda

@@ -91,9 +91,10 @@ struct AttentionParams {
 // registers), f16/bf16, d == dv in {16, 32, 64, 128}, 16-byte aligned rows; 4 / 2 warps of 16
 // query rows per block. variant 4 / 5: variant 2's kernel with K/V double-buffered through
 // cp.async, 4 / 8 warps (sm_80+; 8 warps at d = 128 needs ~104 KiB of shared memory per block,
-// more than sm_86/89 give: an error there).
+// more than sm_86/89 give: an error there). variant 6: variant 4 with two 16-row m-tiles per warp
+// (128 rows per block; each K/V fragment from shared memory feeds both), head dims up to 64.
 cudaError_t LaunchAttention(const AttentionParams& p, int variant, cudaStream_t stream);
-// Whether variants 2-5 take these params (types, head dims, alignment of pointers and strides).
+// Whether variants 2-6 take these params (types, head dims, alignment of pointers and strides).
 bool AttentionMmaSupports(const AttentionParams& p);
 
 }  // namespace kiln::cuda
