@@ -285,9 +285,13 @@ def kiln_build(a, onnx_path, engine, profile, cache, report, extra=()):
                               "--report", report] + list(extra)
     if a.device == "cuda":
         cmd.append("--fp16")
+    # cuDNN's runtime-compiled plans go with the timing cache: a build with a fresh timing cache
+    # is cold for both (compiles its plans), one with a used cache is warm for both.
+    env = dict(os.environ, KILN_CUDNN_PLAN_CACHE=cache + ".plans")
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.deadline * 3 + 60)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.deadline * 3 + 60,
+                           env=env)
     except subprocess.TimeoutExpired:
         return time.time() - t0, f"kiln build ran past {a.deadline * 3 + 60} s"
     return time.time() - t0, (None if p.returncode == 0 else first_error(p))
@@ -444,9 +448,12 @@ def build_variants(a, name, exporter, batch, export_dir, profile, work, in_dir, 
         row["kiln_widest_error"] = f"run: {err}"
         return row
     e = rel_l2(out, ref) if out is not None else float("inf")
+    row["kiln_widest_rel_l2"] = e if math.isfinite(e) else None
     if e <= tol:
         row["kiln_widest_ms"] = j["compute_ms"]["median"]
     else:
+        # Judged again beside PyTorch's own FP16 error (ratio_rows), like the default engine.
+        row["kiln_widest_unchecked_ms"] = j["compute_ms"]["median"]
         row["kiln_widest_error"] = f"check: rel L2 {e:.2e}"
     return row
 
@@ -646,6 +653,11 @@ def ratio_rows(result):
                 and ke <= FP16_SENSITIVE_FACTOR * tf16):
             m["kiln_correct"] = True
             m["fp16_sensitive"] = tf16
+        we = r.get("kiln_widest_rel_l2")
+        if (r.get("kiln_widest_unchecked_ms") and tf16 is not None and we is not None
+                and tf16 > FP16_TOL and we <= FP16_SENSITIVE_FACTOR * tf16):
+            m["kiln_widest_ms"] = r["kiln_widest_unchecked_ms"]
+            m.pop("kiln_widest_error", None)
         ro = t.get("torch_reduce-overhead_ms")
         if ro and r.get("kiln_ms") and m.get("kiln_correct"):
             m["kiln_over_reduce_overhead"] = r["kiln_ms"] / ro

@@ -192,6 +192,29 @@ void GuardInputsOfThisProcess(bool on) {
   }
 }
 
+std::string DirectoryDistrust(const struct stat& st) {
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return fmt::format("it is owned by another user (uid {})", st.st_uid);
+  }
+  if (st.st_mode & S_ISVTX) return {};
+  if (st.st_mode & S_IWOTH) return "it is writable by every user (and not sticky)";
+  if (st.st_mode & S_IWGRP) {
+    return fmt::format("it is writable by group {} (and not sticky)", st.st_gid);
+  }
+  return {};
+}
+
+std::string FileDistrust(const struct stat& st) {
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return fmt::format("it is owned by another user (uid {})", st.st_uid);
+  }
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    return fmt::format("it is writable by {} (mode {:o})",
+                       st.st_mode & S_IWOTH ? "every user" : "its group", st.st_mode & 07777);
+  }
+  return {};
+}
+
 bool WasReadByThisProcess(const struct stat& st) {
   const ReadFile r = ReadFileOf(st);
   std::lock_guard lock(g_inputs_mu);

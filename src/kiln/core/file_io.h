@@ -179,6 +179,15 @@ bool IsWrongFileKind(const Status& s);
 // long-lived process (Python) that loads an engine and later rewrites it leaves it off (default).
 void GuardInputsOfThisProcess(bool on);
 
+// Why others could plant files in the directory `st` describes, or an empty string when they
+// cannot: owned by another user (root aside), or writable by its group or every user without the
+// sticky bit. In a sticky directory writable by others (like /tmp) nobody can replace our files,
+// and each file's owner is checked when it is read (FileDistrust).
+std::string DirectoryDistrust(const struct stat& st);
+// Why a file may not be trusted (owned by another user, root aside, or writable by its group or
+// every user), or an empty string.
+std::string FileDistrust(const struct stat& st);
+
 // Whether this process opened the file `st` describes through OpenInputFile (while guarded).
 // Compares device, inode and change time, so a file created later on a recycled inode is not taken
 // for an input.

@@ -302,33 +302,6 @@ std::string ReadEntry(int fd, std::string_view key, const VerifyFn& verify,
   return {};
 }
 
-// Why others could plant entries in `dir`, or an empty string when they cannot. A sticky
-// directory writable by others (like /tmp) is accepted: there nobody can replace our files, and
-// every entry's owner is checked when it is read (EntryDistrust).
-std::string DirDistrust(const struct stat& st) {
-  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
-    return fmt::format("it is owned by another user (uid {})", st.st_uid);
-  }
-  if (st.st_mode & S_ISVTX) return {};
-  if (st.st_mode & S_IWOTH) return "it is writable by every user (and not sticky)";
-  if (st.st_mode & S_IWGRP) {
-    return fmt::format("it is writable by group {} (and not sticky)", st.st_gid);
-  }
-  return {};
-}
-
-// Why an entry file may not be trusted, or an empty string.
-std::string EntryDistrust(const struct stat& st) {
-  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
-    return fmt::format("it is owned by another user (uid {})", st.st_uid);
-  }
-  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
-    return fmt::format("it is writable by {} (mode {:o})",
-                       st.st_mode & S_IWOTH ? "every user" : "its group", st.st_mode & 07777);
-  }
-  return {};
-}
-
 bool TrustShared(const CacheOptions& options) {
   return options.trust_shared || param::TrustSharedCache() != 0;
 }
@@ -344,7 +317,7 @@ Status CheckControlFile(const struct stat& st, const fs::path& path, std::string
                      "engine cache {} {} is a {}; kiln neither follows nor reads it", what,
                      path.string(), S_ISLNK(st.st_mode) ? "symbolic link" : "special file");
   }
-  if (std::string why = EntryDistrust(st); !why.empty()) {
+  if (std::string why = FileDistrust(st); !why.empty()) {
     if (!trust_shared) {
       return MakeError(ErrorCode::kCacheEntryUntrusted,
                        "engine cache {} {} is not trusted: {} (accept the risk with "
@@ -470,7 +443,7 @@ StatusOr<std::unique_ptr<EngineCache>> EngineCache::Open(CacheOptions options) {
   }
   struct stat st {};
   if (::stat(options.dir.c_str(), &st) != 0) return FileError(errno, "checking", options.dir / ".");
-  if (std::string why = DirDistrust(st); !why.empty()) {
+  if (std::string why = DirectoryDistrust(st); !why.empty()) {
     const std::string what = fmt::format(
         "engine cache directory {} is not private: {}; anyone who can write there can "
         "plant an engine that this job will run",
@@ -524,7 +497,7 @@ StatusOr<std::vector<std::byte>> EngineCache::Lookup(std::string_view key, int* 
     return MakeError(ErrorCode::kCacheEntryCorrupt, "cache entry {} is not a regular file",
                      path.string());
   }
-  if (std::string why = EntryDistrust(st); !why.empty()) {
+  if (std::string why = FileDistrust(st); !why.empty()) {
     if (!TrustShared(options_)) {
       ::close(fd);
       // Neither used nor removed: the file is not ours to judge.
@@ -829,7 +802,7 @@ StatusOr<std::vector<std::string>> EngineCache::VerifyAll(bool remove) {
       bad.push_back(e.key);
       LogWithCode(LogLevel::kWarn, ErrorCode::kCacheEntryCorrupt,
                   fmt::format("cache entry {} is corrupt: {}", EntryPath(e.key).string(), problem));
-    } else if (std::string why = EntryDistrust(st); !why.empty()) {
+    } else if (std::string why = FileDistrust(st); !why.empty()) {
       bad.push_back(e.key);
       LogWithCode(LogLevel::kWarn, ErrorCode::kCacheEntryUntrusted,
                   fmt::format("cache entry {} is not trusted: {}", EntryPath(e.key).string(), why));

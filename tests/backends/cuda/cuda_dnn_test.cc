@@ -11,10 +11,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <random>
+
+#include <unistd.h>
 
 #include "kiln/backends/backend.h"
 #include "kiln/backends/cpu/cpu_eval.h"
+#include "kiln/backends/cuda/conv_cudnn.h"
 #include "kiln/ops/op_schema.h"
 
 namespace kiln {
@@ -395,11 +399,10 @@ class CudnnConvTest
     : public ::testing::TestWithParam<std::tuple<ConvCase, DataType, bool /*nhwc*/, BackendKind>> {
 };
 
-TEST_P(CudnnConvTest, EveryTacticMatchesCpu) {
-  const auto& [c, dtype, nhwc, kind] = GetParam();
+// Runs every tactic every provider offers for `c` on `kind` against the CPU reference.
+void CheckEveryTactic(const ConvCase& c, DataType dtype, bool nhwc, BackendKind kind) {
   auto backend = GetBackend(kind);
-  if (!backend.ok()) GTEST_SKIP() << "no GPU: " << backend.status().ToString();
-  if (nhwc && c.x.size() != 4) GTEST_SKIP() << "NHWC is 4-D only";
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
   Backend* gpu = *backend;
 
   uint32_t seed = std::random_device{}();
@@ -544,6 +547,57 @@ TEST_P(CudnnConvTest, EveryTacticMatchesCpu) {
   }
   EXPECT_GT(tactics_run, 0) << "no tactic for " << c.name;
   ::testing::Test::RecordProperty("tactics", tactics_run);
+}
+
+TEST_P(CudnnConvTest, EveryTacticMatchesCpu) {
+  const auto& [c, dtype, nhwc, kind] = GetParam();
+  auto backend = GetBackend(kind);
+  if (!backend.ok()) GTEST_SKIP() << "no GPU: " << backend.status().ToString();
+  if (nhwc && c.x.size() != 4) GTEST_SKIP() << "NHWC is 4-D only";
+  CheckEveryTactic(c, dtype, nhwc, kind);
+}
+
+// Runtime-compiled plans go to the plan store (KILN_CUDNN_PLAN_CACHE) and come back from it in a
+// process that has none in memory: deserialised, not compiled again, and still right.
+TEST(CudnnPlanStore, RuntimeCompiledPlansComeBackFromDisk) {
+  if (!GetBackend(BackendKind::kCuda).ok()) GTEST_SKIP() << "no GPU";
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln-plans-{}", ::getpid());
+  fs::remove_all(dir);
+  cuda::SetCudnnPlanStoreForTesting(dir.string());
+  cuda::ClearCudnnPlanCacheForTesting();
+  using P = std::pair<std::string, std::vector<int64_t>>;
+  const std::vector<ConvCase> cases = {
+      {"se_1x1_sigmoid", "FusedConv", {3, 40, 1, 1}, {72, 40, 1, 1}, true, false, "sigmoid", {}},
+      {"conv3x3_silu",
+       "FusedConv",
+       {2, 16, 9, 9},
+       {32, 16, 3, 3},
+       true,
+       false,
+       "silu",
+       {P{"pads", {1, 1, 1, 1}}}}};
+  const cuda::CudnnPlanStats before = cuda::GetCudnnPlanStats();
+  for (const ConvCase& c : cases) CheckEveryTactic(c, kFloat16, true, BackendKind::kCuda);
+  const cuda::CudnnPlanStats first = cuda::GetCudnnPlanStats();
+  const int64_t stored = first.stored - before.stored;
+  int64_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.path().extension() == ".blob";
+  EXPECT_EQ(files, stored);
+  if (stored == 0) {
+    cuda::SetCudnnPlanStoreForTesting(std::nullopt);
+    fs::remove_all(dir);
+    GTEST_SKIP() << "cuDNN offered no runtime-compiled engine for these graphs";
+  }
+  cuda::ClearCudnnPlanCacheForTesting();
+  for (const ConvCase& c : cases) CheckEveryTactic(c, kFloat16, true, BackendKind::kCuda);
+  const cuda::CudnnPlanStats second = cuda::GetCudnnPlanStats();
+  EXPECT_EQ(second.loaded - first.loaded, stored);
+  EXPECT_EQ(second.stored, first.stored) << "a plan was compiled and stored again";
+  std::printf("[ plans    ] stored %lld, loaded %lld\n", static_cast<long long>(stored),
+              static_cast<long long>(second.loaded - first.loaded));
+  cuda::SetCudnnPlanStoreForTesting(std::nullopt);
+  fs::remove_all(dir);
 }
 
 std::string CaseName(const ::testing::TestParamInfo<CudnnConvTest::ParamType>& info) {

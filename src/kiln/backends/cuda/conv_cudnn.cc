@@ -17,16 +17,21 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "kiln/backends/cuda/conv_cudnn.h"
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/kernel.h"
+#include "kiln/core/blob_store.h"
+#include "kiln/core/hash.h"
 #include "kiln/core/logging.h"
 #include "kiln/core/params.h"
 #include "kiln/ops/fused.h"
@@ -514,6 +519,17 @@ struct EngineChoice {
   }
 };
 
+// An engine's behaviour notes (none when cuDNN does not say).
+std::vector<cudnnBackendBehaviorNote_t> BehaviorNotes(cudnnBackendDescriptor_t engine) {
+  cudnnBackendBehaviorNote_t notes[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                               CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &n, notes) != CUDNN_STATUS_SUCCESS) {
+    return {};
+  }
+  return std::vector<cudnnBackendBehaviorNote_t>(notes, notes + std::max<int64_t>(0, n));
+}
+
 // Reads the engine behind one heuristic result; false when its numerics are not acceptable
 // (TF32 or down-converted inputs for f32, reduced-precision accumulation for f16/bf16) or it
 // needs int8 reordering.
@@ -538,18 +554,12 @@ StatusOr<bool> ReadChoice(cudnnBackendDescriptor_t cfg, DataType dtype, EngineCh
       }
     }
   }
-  cudnnBackendBehaviorNote_t behavior[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
-  int64_t n_behavior = 0;
-  if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
-                               CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &n_behavior,
-                               behavior) == CUDNN_STATUS_SUCCESS) {
-    for (int64_t i = 0; i < n_behavior; ++i) {
-      if (behavior[i] == CUDNN_BEHAVIOR_NOTE_REQUIRES_FILTER_INT8x32_REORDER ||
-          behavior[i] == CUDNN_BEHAVIOR_NOTE_REQUIRES_BIAS_INT8x32_REORDER) {
-        return false;
-      }
-      if (behavior[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) out->runtime_compiled = true;
+  for (cudnnBackendBehaviorNote_t note : BehaviorNotes(e)) {
+    if (note == CUDNN_BEHAVIOR_NOTE_REQUIRES_FILTER_INT8x32_REORDER ||
+        note == CUDNN_BEHAVIOR_NOTE_REQUIRES_BIAS_INT8x32_REORDER) {
+      return false;
     }
+    if (note == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) out->runtime_compiled = true;
   }
   constexpr int kMaxKnobs = CUDNN_KNOB_TYPE_COUNTS;
   std::vector<Desc> knobs;
@@ -628,7 +638,15 @@ struct Plan {
   Desc engine, config, plan;
   std::vector<Desc> knobs;
   int64_t workspace = 0;
+  bool runtime_compiled = false;  // the engine compiled its kernel at finalisation
 };
+
+StatusOr<int64_t> PlanWorkspace(const Desc& plan) {
+  int64_t count = 0, bytes = 0;
+  KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendGetAttribute(
+      plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count, &bytes));
+  return bytes;
+}
 
 StatusOr<std::shared_ptr<Plan>> BuildPlan(cudnnHandle_t handle, OpGraph og,
                                           const EngineChoice& choice) {
@@ -665,12 +683,94 @@ StatusOr<std::shared_ptr<Plan>> BuildPlan(cudnnHandle_t handle, OpGraph og,
   KILN_CUDNN_SET(p->plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                  &c);
   KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendFinalize(p->plan.get()));
-  int64_t count = 0;
-  KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendGetAttribute(p->plan.get(),
-                                                      CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                      CUDNN_TYPE_INT64, 1, &count, &p->workspace));
+  KILN_ASSIGN_OR_RETURN(p->workspace, PlanWorkspace(p->plan));
+  for (cudnnBackendBehaviorNote_t note : BehaviorNotes(p->engine.get())) {
+    if (note == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) p->runtime_compiled = true;
+  }
   return p;
 }
+
+// ---- runtime-compiled plans on disk
+//
+// A runtime-compiled engine compiles its kernel (NVRTC) when its plan is finalised: seconds per
+// plan, paid again by every process that finalises it (a warm build, every engine load). cuDNN
+// serialises such plans, compiled kernel included, as JSON (CUDNN_ATTR_EXECUTION_PLAN_JSON_
+// REPRESENTATION; runtime-compiled engines only), and a plan deserialised on an identical GPU
+// runs without compiling. kiln keeps them in a BlobStore (KILN_CUDNN_PLAN_CACHE) under the
+// in-process key plus cuDNN's version and the GPU's identity; a blob that fails to deserialise is
+// a miss and the plan is built as before.
+
+constexpr uint64_t kMaxPlanBlobBytes = 64ull << 20;
+
+std::mutex g_store_mu;
+bool g_store_set = false;
+std::shared_ptr<const BlobStore> g_store;
+
+std::shared_ptr<const BlobStore> StoreFromEnv() {
+  std::string dir = param::CudnnPlanCache();
+  if (dir == "off" || dir == "0") return nullptr;
+  if (dir.empty()) dir = DefaultCacheDir("cudnn-plans");
+  if (dir.empty()) return nullptr;
+  return std::make_shared<const BlobStore>(dir, kMaxPlanBlobBytes);
+}
+
+std::shared_ptr<const BlobStore> PlanStore() {
+  std::lock_guard lock(g_store_mu);
+  if (!g_store_set) {
+    g_store = StoreFromEnv();
+    g_store_set = true;
+  }
+  return g_store;
+}
+
+// cuDNN's version and the current GPU (model, compute capability, SMs, driver): a serialised
+// plan is only valid on an identical GPU with the same cuDNN.
+std::string DeviceIdentity() {
+  static std::mutex mu;
+  static std::map<int, std::string> ids;
+  int d = 0;
+  cudaGetDevice(&d);
+  std::lock_guard lock(mu);
+  if (auto it = ids.find(d); it != ids.end()) return it->second;
+  cudaDeviceProp prop{};
+  int driver = 0;
+  cudaGetDeviceProperties(&prop, d);
+  cudaDriverGetVersion(&driver);
+  return ids[d] = fmt::format("cudnn{}|{}|sm{}{}|{}sms|driver{}", cudnnGetVersion(), prop.name,
+                              prop.major, prop.minor, prop.multiProcessorCount, driver);
+}
+
+std::optional<std::string> SerializePlan(const Desc& plan) {
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+                               CUDNN_TYPE_CHAR, 0, &n, nullptr) != CUDNN_STATUS_SUCCESS ||
+      n <= 0 || n > static_cast<int64_t>(kMaxPlanBlobBytes)) {
+    return std::nullopt;
+  }
+  std::string json(static_cast<size_t>(n), '\0');
+  if (cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+                               CUDNN_TYPE_CHAR, n, &n, json.data()) != CUDNN_STATUS_SUCCESS) {
+    return std::nullopt;
+  }
+  json.resize(static_cast<size_t>(std::max<int64_t>(0, n)));
+  return json;
+}
+
+StatusOr<std::shared_ptr<Plan>> DeserializePlan(cudnnHandle_t handle, OpGraph og,
+                                                const std::string& json) {
+  auto p = std::make_shared<Plan>();
+  p->graph = std::move(og);
+  p->runtime_compiled = true;
+  KILN_ASSIGN_OR_RETURN(p->plan, Create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR));
+  KILN_CUDNN_SET(p->plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  KILN_CUDNN_SET(p->plan, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                 static_cast<int64_t>(json.size()), json.data());
+  KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendFinalize(p->plan.get()));
+  KILN_ASSIGN_OR_RETURN(p->workspace, PlanWorkspace(p->plan));
+  return p;
+}
+
+std::atomic<int64_t> g_plans_built{0}, g_plans_loaded{0}, g_plans_stored{0};
 
 // Finalized plans, shared by every layer and tactic with the same graph and engine
 // configuration (ResNet repeats its blocks; the builder creates each tactic several times).
@@ -700,8 +800,34 @@ class PlanCache {
     }
     auto plan = [&]() -> StatusOr<std::shared_ptr<Plan>> {
       KILN_ASSIGN_OR_RETURN(cudnnHandle_t handle, CudnnHandle());
+      const std::shared_ptr<const BlobStore> store = PlanStore();
+      const std::string disk_key = store ? "kiln-cudnn-plan-1|" + key + "|" + DeviceIdentity() : "";
+      if (store) {
+        if (std::optional<std::string> json = store->Load(disk_key)) {
+          KILN_ASSIGN_OR_RETURN(OpGraph og, GraphBuilder(spec, g, fused).Build(handle));
+          auto loaded = DeserializePlan(handle, std::move(og), *json);
+          if (loaded.ok()) {
+            ++g_plans_loaded;
+            return loaded;
+          }
+          KILN_LOG(Debug, BACKEND, "cuDNN plan from {} not used: {}", store->PathFor(disk_key),
+                   loaded.status().ToString());
+        }
+      }
       KILN_ASSIGN_OR_RETURN(OpGraph og, GraphBuilder(spec, g, fused).Build(handle));
-      return BuildPlan(handle, std::move(og), choice);
+      auto built = BuildPlan(handle, std::move(og), choice);
+      if (!built.ok()) return built;
+      ++g_plans_built;
+      if (store && (*built)->runtime_compiled) {
+        if (std::optional<std::string> json = SerializePlan((*built)->plan)) {
+          if (Status st = store->Store(disk_key, *json); st.ok()) {
+            ++g_plans_stored;
+          } else {
+            KILN_LOG(Debug, BACKEND, "cuDNN plan not stored: {}", st.ToString());
+          }
+        }
+      }
+      return built;
     }();
     {
       std::lock_guard lock(mu_);
@@ -727,6 +853,13 @@ class PlanCache {
   std::set<std::string> building_;  // keys some thread is finalising now
   std::map<std::string, std::shared_ptr<Plan>> plans_;
   std::map<std::string, Status> failed_;
+
+ public:
+  void ClearForTesting() {
+    std::lock_guard lock(mu_);
+    plans_.clear();
+    failed_.clear();
+  }
 };
 
 // ---- tactics
@@ -1050,4 +1183,17 @@ class CudnnConvTranspose final : public CudnnConvProvider {
 KILN_REGISTER_KERNEL_PROVIDER(CudnnConvTranspose);
 
 }  // namespace
+
+CudnnPlanStats GetCudnnPlanStats() {
+  return {g_plans_built.load(), g_plans_loaded.load(), g_plans_stored.load()};
+}
+
+void SetCudnnPlanStoreForTesting(std::optional<std::string> dir) {
+  std::lock_guard lock(g_store_mu);
+  g_store_set = dir.has_value();
+  g_store =
+      dir && !dir->empty() ? std::make_shared<const BlobStore>(*dir, kMaxPlanBlobBytes) : nullptr;
+}
+
+void ClearCudnnPlanCacheForTesting() { PlanCache::Get().ClearForTesting(); }
 }  // namespace kiln::cuda

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "kiln/ir/dtype.h"
 
@@ -26,5 +28,17 @@ struct ConvEpilogueArgs {
 
 // y = act(y + bias[c] + z), computed in FP32; enqueued on `stream` (no allocation, no sync).
 cudaError_t LaunchConvEpilogue(const ConvEpilogueArgs& args, cudaStream_t stream);
+
+// Finalised cuDNN plans of this process: built (finalised from an engine configuration), loaded
+// (deserialised from the plan store, KILN_CUDNN_PLAN_CACHE: no compilation) and stored (runtime-
+// compiled plans written to it).
+struct CudnnPlanStats {
+  int64_t built = 0, loaded = 0, stored = 0;
+};
+CudnnPlanStats GetCudnnPlanStats();
+// Tests: a plan store in `dir` ("" none; nullopt: back to KILN_CUDNN_PLAN_CACHE), and an empty
+// in-process plan cache (as in a new process).
+void SetCudnnPlanStoreForTesting(std::optional<std::string> dir);
+void ClearCudnnPlanCacheForTesting();
 
 }  // namespace kiln::cuda
