@@ -783,10 +783,13 @@ class PlanCache {
   }
   StatusOr<std::shared_ptr<Plan>> Find(const ConvSpec& spec, const Geometry& g, bool fused,
                                        const EngineChoice& choice) {
-    std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(spec.op),
-                                  ToString(spec.dtype), spec.nhwc, spec.has_bias, spec.has_z,
-                                  static_cast<int>(spec.act.kind), spec.act.max, fused, g.Key(),
-                                  choice.Key(), CurrentDevice());
+    // What the plan is (also its key on disk, where the GPU's identity replaces its index: the
+    // GPUs of one node share their plans).
+    const std::string what =
+        fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(spec.op),
+                    ToString(spec.dtype), spec.nhwc, spec.has_bias, spec.has_z,
+                    static_cast<int>(spec.act.kind), spec.act.max, fused, g.Key(), choice.Key());
+    std::string key = fmt::format("{}|{}", what, CurrentDevice());
     {
       // The builder's set-up threads finalise plans concurrently (each with its own cuDNN
       // handle): the lock guards the maps only, and a key being built by one thread is waited
@@ -801,7 +804,8 @@ class PlanCache {
     auto plan = [&]() -> StatusOr<std::shared_ptr<Plan>> {
       KILN_ASSIGN_OR_RETURN(cudnnHandle_t handle, CudnnHandle());
       const std::shared_ptr<const BlobStore> store = PlanStore();
-      const std::string disk_key = store ? "kiln-cudnn-plan-1|" + key + "|" + DeviceIdentity() : "";
+      const std::string disk_key =
+          store ? "kiln-cudnn-plan-1|" + what + "|" + DeviceIdentity() : "";
       if (store) {
         if (std::optional<std::string> json = store->Load(disk_key)) {
           KILN_ASSIGN_OR_RETURN(OpGraph og, GraphBuilder(spec, g, fused).Build(handle));
