@@ -827,7 +827,16 @@ class PlanCache {
           if (Status st = store->Store(disk_key, *json); st.ok()) {
             ++g_plans_stored;
           } else {
-            KILN_LOG(Debug, BACKEND, "cuDNN plan not stored: {}", st.ToString());
+            // Once per process as a warning: every later build and engine load on this machine
+            // compiles these plans again (seconds each) until the store can be written.
+            static std::once_flag warned;
+            std::call_once(warned, [&] {
+              KILN_LOG(Warn, BACKEND,
+                       "compiled cuDNN plans are not kept, so later builds and engine loads "
+                       "compile them again: {} (set KILN_CUDNN_PLAN_CACHE to a private writable "
+                       "directory, or to off)",
+                       st.message());
+            });
           }
         }
       }
