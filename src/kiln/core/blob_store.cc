@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -68,7 +67,7 @@ std::optional<std::string> BlobStore::Load(std::string_view key) const {
   const size_t eol = text->find('\n');
   if (eol == std::string::npos || eol + 1 > header_max) return miss("no header");
   const std::string_view header(text->data(), eol);
-  // Parse "<tag> <key> <hash> <size>".
+  // The header must be exactly the one this key and these contents get from Store.
   const std::string_view blob(text->data() + eol + 1, text->size() - eol - 1);
   const Hash128 blob_hash = HashString(blob);
   if (std::string(header) + "\n" != Header(key_hash, blob_hash, blob.size())) {
