@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -413,12 +414,25 @@ StatusOr<std::map<std::string, Tensor>> RunWeightProgram(
     levels[level[i]].push_back(i);
   }
   std::vector<Status> errors(n);
-  for (const std::vector<size_t>& steps : levels) {
-    ThreadPool::Default().ParallelFor(
-        static_cast<int64_t>(steps.size()), [&](int64_t b, int64_t e) {
+  ThreadPool& pool = ThreadPool::Default();
+  for (std::vector<size_t>& steps : levels) {
+    // Largest first, each thread taking the next step when it is free: a level's steps differ in
+    // size by orders of magnitude (BERT's word embedding against its LayerNorm scales), and equal
+    // counts per thread left one thread with most of the bytes.
+    std::vector<uint64_t> cost(n, 0);
+    for (size_t i : steps) {
+      for (int32_t in : program.steps[i].inputs) {
+        if (in >= 0) cost[i] += slots[static_cast<size_t>(in)].size_bytes();
+      }
+    }
+    std::stable_sort(steps.begin(), steps.end(),
+                     [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+    std::atomic<size_t> next{0};
+    pool.ParallelFor(
+        std::min<int64_t>(pool.size(), static_cast<int64_t>(steps.size())), [&](int64_t, int64_t) {
           std::vector<const Tensor*> ins;
-          for (int64_t j = b; j < e; ++j) {
-            const size_t i = steps[static_cast<size_t>(j)];
+          for (size_t j = next++; j < steps.size(); j = next++) {
+            const size_t i = steps[j];
             const WeightProgram::Step& step = program.steps[i];
             ins.clear();
             for (int32_t in : step.inputs) {
