@@ -31,7 +31,6 @@
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/core/blob_store.h"
-#include "kiln/core/hash.h"
 #include "kiln/core/logging.h"
 #include "kiln/core/params.h"
 #include "kiln/ops/fused.h"
@@ -756,10 +755,10 @@ std::optional<std::string> SerializePlan(const Desc& plan) {
   return json;
 }
 
-StatusOr<std::shared_ptr<Plan>> DeserializePlan(cudnnHandle_t handle, OpGraph og,
+// A plan from its JSON; takes `og` (whose tensor ids the variant pack uses) only on success.
+StatusOr<std::shared_ptr<Plan>> DeserializePlan(cudnnHandle_t handle, OpGraph& og,
                                                 const std::string& json) {
   auto p = std::make_shared<Plan>();
-  p->graph = std::move(og);
   p->runtime_compiled = true;
   KILN_ASSIGN_OR_RETURN(p->plan, Create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR));
   KILN_CUDNN_SET(p->plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
@@ -767,6 +766,7 @@ StatusOr<std::shared_ptr<Plan>> DeserializePlan(cudnnHandle_t handle, OpGraph og
                  static_cast<int64_t>(json.size()), json.data());
   KILN_CUDNN_RETURN_IF_ERROR(cudnnBackendFinalize(p->plan.get()));
   KILN_ASSIGN_OR_RETURN(p->workspace, PlanWorkspace(p->plan));
+  p->graph = std::move(og);
   return p;
 }
 
@@ -806,19 +806,16 @@ class PlanCache {
       const std::shared_ptr<const BlobStore> store = PlanStore();
       const std::string disk_key =
           store ? "kiln-cudnn-plan-1|" + what + "|" + DeviceIdentity() : "";
-      if (store) {
-        if (std::optional<std::string> json = store->Load(disk_key)) {
-          KILN_ASSIGN_OR_RETURN(OpGraph og, GraphBuilder(spec, g, fused).Build(handle));
-          auto loaded = DeserializePlan(handle, std::move(og), *json);
-          if (loaded.ok()) {
-            ++g_plans_loaded;
-            return loaded;
-          }
-          KILN_LOG(Debug, BACKEND, "cuDNN plan from {} not used: {}", store->PathFor(disk_key),
-                   loaded.status().ToString());
-        }
-      }
       KILN_ASSIGN_OR_RETURN(OpGraph og, GraphBuilder(spec, g, fused).Build(handle));
+      if (std::optional<std::string> json = store ? store->Load(disk_key) : std::nullopt) {
+        auto loaded = DeserializePlan(handle, og, *json);
+        if (loaded.ok()) {
+          ++g_plans_loaded;
+          return loaded;
+        }
+        KILN_LOG(Debug, BACKEND, "cuDNN plan from {} not used: {}", store->PathFor(disk_key),
+                 loaded.status().ToString());
+      }
       auto built = BuildPlan(handle, std::move(og), choice);
       if (!built.ok()) return built;
       ++g_plans_built;
@@ -855,6 +852,13 @@ class PlanCache {
     return plan;
   }
 
+  // As in a new process: nothing finalised yet (the on-disk store stays).
+  void ClearForTesting() {
+    std::lock_guard lock(mu_);
+    plans_.clear();
+    failed_.clear();
+  }
+
  private:
   static int CurrentDevice() {
     int d = 0;
@@ -866,13 +870,6 @@ class PlanCache {
   std::set<std::string> building_;  // keys some thread is finalising now
   std::map<std::string, std::shared_ptr<Plan>> plans_;
   std::map<std::string, Status> failed_;
-
- public:
-  void ClearForTesting() {
-    std::lock_guard lock(mu_);
-    plans_.clear();
-    failed_.clear();
-  }
 };
 
 // ---- tactics
@@ -1074,11 +1071,10 @@ class CudnnConvProvider : public KernelProvider {
     int device = 0;
     cudaGetDevice(&device);
     const std::string memo_key =
-        fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", spec->op_name,
+        fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|rtc{}", spec->op_name,
                     static_cast<int>(spec->op), ToString(spec->dtype), spec->nhwc, spec->has_bias,
                     spec->has_z, static_cast<int>(spec->act.kind), spec->act.min, spec->act.max,
-                    g->Key(), device, max_tactics) +
-        fmt::format("|rtc{}", max_runtime_compiled);
+                    g->Key(), device, max_tactics, max_runtime_compiled);
     static std::mutex memo_mu;
     static auto* memo = new std::map<std::string, std::vector<TacticConfig>>();
     {
