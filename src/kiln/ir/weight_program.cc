@@ -415,11 +415,11 @@ StatusOr<std::map<std::string, Tensor>> RunWeightProgram(
   }
   std::vector<Status> errors(n);
   ThreadPool& pool = ThreadPool::Default();
+  // Largest first, each thread taking the next step when it is free: a level's steps differ in
+  // size by orders of magnitude (BERT's word embedding against its LayerNorm scales), and equal
+  // counts per thread left one thread with most of the bytes.
+  std::vector<uint64_t> cost(n, 0);  // a step's input bytes
   for (std::vector<size_t>& steps : levels) {
-    // Largest first, each thread taking the next step when it is free: a level's steps differ in
-    // size by orders of magnitude (BERT's word embedding against its LayerNorm scales), and equal
-    // counts per thread left one thread with most of the bytes.
-    std::vector<uint64_t> cost(n, 0);
     for (size_t i : steps) {
       for (int32_t in : program.steps[i].inputs) {
         if (in >= 0) cost[i] += slots[static_cast<size_t>(in)].size_bytes();
