@@ -25,7 +25,7 @@ StatusOr<uint64_t> LiveEngine::Refit(const std::map<std::string, Tensor>& initia
 
 StatusOr<std::map<std::string, Tensor>> LiveEngine::Compute(
     const std::map<std::string, Tensor>& initializers, RefitReport* report) const {
-  return ComputeRefit(engine_->desc(), initializers, report);
+  return ComputeRefit(engine_ ? engine_->desc() : *loaded_, initializers, report);
 }
 
 std::map<std::string, Tensor> LiveEngine::Changed(const std::map<std::string, Tensor>& constants) {
@@ -48,7 +48,11 @@ StatusOr<uint64_t> LiveEngine::Publish(const std::map<std::string, Tensor>& cons
                                        const std::string& model_hash) {
   // Held through the publish: the constants recorded are those of the generation published last.
   std::lock_guard lock(mutex_);
-  KILN_ASSIGN_OR_RETURN(uint64_t generation, engine_->RefitWeights(constants));
+  uint64_t generation = generation_ + 1;
+  if (engine_) {
+    KILN_ASSIGN_OR_RETURN(generation, engine_->RefitWeights(constants));
+  }
+  generation_ = generation;
   for (const auto& [name, t] : constants) constants_.insert_or_assign(name, t);
   model_hash_ = model_hash;
   refit_ = true;

@@ -24,6 +24,8 @@ StatusOr<uint64_t> RefitLoadedEngine(const Engine& engine,
 // A loaded engine that is refit while it runs (what the C API's kiln_engine holds, so Python's
 // engine.refit): Refit publishes the new weights to the running Engine, and Current gives the
 // engine as it runs now, for save and serialize. Thread-safe; refits are serialised.
+// Without a running engine (`engine` nullptr: an engine file refit on the host, as `kiln refit
+// --distributed` does) Publish only records the constants, and the generation counts the refits.
 class LiveEngine {
  public:
   LiveEngine(std::shared_ptr<const EngineDesc> desc, std::shared_ptr<const Engine> engine);
@@ -63,6 +65,7 @@ class LiveEngine {
   std::map<std::string, Tensor> constants_;  // every constant the last refit made
   std::string model_hash_;                   // hex, the last refit's
   std::shared_ptr<const EngineDesc> current_;
+  uint64_t generation_ = 0;  // without a running engine: the refits published
 };
 
 }  // namespace kiln::app
