@@ -29,8 +29,12 @@ for m in models:
     info["profile"] = prof
     json.dump(info, open(info_path, "w"), indent=1)
 PY
+# The card in the file names: h100, h200, ... (figures from different cards are not compared).
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
+  grep -oiE '[a-z][0-9]{2,3}' | head -1 | tr 'A-Z' 'a-z')
 for m in ${models//,/ }; do
   [ -f "$work/$m/model.onnx" ] || continue
-  timeout 150 .bundle/bin/kiln_bench_refit "$work/$m" --backend cuda --fp16 --iterations 3 \
-    --json "$out/refit_h200_${m}_fp16.json" 2>&1 | tail -15
+  timeout 150 .bundle/bin/kiln_bench_refit "$work/$m" --backend cuda --fp16 \
+    --iterations "${REFIT_ITERATIONS:-5}" --json "$out/refit_${gpu:-gpu}_${m}_fp16.json" 2>&1 |
+    tail -15
 done

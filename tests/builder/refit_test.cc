@@ -980,5 +980,58 @@ TEST_F(RefitQdq, ChangedScalesAndZeroPointsAreRefusedAndNamed) {
   EXPECT_NE(s.message().find("weight scale from initializer 'ws'"), std::string::npos)
       << s.ToString();
 }
+
+// A large elementwise step (an FP16 or BF16 cast of a weight bigger than the split threshold) is
+// replayed over several threads in ranges; its bytes equal the whole step's, including the values
+// that saturate (beyond FP16's range), the infinities that stay and the NaNs, placed at range
+// boundaries and everywhere else.
+TEST(RunWeightProgram, SplitElementwiseStepsGiveTheWholeStepsBytes) {
+  std::mt19937 rng(12052026);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  const int64_t rows = ((3 << 20) + 12345) / 5;  // 12 MB of f32: split into ranges
+  const int64_t n = rows * 5;
+  Tensor w(DataType::kFloat32, {rows, 5});
+  float* f = w.mutable_data<float>();
+  for (int64_t i = 0; i < n; ++i) f[i] = normal(rng);
+  for (int64_t i = 0; i < n; i += 262141) f[i] = 7e4f;  // beyond FP16: saturates to 65504
+  for (int64_t i = 1; i < n; i += 524287) f[i] = -INFINITY;
+  for (int64_t i = 2; i < n; i += 1048573) f[i] = NAN;
+  f[n - 1] = -9e4f;
+  for (DataType to : {DataType::kFloat16, DataType::kBFloat16}) {
+    WeightProgram program;
+    program.recorded = true;
+    program.sources.push_back({"w", DataType::kFloat32, w.dims()});
+    WeightProgram::Step step;
+    step.op_type = "SaturatingCast";
+    step.domain = std::string(kWeightOpDomain);
+    step.attrs.Set("to", static_cast<int64_t>(to));
+    step.inputs = {0};
+    program.steps.push_back(step);
+    program.targets.push_back({"c", 1});
+    WeightProgramStats stats;
+    auto got = RunWeightProgram(program, {{"w", w}}, NodeEvaluator(), &stats);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(stats.split_steps, 1);
+    EXPECT_EQ(stats.op_steps["SaturatingCast"], 1);
+    EXPECT_GT(stats.op_seconds["SaturatingCast"], 0.0);
+    const Tensor* in[] = {&w};
+    auto whole = RunWeightStep("SaturatingCast", std::string(kWeightOpDomain), step.attrs, in, 1,
+                               NodeEvaluator());
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    const Tensor& c = got->at("c");
+    ASSERT_EQ(c.dtype(), to);
+    ASSERT_EQ(c.dims(), w.dims());
+    ASSERT_EQ(std::memcmp(c.raw(), (*whole)[0].raw(), c.size_bytes()), 0) << ToString(to);
+    if (to == DataType::kFloat16) {
+      const uint16_t* h = c.data<uint16_t>();
+      EXPECT_EQ(h[0], 0x7bffu);      // 7e4 saturated to 65504
+      EXPECT_EQ(h[n - 1], 0xfbffu);  // -9e4 to -65504
+      EXPECT_EQ(h[1], 0xfc00u);      // -inf stays
+      EXPECT_EQ(h[2] & 0x7c00u, 0x7c00u);
+      EXPECT_NE(h[2] & 0x03ffu, 0u);  // NaN stays NaN
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln

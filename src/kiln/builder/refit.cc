@@ -2,6 +2,7 @@
 #include "kiln/builder/refit.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <type_traits>
@@ -49,6 +50,15 @@ std::string RefitReport::ToText() const {
   }
   text += fmt::format("  read {:.3f} s, replay {:.3f} s, write {:.3f} s\n", read_seconds,
                       replay_seconds, write_seconds);
+  if (!op_seconds.empty()) {
+    std::vector<std::string> ops;
+    for (const auto& [op, sec] : op_seconds) ops.push_back(fmt::format("{} {:.3f} s", op, sec));
+    text += fmt::format(
+        "  replay: checks {:.3f} s, steps {:.3f} s ({} large step(s) split over threads; thread "
+        "time by op: {}; longest step {} {:.3f} s)\n",
+        check_seconds, steps_seconds, split_steps, fmt::join(ops, ", "), longest_op,
+        longest_seconds);
+  }
   return text;
 }
 
@@ -67,6 +77,14 @@ std::string RefitReport::ToJson() const {
   w.Key("read_seconds").Double(read_seconds);
   w.Key("replay_seconds").Double(replay_seconds);
   w.Key("write_seconds").Double(write_seconds);
+  w.Key("check_seconds").Double(check_seconds);
+  w.Key("steps_seconds").Double(steps_seconds);
+  w.Key("split_steps").Int(split_steps);
+  w.Key("op_seconds").BeginObject();
+  for (const auto& [op, sec] : op_seconds) w.Key(op).Double(sec);
+  w.EndObject();
+  w.Key("longest_op").String(longest_op);
+  w.Key("longest_seconds").Double(longest_seconds);
   w.EndObject();
   return w.Take();
 }
@@ -79,7 +97,9 @@ StatusOr<std::map<std::string, Tensor>> ComputeRefit(
   const WeightProgram& program = engine.weight_program;
   // A QDQ model's INT8 layers carry its scales as attributes, which the program does not make.
   KILN_RETURN_IF_ERROR(CheckModelInt8Sources(*engine.graph, initializers));
-  KILN_ASSIGN_OR_RETURN(auto values, RunWeightProgram(program, initializers, ReferenceEvaluator()));
+  WeightProgramStats stats;
+  KILN_ASSIGN_OR_RETURN(auto values,
+                        RunWeightProgram(program, initializers, ReferenceEvaluator(), &stats));
   int64_t bytes = 0;
   for (const auto& [name, t] : values) {
     const Value* v = engine.graph->FindValue(name);
@@ -111,6 +131,12 @@ StatusOr<std::map<std::string, Tensor>> ComputeRefit(
     report->int8_scales = report->int8_layers > 0 ? "stored" : "";
     report->calibration.clear();
     report->replay_seconds = Seconds(start);
+    report->check_seconds = stats.check_seconds;
+    report->steps_seconds = stats.steps_seconds;
+    report->op_seconds = std::move(stats.op_seconds);
+    report->split_steps = stats.split_steps;
+    report->longest_op = stats.longest_op;
+    report->longest_seconds = stats.longest_seconds;
   }
   return values;
 }

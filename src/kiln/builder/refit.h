@@ -32,6 +32,14 @@ struct RefitReport {
   double read_seconds = 0;    // reading the new weights (RefitEngineFile)
   double replay_seconds = 0;  // checking them and replaying the program
   double write_seconds = 0;   // writing the engine (RefitEngineFile)
+  // Where the replay went (ir/weight_program.h WeightProgramStats): the checks and the steps
+  // (wall), thread-seconds per step op, large elementwise steps split over threads, the longest.
+  double check_seconds = 0;
+  double steps_seconds = 0;
+  std::map<std::string, double> op_seconds;
+  int64_t split_steps = 0;
+  std::string longest_op;
+  double longest_seconds = 0;
   std::string ToText() const;
   std::string ToJson() const;
 };

@@ -251,55 +251,65 @@ void FloatsToHalf(const float* f, uint16_t* h, int64_t n) {
 
 }  // namespace
 
+Tensor Tensor::ForOverwrite(DataType dtype, std::vector<int64_t> dims) {
+  Tensor out;
+  out.dtype_ = dtype;
+  out.dims_ = std::move(dims);
+  auto storage = AllocateAligned(out.size_bytes(), /*zero=*/false);
+  out.data_ = storage.get();
+  out.storage_ = std::move(storage);
+  return out;
+}
+
 Tensor Tensor::CastTo(DataType dtype) const {
   // Every element is written below, so the storage is not zeroed first (a refit casts every
   // weight of an FP16 engine: the zero-fill was a tenth of its replay).
-  Tensor out;
-  out.dtype_ = dtype;
-  out.dims_ = dims_;
-  {
-    auto storage = AllocateAligned(out.size_bytes(), /*zero=*/false);
-    out.data_ = storage.get();
-    out.storage_ = std::move(storage);
-  }
-  TensorView src = view(), dst = out.view();
-  int64_t n = num_elements();
-  if (dtype_ == dtype) {
+  Tensor out = ForOverwrite(dtype, dims_);
+  CastElements(view(), out.view(), 0, num_elements());
+  return out;
+}
+
+void CastElements(const TensorView& src, const TensorView& dst, int64_t begin, int64_t end) {
+  const int64_t n = end - begin;
+  if (n <= 0) return;
+  if (src.dtype == dst.dtype) {
     // The same type: the same bytes (Conv+BN folding casts every f32 weight to f32; element by
     // element through double that was most of ResNet-50's graph passes).
-    std::memcpy(dst.data, src.data, size_bytes());
-    return out;
+    const size_t size = SizeOf(src.dtype);
+    std::memcpy(static_cast<std::byte*>(dst.data) + begin * size,
+                static_cast<const std::byte*>(src.data) + begin * size, n * size);
+    return;
   }
   // The precision phase's conversions (every weight of an FP16 build, once to ask the kernels
   // and once to rewrite) as typed loops: through double and a switch per element they were most
   // of a warm ResNet-50 build's second.
   const auto typed = [&]<typename From, typename To>(auto convert) {
-    const From* f = static_cast<const From*>(src.data);
-    To* t = static_cast<To*>(dst.data);
+    const From* f = static_cast<const From*>(src.data) + begin;
+    To* t = static_cast<To*>(dst.data) + begin;
     for (int64_t i = 0; i < n; ++i) t[i] = convert(f[i]);
   };
-  if (dtype_ == DataType::kFloat32 && dtype == DataType::kFloat16) {
-    FloatsToHalf(static_cast<const float*>(src.data), static_cast<uint16_t*>(dst.data), n);
-    return out;
+  if (src.dtype == DataType::kFloat32 && dst.dtype == DataType::kFloat16) {
+    FloatsToHalf(static_cast<const float*>(src.data) + begin,
+                 static_cast<uint16_t*>(dst.data) + begin, n);
+    return;
   }
-  if (dtype_ == DataType::kFloat32 && dtype == DataType::kBFloat16) {
+  if (src.dtype == DataType::kFloat32 && dst.dtype == DataType::kBFloat16) {
     typed.operator()<float, uint16_t>([](float x) { return FloatToBFloat16Bits(x); });
-    return out;
+    return;
   }
-  if (dtype_ == DataType::kFloat16 && dtype == DataType::kFloat32) {
+  if (src.dtype == DataType::kFloat16 && dst.dtype == DataType::kFloat32) {
     typed.operator()<uint16_t, float>([](uint16_t h) { return HalfBitsToFloat(h); });
-    return out;
+    return;
   }
-  if (dtype_ == DataType::kBFloat16 && dtype == DataType::kFloat32) {
+  if (src.dtype == DataType::kBFloat16 && dst.dtype == DataType::kFloat32) {
     typed.operator()<uint16_t, float>([](uint16_t h) { return BFloat16BitsToFloat(h); });
-    return out;
+    return;
   }
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = begin; i < end; ++i) {
     double x = LoadAsDouble(src, i);
-    if (IsInteger(dtype) && std::isfinite(x)) x = std::trunc(x);
+    if (IsInteger(dst.dtype) && std::isfinite(x)) x = std::trunc(x);
     StoreFromDouble(dst, i, x);
   }
-  return out;
 }
 
 std::vector<int64_t> Tensor::ToInt64Vector() const {

@@ -85,6 +85,8 @@ class Tensor {
   int64_t GetInt(int64_t i) const;
   // Converted copy (float <-> half <-> int ...), rounding to nearest even.
   Tensor CastTo(DataType dtype) const;
+  // A tensor whose bytes the caller writes every one of next (not zeroed first).
+  static Tensor ForOverwrite(DataType dtype, std::vector<int64_t> dims);
   std::vector<int64_t> ToInt64Vector() const;
   std::vector<float> ToFloatVector() const;
 
@@ -94,6 +96,10 @@ class Tensor {
   std::shared_ptr<const void> storage_;
   const void* data_ = nullptr;
 };
+
+// Elements [begin, end) of `src` converted into `dst` (same element count, dst's dtype), as
+// CastTo converts them: a large cast split over threads gives CastTo's bytes.
+void CastElements(const TensorView& src, const TensorView& dst, int64_t begin, int64_t end);
 
 // Reads element i of a view as double and writes element i from double (for reference code).
 double LoadAsDouble(const TensorView& v, int64_t i);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -26,6 +27,7 @@ std::string TypeText(DataType dtype, const std::vector<int64_t>& dims) {
 struct WeightOpRegistry {
   std::mutex mutex;
   std::map<std::string, WeightOpFn, std::less<>> ops;
+  std::map<std::string, ElementwiseWeightOp, std::less<>> elementwise;
 };
 WeightOpRegistry& Registry() {
   static WeightOpRegistry* r = new WeightOpRegistry();  // never destroyed: used by static init
@@ -119,10 +121,19 @@ std::vector<WeightExprPtr> FoldedNodeOutputs(const Node& node, std::span<const T
   return StepOutputs(node.op_type(), node.domain(), node.attrs(), std::move(inputs), outputs);
 }
 
-bool RegisterWeightOp(std::string name, WeightOpFn fn) {
+bool RegisterWeightOp(std::string name, WeightOpFn fn,
+                      std::optional<ElementwiseWeightOp> elementwise) {
   WeightOpRegistry& r = Registry();
   std::lock_guard lock(r.mutex);
+  if (elementwise) r.elementwise.emplace(name, std::move(*elementwise));
   return r.ops.emplace(std::move(name), std::move(fn)).second;
+}
+
+const ElementwiseWeightOp* FindElementwiseWeightOp(std::string_view name) {
+  WeightOpRegistry& r = Registry();
+  std::lock_guard lock(r.mutex);
+  auto it = r.elementwise.find(name);
+  return it == r.elementwise.end() ? nullptr : &it->second;
 }
 
 const WeightOpFn* FindWeightOp(std::string_view name) {
@@ -340,7 +351,8 @@ WeightProgram RecordWeightProgram(const Graph& graph,
 
 StatusOr<std::map<std::string, Tensor>> RunWeightProgram(
     const WeightProgram& program, const std::map<std::string, Tensor>& initializers,
-    const NodeEvaluator& evaluate) {
+    const NodeEvaluator& evaluate, WeightProgramStats* stats) {
+  const auto check_start = std::chrono::steady_clock::now();
   if (!program.recorded) {
     return MakeError(ErrorCode::kRefitNotRecorded,
                      "the engine holds no weight program (it was built by a kiln without refit)");
@@ -415,25 +427,70 @@ StatusOr<std::map<std::string, Tensor>> RunWeightProgram(
   }
   std::vector<Status> errors(n);
   ThreadPool& pool = ThreadPool::Default();
-  // Largest first, each thread taking the next step when it is free: a level's steps differ in
-  // size by orders of magnitude (BERT's word embedding against its LayerNorm scales), and equal
-  // counts per thread left one thread with most of the bytes.
-  std::vector<uint64_t> cost(n, 0);  // a step's input bytes
+  // One work item per step, or, for a large elementwise step (BERT's word embedding cast to FP16
+  // is a fifth of its weights), one per range of elements: its output is allocated first and
+  // each item writes its range, the bytes the whole step makes. Items run largest first, each
+  // thread taking the next when it is free: a level's steps differ in size by orders of
+  // magnitude, and equal counts per thread left one thread with most of the bytes.
+  constexpr uint64_t kSplitBytes = 4 << 20;  // steps reading more are split ...
+  constexpr uint64_t kPartBytes = 1 << 20;   // ... into ranges reading about this much
+  struct Item {
+    size_t step;
+    const ElementwiseWeightOp* elementwise;  // a range of a split step, else nullptr
+    int64_t begin, end;
+    uint64_t cost;  // input bytes
+  };
+  std::vector<Item> items;
+  std::vector<double> item_seconds;
+  std::vector<std::pair<size_t, double>> step_seconds;  // (step, seconds) per item, for stats
+  const auto steps_start = std::chrono::steady_clock::now();
   for (std::vector<size_t>& steps : levels) {
+    items.clear();
     for (size_t i : steps) {
-      for (int32_t in : program.steps[i].inputs) {
-        if (in >= 0) cost[i] += slots[static_cast<size_t>(in)].size_bytes();
+      const WeightProgram::Step& step = program.steps[i];
+      uint64_t cost = 0;
+      for (int32_t in : step.inputs) {
+        if (in >= 0) cost += slots[static_cast<size_t>(in)].size_bytes();
       }
+      const ElementwiseWeightOp* ew = step.domain == kWeightOpDomain && step.num_outputs == 1 &&
+                                              step.inputs.size() == 1 && step.inputs[0] >= 0 &&
+                                              cost >= kSplitBytes
+                                          ? FindElementwiseWeightOp(step.op_type)
+                                          : nullptr;
+      if (!ew) {
+        items.push_back({i, nullptr, 0, 0, cost});
+        continue;
+      }
+      const Tensor& in = slots[static_cast<size_t>(step.inputs[0])];
+      slots[first_slot[i]] = Tensor::ForOverwrite(ew->out_dtype(step.attrs, in), in.dims());
+      const int64_t elements = in.num_elements();
+      const int64_t parts = static_cast<int64_t>((cost + kPartBytes - 1) / kPartBytes);
+      const int64_t per = (elements + parts - 1) / parts;
+      for (int64_t b = 0; b < elements; b += per) {
+        const int64_t e = std::min(elements, b + per);
+        items.push_back({i, ew, b, e, cost * static_cast<uint64_t>(e - b) / elements});
+      }
+      if (stats) ++stats->split_steps;
     }
-    std::stable_sort(steps.begin(), steps.end(),
-                     [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+    std::stable_sort(items.begin(), items.end(),
+                     [](const Item& a, const Item& b) { return a.cost > b.cost; });
+    item_seconds.assign(items.size(), 0.0);
     std::atomic<size_t> next{0};
     pool.ParallelFor(
-        std::min<int64_t>(pool.size(), static_cast<int64_t>(steps.size())), [&](int64_t, int64_t) {
+        std::min<int64_t>(pool.size(), static_cast<int64_t>(items.size())), [&](int64_t, int64_t) {
           std::vector<const Tensor*> ins;
-          for (size_t j = next++; j < steps.size(); j = next++) {
-            const size_t i = steps[j];
+          for (size_t j = next++; j < items.size(); j = next++) {
+            const auto t0 = std::chrono::steady_clock::now();
+            const Item& item = items[j];
+            const size_t i = item.step;
             const WeightProgram::Step& step = program.steps[i];
+            if (item.elementwise) {
+              item.elementwise->run(step.attrs, slots[static_cast<size_t>(step.inputs[0])],
+                                    slots[first_slot[i]], item.begin, item.end);
+              item_seconds[j] =
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+              continue;
+            }
             ins.clear();
             for (int32_t in : step.inputs) {
               ins.push_back(in < 0 ? nullptr : &slots[static_cast<size_t>(in)]);
@@ -447,10 +504,30 @@ StatusOr<std::map<std::string, Tensor>> RunWeightProgram(
             }
             for (size_t k = 0; k < outs->size(); ++k)
               slots[first_slot[i] + k] = std::move((*outs)[k]);
+            item_seconds[j] =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           }
         });
     for (Status& e : errors) {
       if (!e.ok()) return std::move(e);
+    }
+    for (size_t j = 0; j < items.size(); ++j)
+      step_seconds.emplace_back(items[j].step, item_seconds[j]);
+  }
+  if (stats) {
+    stats->check_seconds = std::chrono::duration<double>(steps_start - check_start).count();
+    stats->steps_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - steps_start).count();
+    std::vector<double> per_step(n, 0.0);
+    for (const auto& [i, sec] : step_seconds) per_step[i] += sec;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string& op = program.steps[i].op_type;
+      stats->op_seconds[op] += per_step[i];
+      ++stats->op_steps[op];
+      if (per_step[i] > stats->longest_seconds) {
+        stats->longest_seconds = per_step[i];
+        stats->longest_op = op;
+      }
     }
   }
   std::map<std::string, Tensor> result;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -82,8 +83,19 @@ std::vector<WeightExprPtr> FoldedNodeOutputs(const Node& node, std::span<const T
 // uses them (passes, precision) and run the same way at build and at refit.
 using WeightOpFn = std::function<StatusOr<std::vector<Tensor>>(
     const AttributeMap& attrs, std::span<const Tensor* const> inputs)>;
-bool RegisterWeightOp(std::string name, WeightOpFn fn);
+// An elementwise form of a weight op of one input whose output has the input's shape and
+// out[i] depends on in[i] alone: refit splits a large step of it over threads. `run` must write
+// elements [begin, end) of `out` exactly as the whole op writes them.
+struct ElementwiseWeightOp {
+  std::function<DataType(const AttributeMap& attrs, const Tensor& in)> out_dtype;
+  std::function<void(const AttributeMap& attrs, const Tensor& in, Tensor& out, int64_t begin,
+                     int64_t end)>
+      run;
+};
+bool RegisterWeightOp(std::string name, WeightOpFn fn,
+                      std::optional<ElementwiseWeightOp> elementwise = std::nullopt);
 const WeightOpFn* FindWeightOp(std::string_view name);
+const ElementwiseWeightOp* FindElementwiseWeightOp(std::string_view name);
 
 // Runs one step: a weight op by its registered function, an ONNX op with `evaluate` (KILN-E1000
 // when the evaluator is missing or the weight op unknown).
@@ -159,11 +171,23 @@ std::vector<InitializerInfo> CollectInitializers(const Graph& graph);
 WeightProgram RecordWeightProgram(const Graph& graph,
                                   std::span<const InitializerInfo> initializers);
 
+// Where a replay's time went: thread-seconds per step op (a level's steps run in parallel, so the
+// sum exceeds the wall time), the wall time of the checks and of the steps, and the longest step.
+struct WeightProgramStats {
+  std::map<std::string, double> op_seconds;
+  std::map<std::string, int64_t> op_steps;
+  double check_seconds = 0;
+  double steps_seconds = 0;
+  int64_t split_steps = 0;  // large elementwise steps run over several threads
+  std::string longest_op;
+  double longest_seconds = 0;
+};
+
 // Refit's replay: checks `initializers` against the program's sources and fixed initializers
 // (KILN-E4008 naming the first mismatch: missing, another dtype or shape, extra, a fixed one
 // changed), runs the steps and returns each target constant's new value by name.
 StatusOr<std::map<std::string, Tensor>> RunWeightProgram(
     const WeightProgram& program, const std::map<std::string, Tensor>& initializers,
-    const NodeEvaluator& evaluate);
+    const NodeEvaluator& evaluate, WeightProgramStats* stats = nullptr);
 
 }  // namespace kiln

@@ -20,8 +20,10 @@ StatusOr<std::vector<Tensor>> ReshapeBytes(const AttributeMap& a,
     return MakeError(ErrorCode::kInternal, "{}: one input of {} elements", kReshapeOp,
                      NumElements(dims));
   }
+  // The same bytes under new dims, shared (a Tensor copy shares its storage; writes copy first).
+  auto source = std::make_shared<const Tensor>(*in[0]);
   std::vector<Tensor> out;
-  out.push_back(Tensor::FromBytes(in[0]->dtype(), std::move(dims), in[0]->bytes()));
+  out.push_back(Tensor::Borrow(source->dtype(), std::move(dims), source->raw(), source));
   return out;
 }
 const bool kReshapeRegistered = RegisterWeightOp(std::string(kReshapeOp), ReshapeBytes);

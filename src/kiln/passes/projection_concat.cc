@@ -33,7 +33,7 @@ StatusOr<std::vector<Tensor>> ConcatAxis(const AttributeMap& a, std::span<const 
     d[axis] = d0[axis];
     if (d != d0) return MakeError(ErrorCode::kInternal, "{}: inputs differ in shape", kConcatOp);
   }
-  Tensor out(in[0]->dtype(), dims);
+  Tensor out = Tensor::ForOverwrite(in[0]->dtype(), dims);  // every byte is copied below
   int64_t outer = 1;
   for (int64_t i = 0; i < axis; ++i) outer *= d0[i];
   auto* dst = static_cast<std::byte*>(out.mutable_raw());

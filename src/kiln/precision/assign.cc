@@ -76,46 +76,68 @@ bool IsMaskOperand(const Node& node, size_t i) {
   return false;
 }
 
-// A constant in FP16 with out-of-range values saturated to +-65504 rather than +-inf (only mask
-// operands reach here with such values: the range guard keeps any other layer FP32). `t` is
-// src already cast to `to`; only its infinities are looked at again.
-Tensor Saturate(const Tensor& src, Tensor t) {
-  if (t.dtype() != DataType::kFloat16) return t;
-  const int64_t n = t.num_elements();
-  // Almost every constant has no infinity: one pass over four halves per 64-bit word says so
-  // first (a lane is +-inf when its magnitude bits equal 0x7c00, i.e. when the XOR is zero; the
-  // lanes stay below 0x8000, so the borrow test finds a zero lane exactly).
-  const uint16_t* read = t.data<uint16_t>();
+// Whether FP16 elements [begin, end) hold an infinity. Almost every constant has none: one pass
+// over four halves per 64-bit word says so (a lane is +-inf when its magnitude bits equal 0x7c00,
+// i.e. when the XOR is zero; the lanes stay below 0x8000, so the borrow test finds a zero lane
+// exactly).
+bool AnyHalfInfinity(const uint16_t* bits, int64_t begin, int64_t end) {
   uint64_t found = 0;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
+  int64_t i = begin;
+  for (; i + 4 <= end; i += 4) {
     uint64_t w;
-    std::memcpy(&w, read + i, sizeof(w));
+    std::memcpy(&w, bits + i, sizeof(w));
     const uint64_t y = (w & 0x7fff7fff7fff7fffull) ^ 0x7c007c007c007c00ull;
     found |= (y - 0x0001000100010001ull) & ~y & 0x8000800080008000ull;
   }
-  for (; i < n; ++i) found |= (read[i] & 0x7fffu) == 0x7c00u;
-  if (!found) return t;
-  uint16_t* bits = t.mutable_data<uint16_t>();
-  for (int64_t i = 0; i < n; ++i) {
+  for (; i < end; ++i) found |= (bits[i] & 0x7fffu) == 0x7c00u;
+  return found != 0;
+}
+
+// Elements [begin, end) of a constant in FP16 (`bits`, src already cast) with out-of-range values
+// saturated to +-65504 rather than +-inf (only mask operands reach here with such values: the
+// range guard keeps any other layer FP32). Only its infinities are looked at again.
+void SaturateElements(const Tensor& src, uint16_t* bits, int64_t begin, int64_t end) {
+  if (!AnyHalfInfinity(bits, begin, end)) return;
+  for (int64_t i = begin; i < end; ++i) {
     if ((bits[i] & 0x7fffu) == 0x7c00u && !std::isinf(src.GetDouble(i))) {
       bits[i] = (bits[i] & 0x8000u) ? 0xfbffu : 0x7bffu;  // -+65504
     }
   }
+}
+
+// `t` (src cast to its dtype) with SaturateElements applied; it is copied only when it changes.
+Tensor Saturate(const Tensor& src, Tensor t) {
+  const int64_t n = t.num_elements();
+  if (t.dtype() != DataType::kFloat16 || !AnyHalfInfinity(t.data<uint16_t>(), 0, n)) return t;
+  SaturateElements(src, t.mutable_data<uint16_t>(), 0, n);
   return t;
 }
 
-// The weight op of a converted constant: Saturate(src, src cast to `to`), attribute to (a kiln
-// DataType). Build and refit convert through it.
+// The weight op of a converted constant: `src` cast to `to` (attribute, a kiln DataType), FP16
+// infinities that src did not hold saturated (SaturateElements). Build and refit convert through
+// it; a large one is split over threads at refit (elementwise), with the same bytes.
 constexpr std::string_view kCastOp = "SaturatingCast";
+void SaturatingCastElements(const AttributeMap&, const Tensor& src, Tensor& out, int64_t begin,
+                            int64_t end) {
+  CastElements(src.view(), out.view(), begin, end);
+  if (out.dtype() == DataType::kFloat16) {
+    SaturateElements(src, static_cast<uint16_t*>(out.view().data), begin, end);
+  }
+}
 StatusOr<std::vector<Tensor>> SaturatingCast(const AttributeMap& a,
                                              std::span<const Tensor* const> in) {
   if (in.size() != 1 || !in[0]) return MakeError(ErrorCode::kInternal, "{}: one input", kCastOp);
   std::vector<Tensor> out;
-  out.push_back(Saturate(*in[0], in[0]->CastTo(static_cast<DataType>(a.GetInt("to", 0)))));
+  out.push_back(Tensor::ForOverwrite(static_cast<DataType>(a.GetInt("to", 0)), in[0]->dims()));
+  SaturatingCastElements(a, *in[0], out[0], 0, in[0]->num_elements());
   return out;
 }
-const bool kCastRegistered = RegisterWeightOp(std::string(kCastOp), SaturatingCast);
+const bool kCastRegistered =
+    RegisterWeightOp(std::string(kCastOp), SaturatingCast,
+                     ElementwiseWeightOp{[](const AttributeMap& a, const Tensor&) {
+                                           return static_cast<DataType>(a.GetInt("to", 0));
+                                         },
+                                         SaturatingCastElements});
 
 // Records `converted` (made from `src` by SaturatingCast) as the step refit replays.
 void RecordCast(const Value& src, Value* converted) {
