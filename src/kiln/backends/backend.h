@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "kiln/backends/kernel.h"
@@ -95,6 +96,23 @@ class Backend {
   virtual Status CopyToDevice(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual Status CopyToHost(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual Status Synchronize(void* stream) = 0;
+  // Fills the device buffer [dst, dst + total) from host memory, each piece's bytes at its offset
+  // (pieces do not overlap; the bytes between them are left unspecified), and returns when they
+  // are on the device. The runtime uploads an engine's weights (at load and at every refit) this
+  // way. Device backends stage through pinned memory; this default copies piece by piece.
+  struct HostPiece {
+    size_t offset = 0;
+    const void* src = nullptr;
+    size_t bytes = 0;
+  };
+  virtual Status UploadPieces(void* dst, size_t total, std::span<const HostPiece> pieces) {
+    (void)total;
+    for (const HostPiece& p : pieces) {
+      KILN_RETURN_IF_ERROR(
+          CopyToDevice(static_cast<std::byte*>(dst) + p.offset, p.src, p.bytes, nullptr));
+    }
+    return Synchronize(nullptr);
+  }
   // Makes the calling thread work on this backend's device: the builder's set-up threads call it
   // before they create kernels (CUDA: the current device is per thread).
   virtual Status BindThread() { return OkStatus(); }

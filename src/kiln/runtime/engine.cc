@@ -284,13 +284,16 @@ StatusOr<std::shared_ptr<const Engine::WeightSet>> Engine::MakeWeightSet(
   if (!backend_->host_accessible() && weights_bytes_ > 0) {
     KILN_ASSIGN_OR_RETURN(set->device, backend_->Allocate(static_cast<size_t>(weights_bytes_)));
     auto* base = static_cast<std::byte*>(set->device.data());
+    std::vector<Backend::HostPiece> pieces;
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (slots_[i].storage != Storage::kConstant) continue;
-      KILN_RETURN_IF_ERROR(backend_->CopyToDevice(base + slots_[i].offset, set->data[i],
-                                                  set->tensors[i].size_bytes(), nullptr));
+      pieces.push_back(
+          {static_cast<size_t>(slots_[i].offset), set->data[i], set->tensors[i].size_bytes()});
       set->data[i] = base + slots_[i].offset;
     }
-    KILN_RETURN_IF_ERROR(backend_->Synchronize(nullptr));
+    // One staged upload of the whole set (pinned memory, copies overlapped with the transfers):
+    // copy by copy from pageable memory it was a third of a BERT-base FP16 refit on the H200.
+    KILN_RETURN_IF_ERROR(backend_->UploadPieces(base, static_cast<size_t>(weights_bytes_), pieces));
   }
   return std::shared_ptr<const WeightSet>(std::move(set));
 }

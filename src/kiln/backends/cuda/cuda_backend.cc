@@ -3,14 +3,20 @@
 // own reason) where no usable GPU is present, so a CUDA-enabled kiln still runs on the CPU.
 #include <cudnn.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 
 #include "kiln/backends/backend.h"
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/core/logging.h"
 #include "kiln/core/params.h"
+#include "kiln/core/thread_pool.h"
 
 namespace kiln::cuda {
 
@@ -170,6 +176,56 @@ class CudaBackend final : public Backend {
     return OkStatus();
   }
 
+  // Through a ring of pinned buffers: the host's threads copy one chunk of the device range into
+  // a free buffer (pieces sorted by offset, each thread an equal share of the chunk's bytes) while
+  // the copy engine moves the chunks before it. A pageable cudaMemcpy runs near a third of the
+  // pinned rate on Hopper hosts, one piece after another.
+  Status UploadPieces(void* dst, size_t total, std::span<const HostPiece> pieces) override {
+    std::lock_guard lock(staging_mutex_);
+    KILN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (!staging_ && !staging_failed_) {
+      Status made = MakeStaging();
+      if (!made.ok()) {
+        staging_failed_ = true;  // pinned memory refused (a container's locked-memory limit)
+        KILN_LOG(Warn, BACKEND, "weights are uploaded from pageable memory: {}", made.ToString());
+      }
+    }
+    if (!staging_) return Backend::UploadPieces(dst, total, pieces);
+    std::vector<HostPiece> sorted(pieces.begin(), pieces.end());
+    std::sort(sorted.begin(), sorted.end(),
+              [](const HostPiece& a, const HostPiece& b) { return a.offset < b.offset; });
+    ThreadPool& pool = ThreadPool::Default();
+    auto* device = static_cast<std::byte*>(dst);
+    size_t first = 0;  // the first piece that ends past the chunk's start
+    for (size_t lo = 0, chunk = 0; lo < total; lo += kStagingChunk, ++chunk) {
+      const size_t hi = std::min(total, lo + kStagingChunk);
+      std::byte* buffer = staging_ + (chunk % kStagingRing) * kStagingChunk;
+      cudaEvent_t done = staging_events_[chunk % kStagingRing];
+      if (chunk >= kStagingRing) KILN_RETURN_IF_ERROR(WaitForEvent(done));  // buffer free again
+      while (first < sorted.size() && sorted[first].offset + sorted[first].bytes <= lo) ++first;
+      const int64_t shares = std::max<int64_t>(
+          1, std::min<int64_t>(pool.size(), static_cast<int64_t>((hi - lo) >> 18)));
+      pool.ParallelFor(shares, [&](int64_t b, int64_t e) {
+        for (int64_t k = b; k < e; ++k) {
+          const size_t a = lo + (hi - lo) * k / shares, z = lo + (hi - lo) * (k + 1) / shares;
+          for (size_t i = first; i < sorted.size() && sorted[i].offset < z; ++i) {
+            const HostPiece& p = sorted[i];
+            const size_t from = std::max(a, p.offset), to = std::min(z, p.offset + p.bytes);
+            if (from < to) {
+              std::memcpy(buffer + (from - lo),
+                          static_cast<const std::byte*>(p.src) + (from - p.offset), to - from);
+            }
+          }
+        }
+      });
+      KILN_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(device + lo, buffer, hi - lo, cudaMemcpyHostToDevice, staging_stream_));
+      KILN_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, staging_stream_));
+    }
+    for (cudaEvent_t e : staging_events_) KILN_RETURN_IF_ERROR(WaitForEvent(e));
+    return OkStatus();
+  }
+
   Status Synchronize(void* stream) override {
     if (stream) {
       KILN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
@@ -283,7 +339,46 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // All or nothing: on an error what was made is freed and staging_ stays null.
+  Status MakeStaging() {
+    void* host = nullptr;
+    cudaStream_t stream = nullptr;
+    std::array<cudaEvent_t, kStagingRing> events{};
+    auto made = [&]() -> Status {
+      KILN_CUDA_RETURN_IF_ERROR(
+          cudaHostAlloc(&host, kStagingChunk * kStagingRing, cudaHostAllocPortable));
+      KILN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      for (cudaEvent_t& e : events) {
+        KILN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        // Recorded once so that every buffer starts out free.
+        KILN_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, stream));
+      }
+      return OkStatus();
+    }();
+    if (!made.ok()) {
+      for (cudaEvent_t e : events) {
+        if (e) cudaEventDestroy(e);
+      }
+      if (stream) cudaStreamDestroy(stream);
+      if (host) cudaFreeHost(host);
+      return made;
+    }
+    staging_ = static_cast<std::byte*>(host);
+    staging_stream_ = stream;
+    staging_events_ = events;
+    return OkStatus();
+  }
+
   int device_;
+  // UploadPieces' staging: kStagingRing pinned buffers of kStagingChunk bytes, made on the first
+  // upload and kept for the process (pinned allocations cost milliseconds each).
+  static constexpr size_t kStagingChunk = 8 << 20;
+  static constexpr int kStagingRing = 4;
+  std::mutex staging_mutex_;
+  std::byte* staging_ = nullptr;
+  bool staging_failed_ = false;
+  cudaStream_t staging_stream_ = nullptr;
+  std::array<cudaEvent_t, kStagingRing> staging_events_{};
 };
 
 // One process per GPU is how distributed jobs run: the device follows the launcher's local rank
