@@ -105,6 +105,16 @@ class Kernel {
   // bounds or an earlier run's, while the bytes behind the view hold the bounds. nullptr for
   // every other kernel.
   virtual const std::vector<int64_t>* RunOutputDims(size_t i) const { return nullptr; }
+  // Refit (runtime.h Engine::RefitWeights): whether the kernel can take new weights in place,
+  // RenewWeights called with its layer's views (constants at the new bytes) before its next
+  // Prepare and Run. Kernels that read their constants only through Run's views, or can remake
+  // what they derived from them (a packed copy) from the new bytes, say yes; the rest (the
+  // default) are created again from the new weights.
+  virtual bool renews_weights() const { return false; }
+  // Work it enqueues goes on `stream`, before the next run's.
+  virtual Status RenewWeights(std::span<const TensorView> inputs, void* stream) {
+    return OkStatus();
+  }
 };
 
 // A Kernel made from functions: simple kernels with no state beyond what the functions capture.

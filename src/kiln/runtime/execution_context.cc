@@ -664,8 +664,11 @@ Status ExecutionContext::AdoptWeights(void* stream) {
   std::shared_ptr<const Engine::WeightSet> previous = std::move(weights_);
   weights_ = next;
   // Kernels may pack or quantize their weights when created: those reading a weight are made
-  // again. On any failure the context keeps the old generation whole.
+  // again, unless they renew them in place (a cuDNN convolution re-packs its channels-last copy on
+  // the GPU; a matrix product reads them at run time). On any failure while making them the
+  // context keeps the old generation whole.
   std::vector<std::pair<size_t, std::unique_ptr<Kernel>>> remade;
+  std::vector<size_t> renewed;
   for (size_t l = 0; l < e.layers_.size(); ++l) {
     if (e.layers_[l].view) continue;
     bool reads_weight = false;
@@ -673,6 +676,11 @@ Status ExecutionContext::AdoptWeights(void* stream) {
       reads_weight |= id >= 0 && e.slots_[id].storage == Engine::Storage::kConstant;
     }
     if (!reads_weight) continue;
+    // (A context that never saw its shapes has no views to renew with: it makes the kernel.)
+    if (kernels_[l]->renews_weights() && l < layer_views_.size()) {
+      renewed.push_back(l);
+      continue;
+    }
     auto kernel = CreateKernel(l);
     if (!kernel.ok()) {
       weights_ = std::move(previous);
@@ -685,6 +693,13 @@ Status ExecutionContext::AdoptWeights(void* stream) {
     if (e.slots_[i].storage != Engine::Storage::kConstant) continue;
     ptrs_[i] = const_cast<void*>(weights_->data[i]);
     UpdateViewPointers(static_cast<int>(i));
+  }
+  for (size_t l : renewed) {
+    const LayerViews& lv = layer_views_[l];
+    KILN_RETURN_IF_ERROR_CTX(kernels_[l]->RenewWeights({views_.data() + lv.in_begin, lv.in_count},
+                                                       stream ? stream : own_stream_.get()),
+                             "while layer '{}' took the refit weights",
+                             e.layers_[l].desc->node->name());
   }
   graphs_.clear();  // captured with the old weights' addresses
   next_graph_slot_ = 0;

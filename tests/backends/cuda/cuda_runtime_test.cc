@@ -10,12 +10,19 @@
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <new>
 #include <numeric>
 #include <random>
 
 #include "kiln/app/benchmark.h"
+#include "kiln/app/live_refit.h"
+#include "kiln/app/pipeline.h"
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/builder/builder_config.h"
+#include "kiln/builder/refit.h"
+#include "kiln/engine/engine_file.h"
 #include "kiln/engine/engine_plan.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/runtime/runtime.h"
@@ -459,9 +466,14 @@ StatusOr<std::shared_ptr<EngineDesc>> MakeViewDesc(const std::string& arch, bool
       l.tactic = {relu ? "f32-relu-cuda-test" : "f32-add-cuda-test", {}, 0};
       continue;
     }
-    auto providers = KernelRegistry::Get().Providers(BackendKind::kCuda, op);
-    if (providers.empty()) return MakeError(ErrorCode::kNoTactic, "no CUDA provider for {}", op);
-    l.provider_id = std::string(providers[0]->id());
+    // The device kernel's provider, not the host fallback's (cuda.host.*), which also serves
+    // these ops on a CUDA engine but only with host tactics.
+    const KernelProvider* device = nullptr;
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, op)) {
+      if (!device && p->id().find(".host.") == std::string_view::npos) device = p;
+    }
+    if (!device) return MakeError(ErrorCode::kNoTactic, "no CUDA provider for {}", op);
+    l.provider_id = std::string(device->id());
     std::string lower = op;
     std::transform(lower.begin(), lower.end(), lower.begin(),
                    [](char c) { return std::tolower(c); });
@@ -614,6 +626,120 @@ TEST(CudaFaults, FailedLibraryCallsCarryTheLibrarysMessage) {
   void* p = nullptr;
   EXPECT_EQ(cudaMalloc(&p, 1024), cudaSuccess);
   cudaFree(p);
+}
+
+// Backend::UploadPieces (the weights' upload at load and refit) through the pinned staging ring:
+// pieces of every size, gaps between them, pieces across and larger than a staging chunk, more
+// bytes than the whole ring, twice (the ring's buffers are reused); each piece lands at its
+// offset, byte for byte.
+TEST(CudaUpload, PiecesLandAtTheirOffsetsThroughTheStagingRing) {
+  if (!GetBackend(BackendKind::kCuda).ok()) GTEST_SKIP() << "no GPU here";
+  Backend& b = **GetBackend(BackendKind::kCuda);
+  std::mt19937_64 rng(20261205);
+  const std::vector<size_t> sizes = {1,  255,      4096, (8u << 20) - 3, (17u << 20) + 1,
+                                     64, 3u << 20, 7};
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Backend::HostPiece> pieces;
+    std::vector<std::vector<uint8_t>> data;
+    size_t offset = 13;
+    for (size_t i = 0; offset < (45u << 20); ++i) {
+      std::vector<uint8_t> bytes(sizes[(i + round) % sizes.size()]);
+      for (uint8_t& x : bytes) x = static_cast<uint8_t>(rng());
+      pieces.push_back({offset, nullptr, bytes.size()});
+      offset += bytes.size() + rng() % 512;  // a gap, sometimes none
+      data.push_back(std::move(bytes));
+    }
+    for (size_t i = 0; i < pieces.size(); ++i) pieces[i].src = data[i].data();
+    std::shuffle(pieces.begin(), pieces.end(), rng);  // any order
+    const size_t total = offset;
+    auto device = b.Allocate(total);
+    ASSERT_TRUE(device.ok()) << device.status().ToString();
+    ASSERT_TRUE(b.UploadPieces(device->data(), total, pieces).ok());
+    std::vector<uint8_t> back(total);
+    ASSERT_EQ(cudaMemcpy(back.data(), device->data(), total, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (const Backend::HostPiece& p : pieces) {
+      ASSERT_EQ(std::memcmp(back.data() + p.offset, p.src, p.bytes), 0)
+          << "round " << round << ": the piece of " << p.bytes << " bytes at " << p.offset;
+    }
+  }
+  // Nothing to upload: fine.
+  EXPECT_TRUE(b.UploadPieces(nullptr, 0, {}).ok());
+}
+
+// Refit of a running CUDA FP16 engine whose convolutions run channels-last on cuDNN: those
+// kernels keep a KRSC copy of their weights and re-pack it on the GPU from the new bytes instead of
+// being made again (the matrix products read theirs at run time). A context created before the
+// refit gives, at its next run (eager and from a CUDA graph), the outputs of an engine made from
+// the host-refit engine with the new weights, bit for bit; and back again to A's outputs.
+TEST(CudaRefit, ChannelsLastConvolutionsRenewTheirPackedWeightsInPlace) {
+  if (!GetBackend(BackendKind::kCuda).ok()) GTEST_SKIP() << "no GPU here";
+  const char* root = std::getenv("KILN_SOURCE_DIR");
+  const std::string dir = std::string(root ? root : ".") + "/zoo/resnet_tiny";
+  if (!std::filesystem::exists(dir + "/model.onnx")) GTEST_SKIP() << "no zoo at " << dir;
+  BuilderConfig config;
+  config.backend = BackendKind::kCuda;
+  config.fp16 = true;
+  config.opt_level = 0;
+  ASSERT_TRUE(ParseProfileSpec("input:2x3x64x64,2x3x64x64,2x3x64x64", &config.profile).ok());
+  auto built = app::BuildFromOnnxFile(dir + "/model.onnx", config);
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  int nhwc_convs = 0;
+  for (const LayerDesc& l : built->desc->layers) {
+    nhwc_convs += l.provider_id.find("cudnn") != std::string::npos && NodeLayout(*l.node) == "NHWC";
+  }
+  ASSERT_GT(nhwc_convs, 0) << "the test needs channels-last cuDNN convolutions";
+  auto weights = ReadOnnxWeights(dir + "/model.onnx");
+  ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+  std::map<std::string, Tensor> a = weights->initializers, b = a;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> jitter(0.8f, 1.25f);
+  for (auto& [name, t] : b) {
+    if (t.dtype() != DataType::kFloat32) continue;
+    float* f = t.mutable_data<float>();
+    for (int64_t i = 0; i < t.num_elements(); ++i) f[i] *= jitter(rng);
+  }
+  // The reference: the engine refit on the host with B, loaded afresh (kernels made from B).
+  auto bytes = SerializeEngine(*built->desc);
+  ASSERT_TRUE(bytes.ok());
+  LoadOptions edit;
+  edit.check_providers = false;
+  auto desc_b = LoadEngineBytesForEdit(*bytes, edit);
+  ASSERT_TRUE(desc_b.ok());
+  ASSERT_TRUE(RefitEngine(**desc_b, b, HashString("b")).ok());
+  auto rt = Runtime::Create(BackendKind::kCuda);
+  ASSERT_TRUE(rt.ok());
+  std::shared_ptr<const EngineDesc> desc_a = std::move(built->desc);
+  auto engine = (*rt)->CreateEngine(desc_a);
+  auto fresh_b = (*rt)->CreateEngine(*desc_b);
+  ASSERT_TRUE(engine.ok() && fresh_b.ok());
+  auto inputs = app::RandomInputs(**engine, {}, 11);
+  ASSERT_TRUE(inputs.ok());
+  auto run = [&](const std::shared_ptr<const Engine>& e, bool graphs) {
+    ExecutionOptions o;
+    o.cuda_graphs = graphs;
+    auto r = app::HostRunner::Create(e, o);
+    EXPECT_TRUE(r.ok());
+    EXPECT_TRUE((*r)->SetInputs(*inputs).ok());
+    return std::move(*r);
+  };
+  auto first = [](app::HostRunner& r) {
+    Status s = r.Run();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return r.outputs().begin()->second.ToFloatVector();
+  };
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    auto live = run(*engine, graphs);
+    auto reference = run(*fresh_b, graphs);
+    const std::vector<float> out_a = first(*live);
+    const std::vector<float> out_b = first(*reference);
+    ASSERT_NE(out_a, out_b);
+    ASSERT_TRUE(app::RefitLoadedEngine(**engine, b).ok());
+    EXPECT_EQ(first(*live), out_b);
+    EXPECT_EQ(first(*live), out_b);  // and again (the graph captured after the refit)
+    ASSERT_TRUE(app::RefitLoadedEngine(**engine, a).ok());
+    EXPECT_EQ(first(*live), out_a);
+  }
 }
 
 }  // namespace

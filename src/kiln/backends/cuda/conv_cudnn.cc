@@ -29,6 +29,8 @@
 
 #include "kiln/backends/cuda/conv_cudnn.h"
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/backends/cuda/cuda_kernel.h"
+#include "kiln/backends/cuda/cuda_launch.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/core/blob_store.h"
 #include "kiln/core/logging.h"
@@ -934,6 +936,31 @@ class CudnnConvKernel final : public Kernel {
                            std::span<const TensorView> outputs) override {
     KILN_RETURN_IF_ERROR(PlanFor(inputs[0].dims, outputs[0].dims));
     return static_cast<size_t>(plan_->workspace);
+  }
+
+  // Refit: the weights come from the new bytes at run time; a channels-last kernel's own KRSC
+  // copy is re-packed from them on the GPU (on the host, at creation, that was most of a
+  // ResNet-50's first run after a refit).
+  bool renews_weights() const override { return true; }
+  Status RenewWeights(std::span<const TensorView> inputs, void* stream) override {
+    if (!krsc_) return OkStatus();
+    const TensorView& w = inputs[1];
+    const int rank = static_cast<int>(w.dims.size());
+    if (!w.data || rank < 3) {
+      return MakeError(ErrorCode::kInternal, "cuDNN conv refit: no device weights to re-pack");
+    }
+    std::vector<int64_t> perm = {0}, krsc = {w.dims[0]};
+    for (int i = 2; i < rank; ++i) {
+      perm.push_back(i);
+      krsc.push_back(w.dims[i]);
+    }
+    perm.push_back(1);
+    krsc.push_back(w.dims[1]);
+    KILN_ASSIGN_OR_RETURN(Strided space, TransposeSpace(w.dims, perm, krsc));
+    KILN_CUDA_RETURN_IF_ERROR(LaunchStridedCopy(SizeOf(w.dtype), w.data, krsc_.get(), space,
+                                                w.num_elements(),
+                                                static_cast<cudaStream_t>(stream)));
+    return OkStatus();
   }
 
   Status Run(const KernelRunArgs& args) override {

@@ -309,6 +309,9 @@ class CublasLtMatMulKernel final : public Kernel {
                        int64_t flags, std::string name)
       : spec_(spec), type_(type), tactic_algo_(algo), flags_(flags), name_(std::move(name)) {}
 
+  // Its operands (weights included) are read through Run's views only: a refit changes nothing.
+  bool renews_weights() const override { return true; }
+
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
     std::vector<int64_t> c_dims;
