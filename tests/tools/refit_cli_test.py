@@ -15,6 +15,32 @@ def run(*args):
     return subprocess.run([*args], capture_output=True, text=True, timeout=120)
 
 
+def zoo_profile(zoo):
+    """resnet_tiny's --profile from its info.json."""
+    with open(os.path.join(zoo, "resnet_tiny", "info.json")) as f:
+        p = json.load(f)["profile"]["input"]
+    x = lambda v: "x".join(map(str, v))
+    return ["--profile", f"input:{x(p['min'])},{x(p['opt'])},{x(p['max'])}"]
+
+
+def models_and_engines(a, tmp, zoo, profile):
+    """resnet_tiny as weights A and perturbed weights B, in directories of one name (their engines'
+    headers name the same model), and each built at --opt-level 0 (the same tactics)."""
+    perturb = os.path.join(a.source, "bench", "refit", "perturb_weights.py")
+    for d in ("a", "b"):
+        os.makedirs(os.path.join(tmp, d, "resnet_tiny"))
+    model_a = os.path.join(tmp, "a", "resnet_tiny", "model.onnx")
+    model_b = os.path.join(tmp, "b", "resnet_tiny", "model.onnx")
+    os.symlink(os.path.join(zoo, "resnet_tiny", "model.onnx"), model_a)
+    r = run(sys.executable, perturb, os.path.join(zoo, "resnet_tiny", "model.onnx"), model_b)
+    assert r.returncode == 0, r.stderr
+    engine_a, engine_b = os.path.join(tmp, "a.kiln"), os.path.join(tmp, "b.kiln")
+    for model, engine in ((model_a, engine_a), (model_b, engine_b)):
+        r = run(a.kiln, "build", model, *profile, "--opt-level", "0", "-o", engine)
+        assert r.returncode == 0, r.stderr
+    return model_a, model_b, engine_a, engine_b
+
+
 def int8_refit(a, tmp, zoo, model_a, model_b, profile):
     """INT8: a refit keeps the stored activation scales (and says so); --recalibrate calibrates
     again with B and the same data, giving the engine `kiln build --int8` of B makes."""
@@ -52,24 +78,9 @@ def main():
     ap.add_argument("--source", required=True)
     a = ap.parse_args()
     zoo = os.path.join(a.source, "zoo")
-    perturb = os.path.join(a.source, "bench", "refit", "perturb_weights.py")
-    with open(os.path.join(zoo, "resnet_tiny", "info.json")) as f:
-        p = json.load(f)["profile"]["input"]
-    x = lambda v: "x".join(map(str, v))
-    profile = ["--profile", f"input:{x(p['min'])},{x(p['opt'])},{x(p['max'])}"]
+    profile = zoo_profile(zoo)
     with tempfile.TemporaryDirectory() as tmp:
-        # A and B in directories of one name: their engines' headers name the same model.
-        for d in ("a", "b"):
-            os.makedirs(os.path.join(tmp, d, "resnet_tiny"))
-        model_a = os.path.join(tmp, "a", "resnet_tiny", "model.onnx")
-        model_b = os.path.join(tmp, "b", "resnet_tiny", "model.onnx")
-        os.symlink(os.path.join(zoo, "resnet_tiny", "model.onnx"), model_a)
-        r = run(sys.executable, perturb, os.path.join(zoo, "resnet_tiny", "model.onnx"), model_b)
-        assert r.returncode == 0, r.stderr
-        engine_a, engine_b = os.path.join(tmp, "a.kiln"), os.path.join(tmp, "b.kiln")
-        for model, engine in ((model_a, engine_a), (model_b, engine_b)):
-            r = run(a.kiln, "build", model, *profile, "--opt-level", "0", "-o", engine)
-            assert r.returncode == 0, r.stderr
+        model_a, model_b, engine_a, engine_b = models_and_engines(a, tmp, zoo, profile)
         out = os.path.join(tmp, "refit.kiln")
         r = run(a.kiln, "refit", engine_a, "--weights", model_b, "-o", out, "--json")
         assert r.returncode == 0, r.stderr

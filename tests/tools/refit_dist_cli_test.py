@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -61,24 +60,11 @@ def main():
     a = ap.parse_args()
     a.kiln, a.source = os.path.abspath(a.kiln), os.path.abspath(a.source)
     zoo = os.path.join(a.source, "zoo")
-    perturb = os.path.join(a.source, "bench", "refit", "perturb_weights.py")
-    with open(os.path.join(zoo, "resnet_tiny", "info.json")) as f:
-        p = json.load(f)["profile"]["input"]
-    x = lambda v: "x".join(map(str, v))
-    profile = ["--profile", f"input:{x(p['min'])},{x(p['opt'])},{x(p['max'])}"]
     run = refit_cli_test.run
+    profile = refit_cli_test.zoo_profile(zoo)
     with tempfile.TemporaryDirectory() as tmp:
-        for d in ("a", "b"):
-            os.makedirs(os.path.join(tmp, d, "resnet_tiny"))
-        model_a = os.path.join(tmp, "a", "resnet_tiny", "model.onnx")
-        model_b = os.path.join(tmp, "b", "resnet_tiny", "model.onnx")
-        os.symlink(os.path.join(zoo, "resnet_tiny", "model.onnx"), model_a)
-        r = run(sys.executable, perturb, os.path.join(zoo, "resnet_tiny", "model.onnx"), model_b)
-        assert r.returncode == 0, r.stderr
-        engine_a, engine_b = os.path.join(tmp, "a.kiln"), os.path.join(tmp, "b.kiln")
-        for model, engine in ((model_a, engine_a), (model_b, engine_b)):
-            r = run(a.kiln, "build", model, *profile, "--opt-level", "0", "-o", engine)
-            assert r.returncode == 0, r.stderr
+        model_a, model_b, engine_a, engine_b = refit_cli_test.models_and_engines(
+            a, tmp, zoo, profile)
         fresh_b, old = read(engine_b), read(engine_a)
         missing = os.path.join(tmp, "not-on-this-node", "model.onnx")
 
@@ -133,7 +119,10 @@ def main():
             assert rc == 1 and "KILN-E7028" in se and "rank 0" in se and "rank 1" in se, (r, se)
             assert read(o[r]) == old
 
-        # 5. No rank holds the weights: every rank says so.
+        # 5. No rank holds the weights: every rank says so. Without --distributed, --weights is
+        # required.
+        r = run(a.kiln, "refit", o[0])
+        assert r.returncode == 1 and "KILN-E1001" in r.stderr and "--weights" in r.stderr, r.stderr
         res, _ = torchrun(a.kiln, {r: [o[r], "--weights", missing] for r in range(2)})
         for r, (rc, so, se) in res.items():
             assert rc == 1 and "no rank of the 2 passed the new weights" in se, (r, se)
