@@ -442,7 +442,7 @@ StatusOr<std::map<std::string, Tensor>> RunWeightProgram(
   };
   std::vector<Item> items;
   std::vector<double> item_seconds;
-  std::vector<std::pair<size_t, double>> step_seconds;  // (step, seconds) per item, for stats
+  std::vector<double> step_seconds(n, 0.0);  // thread time per step, its items summed (stats)
   const auto steps_start = std::chrono::steady_clock::now();
   for (std::vector<size_t>& steps : levels) {
     items.clear();
@@ -487,23 +487,21 @@ StatusOr<std::map<std::string, Tensor>> RunWeightProgram(
             if (item.elementwise) {
               item.elementwise->run(step.attrs, slots[static_cast<size_t>(step.inputs[0])],
                                     slots[first_slot[i]], item.begin, item.end);
-              item_seconds[j] =
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-              continue;
+            } else {
+              ins.clear();
+              for (int32_t in : step.inputs) {
+                ins.push_back(in < 0 ? nullptr : &slots[static_cast<size_t>(in)]);
+              }
+              auto outs = RunWeightStep(step.op_type, step.domain, step.attrs, ins,
+                                        step.num_outputs, evaluate);
+              if (!outs.ok()) {
+                errors[i] = std::move(outs).status().AddContext(
+                    fmt::format("replaying weight step {} ({})", step.op_type, step.domain));
+                continue;
+              }
+              for (size_t k = 0; k < outs->size(); ++k)
+                slots[first_slot[i] + k] = std::move((*outs)[k]);
             }
-            ins.clear();
-            for (int32_t in : step.inputs) {
-              ins.push_back(in < 0 ? nullptr : &slots[static_cast<size_t>(in)]);
-            }
-            auto outs = RunWeightStep(step.op_type, step.domain, step.attrs, ins, step.num_outputs,
-                                      evaluate);
-            if (!outs.ok()) {
-              errors[i] = std::move(outs).status().AddContext(
-                  fmt::format("replaying weight step {} ({})", step.op_type, step.domain));
-              continue;
-            }
-            for (size_t k = 0; k < outs->size(); ++k)
-              slots[first_slot[i] + k] = std::move((*outs)[k]);
             item_seconds[j] =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           }
@@ -511,21 +509,18 @@ StatusOr<std::map<std::string, Tensor>> RunWeightProgram(
     for (Status& e : errors) {
       if (!e.ok()) return std::move(e);
     }
-    for (size_t j = 0; j < items.size(); ++j)
-      step_seconds.emplace_back(items[j].step, item_seconds[j]);
+    for (size_t j = 0; j < items.size(); ++j) step_seconds[items[j].step] += item_seconds[j];
   }
   if (stats) {
     stats->check_seconds = std::chrono::duration<double>(steps_start - check_start).count();
     stats->steps_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - steps_start).count();
-    std::vector<double> per_step(n, 0.0);
-    for (const auto& [i, sec] : step_seconds) per_step[i] += sec;
     for (size_t i = 0; i < n; ++i) {
       const std::string& op = program.steps[i].op_type;
-      stats->op_seconds[op] += per_step[i];
+      stats->op_seconds[op] += step_seconds[i];
       ++stats->op_steps[op];
-      if (per_step[i] > stats->longest_seconds) {
-        stats->longest_seconds = per_step[i];
+      if (step_seconds[i] > stats->longest_seconds) {
+        stats->longest_seconds = step_seconds[i];
         stats->longest_op = op;
       }
     }
