@@ -696,10 +696,19 @@ Status ExecutionContext::AdoptWeights(void* stream) {
   }
   for (size_t l : renewed) {
     const LayerViews& lv = layer_views_[l];
-    KILN_RETURN_IF_ERROR_CTX(kernels_[l]->RenewWeights({views_.data() + lv.in_begin, lv.in_count},
-                                                       stream ? stream : own_stream_.get()),
-                             "while layer '{}' took the refit weights",
-                             e.layers_[l].desc->node->name());
+    Status renew = kernels_[l]->RenewWeights({views_.data() + lv.in_begin, lv.in_count},
+                                             stream ? stream : own_stream_.get());
+    if (renew.ok()) continue;
+    // A kernel that could not renew in place is made from the new weights instead; if that fails
+    // too, the context goes back to the old set's record, so that its next run adopts the new
+    // weights again rather than run a kernel that still holds the old ones.
+    auto kernel = CreateKernel(l);
+    if (!kernel.ok()) {
+      weights_ = std::move(previous);
+      return std::move(renew).AddContext(
+          fmt::format("while layer '{}' took the refit weights", e.layers_[l].desc->node->name()));
+    }
+    kernels_[l] = std::move(*kernel);
   }
   graphs_.clear();  // captured with the old weights' addresses
   next_graph_slot_ = 0;
