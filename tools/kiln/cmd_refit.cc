@@ -1,9 +1,8 @@
 // `kiln refit`: new weights into an existing engine (like TensorRT's refitter): the engine's
 // recorded weight program replayed on the new model's initializers; layers, tactics and memory
 // plan stay as built.
-#include <sys/stat.h>
-
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -106,8 +105,8 @@ int RunDistributed(const RefitOptions& o, const GlobalOptions& global, const std
   if (!me.ok()) return ReportError(me.status());
   // Weights on this rank's file system: given and present. A path that exists on other ranks'
   // nodes only is how a job whose weights sit on one node runs one command everywhere.
-  struct stat st {};
-  const bool holds = !o.weights.empty() && ::stat(o.weights.c_str(), &st) == 0;
+  std::error_code ec;
+  const bool holds = !o.weights.empty() && std::filesystem::exists(o.weights, ec);
   FileRoles files;
   if (holds) files.Input(o.weights, "weights");
   if (out == o.engine) {

@@ -106,12 +106,23 @@ class Backend {
     size_t bytes = 0;
   };
   virtual Status UploadPieces(void* dst, size_t total, std::span<const HostPiece> pieces) {
-    (void)total;
+    KILN_RETURN_IF_ERROR(CheckPieces(total, pieces));
     for (const HostPiece& p : pieces) {
       KILN_RETURN_IF_ERROR(
           CopyToDevice(static_cast<std::byte*>(dst) + p.offset, p.src, p.bytes, nullptr));
     }
     return Synchronize(nullptr);
+  }
+  // An internal error for a piece outside [0, total), checked without overflow.
+  static Status CheckPieces(size_t total, std::span<const HostPiece> pieces) {
+    for (const HostPiece& p : pieces) {
+      if (p.offset > total || p.bytes > total - p.offset) {
+        return MakeError(ErrorCode::kInternal,
+                         "upload piece of {} bytes at offset {} lies outside the {} bytes", p.bytes,
+                         p.offset, total);
+      }
+    }
+    return OkStatus();
   }
   // Makes the calling thread work on this backend's device: the builder's set-up threads call it
   // before they create kernels (CUDA: the current device is per thread).

@@ -181,6 +181,7 @@ class CudaBackend final : public Backend {
   // the copy engine moves the chunks before it. A pageable cudaMemcpy runs near a third of the
   // pinned rate on Hopper hosts, one piece after another.
   Status UploadPieces(void* dst, size_t total, std::span<const HostPiece> pieces) override {
+    KILN_RETURN_IF_ERROR(CheckPieces(total, pieces));
     std::lock_guard lock(staging_mutex_);
     KILN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (!staging_ && !staging_failed_) {
