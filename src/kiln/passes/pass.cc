@@ -118,6 +118,7 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeConstantFoldingPass());
   pm->Add(MakeDeadNodeEliminationPass());
   pm->Add(MakeConvBatchNormFoldingPass());
+  pm->Add(MakePatchifyPass());  // after the BatchNorm folding, which may give it the bias
   pm->Add(MakeLayerNormFusionPass());
   pm->Add(MakeRmsNormFusionPass());  // before the skip fusion, which takes its result
   pm->Add(MakeSkipLayerNormFusionPass());

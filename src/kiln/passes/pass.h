@@ -134,6 +134,9 @@ std::unique_ptr<Pass> MakeDeadNodeEliminationPass();
 std::unique_ptr<Pass> MakeShapeSimplificationPass();
 std::unique_ptr<Pass> MakeIdentityEliminationPass();
 std::unique_ptr<Pass> MakeConvBatchNormFoldingPass();
+// A convolution whose windows tile its input, reading few channels (ViT's patch embedding, Swin's
+// and ConvNeXt's stems) => Transpose of the patches and one Gemm (patchify.cc).
+std::unique_ptr<Pass> MakePatchifyPass();
 std::unique_ptr<Pass> MakeGeluFusionPass();
 std::unique_ptr<Pass> MakeLayerNormFusionPass();
 std::unique_ptr<Pass> MakeSkipLayerNormFusionPass();    // residual Add + Layer/RMSNormalization

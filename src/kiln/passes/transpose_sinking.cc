@@ -3,6 +3,9 @@
 // Permute around each block) and the layout pass's boundary Transposes stop moving data back and
 // forth. Three rewrites, over any rank and permutation:
 //   Transpose(Transpose(x, p), q)  => Transpose(x, p[q[k]]), or x itself when that is the identity
+//   Reshape(Transpose(x, p), f)    => Transpose(Reshape(x, f'), q)
+//     when the Reshape merges runs of the Transpose's axes that read runs of x's axes in order, and
+//     its result is read by a Transpose alone (which the moved one then meets);
 //   op(Transpose(a, p), ..., c)    => Transpose(op(a, ..., c'), p)
 //     for an op with the kLayoutAgnostic trait (ops.inc), every non-constant input a Transpose by
 //     the same p (or a value already transposed by p's inverse somewhere else in the graph), and c'
@@ -137,6 +140,8 @@ class TransposeSinkingPass final : public Pass {
       if (n->is_dead()) continue;
       if (IsTranspose(n)) {
         Compose(graph, ctx, n);
+      } else if (IsOp(*n, OpType::kReshape)) {
+        SinkBelowReshape(graph, ctx, n);
       } else if (HasTrait(OpTypeOf(*n), op_traits::kLayoutAgnostic)) {
         Sink(graph, ctx, n);
       }
@@ -165,6 +170,77 @@ class TransposeSinkingPass final : public Pass {
       t2->mutable_attrs().Set("perm", r);
     }
     ctx.stats().rewrites += 1;
+  }
+
+  // Reshape(Transpose(x, p), f) => Transpose(Reshape(x, f'), q), when the Reshape merges runs of
+  // the Transpose's output axes that come from runs of x's axes in the same order (ViT's
+  // flatten(2) after a channels-last product moved back to channels-first). Applies when the
+  // Reshape's result is read by a Transpose alone, which the moved one then meets.
+  static void SinkBelowReshape(Graph& graph, PassContext& ctx, Node* reshape) {
+    Value* y = reshape->input(0);
+    Value* z = reshape->output(0);
+    Node* t = y ? y->producer() : nullptr;
+    if (!IsTranspose(t) || !z || !z->has_shape() || !y->has_shape() || !ReadOnlyBy(y, reshape)) {
+      return;
+    }
+    if (z->is_graph_output() || z->consumers().size() != 1 || !IsTranspose(z->consumers()[0])) {
+      return;
+    }
+    Value* x = t->input(0);
+    const Perm p = PermOf(*t);
+    if (p.empty() || !x->has_shape()) return;
+    const Shape& e = y->shape();
+    const Shape& f = z->shape();
+    // Group y's axes into consecutive runs, one per axis of z, each of z's dim's size.
+    std::vector<size_t> group_start;
+    size_t i = 0;
+    for (const Dim& fj : f) {
+      if (i >= e.size()) return;
+      group_start.push_back(i);
+      if (!e[i].is_static() || !fj.is_static()) {
+        if (!(e[i] == fj)) return;
+        ++i;
+        continue;
+      }
+      int64_t product = e[i++].value();
+      while (product < fj.value() && i < e.size() && e[i].is_static()) product *= e[i++].value();
+      if (product != fj.value()) return;
+    }
+    if (i != e.size()) return;
+    group_start.push_back(e.size());
+    // Each run must read a run of x's axes in order.
+    const size_t groups = f.size();
+    std::vector<int64_t> source_start(groups);
+    for (size_t g = 0; g < groups; ++g) {
+      source_start[g] = p[group_start[g]];
+      for (size_t k = group_start[g] + 1; k < group_start[g + 1]; ++k) {
+        if (p[k] != p[k - 1] + 1) return;
+      }
+    }
+    // The runs in x's order make the new Reshape's shape; q puts them back in z's order.
+    std::vector<size_t> order(groups);
+    for (size_t g = 0; g < groups; ++g) order[g] = g;
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return source_start[a] < source_start[b]; });
+    Shape inner_shape;
+    Perm q(groups);
+    for (size_t pos = 0; pos < groups; ++pos) {
+      inner_shape.push_back(f[order[pos]]);
+      q[order[pos]] = static_cast<int64_t>(pos);
+    }
+    if (!FitsShapeConstant(inner_shape)) return;
+    Value* target = AddShapeConstant(graph, reshape->name() + "_shape", inner_shape);
+    const std::string name = reshape->name();
+    Value* inner = graph.AddValue(graph.UniqueName(z->name() + "_sunk"), z->dtype());
+    inner->set_shape(inner_shape);
+    graph.RemoveNode(reshape);  // releases z, which the new Transpose produces
+    graph.AddNode("Reshape", graph.UniqueName(name), {x, target}, {inner});
+    AttributeMap t_attrs;
+    t_attrs.Set("perm", q);
+    graph.AddNode("Transpose", graph.UniqueName(name + "_transpose"), {inner}, {z},
+                  std::move(t_attrs));
+    ctx.stats().rewrites += 1;
+    ctx.stats().nodes_added += 1;
   }
 
   // op(Transpose(a, p), ...) => Transpose(op(a, ...), p), when it does not add Transposes.
