@@ -146,8 +146,10 @@ Status ResolveWindow(const DwSpec& spec, std::span<const int64_t> x, std::span<c
 
 class DepthwiseConvKernel final : public Kernel {
  public:
-  DepthwiseConvKernel(DwSpec spec, std::unique_ptr<void, DeviceFree> taps)
-      : spec_(std::move(spec)), taps_(std::move(taps)) {}
+  DepthwiseConvKernel(DwSpec spec, std::unique_ptr<void, DeviceFree> taps, DepthwiseVariant variant)
+      : spec_(std::move(spec)), taps_(std::move(taps)) {
+    args_.variant = variant;
+  }
 
   StatusOr<size_t> Prepare(std::span<const TensorView> in,
                            std::span<const TensorView> out) override {
@@ -323,18 +325,43 @@ class DepthwiseConvProvider : public KernelProvider {
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
     auto spec = ReadDwSpec(request);
     if (!spec.ok()) return {};
-    return {{fmt::format("{}-{}-nhwc-depthwise-kiln-{}x{}-s{}", DtypePrefix(spec->dtype),
-                         spec->op_name, spec->r, spec->s, spec->attrs.strides[0]),
-             {},
-             0}};
+    std::vector<TacticConfig> tactics{
+        {fmt::format("{}-{}-nhwc-depthwise-kiln-{}x{}-s{}", DtypePrefix(spec->dtype), spec->op_name,
+                     spec->r, spec->s, spec->attrs.strides[0]),
+         {static_cast<int64_t>(DepthwiseVariant::kRegisterTile)},
+         0}};
+    if (DepthwiseSmemSupports(*ToElem(spec->dtype), spec->c, static_cast<int>(spec->r),
+                              static_cast<int>(spec->s), static_cast<int>(spec->attrs.strides[0]),
+                              static_cast<int>(spec->attrs.strides[1]))) {
+      tactics.push_back(
+          {fmt::format("{}-{}-nhwc-depthwise-kiln-smem-{}x{}-s{}", DtypePrefix(spec->dtype),
+                       spec->op_name, spec->r, spec->s, spec->attrs.strides[0]),
+           {static_cast<int64_t>(DepthwiseVariant::kSharedTile)},
+           0});
+    }
+    return tactics;
   }
 
   StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
-                                           const TacticConfig&) const final {
+                                           const TacticConfig& tactic) const final {
     KILN_ASSIGN_OR_RETURN(DwSpec spec, ReadDwSpec(request));
+    // A tactic without params (an engine or timing cache from before the variants) is the
+    // register-tiled kernel.
+    const auto variant =
+        !tactic.params.empty() &&
+                tactic.params[0] == static_cast<int64_t>(DepthwiseVariant::kSharedTile)
+            ? DepthwiseVariant::kSharedTile
+            : DepthwiseVariant::kRegisterTile;
+    if (variant == DepthwiseVariant::kSharedTile &&
+        !DepthwiseSmemSupports(*ToElem(spec.dtype), spec.c, static_cast<int>(spec.r),
+                               static_cast<int>(spec.s), static_cast<int>(spec.attrs.strides[0]),
+                               static_cast<int>(spec.attrs.strides[1]))) {
+      return MakeError(ErrorCode::kUnimplemented,
+                       "the shared-memory depthwise kernel does not take this convolution");
+    }
     KILN_ASSIGN_OR_RETURN(auto taps, UploadTaps(*request.inputs[1].constant));
     return std::unique_ptr<Kernel>(
-        std::make_unique<DepthwiseConvKernel>(std::move(spec), std::move(taps)));
+        std::make_unique<DepthwiseConvKernel>(std::move(spec), std::move(taps), variant));
   }
 };
 

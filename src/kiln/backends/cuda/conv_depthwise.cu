@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "kiln/backends/cuda/activation.cuh"
 #include "kiln/backends/cuda/conv_depthwise.h"
 #include "kiln/backends/cuda/device_util.cuh"
@@ -157,6 +159,129 @@ __global__ void DepthwiseRowTileKernel(DepthwiseConvArgs a) {
   }
 }
 
+// The same convolution with the block's input tile staged in shared memory (FP16/BF16, square
+// kS x kS filter, stride kStride both ways, C a multiple of 8). A block computes kRows output rows
+// x kCols output columns x kChannels channels: 16 lanes share one output row, each lane a channel
+// pair (half2) and kCols outputs along the row, so a thread keeps one input row of
+// (kCols - 1) * kStride + kS pairs in registers and uses each up to kS times; every input pixel is
+// read from global memory once per block (the row-tiled kernel above reads it up to kS * kS / 4
+// times through the cache, and its 130 registers a thread leave a few warps per SM to hide that).
+// The two half-warps read rows kStride apart; the tile's row pitch is padded so that they land on
+// the other 16 banks. Same products in the same order per output as the kernels above.
+constexpr int kSmemLanes = 16;                              // channel pairs per block
+constexpr int kSmemChannels = 2 * kSmemLanes;               // 32 channels: 64 bytes of a pixel
+constexpr int kSmemCols = 8;                                // outputs per thread, along a row
+constexpr int SmemRows(int stride) { return 16 / stride; }  // output rows per block
+constexpr int SmemTileW(int s, int stride) { return (kSmemCols - 1) * stride + s; }
+constexpr int SmemTileH(int s, int stride) { return (SmemRows(stride) - 1) * stride + s; }
+// Row pitch in 4-byte words: a pixel is 16 words; the pad puts rows kStride apart 16 banks apart.
+constexpr int SmemPitch(int s, int stride) {
+  const int words = SmemTileW(s, stride) * kSmemLanes;
+  if (stride == 1) return SmemTileW(s, stride) % 2 == 0 ? words + 16 : words;
+  return words + 8;  // stride 2: 2 * pitch = 16 (mod 32) needs pitch = 8 (mod 16)
+}
+template <int kS, int kStride>
+constexpr int SmemBytes() {
+  return SmemTileH(kS, kStride) * SmemPitch(kS, kStride) * 4;
+}
+
+template <typename T, int kS, int kStride>
+__global__ void __launch_bounds__(kSmemLanes* SmemRows(kStride))
+    DepthwiseSmemKernel(DepthwiseConvArgs a) {
+  constexpr int kRows = SmemRows(kStride);
+  constexpr int kTileW = SmemTileW(kS, kStride);
+  constexpr int kTileH = SmemTileH(kS, kStride);
+  constexpr int kPitch = SmemPitch(kS, kStride);
+  constexpr int kThreads = kSmemLanes * kRows;
+  __shared__ __align__(16) uint32_t tile[kTileH * kPitch];
+  using T2 = typename std::conditional<std::is_same_v<T, __half>, __half2, __nv_bfloat162>::type;
+  const T* x = static_cast<const T*>(a.x);
+  const T* w = static_cast<const T*>(a.w);
+  const T* bias = static_cast<const T*>(a.bias);
+  const T* z = static_cast<const T*>(a.z);
+  T* y = static_cast<T*>(a.y);
+
+  const int64_t col_tiles = (a.ow + kSmemCols - 1) / kSmemCols;
+  const int64_t row_tiles = (a.oh + kRows - 1) / kRows;
+  int64_t b = blockIdx.x;
+  const int64_t ct = b % col_tiles;
+  b /= col_tiles;
+  const int64_t rt = b % row_tiles;
+  b /= row_tiles;
+  const int64_t n = b;
+  const int64_t c_base = static_cast<int64_t>(blockIdx.y) * kSmemChannels;
+  const int64_t oy0 = rt * kRows, ox0 = ct * kSmemCols;
+  const int64_t iy_base = oy0 * kStride - a.pad_h, ix_base = ox0 * kStride - a.pad_w;
+
+  // Stage the tile: 16-byte chunks (8 channels), zeros outside the image and past C.
+  constexpr int kChunks = kTileH * kTileW * (kSmemChannels / 8);
+  for (int q = threadIdx.x; q < kChunks; q += kThreads) {
+    const int part = q % (kSmemChannels / 8);
+    const int pix = q / (kSmemChannels / 8);
+    const int ty = pix / kTileW, tx = pix % kTileW;
+    const int64_t gy = iy_base + ty, gx = ix_base + tx;
+    const int64_t c = c_base + part * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (gy >= 0 && gy < a.h && gx >= 0 && gx < a.w_in && c < a.c) {
+      v = *reinterpret_cast<const uint4*>(x + ((n * a.h + gy) * a.w_in + gx) * a.c + c);
+    }
+    *reinterpret_cast<uint4*>(&tile[ty * kPitch + tx * kSmemLanes + part * 4]) = v;
+  }
+  __syncthreads();
+
+  const int lane = threadIdx.x % kSmemLanes;
+  const int row = threadIdx.x / kSmemLanes;
+  const int64_t c = c_base + 2 * lane;
+  const int64_t oy = oy0 + row;
+  if (c >= a.c || oy >= a.oh) return;
+  float2 acc[kSmemCols];
+#pragma unroll
+  for (int t = 0; t < kSmemCols; ++t) acc[t] = make_float2(0.f, 0.f);
+#pragma unroll
+  for (int ky = 0; ky < kS; ++ky) {
+    const uint32_t* src = &tile[(row * kStride + ky) * kPitch + lane];
+    float2 in[kTileW];
+#pragma unroll
+    for (int j = 0; j < kTileW; ++j) {
+      const uint32_t bits = src[j * kSmemLanes];
+      const T2 v = *reinterpret_cast<const T2*>(&bits);
+      in[j] = make_float2(Load(v.x), Load(v.y));
+    }
+#pragma unroll
+    for (int kx = 0; kx < kS; ++kx) {
+      const T2 wv = *reinterpret_cast<const T2*>(w + (ky * kS + kx) * a.c + c);
+      const float2 wf = make_float2(Load(wv.x), Load(wv.y));
+#pragma unroll
+      for (int t = 0; t < kSmemCols; ++t) {
+        acc[t].x += in[t * kStride + kx].x * wf.x;
+        acc[t].y += in[t * kStride + kx].y * wf.y;
+      }
+    }
+  }
+  float2 bf = make_float2(0.f, 0.f);
+  if (bias) {
+    const T2 bv = *reinterpret_cast<const T2*>(bias + c);
+    bf = make_float2(Load(bv.x), Load(bv.y));
+  }
+  const BlasAct act = static_cast<BlasAct>(a.act);
+#pragma unroll
+  for (int t = 0; t < kSmemCols; ++t) {
+    const int64_t ox = ox0 + t;
+    if (ox >= a.ow) break;
+    const int64_t out = ((n * a.oh + oy) * a.ow + ox) * a.c + c;
+    float v0 = acc[t].x + bf.x, v1 = acc[t].y + bf.y;
+    if (z) {
+      const T2 zv = *reinterpret_cast<const T2*>(z + out);
+      v0 += Load(zv.x);
+      v1 += Load(zv.y);
+    }
+    T2 o;
+    o.x = Store<T>(Activate(act, v0, a.act_min, a.act_max));
+    o.y = Store<T>(Activate(act, v1, a.act_min, a.act_max));
+    *reinterpret_cast<T2*>(y + out) = o;
+  }
+}
+
 bool Aligned(const void* p, size_t bytes) {
   return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
@@ -197,10 +322,52 @@ cudaError_t LaunchT(const DepthwiseConvArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template <typename T>
+cudaError_t LaunchSmemT(const DepthwiseConvArgs& a, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    return cudaErrorNotSupported;
+  } else {
+    const int64_t col_tiles = (a.ow + kSmemCols - 1) / kSmemCols;
+    const int64_t c_blocks = (a.c + kSmemChannels - 1) / kSmemChannels;
+#define KILN_DW_SMEM(S, STRIDE)                                                               \
+  if (a.s == S && a.stride_w == STRIDE) {                                                     \
+    const int64_t row_tiles = (a.oh + SmemRows(STRIDE) - 1) / SmemRows(STRIDE);               \
+    const dim3 grid(static_cast<unsigned>(a.n * row_tiles * col_tiles),                       \
+                    static_cast<unsigned>(c_blocks));                                         \
+    DepthwiseSmemKernel<T, S, STRIDE><<<grid, kSmemLanes * SmemRows(STRIDE), 0, stream>>>(a); \
+    return cudaGetLastError();                                                                \
+  }
+    KILN_DW_SMEM(3, 1)
+    KILN_DW_SMEM(5, 1)
+    KILN_DW_SMEM(7, 1)
+    KILN_DW_SMEM(3, 2)
+    KILN_DW_SMEM(5, 2)
+    KILN_DW_SMEM(7, 2)
+#undef KILN_DW_SMEM
+    return cudaErrorNotSupported;
+  }
+}
+
 }  // namespace
+
+bool DepthwiseSmemSupports(Elem dtype, int64_t c, int r, int s, int stride_h, int stride_w) {
+  return (dtype == Elem::kF16 || dtype == Elem::kBF16) && c % 8 == 0 && r == s &&
+         (s == 3 || s == 5 || s == 7) && stride_h == stride_w && (stride_w == 1 || stride_w == 2);
+}
 
 cudaError_t LaunchDepthwiseConv(const DepthwiseConvArgs& a, cudaStream_t stream) {
   if (a.n * a.oh * a.ow * a.c == 0) return cudaSuccess;
+  if (a.variant == DepthwiseVariant::kSharedTile) {
+    if (!DepthwiseSmemSupports(a.dtype, a.c, a.r, a.s, a.stride_h, a.stride_w)) {
+      return cudaErrorNotSupported;
+    }
+    // A view of another tensor may start off the 16-byte grid: the register-tiled kernel then.
+    if (Aligned(a.x, 16) && Aligned(a.w, 4) && Aligned(a.bias, 4) && Aligned(a.z, 4) &&
+        Aligned(a.y, 4)) {
+      return DispatchFloat(a.dtype,
+                           [&](auto tag) { return LaunchSmemT<decltype(tag)>(a, stream); });
+    }
+  }
   return DispatchFloat(a.dtype, [&](auto tag) { return LaunchT<decltype(tag)>(a, stream); });
 }
 

@@ -11,6 +11,10 @@
 
 namespace kiln::cuda {
 
+// Which depthwise kernel runs: the register-tiled ones (any dtype, any filter up to 7x7) or the
+// shared-memory tile (FP16/BF16, square 3/5/7 filters, stride 1 or 2 both ways, C % 8 == 0).
+enum class DepthwiseVariant : int { kRegisterTile = 0, kSharedTile = 1 };
+
 struct DepthwiseConvArgs {
   Elem dtype = Elem::kF32;     // f32, f16 or bf16 (x, w, bias, z and y share it)
   const void* x = nullptr;     // [n, h, w, c]
@@ -24,9 +28,15 @@ struct DepthwiseConvArgs {
   // the BlasAct of activation.cuh, the same list) and the clip bounds.
   int act = 0;
   float act_min = 0.f, act_max = 0.f;
+  DepthwiseVariant variant = DepthwiseVariant::kRegisterTile;
 };
 
-// y = act(conv(x, w) + bias + z), FP32 accumulation; enqueued on `stream`.
+// Whether the shared-memory tile variant runs this convolution (x 16-byte aligned at run time).
+bool DepthwiseSmemSupports(Elem dtype, int64_t c, int r, int s, int stride_h, int stride_w);
+
+// y = act(conv(x, w) + bias + z), FP32 accumulation; enqueued on `stream`. The shared-tile
+// variant fails with cudaErrorNotSupported outside what DepthwiseSmemSupports allows, and runs
+// the register-tiled kernel when a pointer is off its alignment.
 cudaError_t LaunchDepthwiseConv(const DepthwiseConvArgs& a, cudaStream_t stream);
 
 // Grouped convolution with small groups (RegNet's group width 24, ResNeXt's 8-32): channels-last
