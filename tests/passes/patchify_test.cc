@@ -203,5 +203,61 @@ TEST(TransposeSinking, ATransposeMovesBelowAReshapeThatMergesRunsReadInOrder) {
   }
 }
 
+// Conv1d lift (conv1d_lift.cc): Whisper's stem, two 1-D convolutions (the second of stride 2) with
+// GELU, then the permute to [N, L, C]. Where the layout pass runs, both become channels-last 2-D
+// convolutions of height 1, the stack stays 4-D between them, and the Transpose back cancels
+// against the model's permute: one Transpose (into channels-last) is left.
+std::unique_ptr<Graph> WhisperStem(Dim length) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, {Dim::Symbol("n"), 8, length});
+  auto conv = [&](Value* in, int64_t c, int64_t k, int64_t stride, uint32_t seed) {
+    Value* w = Initializer(*g, RandomTensor(DataType::kFloat32, {k, c, 3}, seed));
+    Value* b = Initializer(*g, RandomTensor(DataType::kFloat32, {k}, seed + 1));
+    return Op(*g, "Gelu",
+              {Op(*g, "Conv", {in, w, b},
+                  Attrs(std::pair{"pads", std::vector<int64_t>{1, 1}},
+                        std::pair{"strides", std::vector<int64_t>{stride}}))});
+  };
+  Value* h = conv(conv(x, 8, 16, 1, 1), 16, 16, 2, 3);
+  g->MarkOutput(Op(*g, "Sigmoid", {Transpose(*g, h, {0, 2, 1})}));
+  return g;
+}
+
+TEST(Conv1dLift, WhisperStemIsOneChannelsLastStack) {
+  for (Dim length : {Dim(20), Dim::Symbol("t")}) {
+    SCOPED_TRACE(length.is_static() ? "length 20" : "symbolic length");
+    auto before = WhisperStem(length);
+    auto after = WhisperStem(length);
+    auto report = RunDefaultPasses(*after, NhwcOptions());
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    SCOPED_TRACE(report->ToString());
+    EXPECT_EQ(report->rewrites("conv1d_lift"), 2);
+    int convs = 0;
+    for (Node* n : after->nodes()) {
+      if (n->op_type() != "Conv" && n->op_type() != "FusedConv") continue;
+      ++convs;
+      EXPECT_EQ(n->input(0)->shape().size(), 4u) << n->name();
+      EXPECT_EQ(n->attrs().GetString("kiln_layout", ""), "NHWC") << n->name();
+    }
+    EXPECT_EQ(convs, 2);
+    EXPECT_EQ(CountOps(*after, "Transpose"), 1);
+    ExpectSameOutputs(*before, *after, {{"n", 2}, {"t", 17}}, 1e-5);
+  }
+}
+
+TEST(Conv1dLift, OnlyWhereTheLayoutPassRuns) {
+  auto before = WhisperStem(20);
+  auto after = WhisperStem(20);
+  auto report = RunDefaultPasses(*after, TestOptions());
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->rewrites("conv1d_lift"), 0);
+  for (Node* n : after->nodes()) {
+    if (n->op_type() == "Conv" || n->op_type() == "FusedConv") {
+      EXPECT_EQ(n->input(0)->shape().size(), 3u);
+    }
+  }
+  ExpectSameOutputs(*before, *after, {{"n", 2}}, 1e-5);
+}
+
 }  // namespace
 }  // namespace kiln::passes

@@ -168,6 +168,7 @@ StatusOr<PassReport> RunDefaultPasses(
     PassOptions layout_options = options;
     layout_options.max_iterations = 1;
     PassManager layout_pm(layout_options);
+    layout_pm.Add(MakeConv1dLiftPass());
     layout_pm.Add(MakeLayoutNhwcPass());
     KILN_ASSIGN_OR_RETURN(PassReport layout_report, layout_pm.Run(graph));
     append(layout_report);
@@ -182,6 +183,7 @@ std::vector<std::string> DefaultPassNames() {
   for (const std::string& n : MakeDefaultPassManager({})->pass_names()) {
     if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
   }
+  names.emplace_back(MakeConv1dLiftPass()->name());
   names.emplace_back(MakeLayoutNhwcPass()->name());
   for (const std::string& n : MakeLatePassManager({})->pass_names()) {
     if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
@@ -263,6 +265,27 @@ Value* AddShapeConstant(Graph& graph, const std::string& prefix, const Shape& sh
   if (!FitsShapeConstant(shape)) return nullptr;
   std::vector<int64_t> dims;
   for (const Dim& d : shape) dims.push_back(d.is_static() ? d.value() : -1);
+  const int64_t n = static_cast<int64_t>(dims.size());
+  return AddLiteralConstant(graph, prefix,
+                            Tensor::FromVector<int64_t>(DataType::kInt64, {n}, dims));
+}
+
+Value* AddReshapeTarget(Graph& graph, const std::string& prefix, const Shape& from,
+                        const Shape& to) {
+  std::vector<int64_t> dims;
+  int inferred = 0;
+  for (size_t k = 0; k < to.size(); ++k) {
+    if (to[k].is_static()) {
+      // A static 0 would read as "copy": only where the input's dim is 0 too.
+      if (to[k].value() == 0 && !(k < from.size() && from[k] == to[k])) return nullptr;
+      dims.push_back(to[k].value());
+    } else if (k < from.size() && from[k] == to[k]) {
+      dims.push_back(0);
+    } else {
+      if (++inferred > 1) return nullptr;
+      dims.push_back(-1);
+    }
+  }
   const int64_t n = static_cast<int64_t>(dims.size());
   return AddLiteralConstant(graph, prefix,
                             Tensor::FromVector<int64_t>(DataType::kInt64, {n}, dims));

@@ -137,6 +137,9 @@ std::unique_ptr<Pass> MakeConvBatchNormFoldingPass();
 // A convolution whose windows tile its input, reading few channels (ViT's patch embedding, Swin's
 // and ConvNeXt's stems) => Transpose of the patches and one Gemm (patchify.cc).
 std::unique_ptr<Pass> MakePatchifyPass();
+// Where the layout pass runs (conv_layout "NHWC"): a 1-D convolution as the 2-D one of height 1
+// (conv1d_lift.cc), so that it joins the channels-last stacks.
+std::unique_ptr<Pass> MakeConv1dLiftPass();
 std::unique_ptr<Pass> MakeGeluFusionPass();
 std::unique_ptr<Pass> MakeLayerNormFusionPass();
 std::unique_ptr<Pass> MakeSkipLayerNormFusionPass();    // residual Add + Layer/RMSNormalization
@@ -193,6 +196,11 @@ bool FitsShapeConstant(const Shape& shape);
 // A literal Reshape target for `shape`: its static dims, and -1 for its one symbolic dim;
 // nullptr (and nothing added) when more than one dim is symbolic.
 Value* AddShapeConstant(Graph& graph, const std::string& prefix, const Shape& shape);
+// A Reshape target taking a value of shape `from` to `to`: a dim of `to` equal to `from`'s at the
+// same index is 0 (ONNX's "copy this dim"), static dims are themselves, and one other symbolic
+// dim is -1. nullptr (and nothing added) when more than one symbolic dim is left for -1.
+Value* AddReshapeTarget(Graph& graph, const std::string& prefix, const Shape& from,
+                        const Shape& to);
 // New constants computed from constants by the weight op `op` (ir/weight_program.h), one per
 // entry of `prefixes`, with the step recorded so that refit replays the same code on new
 // weights. Empty when the op fails (a pass then leaves the graph as it was).

@@ -191,22 +191,38 @@ class TransposeSinkingPass final : public Pass {
     if (p.empty() || !x->has_shape()) return;
     const Shape& e = y->shape();
     const Shape& f = z->shape();
-    // Group y's axes into consecutive runs, one per axis of z, each of z's dim's size.
+    // Group y's axes into consecutive runs, one per axis of z, each of z's dim's size (a symbolic
+    // dim is one axis of y, with any unit axes before it; unit axes at the end join the last run).
+    // z's last dim, when symbolic and not one of y's dims as written (a Reshape's -1 is inferred
+    // as a quotient), takes the rest of y's axes: the Reshape keeps the element count, and every
+    // run before it matched exactly.
     std::vector<size_t> group_start;
     size_t i = 0;
-    for (const Dim& fj : f) {
+    auto unit = [&](size_t k) { return e[k].is_static() && e[k].value() == 1; };
+    for (size_t j = 0; j < f.size(); ++j) {
+      const Dim& fj = f[j];
       if (i >= e.size()) return;
       group_start.push_back(i);
-      if (!e[i].is_static() || !fj.is_static()) {
-        if (!(e[i] == fj)) return;
-        ++i;
+      if (!fj.is_static()) {
+        const size_t start = i;
+        while (i < e.size() && unit(i)) ++i;
+        if (i < e.size() && e[i] == fj) {
+          ++i;
+        } else if (j + 1 == f.size()) {
+          i = e.size();
+          if (i == start) return;
+        } else {
+          return;
+        }
         continue;
       }
+      if (!e[i].is_static()) return;
       int64_t product = e[i++].value();
       while (product < fj.value() && i < e.size() && e[i].is_static()) product *= e[i++].value();
       if (product != fj.value()) return;
     }
-    if (i != e.size()) return;
+    while (i < e.size() && unit(i)) ++i;
+    if (i != e.size() || group_start.empty()) return;
     group_start.push_back(e.size());
     // Each run must read a run of x's axes in order.
     const size_t groups = f.size();
@@ -228,8 +244,8 @@ class TransposeSinkingPass final : public Pass {
       inner_shape.push_back(f[order[pos]]);
       q[order[pos]] = static_cast<int64_t>(pos);
     }
-    if (!FitsShapeConstant(inner_shape)) return;
-    Value* target = AddShapeConstant(graph, reshape->name() + "_shape", inner_shape);
+    Value* target = AddReshapeTarget(graph, reshape->name() + "_shape", x->shape(), inner_shape);
+    if (!target) return;
     const std::string name = reshape->name();
     Value* inner = graph.AddValue(graph.UniqueName(z->name() + "_sunk"), z->dtype());
     inner->set_shape(inner_shape);
