@@ -176,6 +176,35 @@ TEST(AttentionFusion, BertFormWithAdditiveMask) {
   ExpectSameOutputs(before, after);
 }
 
+// T5's form: no scale, a relative position bias [1, H, S, S] added, then the padding mask
+// [B, 1, 1, S]: one Attention whose mask is their sum.
+TEST(AttentionFusion, T5FormSumsItsTwoAdditiveMasks) {
+  auto make = [](Graph& g) {
+    Value* hq = g.AddInput("hq", DataType::kFloat32, {2, 5, 8});
+    Value* hk = g.AddInput("hk", DataType::kFloat32, {2, 5, 8});
+    Value* hv = g.AddInput("hv", DataType::kFloat32, {2, 5, 8});
+    Value* pad = g.AddInput("mask", DataType::kFloat32, {2, 1, 1, 5});
+    Value* bias = Const(g, RandomTensor(DataType::kFloat32, {1, 2, 5, 5}, 3));
+    Value* s = Op(g, "MatMul", {Heads(g, hq, {0, 2, 1, 3}), Heads(g, hk, {0, 2, 3, 1})});
+    Value* scores = Op(g, "Add", {Op(g, "Add", {s, bias}), pad});
+    Value* p = Op(g, "Softmax", {scores}, Attrs(std::pair{"axis", int64_t{-1}}));
+    g.MarkOutput(Op(g, "MatMul", {p, Heads(g, hv, {0, 2, 1, 3})}));
+  };
+  Graph before, after;
+  make(before);
+  make(after);
+  PassReport r = RunPasses(after, AttentionOnly());
+  EXPECT_EQ(r.rewrites("attention_fusion"), 1);
+  Node* a = Find(after, "Attention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(CountOps(after, "Softmax"), 0);
+  EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "additive");
+  EXPECT_FLOAT_EQ(a->attrs().GetFloat("scale", 0), 1.0f);
+  ASSERT_EQ(a->num_inputs(), 4u);
+  EXPECT_EQ(a->input(3)->producer()->op_type(), "Add");
+  ExpectSameOutputs(before, after);
+}
+
 TEST(AttentionFusion, VitFormReadsKDirectly) {
   Graph before, after;
   AttentionGraph(before, Form::kVit);

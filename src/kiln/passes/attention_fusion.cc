@@ -1,5 +1,6 @@
 // Attention pattern fusion: scaled dot-product attention written out by exporters,
-//   MatMul(Q, K^T) -> (Div or Mul by a scalar)? -> (Add mask | Where(cond, ., fill))?
+//   MatMul(Q, K^T) -> (Div or Mul by a scalar)? -> (Add mask | Add mask, Add mask2 |
+//   Where(cond, ., fill))?
 //   -> Softmax(last axis) -> MatMul(., V)
 // becomes Attention(Q, K, V, mask?) (kiln-internal, see src/kiln/ops/attention.cc) with K in
 // [..., Sk, D] layout: the Transpose that made K^T is rewritten (or one is added) so the fused op
@@ -52,8 +53,12 @@ Pattern AttentionPattern() {
       Op("Reshape",
          {Op("Add", {Op("Reshape", {biased, Any()}).Capture("split"), Any("window_mask")}), Any()})
           .Capture("merge");
+  // Two additive masks in a row (T5's relative position bias, then the padding mask): their sum
+  // is the Attention's one mask.
+  Pattern twice = Op("Add", {Op("Add", {scaled, Any("mask")}).Capture("mask_add"), Any("mask2")})
+                      .Capture("mask_add2");
   Pattern masked = OneOf(
-      {windowed, Op("Add", {scaled, Any("mask")}).Capture("mask_add"),
+      {windowed, twice, Op("Add", {scaled, Any("mask")}).Capture("mask_add"),
        Op("Where", {Any("cond"), scaled, Constant("fill").WhereValue(IsSplat)}).Capture("where"),
        scaled});
   Pattern probs = Op("Softmax", {masked}).Capture("softmax").Where(SoftmaxOverLastAxis);
@@ -230,6 +235,14 @@ class AttentionFusionPass final : public Pass {
         ctx.stats().nodes_added += 1;
         mask = sum;
       }
+      kind = "additive";
+    } else if (m.has("mask_add2")) {
+      Value* m1 = m.value("mask");
+      Value* m2 = m.value("mask2");
+      if (m1->dtype() != q->dtype() || m2->dtype() != q->dtype()) return;
+      mask = graph.AddValue(graph.UniqueName(m.root->name() + "_mask_sum"), q->dtype());
+      graph.AddNode("Add", graph.UniqueName(m.root->name() + "_mask_sum"), {m1, m2}, {mask});
+      ctx.stats().nodes_added += 1;
       kind = "additive";
     } else if (m.has("mask_add")) {
       mask = m.value("mask");
