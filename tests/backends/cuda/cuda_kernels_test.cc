@@ -166,14 +166,18 @@ void CheckNhwcPool(const std::string& op, AttributeMap attrs, std::vector<int64_
   ExpectNear(Relayout(got[0], false), want[0], t == DataType::kFloat32 ? 1e-5 : 1e-2);
 }
 
+// 5 channels take the one-channel kernel; 16 and 64 the one of 16-byte channel vectors (ResNet's
+// stem pool has 64).
 TEST(CudaNhwcPool, MaxPool) {
   for (DataType t : kAllFloats) {
-    SCOPED_TRACE(std::string(ToString(t)));
-    CheckNhwcPool("MaxPool",
-                  Attrs({{"kernel_shape", std::vector<int64_t>{3, 3}},
-                         {"strides", std::vector<int64_t>{2, 2}},
-                         {"pads", std::vector<int64_t>{1, 1, 1, 1}}}),
-                  {2, 5, 9, 11}, t);
+    for (int64_t c : {5, 16, 64}) {
+      SCOPED_TRACE(std::string(ToString(t)) + ", " + std::to_string(c) + " channels");
+      CheckNhwcPool("MaxPool",
+                    Attrs({{"kernel_shape", std::vector<int64_t>{3, 3}},
+                           {"strides", std::vector<int64_t>{2, 2}},
+                           {"pads", std::vector<int64_t>{1, 1, 1, 1}}}),
+                    {2, c, 9, 11}, t);
+    }
   }
 }
 TEST(CudaNhwcPool, AveragePool) {
@@ -181,6 +185,18 @@ TEST(CudaNhwcPool, AveragePool) {
                 Attrs({{"kernel_shape", std::vector<int64_t>{2, 2}},
                        {"strides", std::vector<int64_t>{2, 2}}}),
                 {1, 8, 6, 7}, DataType::kFloat32);
+  // Padded windows, with and without the pad counted, on channel vectors.
+  for (DataType t : kAllFloats) {
+    for (int64_t include : {0, 1}) {
+      SCOPED_TRACE(std::string(ToString(t)) + ", count_include_pad " + std::to_string(include));
+      CheckNhwcPool("AveragePool",
+                    Attrs({{"kernel_shape", std::vector<int64_t>{3, 3}},
+                           {"strides", std::vector<int64_t>{2, 2}},
+                           {"pads", std::vector<int64_t>{1, 0, 1, 2}},
+                           {"count_include_pad", include}}),
+                    {2, 24, 10, 9}, t);
+    }
+  }
 }
 // Global pools in NHWC: rows split over blocks with partials in the workspace (large H*W, few
 // images and channels), 16-byte channel vectors and the scalar path (C not a multiple of the

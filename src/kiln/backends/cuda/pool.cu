@@ -60,6 +60,63 @@ __global__ void PoolKernel(const T* __restrict__ x, T* __restrict__ y, PoolDesc 
   }
 }
 
+// Channels-last windows with kVec channels (16 bytes) per thread: every tap is one 16-byte load
+// that neighbouring threads extend along the channels, and the index arithmetic is paid once per
+// kVec outputs (the kernel above pays it per output, with 2-byte loads: ResNet-50's 3x3 stride-2
+// max pool took 0.24 ms on an H100 at batch 32). 32-bit indices (the caller checks the sizes).
+template <typename T, int kVec>
+__global__ void PoolNhwcVecKernel(const T* __restrict__ x, T* __restrict__ y, PoolDesc d,
+                                  int32_t total) {
+  struct alignas(16) V {
+    T v[kVec];
+  };
+  const int32_t cv = static_cast<int32_t>(d.c / kVec);
+  const int32_t ow_n = static_cast<int32_t>(d.ow), oh_n = static_cast<int32_t>(d.oh);
+  const int32_t ih_n = static_cast<int32_t>(d.ih), iw_n = static_cast<int32_t>(d.iw);
+  for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const int32_t cg = i % cv;
+    int32_t r = i / cv;
+    const int32_t ow = r % ow_n;
+    r /= ow_n;
+    const int32_t oh = r % oh_n;
+    const int32_t n = r / oh_n;
+    const int32_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
+    float best[kVec], sum[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      best[e] = -INFINITY;
+      sum[e] = 0.f;
+    }
+    int count = 0, padded = 0;
+    for (int ky = 0; ky < d.kh; ++ky) {
+      const int32_t ih = h0 + ky * d.dh;
+      const bool h_in = ih >= 0 && ih < ih_n;
+      const bool h_pad = ih >= -d.ph && ih < ih_n + d.peh;
+      for (int kx = 0; kx < d.kw; ++kx) {
+        const int32_t iw = w0 + kx * d.dw;
+        if (h_pad && iw >= -d.pw && iw < iw_n + d.pew) ++padded;
+        if (!h_in || iw < 0 || iw >= iw_n) continue;
+        const V v = *reinterpret_cast<const V*>(
+            x + ((static_cast<int64_t>(n) * ih_n + ih) * iw_n + iw) * d.c + cg * kVec);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          const float f = Load(v.v[e]);
+          best[e] = fmaxf(best[e], f);
+          sum[e] += f;
+        }
+        ++count;
+      }
+    }
+    const int div = d.count_include_pad ? padded : count;
+    V out;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      out.v[e] = Store<T>(d.is_max ? best[e] : (div > 0 ? sum[e] / static_cast<float>(div) : 0.f));
+    }
+    *reinterpret_cast<V*>(y + static_cast<int64_t>(i) * kVec) = out;
+  }
+}
+
 template <typename T>
 __global__ void GlobalPoolPlaneKernel(const T* __restrict__ x, T* __restrict__ y, int64_t planes,
                                       int64_t size, bool is_max) {
@@ -155,6 +212,16 @@ cudaError_t LaunchPool(Elem t, const PoolDesc& d, const void* x, void* y, cudaSt
   if (total == 0) return cudaSuccess;
   return DispatchFloat(t, [&](auto tag) {
     using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    const int64_t vectors = total / kVec;
+    const bool fits = d.ih * d.iw < (int64_t{1} << 30) && vectors < (int64_t{1} << 31) - 1 &&
+                      d.n * d.ih * d.iw <= (int64_t{1} << 31) - 1;
+    if (d.nhwc && d.c % kVec == 0 && fits && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(y) % 16 == 0) {
+      PoolNhwcVecKernel<T, kVec><<<GridFor(vectors, 256, 132 * 64), 256, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<T*>(y), d, static_cast<int32_t>(vectors));
+      return cudaGetLastError();
+    }
     PoolKernel<T><<<GridFor(total), 256, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y),
                                                       d, total);
     return cudaGetLastError();
