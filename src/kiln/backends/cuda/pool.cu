@@ -73,7 +73,10 @@ __global__ void PoolNhwcVecKernel(const T* __restrict__ x, T* __restrict__ y, Po
   const int32_t cv = static_cast<int32_t>(d.c / kVec);
   const int32_t ow_n = static_cast<int32_t>(d.ow), oh_n = static_cast<int32_t>(d.oh);
   const int32_t ih_n = static_cast<int32_t>(d.ih), iw_n = static_cast<int32_t>(d.iw);
-  for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+  // The loop counter is 64-bit so that its last step past `total` cannot wrap; inside, i < 2^31.
+  for (int64_t next = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; next < total;
+       next += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t i = static_cast<int32_t>(next);
     const int32_t cg = i % cv;
     int32_t r = i / cv;
     const int32_t ow = r % ow_n;
