@@ -23,9 +23,6 @@
 namespace kiln::passes {
 namespace {
 
-// The weight op of gemm_fusion.cc: the same bytes under new dims.
-constexpr std::string_view kReshapeBytesOp = "ReshapeBytes";
-
 std::vector<int64_t> Lifted(const std::vector<int64_t>& v, int64_t lead) {
   if (v.empty()) return {};
   std::vector<int64_t> out{lead};

@@ -12,12 +12,11 @@ namespace kiln::passes {
 namespace {
 
 // The weight op: the input's bytes with other dims (attribute dims; same element count).
-constexpr std::string_view kReshapeOp = "ReshapeBytes";
 StatusOr<std::vector<Tensor>> ReshapeBytes(const AttributeMap& a,
                                            std::span<const Tensor* const> in) {
   std::vector<int64_t> dims = a.GetInts("dims");
   if (in.size() != 1 || !in[0] || NumElements(dims) != in[0]->num_elements()) {
-    return MakeError(ErrorCode::kInternal, "{}: one input of {} elements", kReshapeOp,
+    return MakeError(ErrorCode::kInternal, "{}: one input of {} elements", kReshapeBytesOp,
                      NumElements(dims));
   }
   // The same bytes under new dims, shared (a Tensor copy shares its storage; writes copy first).
@@ -26,7 +25,7 @@ StatusOr<std::vector<Tensor>> ReshapeBytes(const AttributeMap& a,
   out.push_back(Tensor::Borrow(source->dtype(), std::move(dims), source->raw(), source));
   return out;
 }
-const bool kReshapeRegistered = RegisterWeightOp(std::string(kReshapeOp), ReshapeBytes);
+const bool kReshapeRegistered = RegisterWeightOp(std::string(kReshapeBytesOp), ReshapeBytes);
 
 // Add(x, bias) where bias is a constant over the last axis ([N] or [1, ..., 1, N]) that does not
 // change x's shape.
@@ -119,7 +118,7 @@ class GemmFusionPass final : public Pass {
         AttributeMap flat;
         flat.Set("dims", std::vector<int64_t>{t.dims().back()});
         Value* b =
-            DeriveConstant(graph, bias->name() + "_1d", std::string(kReshapeOp), flat, {bias});
+            DeriveConstant(graph, bias->name() + "_1d", std::string(kReshapeBytesOp), flat, {bias});
         if (!b) return;
         inputs.push_back(b);
       }

@@ -201,6 +201,9 @@ Value* AddShapeConstant(Graph& graph, const std::string& prefix, const Shape& sh
 // dim is -1. nullptr (and nothing added) when more than one symbolic dim is left for -1.
 Value* AddReshapeTarget(Graph& graph, const std::string& prefix, const Shape& from,
                         const Shape& to);
+// The weight op that gives a constant new dims over the same bytes (attribute "dims"; registered
+// in gemm_fusion.cc): for DeriveConstant by the passes that reshape weights.
+inline constexpr std::string_view kReshapeBytesOp = "ReshapeBytes";
 // New constants computed from constants by the weight op `op` (ir/weight_program.h), one per
 // entry of `prefixes`, with the step recorded so that refit replays the same code on new
 // weights. Empty when the op fails (a pass then leaves the graph as it was).

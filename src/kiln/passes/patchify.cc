@@ -1,11 +1,11 @@
 // Patchify: a convolution whose windows tile its input (stride equal to the kernel, no padding,
 // no dilation, one group) is one matrix product over the input's patches.
 //
-//   Conv(X [N, C, H, W], W [K, C, kh, kw], B)          with stride (kh, kw), H % kh == W % kw == 0
-//   =>  P = Reshape(Transpose(Reshape(X, [N, C, h, kh, w, kw]), (0, 2, 4, 1, 3, 5)), [N*h*w,
-//   C*kh*kw])
-//       Y = Transpose(Reshape(Gemm(P, Reshape(W, [K, C*kh*kw]), B, transB=1), [N, h, w, K]), (0, 3,
-//       1, 2))
+//   Conv(X [N, C, H, W], W [K, C, kh, kw], B), stride (kh, kw), H % kh == W % kw == 0
+//   =>  P = Reshape(Transpose(Reshape(X, [N, C, h, kh, w, kw]), (0, 2, 4, 1, 3, 5)),
+//                   [N*h*w, C*kh*kw])
+//       G = Gemm(P, Reshape(W, [K, C*kh*kw]), B, transB=1)
+//       Y = Transpose(Reshape(G, [N, h, w, K]), (0, 3, 1, 2))
 //
 // The patches do not overlap, so the Transpose moves each input element once: no element is
 // copied twice as in a general im2col. This is the patch embedding of ViT-family models (ViT, DeiT,
@@ -18,8 +18,8 @@
 //
 // The output's Transpose back to channels-first usually meets the model's own permute to
 // channels-last (ViT's flatten(2).transpose(1, 2), Swin's and ConvNeXt's permute before their
-// LayerNorm) and cancels in transpose sinking (which moves a Transpose below a Reshape that only
-// merges or splits the Transpose's runs of axes).
+// LayerNorm) and cancels in transpose sinking (which moves a Transpose below a Reshape that
+// merges runs of the Transpose's axes).
 #include <fmt/format.h>
 
 #include "kiln/ops/int8_layer.h"
@@ -101,10 +101,11 @@ class PatchifyPass final : public Pass {
                     std::move(a));
       return out;
     };
-    // The weight as [K, C*kh*kw]: the same bytes (gemm_fusion's weight op), recorded for refit.
+    // The weight as [K, C*kh*kw]: the same bytes, recorded for refit.
     AttributeMap dims;
     dims.Set("dims", std::vector<int64_t>{k, c * kh * kw});
-    Value* wm = DeriveConstant(graph, w->name() + "_patches", "ReshapeBytes", dims, {w});
+    Value* wm =
+        DeriveConstant(graph, w->name() + "_patches", std::string(kReshapeBytesOp), dims, {w});
     if (!wm) return;
 
     // Only the batch may be symbolic: it is then the one -1 of each shape constant below.

@@ -317,6 +317,13 @@ class KilnGroupedFusedConv final : public GroupedConvProvider {
 };
 KILN_REGISTER_KERNEL_PROVIDER(KilnGroupedFusedConv);
 
+// Whether the shared-memory tile kernel takes this depthwise convolution.
+bool SmemSupports(const DwSpec& spec) {
+  return DepthwiseSmemSupports(*ToElem(spec.dtype), spec.c, static_cast<int>(spec.r),
+                               static_cast<int>(spec.s), static_cast<int>(spec.attrs.strides[0]),
+                               static_cast<int>(spec.attrs.strides[1]));
+}
+
 class DepthwiseConvProvider : public KernelProvider {
  public:
   BackendKind backend() const final { return BackendKind::kCuda; }
@@ -330,9 +337,7 @@ class DepthwiseConvProvider : public KernelProvider {
                      spec->r, spec->s, spec->attrs.strides[0]),
          {static_cast<int64_t>(DepthwiseVariant::kRegisterTile)},
          0}};
-    if (DepthwiseSmemSupports(*ToElem(spec->dtype), spec->c, static_cast<int>(spec->r),
-                              static_cast<int>(spec->s), static_cast<int>(spec->attrs.strides[0]),
-                              static_cast<int>(spec->attrs.strides[1]))) {
+    if (SmemSupports(*spec)) {
       tactics.push_back(
           {fmt::format("{}-{}-nhwc-depthwise-kiln-smem-{}x{}-s{}", DtypePrefix(spec->dtype),
                        spec->op_name, spec->r, spec->s, spec->attrs.strides[0]),
@@ -352,10 +357,7 @@ class DepthwiseConvProvider : public KernelProvider {
                 tactic.params[0] == static_cast<int64_t>(DepthwiseVariant::kSharedTile)
             ? DepthwiseVariant::kSharedTile
             : DepthwiseVariant::kRegisterTile;
-    if (variant == DepthwiseVariant::kSharedTile &&
-        !DepthwiseSmemSupports(*ToElem(spec.dtype), spec.c, static_cast<int>(spec.r),
-                               static_cast<int>(spec.s), static_cast<int>(spec.attrs.strides[0]),
-                               static_cast<int>(spec.attrs.strides[1]))) {
+    if (variant == DepthwiseVariant::kSharedTile && !SmemSupports(spec)) {
       return MakeError(ErrorCode::kUnimplemented,
                        "the shared-memory depthwise kernel does not take this convolution");
     }

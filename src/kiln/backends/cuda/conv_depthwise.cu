@@ -180,10 +180,6 @@ constexpr int SmemPitch(int s, int stride) {
   if (stride == 1) return SmemTileW(s, stride) % 2 == 0 ? words + 16 : words;
   return words + 8;  // stride 2: 2 * pitch = 16 (mod 32) needs pitch = 8 (mod 16)
 }
-template <int kS, int kStride>
-constexpr int SmemBytes() {
-  return SmemTileH(kS, kStride) * SmemPitch(kS, kStride) * 4;
-}
 
 template <typename T, int kS, int kStride>
 __global__ void __launch_bounds__(kSmemLanes* SmemRows(kStride))
