@@ -357,9 +357,14 @@ cudaError_t LaunchDepthwiseConv(const DepthwiseConvArgs& a, cudaStream_t stream)
     if (!DepthwiseSmemSupports(a.dtype, a.c, a.r, a.s, a.stride_h, a.stride_w)) {
       return cudaErrorNotSupported;
     }
-    // A view of another tensor may start off the 16-byte grid: the register-tiled kernel then.
+    // A view of another tensor may start off the 16-byte grid, and a grid past CUDA's limits
+    // (2^31 - 1 blocks along x, 65535 along y) cannot launch: the register-tiled kernel then.
+    // Smallest rows per block (stride 2) bound the blocks along x.
+    const int64_t blocks_x =
+        a.n * ((a.oh + SmemRows(2) - 1) / SmemRows(2)) * ((a.ow + kSmemCols - 1) / kSmemCols);
+    const int64_t blocks_y = (a.c + kSmemChannels - 1) / kSmemChannels;
     if (Aligned(a.x, 16) && Aligned(a.w, 4) && Aligned(a.bias, 4) && Aligned(a.z, 4) &&
-        Aligned(a.y, 4)) {
+        Aligned(a.y, 4) && blocks_x <= INT32_MAX && blocks_y <= 65535) {
       return DispatchFloat(a.dtype,
                            [&](auto tag) { return LaunchSmemT<decltype(tag)>(a, stream); });
     }
