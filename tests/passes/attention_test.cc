@@ -2,6 +2,7 @@
 // attention fusion on the three exported forms in the zoo (BERT: K^T by Transpose(0,2,3,1), Div
 // by a scale, additive mask; ViT: Mul by a scale, no mask; GPT-2: Where on a sliced
 // lower-triangular buffer).
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -484,6 +485,51 @@ TEST(AttentionShapeRule, InterleavedLayouts) {
       EXPECT_EQ(r.status().code(), ErrorCode::kShapeMismatch);
     }
   }
+}
+
+// Grouped-query attention in layout bshd: Q [B, S, G, R, D], K and V [B, S, G, 1, D]; Y takes Q's
+// heads and V's head size; the mask broadcasts to [B, G, R, Sq, Sk]. K with R query heads of its
+// own is fine; K with another group count, rank 5 beside rank 4, or a rank-4 K of one head
+// against Q's several is not.
+TEST(AttentionShapeRule, GroupedHeadsInLayoutBshd) {
+  auto infer = [](std::vector<int64_t> qd, std::vector<int64_t> kd, std::vector<int64_t> vd,
+                  std::vector<int64_t> md, Shape* out) {
+    Graph g;
+    Value* q = g.AddInput("q", DataType::kFloat32, Shape(qd.begin(), qd.end()));
+    Value* k = g.AddInput("k", DataType::kFloat32, Shape(kd.begin(), kd.end()));
+    Value* v = g.AddInput("v", DataType::kFloat32, Shape(vd.begin(), vd.end()));
+    AttributeMap attrs;
+    attrs.Set("layout", std::string("bshd"));
+    std::vector<Value*> in{q, k, v};
+    if (!md.empty()) {
+      attrs.Set("mask_kind", std::string("additive"));
+      in.push_back(g.AddInput("m", DataType::kFloat32, Shape(md.begin(), md.end())));
+    }
+    Value* y = g.AddValue("y");
+    g.AddNode("Attention", "attn", in, {y}, attrs);
+    auto r = InferShapes(g);
+    if (r.ok() && out) *out = y->shape();
+    return r.ok() ? OkStatus() : r.status();
+  };
+  Shape y;
+  ASSERT_TRUE(infer({2, 7, 4, 3, 8}, {2, 9, 4, 1, 8}, {2, 9, 4, 1, 6}, {1, 4, 3, 7, 9}, &y).ok());
+  EXPECT_EQ(y, (Shape{2, 7, 4, 3, 6}));
+  ASSERT_TRUE(infer({2, 7, 4, 3, 8}, {1, 9, 4, 3, 8}, {1, 9, 4, 3, 8}, {}, &y).ok());
+  EXPECT_EQ(y, (Shape{2, 7, 4, 3, 8}));
+  for (auto [k, v] :
+       {std::pair{std::vector<int64_t>{2, 9, 2, 1, 8}, std::vector<int64_t>{2, 9, 2, 1, 8}},
+        std::pair{std::vector<int64_t>{2, 9, 4, 2, 8}, std::vector<int64_t>{2, 9, 4, 2, 8}},
+        std::pair{std::vector<int64_t>{2, 9, 4, 8}, std::vector<int64_t>{2, 9, 4, 8}}}) {
+    Status st = infer({2, 7, 4, 3, 8}, k, v, {}, nullptr);
+    ASSERT_FALSE(st.ok()) << fmt::format("K [{}]", fmt::join(k, ","));
+    EXPECT_EQ(st.code(), ErrorCode::kShapeMismatch);
+  }
+  Status st = infer({2, 7, 4, 8}, {2, 9, 1, 8}, {2, 9, 1, 8}, {}, nullptr);
+  ASSERT_FALSE(st.ok());  // rank 4 keeps equal heads
+  EXPECT_EQ(st.code(), ErrorCode::kShapeMismatch);
+  st = infer({2, 7, 4, 3, 8}, {2, 9, 4, 1, 8}, {2, 9, 4, 1, 8}, {2, 4, 2, 7, 9}, nullptr);
+  ASSERT_FALSE(st.ok());  // a mask of 2 query heads against 3
+  EXPECT_EQ(st.code(), ErrorCode::kShapeMismatch);
 }
 
 // Swin's shifted-window attention: Q scaled before the product, a relative-position bias over

@@ -428,6 +428,113 @@ TEST(DecoderLayer, DefaultPipelineFusesRopeGqaAndResidualNorms) {
   Node* a = Find(after, "Attention");
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "causal");
+  // The head split moved below the rotations, and the attention reads Q [b, S, kv, n, D], K and
+  // V [b, S, kv, 1, D] and writes Y [b, S, kv, n, D] in place: no Transpose is left.
+  EXPECT_EQ(a->attrs().GetString("layout", ""), "bshd");
+  EXPECT_EQ(CountOps(after, "Transpose"), 0);
+  const int64_t n = kHeads / kKvHeads;
+  ASSERT_TRUE(a->input(0)->has_shape() && a->input(1)->has_shape() && a->output(0)->has_shape());
+  EXPECT_EQ(a->input(0)->shape(), (Shape{Dim::Symbol("b"), kSeq, kKvHeads, n, kHeadDim}));
+  EXPECT_EQ(a->input(1)->shape(), (Shape{Dim::Symbol("b"), kSeq, kKvHeads, 1, kHeadDim}));
+  EXPECT_EQ(a->output(0)->shape(), (Shape{Dim::Symbol("b"), kSeq, kKvHeads, n, kHeadDim}));
+  ExpectSameOutputs(before, after, {{"b", 2}}, 1e-4);
+}
+
+// ---- the head split below the rotations: attention reads the projections in place
+
+enum class Tables { kConstant, kPerBatchInputs, kSeqInputs };
+
+struct RopeAttentionCase {
+  int64_t kv_heads;
+  Tables tables;
+  bool q_rotation_is_an_output;  // something besides the attention reads rotated Q
+};
+
+// Projections -> head split -> rotary on Q and K -> attention (K and V repeated when kv_heads <
+// kHeads) -> head merge, with the tables constant [1, 1, S, D], computed [b, 1, S, D] (graph
+// inputs here) or [S, D].
+void RopeAttention(Graph& g, const RopeAttentionCase& c) {
+  Dim b = Dim::Symbol("b");
+  Value* x = g.AddInput("x", DataType::kFloat32, {b, kSeq, kHidden});
+  Value *cos = nullptr, *sin = nullptr;
+  switch (c.tables) {
+    case Tables::kConstant:
+      cos = Const(g, RandomTensor(DataType::kFloat32, {1, 1, kSeq, kHeadDim}, 7));
+      sin = Const(g, RandomTensor(DataType::kFloat32, {1, 1, kSeq, kHeadDim}, 8));
+      break;
+    case Tables::kPerBatchInputs:
+      cos = g.AddInput("cos", DataType::kFloat32, {b, 1, kSeq, kHeadDim});
+      sin = g.AddInput("sin", DataType::kFloat32, {b, 1, kSeq, kHeadDim});
+      break;
+    case Tables::kSeqInputs:
+      cos = g.AddInput("cos", DataType::kFloat32, {kSeq, kHeadDim});
+      sin = g.AddInput("sin", DataType::kFloat32, {kSeq, kHeadDim});
+      break;
+  }
+  auto heads = [&](Value* t, int64_t n) {
+    Value* r = Op(g, "Reshape", {t, Const(g, Ints({-1, kSeq, n, kHeadDim}))});
+    return Op(g, "Transpose", {r}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1, 3}}));
+  };
+  const int64_t kv = c.kv_heads;
+  Value* q = ApplyRope(g, heads(Linear(g, x, kHidden, kHidden, 2), kHeads), cos, sin, Rope::kSplit);
+  Value* k =
+      ApplyRope(g, heads(Linear(g, x, kHidden, kv * kHeadDim, 3), kv), cos, sin, Rope::kSlices);
+  Value* v = heads(Linear(g, x, kHidden, kv * kHeadDim, 4), kv);
+  if (kv != kHeads) {
+    k = RepeatKv(g, k);
+    v = RepeatKv(g, v);
+  }
+  Value* kt = Op(g, "Transpose", {k}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 1, 3, 2}}));
+  Value* s = Op(g, "Div", {Op(g, "MatMul", {q, kt}), Const(g, Scalar(std::sqrt(8.f)))});
+  Value* p =
+      Op(g, "Softmax", {Op(g, "Add", {s, CausalMask(g)})}, Attrs(std::pair{"axis", int64_t{-1}}));
+  Value* o = Op(g, "Transpose", {Op(g, "MatMul", {p, v})},
+                Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1, 3}}));
+  o = Op(g, "Reshape", {o, Const(g, Ints({-1, kSeq, kHidden}))});
+  g.MarkOutput(Linear(g, o, kHidden, kHidden, 5));
+  if (c.q_rotation_is_an_output) g.MarkOutput(q);
+}
+
+TEST(AttentionLayout, HeadSplitMovesBelowTheRotationsForGroupedAndPlainHeads) {
+  for (int64_t kv : {kKvHeads, kHeads}) {
+    for (Tables t : {Tables::kConstant, Tables::kPerBatchInputs, Tables::kSeqInputs}) {
+      SCOPED_TRACE(::testing::Message() << "kv heads " << kv << ", tables " << static_cast<int>(t));
+      const RopeAttentionCase c{kv, t, false};
+      Graph before, after;
+      RopeAttention(before, c);
+      RopeAttention(after, c);
+      auto r = RunDefaultPasses(after, TestOptions());
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      SCOPED_TRACE(r->ToString());
+      EXPECT_EQ(CountOps(after, "RotaryEmbedding"), 2);
+      EXPECT_EQ(CountOps(after, "Transpose"), 0);
+      Node* a = Find(after, "Attention");
+      ASSERT_NE(a, nullptr);
+      const std::string layout = a->attrs().GetString("layout", "");
+      EXPECT_TRUE(layout == "bshd" || layout == "bsd") << layout;
+      for (Node* n : after.nodes()) {
+        if (n->op_type() != "RotaryEmbedding") continue;
+        ASSERT_TRUE(n->output(0)->has_shape());
+        EXPECT_EQ(n->output(0)->shape()[1], Dim(kSeq));  // [b, S, heads, D]: rotated unsplit
+      }
+      ExpectSameOutputs(before, after, {{"b", 3}}, 1e-4);
+    }
+  }
+}
+
+// Rotated Q is also a graph output: the rotation keeps its [b, H, S, D] input, and the attention
+// its head split.
+TEST(AttentionLayout, RotationReadByMoreThanTheAttentionStays) {
+  const RopeAttentionCase c{kKvHeads, Tables::kConstant, true};
+  Graph before, after;
+  RopeAttention(before, c);
+  RopeAttention(after, c);
+  auto r = RunDefaultPasses(after, TestOptions());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Node* a = Find(after, "Attention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->attrs().GetString("layout", "bhsd"), "bhsd");
+  EXPECT_GE(CountOps(after, "Transpose"), 1);
   ExpectSameOutputs(before, after, {{"b", 2}}, 1e-4);
 }
 

@@ -14,7 +14,10 @@
 //   layout     how the operands hold the heads (the attention layout pass sets it, removing the
 //              head split/merge transposes that exporters write around attention):
 //              "bhsd" (default) the above: [..., S, D], each head's rows contiguous;
-//              "bshd" rank 4 [B, S, H, D] for Q, K, V and Y (the scores are [B, H, Sq, Sk]);
+//              "bshd" rank 4 [B, S, H, D] for Q, K, V and Y (the scores are [B, H, Sq, Sk]),
+//                     or rank 5 [B, S, G, R, D] with the heads as G groups of R (grouped-query
+//                     attention: K and V [B, S, G, 1, D], each read by the R query heads of
+//                     its group; the scores are [B, G, R, Sq, Sk]);
 //              "bsd"  rank 3 [B, S, H*D] for Q, K, V and Y, with num_heads = H;
 //              "sbd"  rank 3 [S, B, H*D], sequence first (nn.MultiheadAttention's own order),
 //                     with num_heads = H.
@@ -35,19 +38,21 @@ namespace kiln {
 
 namespace {
 
-// Layouts bshd ([B, S, H, D]), bsd ([B, S, H*D], num_heads = H) and sbd ([S, B, H*D]): the
-// heads sit inside each row. B broadcasts (1 against B); H and D must agree.
+// Layouts bshd ([B, S, H, D] or [B, S, G, R, D]), bsd ([B, S, H*D], num_heads = H) and sbd
+// ([S, B, H*D]): the heads sit inside each row. B broadcasts (1 against B); D must agree, and the
+// heads too, except that K's and V's head axes may be 1 where Q's are not (grouped-query
+// attention in rank 5: [B, S, G, 1, D] against Q's [B, S, G, R, D]).
 Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& layout) {
   const bool seq_first = layout == "sbd";
   const bool packed = layout == "bsd" || seq_first;             // rank 3, num_heads
   const size_t bi = seq_first ? 1 : 0, si = seq_first ? 0 : 1;  // batch and sequence axes
-  size_t rank = packed ? 3 : 4;
   const Shape& q = ctx.input_shape(0);
   const Shape& k = ctx.input_shape(1);
   const Shape& v = ctx.input_shape(2);
+  const size_t rank = packed ? 3 : q.size() == 5 ? 5 : 4;
   if (q.size() != rank || k.size() != rank || v.size() != rank) {
     return ctx.Error(ErrorCode::kShapeMismatch, "layout {} needs rank-{} Q {}, K {}, V {}", layout,
-                     rank, ToString(q), ToString(k), ToString(v));
+                     packed ? "3" : "4 or 5", ToString(q), ToString(k), ToString(v));
   }
   int64_t heads = attrs::Attention::num_heads(ctx.attrs());
   if (packed && heads <= 0) {
@@ -77,9 +82,15 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
   auto differ = [](const Dim& a, const Dim& b) {
     return a.is_static() && b.is_static() && !(a == b);
   };
-  // Q and K share the head size; K and V the key count; all three the heads.
-  bool bad = differ(q[rank - 1], k[rank - 1]) || differ(k[si], v[si]) ||
-             (!packed && (differ(q[2], k[2]) || differ(k[2], v[2])));
+  // Q and K share the head size; K and V the key count; all three the heads (K's and V's a head
+  // axis of 1 where Q's is not, in rank 5: each K/V head serves a group of query heads).
+  bool bad = differ(q[rank - 1], k[rank - 1]) || differ(k[si], v[si]);
+  for (size_t a = 2; !packed && a + 1 < rank; ++a) {
+    for (const Shape* s : {&k, &v}) {
+      const bool grouped = rank == 5 && (*s)[a].is_static() && (*s)[a].value() == 1;
+      bad = bad || (!grouped && differ(q[a], (*s)[a]));
+    }
+  }
   if (packed) {
     for (const Shape* s : {&q, &k, &v}) {
       const Dim& e = (*s)[2];
@@ -94,7 +105,15 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
   auto batch = BroadcastShapes(Shape{q[bi]}, Shape{k[bi]});
   if (batch.ok()) batch = BroadcastShapes(*batch, Shape{v[bi]});
   if (!batch.ok()) return ctx.Error(ErrorCode::kShapeMismatch, "{}", batch.status().message());
-  Dim h = packed ? Dim(heads) : q[2];
+  // The logical scores: [B, H, Sq, Sk], or [B, G, R, Sq, Sk] in rank 5.
+  Shape scores = {(*batch)[0]};
+  if (packed) {
+    scores.push_back(Dim(heads));
+  } else {
+    scores.insert(scores.end(), q.begin() + 2, q.end() - 1);
+  }
+  scores.push_back(q[si]);
+  scores.push_back(k[si]);
   if (ctx.has_input(3)) {
     std::string kind = attrs::Attention::mask_kind(ctx.attrs());
     DataType mt = ctx.input_type(3);
@@ -103,7 +122,6 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
       return ctx.Error(ErrorCode::kTypeMismatch, "a {} mask must be {}, got {}", kind,
                        kind == "boolean" ? "bool" : ToString(t), ToString(mt));
     }
-    Shape scores = {(*batch)[0], h, q[si], k[si]};
     auto joined = BroadcastShapes(scores, ctx.input_shape(3));
     if (!joined.ok() || joined->size() != scores.size()) {
       return ctx.Error(ErrorCode::kShapeMismatch, "mask {} does not broadcast to the scores {}",
@@ -112,7 +130,11 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
   }
   Shape out = seq_first ? Shape{q[0], (*batch)[0], v[2]}
               : packed  ? Shape{(*batch)[0], q[1], v[2]}
-                        : Shape{(*batch)[0], q[1], q[2], v[3]};
+                        : q;  // [B, S, heads..., Dv]
+  if (!packed) {
+    out[0] = (*batch)[0];
+    out[rank - 1] = v[rank - 1];
+  }
   ctx.set_output(0, ctx.input_type(0), std::move(out));
   return OkStatus();
 }

@@ -49,15 +49,46 @@ struct Read {
   Value* source = nullptr;     // nullptr with `rows` set: the projection made by the rewrite
   bool packed = false;         // bsd/sbd: rows of 3*H*D, this operand's third
   const Node* rows = nullptr;  // the row-wise product to recompute without its input Transpose
+  Shape as;                    // when set, the source's memory read as this shape (a Reshape)
 };
+
+Read SourceRead(Value* source) {
+  Read r;
+  r.source = source;
+  return r;
+}
 
 struct Reads {
   std::optional<Read> bsd, sbd, bshd;
 };
 
-// Matches one operand view (shape [B, H, S, D]) of a source of shape `xs`.
+// Grouped-query attention's operand [B, G, R, S, D] (K and V with R = 1): the view reads the
+// memory of a [B, S, G, R, D] tensor, which a source [B, S, ...] holds exactly (its projection's
+// rows [B, S, G*R*D], or [B, S, H, D]).
+void MatchGrouped(const StridedView& view, const Shape& xs, Reads& r, Read read) {
+  const Shape& s = view.shape;
+  if (r.bshd || xs.size() < 3 || !(xs[0] == s[0]) || !(xs[1] == s[3])) return;
+  int64_t g = 0, rep = 0, d = 0;
+  if (!StaticDim(s[1], g) || !StaticDim(s[2], rep) || !StaticDim(s[4], d)) return;
+  int64_t row = 1;
+  for (size_t k = 2; k < xs.size(); ++k) {
+    int64_t x = 0;
+    if (!StaticDim(xs[k], x)) return;
+    row *= x;
+  }
+  Shape bsgrd{s[0], s[3], s[1], s[2], s[4]};
+  if (row != g * rep * d || !IsRowMajor(TransposeView(view, {0, 3, 1, 2, 4}), bsgrd)) return;
+  r.bshd = read;
+  r.bshd->as = std::move(bsgrd);
+}
+
+// Matches one operand view (shape [B, H, S, D], or [B, G, R, S, D]) of a source of shape `xs`.
 void Match(const StridedView& view, const Shape& xs, int part, Reads& r, Read read) {
   const Shape& s = view.shape;
+  if (s.size() == 5) {
+    MatchGrouped(view, xs, r, read);
+    return;
+  }
   int64_t h = 0, d = 0;
   if (!StaticDim(s[1], h) || !StaticDim(s[3], d)) return;
   const int64_t e = h * d;
@@ -131,9 +162,16 @@ bool OnlyFeeds(const Value* v, const Node* attn, int depth = 0) {
 // The ways operand `part` of `attn` can be read in place.
 Reads OperandReads(Value* operand, int part, const Node* attn, const PassContext& ctx) {
   Reads r;
-  if (!operand->has_shape() || operand->shape().size() != 4) return r;
+  if (!operand->has_shape()) return r;
+  if (operand->shape().size() == 5) {
+    for (const StridedView& view : ViewsOf(operand, ctx)) {
+      Match(view, view.source->shape(), part, r, SourceRead(view.source));
+    }
+    return r;
+  }
+  if (operand->shape().size() != 4) return r;
   for (const StridedView& view : ViewsOf(operand, ctx)) {
-    Match(view, view.source->shape(), part, r, Read{view.source});
+    Match(view, view.source->shape(), part, r, SourceRead(view.source));
   }
   if (r.bsd) return r;
   // Through the row-wise product at the chain's far end, as if its input Transpose came after.
@@ -148,10 +186,108 @@ Reads OperandReads(Value* operand, int part, const Node* attn, const PassContext
   std::optional<StridedView> view = ApplyChain(chain, chain.values.size() - 1, start, ctx);
   if (view) {
     Reads v;
-    Match(*view, rows, part, v, Read{nullptr, false, p->producer()});
+    Read recompute;
+    recompute.rows = p->producer();
+    Match(*view, rows, part, v, recompute);
     if (v.bsd) r.bsd = v.bsd;
   }
   return r;
+}
+
+// True when everything that reads `v` is an Attention (as Q, K or V) or a view op whose results
+// only lead to one.
+bool LeadsToAttention(const Value* v, int depth = 0) {
+  if (v->is_graph_output() || depth > 16 || v->consumers().empty()) return false;
+  for (const Node* c : v->consumers()) {
+    if (IsOp(*c, OpType::kAttention)) {
+      if (c->num_inputs() > 3 && c->input(3) == v) return false;  // a mask
+      continue;
+    }
+    if (!ViewInput(*c) || ViewInput(*c) != v) return false;
+    for (size_t i = 0; i < c->num_outputs(); ++i) {
+      if (c->output(i) && !LeadsToAttention(c->output(i), depth + 1)) return false;
+    }
+  }
+  return true;
+}
+
+// RotaryEmbedding(Transpose(y, p), cos, sin) => Transpose(RotaryEmbedding(y, cos', sin'), p) when
+// p keeps the last axis (the rotation's), the Transpose is read by the rotary alone, and the
+// rotary's result leads only to attention: the head split then comes after the rotation, where
+// the attention reads through it (Llama's Q and K, rotated between the split and the attention).
+// cos' and sin' are the tables padded to y's rank and transposed by p's inverse: a derived
+// constant, or for a computed table a Reshape, when that transpose only moves axes of size 1
+// ([B, 1, S, D] -> [B, S, 1, D]). The moved Transpose is one copy, as before; the rewrite only
+// pays off when the attention then reads y in place.
+bool SinkBelowRotary(Graph& graph, PassContext& ctx, Node* rope) {
+  if (rope->num_inputs() != 3 || rope->num_outputs() != 1) return false;
+  Value* x = rope->input(0);
+  Value* out = rope->output(0);
+  const Node* t = x ? x->producer() : nullptr;
+  if (!t || !IsOp(*t, OpType::kTranspose) || x->is_graph_output() || x->consumers().size() != 1 ||
+      !out || !out->has_shape() || !LeadsToAttention(out)) {
+    return false;
+  }
+  Value* y = t->input(0);
+  if (!y || !y->has_shape()) return false;
+  const size_t rank = y->shape().size();
+  std::optional<std::vector<int64_t>> perm = TransposePerm(*t, rank);
+  if (!perm || rank < 2 || (*perm)[rank - 1] != static_cast<int64_t>(rank) - 1) return false;
+  std::vector<int64_t> inv(rank);
+  bool identity = true;
+  for (size_t k = 0; k < rank; ++k) {
+    inv[static_cast<size_t>((*perm)[k])] = static_cast<int64_t>(k);
+    identity = identity && (*perm)[k] == static_cast<int64_t>(k);
+  }
+  if (identity) return false;
+  // Each table's shape against y: padded to the rank, then permuted by p's inverse.
+  Shape moved[2];
+  for (int i = 0; i < 2; ++i) {
+    const Value* c = rope->input(1 + i);
+    if (!c || !c->has_shape() || c->shape().size() > rank) return false;
+    if (c->is_constant()) continue;
+    Shape padded(rank - c->shape().size(), Dim(1));
+    padded.insert(padded.end(), c->shape().begin(), c->shape().end());
+    moved[i].resize(rank);
+    for (size_t j = 0; j < rank; ++j) moved[i][j] = padded[static_cast<size_t>(inv[j])];
+    // Only axes of size 1 may move: the other dims keep their order (the same memory).
+    auto kept = [](const Shape& sh) {
+      Shape o;
+      for (const Dim& d : sh) {
+        if (!d.is_static() || d.value() != 1) o.push_back(d);
+      }
+      return o;
+    };
+    if (!(kept(padded) == kept(moved[i]))) return false;
+  }
+  Value* tables[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i) {
+    Value* c = rope->input(1 + i);
+    if (c->is_constant()) {
+      AttributeMap a;
+      a.Set("perm", inv);
+      tables[i] =
+          DeriveConstant(graph, c->name() + "_heads", std::string(kTransposeBroadcastOp), a, {c});
+    } else if (Value* target =
+                   AddReshapeTarget(graph, c->name() + "_heads_shape", c->shape(), moved[i])) {
+      tables[i] = graph.AddValue(graph.UniqueName(c->name() + "_heads"), c->dtype());
+      graph.AddNode("Reshape", graph.UniqueName(c->name() + "_heads"), {c, target}, {tables[i]});
+    }
+    if (!tables[i]) return false;  // what was added, unread, goes in dead-node elimination
+  }
+  const std::string name = rope->name();
+  AttributeMap attrs = rope->attrs();
+  std::string domain = rope->domain();
+  Value* inner = graph.AddValue(graph.UniqueName(out->name() + "_unsplit"), out->dtype());
+  inner->set_shape(y->shape());
+  graph.RemoveNode(rope);  // releases `out`, which the new Transpose makes
+  graph.AddNode("RotaryEmbedding", graph.UniqueName(name), {y, tables[0], tables[1]}, {inner},
+                std::move(attrs), std::move(domain));
+  AttributeMap t_attrs;
+  t_attrs.Set("perm", *perm);
+  graph.AddNode("Transpose", graph.UniqueName(name + "_split"), {inner}, {out}, std::move(t_attrs));
+  ctx.stats().rewrites += 1;
+  return true;
 }
 
 // Y's readers: a chain of single-reader Transposes and reshapes, each value read by the next
@@ -216,6 +352,15 @@ class AttentionLayoutPass final : public Pass {
   Status Run(Graph& graph, PassContext& ctx) override {
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     recomputed_.clear();
+    bool sunk = false;
+    for (Node* node : order) {
+      if (!node->is_dead() && IsOp(*node, OpType::kRotaryEmbedding)) {
+        sunk = SinkBelowRotary(graph, ctx, node) || sunk;
+      }
+    }
+    if (sunk) {
+      KILN_ASSIGN_OR_RETURN(order, graph.TopologicalOrder());
+    }
     int bsd = 0, sbd = 0, bshd = 0;
     for (Node* node : order) {
       if (node->is_dead() || !IsOp(*node, OpType::kAttention)) continue;
@@ -238,15 +383,16 @@ class AttentionLayoutPass final : public Pass {
   // The layout given to `attn`, or "" when it stays as it is.
   std::string_view Rewrite(Graph& graph, PassContext& ctx, Node* attn) {
     Value* q = attn->input(0);
-    if (!q || !q->has_shape() || q->shape().size() != 4) return "";
+    if (!q || !q->has_shape() || (q->shape().size() != 4 && q->shape().size() != 5)) return "";
     const Shape& qs = q->shape();
+    const bool grouped = qs.size() == 5;  // [B, G, R, S, D]: K and V [B, G, 1, S, D]
     int64_t heads = 0;
     if (!StaticDim(qs[1], heads)) return "";
     Reads reads[3];
     for (int i = 0; i < 3; ++i) {
       Value* in = attn->input(i);
-      if (!in || !in->has_shape() || in->shape().size() != 4 || !(in->shape()[0] == qs[0]) ||
-          !(in->shape()[1] == qs[1])) {
+      if (!in || !in->has_shape() || in->shape().size() != qs.size() ||
+          !(in->shape()[0] == qs[0]) || !(in->shape()[1] == qs[1])) {
         return "";
       }
       reads[i] = OperandReads(in, i, attn, ctx);
@@ -261,8 +407,11 @@ class AttentionLayoutPass final : public Pass {
       return packed == 3 ? 3 : packed == 0 ? 1 : 0;
     };
     std::string layout;
-    int rows_kind = rows_layout(&Reads::bsd);
-    if (rows_kind) {
+    int rows_kind = grouped ? 0 : rows_layout(&Reads::bsd);
+    if (grouped) {
+      if (!reads[0].bshd || !reads[1].bshd || !reads[2].bshd) return "";
+      layout = "bshd";
+    } else if (rows_kind) {
       layout = "bsd";
     } else if ((rows_kind = rows_layout(&Reads::sbd))) {
       layout = "sbd";
@@ -276,16 +425,20 @@ class AttentionLayoutPass final : public Pass {
     const bool use_rows = layout != "bshd";
 
     // Y [B, H, Sq, Dv]: where its readers want it as rows of [B, Sq, H, Dv] ([Sq, B, ...]).
+    // Grouped: Y [B, G, R, S, Dv] where they want [B, S, G, R, Dv].
     Value* y = attn->output(0);
-    if (!y || !y->has_shape() || y->shape().size() != 4) return "";
+    if (!y || !y->has_shape() || y->shape().size() != qs.size()) return "";
     const Shape& ys = y->shape();
-    const Shape out_shape = seq_first  ? Shape{ys[2], ys[0], ys[1] * ys[3]}
-                            : use_rows ? Shape{ys[0], ys[2], ys[1] * ys[3]}
-                                       : Shape{ys[0], ys[2], ys[1], ys[3]};
+    const Shape out_shape = grouped     ? Shape{ys[0], ys[3], ys[1], ys[2], ys[4]}
+                            : seq_first ? Shape{ys[2], ys[0], ys[1] * ys[3]}
+                            : use_rows  ? Shape{ys[0], ys[2], ys[1] * ys[3]}
+                                        : Shape{ys[0], ys[2], ys[1], ys[3]};
     const OutputPlace* place = nullptr;
     std::vector<OutputPlace> places = OutputPlaces(y);
     for (const OutputPlace& p : places) {
-      if (!ReadsRows(p.view, ys[1] * ys[3], 0, seq_first) || !(p.view.shape == ys)) continue;
+      const bool fits = grouped ? IsRowMajor(TransposeView(p.view, {0, 3, 1, 2, 4}), out_shape)
+                                : ReadsRows(p.view, ys[1] * ys[3], 0, seq_first);
+      if (!fits || !(p.view.shape == ys)) continue;
       if (p.value->shape() == out_shape || FitsShapeConstant(p.value->shape())) {
         place = &p;
         break;
@@ -297,10 +450,26 @@ class AttentionLayoutPass final : public Pass {
     attrs.Set("layout", layout);
     if (use_rows) attrs.Set("num_heads", heads);
     if (packed) attrs.Set("qkv_packed", int64_t{1});
+    // Grouped operands are their sources' memory in another shape: a Reshape (a view) each.
+    Value* as_target[3] = {nullptr, nullptr, nullptr};
+    for (int i = 0; layout == "bshd" && i < 3; ++i) {
+      const Read& r = *reads[i].bshd;
+      if (r.source && !r.as.empty() && !(r.source->shape() == r.as)) {
+        as_target[i] = AddReshapeTarget(graph, "attention_heads", r.source->shape(), r.as);
+        if (!as_target[i]) return "";  // (an unread target goes in dead-node elimination)
+      }
+    }
     std::vector<Value*> inputs;
     for (int i = 0; i < 3; ++i) {
       const Read& r = layout == "bsd" ? *reads[i].bsd : seq_first ? *reads[i].sbd : *reads[i].bshd;
-      inputs.push_back(r.source ? r.source : Recomputed(graph, ctx, r.rows));
+      Value* in = r.source ? r.source : Recomputed(graph, ctx, r.rows);
+      if (as_target[i]) {
+        Value* viewed = graph.AddValue(graph.UniqueName(in->name() + "_heads"), in->dtype());
+        graph.AddNode("Reshape", graph.UniqueName(attn->name() + "_heads"), {in, as_target[i]},
+                      {viewed});
+        in = viewed;
+      }
+      inputs.push_back(in);
     }
     if (attn->input(3)) inputs.push_back(attn->input(3));
     const std::string name = attn->name();

@@ -204,6 +204,9 @@ Value* AddReshapeTarget(Graph& graph, const std::string& prefix, const Shape& fr
 // The weight op that gives a constant new dims over the same bytes (attribute "dims"; registered
 // in gemm_fusion.cc): for DeriveConstant by the passes that reshape weights.
 inline constexpr std::string_view kReshapeBytesOp = "ReshapeBytes";
+// The weight op that pads a constant with leading ones to the rank of its attribute "perm" (numpy
+// broadcasting), then transposes it by perm (registered in transpose_sinking.cc).
+inline constexpr std::string_view kTransposeBroadcastOp = "TransposeBroadcast";
 // New constants computed from constants by the weight op `op` (ir/weight_program.h), one per
 // entry of `prefixes`, with the step recorded so that refit replays the same code on new
 // weights. Empty when the op fails (a pass then leaves the graph as it was).

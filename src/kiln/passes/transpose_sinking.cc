@@ -112,15 +112,12 @@ Node* TransposeReading(const Value* v, const Perm& perm) {
   return nullptr;
 }
 
-// The weight op: the constant padded with leading ones to the permutation's rank (numpy
-// broadcasting), then transposed by it.
-constexpr std::string_view kTransposeOp = "TransposeBroadcast";
-
+// The weight op kTransposeBroadcastOp (pass.h).
 StatusOr<std::vector<Tensor>> TransposeBroadcast(const AttributeMap& a,
                                                  std::span<const Tensor* const> in) {
   Perm perm = a.GetInts("perm");
   if (in.size() != 1 || !in[0] || !IsPermutation(perm) || in[0]->dims().size() > perm.size()) {
-    return MakeError(ErrorCode::kInternal, "{}: one input of rank <= {}", kTransposeOp,
+    return MakeError(ErrorCode::kInternal, "{}: one input of rank <= {}", kTransposeBroadcastOp,
                      perm.size());
   }
   std::vector<Tensor> result;
@@ -128,7 +125,8 @@ StatusOr<std::vector<Tensor>> TransposeBroadcast(const AttributeMap& a,
   return result;
 }
 
-const bool kTransposeRegistered = RegisterWeightOp(std::string(kTransposeOp), TransposeBroadcast);
+const bool kTransposeRegistered =
+    RegisterWeightOp(std::string(kTransposeBroadcastOp), TransposeBroadcast);
 
 class TransposeSinkingPass final : public Pass {
  public:
@@ -313,8 +311,8 @@ class TransposeSinkingPass final : public Pass {
         sources[i] = in;
         continue;
       }
-      Value* c =
-          DeriveConstant(graph, in->name() + "_t", std::string(kTransposeOp), perm_attr, {in});
+      Value* c = DeriveConstant(graph, in->name() + "_t", std::string(kTransposeBroadcastOp),
+                                perm_attr, {in});
       if (!c) return;  // the graph is left as it was (the new constant, unread, is dropped)
       sources[i] = c;
     }

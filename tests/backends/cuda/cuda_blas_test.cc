@@ -292,7 +292,31 @@ TEST_F(CudaBlasTest, AttentionInterleavedHeadLayouts) {
       69);
   runs += RunAttention(
       {{33, 3, 384}, {33, 3, 384}, {33, 3, 384}, "causal", {}, 0.f, 0.f, "sbd", 2, true}, 70);
-  EXPECT_GE(runs, 10 * 3);
+  // Grouped-query heads in rank 5 ([B, S, G, R, D] against K/V [B, S, G, 1, D]; Llama's
+  // projections read in place): causal with D 64, an additive mask over [B, G, R, Sq, Sk] with
+  // D 128 and partial tiles, and D 32 with a mask per query head.
+  runs += RunAttention(
+      {{2, 64, 2, 3, 64}, {2, 64, 2, 1, 64}, {2, 64, 2, 1, 64}, "causal", {}, 0.f, 0.f, "bshd"},
+      75);
+  runs += RunAttention({{2, 33, 4, 3, 128},
+                        {2, 40, 4, 1, 128},
+                        {2, 40, 4, 1, 128},
+                        "additive",
+                        {2, 1, 1, 1, 40},
+                        0.f,
+                        0.f,
+                        "bshd"},
+                       76);
+  runs += RunAttention({{1, 17, 2, 4, 32},
+                        {1, 17, 2, 1, 32},
+                        {1, 17, 2, 1, 32},
+                        "additive",
+                        {1, 2, 4, 17, 17},
+                        0.f,
+                        0.f,
+                        "bshd"},
+                       77);
+  EXPECT_GE(runs, 13 * 3);
 }
 
 // CUDA's attention kernels decline head dims above 128; such a layer runs on the host instead.

@@ -40,10 +40,25 @@ OperandView ViewOf(std::span<const int64_t> x, AttentionLayout layout, int64_t h
     }
     return v;
   }
+  if (layout == AttentionLayout::kBshd) {  // [B, S, heads..., D]: batch dims B and the heads
+    const size_t r = x.size();
+    v.rows = x[1];
+    v.cols = x[r - 1];
+    v.row_stride = 1;
+    for (size_t i = 2; i < r; ++i) v.row_stride *= x[i];
+    v.batch.push_back(x[0]);
+    v.stride.push_back(x[1] * v.row_stride);
+    int64_t st = v.row_stride;
+    for (size_t i = 2; i + 1 < r; ++i) {
+      st /= x[i];
+      v.batch.push_back(x[i]);
+      v.stride.push_back(st);
+    }
+    return v;
+  }
   const bool seq_first = layout == AttentionLayout::kSbd;
-  const bool rows3 = layout == AttentionLayout::kBsd || seq_first;  // [., ., H*D], num_heads
-  int64_t h = rows3 ? heads : x[2];
-  int64_t e = rows3 ? x[2] : x[2] * x[3];
+  int64_t h = heads;
+  int64_t e = x[2];
   v.cols = e / parts / h;
   v.batch.push_back(seq_first ? x[1] : x[0]);
   v.batch.push_back(h);
@@ -83,7 +98,8 @@ class AttentionKernel final : public Kernel {
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
                            std::span<const TensorView> outputs) override {
     const bool rows3 = at_.layout == AttentionLayout::kBsd || at_.layout == AttentionLayout::kSbd;
-    size_t need_rank = rows3 ? 3 : 4;
+    // bshd: [B, S, H, D], or [B, S, G, R, D] (grouped-query attention).
+    const size_t need_rank = rows3 ? 3 : inputs[0].dims.size() == 5 ? 5 : 4;
     for (const TensorView* t : {&inputs[0], &inputs[1], &inputs[2], &outputs[0]}) {
       if ((at_.layout == AttentionLayout::kBhsd && t->dims.size() < 2) ||
           (at_.layout != AttentionLayout::kBhsd && t->dims.size() != need_rank) ||

@@ -65,6 +65,15 @@ class CudaAttentionKernel final : public Kernel {
         }
         return v;
       }
+      if (spec_.layout == AttentionLayout::kBshd && x.size() == 5) {
+        // [B, S, G, R, D] (grouped-query attention): batch dims B, G and R; K and V have R = 1.
+        v.rows = x[1];
+        v.cols = x[4];
+        v.row_stride = x[2] * x[3] * x[4];
+        v.batch = {x[0], x[2], x[3]};
+        v.stride = {x[1] * v.row_stride, x[3] * x[4], x[4]};
+        return v;
+      }
       const bool seq_first = spec_.layout == AttentionLayout::kSbd;
       const bool packed = spec_.layout == AttentionLayout::kBsd || seq_first;  // [., ., H*D]
       if (x.size() != (packed ? 3u : 4u)) {
@@ -72,7 +81,7 @@ class CudaAttentionKernel final : public Kernel {
                          seq_first ? "sbd"
                          : packed  ? "bsd"
                                    : "bshd",
-                         packed ? 3 : 4);
+                         packed ? "3" : "4 or 5");
       }
       int64_t h = packed ? spec_.heads : x[2];
       int64_t e = packed ? x[2] : x[2] * x[3];
@@ -249,7 +258,7 @@ class CudaAttentionProvider final : public KernelProvider {
       auto seq_len = [&](const Shape& sh) -> int64_t {
         const int64_t r = static_cast<int64_t>(sh.size());
         int64_t axis = r - 2;  // bhsd, bsd
-        if (spec->layout == AttentionLayout::kBshd) axis = r - 3;
+        if (spec->layout == AttentionLayout::kBshd) axis = 1;
         if (spec->layout == AttentionLayout::kSbd) axis = 0;
         if (axis < 0 || !sh[axis].is_static()) return -1;
         return sh[axis].value();
