@@ -6,6 +6,7 @@
 //   .bundle/bin/cuda_kernels_bench --benchmark_min_time=0.2s
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include <memory>
 #include <string>
@@ -37,6 +38,7 @@ struct BenchCase {
   std::vector<Operand> inputs;
   std::string provider;  // provider id to time ("": the op's first provider)
   int outputs = 1;       // outputs of x's shape and type (SkipLayerNormalization's y and sum: 2)
+  size_t tactic = 0;     // which of the provider's tactics
 };
 
 AttributeMap Attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
@@ -94,7 +96,11 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
     state.SkipWithError("no CUDA tactic");
     return;
   }
-  TacticConfig tactic = provider->Tactics(r)[0];
+  if (provider->Tactics(r).size() <= c.tactic) {
+    state.SkipWithError("no such tactic");
+    return;
+  }
+  TacticConfig tactic = provider->Tactics(r)[c.tactic];
   auto kernel = provider->Create(r, tactic);
   if (!kernel.ok()) {
     state.SkipWithError(kernel.status().ToString().c_str());
@@ -242,6 +248,29 @@ const bool kRegistered = [] {
         Attrs({{"axis", int64_t{1}}}),
         {{kF16, {32, 128, 56, 56}, {}}, {kF16, {32, 128, 56, 56}, {}}}}},
   };
+  // Attention at batch 32 (heads interleaved in rows, as the layout pass leaves it), every
+  // tactic: BERT-base (12 heads of 64, 128 tokens, the padding mask [B, 1, 1, S]), GPT-2 (causal),
+  // ViT-B/16 (197 tokens, no mask) and Whisper-base's encoder (8 heads, 1500 frames).
+  struct AttnBench {
+    std::string name;
+    int64_t seq, heads;
+    std::string mask;
+  };
+  for (const AttnBench& a : std::vector<AttnBench>{{"bert", 128, 12, "additive"},
+                                                   {"gpt2", 128, 12, "causal"},
+                                                   {"vit", 197, 12, "none"},
+                                                   {"whisper", 1500, 8, "none"}}) {
+    const int64_t b = a.name == "whisper" ? 8 : 32, e = a.heads * 64;
+    std::vector<Operand> ops(3, Operand{kF16, {b, a.seq, e}, {}});
+    if (a.mask == "additive") ops.push_back({kF16, {b, 1, 1, a.seq}, {}});
+    AttributeMap attrs =
+        Attrs({{"layout", std::string("bsd")}, {"num_heads", a.heads}, {"mask_kind", a.mask}});
+    for (size_t t = 0; t < 6; ++t) {
+      BenchCase c{"Attention", attrs, ops};
+      c.tactic = t;
+      cases.emplace_back(fmt::format("attention_{}_b{}_t{}", a.name, b, t), std::move(c));
+    }
+  }
   for (auto& [name, c] : cases) {
     benchmark::RegisterBenchmark(name.c_str(), [c = c](benchmark::State& s) { RunCase(s, c); })
         ->UseManualTime()
