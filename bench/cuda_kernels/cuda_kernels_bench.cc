@@ -271,6 +271,22 @@ const bool kRegistered = [] {
       cases.emplace_back(fmt::format("attention_{}_b{}_t{}", a.name, b, t), std::move(c));
     }
   }
+  // CLIP's fc1 at batch 32 (197 tokens, 768 -> 3072) with its QuickGELU (swish, alpha 1.702;
+  // cuBLASLt has no such epilogue, so a pass over the output follows), beside GELU (cuBLASLt's
+  // epilogue) and no activation; and Llama's SwiGLU over the packed gate/up projection.
+  for (std::string act : {"swish", "gelu_tanh", "none"}) {
+    AttributeMap attrs = Attrs({{"activation", act}});
+    if (act == "swish") attrs.Set("activation_alpha", 1.702f);
+    cases.emplace_back("fusedmatmul_f16_6304x768x3072_" + act,
+                       BenchCase{"FusedMatMul",
+                                 attrs,
+                                 {{kF16, {32, 197, 768}, {}}, {kF16, {768, 3072}, {}},
+                                  {kF16, {3072}, {}}}});
+  }
+  cases.emplace_back("gated_silu_f16_4096x2x2048",
+                     BenchCase{"GatedActivation",
+                               Attrs({{"activation", std::string("silu")}}),
+                               {{kF16, {32, 128, 4096}, {}}}});
   for (auto& [name, c] : cases) {
     benchmark::RegisterBenchmark(name.c_str(), [c = c](benchmark::State& s) { RunCase(s, c); })
         ->UseManualTime()

@@ -23,4 +23,27 @@ __device__ __forceinline__ float Activate(BlasAct act, float x, float lo, float 
   return x;
 }
 
+// Activate for a result stored as T. For 16-bit storage (FP16, BF16) the sigmoid family takes
+// the special-function unit's exponential and an approximate division: their error, a few units
+// in FP32's last place, is far below the 16-bit types' spacing (2^-11 and 2^-8 of the value),
+// while the accurate expf and IEEE division cost several times the instructions and made these
+// passes compute-bound (CLIP's QuickGELU after its fc1 ran at half the memory bandwidth). As x
+// falls, exp(-x) overflows to +inf and the sigmoid to 0, its limit. FP32 results keep Activate.
+template <typename T>
+__device__ __forceinline__ float ActivateFor(BlasAct act, float x, float lo, float hi) {
+  if constexpr (sizeof(T) == 2) {
+    switch (act) {
+      case BlasAct::kSigmoid:
+        return __fdividef(1.f, 1.f + __expf(-x));
+      case BlasAct::kSilu:
+        return x * __fdividef(1.f, 1.f + __expf(-x));
+      case BlasAct::kSwish:
+        return x * __fdividef(1.f, 1.f + __expf(-lo * x));
+      default:
+        break;
+    }
+  }
+  return Activate(act, x, lo, hi);
+}
+
 }  // namespace kiln::cuda

@@ -180,7 +180,25 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
   const T* k = static_cast<const T*>(p.k) + ko;
   const T* v = static_cast<const T*>(p.v) + vo;
 
-  LoadTile<T, D>(q_s, q, row0, kRows, p.sq, p.q_row, threadIdx.x, kWarps * 32);
+  int64_t key_end = p.sk;
+  if (p.mask_kind == AttnMask::kCausal) {
+    int64_t last = (row0 + kRows < p.sq ? row0 + kRows : p.sq) - 1;
+    int64_t e = last + (p.sk - p.sq) + 1;
+    key_end = e < 0 ? 0 : (e < p.sk ? e : p.sk);
+  }
+  if (kStages > 1) {
+    // Q and the first K/V tile in one group: one round trip to global memory before the first
+    // product, not two (short sequences have only a few tiles to hide it behind).
+    LoadTileAsync<T, D>(q_s, q, row0, kRows, p.sq, p.q_row, threadIdx.x, kWarps * 32);
+    if (key_end > 0) {
+      LoadTileAsync<T, D>(k_buf, k, 0, kKeys, p.sk, p.k_row, threadIdx.x, kWarps * 32);
+      LoadTileAsync<T, D>(v_buf, v, 0, kKeys, p.sk, p.v_row, threadIdx.x, kWarps * 32);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+  } else {
+    LoadTile<T, D>(q_s, q, row0, kRows, p.sq, p.q_row, threadIdx.x, kWarps * 32);
+  }
   __syncthreads();
 
   // This warp's Q fragments: per m-tile, D/16 k-steps of a 16x16 A tile.
@@ -213,21 +231,10 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
   }
   const float scale_log2 = p.scale * 1.4426950408889634f;
 
-  int64_t key_end = p.sk;
-  if (p.mask_kind == AttnMask::kCausal) {
-    int64_t last = (row0 + kRows < p.sq ? row0 + kRows : p.sq) - 1;
-    int64_t e = last + (p.sk - p.sq) + 1;
-    key_end = e < 0 ? 0 : (e < p.sk ? e : p.sk);
-  }
   // Tiles that need no per-score work but the scale: all keys in range, no mask, and a positive
   // scale (the max of the raw scores is then the max of the scaled ones).
   const bool plain_kind = p.mask_kind == AttnMask::kNone && scale_log2 > 0.f;
 
-  if (kStages > 1 && key_end > 0) {  // tile 0 in flight before the loop
-    LoadTileAsync<T, D>(k_buf, k, 0, kKeys, p.sk, p.k_row, threadIdx.x, kWarps * 32);
-    LoadTileAsync<T, D>(v_buf, v, 0, kKeys, p.sk, p.v_row, threadIdx.x, kWarps * 32);
-    CpAsyncCommit();
-  }
   for (int64_t key0 = 0, tile = 0; key0 < key_end; key0 += kKeys, ++tile) {
     // Every warp is done with the buffer the next load overwrites (the previous tile's).
     __syncthreads();

@@ -24,12 +24,12 @@ __global__ void ActInPlaceKernel(T* y, int64_t total, bool vec, BlasAct act, flo
     uint4 raw = reinterpret_cast<const uint4*>(y)[v];
     T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) e[j] = Store<T>(Activate(act, Load(e[j]), lo, hi));
+    for (int j = 0; j < kVec; ++j) e[j] = Store<T>(ActivateFor<T>(act, Load(e[j]), lo, hi));
     reinterpret_cast<uint4*>(y)[v] = raw;
   }
   for (int64_t i = vecs * kVec + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < total; i += stride) {
-    y[i] = Store<T>(Activate(act, Load(y[i]), lo, hi));
+    y[i] = Store<T>(ActivateFor<T>(act, Load(y[i]), lo, hi));
   }
 }
 
@@ -48,7 +48,7 @@ __global__ void GemmEpilogueKernel(GemmEpilogueParams p) {
     }
     float v = dense ? p.acc[i] : p.acc[r * p.acc_ld + col];
     if (c) v += p.beta * Load(c[r * p.c_row_stride + col * p.c_col_stride]);
-    y[i] = Store<T>(Activate(p.act, v, p.act_min, p.act_max));
+    y[i] = Store<T>(ActivateFor<T>(p.act, v, p.act_min, p.act_max));
   }
 }
 
@@ -67,7 +67,8 @@ __global__ void GatedKernel(GatedActivationParams p) {
     const int64_t r = i / per_row, j = (i - r * per_row) * kVec;
     const int64_t in = r * p.stride + j;
     if constexpr (kVec == 1) {
-      y[r * p.n + j] = Store<T>(Activate(p.act, Load(a[in]), p.act_min, p.act_max) * Load(b[in]));
+      y[r * p.n + j] =
+          Store<T>(ActivateFor<T>(p.act, Load(a[in]), p.act_min, p.act_max) * Load(b[in]));
     } else {
       V ra = *reinterpret_cast<const V*>(a + in);
       V rb = *reinterpret_cast<const V*>(b + in);
@@ -77,7 +78,7 @@ __global__ void GatedKernel(GatedActivationParams p) {
       T* ey = reinterpret_cast<T*>(&ry);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        ey[e] = Store<T>(Activate(p.act, Load(ea[e]), p.act_min, p.act_max) * Load(eb[e]));
+        ey[e] = Store<T>(ActivateFor<T>(p.act, Load(ea[e]), p.act_min, p.act_max) * Load(eb[e]));
       }
       *reinterpret_cast<V*>(y + r * p.n + j) = ry;
     }

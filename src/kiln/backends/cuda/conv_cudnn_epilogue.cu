@@ -18,7 +18,8 @@ __global__ void EpilogueKernel(T* y, const T* bias, const T* z, int64_t total, i
     float v = Load(y[i]);
     if (bias) v += Load(bias[channels_last ? i % c : (i / hw) % c]);
     if (z) v += Load(z[i]);
-    y[i] = Store<T>(Activate(static_cast<BlasAct>(kind), v, lo, hi));  // kind: FusedActivation
+    y[i] =
+        Store<T>(ActivateFor<T>(static_cast<BlasAct>(kind), v, lo, hi));  // kind: FusedActivation
   }
 }
 

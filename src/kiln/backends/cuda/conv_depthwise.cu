@@ -66,7 +66,7 @@ __global__ void DepthwiseConvKernel(DepthwiseConvArgs a) {
       float v = acc[e];
       if (bias) v += Load(bv.v[e]);
       if (z) v += Load(zv.v[e]);
-      ov.v[e] = Store<T>(Activate(static_cast<BlasAct>(a.act), v, a.act_min, a.act_max));
+      ov.v[e] = Store<T>(ActivateFor<T>(static_cast<BlasAct>(a.act), v, a.act_min, a.act_max));
     }
     *reinterpret_cast<V*>(y + out) = ov;
   }
@@ -152,7 +152,7 @@ __global__ void DepthwiseRowTileKernel(DepthwiseConvArgs a) {
         float v = acc[t][e];
         if (bias) v += Load(bv.v[e]);
         if (z) v += Load(zv.v[e]);
-        ov.v[e] = Store<T>(Activate(static_cast<BlasAct>(a.act), v, a.act_min, a.act_max));
+        ov.v[e] = Store<T>(ActivateFor<T>(static_cast<BlasAct>(a.act), v, a.act_min, a.act_max));
       }
       *reinterpret_cast<V*>(y + out) = ov;
     }
@@ -272,8 +272,8 @@ __global__ void __launch_bounds__(kSmemLanes* SmemRows(kStride))
       v1 += Load(zv.y);
     }
     T2 o;
-    o.x = Store<T>(Activate(act, v0, a.act_min, a.act_max));
-    o.y = Store<T>(Activate(act, v1, a.act_min, a.act_max));
+    o.x = Store<T>(ActivateFor<T>(act, v0, a.act_min, a.act_max));
+    o.y = Store<T>(ActivateFor<T>(act, v1, a.act_min, a.act_max));
     *reinterpret_cast<T2*>(y + out) = o;
   }
 }

@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) GroupedConvKernel(GroupedConvArgs a)
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        v[e] = Activate(static_cast<BlasAct>(a.act), v[e], a.act_min, a.act_max);
+        v[e] = ActivateFor<T>(static_cast<BlasAct>(a.act), v[e], a.act_min, a.act_max);
       }
       Store8(y + out + co0, v);
     }

@@ -52,7 +52,7 @@ __global__ void Int8EpilogueKernel(Int8EpilogueParams p) {
     const int64_t r = i / p.cols, col = i - r * p.cols;
     float v = static_cast<float>(p.acc[r * p.ld_acc + col]) * p.col_scale[col];
     if (c) v += p.beta * Load(c[r * p.c_row_stride + col * p.c_col_stride]);
-    y[i] = Store<T>(Activate(p.act, v, p.act_min, p.act_max));
+    y[i] = Store<T>(ActivateFor<T>(p.act, v, p.act_min, p.act_max));
   }
 }
 
