@@ -319,6 +319,53 @@ TEST_F(CudaBlasTest, AttentionInterleavedHeadLayouts) {
   EXPECT_GE(runs, 13 * 3);
 }
 
+// The attention tactics a default build times first (it times two), by sequence length: the
+// orders the attention benchmark measured (bench/cuda_kernels). Host code only: runs without a GPU.
+TEST(CudaAttentionTactics, OrderFollowsTheSequenceLength) {
+  struct Case {
+    int64_t seq;
+    std::vector<std::string> first_two;
+  };
+  for (const Case& c : std::vector<Case>{{49, {"mma-64x64", "mma-32x64"}},
+                                         {128, {"mma-64x64", "mma-pipe-64x64"}},
+                                         {197, {"mma-pipe2m-128x64", "mma-pipe-64x64"}},
+                                         {1500, {"mma-pipe2m-128x64", "mma-pipe-128x64"}}}) {
+    SCOPED_TRACE(c.seq);
+    Graph g;
+    Value* q = g.AddInput("q", DataType::kFloat16, MakeShape({32, c.seq, 768}));
+    Value* y = g.AddValue("y");
+    AttributeMap attrs;
+    attrs.Set("layout", std::string("bsd"));
+    attrs.Set("num_heads", int64_t{12});
+    Node* n = g.AddNode("Attention", "attn", {q, q, q}, {y}, attrs);
+    g.MarkOutput(y);
+    ASSERT_TRUE(InferShapes(g).ok());
+    KernelRequest r;
+    r.node = n;
+    for (int i = 0; i < 3; ++i)
+      r.inputs.push_back({DataType::kFloat16, q->shape(), {32, c.seq, 768}});
+    r.outputs.push_back({DataType::kFloat16, y->shape(), {32, c.seq, 768}});
+    const KernelProvider* p =
+        KernelRegistry::Get().Find(BackendKind::kCuda, "cuda.attention.flash");
+    ASSERT_NE(p, nullptr);
+    std::vector<TacticConfig> t = p->Tactics(r);
+    ASSERT_GE(t.size(), 5u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(t[i].name, "f16-attention-cuda-flash-" + c.first_two[i]);
+    }
+    // The tail-skipping kernel comes after every other mma kernel.
+    size_t tail = t.size(), last_mma = 0;
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (t[i].name.ends_with("-tail"))
+        tail = i;
+      else if (t[i].name.find("flash-mma") != std::string::npos)
+        last_mma = i;
+    }
+    EXPECT_GT(tail, last_mma);
+    EXPECT_LT(tail, t.size());
+  }
+}
+
 // CUDA's attention kernels decline head dims above 128; such a layer runs on the host instead.
 TEST_F(CudaBlasTest, AttentionRejectsHeadDimsAbove128) {
   Graph g;

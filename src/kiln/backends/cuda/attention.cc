@@ -272,22 +272,33 @@ class CudaAttentionProvider final : public KernelProvider {
       // Two m-tiles per warp: K/V fragments read once for 32 rows (head dims up to 64).
       const TacticConfig pipe2m{
           fmt::format("{}-attention-cuda-flash-mma-pipe2m-128x64", t), {6}, 0};
-      // The plain kernel beside one that skips what lies past a short sequence's end (ViT's
-      // 197 tokens: a quarter of the last tile's keys and of the last row block), timed second.
+      // A kernel that skips what lies past a short sequence's end (the last tile's key groups
+      // and the warps of the last row block past Sq). Last: on an H100 it ran 10 to 50 times
+      // slower than the plain kernel (BERT, GPT-2, ViT and Whisper shapes; bench/cuda_kernels).
       const TacticConfig tail64{
           fmt::format("{}-attention-cuda-flash-mma-pipe-64x64-tail", t), {7}, 0};
       const bool one_tile = sk >= 0 && sk <= 64;
+      const bool two_tiles = !one_tile && sk >= 0 && sk <= 128;
       const bool long_rows = !one_tile && (sq < 0 || sq >= 256);
       const bool two_m = dq <= 64;
-      if (long_rows && two_m) tactics.push_back(pipe2m);
+      // The orders follow cuda_kernels_bench's attention cases (batch 32, H100): two tiles
+      // (BERT's and GPT-2's 128 tokens) ran fastest single-buffered with 4 warps (25.0 vs 30.1
+      // us pipelined, BERT), ViT's 197 tokens with two m-tiles (40.7 vs 44.2 us), and Whisper's
+      // 1500 frames with two m-tiles (160 vs 193 us). The plain pipelined kernel stays among the
+      // first two everywhere but one tile, so a default build still times it.
       if (one_tile) {
-        tactics.insert(tactics.end(), {mma64, mma32, pipe64, pipe128, tail64});
-      } else if (long_rows) {
-        tactics.insert(tactics.end(), {pipe128, pipe64, mma64, mma32, tail64});
+        tactics.insert(tactics.end(), {mma64, mma32, pipe64, pipe128});
+      } else if (two_tiles && !long_rows) {
+        tactics.insert(tactics.end(), {mma64, pipe64, mma32});
+        if (two_m) tactics.push_back(pipe2m);
+        tactics.push_back(pipe128);
       } else {
-        tactics.insert(tactics.end(), {pipe64, tail64, mma32, mma64, pipe128});
+        if (two_m) tactics.push_back(pipe2m);
+        if (long_rows) tactics.push_back(pipe128);
+        tactics.insert(tactics.end(), {pipe64, mma64, mma32});
+        if (!long_rows) tactics.push_back(pipe128);
       }
-      if (two_m && !long_rows) tactics.push_back(pipe2m);
+      tactics.push_back(tail64);
     }
     if (tc) tactics.push_back({fmt::format("{}-attention-cuda-flash-wmma-64x64", t), {1}, 0});
     tactics.push_back({fmt::format("{}-attention-cuda-flash-simt-16x32", t), {0}, 0});
