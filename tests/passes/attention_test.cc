@@ -206,6 +206,42 @@ TEST(AttentionFusion, T5FormSumsItsTwoAdditiveMasks) {
   ExpectSameOutputs(before, after);
 }
 
+// T5's layers share the position bias and the padding mask: the default pipeline sums them once
+// for all the attention layers, not once per layer.
+TEST(AttentionFusion, LayersSharingTheirMasksShareOneSum) {
+  auto make = [](Graph& g) {
+    Value* pad = g.AddInput("mask", DataType::kFloat32, {2, 1, 1, 5});
+    Value* bias = Const(g, RandomTensor(DataType::kFloat32, {1, 2, 5, 5}, 3));
+    for (int layer = 0; layer < 3; ++layer) {
+      auto in = [&](const char* n) {
+        return g.AddInput(fmt::format("{}{}", n, layer), DataType::kFloat32, {2, 5, 8});
+      };
+      Value* hq = in("hq");
+      Value* hk = in("hk");
+      Value* hv = in("hv");
+      Value* s = Op(g, "MatMul", {Heads(g, hq, {0, 2, 1, 3}), Heads(g, hk, {0, 2, 3, 1})});
+      Value* scores = Op(g, "Add", {Op(g, "Add", {s, bias}), pad});
+      Value* p = Op(g, "Softmax", {scores}, Attrs(std::pair{"axis", int64_t{-1}}));
+      g.MarkOutput(Op(g, "MatMul", {p, Heads(g, hv, {0, 2, 1, 3})}));
+    }
+  };
+  Graph before, after;
+  make(before);
+  make(after);
+  auto r = RunDefaultPasses(after, TestOptions());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(CountOps(after, "Attention"), 3);
+  EXPECT_EQ(CountOps(after, "Add"), 1);
+  const Value* mask = nullptr;
+  for (Node* n : after.nodes()) {
+    if (n->op_type() != "Attention") continue;
+    ASSERT_EQ(n->num_inputs(), 4u);
+    if (!mask) mask = n->input(3);
+    EXPECT_EQ(n->input(3), mask);
+  }
+  ExpectSameOutputs(before, after);
+}
+
 TEST(AttentionFusion, VitFormReadsKDirectly) {
   Graph before, after;
   AttentionGraph(before, Form::kVit);

@@ -82,6 +82,39 @@ void IdentityGraph(Graph& g) {
   g.MarkOutput(y);
 }
 
+// Twins (one op, the same inputs in order, the same attributes) become one, and what reads them
+// then becomes twins too; near misses stay: other attributes, other input order, a twin whose
+// output is a graph output.
+TEST(CommonSubexpression, TwinsMergeAndNearMissesStay) {
+  auto make = [](Graph& g) {
+    Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("n"), 6});
+    Value* w = g.AddInput("w", DataType::kFloat32, {Dim::Symbol("n"), 6});
+    Value* a = Op(g, "Add", {Op(g, "Relu", {x}), w});
+    Value* b = Op(g, "Add", {Op(g, "Relu", {x}), w});  // twin of a, through a twin Relu
+    Value* c = Op(g, "Sub", {x, w});
+    Value* d = Op(g, "Sub", {w, x});  // other order: not a twin
+    Value* e = Op(g, "LeakyRelu", {x}, Attrs(std::pair{"alpha", 0.1f}));
+    Value* f = Op(g, "LeakyRelu", {x}, Attrs(std::pair{"alpha", 0.2f}));  // other attribute
+    Value* h =
+        Op(g, "Mul",
+           {Op(g, "Mul", {a, b}), Op(g, "Add", {Op(g, "Add", {c, d}), Op(g, "Add", {e, f})})});
+    g.MarkOutput(h);
+    g.MarkOutput(Op(g, "Sub", {x, w}));  // c's twin, but a graph output: keeps its name
+  };
+  Graph before, after;
+  make(before);
+  make(after);
+  std::vector<std::unique_ptr<Pass>> passes;
+  passes.push_back(MakeCommonSubexpressionPass());
+  passes.push_back(MakeDeadNodeEliminationPass());
+  PassReport r = RunPasses(after, std::move(passes));
+  EXPECT_EQ(r.rewrites("common_subexpression"), 2);  // b's Relu, then b
+  EXPECT_EQ(CountOps(after, "Relu"), 1);
+  EXPECT_EQ(CountOps(after, "Sub"), 3);
+  EXPECT_EQ(CountOps(after, "LeakyRelu"), 2);
+  ExpectSameOutputs(before, after, {{"n", 3}});
+}
+
 TEST(IdentityElimination, BypassesIdentitiesAndKeepsOutputNames) {
   Graph before, after;
   IdentityGraph(before);

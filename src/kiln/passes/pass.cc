@@ -145,6 +145,8 @@ namespace {
 // see the graph as the model wrote it.
 std::unique_ptr<PassManager> MakeLatePassManager(const PassOptions& options) {
   auto pm = std::make_unique<PassManager>(options);
+  // First: the fusions above leave twins (T5's per-layer sum of the shared masks).
+  pm->Add(MakeCommonSubexpressionPass());
   pm->Add(MakeTransposeSinkingPass());
   pm->Add(MakeMatMulScaleFoldingPass());
   pm->Add(MakeSliceConcatFusionPass());

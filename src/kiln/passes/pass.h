@@ -156,8 +156,9 @@ std::unique_ptr<Pass> MakeConvFusionPass();        // Conv + bias + residual + a
 std::unique_ptr<Pass> MakeGlobalPoolPass();        // ReduceMean over H, W -> GlobalAveragePool
 std::unique_ptr<Pass> MakeLayoutNhwcPass();        // channels-last convolution stacks (conv_layout)
 std::unique_ptr<Pass> MakeTransposeSinkingPass();  // Transposes sunk and cancelled (after layout)
-std::unique_ptr<Pass> MakeMatMulScaleFoldingPass();  // MatMul then a per-column Mul -> one MatMul
-std::unique_ptr<Pass> MakeSliceConcatFusionPass();   // Concat of axis ranges read in place
+std::unique_ptr<Pass> MakeMatMulScaleFoldingPass();   // MatMul then a per-column Mul -> one MatMul
+std::unique_ptr<Pass> MakeSliceConcatFusionPass();    // Concat of axis ranges read in place
+std::unique_ptr<Pass> MakeCommonSubexpressionPass();  // twins (same op, inputs, attributes) -> one
 
 // The default pipeline, in order: simplifications first (so patterns see constants and no
 // no-op nodes), then fusions from the largest pattern to the smallest (GELU before
