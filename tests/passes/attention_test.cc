@@ -177,23 +177,30 @@ TEST(AttentionFusion, BertFormWithAdditiveMask) {
   ExpectSameOutputs(before, after);
 }
 
-// T5's form: no scale, a relative position bias [1, H, S, S] added, then the padding mask
-// [B, 1, 1, S]: one Attention whose mask is their sum.
-TEST(AttentionFusion, T5FormSumsItsTwoAdditiveMasks) {
-  auto make = [](Graph& g) {
-    Value* hq = g.AddInput("hq", DataType::kFloat32, {2, 5, 8});
-    Value* hk = g.AddInput("hk", DataType::kFloat32, {2, 5, 8});
-    Value* hv = g.AddInput("hv", DataType::kFloat32, {2, 5, 8});
-    Value* pad = g.AddInput("mask", DataType::kFloat32, {2, 1, 1, 5});
-    Value* bias = Const(g, RandomTensor(DataType::kFloat32, {1, 2, 5, 5}, 3));
+// T5's attention layers (`layers` of them): no scale, a relative position bias [1, H, S, S]
+// added, then the padding mask [B, 1, 1, S], both shared by every layer.
+void T5Layers(Graph& g, int layers) {
+  Value* pad = g.AddInput("mask", DataType::kFloat32, {2, 1, 1, 5});
+  Value* bias = Const(g, RandomTensor(DataType::kFloat32, {1, 2, 5, 5}, 3));
+  for (int layer = 0; layer < layers; ++layer) {
+    auto in = [&](const char* n) {
+      return g.AddInput(fmt::format("{}{}", n, layer), DataType::kFloat32, {2, 5, 8});
+    };
+    Value* hq = in("hq");
+    Value* hk = in("hk");
+    Value* hv = in("hv");
     Value* s = Op(g, "MatMul", {Heads(g, hq, {0, 2, 1, 3}), Heads(g, hk, {0, 2, 3, 1})});
     Value* scores = Op(g, "Add", {Op(g, "Add", {s, bias}), pad});
     Value* p = Op(g, "Softmax", {scores}, Attrs(std::pair{"axis", int64_t{-1}}));
     g.MarkOutput(Op(g, "MatMul", {p, Heads(g, hv, {0, 2, 1, 3})}));
-  };
+  }
+}
+
+// One Attention whose mask is the sum of T5's two.
+TEST(AttentionFusion, T5FormSumsItsTwoAdditiveMasks) {
   Graph before, after;
-  make(before);
-  make(after);
+  T5Layers(before, 1);
+  T5Layers(after, 1);
   PassReport r = RunPasses(after, AttentionOnly());
   EXPECT_EQ(r.rewrites("attention_fusion"), 1);
   Node* a = Find(after, "Attention");
@@ -206,28 +213,12 @@ TEST(AttentionFusion, T5FormSumsItsTwoAdditiveMasks) {
   ExpectSameOutputs(before, after);
 }
 
-// T5's layers share the position bias and the padding mask: the default pipeline sums them once
+// The layers share the position bias and the padding mask: the default pipeline sums them once
 // for all the attention layers, not once per layer.
 TEST(AttentionFusion, LayersSharingTheirMasksShareOneSum) {
-  auto make = [](Graph& g) {
-    Value* pad = g.AddInput("mask", DataType::kFloat32, {2, 1, 1, 5});
-    Value* bias = Const(g, RandomTensor(DataType::kFloat32, {1, 2, 5, 5}, 3));
-    for (int layer = 0; layer < 3; ++layer) {
-      auto in = [&](const char* n) {
-        return g.AddInput(fmt::format("{}{}", n, layer), DataType::kFloat32, {2, 5, 8});
-      };
-      Value* hq = in("hq");
-      Value* hk = in("hk");
-      Value* hv = in("hv");
-      Value* s = Op(g, "MatMul", {Heads(g, hq, {0, 2, 1, 3}), Heads(g, hk, {0, 2, 3, 1})});
-      Value* scores = Op(g, "Add", {Op(g, "Add", {s, bias}), pad});
-      Value* p = Op(g, "Softmax", {scores}, Attrs(std::pair{"axis", int64_t{-1}}));
-      g.MarkOutput(Op(g, "MatMul", {p, Heads(g, hv, {0, 2, 1, 3})}));
-    }
-  };
   Graph before, after;
-  make(before);
-  make(after);
+  T5Layers(before, 3);
+  T5Layers(after, 3);
   auto r = RunDefaultPasses(after, TestOptions());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(CountOps(after, "Attention"), 3);
