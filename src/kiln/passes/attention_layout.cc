@@ -162,18 +162,12 @@ bool OnlyFeeds(const Value* v, const Node* attn, int depth = 0) {
 // The ways operand `part` of `attn` can be read in place.
 Reads OperandReads(Value* operand, int part, const Node* attn, const PassContext& ctx) {
   Reads r;
-  if (!operand->has_shape()) return r;
-  if (operand->shape().size() == 5) {
-    for (const StridedView& view : ViewsOf(operand, ctx)) {
-      Match(view, view.source->shape(), part, r, SourceRead(view.source));
-    }
-    return r;
-  }
-  if (operand->shape().size() != 4) return r;
+  const size_t rank = operand->has_shape() ? operand->shape().size() : 0;
+  if (rank != 4 && rank != 5) return r;
   for (const StridedView& view : ViewsOf(operand, ctx)) {
     Match(view, view.source->shape(), part, r, SourceRead(view.source));
   }
-  if (r.bsd) return r;
+  if (r.bsd || rank == 5) return r;
   // Through the row-wise product at the chain's far end, as if its input Transpose came after.
   ViewChain chain = ViewChainOf(operand);
   const Value* p = chain.values.back();
