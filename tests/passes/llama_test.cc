@@ -448,6 +448,7 @@ struct RopeAttentionCase {
   int64_t kv_heads;
   Tables tables;
   bool q_rotation_is_an_output;  // something besides the attention reads rotated Q
+  Rope q_form = Rope::kSplit;    // (kInterleaved reshapes to kHeads heads: Q only)
 };
 
 // Projections -> head split -> rotary on Q and K -> attention (K and V repeated when kv_heads <
@@ -476,7 +477,7 @@ void RopeAttention(Graph& g, const RopeAttentionCase& c) {
     return Op(g, "Transpose", {r}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1, 3}}));
   };
   const int64_t kv = c.kv_heads;
-  Value* q = ApplyRope(g, heads(Linear(g, x, kHidden, kHidden, 2), kHeads), cos, sin, Rope::kSplit);
+  Value* q = ApplyRope(g, heads(Linear(g, x, kHidden, kHidden, 2), kHeads), cos, sin, c.q_form);
   Value* k =
       ApplyRope(g, heads(Linear(g, x, kHidden, kv * kHeadDim, 3), kv), cos, sin, Rope::kSlices);
   Value* v = heads(Linear(g, x, kHidden, kv * kHeadDim, 4), kv);
@@ -496,29 +497,35 @@ void RopeAttention(Graph& g, const RopeAttentionCase& c) {
 }
 
 TEST(AttentionLayout, HeadSplitMovesBelowTheRotationsForGroupedAndPlainHeads) {
+  std::vector<RopeAttentionCase> cases;
   for (int64_t kv : {kKvHeads, kHeads}) {
     for (Tables t : {Tables::kConstant, Tables::kPerBatchInputs, Tables::kSeqInputs}) {
-      SCOPED_TRACE(::testing::Message() << "kv heads " << kv << ", tables " << static_cast<int>(t));
-      const RopeAttentionCase c{kv, t, false};
-      Graph before, after;
-      RopeAttention(before, c);
-      RopeAttention(after, c);
-      auto r = RunDefaultPasses(after, TestOptions());
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
-      SCOPED_TRACE(r->ToString());
-      EXPECT_EQ(CountOps(after, "RotaryEmbedding"), 2);
-      EXPECT_EQ(CountOps(after, "Transpose"), 0);
-      Node* a = Find(after, "Attention");
-      ASSERT_NE(a, nullptr);
-      const std::string layout = a->attrs().GetString("layout", "");
-      EXPECT_TRUE(layout == "bshd" || layout == "bsd") << layout;
-      for (Node* n : after.nodes()) {
-        if (n->op_type() != "RotaryEmbedding") continue;
-        ASSERT_TRUE(n->output(0)->has_shape());
-        EXPECT_EQ(n->output(0)->shape()[1], Dim(kSeq));  // [b, S, heads, D]: rotated unsplit
-      }
-      ExpectSameOutputs(before, after, {{"b", 3}}, 1e-4);
+      cases.push_back({kv, t, false});
     }
+  }
+  cases.push_back({kHeads, Tables::kSeqInputs, false, Rope::kInterleaved});  // GPT-J's rotation
+  for (const RopeAttentionCase& c : cases) {
+    SCOPED_TRACE(::testing::Message()
+                 << "kv heads " << c.kv_heads << ", tables " << static_cast<int>(c.tables)
+                 << ", form " << static_cast<int>(c.q_form));
+    Graph before, after;
+    RopeAttention(before, c);
+    RopeAttention(after, c);
+    auto r = RunDefaultPasses(after, TestOptions());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    SCOPED_TRACE(r->ToString());
+    EXPECT_EQ(CountOps(after, "RotaryEmbedding"), 2);
+    EXPECT_EQ(CountOps(after, "Transpose"), 0);
+    Node* a = Find(after, "Attention");
+    ASSERT_NE(a, nullptr);
+    const std::string layout = a->attrs().GetString("layout", "");
+    EXPECT_TRUE(layout == "bshd" || layout == "bsd") << layout;
+    for (Node* n : after.nodes()) {
+      if (n->op_type() != "RotaryEmbedding") continue;
+      ASSERT_TRUE(n->output(0)->has_shape());
+      EXPECT_EQ(n->output(0)->shape()[1], Dim(kSeq));  // [b, S, heads, D]: rotated unsplit
+    }
+    ExpectSameOutputs(before, after, {{"b", 3}}, 1e-4);
   }
 }
 
