@@ -353,16 +353,8 @@ TEST(CudaAttentionTactics, OrderFollowsTheSequenceLength) {
     for (size_t i = 0; i < 2; ++i) {
       EXPECT_EQ(t[i].name, "f16-attention-cuda-flash-" + c.first_two[i]);
     }
-    // The tail-skipping kernel comes after every other mma kernel.
-    size_t tail = t.size(), last_mma = 0;
-    for (size_t i = 0; i < t.size(); ++i) {
-      if (t[i].name.ends_with("-tail"))
-        tail = i;
-      else if (t[i].name.find("flash-mma") != std::string::npos)
-        last_mma = i;
-    }
-    EXPECT_GT(tail, last_mma);
-    EXPECT_LT(tail, t.size());
+    // The tail-skipping kernel is not offered until it has run on a GPU (attention.cc).
+    for (const TacticConfig& c : t) EXPECT_FALSE(c.name.ends_with("-tail")) << c.name;
   }
 }
 

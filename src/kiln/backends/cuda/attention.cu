@@ -328,6 +328,8 @@ cudaError_t LaunchAttention(const AttentionParams& p, int variant, cudaStream_t 
   }
   if (variant == 6)
     return LaunchAttentionMma(p, 4, /*pipelined=*/true, /*m_tiles=*/2, /*tail=*/false, stream);
+  if (variant == 7)  // (before session 22 this fell through to the SIMT kernel below)
+    return LaunchAttentionMma(p, 4, /*pipelined=*/true, /*m_tiles=*/1, /*tail=*/true, stream);
   if (variant == 1) {
     if (p.d % 16 != 0 || p.dv % 16 != 0) return cudaErrorInvalidValue;
     if (p.type == BlasType::kF16) return LaunchTc<__half>(p, stream);
