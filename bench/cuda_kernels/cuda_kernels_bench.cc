@@ -277,11 +277,11 @@ const bool kRegistered = [] {
   for (std::string act : {"swish", "gelu_tanh", "none"}) {
     AttributeMap attrs = Attrs({{"activation", act}});
     if (act == "swish") attrs.Set("activation_alpha", 1.702f);
-    cases.emplace_back("fusedmatmul_f16_6304x768x3072_" + act,
-                       BenchCase{"FusedMatMul",
-                                 attrs,
-                                 {{kF16, {32, 197, 768}, {}}, {kF16, {768, 3072}, {}},
-                                  {kF16, {3072}, {}}}});
+    cases.emplace_back(
+        "fusedmatmul_f16_6304x768x3072_" + act,
+        BenchCase{"FusedMatMul",
+                  attrs,
+                  {{kF16, {32, 197, 768}, {}}, {kF16, {768, 3072}, {}}, {kF16, {3072}, {}}}});
   }
   cases.emplace_back("gated_silu_f16_4096x2x2048",
                      BenchCase{"GatedActivation",
