@@ -272,12 +272,10 @@ class CudaAttentionProvider final : public KernelProvider {
       // Two m-tiles per warp: K/V fragments read once for 32 rows (head dims up to 64).
       const TacticConfig pipe2m{
           fmt::format("{}-attention-cuda-flash-mma-pipe2m-128x64", t), {6}, 0};
-      // Variant 7, the kernel that skips what lies past a short sequence's end (the last tile's
-      // key groups, the warps of the last row block past Sq), is not offered: until session 22
-      // the launcher sent variant 7 to the SIMT kernel, so the tactic of that name timed (10 to
-      // 50 times slower than the plain kernel, bench/cuda_kernels) and checked the SIMT kernel,
-      // and the tail kernel itself has never run on a GPU. Offer it once cuda_blas_tests have
-      // checked it there.
+      // (Variant 7, a kernel that skipped a short sequence's last key groups, is gone: the
+      // launcher sent its number to the SIMT kernel, so its tactic timed and checked that one, 10
+      // to 50 times slower than the plain kernel in bench/cuda_kernels, and the kernel itself
+      // never ran.)
       const bool one_tile = sk >= 0 && sk <= 64;
       const bool two_tiles = !one_tile && sk >= 0 && sk <= 128;
       const bool long_rows = !one_tile && (sq < 0 || sq >= 256);
@@ -313,7 +311,6 @@ class CudaAttentionProvider final : public KernelProvider {
       return MakeError(ErrorCode::kInvalidArgument, "cuda.attention: Q must be f32, f16 or bf16");
     }
     int variant = tactic.params.empty() ? 0 : static_cast<int>(tactic.params[0]);
-    // Variant 7 (the tail kernel) is refused too until it has run on a GPU (see Tactics).
     if (tactic.params.size() > 1 || variant < 0 || variant > 6 ||
         (variant >= 1 && *type == BlasType::kF32)) {
       return MakeError(ErrorCode::kInvalidArgument,

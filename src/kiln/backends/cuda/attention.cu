@@ -17,7 +17,7 @@
 namespace kiln::cuda {
 
 cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
-                               bool tail, cudaStream_t stream);
+                               cudaStream_t stream);
 
 namespace {
 
@@ -319,17 +319,12 @@ cudaError_t LaunchAttention(const AttentionParams& p, int variant, cudaStream_t 
   if (p.batch == 0 || p.sq == 0) return cudaSuccess;
   if (p.batch > 65535) return cudaErrorInvalidValue;  // grid.y limit
   if (variant == 2 || variant == 3) {
-    return LaunchAttentionMma(p, variant == 2 ? 4 : 2, /*pipelined=*/false, /*m_tiles=*/1,
-                              /*tail=*/false, stream);
+    return LaunchAttentionMma(p, variant == 2 ? 4 : 2, /*pipelined=*/false, /*m_tiles=*/1, stream);
   }
   if (variant == 4 || variant == 5) {
-    return LaunchAttentionMma(p, variant == 4 ? 4 : 8, /*pipelined=*/true, /*m_tiles=*/1,
-                              /*tail=*/false, stream);
+    return LaunchAttentionMma(p, variant == 4 ? 4 : 8, /*pipelined=*/true, /*m_tiles=*/1, stream);
   }
-  if (variant == 6)
-    return LaunchAttentionMma(p, 4, /*pipelined=*/true, /*m_tiles=*/2, /*tail=*/false, stream);
-  if (variant == 7)  // (before session 22 this fell through to the SIMT kernel below)
-    return LaunchAttentionMma(p, 4, /*pipelined=*/true, /*m_tiles=*/1, /*tail=*/true, stream);
+  if (variant == 6) return LaunchAttentionMma(p, 4, /*pipelined=*/true, /*m_tiles=*/2, stream);
   if (variant == 1) {
     if (p.d % 16 != 0 || p.dv % 16 != 0) return cudaErrorInvalidValue;
     if (p.type == BlasType::kF16) return LaunchTc<__half>(p, stream);

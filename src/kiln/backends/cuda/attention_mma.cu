@@ -157,10 +157,7 @@ __device__ __forceinline__ float Exp2(float x) {
 // kMT: 16-row m-tiles per warp. With 2, each K and V fragment read from shared memory feeds two
 // tensor-core products (half the shared-memory traffic per FLOP), at twice the registers for S
 // and O (head dims up to 64).
-// kTail: skip the products a short sequence's last tiles do not need (the 16-key groups past the
-// last visible key, the warps whose rows all lie past Sq); a separate tactic, timed against the
-// plain kernel.
-template <typename T, int D, int kWarps, int kStages, int kMT, bool kTail = false>
+template <typename T, int D, int kWarps, int kStages, int kMT>
 __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParams p) {
   constexpr int kWarpRows = 16 * kMT;
   constexpr int kRows = kWarpRows * kWarps;
@@ -264,15 +261,6 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
       CpAsyncWait<0>();
     }
     __syncthreads();
-    // With kTail: a warp whose rows all lie past Sq only helps with the loads and barriers, and
-    // only the 16-key groups that hold a key some row of this block sees are multiplied (the last
-    // tile of 197 keys: 1 of 4); the other groups' scores stay 0 and are masked to -inf below
-    // (past Sk, or past the causal limit), so their P is 0.
-    int groups = kKeys / 16;
-    if constexpr (kTail) {
-      if (row0 + warp * kWarpRows >= p.sq) continue;
-      if (key_end - key0 < kKeys) groups = static_cast<int>((key_end - key0 + 15) / 16);
-    }
 
     // S = Q K^T for 16 rows per m-tile x 64 keys: 8 n-blocks of 8 keys. Each K fragment serves
     // every m-tile.
@@ -285,7 +273,6 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
     }
 #pragma unroll
     for (int np = 0; np < kKeys / 16; ++np) {  // pairs of n-blocks (16 keys)
-      if (kTail && np >= groups) continue;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         // x4: (keys +0..7, d +0..7) (keys +0..7, d +8..15) (keys +8..15, d +0..7) (+8.., +8..)
@@ -367,7 +354,6 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
     // each V fragment serves every m-tile.
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      if (kTail && kk >= groups) continue;  // P is 0 there
       uint32_t pf[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
@@ -417,7 +403,7 @@ constexpr size_t SmemBytes(int d, int rows, int stages, size_t elem) {
   return elem * static_cast<size_t>(rows + 2 * stages * kKeys) * static_cast<size_t>(d + kPad);
 }
 
-template <typename T, int D, int kWarps, int kStages, int kMT, bool kTail = false>
+template <typename T, int D, int kWarps, int kStages, int kMT>
 cudaError_t LaunchDW(const AttentionParams& p, cudaStream_t stream) {
   constexpr int kRows = 16 * kMT * kWarps;
   constexpr size_t kSmem = SmemBytes(D, kRows, kStages, sizeof(T));
@@ -425,19 +411,18 @@ cudaError_t LaunchDW(const AttentionParams& p, cudaStream_t stream) {
   // with less shared memory per block (sm_86/89 for D = 128 with 8 warps) refuses: the tactic
   // fails and the builder times the others.
   static const cudaError_t opt_in =
-      kSmem > 48 * 1024 ? OptInSharedMemory(AttentionMmaKernel<T, D, kWarps, kStages, kMT, kTail>,
+      kSmem > 48 * 1024 ? OptInSharedMemory(AttentionMmaKernel<T, D, kWarps, kStages, kMT>,
                                             static_cast<int>(kSmem))
                         : cudaSuccess;
   if (opt_in != cudaSuccess) return opt_in;
   dim3 grid(static_cast<unsigned>((p.sq + kRows - 1) / kRows), static_cast<unsigned>(p.batch));
-  AttentionMmaKernel<T, D, kWarps, kStages, kMT, kTail><<<grid, kWarps * 32, kSmem, stream>>>(p);
+  AttentionMmaKernel<T, D, kWarps, kStages, kMT><<<grid, kWarps * 32, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <typename T, int D>
-cudaError_t LaunchD(const AttentionParams& p, int warps, bool pipelined, int m_tiles, bool tail,
+cudaError_t LaunchD(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
                     cudaStream_t stream) {
-  if (tail) return LaunchDW<T, D, 4, 2, 1, true>(p, stream);  // pipelined, 4 warps, 1 m-tile
   if (m_tiles == 2) {  // pipelined, 4 warps; head dims up to 64 (S and O in registers twice)
     if constexpr (D <= 64) return LaunchDW<T, D, 4, 2, 2>(p, stream);
     return cudaErrorInvalidValue;
@@ -449,17 +434,17 @@ cudaError_t LaunchD(const AttentionParams& p, int warps, bool pipelined, int m_t
 }
 
 template <typename T>
-cudaError_t LaunchT(const AttentionParams& p, int warps, bool pipelined, int m_tiles, bool tail,
+cudaError_t LaunchT(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
                     cudaStream_t stream) {
   switch (p.d) {
     case 16:
-      return LaunchD<T, 16>(p, warps, pipelined, m_tiles, tail, stream);
+      return LaunchD<T, 16>(p, warps, pipelined, m_tiles, stream);
     case 32:
-      return LaunchD<T, 32>(p, warps, pipelined, m_tiles, tail, stream);
+      return LaunchD<T, 32>(p, warps, pipelined, m_tiles, stream);
     case 64:
-      return LaunchD<T, 64>(p, warps, pipelined, m_tiles, tail, stream);
+      return LaunchD<T, 64>(p, warps, pipelined, m_tiles, stream);
     case 128:
-      return LaunchD<T, 128>(p, warps, pipelined, m_tiles, tail, stream);
+      return LaunchD<T, 128>(p, warps, pipelined, m_tiles, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -484,8 +469,7 @@ bool AttentionMmaSupports(const AttentionParams& p) {
 }
 
 cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
-                               bool tail, cudaStream_t stream) {
-  if (tail && !(pipelined && warps == 4 && m_tiles == 1)) return cudaErrorInvalidValue;
+                               cudaStream_t stream) {
   const bool shape_ok = m_tiles == 2 ? pipelined && warps == 4 && p.d <= 64
                         : m_tiles == 1
                             ? (pipelined ? (warps == 4 || warps == 8) : (warps == 2 || warps == 4))
@@ -497,8 +481,8 @@ cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelin
   if (misaligned(p.q, 16) || misaligned(p.k, 16) || misaligned(p.v, 16) || misaligned(p.y, 4)) {
     return cudaErrorMisalignedAddress;
   }
-  if (p.type == BlasType::kF16) return LaunchT<__half>(p, warps, pipelined, m_tiles, tail, stream);
-  return LaunchT<__nv_bfloat16>(p, warps, pipelined, m_tiles, tail, stream);
+  if (p.type == BlasType::kF16) return LaunchT<__half>(p, warps, pipelined, m_tiles, stream);
+  return LaunchT<__nv_bfloat16>(p, warps, pipelined, m_tiles, stream);
 }
 
 }  // namespace kiln::cuda
