@@ -422,48 +422,80 @@ TEST(AttentionLayout, Gpt2SplitOfOneProjectionIsReadPacked) {
 }
 
 // BERT: three Linear projections (MatMul + bias) of one hidden state feed the heads; after the
-// layout pass they become one [8, 24] projection read with qkv_packed.
-TEST(QkvFusion, ThreeProjectionsOfOneInputBecomeOne) {
-  auto make = [](Graph& g) {
-    Value* x = g.AddInput("x", DataType::kFloat32, {2, 5, 8});
-    Value* mask = g.AddInput("mask", DataType::kFloat32, {2, 1, 1, 5});
-    auto proj = [&](uint64_t seed) {
-      Value* w = Const(g, RandomTensor(DataType::kFloat32, {8, 8}, seed));
-      Value* b = Const(g, RandomTensor(DataType::kFloat32, {8}, seed + 10));
-      return Op(g, "Add", {Op(g, "MatMul", {x, w}), b});
-    };
-    Value* q = Heads(g, proj(1), {0, 2, 1, 3});
-    Value* kt = Heads(g, proj(2), {0, 2, 3, 1});
-    Value* v = Heads(g, proj(3), {0, 2, 1, 3});
-    Value* s = Op(g, "Div", {Op(g, "MatMul", {q, kt}), Const(g, Scalar(2.f))});
-    Value* p = Op(g, "Softmax", {Op(g, "Add", {s, mask})}, Attrs(std::pair{"axis", int64_t{-1}}));
-    Value* z = Op(g, "Transpose", {Op(g, "MatMul", {p, v})},
-                  Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1, 3}}));
-    g.MarkOutput(Op(g, "Relu", {Op(g, "Reshape", {z, Const(g, Ints({2, 5, 8}))})}));
+// layout pass they become one [8, 24] projection read with qkv_packed. Whisper's form: Q scaled
+// after its projection (q_proj(x) * scaling, before the head split) and a key projection without
+// a bias; the scale goes into Q's weights and the key gets zeros beside the other biases.
+enum class QkvForm { kBert, kWhisper, kNoBiases };
+
+void QkvGraph(Graph& g, QkvForm form) {
+  Value* x = g.AddInput("x", DataType::kFloat32, {2, 5, 8});
+  Value* mask = g.AddInput("mask", DataType::kFloat32, {2, 1, 1, 5});
+  auto proj = [&](uint64_t seed, bool bias) {
+    Value* w = Const(g, RandomTensor(DataType::kFloat32, {8, 8}, seed));
+    Value* y = Op(g, "MatMul", {x, w});
+    if (!bias) return y;
+    return Op(g, "Add", {y, Const(g, RandomTensor(DataType::kFloat32, {8}, seed + 10))});
   };
-  Graph before, after;
-  make(before);
-  make(after);
-  Passes v;
-  v.push_back(MakeAttentionFusionPass());
-  v.push_back(MakeAttentionLayoutPass());
-  v.push_back(MakeGemmFusionPass());
-  v.push_back(MakeQkvFusionPass());
-  v.push_back(MakeDeadNodeEliminationPass());
-  PassReport r = RunPasses(after, std::move(v));
-  EXPECT_EQ(r.rewrites("qkv_fusion"), 1);
-  Node* a = Find(after, "Attention");
-  ASSERT_NE(a, nullptr);
-  EXPECT_EQ(a->attrs().GetInt("qkv_packed", 0), 1);
-  EXPECT_EQ(a->input(0), a->input(1));
-  EXPECT_EQ(a->input(1), a->input(2));
-  EXPECT_EQ(CountOps(after, "FusedMatMul"), 1);
-  Node* proj = a->input(0)->producer();
-  ASSERT_NE(proj, nullptr);
-  EXPECT_EQ(proj->input(1)->constant()->dims(), (std::vector<int64_t>{8, 24}));
-  EXPECT_EQ(proj->input(2)->constant()->dims(), (std::vector<int64_t>{24}));
-  EXPECT_EQ(after.num_nodes(), 3u);  // projection, attention, Relu
-  ExpectSameOutputs(before, after);
+  Value* hq = proj(1, form != QkvForm::kNoBiases);
+  if (form == QkvForm::kWhisper) hq = Op(g, "Mul", {hq, Const(g, Scalar(0.5f))});
+  Value* q = Heads(g, hq, {0, 2, 1, 3});
+  Value* kt = Heads(g, proj(2, form == QkvForm::kBert), {0, 2, 3, 1});
+  Value* v = Heads(g, proj(3, form != QkvForm::kNoBiases), {0, 2, 1, 3});
+  Value* s = Op(g, "MatMul", {q, kt});
+  if (form != QkvForm::kWhisper) s = Op(g, "Div", {s, Const(g, Scalar(2.f))});
+  Value* p = Op(g, "Softmax", {Op(g, "Add", {s, mask})}, Attrs(std::pair{"axis", int64_t{-1}}));
+  Value* z = Op(g, "Transpose", {Op(g, "MatMul", {p, v})},
+                Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1, 3}}));
+  g.MarkOutput(Op(g, "Relu", {Op(g, "Reshape", {z, Const(g, Ints({2, 5, 8}))})}));
+}
+
+TEST(QkvFusion, ThreeProjectionsOfOneInputBecomeOne) {
+  for (QkvForm form : {QkvForm::kBert, QkvForm::kWhisper, QkvForm::kNoBiases}) {
+    SCOPED_TRACE(static_cast<int>(form));
+    Graph before, after;
+    QkvGraph(before, form);
+    QkvGraph(after, form);
+    // In the default pipeline's order.
+    Passes v;
+    v.push_back(MakeAttentionFusionPass());
+    v.push_back(MakeGemmFusionPass());
+    v.push_back(MakeMatMulScaleFoldingPass());
+    v.push_back(MakeAttentionLayoutPass());
+    v.push_back(MakeQkvFusionPass());
+    v.push_back(MakeDeadNodeEliminationPass());
+    PassReport r = RunPasses(after, std::move(v));
+    EXPECT_EQ(r.rewrites("qkv_fusion"), 1);
+    Node* a = Find(after, "Attention");
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(a->attrs().GetInt("qkv_packed", 0), 1);
+    EXPECT_EQ(a->input(0), a->input(1));
+    EXPECT_EQ(a->input(1), a->input(2));
+    Node* proj = a->input(0)->producer();
+    ASSERT_NE(proj, nullptr);
+    EXPECT_EQ(proj->input(1)->constant()->dims(), (std::vector<int64_t>{8, 24}));
+    ASSERT_EQ(proj->op_type(), "FusedMatMul");
+    if (form == QkvForm::kNoBiases) {
+      EXPECT_EQ(proj->num_inputs(), 2);
+    } else {
+      const Tensor& bias = *proj->input(2)->constant();
+      EXPECT_EQ(bias.dims(), (std::vector<int64_t>{24}));
+      if (form == QkvForm::kWhisper) {
+        for (int64_t i = 8; i < 16; ++i) EXPECT_EQ(bias.GetDouble(i), 0.0) << i;  // K's zeros
+      }
+    }
+    EXPECT_EQ(CountOps(after, "Mul"), 0);
+    EXPECT_EQ(after.num_nodes(), 3u);  // projection, attention, Relu
+    ExpectSameOutputs(before, after);
+    // The default pipeline gets there too.
+    Graph full;
+    QkvGraph(full, form);
+    auto report = RunDefaultPasses(full, TestOptions());
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(CountOps(full, "FusedMatMul"), 1);
+    EXPECT_EQ(CountOps(full, "Attention"), 1);
+    EXPECT_EQ(full.num_nodes(), 3u);
+    ExpectSameOutputs(before, full);
+  }
 }
 
 TEST(AttentionLayout, OutputReadByAnythingButTheMergeStaysBhsd) {

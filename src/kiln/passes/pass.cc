@@ -127,6 +127,9 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeAttentionFusionPass());
   pm->Add(MakeGatedActivationFusionPass());  // before gemm_fusion takes the activation
   pm->Add(MakeGemmFusionPass());
+  // A scale after a projection goes into its weights before the Q/K/V fusion looks at the
+  // projections (Whisper scales Q after its projection, before the head split).
+  pm->Add(MakeMatMulScaleFoldingPass());
   // After gemm_fusion: the layout pass reads through a fused projection (FusedMatMul) of a
   // Transpose's input; row_transpose first, the layout pass reads what it leaves.
   pm->Add(MakeRowTransposePass());

@@ -88,25 +88,33 @@ Value* ConcatProjections(Graph& graph, std::span<const Node* const> p, const std
   Value* a = p[0]->input(0);
   const int64_t trans_b = p[0]->attrs().GetInt("transB", 0);
   const float alpha = p[0]->attrs().GetFloat("alpha", 1.f);
-  const bool bias = p[0]->num_inputs() > 2 && p[0]->input(2);
+  auto has_bias = [](const Node* proj) { return proj->num_inputs() > 2 && proj->input(2); };
+  bool bias = false;  // any of them: the others get zeros (Whisper's key projection has none)
   const std::vector<int64_t>& wd = p[0]->input(1)->constant()->dims();
-  for (size_t i = 1; i < p.size(); ++i) {
-    const bool has_bias = p[i]->num_inputs() > 2 && p[i]->input(2);
-    if (p[i]->input(0) != a || p[i]->attrs().GetInt("transB", 0) != trans_b ||
-        p[i]->attrs().GetFloat("alpha", 1.f) != alpha || has_bias != bias ||
-        p[i]->input(1)->constant()->dims() != wd) {
+  for (const Node* proj : p) {
+    bias = bias || has_bias(proj);
+    if (proj->input(0) != a || proj->attrs().GetInt("transB", 0) != trans_b ||
+        proj->attrs().GetFloat("alpha", 1.f) != alpha || proj->input(1)->constant()->dims() != wd) {
       return nullptr;
     }
   }
   const int64_t n = trans_b ? wd[0] : wd[1];
-  for (size_t i = 0; bias && i < p.size(); ++i) {
-    if (p[i]->input(2)->constant()->num_elements() != n) return nullptr;  // nothing changed yet
+  for (const Node* proj : p) {
+    if (has_bias(proj) && proj->input(2)->constant()->num_elements() != n) {
+      return nullptr;  // nothing changed yet
+    }
   }
   // W is [K, N] (or [N, K] with transB): concatenate along N.
   std::vector<Value*> weights, biases;
+  Value* zeros = nullptr;
   for (const Node* proj : p) {
     weights.push_back(proj->input(1));
-    if (bias) biases.push_back(proj->input(2));
+    if (!bias) continue;
+    if (!has_bias(proj) && !zeros) {
+      zeros = graph.AddConstant(graph.UniqueName(p[0]->name() + suffix + "_zero_bias"),
+                                Tensor(DataType::kFloat32, {n}));
+    }
+    biases.push_back(has_bias(proj) ? proj->input(2) : zeros);
   }
   AttributeMap along_n;
   along_n.Set("axis", int64_t{trans_b ? 0 : 1});

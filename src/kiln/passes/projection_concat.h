@@ -14,9 +14,9 @@ namespace kiln::passes {
 const Node* ConstantProjection(const Value* v, const Node* reader);
 
 // One FusedMatMul of the projections' common input with their weights (and biases) concatenated
-// along N, in order: its output holds their outputs side by side in each row. Null when they do
-// not share the input, transB, alpha, the weight shape and the presence of a bias (nothing is
-// changed then). The old projections stay for dead-node elimination.
+// along N, in order: its output holds their outputs side by side in each row. When some have a
+// bias, those without one get zeros. Null when they do not share the input, transB, alpha and
+// the weight shape (nothing is changed then). The old projections stay for dead-node elimination.
 Value* ConcatProjections(Graph& graph, std::span<const Node* const> p, const std::string& suffix);
 
 }  // namespace kiln::passes
