@@ -111,8 +111,8 @@ Value* ConcatProjections(Graph& graph, std::span<const Node* const> p, const std
     weights.push_back(proj->input(1));
     if (!bias) continue;
     if (!has_bias(proj) && !zeros) {
-      zeros = graph.AddConstant(graph.UniqueName(p[0]->name() + suffix + "_zero_bias"),
-                                Tensor(DataType::kFloat32, {n}));
+      zeros = AddLiteralConstant(graph, p[0]->name() + suffix + "_zero_bias",
+                                 Tensor(DataType::kFloat32, {n}));
     }
     biases.push_back(has_bias(proj) ? proj->input(2) : zeros);
   }
