@@ -1,13 +1,16 @@
 // Identity elimination: nodes that return their input unchanged (Identity, inference-mode
 // Dropout, Cast to the same type, Reshape to the same shape, Transpose by the identity
-// permutation, Pad by zeros, Slice of every element) are bypassed. A graph output keeps its name;
+// permutation, Pad by zeros, Slice of every element, Add/Sub of 0 and Mul/Div by 1 that broadcast
+// nothing) are bypassed. A graph output keeps its name;
 // when that would need renaming a graph input or a constant, the node stays.
 // A Transpose that only moves size-1 axes (the non-1 axes keep their order: [S, 1, E] to
 // [1, S, E] at batch 1) moves no data: it becomes a Reshape, a view.
 #include <algorithm>
 
+#include "kiln/ir/weight_program.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
+#include "kiln/passes/pattern.h"
 
 namespace kiln::passes {
 namespace {
@@ -16,6 +19,31 @@ namespace {
 bool SameShape(const Value* a, const Value* b) {
   return a && b && a->has_shape() && b->has_shape() && !a->value_dependent() &&
          !b->value_dependent() && a->shape() == b->shape();
+}
+
+// Add/Sub of a constant 0, Mul/Div by a constant 1 that broadcasts nothing (the other operand
+// already has the output's shape and type), the constant a literal: the other operand. GPT-NeoX
+// exports baddbmm as Add(Mul(bmm, alpha), zeros); BLOOM scales its ALiBi bias by a beta of 1.
+Value* ArithmeticPassThrough(const Node& n) {
+  const OpType op = OpTypeOf(n);
+  if (n.num_inputs() != 2 || !n.input(0) || !n.input(1) || !n.output(0)) return nullptr;
+  const double unit = op == OpType::kAdd || op == OpType::kSub ? 0.0 : 1.0;
+  const bool commutes = op == OpType::kAdd || op == OpType::kMul;
+  if (!(op == OpType::kAdd || op == OpType::kSub || op == OpType::kMul || op == OpType::kDiv)) {
+    return nullptr;
+  }
+  for (int c = 1; c >= (commutes ? 0 : 1); --c) {
+    Value* x = n.input(1 - c);
+    // Only a literal (a Constant node, shape arithmetic): a model's zero bias is a weight, which
+    // refit may replace by one that is not zero.
+    const Value* k = n.input(c);
+    if (!k->is_constant() || ProvenanceOf(*k)->kind != WeightExpr::Kind::kLiteral) continue;
+    std::optional<double> v = ConstantSplat(k);
+    if (v && *v == unit && x->dtype() == n.output(0)->dtype() && SameShape(x, n.output(0))) {
+      return x;
+    }
+  }
+  return nullptr;
 }
 
 bool IsNoOp(const Node& n) {
@@ -81,8 +109,9 @@ class IdentityEliminationPass final : public Pass {
 
   Status Run(Graph& graph, PassContext& ctx) override {
     for (Node* node : graph.nodes()) {
-      if (node->is_dead() || !IsNoOp(*node)) continue;
-      Value* in = node->input(0);
+      if (node->is_dead()) continue;
+      Value* in = IsNoOp(*node) ? node->input(0) : ArithmeticPassThrough(*node);
+      if (!in) continue;
       Value* out = node->output(0);
       if (!ForwardValue(graph, out, in)) continue;
       graph.RemoveNode(node);

@@ -124,6 +124,8 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeSkipLayerNormFusionPass());
   pm->Add(MakeRotaryFusionPass());
   pm->Add(MakeGeluFusionPass());
+  pm->Add(MakeBatchUnflattenPass());
+  pm->Add(MakeAttentionCanonicalizationPass());
   pm->Add(MakeAttentionFusionPass());
   pm->Add(MakeGatedActivationFusionPass());  // before gemm_fusion takes the activation
   pm->Add(MakeGemmFusionPass());

@@ -147,6 +147,8 @@ std::unique_ptr<Pass> MakeRmsNormFusionPass();          // x * rsqrt(mean(x^2) +
 std::unique_ptr<Pass> MakeRotaryFusionPass();           // x * cos + rotate_half(x) * sin
 std::unique_ptr<Pass> MakeGatedActivationFusionPass();  // act(a) * b (SwiGLU, GeGLU)
 std::unique_ptr<Pass> MakeGatedProjectionMergePass();   // gate/up -> one GEMM (after gemm_fusion)
+std::unique_ptr<Pass> MakeBatchUnflattenPass();         // bmm over [B*H, ...] views -> [B, H, ...]
+std::unique_ptr<Pass> MakeAttentionCanonicalizationPass();  // decoders' score masks, fusable order
 std::unique_ptr<Pass> MakeAttentionFusionPass();
 std::unique_ptr<Pass> MakeRowTransposePass();      // row permutes above row-wise products
 std::unique_ptr<Pass> MakeAttentionLayoutPass();   // heads read in place (Attention layout)

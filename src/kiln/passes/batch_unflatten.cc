@@ -1,0 +1,199 @@
+// Batch unflattening: products that exports compute over flattened batch dims (torch.bmm on
+// [B*H, S, D] views, GPT-NeoX's baddbmm, OPT's and BLOOM's attention) computed on the operands as
+// they were, so that the attention fusion sees MatMul(Q, K^T) of [B, H, S, D] heads:
+//
+//   MatMul(Reshape(a, [X, m, k]), Reshape(b, [X, k, n]))
+//     -> Reshape(MatMul(a, b), [X, m, n])
+//   MatMul(Reshape(a, [X, m, k]), Transpose(Reshape(b, [X, n, k]), [0, 2, 1]))
+//     -> Reshape(MatMul(a, Transpose(b, last two swapped)), [X, m, n])
+//       where a is [B..., m, k] and b [B..., k, n] (or [B..., n, k]) with the same leading dims,
+//       whose product is X (static).
+//   Reshape(op(Reshape(y, s1), c), s2) -> op(Reshape(y, s2), c)
+//       op Add, Sub, Mul or Div and c a one-element constant: the two reshapes meet (and vanish
+//       when s2 is y's own shape, in identity_elimination).
+//   Reshape(Reshape(y, s1), s2) -> Reshape(y, s2)
+//
+// Each rewritten intermediate is read only by the next step; a Reshape is a view, so the new
+// ones cost nothing.
+#include "kiln/ops/op_table.h"
+#include "kiln/passes/pass.h"
+#include "kiln/passes/pattern.h"
+
+namespace kiln::passes {
+namespace {
+
+Node* ProducerIf(const Value* v, OpType op) {
+  Node* n = v ? v->producer() : nullptr;
+  return n && IsOp(*n, op) ? n : nullptr;
+}
+
+bool ReadOnlyBy(const Value* v, const Node* reader) {
+  if (!v || v->is_graph_output()) return false;
+  for (const Node* c : v->consumers()) {
+    if (c != reader) return false;
+  }
+  return true;
+}
+
+std::optional<std::vector<int64_t>> Static(const Value* v) {
+  if (!v || !v->has_shape() || v->value_dependent()) return std::nullopt;
+  return StaticDims(v->shape());
+}
+
+// `r` = Reshape(x, [X, p, q]) where x is [B..., p, q] with prod(B) = X: x's dims, else nullopt.
+std::optional<std::vector<int64_t>> LeadingMerge(const Node* r) {
+  if (!r || !IsOp(*r, OpType::kReshape)) return std::nullopt;
+  auto in = Static(r->input(0));
+  auto out = Static(r->output(0));
+  if (!in || !out || out->size() != 3 || in->size() < 3) return std::nullopt;
+  int64_t x = 1;
+  for (size_t i = 0; i + 2 < in->size(); ++i) x *= (*in)[i];
+  if (x != (*out)[0] || (*in)[in->size() - 2] != (*out)[1] || in->back() != (*out)[2]) {
+    return std::nullopt;
+  }
+  return in;
+}
+
+class BatchUnflattenPass final : public Pass {
+ public:
+  std::string_view name() const override { return "batch_unflatten"; }
+
+  Status Run(Graph& graph, PassContext& ctx) override {
+    KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+    for (Node* n : order) {
+      if (n->is_dead()) continue;
+      if (IsOp(*n, OpType::kMatMul)) {
+        UnflattenProduct(graph, ctx, n);
+      } else if (IsOp(*n, OpType::kReshape)) {
+        MergeReshapes(graph, ctx, n);
+      }
+      // What a rewrite bypassed goes at once, so that the attention passes later in this round
+      // find the scores read by the new chain alone.
+      for (Node* b : bypassed_) {  // readers first
+        if (b->is_dead() || b->output(0)->is_graph_output() || !b->output(0)->consumers().empty()) {
+          continue;
+        }
+        graph.RemoveNode(b);
+        ctx.stats().nodes_removed += 1;
+      }
+      bypassed_.clear();
+    }
+    return OkStatus();
+  }
+
+ private:
+  std::vector<Node*> bypassed_;
+
+  void UnflattenProduct(Graph& graph, PassContext& ctx, Node* mm) {
+    Node* ra = ProducerIf(mm->input(0), OpType::kReshape);
+    auto a = LeadingMerge(ra);
+    if (!a || mm->output(0)->is_graph_output()) return;
+    // B: a leading-merge Reshape, or the swap of the last two axes of one.
+    Value* rb_out = mm->input(1);
+    Node* t = ProducerIf(rb_out, OpType::kTranspose);
+    if (t) {
+      const std::vector<int64_t> p = attrs::Transpose::perm(*t);
+      if (p != std::vector<int64_t>{0, 2, 1}) return;
+      rb_out = t->input(0);
+    }
+    Node* rb = ProducerIf(rb_out, OpType::kReshape);
+    auto b = LeadingMerge(rb);
+    if (!b || b->size() != a->size() || !std::equal(a->begin(), a->end() - 2, b->begin())) return;
+    const size_t rank = a->size();
+    // [.., m, k] x [.., k, n] (or [.., n, k] transposed).
+    if ((t ? b->back() : (*b)[rank - 2]) != a->back()) return;
+    Value* target = AddShapeConstant(graph, mm->name() + "_flat", mm->output(0)->shape());
+    if (!target) return;
+    Value* bv = rb->input(0);
+    if (t) {
+      std::vector<int64_t> swap(rank);
+      for (size_t i = 0; i < rank; ++i) swap[i] = static_cast<int64_t>(i);
+      std::swap(swap[rank - 1], swap[rank - 2]);
+      Value* bt = graph.AddValue(graph.UniqueName(bv->name() + "_t"), bv->dtype());
+      std::vector<int64_t> bt_dims = *b;
+      std::swap(bt_dims[rank - 1], bt_dims[rank - 2]);
+      bt->set_shape(ShapeOf(bt_dims));
+      AttributeMap ta;
+      ta.Set("perm", swap);
+      graph.AddNode("Transpose", graph.UniqueName(t->name() + "_unflattened"), {bv}, {bt},
+                    std::move(ta));
+      bv = bt;
+    }
+    Value* y = graph.AddValue(graph.UniqueName(mm->output(0)->name() + "_unflattened"),
+                              mm->output(0)->dtype());
+    // Shaped now: the Reshapes around it merge in this round (before gemm_fusion, later in the
+    // round, takes a product this rewrite leads to the attention fusion).
+    std::vector<int64_t> y_dims = *a;
+    y_dims.back() = t ? (*b)[rank - 2] : b->back();
+    y->set_shape(ShapeOf(y_dims));
+    graph.AddNode("MatMul", graph.UniqueName(mm->name() + "_unflattened"), {ra->input(0), bv}, {y});
+    Value* out = mm->output(0);
+    const std::string name = mm->name();
+    graph.RemoveNode(mm);
+    graph.AddNode("Reshape", graph.UniqueName(name + "_flat"), {y, target}, {out});
+    if (t) bypassed_.push_back(t);
+    bypassed_.insert(bypassed_.end(), {ra, rb});
+    ctx.stats().rewrites += 1;
+    ctx.stats().nodes_added += t ? 3 : 2;
+  }
+
+  // Reshape(op(Reshape(y, s1), c), s2) -> op(Reshape(y, s2), c); Reshape(Reshape(y, s1), s2) ->
+  // Reshape(y, s2).
+  void MergeReshapes(Graph& graph, PassContext& ctx, Node* outer) {
+    Value* out = outer->output(0);
+    Value* in = outer->input(0);
+    if (!out || !in || !out->has_shape() || out->value_dependent()) return;
+    Node* e = in->producer();
+    if (!e) return;
+    if (IsOp(*e, OpType::kReshape)) {
+      Value* y = e->input(0);
+      if (!ReadOnlyBy(in, outer) || !y || !y->has_shape()) return;
+      Value* target = AddReshapeTarget(graph, outer->name() + "_merged", y->shape(), out->shape());
+      if (!target) return;
+      graph.SetInput(outer, 0, y);
+      graph.SetInput(outer, 1, target);
+      ctx.stats().rewrites += 1;
+      bypassed_.push_back(e);
+      return;
+    }
+    const bool elementwise = IsOp(*e, OpType::kAdd) || IsOp(*e, OpType::kSub) ||
+                             IsOp(*e, OpType::kMul) || IsOp(*e, OpType::kDiv);
+    if (!elementwise || e->num_inputs() != 2 || !ReadOnlyBy(in, outer)) return;
+    const Value* c = e->input(1);
+    Node* inner = ProducerIf(e->input(0), OpType::kReshape);
+    if (!c || !c->is_constant() || c->constant()->num_elements() != 1 ||
+        c->constant()->dims().size() > 1 || !inner || !ReadOnlyBy(e->input(0), e)) {
+      return;
+    }
+    Value* y = inner->input(0);
+    if (!y || !y->has_shape() || y->dtype() != out->dtype()) return;
+    Value* reshaped = y;  // the two Reshapes cancel when `out` has y's shape
+    if (!(y->shape() == out->shape()) || y->value_dependent()) {
+      Value* target = AddReshapeTarget(graph, outer->name() + "_merged", y->shape(), out->shape());
+      if (!target) return;
+      reshaped = graph.AddValue(graph.UniqueName(y->name() + "_view"), y->dtype());
+      reshaped->set_shape(out->shape());
+      graph.AddNode("Reshape", graph.UniqueName(outer->name() + "_above"), {y, target}, {reshaped});
+      ctx.stats().nodes_added += 1;
+    }
+    const std::string op(e->op_type());
+    const std::string name = e->name();
+    Value* cv = e->input(1);
+    graph.RemoveNode(outer);
+    graph.AddNode(op, graph.UniqueName(name + "_unflattened"), {reshaped, cv}, {out});
+    ctx.stats().rewrites += 1;
+    bypassed_.insert(bypassed_.end(), {e, inner});
+  }
+
+  static Shape ShapeOf(const std::vector<int64_t>& dims) {
+    Shape s;
+    for (int64_t d : dims) s.push_back(Dim(d));
+    return s;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeBatchUnflattenPass() { return std::make_unique<BatchUnflattenPass>(); }
+
+}  // namespace kiln::passes

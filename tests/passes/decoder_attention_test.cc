@@ -1,0 +1,208 @@
+// Decoders' attention as their exports write it, beyond the forms attention_fusion matches
+// directly: GPT-J scales after the causal Where, GPT-Neo and GPT-NeoX add the padding mask after
+// it, GPT-NeoX (baddbmm), OPT and BLOOM compute the scores as torch.bmm over [B*H, S, D] views.
+// attention_canonicalization, batch_unflatten and identity_elimination's Add-of-zero bring each
+// to MatMul -> scale -> mask -> Softmax over the [B, H, S, D] heads; the default pipeline then
+// fuses it. Every graph is compared with the unfused one on random inputs.
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "kiln/ir/weight_program.h"
+#include "pass_test_util.h"
+
+namespace kiln::passes {
+namespace {
+
+using namespace testing;
+
+constexpr int64_t kB = 2, kH = 2, kS = 6, kD = 4;
+
+// The [1, 1, 8, 8] lower-triangular buffer that decoders slice to [1, 1, S, S].
+Value* CausalCond(Graph& g) {
+  std::vector<uint8_t> tril(64);
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 8; ++j) tril[i * 8 + j] = j <= i;
+  }
+  Value* buf = Const(g, Tensor::FromVector<uint8_t>(DataType::kBool, {1, 1, 8, 8}, tril));
+  Value* rows =
+      Op(g, "Slice", {buf, Const(g, Ints({0})), Const(g, Ints({kS})), Const(g, Ints({2}))});
+  return Op(g, "Slice", {rows, Const(g, Ints({0})), Const(g, Ints({kS})), Const(g, Ints({3}))});
+}
+
+Value* Lowest(Graph& g) { return Const(g, Scalar(std::numeric_limits<float>::lowest())); }
+
+Value* KTransposed(Graph& g, Value* k) {
+  return Op(g, "Transpose", {k}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 1, 3, 2}}));
+}
+
+enum class Form {
+  kScaleAfterWhere,  // GPT-J: Div(Where(causal, q k^T, min), c)
+  kMaskAfterWhere,   // GPT-Neo: Add(Where(causal, q k^T, min), mask)
+  kBmmBaddbmm,       // GPT-NeoX: Reshape(Add(Mul(bmm(q3, k3^T), a), zeros), 4-D), Where, Add mask
+  kBmmBothProducts,  // OPT-like: both products as bmm over [B*H, ., .] views
+};
+
+void DecoderGraph(Graph& g, Form form) {
+  Value* q = g.AddInput("q", DataType::kFloat32, {kB, kH, kS, kD});
+  Value* k = g.AddInput("k", DataType::kFloat32, {kB, kH, kS, kD});
+  Value* v = g.AddInput("v", DataType::kFloat32, {kB, kH, kS, kD});
+  Value* mask = form == Form::kScaleAfterWhere
+                    ? nullptr
+                    : g.AddInput("mask", DataType::kFloat32, {kB, 1, 1, kS});
+  Value* scores = nullptr;
+  if (form == Form::kBmmBaddbmm || form == Form::kBmmBothProducts) {
+    Value* q3 = Op(g, "Reshape", {q, Const(g, Ints({kB * kH, kS, kD}))});
+    Value* k3 = Op(g, "Reshape", {k, Const(g, Ints({kB * kH, kS, kD}))});
+    Value* kt3 = Op(g, "Transpose", {k3}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1}}));
+    Value* s3 = Op(g, "Mul", {Op(g, "MatMul", {q3, kt3}), Const(g, Scalar(0.5f))});
+    if (form == Form::kBmmBaddbmm) {
+      Value* zeros = AddLiteralConstant(g, "zeros", Tensor(DataType::kFloat32, {kB * kH, kS, kS}));
+      s3 = Op(g, "Add", {s3, zeros});
+    }
+    scores = Op(g, "Reshape", {s3, Const(g, Ints({kB, kH, kS, kS}))});
+  } else {
+    scores = Op(g, "MatMul", {q, KTransposed(g, k)});
+  }
+  Value* masked = Op(g, "Where", {CausalCond(g), scores, Lowest(g)});
+  if (form == Form::kScaleAfterWhere) masked = Op(g, "Div", {masked, Const(g, Scalar(2.f))});
+  if (mask) masked = Op(g, "Add", {masked, mask});
+  Value* p = Op(g, "Softmax", {masked}, Attrs(std::pair{"axis", int64_t{-1}}));
+  Value* y = nullptr;
+  if (form == Form::kBmmBothProducts) {
+    Value* p3 = Op(g, "Reshape", {p, Const(g, Ints({kB * kH, kS, kS}))});
+    Value* v3 = Op(g, "Reshape", {v, Const(g, Ints({kB * kH, kS, kD}))});
+    y = Op(g, "Reshape", {Op(g, "MatMul", {p3, v3}), Const(g, Ints({kB, kH, kS, kD}))});
+  } else {
+    y = Op(g, "MatMul", {p, v});
+  }
+  g.MarkOutput(Op(g, "Relu", {y}));
+}
+
+Node* Find(const Graph& g, const std::string& op) {
+  for (Node* n : g.nodes()) {
+    if (n->op_type() == op) return n;
+  }
+  return nullptr;
+}
+
+TEST(DecoderAttention, EveryFormFusesInTheDefaultPipeline) {
+  for (Form form :
+       {Form::kScaleAfterWhere, Form::kMaskAfterWhere, Form::kBmmBaddbmm, Form::kBmmBothProducts}) {
+    SCOPED_TRACE(static_cast<int>(form));
+    Graph before, after;
+    DecoderGraph(before, form);
+    DecoderGraph(after, form);
+    auto r = RunDefaultPasses(after, TestOptions());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    Node* a = Find(after, "Attention");
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(CountOps(after, "Softmax"), 0);
+    EXPECT_EQ(CountOps(after, "MatMul"), 0);
+    if (form == Form::kScaleAfterWhere) {
+      // The causal buffer is recognised once the scale sits above the Where.
+      EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "causal");
+      EXPECT_FLOAT_EQ(a->attrs().GetFloat("scale", 0.f), 0.5f);
+    } else {
+      // The causal gate and the padding mask are one additive mask.
+      EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "additive");
+    }
+    if (form == Form::kBmmBaddbmm || form == Form::kBmmBothProducts) {
+      EXPECT_FLOAT_EQ(a->attrs().GetFloat("scale", 0.f), 0.5f);
+    }
+    ExpectSameOutputs(before, after);
+  }
+}
+
+// Only the scores before a Softmax are reordered, and only very negative fills: a Where that
+// selects ordinary values stays as it is.
+TEST(DecoderAttention, WhereWithAnOrdinaryFillStays) {
+  Graph g;
+  Value* q = g.AddInput("q", DataType::kFloat32, {kB, kH, kS, kD});
+  Value* k = g.AddInput("k", DataType::kFloat32, {kB, kH, kS, kD});
+  Value* mask = g.AddInput("mask", DataType::kFloat32, {kB, 1, 1, kS});
+  Value* w = Op(g, "Where",
+                {CausalCond(g), Op(g, "MatMul", {q, KTransposed(g, k)}), Const(g, Scalar(0.f))});
+  g.MarkOutput(Op(g, "Softmax", {Op(g, "Add", {w, mask})}, Attrs(std::pair{"axis", int64_t{-1}})));
+  std::vector<std::unique_ptr<Pass>> v;
+  v.push_back(MakeAttentionCanonicalizationPass());
+  PassReport r = RunPasses(g, std::move(v));
+  EXPECT_EQ(r.rewrites("attention_canonicalization"), 0);
+}
+
+// A product over flattened batch dims outside attention: computed on the 4-D operands, the
+// flattening now a view of the result.
+TEST(BatchUnflatten, ProductOfFlattenedOperandsRunsOnTheOperands) {
+  auto make = [](Graph& g, bool transposed) {
+    Value* a = g.AddInput("a", DataType::kFloat32, {2, 3, 5, 4});
+    Value* b = transposed ? g.AddInput("b", DataType::kFloat32, {2, 3, 7, 4})
+                          : g.AddInput("b", DataType::kFloat32, {2, 3, 4, 7});
+    Value* a3 = Op(g, "Reshape", {a, Const(g, Ints({6, 5, 4}))});
+    Value* b3 = Op(g, "Reshape",
+                   {b, Const(g, Ints(transposed ? std::vector<int64_t>{6, 7, 4}
+                                                : std::vector<int64_t>{6, 4, 7}))});
+    if (transposed) {
+      b3 = Op(g, "Transpose", {b3}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1}}));
+    }
+    g.MarkOutput(Op(g, "Relu", {Op(g, "MatMul", {a3, b3})}));
+  };
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed);
+    Graph before, after;
+    make(before, transposed);
+    make(after, transposed);
+    std::vector<std::unique_ptr<Pass>> v;
+    v.push_back(MakeBatchUnflattenPass());
+    v.push_back(MakeDeadNodeEliminationPass());
+    PassReport r = RunPasses(after, std::move(v));
+    EXPECT_EQ(r.rewrites("batch_unflatten"), 1);
+    Node* mm = Find(after, "MatMul");
+    ASSERT_NE(mm, nullptr);
+    EXPECT_EQ(mm->input(0)->name(), "a");
+    EXPECT_EQ(mm->output(0)->shape().size(), 4u);
+    ExpectSameOutputs(before, after);
+  }
+}
+
+// Different leading dims (a [6, ...] merged from [2, 3], b from [3, 2]) are not one batch.
+TEST(BatchUnflatten, OperandsWithOtherLeadingDimsStay) {
+  Graph g;
+  Value* a = g.AddInput("a", DataType::kFloat32, {2, 3, 5, 4});
+  Value* b = g.AddInput("b", DataType::kFloat32, {3, 2, 4, 7});
+  Value* a3 = Op(g, "Reshape", {a, Const(g, Ints({6, 5, 4}))});
+  Value* b3 = Op(g, "Reshape", {b, Const(g, Ints({6, 4, 7}))});
+  g.MarkOutput(Op(g, "MatMul", {a3, b3}));
+  std::vector<std::unique_ptr<Pass>> v;
+  v.push_back(MakeBatchUnflattenPass());
+  PassReport r = RunPasses(g, std::move(v));
+  EXPECT_EQ(r.rewrites("batch_unflatten"), 0);
+}
+
+// Add of a literal zero that broadcasts nothing goes; a zero that is a model weight (a bias
+// refit may change) or that broadcasts the other operand stays.
+TEST(IdentityElimination, AddOfALiteralZeroGoes) {
+  struct Case {
+    const char* what;
+    std::vector<int64_t> zero_dims;
+    bool literal;
+    int adds_left;
+  };
+  for (const Case& c :
+       {Case{"literal, same shape", {2, 3}, true, 0}, Case{"literal scalar", {}, true, 0},
+        Case{"weight", {2, 3}, false, 1}, Case{"broadcasts x", {4, 2, 3}, true, 1}}) {
+    SCOPED_TRACE(c.what);
+    Graph g;
+    Value* x = g.AddInput("x", DataType::kFloat32, {2, 3});
+    Value* z = Const(g, Tensor(DataType::kFloat32, c.zero_dims));
+    z->set_provenance(c.literal ? LiteralExpr(*z->constant())
+                                : InitializerExpr(z->name(), *z->constant()));
+    g.MarkOutput(Op(g, "Relu", {Op(g, "Add", {z, x})}));
+    std::vector<std::unique_ptr<Pass>> v;
+    v.push_back(MakeIdentityEliminationPass());
+    RunPasses(g, std::move(v));
+    EXPECT_EQ(CountOps(g, "Add"), c.adds_left);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::passes
