@@ -40,7 +40,8 @@ enum class Form {
   kScaleAfterWhere,  // GPT-J: Div(Where(causal, q k^T, min), c)
   kMaskAfterWhere,   // GPT-Neo: Add(Where(causal, q k^T, min), mask)
   kBmmBaddbmm,       // GPT-NeoX: Reshape(Add(Mul(bmm(q3, k3^T), a), zeros), 4-D), Where, Add mask
-  kBmmBothProducts,  // OPT-like: both products as bmm over [B*H, ., .] views
+  kBmmBothProducts,  // both products as bmm over [B*H, ., .] views
+  kOpt,              // OPT: bmm, 4-D view, Add mask, Max(., lowest), 3-D view, Softmax, bmm
 };
 
 void DecoderGraph(Graph& g, Form form) {
@@ -51,7 +52,7 @@ void DecoderGraph(Graph& g, Form form) {
                     ? nullptr
                     : g.AddInput("mask", DataType::kFloat32, {kB, 1, 1, kS});
   Value* scores = nullptr;
-  if (form == Form::kBmmBaddbmm || form == Form::kBmmBothProducts) {
+  if (form == Form::kBmmBaddbmm || form == Form::kBmmBothProducts || form == Form::kOpt) {
     Value* q3 = Op(g, "Reshape", {q, Const(g, Ints({kB * kH, kS, kD}))});
     Value* k3 = Op(g, "Reshape", {k, Const(g, Ints({kB * kH, kS, kD}))});
     Value* kt3 = Op(g, "Transpose", {k3}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1}}));
@@ -63,6 +64,15 @@ void DecoderGraph(Graph& g, Form form) {
     scores = Op(g, "Reshape", {s3, Const(g, Ints({kB, kH, kS, kS}))});
   } else {
     scores = Op(g, "MatMul", {q, KTransposed(g, k)});
+  }
+  if (form == Form::kOpt) {
+    Value* masked = Op(g, "Max", {Op(g, "Add", {scores, mask}), Lowest(g)});
+    masked = Op(g, "Reshape", {masked, Const(g, Ints({kB * kH, kS, kS}))});
+    Value* p = Op(g, "Softmax", {masked}, Attrs(std::pair{"axis", int64_t{-1}}));
+    Value* v3 = Op(g, "Reshape", {v, Const(g, Ints({kB * kH, kS, kD}))});
+    Value* y = Op(g, "Reshape", {Op(g, "MatMul", {p, v3}), Const(g, Ints({kB, kH, kS, kD}))});
+    g.MarkOutput(Op(g, "Relu", {y}));
+    return;
   }
   Value* masked = Op(g, "Where", {CausalCond(g), scores, Lowest(g)});
   if (form == Form::kScaleAfterWhere) masked = Op(g, "Div", {masked, Const(g, Scalar(2.f))});
@@ -87,8 +97,8 @@ Node* Find(const Graph& g, const std::string& op) {
 }
 
 TEST(DecoderAttention, EveryFormFusesInTheDefaultPipeline) {
-  for (Form form :
-       {Form::kScaleAfterWhere, Form::kMaskAfterWhere, Form::kBmmBaddbmm, Form::kBmmBothProducts}) {
+  for (Form form : {Form::kScaleAfterWhere, Form::kMaskAfterWhere, Form::kBmmBaddbmm,
+                    Form::kBmmBothProducts, Form::kOpt}) {
     SCOPED_TRACE(static_cast<int>(form));
     Graph before, after;
     DecoderGraph(before, form);
@@ -107,10 +117,39 @@ TEST(DecoderAttention, EveryFormFusesInTheDefaultPipeline) {
       // The causal gate and the padding mask are one additive mask.
       EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "additive");
     }
-    if (form == Form::kBmmBaddbmm || form == Form::kBmmBothProducts) {
+    if (form == Form::kBmmBaddbmm || form == Form::kBmmBothProducts || form == Form::kOpt) {
       EXPECT_FLOAT_EQ(a->attrs().GetFloat("scale", 0.f), 0.5f);
+      EXPECT_EQ(CountOps(after, "Reshape"), 0);  // every flattening view met its unflattening
     }
     ExpectSameOutputs(before, after);
+  }
+}
+
+// OPT's clamp: a row whose mask is the lowest float everywhere (a query masked whole) is uniform
+// in OPT (every entry clamped to the lowest float) and in the fused layer (every entry is the
+// mask clamped to half of it, plus a score far below that value's ulp), never NaN.
+TEST(DecoderAttention, RowMaskedWholeStaysUniformUnderTheClampedMask) {
+  Graph before, after;
+  DecoderGraph(before, Form::kOpt);
+  DecoderGraph(after, Form::kOpt);
+  auto r = RunDefaultPasses(after, TestOptions());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_NE(Find(after, "Attention"), nullptr);
+  auto inputs = RandomInputs(before, {}, 3);
+  // Batch 1's keys all masked, and scores in the thousands.
+  float* md = inputs.at("mask").mutable_data<float>();
+  for (int64_t j = 0; j < kS; ++j) md[kS + j] = std::numeric_limits<float>::lowest();
+  Tensor& qt = inputs.at("q");
+  float* q = qt.mutable_data<float>();
+  for (int64_t i = 0; i < qt.num_elements(); ++i) q[i] *= 1e3f;
+  auto a = cpu::EvaluateGraph(before, inputs);
+  auto b = cpu::EvaluateGraph(after, inputs);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const Tensor& ta = a->begin()->second;
+  const Tensor& tb = b->begin()->second;
+  for (int64_t i = 0; i < ta.num_elements(); ++i) {
+    ASSERT_FALSE(std::isnan(tb.GetDouble(i))) << i;
+    EXPECT_NEAR(ta.GetDouble(i), tb.GetDouble(i), 1e-3 * (1 + std::abs(ta.GetDouble(i)))) << i;
   }
 }
 

@@ -9,6 +9,10 @@
 //     computed once per layer (constants fold; common_subexpression merges the layers' twins).
 //     Where c holds, s + 0 + m; elsewhere s + f + m, which equals f + m to FP32 rounding when f is
 //     the very negative fill these exports use (-3.4e38: |s| is below its ulp).
+//   Max(Add(s, m), L)           ->  Add(s, Max(m, L / 2))
+//     OPT clamps the masked scores to the lowest float L. With the mask clamped to L / 2 instead,
+//     no score plus mask overflows to -inf, and for scores below 1e30 in magnitude (their ulp
+//     there is 1e31) a row masked whole is uniform, as OPT's.
 //
 // Only on the input of a Softmax over the last axis, s the output of a MatMul (possibly scaled),
 // each rewritten value read only by the next step. The fusion then sees MatMul -> scale -> Add
@@ -95,6 +99,7 @@ class AttentionCanonicalizationPass final : public Pass {
         graph.SetInput(sm, 0, scaled);
       }
       if (Value* sum = OneAdditiveMask(graph, ctx, sm->input(0), sm)) graph.SetInput(sm, 0, sum);
+      if (Value* sum = ClampInTheMask(graph, ctx, sm->input(0), sm)) graph.SetInput(sm, 0, sum);
       RemoveBypassed(graph, ctx);
     }
     return OkStatus();
@@ -147,6 +152,42 @@ class AttentionCanonicalizationPass final : public Pass {
     ctx.stats().nodes_added += 2;
     bypassed_.insert(bypassed_.end(), {d, w->where});  // dead once `reader` reads `out`
     return out;
+  }
+
+  // Max(Add(s, m), L) read by `reader` alone, L a very negative scalar constant (OPT clamps the
+  // masked scores to the lowest float, so that a masked row of scores that overflowed to -inf
+  // stays finite) -> Add(s, Max(m, L / 2)): the masked entries stay very negative, and no sum of
+  // a score and the clamped mask reaches -inf, so a row masked whole is still uniform (for scores
+  // below 1e30 in magnitude).
+  Value* ClampInTheMask(Graph& graph, PassContext& ctx, Value* v, const Node* reader) {
+    Node* mx = ProducerIf(v, OpType::kMax);
+    if (!mx || mx->num_inputs() != 2 || !ReadOnlyBy(v, reader)) return nullptr;
+    for (int c = 0; c < 2; ++c) {
+      const Value* l = mx->input(c);
+      std::optional<double> low = l ? ConstantSplat(l) : std::nullopt;
+      Node* add = ProducerIf(mx->input(1 - c), OpType::kAdd);
+      if (!low || *low > -1e30 || !l->has_shape() || l->shape().size() > 1 || !add ||
+          add->num_inputs() != 2 || !ReadOnlyBy(add->output(0), mx)) {
+        continue;
+      }
+      for (int i = 0; i < 2; ++i) {
+        Value* s = add->input(i);
+        Value* m = add->input(1 - i);
+        if (!s || !m || !IsScores(s) || m->dtype() != v->dtype() || s->dtype() != v->dtype()) {
+          continue;
+        }
+        Value* clamped = graph.AddValue(graph.UniqueName(m->name() + "_clamped"), m->dtype());
+        graph.AddNode("Max", graph.UniqueName(mx->name() + "_mask"),
+                      {m, ScalarLike(graph, m, *low / 2, mx->name() + "_half_lowest")}, {clamped});
+        Value* out = graph.AddValue(graph.UniqueName(v->name() + "_biased"), v->dtype());
+        graph.AddNode("Add", graph.UniqueName(add->name() + "_scores"), {s, clamped}, {out});
+        ctx.stats().rewrites += 1;
+        ctx.stats().nodes_added += 2;
+        bypassed_.insert(bypassed_.end(), {mx, add});
+        return out;
+      }
+    }
+    return nullptr;
   }
 
   // Add(Where(c, s, f), m) read by `reader` alone -> Add(s, Add(Where(c, 0, f), m)).

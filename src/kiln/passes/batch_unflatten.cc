@@ -8,6 +8,8 @@
 //     -> Reshape(MatMul(a, Transpose(b, last two swapped)), [X, m, n])
 //       where a is [B..., m, k] and b [B..., k, n] (or [B..., n, k]) with the same leading dims,
 //       whose product is X (static).
+//   MatMul(Softmax(Reshape(x, [X, m, k])), B) (the softmax over the last axis) likewise, the
+//       Softmax taken of x (OPT and BLOOM take the softmax of the flattened scores)
 //   Reshape(op(Reshape(y, s1), c), s2) -> op(Reshape(y, s2), c)
 //       op Add, Sub, Mul or Div and c a one-element constant: the two reshapes meet (and vanish
 //       when s2 is y's own shape, in identity_elimination).
@@ -54,6 +56,12 @@ std::optional<std::vector<int64_t>> LeadingMerge(const Node* r) {
   return in;
 }
 
+bool LastAxis(const Node& softmax) {
+  const Value* x = softmax.input(0);
+  const int64_t axis = attrs::Softmax::axis(softmax);
+  return x && x->has_shape() && (axis == -1 || axis == static_cast<int64_t>(x->shape().size()) - 1);
+}
+
 class BatchUnflattenPass final : public Pass {
  public:
   std::string_view name() const override { return "batch_unflatten"; }
@@ -85,9 +93,14 @@ class BatchUnflattenPass final : public Pass {
   std::vector<Node*> bypassed_;
 
   void UnflattenProduct(Graph& graph, PassContext& ctx, Node* mm) {
-    Node* ra = ProducerIf(mm->input(0), OpType::kReshape);
+    // A: a leading-merge Reshape, or a Softmax over the last axis of one (OPT and BLOOM take the
+    // softmax of the flattened scores), which then runs on the unflattened scores.
+    Node* sm = ProducerIf(mm->input(0), OpType::kSoftmax);
+    if (sm && !(ReadOnlyBy(sm->output(0), mm) && LastAxis(*sm))) return;
+    Node* ra = ProducerIf(sm ? sm->input(0) : mm->input(0), OpType::kReshape);
     auto a = LeadingMerge(ra);
     if (!a || mm->output(0)->is_graph_output()) return;
+    if (sm && !ReadOnlyBy(ra->output(0), sm)) return;
     // B: a leading-merge Reshape, or the swap of the last two axes of one.
     Value* rb_out = mm->input(1);
     Node* t = ProducerIf(rb_out, OpType::kTranspose);
@@ -119,6 +132,18 @@ class BatchUnflattenPass final : public Pass {
                     std::move(ta));
       bv = bt;
     }
+    Value* av = ra->input(0);
+    if (sm) {
+      Value* p = graph.AddValue(graph.UniqueName(sm->output(0)->name() + "_unflattened"),
+                                sm->output(0)->dtype());
+      p->set_shape(ShapeOf(*a));
+      AttributeMap last;
+      last.Set("axis", int64_t{-1});
+      graph.AddNode("Softmax", graph.UniqueName(sm->name() + "_unflattened"), {av}, {p},
+                    std::move(last));
+      av = p;
+      ctx.stats().nodes_added += 1;
+    }
     Value* y = graph.AddValue(graph.UniqueName(mm->output(0)->name() + "_unflattened"),
                               mm->output(0)->dtype());
     // Shaped now: the Reshapes around it merge in this round (before gemm_fusion, later in the
@@ -126,12 +151,13 @@ class BatchUnflattenPass final : public Pass {
     std::vector<int64_t> y_dims = *a;
     y_dims.back() = t ? (*b)[rank - 2] : b->back();
     y->set_shape(ShapeOf(y_dims));
-    graph.AddNode("MatMul", graph.UniqueName(mm->name() + "_unflattened"), {ra->input(0), bv}, {y});
+    graph.AddNode("MatMul", graph.UniqueName(mm->name() + "_unflattened"), {av, bv}, {y});
     Value* out = mm->output(0);
     const std::string name = mm->name();
     graph.RemoveNode(mm);
     graph.AddNode("Reshape", graph.UniqueName(name + "_flat"), {y, target}, {out});
     if (t) bypassed_.push_back(t);
+    if (sm) bypassed_.push_back(sm);
     bypassed_.insert(bypassed_.end(), {ra, rb});
     ctx.stats().rewrites += 1;
     ctx.stats().nodes_added += t ? 3 : 2;
