@@ -42,6 +42,7 @@ enum class Form {
   kBmmBaddbmm,       // GPT-NeoX: Reshape(Add(Mul(bmm(q3, k3^T), a), zeros), 4-D), Where, Add mask
   kBmmBothProducts,  // both products as bmm over [B*H, ., .] views
   kOpt,              // OPT: bmm, 4-D view, Add mask, Max(., lowest), 3-D view, Softmax, bmm
+  kBloom,            // BLOOM: baddbmm onto ALiBi [B*H, 1, S], 4-D view, Add mask, Softmax, bmm
 };
 
 void DecoderGraph(Graph& g, Form form) {
@@ -52,7 +53,8 @@ void DecoderGraph(Graph& g, Form form) {
                     ? nullptr
                     : g.AddInput("mask", DataType::kFloat32, {kB, 1, 1, kS});
   Value* scores = nullptr;
-  if (form == Form::kBmmBaddbmm || form == Form::kBmmBothProducts || form == Form::kOpt) {
+  if (form == Form::kBmmBaddbmm || form == Form::kBmmBothProducts || form == Form::kOpt ||
+      form == Form::kBloom) {
     Value* q3 = Op(g, "Reshape", {q, Const(g, Ints({kB * kH, kS, kD}))});
     Value* k3 = Op(g, "Reshape", {k, Const(g, Ints({kB * kH, kS, kD}))});
     Value* kt3 = Op(g, "Transpose", {k3}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1}}));
@@ -61,12 +63,16 @@ void DecoderGraph(Graph& g, Form form) {
       Value* zeros = AddLiteralConstant(g, "zeros", Tensor(DataType::kFloat32, {kB * kH, kS, kS}));
       s3 = Op(g, "Add", {s3, zeros});
     }
+    if (form == Form::kBloom) {
+      s3 = Op(g, "Add", {s3, Const(g, RandomTensor(DataType::kFloat32, {kB * kH, 1, kS}, 5))});
+    }
     scores = Op(g, "Reshape", {s3, Const(g, Ints({kB, kH, kS, kS}))});
   } else {
     scores = Op(g, "MatMul", {q, KTransposed(g, k)});
   }
-  if (form == Form::kOpt) {
-    Value* masked = Op(g, "Max", {Op(g, "Add", {scores, mask}), Lowest(g)});
+  if (form == Form::kOpt || form == Form::kBloom) {
+    Value* masked = Op(g, "Add", {scores, mask});
+    if (form == Form::kOpt) masked = Op(g, "Max", {masked, Lowest(g)});
     masked = Op(g, "Reshape", {masked, Const(g, Ints({kB * kH, kS, kS}))});
     Value* p = Op(g, "Softmax", {masked}, Attrs(std::pair{"axis", int64_t{-1}}));
     Value* v3 = Op(g, "Reshape", {v, Const(g, Ints({kB * kH, kS, kD}))});
@@ -98,7 +104,7 @@ Node* Find(const Graph& g, const std::string& op) {
 
 TEST(DecoderAttention, EveryFormFusesInTheDefaultPipeline) {
   for (Form form : {Form::kScaleAfterWhere, Form::kMaskAfterWhere, Form::kBmmBaddbmm,
-                    Form::kBmmBothProducts, Form::kOpt}) {
+                    Form::kBmmBothProducts, Form::kOpt, Form::kBloom}) {
     SCOPED_TRACE(static_cast<int>(form));
     Graph before, after;
     DecoderGraph(before, form);
@@ -117,7 +123,8 @@ TEST(DecoderAttention, EveryFormFusesInTheDefaultPipeline) {
       // The causal gate and the padding mask are one additive mask.
       EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "additive");
     }
-    if (form == Form::kBmmBaddbmm || form == Form::kBmmBothProducts || form == Form::kOpt) {
+    if (form == Form::kBmmBaddbmm || form == Form::kBmmBothProducts || form == Form::kOpt ||
+        form == Form::kBloom) {
       EXPECT_FLOAT_EQ(a->attrs().GetFloat("scale", 0.f), 0.5f);
       EXPECT_EQ(CountOps(after, "Reshape"), 0);  // every flattening view met its unflattening
     }

@@ -14,6 +14,8 @@
 //       op Add, Sub, Mul or Div and c a one-element constant: the two reshapes meet (and vanish
 //       when s2 is y's own shape, in identity_elimination).
 //   Reshape(Reshape(y, s1), s2) -> Reshape(y, s2)
+//   Reshape(y, [X, m, n]) -> chain of Add/Sub/Mul/Div -> Reshape back to y's shape: the chain runs
+//       on y (BLOOM adds its ALiBi bias [B*H, 1, S] to the flattened scores)
 //
 // Each rewritten intermediate is read only by the next step; a Reshape is a view, so the new
 // ones cost nothing.
@@ -73,7 +75,7 @@ class BatchUnflattenPass final : public Pass {
       if (IsOp(*n, OpType::kMatMul)) {
         UnflattenProduct(graph, ctx, n);
       } else if (IsOp(*n, OpType::kReshape)) {
-        MergeReshapes(graph, ctx, n);
+        if (!SinkToUnflatten(graph, ctx, n)) MergeReshapes(graph, ctx, n);
       }
       // What a rewrite bypassed goes at once, so that the attention passes later in this round
       // find the scores read by the new chain alone.
@@ -161,6 +163,84 @@ class BatchUnflattenPass final : public Pass {
     bypassed_.insert(bypassed_.end(), {ra, rb});
     ctx.stats().rewrites += 1;
     ctx.stats().nodes_added += t ? 3 : 2;
+  }
+
+  // r = Reshape(y, [X, m, n]) (a leading merge of y [B..., m, n]) read by a chain of elementwise
+  // ops (Add, Sub, Mul, Div; each read only by the next) that ends in a Reshape back to y's shape:
+  // the chain runs on y, each other operand z given y's leading dims (a Reshape when z is
+  // [X, ., .]; as it is when it has fewer dims or a leading 1), and the Reshapes go. BLOOM adds
+  // its ALiBi bias [B*H, 1, S] to the flattened scores before unflattening them.
+  bool SinkToUnflatten(Graph& graph, PassContext& ctx, Node* r) {
+    auto y_dims = LeadingMerge(r);
+    if (!y_dims) return false;
+    const int64_t x = Static(r->output(0))->front();
+    std::vector<Node*> chain;
+    Value* v = r->output(0);
+    Node* back = nullptr;
+    while (!v->is_graph_output() && v->consumers().size() == 1) {
+      Node* c = v->consumers().front();
+      if (IsOp(*c, OpType::kReshape)) {
+        if (c->input(0) == v && Static(c->output(0)) == y_dims &&
+            c->output(0)->dtype() == r->input(0)->dtype()) {
+          back = c;
+        }
+        break;
+      }
+      const bool elementwise = IsOp(*c, OpType::kAdd) || IsOp(*c, OpType::kSub) ||
+                               IsOp(*c, OpType::kMul) || IsOp(*c, OpType::kDiv);
+      if (!elementwise || c->num_inputs() != 2 || c->input(0) == c->input(1)) break;
+      const Value* z = c->input(c->input(0) == v ? 1 : 0);
+      auto zd = Static(z);
+      // The op keeps v's shape (z broadcasts into it), and z's leading dim is X or 1 or absent.
+      if (!zd || zd->size() > 3 || Static(c->output(0)) != Static(v) ||
+          (zd->size() == 3 && (*zd)[0] != x && (*zd)[0] != 1)) {
+        break;
+      }
+      chain.push_back(c);
+      v = c->output(0);
+    }
+    if (!back || chain.empty() || back->output(0)->is_graph_output()) return false;
+    Value* cur = r->input(0);
+    const std::vector<int64_t> lead(y_dims->begin(), y_dims->end() - 2);
+    for (Node* c : chain) {
+      const int zi = IsChainInput(c, chain, r) ? 1 : 0;
+      Value* z = c->input(zi);
+      auto zd = *Static(z);
+      if (zd.size() == 3 && zd[0] == x && x != 1) {
+        std::vector<int64_t> to = lead;
+        to.insert(to.end(), zd.begin() + 1, zd.end());
+        Value* target = AddShapeConstant(graph, c->name() + "_operand_shape", ShapeOf(to));
+        Value* zv = graph.AddValue(graph.UniqueName(z->name() + "_unflattened"), z->dtype());
+        zv->set_shape(ShapeOf(to));
+        graph.AddNode("Reshape", graph.UniqueName(c->name() + "_operand"), {z, target}, {zv});
+        ctx.stats().nodes_added += 1;
+        z = zv;
+      }
+      Value* out = graph.AddValue(graph.UniqueName(c->output(0)->name() + "_unflattened"),
+                                  c->output(0)->dtype());
+      out->set_shape(ShapeOf(*y_dims));
+      std::vector<Value*> ins = zi == 1 ? std::vector<Value*>{cur, z} : std::vector<Value*>{z, cur};
+      graph.AddNode(std::string(c->op_type()), graph.UniqueName(c->name() + "_unflattened"), ins,
+                    {out});
+      ctx.stats().nodes_added += 1;
+      cur = out;
+    }
+    graph.ReplaceAllUses(back->output(0), cur);
+    bypassed_.push_back(back);
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) bypassed_.push_back(*it);
+    bypassed_.push_back(r);
+    ctx.stats().rewrites += 1;
+    return true;
+  }
+
+  // Whether c's input 0 is the chain's running value (r's output or the previous op's output).
+  static bool IsChainInput(const Node* c, const std::vector<Node*>& chain, const Node* r) {
+    const Value* prev = r->output(0);
+    for (const Node* n : chain) {
+      if (n == c) return c->input(0) == prev;
+      prev = n->output(0);
+    }
+    return false;
   }
 
   // Reshape(op(Reshape(y, s1), c), s2) -> op(Reshape(y, s2), c); Reshape(Reshape(y, s1), s2) ->
