@@ -280,7 +280,7 @@ TEST(LayerNormFusion, ADifferenceReadElsewhereDoesNotFuse) {
 
 // ---- GELU
 
-enum class GeluForm { kErfTorch, kErfHalfFirst, kTanhGpt2, kErfReadElsewhere };
+enum class GeluForm { kErfTorch, kErfHalfFirst, kTanhGpt2, kTanhBloom, kErfReadElsewhere };
 
 void DecomposedGelu(Graph& g, GeluForm form) {
   Value* in = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("n"), 32});
@@ -309,6 +309,15 @@ void DecomposedGelu(Graph& g, GeluForm form) {
       y = Op(g, "Mul", {half_x, Op(g, "Add", {t, Const(g, Scalar(1.f))})});
       break;
     }
+    case GeluForm::kTanhBloom: {  // x*0.5*(1.0+tanh(0.79788456*x*(1+0.044715*x*x)))
+      Value* half_x = Op(g, "Mul", {x, Const(g, Scalar(0.5f))});
+      Value* sq = Op(g, "Mul", {Op(g, "Mul", {Const(g, Scalar(0.044715f)), x}), x});
+      Value* arg = Op(g, "Mul",
+                      {Op(g, "Mul", {Const(g, Scalar(0.79788456f)), x}),
+                       Op(g, "Add", {Const(g, Scalar(1.f)), sq})});
+      y = Op(g, "Mul", {half_x, Op(g, "Add", {Const(g, Scalar(1.f)), Op(g, "Tanh", {arg})})});
+      break;
+    }
   }
   g.MarkOutput(y);
 }
@@ -322,7 +331,7 @@ TEST_P(GeluFusionTest, DecomposedFormBecomesGelu) {
   RunPasses(after, Just(MakeGeluFusionPass()));
   ASSERT_EQ(after.num_nodes(), 2u);  // the Add that makes x, and the Gelu
   EXPECT_EQ(CountOps(after, "Gelu"), 1);
-  bool tanh = GetParam() == GeluForm::kTanhGpt2;
+  bool tanh = GetParam() == GeluForm::kTanhGpt2 || GetParam() == GeluForm::kTanhBloom;
   for (Node* n : after.nodes()) {
     if (n->op_type() == "Gelu") {
       EXPECT_EQ(n->attrs().GetString("approximate", ""), tanh ? "tanh" : "none");
@@ -333,7 +342,7 @@ TEST_P(GeluFusionTest, DecomposedFormBecomesGelu) {
 
 INSTANTIATE_TEST_SUITE_P(Forms, GeluFusionTest,
                          ::testing::Values(GeluForm::kErfTorch, GeluForm::kErfHalfFirst,
-                                           GeluForm::kTanhGpt2));
+                                           GeluForm::kTanhGpt2, GeluForm::kTanhBloom));
 
 TEST(GeluFusion, AnErfReadElsewhereDoesNotFuse) {
   Graph g;

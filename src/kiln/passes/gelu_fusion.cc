@@ -1,6 +1,7 @@
 // GELU pattern fusion. Before opset 20 exporters write GELU out:
 //   erf form   x * 0.5 * (1 + erf(x / sqrt(2)))                      -> Gelu(approximate="none")
 //   tanh form  0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))  -> Gelu(approximate="tanh")
+//              (also with the polynomial factored, sqrt(2/pi) * x * (1 + 0.044715 x x): BLOOM)
 // The three factors come in any association and operand order (PyTorch: (x * (1+erf)) * 0.5;
 // others: (x * 0.5) * (1+erf), x * ((1+erf) * 0.5)); Mul/Add match either operand order, so the
 // three association shapes cover them all.
@@ -41,7 +42,12 @@ Pattern TanhGelu() {
   Pattern x = Any("x");
   Pattern cube = OneOf({Op("Pow", {x, Scalar(3.0, 1e-6)}), Op("Mul", {x, Op("Mul", {x, x})})});
   Pattern poly = Op("Add", {x, Op("Mul", {cube, Scalar(0.044715, 1e-4)})});
-  Pattern arg = Op("Mul", {poly, Scalar(kSqrt2OverPi, 1e-4)});
+  // BLOOM factors x out: sqrt(2/pi) * x * (1 + 0.044715 * x * x), the same polynomial.
+  Pattern square_term = OneOf({Op("Mul", {Op("Mul", {x, Scalar(0.044715, 1e-4)}), x}),
+                               Op("Mul", {Op("Mul", {x, x}), Scalar(0.044715, 1e-4)})});
+  Pattern factored = Op("Mul", {Op("Mul", {x, Scalar(kSqrt2OverPi, 1e-4)}),
+                                Op("Add", {square_term, Scalar(1.0, 1e-5)})});
+  Pattern arg = OneOf({Op("Mul", {poly, Scalar(kSqrt2OverPi, 1e-4)}), factored});
   return HalfXTimesOnePlus(x, Op("Tanh", {arg}));
 }
 
