@@ -251,7 +251,7 @@ class BatchUnflattenPass final : public Pass {
     if (!out || !in || !out->has_shape() || out->value_dependent()) return;
     Node* e = in->producer();
     if (!e) return;
-    if (IsOp(*e, OpType::kReshape)) {
+    if (IsOp(*e, OpType::kReshape) || IsOp(*e, OpType::kFlatten)) {
       Value* y = e->input(0);
       if (!ReadOnlyBy(in, outer) || !y || !y->has_shape()) return;
       Value* target = AddReshapeTarget(graph, outer->name() + "_merged", y->shape(), out->shape());

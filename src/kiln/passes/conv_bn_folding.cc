@@ -106,13 +106,99 @@ class ConvBatchNormFoldingPass final : public Pass {
     for (Node* node : graph.nodes()) {
       if (node->is_dead() || !IsOp(*node, OpType::kBatchNormalization)) continue;
       auto m = MatchAt(pattern, node);
-      if (!m) continue;
-      Fold(graph, ctx, *m);
+      if (m) {
+        Fold(graph, ctx, *m);
+      } else {
+        FoldIntoProduct(graph, ctx, node);
+      }
     }
     return OkStatus();
   }
 
  private:
+  // BatchNormalization of a 2-D [M, C] product, or of a Flatten/Reshape to [M, C] of a product
+  // [..., C] (LeViT's Linear then BatchNorm1d over the flattened tokens; BatchNorm1d after a
+  // Linear in MLP heads): the per-column affine map goes into the product's weight columns and
+  // bias, MatMul(A, W) [+ b] -> FusedMatMul(A, W * f, (b - mean) * f + beta), and the view, if
+  // any, stays after it.
+  static void FoldIntoProduct(Graph& graph, PassContext& ctx, Node* bn) {
+    // A graph output keeps its name and producer (the fold would rename it).
+    if (!InferenceBatchNorm(*bn) || bn->num_inputs() < 5 || bn->output(0)->is_graph_output()) {
+      return;
+    }
+    for (int i = 1; i < 5; ++i) {
+      if (!bn->input(i) || !bn->input(i)->is_constant()) return;
+    }
+    Value* x = bn->input(0);
+    if (!x || !x->has_shape() || x->shape().size() != 2 || x->is_graph_output()) return;
+    Node* view = x->producer();
+    Value* prod_out = x;
+    if (view && (IsOp(*view, OpType::kFlatten) || IsOp(*view, OpType::kReshape))) {
+      prod_out = view->input(0);
+      if (x->consumers().size() != 1) return;
+    } else {
+      view = nullptr;
+    }
+    Node* mm = prod_out ? prod_out->producer() : nullptr;
+    if (!mm || prod_out->is_graph_output() || prod_out->consumers().size() != 1) return;
+    const bool fused = IsOp(*mm, OpType::kFusedMatMul);
+    if (!(fused || IsOp(*mm, OpType::kMatMul)) || HasModelInt8Attrs(*mm)) return;
+    if (fused &&
+        (mm->attrs().GetString("activation", "") != "" || mm->attrs().GetInt("transA", 0) != 0 ||
+         mm->attrs().GetInt("transB", 0) != 0 || mm->attrs().GetFloat("alpha", 1.f) != 1.f)) {
+      return;
+    }
+    Value* w = mm->input(1);
+    Value* b = mm->num_inputs() > 2 ? mm->input(2) : nullptr;
+    if (!w || !w->is_constant() || w->constant()->dims().size() != 2 ||
+        w->constant()->dtype() != DataType::kFloat32 || (b && !b->is_constant())) {
+      return;
+    }
+    const int64_t c = w->constant()->dims()[1];
+    // The view keeps the product's last axis as the channels: [..., C] -> [M, C].
+    if (!prod_out->has_shape() || prod_out->shape().empty() ||
+        !(prod_out->shape().back() == Dim(c)) || !(x->shape()[1] == Dim(c))) {
+      return;
+    }
+    for (int i = 1; i < 5; ++i) {
+      if (bn->input(i)->constant()->num_elements() != c) return;
+    }
+    if (b && b->constant()->num_elements() != c) return;
+    // The fold op's ConvTranspose layout with one group scales W's dim 1: the columns.
+    AttributeMap fold;
+    fold.Set("transpose", int64_t{1});
+    fold.Set("group", int64_t{1});
+    fold.Set("epsilon", attrs::BatchNormalization::epsilon(*bn));
+    std::vector<Value*> made = DeriveConstants(
+        graph, {w->name() + "_bnfold", mm->name() + "_bias_bnfold"}, std::string(kFoldOp), fold,
+        {w, bn->input(1), bn->input(2), bn->input(3), bn->input(4), b});
+    if (made.empty()) return;
+    Value* y = graph.AddValue(graph.UniqueName(prod_out->name() + "_bn"), prod_out->dtype());
+    if (fused) {
+      graph.AddNode("FusedMatMul", graph.UniqueName(mm->name() + "_bn"),
+                    {mm->input(0), made[0], made[1]}, {y}, mm->attrs());
+    } else {
+      // A MatMul and its bias Add: gemm_fusion then takes them with the activation after them
+      // (LeViT's Hardswish).
+      Value* p =
+          graph.AddValue(graph.UniqueName(prod_out->name() + "_bn_product"), prod_out->dtype());
+      graph.AddNode("MatMul", graph.UniqueName(mm->name() + "_bn"), {mm->input(0), made[0]}, {p});
+      graph.AddNode("Add", graph.UniqueName(mm->name() + "_bn_bias"), {p, made[1]}, {y});
+    }
+    Value* out = bn->output(0);
+    if (view) {
+      graph.SetInput(view, 0, y);
+      graph.ReplaceAllUses(out, x);
+    } else {
+      graph.ReplaceAllUses(out, y);
+    }
+    graph.RemoveNode(bn);
+    graph.RemoveNode(mm);
+    ctx.stats().rewrites += 1;
+    ctx.stats().nodes_removed += 2;
+    ctx.stats().nodes_added += 1;
+  }
+
   static void Fold(Graph& graph, PassContext& ctx, const Match& m) {
     Node* conv = m.node("conv");
     Node* bn = m.node("bn");

@@ -1,6 +1,7 @@
 // Gemm/MatMul + bias + activation fusion:
 //   MatMul(A, B) -> Add(bias over the last axis)? -> act?   => FusedMatMul(A, B, bias?)
 //   Gemm(A, B, C?) -> Add(bias, when Gemm has no C)? -> act? => FusedGemm(A, B, C?)
+//   FusedMatMul(A, B, bias?) without an activation -> act     => FusedMatMul with it
 // with the activation as an attribute (kiln/ops/fused.h). At least a bias or an activation must
 // be absorbed; a lone MatMul/Gemm stays as it is.
 #include "kiln/ir/weight_program.h"
@@ -71,6 +72,16 @@ Pattern MatMulPattern() {
   return OneOf({ActivationOver(OneOf({biased, mm})), biased});
 }
 
+// A FusedMatMul without an activation, then one: what the other passes leave when the product
+// and its activation met only after them (views between them merged, a BatchNorm folded).
+bool WithoutActivation(const Node& n) { return n.attrs().GetString("activation", "") == ""; }
+
+Pattern FusedActivationPattern() {
+  using namespace pat;
+  return ActivationOver(
+      Op("FusedMatMul", {Any("a"), Any("b")}).Capture("fmm").Where(WithoutActivation));
+}
+
 Pattern GemmPattern() {
   using namespace pat;
   Pattern g = Op("Gemm", {Any("a"), Any("b")}).Capture("gemm");
@@ -90,6 +101,7 @@ class GemmFusionPass final : public Pass {
   Status Run(Graph& graph, PassContext& ctx) override {
     static const Pattern matmul = MatMulPattern();
     static const Pattern gemm = GemmPattern();
+    static const Pattern fused_act = FusedActivationPattern();
     KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       Node* node = *it;
@@ -98,6 +110,13 @@ class GemmFusionPass final : public Pass {
         FuseMatMul(graph, ctx, *m);
       } else if (auto g = MatchAt(gemm, node)) {
         FuseGemm(graph, ctx, *g);
+      } else if (auto f = MatchAt(fused_act, node)) {
+        Node* fmm = f->node("fmm");
+        AttributeMap attrs = fmm->attrs();
+        if (!ActivationAttrs(*f, attrs)) continue;
+        std::vector<Value*> inputs(fmm->inputs().begin(), fmm->inputs().end());
+        ReplaceMatched(graph, ctx, f->matched, f->root, "FusedMatMul", std::move(inputs),
+                       std::move(attrs));
       }
     }
     return OkStatus();
