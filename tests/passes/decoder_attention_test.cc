@@ -160,6 +160,23 @@ TEST(DecoderAttention, RowMaskedWholeStaysUniformUnderTheClampedMask) {
   }
 }
 
+// A target whose fused attention takes smaller heads (CUDA's: 128) keeps the products and the
+// softmax as they are, on that target, rather than an Attention it would run on the host.
+TEST(DecoderAttention, HeadsAboveTheTargetsLimitStayUnfused) {
+  for (int64_t limit : {kD - 1, kD}) {
+    SCOPED_TRACE(limit);
+    Graph before, after;
+    DecoderGraph(before, Form::kMaskAfterWhere);
+    DecoderGraph(after, Form::kMaskAfterWhere);
+    PassOptions o = TestOptions();
+    o.attention_max_head_dim = limit;
+    auto r = RunDefaultPasses(after, o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(CountOps(after, "Attention"), limit < kD ? 0 : 1);
+    ExpectSameOutputs(before, after);
+  }
+}
+
 // Only the scores before a Softmax are reordered, and only very negative fills: a Where that
 // selects ordinary values stays as it is.
 TEST(DecoderAttention, WhereWithAnOrdinaryFillStays) {

@@ -14,6 +14,11 @@
 
 namespace kiln {
 
+// The largest head dim (Q/K and V rows of one head) the CUDA backend's fused attention kernels
+// take; a larger one runs on the host fallback. The builder keeps attention with larger heads
+// unfused on CUDA (its products and softmax stay on the GPU).
+inline constexpr int64_t kCudaAttentionMaxHeadDim = 128;
+
 // Device memory owned by a backend; freed on destruction.
 class DeviceBuffer {
  public:

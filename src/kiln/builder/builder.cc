@@ -461,6 +461,9 @@ Status OptimisePhase(BuildState& s) {
   if (s.config.backend == BackendKind::kCuda && (s.config.fp16 || s.config.bf16)) {
     pass_options.conv_layout = "NHWC";
   }
+  if (s.config.backend == BackendKind::kCuda) {
+    pass_options.attention_max_head_dim = kCudaAttentionMaxHeadDim;
+  }
   KILN_ASSIGN_OR_RETURN(passes::PassReport passes,
                         passes::RunDefaultPasses(graph, pass_options, &inferred.dims_values));
   rep.passes = passes.ToString();

@@ -174,6 +174,12 @@ class AttentionFusionPass final : public Pass {
     }
     size_t rank = kt->shape().size();
     if (q->shape().size() != rank || v->shape().size() != rank) return;
+    // Heads the target's fused kernels cannot take stay unfused (their products run there).
+    if (const int64_t limit = ctx.options().attention_max_head_dim; limit > 0) {
+      for (const Dim& d : {q->shape().back(), v->shape().back()}) {
+        if (d.is_static() && d.value() > limit) return;
+      }
+    }
 
     AttributeMap attrs;
     double scale = 1.0;

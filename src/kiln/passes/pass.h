@@ -55,6 +55,10 @@ struct PassOptions {
   // Re-run whole-graph shape inference after every pass that changed the graph, instead of
   // inferring only what the pass touched (InferNewShapes). Slower; the tests compare the two.
   bool full_shape_inference = false;
+  // The target backend's fused attention takes head dims up to this (0: any). attention_fusion
+  // leaves attention with larger heads (GPT-J's and Gemma-7B's 256) as the model wrote it, whose
+  // products and softmax the backend runs, rather than make an Attention it cannot.
+  int64_t attention_max_head_dim = 0;
 };
 
 // State shared by the passes of one run.

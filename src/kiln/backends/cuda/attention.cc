@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kiln/backends/backend.h"
 #include "kiln/backends/cuda/blas_kernels.h"
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/kernel.h"
@@ -30,6 +31,9 @@ std::vector<int64_t> BroadcastStrides(std::span<const int64_t> dims, std::span<c
   }
   return s;
 }
+
+// The builder keeps larger heads unfused by this bound (backend.h).
+static_assert(kAttentionMaxHeadDim == kCudaAttentionMaxHeadDim);
 
 class CudaAttentionKernel final : public Kernel {
  public:

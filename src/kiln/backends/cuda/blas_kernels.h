@@ -58,7 +58,7 @@ cudaError_t LaunchGatedActivation(const GatedActivationParams& p, cudaStream_t s
 // index maps: the operand batch index of output batch b is sum over dims of coord * stride
 // (strides 0 where the operand broadcasts). Up to kAttentionMaxBatchDims batch dims.
 inline constexpr int kAttentionMaxBatchDims = 6;
-inline constexpr int kAttentionMaxHeadDim = 128;
+inline constexpr int kAttentionMaxHeadDim = 128;  // kCudaAttentionMaxHeadDim (backend.h)
 enum class AttnMask : int { kNone = 0, kAdditive, kBoolean, kCausal };
 struct AttentionParams {
   const void* q = nullptr;
