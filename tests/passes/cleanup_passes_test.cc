@@ -5,6 +5,7 @@
 
 #include <functional>
 
+#include "kiln/ir/weight_program.h"
 #include "pass_test_util.h"
 
 namespace kiln::passes {
@@ -113,6 +114,41 @@ TEST(CommonSubexpression, TwinsMergeAndNearMissesStay) {
   EXPECT_EQ(CountOps(after, "Sub"), 3);
   EXPECT_EQ(CountOps(after, "LeakyRelu"), 2);
   ExpectSameOutputs(before, after, {{"n", 3}});
+}
+
+// Inputs that are separate small constants of equal bytes are one input where refit cannot make
+// them differ: a literal (DistilBERT's per-layer copy of a Reshape target), an integer
+// initializer (refit checks it unchanged); a float weight may differ after refit, so not that.
+TEST(CommonSubexpression, EqualLiteralConstantsAreOneInput) {
+  auto make = [](Graph& g) {
+    Value* x = g.AddInput("x", DataType::kFloat32, {2, 6});
+    auto literal = [&](Tensor t) {
+      Value* c = Const(g, std::move(t));
+      c->set_provenance(LiteralExpr(*c->constant()));
+      return c;
+    };
+    auto weight = [&](Tensor t) {
+      Value* c = Const(g, std::move(t));
+      c->set_provenance(InitializerExpr(c->name(), *c->constant()));
+      return c;
+    };
+    Value* r1 = Op(g, "Reshape", {x, literal(Ints({3, 4}))});
+    Value* r2 = Op(g, "Reshape", {x, literal(Ints({3, 4}))});  // twin
+    Value* r3 = Op(g, "Reshape", {x, weight(Ints({3, 4}))});   // an int initializer: twin too
+    Value* m1 = Op(g, "Mul", {r1, weight(Scalar(2.f))});
+    Value* m2 = Op(g, "Mul", {r2, weight(Scalar(2.f))});  // float weights: may differ
+    g.MarkOutput(Op(g, "Add", {Op(g, "Add", {m1, m2}), r3}));
+  };
+  Graph before, after;
+  make(before);
+  make(after);
+  std::vector<std::unique_ptr<Pass>> passes;
+  passes.push_back(MakeCommonSubexpressionPass());
+  passes.push_back(MakeDeadNodeEliminationPass());
+  RunPasses(after, std::move(passes));
+  EXPECT_EQ(CountOps(after, "Reshape"), 1);
+  EXPECT_EQ(CountOps(after, "Mul"), 2);
+  ExpectSameOutputs(before, after);
 }
 
 TEST(IdentityElimination, BypassesIdentitiesAndKeepsOutputNames) {

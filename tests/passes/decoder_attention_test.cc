@@ -177,6 +177,42 @@ TEST(DecoderAttention, HeadsAboveTheTargetsLimitStayUnfused) {
   }
 }
 
+// DistilBERT: Q divided by sqrt(d) before the product, the masked positions (c true) filled with
+// the lowest float through masked_fill, c expanded to the scores' shape; two layers share the
+// padding mask. Each becomes an Attention keeping Not(c), one Not for both after the late passes.
+TEST(DecoderAttention, MaskedFillOfTheMaskedPositionsFuses) {
+  auto make = [](Graph& g) {
+    Value* mask = g.AddInput("mask", DataType::kFloat32, {kB, kS});
+    Value* c = Op(g, "Less", {mask, Const(g, Scalar(0.f))});  // about half masked
+    Value* x = g.AddInput("q", DataType::kFloat32, {kB, kH, kS, kD});
+    for (int layer = 0; layer < 2; ++layer) {
+      Value* masked_pos = Op(g, "Reshape", {c, Const(g, Ints({kB, 1, 1, kS}))});
+      Value* q = Op(g, "Div", {x, Const(g, Scalar(2.f))});
+      Value* s = Op(g, "MatMul", {q, KTransposed(g, x)});
+      Value* e = Op(g, "Expand", {masked_pos, Const(g, Ints({kB, kH, kS, kS}))});
+      Value* w = Op(g, "Where", {e, Lowest(g), s});
+      Value* p = Op(g, "Softmax", {w}, Attrs(std::pair{"axis", int64_t{-1}}));
+      x = Op(g, "MatMul", {p, x});
+    }
+    g.MarkOutput(Op(g, "Relu", {x}));
+  };
+  Graph before, after;
+  make(before);
+  make(after);
+  auto r = RunDefaultPasses(after, TestOptions());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(CountOps(after, "Attention"), 2);
+  EXPECT_EQ(CountOps(after, "Softmax"), 0);
+  EXPECT_EQ(CountOps(after, "Expand"), 0);
+  EXPECT_EQ(CountOps(after, "Not"), 1);
+  for (Node* n : after.nodes()) {
+    if (n->op_type() != "Attention") continue;
+    EXPECT_EQ(n->attrs().GetString("mask_kind", ""), "boolean");
+    EXPECT_FLOAT_EQ(n->attrs().GetFloat("scale", 0.f), 0.5f);
+  }
+  ExpectSameOutputs(before, after);
+}
+
 // Only the scores before a Softmax are reordered, and only very negative fills: a Where that
 // selects ordinary values stays as it is.
 TEST(DecoderAttention, WhereWithAnOrdinaryFillStays) {

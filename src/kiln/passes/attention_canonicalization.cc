@@ -9,6 +9,9 @@
 //     computed once per layer (constants fold; common_subexpression merges the layers' twins).
 //     Where c holds, s + 0 + m; elsewhere s + f + m, which equals f + m to FP32 rounding when f is
 //     the very negative fill these exports use (-3.4e38: |s| is below its ulp).
+//   Where(c, f, s)              ->  Where(Not(c), s, f)
+//     DistilBERT fills the masked positions (c true) with f; an Expand of c to the scores' shape
+//     goes (Where broadcasts).
 //   Max(Add(s, m), L)           ->  Add(s, Max(m, L / 2))
 //     OPT clamps the masked scores to the lowest float L. With the mask clamped to L / 2 instead,
 //     no score plus mask overflows to -inf, and for scores below 1e30 in magnitude (their ulp
@@ -88,7 +91,11 @@ class AttentionCanonicalizationPass final : public Pass {
       if (!x->has_shape() || x->is_graph_output()) continue;
       const int64_t axis = attrs::Softmax::axis(*sm);
       if (axis != -1 && axis != static_cast<int64_t>(x->shape().size()) - 1) continue;
-      // The scale first (it may sit under the Add), then the mask.
+      // The fill's branch first, then the scale (it may sit under the Add), then the mask.
+      if (Value* w = FillInTheFalseBranch(graph, ctx, x, sm)) {
+        graph.SetInput(sm, 0, w);
+        x = w;
+      }
       if (Node* add = ProducerIf(x, OpType::kAdd)) {
         for (int i = 0; i < 2; ++i) {
           if (Value* scaled = ScaleAboveWhere(graph, ctx, add->input(i), add)) {
@@ -151,6 +158,37 @@ class AttentionCanonicalizationPass final : public Pass {
     ctx.stats().rewrites += 1;
     ctx.stats().nodes_added += 2;
     bypassed_.insert(bypassed_.end(), {d, w->where});  // dead once `reader` reads `out`
+    return out;
+  }
+
+  // Where(c, f, s) read by `reader` alone, f a very negative scalar and s the scores (DistilBERT's
+  // masked_fill of the masked positions) -> Where(Not(c'), s, f), c' being c without an Expand to
+  // the scores' shape (Where broadcasts it there itself).
+  Value* FillInTheFalseBranch(Graph& graph, PassContext& ctx, Value* v, const Node* reader) {
+    Node* w = ProducerIf(v, OpType::kWhere);
+    if (!w || w->num_inputs() != 3 || !ReadOnlyBy(v, reader)) return nullptr;
+    Value* c = w->input(0);
+    Value* f = w->input(1);
+    Value* s = w->input(2);
+    if (!c || !f || !s || c->dtype() != DataType::kBool || !IsScores(s) ||
+        s->dtype() != v->dtype() || f->dtype() != v->dtype() || !f->has_shape() ||
+        f->shape().size() > 1 || !s->has_shape() || !(s->shape() == v->shape())) {
+      return nullptr;
+    }
+    std::optional<double> fill = ConstantSplat(f);
+    if (!fill || *fill > kMaskingFill) return nullptr;
+    if (Node* e = ProducerIf(c, OpType::kExpand);
+        e && e->input(0) && e->input(0)->has_shape() && e->input(0)->dtype() == DataType::kBool &&
+        e->input(0)->shape().size() <= v->shape().size()) {
+      c = e->input(0);  // broadcasts to s's shape, which is the output's
+    }
+    Value* keep = graph.AddValue(graph.UniqueName(c->name() + "_keep"), DataType::kBool);
+    graph.AddNode("Not", graph.UniqueName(w->name() + "_keep"), {c}, {keep});
+    Value* out = graph.AddValue(graph.UniqueName(v->name() + "_masked"), v->dtype());
+    graph.AddNode("Where", graph.UniqueName(w->name() + "_scores_kept"), {keep, s, f}, {out});
+    ctx.stats().rewrites += 1;
+    ctx.stats().nodes_added += 2;
+    bypassed_.push_back(w);
     return out;
   }
 

@@ -42,7 +42,8 @@ bool SoftmaxOverLastAxis(const Node& n) {
 
 Pattern AttentionPattern() {
   using namespace pat;
-  Pattern q = OneOf({Op("Mul", {Any("q"), Constant("q_scale").WhereValue(IsSplat)}), Any("q")});
+  Pattern q = OneOf({Op("Mul", {Any("q"), Constant("q_scale").WhereValue(IsSplat)}),
+                     Op("Div", {Any("q"), Constant("q_scale_div").WhereValue(IsSplat)}), Any("q")});
   // torch's scaled_dot_product_attention export scales both: Q and K^T each by sqrt(scale).
   Pattern kt = OneOf({Op("Mul", {Any("kt"), Constant("k_scale").WhereValue(IsSplat)}), Any("kt")});
   Pattern scores = Op("MatMul", {q, kt}).Capture("qk");
@@ -190,6 +191,11 @@ class AttentionFusionPass final : public Pass {
     }
     if (m.has("scale_mul")) scale = *ConstantSplat(m.value("scale_mul"));
     if (m.has("q_scale")) scale *= *ConstantSplat(m.value("q_scale"));
+    if (m.has("q_scale_div")) {
+      const double c = *ConstantSplat(m.value("q_scale_div"));
+      if (c == 0.0) return;
+      scale /= c;  // DistilBERT: q / sqrt(d) before the product
+    }
     if (m.has("k_scale")) {
       // A scale of higher rank than K^T would broadcast the scores to another shape.
       const Value* c = m.value("k_scale");

@@ -5,6 +5,8 @@
 // [B, H, S, S] Add per layer where one serves them all. Exporters write others (a mask or a
 // position computation per layer from the same inputs).
 //
+// Small constants with equal bytes count as one input where refit cannot make them differ
+// (literals; integer and bool initializers, which refit checks unchanged).
 // Left alone: nodes with a tensor attribute (compared by value nowhere else; constant folding
 // turns most of them into constants) and a twin whose output is a graph output (its name is the
 // caller's). Every op kiln imports is deterministic (it has no random ops), so equal inputs give
@@ -15,6 +17,7 @@
 #include <tuple>
 #include <variant>
 
+#include "kiln/ir/weight_program.h"
 #include "kiln/passes/pass.h"
 
 namespace kiln::passes {
@@ -51,6 +54,19 @@ bool HasTensorAttribute(const Node& n) {
   return false;
 }
 
+// Small constants of equal type, dims and bytes stand for one another as inputs when refit can
+// never make them differ: literals (shape targets, scalars an exporter wrote per layer) and
+// integer or bool initializers (refit checks those unchanged). DistilBERT reshapes the shared
+// padding mask in every layer, each with its own copy of the target.
+constexpr int64_t kSmallConstant = 256;
+
+bool Interchangeable(const Value& v) {
+  if (!v.is_constant() || v.constant()->num_elements() > kSmallConstant) return false;
+  const DataType t = v.constant()->dtype();
+  return ProvenanceOf(v)->kind == WeightExpr::Kind::kLiteral || t == DataType::kInt64 ||
+         t == DataType::kInt32 || t == DataType::kBool;
+}
+
 class CommonSubexpressionPass final : public Pass {
  public:
   std::string_view name() const override { return "common_subexpression"; }
@@ -60,10 +76,19 @@ class CommonSubexpressionPass final : public Pass {
     // Candidates by op, domain and input values; attributes are compared within a bucket.
     using Key = std::tuple<std::string, std::string, std::vector<const Value*>, size_t>;
     std::map<Key, std::vector<Node*>> seen;
+    // The first of each set of interchangeable constants, by dtype, dims and bytes.
+    std::map<std::tuple<DataType, std::vector<int64_t>, std::string>, const Value*> constants;
+    auto representative = [&](const Value* v) -> const Value* {
+      if (!v || !Interchangeable(*v)) return v;
+      const Tensor& t = *v->constant();
+      std::string bytes(reinterpret_cast<const char*>(t.bytes().data()), t.size_bytes());
+      return constants.try_emplace({t.dtype(), t.dims(), std::move(bytes)}, v).first->second;
+    };
     int merged = 0;
     for (Node* n : order) {
       if (n->is_dead() || n->num_outputs() == 0 || HasTensorAttribute(*n)) continue;
-      std::vector<const Value*> inputs(n->inputs().begin(), n->inputs().end());
+      std::vector<const Value*> inputs;
+      for (const Value* in : n->inputs()) inputs.push_back(representative(in));
       std::vector<Node*>& bucket =
           seen[Key{n->op_type(), n->domain(), std::move(inputs), n->num_outputs()}];
       Node* twin = nullptr;
