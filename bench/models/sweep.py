@@ -9,6 +9,13 @@ outputs), runs `kiln conformance` on it and lists every failure with its reason.
   python3 bench/models/sweep.py --models resnet18,fcn_resnet50 --backend cuda
   python3 bench/models/sweep.py --table sweep.json      # the table of an earlier run
   python3 bench/models/sweep.py --list
+  python3 bench/models/sweep.py --models gpt_neox,opt,bloom --layers   # and the fused layers
+
+With transformers installed, HF_FAMILIES adds small configurations of 25 more transformers
+families (encoders, decoders, vision and audio) that are not in the GPU suite: the models users
+bring beside the suite's, checked for generality. --layers records, per model, the engine's
+layers by op after the graph passes: which attention layers fused (Softmax left over says which
+did not), which norms and activations.
 
 A model counts against kiln only when PyTorch could export it: an export failure is its own row
 ("export"), not a kiln failure. The pass rate is kiln's passes over the exported models.
@@ -131,10 +138,115 @@ def transformers_models():
     return out
 
 
+class _HfOut(torch.nn.Module):
+    """A transformers model called with one named input; its last hidden state out (the first
+    output where a model has no last_hidden_state)."""
+
+    def __init__(self, inner, arg):
+        super().__init__()
+        self.inner = inner
+        self.arg = arg
+
+    def forward(self, x):
+        out = self.inner(**{self.arg: x})
+        h = getattr(out, "last_hidden_state", None)
+        return h if h is not None else out[0]
+
+
+def _hf_small(config_cls, model_cls, arg, shape, get=None, vocab=None, **cfg):
+    """A small configuration of a transformers family that is not in the GPU suite: the families
+    users bring beside the suite's, checked for kiln's generality (issue 25). Small sizes (two or
+    three layers, hidden 128-256) keep the CPU sweep short; the ops and patterns are the
+    family's."""
+    def make(attn):
+        import transformers
+
+        c = getattr(transformers, config_cls)(**cfg)
+        c._attn_implementation = attn
+        m = getattr(transformers, model_cls)(c)
+        if get:
+            m = getattr(m, get)()
+        return _HfOut(m, arg)
+    kind = "ids" if arg == "input_ids" else "image" if arg == "pixel_values" else "audio"
+    return make, shape, kind, vocab
+
+
+_DEC = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+            vocab_size=1000, max_position_embeddings=256, use_cache=False)
+_ENC = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+            vocab_size=1000)
+_VIS = dict(hidden_size=192, intermediate_size=384, num_hidden_layers=2, num_attention_heads=3,
+            image_size=224, patch_size=16)
+TOK = (128,)
+HF_FAMILIES = {
+    # Encoders
+    "albert": _hf_small("AlbertConfig", "AlbertModel", "input_ids", TOK, vocab=1000,
+                        embedding_size=64, **_ENC),
+    "electra": _hf_small("ElectraConfig", "ElectraModel", "input_ids", TOK, vocab=1000,
+                         embedding_size=128, **_ENC),
+    "deberta_v2": _hf_small("DebertaV2Config", "DebertaV2Model", "input_ids", TOK, vocab=1000,
+                            **_ENC),
+    "mpnet": _hf_small("MPNetConfig", "MPNetModel", "input_ids", TOK, vocab=1000, **_ENC),
+    "bart_encoder": _hf_small("BartConfig", "BartModel", "input_ids", TOK, get="get_encoder",
+                              vocab=1000, d_model=256, encoder_layers=2, decoder_layers=1,
+                              encoder_attention_heads=4, decoder_attention_heads=4,
+                              encoder_ffn_dim=512, decoder_ffn_dim=512, vocab_size=1000),
+    "squeezebert": _hf_small("SqueezeBertConfig", "SqueezeBertModel", "input_ids", TOK,
+                             vocab=1000, embedding_size=256, **_ENC),
+    # Decoders
+    "mistral": _hf_small("MistralConfig", "MistralModel", "input_ids", TOK, vocab=1000,
+                         num_key_value_heads=2, sliding_window=None, **_DEC),  # torch 1.13 cannot export the window (bitwise_or)
+    "qwen2": _hf_small("Qwen2Config", "Qwen2Model", "input_ids", TOK, vocab=1000,
+                       num_key_value_heads=2, **_DEC),
+    "gemma": _hf_small("GemmaConfig", "GemmaModel", "input_ids", TOK, vocab=1000,
+                       num_key_value_heads=1, head_dim=32, **_DEC),
+    "phi": _hf_small("PhiConfig", "PhiModel", "input_ids", TOK, vocab=1000,
+                     partial_rotary_factor=0.5, **_DEC),
+    "gpt_neox": _hf_small("GPTNeoXConfig", "GPTNeoXModel", "input_ids", TOK, vocab=1000,
+                          rotary_pct=0.25, **_DEC),
+    "gptj": _hf_small("GPTJConfig", "GPTJModel", "input_ids", TOK, vocab=1000, n_embd=256,
+                      n_layer=2, n_head=8, rotary_dim=16, vocab_size=1000, n_positions=256),
+    "opt": _hf_small("OPTConfig", "OPTModel", "input_ids", TOK, vocab=1000, hidden_size=256,
+                     ffn_dim=512, num_hidden_layers=2, num_attention_heads=8, vocab_size=1000,
+                     word_embed_proj_dim=256, max_position_embeddings=256),
+    "bloom": _hf_small("BloomConfig", "BloomModel", "input_ids", TOK, vocab=1000, hidden_size=256,
+                       n_layer=2, n_head=8, vocab_size=1000),
+    "falcon": _hf_small("FalconConfig", "FalconModel", "input_ids", TOK, vocab=1000,
+                        hidden_size=256, num_hidden_layers=2, num_attention_heads=8,
+                        vocab_size=1000, new_decoder_architecture=True, num_kv_heads=2),
+    "gpt_neo": _hf_small("GPTNeoConfig", "GPTNeoModel", "input_ids", TOK, vocab=1000,
+                         hidden_size=256, num_layers=2, num_heads=8, vocab_size=1000,
+                         attention_types=[[["global", "local"], 1]], window_size=32,
+                         max_position_embeddings=256),
+    # Vision
+    "deit": _hf_small("DeiTConfig", "DeiTModel", "pixel_values", IMG, **_VIS),
+    "beit": _hf_small("BeitConfig", "BeitModel", "pixel_values", IMG,
+                      use_relative_position_bias=True, **_VIS),
+    "dinov2": _hf_small("Dinov2Config", "Dinov2Model", "pixel_values", IMG, hidden_size=192,
+                        num_hidden_layers=2, num_attention_heads=3, image_size=224,
+                        patch_size=14),
+    "segformer": _hf_small("SegformerConfig", "SegformerModel", "pixel_values", IMG,
+                           depths=[1, 1, 1, 1]),
+    "mobilevit": _hf_small("MobileViTConfig", "MobileViTModel", "pixel_values", IMG),
+    "convnextv2": _hf_small("ConvNextV2Config", "ConvNextV2Model", "pixel_values", IMG,
+                            depths=[1, 1, 2, 1]),
+    "levit": _hf_small("LevitConfig", "LevitModel", "pixel_values", IMG),
+    "poolformer": _hf_small("PoolFormerConfig", "PoolFormerModel", "pixel_values", IMG,
+                            depths=[1, 1, 1, 1]),
+    # Audio: raw waveform through a convolutional feature encoder
+    "wav2vec2": _hf_small("Wav2Vec2Config", "Wav2Vec2Model", "input_values", (16000,),
+                          hidden_size=192, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=384),
+}
+
+
 def all_models():
     rows = {n: (g, "torchvision") for n, (g, _, _) in TORCHVISION.items()}
     for n in transformers_models():
         rows[n] = ("transformers", "transformers")
+    if transformers_models():
+        for n in HF_FAMILIES:
+            rows[n] = ("transformers-more", "transformers")
     return rows
 
 
@@ -167,6 +279,15 @@ def make_case(name, case_dir, seq):
         feed = {"input": rng.standard_normal((1,) + shape).astype(np.float32)}
         if group == "detection":
             feed["input"] = rng.uniform(0, 1, (1,) + shape).astype(np.float32)
+    elif name in HF_FAMILIES:
+        make, shape, kind, vocab = HF_FAMILIES[name]
+        m = seeded(make("eager"))
+        full = (1,) + tuple(seq if s == 128 else s for s in shape)
+        arg = m.arg
+        if kind == "ids":
+            feed = {arg: rng.integers(1, vocab, full).astype(np.int64)}
+        else:
+            feed = {arg: rng.standard_normal(full).astype(np.float32)}
     else:
         make, inputs, extra = transformers_models()[name]
         m = seeded(make("eager"))
@@ -235,6 +356,26 @@ def run_kiln(a, case_dir):
     return passed, first_line(reason), secs
 
 
+def fused_layers(a, case_dir):
+    """The engine's layers after kiln's graph passes, by op (`kiln build --json`): what the
+    fusions left of the model. {"layers": n, "ops": {op: count}, "softmax": n} or None."""
+    engine = os.path.join(case_dir, "layers.kiln")
+    cmd = [a.kiln, "build", os.path.join(case_dir, "model.onnx"), "--backend", a.backend, "-o",
+           engine, "--json"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout + 60)
+        report = json.loads(p.stdout)
+    except (subprocess.TimeoutExpired, ValueError):
+        return None
+    finally:
+        if os.path.exists(engine):
+            os.remove(engine)
+    ops = {}
+    for layer in report.get("layer_reports", []):
+        ops[layer["op"]] = ops.get(layer["op"], 0) + 1
+    return {"layers": sum(ops.values()), "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+
+
 def ort_arbitration(a, case_dir):
     """A case kiln fails at compare: does ONNX Runtime disagree with PyTorch too, and does kiln
     equal ONNX Runtime? (Detection heads with random weights tie their scores, and the order
@@ -287,11 +428,24 @@ def first_line(s):
 
 def table(result):
     rows = result["rows"]
-    lines = ["| model | group | export | kiln | seconds | reason |", "|---|---|---|---|---:|---|"]
+    with_layers = any(r.get("fused") for r in rows)
+    head = "| model | group | export | kiln | seconds | reason |"
+    rule = "|---|---|---|---|---:|---|"
+    if with_layers:
+        head += " layers | Attention | Softmax left | most common ops |"
+        rule += "---:|---:|---:|---|"
+    lines = [head, rule]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['group']} | {'ok' if r['exported'] else 'failed'} | "
-                     f"{'pass' if r.get('passed') else ('-' if not r['exported'] else 'FAIL')} | "
-                     f"{r.get('kiln_seconds', 0):.1f} | {r.get('reason', '')} |")
+        line = (f"| {r['model']} | {r['group']} | {'ok' if r['exported'] else 'failed'} | "
+                f"{'pass' if r.get('passed') else ('-' if not r['exported'] else 'FAIL')} | "
+                f"{r.get('kiln_seconds', 0):.1f} | {r.get('reason', '')} |")
+        if with_layers:
+            f = r.get("fused") or {}
+            ops = f.get("ops", {})
+            common = ", ".join(f"{op} {n}" for op, n in list(ops.items())[:5])
+            line += (f" {f.get('layers', '')} | {ops.get('Attention', 0) if f else ''} | "
+                     f"{ops.get('Softmax', 0) if f else ''} | {common} |")
+        lines.append(line)
     exported = [r for r in rows if r["exported"]]
     passed = [r for r in exported if r.get("passed")]
     lines.append("")
@@ -321,6 +475,9 @@ def main():
     ap.add_argument("--budget", type=float, default=0, help="start no model after this many s")
     ap.add_argument("--table", help="print the table of a results file and exit")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--layers", action="store_true",
+                    help="also build each model once more and record its layers by op after the "
+                         "graph passes (attention, norms, activations fused or not)")
     a = ap.parse_args()
     if a.table:
         with open(a.table) as f:
@@ -358,6 +515,8 @@ def main():
             row["reason"] = "export: " + first_line(f"{type(e).__name__}: {e}")
         if row["exported"]:
             row["passed"], row["reason"], row["kiln_seconds"] = run_kiln(a, case)
+            if a.layers:
+                row["fused"] = fused_layers(a, case)
             if row["passed"]:
                 row["reason"] = ""
             elif "compare" in row["reason"]:
