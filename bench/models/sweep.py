@@ -193,9 +193,10 @@ HF_FAMILIES = {
                               encoder_ffn_dim=512, decoder_ffn_dim=512, vocab_size=1000),
     "squeezebert": _hf_small("SqueezeBertConfig", "SqueezeBertModel", "input_ids", TOK,
                              vocab=1000, embedding_size=256, **_ENC),
-    # Decoders
+    # Decoders (Mistral without its sliding window: torch 1.13 cannot export the window's
+    # bitwise_or)
     "mistral": _hf_small("MistralConfig", "MistralModel", "input_ids", TOK, vocab=1000,
-                         num_key_value_heads=2, sliding_window=None, **_DEC),  # torch 1.13 cannot export the window (bitwise_or)
+                         num_key_value_heads=2, sliding_window=None, **_DEC),
     "qwen2": _hf_small("Qwen2Config", "Qwen2Model", "input_ids", TOK, vocab=1000,
                        num_key_value_heads=2, **_DEC),
     "gemma": _hf_small("GemmaConfig", "GemmaModel", "input_ids", TOK, vocab=1000,
