@@ -83,6 +83,37 @@ TEST(AttentionKernel, NoMask) { ExpectKernelMatchesReference("none", false); }
 TEST(AttentionKernel, AdditiveMask) { ExpectKernelMatchesReference("additive", true); }
 TEST(AttentionKernel, CausalBottomRightAligned) { ExpectKernelMatchesReference("causal", false); }
 
+// A query row whose every key is masked with -inf (an FP16 engine's mask of the lowest float)
+// gives zeros, as the CUDA kernels do, not NaN; the other rows are untouched.
+TEST(AttentionKernel, RowMaskedWholeGivesZeros) {
+  Graph g;
+  AttributeMap attrs;
+  attrs.Set("mask_kind", std::string("additive"));
+  Node* n = g.AddNode("Attention", "attn",
+                      {g.AddValue("q"), g.AddValue("k"), g.AddValue("v"), g.AddValue("m")},
+                      {g.AddValue("y")}, attrs);
+  Tensor q = RandomTensor(DataType::kFloat32, {1, 3, 4}, 1);
+  Tensor k = RandomTensor(DataType::kFloat32, {1, 5, 4}, 2);
+  Tensor v = RandomTensor(DataType::kFloat32, {1, 5, 6}, 3);
+  std::vector<float> mask(15, 0.f);
+  for (int j = 0; j < 5; ++j) mask[5 + j] = -std::numeric_limits<float>::infinity();  // row 1
+  Tensor m = Tensor::FromVector<float>(DataType::kFloat32, {1, 3, 5}, mask);
+  std::vector<const Tensor*> in = {&q, &k, &v, &m};
+  auto out = cpu::EvaluateNode(*n, in);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  auto want = Reference(q, k, v, 0.5, nullptr, false);
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t c = 0; c < 6; ++c) {
+      const double got = (*out)[0].GetDouble(i * 6 + c);
+      if (i == 1) {
+        EXPECT_EQ(got, 0.0) << c;
+      } else {
+        EXPECT_NEAR(got, want[i * 6 + c], 1e-5) << i << "," << c;
+      }
+    }
+  }
+}
+
 TEST(AttentionShapeRule, RejectsAMaskKindWithoutItsMask) {
   Graph g;
   Value* q = g.AddInput("q", DataType::kFloat32, {2, 3, 4});

@@ -186,7 +186,16 @@ class AttentionKernel final : public Kernel {
             case AttentionMask::kNone:
               break;
           }
-          SoftmaxRowInPlace(row, sk);
+          // A row masked whole (every score -inf: an FP16 mask of the lowest float, a causal row
+          // before a left-padded start) gives zeros, as the CUDA kernels do, not NaN.
+          bool any = false;
+          for (int64_t j = 0; j < sk && !any; ++j)
+            any = row[j] != -std::numeric_limits<float>::infinity();
+          if (any) {
+            SoftmaxRowInPlace(row, sk);
+          } else {
+            std::fill(row, row + sk, 0.f);
+          }
         }
         Sgemm(GemmImpl::kOpenBlas, false, false, rows, dv, sk, 1.f, sc, sk, vb, vv.row_stride, 0.f,
               y + BatchOffset(yv, yv.batch, b) + i0 * yv.row_stride, yv.row_stride, nullptr);

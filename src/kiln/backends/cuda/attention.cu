@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t row = row0 + warp * kRowsPerWarp + r;
     if (row >= p.sq) break;
-    const float inv = 1.f / l[r];
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;  // a row masked whole gives zeros, not NaN
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int col = lane + 32 * c;
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) AttentionTcKernel(AttentionPara
   __syncwarp();  // o_w's zeros are visible even when no tile ran
   if (row < p.sq) {
     T* y = static_cast<T*>(p.y) + yo;
-    const float inv = 1.f / l;
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row masked whole gives zeros, not NaN
     for (int c = half; c < dv; c += 2) y[row * p.y_row + c] = Store<T>(o_w[my_row * dv + c] * inv);
   }
 }

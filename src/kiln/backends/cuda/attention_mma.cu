@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       if (my_row[mt][h] >= p.sq) continue;
-      const float inv = 1.f / l;
+      const float inv = l > 0.f ? 1.f / l : 0.f;  // a row masked whole gives zeros, not NaN
       T* yr = y + my_row[mt][h] * p.y_row;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
