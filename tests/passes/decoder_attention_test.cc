@@ -213,6 +213,48 @@ TEST(DecoderAttention, MaskedFillOfTheMaskedPositionsFuses) {
   ExpectSameOutputs(before, after);
 }
 
+// A symbolic batch (an export with a dynamic batch axis): the flattening targets are computed from
+// Q's shape at run time, [b*H, S, D], and the products still run on the heads. The zeros GPT-NeoX's
+// baddbmm adds are a ConstantOfShape of the scores' runtime shape.
+TEST(DecoderAttention, SymbolicBatchUnflattens) {
+  auto make = [](Graph& g) {
+    const Dim b = Dim::Symbol("b");
+    Value* q = g.AddInput("q", DataType::kFloat32, {b, kH, kS, kD});
+    Value* k = g.AddInput("k", DataType::kFloat32, {b, kH, kS, kD});
+    Value* v = g.AddInput("v", DataType::kFloat32, {b, kH, kS, kD});
+    Value* batch = Op(g, "Slice", {Op(g, "Shape", {q}), Const(g, Ints({0})), Const(g, Ints({1}))});
+    Value* bh = Op(g, "Mul", {batch, Const(g, Ints({kH}))});
+    auto target = [&](Value* lead, std::vector<int64_t> rest) {
+      return Op(g, "Concat", {lead, Const(g, Ints(std::move(rest)))},
+                Attrs(std::pair{"axis", int64_t{0}}));
+    };
+    Value* q3 = Op(g, "Reshape", {q, target(bh, {kS, kD})});
+    Value* k3 = Op(g, "Reshape", {k, target(bh, {kS, kD})});
+    Value* kt3 = Op(g, "Transpose", {k3}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1}}));
+    Value* s3 = Op(g, "Mul", {Op(g, "MatMul", {q3, kt3}), Const(g, Scalar(0.5f))});
+    Value* zeros = Op(g, "ConstantOfShape", {Op(g, "Shape", {s3})});
+    s3 = Op(g, "Add", {s3, zeros});
+    Value* s4 = Op(g, "Reshape", {s3, target(batch, {kH, kS, kS})});
+    Value* p = Op(g, "Softmax", {Op(g, "Where", {CausalCond(g), s4, Lowest(g)})},
+                  Attrs(std::pair{"axis", int64_t{-1}}));
+    Value* p3 = Op(g, "Reshape", {p, target(bh, {kS, kS})});
+    Value* v3 = Op(g, "Reshape", {v, target(bh, {kS, kD})});
+    Value* y = Op(g, "Reshape", {Op(g, "MatMul", {p3, v3}), target(batch, {kH, kS, kD})});
+    g.MarkOutput(Op(g, "Relu", {y}));
+  };
+  Graph before, after;
+  make(before);
+  make(after);
+  auto r = RunDefaultPasses(after, TestOptions());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Node* a = Find(after, "Attention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->attrs().GetString("mask_kind", ""), "causal");
+  EXPECT_EQ(CountOps(after, "Softmax"), 0);
+  EXPECT_EQ(CountOps(after, "MatMul"), 0);
+  ExpectSameOutputs(before, after, {{"b", 3}});
+}
+
 // Only the scores before a Softmax are reordered, and only very negative fills: a Where that
 // selects ordinary values stays as it is.
 TEST(DecoderAttention, WhereWithAnOrdinaryFillStays) {

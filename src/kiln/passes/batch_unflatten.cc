@@ -39,20 +39,22 @@ bool ReadOnlyBy(const Value* v, const Node* reader) {
   return true;
 }
 
-std::optional<std::vector<int64_t>> Static(const Value* v) {
+// A value's shape when known and not following from a shape input's values.
+std::optional<Shape> ShapeIf(const Value* v) {
   if (!v || !v->has_shape() || v->value_dependent()) return std::nullopt;
-  return StaticDims(v->shape());
+  return v->shape();
 }
 
-// `r` = Reshape(x, [X, p, q]) where x is [B..., p, q] with prod(B) = X: x's dims, else nullopt.
-std::optional<std::vector<int64_t>> LeadingMerge(const Node* r) {
+// `r` = Reshape(x, [X, p, q]) where x is [B..., p, q] with prod(B) = X (symbolic dims compared as
+// expressions: X = 8*batch when B = [batch, 8]): x's shape, else nullopt.
+std::optional<Shape> LeadingMerge(const Node* r) {
   if (!r || !IsOp(*r, OpType::kReshape)) return std::nullopt;
-  auto in = Static(r->input(0));
-  auto out = Static(r->output(0));
+  auto in = ShapeIf(r->input(0));
+  auto out = ShapeIf(r->output(0));
   if (!in || !out || out->size() != 3 || in->size() < 3) return std::nullopt;
-  int64_t x = 1;
-  for (size_t i = 0; i + 2 < in->size(); ++i) x *= (*in)[i];
-  if (x != (*out)[0] || (*in)[in->size() - 2] != (*out)[1] || in->back() != (*out)[2]) {
+  Dim x(1);
+  for (size_t i = 0; i + 2 < in->size(); ++i) x = x * (*in)[i];
+  if (!(x == (*out)[0]) || !((*in)[in->size() - 2] == (*out)[1]) || !(in->back() == (*out)[2])) {
     return std::nullopt;
   }
   return in;
@@ -116,29 +118,37 @@ class BatchUnflattenPass final : public Pass {
     if (!b || b->size() != a->size() || !std::equal(a->begin(), a->end() - 2, b->begin())) return;
     const size_t rank = a->size();
     // [.., m, k] x [.., k, n] (or [.., n, k] transposed).
-    if ((t ? b->back() : (*b)[rank - 2]) != a->back()) return;
-    Value* target = AddShapeConstant(graph, mm->name() + "_flat", mm->output(0)->shape());
-    if (!target) return;
+    if (!((t ? b->back() : (*b)[rank - 2]) == a->back())) return;
+    auto flat = ShapeIf(mm->output(0));
+    if (!flat || flat->size() != 3) return;
+    Shape y_shape = *a;
+    y_shape.back() = t ? (*b)[rank - 2] : b->back();
+    // The flattened product either meets a Reshape back to the unflattened shape through a chain
+    // of elementwise ops (rewritten here, any dims), or keeps a Reshape view of a literal target
+    // (static dims but one).
+    const Chain chain = FindChainBack(mm->output(0), y_shape, (*flat)[0]);
+    if (!chain.back && !FitsShapeConstant(*flat)) return;
     Value* bv = rb->input(0);
     if (t) {
       std::vector<int64_t> swap(rank);
       for (size_t i = 0; i < rank; ++i) swap[i] = static_cast<int64_t>(i);
       std::swap(swap[rank - 1], swap[rank - 2]);
       Value* bt = graph.AddValue(graph.UniqueName(bv->name() + "_t"), bv->dtype());
-      std::vector<int64_t> bt_dims = *b;
-      std::swap(bt_dims[rank - 1], bt_dims[rank - 2]);
-      bt->set_shape(ShapeOf(bt_dims));
+      Shape bt_shape = *b;
+      std::swap(bt_shape[rank - 1], bt_shape[rank - 2]);
+      bt->set_shape(bt_shape);
       AttributeMap ta;
       ta.Set("perm", swap);
       graph.AddNode("Transpose", graph.UniqueName(t->name() + "_unflattened"), {bv}, {bt},
                     std::move(ta));
       bv = bt;
+      ctx.stats().nodes_added += 1;
     }
     Value* av = ra->input(0);
     if (sm) {
       Value* p = graph.AddValue(graph.UniqueName(sm->output(0)->name() + "_unflattened"),
                                 sm->output(0)->dtype());
-      p->set_shape(ShapeOf(*a));
+      p->set_shape(*a);
       AttributeMap last;
       last.Set("axis", int64_t{-1});
       graph.AddNode("Softmax", graph.UniqueName(sm->name() + "_unflattened"), {av}, {p},
@@ -148,99 +158,114 @@ class BatchUnflattenPass final : public Pass {
     }
     Value* y = graph.AddValue(graph.UniqueName(mm->output(0)->name() + "_unflattened"),
                               mm->output(0)->dtype());
-    // Shaped now: the Reshapes around it merge in this round (before gemm_fusion, later in the
-    // round, takes a product this rewrite leads to the attention fusion).
-    std::vector<int64_t> y_dims = *a;
-    y_dims.back() = t ? (*b)[rank - 2] : b->back();
-    y->set_shape(ShapeOf(y_dims));
+    // Shaped now: what follows merges in this round (before gemm_fusion, later in the round,
+    // takes a product this rewrite leads to the attention fusion).
+    y->set_shape(y_shape);
     graph.AddNode("MatMul", graph.UniqueName(mm->name() + "_unflattened"), {av, bv}, {y});
-    Value* out = mm->output(0);
-    const std::string name = mm->name();
-    graph.RemoveNode(mm);
-    graph.AddNode("Reshape", graph.UniqueName(name + "_flat"), {y, target}, {out});
+    ctx.stats().nodes_added += 1;
+    if (chain.back) {
+      RunChainOn(graph, ctx, y, chain, mm->output(0), y_shape);
+      bypassed_.push_back(mm);
+    } else {
+      Value* target = AddShapeConstant(graph, mm->name() + "_flat", *flat);
+      Value* out = mm->output(0);
+      const std::string name = mm->name();
+      graph.RemoveNode(mm);
+      graph.AddNode("Reshape", graph.UniqueName(name + "_flat"), {y, target}, {out});
+      ctx.stats().nodes_added += 1;
+    }
     if (t) bypassed_.push_back(t);
     if (sm) bypassed_.push_back(sm);
     bypassed_.insert(bypassed_.end(), {ra, rb});
     ctx.stats().rewrites += 1;
-    ctx.stats().nodes_added += t ? 3 : 2;
   }
 
-  // r = Reshape(y, [X, m, n]) (a leading merge of y [B..., m, n]) read by a chain of elementwise
-  // ops (Add, Sub, Mul, Div; each read only by the next) that ends in a Reshape back to y's shape:
-  // the chain runs on y, each other operand z given y's leading dims (a Reshape when z is
-  // [X, ., .]; as it is when it has fewer dims or a leading 1), and the Reshapes go. BLOOM adds
-  // its ALiBi bias [B*H, 1, S] to the flattened scores before unflattening them.
-  bool SinkToUnflatten(Graph& graph, PassContext& ctx, Node* r) {
-    auto y_dims = LeadingMerge(r);
-    if (!y_dims) return false;
-    const int64_t x = Static(r->output(0))->front();
-    std::vector<Node*> chain;
-    Value* v = r->output(0);
+  // A chain from a flattened value [X, m, n] of y [B..., m, n]: elementwise ops (Add, Sub, Mul,
+  // Div; each read only by the next; the other operand z of rank <= 3 with a leading dim of X (a
+  // Reshape gives it y's leading dims; static dims but one), 1 or none, broadcasting into the
+  // value) ending in a Reshape back to y's shape. `back` null when there is none.
+  struct Chain {
+    std::vector<Node*> ops;
     Node* back = nullptr;
+  };
+  static Chain FindChainBack(Value* flat, const Shape& y, const Dim& x) {
+    Chain chain;
+    const Shape lead(y.begin(), y.end() - 2);
+    Value* v = flat;
     while (!v->is_graph_output() && v->consumers().size() == 1) {
       Node* c = v->consumers().front();
       if (IsOp(*c, OpType::kReshape)) {
-        if (c->input(0) == v && Static(c->output(0)) == y_dims &&
-            c->output(0)->dtype() == r->input(0)->dtype()) {
-          back = c;
-        }
+        if (c->input(0) == v && ShapeIf(c->output(0)) == y) chain.back = c;
         break;
       }
       const bool elementwise = IsOp(*c, OpType::kAdd) || IsOp(*c, OpType::kSub) ||
                                IsOp(*c, OpType::kMul) || IsOp(*c, OpType::kDiv);
       if (!elementwise || c->num_inputs() != 2 || c->input(0) == c->input(1)) break;
-      const Value* z = c->input(c->input(0) == v ? 1 : 0);
-      auto zd = Static(z);
-      // The op keeps v's shape (z broadcasts into it), and z's leading dim is X or 1 or absent.
-      if (!zd || zd->size() > 3 || Static(c->output(0)) != Static(v) ||
-          (zd->size() == 3 && (*zd)[0] != x && (*zd)[0] != 1)) {
-        break;
+      auto zd = ShapeIf(c->input(c->input(0) == v ? 1 : 0));
+      if (!zd || zd->size() > 3 || ShapeIf(c->output(0)) != ShapeIf(v)) break;
+      if (zd->size() == 3 && !(zd->front() == Dim(1))) {
+        Shape to = lead;
+        to.insert(to.end(), zd->begin() + 1, zd->end());
+        if (!(zd->front() == x) || !FitsShapeConstant(to)) break;
       }
-      chain.push_back(c);
+      chain.ops.push_back(c);
       v = c->output(0);
     }
-    if (!back || chain.empty() || back->output(0)->is_graph_output()) return false;
-    Value* cur = r->input(0);
-    const std::vector<int64_t> lead(y_dims->begin(), y_dims->end() - 2);
-    for (Node* c : chain) {
-      const int zi = IsChainInput(c, chain, r) ? 1 : 0;
+    if (chain.back && (chain.back->output(0)->is_graph_output() ||
+                       chain.back->output(0)->dtype() != flat->dtype())) {
+      chain.back = nullptr;
+    }
+    return chain;
+  }
+
+  // The chain's ops on `cur` (y, unflattened) instead of on `flat`; the chain's Reshape back is
+  // bypassed (its readers read the last op's result).
+  void RunChainOn(Graph& graph, PassContext& ctx, Value* cur, const Chain& chain, Value* flat,
+                  const Shape& y) {
+    const Shape lead(y.begin(), y.end() - 2);
+    Value* prev = flat;
+    for (Node* c : chain.ops) {
+      const int zi = c->input(0) == prev ? 1 : 0;
       Value* z = c->input(zi);
-      auto zd = *Static(z);
-      if (zd.size() == 3 && zd[0] == x && x != 1) {
-        std::vector<int64_t> to = lead;
+      const Shape zd = z->shape();
+      if (zd.size() == 3 && !(zd.front() == Dim(1))) {
+        Shape to = lead;
         to.insert(to.end(), zd.begin() + 1, zd.end());
-        Value* target = AddShapeConstant(graph, c->name() + "_operand_shape", ShapeOf(to));
+        Value* target = AddShapeConstant(graph, c->name() + "_operand_shape", to);
         Value* zv = graph.AddValue(graph.UniqueName(z->name() + "_unflattened"), z->dtype());
-        zv->set_shape(ShapeOf(to));
+        zv->set_shape(to);
         graph.AddNode("Reshape", graph.UniqueName(c->name() + "_operand"), {z, target}, {zv});
         ctx.stats().nodes_added += 1;
         z = zv;
       }
       Value* out = graph.AddValue(graph.UniqueName(c->output(0)->name() + "_unflattened"),
                                   c->output(0)->dtype());
-      out->set_shape(ShapeOf(*y_dims));
+      out->set_shape(y);
       std::vector<Value*> ins = zi == 1 ? std::vector<Value*>{cur, z} : std::vector<Value*>{z, cur};
       graph.AddNode(std::string(c->op_type()), graph.UniqueName(c->name() + "_unflattened"), ins,
                     {out});
       ctx.stats().nodes_added += 1;
+      prev = c->output(0);
       cur = out;
     }
-    graph.ReplaceAllUses(back->output(0), cur);
-    bypassed_.push_back(back);
-    for (auto it = chain.rbegin(); it != chain.rend(); ++it) bypassed_.push_back(*it);
+    graph.ReplaceAllUses(chain.back->output(0), cur);
+    bypassed_.push_back(chain.back);
+    for (auto it = chain.ops.rbegin(); it != chain.ops.rend(); ++it) bypassed_.push_back(*it);
+  }
+
+  // r = Reshape(y, [X, m, n]) (a leading merge of y [B..., m, n]) read by a chain of elementwise
+  // ops that ends in a Reshape back to y's shape (FindChainBack): the chain runs on y and the
+  // Reshapes go. BLOOM adds its ALiBi bias [B*H, 1, S] to the flattened scores before
+  // unflattening them.
+  bool SinkToUnflatten(Graph& graph, PassContext& ctx, Node* r) {
+    auto y = LeadingMerge(r);
+    if (!y) return false;
+    const Chain chain = FindChainBack(r->output(0), *y, r->output(0)->shape().front());
+    if (!chain.back || chain.ops.empty()) return false;
+    RunChainOn(graph, ctx, r->input(0), chain, r->output(0), *y);
     bypassed_.push_back(r);
     ctx.stats().rewrites += 1;
     return true;
-  }
-
-  // Whether c's input 0 is the chain's running value (r's output or the previous op's output).
-  static bool IsChainInput(const Node* c, const std::vector<Node*>& chain, const Node* r) {
-    const Value* prev = r->output(0);
-    for (const Node* n : chain) {
-      if (n == c) return c->input(0) == prev;
-      prev = n->output(0);
-    }
-    return false;
   }
 
   // Reshape(op(Reshape(y, s1), c), s2) -> op(Reshape(y, s2), c); Reshape(Reshape(y, s1), s2) ->
@@ -289,12 +314,6 @@ class BatchUnflattenPass final : public Pass {
     graph.AddNode(op, graph.UniqueName(name + "_unflattened"), {reshaped, cv}, {out});
     ctx.stats().rewrites += 1;
     bypassed_.insert(bypassed_.end(), {e, inner});
-  }
-
-  static Shape ShapeOf(const std::vector<int64_t>& dims) {
-    Shape s;
-    for (int64_t d : dims) s.push_back(Dim(d));
-    return s;
   }
 };
 

@@ -37,8 +37,18 @@ Value* ArithmeticPassThrough(const Node& n) {
     // Only a literal (a Constant node, shape arithmetic): a model's zero bias is a weight, which
     // refit may replace by one that is not zero.
     const Value* k = n.input(c);
-    if (!k->is_constant() || ProvenanceOf(*k)->kind != WeightExpr::Kind::kLiteral) continue;
-    std::optional<double> v = ConstantSplat(k);
+    std::optional<double> v;
+    if (k->is_constant()) {
+      if (ProvenanceOf(*k)->kind != WeightExpr::Kind::kLiteral) continue;
+      v = ConstantSplat(k);
+    } else if (const Node* fill = k->producer(); fill && IsOp(*fill, OpType::kConstantOfShape)) {
+      // A fill of a runtime shape (torch.zeros of a dynamic size: GPT-NeoX's baddbmm input).
+      v = 0.0;  // ConstantOfShape's default value
+      if (fill->attrs().Has("value")) {
+        const Tensor* t = fill->attrs().GetTensor("value");
+        v = t && t->num_elements() == 1 ? std::optional<double>(t->GetDouble(0)) : std::nullopt;
+      }
+    }
     if (v && *v == unit && x->dtype() == n.output(0)->dtype() && SameShape(x, n.output(0))) {
       return x;
     }
