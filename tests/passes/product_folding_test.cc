@@ -74,5 +74,69 @@ TEST(LinearBatchNorm, ChannelsThatAreNotTheColumnsStay) {
   ExpectSameOutputs(before, after);
 }
 
+// A zero Pad of the spatial axes before a Conv (TensorFlow-ported CNNs pad explicitly: HF's
+// MobileNetV2, "same" padding) goes into the Conv's pads, asymmetric ones too; a Pad that is not
+// zeros, pads the channels or reflects stays.
+enum class PadForm { kSymmetric, kAsymmetricWithAxes, kReflect, kChannels, kNonZero };
+
+void PadConv(Graph& g, PadForm form) {
+  Value* x = g.AddInput("x", DataType::kFloat32, {2, 3, 9, 9});
+  std::vector<Value*> ins = {x};
+  AttributeMap attrs;
+  switch (form) {
+    case PadForm::kSymmetric:
+      ins.push_back(Const(g, Ints({0, 0, 1, 1, 0, 0, 1, 1})));
+      break;
+    case PadForm::kAsymmetricWithAxes:  // stride-2 "same": nothing before, one after
+      ins.push_back(Const(g, Ints({0, 0, 1, 1})));
+      ins.push_back(Const(g, Scalar(0.f)));
+      ins.push_back(Const(g, Ints({2, -1})));
+      break;
+    case PadForm::kReflect:
+      ins.push_back(Const(g, Ints({0, 0, 1, 1, 0, 0, 1, 1})));
+      attrs.Set("mode", std::string("reflect"));
+      break;
+    case PadForm::kChannels:
+      ins.push_back(Const(g, Ints({0, 1, 0, 0, 0, 0, 0, 0})));
+      break;
+    case PadForm::kNonZero:
+      ins.push_back(Const(g, Ints({0, 0, 1, 1, 0, 0, 1, 1})));
+      ins.push_back(Const(g, Scalar(0.5f)));
+      break;
+  }
+  Value* padded = g.AddValue("padded");
+  g.AddNode("Pad", "pad", ins, {padded}, attrs);
+  const int64_t c = form == PadForm::kChannels ? 4 : 3;
+  Value* w = Const(g, RandomTensor(DataType::kFloat32, {5, c, 3, 3}, 3));
+  AttributeMap conv;
+  conv.Set("strides", std::vector<int64_t>{2, 2});
+  conv.Set("pads", std::vector<int64_t>{0, 1, 0, 0});
+  g.MarkOutput(Op(g, "Conv", {padded, w}, conv));
+}
+
+TEST(PadConvFolding, ZeroSpatialPadsGoIntoTheConv) {
+  for (PadForm form : {PadForm::kSymmetric, PadForm::kAsymmetricWithAxes, PadForm::kReflect,
+                       PadForm::kChannels, PadForm::kNonZero}) {
+    SCOPED_TRACE(static_cast<int>(form));
+    Graph before, after;
+    PadConv(before, form);
+    PadConv(after, form);
+    std::vector<std::unique_ptr<Pass>> v;
+    v.push_back(MakeConvFusionPass());
+    v.push_back(MakeDeadNodeEliminationPass());
+    RunPasses(after, std::move(v));
+    const bool folds = form == PadForm::kSymmetric || form == PadForm::kAsymmetricWithAxes;
+    EXPECT_EQ(CountOps(after, "Pad"), folds ? 0 : 1);
+    if (form == PadForm::kAsymmetricWithAxes) {
+      for (Node* n : after.nodes()) {
+        if (n->op_type() == "Conv") {
+          EXPECT_EQ(n->attrs().GetInts("pads"), (std::vector<int64_t>{0, 1, 1, 1}));
+        }
+      }
+    }
+    ExpectSameOutputs(before, after);
+  }
+}
+
 }  // namespace
 }  // namespace kiln::passes

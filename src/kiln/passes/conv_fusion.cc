@@ -1,12 +1,15 @@
 // Conv + bias + residual + activation fusion (the ResNet block tail):
 //   Conv(X, W, B?) -> Add(per-channel constant)? -> Add(Z of the output's shape)? -> act?
 //   => FusedConv(X, W, B', Z?) with the activation as an attribute (kiln/ops/fused.h).
-// A per-channel Add alone folds into Conv's own bias (the result stays a plain Conv).
+// A per-channel Add alone folds into Conv's own bias (the result stays a plain Conv). A zero Pad
+// of the spatial axes before a Conv goes into the Conv's pads.
 #include <algorithm>
 
 #include "kiln/ir/weight_program.h"
+#include "kiln/ops/op_table.h"
 #include "kiln/passes/activation.h"
 #include "kiln/passes/pass.h"
+#include "kiln/passes/pattern.h"
 
 namespace kiln::passes {
 namespace {
@@ -78,11 +81,69 @@ class ConvFusionPass final : public Pass {
 
   Status Run(Graph& graph, PassContext& ctx) override {
     static const Pattern pattern = ConvPattern();
+    for (Node* n : graph.nodes()) {
+      if (!n->is_dead() && (IsOp(*n, OpType::kConv) || IsOp(*n, OpType::kFusedConv))) {
+        FoldPad(graph, ctx, n);
+      }
+    }
     return ForEachMatch(graph, pattern, RootOrder::kFromOutputs, nullptr,
                         [&](const Match& m) { Fuse(graph, ctx, m); });
   }
 
  private:
+  // Pad(x, pads) with zeros on the spatial axes only, read by the convolution alone, goes into
+  // the convolution's own pads (TensorFlow-ported CNNs pad explicitly: HF's MobileNetV2, "same"
+  // padding): one pass over the activation fewer.
+  static void FoldPad(Graph& graph, PassContext& ctx, Node* conv) {
+    Value* x = conv->input(0);
+    Node* pad = x ? x->producer() : nullptr;
+    if (!pad || !IsOp(*pad, OpType::kPad) || x->is_graph_output() || x->consumers().size() != 1 ||
+        attrs::Pad::mode(*pad) != "constant" || attrs::Conv::auto_pad(*conv) != "NOTSET") {
+      return;
+    }
+    Value* in = pad->input(0);
+    if (!in || !in->has_shape() || in->shape().size() < 3) return;
+    const size_t rank = in->shape().size();
+    const Value* pv = pad->input(1);
+    if (!pv || !pv->is_constant()) return;
+    if (pad->num_inputs() > 2 && pad->input(2)) {
+      std::optional<double> fill = ConstantSplat(pad->input(2));
+      if (!fill || *fill != 0.0) return;
+    }
+    std::vector<int64_t> axes;
+    if (pad->num_inputs() > 3 && pad->input(3)) {
+      if (!pad->input(3)->is_constant()) return;
+      axes = pad->input(3)->constant()->ToInt64Vector();
+      for (int64_t& a : axes) a = a < 0 ? a + static_cast<int64_t>(rank) : a;
+    } else {
+      for (size_t i = 0; i < rank; ++i) axes.push_back(static_cast<int64_t>(i));
+    }
+    const std::vector<int64_t> pads = pv->constant()->ToInt64Vector();
+    if (pads.size() != 2 * axes.size()) return;
+    const size_t spatial = rank - 2;
+    std::vector<int64_t> cp = attrs::Conv::pads(*conv);
+    if (cp.empty()) cp.assign(2 * spatial, 0);
+    if (cp.size() != 2 * spatial) return;
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const int64_t a = axes[i];
+      const int64_t begin = pads[i], end = pads[i + axes.size()];
+      if (a < 0 || a >= static_cast<int64_t>(rank) || begin < 0 || end < 0) return;
+      if (a < 2) {
+        if (begin != 0 || end != 0) return;  // batch or channels padded
+        continue;
+      }
+      cp[a - 2] += begin;
+      cp[a - 2 + spatial] += end;
+    }
+    AttributeMap attrs = conv->attrs();
+    attrs.Set("pads", cp);
+    conv->mutable_attrs() = std::move(attrs);
+    graph.SetInput(conv, 0, in);
+    graph.RemoveNode(pad);
+    ctx.stats().rewrites += 1;
+    ctx.stats().nodes_removed += 1;
+  }
+
   static void Fuse(Graph& graph, PassContext& ctx, const Match& m) {
     Node* conv = m.node("conv");
     AttributeMap attrs = conv->attrs();
