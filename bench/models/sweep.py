@@ -238,6 +238,38 @@ HF_FAMILIES = {
     "wav2vec2": _hf_small("Wav2Vec2Config", "Wav2Vec2Model", "input_values", (16000,),
                           hidden_size=192, num_hidden_layers=2, num_attention_heads=4,
                           intermediate_size=384),
+    "hubert": _hf_small("HubertConfig", "HubertModel", "input_values", (16000,),
+                        hidden_size=192, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=384),
+    # More encoders and decoders: full BART (its decoder with cross-attention), RoFormer's rotary
+    # BERT, XLM-R, CodeGen, GPT-BigCode's multi-query attention, BioGPT, StableLM
+    "bart": _hf_small("BartConfig", "BartModel", "input_ids", TOK, vocab=1000, d_model=256,
+                      encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                      decoder_attention_heads=4, encoder_ffn_dim=512, decoder_ffn_dim=512,
+                      vocab_size=1000),
+    "roformer": _hf_small("RoFormerConfig", "RoFormerModel", "input_ids", TOK, vocab=1000,
+                          embedding_size=256, **_ENC),
+    "xlm_roberta": _hf_small("XLMRobertaConfig", "XLMRobertaModel", "input_ids", TOK, vocab=1000,
+                             **_ENC),
+    "codegen": _hf_small("CodeGenConfig", "CodeGenModel", "input_ids", TOK, vocab=1000, n_embd=256,
+                         n_layer=2, n_head=8, rotary_dim=16, vocab_size=1000, n_positions=256,
+                         n_ctx=256),
+    "gpt_bigcode": _hf_small("GPTBigCodeConfig", "GPTBigCodeModel", "input_ids", TOK, vocab=1000,
+                             n_embd=256, n_layer=2, n_head=8, vocab_size=1000, n_positions=256,
+                             multi_query=True),
+    "biogpt": _hf_small("BioGptConfig", "BioGptModel", "input_ids", TOK, vocab=1000, **_DEC),
+    "stablelm": _hf_small("StableLmConfig", "StableLmModel", "input_ids", TOK, vocab=1000,
+                          num_key_value_heads=2, **_DEC),
+    # More vision: Swin V2, YOLOS (detection tokens), ConvNeXt (HF),
+    # MobileNetV2 and ResNet (HF implementations)
+    "swinv2": _hf_small("Swinv2Config", "Swinv2Model", "pixel_values", IMG, embed_dim=48,
+                        depths=[1, 1, 1, 1], num_heads=[2, 2, 4, 4]),
+    "yolos": _hf_small("YolosConfig", "YolosModel", "pixel_values", IMG, num_detection_tokens=10,
+                       **dict(_VIS, image_size=[224, 224])),
+    "convnext_hf": _hf_small("ConvNextConfig", "ConvNextModel", "pixel_values", IMG,
+                             depths=[1, 1, 2, 1]),
+    "mobilenet_v2_hf": _hf_small("MobileNetV2Config", "MobileNetV2Model", "pixel_values", IMG),
+    "resnet_hf": _hf_small("ResNetConfig", "ResNetModel", "pixel_values", IMG, depths=[1, 1, 1, 1]),
 }
 
 
