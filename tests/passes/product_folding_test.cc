@@ -138,5 +138,41 @@ TEST(PadConvFolding, ZeroSpatialPadsGoIntoTheConv) {
   }
 }
 
+// HF ConvNeXt's channels-first LayerNorm (statistics over axis 1 of NCHW, gamma and beta
+// [C, 1, 1]) between two convolutions: one LayerNormalization over the last axis between
+// Transposes; under the channels-last layout (CUDA at FP16) those meet the layout's and cancel.
+void ChannelsFirstLn(Graph& g) {
+  Value* x = g.AddInput("x", DataType::kFloat32, {2, 3, 6, 6});
+  Value* y = Op(g, "Conv", {x, Const(g, RandomTensor(DataType::kFloat32, {8, 3, 3, 3}, 1))},
+                Attrs(std::pair{"pads", std::vector<int64_t>{1, 1, 1, 1}}));
+  auto mean = [&](Value* v) {
+    return Op(g, "ReduceMean", {v, Const(g, Ints({1}))}, Attrs(std::pair{"keepdims", int64_t{1}}));
+  };
+  Value* d = Op(g, "Sub", {y, mean(y)});
+  Value* var = mean(Op(g, "Pow", {d, Const(g, Scalar(2.f))}));
+  Value* n = Op(g, "Div", {d, Op(g, "Sqrt", {Op(g, "Add", {var, Const(g, Scalar(1e-6f))})})});
+  Value* gamma = Const(g, RandomTensor(DataType::kFloat32, {8, 1, 1}, 2, 0.5, 1.5));
+  Value* beta = Const(g, RandomTensor(DataType::kFloat32, {8, 1, 1}, 3));
+  Value* ln = Op(g, "Add", {Op(g, "Mul", {n, gamma}), beta});
+  g.MarkOutput(Op(g, "Conv", {ln, Const(g, RandomTensor(DataType::kFloat32, {4, 8, 1, 1}, 4))}));
+}
+
+TEST(ChannelsFirstLayerNorm, BecomesOneNormalizationAndItsTransposesCancelChannelsLast) {
+  for (bool nhwc : {false, true}) {
+    SCOPED_TRACE(nhwc);
+    Graph before, after;
+    ChannelsFirstLn(before);
+    ChannelsFirstLn(after);
+    auto r = RunDefaultPasses(after, nhwc ? NhwcOptions() : TestOptions());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(CountOps(after, "LayerNormalization"), 1);
+    EXPECT_EQ(CountOps(after, "ReduceMean"), 0);
+    // Channels-first: the two around the normalization. Channels-last: the layout's two at the
+    // graph's input and output, nothing around the normalization.
+    EXPECT_EQ(CountOps(after, "Transpose"), 2);
+    ExpectSameOutputs(before, after);
+  }
+}
+
 }  // namespace
 }  // namespace kiln::passes

@@ -3,7 +3,8 @@
 //   n = d / Sqrt(var + eps)   (or d * Reciprocal(Sqrt(var + eps)))
 //   y = n * gamma + beta      (gamma, beta optional)
 // becomes LayerNormalization(x, gamma, beta, axis, epsilon) when both means reduce the same
-// trailing axes with keepdims.
+// trailing axes with keepdims; over axis 1 alone (channels-first), a LayerNormalization of the
+// channels-last Transpose, transposed back.
 #include <algorithm>
 
 #include "kiln/ops/op_table.h"
@@ -46,9 +47,13 @@ class LayerNormFusionPass final : public Pass {
     auto axes = ReduceAxes(*m.node("mean"), rank);
     auto axes2 = ReduceAxes(*m.node("var"), rank);
     if (!axes || !axes2 || *axes != *axes2) return;
-    // The reduced axes must be the trailing ones: [axis, rank).
+    // The reduced axes must be the trailing ones: [axis, rank), or the channels of a
+    // channels-first activation (below).
     auto trailing = TrailingAxis(*axes, rank);
-    if (!trailing) return;
+    if (!trailing) {
+      if (*axes == std::vector<int64_t>{1} && rank >= 3) RewriteChannelsFirst(graph, ctx, m);
+      return;
+    }
     int64_t axis = *trailing;
     std::vector<int64_t> norm_dims;
     for (int64_t i = axis; i < rank; ++i) {
@@ -84,6 +89,52 @@ class LayerNormFusionPass final : public Pass {
     attrs.Set("epsilon", static_cast<float>(*eps));
     ReplaceMatched(graph, ctx, m.matched, m.root, "LayerNormalization", std::move(inputs),
                    std::move(attrs));
+  }
+
+  // The statistics over axis 1 of [N, C, ...] (HF's ConvNeXt and ConvNeXt V2 LayerNorm with
+  // data_format channels_first, gamma and beta [C, 1, 1]): Transpose to channels-last, a
+  // LayerNormalization over the last axis, Transpose back. Under the channels-last layout
+  // (layout_nhwc) the Transposes meet the layout's and cancel; elsewhere two transposes replace
+  // eight elementwise and reduction passes.
+  static void RewriteChannelsFirst(Graph& graph, PassContext& ctx, const Match& m) {
+    Value* x = m.value("x");
+    const int64_t rank = static_cast<int64_t>(x->shape().size());
+    auto c = x->shape()[1].static_value();
+    auto eps = ConstantSplat(m.value("eps"));
+    if (!c || !eps) return;
+    const std::vector<int64_t> norm_dims = {*c};
+    if (m.has("gamma") && !NormParam(m.value("gamma"), norm_dims, x->dtype())) return;
+    if (m.has("beta") && !NormParam(m.value("beta"), norm_dims, x->dtype())) return;
+    Value* scale = AddNormParam(graph, m.root->name() + "_scale",
+                                m.has("gamma") ? m.value("gamma") : nullptr, norm_dims, x->dtype());
+    if (!scale) return;
+    std::vector<Value*> inputs = {nullptr, scale};
+    if (m.has("beta")) {
+      Value* b =
+          AddNormParam(graph, m.root->name() + "_bias", m.value("beta"), norm_dims, x->dtype());
+      if (!b) return;
+      inputs.push_back(b);
+    }
+    std::vector<int64_t> to_last = {0}, back = {0, rank - 1};
+    for (int64_t i = 2; i < rank; ++i) to_last.push_back(i);
+    to_last.push_back(1);
+    for (int64_t i = 1; i + 1 < rank; ++i) back.push_back(i);
+    Value* t = graph.AddValue(graph.UniqueName(x->name() + "_channels_last"), x->dtype());
+    AttributeMap ta;
+    ta.Set("perm", to_last);
+    graph.AddNode("Transpose", graph.UniqueName(m.root->name() + "_to_channels_last"), {x}, {t},
+                  std::move(ta));
+    inputs[0] = t;
+    Value* n = graph.AddValue(graph.UniqueName(m.root->name() + "_normalized"), x->dtype());
+    AttributeMap la;
+    la.Set("axis", int64_t{-1});
+    la.Set("epsilon", static_cast<float>(*eps));
+    graph.AddNode("LayerNormalization", graph.UniqueName(m.root->name() + "_ln"), inputs, {n},
+                  std::move(la));
+    ctx.stats().nodes_added += 2;
+    AttributeMap tb;
+    tb.Set("perm", back);
+    ReplaceMatched(graph, ctx, m.matched, m.root, "Transpose", {n}, std::move(tb));
   }
 };
 
