@@ -11,7 +11,7 @@ outputs), runs `kiln conformance` on it and lists every failure with its reason.
   python3 bench/models/sweep.py --list
   python3 bench/models/sweep.py --models gpt_neox,opt,bloom --layers   # and the fused layers
 
-With transformers installed, HF_FAMILIES adds small configurations of 25 more transformers
+With transformers installed, HF_FAMILIES adds small configurations of 38 more transformers
 families (encoders, decoders, vision and audio) that are not in the GPU suite: the models users
 bring beside the suite's, checked for generality. --layers records, per model, the engine's
 layers by op after the graph passes: which attention layers fused (Softmax left over says which
