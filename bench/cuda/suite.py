@@ -85,16 +85,20 @@ def _tv(name):
     return make
 
 
+def hf_model(config_cls, model_cls, attn, get=None, **cfg):
+    """A transformers model from its config class and keyword arguments (random weights, nothing
+    downloaded), with the attention implementation `attn`; `get` names a part (get_encoder)."""
+    import transformers
+
+    c = getattr(transformers, config_cls)(**cfg)
+    c._attn_implementation = attn
+    m = getattr(transformers, model_cls)(c)
+    return getattr(m, get)() if get else m
+
+
 def _hf(config_cls, model_cls, kind, get=None, **cfg):
     def make(attn):
-        import transformers
-
-        c = getattr(transformers, config_cls)(**cfg)
-        c._attn_implementation = attn
-        m = getattr(transformers, model_cls)(c)
-        if get:
-            m = getattr(m, get)()
-        return _Hidden(m, kind)
+        return _Hidden(hf_model(config_cls, model_cls, attn, get, **cfg), kind)
     return make
 
 

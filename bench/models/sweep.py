@@ -121,6 +121,14 @@ class _Segmentation(torch.nn.Module):
         return self.inner(x)["out"]
 
 
+def _suite():
+    """bench/cuda/suite.py, the GPU model suite (its models and their constructors)."""
+    sys.path.insert(0, os.path.join(HERE, "..", "cuda"))
+    import suite
+
+    return suite
+
+
 def transformers_models():
     """The model suite's transformers families (bench/cuda/suite.py), where transformers is
     installed: name -> (make, [(input, shape, kind)], extra)."""
@@ -128,11 +136,8 @@ def transformers_models():
         import transformers  # noqa: F401
     except ImportError:
         return {}
-    sys.path.insert(0, os.path.join(HERE, "..", "cuda"))
-    import suite
-
     out = {}
-    for name, (family, make, inputs, _, extra) in suite.MODELS.items():
+    for name, (family, make, inputs, _, extra) in _suite().MODELS.items():
         if make.__qualname__.startswith("_hf"):
             out[name] = (make, inputs, extra)
     return out
@@ -159,14 +164,7 @@ def _hf_small(config_cls, model_cls, arg, shape, get=None, vocab=None, **cfg):
     three layers, hidden 128-256) keep the CPU sweep short; the ops and patterns are the
     family's."""
     def make(attn):
-        import transformers
-
-        c = getattr(transformers, config_cls)(**cfg)
-        c._attn_implementation = attn
-        m = getattr(transformers, model_cls)(c)
-        if get:
-            m = getattr(m, get)()
-        return _HfOut(m, arg)
+        return _HfOut(_suite().hf_model(config_cls, model_cls, attn, get, **cfg), arg)
     kind = "ids" if arg == "input_ids" else "image" if arg == "pixel_values" else "audio"
     return make, shape, kind, vocab
 
