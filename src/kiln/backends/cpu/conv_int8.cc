@@ -80,6 +80,10 @@ StatusOr<Int8ConvPlan> MakeInt8Plan(const ConvSpec& spec, const ConvGeometry& g,
     if (zero_point != 0 && qt == s8) attr.set_zero_points(DNNL_ARG_SRC, 0, {zero_point});
     attr.set_post_ops(ops);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    // The primitive is laid out (its scratchpad sized) for the thread count it runs with: the
+    // pool's, set here as Run sets it, not whatever this thread's OpenMP setting was (a thread
+    // in a single-thread scope, a fresh one): equal builds plan equal workspaces.
+    SetOneDnnThreads();
     plan.pd = dnnl::convolution_forward::primitive_desc(desc, attr, OneDnnEngine());
     plan.reorder_src = plan.pd.src_desc() != plan.user_q;
     plan.reorder_dst = plan.pd.dst_desc() != plan.user_dst;

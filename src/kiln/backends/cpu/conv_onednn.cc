@@ -58,6 +58,10 @@ StatusOr<OneDnnPlan> MakePlan(const ConvSpec& spec, const ConvGeometry& g, bool 
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    // The primitive is laid out (its scratchpad sized) for the thread count it runs with: the
+    // pool's, set here as Run sets it, not whatever this thread's OpenMP setting was (a thread
+    // in a single-thread scope, a fresh one): equal builds plan equal workspaces.
+    SetOneDnnThreads();
     plan.pd = dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
     plan.reorder_src = plan.pd.src_desc() != plan.user_src;
     plan.reorder_dst = plan.pd.dst_desc() != plan.user_dst;

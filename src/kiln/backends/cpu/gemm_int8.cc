@@ -104,6 +104,10 @@ StatusOr<Int8GemmPlan> MakeInt8GemmPlan(const Int8GemmSpec& s, int64_t m, int64_
     attr.set_post_ops(ops);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     Int8GemmPlan plan;
+    // The primitive is laid out (its scratchpad sized) for the thread count it runs with: the
+    // pool's, set here as Run sets it, not whatever this thread's OpenMP setting was (a thread
+    // in a single-thread scope, a fresh one): equal builds plan equal workspaces.
+    SetOneDnnThreads();
     plan.pd =
         dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, bias, dst), attr, OneDnnEngine());
     plan.a_bytes = Align64(static_cast<size_t>(m * k) * memory::data_type_size(qt));
