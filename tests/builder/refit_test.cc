@@ -372,29 +372,29 @@ TEST_P(RecalibrateZoo, RecalibratedRefitIsAFreshInt8BuildWithB) {
   for (const std::string& n : int8_layers) {
     EXPECT_EQ(InputAmax(**refit, n), InputAmax(*b, n)) << n;
   }
-  if (Bytes(**refit) != b_bytes) {
-    // Say where, so that a failure seen once (a clean-clone CI run of session 11, scales equal)
-    // can be traced: the first differing line of the stored build reports, else the tactics.
-    std::istringstream ra((*refit)->build_report_json), rb(b->build_report_json);
-    std::string la, lb;
-    int line = 0;
-    std::string where = "the stored reports are equal";
-    while (std::getline(ra, la) && std::getline(rb, lb)) {
-      ++line;
-      if (la != lb) {
-        where = fmt::format("stored report line {}: refit '{}' vs fresh '{}'", line, la, lb);
-        break;
-      }
-    }
-    for (size_t i = 0; i < b->layers.size() && i < (*refit)->layers.size(); ++i) {
-      if (b->layers[i].tactic.name != (*refit)->layers[i].tactic.name) {
-        where += fmt::format("; layer {} tactic {} vs {}", i, (*refit)->layers[i].tactic.name,
-                             b->layers[i].tactic.name);
-        break;
-      }
-    }
-    ADD_FAILURE() << "the recalibrated engine differs from B's fresh build: " << where;
+  // The same engine as B's fresh build: the same layers with the same tactics and precisions,
+  // the same constants (weights, requantized weights and scales) byte for byte, and (below) the
+  // same outputs byte for byte. Not the whole serialized engine: oneDNN may lay out one
+  // primitive for equal inputs with another scratchpad from one build to the next (seen in
+  // clean-clone CI runs and about 1 run in 10 here: one int8 convolution's workspace 46528 or
+  // 54976 bytes), which changes the memory plan and the report, not what is computed.
+  const EngineDesc& r = **refit;
+  ASSERT_EQ(r.layers.size(), b->layers.size());
+  for (size_t i = 0; i < b->layers.size(); ++i) {
+    EXPECT_EQ(r.layers[i].node->name(), b->layers[i].node->name()) << i;
+    EXPECT_EQ(r.layers[i].tactic.name, b->layers[i].tactic.name) << b->layers[i].node->name();
+    EXPECT_EQ(r.layers[i].precision_reason, b->layers[i].precision_reason)
+        << b->layers[i].node->name();
   }
+  int constants = 0;
+  for (const Value* v : b->graph->values()) {
+    if (!v->is_constant()) continue;
+    ++constants;
+    const Value* rv = r.graph->FindValue(v->name());
+    ASSERT_TRUE(rv && rv->is_constant()) << v->name();
+    EXPECT_TRUE(SameBytes(*rv->constant(), *v->constant())) << v->name();
+  }
+  EXPECT_GT(constants, 0);
   auto out_refit = RunZooInput(std::shared_ptr<const EngineDesc>(std::move(*refit)), dir);
   auto out_b = RunZooInput(std::shared_ptr<const EngineDesc>(std::move(b)), dir);
   for (const auto& [name, t] : out_b) EXPECT_TRUE(SameBytes(out_refit.at(name), t)) << name;
