@@ -32,19 +32,6 @@ namespace {
 // Very negative: a fill that masks a score (as attention_fusion's Where form requires).
 constexpr double kMaskingFill = -1e4;
 
-Node* ProducerIf(const Value* v, OpType op) {
-  Node* n = v ? v->producer() : nullptr;
-  return n && IsOp(*n, op) ? n : nullptr;
-}
-
-bool ReadOnlyBy(const Value* v, const Node* reader) {
-  if (v->is_graph_output()) return false;
-  for (const Node* c : v->consumers()) {
-    if (c != reader) return false;
-  }
-  return true;
-}
-
 // The scores: a MatMul's output, possibly scaled by a scalar constant.
 bool IsScores(const Value* s) {
   const Node* n = s->producer();
@@ -107,27 +94,17 @@ class AttentionCanonicalizationPass final : public Pass {
       }
       if (Value* sum = OneAdditiveMask(graph, ctx, sm->input(0), sm)) graph.SetInput(sm, 0, sum);
       if (Value* sum = ClampInTheMask(graph, ctx, sm->input(0), sm)) graph.SetInput(sm, 0, sum);
-      RemoveBypassed(graph, ctx);
+      // What the rewrites bypassed goes at once, so that attention_fusion, later in this
+      // round, finds the scores read by the new chain alone (before gemm_fusion takes the
+      // product after the Softmax, say).
+      RemoveUnread(graph, ctx, bypassed_);
+      bypassed_.clear();
     }
     return OkStatus();
   }
 
  private:
-  // The nodes a rewrite bypassed go at once, so that attention_fusion, later in this round, finds
-  // the scores read by the new chain alone (before gemm_fusion takes the product after the
-  // Softmax, say).
-  void RemoveBypassed(Graph& graph, PassContext& ctx) {
-    for (Node* n : bypassed_) {  // in the order the chain reads them: readers first
-      if (n->is_dead() || n->output(0)->is_graph_output() || !n->output(0)->consumers().empty()) {
-        continue;
-      }
-      graph.RemoveNode(n);
-      ctx.stats().nodes_removed += 1;
-    }
-    bypassed_.clear();
-  }
-
-  std::vector<Node*> bypassed_;
+  std::vector<Node*> bypassed_;  // readers before what they read
 
   // Div|Mul(Where(c, s, f), k) read by `reader` alone -> Where(c, Div|Mul(s, k), f'). Returns the
   // new Where's output (the caller points `reader` at it), or null when `v` is not that form.

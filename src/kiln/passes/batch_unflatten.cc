@@ -26,19 +26,6 @@
 namespace kiln::passes {
 namespace {
 
-Node* ProducerIf(const Value* v, OpType op) {
-  Node* n = v ? v->producer() : nullptr;
-  return n && IsOp(*n, op) ? n : nullptr;
-}
-
-bool ReadOnlyBy(const Value* v, const Node* reader) {
-  if (!v || v->is_graph_output()) return false;
-  for (const Node* c : v->consumers()) {
-    if (c != reader) return false;
-  }
-  return true;
-}
-
 // A value's shape when known and not following from a shape input's values.
 std::optional<Shape> ShapeIf(const Value* v) {
   if (!v || !v->has_shape() || v->value_dependent()) return std::nullopt;
@@ -81,20 +68,14 @@ class BatchUnflattenPass final : public Pass {
       }
       // What a rewrite bypassed goes at once, so that the attention passes later in this round
       // find the scores read by the new chain alone.
-      for (Node* b : bypassed_) {  // readers first
-        if (b->is_dead() || b->output(0)->is_graph_output() || !b->output(0)->consumers().empty()) {
-          continue;
-        }
-        graph.RemoveNode(b);
-        ctx.stats().nodes_removed += 1;
-      }
+      RemoveUnread(graph, ctx, bypassed_);
       bypassed_.clear();
     }
     return OkStatus();
   }
 
  private:
-  std::vector<Node*> bypassed_;
+  std::vector<Node*> bypassed_;  // readers before what they read
 
   void UnflattenProduct(Graph& graph, PassContext& ctx, Node* mm) {
     // A: a leading-merge Reshape, or a Softmax over the last axis of one (OPT and BLOOM take the

@@ -9,6 +9,7 @@
 #include "kiln/core/logging.h"
 #include "kiln/ir/weight_program.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/op_table.h"
 
 namespace kiln::passes {
 
@@ -255,6 +256,29 @@ bool ForwardValue(Graph& graph, Value* v, Value* replacement) {
 
 Value* AddConstant(Graph& graph, const std::string& prefix, Tensor t) {
   return graph.AddConstant(graph.UniqueName(prefix), std::move(t));
+}
+
+Node* ProducerIf(const Value* v, OpType op) {
+  Node* n = v ? v->producer() : nullptr;
+  return n && IsOp(*n, op) ? n : nullptr;
+}
+
+bool ReadOnlyBy(const Value* v, const Node* reader) {
+  return v && !v->is_graph_output() && v->consumers().size() == 1 && v->consumers()[0] == reader;
+}
+
+void RemoveUnread(Graph& graph, PassContext& ctx, std::span<Node* const> nodes) {
+  for (Node* n : nodes) {
+    if (n->is_dead()) continue;
+    bool read = false;
+    for (size_t i = 0; i < n->num_outputs() && !read; ++i) {
+      const Value* out = n->output(i);
+      read = out && (out->is_graph_output() || !out->consumers().empty());
+    }
+    if (read) continue;
+    graph.RemoveNode(n);
+    ctx.stats().nodes_removed += 1;
+  }
 }
 
 Value* AddLiteralConstant(Graph& graph, const std::string& prefix, Tensor t) {

@@ -17,6 +17,7 @@
 #include "kiln/core/status.h"
 #include "kiln/ir/evaluator.h"
 #include "kiln/ir/graph.h"
+#include "kiln/ops/op_schema.h"
 
 namespace kiln::passes {
 
@@ -189,6 +190,16 @@ std::optional<std::vector<int64_t>> StaticInts(const Value* v, const PassContext
 // removes every matched node nothing else reads. Returns the new node and counts the rewrite.
 Node* ReplaceMatched(Graph& graph, PassContext& ctx, const std::vector<Node*>& matched, Node* root,
                      std::string op_type, std::vector<Value*> inputs, AttributeMap attrs);
+// The node writing `v` when it is an `op` node; nullptr otherwise (a graph input, a constant, an
+// other op).
+Node* ProducerIf(const Value* v, OpType op);
+// True when `reader` is `v`'s one reader (once) and `v` is not a graph output.
+bool ReadOnlyBy(const Value* v, const Node* reader);
+// Removes each of `nodes` (readers before what they read) that is alive and whose outputs nothing
+// reads and no graph output is, counting it in the context's stats: what a rewrite bypassed,
+// gone at once so that the passes later in the round see the new chain's values read by it
+// alone.
+void RemoveUnread(Graph& graph, PassContext& ctx, std::span<Node* const> nodes);
 // Makes `v`'s readers read `replacement` instead, and keeps graph outputs' names. False when `v`
 // is a graph output that cannot take the replacement's place without renaming a graph input.
 bool ForwardValue(Graph& graph, Value* v, Value* replacement);

@@ -19,10 +19,6 @@
 namespace kiln::passes {
 namespace {
 
-bool ReadOnlyBy(const Value* v, const Node* n) {
-  return v && !v->is_graph_output() && v->consumers().size() == 1 && v->consumers()[0] == n;
-}
-
 // Gemm, FusedGemm, MatMul or FusedMatMul of a rank-2 A (not transposed) by a rank-2 B.
 bool IsRowProduct(const Node& g) {
   const bool gemm = IsOp(g, OpType::kGemm) || IsOp(g, OpType::kFusedGemm);
