@@ -181,13 +181,6 @@ void AttentionGraph(Graph& g, Form form) {
   g.MarkOutput(Op(g, "MatMul", {p, v}));
 }
 
-Node* Find(const Graph& g, const std::string& op) {
-  for (Node* n : g.nodes()) {
-    if (n->op_type() == op) return n;
-  }
-  return nullptr;
-}
-
 TEST(AttentionFusion, BertFormWithAdditiveMask) {
   Graph before, after;
   AttentionGraph(before, Form::kBert);

@@ -95,13 +95,6 @@ void DecoderGraph(Graph& g, Form form) {
   g.MarkOutput(Op(g, "Relu", {y}));
 }
 
-Node* Find(const Graph& g, const std::string& op) {
-  for (Node* n : g.nodes()) {
-    if (n->op_type() == op) return n;
-  }
-  return nullptr;
-}
-
 TEST(DecoderAttention, EveryFormFusesInTheDefaultPipeline) {
   for (Form form : {Form::kScaleAfterWhere, Form::kMaskAfterWhere, Form::kBmmBaddbmm,
                     Form::kBmmBothProducts, Form::kOpt, Form::kBloom}) {

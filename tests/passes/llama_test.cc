@@ -28,13 +28,6 @@ Passes Only(std::unique_ptr<Pass> p) {
   return v;
 }
 
-Node* Find(const Graph& g, const std::string& op) {
-  for (Node* n : g.nodes()) {
-    if (n->op_type() == op) return n;
-  }
-  return nullptr;
-}
-
 Value* LastAxisSlice(Graph& g, Value* x, int64_t start, int64_t end, int64_t step = 1) {
   return Op(g, "Slice",
             {x, Const(g, Ints({start})), Const(g, Ints({end})), Const(g, Ints({-1})),

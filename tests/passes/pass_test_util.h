@@ -53,6 +53,14 @@ AttributeMap Attrs(KV&&... kv) {
   return m;
 }
 
+// The first node of op `op`, or nullptr.
+inline Node* Find(const Graph& g, const std::string& op) {
+  for (Node* n : g.nodes()) {
+    if (n->op_type() == op) return n;
+  }
+  return nullptr;
+}
+
 inline int CountOps(const Graph& g, const std::string& op) {
   int n = 0;
   for (Node* node : g.nodes()) n += node->op_type() == op;
