@@ -5,6 +5,7 @@
 // of the spatial axes before a Conv goes into the Conv's pads.
 #include <algorithm>
 
+#include "kiln/ir/sizes.h"
 #include "kiln/ir/weight_program.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/activation.h"
@@ -132,8 +133,12 @@ class ConvFusionPass final : public Pass {
         if (begin != 0 || end != 0) return;  // batch or channels padded
         continue;
       }
-      cp[a - 2] += begin;
-      cp[a - 2 + spatial] += end;
+      // A hostile model's pads must not wrap the sum: such a Pad stays.
+      const std::optional<int64_t> b = CheckedAdd(cp[a - 2], begin);
+      const std::optional<int64_t> e = CheckedAdd(cp[a - 2 + spatial], end);
+      if (!b || !e) return;
+      cp[a - 2] = *b;
+      cp[a - 2 + spatial] = *e;
     }
     AttributeMap attrs = conv->attrs();
     attrs.Set("pads", cp);
