@@ -93,10 +93,9 @@ struct AttentionParams {
 // cp.async, 4 / 8 warps (sm_80+; 8 warps at d = 128 needs ~104 KiB of shared memory per block,
 // more than sm_86/89 give: an error there). variant 6: variant 4 with two 16-row m-tiles per warp
 // (128 rows per block; each K/V fragment from shared memory feeds both), head dims up to 64.
-// variant 7: variant 4 that skips the products past a short sequence's end (the last tile's empty
-// 16-key groups, warps without rows).
+// A row every key of which is masked (l = 0) is written as zeros.
 cudaError_t LaunchAttention(const AttentionParams& p, int variant, cudaStream_t stream);
-// Whether variants 2-7 take these params (types, head dims, alignment of pointers and strides).
+// Whether variants 2-6 take these params (types, head dims, alignment of pointers and strides).
 bool AttentionMmaSupports(const AttentionParams& p);
 
 }  // namespace kiln::cuda
