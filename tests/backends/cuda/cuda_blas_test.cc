@@ -4,8 +4,10 @@
 // Skips where no GPU is present.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <random>
 
 #include "kiln/backends/backend.h"
@@ -242,6 +244,44 @@ TEST_F(CudaBlasTest, AttentionShapesAndMasks) {
   runs += RunAttention(
       {{1, 2, 197, 32}, {1, 2, 150, 32}, {1, 2, 150, 32}, "additive", {1, 1, 197, 150}}, 68);
   EXPECT_GE(runs, 18 * 3);
+}
+
+// Rows whose every key is masked (a padded query row under a padding mask, OPT's clamped scores
+// before the canonicalization): zeros, as the CPU kernel gives (AttentionKernel.
+// RowMaskedWholeGivesZeros), never NaN, on every tactic: the SIMT one (D 8), the tensor-core ones
+// (D 64) and several key tiles (Sk 300), for boolean masks and additive -inf ones.
+TEST_F(CudaBlasTest, AttentionRowsMaskedWholeAreZeros) {
+  int runs = 0;
+  uint32_t seed = 81;
+  for (const auto& [b, h, sq, sk, d] : std::vector<std::array<int64_t, 5>>{
+           {1, 2, 5, 9, 8}, {2, 2, 70, 64, 64}, {1, 2, 130, 300, 64}}) {
+    for (const bool boolean : {true, false}) {
+      SCOPED_TRACE(fmt::format("B {} H {} Sq {} Sk {} D {} {}", b, h, sq, sk, d,
+                               boolean ? "boolean" : "additive"));
+      // Every third query row masked whole; the other rows keep every key but the first.
+      std::vector<double> keep(static_cast<size_t>(sq * sk), 1.0);
+      for (int64_t i = 0; i < sq; ++i) {
+        for (int64_t j = 0; j < sk; ++j) {
+          if (i % 3 == 1 || j == 0) keep[static_cast<size_t>(i * sk + j)] = 0.0;
+        }
+      }
+      std::vector<double> mask = keep;
+      if (!boolean) {
+        for (double& m : mask) m = m != 0.0 ? 0.0 : -std::numeric_limits<double>::infinity();
+      }
+      AttributeMap attrs;
+      attrs.Set("mask_kind", std::string(boolean ? "boolean" : "additive"));
+      OpTester t("Attention", attrs);
+      t.Seed(seed++);
+      t.Input(DataType::kFloat32, {b, h, sq, d})
+          .Input(DataType::kFloat32, {b, h, sk, d})
+          .Input(DataType::kFloat32, {b, h, sk, d})
+          .Input(MakeTensor(boolean ? DataType::kBool : DataType::kFloat32, {sq, sk}, mask));
+      t.Tolerance(1e-4, 1e-4).FloatTypes(kAllFloat);
+      runs += t.Run(BackendKind::kCuda);
+    }
+  }
+  EXPECT_GE(runs, 6 * 3);
 }
 
 // Grouped-query attention as the attention fusion runs it (rank-5 views): Q [B, KVH, n, S, D]

@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(AttentionParams p
       }
       const float m_new = fmaxf(m[r], WarpMax(s));
       // A row with every key so far masked to -inf keeps m = -inf; subtracting 0 then keeps
-      // exp() at 0 instead of NaN, and a row masked everywhere ends 0/0 = NaN like the CPU's.
+      // exp() at 0 instead of NaN, and a row masked everywhere ends with l = 0 (zeros below).
       const float base = m_new == -INFINITY ? 0.f : m_new;
       const float pj = expf(s - base);
       const float corr = expf(m[r] - base);
