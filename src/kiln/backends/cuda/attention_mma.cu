@@ -92,9 +92,11 @@ __device__ __forceinline__ float MaskedScore(const AttentionParams& p, float s, 
       return static_cast<const bool*>(
                  p.mask)[mo + row * p.m_stride[p.batch_rank] + key * p.m_stride[p.batch_rank + 1]]
                  ? s
-                 // finite: a fill of FLT_MIN-like magnitude times log2(e) must not become -inf,
-                 // or a row masked everywhere would give NaN instead of the CPU's uniform row
-                 : fmaxf(p.mask_fill * 1.4426950408889634f, -3.0e38f);
+                 // -inf stays -inf (a row masked whole gives zeros, as on the CPU); a finite fill
+                 // stays finite: the lowest float times log2(e) must not become -inf, or a row
+                 // masked everywhere would give zeros instead of the CPU's uniform row
+                 : (p.mask_fill == -INFINITY ? -INFINITY
+                                             : fmaxf(p.mask_fill * 1.4426950408889634f, -3.0e38f));
     case AttnMask::kCausal:
       return key > row + (p.sk - p.sq) ? -INFINITY : s;
     case AttnMask::kNone:
@@ -328,7 +330,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
         tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
         const float m_new = fmaxf(m_run[mt][h], tile_max[h] * mul);
         // A row masked everywhere so far keeps m = -inf: exp2 against 0 keeps P at 0 (not NaN),
-        // and a row masked everywhere ends 0/0 = NaN like the CPU reference.
+        // and a row masked everywhere ends with l = 0: zeros, like the CPU reference.
         const float base = m_new == -INFINITY ? 0.f : m_new;
         corr[h] = Exp2(m_run[mt][h] - base);
         m_run[mt][h] = m_new;
