@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include <cmath>
@@ -668,7 +669,7 @@ float AbsMax(const Tensor& t) {
 // 2^-4 relative, rms about 2.5-3% for inputs uniform in [-1, 1]; the host replay of the same
 // contract measures 2.3e-2 to 4.2e-2 against FP32, so the bound is 8e-2.
 int CheckFp8Case(const I8Case& c, uint32_t seed, DataType storage = DataType::kFloat32,
-                 bool check_fp32 = true) {
+                 bool check_fp32 = true, std::vector<std::string>* names = nullptr) {
   SCOPED_TRACE(c.Describe() + " fp8, storage " + std::string(ToString(storage)));
   std::mt19937 rng(seed);
   std::vector<Tensor> inputs = MakeInputs(c, rng);
@@ -692,6 +693,7 @@ int CheckFp8Case(const I8Case& c, uint32_t seed, DataType storage = DataType::kF
                                                                 : 1e-2;
   for (const auto& [p, t] : tactics) {
     SCOPED_TRACE(t.name);
+    if (names) names->push_back(t.name);
     EXPECT_TRUE(t.name.starts_with(c.op.find("Gemm") != std::string::npos
                                        ? "f8-gemm-cuda-cublaslt-e4m3-"
                                        : "f8-matmul-cuda-cublaslt-e4m3-"));
@@ -729,6 +731,54 @@ TEST_F(CudaFp8Test, GemmAndMatMulMatchTheContract) {
   EXPECT_GT(CheckFp8Case(Fp8({"Gemm", {8, 64}, 64, 16}, 0.25f), 89, DataType::kFloat32,
                          /*check_fp32=*/false),
             0);
+}
+
+// The direct plan (cuBLASLt writes Y in FP16/BF16 with the bias, C and activation in its
+// epilogue): offered where N is a multiple of 16 and the epilogue can do the whole layer, checked
+// like the FP32 plan; never offered for FP32 storage, an odd N or an activation cuBLASLt lacks.
+TEST_F(CudaFp8Test, DirectPlanWritesHalfOutputsThroughCublasLtsEpilogue) {
+  struct Case {
+    I8Case c;
+    DataType storage;
+    bool direct;
+  };
+  const DataType f16 = DataType::kFloat16, bf16 = DataType::kBFloat16;
+  const std::vector<Case> cases = {
+      // FusedMatMul with a bias row and GELU (the tanh form), rows not a multiple of 16
+      {Fp8({"FusedMatMul", {3, 37, 128}, 128, 256, false, false, 1.f, 1.f, {256}, true, "gelu"}),
+       f16, true},
+      {Fp8({"FusedMatMul", {2, 40, 64}, 64, 96, false, false, 1.f, 1.f, {96}, true, "gelu_tanh"}),
+       bf16, true},
+      // Gemm with a C of Y's shape times beta (a residual), and alpha
+      {Fp8({"Gemm", {45, 96}, 96, 64, false, true, 0.5f, 0.75f, {45, 64}, false}), f16, true},
+      // MatMul without a bias, K not a multiple of 16 (zero padded)
+      {Fp8({"MatMul", {2, 9, 40}, 40, 32}), bf16, true},
+      // Gemm with a bias row and ReLU
+      {Fp8({"FusedGemm", {33, 64}, 64, 48, false, false, 1.f, 1.f, {48}, true, "relu"}), f16, true},
+      // Not direct: N not a multiple of 16; SiLU; a C column; FP32 storage
+      {Fp8({"FusedMatMul", {2, 16, 64}, 64, 40, false, false, 1.f, 1.f, {40}, true, "gelu"}), f16,
+       false},
+      {Fp8({"FusedMatMul", {2, 16, 64}, 64, 64, false, false, 1.f, 1.f, {64}, true, "silu"}), f16,
+       false},
+      {Fp8({"Gemm", {24, 64}, 64, 32, false, false, 1.f, 1.f, {24, 1}, false}), f16, false},
+      {Fp8({"FusedMatMul", {2, 16, 64}, 64, 64, false, false, 1.f, 1.f, {64}, true, "relu"}),
+       DataType::kFloat32, false},
+  };
+  uint32_t seed = 140;
+  for (const Case& k : cases) {
+    std::vector<std::string> names;
+    EXPECT_GT(CheckFp8Case(k.c, seed++, k.storage, true, &names), 0);
+    const auto direct = std::count_if(names.begin(), names.end(), [](const std::string& n) {
+      return n.find("-lt-epilogue") != std::string::npos;
+    });
+    SCOPED_TRACE(k.c.Describe());
+    if (k.direct) {
+      EXPECT_GT(direct, 0) << "no direct-plan tactic";
+      EXPECT_LT(direct, static_cast<long>(names.size())) << "no FP32-plan tactic beside them";
+    } else {
+      EXPECT_EQ(direct, 0);
+    }
+  }
 }
 
 TEST_F(CudaFp8Test, DeclinesWithoutTheAttributeOrAConstantB) {

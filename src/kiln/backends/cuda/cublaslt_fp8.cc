@@ -13,8 +13,16 @@
 // M, K and N zero-padded to 16, the FP32 result [Mp, Np] in the workspace (cuBLASLt's FP8 kernels
 // want every dimension and pointer 16-byte aligned; the padding rows of A are zeros and the
 // epilogue reads the first M rows only). The FP32 output
-// keeps every C/bias/activation combination in kiln's one epilogue instead of cuBLASLt's FP8 bias
-// epilogues (whose bias type depends on the output type).
+// keeps every C/bias/activation combination in kiln's one epilogue.
+//
+// The direct plan (tactics named "...-lt-epilogue", the tactic's 9th param 1) skips that round
+// trip where cuBLASLt can do the whole layer: FP16/BF16 storage, N a multiple of 16, no C or a
+// bias row vector (unscaled) or a C of Y's shape (times beta), and no activation, ReLU or GELU
+// (cuBLASLt's is the tanh form; erf-GELU in FP16/BF16 takes it as the FP16 product does, and the
+// tactic name says "gelu-tanh-form"). cuBLASLt then writes Y in the storage type with the bias,
+// C and activation in its epilogue: no FP32 result [M, Np] in the workspace and no second
+// launch, which cost more than the FP8 product saved (BERT-base at batch 32 ran at half FP16's
+// speed with the FP32 plan alone). The builder times both plans.
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -82,12 +90,78 @@ StatusOr<Fp8Descs> MakeFp8Descs(int64_t m, int64_t np, int64_t kp, const float* 
 
 constexpr LtAlignment kFp8Alignment{16, 16, 16};
 
+// The direct plan's tactic flag (params[8]).
+constexpr int64_t kPlanDirect = 1;
+
+// What the direct plan does for one layer: cuBLASLt's epilogue, and how C enters.
+struct DirectForm {
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  bool bias = false;      // C is a row vector [N], added unscaled (cuBLASLt's bias epilogue)
+  bool c_matrix = false;  // C is [M, N], times beta (cuBLASLt's C)
+  float beta = 0.f;
+};
+
+// The direct plan for this layer, or nullopt when cuBLASLt's epilogue cannot do all of it.
+std::optional<DirectForm> DirectFormFor(const GemmSpec& s, BlasType type, int64_t n,
+                                        const QuantAddend& addend) {
+  if (type == BlasType::kF32 || n % 16 != 0) return std::nullopt;
+  DirectForm f;
+  if (addend.present) {
+    if (addend.row_stride == 0 && addend.col_stride == 1 && addend.factor == 1.f) {
+      f.bias = true;
+    } else if (addend.row_stride == n && addend.col_stride == 1) {
+      f.c_matrix = true;
+      f.beta = addend.factor;
+    } else {
+      return std::nullopt;
+    }
+  }
+  switch (s.act.kind) {
+    case FusedActivation::kNone:
+      f.epilogue = f.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+      break;
+    case FusedActivation::kRelu:
+      f.epilogue = f.bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+      break;
+    case FusedActivation::kGelu:  // the tanh form, as the FP16/BF16 product takes it
+    case FusedActivation::kGeluTanh:
+      f.epilogue = f.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+      break;
+    default:
+      return std::nullopt;
+  }
+  return f;
+}
+
+cudaDataType_t StorageCudaType(BlasType t) {
+  return t == BlasType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+// The direct plan's descriptors: E4M3 x E4M3 -> Y in the storage type, unpadded M and N (N is a
+// multiple of 16; A's rows sit Kp apart in the workspace), with the epilogue (the bias pointer is
+// set per run).
+StatusOr<Fp8Descs> MakeFp8DirectDescs(int64_t m, int64_t n, int64_t kp, BlasType type,
+                                      const DirectForm& form, const float* scale_a,
+                                      const float* scale_b) {
+  KILN_ASSIGN_OR_RETURN(Fp8Descs d, MakeFp8Descs(m, n, kp, scale_a, scale_b));
+  const cudaDataType_t t = StorageCudaType(type);
+  KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      d.op.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &form.epilogue, sizeof(form.epilogue)));
+  if (form.bias) {
+    KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        d.op.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
+  }
+  KILN_RETURN_IF_ERROR(MakeLayout(d.d, t, n, m, n, 1, 0));
+  return d;
+}
+
 class CublasLtFp8Kernel final : public Kernel {
  public:
   CublasLtFp8Kernel(GemmSpec spec, BlasType type, float amax, int64_t k, int64_t n,
                     OwnedDeviceMemory b_q, OwnedDeviceMemory scales,
-                    std::optional<cublasLtMatmulAlgo_t> algo, std::string name)
+                    std::optional<cublasLtMatmulAlgo_t> algo, bool want_direct, std::string name)
       : spec_(spec),
+        want_direct_(want_direct),
         type_(type),
         inv_scale_(Fp8InvScale(amax)),
         k_(k),
@@ -110,38 +184,31 @@ class CublasLtFp8Kernel final : public Kernel {
     empty_ = run.empty;
     if (empty_) return size_t{0};
     const auto* scales = static_cast<const float*>(scales_.get());
+    direct_.reset();
+    if (want_direct_) {
+      if (std::optional<DirectForm> form = DirectFormFor(spec_, type_, n_, addend_)) {
+        KILN_ASSIGN_OR_RETURN(
+            descs_, MakeFp8DirectDescs(m_, n_, kp_, type_, *form, scales, scales + kScaleStride));
+        KILN_ASSIGN_OR_RETURN(std::optional<size_t> lt_ws, ChooseAlgorithm());
+        if (lt_ws) {
+          direct_ = form;
+          ws_ = QuantWorkspaceFor(m_, 0, kp_, *lt_ws);
+          lt_ws_ = *lt_ws;
+          return ws_.total();
+        }
+      }
+      KILN_LOG(Debug, BACKEND, "{}: no direct plan for M={}; the FP32 result and kiln's epilogue",
+               name_, m_);
+    }
     KILN_ASSIGN_OR_RETURN(descs_, MakeFp8Descs(mp_, np_, kp_, scales, scales + kScaleStride));
-    KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
-    bool have_algo = false;
-    size_t lt_ws = 0;
-    const LtOperation lt = descs_.lt();
-    if (tactic_algo_) {
-      cublasLtMatmulHeuristicResult_t r{};
-      cublasStatus_t st =
-          cublasLtMatmulAlgoCheck(h, lt.op, lt.a, lt.b, lt.c, lt.d, &*tactic_algo_, &r);
-      if (st == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= kMaxCublasWorkspace) {
-        algo_ = *tactic_algo_;
-        lt_ws = r.workspaceSize;
-        have_algo = true;
-      } else {
-        KILN_LOG(Debug, BACKEND,
-                 "{}: the tactic's algorithm does not fit M={} (status {}); using the heuristic's "
-                 "first",
-                 name_, m_, static_cast<int>(st));
-      }
+    KILN_ASSIGN_OR_RETURN(std::optional<size_t> lt_ws, ChooseAlgorithm());
+    if (!lt_ws) {
+      return MakeError(ErrorCode::kCublasLtNoAlgorithm,
+                       "{}: no cuBLASLt FP8 algorithm for m={} n={} k={} (padded {} x {})", name_,
+                       m_, n_, k_, np_, kp_);
     }
-    if (!have_algo) {
-      KILN_ASSIGN_OR_RETURN(auto results, LtHeuristics(h, lt, kFp8Alignment, 1));
-      if (results.empty()) {
-        return MakeError(ErrorCode::kCublasLtNoAlgorithm,
-                         "{}: no cuBLASLt FP8 algorithm for m={} n={} k={} (padded {} x {})", name_,
-                         m_, n_, k_, np_, kp_);
-      }
-      algo_ = results[0].algo;
-      lt_ws = results[0].workspaceSize;
-    }
-    ws_ = QuantWorkspaceFor(mp_, np_, kp_, lt_ws);
-    lt_ws_ = lt_ws;
+    ws_ = QuantWorkspaceFor(mp_, np_, kp_, *lt_ws);
+    lt_ws_ = *lt_ws;
     return ws_.total();
   }
 
@@ -171,13 +238,36 @@ class CublasLtFp8Kernel final : public Kernel {
     q.col_stride = a_strides_.col_stride;
     q.inv_scale = inv_scale_;
     KILN_CUDA_RETURN_IF_ERROR(LaunchFp8Quantize(q, stream));
+    const float alpha = spec_.alpha;
+    const LtOperation lt = descs_.lt();
+    if (direct_) {
+      // cuBLASLt writes Y: the bias (set per run: the views may move), C times beta, the
+      // activation.
+      void* y = args.outputs[0].data;
+      const void* c = direct_->c_matrix ? args.inputs[2].data : y;
+      const void* bias = direct_->bias ? args.inputs[2].data : nullptr;
+      auto misaligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; };
+      if (misaligned(y) || misaligned(c) || (bias && misaligned(bias))) {
+        return MakeError(ErrorCode::kCudaMisalignedOperand,
+                         "{}: Y at {}, C or bias at {} are not 16-byte aligned", name_, y,
+                         direct_->bias ? bias : c);
+      }
+      if (bias) {
+        KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+            lt.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+      }
+      const float beta = direct_->c_matrix ? direct_->beta : 0.f;
+      KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(h, lt.op, &alpha, b_q_.get(), lt.a, a_q, lt.b,
+                                                 &beta, c, lt.c, y, lt.d, &algo_,
+                                                 lt_ws_ ? lt_ws : nullptr, lt_ws_, stream));
+      return OkStatus();
+    }
     if (mp_ > m_) {  // padding rows: zeros (E4M3 0x00), not the workspace's last contents
       KILN_CUDA_RETURN_IF_ERROR(
           cudaMemsetAsync(a_q + m_ * kp_, 0, static_cast<size_t>((mp_ - m_) * kp_), stream));
     }
 
-    const float alpha = spec_.alpha, beta = 0.f;
-    const LtOperation lt = descs_.lt();
+    const float beta = 0.f;
     KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(h, lt.op, &alpha, b_q_.get(), lt.a, a_q, lt.b, &beta,
                                                acc, lt.c, acc, lt.d, &algo_,
                                                lt_ws_ ? lt_ws : nullptr, lt_ws_, stream));
@@ -203,7 +293,33 @@ class CublasLtFp8Kernel final : public Kernel {
   }
 
  private:
+  // The tactic's algorithm when it fits these descriptors, else the heuristic's first: the
+  // cuBLASLt workspace it needs (algo_ set), or nullopt when cuBLASLt has none.
+  StatusOr<std::optional<size_t>> ChooseAlgorithm() {
+    KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
+    const LtOperation lt = descs_.lt();
+    if (tactic_algo_) {
+      cublasLtMatmulHeuristicResult_t r{};
+      cublasStatus_t st =
+          cublasLtMatmulAlgoCheck(h, lt.op, lt.a, lt.b, lt.c, lt.d, &*tactic_algo_, &r);
+      if (st == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= kMaxCublasWorkspace) {
+        algo_ = *tactic_algo_;
+        return std::optional<size_t>(r.workspaceSize);
+      }
+      KILN_LOG(Debug, BACKEND,
+               "{}: the tactic's algorithm does not fit M={} (status {}); using the heuristic's "
+               "first",
+               name_, m_, static_cast<int>(st));
+    }
+    KILN_ASSIGN_OR_RETURN(auto results, LtHeuristics(h, lt, kFp8Alignment, 1));
+    if (results.empty()) return std::optional<size_t>();
+    algo_ = results[0].algo;
+    return std::optional<size_t>(results[0].workspaceSize);
+  }
+
   GemmSpec spec_;
+  bool want_direct_;                  // the tactic's plan (kPlanDirect)
+  std::optional<DirectForm> direct_;  // what Prepare chose: the direct plan, or the FP32 one
   BlasType type_;
   float inv_scale_;
   int64_t k_, n_, kp_, np_, m_ = 0, mp_ = 0;
@@ -231,25 +347,36 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     auto handle = CublasLtHandle();  // fails where there is no GPU: no tactics then
     if (!handle.ok() || !DeviceHasFp8()) return {};
     const int64_t kp = QuantPadded(p->k), np = QuantPadded(p->n), mp = QuantPadded(p->m);
+    std::vector<TacticConfig> tactics;
+    const char* what = p->spec.kind == GemmKind::kGemm ? "gemm" : "matmul";
+    // The direct plan's algorithms first (no FP32 round trip), then the FP32 plan's.
+    if (std::optional<DirectForm> form = DirectFormFor(p->spec, p->type, p->n, p->addend)) {
+      auto descs = MakeFp8DirectDescs(p->m, p->n, kp, p->type, *form, nullptr, nullptr);
+      auto found = descs.ok()
+                       ? LtHeuristics(*handle, descs->lt(), kFp8Alignment, kMaxTactics)
+                       : StatusOr<std::vector<cublasLtMatmulHeuristicResult_t>>(descs.status());
+      if (found.ok()) {
+        const char* gelu = p->spec.act.kind == FusedActivation::kGelu ? "-gelu-tanh-form" : "";
+        for (const auto& r : *found) {
+          AddTactic(tactics,
+                    fmt::format("f8-{}-cuda-cublaslt-e4m3-{}-lt-epilogue{}", what, AlgoName(r.algo),
+                                gelu),
+                    r, kPlanDirect, QuantWorkspaceFor(p->m, 0, kp, r.workspaceSize).total());
+        }
+      } else {
+        KILN_LOG(Debug, BACKEND, "{}: no direct plan: {}", id(), found.status().ToString());
+      }
+    }
     auto descs = MakeFp8Descs(mp, np, kp, nullptr, nullptr);
-    if (!descs.ok()) return {};
+    if (!descs.ok()) return tactics;
     auto found = LtHeuristics(*handle, descs->lt(), kFp8Alignment, kMaxTactics);
     if (!found.ok()) {
       KILN_LOG(Warn, BACKEND, "{}: {}", id(), found.status().ToString());
-      return {};
+      return tactics;
     }
-    std::vector<TacticConfig> tactics;
-    const char* what = p->spec.kind == GemmKind::kGemm ? "gemm" : "matmul";
     for (const auto& r : *found) {
-      TacticConfig t;
-      t.name = fmt::format("f8-{}-cuda-cublaslt-e4m3-{}", what, AlgoName(r.algo));
-      for (const TacticConfig& prev : tactics) {
-        if (prev.name == t.name) t.name += fmt::format("-h{}", tactics.size());
-      }
-      t.params.resize(8);
-      std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
-      t.workspace_bytes = QuantWorkspaceFor(mp, np, kp, r.workspaceSize).total();
-      tactics.push_back(std::move(t));
+      AddTactic(tactics, fmt::format("f8-{}-cuda-cublaslt-e4m3-{}", what, AlgoName(r.algo)), r, 0,
+                QuantWorkspaceFor(mp, np, kp, r.workspaceSize).total());
     }
     return tactics;
   }
@@ -268,14 +395,17 @@ class CublasLtFp8ProviderBase : public KernelProvider {
                        node.name(), tactic.name, kFp8InputAmaxAttr);
     }
     std::optional<cublasLtMatmulAlgo_t> algo;
-    if (tactic.params.size() == 8) {
+    bool direct = false;
+    if (tactic.params.size() == 8 || tactic.params.size() == 9) {
       cublasLtMatmulAlgo_t x;
       std::memcpy(&x, tactic.params.data(), sizeof(x));
       algo = x;
+      direct = tactic.params.size() == 9 && tactic.params[8] == kPlanDirect;
     } else if (!tactic.params.empty()) {
       return MakeError(ErrorCode::kInvalidArgument,
-                       "{}: tactic '{}' has {} params; expected 8 (the algorithm's words)", id(),
-                       tactic.name, tactic.params.size());
+                       "{}: tactic '{}' has {} params; expected 8 (the algorithm's words) or 9 "
+                       "(and the plan)",
+                       id(), tactic.name, tactic.params.size());
     }
     const Fp8PackedB b = PackFp8B(spec, *request.inputs[1].constant);
     float scales[2 * kScaleStride] = {};
@@ -284,7 +414,23 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory b_q, UploadToDevice(b.packed.data(), b.packed.size()));
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory s, UploadToDevice(scales, sizeof(scales)));
     return std::unique_ptr<Kernel>(std::make_unique<CublasLtFp8Kernel>(
-        spec, *type, *amax, b.k, b.n, std::move(b_q), std::move(s), algo, tactic.name));
+        spec, *type, *amax, b.k, b.n, std::move(b_q), std::move(s), algo, direct, tactic.name));
+  }
+
+ private:
+  // One tactic: the algorithm's words, then the plan (9th param) for the direct plan.
+  static void AddTactic(std::vector<TacticConfig>& tactics, std::string name,
+                        const cublasLtMatmulHeuristicResult_t& r, int64_t plan, size_t workspace) {
+    TacticConfig t;
+    t.name = std::move(name);
+    for (const TacticConfig& prev : tactics) {
+      if (prev.name == t.name) t.name += fmt::format("-h{}", tactics.size());
+    }
+    t.params.resize(plan ? 9 : 8);
+    std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
+    if (plan) t.params[8] = plan;
+    t.workspace_bytes = workspace;
+    tactics.push_back(std::move(t));
   }
 };
 

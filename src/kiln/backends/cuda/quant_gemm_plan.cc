@@ -56,7 +56,9 @@ std::optional<QuantizedGemm> ResolveQuantizedGemm(const KernelRequest& r,
   if (has_c) {
     std::vector<int64_t> c = MaxDims(r.inputs[2]);
     if (c.empty() && r.inputs[2].shape.size() != 0) return std::nullopt;
-    if (!ResolveQuantAddend(p.spec, &c, p.m, p.n).ok()) return std::nullopt;
+    auto addend = ResolveQuantAddend(p.spec, &c, p.m, p.n);
+    if (!addend.ok()) return std::nullopt;
+    p.addend = *addend;
   }
   return p;
 }

@@ -32,11 +32,21 @@ std::optional<std::pair<int64_t, int64_t>> QuantConstantB(const GemmSpec& s,
 // A request a quantized product takes, at its largest shapes: a Gemm-family node with a usable
 // activation amax (the INT8 or FP8 attribute's), a non-zero alpha, A, C and Y in one float
 // storage type and a constant 2-D B (any float type); nullopt (decline) otherwise.
+// How C (Gemm, times beta) or the bias (FusedMatMul, unscaled) enters the epilogue: element
+// (i, j) at i * row_stride + j * col_stride (0 broadcasts). The CPU kernel's broadcasting rules;
+// Gemm ignores C when beta is 0.
+struct QuantAddend {
+  bool present = false;
+  float factor = 1.f;
+  int64_t row_stride = 0, col_stride = 0;
+};
+
 struct QuantizedGemm {
   GemmSpec spec;
   BlasType type = BlasType::kF32;
   float amax = 0.f;
   int64_t m = 0, k = 0, n = 0;
+  QuantAddend addend;  // at the largest shapes
 };
 std::optional<QuantizedGemm> ResolveQuantizedGemm(const KernelRequest& r,
                                                   std::optional<float> amax);
@@ -46,14 +56,6 @@ std::optional<QuantizedGemm> ResolveQuantizedGemm(const KernelRequest& r,
 StatusOr<std::pair<int64_t, int64_t>> QuantRowsAndDepth(const GemmSpec& s,
                                                         std::span<const int64_t> a);
 
-// How C (Gemm, times beta) or the bias (FusedMatMul, unscaled) enters the epilogue: element
-// (i, j) at i * row_stride + j * col_stride (0 broadcasts). The CPU kernel's broadcasting rules;
-// Gemm ignores C when beta is 0.
-struct QuantAddend {
-  bool present = false;
-  float factor = 1.f;
-  int64_t row_stride = 0, col_stride = 0;
-};
 StatusOr<QuantAddend> ResolveQuantAddend(const GemmSpec& s, const std::vector<int64_t>* c_dims,
                                          int64_t m, int64_t n);
 
