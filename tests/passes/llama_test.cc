@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "pass_test_util.h"
 
@@ -47,9 +48,9 @@ enum class Rope {
   kInterleaved
 };
 
-// x * cos + rotate(x) * sin over x's last axis (kHeadDim), as the exporters write it.
-Value* ApplyRope(Graph& g, Value* x, Value* cos, Value* sin, Rope form) {
-  const int64_t h = kHeadDim / 2;
+// x * cos + rotate(x) * sin over x's last axis (d), as the exporters write it.
+Value* ApplyRope(Graph& g, Value* x, Value* cos, Value* sin, Rope form, int64_t d = kHeadDim) {
+  const int64_t h = d / 2;
   Value* rot = nullptr;
   auto neg = [&](Value* v) {
     return form == Rope::kSlicesMulMinusOne ? Op(g, "Mul", {v, Const(g, Scalar(-1.f))})
@@ -86,7 +87,7 @@ Value* ApplyRope(Graph& g, Value* x, Value* cos, Value* sin, Rope form) {
       Value* odd = LastAxisSlice(g, x, 1, std::numeric_limits<int64_t>::max(), 2);
       Value* a = Op(g, "Unsqueeze", {neg(odd), Const(g, Ints({-1}))});
       Value* b = Op(g, "Unsqueeze", {even, Const(g, Ints({-1}))});
-      rot = Op(g, "Reshape", {Concat(g, {a, b}), Const(g, Ints({-1, kHeads, kSeq, kHeadDim}))});
+      rot = Op(g, "Reshape", {Concat(g, {a, b}), Const(g, Ints({-1, kHeads, kSeq, d}))});
       break;
     }
   }
@@ -149,6 +150,93 @@ TEST(RotaryFusion, NearMissesStay) {
     g.MarkOutput(Op(g, "Add", {xc, Op(g, "Mul", {rot, sin})}));
     RunPasses(g, Only(MakeRotaryFusionPass()));
     EXPECT_EQ(CountOps(g, "RotaryEmbedding"), 0);
+  }
+}
+
+// Partial rotary as HF's GPT-NeoX (rotate-half) and GPT-J (interleaved) export it: the first r of
+// each head's D elements rotate, Concat(rope(x[..., :r]), x[..., r:]). One RotaryEmbedding with
+// rotary_embedding_dim r, checked against the unfused graph (the CPU kernel's partial path).
+constexpr int64_t kWideHead = 12, kRot = 8;
+
+void PartialRopeGraph(Graph& g, Rope form, bool tables_are_inputs, int64_t rot = kRot,
+                      bool pass_first = false) {
+  Value* x = g.AddInput("x", DataType::kFloat32, {Dim::Symbol("b"), kHeads, kSeq, kWideHead});
+  Value *cos, *sin;
+  if (tables_are_inputs) {
+    cos = g.AddInput("cos", DataType::kFloat32, {kSeq, rot});
+    sin = g.AddInput("sin", DataType::kFloat32, {kSeq, rot});
+  } else {
+    cos = Const(g, RandomTensor(DataType::kFloat32, {1, 1, kSeq, rot}, 3));
+    sin = Const(g, RandomTensor(DataType::kFloat32, {1, 1, kSeq, rot}, 4));
+  }
+  Value* x_rot = LastAxisSlice(g, x, 0, rot);
+  Value* x_pass = LastAxisSlice(g, x, rot, std::numeric_limits<int64_t>::max());
+  Value* r = ApplyRope(g, x_rot, cos, sin, form, rot);
+  g.MarkOutput(Op(g, "Relu", {pass_first ? Concat(g, {x_pass, r}) : Concat(g, {r, x_pass})}));
+}
+
+TEST(RotaryFusion, PartialRotaryBecomesOneOpWithItsDim) {
+  for (Rope form : {Rope::kSlices, Rope::kSplit, Rope::kInterleaved}) {
+    for (bool inputs : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "form " << static_cast<int>(form) << " tables "
+                                        << (inputs ? "inputs" : "constants"));
+      Graph before, after;
+      PartialRopeGraph(before, form, inputs);
+      PartialRopeGraph(after, form, inputs);
+      PassReport r = RunPasses(after, Only(MakeRotaryFusionPass()));
+      EXPECT_EQ(r.rewrites("rotary_fusion"), 2);  // the rotation, then the partial fold
+      Node* rope = Find(after, "RotaryEmbedding");
+      ASSERT_NE(rope, nullptr);
+      EXPECT_EQ(rope->attrs().GetInt("rotary_embedding_dim", -1), kRot);
+      EXPECT_EQ(rope->attrs().GetInt("interleaved", -1), form == Rope::kInterleaved ? 1 : 0);
+      EXPECT_EQ(rope->input(0)->name(), "x");
+      EXPECT_EQ(after.num_nodes(), 2u);  // RotaryEmbedding and Relu
+      ExpectSameOutputs(before, after, {{"b", 2}});
+    }
+  }
+}
+
+// The pass-through part first, and a rotation whose result is read elsewhere too: the rotation
+// fuses over its slice, the Concat stays.
+TEST(RotaryFusion, PartialNearMissesKeepTheConcat) {
+  {
+    Graph before, after;
+    PartialRopeGraph(before, Rope::kSlices, false, kRot, /*pass_first=*/true);
+    PartialRopeGraph(after, Rope::kSlices, false, kRot, /*pass_first=*/true);
+    RunPasses(after, Only(MakeRotaryFusionPass()));
+    ASSERT_NE(Find(after, "RotaryEmbedding"), nullptr);
+    EXPECT_EQ(Find(after, "RotaryEmbedding")->attrs().GetInt("rotary_embedding_dim", 0), 0);
+    EXPECT_EQ(CountOps(after, "Concat"), 1);
+    ExpectSameOutputs(before, after, {{"b", 2}});
+  }
+  {
+    Graph g;
+    Value* x = g.AddInput("x", DataType::kFloat32, {2, kHeads, kSeq, kWideHead});
+    Value* cos = Const(g, RandomTensor(DataType::kFloat32, {kSeq, kRot}, 3));
+    Value* sin = Const(g, RandomTensor(DataType::kFloat32, {kSeq, kRot}, 4));
+    Value* r = ApplyRope(g, LastAxisSlice(g, x, 0, kRot), cos, sin, Rope::kSlices, kRot);
+    g.MarkOutput(Op(g, "Relu", {Concat(g, {r, LastAxisSlice(g, x, kRot, kWideHead)})}));
+    g.MarkOutput(Op(g, "Neg", {r}));
+    RunPasses(g, Only(MakeRotaryFusionPass()));
+    EXPECT_EQ(Find(g, "RotaryEmbedding")->attrs().GetInt("rotary_embedding_dim", 0), 0);
+    EXPECT_EQ(CountOps(g, "Concat"), 1);
+  }
+}
+
+TEST(RotaryShapeRule, PartialDimMustBeEvenAndFitX) {
+  for (const auto& [rot, table, ok] : std::vector<std::tuple<int64_t, int64_t, bool>>{
+           {8, 8, true}, {12, 12, true}, {7, 7, false}, {14, 14, false}, {8, 12, false}}) {
+    SCOPED_TRACE(::testing::Message() << "rot " << rot << " table " << table);
+    Graph g;
+    Value* x = g.AddInput("x", DataType::kFloat32, {2, kSeq, kWideHead});
+    Value* c = g.AddInput("c", DataType::kFloat32, {kSeq, table});
+    Value* y = g.AddValue("y");
+    AttributeMap a;
+    a.Set("rotary_embedding_dim", rot);
+    g.AddNode("RotaryEmbedding", "rope", {x, c, c}, {y}, a);
+    auto r = InferShapes(g);
+    EXPECT_EQ(r.ok(), ok) << (r.ok() ? "" : r.status().ToString());
+    if (ok) EXPECT_EQ(y->shape(), x->shape());
   }
 }
 

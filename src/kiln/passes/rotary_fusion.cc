@@ -8,6 +8,10 @@
 // instead of seven kernels. The halves are recognised by their slice bounds and the shapes, never
 // by names; cos and sin are any values that broadcast to x (constant tables or computed from
 // position ids).
+//
+// Partial rotary (GPT-NeoX/Pythia, Phi, GPT-J rotate only the first r elements of each head):
+//   Concat(RotaryEmbedding(x[..., :r], cos, sin), x[..., r:], axis -1)
+// becomes RotaryEmbedding(x, cos, sin, rotary_embedding_dim = r): no Slice copies and no Concat.
 #include <algorithm>
 
 #include "kiln/ops/op_table.h"
@@ -23,6 +27,22 @@ Pattern Negated(const Pattern& p) {
 }
 
 bool TwoInputs(const Node& n) { return n.num_inputs() == 2; }
+
+bool WholeRotary(const Node& n) {
+  return n.num_inputs() == 3 && attrs::RotaryEmbedding::rotary_embedding_dim(n) == 0;
+}
+
+Pattern PartialRotaryPattern() {
+  using namespace pat;
+  Pattern x = Any("x");
+  return Op("Concat",
+            {Op("RotaryEmbedding", {Op("Slice", {x}).Capture("lo"), Any("cos"), Any("sin")})
+                 .Capture("rope")
+                 .Where(WholeRotary),
+             Op("Slice", {x}).Capture("hi")})
+      .Capture("cat")
+      .Where(TwoInputs);
+}
 
 Pattern RotaryPattern() {
   using namespace pat;
@@ -99,11 +119,39 @@ class RotaryFusionPass final : public Pass {
 
   Status Run(Graph& graph, PassContext& ctx) override {
     static const Pattern pattern = RotaryPattern();
-    return ForEachMatch(graph, pattern, RootOrder::kTopological, nullptr,
-                        [&](const Match& m) { Rewrite(graph, ctx, m); });
+    KILN_RETURN_IF_ERROR(ForEachMatch(graph, pattern, RootOrder::kTopological, nullptr,
+                                      [&](const Match& m) { Rewrite(graph, ctx, m); }));
+    static const Pattern partial = PartialRotaryPattern();
+    return ForEachMatch(graph, partial, RootOrder::kTopological, nullptr,
+                        [&](const Match& m) { RewritePartial(graph, ctx, m); });
   }
 
  private:
+  // Concat(RotaryEmbedding(x[..., :r], cos, sin), x[..., r:]) on the last axis, the rotation's
+  // result read by the Concat alone.
+  static void RewritePartial(Graph& graph, PassContext& ctx, const Match& m) {
+    Value* x = m.value("x");
+    const Node* rope = m.node("rope");
+    if (!x->has_shape() || x->shape().empty() || x->value_dependent()) return;
+    const int64_t rank = static_cast<int64_t>(x->shape().size());
+    auto d = x->shape().back().static_value();
+    if (!d) return;
+    const Value* rotated = rope->output(0);
+    if (rotated->is_graph_output() || rotated->consumers().size() != 1) return;
+    if (!SameShape(x, m.root->output(0)) || !ConcatsLastAxis(*m.root, rank)) return;
+    auto lo = LastAxisSlice(*m.node("lo"), rank, *d, ctx);
+    auto hi = LastAxisSlice(*m.node("hi"), rank, *d, ctx);
+    if (!lo || !hi || lo->step != 1 || hi->step != 1 || lo->start != 0 || hi->start != lo->end ||
+        hi->end != *d || lo->end <= 0 || lo->end >= *d || lo->end % 2 != 0) {
+      return;
+    }
+    AttributeMap attrs;
+    attrs.Set("interleaved", attrs::RotaryEmbedding::interleaved(*rope));
+    attrs.Set("rotary_embedding_dim", lo->end);
+    ReplaceMatched(graph, ctx, m.matched, m.root, "RotaryEmbedding",
+                   {x, m.value("cos"), m.value("sin")}, std::move(attrs));
+  }
+
   static void Rewrite(Graph& graph, PassContext& ctx, const Match& m) {
     Value* x = m.value("x");
     Value* cos = m.value("cos");

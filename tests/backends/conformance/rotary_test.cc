@@ -13,22 +13,27 @@ namespace {
 using enum DataType;
 const std::vector<DataType> kAllFloats = {kFloat32, kFloat16, kBFloat16};
 
-// (x, cos, sin) -> x * cos + rotate(x) * sin over the last axis.
-ReferenceFn RotaryRef(bool interleaved) {
+// (x, cos, sin) -> x * cos + rotate(x) * sin over the last axis, or over its first `partial`
+// elements (the rest copied; cos and sin then broadcast to x's dims with that last dim).
+ReferenceFn RotaryRef(bool interleaved, int64_t partial = 0) {
   return [=](const std::vector<RefTensor>& in) {
     const RefTensor& x = in[0];
-    const int64_t d = x.dims.back(), h = d / 2;
+    const int64_t full = x.dims.back(), d = partial > 0 ? partial : full, h = d / 2;
+    std::vector<int64_t> rotated = x.dims;
+    rotated.back() = d;
     RefTensor y = x;
     for (int64_t i = 0; i < x.size(); ++i) {
-      const int64_t j = i % d, row = i - j;
+      const int64_t j = i % full, row = i - j;
+      if (j >= d) continue;  // passes through
       double rot;
       if (interleaved) {
         rot = j % 2 == 0 ? -x[row + j + 1] : x[row + j - 1];
       } else {
         rot = j < h ? -x[row + j + h] : x[row + j - h];
       }
-      y[i] = x[i] * in[1][BroadcastIndex(in[1].dims, x.dims, i)] +
-             rot * in[2][BroadcastIndex(in[2].dims, x.dims, i)];
+      const int64_t k = row / full * d + j;  // the element's index in the rotated part
+      y[i] = x[i] * in[1][BroadcastIndex(in[1].dims, rotated, k)] +
+             rot * in[2][BroadcastIndex(in[2].dims, rotated, k)];
     }
     return std::vector<RefTensor>{y};
   };
@@ -54,6 +59,34 @@ TEST_P(RotaryOp, MatchesTheFormula) {
     OpTester t("RotaryEmbedding", attrs);
     t.Input(kFloat32, c.x, -3, 3).Input(kFloat32, c.cos, -1, 1).Input(kFloat32, c.sin, -1, 1);
     t.Reference(RotaryRef(c.interleaved != 0)).Tolerance(1e-5, 1e-5).FloatTypes(kAllFloats);
+    EXPECT_GT(t.Run(GetParam()), 0);
+  }
+}
+
+// Partial rotary (rotary_embedding_dim r < D: GPT-NeoX/Pythia rotate a quarter of each head, GPT-J
+// 64 of 256 interleaved): the first r elements rotate against tables of last dim r, the rest pass
+// through. 16-byte rows and chunks (D 64, r 32 or 16), odd halves (r 6), a row-broadcast table and
+// r = D (the whole row, as without the attribute).
+TEST_P(RotaryOp, PartialRotatesTheFirstElementsOnly) {
+  struct Case {
+    std::vector<int64_t> x, cos;
+    int64_t rot, interleaved;
+  };
+  for (const Case& c : std::vector<Case>{{{2, 4, 9, 64}, {1, 1, 9, 32}, 32, 0},
+                                         {{2, 3, 5, 10}, {5, 6}, 6, 0},
+                                         {{2, 7, 4, 64}, {7, 1, 16}, 16, 0},
+                                         {{3, 5, 12}, {5, 1}, 8, 0},
+                                         {{2, 4, 9, 64}, {9, 16}, 16, 1},
+                                         {{3, 5, 14}, {1, 6}, 6, 1},
+                                         {{2, 3, 5, 8}, {5, 8}, 8, 0}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "d " << c.x.back() << " rot " << c.rot << " interleaved " << c.interleaved);
+    AttributeMap attrs;
+    attrs.Set("interleaved", c.interleaved);
+    attrs.Set("rotary_embedding_dim", c.rot);
+    OpTester t("RotaryEmbedding", attrs);
+    t.Input(kFloat32, c.x, -3, 3).Input(kFloat32, c.cos, -1, 1).Input(kFloat32, c.cos, -1, 1);
+    t.Reference(RotaryRef(c.interleaved != 0, c.rot)).Tolerance(1e-5, 1e-5).FloatTypes(kAllFloats);
     EXPECT_GT(t.Run(GetParam()), 0);
   }
 }

@@ -26,6 +26,39 @@ void RotateRow(const float* x, const float* c, const float* s, int64_t cs, float
   }
 }
 
+// Partial rotary: the first `rot` elements of each row of x rotate (cos and sin broadcast to x's
+// shape with last dim rot), the rest are copied.
+Status RunPartial(const KernelRunArgs& a, int64_t rot, bool interleaved) {
+  const TensorView& x = a.inputs[0];
+  const int64_t d = x.dims.back();
+  const int64_t rows = x.num_elements() / d;
+  std::vector<int64_t> rotated(x.dims.begin(), x.dims.end());
+  rotated.back() = rot;
+  // Cos's and sin's element (row, j) of the rotated part: offset(row) + j * step (step 0 when a
+  // table's last dim is 1).
+  const TensorView tables[2] = {a.inputs[1], a.inputs[2]};
+  BroadcastPlan plan(tables, rotated);
+  const int64_t cs = !tables[0].dims.empty() && tables[0].dims.back() == rot ? 1 : 0;
+  const int64_t ss = !tables[1].dims.empty() && tables[1].dims.back() == rot ? 1 : 0;
+  const float* px = x.as<const float>();
+  const float* pc = tables[0].as<const float>();
+  const float* ps = tables[1].as<const float>();
+  float* py = a.outputs[0].as<float>();
+  ParallelRows(rows, d * 4, [&](int64_t r0, int64_t r1) {
+    std::vector<float> c(static_cast<size_t>(rot)), s(static_cast<size_t>(rot));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t oc = plan.indexers[0](r * rot), os = plan.indexers[1](r * rot);
+      for (int64_t j = 0; j < rot; ++j) {
+        c[j] = pc[oc + j * cs];
+        s[j] = ps[os + j * ss];
+      }
+      RotateRow(px + r * d, c.data(), s.data(), 1, py + r * d, rot, interleaved);
+      if (py != px) std::copy(px + r * d + rot, px + (r + 1) * d, py + r * d + rot);
+    }
+  });
+  return OkStatus();
+}
+
 const bool kRegistered = [] {
   RegisterOpKernel({
       .op_type = "RotaryEmbedding",
@@ -37,13 +70,16 @@ const bool kRegistered = [] {
           },
       .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
         const bool interleaved = attrs::RotaryEmbedding::interleaved(*r.node) != 0;
-        auto run = [interleaved](const KernelRunArgs& a) {
+        const int64_t rot = attrs::RotaryEmbedding::rotary_embedding_dim(*r.node);
+        auto run = [interleaved, rot](const KernelRunArgs& a) {
           const TensorView& x = a.inputs[0];
-          if (x.dims.empty() || x.dims.back() % 2 != 0) {
+          if (x.dims.empty() || x.dims.back() % 2 != 0 || rot % 2 != 0 || rot > x.dims.back()) {
             return MakeError(ErrorCode::kShapeMismatch,
-                             "RotaryEmbedding needs X with an even last dim (rank {})",
-                             x.dims.size());
+                             "RotaryEmbedding needs X with an even last dim of at least "
+                             "rotary_embedding_dim {} (rank {})",
+                             rot, x.dims.size());
           }
+          if (rot > 0 && rot < x.dims.back()) return RunPartial(a, rot, interleaved);
           const int64_t d = x.dims.back();
           // The plan's inner run always holds whole rows: every operand is complete or broadcast
           // along the last axis, which has d > 1 elements.

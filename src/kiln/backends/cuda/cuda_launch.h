@@ -140,13 +140,15 @@ cudaError_t LaunchRmsNorm(Elem t, const void* x, const void* skip, const void* s
 // broadcasts along the row). Strides are in elements.
 struct RotaryGeometry {
   int64_t rows = 0, d = 0;
+  int64_t ld = 0;  // elements between rows of x and y (d, or more for partial rotary); 0: d
   int32_t rank = 0;
   int64_t dims[kMaxRank] = {};
   int64_t cos_strides[kMaxRank] = {};
   int64_t sin_strides[kMaxRank] = {};
   int64_t cos_step = 1, sin_step = 1;
 };
-// y = x * cos + rotate(x) * sin per row: rotate-half (interleaved false) or pairs (2i, 2i + 1).
+// y = x * cos + rotate(x) * sin over the first d elements of each row (rows ld apart): rotate-half
+// (interleaved false) or pairs (2i, 2i + 1). Elements d..ld of a row are not touched.
 cudaError_t LaunchRotary(Elem t, bool interleaved, const void* x, const void* cos_t,
                          const void* sin_t, void* y, const RotaryGeometry& g, cudaStream_t stream);
 // Softmax / LogSoftmax over the middle axis of [outer, n, inner].

@@ -44,6 +44,7 @@ template <typename T, int kN, bool kInterleaved, bool kVector, typename I>
 __global__ void RotaryKernel(const T* __restrict__ x, const T* __restrict__ cos_t,
                              const T* __restrict__ sin_t, T* __restrict__ y, RotaryGeometry g) {
   const I d = static_cast<I>(g.d);
+  const I ld = static_cast<I>(g.ld > 0 ? g.ld : g.d);
   const I h = d / 2;
   const I per_row = (kInterleaved ? d : h) / kN;
   const I total = static_cast<I>(g.rows) * per_row;
@@ -63,8 +64,8 @@ __global__ void RotaryKernel(const T* __restrict__ x, const T* __restrict__ cos_
       oc += c * static_cast<I>(g.cos_strides[k]);
       os += c * static_cast<I>(g.sin_strides[k]);
     }
-    const T* px = x + r * d;
-    T* py = y + r * d;
+    const T* px = x + r * ld;
+    T* py = y + r * ld;
     if constexpr (kInterleaved) {
       const auto a = LoadChunk<T, kN, kVector>(px + j, I{1});
       const auto c = LoadChunk<T, kN, kVector>(cos_t + oc + j * cstep, cstep);
@@ -104,7 +105,7 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 cudaError_t LaunchRotary(Elem t, bool interleaved, const void* x, const void* cos_t,
                          const void* sin_t, void* y, const RotaryGeometry& g, cudaStream_t stream) {
   if (g.rows == 0 || g.d == 0) return cudaSuccess;
-  if (g.d % 2 != 0 || g.rank > kMaxRank) return cudaErrorInvalidValue;
+  if (g.d % 2 != 0 || g.rank > kMaxRank || (g.ld != 0 && g.ld < g.d)) return cudaErrorInvalidValue;
   return DispatchFloat(t, [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
@@ -115,8 +116,10 @@ cudaError_t LaunchRotary(Elem t, bool interleaved, const void* x, const void* co
     // 16-byte chunks: every chunk of x, cos and sin starts on a 16-byte boundary when the bases
     // do, the chunk count divides the span, cos and sin step by 1 along the row and their row
     // offsets (sums of strides) are multiples of kVec.
-    bool vec = (interleaved ? g.d : g.d / 2) % kVec == 0 && g.cos_step == 1 && g.sin_step == 1 &&
-               Aligned16(x) && Aligned16(y) && Aligned16(cos_t) && Aligned16(sin_t);
+    const int64_t ld = g.ld > 0 ? g.ld : g.d;
+    bool vec = (interleaved ? g.d : g.d / 2) % kVec == 0 && ld % kVec == 0 && g.cos_step == 1 &&
+               g.sin_step == 1 && Aligned16(x) && Aligned16(y) && Aligned16(cos_t) &&
+               Aligned16(sin_t);
     for (int k = 0; vec && k < g.rank; ++k) {
       vec = g.cos_strides[k] % kVec == 0 && g.sin_strides[k] % kVec == 0;
     }
@@ -125,7 +128,7 @@ cudaError_t LaunchRotary(Elem t, bool interleaved, const void* x, const void* co
     const int64_t chunk = vec ? kVec : (interleaved ? 2 : 1);
     const int64_t items = g.rows * ((interleaved ? g.d : g.d / 2) / chunk);
     // Every element offset (x's, and cos's and sin's, which broadcast to x) fits in 32 bits.
-    const bool narrow = g.rows * g.d < (int64_t{1} << 31);
+    const bool narrow = g.rows * ld < (int64_t{1} << 31);
     auto go = [&](auto kernel) {
       kernel<<<GridFor(items), 256, 0, stream>>>(px, pc, ps, py, g);
       return cudaGetLastError();

@@ -1,6 +1,7 @@
 // CUDA provider of RotaryEmbedding (kernel in rotary.cu): Prepare turns cos's and sin's broadcast
 // against x into row strides over x's leading dims (merged where they run contiguously, so the
 // kernel splits a row index over as few dims as it can). f32, f16 and bf16 storage, FP32 math.
+#include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/cuda/cuda_kernel.h"
 #include "kiln/ops/op_table.h"
 
@@ -22,13 +23,21 @@ std::vector<int64_t> StridesAgainst(std::span<const int64_t> dims, std::span<con
 
 class RotaryKernel final : public Kernel {
  public:
-  RotaryKernel(Elem t, bool interleaved) : t_(t), interleaved_(interleaved) {}
+  RotaryKernel(Elem t, bool interleaved, int64_t rot)
+      : t_(t), interleaved_(interleaved), rot_(rot) {}
   StatusOr<size_t> Prepare(std::span<const TensorView> in, std::span<const TensorView>) override {
-    const auto& x = in[0].dims;
-    if (x.empty() || x.back() % 2 != 0) {
+    if (in[0].dims.empty() || in[0].dims.back() % 2 != 0 || rot_ % 2 != 0 ||
+        rot_ > in[0].dims.back()) {
       return MakeError(ErrorCode::kShapeMismatch,
-                       "RotaryEmbedding needs X with an even last dim (rank {})", x.size());
+                       "RotaryEmbedding needs X with an even last dim of at least "
+                       "rotary_embedding_dim {} (rank {})",
+                       rot_, in[0].dims.size());
     }
+    // The rotated part of X (partial rotary: its first rot_ elements of each row), which the
+    // tables broadcast to; the rest of each row is copied in Run.
+    std::vector<int64_t> x(in[0].dims.begin(), in[0].dims.end());
+    const int64_t full = x.back();
+    if (rot_ > 0) x.back() = rot_;
     for (size_t i = 1; i < 3; ++i) {
       const auto& c = in[i].dims;
       bool fits = c.size() <= x.size();
@@ -45,7 +54,8 @@ class RotaryKernel final : public Kernel {
     std::vector<int64_t> cs = StridesAgainst(in[1].dims, x), ss = StridesAgainst(in[2].dims, x);
     RotaryGeometry g;
     g.d = x.back();
-    g.rows = g.d == 0 ? 0 : in[0].num_elements() / g.d;
+    g.ld = full;
+    g.rows = full == 0 ? 0 : in[0].num_elements() / full;
     g.cos_step = cs.back();
     g.sin_step = ss.back();
     // Leading dims, outermost first: size-1 dims dropped, a dim merged into the one before it
@@ -76,17 +86,31 @@ class RotaryKernel final : public Kernel {
       g.sin_strides[k] = sstr[k];
     }
     geometry_ = g;
+    elem_bytes_ = static_cast<int64_t>(SizeOf(in[0].dtype));
     return size_t{0};
   }
   Status Run(const KernelRunArgs& a) override {
-    return Launched(LaunchRotary(t_, interleaved_, a.inputs[0].data, a.inputs[1].data,
-                                 a.inputs[2].data, a.outputs[0].data, geometry_, StreamOf(a)),
-                    "RotaryEmbedding kernel");
+    const RotaryGeometry& g = geometry_;
+    void* y = a.outputs[0].data;
+    const void* x = a.inputs[0].data;
+    if (g.ld > g.d && g.rows > 0 && y != x) {
+      // Partial rotary: the elements past the rotated ones pass through, one strided copy.
+      const size_t pitch = static_cast<size_t>(g.ld * elem_bytes_);
+      const size_t skip = static_cast<size_t>(g.d * elem_bytes_);
+      KILN_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+          static_cast<char*>(y) + skip, pitch, static_cast<const char*>(x) + skip, pitch,
+          pitch - skip, static_cast<size_t>(g.rows), cudaMemcpyDeviceToDevice, StreamOf(a)));
+    }
+    return Launched(
+        LaunchRotary(t_, interleaved_, x, a.inputs[1].data, a.inputs[2].data, y, g, StreamOf(a)),
+        "RotaryEmbedding kernel");
   }
 
  private:
   Elem t_;
   bool interleaved_;
+  int64_t rot_;  // rotary_embedding_dim: 0 rotates the whole last axis
+  int64_t elem_bytes_ = 0;
   RotaryGeometry geometry_;
 };
 
@@ -101,7 +125,8 @@ CudaOpDef RotaryDef() {
           },
       .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
         return std::unique_ptr<Kernel>(std::make_unique<RotaryKernel>(
-            *ToElem(InType(r, 0)), attrs::RotaryEmbedding::interleaved(*r.node) != 0));
+            *ToElem(InType(r, 0)), attrs::RotaryEmbedding::interleaved(*r.node) != 0,
+            attrs::RotaryEmbedding::rotary_embedding_dim(*r.node)));
       },
   };
 }
