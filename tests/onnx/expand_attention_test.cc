@@ -553,7 +553,21 @@ TEST(OnnxRotaryEmbedding, PartialRotationPassesTheRestThrough) {
     RotaryCase c;
     c.interleaved = interleaved;
     c.rotary_dim = 4;
-    CheckRotary(c);
+    auto g = CheckRotary(c);
+    ASSERT_NE(g, nullptr);
+    // One rotation over the whole head: the rotary fusion folds the pass-through Slice and the
+    // Concat into rotary_embedding_dim.
+    ASSERT_EQ(Count(*g, "RotaryEmbedding"), 1);
+    for (const Node* node : g->nodes()) {
+      if (node->is_dead() || node->op_type() != "RotaryEmbedding") continue;
+      EXPECT_EQ(node->attrs().GetInt("rotary_embedding_dim", 0), 4);
+      ASSERT_NE(node->input(0), nullptr);
+      const Node* p = node->input(0)->producer();
+      EXPECT_TRUE(p == nullptr || p->op_type() != "Slice");
+      for (const Node* reader : node->output(0)->consumers()) {
+        EXPECT_NE(reader->op_type(), "Concat");
+      }
+    }
   }
 }
 
