@@ -248,6 +248,59 @@ TEST(DecoderAttention, SymbolicBatchUnflattens) {
   ExpectSameOutputs(before, after, {{"b", 3}});
 }
 
+// GPT-BigCode's multi-query attention: the H query heads of each position as rows of
+// [B, S*H, D] against one K/V head [B, S, D], the causal gate on the [B, S, H, S] view
+// ([1, S, 1, S], from its tril buffer). batch_unflatten runs it head-major with K and V as one
+// head broadcast over the query heads, and the default pipeline fuses it (static and symbolic
+// batch). Heads split the other way ([B, H, S, S] views of [B, S*H, .] rows) stay.
+void MultiQueryGraph(Graph& g, const Dim& b, bool heads_outer = false) {
+  constexpr int64_t h = 3;
+  Value* q = g.AddInput("q", DataType::kFloat32, {b, kS, h * kD});
+  Value* k = g.AddInput("k", DataType::kFloat32, {b, kS, kD});
+  Value* v = g.AddInput("v", DataType::kFloat32, {b, kS, kD});
+  Value* q3 = Op(g, "Reshape", {q, Const(g, Ints({0, kS * h, kD}))});
+  Value* kt = Op(g, "Transpose", {k}, Attrs(std::pair{"perm", std::vector<int64_t>{0, 2, 1}}));
+  Value* s3 = Op(g, "Mul", {Op(g, "MatMul", {q3, kt}), Const(g, Scalar(0.5f))});
+  Value* s4 = Op(g, "Reshape",
+                 {s3, Const(g, Ints(heads_outer ? std::vector<int64_t>{0, h, kS, kS}
+                                                : std::vector<int64_t>{0, kS, h, kS}))});
+  // The [1, 1, S, S] causal gate viewed [1, S, 1, S] (GPT-BigCode's unsqueeze(2)).
+  Value* cond = Op(g, "Reshape", {CausalCond(g), Const(g, Ints({1, kS, 1, kS}))});
+  if (heads_outer) cond = CausalCond(g);
+  Value* p = Op(g, "Softmax", {Op(g, "Where", {cond, s4, Lowest(g)})},
+                Attrs(std::pair{"axis", int64_t{-1}}));
+  Value* p3 = Op(g, "Reshape", {p, Const(g, Ints({0, kS * h, kS}))});
+  Value* y = Op(g, "Reshape", {Op(g, "MatMul", {p3, v}), Const(g, Ints({0, kS, h * kD}))});
+  g.MarkOutput(Op(g, "Relu", {y}));
+}
+
+TEST(DecoderAttention, MultiQueryRowsOfPositionsAndHeadsFuse) {
+  for (const Dim& b : {Dim(2), Dim::Symbol("b")}) {
+    SCOPED_TRACE(b.is_static() ? "static batch" : "symbolic batch");
+    Graph before, after;
+    MultiQueryGraph(before, b);
+    MultiQueryGraph(after, b);
+    auto r = RunDefaultPasses(after, TestOptions());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    Node* a = Find(after, "Attention");
+    ASSERT_NE(a, nullptr);
+    EXPECT_FLOAT_EQ(a->attrs().GetFloat("scale", 0.f), 0.5f);
+    EXPECT_EQ(CountOps(after, "Softmax"), 0);
+    EXPECT_EQ(CountOps(after, "MatMul"), 0);
+    ExpectSameOutputs(before, after, {{"b", 3}});
+  }
+}
+
+TEST(DecoderAttention, MultiQueryWithHeadsOuterStays) {
+  Graph before, after;
+  MultiQueryGraph(before, Dim(2), /*heads_outer=*/true);
+  MultiQueryGraph(after, Dim(2), /*heads_outer=*/true);
+  auto r = RunDefaultPasses(after, TestOptions());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(Find(after, "Attention"), nullptr);
+  ExpectSameOutputs(before, after);
+}
+
 // Only the scores before a Softmax are reordered, and only very negative fills: a Where that
 // selects ordinary values stays as it is.
 TEST(DecoderAttention, WhereWithAnOrdinaryFillStays) {

@@ -16,6 +16,17 @@
 //   Reshape(Reshape(y, s1), s2) -> Reshape(y, s2)
 //   Reshape(y, [X, m, n]) -> chain of Add/Sub/Mul/Div -> Reshape back to y's shape: the chain runs
 //       on y (BLOOM adds its ALiBi bias [B*H, 1, S] to the flattened scores)
+//   Rows of (position, head) pairs: multi-query attention over [B, S*H, D] (GPT-BigCode), each
+//   query head's rows interleaved with the others':
+//     MatMul(Reshape(q [B, S, H*D] -> [B, S*H, D]), kt [B, D, Sk]) -> ops by one-element
+//     constants -> Reshape [B, S, H, Sk] -> mask ops (Add, Sub, Mul, Div, Where: constant or
+//     one-element operands) -> Softmax (last axis) -> Reshape [B, S*H, Sk] ->
+//     MatMul(., v [B, Sk, Dv]) -> Reshape [B, S, H*Dv]
+//   runs head-major, with one K/V head broadcast over the H query heads:
+//     MatMul(Transpose(Reshape(q, [B, S, H, D]), [0, 2, 1, 3]), Reshape(kt, [B, 1, D, Sk])) ->
+//     the same ops (each constant operand transposed [0, 2, 1, 3] after padding to rank 4) ->
+//     Softmax -> MatMul(., Reshape(v, [B, 1, Sk, Dv])) -> Transpose [0, 2, 1, 3] -> Reshape
+//   which the attention fusion takes (and the layout pass reads q in place again).
 //
 // Each rewritten intermediate is read only by the next step; a Reshape is a view, so the new
 // ones cost nothing.
@@ -62,7 +73,7 @@ class BatchUnflattenPass final : public Pass {
     for (Node* n : order) {
       if (n->is_dead()) continue;
       if (IsOp(*n, OpType::kMatMul)) {
-        UnflattenProduct(graph, ctx, n);
+        if (!UnflattenRows(graph, ctx, n)) UnflattenProduct(graph, ctx, n);
       } else if (IsOp(*n, OpType::kReshape)) {
         if (!SinkToUnflatten(graph, ctx, n)) MergeReshapes(graph, ctx, n);
       }
@@ -76,6 +87,208 @@ class BatchUnflattenPass final : public Pass {
 
  private:
   std::vector<Node*> bypassed_;  // readers before what they read
+
+  // `v`'s one reader when it reads v once and v is no graph output; nullptr otherwise.
+  static Node* OnlyReader(Value* v) {
+    if (!v || v->is_graph_output() || v->consumers().size() != 1) return nullptr;
+    Node* r = v->consumers().front();
+    return ReadOnlyBy(v, r) ? r : nullptr;
+  }
+
+  static bool Elementwise(const Node& n) {
+    return IsOp(n, OpType::kAdd) || IsOp(n, OpType::kSub) || IsOp(n, OpType::kMul) ||
+           IsOp(n, OpType::kDiv);
+  }
+
+  static AttributeMap Perm(const std::vector<int64_t>& perm) {
+    AttributeMap a;
+    a.Set("perm", perm);
+    return a;
+  }
+  static AttributeMap LastAxisAttrs() {
+    AttributeMap a;
+    a.Set("axis", int64_t{-1});
+    return a;
+  }
+
+  static bool OneElement(const Value* v) {
+    return v && v->is_constant() && v->constant()->num_elements() == 1 &&
+           v->constant()->dims().size() <= 1;
+  }
+
+  // A new value of `shape` computed by `op` from `ins`.
+  static Value* Add(Graph& graph, PassContext& ctx, const std::string& op, const std::string& name,
+                    std::vector<Value*> ins, DataType dtype, const Shape& shape,
+                    AttributeMap attrs = {}) {
+    Value* out = graph.AddValue(graph.UniqueName(name), dtype);
+    out->set_shape(shape);
+    graph.AddNode(op, graph.UniqueName(name), std::move(ins), {out}, std::move(attrs));
+    ctx.stats().nodes_added += 1;
+    return out;
+  }
+
+  // The multi-query rows rule (the file comment). False when `mm` is not its first product.
+  bool UnflattenRows(Graph& graph, PassContext& ctx, Node* mm) {
+    static const std::vector<int64_t> kSwap12 = {0, 2, 1, 3};
+    Node* ra = ProducerIf(mm->input(0), OpType::kReshape);
+    if (!ra || !ReadOnlyBy(mm->input(0), mm)) return false;
+    Value* q = ra->input(0);
+    auto qs = ShapeIf(q);
+    auto rs = ShapeIf(ra->output(0));
+    auto kts = ShapeIf(mm->input(1));
+    if (!qs || !rs || !kts || qs->size() != 3 || rs->size() != 3 || kts->size() != 3) return false;
+    const Dim &b = (*qs)[0], &s = (*qs)[1];
+    auto e = (*qs)[2].static_value();
+    auto d = (*rs)[2].static_value();
+    if (!e || !d || *d <= 0 || *e % *d != 0 || *e / *d < 2) return false;
+    const int64_t h = *e / *d;
+    if (!((*rs)[0] == b) || !((*rs)[1] == s * Dim(h)) || !((*kts)[1] == Dim(*d))) return false;
+    if (!((*kts)[0] == b) && !((*kts)[0] == Dim(1))) return false;
+    const Dim sk = (*kts)[2];
+    // Scores [B, S*H, Sk] -> ops by one-element constants -> Reshape [B, S, H, Sk].
+    std::vector<Node*> pre;
+    Value* v = mm->output(0);
+    Node* c = OnlyReader(v);
+    while (c && Elementwise(*c) && c->num_inputs() == 2 && OneElement(c->input(c->input(0) == v))) {
+      pre.push_back(c);
+      v = c->output(0);
+      c = OnlyReader(v);
+    }
+    const Shape split = {b, s, Dim(h), sk};
+    const Shape heads = {b, Dim(h), s, sk};
+    if (!c || !IsOp(*c, OpType::kReshape) || ShapeIf(c->output(0)) != split) return false;
+    Node* r1 = c;
+    // Mask ops on [B, S, H, Sk], then the Softmax over Sk.
+    std::vector<Node*> post;
+    v = r1->output(0);
+    c = OnlyReader(v);
+    while (c && !IsOp(*c, OpType::kSoftmax)) {
+      const bool where = IsOp(*c, OpType::kWhere);
+      if ((!Elementwise(*c) && !where) || ShapeIf(c->output(0)) != split) return false;
+      for (size_t i = 0; i < c->num_inputs(); ++i) {
+        const Value* z = c->input(i);
+        if (z == v) {
+          if (where && i == 0) return false;  // the scores as the condition
+          continue;
+        }
+        if (!z || !z->is_constant() || z->shape().size() > 4) return false;
+      }
+      post.push_back(c);
+      v = c->output(0);
+      c = OnlyReader(v);
+    }
+    if (!c || !LastAxis(*c)) return false;
+    Node* sm = c;
+    // -> Reshape [B, S*H, Sk] -> MatMul(., v) -> Reshape [B, S, H*Dv].
+    Node* r2 = OnlyReader(sm->output(0));
+    if (!r2 || !IsOp(*r2, OpType::kReshape)) return false;
+    auto r2s = ShapeIf(r2->output(0));
+    if (!r2s || r2s->size() != 3 || !((*r2s)[0] == b) || !((*r2s)[1] == (*rs)[1]) ||
+        !((*r2s)[2] == sk)) {
+      return false;
+    }
+    Node* mm2 = OnlyReader(r2->output(0));
+    if (!mm2 || !IsOp(*mm2, OpType::kMatMul) || mm2->input(0) != r2->output(0)) return false;
+    Value* vv = mm2->input(1);
+    auto vs = ShapeIf(vv);
+    if (!vs || vs->size() != 3 || !((*vs)[1] == sk) || !(*vs)[2].is_static()) return false;
+    if (!((*vs)[0] == b) && !((*vs)[0] == Dim(1))) return false;
+    const int64_t dv = (*vs)[2].value();
+    Node* r3 = OnlyReader(mm2->output(0));
+    if (!r3 || !IsOp(*r3, OpType::kReshape)) return false;
+    const Shape merged = {b, s, Dim(h * dv)};
+    if (ShapeIf(r3->output(0)) != merged) return false;
+    const Shape split_out = {b, s, Dim(h), Dim(dv)};
+    // Reshape targets (views) first: nothing changes unless all of them exist.
+    const Shape q4 = {b, s, Dim(h), Dim(*d)};
+    // K as one head: of k itself when kt swaps k's last two axes (the export's key.transpose).
+    Node* kt_node = ProducerIf(mm->input(1), OpType::kTranspose);
+    const bool k_swapped = kt_node && ShapeIf(kt_node->input(0)).has_value() &&
+                           attrs::Transpose::perm(*kt_node) == std::vector<int64_t>{0, 2, 1};
+    const Shape k4 =
+        k_swapped ? Shape{(*kts)[0], Dim(1), sk, Dim(*d)} : Shape{(*kts)[0], Dim(1), Dim(*d), sk};
+    const Shape v4 = {(*vs)[0], Dim(1), sk, Dim(dv)};
+    Value* q_target = AddReshapeTarget(graph, ra->name() + "_heads", *qs, q4);
+    Value* k_target = AddReshapeTarget(graph, mm->name() + "_kv_head",
+                                       k_swapped ? *ShapeIf(kt_node->input(0)) : *kts, k4);
+    Value* v_target = AddReshapeTarget(graph, mm2->name() + "_kv_head", *vs, v4);
+    Value* o_target = AddReshapeTarget(graph, r3->name() + "_heads", split_out, merged);
+    if (!q_target || !k_target || !v_target || !o_target) return false;
+    // Each constant mask operand, padded to rank 4 and transposed to head-major.
+    // nullptr stands for the chain's value.
+    std::vector<std::vector<Value*>> operands;
+    Value* prev = r1->output(0);
+    for (Node* op : post) {
+      std::vector<Value*> ins;
+      for (size_t i = 0; i < op->num_inputs(); ++i) {
+        Value* z = op->input(i);
+        if (z == prev || OneElement(z)) {
+          ins.push_back(z == prev ? nullptr : z);
+          continue;
+        }
+        AttributeMap a;
+        a.Set("perm", kSwap12);
+        Value* t =
+            DeriveConstant(graph, z->name() + "_heads", std::string(kTransposeBroadcastOp), a, {z});
+        if (!t) return false;
+        ins.push_back(t);
+      }
+      operands.push_back(std::move(ins));
+      prev = op->output(0);
+    }
+    const DataType dt = mm->output(0)->dtype();
+    Value* qh = Add(graph, ctx, "Reshape", ra->name() + "_heads", {q, q_target}, q->dtype(), q4);
+    qh = Add(graph, ctx, "Transpose", ra->name() + "_heads_first", {qh}, q->dtype(),
+             {b, Dim(h), s, Dim(*d)}, Perm(kSwap12));
+    Value* kh = nullptr;
+    if (k_swapped) {
+      // kt = Transpose(k [B, Sk, D]): K's head view swapped, which the attention fusion reads as
+      // K itself.
+      Value* k = kt_node->input(0);
+      kh = Add(graph, ctx, "Reshape", mm->name() + "_kv_head", {k, k_target}, k->dtype(), k4);
+      kh = Add(graph, ctx, "Transpose", mm->name() + "_kv_head_t", {kh}, k->dtype(),
+               {(*kts)[0], Dim(1), Dim(*d), sk}, Perm({0, 1, 3, 2}));
+    } else {
+      kh = Add(graph, ctx, "Reshape", mm->name() + "_kv_head", {mm->input(1), k_target},
+               mm->input(1)->dtype(), k4);
+    }
+    Value* cur = Add(graph, ctx, "MatMul", mm->name() + "_heads", {qh, kh}, dt, heads);
+    prev = mm->output(0);
+    for (Node* op : pre) {
+      const int zi = op->input(0) == prev ? 1 : 0;  // the one-element constant's place
+      Value* z = op->input(zi);
+      std::vector<Value*> ins = zi == 1 ? std::vector<Value*>{cur, z} : std::vector<Value*>{z, cur};
+      prev = op->output(0);
+      cur = Add(graph, ctx, std::string(op->op_type()), op->name() + "_heads", ins, dt, heads);
+    }
+    for (size_t k = 0; k < post.size(); ++k) {
+      std::vector<Value*> ins = operands[k];
+      for (Value*& z : ins) {
+        if (!z) z = cur;
+      }
+      cur = Add(graph, ctx, std::string(post[k]->op_type()), post[k]->name() + "_heads", ins, dt,
+                heads);
+    }
+    cur = Add(graph, ctx, "Softmax", sm->name() + "_heads", {cur}, dt, heads, LastAxisAttrs());
+    Value* vh =
+        Add(graph, ctx, "Reshape", mm2->name() + "_kv_head", {vv, v_target}, vv->dtype(), v4);
+    cur = Add(graph, ctx, "MatMul", mm2->name() + "_heads", {cur, vh}, dt, {b, Dim(h), s, Dim(dv)});
+    cur = Add(graph, ctx, "Transpose", mm2->name() + "_positions_first", {cur}, dt, split_out,
+              Perm(kSwap12));
+    Value* out = r3->output(0);
+    const std::string name = r3->name();
+    graph.RemoveNode(r3);
+    graph.AddNode("Reshape", graph.UniqueName(name + "_heads"), {cur, o_target}, {out});
+    ctx.stats().nodes_added += 1;
+    bypassed_.insert(bypassed_.end(), {mm2, r2, sm});
+    for (auto it = post.rbegin(); it != post.rend(); ++it) bypassed_.push_back(*it);
+    bypassed_.push_back(r1);
+    for (auto it = pre.rbegin(); it != pre.rend(); ++it) bypassed_.push_back(*it);
+    bypassed_.insert(bypassed_.end(), {mm, ra});
+    if (k_swapped) bypassed_.push_back(kt_node);
+    ctx.stats().rewrites += 1;
+    return true;
+  }
 
   void UnflattenProduct(Graph& graph, PassContext& ctx, Node* mm) {
     // A: a leading-merge Reshape, or a Softmax over the last axis of one (OPT and BLOOM take the
