@@ -287,6 +287,10 @@ TEST(DecoderAttention, MultiQueryRowsOfPositionsAndHeadsFuse) {
     EXPECT_FLOAT_EQ(a->attrs().GetFloat("scale", 0.f), 0.5f);
     EXPECT_EQ(CountOps(after, "Softmax"), 0);
     EXPECT_EQ(CountOps(after, "MatMul"), 0);
+    // The group of one (K and V [B, 1, 1, S, D]) read in place: no head Transposes are left.
+    EXPECT_EQ(a->attrs().GetString("layout", "bhsd"), "bshd");
+    EXPECT_EQ(a->input(0)->shape().size(), 5u);
+    EXPECT_EQ(CountOps(after, "Transpose"), 0);
     ExpectSameOutputs(before, after, {{"b", 3}});
   }
 }

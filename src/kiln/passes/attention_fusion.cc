@@ -21,6 +21,9 @@
 // - Grouped-query attention (Llama, Mistral): K and V repeated to Q's head count by repeat_kv
 //   (Unsqueeze -> Expand -> Reshape). The same rank + 1 views run it un-repeated: Q as
 //   [B, KVH, n_rep, S, D] against K and V as [B, KVH, 1, S, D], whose size-1 axis broadcasts.
+//   Multi-query attention (K and V of one head broadcast over Q's, as batch_unflatten writes
+//   GPT-BigCode's) is the group of one: Q as [B, 1, H, S, D], K and V as [B, 1, 1, S, D], so
+//   that the layout pass reads all three in place.
 #include <algorithm>
 
 #include "kiln/ops/op_table.h"
@@ -354,6 +357,17 @@ class AttentionFusionPass final : public Pass {
     const size_t a = rank - 3;  // the head axis
     auto kr = RepeatSource(k, a);
     auto vr = RepeatSource(v, a);
+    // Multi-query attention: K and V of one head that broadcasts over Q's H heads are the group
+    // of one, KVH = 1 and n = H, viewed [..., 1, 1, S, D] by an Unsqueeze.
+    int64_t kv_unsqueeze = -1;
+    if (!kr && !vr && k->has_shape() && v->has_shape() && k->shape().size() == rank &&
+        v->shape().size() == rank && k->shape()[a] == Dim(1) && v->shape()[a] == Dim(1)) {
+      auto h = q->shape()[a].static_value();
+      if (!h || *h < 2) return false;
+      kr = Repeat{k, 1, *h};
+      vr = Repeat{v, 1, *h};
+      kv_unsqueeze = static_cast<int64_t>(a) + 1;
+    }
     if (!kr || !vr || kr->kv_heads != vr->kv_heads || kr->n_rep != vr->n_rep) return false;
     // The views bake static dims in; shapes that follow from a shape input's values hold for the
     // build's values only.
@@ -373,7 +387,8 @@ class AttentionFusionPass final : public Pass {
     if (!q_view || !out->has_shape() || out->shape().size() != rank) return false;
     auto out_view = ReshapeTarget(out->shape(), a);
     if (!out_view) return false;
-    std::vector<ViewOperand> operands = {{q, *q_view}, {kr->source, {}}, {vr->source, {}}};
+    std::vector<ViewOperand> operands = {
+        {q, *q_view}, {kr->source, {}, kv_unsqueeze}, {vr->source, {}, kv_unsqueeze}};
     if (mask) {
       // A mask of rank >= 3 has a head axis: split like Q's (H) or given a size-1 axis (1).
       if (!mask->has_shape()) return false;

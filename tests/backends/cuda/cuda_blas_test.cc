@@ -356,7 +356,12 @@ TEST_F(CudaBlasTest, AttentionInterleavedHeadLayouts) {
                         0.f,
                         "bshd"},
                        77);
-  EXPECT_GE(runs, 13 * 3);
+  // Multi-query attention as the group of one (GPT-BigCode): [B, S, 1, H, D] against one K/V
+  // head [B, S, 1, 1, D], causal.
+  runs += RunAttention(
+      {{2, 33, 1, 4, 64}, {2, 33, 1, 1, 64}, {2, 33, 1, 1, 64}, "causal", {}, 0.f, 0.f, "bshd"},
+      78);
+  EXPECT_GE(runs, 14 * 3);
 }
 
 // The attention tactics a default build times first (it times two), by sequence length: the
