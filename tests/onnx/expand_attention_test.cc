@@ -548,10 +548,12 @@ TEST(OnnxRotaryEmbedding, InterleavedFusesToOneRotaryEmbedding) {
 }
 
 TEST(OnnxRotaryEmbedding, PartialRotationPassesTheRestThrough) {
-  for (bool interleaved : {false, true}) {
-    SCOPED_TRACE(interleaved);
+  for (const auto& [interleaved, three_d] :
+       std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {false, true}}) {
+    SCOPED_TRACE(::testing::Message() << "interleaved " << interleaved << " 3-D " << three_d);
     RotaryCase c;
     c.interleaved = interleaved;
+    c.three_d = three_d;
     c.rotary_dim = 4;
     auto g = CheckRotary(c);
     ASSERT_NE(g, nullptr);
