@@ -226,10 +226,8 @@ class BatchUnflattenPass final : public Pass {
           ins.push_back(z == prev ? nullptr : z);
           continue;
         }
-        AttributeMap a;
-        a.Set("perm", kSwap12);
-        Value* t =
-            DeriveConstant(graph, z->name() + "_heads", std::string(kTransposeBroadcastOp), a, {z});
+        Value* t = DeriveConstant(graph, z->name() + "_heads", std::string(kTransposeBroadcastOp),
+                                  Perm(kSwap12), {z});
         if (!t) return false;
         ins.push_back(t);
       }
@@ -392,9 +390,7 @@ class BatchUnflattenPass final : public Pass {
         if (c->input(0) == v && ShapeIf(c->output(0)) == y) chain.back = c;
         break;
       }
-      const bool elementwise = IsOp(*c, OpType::kAdd) || IsOp(*c, OpType::kSub) ||
-                               IsOp(*c, OpType::kMul) || IsOp(*c, OpType::kDiv);
-      if (!elementwise || c->num_inputs() != 2 || c->input(0) == c->input(1)) break;
+      if (!Elementwise(*c) || c->num_inputs() != 2 || c->input(0) == c->input(1)) break;
       auto zd = ShapeIf(c->input(c->input(0) == v ? 1 : 0));
       if (!zd || zd->size() > 3 || ShapeIf(c->output(0)) != ShapeIf(v)) break;
       if (zd->size() == 3 && !(zd->front() == Dim(1))) {
@@ -481,15 +477,9 @@ class BatchUnflattenPass final : public Pass {
       bypassed_.push_back(e);
       return;
     }
-    const bool elementwise = IsOp(*e, OpType::kAdd) || IsOp(*e, OpType::kSub) ||
-                             IsOp(*e, OpType::kMul) || IsOp(*e, OpType::kDiv);
-    if (!elementwise || e->num_inputs() != 2 || !ReadOnlyBy(in, outer)) return;
-    const Value* c = e->input(1);
+    if (!Elementwise(*e) || e->num_inputs() != 2 || !ReadOnlyBy(in, outer)) return;
     Node* inner = ProducerIf(e->input(0), OpType::kReshape);
-    if (!c || !c->is_constant() || c->constant()->num_elements() != 1 ||
-        c->constant()->dims().size() > 1 || !inner || !ReadOnlyBy(e->input(0), e)) {
-      return;
-    }
+    if (!OneElement(e->input(1)) || !inner || !ReadOnlyBy(e->input(0), e)) return;
     Value* y = inner->input(0);
     if (!y || !y->has_shape() || y->dtype() != out->dtype()) return;
     Value* reshaped = y;  // the two Reshapes cancel when `out` has y's shape

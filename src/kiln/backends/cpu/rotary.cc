@@ -32,7 +32,7 @@ Status RunPartial(const KernelRunArgs& a, int64_t rot, bool interleaved) {
   const TensorView& x = a.inputs[0];
   const int64_t d = x.dims.back();
   const int64_t rows = x.num_elements() / d;
-  std::vector<int64_t> rotated(x.dims.begin(), x.dims.end());
+  DimVec rotated(x.dims);
   rotated.back() = rot;
   // Cos's and sin's element (row, j) of the rotated part: offset(row) + j * step (step 0 when a
   // table's last dim is 1).
@@ -45,14 +45,24 @@ Status RunPartial(const KernelRunArgs& a, int64_t rot, bool interleaved) {
   const float* ps = tables[1].as<const float>();
   float* py = a.outputs[0].as<float>();
   ParallelRows(rows, d * 4, [&](int64_t r0, int64_t r1) {
-    std::vector<float> c(static_cast<size_t>(rot)), s(static_cast<size_t>(rot));
+    // Tables that step alike along the row are read in place; otherwise (a rare layout) one row
+    // at a time is gathered, as the whole-row kernel does.
+    std::vector<float> c, s;
+    if (cs != ss) {
+      c.resize(static_cast<size_t>(rot));
+      s.resize(static_cast<size_t>(rot));
+    }
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t oc = plan.indexers[0](r * rot), os = plan.indexers[1](r * rot);
-      for (int64_t j = 0; j < rot; ++j) {
-        c[j] = pc[oc + j * cs];
-        s[j] = ps[os + j * ss];
+      if (cs == ss) {
+        RotateRow(px + r * d, pc + oc, ps + os, cs, py + r * d, rot, interleaved);
+      } else {
+        for (int64_t j = 0; j < rot; ++j) {
+          c[j] = pc[oc + j * cs];
+          s[j] = ps[os + j * ss];
+        }
+        RotateRow(px + r * d, c.data(), s.data(), 1, py + r * d, rot, interleaved);
       }
-      RotateRow(px + r * d, c.data(), s.data(), 1, py + r * d, rot, interleaved);
       if (py != px) std::copy(px + r * d + rot, px + (r + 1) * d, py + r * d + rot);
     }
   });
