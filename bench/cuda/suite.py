@@ -410,8 +410,30 @@ def quant_variant(a, name, exporter, batch, export_dir, profile, work, in_dir, r
         rep = json.load(open(report))
         row[f"kiln_{q}_precision_counts"] = rep.get("precision", {}).get("counts")
         row[f"kiln_{q}_calibration_s"] = rep.get("phase_seconds", {}).get("precision")
+        row[f"kiln_{q}_calibration"] = rep.get("precision", {}).get("calibration")
     except (OSError, ValueError):
         pass
+    if a.calib_compare:
+        # The same build with calibration on the CPU reference: the device calibration's speed-up
+        # as a ratio in the same run, and its engine checked like the other.
+        cpu_engine = os.path.join(work, f"{exporter}_b{batch}_{q}_calib_cpu.kiln")
+        cpu_report = os.path.join(work, f"{exporter}_b{batch}_{q}_calib_cpu.json")
+        _, cerr = kiln_build(a, os.path.join(export_dir, "model.onnx"), cpu_engine, profile,
+                             os.path.join(work, f"{exporter}_{q}.timing_cache"), cpu_report,
+                             extra=[f"--{q}", "--calib-dir", calib, "--calib-on-cpu"])
+        if cerr:
+            row[f"kiln_{q}_calib_cpu_error"] = cerr
+        else:
+            crep = json.load(open(cpu_report))
+            row[f"kiln_{q}_calibration_cpu_s"] = crep.get("phase_seconds", {}).get("precision")
+            row[f"kiln_{q}_calibration_cpu"] = crep.get("precision", {}).get("calibration")
+            row[f"kiln_{q}_precision_counts_calib_cpu"] = crep.get("precision", {}).get("counts")
+            _, cout, rerr = kiln_run(a, name, cpu_engine, in_dir,
+                                     os.path.join(work, f"out_{exporter}_b{batch}_{q}_calib_cpu"))
+            if not rerr and cout is not None:
+                row[f"kiln_{q}_rel_l2_calib_cpu"] = rel_l2(cout, ref)
+        log(f"  kiln {q} calibration: device {row.get(f'kiln_{q}_calibration_s')} s, CPU "
+            f"{row.get(f'kiln_{q}_calibration_cpu_s')} s")
     j, out, err = kiln_run(a, name, engine, in_dir, os.path.join(work, f"out_{exporter}_b{batch}_{q}"))
     if err:
         row[f"kiln_{q}_error"] = f"run: {err}"
@@ -761,6 +783,10 @@ def main():
                     "engines of each export (int8,fp8; issue 22), calibrated on --calib-sets "
                     "seeded batches")
     ap.add_argument("--calib-sets", type=int, default=2)
+    ap.add_argument("--calib-compare", action="store_true",
+                    help="with --quant: build each quantized engine again with --calib-on-cpu and "
+                    "report both calibrations' seconds (the device evaluator against the CPU "
+                    "reference, same run)")
     ap.add_argument("--list", action="store_true", help="list the models and exit")
     a = ap.parse_args()
     if a.list:

@@ -42,6 +42,12 @@ string(FIND "${out}" "calibration: from cache" at)
 if(at EQUAL -1)
   message(FATAL_ERROR "the second build did not reuse the calibration cache:\n${out}")
 endif()
+# Where the calibration ran (the CPU reference for a CPU build; --calib-on-cpu is accepted).
+kiln_builder(out 0 --int8 --calib-dir ${ZOO}/resnet_tiny --calib-on-cpu)
+string(FIND "${out}" "on the CPU reference" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "the report does not say where the calibration ran:\n${out}")
+endif()
 
 # Bad method and bad percentile.
 kiln_builder(out 1 --int8 --calib-method kl)

@@ -372,3 +372,13 @@ def test_calibration_method_and_percentile(mlp):
                int8=True, calibration=batches, calib_method="percentile", calib_percentile=150)
     assert "150" in e.message
     expect("KILN-E1001", kiln.build, mlp, torch.randn(4, 8), calib_method="kl")
+
+
+def test_calibration_says_where_it_ran(mlp):
+    # A CPU build calibrates on the CPU reference with or without calib_on_cpu; the option goes
+    # through the C API (an unknown key would be KILN-E1001).
+    batches = [torch.randn(4, 8) for _ in range(2)]
+    for on_cpu in (False, True):
+        e = kiln.build(mlp, torch.randn(4, 8), backend="cpu", profiles=PROFILE, int8=True,
+                       calibration=batches, calib_on_cpu=on_cpu)
+        assert "on the CPU reference" in e.report["precision"]["calibration"], e.report

@@ -32,6 +32,7 @@ struct BuildOptions {
   std::string backend = "auto";
   bool fp16 = false, bf16 = false, int8 = false, fp8 = false;
   std::string calib_dir, calib_method = "minmax", calib_cache;
+  bool calib_on_cpu = false;
   std::string int8_tolerance = fmt::format("{:g}", precision::kDefaultInt8Tolerance);
   double calib_percentile = 99.99;
   CLI::Option* precision_report_opt = nullptr;
@@ -180,6 +181,7 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   config.fp8 = o.fp8;
   config.calibration_dir = o.calib_dir;
   config.calibration_cache_path = o.calib_cache;
+  config.calibrate_on_backend = !o.calib_on_cpu;
   if (Status s = ParseCalibrationMethodSpec(o.calib_method, o.calib_percentile, &config); !s.ok())
     return ReportError(s);
   auto tolerance = precision::ParseInt8Tolerance(o.int8_tolerance);
@@ -344,7 +346,8 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
                  "INT8; calibration as --int8; implies --fp16 as the fallback)");
   prec->add_option("--calib-dir", o->calib_dir,
                    "calibration inputs: DIR/test_data_set_N/input_I.pb (ONNX test-data layout, "
-                   "one TensorProto per model input), run through the FP32 reference");
+                   "one TensorProto per model input), run in FP32 on the build's backend (the "
+                   "GPU for --backend cuda) or the CPU reference");
   prec->add_option("--calib-method", o->calib_method,
                    "INT8 calibrator: minmax (IInt8MinMaxCalibrator; the default, best on the "
                    "zoo), entropy (KL divergence, like IInt8EntropyCalibrator2, TensorRT's "
@@ -359,6 +362,9 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
                    "share of |x| kept unclipped by the percentile calibrator, in (0, 100]")
       ->capture_default_str()
       ->check(Number(0, 100, /*min_open=*/true));
+  prec->add_flag("--calib-on-cpu", o->calib_on_cpu,
+                 "run calibration and the INT8 sensitivity on the CPU reference even when the "
+                 "backend is a GPU (the default runs them on the build's device)");
   prec->add_option("--calib-cache", o->calib_cache,
                    "calibration cache file (like TensorRT's): reused when it matches the model "
                    "and method, else written after calibrating");

@@ -203,6 +203,11 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
     config.calibration_dir = value;
     return OkStatus();
   }
+  if (key == "calib_on_cpu") {
+    KILN_ASSIGN_OR_RETURN(bool on, ParseBool(key, value));
+    config.calibrate_on_backend = !on;
+    return OkStatus();
+  }
   if (key == "calib_cache") {
     config.calibration_cache_path = value;
     return OkStatus();
@@ -224,7 +229,7 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
       ErrorCode::kInvalidArgument,
       "unknown build option '{}': use backend, fp16, bf16, int8, fp8, profile, deadline, "
       "memory_budget, max_kernel_time, timing_cache, calib_dir, calib_method, "
-      "calib_percentile, calib_cache, int8_tolerance or optimize",
+      "calib_percentile, calib_cache, calib_on_cpu, int8_tolerance or optimize",
       key);
 }
 

@@ -99,6 +99,7 @@ void kiln_build_config_free(kiln_build_config* c);
  *   calib_method     minmax | entropy | percentile[=P]
  *   calib_percentile in (0, 100]: the percentile method's share of |x| kept (set after the method)
  *   calib_cache      path
+ *   calib_on_cpu     0 | 1: calibrate on the CPU reference even for a GPU build (default 0)
  *   int8_tolerance   a number or "off"
  *   optimize         0 | 1
  * An unknown key or a bad value is KILN-E1001 naming it. */

@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "kiln/backends/backend.h"
+#include "kiln/backends/device_eval.h"
 #include "kiln/backends/reference.h"
 #include "kiln/builder/tactic_search.h"
 #include "kiln/builder/timing_cache.h"
@@ -340,12 +341,34 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
   KILN_ASSIGN_OR_RETURN(auto data,
                         LoadCalibrationData(graph, config.profile, config.calibration_dir));
   const int64_t before = CalibrationBatchesRun();
+  // On the device the engine is for, when it is one: a CPU FP32 pass over many batches (and the
+  // sensitivity's partial evaluations) is what made calibration take minutes.
+  std::unique_ptr<DeviceEvaluator> device;
+  if (config.calibrate_on_backend && config.backend != BackendKind::kCpu) {
+    auto made = DeviceEvaluator::Create(config.backend);
+    if (made.ok()) {
+      device = std::move(*made);
+    } else {
+      Status why = made.status();
+      Warn(rep, std::move(why).AddContext("calibrating on the CPU instead"));
+    }
+  }
+  const auto started = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(CalibrationTable table,
-                        Calibrate(graph, ReferenceEvaluator(), data, config.calibration_method,
-                                  config.calibration_percentile));
+                        Calibrate(graph, device ? device->AsNodeEvaluator() : ReferenceEvaluator(),
+                                  data, config.calibration_method, config.calibration_percentile));
   rep.calibration_batches_run = CalibrationBatchesRun() - before;
-  rep.calibration = fmt::format("calibrated ({}, {} data set(s) from '{}')", ToString(table.method),
-                                table.data_sets, config.calibration_dir);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::string where = "the CPU reference";
+  if (device) {
+    const DeviceEvalStats& st = device->stats();
+    where = fmt::format("{}: {} node runs, {} on the host", ToString(device->kind()),
+                        st.nodes_on_device + st.nodes_on_host, st.nodes_on_host);
+  }
+  rep.calibration =
+      fmt::format("calibrated ({}, {} data set(s) from '{}', on {}, {:.1f} s)",
+                  ToString(table.method), table.data_sets, config.calibration_dir, where, seconds);
   if (!cache.empty()) {
     if (Status s = SaveCalibrationCache(cache, key, table); !s.ok()) {
       if (IsWrongFileKind(s)) return s;

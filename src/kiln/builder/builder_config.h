@@ -60,6 +60,10 @@ struct BuilderConfig {
   precision::CalibrationMethod calibration_method = precision::CalibrationMethod::kMinMax;
   double calibration_percentile = 99.99;  // for the percentile method
   std::string calibration_cache_path;     // reused when valid (no calibration run), else written
+  // Calibration and INT8 sensitivity run on the build's backend when it is a device (CUDA:
+  // backends/device_eval.h keeps activations and kernels on the GPU between batches); false, or
+  // a CPU build: the CPU reference. `kiln build --calib-on-cpu` sets it false.
+  bool calibrate_on_backend = true;
   // INT8 layers fall back to FP16, most sensitive first, until the estimated relative L2 error
   // against FP32 on the calibration data is within this (+inf: none falls back).
   double int8_tolerance = precision::kDefaultInt8Tolerance;

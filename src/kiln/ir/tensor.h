@@ -66,6 +66,8 @@ class Tensor {
   bool empty() const { return dtype_ == DataType::kUndefined; }
 
   const void* raw() const { return data_; }
+  // What keeps raw() alive (shared by copies; device_eval.h holds it to pin the bytes).
+  const std::shared_ptr<const void>& storage() const { return storage_; }
   void* mutable_raw();  // copies borrowed storage first
   std::span<const std::byte> bytes() const {
     return {static_cast<const std::byte*>(data_), size_bytes()};

@@ -1,0 +1,207 @@
+// backends/device_eval.h on the CPU backend (the same code runs on CUDA, with device copies in GPU
+// memory): values against the reference evaluator, what stays resident and what is uploaded again,
+// the residency bound, copy-on-write safety, and calibration through it against the reference's.
+#include "kiln/backends/device_eval.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/backends/cpu/cpu_eval.h"
+#include "kiln/ir/evaluator.h"
+#include "kiln/onnx/calibration_data.h"
+#include "kiln/onnx/onnx_import.h"
+#include "kiln/ops/op_schema.h"
+#include "kiln/passes/pass.h"
+#include "kiln/precision/calibration.h"
+#include "tests/precision/test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::F32;
+using testing::Random;
+
+// conv -> relu -> global pool -> flatten -> gemm -> softmax, plus a reshape from a shape operand.
+std::unique_ptr<Graph> SmallNet() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, MakeShape({2, 3, 8, 8}));
+  Value* c = g->AddValue("c");
+  Value* r = g->AddValue("r");
+  Value* p = g->AddValue("p");
+  Value* f = g->AddValue("f");
+  Value* y = g->AddValue("y");
+  Value* s = g->AddValue("s");
+  Value* t = g->AddValue("t");
+  Node* conv = g->AddNode("Conv", "conv",
+                          {x, g->AddConstant("w", F32({4, 3, 3, 3}, Random(108, 11, 0.5f))),
+                           g->AddConstant("b", F32({4}, Random(4, 12, 0.1f)))},
+                          {c});
+  conv->mutable_attrs().Set("pads", Attribute(std::vector<int64_t>{1, 1, 1, 1}));
+  g->AddNode("Relu", "relu", {c}, {r});
+  g->AddNode("GlobalAveragePool", "pool", {r}, {p});
+  g->AddNode("Flatten", "flatten", {p}, {f});
+  g->AddNode("Gemm", "fc",
+             {f, g->AddConstant("fw", F32({4, 5}, Random(20, 13, 0.5f))),
+              g->AddConstant("fb", F32({5}, Random(5, 14, 0.1f)))},
+             {y});
+  g->AddNode("Softmax", "softmax", {y}, {s});
+  g->AddNode(
+      "Reshape", "reshape",
+      {s, g->AddConstant("shape", Tensor::FromVector<int64_t>(DataType::kInt64, {2}, {5, 2}))},
+      {t});
+  g->MarkOutput(t);
+  g->MarkOutput(y);
+  EXPECT_TRUE(InferShapes(*g).ok());
+  return g;
+}
+
+std::map<std::string, Tensor> Feed(uint64_t seed) {
+  return {{"x", F32({2, 3, 8, 8}, Random(384, seed, 2.0f))}};
+}
+
+void ExpectClose(const std::map<std::string, Tensor>& got,
+                 const std::map<std::string, Tensor>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.contains(name)) << name;
+    const Tensor& a = got.at(name);
+    ASSERT_EQ(a.dims(), w.dims()) << name;
+    ASSERT_EQ(a.dtype(), w.dtype()) << name;
+    if (IsFloat(w.dtype())) {
+      EXPECT_LE(testing::RelL2(a, w), 1e-6) << name;
+    } else {
+      EXPECT_EQ(a.ToInt64Vector(), w.ToInt64Vector()) << name;
+    }
+  }
+}
+
+TEST(DeviceEvaluator, ValuesMatchTheReferenceAndStayResidentBetweenBatches) {
+  auto g = SmallNet();
+  auto dev = DeviceEvaluator::Create(BackendKind::kCpu);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  NodeEvaluator eval = (*dev)->AsNodeEvaluator();
+
+  auto want = EvaluateAllValues(*g, Feed(1), cpu::EvaluateNode);
+  ASSERT_TRUE(want.ok());
+  auto got = EvaluateAllValues(*g, Feed(1), eval);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectClose(*got, *want);
+
+  const DeviceEvalStats first = (*dev)->stats();
+  EXPECT_EQ(first.nodes_on_device, 7);
+  EXPECT_EQ(first.nodes_on_host, 0);
+  EXPECT_EQ(first.kernels_created, 7);
+  // Uploaded: x and the five constants (the small shape operand too, as data); every activation
+  // a node read came from the node before it.
+  EXPECT_EQ(first.uploads, 6);
+  EXPECT_EQ(first.resident_hits, 6);  // c, r, p, f, y, s
+  EXPECT_EQ(first.downloads, 7);
+
+  // A second batch: the kernels and the weights are reused; only x is uploaded.
+  auto want2 = EvaluateAllValues(*g, Feed(2), cpu::EvaluateNode);
+  auto got2 = EvaluateAllValues(*g, Feed(2), eval);
+  ASSERT_TRUE(got2.ok()) << got2.status().ToString();
+  ExpectClose(*got2, *want2);
+  const DeviceEvalStats& second = (*dev)->stats();
+  EXPECT_EQ(second.kernels_created, 7);
+  EXPECT_EQ(second.kernel_cache_hits, 7);
+  EXPECT_EQ(second.uploads, 7);
+  EXPECT_EQ(second.resident_hits, 6 + 11);  // the weights too, now
+}
+
+TEST(DeviceEvaluator, ABoundOnResidentBytesEvictsAndKeepsTheValues) {
+  auto g = SmallNet();
+  DeviceEvalOptions options;
+  options.max_resident_bytes = 1024;  // less than x alone (1536 bytes)
+  auto dev = DeviceEvaluator::Create(BackendKind::kCpu, options);
+  ASSERT_TRUE(dev.ok());
+  for (uint64_t seed : {3, 4, 5}) {
+    auto want = EvaluateAllValues(*g, Feed(seed), cpu::EvaluateNode);
+    auto got = EvaluateAllValues(*g, Feed(seed), (*dev)->AsNodeEvaluator());
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ExpectClose(*got, *want);
+    // Only the operands of the node being run may go past the bound, and not beyond the call.
+    EXPECT_LE((*dev)->resident_bytes(), options.max_resident_bytes + 1536 + 512);
+  }
+  EXPECT_GT((*dev)->stats().evictions, 0);
+}
+
+// A tensor it computed, written afterwards by its holder, is read as written: the host write goes
+// to a fresh buffer (copy on write, since the evaluator holds the storage), never past the device
+// copy.
+TEST(DeviceEvaluator, AHostWriteAfterwardsIsNotHiddenByTheDeviceCopy) {
+  auto g = SmallNet();
+  auto dev = DeviceEvaluator::Create(BackendKind::kCpu);
+  ASSERT_TRUE(dev.ok());
+  const Node* relu = nullptr;
+  const Node* conv = nullptr;
+  for (const Node* n : g->nodes()) {
+    if (n->name() == "relu") relu = n;
+    if (n->name() == "conv") conv = n;
+  }
+  ASSERT_TRUE(relu && conv);
+  Tensor x = Feed(6).at("x");
+  std::vector<const Tensor*> conv_in = {&x, conv->input(1)->constant(), conv->input(2)->constant()};
+  auto c = (*dev)->Evaluate(*conv, conv_in);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Tensor changed = (*c)[0];
+  float* data = static_cast<float*>(changed.mutable_raw());
+  for (int64_t i = 0; i < changed.num_elements(); ++i) data[i] = (i % 2 ? -1.f : 3.f);
+  ASSERT_NE(changed.raw(), (*c)[0].raw());
+  const Tensor* relu_in[] = {&changed};
+  auto r = (*dev)->Evaluate(*relu, relu_in);
+  ASSERT_TRUE(r.ok());
+  const float* out = (*r)[0].data<float>();
+  for (int64_t i = 0; i < changed.num_elements(); ++i) {
+    ASSERT_EQ(out[i], i % 2 ? 0.f : 3.f) << i;
+  }
+}
+
+// Calibration (statistics, then INT8 sensitivity's partial evaluations) through the device
+// evaluator gives the reference's table on a zoo model after the build's passes.
+TEST(DeviceEvaluator, CalibrationOfAZooModelMatchesTheReference) {
+  auto graph = ImportOnnxFile(testing::ZooDir("resnet_tiny") + "/model.onnx");
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+  passes::PassOptions po;
+  po.evaluator = cpu::EvaluateNode;
+  ASSERT_TRUE(passes::RunDefaultPasses(**graph, po).ok());
+  auto data = LoadCalibrationData(**graph, {}, testing::ZooDir("resnet_tiny"));
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  ASSERT_GE(data->size(), 2u);
+
+  auto want = precision::Calibrate(**graph, cpu::EvaluateNode, *data,
+                                   precision::CalibrationMethod::kEntropy, 99.99);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  auto dev = DeviceEvaluator::Create(BackendKind::kCpu);
+  ASSERT_TRUE(dev.ok());
+  auto got = precision::Calibrate(**graph, (*dev)->AsNodeEvaluator(), *data,
+                                  precision::CalibrationMethod::kEntropy, 99.99);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+
+  ASSERT_EQ(got->ranges.size(), want->ranges.size());
+  for (const auto& [name, r] : want->ranges) {
+    const precision::TensorRange* g = got->Find(name);
+    ASSERT_NE(g, nullptr) << name;
+    EXPECT_NEAR(g->absmax, r.absmax, 1e-5 * std::max(1.0, r.absmax)) << name;
+    EXPECT_NEAR(g->amax, r.amax, 1e-3 * std::max(1.0, r.amax)) << name;
+  }
+  ASSERT_FALSE(want->int8_sensitivity.empty());
+  ASSERT_EQ(got->int8_sensitivity.size(), want->int8_sensitivity.size());
+  for (const auto& [layer, s] : want->int8_sensitivity) {
+    EXPECT_NEAR(got->int8_sensitivity.at(layer), s, 1e-4 + 1e-3 * s) << layer;
+  }
+  EXPECT_NEAR(got->int8_all_rel_l2, want->int8_all_rel_l2, 1e-4 + 1e-3 * want->int8_all_rel_l2);
+  // The partial evaluations reused the first pass's kernels and device copies.
+  const DeviceEvalStats& st = (*dev)->stats();
+  EXPECT_EQ(st.nodes_on_host, 0);
+  EXPECT_GT(st.kernel_cache_hits, st.kernels_created);
+  EXPECT_GT(st.resident_hits, st.uploads);
+}
+
+}  // namespace
+}  // namespace kiln
