@@ -293,7 +293,7 @@ def seeded(m):
     return m
 
 
-def make_case(name, case_dir, seq):
+def make_case(name, case_dir, seq, exporter="ts"):
     """Exports NAME into case_dir (model.onnx, test_data_set_0). Returns the input description.
     Raises on an export failure."""
     from onnx import numpy_helper
@@ -340,10 +340,16 @@ def make_case(name, case_dir, seq):
     out_names = [f"output_{i}" for i in range(len(refs))]
     os.makedirs(case_dir, exist_ok=True)
     path = os.path.join(case_dir, "model.onnx")
-    kw = {"dynamo": False} if int(torch.__version__.split(".")[0]) >= 2 else {}
-    # Not under no_grad: nn.MultiheadAttention's fused fast path is not exportable.
-    torch.onnx.export(m, args, path, input_names=names, output_names=out_names,
-                      opset_version=17, do_constant_folding=True, **kw)
+    if exporter == "dynamo":
+        # torch 2.x's default exporter, as a user calls it (static shapes, its default opset).
+        if int(torch.__version__.split(".")[0]) < 2:
+            raise RuntimeError(f"torch {torch.__version__} has no dynamo exporter")
+        torch.onnx.export(m, args, path, input_names=names, output_names=out_names, dynamo=True)
+    else:
+        kw = {"dynamo": False} if int(torch.__version__.split(".")[0]) >= 2 else {}
+        # Not under no_grad: nn.MultiheadAttention's fused fast path is not exportable.
+        torch.onnx.export(m, args, path, input_names=names, output_names=out_names,
+                          opset_version=17, do_constant_folding=True, **kw)
     d = os.path.join(case_dir, "test_data_set_0")
     os.makedirs(d, exist_ok=True)
     for i, n in enumerate(names):
@@ -506,6 +512,8 @@ def main():
     ap.add_argument("--budget", type=float, default=0, help="start no model after this many s")
     ap.add_argument("--table", help="print the table of a results file and exit")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--exporter", default="ts", choices=["ts", "dynamo"],
+                    help="TorchScript (opset 17) or torch 2.x's dynamo exporter")
     ap.add_argument("--layers", action="store_true",
                     help="also build each model once more and record its layers by op after the "
                          "graph passes (attention, norms, activations fused or not)")
@@ -526,6 +534,7 @@ def main():
                  + ("" if transformers_models() else " (transformers is not installed)"))
     work = a.work or tempfile.mkdtemp(prefix="kiln_sweep_")
     result = {"command": " ".join(sys.argv), "backend": a.backend, "torch": torch.__version__,
+              "exporter": a.exporter,
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": []}
     try:
         import torchvision
@@ -540,7 +549,7 @@ def main():
         row = {"model": n, "group": models[n][0], "exported": False}
         case = os.path.join(work, n)
         try:
-            row["inputs"] = make_case(n, case, a.seq)
+            row["inputs"] = make_case(n, case, a.seq, a.exporter)
             row["exported"] = True
         except Exception as e:  # noqa: BLE001 -- any exporter failure is a row
             row["reason"] = "export: " + first_line(f"{type(e).__name__}: {e}")
