@@ -141,27 +141,7 @@ StatusOr<std::vector<Tensor>> DeviceEvaluator::Evaluate(const Node& node,
                                                         std::span<const Tensor* const> inputs) {
   KILN_RETURN_IF_ERROR(backend_->BindThread());
   // Shapes as the reference computes them: every operand's values are known here.
-  std::vector<ValueInfo> in_info(inputs.size());
-  std::vector<const ValueInfo*> in_ptrs(inputs.size(), nullptr);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i]) continue;
-    in_info[i].dtype = inputs[i]->dtype();
-    in_info[i].shape = MakeShape(inputs[i]->dims());
-    in_info[i].constant = inputs[i];
-    in_ptrs[i] = &in_info[i];
-  }
-  std::vector<ValueInfo> out_info(node.num_outputs());
-  KILN_RETURN_IF_ERROR(InferNode(node, in_ptrs, out_info));
-  KILN_RETURN_IF_ERROR(BindDataDependentDims(node, out_info, {}));
-  std::vector<std::vector<int64_t>> out_dims;
-  for (const ValueInfo& o : out_info) {
-    auto dims = StaticDims(o.shape);
-    if (!dims) {
-      return MakeError(ErrorCode::kInternal, "node '{}': output shape {} is not concrete",
-                       node.name(), ToString(o.shape));
-    }
-    out_dims.push_back(std::move(*dims));
-  }
+  KILN_ASSIGN_OR_RETURN(std::vector<ConcreteOutput> out_info, InferNodeOnTensors(node, inputs));
 
   // The kernel: node, operand types and dims, and the constants it was made with.
   std::string key = fmt::format("{}|", static_cast<const void*>(&node));
@@ -200,7 +180,7 @@ StatusOr<std::vector<Tensor>> DeviceEvaluator::Evaluate(const Node& node,
       OperandDesc d;
       if (inputs[i]) {
         d.dtype = inputs[i]->dtype();
-        d.shape = in_info[i].shape;
+        d.shape = MakeShape(inputs[i]->dims());
         d.max_dims = inputs[i]->dims();
         if (PassedAsConstant(node, i, *inputs[i])) {
           entry.constant_copies.push_back(*inputs[i]);  // shares the storage
@@ -211,7 +191,7 @@ StatusOr<std::vector<Tensor>> DeviceEvaluator::Evaluate(const Node& node,
       request.inputs.push_back(std::move(d));
     }
     for (size_t i = 0; i < out_info.size(); ++i) {
-      request.outputs.push_back({out_info[i].dtype, out_info[i].shape, out_dims[i], nullptr});
+      request.outputs.push_back({out_info[i].dtype, out_info[i].shape, out_info[i].dims, nullptr});
     }
     for (const KernelProvider* p : KernelRegistry::Get().Providers(kind_, node)) {
       if (p->runs_on_host()) continue;
@@ -239,14 +219,14 @@ StatusOr<std::vector<Tensor>> DeviceEvaluator::Evaluate(const Node& node,
   std::vector<DeviceBuffer> out_bufs;
   std::vector<TensorView> out_views;
   for (size_t i = 0; i < out_info.size(); ++i) {
-    outputs.push_back(Tensor::ForOverwrite(out_info[i].dtype, out_dims[i]));
+    outputs.push_back(Tensor::ForOverwrite(out_info[i].dtype, out_info[i].dims));
     const size_t bytes = outputs.back().size_bytes();
     MakeRoom(bytes);
     DeviceBuffer buf;
     if (bytes) {
       KILN_ASSIGN_OR_RETURN(buf, backend_->Allocate(bytes));
     }
-    out_views.push_back({out_info[i].dtype, out_dims[i], buf.data()});
+    out_views.push_back({out_info[i].dtype, out_info[i].dims, buf.data()});
     out_bufs.push_back(std::move(buf));
   }
   if (found == kernels_.end()) {

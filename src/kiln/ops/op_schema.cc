@@ -70,6 +70,33 @@ Status BindDataDependentDims(const Node& node, std::span<ValueInfo> outputs,
   return OkStatus();
 }
 
+StatusOr<std::vector<ConcreteOutput>> InferNodeOnTensors(const Node& node,
+                                                         std::span<const Tensor* const> inputs) {
+  std::vector<ValueInfo> in_info(inputs.size());
+  std::vector<const ValueInfo*> in_ptrs(inputs.size(), nullptr);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i]) continue;
+    in_info[i].dtype = inputs[i]->dtype();
+    in_info[i].shape = MakeShape(inputs[i]->dims());
+    in_info[i].constant = inputs[i];
+    in_ptrs[i] = &in_info[i];
+  }
+  std::vector<ValueInfo> out_info(node.num_outputs());
+  KILN_RETURN_IF_ERROR(InferNode(node, in_ptrs, out_info));
+  // Data-dependent outputs are allocated at their bounds and cut to what the kernel reports.
+  KILN_RETURN_IF_ERROR(BindDataDependentDims(node, out_info, {}));
+  std::vector<ConcreteOutput> outputs;
+  for (ValueInfo& o : out_info) {
+    auto dims = StaticDims(o.shape);
+    if (!dims) {
+      return MakeError(ErrorCode::kInternal, "node '{}': output shape {} is not concrete",
+                       node.name(), ToString(o.shape));
+    }
+    outputs.push_back({o.dtype, std::move(o.shape), std::move(*dims)});
+  }
+  return outputs;
+}
+
 const Tensor* InferenceContext::input_constant(size_t i) const {
   if (!has_input(i)) return nullptr;
   const ValueInfo& v = *inputs_[i];

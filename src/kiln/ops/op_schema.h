@@ -161,6 +161,17 @@ Status BindDataDependentDims(const Node& node, std::span<ValueInfo> outputs,
                              const std::map<std::string, int64_t>& values,
                              std::map<std::string, int64_t>* bounds = nullptr);
 
+// One node on host tensors, as the reference evaluators see it (every input's values known): the
+// outputs' dtypes and concrete dims, data-dependent ones at their bounds. KILN-E5000-class
+// internal error when a shape is still not concrete.
+struct ConcreteOutput {
+  DataType dtype = DataType::kUndefined;
+  Shape shape;
+  std::vector<int64_t> dims;
+};
+StatusOr<std::vector<ConcreteOutput>> InferNodeOnTensors(const Node& node,
+                                                         std::span<const Tensor* const> inputs);
+
 // Helpers for rules.
 // Numpy-style broadcast of two shapes; error names both shapes.
 StatusOr<Shape> BroadcastShapes(const Shape& a, const Shape& b);

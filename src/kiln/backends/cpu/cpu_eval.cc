@@ -11,41 +11,23 @@ namespace kiln::cpu {
 
 StatusOr<std::vector<Tensor>> EvaluateNode(const Node& node,
                                            std::span<const Tensor* const> inputs) {
-  std::vector<ValueInfo> in_info(inputs.size());
-  std::vector<const ValueInfo*> in_ptrs(inputs.size(), nullptr);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i]) continue;
-    in_info[i].dtype = inputs[i]->dtype();
-    in_info[i].shape = MakeShape(inputs[i]->dims());
-    in_info[i].constant = inputs[i];
-    in_ptrs[i] = &in_info[i];
-  }
-  std::vector<ValueInfo> out_info(node.num_outputs());
-  KILN_RETURN_IF_ERROR(InferNode(node, in_ptrs, out_info));
-  // Data-dependent outputs are allocated at their bounds and cut to what the kernel reports.
-  KILN_RETURN_IF_ERROR(BindDataDependentDims(node, out_info, {}));
-
+  KILN_ASSIGN_OR_RETURN(std::vector<ConcreteOutput> out_info, InferNodeOnTensors(node, inputs));
   KernelRequest request;
   request.node = &node;
-  for (size_t i = 0; i < inputs.size(); ++i) {
+  for (const Tensor* t : inputs) {
     OperandDesc d;
-    if (inputs[i]) {
-      d.dtype = inputs[i]->dtype();
-      d.shape = in_info[i].shape;
-      d.max_dims = inputs[i]->dims();
-      d.constant = inputs[i];
+    if (t) {
+      d.dtype = t->dtype();
+      d.shape = MakeShape(t->dims());
+      d.max_dims = t->dims();
+      d.constant = t;
     }
     request.inputs.push_back(std::move(d));
   }
   std::vector<Tensor> outputs;
-  for (const ValueInfo& o : out_info) {
-    auto dims = StaticDims(o.shape);
-    if (!dims) {
-      return MakeError(ErrorCode::kInternal, "node '{}': output shape {} is not concrete",
-                       node.name(), ToString(o.shape));
-    }
-    request.outputs.push_back({o.dtype, o.shape, *dims, nullptr});
-    outputs.emplace_back(o.dtype, *dims);
+  for (const ConcreteOutput& o : out_info) {
+    request.outputs.push_back({o.dtype, o.shape, o.dims, nullptr});
+    outputs.emplace_back(o.dtype, o.dims);
   }
   for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCpu, node)) {
     auto tactics = p->Tactics(request);
