@@ -86,7 +86,16 @@ void DeviceEvaluator::MakeRoom(size_t bytes) {
 
 void DeviceEvaluator::Keep(const Tensor& t, DeviceBuffer device) {
   const void* host = t.raw();
-  if (!host || t.size_bytes() == 0 || resident_.contains(host)) return;
+  if (!host || t.size_bytes() == 0) return;
+  if (auto old = resident_.find(host); old != resident_.end()) {
+    // Another tensor at these bytes (a borrowed view of another length): `device` is the copy of
+    // this one. The old copy may still be an operand of the node being run, so it lives until
+    // the node's end.
+    resident_bytes_ -= old->second.bytes;
+    lru_.erase(old->second.lru);
+    scratch_.push_back(std::move(old->second.device));
+    resident_.erase(old);
+  }
   MakeRoom(t.size_bytes());
   lru_.push_front(host);
   Resident r;
