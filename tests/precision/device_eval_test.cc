@@ -178,6 +178,32 @@ TEST_P(DeviceEvaluatorTest, AHostWriteAfterwardsIsNotHiddenByTheDeviceCopy) {
   }
 }
 
+// Two tensors at the same host bytes with different lengths (a borrowed prefix): each is read as
+// itself, and the copy kept is the latest one (the older is replaced, not leaked beside it).
+TEST_P(DeviceEvaluatorTest, ABorrowedPrefixOfAKeptTensorIsReadAsItself) {
+  auto g = SmallNet();
+  MAKE_OR_SKIP(dev);
+  const Node* relu = nullptr;
+  for (const Node* n : g->nodes()) {
+    if (n->name() == "relu") relu = n;
+  }
+  ASSERT_TRUE(relu);
+  Tensor whole = F32({8}, {-1, 2, -3, 4, -5, 6, -7, 8});
+  Tensor prefix = Tensor::Borrow(DataType::kFloat32, {4}, whole.raw(), whole.storage());
+  const Tensor* in_whole[] = {&whole};
+  const Tensor* in_prefix[] = {&prefix};
+  auto a = dev->Evaluate(*relu, in_whole);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(dev->resident_bytes(), 64u);  // whole and its output
+  auto b = dev->Evaluate(*relu, in_prefix);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*b)[0].ToFloatVector(), (std::vector<float>{0, 2, 0, 4}));
+  EXPECT_EQ(dev->resident_bytes(), 64u);  // the prefix replaced whole (16), and its output (16)
+  auto c = dev->Evaluate(*relu, in_whole);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)[0].ToFloatVector(), (std::vector<float>{0, 2, 0, 4, 0, 6, 0, 8}));
+}
+
 // Calibration (statistics, then INT8 sensitivity's partial evaluations) through the device
 // evaluator gives the reference's table on a zoo model after the build's passes.
 TEST_P(DeviceEvaluatorTest, CalibrationOfAZooModelMatchesTheReference) {
