@@ -267,7 +267,8 @@ Hash128 BuilderConfig::Hash() const {
   h.Field("calibration").Field(calibration_dir).Field(precision::ToString(calibration_method));
   h.Field(static_cast<int64_t>(std::llround(calibration_percentile * 1e6)));
   h.Field(calibration_cache_path);
-  h.Field(calibrate_on_backend ? "calib-on-backend" : "calib-on-cpu");
+  // Only the non-default: builds that calibrate where they always did keep their hashes.
+  if (!calibrate_on_backend) h.Field("calib-on-cpu");
   // Only INT8 builds read it, so other configs keep their hashes.
   if (int8) h.Field("int8-tolerance").Field(fmt::format("{:.9g}", int8_tolerance));
   if (fp8) h.Field("fp8");  // only when on: other configs keep their hashes
