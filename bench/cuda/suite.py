@@ -381,6 +381,9 @@ def kiln_row(a, name, exporter, batch, export_dir, ref, feed, work):
 
 
 QUANT_TOL = 5e-2  # issue 22's bar: INT8/FP8 engines within relative L2 5e-2 of FP32
+# The quantized builds --quant names: fp8-noedges is FP8 with FP16 between FP8 products (kiln
+# build --no-fp8-edges), the reference for what the FP8 edges save.
+QUANT_FLAGS = {"int8": ["--int8"], "fp8": ["--fp8"], "fp8-noedges": ["--fp8", "--no-fp8-edges"]}
 
 
 def quant_variant(a, name, exporter, batch, export_dir, profile, work, in_dir, ref, q):
@@ -401,7 +404,7 @@ def quant_variant(a, name, exporter, batch, export_dir, profile, work, in_dir, r
     report = os.path.join(work, f"{exporter}_b{batch}_{q}.json")
     build_s, err = kiln_build(a, os.path.join(export_dir, "model.onnx"), engine, profile,
                               os.path.join(work, f"{exporter}_{q}.timing_cache"), report,
-                              extra=[f"--{q}", "--calib-dir", calib])
+                              extra=QUANT_FLAGS[q] + ["--calib-dir", calib])
     row[f"kiln_{q}_build_s"] = round(build_s, 2)
     if err:
         row[f"kiln_{q}_error"] = f"build: {err}"
@@ -410,6 +413,7 @@ def quant_variant(a, name, exporter, batch, export_dir, profile, work, in_dir, r
         rep = json.load(open(report))
         row[f"kiln_{q}_precision_counts"] = rep.get("precision", {}).get("counts")
         row[f"kiln_{q}_calibration_s"] = rep.get("phase_seconds", {}).get("precision")
+        row[f"kiln_{q}_fp8_edges"] = rep.get("precision", {}).get("fp8_edges")
         row[f"kiln_{q}_calibration"] = rep.get("precision", {}).get("calibration")
     except (OSError, ValueError):
         pass
@@ -420,7 +424,7 @@ def quant_variant(a, name, exporter, batch, export_dir, profile, work, in_dir, r
         cpu_report = os.path.join(work, f"{exporter}_b{batch}_{q}_calib_cpu.json")
         _, cerr = kiln_build(a, os.path.join(export_dir, "model.onnx"), cpu_engine, profile,
                              os.path.join(work, f"{exporter}_{q}.timing_cache"), cpu_report,
-                             extra=[f"--{q}", "--calib-dir", calib, "--calib-on-cpu"])
+                             extra=QUANT_FLAGS[q] + ["--calib-dir", calib, "--calib-on-cpu"])
         if cerr:
             row[f"kiln_{q}_calib_cpu_error"] = cerr
         else:
@@ -438,6 +442,13 @@ def quant_variant(a, name, exporter, batch, export_dir, profile, work, in_dir, r
     if err:
         row[f"kiln_{q}_error"] = f"run: {err}"
         return row
+    if a.layers_dir and j.get("layers"):
+        # Where the quantized engine's time goes, beside the FP16 engine's layers file.
+        os.makedirs(a.layers_dir, exist_ok=True)
+        with open(os.path.join(a.layers_dir, f"{name}_{exporter}_b{batch}_{q}_layers.json"),
+                  "w") as f:
+            json.dump({"model": name, "exporter": exporter, "batch": batch, "quant": q,
+                       "layers": j["layers"]}, f)
     e = rel_l2(out, ref) if out is not None else float("inf")
     row[f"kiln_{q}_rel_l2_vs_torch_fp32"] = e if math.isfinite(e) else None
     row[f"kiln_{q}_correct"] = bool(e <= QUANT_TOL)
@@ -780,8 +791,8 @@ def main():
                     help="also build each engine warm (same timing cache) and with --opt-level 5 "
                          "(checked and timed): issue 19's warm build and default-vs-widest bars")
     ap.add_argument("--quant", default="", help="also build, check and time INT8 and/or FP8 "
-                    "engines of each export (int8,fp8; issue 22), calibrated on --calib-sets "
-                    "seeded batches")
+                    "engines of each export (int8, fp8, fp8-noedges: FP8 with FP16 between the FP8 "
+                    "products; issue 22), calibrated on --calib-sets seeded batches")
     ap.add_argument("--calib-sets", type=int, default=2)
     ap.add_argument("--calib-compare", action="store_true",
                     help="with --quant: build each quantized engine again with --calib-on-cpu and "
@@ -804,8 +815,8 @@ def main():
         ap.error(f"unknown models {unknown}; --list shows the suite")
     a.exporters = [e for e in a.exporters.split(",") if e]
     a.quant = [q for q in a.quant.split(",") if q]
-    if any(q not in ("int8", "fp8") for q in a.quant):
-        ap.error("--quant takes int8 and/or fp8")
+    if any(q not in QUANT_FLAGS for q in a.quant):
+        ap.error(f"--quant takes {', '.join(QUANT_FLAGS)}")
     a.batches = [int(b) for b in a.batches.split(",") if b]
     a.modes = [m for m in a.modes.split(",") if m]
     if a.device == "cpu":

@@ -246,5 +246,41 @@ TEST(NnShapes, FusedOps) {
             ErrorCode::kInvalidAttribute);
 }
 
+// FP8 edges (ops/quant_edge.h): an E4M3 A stands for B's type where the node carries its FP8
+// input amax, and the FP8 output amax makes Y E4M3; nothing else lets a product take E4M3.
+StatusOr<DataType> InferType(const std::string& op, std::vector<In> ins, AttributeMap attrs) {
+  Graph g;
+  std::vector<Value*> values;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    values.push_back(g.AddInput(fmt::format("i{}", i), ins[i].dtype, ins[i].shape));
+  }
+  Value* y = g.AddValue("y");
+  g.AddNode(op, "n", values, {y}, std::move(attrs));
+  KILN_RETURN_IF_ERROR(InferShapes(g).status());
+  return y->dtype();
+}
+
+TEST(NnShapeTest, Fp8EdgeTypes) {
+  const DataType f8 = DataType::kFloat8E4M3FN, f16 = DataType::kFloat16, bf16 = DataType::kBFloat16;
+  const AttributeMap in = Attrs({{"kiln_fp8_input_amax", 3.f}});
+  const AttributeMap out = Attrs({{"kiln_fp8_input_amax", 3.f}, {"kiln_fp8_output_amax", 5.f}});
+  // The consumer: E4M3 A, the product and Y in B's type (and the bias's, C's).
+  EXPECT_EQ(*InferType("MatMul", {{{2, 16, 64}, f8}, {{64, 32}, f16}}, in), f16);
+  EXPECT_EQ(*InferType("FusedMatMul", {{{2, 16, 64}, f8}, {{64, 32}, bf16}, {{32}, bf16}}, in),
+            bf16);
+  EXPECT_EQ(*InferType("Gemm", {{{16, 64}, f8}, {{64, 32}, f16}, {{32}, f16}}, in), f16);
+  // The producer: float A, E4M3 Y.
+  EXPECT_EQ(*InferType("FusedMatMul", {{{2, 16, 64}, f16}, {{64, 32}, f16}, {{32}, f16}}, out), f8);
+  EXPECT_EQ(*InferType("FusedGemm", {{{16, 64}, bf16}, {{64, 32}, bf16}}, out), f8);
+  // Refused: an E4M3 A without the amax, an E4M3 B, a bias of another type than B.
+  EXPECT_EQ(InferType("MatMul", {{{16, 64}, f8}, {{64, 32}, f16}}, {}).status().code(),
+            ErrorCode::kTypeMismatch);
+  EXPECT_EQ(InferType("MatMul", {{{16, 64}, f16}, {{64, 32}, f8}}, in).status().code(),
+            ErrorCode::kTypeMismatch);
+  EXPECT_EQ(
+      InferType("FusedMatMul", {{{16, 64}, f8}, {{64, 32}, f16}, {{32}, bf16}}, in).status().code(),
+      ErrorCode::kShapeMismatch);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -48,6 +48,15 @@ string(FIND "${out}" "on the CPU reference" at)
 if(at EQUAL -1)
   message(FATAL_ERROR "the report does not say where the calibration ran:\n${out}")
 endif()
+# --no-fp8-edges is accepted with --fp8 (a CPU build has no FP8 kernel, hence no edges: the
+# report has the count, 0, in its precision JSON).
+kiln_builder(out 0 --fp8 --calib-dir ${ZOO}/resnet_tiny --no-fp8-edges
+             --precision-report ${WORK}/fp8.json)
+file(READ ${WORK}/fp8.json json)
+string(JSON edges GET "${json}" fp8_edges)
+if(NOT edges EQUAL 0)
+  message(FATAL_ERROR "a CPU --fp8 build reports ${edges} FP8 edges")
+endif()
 
 # Bad method and bad percentile.
 kiln_builder(out 1 --int8 --calib-method kl)

@@ -33,6 +33,7 @@ struct BuildOptions {
   bool fp16 = false, bf16 = false, int8 = false, fp8 = false;
   std::string calib_dir, calib_method = "minmax", calib_cache;
   bool calib_on_cpu = false;
+  bool no_fp8_edges = false;
   std::string int8_tolerance = fmt::format("{:g}", precision::kDefaultInt8Tolerance);
   double calib_percentile = 99.99;
   CLI::Option* precision_report_opt = nullptr;
@@ -182,6 +183,7 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   config.calibration_dir = o.calib_dir;
   config.calibration_cache_path = o.calib_cache;
   config.calibrate_on_backend = !o.calib_on_cpu;
+  config.fp8_edges = !o.no_fp8_edges;
   if (Status s = ParseCalibrationMethodSpec(o.calib_method, o.calib_percentile, &config); !s.ok())
     return ReportError(s);
   auto tolerance = precision::ParseInt8Tolerance(o.int8_tolerance);
@@ -344,6 +346,10 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
                  "allow FP8 E4M3 (per-tensor scales) for Gemm/MatMul with constant weights where "
                  "the backend has a kernel (cuBLASLt on sm_89+; with --int8, for the layers not "
                  "INT8; calibration as --int8; implies --fp16 as the fallback)");
+  prec->add_flag("--no-fp8-edges", o->no_fp8_edges,
+                 "with --fp8: keep FP16 between two FP8 products (by default a product whose only "
+                 "consumer is another FP8 product writes E4M3 for it: half the bytes and no "
+                 "quantization pass; docs/precision.md)");
   prec->add_option("--calib-dir", o->calib_dir,
                    "calibration inputs: DIR/test_data_set_N/input_I.pb (ONNX test-data layout, "
                    "one TensorProto per model input), run in FP32 on the build's backend (the "

@@ -7,11 +7,19 @@
 
 namespace kiln {
 
-std::optional<float> Fp8InputAmax(const Node& node) {
-  if (!node.attrs().Has(kFp8InputAmaxAttr)) return std::nullopt;
-  float amax = node.attrs().GetFloat(kFp8InputAmaxAttr, 0.f);
+namespace {
+std::optional<float> UsableAmax(const Node& node, const char* attr) {
+  if (!node.attrs().Has(attr)) return std::nullopt;
+  float amax = node.attrs().GetFloat(attr, 0.f);
   if (!std::isfinite(amax) || amax <= 0.f) return std::nullopt;
   return amax;
+}
+}  // namespace
+
+std::optional<float> Fp8InputAmax(const Node& node) { return UsableAmax(node, kFp8InputAmaxAttr); }
+
+std::optional<float> Fp8OutputAmax(const Node& node) {
+  return UsableAmax(node, kFp8OutputAmaxAttr);
 }
 
 // The general float8 conversion (core/minifloat.h) with saturation; NaN is 0x7f whatever its sign,

@@ -7,21 +7,26 @@
 // and saturating to +-448 (NaN stays NaN); input 1 must be a constant weight, quantized the same
 // way per tensor with its own absmax / 448. Products accumulate in FP32 and are multiplied by
 // alpha * input_scale * weight_scale before the op's bias/C and activation. Inputs and outputs
-// stay in the layer's float storage. Only such nodes get "f8-" tactics.
+// stay in the layer's float storage, except on an FP8 edge (ops/quant_edge.h): there the producer
+// rounds its result to the storage type and quantizes it as the consumer would (E4M3(y * 448 /
+// consumer amax)), and the consumer reads those E4M3 values as its quantized input 0. Only such
+// nodes get "f8-" tactics.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 
 #include "kiln/ir/graph.h"
+#include "kiln/ops/quant_edge.h"  // kFp8InputAmaxAttr, kFp8OutputAmaxAttr
 
 namespace kiln {
 
-inline constexpr const char* kFp8InputAmaxAttr = "kiln_fp8_input_amax";
 inline constexpr float kFp8E4M3Max = 448.f;
 
 // The node's activation amax when it is an FP8 candidate with a usable (finite, positive) one.
 std::optional<float> Fp8InputAmax(const Node& node);
+// The amax of the FP8 consumer a node writes E4M3 for (ops/quant_edge.h), when usable.
+std::optional<float> Fp8OutputAmax(const Node& node);
 
 inline float Fp8Scale(float amax) { return amax / kFp8E4M3Max; }
 inline float Fp8InvScale(float amax) { return 1.f / Fp8Scale(amax); }

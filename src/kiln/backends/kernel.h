@@ -162,6 +162,19 @@ class KernelProvider {
   // CUDA backend's host fallback, backends/cuda/host_fallback.cc): offered only where no native
   // provider serves the layer, and reported as such.
   virtual bool runs_on_host() const { return false; }
+  // FP8 edges (ops/quant_edge.h): whether this provider's kernel for `tactic` can also write
+  // output 0 as E4M3 quantized for a consumer (the node's kFp8OutputAmaxAttr), and read input 0
+  // as E4M3 already quantized with the node's own kFp8InputAmaxAttr. The builder joins a producer
+  // and its only consumer when both say yes (builder/quant_edges.h); the request is the one the
+  // tactic was chosen for, in the layer's float types.
+  virtual bool WritesFp8Output(const KernelRequest& /*request*/,
+                               const TacticConfig& /*tactic*/) const {
+    return false;
+  }
+  virtual bool ReadsFp8Input(const KernelRequest& /*request*/,
+                             const TacticConfig& /*tactic*/) const {
+    return false;
+  }
 };
 
 // The node's `kiln_layout` attribute ("NHWC"), or "" for ONNX's channels-first layout.

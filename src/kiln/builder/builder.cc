@@ -17,6 +17,7 @@
 #include "kiln/backends/backend.h"
 #include "kiln/backends/device_eval.h"
 #include "kiln/backends/reference.h"
+#include "kiln/builder/quant_edges.h"
 #include "kiln/builder/tactic_search.h"
 #include "kiln/builder/timing_cache.h"
 #include "kiln/core/file_io.h"
@@ -845,6 +846,27 @@ Status TimingPhase(BuildState& s) {
         PlanLayerFor(*l.node, static_cast<int64_t>(c.tactic.workspace_bytes), s.alias_views));
     s.layers.push_back(std::move(layer));
   }
+  if (config.fp8 && config.fp8_edges) {
+    // After the choice: an edge needs both layers' chosen FP8 tactics. The joined layers' kernels
+    // (E4M3 in or out) are asked again for their workspace, which the plan then reserves.
+    std::vector<ChosenLayer> chosen;
+    for (size_t i = 0; i < s.searches.size(); ++i) {
+      LayerSearch& l = s.searches[i];
+      const TacticCandidate& c = l.candidates[l.chosen];
+      chosen.push_back({s.graph().FindNode(l.node->name()), c.provider, &l.request, &c.tactic,
+                        &s.layers[i].precision_reason});
+    }
+    rep.fp8_edges = JoinFp8Edges(chosen);
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      if (!chosen[i].joined) continue;
+      LayerSearch& l = s.searches[i];
+      TacticCandidate& c = l.candidates[l.chosen];
+      KILN_ASSIGN_OR_RETURN(size_t workspace, PreparedWorkspace(l, c, other_shapes));
+      c.tactic.workspace_bytes = workspace;
+      s.layers[i].tactic.workspace_bytes = workspace;
+      s.plan_layers[i] = PlanLayerFor(*l.node, static_cast<int64_t>(workspace), s.alias_views);
+    }
+  }
   rep.phase_seconds_tactics = Seconds(s.tactics_start);
   return OkStatus();
 }
@@ -1103,6 +1125,7 @@ std::string BuildReport::ToJson() const {
   w.Key("calibration").String(calibration);
   w.Key("calibration_batches_run").Int(calibration_batches_run);
   w.Key("casts_inserted").Int(casts_inserted);
+  w.Key("fp8_edges").Int(fp8_edges);
   w.Key("counts").BeginObject();
   for (const auto& [label, n] : precision_counts) w.Key(label).Int(n);  // std::map: sorted
   w.EndObject();
@@ -1189,6 +1212,7 @@ std::string BuildReport::PrecisionJson() const {
                       {"layers", ls},
                       {"counts", precision_counts},
                       {"casts_inserted", casts_inserted},
+                      {"fp8_edges", fp8_edges},
                       {"calibration", calibration}};
   return j.dump(2);
 }
@@ -1255,8 +1279,9 @@ std::string BuildReport::ToText(bool per_layer) const {
                      HumanBytes(workspace_bytes), HumanBytes(peak_bytes));
   std::vector<std::string> counts;
   for (const auto& [label, n] : precision_counts) counts.push_back(fmt::format("{} {}", label, n));
-  out += fmt::format("  precision: {}   casts inserted {}   weights converted {}\n",
-                     fmt::join(counts, ", "), casts_inserted, weights_converted);
+  out += fmt::format("  precision: {}   casts inserted {}   weights converted {}{}\n",
+                     fmt::join(counts, ", "), casts_inserted, weights_converted,
+                     fp8_edges ? fmt::format("   FP8 edges {}", fp8_edges) : "");
   if (!calibration.empty()) out += fmt::format("  calibration: {}\n", calibration);
   out += fmt::format("  build time {:.3f} s\n", build_seconds);
   out += TimeText(per_layer);

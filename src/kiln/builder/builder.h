@@ -94,6 +94,8 @@ struct BuildReport {
   std::map<std::string, int64_t> precision_counts;
   int64_t casts_inserted = 0;
   int64_t weights_converted = 0;
+  // FP8 products joined so that the producer writes E4M3 for its consumer (quant_edges.h).
+  int64_t fp8_edges = 0;
   std::string calibration;              // "" when none
   int64_t calibration_batches_run = 0;  // 0 when the cache was used
   BuildTimeBreakdown time_breakdown;

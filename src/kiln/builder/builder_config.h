@@ -54,6 +54,9 @@ struct BuilderConfig {
   // FP8 E4M3 (per-tensor scales) where calibrated and a kernel exists (cuBLASLt on sm_89+), for
   // the INT8 candidates not made INT8; FP16 fallback, then FP32.
   bool fp8 = false;
+  // FP8 builds: an FP8 product whose only consumer is another FP8 product writes E4M3 for it
+  // (builder/quant_edges.h); false (`kiln build --no-fp8-edges`) keeps FP16 between them.
+  bool fp8_edges = true;
   // INT8 calibration: inputs in the ONNX test-data layout (DIR/test_data_set_*/input_*.pb), run
   // through the FP32 reference. With --fp16 alone they also feed the FP16 activation range guard.
   std::string calibration_dir;

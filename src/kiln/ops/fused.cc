@@ -184,7 +184,7 @@ Status InferFusedMatMul(InferenceContext& ctx) {
   if (ctx.has_input(2)) {
     const Shape& bias = ctx.input_shape(2);
     const Shape& y = ctx.output(0).shape;
-    bool ok = bias.size() == 1 && ctx.input_type(2) == ctx.input_type(0) && !y.empty() &&
+    bool ok = bias.size() == 1 && ctx.input_type(2) == ProductType(ctx) && !y.empty() &&
               (bias[0] == y.back() || !bias[0].is_static() || !y.back().is_static());
     if (!ok) {
       return ctx.Error(ErrorCode::kShapeMismatch, "bias {} must be 1-D [N] with Y {}",

@@ -2,20 +2,24 @@
 // Gemm (2-D, transposes, C broadcast to [M, N]).
 #include "kiln/ops/nn.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/quant_edge.h"
 
 namespace kiln {
 
 namespace {
+// The first n inputs share one float type (an A on an FP8 edge, quant_edge.h, stands for B's).
 Status SameFloatTypes(InferenceContext& ctx, size_t n) {
+  const DataType t = ProductType(ctx);
   for (size_t i = 0; i < n; ++i) {
     if (!ctx.has_input(i)) continue;
-    if (!IsFloat(ctx.input_type(i))) {
+    const DataType ti = i == 0 ? t : ctx.input_type(i);
+    if (!IsFloat(ti)) {
       return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; a float type is required",
                        i, ToString(ctx.input_type(i)));
     }
-    if (ctx.input_type(i) != ctx.input_type(0)) {
+    if (ti != t) {
       return ctx.Error(ErrorCode::kTypeMismatch, "input {} has type {}; input 0 has {}", i,
-                       ToString(ctx.input_type(i)), ToString(ctx.input_type(0)));
+                       ToString(ti), ToString(t));
     }
   }
   return OkStatus();
@@ -23,6 +27,11 @@ Status SameFloatTypes(InferenceContext& ctx, size_t n) {
 
 bool MayEqual(const Dim& a, const Dim& b) { return a == b || !a.is_static() || !b.is_static(); }
 }  // namespace
+
+DataType ProductType(const InferenceContext& ctx) {
+  const DataType a = ctx.input_type(0);
+  return ctx.has_input(1) ? ProductFloatType(ctx.node(), a, ctx.input_type(1)) : a;
+}
 
 Status InferMatMulLike(InferenceContext& ctx, bool trans_a, bool trans_b) {
   KILN_RETURN_IF_ERROR(SameFloatTypes(ctx, 2));
@@ -52,7 +61,7 @@ Status InferMatMulLike(InferenceContext& ctx, bool trans_a, bool trans_b) {
   Shape y = *batch;
   if (!a_vec) y.push_back(a[a.size() - 2]);
   if (!b_vec) y.push_back(b[b.size() - 1]);
-  ctx.set_output(0, ctx.input_type(0), std::move(y));
+  ctx.set_output(0, ProductOutputType(ctx.node(), ProductType(ctx)), std::move(y));
   return OkStatus();
 }
 
@@ -81,7 +90,7 @@ Status InferGemmLike(InferenceContext& ctx) {
                        ToString(c), ToString(y));
     }
   }
-  ctx.set_output(0, ctx.input_type(0), std::move(y));
+  ctx.set_output(0, ProductOutputType(ctx.node(), ProductType(ctx)), std::move(y));
   return OkStatus();
 }
 

@@ -12,6 +12,7 @@
 #include "kiln/core/status.h"
 #include "kiln/ir/attribute.h"
 #include "kiln/ir/dim.h"
+#include "kiln/ir/dtype.h"
 #include "kiln/ir/sizes.h"
 
 namespace kiln {
@@ -22,6 +23,9 @@ Status InferConvLike(InferenceContext& ctx);
 Status InferMatMulLike(InferenceContext& ctx, bool trans_a, bool trans_b);
 // Gemm's rule (A, B, optional C; transA, transB); FusedGemm reuses it.
 Status InferGemmLike(InferenceContext& ctx);
+// The float type a Gemm/MatMul-family node computes in: A's, or B's where A arrives as FP8 E4M3
+// from an FP8 producer (ops/quant_edge.h). Y has this type unless the node writes FP8 itself.
+DataType ProductType(const InferenceContext& ctx);
 
 // The layout pass (passes/layout_nhwc.cc) tags convolution-stack nodes with the string attribute
 // kiln_layout = "NHWC": their activation inputs and outputs are N, spatial..., C (weights stay as

@@ -243,6 +243,26 @@ class Int8Node {
 
   const std::vector<Tensor>& inputs() const { return inputs_; }
   const Node& node() const { return *node_; }
+  const KernelRequest& request() const { return request_; }
+
+  // An FP8 edge's producer (ops/quant_edge.h): Y becomes E4M3 for a consumer of `out_amax`.
+  void WriteFp8For(float out_amax) {
+    node_->mutable_attrs().Set(std::string(kFp8OutputAmaxAttr), out_amax);
+    node_->output(0)->set_dtype(kFp8EdgeType);
+    request_.outputs[0].dtype = kFp8EdgeType;
+  }
+  // An FP8 edge's consumer: A arrives as E4M3, quantized with the node's input amax on the host
+  // as the FP8 contract does.
+  void ReadFp8Input() {
+    const float inv = Fp8InvScale(*Fp8InputAmax(*node_));
+    const std::vector<float> a = inputs_[0].ToFloatVector();
+    Tensor q(kFp8EdgeType, inputs_[0].dims());
+    auto* bytes = static_cast<uint8_t*>(q.mutable_raw());
+    for (size_t i = 0; i < a.size(); ++i) bytes[i] = ToE4M3(a[i] * inv);
+    inputs_[0] = std::move(q);
+    node_->input(0)->set_dtype(kFp8EdgeType);
+    request_.inputs[0].dtype = kFp8EdgeType;
+  }
 
  private:
   std::unique_ptr<Graph> graph_;
@@ -781,6 +801,64 @@ TEST_F(CudaFp8Test, DirectPlanWritesHalfOutputsThroughCublasLtsEpilogue) {
   }
 }
 
+// The two ends of an FP8 edge, kernel by kernel, for every FP8 tactic of a product in FP16:
+// - the producer writes E4M3(Y * 448 / out_amax) where the plain kernel writes Y: the FP32
+//   plan's epilogue rounds Y to FP16 first, as the consumer's own quantization would, so every
+//   byte agrees; cuBLASLt's epilogue (the direct plan) converts its FP32 result directly, so a few
+//   values sit one E4M3 step away where the FP16 rounding crossed a rounding boundary;
+// - the consumer, handed A already quantized, gives the plain kernel's Y.
+TEST_F(CudaFp8Test, EdgeKernelsWriteAndReadE4M3AsTheContractDoes) {
+  const DataType f16 = DataType::kFloat16;
+  const float out_amax = 3.f;
+  const I8Case cases[] = {
+      // GELU with a bias row, N a multiple of 16: the direct plan's tactics and the FP32 plan's.
+      Fp8({"FusedMatMul", {2, 24, 64}, 64, 256, false, false, 1.f, 1.f, {256}, true, "gelu"}, 2.f),
+      // SiLU: kiln's epilogue only.
+      Fp8({"FusedMatMul", {3, 17, 48}, 48, 96, false, false, 1.f, 1.f, {96}, true, "silu"}, 2.f),
+      // A Gemm with C of Y's shape.
+      Fp8({"Gemm", {40, 32}, 32, 64, false, true, 0.5f, 0.75f, {40, 64}, false}, 1.5f),
+  };
+  uint32_t seed = 301;
+  for (const I8Case& c : cases) {
+    SCOPED_TRACE(c.Describe());
+    std::mt19937 rng(seed++);
+    std::vector<Tensor> inputs = MakeInputs(c, rng);
+    for (Tensor& t : inputs) t = t.CastTo(f16).CastTo(DataType::kFloat32);
+    Int8Node plain(c, inputs, f16);
+    auto tactics = plain.Tactics(BackendKind::kCuda, "f8-");
+    ASSERT_FALSE(tactics.empty());
+    for (const auto& [p, t] : tactics) {
+      SCOPED_TRACE(t.name);
+      ASSERT_TRUE(p->WritesFp8Output(plain.request(), t));
+      ASSERT_TRUE(p->ReadsFp8Input(plain.request(), t));
+      const std::vector<float> y = plain.RunCuda(p, t);
+
+      Int8Node producer(c, inputs, f16);
+      producer.WriteFp8For(out_amax);
+      const std::vector<float> q = producer.RunCuda(p, t);
+      ASSERT_EQ(q.size(), y.size());
+      const float inv = Fp8InvScale(out_amax);
+      std::vector<float> want(y.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        want[i] = FromE4M3(ToE4M3(y[i] * inv));
+        differ += q[i] != want[i];
+      }
+      if (t.name.find("lt-epilogue") == std::string::npos) {
+        EXPECT_EQ(differ, 0u) << "kiln's epilogue quantizes the FP16 value";
+      } else {
+        EXPECT_LE(differ, y.size() / 20) << "cuBLASLt's E4M3 output";
+        EXPECT_LE(RelL2(q, want), 2e-2);
+      }
+
+      Int8Node consumer(c, inputs, f16);
+      consumer.ReadFp8Input();
+      const std::vector<float> z = consumer.RunCuda(p, t);
+      EXPECT_LE(RelL2(z, y), 1e-3) << "the consumer of an E4M3 A";
+    }
+  }
+}
+
 TEST_F(CudaFp8Test, DeclinesWithoutTheAttributeOrAConstantB) {
   std::mt19937 rng(88);
   I8Case plain{"Gemm", {8, 64}, 64, 32, false, false, 1.f, 1.f, {32}, true};
@@ -950,6 +1028,21 @@ StatusOr<std::map<std::string, Tensor>> RunEngine(const EngineDesc& desc, Backen
   return runner->outputs();
 }
 
+// A zoo model's test_data_set_<set>: its inputs and expected (PyTorch FP32) outputs by name.
+Status LoadZooSet(const std::string& dir, const Graph& g, int set,
+                  std::map<std::string, Tensor>* feed, std::map<std::string, Tensor>* expected) {
+  const std::string data = fmt::format("{}/test_data_set_{}", dir, set);
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(Tensor t, LoadTensorProto(fmt::format("{}/input_{}.pb", data, i)));
+    (*feed)[g.inputs()[i]->name()] = std::move(t);
+  }
+  for (size_t i = 0; i < g.outputs().size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(Tensor t, LoadTensorProto(fmt::format("{}/output_{}.pb", data, i)));
+    (*expected)[g.outputs()[i]->name()] = std::move(t);
+  }
+  return OkStatus();
+}
+
 bool GemmFamily(const std::string& op) {
   return op == "Gemm" || op == "FusedGemm" || op == "MatMul" || op == "FusedMatMul";
 }
@@ -1003,19 +1096,9 @@ void CheckBertTiny(bool fp8) {
 
   for (int set : {0, 1}) {
     SCOPED_TRACE(fmt::format("test_data_set_{}", set));
-    const std::string data = fmt::format("{}/test_data_set_{}", dir, set);
     std::map<std::string, Tensor> feed, expected;
-    const Graph& g = **model;
-    for (size_t i = 0; i < g.inputs().size(); ++i) {
-      auto t = LoadTensorProto(fmt::format("{}/input_{}.pb", data, i));
-      ASSERT_TRUE(t.ok()) << t.status().ToString();
-      feed[g.inputs()[i]->name()] = std::move(*t);
-    }
-    for (size_t i = 0; i < g.outputs().size(); ++i) {
-      auto t = LoadTensorProto(fmt::format("{}/output_{}.pb", data, i));
-      ASSERT_TRUE(t.ok()) << t.status().ToString();
-      expected[g.outputs()[i]->name()] = std::move(*t);
-    }
+    Status loaded = LoadZooSet(dir, **model, set, &feed, &expected);
+    ASSERT_TRUE(loaded.ok()) << loaded.ToString();
     auto on_gpu = RunEngine(*gpu->desc, BackendKind::kCuda, feed);
     ASSERT_TRUE(on_gpu.ok()) << on_gpu.status().ToString();
     std::optional<std::map<std::string, Tensor>> on_cpu;
@@ -1046,6 +1129,70 @@ void CheckBertTiny(bool fp8) {
 
 TEST_F(CudaInt8Test, BertTinyInt8BuildKeepsItsMatrixProductsInt8) { CheckBertTiny(false); }
 TEST_F(CudaFp8Test, BertTinyFp8BuildKeepsItsMatrixProductsFp8) { CheckBertTiny(true); }
+
+// FP8 edges (builder/quant_edges.h) on bert_tiny: each feed-forward block's first product (GELU)
+// writes E4M3 for the second, which reads it in place. The engine, serialized and loaded again,
+// agrees with the same build without edges (the only difference: the edge quantizes the
+// producer's FP32 result where the FP16 path quantizes it after rounding to FP16) and with
+// PyTorch FP32 as the FP8 build does.
+TEST_F(CudaFp8Test, EdgesBetweenFp8ProductsMatchTheBuildWithout) {
+  const std::string dir = ZooDir("bert_tiny");
+  if (!std::filesystem::exists(dir + "/model.onnx")) GTEST_SKIP() << "no zoo at " << dir;
+  BuilderConfig config;
+  config.fp8 = true;
+  config.calibration_dir = dir;
+  config.search_tactics = false;
+  config.backend = BackendKind::kCuda;
+  ASSERT_TRUE(AddZooProfile(dir, config).ok());
+  auto joined = app::BuildFromOnnxFile(dir + "/model.onnx", config);
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  config.fp8_edges = false;
+  auto apart = app::BuildFromOnnxFile(dir + "/model.onnx", config);
+  ASSERT_TRUE(apart.ok()) << apart.status().ToString();
+  EXPECT_EQ(apart->report.fp8_edges, 0);
+  // Two encoder layers, one feed-forward edge each (attention outputs and LayerNorms are no FP8
+  // products, and the projections' inputs have other readers).
+  EXPECT_GE(joined->report.fp8_edges, 2);
+  int writers = 0, readers = 0;
+  for (const LayerReport& l : joined->report.layer_reports) {
+    SCOPED_TRACE(l.name + ": " + l.precision + ", " + l.tactic + ", " + l.precision_reason);
+    const bool writes = l.precision_reason.find("writes E4M3 for") != std::string::npos;
+    const bool reads = l.precision_reason.find("reads E4M3 from") != std::string::npos;
+    writers += writes;
+    readers += reads;
+    if (writes || reads) EXPECT_EQ(l.precision, "f8");
+  }
+  EXPECT_EQ(writers, joined->report.fp8_edges);
+  EXPECT_EQ(readers, joined->report.fp8_edges);
+  // The value between them is E4M3 in the engine's graph.
+  int e4m3_values = 0;
+  for (const Value* v : joined->desc->graph->values()) e4m3_values += v->dtype() == kFp8EdgeType;
+  EXPECT_EQ(e4m3_values, joined->report.fp8_edges);
+  std::printf("bert_tiny fp8: %lld edges\n", static_cast<long long>(joined->report.fp8_edges));
+
+  auto model = ImportOnnxFile(dir + "/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  for (int set : {0, 1}) {
+    SCOPED_TRACE(fmt::format("test_data_set_{}", set));
+    std::map<std::string, Tensor> feed, expected;
+    Status loaded = LoadZooSet(dir, **model, set, &feed, &expected);
+    ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+    auto with = RunEngine(*joined->desc, BackendKind::kCuda, feed);
+    ASSERT_TRUE(with.ok()) << with.status().ToString();
+    auto without = RunEngine(*apart->desc, BackendKind::kCuda, feed);
+    ASSERT_TRUE(without.ok()) << without.status().ToString();
+    for (const auto& [name, want] : expected) {
+      const std::vector<float> got = with->at(name).ToFloatVector();
+      const double vs_apart = RelL2(got, without->at(name).ToFloatVector());
+      const double vs_fp32 = RelL2(got, want.ToFloatVector());
+      const double apart_vs_fp32 = RelL2(without->at(name).ToFloatVector(), want.ToFloatVector());
+      std::printf("bert_tiny fp8 set %d %s: edges vs none %.3g; vs FP32 %.3g (none: %.3g)\n", set,
+                  name.c_str(), vs_apart, vs_fp32, apart_vs_fp32);
+      EXPECT_LE(vs_apart, 2e-2) << name;
+      EXPECT_LE(vs_fp32, apart_vs_fp32 * 1.25 + 1e-3) << name;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace kiln::testing

@@ -4,6 +4,7 @@
 // the gated activation (SwiGLU, GeGLU) with the same activation formulas.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "kiln/backends/cuda/activation.cuh"
 #include "kiln/backends/cuda/blas_kernels.h"
@@ -48,7 +49,13 @@ __global__ void GemmEpilogueKernel(GemmEpilogueParams p) {
     }
     float v = dense ? p.acc[i] : p.acc[r * p.acc_ld + col];
     if (c) v += p.beta * Load(c[r * p.c_row_stride + col * p.c_col_stride]);
-    y[i] = Store<T>(ActivateFor<T>(p.act, v, p.act_min, p.act_max));
+    const T out = Store<T>(ActivateFor<T>(p.act, v, p.act_min, p.act_max));
+    if (p.y_e4m3) {
+      p.y_e4m3[i] = static_cast<uint8_t>(
+          __nv_cvt_float_to_fp8(__fmul_rn(Load(out), p.y_inv_scale), __NV_SATFINITE, __NV_E4M3));
+    } else {
+      y[i] = out;
+    }
   }
 }
 
@@ -110,7 +117,7 @@ cudaError_t LaunchGemmEpilogue(const GemmEpilogueParams& p, cudaStream_t stream)
   if (total == 0) return cudaSuccess;
   constexpr int kThreads = 256;
   if (p.acc == nullptr) {
-    if (p.c != nullptr) return cudaErrorInvalidValue;
+    if (p.c != nullptr || p.y_e4m3 != nullptr) return cudaErrorInvalidValue;
     const bool vec = reinterpret_cast<uintptr_t>(p.y) % 16 == 0;  // caller buffers may not be
     int64_t blocks = ((vec ? total / 8 : total) + kThreads - 1) / kThreads;
     blocks = blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks);

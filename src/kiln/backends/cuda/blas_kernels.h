@@ -36,6 +36,11 @@ struct GemmEpilogueParams {
   float beta = 1.f;
   BlasAct act = BlasAct::kNone;
   float act_min = 0.f, act_max = 0.f;
+  // Set (with y null) to write Y as FP8 E4M3 instead: each result rounded to `type` first, then
+  // E4M3(value * y_inv_scale) with saturation, as the FP8 contract quantizes a stored activation
+  // (an FP8 edge's producer, ops/quant_edge.h). Needs acc.
+  uint8_t* y_e4m3 = nullptr;
+  float y_inv_scale = 1.f;
 };
 cudaError_t LaunchGemmEpilogue(const GemmEpilogueParams& p, cudaStream_t stream);
 

@@ -60,8 +60,9 @@ bool DeviceHasFp8() {
 // read them; Prepare checks the chosen algorithm with them set).
 struct Fp8Descs {
   MatmulDescPtr op;
-  LayoutPtr a, b, d;  // cuBLASLt's A (kiln's packed B), B (quantized A), C = D (FP32)
-  LtOperation lt() const { return {op.get(), a.get(), b.get(), d.get(), d.get()}; }
+  LayoutPtr a, b, d;  // cuBLASLt's A (kiln's packed B), B (quantized A), D (and C, unless c)
+  LayoutPtr c;        // set where C's type differs from D's (an E4M3 D reads an FP16/BF16 C)
+  LtOperation lt() const { return {op.get(), a.get(), b.get(), c ? c.get() : d.get(), d.get()}; }
 };
 
 StatusOr<Fp8Descs> MakeFp8Descs(int64_t m, int64_t np, int64_t kp, const float* scale_a,
@@ -138,11 +139,13 @@ cudaDataType_t StorageCudaType(BlasType t) {
 }
 
 // The direct plan's descriptors: E4M3 x E4M3 -> Y in the storage type, unpadded M and N (N is a
-// multiple of 16; A's rows sit Kp apart in the workspace), with the epilogue (the bias pointer is
-// set per run).
+// multiple of 16; A's rows sit Kp apart), with the epilogue (the bias pointer is set per run). On
+// an FP8 edge's producer (out_fp8) Y is E4M3: cuBLASLt multiplies the epilogue's result by the D
+// scale (448 / the consumer's amax) before its saturating conversion, and C keeps the storage
+// type.
 StatusOr<Fp8Descs> MakeFp8DirectDescs(int64_t m, int64_t n, int64_t kp, BlasType type,
                                       const DirectForm& form, const float* scale_a,
-                                      const float* scale_b) {
+                                      const float* scale_b, bool out_fp8, const float* scale_d) {
   KILN_ASSIGN_OR_RETURN(Fp8Descs d, MakeFp8Descs(m, n, kp, scale_a, scale_b));
   const cudaDataType_t t = StorageCudaType(type);
   KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
@@ -151,19 +154,34 @@ StatusOr<Fp8Descs> MakeFp8DirectDescs(int64_t m, int64_t n, int64_t kp, BlasType
     KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         d.op.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
   }
+  if (out_fp8) {
+    if (scale_d) {
+      KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          d.op.get(), CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &scale_d, sizeof(scale_d)));
+    }
+    KILN_RETURN_IF_ERROR(MakeLayout(d.c, t, n, m, n, 1, 0));
+    KILN_RETURN_IF_ERROR(MakeLayout(d.d, CUDA_R_8F_E4M3, n, m, n, 1, 0));
+    return d;
+  }
   KILN_RETURN_IF_ERROR(MakeLayout(d.d, t, n, m, n, 1, 0));
   return d;
 }
 
 class CublasLtFp8Kernel final : public Kernel {
  public:
+  // in_fp8: input 0 arrives as E4M3 already quantized with `amax` (an FP8 edge's consumer);
+  // out_amax: Y is written as E4M3 for a consumer of that amax (an FP8 edge's producer).
   CublasLtFp8Kernel(GemmSpec spec, BlasType type, float amax, int64_t k, int64_t n,
                     OwnedDeviceMemory b_q, OwnedDeviceMemory scales,
-                    std::optional<cublasLtMatmulAlgo_t> algo, bool want_direct, std::string name)
+                    std::optional<cublasLtMatmulAlgo_t> algo, bool want_direct, bool in_fp8,
+                    std::optional<float> out_amax, std::string name)
       : spec_(spec),
         want_direct_(want_direct),
         type_(type),
         inv_scale_(Fp8InvScale(amax)),
+        in_fp8_(in_fp8),
+        out_fp8_(out_amax.has_value()),
+        out_inv_scale_(Fp8InvScale(out_amax.value_or(kFp8E4M3Max))),  // 1 without
         k_(k),
         n_(n),
         kp_(QuantPadded(k)),
@@ -183,16 +201,26 @@ class CublasLtFp8Kernel final : public Kernel {
     a_strides_ = run.a_strides;
     empty_ = run.empty;
     if (empty_) return size_t{0};
+    if (in_fp8_ && (kp_ != k_ || a_strides_.row_stride != k_ || a_strides_.col_stride != 1)) {
+      return MakeError(ErrorCode::kInternal,
+                       "{}: an E4M3 input needs rows of K = {} (a multiple of 16) side by side",
+                       name_, k_);
+    }
+    // A quantized here sits in the workspace, M padded to 16 rows for the FP32 plan; an E4M3
+    // input is read where it is, M rows.
+    const int64_t a_rows = in_fp8_ ? m_ : mp_;
+    const int64_t a_depth = in_fp8_ ? 0 : kp_;  // workspace bytes per row for A
     const auto* scales = static_cast<const float*>(scales_.get());
     direct_.reset();
     if (want_direct_) {
       if (std::optional<DirectForm> form = DirectFormFor(spec_, type_, n_, addend_)) {
         KILN_ASSIGN_OR_RETURN(
-            descs_, MakeFp8DirectDescs(m_, n_, kp_, type_, *form, scales, scales + kScaleStride));
+            descs_, MakeFp8DirectDescs(m_, n_, kp_, type_, *form, scales, scales + kScaleStride,
+                                       out_fp8_, scales + 2 * kScaleStride));
         KILN_ASSIGN_OR_RETURN(std::optional<size_t> lt_ws, ChooseAlgorithm());
         if (lt_ws) {
           direct_ = form;
-          ws_ = QuantWorkspaceFor(m_, 0, kp_, *lt_ws);
+          ws_ = QuantWorkspaceFor(m_, 0, a_depth, *lt_ws);
           lt_ws_ = *lt_ws;
           return ws_.total();
         }
@@ -200,14 +228,14 @@ class CublasLtFp8Kernel final : public Kernel {
       KILN_LOG(Debug, BACKEND, "{}: no direct plan for M={}; the FP32 result and kiln's epilogue",
                name_, m_);
     }
-    KILN_ASSIGN_OR_RETURN(descs_, MakeFp8Descs(mp_, np_, kp_, scales, scales + kScaleStride));
+    KILN_ASSIGN_OR_RETURN(descs_, MakeFp8Descs(a_rows, np_, kp_, scales, scales + kScaleStride));
     KILN_ASSIGN_OR_RETURN(std::optional<size_t> lt_ws, ChooseAlgorithm());
     if (!lt_ws) {
       return MakeError(ErrorCode::kCublasLtNoAlgorithm,
                        "{}: no cuBLASLt FP8 algorithm for m={} n={} k={} (padded {} x {})", name_,
                        m_, n_, k_, np_, kp_);
     }
-    ws_ = QuantWorkspaceFor(mp_, np_, kp_, *lt_ws);
+    ws_ = QuantWorkspaceFor(a_rows, np_, a_depth, *lt_ws);
     lt_ws_ = *lt_ws;
     return ws_.total();
   }
@@ -227,17 +255,27 @@ class CublasLtFp8Kernel final : public Kernel {
     auto* acc = reinterpret_cast<float*>(base + ws_.a_bytes);
     void* lt_ws = base + ws_.a_bytes + ws_.acc_bytes;
 
-    Fp8QuantizeParams q;
-    q.x = args.inputs[0].data;
-    q.type = type_;
-    q.q = a_q;
-    q.rows = m_;
-    q.depth = k_;
-    q.ldq = kp_;
-    q.row_stride = a_strides_.row_stride;
-    q.col_stride = a_strides_.col_stride;
-    q.inv_scale = inv_scale_;
-    KILN_CUDA_RETURN_IF_ERROR(LaunchFp8Quantize(q, stream));
+    if (in_fp8_) {
+      // The producer quantized A with this layer's scale (an FP8 edge).
+      a_q = static_cast<uint8_t*>(const_cast<void*>(args.inputs[0].data));
+      if (reinterpret_cast<uintptr_t>(a_q) % 16 != 0) {
+        return MakeError(ErrorCode::kCudaMisalignedOperand,
+                         "{}: the E4M3 input at {} is not 16-byte aligned", name_,
+                         static_cast<const void*>(a_q));
+      }
+    } else {
+      Fp8QuantizeParams q;
+      q.x = args.inputs[0].data;
+      q.type = type_;
+      q.q = a_q;
+      q.rows = m_;
+      q.depth = k_;
+      q.ldq = kp_;
+      q.row_stride = a_strides_.row_stride;
+      q.col_stride = a_strides_.col_stride;
+      q.inv_scale = inv_scale_;
+      KILN_CUDA_RETURN_IF_ERROR(LaunchFp8Quantize(q, stream));
+    }
     const float alpha = spec_.alpha;
     const LtOperation lt = descs_.lt();
     if (direct_) {
@@ -262,7 +300,7 @@ class CublasLtFp8Kernel final : public Kernel {
                                                  lt_ws_ ? lt_ws : nullptr, lt_ws_, stream));
       return OkStatus();
     }
-    if (mp_ > m_) {  // padding rows: zeros (E4M3 0x00), not the workspace's last contents
+    if (!in_fp8_ && mp_ > m_) {  // padding rows: zeros (E4M3 0x00), not the last contents
       KILN_CUDA_RETURN_IF_ERROR(
           cudaMemsetAsync(a_q + m_ * kp_, 0, static_cast<size_t>((mp_ - m_) * kp_), stream));
     }
@@ -275,7 +313,12 @@ class CublasLtFp8Kernel final : public Kernel {
     GemmEpilogueParams e;
     e.acc = acc;
     e.acc_ld = np_;
-    e.y = args.outputs[0].data;
+    if (out_fp8_) {
+      e.y_e4m3 = static_cast<uint8_t*>(args.outputs[0].data);
+      e.y_inv_scale = out_inv_scale_;
+    } else {
+      e.y = args.outputs[0].data;
+    }
     e.type = type_;
     e.rows = m_;
     e.cols = n_;
@@ -322,9 +365,12 @@ class CublasLtFp8Kernel final : public Kernel {
   std::optional<DirectForm> direct_;  // what Prepare chose: the direct plan, or the FP32 one
   BlasType type_;
   float inv_scale_;
+  bool in_fp8_;          // input 0 is E4M3 (an FP8 edge's consumer)
+  bool out_fp8_;         // Y is E4M3 (an FP8 edge's producer)
+  float out_inv_scale_;  // 448 / the consumer's amax
   int64_t k_, n_, kp_, np_, m_ = 0, mp_ = 0;
   OwnedDeviceMemory b_q_;     // E4M3 [Np, Kp]
-  OwnedDeviceMemory scales_;  // A's scale at [0], B's at [kScaleStride]
+  OwnedDeviceMemory scales_;  // A's scale at [0], B's at [kScaleStride], D's at [2 kScaleStride]
   std::optional<cublasLtMatmulAlgo_t> tactic_algo_;
   std::string name_;
   QuantAddend addend_;
@@ -351,7 +397,8 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     const char* what = p->spec.kind == GemmKind::kGemm ? "gemm" : "matmul";
     // The direct plan's algorithms first (no FP32 round trip), then the FP32 plan's.
     if (std::optional<DirectForm> form = DirectFormFor(p->spec, p->type, p->n, p->addend)) {
-      auto descs = MakeFp8DirectDescs(p->m, p->n, kp, p->type, *form, nullptr, nullptr);
+      auto descs =
+          MakeFp8DirectDescs(p->m, p->n, kp, p->type, *form, nullptr, nullptr, false, nullptr);
       auto found = descs.ok()
                        ? LtHeuristics(*handle, descs->lt(), kFp8Alignment, kMaxTactics)
                        : StatusOr<std::vector<cublasLtMatmulHeuristicResult_t>>(descs.status());
@@ -387,12 +434,17 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadGemmSpec(node));
     std::optional<float> amax = Fp8InputAmax(node);
     auto kn = QuantConstantB(spec, request);
-    auto type = ToBlasType(request.inputs[0].dtype);
-    if (!amax || !kn || !type || spec.alpha == 0.f) {
+    // On an FP8 edge (ops/quant_edge.h) A or Y is E4M3; the other side has the storage type.
+    const bool in_fp8 = request.inputs[0].dtype == kFp8EdgeType;
+    const std::optional<float> out_amax =
+        request.outputs[0].dtype == kFp8EdgeType ? Fp8OutputAmax(node) : std::nullopt;
+    const bool out_fp8 = request.outputs[0].dtype == kFp8EdgeType;
+    auto type = ToBlasType(in_fp8 ? request.outputs[0].dtype : request.inputs[0].dtype);
+    if (!amax || !kn || !type || spec.alpha == 0.f || (out_fp8 && !out_amax)) {
       return MakeError(ErrorCode::kNoTactic,
-                       "node '{}': {} needs a finite positive {} attribute, a constant 2-D float "
-                       "B (input 1), float A and a non-zero alpha",
-                       node.name(), tactic.name, kFp8InputAmaxAttr);
+                       "node '{}': {} needs a finite positive {} attribute (and {} for an E4M3 "
+                       "Y), a constant 2-D float B (input 1), float A and a non-zero alpha",
+                       node.name(), tactic.name, kFp8InputAmaxAttr, kFp8OutputAmaxAttr);
     }
     std::optional<cublasLtMatmulAlgo_t> algo;
     bool direct = false;
@@ -408,17 +460,36 @@ class CublasLtFp8ProviderBase : public KernelProvider {
                        id(), tactic.name, tactic.params.size());
     }
     const Fp8PackedB b = PackFp8B(spec, *request.inputs[1].constant);
-    float scales[2 * kScaleStride] = {};
+    float scales[3 * kScaleStride] = {};
     scales[0] = Fp8Scale(*amax);
     scales[kScaleStride] = b.scale;
+    scales[2 * kScaleStride] = Fp8InvScale(out_amax.value_or(kFp8E4M3Max));  // 1 without
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory b_q, UploadToDevice(b.packed.data(), b.packed.size()));
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory s, UploadToDevice(scales, sizeof(scales)));
     return std::unique_ptr<Kernel>(std::make_unique<CublasLtFp8Kernel>(
-        spec, *type, *amax, b.k, b.n, std::move(b_q), std::move(s), algo, direct, tactic.name));
+        spec, *type, *amax, b.k, b.n, std::move(b_q), std::move(s), algo, direct, in_fp8, out_amax,
+        tactic.name));
+  }
+
+  // An FP8 edge's producer: Y in FP16/BF16 as the tactic was chosen (E4M3 takes its place).
+  bool WritesFp8Output(const KernelRequest& request, const TacticConfig& tactic) const final {
+    std::optional<QuantizedGemm> p = ResolveQuantizedGemm(request, Fp8InputAmax(*request.node));
+    return OwnTactic(tactic) && p && p->type != BlasType::kF32 &&
+           request.inputs[0].dtype != kFp8EdgeType;
+  }
+  // An FP8 edge's consumer: A read in place as [M, K] E4M3 rows, so A is not transposed and K is
+  // a multiple of 16 (cuBLASLt's FP8 row alignment).
+  bool ReadsFp8Input(const KernelRequest& request, const TacticConfig& tactic) const final {
+    std::optional<QuantizedGemm> p = ResolveQuantizedGemm(request, Fp8InputAmax(*request.node));
+    return OwnTactic(tactic) && p && p->type != BlasType::kF32 && !p->spec.trans_a &&
+           p->k % kQuantPad == 0 && request.outputs[0].dtype != kFp8EdgeType;
   }
 
  private:
   // One tactic: the algorithm's words, then the plan (9th param) for the direct plan.
+  static bool OwnTactic(const TacticConfig& t) {
+    return t.name.starts_with("f8-") && (t.params.size() == 8 || t.params.size() == 9);
+  }
   static void AddTactic(std::vector<TacticConfig>& tactics, std::string name,
                         const cublasLtMatmulHeuristicResult_t& r, int64_t plan, size_t workspace) {
     TacticConfig t;

@@ -1,0 +1,38 @@
+// FP8 edges (ops/quant_edge.h) among the layers whose tactics the builder chose: where an FP8
+// matrix product's only consumer is another FP8 matrix product, the producer writes its result as
+// E4M3 with the consumer's scale and the consumer reads it as its quantized A. The value between
+// them takes half FP16's bytes, and the consumer's own quantization pass over it (one kernel that
+// reads FP16 and writes E4M3 per product) is gone. The graph is rewritten in place: the value's
+// type, the producer's kFp8OutputAmaxAttr. Kernels are made from the rewritten graph, so an
+// engine file records the edges and loads with them.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "kiln/backends/kernel.h"
+#include "kiln/ir/graph.h"
+
+namespace kiln {
+
+// One chosen layer as the joining sees it.
+struct ChosenLayer {
+  Node* node = nullptr;
+  const KernelProvider* provider = nullptr;
+  KernelRequest* request = nullptr;  // what the tactic was chosen for; an edge's E4M3 side is set
+  const TacticConfig* tactic = nullptr;
+  std::string* precision_reason = nullptr;  // gains a note on each side of an edge
+  bool joined = false;                      // set: the layer is on an edge (its kernel changed)
+};
+
+// Joins every producer -> value -> consumer where:
+// - the consumer's provider reads its input 0 as E4M3 for its tactic (ReadsFp8Input), with a
+//   usable kFp8InputAmaxAttr, and the value is its input 0 only;
+// - the value has that one consumer, is no graph output and has an FP16/BF16 type;
+// - the producer is a chosen layer whose provider writes it as E4M3 for its tactic
+//   (WritesFp8Output), and it is output 0 of its producer;
+// - neither layer is on another edge already (a layer reads or writes E4M3, not both).
+// Returns how many edges it made.
+int JoinFp8Edges(std::span<ChosenLayer> layers);
+
+}  // namespace kiln

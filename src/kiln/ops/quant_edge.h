@@ -1,0 +1,32 @@
+// FP8 edges between matrix products: the attributes that let a Gemm/MatMul-family node write its
+// output, or read its input 0, as FP8 E4M3 instead of its float storage type, and the type rule
+// they imply. The precision pass sets kFp8InputAmaxAttr on FP8 candidates (backends/fp8_quant.h
+// has the FP8 contract); the builder joins a producer and its only consumer when both layers' FP8
+// kernels can (builder/quant_edges.h): the producer then quantizes its result with the consumer's
+// scale (kFp8OutputAmaxAttr, the consumer's calibrated input amax) and the value between them
+// has type f8e4m3fn, half the bytes of FP16, with no separate quantization pass over it.
+#pragma once
+
+#include <optional>
+
+#include "kiln/ir/dtype.h"
+#include "kiln/ir/graph.h"
+
+namespace kiln {
+
+inline constexpr const char* kFp8InputAmaxAttr = "kiln_fp8_input_amax";
+inline constexpr const char* kFp8OutputAmaxAttr = "kiln_fp8_output_amax";
+inline constexpr DataType kFp8EdgeType = DataType::kFloat8E4M3FN;
+
+// The float type a matrix product computes in, given its A (input 0) and B (input 1) types:
+// A's, or B's when A arrives as E4M3 from an FP8 producer (the node carries kFp8InputAmaxAttr).
+inline DataType ProductFloatType(const Node& node, DataType a, DataType b) {
+  return a == kFp8EdgeType && node.attrs().Has(kFp8InputAmaxAttr) ? b : a;
+}
+
+// Y's type: E4M3 when the node writes its result for an FP8 consumer, else `product`.
+inline DataType ProductOutputType(const Node& node, DataType product) {
+  return node.attrs().Has(kFp8OutputAmaxAttr) ? kFp8EdgeType : product;
+}
+
+}  // namespace kiln

@@ -1,0 +1,141 @@
+// FP8 edges among chosen layers (builder/quant_edges.h): which producer/consumer pairs are joined,
+// what the rewrite sets (the value's type, the producer's output amax, the requests, the report
+// notes), and that the rewritten graph still passes shape and type inference. The providers are
+// fakes that say yes or no; the CUDA kernels behind a real edge are tested in cuda_quant_test.cc.
+#include "kiln/builder/quant_edges.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+
+#include "kiln/ops/op_schema.h"
+#include "kiln/ops/quant_edge.h"
+
+namespace kiln {
+namespace {
+
+class FakeProvider final : public KernelProvider {
+ public:
+  FakeProvider(bool writes, bool reads) : writes_(writes), reads_(reads) {}
+  std::string_view id() const override { return "test.fp8.fake"; }
+  std::string_view op_type() const override { return "MatMul"; }
+  BackendKind backend() const override { return BackendKind::kCuda; }
+  std::vector<TacticConfig> Tactics(const KernelRequest&) const override { return {}; }
+  StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest&,
+                                           const TacticConfig&) const override {
+    return MakeError(ErrorCode::kUnimplemented, "fake");
+  }
+  bool WritesFp8Output(const KernelRequest&, const TacticConfig&) const override { return writes_; }
+  bool ReadsFp8Input(const KernelRequest&, const TacticConfig&) const override { return reads_; }
+
+ private:
+  bool writes_, reads_;
+};
+
+const FakeProvider kBoth(true, true);
+const FakeProvider kNeither(false, false);
+
+// A chain of MatMul layers x -> m0 -> v0 -> m1 -> v1 ... -> out in `type`, each with an FP8
+// input amax of 1 + its index, and the layers as the builder would hand them over.
+struct Chain {
+  Graph g;
+  std::vector<Node*> nodes;
+  std::deque<KernelRequest> requests;
+  TacticConfig tactic{"f8-matmul-fake"};
+  std::vector<std::string> reasons;
+  std::vector<ChosenLayer> layers;
+
+  Chain(int n, DataType type, const std::vector<const KernelProvider*>& providers) {
+    Value* x = g.AddInput("x", type, {4, 32});
+    reasons.resize(n);
+    for (int i = 0; i < n; ++i) {
+      Value* w = g.AddConstant(fmt::format("w{}", i), Tensor(type, {32, 32}));
+      Value* y = g.AddValue(fmt::format("v{}", i));
+      AttributeMap attrs;
+      attrs.Set(std::string(kFp8InputAmaxAttr), 1.f + static_cast<float>(i));
+      nodes.push_back(g.AddNode("MatMul", fmt::format("m{}", i), {x, w}, {y}, std::move(attrs)));
+      x = y;
+    }
+    g.MarkOutput(x);
+    EXPECT_TRUE(InferShapes(g).ok());
+    for (int i = 0; i < n; ++i) {
+      KernelRequest& r = requests.emplace_back();
+      r.node = nodes[i];
+      for (Value* v : nodes[i]->inputs()) r.inputs.push_back({v->dtype(), v->shape(), {4, 32}});
+      r.outputs.push_back({type, nodes[i]->output(0)->shape(), {4, 32}});
+      layers.push_back({nodes[i], providers[i], &r, &tactic, &reasons[i]});
+    }
+  }
+};
+
+TEST(Fp8Edges, JoinsAProducerAndItsOnlyConsumerOnce) {
+  // m0 -> m1 -> m2: m1 joins m0, so it cannot also write for m2 (a layer is on one edge).
+  Chain c(3, DataType::kFloat16, {&kBoth, &kBoth, &kBoth});
+  EXPECT_EQ(JoinFp8Edges(c.layers), 1);
+  EXPECT_EQ(c.nodes[0]->output(0)->dtype(), kFp8EdgeType);
+  EXPECT_EQ(c.nodes[1]->output(0)->dtype(), DataType::kFloat16);
+  // The producer quantizes with the consumer's scale.
+  EXPECT_EQ(c.nodes[0]->attrs().GetFloat(kFp8OutputAmaxAttr, 0.f), 2.f);
+  EXPECT_FALSE(c.nodes[1]->attrs().Has(kFp8OutputAmaxAttr));
+  EXPECT_TRUE(c.layers[0].joined);
+  EXPECT_TRUE(c.layers[1].joined);
+  EXPECT_FALSE(c.layers[2].joined);
+  EXPECT_EQ(c.requests[0].outputs[0].dtype, kFp8EdgeType);
+  EXPECT_EQ(c.requests[1].inputs[0].dtype, kFp8EdgeType);
+  EXPECT_EQ(c.requests[1].outputs[0].dtype, DataType::kFloat16);
+  EXPECT_NE(c.reasons[0].find("writes E4M3 for 'm1'"), std::string::npos) << c.reasons[0];
+  EXPECT_NE(c.reasons[1].find("reads E4M3 from 'm0'"), std::string::npos) << c.reasons[1];
+  EXPECT_TRUE(c.reasons[2].empty());
+  // The type rules accept the rewrite and give the same types again.
+  ASSERT_TRUE(InferShapes(c.g).ok());
+  EXPECT_EQ(c.nodes[0]->output(0)->dtype(), kFp8EdgeType);
+  EXPECT_EQ(c.nodes[1]->output(0)->dtype(), DataType::kFloat16);
+  EXPECT_EQ(c.nodes[2]->output(0)->dtype(), DataType::kFloat16);
+}
+
+TEST(Fp8Edges, NeedsBothProvidersToSayYes) {
+  Chain producer_no(2, DataType::kFloat16, {&kNeither, &kBoth});
+  EXPECT_EQ(JoinFp8Edges(producer_no.layers), 0);
+  Chain consumer_no(2, DataType::kBFloat16, {&kBoth, &kNeither});
+  EXPECT_EQ(JoinFp8Edges(consumer_no.layers), 0);
+  for (Chain* c : {&producer_no, &consumer_no}) {
+    EXPECT_NE(c->nodes[0]->output(0)->dtype(), kFp8EdgeType);
+    EXPECT_FALSE(c->nodes[0]->attrs().Has(kFp8OutputAmaxAttr));
+    EXPECT_FALSE(c->layers[0].joined || c->layers[1].joined);
+  }
+  Chain bf16(2, DataType::kBFloat16, {&kBoth, &kBoth});
+  EXPECT_EQ(JoinFp8Edges(bf16.layers), 1);
+}
+
+TEST(Fp8Edges, LeavesValuesOthersReadOrThatAreNotHalfPrecision) {
+  // FP32 values stay FP32 (cuBLASLt's E4M3 output takes an FP16/BF16 C).
+  Chain f32(2, DataType::kFloat32, {&kBoth, &kBoth});
+  EXPECT_EQ(JoinFp8Edges(f32.layers), 0);
+
+  // A second reader of v0 (a residual Add) needs the FP16 value.
+  Chain shared(2, DataType::kFloat16, {&kBoth, &kBoth});
+  Value* sum = shared.g.AddValue("sum");
+  shared.g.AddNode("Add", "residual", {shared.nodes[0]->output(0), shared.nodes[1]->output(0)},
+                   {sum});
+  shared.g.MarkOutput(sum);
+  EXPECT_EQ(JoinFp8Edges(shared.layers), 0);
+  EXPECT_EQ(shared.nodes[0]->output(0)->dtype(), DataType::kFloat16);
+
+  // A graph output keeps its type.
+  Chain out(2, DataType::kFloat16, {&kBoth, &kBoth});
+  out.g.MarkOutput(out.nodes[0]->output(0));
+  EXPECT_EQ(JoinFp8Edges(out.layers), 0);
+
+  // A consumer without a usable FP8 input amax has nothing to quantize with.
+  Chain no_amax(2, DataType::kFloat16, {&kBoth, &kBoth});
+  no_amax.nodes[1]->mutable_attrs().Set(std::string(kFp8InputAmaxAttr), 0.f);
+  EXPECT_EQ(JoinFp8Edges(no_amax.layers), 0);
+
+  // A producer that is not a chosen layer (a graph input feeds m0).
+  Chain one(1, DataType::kFloat16, {&kBoth});
+  EXPECT_EQ(JoinFp8Edges(one.layers), 0);
+}
+
+}  // namespace
+}  // namespace kiln
