@@ -272,6 +272,11 @@ TEST(NnShapeTest, Fp8EdgeTypes) {
   // The producer: float A, E4M3 Y.
   EXPECT_EQ(*InferType("FusedMatMul", {{{2, 16, 64}, f16}, {{64, 32}, f16}, {{32}, f16}}, out), f8);
   EXPECT_EQ(*InferType("FusedGemm", {{{16, 64}, bf16}, {{64, 32}, bf16}}, out), f8);
+  // Attention as a producer (its reader, the output projection, is an FP8 product).
+  const AttributeMap attention = Attrs(
+      {{"layout", std::string("bsd")}, {"num_heads", int64_t{2}}, {"kiln_fp8_output_amax", 5.f}});
+  const In qkv({2, 16, 64}, f16);
+  EXPECT_EQ(*InferType("Attention", {qkv, qkv, qkv}, attention), f8);
   // Refused: an E4M3 A without the amax, an E4M3 B, a bias of another type than B.
   EXPECT_EQ(InferType("MatMul", {{{16, 64}, f8}, {{64, 32}, f16}}, {}).status().code(),
             ErrorCode::kTypeMismatch);

@@ -29,10 +29,13 @@
 //              pass gives one value three times: GPT-2's c_attn output, so no Split copies).
 //   The mask always broadcasts to the logical scores [batch..., Sq, Sk] ([B, H, Sq, Sk] for
 //   bshd and bsd).
+//   kiln_fp8_output_amax float, set by the builder (ops/quant_edge.h): Y is written as FP8 E4M3
+//              for an FP8 product that reads it, quantized with 448 / this amax.
 // Softmax runs in FP32 with max subtraction in every backend.
 #include "kiln/ir/sizes.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/ops/op_table.h"
+#include "kiln/ops/quant_edge.h"
 
 namespace kiln {
 
@@ -76,7 +79,7 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
           heads, ToString(q));
     }
     Shape out{q[0], q[1], Dim(e3.value() / 3)};  // [B, S, E] or [S, B, E]
-    ctx.set_output(0, ctx.input_type(0), std::move(out));
+    ctx.set_output(0, ProductOutputType(ctx.node(), ctx.input_type(0)), std::move(out));
     return OkStatus();
   }
   auto differ = [](const Dim& a, const Dim& b) {
@@ -135,7 +138,7 @@ Status InferAttentionHeadsInterleaved(InferenceContext& ctx, const std::string& 
     out[0] = (*batch)[0];
     out[rank - 1] = v[rank - 1];
   }
-  ctx.set_output(0, ctx.input_type(0), std::move(out));
+  ctx.set_output(0, ProductOutputType(ctx.node(), ctx.input_type(0)), std::move(out));
   return OkStatus();
 }
 
@@ -207,7 +210,7 @@ Status InferAttention(InferenceContext& ctx) {
   Shape out = *batch;
   out.push_back(q[rank - 2]);
   out.push_back(v[rank - 1]);
-  ctx.set_output(0, t, std::move(out));
+  ctx.set_output(0, ProductOutputType(ctx.node(), t), std::move(out));
   return OkStatus();
 }
 

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 
 #include <cmath>
@@ -99,6 +100,60 @@ struct I8Case {
                        c_const ? " const" : "", act);
   }
 };
+
+// One CUDA tactic for `request` on device copies of `inputs` (run twice: the same bits both
+// times); Y as floats, decoded from Y's type.
+std::vector<float> RunCudaKernel(const KernelProvider* p, const TacticConfig& t,
+                                 const KernelRequest& request, const std::vector<Tensor>& inputs,
+                                 const Value& output) {
+  Backend* gpu = *GetBackend(BackendKind::kCuda);
+  auto kernel = p->Create(request, t);
+  EXPECT_TRUE(kernel.ok()) << t.name << ": " << kernel.status().ToString();
+  if (!kernel.ok()) return {};
+  std::vector<DeviceBuffer> buffers;
+  std::vector<TensorView> in, out;
+  auto upload = [&](const Tensor& x) -> void* {
+    auto buf = gpu->Allocate(std::max<size_t>(x.size_bytes(), 1));
+    EXPECT_TRUE(buf.ok());
+    if (!buf.ok()) return nullptr;
+    EXPECT_TRUE(gpu->CopyToDevice(buf->data(), x.raw(), x.size_bytes(), nullptr).ok());
+    buffers.push_back(std::move(*buf));
+    return buffers.back().data();
+  };
+  for (const Tensor& x : inputs) {
+    TensorView v = x.view();
+    v.data = upload(x);
+    in.push_back(v);
+  }
+  Tensor y(output.dtype(), *StaticDims(output.shape()));
+  TensorView yv = y.view();
+  yv.data = upload(y);
+  out.push_back(yv);
+  auto ws = (*kernel)->Prepare(in, out);
+  EXPECT_TRUE(ws.ok()) << t.name << ": " << ws.status().ToString();
+  if (!ws.ok()) return {};
+  EXPECT_LE(*ws, t.workspace_bytes) << t.name << ": the tactic's estimate is at the max shape";
+  void* ws_ptr = nullptr;
+  if (*ws > 0) {
+    auto buf = gpu->Allocate(*ws);
+    EXPECT_TRUE(buf.ok());
+    if (!buf.ok()) return {};
+    // Garbage in the workspace: the kernel must write everything it reads.
+    EXPECT_EQ(cudaMemset(buf->data(), 0x7f, *ws), cudaSuccess);
+    ws_ptr = buf->data();
+    buffers.push_back(std::move(*buf));
+  }
+  std::vector<float> runs[2];
+  for (auto& r : runs) {
+    Status st = (*kernel)->Run({in, out, ws_ptr, *ws, nullptr});
+    EXPECT_TRUE(st.ok()) << t.name << ": " << st.ToString();
+    EXPECT_TRUE(gpu->Synchronize(nullptr).ok()) << t.name;
+    EXPECT_TRUE(gpu->CopyToHost(y.mutable_raw(), yv.data, y.size_bytes(), nullptr).ok());
+    r = y.ToFloatVector();
+  }
+  EXPECT_EQ(runs[0], runs[1]) << t.name << ": two runs differ";
+  return runs[0];
+}
 
 // The node's graph, request and host inputs, for one float storage type; runs a CPU or CUDA
 // tactic and returns Y as floats.
@@ -192,53 +247,7 @@ class Int8Node {
 
   // One CUDA tactic on device copies of the inputs (run twice: the same bits both times).
   std::vector<float> RunCuda(const KernelProvider* p, const TacticConfig& t) {
-    Backend* gpu = *GetBackend(BackendKind::kCuda);
-    auto kernel = p->Create(request_, t);
-    EXPECT_TRUE(kernel.ok()) << t.name << ": " << kernel.status().ToString();
-    if (!kernel.ok()) return {};
-    std::vector<DeviceBuffer> buffers;
-    std::vector<TensorView> in, out;
-    auto upload = [&](const Tensor& x) -> void* {
-      auto buf = gpu->Allocate(std::max<size_t>(x.size_bytes(), 1));
-      EXPECT_TRUE(buf.ok());
-      if (!buf.ok()) return nullptr;
-      EXPECT_TRUE(gpu->CopyToDevice(buf->data(), x.raw(), x.size_bytes(), nullptr).ok());
-      buffers.push_back(std::move(*buf));
-      return buffers.back().data();
-    };
-    for (const Tensor& x : inputs_) {
-      TensorView v = x.view();
-      v.data = upload(x);
-      in.push_back(v);
-    }
-    Tensor y(node_->output(0)->dtype(), *StaticDims(node_->output(0)->shape()));
-    TensorView yv = y.view();
-    yv.data = upload(y);
-    out.push_back(yv);
-    auto ws = (*kernel)->Prepare(in, out);
-    EXPECT_TRUE(ws.ok()) << t.name << ": " << ws.status().ToString();
-    if (!ws.ok()) return {};
-    EXPECT_LE(*ws, t.workspace_bytes) << t.name << ": the tactic's estimate is at the max shape";
-    void* ws_ptr = nullptr;
-    if (*ws > 0) {
-      auto buf = gpu->Allocate(*ws);
-      EXPECT_TRUE(buf.ok());
-      if (!buf.ok()) return {};
-      // Garbage in the workspace: the kernel must write everything it reads.
-      EXPECT_EQ(cudaMemset(buf->data(), 0x7f, *ws), cudaSuccess);
-      ws_ptr = buf->data();
-      buffers.push_back(std::move(*buf));
-    }
-    std::vector<float> runs[2];
-    for (auto& r : runs) {
-      Status st = (*kernel)->Run({in, out, ws_ptr, *ws, nullptr});
-      EXPECT_TRUE(st.ok()) << t.name << ": " << st.ToString();
-      EXPECT_TRUE(gpu->Synchronize(nullptr).ok()) << t.name;
-      EXPECT_TRUE(gpu->CopyToHost(y.mutable_raw(), yv.data, y.size_bytes(), nullptr).ok());
-      r = y.ToFloatVector();
-    }
-    EXPECT_EQ(runs[0], runs[1]) << t.name << ": two runs differ";
-    return runs[0];
+    return RunCudaKernel(p, t, request_, inputs_, *node_->output(0));
   }
 
   const std::vector<Tensor>& inputs() const { return inputs_; }
@@ -859,6 +868,68 @@ TEST_F(CudaFp8Test, EdgeKernelsWriteAndReadE4M3AsTheContractDoes) {
   }
 }
 
+// Attention as an FP8 edge's producer (its reader, the output projection, is an FP8 product):
+// the mma kernels store Y's FP16 pairs as E4M3, byte for byte what quantizing the plain kernel's
+// FP16 Y gives (saturating: the amax is below some outputs); the other kernels decline.
+TEST_F(CudaFp8Test, AttentionWritesE4M3ForAnFp8Reader) {
+  const DataType f16 = DataType::kFloat16;
+  const float out_amax = 0.25f, inv = Fp8InvScale(out_amax);
+  uint32_t seed = 401;
+  for (const auto& [b, s, h, d] :
+       std::vector<std::array<int64_t, 4>>{{2, 70, 4, 64}, {1, 33, 2, 128}, {3, 16, 2, 32}}) {
+    SCOPED_TRACE(fmt::format("B {} S {} H {} D {}", b, s, h, d));
+    std::mt19937 rng(seed++);
+    Graph g;
+    std::vector<Tensor> inputs;
+    std::vector<Value*> ins;
+    for (int i = 0; i < 3; ++i) {
+      inputs.push_back(Random({b, s, h * d}, rng).CastTo(f16));
+      ins.push_back(g.AddInput(fmt::format("x{}", i), f16, MakeShape(inputs.back().dims())));
+    }
+    AttributeMap attrs;
+    attrs.Set("layout", std::string("bsd"));
+    attrs.Set("num_heads", h);
+    attrs.Set("mask_kind", std::string("causal"));
+    Value* y = g.AddValue("y");
+    Node* node = g.AddNode("Attention", "attention", ins, {y}, attrs);
+    g.MarkOutput(y);
+    ASSERT_TRUE(InferShapes(g).ok());
+    KernelRequest request;
+    request.node = node;
+    for (const Tensor& t : inputs) {
+      request.inputs.push_back({f16, MakeShape(t.dims()), t.dims(), nullptr});
+    }
+    request.outputs.push_back({f16, y->shape(), {b, s, h * d}, nullptr});
+    int joined = 0;
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, *node)) {
+      for (const TacticConfig& t : p->Tactics(request)) {
+        SCOPED_TRACE(t.name);
+        const bool writes = p->WritesFp8Output(request, t);
+        EXPECT_EQ(writes, t.name.find("-mma-") != std::string::npos);
+        if (!writes) continue;
+        const std::vector<float> plain = RunCudaKernel(p, t, request, inputs, *y);
+        node->mutable_attrs().Set(std::string(kFp8OutputAmaxAttr), out_amax);
+        y->set_dtype(kFp8EdgeType);
+        KernelRequest edge = request;
+        edge.outputs[0].dtype = kFp8EdgeType;
+        const std::vector<float> q = RunCudaKernel(p, t, edge, inputs, *y);
+        node->mutable_attrs().Erase(std::string(kFp8OutputAmaxAttr));
+        y->set_dtype(f16);
+        ASSERT_EQ(q.size(), plain.size());
+        size_t differ = 0, saturated = 0;
+        for (size_t i = 0; i < q.size(); ++i) {
+          differ += q[i] != FromE4M3(ToE4M3(plain[i] * inv));
+          saturated += std::fabs(q[i]) == kFp8E4M3Max;
+        }
+        EXPECT_EQ(differ, 0u);
+        EXPECT_GT(saturated, 0u) << "the test's amax should clip some outputs";
+        ++joined;
+      }
+    }
+    EXPECT_GE(joined, 3) << "the mma tactics";
+  }
+}
+
 TEST_F(CudaFp8Test, DeclinesWithoutTheAttributeOrAConstantB) {
   std::mt19937 rng(88);
   I8Case plain{"Gemm", {8, 64}, 64, 32, false, false, 1.f, 1.f, {32}, true};
@@ -1131,10 +1202,10 @@ TEST_F(CudaInt8Test, BertTinyInt8BuildKeepsItsMatrixProductsInt8) { CheckBertTin
 TEST_F(CudaFp8Test, BertTinyFp8BuildKeepsItsMatrixProductsFp8) { CheckBertTiny(true); }
 
 // FP8 edges (builder/quant_edges.h) on bert_tiny: each feed-forward block's first product (GELU)
-// writes E4M3 for the second, which reads it in place. The engine, serialized and loaded again,
-// agrees with the same build without edges (the only difference: the edge quantizes the
-// producer's FP32 result where the FP16 path quantizes it after rounding to FP16) and with
-// PyTorch FP32 as the FP8 build does.
+// writes E4M3 for the second, which reads it in place (and attention for the output projection).
+// The engine, serialized and loaded again, agrees with the same build without edges (the only
+// difference: the edge quantizes the producer's FP32 result where the FP16 path quantizes it after
+// rounding to FP16) and with PyTorch FP32 as the FP8 build does.
 TEST_F(CudaFp8Test, EdgesBetweenFp8ProductsMatchTheBuildWithout) {
   const std::string dir = ZooDir("bert_tiny");
   if (!std::filesystem::exists(dir + "/model.onnx")) GTEST_SKIP() << "no zoo at " << dir;
@@ -1150,8 +1221,9 @@ TEST_F(CudaFp8Test, EdgesBetweenFp8ProductsMatchTheBuildWithout) {
   auto apart = app::BuildFromOnnxFile(dir + "/model.onnx", config);
   ASSERT_TRUE(apart.ok()) << apart.status().ToString();
   EXPECT_EQ(apart->report.fp8_edges, 0);
-  // Two encoder layers, one feed-forward edge each (attention outputs and LayerNorms are no FP8
-  // products, and the projections' inputs have other readers).
+  // Two encoder layers: the feed-forward edge of each, and the attention -> output projection
+  // edge where the mma attention kernel was chosen (LayerNorm outputs have a second reader, the
+  // residual, and stay FP16).
   EXPECT_GE(joined->report.fp8_edges, 2);
   int writers = 0, readers = 0;
   for (const LayerReport& l : joined->report.layer_reports) {

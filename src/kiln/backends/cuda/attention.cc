@@ -3,10 +3,12 @@
 // Run is one launch on the caller's stream with no workspace.
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "kiln/backends/backend.h"
 #include "kiln/backends/cuda/blas_kernels.h"
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/backends/fp8_quant.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/ops/fused.h"
 
@@ -37,8 +39,10 @@ static_assert(kAttentionMaxHeadDim == kCudaAttentionMaxHeadDim);
 
 class CudaAttentionKernel final : public Kernel {
  public:
-  CudaAttentionKernel(AttentionAttrs spec, BlasType type, int variant)
-      : spec_(spec), type_(type), variant_(variant) {}
+  // out_amax: Y is written as E4M3 for an FP8 consumer of that amax (mma variants only).
+  CudaAttentionKernel(AttentionAttrs spec, BlasType type, int variant,
+                      std::optional<float> out_amax)
+      : spec_(spec), type_(type), variant_(variant), out_amax_(out_amax) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> in,
                            std::span<const TensorView> out) override {
@@ -207,7 +211,12 @@ class CudaAttentionKernel final : public Kernel {
     p.k = static_cast<const char*>(args.inputs[1].data) + k_offset_ * es;
     p.v = static_cast<const char*>(args.inputs[2].data) + v_offset_ * es;
     p.mask = args.inputs.size() > 3 ? args.inputs[3].data : nullptr;
-    p.y = args.outputs[0].data;
+    if (out_amax_) {
+      p.y_e4m3 = static_cast<uint8_t*>(args.outputs[0].data);
+      p.y_inv_scale = Fp8InvScale(*out_amax_);
+    } else {
+      p.y = args.outputs[0].data;
+    }
     KILN_CUDA_RETURN_IF_ERROR(LaunchAttention(p, variant_, static_cast<cudaStream_t>(args.stream)));
     return OkStatus();
   }
@@ -216,6 +225,7 @@ class CudaAttentionKernel final : public Kernel {
   AttentionAttrs spec_;
   BlasType type_;
   int variant_;
+  std::optional<float> out_amax_;
   AttentionParams params_;
   int64_t k_offset_ = 0, v_offset_ = 0;  // elements (qkv_packed)
   bool prepared_ = false;
@@ -320,7 +330,25 @@ class CudaAttentionProvider final : public KernelProvider {
       return MakeError(ErrorCode::kInvalidArgument,
                        "cuda.attention: tactic '{}' has invalid params", tactic.name);
     }
-    return std::unique_ptr<Kernel>(std::make_unique<CudaAttentionKernel>(spec, *type, variant));
+    std::optional<float> out_amax;
+    if (!request.outputs.empty() && request.outputs[0].dtype == kFp8EdgeType) {
+      out_amax = Fp8OutputAmax(*request.node);
+      if (!out_amax || variant < 2) {
+        return MakeError(ErrorCode::kInvalidArgument,
+                         "cuda.attention: an E4M3 Y needs the mma kernels (tactic '{}') and a "
+                         "finite positive {}",
+                         tactic.name, kFp8OutputAmaxAttr);
+      }
+    }
+    return std::unique_ptr<Kernel>(
+        std::make_unique<CudaAttentionKernel>(spec, *type, variant, out_amax));
+  }
+
+  // An FP8 edge's producer (ops/quant_edge.h): the mma kernels store Y's FP16/BF16 pairs as E4M3.
+  bool WritesFp8Output(const KernelRequest& request, const TacticConfig& tactic) const override {
+    auto type = ToBlasType(request.inputs.empty() ? DataType::kUndefined : request.inputs[0].dtype);
+    return type && *type != BlasType::kF32 && tactic.params.size() == 1 && tactic.params[0] >= 2 &&
+           tactic.params[0] <= 6;
   }
 };
 KILN_REGISTER_KERNEL_PROVIDER(CudaAttentionProvider);

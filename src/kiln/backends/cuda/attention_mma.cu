@@ -18,6 +18,7 @@
 //   C (16x8, f32):  c0 c1 (g, 2t..2t+1)   c2 c3 (g+8, 2t..2t+1)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -381,7 +382,8 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
   }
 
   // Normalise and store: lane holds columns n*8 + 2t, +1 of rows g and g + 8 of each m-tile.
-  T* y = static_cast<T*>(p.y) + yo;
+  // (An E4M3 Y takes the same pairs, rounded to T first, as two bytes.)
+  T* y = p.y_e4m3 ? nullptr : static_cast<T*>(p.y) + yo;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -391,6 +393,20 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       if (my_row[mt][h] >= p.sq) continue;
       const float inv = l > 0.f ? 1.f / l : 0.f;  // a row masked whole gives zeros, not NaN
+      if (p.y_e4m3) {
+        uint8_t* qr = p.y_e4m3 + yo + my_row[mt][h] * p.y_row;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          uint32_t packed = MmaType<T>::Pack(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
+          const T* e = reinterpret_cast<const T*>(&packed);
+          const auto lo = static_cast<uint16_t>(__nv_cvt_float_to_fp8(
+              __fmul_rn(static_cast<float>(e[0]), p.y_inv_scale), __NV_SATFINITE, __NV_E4M3));
+          const auto hi = static_cast<uint16_t>(__nv_cvt_float_to_fp8(
+              __fmul_rn(static_cast<float>(e[1]), p.y_inv_scale), __NV_SATFINITE, __NV_E4M3));
+          *reinterpret_cast<uint16_t*>(qr + n * 8 + 2 * t) = static_cast<uint16_t>(lo | (hi << 8));
+        }
+        continue;
+      }
       T* yr = y + my_row[mt][h] * p.y_row;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
@@ -480,7 +496,8 @@ cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelin
   auto misaligned = [](const void* ptr, uintptr_t a) {
     return reinterpret_cast<uintptr_t>(ptr) % a != 0;
   };
-  if (misaligned(p.q, 16) || misaligned(p.k, 16) || misaligned(p.v, 16) || misaligned(p.y, 4)) {
+  if (misaligned(p.q, 16) || misaligned(p.k, 16) || misaligned(p.v, 16) ||
+      (p.y_e4m3 ? misaligned(p.y_e4m3, 2) : misaligned(p.y, 4))) {
     return cudaErrorMisalignedAddress;
   }
   if (p.type == BlasType::kF16) return LaunchT<__half>(p, warps, pipelined, m_tiles, stream);

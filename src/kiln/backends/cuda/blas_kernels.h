@@ -87,6 +87,11 @@ struct AttentionParams {
   int64_t q_row = 0, k_row = 0, v_row = 0, y_row = 0;
   // The mask's element strides over [batch dims..., sq, sk] (0 = broadcast).
   int64_t m_stride[kAttentionMaxBatchDims + 2] = {};
+  // Set (with y null) to write Y as FP8 E4M3 at Y's element offsets instead: each output rounded
+  // to `type`, then E4M3(value * y_inv_scale), saturating (an FP8 edge's producer,
+  // ops/quant_edge.h). Variants 2-6 only.
+  uint8_t* y_e4m3 = nullptr;
+  float y_inv_scale = 1.f;
 };
 // Tiled flash-attention style kernels (online softmax, FP32 accumulation, one pass over K and V).
 // variant 0: CUDA cores, FP32 math, any type; variant 1: tensor cores (wmma), f16/bf16 with head
