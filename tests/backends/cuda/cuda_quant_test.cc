@@ -1232,7 +1232,9 @@ TEST_F(CudaFp8Test, EdgesBetweenFp8ProductsMatchTheBuildWithout) {
     const bool reads = l.precision_reason.find("reads E4M3 from") != std::string::npos;
     writers += writes;
     readers += reads;
-    if (writes || reads) EXPECT_EQ(l.precision, "f8");
+    if (writes || reads) {
+      EXPECT_EQ(l.precision, "f8");
+    }
   }
   EXPECT_EQ(writers, joined->report.fp8_edges);
   EXPECT_EQ(readers, joined->report.fp8_edges);

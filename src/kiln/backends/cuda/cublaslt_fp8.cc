@@ -170,18 +170,18 @@ StatusOr<Fp8Descs> MakeFp8DirectDescs(int64_t m, int64_t n, int64_t kp, BlasType
 class CublasLtFp8Kernel final : public Kernel {
  public:
   // in_fp8: input 0 arrives as E4M3 already quantized with `amax` (an FP8 edge's consumer);
-  // out_amax: Y is written as E4M3 for a consumer of that amax (an FP8 edge's producer).
+  // out_amax > 0: Y is written as E4M3 for a consumer of that amax (an FP8 edge's producer).
   CublasLtFp8Kernel(GemmSpec spec, BlasType type, float amax, int64_t k, int64_t n,
                     OwnedDeviceMemory b_q, OwnedDeviceMemory scales,
                     std::optional<cublasLtMatmulAlgo_t> algo, bool want_direct, bool in_fp8,
-                    std::optional<float> out_amax, std::string name)
+                    float out_amax, std::string name)
       : spec_(spec),
         want_direct_(want_direct),
         type_(type),
         inv_scale_(Fp8InvScale(amax)),
         in_fp8_(in_fp8),
-        out_fp8_(out_amax.has_value()),
-        out_inv_scale_(Fp8InvScale(out_amax.value_or(kFp8E4M3Max))),  // 1 without
+        out_fp8_(out_amax > 0.f),
+        out_inv_scale_(out_amax > 0.f ? Fp8InvScale(out_amax) : 1.f),
         k_(k),
         n_(n),
         kp_(QuantPadded(k)),
@@ -436,11 +436,10 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     auto kn = QuantConstantB(spec, request);
     // On an FP8 edge (ops/quant_edge.h) A or Y is E4M3; the other side has the storage type.
     const bool in_fp8 = request.inputs[0].dtype == kFp8EdgeType;
-    const std::optional<float> out_amax =
-        request.outputs[0].dtype == kFp8EdgeType ? Fp8OutputAmax(node) : std::nullopt;
     const bool out_fp8 = request.outputs[0].dtype == kFp8EdgeType;
+    const float out_amax = out_fp8 ? Fp8OutputAmax(node).value_or(0.f) : 0.f;  // 0: none
     auto type = ToBlasType(in_fp8 ? request.outputs[0].dtype : request.inputs[0].dtype);
-    if (!amax || !kn || !type || spec.alpha == 0.f || (out_fp8 && !out_amax)) {
+    if (!amax || !kn || !type || spec.alpha == 0.f || (out_fp8 && out_amax <= 0.f)) {
       return MakeError(ErrorCode::kNoTactic,
                        "node '{}': {} needs a finite positive {} attribute (and {} for an E4M3 "
                        "Y), a constant 2-D float B (input 1), float A and a non-zero alpha",
@@ -463,7 +462,7 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     float scales[3 * kScaleStride] = {};
     scales[0] = Fp8Scale(*amax);
     scales[kScaleStride] = b.scale;
-    scales[2 * kScaleStride] = Fp8InvScale(out_amax.value_or(kFp8E4M3Max));  // 1 without
+    scales[2 * kScaleStride] = out_fp8 ? Fp8InvScale(out_amax) : 1.f;
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory b_q, UploadToDevice(b.packed.data(), b.packed.size()));
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory s, UploadToDevice(scales, sizeof(scales)));
     return std::unique_ptr<Kernel>(std::make_unique<CublasLtFp8Kernel>(
