@@ -282,7 +282,10 @@ class CublasLtFp8Kernel final : public Kernel {
       // cuBLASLt writes Y: the bias (set per run: the views may move), C times beta, the
       // activation.
       void* y = args.outputs[0].data;
-      const void* c = direct_->c_matrix ? args.inputs[2].data : y;
+      // Without a C matrix beta is 0 and C is not read; it may alias D only where C's
+      // descriptor is D's, so an E4M3 Y (an FP16/BF16 C) passes no C at all (cuBLASLt rejects
+      // C == D with two types: CUBLAS_STATUS_INVALID_VALUE, H100).
+      const void* c = direct_->c_matrix ? args.inputs[2].data : out_fp8_ ? nullptr : y;
       const void* bias = direct_->bias ? args.inputs[2].data : nullptr;
       auto misaligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; };
       if (misaligned(y) || misaligned(c) || (bias && misaligned(bias))) {
