@@ -138,6 +138,43 @@ TEST(Int8Sensitivity, LeaveOneOutSeesRangesThatChangeBetweenBatches) {
   EXPECT_LT(one->int8_sensitivity.at("mm"), 3e-2);
 }
 
+// Without the sensitivity (FP8 alone, --int8-tolerance off): the same ranges from the first pass's
+// node runs only, no sensitivity figures.
+TEST(Int8Sensitivity, CalibrationCanSkipItWithTheSameRanges) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, MakeShape({4, 16}));
+  Value *h = g->AddValue("h"), *y = g->AddValue("y");
+  g->AddNode("MatMul", "mm1", {x, g->AddConstant("w1", F32({16, 16}, Random(256, 5, 0.5f)))}, {h});
+  g->AddNode("MatMul", "mm2", {h, g->AddConstant("w2", F32({16, 8}, Random(128, 6, 0.5f)))}, {y});
+  g->MarkOutput(y);
+  ASSERT_TRUE(InferShapes(*g).ok());
+  std::vector<std::map<std::string, Tensor>> data = {{{"x", F32({4, 16}, Random(64, 1, 1.0f))}},
+                                                     {{"x", F32({4, 16}, Random(64, 2, 2.0f))}}};
+  int runs = 0;
+  NodeEvaluator counting = [&](const Node& n, std::span<const Tensor* const> in) {
+    ++runs;
+    return cpu::EvaluateNode(n, in);
+  };
+  auto with =
+      precision::Calibrate(*g, counting, data, precision::CalibrationMethod::kMinMax, 99.99);
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  const int runs_with = runs;
+  runs = 0;
+  auto without = precision::Calibrate(*g, counting, data, precision::CalibrationMethod::kMinMax,
+                                      99.99, /*int8_sensitivity=*/false);
+  ASSERT_TRUE(without.ok()) << without.status().ToString();
+  EXPECT_EQ(runs, 4);  // two nodes, two data sets, one pass (minmax)
+  EXPECT_GT(runs_with, runs);
+  EXPECT_EQ(with->int8_sensitivity.size(), 2u);
+  EXPECT_TRUE(without->int8_sensitivity.empty());
+  EXPECT_EQ(without->int8_all_rel_l2, -1);
+  ASSERT_EQ(with->ranges.size(), without->ranges.size());
+  for (const auto& [name, r] : with->ranges) {
+    EXPECT_EQ(without->ranges.at(name).absmax, r.absmax) << name;
+    EXPECT_EQ(without->ranges.at(name).amax, r.amax) << name;
+  }
+}
+
 // x[4,16] -> MatMul "sensitive" -> h -> MatMul "robust" -> y. The calibration inputs' column 0 is
 // zero and w1's row 0 is 1000x the others: every column's per-channel scale is set by that row,
 // so the weights that matter quantize to zero and "sensitive" alone loses the whole output.

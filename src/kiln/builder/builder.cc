@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -314,8 +315,12 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
                                                                     const Hash128& model_hash,
                                                                     BuildReport& rep) {
   using namespace precision;
-  const std::string key = CalibrationCacheKey(model_hash.Hex(), graph, config.calibration_method,
-                                              config.calibration_percentile);
+  // The INT8 sensitivity is read only by the INT8 fallback (--int8 with a finite tolerance). A
+  // table without it has its own cache key, so that an INT8 build never takes one for its own.
+  const bool sensitivity = config.int8 && std::isfinite(config.int8_tolerance);
+  std::string key = CalibrationCacheKey(model_hash.Hex(), graph, config.calibration_method,
+                                        config.calibration_percentile);
+  if (!sensitivity) key += ";no-int8-sensitivity";
   const std::string& cache = config.calibration_cache_path;
   if (!cache.empty() && std::filesystem::exists(cache)) {
     auto cached = LoadCalibrationCache(cache, key);
@@ -355,9 +360,10 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
     }
   }
   const auto started = std::chrono::steady_clock::now();
-  KILN_ASSIGN_OR_RETURN(CalibrationTable table,
-                        Calibrate(graph, device ? device->AsNodeEvaluator() : ReferenceEvaluator(),
-                                  data, config.calibration_method, config.calibration_percentile));
+  KILN_ASSIGN_OR_RETURN(
+      CalibrationTable table,
+      Calibrate(graph, device ? device->AsNodeEvaluator() : ReferenceEvaluator(), data,
+                config.calibration_method, config.calibration_percentile, sensitivity));
   rep.calibration_batches_run = CalibrationBatchesRun() - before;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -196,7 +196,8 @@ StatusOr<std::map<std::string, Tensor>> EvaluateCalibrationBatch(
 
 StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& evaluate,
                                      std::span<const std::map<std::string, Tensor>> data,
-                                     CalibrationMethod method, double percentile) {
+                                     CalibrationMethod method, double percentile,
+                                     bool int8_sensitivity) {
   // Every float value a node computes is watched; only INT8 candidates' activations need a
   // clipping threshold (histogram), the rest need the absmax (FP16 guard).
   std::vector<std::string> watched;
@@ -240,7 +241,7 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& ev
       auto it = outs.find(name);
       if (it != outs.end()) AbsMaxOf(it->second, &mine[name]);
     }
-    if (!needs_histogram.empty()) activations.push_back(std::move(outs));
+    if (int8_sensitivity && !needs_histogram.empty()) activations.push_back(std::move(outs));
   }
   std::map<std::string, AbsHistogram> hists;
   std::vector<std::map<std::string, AbsHistogram>> set_hists(data.size());

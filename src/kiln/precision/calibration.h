@@ -80,9 +80,13 @@ StatusOr<std::map<std::string, Tensor>> EvaluateCalibrationBatch(
 // Two passes: the first finds each tensor's absmax (the histogram range), the second fills the
 // histograms. Then, when the graph has INT8 candidates, their sensitivity is measured on the first
 // pass's activations (candidates + 1 partial evaluations per data set; sensitivity.h).
+// int8_sensitivity false skips that measurement and keeps no activations (int8_sensitivity stays
+// empty, int8_all_rel_l2 -1): for builds that never read it (FP8 alone, --int8-tolerance off),
+// where it was most of the node runs and every activation of every data set held in memory.
 StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& evaluate,
                                      std::span<const std::map<std::string, Tensor>> data,
-                                     CalibrationMethod method, double percentile);
+                                     CalibrationMethod method, double percentile,
+                                     bool int8_sensitivity = true);
 
 // How many times Calibrate ran a data set through the reference in this process (tests check that
 // a cached build runs none).
