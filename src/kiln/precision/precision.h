@@ -15,6 +15,7 @@
 #include "kiln/ir/graph.h"
 #include "kiln/ops/int8_layer.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/quant_edge.h"
 #include "kiln/precision/calibration.h"
 #include "kiln/precision/sensitivity.h"
 
@@ -28,8 +29,9 @@ inline constexpr std::string_view kInt8InputAmaxAttr = "kiln_int8_input_amax";
 inline constexpr std::string_view kInt8TacticPrefix = "i8-";
 // The FP8 counterpart (--fp8): the calibrated absmax of input 0. The kernel quantizes input 0 to
 // FP8 E4M3 per tensor with scale amax/448 and its constant weights (input 1) per tensor with
-// absmax/448 (backends/fp8_quant.h); inputs and outputs stay float. FP8 tactics are "f8-...".
-inline constexpr std::string_view kFp8InputAmaxAttr = "kiln_fp8_input_amax";
+// absmax/448 (backends/fp8_quant.h); inputs and outputs stay float except on the FP8 edges the
+// builder joins later. The attribute's name is kiln::kFp8InputAmaxAttr (ops/quant_edge.h, which
+// the type rules and the kernels read too). FP8 tactics are "f8-...".
 inline constexpr std::string_view kFp8TacticPrefix = "f8-";
 
 // What the op allows, independent of kernels.
