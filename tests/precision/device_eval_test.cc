@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -242,6 +244,145 @@ TEST_P(DeviceEvaluatorTest, CalibrationOfAZooModelMatchesTheReference) {
   EXPECT_EQ(st.nodes_on_host, 0);
   EXPECT_GT(st.kernel_cache_hits, st.kernels_created);
   EXPECT_GT(st.resident_hits, st.uploads);
+}
+
+// The same with the passes run by the device's graph walk (what the builder does), with and
+// without the sensitivity (which keeps every activation of the first pass on the host).
+TEST_P(DeviceEvaluatorTest, CalibrationThroughTheGraphWalkMatchesTheReference) {
+  MAKE_OR_SKIP(dev);
+  auto graph = ImportOnnxFile(testing::ZooDir("resnet_tiny") + "/model.onnx");
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+  passes::PassOptions po;
+  po.evaluator = cpu::EvaluateNode;
+  ASSERT_TRUE(passes::RunDefaultPasses(**graph, po).ok());
+  auto data = LoadCalibrationData(**graph, {}, testing::ZooDir("resnet_tiny"));
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+
+  for (bool sensitivity : {true, false}) {
+    SCOPED_TRACE(sensitivity ? "with the sensitivity" : "without");
+    auto want = precision::Calibrate(**graph, cpu::EvaluateNode, *data,
+                                     precision::CalibrationMethod::kEntropy, 99.99, sensitivity);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    auto got = precision::Calibrate(**graph, dev->AsNodeEvaluator(), *data,
+                                    precision::CalibrationMethod::kEntropy, 99.99, sensitivity,
+                                    dev->AsGraphStatsEvaluator());
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->ranges.size(), want->ranges.size());
+    for (const auto& [name, r] : want->ranges) {
+      const precision::TensorRange* g = got->Find(name);
+      ASSERT_NE(g, nullptr) << name;
+      EXPECT_NEAR(g->absmax, r.absmax, 1e-5 * std::max(1.0, r.absmax)) << name;
+      EXPECT_NEAR(g->amax, r.amax, 1e-3 * std::max(1.0, r.amax)) << name;
+    }
+    ASSERT_EQ(got->int8_sensitivity.size(), want->int8_sensitivity.size());
+    EXPECT_EQ(got->int8_sensitivity.empty(), !sensitivity);
+    for (const auto& [layer, s] : want->int8_sensitivity) {
+      EXPECT_NEAR(got->int8_sensitivity.at(layer), s, 1e-4 + 1e-3 * s) << layer;
+    }
+  }
+  EXPECT_EQ(dev->stats().nodes_on_host, 0);
+}
+
+// What calibration's passes ask of a whole graph (GraphStatsEvaluator), against the host walk
+// over the reference; a second call reuses the first one's buffers, and on a device only the
+// numbers and the kept values come back.
+TEST_P(DeviceEvaluatorTest, GraphStatsMatchTheHostWalk) {
+  auto g = SmallNet();
+  MAKE_OR_SKIP(dev);
+  ValueStatsRequest request;
+  request.absmax = {"x", "c", "r", "p", "f", "y", "s", "t"};
+  request.keep = {"t", "y"};
+  request.bins = 64;
+  auto want_range = EvaluateValueStats(*g, Feed(7), cpu::EvaluateNode, request);
+  ASSERT_TRUE(want_range.ok()) << want_range.status().ToString();
+  for (const char* name : {"c", "r", "f"}) request.histograms[name] = want_range->absmax.at(name);
+
+  for (uint64_t seed : {7, 8}) {
+    const int64_t downloaded = dev->stats().download_bytes;
+    auto want = EvaluateValueStats(*g, Feed(seed), cpu::EvaluateNode, request);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    auto got = dev->EvaluateStats(*g, Feed(seed), request);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->absmax.size(), 8u);
+    for (const auto& [name, m] : want->absmax) {
+      EXPECT_NEAR(got->absmax.at(name), m, 1e-5 * std::max(1.0, m)) << name;
+    }
+    ASSERT_EQ(got->histograms.size(), 3u);
+    for (const auto& [name, counts] : want->histograms) {
+      const std::vector<double>& h = got->histograms.at(name);
+      ASSERT_EQ(h.size(), 64u) << name;
+      double total = 0, off = 0;
+      for (size_t b = 0; b < h.size(); ++b) {
+        total += h[b];
+        off += std::fabs(h[b] - counts[b]);
+      }
+      // Every element counted (none is NaN here); a value on a bin edge may round to either side.
+      EXPECT_EQ(total, std::accumulate(counts.begin(), counts.end(), 0.0)) << name;
+      EXPECT_LE(off, 4) << name;
+    }
+    ExpectClose(got->kept, want->kept);
+    if (GetParam() != BackendKind::kCpu) {
+      // The two kept values (t: 10 floats, y: 10) and the numbers: 8 absmax slots, 3 x 64 counts.
+      EXPECT_LE(dev->stats().download_bytes - downloaded, 80 + 8 * 4 + 3 * 64 * 8);
+    }
+  }
+  EXPECT_GT(dev->stats().pool_hits, 0);
+  EXPECT_EQ(dev->stats().nodes_on_host, 0);
+}
+
+// The reductions themselves: on values a device computes bit for bit as the host (a copy and
+// casts), NaN, infinities, zeros and values past the range included, the device's absmax and
+// counts equal the host's exactly, in every float type.
+TEST_P(DeviceEvaluatorTest, DeviceReductionsEqualTheHostsExactly) {
+  constexpr int64_t kN = 100003;
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, MakeShape({kN}));
+  Value* a = g->AddValue("a");
+  Value* h = g->AddValue("h");
+  Value* b = g->AddValue("b");
+  g->AddNode("Identity", "copy", {x}, {a});
+  g->AddNode("Cast", "to_f16", {a}, {h})
+      ->mutable_attrs()
+      .Set("to", static_cast<int64_t>(10));  // FLOAT16
+  g->AddNode("Cast", "to_bf16", {a}, {b})
+      ->mutable_attrs()
+      .Set("to", static_cast<int64_t>(16));  // BFLOAT16
+  g->MarkOutput(h);
+  g->MarkOutput(b);
+  ASSERT_TRUE(InferShapes(*g).ok());
+
+  std::vector<float> v = Random(kN, 21, 4.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  v[0] = std::numeric_limits<float>::quiet_NaN();
+  v[1] = inf;
+  v[2] = -inf;
+  v[3] = 0.0f;
+  v[4] = -0.0f;
+  v[5] = 1e-40f;  // subnormal
+  v[6] = 3.0f;    // exactly the range: the last bin
+  v[kN - 1] = -1e30f;
+  std::map<std::string, Tensor> feed = {{"x", F32({kN}, v)}};
+
+  MAKE_OR_SKIP(dev);
+  ValueStatsRequest request;
+  request.absmax = {"x", "a", "h", "b"};
+  request.bins = 2048;
+  for (const char* name : {"a", "h", "b"}) request.histograms[name] = 3.0;
+  auto want = EvaluateValueStats(*g, feed, cpu::EvaluateNode, request);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  auto got = dev->EvaluateStats(*g, feed, request);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->absmax, want->absmax);
+  EXPECT_TRUE(std::isinf(got->absmax.at("a")));
+  for (const char* name : {"a", "h", "b"}) {
+    const std::vector<double>& counts = want->histograms.at(name);
+    EXPECT_EQ(got->histograms.at(name), counts) << name;
+    // NaN and the infinities are not counted (in FP16, -1e30 is one more); 3.0 and the values
+    // past it are in the last bin.
+    const double counted = std::string(name) == "h" ? kN - 4.0 : kN - 3.0;
+    EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), 0.0), counted) << name;
+    EXPECT_GE(counts.back(), 2.0) << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DeviceEvaluatorTest,

@@ -129,6 +129,17 @@ class Backend {
     }
     return OkStatus();
   }
+  // Calibration statistics reduced on the device (backends/device_eval.h), enqueued on `stream`
+  // without synchronising: `n` elements of float type `dtype` at device address x. absmax (device
+  // memory, null: skipped): one uint32 holding a non-negative float's bits, raised to max |x|.
+  // hist (device memory, null: skipped): `bins` uint64 counters over [0, range), range > 0. The
+  // arithmetic is ir/evaluator.h's AccumulateAbsMax/AccumulateAbsHistogram. false: not offered
+  // here (the caller downloads the values and reduces them on the host).
+  virtual StatusOr<bool> AccumulateAbsStats(DataType dtype, const void* x, int64_t n,
+                                            uint32_t* absmax, uint64_t* hist, int bins,
+                                            double range, void* stream) {
+    return false;
+  }
   // Makes the calling thread work on this backend's device: the builder's set-up threads call it
   // before they create kernels (CUDA: the current device is per thread).
   virtual Status BindThread() { return OkStatus(); }

@@ -33,6 +33,7 @@
 #include "kiln/ir/evaluator.h"
 #include "kiln/ir/graph.h"
 #include "kiln/ir/tensor.h"
+#include "kiln/ops/op_schema.h"
 
 namespace kiln {
 
@@ -52,6 +53,7 @@ struct DeviceEvalStats {
   int64_t downloads = 0;
   int64_t download_bytes = 0;
   int64_t evictions = 0;
+  int64_t pool_hits = 0;  // EvaluateStats outputs in a buffer an earlier value gave back
   std::map<std::string, int64_t> host_ops;  // op type -> nodes the reference ran
 };
 
@@ -69,6 +71,16 @@ class DeviceEvaluator {
   StatusOr<std::vector<Tensor>> Evaluate(const Node& node, std::span<const Tensor* const> inputs);
   // A NodeEvaluator that calls Evaluate; valid while this object lives.
   NodeEvaluator AsNodeEvaluator();
+
+  // A whole graph for its statistics (ir/evaluator.h's GraphStatsEvaluator, what calibration's
+  // passes ask): values stay on the device from their producer to their last reader, in buffers
+  // reused from one value to the next, and are reduced there (Backend::AccumulateAbsStats). Only
+  // the numbers, the kept values, small integer operands and what a host node or a shape needs
+  // are downloaded. The feed and the constants stay resident between calls. Gives what
+  // EvaluateValueStats over Evaluate gives, up to the device's FP32 rounding.
+  StatusOr<ValueStats> EvaluateStats(const Graph& graph, const std::map<std::string, Tensor>& feed,
+                                     const ValueStatsRequest& request);
+  GraphStatsEvaluator AsGraphStatsEvaluator();
 
   BackendKind kind() const { return kind_; }
   const DeviceEvalStats& stats() const { return stats_; }
@@ -91,7 +103,18 @@ class DeviceEvaluator {
     std::vector<std::shared_ptr<const void>> constants;  // what the key's pointers name
     std::vector<Tensor> constant_copies;                 // request.constant targets
     std::unique_ptr<KernelRequest> request;
+    bool prepared = false;
   };
+  // An operand as FindKernel sees it: `host` when its values are at hand (constants, host
+  // values), passed to the kernel as a constant when `as_constant`.
+  struct Operand {
+    bool present = false;
+    DataType dtype = DataType::kUndefined;
+    std::vector<int64_t> dims;
+    const Tensor* host = nullptr;
+    bool as_constant = false;
+  };
+  struct WalkValue;
 
   DeviceEvaluator(BackendKind kind, Backend* backend, DeviceHandle stream,
                   DeviceEvalOptions options);
@@ -101,6 +124,17 @@ class DeviceEvaluator {
   void Keep(const Tensor& t, DeviceBuffer device);
   void MakeRoom(size_t bytes);
   StatusOr<std::vector<Tensor>> OnHost(const Node& node, std::span<const Tensor* const> inputs);
+  // The cached kernel for these operands, created on first use; nullptr: no device kernel.
+  StatusOr<CachedKernel*> FindKernel(const Node& node, std::span<const Operand> operands,
+                                     const std::vector<ConcreteOutput>& out_info);
+  // Prepares the kernel on its first run (workspace), then enqueues it.
+  Status RunKernel(const Node& node, CachedKernel& cached, std::span<const TensorView> in_views,
+                   std::span<const TensorView> out_views);
+  // EvaluateStats' output buffers: an exact-size one given back earlier, else a new one.
+  StatusOr<DeviceBuffer> TakeBuffer(size_t bytes);
+  void GiveBack(DeviceBuffer buf);
+  StatusOr<const Tensor*> HostOf(WalkValue& v);  // downloads once
+  StatusOr<void*> DeviceOf(WalkValue& v);
 
   BackendKind kind_;
   Backend* backend_;
@@ -113,6 +147,8 @@ class DeviceEvaluator {
   std::unordered_map<std::string, CachedKernel> kernels_;
   std::unordered_set<const void*> pinned_;  // operands of the node being run: never evicted
   std::vector<DeviceBuffer> scratch_;       // uploads of tensors without a storage to hold
+  std::unordered_multimap<size_t, DeviceBuffer> pool_;  // by size, bounded by max_resident_bytes
+  size_t pool_bytes_ = 0;
 };
 
 }  // namespace kiln

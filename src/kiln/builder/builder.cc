@@ -363,15 +363,17 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
   KILN_ASSIGN_OR_RETURN(
       CalibrationTable table,
       Calibrate(graph, device ? device->AsNodeEvaluator() : ReferenceEvaluator(), data,
-                config.calibration_method, config.calibration_percentile, sensitivity));
+                config.calibration_method, config.calibration_percentile, sensitivity,
+                device ? device->AsGraphStatsEvaluator() : GraphStatsEvaluator()));
   rep.calibration_batches_run = CalibrationBatchesRun() - before;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::string where = "the CPU reference";
   if (device) {
     const DeviceEvalStats& st = device->stats();
-    where = fmt::format("{}: {} node runs, {} on the host", ToString(device->kind()),
-                        st.nodes_on_device + st.nodes_on_host, st.nodes_on_host);
+    where = fmt::format("{}: {} node runs, {} on the host, {} MB downloaded",
+                        ToString(device->kind()), st.nodes_on_device + st.nodes_on_host,
+                        st.nodes_on_host, (st.download_bytes + (1 << 19)) >> 20);
   }
   rep.calibration =
       fmt::format("calibrated ({}, {} data set(s) from '{}', on {}, {:.1f} s)",

@@ -1,6 +1,8 @@
 // The one graph walker over a NodeEvaluator: inputs, then each node in topological order.
 #include "kiln/ir/evaluator.h"
 
+#include <algorithm>
+#include <cmath>
 #include <unordered_map>
 
 namespace kiln {
@@ -62,6 +64,106 @@ StatusOr<std::map<std::string, Tensor>> EvaluateGraphOutputs(
     }
   }
   return result;
+}
+
+StatusOr<ValueStats> EvaluateValueStats(const Graph& graph,
+                                        const std::map<std::string, Tensor>& feed,
+                                        const NodeEvaluator& evaluate,
+                                        const ValueStatsRequest& request) {
+  if (!evaluate) return MakeError(ErrorCode::kInternal, "no node evaluator was given");
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  std::unordered_map<const Value*, int64_t> readers;
+  for (const Node* node : order) {
+    for (const Value* v : node->inputs()) {
+      if (v && !v->constant()) ++readers[v];
+    }
+  }
+  ValueStats stats;
+  auto observe = [&](const Value& v, const Tensor& t) {
+    const std::string& name = v.name();
+    if (IsFloat(t.dtype()) && request.absmax.contains(name)) {
+      AccumulateAbsMax(t, &stats.absmax[name]);
+    }
+    if (auto h = request.histograms.find(name);
+        h != request.histograms.end() && IsFloat(t.dtype())) {
+      std::vector<double>& counts = stats.histograms[name];
+      counts.assign(static_cast<size_t>(std::max(request.bins, 1)), 0.0);
+      AccumulateAbsHistogram(t, h->second, counts);
+    }
+    if (request.keep_all || request.keep.contains(name)) stats.kept[name] = t;
+  };
+  // Values still to be read, dropped after their last reader.
+  std::unordered_map<const Value*, Tensor> live;
+  for (const Value* in : graph.inputs()) {
+    auto it = feed.find(in->name());
+    if (it == feed.end()) {
+      return MakeError(ErrorCode::kInputCountMismatch, "no value given for graph input '{}'",
+                       in->name());
+    }
+    observe(*in, it->second);
+    if (readers[in] > 0) live[in] = it->second;
+  }
+  std::vector<const Tensor*> ins;
+  for (const Node* node : order) {
+    ins.clear();
+    for (const Value* v : node->inputs()) {
+      if (!v) {
+        ins.push_back(nullptr);
+      } else if (v->constant()) {
+        ins.push_back(v->constant());
+      } else if (auto it = live.find(v); it != live.end()) {
+        ins.push_back(&it->second);
+      } else {
+        return MakeError(ErrorCode::kUndefinedValue, "value '{}' read by '{}' was never computed",
+                         v->name(), node->name());
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, evaluate(*node, ins));
+    for (size_t i = 0; i < outs.size() && i < node->num_outputs(); ++i) {
+      const Value* v = node->output(i);
+      if (!v) continue;
+      observe(*v, outs[i]);
+      if (readers[v] > 0) live[v] = std::move(outs[i]);
+    }
+    for (const Value* v : node->inputs()) {
+      if (v && !v->constant() && --readers[v] == 0) live.erase(v);
+    }
+  }
+  return stats;
+}
+
+void AccumulateAbsMax(const Tensor& t, double* absmax) {
+  const int64_t n = t.num_elements();
+  double m = *absmax;
+  if (t.dtype() == DataType::kFloat32) {
+    const float* x = t.data<float>();
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(std::fabs(x[i])));
+  } else {
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(t.GetDouble(i)));
+  }
+  *absmax = m;
+}
+
+void AccumulateAbsHistogram(std::span<const float> values, double range, std::span<double> counts) {
+  if (counts.empty()) return;
+  if (!(range > 0)) {
+    counts[0] += static_cast<double>(values.size());
+    return;
+  }
+  const auto bins = static_cast<size_t>(counts.size());
+  const double scale = static_cast<double>(bins) / range;
+  for (float v : values) {
+    const double a = std::fabs(static_cast<double>(v));
+    if (!std::isfinite(a)) continue;
+    const double x = a * scale;  // >= 0; compared before the conversion, which could overflow
+    counts[x >= static_cast<double>(bins - 1) ? bins - 1 : static_cast<size_t>(x)] += 1;
+  }
+}
+
+void AccumulateAbsHistogram(const Tensor& t, double range, std::span<double> counts) {
+  const Tensor f = t.dtype() == DataType::kFloat32 ? t : t.CastTo(DataType::kFloat32);
+  AccumulateAbsHistogram(std::span(f.data<float>(), static_cast<size_t>(f.num_elements())), range,
+                         counts);
 }
 
 }  // namespace kiln

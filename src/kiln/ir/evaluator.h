@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,5 +34,41 @@ StatusOr<std::map<std::string, Tensor>> EvaluateAllValues(const Graph& graph,
 // The same, returning the graph outputs only (constant outputs included), by name.
 StatusOr<std::map<std::string, Tensor>> EvaluateGraphOutputs(
     const Graph& graph, const std::map<std::string, Tensor>& inputs, const NodeEvaluator& evaluate);
+
+// Statistics of a graph's values over one run, for calibration, without keeping the values:
+// an evaluator that computes on a device reduces them there and downloads only the numbers.
+struct ValueStatsRequest {
+  std::set<std::string> absmax;  // max |x| (NaN skipped, infinities counted)
+  // name -> range: histogram of |x| over [0, range) in `bins` bins (AccumulateAbsHistogram).
+  std::map<std::string, double> histograms;
+  int bins = 2048;
+  std::set<std::string> keep;  // returned as host tensors (graph inputs and outputs included)
+  bool keep_all = false;       // every value, as EvaluateAllValues returns them
+};
+struct ValueStats {
+  std::map<std::string, double> absmax;                   // a requested name absent: not computed
+  std::map<std::string, std::vector<double>> histograms;  // `bins` counts each
+  std::map<std::string, Tensor> kept;
+};
+// Runs a graph once on a feed and returns the statistics asked for.
+using GraphStatsEvaluator = std::function<StatusOr<ValueStats>(
+    const Graph&, const std::map<std::string, Tensor>& feed, const ValueStatsRequest&)>;
+
+// The host implementation over a NodeEvaluator: each value is reduced as it is computed and
+// dropped after its last reader, unless kept.
+StatusOr<ValueStats> EvaluateValueStats(const Graph& graph,
+                                        const std::map<std::string, Tensor>& feed,
+                                        const NodeEvaluator& evaluate,
+                                        const ValueStatsRequest& request);
+
+// The reductions, shared by every implementation (a device one computes the same numbers):
+// *absmax = max(*absmax, |x|) over the elements (NaN skipped: std::max keeps the first operand).
+void AccumulateAbsMax(const Tensor& t, double* absmax);
+// |x| of each finite element falls in bin floor(|x| * (bins / range)) in double arithmetic,
+// bins - 1 at and past it; non-finite elements are skipped. range <= 0 (or NaN) puts every
+// element, finite or not, in bin 0.
+void AccumulateAbsHistogram(std::span<const float> values, double range, std::span<double> counts);
+// The same for a float tensor of any float type (converted to float32 first).
+void AccumulateAbsHistogram(const Tensor& t, double range, std::span<double> counts);
 
 }  // namespace kiln

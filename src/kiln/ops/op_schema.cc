@@ -81,8 +81,13 @@ StatusOr<std::vector<ConcreteOutput>> InferNodeOnTensors(const Node& node,
     in_info[i].constant = inputs[i];
     in_ptrs[i] = &in_info[i];
   }
+  return InferNodeOnOperands(node, in_ptrs);
+}
+
+StatusOr<std::vector<ConcreteOutput>> InferNodeOnOperands(
+    const Node& node, std::span<const ValueInfo* const> inputs) {
   std::vector<ValueInfo> out_info(node.num_outputs());
-  KILN_RETURN_IF_ERROR(InferNode(node, in_ptrs, out_info));
+  KILN_RETURN_IF_ERROR(InferNode(node, inputs, out_info));
   // Data-dependent outputs are allocated at their bounds and cut to what the kernel reports.
   KILN_RETURN_IF_ERROR(BindDataDependentDims(node, out_info, {}));
   std::vector<ConcreteOutput> outputs;

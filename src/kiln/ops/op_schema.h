@@ -171,6 +171,12 @@ struct ConcreteOutput {
 };
 StatusOr<std::vector<ConcreteOutput>> InferNodeOnTensors(const Node& node,
                                                          std::span<const Tensor* const> inputs);
+// The same where some operands' values are not at hand (a device evaluator's values): each
+// present input's dtype and static shape, with its `constant` where the values are known. An
+// output whose shape needs an unknown value is an error (the caller fetches the values and asks
+// again).
+StatusOr<std::vector<ConcreteOutput>> InferNodeOnOperands(const Node& node,
+                                                          std::span<const ValueInfo* const> inputs);
 
 // Helpers for rules.
 // Numpy-style broadcast of two shapes; error names both shapes.

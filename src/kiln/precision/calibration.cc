@@ -102,17 +102,6 @@ double PercentileAmax(const AbsHistogram& hist, double percentile) {
   return hist.range;
 }
 
-void AbsMaxOf(const Tensor& t, double* absmax) {
-  const int64_t n = t.num_elements();
-  double m = *absmax;
-  if (t.dtype() == DataType::kFloat32) {
-    const float* x = t.data<float>();
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(std::fabs(x[i])));
-  } else {
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(t.GetDouble(i)));
-  }
-  *absmax = m;
-}
 }  // namespace
 
 std::string_view ToString(CalibrationMethod method) {
@@ -138,17 +127,7 @@ StatusOr<CalibrationMethod> ParseCalibrationMethod(std::string_view text) {
 }
 
 void AbsHistogram::Add(std::span<const float> values) {
-  if (!(range > 0)) {
-    counts[0] += static_cast<double>(values.size());
-    return;
-  }
-  const double scale = kBins / range;
-  for (float v : values) {
-    double a = std::fabs(static_cast<double>(v));
-    if (!std::isfinite(a)) continue;
-    auto b = static_cast<int64_t>(a * scale);
-    counts[static_cast<size_t>(std::clamp<int64_t>(b, 0, kBins - 1))] += 1;
-  }
+  AccumulateAbsHistogram(values, range, counts);
 }
 
 double AmaxFromHistogram(const AbsHistogram& hist, CalibrationMethod method, double percentile) {
@@ -174,16 +153,20 @@ double ComputeAmax(std::span<const float> values, CalibrationMethod method, doub
 
 int64_t CalibrationBatchesRun() { return g_batches_run.load(); }
 
-StatusOr<std::map<std::string, Tensor>> EvaluateCalibrationBatch(
-    const Graph& graph, const std::map<std::string, Tensor>& feed, const NodeEvaluator& evaluate) {
+namespace {
+Status CheckFeed(const Graph& graph, const std::map<std::string, Tensor>& feed) {
   for (const Value* in : graph.inputs()) {
     if (!feed.count(in->name())) {
       return MakeError(ErrorCode::kCalibrationInputInvalid,
                        "calibration data has no value for model input '{}'", in->name());
     }
   }
-  auto in_context = [&](const Node& node,
-                        std::span<const Tensor* const> ins) -> StatusOr<std::vector<Tensor>> {
+  return OkStatus();
+}
+
+NodeEvaluator InCalibrationContext(const NodeEvaluator& evaluate) {
+  return [&evaluate](const Node& node,
+                     std::span<const Tensor* const> ins) -> StatusOr<std::vector<Tensor>> {
     auto results = evaluate(node, ins);
     if (!results.ok()) {
       return std::move(results).status().AddContext(
@@ -191,72 +174,90 @@ StatusOr<std::map<std::string, Tensor>> EvaluateCalibrationBatch(
     }
     return results;
   };
-  return EvaluateAllValues(graph, feed, in_context);
+}
+}  // namespace
+
+StatusOr<std::map<std::string, Tensor>> EvaluateCalibrationBatch(
+    const Graph& graph, const std::map<std::string, Tensor>& feed, const NodeEvaluator& evaluate) {
+  KILN_RETURN_IF_ERROR(CheckFeed(graph, feed));
+  return EvaluateAllValues(graph, feed, InCalibrationContext(evaluate));
 }
 
 StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& evaluate,
                                      std::span<const std::map<std::string, Tensor>> data,
                                      CalibrationMethod method, double percentile,
-                                     bool int8_sensitivity) {
+                                     bool int8_sensitivity,
+                                     const GraphStatsEvaluator& graph_stats) {
   // Every float value a node computes is watched; only INT8 candidates' activations need a
   // clipping threshold (histogram), the rest need the absmax (FP16 guard).
-  std::vector<std::string> watched;
+  std::set<std::string> watched;
   std::set<std::string> needs_histogram;
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
   for (const Node* node : order) {
     for (const Value* v : node->outputs()) {
-      if (v && IsFloat(v->dtype())) watched.push_back(v->name());
+      if (v && IsFloat(v->dtype())) watched.insert(v->name());
     }
     if (IsInt8Candidate(*node) && node->input(0)) needs_histogram.insert(node->input(0)->name());
   }
   for (const Value* v : graph.inputs()) {
-    if (IsFloat(v->dtype())) watched.push_back(v->name());
+    if (IsFloat(v->dtype())) watched.insert(v->name());
   }
-  std::sort(watched.begin(), watched.end());
-  watched.erase(std::unique(watched.begin(), watched.end()), watched.end());
 
   CalibrationTable table;
   table.method = method;
   table.percentile = percentile;
   table.data_sets = static_cast<int64_t>(data.size());
-  std::map<std::string, double> absmax;
-  auto run =
-      [&](const std::map<std::string, Tensor>& feed) -> StatusOr<std::map<std::string, Tensor>> {
+  const NodeEvaluator in_context = InCalibrationContext(evaluate);
+  // One data set through the graph: its statistics, reduced where it ran (graph_stats: on the
+  // device), each value dropped after its last reader unless kept.
+  auto run = [&](const std::map<std::string, Tensor>& feed,
+                 const ValueStatsRequest& request) -> StatusOr<ValueStats> {
+    KILN_RETURN_IF_ERROR(CheckFeed(graph, feed));
     g_batches_run.fetch_add(1);
-    return EvaluateCalibrationBatch(graph, feed, evaluate);
+    if (!graph_stats) return EvaluateValueStats(graph, feed, in_context, request);
+    auto stats = graph_stats(graph, feed, request);
+    if (!stats.ok()) return std::move(stats).status().AddContext("while calibrating");
+    return stats;
   };
-  // The first pass's activations are kept when there are INT8 candidates: the sensitivity
-  // analysis re-evaluates only what lies downstream of a quantized layer.
+  // The first pass finds each value's absmax. Its activations are kept when the INT8 sensitivity
+  // is measured: that analysis re-evaluates only what lies downstream of a quantized layer.
+  ValueStatsRequest first;
+  first.absmax = watched;
+  first.absmax.insert(needs_histogram.begin(), needs_histogram.end());
+  first.keep_all = int8_sensitivity && !needs_histogram.empty();
+  std::map<std::string, double> absmax;
   std::vector<std::map<std::string, Tensor>> activations;
   // Per data set statistics of the candidates' inputs, for the leave-one-out scales below.
   std::vector<std::map<std::string, double>> set_absmax;
   for (const auto& feed : data) {
-    KILN_ASSIGN_OR_RETURN(auto outs, run(feed));
-    for (const std::string& name : watched) {
-      auto it = outs.find(name);
-      if (it != outs.end()) AbsMaxOf(it->second, &absmax[name]);
+    KILN_ASSIGN_OR_RETURN(ValueStats stats, run(feed, first));
+    for (const auto& [name, m] : stats.absmax) {
+      if (watched.contains(name)) absmax[name] = std::max(absmax[name], m);
     }
     auto& mine = set_absmax.emplace_back();
     for (const std::string& name : needs_histogram) {
-      auto it = outs.find(name);
-      if (it != outs.end()) AbsMaxOf(it->second, &mine[name]);
+      if (auto it = stats.absmax.find(name); it != stats.absmax.end()) mine[name] = it->second;
     }
-    if (int8_sensitivity && !needs_histogram.empty()) activations.push_back(std::move(outs));
+    if (first.keep_all) activations.push_back(std::move(stats.kept));
   }
+  // The second fills the candidates' histograms over [0, absmax of every set).
   std::map<std::string, AbsHistogram> hists;
   std::vector<std::map<std::string, AbsHistogram>> set_hists(data.size());
   if (method != CalibrationMethod::kMinMax && !needs_histogram.empty()) {
-    for (const std::string& name : needs_histogram) hists[name].range = absmax[name];
+    ValueStatsRequest second;
+    second.bins = AbsHistogram::kBins;
+    for (const std::string& name : needs_histogram) {
+      hists[name].range = absmax[name];
+      second.histograms[name] = absmax[name];  // one binning for all sets, so that they add up
+    }
     for (size_t set = 0; set < data.size(); ++set) {
-      KILN_ASSIGN_OR_RETURN(auto outs, run(data[set]));
+      KILN_ASSIGN_OR_RETURN(ValueStats stats, run(data[set], second));
       for (auto& [name, hist] : hists) {
-        auto it = outs.find(name);
-        if (it == outs.end()) continue;
-        Tensor f = it->second.dtype() == DataType::kFloat32 ? it->second
-                                                            : it->second.CastTo(DataType::kFloat32);
+        auto it = stats.histograms.find(name);
+        if (it == stats.histograms.end() || it->second.size() != hist.counts.size()) continue;
         AbsHistogram& h = set_hists[set][name];
-        h.range = hist.range;  // one binning for all sets, so that they add up
-        h.Add(std::span(f.data<float>(), static_cast<size_t>(f.num_elements())));
+        h.range = hist.range;
+        h.counts = std::move(it->second);
         for (int b = 0; b < AbsHistogram::kBins; ++b) hist.counts[b] += h.counts[b];
       }
     }

@@ -14,6 +14,8 @@
 
 #include "kiln/backends/backend.h"
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/backends/cuda/cuda_kernel.h"
+#include "kiln/backends/cuda/cuda_launch_more.h"
 #include "kiln/core/logging.h"
 #include "kiln/core/params.h"
 #include "kiln/core/thread_pool.h"
@@ -170,6 +172,18 @@ class CudaBackend final : public Backend {
   }
   Status CopyToHost(void* dst, const void* src, size_t bytes, void* stream) override {
     return Copy(dst, src, bytes, cudaMemcpyDeviceToHost, stream);
+  }
+  StatusOr<bool> AccumulateAbsStats(DataType dtype, const void* x, int64_t n, uint32_t* absmax,
+                                    uint64_t* hist, int bins, double range, void* stream) override {
+    if (dtype != DataType::kFloat32 && dtype != DataType::kFloat16 &&
+        dtype != DataType::kBFloat16) {
+      return false;
+    }
+    if (hist && !(range > 0)) return false;  // the host's rule: every element in bin 0
+    KILN_CUDA_RETURN_IF_ERROR(cuda::LaunchAbsStats(*cuda::ToElem(dtype), x, n, absmax,
+                                                   reinterpret_cast<unsigned long long*>(hist),
+                                                   bins, range, static_cast<cudaStream_t>(stream)));
+    return true;
   }
   Status BindThread() override {
     KILN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));

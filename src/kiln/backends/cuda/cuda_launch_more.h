@@ -77,6 +77,15 @@ cudaError_t LaunchIsNanInf(Elem t, bool nan, bool detect_positive, bool detect_n
 cudaError_t LaunchArgReduce(Elem t, bool is_max, bool select_last, const void* x, int64_t* y,
                             int64_t outer, int64_t n, int64_t inner, cudaStream_t stream);
 
+// ---- calib_stats.cu ---------------------------------------------------------------------------
+// Calibration statistics of n float elements (f32/f16/bf16), accumulated on the device: absmax
+// (null: skipped) is one uint32 holding a non-negative float's bits, raised to max |x| (NaN
+// skipped, infinities counted); hist (null: skipped) is `bins` counters, each finite |x| adding 1
+// to bin floor(|x| * (bins / range)) in double arithmetic, bins - 1 at and past it (range > 0,
+// bins <= 12288).
+cudaError_t LaunchAbsStats(Elem t, const void* x, int64_t n, uint32_t* absmax,
+                           unsigned long long* hist, int bins, double range, cudaStream_t stream);
+
 // ---- cumsum.cu --------------------------------------------------------------------------------
 // Inclusive or exclusive prefix sums of [outer, n, inner] along n, optionally from the end.
 // FP32 accumulation for floats; integers in their own type.

@@ -1,0 +1,84 @@
+// Calibration statistics on the device (Backend::AccumulateAbsStats): max |x| and the histogram
+// of |x| of a float tensor, reduced where the value was computed so that calibration downloads a
+// few numbers instead of every activation. The arithmetic is ir/evaluator.h's
+// AccumulateAbsMax/AccumulateAbsHistogram, so the host and the device give the same counts.
+#include <cstdint>
+
+#include "kiln/backends/cuda/cuda_launch_more.h"
+#include "kiln/backends/cuda/device_util.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// |x| of a non-NaN float orders as its bits (sign cleared), infinity last: an unsigned atomicMax
+// on the bits is a max on the values.
+template <typename T>
+__global__ void AbsMaxKernel(const T* __restrict__ x, int64_t n, uint32_t* __restrict__ absmax) {
+  uint32_t m = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = fabsf(static_cast<float>(Load(x[i])));
+    if (!isnan(v)) m = max(m, __float_as_uint(v));
+  }
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0 && m) atomicMax(absmax, m);
+}
+
+// Per-block counts in shared memory, added to the global counters once per block.
+template <typename T>
+__global__ void AbsHistogramKernel(const T* __restrict__ x, int64_t n, int bins, double scale,
+                                   unsigned long long* __restrict__ hist) {
+  extern __shared__ unsigned int local[];
+  for (int b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
+  __syncthreads();
+  const double last = static_cast<double>(bins - 1);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double a = fabs(static_cast<double>(Load(x[i])));
+    if (isnan(a) || isinf(a)) continue;
+    const double v = a * scale;
+    atomicAdd(&local[v >= last ? bins - 1 : static_cast<int>(v)], 1u);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+    if (local[b]) atomicAdd(&hist[b], static_cast<unsigned long long>(local[b]));
+  }
+}
+
+template <typename F>
+cudaError_t DispatchFloat(Elem t, F&& f) {
+  switch (t) {
+    case Elem::kF32:
+      return f(float{});
+    case Elem::kF16:
+      return f(__half{});
+    case Elem::kBF16:
+      return f(__nv_bfloat16{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchAbsStats(Elem t, const void* x, int64_t n, uint32_t* absmax,
+                           unsigned long long* hist, int bins, double range, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  // Shared-memory counters: at most 48 KiB without opting in.
+  if (hist && (bins < 1 || bins > 12 * 1024 || !(range > 0))) return cudaErrorInvalidValue;
+  return DispatchFloat(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = static_cast<const T*>(x);
+    if (absmax) AbsMaxKernel<T><<<GridFor(n, kThreads), kThreads, 0, stream>>>(px, n, absmax);
+    if (hist) {
+      const size_t shared = static_cast<size_t>(bins) * sizeof(unsigned int);
+      AbsHistogramKernel<T><<<GridFor(n, kThreads), kThreads, shared, stream>>>(
+          px, n, bins, static_cast<double>(bins) / range, hist);
+    }
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace kiln::cuda
