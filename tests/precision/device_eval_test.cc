@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -332,7 +333,8 @@ TEST_P(DeviceEvaluatorTest, GraphStatsMatchTheHostWalk) {
 
 // The reductions themselves: on values a device computes bit for bit as the host (a copy and
 // casts), NaN, infinities, zeros and values past the range included, the device's absmax and
-// counts equal the host's exactly, in every float type.
+// counts equal the host's exactly, in every float type, and so does the INT8 sensitivity's
+// quantize-dequantize.
 TEST_P(DeviceEvaluatorTest, DeviceReductionsEqualTheHostsExactly) {
   constexpr int64_t kN = 100003;
   auto g = std::make_unique<Graph>();
@@ -347,6 +349,14 @@ TEST_P(DeviceEvaluatorTest, DeviceReductionsEqualTheHostsExactly) {
   g->AddNode("Cast", "to_bf16", {a}, {b})
       ->mutable_attrs()
       .Set("to", static_cast<int64_t>(16));  // BFLOAT16
+  // The INT8 sensitivity's quantized operand: the copy's input quantized with amax 2.5 (so 3.0 and
+  // past it saturate), in FP32 and FP16.
+  Value* q = g->AddValue("q");
+  Value* qh = g->AddValue("qh");
+  const Node* fq = g->AddNode("Identity", "fq", {a}, {q});
+  const Node* fqh = g->AddNode("Identity", "fqh", {h}, {qh});
+  g->MarkOutput(q);
+  g->MarkOutput(qh);
   g->MarkOutput(h);
   g->MarkOutput(b);
   ASSERT_TRUE(InferShapes(*g).ok());
@@ -368,12 +378,24 @@ TEST_P(DeviceEvaluatorTest, DeviceReductionsEqualTheHostsExactly) {
   request.absmax = {"x", "a", "h", "b"};
   request.bins = 2048;
   for (const char* name : {"a", "h", "b"}) request.histograms[name] = 3.0;
+  request.keep = {"q", "qh"};
+  request.overrides[fq].int8_amax = 2.5f;
+  request.overrides[fqh].int8_amax = 2.5f;
   auto want = EvaluateValueStats(*g, feed, cpu::EvaluateNode, request);
   ASSERT_TRUE(want.ok()) << want.status().ToString();
   auto got = dev->EvaluateStats(*g, feed, request);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(got->absmax, want->absmax);
   EXPECT_TRUE(std::isinf(got->absmax.at("a")));
+  for (const char* name : {"q", "qh"}) {
+    const Tensor& w = want->kept.at(name);
+    const Tensor& d = got->kept.at(name);
+    ASSERT_EQ(d.dtype(), w.dtype()) << name;
+    ASSERT_EQ(d.size_bytes(), w.size_bytes()) << name;
+    EXPECT_EQ(std::memcmp(d.raw(), w.raw(), w.size_bytes()), 0) << name;
+  }
+  EXPECT_FLOAT_EQ(want->kept.at("q").ToFloatVector()[0], 2.5f);  // NaN saturates to 127 * scale
+  EXPECT_FLOAT_EQ(want->kept.at("q").ToFloatVector()[kN - 1], -2.5f);
   for (const char* name : {"a", "h", "b"}) {
     const std::vector<double>& counts = want->histograms.at(name);
     EXPECT_EQ(got->histograms.at(name), counts) << name;

@@ -138,6 +138,68 @@ TEST(Int8Sensitivity, LeaveOneOutSeesRangesThatChangeBetweenBatches) {
   EXPECT_LT(one->int8_sensitivity.at("mm"), 3e-2);
 }
 
+// Whole-graph reruns with the layers' operands quantized (what a device evaluator does) give the
+// partial evaluations' figures: here over the host walk, where both compute the same numbers.
+TEST(Int8Sensitivity, RerunsGiveThePartialEvaluationsFigures) {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, MakeShape({4, 16}));
+  Value *h = g->AddValue("h"), *r = g->AddValue("r"), *y = g->AddValue("y");
+  Value* side = g->AddValue("side");
+  g->AddNode("MatMul", "mm1", {x, g->AddConstant("w1", F32({16, 16}, Random(256, 5, 0.5f)))}, {h});
+  g->AddNode("Relu", "relu", {h}, {r});
+  g->AddNode("MatMul", "mm2", {r, g->AddConstant("w2", F32({16, 8}, Random(128, 6, 0.5f)))}, {y});
+  g->AddNode("Sigmoid", "side", {h}, {side});  // a second output, not downstream of mm2
+  g->MarkOutput(y);
+  g->MarkOutput(side);
+  ASSERT_TRUE(InferShapes(*g).ok());
+  std::vector<std::map<std::string, Tensor>> data = {{{"x", F32({4, 16}, Random(64, 1, 1.0f))}},
+                                                     {{"x", F32({4, 16}, Random(64, 2, 3.0f))}}};
+  auto table = precision::Calibrate(*g, cpu::EvaluateNode, data,
+                                    precision::CalibrationMethod::kEntropy, 99.99);
+  ASSERT_TRUE(table.ok()) << table.status().ToString();
+  std::vector<std::map<std::string, Tensor>> activations, outputs;
+  for (const auto& feed : data) {
+    auto values = precision::EvaluateCalibrationBatch(*g, feed, cpu::EvaluateNode);
+    ASSERT_TRUE(values.ok());
+    outputs.push_back({{"y", values->at("y")}, {"side", values->at("side")}});
+    activations.push_back(std::move(*values));
+  }
+  std::vector<std::map<std::string, double>> held_out = {{{"x", 2.5}, {"r", 4.0}},
+                                                         {{"x", 1.5}, {"r", 2.0}}};
+  auto partial =
+      precision::MeasureInt8Sensitivity(*g, cpu::EvaluateNode, activations, *table, held_out);
+  ASSERT_TRUE(partial.ok()) << partial.status().ToString();
+  GraphStatsEvaluator host_walk = [](const Graph& graph, const std::map<std::string, Tensor>& feed,
+                                     const ValueStatsRequest& request) {
+    return EvaluateValueStats(graph, feed, cpu::EvaluateNode, request);
+  };
+  auto rerun =
+      precision::MeasureInt8SensitivityByRerun(*g, host_walk, data, outputs, *table, held_out);
+  ASSERT_TRUE(rerun.ok()) << rerun.status().ToString();
+  ASSERT_EQ(partial->layers.size(), 2u);
+  ASSERT_EQ(rerun->layers.size(), 2u);
+  for (const auto& [layer, e] : partial->layers) {
+    EXPECT_GT(e, 1e-4) << layer;  // quantization moved the outputs
+    EXPECT_NEAR(rerun->layers.at(layer), e, 1e-12) << layer;
+  }
+  EXPECT_NEAR(rerun->all_int8, partial->all_int8, 1e-12);
+  EXPECT_EQ(rerun->evaluations, partial->evaluations);
+
+  // Calibrate with the walk takes that path and agrees with the one without.
+  auto walked = precision::Calibrate(
+      *g, cpu::EvaluateNode, data, precision::CalibrationMethod::kEntropy, 99.99, true, host_walk);
+  ASSERT_TRUE(walked.ok()) << walked.status().ToString();
+  ASSERT_EQ(walked->int8_sensitivity.size(), table->int8_sensitivity.size());
+  for (const auto& [layer, e] : table->int8_sensitivity) {
+    EXPECT_NEAR(walked->int8_sensitivity.at(layer), e, 1e-12) << layer;
+  }
+  EXPECT_NEAR(walked->int8_all_rel_l2, table->int8_all_rel_l2, 1e-12);
+  // Bad arguments are an internal error, not a wrong answer.
+  EXPECT_EQ(
+      precision::MeasureInt8SensitivityByRerun(*g, host_walk, data, {}, *table).status().code(),
+      ErrorCode::kInternal);
+}
+
 // Without the sensitivity (FP8 alone, --int8-tolerance off): the same ranges from the first pass's
 // node runs only, no sensitivity figures.
 TEST(Int8Sensitivity, CalibrationCanSkipItWithTheSameRanges) {

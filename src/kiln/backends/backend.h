@@ -140,6 +140,12 @@ class Backend {
                                             double range, void* stream) {
     return false;
   }
+  // y = ir/evaluator.h's FakeQuantizeInt8(x, amax) for `n` elements of float type `dtype`, device
+  // memory, enqueued on `stream` (the INT8 sensitivity run on the device). false: not offered.
+  virtual StatusOr<bool> FakeQuantizeInt8(DataType dtype, const void* x, void* y, int64_t n,
+                                          float amax, void* stream) {
+    return false;
+  }
   // Makes the calling thread work on this backend's device: the builder's set-up threads call it
   // before they create kernels (CUDA: the current device is per thread).
   virtual Status BindThread() { return OkStatus(); }

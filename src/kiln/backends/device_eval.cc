@@ -500,6 +500,15 @@ StatusOr<ValueStats> DeviceEvaluator::EvaluateStats(const Graph& graph,
         KILN_ASSIGN_OR_RETURN(known[i], HostOf(it->second));
       }
     }
+    // A layer the sensitivity runs on quantized operands: its weights replaced here, its input
+    // quantized just before it runs.
+    const ValueStatsRequest::Override* override = nullptr;
+    if (auto o = request.overrides.find(node); o != request.overrides.end()) override = &o->second;
+    const bool quantize_input = override && override->int8_amax > 0 && n_in > 0 && node->input(0);
+    if (override && override->input1 && n_in > 1) {
+      known[1] = override->input1;
+      walk[1] = nullptr;
+    }
     auto infer = [&]() -> StatusOr<std::vector<ConcreteOutput>> {
       infos.assign(n_in, ValueInfo{});
       info_ptrs.assign(n_in, nullptr);
@@ -549,6 +558,11 @@ StatusOr<ValueStats> DeviceEvaluator::EvaluateStats(const Graph& graph,
           KILN_ASSIGN_OR_RETURN(host_ins[i], HostOf(*walk[i]));
         }
       }
+      Tensor quantized;
+      if (quantize_input) {
+        quantized = FakeQuantizeInt8(*host_ins[0], override->int8_amax);
+        host_ins[0] = &quantized;
+      }
       KILN_ASSIGN_OR_RETURN(std::vector<Tensor> results, OnHost(*node, host_ins));
       for (size_t i = 0; i < outs.size() && i < results.size(); ++i) {
         outs[i].dtype = results[i].dtype();
@@ -567,6 +581,25 @@ StatusOr<ValueStats> DeviceEvaluator::EvaluateStats(const Graph& graph,
         }
         in_views[i] = {operands[i].dtype, operands[i].dims, data};
       }
+      DeviceBuffer quantized;
+      if (quantize_input) {
+        KILN_ASSIGN_OR_RETURN(quantized, TakeBuffer(in_views[0].size_bytes()));
+        KILN_ASSIGN_OR_RETURN(
+            bool done, backend_->FakeQuantizeInt8(in_views[0].dtype, in_views[0].data,
+                                                  quantized.data(), in_views[0].num_elements(),
+                                                  override->int8_amax, stream_.get()));
+        if (!done) {
+          const Tensor* x = known[0];
+          if (!x) {
+            KILN_ASSIGN_OR_RETURN(x, HostOf(*walk[0]));
+          }
+          const Tensor q = FakeQuantizeInt8(*x, override->int8_amax);
+          KILN_RETURN_IF_ERROR(
+              backend_->CopyToDevice(quantized.data(), q.raw(), q.size_bytes(), stream_.get()));
+          KILN_RETURN_IF_ERROR(backend_->Synchronize(stream_.get()));
+        }
+        in_views[0].data = quantized.data();
+      }
       std::vector<TensorView> out_views;
       for (size_t i = 0; i < outs.size(); ++i) {
         outs[i].dtype = (*out_info)[i].dtype;
@@ -575,6 +608,7 @@ StatusOr<ValueStats> DeviceEvaluator::EvaluateStats(const Graph& graph,
         out_views.push_back({outs[i].dtype, outs[i].dims, outs[i].buf.data()});
       }
       KILN_RETURN_IF_ERROR(RunKernel(*node, *cached, in_views, out_views));
+      GiveBack(std::move(quantized));  // reused after the kernel: the stream orders them
       for (size_t i = 0; i < outs.size(); ++i) {
         const std::vector<int64_t>* got = cached->kernel->RunOutputDims(i);
         if (!got || *got == outs[i].dims) continue;

@@ -118,6 +118,14 @@ StatusOr<ValueStats> EvaluateValueStats(const Graph& graph,
                          v->name(), node->name());
       }
     }
+    Tensor quantized;
+    if (auto o = request.overrides.find(node); o != request.overrides.end()) {
+      if (o->second.int8_amax > 0 && !ins.empty() && ins[0]) {
+        quantized = FakeQuantizeInt8(*ins[0], o->second.int8_amax);
+        ins[0] = &quantized;
+      }
+      if (o->second.input1 && ins.size() > 1) ins[1] = o->second.input1;
+    }
     KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, evaluate(*node, ins));
     for (size_t i = 0; i < outs.size() && i < node->num_outputs(); ++i) {
       const Value* v = node->output(i);
@@ -164,6 +172,21 @@ void AccumulateAbsHistogram(const Tensor& t, double range, std::span<double> cou
   const Tensor f = t.dtype() == DataType::kFloat32 ? t : t.CastTo(DataType::kFloat32);
   AccumulateAbsHistogram(std::span(f.data<float>(), static_cast<size_t>(f.num_elements())), range,
                          counts);
+}
+
+Tensor FakeQuantizeInt8(const Tensor& x, float amax) {
+  Tensor out = x.dtype() == DataType::kFloat32 ? x : x.CastTo(DataType::kFloat32);
+  float* v = out.mutable_data<float>();
+  const float scale = amax / 127.f;
+  const float inv = 1.f / scale;
+  for (int64_t i = 0, n = out.num_elements(); i < n; ++i) {
+    // Saturate before rounding, NaN included, as the kernels do.
+    float s = v[i] * inv;
+    s = s < 127.f ? s : 127.f;
+    s = s > -127.f ? s : -127.f;
+    v[i] = std::nearbyint(s) * scale;
+  }
+  return x.dtype() == DataType::kFloat32 ? out : out.CastTo(x.dtype());
 }
 
 }  // namespace kiln

@@ -44,6 +44,14 @@ struct ValueStatsRequest {
   int bins = 2048;
   std::set<std::string> keep;  // returned as host tensors (graph inputs and outputs included)
   bool keep_all = false;       // every value, as EvaluateAllValues returns them
+  // Layers run on quantized operands (the INT8 sensitivity's simulation of INT8 kernels): input 0
+  // through FakeQuantizeInt8 with `int8_amax` (> 0), input 1 replaced by `input1` when given
+  // (quantized weights of the same type and dims). Keyed by node.
+  struct Override {
+    float int8_amax = 0;
+    const Tensor* input1 = nullptr;
+  };
+  std::map<const Node*, Override> overrides;
 };
 struct ValueStats {
   std::map<std::string, double> absmax;                   // a requested name absent: not computed
@@ -70,5 +78,9 @@ void AccumulateAbsMax(const Tensor& t, double* absmax);
 void AccumulateAbsHistogram(std::span<const float> values, double range, std::span<double> counts);
 // The same for a float tensor of any float type (converted to float32 first).
 void AccumulateAbsHistogram(const Tensor& t, double range, std::span<double> counts);
+// Symmetric INT8 quantize-dequantize as the INT8 kernels quantize an activation
+// (backends/int8_quant.h): in float, s = x * (1 / (amax / 127)), saturated to [-127, 127] (NaN to
+// 127) before rounding half to even, times amax / 127. Any float type, computed in float32.
+Tensor FakeQuantizeInt8(const Tensor& x, float amax);
 
 }  // namespace kiln

@@ -224,9 +224,17 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& ev
   ValueStatsRequest first;
   first.absmax = watched;
   first.absmax.insert(needs_histogram.begin(), needs_histogram.end());
-  first.keep_all = int8_sensitivity && !needs_histogram.empty();
+  // With a graph walk (a device), the sensitivity runs whole graphs again instead, and needs only
+  // the graph outputs to compare with.
+  const bool sensitivity = int8_sensitivity && !needs_histogram.empty();
+  first.keep_all = sensitivity && !graph_stats;
+  if (sensitivity && graph_stats) {
+    for (const Value* out : graph.outputs()) {
+      if (IsFloat(out->dtype()) && !out->constant()) first.keep.insert(out->name());
+    }
+  }
   std::map<std::string, double> absmax;
-  std::vector<std::map<std::string, Tensor>> activations;
+  std::vector<std::map<std::string, Tensor>> activations;  // or the graph outputs
   // Per data set statistics of the candidates' inputs, for the leave-one-out scales below.
   std::vector<std::map<std::string, double>> set_absmax;
   for (const auto& feed : data) {
@@ -238,7 +246,7 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& ev
     for (const std::string& name : needs_histogram) {
       if (auto it = stats.absmax.find(name); it != stats.absmax.end()) mine[name] = it->second;
     }
-    if (first.keep_all) activations.push_back(std::move(stats.kept));
+    if (sensitivity) activations.push_back(std::move(stats.kept));
   }
   // The second fills the candidates' histograms over [0, absmax of every set).
   std::map<std::string, AbsHistogram> hists;
@@ -296,8 +304,19 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& ev
     }
   }
   if (!activations.empty()) {
-    KILN_ASSIGN_OR_RETURN(SensitivityResult sens,
-                          MeasureInt8Sensitivity(graph, evaluate, activations, table, held_out));
+    SensitivityResult sens;
+    if (graph_stats) {
+      auto counted = [&](const Graph& g, const std::map<std::string, Tensor>& feed,
+                         const ValueStatsRequest& request) {
+        g_batches_run.fetch_add(1);
+        return graph_stats(g, feed, request);
+      };
+      KILN_ASSIGN_OR_RETURN(
+          sens, MeasureInt8SensitivityByRerun(graph, counted, data, activations, table, held_out));
+    } else {
+      KILN_ASSIGN_OR_RETURN(sens,
+                            MeasureInt8Sensitivity(graph, evaluate, activations, table, held_out));
+    }
     table.int8_sensitivity = std::move(sens.layers);
     table.int8_all_rel_l2 = sens.evaluations > 0 ? sens.all_int8 : -1;
   }

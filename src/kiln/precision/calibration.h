@@ -84,9 +84,9 @@ StatusOr<std::map<std::string, Tensor>> EvaluateCalibrationBatch(
 // empty, int8_all_rel_l2 -1): for builds that never read it (FP8 alone, --int8-tolerance off),
 // where it was most of the node runs and every activation of every data set held in memory.
 // graph_stats, when given, runs the two passes instead (a device evaluator's, which reduces each
-// value where it computed it and downloads only the numbers); `evaluate` still runs the
-// sensitivity's partial evaluations. It must compute what EvaluateValueStats over `evaluate`
-// would.
+// value where it computed it and downloads only the numbers), and the sensitivity as whole-graph
+// reruns (MeasureInt8SensitivityByRerun), so that no activation is held on the host. It must
+// compute what EvaluateValueStats over `evaluate` would.
 StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& evaluate,
                                      std::span<const std::map<std::string, Tensor>> data,
                                      CalibrationMethod method, double percentile,

@@ -133,20 +133,7 @@ StatusOr<double> ParseInt8Tolerance(std::string_view text) {
   return v;
 }
 
-Tensor FakeQuantizeActivations(const Tensor& x, float amax) {
-  Tensor out = x.dtype() == DataType::kFloat32 ? x : x.CastTo(DataType::kFloat32);
-  float* v = out.mutable_data<float>();
-  const float scale = amax / 127.f;
-  const float inv = 1.f / scale;
-  for (int64_t i = 0, n = out.num_elements(); i < n; ++i) {
-    // Saturate before rounding, NaN included, as the kernels do.
-    float s = v[i] * inv;
-    s = s < 127.f ? s : 127.f;
-    s = s > -127.f ? s : -127.f;
-    v[i] = std::nearbyint(s) * scale;
-  }
-  return x.dtype() == DataType::kFloat32 ? out : out.CastTo(x.dtype());
-}
+Tensor FakeQuantizeActivations(const Tensor& x, float amax) { return FakeQuantizeInt8(x, amax); }
 
 std::optional<Tensor> FakeQuantizeWeights(const Node& node, const Tensor& w) {
   if (w.dtype() != DataType::kFloat32 || w.dims().empty()) return std::nullopt;
@@ -185,28 +172,26 @@ double RelativeL2(const Tensor& actual, const Tensor& reference) {
   return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
 }
 
-StatusOr<SensitivityResult> MeasureInt8Sensitivity(
-    const Graph& graph, const NodeEvaluator& evaluate,
-    std::span<const std::map<std::string, Tensor>> activations, const CalibrationTable& table,
-    std::span<const std::map<std::string, double>> held_out_amax) {
-  SensitivityResult result;
-  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
-  std::vector<const Node*> const_order(order.begin(), order.end());
-  Simulator sim(graph, evaluate, const_order, activations);
-
-  // The analysed layers, in topological order (deterministic), with their quantized weights.
+namespace {
+// The analysed layers, in topological order (deterministic): INT8 candidates with a calibrated
+// amax (per data set: held out where given) and weights the INT8 kernels take, quantized.
+struct AnalysedLayers {
   std::vector<std::pair<const Node*, Simulator::Layer>> layers;
-  std::vector<std::unique_ptr<Tensor>> weights;
-  for (const Node* node : const_order) {
+  std::vector<std::unique_ptr<Tensor>> weights;  // what the layers point at
+};
+AnalysedLayers Analyse(std::span<const Node* const> order, const CalibrationTable& table,
+                       size_t sets, std::span<const std::map<std::string, double>> held_out_amax) {
+  AnalysedLayers a;
+  for (const Node* node : order) {
     if (!IsInt8Candidate(*node)) continue;
     const TensorRange* r = table.Find(node->input(0)->name());
     if (!r || !(r->amax > 0) || !std::isfinite(r->amax)) continue;
     std::optional<Tensor> w = FakeQuantizeWeights(*node, *node->input(1)->constant());
     if (!w) continue;
-    weights.push_back(std::make_unique<Tensor>(std::move(*w)));
+    a.weights.push_back(std::make_unique<Tensor>(std::move(*w)));
     Simulator::Layer layer;
-    layer.weights = weights.back().get();
-    for (size_t set = 0; set < activations.size(); ++set) {
+    layer.weights = a.weights.back().get();
+    for (size_t set = 0; set < sets; ++set) {
       double amax = r->amax;
       if (set < held_out_amax.size()) {
         auto h = held_out_amax[set].find(node->input(0)->name());
@@ -217,21 +202,80 @@ StatusOr<SensitivityResult> MeasureInt8Sensitivity(
       }
       layer.amax.push_back(static_cast<float>(amax));
     }
-    layers.emplace_back(node, std::move(layer));
+    a.layers.emplace_back(node, std::move(layer));
   }
-  if (layers.empty() || activations.empty()) return result;
-  if (!evaluate) return MakeError(ErrorCode::kInternal, "int8 sensitivity: no reference evaluator");
+  return a;
+}
 
+// Each layer alone, then all together, with `evaluate_set` giving one set's rel-L2.
+template <typename EvaluateSet>
+StatusOr<SensitivityResult> MeasureEach(const AnalysedLayers& a, EvaluateSet&& evaluate_set) {
+  SensitivityResult result;
   std::unordered_map<const Node*, Simulator::Layer> all;
-  for (const auto& [node, layer] : layers) {
-    KILN_ASSIGN_OR_RETURN(double e, sim.Evaluate({{node, layer}}));
+  for (const auto& [node, layer] : a.layers) {
+    KILN_ASSIGN_OR_RETURN(double e, evaluate_set({{node, layer}}));
     result.layers[node->name()] = e;
     ++result.evaluations;
     all.emplace(node, layer);
   }
-  KILN_ASSIGN_OR_RETURN(result.all_int8, sim.Evaluate(all));
+  KILN_ASSIGN_OR_RETURN(result.all_int8, evaluate_set(all));
   ++result.evaluations;
   return result;
+}
+}  // namespace
+
+StatusOr<SensitivityResult> MeasureInt8Sensitivity(
+    const Graph& graph, const NodeEvaluator& evaluate,
+    std::span<const std::map<std::string, Tensor>> activations, const CalibrationTable& table,
+    std::span<const std::map<std::string, double>> held_out_amax) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  std::vector<const Node*> const_order(order.begin(), order.end());
+  const AnalysedLayers a = Analyse(const_order, table, activations.size(), held_out_amax);
+  if (a.layers.empty() || activations.empty()) return SensitivityResult{};
+  if (!evaluate) return MakeError(ErrorCode::kInternal, "int8 sensitivity: no reference evaluator");
+  Simulator sim(graph, evaluate, const_order, activations);
+  return MeasureEach(a, [&](const std::unordered_map<const Node*, Simulator::Layer>& int8) {
+    return sim.Evaluate(int8);
+  });
+}
+
+StatusOr<SensitivityResult> MeasureInt8SensitivityByRerun(
+    const Graph& graph, const GraphStatsEvaluator& graph_stats,
+    std::span<const std::map<std::string, Tensor>> data,
+    std::span<const std::map<std::string, Tensor>> reference_outputs, const CalibrationTable& table,
+    std::span<const std::map<std::string, double>> held_out_amax) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
+  std::vector<const Node*> const_order(order.begin(), order.end());
+  const AnalysedLayers a = Analyse(const_order, table, data.size(), held_out_amax);
+  if (a.layers.empty() || data.empty()) return SensitivityResult{};
+  if (!graph_stats || reference_outputs.size() != data.size()) {
+    return MakeError(ErrorCode::kInternal, "int8 sensitivity: no graph walk or reference outputs");
+  }
+  ValueStatsRequest request;
+  for (const Value* out : graph.outputs()) {
+    if (IsFloat(out->dtype()) && !out->constant()) request.keep.insert(out->name());
+  }
+  return MeasureEach(
+      a, [&](const std::unordered_map<const Node*, Simulator::Layer>& int8) -> StatusOr<double> {
+        double worst = 0;
+        for (size_t set = 0; set < data.size(); ++set) {
+          request.overrides.clear();
+          for (const auto& [node, layer] : int8) {
+            request.overrides[node] = {layer.amax[set], layer.weights};
+          }
+          auto stats = graph_stats(graph, data[set], request);
+          if (!stats.ok()) {
+            return std::move(stats).status().AddContext("while measuring the INT8 sensitivity");
+          }
+          for (const auto& [name, got] : stats->kept) {
+            auto ref = reference_outputs[set].find(name);
+            if (ref != reference_outputs[set].end()) {
+              worst = std::max(worst, RelativeL2(got, ref->second));
+            }
+          }
+        }
+        return worst;
+      });
 }
 
 Int8FallbackPlan PlanInt8Fallback(const CalibrationTable& table,

@@ -62,6 +62,18 @@ StatusOr<SensitivityResult> MeasureInt8Sensitivity(
     std::span<const std::map<std::string, Tensor>> activations, const CalibrationTable& table,
     std::span<const std::map<std::string, double>> held_out_amax = {});
 
+// The same figures from whole-graph runs: `graph_stats` (a device's graph walk, whose values stay
+// on the device) runs every data set again for each layer set, with the layers' operands
+// quantized (ValueStatsRequest::overrides), and its float graph outputs are compared with
+// `reference_outputs` (per data set, by name: the FP32 run's). The partial evaluations above would
+// move every activation between the host and a device; this moves only the graph outputs.
+// Evaluations: candidates + 1 full runs per data set.
+StatusOr<SensitivityResult> MeasureInt8SensitivityByRerun(
+    const Graph& graph, const GraphStatsEvaluator& graph_stats,
+    std::span<const std::map<std::string, Tensor>> data,
+    std::span<const std::map<std::string, Tensor>> reference_outputs, const CalibrationTable& table,
+    std::span<const std::map<std::string, double>> held_out_amax = {});
+
 // Which INT8 layers fall back to keep the estimated end-to-end error within `tolerance`.
 // Estimate for a set S of INT8 layers: quantization noise of different layers adds in quadrature,
 // scaled so that the full set matches the measured all-INT8 figure (and never below the

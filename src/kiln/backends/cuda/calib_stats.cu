@@ -1,7 +1,8 @@
-// Calibration statistics on the device (Backend::AccumulateAbsStats): max |x| and the histogram
-// of |x| of a float tensor, reduced where the value was computed so that calibration downloads a
-// few numbers instead of every activation. The arithmetic is ir/evaluator.h's
-// AccumulateAbsMax/AccumulateAbsHistogram, so the host and the device give the same counts.
+// Calibration on the device: max |x| and the histogram of |x| of a float tensor
+// (Backend::AccumulateAbsStats), reduced where the value was computed so that calibration
+// downloads a few numbers instead of every activation, and the INT8 sensitivity's
+// quantize-dequantize (Backend::FakeQuantizeInt8). The arithmetic is ir/evaluator.h's
+// AccumulateAbsMax/AccumulateAbsHistogram/FakeQuantizeInt8, so host and device agree exactly.
 #include <cstdint>
 
 #include "kiln/backends/cuda/cuda_launch_more.h"
@@ -47,6 +48,19 @@ __global__ void AbsHistogramKernel(const T* __restrict__ x, int64_t n, int bins,
   }
 }
 
+template <typename T>
+__global__ void FakeQuantizeInt8Kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n,
+                                       float scale, float inv) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    // The host's order of operations, each rounded to float (no fused multiply-add).
+    float s = __fmul_rn(static_cast<float>(Load(x[i])), inv);
+    s = s < 127.f ? s : 127.f;
+    s = s > -127.f ? s : -127.f;
+    y[i] = Store<T>(__fmul_rn(rintf(s), scale));
+  }
+}
+
 template <typename F>
 cudaError_t DispatchFloat(Elem t, F&& f) {
   switch (t) {
@@ -77,6 +91,19 @@ cudaError_t LaunchAbsStats(Elem t, const void* x, int64_t n, uint32_t* absmax,
       AbsHistogramKernel<T><<<GridFor(n, kThreads), kThreads, shared, stream>>>(
           px, n, bins, static_cast<double>(bins) / range, hist);
     }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchFakeQuantizeInt8(Elem t, const void* x, void* y, int64_t n, float amax,
+                                   cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const float scale = amax / 127.f;
+  const float inv = 1.f / scale;
+  return DispatchFloat(t, [&](auto tag) {
+    using T = decltype(tag);
+    FakeQuantizeInt8Kernel<T><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), n, scale, inv);
     return cudaGetLastError();
   });
 }
