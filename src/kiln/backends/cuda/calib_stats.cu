@@ -61,20 +61,6 @@ __global__ void FakeQuantizeInt8Kernel(const T* __restrict__ x, T* __restrict__ 
   }
 }
 
-template <typename F>
-cudaError_t DispatchFloat(Elem t, F&& f) {
-  switch (t) {
-    case Elem::kF32:
-      return f(float{});
-    case Elem::kF16:
-      return f(__half{});
-    case Elem::kBF16:
-      return f(__nv_bfloat16{});
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
 
 cudaError_t LaunchAbsStats(Elem t, const void* x, int64_t n, uint32_t* absmax,
