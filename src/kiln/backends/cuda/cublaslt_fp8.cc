@@ -66,7 +66,7 @@ struct Fp8Descs {
 };
 
 StatusOr<Fp8Descs> MakeFp8Descs(int64_t m, int64_t np, int64_t kp, const float* scale_a,
-                                const float* scale_b) {
+                                const float* scale_b, bool fast_accum) {
   Fp8Descs d;
   cublasLtMatmulDesc_t op = nullptr;
   KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -76,6 +76,13 @@ StatusOr<Fp8Descs> MakeFp8Descs(int64_t m, int64_t np, int64_t kp, const float* 
       cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   KILN_CUBLAS_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (fast_accum) {
+    // No periodic promotion of the partial sums to FP32 (Hopper, Ada): faster, at the cost of
+    // the MMA's own accumulation precision over the whole K.
+    const int8_t on = 1;
+    KILN_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof(on)));
+  }
   if (scale_a && scale_b) {
     // cuBLASLt's A is kiln's B and the other way round.
     KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
@@ -91,8 +98,9 @@ StatusOr<Fp8Descs> MakeFp8Descs(int64_t m, int64_t np, int64_t kp, const float* 
 
 constexpr LtAlignment kFp8Alignment{16, 16, 16};
 
-// The direct plan's tactic flag (params[8]).
+// The tactic's flags (params[8]): the direct plan, FP8 fast accumulation.
 constexpr int64_t kPlanDirect = 1;
+constexpr int64_t kFastAccum = 2;
 
 // What the direct plan does for one layer: cuBLASLt's epilogue, and how C enters.
 struct DirectForm {
@@ -145,8 +153,9 @@ cudaDataType_t StorageCudaType(BlasType t) {
 // type.
 StatusOr<Fp8Descs> MakeFp8DirectDescs(int64_t m, int64_t n, int64_t kp, BlasType type,
                                       const DirectForm& form, const float* scale_a,
-                                      const float* scale_b, bool out_fp8, const float* scale_d) {
-  KILN_ASSIGN_OR_RETURN(Fp8Descs d, MakeFp8Descs(m, n, kp, scale_a, scale_b));
+                                      const float* scale_b, bool out_fp8, const float* scale_d,
+                                      bool fast_accum) {
+  KILN_ASSIGN_OR_RETURN(Fp8Descs d, MakeFp8Descs(m, n, kp, scale_a, scale_b, fast_accum));
   const cudaDataType_t t = StorageCudaType(type);
   KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
       d.op.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &form.epilogue, sizeof(form.epilogue)));
@@ -173,10 +182,11 @@ class CublasLtFp8Kernel final : public Kernel {
   // out_amax > 0: Y is written as E4M3 for a consumer of that amax (an FP8 edge's producer).
   CublasLtFp8Kernel(GemmSpec spec, BlasType type, float amax, int64_t k, int64_t n,
                     OwnedDeviceMemory b_q, OwnedDeviceMemory scales,
-                    std::optional<cublasLtMatmulAlgo_t> algo, bool want_direct, bool in_fp8,
-                    float out_amax, std::string name)
+                    std::optional<cublasLtMatmulAlgo_t> algo, bool want_direct, bool fast_accum,
+                    bool in_fp8, float out_amax, std::string name)
       : spec_(spec),
         want_direct_(want_direct),
+        fast_accum_(fast_accum),
         type_(type),
         inv_scale_(Fp8InvScale(amax)),
         in_fp8_(in_fp8),
@@ -216,7 +226,7 @@ class CublasLtFp8Kernel final : public Kernel {
       if (std::optional<DirectForm> form = DirectFormFor(spec_, type_, n_, addend_)) {
         KILN_ASSIGN_OR_RETURN(
             descs_, MakeFp8DirectDescs(m_, n_, kp_, type_, *form, scales, scales + kScaleStride,
-                                       out_fp8_, scales + 2 * kScaleStride));
+                                       out_fp8_, scales + 2 * kScaleStride, fast_accum_));
         KILN_ASSIGN_OR_RETURN(std::optional<size_t> lt_ws, ChooseAlgorithm());
         if (lt_ws) {
           direct_ = form;
@@ -228,7 +238,8 @@ class CublasLtFp8Kernel final : public Kernel {
       KILN_LOG(Debug, BACKEND, "{}: no direct plan for M={}; the FP32 result and kiln's epilogue",
                name_, m_);
     }
-    KILN_ASSIGN_OR_RETURN(descs_, MakeFp8Descs(a_rows, np_, kp_, scales, scales + kScaleStride));
+    KILN_ASSIGN_OR_RETURN(
+        descs_, MakeFp8Descs(a_rows, np_, kp_, scales, scales + kScaleStride, fast_accum_));
     KILN_ASSIGN_OR_RETURN(std::optional<size_t> lt_ws, ChooseAlgorithm());
     if (!lt_ws) {
       return MakeError(ErrorCode::kCublasLtNoAlgorithm,
@@ -365,6 +376,7 @@ class CublasLtFp8Kernel final : public Kernel {
 
   GemmSpec spec_;
   bool want_direct_;                  // the tactic's plan (kPlanDirect)
+  bool fast_accum_;                   // the tactic's accumulation (kFastAccum)
   std::optional<DirectForm> direct_;  // what Prepare chose: the direct plan, or the FP32 one
   BlasType type_;
   float inv_scale_;
@@ -398,35 +410,44 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     const int64_t kp = QuantPadded(p->k), np = QuantPadded(p->n), mp = QuantPadded(p->m);
     std::vector<TacticConfig> tactics;
     const char* what = p->spec.kind == GemmKind::kGemm ? "gemm" : "matmul";
-    // The direct plan's algorithms first (no FP32 round trip), then the FP32 plan's.
-    if (std::optional<DirectForm> form = DirectFormFor(p->spec, p->type, p->n, p->addend)) {
-      auto descs =
-          MakeFp8DirectDescs(p->m, p->n, kp, p->type, *form, nullptr, nullptr, false, nullptr);
-      auto found = descs.ok()
-                       ? LtHeuristics(*handle, descs->lt(), kFp8Alignment, kMaxTactics)
-                       : StatusOr<std::vector<cublasLtMatmulHeuristicResult_t>>(descs.status());
-      if (found.ok()) {
-        const char* gelu = p->spec.act.kind == FusedActivation::kGelu ? "-gelu-tanh-form" : "";
-        for (const auto& r : *found) {
-          AddTactic(tactics,
-                    fmt::format("f8-{}-cuda-cublaslt-e4m3-{}-lt-epilogue{}", what, AlgoName(r.algo),
-                                gelu),
-                    r, kPlanDirect, QuantWorkspaceFor(p->m, 0, kp, r.workspaceSize).total());
+    // The direct plan's algorithms first (no FP32 round trip), then the FP32 plan's; each with
+    // the default accumulation (partial sums promoted to FP32 now and then) and with fast
+    // accumulation, which the builder takes where it is faster.
+    const std::optional<DirectForm> form = DirectFormFor(p->spec, p->type, p->n, p->addend);
+    for (const bool fast : {false, true}) {
+      const char* accum = fast ? "-fast-accum" : "";
+      const int64_t flags = fast ? kFastAccum : 0;
+      if (form) {
+        auto descs = MakeFp8DirectDescs(p->m, p->n, kp, p->type, *form, nullptr, nullptr, false,
+                                        nullptr, fast);
+        auto found = descs.ok()
+                         ? LtHeuristics(*handle, descs->lt(), kFp8Alignment, kMaxTactics)
+                         : StatusOr<std::vector<cublasLtMatmulHeuristicResult_t>>(descs.status());
+        if (found.ok()) {
+          const char* gelu = p->spec.act.kind == FusedActivation::kGelu ? "-gelu-tanh-form" : "";
+          for (const auto& r : *found) {
+            AddTactic(tactics,
+                      fmt::format("f8-{}-cuda-cublaslt-e4m3-{}-lt-epilogue{}{}", what,
+                                  AlgoName(r.algo), accum, gelu),
+                      r, kPlanDirect | flags,
+                      QuantWorkspaceFor(p->m, 0, kp, r.workspaceSize).total());
+          }
+        } else {
+          KILN_LOG(Debug, BACKEND, "{}: no direct plan: {}", id(), found.status().ToString());
         }
-      } else {
-        KILN_LOG(Debug, BACKEND, "{}: no direct plan: {}", id(), found.status().ToString());
       }
-    }
-    auto descs = MakeFp8Descs(mp, np, kp, nullptr, nullptr);
-    if (!descs.ok()) return tactics;
-    auto found = LtHeuristics(*handle, descs->lt(), kFp8Alignment, kMaxTactics);
-    if (!found.ok()) {
-      KILN_LOG(Warn, BACKEND, "{}: {}", id(), found.status().ToString());
-      return tactics;
-    }
-    for (const auto& r : *found) {
-      AddTactic(tactics, fmt::format("f8-{}-cuda-cublaslt-e4m3-{}", what, AlgoName(r.algo)), r, 0,
-                QuantWorkspaceFor(mp, np, kp, r.workspaceSize).total());
+      auto descs = MakeFp8Descs(mp, np, kp, nullptr, nullptr, fast);
+      if (!descs.ok()) continue;
+      auto found = LtHeuristics(*handle, descs->lt(), kFp8Alignment, kMaxTactics);
+      if (!found.ok()) {
+        KILN_LOG(Warn, BACKEND, "{}: {}", id(), found.status().ToString());
+        continue;
+      }
+      for (const auto& r : *found) {
+        AddTactic(tactics,
+                  fmt::format("f8-{}-cuda-cublaslt-e4m3-{}{}", what, AlgoName(r.algo), accum), r,
+                  flags, QuantWorkspaceFor(mp, np, kp, r.workspaceSize).total());
+      }
     }
     return tactics;
   }
@@ -449,16 +470,17 @@ class CublasLtFp8ProviderBase : public KernelProvider {
                        node.name(), tactic.name, kFp8InputAmaxAttr, kFp8OutputAmaxAttr);
     }
     std::optional<cublasLtMatmulAlgo_t> algo;
-    bool direct = false;
+    int64_t flags = 0;
     if (tactic.params.size() == 8 || tactic.params.size() == 9) {
       cublasLtMatmulAlgo_t x;
       std::memcpy(&x, tactic.params.data(), sizeof(x));
       algo = x;
-      direct = tactic.params.size() == 9 && tactic.params[8] == kPlanDirect;
-    } else if (!tactic.params.empty()) {
+      flags = tactic.params.size() == 9 ? tactic.params[8] : 0;
+    }
+    if ((!tactic.params.empty() && !algo) || (flags & ~(kPlanDirect | kFastAccum)) != 0) {
       return MakeError(ErrorCode::kInvalidArgument,
                        "{}: tactic '{}' has {} params; expected 8 (the algorithm's words) or 9 "
-                       "(and the plan)",
+                       "(and the plan's flags, 0 to 3)",
                        id(), tactic.name, tactic.params.size());
     }
     const Fp8PackedB b = PackFp8B(spec, *request.inputs[1].constant);
@@ -469,8 +491,8 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory b_q, UploadToDevice(b.packed.data(), b.packed.size()));
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory s, UploadToDevice(scales, sizeof(scales)));
     return std::unique_ptr<Kernel>(std::make_unique<CublasLtFp8Kernel>(
-        spec, *type, *amax, b.k, b.n, std::move(b_q), std::move(s), algo, direct, in_fp8, out_amax,
-        tactic.name));
+        spec, *type, *amax, b.k, b.n, std::move(b_q), std::move(s), algo,
+        (flags & kPlanDirect) != 0, (flags & kFastAccum) != 0, in_fp8, out_amax, tactic.name));
   }
 
   // An FP8 edge's producer: Y in FP16/BF16 as the tactic was chosen (E4M3 takes its place).
@@ -488,20 +510,20 @@ class CublasLtFp8ProviderBase : public KernelProvider {
   }
 
  private:
-  // One tactic: the algorithm's words, then the plan (9th param) for the direct plan.
+  // One tactic: the algorithm's words, then the flags (9th param) where any is set.
   static bool OwnTactic(const TacticConfig& t) {
     return t.name.starts_with("f8-") && (t.params.size() == 8 || t.params.size() == 9);
   }
   static void AddTactic(std::vector<TacticConfig>& tactics, std::string name,
-                        const cublasLtMatmulHeuristicResult_t& r, int64_t plan, size_t workspace) {
+                        const cublasLtMatmulHeuristicResult_t& r, int64_t flags, size_t workspace) {
     TacticConfig t;
     t.name = std::move(name);
     for (const TacticConfig& prev : tactics) {
       if (prev.name == t.name) t.name += fmt::format("-h{}", tactics.size());
     }
-    t.params.resize(plan ? 9 : 8);
+    t.params.resize(flags ? 9 : 8);
     std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
-    if (plan) t.params[8] = plan;
+    if (flags) t.params[8] = flags;
     t.workspace_bytes = workspace;
     tactics.push_back(std::move(t));
   }
