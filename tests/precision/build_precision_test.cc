@@ -230,6 +230,7 @@ std::string MatMulCalibration(const std::string& name) {
 TEST(PrecisionFp8, AnnotatedLayerTakesTheFp8KernelOthersStayFp16) {
   BuilderConfig c;
   c.fp8 = true;
+  c.fp8_tolerance = HUGE_VAL;  // every FP8 layer stays (the fallback: the test below)
   c.calibration_dir = MatMulCalibration("fp8_calib");
   c.deadline = std::chrono::milliseconds(1);
   c.optimize = false;
@@ -259,6 +260,61 @@ TEST(PrecisionFp8, AnnotatedLayerTakesTheFp8KernelOthersStayFp16) {
   double err = testing::RelL2(out->at("y"), ref->at("y"));
   EXPECT_LT(err, 8e-2);
   EXPECT_GT(err, 1e-3);
+}
+
+// The FP8 sensitivity fallback (--fp8-tolerance): measured leave one out over the four sets, the
+// FP8 layer moves the output by more than the default 5e-2 and goes back to FP16 with its
+// figures; a looser tolerance keeps it FP8 and says so. The table with the FP8 figures is cached
+// under a key of its own.
+TEST(PrecisionFp8, SensitiveLayersFallBackWithinTheTolerance) {
+  BuilderConfig c;
+  c.fp8 = true;
+  c.calibration_dir = MatMulCalibration("fp8_fallback_calib");
+  c.calibration_cache_path = testing::TempDir("fp8_fallback_cache") + "/model.calib";
+  c.deadline = std::chrono::milliseconds(1);
+  c.optimize = false;
+  std::map<std::string, Tensor> in = {{"x", F32({4, 16}, Random(64, 78, 2.0f))}};
+  auto ref = cpu::EvaluateGraph(*MatMulGemm(), in);
+  ASSERT_TRUE(ref.ok());
+
+  BuildReport strict;
+  std::unique_ptr<EngineDesc> engine;
+  auto out = testing::BuildAndRun(MatMulGemm(), c, in, &strict, &engine);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const LayerReport* mm = FindLayer(strict, "mm");
+  EXPECT_EQ(mm->precision, "f16");
+  EXPECT_TRUE(mm->precision_reason.starts_with("f16: fp8 sensitivity rel-L2 "))
+      << mm->precision_reason;
+  EXPECT_NE(mm->precision_reason.find("> tolerance 0.05"), std::string::npos)
+      << mm->precision_reason;
+  EXPECT_FALSE(engine->graph->FindNode("mm")->attrs().Has("kiln_fp8_input_amax"));
+  EXPECT_EQ(strict.precision_counts["f8"], 0);
+  EXPECT_LT(testing::RelL2(out->at("y"), ref->at("y")), 1e-2);  // FP16 again
+  EXPECT_GT(strict.calibration_batches_run, 0);
+
+  // The same build again takes the cache, FP8 figures and all.
+  BuildReport cached;
+  ASSERT_TRUE(BuildEngine({MatMulGemm(), "test", HashString("test")}, c, &cached).ok());
+  EXPECT_EQ(cached.calibration_batches_run, 0)
+      << (cached.warnings.empty() ? "" : cached.warnings[0]);
+  EXPECT_EQ(FindLayer(cached, "mm")->precision_reason, mm->precision_reason);
+
+  c.fp8_tolerance = 0.5;
+  BuildReport loose;
+  ASSERT_TRUE(BuildEngine({MatMulGemm(), "test", HashString("test")}, c, &loose).ok());
+  const LayerReport* kept = FindLayer(loose, "mm");
+  EXPECT_EQ(kept->precision, "f8");
+  EXPECT_NE(kept->precision_reason.find("; fp8 sensitivity rel-L2 "), std::string::npos)
+      << kept->precision_reason;
+  EXPECT_NE(kept->precision_reason.find("<= tolerance 0.5"), std::string::npos)
+      << kept->precision_reason;
+
+  // Without the fallback the table has no FP8 figures: another key, so calibrated again.
+  c.fp8_tolerance = HUGE_VAL;
+  BuildReport off;
+  ASSERT_TRUE(BuildEngine({MatMulGemm(), "test", HashString("test")}, c, &off).ok());
+  EXPECT_GT(off.calibration_batches_run, 0);
+  EXPECT_EQ(FindLayer(off, "mm")->precision, "f8");
 }
 
 TEST(PrecisionFp8, WithInt8TheInt8KernelComesFirst) {

@@ -355,6 +355,10 @@ TEST_P(DeviceEvaluatorTest, DeviceReductionsEqualTheHostsExactly) {
   Value* qh = g->AddValue("qh");
   const Node* fq = g->AddNode("Identity", "fq", {a}, {q});
   const Node* fqh = g->AddNode("Identity", "fqh", {h}, {qh});
+  // And the FP8 sensitivity's: E4M3 per tensor with amax 2.5 (past it: 448 * scale = 2.5).
+  Value* q8 = g->AddValue("q8");
+  const Node* fq8 = g->AddNode("Identity", "fq8", {a}, {q8});
+  g->MarkOutput(q8);
   g->MarkOutput(q);
   g->MarkOutput(qh);
   g->MarkOutput(h);
@@ -381,13 +385,15 @@ TEST_P(DeviceEvaluatorTest, DeviceReductionsEqualTheHostsExactly) {
   request.keep = {"q", "qh"};
   request.overrides[fq].int8_amax = 2.5f;
   request.overrides[fqh].int8_amax = 2.5f;
+  request.overrides[fq8].fp8_amax = 2.5f;
+  request.keep.insert("q8");
   auto want = EvaluateValueStats(*g, feed, cpu::EvaluateNode, request);
   ASSERT_TRUE(want.ok()) << want.status().ToString();
   auto got = dev->EvaluateStats(*g, feed, request);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(got->absmax, want->absmax);
   EXPECT_TRUE(std::isinf(got->absmax.at("a")));
-  for (const char* name : {"q", "qh"}) {
+  for (const char* name : {"q", "qh", "q8"}) {
     const Tensor& w = want->kept.at(name);
     const Tensor& d = got->kept.at(name);
     ASSERT_EQ(d.dtype(), w.dtype()) << name;
@@ -396,6 +402,8 @@ TEST_P(DeviceEvaluatorTest, DeviceReductionsEqualTheHostsExactly) {
   }
   EXPECT_FLOAT_EQ(want->kept.at("q").ToFloatVector()[0], 2.5f);  // NaN saturates to 127 * scale
   EXPECT_FLOAT_EQ(want->kept.at("q").ToFloatVector()[kN - 1], -2.5f);
+  EXPECT_TRUE(std::isnan(want->kept.at("q8").ToFloatVector()[0]));  // NaN stays NaN in E4M3
+  EXPECT_FLOAT_EQ(want->kept.at("q8").ToFloatVector()[kN - 1], -2.5f);
   for (const char* name : {"a", "h", "b"}) {
     const std::vector<double>& counts = want->histograms.at(name);
     EXPECT_EQ(got->histograms.at(name), counts) << name;

@@ -185,6 +185,20 @@ TEST(Int8Sensitivity, RerunsGiveThePartialEvaluationsFigures) {
   EXPECT_NEAR(rerun->all_int8, partial->all_int8, 1e-12);
   EXPECT_EQ(rerun->evaluations, partial->evaluations);
 
+  // The FP8 scheme the same way (E4M3 per tensor: inputs by their absmax, weights by theirs).
+  auto partial8 = precision::MeasureInt8Sensitivity(*g, cpu::EvaluateNode, activations, *table,
+                                                    held_out, precision::QuantScheme::kFp8);
+  auto rerun8 = precision::MeasureInt8SensitivityByRerun(*g, host_walk, data, outputs, *table,
+                                                         held_out, precision::QuantScheme::kFp8);
+  ASSERT_TRUE(partial8.ok() && rerun8.ok());
+  ASSERT_EQ(rerun8->layers.size(), 2u);
+  for (const auto& [layer, e] : partial8->layers) {
+    EXPECT_GT(e, 1e-4) << layer;
+    EXPECT_NE(e, partial->layers.at(layer)) << layer;  // not the INT8 figure
+    EXPECT_NEAR(rerun8->layers.at(layer), e, 1e-12) << layer;
+  }
+  EXPECT_NEAR(rerun8->all_int8, partial8->all_int8, 1e-12);
+
   // Calibrate with the walk takes that path and agrees with the one without.
   auto walked = precision::Calibrate(
       *g, cpu::EvaluateNode, data, precision::CalibrationMethod::kEntropy, 99.99, true, host_walk);
@@ -194,6 +208,22 @@ TEST(Int8Sensitivity, RerunsGiveThePartialEvaluationsFigures) {
     EXPECT_NEAR(walked->int8_sensitivity.at(layer), e, 1e-12) << layer;
   }
   EXPECT_NEAR(walked->int8_all_rel_l2, table->int8_all_rel_l2, 1e-12);
+  EXPECT_TRUE(walked->fp8_sensitivity.empty());
+  EXPECT_EQ(walked->fp8_all_rel_l2, -1);
+  // With the FP8 figures asked for, both paths give them too.
+  auto both = precision::Calibrate(*g, cpu::EvaluateNode, data,
+                                   precision::CalibrationMethod::kEntropy, 99.99, true, {}, true);
+  auto both_walked =
+      precision::Calibrate(*g, cpu::EvaluateNode, data, precision::CalibrationMethod::kEntropy,
+                           99.99, true, host_walk, true);
+  ASSERT_TRUE(both.ok() && both_walked.ok());
+  ASSERT_EQ(both->fp8_sensitivity.size(), 2u);
+  for (const auto& [layer, e] : both->fp8_sensitivity) {
+    EXPECT_GT(e, 1e-4) << layer;
+    EXPECT_NEAR(both_walked->fp8_sensitivity.at(layer), e, 1e-12) << layer;
+  }
+  EXPECT_GT(both->fp8_all_rel_l2, 0);
+  EXPECT_NEAR(both_walked->fp8_all_rel_l2, both->fp8_all_rel_l2, 1e-12);
   // Bad arguments are an internal error, not a wrong answer.
   EXPECT_EQ(
       precision::MeasureInt8SensitivityByRerun(*g, host_walk, data, {}, *table).status().code(),

@@ -35,6 +35,7 @@ struct BuildOptions {
   bool calib_on_cpu = false;
   bool no_fp8_edges = false;
   std::string int8_tolerance = fmt::format("{:g}", precision::kDefaultInt8Tolerance);
+  std::string fp8_tolerance = fmt::format("{:g}", precision::kDefaultFp8Tolerance);
   double calib_percentile = 99.99;
   CLI::Option* precision_report_opt = nullptr;
   std::string precision_report;  // "" with the flag given: print the table
@@ -189,6 +190,9 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   auto tolerance = precision::ParseInt8Tolerance(o.int8_tolerance);
   if (!tolerance.ok()) return ReportError(tolerance.status());
   config.int8_tolerance = *tolerance;
+  auto fp8_tolerance = precision::ParseFp8Tolerance(o.fp8_tolerance);
+  if (!fp8_tolerance.ok()) return ReportError(fp8_tolerance.status());
+  config.fp8_tolerance = *fp8_tolerance;
   config.optimize = !o.no_optimize;
   config.disabled_passes = o.disabled_passes;
   for (const std::string& p : o.profiles) {
@@ -363,6 +367,10 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
                    "INT8 layers fall back to FP16, most sensitive first, until the estimated "
                    "relative L2 error against FP32 on the calibration data is within this; 'off' "
                    "keeps every INT8 layer (docs/precision.md)")
+      ->capture_default_str();
+  prec->add_option("--fp8-tolerance", o->fp8_tolerance,
+                   "FP8 layers fall back to FP16/BF16 the same way, on their own FP8 sensitivity; "
+                   "'off' keeps every FP8 layer (docs/precision.md)")
       ->capture_default_str();
   prec->add_option("--calib-percentile", o->calib_percentile,
                    "share of |x| kept unclipped by the percentile calibrator, in (0, 100]")

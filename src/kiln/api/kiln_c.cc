@@ -225,11 +225,15 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
     KILN_ASSIGN_OR_RETURN(config.int8_tolerance, precision::ParseInt8Tolerance(value));
     return OkStatus();
   }
+  if (key == "fp8_tolerance") {
+    KILN_ASSIGN_OR_RETURN(config.fp8_tolerance, precision::ParseFp8Tolerance(value));
+    return OkStatus();
+  }
   return MakeError(
       ErrorCode::kInvalidArgument,
       "unknown build option '{}': use backend, fp16, bf16, int8, fp8, profile, deadline, "
       "memory_budget, max_kernel_time, timing_cache, calib_dir, calib_method, "
-      "calib_percentile, calib_cache, calib_on_cpu, int8_tolerance or optimize",
+      "calib_percentile, calib_cache, calib_on_cpu, int8_tolerance, fp8_tolerance or optimize",
       key);
 }
 

@@ -101,6 +101,7 @@ void kiln_build_config_free(kiln_build_config* c);
  *   calib_cache      path
  *   calib_on_cpu     0 | 1: calibrate on the CPU reference even for a GPU build (default 0)
  *   int8_tolerance   a number or "off"
+ *   fp8_tolerance    a number or "off"
  *   optimize         0 | 1
  * An unknown key or a bad value is KILN-E1001 naming it. */
 kiln_status* kiln_build_config_set(kiln_build_config* c, const char* key, const char* value);

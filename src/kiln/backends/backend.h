@@ -140,10 +140,11 @@ class Backend {
                                             double range, void* stream) {
     return false;
   }
-  // y = ir/evaluator.h's FakeQuantizeInt8(x, amax) for `n` elements of float type `dtype`, device
-  // memory, enqueued on `stream` (the INT8 sensitivity run on the device). false: not offered.
-  virtual StatusOr<bool> FakeQuantizeInt8(DataType dtype, const void* x, void* y, int64_t n,
-                                          float amax, void* stream) {
+  // y = ir/evaluator.h's FakeQuantizeInt8(x, amax), or FakeQuantizeE4M3 when `e4m3`, for `n`
+  // elements of float type `dtype`, device memory, enqueued on `stream` (the sensitivity run on
+  // the device). false: not offered.
+  virtual StatusOr<bool> FakeQuantize(bool e4m3, DataType dtype, const void* x, void* y, int64_t n,
+                                      float amax, void* stream) {
     return false;
   }
   // Makes the calling thread work on this backend's device: the builder's set-up threads call it

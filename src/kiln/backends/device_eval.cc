@@ -504,7 +504,12 @@ StatusOr<ValueStats> DeviceEvaluator::EvaluateStats(const Graph& graph,
     // quantized just before it runs.
     const ValueStatsRequest::Override* override = nullptr;
     if (auto o = request.overrides.find(node); o != request.overrides.end()) override = &o->second;
-    const bool quantize_input = override && override->int8_amax > 0 && n_in > 0 && node->input(0);
+    const bool e4m3 = override && !(override->int8_amax > 0) && override->fp8_amax > 0;
+    const float q_amax = !override ? 0.f : e4m3 ? override->fp8_amax : override->int8_amax;
+    const bool quantize_input = q_amax > 0 && n_in > 0 && node->input(0);
+    auto fake_quantize = [&](const Tensor& x) {
+      return e4m3 ? FakeQuantizeE4M3(x, q_amax) : FakeQuantizeInt8(x, q_amax);
+    };
     if (override && override->input1 && n_in > 1) {
       known[1] = override->input1;
       walk[1] = nullptr;
@@ -560,7 +565,7 @@ StatusOr<ValueStats> DeviceEvaluator::EvaluateStats(const Graph& graph,
       }
       Tensor quantized;
       if (quantize_input) {
-        quantized = FakeQuantizeInt8(*host_ins[0], override->int8_amax);
+        quantized = fake_quantize(*host_ins[0]);
         host_ins[0] = &quantized;
       }
       KILN_ASSIGN_OR_RETURN(std::vector<Tensor> results, OnHost(*node, host_ins));
@@ -585,15 +590,15 @@ StatusOr<ValueStats> DeviceEvaluator::EvaluateStats(const Graph& graph,
       if (quantize_input) {
         KILN_ASSIGN_OR_RETURN(quantized, TakeBuffer(in_views[0].size_bytes()));
         KILN_ASSIGN_OR_RETURN(
-            bool done, backend_->FakeQuantizeInt8(in_views[0].dtype, in_views[0].data,
-                                                  quantized.data(), in_views[0].num_elements(),
-                                                  override->int8_amax, stream_.get()));
+            bool done,
+            backend_->FakeQuantize(e4m3, in_views[0].dtype, in_views[0].data, quantized.data(),
+                                   in_views[0].num_elements(), q_amax, stream_.get()));
         if (!done) {
           const Tensor* x = known[0];
           if (!x) {
             KILN_ASSIGN_OR_RETURN(x, HostOf(*walk[0]));
           }
-          const Tensor q = FakeQuantizeInt8(*x, override->int8_amax);
+          const Tensor q = fake_quantize(*x);
           KILN_RETURN_IF_ERROR(
               backend_->CopyToDevice(quantized.data(), q.raw(), q.size_bytes(), stream_.get()));
           KILN_RETURN_IF_ERROR(backend_->Synchronize(stream_.get()));

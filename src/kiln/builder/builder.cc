@@ -318,9 +318,13 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
   // The INT8 sensitivity is read only by the INT8 fallback (--int8 with a finite tolerance). A
   // table without it has its own cache key, so that an INT8 build never takes one for its own.
   const bool sensitivity = config.int8 && std::isfinite(config.int8_tolerance);
+  // The FP8 one, by the FP8 fallback (--fp8 with a finite --fp8-tolerance); its tables have a key
+  // of their own too.
+  const bool fp8_sensitivity = config.fp8 && std::isfinite(config.fp8_tolerance);
   std::string key = CalibrationCacheKey(model_hash.Hex(), graph, config.calibration_method,
                                         config.calibration_percentile);
   if (!sensitivity) key += ";no-int8-sensitivity";
+  if (fp8_sensitivity) key += ";fp8-sensitivity";
   const std::string& cache = config.calibration_cache_path;
   if (!cache.empty() && std::filesystem::exists(cache)) {
     auto cached = LoadCalibrationCache(cache, key);
@@ -364,7 +368,7 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
       CalibrationTable table,
       Calibrate(graph, device ? device->AsNodeEvaluator() : ReferenceEvaluator(), data,
                 config.calibration_method, config.calibration_percentile, sensitivity,
-                device ? device->AsGraphStatsEvaluator() : GraphStatsEvaluator()));
+                device ? device->AsGraphStatsEvaluator() : GraphStatsEvaluator(), fp8_sensitivity));
   rep.calibration_batches_run = CalibrationBatchesRun() - before;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -526,6 +530,7 @@ Status PrecisionPhase(BuildState& s) {
   po.backend = config.backend;
   po.calibration = calibration ? &*calibration : nullptr;
   po.int8_tolerance = config.int8_tolerance;
+  po.fp8_tolerance = config.fp8_tolerance;
   // Kernel requests (which ask the providers whether a reduced-precision kernel exists) need
   // the max dims: one shape-rule sweep over the graph, only worth it when something may be
   // reduced. Without a precision flag every layer stays FP32 and no request is made.

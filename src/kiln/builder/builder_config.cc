@@ -272,6 +272,7 @@ Hash128 BuilderConfig::Hash() const {
   // Only INT8 builds read it, so other configs keep their hashes.
   if (int8) h.Field("int8-tolerance").Field(fmt::format("{:.9g}", int8_tolerance));
   if (fp8) h.Field("fp8");  // only when on: other configs keep their hashes
+  if (fp8) h.Field("fp8-tolerance").Field(fmt::format("{:.9g}", fp8_tolerance));
   if (fp8 && !fp8_edges) h.Field("no-fp8-edges");
   return h.Digest();
 }

@@ -70,6 +70,8 @@ struct BuilderConfig {
   // INT8 layers fall back to FP16, most sensitive first, until the estimated relative L2 error
   // against FP32 on the calibration data is within this (+inf: none falls back).
   double int8_tolerance = precision::kDefaultInt8Tolerance;
+  // The same for the FP8 layers (--fp8-tolerance): they fall back to FP16/BF16.
+  double fp8_tolerance = precision::kDefaultFp8Tolerance;
   // The profile; its shape_values name shape inputs and the values to build for (an input no
   // shape rule reads is not a shape input: its values are dropped from the engine's profile).
   OptimizationProfile profile;

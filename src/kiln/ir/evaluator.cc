@@ -5,6 +5,8 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "kiln/core/minifloat.h"
+
 namespace kiln {
 
 StatusOr<std::map<std::string, Tensor>> EvaluateAllValues(const Graph& graph,
@@ -123,6 +125,9 @@ StatusOr<ValueStats> EvaluateValueStats(const Graph& graph,
       if (o->second.int8_amax > 0 && !ins.empty() && ins[0]) {
         quantized = FakeQuantizeInt8(*ins[0], o->second.int8_amax);
         ins[0] = &quantized;
+      } else if (o->second.fp8_amax > 0 && !ins.empty() && ins[0]) {
+        quantized = FakeQuantizeE4M3(*ins[0], o->second.fp8_amax);
+        ins[0] = &quantized;
       }
       if (o->second.input1 && ins.size() > 1) ins[1] = o->second.input1;
     }
@@ -185,6 +190,19 @@ Tensor FakeQuantizeInt8(const Tensor& x, float amax) {
     s = s < 127.f ? s : 127.f;
     s = s > -127.f ? s : -127.f;
     v[i] = std::nearbyint(s) * scale;
+  }
+  return x.dtype() == DataType::kFloat32 ? out : out.CastTo(x.dtype());
+}
+
+Tensor FakeQuantizeE4M3(const Tensor& x, float amax) {
+  Tensor out = x.dtype() == DataType::kFloat32 ? x : x.CastTo(DataType::kFloat32);
+  float* v = out.mutable_data<float>();
+  const float scale = amax / 448.f;
+  const float inv = 1.f / scale;
+  for (int64_t i = 0, n = out.num_elements(); i < n; ++i) {
+    if (std::isnan(v[i])) continue;
+    const uint8_t q = FloatToFloat8Bits(v[i] * inv, Float8Format::kE4M3FN, /*saturate=*/true);
+    v[i] = Float8BitsToFloat(q, Float8Format::kE4M3FN) * scale;
   }
   return x.dtype() == DataType::kFloat32 ? out : out.CastTo(x.dtype());
 }

@@ -44,11 +44,13 @@ struct ValueStatsRequest {
   int bins = 2048;
   std::set<std::string> keep;  // returned as host tensors (graph inputs and outputs included)
   bool keep_all = false;       // every value, as EvaluateAllValues returns them
-  // Layers run on quantized operands (the INT8 sensitivity's simulation of INT8 kernels): input 0
-  // through FakeQuantizeInt8 with `int8_amax` (> 0), input 1 replaced by `input1` when given
-  // (quantized weights of the same type and dims). Keyed by node.
+  // Layers run on quantized operands (the sensitivity's simulation of INT8 and FP8 kernels): input
+  // 0 through FakeQuantizeInt8 with `int8_amax` (> 0) or FakeQuantizeE4M3 with `fp8_amax` (> 0),
+  // input 1 replaced by `input1` when given (quantized weights of the same type and dims). Keyed
+  // by node.
   struct Override {
     float int8_amax = 0;
+    float fp8_amax = 0;
     const Tensor* input1 = nullptr;
   };
   std::map<const Node*, Override> overrides;
@@ -82,5 +84,9 @@ void AccumulateAbsHistogram(const Tensor& t, double range, std::span<double> cou
 // (backends/int8_quant.h): in float, s = x * (1 / (amax / 127)), saturated to [-127, 127] (NaN to
 // 127) before rounding half to even, times amax / 127. Any float type, computed in float32.
 Tensor FakeQuantizeInt8(const Tensor& x, float amax);
+// Per-tensor FP8 E4M3 quantize-dequantize as the FP8 kernels quantize an activation
+// (backends/fp8_quant.h): scale = amax / 448, E4M3(x * (1 / scale)) rounded to nearest even and
+// saturated to +-448 (NaN stays NaN), times scale. Any float type, computed in float32.
+Tensor FakeQuantizeE4M3(const Tensor& x, float amax);
 
 }  // namespace kiln

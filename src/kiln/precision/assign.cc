@@ -179,6 +179,8 @@ class Assigner {
   Status Rewrite(const std::vector<Node*>& order);
   // The INT8 sensitivity fallback over the layers Decide made INT8.
   void FallBackSensitiveInt8(const std::vector<Node*>& order);
+  // The same for the layers made FP8, over the table's FP8 figures and --fp8-tolerance.
+  void FallBackSensitiveFp8(const std::vector<Node*>& order);
 
   Graph& graph_;
   const PrecisionOptions& options_;
@@ -461,6 +463,40 @@ void Assigner::FallBackSensitiveInt8(const std::vector<Node*>& order) {
   }
 }
 
+void Assigner::FallBackSensitiveFp8(const std::vector<Node*>& order) {
+  const CalibrationTable* table = options_.calibration;
+  const double tolerance = options_.fp8_tolerance;
+  std::vector<std::string> fp8;
+  for (Node* node : order) {
+    if (decided_.at(node).fp8) fp8.push_back(node->name());
+  }
+  if (!table || table->fp8_all_rel_l2 < 0 || !std::isfinite(tolerance) || fp8.empty()) return;
+  const Int8FallbackPlan plan =
+      PlanFallback(table->fp8_sensitivity, table->fp8_all_rel_l2, fp8, tolerance);
+  result_.fp8_estimated_rel_l2 = plan.estimate;
+  for (Node* node : order) {
+    LayerPrecision& lp = decided_.at(node);
+    if (!lp.fp8) continue;
+    auto s = table->fp8_sensitivity.find(node->name());
+    const double sensitivity = s == table->fp8_sensitivity.end() ? 0.0 : s->second;
+    auto f = plan.fall_back.find(node->name());
+    if (f == plan.fall_back.end()) {
+      lp.reason += fmt::format(
+          "; fp8 sensitivity rel-L2 {:.3g}, FP8 layers' estimated rel-L2 {:.3g} <= tolerance "
+          "{:.3g}",
+          sensitivity, plan.estimate, tolerance);
+      continue;
+    }
+    node->mutable_attrs().Erase(std::string(kFp8InputAmaxAttr));
+    lp.fp8 = false;
+    lp.reason = fmt::format(
+        "{}: fp8 sensitivity rel-L2 {:.3g} alone; FP8 layers' estimated rel-L2 with it {:.3g} > "
+        "tolerance {:.3g}",
+        lp.label(), f->second.sensitivity, f->second.estimate, tolerance);
+    ++result_.fp8_fallbacks;
+  }
+}
+
 bool IsReduced(const LayerPrecision& lp) {
   return lp.dtype == DataType::kFloat16 || lp.dtype == DataType::kBFloat16;
 }
@@ -670,6 +706,7 @@ StatusOr<PrecisionResult> Assigner::Run() {
     }
   }
   if (options_.int8) FallBackSensitiveInt8(order);
+  if (options_.fp8) FallBackSensitiveFp8(order);
   for (const auto& [node, lp] : decided_) {
     result_.int8_layers += lp.int8;
     result_.fp8_layers += lp.fp8;

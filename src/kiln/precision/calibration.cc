@@ -186,8 +186,8 @@ StatusOr<std::map<std::string, Tensor>> EvaluateCalibrationBatch(
 StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& evaluate,
                                      std::span<const std::map<std::string, Tensor>> data,
                                      CalibrationMethod method, double percentile,
-                                     bool int8_sensitivity,
-                                     const GraphStatsEvaluator& graph_stats) {
+                                     bool int8_sensitivity, const GraphStatsEvaluator& graph_stats,
+                                     bool fp8_sensitivity) {
   // Every float value a node computes is watched; only INT8 candidates' activations need a
   // clipping threshold (histogram), the rest need the absmax (FP16 guard).
   std::set<std::string> watched;
@@ -226,7 +226,10 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& ev
   first.absmax.insert(needs_histogram.begin(), needs_histogram.end());
   // With a graph walk (a device), the sensitivity runs whole graphs again instead, and needs only
   // the graph outputs to compare with.
-  const bool sensitivity = int8_sensitivity && !needs_histogram.empty();
+  bool has_fp8_candidates = false;
+  for (const Node* node : order) has_fp8_candidates |= IsFp8Candidate(*node);
+  const bool sensitivity =
+      (int8_sensitivity && !needs_histogram.empty()) || (fp8_sensitivity && has_fp8_candidates);
   first.keep_all = sensitivity && !graph_stats;
   if (sensitivity && graph_stats) {
     for (const Value* out : graph.outputs()) {
@@ -304,21 +307,40 @@ StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& ev
     }
   }
   if (!activations.empty()) {
-    SensitivityResult sens;
-    if (graph_stats) {
-      auto counted = [&](const Graph& g, const std::map<std::string, Tensor>& feed,
-                         const ValueStatsRequest& request) {
-        g_batches_run.fetch_add(1);
-        return graph_stats(g, feed, request);
-      };
-      KILN_ASSIGN_OR_RETURN(
-          sens, MeasureInt8SensitivityByRerun(graph, counted, data, activations, table, held_out));
-    } else {
-      KILN_ASSIGN_OR_RETURN(sens,
-                            MeasureInt8Sensitivity(graph, evaluate, activations, table, held_out));
+    auto counted = [&](const Graph& g, const std::map<std::string, Tensor>& feed,
+                       const ValueStatsRequest& request) {
+      g_batches_run.fetch_add(1);
+      return graph_stats(g, feed, request);
+    };
+    auto measure =
+        [&](QuantScheme scheme,
+            std::span<const std::map<std::string, double>> held) -> StatusOr<SensitivityResult> {
+      if (graph_stats) {
+        return MeasureInt8SensitivityByRerun(graph, counted, data, activations, table, held,
+                                             scheme);
+      }
+      return MeasureInt8Sensitivity(graph, evaluate, activations, table, held, scheme);
+    };
+    if (int8_sensitivity && !needs_histogram.empty()) {
+      KILN_ASSIGN_OR_RETURN(SensitivityResult sens, measure(QuantScheme::kInt8, held_out));
+      table.int8_sensitivity = std::move(sens.layers);
+      table.int8_all_rel_l2 = sens.evaluations > 0 ? sens.all_int8 : -1;
     }
-    table.int8_sensitivity = std::move(sens.layers);
-    table.int8_all_rel_l2 = sens.evaluations > 0 ? sens.all_int8 : -1;
+    if (fp8_sensitivity && has_fp8_candidates) {
+      // FP8 scales by the absmax: held out, the largest of the other data sets'.
+      std::vector<std::map<std::string, double>> held_absmax(data.size() > 1 ? data.size() : 0);
+      for (size_t d = 0; d < held_absmax.size(); ++d) {
+        for (size_t o = 0; o < data.size(); ++o) {
+          if (o == d) continue;
+          for (const auto& [name, m] : set_absmax[o]) {
+            held_absmax[d][name] = std::max(held_absmax[d][name], m);
+          }
+        }
+      }
+      KILN_ASSIGN_OR_RETURN(SensitivityResult sens, measure(QuantScheme::kFp8, held_absmax));
+      table.fp8_sensitivity = std::move(sens.layers);
+      table.fp8_all_rel_l2 = sens.evaluations > 0 ? sens.all_int8 : -1;
+    }
   }
   return table;
 }

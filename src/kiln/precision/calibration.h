@@ -49,6 +49,9 @@ struct CalibrationTable {
   // with every analysed layer INT8 (< 0: not measured; then nothing falls back for it).
   std::map<std::string, double> int8_sensitivity;
   double int8_all_rel_l2 = -1;
+  // The same for the FP8 products (sensitivity.h's QuantScheme::kFp8), when measured.
+  std::map<std::string, double> fp8_sensitivity;
+  double fp8_all_rel_l2 = -1;
   const TensorRange* Find(const std::string& value) const {
     auto it = ranges.find(value);
     return it == ranges.end() ? nullptr : &it->second;
@@ -86,12 +89,15 @@ StatusOr<std::map<std::string, Tensor>> EvaluateCalibrationBatch(
 // graph_stats, when given, runs the two passes instead (a device evaluator's, which reduces each
 // value where it computed it and downloads only the numbers), and the sensitivity as whole-graph
 // reruns (MeasureInt8SensitivityByRerun), so that no activation is held on the host. It must
-// compute what EvaluateValueStats over `evaluate` would.
+// compute what EvaluateValueStats over `evaluate` would. fp8_sensitivity measures the FP8
+// products' sensitivity too (fp8_sensitivity, fp8_all_rel_l2; the --fp8 fallback), leave one out
+// on the absmax as FP8 scales by it.
 StatusOr<CalibrationTable> Calibrate(const Graph& graph, const NodeEvaluator& evaluate,
                                      std::span<const std::map<std::string, Tensor>> data,
                                      CalibrationMethod method, double percentile,
                                      bool int8_sensitivity = true,
-                                     const GraphStatsEvaluator& graph_stats = {});
+                                     const GraphStatsEvaluator& graph_stats = {},
+                                     bool fp8_sensitivity = false);
 
 // How many times Calibrate ran a data set through the reference in this process (tests check that
 // a cached build runs none).

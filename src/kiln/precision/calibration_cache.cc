@@ -88,14 +88,27 @@ StatusOr<CalibrationTable> LoadCalibrationCache(const std::string& path, const s
       !j.contains("int8_all_rel_l2") || !j["int8_all_rel_l2"].is_number()) {
     return Invalid(path, "has no INT8 sensitivity");
   }
-  for (const auto& [name, s] : j["int8_sensitivity"].items()) {
-    // +inf (a layer whose INT8 output is not finite) is stored as the string "inf".
-    double v = s.is_number() ? s.get<double>() : (s == "inf" ? HUGE_VAL : -1.0);
-    if (!(v >= 0))
-      return Invalid(path, fmt::format("has an impossible sensitivity for '{}'", name));
-    table.int8_sensitivity[name] = v;
-  }
+  auto read = [&](const nlohmann::json& from, std::map<std::string, double>& to) -> Status {
+    for (const auto& [name, s] : from.items()) {
+      // +inf (a layer whose quantized output is not finite) is stored as the string "inf".
+      double v = s.is_number() ? s.get<double>() : (s == "inf" ? HUGE_VAL : -1.0);
+      if (!(v >= 0))
+        return Invalid(path, fmt::format("has an impossible sensitivity for '{}'", name));
+      to[name] = v;
+    }
+    return OkStatus();
+  };
+  KILN_RETURN_IF_ERROR(read(j["int8_sensitivity"], table.int8_sensitivity));
   table.int8_all_rel_l2 = j["int8_all_rel_l2"].get<double>();
+  // The FP8 sensitivity is there when it was measured (its builds' key says so).
+  if (j.contains("fp8_sensitivity")) {
+    if (!j["fp8_sensitivity"].is_object() || !j.contains("fp8_all_rel_l2") ||
+        !j["fp8_all_rel_l2"].is_number()) {
+      return Invalid(path, "has an FP8 sensitivity without its figures");
+    }
+    KILN_RETURN_IF_ERROR(read(j["fp8_sensitivity"], table.fp8_sensitivity));
+    table.fp8_all_rel_l2 = j["fp8_all_rel_l2"].get<double>();
+  }
   return table;
 }
 
@@ -112,12 +125,19 @@ Status SaveCalibrationCache(const std::string& path, const std::string& key,
   for (const auto& [name, r] : table.ranges)
     tensors[name] = {{"absmax", r.absmax}, {"amax", r.amax}};
   j["tensors"] = std::move(tensors);
-  nlohmann::json sensitivity = nlohmann::json::object();
-  for (const auto& [name, v] : table.int8_sensitivity) {
-    sensitivity[name] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json("inf");
-  }
-  j["int8_sensitivity"] = std::move(sensitivity);
+  auto write = [](const std::map<std::string, double>& from) {
+    nlohmann::json to = nlohmann::json::object();
+    for (const auto& [name, v] : from) {
+      to[name] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json("inf");
+    }
+    return to;
+  };
+  j["int8_sensitivity"] = write(table.int8_sensitivity);
   j["int8_all_rel_l2"] = std::isfinite(table.int8_all_rel_l2) ? table.int8_all_rel_l2 : 1e300;
+  if (!table.fp8_sensitivity.empty() || table.fp8_all_rel_l2 >= 0) {
+    j["fp8_sensitivity"] = write(table.fp8_sensitivity);
+    j["fp8_all_rel_l2"] = std::isfinite(table.fp8_all_rel_l2) ? table.fp8_all_rel_l2 : 1e300;
+  }
   // Atomic replace: a reader sees the old file or the new one, never half of one. It may replace
   // the stale cache this build read.
   AtomicOutput::Options rewrite;

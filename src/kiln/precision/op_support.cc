@@ -53,6 +53,11 @@ bool IsInt8Candidate(const Node& node) {
          IsFloat(node.input(0)->dtype());
 }
 
+bool IsFp8Candidate(const Node& node) {
+  const OpType t = OpTypeOf(node);
+  return IsInt8Candidate(node) && t != OpType::kConv && t != OpType::kFusedConv;
+}
+
 std::string LayerPrecision::label() const {
   if (int8) return "i8";
   if (fp8) return "f8";

@@ -54,6 +54,8 @@ OpPrecisionRule LookupOpPrecision(std::string_view op_type);
 
 // Conv/FusedConv/Gemm/FusedGemm/MatMul/FusedMatMul whose input 1 is a constant weight.
 bool IsInt8Candidate(const Node& node);
+// The FP8 candidates: the INT8 ones but convolutions (FP8 kernels are matrix products only).
+bool IsFp8Candidate(const Node& node);
 // Whether the graph has layers with a QDQ model's INT8 scales (passes/qdq_fusion.cc): they are
 // INT8 without --int8 or calibration, so the builder asks the backend's kernels about them.
 bool HasModelInt8Layers(const Graph& graph);
@@ -84,6 +86,8 @@ struct PrecisionOptions {
   // end-to-end relative L2 error against FP32 on the calibration data is within this; +inf keeps
   // every INT8 layer. Needs the calibration's sensitivity figures.
   double int8_tolerance = kDefaultInt8Tolerance;
+  // The same for the FP8 layers (the table's fp8_sensitivity); +inf keeps every FP8 layer.
+  double fp8_tolerance = kDefaultFp8Tolerance;
   // The kernel request for a node of the graph as it is (shapes at the profile's max).
   std::function<KernelRequest(const Node&)> make_request;
 };
@@ -109,7 +113,9 @@ struct PrecisionResult {
   int64_t int8_layers = 0;           // layers computing in INT8 after the sensitivity fallback
   int64_t int8_fallbacks = 0;        // INT8-capable layers sent back to FP16/FP32 by it
   double int8_estimated_rel_l2 = 0;  // the fallback plan's estimate for the INT8 layers kept
-  int64_t fp8_layers = 0;            // layers computing in FP8
+  int64_t fp8_layers = 0;            // layers computing in FP8 after the FP8 fallback
+  int64_t fp8_fallbacks = 0;         // FP8-capable layers sent back to FP16/BF16 by it
+  double fp8_estimated_rel_l2 = 0;   // its plan's estimate for the FP8 layers kept
   // Seconds spent asking the backend's providers which precisions have kernels (for a GPU
   // backend: cuDNN/cuBLASLt queries and plan finalisation), for the build report's breakdown.
   double kernel_query_seconds = 0;

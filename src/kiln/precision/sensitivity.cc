@@ -53,6 +53,7 @@ class Simulator {
   struct Layer {
     std::vector<float> amax;
     const Tensor* weights = nullptr;
+    bool e4m3 = false;  // FP8 E4M3 per tensor, else INT8
   };
   StatusOr<double> Evaluate(const std::unordered_map<const Node*, Layer>& int8) const {
     size_t first = order_.size();
@@ -85,14 +86,15 @@ class Simulator {
         }
         Tensor quantized_input;
         if (q != int8.end()) {
-          quantized_input = FakeQuantizeActivations(*ins[0], q->second.amax[set]);
+          quantized_input = q->second.e4m3 ? FakeQuantizeE4M3(*ins[0], q->second.amax[set])
+                                           : FakeQuantizeActivations(*ins[0], q->second.amax[set]);
           ins[0] = &quantized_input;
           ins[1] = q->second.weights;
         }
         auto results = evaluate_(*node, ins);
         if (!results.ok()) {
-          return std::move(results).status().AddContext(
-              fmt::format("while measuring the INT8 sensitivity at layer '{}'", node->name()));
+          return std::move(results).status().AddContext(fmt::format(
+              "while measuring the quantization sensitivity at layer '{}'", node->name()));
         }
         for (size_t i = 0; i < results->size() && i < node->num_outputs(); ++i) {
           if (const Value* v = node->output(i)) changed[v] = std::move((*results)[i]);
@@ -119,18 +121,28 @@ class Simulator {
 
 }  // namespace
 
-StatusOr<double> ParseInt8Tolerance(std::string_view text) {
+namespace {
+StatusOr<double> ParseTolerance(std::string_view text, std::string_view flag,
+                                std::string_view layers) {
   if (text == "off" || text == "none") return HUGE_VAL;
   double v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || !(v > 0) || !std::isfinite(v)) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     "--int8-tolerance '{}': give the relative L2 error against FP32 that the INT8 "
-                     "layers may cause, a number > 0 (e.g. 0.05), or 'off' to keep every INT8 "
-                     "layer",
-                     std::string(text));
+                     "{} '{}': give the relative L2 error against FP32 that the {} layers may "
+                     "cause, a number > 0 (e.g. 0.05), or 'off' to keep every {} layer",
+                     flag, std::string(text), layers, layers);
   }
   return v;
+}
+}  // namespace
+
+StatusOr<double> ParseInt8Tolerance(std::string_view text) {
+  return ParseTolerance(text, "--int8-tolerance", "INT8");
+}
+
+StatusOr<double> ParseFp8Tolerance(std::string_view text) {
+  return ParseTolerance(text, "--fp8-tolerance", "FP8");
 }
 
 Tensor FakeQuantizeActivations(const Tensor& x, float amax) { return FakeQuantizeInt8(x, amax); }
@@ -159,6 +171,15 @@ std::optional<Tensor> FakeQuantizeWeights(const Node& node, const Tensor& w) {
   return out;
 }
 
+std::optional<Tensor> FakeQuantizeFp8Weights(const Tensor& w) {
+  if (w.dtype() != DataType::kFloat32 || w.dims().size() != 2) return std::nullopt;
+  float absmax = 0.f;
+  const float* d = w.data<float>();
+  for (int64_t i = 0, n = w.num_elements(); i < n; ++i) absmax = std::max(absmax, std::fabs(d[i]));
+  if (!(absmax > 0.f) || !std::isfinite(absmax)) return w;  // all zero: E4M3 keeps it
+  return FakeQuantizeE4M3(w, absmax);
+}
+
 double RelativeL2(const Tensor& actual, const Tensor& reference) {
   const int64_t n = std::min(actual.num_elements(), reference.num_elements());
   if (actual.num_elements() != reference.num_elements()) return HUGE_VAL;
@@ -180,19 +201,25 @@ struct AnalysedLayers {
   std::vector<std::unique_ptr<Tensor>> weights;  // what the layers point at
 };
 AnalysedLayers Analyse(std::span<const Node* const> order, const CalibrationTable& table,
-                       size_t sets, std::span<const std::map<std::string, double>> held_out_amax) {
+                       size_t sets, std::span<const std::map<std::string, double>> held_out_amax,
+                       QuantScheme scheme) {
   AnalysedLayers a;
+  const bool e4m3 = scheme == QuantScheme::kFp8;
   for (const Node* node : order) {
-    if (!IsInt8Candidate(*node)) continue;
+    if (!(e4m3 ? IsFp8Candidate(*node) : IsInt8Candidate(*node))) continue;
     const TensorRange* r = table.Find(node->input(0)->name());
-    if (!r || !(r->amax > 0) || !std::isfinite(r->amax)) continue;
-    std::optional<Tensor> w = FakeQuantizeWeights(*node, *node->input(1)->constant());
+    // INT8 clips at the method's amax; FP8 scales to the absmax (assign.cc's TryFp8).
+    const double table_amax = !r ? 0.0 : e4m3 ? r->absmax : r->amax;
+    if (!(table_amax > 0) || !std::isfinite(table_amax)) continue;
+    std::optional<Tensor> w = e4m3 ? FakeQuantizeFp8Weights(*node->input(1)->constant())
+                                   : FakeQuantizeWeights(*node, *node->input(1)->constant());
     if (!w) continue;
     a.weights.push_back(std::make_unique<Tensor>(std::move(*w)));
     Simulator::Layer layer;
     layer.weights = a.weights.back().get();
+    layer.e4m3 = e4m3;
     for (size_t set = 0; set < sets; ++set) {
-      double amax = r->amax;
+      double amax = table_amax;
       if (set < held_out_amax.size()) {
         auto h = held_out_amax[set].find(node->input(0)->name());
         // A tensor that is all zero in the other sets has no held-out scale: the table's then.
@@ -227,10 +254,10 @@ StatusOr<SensitivityResult> MeasureEach(const AnalysedLayers& a, EvaluateSet&& e
 StatusOr<SensitivityResult> MeasureInt8Sensitivity(
     const Graph& graph, const NodeEvaluator& evaluate,
     std::span<const std::map<std::string, Tensor>> activations, const CalibrationTable& table,
-    std::span<const std::map<std::string, double>> held_out_amax) {
+    std::span<const std::map<std::string, double>> held_out_amax, QuantScheme scheme) {
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
   std::vector<const Node*> const_order(order.begin(), order.end());
-  const AnalysedLayers a = Analyse(const_order, table, activations.size(), held_out_amax);
+  const AnalysedLayers a = Analyse(const_order, table, activations.size(), held_out_amax, scheme);
   if (a.layers.empty() || activations.empty()) return SensitivityResult{};
   if (!evaluate) return MakeError(ErrorCode::kInternal, "int8 sensitivity: no reference evaluator");
   Simulator sim(graph, evaluate, const_order, activations);
@@ -243,10 +270,10 @@ StatusOr<SensitivityResult> MeasureInt8SensitivityByRerun(
     const Graph& graph, const GraphStatsEvaluator& graph_stats,
     std::span<const std::map<std::string, Tensor>> data,
     std::span<const std::map<std::string, Tensor>> reference_outputs, const CalibrationTable& table,
-    std::span<const std::map<std::string, double>> held_out_amax) {
+    std::span<const std::map<std::string, double>> held_out_amax, QuantScheme scheme) {
   KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
   std::vector<const Node*> const_order(order.begin(), order.end());
-  const AnalysedLayers a = Analyse(const_order, table, data.size(), held_out_amax);
+  const AnalysedLayers a = Analyse(const_order, table, data.size(), held_out_amax, scheme);
   if (a.layers.empty() || data.empty()) return SensitivityResult{};
   if (!graph_stats || reference_outputs.size() != data.size()) {
     return MakeError(ErrorCode::kInternal, "int8 sensitivity: no graph walk or reference outputs");
@@ -261,11 +288,14 @@ StatusOr<SensitivityResult> MeasureInt8SensitivityByRerun(
         for (size_t set = 0; set < data.size(); ++set) {
           request.overrides.clear();
           for (const auto& [node, layer] : int8) {
-            request.overrides[node] = {layer.amax[set], layer.weights};
+            ValueStatsRequest::Override& o = request.overrides[node];
+            (layer.e4m3 ? o.fp8_amax : o.int8_amax) = layer.amax[set];
+            o.input1 = layer.weights;
           }
           auto stats = graph_stats(graph, data[set], request);
           if (!stats.ok()) {
-            return std::move(stats).status().AddContext("while measuring the INT8 sensitivity");
+            return std::move(stats).status().AddContext(
+                "while measuring the quantization sensitivity");
           }
           for (const auto& [name, got] : stats->kept) {
             auto ref = reference_outputs[set].find(name);
@@ -280,19 +310,24 @@ StatusOr<SensitivityResult> MeasureInt8SensitivityByRerun(
 
 Int8FallbackPlan PlanInt8Fallback(const CalibrationTable& table,
                                   const std::vector<std::string>& int8_layers, double tolerance) {
+  return PlanFallback(table.int8_sensitivity, table.int8_all_rel_l2, int8_layers, tolerance);
+}
+
+Int8FallbackPlan PlanFallback(const std::map<std::string, double>& sensitivities, double all_rel_l2,
+                              const std::vector<std::string>& layers, double tolerance) {
   Int8FallbackPlan plan;
   auto sensitivity = [&](const std::string& name) {
-    auto it = table.int8_sensitivity.find(name);
-    return it == table.int8_sensitivity.end() ? 0.0 : it->second;
+    auto it = sensitivities.find(name);
+    return it == sensitivities.end() ? 0.0 : it->second;
   };
   double all_sq = 0;
-  for (const auto& [name, s] : table.int8_sensitivity) all_sq += s * s;
-  if (all_sq > 0 && table.int8_all_rel_l2 > 0) {
-    plan.scale = std::max(1.0, table.int8_all_rel_l2 / std::sqrt(all_sq));
+  for (const auto& [name, s] : sensitivities) all_sq += s * s;
+  if (all_sq > 0 && all_rel_l2 > 0) {
+    plan.scale = std::max(1.0, all_rel_l2 / std::sqrt(all_sq));
   }
   // Most sensitive first; the name breaks ties so the plan never depends on map or hash order.
   std::vector<std::pair<double, std::string>> ranked;
-  for (const std::string& name : int8_layers) ranked.emplace_back(sensitivity(name), name);
+  for (const std::string& name : layers) ranked.emplace_back(sensitivity(name), name);
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });

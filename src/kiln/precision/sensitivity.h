@@ -26,8 +26,18 @@ namespace kiln::precision {
 // under 0.025; docs/precision.md has the table).
 inline constexpr double kDefaultInt8Tolerance = 2e-2;
 
+// The FP8 default: the bar for an FP8 engine, 5e-2. E4M3 keeps 3 mantissa bits, so FP8's
+// own error is several times INT8's at a well-chosen scale (the zoo's bert_tiny: 5.7e-2 with every
+// product FP8); 2e-2 would keep almost no layer FP8.
+inline constexpr double kDefaultFp8Tolerance = 5e-2;
+
+// Which kernels a sensitivity simulates.
+enum class QuantScheme { kInt8, kFp8 };
+
 // Parses --int8-tolerance: a relative L2 error > 0, or "off" (+inf: every INT8 layer stays).
 StatusOr<double> ParseInt8Tolerance(std::string_view text);
+// The same for --fp8-tolerance.
+StatusOr<double> ParseFp8Tolerance(std::string_view text);
 
 // Quantize-dequantize as the INT8 kernels do (backends/cpu/int8_common.h's contract):
 // activations symmetric with scale amax/127, round to nearest even, saturate to [-127, 127].
@@ -37,6 +47,9 @@ Tensor FakeQuantizeActivations(const Tensor& x, float amax);
 // layout the INT8 kernels take (not f32, or a Gemm/MatMul B that is not 2-D): such a layer is
 // not analysed and, having no INT8 kernel, never runs INT8.
 std::optional<Tensor> FakeQuantizeWeights(const Node& node, const Tensor& w);
+// FP8 weights (backends/fp8_quant.h): per tensor, E4M3 with scale absmax / 448; nullopt unless a
+// 2-D f32 matrix (the FP8 kernels' B).
+std::optional<Tensor> FakeQuantizeFp8Weights(const Tensor& w);
 
 // ||actual - reference|| / ||reference|| (the absolute L2 norm when the reference is all zero).
 double RelativeL2(const Tensor& actual, const Tensor& reference);
@@ -57,10 +70,13 @@ struct SensitivityResult {
 // value name; Calibrate gives the method's amax computed from every data set but d
 // (leave-one-out), so the figure is the error on inputs the scales were not fitted to, which is
 // what an engine meets after the build. Missing: the table's amax.
+// scheme kFp8 measures the FP8 products instead (IsFp8Candidate layers, input 0 per tensor E4M3
+// with the absmax, weights per tensor E4M3; held_out_amax then holds held-out absmaxes).
 StatusOr<SensitivityResult> MeasureInt8Sensitivity(
     const Graph& graph, const NodeEvaluator& evaluate,
     std::span<const std::map<std::string, Tensor>> activations, const CalibrationTable& table,
-    std::span<const std::map<std::string, double>> held_out_amax = {});
+    std::span<const std::map<std::string, double>> held_out_amax = {},
+    QuantScheme scheme = QuantScheme::kInt8);
 
 // The same figures from whole-graph runs: `graph_stats` (a device's graph walk, whose values stay
 // on the device) runs every data set again for each layer set, with the layers' operands
@@ -72,7 +88,8 @@ StatusOr<SensitivityResult> MeasureInt8SensitivityByRerun(
     const Graph& graph, const GraphStatsEvaluator& graph_stats,
     std::span<const std::map<std::string, Tensor>> data,
     std::span<const std::map<std::string, Tensor>> reference_outputs, const CalibrationTable& table,
-    std::span<const std::map<std::string, double>> held_out_amax = {});
+    std::span<const std::map<std::string, double>> held_out_amax = {},
+    QuantScheme scheme = QuantScheme::kInt8);
 
 // Which INT8 layers fall back to keep the estimated end-to-end error within `tolerance`.
 // Estimate for a set S of INT8 layers: quantization noise of different layers adds in quadrature,
@@ -90,5 +107,8 @@ struct Int8FallbackPlan {
 };
 Int8FallbackPlan PlanInt8Fallback(const CalibrationTable& table,
                                   const std::vector<std::string>& int8_layers, double tolerance);
+// The same over any scheme's figures (the FP8 fallback: table.fp8_sensitivity, fp8_all_rel_l2).
+Int8FallbackPlan PlanFallback(const std::map<std::string, double>& sensitivities, double all_rel_l2,
+                              const std::vector<std::string>& layers, double tolerance);
 
 }  // namespace kiln::precision

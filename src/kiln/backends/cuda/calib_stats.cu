@@ -1,8 +1,11 @@
 // Calibration on the device: max |x| and the histogram of |x| of a float tensor
 // (Backend::AccumulateAbsStats), reduced where the value was computed so that calibration
 // downloads a few numbers instead of every activation, and the INT8 sensitivity's
-// quantize-dequantize (Backend::FakeQuantizeInt8). The arithmetic is ir/evaluator.h's
-// AccumulateAbsMax/AccumulateAbsHistogram/FakeQuantizeInt8, so host and device agree exactly.
+// quantize-dequantize, INT8 or FP8 E4M3 (Backend::FakeQuantize). The arithmetic is
+// ir/evaluator.h's AccumulateAbsMax/AccumulateAbsHistogram/FakeQuantizeInt8/FakeQuantizeE4M3, so
+// host and device agree exactly.
+#include <cuda_fp8.h>
+
 #include <cstdint>
 
 #include "kiln/backends/cuda/cuda_launch_more.h"
@@ -61,6 +64,24 @@ __global__ void FakeQuantizeInt8Kernel(const T* __restrict__ x, T* __restrict__ 
   }
 }
 
+// The FP8 products' own conversion (fp8_gemm.cu): round to nearest even, saturate to +-448.
+template <typename T>
+__global__ void FakeQuantizeE4M3Kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n,
+                                       float scale, float inv) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = static_cast<float>(Load(x[i]));
+    if (isnan(v)) {
+      y[i] = x[i];
+      continue;
+    }
+    const __nv_fp8_storage_t q =
+        __nv_cvt_float_to_fp8(__fmul_rn(v, inv), __NV_SATFINITE, __NV_E4M3);
+    const float back = __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
+    y[i] = Store<T>(__fmul_rn(back, scale));
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchAbsStats(Elem t, const void* x, int64_t n, uint32_t* absmax,
@@ -81,15 +102,22 @@ cudaError_t LaunchAbsStats(Elem t, const void* x, int64_t n, uint32_t* absmax,
   });
 }
 
-cudaError_t LaunchFakeQuantizeInt8(Elem t, const void* x, void* y, int64_t n, float amax,
-                                   cudaStream_t stream) {
+cudaError_t LaunchFakeQuantize(bool e4m3, Elem t, const void* x, void* y, int64_t n, float amax,
+                               cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const float scale = amax / 127.f;
+  const float scale = amax / (e4m3 ? 448.f : 127.f);
   const float inv = 1.f / scale;
   return DispatchFloat(t, [&](auto tag) {
     using T = decltype(tag);
-    FakeQuantizeInt8Kernel<T><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), n, scale, inv);
+    const T* px = static_cast<const T*>(x);
+    T* py = static_cast<T*>(y);
+    if (e4m3) {
+      FakeQuantizeE4M3Kernel<T>
+          <<<GridFor(n, kThreads), kThreads, 0, stream>>>(px, py, n, scale, inv);
+    } else {
+      FakeQuantizeInt8Kernel<T>
+          <<<GridFor(n, kThreads), kThreads, 0, stream>>>(px, py, n, scale, inv);
+    }
     return cudaGetLastError();
   });
 }

@@ -185,14 +185,14 @@ class CudaBackend final : public Backend {
                                                    bins, range, static_cast<cudaStream_t>(stream)));
     return true;
   }
-  StatusOr<bool> FakeQuantizeInt8(DataType dtype, const void* x, void* y, int64_t n, float amax,
-                                  void* stream) override {
+  StatusOr<bool> FakeQuantize(bool e4m3, DataType dtype, const void* x, void* y, int64_t n,
+                              float amax, void* stream) override {
     if (dtype != DataType::kFloat32 && dtype != DataType::kFloat16 &&
         dtype != DataType::kBFloat16) {
       return false;
     }
-    KILN_CUDA_RETURN_IF_ERROR(cuda::LaunchFakeQuantizeInt8(*cuda::ToElem(dtype), x, y, n, amax,
-                                                           static_cast<cudaStream_t>(stream)));
+    KILN_CUDA_RETURN_IF_ERROR(cuda::LaunchFakeQuantize(e4m3, *cuda::ToElem(dtype), x, y, n, amax,
+                                                       static_cast<cudaStream_t>(stream)));
     return true;
   }
   Status BindThread() override {

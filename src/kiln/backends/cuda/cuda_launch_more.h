@@ -86,9 +86,11 @@ cudaError_t LaunchArgReduce(Elem t, bool is_max, bool select_last, const void* x
 cudaError_t LaunchAbsStats(Elem t, const void* x, int64_t n, uint32_t* absmax,
                            unsigned long long* hist, int bins, double range, cudaStream_t stream);
 // y = quantize-dequantize of x as ir/evaluator.h's FakeQuantizeInt8 (in float: x * (1 / scale),
-// saturated to [-127, 127] with NaN to 127, rounded half to even, times scale = amax / 127).
-cudaError_t LaunchFakeQuantizeInt8(Elem t, const void* x, void* y, int64_t n, float amax,
-                                   cudaStream_t stream);
+// saturated to [-127, 127] with NaN to 127, rounded half to even, times scale = amax / 127), or
+// with e4m3 its FakeQuantizeE4M3 (E4M3(x * (1 / scale)), saturating, NaN kept, times scale =
+// amax / 448).
+cudaError_t LaunchFakeQuantize(bool e4m3, Elem t, const void* x, void* y, int64_t n, float amax,
+                               cudaStream_t stream);
 
 // ---- cumsum.cu --------------------------------------------------------------------------------
 // Inclusive or exclusive prefix sums of [outer, n, inner] along n, optionally from the end.
