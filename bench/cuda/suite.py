@@ -382,8 +382,12 @@ def kiln_row(a, name, exporter, batch, export_dir, ref, feed, work):
 
 QUANT_TOL = 5e-2  # issue 22's bar: INT8/FP8 engines within relative L2 5e-2 of FP32
 # The quantized builds --quant names: fp8-noedges is FP8 with FP16 between FP8 products (kiln
-# build --no-fp8-edges), the reference for what the FP8 edges save.
-QUANT_FLAGS = {"int8": ["--int8"], "fp8": ["--fp8"], "fp8-noedges": ["--fp8", "--no-fp8-edges"]}
+# build --no-fp8-edges), the reference for what the FP8 edges save; fp8-all and int8-all keep
+# every layer that has a kernel quantized (the sensitivity fallbacks off).
+QUANT_FLAGS = {"int8": ["--int8"], "fp8": ["--fp8"],
+               "fp8-noedges": ["--fp8", "--no-fp8-edges"],
+               "fp8-all": ["--fp8", "--fp8-tolerance", "off"],
+               "int8-all": ["--int8", "--int8-tolerance", "off"]}
 
 
 def quant_variant(a, name, exporter, batch, export_dir, profile, work, in_dir, ref, q):
@@ -791,7 +795,8 @@ def main():
                     help="also build each engine warm (same timing cache) and with --opt-level 5 "
                          "(checked and timed): issue 19's warm build and default-vs-widest bars")
     ap.add_argument("--quant", default="", help="also build, check and time INT8 and/or FP8 "
-                    "engines of each export (int8, fp8, fp8-noedges: FP8 with FP16 between the FP8 "
+                    "engines of each export (int8, fp8, int8-all and fp8-all: no sensitivity fallback, "
+                    "fp8-noedges: FP8 with FP16 between the FP8 "
                     "products; issue 22), calibrated on --calib-sets seeded batches")
     ap.add_argument("--calib-sets", type=int, default=2)
     ap.add_argument("--calib-compare", action="store_true",
