@@ -95,7 +95,9 @@ cudaError_t LaunchAbsStats(Elem t, const void* x, int64_t n, uint32_t* absmax,
     if (absmax) AbsMaxKernel<T><<<GridFor(n, kThreads), kThreads, 0, stream>>>(px, n, absmax);
     if (hist) {
       const size_t shared = static_cast<size_t>(bins) * sizeof(unsigned int);
-      AbsHistogramKernel<T><<<GridFor(n, kThreads), kThreads, shared, stream>>>(
+      // Few blocks: each adds its non-zero counters to the global ones once, so the flush
+      // (bins atomics per block) stays small beside the pass over x.
+      AbsHistogramKernel<T><<<GridFor(n, kThreads, 132 * 2), kThreads, shared, stream>>>(
           px, n, bins, static_cast<double>(bins) / range, hist);
     }
     return cudaGetLastError();
