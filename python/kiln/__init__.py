@@ -675,7 +675,8 @@ def _dims_text(dims: Sequence[int]) -> str:
 
 def _options(backend, fp16, bf16, int8, profiles, deadline, memory_budget, max_kernel_time,
              timing_cache, calib_dir, calib_method, calib_percentile, calib_cache,
-             int8_tolerance, optimize, fp8=False, calib_on_cpu=False) -> Sequence[Tuple[str, str]]:
+             int8_tolerance, optimize, fp8=False, calib_on_cpu=False,
+             fp8_tolerance=None) -> Sequence[Tuple[str, str]]:
     opts = [("backend", backend), ("fp16", "1" if fp16 else "0"), ("bf16", "1" if bf16 else "0"),
             ("int8", "1" if int8 else "0"), ("optimize", "1" if optimize else "0")]
     if fp8:
@@ -701,6 +702,8 @@ def _options(backend, fp16, bf16, int8, profiles, deadline, memory_budget, max_k
         opts.append(("calib_cache", os.fspath(calib_cache)))
     if int8_tolerance is not None:
         opts.append(("int8_tolerance", str(int8_tolerance)))
+    if fp8_tolerance is not None:
+        opts.append(("fp8_tolerance", str(fp8_tolerance)))
     if calib_on_cpu:
         opts.append(("calib_on_cpu", "1"))
     return opts
@@ -814,7 +817,7 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
           max_kernel_time: Optional[float] = None, timing_cache=None, calibration=None,
           calib_method: Optional[str] = None, calib_percentile: Optional[float] = None,
           calib_cache=None, int8_tolerance=None, calib_on_cpu: bool = False,
-          optimize: bool = True, progress: Optional[Callable[..., Any]] = None,
+          fp8_tolerance=None, optimize: bool = True, progress: Optional[Callable[..., Any]] = None,
           exporter: str = "torchscript", input_names: Optional[Sequence[str]] = None,
           output_names: Optional[Sequence[str]] = None, dynamic_axes=None,
           opset: Optional[int] = None, distributed=None, **distributed_options) -> Engine:
@@ -824,7 +827,7 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
     profiles ({input: (min, opt, max)}), deadline (seconds or "5m"), memory_budget (bytes, a
     fraction of free memory, or "8G"), max_kernel_time (ms), timing_cache (path), calibration
     (tensors or a DataLoader; or a directory in the ONNX test-data layout), calib_method,
-    calib_percentile, calib_cache, int8_tolerance, calib_on_cpu (calibrate on the CPU reference
+    calib_percentile, calib_cache, int8_tolerance, fp8_tolerance, calib_on_cpu (calibrate on the CPU reference
     even for a GPU build; by default calibration runs on the build's device), optimize.
     `progress(phase, done, total,
     elapsed_s, detail)` is called as the build goes; returning False cancels it. `distributed=True` (or a
@@ -864,7 +867,7 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
         options = _options(backend, fp16, bf16, int8, profiles, deadline, memory_budget,
                            max_kernel_time, timing_cache, calib_dir, calib_method,
                            calib_percentile, calib_cache, int8_tolerance, optimize, fp8=fp8,
-                           calib_on_cpu=calib_on_cpu)
+                           calib_on_cpu=calib_on_cpu, fp8_tolerance=fp8_tolerance)
         config = _Config(options, progress)
         if distributed:
             from . import distributed as dist
