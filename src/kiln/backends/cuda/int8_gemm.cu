@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "kiln/backends/cuda/activation.cuh"
 #include "kiln/backends/cuda/device_util.cuh"
 #include "kiln/backends/cuda/int8_kernels.h"
@@ -89,14 +91,16 @@ cudaError_t LaunchInt8QuantizeTyped(const Int8QuantizeParams& p, cudaStream_t st
   return cudaGetLastError();
 }
 
-template <typename T>
+// I: the index type, 32-bit where every index fits (a 64-bit division per element made the
+// epilogue compute-bound).
+template <typename T, typename I>
 __global__ void Int8EpilogueKernel(Int8EpilogueParams p) {
   const T* c = static_cast<const T*>(p.c);
   T* y = static_cast<T*>(p.y);
-  const int64_t total = p.rows * p.cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / p.cols, col = i - r * p.cols;
+  const I total = static_cast<I>(p.rows * p.cols), cols = static_cast<I>(p.cols);
+  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I r = i / cols, col = i - r * cols;
     float v = static_cast<float>(p.acc[r * p.ld_acc + col]) * p.col_scale[col];
     if (c) v += p.beta * Load(c[r * p.c_row_stride + col * p.c_col_stride]);
     y[i] = Store<T>(ActivateFor<T>(p.act, v, p.act_min, p.act_max));
@@ -125,15 +129,27 @@ cudaError_t LaunchInt8Epilogue(const Int8EpilogueParams& p, cudaStream_t stream)
   const int64_t total = p.rows * p.cols;
   if (total == 0) return cudaSuccess;
   dim3 grid(GridFor(total, kThreads));
+  // Every offset the kernel forms (acc, C and y) within 32 bits, or the 64-bit kernel.
+  const int64_t reach = std::max(
+      {total, p.rows * p.ld_acc + p.cols, p.rows * p.c_row_stride + p.cols * p.c_col_stride});
+  const bool narrow = reach < (int64_t{1} << 31) - int64_t{kThreads} * grid.x;
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    if (narrow) {
+      Int8EpilogueKernel<T, uint32_t><<<grid, kThreads, 0, stream>>>(p);
+    } else {
+      Int8EpilogueKernel<T, int64_t><<<grid, kThreads, 0, stream>>>(p);
+    }
+  };
   switch (p.type) {
     case BlasType::kF32:
-      Int8EpilogueKernel<float><<<grid, kThreads, 0, stream>>>(p);
+      launch(float{});
       break;
     case BlasType::kF16:
-      Int8EpilogueKernel<__half><<<grid, kThreads, 0, stream>>>(p);
+      launch(__half{});
       break;
     case BlasType::kBF16:
-      Int8EpilogueKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
+      launch(__nv_bfloat16{});
       break;
   }
   return cudaGetLastError();
