@@ -86,6 +86,20 @@ void ExpectClose(const std::map<std::string, Tensor>& got,
   }
 }
 
+// A zoo model after the build's passes, and its calibration data sets.
+void LoadOptimizedZooModel(const std::string& model, std::unique_ptr<Graph>* graph,
+                           std::vector<std::map<std::string, Tensor>>* data) {
+  auto imported = ImportOnnxFile(testing::ZooDir(model) + "/model.onnx");
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  passes::PassOptions po;
+  po.evaluator = cpu::EvaluateNode;
+  ASSERT_TRUE(passes::RunDefaultPasses(**imported, po).ok());
+  auto sets = LoadCalibrationData(**imported, {}, testing::ZooDir(model));
+  ASSERT_TRUE(sets.ok()) << sets.status().ToString();
+  *graph = std::move(*imported);
+  *data = std::move(*sets);
+}
+
 class DeviceEvaluatorTest : public ::testing::TestWithParam<BackendKind> {
  protected:
   std::unique_ptr<DeviceEvaluator> Make(DeviceEvalOptions options = {}) {
@@ -211,19 +225,15 @@ TEST_P(DeviceEvaluatorTest, ABorrowedPrefixOfAKeptTensorIsReadAsItself) {
 // evaluator gives the reference's table on a zoo model after the build's passes.
 TEST_P(DeviceEvaluatorTest, CalibrationOfAZooModelMatchesTheReference) {
   MAKE_OR_SKIP(dev);
-  auto graph = ImportOnnxFile(testing::ZooDir("resnet_tiny") + "/model.onnx");
-  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
-  passes::PassOptions po;
-  po.evaluator = cpu::EvaluateNode;
-  ASSERT_TRUE(passes::RunDefaultPasses(**graph, po).ok());
-  auto data = LoadCalibrationData(**graph, {}, testing::ZooDir("resnet_tiny"));
-  ASSERT_TRUE(data.ok()) << data.status().ToString();
-  ASSERT_GE(data->size(), 2u);
+  std::unique_ptr<Graph> graph;
+  std::vector<std::map<std::string, Tensor>> data;
+  ASSERT_NO_FATAL_FAILURE(LoadOptimizedZooModel("resnet_tiny", &graph, &data));
+  ASSERT_GE(data.size(), 2u);
 
-  auto want = precision::Calibrate(**graph, cpu::EvaluateNode, *data,
+  auto want = precision::Calibrate(*graph, cpu::EvaluateNode, data,
                                    precision::CalibrationMethod::kEntropy, 99.99);
   ASSERT_TRUE(want.ok()) << want.status().ToString();
-  auto got = precision::Calibrate(**graph, dev->AsNodeEvaluator(), *data,
+  auto got = precision::Calibrate(*graph, dev->AsNodeEvaluator(), data,
                                   precision::CalibrationMethod::kEntropy, 99.99);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
 
@@ -251,20 +261,16 @@ TEST_P(DeviceEvaluatorTest, CalibrationOfAZooModelMatchesTheReference) {
 // without the sensitivity (which keeps every activation of the first pass on the host).
 TEST_P(DeviceEvaluatorTest, CalibrationThroughTheGraphWalkMatchesTheReference) {
   MAKE_OR_SKIP(dev);
-  auto graph = ImportOnnxFile(testing::ZooDir("resnet_tiny") + "/model.onnx");
-  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
-  passes::PassOptions po;
-  po.evaluator = cpu::EvaluateNode;
-  ASSERT_TRUE(passes::RunDefaultPasses(**graph, po).ok());
-  auto data = LoadCalibrationData(**graph, {}, testing::ZooDir("resnet_tiny"));
-  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  std::unique_ptr<Graph> graph;
+  std::vector<std::map<std::string, Tensor>> data;
+  ASSERT_NO_FATAL_FAILURE(LoadOptimizedZooModel("resnet_tiny", &graph, &data));
 
   for (bool sensitivity : {true, false}) {
     SCOPED_TRACE(sensitivity ? "with the sensitivity" : "without");
-    auto want = precision::Calibrate(**graph, cpu::EvaluateNode, *data,
+    auto want = precision::Calibrate(*graph, cpu::EvaluateNode, data,
                                      precision::CalibrationMethod::kEntropy, 99.99, sensitivity);
     ASSERT_TRUE(want.ok()) << want.status().ToString();
-    auto got = precision::Calibrate(**graph, dev->AsNodeEvaluator(), *data,
+    auto got = precision::Calibrate(*graph, dev->AsNodeEvaluator(), data,
                                     precision::CalibrationMethod::kEntropy, 99.99, sensitivity,
                                     dev->AsGraphStatsEvaluator());
     ASSERT_TRUE(got.ok()) << got.status().ToString();

@@ -12,41 +12,12 @@ namespace kiln {
 StatusOr<std::map<std::string, Tensor>> EvaluateAllValues(const Graph& graph,
                                                           const std::map<std::string, Tensor>& feed,
                                                           const NodeEvaluator& evaluate) {
-  if (!evaluate) return MakeError(ErrorCode::kInternal, "no node evaluator was given");
+  ValueStatsRequest all;
+  all.keep_all = true;
+  KILN_ASSIGN_OR_RETURN(ValueStats stats, EvaluateValueStats(graph, feed, evaluate, all));
+  // The feed as given (entries no graph input names included), then what the nodes computed.
   std::map<std::string, Tensor> values = feed;
-  std::unordered_map<const Value*, const Tensor*> known;
-  for (const Value* in : graph.inputs()) {
-    auto it = values.find(in->name());
-    if (it == values.end()) {
-      return MakeError(ErrorCode::kInputCountMismatch, "no value given for graph input '{}'",
-                       in->name());
-    }
-    known[in] = &it->second;
-  }
-  KILN_ASSIGN_OR_RETURN(std::vector<Node*> order, graph.TopologicalOrder());
-  std::vector<const Tensor*> ins;
-  for (const Node* node : order) {
-    ins.clear();
-    for (const Value* v : node->inputs()) {
-      if (!v) {
-        ins.push_back(nullptr);
-      } else if (v->constant()) {
-        ins.push_back(v->constant());
-      } else if (auto it = known.find(v); it != known.end()) {
-        ins.push_back(it->second);
-      } else {
-        return MakeError(ErrorCode::kUndefinedValue, "value '{}' read by '{}' was never computed",
-                         v->name(), node->name());
-      }
-    }
-    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, evaluate(*node, ins));
-    for (size_t i = 0; i < outs.size() && i < node->num_outputs(); ++i) {
-      const Value* v = node->output(i);
-      if (!v) continue;
-      auto [it, inserted] = values.insert_or_assign(v->name(), std::move(outs[i]));
-      known[v] = &it->second;
-    }
-  }
+  for (auto& [name, t] : stats.kept) values.insert_or_assign(name, std::move(t));
   return values;
 }
 

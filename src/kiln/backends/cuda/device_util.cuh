@@ -49,6 +49,32 @@ __device__ __forceinline__ T Store(C v) {
   }
 }
 
+// Eight consecutive elements of a row as floats: one 16-byte load for halves, two for floats
+// (`row` 16-byte aligned).
+template <typename T>
+__device__ __forceinline__ void LoadRow8(const T* row, float (&v)[8]) {
+  if constexpr (sizeof(T) == 2) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(row);
+    const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = Load(h[j]);
+  } else {
+    const float4 a = reinterpret_cast<const float4*>(row)[0];
+    const float4 b = reinterpret_cast<const float4*>(row)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+
+// Whether a quantize pass (the INT8 and FP8 products' Int8QuantizeParams/Fp8QuantizeParams: rows
+// of `depth` elements `row_stride` apart, into rows of `ldq` bytes) can take 8 elements a thread
+// with LoadRow8 and 32-bit indexing.
+template <typename P>
+inline bool QuantRowsVectorizable(const P& p) {
+  return p.col_stride == 1 && p.depth % 8 == 0 && p.ldq % 8 == 0 && p.row_stride % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && reinterpret_cast<uintptr_t>(p.q) % 8 == 0 &&
+         p.rows * (p.ldq / 8) < (int64_t{1} << 31);
+}
+
 // Blocks for a grid-stride loop over n items with `threads` per block: enough to fill the GPU
 // (the H200 has 132 SMs), never more than there is work.
 inline unsigned GridFor(int64_t n, int threads = 256, int64_t cap = 132 * 16) {

@@ -50,17 +50,7 @@ __global__ void Fp8QuantizeRowsKernel(Fp8QuantizeParams p, uint32_t per_row, uin
     if (g < groups) {
       const T* row = x + static_cast<int64_t>(r) * p.row_stride + static_cast<int64_t>(g) * 8;
       float v[8];
-      if constexpr (sizeof(T) == 2) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(row);
-        const T* h = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = Load(h[j]);
-      } else {
-        const float4 a = reinterpret_cast<const float4*>(row)[0];
-        const float4 b = reinterpret_cast<const float4*>(row)[1];
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
-        v[7] = b.w;
-      }
+      LoadRow8(row, v);
       uint8_t* e = reinterpret_cast<uint8_t*>(&out);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -76,9 +66,7 @@ template <typename T>
 cudaError_t LaunchFp8QuantizeTyped(const Fp8QuantizeParams& p, cudaStream_t stream) {
   const int64_t per_row8 = p.ldq / 8;
   const int64_t total8 = p.rows * per_row8;
-  const bool rows_fast = p.col_stride == 1 && p.depth % 8 == 0 && p.ldq % 8 == 0 &&
-                         p.row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(p.q) % 8 == 0 && total8 < (int64_t{1} << 31);
+  const bool rows_fast = QuantRowsVectorizable(p);
   if (rows_fast) {
     Fp8QuantizeRowsKernel<T><<<GridFor(total8, kThreads), kThreads, 0, stream>>>(
         p, static_cast<uint32_t>(per_row8), static_cast<uint32_t>(total8));
