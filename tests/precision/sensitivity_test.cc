@@ -101,6 +101,26 @@ TEST(Int8Sensitivity, PlanFallsBackTheMostSensitiveUntilTheEstimateFits) {
   EXPECT_DOUBLE_EQ(precision::PlanInt8Fallback(t, layers, 0.1).scale, 1.0);
 }
 
+// With benefits (the FP8 fallback's K x N), the layer that costs the most error for what it saves
+// goes first: here the small one, though the large one is a little more sensitive.
+TEST(Int8Sensitivity, FallbackWithBenefitsSendsBackWhatPaysLeast) {
+  const std::map<std::string, double> s = {{"small", 0.03}, {"large", 0.04}, {"mid", 0.01}};
+  const std::vector<std::string> layers = {"small", "large", "mid"};
+  // 0.051 together: one must go to get under 0.045.
+  auto by_error = precision::PlanFallback(s, -1, layers, 0.045);
+  ASSERT_EQ(by_error.fall_back.size(), 1u);
+  EXPECT_TRUE(by_error.fall_back.contains("large"));
+  auto by_benefit = precision::PlanFallback(s, -1, layers, 0.045,
+                                            {{"small", 1.0}, {"large", 16.0}, {"mid", 4.0}});
+  ASSERT_EQ(by_benefit.fall_back.size(), 1u);
+  EXPECT_TRUE(by_benefit.fall_back.contains("small"));
+  EXPECT_NEAR(by_benefit.estimate, std::sqrt(0.04 * 0.04 + 0.01 * 0.01), 1e-12);
+  EXPECT_NEAR(by_benefit.fall_back.at("small").sensitivity, 0.03, 1e-12);
+  // A layer with no benefit given goes first.
+  auto missing = precision::PlanFallback(s, -1, layers, 0.045, {{"large", 16.0}, {"mid", 4.0}});
+  EXPECT_TRUE(missing.fall_back.contains("small"));
+}
+
 // A layer whose input range differs between calibration batches: scales fitted to one batch clip
 // the other. In-sample (every batch quantized with the scale fitted to all of them) it looks
 // harmless; measured leave one batch out, which Calibrate does, it is not.

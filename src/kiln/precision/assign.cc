@@ -467,12 +467,20 @@ void Assigner::FallBackSensitiveFp8(const std::vector<Node*>& order) {
   const CalibrationTable* table = options_.calibration;
   const double tolerance = options_.fp8_tolerance;
   std::vector<std::string> fp8;
+  // What FP8 saves grows with the product's size: the weight's K x N (the multiply-adds per row
+  // of A). On an H100 BERT-base's feed-forward products gained most from FP8 and its smallest
+  // (the attention output projection) nothing; ranked by sensitivity alone, the fallback sent
+  // back the feed-forward ones and kept FP8 where it did not pay.
+  std::map<std::string, double> benefit;
   for (Node* node : order) {
-    if (decided_.at(node).fp8) fp8.push_back(node->name());
+    if (!decided_.at(node).fp8) continue;
+    fp8.push_back(node->name());
+    const Tensor* w = node->input(1) ? node->input(1)->constant() : nullptr;
+    if (w) benefit[node->name()] = static_cast<double>(w->num_elements());
   }
   if (!table || table->fp8_all_rel_l2 < 0 || !std::isfinite(tolerance) || fp8.empty()) return;
   const Int8FallbackPlan plan =
-      PlanFallback(table->fp8_sensitivity, table->fp8_all_rel_l2, fp8, tolerance);
+      PlanFallback(table->fp8_sensitivity, table->fp8_all_rel_l2, fp8, tolerance, benefit);
   result_.fp8_estimated_rel_l2 = plan.estimate;
   for (Node* node : order) {
     LayerPrecision& lp = decided_.at(node);

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cmath>
 #include <memory>
+#include <tuple>
 #include <unordered_map>
 
 #include "kiln/precision/precision.h"
@@ -314,7 +315,8 @@ Int8FallbackPlan PlanInt8Fallback(const CalibrationTable& table,
 }
 
 Int8FallbackPlan PlanFallback(const std::map<std::string, double>& sensitivities, double all_rel_l2,
-                              const std::vector<std::string>& layers, double tolerance) {
+                              const std::vector<std::string>& layers, double tolerance,
+                              const std::map<std::string, double>& benefit) {
   Int8FallbackPlan plan;
   auto sensitivity = [&](const std::string& name) {
     auto it = sensitivities.find(name);
@@ -325,21 +327,30 @@ Int8FallbackPlan PlanFallback(const std::map<std::string, double>& sensitivities
   if (all_sq > 0 && all_rel_l2 > 0) {
     plan.scale = std::max(1.0, all_rel_l2 / std::sqrt(all_sq));
   }
-  // Most sensitive first; the name breaks ties so the plan never depends on map or hash order.
-  std::vector<std::pair<double, std::string>> ranked;
-  for (const std::string& name : layers) ranked.emplace_back(sensitivity(name), name);
+  // Most sensitive first, or with benefits the most error per unit of benefit (s^2 / benefit: the
+  // share of the squared estimate a layer removes for what it gives up); the name breaks ties so
+  // the plan never depends on map or hash order.
+  auto key = [&](const std::string& name) {
+    const double s = sensitivity(name);
+    auto b = benefit.find(name);
+    if (benefit.empty()) return s;
+    return b != benefit.end() && b->second > 0 ? s * s / b->second : HUGE_VAL;
+  };
+  std::vector<std::tuple<double, std::string, double>> ranked;  // key, name, sensitivity
+  for (const std::string& name : layers) ranked.emplace_back(key(name), name, sensitivity(name));
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
+    return std::get<0>(a) != std::get<0>(b) ? std::get<0>(a) > std::get<0>(b)
+                                            : std::get<1>(a) < std::get<1>(b);
   });
   // suffix[k]: the squared sum of the layers from rank k on (those still INT8 after k fall back).
   std::vector<double> suffix(ranked.size() + 1, 0.0);
   for (size_t k = ranked.size(); k-- > 0;)
-    suffix[k] = suffix[k + 1] + ranked[k].first * ranked[k].first;
+    suffix[k] = suffix[k + 1] + std::get<2>(ranked[k]) * std::get<2>(ranked[k]);
   size_t k = 0;
   for (; k < ranked.size(); ++k) {
     const double estimate = plan.scale * std::sqrt(suffix[k]);
     if (estimate <= tolerance) break;
-    plan.fall_back[ranked[k].second] = {ranked[k].first, estimate};
+    plan.fall_back[std::get<1>(ranked[k])] = {std::get<2>(ranked[k]), estimate};
   }
   plan.estimate = plan.scale * std::sqrt(suffix[k]);
   return plan;

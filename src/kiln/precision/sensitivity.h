@@ -108,7 +108,10 @@ struct Int8FallbackPlan {
 Int8FallbackPlan PlanInt8Fallback(const CalibrationTable& table,
                                   const std::vector<std::string>& int8_layers, double tolerance);
 // The same over any scheme's figures (the FP8 fallback: table.fp8_sensitivity, fp8_all_rel_l2).
+// `benefit` (by layer, > 0), when given, ranks by s^2 / benefit instead of s: the layers that
+// cost the most error for what they save go first (a layer without one goes first of all).
 Int8FallbackPlan PlanFallback(const std::map<std::string, double>& sensitivities, double all_rel_l2,
-                              const std::vector<std::string>& layers, double tolerance);
+                              const std::vector<std::string>& layers, double tolerance,
+                              const std::map<std::string, double>& benefit = {});
 
 }  // namespace kiln::precision
