@@ -1,10 +1,12 @@
-// Node-at-a-time evaluation on a backend's device, behind ir/evaluator.h's NodeEvaluator, so that
-// what precision runs over many batches (calibration's statistics, INT8 sensitivity's partial
-// evaluations) runs on the GPU the engine is built for instead of the CPU reference.
+// Evaluation on a backend's device, so that what precision runs over many batches (calibration's
+// statistics, the INT8/FP8 sensitivity) runs on the GPU the engine is built for instead of the CPU
+// reference. Two interfaces:
+// - EvaluateStats (ir/evaluator.h's GraphStatsEvaluator): a whole graph per call, its values kept
+//   on the device and reduced there; what calibration's passes and the sensitivity's reruns use.
+// - Evaluate (a NodeEvaluator): one node on host tensors, which stay the values' truth.
 //
-// Each node runs with its provider's heuristic tactic, as the CPU reference does. The host tensors
-// of the NodeEvaluator interface stay the values' truth; what makes it fast is what is kept on the
-// device between calls:
+// Each node runs with its provider's heuristic tactic, as the CPU reference does. What is kept on
+// the device between calls:
 // - residency: every output it computed, and every constant it uploaded, keeps its device copy,
 //   keyed by the host buffer (whose storage it holds, so that buffer is never modified in place:
 //   ir/tensor.h copies shared storage on write). A later node reading that tensor takes the
