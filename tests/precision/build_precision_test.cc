@@ -309,12 +309,23 @@ TEST(PrecisionFp8, SensitiveLayersFallBackWithinTheTolerance) {
   EXPECT_NE(kept->precision_reason.find("<= tolerance 0.5"), std::string::npos)
       << kept->precision_reason;
 
-  // Without the fallback the table has no FP8 figures: another key, so calibrated again.
+  // Without the fallback the build reads no FP8 figures: the cached table, which has more than
+  // it reads, serves it.
   c.fp8_tolerance = HUGE_VAL;
   BuildReport off;
   ASSERT_TRUE(BuildEngine({MatMulGemm(), "test", HashString("test")}, c, &off).ok());
-  EXPECT_GT(off.calibration_batches_run, 0);
+  EXPECT_EQ(off.calibration_batches_run, 0);
+  EXPECT_TRUE(off.warnings.empty()) << off.warnings[0];
   EXPECT_EQ(FindLayer(off, "mm")->precision, "f8");
+  // The other way round a table without the FP8 figures cannot serve a fallback: it calibrates
+  // (and warns that the cache is for another key).
+  std::filesystem::remove(c.calibration_cache_path);
+  ASSERT_TRUE(BuildEngine({MatMulGemm(), "test", HashString("test")}, c, &off).ok());
+  c.fp8_tolerance = 0.05;
+  BuildReport again;
+  ASSERT_TRUE(BuildEngine({MatMulGemm(), "test", HashString("test")}, c, &again).ok());
+  EXPECT_GT(again.calibration_batches_run, 0);
+  EXPECT_EQ(FindLayer(again, "mm")->precision_reason, mm->precision_reason);
 }
 
 TEST(PrecisionFp8, WithInt8TheInt8KernelComesFirst) {

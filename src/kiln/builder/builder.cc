@@ -321,13 +321,26 @@ StatusOr<std::optional<precision::CalibrationTable>> GetCalibration(const Graph&
   // The FP8 one, by the FP8 fallback (--fp8 with a finite --fp8-tolerance); its tables have a key
   // of their own too.
   const bool fp8_sensitivity = config.fp8 && std::isfinite(config.fp8_tolerance);
-  std::string key = CalibrationCacheKey(model_hash.Hex(), graph, config.calibration_method,
-                                        config.calibration_percentile);
-  if (!sensitivity) key += ";no-int8-sensitivity";
-  if (fp8_sensitivity) key += ";fp8-sensitivity";
+  const std::string base = CalibrationCacheKey(model_hash.Hex(), graph, config.calibration_method,
+                                               config.calibration_percentile);
+  auto key_for = [&](bool int8_figures, bool fp8_figures) {
+    return base + (int8_figures ? "" : ";no-int8-sensitivity") +
+           (fp8_figures ? ";fp8-sensitivity" : "");
+  };
+  const std::string key = key_for(sensitivity, fp8_sensitivity);
   const std::string& cache = config.calibration_cache_path;
   if (!cache.empty() && std::filesystem::exists(cache)) {
-    auto cached = LoadCalibrationCache(cache, key);
+    // This build's own key, else a table with more figures than it reads: its ranges are the
+    // same (the sensitivity never changes them), and the figures it does not read are unused.
+    StatusOr<CalibrationTable> cached = LoadCalibrationCache(cache, key);
+    for (bool i8 : {sensitivity, true}) {
+      for (bool f8 : {fp8_sensitivity, true}) {
+        if (cached.ok() || IsWrongFileKind(cached.status())) break;
+        if (key_for(i8, f8) == key) continue;
+        auto more = LoadCalibrationCache(cache, key_for(i8, f8));
+        if (more.ok()) cached = std::move(more);
+      }
+    }
     if (cached.ok()) {
       rep.calibration = fmt::format("from cache '{}' ({}, {} data set(s))", cache,
                                     ToString(cached->method), cached->data_sets);
