@@ -150,32 +150,34 @@ void AccumulateAbsHistogram(const Tensor& t, double range, std::span<double> cou
                          counts);
 }
 
-Tensor FakeQuantizeInt8(const Tensor& x, float amax) {
+namespace {
+// x element by element in float32 (f(value, 1 / scale, scale)), back in x's type.
+template <typename F>
+Tensor QuantizeDequantize(const Tensor& x, float scale, F f) {
   Tensor out = x.dtype() == DataType::kFloat32 ? x : x.CastTo(DataType::kFloat32);
   float* v = out.mutable_data<float>();
-  const float scale = amax / 127.f;
   const float inv = 1.f / scale;
-  for (int64_t i = 0, n = out.num_elements(); i < n; ++i) {
+  for (int64_t i = 0, n = out.num_elements(); i < n; ++i) v[i] = f(v[i], inv, scale);
+  return x.dtype() == DataType::kFloat32 ? out : out.CastTo(x.dtype());
+}
+}  // namespace
+
+Tensor FakeQuantizeInt8(const Tensor& x, float amax) {
+  return QuantizeDequantize(x, amax / 127.f, [](float v, float inv, float scale) {
     // Saturate before rounding, NaN included, as the kernels do.
-    float s = v[i] * inv;
+    float s = v * inv;
     s = s < 127.f ? s : 127.f;
     s = s > -127.f ? s : -127.f;
-    v[i] = std::nearbyint(s) * scale;
-  }
-  return x.dtype() == DataType::kFloat32 ? out : out.CastTo(x.dtype());
+    return std::nearbyint(s) * scale;
+  });
 }
 
 Tensor FakeQuantizeE4M3(const Tensor& x, float amax) {
-  Tensor out = x.dtype() == DataType::kFloat32 ? x : x.CastTo(DataType::kFloat32);
-  float* v = out.mutable_data<float>();
-  const float scale = amax / 448.f;
-  const float inv = 1.f / scale;
-  for (int64_t i = 0, n = out.num_elements(); i < n; ++i) {
-    if (std::isnan(v[i])) continue;
-    const uint8_t q = FloatToFloat8Bits(v[i] * inv, Float8Format::kE4M3FN, /*saturate=*/true);
-    v[i] = Float8BitsToFloat(q, Float8Format::kE4M3FN) * scale;
-  }
-  return x.dtype() == DataType::kFloat32 ? out : out.CastTo(x.dtype());
+  return QuantizeDequantize(x, amax / 448.f, [](float v, float inv, float scale) {
+    if (std::isnan(v)) return v;
+    const uint8_t q = FloatToFloat8Bits(v * inv, Float8Format::kE4M3FN, /*saturate=*/true);
+    return Float8BitsToFloat(q, Float8Format::kE4M3FN) * scale;
+  });
 }
 
 }  // namespace kiln

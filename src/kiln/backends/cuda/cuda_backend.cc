@@ -179,7 +179,9 @@ class CudaBackend final : public Backend {
         dtype != DataType::kBFloat16) {
       return false;
     }
-    if (hist && !(range > 0)) return false;  // the host's rule: every element in bin 0
+    // The host's rule for an empty range (every element in bin 0), and counters past the kernel's
+    // shared memory (calib_stats.cu), stay with the caller's host path.
+    if (hist && (!(range > 0) || bins < 1 || bins > 12 * 1024)) return false;
     KILN_CUDA_RETURN_IF_ERROR(cuda::LaunchAbsStats(*cuda::ToElem(dtype), x, n, absmax,
                                                    reinterpret_cast<unsigned long long*>(hist),
                                                    bins, range, static_cast<cudaStream_t>(stream)));
