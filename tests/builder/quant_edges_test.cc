@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 
+#include "kiln/ops/int8_layer.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/ops/quant_edge.h"
 
@@ -28,6 +29,10 @@ class FakeProvider final : public KernelProvider {
   }
   bool WritesFp8Output(const KernelRequest&, const TacticConfig&) const override { return writes_; }
   bool ReadsFp8Input(const KernelRequest&, const TacticConfig&) const override { return reads_; }
+  bool WritesInt8Output(const KernelRequest&, const TacticConfig&) const override {
+    return writes_;
+  }
+  bool ReadsInt8Input(const KernelRequest&, const TacticConfig&) const override { return reads_; }
 
  private:
   bool writes_, reads_;
@@ -37,7 +42,8 @@ const FakeProvider kBoth(true, true);
 const FakeProvider kNeither(false, false);
 
 // A chain of MatMul layers x -> m0 -> v0 -> m1 -> v1 ... -> out in `type`, each with an FP8
-// input amax of 1 + its index, and the layers as the builder would hand them over.
+// (or, with int8 set, INT8) input amax of 1 + its index, and the layers as the builder would hand
+// them over.
 struct Chain {
   Graph g;
   std::vector<Node*> nodes;
@@ -46,14 +52,16 @@ struct Chain {
   std::vector<std::string> reasons;
   std::vector<ChosenLayer> layers;
 
-  Chain(int n, DataType type, const std::vector<const KernelProvider*>& providers) {
+  Chain(int n, DataType type, const std::vector<const KernelProvider*>& providers,
+        bool int8 = false) {
     Value* x = g.AddInput("x", type, {4, 32});
     reasons.resize(n);
     for (int i = 0; i < n; ++i) {
       Value* w = g.AddConstant(fmt::format("w{}", i), Tensor(type, {32, 32}));
       Value* y = g.AddValue(fmt::format("v{}", i));
       AttributeMap attrs;
-      attrs.Set(std::string(kFp8InputAmaxAttr), 1.f + static_cast<float>(i));
+      attrs.Set(std::string(int8 ? kInt8InputAmaxAttr : kFp8InputAmaxAttr),
+                1.f + static_cast<float>(i));
       nodes.push_back(g.AddNode("MatMul", fmt::format("m{}", i), {x, w}, {y}, std::move(attrs)));
       x = y;
     }
@@ -135,6 +143,44 @@ TEST(Fp8Edges, LeavesValuesOthersReadOrThatAreNotHalfPrecision) {
   // A producer that is not a chosen layer (a graph input feeds m0).
   Chain one(1, DataType::kFloat16, {&kBoth});
   EXPECT_EQ(JoinFp8Edges(one.layers), 0);
+}
+
+TEST(Int8Edges, JoinLikeFp8EdgesWithTheConsumersScale) {
+  // m0 -> m1 -> m2 in FP32 (INT8 edges take FP32 values too): m0 writes int8 for m1.
+  Chain c(3, DataType::kFloat32, {&kBoth, &kBoth, &kBoth}, /*int8=*/true);
+  EXPECT_EQ(JoinInt8Edges(c.layers), 1);
+  EXPECT_EQ(c.nodes[0]->output(0)->dtype(), kInt8EdgeType);
+  EXPECT_EQ(c.nodes[1]->output(0)->dtype(), DataType::kFloat32);
+  // The producer quantizes with the consumer's scale, amax 2 / 127; the consumer is marked.
+  EXPECT_FLOAT_EQ(c.nodes[0]->attrs().GetFloat(kInt8OutputScaleAttr, 0.f), 2.f / 127.f);
+  EXPECT_TRUE(c.nodes[1]->attrs().Has(kInt8InputEdgeAttr));
+  EXPECT_FALSE(c.nodes[0]->attrs().Has(kInt8InputEdgeAttr));
+  EXPECT_FALSE(c.nodes[1]->attrs().Has(kInt8OutputScaleAttr));
+  EXPECT_EQ(c.requests[0].outputs[0].dtype, kInt8EdgeType);
+  EXPECT_EQ(c.requests[1].inputs[0].dtype, kInt8EdgeType);
+  EXPECT_NE(c.reasons[0].find("writes int8 for 'm1'"), std::string::npos) << c.reasons[0];
+  EXPECT_NE(c.reasons[1].find("reads int8 from 'm0'"), std::string::npos) << c.reasons[1];
+  // The type rules accept the rewrite: m1 computes in B's type.
+  ASSERT_TRUE(InferShapes(c.g).ok());
+  EXPECT_EQ(c.nodes[0]->output(0)->dtype(), kInt8EdgeType);
+  EXPECT_EQ(c.nodes[1]->output(0)->dtype(), DataType::kFloat32);
+  EXPECT_EQ(c.nodes[2]->output(0)->dtype(), DataType::kFloat32);
+
+  // Both providers must say yes; FP8 attributes make no INT8 edge, nor INT8 ones an FP8 edge.
+  Chain no(2, DataType::kFloat16, {&kBoth, &kNeither}, true);
+  EXPECT_EQ(JoinInt8Edges(no.layers), 0);
+  EXPECT_EQ(JoinFp8Edges(no.layers), 0);
+  Chain fp8(2, DataType::kFloat16, {&kBoth, &kBoth});
+  EXPECT_EQ(JoinInt8Edges(fp8.layers), 0);
+  Chain int8(2, DataType::kFloat16, {&kBoth, &kBoth}, true);
+  EXPECT_EQ(JoinFp8Edges(int8.layers), 0);
+  EXPECT_EQ(JoinInt8Edges(int8.layers), 1);
+
+  // A consumer whose INT8 scale is unusable (amax 0) has nothing for the producer.
+  Chain zero(2, DataType::kFloat16, {&kBoth, &kBoth}, true);
+  zero.nodes[1]->mutable_attrs().Set(std::string(kInt8InputAmaxAttr), 0.f);
+  EXPECT_EQ(JoinInt8Edges(zero.layers), 0);
+  EXPECT_EQ(zero.nodes[0]->output(0)->dtype(), DataType::kFloat16);
 }
 
 }  // namespace

@@ -57,6 +57,14 @@ string(JSON edges GET "${json}" fp8_edges)
 if(NOT edges EQUAL 0)
   message(FATAL_ERROR "a CPU --fp8 build reports ${edges} FP8 edges")
 endif()
+# --no-int8-edges likewise with --int8 (INT8 edges need kiln's CUDA INT8 kernel; none on the CPU).
+kiln_builder(out 0 --int8 --calib-dir ${ZOO}/resnet_tiny --no-int8-edges
+             --precision-report ${WORK}/int8.json)
+file(READ ${WORK}/int8.json json)
+string(JSON edges GET "${json}" int8_edges)
+if(NOT edges EQUAL 0)
+  message(FATAL_ERROR "a CPU --int8 build reports ${edges} INT8 edges")
+endif()
 
 # Bad method and bad percentile.
 kiln_builder(out 1 --int8 --calib-method kl)

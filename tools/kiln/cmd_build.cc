@@ -34,6 +34,7 @@ struct BuildOptions {
   std::string calib_dir, calib_method = "minmax", calib_cache;
   bool calib_on_cpu = false;
   bool no_fp8_edges = false;
+  bool no_int8_edges = false;
   std::string int8_tolerance = fmt::format("{:g}", precision::kDefaultInt8Tolerance);
   std::string fp8_tolerance = fmt::format("{:g}", precision::kDefaultFp8Tolerance);
   double calib_percentile = 99.99;
@@ -185,6 +186,7 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   config.calibration_cache_path = o.calib_cache;
   config.calibrate_on_backend = !o.calib_on_cpu;
   config.fp8_edges = !o.no_fp8_edges;
+  config.int8_edges = !o.no_int8_edges;
   if (Status s = ParseCalibrationMethodSpec(o.calib_method, o.calib_percentile, &config); !s.ok())
     return ReportError(s);
   auto tolerance = precision::ParseInt8Tolerance(o.int8_tolerance);
@@ -354,6 +356,10 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
                  "with --fp8: keep FP16 between two FP8 products (by default a product whose only "
                  "consumer is another FP8 product writes E4M3 for it: half the bytes and no "
                  "quantization pass; docs/precision.md)");
+  prec->add_flag("--no-int8-edges", o->no_int8_edges,
+                 "with --int8: keep floats between two INT8 products (by default, where both "
+                 "kernels can, a product whose only consumer is another INT8 product writes int8 "
+                 "for it; docs/precision.md)");
   prec->add_option("--calib-dir", o->calib_dir,
                    "calibration inputs: DIR/test_data_set_N/input_I.pb (ONNX test-data layout, "
                    "one TensorProto per model input), run in FP32 on the build's backend (the "

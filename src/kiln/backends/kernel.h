@@ -175,6 +175,16 @@ class KernelProvider {
                              const TacticConfig& /*tactic*/) const {
     return false;
   }
+  // INT8 edges, the same with int8 values (kInt8OutputScaleAttr: the producer quantizes with
+  // that scale by the INT8 contract; the consumer reads its A as int8 [M, K] rows).
+  virtual bool WritesInt8Output(const KernelRequest& /*request*/,
+                                const TacticConfig& /*tactic*/) const {
+    return false;
+  }
+  virtual bool ReadsInt8Input(const KernelRequest& /*request*/,
+                              const TacticConfig& /*tactic*/) const {
+    return false;
+  }
 };
 
 // The node's `kiln_layout` attribute ("NHWC"), or "" for ONNX's channels-first layout.

@@ -872,9 +872,10 @@ Status TimingPhase(BuildState& s) {
         PlanLayerFor(*l.node, static_cast<int64_t>(c.tactic.workspace_bytes), s.alias_views));
     s.layers.push_back(std::move(layer));
   }
-  if (config.fp8 && config.fp8_edges) {
-    // After the choice: an edge needs both layers' chosen FP8 tactics. The joined layers' kernels
-    // (E4M3 in or out) are asked again for their workspace, which the plan then reserves.
+  if ((config.fp8 && config.fp8_edges) || (config.int8 && config.int8_edges)) {
+    // After the choice: an edge needs both layers' chosen FP8 (INT8) tactics. The joined layers'
+    // kernels (E4M3 or int8 in or out) are asked again for their workspace, which the plan then
+    // reserves.
     std::vector<ChosenLayer> chosen;
     for (size_t i = 0; i < s.searches.size(); ++i) {
       LayerSearch& l = s.searches[i];
@@ -882,7 +883,8 @@ Status TimingPhase(BuildState& s) {
       chosen.push_back({s.graph().FindNode(l.node->name()), c.provider, &l.request, &c.tactic,
                         &s.layers[i].precision_reason});
     }
-    rep.fp8_edges = JoinFp8Edges(chosen);
+    if (config.fp8 && config.fp8_edges) rep.fp8_edges = JoinFp8Edges(chosen);
+    if (config.int8 && config.int8_edges) rep.int8_edges = JoinInt8Edges(chosen);
     for (size_t i = 0; i < chosen.size(); ++i) {
       if (!chosen[i].joined) continue;
       LayerSearch& l = s.searches[i];
@@ -1152,6 +1154,7 @@ std::string BuildReport::ToJson() const {
   w.Key("calibration_batches_run").Int(calibration_batches_run);
   w.Key("casts_inserted").Int(casts_inserted);
   w.Key("fp8_edges").Int(fp8_edges);
+  w.Key("int8_edges").Int(int8_edges);
   w.Key("counts").BeginObject();
   for (const auto& [label, n] : precision_counts) w.Key(label).Int(n);  // std::map: sorted
   w.EndObject();
@@ -1239,6 +1242,7 @@ std::string BuildReport::PrecisionJson() const {
                       {"counts", precision_counts},
                       {"casts_inserted", casts_inserted},
                       {"fp8_edges", fp8_edges},
+                      {"int8_edges", int8_edges},
                       {"calibration", calibration}};
   return j.dump(2);
 }
@@ -1305,9 +1309,10 @@ std::string BuildReport::ToText(bool per_layer) const {
                      HumanBytes(workspace_bytes), HumanBytes(peak_bytes));
   std::vector<std::string> counts;
   for (const auto& [label, n] : precision_counts) counts.push_back(fmt::format("{} {}", label, n));
-  out += fmt::format("  precision: {}   casts inserted {}   weights converted {}{}\n",
+  out += fmt::format("  precision: {}   casts inserted {}   weights converted {}{}{}\n",
                      fmt::join(counts, ", "), casts_inserted, weights_converted,
-                     fp8_edges ? fmt::format("   FP8 edges {}", fp8_edges) : "");
+                     fp8_edges ? fmt::format("   FP8 edges {}", fp8_edges) : "",
+                     int8_edges ? fmt::format("   INT8 edges {}", int8_edges) : "");
   if (!calibration.empty()) out += fmt::format("  calibration: {}\n", calibration);
   out += fmt::format("  build time {:.3f} s\n", build_seconds);
   out += TimeText(per_layer);

@@ -274,6 +274,7 @@ Hash128 BuilderConfig::Hash() const {
   if (fp8) h.Field("fp8");  // only when on: other configs keep their hashes
   if (fp8) h.Field("fp8-tolerance").Field(fmt::format("{:.9g}", fp8_tolerance));
   if (fp8 && !fp8_edges) h.Field("no-fp8-edges");
+  if (int8 && !int8_edges) h.Field("no-int8-edges");
   return h.Digest();
 }
 

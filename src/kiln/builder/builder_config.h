@@ -57,6 +57,9 @@ struct BuilderConfig {
   // FP8 builds: an FP8 product whose only consumer is another FP8 product writes E4M3 for it
   // (builder/quant_edges.h); false (`kiln build --no-fp8-edges`) keeps FP16 between them.
   bool fp8_edges = true;
+  // INT8 builds: the same between two INT8 products whose kernels can (kiln's own CUDA INT8
+  // product): the producer writes int8 for its consumer; false (`--no-int8-edges`) keeps floats.
+  bool int8_edges = true;
   // INT8 calibration: inputs in the ONNX test-data layout (DIR/test_data_set_*/input_*.pb), run
   // through the FP32 reference. With --fp16 alone they also feed the FP16 activation range guard.
   std::string calibration_dir;

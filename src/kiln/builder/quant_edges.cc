@@ -1,16 +1,31 @@
-// FP8 edges among the chosen layers (quant_edges.h).
+// FP8 and INT8 edges among the chosen layers (quant_edges.h).
 #include "kiln/builder/quant_edges.h"
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "kiln/backends/fp8_quant.h"
+#include "kiln/backends/int8_quant.h"
 
 namespace kiln {
+namespace {
 
-int JoinFp8Edges(std::span<ChosenLayer> layers) {
+// What differs between the two kinds of edge.
+struct EdgeKind {
+  DataType type;
+  const char* what;     // in the report notes
+  bool float32_values;  // whether an FP32 value may become an edge
+  // The consumer's quantization parameter for its producer; nullopt: none usable.
+  std::optional<float> (*param)(const Node& consumer);
+  bool (*reads)(const ChosenLayer& consumer);
+  bool (*writes)(const ChosenLayer& producer);
+  void (*mark)(Node& producer, Node& consumer, float param);
+};
+
+int JoinEdges(std::span<ChosenLayer> layers, const EdgeKind& kind) {
   std::unordered_map<const Node*, ChosenLayer*> by_node;
   for (ChosenLayer& l : layers) by_node[l.node] = &l;
   std::unordered_set<const Node*> on_edge;
@@ -19,10 +34,11 @@ int JoinFp8Edges(std::span<ChosenLayer> layers) {
     Node& c = *consumer.node;
     if (on_edge.count(&c) || c.num_inputs() == 0 || !c.input(0)) continue;
     Value* x = c.input(0);
-    const std::optional<float> amax = Fp8InputAmax(c);
-    if (!amax || x->is_graph_output() || x->is_graph_input() || x->is_constant() ||
-        x->consumers().size() != 1 ||
-        (x->dtype() != DataType::kFloat16 && x->dtype() != DataType::kBFloat16)) {
+    const std::optional<float> param = kind.param(c);
+    const bool float_type = x->dtype() == DataType::kFloat16 || x->dtype() == DataType::kBFloat16 ||
+                            (kind.float32_values && x->dtype() == DataType::kFloat32);
+    if (!param || x->is_graph_output() || x->is_graph_input() || x->is_constant() ||
+        x->consumers().size() != 1 || !float_type) {
       continue;
     }
     bool only_input0 = true;
@@ -33,26 +49,61 @@ int JoinFp8Edges(std::span<ChosenLayer> layers) {
       continue;
     }
     ChosenLayer& producer = *it->second;
-    if (!consumer.provider->ReadsFp8Input(*consumer.request, *consumer.tactic) ||
-        !producer.provider->WritesFp8Output(*producer.request, *producer.tactic)) {
-      continue;
-    }
-    x->set_dtype(kFp8EdgeType);
-    p->mutable_attrs().Set(std::string(kFp8OutputAmaxAttr), *amax);
-    consumer.request->inputs[0].dtype = kFp8EdgeType;
-    producer.request->outputs[0].dtype = kFp8EdgeType;
+    if (!kind.reads(consumer) || !kind.writes(producer)) continue;
+    x->set_dtype(kind.type);
+    kind.mark(*p, c, *param);
+    consumer.request->inputs[0].dtype = kind.type;
+    producer.request->outputs[0].dtype = kind.type;
     consumer.joined = producer.joined = true;
     on_edge.insert(p);
     on_edge.insert(&c);
     if (producer.precision_reason) {
-      *producer.precision_reason += fmt::format("; writes E4M3 for '{}'", c.name());
+      *producer.precision_reason += fmt::format("; writes {} for '{}'", kind.what, c.name());
     }
     if (consumer.precision_reason) {
-      *consumer.precision_reason += fmt::format("; reads E4M3 from '{}'", p->name());
+      *consumer.precision_reason += fmt::format("; reads {} from '{}'", kind.what, p->name());
     }
     ++edges;
   }
   return edges;
+}
+
+}  // namespace
+
+int JoinFp8Edges(std::span<ChosenLayer> layers) {
+  static constexpr EdgeKind kFp8{
+      kFp8EdgeType,
+      "E4M3",
+      false,
+      [](const Node& c) { return Fp8InputAmax(c); },
+      [](const ChosenLayer& c) { return c.provider->ReadsFp8Input(*c.request, *c.tactic); },
+      [](const ChosenLayer& p) { return p.provider->WritesFp8Output(*p.request, *p.tactic); },
+      [](Node& producer, Node&, float amax) {
+        producer.mutable_attrs().Set(std::string(kFp8OutputAmaxAttr), amax);
+      }};
+  return JoinEdges(layers, kFp8);
+}
+
+int JoinInt8Edges(std::span<ChosenLayer> layers) {
+  static constexpr EdgeKind kInt8{
+      kInt8EdgeType,
+      "int8",
+      true,
+      [](const Node& c) -> std::optional<float> {
+        // The producer quantizes by the calibrated contract (zero point 0).
+        const std::optional<Int8Activation> a = Int8ActivationOf(c);
+        if (!a || a->zero_point != 0 || !std::isfinite(a->scale) || a->scale <= 0.f) {
+          return std::nullopt;
+        }
+        return a->scale;
+      },
+      [](const ChosenLayer& c) { return c.provider->ReadsInt8Input(*c.request, *c.tactic); },
+      [](const ChosenLayer& p) { return p.provider->WritesInt8Output(*p.request, *p.tactic); },
+      [](Node& producer, Node& consumer, float scale) {
+        producer.mutable_attrs().Set(std::string(kInt8OutputScaleAttr), scale);
+        consumer.mutable_attrs().Set(std::string(kInt8InputEdgeAttr), int64_t{1});
+      }};
+  return JoinEdges(layers, kInt8);
 }
 
 }  // namespace kiln

@@ -1,6 +1,6 @@
-// FP8 edges (ops/quant_edge.h) among the layers whose tactics the builder chose: where an FP8
-// matrix product's only consumer is another FP8 matrix product, the producer writes its result as
-// E4M3 with the consumer's scale and the consumer reads it as its quantized A. The value between
+// FP8 and INT8 edges (ops/quant_edge.h) among the layers whose tactics the builder chose: where an
+// FP8 matrix product's only consumer is another FP8 matrix product, the producer writes its result
+// as E4M3 with the consumer's scale and the consumer reads it as its quantized A. The value between
 // them takes half FP16's bytes, and the consumer's own quantization pass over it (one kernel that
 // reads FP16 and writes E4M3 per product) is gone. The graph is rewritten in place: the value's
 // type, the producer's kFp8OutputAmaxAttr. Kernels are made from the rewritten graph, so an
@@ -34,5 +34,10 @@ struct ChosenLayer {
 // - neither layer is on another edge already (a layer reads or writes E4M3, not both).
 // Returns how many edges it made.
 int JoinFp8Edges(std::span<ChosenLayer> layers);
+
+// INT8 edges, by the same rules with ReadsInt8Input / WritesInt8Output, the consumer's INT8
+// activation scale (calibrated, or its model's with zero point 0) and FP32 values too: the
+// producer gets kInt8OutputScaleAttr, the consumer kInt8InputEdgeAttr, the value type int8.
+int JoinInt8Edges(std::span<ChosenLayer> layers);
 
 }  // namespace kiln

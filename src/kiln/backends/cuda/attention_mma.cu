@@ -24,6 +24,7 @@
 
 #include "kiln/backends/cuda/attention_common.cuh"
 #include "kiln/backends/cuda/blas_kernels.h"
+#include "kiln/backends/cuda/mma_util.cuh"
 #include "kiln/backends/cuda/smem_opt_in.cuh"
 
 namespace kiln::cuda {
@@ -63,22 +64,6 @@ struct MmaType<__nv_bfloat16> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
 };
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
-}
-
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
-}
 
 template <typename T>
 __device__ __forceinline__ float MaskedScore(const AttentionParams& p, float s, int64_t row,
@@ -133,18 +118,8 @@ __device__ __forceinline__ void LoadTileAsync(T* dst, const T* src, int64_t row0
     int r = idx / kChunks, c = idx % kChunks;
     int64_t row = row0 + r;
     const bool valid = row < limit;
-    const T* from = src + (valid ? row * ld + c * 8 : 0);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     SmemAddr(dst + r * (D + kPad) + c * 8)),
-                 "l"(from), "r"(valid ? 16 : 0));
+    CpAsync16(dst + r * (D + kPad) + c * 8, src + (valid ? row * ld + c * 8 : 0), valid);
   }
-}
-
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
 // 2^x on the special-function unit, denormal results flushed to zero (a probability below

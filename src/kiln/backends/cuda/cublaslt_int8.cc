@@ -23,7 +23,15 @@
 // nothing to the sums.
 //
 // Tactics are the heuristic's top algorithms at the profile's largest M, stored as the
-// algorithm's 8 words like the FP16 tactics (cublaslt_matmul.cc).
+// algorithm's 8 words like the FP16 tactics (cublaslt_matmul.cc), and, on sm_80 and newer, kiln's
+// own tensor-core product with the epilogue fused (int8_mma_gemm.cu: "i8-...-cuda-mma-128x128",
+// params {kMmaTag, tile}), which skips the int32 round trip through memory, offered alternately
+// (KILN_CUDA_INT8_KERNEL=mma|cublaslt offers one family only). The builder times them. kiln's
+// kernel also serves INT8 edges (ops/quant_edge.h): it reads an int8 A [M, K] in place (K a
+// multiple of 16, A not transposed), or writes Y as int8 for its consumer.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -35,11 +43,30 @@
 #include "kiln/backends/int8_quant.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/core/logging.h"
+#include "kiln/ops/quant_edge.h"
 
 namespace kiln::cuda {
 namespace {
 
 constexpr int kMaxTactics = 8;
+constexpr int64_t kMmaTag = 0x6d6d61;  // "mma": a tactic of kiln's own kernel
+
+// KILN_CUDA_INT8_KERNEL=mma or =cublaslt offers one family of INT8 tactics only (tests, and
+// comparing them); unset or anything else, both.
+enum class Int8Family { kBoth, kMma, kCublasLt };
+Int8Family Int8FamilyFromEnv() {
+  const char* v = std::getenv("KILN_CUDA_INT8_KERNEL");
+  if (v && std::strcmp(v, "mma") == 0) return Int8Family::kMma;
+  if (v && std::strcmp(v, "cublaslt") == 0) return Int8Family::kCublasLt;
+  return Int8Family::kBoth;
+}
+
+bool MmaCapable() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         major >= 8;
+}
 
 // cuBLASLt's descriptors for one M: int8 x int8 -> int32, computed in int32, TN form.
 struct Int8Descs {
@@ -71,7 +98,8 @@ class CublasLtInt8Kernel final : public Kernel {
  public:
   CublasLtInt8Kernel(GemmSpec spec, BlasType type, float a_scale, int64_t k, int64_t n,
                      OwnedDeviceMemory b_q, OwnedDeviceMemory col_scale,
-                     std::optional<cublasLtMatmulAlgo_t> algo, std::string name)
+                     std::optional<cublasLtMatmulAlgo_t> algo, int mma_tile, bool in_int8,
+                     float out_scale, std::string name)
       : spec_(spec),
         type_(type),
         inv_scale_(1.f / a_scale),
@@ -82,6 +110,9 @@ class CublasLtInt8Kernel final : public Kernel {
         b_q_(std::move(b_q)),
         col_scale_(std::move(col_scale)),
         tactic_algo_(algo),
+        mma_tile_(mma_tile),
+        in_int8_(in_int8),
+        out_inv_scale_(out_scale > 0.f ? 1.f / out_scale : 0.f),
         name_(std::move(name)) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
@@ -93,6 +124,12 @@ class CublasLtInt8Kernel final : public Kernel {
     a_strides_ = run.a_strides;
     empty_ = run.empty;
     if (empty_) return size_t{0};
+    if (mma_tile_ >= 0) {
+      ws_ = QuantWorkspaceFor(m_, np_, kp_, 0);
+      ws_.acc_bytes = 0;              // the accumulators stay in registers
+      if (in_int8_) ws_.a_bytes = 0;  // A is read in place
+      return ws_.total();
+    }
     KILN_ASSIGN_OR_RETURN(descs_, MakeInt8Descs(m_, np_, kp_));
     KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
     bool have_algo = false;
@@ -131,16 +168,18 @@ class CublasLtInt8Kernel final : public Kernel {
 
   Status Run(const KernelRunArgs& args) override {
     if (empty_) return OkStatus();
-    if (!descs_.op) return MakeError(ErrorCode::kInternal, "{}: Run before Prepare", name_);
+    if (!descs_.op && mma_tile_ < 0) {
+      return MakeError(ErrorCode::kInternal, "{}: Run before Prepare", name_);
+    }
     if (args.workspace == nullptr || args.workspace_bytes < ws_.total()) {
       return MakeError(ErrorCode::kInternal, "{}: workspace of {} bytes; {} needed", name_,
                        args.workspace_bytes, ws_.total());
     }
-    KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
     cudaStream_t stream = static_cast<cudaStream_t>(args.stream);
     auto* base = reinterpret_cast<char*>(
         AlignUpSize(reinterpret_cast<uintptr_t>(args.workspace), kWorkspaceAlign));
     auto* a_q = reinterpret_cast<int8_t*>(base);
+    if (in_int8_) return RunMma(args, static_cast<const int8_t*>(args.inputs[0].data), stream);
     auto* acc = reinterpret_cast<int32_t*>(base + ws_.a_bytes);
     void* lt_ws = base + ws_.a_bytes + ws_.acc_bytes;
 
@@ -155,7 +194,9 @@ class CublasLtInt8Kernel final : public Kernel {
     q.col_stride = a_strides_.col_stride;
     q.inv_scale = inv_scale_;
     KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Quantize(q, stream));
+    if (mma_tile_ >= 0) return RunMma(args, a_q, stream);
 
+    KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
     const int32_t alpha = 1, beta = 0;
     const LtOperation lt = descs_.lt();
     KILN_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(h, lt.op, &alpha, b_q_.get(), lt.a, a_q, lt.b, &beta,
@@ -184,6 +225,35 @@ class CublasLtInt8Kernel final : public Kernel {
   }
 
  private:
+  Status RunMma(const KernelRunArgs& args, const int8_t* a_q, cudaStream_t stream) {
+    Int8MmaGemmParams g;
+    g.a = a_q;
+    g.lda = kp_;
+    g.b = static_cast<const int8_t*>(b_q_.get());
+    g.ldb = kp_;
+    g.m = m_;
+    g.n = n_;
+    g.np = np_;
+    g.depth = kp_;
+    g.col_scale = static_cast<const float*>(col_scale_.get());
+    g.y = args.outputs[0].data;
+    g.type = type_;
+    if (addend_.present) {
+      g.c = args.inputs[2].data;
+      g.c_row_stride = addend_.row_stride;
+      g.c_col_stride = addend_.col_stride;
+      g.beta = addend_.factor;
+    }
+    g.act = static_cast<BlasAct>(spec_.act.kind);
+    g.act_min = spec_.act.min;
+    g.act_max = spec_.act.max;
+    g.tile = mma_tile_;
+    g.y_int8 = out_inv_scale_ > 0.f;
+    g.y_inv_scale = out_inv_scale_;
+    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8MmaGemm(g, stream));
+    return OkStatus();
+  }
+
   GemmSpec spec_;
   BlasType type_;
   float inv_scale_;
@@ -191,6 +261,9 @@ class CublasLtInt8Kernel final : public Kernel {
   OwnedDeviceMemory b_q_;        // int8 [Np, Kp]
   OwnedDeviceMemory col_scale_;  // float [Np]: alpha * a_scale * b_scale[n] (0 in the padding)
   std::optional<cublasLtMatmulAlgo_t> tactic_algo_;
+  int mma_tile_ = -1;          // >= 0: kiln's own kernel with this tile, no cuBLASLt
+  bool in_int8_ = false;       // A arrives as int8 [M, K] (an INT8 edge's consumer)
+  float out_inv_scale_ = 0.f;  // > 0: Y is int8 with this inverse scale (an edge's producer)
   std::string name_;
   QuantAddend addend_;
   QuantAStrides a_strides_;
@@ -207,9 +280,7 @@ class CublasLtInt8ProviderBase : public KernelProvider {
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
     if (!QuantTacticsEnabled()) return {};
-    std::optional<Int8Activation> act = CudaInt8Activation(*request.node);
-    std::optional<QuantizedGemm> p = ResolveQuantizedGemm(
-        request, act ? std::optional<float>(act->scale * 127.f) : std::nullopt);
+    std::optional<QuantizedGemm> p = Resolve(request);
     // int32 accumulation: 127 * 127 * K must not overflow.
     if (p && p->k > (int64_t{1} << 31) / (127 * 127)) return {};
     if (!p) return {};
@@ -218,23 +289,44 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     const int64_t kp = QuantPadded(p->k), np = QuantPadded(p->n);
     auto descs = MakeInt8Descs(p->m, np, kp);
     if (!descs.ok()) return {};
-    auto found = LtHeuristics(*handle, descs->lt(), kInt8Alignment, kMaxTactics);
-    if (!found.ok()) {
-      KILN_LOG(Warn, BACKEND, "{}: {}", id(), found.status().ToString());
-      return {};
-    }
-    std::vector<TacticConfig> tactics;
     const char* what = p->spec.kind == GemmKind::kGemm ? "gemm" : "matmul";
-    for (const auto& r : *found) {
-      TacticConfig t;
-      t.name = fmt::format("i8-{}-cuda-cublaslt-{}", what, AlgoName(r.algo));
-      for (const TacticConfig& prev : tactics) {
-        if (prev.name == t.name) t.name += fmt::format("-h{}", tactics.size());
+    const Int8Family family = Int8FamilyFromEnv();
+    std::vector<TacticConfig> mma, lt;
+    if (family != Int8Family::kCublasLt && MmaCapable()) {
+      // Kiln's tiles, the likeliest first.
+      for (int tile : {0, 4, 2, 1, 3}) {
+        if (tile >= Int8MmaTileCount()) continue;
+        TacticConfig t;
+        t.name = fmt::format("i8-{}-cuda-mma-{}", what, Int8MmaTileName(tile));
+        t.params = {kMmaTag, tile};
+        QuantWorkspace ws = QuantWorkspaceFor(p->m, np, kp, 0);
+        ws.acc_bytes = 0;
+        t.workspace_bytes = ws.total();
+        mma.push_back(std::move(t));
       }
-      t.params.resize(8);
-      std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
-      t.workspace_bytes = QuantWorkspaceFor(p->m, np, kp, r.workspaceSize).total();
-      tactics.push_back(std::move(t));
+    }
+    if (family != Int8Family::kMma) {
+      auto found = LtHeuristics(*handle, descs->lt(), kInt8Alignment, kMaxTactics);
+      if (!found.ok()) KILN_LOG(Warn, BACKEND, "{}: {}", id(), found.status().ToString());
+      for (const auto& r : found.ok() ? *found : std::vector<cublasLtMatmulHeuristicResult_t>{}) {
+        TacticConfig t;
+        t.name = fmt::format("i8-{}-cuda-cublaslt-{}", what, AlgoName(r.algo));
+        for (const TacticConfig& prev : lt) {
+          if (prev.name == t.name) t.name += fmt::format("-h{}", lt.size());
+        }
+        t.params.resize(8);
+        std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
+        t.workspace_bytes = QuantWorkspaceFor(p->m, np, kp, r.workspaceSize).total();
+        lt.push_back(std::move(t));
+      }
+    }
+    // Alternating, cuBLASLt's heuristic first: a search that times the first few of a provider
+    // (--opt-level 1-4) times both families, and one that times nothing keeps the library's
+    // pick.
+    std::vector<TacticConfig> tactics;
+    for (size_t i = 0; i < std::max(mma.size(), lt.size()); ++i) {
+      if (i < lt.size()) tactics.push_back(std::move(lt[i]));
+      if (i < mma.size()) tactics.push_back(std::move(mma[i]));
     }
     return tactics;
   }
@@ -245,23 +337,40 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadGemmSpec(node));
     std::optional<Int8Activation> act = CudaInt8Activation(node);
     auto kn = QuantConstantB(spec, request);
-    auto type = ToBlasType(request.inputs[0].dtype);
-    if (!act || !kn || !type || spec.alpha == 0.f) {
+    // On an INT8 edge (ops/quant_edge.h) A or Y is int8; the other side has the float type.
+    const bool in_int8 = request.inputs[0].dtype == kInt8EdgeType;
+    const bool out_int8 = request.outputs[0].dtype == kInt8EdgeType;
+    const float out_scale = out_int8 ? node.attrs().GetFloat(kInt8OutputScaleAttr, 0.f) : 0.f;
+    auto type = ToBlasType(in_int8 ? request.outputs[0].dtype : request.inputs[0].dtype);
+    if (!act || !kn || !type || spec.alpha == 0.f || (in_int8 && out_int8) ||
+        (out_int8 && !(out_scale > 0.f && std::isfinite(out_scale)))) {
       return MakeError(ErrorCode::kNoTactic,
                        "node '{}': {} needs a finite positive {} attribute (or the model's scales "
-                       "with zero point 0), a constant 2-D float B (input 1), float A and a "
-                       "non-zero alpha",
-                       node.name(), tactic.name, kInt8InputAmaxAttr);
+                       "with zero point 0; and {} for an int8 Y), a constant 2-D float B (input "
+                       "1), float A and a non-zero alpha",
+                       node.name(), tactic.name, kInt8InputAmaxAttr, kInt8OutputScaleAttr);
     }
     std::optional<cublasLtMatmulAlgo_t> algo;
-    if (tactic.params.size() == 8) {
+    int mma_tile = -1;
+    if (tactic.params.size() == 2 && tactic.params[0] == kMmaTag) {
+      if (tactic.params[1] < 0 || tactic.params[1] >= Int8MmaTileCount()) {
+        return MakeError(ErrorCode::kInvalidArgument, "{}: tactic '{}' names tile {} of {}", id(),
+                         tactic.name, tactic.params[1], Int8MmaTileCount());
+      }
+      mma_tile = static_cast<int>(tactic.params[1]);
+    } else if ((in_int8 || out_int8) && !tactic.params.empty()) {
+      return MakeError(ErrorCode::kNoTactic,
+                       "node '{}': {} cannot read or write int8 (only kiln's own kernel does)",
+                       node.name(), tactic.name);
+    } else if (tactic.params.size() == 8) {
       cublasLtMatmulAlgo_t x;
       std::memcpy(&x, tactic.params.data(), sizeof(x));
       algo = x;
     } else if (!tactic.params.empty()) {
       return MakeError(ErrorCode::kInvalidArgument,
-                       "{}: tactic '{}' has {} params; expected 8 (the algorithm's words)", id(),
-                       tactic.name, tactic.params.size());
+                       "{}: tactic '{}' has {} params; expected 8 (the algorithm's words) or 2 "
+                       "(kiln's own kernel)",
+                       id(), tactic.name, tactic.params.size());
     }
     const Tensor b_f32 = request.inputs[1].constant->CastTo(DataType::kFloat32);
     KILN_ASSIGN_OR_RETURN(Int8Weights w, Int8WeightsFor(node, b_f32));
@@ -270,7 +379,30 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory scales,
                           UploadToDevice(b.col_scale.data(), b.col_scale.size() * sizeof(float)));
     return std::unique_ptr<Kernel>(std::make_unique<CublasLtInt8Kernel>(
-        spec, *type, act->scale, b.k, b.n, std::move(b_q), std::move(scales), algo, tactic.name));
+        spec, *type, act->scale, b.k, b.n, std::move(b_q), std::move(scales), algo, mma_tile,
+        in_int8, out_scale, tactic.name));
+  }
+
+  // An INT8 edge's producer: kiln's own kernel, whatever Y's float type.
+  bool WritesInt8Output(const KernelRequest& request, const TacticConfig& tactic) const final {
+    return MmaTactic(tactic) && Resolve(request) && request.inputs[0].dtype != kInt8EdgeType;
+  }
+  // An INT8 edge's consumer: A read in place as int8 [M, K] rows, so A is not transposed and K is
+  // a multiple of 16 (the kernel's 16-byte copies).
+  bool ReadsInt8Input(const KernelRequest& request, const TacticConfig& tactic) const final {
+    std::optional<QuantizedGemm> p = Resolve(request);
+    return MmaTactic(tactic) && p && !p->spec.trans_a && p->k % kQuantPad == 0 &&
+           request.outputs[0].dtype != kInt8EdgeType;
+  }
+
+ private:
+  static bool MmaTactic(const TacticConfig& t) {
+    return t.name.starts_with("i8-") && t.params.size() == 2 && t.params[0] == kMmaTag;
+  }
+  static std::optional<QuantizedGemm> Resolve(const KernelRequest& request) {
+    std::optional<Int8Activation> act = CudaInt8Activation(*request.node);
+    return ResolveQuantizedGemm(request,
+                                act ? std::optional<float>(act->scale * 127.f) : std::nullopt);
   }
 };
 

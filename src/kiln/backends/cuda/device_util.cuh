@@ -49,6 +49,15 @@ __device__ __forceinline__ T Store(C v) {
   }
 }
 
+// One activation by the INT8 contract (kiln/backends/int8_quant.h): x * inv_scale in FP32,
+// saturated to [-127, 127] with NaN to +127, rounded half to even; bit-identical to the CPU's.
+__device__ __forceinline__ int8_t QuantizeInt8Device(float x, float inv_scale) {
+  float v = __fmul_rn(x, inv_scale);
+  v = v < 127.f ? v : 127.f;  // NaN compares false: it becomes 127
+  v = v > -127.f ? v : -127.f;
+  return static_cast<int8_t>(__float2int_rn(v));
+}
+
 // Eight consecutive elements of a row as floats: one 16-byte load for halves, two for floats
 // (`row` 16-byte aligned).
 template <typename T>

@@ -16,13 +16,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ int8_t QuantizeOne(float x, float inv_scale) {
-  float v = __fmul_rn(x, inv_scale);
-  v = v < 127.f ? v : 127.f;  // NaN compares false: it becomes 127
-  v = v > -127.f ? v : -127.f;
-  return static_cast<int8_t>(__float2int_rn(v));
-}
-
 // Four consecutive outputs of one row per thread, stored as one 32-bit word.
 template <typename T>
 __global__ void Int8QuantizeKernel(Int8QuantizeParams p) {
@@ -37,8 +30,9 @@ __global__ void Int8QuantizeKernel(Int8QuantizeParams p) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t k = k0 + j;
-      e[j] = k < p.depth ? QuantizeOne(Load(x[r * p.row_stride + k * p.col_stride]), p.inv_scale)
-                         : int8_t{0};
+      e[j] = k < p.depth
+                 ? QuantizeInt8Device(Load(x[r * p.row_stride + k * p.col_stride]), p.inv_scale)
+                 : int8_t{0};
     }
     reinterpret_cast<char4*>(p.q + r * p.ldq)[k0 / 4] = out;
   }
@@ -59,7 +53,7 @@ __global__ void Int8QuantizeRowsKernel(Int8QuantizeParams p, uint32_t per_row, u
       LoadRow8(row, v);
       int8_t* e = reinterpret_cast<int8_t*>(&out);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) e[j] = QuantizeOne(v[j], p.inv_scale);
+      for (int j = 0; j < 8; ++j) e[j] = QuantizeInt8Device(v[j], p.inv_scale);
     }
     reinterpret_cast<uint2*>(p.q + static_cast<int64_t>(r) * p.ldq)[g] = out;
   }
