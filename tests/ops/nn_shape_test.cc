@@ -287,5 +287,25 @@ TEST(NnShapeTest, Fp8EdgeTypes) {
       ErrorCode::kShapeMismatch);
 }
 
+// INT8 edges (ops/quant_edge.h): the consumer, marked kiln_int8_input_edge, computes in B's type
+// from an int8 A; the producer with kiln_int8_output_scale writes int8 Y. An unmarked int8 A
+// stays refused (ONNX's Gemm and MatMul take none).
+TEST(NnShapeTest, Int8EdgeTypes) {
+  const DataType i8 = DataType::kInt8, f16 = DataType::kFloat16, f32 = DataType::kFloat32;
+  const AttributeMap in =
+      Attrs({{"kiln_int8_input_amax", 3.f}, {"kiln_int8_input_edge", int64_t{1}}});
+  const AttributeMap out =
+      Attrs({{"kiln_int8_input_amax", 3.f}, {"kiln_int8_output_scale", 0.05f}});
+  EXPECT_EQ(*InferType("MatMul", {{{2, 16, 64}, i8}, {{64, 32}, f16}}, in), f16);
+  EXPECT_EQ(*InferType("FusedGemm", {{{16, 64}, i8}, {{64, 32}, f32}, {{32}, f32}}, in), f32);
+  EXPECT_EQ(*InferType("FusedMatMul", {{{2, 16, 64}, f16}, {{64, 32}, f16}, {{32}, f16}}, out), i8);
+  EXPECT_EQ(*InferType("Gemm", {{{16, 64}, f32}, {{64, 32}, f32}}, out), i8);
+  const AttributeMap amax_only = Attrs({{"kiln_int8_input_amax", 3.f}});
+  EXPECT_EQ(InferType("MatMul", {{{16, 64}, i8}, {{64, 32}, f16}}, amax_only).status().code(),
+            ErrorCode::kTypeMismatch);
+  EXPECT_EQ(InferType("MatMul", {{{16, 64}, f16}, {{64, 32}, i8}}, in).status().code(),
+            ErrorCode::kTypeMismatch);
+}
+
 }  // namespace
 }  // namespace kiln
