@@ -1297,6 +1297,35 @@ TEST_F(CudaFp8Test, BertTinyFp8FallbackKeepsTheEngineWithinTheBar) {
   }
 }
 
+// Runs an engine built with quantized edges and the same build without them on the zoo model's
+// two data sets: the two may differ by `share` of the unjoined engine's distance from PyTorch
+// FP32, and the edges must not make the engine less accurate (within 1.25x and 1e-3).
+void CompareJoinedWithApart(const std::string& dir, const EngineDesc& joined,
+                            const EngineDesc& apart, const char* label, double share) {
+  auto model = ImportOnnxFile(dir + "/model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  for (int set : {0, 1}) {
+    SCOPED_TRACE(fmt::format("test_data_set_{}", set));
+    std::map<std::string, Tensor> feed, expected;
+    Status loaded = LoadZooSet(dir, **model, set, &feed, &expected);
+    ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+    auto with = RunEngine(joined, BackendKind::kCuda, feed);
+    ASSERT_TRUE(with.ok()) << with.status().ToString();
+    auto without = RunEngine(apart, BackendKind::kCuda, feed);
+    ASSERT_TRUE(without.ok()) << without.status().ToString();
+    for (const auto& [name, want] : expected) {
+      const std::vector<float> got = with->at(name).ToFloatVector();
+      const double vs_apart = RelL2(got, without->at(name).ToFloatVector());
+      const double vs_fp32 = RelL2(got, want.ToFloatVector());
+      const double apart_vs_fp32 = RelL2(without->at(name).ToFloatVector(), want.ToFloatVector());
+      std::printf("bert_tiny %s set %d %s: edges vs none %.3g; vs FP32 %.3g (none: %.3g)\n", label,
+                  set, name.c_str(), vs_apart, vs_fp32, apart_vs_fp32);
+      EXPECT_LE(vs_apart, share * apart_vs_fp32) << name;
+      EXPECT_LE(vs_fp32, apart_vs_fp32 * 1.25 + 1e-3) << name;
+    }
+  }
+}
+
 // FP8 edges (builder/quant_edges.h) on bert_tiny: each feed-forward block's first product (GELU)
 // writes E4M3 for the second, which reads it in place (and attention for the output projection).
 // The engine, serialized and loaded again, agrees with the same build without edges (the only
@@ -1342,32 +1371,11 @@ TEST_F(CudaFp8Test, EdgesBetweenFp8ProductsMatchTheBuildWithout) {
   EXPECT_EQ(e4m3_values, joined->report.fp8_edges);
   std::printf("bert_tiny fp8: %lld edges\n", static_cast<long long>(joined->report.fp8_edges));
 
-  auto model = ImportOnnxFile(dir + "/model.onnx");
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  for (int set : {0, 1}) {
-    SCOPED_TRACE(fmt::format("test_data_set_{}", set));
-    std::map<std::string, Tensor> feed, expected;
-    Status loaded = LoadZooSet(dir, **model, set, &feed, &expected);
-    ASSERT_TRUE(loaded.ok()) << loaded.ToString();
-    auto with = RunEngine(*joined->desc, BackendKind::kCuda, feed);
-    ASSERT_TRUE(with.ok()) << with.status().ToString();
-    auto without = RunEngine(*apart->desc, BackendKind::kCuda, feed);
-    ASSERT_TRUE(without.ok()) << without.status().ToString();
-    for (const auto& [name, want] : expected) {
-      const std::vector<float> got = with->at(name).ToFloatVector();
-      const double vs_apart = RelL2(got, without->at(name).ToFloatVector());
-      const double vs_fp32 = RelL2(got, want.ToFloatVector());
-      const double apart_vs_fp32 = RelL2(without->at(name).ToFloatVector(), want.ToFloatVector());
-      std::printf("bert_tiny fp8 set %d %s: edges vs none %.3g; vs FP32 %.3g (none: %.3g)\n", set,
-                  name.c_str(), vs_apart, vs_fp32, apart_vs_fp32);
-      // The two FP8 engines differ where an E4M3 rounding flipped (one step, 1/8 of the value or
-      // less) and the flip propagated; that is FP8's own noise, so the bound is a share of the
-      // unjoined engine's distance from FP32 (H100, 2026-12-06: at most 0.46 of it, pooler
-      // output 0.0307 against 0.067). And the edges must not make the engine less accurate.
-      EXPECT_LE(vs_apart, 0.6 * apart_vs_fp32) << name;
-      EXPECT_LE(vs_fp32, apart_vs_fp32 * 1.25 + 1e-3) << name;
-    }
-  }
+  // The two FP8 engines differ where an E4M3 rounding flipped (one step, 1/8 of the value or
+  // less) and the flip propagated; that is FP8's own noise, so the bound is a share of the
+  // unjoined engine's distance from FP32 (H100, 2026-12-06: at most 0.46 of it, pooler output
+  // 0.0307 against 0.067).
+  CompareJoinedWithApart(dir, *joined->desc, *apart->desc, "fp8", 0.6);
 }
 
 // INT8 edges (builder/quant_edges.h) on bert_tiny, with every product INT8 on kiln's own INT8
@@ -1420,33 +1428,11 @@ TEST_F(CudaInt8Test, EdgesBetweenInt8ProductsMatchTheBuildWithout) {
   EXPECT_EQ(int8_values, joined->report.int8_edges);
   std::printf("bert_tiny int8: %lld edges\n", static_cast<long long>(joined->report.int8_edges));
 
-  auto model = ImportOnnxFile(dir + "/model.onnx");
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  for (int set : {0, 1}) {
-    SCOPED_TRACE(fmt::format("test_data_set_{}", set));
-    std::map<std::string, Tensor> feed, expected;
-    Status loaded = LoadZooSet(dir, **model, set, &feed, &expected);
-    ASSERT_TRUE(loaded.ok()) << loaded.ToString();
-    auto with = RunEngine(*joined->desc, BackendKind::kCuda, feed);
-    ASSERT_TRUE(with.ok()) << with.status().ToString();
-    auto without = RunEngine(*apart->desc, BackendKind::kCuda, feed);
-    ASSERT_TRUE(without.ok()) << without.status().ToString();
-    for (const auto& [name, want] : expected) {
-      const std::vector<float> got = with->at(name).ToFloatVector();
-      const double vs_apart = RelL2(got, without->at(name).ToFloatVector());
-      const double vs_fp32 = RelL2(got, want.ToFloatVector());
-      const double apart_vs_fp32 = RelL2(without->at(name).ToFloatVector(), want.ToFloatVector());
-      std::printf("bert_tiny int8 set %d %s: edges vs none %.3g; vs FP32 %.3g (none: %.3g)\n", set,
-                  name.c_str(), vs_apart, vs_fp32, apart_vs_fp32);
-      // The engines differ where a value near a rounding boundary of the int8 grid fell to the
-      // other side (one step, 1/127 of the range) and the flip propagated through the layers
-      // after it: INT8's own noise, so the bound is the unjoined engine's distance from FP32
-      // (H100, 2026-12-06: 0.54-0.83 of it, pooler output 0.0152 against 0.0182). The edges
-      // must not make the engine less accurate either.
-      EXPECT_LE(vs_apart, apart_vs_fp32) << name;
-      EXPECT_LE(vs_fp32, apart_vs_fp32 * 1.25 + 1e-3) << name;
-    }
-  }
+  // The engines differ where a value near a rounding boundary of the int8 grid fell to the other
+  // side (one step, 1/127 of the range) and the flip propagated through the layers after it:
+  // INT8's own noise, so the bound is the unjoined engine's distance from FP32 (H100,
+  // 2026-12-06: 0.54-0.83 of it, pooler output 0.0152 against 0.0182).
+  CompareJoinedWithApart(dir, *joined->desc, *apart->desc, "int8", 1.0);
 }
 
 }  // namespace

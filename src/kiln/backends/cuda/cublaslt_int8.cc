@@ -203,9 +203,18 @@ class CublasLtInt8Kernel final : public Kernel {
                                                acc, lt.c, acc, lt.d, &algo_,
                                                lt_ws_ ? lt_ws : nullptr, lt_ws_, stream));
 
-    Int8EpilogueParams e;
+    Int8EpilogueParams e = Epilogue(args);
     e.acc = acc;
     e.ld_acc = np_;
+    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Epilogue(e, stream));
+    return OkStatus();
+  }
+
+ private:
+  // The epilogue both paths share (the int32 result's kernel, kiln's product), less the
+  // accumulators.
+  Int8EpilogueParams Epilogue(const KernelRunArgs& args) const {
+    Int8EpilogueParams e;
     e.col_scale = static_cast<const float*>(col_scale_.get());
     e.y = args.outputs[0].data;
     e.type = type_;
@@ -220,33 +229,18 @@ class CublasLtInt8Kernel final : public Kernel {
     e.act = static_cast<BlasAct>(spec_.act.kind);
     e.act_min = spec_.act.min;
     e.act_max = spec_.act.max;
-    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Epilogue(e, stream));
-    return OkStatus();
+    return e;
   }
 
- private:
   Status RunMma(const KernelRunArgs& args, const int8_t* a_q, cudaStream_t stream) {
     Int8MmaGemmParams g;
     g.a = a_q;
     g.lda = kp_;
     g.b = static_cast<const int8_t*>(b_q_.get());
     g.ldb = kp_;
-    g.m = m_;
-    g.n = n_;
     g.np = np_;
     g.depth = kp_;
-    g.col_scale = static_cast<const float*>(col_scale_.get());
-    g.y = args.outputs[0].data;
-    g.type = type_;
-    if (addend_.present) {
-      g.c = args.inputs[2].data;
-      g.c_row_stride = addend_.row_stride;
-      g.c_col_stride = addend_.col_stride;
-      g.beta = addend_.factor;
-    }
-    g.act = static_cast<BlasAct>(spec_.act.kind);
-    g.act_min = spec_.act.min;
-    g.act_max = spec_.act.max;
+    g.epi = Epilogue(args);
     g.tile = mma_tile_;
     g.y_int8 = out_inv_scale_ > 0.f;
     g.y_inv_scale = out_inv_scale_;

@@ -44,25 +44,18 @@ struct Int8EpilogueParams {
 cudaError_t LaunchInt8Epilogue(const Int8EpilogueParams& p, cudaStream_t stream);
 
 // kiln's own INT8 product with that epilogue fused (int8_mma_gemm.cu, sm_80+): y[r, c] for r < m,
-// c < n as Int8EpilogueParams computes it, from acc = A [m, depth] (row stride lda) times
+// c < n (epi's rows and cols) as epi computes it, from acc = A [m, depth] (row stride lda) times
 // B [np, depth]^T (row stride ldb), both int8 with each row's depth bytes contiguous: depth, lda
 // and ldb multiples of 16, A and B 16-byte aligned, np >= n a multiple of 16, col_scale
 // 16-byte aligned with np entries.
 // `tile` picks the block shape, 0 <= tile < Int8MmaTileCount(). y_int8: Y is int8 (an INT8 edge's
 // producer), each value quantized by the INT8 contract with y_inv_scale after the activation;
-// `type` stays the float type of C and of the arithmetic.
+// epi.type stays the float type of C and of the arithmetic.
 struct Int8MmaGemmParams {
   const int8_t* a = nullptr;
   const int8_t* b = nullptr;
-  int64_t lda = 0, ldb = 0, m = 0, n = 0, np = 0, depth = 0;
-  const float* col_scale = nullptr;
-  void* y = nullptr;
-  BlasType type = BlasType::kF32;
-  const void* c = nullptr;
-  int64_t c_row_stride = 0, c_col_stride = 0;
-  float beta = 1.f;
-  BlasAct act = BlasAct::kNone;
-  float act_min = 0.f, act_max = 0.f;
+  int64_t lda = 0, ldb = 0, np = 0, depth = 0;
+  Int8EpilogueParams epi;  // rows = m, cols = n; acc and ld_acc unused (no int32 result)
   bool y_int8 = false;
   float y_inv_scale = 1.f;
   int tile = 0;

@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kWm* kWn * 32)
   }
 
   auto load = [&](int kt, int slot) {
-    LoadStage<kBm, kThreads>(sa + slot * kBm * kRowBytes, p.a, p.lda, m0, p.m,
+    LoadStage<kBm, kThreads>(sa + slot * kBm * kRowBytes, p.a, p.lda, m0, p.epi.rows,
                              static_cast<int64_t>(kt) * kBk, p.depth, tid);
     LoadStage<kBn, kThreads>(sb + slot * kBn * kRowBytes, p.b, p.ldb, n0, p.np,
                              static_cast<int64_t>(kt) * kBk, p.depth, tid);
@@ -191,38 +191,38 @@ __global__ void __launch_bounds__(kWm* kWn * 32)
     }
   }
   __syncthreads();
-  Y* y = static_cast<Y*>(p.y);
-  const T* c = static_cast<const T*>(p.c);
+  Y* y = static_cast<Y*>(p.epi.y);
+  const T* c = static_cast<const T*>(p.epi.c);
   constexpr int kGroups = kBm * kBn / 8;
 #pragma unroll 1
   for (int gi = tid; gi < kGroups; gi += kThreads) {
     const int r = gi / (kBn / 8), c8 = (gi % (kBn / 8)) * 8;
     const int64_t row = m0 + r, col = n0 + c8;
-    if (row >= p.m || col >= p.n) continue;
+    if (row >= p.epi.rows || col >= p.epi.cols) continue;
     const int4* src = reinterpret_cast<const int4*>(tile + r * (kBn + kAccPad) + c8);
     const int4 a0 = src[0], a1 = src[1];
     const int a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     // col_scale has Np entries (a multiple of 16 >= col + 8), zero in the padding.
-    const float4 s0 = *reinterpret_cast<const float4*>(p.col_scale + col);
-    const float4 s1 = *reinterpret_cast<const float4*>(p.col_scale + col + 4);
+    const float4 s0 = *reinterpret_cast<const float4*>(p.epi.col_scale + col);
+    const float4 s1 = *reinterpret_cast<const float4*>(p.epi.col_scale + col + 4);
     const float sc[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-    const int count = p.n - col < 8 ? static_cast<int>(p.n - col) : 8;
+    const int count = p.epi.cols - col < 8 ? static_cast<int>(p.epi.cols - col) : 8;
     float v[8], add[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (bias_vec && count == 8) {
       LoadRow8(c + col, add);  // a row bias: 8 consecutive values, one or two 16-byte loads
     } else if (c) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        if (e < count) add[e] = Load(c[row * p.c_row_stride + (col + e) * p.c_col_stride]);
+        if (e < count) add[e] = Load(c[row * p.epi.c_row_stride + (col + e) * p.epi.c_col_stride]);
       }
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       v[e] = static_cast<float>(a[e]) * sc[e];
-      if (c) v[e] += p.beta * add[e];
-      v[e] = ActivateFor<T>(p.act, v[e], p.act_min, p.act_max);
+      if (c) v[e] += p.epi.beta * add[e];
+      v[e] = ActivateFor<T>(p.epi.act, v[e], p.epi.act_min, p.epi.act_max);
     }
-    Y* dst = y + row * p.n + col;
+    Y* dst = y + row * p.epi.cols + col;
     if (vec && count == 8) {
       StoreEight(dst, v, p.y_inv_scale);
     } else {
@@ -248,13 +248,14 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   auto* kernel = Int8MmaGemmKernel<T, Y, kBm, kBn, kWm, kWn, kStages>;
   static const cudaError_t opt_in = OptInSharedMemory(kernel, kSmem);
   if (opt_in != cudaSuccess) return opt_in;
-  const int64_t grid_m = (p.m + kBm - 1) / kBm, grid_n = (p.n + kBn - 1) / kBn;
+  const int64_t grid_m = (p.epi.rows + kBm - 1) / kBm, grid_n = (p.epi.cols + kBn - 1) / kBn;
   if (grid_m > 65535 || grid_n > 2147483647) return cudaErrorInvalidConfiguration;
   // 8 outputs per store where every row starts 8-aligned.
-  const bool vec = p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.y) % (8 * sizeof(Y)) == 0;
+  const bool vec =
+      p.epi.cols % 8 == 0 && reinterpret_cast<uintptr_t>(p.epi.y) % (8 * sizeof(Y)) == 0;
   // C a row bias (the same N values for every row) whose groups of 8 are 16-byte aligned.
-  const bool bias_vec = p.c != nullptr && p.c_row_stride == 0 && p.c_col_stride == 1 &&
-                        p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
+  const bool bias_vec = p.epi.c != nullptr && p.epi.c_row_stride == 0 && p.epi.c_col_stride == 1 &&
+                        p.epi.cols % 8 == 0 && reinterpret_cast<uintptr_t>(p.epi.c) % 16 == 0;
   kernel<<<dim3(static_cast<unsigned>(grid_n), static_cast<unsigned>(grid_m)), kWm * kWn * 32,
            kSmem, stream>>>(p, vec, bias_vec);
   return cudaGetLastError();
@@ -292,13 +293,14 @@ const char* Int8MmaTileName(int tile) {
 }
 
 cudaError_t LaunchInt8MmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
-  if (p.depth % 16 != 0 || p.lda % 16 != 0 || p.ldb % 16 != 0 || p.np < p.n || p.np % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(p.a) % 16 != 0 || reinterpret_cast<uintptr_t>(p.b) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(p.col_scale) % 16 != 0) {
+  if (p.depth % 16 != 0 || p.lda % 16 != 0 || p.ldb % 16 != 0 || p.np < p.epi.cols ||
+      p.np % 16 != 0 || reinterpret_cast<uintptr_t>(p.a) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.b) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.epi.col_scale) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
-  if (p.m == 0 || p.n == 0) return cudaSuccess;
-  switch (p.type) {
+  if (p.epi.rows == 0 || p.epi.cols == 0) return cudaSuccess;
+  switch (p.epi.type) {
     case BlasType::kF32:
       return LaunchTyped<float>(p, stream);
     case BlasType::kF16:
