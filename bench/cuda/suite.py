@@ -418,6 +418,7 @@ def quant_variant(a, name, exporter, batch, export_dir, profile, work, in_dir, r
         row[f"kiln_{q}_precision_counts"] = rep.get("precision", {}).get("counts")
         row[f"kiln_{q}_calibration_s"] = rep.get("phase_seconds", {}).get("precision")
         row[f"kiln_{q}_fp8_edges"] = rep.get("precision", {}).get("fp8_edges")
+        row[f"kiln_{q}_int8_edges"] = rep.get("precision", {}).get("int8_edges")
         row[f"kiln_{q}_calibration"] = rep.get("precision", {}).get("calibration")
     except (OSError, ValueError):
         pass
