@@ -374,6 +374,17 @@ def test_calibration_method_and_percentile(mlp):
     expect("KILN-E1001", kiln.build, mlp, torch.randn(4, 8), calib_method="kl")
 
 
+def test_quantized_edges_can_be_turned_off(mlp):
+    # fp8_edges / int8_edges go through the C API (an unknown key would be KILN-E1001); a CPU
+    # build has no kernel that makes an edge, so the report counts none either way.
+    batches = [torch.randn(4, 8) for _ in range(2)]
+    for on in (True, False):
+        e = kiln.build(mlp, torch.randn(4, 8), backend="cpu", profiles=PROFILE, int8=True,
+                       calibration=batches, int8_edges=on, fp8_edges=on)
+        assert e.report["precision"]["int8_edges"] == 0, e.report
+        assert e.report["precision"]["fp8_edges"] == 0, e.report
+
+
 def test_calibration_says_where_it_ran(mlp):
     # A CPU build calibrates on the CPU reference with or without calib_on_cpu; the option goes
     # through the C API (an unknown key would be KILN-E1001).

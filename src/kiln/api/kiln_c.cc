@@ -229,11 +229,17 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
     KILN_ASSIGN_OR_RETURN(config.fp8_tolerance, precision::ParseFp8Tolerance(value));
     return OkStatus();
   }
+  if (key == "fp8_edges" || key == "int8_edges") {
+    KILN_ASSIGN_OR_RETURN(bool on, ParseBool(key, value));
+    (key == "fp8_edges" ? config.fp8_edges : config.int8_edges) = on;
+    return OkStatus();
+  }
   return MakeError(
       ErrorCode::kInvalidArgument,
       "unknown build option '{}': use backend, fp16, bf16, int8, fp8, profile, deadline, "
       "memory_budget, max_kernel_time, timing_cache, calib_dir, calib_method, "
-      "calib_percentile, calib_cache, calib_on_cpu, int8_tolerance, fp8_tolerance or optimize",
+      "calib_percentile, calib_cache, calib_on_cpu, int8_tolerance, fp8_tolerance, fp8_edges, "
+      "int8_edges or optimize",
       key);
 }
 

@@ -89,7 +89,7 @@ kiln_status* kiln_build_config_create(kiln_build_config** out);
 void kiln_build_config_free(kiln_build_config* c);
 /* One option, as its CLI flag takes it (the CLI's parsers read it):
  *   backend          auto | cpu | cuda
- *   fp16, bf16, int8 0 | 1
+ *   fp16, bf16, int8, fp8  0 | 1
  *   profile          NAME:MIN,OPT,MAX (dims as 1x3x224x224); repeat for each dynamic input
  *   deadline         30s | 5m | 1500ms
  *   memory_budget    512M | 8G | 0.5 (a fraction of free memory)
@@ -102,6 +102,8 @@ void kiln_build_config_free(kiln_build_config* c);
  *   calib_on_cpu     0 | 1: calibrate on the CPU reference even for a GPU build (default 0)
  *   int8_tolerance   a number or "off"
  *   fp8_tolerance    a number or "off"
+ *   fp8_edges, int8_edges  0 | 1: quantized values between two FP8 (INT8) products whose
+ *                    kernels can (default 1; the CLI's --no-fp8-edges / --no-int8-edges)
  *   optimize         0 | 1
  * An unknown key or a bad value is KILN-E1001 naming it. */
 kiln_status* kiln_build_config_set(kiln_build_config* c, const char* key, const char* value);
