@@ -130,15 +130,18 @@ double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-// X as the INT8 kernel sees it: symmetric, scale amax/127, round to nearest, saturate.
+// X as the INT8 kernel sees it: symmetric, scale amax/127, x times the scale's reciprocal (the
+// contract's arithmetic: dividing instead rounds an occasional value at a .5 boundary the other
+// way), round to nearest, saturate.
 Tensor DequantizedActivations(const Tensor& x, float amax) {
   std::vector<float> v = x.ToFloatVector();
-  float scale = amax / 127.f;
-  for (float& f : v) f = std::clamp(std::nearbyint(f / scale), -127.f, 127.f) * scale;
+  const float scale = amax / 127.f, inv = 1.f / scale;
+  for (float& f : v) f = std::clamp(std::nearbyint(f * inv), -127.f, 127.f) * scale;
   return Tensor::FromVector(DataType::kFloat32, x.dims(), v);
 }
 
-// W as the INT8 kernel sees it: per channel, symmetric absmax. Channel c's elements are at
+// W as the INT8 kernel sees it: per channel, symmetric absmax, times the reciprocal as above.
+// Channel c's elements are at
 // c * channel_stride + i * inner_stride.
 Tensor DequantizedWeights(const Tensor& w, int64_t channels, int64_t channel_stride,
                           int64_t inner_stride) {
@@ -149,10 +152,10 @@ Tensor DequantizedWeights(const Tensor& w, int64_t channels, int64_t channel_str
     for (int64_t i = 0; i < inner; ++i) {
       absmax = std::max(absmax, std::fabs(v[c * channel_stride + i * inner_stride]));
     }
-    float scale = absmax > 0 ? absmax / 127.f : 1.f;
+    const float scale = absmax > 0 ? absmax / 127.f : 1.f, inv = 1.f / scale;
     for (int64_t i = 0; i < inner; ++i) {
       float& f = v[c * channel_stride + i * inner_stride];
-      f = std::clamp(std::nearbyint(f / scale), -127.f, 127.f) * scale;
+      f = std::clamp(std::nearbyint(f * inv), -127.f, 127.f) * scale;
     }
   }
   return Tensor::FromVector(DataType::kFloat32, w.dims(), v);
