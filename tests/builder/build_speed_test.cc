@@ -108,6 +108,36 @@ TEST(BuildSpeed, OptLevelsZeroAndFiveBothMatchTheCpuReference) {
   EXPECT_EQ(tactics[0].size(), tactics[5].size());
 }
 
+// A provider's offer as a search takes it: the prefix filters, and the bound applies to each
+// kernel family of the provider (TacticConfig::family) in the provider's order.
+TEST(BuildSpeed, TakeTacticsBoundsEachFamily) {
+  auto tactic = [](std::string name, std::string family) {
+    TacticConfig t;
+    t.name = std::move(name);
+    t.family = std::move(family);
+    return t;
+  };
+  const std::vector<TacticConfig> offered = {
+      tactic("i8-lt-0", "cublaslt"), tactic("i8-mma-0", "mma"),     tactic("i8-lt-1", "cublaslt"),
+      tactic("i8-mma-1", "mma"),     tactic("i8-lt-2", "cublaslt"), tactic("f16-x", ""),
+      tactic("i8-mma-2", "mma")};
+  auto names = [](const std::vector<TacticConfig>& ts) {
+    std::vector<std::string> n;
+    for (const TacticConfig& t : ts) n.push_back(t.name);
+    return n;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(names(TakeTactics(offered, "i8-", 1)), (V{"i8-lt-0", "i8-mma-0"}));
+  EXPECT_EQ(names(TakeTactics(offered, "i8-", 2)),
+            (V{"i8-lt-0", "i8-mma-0", "i8-lt-1", "i8-mma-1"}));
+  EXPECT_EQ(names(TakeTactics(offered, "i8-", 0)).size(), 6u);  // no bound
+  EXPECT_EQ(names(TakeTactics(offered, "", 1)), (V{"i8-lt-0", "i8-mma-0", "f16-x"}));
+  // One family (the empty one): the provider's first N, as before families existed.
+  std::vector<TacticConfig> plain = offered;
+  for (TacticConfig& t : plain) t.family.clear();
+  EXPECT_EQ(names(TakeTactics(plain, "i8-", 2)), (V{"i8-lt-0", "i8-mma-0"}));
+}
+
 // The level bounds the candidates each provider offers a layer: level 1 takes one per provider,
 // level 5 all of them (at least as many as level 2).
 TEST(BuildSpeed, OptLevelBoundsTheCandidatesPerProvider) {

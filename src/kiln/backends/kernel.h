@@ -67,6 +67,11 @@ struct TacticConfig {
   std::vector<int64_t> params;
   // Workspace estimate at the max profile shape (for memory budgeting before timing).
   size_t workspace_bytes = 0;
+  // The kernel family, where a provider offers more than one (CUDA INT8: cuBLASLt's algorithms
+  // and kiln's own kernel): a search that takes a provider's first N tactics takes the first N
+  // of each family (builder/tactic_search.h, TakeTactics). Empty: the provider's one family.
+  // Only the listing reads it; engines and the timing cache do not store it.
+  std::string family;
 };
 
 struct KernelRunArgs {

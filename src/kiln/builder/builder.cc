@@ -595,7 +595,7 @@ std::string_view QuantizedPrefix(const BuildState& s, const Node& node) {
 }
 
 // Asks the providers for the layer's tactics, the first TacticsPerProvider(opt_level) of each
-// (opt level 0, or search_tactics off: the heuristic's one).
+// (of each kernel family of a provider; opt level 0, or search_tactics off: the heuristic's one).
 void ListCandidates(BuildState& s, LayerSearch& l) {
   const BuilderConfig& config = s.config;
   const bool search = config.search_tactics && config.opt_level > 0;
@@ -615,12 +615,8 @@ void ListCandidates(BuildState& s, LayerSearch& l) {
     if (host && !l.candidates.empty()) break;
     for (const KernelProvider* p : providers) {
       if (p->runs_on_host() != host) continue;
-      int taken = 0;
-      for (TacticConfig& t : p->Tactics(l.request)) {
-        if (!quantized.empty() && !t.name.starts_with(quantized)) continue;
-        if (per_provider && taken == per_provider) break;
+      for (TacticConfig& t : TakeTactics(p->Tactics(l.request), quantized, per_provider)) {
         l.candidates.push_back({p, std::move(t)});
-        ++taken;
       }
     }
   }

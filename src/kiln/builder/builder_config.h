@@ -96,7 +96,8 @@ struct BuilderConfig {
   bool search_tactics = true;
   // How widely the tactic search looks (like TensorRT's builder optimization level), 0..5:
   // 0 keeps each layer's heuristic tactic (nothing timed); 1-4 take the first 1, 2, 4, 8 tactics
-  // of each provider in its heuristic order (a provider that finalises plans to list them, like
+  // of each provider (of each kernel family of a provider: TacticConfig::family) in its
+  // heuristic order (a provider that finalises plans to list them, like
   // cuDNN, finalises only those) and stop timing a candidate once it is clearly slower than the
   // best; 5 takes every tactic and times each fully. Default 2.
   int opt_level = kDefaultOptLevel;

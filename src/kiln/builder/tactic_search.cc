@@ -18,6 +18,20 @@
 
 namespace kiln {
 
+std::vector<TacticConfig> TakeTactics(std::vector<TacticConfig> offered, std::string_view prefix,
+                                      int per_family) {
+  std::vector<TacticConfig> taken;
+  std::unordered_map<std::string, int> per;  // tactics taken of each family
+  for (TacticConfig& t : offered) {
+    if (!prefix.empty() && !t.name.starts_with(prefix)) continue;
+    int& n = per[t.family];
+    if (per_family > 0 && n == per_family) continue;
+    ++n;
+    taken.push_back(std::move(t));
+  }
+  return taken;
+}
+
 namespace {
 using Clock = std::chrono::steady_clock;
 

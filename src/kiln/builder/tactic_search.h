@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "kiln/backends/backend.h"
@@ -51,6 +52,11 @@ inline constexpr double kEarlyStopRatio = 1.25;
 inline constexpr double kEarlyStopWarmupRatio = 2.0;
 // The builder's settle_ratio below the widest level.
 inline constexpr double kSettleRatio = 1.05;
+
+// The tactics a search takes from one provider's offer, in its order: those whose names start
+// with `prefix` (every one when it is empty), at most `per_family` of each family (0: no bound).
+std::vector<TacticConfig> TakeTactics(std::vector<TacticConfig> offered, std::string_view prefix,
+                                      int per_family);
 
 struct TacticCandidate {
   const KernelProvider* provider = nullptr;

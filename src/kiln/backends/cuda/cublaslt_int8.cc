@@ -288,13 +288,13 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     std::vector<TacticConfig> mma, lt;
     if (family != Int8Family::kCublasLt && MmaCapable()) {
       // Kiln's tiles, the likeliest first: eight warps of 64 x 32 ran BERT-base's products at
-      // batch 32 faster than four of 64 x 64 (H100, session 28: QKV 61 us against 80; a default
-      // build times only the first tile of each family).
+      // batch 32 faster than four of 64 x 64 (H100, session 28: QKV 61 us against 80).
       for (int tile : {4, 0, 2, 1, 3}) {
         if (tile >= Int8MmaTileCount()) continue;
         TacticConfig t;
         t.name = fmt::format("i8-{}-cuda-mma-{}", what, Int8MmaTileName(tile));
         t.params = {kMmaTag, tile};
+        t.family = "mma";
         QuantWorkspace ws = QuantWorkspaceFor(p->m, np, kp, 0);
         ws.acc_bytes = 0;
         t.workspace_bytes = ws.total();
@@ -313,12 +313,13 @@ class CublasLtInt8ProviderBase : public KernelProvider {
         t.params.resize(8);
         std::memcpy(t.params.data(), &r.algo, sizeof(r.algo));
         t.workspace_bytes = QuantWorkspaceFor(p->m, np, kp, r.workspaceSize).total();
+        t.family = "cublaslt";
         lt.push_back(std::move(t));
       }
     }
-    // Alternating, cuBLASLt's heuristic first: a search that times the first few of a provider
-    // (--opt-level 1-4) times both families, and one that times nothing keeps the library's
-    // pick.
+    // Two families (TacticConfig::family): a search that times the first few tactics of a
+    // provider (--opt-level 1-4) times that many of each. Alternating, cuBLASLt's heuristic
+    // first, so that one that times nothing keeps the library's pick.
     std::vector<TacticConfig> tactics;
     for (size_t i = 0; i < std::max(mma.size(), lt.size()); ++i) {
       if (i < lt.size()) tactics.push_back(std::move(lt[i]));
