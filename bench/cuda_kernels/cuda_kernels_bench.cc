@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,7 +39,9 @@ struct BenchCase {
   std::vector<Operand> inputs;
   std::string provider;  // provider id to time ("": the op's first provider)
   int outputs = 1;       // outputs of x's shape and type (SkipLayerNormalization's y and sum: 2)
-  size_t tactic = 0;     // which of the provider's tactics
+  size_t tactic = 0;     // which of the provider's tactics (of those named tactic_prefix...)
+  std::string tactic_prefix;  // tactics whose names start with this only ("": all)
+  double ops = 0;             // arithmetic operations of one launch (> 0: a TOPS counter)
 };
 
 AttributeMap Attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
@@ -92,15 +95,21 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
   for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, c.op)) {
     if (!provider && (c.provider.empty() || p->id() == c.provider)) provider = p;
   }
-  if (!provider || provider->Tactics(r).empty()) {
+  std::vector<TacticConfig> tactics;
+  if (provider) {
+    for (TacticConfig& t : provider->Tactics(r)) {
+      if (t.name.starts_with(c.tactic_prefix)) tactics.push_back(std::move(t));
+    }
+  }
+  if (tactics.empty()) {
     state.SkipWithError("no CUDA tactic");
     return;
   }
-  if (provider->Tactics(r).size() <= c.tactic) {
+  if (tactics.size() <= c.tactic) {
     state.SkipWithError("no such tactic");
     return;
   }
-  TacticConfig tactic = provider->Tactics(r)[c.tactic];
+  TacticConfig tactic = tactics[c.tactic];
   auto kernel = provider->Create(r, tactic);
   if (!kernel.ok()) {
     state.SkipWithError(kernel.status().ToString().c_str());
@@ -173,6 +182,7 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
   // From device time (benchmark's own rates divide by host CPU time).
   if (seconds > 0) {
     state.counters["GB/s"] = static_cast<double>(bytes) * state.iterations() / seconds / 1e9;
+    if (c.ops > 0) state.counters["TOPS"] = c.ops * state.iterations() / seconds / 1e12;
   }
   state.SetLabel(tactic.name);
   cudaEventDestroy(start);
@@ -184,6 +194,9 @@ constexpr DataType kF16 = DataType::kFloat16;
 constexpr DataType kI64 = DataType::kInt64;
 
 const bool kRegistered = [] {
+  // The INT8/FP8 tactics are off by default until they have run on a GPU (cublaslt_util.h,
+  // QuantTacticsEnabled); the INT8 cases below time them.
+  setenv("KILN_CUDA_QUANT_TACTICS", "1", 0);
   std::vector<std::pair<std::string, BenchCase>> cases = {
       // BERT-base / GPT-2 small, batch 32, sequence 128: rows of 768.
       {"layernorm_f16_4096x768",
@@ -282,6 +295,41 @@ const bool kRegistered = [] {
         BenchCase{"FusedMatMul",
                   attrs,
                   {{kF16, {32, 197, 768}, {}}, {kF16, {768, 3072}, {}}, {kF16, {3072}, {}}}});
+  }
+  // BERT-base's four products at batch 32 (4096 rows) with their bias (and fc1's GELU): the FP16
+  // product (the cuBLASLt heuristic's algorithm) beside the INT8 ones from float activations
+  // (quantized on the way in) in every family: cuBLASLt's IMMA, kiln's mma.sync kernel (its
+  // first tile) and kiln's warpgroup kernel (Hopper; each tile). Compare within one run.
+  struct Product {
+    std::string name;
+    int64_t k, n;
+    std::string act;
+  };
+  for (const Product& pr : std::vector<Product>{{"qkv", 768, 2304, "none"},
+                                                {"attn_out", 768, 768, "none"},
+                                                {"fc1", 768, 3072, "gelu"},
+                                                {"fc2", 3072, 768, "none"}}) {
+    std::vector<int64_t> weights(static_cast<size_t>(pr.k * pr.n));
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<int64_t>(i * 7919 % 5) - 2;
+    const std::vector<Operand> ops = {
+        {kF16, {32, 128, pr.k}, {}}, {kF16, {pr.k, pr.n}, weights}, {kF16, {pr.n}, {}}};
+    const double flops = 2.0 * 4096 * static_cast<double>(pr.k) * static_cast<double>(pr.n);
+    AttributeMap attrs = Attrs({{"activation", pr.act}});
+    BenchCase fp16{"FusedMatMul", attrs, ops, "cuda.fused_matmul.cublaslt"};
+    fp16.tactic_prefix = "f16-";
+    fp16.ops = flops;
+    cases.emplace_back(fmt::format("bert_{}_f16", pr.name), fp16);
+    attrs.Set("kiln_int8_input_amax", 1.f);
+    for (const auto& [family, tiles] :
+         std::vector<std::pair<std::string, size_t>>{{"cublaslt", 1}, {"mma", 1}, {"wgmma", 4}}) {
+      for (size_t t = 0; t < tiles; ++t) {
+        BenchCase i8{"FusedMatMul", attrs, ops, "cuda.fused_matmul.cublaslt.i8"};
+        i8.tactic_prefix = "i8-matmul-cuda-" + family + "-";
+        i8.tactic = t;
+        i8.ops = flops;
+        cases.emplace_back(fmt::format("bert_{}_i8_{}_t{}", pr.name, family, t), std::move(i8));
+      }
+    }
   }
   cases.emplace_back("gated_silu_f16_4096x2x2048",
                      BenchCase{"GatedActivation",

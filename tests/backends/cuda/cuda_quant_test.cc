@@ -30,6 +30,7 @@
 
 #include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
+#include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/cuda/quant_gemm_plan.h"
 #include "kiln/backends/fp8_quant.h"
 #include "kiln/backends/int8_quant.h"
@@ -490,6 +491,33 @@ TEST_F(CudaInt8Test, OwnTensorCoreKernelRunsEveryTile) {
   for (const I8Case& c : cases) {
     for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
       EXPECT_GT(CheckCase(c, seed++, t), 4);
+    }
+  }
+}
+
+// kiln's warpgroup kernel (int8_wgmma_gemm.cu) on Hopper, alone (KILN_CUDA_INT8_KERNEL=wgmma):
+// offered in each of its tiles, and meeting the same bounds (CheckCase runs every tactic) on
+// BERT-base's shapes and odd ones: M, N and K off every tile's multiple, K within one partial
+// 128-byte stage (80) and over 24 stages (3072, the ring of stages wrapping many times).
+TEST_F(CudaInt8Test, OwnWarpgroupKernelRunsEveryTile) {
+  if (!cuda::Int8WgmmaAvailable()) {
+    GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU and sm_90a code in this build";
+  }
+  struct WgmmaOnly {
+    WgmmaOnly() { setenv("KILN_CUDA_INT8_KERNEL", "wgmma", 1); }
+    ~WgmmaOnly() { unsetenv("KILN_CUDA_INT8_KERNEL"); }
+  } wgmma_only;
+  const int tiles = cuda::Int8WgmmaTileCount();
+  const std::vector<I8Case> cases = {
+      {"FusedMatMul", {2, 100, 768}, 768, 2304, false, false, 1.f, 1.f, {2304}, true, "gelu"},
+      {"FusedGemm", {300, 3072}, 3072, 768, false, true, 1.f, 1.f, {300, 768}, false},
+      {"Gemm", {129, 80}, 80, 257, false, false, 1.f, 1.f, {257}, true},
+      {"MatMul", {1000, 512}, 512, 1000},
+      {"MatMul", {3, 1, 48}, 48, 7}};
+  uint32_t seed = 81;
+  for (const I8Case& c : cases) {
+    for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
+      EXPECT_EQ(CheckCase(c, seed++, t), tiles);
     }
   }
 }
@@ -1400,7 +1428,8 @@ TEST_F(CudaFp8Test, EdgesBetweenFp8ProductsMatchTheBuildWithout) {
 }
 
 // INT8 edges (builder/quant_edges.h) on bert_tiny, with every product INT8 on kiln's own INT8
-// kernel (KILN_CUDA_INT8_KERNEL=mma: the one that reads and writes int8) and no tactic search:
+// kernels (KILN_CUDA_INT8_KERNEL=mma: those that read and write int8; the warpgroup one first on
+// Hopper) and no tactic search:
 // each feed-forward block's first product writes int8 for the second. The engine agrees with the
 // same build without edges (the edge quantizes the producer's FP32 result where the other path
 // quantizes it after rounding to FP16) and is as close to PyTorch FP32.
@@ -1439,7 +1468,7 @@ TEST_F(CudaInt8Test, EdgesBetweenInt8ProductsMatchTheBuildWithout) {
     readers += reads;
     if (reads || writes) {
       EXPECT_EQ(l.precision, "i8");
-      EXPECT_NE(l.tactic.find("-cuda-mma-"), std::string::npos);
+      EXPECT_NE(l.tactic.find("mma-"), std::string::npos);  // kiln's mma or wgmma kernel
     }
   }
   EXPECT_EQ(writers, joined->report.int8_edges);

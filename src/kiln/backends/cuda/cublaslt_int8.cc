@@ -24,11 +24,13 @@
 //
 // Tactics are the heuristic's top algorithms at the profile's largest M, stored as the
 // algorithm's 8 words like the FP16 tactics (cublaslt_matmul.cc), and, on sm_80 and newer, kiln's
-// own tensor-core product with the epilogue fused (int8_mma_gemm.cu: "i8-...-cuda-mma-128x128",
-// params {kMmaTag, tile}), which skips the int32 round trip through memory, offered alternately
-// (KILN_CUDA_INT8_KERNEL=mma|cublaslt offers one family only). The builder times them. kiln's
-// kernel also serves INT8 edges (ops/quant_edge.h): it reads an int8 A [M, K] in place (K a
-// multiple of 16, A not transposed), or writes Y as int8 for its consumer.
+// own tensor-core products with the epilogue fused, which skip the int32 round trip through
+// memory: the mma.sync kernel (int8_mma_gemm.cu: "i8-...-cuda-mma-128x128", params
+// {kMmaTag, tile}) and, on Hopper, the warpgroup kernel (int8_wgmma_gemm.cu:
+// "i8-...-cuda-wgmma-128x128", params {kWgmmaTag, tile}), the three families offered alternately
+// (KILN_CUDA_INT8_KERNEL=mma offers kiln's own two, =wgmma or =cublaslt one). The builder times
+// them. kiln's kernels also serve INT8 edges (ops/quant_edge.h): they read an int8 A [M, K] in
+// place (K a multiple of 16, A not transposed), or write Y as int8 for the consumer.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -49,17 +51,28 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kMaxTactics = 8;
-constexpr int64_t kMmaTag = 0x6d6d61;  // "mma": a tactic of kiln's own kernel
+constexpr int64_t kMmaTag = 0x6d6d61;        // "mma": a tactic of kiln's mma.sync kernel
+constexpr int64_t kWgmmaTag = 0x77676d6d61;  // "wgmma": a tactic of kiln's warpgroup kernel
 
-// KILN_CUDA_INT8_KERNEL=mma or =cublaslt offers one family of INT8 tactics only (tests, and
-// comparing them); unset or anything else, both.
-enum class Int8Family { kBoth, kMma, kCublasLt };
-Int8Family Int8FamilyFromEnv() {
+// KILN_CUDA_INT8_KERNEL picks the families of INT8 tactics offered (tests, and comparing them):
+// "mma" kiln's own kernels (mma.sync and, on Hopper, wgmma), "wgmma" or "cublaslt" that one
+// only; unset or anything else, all.
+struct Int8Families {
+  bool lt = true, mma = true, wgmma = true;
+};
+Int8Families Int8FamiliesFromEnv() {
   const char* v = std::getenv("KILN_CUDA_INT8_KERNEL");
-  if (v && std::strcmp(v, "mma") == 0) return Int8Family::kMma;
-  if (v && std::strcmp(v, "cublaslt") == 0) return Int8Family::kCublasLt;
-  return Int8Family::kBoth;
+  if (v && std::strcmp(v, "mma") == 0) return {false, true, true};
+  if (v && std::strcmp(v, "wgmma") == 0) return {false, false, true};
+  if (v && std::strcmp(v, "cublaslt") == 0) return {true, false, false};
+  return {};
 }
+
+// kiln's own kernel a tactic names: its family's launcher and tile.
+struct OwnKernel {
+  bool wgmma = false;
+  int tile = -1;  // -1: none (cuBLASLt)
+};
 
 bool MmaCapable() {
   int device = 0, major = 0;
@@ -98,7 +111,7 @@ class CublasLtInt8Kernel final : public Kernel {
  public:
   CublasLtInt8Kernel(GemmSpec spec, BlasType type, float a_scale, int64_t k, int64_t n,
                      OwnedDeviceMemory b_q, OwnedDeviceMemory col_scale,
-                     std::optional<cublasLtMatmulAlgo_t> algo, int mma_tile, bool in_int8,
+                     std::optional<cublasLtMatmulAlgo_t> algo, OwnKernel own, bool in_int8,
                      float out_scale, std::string name)
       : spec_(spec),
         type_(type),
@@ -110,7 +123,7 @@ class CublasLtInt8Kernel final : public Kernel {
         b_q_(std::move(b_q)),
         col_scale_(std::move(col_scale)),
         tactic_algo_(algo),
-        mma_tile_(mma_tile),
+        own_(own),
         in_int8_(in_int8),
         out_inv_scale_(out_scale > 0.f ? 1.f / out_scale : 0.f),
         name_(std::move(name)) {}
@@ -124,7 +137,7 @@ class CublasLtInt8Kernel final : public Kernel {
     a_strides_ = run.a_strides;
     empty_ = run.empty;
     if (empty_) return size_t{0};
-    if (mma_tile_ >= 0) {
+    if (own_.tile >= 0) {
       ws_ = QuantWorkspaceFor(m_, np_, kp_, 0);
       ws_.acc_bytes = 0;              // the accumulators stay in registers
       if (in_int8_) ws_.a_bytes = 0;  // A is read in place
@@ -168,7 +181,7 @@ class CublasLtInt8Kernel final : public Kernel {
 
   Status Run(const KernelRunArgs& args) override {
     if (empty_) return OkStatus();
-    if (!descs_.op && mma_tile_ < 0) {
+    if (!descs_.op && own_.tile < 0) {
       return MakeError(ErrorCode::kInternal, "{}: Run before Prepare", name_);
     }
     if (args.workspace == nullptr || args.workspace_bytes < ws_.total()) {
@@ -194,7 +207,7 @@ class CublasLtInt8Kernel final : public Kernel {
     q.col_stride = a_strides_.col_stride;
     q.inv_scale = inv_scale_;
     KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Quantize(q, stream));
-    if (mma_tile_ >= 0) return RunMma(args, a_q, stream);
+    if (own_.tile >= 0) return RunMma(args, a_q, stream);
 
     KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, CublasLtHandle());
     const int32_t alpha = 1, beta = 0;
@@ -241,10 +254,11 @@ class CublasLtInt8Kernel final : public Kernel {
     g.np = np_;
     g.depth = kp_;
     g.epi = Epilogue(args);
-    g.tile = mma_tile_;
+    g.tile = own_.tile;
     g.y_int8 = out_inv_scale_ > 0.f;
     g.y_inv_scale = out_inv_scale_;
-    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8MmaGemm(g, stream));
+    KILN_CUDA_RETURN_IF_ERROR(own_.wgmma ? LaunchInt8WgmmaGemm(g, stream)
+                                         : LaunchInt8MmaGemm(g, stream));
     return OkStatus();
   }
 
@@ -255,7 +269,7 @@ class CublasLtInt8Kernel final : public Kernel {
   OwnedDeviceMemory b_q_;        // int8 [Np, Kp]
   OwnedDeviceMemory col_scale_;  // float [Np]: alpha * a_scale * b_scale[n] (0 in the padding)
   std::optional<cublasLtMatmulAlgo_t> tactic_algo_;
-  int mma_tile_ = -1;          // >= 0: kiln's own kernel with this tile, no cuBLASLt
+  OwnKernel own_;              // tile >= 0: kiln's own kernel, no cuBLASLt
   bool in_int8_ = false;       // A arrives as int8 [M, K] (an INT8 edge's consumer)
   float out_inv_scale_ = 0.f;  // > 0: Y is int8 with this inverse scale (an edge's producer)
   std::string name_;
@@ -284,24 +298,32 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     auto descs = MakeInt8Descs(p->m, np, kp);
     if (!descs.ok()) return {};
     const char* what = p->spec.kind == GemmKind::kGemm ? "gemm" : "matmul";
-    const Int8Family family = Int8FamilyFromEnv();
-    std::vector<TacticConfig> mma, lt;
-    if (family != Int8Family::kCublasLt && MmaCapable()) {
+    const Int8Families families = Int8FamiliesFromEnv();
+    std::vector<TacticConfig> wgmma, mma, lt;
+    auto own = [&](std::vector<TacticConfig>& out, const char* fam, int64_t tag, int tile,
+                   const char* tile_name) {
+      TacticConfig t;
+      t.name = fmt::format("i8-{}-cuda-{}-{}", what, fam, tile_name);
+      t.params = {tag, tile};
+      t.family = fam;
+      QuantWorkspace ws = QuantWorkspaceFor(p->m, np, kp, 0);
+      ws.acc_bytes = 0;
+      t.workspace_bytes = ws.total();
+      out.push_back(std::move(t));
+    };
+    if (families.wgmma && Int8WgmmaAvailable()) {
+      for (int tile = 0; tile < Int8WgmmaTileCount(); ++tile) {
+        own(wgmma, "wgmma", kWgmmaTag, tile, Int8WgmmaTileName(tile));
+      }
+    }
+    if (families.mma && MmaCapable()) {
       // Kiln's tiles, the likeliest first: eight warps of 64 x 32 ran BERT-base's products at
       // batch 32 faster than four of 64 x 64 (H100, session 28: QKV 61 us against 80).
       for (int tile : {4, 0, 2, 1, 3}) {
-        if (tile >= Int8MmaTileCount()) continue;
-        TacticConfig t;
-        t.name = fmt::format("i8-{}-cuda-mma-{}", what, Int8MmaTileName(tile));
-        t.params = {kMmaTag, tile};
-        t.family = "mma";
-        QuantWorkspace ws = QuantWorkspaceFor(p->m, np, kp, 0);
-        ws.acc_bytes = 0;
-        t.workspace_bytes = ws.total();
-        mma.push_back(std::move(t));
+        if (tile < Int8MmaTileCount()) own(mma, "mma", kMmaTag, tile, Int8MmaTileName(tile));
       }
     }
-    if (family != Int8Family::kMma) {
+    if (families.lt) {
       auto found = LtHeuristics(*handle, descs->lt(), kInt8Alignment, kMaxTactics);
       if (!found.ok()) KILN_LOG(Warn, BACKEND, "{}: {}", id(), found.status().ToString());
       for (const auto& r : found.ok() ? *found : std::vector<cublasLtMatmulHeuristicResult_t>{}) {
@@ -317,13 +339,14 @@ class CublasLtInt8ProviderBase : public KernelProvider {
         lt.push_back(std::move(t));
       }
     }
-    // Two families (TacticConfig::family): a search that times the first few tactics of a
+    // Three families (TacticConfig::family): a search that times the first few tactics of a
     // provider (--opt-level 1-4) times that many of each. Alternating, cuBLASLt's heuristic
     // first, so that one that times nothing keeps the library's pick.
     std::vector<TacticConfig> tactics;
-    for (size_t i = 0; i < std::max(mma.size(), lt.size()); ++i) {
-      if (i < lt.size()) tactics.push_back(std::move(lt[i]));
-      if (i < mma.size()) tactics.push_back(std::move(mma[i]));
+    for (size_t i = 0; i < std::max({wgmma.size(), mma.size(), lt.size()}); ++i) {
+      for (std::vector<TacticConfig>* f : {&lt, &wgmma, &mma}) {
+        if (i < f->size()) tactics.push_back(std::move((*f)[i]));
+      }
     }
     return tactics;
   }
@@ -348,13 +371,21 @@ class CublasLtInt8ProviderBase : public KernelProvider {
                        node.name(), tactic.name, kInt8InputAmaxAttr, kInt8OutputScaleAttr);
     }
     std::optional<cublasLtMatmulAlgo_t> algo;
-    int mma_tile = -1;
-    if (tactic.params.size() == 2 && tactic.params[0] == kMmaTag) {
-      if (tactic.params[1] < 0 || tactic.params[1] >= Int8MmaTileCount()) {
+    OwnKernel own_kernel;
+    if (OwnTactic(tactic)) {
+      own_kernel.wgmma = tactic.params[0] == kWgmmaTag;
+      const int tiles = own_kernel.wgmma ? Int8WgmmaTileCount() : Int8MmaTileCount();
+      if (tactic.params[1] < 0 || tactic.params[1] >= tiles) {
         return MakeError(ErrorCode::kInvalidArgument, "{}: tactic '{}' names tile {} of {}", id(),
-                         tactic.name, tactic.params[1], Int8MmaTileCount());
+                         tactic.name, tactic.params[1], tiles);
       }
-      mma_tile = static_cast<int>(tactic.params[1]);
+      if (own_kernel.wgmma && !Int8WgmmaAvailable()) {
+        return MakeError(ErrorCode::kNoTactic,
+                         "node '{}': {} needs a compute capability 9.0 GPU and a kiln built with "
+                         "sm_90a code (KILN_CUDA_ARCHS with 90a-real)",
+                         node.name(), tactic.name);
+      }
+      own_kernel.tile = static_cast<int>(tactic.params[1]);
     } else if ((in_int8 || out_int8) && !tactic.params.empty()) {
       return MakeError(ErrorCode::kNoTactic,
                        "node '{}': {} cannot read or write int8 (only kiln's own kernel does)",
@@ -376,25 +407,26 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory scales,
                           UploadToDevice(b.col_scale.data(), b.col_scale.size() * sizeof(float)));
     return std::unique_ptr<Kernel>(std::make_unique<CublasLtInt8Kernel>(
-        spec, *type, act->scale, b.k, b.n, std::move(b_q), std::move(scales), algo, mma_tile,
+        spec, *type, act->scale, b.k, b.n, std::move(b_q), std::move(scales), algo, own_kernel,
         in_int8, out_scale, tactic.name));
   }
 
   // An INT8 edge's producer: kiln's own kernel, whatever Y's float type.
   bool WritesInt8Output(const KernelRequest& request, const TacticConfig& tactic) const final {
-    return MmaTactic(tactic) && Resolve(request) && request.inputs[0].dtype != kInt8EdgeType;
+    return OwnTactic(tactic) && Resolve(request) && request.inputs[0].dtype != kInt8EdgeType;
   }
   // An INT8 edge's consumer: A read in place as int8 [M, K] rows, so A is not transposed and K is
   // a multiple of 16 (the kernel's 16-byte copies).
   bool ReadsInt8Input(const KernelRequest& request, const TacticConfig& tactic) const final {
     std::optional<QuantizedGemm> p = Resolve(request);
-    return MmaTactic(tactic) && p && !p->spec.trans_a && p->k % kQuantPad == 0 &&
+    return OwnTactic(tactic) && p && !p->spec.trans_a && p->k % kQuantPad == 0 &&
            request.outputs[0].dtype != kInt8EdgeType;
   }
 
  private:
-  static bool MmaTactic(const TacticConfig& t) {
-    return t.name.starts_with("i8-") && t.params.size() == 2 && t.params[0] == kMmaTag;
+  static bool OwnTactic(const TacticConfig& t) {
+    return t.name.starts_with("i8-") && t.params.size() == 2 &&
+           (t.params[0] == kMmaTag || t.params[0] == kWgmmaTag);
   }
   static std::optional<QuantizedGemm> Resolve(const KernelRequest& request) {
     std::optional<Int8Activation> act = CudaInt8Activation(*request.node);

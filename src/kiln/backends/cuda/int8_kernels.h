@@ -64,4 +64,13 @@ cudaError_t LaunchInt8MmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream);
 int Int8MmaTileCount();
 const char* Int8MmaTileName(int tile);  // "128x128": the block's rows x columns of Y
 
+// The same product on Hopper's warpgroup tensor cores (int8_wgmma_gemm.cu): the contract and
+// operand requirements of LaunchInt8MmaGemm, `tile` in [0, Int8WgmmaTileCount()). It runs where
+// Int8WgmmaAvailable(): a compute capability 9.0 device, and this build carries sm_90a machine
+// code (KILN_CUDA_ARCHS' 90a-real), which the device is asked once.
+cudaError_t LaunchInt8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream);
+int Int8WgmmaTileCount();
+const char* Int8WgmmaTileName(int tile);
+bool Int8WgmmaAvailable();
+
 }  // namespace kiln::cuda

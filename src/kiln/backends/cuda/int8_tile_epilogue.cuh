@@ -1,0 +1,127 @@
+// The INT8 epilogue of kiln's own tensor-core products (int8_mma_gemm.cu's mma.sync kernel,
+// int8_wgmma_gemm.cu's Hopper warpgroup kernel), after a block has staged its tile of int32
+// accumulators in shared memory: y = act(float(acc) * col_scale[n] + beta * C) in the layer's
+// float type, or quantized to int8 on an INT8 edge (ops/quant_edge.h). Each thread finishes 8
+// consecutive outputs of a row at a time in a loop, so the epilogue's code (the activation above
+// all) stays one loop body instead of one copy per accumulator register (which made the first
+// mma kernel instruction-fetch bound), and the stores are 8-wide and coalesced.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kiln/backends/cuda/activation.cuh"
+#include "kiln/backends/cuda/device_util.cuh"
+#include "kiln/backends/cuda/int8_kernels.h"
+
+namespace kiln::cuda::int8_tile {
+
+constexpr int kAccPad = 8;  // int32s of padding per row of the staged accumulators
+
+// One output: the storage type's rounding, or the INT8 contract with inv_scale for an int8 Y.
+template <typename Y>
+__device__ __forceinline__ Y Convert(float v, float inv_scale) {
+  if constexpr (std::is_same_v<Y, int8_t>) {
+    return QuantizeInt8Device(v, inv_scale);
+  } else {
+    return Store<Y>(v);
+  }
+}
+
+template <typename Y>
+__device__ __forceinline__ uint32_t Bits16(float v) {
+  const Y h = Store<Y>(v);
+  return *reinterpret_cast<const uint16_t*>(&h);
+}
+
+// Eight outputs to dst (8 * sizeof(Y)-byte aligned) in one or two 16-byte stores (8 bytes for
+// int8), packed in registers.
+template <typename Y>
+__device__ __forceinline__ void StoreEight(Y* dst, const float (&v)[8], float inv_scale) {
+  if constexpr (sizeof(Y) == 1) {
+    uint32_t w[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      w[e / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(Convert<Y>(v[e], inv_scale)))
+                  << (8 * (e % 4));
+    }
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  } else if constexpr (sizeof(Y) == 2) {
+    uint4 w;
+    w.x = Bits16<Y>(v[0]) | (Bits16<Y>(v[1]) << 16);
+    w.y = Bits16<Y>(v[2]) | (Bits16<Y>(v[3]) << 16);
+    w.z = Bits16<Y>(v[4]) | (Bits16<Y>(v[5]) << 16);
+    w.w = Bits16<Y>(v[6]) | (Bits16<Y>(v[7]) << 16);
+    *reinterpret_cast<uint4*>(dst) = w;
+  } else {
+    reinterpret_cast<float4*>(dst)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(dst)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+
+// How a launch may vectorize the epilogue: `out` 8 outputs per store where every row of Y starts
+// 8-aligned; `bias` C a row bias (the same N values for every row) whose groups of 8 are 16-byte
+// aligned.
+struct Vectors {
+  bool out = false, bias = false;
+};
+template <typename Y>
+inline Vectors VectorsFor(const Int8MmaGemmParams& p) {
+  const Int8EpilogueParams& e = p.epi;
+  Vectors v;
+  v.out = e.cols % 8 == 0 && reinterpret_cast<uintptr_t>(e.y) % (8 * sizeof(Y)) == 0;
+  v.bias = e.c != nullptr && e.c_row_stride == 0 && e.c_col_stride == 1 && e.cols % 8 == 0 &&
+           reinterpret_cast<uintptr_t>(e.c) % 16 == 0;
+  return v;
+}
+
+// The block's kBm x kBn tile of accumulators, [kBm][kBn + kAccPad] int32 in shared memory, at
+// rows m0.. and columns n0.. of Y. T: the float type of C and of the arithmetic's rounding; Y: T,
+// or int8_t for an INT8 edge.
+template <typename T, typename Y, int kBm, int kBn, int kThreads>
+__device__ __forceinline__ void FinishTile(const Int8MmaGemmParams& p, const int* tile, int64_t m0,
+                                           int64_t n0, int tid, Vectors vectors) {
+  Y* y = static_cast<Y*>(p.epi.y);
+  const T* c = static_cast<const T*>(p.epi.c);
+  constexpr int kGroups = kBm * kBn / 8;
+#pragma unroll 1
+  for (int gi = tid; gi < kGroups; gi += kThreads) {
+    const int r = gi / (kBn / 8), c8 = (gi % (kBn / 8)) * 8;
+    const int64_t row = m0 + r, col = n0 + c8;
+    if (row >= p.epi.rows || col >= p.epi.cols) continue;
+    const int4* src = reinterpret_cast<const int4*>(tile + r * (kBn + kAccPad) + c8);
+    const int4 a0 = src[0], a1 = src[1];
+    const int a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    // col_scale has Np entries (a multiple of 16 >= col + 8), zero in the padding.
+    const float4 s0 = *reinterpret_cast<const float4*>(p.epi.col_scale + col);
+    const float4 s1 = *reinterpret_cast<const float4*>(p.epi.col_scale + col + 4);
+    const float sc[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+    const int count = p.epi.cols - col < 8 ? static_cast<int>(p.epi.cols - col) : 8;
+    float v[8], add[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (vectors.bias && count == 8) {
+      LoadRow8(c + col, add);  // a row bias: 8 consecutive values, one or two 16-byte loads
+    } else if (c) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (e < count) add[e] = Load(c[row * p.epi.c_row_stride + (col + e) * p.epi.c_col_stride]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      v[e] = static_cast<float>(a[e]) * sc[e];
+      if (c) v[e] += p.epi.beta * add[e];
+      v[e] = ActivateFor<T>(p.epi.act, v[e], p.epi.act_min, p.epi.act_max);
+    }
+    Y* dst = y + row * p.epi.cols + col;
+    if (vectors.out && count == 8) {
+      StoreEight(dst, v, p.y_inv_scale);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (e < count) dst[e] = Convert<Y>(v[e], p.y_inv_scale);
+      }
+    }
+  }
+}
+
+}  // namespace kiln::cuda::int8_tile

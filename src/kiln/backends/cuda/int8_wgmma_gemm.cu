@@ -1,0 +1,361 @@
+// kiln's INT8 matrix product on Hopper's warpgroup tensor cores (wgmma.mma_async, int8 x int8 ->
+// int32), with int8_mma_gemm.cu's fused epilogue (int8_tile_epilogue.cuh). cuBLASLt's INT8
+// kernels on an H100 are mma.sync (IMMA) kernels, no faster than its FP16 ones
+// (bench/results/h100_session28); wgmma is what doubles the rate of FP16 on this GPU. Same
+// operands and contract as int8_mma_gemm.cu: A quantized [M, Kp], B packed [Np, Kp], each row's K
+// bytes contiguous, which is the K-major layout wgmma requires of 8-bit operands.
+//
+// A block of two warpgroups (256 threads) computes a 128 kMi x kBn tile of Y, each warpgroup
+// 64 kMi rows with kMi m64n{kBn}k32 instructions per 32 bytes of K, both operands read from
+// shared memory through matrix descriptors. K advances 128 bytes per stage: every operand row of a
+// stage is one 128-byte row in the 128-byte swizzle wgmma reads (16-byte chunk c of row r stored at
+// chunk c ^ (r % 8); stages 1024-byte aligned), filled with cp.async by all threads, kStages in the
+// ring. The stage loaded next is the one the wgmma group kDrain + 1 iterations back read: each
+// iteration waits until at most kDrain of its warpgroup's wgmma groups are in flight before the
+// block's barrier, so that group is done in both warpgroups before any thread overwrites it.
+// kDrain 1 keeps the tensor cores busy across the barrier (one block per SM); kDrain 0 with
+// fewer stages lets two blocks share an SM, one's epilogue under the other's products.
+// cp.async writes through the generic proxy and wgmma reads through the async proxy: each thread
+// fences its completed copies (fence.proxy.async) before the barrier.
+//
+// The instructions exist only in sm_90a machine code (KILN_CUDA_ARCHS' 90a-real); other code of
+// this file is an empty kernel, and Int8WgmmaAvailable() asks the device which one it loaded.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+
+#include "kiln/backends/cuda/int8_kernels.h"
+#include "kiln/backends/cuda/int8_tile_epilogue.cuh"
+#include "kiln/backends/cuda/mma_util.cuh"
+#include "kiln/backends/cuda/smem_opt_in.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KILN_WGMMA 1
+#endif
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kBk = 128;  // bytes of K per stage: one swizzled 128-byte row per operand row
+constexpr int kThreads = 256;
+constexpr int kSmemAlign = 1024;  // the swizzle pattern repeats every 8 rows of 128 bytes
+
+#ifdef KILN_WGMMA
+// A shared-memory matrix descriptor for a K-major operand in the 128-byte swizzle: start address
+// (>> 4), leading byte offset unused with this swizzle (1), stride byte offset 1024 (>> 4) between
+// groups of 8 rows, swizzle mode 1 (128 bytes) in bits 62-63. The base offset (bits 49-51) is 0:
+// every stage starts 1024-byte aligned. Advancing K by 32 bytes inside the row adds 2.
+__device__ __forceinline__ uint64_t SmemDesc(const void* p) {
+  return static_cast<uint64_t>((SmemAddr(p) & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving accesses to an accumulator register across the asynchronous
+// instructions that own it.
+template <int kN>
+__device__ __forceinline__ void FenceAccumulators(int (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// D[64 x 128] += A[64 x 32] * B[128 x 32]^T: int8 operands, K-major in shared memory.
+__device__ __forceinline__ void WgmmaS8(int (&d)[64], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
+        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
+        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
+        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
+        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]),
+        "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]),
+        "+r"(d[63])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+// D[64 x 256] += A[64 x 32] * B[256 x 32]^T: int8 operands, K-major in shared memory.
+__device__ __forceinline__ void WgmmaS8(int (&d)[128], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
+      "%127"
+      "}, %128, %129, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
+        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
+        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
+        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
+        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]),
+        "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]),
+        "+r"(d[63]), "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]),
+        "+r"(d[70]), "+r"(d[71]), "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]),
+        "+r"(d[77]), "+r"(d[78]), "+r"(d[79]), "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]),
+        "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]), "+r"(d[88]), "+r"(d[89]), "+r"(d[90]),
+        "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]), "+r"(d[96]), "+r"(d[97]),
+        "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
+        "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]),
+        "+r"(d[110]), "+r"(d[111]), "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]),
+        "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), "+r"(d[120]), "+r"(d[121]),
+        "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+// Rows [row0, row0 + kRows) x bytes [k0, k0 + kBk) of a [rows, ld] int8 operand into one stage,
+// swizzled.
+template <int kRows>
+__device__ __forceinline__ void LoadStage(uint8_t* dst, const int8_t* src, int64_t ld, int64_t row0,
+                                          int64_t rows, int64_t k0, int64_t depth, int tid) {
+  constexpr int kChunks = kRows * (kBk / 16);
+  static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int it = 0; it < kChunks / kThreads; ++it) {
+    const int i = tid + it * kThreads;
+    const int r = i >> 3, c = i & 7;
+    const int64_t gr = row0 + r, gk = k0 + c * 16;
+    const bool valid = gr < rows && gk < depth;
+    CpAsync16(dst + r * kBk + ((c ^ (r & 7)) << 4), valid ? src + gr * ld + gk : src, valid);
+  }
+}
+#endif  // KILN_WGMMA
+
+template <int kBm, int kBn, int kStages>
+constexpr int SmemBytes() {
+  constexpr int stages = kStages * (kBm + kBn) * kBk;
+  constexpr int acc = kBm * (kBn + int8_tile::kAccPad) * 4;
+  return (stages > acc ? stages : acc) + kSmemAlign;
+}
+
+// kMi: 64-row instructions per warpgroup and K step (the block has 128 * kMi rows of Y).
+template <typename T, typename Y, int kMi, int kBn, int kStages, int kDrain, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    Int8WgmmaGemmKernel(Int8MmaGemmParams p, int8_tile::Vectors vectors) {
+#ifdef KILN_WGMMA
+  constexpr int kBm = 2 * 64 * kMi;
+  constexpr int kAhead = kStages - 1 - kDrain;  // stages loaded ahead of the one multiplied
+  static_assert(kAhead >= 1, "at least one stage in flight");
+  constexpr int kAStage = kBm * kBk, kBStage = kBn * kBk;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem =
+      smem_raw + ((kSmemAlign - (SmemAddr(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1));
+  uint8_t* sa = smem;
+  uint8_t* sb = smem + kStages * kAStage;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBm;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBn;
+  const int ktiles = static_cast<int>((p.depth + kBk - 1) / kBk);
+
+  int acc[kMi][kBn / 2];
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) {
+#pragma unroll
+    for (int j = 0; j < kBn / 2; ++j) acc[i][j] = 0;
+  }
+
+  auto load = [&](int kt, int slot) {
+    const int64_t k0 = static_cast<int64_t>(kt) * kBk;
+    LoadStage<kBm>(sa + slot * kAStage, p.a, p.lda, m0, p.epi.rows, k0, p.depth, tid);
+    LoadStage<kBn>(sb + slot * kBStage, p.b, p.ldb, n0, p.np, k0, p.depth, tid);
+  };
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < ktiles) load(s, s);
+    CpAsyncCommit();
+  }
+  for (int kt = 0; kt < ktiles; ++kt) {
+    CpAsyncWait<kAhead - 1>();  // this thread's copies of stage kt are in
+    FenceProxyAsync();          // and visible to the tensor cores' reads
+    __syncthreads();            // everyone's are; the slot loaded next is free in both warpgroups
+    const int next = kt + kAhead;
+    if (next < ktiles) load(next, next % kStages);
+    CpAsyncCommit();
+    const int slot = kt % kStages;
+    const uint64_t da = SmemDesc(sa + slot * kAStage + wg * kMi * 64 * kBk);
+    const uint64_t db = SmemDesc(sb + slot * kBStage);
+    WgmmaFence();
+#pragma unroll
+    for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
+#pragma unroll
+    for (int ks = 0; ks < kBk / 32; ++ks) {
+#pragma unroll
+      for (int i = 0; i < kMi; ++i) {
+        // The warpgroup's i-th 64 rows start 64 rows of 128 bytes further (>> 4: 512).
+        WgmmaS8(acc[i], da + i * (64 * kBk >> 4) + 2 * ks, db + 2 * ks);
+      }
+    }
+    WgmmaCommit();
+#pragma unroll
+    for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
+    WgmmaWait<kDrain>();
+  }
+  WgmmaWait<0>();
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
+  CpAsyncWait<0>();
+  __syncthreads();  // every warpgroup is done with the stages: the accumulators take their place
+
+  // Warp w of a warpgroup holds rows 16w..16w+15 of each of its 64-row tiles; lane (g, t) of it,
+  // for each 8 columns j, rows g and g + 8 at columns 8j + 2t and 8j + 2t + 1 (acc[i][4j..4j+3]),
+  // as mma.sync's m16n8.
+  int* tile = reinterpret_cast<int*>(smem);
+  {
+    const int lane = tid & 31, w = (tid >> 5) & 3;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < kMi; ++i) {
+#pragma unroll
+      for (int j = 0; j < kBn / 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = (wg * kMi + i) * 64 + w * 16 + g + h * 8, col = j * 8 + 2 * t;
+          *reinterpret_cast<int2*>(tile + r * (kBn + int8_tile::kAccPad) + col) =
+              make_int2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  int8_tile::FinishTile<T, Y, kBm, kBn, kThreads>(p, tile, m0, n0, tid, vectors);
+#endif  // KILN_WGMMA
+}
+
+// Records whether the code the device loaded for this file has the wgmma instructions.
+__global__ void WgmmaProbeKernel(int* out) {
+#ifdef KILN_WGMMA
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+struct TileConfig {
+  const char* name;
+};
+// Index = Int8MmaGemmParams::tile.
+constexpr TileConfig kTiles[] = {{"128x128"}, {"128x256"}, {"128x128x2"}, {"256x128"}};
+
+template <typename T, typename Y, int kMi, int kBn, int kStages, int kDrain, int kMinBlocks>
+cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
+  constexpr int kBm = 2 * 64 * kMi;
+  constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
+  auto* kernel = Int8WgmmaGemmKernel<T, Y, kMi, kBn, kStages, kDrain, kMinBlocks>;
+  static const cudaError_t opt_in = OptInSharedMemory(kernel, kSmem);
+  if (opt_in != cudaSuccess) return opt_in;
+  const int64_t grid_m = (p.epi.rows + kBm - 1) / kBm, grid_n = (p.epi.cols + kBn - 1) / kBn;
+  if (grid_m > 65535 || grid_n > 2147483647) return cudaErrorInvalidConfiguration;
+  kernel<<<dim3(static_cast<unsigned>(grid_n), static_cast<unsigned>(grid_m)), kThreads, kSmem,
+           stream>>>(p, int8_tile::VectorsFor<Y>(p));
+  return cudaGetLastError();
+}
+
+template <typename T, typename Y>
+cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream) {
+  switch (p.tile) {
+    case 0:  // 6 stages of 32 KB, one block per SM
+      return LaunchTile<T, Y, 1, 128, 6, 1, 1>(p, stream);
+    case 1:  // 4 stages of 48 KB, one block per SM, 128 accumulators per thread
+      return LaunchTile<T, Y, 1, 256, 4, 1, 1>(p, stream);
+    case 2:  // 3 stages of 32 KB: two blocks per SM
+      return LaunchTile<T, Y, 1, 128, 3, 0, 2>(p, stream);
+    case 3:  // 4 stages of 48 KB, one block per SM, two 64-row tiles per warpgroup
+      return LaunchTile<T, Y, 2, 128, 4, 1, 1>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T>
+cudaError_t LaunchTyped(const Int8MmaGemmParams& p, cudaStream_t stream) {
+  return p.y_int8 ? LaunchTiled<T, int8_t>(p, stream) : LaunchTiled<T, T>(p, stream);
+}
+
+}  // namespace
+
+int Int8WgmmaTileCount() { return static_cast<int>(sizeof(kTiles) / sizeof(kTiles[0])); }
+
+const char* Int8WgmmaTileName(int tile) {
+  return tile >= 0 && tile < Int8WgmmaTileCount() ? kTiles[tile].name : "?";
+}
+
+bool Int8WgmmaAvailable() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      major != 9 || minor != 0) {
+    return false;
+  }
+  // Once per device: sm_90a machine code runs only on compute capability 9.0 itself, and a build
+  // without it gives the device PTX or sm_90 code, where the probe writes 0.
+  static std::mutex mu;
+  static std::array<int, 64> known{};  // 0 unknown, 1 yes, 2 no
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0 || device >= static_cast<int>(known.size())) return false;
+  if (known[device] == 0) {
+    int* flag = nullptr;
+    int host = 0;
+    bool ok = cudaMalloc(&flag, sizeof(int)) == cudaSuccess;
+    if (ok) {
+      WgmmaProbeKernel<<<1, 1>>>(flag);
+      ok = cudaGetLastError() == cudaSuccess &&
+           cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+      cudaFree(flag);
+    }
+    known[device] = ok && host == 1 ? 1 : 2;
+  }
+  return known[device] == 1;
+}
+
+cudaError_t LaunchInt8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
+  if (p.depth % 16 != 0 || p.lda % 16 != 0 || p.ldb % 16 != 0 || p.np < p.epi.cols ||
+      p.np % 16 != 0 || reinterpret_cast<uintptr_t>(p.a) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.b) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.epi.col_scale) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.epi.rows == 0 || p.epi.cols == 0) return cudaSuccess;
+  switch (p.epi.type) {
+    case BlasType::kF32:
+      return LaunchTyped<float>(p, stream);
+    case BlasType::kF16:
+      return LaunchTyped<__half>(p, stream);
+    case BlasType::kBF16:
+      return LaunchTyped<__nv_bfloat16>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace kiln::cuda
