@@ -20,6 +20,7 @@
 //
 // The instructions exist only in sm_90a machine code (KILN_CUDA_ARCHS' 90a-real); other code of
 // this file is an empty kernel, and Int8WgmmaAvailable() asks the device which one it loaded.
+#include <cuda.h>  // CUtensorMap and its enums; the encoder comes through the runtime
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -150,13 +151,91 @@ __device__ __forceinline__ void LoadStage(uint8_t* dst, const int8_t* src, int64
     CpAsync16(dst + r * kBk + ((c ^ (r & 7)) << 4), valid ? src + gr * ld + gk : src, valid);
   }
 }
+
+// The mbarriers of the TMA kernel: init with an arrival count; arrive; arrive announcing the bytes
+// the tensor copies will complete on it; wait for the completion of the phase of a parity.
+__device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
+}
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// A box of a 2-D tensor map (columns x0.., rows y0..) into shared memory, completing on bar.
+__device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, int x0, int y0,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x0), "r"(y0), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+// Warp w of a warpgroup holds rows 16w..16w+15 of each of its 64-row tiles; lane (g, t) of it,
+// for each 8 columns j, rows g and g + 8 at columns 8j + 2t and 8j + 2t + 1 (acc[i][4j..4j+3]),
+// as mma.sync's m16n8. Into the [128 kMi][kBn + kAccPad] int32 tile the epilogue reads.
+template <int kMi, int kBn>
+__device__ __forceinline__ void StageAccumulators(int* tile, const int (&acc)[kMi][kBn / 2], int wg,
+                                                  int tid) {
+  const int lane = tid & 31, w = (tid >> 5) & 3;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) {
+#pragma unroll
+    for (int j = 0; j < kBn / 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = (wg * kMi + i) * 64 + w * 16 + g + h * 8, col = j * 8 + 2 * t;
+        *reinterpret_cast<int2*>(tile + r * (kBn + int8_tile::kAccPad) + col) =
+            make_int2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+      }
+    }
+  }
+}
+
+// Issues the warpgroup's products for one stage: kMi 64-row tiles x 4 steps of 32 bytes of K.
+// The warpgroup's rows of A start at da, B's at db (descriptors); 64 rows of 128 bytes are 512
+// in the descriptor's units of 16 bytes, 32 bytes of K are 2.
+template <int kMi, int kBn>
+__device__ __forceinline__ void StageProducts(int (&acc)[kMi][kBn / 2], uint64_t da, uint64_t db) {
+  WgmmaFence();
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
+#pragma unroll
+  for (int ks = 0; ks < kBk / 32; ++ks) {
+#pragma unroll
+    for (int i = 0; i < kMi; ++i) WgmmaS8(acc[i], da + i * (64 * kBk >> 4) + 2 * ks, db + 2 * ks);
+  }
+  WgmmaCommit();
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
+}
 #endif  // KILN_WGMMA
 
+// The stages, and the accumulator tile the epilogue reads in their place.
 template <int kBm, int kBn, int kStages>
-constexpr int SmemBytes() {
+constexpr int StageBytes() {
   constexpr int stages = kStages * (kBm + kBn) * kBk;
   constexpr int acc = kBm * (kBn + int8_tile::kAccPad) * 4;
-  return (stages > acc ? stages : acc) + kSmemAlign;
+  return stages > acc ? stages : acc;
+}
+// With the slack to align the dynamic base and the TMA kernel's 2 kStages mbarriers after it.
+template <int kBm, int kBn, int kStages>
+constexpr int SmemBytes() {
+  return StageBytes<kBm, kBn, kStages>() + 2 * kSmemAlign;
 }
 
 // kMi: 64-row instructions per warpgroup and K step (the block has 128 * kMi rows of Y).
@@ -205,20 +284,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const int slot = kt % kStages;
     const uint64_t da = SmemDesc(sa + slot * kAStage + wg * kMi * 64 * kBk);
     const uint64_t db = SmemDesc(sb + slot * kBStage);
-    WgmmaFence();
-#pragma unroll
-    for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
-#pragma unroll
-    for (int ks = 0; ks < kBk / 32; ++ks) {
-#pragma unroll
-      for (int i = 0; i < kMi; ++i) {
-        // The warpgroup's i-th 64 rows start 64 rows of 128 bytes further (>> 4: 512).
-        WgmmaS8(acc[i], da + i * (64 * kBk >> 4) + 2 * ks, db + 2 * ks);
-      }
-    }
-    WgmmaCommit();
-#pragma unroll
-    for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
+    StageProducts<kMi, kBn>(acc, da, db);
     WgmmaWait<kDrain>();
   }
   WgmmaWait<0>();
@@ -227,28 +293,84 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   CpAsyncWait<0>();
   __syncthreads();  // every warpgroup is done with the stages: the accumulators take their place
 
-  // Warp w of a warpgroup holds rows 16w..16w+15 of each of its 64-row tiles; lane (g, t) of it,
-  // for each 8 columns j, rows g and g + 8 at columns 8j + 2t and 8j + 2t + 1 (acc[i][4j..4j+3]),
-  // as mma.sync's m16n8.
   int* tile = reinterpret_cast<int*>(smem);
-  {
-    const int lane = tid & 31, w = (tid >> 5) & 3;
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int i = 0; i < kMi; ++i) {
-#pragma unroll
-      for (int j = 0; j < kBn / 8; ++j) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = (wg * kMi + i) * 64 + w * 16 + g + h * 8, col = j * 8 + 2 * t;
-          *reinterpret_cast<int2*>(tile + r * (kBn + int8_tile::kAccPad) + col) =
-              make_int2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
-        }
-      }
-    }
-  }
+  StageAccumulators<kMi, kBn>(tile, acc, wg, tid);
   __syncthreads();
   int8_tile::FinishTile<T, Y, kBm, kBn, kThreads>(p, tile, m0, n0, tid, vectors);
+#endif  // KILN_WGMMA
+}
+
+// The same product with the operands brought in by the Tensor Memory Accelerator: warpgroup 0's
+// first thread issues each stage's two box copies (the tensor maps describe A [M, depth] and
+// B [Np, depth] with the 128-byte swizzle, rows past the end and K past depth read as zeros) and
+// waits for a slot's `empty` barrier before refilling it; warpgroups 1 and 2 wait for a stage's
+// `full` barrier (its bytes arrived), multiply, and once the next stage's products are issued
+// and this one's are done (wgmma.wait_group 1), release its slot. No thread of the consumers
+// copies anything, and the loads run kStages - 1 stages ahead without a block-wide barrier.
+template <typename T, typename Y, int kMi, int kBn, int kStages>
+__global__ void __launch_bounds__(kThreads + 128, 1)
+    Int8WgmmaTmaKernel(const __grid_constant__ CUtensorMap map_a,
+                       const __grid_constant__ CUtensorMap map_b, Int8MmaGemmParams p,
+                       int8_tile::Vectors vectors) {
+#ifdef KILN_WGMMA
+  constexpr int kBm = 2 * 64 * kMi;
+  constexpr int kAStage = kBm * kBk, kBStage = kBn * kBk;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem =
+      smem_raw + ((kSmemAlign - (SmemAddr(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1));
+  uint8_t* sa = smem;
+  uint8_t* sb = smem + kStages * kAStage;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + StageBytes<kBm, kBn, kStages>());
+  uint64_t* empty = full + kStages;
+  const int tid = threadIdx.x;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBm;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBn;
+  const int ktiles = static_cast<int>((p.depth + kBk - 1) / kBk);
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(&full[s], 1);
+      MbarInit(&empty[s], 2);  // one arrival per consumer warpgroup
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (tid < 128) {  // the producer warpgroup: one thread issues every copy
+    if (tid == 0) {
+      for (int kt = 0; kt < ktiles; ++kt) {
+        const int slot = kt % kStages, use = kt / kStages;
+        if (use > 0) MbarWait(&empty[slot], (use - 1) & 1);
+        MbarExpectTx(&full[slot], kAStage + kBStage);
+        TmaLoad2d(sa + slot * kAStage, &map_a, kt * kBk, static_cast<int>(m0), &full[slot]);
+        TmaLoad2d(sb + slot * kBStage, &map_b, kt * kBk, static_cast<int>(n0), &full[slot]);
+      }
+    }
+    return;
+  }
+  const int ctid = tid - 128, wg = ctid >> 7;
+  int acc[kMi][kBn / 2];
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) {
+#pragma unroll
+    for (int j = 0; j < kBn / 2; ++j) acc[i][j] = 0;
+  }
+  for (int kt = 0; kt < ktiles; ++kt) {
+    const int slot = kt % kStages;
+    MbarWait(&full[slot], (kt / kStages) & 1);
+    const uint64_t da = SmemDesc(sa + slot * kAStage + wg * kMi * 64 * kBk);
+    const uint64_t db = SmemDesc(sb + slot * kBStage);
+    StageProducts<kMi, kBn>(acc, da, db);
+    WgmmaWait<1>();
+    if (kt > 0 && (ctid & 127) == 0) MbarArrive(&empty[(kt - 1) % kStages]);
+  }
+  WgmmaWait<0>();
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
+  // Both consumer warpgroups are done with every stage (named barrier 1: the producer has left).
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+  int* tile = reinterpret_cast<int*>(smem);
+  StageAccumulators<kMi, kBn>(tile, acc, wg, ctid);
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+  int8_tile::FinishTile<T, Y, kBm, kBn, kThreads>(p, tile, m0, n0, ctid, vectors);
 #endif  // KILN_WGMMA
 }
 
@@ -265,7 +387,66 @@ struct TileConfig {
   const char* name;
 };
 // Index = Int8MmaGemmParams::tile.
-constexpr TileConfig kTiles[] = {{"128x128"}, {"128x256"}, {"128x128x2"}, {"256x128"}};
+constexpr TileConfig kTiles[] = {{"128x128"},     {"128x256"},     {"128x128x2"},  {"256x128"},
+                                 {"tma-128x128"}, {"tma-128x256"}, {"tma-256x128"}};
+
+// cuTensorMapEncodeTiled, a driver function, through the runtime's entry point (kiln links the
+// runtime only).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn EncodeTiled() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return EncodeTiledFn{nullptr};
+    }
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// A [rows, depth] int8 operand (row stride ld bytes) in boxes of box_rows x kBk bytes, in the
+// 128-byte swizzle; reads past either end fill zeros.
+cudaError_t MakeOperandMap(CUtensorMap* map, const int8_t* base, int64_t rows, int64_t depth,
+                           int64_t ld, int box_rows) {
+  const EncodeTiledFn encode = EncodeTiled();
+  if (!encode) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(depth), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
+  const cuuint32_t box[2] = {kBk, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(base), dims, strides, box,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <typename T, typename Y, int kMi, int kBn, int kStages>
+cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
+  constexpr int kBm = 2 * 64 * kMi;
+  constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
+  auto* kernel = Int8WgmmaTmaKernel<T, Y, kMi, kBn, kStages>;
+  static const cudaError_t opt_in = OptInSharedMemory(kernel, kSmem);
+  if (opt_in != cudaSuccess) return opt_in;
+  const int64_t grid_m = (p.epi.rows + kBm - 1) / kBm, grid_n = (p.epi.cols + kBn - 1) / kBn;
+  // The copies' coordinates are 32-bit.
+  if (grid_m > 65535 || p.epi.rows > 2147483647 || p.np > 2147483647 || p.depth > 2147483647) {
+    return cudaErrorInvalidConfiguration;
+  }
+  CUtensorMap map_a, map_b;
+  cudaError_t e = MakeOperandMap(&map_a, p.a, p.epi.rows, p.depth, p.lda, kBm);
+  if (e == cudaSuccess) e = MakeOperandMap(&map_b, p.b, p.np, p.depth, p.ldb, kBn);
+  if (e != cudaSuccess) return e;
+  kernel<<<dim3(static_cast<unsigned>(grid_n), static_cast<unsigned>(grid_m)), kThreads + 128,
+           kSmem, stream>>>(map_a, map_b, p, int8_tile::VectorsFor<Y>(p));
+  return cudaGetLastError();
+}
 
 template <typename T, typename Y, int kMi, int kBn, int kStages, int kDrain, int kMinBlocks>
 cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
@@ -292,6 +473,12 @@ cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream) {
       return LaunchTile<T, Y, 1, 128, 3, 0, 2>(p, stream);
     case 3:  // 4 stages of 48 KB, one block per SM, two 64-row tiles per warpgroup
       return LaunchTile<T, Y, 2, 128, 4, 1, 1>(p, stream);
+    case 4:  // the TMA kernel: 6 stages of 32 KB
+      return LaunchTmaTile<T, Y, 1, 128, 6>(p, stream);
+    case 5:  // 4 stages of 48 KB
+      return LaunchTmaTile<T, Y, 1, 256, 4>(p, stream);
+    case 6:
+      return LaunchTmaTile<T, Y, 2, 128, 4>(p, stream);
     default:
       return cudaErrorInvalidValue;
   }
