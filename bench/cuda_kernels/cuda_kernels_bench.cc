@@ -197,6 +197,7 @@ const bool kRegistered = [] {
   // The INT8/FP8 tactics are off by default until they have run on a GPU (cublaslt_util.h,
   // QuantTacticsEnabled); the INT8 cases below time them.
   setenv("KILN_CUDA_QUANT_TACTICS", "1", 0);
+  setenv("KILN_CUDA_INT8_KERNEL", "all", 0);  // every family of INT8 tactics, wgmma's included
   std::vector<std::pair<std::string, BenchCase>> cases = {
       // BERT-base / GPT-2 small, batch 32, sequence 128: rows of 768.
       {"layernorm_f16_4096x768",

@@ -1428,22 +1428,17 @@ TEST_F(CudaFp8Test, EdgesBetweenFp8ProductsMatchTheBuildWithout) {
 }
 
 // INT8 edges (builder/quant_edges.h) on bert_tiny, with every product INT8 on kiln's own INT8
-// kernels (KILN_CUDA_INT8_KERNEL=mma: those that read and write int8; the warpgroup one first on
-// Hopper) and no tactic search:
+// kernel (KILN_CUDA_INT8_KERNEL=mma: one that reads and writes int8) and no tactic search:
 // each feed-forward block's first product writes int8 for the second. The engine agrees with the
 // same build without edges (the edge quantizes the producer's FP32 result where the other path
 // quantizes it after rounding to FP16) and is as close to PyTorch FP32.
-TEST_F(CudaInt8Test, EdgesBetweenInt8ProductsMatchTheBuildWithout) {
+void CheckInt8Edges(const char* family) {
   const std::string dir = ZooDir("bert_tiny");
   if (!std::filesystem::exists(dir + "/model.onnx")) GTEST_SKIP() << "no zoo at " << dir;
-  int device = 0, major = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
-  if (major < 8) GTEST_SKIP() << "kiln's INT8 kernel needs sm_80";
   struct OwnKernelOnly {
-    OwnKernelOnly() { setenv("KILN_CUDA_INT8_KERNEL", "mma", 1); }
+    explicit OwnKernelOnly(const char* f) { setenv("KILN_CUDA_INT8_KERNEL", f, 1); }
     ~OwnKernelOnly() { unsetenv("KILN_CUDA_INT8_KERNEL"); }
-  } own_kernel_only;
+  } own_kernel_only(family);
   BuilderConfig config;
   config.int8 = true;
   config.int8_tolerance = std::numeric_limits<double>::infinity();  // every product INT8
@@ -1468,7 +1463,7 @@ TEST_F(CudaInt8Test, EdgesBetweenInt8ProductsMatchTheBuildWithout) {
     readers += reads;
     if (reads || writes) {
       EXPECT_EQ(l.precision, "i8");
-      EXPECT_NE(l.tactic.find("mma-"), std::string::npos);  // kiln's mma or wgmma kernel
+      EXPECT_NE(l.tactic.find(std::string("-cuda-") + family + "-"), std::string::npos);
     }
   }
   EXPECT_EQ(writers, joined->report.int8_edges);
@@ -1483,6 +1478,22 @@ TEST_F(CudaInt8Test, EdgesBetweenInt8ProductsMatchTheBuildWithout) {
   // INT8's own noise, so the bound is the unjoined engine's distance from FP32 (H100,
   // 2026-12-06: 0.54-0.83 of it, pooler output 0.0152 against 0.0182).
   CompareJoinedWithApart(dir, *joined->desc, *apart->desc, "int8", 1.0);
+}
+
+TEST_F(CudaInt8Test, EdgesBetweenInt8ProductsMatchTheBuildWithout) {
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  if (major < 8) GTEST_SKIP() << "kiln's INT8 kernel needs sm_80";
+  CheckInt8Edges("mma");
+}
+
+// The same with Hopper's warpgroup kernel (KILN_CUDA_INT8_KERNEL=wgmma) reading and writing int8.
+TEST_F(CudaInt8Test, EdgesOnTheWarpgroupKernelMatchTheBuildWithout) {
+  if (!cuda::Int8WgmmaAvailable()) {
+    GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU and sm_90a code in this build";
+  }
+  CheckInt8Edges("wgmma");
 }
 
 }  // namespace

@@ -27,10 +27,10 @@
 // own tensor-core products with the epilogue fused, which skip the int32 round trip through
 // memory: the mma.sync kernel (int8_mma_gemm.cu: "i8-...-cuda-mma-128x128", params
 // {kMmaTag, tile}) and, on Hopper, the warpgroup kernel (int8_wgmma_gemm.cu:
-// "i8-...-cuda-wgmma-128x128", params {kWgmmaTag, tile}), the three families offered alternately
-// (KILN_CUDA_INT8_KERNEL=mma offers kiln's own two, =wgmma or =cublaslt one). The builder times
-// them. kiln's kernels also serve INT8 edges (ops/quant_edge.h): they read an int8 A [M, K] in
-// place (K a multiple of 16, A not transposed), or write Y as int8 for the consumer.
+// "i8-...-cuda-wgmma-128x128", params {kWgmmaTag, tile}), the families offered alternately
+// (KILN_CUDA_INT8_KERNEL below says which). The builder times them. kiln's kernels also serve INT8
+// edges (ops/quant_edge.h): they read an int8 A [M, K] in place (K a multiple of 16, A not
+// transposed), or write Y as int8 for the consumer.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -55,16 +55,18 @@ constexpr int64_t kMmaTag = 0x6d6d61;        // "mma": a tactic of kiln's mma.sy
 constexpr int64_t kWgmmaTag = 0x77676d6d61;  // "wgmma": a tactic of kiln's warpgroup kernel
 
 // KILN_CUDA_INT8_KERNEL picks the families of INT8 tactics offered (tests, and comparing them):
-// "mma" kiln's own kernels (mma.sync and, on Hopper, wgmma), "wgmma" or "cublaslt" that one
-// only; unset or anything else, all.
+// "mma", "wgmma" or "cublaslt" that one only, "all" the three; unset or anything else, cuBLASLt's
+// and kiln's mma.sync kernel. The wgmma kernel is offered only when asked for until it has run on
+// a GPU (it was written in a session that got no GPU machine).
 struct Int8Families {
-  bool lt = true, mma = true, wgmma = true;
+  bool lt = true, mma = true, wgmma = false;
 };
 Int8Families Int8FamiliesFromEnv() {
   const char* v = std::getenv("KILN_CUDA_INT8_KERNEL");
-  if (v && std::strcmp(v, "mma") == 0) return {false, true, true};
+  if (v && std::strcmp(v, "mma") == 0) return {false, true, false};
   if (v && std::strcmp(v, "wgmma") == 0) return {false, false, true};
   if (v && std::strcmp(v, "cublaslt") == 0) return {true, false, false};
+  if (v && std::strcmp(v, "all") == 0) return {true, true, true};
   return {};
 }
 
