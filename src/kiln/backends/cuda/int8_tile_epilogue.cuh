@@ -7,6 +7,9 @@
 // mma kernel instruction-fetch bound), and the stores are 8-wide and coalesced.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 #include <type_traits>
 
@@ -73,6 +76,30 @@ inline Vectors VectorsFor(const Int8MmaGemmParams& p) {
   v.bias = e.c != nullptr && e.c_row_stride == 0 && e.c_col_stride == 1 && e.cols % 8 == 0 &&
            reinterpret_cast<uintptr_t>(e.c) % 16 == 0;
   return v;
+}
+
+// Checks the operand requirements both own kernels share (int8_kernels.h), then calls
+// launch(T{}, Y{}) with T the float type of epi.type and Y T or int8_t (y_int8): the launchers'
+// common front.
+template <typename F>
+cudaError_t DispatchOwnKernel(const Int8MmaGemmParams& p, F&& launch) {
+  if (p.depth % 16 != 0 || p.lda % 16 != 0 || p.ldb % 16 != 0 || p.np < p.epi.cols ||
+      p.np % 16 != 0 || reinterpret_cast<uintptr_t>(p.a) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.b) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.epi.col_scale) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.epi.rows == 0 || p.epi.cols == 0) return cudaSuccess;
+  auto typed = [&](auto t) { return p.y_int8 ? launch(t, int8_t{}) : launch(t, t); };
+  switch (p.epi.type) {
+    case BlasType::kF32:
+      return typed(float{});
+    case BlasType::kF16:
+      return typed(__half{});
+    case BlasType::kBF16:
+      return typed(__nv_bfloat16{});
+  }
+  return cudaErrorInvalidValue;
 }
 
 // The block's kBm x kBn tile of accumulators, [kBm][kBn + kAccPad] int32 in shared memory, at

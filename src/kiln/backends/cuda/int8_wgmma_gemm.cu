@@ -484,11 +484,6 @@ cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream) {
   }
 }
 
-template <typename T>
-cudaError_t LaunchTyped(const Int8MmaGemmParams& p, cudaStream_t stream) {
-  return p.y_int8 ? LaunchTiled<T, int8_t>(p, stream) : LaunchTiled<T, T>(p, stream);
-}
-
 }  // namespace
 
 int Int8WgmmaTileCount() { return static_cast<int>(sizeof(kTiles) / sizeof(kTiles[0])); }
@@ -527,22 +522,8 @@ bool Int8WgmmaAvailable() {
 }
 
 cudaError_t LaunchInt8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
-  if (p.depth % 16 != 0 || p.lda % 16 != 0 || p.ldb % 16 != 0 || p.np < p.epi.cols ||
-      p.np % 16 != 0 || reinterpret_cast<uintptr_t>(p.a) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(p.b) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(p.epi.col_scale) % 16 != 0) {
-    return cudaErrorInvalidValue;
-  }
-  if (p.epi.rows == 0 || p.epi.cols == 0) return cudaSuccess;
-  switch (p.epi.type) {
-    case BlasType::kF32:
-      return LaunchTyped<float>(p, stream);
-    case BlasType::kF16:
-      return LaunchTyped<__half>(p, stream);
-    case BlasType::kBF16:
-      return LaunchTyped<__nv_bfloat16>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return int8_tile::DispatchOwnKernel(
+      p, [&](auto t, auto y) { return LaunchTiled<decltype(t), decltype(y)>(p, stream); });
 }
 
 }  // namespace kiln::cuda
