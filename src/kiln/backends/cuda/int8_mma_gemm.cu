@@ -163,10 +163,9 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   auto* kernel = Int8MmaGemmKernel<T, Y, kBm, kBn, kWm, kWn, kStages>;
   static const cudaError_t opt_in = OptInSharedMemory(kernel, kSmem);
   if (opt_in != cudaSuccess) return opt_in;
-  const int64_t grid_m = (p.epi.rows + kBm - 1) / kBm, grid_n = (p.epi.cols + kBn - 1) / kBn;
-  if (grid_m > 65535 || grid_n > 2147483647) return cudaErrorInvalidConfiguration;
-  kernel<<<dim3(static_cast<unsigned>(grid_n), static_cast<unsigned>(grid_m)), kWm * kWn * 32,
-           kSmem, stream>>>(p, int8_tile::VectorsFor<Y>(p));
+  dim3 grid;
+  if (cudaError_t e = int8_tile::TileGrid(p, kBm, kBn, &grid); e != cudaSuccess) return e;
+  kernel<<<grid, kWm * kWn * 32, kSmem, stream>>>(p, int8_tile::VectorsFor<Y>(p));
   return cudaGetLastError();
 }
 

@@ -102,6 +102,15 @@ cudaError_t DispatchOwnKernel(const Int8MmaGemmParams& p, F&& launch) {
   return cudaErrorInvalidValue;
 }
 
+// The grid of a bm x bn tiling of Y (blockIdx.x over columns, blockIdx.y over rows), or an error
+// where it passes the launch limits.
+inline cudaError_t TileGrid(const Int8MmaGemmParams& p, int bm, int bn, dim3* grid) {
+  const int64_t grid_m = (p.epi.rows + bm - 1) / bm, grid_n = (p.epi.cols + bn - 1) / bn;
+  if (grid_m > 65535 || grid_n > 2147483647) return cudaErrorInvalidConfiguration;
+  *grid = dim3(static_cast<unsigned>(grid_n), static_cast<unsigned>(grid_m));
+  return cudaSuccess;
+}
+
 // The block's kBm x kBn tile of accumulators, [kBm][kBn + kAccPad] int32 in shared memory, at
 // rows m0.. and columns n0.. of Y. T: the float type of C and of the arithmetic's rounding; Y: T,
 // or int8_t for an INT8 edge.

@@ -434,17 +434,17 @@ cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   auto* kernel = Int8WgmmaTmaKernel<T, Y, kMi, kBn, kStages>;
   static const cudaError_t opt_in = OptInSharedMemory(kernel, kSmem);
   if (opt_in != cudaSuccess) return opt_in;
-  const int64_t grid_m = (p.epi.rows + kBm - 1) / kBm, grid_n = (p.epi.cols + kBn - 1) / kBn;
   // The copies' coordinates are 32-bit.
-  if (grid_m > 65535 || p.epi.rows > 2147483647 || p.np > 2147483647 || p.depth > 2147483647) {
+  if (p.epi.rows > 2147483647 || p.np > 2147483647 || p.depth > 2147483647) {
     return cudaErrorInvalidConfiguration;
   }
+  dim3 grid;
   CUtensorMap map_a, map_b;
-  cudaError_t e = MakeOperandMap(&map_a, p.a, p.epi.rows, p.depth, p.lda, kBm);
+  cudaError_t e = int8_tile::TileGrid(p, kBm, kBn, &grid);
+  if (e == cudaSuccess) e = MakeOperandMap(&map_a, p.a, p.epi.rows, p.depth, p.lda, kBm);
   if (e == cudaSuccess) e = MakeOperandMap(&map_b, p.b, p.np, p.depth, p.ldb, kBn);
   if (e != cudaSuccess) return e;
-  kernel<<<dim3(static_cast<unsigned>(grid_n), static_cast<unsigned>(grid_m)), kThreads + 128,
-           kSmem, stream>>>(map_a, map_b, p, int8_tile::VectorsFor<Y>(p));
+  kernel<<<grid, kThreads + 128, kSmem, stream>>>(map_a, map_b, p, int8_tile::VectorsFor<Y>(p));
   return cudaGetLastError();
 }
 
@@ -455,10 +455,9 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   auto* kernel = Int8WgmmaGemmKernel<T, Y, kMi, kBn, kStages, kDrain, kMinBlocks>;
   static const cudaError_t opt_in = OptInSharedMemory(kernel, kSmem);
   if (opt_in != cudaSuccess) return opt_in;
-  const int64_t grid_m = (p.epi.rows + kBm - 1) / kBm, grid_n = (p.epi.cols + kBn - 1) / kBn;
-  if (grid_m > 65535 || grid_n > 2147483647) return cudaErrorInvalidConfiguration;
-  kernel<<<dim3(static_cast<unsigned>(grid_n), static_cast<unsigned>(grid_m)), kThreads, kSmem,
-           stream>>>(p, int8_tile::VectorsFor<Y>(p));
+  dim3 grid;
+  if (cudaError_t e = int8_tile::TileGrid(p, kBm, kBn, &grid); e != cudaSuccess) return e;
+  kernel<<<grid, kThreads, kSmem, stream>>>(p, int8_tile::VectorsFor<Y>(p));
   return cudaGetLastError();
 }
 
