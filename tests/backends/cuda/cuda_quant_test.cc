@@ -26,6 +26,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "kiln/app/pipeline.h"
@@ -1375,6 +1376,26 @@ void CompareJoinedWithApart(const std::string& dir, const EngineDesc& joined,
   }
 }
 
+// bert_tiny (at dir) built for CUDA twice with `config`'s quantization and no tactic search: with
+// its quantized edges (`joined`), and with `edges` (BuilderConfig::fp8_edges or int8_edges) off.
+struct EdgeBuilds {
+  app::BuiltEngine joined, apart;
+};
+std::optional<EdgeBuilds> BuildWithAndWithoutEdges(const std::string& dir, BuilderConfig config,
+                                                   bool BuilderConfig::*edges) {
+  config.calibration_dir = dir;
+  config.search_tactics = false;
+  config.backend = BackendKind::kCuda;
+  EXPECT_TRUE(AddZooProfile(dir, config).ok());
+  auto joined = app::BuildFromOnnxFile(dir + "/model.onnx", config);
+  EXPECT_TRUE(joined.ok()) << joined.status().ToString();
+  config.*edges = false;
+  auto apart = app::BuildFromOnnxFile(dir + "/model.onnx", config);
+  EXPECT_TRUE(apart.ok()) << apart.status().ToString();
+  if (!joined.ok() || !apart.ok()) return std::nullopt;
+  return EdgeBuilds{std::move(*joined), std::move(*apart)};
+}
+
 // FP8 edges (builder/quant_edges.h) on bert_tiny: each feed-forward block's first product (GELU)
 // writes E4M3 for the second, which reads it in place (and attention for the output projection).
 // The engine, serialized and loaded again, agrees with the same build without edges (the only
@@ -1386,15 +1407,10 @@ TEST_F(CudaFp8Test, EdgesBetweenFp8ProductsMatchTheBuildWithout) {
   BuilderConfig config;
   config.fp8 = true;
   config.fp8_tolerance = std::numeric_limits<double>::infinity();  // every product FP8
-  config.calibration_dir = dir;
-  config.search_tactics = false;
-  config.backend = BackendKind::kCuda;
-  ASSERT_TRUE(AddZooProfile(dir, config).ok());
-  auto joined = app::BuildFromOnnxFile(dir + "/model.onnx", config);
-  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
-  config.fp8_edges = false;
-  auto apart = app::BuildFromOnnxFile(dir + "/model.onnx", config);
-  ASSERT_TRUE(apart.ok()) << apart.status().ToString();
+  auto builds = BuildWithAndWithoutEdges(dir, config, &BuilderConfig::fp8_edges);
+  ASSERT_TRUE(builds);
+  auto* joined = &builds->joined;
+  auto* apart = &builds->apart;
   EXPECT_EQ(apart->report.fp8_edges, 0);
   // Two encoder layers: the feed-forward edge of each, and the attention -> output projection
   // edge where the mma attention kernel was chosen (LayerNorm outputs have a second reader, the
@@ -1442,15 +1458,10 @@ void CheckInt8Edges(const char* family) {
   BuilderConfig config;
   config.int8 = true;
   config.int8_tolerance = std::numeric_limits<double>::infinity();  // every product INT8
-  config.calibration_dir = dir;
-  config.search_tactics = false;
-  config.backend = BackendKind::kCuda;
-  ASSERT_TRUE(AddZooProfile(dir, config).ok());
-  auto joined = app::BuildFromOnnxFile(dir + "/model.onnx", config);
-  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
-  config.int8_edges = false;
-  auto apart = app::BuildFromOnnxFile(dir + "/model.onnx", config);
-  ASSERT_TRUE(apart.ok()) << apart.status().ToString();
+  auto builds = BuildWithAndWithoutEdges(dir, config, &BuilderConfig::int8_edges);
+  ASSERT_TRUE(builds);
+  auto* joined = &builds->joined;
+  auto* apart = &builds->apart;
   EXPECT_EQ(apart->report.int8_edges, 0);
   EXPECT_EQ(joined->report.fp8_edges, 0);
   EXPECT_GE(joined->report.int8_edges, 2);  // one feed-forward edge per encoder layer
