@@ -496,14 +496,30 @@ TEST_F(CudaInt8Test, OwnTensorCoreKernelRunsEveryTile) {
   }
 }
 
+// Whether kiln's wgmma kernel must run here: on a compute capability 9.0 GPU with sm_90a code in
+// this build. A build with that code whose kernel the device does not run fails here rather than
+// letting the wgmma tests skip unnoticed.
+bool WgmmaExpected() {
+  const bool available = cuda::Int8WgmmaAvailable();
+#ifdef KILN_TEST_BUILT_FOR_SM90A
+  int device = 0, major = 0, minor = 0;
+  if (!available && cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+      major == 9 && minor == 0) {
+    ADD_FAILURE() << "this build has sm_90a code and the GPU is compute capability 9.0, yet "
+                     "kiln's wgmma probe kernel did not run";
+  }
+#endif
+  return available;
+}
+
 // kiln's warpgroup kernel (int8_wgmma_gemm.cu) on Hopper, alone (KILN_CUDA_INT8_KERNEL=wgmma):
 // offered in each of its tiles, and meeting the same bounds (CheckCase runs every tactic) on
 // BERT-base's shapes and odd ones: M, N and K off every tile's multiple, K within one partial
 // 128-byte stage (80) and over 24 stages (3072, the ring of stages wrapping many times).
 TEST_F(CudaInt8Test, OwnWarpgroupKernelRunsEveryTile) {
-  if (!cuda::Int8WgmmaAvailable()) {
-    GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU and sm_90a code in this build";
-  }
+  if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
   struct WgmmaOnly {
     WgmmaOnly() { setenv("KILN_CUDA_INT8_KERNEL", "wgmma", 1); }
     ~WgmmaOnly() { unsetenv("KILN_CUDA_INT8_KERNEL"); }
@@ -1501,9 +1517,7 @@ TEST_F(CudaInt8Test, EdgesBetweenInt8ProductsMatchTheBuildWithout) {
 
 // The same with Hopper's warpgroup kernel (KILN_CUDA_INT8_KERNEL=wgmma) reading and writing int8.
 TEST_F(CudaInt8Test, EdgesOnTheWarpgroupKernelMatchTheBuildWithout) {
-  if (!cuda::Int8WgmmaAvailable()) {
-    GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU and sm_90a code in this build";
-  }
+  if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
   CheckInt8Edges("wgmma");
 }
 
