@@ -41,6 +41,7 @@ struct BenchCase {
   int outputs = 1;       // outputs of x's shape and type (SkipLayerNormalization's y and sum: 2)
   size_t tactic = 0;     // which of the provider's tactics (of those named tactic_prefix...)
   std::string tactic_prefix;  // tactics whose names start with this only ("": all)
+  std::string tactic_has;     // ... and contain this
   double ops = 0;             // arithmetic operations of one launch (> 0: a TOPS counter)
 };
 
@@ -98,7 +99,9 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
   std::vector<TacticConfig> tactics;
   if (provider) {
     for (TacticConfig& t : provider->Tactics(r)) {
-      if (t.name.starts_with(c.tactic_prefix)) tactics.push_back(std::move(t));
+      if (t.name.starts_with(c.tactic_prefix) && t.name.find(c.tactic_has) != std::string::npos) {
+        tactics.push_back(std::move(t));
+      }
     }
   }
   if (tactics.empty()) {
@@ -198,6 +201,7 @@ const bool kRegistered = [] {
   // QuantTacticsEnabled); the INT8 cases below time them.
   setenv("KILN_CUDA_QUANT_TACTICS", "1", 0);
   setenv("KILN_CUDA_INT8_KERNEL", "all", 0);  // every family of INT8 tactics, wgmma's included
+  setenv("KILN_CUDA_FP8_KERNEL", "all", 0);   // and of FP8 tactics
   std::vector<std::pair<std::string, BenchCase>> cases = {
       // BERT-base / GPT-2 small, batch 32, sequence 128: rows of 768.
       {"layernorm_f16_4096x768",
@@ -300,7 +304,9 @@ const bool kRegistered = [] {
   // BERT-base's four products at batch 32 (4096 rows) with their bias (and fc1's GELU): the FP16
   // product (the cuBLASLt heuristic's algorithm) beside the INT8 ones from float activations
   // (quantized on the way in) in every family: cuBLASLt's IMMA, kiln's mma.sync kernel (its
-  // first tile) and kiln's warpgroup kernel (Hopper; each tile). Compare within one run.
+  // first tile) and kiln's warpgroup kernel (Hopper; each tile); and the FP8 ones: cuBLASLt's
+  // direct plan (its epilogue writes Y) with promoted and with fast accumulation, and kiln's
+  // warpgroup kernel in each tile. Compare within one run.
   struct Product {
     std::string name;
     int64_t k, n;
@@ -329,6 +335,25 @@ const bool kRegistered = [] {
         i8.tactic = t;
         i8.ops = flops;
         cases.emplace_back(fmt::format("bert_{}_i8_{}_t{}", pr.name, family, t), std::move(i8));
+      }
+    }
+    attrs.Erase("kiln_int8_input_amax");
+    attrs.Set("kiln_fp8_input_amax", 1.f);
+    struct Fp8Family {
+      std::string name, prefix, has;
+      size_t tiles;
+    };
+    for (const Fp8Family& f : std::vector<Fp8Family>{
+             {"cublaslt", "f8-matmul-cuda-cublaslt-", "-lt-epilogue", 1},
+             {"cublaslt_fast", "f8-matmul-cuda-cublaslt-", "-lt-epilogue-fast-accum", 1},
+             {"wgmma", "f8-matmul-cuda-wgmma-", "", 7}}) {
+      for (size_t t = 0; t < f.tiles; ++t) {
+        BenchCase f8{"FusedMatMul", attrs, ops, "cuda.fused_matmul.cublaslt.f8"};
+        f8.tactic_prefix = f.prefix;
+        f8.tactic_has = f.has;
+        f8.tactic = t;
+        f8.ops = flops;
+        cases.emplace_back(fmt::format("bert_{}_f8_{}_t{}", pr.name, f.name, t), std::move(f8));
       }
     }
   }

@@ -23,14 +23,25 @@
 // C and activation in its epilogue: no FP32 result [M, Np] in the workspace and no second
 // launch, which cost more than the FP8 product saved (BERT-base at batch 32 ran at half FP16's
 // speed with the FP32 plan alone). The builder times both plans.
+//
+// On Hopper, kiln's own warpgroup kernel (int8_wgmma_gemm.cu's LaunchFp8WgmmaGemm, tactics
+// "f8-...-cuda-wgmma-e4m3-<tile>-fast-accum", params {kWgmmaTag, tile}) takes the same packed B and
+// quantized A and does the whole layer in one launch: the product, the scales, C/bias, any
+// activation kiln's epilogue knows, and an E4M3 Y for an FP8 edge. KILN_CUDA_FP8_KERNEL picks the
+// families offered: "wgmma", "cublaslt" or "all"; unset, cuBLASLt's only, until the kernel has
+// run on a GPU (it was written in a session that got no GPU machine).
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "kiln/backends/cuda/blas_kernels.h"
 #include "kiln/backends/cuda/cublaslt_util.h"
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/cuda/fp8_kernels.h"
+#include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/cuda/quant_gemm_plan.h"
 #include "kiln/backends/fp8_quant.h"
 #include "kiln/backends/kernel.h"
@@ -101,6 +112,22 @@ constexpr LtAlignment kFp8Alignment{16, 16, 16};
 // The tactic's flags (params[8]): the direct plan, FP8 fast accumulation.
 constexpr int64_t kPlanDirect = 1;
 constexpr int64_t kFastAccum = 2;
+// params[0] of a tactic of kiln's warpgroup kernel ("wgmma"); params[1] is its tile.
+constexpr int64_t kWgmmaTag = 0x77676d6d61;
+
+struct Fp8Families {
+  bool lt = true, wgmma = false;
+};
+Fp8Families Fp8FamiliesFromEnv() {
+  const char* v = std::getenv("KILN_CUDA_FP8_KERNEL");
+  if (v && std::strcmp(v, "wgmma") == 0) return {false, true};
+  if (v && std::strcmp(v, "all") == 0) return {true, true};
+  return {};
+}
+// The tile of a tactic of kiln's kernel, or -1.
+int WgmmaTile(const TacticConfig& t) {
+  return t.params.size() == 2 && t.params[0] == kWgmmaTag ? static_cast<int>(t.params[1]) : -1;
+}
 
 // What the direct plan does for one layer: cuBLASLt's epilogue, and how C enters.
 struct DirectForm {
@@ -180,10 +207,12 @@ class CublasLtFp8Kernel final : public Kernel {
  public:
   // in_fp8: input 0 arrives as E4M3 already quantized with `amax` (an FP8 edge's consumer);
   // out_amax > 0: Y is written as E4M3 for a consumer of that amax (an FP8 edge's producer).
+  // own_tile >= 0: kiln's warpgroup kernel in that tile (no cuBLASLt), with col_scale.
   CublasLtFp8Kernel(GemmSpec spec, BlasType type, float amax, int64_t k, int64_t n,
                     OwnedDeviceMemory b_q, OwnedDeviceMemory scales,
                     std::optional<cublasLtMatmulAlgo_t> algo, bool want_direct, bool fast_accum,
-                    bool in_fp8, float out_amax, std::string name)
+                    bool in_fp8, float out_amax, int own_tile, OwnedDeviceMemory col_scale,
+                    std::string name)
       : spec_(spec),
         want_direct_(want_direct),
         fast_accum_(fast_accum),
@@ -199,6 +228,8 @@ class CublasLtFp8Kernel final : public Kernel {
         b_q_(std::move(b_q)),
         scales_(std::move(scales)),
         tactic_algo_(algo),
+        own_tile_(own_tile),
+        col_scale_(std::move(col_scale)),
         name_(std::move(name)) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
@@ -220,6 +251,10 @@ class CublasLtFp8Kernel final : public Kernel {
     // input is read where it is, M rows.
     const int64_t a_rows = in_fp8_ ? m_ : mp_;
     const int64_t a_depth = in_fp8_ ? 0 : kp_;  // workspace bytes per row for A
+    if (own_tile_ >= 0) {  // A's M rows, no result in the workspace: it stays in registers
+      ws_ = QuantWorkspaceFor(m_, 0, a_depth, 0);
+      return ws_.total();
+    }
     const auto* scales = static_cast<const float*>(scales_.get());
     direct_.reset();
     if (want_direct_) {
@@ -253,7 +288,9 @@ class CublasLtFp8Kernel final : public Kernel {
 
   Status Run(const KernelRunArgs& args) override {
     if (empty_) return OkStatus();
-    if (!descs_.op) return MakeError(ErrorCode::kInternal, "{}: Run before Prepare", name_);
+    if (!descs_.op && own_tile_ < 0) {
+      return MakeError(ErrorCode::kInternal, "{}: Run before Prepare", name_);
+    }
     if (args.workspace == nullptr || args.workspace_bytes < ws_.total()) {
       return MakeError(ErrorCode::kInternal, "{}: workspace of {} bytes; {} needed", name_,
                        args.workspace_bytes, ws_.total());
@@ -287,6 +324,7 @@ class CublasLtFp8Kernel final : public Kernel {
       q.inv_scale = inv_scale_;
       KILN_CUDA_RETURN_IF_ERROR(LaunchFp8Quantize(q, stream));
     }
+    if (own_tile_ >= 0) return RunOwn(args, a_q, stream);
     const float alpha = spec_.alpha;
     const LtOperation lt = descs_.lt();
     if (direct_) {
@@ -350,6 +388,37 @@ class CublasLtFp8Kernel final : public Kernel {
   }
 
  private:
+  // kiln's warpgroup kernel: the whole layer in one launch from the E4M3 A [M, Kp].
+  Status RunOwn(const KernelRunArgs& args, const uint8_t* a_q, cudaStream_t stream) {
+    Int8MmaGemmParams g;
+    g.a = reinterpret_cast<const int8_t*>(a_q);
+    g.lda = kp_;
+    g.b = static_cast<const int8_t*>(b_q_.get());
+    g.ldb = kp_;
+    g.np = np_;
+    g.depth = kp_;
+    g.tile = own_tile_;
+    Int8EpilogueParams& e = g.epi;
+    e.col_scale = static_cast<const float*>(col_scale_.get());
+    e.y = args.outputs[0].data;
+    e.type = type_;
+    e.rows = m_;
+    e.cols = n_;
+    if (addend_.present) {
+      e.c = args.inputs[2].data;
+      e.c_row_stride = addend_.row_stride;
+      e.c_col_stride = addend_.col_stride;
+      e.beta = addend_.factor;
+    }
+    e.act = static_cast<BlasAct>(spec_.act.kind);
+    e.act_min = spec_.act.min;
+    e.act_max = spec_.act.max;
+    g.y_quantized = out_fp8_;
+    g.y_inv_scale = out_inv_scale_;
+    KILN_CUDA_RETURN_IF_ERROR(LaunchFp8WgmmaGemm(g, stream));
+    return OkStatus();
+  }
+
   // The tactic's algorithm when it fits these descriptors, else the heuristic's first: the
   // cuBLASLt workspace it needs (algo_ set), or nullopt when cuBLASLt has none.
   StatusOr<std::optional<size_t>> ChooseAlgorithm() {
@@ -387,6 +456,8 @@ class CublasLtFp8Kernel final : public Kernel {
   OwnedDeviceMemory b_q_;     // E4M3 [Np, Kp]
   OwnedDeviceMemory scales_;  // A's scale at [0], B's at [kScaleStride], D's at [2 kScaleStride]
   std::optional<cublasLtMatmulAlgo_t> tactic_algo_;
+  int own_tile_ = -1;            // >= 0: kiln's warpgroup kernel, no cuBLASLt
+  OwnedDeviceMemory col_scale_;  // its float [Np]: alpha * A's scale * B's scale (0 in padding)
   std::string name_;
   QuantAddend addend_;
   QuantAStrides a_strides_;
@@ -410,6 +481,20 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     const int64_t kp = QuantPadded(p->k), np = QuantPadded(p->n), mp = QuantPadded(p->m);
     std::vector<TacticConfig> tactics;
     const char* what = p->spec.kind == GemmKind::kGemm ? "gemm" : "matmul";
+    const Fp8Families families = Fp8FamiliesFromEnv();
+    if (families.wgmma && Int8WgmmaAvailable()) {
+      // kiln's kernel: its own family, so a search that times the first few tactics of each
+      // family times some of these and some of cuBLASLt's.
+      for (int tile = 0; tile < Int8WgmmaTileCount(); ++tile) {
+        TacticConfig t;
+        t.name = fmt::format("f8-{}-cuda-wgmma-e4m3-{}-fast-accum", what, Int8WgmmaTileName(tile));
+        t.params = {kWgmmaTag, tile};
+        t.family = "wgmma";
+        t.workspace_bytes = QuantWorkspaceFor(p->m, 0, kp, 0).total();
+        tactics.push_back(std::move(t));
+      }
+    }
+    if (!families.lt) return tactics;
     // The direct plan's algorithms first (no FP32 round trip), then the FP32 plan's; each with
     // the default accumulation (partial sums promoted to FP32 now and then) and with fast
     // accumulation, which the builder takes where it is faster.
@@ -471,16 +556,24 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     }
     std::optional<cublasLtMatmulAlgo_t> algo;
     int64_t flags = 0;
-    if (tactic.params.size() == 8 || tactic.params.size() == 9) {
+    const int own_tile = WgmmaTile(tactic);
+    if (own_tile >= 0 && (own_tile >= Int8WgmmaTileCount() || !Int8WgmmaAvailable())) {
+      return MakeError(ErrorCode::kNoTactic,
+                       "{}: tactic '{}' needs kiln's wgmma kernel (a compute capability 9.0 GPU "
+                       "and sm_90a code in this build) and a tile below {}",
+                       id(), tactic.name, Int8WgmmaTileCount());
+    }
+    if (own_tile < 0 && (tactic.params.size() == 8 || tactic.params.size() == 9)) {
       cublasLtMatmulAlgo_t x;
       std::memcpy(&x, tactic.params.data(), sizeof(x));
       algo = x;
       flags = tactic.params.size() == 9 ? tactic.params[8] : 0;
     }
-    if ((!tactic.params.empty() && !algo) || (flags & ~(kPlanDirect | kFastAccum)) != 0) {
+    if ((own_tile < 0 && !tactic.params.empty() && !algo) ||
+        (flags & ~(kPlanDirect | kFastAccum)) != 0) {
       return MakeError(ErrorCode::kInvalidArgument,
-                       "{}: tactic '{}' has {} params; expected 8 (the algorithm's words) or 9 "
-                       "(and the plan's flags, 0 to 3)",
+                       "{}: tactic '{}' has {} params; expected 8 (the algorithm's words), 9 "
+                       "(and the plan's flags, 0 to 3) or 2 (kiln's kernel and its tile)",
                        id(), tactic.name, tactic.params.size());
     }
     const Fp8PackedB b = PackFp8B(spec, *request.inputs[1].constant);
@@ -490,9 +583,16 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     scales[2 * kScaleStride] = out_fp8 ? Fp8InvScale(out_amax) : 1.f;
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory b_q, UploadToDevice(b.packed.data(), b.packed.size()));
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory s, UploadToDevice(scales, sizeof(scales)));
+    OwnedDeviceMemory col_scale;
+    if (own_tile >= 0) {
+      std::vector<float> cs(static_cast<size_t>(b.np), 0.f);
+      std::fill(cs.begin(), cs.begin() + b.n, spec.alpha * scales[0] * b.scale);
+      KILN_ASSIGN_OR_RETURN(col_scale, UploadToDevice(cs.data(), cs.size() * sizeof(float)));
+    }
     return std::unique_ptr<Kernel>(std::make_unique<CublasLtFp8Kernel>(
         spec, *type, *amax, b.k, b.n, std::move(b_q), std::move(s), algo,
-        (flags & kPlanDirect) != 0, (flags & kFastAccum) != 0, in_fp8, out_amax, tactic.name));
+        (flags & kPlanDirect) != 0, (flags & kFastAccum) != 0, in_fp8, out_amax, own_tile,
+        std::move(col_scale), tactic.name));
   }
 
   // An FP8 edge's producer: Y in FP16/BF16 as the tactic was chosen (E4M3 takes its place).
@@ -512,7 +612,8 @@ class CublasLtFp8ProviderBase : public KernelProvider {
  private:
   // One tactic: the algorithm's words, then the flags (9th param) where any is set.
   static bool OwnTactic(const TacticConfig& t) {
-    return t.name.starts_with("f8-") && (t.params.size() == 8 || t.params.size() == 9);
+    return t.name.starts_with("f8-") &&
+           (t.params.size() == 8 || t.params.size() == 9 || WgmmaTile(t) >= 0);
   }
   static void AddTactic(std::vector<TacticConfig>& tactics, std::string name,
                         const cublasLtMatmulHeuristicResult_t& r, int64_t flags, size_t workspace) {

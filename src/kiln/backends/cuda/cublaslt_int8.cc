@@ -257,7 +257,7 @@ class CublasLtInt8Kernel final : public Kernel {
     g.depth = kp_;
     g.epi = Epilogue(args);
     g.tile = own_.tile;
-    g.y_int8 = out_inv_scale_ > 0.f;
+    g.y_quantized = out_inv_scale_ > 0.f;
     g.y_inv_scale = out_inv_scale_;
     KILN_CUDA_RETURN_IF_ERROR(own_.wgmma ? LaunchInt8WgmmaGemm(g, stream)
                                          : LaunchInt8MmaGemm(g, stream));

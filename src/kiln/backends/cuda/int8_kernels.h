@@ -48,15 +48,16 @@ cudaError_t LaunchInt8Epilogue(const Int8EpilogueParams& p, cudaStream_t stream)
 // B [np, depth]^T (row stride ldb), both int8 with each row's depth bytes contiguous: depth, lda
 // and ldb multiples of 16, A and B 16-byte aligned, np >= n a multiple of 16, col_scale
 // 16-byte aligned with np entries.
-// `tile` picks the block shape, 0 <= tile < Int8MmaTileCount(). y_int8: Y is int8 (an INT8 edge's
-// producer), each value quantized by the INT8 contract with y_inv_scale after the activation;
-// epi.type stays the float type of C and of the arithmetic.
+// `tile` picks the block shape, 0 <= tile < Int8MmaTileCount(). y_quantized: Y is int8 (an INT8
+// edge's producer), each value quantized by the INT8 contract with y_inv_scale after the
+// activation (E4M3 by the FP8 contract in LaunchFp8WgmmaGemm); epi.type stays the float type of C
+// and of the arithmetic.
 struct Int8MmaGemmParams {
   const int8_t* a = nullptr;
   const int8_t* b = nullptr;
   int64_t lda = 0, ldb = 0, np = 0, depth = 0;
   Int8EpilogueParams epi;  // rows = m, cols = n; acc and ld_acc unused (no int32 result)
-  bool y_int8 = false;
+  bool y_quantized = false;
   float y_inv_scale = 1.f;
   int tile = 0;
 };
@@ -72,5 +73,13 @@ cudaError_t LaunchInt8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream)
 int Int8WgmmaTileCount();
 const char* Int8WgmmaTileName(int tile);
 bool Int8WgmmaAvailable();
+
+// The FP8 product on the same kernels (wgmma's E4M3 x E4M3 -> FP32): a and b hold E4M3 bytes
+// ([M, depth] and [np, depth], the layout and requirements above), col_scale alpha * A's scale *
+// B's scale (per tensor, repeated; 0 in the padding), y_quantized an E4M3 Y (an FP8 edge's
+// producer: the value rounded to epi.type, times y_inv_scale, saturated to +-448). The tensor
+// cores sum each product in their own FP32 accumulators over the whole depth, as cuBLASLt's
+// "fast accumulation" does. Runs where Int8WgmmaAvailable(); tile in [0, Int8WgmmaTileCount()).
+cudaError_t LaunchFp8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream);
 
 }  // namespace kiln::cuda

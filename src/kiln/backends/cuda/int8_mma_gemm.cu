@@ -196,7 +196,7 @@ const char* Int8MmaTileName(int tile) {
 }
 
 cudaError_t LaunchInt8MmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
-  return int8_tile::DispatchOwnKernel(
+  return int8_tile::DispatchOwnKernel<int8_t>(
       p, [&](auto t, auto y) { return LaunchTiled<decltype(t), decltype(y)>(p, stream); });
 }
 

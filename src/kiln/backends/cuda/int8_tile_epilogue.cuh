@@ -1,7 +1,8 @@
-// The INT8 epilogue of kiln's own tensor-core products (int8_mma_gemm.cu's mma.sync kernel,
-// int8_wgmma_gemm.cu's Hopper warpgroup kernel), after a block has staged its tile of int32
-// accumulators in shared memory: y = act(float(acc) * col_scale[n] + beta * C) in the layer's
-// float type, or quantized to int8 on an INT8 edge (ops/quant_edge.h). Each thread finishes 8
+// The epilogue of kiln's own 8-bit tensor-core products (int8_mma_gemm.cu's mma.sync kernel,
+// int8_wgmma_gemm.cu's Hopper warpgroup kernels, INT8 and FP8), after a block has staged its tile
+// of accumulators (int32, or FP32 for FP8) in shared memory: y = act(float(acc) * col_scale[n] +
+// beta * C) in the layer's float type, or quantized to the operands' 8-bit type on an INT8 or FP8
+// edge (ops/quant_edge.h). Each thread finishes 8
 // consecutive outputs of a row at a time in a loop, so the epilogue's code (the activation above
 // all) stays one loop body instead of one copy per accumulator register (which made the first
 // mma kernel instruction-fetch bound), and the stores are 8-wide and coalesced.
@@ -9,6 +10,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -21,13 +23,32 @@ namespace kiln::cuda::int8_tile {
 
 constexpr int kAccPad = 8;  // int32s of padding per row of the staged accumulators
 
-// One output: the storage type's rounding, or the INT8 contract with inv_scale for an int8 Y.
-template <typename Y>
+// An E4M3 output byte (an FP8 edge's producer): Y's element type where the layer's is T.
+struct E4m3Out {
+  uint8_t bits;
+};
+
+// One output: the storage type T's rounding; for an int8 Y the INT8 contract with inv_scale; for
+// an E4M3 Y the FP8 contract on the value rounded to T first (what the consumer's own
+// quantization of T would see, as blas_kernels.cu's epilogue does): times inv_scale, round to
+// nearest even, saturate to +-448.
+template <typename T, typename Y>
 __device__ __forceinline__ Y Convert(float v, float inv_scale) {
   if constexpr (std::is_same_v<Y, int8_t>) {
     return QuantizeInt8Device(v, inv_scale);
+  } else if constexpr (std::is_same_v<Y, E4m3Out>) {
+    return E4m3Out{static_cast<uint8_t>(
+        __nv_cvt_float_to_fp8(__fmul_rn(Load(Store<T>(v)), inv_scale), __NV_SATFINITE, __NV_E4M3))};
   } else {
     return Store<Y>(v);
+  }
+}
+template <typename Y>
+__device__ __forceinline__ uint8_t Byte(Y y) {
+  if constexpr (std::is_same_v<Y, E4m3Out>) {
+    return y.bits;
+  } else {
+    return static_cast<uint8_t>(y);
   }
 }
 
@@ -38,15 +59,14 @@ __device__ __forceinline__ uint32_t Bits16(float v) {
 }
 
 // Eight outputs to dst (8 * sizeof(Y)-byte aligned) in one or two 16-byte stores (8 bytes for
-// int8), packed in registers.
-template <typename Y>
+// 8-bit Y), packed in registers.
+template <typename T, typename Y>
 __device__ __forceinline__ void StoreEight(Y* dst, const float (&v)[8], float inv_scale) {
   if constexpr (sizeof(Y) == 1) {
     uint32_t w[2] = {0u, 0u};
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      w[e / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(Convert<Y>(v[e], inv_scale)))
-                  << (8 * (e % 4));
+      w[e / 4] |= static_cast<uint32_t>(Byte(Convert<T, Y>(v[e], inv_scale))) << (8 * (e % 4));
     }
     *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
   } else if constexpr (sizeof(Y) == 2) {
@@ -78,10 +98,10 @@ inline Vectors VectorsFor(const Int8MmaGemmParams& p) {
   return v;
 }
 
-// Checks the operand requirements both own kernels share (int8_kernels.h), then calls
-// launch(T{}, Y{}) with T the float type of epi.type and Y T or int8_t (y_int8): the launchers'
-// common front.
-template <typename F>
+// Checks the operand requirements the own kernels share (int8_kernels.h), then calls
+// launch(T{}, Y{}) with T the float type of epi.type and Y T or, for y_quantized, Q (int8_t, or
+// E4m3Out for FP8): the launchers' common front.
+template <typename Q, typename F>
 cudaError_t DispatchOwnKernel(const Int8MmaGemmParams& p, F&& launch) {
   if (p.depth % 16 != 0 || p.lda % 16 != 0 || p.ldb % 16 != 0 || p.np < p.epi.cols ||
       p.np % 16 != 0 || reinterpret_cast<uintptr_t>(p.a) % 16 != 0 ||
@@ -90,7 +110,7 @@ cudaError_t DispatchOwnKernel(const Int8MmaGemmParams& p, F&& launch) {
     return cudaErrorInvalidValue;
   }
   if (p.epi.rows == 0 || p.epi.cols == 0) return cudaSuccess;
-  auto typed = [&](auto t) { return p.y_int8 ? launch(t, int8_t{}) : launch(t, t); };
+  auto typed = [&](auto t) { return p.y_quantized ? launch(t, Q{}) : launch(t, t); };
   switch (p.epi.type) {
     case BlasType::kF32:
       return typed(float{});
@@ -111,11 +131,25 @@ inline cudaError_t TileGrid(const Int8MmaGemmParams& p, int bm, int bn, dim3* gr
   return cudaSuccess;
 }
 
-// The block's kBm x kBn tile of accumulators, [kBm][kBn + kAccPad] int32 in shared memory, at
-// rows m0.. and columns n0.. of Y. T: the float type of C and of the arithmetic's rounding; Y: T,
-// or int8_t for an INT8 edge.
-template <typename T, typename Y, int kBm, int kBn, int kThreads>
-__device__ __forceinline__ void FinishTile(const Int8MmaGemmParams& p, const int* tile, int64_t m0,
+// Eight staged accumulators (16-byte aligned) as floats.
+__device__ __forceinline__ void LoadAccumulators(const int* src, float (&a)[8]) {
+  const int4 a0 = reinterpret_cast<const int4*>(src)[0], a1 = reinterpret_cast<const int4*>(src)[1];
+  const int v[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) a[e] = static_cast<float>(v[e]);
+}
+__device__ __forceinline__ void LoadAccumulators(const float* src, float (&a)[8]) {
+  const float4 a0 = reinterpret_cast<const float4*>(src)[0];
+  const float4 a1 = reinterpret_cast<const float4*>(src)[1];
+  a[0] = a0.x, a[1] = a0.y, a[2] = a0.z, a[3] = a0.w;
+  a[4] = a1.x, a[5] = a1.y, a[6] = a1.z, a[7] = a1.w;
+}
+
+// The block's kBm x kBn tile of accumulators, [kBm][kBn + kAccPad] Acc (int32 or FP32) in shared
+// memory, at rows m0.. and columns n0.. of Y. T: the float type of C and of the arithmetic's
+// rounding; Y: T, or int8_t / E4m3Out for an INT8 / FP8 edge.
+template <typename T, typename Y, int kBm, int kBn, int kThreads, typename Acc>
+__device__ __forceinline__ void FinishTile(const Int8MmaGemmParams& p, const Acc* tile, int64_t m0,
                                            int64_t n0, int tid, Vectors vectors) {
   Y* y = static_cast<Y*>(p.epi.y);
   const T* c = static_cast<const T*>(p.epi.c);
@@ -125,9 +159,8 @@ __device__ __forceinline__ void FinishTile(const Int8MmaGemmParams& p, const int
     const int r = gi / (kBn / 8), c8 = (gi % (kBn / 8)) * 8;
     const int64_t row = m0 + r, col = n0 + c8;
     if (row >= p.epi.rows || col >= p.epi.cols) continue;
-    const int4* src = reinterpret_cast<const int4*>(tile + r * (kBn + kAccPad) + c8);
-    const int4 a0 = src[0], a1 = src[1];
-    const int a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    float a[8];
+    LoadAccumulators(tile + r * (kBn + kAccPad) + c8, a);
     // col_scale has Np entries (a multiple of 16 >= col + 8), zero in the padding.
     const float4 s0 = *reinterpret_cast<const float4*>(p.epi.col_scale + col);
     const float4 s1 = *reinterpret_cast<const float4*>(p.epi.col_scale + col + 4);
@@ -144,17 +177,17 @@ __device__ __forceinline__ void FinishTile(const Int8MmaGemmParams& p, const int
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      v[e] = static_cast<float>(a[e]) * sc[e];
+      v[e] = a[e] * sc[e];
       if (c) v[e] += p.epi.beta * add[e];
       v[e] = ActivateFor<T>(p.epi.act, v[e], p.epi.act_min, p.epi.act_max);
     }
     Y* dst = y + row * p.epi.cols + col;
     if (vectors.out && count == 8) {
-      StoreEight(dst, v, p.y_inv_scale);
+      StoreEight<T, Y>(dst, v, p.y_inv_scale);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        if (e < count) dst[e] = Convert<Y>(v[e], p.y_inv_scale);
+        if (e < count) dst[e] = Convert<T, Y>(v[e], p.y_inv_scale);
       }
     }
   }

@@ -1,5 +1,7 @@
 // kiln's INT8 matrix product on Hopper's warpgroup tensor cores (wgmma.mma_async, int8 x int8 ->
-// int32), with int8_mma_gemm.cu's fused epilogue (int8_tile_epilogue.cuh). cuBLASLt's INT8
+// int32), with int8_mma_gemm.cu's fused epilogue (int8_tile_epilogue.cuh); and on the same
+// kernels the FP8 product (E4M3 x E4M3 -> FP32, LaunchFp8WgmmaGemm), the only differences being
+// the instruction and the accumulators' type. cuBLASLt's INT8
 // kernels on an H100 are mma.sync (IMMA) kernels, no faster than its FP16 ones
 // (bench/results/h100_session28); wgmma is what doubles the rate of FP16 on this GPU. Same
 // operands and contract as int8_mma_gemm.cu: A quantized [M, Kp], B packed [Np, Kp], each row's K
@@ -27,6 +29,7 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 
 #include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/cuda/int8_tile_epilogue.cuh"
@@ -74,66 +77,79 @@ __device__ __forceinline__ void FenceAccumulators(int (&d)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
+template <int kN>
+__device__ __forceinline__ void FenceAccumulators(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 
-// D[64 x 128] += A[64 x 32] * B[128 x 32]^T: int8 operands, K-major in shared memory.
-__device__ __forceinline__ void WgmmaS8(int (&d)[64], uint64_t da, uint64_t db) {
+// The four warpgroup products on 8-bit K-major operands in shared memory, overloaded on the
+// accumulators: int32 (s8 x s8) or FP32 (E4M3 x E4M3), 64 x 128 (64 per thread) or 64 x 256 (128
+// per thread), D += A[64 x 32 bytes] * B[N x 32 bytes]^T. The predicate operand p (always true:
+// the accumulators start at zero) keeps D; E4M3's two immediates leave A and B unnegated. The
+// operand lists: %0.. the accumulators, then the two descriptors, then the predicate's source.
+#define KILN_WGMMA_D4(c, i) c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3])
+#define KILN_WGMMA_D16(c, i) \
+  KILN_WGMMA_D4(c, i), KILN_WGMMA_D4(c, i + 4), KILN_WGMMA_D4(c, i + 8), KILN_WGMMA_D4(c, i + 12)
+#define KILN_WGMMA_D64(c, i)                                                  \
+  KILN_WGMMA_D16(c, i), KILN_WGMMA_D16(c, i + 16), KILN_WGMMA_D16(c, i + 32), \
+      KILN_WGMMA_D16(c, i + 48)
+// clang-format off
+#define KILN_WGMMA_R16(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, q)                             \
+  "%" #a ", %" #b ", %" #c ", %" #d ", %" #e ", %" #f ", %" #g ", %" #h ", %" #i ", %" #j ", %" #k \
+  ", %" #l ", %" #m ", %" #n ", %" #o ", %" #q
+#define KILN_WGMMA_REGS64                                                                   \
+  KILN_WGMMA_R16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15) ", "                 \
+  KILN_WGMMA_R16(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) ", "       \
+  KILN_WGMMA_R16(32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47) ", "       \
+  KILN_WGMMA_R16(48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
+#define KILN_WGMMA_REGS128                                                                  \
+  KILN_WGMMA_REGS64 ", "                                                                    \
+  KILN_WGMMA_R16(64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79) ", "       \
+  KILN_WGMMA_R16(80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95) ", "       \
+  KILN_WGMMA_R16(96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110,     \
+                 111) ", "                                                                  \
+  KILN_WGMMA_R16(112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, \
+                 127)
+// clang-format on
+
+__device__ __forceinline__ void Wgmma(int (&d)[64], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
-        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
-        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
-        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
-        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
-        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]),
-        "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]),
-        "+r"(d[63])
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {" KILN_WGMMA_REGS64 "}, %64, %65, p;\n}\n"
+      : KILN_WGMMA_D64("+r", 0)
       : "l"(da), "l"(db), "r"(1));
 }
-
-// D[64 x 256] += A[64 x 32] * B[256 x 32]^T: int8 operands, K-major in shared memory.
-__device__ __forceinline__ void WgmmaS8(int (&d)[128], uint64_t da, uint64_t db) {
+__device__ __forceinline__ void Wgmma(int (&d)[128], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
-      "%127"
+      "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {" KILN_WGMMA_REGS128
       "}, %128, %129, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
-        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
-        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
-        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
-        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
-        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]),
-        "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]),
-        "+r"(d[63]), "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]),
-        "+r"(d[70]), "+r"(d[71]), "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]),
-        "+r"(d[77]), "+r"(d[78]), "+r"(d[79]), "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]),
-        "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]), "+r"(d[88]), "+r"(d[89]), "+r"(d[90]),
-        "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]), "+r"(d[96]), "+r"(d[97]),
-        "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
-        "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]),
-        "+r"(d[110]), "+r"(d[111]), "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]),
-        "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), "+r"(d[120]), "+r"(d[121]),
-        "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+      : KILN_WGMMA_D64("+r", 0), KILN_WGMMA_D64("+r", 64)
       : "l"(da), "l"(db), "r"(1));
 }
+__device__ __forceinline__ void Wgmma(float (&d)[64], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" KILN_WGMMA_REGS64
+      "}, %64, %65, p, 1, 1;\n}\n"
+      : KILN_WGMMA_D64("+f", 0)
+      : "l"(da), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void Wgmma(float (&d)[128], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {" KILN_WGMMA_REGS128
+      "}, %128, %129, p, 1, 1;\n}\n"
+      : KILN_WGMMA_D64("+f", 0), KILN_WGMMA_D64("+f", 64)
+      : "l"(da), "l"(db), "r"(1));
+}
+#undef KILN_WGMMA_REGS128
+#undef KILN_WGMMA_REGS64
+#undef KILN_WGMMA_R16
+#undef KILN_WGMMA_D64
+#undef KILN_WGMMA_D16
+#undef KILN_WGMMA_D4
 
 // Rows [row0, row0 + kRows) x bytes [k0, k0 + kBk) of a [rows, ld] int8 operand into one stage,
 // swizzled.
@@ -186,9 +202,9 @@ __device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, int
 
 // Warp w of a warpgroup holds rows 16w..16w+15 of each of its 64-row tiles; lane (g, t) of it,
 // for each 8 columns j, rows g and g + 8 at columns 8j + 2t and 8j + 2t + 1 (acc[i][4j..4j+3]),
-// as mma.sync's m16n8. Into the [128 kMi][kBn + kAccPad] int32 tile the epilogue reads.
-template <int kMi, int kBn>
-__device__ __forceinline__ void StageAccumulators(int* tile, const int (&acc)[kMi][kBn / 2], int wg,
+// as mma.sync's m16n8. Into the [128 kMi][kBn + kAccPad] tile of Acc the epilogue reads.
+template <int kMi, int kBn, typename Acc>
+__device__ __forceinline__ void StageAccumulators(Acc* tile, const Acc (&acc)[kMi][kBn / 2], int wg,
                                                   int tid) {
   const int lane = tid & 31, w = (tid >> 5) & 3;
   const int g = lane >> 2, t = lane & 3;
@@ -199,8 +215,14 @@ __device__ __forceinline__ void StageAccumulators(int* tile, const int (&acc)[kM
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = (wg * kMi + i) * 64 + w * 16 + g + h * 8, col = j * 8 + 2 * t;
-        *reinterpret_cast<int2*>(tile + r * (kBn + int8_tile::kAccPad) + col) =
-            make_int2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+        Acc* dst = tile + r * (kBn + int8_tile::kAccPad) + col;
+        if constexpr (std::is_same_v<Acc, int>) {
+          *reinterpret_cast<int2*>(dst) =
+              make_int2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+        } else {
+          *reinterpret_cast<float2*>(dst) =
+              make_float2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+        }
       }
     }
   }
@@ -209,15 +231,15 @@ __device__ __forceinline__ void StageAccumulators(int* tile, const int (&acc)[kM
 // Issues the warpgroup's products for one stage: kMi 64-row tiles x 4 steps of 32 bytes of K.
 // The warpgroup's rows of A start at da, B's at db (descriptors); 64 rows of 128 bytes are 512
 // in the descriptor's units of 16 bytes, 32 bytes of K are 2.
-template <int kMi, int kBn>
-__device__ __forceinline__ void StageProducts(int (&acc)[kMi][kBn / 2], uint64_t da, uint64_t db) {
+template <int kMi, int kBn, typename Acc>
+__device__ __forceinline__ void StageProducts(Acc (&acc)[kMi][kBn / 2], uint64_t da, uint64_t db) {
   WgmmaFence();
 #pragma unroll
   for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
 #pragma unroll
   for (int ks = 0; ks < kBk / 32; ++ks) {
 #pragma unroll
-    for (int i = 0; i < kMi; ++i) WgmmaS8(acc[i], da + i * (64 * kBk >> 4) + 2 * ks, db + 2 * ks);
+    for (int i = 0; i < kMi; ++i) Wgmma(acc[i], da + i * (64 * kBk >> 4) + 2 * ks, db + 2 * ks);
   }
   WgmmaCommit();
 #pragma unroll
@@ -238,8 +260,10 @@ constexpr int SmemBytes() {
   return StageBytes<kBm, kBn, kStages>() + 2 * kSmemAlign;
 }
 
-// kMi: 64-row instructions per warpgroup and K step (the block has 128 * kMi rows of Y).
-template <typename T, typename Y, int kMi, int kBn, int kStages, int kDrain, int kMinBlocks>
+// kMi: 64-row instructions per warpgroup and K step (the block has 128 * kMi rows of Y). Acc: int
+// for INT8 operands, float for E4M3 ones.
+template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kDrain,
+          int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     Int8WgmmaGemmKernel(Int8MmaGemmParams p, int8_tile::Vectors vectors) {
 #ifdef KILN_WGMMA
@@ -257,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBn;
   const int ktiles = static_cast<int>((p.depth + kBk - 1) / kBk);
 
-  int acc[kMi][kBn / 2];
+  Acc acc[kMi][kBn / 2];
 #pragma unroll
   for (int i = 0; i < kMi; ++i) {
 #pragma unroll
@@ -293,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   CpAsyncWait<0>();
   __syncthreads();  // every warpgroup is done with the stages: the accumulators take their place
 
-  int* tile = reinterpret_cast<int*>(smem);
+  Acc* tile = reinterpret_cast<Acc*>(smem);
   StageAccumulators<kMi, kBn>(tile, acc, wg, tid);
   __syncthreads();
   int8_tile::FinishTile<T, Y, kBm, kBn, kThreads>(p, tile, m0, n0, tid, vectors);
@@ -307,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // `full` barrier (its bytes arrived), multiply, and once the next stage's products are issued
 // and this one's are done (wgmma.wait_group 1), release its slot. No thread of the consumers
 // copies anything, and the loads run kStages - 1 stages ahead without a block-wide barrier.
-template <typename T, typename Y, int kMi, int kBn, int kStages>
+template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages>
 __global__ void __launch_bounds__(kThreads + 128, 1)
     Int8WgmmaTmaKernel(const __grid_constant__ CUtensorMap map_a,
                        const __grid_constant__ CUtensorMap map_b, Int8MmaGemmParams p,
@@ -347,7 +371,7 @@ __global__ void __launch_bounds__(kThreads + 128, 1)
     return;
   }
   const int ctid = tid - 128, wg = ctid >> 7;
-  int acc[kMi][kBn / 2];
+  Acc acc[kMi][kBn / 2];
 #pragma unroll
   for (int i = 0; i < kMi; ++i) {
 #pragma unroll
@@ -367,7 +391,7 @@ __global__ void __launch_bounds__(kThreads + 128, 1)
   for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
   // Both consumer warpgroups are done with every stage (named barrier 1: the producer has left).
   asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-  int* tile = reinterpret_cast<int*>(smem);
+  Acc* tile = reinterpret_cast<Acc*>(smem);
   StageAccumulators<kMi, kBn>(tile, acc, wg, ctid);
   asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
   int8_tile::FinishTile<T, Y, kBm, kBn, kThreads>(p, tile, m0, n0, ctid, vectors);
@@ -427,11 +451,11 @@ cudaError_t MakeOperandMap(CUtensorMap* map, const int8_t* base, int64_t rows, i
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename T, typename Y, int kMi, int kBn, int kStages>
+template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages>
 cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
-  auto* kernel = Int8WgmmaTmaKernel<T, Y, kMi, kBn, kStages>;
+  auto* kernel = Int8WgmmaTmaKernel<Acc, T, Y, kMi, kBn, kStages>;
   static const cudaError_t opt_in = OptInSharedMemory(kernel, kSmem);
   if (opt_in != cudaSuccess) return opt_in;
   // The copies' coordinates are 32-bit.
@@ -448,11 +472,12 @@ cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, typename Y, int kMi, int kBn, int kStages, int kDrain, int kMinBlocks>
+template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kDrain,
+          int kMinBlocks>
 cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
-  auto* kernel = Int8WgmmaGemmKernel<T, Y, kMi, kBn, kStages, kDrain, kMinBlocks>;
+  auto* kernel = Int8WgmmaGemmKernel<Acc, T, Y, kMi, kBn, kStages, kDrain, kMinBlocks>;
   static const cudaError_t opt_in = OptInSharedMemory(kernel, kSmem);
   if (opt_in != cudaSuccess) return opt_in;
   dim3 grid;
@@ -461,23 +486,23 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, typename Y>
+template <typename Acc, typename T, typename Y>
 cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream) {
   switch (p.tile) {
     case 0:  // 6 stages of 32 KB, one block per SM
-      return LaunchTile<T, Y, 1, 128, 6, 1, 1>(p, stream);
+      return LaunchTile<Acc, T, Y, 1, 128, 6, 1, 1>(p, stream);
     case 1:  // 4 stages of 48 KB, one block per SM, 128 accumulators per thread
-      return LaunchTile<T, Y, 1, 256, 4, 1, 1>(p, stream);
+      return LaunchTile<Acc, T, Y, 1, 256, 4, 1, 1>(p, stream);
     case 2:  // 3 stages of 32 KB: two blocks per SM
-      return LaunchTile<T, Y, 1, 128, 3, 0, 2>(p, stream);
+      return LaunchTile<Acc, T, Y, 1, 128, 3, 0, 2>(p, stream);
     case 3:  // 4 stages of 48 KB, one block per SM, two 64-row tiles per warpgroup
-      return LaunchTile<T, Y, 2, 128, 4, 1, 1>(p, stream);
+      return LaunchTile<Acc, T, Y, 2, 128, 4, 1, 1>(p, stream);
     case 4:  // the TMA kernel: 6 stages of 32 KB
-      return LaunchTmaTile<T, Y, 1, 128, 6>(p, stream);
+      return LaunchTmaTile<Acc, T, Y, 1, 128, 6>(p, stream);
     case 5:  // 4 stages of 48 KB
-      return LaunchTmaTile<T, Y, 1, 256, 4>(p, stream);
+      return LaunchTmaTile<Acc, T, Y, 1, 256, 4>(p, stream);
     case 6:
-      return LaunchTmaTile<T, Y, 2, 128, 4>(p, stream);
+      return LaunchTmaTile<Acc, T, Y, 2, 128, 4>(p, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -521,8 +546,13 @@ bool Int8WgmmaAvailable() {
 }
 
 cudaError_t LaunchInt8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
-  return int8_tile::DispatchOwnKernel(
-      p, [&](auto t, auto y) { return LaunchTiled<decltype(t), decltype(y)>(p, stream); });
+  return int8_tile::DispatchOwnKernel<int8_t>(
+      p, [&](auto t, auto y) { return LaunchTiled<int, decltype(t), decltype(y)>(p, stream); });
+}
+
+cudaError_t LaunchFp8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
+  return int8_tile::DispatchOwnKernel<int8_tile::E4m3Out>(
+      p, [&](auto t, auto y) { return LaunchTiled<float, decltype(t), decltype(y)>(p, stream); });
 }
 
 }  // namespace kiln::cuda
