@@ -300,10 +300,14 @@ __global__ void __launch_bounds__(kTcWarps * 32) AttentionTcKernel(AttentionPara
 template <typename T>
 cudaError_t LaunchTc(const AttentionParams& p, cudaStream_t stream) {
   size_t smem = TcSmemBytes(p.d, p.dv, sizeof(T));
-  // Above 48 KiB a kernel must opt in; done once per instantiation (host-side, capture-safe).
-  static const cudaError_t opt_in = OptInSharedMemory(
-      AttentionTcKernel<T>, static_cast<int>(TcSmemBytes(kMaxD, kMaxD, sizeof(T))));
-  if (opt_in != cudaSuccess) return opt_in;
+  // Above 48 KiB a kernel must opt in; done once per instantiation and device (host-side,
+  // capture-safe).
+  static SharedMemoryOptIn opt_in;
+  if (cudaError_t e =
+          opt_in.For(AttentionTcKernel<T>, static_cast<int>(TcSmemBytes(kMaxD, kMaxD, sizeof(T))));
+      e != cudaSuccess) {
+    return e;
+  }
   dim3 grid(static_cast<unsigned>((p.sq + kTcRows - 1) / kTcRows), static_cast<unsigned>(p.batch));
   AttentionTcKernel<T><<<grid, kTcWarps * 32, smem, stream>>>(p);
   return cudaGetLastError();

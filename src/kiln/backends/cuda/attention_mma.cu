@@ -403,11 +403,14 @@ cudaError_t LaunchDW(const AttentionParams& p, cudaStream_t stream) {
   // Above 48 KiB a kernel must opt in; once per instantiation (host-side, capture-safe). A GPU
   // with less shared memory per block (sm_86/89 for D = 128 with 8 warps) refuses: the tactic
   // fails and the builder times the others.
-  static const cudaError_t opt_in =
-      kSmem > 48 * 1024 ? OptInSharedMemory(AttentionMmaKernel<T, D, kWarps, kStages, kMT>,
-                                            static_cast<int>(kSmem))
-                        : cudaSuccess;
-  if (opt_in != cudaSuccess) return opt_in;
+  static SharedMemoryOptIn opt_in;
+  if (kSmem > 48 * 1024) {
+    if (cudaError_t e =
+            opt_in.For(AttentionMmaKernel<T, D, kWarps, kStages, kMT>, static_cast<int>(kSmem));
+        e != cudaSuccess) {
+      return e;
+    }
+  }
   dim3 grid(static_cast<unsigned>((p.sq + kRows - 1) / kRows), static_cast<unsigned>(p.batch));
   AttentionMmaKernel<T, D, kWarps, kStages, kMT><<<grid, kWarps * 32, kSmem, stream>>>(p);
   return cudaGetLastError();

@@ -172,12 +172,12 @@ template <typename T, int kKpg>
 cudaError_t LaunchK(const GroupedConvArgs& a, cudaStream_t stream) {
   constexpr int kPix = kKpg <= 16 ? 4 : kKpg <= 32 ? 2 : 1;
   auto* kernel = GroupedConvKernel<T, kKpg, kPix>;
-  // Above 48 KiB of dynamic shared memory a kernel must opt in; once per instantiation
-  // (host-side, capture-safe).
-  static const cudaError_t opt_in =
-      OptInSharedMemory(kernel, static_cast<int>(kGroupedConvMaxFilterBytes));
+  // Above 48 KiB of dynamic shared memory a kernel must opt in; once per instantiation and
+  // device (host-side, capture-safe).
+  static SharedMemoryOptIn opt_in;
+  const cudaError_t opted = opt_in.For(kernel, static_cast<int>(kGroupedConvMaxFilterBytes));
   const size_t smem = static_cast<size_t>(a.r) * a.s * a.cpg * kKpg * sizeof(float);
-  if (smem > 48 * 1024 && opt_in != cudaSuccess) return opt_in;
+  if (smem > 48 * 1024 && opted != cudaSuccess) return opted;
   const int64_t pixels = a.n * a.oh * a.ow;
   const int64_t tiles = (pixels + kThreads * kPix - 1) / (kThreads * kPix);
   if (tiles > 0x7fffffff || a.group > 65535) return cudaErrorInvalidValue;

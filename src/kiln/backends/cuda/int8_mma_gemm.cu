@@ -161,8 +161,8 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   constexpr int kAccBytes = kBm * (kBn + kAccPad) * 4;
   constexpr int kSmem = kStageBytes > kAccBytes ? kStageBytes : kAccBytes;
   auto* kernel = Int8MmaGemmKernel<T, Y, kBm, kBn, kWm, kWn, kStages>;
-  static const cudaError_t opt_in = OptInSharedMemory(kernel, kSmem);
-  if (opt_in != cudaSuccess) return opt_in;
+  static SharedMemoryOptIn opt_in;
+  if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
   dim3 grid;
   if (cudaError_t e = int8_tile::TileGrid(p, kBm, kBn, &grid); e != cudaSuccess) return e;
   kernel<<<grid, kWm * kWn * 32, kSmem, stream>>>(p, int8_tile::VectorsFor<Y>(p));

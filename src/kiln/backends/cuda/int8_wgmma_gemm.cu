@@ -456,8 +456,8 @@ cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
   auto* kernel = Int8WgmmaTmaKernel<Acc, T, Y, kMi, kBn, kStages>;
-  static const cudaError_t opt_in = OptInSharedMemory(kernel, kSmem);
-  if (opt_in != cudaSuccess) return opt_in;
+  static SharedMemoryOptIn opt_in;
+  if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
   // The copies' coordinates are 32-bit.
   if (p.epi.rows > 2147483647 || p.np > 2147483647 || p.depth > 2147483647) {
     return cudaErrorInvalidConfiguration;
@@ -478,8 +478,8 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
   auto* kernel = Int8WgmmaGemmKernel<Acc, T, Y, kMi, kBn, kStages, kDrain, kMinBlocks>;
-  static const cudaError_t opt_in = OptInSharedMemory(kernel, kSmem);
-  if (opt_in != cudaSuccess) return opt_in;
+  static SharedMemoryOptIn opt_in;
+  if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
   dim3 grid;
   if (cudaError_t e = int8_tile::TileGrid(p, kBm, kBn, &grid); e != cudaSuccess) return e;
   kernel<<<grid, kThreads, kSmem, stream>>>(p, int8_tile::VectorsFor<Y>(p));
