@@ -398,21 +398,8 @@ class CublasLtFp8Kernel final : public Kernel {
     g.np = np_;
     g.depth = kp_;
     g.tile = own_tile_;
-    Int8EpilogueParams& e = g.epi;
-    e.col_scale = static_cast<const float*>(col_scale_.get());
-    e.y = args.outputs[0].data;
-    e.type = type_;
-    e.rows = m_;
-    e.cols = n_;
-    if (addend_.present) {
-      e.c = args.inputs[2].data;
-      e.c_row_stride = addend_.row_stride;
-      e.c_col_stride = addend_.col_stride;
-      e.beta = addend_.factor;
-    }
-    e.act = static_cast<BlasAct>(spec_.act.kind);
-    e.act_min = spec_.act.min;
-    e.act_max = spec_.act.max;
+    g.epi = QuantEpilogueFor(spec_, type_, m_, n_, addend_,
+                             static_cast<const float*>(col_scale_.get()), args);
     g.y_quantized = out_fp8_;
     g.y_inv_scale = out_inv_scale_;
     KILN_CUDA_RETURN_IF_ERROR(LaunchFp8WgmmaGemm(g, stream));

@@ -229,22 +229,8 @@ class CublasLtInt8Kernel final : public Kernel {
   // The epilogue both paths share (the int32 result's kernel, kiln's product), less the
   // accumulators.
   Int8EpilogueParams Epilogue(const KernelRunArgs& args) const {
-    Int8EpilogueParams e;
-    e.col_scale = static_cast<const float*>(col_scale_.get());
-    e.y = args.outputs[0].data;
-    e.type = type_;
-    e.rows = m_;
-    e.cols = n_;
-    if (addend_.present) {
-      e.c = args.inputs[2].data;
-      e.c_row_stride = addend_.row_stride;
-      e.c_col_stride = addend_.col_stride;
-      e.beta = addend_.factor;
-    }
-    e.act = static_cast<BlasAct>(spec_.act.kind);
-    e.act_min = spec_.act.min;
-    e.act_max = spec_.act.max;
-    return e;
+    return QuantEpilogueFor(spec_, type_, m_, n_, addend_,
+                            static_cast<const float*>(col_scale_.get()), args);
   }
 
   Status RunMma(const KernelRunArgs& args, const int8_t* a_q, cudaStream_t stream) {

@@ -176,6 +176,27 @@ StatusOr<QuantRunShape> PrepareQuantRun(const GemmSpec& s, int64_t k, int64_t n,
   return run;
 }
 
+Int8EpilogueParams QuantEpilogueFor(const GemmSpec& s, BlasType type, int64_t m, int64_t n,
+                                    const QuantAddend& addend, const float* col_scale,
+                                    const KernelRunArgs& args) {
+  Int8EpilogueParams e;
+  e.col_scale = col_scale;
+  e.y = args.outputs[0].data;
+  e.type = type;
+  e.rows = m;
+  e.cols = n;
+  if (addend.present) {
+    e.c = args.inputs[2].data;
+    e.c_row_stride = addend.row_stride;
+    e.c_col_stride = addend.col_stride;
+    e.beta = addend.factor;
+  }
+  e.act = static_cast<BlasAct>(s.act.kind);
+  e.act_min = s.act.min;
+  e.act_max = s.act.max;
+  return e;
+}
+
 QuantWorkspace QuantWorkspaceFor(int64_t m, int64_t np, int64_t kp, size_t lt_bytes) {
   static_assert(sizeof(int32_t) == sizeof(float));
   QuantWorkspace w;

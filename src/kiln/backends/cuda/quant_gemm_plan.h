@@ -14,6 +14,7 @@
 
 #include "kiln/backends/cuda/blas_kernels.h"
 #include "kiln/backends/cuda/cublaslt_util.h"
+#include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/int8_quant.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/core/status.h"
@@ -78,6 +79,14 @@ struct QuantRunShape {
 StatusOr<QuantRunShape> PrepareQuantRun(const GemmSpec& s, int64_t k, int64_t n,
                                         std::span<const TensorView> inputs,
                                         std::span<const TensorView> outputs, std::string_view name);
+
+// The epilogue of one run (int8_kernels.h): Y (outputs[0], [m, n] in `type`), C or the bias
+// (inputs[2]) as the addend says, the spec's activation, the per-column scales (col_scale, on the
+// device); no accumulators. The INT8 result's epilogue kernel and kiln's own 8-bit products (INT8
+// and FP8) share it.
+Int8EpilogueParams QuantEpilogueFor(const GemmSpec& s, BlasType type, int64_t m, int64_t n,
+                                    const QuantAddend& addend, const float* col_scale,
+                                    const KernelRunArgs& args);
 
 // The workspace of both quantized products: [alignment slack][quantized A: M x Kp bytes]
 // [4-byte accumulators (int32 or FP32): M x Np][cuBLASLt's], each 256-byte aligned.
