@@ -31,6 +31,7 @@
 
 #include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
+#include "kiln/backends/cuda/implicit_gemm_conv.h"
 #include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/cuda/quant_gemm_plan.h"
 #include "kiln/backends/fp8_quant.h"
@@ -697,6 +698,106 @@ TEST(CudaInt8Host, TheReplayMeetsTheContractOnTheDeepestCase) {
 // scales; its plan replayed on the host agrees with the CPU kernel, which quantizes A as the
 // model's QuantizeLinear (the device's x * (1/s) differs from x / s only at rounding ties, and
 // nothing saturates here). Another zero point is declined: the device quantization is symmetric.
+// The implicit-GEMM view of an NHWC convolution (implicit_gemm_conv.h), replayed on the host in
+// integers: gathering A's rows through RowOf/OffsetOf from the channel-padded input and
+// multiplying by the packed weights gives exactly the direct convolution, over strides, padding
+// (asymmetric too), dilation, 1x1 and 7x7 windows and channel counts below, at and above 16; and
+// every 16-byte chunk of a row of A is one contiguous run of x or all padding, as the kernels'
+// 16-byte copies need.
+TEST(CudaInt8Host, ImplicitGemmRowsGatherTheConvolution) {
+  struct Shape {
+    int64_t n, c, h, w, k;
+    int32_t r, s, sh, sw, pt, pl, pb, pr, dh, dw;
+  };
+  const Shape shapes[] = {
+      {2, 3, 7, 9, 5, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1},      // ResNet's stem shape, small
+      {1, 64, 8, 8, 16, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1},    // 1x1
+      {2, 20, 11, 6, 7, 3, 2, 1, 2, 2, 1, 0, 1, 2, 1},    // asymmetric padding, dilation
+      {1, 16, 12, 12, 8, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1},   // 7x7, stride 2
+      {3, 32, 9, 9, 12, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1},    // 1x1 downsampling
+      {1, 40, 5, 13, 33, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}};  // C off 16, K off 16
+  std::mt19937 rng(77);
+  std::uniform_int_distribution<int> dist(-127, 127);
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE(
+        fmt::format("N {} C {} H {} W {} K {} window {}x{} stride {}x{} pad {},{},{},{} "
+                    "dilation {}x{}",
+                    sh.n, sh.c, sh.h, sh.w, sh.k, sh.r, sh.s, sh.sh, sh.sw, sh.pt, sh.pl, sh.pb,
+                    sh.pr, sh.dh, sh.dw));
+    cuda::ImplicitGemmConv g;
+    g.batch = sh.n;
+    g.h = sh.h;
+    g.w = sh.w;
+    g.cp = cuda::PaddedChannels(sh.c);
+    g.r = sh.r;
+    g.s = sh.s;
+    g.stride_h = sh.sh;
+    g.stride_w = sh.sw;
+    g.pad_top = sh.pt;
+    g.pad_left = sh.pl;
+    g.dil_h = sh.dh;
+    g.dil_w = sh.dw;
+    g.oh = (sh.h + sh.pt + sh.pb - sh.dh * (sh.r - 1) - 1) / sh.sh + 1;
+    g.ow = (sh.w + sh.pl + sh.pr - sh.dw * (sh.s - 1) - 1) / sh.sw + 1;
+    ASSERT_GT(g.oh, 0);
+    ASSERT_GT(g.ow, 0);
+    // x as NCHW for the reference, and as the kernels' NHWC with Cp channels.
+    std::vector<int8_t> x(static_cast<size_t>(sh.n * sh.c * sh.h * sh.w));
+    for (int8_t& v : x) v = static_cast<int8_t>(dist(rng));
+    std::vector<int8_t> xq(static_cast<size_t>(sh.n * sh.h * sh.w * g.cp), 0);
+    for (int64_t n = 0; n < sh.n; ++n) {
+      for (int64_t c = 0; c < sh.c; ++c) {
+        for (int64_t i = 0; i < sh.h * sh.w; ++i) {
+          xq[static_cast<size_t>((n * sh.h * sh.w + i) * g.cp + c)] =
+              x[static_cast<size_t>((n * sh.c + c) * sh.h * sh.w + i)];
+        }
+      }
+    }
+    std::vector<int8_t> w(static_cast<size_t>(sh.k * sh.c * sh.r * sh.s));
+    for (int8_t& v : w) v = static_cast<int8_t>(dist(rng));
+    const int64_t kp = cuda::QuantPadded(sh.k);
+    const std::vector<int8_t> b = cuda::PackConvWeights(w.data(), sh.k, sh.c, sh.r, sh.s, kp);
+    ASSERT_EQ(static_cast<int64_t>(b.size()), kp * g.depth());
+    int64_t mismatches = 0, bad_chunks = 0;
+    for (int64_t m = 0; m < g.rows(); ++m) {
+      const cuda::ImplicitGemmRow row = cuda::RowOf(g, m);
+      std::vector<int32_t> a(static_cast<size_t>(g.depth()));
+      for (int64_t j = 0; j < g.depth(); ++j) {
+        const int64_t off = cuda::OffsetOf(g, row, j);
+        a[static_cast<size_t>(j)] = off < 0 ? 0 : xq[static_cast<size_t>(off)];
+        if (j % 16 == 0) {
+          const int64_t last = cuda::OffsetOf(g, row, j + 15);
+          bad_chunks += off < 0 ? last >= 0 : last != off + 15;
+        }
+      }
+      const int64_t n = m / (g.oh * g.ow), oy = m / g.ow % g.oh, ox = m % g.ow;
+      for (int64_t k = 0; k < kp; ++k) {
+        int32_t got = 0;
+        for (int64_t j = 0; j < g.depth(); ++j) {
+          got += a[static_cast<size_t>(j)] * b[static_cast<size_t>(k * g.depth() + j)];
+        }
+        int32_t want = 0;
+        if (k < sh.k) {
+          for (int64_t c = 0; c < sh.c; ++c) {
+            for (int32_t kr = 0; kr < sh.r; ++kr) {
+              for (int32_t ks = 0; ks < sh.s; ++ks) {
+                const int64_t iy = oy * sh.sh - sh.pt + kr * sh.dh;
+                const int64_t ix = ox * sh.sw - sh.pl + ks * sh.dw;
+                if (iy < 0 || iy >= sh.h || ix < 0 || ix >= sh.w) continue;
+                want += x[static_cast<size_t>(((n * sh.c + c) * sh.h + iy) * sh.w + ix)] *
+                        w[static_cast<size_t>(((k * sh.c + c) * sh.r + kr) * sh.s + ks)];
+              }
+            }
+          }
+        }
+        mismatches += got != want;
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
+    EXPECT_EQ(bad_chunks, 0);
+  }
+}
+
 TEST(CudaInt8Host, AQdqLayerPacksTheModelsIntegersAndScales) {
   for (const std::string op : {"Gemm", "MatMul"}) {
     SCOPED_TRACE(op);
