@@ -698,98 +698,121 @@ TEST(CudaInt8Host, TheReplayMeetsTheContractOnTheDeepestCase) {
 // scales; its plan replayed on the host agrees with the CPU kernel, which quantizes A as the
 // model's QuantizeLinear (the device's x * (1/s) differs from x / s only at rounding ties, and
 // nothing saturates here). Another zero point is declined: the device quantization is symmetric.
-// The implicit-GEMM view of an NHWC convolution (implicit_gemm_conv.h), replayed on the host in
-// integers: gathering A's rows through RowOf/OffsetOf from the channel-padded input and
-// multiplying by the packed weights gives exactly the direct convolution, over strides, padding
-// (asymmetric too), dilation, 1x1 and 7x7 windows and channel counts below, at and above 16; and
-// every 16-byte chunk of a row of A is one contiguous run of x or all padding, as the kernels'
-// 16-byte copies need.
-TEST(CudaInt8Host, ImplicitGemmRowsGatherTheConvolution) {
-  struct Shape {
-    int64_t n, c, h, w, k;
-    int32_t r, s, sh, sw, pt, pl, pb, pr, dh, dw;
-  };
-  const Shape shapes[] = {
-      {2, 3, 7, 9, 5, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1},      // ResNet's stem shape, small
-      {1, 64, 8, 8, 16, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1},    // 1x1
-      {2, 20, 11, 6, 7, 3, 2, 1, 2, 2, 1, 0, 1, 2, 1},    // asymmetric padding, dilation
-      {1, 16, 12, 12, 8, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1},   // 7x7, stride 2
-      {3, 32, 9, 9, 12, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1},    // 1x1 downsampling
-      {1, 40, 5, 13, 33, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}};  // C off 16, K off 16
-  std::mt19937 rng(77);
+// An int8 NHWC convolution problem for implicit_gemm_conv.h: random int8 input and weights, the
+// kernels' operands (x with channels padded to Cp, the packed weights), and the direct
+// convolution's int32 result [N * OH * OW, K] (rows in NHWC order) to compare with.
+struct ConvShape {
+  int64_t n, c, h, w, k;
+  int32_t r, s, sh, sw, pt, pl, pb, pr, dh, dw;
+  std::string Describe() const {
+    return fmt::format(
+        "N {} C {} H {} W {} K {} window {}x{} stride {}x{} pad {},{},{},{} "
+        "dilation {}x{}",
+        n, c, h, w, k, r, s, sh, sw, pt, pl, pb, pr, dh, dw);
+  }
+};
+struct ConvProblem {
+  cuda::ImplicitGemmConv g;
+  int64_t kp = 0;
+  std::vector<int8_t> xq, b;
+  std::vector<int32_t> want;  // [rows, K]
+};
+ConvProblem MakeConvProblem(const ConvShape& sh, std::mt19937& rng) {
   std::uniform_int_distribution<int> dist(-127, 127);
-  for (const Shape& sh : shapes) {
-    SCOPED_TRACE(
-        fmt::format("N {} C {} H {} W {} K {} window {}x{} stride {}x{} pad {},{},{},{} "
-                    "dilation {}x{}",
-                    sh.n, sh.c, sh.h, sh.w, sh.k, sh.r, sh.s, sh.sh, sh.sw, sh.pt, sh.pl, sh.pb,
-                    sh.pr, sh.dh, sh.dw));
-    cuda::ImplicitGemmConv g;
-    g.batch = sh.n;
-    g.h = sh.h;
-    g.w = sh.w;
-    g.cp = cuda::PaddedChannels(sh.c);
-    g.r = sh.r;
-    g.s = sh.s;
-    g.stride_h = sh.sh;
-    g.stride_w = sh.sw;
-    g.pad_top = sh.pt;
-    g.pad_left = sh.pl;
-    g.dil_h = sh.dh;
-    g.dil_w = sh.dw;
-    g.oh = (sh.h + sh.pt + sh.pb - sh.dh * (sh.r - 1) - 1) / sh.sh + 1;
-    g.ow = (sh.w + sh.pl + sh.pr - sh.dw * (sh.s - 1) - 1) / sh.sw + 1;
-    ASSERT_GT(g.oh, 0);
-    ASSERT_GT(g.ow, 0);
-    // x as NCHW for the reference, and as the kernels' NHWC with Cp channels.
-    std::vector<int8_t> x(static_cast<size_t>(sh.n * sh.c * sh.h * sh.w));
-    for (int8_t& v : x) v = static_cast<int8_t>(dist(rng));
-    std::vector<int8_t> xq(static_cast<size_t>(sh.n * sh.h * sh.w * g.cp), 0);
-    for (int64_t n = 0; n < sh.n; ++n) {
-      for (int64_t c = 0; c < sh.c; ++c) {
-        for (int64_t i = 0; i < sh.h * sh.w; ++i) {
-          xq[static_cast<size_t>((n * sh.h * sh.w + i) * g.cp + c)] =
-              x[static_cast<size_t>((n * sh.c + c) * sh.h * sh.w + i)];
-        }
+  ConvProblem pr;
+  cuda::ImplicitGemmConv& g = pr.g;
+  g.batch = sh.n;
+  g.h = sh.h;
+  g.w = sh.w;
+  g.cp = cuda::PaddedChannels(sh.c);
+  g.r = sh.r;
+  g.s = sh.s;
+  g.stride_h = sh.sh;
+  g.stride_w = sh.sw;
+  g.pad_top = sh.pt;
+  g.pad_left = sh.pl;
+  g.dil_h = sh.dh;
+  g.dil_w = sh.dw;
+  g.oh = (sh.h + sh.pt + sh.pb - sh.dh * (sh.r - 1) - 1) / sh.sh + 1;
+  g.ow = (sh.w + sh.pl + sh.pr - sh.dw * (sh.s - 1) - 1) / sh.sw + 1;
+  std::vector<int8_t> x(static_cast<size_t>(sh.n * sh.c * sh.h * sh.w));  // NCHW
+  for (int8_t& v : x) v = static_cast<int8_t>(dist(rng));
+  pr.xq.assign(static_cast<size_t>(sh.n * sh.h * sh.w * g.cp), 0);
+  for (int64_t n = 0; n < sh.n; ++n) {
+    for (int64_t c = 0; c < sh.c; ++c) {
+      for (int64_t i = 0; i < sh.h * sh.w; ++i) {
+        pr.xq[static_cast<size_t>((n * sh.h * sh.w + i) * g.cp + c)] =
+            x[static_cast<size_t>((n * sh.c + c) * sh.h * sh.w + i)];
       }
     }
-    std::vector<int8_t> w(static_cast<size_t>(sh.k * sh.c * sh.r * sh.s));
-    for (int8_t& v : w) v = static_cast<int8_t>(dist(rng));
-    const int64_t kp = cuda::QuantPadded(sh.k);
-    const std::vector<int8_t> b = cuda::PackConvWeights(w.data(), sh.k, sh.c, sh.r, sh.s, kp);
-    ASSERT_EQ(static_cast<int64_t>(b.size()), kp * g.depth());
+  }
+  std::vector<int8_t> w(static_cast<size_t>(sh.k * sh.c * sh.r * sh.s));
+  for (int8_t& v : w) v = static_cast<int8_t>(dist(rng));
+  pr.kp = cuda::QuantPadded(sh.k);
+  pr.b = cuda::PackConvWeights(w.data(), sh.k, sh.c, sh.r, sh.s, pr.kp);
+  pr.want.assign(static_cast<size_t>(g.rows() * sh.k), 0);
+  for (int64_t m = 0; m < g.rows(); ++m) {
+    const int64_t n = m / (g.oh * g.ow), oy = m / g.ow % g.oh, ox = m % g.ow;
+    for (int64_t k = 0; k < sh.k; ++k) {
+      int32_t acc = 0;
+      for (int64_t c = 0; c < sh.c; ++c) {
+        for (int32_t kr = 0; kr < sh.r; ++kr) {
+          for (int32_t ks = 0; ks < sh.s; ++ks) {
+            const int64_t iy = oy * sh.sh - sh.pt + kr * sh.dh;
+            const int64_t ix = ox * sh.sw - sh.pl + ks * sh.dw;
+            if (iy < 0 || iy >= sh.h || ix < 0 || ix >= sh.w) continue;
+            acc += x[static_cast<size_t>(((n * sh.c + c) * sh.h + iy) * sh.w + ix)] *
+                   w[static_cast<size_t>(((k * sh.c + c) * sh.r + kr) * sh.s + ks)];
+          }
+        }
+      }
+      pr.want[static_cast<size_t>(m * sh.k + k)] = acc;
+    }
+  }
+  return pr;
+}
+
+// Strides, padding (asymmetric too), dilation, 1x1 and 7x7 windows, channel counts below, at and
+// above 16, K off 16.
+const ConvShape kConvShapes[] = {
+    {2, 3, 7, 9, 5, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1},      // ResNet's stem shape, small
+    {1, 64, 8, 8, 16, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1},    // 1x1
+    {2, 20, 11, 6, 7, 3, 2, 1, 2, 2, 1, 0, 1, 2, 1},    // asymmetric padding, dilation
+    {1, 16, 12, 12, 8, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1},   // 7x7, stride 2
+    {3, 32, 9, 9, 12, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1},    // 1x1 downsampling
+    {1, 40, 5, 13, 33, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}};  // C off 16, K off 16
+
+// The implicit-GEMM view of an NHWC convolution (implicit_gemm_conv.h), replayed on the host in
+// integers: gathering A's rows through RowOf/OffsetOf from the channel-padded input and
+// multiplying by the packed weights gives exactly the direct convolution; and every 16-byte
+// chunk of a row of A is one contiguous run of x or all padding, as the kernels' 16-byte copies
+// need.
+TEST(CudaInt8Host, ImplicitGemmRowsGatherTheConvolution) {
+  std::mt19937 rng(77);
+  for (const ConvShape& sh : kConvShapes) {
+    SCOPED_TRACE(sh.Describe());
+    const ConvProblem pr = MakeConvProblem(sh, rng);
+    const cuda::ImplicitGemmConv& g = pr.g;
+    ASSERT_GT(g.rows(), 0);
+    ASSERT_EQ(static_cast<int64_t>(pr.b.size()), pr.kp * g.depth());
     int64_t mismatches = 0, bad_chunks = 0;
     for (int64_t m = 0; m < g.rows(); ++m) {
       const cuda::ImplicitGemmRow row = cuda::RowOf(g, m);
       std::vector<int32_t> a(static_cast<size_t>(g.depth()));
       for (int64_t j = 0; j < g.depth(); ++j) {
         const int64_t off = cuda::OffsetOf(g, row, j);
-        a[static_cast<size_t>(j)] = off < 0 ? 0 : xq[static_cast<size_t>(off)];
+        a[static_cast<size_t>(j)] = off < 0 ? 0 : pr.xq[static_cast<size_t>(off)];
         if (j % 16 == 0) {
           const int64_t last = cuda::OffsetOf(g, row, j + 15);
           bad_chunks += off < 0 ? last >= 0 : last != off + 15;
         }
       }
-      const int64_t n = m / (g.oh * g.ow), oy = m / g.ow % g.oh, ox = m % g.ow;
-      for (int64_t k = 0; k < kp; ++k) {
+      for (int64_t k = 0; k < pr.kp; ++k) {
         int32_t got = 0;
         for (int64_t j = 0; j < g.depth(); ++j) {
-          got += a[static_cast<size_t>(j)] * b[static_cast<size_t>(k * g.depth() + j)];
+          got += a[static_cast<size_t>(j)] * pr.b[static_cast<size_t>(k * g.depth() + j)];
         }
-        int32_t want = 0;
-        if (k < sh.k) {
-          for (int64_t c = 0; c < sh.c; ++c) {
-            for (int32_t kr = 0; kr < sh.r; ++kr) {
-              for (int32_t ks = 0; ks < sh.s; ++ks) {
-                const int64_t iy = oy * sh.sh - sh.pt + kr * sh.dh;
-                const int64_t ix = ox * sh.sw - sh.pl + ks * sh.dw;
-                if (iy < 0 || iy >= sh.h || ix < 0 || ix >= sh.w) continue;
-                want += x[static_cast<size_t>(((n * sh.c + c) * sh.h + iy) * sh.w + ix)] *
-                        w[static_cast<size_t>(((k * sh.c + c) * sh.r + kr) * sh.s + ks)];
-              }
-            }
-          }
-        }
+        const int32_t want = k < sh.k ? pr.want[static_cast<size_t>(m * sh.k + k)] : 0;
         mismatches += got != want;
       }
     }
@@ -1672,6 +1695,64 @@ TEST_F(CudaInt8Test, EdgesBetweenInt8ProductsMatchTheBuildWithout) {
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
   if (major < 8) GTEST_SKIP() << "kiln's INT8 kernel needs sm_80";
   CheckInt8Edges("mma");
+}
+
+// kiln's wgmma kernel as an INT8 convolution (LaunchInt8WgmmaConv, every cp.async tile): the
+// NHWC output equals the direct convolution exactly (a unit column scale and an FP32 Y hold the
+// int32 sums exactly: below 2^24), over kConvShapes and two larger ones whose rows and channels
+// span several tiles and whose depth spans several stages.
+TEST_F(CudaInt8Test, WarpgroupConvolutionMatchesTheDirectConvolution) {
+  if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
+  std::vector<ConvShape> shapes(std::begin(kConvShapes), std::end(kConvShapes));
+  shapes.push_back({2, 64, 14, 14, 160, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1});
+  shapes.push_back({1, 256, 7, 7, 300, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1});
+  std::mt19937 rng(78);
+  for (const ConvShape& sh : shapes) {
+    SCOPED_TRACE(sh.Describe());
+    const ConvProblem pr = MakeConvProblem(sh, rng);
+    const int64_t rows = pr.g.rows();
+    std::vector<float> scale(static_cast<size_t>(pr.kp), 0.f);
+    std::fill(scale.begin(), scale.begin() + sh.k, 1.f);
+    void *x = nullptr, *b = nullptr, *cs = nullptr, *y = nullptr;
+    const size_t y_bytes = static_cast<size_t>(rows * sh.k) * sizeof(float);
+    ASSERT_EQ(cudaMalloc(&x, pr.xq.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&b, pr.b.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&cs, scale.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&y, y_bytes), cudaSuccess);
+    cudaMemcpy(x, pr.xq.data(), pr.xq.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(b, pr.b.data(), pr.b.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(cs, scale.data(), scale.size() * sizeof(float), cudaMemcpyHostToDevice);
+    for (int tile = 0; tile < cuda::Int8WgmmaConvTileCount(); ++tile) {
+      SCOPED_TRACE(fmt::format("tile {}", cuda::Int8WgmmaTileName(tile)));
+      cuda::Int8MmaGemmParams p;
+      p.a = static_cast<const int8_t*>(x);
+      p.lda = pr.g.cp;
+      p.b = static_cast<const int8_t*>(b);
+      p.ldb = pr.g.depth();
+      p.np = pr.kp;
+      p.depth = pr.g.depth();
+      p.tile = tile;
+      p.epi.col_scale = static_cast<const float*>(cs);
+      p.epi.y = y;
+      p.epi.type = cuda::BlasType::kF32;
+      p.epi.rows = rows;
+      p.epi.cols = sh.k;
+      cudaMemset(y, 0xff, y_bytes);  // NaNs: an output the kernel misses shows
+      ASSERT_EQ(cuda::LaunchInt8WgmmaConv(p, pr.g, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> got(static_cast<size_t>(rows * sh.k));
+      cudaMemcpy(got.data(), y, y_bytes, cudaMemcpyDeviceToHost);
+      int64_t mismatches = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        mismatches += got[i] != static_cast<float>(pr.want[i]);
+      }
+      EXPECT_EQ(mismatches, 0);
+    }
+    cudaFree(x);
+    cudaFree(b);
+    cudaFree(cs);
+    cudaFree(y);
+  }
 }
 
 // The same with Hopper's warpgroup kernel (KILN_CUDA_INT8_KERNEL=wgmma) reading and writing int8.

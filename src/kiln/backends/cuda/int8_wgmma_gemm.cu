@@ -31,6 +31,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "kiln/backends/cuda/implicit_gemm_conv.h"
 #include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/cuda/int8_tile_epilogue.cuh"
 #include "kiln/backends/cuda/mma_util.cuh"
@@ -168,6 +169,26 @@ __device__ __forceinline__ void LoadStage(uint8_t* dst, const int8_t* src, int64
   }
 }
 
+// The same stage of A for an implicit-GEMM convolution (implicit_gemm_conv.h): row gr of A is an
+// output pixel and each 16-byte chunk of K one contiguous run of the NHWC input x, or the
+// padding around the image (zeros). Each chunk's row is decomposed anew: correct first; keeping
+// the threads' rows across stages is the next step.
+template <int kRows>
+__device__ __forceinline__ void LoadConvStage(uint8_t* dst, const int8_t* x,
+                                              const ImplicitGemmConv& g, int64_t row0, int64_t rows,
+                                              int64_t k0, int64_t depth, int tid) {
+  constexpr int kChunks = kRows * (kBk / 16);
+  static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int it = 0; it < kChunks / kThreads; ++it) {
+    const int i = tid + it * kThreads;
+    const int r = i >> 3, c = i & 7;
+    const int64_t gr = row0 + r, gk = k0 + c * 16;
+    const int64_t off = gr < rows && gk < depth ? OffsetOf(g, RowOf(g, gr), gk) : -1;
+    CpAsync16(dst + r * kBk + ((c ^ (r & 7)) << 4), off >= 0 ? x + off : x, off >= 0);
+  }
+}
+
 // The mbarriers of the TMA kernel: init with an arrival count; arrive; arrive announcing the bytes
 // the tensor copies will complete on it; wait for the completion of the phase of a parity.
 __device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
@@ -261,11 +282,12 @@ constexpr int SmemBytes() {
 }
 
 // kMi: 64-row instructions per warpgroup and K step (the block has 128 * kMi rows of Y). Acc: int
-// for INT8 operands, float for E4M3 ones.
+// for INT8 operands, float for E4M3 ones. kConv: A is the implicit-GEMM view `conv` of the NHWC
+// input p.a (LaunchInt8WgmmaConv), not a matrix.
 template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kDrain,
-          int kMinBlocks>
+          int kMinBlocks, bool kConv>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    Int8WgmmaGemmKernel(Int8MmaGemmParams p, int8_tile::Vectors vectors) {
+    Int8WgmmaGemmKernel(Int8MmaGemmParams p, int8_tile::Vectors vectors, ImplicitGemmConv conv) {
 #ifdef KILN_WGMMA
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kAhead = kStages - 1 - kDrain;  // stages loaded ahead of the one multiplied
@@ -290,7 +312,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   auto load = [&](int kt, int slot) {
     const int64_t k0 = static_cast<int64_t>(kt) * kBk;
-    LoadStage<kBm>(sa + slot * kAStage, p.a, p.lda, m0, p.epi.rows, k0, p.depth, tid);
+    if constexpr (kConv) {
+      LoadConvStage<kBm>(sa + slot * kAStage, p.a, conv, m0, p.epi.rows, k0, p.depth, tid);
+    } else {
+      LoadStage<kBm>(sa + slot * kAStage, p.a, p.lda, m0, p.epi.rows, k0, p.depth, tid);
+    }
     LoadStage<kBn>(sb + slot * kBStage, p.b, p.ldb, n0, p.np, k0, p.depth, tid);
   };
 #pragma unroll
@@ -473,16 +499,17 @@ cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
 }
 
 template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kDrain,
-          int kMinBlocks>
-cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
+          int kMinBlocks, bool kConv = false>
+cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
+                       const ImplicitGemmConv& conv = {}) {
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
-  auto* kernel = Int8WgmmaGemmKernel<Acc, T, Y, kMi, kBn, kStages, kDrain, kMinBlocks>;
+  auto* kernel = Int8WgmmaGemmKernel<Acc, T, Y, kMi, kBn, kStages, kDrain, kMinBlocks, kConv>;
   static SharedMemoryOptIn opt_in;
   if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
   dim3 grid;
   if (cudaError_t e = int8_tile::TileGrid(p, kBm, kBn, &grid); e != cudaSuccess) return e;
-  kernel<<<grid, kThreads, kSmem, stream>>>(p, int8_tile::VectorsFor<Y>(p));
+  kernel<<<grid, kThreads, kSmem, stream>>>(p, int8_tile::VectorsFor<Y>(p), conv);
   return cudaGetLastError();
 }
 
@@ -549,6 +576,32 @@ cudaError_t LaunchInt8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream)
   return int8_tile::DispatchOwnKernel<int8_t>(
       p, [&](auto t, auto y) { return LaunchTiled<int, decltype(t), decltype(y)>(p, stream); });
 }
+
+cudaError_t LaunchInt8WgmmaConv(const Int8MmaGemmParams& p, const ImplicitGemmConv& conv,
+                                cudaStream_t stream) {
+  if (p.epi.rows != conv.rows() || p.depth != conv.depth() || conv.cp % kConvChannelPad != 0 ||
+      conv.cp <= 0 || conv.r <= 0 || conv.s <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  return int8_tile::DispatchOwnKernel<int8_t>(p, [&](auto t, auto y) {
+    using T = decltype(t);
+    using Y = decltype(y);
+    switch (p.tile) {  // the cp.async tiles (Int8WgmmaConvTileCount)
+      case 0:
+        return LaunchTile<int, T, Y, 1, 128, 6, 1, 1, true>(p, stream, conv);
+      case 1:
+        return LaunchTile<int, T, Y, 1, 256, 4, 1, 1, true>(p, stream, conv);
+      case 2:
+        return LaunchTile<int, T, Y, 1, 128, 3, 0, 2, true>(p, stream, conv);
+      case 3:
+        return LaunchTile<int, T, Y, 2, 128, 4, 1, 1, true>(p, stream, conv);
+      default:
+        return cudaErrorInvalidValue;
+    }
+  });
+}
+
+int Int8WgmmaConvTileCount() { return 4; }
 
 cudaError_t LaunchFp8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
   return int8_tile::DispatchOwnKernel<int8_tile::E4m3Out>(
