@@ -152,42 +152,44 @@ __device__ __forceinline__ void Wgmma(float (&d)[128], uint64_t da, uint64_t db)
 #undef KILN_WGMMA_D16
 #undef KILN_WGMMA_D4
 
-// Rows [row0, row0 + kRows) x bytes [k0, k0 + kBk) of a [rows, ld] int8 operand into one stage,
-// swizzled.
-template <int kRows>
-__device__ __forceinline__ void LoadStage(uint8_t* dst, const int8_t* src, int64_t ld, int64_t row0,
-                                          int64_t rows, int64_t k0, int64_t depth, int tid) {
+// Rows [row0, row0 + kRows) x bytes [k0, k0 + kBk) of an 8-bit operand into one stage, swizzled.
+// at(gr, gk) gives the 16 bytes of row gr from byte gk, or null for zeros (past either end, or a
+// convolution's padding); `base`, a valid address, stands in for the source of a zero fill.
+template <int kRows, typename At>
+__device__ __forceinline__ void LoadStage(uint8_t* dst, const int8_t* base, int64_t row0,
+                                          int64_t k0, int tid, At at) {
   constexpr int kChunks = kRows * (kBk / 16);
   static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
 #pragma unroll
   for (int it = 0; it < kChunks / kThreads; ++it) {
     const int i = tid + it * kThreads;
     const int r = i >> 3, c = i & 7;
-    const int64_t gr = row0 + r, gk = k0 + c * 16;
-    const bool valid = gr < rows && gk < depth;
-    CpAsync16(dst + r * kBk + ((c ^ (r & 7)) << 4), valid ? src + gr * ld + gk : src, valid);
+    const int8_t* src = at(row0 + r, k0 + c * 16);
+    CpAsync16(dst + r * kBk + ((c ^ (r & 7)) << 4), src ? src : base, src != nullptr);
   }
 }
 
-// The same stage of A for an implicit-GEMM convolution (implicit_gemm_conv.h): row gr of A is an
-// output pixel and each 16-byte chunk of K one contiguous run of the NHWC input x, or the
-// padding around the image (zeros). Each chunk's row is decomposed anew: correct first; keeping
-// the threads' rows across stages is the next step.
-template <int kRows>
-__device__ __forceinline__ void LoadConvStage(uint8_t* dst, const int8_t* x,
-                                              const ImplicitGemmConv& g, int64_t row0, int64_t rows,
-                                              int64_t k0, int64_t depth, int tid) {
-  constexpr int kChunks = kRows * (kBk / 16);
-  static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
-#pragma unroll
-  for (int it = 0; it < kChunks / kThreads; ++it) {
-    const int i = tid + it * kThreads;
-    const int r = i >> 3, c = i & 7;
-    const int64_t gr = row0 + r, gk = k0 + c * 16;
-    const int64_t off = gr < rows && gk < depth ? OffsetOf(g, RowOf(g, gr), gk) : -1;
-    CpAsync16(dst + r * kBk + ((c ^ (r & 7)) << 4), off >= 0 ? x + off : x, off >= 0);
+// A [rows, ld] int8 matrix's 16 bytes at (gr, gk), or null past its rows or depth.
+struct MatrixAt {
+  const int8_t* m;
+  int64_t ld, rows, depth;
+  __device__ __forceinline__ const int8_t* operator()(int64_t gr, int64_t gk) const {
+    return gr < rows && gk < depth ? m + gr * ld + gk : nullptr;
   }
-}
+};
+// The implicit-GEMM view of an NHWC input x (implicit_gemm_conv.h): row gr is an output pixel and
+// each 16-byte chunk of K one contiguous run of x, or the padding around the image (null). Each
+// chunk's row is decomposed anew: correct first; keeping the threads' rows across stages is the
+// next step.
+struct ConvAt {
+  const int8_t* x;
+  ImplicitGemmConv g;
+  int64_t rows, depth;
+  __device__ __forceinline__ const int8_t* operator()(int64_t gr, int64_t gk) const {
+    const int64_t off = gr < rows && gk < depth ? OffsetOf(g, RowOf(g, gr), gk) : -1;
+    return off >= 0 ? x + off : nullptr;
+  }
+};
 
 // The mbarriers of the TMA kernel: init with an arrival count; arrive; arrive announcing the bytes
 // the tensor copies will complete on it; wait for the completion of the phase of a parity.
@@ -313,11 +315,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   auto load = [&](int kt, int slot) {
     const int64_t k0 = static_cast<int64_t>(kt) * kBk;
     if constexpr (kConv) {
-      LoadConvStage<kBm>(sa + slot * kAStage, p.a, conv, m0, p.epi.rows, k0, p.depth, tid);
+      LoadStage<kBm>(sa + slot * kAStage, p.a, m0, k0, tid, ConvAt{p.a, conv, p.epi.rows, p.depth});
     } else {
-      LoadStage<kBm>(sa + slot * kAStage, p.a, p.lda, m0, p.epi.rows, k0, p.depth, tid);
+      LoadStage<kBm>(sa + slot * kAStage, p.a, m0, k0, tid,
+                     MatrixAt{p.a, p.lda, p.epi.rows, p.depth});
     }
-    LoadStage<kBn>(sb + slot * kBStage, p.b, p.ldb, n0, p.np, k0, p.depth, tid);
+    LoadStage<kBn>(sb + slot * kBStage, p.b, n0, k0, tid, MatrixAt{p.b, p.ldb, p.np, p.depth});
   };
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
