@@ -528,10 +528,7 @@ struct ScopedEnv {
 // 128-byte stage (80) and over 24 stages (3072, the ring of stages wrapping many times).
 TEST_F(CudaInt8Test, OwnWarpgroupKernelRunsEveryTile) {
   if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
-  struct WgmmaOnly {
-    WgmmaOnly() { setenv("KILN_CUDA_INT8_KERNEL", "wgmma", 1); }
-    ~WgmmaOnly() { unsetenv("KILN_CUDA_INT8_KERNEL"); }
-  } wgmma_only;
+  ScopedEnv wgmma_only("KILN_CUDA_INT8_KERNEL", "wgmma");
   const int tiles = cuda::Int8WgmmaTileCount();
   const std::vector<I8Case> cases = {
       {"FusedMatMul", {2, 100, 768}, 768, 2304, false, false, 1.f, 1.f, {2304}, true, "gelu"},
@@ -1649,10 +1646,7 @@ TEST_F(CudaFp8Test, EdgesOnTheWarpgroupKernelMatchTheBuildWithout) {
 void CheckInt8Edges(const char* family) {
   const std::string dir = ZooDir("bert_tiny");
   if (!std::filesystem::exists(dir + "/model.onnx")) GTEST_SKIP() << "no zoo at " << dir;
-  struct OwnKernelOnly {
-    explicit OwnKernelOnly(const char* f) { setenv("KILN_CUDA_INT8_KERNEL", f, 1); }
-    ~OwnKernelOnly() { unsetenv("KILN_CUDA_INT8_KERNEL"); }
-  } own_kernel_only(family);
+  ScopedEnv own_kernel_only("KILN_CUDA_INT8_KERNEL", family);
   BuilderConfig config;
   config.int8 = true;
   config.int8_tolerance = std::numeric_limits<double>::infinity();  // every product INT8
