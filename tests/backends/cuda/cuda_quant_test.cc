@@ -515,11 +515,22 @@ bool WgmmaExpected() {
   return available;
 }
 
-// An environment variable set for a scope (the kernel families a provider offers), unset after.
+// An environment variable set for a scope (the kernel families a provider offers), and its
+// earlier value (or its absence) restored after.
 struct ScopedEnv {
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) before_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (before_) {
+      setenv(name_, before_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
   const char* name_;
+  std::optional<std::string> before_;
 };
 
 // kiln's warpgroup kernel (int8_wgmma_gemm.cu) on Hopper, alone (KILN_CUDA_INT8_KERNEL=wgmma):
