@@ -33,6 +33,7 @@
 #include "kiln/backends/backend.h"
 #include "kiln/backends/cuda/implicit_gemm_conv.h"
 #include "kiln/backends/cuda/int8_kernels.h"
+#include "kiln/backends/cuda/quant_conv_plan.h"
 #include "kiln/backends/cuda/quant_gemm_plan.h"
 #include "kiln/backends/fp8_quant.h"
 #include "kiln/backends/int8_quant.h"
@@ -827,6 +828,280 @@ TEST(CudaInt8Host, ImplicitGemmRowsGatherTheConvolution) {
     EXPECT_EQ(mismatches, 0);
     EXPECT_EQ(bad_chunks, 0);
   }
+}
+
+// One INT8 Conv or FusedConv node (conv_int8.cc) on random inputs: X, the constant weight
+// [K, C, R, S], a constant bias and a residual Z as the case asks, channels-last (kiln_layout
+// "NHWC": X [N, H, W, C], Z and Y [N, OH, OW, K]) or ONNX's NCHW. The same case in both layouts
+// is the same layer, so the CPU's INT8 kernel (NCHW) checks the CUDA one (NHWC).
+struct ConvCase {
+  ConvShape sh;
+  bool bias = false, z = false;
+  std::string act{};  // FusedConv's activation; "" with neither bias nor Z: a plain Conv
+  std::string Describe() const {
+    return fmt::format("{} bias={} z={} act={}", sh.Describe(), bias, z, act);
+  }
+  bool fused() const { return bias || z || !act.empty(); }
+  int64_t oh() const { return (sh.h + sh.pt + sh.pb - sh.dh * (sh.r - 1) - 1) / sh.sh + 1; }
+  int64_t ow() const { return (sh.w + sh.pl + sh.pr - sh.dw * (sh.s - 1) - 1) / sh.sw + 1; }
+};
+
+// NCHW <-> NHWC for a 4-D float tensor.
+Tensor ToNhwc(const Tensor& t) {
+  const auto& d = t.dims();
+  const std::vector<float> v = t.ToFloatVector();
+  std::vector<float> o(v.size());
+  for (int64_t n = 0; n < d[0]; ++n)
+    for (int64_t c = 0; c < d[1]; ++c)
+      for (int64_t i = 0; i < d[2] * d[3]; ++i)
+        o[static_cast<size_t>((n * d[2] * d[3] + i) * d[1] + c)] =
+            v[static_cast<size_t>((n * d[1] + c) * d[2] * d[3] + i)];
+  return Tensor::FromVector(DataType::kFloat32, {d[0], d[2], d[3], d[1]}, o);
+}
+
+class ConvNode {
+ public:
+  // inputs: X, W, bias, Z in NCHW (absent ones skipped), as float32.
+  ConvNode(const ConvCase& c, const std::vector<Tensor>& nchw, bool nhwc, DataType storage,
+           float amax = 1.f) {
+    graph_ = std::make_unique<Graph>();
+    std::vector<Value*> ins;
+    for (size_t i = 0; i < nchw.size(); ++i) {
+      const bool activation = i == 0 || i == 3;
+      Tensor t = (nhwc && activation ? ToNhwc(nchw[i]) : nchw[i]).CastTo(storage);
+      const std::string name = fmt::format("in{}", i);
+      ins.push_back(activation ? graph_->AddInput(name, t.dtype(), MakeShape(t.dims()))
+                               : graph_->AddConstant(name, t));
+      inputs_.push_back(std::move(t));
+    }
+    if (c.z && !c.bias) ins[2] = nullptr;  // Z without a bias: input 2 absent
+    AttributeMap attrs;
+    attrs.Set("kernel_shape", std::vector<int64_t>{c.sh.r, c.sh.s});
+    attrs.Set("strides", std::vector<int64_t>{c.sh.sh, c.sh.sw});
+    attrs.Set("pads", std::vector<int64_t>{c.sh.pt, c.sh.pl, c.sh.pb, c.sh.pr});
+    attrs.Set("dilations", std::vector<int64_t>{c.sh.dh, c.sh.dw});
+    if (!c.act.empty()) attrs.Set("activation", c.act);
+    attrs.Set(kAmax, amax);
+    if (nhwc) attrs.Set("kiln_layout", std::string("NHWC"));
+    Value* out = graph_->AddValue("out");
+    node_ = graph_->AddNode(c.fused() ? "FusedConv" : "Conv", "node", ins, {out}, attrs);
+    graph_->MarkOutput(out);
+    Status st = InferShapes(*graph_).status();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    request_.node = node_;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      OperandDesc d;
+      if (ins[i] != nullptr) {
+        const Tensor& t = inputs_[i];
+        d.dtype = t.dtype();
+        d.shape = MakeShape(t.dims());
+        d.max_dims = t.dims();
+        d.constant = ins[i]->constant();
+      }
+      request_.inputs.push_back(d);
+    }
+    OperandDesc o;
+    o.dtype = out->dtype();
+    o.shape = out->shape();
+    if (auto dims = StaticDims(o.shape)) o.max_dims = *dims;
+    request_.outputs.push_back(o);
+  }
+
+  std::vector<std::pair<const KernelProvider*, TacticConfig>> Tactics(BackendKind backend,
+                                                                      std::string_view prefix) {
+    std::vector<std::pair<const KernelProvider*, TacticConfig>> out;
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(backend, *node_)) {
+      for (TacticConfig& t : p->Tactics(request_)) {
+        if (t.name.starts_with(prefix)) out.emplace_back(p, std::move(t));
+      }
+    }
+    return out;
+  }
+
+  // The CPU's first tactic starting with `prefix` (an NCHW node: "i8-" its INT8 kernel, "f32-"
+  // the float one), Y as floats.
+  std::vector<float> RunCpu(std::string_view prefix = "i8-") {
+    auto tactics = Tactics(BackendKind::kCpu, prefix);
+    if (tactics.empty()) {
+      ADD_FAILURE() << "no CPU convolution starting with " << prefix;
+      return {};
+    }
+    auto& [p, t] = tactics[0];
+    auto kernel = p->Create(request_, t);
+    EXPECT_TRUE(kernel.ok()) << kernel.status().ToString();
+    if (!kernel.ok()) return {};
+    std::vector<TensorView> in, out;
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      TensorView v = inputs_[i].view();
+      if (request_.inputs[i].dtype == DataType::kUndefined) v = TensorView{};
+      in.push_back(v);
+    }
+    Tensor y(node_->output(0)->dtype(), *StaticDims(node_->output(0)->shape()));
+    out.push_back(y.view());
+    auto ws = (*kernel)->Prepare(in, out);
+    EXPECT_TRUE(ws.ok()) << ws.status().ToString();
+    if (!ws.ok()) return {};
+    std::vector<std::byte> workspace(*ws + 64);
+    void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(workspace.data()) + 63) &
+                                            ~uintptr_t{63});
+    Status st = (*kernel)->Run({in, out, aligned, *ws, nullptr});
+    EXPECT_TRUE(st.ok()) << t.name << ": " << st.ToString();
+    return y.ToFloatVector();
+  }
+
+  std::vector<float> RunCuda(const KernelProvider* p, const TacticConfig& t) {
+    return RunCudaKernel(p, t, request_, inputs_, *node_->output(0));
+  }
+
+  const std::vector<Tensor>& inputs() const { return inputs_; }
+  const Node& node() const { return *node_; }
+  const KernelRequest& request() const { return request_; }
+
+ private:
+  std::unique_ptr<Graph> graph_;
+  Node* node_ = nullptr;
+  std::vector<Tensor> inputs_;
+  KernelRequest request_;
+};
+
+// Random X, W (channel k scaled by a factor in [0.25, 2]: per-channel ranges), bias and Z, NCHW.
+std::vector<Tensor> MakeConvInputs(const ConvCase& c, std::mt19937& rng) {
+  const ConvShape& sh = c.sh;
+  std::vector<Tensor> in;
+  in.push_back(Random({sh.n, sh.c, sh.h, sh.w}, rng));
+  std::vector<float> w = Random({sh.k, sh.c, sh.r, sh.s}, rng).ToFloatVector();
+  const int64_t per = sh.c * sh.r * sh.s;
+  for (int64_t k = 0; k < sh.k; ++k) {
+    const float f = 0.25f + 1.75f * static_cast<float>(k % 7) / 6.f;
+    for (int64_t i = 0; i < per; ++i) w[static_cast<size_t>(k * per + i)] *= f;
+  }
+  in.push_back(Tensor::FromVector(DataType::kFloat32, {sh.k, sh.c, sh.r, sh.s}, w));
+  if (c.bias || c.z) in.push_back(Random({sh.k}, rng));
+  if (c.z) in.push_back(Random({sh.n, sh.k, c.oh(), c.ow()}, rng));
+  return in;
+}
+
+const ConvCase kInt8ConvCases[] = {
+    {kConvShapes[0], false, false, ""},       // a plain Conv, C 3 (the stem's padding to 16)
+    {kConvShapes[1], true, false, "relu"},    // 1x1 with a bias
+    {kConvShapes[2], true, true, "relu"},     // bias, residual, dilation, asymmetric padding
+    {kConvShapes[3], true, false, ""},        // 7x7 stride 2
+    {kConvShapes[4], false, true, ""},        // a residual without a bias
+    {kConvShapes[5], true, true, "sigmoid"},  // C and K off 16
+};
+
+// The layer's plan (quant_conv_plan.h) replayed on the host: X quantized by the INT8 contract into
+// [N, H, W, Cp], A's rows gathered through the implicit GEMM, times the packed weights in int32,
+// then the epilogue (col_scale, bias, Z, activation), as the kernel computes it. It agrees with
+// the CPU's INT8 convolution on the same layer in NCHW: the same engine graph on either backend.
+std::vector<float> ReplayConvOnHost(const ConvCase& c, const ConvNode& node) {
+  std::optional<cuda::QuantizedConv> q = cuda::ResolveQuantizedConv(node.request());
+  EXPECT_TRUE(q.has_value());
+  if (!q) return {};
+  const std::vector<Tensor>& in = node.inputs();
+  auto y_dims = StaticDims(node.node().output(0)->shape());
+  auto g = cuda::ImplicitGemmFor(*q, in[0].dims(), *y_dims);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  if (!g.ok()) return {};
+  auto w = Int8WeightsFor(node.node(), in[1].CastTo(DataType::kFloat32));
+  EXPECT_TRUE(w.ok());
+  if (!w.ok()) return {};
+  const cuda::Int8PackedConv p = cuda::PackInt8Conv(*q, *w);
+  EXPECT_EQ(p.depth, g->depth());
+  const std::vector<float> x = in[0].ToFloatVector();
+  std::vector<int8_t> xq(static_cast<size_t>(g->batch * g->h * g->w * g->cp), 0);
+  for (int64_t i = 0; i < g->batch * g->h * g->w; ++i) {
+    for (int64_t ch = 0; ch < q->c; ++ch) {
+      xq[static_cast<size_t>(i * g->cp + ch)] =
+          QuantizeInt8(x[static_cast<size_t>(i * q->c + ch)], 1.f / q->input.scale);
+    }
+  }
+  const std::vector<float> bias = c.bias ? in[2].ToFloatVector() : std::vector<float>{};
+  const std::vector<float> z = c.z ? in[3].ToFloatVector() : std::vector<float>{};
+  std::vector<float> y(static_cast<size_t>(g->rows() * q->k));
+  for (int64_t m = 0; m < g->rows(); ++m) {
+    const cuda::ImplicitGemmRow row = cuda::RowOf(*g, m);
+    for (int64_t k = 0; k < q->k; ++k) {
+      int32_t acc = 0;
+      for (int64_t j = 0; j < g->depth(); ++j) {
+        const int64_t off = cuda::OffsetOf(*g, row, j);
+        if (off >= 0) {
+          acc += int32_t{xq[static_cast<size_t>(off)]} *
+                 p.packed[static_cast<size_t>(k * p.depth + j)];
+        }
+      }
+      float v = static_cast<float>(acc) * p.col_scale[static_cast<size_t>(k)];
+      if (c.bias) v += bias[static_cast<size_t>(k)];
+      if (c.z) v += z[static_cast<size_t>(m * q->k + k)];
+      if (c.act == "relu") v = std::max(v, 0.f);
+      if (c.act == "sigmoid") v = 1.f / (1.f + std::exp(-v));
+      y[static_cast<size_t>(m * q->k + k)] = v;
+    }
+  }
+  return y;
+}
+
+// Y [N, K, OH, OW] as NHWC floats.
+std::vector<float> NchwToNhwc(const std::vector<float>& v, const ConvCase& c) {
+  return ToNhwc(Tensor::FromVector(DataType::kFloat32, {c.sh.n, c.sh.k, c.oh(), c.ow()}, v))
+      .ToFloatVector();
+}
+
+TEST(CudaInt8Host, ThePackedConvPlanReplaysTheCpuInt8Convolution) {
+  std::mt19937 rng(91);
+  for (const ConvCase& c : kInt8ConvCases) {
+    SCOPED_TRACE(c.Describe());
+    const std::vector<Tensor> in = MakeConvInputs(c, rng);
+    ConvNode nhwc(c, in, true, DataType::kFloat32), nchw(c, in, false, DataType::kFloat32);
+    const std::vector<float> cpu = NchwToNhwc(nchw.RunCpu(), c);
+    const std::vector<float> replay = ReplayConvOnHost(c, nhwc);
+    ASSERT_EQ(replay.size(), cpu.size());
+    EXPECT_LE(RelL2(replay, cpu), 1e-5);
+    // And within the INT8 bound of the float convolution.
+    EXPECT_LE(RelL2(replay, NchwToNhwc(nchw.RunCpu("f32-"), c)), 2e-2);
+  }
+}
+
+// What the INT8 convolution declines (it stays cuDNN's FP16): NCHW, group 2, no INT8 attribute,
+// a model zero point other than 0, a non-constant weight.
+TEST(CudaInt8Host, TheConvPlanDeclinesWhatTheKernelCannotRun) {
+  std::mt19937 rng(92);
+  const ConvCase c = kInt8ConvCases[2];
+  const std::vector<Tensor> in = MakeConvInputs(c, rng);
+  EXPECT_TRUE(cuda::ResolveQuantizedConv(ConvNode(c, in, true, DataType::kFloat16).request()));
+  EXPECT_FALSE(cuda::ResolveQuantizedConv(ConvNode(c, in, false, DataType::kFloat32).request()));
+  {
+    ConvNode grouped(c, in, true, DataType::kFloat32);
+    KernelRequest r = grouped.request();
+    const_cast<Node&>(grouped.node()).mutable_attrs().Set("group", int64_t{2});
+    EXPECT_FALSE(cuda::ResolveQuantizedConv(r));
+  }
+  {
+    ConvNode plain(c, in, true, DataType::kFloat32);
+    const_cast<Node&>(plain.node()).mutable_attrs().Erase(kAmax);
+    EXPECT_FALSE(cuda::ResolveQuantizedConv(plain.request()));
+  }
+  {
+    ConvNode model(c, in, true, DataType::kFloat32);
+    std::vector<float> ws(static_cast<size_t>(c.sh.k), 0.01f);
+    SetModelInt8Attrs(const_cast<Node&>(model.node()), ModelInt8Scales{0.02f, 3, ws, {}});
+    EXPECT_FALSE(cuda::ResolveQuantizedConv(model.request()));
+  }
+  {
+    ConvNode live(c, in, true, DataType::kFloat32);
+    KernelRequest r = live.request();
+    r.inputs[1].constant = nullptr;
+    EXPECT_FALSE(cuda::ResolveQuantizedConv(r));
+  }
+  // A shape Run gets that does not follow from the window: a catalogued error, not a launch.
+  std::optional<cuda::QuantizedConv> q =
+      cuda::ResolveQuantizedConv(ConvNode(c, in, true, DataType::kFloat32).request());
+  ASSERT_TRUE(q.has_value());
+  const std::vector<int64_t> x = {c.sh.n, c.sh.h, c.sh.w, c.sh.c};
+  const std::vector<int64_t> bad_y = {c.sh.n, c.oh() + 1, c.ow(), c.sh.k};
+  auto g = cuda::ImplicitGemmFor(*q, x, bad_y);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), ErrorCode::kShapeMismatch);
 }
 
 TEST(CudaInt8Host, AQdqLayerPacksTheModelsIntegersAndScales) {
@@ -1757,6 +2032,41 @@ TEST_F(CudaInt8Test, WarpgroupConvolutionMatchesTheDirectConvolution) {
     cudaFree(b);
     cudaFree(cs);
     cudaFree(y);
+  }
+}
+
+// The INT8 convolution layer (conv_int8.cc) on Hopper: every tile of the provider's tactics, in
+// f32 and f16 storage, against its plan replayed on the host (the INT8 contract: only float
+// rounding between them) and against the CPU's INT8 convolution of the same layer in NCHW. The
+// workspace starts as garbage and each tactic runs twice (RunCudaKernel).
+TEST_F(CudaInt8Test, Int8ConvolutionLayerMatchesTheCpuInt8Kernel) {
+  if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
+  std::vector<ConvCase> cases(std::begin(kInt8ConvCases), std::end(kInt8ConvCases));
+  cases.push_back({{2, 64, 14, 14, 160, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}, true, true, "relu"});
+  cases.push_back({{1, 256, 7, 7, 300, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1}, true, false, ""});
+  std::mt19937 rng(93);
+  for (const ConvCase& c : cases) {
+    for (DataType storage : {DataType::kFloat32, DataType::kFloat16}) {
+      SCOPED_TRACE(c.Describe() + " storage " + std::string(ToString(storage)));
+      std::vector<Tensor> in = MakeConvInputs(c, rng);
+      for (Tensor& t : in) t = t.CastTo(storage).CastTo(DataType::kFloat32);
+      ConvNode nhwc(c, in, true, storage);
+      const std::vector<float> cpu = NchwToNhwc(ConvNode(c, in, false, storage).RunCpu(), c);
+      const std::vector<float> replay =
+          ReplayConvOnHost(c, ConvNode(c, in, true, DataType::kFloat32));
+      auto tactics = nhwc.Tactics(BackendKind::kCuda, "i8-");
+      EXPECT_EQ(static_cast<int>(tactics.size()), cuda::Int8WgmmaConvTileCount());
+      const Bounds b = BoundsFor(storage);
+      for (const auto& [p, t] : tactics) {
+        SCOPED_TRACE(t.name);
+        EXPECT_TRUE(
+            t.name.starts_with(c.fused() ? "i8-fused-conv-cuda-wgmma-" : "i8-conv-cuda-wgmma-"));
+        const std::vector<float> y = nhwc.RunCuda(p, t);
+        if (y.empty()) continue;
+        EXPECT_LE(RelL2(y, replay), b.contract) << "against the plan replayed on the host";
+        EXPECT_LE(RelL2(y, cpu), b.cpu_int8) << "against the CPU's INT8 convolution";
+      }
+    }
   }
 }
 

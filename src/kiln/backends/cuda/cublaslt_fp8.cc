@@ -112,8 +112,7 @@ constexpr LtAlignment kFp8Alignment{16, 16, 16};
 // The tactic's flags (params[8]): the direct plan, FP8 fast accumulation.
 constexpr int64_t kPlanDirect = 1;
 constexpr int64_t kFastAccum = 2;
-// params[0] of a tactic of kiln's warpgroup kernel ("wgmma"); params[1] is its tile.
-constexpr int64_t kWgmmaTag = 0x77676d6d61;
+// A tactic of kiln's warpgroup kernel: params {kWgmmaTag, tile} (quant_gemm_plan.h).
 
 struct Fp8Families {
   bool lt = true, wgmma = false;

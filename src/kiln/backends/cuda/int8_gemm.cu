@@ -109,6 +109,7 @@ cudaError_t LaunchInt8Quantize(const Int8QuantizeParams& p, cudaStream_t stream)
 
 cudaError_t LaunchInt8Epilogue(const Int8EpilogueParams& p, cudaStream_t stream) {
   const int64_t total = p.rows * p.cols;
+  if (p.z != nullptr) return cudaErrorInvalidValue;  // a residual: kiln's own kernels only
   if (total == 0) return cudaSuccess;
   dim3 grid(GridFor(total, kThreads));
   // Every offset the kernel forms (acc, C and y) within 32 bits, or the 64-bit kernel.

@@ -28,6 +28,8 @@ cudaError_t LaunchInt8Quantize(const Int8QuantizeParams& p, cudaStream_t stream)
 // y[r, c] = act(float(acc[r * ld_acc + c]) * col_scale[c] + beta * C[r * c_row_stride + c *
 // c_col_stride]) for rows x cols (y row-major, no gaps, storage `type`; C of the same type, may
 // be null). col_scale is on the device: alpha * activation scale * weight scale per channel.
+// z: a residual of Y's shape (rows x cols, no gaps, storage `type`) added before the activation,
+// after C; kiln's own kernels only (LaunchInt8Epilogue declines it).
 struct Int8EpilogueParams {
   const int32_t* acc = nullptr;
   int64_t ld_acc = 0;
@@ -38,6 +40,7 @@ struct Int8EpilogueParams {
   const void* c = nullptr;
   int64_t c_row_stride = 0, c_col_stride = 0;
   float beta = 1.f;
+  const void* z = nullptr;
   BlasAct act = BlasAct::kNone;
   float act_min = 0.f, act_max = 0.f;
 };

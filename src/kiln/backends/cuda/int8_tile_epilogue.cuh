@@ -1,7 +1,7 @@
 // The epilogue of kiln's own 8-bit tensor-core products (int8_mma_gemm.cu's mma.sync kernel,
 // int8_wgmma_gemm.cu's Hopper warpgroup kernels, INT8 and FP8), after a block has staged its tile
 // of accumulators (int32, or FP32 for FP8) in shared memory: y = act(float(acc) * col_scale[n] +
-// beta * C) in the layer's float type, or quantized to the operands' 8-bit type on an INT8 or FP8
+// beta * C + Z) in the layer's float type, or quantized to the operands' 8-bit type on an INT8 or FP8
 // edge (ops/quant_edge.h). Each thread finishes 8
 // consecutive outputs of a row at a time in a loop, so the epilogue's code (the activation above
 // all) stays one loop body instead of one copy per accumulator register (which made the first
@@ -84,9 +84,9 @@ __device__ __forceinline__ void StoreEight(Y* dst, const float (&v)[8], float in
 
 // How a launch may vectorize the epilogue: `out` 8 outputs per store where every row of Y starts
 // 8-aligned; `bias` C a row bias (the same N values for every row) whose groups of 8 are 16-byte
-// aligned.
+// aligned; `z` the residual read 8 at a time (rows 8-aligned, 16-byte aligned).
 struct Vectors {
-  bool out = false, bias = false;
+  bool out = false, bias = false, z = false;
 };
 template <typename Y>
 inline Vectors VectorsFor(const Int8MmaGemmParams& p) {
@@ -95,6 +95,7 @@ inline Vectors VectorsFor(const Int8MmaGemmParams& p) {
   v.out = e.cols % 8 == 0 && reinterpret_cast<uintptr_t>(e.y) % (8 * sizeof(Y)) == 0;
   v.bias = e.c != nullptr && e.c_row_stride == 0 && e.c_col_stride == 1 && e.cols % 8 == 0 &&
            reinterpret_cast<uintptr_t>(e.c) % 16 == 0;
+  v.z = e.z != nullptr && e.cols % 8 == 0 && reinterpret_cast<uintptr_t>(e.z) % 16 == 0;
   return v;
 }
 
@@ -167,6 +168,16 @@ __device__ __forceinline__ void FinishTile(const Int8MmaGemmParams& p, const Acc
     const float sc[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
     const int count = p.epi.cols - col < 8 ? static_cast<int>(p.epi.cols - col) : 8;
     float v[8], add[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float res[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    const T* z = static_cast<const T*>(p.epi.z);
+    if (vectors.z && count == 8) {
+      LoadRow8(z + row * p.epi.cols + col, res);
+    } else if (z) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (e < count) res[e] = Load(z[row * p.epi.cols + col + e]);
+      }
+    }
     if (vectors.bias && count == 8) {
       LoadRow8(c + col, add);  // a row bias: 8 consecutive values, one or two 16-byte loads
     } else if (c) {
@@ -179,6 +190,7 @@ __device__ __forceinline__ void FinishTile(const Int8MmaGemmParams& p, const Acc
     for (int e = 0; e < 8; ++e) {
       v[e] = a[e] * sc[e];
       if (c) v[e] += p.epi.beta * add[e];
+      if (z) v[e] += res[e];
       v[e] = ActivateFor<T>(p.epi.act, v[e], p.epi.act_min, p.epi.act_max);
     }
     Y* dst = y + row * p.epi.cols + col;

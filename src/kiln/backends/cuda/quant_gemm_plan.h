@@ -22,6 +22,10 @@
 
 namespace kiln::cuda {
 
+// The tag in TacticConfig::params[0] of a tactic that runs kiln's Hopper warpgroup kernels
+// (int8_wgmma_gemm.cu) for an INT8 or FP8 layer: "wgmma" in ASCII.
+inline constexpr int64_t kWgmmaTag = 0x77676d6d61;
+
 // K and N are padded to this (IMMA needs multiples of 4; 16 keeps every column 16-byte aligned).
 inline constexpr int64_t kQuantPad = 16;
 inline int64_t QuantPadded(int64_t n) { return (n + kQuantPad - 1) / kQuantPad * kQuantPad; }

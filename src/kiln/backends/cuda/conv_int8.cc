@@ -1,0 +1,222 @@
+// INT8 Conv and FusedConv on CUDA: "i8-conv-cuda-wgmma-<tile>" (and "i8-fused-conv-..."), kiln's
+// Hopper warpgroup kernels as an implicit GEMM (int8_wgmma_gemm.cu's LaunchInt8WgmmaConv,
+// implicit_gemm_conv.h). Offered for the nodes quant_conv_plan.h describes (channels-last, 2-D,
+// group 1, an INT8 activation with zero point 0), where Int8WgmmaAvailable() and the CUDA quant
+// tactics are on (QuantTacticsEnabled). Anything else keeps cuDNN's FP16 convolution.
+//
+// Create quantizes the constant weight per output channel (or takes a QDQ model's integers),
+// packs it as the kernel's B [Kp, R * S * Cp] and uploads it with the per-channel output scales.
+// Each Run is two launches on the caller's stream: X quantized into the workspace as
+// [N, H, W, Cp] int8 (channels zero padded to a multiple of 16), then the convolution with the
+// epilogue fused: y = act(acc * x_scale * w_scale[k] + bias[k] + Z) in the layer's float type.
+#include <fmt/format.h>
+
+#include <memory>
+#include <string>
+
+#include "kiln/backends/cuda/cublaslt_util.h"
+#include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/backends/cuda/cuda_kernel.h"
+#include "kiln/backends/cuda/int8_kernels.h"
+#include "kiln/backends/cuda/quant_conv_plan.h"
+#include "kiln/backends/cuda/quant_gemm_plan.h"
+#include "kiln/backends/int8_quant.h"
+#include "kiln/backends/kernel.h"
+#include "kiln/ops/op_table.h"
+
+namespace kiln::cuda {
+namespace {
+
+// The workspace: [alignment slack][X quantized: N * H * W * Cp bytes].
+size_t ConvWorkspace(int64_t n, int64_t h, int64_t w, int64_t cp) {
+  return kWorkspaceAlign + AlignUpSize(static_cast<size_t>(n * h * w * cp), kWorkspaceAlign);
+}
+
+class Int8WgmmaConvKernel final : public Kernel {
+ public:
+  Int8WgmmaConvKernel(QuantizedConv q, Int8PackedConv shape, OwnedDeviceMemory b,
+                      OwnedDeviceMemory col_scale, int tile, std::string name)
+      : q_(std::move(q)),
+        kp_(shape.kp),
+        depth_(shape.depth),
+        b_(std::move(b)),
+        col_scale_(std::move(col_scale)),
+        tile_(tile),
+        name_(std::move(name)) {}
+
+  StatusOr<size_t> Prepare(std::span<const TensorView> inputs,
+                           std::span<const TensorView> outputs) override {
+    if (inputs.size() < 2 || outputs.size() != 1) {
+      return MakeError(ErrorCode::kInternal, "{}: needs X, W and one output", name_);
+    }
+    KILN_ASSIGN_OR_RETURN(conv_, ImplicitGemmFor(q_, inputs[0].dims, outputs[0].dims));
+    if (q_.has_z) {
+      const auto& z = inputs[3].dims;
+      if (!std::equal(z.begin(), z.end(), outputs[0].dims.begin(), outputs[0].dims.end())) {
+        return MakeError(ErrorCode::kShapeMismatch,
+                         "{}: the residual Z [{}] must have Y's dims [{}] (NHWC)", name_,
+                         fmt::join(z, ","), fmt::join(outputs[0].dims, ","));
+      }
+    }
+    empty_ = conv_.rows() == 0;
+    if (empty_) return size_t{0};
+    workspace_ = ConvWorkspace(conv_.batch, conv_.h, conv_.w, conv_.cp);
+    return workspace_;
+  }
+
+  Status Run(const KernelRunArgs& args) override {
+    if (empty_) return OkStatus();
+    if (workspace_ == 0) return MakeError(ErrorCode::kInternal, "{}: Run before Prepare", name_);
+    if (args.workspace == nullptr || args.workspace_bytes < workspace_) {
+      return MakeError(ErrorCode::kInternal, "{}: workspace of {} bytes; {} needed", name_,
+                       args.workspace_bytes, workspace_);
+    }
+    cudaStream_t stream = static_cast<cudaStream_t>(args.stream);
+    auto* x_q = reinterpret_cast<int8_t*>(
+        AlignUpSize(reinterpret_cast<uintptr_t>(args.workspace), kWorkspaceAlign));
+
+    Int8QuantizeParams qp;
+    qp.x = args.inputs[0].data;
+    qp.type = q_.type;
+    qp.q = x_q;
+    qp.rows = conv_.batch * conv_.h * conv_.w;
+    qp.depth = q_.c;
+    qp.ldq = conv_.cp;
+    qp.row_stride = q_.c;
+    qp.col_stride = 1;
+    qp.inv_scale = 1.f / q_.input.scale;
+    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Quantize(qp, stream));
+
+    Int8MmaGemmParams g;
+    g.a = x_q;
+    g.lda = conv_.cp;
+    g.b = static_cast<const int8_t*>(b_.get());
+    g.ldb = depth_;
+    g.np = kp_;
+    g.depth = depth_;
+    g.tile = tile_;
+    Int8EpilogueParams& e = g.epi;
+    e.col_scale = static_cast<const float*>(col_scale_.get());
+    e.y = args.outputs[0].data;
+    e.type = q_.type;
+    e.rows = conv_.rows();
+    e.cols = q_.k;
+    if (q_.has_bias) {
+      e.c = args.inputs[2].data;
+      e.c_row_stride = 0;
+      e.c_col_stride = 1;
+      e.beta = 1.f;
+    }
+    if (q_.has_z) e.z = args.inputs[3].data;
+    e.act = static_cast<BlasAct>(q_.act.kind);
+    e.act_min = q_.act.min;
+    e.act_max = q_.act.max;
+    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8WgmmaConv(g, conv_, stream));
+    return OkStatus();
+  }
+
+ private:
+  QuantizedConv q_;
+  int64_t kp_, depth_;
+  OwnedDeviceMemory b_;          // int8 [Kp, R * S * Cp]
+  OwnedDeviceMemory col_scale_;  // float [Kp]: x_scale * w_scale[k] (0 in the padding)
+  int tile_;
+  std::string name_;
+  ImplicitGemmConv conv_;
+  bool empty_ = false;
+  size_t workspace_ = 0;
+};
+
+class Int8ConvProviderBase : public KernelProvider {
+ public:
+  BackendKind backend() const final { return BackendKind::kCuda; }
+  bool SupportsLayout(std::string_view layout) const final { return layout == "NHWC"; }
+
+  std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
+    if (!QuantTacticsEnabled() || !Int8WgmmaAvailable()) return {};
+    std::optional<QuantizedConv> q = ResolveQuantizedConv(request);
+    if (!q) return {};
+    const std::vector<int64_t> x = MaxDims(request.inputs[0]);
+    std::vector<TacticConfig> tactics;
+    for (int tile = 0; tile < Int8WgmmaConvTileCount(); ++tile) {
+      TacticConfig t;
+      t.name = fmt::format("i8-{}-cuda-wgmma-{}", what(), Int8WgmmaTileName(tile));
+      t.params = {kWgmmaTag, tile};
+      t.family = "wgmma";
+      t.workspace_bytes = ConvWorkspace(x[0], x[1], x[2], PaddedChannels(q->c));
+      tactics.push_back(std::move(t));
+    }
+    return tactics;
+  }
+
+  StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,
+                                           const TacticConfig& tactic) const final {
+    const Node& node = *request.node;
+    std::optional<QuantizedConv> q = ResolveQuantizedConv(request);
+    if (!q) {
+      return MakeError(ErrorCode::kNoTactic,
+                       "node '{}': {} needs a channels-last (NHWC) 2-D convolution with group 1, "
+                       "a finite positive {} attribute (or the model's scales with zero point 0), "
+                       "a constant float weight and X, Y, bias and Z of one float type",
+                       node.name(), tactic.name, kInt8InputAmaxAttr);
+    }
+    if (tactic.params.size() != 2 || tactic.params[0] != kWgmmaTag || tactic.params[1] < 0 ||
+        tactic.params[1] >= Int8WgmmaConvTileCount()) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "{}: tactic '{}' is not one of this provider's ({{wgmma tag, tile < {}}})",
+                       id(), tactic.name, Int8WgmmaConvTileCount());
+    }
+    if (!Int8WgmmaAvailable()) {
+      return MakeError(ErrorCode::kNoTactic,
+                       "node '{}': {} needs a compute capability 9.0 GPU and a kiln built with "
+                       "sm_90a code (KILN_CUDA_ARCHS with 90a-real)",
+                       node.name(), tactic.name);
+    }
+    const Tensor w_f32 = request.inputs[1].constant->CastTo(DataType::kFloat32);
+    KILN_ASSIGN_OR_RETURN(Int8Weights w, Int8WeightsFor(node, w_f32));
+    Int8PackedConv packed = PackInt8Conv(*q, w);
+    KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory b,
+                          UploadToDevice(packed.packed.data(), packed.packed.size()));
+    KILN_ASSIGN_OR_RETURN(
+        OwnedDeviceMemory scales,
+        UploadToDevice(packed.col_scale.data(), packed.col_scale.size() * sizeof(float)));
+    packed.packed.clear();
+    packed.col_scale.clear();
+    return std::unique_ptr<Kernel>(std::make_unique<Int8WgmmaConvKernel>(
+        *q, std::move(packed), std::move(b), std::move(scales), static_cast<int>(tactic.params[1]),
+        tactic.name));
+  }
+
+ protected:
+  virtual const char* what() const = 0;
+
+ private:
+  static std::vector<int64_t> MaxDims(const OperandDesc& o) {
+    if (!o.max_dims.empty()) return o.max_dims;
+    if (auto d = StaticDims(o.shape)) return *d;
+    return {};
+  }
+};
+
+class Int8ConvProvider final : public Int8ConvProviderBase {
+ public:
+  std::string_view id() const override { return "cuda.conv.wgmma.i8"; }
+  std::string_view op_type() const override { return "Conv"; }
+
+ protected:
+  const char* what() const override { return "conv"; }
+};
+KILN_REGISTER_KERNEL_PROVIDER(Int8ConvProvider);
+
+class Int8FusedConvProvider final : public Int8ConvProviderBase {
+ public:
+  std::string_view id() const override { return "cuda.fused_conv.wgmma.i8"; }
+  std::string_view op_type() const override { return "FusedConv"; }
+
+ protected:
+  const char* what() const override { return "fused-conv"; }
+};
+KILN_REGISTER_KERNEL_PROVIDER(Int8FusedConvProvider);
+
+}  // namespace
+}  // namespace kiln::cuda

@@ -1,0 +1,126 @@
+// Host-side planning of the CUDA INT8 convolution (quant_conv_plan.h).
+#include "kiln/backends/cuda/quant_conv_plan.h"
+
+#include <fmt/format.h>
+
+#include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/backends/cuda/quant_gemm_plan.h"
+#include "kiln/ops/op_table.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+std::vector<int64_t> MaxDims(const OperandDesc& o) {
+  if (!o.max_dims.empty()) return o.max_dims;
+  if (auto d = StaticDims(o.shape)) return *d;
+  return {};
+}
+
+bool Present(const KernelRequest& r, size_t i) {
+  return r.inputs.size() > i && r.inputs[i].dtype != DataType::kUndefined;
+}
+
+}  // namespace
+
+std::optional<QuantizedConv> ResolveQuantizedConv(const KernelRequest& r) {
+  const Node& node = *r.node;
+  const OpType op = OpTypeOf(node);
+  if ((op != OpType::kConv && op != OpType::kFusedConv) || NodeLayout(node) != "NHWC" ||
+      r.inputs.size() < 2 || r.outputs.size() != 1) {
+    return std::nullopt;
+  }
+  QuantizedConv q;
+  std::optional<Int8Activation> input = CudaInt8Activation(node);
+  if (!input) return std::nullopt;
+  q.input = *input;
+  const DataType t = r.inputs[0].dtype;
+  auto type = ToBlasType(t);
+  if (!type || r.outputs[0].dtype != t) return std::nullopt;
+  q.type = *type;
+  q.has_bias = Present(r, 2);
+  q.has_z = Present(r, 3);
+  if ((q.has_bias && r.inputs[2].dtype != t) || (q.has_z && r.inputs[3].dtype != t)) {
+    return std::nullopt;
+  }
+  const Tensor* w = r.inputs[1].constant;
+  if (!w || !ToBlasType(w->dtype()) || w->dims().size() != 4) return std::nullopt;
+  const auto& wd = w->dims();
+  q.k = wd[0];
+  q.c = wd[1];
+  q.r = static_cast<int32_t>(wd[2]);
+  q.s = static_cast<int32_t>(wd[3]);
+  if (q.k <= 0 || q.c <= 0 || q.r <= 0 || q.s <= 0) return std::nullopt;
+  // int32 accumulation: 127 * 127 * depth must not overflow.
+  if (int64_t{q.r} * q.s * PaddedChannels(q.c) > (int64_t{1} << 31) / (127 * 127)) {
+    return std::nullopt;
+  }
+  auto attrs = nn::ReadWindowAttrs(node.attrs(), 2, {wd[2], wd[3]});
+  if (!attrs.ok() || attrs->group != 1) return std::nullopt;
+  q.attrs = *attrs;
+  if (op == OpType::kFusedConv) {
+    auto act = ParseFusedActivation(node.attrs());
+    if (!act.ok()) return std::nullopt;
+    q.act = *act;
+  }
+  // X [N, H, W, C] at the largest shapes; the bias one value per output channel.
+  const std::vector<int64_t> x = MaxDims(r.inputs[0]);
+  if (x.size() != 4 || x[3] != q.c) return std::nullopt;
+  if (q.has_bias) {
+    const std::vector<int64_t> b = MaxDims(r.inputs[2]);
+    if (b.size() != 1 || b[0] != q.k) return std::nullopt;
+  }
+  return q;
+}
+
+StatusOr<ImplicitGemmConv> ImplicitGemmFor(const QuantizedConv& q, std::span<const int64_t> x,
+                                           std::span<const int64_t> y) {
+  if (x.size() != 4 || y.size() != 4 || x[3] != q.c || y[3] != q.k || y[0] != x[0]) {
+    return MakeError(ErrorCode::kShapeMismatch,
+                     "int8 conv: X [{}] and Y [{}] (NHWC) do not agree with the weight [{}, {}, "
+                     "{}, {}]",
+                     fmt::join(x, ","), fmt::join(y, ","), q.k, q.c, q.r, q.s);
+  }
+  ImplicitGemmConv g;
+  g.batch = x[0];
+  g.h = x[1];
+  g.w = x[2];
+  g.cp = PaddedChannels(q.c);
+  g.oh = y[1];
+  g.ow = y[2];
+  g.r = q.r;
+  g.s = q.s;
+  const nn::WindowAttrs& a = q.attrs;
+  for (size_t i = 0; i < 2; ++i) {
+    const int64_t in = x[1 + i], out = y[1 + i];
+    if (nn::WindowOutDim<int64_t>(in, a, i) != out) {
+      return MakeError(ErrorCode::kShapeMismatch,
+                       "int8 conv: output extent {} of axis {} does not follow from input {} and "
+                       "the window attributes",
+                       out, i, in);
+    }
+    const int64_t begin = nn::WindowPadBegin(in, out, a, i);
+    if (begin < 0) return MakeError(ErrorCode::kUnimplemented, "int8 conv: negative padding");
+    const auto pad = static_cast<int32_t>(begin);
+    const auto stride = static_cast<int32_t>(a.strides[i]);
+    const auto dil = static_cast<int32_t>(a.dilations[i]);
+    (i == 0 ? g.pad_top : g.pad_left) = pad;
+    (i == 0 ? g.stride_h : g.stride_w) = stride;
+    (i == 0 ? g.dil_h : g.dil_w) = dil;
+  }
+  return g;
+}
+
+Int8PackedConv PackInt8Conv(const QuantizedConv& q, const Int8Weights& w) {
+  Int8PackedConv p;
+  p.kp = QuantPadded(q.k);
+  p.depth = int64_t{q.r} * q.s * PaddedChannels(q.c);
+  p.packed = PackConvWeights(w.q.data(), q.k, q.c, q.r, q.s, p.kp);
+  p.col_scale.assign(static_cast<size_t>(p.kp), 0.f);
+  for (int64_t k = 0; k < q.k; ++k) {
+    p.col_scale[static_cast<size_t>(k)] = q.input.scale * w.scales[static_cast<size_t>(k)];
+  }
+  return p;
+}
+
+}  // namespace kiln::cuda
