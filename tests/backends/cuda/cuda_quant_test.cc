@@ -1112,7 +1112,7 @@ TEST(CudaInt8Host, AQdqLayerPacksTheModelsIntegersAndScales) {
     c.amax = std::nullopt;
     std::vector<float> ws(24);
     for (int64_t j = 0; j < 24; ++j) ws[j] = 0.01f + 0.001f * static_cast<float>(j);
-    c.model_scales = ModelInt8Scales{0.02f, 0, ws};
+    c.model_scales = ModelInt8Scales{0.02f, 0, ws, {}};
     std::mt19937 rng(7);
     std::vector<Tensor> inputs = MakeInputs(c, rng);
     std::vector<int8_t> q(24 * 64);

@@ -45,22 +45,34 @@ struct ImplicitGemmRow {
   int64_t image = 0;
   int64_t ih0 = 0, iw0 = 0;
 };
+// The divisions run in 32 bits (a 64-bit division is several times the instructions, and the
+// kernels' loaders divide for every 16-byte chunk): rows() and depth() must be below 2^31, which
+// ImplicitGemmIndexable checks and LaunchInt8WgmmaConv requires. Offsets into x stay 64-bit.
 KILN_IMPLICIT_GEMM_HD ImplicitGemmRow RowOf(const ImplicitGemmConv& g, int64_t m) {
-  const int64_t pixels = g.oh * g.ow;
-  const int64_t n = m / pixels, p = m - n * pixels;
-  const int64_t y = p / g.ow, x = p - y * g.ow;
-  return {n * g.h * g.w * g.cp, y * g.stride_h - g.pad_top, x * g.stride_w - g.pad_left};
+  const auto pixels = static_cast<uint32_t>(g.oh * g.ow), ow = static_cast<uint32_t>(g.ow);
+  const uint32_t n = static_cast<uint32_t>(m) / pixels, p = static_cast<uint32_t>(m) - n * pixels;
+  const uint32_t y = p / ow, x = p - y * ow;
+  return {int64_t{n} * g.h * g.w * g.cp, int64_t{y} * g.stride_h - g.pad_top,
+          int64_t{x} * g.stride_w - g.pad_left};
 }
 
 // The offset in x of element (row, j) of A, or -1 where it reads the padding around the image.
 // j's chunk of 16 (j % 16 == 0 for the loaders) stays within one (r, s).
 KILN_IMPLICIT_GEMM_HD int64_t OffsetOf(const ImplicitGemmConv& g, const ImplicitGemmRow& row,
                                        int64_t j) {
-  const int64_t rs = j / g.cp, c = j - rs * g.cp;
-  const int64_t kr = rs / g.s, ks = rs - kr * g.s;
+  const auto cp = static_cast<uint32_t>(g.cp), s = static_cast<uint32_t>(g.s);
+  const uint32_t rs = static_cast<uint32_t>(j) / cp, c = static_cast<uint32_t>(j) - rs * cp;
+  const uint32_t kr = rs / s, ks = rs - kr * s;
   const int64_t ih = row.ih0 + kr * g.dil_h, iw = row.iw0 + ks * g.dil_w;
   if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return -1;
   return row.image + (ih * g.w + iw) * g.cp + c;
+}
+
+// Whether RowOf and OffsetOf's 32-bit divisions hold for g: rows and depth below 2^31.
+KILN_IMPLICIT_GEMM_HD bool ImplicitGemmIndexable(const ImplicitGemmConv& g) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  return g.batch >= 0 && g.oh >= 0 && g.ow >= 0 && g.cp > 0 && g.r > 0 && g.s > 0 &&
+         g.rows() < kLimit && g.depth() < kLimit;
 }
 
 // The weight [K, C, R, S] (any element type T, e.g. int8 after per-channel quantization) as B:

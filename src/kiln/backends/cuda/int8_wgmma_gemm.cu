@@ -179,8 +179,8 @@ struct MatrixAt {
 };
 // The implicit-GEMM view of an NHWC input x (implicit_gemm_conv.h): row gr is an output pixel and
 // each 16-byte chunk of K one contiguous run of x, or the padding around the image (null). Each
-// chunk's row is decomposed anew: correct first; keeping the threads' rows across stages is the
-// next step.
+// chunk's row and window position are decomposed anew, in 32-bit divisions (RowOf, OffsetOf);
+// keeping each thread's rows across stages would save most of them.
 struct ConvAt {
   const int8_t* x;
   ImplicitGemmConv g;
@@ -583,7 +583,7 @@ cudaError_t LaunchInt8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream)
 cudaError_t LaunchInt8WgmmaConv(const Int8MmaGemmParams& p, const ImplicitGemmConv& conv,
                                 cudaStream_t stream) {
   if (p.epi.rows != conv.rows() || p.depth != conv.depth() || conv.cp % kConvChannelPad != 0 ||
-      conv.cp <= 0 || conv.r <= 0 || conv.s <= 0) {
+      !ImplicitGemmIndexable(conv)) {
     return cudaErrorInvalidValue;
   }
   return int8_tile::DispatchOwnKernel<int8_t>(p, [&](auto t, auto y) {

@@ -108,6 +108,12 @@ StatusOr<ImplicitGemmConv> ImplicitGemmFor(const QuantizedConv& q, std::span<con
     (i == 0 ? g.stride_h : g.stride_w) = stride;
     (i == 0 ? g.dil_h : g.dil_w) = dil;
   }
+  if (!ImplicitGemmIndexable(g)) {
+    return MakeError(ErrorCode::kUnimplemented,
+                     "int8 conv: {} output pixels by a depth of {} passes the kernel's 32-bit "
+                     "indexing (2^31 each); run smaller batches",
+                     g.rows(), g.depth());
+  }
   return g;
 }
 
