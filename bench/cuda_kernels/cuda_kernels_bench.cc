@@ -357,6 +357,47 @@ const bool kRegistered = [] {
       }
     }
   }
+  // ResNet-50's convolutions at batch 32, channels-last (the layout pass's NHWC) with their bias
+  // and ReLU: cuDNN's FP16 convolution (the heuristic's first engine) beside kiln's INT8 implicit
+  // GEMM on the warpgroup kernel (conv_int8.cc, Hopper; each tile), X quantized on the way in.
+  struct ConvLayer {
+    std::string name;
+    int64_t hw, c, k, window, stride;
+  };
+  for (const ConvLayer& l : std::vector<ConvLayer>{{"stem7x7", 224, 3, 64, 7, 2},
+                                                   {"l1_3x3", 56, 64, 64, 3, 1},
+                                                   {"l1_1x1_up", 56, 64, 256, 1, 1},
+                                                   {"l2_1x1_down", 28, 512, 128, 1, 1},
+                                                   {"l3_3x3", 14, 256, 256, 3, 1},
+                                                   {"l4_3x3", 7, 512, 512, 3, 1}}) {
+    std::vector<int64_t> weights(static_cast<size_t>(l.k * l.c * l.window * l.window));
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<int64_t>(i * 7919 % 5) - 2;
+    std::vector<int64_t> bias(static_cast<size_t>(l.k));
+    for (size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<int64_t>(i % 3) - 1;
+    const int64_t pad = l.window / 2, out = (l.hw + 2 * pad - l.window) / l.stride + 1;
+    AttributeMap attrs = Attrs({{"activation", std::string("relu")},
+                                {"kernel_shape", std::vector<int64_t>{l.window, l.window}},
+                                {"strides", std::vector<int64_t>{l.stride, l.stride}},
+                                {"pads", std::vector<int64_t>{pad, pad, pad, pad}},
+                                {"kiln_layout", std::string("NHWC")}});
+    const std::vector<Operand> ops = {{kF16, {32, l.hw, l.hw, l.c}, {}},
+                                      {kF16, {l.k, l.c, l.window, l.window}, weights},
+                                      {kF16, {l.k}, bias}};
+    const double flops = 2.0 * 32 * static_cast<double>(out * out) * static_cast<double>(l.k) *
+                         static_cast<double>(l.c * l.window * l.window);
+    BenchCase fp16{"FusedConv", attrs, ops, "cuda.fused_conv.cudnn"};
+    fp16.tactic_prefix = "f16-";
+    fp16.ops = flops;
+    cases.emplace_back(fmt::format("resnet_{}_f16", l.name), fp16);
+    attrs.Set("kiln_int8_input_amax", 1.f);
+    for (size_t t = 0; t < 4; ++t) {
+      BenchCase i8{"FusedConv", attrs, ops, "cuda.fused_conv.wgmma.i8"};
+      i8.tactic_prefix = "i8-fused-conv-cuda-wgmma-";
+      i8.tactic = t;
+      i8.ops = flops;
+      cases.emplace_back(fmt::format("resnet_{}_i8_wgmma_t{}", l.name, t), std::move(i8));
+    }
+  }
   cases.emplace_back("gated_silu_f16_4096x2x2048",
                      BenchCase{"GatedActivation",
                                Attrs({{"activation", std::string("silu")}}),
