@@ -830,6 +830,51 @@ TEST(CudaInt8Host, ImplicitGemmRowsGatherTheConvolution) {
   }
 }
 
+// The walk of the wgmma kernel's convolution loader (int8_wgmma_gemm.cu's ConvStageLoader): each
+// thread decomposes its rows once (RowOf, NoRow past the last) and its column once (ColumnOf),
+// then moves the column 128 bytes a stage (Advance, no division). Every chunk it reads, over
+// every stage and thread of several blocks, is the chunk OffsetOf gives (or zeros past the rows
+// and the depth), for channel counts below, at and above the stage width.
+TEST(CudaInt8Host, TheLoadersColumnWalkMatchesTheDividedOffsets) {
+  std::mt19937 rng(79);
+  std::vector<ConvShape> shapes(std::begin(kConvShapes), std::end(kConvShapes));
+  shapes.push_back({1, 200, 5, 6, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1});  // Cp 208: across stages
+  shapes.push_back({1, 512, 3, 3, 8, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2});  // Cp 4 stages, dilation
+  constexpr int kStage = 128, kThreadsPerBlock = 256, kRows = 128;
+  for (const ConvShape& sh : shapes) {
+    SCOPED_TRACE(sh.Describe());
+    const cuda::ImplicitGemmConv g = MakeConvProblem(sh, rng).g;
+    ASSERT_TRUE(cuda::ImplicitGemmIndexable(g));
+    const int64_t ktiles = (g.depth() + kStage - 1) / kStage;
+    int64_t checked = 0, mismatches = 0;
+    for (int64_t row0 = 0; row0 < g.rows() + kRows; row0 += kRows) {
+      for (int tid = 0; tid < kThreadsPerBlock; ++tid) {
+        std::vector<cuda::ImplicitGemmRow> rows;
+        std::vector<int64_t> ms;
+        for (int it = 0; it < kRows * (kStage / 16) / kThreadsPerBlock; ++it) {
+          const int64_t m = row0 + ((tid + it * kThreadsPerBlock) >> 3);
+          rows.push_back(m < g.rows() ? cuda::RowOf(g, m) : cuda::NoRow());
+          ms.push_back(m);
+        }
+        cuda::ImplicitGemmColumn col = cuda::ColumnOf(g, (tid & 7) * 16);
+        for (int64_t kt = 0; kt < ktiles; ++kt) {
+          const int64_t j = kt * kStage + (tid & 7) * 16;
+          for (size_t i = 0; i < rows.size(); ++i) {
+            const int64_t want = ms[i] < g.rows() && j < g.depth()
+                                     ? cuda::OffsetOf(g, cuda::RowOf(g, ms[i]), j)
+                                     : -1;
+            mismatches += cuda::OffsetAt(g, rows[i], col) != want;
+            ++checked;
+          }
+          cuda::Advance(g, col, kStage);
+        }
+      }
+    }
+    EXPECT_GT(checked, 0);
+    EXPECT_EQ(mismatches, 0);
+  }
+}
+
 // One INT8 Conv or FusedConv node (conv_int8.cc) on random inputs: X, the constant weight
 // [K, C, R, S], a constant bias and a residual Z as the case asks, channels-last (kiln_layout
 // "NHWC": X [N, H, W, C], Z and Y [N, OH, OW, K]) or ONNX's NCHW. The same case in both layouts

@@ -39,40 +39,80 @@ struct ImplicitGemmConv {
   KILN_IMPLICIT_GEMM_HD int64_t depth() const { return int64_t{r} * s * cp; }
 };
 
-// Where row m's window starts: its image's first element in x, and the input position of (r, s) =
-// (0, 0) (negative inside the top/left padding).
+// Where row m's window starts: its image's first element in x (-1: a row past the last, NoRow),
+// and the input position of (r, s) = (0, 0) (negative inside the top/left padding).
 struct ImplicitGemmRow {
   int64_t image = 0;
-  int64_t ih0 = 0, iw0 = 0;
+  int32_t ih0 = 0, iw0 = 0;
 };
-// The divisions run in 32 bits (a 64-bit division is several times the instructions, and the
-// kernels' loaders divide for every 16-byte chunk): rows() and depth() must be below 2^31, which
-// ImplicitGemmIndexable checks and LaunchInt8WgmmaConv requires. Offsets into x stay 64-bit.
+// The divisions run in 32 bits (a 64-bit division is several times the instructions), and the
+// window positions are 32-bit: rows() and depth() must be below 2^31 and the input and output
+// extents times the strides below 2^30, which ImplicitGemmIndexable checks and
+// LaunchInt8WgmmaConv requires. Offsets into x stay 64-bit.
 KILN_IMPLICIT_GEMM_HD ImplicitGemmRow RowOf(const ImplicitGemmConv& g, int64_t m) {
   const auto pixels = static_cast<uint32_t>(g.oh * g.ow), ow = static_cast<uint32_t>(g.ow);
   const uint32_t n = static_cast<uint32_t>(m) / pixels, p = static_cast<uint32_t>(m) - n * pixels;
   const uint32_t y = p / ow, x = p - y * ow;
-  return {int64_t{n} * g.h * g.w * g.cp, int64_t{y} * g.stride_h - g.pad_top,
-          int64_t{x} * g.stride_w - g.pad_left};
+  return {int64_t{n} * g.h * g.w * g.cp, static_cast<int32_t>(y) * g.stride_h - g.pad_top,
+          static_cast<int32_t>(x) * g.stride_w - g.pad_left};
 }
 
-// The offset in x of element (row, j) of A, or -1 where it reads the padding around the image.
-// j's chunk of 16 (j % 16 == 0 for the loaders) stays within one (r, s).
-KILN_IMPLICIT_GEMM_HD int64_t OffsetOf(const ImplicitGemmConv& g, const ImplicitGemmRow& row,
-                                       int64_t j) {
+// A row past the last (rows() and beyond): every element of it reads as padding (OffsetAt -1).
+KILN_IMPLICIT_GEMM_HD ImplicitGemmRow NoRow() { return {-1, 0, 0}; }
+
+// Column j of A as a window tap (kr, ks) and a channel c. The kernels' loaders keep one per
+// thread and move it along the depth a stage at a time (Advance) instead of dividing for every
+// 16-byte chunk; kr == r past the depth (the last stage's tail), where OffsetAt reads zeros.
+struct ImplicitGemmColumn {
+  int32_t kr = 0, ks = 0, c = 0;
+};
+KILN_IMPLICIT_GEMM_HD ImplicitGemmColumn ColumnOf(const ImplicitGemmConv& g, int64_t j) {
   const auto cp = static_cast<uint32_t>(g.cp), s = static_cast<uint32_t>(g.s);
   const uint32_t rs = static_cast<uint32_t>(j) / cp, c = static_cast<uint32_t>(j) - rs * cp;
   const uint32_t kr = rs / s, ks = rs - kr * s;
-  const int64_t ih = row.ih0 + kr * g.dil_h, iw = row.iw0 + ks * g.dil_w;
-  if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return -1;
-  return row.image + (ih * g.w + iw) * g.cp + c;
+  return {static_cast<int32_t>(kr), static_cast<int32_t>(ks), static_cast<int32_t>(c)};
+}
+// The column `step` bytes further along the depth (step > 0; a loop of at most step / cp + 1
+// subtractions, no division).
+KILN_IMPLICIT_GEMM_HD void Advance(const ImplicitGemmConv& g, ImplicitGemmColumn& col,
+                                   int32_t step) {
+  const auto cp = static_cast<int32_t>(g.cp);
+  col.c += step;
+  while (col.c >= cp) {
+    col.c -= cp;
+    if (++col.ks == g.s) {
+      col.ks = 0;
+      ++col.kr;
+    }
+  }
 }
 
-// Whether RowOf and OffsetOf's 32-bit divisions hold for g: rows and depth below 2^31.
+// The offset in x of A's element at (row, col), or -1 where it reads the padding around the
+// image, a row past the last (NoRow) or a column past the depth. A 16-byte chunk of a row (c % 16
+// == 0 for the loaders) stays within one (r, s).
+KILN_IMPLICIT_GEMM_HD int64_t OffsetAt(const ImplicitGemmConv& g, const ImplicitGemmRow& row,
+                                       const ImplicitGemmColumn& col) {
+  if (col.kr >= g.r || row.image < 0) return -1;
+  const int32_t ih = row.ih0 + col.kr * g.dil_h, iw = row.iw0 + col.ks * g.dil_w;
+  if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return -1;
+  return row.image + (int64_t{ih} * g.w + iw) * g.cp + col.c;
+}
+
+// The offset in x of element (row, j) of A, or -1 (OffsetAt).
+KILN_IMPLICIT_GEMM_HD int64_t OffsetOf(const ImplicitGemmConv& g, const ImplicitGemmRow& row,
+                                       int64_t j) {
+  return OffsetAt(g, row, ColumnOf(g, j));
+}
+
+// Whether RowOf's and ColumnOf's 32-bit arithmetic holds for g (RowOf says what it needs).
 KILN_IMPLICIT_GEMM_HD bool ImplicitGemmIndexable(const ImplicitGemmConv& g) {
-  constexpr int64_t kLimit = int64_t{1} << 31;
+  constexpr int64_t kLimit = int64_t{1} << 31, kExtent = int64_t{1} << 30;
   return g.batch >= 0 && g.oh >= 0 && g.ow >= 0 && g.cp > 0 && g.r > 0 && g.s > 0 &&
-         g.rows() < kLimit && g.depth() < kLimit;
+         g.stride_h > 0 && g.stride_w > 0 && g.dil_h > 0 && g.dil_w > 0 && g.rows() < kLimit &&
+         g.depth() < kLimit && g.h < kExtent && g.w < kExtent &&
+         g.oh * g.stride_h + g.pad_top < kExtent && g.ow * g.stride_w + g.pad_left < kExtent &&
+         int64_t{g.r} * g.dil_h + g.pad_top < kExtent &&
+         int64_t{g.s} * g.dil_w + g.pad_left < kExtent;
 }
 
 // The weight [K, C, R, S] (any element type T, e.g. int8 after per-channel quantization) as B:

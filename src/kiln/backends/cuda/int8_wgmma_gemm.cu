@@ -177,17 +177,38 @@ struct MatrixAt {
     return gr < rows && gk < depth ? m + gr * ld + gk : nullptr;
   }
 };
-// The implicit-GEMM view of an NHWC input x (implicit_gemm_conv.h): row gr is an output pixel and
-// each 16-byte chunk of K one contiguous run of x, or the padding around the image (null). Each
-// chunk's row and window position are decomposed anew, in 32-bit divisions (RowOf, OffsetOf);
-// keeping each thread's rows across stages would save most of them.
-struct ConvAt {
-  const int8_t* x;
-  ImplicitGemmConv g;
-  int64_t rows, depth;
-  __device__ __forceinline__ const int8_t* operator()(int64_t gr, int64_t gk) const {
-    const int64_t off = gr < rows && gk < depth ? OffsetOf(g, RowOf(g, gr), gk) : -1;
-    return off >= 0 ? x + off : nullptr;
+// The implicit-GEMM view of an NHWC input x (implicit_gemm_conv.h) as one thread loads it: the
+// thread's chunks of a stage sit in kRows / 32 fixed rows of the tile and one fixed column (chunk
+// tid % 8 of each row), so it decomposes its rows once (Init) and moves its column a stage at a
+// time (Load, called for the stages in order from the first): no division per chunk. A chunk is
+// one contiguous 16-byte run of x, or zeros for the padding around the image, a row past the last
+// and the depth's tail.
+template <int kRows>
+struct ConvStageLoader {
+  static constexpr int kPer = kRows * (kBk / 16) / kThreads;
+  static_assert(kPer * kThreads == kRows * (kBk / 16), "every thread copies the same chunks");
+  ImplicitGemmRow rows[kPer];
+  ImplicitGemmColumn col;
+
+  __device__ __forceinline__ void Init(const ImplicitGemmConv& g, int64_t row0, int tid) {
+    const int64_t last = g.rows();
+#pragma unroll
+    for (int it = 0; it < kPer; ++it) {
+      const int64_t m = row0 + ((tid + it * kThreads) >> 3);
+      rows[it] = m < last ? RowOf(g, m) : NoRow();
+    }
+    col = ColumnOf(g, (tid & 7) * 16);
+  }
+  __device__ __forceinline__ void Load(uint8_t* dst, const int8_t* x, const ImplicitGemmConv& g,
+                                       int tid) {
+    const int c = tid & 7;
+#pragma unroll
+    for (int it = 0; it < kPer; ++it) {
+      const int r = (tid + it * kThreads) >> 3;
+      const int64_t off = OffsetAt(g, rows[it], col);
+      CpAsync16(dst + r * kBk + ((c ^ (r & 7)) << 4), off >= 0 ? x + off : x, off >= 0);
+    }
+    Advance(g, col, kBk);
   }
 };
 
@@ -312,10 +333,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     for (int j = 0; j < kBn / 2; ++j) acc[i][j] = 0;
   }
 
+  ConvStageLoader<kBm> conv_a;  // kConv: the stages are loaded in order, kt = 0, 1, ...
+  if constexpr (kConv) conv_a.Init(conv, m0, tid);
   auto load = [&](int kt, int slot) {
     const int64_t k0 = static_cast<int64_t>(kt) * kBk;
     if constexpr (kConv) {
-      LoadStage<kBm>(sa + slot * kAStage, p.a, m0, k0, tid, ConvAt{p.a, conv, p.epi.rows, p.depth});
+      conv_a.Load(sa + slot * kAStage, p.a, conv, tid);
     } else {
       LoadStage<kBm>(sa + slot * kAStage, p.a, m0, k0, tid,
                      MatrixAt{p.a, p.lda, p.epi.rows, p.depth});
