@@ -35,6 +35,13 @@ struct OperandDesc {
   const Tensor* constant = nullptr;  // host copy of a constant operand, else nullptr
 };
 
+// An operand's largest dims: max_dims, else its static shape; empty when unknown.
+inline std::vector<int64_t> LargestDims(const OperandDesc& o) {
+  if (!o.max_dims.empty()) return o.max_dims;
+  if (auto d = StaticDims(o.shape)) return *d;
+  return {};
+}
+
 // A layer to implement: the node (op type and attributes) and its operands.
 struct KernelRequest {
   const Node* node = nullptr;

@@ -134,12 +134,6 @@ std::string_view DtypePrefix(DataType t) {
   return t == DataType::kFloat16 ? "f16" : t == DataType::kBFloat16 ? "bf16" : "f32";
 }
 
-std::vector<int64_t> DimsOf(const OperandDesc& d) {
-  if (!d.max_dims.empty()) return d.max_dims;
-  if (auto s = StaticDims(d.shape)) return *s;
-  return {};
-}
-
 StatusOr<ConvSpec> ReadSpec(const KernelRequest& request) {
   const Node& node = *request.node;
   ConvSpec spec;
@@ -1078,7 +1072,7 @@ class CudnnConvProvider : public KernelProvider {
     if (!spec.ok()) return {};
     // NHWC filters are transposed at Create: they must be constants.
     if (spec->nhwc && !request.inputs[1].constant) return {};
-    std::vector<int64_t> x = DimsOf(request.inputs[0]), y = DimsOf(request.outputs[0]);
+    std::vector<int64_t> x = LargestDims(request.inputs[0]), y = LargestDims(request.outputs[0]);
     if (x.empty() || y.empty()) return {};
     auto g = Resolve(*spec, x, y);
     if (!g.ok()) return {};
@@ -1161,7 +1155,7 @@ class CudnnConvProvider : public KernelProvider {
     auto spec = ReadSpec(request);
     if (!spec.ok()) return false;
     if (spec->nhwc && !request.inputs[1].constant) return false;
-    std::vector<int64_t> x = DimsOf(request.inputs[0]), y = DimsOf(request.outputs[0]);
+    std::vector<int64_t> x = LargestDims(request.inputs[0]), y = LargestDims(request.outputs[0]);
     if (x.empty() || y.empty() || !Resolve(*spec, x, y).ok()) return false;
     if (!CudnnHandle().ok()) return false;
     if (spec->dtype == DataType::kFloat32) return true;
@@ -1191,7 +1185,7 @@ class CudnnConvProvider : public KernelProvider {
     auto kernel =
         std::make_unique<CudnnConvKernel>(spec, decoded.first, decoded.second, std::move(krsc));
     // Finalize at the largest shape now, so a tactic that cannot run fails here, not in Run.
-    std::vector<int64_t> x = DimsOf(request.inputs[0]), y = DimsOf(request.outputs[0]);
+    std::vector<int64_t> x = LargestDims(request.inputs[0]), y = LargestDims(request.outputs[0]);
     if (!x.empty() && !y.empty()) KILN_RETURN_IF_ERROR(kernel->PlanFor(x, y));
     return std::unique_ptr<Kernel>(std::move(kernel));
   }

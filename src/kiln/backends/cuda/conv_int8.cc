@@ -136,7 +136,7 @@ class Int8ConvProviderBase : public KernelProvider {
     if (!QuantTacticsEnabled() || !Int8WgmmaAvailable()) return {};
     std::optional<QuantizedConv> q = ResolveQuantizedConv(request);
     if (!q) return {};
-    const std::vector<int64_t> x = MaxDims(request.inputs[0]);
+    const std::vector<int64_t> x = LargestDims(request.inputs[0]);
     std::vector<TacticConfig> tactics;
     for (int tile = 0; tile < Int8WgmmaConvTileCount(); ++tile) {
       TacticConfig t;
@@ -189,13 +189,6 @@ class Int8ConvProviderBase : public KernelProvider {
 
  protected:
   virtual const char* what() const = 0;
-
- private:
-  static std::vector<int64_t> MaxDims(const OperandDesc& o) {
-    if (!o.max_dims.empty()) return o.max_dims;
-    if (auto d = StaticDims(o.shape)) return *d;
-    return {};
-  }
 };
 
 class Int8ConvProvider final : public Int8ConvProviderBase {

@@ -461,13 +461,6 @@ class CublasLtMatMulKernel final : public Kernel {
   bool empty_ = false;
 };
 
-// The largest dims of an operand: max_dims, else its static shape; empty when unknown.
-std::vector<int64_t> MaxDims(const OperandDesc& o) {
-  if (!o.max_dims.empty()) return o.max_dims;
-  if (auto d = StaticDims(o.shape)) return *d;
-  return {};
-}
-
 class CublasLtProviderBase : public KernelProvider {
  public:
   BackendKind backend() const final { return BackendKind::kCuda; }
@@ -476,12 +469,12 @@ class CublasLtProviderBase : public KernelProvider {
     auto spec = ReadGemmSpec(*request.node);
     auto type = Type(request);
     if (!spec.ok() || !type) return {};
-    std::vector<int64_t> a = MaxDims(request.inputs[0]), b = MaxDims(request.inputs[1]);
+    std::vector<int64_t> a = LargestDims(request.inputs[0]), b = LargestDims(request.inputs[1]);
     if (a.empty() || b.empty()) return {};
     bool has_c = request.inputs.size() > 2 && request.inputs[2].dtype != DataType::kUndefined;
     std::vector<int64_t> c;
     if (has_c) {
-      c = MaxDims(request.inputs[2]);
+      c = LargestDims(request.inputs[2]);
       if (c.empty() && request.inputs[2].shape.size() != 0) return {};
     }
     auto handle = CublasLtHandle();  // fails where there is no GPU: no tactics then

@@ -151,13 +151,6 @@ std::unique_ptr<InnerLayer> MakeInner(const KernelRequest& r, const GemmForm& f,
   return l;
 }
 
-// The largest dims of an operand: max_dims, else its static shape; empty when unknown.
-std::vector<int64_t> LargestDims(const OperandDesc& o) {
-  if (!o.max_dims.empty()) return o.max_dims;
-  if (auto d = StaticDims(o.shape)) return *d;
-  return {};
-}
-
 // The FusedMatMul kernel on views of the einsum's operands with the matrix dims.
 class EinsumGemmKernel final : public Kernel {
  public:

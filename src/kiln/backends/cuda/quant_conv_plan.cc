@@ -11,12 +11,6 @@ namespace kiln::cuda {
 
 namespace {
 
-std::vector<int64_t> MaxDims(const OperandDesc& o) {
-  if (!o.max_dims.empty()) return o.max_dims;
-  if (auto d = StaticDims(o.shape)) return *d;
-  return {};
-}
-
 bool Present(const KernelRequest& r, size_t i) {
   return r.inputs.size() > i && r.inputs[i].dtype != DataType::kUndefined;
 }
@@ -64,10 +58,10 @@ std::optional<QuantizedConv> ResolveQuantizedConv(const KernelRequest& r) {
     q.act = *act;
   }
   // X [N, H, W, C] at the largest shapes; the bias one value per output channel.
-  const std::vector<int64_t> x = MaxDims(r.inputs[0]);
+  const std::vector<int64_t> x = LargestDims(r.inputs[0]);
   if (x.size() != 4 || x[3] != q.c) return std::nullopt;
   if (q.has_bias) {
-    const std::vector<int64_t> b = MaxDims(r.inputs[2]);
+    const std::vector<int64_t> b = LargestDims(r.inputs[2]);
     if (b.size() != 1 || b[0] != q.k) return std::nullopt;
   }
   return q;

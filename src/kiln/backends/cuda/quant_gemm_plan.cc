@@ -10,17 +10,6 @@
 
 namespace kiln::cuda {
 
-namespace {
-
-// The largest dims of an operand: max_dims, else its static shape; empty when unknown.
-std::vector<int64_t> MaxDims(const OperandDesc& o) {
-  if (!o.max_dims.empty()) return o.max_dims;
-  if (auto d = StaticDims(o.shape)) return *d;
-  return {};
-}
-
-}  // namespace
-
 std::optional<std::pair<int64_t, int64_t>> QuantConstantB(const GemmSpec& s,
                                                           const KernelRequest& r) {
   if (r.inputs.size() < 2) return std::nullopt;
@@ -47,14 +36,14 @@ std::optional<QuantizedGemm> ResolveQuantizedGemm(const KernelRequest& r,
   auto kn = QuantConstantB(p.spec, r);
   if (!kn) return std::nullopt;
   std::tie(p.k, p.n) = *kn;
-  std::vector<int64_t> a = MaxDims(r.inputs[0]);
+  std::vector<int64_t> a = LargestDims(r.inputs[0]);
   if (a.empty()) return std::nullopt;
   auto mk = QuantRowsAndDepth(p.spec, a);
   if (!mk.ok() || mk->second != p.k) return std::nullopt;
   p.m = mk->first;
   if (p.m <= 0 || p.k <= 0 || p.n <= 0) return std::nullopt;
   if (has_c) {
-    std::vector<int64_t> c = MaxDims(r.inputs[2]);
+    std::vector<int64_t> c = LargestDims(r.inputs[2]);
     if (c.empty() && r.inputs[2].shape.size() != 0) return std::nullopt;
     auto addend = ResolveQuantAddend(p.spec, &c, p.m, p.n);
     if (!addend.ok()) return std::nullopt;
