@@ -159,6 +159,53 @@ std::vector<float> RunCudaKernel(const KernelProvider* p, const TacticConfig& t,
   return runs[0];
 }
 
+// The tactics of `request`'s node on `backend` whose names start with `prefix`, with their
+// providers.
+std::vector<std::pair<const KernelProvider*, TacticConfig>> TacticsFor(const KernelRequest& request,
+                                                                       BackendKind backend,
+                                                                       std::string_view prefix) {
+  std::vector<std::pair<const KernelProvider*, TacticConfig>> out;
+  for (const KernelProvider* p : KernelRegistry::Get().Providers(backend, *request.node)) {
+    for (TacticConfig& t : p->Tactics(request)) {
+      if (t.name.starts_with(prefix)) out.emplace_back(p, std::move(t));
+    }
+  }
+  return out;
+}
+
+// The first CPU tactic of `request` starting with `prefix`, on host memory (absent optional
+// inputs as empty views); Y as floats.
+std::vector<float> RunCpuTactic(const KernelRequest& request, const std::vector<Tensor>& inputs,
+                                std::string_view prefix) {
+  auto tactics = TacticsFor(request, BackendKind::kCpu, prefix);
+  if (tactics.empty()) {
+    ADD_FAILURE() << "no CPU tactic starting with '" << prefix << "'";
+    return {};
+  }
+  auto& [p, t] = tactics[0];
+  auto kernel = p->Create(request, t);
+  EXPECT_TRUE(kernel.ok()) << kernel.status().ToString();
+  if (!kernel.ok()) return {};
+  std::vector<TensorView> in, out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const bool absent =
+        i < request.inputs.size() && request.inputs[i].dtype == DataType::kUndefined;
+    in.push_back(absent ? TensorView{} : inputs[i].view());
+  }
+  const Value& y_value = *request.node->output(0);
+  Tensor y(y_value.dtype(), *StaticDims(y_value.shape()));
+  out.push_back(y.view());
+  auto ws = (*kernel)->Prepare(in, out);
+  EXPECT_TRUE(ws.ok()) << ws.status().ToString();
+  if (!ws.ok()) return {};
+  std::vector<std::byte> workspace(*ws + 64);
+  void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(workspace.data()) + 63) &
+                                          ~uintptr_t{63});
+  Status st = (*kernel)->Run({in, out, aligned, *ws, nullptr});
+  EXPECT_TRUE(st.ok()) << t.name << ": " << st.ToString();
+  return y.ToFloatVector();
+}
+
 // The node's graph, request and host inputs, for one float storage type; runs a CPU or CUDA
 // tactic and returns Y as floats.
 class Int8Node {
@@ -214,39 +261,12 @@ class Int8Node {
 
   std::vector<std::pair<const KernelProvider*, TacticConfig>> Tactics(BackendKind backend,
                                                                       std::string_view prefix) {
-    std::vector<std::pair<const KernelProvider*, TacticConfig>> out;
-    for (const KernelProvider* p : KernelRegistry::Get().Providers(backend, node_->op_type())) {
-      for (TacticConfig& t : p->Tactics(request_)) {
-        if (t.name.starts_with(prefix)) out.emplace_back(p, std::move(t));
-      }
-    }
-    return out;
+    return TacticsFor(request_, backend, prefix);
   }
 
   // The first CPU tactic starting with `prefix`, on host memory.
   std::vector<float> RunCpu(std::string_view prefix) {
-    auto tactics = Tactics(BackendKind::kCpu, prefix);
-    if (tactics.empty()) {
-      ADD_FAILURE() << "no CPU tactic starting with '" << prefix << "'";
-      return {};
-    }
-    auto& [p, t] = tactics[0];
-    auto kernel = p->Create(request_, t);
-    EXPECT_TRUE(kernel.ok()) << kernel.status().ToString();
-    if (!kernel.ok()) return {};
-    std::vector<TensorView> in, out;
-    for (const Tensor& x : inputs_) in.push_back(x.view());
-    Tensor y(node_->output(0)->dtype(), *StaticDims(node_->output(0)->shape()));
-    out.push_back(y.view());
-    auto ws = (*kernel)->Prepare(in, out);
-    EXPECT_TRUE(ws.ok()) << ws.status().ToString();
-    if (!ws.ok()) return {};
-    std::vector<std::byte> workspace(*ws + 64);
-    void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(workspace.data()) + 63) &
-                                            ~uintptr_t{63});
-    Status st = (*kernel)->Run({in, out, aligned, *ws, nullptr});
-    EXPECT_TRUE(st.ok()) << t.name << ": " << st.ToString();
-    return y.ToFloatVector();
+    return RunCpuTactic(request_, inputs_, prefix);
   }
 
   // One CUDA tactic on device copies of the inputs (run twice: the same bits both times).
@@ -954,44 +974,13 @@ class ConvNode {
 
   std::vector<std::pair<const KernelProvider*, TacticConfig>> Tactics(BackendKind backend,
                                                                       std::string_view prefix) {
-    std::vector<std::pair<const KernelProvider*, TacticConfig>> out;
-    for (const KernelProvider* p : KernelRegistry::Get().Providers(backend, *node_)) {
-      for (TacticConfig& t : p->Tactics(request_)) {
-        if (t.name.starts_with(prefix)) out.emplace_back(p, std::move(t));
-      }
-    }
-    return out;
+    return TacticsFor(request_, backend, prefix);
   }
 
   // The CPU's first tactic starting with `prefix` (an NCHW node: "i8-" its INT8 kernel, "f32-"
   // the float one), Y as floats.
   std::vector<float> RunCpu(std::string_view prefix = "i8-") {
-    auto tactics = Tactics(BackendKind::kCpu, prefix);
-    if (tactics.empty()) {
-      ADD_FAILURE() << "no CPU convolution starting with " << prefix;
-      return {};
-    }
-    auto& [p, t] = tactics[0];
-    auto kernel = p->Create(request_, t);
-    EXPECT_TRUE(kernel.ok()) << kernel.status().ToString();
-    if (!kernel.ok()) return {};
-    std::vector<TensorView> in, out;
-    for (size_t i = 0; i < inputs_.size(); ++i) {
-      TensorView v = inputs_[i].view();
-      if (request_.inputs[i].dtype == DataType::kUndefined) v = TensorView{};
-      in.push_back(v);
-    }
-    Tensor y(node_->output(0)->dtype(), *StaticDims(node_->output(0)->shape()));
-    out.push_back(y.view());
-    auto ws = (*kernel)->Prepare(in, out);
-    EXPECT_TRUE(ws.ok()) << ws.status().ToString();
-    if (!ws.ok()) return {};
-    std::vector<std::byte> workspace(*ws + 64);
-    void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(workspace.data()) + 63) &
-                                            ~uintptr_t{63});
-    Status st = (*kernel)->Run({in, out, aligned, *ws, nullptr});
-    EXPECT_TRUE(st.ok()) << t.name << ": " << st.ToString();
-    return y.ToFloatVector();
+    return RunCpuTactic(request_, inputs_, prefix);
   }
 
   std::vector<float> RunCuda(const KernelProvider* p, const TacticConfig& t) {
