@@ -1096,6 +1096,35 @@ TEST(CudaInt8Host, ThePackedConvPlanReplaysTheCpuInt8Convolution) {
   }
 }
 
+// A pointwise layer (1x1, stride 1, no padding) runs as a plain matrix product on the quantized X
+// (conv_int8.cc): its implicit GEMM reads row m, column j at m * Cp + j, which is x as the
+// matrix [N * H * W, Cp]. A 1x1 with stride 2, or any larger window, is not pointwise.
+TEST(CudaInt8Host, PointwiseConvolutionsAreMatrixProducts) {
+  std::mt19937 rng(94);
+  for (const ConvCase& c : kInt8ConvCases) {
+    SCOPED_TRACE(c.Describe());
+    const std::vector<Tensor> in = MakeConvInputs(c, rng);
+    ConvNode node(c, in, true, DataType::kFloat32);
+    std::optional<cuda::QuantizedConv> q = cuda::ResolveQuantizedConv(node.request());
+    ASSERT_TRUE(q.has_value());
+    const bool want = c.sh.r == 1 && c.sh.s == 1 && c.sh.sh == 1 && c.sh.sw == 1 &&
+                      c.sh.pt + c.sh.pl + c.sh.pb + c.sh.pr == 0;
+    EXPECT_EQ(q->pointwise, want);
+    auto g = cuda::ImplicitGemmFor(*q, node.inputs()[0].dims(),
+                                   *StaticDims(node.node().output(0)->shape()));
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(cuda::IsPointwise(*g), want);
+    if (!want) continue;
+    int64_t mismatches = 0;
+    for (int64_t m = 0; m < g->rows(); ++m) {
+      for (int64_t j = 0; j < g->depth(); ++j) {
+        mismatches += cuda::OffsetOf(*g, cuda::RowOf(*g, m), j) != m * g->cp + j;
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
+  }
+}
+
 // What the INT8 convolution declines (it stays cuDNN's FP16): NCHW, group 2, no INT8 attribute,
 // a model zero point other than 0, a non-constant weight.
 TEST(CudaInt8Host, TheConvPlanDeclinesWhatTheKernelCannotRun) {
@@ -2089,7 +2118,10 @@ TEST_F(CudaInt8Test, Int8ConvolutionLayerMatchesTheCpuInt8Kernel) {
       const std::vector<float> replay =
           ReplayConvOnHost(c, ConvNode(c, in, true, DataType::kFloat32));
       auto tactics = nhwc.Tactics(BackendKind::kCuda, "i8-");
-      EXPECT_EQ(static_cast<int>(tactics.size()), cuda::Int8WgmmaConvTileCount());
+      const bool pointwise = c.sh.r == 1 && c.sh.s == 1 && c.sh.sh == 1 && c.sh.sw == 1 &&
+                             c.sh.pt + c.sh.pl + c.sh.pb + c.sh.pr == 0;
+      EXPECT_EQ(static_cast<int>(tactics.size()),
+                pointwise ? cuda::Int8WgmmaTileCount() : cuda::Int8WgmmaConvTileCount());
       const Bounds b = BoundsFor(storage);
       for (const auto& [p, t] : tactics) {
         SCOPED_TRACE(t.name);

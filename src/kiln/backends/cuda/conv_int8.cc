@@ -8,7 +8,9 @@
 // packs it as the kernel's B [Kp, R * S * Cp] and uploads it with the per-channel output scales.
 // Each Run is two launches on the caller's stream: X quantized into the workspace as
 // [N, H, W, Cp] int8 (channels zero padded to a multiple of 16), then the convolution with the
-// epilogue fused: y = act(acc * x_scale * w_scale[k] + bias[k] + Z) in the layer's float type.
+// epilogue fused: y = act(acc * x_scale * w_scale[k] + bias[k] + Z) in the layer's float type. A
+// pointwise layer (1x1, stride 1, no padding) is a plain matrix product on the quantized X and
+// takes every tile of the matrix kernel, the TMA ones included; others the gathering tiles.
 #include <fmt/format.h>
 
 #include <memory>
@@ -50,6 +52,11 @@ class Int8WgmmaConvKernel final : public Kernel {
       return MakeError(ErrorCode::kInternal, "{}: needs X, W and one output", name_);
     }
     KILN_ASSIGN_OR_RETURN(conv_, ImplicitGemmFor(q_, inputs[0].dims, outputs[0].dims));
+    if (q_.pointwise != IsPointwise(conv_)) {
+      return MakeError(ErrorCode::kInternal,
+                       "{}: the layer's window says pointwise={}, its shapes not", name_,
+                       q_.pointwise);
+    }
     if (q_.has_z) {
       const auto& z = inputs[3].dims;
       if (!std::equal(z.begin(), z.end(), outputs[0].dims.begin(), outputs[0].dims.end())) {
@@ -111,7 +118,9 @@ class Int8WgmmaConvKernel final : public Kernel {
     e.act = static_cast<BlasAct>(q_.act.kind);
     e.act_min = q_.act.min;
     e.act_max = q_.act.max;
-    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8WgmmaConv(g, conv_, stream));
+    // Pointwise: A is the quantized X as a matrix, the plain kernel's (every tile).
+    KILN_CUDA_RETURN_IF_ERROR(q_.pointwise ? LaunchInt8WgmmaGemm(g, stream)
+                                           : LaunchInt8WgmmaConv(g, conv_, stream));
     return OkStatus();
   }
 
@@ -138,7 +147,7 @@ class Int8ConvProviderBase : public KernelProvider {
     if (!q) return {};
     const std::vector<int64_t> x = LargestDims(request.inputs[0]);
     std::vector<TacticConfig> tactics;
-    for (int tile = 0; tile < Int8WgmmaConvTileCount(); ++tile) {
+    for (int tile = 0; tile < TileCount(*q); ++tile) {
       TacticConfig t;
       t.name = fmt::format("i8-{}-cuda-wgmma-{}", what(), Int8WgmmaTileName(tile));
       t.params = {kWgmmaTag, tile};
@@ -161,10 +170,10 @@ class Int8ConvProviderBase : public KernelProvider {
                        node.name(), tactic.name, kInt8InputAmaxAttr);
     }
     if (tactic.params.size() != 2 || tactic.params[0] != kWgmmaTag || tactic.params[1] < 0 ||
-        tactic.params[1] >= Int8WgmmaConvTileCount()) {
+        tactic.params[1] >= TileCount(*q)) {
       return MakeError(ErrorCode::kInvalidArgument,
                        "{}: tactic '{}' is not one of this provider's ({{wgmma tag, tile < {}}})",
-                       id(), tactic.name, Int8WgmmaConvTileCount());
+                       id(), tactic.name, TileCount(*q));
     }
     if (!Int8WgmmaAvailable()) {
       return MakeError(ErrorCode::kNoTactic,
@@ -189,6 +198,12 @@ class Int8ConvProviderBase : public KernelProvider {
 
  protected:
   virtual const char* what() const = 0;
+
+ private:
+  // A pointwise layer runs on every tile of the matrix kernel; others on the gathering ones.
+  static int TileCount(const QuantizedConv& q) {
+    return q.pointwise ? Int8WgmmaTileCount() : Int8WgmmaConvTileCount();
+  }
 };
 
 class Int8ConvProvider final : public Int8ConvProviderBase {

@@ -104,6 +104,13 @@ KILN_IMPLICIT_GEMM_HD int64_t OffsetOf(const ImplicitGemmConv& g, const Implicit
   return OffsetAt(g, row, ColumnOf(g, j));
 }
 
+// Whether the convolution is pointwise: a 1x1 window, stride 1, no padding. A is then x itself,
+// [N * H * W, Cp] row-major, and the plain matrix kernels (TMA's included) run it.
+KILN_IMPLICIT_GEMM_HD bool IsPointwise(const ImplicitGemmConv& g) {
+  return g.r == 1 && g.s == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_top == 0 &&
+         g.pad_left == 0 && g.oh == g.h && g.ow == g.w;
+}
+
 // Whether RowOf's and ColumnOf's 32-bit arithmetic holds for g (RowOf says what it needs).
 KILN_IMPLICIT_GEMM_HD bool ImplicitGemmIndexable(const ImplicitGemmConv& g) {
   constexpr int64_t kLimit = int64_t{1} << 31, kExtent = int64_t{1} << 30;

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/cuda/quant_gemm_plan.h"
 #include "kiln/ops/op_table.h"
@@ -52,6 +54,13 @@ std::optional<QuantizedConv> ResolveQuantizedConv(const KernelRequest& r) {
   auto attrs = nn::ReadWindowAttrs(node.attrs(), 2, {wd[2], wd[3]});
   if (!attrs.ok() || attrs->group != 1) return std::nullopt;
   q.attrs = *attrs;
+  bool unpadded = q.attrs.auto_pad != nn::AutoPad::kNotSet;  // SAME and VALID pad a 1x1 by 0
+  if (!unpadded) {
+    unpadded =
+        std::all_of(q.attrs.pads.begin(), q.attrs.pads.end(), [](int64_t v) { return v == 0; });
+  }
+  q.pointwise =
+      q.r == 1 && q.s == 1 && q.attrs.strides[0] == 1 && q.attrs.strides[1] == 1 && unpadded;
   if (op == OpType::kFusedConv) {
     auto act = ParseFusedActivation(node.attrs());
     if (!act.ok()) return std::nullopt;

@@ -37,6 +37,9 @@ struct QuantizedConv {
   nn::WindowAttrs attrs;
   bool has_bias = false, has_z = false;
   FusedActivationSpec act;
+  // A 1x1 window, stride 1, no padding (IsPointwise at every shape): X quantized is A itself, and
+  // every tile of the matrix kernel runs it, the TMA ones included.
+  bool pointwise = false;
 };
 std::optional<QuantizedConv> ResolveQuantizedConv(const KernelRequest& request);
 
