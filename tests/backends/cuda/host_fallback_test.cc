@@ -191,7 +191,9 @@ TEST_F(HostFallbackTest, CpuOnlyLayerRunsBetweenCudaLayers) {
     }
     EXPECT_GT(nonzero, 0);
     // Fresh inputs give fresh outputs: the replayed graph re-reads x.
-    if (k > 0) EXPECT_NE(on_gpu[k].at("y").ToFloatVector(), on_gpu[k - 1].at("y").ToFloatVector());
+    if (k > 0) {
+      EXPECT_NE(on_gpu[k].at("y").ToFloatVector(), on_gpu[k - 1].at("y").ToFloatVector());
+    }
   }
 }
 
