@@ -1156,6 +1156,12 @@ TEST(CudaInt8Host, TheConvPlanDeclinesWhatTheKernelCannotRun) {
     r.inputs[1].constant = nullptr;
     EXPECT_FALSE(cuda::ResolveQuantizedConv(r));
   }
+  {
+    ConvNode broadcast(c, in, true, DataType::kFloat32);  // a Z that would broadcast
+    KernelRequest r = broadcast.request();
+    r.inputs[3].max_dims = {1, 1, 1, c.sh.k};
+    EXPECT_FALSE(cuda::ResolveQuantizedConv(r));
+  }
   // A shape Run gets that does not follow from the window: a catalogued error, not a launch.
   std::optional<cuda::QuantizedConv> q =
       cuda::ResolveQuantizedConv(ConvNode(c, in, true, DataType::kFloat32).request());

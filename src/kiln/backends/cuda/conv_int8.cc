@@ -13,6 +13,7 @@
 // takes every tile of the matrix kernel, the TMA ones included; others the gathering tiles.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 

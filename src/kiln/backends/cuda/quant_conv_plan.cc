@@ -73,6 +73,8 @@ std::optional<QuantizedConv> ResolveQuantizedConv(const KernelRequest& r) {
     const std::vector<int64_t> b = LargestDims(r.inputs[2]);
     if (b.size() != 1 || b[0] != q.k) return std::nullopt;
   }
+  // The residual is read as Y's twin (no broadcasting).
+  if (q.has_z && LargestDims(r.inputs[3]) != LargestDims(r.outputs[0])) return std::nullopt;
   return q;
 }
 
