@@ -206,12 +206,63 @@ std::vector<float> RunCpuTactic(const KernelRequest& request, const std::vector<
   return y.ToFloatVector();
 }
 
-// The node's graph, request and host inputs, for one float storage type; runs a CPU or CUDA
-// tactic and returns Y as floats.
-class Int8Node {
+// One layer under test: its one-node graph, the kernel request and the host inputs; runs a CPU
+// or CUDA tactic and returns Y as floats. Subclasses build the graph, then call MakeRequest.
+class TestLayer {
+ public:
+  std::vector<std::pair<const KernelProvider*, TacticConfig>> Tactics(BackendKind backend,
+                                                                      std::string_view prefix) {
+    return TacticsFor(request_, backend, prefix);
+  }
+  // The first CPU tactic starting with `prefix`, on host memory.
+  std::vector<float> RunCpu(std::string_view prefix) {
+    return RunCpuTactic(request_, inputs_, prefix);
+  }
+  // One CUDA tactic on device copies of the inputs (run twice: the same bits both times).
+  std::vector<float> RunCuda(const KernelProvider* p, const TacticConfig& t) {
+    return RunCudaKernel(p, t, request_, inputs_, *node_->output(0));
+  }
+
+  const std::vector<Tensor>& inputs() const { return inputs_; }
+  const Node& node() const { return *node_; }
+  const KernelRequest& request() const { return request_; }
+
+ protected:
+  // The request of node_ at the shapes of inputs_ (an input node_ lacks is absent) and of its
+  // inferred output.
+  void MakeRequest() {
+    Status st = InferShapes(*graph_).status();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    request_.node = node_;
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      OperandDesc d;
+      const Value* v = i < node_->inputs().size() ? node_->input(i) : nullptr;
+      if (v != nullptr) {
+        d.dtype = inputs_[i].dtype();
+        d.shape = MakeShape(inputs_[i].dims());
+        d.max_dims = inputs_[i].dims();
+        d.constant = v->constant();
+      }
+      request_.inputs.push_back(d);
+    }
+    const Value* out = node_->output(0);
+    OperandDesc o;
+    o.dtype = out->dtype();
+    o.shape = out->shape();
+    if (auto dims = StaticDims(o.shape)) o.max_dims = *dims;
+    request_.outputs.push_back(o);
+  }
+
+  std::unique_ptr<Graph> graph_ = std::make_unique<Graph>();
+  Node* node_ = nullptr;
+  std::vector<Tensor> inputs_;
+  KernelRequest request_;
+};
+
+// A Gemm-family layer (I8Case) in one float storage type.
+class Int8Node : public TestLayer {
  public:
   Int8Node(const I8Case& c, std::vector<Tensor> inputs, DataType storage) {
-    graph_ = std::make_unique<Graph>();
     std::vector<bool> constant = {false, c.b_const, c.c_const};
     std::vector<Value*> ins;
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -235,22 +286,7 @@ class Int8Node {
     node_ = graph_->AddNode(c.op, "node", ins, {out}, attrs);
     if (c.model_scales) SetModelInt8Attrs(*node_, *c.model_scales);
     graph_->MarkOutput(out);
-    Status st = InferShapes(*graph_).status();
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    request_.node = node_;
-    for (size_t i = 0; i < inputs_.size(); ++i) {
-      OperandDesc d;
-      d.dtype = inputs_[i].dtype();
-      d.shape = MakeShape(inputs_[i].dims());
-      d.max_dims = inputs_[i].dims();
-      d.constant = node_->input(i)->constant();
-      request_.inputs.push_back(d);
-    }
-    OperandDesc o;
-    o.dtype = out->dtype();
-    o.shape = out->shape();
-    if (auto dims = StaticDims(o.shape)) o.max_dims = *dims;
-    request_.outputs.push_back(o);
+    MakeRequest();
   }
 
   // Raises the request's largest A and Y (a profile's max) above the shapes Run uses.
@@ -258,25 +294,6 @@ class Int8Node {
     request_.inputs[0].max_dims = std::move(a);
     request_.outputs[0].max_dims = std::move(y);
   }
-
-  std::vector<std::pair<const KernelProvider*, TacticConfig>> Tactics(BackendKind backend,
-                                                                      std::string_view prefix) {
-    return TacticsFor(request_, backend, prefix);
-  }
-
-  // The first CPU tactic starting with `prefix`, on host memory.
-  std::vector<float> RunCpu(std::string_view prefix) {
-    return RunCpuTactic(request_, inputs_, prefix);
-  }
-
-  // One CUDA tactic on device copies of the inputs (run twice: the same bits both times).
-  std::vector<float> RunCuda(const KernelProvider* p, const TacticConfig& t) {
-    return RunCudaKernel(p, t, request_, inputs_, *node_->output(0));
-  }
-
-  const std::vector<Tensor>& inputs() const { return inputs_; }
-  const Node& node() const { return *node_; }
-  const KernelRequest& request() const { return request_; }
 
   // An FP8 edge's producer (ops/quant_edge.h): Y becomes E4M3 for a consumer of `out_amax`.
   void WriteFp8For(float out_amax) {
@@ -296,12 +313,6 @@ class Int8Node {
     node_->input(0)->set_dtype(kFp8EdgeType);
     request_.inputs[0].dtype = kFp8EdgeType;
   }
-
- private:
-  std::unique_ptr<Graph> graph_;
-  Node* node_ = nullptr;
-  std::vector<Tensor> inputs_;
-  KernelRequest request_;
 };
 
 std::vector<Tensor> MakeInputs(const I8Case& c, std::mt19937& rng) {
@@ -924,12 +935,11 @@ Tensor ToNhwc(const Tensor& t) {
   return Tensor::FromVector(DataType::kFloat32, {d[0], d[2], d[3], d[1]}, o);
 }
 
-class ConvNode {
+class ConvNode : public TestLayer {
  public:
   // inputs: X, W, bias, Z in NCHW (absent ones skipped), as float32.
   ConvNode(const ConvCase& c, const std::vector<Tensor>& nchw, bool nhwc, DataType storage,
            float amax = 1.f) {
-    graph_ = std::make_unique<Graph>();
     std::vector<Value*> ins;
     for (size_t i = 0; i < nchw.size(); ++i) {
       const bool activation = i == 0 || i == 3;
@@ -951,51 +961,12 @@ class ConvNode {
     Value* out = graph_->AddValue("out");
     node_ = graph_->AddNode(c.fused() ? "FusedConv" : "Conv", "node", ins, {out}, attrs);
     graph_->MarkOutput(out);
-    Status st = InferShapes(*graph_).status();
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    request_.node = node_;
-    for (size_t i = 0; i < ins.size(); ++i) {
-      OperandDesc d;
-      if (ins[i] != nullptr) {
-        const Tensor& t = inputs_[i];
-        d.dtype = t.dtype();
-        d.shape = MakeShape(t.dims());
-        d.max_dims = t.dims();
-        d.constant = ins[i]->constant();
-      }
-      request_.inputs.push_back(d);
-    }
-    OperandDesc o;
-    o.dtype = out->dtype();
-    o.shape = out->shape();
-    if (auto dims = StaticDims(o.shape)) o.max_dims = *dims;
-    request_.outputs.push_back(o);
-  }
-
-  std::vector<std::pair<const KernelProvider*, TacticConfig>> Tactics(BackendKind backend,
-                                                                      std::string_view prefix) {
-    return TacticsFor(request_, backend, prefix);
+    MakeRequest();
   }
 
   // The CPU's first tactic starting with `prefix` (an NCHW node: "i8-" its INT8 kernel, "f32-"
   // the float one), Y as floats.
-  std::vector<float> RunCpu(std::string_view prefix = "i8-") {
-    return RunCpuTactic(request_, inputs_, prefix);
-  }
-
-  std::vector<float> RunCuda(const KernelProvider* p, const TacticConfig& t) {
-    return RunCudaKernel(p, t, request_, inputs_, *node_->output(0));
-  }
-
-  const std::vector<Tensor>& inputs() const { return inputs_; }
-  const Node& node() const { return *node_; }
-  const KernelRequest& request() const { return request_; }
-
- private:
-  std::unique_ptr<Graph> graph_;
-  Node* node_ = nullptr;
-  std::vector<Tensor> inputs_;
-  KernelRequest request_;
+  std::vector<float> RunCpu(std::string_view prefix = "i8-") { return TestLayer::RunCpu(prefix); }
 };
 
 // Random X, W (channel k scaled by a factor in [0.25, 2]: per-channel ranges), bias and Z, NCHW.
