@@ -51,7 +51,7 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kMaxTactics = 8;
-constexpr int64_t kMmaTag = 0x6d6d61;        // "mma": a tactic of kiln's mma.sync kernel
+constexpr int64_t kMmaTag = 0x6d6d61;  // "mma": a tactic of kiln's mma.sync kernel
 
 // KILN_CUDA_INT8_KERNEL picks the families of INT8 tactics offered (tests, and comparing them):
 // "mma", "wgmma" or "cublaslt" that one only, "all" the three; unset or anything else, cuBLASLt's

@@ -1,11 +1,11 @@
 // The epilogue of kiln's own 8-bit tensor-core products (int8_mma_gemm.cu's mma.sync kernel,
 // int8_wgmma_gemm.cu's Hopper warpgroup kernels, INT8 and FP8), after a block has staged its tile
 // of accumulators (int32, or FP32 for FP8) in shared memory: y = act(float(acc) * col_scale[n] +
-// beta * C + Z) in the layer's float type, or quantized to the operands' 8-bit type on an INT8 or FP8
-// edge (ops/quant_edge.h). Each thread finishes 8
-// consecutive outputs of a row at a time in a loop, so the epilogue's code (the activation above
-// all) stays one loop body instead of one copy per accumulator register (which made the first
-// mma kernel instruction-fetch bound), and the stores are 8-wide and coalesced.
+// beta * C + Z) in the layer's float type, or quantized to the operands' 8-bit type on an INT8 or
+// FP8 edge (ops/quant_edge.h). Each thread finishes 8 consecutive outputs of a row at a time in a
+// loop, so the epilogue's code (the activation above all) stays one loop body instead of one copy
+// per accumulator register (which made the first mma kernel instruction-fetch bound), and the
+// stores are 8-wide and coalesced.
 #pragma once
 
 #include <cuda_bf16.h>
