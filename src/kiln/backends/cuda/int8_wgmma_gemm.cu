@@ -152,31 +152,23 @@ __device__ __forceinline__ void Wgmma(float (&d)[128], uint64_t da, uint64_t db)
 #undef KILN_WGMMA_D16
 #undef KILN_WGMMA_D4
 
-// Rows [row0, row0 + kRows) x bytes [k0, k0 + kBk) of an 8-bit operand into one stage, swizzled.
-// at(gr, gk) gives the 16 bytes of row gr from byte gk, or null for zeros (past either end, or a
-// convolution's padding); `base`, a valid address, stands in for the source of a zero fill.
-template <int kRows, typename At>
-__device__ __forceinline__ void LoadStage(uint8_t* dst, const int8_t* base, int64_t row0,
-                                          int64_t k0, int tid, At at) {
+// Rows [row0, row0 + kRows) x bytes [k0, k0 + kBk) of a [rows, ld] 8-bit operand into one
+// stage, swizzled; zeros past its rows or depth.
+template <int kRows>
+__device__ __forceinline__ void LoadStage(uint8_t* dst, const int8_t* src, int64_t ld, int64_t row0,
+                                          int64_t rows, int64_t k0, int64_t depth, int tid) {
   constexpr int kChunks = kRows * (kBk / 16);
   static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
 #pragma unroll
   for (int it = 0; it < kChunks / kThreads; ++it) {
     const int i = tid + it * kThreads;
     const int r = i >> 3, c = i & 7;
-    const int8_t* src = at(row0 + r, k0 + c * 16);
-    CpAsync16(dst + r * kBk + ((c ^ (r & 7)) << 4), src ? src : base, src != nullptr);
+    const int64_t gr = row0 + r, gk = k0 + c * 16;
+    const bool valid = gr < rows && gk < depth;
+    CpAsync16(dst + r * kBk + ((c ^ (r & 7)) << 4), valid ? src + gr * ld + gk : src, valid);
   }
 }
 
-// A [rows, ld] int8 matrix's 16 bytes at (gr, gk), or null past its rows or depth.
-struct MatrixAt {
-  const int8_t* m;
-  int64_t ld, rows, depth;
-  __device__ __forceinline__ const int8_t* operator()(int64_t gr, int64_t gk) const {
-    return gr < rows && gk < depth ? m + gr * ld + gk : nullptr;
-  }
-};
 // The implicit-GEMM view of an NHWC input x (implicit_gemm_conv.h) as one thread loads it: the
 // thread's chunks of a stage sit in kRows / 32 fixed rows of the tile and one fixed column (chunk
 // tid % 8 of each row), so it decomposes its rows once (Init) and moves its column a stage at a
@@ -340,10 +332,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     if constexpr (kConv) {
       conv_a.Load(sa + slot * kAStage, p.a, conv, tid);
     } else {
-      LoadStage<kBm>(sa + slot * kAStage, p.a, m0, k0, tid,
-                     MatrixAt{p.a, p.lda, p.epi.rows, p.depth});
+      LoadStage<kBm>(sa + slot * kAStage, p.a, p.lda, m0, p.epi.rows, k0, p.depth, tid);
     }
-    LoadStage<kBn>(sb + slot * kBStage, p.b, n0, k0, tid, MatrixAt{p.b, p.ldb, p.np, p.depth});
+    LoadStage<kBn>(sb + slot * kBStage, p.b, p.ldb, n0, p.np, k0, p.depth, tid);
   };
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
@@ -539,26 +530,32 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
   return cudaGetLastError();
 }
 
-template <typename Acc, typename T, typename Y>
-cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream) {
+// The tile p.tile names. kConv: A is the implicit-GEMM view `conv` (the cp.async tiles only,
+// 0 to Int8WgmmaConvTileCount() - 1: a tensor map cannot gather).
+template <typename Acc, typename T, typename Y, bool kConv = false>
+cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
+                        const ImplicitGemmConv& conv = {}) {
   switch (p.tile) {
     case 0:  // 6 stages of 32 KB, one block per SM
-      return LaunchTile<Acc, T, Y, 1, 128, 6, 1, 1>(p, stream);
+      return LaunchTile<Acc, T, Y, 1, 128, 6, 1, 1, kConv>(p, stream, conv);
     case 1:  // 4 stages of 48 KB, one block per SM, 128 accumulators per thread
-      return LaunchTile<Acc, T, Y, 1, 256, 4, 1, 1>(p, stream);
+      return LaunchTile<Acc, T, Y, 1, 256, 4, 1, 1, kConv>(p, stream, conv);
     case 2:  // 3 stages of 32 KB: two blocks per SM
-      return LaunchTile<Acc, T, Y, 1, 128, 3, 0, 2>(p, stream);
+      return LaunchTile<Acc, T, Y, 1, 128, 3, 0, 2, kConv>(p, stream, conv);
     case 3:  // 4 stages of 48 KB, one block per SM, two 64-row tiles per warpgroup
-      return LaunchTile<Acc, T, Y, 2, 128, 4, 1, 1>(p, stream);
-    case 4:  // the TMA kernel: 6 stages of 32 KB
-      return LaunchTmaTile<Acc, T, Y, 1, 128, 6>(p, stream);
-    case 5:  // 4 stages of 48 KB
-      return LaunchTmaTile<Acc, T, Y, 1, 256, 4>(p, stream);
-    case 6:
-      return LaunchTmaTile<Acc, T, Y, 2, 128, 4>(p, stream);
-    default:
-      return cudaErrorInvalidValue;
+      return LaunchTile<Acc, T, Y, 2, 128, 4, 1, 1, kConv>(p, stream, conv);
   }
+  if constexpr (!kConv) {
+    switch (p.tile) {
+      case 4:  // the TMA kernel: 6 stages of 32 KB
+        return LaunchTmaTile<Acc, T, Y, 1, 128, 6>(p, stream);
+      case 5:  // 4 stages of 48 KB
+        return LaunchTmaTile<Acc, T, Y, 1, 256, 4>(p, stream);
+      case 6:
+        return LaunchTmaTile<Acc, T, Y, 2, 128, 4>(p, stream);
+    }
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -610,20 +607,7 @@ cudaError_t LaunchInt8WgmmaConv(const Int8MmaGemmParams& p, const ImplicitGemmCo
     return cudaErrorInvalidValue;
   }
   return int8_tile::DispatchOwnKernel<int8_t>(p, [&](auto t, auto y) {
-    using T = decltype(t);
-    using Y = decltype(y);
-    switch (p.tile) {  // the cp.async tiles (Int8WgmmaConvTileCount)
-      case 0:
-        return LaunchTile<int, T, Y, 1, 128, 6, 1, 1, true>(p, stream, conv);
-      case 1:
-        return LaunchTile<int, T, Y, 1, 256, 4, 1, 1, true>(p, stream, conv);
-      case 2:
-        return LaunchTile<int, T, Y, 1, 128, 3, 0, 2, true>(p, stream, conv);
-      case 3:
-        return LaunchTile<int, T, Y, 2, 128, 4, 1, 1, true>(p, stream, conv);
-      default:
-        return cudaErrorInvalidValue;
-    }
+    return LaunchTiled<int, decltype(t), decltype(y), true>(p, stream, conv);
   });
 }
 
