@@ -112,7 +112,6 @@ constexpr LtAlignment kFp8Alignment{16, 16, 16};
 // The tactic's flags (params[8]): the direct plan, FP8 fast accumulation.
 constexpr int64_t kPlanDirect = 1;
 constexpr int64_t kFastAccum = 2;
-// A tactic of kiln's warpgroup kernel: params {kWgmmaTag, tile} (quant_gemm_plan.h).
 
 struct Fp8Families {
   bool lt = true, wgmma = false;
@@ -123,7 +122,7 @@ Fp8Families Fp8FamiliesFromEnv() {
   if (v && std::strcmp(v, "all") == 0) return {true, true};
   return {};
 }
-// The tile of a tactic of kiln's kernel, or -1.
+// The tile of a tactic of kiln's warpgroup kernel (params {kWgmmaTag, tile}), or -1.
 int WgmmaTile(const TacticConfig& t) {
   return t.params.size() == 2 && t.params[0] == kWgmmaTag ? static_cast<int>(t.params[1]) : -1;
 }

@@ -89,8 +89,8 @@ cudaError_t LaunchFp8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream);
 // quantized input x [N, H, W, conv.cp], p.b the packed weights [np, R * S * Cp], p.depth
 // conv.depth(), epi.rows conv.rows(), Y [N * OH * OW, K] (NHWC) with the epilogue of
 // LaunchInt8MmaGemm; lda is not read (the loader gathers A's rows) but must be a multiple of 16.
-// The cp.async tiles only: tile in [0, Int8WgmmaConvTileCount()). Written without a GPU
-// (session 30): no provider offers it yet.
+// The cp.async tiles only: tile in [0, Int8WgmmaConvTileCount()). conv_int8.cc's provider
+// offers it (written without a GPU, sessions 30-31).
 struct ImplicitGemmConv;
 cudaError_t LaunchInt8WgmmaConv(const Int8MmaGemmParams& p, const ImplicitGemmConv& conv,
                                 cudaStream_t stream);
