@@ -1142,6 +1142,13 @@ TEST(CudaInt8Host, TheConvPlanDeclinesWhatTheKernelCannotRun) {
   auto g = cuda::ImplicitGemmFor(*q, x, bad_y);
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), ErrorCode::kShapeMismatch);
+  // A stride past the kernel's 32-bit window arithmetic: refused before it narrows.
+  cuda::QuantizedConv wide = *q;
+  wide.attrs.strides[0] = (int64_t{1} << 32) + 1;  // 1 once truncated to int32
+  const std::vector<int64_t> one_row = {c.sh.n, 1, c.ow(), c.sh.k};
+  auto narrow = cuda::ImplicitGemmFor(wide, x, one_row);
+  ASSERT_FALSE(narrow.ok());
+  EXPECT_EQ(narrow.status().code(), ErrorCode::kUnimplemented) << narrow.status().ToString();
 }
 
 TEST(CudaInt8Host, AQdqLayerPacksTheModelsIntegersAndScales) {

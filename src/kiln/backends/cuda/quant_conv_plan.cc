@@ -42,15 +42,16 @@ std::optional<QuantizedConv> ResolveQuantizedConv(const KernelRequest& r) {
   const Tensor* w = r.inputs[1].constant;
   if (!w || !ToBlasType(w->dtype()) || w->dims().size() != 4) return std::nullopt;
   const auto& wd = w->dims();
+  if (wd[0] <= 0 || wd[1] <= 0 || wd[2] <= 0 || wd[3] <= 0) return std::nullopt;
+  // int32 accumulation: 127 * 127 * depth must not overflow. Checked on the weight's own dims
+  // (their product is a tensor's size, so this cannot overflow) before r and s narrow to int32.
+  if (wd[2] * wd[3] * PaddedChannels(wd[1]) > (int64_t{1} << 31) / (127 * 127)) {
+    return std::nullopt;
+  }
   q.k = wd[0];
   q.c = wd[1];
   q.r = static_cast<int32_t>(wd[2]);
   q.s = static_cast<int32_t>(wd[3]);
-  if (q.k <= 0 || q.c <= 0 || q.r <= 0 || q.s <= 0) return std::nullopt;
-  // int32 accumulation: 127 * 127 * depth must not overflow.
-  if (int64_t{q.r} * q.s * PaddedChannels(q.c) > (int64_t{1} << 31) / (127 * 127)) {
-    return std::nullopt;
-  }
   auto attrs = nn::ReadWindowAttrs(node.attrs(), 2, {wd[2], wd[3]});
   if (!attrs.ok() || attrs->group != 1) return std::nullopt;
   q.attrs = *attrs;
@@ -106,12 +107,17 @@ StatusOr<ImplicitGemmConv> ImplicitGemmFor(const QuantizedConv& q, std::span<con
     }
     const int64_t begin = nn::WindowPadBegin(in, out, a, i);
     if (begin < 0) return MakeError(ErrorCode::kUnimplemented, "int8 conv: negative padding");
-    const auto pad = static_cast<int32_t>(begin);
-    const auto stride = static_cast<int32_t>(a.strides[i]);
-    const auto dil = static_cast<int32_t>(a.dilations[i]);
-    (i == 0 ? g.pad_top : g.pad_left) = pad;
-    (i == 0 ? g.stride_h : g.stride_w) = stride;
-    (i == 0 ? g.dil_h : g.dil_w) = dil;
+    // The geometry's window fields are int32 (ImplicitGemmIndexable bounds their combinations).
+    constexpr int64_t kNarrow = int64_t{1} << 30;
+    if (begin >= kNarrow || a.strides[i] >= kNarrow || a.dilations[i] >= kNarrow) {
+      return MakeError(ErrorCode::kUnimplemented,
+                       "int8 conv: padding {}, stride {} or dilation {} of axis {} passes the "
+                       "kernel's 32-bit window arithmetic (2^30)",
+                       begin, a.strides[i], a.dilations[i], i);
+    }
+    (i == 0 ? g.pad_top : g.pad_left) = static_cast<int32_t>(begin);
+    (i == 0 ? g.stride_h : g.stride_w) = static_cast<int32_t>(a.strides[i]);
+    (i == 0 ? g.dil_h : g.dil_w) = static_cast<int32_t>(a.dilations[i]);
   }
   if (!ImplicitGemmIndexable(g)) {
     return MakeError(ErrorCode::kUnimplemented,
