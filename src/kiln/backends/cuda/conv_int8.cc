@@ -37,11 +37,12 @@ size_t ConvWorkspace(int64_t n, int64_t h, int64_t w, int64_t cp) {
 
 class Int8WgmmaConvKernel final : public Kernel {
  public:
-  Int8WgmmaConvKernel(QuantizedConv q, Int8PackedConv shape, OwnedDeviceMemory b,
+  // b: the packed weights [kp, depth] on the device; col_scale their kp scales.
+  Int8WgmmaConvKernel(QuantizedConv q, int64_t kp, int64_t depth, OwnedDeviceMemory b,
                       OwnedDeviceMemory col_scale, int tile, std::string name)
       : q_(std::move(q)),
-        kp_(shape.kp),
-        depth_(shape.depth),
+        kp_(kp),
+        depth_(depth),
         b_(std::move(b)),
         col_scale_(std::move(col_scale)),
         tile_(tile),
@@ -184,17 +185,15 @@ class Int8ConvProviderBase : public KernelProvider {
     }
     const Tensor w_f32 = request.inputs[1].constant->CastTo(DataType::kFloat32);
     KILN_ASSIGN_OR_RETURN(Int8Weights w, Int8WeightsFor(node, w_f32));
-    Int8PackedConv packed = PackInt8Conv(*q, w);
+    const Int8PackedConv packed = PackInt8Conv(*q, w);
     KILN_ASSIGN_OR_RETURN(OwnedDeviceMemory b,
                           UploadToDevice(packed.packed.data(), packed.packed.size()));
     KILN_ASSIGN_OR_RETURN(
         OwnedDeviceMemory scales,
         UploadToDevice(packed.col_scale.data(), packed.col_scale.size() * sizeof(float)));
-    packed.packed.clear();
-    packed.col_scale.clear();
     return std::unique_ptr<Kernel>(std::make_unique<Int8WgmmaConvKernel>(
-        *q, std::move(packed), std::move(b), std::move(scales), static_cast<int>(tactic.params[1]),
-        tactic.name));
+        *q, packed.kp, packed.depth, std::move(b), std::move(scales),
+        static_cast<int>(tactic.params[1]), tactic.name));
   }
 
  protected:
