@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 
 #include <cmath>
@@ -585,6 +586,27 @@ TEST_F(CudaInt8Test, OwnWarpgroupKernelRunsEveryTile) {
       EXPECT_EQ(CheckCase(c, seed++, t), tiles);
     }
   }
+}
+
+// The bound of the TMA kernels' barrier waits: a phase that never completes traps after the
+// bound (1 ms here; 10 s in the kernels) and the stream reports the failure, where an unbounded
+// wait would spin until the job's own timeout. The trap loses the process's CUDA context, so the
+// wait runs in a child process (a re-executed death test), which exits 3 on the reported failure
+// (a trap reads as cudaErrorLaunchFailure on the drivers kiln has met; any error ends the wait).
+TEST(CudaInt8Device, TheTmaBarrierWaitTrapsAtItsBound) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP() << "no CUDA device";
+  if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const cudaError_t launched = cuda::LaunchMbarWaitTimeoutProbe(1000 * 1000, nullptr);
+        const cudaError_t done = cudaDeviceSynchronize();
+        std::fprintf(stderr, "launch: %s; synchronize: %s\n", cudaGetErrorName(launched),
+                     cudaGetErrorName(done));
+        std::_Exit(launched == cudaSuccess && done != cudaSuccess ? 3 : 1);
+      },
+      ::testing::ExitedWithCode(3), "synchronize: cudaError");
 }
 
 // Saturation above amax, and per-channel scales: columns scaled 1e-3..10 keep their accuracy.

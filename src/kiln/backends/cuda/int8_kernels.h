@@ -96,4 +96,10 @@ cudaError_t LaunchInt8WgmmaConv(const Int8MmaGemmParams& p, const ImplicitGemmCo
                                 cudaStream_t stream);
 int Int8WgmmaConvTileCount();
 
+// The bound of the TMA kernels' barrier waits, for its test: one thread waits on a barrier phase
+// that never completes and traps after timeout_ns, so the stream's next synchronisation reports
+// an error (a trap: cudaErrorLaunchFailure) and the process's CUDA context is lost (run it in a
+// child process). A build without sm_90a code launches an empty kernel.
+cudaError_t LaunchMbarWaitTimeoutProbe(uint64_t timeout_ns, cudaStream_t stream);
+
 }  // namespace kiln::cuda

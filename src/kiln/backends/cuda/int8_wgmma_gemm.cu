@@ -218,13 +218,36 @@ __device__ __forceinline__ void MbarExpectTx(uint64_t* bar, int bytes) {
                "r"(bytes)
                : "memory");
 }
-__device__ __forceinline__ void MbarWait(uint64_t* bar, int parity) {
+// One try at the phase of a parity (the instruction itself may suspend the thread a while).
+__device__ __forceinline__ bool MbarTryWait(uint64_t* bar, int parity) {
+  uint32_t done = 0;
   asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(SmemAddr(bar)),
-      "r"(parity)
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(SmemAddr(bar)), "r"(parity)
       : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t ns = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns));
+  return ns;
+}
+// Every wait has a bound: a phase that does not complete within timeout_ns (a tensor copy that
+// never lands: a bad map, a fault) traps, and the launch's stream reports cudaErrorLaunchFailure
+// instead of the GPU spinning until the job's own timeout. The clock is read only after a try
+// has failed, every 256 tries.
+constexpr uint64_t kMbarTimeoutNs = 10ull * 1000 * 1000 * 1000;  // 10 s; a stage takes microseconds
+__device__ __forceinline__ void MbarWait(uint64_t* bar, int parity,
+                                         uint64_t timeout_ns = kMbarTimeoutNs) {
+  if (MbarTryWait(bar, parity)) return;
+  const uint64_t start = GlobalTimerNs();
+  for (uint32_t tries = 1;; ++tries) {
+    if (MbarTryWait(bar, parity)) return;
+    if ((tries & 255) == 0 && GlobalTimerNs() - start > timeout_ns) __trap();
+  }
 }
 // A box of a 2-D tensor map (columns x0.., rows y0..) into shared memory, completing on bar.
 __device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, int x0, int y0,
@@ -450,6 +473,17 @@ __global__ void WgmmaProbeKernel(int* out) {
 #endif
 }
 
+// A phase that never completes: one thread waits on a barrier nobody arrives at, for
+// LaunchMbarWaitTimeoutProbe.
+__global__ void MbarTimeoutProbeKernel(uint64_t timeout_ns) {
+#ifdef KILN_WGMMA
+  __shared__ uint64_t bar;
+  MbarInit(&bar, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  MbarWait(&bar, 0, timeout_ns);
+#endif
+}
+
 struct TileConfig {
   const char* name;
 };
@@ -593,6 +627,11 @@ bool Int8WgmmaAvailable() {
     known[device] = ok && host == 1 ? 1 : 2;
   }
   return known[device] == 1;
+}
+
+cudaError_t LaunchMbarWaitTimeoutProbe(uint64_t timeout_ns, cudaStream_t stream) {
+  MbarTimeoutProbeKernel<<<1, 1, 0, stream>>>(timeout_ns);
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchInt8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
