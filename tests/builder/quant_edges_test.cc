@@ -1,7 +1,8 @@
-// FP8 edges among chosen layers (builder/quant_edges.h): which producer/consumer pairs are joined,
-// what the rewrite sets (the value's type, the producer's output amax, the requests, the report
-// notes), and that the rewritten graph still passes shape and type inference. The providers are
-// fakes that say yes or no; the CUDA kernels behind a real edge are tested in cuda_quant_test.cc.
+// FP8 and INT8 edges among chosen layers (builder/quant_edges.h): which producer/consumer pairs are
+// joined, what the rewrite sets (the value's type, the producer's output amax, the requests, the
+// report notes), and that the rewritten graph still passes shape and type inference. The providers
+// are fakes that say yes or no; the CUDA kernels behind a real edge are tested in
+// cuda_quant_test.cc.
 #include "kiln/builder/quant_edges.h"
 
 #include <gtest/gtest.h>
@@ -181,6 +182,60 @@ TEST(Int8Edges, JoinLikeFp8EdgesWithTheConsumersScale) {
   zero.nodes[1]->mutable_attrs().Set(std::string(kInt8InputAmaxAttr), 0.f);
   EXPECT_EQ(JoinInt8Edges(zero.layers), 0);
   EXPECT_EQ(zero.nodes[0]->output(0)->dtype(), DataType::kFloat16);
+}
+
+// INT8 edges between channels-last convolutions (conv_int8.cc reads and writes them): the type
+// rules of Conv and FusedConv accept the rewrite, the consumer computing in its weight's float
+// type with a float residual Z; an int8 X without the edge mark is still a type error.
+TEST(Int8Edges, ConvolutionsJoinAndKeepTheirTypeRules) {
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat16, {2, 6, 6, 16});  // NHWC
+  Value* z = g.AddInput("z", DataType::kFloat16, {2, 6, 6, 32});
+  auto conv = [&](const std::string& name, const char* op, std::vector<Value*> ins, int64_t k,
+                  int64_t c) {
+    ins.insert(ins.begin() + 1,
+               g.AddConstant(name + ".w", Tensor(DataType::kFloat16, {k, c, 3, 3})));
+    Value* y = g.AddValue(name + ".y");
+    AttributeMap attrs;
+    attrs.Set("kernel_shape", std::vector<int64_t>{3, 3});
+    attrs.Set("pads", std::vector<int64_t>{1, 1, 1, 1});
+    attrs.Set("kiln_layout", std::string("NHWC"));
+    attrs.Set(std::string(kInt8InputAmaxAttr), 2.f);
+    if (std::string_view(op) == "FusedConv") attrs.Set("activation", std::string("relu"));
+    return g.AddNode(op, name, std::move(ins), {y}, std::move(attrs));
+  };
+  Node* c0 = conv("c0", "Conv", {x}, 32, 16);
+  Node* c1 = conv("c1", "FusedConv", {c0->output(0), nullptr, z}, 32, 32);  // no bias; Z
+  g.MarkOutput(c1->output(0));
+  ASSERT_TRUE(InferShapes(g).ok());
+  std::deque<KernelRequest> requests;
+  TacticConfig tactic{"i8-conv-fake"};
+  std::vector<std::string> reasons(2);
+  std::vector<ChosenLayer> layers;
+  for (Node* n : {c0, c1}) {
+    KernelRequest& r = requests.emplace_back();
+    r.node = n;
+    for (Value* v : n->inputs()) {
+      r.inputs.push_back({v ? v->dtype() : DataType::kUndefined, v ? v->shape() : Shape{}, {}});
+    }
+    r.outputs.push_back({n->output(0)->dtype(), n->output(0)->shape(), {}});
+    layers.push_back({n, &kBoth, &r, &tactic, &reasons[layers.size()]});
+  }
+  EXPECT_EQ(JoinInt8Edges(layers), 1);
+  EXPECT_FLOAT_EQ(c0->attrs().GetFloat(kInt8OutputScaleAttr, 0.f), 2.f / 127.f);
+  EXPECT_TRUE(c1->attrs().Has(kInt8InputEdgeAttr));
+  auto again = InferShapes(g);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(c0->output(0)->dtype(), kInt8EdgeType);
+  EXPECT_EQ(c1->output(0)->dtype(), DataType::kFloat16);
+  EXPECT_EQ(ToString(c1->output(0)->shape()), "[2,6,6,32]");
+
+  // Unmarked, the int8 X is not a float one: Conv's rule refuses it.
+  c1->mutable_attrs().Erase(kInt8InputEdgeAttr);
+  auto refused = InferShapes(g);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().ToString().find("c1"), std::string::npos)
+      << refused.status().ToString();
 }
 
 }  // namespace

@@ -19,6 +19,9 @@ namespace kiln {
 class InferenceContext;
 // Conv's shape rule over inputs X, W, B; FusedConv (fused.cc) reuses it.
 Status InferConvLike(InferenceContext& ctx);
+// The float type a Conv/FusedConv computes in: X's, or W's when X arrives as int8 on an INT8 edge
+// (ops/quant_edge.h's ProductFloatType).
+DataType ConvFloatType(const InferenceContext& ctx);
 // MatMul's rule with optional transposes of the last two dims of A and B; FusedMatMul reuses it.
 Status InferMatMulLike(InferenceContext& ctx, bool trans_a, bool trans_b);
 // Gemm's rule (A, B, optional C; transA, transB); FusedGemm reuses it.

@@ -42,6 +42,7 @@
 #include "kiln/ir/graph.h"
 #include "kiln/onnx/onnx_import.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/quant_edge.h"
 
 namespace kiln::testing {
 namespace {
@@ -1173,6 +1174,63 @@ TEST(CudaInt8Host, TheConvPlanDeclinesWhatTheKernelCannotRun) {
   EXPECT_EQ(narrow.status().code(), ErrorCode::kUnimplemented) << narrow.status().ToString();
 }
 
+// On an INT8 edge (ops/quant_edge.h) the convolution takes one int8 side: an X marked as the
+// edge's consumer, read in place (so only with C a multiple of 16), or a Y with the scale the
+// producer quantizes by; the other side gives the float type. Never both, never an unmarked int8
+// X, never an int8 Y without a usable scale.
+TEST(CudaInt8Host, TheConvPlanTakesOneInt8SideOfAnEdge) {
+  std::mt19937 rng(94);
+  const ConvCase c = kInt8ConvCases[1];  // 64 channels, 1x1, bias and ReLU
+  const std::vector<Tensor> in = MakeConvInputs(c, rng);
+  auto mark = [](const ConvNode& n, const char* attr, float v) {
+    AttributeMap& a = const_cast<Node&>(n.node()).mutable_attrs();
+    if (std::string_view(attr) == kInt8InputEdgeAttr) {
+      a.Set(std::string(attr), int64_t{1});
+    } else {
+      a.Set(std::string(attr), v);
+    }
+  };
+  {
+    ConvNode reader(c, in, true, DataType::kFloat16);
+    KernelRequest r = reader.request();
+    r.inputs[0].dtype = kInt8EdgeType;
+    EXPECT_FALSE(cuda::ResolveQuantizedConv(r)) << "an int8 X not marked as an edge";
+    mark(reader, kInt8InputEdgeAttr, 0.f);
+    std::optional<cuda::QuantizedConv> q = cuda::ResolveQuantizedConv(r);
+    ASSERT_TRUE(q.has_value());
+    EXPECT_TRUE(q->in_int8);
+    EXPECT_EQ(q->out_scale, 0.f);
+    EXPECT_EQ(q->type, cuda::BlasType::kF16);  // Y's
+    r.outputs[0].dtype = kInt8EdgeType;
+    mark(reader, kInt8OutputScaleAttr, 0.1f);
+    EXPECT_FALSE(cuda::ResolveQuantizedConv(r)) << "int8 on both sides";
+  }
+  {
+    ConvNode writer(c, in, true, DataType::kFloat32);
+    KernelRequest r = writer.request();
+    r.outputs[0].dtype = kInt8EdgeType;
+    EXPECT_FALSE(cuda::ResolveQuantizedConv(r)) << "an int8 Y without a scale";
+    for (float bad : {0.f, -1.f, std::numeric_limits<float>::infinity()}) {
+      mark(writer, kInt8OutputScaleAttr, bad);
+      EXPECT_FALSE(cuda::ResolveQuantizedConv(r)) << bad;
+    }
+    mark(writer, kInt8OutputScaleAttr, 0.05f);
+    std::optional<cuda::QuantizedConv> q = cuda::ResolveQuantizedConv(r);
+    ASSERT_TRUE(q.has_value());
+    EXPECT_FALSE(q->in_int8);
+    EXPECT_EQ(q->out_scale, 0.05f);
+    EXPECT_EQ(q->type, cuda::BlasType::kF32);  // X's
+  }
+  {
+    const ConvCase odd = kInt8ConvCases[5];  // 40 channels: the kernel's X would need padding
+    ConvNode reader(odd, MakeConvInputs(odd, rng), true, DataType::kFloat32);
+    mark(reader, kInt8InputEdgeAttr, 0.f);
+    KernelRequest r = reader.request();
+    r.inputs[0].dtype = kInt8EdgeType;
+    EXPECT_FALSE(cuda::ResolveQuantizedConv(r));
+  }
+}
+
 TEST(CudaInt8Host, AQdqLayerPacksTheModelsIntegersAndScales) {
   for (const std::string op : {"Gemm", "MatMul"}) {
     SCOPED_TRACE(op);
@@ -1910,15 +1968,16 @@ void CompareJoinedWithApart(const std::string& dir, const EngineDesc& joined,
       const double vs_apart = RelL2(got, without->at(name).ToFloatVector());
       const double vs_fp32 = RelL2(got, want.ToFloatVector());
       const double apart_vs_fp32 = RelL2(without->at(name).ToFloatVector(), want.ToFloatVector());
-      std::printf("bert_tiny %s set %d %s: edges vs none %.3g; vs FP32 %.3g (none: %.3g)\n", label,
-                  set, name.c_str(), vs_apart, vs_fp32, apart_vs_fp32);
+      std::printf("%s %s set %d %s: edges vs none %.3g; vs FP32 %.3g (none: %.3g)\n",
+                  std::filesystem::path(dir).filename().c_str(), label, set, name.c_str(), vs_apart,
+                  vs_fp32, apart_vs_fp32);
       EXPECT_LE(vs_apart, share * apart_vs_fp32) << name;
       EXPECT_LE(vs_fp32, apart_vs_fp32 * 1.25 + 1e-3) << name;
     }
   }
 }
 
-// bert_tiny (at dir) built for CUDA twice with `config`'s quantization and no tactic search: with
+// A zoo model (at dir) built for CUDA twice with `config`'s quantization and no tactic search: with
 // its quantized edges (`joined`), and with `edges` (BuilderConfig::fp8_edges or int8_edges) off.
 struct EdgeBuilds {
   app::BuiltEngine joined, apart;
@@ -1998,12 +2057,15 @@ TEST_F(CudaFp8Test, EdgesOnTheWarpgroupKernelMatchTheBuildWithout) {
 // each feed-forward block's first product writes int8 for the second. The engine agrees with the
 // same build without edges (the edge quantizes the producer's FP32 result where the other path
 // quantizes it after rounding to FP16) and is as close to PyTorch FP32.
-void CheckInt8Edges(const char* family) {
-  const std::string dir = ZooDir("bert_tiny");
+// A convolution network (model resnet_tiny; min_edges its edges at least) takes the same checks
+// with its convolutions channels-last (config.fp16, as `kiln build --int8` implies).
+void CheckInt8Edges(const char* family, const char* model = "bert_tiny", int min_edges = 2) {
+  const std::string dir = ZooDir(model);
   if (!std::filesystem::exists(dir + "/model.onnx")) GTEST_SKIP() << "no zoo at " << dir;
   ScopedEnv own_kernel_only("KILN_CUDA_INT8_KERNEL", family);
   BuilderConfig config;
   config.int8 = true;
+  config.fp16 = std::string_view(model) != "bert_tiny";
   config.int8_tolerance = std::numeric_limits<double>::infinity();  // every product INT8
   auto builds = BuildWithAndWithoutEdges(dir, config, &BuilderConfig::int8_edges);
   ASSERT_TRUE(builds);
@@ -2011,7 +2073,7 @@ void CheckInt8Edges(const char* family) {
   auto* apart = &builds->apart;
   EXPECT_EQ(apart->report.int8_edges, 0);
   EXPECT_EQ(joined->report.fp8_edges, 0);
-  EXPECT_GE(joined->report.int8_edges, 2);  // one feed-forward edge per encoder layer
+  EXPECT_GE(joined->report.int8_edges, min_edges);
   int writers = 0, readers = 0;
   for (const LayerReport& l : joined->report.layer_reports) {
     SCOPED_TRACE(l.name + ": " + l.precision + ", " + l.tactic + ", " + l.precision_reason);
@@ -2029,7 +2091,7 @@ void CheckInt8Edges(const char* family) {
   int int8_values = 0;
   for (const Value* v : joined->desc->graph->values()) int8_values += v->dtype() == kInt8EdgeType;
   EXPECT_EQ(int8_values, joined->report.int8_edges);
-  std::printf("bert_tiny int8: %lld edges\n", static_cast<long long>(joined->report.int8_edges));
+  std::printf("%s int8: %lld edges\n", model, static_cast<long long>(joined->report.int8_edges));
 
   // The engines differ where a value near a rounding boundary of the int8 grid fell to the other
   // side (one step, 1/127 of the range) and the flip propagated through the layers after it:
@@ -2146,6 +2208,14 @@ TEST_F(CudaInt8Test, Int8ConvolutionLayerMatchesTheCpuInt8Kernel) {
 TEST_F(CudaInt8Test, EdgesOnTheWarpgroupKernelMatchTheBuildWithout) {
   if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
   CheckInt8Edges("wgmma");
+}
+
+// INT8 edges between convolutions (conv_int8.cc) on resnet_tiny (ResNet-18's BasicBlocks, 16-128
+// channels): each block's first convolution writes int8 for its second, which reads it in place
+// (the block's input has a second reader, the residual, and stays float): 8 blocks, 8 edges.
+TEST_F(CudaInt8Test, ConvolutionEdgesMatchTheBuildWithout) {
+  if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
+  CheckInt8Edges("wgmma", "resnet_tiny", 8);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "kiln/backends/int8_quant.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/ops/op_table.h"
+#include "kiln/ops/quant_edge.h"
 
 namespace kiln::cuda {
 namespace {
@@ -68,33 +69,36 @@ class Int8WgmmaConvKernel final : public Kernel {
       }
     }
     empty_ = conv_.rows() == 0;
-    if (empty_) return size_t{0};
+    if (empty_ || q_.in_int8) return size_t{0};  // an int8 X is read where it is
     workspace_ = ConvWorkspace(conv_.batch, conv_.h, conv_.w, conv_.cp);
     return workspace_;
   }
 
   Status Run(const KernelRunArgs& args) override {
     if (empty_) return OkStatus();
-    if (workspace_ == 0) return MakeError(ErrorCode::kInternal, "{}: Run before Prepare", name_);
-    if (args.workspace == nullptr || args.workspace_bytes < workspace_) {
-      return MakeError(ErrorCode::kInternal, "{}: workspace of {} bytes; {} needed", name_,
-                       args.workspace_bytes, workspace_);
-    }
+    if (conv_.rows() == 0) return MakeError(ErrorCode::kInternal, "{}: Run before Prepare", name_);
     cudaStream_t stream = static_cast<cudaStream_t>(args.stream);
-    auto* x_q = reinterpret_cast<int8_t*>(
-        AlignUpSize(reinterpret_cast<uintptr_t>(args.workspace), kWorkspaceAlign));
-
-    Int8QuantizeParams qp;
-    qp.x = args.inputs[0].data;
-    qp.type = q_.type;
-    qp.q = x_q;
-    qp.rows = conv_.batch * conv_.h * conv_.w;
-    qp.depth = q_.c;
-    qp.ldq = conv_.cp;
-    qp.row_stride = q_.c;
-    qp.col_stride = 1;
-    qp.inv_scale = 1.f / q_.input.scale;
-    KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Quantize(qp, stream));
+    const int8_t* x_q = static_cast<const int8_t*>(args.inputs[0].data);
+    if (!q_.in_int8) {
+      if (args.workspace == nullptr || args.workspace_bytes < workspace_) {
+        return MakeError(ErrorCode::kInternal, "{}: workspace of {} bytes; {} needed", name_,
+                         args.workspace_bytes, workspace_);
+      }
+      auto* q = reinterpret_cast<int8_t*>(
+          AlignUpSize(reinterpret_cast<uintptr_t>(args.workspace), kWorkspaceAlign));
+      Int8QuantizeParams qp;
+      qp.x = args.inputs[0].data;
+      qp.type = q_.type;
+      qp.q = q;
+      qp.rows = conv_.batch * conv_.h * conv_.w;
+      qp.depth = q_.c;
+      qp.ldq = conv_.cp;
+      qp.row_stride = q_.c;
+      qp.col_stride = 1;
+      qp.inv_scale = 1.f / q_.input.scale;
+      KILN_CUDA_RETURN_IF_ERROR(LaunchInt8Quantize(qp, stream));
+      x_q = q;
+    }
 
     Int8MmaGemmParams g;
     g.a = x_q;
@@ -104,6 +108,8 @@ class Int8WgmmaConvKernel final : public Kernel {
     g.np = kp_;
     g.depth = depth_;
     g.tile = tile_;
+    g.y_quantized = q_.out_scale > 0.f;
+    if (g.y_quantized) g.y_inv_scale = 1.f / q_.out_scale;
     Int8EpilogueParams& e = g.epi;
     e.col_scale = static_cast<const float*>(col_scale_.get());
     e.y = args.outputs[0].data;
@@ -154,7 +160,7 @@ class Int8ConvProviderBase : public KernelProvider {
       t.name = fmt::format("i8-{}-cuda-wgmma-{}", what(), Int8WgmmaTileName(tile));
       t.params = {kWgmmaTag, tile};
       t.family = "wgmma";
-      t.workspace_bytes = ConvWorkspace(x[0], x[1], x[2], PaddedChannels(q->c));
+      t.workspace_bytes = q->in_int8 ? 0 : ConvWorkspace(x[0], x[1], x[2], PaddedChannels(q->c));
       tactics.push_back(std::move(t));
     }
     return tactics;
@@ -168,8 +174,9 @@ class Int8ConvProviderBase : public KernelProvider {
       return MakeError(ErrorCode::kNoTactic,
                        "node '{}': {} needs a channels-last (NHWC) 2-D convolution with group 1, "
                        "a finite positive {} attribute (or the model's scales with zero point 0), "
-                       "a constant float weight and X, Y, bias and Z of one float type",
-                       node.name(), tactic.name, kInt8InputAmaxAttr);
+                       "a constant float weight and X, Y, bias and Z of one float type (an int8 "
+                       "X of a multiple of 16 channels, or an int8 Y with {}, on an INT8 edge)",
+                       node.name(), tactic.name, kInt8InputAmaxAttr, kInt8OutputScaleAttr);
     }
     if (tactic.params.size() != 2 || tactic.params[0] != kWgmmaTag || tactic.params[1] < 0 ||
         tactic.params[1] >= TileCount(*q)) {
@@ -196,6 +203,18 @@ class Int8ConvProviderBase : public KernelProvider {
         static_cast<int>(tactic.params[1]), tactic.name));
   }
 
+  // An INT8 edge's producer (it quantizes Y in its epilogue) or consumer (an int8 X of a
+  // multiple of 16 channels, read in place): any of its tactics, one side of the layer at a time.
+  bool WritesInt8Output(const KernelRequest& request, const TacticConfig& tactic) const final {
+    std::optional<QuantizedConv> q = ResolveQuantizedConv(request);
+    return OwnTactic(tactic) && q && !q->in_int8;
+  }
+  bool ReadsInt8Input(const KernelRequest& request, const TacticConfig& tactic) const final {
+    std::optional<QuantizedConv> q = ResolveQuantizedConv(request);
+    return OwnTactic(tactic) && q && PaddedChannels(q->c) == q->c &&
+           request.outputs[0].dtype != kInt8EdgeType;
+  }
+
  protected:
   virtual const char* what() const = 0;
 
@@ -203,6 +222,9 @@ class Int8ConvProviderBase : public KernelProvider {
   // A pointwise layer runs on every tile of the matrix kernel; others on the gathering ones.
   static int TileCount(const QuantizedConv& q) {
     return q.pointwise ? Int8WgmmaTileCount() : Int8WgmmaConvTileCount();
+  }
+  static bool OwnTactic(const TacticConfig& t) {
+    return t.params.size() == 2 && t.params[0] == kWgmmaTag;
   }
 };
 

@@ -4,10 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "kiln/backends/cuda/cuda_common.h"
 #include "kiln/backends/cuda/quant_gemm_plan.h"
 #include "kiln/ops/op_table.h"
+#include "kiln/ops/quant_edge.h"
 
 namespace kiln::cuda {
 
@@ -30,9 +32,17 @@ std::optional<QuantizedConv> ResolveQuantizedConv(const KernelRequest& r) {
   std::optional<Int8Activation> input = CudaInt8Activation(node);
   if (!input) return std::nullopt;
   q.input = *input;
-  const DataType t = r.inputs[0].dtype;
+  // On an INT8 edge (ops/quant_edge.h) X arrives as int8 or Y leaves as int8, not both; the
+  // other one has the layer's float type.
+  q.in_int8 = r.inputs[0].dtype == kInt8EdgeType && node.attrs().Has(kInt8InputEdgeAttr);
+  const bool out_int8 = r.outputs[0].dtype == kInt8EdgeType;
+  if (out_int8) {
+    q.out_scale = node.attrs().GetFloat(kInt8OutputScaleAttr, 0.f);
+    if (q.in_int8 || !(q.out_scale > 0.f && std::isfinite(q.out_scale))) return std::nullopt;
+  }
+  const DataType t = q.in_int8 ? r.outputs[0].dtype : r.inputs[0].dtype;
   auto type = ToBlasType(t);
-  if (!type || r.outputs[0].dtype != t) return std::nullopt;
+  if (!type || (!q.in_int8 && !out_int8 && r.outputs[0].dtype != t)) return std::nullopt;
   q.type = *type;
   q.has_bias = Present(r, 2);
   q.has_z = Present(r, 3);
@@ -70,6 +80,8 @@ std::optional<QuantizedConv> ResolveQuantizedConv(const KernelRequest& r) {
   // X [N, H, W, C] at the largest shapes; the bias one value per output channel.
   const std::vector<int64_t> x = LargestDims(r.inputs[0]);
   if (x.size() != 4 || x[3] != q.c) return std::nullopt;
+  // An int8 X is read in place as the kernel's [N, H, W, Cp]: no channel padding to add.
+  if (q.in_int8 && PaddedChannels(q.c) != q.c) return std::nullopt;
   if (q.has_bias) {
     const std::vector<int64_t> b = LargestDims(r.inputs[2]);
     if (b.size() != 1 || b[0] != q.k) return std::nullopt;
