@@ -40,6 +40,12 @@ class FakeProvider final : public KernelProvider {
 };
 
 const FakeProvider kBoth(true, true);
+
+TacticConfig Named(const char* name) {
+  TacticConfig t;
+  t.name = name;
+  return t;
+}
 const FakeProvider kNeither(false, false);
 
 // A chain of MatMul layers x -> m0 -> v0 -> m1 -> v1 ... -> out in `type`, each with an FP8
@@ -49,7 +55,7 @@ struct Chain {
   Graph g;
   std::vector<Node*> nodes;
   std::deque<KernelRequest> requests;
-  TacticConfig tactic{"f8-matmul-fake"};
+  TacticConfig tactic = Named("f8-matmul-fake");
   std::vector<std::string> reasons;
   std::vector<ChosenLayer> layers;
 
@@ -209,7 +215,7 @@ TEST(Int8Edges, ConvolutionsJoinAndKeepTheirTypeRules) {
   g.MarkOutput(c1->output(0));
   ASSERT_TRUE(InferShapes(g).ok());
   std::deque<KernelRequest> requests;
-  TacticConfig tactic{"i8-conv-fake"};
+  TacticConfig tactic = Named("i8-conv-fake");
   std::vector<std::string> reasons(2);
   std::vector<ChosenLayer> layers;
   for (Node* n : {c0, c1}) {

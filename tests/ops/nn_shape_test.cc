@@ -305,6 +305,28 @@ TEST(NnShapeTest, Int8EdgeTypes) {
             ErrorCode::kTypeMismatch);
   EXPECT_EQ(InferType("MatMul", {{{16, 64}, f16}, {{64, 32}, i8}}, in).status().code(),
             ErrorCode::kTypeMismatch);
+  // Conv and FusedConv (NCHW here; conv_int8.cc's are NHWC): an int8 X computes in W's type, the
+  // bias and a residual Z with it; an int8 Y for the output scale.
+  EXPECT_EQ(*InferType("Conv", {{{1, 16, 8, 8}, i8}, {{32, 16, 1, 1}, f16}, {{32}, f16}}, in), f16);
+  EXPECT_EQ(
+      *InferType("FusedConv",
+                 {{{1, 16, 8, 8}, i8}, {{32, 16, 1, 1}, f32}, {{32}, f32}, {{1, 32, 8, 8}, f32}},
+                 in),
+      f32);
+  EXPECT_EQ(*InferType("Conv", {{{1, 16, 8, 8}, f16}, {{32, 16, 1, 1}, f16}}, out), i8);
+  EXPECT_EQ(
+      InferType("Conv", {{{1, 16, 8, 8}, i8}, {{32, 16, 1, 1}, f16}}, amax_only).status().code(),
+      ErrorCode::kTypeMismatch);
+  EXPECT_EQ(InferType("Conv", {{{1, 16, 8, 8}, i8}, {{32, 16, 1, 1}, f16}, {{32}, f32}}, in)
+                .status()
+                .code(),
+            ErrorCode::kTypeMismatch);  // a bias not in W's type
+  EXPECT_EQ(
+      InferType("FusedConv",
+                {{{1, 16, 8, 8}, i8}, {{32, 16, 1, 1}, f16}, {{32}, f16}, {{1, 32, 8, 8}, f32}}, in)
+          .status()
+          .code(),
+      ErrorCode::kShapeMismatch);  // a residual not in W's type (FusedConv's Z rule)
 }
 
 }  // namespace
