@@ -17,9 +17,12 @@
 namespace kiln {
 namespace {
 
+// Says yes or no to each role; one_side: as the matrix products, no to writing once its input is
+// an edge and no to reading once its output is (a layer on one edge only).
 class FakeProvider final : public KernelProvider {
  public:
-  FakeProvider(bool writes, bool reads) : writes_(writes), reads_(reads) {}
+  FakeProvider(bool writes, bool reads, bool one_side = false)
+      : writes_(writes), reads_(reads), one_side_(one_side) {}
   std::string_view id() const override { return "test.fp8.fake"; }
   std::string_view op_type() const override { return "MatMul"; }
   BackendKind backend() const override { return BackendKind::kCuda; }
@@ -28,18 +31,25 @@ class FakeProvider final : public KernelProvider {
                                            const TacticConfig&) const override {
     return MakeError(ErrorCode::kUnimplemented, "fake");
   }
-  bool WritesFp8Output(const KernelRequest&, const TacticConfig&) const override { return writes_; }
-  bool ReadsFp8Input(const KernelRequest&, const TacticConfig&) const override { return reads_; }
-  bool WritesInt8Output(const KernelRequest&, const TacticConfig&) const override {
-    return writes_;
+  bool WritesFp8Output(const KernelRequest& r, const TacticConfig&) const override {
+    return writes_ && !(one_side_ && r.inputs[0].dtype == kFp8EdgeType);
   }
-  bool ReadsInt8Input(const KernelRequest&, const TacticConfig&) const override { return reads_; }
+  bool ReadsFp8Input(const KernelRequest& r, const TacticConfig&) const override {
+    return reads_ && !(one_side_ && r.outputs[0].dtype == kFp8EdgeType);
+  }
+  bool WritesInt8Output(const KernelRequest& r, const TacticConfig&) const override {
+    return writes_ && !(one_side_ && r.inputs[0].dtype == kInt8EdgeType);
+  }
+  bool ReadsInt8Input(const KernelRequest& r, const TacticConfig&) const override {
+    return reads_ && !(one_side_ && r.outputs[0].dtype == kInt8EdgeType);
+  }
 
  private:
-  bool writes_, reads_;
+  bool writes_, reads_, one_side_;
 };
 
 const FakeProvider kBoth(true, true);
+const FakeProvider kOneSide(true, true, /*one_side=*/true);
 
 TacticConfig Named(const char* name) {
   TacticConfig t;
@@ -85,8 +95,9 @@ struct Chain {
 };
 
 TEST(Fp8Edges, JoinsAProducerAndItsOnlyConsumerOnce) {
-  // m0 -> m1 -> m2: m1 joins m0, so it cannot also write for m2 (a layer is on one edge).
-  Chain c(3, DataType::kFloat16, {&kBoth, &kBoth, &kBoth});
+  // m0 -> m1 -> m2: m1 joins m0, so its provider (one side only, as the products) declines to
+  // also write for m2.
+  Chain c(3, DataType::kFloat16, {&kOneSide, &kOneSide, &kOneSide});
   EXPECT_EQ(JoinFp8Edges(c.layers), 1);
   EXPECT_EQ(c.nodes[0]->output(0)->dtype(), kFp8EdgeType);
   EXPECT_EQ(c.nodes[1]->output(0)->dtype(), DataType::kFloat16);
@@ -107,6 +118,30 @@ TEST(Fp8Edges, JoinsAProducerAndItsOnlyConsumerOnce) {
   EXPECT_EQ(c.nodes[0]->output(0)->dtype(), kFp8EdgeType);
   EXPECT_EQ(c.nodes[1]->output(0)->dtype(), DataType::kFloat16);
   EXPECT_EQ(c.nodes[2]->output(0)->dtype(), DataType::kFloat16);
+}
+
+// A layer whose provider takes both roles (the CUDA INT8 convolution) is on two edges: m1 reads
+// int8 from m0 and writes int8 for m2, and the graph's types follow. The providers are asked in
+// graph order, m1 as a writer with its input edge already in its request.
+TEST(Int8Edges, ALayerWhoseProviderTakesBothRolesIsOnTwoEdges) {
+  Chain c(3, DataType::kFloat16, {&kBoth, &kBoth, &kBoth}, /*int8=*/true);
+  EXPECT_EQ(JoinInt8Edges(c.layers), 2);
+  EXPECT_EQ(c.nodes[0]->output(0)->dtype(), kInt8EdgeType);
+  EXPECT_EQ(c.nodes[1]->output(0)->dtype(), kInt8EdgeType);
+  EXPECT_EQ(c.requests[1].inputs[0].dtype, kInt8EdgeType);
+  EXPECT_EQ(c.requests[1].outputs[0].dtype, kInt8EdgeType);
+  EXPECT_FLOAT_EQ(c.nodes[1]->attrs().GetFloat(kInt8OutputScaleAttr, 0.f), 3.f / 127.f);
+  EXPECT_NE(c.reasons[1].find("reads int8 from 'm0'"), std::string::npos) << c.reasons[1];
+  EXPECT_NE(c.reasons[1].find("writes int8 for 'm2'"), std::string::npos) << c.reasons[1];
+  auto again = InferShapes(c.g);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(c.nodes[1]->output(0)->dtype(), kInt8EdgeType);  // computes in B's f16, writes int8
+  EXPECT_EQ(c.nodes[2]->output(0)->dtype(), DataType::kFloat16);
+
+  // A one-sided provider in the middle breaks the chain after its first edge.
+  Chain mixed(3, DataType::kFloat16, {&kBoth, &kOneSide, &kBoth}, true);
+  EXPECT_EQ(JoinInt8Edges(mixed.layers), 1);
+  EXPECT_EQ(mixed.nodes[1]->output(0)->dtype(), DataType::kFloat16);
 }
 
 TEST(Fp8Edges, NeedsBothProvidersToSayYes) {
@@ -154,7 +189,7 @@ TEST(Fp8Edges, LeavesValuesOthersReadOrThatAreNotHalfPrecision) {
 
 TEST(Int8Edges, JoinLikeFp8EdgesWithTheConsumersScale) {
   // m0 -> m1 -> m2 in FP32 (INT8 edges take FP32 values too): m0 writes int8 for m1.
-  Chain c(3, DataType::kFloat32, {&kBoth, &kBoth, &kBoth}, /*int8=*/true);
+  Chain c(3, DataType::kFloat32, {&kOneSide, &kOneSide, &kOneSide}, /*int8=*/true);
   EXPECT_EQ(JoinInt8Edges(c.layers), 1);
   EXPECT_EQ(c.nodes[0]->output(0)->dtype(), kInt8EdgeType);
   EXPECT_EQ(c.nodes[1]->output(0)->dtype(), DataType::kFloat32);

@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "kiln/backends/fp8_quant.h"
 #include "kiln/backends/int8_quant.h"
@@ -28,11 +27,13 @@ struct EdgeKind {
 int JoinEdges(std::span<ChosenLayer> layers, const EdgeKind& kind) {
   std::unordered_map<const Node*, ChosenLayer*> by_node;
   for (ChosenLayer& l : layers) by_node[l.node] = &l;
-  std::unordered_set<const Node*> on_edge;
   int edges = 0;
+  // In graph order, so a producer's own input edge is settled (its request says so) before it is
+  // asked to write: a layer on two edges, reading and writing the quantized type, is one whose
+  // provider accepts that request.
   for (ChosenLayer& consumer : layers) {
     Node& c = *consumer.node;
-    if (on_edge.count(&c) || c.num_inputs() == 0 || !c.input(0)) continue;
+    if (c.num_inputs() == 0 || !c.input(0)) continue;
     Value* x = c.input(0);
     const std::optional<float> param = kind.param(c);
     const bool float_type = x->dtype() == DataType::kFloat16 || x->dtype() == DataType::kBFloat16 ||
@@ -45,7 +46,7 @@ int JoinEdges(std::span<ChosenLayer> layers, const EdgeKind& kind) {
     for (size_t i = 1; i < c.num_inputs(); ++i) only_input0 &= c.input(i) != x;
     Node* p = x->producer();
     auto it = p ? by_node.find(p) : by_node.end();
-    if (!only_input0 || it == by_node.end() || x->producer_output() != 0 || on_edge.count(p)) {
+    if (!only_input0 || it == by_node.end() || x->producer_output() != 0) {
       continue;
     }
     ChosenLayer& producer = *it->second;
@@ -55,8 +56,6 @@ int JoinEdges(std::span<ChosenLayer> layers, const EdgeKind& kind) {
     consumer.request->inputs[0].dtype = kind.type;
     producer.request->outputs[0].dtype = kind.type;
     consumer.joined = producer.joined = true;
-    on_edge.insert(p);
-    on_edge.insert(&c);
     if (producer.precision_reason) {
       *producer.precision_reason += fmt::format("; writes {} for '{}'", kind.what, c.name());
     }

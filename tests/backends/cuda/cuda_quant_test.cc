@@ -1174,11 +1174,11 @@ TEST(CudaInt8Host, TheConvPlanDeclinesWhatTheKernelCannotRun) {
   EXPECT_EQ(narrow.status().code(), ErrorCode::kUnimplemented) << narrow.status().ToString();
 }
 
-// On an INT8 edge (ops/quant_edge.h) the convolution takes one int8 side: an X marked as the
-// edge's consumer, read in place (so only with C a multiple of 16), or a Y with the scale the
-// producer quantizes by; the other side gives the float type. Never both, never an unmarked int8
-// X, never an int8 Y without a usable scale.
-TEST(CudaInt8Host, TheConvPlanTakesOneInt8SideOfAnEdge) {
+// On INT8 edges (ops/quant_edge.h) the convolution takes an int8 side: an X marked as the edge's
+// consumer, read in place (so only with C a multiple of 16), a Y with the scale the producer
+// quantizes by, or both; the float type is the other side's, or W's. Never an unmarked int8 X,
+// never an int8 Y without a usable scale.
+TEST(CudaInt8Host, TheConvPlanTakesTheInt8SidesOfItsEdges) {
   std::mt19937 rng(94);
   const ConvCase c = kInt8ConvCases[1];  // 64 channels, 1x1, bias and ReLU
   const std::vector<Tensor> in = MakeConvInputs(c, rng);
@@ -1201,9 +1201,16 @@ TEST(CudaInt8Host, TheConvPlanTakesOneInt8SideOfAnEdge) {
     EXPECT_TRUE(q->in_int8);
     EXPECT_EQ(q->out_scale, 0.f);
     EXPECT_EQ(q->type, cuda::BlasType::kF16);  // Y's
+    // On two edges, int8 in and out: W's float type (the bias with it).
     r.outputs[0].dtype = kInt8EdgeType;
     mark(reader, kInt8OutputScaleAttr, 0.1f);
-    EXPECT_FALSE(cuda::ResolveQuantizedConv(r)) << "int8 on both sides";
+    q = cuda::ResolveQuantizedConv(r);
+    ASSERT_TRUE(q.has_value());
+    EXPECT_TRUE(q->in_int8);
+    EXPECT_EQ(q->out_scale, 0.1f);
+    EXPECT_EQ(q->type, cuda::BlasType::kF16);
+    r.inputs[1].dtype = DataType::kFloat32;  // a W whose type the bias does not share
+    EXPECT_FALSE(cuda::ResolveQuantizedConv(r));
   }
   {
     ConvNode writer(c, in, true, DataType::kFloat32);

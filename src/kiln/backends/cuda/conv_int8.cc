@@ -11,6 +11,8 @@
 // epilogue fused: y = act(acc * x_scale * w_scale[k] + bias[k] + Z) in the layer's float type. A
 // pointwise layer (1x1, stride 1, no padding) is a plain matrix product on the quantized X and
 // takes every tile of the matrix kernel, the TMA ones included; others the gathering tiles.
+// On INT8 edges (builder/quant_edges.h) the layer reads its producer's int8 X in place (no
+// quantization launch) and/or writes int8 for its consumer (the epilogue quantizes Y).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -174,8 +176,8 @@ class Int8ConvProviderBase : public KernelProvider {
       return MakeError(ErrorCode::kNoTactic,
                        "node '{}': {} needs a channels-last (NHWC) 2-D convolution with group 1, "
                        "a finite positive {} attribute (or the model's scales with zero point 0), "
-                       "a constant float weight and X, Y, bias and Z of one float type (an int8 "
-                       "X of a multiple of 16 channels, or an int8 Y with {}, on an INT8 edge)",
+                       "a constant float weight and X, Y, bias and Z of one float type (on INT8 "
+                       "edges an int8 X of a multiple of 16 channels, an int8 Y with {}, or both)",
                        node.name(), tactic.name, kInt8InputAmaxAttr, kInt8OutputScaleAttr);
     }
     if (tactic.params.size() != 2 || tactic.params[0] != kWgmmaTag || tactic.params[1] < 0 ||
@@ -204,15 +206,13 @@ class Int8ConvProviderBase : public KernelProvider {
   }
 
   // An INT8 edge's producer (it quantizes Y in its epilogue) or consumer (an int8 X of a
-  // multiple of 16 channels, read in place): any of its tactics, one side of the layer at a time.
+  // multiple of 16 channels, read in place), or both: a chain of convolutions passes int8 along.
   bool WritesInt8Output(const KernelRequest& request, const TacticConfig& tactic) const final {
-    std::optional<QuantizedConv> q = ResolveQuantizedConv(request);
-    return OwnTactic(tactic) && q && !q->in_int8;
+    return OwnTactic(tactic) && ResolveQuantizedConv(request).has_value();
   }
   bool ReadsInt8Input(const KernelRequest& request, const TacticConfig& tactic) const final {
     std::optional<QuantizedConv> q = ResolveQuantizedConv(request);
-    return OwnTactic(tactic) && q && PaddedChannels(q->c) == q->c &&
-           request.outputs[0].dtype != kInt8EdgeType;
+    return OwnTactic(tactic) && q && PaddedChannels(q->c) == q->c;
   }
 
  protected:

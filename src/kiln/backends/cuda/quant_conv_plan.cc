@@ -32,17 +32,21 @@ std::optional<QuantizedConv> ResolveQuantizedConv(const KernelRequest& r) {
   std::optional<Int8Activation> input = CudaInt8Activation(node);
   if (!input) return std::nullopt;
   q.input = *input;
-  // On an INT8 edge (ops/quant_edge.h) X arrives as int8 or Y leaves as int8, not both; the
-  // other one has the layer's float type.
+  // On INT8 edges (ops/quant_edge.h) X arrives as int8, Y leaves as int8, or both; the layer's
+  // float type is then the other side's, or W's (the type rule's ProductFloatType).
   q.in_int8 = r.inputs[0].dtype == kInt8EdgeType && node.attrs().Has(kInt8InputEdgeAttr);
   const bool out_int8 = r.outputs[0].dtype == kInt8EdgeType;
   if (out_int8) {
     q.out_scale = node.attrs().GetFloat(kInt8OutputScaleAttr, 0.f);
-    if (q.in_int8 || !(q.out_scale > 0.f && std::isfinite(q.out_scale))) return std::nullopt;
+    if (!(q.out_scale > 0.f && std::isfinite(q.out_scale))) return std::nullopt;
   }
-  const DataType t = q.in_int8 ? r.outputs[0].dtype : r.inputs[0].dtype;
+  const DataType t = !q.in_int8 ? r.inputs[0].dtype
+                     : out_int8 ? r.inputs[1].dtype
+                                : r.outputs[0].dtype;
   auto type = ToBlasType(t);
-  if (!type || (!q.in_int8 && !out_int8 && r.outputs[0].dtype != t)) return std::nullopt;
+  if (!type || (!out_int8 && r.outputs[0].dtype != t) || (q.in_int8 && r.inputs[1].dtype != t)) {
+    return std::nullopt;
+  }
   q.type = *type;
   q.has_bias = Present(r, 2);
   q.has_z = Present(r, 3);

@@ -27,7 +27,7 @@ namespace kiln::cuda {
 // A Conv or FusedConv the INT8 convolution takes: tagged channels-last (kiln_layout "NHWC": X
 // [N, H, W, C], Y [N, OH, OW, K]), two spatial dims, group 1, an INT8 activation with zero point
 // 0 (CudaInt8Activation), a constant float weight [K, C, R, S], X, Y, the bias [K] and the
-// residual Z (Y's dims) in one float storage type (X or Y int8 on an INT8 edge), and a depth
+// residual Z (Y's dims) in one float storage type (X, Y or both int8 on INT8 edges), and a depth
 // R * S * C small enough that int32 cannot overflow.
 struct QuantizedConv {
   BlasType type = BlasType::kF32;
@@ -37,9 +37,9 @@ struct QuantizedConv {
   nn::WindowAttrs attrs;
   bool has_bias = false, has_z = false;
   FusedActivationSpec act;
-  // On an INT8 edge (ops/quant_edge.h): X arrives as int8 [N, H, W, C] (C a multiple of 16, so
-  // that it is the kernel's quantized X as it stands), or Y leaves as int8 quantized with
-  // out_scale (> 0; 0 for a float Y). Not both; `type` is then the other side's float type.
+  // On INT8 edges (ops/quant_edge.h): X arrives as int8 [N, H, W, C] (C a multiple of 16, so
+  // that it is the kernel's quantized X as it stands), Y leaves as int8 quantized with out_scale
+  // (> 0; 0 for a float Y), or both; `type` is then the other side's float type, or W's.
   bool in_int8 = false;
   float out_scale = 0.f;
   // A 1x1 window, stride 1, no padding (IsPointwise at every shape): X quantized is A itself, and
