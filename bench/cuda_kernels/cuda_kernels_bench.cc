@@ -359,7 +359,8 @@ const bool kRegistered = [] {
   }
   // ResNet-50's convolutions at batch 32, channels-last (the layout pass's NHWC) with their bias
   // and ReLU: cuDNN's FP16 convolution (the heuristic's first engine) beside kiln's INT8 implicit
-  // GEMM on the warpgroup kernel (conv_int8.cc, Hopper; each tile), X quantized on the way in.
+  // GEMM (conv_int8.cc) on the warpgroup kernel (Hopper; each gathering tile) and on the mma.sync
+  // kernel (each tile), X quantized on the way in. The 1x1 stride-1 layer is a plain product.
   struct ConvLayer {
     std::string name;
     int64_t hw, c, k, window, stride;
@@ -390,12 +391,15 @@ const bool kRegistered = [] {
     fp16.ops = flops;
     cases.emplace_back(fmt::format("resnet_{}_f16", l.name), fp16);
     attrs.Set("kiln_int8_input_amax", 1.f);
-    for (size_t t = 0; t < 4; ++t) {
-      BenchCase i8{"FusedConv", attrs, ops, "cuda.fused_conv.wgmma.i8"};
-      i8.tactic_prefix = "i8-fused-conv-cuda-wgmma-";
-      i8.tactic = t;
-      i8.ops = flops;
-      cases.emplace_back(fmt::format("resnet_{}_i8_wgmma_t{}", l.name, t), std::move(i8));
+    for (const auto& [family, tiles] :
+         std::vector<std::pair<std::string, size_t>>{{"wgmma", 4}, {"mma", 5}}) {
+      for (size_t t = 0; t < tiles; ++t) {
+        BenchCase i8{"FusedConv", attrs, ops, "cuda.fused_conv.i8"};
+        i8.tactic_prefix = "i8-fused-conv-cuda-" + family + "-";
+        i8.tactic = t;
+        i8.ops = flops;
+        cases.emplace_back(fmt::format("resnet_{}_i8_{}_t{}", l.name, family, t), std::move(i8));
+      }
     }
   }
   cases.emplace_back("gated_silu_f16_4096x2x2048",

@@ -32,6 +32,7 @@
 
 #include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
+#include "kiln/backends/cuda/cublaslt_util.h"
 #include "kiln/backends/cuda/implicit_gemm_conv.h"
 #include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/cuda/quant_conv_plan.h"
@@ -2115,12 +2116,13 @@ TEST_F(CudaInt8Test, EdgesBetweenInt8ProductsMatchTheBuildWithout) {
   CheckInt8Edges("mma");
 }
 
-// kiln's wgmma kernel as an INT8 convolution (LaunchInt8WgmmaConv, every cp.async tile): the
-// NHWC output equals the direct convolution exactly (a unit column scale and an FP32 Y hold the
-// int32 sums exactly: below 2^24), over kConvShapes and two larger ones whose rows and channels
-// span several tiles and whose depth spans several stages.
-TEST_F(CudaInt8Test, WarpgroupConvolutionMatchesTheDirectConvolution) {
-  if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
+// kiln's 8-bit kernels as an INT8 convolution (`launch`, every tile of `tiles`): the NHWC output
+// equals the direct convolution exactly (a unit column scale and an FP32 Y hold the int32 sums
+// exactly: below 2^24), over kConvShapes and two larger ones whose rows and channels span several
+// tiles and whose depth spans several stages.
+using ConvLaunch = cudaError_t (*)(const cuda::Int8MmaGemmParams&, const cuda::ImplicitGemmConv&,
+                                   cudaStream_t);
+void CheckDirectConvolution(ConvLaunch launch, int tiles) {
   std::vector<ConvShape> shapes(std::begin(kConvShapes), std::end(kConvShapes));
   shapes.push_back({2, 64, 14, 14, 160, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1});
   shapes.push_back({1, 256, 7, 7, 300, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1});
@@ -2140,8 +2142,8 @@ TEST_F(CudaInt8Test, WarpgroupConvolutionMatchesTheDirectConvolution) {
     cudaMemcpy(x, pr.xq.data(), pr.xq.size(), cudaMemcpyHostToDevice);
     cudaMemcpy(b, pr.b.data(), pr.b.size(), cudaMemcpyHostToDevice);
     cudaMemcpy(cs, scale.data(), scale.size() * sizeof(float), cudaMemcpyHostToDevice);
-    for (int tile = 0; tile < cuda::Int8WgmmaConvTileCount(); ++tile) {
-      SCOPED_TRACE(fmt::format("tile {}", cuda::Int8WgmmaTileName(tile)));
+    for (int tile = 0; tile < tiles; ++tile) {
+      SCOPED_TRACE(fmt::format("tile {}", tile));
       cuda::Int8MmaGemmParams p;
       p.a = static_cast<const int8_t*>(x);
       p.lda = pr.g.cp;
@@ -2156,7 +2158,7 @@ TEST_F(CudaInt8Test, WarpgroupConvolutionMatchesTheDirectConvolution) {
       p.epi.rows = rows;
       p.epi.cols = sh.k;
       cudaMemset(y, 0xff, y_bytes);  // NaNs: an output the kernel misses shows
-      ASSERT_EQ(cuda::LaunchInt8WgmmaConv(p, pr.g, nullptr), cudaSuccess);
+      ASSERT_EQ(launch(p, pr.g, nullptr), cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       std::vector<float> got(static_cast<size_t>(rows * sh.k));
       cudaMemcpy(got.data(), y, y_bytes, cudaMemcpyDeviceToHost);
@@ -2173,12 +2175,24 @@ TEST_F(CudaInt8Test, WarpgroupConvolutionMatchesTheDirectConvolution) {
   }
 }
 
-// The INT8 convolution layer (conv_int8.cc) on Hopper: every tile of the provider's tactics, in
-// f32 and f16 storage, against its plan replayed on the host (the INT8 contract: only float
-// rounding between them) and against the CPU's INT8 convolution of the same layer in NCHW. The
-// workspace starts as garbage and each tactic runs twice (RunCudaKernel).
-TEST_F(CudaInt8Test, Int8ConvolutionLayerMatchesTheCpuInt8Kernel) {
+TEST_F(CudaInt8Test, WarpgroupConvolutionMatchesTheDirectConvolution) {
   if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
+  CheckDirectConvolution(cuda::LaunchInt8WgmmaConv, cuda::Int8WgmmaConvTileCount());
+}
+
+TEST_F(CudaInt8Test, MmaConvolutionMatchesTheDirectConvolution) {
+  if (!cuda::MmaCapable()) GTEST_SKIP() << "kiln's mma.sync INT8 kernel needs sm_80";
+  CheckDirectConvolution(cuda::LaunchInt8MmaConv, cuda::Int8MmaTileCount());
+}
+
+// The INT8 convolution layer (conv_int8.cc): every tile of the provider's tactics in each family
+// (`family`: KILN_CUDA_INT8_KERNEL), in f32 and f16 storage, against its plan replayed on the
+// host (the INT8 contract: only float rounding between them) and against the CPU's INT8
+// convolution of the same layer in NCHW. The workspace starts as garbage and each tactic runs
+// twice (RunCudaKernel).
+void CheckInt8ConvolutionLayer(const char* family) {
+  ScopedEnv only("KILN_CUDA_INT8_KERNEL", family);
+  const bool wgmma = std::string_view(family) == "wgmma";
   std::vector<ConvCase> cases(std::begin(kInt8ConvCases), std::end(kInt8ConvCases));
   cases.push_back({{2, 64, 14, 14, 160, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}, true, true, "relu"});
   cases.push_back({{1, 256, 7, 7, 300, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1}, true, false, ""});
@@ -2195,13 +2209,14 @@ TEST_F(CudaInt8Test, Int8ConvolutionLayerMatchesTheCpuInt8Kernel) {
       auto tactics = nhwc.Tactics(BackendKind::kCuda, "i8-");
       const bool pointwise = c.sh.r == 1 && c.sh.s == 1 && c.sh.sh == 1 && c.sh.sw == 1 &&
                              c.sh.pt + c.sh.pl + c.sh.pb + c.sh.pr == 0;
-      EXPECT_EQ(static_cast<int>(tactics.size()),
-                pointwise ? cuda::Int8WgmmaTileCount() : cuda::Int8WgmmaConvTileCount());
+      EXPECT_EQ(static_cast<int>(tactics.size()), !wgmma      ? cuda::Int8MmaTileCount()
+                                                  : pointwise ? cuda::Int8WgmmaTileCount()
+                                                              : cuda::Int8WgmmaConvTileCount());
       const Bounds b = BoundsFor(storage);
       for (const auto& [p, t] : tactics) {
         SCOPED_TRACE(t.name);
-        EXPECT_TRUE(
-            t.name.starts_with(c.fused() ? "i8-fused-conv-cuda-wgmma-" : "i8-conv-cuda-wgmma-"));
+        EXPECT_TRUE(t.name.starts_with(
+            fmt::format("i8-{}-cuda-{}-", c.fused() ? "fused-conv" : "conv", family)));
         const std::vector<float> y = nhwc.RunCuda(p, t);
         if (y.empty()) continue;
         EXPECT_LE(RelL2(y, replay), b.contract) << "against the plan replayed on the host";
@@ -2209,6 +2224,16 @@ TEST_F(CudaInt8Test, Int8ConvolutionLayerMatchesTheCpuInt8Kernel) {
       }
     }
   }
+}
+
+TEST_F(CudaInt8Test, Int8ConvolutionLayerMatchesTheCpuInt8Kernel) {
+  if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
+  CheckInt8ConvolutionLayer("wgmma");
+}
+
+TEST_F(CudaInt8Test, MmaInt8ConvolutionLayerMatchesTheCpuInt8Kernel) {
+  if (!cuda::MmaCapable()) GTEST_SKIP() << "kiln's mma.sync INT8 kernel needs sm_80";
+  CheckInt8ConvolutionLayer("mma");
 }
 
 // The same with Hopper's warpgroup kernel (KILN_CUDA_INT8_KERNEL=wgmma) reading and writing int8.
@@ -2219,8 +2244,13 @@ TEST_F(CudaInt8Test, EdgesOnTheWarpgroupKernelMatchTheBuildWithout) {
 
 // INT8 edges between convolutions (conv_int8.cc) on resnet_tiny (ResNet-18's BasicBlocks, 16-128
 // channels): each block's first convolution writes int8 for its second, which reads it in place
-// (the block's input has a second reader, the residual, and stays float): 8 blocks, 8 edges.
+// (the block's input has a second reader, the residual, and stays float): 8 blocks, 8 edges. On
+// the mma.sync kernel (sm_80+) and on the warpgroup kernel (Hopper).
 TEST_F(CudaInt8Test, ConvolutionEdgesMatchTheBuildWithout) {
+  if (!cuda::MmaCapable()) GTEST_SKIP() << "kiln's mma.sync INT8 kernel needs sm_80";
+  CheckInt8Edges("mma", "resnet_tiny", 8);
+}
+TEST_F(CudaInt8Test, ConvolutionEdgesOnTheWarpgroupKernelMatchTheBuildWithout) {
   if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
   CheckInt8Edges("wgmma", "resnet_tiny", 8);
 }

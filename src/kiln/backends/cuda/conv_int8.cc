@@ -1,8 +1,11 @@
-// INT8 Conv and FusedConv on CUDA: "i8-conv-cuda-wgmma-<tile>" (and "i8-fused-conv-..."), kiln's
-// Hopper warpgroup kernels as an implicit GEMM (int8_wgmma_gemm.cu's LaunchInt8WgmmaConv,
-// implicit_gemm_conv.h). Offered for the nodes quant_conv_plan.h describes (channels-last, 2-D,
-// group 1, an INT8 activation with zero point 0), where Int8WgmmaAvailable() and the CUDA quant
-// tactics are on (QuantTacticsEnabled). Anything else keeps cuDNN's FP16 convolution.
+// INT8 Conv and FusedConv on CUDA as an implicit GEMM (implicit_gemm_conv.h) on kiln's own 8-bit
+// tensor-core kernels: "i8-conv-cuda-mma-<tile>" (int8_mma_gemm.cu's LaunchInt8MmaConv, sm_80+)
+// and, on Hopper, "i8-conv-cuda-wgmma-<tile>" (int8_wgmma_gemm.cu's LaunchInt8WgmmaConv); the
+// same for FusedConv ("i8-fused-conv-..."). KILN_CUDA_INT8_KERNEL picks the families as for the
+// matrix products (cublaslt_util.h: mma by default, wgmma when asked for until it has run on a
+// GPU). Offered for the nodes quant_conv_plan.h describes (channels-last, 2-D, group 1, an INT8
+// activation with zero point 0) where the CUDA quant tactics are on (QuantTacticsEnabled).
+// Anything else keeps cuDNN's FP16 convolution.
 //
 // Create quantizes the constant weight per output channel (or takes a QDQ model's integers),
 // packs it as the kernel's B [Kp, R * S * Cp] and uploads it with the per-channel output scales.
@@ -10,7 +13,7 @@
 // [N, H, W, Cp] int8 (channels zero padded to a multiple of 16), then the convolution with the
 // epilogue fused: y = act(acc * x_scale * w_scale[k] + bias[k] + Z) in the layer's float type. A
 // pointwise layer (1x1, stride 1, no padding) is a plain matrix product on the quantized X and
-// takes every tile of the matrix kernel, the TMA ones included; others the gathering tiles.
+// takes every tile of the matrix kernel (wgmma's TMA ones included); others the gathering tiles.
 // On INT8 edges (builder/quant_edges.h) the layer reads its producer's int8 X in place (no
 // quantization launch) and/or writes int8 for its consumer (the epilogue quantizes Y).
 #include <fmt/format.h>
@@ -38,16 +41,18 @@ size_t ConvWorkspace(int64_t n, int64_t h, int64_t w, int64_t cp) {
   return kWorkspaceAlign + AlignUpSize(static_cast<size_t>(n * h * w * cp), kWorkspaceAlign);
 }
 
-class Int8WgmmaConvKernel final : public Kernel {
+class Int8ConvKernel final : public Kernel {
  public:
   // b: the packed weights [kp, depth] on the device; col_scale their kp scales.
-  Int8WgmmaConvKernel(QuantizedConv q, int64_t kp, int64_t depth, OwnedDeviceMemory b,
-                      OwnedDeviceMemory col_scale, int tile, std::string name)
+  // wgmma: the Hopper warpgroup kernel's tile, else the mma.sync kernel's.
+  Int8ConvKernel(QuantizedConv q, int64_t kp, int64_t depth, OwnedDeviceMemory b,
+                 OwnedDeviceMemory col_scale, bool wgmma, int tile, std::string name)
       : q_(std::move(q)),
         kp_(kp),
         depth_(depth),
         b_(std::move(b)),
         col_scale_(std::move(col_scale)),
+        wgmma_(wgmma),
         tile_(tile),
         name_(std::move(name)) {}
 
@@ -129,8 +134,13 @@ class Int8WgmmaConvKernel final : public Kernel {
     e.act_min = q_.act.min;
     e.act_max = q_.act.max;
     // Pointwise: A is the quantized X as a matrix, the plain kernel's (every tile).
-    KILN_CUDA_RETURN_IF_ERROR(q_.pointwise ? LaunchInt8WgmmaGemm(g, stream)
-                                           : LaunchInt8WgmmaConv(g, conv_, stream));
+    if (wgmma_) {
+      KILN_CUDA_RETURN_IF_ERROR(q_.pointwise ? LaunchInt8WgmmaGemm(g, stream)
+                                             : LaunchInt8WgmmaConv(g, conv_, stream));
+    } else {
+      KILN_CUDA_RETURN_IF_ERROR(q_.pointwise ? LaunchInt8MmaGemm(g, stream)
+                                             : LaunchInt8MmaConv(g, conv_, stream));
+    }
     return OkStatus();
   }
 
@@ -139,6 +149,7 @@ class Int8WgmmaConvKernel final : public Kernel {
   int64_t kp_, depth_;
   OwnedDeviceMemory b_;          // int8 [Kp, R * S * Cp]
   OwnedDeviceMemory col_scale_;  // float [Kp]: x_scale * w_scale[k] (0 in the padding)
+  bool wgmma_;
   int tile_;
   std::string name_;
   ImplicitGemmConv conv_;
@@ -152,18 +163,36 @@ class Int8ConvProviderBase : public KernelProvider {
   bool SupportsLayout(std::string_view layout) const final { return layout == "NHWC"; }
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
-    if (!QuantTacticsEnabled() || !Int8WgmmaAvailable()) return {};
+    if (!QuantTacticsEnabled()) return {};
     std::optional<QuantizedConv> q = ResolveQuantizedConv(request);
     if (!q) return {};
+    const Int8Families families = Int8FamiliesFromEnv();
     const std::vector<int64_t> x = LargestDims(request.inputs[0]);
-    std::vector<TacticConfig> tactics;
-    for (int tile = 0; tile < TileCount(*q); ++tile) {
+    std::vector<TacticConfig> wgmma, mma;
+    auto own = [&](std::vector<TacticConfig>& out, const char* family, int64_t tag, int tile,
+                   const char* tile_name) {
       TacticConfig t;
-      t.name = fmt::format("i8-{}-cuda-wgmma-{}", what(), Int8WgmmaTileName(tile));
-      t.params = {kWgmmaTag, tile};
-      t.family = "wgmma";
+      t.name = fmt::format("i8-{}-cuda-{}-{}", what(), family, tile_name);
+      t.params = {tag, tile};
+      t.family = family;
       t.workspace_bytes = q->in_int8 ? 0 : ConvWorkspace(x[0], x[1], x[2], PaddedChannels(q->c));
-      tactics.push_back(std::move(t));
+      out.push_back(std::move(t));
+    };
+    if (families.wgmma && Int8WgmmaAvailable()) {
+      for (int tile = 0; tile < WgmmaTileCount(*q); ++tile) {
+        own(wgmma, "wgmma", kWgmmaTag, tile, Int8WgmmaTileName(tile));
+      }
+    }
+    if (families.mma && MmaCapable()) {
+      for (int tile = 0; tile < Int8MmaTileCount(); ++tile) {
+        own(mma, "mma", kMmaTag, tile, Int8MmaTileName(tile));
+      }
+    }
+    // Alternating, so that a search timing the first few of a provider times both families.
+    std::vector<TacticConfig> tactics;
+    for (size_t i = 0; i < std::max(wgmma.size(), mma.size()); ++i) {
+      if (i < wgmma.size()) tactics.push_back(std::move(wgmma[i]));
+      if (i < mma.size()) tactics.push_back(std::move(mma[i]));
     }
     return tactics;
   }
@@ -180,16 +209,22 @@ class Int8ConvProviderBase : public KernelProvider {
                        "edges an int8 X of a multiple of 16 channels, an int8 Y with {}, or both)",
                        node.name(), tactic.name, kInt8InputAmaxAttr, kInt8OutputScaleAttr);
     }
-    if (tactic.params.size() != 2 || tactic.params[0] != kWgmmaTag || tactic.params[1] < 0 ||
-        tactic.params[1] >= TileCount(*q)) {
+    const bool wgmma = OwnTactic(tactic) && tactic.params[0] == kWgmmaTag;
+    const int tiles = wgmma ? WgmmaTileCount(*q) : Int8MmaTileCount();
+    if (!OwnTactic(tactic) || tactic.params[1] < 0 || tactic.params[1] >= tiles) {
       return MakeError(ErrorCode::kInvalidArgument,
-                       "{}: tactic '{}' is not one of this provider's ({{wgmma tag, tile < {}}})",
-                       id(), tactic.name, TileCount(*q));
+                       "{}: tactic '{}' is not one of this provider's ({{wgmma or mma tag, tile < "
+                       "{}}})",
+                       id(), tactic.name, tiles);
     }
-    if (!Int8WgmmaAvailable()) {
+    if (wgmma && !Int8WgmmaAvailable()) {
       return MakeError(ErrorCode::kNoTactic,
                        "node '{}': {} needs a compute capability 9.0 GPU and a kiln built with "
                        "sm_90a code (KILN_CUDA_ARCHS with 90a-real)",
+                       node.name(), tactic.name);
+    }
+    if (!wgmma && !MmaCapable()) {
+      return MakeError(ErrorCode::kNoTactic, "node '{}': {} needs a compute capability 8.0 GPU",
                        node.name(), tactic.name);
     }
     const Tensor w_f32 = request.inputs[1].constant->CastTo(DataType::kFloat32);
@@ -200,8 +235,8 @@ class Int8ConvProviderBase : public KernelProvider {
     KILN_ASSIGN_OR_RETURN(
         OwnedDeviceMemory scales,
         UploadToDevice(packed.col_scale.data(), packed.col_scale.size() * sizeof(float)));
-    return std::unique_ptr<Kernel>(std::make_unique<Int8WgmmaConvKernel>(
-        *q, packed.kp, packed.depth, std::move(b), std::move(scales),
+    return std::unique_ptr<Kernel>(std::make_unique<Int8ConvKernel>(
+        *q, packed.kp, packed.depth, std::move(b), std::move(scales), wgmma,
         static_cast<int>(tactic.params[1]), tactic.name));
   }
 
@@ -219,18 +254,19 @@ class Int8ConvProviderBase : public KernelProvider {
   virtual const char* what() const = 0;
 
  private:
-  // A pointwise layer runs on every tile of the matrix kernel; others on the gathering ones.
-  static int TileCount(const QuantizedConv& q) {
+  // A pointwise layer runs on every tile of the wgmma matrix kernel; others on the gathering
+  // ones. The mma.sync kernel gathers in every tile.
+  static int WgmmaTileCount(const QuantizedConv& q) {
     return q.pointwise ? Int8WgmmaTileCount() : Int8WgmmaConvTileCount();
   }
   static bool OwnTactic(const TacticConfig& t) {
-    return t.params.size() == 2 && t.params[0] == kWgmmaTag;
+    return t.params.size() == 2 && (t.params[0] == kWgmmaTag || t.params[0] == kMmaTag);
   }
 };
 
 class Int8ConvProvider final : public Int8ConvProviderBase {
  public:
-  std::string_view id() const override { return "cuda.conv.wgmma.i8"; }
+  std::string_view id() const override { return "cuda.conv.i8"; }
   std::string_view op_type() const override { return "Conv"; }
 
  protected:
@@ -240,7 +276,7 @@ KILN_REGISTER_KERNEL_PROVIDER(Int8ConvProvider);
 
 class Int8FusedConvProvider final : public Int8ConvProviderBase {
  public:
-  std::string_view id() const override { return "cuda.fused_conv.wgmma.i8"; }
+  std::string_view id() const override { return "cuda.fused_conv.i8"; }
   std::string_view op_type() const override { return "FusedConv"; }
 
  protected:

@@ -51,36 +51,12 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kMaxTactics = 8;
-constexpr int64_t kMmaTag = 0x6d6d61;  // "mma": a tactic of kiln's mma.sync kernel
-
-// KILN_CUDA_INT8_KERNEL picks the families of INT8 tactics offered (tests, and comparing them):
-// "mma", "wgmma" or "cublaslt" that one only, "all" the three; unset or anything else, cuBLASLt's
-// and kiln's mma.sync kernel. The wgmma kernel is offered only when asked for until it has run on
-// a GPU (it was written in a session that got no GPU machine).
-struct Int8Families {
-  bool lt = true, mma = true, wgmma = false;
-};
-Int8Families Int8FamiliesFromEnv() {
-  const char* v = std::getenv("KILN_CUDA_INT8_KERNEL");
-  if (v && std::strcmp(v, "mma") == 0) return {false, true, false};
-  if (v && std::strcmp(v, "wgmma") == 0) return {false, false, true};
-  if (v && std::strcmp(v, "cublaslt") == 0) return {true, false, false};
-  if (v && std::strcmp(v, "all") == 0) return {true, true, true};
-  return {};
-}
 
 // kiln's own kernel a tactic names: its family's launcher and tile.
 struct OwnKernel {
   bool wgmma = false;
   int tile = -1;  // -1: none (cuBLASLt)
 };
-
-bool MmaCapable() {
-  int device = 0, major = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-         major >= 8;
-}
 
 // cuBLASLt's descriptors for one M: int8 x int8 -> int32, computed in int32, TN form.
 struct Int8Descs {

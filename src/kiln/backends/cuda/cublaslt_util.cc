@@ -29,6 +29,23 @@ bool QuantTacticsEnabled() {
   return enabled;
 }
 
+Int8Families Int8FamiliesFromEnv() {
+  const char* v = std::getenv("KILN_CUDA_INT8_KERNEL");
+  const std::string_view k = v ? v : "";
+  if (k == "mma") return {false, true, false};
+  if (k == "wgmma") return {false, false, true};
+  if (k == "cublaslt") return {true, false, false};
+  if (k == "all") return {true, true, true};
+  return {};
+}
+
+bool MmaCapable() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         major >= 8;
+}
+
 StatusOr<GemmSpec> ReadGemmSpec(const Node& node) {
   const AttributeMap& at = node.attrs();
   GemmSpec s;

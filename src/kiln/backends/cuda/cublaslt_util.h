@@ -40,6 +40,18 @@ StatusOr<GemmSpec> ReadGemmSpec(const Node& node);
 // before they existed. The first refusal logs how to turn them on.
 bool QuantTacticsEnabled();
 
+// KILN_CUDA_INT8_KERNEL picks the families of INT8 tactics offered (tests, and comparing them):
+// "mma", "wgmma" or "cublaslt" that one only, "all" the three; unset or anything else, cuBLASLt's
+// and kiln's mma.sync kernel. The wgmma kernel is offered only when asked for until it has run on
+// a GPU (it was written in a session that got no GPU machine). The INT8 convolution
+// (conv_int8.cc) has no cuBLASLt family.
+struct Int8Families {
+  bool lt = true, mma = true, wgmma = false;
+};
+Int8Families Int8FamiliesFromEnv();
+// Whether the current device runs kiln's mma.sync INT8 kernel (compute capability 8.0 or later).
+bool MmaCapable();
+
 // ---- RAII for cuBLASLt descriptors.
 struct DescDeleter {
   void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }

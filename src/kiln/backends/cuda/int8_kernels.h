@@ -96,6 +96,11 @@ cudaError_t LaunchInt8WgmmaConv(const Int8MmaGemmParams& p, const ImplicitGemmCo
                                 cudaStream_t stream);
 int Int8WgmmaConvTileCount();
 
+// The same convolution on kiln's mma.sync kernel (int8_mma_gemm.cu, sm_80+), every tile of
+// LaunchInt8MmaGemm, with the same operands and requirements (lda is not read).
+cudaError_t LaunchInt8MmaConv(const Int8MmaGemmParams& p, const ImplicitGemmConv& conv,
+                              cudaStream_t stream);
+
 // The bound of the TMA kernels' barrier waits, for its test: one thread waits on a barrier phase
 // that never completes and traps after timeout_ns, so the stream's next synchronisation reports
 // an error (a trap: cudaErrorLaunchFailure) and the process's CUDA context is lost (run it in a

@@ -12,12 +12,15 @@
 // epilogue stages the tile's accumulators through shared memory (see there). Both
 // operands are "K contiguous", so the m16n8k32 fragments of A (row) and B (col) come straight
 // from ldmatrix as for 16-bit data (four int8 per 32-bit lane). Tiles past M, Np or Kp are
-// zero-filled, so no shape needs padding beyond cublaslt_int8.cc's.
+// zero-filled, so no shape needs padding beyond cublaslt_int8.cc's. The same kernel runs an INT8
+// NHWC convolution as an implicit GEMM (LaunchInt8MmaConv): only A's loader differs.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
+#include "kiln/backends/cuda/implicit_gemm_conv.h"
+#include "kiln/backends/cuda/implicit_gemm_loader.cuh"
 #include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/cuda/int8_tile_epilogue.cuh"
 #include "kiln/backends/cuda/mma_util.cuh"
@@ -38,6 +41,11 @@ __device__ __forceinline__ void MmaS8(int* c, const uint32_t* a, const uint32_t*
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Where chunk c of tile row r goes in a stage: the padded rows.
+struct PaddedChunk {
+  __device__ __forceinline__ int operator()(int r, int c) const { return r * kRowBytes + c * 16; }
+};
+
 // Rows [row0, row0 + kRows) x bytes [k0, k0 + kBk) of a [rows, ld] int8 operand into one stage.
 template <int kRows, int kThreads>
 __device__ __forceinline__ void LoadStage(uint8_t* dst, const int8_t* src, int64_t ld, int64_t row0,
@@ -50,14 +58,15 @@ __device__ __forceinline__ void LoadStage(uint8_t* dst, const int8_t* src, int64
     const int r = i >> 2, c = i & 3;
     const int64_t gr = row0 + r, gk = k0 + c * 16;
     const bool valid = gr < rows && gk < depth;
-    CpAsync16(dst + r * kRowBytes + c * 16, valid ? src + gr * ld + gk : src, valid);
+    CpAsync16(dst + PaddedChunk{}(r, c), valid ? src + gr * ld + gk : src, valid);
   }
 }
 
 // T: the float type of C and of the arithmetic's rounding; Y: T, or int8_t for an INT8 edge.
-template <typename T, typename Y, int kBm, int kBn, int kWm, int kWn, int kStages>
+// kConv: A is the implicit-GEMM view `conv` of the NHWC input p.a (LaunchInt8MmaConv).
+template <typename T, typename Y, int kBm, int kBn, int kWm, int kWn, int kStages, bool kConv>
 __global__ void __launch_bounds__(kWm* kWn * 32)
-    Int8MmaGemmKernel(Int8MmaGemmParams p, int8_tile::Vectors vectors) {
+    Int8MmaGemmKernel(Int8MmaGemmParams p, int8_tile::Vectors vectors, ImplicitGemmConv conv) {
   constexpr int kThreads = kWm * kWn * 32;
   constexpr int kTm = kBm / kWm, kTn = kBn / kWn;  // a warp's tile
   constexpr int kMi = kTm / 16, kNj = kTn / 8;
@@ -78,9 +87,16 @@ __global__ void __launch_bounds__(kWm* kWn * 32)
     for (int j = 0; j < kNj; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0;
   }
 
+  // kConv: the stages are loaded in order, kt = 0, 1, ...
+  ImplicitGemmStageLoader<kBm, kBk / 16, kThreads> conv_a;
+  if constexpr (kConv) conv_a.Init(conv, m0, tid);
   auto load = [&](int kt, int slot) {
-    LoadStage<kBm, kThreads>(sa + slot * kBm * kRowBytes, p.a, p.lda, m0, p.epi.rows,
-                             static_cast<int64_t>(kt) * kBk, p.depth, tid);
+    if constexpr (kConv) {
+      conv_a.Load(sa + slot * kBm * kRowBytes, p.a, conv, tid, PaddedChunk{});
+    } else {
+      LoadStage<kBm, kThreads>(sa + slot * kBm * kRowBytes, p.a, p.lda, m0, p.epi.rows,
+                               static_cast<int64_t>(kt) * kBk, p.depth, tid);
+    }
     LoadStage<kBn, kThreads>(sb + slot * kBn * kRowBytes, p.b, p.ldb, n0, p.np,
                              static_cast<int64_t>(kt) * kBk, p.depth, tid);
   };
@@ -155,33 +171,35 @@ struct TileConfig {
 // Index = Int8MmaGemmParams::tile.
 constexpr TileConfig kTiles[] = {{"128x128"}, {"128x256"}, {"64x128"}, {"128x64"}, {"128x128w8"}};
 
-template <typename T, typename Y, int kBm, int kBn, int kWm, int kWn, int kStages>
-cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
+template <typename T, typename Y, int kBm, int kBn, int kWm, int kWn, int kStages, bool kConv>
+cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
+                       const ImplicitGemmConv& conv) {
   constexpr int kStageBytes = kStages * (kBm + kBn) * kRowBytes;
   constexpr int kAccBytes = kBm * (kBn + kAccPad) * 4;
   constexpr int kSmem = kStageBytes > kAccBytes ? kStageBytes : kAccBytes;
-  auto* kernel = Int8MmaGemmKernel<T, Y, kBm, kBn, kWm, kWn, kStages>;
+  auto* kernel = Int8MmaGemmKernel<T, Y, kBm, kBn, kWm, kWn, kStages, kConv>;
   static SharedMemoryOptIn opt_in;
   if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
   dim3 grid;
   if (cudaError_t e = int8_tile::TileGrid(p, kBm, kBn, &grid); e != cudaSuccess) return e;
-  kernel<<<grid, kWm * kWn * 32, kSmem, stream>>>(p, int8_tile::VectorsFor<Y>(p));
+  kernel<<<grid, kWm * kWn * 32, kSmem, stream>>>(p, int8_tile::VectorsFor<Y>(p), conv);
   return cudaGetLastError();
 }
 
-template <typename T, typename Y>
-cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream) {
+template <typename T, typename Y, bool kConv = false>
+cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
+                        const ImplicitGemmConv& conv = {}) {
   switch (p.tile) {
     case 0:
-      return LaunchTile<T, Y, 128, 128, 2, 2, 4>(p, stream);
+      return LaunchTile<T, Y, 128, 128, 2, 2, 4, kConv>(p, stream, conv);
     case 1:
-      return LaunchTile<T, Y, 128, 256, 2, 4, 3>(p, stream);
+      return LaunchTile<T, Y, 128, 256, 2, 4, 3, kConv>(p, stream, conv);
     case 2:
-      return LaunchTile<T, Y, 64, 128, 2, 2, 4>(p, stream);
+      return LaunchTile<T, Y, 64, 128, 2, 2, 4, kConv>(p, stream, conv);
     case 3:
-      return LaunchTile<T, Y, 128, 64, 2, 2, 4>(p, stream);
+      return LaunchTile<T, Y, 128, 64, 2, 2, 4, kConv>(p, stream, conv);
     case 4:  // eight warps of 64 x 32: more warps to hide the latencies, fewer registers each
-      return LaunchTile<T, Y, 128, 128, 2, 4, 4>(p, stream);
+      return LaunchTile<T, Y, 128, 128, 2, 4, 4, kConv>(p, stream, conv);
     default:
       return cudaErrorInvalidValue;
   }
@@ -198,6 +216,17 @@ const char* Int8MmaTileName(int tile) {
 cudaError_t LaunchInt8MmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
   return int8_tile::DispatchOwnKernel<int8_t>(
       p, [&](auto t, auto y) { return LaunchTiled<decltype(t), decltype(y)>(p, stream); });
+}
+
+cudaError_t LaunchInt8MmaConv(const Int8MmaGemmParams& p, const ImplicitGemmConv& conv,
+                              cudaStream_t stream) {
+  if (p.epi.rows != conv.rows() || p.depth != conv.depth() || conv.cp % kConvChannelPad != 0 ||
+      !ImplicitGemmIndexable(conv)) {
+    return cudaErrorInvalidValue;
+  }
+  return int8_tile::DispatchOwnKernel<int8_t>(p, [&](auto t, auto y) {
+    return LaunchTiled<decltype(t), decltype(y), true>(p, stream, conv);
+  });
 }
 
 }  // namespace kiln::cuda

@@ -32,6 +32,7 @@
 #include <type_traits>
 
 #include "kiln/backends/cuda/implicit_gemm_conv.h"
+#include "kiln/backends/cuda/implicit_gemm_loader.cuh"
 #include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/cuda/int8_tile_epilogue.cuh"
 #include "kiln/backends/cuda/mma_util.cuh"
@@ -152,6 +153,14 @@ __device__ __forceinline__ void Wgmma(float (&d)[128], uint64_t da, uint64_t db)
 #undef KILN_WGMMA_D16
 #undef KILN_WGMMA_D4
 
+// Where chunk c of tile row r of an 8-bit operand goes in a stage: row r's 128 bytes in the
+// 128-byte swizzle wgmma reads (chunk c at c ^ (r % 8)).
+struct SwizzledChunk {
+  __device__ __forceinline__ int operator()(int r, int c) const {
+    return r * kBk + ((c ^ (r & 7)) << 4);
+  }
+};
+
 // Rows [row0, row0 + kRows) x bytes [k0, k0 + kBk) of a [rows, ld] 8-bit operand into one
 // stage, swizzled; zeros past its rows or depth.
 template <int kRows>
@@ -165,44 +174,9 @@ __device__ __forceinline__ void LoadStage(uint8_t* dst, const int8_t* src, int64
     const int r = i >> 3, c = i & 7;
     const int64_t gr = row0 + r, gk = k0 + c * 16;
     const bool valid = gr < rows && gk < depth;
-    CpAsync16(dst + r * kBk + ((c ^ (r & 7)) << 4), valid ? src + gr * ld + gk : src, valid);
+    CpAsync16(dst + SwizzledChunk{}(r, c), valid ? src + gr * ld + gk : src, valid);
   }
 }
-
-// The implicit-GEMM view of an NHWC input x (implicit_gemm_conv.h) as one thread loads it: the
-// thread's chunks of a stage sit in kRows / 32 fixed rows of the tile and one fixed column (chunk
-// tid % 8 of each row), so it decomposes its rows once (Init) and moves its column a stage at a
-// time (Load, called for the stages in order from the first): no division per chunk. A chunk is
-// one contiguous 16-byte run of x, or zeros for the padding around the image, a row past the last
-// and the depth's tail.
-template <int kRows>
-struct ConvStageLoader {
-  static constexpr int kPer = kRows * (kBk / 16) / kThreads;
-  static_assert(kPer * kThreads == kRows * (kBk / 16), "every thread copies the same chunks");
-  ImplicitGemmRow rows[kPer];
-  ImplicitGemmColumn col;
-
-  __device__ __forceinline__ void Init(const ImplicitGemmConv& g, int64_t row0, int tid) {
-    const int64_t last = g.rows();
-#pragma unroll
-    for (int it = 0; it < kPer; ++it) {
-      const int64_t m = row0 + ((tid + it * kThreads) >> 3);
-      rows[it] = m < last ? RowOf(g, m) : NoRow();
-    }
-    col = ColumnOf(g, (tid & 7) * 16);
-  }
-  __device__ __forceinline__ void Load(uint8_t* dst, const int8_t* x, const ImplicitGemmConv& g,
-                                       int tid) {
-    const int c = tid & 7;
-#pragma unroll
-    for (int it = 0; it < kPer; ++it) {
-      const int r = (tid + it * kThreads) >> 3;
-      const int64_t off = OffsetAt(g, rows[it], col);
-      CpAsync16(dst + r * kBk + ((c ^ (r & 7)) << 4), off >= 0 ? x + off : x, off >= 0);
-    }
-    Advance(g, col, kBk);
-  }
-};
 
 // The mbarriers of the TMA kernel: init with an arrival count; arrive; arrive announcing the bytes
 // the tensor copies will complete on it; wait for the completion of the phase of a parity.
@@ -348,12 +322,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     for (int j = 0; j < kBn / 2; ++j) acc[i][j] = 0;
   }
 
-  ConvStageLoader<kBm> conv_a;  // kConv: the stages are loaded in order, kt = 0, 1, ...
+  // kConv: the stages are loaded in order, kt = 0, 1, ...
+  ImplicitGemmStageLoader<kBm, kBk / 16, kThreads> conv_a;
   if constexpr (kConv) conv_a.Init(conv, m0, tid);
   auto load = [&](int kt, int slot) {
     const int64_t k0 = static_cast<int64_t>(kt) * kBk;
     if constexpr (kConv) {
-      conv_a.Load(sa + slot * kAStage, p.a, conv, tid);
+      conv_a.Load(sa + slot * kAStage, p.a, conv, tid, SwizzledChunk{});
     } else {
       LoadStage<kBm>(sa + slot * kAStage, p.a, p.lda, m0, p.epi.rows, k0, p.depth, tid);
     }

@@ -25,6 +25,8 @@ namespace kiln::cuda {
 // The tag in TacticConfig::params[0] of a tactic that runs kiln's Hopper warpgroup kernels
 // (int8_wgmma_gemm.cu) for an INT8 or FP8 layer: "wgmma" in ASCII.
 inline constexpr int64_t kWgmmaTag = 0x77676d6d61;
+// The same for kiln's mma.sync INT8 kernels (int8_mma_gemm.cu): "mma".
+inline constexpr int64_t kMmaTag = 0x6d6d61;
 
 // K and N are padded to this (IMMA needs multiples of 4; 16 keeps every column 16-byte aligned).
 inline constexpr int64_t kQuantPad = 16;
