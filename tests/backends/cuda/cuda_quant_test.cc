@@ -885,48 +885,55 @@ TEST(CudaInt8Host, ImplicitGemmRowsGatherTheConvolution) {
   }
 }
 
-// The walk of the wgmma kernel's convolution loader (int8_wgmma_gemm.cu's ConvStageLoader): each
-// thread decomposes its rows once (RowOf, NoRow past the last) and its column once (ColumnOf),
-// then moves the column 128 bytes a stage (Advance, no division). Every chunk it reads, over
-// every stage and thread of several blocks, is the chunk OffsetOf gives (or zeros past the rows
-// and the depth), for channel counts below, at and above the stage width.
+// The walk of the kernels' convolution loaders (ImplicitGemmThreadWalk, which
+// implicit_gemm_loader.cuh's loader runs): each thread decomposes its rows once (RowOf, NoRow past
+// the last) and its column once (ColumnOf), then moves the column a stage at a time (Advance, no
+// division). Every chunk it reads, over every stage and thread of several blocks, is the chunk
+// OffsetOf gives (or zeros past the rows and the depth), for channel counts below, at and above
+// the stage width, in the stage shapes of the wgmma kernel (128 bytes: 128 or 256 rows, 256
+// threads) and of the mma.sync kernel (64 bytes: 64 or 128 rows, 128 or 256 threads).
+template <int kRows, int kChunks, int kThreads>
+void CheckThreadWalk(const cuda::ImplicitGemmConv& g) {
+  using Walk = cuda::ImplicitGemmThreadWalk<kRows, kChunks, kThreads>;
+  SCOPED_TRACE(fmt::format("{} rows x {} chunks, {} threads", kRows, kChunks, kThreads));
+  constexpr int kStage = kChunks * 16;
+  const int64_t ktiles = (g.depth() + kStage - 1) / kStage;
+  int64_t checked = 0, mismatches = 0;
+  for (int64_t row0 = 0; row0 < g.rows() + kRows; row0 += kRows) {
+    for (int tid = 0; tid < kThreads; ++tid) {
+      Walk walk;
+      walk.Init(g, row0, tid);
+      for (int64_t kt = 0; kt < ktiles; ++kt) {
+        const int64_t j = kt * kStage + (tid % kChunks) * 16;
+        for (int it = 0; it < Walk::kPer; ++it) {
+          const int64_t m = row0 + Walk::RowInTile(tid, it);
+          const int64_t want =
+              m < g.rows() && j < g.depth() ? cuda::OffsetOf(g, cuda::RowOf(g, m), j) : -1;
+          mismatches += walk.Offset(g, it) != want;
+          ++checked;
+        }
+        walk.Next(g);
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_EQ(mismatches, 0);
+}
+
 TEST(CudaInt8Host, TheLoadersColumnWalkMatchesTheDividedOffsets) {
   std::mt19937 rng(79);
   std::vector<ConvShape> shapes(std::begin(kConvShapes), std::end(kConvShapes));
   shapes.push_back({1, 200, 5, 6, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1});  // Cp 208: across stages
   shapes.push_back({1, 512, 3, 3, 8, 3, 3, 1, 1, 1, 1, 1, 1, 2, 2});  // Cp 4 stages, dilation
-  constexpr int kStage = 128, kThreadsPerBlock = 256, kRows = 128;
   for (const ConvShape& sh : shapes) {
     SCOPED_TRACE(sh.Describe());
     const cuda::ImplicitGemmConv g = MakeConvProblem(sh, rng).g;
     ASSERT_TRUE(cuda::ImplicitGemmIndexable(g));
-    const int64_t ktiles = (g.depth() + kStage - 1) / kStage;
-    int64_t checked = 0, mismatches = 0;
-    for (int64_t row0 = 0; row0 < g.rows() + kRows; row0 += kRows) {
-      for (int tid = 0; tid < kThreadsPerBlock; ++tid) {
-        std::vector<cuda::ImplicitGemmRow> rows;
-        std::vector<int64_t> ms;
-        for (int it = 0; it < kRows * (kStage / 16) / kThreadsPerBlock; ++it) {
-          const int64_t m = row0 + ((tid + it * kThreadsPerBlock) >> 3);
-          rows.push_back(m < g.rows() ? cuda::RowOf(g, m) : cuda::NoRow());
-          ms.push_back(m);
-        }
-        cuda::ImplicitGemmColumn col = cuda::ColumnOf(g, (tid & 7) * 16);
-        for (int64_t kt = 0; kt < ktiles; ++kt) {
-          const int64_t j = kt * kStage + (tid & 7) * 16;
-          for (size_t i = 0; i < rows.size(); ++i) {
-            const int64_t want = ms[i] < g.rows() && j < g.depth()
-                                     ? cuda::OffsetOf(g, cuda::RowOf(g, ms[i]), j)
-                                     : -1;
-            mismatches += cuda::OffsetAt(g, rows[i], col) != want;
-            ++checked;
-          }
-          cuda::Advance(g, col, kStage);
-        }
-      }
-    }
-    EXPECT_GT(checked, 0);
-    EXPECT_EQ(mismatches, 0);
+    CheckThreadWalk<128, 8, 256>(g);  // wgmma, one 64-row tile per warpgroup
+    CheckThreadWalk<256, 8, 256>(g);  // wgmma, two
+    CheckThreadWalk<128, 4, 128>(g);  // mma.sync 128x128, 128x64
+    CheckThreadWalk<64, 4, 128>(g);   // mma.sync 64x128
+    CheckThreadWalk<128, 4, 256>(g);  // mma.sync 128x256, 128x128 with eight warps
   }
 }
 

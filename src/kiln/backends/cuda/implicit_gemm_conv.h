@@ -104,6 +104,36 @@ KILN_IMPLICIT_GEMM_HD int64_t OffsetOf(const ImplicitGemmConv& g, const Implicit
   return OffsetAt(g, row, ColumnOf(g, j));
 }
 
+// One thread's share of a stage of A in kiln's cp.async loaders (implicit_gemm_loader.cuh): a
+// stage is kRows rows of A by kChunks 16-byte chunks, and thread tid of kThreads takes chunk
+// tid % kChunks of tile rows RowInTile(tid, it), it < kPer. Its rows stay fixed, decomposed once
+// (Init); its column moves one stage along the depth at a time (Next, no division). Offset(it) is
+// OffsetAt for its it-th chunk of the current stage.
+template <int kRows, int kChunks, int kThreads>
+struct ImplicitGemmThreadWalk {
+  static_assert(kThreads % kChunks == 0, "a thread's chunk is the same one in each of its rows");
+  static constexpr int kPer = kRows * kChunks / kThreads;
+  static_assert(kPer * kThreads == kRows * kChunks, "every thread copies the same chunks");
+  ImplicitGemmRow rows[kPer];
+  ImplicitGemmColumn col;
+
+  KILN_IMPLICIT_GEMM_HD static int RowInTile(int tid, int it) {
+    return (tid + it * kThreads) / kChunks;
+  }
+  KILN_IMPLICIT_GEMM_HD void Init(const ImplicitGemmConv& g, int64_t row0, int tid) {
+    const int64_t last = g.rows();
+    for (int it = 0; it < kPer; ++it) {
+      const int64_t m = row0 + RowInTile(tid, it);
+      rows[it] = m < last ? RowOf(g, m) : NoRow();
+    }
+    col = ColumnOf(g, (tid % kChunks) * 16);
+  }
+  KILN_IMPLICIT_GEMM_HD int64_t Offset(const ImplicitGemmConv& g, int it) const {
+    return OffsetAt(g, rows[it], col);
+  }
+  KILN_IMPLICIT_GEMM_HD void Next(const ImplicitGemmConv& g) { Advance(g, col, kChunks * 16); }
+};
+
 // Whether the convolution is pointwise: a 1x1 window, stride 1, no padding. A is then x itself,
 // [N * H * W, Cp] row-major, and the plain matrix kernels (TMA's included) run it.
 KILN_IMPLICIT_GEMM_HD bool IsPointwise(const ImplicitGemmConv& g) {
