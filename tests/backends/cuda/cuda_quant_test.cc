@@ -1198,25 +1198,24 @@ TEST(CudaInt8Host, TheConvPlanTakesTheInt8SidesOfItsEdges) {
       a.Set(std::string(attr), v);
     }
   };
+  auto expect = [](const KernelRequest& r, bool in_int8, float out_scale, cuda::BlasType type) {
+    std::optional<cuda::QuantizedConv> q = cuda::ResolveQuantizedConv(r);
+    ASSERT_TRUE(q.has_value());
+    EXPECT_EQ(q->in_int8, in_int8);
+    EXPECT_EQ(q->out_scale, out_scale);
+    EXPECT_EQ(q->type, type);
+  };
   {
     ConvNode reader(c, in, true, DataType::kFloat16);
     KernelRequest r = reader.request();
     r.inputs[0].dtype = kInt8EdgeType;
     EXPECT_FALSE(cuda::ResolveQuantizedConv(r)) << "an int8 X not marked as an edge";
     mark(reader, kInt8InputEdgeAttr, 0.f);
-    std::optional<cuda::QuantizedConv> q = cuda::ResolveQuantizedConv(r);
-    ASSERT_TRUE(q.has_value());
-    EXPECT_TRUE(q->in_int8);
-    EXPECT_EQ(q->out_scale, 0.f);
-    EXPECT_EQ(q->type, cuda::BlasType::kF16);  // Y's
+    expect(r, true, 0.f, cuda::BlasType::kF16);  // Y's type
     // On two edges, int8 in and out: W's float type (the bias with it).
     r.outputs[0].dtype = kInt8EdgeType;
     mark(reader, kInt8OutputScaleAttr, 0.1f);
-    q = cuda::ResolveQuantizedConv(r);
-    ASSERT_TRUE(q.has_value());
-    EXPECT_TRUE(q->in_int8);
-    EXPECT_EQ(q->out_scale, 0.1f);
-    EXPECT_EQ(q->type, cuda::BlasType::kF16);
+    expect(r, true, 0.1f, cuda::BlasType::kF16);
     r.inputs[1].dtype = DataType::kFloat32;  // a W whose type the bias does not share
     EXPECT_FALSE(cuda::ResolveQuantizedConv(r));
   }
@@ -1230,11 +1229,7 @@ TEST(CudaInt8Host, TheConvPlanTakesTheInt8SidesOfItsEdges) {
       EXPECT_FALSE(cuda::ResolveQuantizedConv(r)) << bad;
     }
     mark(writer, kInt8OutputScaleAttr, 0.05f);
-    std::optional<cuda::QuantizedConv> q = cuda::ResolveQuantizedConv(r);
-    ASSERT_TRUE(q.has_value());
-    EXPECT_FALSE(q->in_int8);
-    EXPECT_EQ(q->out_scale, 0.05f);
-    EXPECT_EQ(q->type, cuda::BlasType::kF32);  // X's
+    expect(r, false, 0.05f, cuda::BlasType::kF32);  // X's type
   }
   {
     const ConvCase odd = kInt8ConvCases[5];  // 40 channels: the kernel's X would need padding

@@ -152,6 +152,14 @@ KILN_IMPLICIT_GEMM_HD bool ImplicitGemmIndexable(const ImplicitGemmConv& g) {
          int64_t{g.s} * g.dil_w + g.pad_left < kExtent;
 }
 
+// Whether a launch of `rows` rows of Y over a depth of `depth` can run g: they are g's, its
+// channels are padded as the loaders copy them, and it is ImplicitGemmIndexable.
+KILN_IMPLICIT_GEMM_HD bool ImplicitGemmLaunchable(const ImplicitGemmConv& g, int64_t rows,
+                                                  int64_t depth) {
+  return rows == g.rows() && depth == g.depth() && g.cp % kConvChannelPad == 0 &&
+         ImplicitGemmIndexable(g);
+}
+
 // The weight [K, C, R, S] (any element type T, e.g. int8 after per-channel quantization) as B:
 // [kp, R * S * Cp], row k = output channel k in [K, R, S, Cp] order, zeros in the padding
 // channels and in rows k >= K up to kp.

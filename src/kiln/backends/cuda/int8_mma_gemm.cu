@@ -220,10 +220,7 @@ cudaError_t LaunchInt8MmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
 
 cudaError_t LaunchInt8MmaConv(const Int8MmaGemmParams& p, const ImplicitGemmConv& conv,
                               cudaStream_t stream) {
-  if (p.epi.rows != conv.rows() || p.depth != conv.depth() || conv.cp % kConvChannelPad != 0 ||
-      !ImplicitGemmIndexable(conv)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!ImplicitGemmLaunchable(conv, p.epi.rows, p.depth)) return cudaErrorInvalidValue;
   return int8_tile::DispatchOwnKernel<int8_t>(p, [&](auto t, auto y) {
     return LaunchTiled<decltype(t), decltype(y), true>(p, stream, conv);
   });

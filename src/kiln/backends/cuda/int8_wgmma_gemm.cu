@@ -616,10 +616,7 @@ cudaError_t LaunchInt8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream)
 
 cudaError_t LaunchInt8WgmmaConv(const Int8MmaGemmParams& p, const ImplicitGemmConv& conv,
                                 cudaStream_t stream) {
-  if (p.epi.rows != conv.rows() || p.depth != conv.depth() || conv.cp % kConvChannelPad != 0 ||
-      !ImplicitGemmIndexable(conv)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!ImplicitGemmLaunchable(conv, p.epi.rows, p.depth)) return cudaErrorInvalidValue;
   return int8_tile::DispatchOwnKernel<int8_t>(p, [&](auto t, auto y) {
     return LaunchTiled<int, decltype(t), decltype(y), true>(p, stream, conv);
   });
