@@ -676,7 +676,8 @@ def _dims_text(dims: Sequence[int]) -> str:
 def _options(backend, fp16, bf16, int8, profiles, deadline, memory_budget, max_kernel_time,
              timing_cache, calib_dir, calib_method, calib_percentile, calib_cache,
              int8_tolerance, optimize, fp8=False, calib_on_cpu=False,
-             fp8_tolerance=None, fp8_edges=True, int8_edges=True) -> Sequence[Tuple[str, str]]:
+             fp8_tolerance=None, fp8_edges=True, int8_edges=True,
+             quantized_if_faster=None) -> Sequence[Tuple[str, str]]:
     opts = [("backend", backend), ("fp16", "1" if fp16 else "0"), ("bf16", "1" if bf16 else "0"),
             ("int8", "1" if int8 else "0"), ("optimize", "1" if optimize else "0")]
     if fp8:
@@ -711,6 +712,8 @@ def _options(backend, fp16, bf16, int8, profiles, deadline, memory_budget, max_k
         opts.append(("fp8_edges", "0"))
     if not int8_edges:
         opts.append(("int8_edges", "0"))
+    if quantized_if_faster is not None:
+        opts.append(("quantized_if_faster", "1" if quantized_if_faster else "0"))
     return opts
 
 
@@ -823,7 +826,7 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
           calib_method: Optional[str] = None, calib_percentile: Optional[float] = None,
           calib_cache=None, int8_tolerance=None, calib_on_cpu: bool = False,
           fp8_tolerance=None, fp8_edges: bool = True, int8_edges: bool = True,
-          optimize: bool = True, progress: Optional[Callable[..., Any]] = None,
+          quantized_if_faster: Optional[bool] = None, optimize: bool = True, progress: Optional[Callable[..., Any]] = None,
           exporter: str = "torchscript", input_names: Optional[Sequence[str]] = None,
           output_names: Optional[Sequence[str]] = None, dynamic_axes=None,
           opset: Optional[int] = None, distributed=None, **distributed_options) -> Engine:
@@ -836,7 +839,9 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
     calib_percentile, calib_cache, int8_tolerance, fp8_tolerance, calib_on_cpu (calibrate on the CPU reference
     even for a GPU build; by default calibration runs on the build's device), fp8_edges and
     int8_edges (False keeps float values between two quantized products, like the CLI's
-    --no-fp8-edges / --no-int8-edges), optimize.
+    --no-fp8-edges / --no-int8-edges), quantized_if_faster (True: a quantized layer runs float where
+    a float tactic is faster; False: it stays quantized; None: the backend's default, like
+    --quantized-if-faster auto), optimize.
     `progress(phase, done, total,
     elapsed_s, detail)` is called as the build goes; returning False cancels it. `distributed=True` (or a
     torch.distributed process group) builds once for the whole job: see kiln.distributed.build.
@@ -876,7 +881,8 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
                            max_kernel_time, timing_cache, calib_dir, calib_method,
                            calib_percentile, calib_cache, int8_tolerance, optimize, fp8=fp8,
                            calib_on_cpu=calib_on_cpu, fp8_tolerance=fp8_tolerance,
-                           fp8_edges=fp8_edges, int8_edges=int8_edges)
+                           fp8_edges=fp8_edges, int8_edges=int8_edges,
+                           quantized_if_faster=quantized_if_faster)
         config = _Config(options, progress)
         if distributed:
             from . import distributed as dist

@@ -81,6 +81,10 @@ int main(int argc, char** argv) {
   expect_code(kiln_build_config_set(c, "precision", "fp8"), 1001, "unknown option");
   expect_code(kiln_build_config_set(c, "deadline", "-5s"), 3004, "negative deadline");
   ok(kiln_build_config_set(c, "backend", "cpu"), "backend cpu");
+  ok(kiln_build_config_set(c, "quantized_if_faster", "1"), "quantized_if_faster 1");
+  ok(kiln_build_config_set(c, "quantized_if_faster", "auto"), "quantized_if_faster auto");
+  expect_code(kiln_build_config_set(c, "quantized_if_faster", "sometimes"), 1001,
+              "quantized_if_faster sometimes");
   kiln_engine* e = NULL;
   static const char garbage[128] = "not an engine";
   expect_code(kiln_engine_deserialize(garbage, sizeof garbage, &e), 4000, "garbage engine");

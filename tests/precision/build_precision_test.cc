@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "kiln/backends/cpu/cpu_eval.h"
 #include "kiln/backends/fp8_quant.h"
@@ -137,6 +138,52 @@ class FakeFp8MatMul final : public KernelProvider {
   }
 };
 KILN_REGISTER_KERNEL_PROVIDER(FakeFp8MatMul);
+
+// A deliberately slow INT8 MatMul, for the race between a layer's INT8 and float tactics
+// (BuilderConfig::quantized_if_faster): offered only for nodes named "slow_*" with a batched
+// constant weight (which the CPU's own INT8 kernels do not take), it computes the float product
+// and then waits 20 ms, far slower than any float MatMul of that size.
+class SlowInt8MatMul final : public KernelProvider {
+ public:
+  std::string_view id() const override { return "test.i8.slow_matmul"; }
+  std::string_view op_type() const override { return "MatMul"; }
+  BackendKind backend() const override { return BackendKind::kCpu; }
+  std::vector<TacticConfig> Tactics(const KernelRequest& r) const override {
+    if (!r.node->name().starts_with("slow_") ||
+        !r.node->attrs().Has(std::string(precision::kInt8InputAmaxAttr))) {
+      return {};
+    }
+    return {{"i8-matmul-cpu-test-slow", {}, 0}};
+  }
+  StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& r,
+                                           const TacticConfig&) const override {
+    struct K final : Kernel {
+      Tensor w;  // [B, K, N]
+      Status Run(const KernelRunArgs& a) override {
+        const int64_t batches = w.dims()[0], k = w.dims()[1], n = w.dims()[2];
+        const int64_t m = a.inputs[0].dims[0];
+        const float* wd = w.data<float>();
+        for (int64_t b = 0; b < batches; ++b) {
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double acc = 0;
+              for (int64_t p = 0; p < k; ++p) {
+                acc += LoadAsDouble(a.inputs[0], i * k + p) * wd[(b * k + p) * n + j];
+              }
+              StoreFromDouble(a.outputs[0], (b * m + i) * n + j, acc);
+            }
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        return OkStatus();
+      }
+    };
+    auto kernel = std::make_unique<K>();
+    kernel->w = r.inputs[1].constant->CastTo(DataType::kFloat32);
+    return std::unique_ptr<Kernel>(std::move(kernel));
+  }
+};
+KILN_REGISTER_KERNEL_PROVIDER(SlowInt8MatMul);
 
 const LayerReport* FindLayer(const BuildReport& r, const std::string& name) {
   for (const auto& l : r.layer_reports) {
@@ -342,6 +389,54 @@ TEST(PrecisionFp8, WithInt8TheInt8KernelComesFirst) {
   EXPECT_EQ(FindLayer(report, "bmm")->precision, "f16");
   EXPECT_EQ(FindLayer(report, "bmm")->precision_reason,
             "f16: no int8 kernel on cpu; no fp8 kernel on cpu");
+}
+
+// x [4, 16] -> MatMul "slow_bmm" (W [2, 16, 8]) -> y: its only INT8 tactic is SlowInt8MatMul's.
+std::unique_ptr<Graph> SlowBatchedMatMul() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->AddInput("x", DataType::kFloat32, MakeShape({4, 16}));
+  Value* y = g->AddValue("y");
+  g->AddNode("MatMul", "slow_bmm", {x, g->AddConstant("w", F32({2, 16, 8}, Random(256, 3, 0.5f)))},
+             {y});
+  g->MarkOutput(y);
+  EXPECT_TRUE(InferShapes(*g).ok());
+  return g;
+}
+
+// --quantized-if-faster: on, the INT8 layer's slow tactic races its float ones and loses, so the
+// layer runs float and says why, without its INT8 attribute; off (the CPU's default), it stays
+// INT8 on the slow tactic. A build without a search keeps the INT8 tactic either way.
+TEST(PrecisionInt8, AFasterFloatTacticWinsWhenQuantizedIfFaster) {
+  BuilderConfig c;
+  c.int8 = true;
+  c.int8_tolerance = HUGE_VAL;
+  c.calibration_dir = MatMulCalibration("slow_int8_calib");
+  c.optimize = false;
+  c.quantized_if_faster = true;
+  BuildReport report;
+  auto raced = BuildEngine({SlowBatchedMatMul(), "t", HashString("t")}, c, &report);
+  ASSERT_TRUE(raced.ok()) << raced.status().ToString();
+  const LayerReport* l = FindLayer(report, "slow_bmm");
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(l->precision, "f16");
+  EXPECT_FALSE(l->tactic.starts_with("i8-")) << l->tactic;
+  EXPECT_NE(l->precision_reason.find("f16: its i8 tactics were slower here"), std::string::npos)
+      << l->precision_reason;
+  EXPECT_FALSE((*raced)->graph->FindNode("slow_bmm")->attrs().Has("kiln_int8_input_amax"));
+  EXPECT_EQ(report.precision_counts.count("i8"), 0u);
+
+  c.quantized_if_faster = false;
+  BuildReport forced;
+  auto kept = BuildEngine({SlowBatchedMatMul(), "t", HashString("t")}, c, &forced);
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ(FindLayer(forced, "slow_bmm")->precision, "i8");
+  EXPECT_EQ(FindLayer(forced, "slow_bmm")->tactic, "i8-matmul-cpu-test-slow");
+
+  c.quantized_if_faster = true;
+  c.search_tactics = false;
+  BuildReport unsearched;
+  ASSERT_TRUE(BuildEngine({SlowBatchedMatMul(), "t", HashString("t")}, c, &unsearched).ok());
+  EXPECT_EQ(FindLayer(unsearched, "slow_bmm")->precision, "i8");
 }
 
 TEST(PrecisionFp8, WithoutCalibrationDataFp8FallsBackWithAWarning) {

@@ -35,6 +35,7 @@ struct BuildOptions {
   bool calib_on_cpu = false;
   bool no_fp8_edges = false;
   bool no_int8_edges = false;
+  std::string quantized_if_faster = "auto";
   std::string int8_tolerance = fmt::format("{:g}", precision::kDefaultInt8Tolerance);
   std::string fp8_tolerance = fmt::format("{:g}", precision::kDefaultFp8Tolerance);
   double calib_percentile = 99.99;
@@ -187,6 +188,7 @@ int Run(const BuildOptions& o, const GlobalOptions& global) {
   config.calibrate_on_backend = !o.calib_on_cpu;
   config.fp8_edges = !o.no_fp8_edges;
   config.int8_edges = !o.no_int8_edges;
+  if (o.quantized_if_faster != "auto") config.quantized_if_faster = o.quantized_if_faster == "on";
   if (Status s = ParseCalibrationMethodSpec(o.calib_method, o.calib_percentile, &config); !s.ok())
     return ReportError(s);
   auto tolerance = precision::ParseInt8Tolerance(o.int8_tolerance);
@@ -360,6 +362,13 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& global) {
                  "with --int8: keep floats between two INT8 products (by default, where both "
                  "kernels can, a product whose only consumer is another INT8 product writes int8 "
                  "for it; docs/precision.md)");
+  prec->add_option("--quantized-if-faster", o->quantized_if_faster,
+                   "with --int8/--fp8 and a tactic search: on, a quantized layer's tactics race "
+                   "its float ones and the layer runs float where a float tactic is faster (the "
+                   "report says so); off, quantized layers stay quantized; auto: on for cuda, off "
+                   "for cpu (whose INT8 kernels are the reference)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   prec->add_option("--calib-dir", o->calib_dir,
                    "calibration inputs: DIR/test_data_set_N/input_I.pb (ONNX test-data layout, "
                    "one TensorProto per model input), run in FP32 on the build's backend (the "

@@ -234,12 +234,21 @@ Status SetOption(kiln_build_config& c, const std::string& key, const std::string
     (key == "fp8_edges" ? config.fp8_edges : config.int8_edges) = on;
     return OkStatus();
   }
+  if (key == "quantized_if_faster") {
+    if (value == "auto") {
+      config.quantized_if_faster.reset();
+    } else {
+      KILN_ASSIGN_OR_RETURN(bool on, ParseBool(key, value));
+      config.quantized_if_faster = on;
+    }
+    return OkStatus();
+  }
   return MakeError(
       ErrorCode::kInvalidArgument,
       "unknown build option '{}': use backend, fp16, bf16, int8, fp8, profile, deadline, "
       "memory_budget, max_kernel_time, timing_cache, calib_dir, calib_method, "
       "calib_percentile, calib_cache, calib_on_cpu, int8_tolerance, fp8_tolerance, fp8_edges, "
-      "int8_edges or optimize",
+      "int8_edges, quantized_if_faster or optimize",
       key);
 }
 

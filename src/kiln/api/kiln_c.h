@@ -104,6 +104,9 @@ void kiln_build_config_free(kiln_build_config* c);
  *   fp8_tolerance    a number or "off"
  *   fp8_edges, int8_edges  0 | 1: quantized values between two FP8 (INT8) products whose
  *                    kernels can (default 1; the CLI's --no-fp8-edges / --no-int8-edges)
+ *   quantized_if_faster  0 | 1 | auto: a quantized layer's tactics race its float ones and the
+ *                    layer runs float where one is faster (default auto: on for cuda, off for
+ *                    cpu; the CLI's --quantized-if-faster)
  *   optimize         0 | 1
  * An unknown key or a bad value is KILN-E1001 naming it. */
 kiln_status* kiln_build_config_set(kiln_build_config* c, const char* key, const char* value);

@@ -29,6 +29,7 @@
 #include "kiln/ir/sizes.h"
 #include "kiln/onnx/calibration_data.h"
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/quant_edge.h"
 #include "kiln/passes/pass.h"
 #include "kiln/plan/memory_plan.h"
 #include "kiln/precision/precision.h"
@@ -594,8 +595,54 @@ std::string_view QuantizedPrefix(const BuildState& s, const Node& node) {
   return {};
 }
 
+// Whether a quantized layer's tactics race its float ones (BuilderConfig::quantized_if_faster): a
+// calibrated INT8/FP8 layer (a QDQ model's INT8 layers keep the model's quantization) in a build
+// that times its tactics.
+bool QuantizedRacesFloat(const BuildState& s, const Node& node) {
+  const BuilderConfig& config = s.config;
+  const bool on = config.quantized_if_faster.value_or(config.backend != BackendKind::kCpu);
+  if (!on || !config.search_tactics || config.opt_level == 0) return false;
+  auto lp = s.assigned.layers.find(node.name());
+  return lp != s.assigned.layers.end() && (lp->second.int8 || lp->second.fp8) &&
+         !lp->second.int8_from_model;
+}
+
+bool IsQuantizedTactic(const TacticConfig& t) {
+  return t.name.starts_with(precision::kInt8TacticPrefix) ||
+         t.name.starts_with(precision::kFp8TacticPrefix);
+}
+
+// After the search: a quantized layer whose fastest tactic is a float one runs float. Its
+// quantization attributes go (so the type rules, the edges and the engine file see a float
+// layer) and its precision says why.
+Status RunFloatWhereFaster(BuildState& s) {
+  for (LayerSearch& l : s.searches) {
+    const std::string_view quantized = QuantizedPrefix(s, *l.node);
+    if (quantized.empty() || l.candidates.empty()) continue;
+    const TacticConfig& won = l.candidates[l.chosen].tactic;
+    if (won.name.starts_with(quantized)) continue;
+    Node* node = s.graph().FindNode(l.node->name());
+    precision::LayerPrecision& lp = s.assigned.layers.at(l.node->name());
+    const std::string was = lp.label();
+    if (!node || IsQuantizedTactic(won)) {
+      return MakeError(ErrorCode::kInternal, "layer '{}' ({}) chose tactic {}", l.node->name(), was,
+                       won.name);
+    }
+    node->mutable_attrs().Erase(std::string(precision::kInt8InputAmaxAttr));
+    node->mutable_attrs().Erase(std::string(kFp8InputAmaxAttr));
+    lp.int8 = lp.fp8 = false;
+    lp.reason = fmt::format(
+        "{}: its {} tactics were slower here: the float tactic {} ran {:.4g} ms (--quantized-if-"
+        "faster); was {}",
+        lp.label(), was, won.name, l.time_ms, lp.reason);
+  }
+  return OkStatus();
+}
+
 // Asks the providers for the layer's tactics, the first TacticsPerProvider(opt_level) of each
 // (of each kernel family of a provider; opt level 0, or search_tactics off: the heuristic's one).
+// A quantized layer that races its float tactics lists its quantized ones first (the heuristic
+// choice, and what a search cut short by the deadline keeps), then the float ones.
 void ListCandidates(BuildState& s, LayerSearch& l) {
   const BuilderConfig& config = s.config;
   const bool search = config.search_tactics && config.opt_level > 0;
@@ -607,19 +654,32 @@ void ListCandidates(BuildState& s, LayerSearch& l) {
   // offer quantized tactics only to annotated nodes, and an "i8-" tactic of an unannotated node
   // is a plain int8-dtype kernel (an int8 Add), which must stay.
   const std::string_view quantized = QuantizedPrefix(s, *l.node);
+  const bool race = !quantized.empty() && QuantizedRacesFloat(s, *l.node);
   const auto generate_start = Clock::now();
   const auto providers = KernelRegistry::Get().Providers(config.backend, *l.node);
   // The backend's own kernels first; a host fallback (another backend's kernel run on the host,
   // backends/cuda/host_fallback.cc) only for a layer none of them takes.
+  std::vector<TacticCandidate> floats;
   for (bool host : {false, true}) {
     if (host && !l.candidates.empty()) break;
     for (const KernelProvider* p : providers) {
       if (p->runs_on_host() != host) continue;
-      for (TacticConfig& t : TakeTactics(p->Tactics(l.request), quantized, per_provider)) {
+      std::vector<TacticConfig> offered = p->Tactics(l.request);
+      if (race && !host) {
+        std::vector<TacticConfig> float_tactics;
+        for (const TacticConfig& t : offered) {
+          if (!IsQuantizedTactic(t)) float_tactics.push_back(t);
+        }
+        for (TacticConfig& t : TakeTactics(std::move(float_tactics), "", per_provider)) {
+          floats.push_back({p, std::move(t)});
+        }
+      }
+      for (TacticConfig& t : TakeTactics(std::move(offered), quantized, per_provider)) {
         l.candidates.push_back({p, std::move(t)});
       }
     }
   }
+  for (TacticCandidate& c : floats) l.candidates.push_back(std::move(c));
   l.generate_seconds += Seconds(generate_start);
   if (!search && l.candidates.size() > 1) l.candidates.resize(1);
 }
@@ -638,8 +698,10 @@ bool TakeCachedWinner(BuildState& s, LayerSearch& l) {
     if (p->id() == e->provider_id) provider = p;
   }
   if (!provider) return false;
+  // A quantized layer takes a cached quantized winner, or a float one where it races them.
   const std::string_view quantized = QuantizedPrefix(s, *l.node);
-  if (!quantized.empty() && !e->tactic.name.starts_with(quantized)) {
+  if (!quantized.empty() && !e->tactic.name.starts_with(quantized) &&
+      (IsQuantizedTactic(e->tactic) || !QuantizedRacesFloat(s, *l.node))) {
     return false;
   }
   l.candidates = {{provider, e->tactic}};
@@ -812,6 +874,7 @@ Status TimingPhase(BuildState& s) {
   }
   if (s.cache) s.search.cache = &*s.cache;
   KILN_RETURN_IF_ERROR(SearchTactics(*s.backend, s.searches, s.search, &rep));
+  KILN_RETURN_IF_ERROR(RunFloatWhereFaster(s));
   // A build that timed nothing new leaves a valid cache file as it is: rewriting it (lock, merge,
   // atomic rename) was most of a warm build's cache work.
   if (s.cache && (s.cache->modified() || !s.cache_file_current)) {

@@ -275,6 +275,9 @@ Hash128 BuilderConfig::Hash() const {
   if (fp8) h.Field("fp8-tolerance").Field(fmt::format("{:.9g}", fp8_tolerance));
   if (fp8 && !fp8_edges) h.Field("no-fp8-edges");
   if (int8 && !int8_edges) h.Field("no-int8-edges");
+  // Only when set: configs that leave it to the backend keep their hashes.
+  if (quantized_if_faster)
+    h.Field("quantized-if-faster").Field(int64_t{*quantized_if_faster ? 1 : 0});
   return h.Digest();
 }
 

@@ -60,6 +60,12 @@ struct BuilderConfig {
   // INT8 builds: the same between two INT8 products whose kernels can (kiln's own CUDA INT8
   // product): the producer writes int8 for its consumer; false (`--no-int8-edges`) keeps floats.
   bool int8_edges = true;
+  // INT8/FP8 layers (calibrated, not a QDQ model's) with a tactic search: their quantized tactics
+  // race the same layer's float ones, and a layer whose fastest tactic is float runs float, as
+  // TensorRT picks among the precisions allowed (the reason says so). nullopt: on for a device
+  // backend (CUDA), off for the CPU, whose INT8 kernels are the contract's reference;
+  // `kiln build --quantized-if-faster on|off` sets it.
+  std::optional<bool> quantized_if_faster;
   // INT8 calibration: inputs in the ONNX test-data layout (DIR/test_data_set_*/input_*.pb), run
   // through the FP32 reference. With --fp16 alone they also feed the FP16 activation range guard.
   std::string calibration_dir;
