@@ -631,10 +631,12 @@ Status RunFloatWhereFaster(BuildState& s) {
     node->mutable_attrs().Erase(std::string(precision::kInt8InputAmaxAttr));
     node->mutable_attrs().Erase(std::string(kFp8InputAmaxAttr));
     lp.int8 = lp.fp8 = false;
+    const std::string timing = l.time_ms >= 0 ? fmt::format("ran {:.4g} ms", l.time_ms)
+                                              : std::string("won in the timing cache");
     lp.reason = fmt::format(
-        "{}: its {} tactics were slower here: the float tactic {} ran {:.4g} ms (--quantized-if-"
-        "faster); was {}",
-        lp.label(), was, won.name, l.time_ms, lp.reason);
+        "{}: its {} tactics were slower here: the float tactic {} {} (--quantized-if-faster); "
+        "was {}",
+        lp.label(), was, won.name, timing, lp.reason);
   }
   return OkStatus();
 }
