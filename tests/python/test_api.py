@@ -385,6 +385,25 @@ def test_quantized_edges_can_be_turned_off(mlp):
         assert e.report["precision"]["fp8_edges"] == 0, e.report
 
 
+def test_quantized_if_faster_reaches_the_builder(mlp):
+    # The keyword goes through the C API (an unknown key would be KILN-E1001). Off (the CPU's
+    # default), every INT8 layer stays INT8 on an INT8 tactic; on, a layer that is not INT8 any
+    # more says why (its float tactic was faster), and one that is runs an INT8 tactic.
+    batches = [torch.randn(4, 8) for _ in range(2)]
+    for on in (False, True, None):
+        e = kiln.build(mlp, torch.randn(4, 8), backend="cpu", profiles=PROFILE, int8=True,
+                       calibration=batches, int8_tolerance="off", quantized_if_faster=on)
+        layers = e.report["layer_reports"]
+        int8 = [l for l in layers if l["precision"] == "i8"]
+        raced = [l for l in layers if "slower here" in l["precision_reason"]]
+        assert all(l["tactic"].startswith("i8-") for l in int8), layers
+        if on:
+            assert len(int8) + len(raced) >= 1, layers
+            assert all(not l["tactic"].startswith("i8-") for l in raced), layers
+        else:
+            assert int8 and not raced, layers
+
+
 def test_calibration_says_where_it_ran(mlp):
     # A CPU build calibrates on the CPU reference with or without calib_on_cpu; the option goes
     # through the C API (an unknown key would be KILN-E1001).
