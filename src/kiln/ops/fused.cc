@@ -156,7 +156,7 @@ Status InferFusedConvNchw(InferenceContext& ctx) {
     for (size_t i = 0; same && i < z.size(); ++i) {
       same = z[i] == y[i] || !z[i].is_static() || !y[i].is_static();
     }
-    const DataType t = ConvFloatType(ctx);  // Y's float type (int8 on an edge aside)
+    const DataType t = ProductType(ctx);  // Y's float type (int8 on an edge aside)
     if (!same || ctx.input_type(3) != t) {
       return ctx.Error(ErrorCode::kShapeMismatch, "residual input Z {} ({}) must match Y {} ({})",
                        ToString(z), ToString(ctx.input_type(3)), ToString(y), ToString(t));

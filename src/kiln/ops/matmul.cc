@@ -6,9 +6,7 @@
 
 namespace kiln {
 
-namespace {
-// The first n inputs share one float type (an A on an FP8 edge, quant_edge.h, stands for B's).
-Status SameFloatTypes(InferenceContext& ctx, size_t n) {
+Status SameFloatTypes(const InferenceContext& ctx, size_t n) {
   const DataType t = ProductType(ctx);
   for (size_t i = 0; i < n; ++i) {
     if (!ctx.has_input(i)) continue;
@@ -25,6 +23,7 @@ Status SameFloatTypes(InferenceContext& ctx, size_t n) {
   return OkStatus();
 }
 
+namespace {
 bool MayEqual(const Dim& a, const Dim& b) { return a == b || !a.is_static() || !b.is_static(); }
 }  // namespace
 

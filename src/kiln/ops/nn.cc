@@ -194,30 +194,10 @@ Status InferWithLayout(InferenceContext& ctx, Status (*rule)(InferenceContext&),
 }
 
 // Conv: X [N, C, D...], W [M, C/group, k...], B [M] optional -> Y [N, M, out...].
-// Shared with FusedConv (fused.cc), whose extra inputs do not change the output shape.
-DataType ConvFloatType(const InferenceContext& ctx) {
-  return ProductFloatType(ctx.node(), ctx.input_type(0), ctx.input_type(1));
-}
-
-// On an INT8 edge X arrives as int8 (the layer computes in W's float type), or Y leaves as int8.
-namespace {
-// Input i (W, the bias) has the float type the layer computes in; so has X unless it is an edge.
-Status RequireConvFloat(const InferenceContext& ctx, size_t i) {
-  const DataType t = ConvFloatType(ctx);
-  if (t == ctx.input_type(0)) return RequireFloat(ctx, i);
-  if (i == 0) return OkStatus();  // the edge's int8 X (ProductFloatType checked its mark)
-  if (!IsFloat(t) || ctx.input_type(i) != t) {
-    return ctx.Error(ErrorCode::kTypeMismatch,
-                     "input {} has type {}; the layer computes in {} (int8 X on an INT8 edge)", i,
-                     ToString(ctx.input_type(i)), ToString(t));
-  }
-  return OkStatus();
-}
-}  // namespace
-
+// Shared with FusedConv (fused.cc), whose extra inputs do not change the output shape. On an INT8
+// edge (ops/quant_edge.h) X arrives as int8 (the layer computes in W's type), or Y leaves as int8.
 Status InferConvLike(InferenceContext& ctx) {
-  KILN_RETURN_IF_ERROR(RequireConvFloat(ctx, 0));
-  KILN_RETURN_IF_ERROR(RequireConvFloat(ctx, 1));
+  KILN_RETURN_IF_ERROR(SameFloatTypes(ctx, 2));
   const Shape& x = ctx.input_shape(0);
   const Shape& w = ctx.input_shape(1);
   if (x.size() < 3) {
@@ -247,7 +227,7 @@ Status InferConvLike(InferenceContext& ctx) {
                      ToString(w), a.group, w[1].value() * a.group);
   }
   if (ctx.has_input(2)) {
-    KILN_RETURN_IF_ERROR(RequireConvFloat(ctx, 2));
+    KILN_RETURN_IF_ERROR(SameFloatTypes(ctx, 3));
     const Shape& b = ctx.input_shape(2);
     if (b.size() != 1 || !(b[0] == w[0])) {
       return ctx.Error(ErrorCode::kShapeMismatch, "bias shape {} must be [{}]", ToString(b),
@@ -264,7 +244,7 @@ Status InferConvLike(InferenceContext& ctx) {
     }
     y.push_back(out);
   }
-  ctx.set_output(0, ProductOutputType(ctx.node(), ConvFloatType(ctx)), std::move(y));
+  ctx.set_output(0, ProductOutputType(ctx.node(), ProductType(ctx)), std::move(y));
   return OkStatus();
 }
 

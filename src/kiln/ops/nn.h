@@ -19,16 +19,17 @@ namespace kiln {
 class InferenceContext;
 // Conv's shape rule over inputs X, W, B; FusedConv (fused.cc) reuses it.
 Status InferConvLike(InferenceContext& ctx);
-// The float type a Conv/FusedConv computes in: X's, or W's when X arrives as int8 on an INT8 edge
-// (ops/quant_edge.h's ProductFloatType).
-DataType ConvFloatType(const InferenceContext& ctx);
 // MatMul's rule with optional transposes of the last two dims of A and B; FusedMatMul reuses it.
 Status InferMatMulLike(InferenceContext& ctx, bool trans_a, bool trans_b);
 // Gemm's rule (A, B, optional C; transA, transB); FusedGemm reuses it.
 Status InferGemmLike(InferenceContext& ctx);
 // The float type a Gemm/MatMul-family node computes in: A's, or B's where A arrives as FP8 E4M3
 // from an FP8 producer (ops/quant_edge.h). Y has this type unless the node writes FP8 itself.
+// Conv/FusedConv compute in it too (X, W; an int8 X on an INT8 edge stands for W's type).
 DataType ProductType(const InferenceContext& ctx);
+// The first n present inputs share ProductType, a float type (input 0 standing for it on an
+// edge): the products' and the convolutions' type rule.
+Status SameFloatTypes(const InferenceContext& ctx, size_t n);
 
 // The layout pass (passes/layout_nhwc.cc) tags convolution-stack nodes with the string attribute
 // kiln_layout = "NHWC": their activation inputs and outputs are N, spatial..., C (weights stay as
