@@ -188,13 +188,7 @@ class Int8ConvProviderBase : public KernelProvider {
         own(mma, "mma", kMmaTag, tile, Int8MmaTileName(tile));
       }
     }
-    // Alternating, so that a search timing the first few of a provider times both families.
-    std::vector<TacticConfig> tactics;
-    for (size_t i = 0; i < std::max(wgmma.size(), mma.size()); ++i) {
-      if (i < wgmma.size()) tactics.push_back(std::move(wgmma[i]));
-      if (i < mma.size()) tactics.push_back(std::move(mma[i]));
-    }
-    return tactics;
+    return InterleaveFamilies({&wgmma, &mma});
   }
 
   StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,

@@ -303,15 +303,9 @@ class CublasLtInt8ProviderBase : public KernelProvider {
       }
     }
     // Three families (TacticConfig::family): a search that times the first few tactics of a
-    // provider (--opt-level 1-4) times that many of each. Alternating, cuBLASLt's heuristic
-    // first, so that one that times nothing keeps the library's pick.
-    std::vector<TacticConfig> tactics;
-    for (size_t i = 0; i < std::max({wgmma.size(), mma.size(), lt.size()}); ++i) {
-      for (std::vector<TacticConfig>* f : {&lt, &wgmma, &mma}) {
-        if (i < f->size()) tactics.push_back(std::move((*f)[i]));
-      }
-    }
-    return tactics;
+    // provider (--opt-level 1-4) times that many of each. cuBLASLt's heuristic first, so that one
+    // that times nothing keeps the library's pick.
+    return InterleaveFamilies({&lt, &wgmma, &mma});
   }
 
   StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& request,

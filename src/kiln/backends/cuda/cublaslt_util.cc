@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
@@ -44,6 +45,19 @@ bool MmaCapable() {
   return cudaGetDevice(&device) == cudaSuccess &&
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
          major >= 8;
+}
+
+std::vector<TacticConfig> InterleaveFamilies(
+    std::initializer_list<std::vector<TacticConfig>*> families) {
+  size_t most = 0;
+  for (const std::vector<TacticConfig>* f : families) most = std::max(most, f->size());
+  std::vector<TacticConfig> tactics;
+  for (size_t i = 0; i < most; ++i) {
+    for (std::vector<TacticConfig>* f : families) {
+      if (i < f->size()) tactics.push_back(std::move((*f)[i]));
+    }
+  }
+  return tactics;
 }
 
 StatusOr<GemmSpec> ReadGemmSpec(const Node& node) {

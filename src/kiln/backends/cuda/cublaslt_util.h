@@ -6,10 +6,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kiln/backends/kernel.h"
 #include "kiln/core/status.h"
 #include "kiln/ir/graph.h"
 #include "kiln/ops/fused.h"
@@ -51,6 +53,12 @@ struct Int8Families {
 Int8Families Int8FamiliesFromEnv();
 // Whether the current device runs kiln's mma.sync INT8 kernel (compute capability 8.0 or later).
 bool MmaCapable();
+
+// The tactics of a provider's kernel families (TacticConfig::family) as one list, alternating:
+// the first of each family in the order given, then the second of each, ... A search without
+// timing takes the first family's first tactic.
+std::vector<TacticConfig> InterleaveFamilies(
+    std::initializer_list<std::vector<TacticConfig>*> families);
 
 // ---- RAII for cuBLASLt descriptors.
 struct DescDeleter {
