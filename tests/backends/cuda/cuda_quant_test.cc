@@ -16,6 +16,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -595,6 +596,7 @@ TEST_F(CudaInt8Test, OwnWarpgroupKernelRunsEveryTile) {
 // wait would spin until the job's own timeout. The trap loses the process's CUDA context, so the
 // wait runs in a child process (a re-executed death test), which exits 3 on the reported failure
 // (a trap reads as cudaErrorLaunchFailure on the drivers kiln has met; any error ends the wait).
+// The child bounds itself with alarm(): a trap that never comes fails the test, it does not hang.
 TEST(CudaInt8Device, TheTmaBarrierWaitTrapsAtItsBound) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) GTEST_SKIP() << "no CUDA device";
@@ -602,6 +604,7 @@ TEST(CudaInt8Device, TheTmaBarrierWaitTrapsAtItsBound) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
+        alarm(30);  // the child's own bound: a wait that never traps ends it by SIGALRM
         const cudaError_t launched = cuda::LaunchMbarWaitTimeoutProbe(1000 * 1000, nullptr);
         const cudaError_t done = cudaDeviceSynchronize();
         std::fprintf(stderr, "launch: %s; synchronize: %s\n", cudaGetErrorName(launched),
