@@ -188,5 +188,32 @@ TEST(CalibrationData, WrongShapeDtypeOrCountNamesTheInput) {
             ErrorCode::kCalibrationInputInvalid);
 }
 
+TEST(CalibrationData, TheDigestIsWhatTheSetsHoldNotWhereTheyLie) {
+  std::vector<std::vector<Tensor>> sets = {{F32({2, 4}, {1, 2, 3, 4, 5, 6, 7, 8})},
+                                           {F32({2, 4}, {8, 7, 6, 5, 4, 3, 2, 1})}};
+  std::string a = kiln::testing::TempDir("digest_a");
+  std::string b = kiln::testing::TempDir("digest_b");
+  kiln::testing::WriteDataSets(a, sets);
+  kiln::testing::WriteDataSets(b, sets);
+  std::optional<Hash128> da = CalibrationDataDigest(a);
+  ASSERT_TRUE(da.has_value());
+  EXPECT_EQ(CalibrationDataDigest(b), da);  // another directory, the same tensors
+  std::ofstream(std::filesystem::path(b) / "README.txt") << "not a data set";
+  EXPECT_EQ(CalibrationDataDigest(b), da);  // files the loader does not read do not count
+
+  sets[1][0] = F32({2, 4}, {8, 7, 6, 5, 4, 3, 2, 0});  // one value of the second set
+  kiln::testing::WriteDataSets(b, sets);
+  ASSERT_TRUE(CalibrationDataDigest(b).has_value());
+  EXPECT_NE(CalibrationDataDigest(b), da);
+
+  std::string one = kiln::testing::TempDir("digest_one");  // the first set alone
+  kiln::testing::WriteDataSets(one, {sets[0]});
+  EXPECT_NE(CalibrationDataDigest(one), da);
+
+  EXPECT_FALSE(CalibrationDataDigest(kiln::testing::TempDir("digest_empty")).has_value());
+  EXPECT_FALSE(CalibrationDataDigest(a + "/no-such-directory").has_value());
+  EXPECT_FALSE(CalibrationDataDigest("").has_value());
+}
+
 }  // namespace
 }  // namespace kiln::precision

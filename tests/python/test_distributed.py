@@ -46,11 +46,18 @@ def _worker(rank, init_file, out_dir, scenario, onnx_path):
     if scenario == "sigstop" and rank == 0:
         progress = lambda *a: os.kill(os.getpid(), signal.SIGSTOP)  # noqa: E731 (hangs whole)
     model = onnx_path if scenario != "fail" else b"not an onnx model"
+    quant = {}
+    if scenario == "quant":  # build keywords reach the one builder through kiln.build
+        torch.manual_seed(0)
+        quant = dict(int8=True, calibration=[torch.randn(4, 8) for _ in range(2)],
+                     int8_tolerance="off", quantized_if_faster=True)
     t0 = time.monotonic()
     try:
         e = kiln.build(model, backend="cpu", profiles=PROFILE, distributed=True,
                        wait_timeout=2.0 if scenario == "stall" else 60.0, progress=progress,
-                       heartbeat_timeout=3.0 if scenario == "sigstop" else 60.0)
+                       heartbeat_timeout=3.0 if scenario == "sigstop" else 60.0, **quant)
+        result["layers"] = [[l["precision"], l["tactic"], l["precision_reason"]]
+                            for l in e.report.get("layer_reports", [])]
         result["bytes"] = e.serialize().hex()
         result["report"] = e.build_once_report
         x = torch.ones(2, 8)
@@ -63,7 +70,7 @@ def _worker(rank, init_file, out_dir, scenario, onnx_path):
     result["seen"] = seen
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
-    if scenario in ("ok", "relay", "fail"):  # a group with a stopped or dead peer hangs here
+    if scenario in ("ok", "relay", "fail", "quant"):  # a group with a stopped or dead peer hangs here
         dist.destroy_process_group()
     os._exit(0)
 
@@ -103,6 +110,22 @@ def test_one_build_same_bytes_on_every_rank(tmp_path, onnx_bytes, mlp):
         assert roles == {0: "built", 1: "received"}
         expected = mlp(torch.ones(2, 8)).detach()
         torch.testing.assert_close(torch.tensor(results[r]["out"]), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_build_keywords_reach_the_builder(tmp_path, onnx_bytes):
+    # kiln.distributed.build's **options are kiln.build's: an INT8 build that races its float
+    # tactics (quantized_if_faster) is built once and every rank holds the same layers.
+    results, codes = _run(tmp_path, "quant", onnx_bytes)
+    assert codes == [0, 0]
+    assert "code" not in results[0] and "code" not in results[1], results
+    assert results[0]["bytes"] == results[1]["bytes"]
+    layers = results[0]["layers"]
+    assert layers == results[1]["layers"]
+    int8 = [l for l in layers if l[0] == "i8"]
+    raced = [l for l in layers if "slower here" in l[2]]
+    assert len(int8) + len(raced) >= 1, layers  # the race ran on the calibrated layers
+    assert all(l[1].startswith("i8-") for l in int8), layers
+    assert all(not l[1].startswith("i8-") for l in raced), layers
 
 
 def test_failed_builder_fails_every_rank(tmp_path, onnx_bytes):

@@ -10,6 +10,7 @@
 #include "kiln/distributed/cache_key.h"
 #include "kiln/engine/engine_file.h"
 #include "kiln/ir/weight_program.h"
+#include "kiln/onnx/calibration_data.h"
 #include "kiln/onnx/onnx_import.h"
 
 namespace kiln::app {
@@ -56,7 +57,14 @@ StatusOr<distributed::CacheKey> EngineKey(const ModelSource& model, const Builde
   } else {
     kb.ModelBytes(model.bytes);
   }
-  kb.Config("builder-config", config.Hash().Hex());
+  // The calibration data by what it holds, not where it lies: Python writes each rank's tensors
+  // to a directory of its own, and a directory rewritten with other data must not hit the cache.
+  // A rank that cannot read the data keys by the path, as before.
+  BuilderConfig keyed = config;
+  if (std::optional<Hash128> data = CalibrationDataDigest(config.calibration_dir)) {
+    keyed.calibration_dir = "calibration-data:" + data->Hex();
+  }
+  kb.Config("builder-config", keyed.Hash().Hex());
   kb.Target(ToString(config.backend), device.arch);
   kb.LibraryVersion("kiln", KilnVersion());
   kb.LibraryVersion("backend", device.library_versions);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
+#include <fstream>
 #include <string_view>
 #include <utility>
 
@@ -31,6 +32,31 @@ int64_t IndexAfter(const std::string& name, std::string_view prefix, std::string
 std::string DimsString(std::span<const int64_t> dims) {
   return fmt::format("[{}]", fmt::join(dims, ","));
 }
+
+// The numbered entries of `dir` (directories or regular files) named prefix<N>suffix, by N.
+std::vector<std::pair<int64_t, fs::path>> Numbered(const fs::path& dir, std::string_view prefix,
+                                                   std::string_view suffix, bool directories) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    int64_t idx = IndexAfter(e.path().filename().string(), prefix, suffix);
+    if (idx >= 0 && (directories ? e.is_directory() : e.is_regular_file())) {
+      out.emplace_back(idx, e.path());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The data sets of `dir`: test_data_set_N directories, by N.
+std::vector<std::pair<int64_t, fs::path>> DataSets(const std::string& dir) {
+  return Numbered(dir, "test_data_set_", "", true);
+}
+
+// A data set's input_I.pb files, by I.
+std::vector<std::pair<int64_t, fs::path>> InputFiles(const fs::path& set_dir) {
+  return Numbered(set_dir, "input_", ".pb", false);
+}
 }  // namespace
 
 StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
@@ -42,12 +68,7 @@ StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
                      "test_data_set_*/input_*.pb (the ONNX test-data layout)",
                      dir);
   }
-  std::vector<std::pair<int64_t, fs::path>> sets;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    int64_t idx = IndexAfter(e.path().filename().string(), "test_data_set_", "");
-    if (e.is_directory() && idx >= 0) sets.emplace_back(idx, e.path());
-  }
-  std::sort(sets.begin(), sets.end());
+  const std::vector<std::pair<int64_t, fs::path>> sets = DataSets(dir);
   if (sets.empty()) {
     return MakeError(ErrorCode::kCalibrationInputInvalid,
                      "--calib-dir '{}' holds no test_data_set_* directory; write each "
@@ -57,12 +78,7 @@ StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
   const auto& inputs = graph.inputs();
   std::vector<std::map<std::string, Tensor>> out;
   for (const auto& [set_index, set_dir] : sets) {
-    std::vector<std::pair<int64_t, fs::path>> files;
-    for (const auto& e : fs::directory_iterator(set_dir, ec)) {
-      int64_t idx = IndexAfter(e.path().filename().string(), "input_", ".pb");
-      if (e.is_regular_file() && idx >= 0) files.emplace_back(idx, e.path());
-    }
-    std::sort(files.begin(), files.end());
+    const std::vector<std::pair<int64_t, fs::path>> files = InputFiles(set_dir);
     if (files.size() != inputs.size()) {
       std::vector<std::string> names;
       for (const Value* v : inputs) names.push_back(v->name());
@@ -107,6 +123,35 @@ StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
     out.push_back(std::move(feed));
   }
   return out;
+}
+
+std::optional<Hash128> CalibrationDataDigest(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return std::nullopt;
+  const std::vector<std::pair<int64_t, fs::path>> sets = DataSets(dir);
+  if (sets.empty()) return std::nullopt;
+  Hasher h;
+  h.Field("kiln-calibration-data-v1").Field(static_cast<int64_t>(sets.size()));
+  std::vector<char> chunk(1 << 20);
+  for (const auto& [set_index, set_dir] : sets) {
+    const std::vector<std::pair<int64_t, fs::path>> files = InputFiles(set_dir);
+    h.Field(set_index).Field(static_cast<int64_t>(files.size()));
+    for (const auto& [input_index, path] : files) {
+      std::ifstream f(path, std::ios::binary);
+      if (!f) return std::nullopt;
+      h.Field(input_index);
+      int64_t size = 0;
+      while (f) {
+        f.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+        const auto n = static_cast<size_t>(f.gcount());
+        h.Update(std::as_bytes(std::span(chunk.data(), n)));
+        size += static_cast<int64_t>(n);
+      }
+      if (f.bad()) return std::nullopt;
+      h.Field(size);  // ends the file: ("ab","c") and ("a","bc") differ
+    }
+  }
+  return h.Digest();
 }
 
 }  // namespace kiln

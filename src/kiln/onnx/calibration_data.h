@@ -4,9 +4,11 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kiln/core/hash.h"
 #include "kiln/core/status.h"
 #include "kiln/ir/graph.h"
 #include "kiln/ir/tensor.h"
@@ -19,5 +21,12 @@ namespace kiln {
 // expected and what was found.
 StatusOr<std::vector<std::map<std::string, Tensor>>> LoadCalibrationData(
     const Graph& graph, const OptimizationProfile& profile, const std::string& dir);
+
+// What the data sets of `dir` hold: the bytes of every file LoadCalibrationData reads, with their
+// set and input numbers; other files do not count. nullopt where `dir` holds no data set or a file
+// cannot be read. An engine's key names its calibration data by this, not by the path, so that
+// ranks that write the same tensors to their own temporary directories agree, and a directory
+// whose data changed is a new key.
+std::optional<Hash128> CalibrationDataDigest(const std::string& dir);
 
 }  // namespace kiln
