@@ -13,6 +13,7 @@
 // Groups are not covered (group 1 only).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
