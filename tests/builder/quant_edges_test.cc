@@ -225,6 +225,27 @@ TEST(Int8Edges, JoinLikeFp8EdgesWithTheConsumersScale) {
   EXPECT_EQ(zero.nodes[0]->output(0)->dtype(), DataType::kFloat16);
 }
 
+// Refit's recalibration gives the consumers new scales: each edge's producer then writes with its
+// consumer's new scale, and layers that are on no edge keep what they had.
+TEST(Int8Edges, RescalingFollowsTheConsumersNewScale) {
+  Chain c(4, DataType::kFloat32, {&kOneSide, &kOneSide, &kOneSide, &kOneSide}, /*int8=*/true);
+  ASSERT_EQ(JoinInt8Edges(c.layers), 2);  // m0 -> m1, m2 -> m3
+  ASSERT_TRUE(c.nodes[2]->attrs().Has(kInt8OutputScaleAttr));
+  c.nodes[1]->mutable_attrs().Set(std::string(kInt8InputAmaxAttr), 5.f);
+  c.nodes[3]->mutable_attrs().Set(std::string(kInt8InputAmaxAttr), 0.5f);
+  c.nodes[2]->mutable_attrs().Set(std::string(kInt8InputAmaxAttr), 7.f);  // reads no edge
+  EXPECT_EQ(RescaleInt8Edges(c.g), 2);
+  EXPECT_FLOAT_EQ(c.nodes[0]->attrs().GetFloat(kInt8OutputScaleAttr, 0.f), 5.f / 127.f);
+  EXPECT_FLOAT_EQ(c.nodes[2]->attrs().GetFloat(kInt8OutputScaleAttr, 0.f), 0.5f / 127.f);
+  EXPECT_FALSE(c.nodes[1]->attrs().Has(kInt8OutputScaleAttr));
+  EXPECT_FALSE(c.nodes[3]->attrs().Has(kInt8OutputScaleAttr));
+  // A graph without edges has none to rescale.
+  Chain none(2, DataType::kFloat32, {&kNeither, &kNeither}, true);
+  ASSERT_EQ(JoinInt8Edges(none.layers), 0);
+  EXPECT_EQ(RescaleInt8Edges(none.g), 0);
+  EXPECT_FALSE(none.nodes[0]->attrs().Has(kInt8OutputScaleAttr));
+}
+
 // INT8 edges between channels-last convolutions (conv_int8.cc reads and writes them): the type
 // rules of Conv and FusedConv accept the rewrite, the consumer computing in its weight's float
 // type with a float residual Z; an int8 X without the edge mark is still a type error.

@@ -20,6 +20,7 @@
 #include "kiln/engine/engine_file.h"
 #include "kiln/ir/weight_program.h"
 #include "kiln/onnx/onnx_import.h"
+#include "kiln/ops/quant_edge.h"
 #include "kiln/precision/precision.h"
 
 namespace kiln {
@@ -404,6 +405,69 @@ INSTANTIATE_TEST_SUITE_P(Zoo, RecalibrateZoo,
                          ::testing::Values("resnet_tiny", "bert_tiny", "mobilenetv3_tiny",
                                            "vit_tiny"),
                          [](const auto& info) { return std::string(info.param); });
+
+// An engine with INT8 edges (the CUDA convolutions and products write int8 for their INT8
+// consumer, quant_edges.h): recalibration gives the consumer a new scale, so the producer must
+// write with it, and the layers keep their edge notes. The CPU build has no edges; the test marks
+// one between two INT8 layers of A's engine as a CUDA build would (the engine is not run here:
+// the kernels behind a real edge are cuda_quant_test.cc's).
+TEST(Recalibrate, AnInt8EdgesProducerWritesWithItsConsumersNewScale) {
+  const fs::path dir = ZooRoot() / "resnet_tiny";
+  BuilderConfig config = Config(dir, Precision::kInt8, "");
+  config.calibration_cache_path.clear();
+  auto a_graph = ImportOnnxFile((dir / "model.onnx").string());
+  ASSERT_TRUE(a_graph.ok());
+  const std::map<std::string, Tensor> weights_b = Perturbed(Initializers(**a_graph), 21);
+  std::unique_ptr<EngineDesc> a = Build(std::move(*a_graph), config);
+  std::unique_ptr<EngineDesc> b = Build(ImportWith(dir / "model.onnx", weights_b), config);
+  ASSERT_TRUE(a && b);
+  auto edit = LoadEngineBytesForEdit(Bytes(*a));
+  ASSERT_TRUE(edit.ok()) << edit.status().ToString();
+  EngineDesc& e = **edit;
+  const std::string amax(precision::kInt8InputAmaxAttr);
+  LayerDesc* producer = nullptr;
+  LayerDesc* consumer = nullptr;
+  for (LayerDesc& c : e.layers) {
+    const Value* x = c.node->num_inputs() > 0 ? c.node->input(0) : nullptr;
+    if (!c.node->attrs().Has(amax) || !x || !x->producer()) continue;
+    for (LayerDesc& p : e.layers) {
+      if (p.node == x->producer() && p.node->attrs().Has(amax)) producer = &p;
+    }
+    if (producer) {
+      consumer = &c;
+      break;
+    }
+  }
+  ASSERT_TRUE(producer && consumer) << "resnet_tiny has no INT8 layer reading another's output";
+  const std::string p_name = producer->node->name(), c_name = consumer->node->name();
+  const float old_scale = consumer->node->attrs().GetFloat(amax, 0.f) / 127.f;
+  e.graph->FindNode(p_name)->mutable_attrs().Set(std::string(kInt8OutputScaleAttr), old_scale);
+  e.graph->FindNode(c_name)->mutable_attrs().Set(std::string(kInt8InputEdgeAttr), int64_t{1});
+  producer->precision_reason += fmt::format("; writes int8 for '{}'", c_name);
+  consumer->precision_reason += fmt::format("; reads int8 from '{}'", p_name);
+
+  RefitReport report;
+  ASSERT_TRUE(RefitEngine(e, weights_b, HashString("model"), &report).ok());
+  Status s = RecalibrateInt8(e, ImportWith(dir / "model.onnx", weights_b),
+                             {dir.string(), config.calibration_method, 99.99}, &report);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const float new_amax = e.graph->FindNode(c_name)->attrs().GetFloat(amax, 0.f);
+  ASSERT_EQ(new_amax, InputAmax(*b, c_name));
+  ASSERT_NE(new_amax / 127.f, old_scale)
+      << "B calibrates the consumer to A's scale: proves nothing";
+  EXPECT_EQ(e.graph->FindNode(p_name)->attrs().GetFloat(kInt8OutputScaleAttr, 0.f),
+            new_amax / 127.f);
+  auto reason_of = [](const EngineDesc& d, const std::string& name) {
+    for (const LayerDesc& l : d.layers) {
+      if (l.node->name() == name) return l.precision_reason;
+    }
+    return std::string("?");
+  };
+  EXPECT_EQ(reason_of(e, p_name),
+            reason_of(*b, p_name) + fmt::format("; writes int8 for '{}'", c_name));
+  EXPECT_EQ(reason_of(e, c_name),
+            reason_of(*b, c_name) + fmt::format("; reads int8 from '{}'", p_name));
+}
 
 TEST(Recalibrate, AnEngineWithoutInt8LayersHasNothingToRecalibrate) {
   const fs::path dir = ZooRoot() / "resnet_tiny";

@@ -67,6 +67,14 @@ int JoinEdges(std::span<ChosenLayer> layers, const EdgeKind& kind) {
   return edges;
 }
 
+// The scale an INT8 edge's producer writes with for `consumer`: its activation scale, where the
+// calibrated contract (zero point 0) can produce it.
+std::optional<float> Int8EdgeScale(const Node& consumer) {
+  const std::optional<Int8Activation> a = Int8ActivationOf(consumer);
+  if (!a || a->zero_point != 0 || !std::isfinite(a->scale) || a->scale <= 0.f) return std::nullopt;
+  return a->scale;
+}
+
 }  // namespace
 
 int JoinFp8Edges(std::span<ChosenLayer> layers) {
@@ -88,14 +96,7 @@ int JoinInt8Edges(std::span<ChosenLayer> layers) {
       kInt8EdgeType,
       "int8",
       true,
-      [](const Node& c) -> std::optional<float> {
-        // The producer quantizes by the calibrated contract (zero point 0).
-        const std::optional<Int8Activation> a = Int8ActivationOf(c);
-        if (!a || a->zero_point != 0 || !std::isfinite(a->scale) || a->scale <= 0.f) {
-          return std::nullopt;
-        }
-        return a->scale;
-      },
+      [](const Node& c) { return Int8EdgeScale(c); },
       [](const ChosenLayer& c) { return c.provider->ReadsInt8Input(*c.request, *c.tactic); },
       [](const ChosenLayer& p) { return p.provider->WritesInt8Output(*p.request, *p.tactic); },
       [](Node& producer, Node& consumer, float scale) {
@@ -103,6 +104,19 @@ int JoinInt8Edges(std::span<ChosenLayer> layers) {
         consumer.mutable_attrs().Set(std::string(kInt8InputEdgeAttr), int64_t{1});
       }};
   return JoinEdges(layers, kInt8);
+}
+
+int RescaleInt8Edges(Graph& graph) {
+  int rescaled = 0;
+  for (Node* c : graph.nodes()) {
+    if (!c->attrs().Has(kInt8InputEdgeAttr)) continue;
+    if (c->num_inputs() == 0 || !c->input(0) || !c->input(0)->producer()) continue;
+    const std::optional<float> scale = Int8EdgeScale(*c);
+    if (!scale) continue;
+    c->input(0)->producer()->mutable_attrs().Set(std::string(kInt8OutputScaleAttr), *scale);
+    ++rescaled;
+  }
+  return rescaled;
 }
 
 }  // namespace kiln

@@ -42,4 +42,9 @@ int JoinFp8Edges(std::span<ChosenLayer> layers);
 // producer gets kInt8OutputScaleAttr, the consumer kInt8InputEdgeAttr, the value type int8.
 int JoinInt8Edges(std::span<ChosenLayer> layers);
 
+// After the consumers' INT8 scales changed (refit's recalibration): every INT8 edge's producer
+// writes with its consumer's scale again (kInt8OutputScaleAttr), else the consumer would read
+// int8 quantized with the old scale as if it had the new one. Returns how many edges it rescaled.
+int RescaleInt8Edges(Graph& graph);
+
 }  // namespace kiln

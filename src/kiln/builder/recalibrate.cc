@@ -9,6 +9,7 @@
 
 #include "kiln/backends/reference.h"
 #include "kiln/builder/builder.h"
+#include "kiln/builder/quant_edges.h"
 #include "kiln/builder/refit.h"
 #include "kiln/core/json_writer.h"
 #include "kiln/onnx/calibration_data.h"
@@ -63,6 +64,26 @@ std::string ReplaceReasons(const std::string& json,
   }
   out.append(json, pos, std::string::npos);
   return out;
+}
+
+// The note after a recalibrated layer's reason: the sensitivity fallback's figures are the
+// build's (not re-taken), the edge notes of quant_edges.cc ("; writes int8 for 'c'", "; reads int8
+// from 'p'") stay as they are, after it, where the build put them.
+std::string RecalibratedNote(const std::string& note) {
+  std::string edges;
+  bool sensitivity = false;
+  for (size_t pos = 0; pos < note.size();) {
+    size_t next = note.find("; ", pos + 1);
+    if (next == std::string::npos) next = note.size();
+    const std::string part = note.substr(pos, next - pos);
+    if (part.starts_with("; writes int8 for '") || part.starts_with("; reads int8 from '")) {
+      edges += part;
+    } else {
+      sensitivity = true;
+    }
+    pos = next;
+  }
+  return (sensitivity ? "; int8 sensitivity fallback as built (not re-measured)" : "") + edges;
 }
 
 std::string Quoted(const std::string& text) { return JsonWriter().String(text).Take(); }
@@ -137,10 +158,8 @@ Status RecalibrateInt8(EngineDesc& engine, std::unique_ptr<Graph> model,
     if (u.layer) {
       KILN_ASSIGN_OR_RETURN(Int8Reason old,
                             ParseInt8Reason(u.layer->precision_reason, input, n->name()));
-      // The sensitivity note carries the build's figures: the fallback is not re-taken.
-      if (!old.note.empty()) old.note = "; int8 sensitivity fallback as built (not re-measured)";
-      u.reason =
-          precision::Int8LayerReason(input, range->amax, options.method, old.storage) + old.note;
+      u.reason = precision::Int8LayerReason(input, range->amax, options.method, old.storage) +
+                 RecalibratedNote(old.note);
       renamed[Quoted(u.layer->precision_reason)] = Quoted(u.reason);
     }
     updates.push_back(std::move(u));
@@ -149,6 +168,8 @@ Status RecalibrateInt8(EngineDesc& engine, std::unique_ptr<Graph> model,
     u.node->mutable_attrs().Set(amax_attr, u.amax);
     if (u.layer) u.layer->precision_reason = std::move(u.reason);
   }
+  // The int8 between two layers is quantized by its producer with the consumer's scale.
+  RescaleInt8Edges(*engine.graph);
   engine.build_report_json = ReplaceReasons(engine.build_report_json, renamed);
   if (report) {
     report->int8_scales = "recalibrated";
