@@ -1086,6 +1086,35 @@ std::vector<float> NchwToNhwc(const std::vector<float>& v, const ConvCase& c) {
       .ToFloatVector();
 }
 
+// The kernels put Y's row blocks on the grid's y extent (65535 at most): the providers offer a
+// tile only where the largest rows fit it, and each tile's rows are the ones its name says.
+TEST(CudaInt8Host, ATileIsOfferedOnlyWhereItsRowBlocksFitTheGrid) {
+  EXPECT_TRUE(cuda::Int8TileFitsRows(1, 64));
+  EXPECT_TRUE(cuda::Int8TileFitsRows(65535 * 64, 64));
+  EXPECT_FALSE(cuda::Int8TileFitsRows(65535 * 64 + 1, 64));
+  EXPECT_TRUE(cuda::Int8TileFitsRows(65535 * 64 + 1, 128));
+  EXPECT_FALSE(cuda::Int8TileFitsRows(int64_t{65535} * 256 + 1, 256));
+  EXPECT_FALSE(cuda::Int8TileFitsRows(10, 0));  // no such tile
+  // An 8 x 1000 x 1000 output (8M rows) is past the 64-row tile and within the 128-row one;
+  // 8 x 1024 x 1024 is one row block past the 128-row tile (65536) and within the 256-row one.
+  EXPECT_FALSE(cuda::Int8TileFitsRows(int64_t{8} * 1000 * 1000, 64));
+  EXPECT_TRUE(cuda::Int8TileFitsRows(int64_t{8} * 1000 * 1000, 128));
+  EXPECT_FALSE(cuda::Int8TileFitsRows(int64_t{8} * 1024 * 1024, 128));
+  EXPECT_TRUE(cuda::Int8TileFitsRows(int64_t{8} * 1024 * 1024, 256));
+  auto leading_rows = [](std::string name) {
+    if (name.rfind("tma-", 0) == 0) name = name.substr(4);
+    return std::stoi(name.substr(0, name.find('x')));
+  };
+  for (int t = 0; t < cuda::Int8MmaTileCount(); ++t) {
+    EXPECT_EQ(cuda::Int8MmaTileRows(t), leading_rows(cuda::Int8MmaTileName(t))) << t;
+  }
+  for (int t = 0; t < cuda::Int8WgmmaTileCount(); ++t) {
+    EXPECT_EQ(cuda::Int8WgmmaTileRows(t), leading_rows(cuda::Int8WgmmaTileName(t))) << t;
+  }
+  EXPECT_EQ(cuda::Int8MmaTileRows(cuda::Int8MmaTileCount()), 0);
+  EXPECT_EQ(cuda::Int8WgmmaTileRows(-1), 0);
+}
+
 TEST(CudaInt8Host, ThePackedConvPlanReplaysTheCpuInt8Convolution) {
   std::mt19937 rng(91);
   for (const ConvCase& c : kInt8ConvCases) {
@@ -2239,6 +2268,32 @@ TEST_F(CudaInt8Test, Int8ConvolutionLayerMatchesTheCpuInt8Kernel) {
 TEST_F(CudaInt8Test, MmaInt8ConvolutionLayerMatchesTheCpuInt8Kernel) {
   if (!cuda::MmaCapable()) GTEST_SKIP() << "kiln's mma.sync INT8 kernel needs sm_80";
   CheckInt8ConvolutionLayer("mma");
+}
+
+// A convolution whose output rows (N * OH * OW at the profile's largest) pass a tile's 65535 row
+// blocks is not offered that tile (its launch would fail): 8 x 1024 x 1024 rows leave only the
+// 256-row tiles. Only tactics are listed; nothing of that size is allocated.
+TEST_F(CudaInt8Test, TilesWhoseRowBlocksPassTheGridAreNotOffered) {
+  if (!cuda::MmaCapable()) GTEST_SKIP() << "kiln's INT8 convolution needs sm_80";
+  ScopedEnv all("KILN_CUDA_INT8_KERNEL", "all");
+  std::mt19937 rng(95);
+  const ConvCase c = kInt8ConvCases[1];  // 1x1, stride 1, no padding: Y's pixels are X's
+  ConvNode node(c, MakeConvInputs(c, rng), true, DataType::kFloat32);
+  const size_t all_tiles = TacticsFor(node.request(), BackendKind::kCuda, "i8-").size();
+  ASSERT_GT(all_tiles, 0u);
+  KernelRequest big = node.request();
+  big.inputs[0].max_dims = {8, 1024, 1024, c.sh.c};
+  big.outputs[0].max_dims = {8, 1024, 1024, c.sh.k};
+  size_t offered = 0;
+  for (const auto& [provider, t] : TacticsFor(big, BackendKind::kCuda, "i8-")) {
+    const int tile = static_cast<int>(t.params.at(1));
+    const int rows =
+        t.family == "wgmma" ? cuda::Int8WgmmaTileRows(tile) : cuda::Int8MmaTileRows(tile);
+    EXPECT_EQ(rows, 256) << t.name;
+    ++offered;
+  }
+  EXPECT_LT(offered, all_tiles);
+  if (WgmmaExpected()) EXPECT_GT(offered, 0u);  // the warpgroup kernel's 256-row tiles
 }
 
 // The same with Hopper's warpgroup kernel (KILN_CUDA_INT8_KERNEL=wgmma) reading and writing int8.

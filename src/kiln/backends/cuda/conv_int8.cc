@@ -168,6 +168,9 @@ class Int8ConvProviderBase : public KernelProvider {
     if (!q) return {};
     const Int8Families families = Int8FamiliesFromEnv();
     const std::vector<int64_t> x = LargestDims(request.inputs[0]);
+    const std::vector<int64_t> y = LargestDims(request.outputs[0]);
+    if (x.size() != 4 || y.size() != 4) return {};
+    const int64_t rows = y[0] * y[1] * y[2];  // N * OH * OW at the profile's largest
     std::vector<TacticConfig> wgmma, mma;
     auto own = [&](std::vector<TacticConfig>& out, const char* family, int64_t tag, int tile,
                    const char* tile_name) {
@@ -180,11 +183,13 @@ class Int8ConvProviderBase : public KernelProvider {
     };
     if (families.wgmma && Int8WgmmaAvailable()) {
       for (int tile = 0; tile < WgmmaTileCount(*q); ++tile) {
+        if (!Int8TileFitsRows(rows, Int8WgmmaTileRows(tile))) continue;
         own(wgmma, "wgmma", kWgmmaTag, tile, Int8WgmmaTileName(tile));
       }
     }
     if (families.mma && MmaCapable()) {
       for (int tile = 0; tile < Int8MmaTileCount(); ++tile) {
+        if (!Int8TileFitsRows(rows, Int8MmaTileRows(tile))) continue;
         own(mma, "mma", kMmaTag, tile, Int8MmaTileName(tile));
       }
     }

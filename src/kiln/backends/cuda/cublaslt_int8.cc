@@ -276,6 +276,7 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     };
     if (families.wgmma && Int8WgmmaAvailable()) {
       for (int tile = 0; tile < Int8WgmmaTileCount(); ++tile) {
+        if (!Int8TileFitsRows(p->m, Int8WgmmaTileRows(tile))) continue;
         own(wgmma, "wgmma", kWgmmaTag, tile, Int8WgmmaTileName(tile));
       }
     }
@@ -283,7 +284,8 @@ class CublasLtInt8ProviderBase : public KernelProvider {
       // Kiln's tiles, the likeliest first: eight warps of 64 x 32 ran BERT-base's products at
       // batch 32 faster than four of 64 x 64 (H100, session 28: QKV 61 us against 80).
       for (int tile : {4, 0, 2, 1, 3}) {
-        if (tile < Int8MmaTileCount()) own(mma, "mma", kMmaTag, tile, Int8MmaTileName(tile));
+        if (tile >= Int8MmaTileCount() || !Int8TileFitsRows(p->m, Int8MmaTileRows(tile))) continue;
+        own(mma, "mma", kMmaTag, tile, Int8MmaTileName(tile));
       }
     }
     if (families.lt) {

@@ -67,6 +67,15 @@ struct Int8MmaGemmParams {
 cudaError_t LaunchInt8MmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream);
 int Int8MmaTileCount();
 const char* Int8MmaTileName(int tile);  // "128x128": the block's rows x columns of Y
+int Int8MmaTileRows(int tile);          // the block's rows of Y (0 for no tile)
+
+// A launch of these kernels puts Y's row blocks on the grid's y extent, at most 65535 of them:
+// whether `rows` rows fit a tile of `tile_rows` rows. The providers offer no tile they do not
+// fit (a launch would fail with cudaErrorInvalidConfiguration).
+inline constexpr int64_t kInt8MaxRowBlocks = 65535;
+inline bool Int8TileFitsRows(int64_t rows, int tile_rows) {
+  return tile_rows > 0 && (rows + tile_rows - 1) / tile_rows <= kInt8MaxRowBlocks;
+}
 
 // The same product on Hopper's warpgroup tensor cores (int8_wgmma_gemm.cu): the contract and
 // operand requirements of LaunchInt8MmaGemm, `tile` in [0, Int8WgmmaTileCount()). It runs where
@@ -75,6 +84,7 @@ const char* Int8MmaTileName(int tile);  // "128x128": the block's rows x columns
 cudaError_t LaunchInt8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream);
 int Int8WgmmaTileCount();
 const char* Int8WgmmaTileName(int tile);
+int Int8WgmmaTileRows(int tile);  // as Int8MmaTileRows
 bool Int8WgmmaAvailable();
 
 // The FP8 product on the same kernels (wgmma's E4M3 x E4M3 -> FP32): a and b hold E4M3 bytes

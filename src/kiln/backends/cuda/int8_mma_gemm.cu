@@ -167,9 +167,11 @@ __global__ void __launch_bounds__(kWm* kWn * 32)
 
 struct TileConfig {
   const char* name;
+  int rows;  // kBm of LaunchTiled's case
 };
 // Index = Int8MmaGemmParams::tile.
-constexpr TileConfig kTiles[] = {{"128x128"}, {"128x256"}, {"64x128"}, {"128x64"}, {"128x128w8"}};
+constexpr TileConfig kTiles[] = {
+    {"128x128", 128}, {"128x256", 128}, {"64x128", 64}, {"128x64", 128}, {"128x128w8", 128}};
 
 template <typename T, typename Y, int kBm, int kBn, int kWm, int kWn, int kStages, bool kConv>
 cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
@@ -191,15 +193,15 @@ cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
                         const ImplicitGemmConv& conv = {}) {
   switch (p.tile) {
     case 0:
-      return LaunchTile<T, Y, 128, 128, 2, 2, 4, kConv>(p, stream, conv);
+      return LaunchTile<T, Y, kTiles[0].rows, 128, 2, 2, 4, kConv>(p, stream, conv);
     case 1:
-      return LaunchTile<T, Y, 128, 256, 2, 4, 3, kConv>(p, stream, conv);
+      return LaunchTile<T, Y, kTiles[1].rows, 256, 2, 4, 3, kConv>(p, stream, conv);
     case 2:
-      return LaunchTile<T, Y, 64, 128, 2, 2, 4, kConv>(p, stream, conv);
+      return LaunchTile<T, Y, kTiles[2].rows, 128, 2, 2, 4, kConv>(p, stream, conv);
     case 3:
-      return LaunchTile<T, Y, 128, 64, 2, 2, 4, kConv>(p, stream, conv);
+      return LaunchTile<T, Y, kTiles[3].rows, 64, 2, 2, 4, kConv>(p, stream, conv);
     case 4:  // eight warps of 64 x 32: more warps to hide the latencies, fewer registers each
-      return LaunchTile<T, Y, 128, 128, 2, 4, 4, kConv>(p, stream, conv);
+      return LaunchTile<T, Y, kTiles[4].rows, 128, 2, 4, 4, kConv>(p, stream, conv);
     default:
       return cudaErrorInvalidValue;
   }
@@ -211,6 +213,10 @@ int Int8MmaTileCount() { return static_cast<int>(sizeof(kTiles) / sizeof(kTiles[
 
 const char* Int8MmaTileName(int tile) {
   return tile >= 0 && tile < Int8MmaTileCount() ? kTiles[tile].name : "?";
+}
+
+int Int8MmaTileRows(int tile) {
+  return tile >= 0 && tile < Int8MmaTileCount() ? kTiles[tile].rows : 0;
 }
 
 cudaError_t LaunchInt8MmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {

@@ -127,7 +127,7 @@ cudaError_t DispatchOwnKernel(const Int8MmaGemmParams& p, F&& launch) {
 // where it passes the launch limits.
 inline cudaError_t TileGrid(const Int8MmaGemmParams& p, int bm, int bn, dim3* grid) {
   const int64_t grid_m = (p.epi.rows + bm - 1) / bm, grid_n = (p.epi.cols + bn - 1) / bn;
-  if (grid_m > 65535 || grid_n > 2147483647) return cudaErrorInvalidConfiguration;
+  if (grid_m > kInt8MaxRowBlocks || grid_n > 2147483647) return cudaErrorInvalidConfiguration;
   *grid = dim3(static_cast<unsigned>(grid_n), static_cast<unsigned>(grid_m));
   return cudaSuccess;
 }

@@ -461,10 +461,12 @@ __global__ void MbarTimeoutProbeKernel(uint64_t timeout_ns) {
 
 struct TileConfig {
   const char* name;
+  int rows;  // kBm = 2 * 64 * kMi of LaunchTiled's case
 };
 // Index = Int8MmaGemmParams::tile.
-constexpr TileConfig kTiles[] = {{"128x128"},     {"128x256"},     {"128x128x2"},  {"256x128"},
-                                 {"tma-128x128"}, {"tma-128x256"}, {"tma-256x128"}};
+constexpr TileConfig kTiles[] = {{"128x128", 128},     {"128x256", 128},     {"128x128x2", 128},
+                                 {"256x128", 256},     {"tma-128x128", 128}, {"tma-128x256", 128},
+                                 {"tma-256x128", 256}};
 
 // cuTensorMapEncodeTiled, a driver function, through the runtime's entry point (kiln links the
 // runtime only).
@@ -539,6 +541,11 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
   return cudaGetLastError();
 }
 
+// kTiles' rows are the cases' kBm = 2 * 64 * kMi below.
+static_assert(kTiles[0].rows == 128 && kTiles[1].rows == 128 && kTiles[2].rows == 128 &&
+              kTiles[3].rows == 256 && kTiles[4].rows == 128 && kTiles[5].rows == 128 &&
+              kTiles[6].rows == 256);
+
 // The tile p.tile names. kConv: A is the implicit-GEMM view `conv` (the cp.async tiles only,
 // 0 to Int8WgmmaConvTileCount() - 1: a tensor map cannot gather).
 template <typename Acc, typename T, typename Y, bool kConv = false>
@@ -573,6 +580,10 @@ int Int8WgmmaTileCount() { return static_cast<int>(sizeof(kTiles) / sizeof(kTile
 
 const char* Int8WgmmaTileName(int tile) {
   return tile >= 0 && tile < Int8WgmmaTileCount() ? kTiles[tile].name : "?";
+}
+
+int Int8WgmmaTileRows(int tile) {
+  return tile >= 0 && tile < Int8WgmmaTileCount() ? kTiles[tile].rows : 0;
 }
 
 bool Int8WgmmaAvailable() {
