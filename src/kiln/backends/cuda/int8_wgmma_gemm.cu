@@ -464,8 +464,8 @@ struct TileConfig {
   int rows;  // kBm = 2 * 64 * kMi of LaunchTiled's case
 };
 // Index = Int8MmaGemmParams::tile.
-constexpr TileConfig kTiles[] = {{"128x128", 128},     {"128x256", 128},     {"128x128x2", 128},
-                                 {"256x128", 256},     {"tma-128x128", 128}, {"tma-128x256", 128},
+constexpr TileConfig kTiles[] = {{"128x128", 128},    {"128x256", 128},     {"128x128x2", 128},
+                                 {"256x128", 256},    {"tma-128x128", 128}, {"tma-128x256", 128},
                                  {"tma-256x128", 256}};
 
 // cuTensorMapEncodeTiled, a driver function, through the runtime's entry point (kiln links the
