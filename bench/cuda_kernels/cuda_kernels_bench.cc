@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,9 @@ struct BenchCase {
   std::string tactic_prefix;  // tactics whose names start with this only ("": all)
   std::string tactic_has;     // ... and contain this
   double ops = 0;             // arithmetic operations of one launch (> 0: a TOPS counter)
+  // An edge's consumer: the tactics are listed as the builder lists them, for A of this float
+  // type (the edge is joined after the tactic is chosen), and the kernel made for A as given.
+  std::optional<DataType> tactics_for_a;
 };
 
 AttributeMap Attrs(std::initializer_list<std::pair<const char*, Attribute>> kv) {
@@ -97,8 +101,10 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
     if (!provider && (c.provider.empty() || p->id() == c.provider)) provider = p;
   }
   std::vector<TacticConfig> tactics;
+  KernelRequest listed = r;
+  if (c.tactics_for_a) listed.inputs[0].dtype = *c.tactics_for_a;
   if (provider) {
-    for (TacticConfig& t : provider->Tactics(r)) {
+    for (TacticConfig& t : provider->Tactics(listed)) {
       if (t.name.starts_with(c.tactic_prefix) && t.name.find(c.tactic_has) != std::string::npos) {
         tactics.push_back(std::move(t));
       }
@@ -335,6 +341,25 @@ const bool kRegistered = [] {
         i8.tactic = t;
         i8.ops = flops;
         cases.emplace_back(fmt::format("bert_{}_i8_{}_t{}", pr.name, family, t), std::move(i8));
+      }
+    }
+    // The same products reading A already quantized (an INT8 edge's consumer: no quantization
+    // launch), so the difference to the cases above is what quantizing A costs.
+    {
+      AttributeMap edge = attrs;
+      edge.Set("kiln_int8_input_edge", int64_t{1});
+      std::vector<Operand> edge_ops = ops;
+      edge_ops[0].dtype = DataType::kInt8;
+      for (const auto& [family, tiles] :
+           std::vector<std::pair<std::string, size_t>>{{"mma", 1}, {"wgmma", 7}}) {
+        for (size_t t = 0; t < tiles; ++t) {
+          BenchCase i8{"FusedMatMul", edge, edge_ops, "cuda.fused_matmul.cublaslt.i8"};
+          i8.tactics_for_a = kF16;
+          i8.tactic_prefix = "i8-matmul-cuda-" + family + "-";
+          i8.tactic = t;
+          i8.ops = flops;
+          cases.emplace_back(fmt::format("bert_{}_i8in_{}_t{}", pr.name, family, t), std::move(i8));
+        }
       }
     }
     attrs.Erase("kiln_int8_input_amax");
