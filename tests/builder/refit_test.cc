@@ -332,19 +332,36 @@ float InputAmax(const EngineDesc& e, const std::string& node) {
   return e.graph->FindNode(node)->attrs().GetFloat(std::string(precision::kInt8InputAmaxAttr), 0.f);
 }
 
+// A zoo model's INT8 engines with its own weights (A) and with perturbed ones (B), each build
+// calibrating its own weights (no calibration cache).
+struct Int8AAndB {
+  BuilderConfig config;
+  std::map<std::string, Tensor> weights_b;
+  std::unique_ptr<EngineDesc> a, b;
+};
+Int8AAndB BuildInt8AAndB(const fs::path& dir) {
+  Int8AAndB out;
+  out.config = Config(dir, Precision::kInt8, "");
+  out.config.calibration_cache_path.clear();
+  auto a_graph = ImportOnnxFile((dir / "model.onnx").string());
+  EXPECT_TRUE(a_graph.ok()) << a_graph.status().ToString();
+  if (!a_graph.ok()) return out;
+  out.weights_b = Perturbed(Initializers(**a_graph), 21);
+  out.a = Build(std::move(*a_graph), out.config);
+  out.b = Build(ImportWith(dir / "model.onnx", out.weights_b), out.config);
+  return out;
+}
+
 class RecalibrateZoo : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RecalibrateZoo, RecalibratedRefitIsAFreshInt8BuildWithB) {
   const fs::path dir = ZooRoot() / GetParam();
-  BuilderConfig config = Config(dir, Precision::kInt8, "");
-  config.calibration_cache_path.clear();  // each build calibrates its own weights
-
-  auto a_graph = ImportOnnxFile((dir / "model.onnx").string());
-  ASSERT_TRUE(a_graph.ok());
-  const std::map<std::string, Tensor> weights_b = Perturbed(Initializers(**a_graph), 21);
-  std::unique_ptr<EngineDesc> a = Build(std::move(*a_graph), config);
-  std::unique_ptr<EngineDesc> b = Build(ImportWith(dir / "model.onnx", weights_b), config);
-  ASSERT_TRUE(a && b);
+  Int8AAndB builds = BuildInt8AAndB(dir);
+  ASSERT_TRUE(builds.a && builds.b);
+  const BuilderConfig& config = builds.config;
+  const std::map<std::string, Tensor>& weights_b = builds.weights_b;
+  std::unique_ptr<EngineDesc>& a = builds.a;
+  std::unique_ptr<EngineDesc>& b = builds.b;
   std::vector<std::string> int8_layers;
   bool scales_differ = false;
   for (const LayerDesc& l : b->layers) {
@@ -413,15 +430,12 @@ INSTANTIATE_TEST_SUITE_P(Zoo, RecalibrateZoo,
 // the kernels behind a real edge are cuda_quant_test.cc's).
 TEST(Recalibrate, AnInt8EdgesProducerWritesWithItsConsumersNewScale) {
   const fs::path dir = ZooRoot() / "resnet_tiny";
-  BuilderConfig config = Config(dir, Precision::kInt8, "");
-  config.calibration_cache_path.clear();
-  auto a_graph = ImportOnnxFile((dir / "model.onnx").string());
-  ASSERT_TRUE(a_graph.ok());
-  const std::map<std::string, Tensor> weights_b = Perturbed(Initializers(**a_graph), 21);
-  std::unique_ptr<EngineDesc> a = Build(std::move(*a_graph), config);
-  std::unique_ptr<EngineDesc> b = Build(ImportWith(dir / "model.onnx", weights_b), config);
-  ASSERT_TRUE(a && b);
-  auto edit = LoadEngineBytesForEdit(Bytes(*a));
+  Int8AAndB builds = BuildInt8AAndB(dir);
+  ASSERT_TRUE(builds.a && builds.b);
+  const BuilderConfig& config = builds.config;
+  const std::map<std::string, Tensor>& weights_b = builds.weights_b;
+  const EngineDesc* b = builds.b.get();
+  auto edit = LoadEngineBytesForEdit(Bytes(*builds.a));
   ASSERT_TRUE(edit.ok()) << edit.status().ToString();
   EngineDesc& e = **edit;
   const std::string amax(precision::kInt8InputAmaxAttr);
