@@ -163,9 +163,9 @@ class Int8ConvProviderBase : public KernelProvider {
   bool SupportsLayout(std::string_view layout) const final { return layout == "NHWC"; }
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
-    if (!QuantTacticsEnabled()) return {};
     std::optional<QuantizedConv> q = ResolveQuantizedConv(request);
-    if (!q) return {};
+    // The gate after the layer is known to be INT8, so that only INT8 builds hear about it.
+    if (!q || !QuantTacticsEnabled()) return {};
     const Int8Families families = Int8FamiliesFromEnv();
     const std::vector<int64_t> x = LargestDims(request.inputs[0]);
     const std::vector<int64_t> y = LargestDims(request.outputs[0]);

@@ -458,9 +458,9 @@ class CublasLtFp8ProviderBase : public KernelProvider {
   BackendKind backend() const final { return BackendKind::kCuda; }
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
-    if (!QuantTacticsEnabled()) return {};
     std::optional<QuantizedGemm> p = ResolveQuantizedGemm(request, Fp8InputAmax(*request.node));
-    if (!p) return {};
+    // The gate after the layer is known to be FP8, so that only FP8 builds hear about it.
+    if (!p || !QuantTacticsEnabled()) return {};
     auto handle = CublasLtHandle();  // fails where there is no GPU: no tactics then
     if (!handle.ok() || !DeviceHasFp8()) return {};
     const int64_t kp = QuantPadded(p->k), np = QuantPadded(p->n), mp = QuantPadded(p->m);

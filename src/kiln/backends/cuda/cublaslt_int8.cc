@@ -250,11 +250,11 @@ class CublasLtInt8ProviderBase : public KernelProvider {
   BackendKind backend() const final { return BackendKind::kCuda; }
 
   std::vector<TacticConfig> Tactics(const KernelRequest& request) const final {
-    if (!QuantTacticsEnabled()) return {};
     std::optional<QuantizedGemm> p = Resolve(request);
     // int32 accumulation: 127 * 127 * K must not overflow.
     if (p && p->k > (int64_t{1} << 31) / (127 * 127)) return {};
-    if (!p) return {};
+    // The gate after the layer is known to be INT8, so that only INT8 builds hear about it.
+    if (!p || !QuantTacticsEnabled()) return {};
     auto handle = CublasLtHandle();  // fails where there is no GPU: no tactics then
     if (!handle.ok()) return {};
     const int64_t kp = QuantPadded(p->k), np = QuantPadded(p->n);
