@@ -1095,6 +1095,8 @@ TEST(CudaInt8Host, ATileIsOfferedOnlyWhereItsRowBlocksFitTheGrid) {
   EXPECT_TRUE(cuda::Int8TileFitsRows(65535 * 64 + 1, 128));
   EXPECT_FALSE(cuda::Int8TileFitsRows(int64_t{65535} * 256 + 1, 256));
   EXPECT_FALSE(cuda::Int8TileFitsRows(10, 0));  // no such tile
+  // A saturated size (SatMul) fits no tile.
+  EXPECT_FALSE(cuda::Int8TileFitsRows(std::numeric_limits<int64_t>::max(), 256));
   // An 8 x 1000 x 1000 output (8M rows) is past the 64-row tile and within the 128-row one;
   // 8 x 1024 x 1024 is one row block past the 128-row tile (65536) and within the 256-row one.
   EXPECT_FALSE(cuda::Int8TileFitsRows(int64_t{8} * 1000 * 1000, 64));

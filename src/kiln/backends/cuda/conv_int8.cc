@@ -30,6 +30,7 @@
 #include "kiln/backends/cuda/quant_gemm_plan.h"
 #include "kiln/backends/int8_quant.h"
 #include "kiln/backends/kernel.h"
+#include "kiln/ir/sizes.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/ops/quant_edge.h"
 
@@ -170,7 +171,8 @@ class Int8ConvProviderBase : public KernelProvider {
     const std::vector<int64_t> x = LargestDims(request.inputs[0]);
     const std::vector<int64_t> y = LargestDims(request.outputs[0]);
     if (x.size() != 4 || y.size() != 4) return {};
-    const int64_t rows = y[0] * y[1] * y[2];  // N * OH * OW at the profile's largest
+    // N * OH * OW at the profile's largest (saturated: a product past int64 fits no tile).
+    const int64_t rows = SatMul(SatMul(y[0], y[1]), y[2]);
     std::vector<TacticConfig> wgmma, mma;
     auto own = [&](std::vector<TacticConfig>& out, const char* family, int64_t tag, int tile,
                    const char* tile_name) {

@@ -74,7 +74,8 @@ int Int8MmaTileRows(int tile);          // the block's rows of Y (0 for no tile)
 // fit (a launch would fail with cudaErrorInvalidConfiguration).
 inline constexpr int64_t kInt8MaxRowBlocks = 65535;
 inline bool Int8TileFitsRows(int64_t rows, int tile_rows) {
-  return tile_rows > 0 && (rows + tile_rows - 1) / tile_rows <= kInt8MaxRowBlocks;
+  // Rounded up without rows + tile_rows - 1, which could pass int64 for a saturated size.
+  return tile_rows > 0 && rows / tile_rows + (rows % tile_rows != 0) <= kInt8MaxRowBlocks;
 }
 
 // The same product on Hopper's warpgroup tensor cores (int8_wgmma_gemm.cu): the contract and
