@@ -826,7 +826,8 @@ def build(model, example_inputs=None, *, backend: str = "auto", fp16: bool = Fal
           calib_method: Optional[str] = None, calib_percentile: Optional[float] = None,
           calib_cache=None, int8_tolerance=None, calib_on_cpu: bool = False,
           fp8_tolerance=None, fp8_edges: bool = True, int8_edges: bool = True,
-          quantized_if_faster: Optional[bool] = None, optimize: bool = True, progress: Optional[Callable[..., Any]] = None,
+          quantized_if_faster: Optional[bool] = None, optimize: bool = True,
+          progress: Optional[Callable[..., Any]] = None,
           exporter: str = "torchscript", input_names: Optional[Sequence[str]] = None,
           output_names: Optional[Sequence[str]] = None, dynamic_axes=None,
           opset: Optional[int] = None, distributed=None, **distributed_options) -> Engine:
