@@ -201,6 +201,9 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
 
 constexpr DataType kF16 = DataType::kFloat16;
 constexpr DataType kI64 = DataType::kInt64;
+// kiln's warpgroup kernel's tiles (int8_wgmma_gemm.cu's Int8WgmmaTileCount()): the cp.async,
+// TMA and persistent (ws-) ones.
+constexpr size_t kWgmmaTiles = 10;
 
 const bool kRegistered = [] {
   // The INT8/FP8 tactics are off by default until they have run on a GPU (cublaslt_util.h,
@@ -334,7 +337,7 @@ const bool kRegistered = [] {
     cases.emplace_back(fmt::format("bert_{}_f16", pr.name), fp16);
     attrs.Set("kiln_int8_input_amax", 1.f);
     for (const auto& [family, tiles] :
-         std::vector<std::pair<std::string, size_t>>{{"cublaslt", 1}, {"mma", 1}, {"wgmma", 7}}) {
+         std::vector<std::pair<std::string, size_t>>{{"cublaslt", 1}, {"mma", 1}, {"wgmma", kWgmmaTiles}}) {
       for (size_t t = 0; t < tiles; ++t) {
         BenchCase i8{"FusedMatMul", attrs, ops, "cuda.fused_matmul.cublaslt.i8"};
         i8.tactic_prefix = "i8-matmul-cuda-" + family + "-";
@@ -351,7 +354,7 @@ const bool kRegistered = [] {
       std::vector<Operand> edge_ops = ops;
       edge_ops[0].dtype = DataType::kInt8;
       for (const auto& [family, tiles] :
-           std::vector<std::pair<std::string, size_t>>{{"mma", 1}, {"wgmma", 7}}) {
+           std::vector<std::pair<std::string, size_t>>{{"mma", 1}, {"wgmma", kWgmmaTiles}}) {
         for (size_t t = 0; t < tiles; ++t) {
           BenchCase i8{"FusedMatMul", edge, edge_ops, "cuda.fused_matmul.cublaslt.i8"};
           i8.tactics_for_a = kF16;
@@ -371,7 +374,7 @@ const bool kRegistered = [] {
     for (const Fp8Family& f : std::vector<Fp8Family>{
              {"cublaslt", "f8-matmul-cuda-cublaslt-", "-lt-epilogue", 1},
              {"cublaslt_fast", "f8-matmul-cuda-cublaslt-", "-lt-epilogue-fast-accum", 1},
-             {"wgmma", "f8-matmul-cuda-wgmma-", "", 7}}) {
+             {"wgmma", "f8-matmul-cuda-wgmma-", "", kWgmmaTiles}}) {
       for (size_t t = 0; t < f.tiles; ++t) {
         BenchCase f8{"FusedMatMul", attrs, ops, "cuda.fused_matmul.cublaslt.f8"};
         f8.tactic_prefix = f.prefix;
@@ -416,8 +419,11 @@ const bool kRegistered = [] {
     fp16.ops = flops;
     cases.emplace_back(fmt::format("resnet_{}_f16", l.name), fp16);
     attrs.Set("kiln_int8_input_amax", 1.f);
+    // A 1x1 stride-1 convolution is a plain product: every tile of the warpgroup kernel, the
+    // TMA and persistent ones too; the others gather with its four cp.async tiles.
+    const size_t wgmma_tiles = l.window == 1 && l.stride == 1 ? kWgmmaTiles : 4;
     for (const auto& [family, tiles] :
-         std::vector<std::pair<std::string, size_t>>{{"wgmma", 4}, {"mma", 5}}) {
+         std::vector<std::pair<std::string, size_t>>{{"wgmma", wgmma_tiles}, {"mma", 5}}) {
       for (size_t t = 0; t < tiles; ++t) {
         BenchCase i8{"FusedConv", attrs, ops, "cuda.fused_conv.i8"};
         i8.tactic_prefix = "i8-fused-conv-cuda-" + family + "-";

@@ -582,7 +582,11 @@ TEST_F(CudaInt8Test, OwnWarpgroupKernelRunsEveryTile) {
       {"FusedGemm", {300, 3072}, 3072, 768, false, true, 1.f, 1.f, {300, 768}, false},
       {"Gemm", {129, 80}, 80, 257, false, false, 1.f, 1.f, {257}, true},
       {"MatMul", {1000, 512}, 512, 1000},
-      {"MatMul", {3, 1, 48}, 48, 7}};
+      {"MatMul", {3, 1, 48}, 48, 7},
+      // More tiles than an H100 or H200 has SMs in every tile shape (297, 165 and 153), three
+      // stages of K each: the persistent tiles' blocks take several tiles and their rings of
+      // stages wrap across tiles.
+      {"FusedMatMul", {4100, 300}, 300, 1100, false, false, 1.f, 1.f, {1100}, true, "gelu"}};
   uint32_t seed = 81;
   for (const I8Case& c : cases) {
     for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
@@ -1104,7 +1108,7 @@ TEST(CudaInt8Host, ATileIsOfferedOnlyWhereItsRowBlocksFitTheGrid) {
   EXPECT_FALSE(cuda::Int8TileFitsRows(int64_t{8} * 1024 * 1024, 128));
   EXPECT_TRUE(cuda::Int8TileFitsRows(int64_t{8} * 1024 * 1024, 256));
   auto leading_rows = [](std::string name) {
-    if (name.rfind("tma-", 0) == 0) name = name.substr(4);
+    name = name.substr(name.rfind('-') + 1);  // "tma-256x128", "ws-128x256": the shape
     return std::stoi(name.substr(0, name.find('x')));
   };
   for (int t = 0; t < cuda::Int8MmaTileCount(); ++t) {
@@ -1607,6 +1611,9 @@ TEST_F(CudaFp8Test, OwnWarpgroupKernelRunsEveryTile) {
       {Fp8({"Gemm", {129, 80}, 80, 257, false, false, 1.f, 1.f, {257}, true}), f32},
       {Fp8({"Gemm", {45, 96}, 96, 64, false, true, 0.5f, 0.75f, {45, 64}, false}, 1.5f), f16},
       {Fp8({"MatMul", {2, 3, 31}, 31, 33}), f32},
+      // Several tiles per block of the persistent tiles (OwnWarpgroupKernelRunsEveryTile's).
+      {Fp8({"FusedMatMul", {4100, 300}, 300, 1100, false, false, 1.f, 1.f, {1100}, true, "gelu"}),
+       f16},
   };
   uint32_t seed = 501;
   for (const Case& k : cases) {
