@@ -583,10 +583,9 @@ TEST_F(CudaInt8Test, OwnWarpgroupKernelRunsEveryTile) {
       {"Gemm", {129, 80}, 80, 257, false, false, 1.f, 1.f, {257}, true},
       {"MatMul", {1000, 512}, 512, 1000},
       {"MatMul", {3, 1, 48}, 48, 7},
-      // More tiles than an H100 or H200 has SMs in every tile shape (297, 165 and 153), three
-      // stages of K each: the persistent tiles' blocks take several tiles and their rings of
-      // stages wrap across tiles.
-      {"FusedMatMul", {4100, 300}, 300, 1100, false, false, 1.f, 1.f, {1100}, true, "gelu"}};
+      // More blocks than an H100 or H200 has SMs in every tile (297, 165, 153), most of them
+      // inside Y: the whole-tile epilogue (int8_tile::WholeTile) with a bias and GELU.
+      {"FusedMatMul", {4100, 300}, 300, 1104, false, false, 1.f, 1.f, {1104}, true, "gelu"}};
   uint32_t seed = 81;
   for (const I8Case& c : cases) {
     for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
@@ -1611,8 +1610,8 @@ TEST_F(CudaFp8Test, OwnWarpgroupKernelRunsEveryTile) {
       {Fp8({"Gemm", {129, 80}, 80, 257, false, false, 1.f, 1.f, {257}, true}), f32},
       {Fp8({"Gemm", {45, 96}, 96, 64, false, true, 0.5f, 0.75f, {45, 64}, false}, 1.5f), f16},
       {Fp8({"MatMul", {2, 3, 31}, 31, 33}), f32},
-      // Several tiles per block of the persistent tiles (OwnWarpgroupKernelRunsEveryTile's).
-      {Fp8({"FusedMatMul", {4100, 300}, 300, 1100, false, false, 1.f, 1.f, {1100}, true, "gelu"}),
+      // Many blocks, most of them inside Y (OwnWarpgroupKernelRunsEveryTile's).
+      {Fp8({"FusedMatMul", {4100, 300}, 300, 1104, false, false, 1.f, 1.f, {1104}, true, "gelu"}),
        f16},
   };
   uint32_t seed = 501;

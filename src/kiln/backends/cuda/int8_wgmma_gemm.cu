@@ -27,7 +27,6 @@
 #include <cuda_fp16.h>
 
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
@@ -440,162 +439,6 @@ __global__ void __launch_bounds__(kThreads + 128, 1)
 #endif  // KILN_WGMMA
 }
 
-// The persistent, warp-specialized form of the TMA kernel: one block per SM (the grid is the
-// SM count, or the tile count where smaller) walks the tiles blockIdx.x, blockIdx.x + gridDim.x,
-// ... Warpgroup 0 is the producer, whose first thread issues every stage's two box copies of
-// every tile of the block; warpgroups 1 and 2 are the consumers (64 kMi rows of the 128 kMi x kBn
-// tile each). The copies run kStages ahead of the products and across tiles: while the consumers
-// finish one tile, the next one's stages arrive, so neither the pipeline's fill nor the epilogue leaves the SM's
-// tensor cores and copy engine idle between tiles as one block per tile does (the kernels above
-// at K = 768: 1.6x FP16's time on an H100, session 33). The producer gives up registers to the
-// consumers (kConsumerRegisters).
-// The epilogue goes through a small buffer per warpgroup instead of the stages (which the next
-// tile's copies own): kChunk columns of its accumulators at a time are staged there, and
-// FinishTile's loop (one copy of the activation's code per chunk, not per register) writes them.
-template <int kMi, int kBn, int kStages, int kChunk>
-struct PersistentLayout {
-  static constexpr int kBm = 2 * 64 * kMi;
-  static constexpr int kAStage = kBm * kBk, kBStage = kBn * kBk;
-  static constexpr int kStageBytes = kStages * (kAStage + kBStage);
-  static constexpr int kChunkRows = 64 * kMi;  // a warpgroup's rows
-  static constexpr int kChunkBytes = kChunkRows * (kChunk + int8_tile::kAccPad) * 4;
-  static constexpr int kBarriers = kStageBytes + 2 * kChunkBytes;  // full[kStages], empty[kStages]
-  static constexpr int kSmem = kBarriers + 2 * kStages * 8 + kSmemAlign;
-  static_assert(kBn % kChunk == 0 && kChunk % 8 == 0, "whole chunks of 8-column groups");
-  static_assert(kSmem <= 227 * 1024, "an H100 block's shared memory");
-};
-constexpr int kPersistentThreads = 384;  // the producer warpgroup, then two consumer ones
-// Registers per thread after the roles split (setmaxnreg): each of an SM's four quarters holds
-// one producer warp and two consumer warps in its 16 K registers, 32 * (40 + 2 * 232) = 16128.
-// The launch gives every thread 168; the 128 accumulators of a 64 x 256 warpgroup tile and the
-// epilogue need more than that without spilling.
-constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
-static_assert(32 * (kProducerRegisters + 2 * kConsumerRegisters) <= 16384, "one block per SM");
-
-#ifdef KILN_WGMMA
-// Columns [chunk * kChunk, (chunk + 1) * kChunk) of the warpgroup's accumulators (the layout of
-// StageAccumulators) into buf, [64 kMi][kChunk + kAccPad]. chunk must be a constant where this is
-// inlined: the accumulators are registers.
-template <int kMi, int kBn, int kChunk, typename Acc>
-__device__ __forceinline__ void StageChunk(Acc* buf, const Acc (&acc)[kMi][kBn / 2], int chunk,
-                                           int ltid) {
-  const int lane = ltid & 31, w = ltid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int i = 0; i < kMi; ++i) {
-#pragma unroll
-    for (int jj = 0; jj < kChunk / 8; ++jj) {
-      const int j = chunk * (kChunk / 8) + jj;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = i * 64 + w * 16 + g + h * 8, col = jj * 8 + 2 * t;
-        Acc* dst = buf + r * (kChunk + int8_tile::kAccPad) + col;
-        if constexpr (std::is_same_v<Acc, int>) {
-          *reinterpret_cast<int2*>(dst) =
-              make_int2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
-        } else {
-          *reinterpret_cast<float2*>(dst) =
-              make_float2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
-        }
-      }
-    }
-  }
-}
-
-// The warpgroup's own barrier (ids 1 and 2; 0 is __syncthreads').
-__device__ __forceinline__ void WarpgroupBarrier(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-}
-#endif  // KILN_WGMMA
-
-template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kChunk>
-__global__ void __launch_bounds__(kPersistentThreads, 1)
-    Int8WgmmaPersistentKernel(const __grid_constant__ CUtensorMap map_a,
-                              const __grid_constant__ CUtensorMap map_b, Int8MmaGemmParams p,
-                              int8_tile::Vectors vectors) {
-#ifdef KILN_WGMMA
-  using L = PersistentLayout<kMi, kBn, kStages, kChunk>;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem =
-      smem_raw + ((kSmemAlign - (SmemAddr(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1));
-  uint8_t* sa = smem;
-  uint8_t* sb = smem + kStages * L::kAStage;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
-  uint64_t* empty = full + kStages;
-  const int tid = threadIdx.x;
-  const int64_t tiles_n = (p.epi.cols + kBn - 1) / kBn;
-  const int64_t tiles = (p.epi.rows + L::kBm - 1) / L::kBm * tiles_n;
-  const int ktiles = static_cast<int>((p.depth + kBk - 1) / kBk);
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(&full[s], 1);
-      MbarInit(&empty[s], 2);  // one arrival per consumer warpgroup
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  if (tid < 128) {  // the producer warpgroup: its first thread issues every copy
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    if (tid == 0) {
-      int64_t stage = 0;  // stages issued, over all of this block's tiles
-      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int m0 = static_cast<int>(tile / tiles_n * L::kBm);
-        const int n0 = static_cast<int>(tile % tiles_n * kBn);
-        for (int kt = 0; kt < ktiles; ++kt, ++stage) {
-          const int slot = static_cast<int>(stage % kStages);
-          const int64_t use = stage / kStages;
-          if (use > 0) MbarWait(&empty[slot], static_cast<int>((use - 1) & 1));
-          MbarExpectTx(&full[slot], L::kAStage + L::kBStage);
-          TmaLoad2d(sa + slot * L::kAStage, &map_a, kt * kBk, m0, &full[slot]);
-          TmaLoad2d(sb + slot * L::kBStage, &map_b, kt * kBk, n0, &full[slot]);
-        }
-      }
-    }
-    return;
-  }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
-  const int wg = (tid >> 7) - 1, ltid = tid & 127;
-  Acc* chunk_buf = reinterpret_cast<Acc*>(smem + L::kStageBytes + wg * L::kChunkBytes);
-  Acc acc[kMi][kBn / 2];
-  int64_t stage = 0;  // stages consumed, in the producer's order
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t m0 = tile / tiles_n * L::kBm, n0 = tile % tiles_n * kBn;
-#pragma unroll
-    for (int i = 0; i < kMi; ++i) {
-#pragma unroll
-      for (int j = 0; j < kBn / 2; ++j) acc[i][j] = 0;
-    }
-    for (int kt = 0; kt < ktiles; ++kt, ++stage) {
-      const int slot = static_cast<int>(stage % kStages);
-      MbarWait(&full[slot], static_cast<int>((stage / kStages) & 1));
-      const uint64_t da = SmemDesc(sa + slot * L::kAStage + wg * kMi * 64 * kBk);
-      const uint64_t db = SmemDesc(sb + slot * L::kBStage);
-      StageProducts<kMi, kBn>(acc, da, db);
-      WgmmaWait<1>();  // the previous stage's products are done: its slot is free
-      if (kt > 0 && ltid == 0) MbarArrive(&empty[(stage - 1) % kStages]);
-    }
-    WgmmaWait<0>();
-#pragma unroll
-    for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
-    if (ktiles > 0 && ltid == 0) MbarArrive(&empty[(stage - 1) % kStages]);  // the tile's last
-    const int64_t m0w = m0 + wg * L::kChunkRows;
-    // One copy of FinishTile (the loop is not unrolled); the staging, which must name registers,
-    // picks its constant chunk.
-#pragma unroll 1
-    for (int chunk = 0; chunk < kBn / kChunk; ++chunk) {
-#pragma unroll
-      for (int k = 0; k < kBn / kChunk; ++k) {
-        if (k == chunk) StageChunk<kMi, kBn, kChunk>(chunk_buf, acc, k, ltid);
-      }
-      WarpgroupBarrier(wg);
-      int8_tile::FinishTile<T, Y, L::kChunkRows, kChunk, 128>(p, chunk_buf, m0w,
-                                                              n0 + chunk * kChunk, ltid, vectors);
-      WarpgroupBarrier(wg);  // read before the next chunk is staged
-    }
-  }
-#endif  // KILN_WGMMA
-}
-
 // Records whether the code the device loaded for this file has the wgmma instructions.
 __global__ void WgmmaProbeKernel(int* out) {
 #ifdef KILN_WGMMA
@@ -623,8 +466,7 @@ struct TileConfig {
 // Index = Int8MmaGemmParams::tile.
 constexpr TileConfig kTiles[] = {{"128x128", 128},    {"128x256", 128},     {"128x128x2", 128},
                                  {"256x128", 256},    {"tma-128x128", 128}, {"tma-128x256", 128},
-                                 {"tma-256x128", 256}, {"ws-128x128", 128},  {"ws-128x256", 128},
-                                 {"ws-256x128", 256}};
+                                 {"tma-256x128", 256}};
 
 // cuTensorMapEncodeTiled, a driver function, through the runtime's entry point (kiln links the
 // runtime only).
@@ -684,43 +526,6 @@ cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The SMs of the current device, once per device (the persistent kernel's grid).
-int SmCount() {
-  static std::array<std::atomic<int>, 64> known{};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  if (device < 0 || device >= static_cast<int>(known.size())) return 0;
-  int n = known[device].load(std::memory_order_relaxed);
-  if (n == 0 &&
-      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess) {
-    known[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kChunk>
-cudaError_t LaunchPersistentTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
-  using L = PersistentLayout<kMi, kBn, kStages, kChunk>;
-  auto* kernel = Int8WgmmaPersistentKernel<Acc, T, Y, kMi, kBn, kStages, kChunk>;
-  static SharedMemoryOptIn opt_in;
-  if (cudaError_t e = opt_in.For(kernel, L::kSmem); e != cudaSuccess) return e;
-  // The copies' coordinates are 32-bit.
-  if (p.epi.rows > 2147483647 || p.np > 2147483647 || p.depth > 2147483647) {
-    return cudaErrorInvalidConfiguration;
-  }
-  const int64_t tiles = (p.epi.rows + L::kBm - 1) / L::kBm * ((p.epi.cols + kBn - 1) / kBn);
-  const int sms = SmCount();
-  if (sms <= 0) return cudaErrorInvalidDevice;
-  CUtensorMap map_a, map_b;
-  cudaError_t e = MakeOperandMap(&map_a, p.a, p.epi.rows, p.depth, p.lda, L::kBm);
-  if (e == cudaSuccess) e = MakeOperandMap(&map_b, p.b, p.np, p.depth, p.ldb, kBn);
-  if (e != cudaSuccess) return e;
-  const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
-  kernel<<<grid, kPersistentThreads, L::kSmem, stream>>>(map_a, map_b, p,
-                                                         int8_tile::VectorsFor<Y>(p));
-  return cudaGetLastError();
-}
-
 template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kDrain,
           int kMinBlocks, bool kConv = false>
 cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
@@ -739,8 +544,7 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
 // kTiles' rows are the cases' kBm = 2 * 64 * kMi below.
 static_assert(kTiles[0].rows == 128 && kTiles[1].rows == 128 && kTiles[2].rows == 128 &&
               kTiles[3].rows == 256 && kTiles[4].rows == 128 && kTiles[5].rows == 128 &&
-              kTiles[6].rows == 256 && kTiles[7].rows == 128 && kTiles[8].rows == 128 &&
-              kTiles[9].rows == 256);
+              kTiles[6].rows == 256);
 
 // The tile p.tile names. kConv: A is the implicit-GEMM view `conv` (the cp.async tiles only,
 // 0 to Int8WgmmaConvTileCount() - 1: a tensor map cannot gather).
@@ -765,12 +569,6 @@ cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
         return LaunchTmaTile<Acc, T, Y, 1, 256, 4>(p, stream);
       case 6:
         return LaunchTmaTile<Acc, T, Y, 2, 128, 4>(p, stream);
-      case 7:  // persistent: 6 stages of 32 KB, 32-column chunks of the epilogue
-        return LaunchPersistentTile<Acc, T, Y, 1, 128, 6, 32>(p, stream);
-      case 8:  // 4 stages of 48 KB, 128 accumulators per thread
-        return LaunchPersistentTile<Acc, T, Y, 1, 256, 4, 32>(p, stream);
-      case 9:  // 4 stages of 48 KB, two 64-row tiles per warpgroup, 16-column chunks
-        return LaunchPersistentTile<Acc, T, Y, 2, 128, 4, 16>(p, stream);
     }
   }
   return cudaErrorInvalidValue;
