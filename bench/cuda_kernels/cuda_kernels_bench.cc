@@ -336,8 +336,8 @@ const bool kRegistered = [] {
     fp16.ops = flops;
     cases.emplace_back(fmt::format("bert_{}_f16", pr.name), fp16);
     attrs.Set("kiln_int8_input_amax", 1.f);
-    for (const auto& [family, tiles] :
-         std::vector<std::pair<std::string, size_t>>{{"cublaslt", 1}, {"mma", 1}, {"wgmma", kWgmmaTiles}}) {
+    for (const auto& [family, tiles] : std::vector<std::pair<std::string, size_t>>{
+             {"cublaslt", 1}, {"mma", 1}, {"wgmma", kWgmmaTiles}}) {
       for (size_t t = 0; t < tiles; ++t) {
         BenchCase i8{"FusedMatMul", attrs, ops, "cuda.fused_matmul.cublaslt.i8"};
         i8.tactic_prefix = "i8-matmul-cuda-" + family + "-";

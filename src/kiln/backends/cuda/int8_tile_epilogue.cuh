@@ -105,8 +105,8 @@ inline Vectors VectorsFor(const Int8MmaGemmParams& p) {
   v.bias = e.c != nullptr && e.c_row_stride == 0 && e.c_col_stride == 1 && e.cols % 8 == 0 &&
            reinterpret_cast<uintptr_t>(e.c) % 16 == 0;
   v.z = e.z != nullptr && e.cols % 8 == 0 && reinterpret_cast<uintptr_t>(e.z) % 16 == 0;
-  v.whole = v.out && (e.c == nullptr || v.bias) && (e.z == nullptr || v.z) &&
-            WholeTileActivation(e.act);
+  v.whole =
+      v.out && (e.c == nullptr || v.bias) && (e.z == nullptr || v.z) && WholeTileActivation(e.act);
   return v;
 }
 
