@@ -1091,6 +1091,20 @@ std::vector<float> NchwToNhwc(const std::vector<float>& v, const ConvCase& c) {
 
 // The kernels put Y's row blocks on the grid's y extent (65535 at most): the providers offer a
 // tile only where the largest rows fit it, and each tile's rows are the ones its name says.
+// The providers offer the warpgroup kernel's tiles likeliest fastest first (a search at the
+// default opt level times two of each family): every tile once, the TMA tile tma-128x256 first for
+// a product and 128x128x2 first for a gathering convolution (H100, session 34).
+TEST(CudaInt8Host, TheWarpgroupTilesAreOfferedLikeliestFirstEachOnce) {
+  for (const bool conv : {false, true}) {
+    std::vector<int> order = cuda::Int8WgmmaTileOrder(conv);
+    const int count = conv ? cuda::Int8WgmmaConvTileCount() : cuda::Int8WgmmaTileCount();
+    ASSERT_EQ(static_cast<int>(order.size()), count) << conv;
+    EXPECT_EQ(std::string(cuda::Int8WgmmaTileName(order[0])), conv ? "128x128x2" : "tma-128x256");
+    std::sort(order.begin(), order.end());
+    for (int i = 0; i < count; ++i) EXPECT_EQ(order[i], i) << conv;
+  }
+}
+
 TEST(CudaInt8Host, ATileIsOfferedOnlyWhereItsRowBlocksFitTheGrid) {
   EXPECT_TRUE(cuda::Int8TileFitsRows(1, 64));
   EXPECT_TRUE(cuda::Int8TileFitsRows(65535 * 64, 64));
@@ -2301,7 +2315,9 @@ TEST_F(CudaInt8Test, TilesWhoseRowBlocksPassTheGridAreNotOffered) {
     ++offered;
   }
   EXPECT_LT(offered, all_tiles);
-  if (WgmmaExpected()) EXPECT_GT(offered, 0u);  // the warpgroup kernel's 256-row tiles
+  if (WgmmaExpected()) {
+    EXPECT_GT(offered, 0u);  // the warpgroup kernel's 256-row tiles
+  }
 }
 
 // The same with Hopper's warpgroup kernel (KILN_CUDA_INT8_KERNEL=wgmma) reading and writing int8.

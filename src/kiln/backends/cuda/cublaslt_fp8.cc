@@ -469,8 +469,8 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     const Fp8Families families = Fp8FamiliesFromEnv();
     if (families.wgmma && Int8WgmmaAvailable()) {
       // kiln's kernel: its own family, so a search that times the first few tactics of each
-      // family times some of these and some of cuBLASLt's.
-      for (int tile = 0; tile < Int8WgmmaTileCount(); ++tile) {
+      // family times some of these (the likeliest fastest) and some of cuBLASLt's.
+      for (int tile : Int8WgmmaTileOrder(/*conv=*/false)) {
         if (!Int8TileFitsRows(p->m, Int8WgmmaTileRows(tile))) continue;
         TacticConfig t;
         t.name = fmt::format("f8-{}-cuda-wgmma-e4m3-{}-fast-accum", what, Int8WgmmaTileName(tile));

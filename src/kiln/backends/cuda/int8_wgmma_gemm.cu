@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "kiln/backends/cuda/implicit_gemm_conv.h"
 #include "kiln/backends/cuda/implicit_gemm_loader.cuh"
@@ -584,6 +585,11 @@ const char* Int8WgmmaTileName(int tile) {
 
 int Int8WgmmaTileRows(int tile) {
   return tile >= 0 && tile < Int8WgmmaTileCount() ? kTiles[tile].rows : 0;
+}
+
+const std::vector<int>& Int8WgmmaTileOrder(bool conv) {
+  static const std::vector<int> product = {5, 2, 6, 4, 0, 3, 1}, gather = {2, 0, 3, 1};
+  return conv ? gather : product;
 }
 
 bool Int8WgmmaAvailable() {
