@@ -22,6 +22,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <tuple>
 
 #include <cmath>
 #include <filesystem>
@@ -1089,8 +1090,22 @@ std::vector<float> NchwToNhwc(const std::vector<float>& v, const ConvCase& c) {
       .ToFloatVector();
 }
 
-// The kernels put Y's row blocks on the grid's y extent (65535 at most): the providers offer a
-// tile only where the largest rows fit it, and each tile's rows are the ones its name says.
+// Every INT8 family is offered unless KILN_CUDA_INT8_KERNEL names one (kiln's wgmma kernel among
+// them by default since every CUDA INT8/FP8 test passed with it, H100, session 34).
+TEST(CudaInt8Host, EveryInt8FamilyIsOfferedUnlessOneIsNamed) {
+  auto families = [](const char* value) {
+    ScopedEnv env("KILN_CUDA_INT8_KERNEL", value ? value : "");
+    if (!value) unsetenv("KILN_CUDA_INT8_KERNEL");
+    const cuda::Int8Families f = cuda::Int8FamiliesFromEnv();
+    return std::tuple{f.lt, f.mma, f.wgmma};
+  };
+  EXPECT_EQ(families(nullptr), std::tuple(true, true, true));
+  EXPECT_EQ(families("all"), std::tuple(true, true, true));
+  EXPECT_EQ(families("mma"), std::tuple(false, true, false));
+  EXPECT_EQ(families("wgmma"), std::tuple(false, false, true));
+  EXPECT_EQ(families("cublaslt"), std::tuple(true, false, false));
+}
+
 // The providers offer the warpgroup kernel's tiles likeliest fastest first (a search at the
 // default opt level times two of each family): every tile once, the TMA tile tma-128x256 first for
 // a product and 128x128x2 first for a gathering convolution (H100, session 34).
@@ -1105,6 +1120,8 @@ TEST(CudaInt8Host, TheWarpgroupTilesAreOfferedLikeliestFirstEachOnce) {
   }
 }
 
+// The kernels put Y's row blocks on the grid's y extent (65535 at most): the providers offer a
+// tile only where the largest rows fit it, and each tile's rows are the ones its name says.
 TEST(CudaInt8Host, ATileIsOfferedOnlyWhereItsRowBlocksFitTheGrid) {
   EXPECT_TRUE(cuda::Int8TileFitsRows(1, 64));
   EXPECT_TRUE(cuda::Int8TileFitsRows(65535 * 64, 64));

@@ -2,9 +2,9 @@
 // tensor-core kernels: "i8-conv-cuda-mma-<tile>" (int8_mma_gemm.cu's LaunchInt8MmaConv, sm_80+)
 // and, on Hopper, "i8-conv-cuda-wgmma-<tile>" (int8_wgmma_gemm.cu's LaunchInt8WgmmaConv); the
 // same for FusedConv ("i8-fused-conv-..."). KILN_CUDA_INT8_KERNEL picks the families as for the
-// matrix products (cublaslt_util.h: mma by default, wgmma when asked for until it has run on a
-// GPU). Offered for the nodes quant_conv_plan.h describes (channels-last, 2-D, group 1, an INT8
-// activation with zero point 0) where the CUDA quant tactics are on (QuantTacticsEnabled).
+// matrix products (cublaslt_util.h: both by default, wgmma on Hopper only). Offered for the nodes
+// quant_conv_plan.h describes (channels-last, 2-D, group 1, an INT8 activation with zero point 0)
+// where the CUDA quant tactics are on (QuantTacticsEnabled).
 // Anything else keeps cuDNN's FP16 convolution.
 //
 // Create quantizes the constant weight per output channel (or takes a QDQ model's integers),

@@ -38,8 +38,7 @@ Int8Families Int8FamiliesFromEnv() {
   if (k == "mma") return {false, true, false};
   if (k == "wgmma") return {false, false, true};
   if (k == "cublaslt") return {true, false, false};
-  if (k == "all") return {true, true, true};
-  return {};
+  return {};  // "all", unset or anything else: every family
 }
 
 bool MmaCapable() {
