@@ -428,7 +428,9 @@ INSTANTIATE_TEST_SUITE_P(Zoo, RecalibrateZoo,
 // write with it, and the layers keep their edge notes. The CPU build has no edges; the test marks
 // one between two INT8 layers of A's engine as a CUDA build would (the engine is not run here:
 // the kernels behind a real edge are cuda_quant_test.cc's).
-TEST(Recalibrate, AnInt8EdgesProducerWritesWithItsConsumersNewScale) {
+// consumer_note: put in the consumer's reason before its edge note, as the sensitivity
+// fallback's note would be; recalibration marks it as the build's and keeps the edge note after it.
+void CheckRecalibratedEdge(const std::string& consumer_note) {
   const fs::path dir = ZooRoot() / "resnet_tiny";
   Int8AAndB builds = BuildInt8AAndB(dir);
   ASSERT_TRUE(builds.a && builds.b);
@@ -458,7 +460,7 @@ TEST(Recalibrate, AnInt8EdgesProducerWritesWithItsConsumersNewScale) {
   e.graph->FindNode(p_name)->mutable_attrs().Set(std::string(kInt8OutputScaleAttr), old_scale);
   e.graph->FindNode(c_name)->mutable_attrs().Set(std::string(kInt8InputEdgeAttr), int64_t{1});
   producer->precision_reason += fmt::format("; writes int8 for '{}'", c_name);
-  consumer->precision_reason += fmt::format("; reads int8 from '{}'", p_name);
+  consumer->precision_reason += consumer_note + fmt::format("; reads int8 from '{}'", p_name);
 
   RefitReport report;
   ASSERT_TRUE(RefitEngine(e, weights_b, HashString("model"), &report).ok());
@@ -479,8 +481,17 @@ TEST(Recalibrate, AnInt8EdgesProducerWritesWithItsConsumersNewScale) {
   };
   EXPECT_EQ(reason_of(e, p_name),
             reason_of(*b, p_name) + fmt::format("; writes int8 for '{}'", c_name));
+  const std::string as_built =
+      consumer_note.empty() ? "" : "; int8 sensitivity fallback as built (not re-measured)";
   EXPECT_EQ(reason_of(e, c_name),
-            reason_of(*b, c_name) + fmt::format("; reads int8 from '{}'", p_name));
+            reason_of(*b, c_name) + as_built + fmt::format("; reads int8 from '{}'", p_name));
+}
+
+TEST(Recalibrate, AnInt8EdgesProducerWritesWithItsConsumersNewScale) { CheckRecalibratedEdge(""); }
+
+// The note before the edge note may hold "; " itself: it is replaced whole, the edge note kept.
+TEST(Recalibrate, ASensitivityNoteBeforeAnEdgeNoteIsMarkedAsBuilt) {
+  CheckRecalibratedEdge("; int8 sensitivity: 'a; b' ran fp16, rel L2 0.06 > 0.05");
 }
 
 TEST(Recalibrate, AnEngineWithoutInt8LayersHasNothingToRecalibrate) {

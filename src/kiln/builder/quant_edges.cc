@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -23,6 +24,14 @@ struct EdgeKind {
   bool (*writes)(const ChosenLayer& producer);
   void (*mark)(Node& producer, Node& consumer, float param);
 };
+
+// The notes an edge appends to its layers' precision reasons (FindEdgeNote finds them).
+std::string WritesNote(std::string_view what, std::string_view consumer) {
+  return fmt::format("; writes {} for '{}'", what, consumer);
+}
+std::string ReadsNote(std::string_view what, std::string_view producer) {
+  return fmt::format("; reads {} from '{}'", what, producer);
+}
 
 int JoinEdges(std::span<ChosenLayer> layers, const EdgeKind& kind) {
   std::unordered_map<const Node*, ChosenLayer*> by_node;
@@ -56,12 +65,8 @@ int JoinEdges(std::span<ChosenLayer> layers, const EdgeKind& kind) {
     consumer.request->inputs[0].dtype = kind.type;
     producer.request->outputs[0].dtype = kind.type;
     consumer.joined = producer.joined = true;
-    if (producer.precision_reason) {
-      *producer.precision_reason += fmt::format("; writes {} for '{}'", kind.what, c.name());
-    }
-    if (consumer.precision_reason) {
-      *consumer.precision_reason += fmt::format("; reads {} from '{}'", kind.what, p->name());
-    }
+    if (producer.precision_reason) *producer.precision_reason += WritesNote(kind.what, c.name());
+    if (consumer.precision_reason) *consumer.precision_reason += ReadsNote(kind.what, p->name());
     ++edges;
   }
   return edges;
@@ -104,6 +109,13 @@ int JoinInt8Edges(std::span<ChosenLayer> layers) {
         consumer.mutable_attrs().Set(std::string(kInt8InputEdgeAttr), int64_t{1});
       }};
   return JoinEdges(layers, kInt8);
+}
+
+size_t FindEdgeNote(std::string_view note, std::string_view what) {
+  // The notes' beginnings, up to the other layer's name.
+  const std::string writes = WritesNote(what, ""), reads = ReadsNote(what, "");
+  return std::min(note.find(writes.substr(0, writes.size() - 1)),
+                  note.find(reads.substr(0, reads.size() - 1)));
 }
 
 int RescaleInt8Edges(Graph& graph) {

@@ -7,8 +7,10 @@
 // engine file records the edges and loads with them.
 #pragma once
 
+#include <cstddef>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "kiln/backends/kernel.h"
 #include "kiln/ir/graph.h"
@@ -41,6 +43,11 @@ int JoinFp8Edges(std::span<ChosenLayer> layers);
 // activation scale (calibrated, or its model's with zero point 0) and FP32 values too: the
 // producer gets kInt8OutputScaleAttr, the consumer kInt8InputEdgeAttr, the value type int8.
 int JoinInt8Edges(std::span<ChosenLayer> layers);
+
+// Where the first edge note of kind `what` ("int8", "fp8") begins in a layer's precision reason
+// (JoinInt8Edges/JoinFp8Edges append "; writes int8 for 'c'", "; reads int8 from 'p'" after
+// everything else the reason says), or npos.
+size_t FindEdgeNote(std::string_view note, std::string_view what);
 
 // After the consumers' INT8 scales changed (refit's recalibration): every INT8 edge's producer
 // writes with its consumer's scale again (kInt8OutputScaleAttr), else the consumer would read

@@ -2,6 +2,7 @@
 // new model, its ranges written into the engine's INT8 layers with the reasons a build writes.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -67,23 +68,11 @@ std::string ReplaceReasons(const std::string& json,
 }
 
 // The note after a recalibrated layer's reason: the sensitivity fallback's figures are the
-// build's (not re-taken), the edge notes of quant_edges.cc ("; writes int8 for 'c'", "; reads int8
-// from 'p'") stay as they are, after it, where the build put them.
+// build's (not re-taken), the edge notes (quant_edges.h, the note's end) stay as they are.
 std::string RecalibratedNote(const std::string& note) {
-  std::string edges;
-  bool sensitivity = false;
-  for (size_t pos = 0; pos < note.size();) {
-    size_t next = note.find("; ", pos + 1);
-    if (next == std::string::npos) next = note.size();
-    const std::string part = note.substr(pos, next - pos);
-    if (part.starts_with("; writes int8 for '") || part.starts_with("; reads int8 from '")) {
-      edges += part;
-    } else {
-      sensitivity = true;
-    }
-    pos = next;
-  }
-  return (sensitivity ? "; int8 sensitivity fallback as built (not re-measured)" : "") + edges;
+  const size_t edges = std::min(FindEdgeNote(note, "int8"), note.size());
+  return (edges > 0 ? "; int8 sensitivity fallback as built (not re-measured)" : "") +
+         note.substr(edges);
 }
 
 std::string Quoted(const std::string& text) { return JsonWriter().String(text).Take(); }
