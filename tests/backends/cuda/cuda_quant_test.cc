@@ -1138,7 +1138,7 @@ TEST(CudaInt8Host, ATileIsOfferedOnlyWhereItsRowBlocksFitTheGrid) {
   EXPECT_FALSE(cuda::Int8TileFitsRows(int64_t{8} * 1024 * 1024, 128));
   EXPECT_TRUE(cuda::Int8TileFitsRows(int64_t{8} * 1024 * 1024, 256));
   auto leading_rows = [](std::string name) {
-    name = name.substr(name.rfind('-') + 1);  // "tma-256x128", "ws-128x256": the shape
+    name = name.substr(name.rfind('-') + 1);  // "tma-256x128": the shape after its kind
     return std::stoi(name.substr(0, name.find('x')));
   };
   for (int t = 0; t < cuda::Int8MmaTileCount(); ++t) {
