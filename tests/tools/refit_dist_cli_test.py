@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -28,18 +29,23 @@ def env_for(rank, world, port):
     return env
 
 
-_port = [20000 + os.getpid() % 20000]
+def free_port():
+    """A port the OS has just found free (a port derived from the pid could be one that another
+    test running at the same time listens on, and its rendezvous would take these ranks)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def torchrun(kiln, per_rank, world=None, extra=(), timeout=60):
     """Starts one kiln process per entry of per_rank (rank -> argument list), torchrun-style.
     Returns {rank: (rc, stdout, stderr)} and the wall time."""
     world = world or len(per_rank)
-    _port[0] += 37
+    port = free_port()
     t0 = time.monotonic()
     procs = {r: subprocess.Popen([kiln, "refit", *args, "--distributed", *extra],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env=env_for(r, world, _port[0]))
+                                 env=env_for(r, world, port))
              for r, args in per_rank.items()}
     out = {}
     for r, p in procs.items():
