@@ -204,7 +204,7 @@ constexpr DataType kI64 = DataType::kInt64;
 // kiln's warpgroup kernel's tiles (int8_wgmma_gemm.cu's Int8WgmmaTileCount()): the cp.async and
 // TMA ones. A case's tN is the Nth tactic offered, in Int8WgmmaTileOrder (likeliest first; since
 // session 34, before it the tile numbers); the label names the tile.
-constexpr size_t kWgmmaTiles = 7;
+constexpr size_t kWgmmaTiles = 10;
 
 const bool kRegistered = [] {
   // The INT8/FP8 tactics are off by default until they have run on a GPU (cublaslt_util.h,

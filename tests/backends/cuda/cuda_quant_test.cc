@@ -1120,6 +1120,32 @@ TEST(CudaInt8Host, TheWarpgroupTilesAreOfferedLikeliestFirstEachOnce) {
   }
 }
 
+// KILN_CUDA_WGMMA_TILES narrows and reorders the tiles offered (comparing tiles end to end):
+// names of this use's tiles in the order named, each once; others skipped; none left, the default.
+TEST(CudaInt8Host, KilnCudaWgmmaTilesPicksTheTilesOffered) {
+  auto name_of = [](const std::vector<int>& tiles) {
+    std::string names;
+    for (int t : tiles) names += std::string(names.empty() ? "" : ",") + cuda::Int8WgmmaTileName(t);
+    return names;
+  };
+  {
+    ScopedEnv unset("KILN_CUDA_WGMMA_TILES", "");
+    EXPECT_EQ(cuda::Int8WgmmaTilesOffered(false), cuda::Int8WgmmaTileOrder(false));
+    EXPECT_EQ(cuda::Int8WgmmaTilesOffered(true), cuda::Int8WgmmaTileOrder(true));
+  }
+  {
+    ScopedEnv named("KILN_CUDA_WGMMA_TILES", "pp-128x128,,nonsense,tma-128x256,pp-128x128");
+    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(false)), "pp-128x128,tma-128x256");
+    // No TMA or persistent tile gathers a convolution: the default order stands.
+    EXPECT_EQ(cuda::Int8WgmmaTilesOffered(true), cuda::Int8WgmmaTileOrder(true));
+  }
+  {
+    ScopedEnv named("KILN_CUDA_WGMMA_TILES", "128x128x2");
+    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(false)), "128x128x2");
+    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(true)), "128x128x2");
+  }
+}
+
 // The kernels put Y's row blocks on the grid's y extent (65535 at most): the providers offer a
 // tile only where the largest rows fit it, and each tile's rows are the ones its name says.
 TEST(CudaInt8Host, ATileIsOfferedOnlyWhereItsRowBlocksFitTheGrid) {

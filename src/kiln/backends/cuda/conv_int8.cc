@@ -184,7 +184,7 @@ class Int8ConvProviderBase : public KernelProvider {
       out.push_back(std::move(t));
     };
     if (families.wgmma && Int8WgmmaAvailable()) {
-      for (int tile : Int8WgmmaTileOrder(/*conv=*/!q->pointwise)) {
+      for (int tile : Int8WgmmaTilesOffered(/*conv=*/!q->pointwise)) {
         if (!Int8TileFitsRows(rows, Int8WgmmaTileRows(tile))) continue;
         own(wgmma, "wgmma", kWgmmaTag, tile, Int8WgmmaTileName(tile));
       }

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "kiln/backends/cuda/cuda_common.h"
+#include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/core/logging.h"
 #include "kiln/ops/op_table.h"
 
@@ -39,6 +40,30 @@ Int8Families Int8FamiliesFromEnv() {
   if (k == "wgmma") return {false, false, true};
   if (k == "cublaslt") return {true, false, false};
   return {};  // "all", unset or anything else: every family
+}
+
+std::vector<int> Int8WgmmaTilesOffered(bool conv) {
+  const std::vector<int>& order = Int8WgmmaTileOrder(conv);
+  const char* v = std::getenv("KILN_CUDA_WGMMA_TILES");
+  if (!v || !*v) return order;
+  std::vector<int> named;
+  std::string_view rest(v);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view name = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (name.empty()) continue;
+    const auto it = std::find_if(order.begin(), order.end(),
+                                 [&](int t) { return name == Int8WgmmaTileName(t); });
+    if (it == order.end()) {
+      KILN_LOG(Warn, BACKEND,
+               "KILN_CUDA_WGMMA_TILES: '{}' is no tile of kiln's wgmma kernel for {} (skipped)",
+               name, conv ? "a gathering convolution" : "a product");
+    } else if (std::find(named.begin(), named.end(), *it) == named.end()) {
+      named.push_back(*it);
+    }
+  }
+  return named.empty() ? order : named;
 }
 
 bool MmaCapable() {

@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
@@ -234,6 +235,39 @@ __device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, int
       : "memory");
 }
 
+// TmaLoad2d's box written at the same offset in the shared memory of every block of the cluster
+// in cta_mask, each completing the bytes it receives on its own barrier at bar's offset.
+__device__ __forceinline__ void TmaLoad2dMulticast(void* dst, const CUtensorMap* map, int x0,
+                                                   int y0, uint64_t* bar, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x0), "r"(y0), "r"(SmemAddr(bar)), "h"(cta_mask)
+      : "memory");
+}
+// An arrival on the barrier at bar's offset in block `rank` of the cluster (this block's own
+// included), with the default release at CTA scope: what it orders is this thread's completed
+// reads of its own stage (wgmma.wait_group) before the peer's copies into it, as CUTLASS's
+// cluster pipelines do. (A cluster-scope release here stalled every stage.)
+__device__ __forceinline__ void MbarArriveCluster(uint64_t* bar, uint32_t rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(SmemAddr(bar)),
+      "r"(rank)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t r = 0;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every block of the cluster (barrier.cluster's arrive and wait).
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
+}
+
 // Warp w of a warpgroup holds rows 16w..16w+15 of each of its 64-row tiles; lane (g, t) of it,
 // for each 8 columns j, rows g and g + 8 at columns 8j + 2t and 8j + 2t + 1 (acc[i][4j..4j+3]),
 // as mma.sync's m16n8. Into the [128 kMi][kBn + kAccPad] tile of Acc the epilogue reads.
@@ -373,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // `full` barrier (its bytes arrived), multiply, and once the next stage's products are issued
 // and this one's are done (wgmma.wait_group 1), release its slot. No thread of the consumers
 // copies anything, and the loads run kStages - 1 stages ahead without a block-wide barrier.
-template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages>
+template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kCluster>
 __global__ void __launch_bounds__(kThreads + 128, 1)
     Int8WgmmaTmaKernel(const __grid_constant__ CUtensorMap map_a,
                        const __grid_constant__ CUtensorMap map_b, Int8MmaGemmParams p,
@@ -389,27 +423,40 @@ __global__ void __launch_bounds__(kThreads + 128, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + StageBytes<kBm, kBn, kStages>());
   uint64_t* empty = full + kStages;
   const int tid = threadIdx.x;
+  const uint32_t rank = kCluster == 1 ? 0 : ClusterRank();
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBm;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBn;
   const int ktiles = static_cast<int>((p.depth + kBk - 1) / kBk);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(&full[s], 1);
-      MbarInit(&empty[s], 2);  // one arrival per consumer warpgroup
+      MbarInit(&empty[s], 2 * kCluster);  // each consumer warpgroup of each block
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    ClusterSync();  // no block multicasts or arrives before its peer's barriers exist
+  } else {
+    __syncthreads();
+  }
   if (tid < 128) {  // the producer warpgroup: one thread issues every copy
     if (tid == 0) {
+      constexpr int kBPart = kBn / kCluster;  // B rows this block loads for the cluster
       for (int kt = 0; kt < ktiles; ++kt) {
         const int slot = kt % kStages, use = kt / kStages;
         if (use > 0) MbarWait(&empty[slot], (use - 1) & 1);
         MbarExpectTx(&full[slot], kAStage + kBStage);
         TmaLoad2d(sa + slot * kAStage, &map_a, kt * kBk, static_cast<int>(m0), &full[slot]);
-        TmaLoad2d(sb + slot * kBStage, &map_b, kt * kBk, static_cast<int>(n0), &full[slot]);
+        if constexpr (kCluster == 1) {
+          TmaLoad2d(sb + slot * kBStage, &map_b, kt * kBk, static_cast<int>(n0), &full[slot]);
+        } else {
+          TmaLoad2dMulticast(sb + slot * kBStage + rank * kBPart * kBk, &map_b, kt * kBk,
+                             static_cast<int>(n0 + rank * kBPart), &full[slot],
+                             static_cast<uint16_t>((1u << kCluster) - 1));
+        }
       }
     }
+    if constexpr (kCluster > 1) ClusterSync();  // the consumers' last arrivals, below
     return;
   }
   const int ctid = tid - 128, wg = ctid >> 7;
@@ -426,7 +473,15 @@ __global__ void __launch_bounds__(kThreads + 128, 1)
     const uint64_t db = SmemDesc(sb + slot * kBStage);
     StageProducts<kMi, kBn>(acc, da, db);
     WgmmaWait<1>();
-    if (kt > 0 && (ctid & 127) == 0) MbarArrive(&empty[(kt - 1) % kStages]);
+    if (kt > 0 && (ctid & 127) == 0) {
+      if constexpr (kCluster == 1) {
+        MbarArrive(&empty[(kt - 1) % kStages]);
+      } else {
+        // The slot is refilled in both blocks by both producers: both must see it free.
+#pragma unroll
+        for (uint32_t r = 0; r < kCluster; ++r) MbarArriveCluster(&empty[(kt - 1) % kStages], r);
+      }
+    }
   }
   WgmmaWait<0>();
 #pragma unroll
@@ -437,6 +492,210 @@ __global__ void __launch_bounds__(kThreads + 128, 1)
   StageAccumulators<kMi, kBn>(tile, acc, wg, ctid);
   asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
   int8_tile::FinishTile<T, Y, kBm, kBn, kThreads>(p, tile, m0, n0, ctid, vectors);
+  // The peer's multicasts into this block and its arrivals on this block's barriers have landed
+  // (every stage's products here waited for its bytes) before either block leaves.
+  if constexpr (kCluster > 1) ClusterSync();
+#endif  // KILN_WGMMA
+}
+
+// The ping-pong form of the TMA kernel (CUTLASS's "warp-specialized ping-pong" design): a
+// persistent block per SM (the grid is the SM count, or the tile count where smaller) walks the
+// 128 x 128 tiles blockIdx.x, blockIdx.x + gridDim.x, ...; warpgroup 0 is the producer, whose
+// first thread issues every stage of every tile of the block in order; consumer warpgroups 1 and
+// 2 take the block's tiles in turn, each a whole tile (two 64-row instructions per K step, 128
+// accumulators a thread). Their main loops take turns too (two named barriers pass the turn once
+// a consumer has issued its tile's last products), so one consumer's epilogue runs under the
+// other's products, where the one-block-per-tile kernels leave the tensor cores idle through
+// every epilogue and pipeline fill. The turns also keep each stage's wait within one phase of its
+// barrier: a consumer starts waiting for its tile's stages only after the other has seen every
+// stage before them land. Each consumer finishes its tile through its own buffer, kChunk columns
+// at a time (FinishTile's rolled loop), since the stages belong to the next tiles' copies.
+template <int kStages, int kChunk>
+struct PingPongLayout {
+  static constexpr int kBm = 128, kBn = 128, kMi = 2;
+  static constexpr int kAStage = kBm * kBk, kBStage = kBn * kBk;
+  static constexpr int kStageBytes = kStages * (kAStage + kBStage);
+  static constexpr int kChunkBytes = kBm * (kChunk + int8_tile::kAccPad) * 4;
+  static constexpr int kBarriers = kStageBytes + 2 * kChunkBytes;  // full[kStages], empty[kStages]
+  static constexpr int kSmem = kBarriers + 2 * kStages * 8 + kSmemAlign;
+  static_assert(kBn % kChunk == 0 && kChunk % 8 == 0, "whole chunks of 8-column groups");
+  static_assert(kSmem <= 227 * 1024, "an H100 block's shared memory");
+};
+constexpr int kPingPongThreads = 384;  // the producer warpgroup, then two consumer ones
+// Registers per thread after the roles split (setmaxnreg): each of an SM's four quarters holds
+// one producer warp and two consumer warps in its 16 K registers, 32 * (40 + 2 * 232) = 16128.
+// The launch gives every thread 168; a consumer's 128 accumulators and its epilogue need more.
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+static_assert(32 * (kProducerRegisters + 2 * kConsumerRegisters) <= 16384, "one block per SM");
+
+#ifdef KILN_WGMMA
+// Columns [chunk * kChunk, (chunk + 1) * kChunk) of a consumer's accumulators (wgmma's layout:
+// warp w, lane (g, t) holds rows 64i + 16w + g and + 8 at columns 8j + 2t and + 1) into buf,
+// [64 kMi][kChunk + kAccPad]. chunk must be a constant where this is inlined.
+template <int kMi, int kBn, int kChunk, typename Acc>
+__device__ __forceinline__ void StageChunk(Acc* buf, const Acc (&acc)[kMi][kBn / 2], int chunk,
+                                           int ltid) {
+  const int lane = ltid & 31, w = ltid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) {
+#pragma unroll
+    for (int jj = 0; jj < kChunk / 8; ++jj) {
+      const int j = chunk * (kChunk / 8) + jj;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = i * 64 + w * 16 + g + h * 8, col = jj * 8 + 2 * t;
+        Acc* dst = buf + r * (kChunk + int8_tile::kAccPad) + col;
+        if constexpr (std::is_same_v<Acc, int>) {
+          *reinterpret_cast<int2*>(dst) =
+              make_int2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+        } else {
+          *reinterpret_cast<float2*>(dst) =
+              make_float2(acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+        }
+      }
+    }
+  }
+}
+
+// A consumer warpgroup's own barrier (ids 1 and 2; 0 is __syncthreads').
+__device__ __forceinline__ void WarpgroupBarrier(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
+// The main loops' turns: named barriers 3 (consumer 0's turn) and 4 (consumer 1's), each
+// completed by one consumer's 128 threads waiting and the other's 128 arriving.
+__device__ __forceinline__ void WaitTurn(int wg) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
+}
+__device__ __forceinline__ void PassTurn(int wg) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + (1 - wg)) : "memory");
+}
+#endif  // KILN_WGMMA
+
+// kCluster 2: the blocks run in clusters of two along M, on the two 128-row halves of a 256 x 128
+// tile pair, and each block's producer loads its own A rows and half of the pair's B rows,
+// multicast into both blocks: the pair reads B from L2 once (at K = 768 the products are bound
+// by what L2 delivers: 128 x 128 tiles alone read 113 MB for BERT-base's QKV). A slot is refilled
+// only once both blocks' consumers of its stage released it (each arrives on both blocks' `empty`
+// barrier), and both blocks stay until the last multicast and arrival have landed.
+template <typename Acc, typename T, typename Y, int kStages, int kChunk, int kCluster>
+__global__ void __launch_bounds__(kPingPongThreads, 1)
+    Int8WgmmaPingPongKernel(const __grid_constant__ CUtensorMap map_a,
+                            const __grid_constant__ CUtensorMap map_b, Int8MmaGemmParams p,
+                            int8_tile::Vectors vectors) {
+#ifdef KILN_WGMMA
+  static_assert(kCluster == 1 || kCluster == 2, "pairs along M at most");
+  using L = PingPongLayout<kStages, kChunk>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem =
+      smem_raw + ((kSmemAlign - (SmemAddr(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1));
+  uint8_t* sa = smem;
+  uint8_t* sb = smem + kStages * L::kAStage;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
+  uint64_t* empty = full + kStages;
+  const int tid = threadIdx.x;
+  const uint32_t rank = kCluster == 1 ? 0 : ClusterRank();
+  // Tiles of kCluster * 128 rows x 128 columns, each cluster's block `rank` on its rank's rows.
+  const int64_t tiles_n = (p.epi.cols + L::kBn - 1) / L::kBn;
+  const int64_t tiles = (p.epi.rows + kCluster * L::kBm - 1) / (kCluster * L::kBm) * tiles_n;
+  const int64_t first = blockIdx.x / kCluster, step = gridDim.x / kCluster;
+  const int ktiles = static_cast<int>((p.depth + kBk - 1) / kBk);
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(&full[s], 1);
+      MbarInit(&empty[s], kCluster);  // the stage's consumer in each block of the cluster
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  if constexpr (kCluster > 1) {
+    ClusterSync();  // no block multicasts or arrives before its peer's barriers exist
+  } else {
+    __syncthreads();
+  }
+  if (tid < 128) {  // the producer warpgroup: its first thread issues every copy
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    if (tid == 0) {
+      constexpr int kBPart = L::kBn / kCluster;  // B rows this block loads for the cluster
+      int64_t stage = 0;                         // stages issued, over all of this block's tiles
+      for (int64_t tile = first; tile < tiles; tile += step) {
+        const int m0 = static_cast<int>((tile / tiles_n * kCluster + rank) * L::kBm);
+        const int n0 = static_cast<int>(tile % tiles_n * L::kBn);
+        for (int kt = 0; kt < ktiles; ++kt, ++stage) {
+          const int slot = static_cast<int>(stage % kStages);
+          const int64_t use = stage / kStages;
+          if (use > 0) MbarWait(&empty[slot], static_cast<int>((use - 1) & 1));
+          MbarExpectTx(&full[slot], L::kAStage + L::kBStage);
+          TmaLoad2d(sa + slot * L::kAStage, &map_a, kt * kBk, m0, &full[slot]);
+          if constexpr (kCluster == 1) {
+            TmaLoad2d(sb + slot * L::kBStage, &map_b, kt * kBk, n0, &full[slot]);
+          } else {
+            TmaLoad2dMulticast(sb + slot * L::kBStage + rank * kBPart * kBk, &map_b, kt * kBk,
+                               n0 + static_cast<int>(rank) * kBPart, &full[slot],
+                               static_cast<uint16_t>((1u << kCluster) - 1));
+          }
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+    const int wg = (tid >> 7) - 1, ltid = tid & 127;
+    Acc* chunk_buf = reinterpret_cast<Acc*>(smem + L::kStageBytes + wg * L::kChunkBytes);
+    // A stage's slot is free once its products are done, in every block of the cluster.
+    auto release = [&](int64_t stage) {
+      if (ltid != 0) return;
+      uint64_t* bar = &empty[stage % kStages];
+      if constexpr (kCluster == 1) {
+        MbarArrive(bar);
+      } else {
+#pragma unroll
+        for (uint32_t r = 0; r < kCluster; ++r) MbarArriveCluster(bar, r);
+      }
+    };
+    if (wg == 1) PassTurn(wg);  // consumer 0 has the first turn
+    Acc acc[L::kMi][L::kBn / 2];
+    // The block's j-th tile is consumer j % 2's, and its stages are j * ktiles onwards.
+    int64_t j = wg;
+    for (int64_t tile = first + wg * step; tile < tiles; tile += 2 * step, j += 2) {
+      const int64_t m0 = (tile / tiles_n * kCluster + rank) * L::kBm, n0 = tile % tiles_n * L::kBn;
+#pragma unroll
+      for (int i = 0; i < L::kMi; ++i) {
+#pragma unroll
+        for (int k = 0; k < L::kBn / 2; ++k) acc[i][k] = 0;
+      }
+      WaitTurn(wg);
+      int64_t stage = j * ktiles;
+      for (int kt = 0; kt < ktiles; ++kt, ++stage) {
+        const int slot = static_cast<int>(stage % kStages);
+        MbarWait(&full[slot], static_cast<int>((stage / kStages) & 1));
+        const uint64_t da = SmemDesc(sa + slot * L::kAStage);
+        const uint64_t db = SmemDesc(sb + slot * L::kBStage);
+        StageProducts<L::kMi, L::kBn>(acc, da, db);
+        WgmmaWait<1>();  // the previous stage's products are done: its slot is free
+        if (kt > 0) release(stage - 1);
+      }
+      PassTurn(wg);  // every product of the tile is issued: the other consumer's main loop may run
+      WgmmaWait<0>();
+#pragma unroll
+      for (int i = 0; i < L::kMi; ++i) FenceAccumulators(acc[i]);
+      if (ktiles > 0) release(stage - 1);  // the tile's last
+        // One copy of FinishTile (its loop is not unrolled); the staging, which must name
+        // registers, picks its constant chunk.
+#pragma unroll 1
+      for (int chunk = 0; chunk < L::kBn / kChunk; ++chunk) {
+#pragma unroll
+        for (int k = 0; k < L::kBn / kChunk; ++k) {
+          if (k == chunk) StageChunk<L::kMi, L::kBn, kChunk>(chunk_buf, acc, k, ltid);
+        }
+        WarpgroupBarrier(wg);
+        int8_tile::FinishTile<T, Y, L::kBm, kChunk, 128>(p, chunk_buf, m0, n0 + chunk * kChunk,
+                                                         ltid, vectors);
+        WarpgroupBarrier(wg);  // read before the next chunk is staged
+      }
+    }
+  }
+  // The peer's last multicast into this block and its last arrivals on this block's barriers
+  // land before either block leaves.
+  if constexpr (kCluster > 1) ClusterSync();
 #endif  // KILN_WGMMA
 }
 
@@ -465,9 +724,10 @@ struct TileConfig {
   int rows;  // kBm = 2 * 64 * kMi of LaunchTiled's case
 };
 // Index = Int8MmaGemmParams::tile.
-constexpr TileConfig kTiles[] = {{"128x128", 128},    {"128x256", 128},     {"128x128x2", 128},
-                                 {"256x128", 256},    {"tma-128x128", 128}, {"tma-128x256", 128},
-                                 {"tma-256x128", 256}};
+constexpr TileConfig kTiles[] = {{"128x128", 128},      {"128x256", 128},     {"128x128x2", 128},
+                                 {"256x128", 256},      {"tma-128x128", 128}, {"tma-128x256", 128},
+                                 {"tma-256x128", 256},  {"pp-128x128", 128},  {"ppc2-128x128", 128},
+                                 {"tmac2-128x256", 128}};
 
 // cuTensorMapEncodeTiled, a driver function, through the runtime's entry point (kiln links the
 // runtime only).
@@ -506,25 +766,87 @@ cudaError_t MakeOperandMap(CUtensorMap* map, const int8_t* base, int64_t rows, i
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages>
+template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kCluster = 1>
 cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
-  auto* kernel = Int8WgmmaTmaKernel<Acc, T, Y, kMi, kBn, kStages>;
+  auto* kernel = Int8WgmmaTmaKernel<Acc, T, Y, kMi, kBn, kStages, kCluster>;
   static SharedMemoryOptIn opt_in;
   if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
-  // The copies' coordinates are 32-bit.
-  if (p.epi.rows > 2147483647 || p.np > 2147483647 || p.depth > 2147483647) {
+  // The copies' coordinates are 32-bit (a cluster's last block may start one tile past Y).
+  if (p.epi.rows > 2147483647 - kBm || p.np > 2147483647 || p.depth > 2147483647) {
     return cudaErrorInvalidConfiguration;
   }
   dim3 grid;
   CUtensorMap map_a, map_b;
   cudaError_t e = int8_tile::TileGrid(p, kBm, kBn, &grid);
   if (e == cudaSuccess) e = MakeOperandMap(&map_a, p.a, p.epi.rows, p.depth, p.lda, kBm);
-  if (e == cudaSuccess) e = MakeOperandMap(&map_b, p.b, p.np, p.depth, p.ldb, kBn);
+  if (e == cudaSuccess) e = MakeOperandMap(&map_b, p.b, p.np, p.depth, p.ldb, kBn / kCluster);
   if (e != cudaSuccess) return e;
-  kernel<<<grid, kThreads + 128, kSmem, stream>>>(map_a, map_b, p, int8_tile::VectorsFor<Y>(p));
-  return cudaGetLastError();
+  grid.y = (grid.y + kCluster - 1) / kCluster * kCluster;  // whole clusters along M
+  if (grid.y > kInt8MaxRowBlocks) return cudaErrorInvalidConfiguration;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads + 128);
+  config.dynamicSmemBytes = kSmem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = kCluster;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p, int8_tile::VectorsFor<Y>(p));
+}
+
+// The device's SM count, once per device.
+int SmCount() {
+  static std::array<std::atomic<int>, 64> known{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
+      device >= static_cast<int>(known.size())) {
+    return 0;
+  }
+  int n = known[device].load(std::memory_order_relaxed);
+  if (n == 0 && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess) {
+    known[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+template <typename Acc, typename T, typename Y, int kStages, int kChunk, int kCluster>
+cudaError_t LaunchPingPongTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
+  using L = PingPongLayout<kStages, kChunk>;
+  auto* kernel = Int8WgmmaPingPongKernel<Acc, T, Y, kStages, kChunk, kCluster>;
+  static SharedMemoryOptIn opt_in;
+  if (cudaError_t e = opt_in.For(kernel, L::kSmem); e != cudaSuccess) return e;
+  // The copies' coordinates are 32-bit (a cluster's second block may start one tile past Y).
+  if (p.epi.rows > 2147483647 - L::kBm || p.np > 2147483647 || p.depth > 2147483647) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const int64_t tiles = (p.epi.rows + kCluster * L::kBm - 1) / (kCluster * L::kBm) *
+                        ((p.epi.cols + L::kBn - 1) / L::kBn);
+  const int sms = SmCount();
+  if (sms < kCluster) return cudaErrorInvalidDevice;
+  CUtensorMap map_a, map_b;
+  cudaError_t e = MakeOperandMap(&map_a, p.a, p.epi.rows, p.depth, p.lda, L::kBm);
+  if (e == cudaSuccess) e = MakeOperandMap(&map_b, p.b, p.np, p.depth, p.ldb, L::kBn / kCluster);
+  if (e != cudaSuccess) return e;
+  const int64_t clusters = tiles < sms / kCluster ? tiles : sms / kCluster;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
+  config.blockDim = dim3(kPingPongThreads);
+  config.dynamicSmemBytes = L::kSmem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kCluster;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p, int8_tile::VectorsFor<Y>(p));
 }
 
 template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kDrain,
@@ -545,7 +867,8 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
 // kTiles' rows are the cases' kBm = 2 * 64 * kMi below.
 static_assert(kTiles[0].rows == 128 && kTiles[1].rows == 128 && kTiles[2].rows == 128 &&
               kTiles[3].rows == 256 && kTiles[4].rows == 128 && kTiles[5].rows == 128 &&
-              kTiles[6].rows == 256);
+              kTiles[6].rows == 256 && kTiles[7].rows == 128 && kTiles[8].rows == 128 &&
+              kTiles[9].rows == 128);
 
 // The tile p.tile names. kConv: A is the implicit-GEMM view `conv` (the cp.async tiles only,
 // 0 to Int8WgmmaConvTileCount() - 1: a tensor map cannot gather).
@@ -570,6 +893,12 @@ cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
         return LaunchTmaTile<Acc, T, Y, 1, 256, 4>(p, stream);
       case 6:
         return LaunchTmaTile<Acc, T, Y, 2, 128, 4>(p, stream);
+      case 7:  // ping-pong: 5 stages of 32 KB, 32-column chunks of the epilogue
+        return LaunchPingPongTile<Acc, T, Y, 5, 32, 1>(p, stream);
+      case 8:  // the same in clusters of two along M, B multicast
+        return LaunchPingPongTile<Acc, T, Y, 5, 32, 2>(p, stream);
+      case 9:  // tma-128x256 in clusters of two along M, B multicast
+        return LaunchTmaTile<Acc, T, Y, 1, 256, 4, 2>(p, stream);
     }
   }
   return cudaErrorInvalidValue;
@@ -588,7 +917,7 @@ int Int8WgmmaTileRows(int tile) {
 }
 
 const std::vector<int>& Int8WgmmaTileOrder(bool conv) {
-  static const std::vector<int> product = {5, 2, 6, 4, 0, 3, 1}, gather = {2, 0, 3, 1};
+  static const std::vector<int> product = {5, 2, 6, 4, 0, 3, 1, 7, 8, 9}, gather = {2, 0, 3, 1};
   return conv ? gather : product;
 }
 
