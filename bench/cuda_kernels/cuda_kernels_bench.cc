@@ -202,8 +202,9 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
 constexpr DataType kF16 = DataType::kFloat16;
 constexpr DataType kI64 = DataType::kInt64;
 // kiln's warpgroup kernel's tiles (int8_wgmma_gemm.cu's Int8WgmmaTileCount()): the cp.async and
-// TMA ones. A case's tN is the Nth tactic offered, in Int8WgmmaTileOrder (likeliest first; since
-// session 34, before it the tile numbers); the label names the tile.
+// TMA ones, the ping-pong one and the two in clusters of two. A case's tN is the Nth tactic
+// offered, in Int8WgmmaTileOrder (likeliest first; since session 34, before it the tile numbers);
+// the label names the tile.
 constexpr size_t kWgmmaTiles = 10;
 
 const bool kRegistered = [] {
