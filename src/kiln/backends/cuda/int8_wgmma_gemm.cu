@@ -407,6 +407,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // `full` barrier (its bytes arrived), multiply, and once the next stage's products are issued
 // and this one's are done (wgmma.wait_group 1), release its slot. No thread of the consumers
 // copies anything, and the loads run kStages - 1 stages ahead without a block-wide barrier.
+// kCluster 2: blocks in clusters of two along M (the grid's row blocks rounded up to even; a
+// block past Y reads zeros and writes nothing), each producer loading half of the B rows the
+// two share and multicasting them into both blocks; a slot is refilled once all four consumer
+// warpgroups released it (each arrives on both blocks' `empty` barrier). Slower than kCluster 1
+// at BERT-base's shapes on an H100 (session 35): offered last.
 template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kCluster>
 __global__ void __launch_bounds__(kThreads + 128, 1)
     Int8WgmmaTmaKernel(const __grid_constant__ CUtensorMap map_a,
@@ -574,10 +579,11 @@ __device__ __forceinline__ void PassTurn(int wg) {
 
 // kCluster 2: the blocks run in clusters of two along M, on the two 128-row halves of a 256 x 128
 // tile pair, and each block's producer loads its own A rows and half of the pair's B rows,
-// multicast into both blocks: the pair reads B from L2 once (at K = 768 the products are bound
-// by what L2 delivers: 128 x 128 tiles alone read 113 MB for BERT-base's QKV). A slot is refilled
-// only once both blocks' consumers of its stage released it (each arrives on both blocks' `empty`
-// barrier), and both blocks stay until the last multicast and arrival have landed.
+// multicast into both blocks: the pair reads B from L2 once (128 x 128 tiles alone read 113 MB
+// for BERT-base's QKV; halving B's share changed little there on an H100, session 35, so L2 is
+// not what bounds these products). A slot is refilled only once both blocks' consumers of its
+// stage released it (each arrives on both blocks' `empty` barrier), and both blocks stay until
+// the last multicast and arrival have landed.
 template <typename Acc, typename T, typename Y, int kStages, int kChunk, int kCluster>
 __global__ void __launch_bounds__(kPingPongThreads, 1)
     Int8WgmmaPingPongKernel(const __grid_constant__ CUtensorMap map_a,
