@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <set>
+#include <string>
 #include <string_view>
 
 #include "kiln/backends/cuda/cuda_common.h"
@@ -56,9 +58,18 @@ std::vector<int> Int8WgmmaTilesOffered(bool conv) {
     const auto it = std::find_if(order.begin(), order.end(),
                                  [&](int t) { return name == Int8WgmmaTileName(t); });
     if (it == order.end()) {
-      KILN_LOG(Warn, BACKEND,
-               "KILN_CUDA_WGMMA_TILES: '{}' is no tile of kiln's wgmma kernel for {} (skipped)",
-               name, conv ? "a gathering convolution" : "a product");
+      // Once per name and use, not per layer asked.
+      static std::mutex mu;
+      static std::set<std::string> told;
+      std::lock_guard<std::mutex> lock(mu);
+      if (told.insert(std::string(name) + (conv ? "/conv" : "")).second) {
+        std::string names;
+        for (int t : order) names += std::string(names.empty() ? "" : ", ") + Int8WgmmaTileName(t);
+        KILN_LOG(Warn, BACKEND,
+                 "KILN_CUDA_WGMMA_TILES: '{}' is no tile of kiln's wgmma kernel for {}, skipped "
+                 "(its tiles: {})",
+                 name, conv ? "a gathering convolution" : "a product", names);
+      }
     } else if (std::find(named.begin(), named.end(), *it) == named.end()) {
       named.push_back(*it);
     }
