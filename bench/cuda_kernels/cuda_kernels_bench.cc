@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kiln/backends/backend.h"
+#include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/kernel.h"
 #include "kiln/ops/op_schema.h"
 
@@ -201,11 +202,10 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
 
 constexpr DataType kF16 = DataType::kFloat16;
 constexpr DataType kI64 = DataType::kInt64;
-// kiln's warpgroup kernel's tiles (int8_wgmma_gemm.cu's Int8WgmmaTileCount()): the cp.async and
-// TMA ones, the ping-pong one and the two in clusters of two. A case's tN is the Nth tactic
-// offered, in Int8WgmmaTileOrder (likeliest first; since session 34, before it the tile numbers);
-// the label names the tile.
-constexpr size_t kWgmmaTiles = 10;
+// kiln's warpgroup kernel's tiles: the cp.async and TMA ones, the ping-pong one and the two in
+// clusters of two. A case's tN is the Nth tactic offered, in Int8WgmmaTileOrder (likeliest first;
+// since session 34, before it the tile numbers); the label names the tile.
+const size_t kWgmmaTiles = static_cast<size_t>(cuda::Int8WgmmaTileCount());
 
 const bool kRegistered = [] {
   // The INT8/FP8 tactics are off by default until they have run on a GPU (cublaslt_util.h,
@@ -422,8 +422,10 @@ const bool kRegistered = [] {
     cases.emplace_back(fmt::format("resnet_{}_f16", l.name), fp16);
     attrs.Set("kiln_int8_input_amax", 1.f);
     // A 1x1 stride-1 convolution is a plain product: every tile of the warpgroup kernel, the
-    // TMA ones too; the others gather with its four cp.async tiles.
-    const size_t wgmma_tiles = l.window == 1 && l.stride == 1 ? kWgmmaTiles : 4;
+    // TMA ones too; the others gather with its cp.async tiles.
+    const size_t wgmma_tiles = l.window == 1 && l.stride == 1
+                                   ? kWgmmaTiles
+                                   : static_cast<size_t>(cuda::Int8WgmmaConvTileCount());
     for (const auto& [family, tiles] :
          std::vector<std::pair<std::string, size_t>>{{"wgmma", wgmma_tiles}, {"mma", 5}}) {
       for (size_t t = 0; t < tiles; ++t) {

@@ -1116,7 +1116,9 @@ TEST(CudaInt8Host, TheWarpgroupTilesAreOfferedLikeliestFirstEachOnce) {
     const int count = conv ? cuda::Int8WgmmaConvTileCount() : cuda::Int8WgmmaTileCount();
     ASSERT_EQ(static_cast<int>(order.size()), count) << conv;
     EXPECT_EQ(std::string(cuda::Int8WgmmaTileName(order[0])), conv ? "128x128x2" : "tma-256x128");
-    if (!conv) EXPECT_EQ(std::string(cuda::Int8WgmmaTileName(order[1])), "tma-128x256");
+    if (!conv) {
+      EXPECT_EQ(std::string(cuda::Int8WgmmaTileName(order[1])), "tma-128x256");
+    }
     std::sort(order.begin(), order.end());
     for (int i = 0; i < count; ++i) EXPECT_EQ(order[i], i) << conv;
   }

@@ -90,9 +90,10 @@ int Int8WgmmaTileRows(int tile);  // as Int8MmaTileRows
 bool Int8WgmmaAvailable();
 // The tiles in the order the providers offer them, the likeliest fastest first, so a tactic search
 // that times the first few of each family (TacticsPerProvider: two at the default opt level)
-// times those: for a product, tma-128x256 (the fastest on BERT-base's four products at batch 32)
-// then 128x128x2 (ResNet-50's pointwise convolutions); for a gathering convolution (`conv`, the
-// cp.async tiles only) 128x128x2 then 128x128 (H100, session 34). Every tile appears once.
+// times those: for a product, tma-256x128 then tma-128x256 (the fastest on BERT-base's four
+// products at batch 32, H100, session 35), the ping-pong and cluster tiles last; for a gathering
+// convolution (`conv`, the cp.async tiles only) 128x128x2 then 128x128 (session 34). Every tile
+// appears once.
 const std::vector<int>& Int8WgmmaTileOrder(bool conv);
 
 // The FP8 product on the same kernels (wgmma's E4M3 x E4M3 -> FP32): a and b hold E4M3 bytes

@@ -160,51 +160,34 @@ __device__ __forceinline__ void LoadAccumulators(const float* src, float (&a)[8]
 // FinishTile's loop for a tile inside Y where vectors.whole: no bounds, every load and store 8
 // wide, the activation kAct compiled in. The same arithmetic, value for value (the general loop
 // below spent about 27 instructions an output on its checks and its activation switch, which
-// made the epilogue most of a BERT-base product's time on an H100, session 34). Where the
-// threads cover whole rows of 8-column groups (kThreads a multiple of kBn / 8), each thread's
-// columns are the same in every iteration, so their scales and bias are loaded once, before the
-// loop: reloaded per row, their global loads were the epilogue's longest waits (Nsight Compute,
-// H100, session 35).
+// made the epilogue most of a BERT-base product's time on an H100, session 34). The block's
+// threads cover whole rows of 8-column groups, so each thread's columns are the same in every
+// iteration and their scales and bias are loaded once, before the loop: reloaded per row, their
+// global loads were the epilogue's longest waits (Nsight Compute, H100, session 35).
 template <typename T, typename Y, BlasAct kAct, int kBm, int kBn, int kThreads, typename Acc>
 __device__ __forceinline__ void WholeTile(const Int8MmaGemmParams& p, const Acc* tile, int64_t m0,
                                           int64_t n0, int tid) {
+  static_assert(kThreads % (kBn / 8) == 0, "a thread's 8 columns are the same in every row");
   const Int8EpilogueParams& e = p.epi;
   Y* y = static_cast<Y*>(e.y);
   const T* c = static_cast<const T*>(e.c);
   const T* z = static_cast<const T*>(e.z);
   constexpr int kGroups = kBm * kBn / 8;
-  constexpr bool kFixedColumns = kThreads % (kBn / 8) == 0;
-  // The (fixed) columns' scales and bias, where kFixedColumns.
-  float fixed_sc[8], fixed_add[8];
-  if constexpr (kFixedColumns) {
-    const int c8 = (tid % (kBn / 8)) * 8;
-    LoadRow8(e.col_scale + n0 + c8, fixed_sc);
-    if (c) LoadRow8(c + n0 + c8, fixed_add);
-  }
+  const int c8 = (tid % (kBn / 8)) * 8;
+  float sc[8], add[8];
+  LoadRow8(e.col_scale + n0 + c8, sc);
+  if (c) LoadRow8(c + n0 + c8, add);
 #pragma unroll 2
   for (int gi = tid; gi < kGroups; gi += kThreads) {
-    const int r = gi / (kBn / 8), c8 = (gi % (kBn / 8)) * 8;
+    const int r = gi / (kBn / 8);
     const int64_t at = (m0 + r) * e.cols + n0 + c8;
-    float a[8], sc[8], v[8];
+    float a[8], v[8];
     LoadAccumulators(tile + r * (kBn + kAccPad) + c8, a);
-    if constexpr (kFixedColumns) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) sc[k] = fixed_sc[k];
-    } else {
-      LoadRow8(e.col_scale + n0 + c8, sc);
-    }
 #pragma unroll
     for (int k = 0; k < 8; ++k) v[k] = a[k] * sc[k];
     if (c) {
-      if constexpr (kFixedColumns) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] += e.beta * fixed_add[k];
-      } else {
-        float add[8];
-        LoadRow8(c + n0 + c8, add);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] += e.beta * add[k];
-      }
+      for (int k = 0; k < 8; ++k) v[k] += e.beta * add[k];
     }
     if (z) {
       float res[8];

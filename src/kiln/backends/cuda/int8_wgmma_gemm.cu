@@ -568,7 +568,8 @@ __device__ __forceinline__ void WarpgroupBarrier(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 // The main loops' turns: named barriers 3 (consumer 0's turn) and 4 (consumer 1's), each
-// completed by one consumer's 128 threads waiting and the other's 128 arriving.
+// completed by one consumer's 128 threads waiting and the other's 128 arriving. The wait has the
+// bound of MbarWait: the other consumer arrives unless it is stuck on a stage, which traps.
 __device__ __forceinline__ void WaitTurn(int wg) {
   asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
 }
@@ -772,6 +773,39 @@ cudaError_t MakeOperandMap(CUtensorMap* map, const int8_t* base, int64_t rows, i
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// The two operand maps of a TMA kernel, A in boxes of a_rows rows and B of b_rows; an error where
+// the copies' 32-bit coordinates could overflow (a cluster's last block may start a tile past Y).
+cudaError_t MakeOperandMaps(const Int8MmaGemmParams& p, int a_rows, int b_rows, CUtensorMap* map_a,
+                            CUtensorMap* map_b) {
+  if (p.epi.rows > 2147483647 - a_rows || p.np > 2147483647 || p.depth > 2147483647) {
+    return cudaErrorInvalidConfiguration;
+  }
+  cudaError_t e = MakeOperandMap(map_a, p.a, p.epi.rows, p.depth, p.lda, a_rows);
+  if (e == cudaSuccess) e = MakeOperandMap(map_b, p.b, p.np, p.depth, p.ldb, b_rows);
+  return e;
+}
+
+// Launches a TMA kernel (arguments: the operand maps, p and the epilogue's vectors) with `smem`
+// bytes of dynamic shared memory, in clusters of `cluster` blocks.
+template <typename Y, typename... Args>
+cudaError_t LaunchTmaKernel(void (*kernel)(Args...), dim3 grid, int threads, int smem, dim3 cluster,
+                            const CUtensorMap& map_a, const CUtensorMap& map_b,
+                            const Int8MmaGemmParams& p, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster.x;
+  attr.val.clusterDim.y = cluster.y;
+  attr.val.clusterDim.z = cluster.z;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p, int8_tile::VectorsFor<Y>(p));
+}
+
 template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kCluster = 1>
 cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   constexpr int kBm = 2 * 64 * kMi;
@@ -779,31 +813,15 @@ cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   auto* kernel = Int8WgmmaTmaKernel<Acc, T, Y, kMi, kBn, kStages, kCluster>;
   static SharedMemoryOptIn opt_in;
   if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
-  // The copies' coordinates are 32-bit (a cluster's last block may start one tile past Y).
-  if (p.epi.rows > 2147483647 - kBm || p.np > 2147483647 || p.depth > 2147483647) {
-    return cudaErrorInvalidConfiguration;
-  }
   dim3 grid;
   CUtensorMap map_a, map_b;
   cudaError_t e = int8_tile::TileGrid(p, kBm, kBn, &grid);
-  if (e == cudaSuccess) e = MakeOperandMap(&map_a, p.a, p.epi.rows, p.depth, p.lda, kBm);
-  if (e == cudaSuccess) e = MakeOperandMap(&map_b, p.b, p.np, p.depth, p.ldb, kBn / kCluster);
+  if (e == cudaSuccess) e = MakeOperandMaps(p, kBm, kBn / kCluster, &map_a, &map_b);
   if (e != cudaSuccess) return e;
   grid.y = (grid.y + kCluster - 1) / kCluster * kCluster;  // whole clusters along M
   if (grid.y > kInt8MaxRowBlocks) return cudaErrorInvalidConfiguration;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads + 128);
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = kCluster;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p, int8_tile::VectorsFor<Y>(p));
+  return LaunchTmaKernel<Y>(kernel, grid, kThreads + 128, kSmem, dim3(1, kCluster, 1), map_a, map_b,
+                            p, stream);
 }
 
 // The device's SM count, once per device.
@@ -827,32 +845,19 @@ cudaError_t LaunchPingPongTile(const Int8MmaGemmParams& p, cudaStream_t stream) 
   auto* kernel = Int8WgmmaPingPongKernel<Acc, T, Y, kStages, kChunk, kCluster>;
   static SharedMemoryOptIn opt_in;
   if (cudaError_t e = opt_in.For(kernel, L::kSmem); e != cudaSuccess) return e;
-  // The copies' coordinates are 32-bit (a cluster's second block may start one tile past Y).
-  if (p.epi.rows > 2147483647 - L::kBm || p.np > 2147483647 || p.depth > 2147483647) {
-    return cudaErrorInvalidConfiguration;
-  }
   const int64_t tiles = (p.epi.rows + kCluster * L::kBm - 1) / (kCluster * L::kBm) *
                         ((p.epi.cols + L::kBn - 1) / L::kBn);
   const int sms = SmCount();
   if (sms < kCluster) return cudaErrorInvalidDevice;
   CUtensorMap map_a, map_b;
-  cudaError_t e = MakeOperandMap(&map_a, p.a, p.epi.rows, p.depth, p.lda, L::kBm);
-  if (e == cudaSuccess) e = MakeOperandMap(&map_b, p.b, p.np, p.depth, p.ldb, L::kBn / kCluster);
-  if (e != cudaSuccess) return e;
+  if (cudaError_t e = MakeOperandMaps(p, L::kBm, L::kBn / kCluster, &map_a, &map_b);
+      e != cudaSuccess) {
+    return e;
+  }
   const int64_t clusters = tiles < sms / kCluster ? tiles : sms / kCluster;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
-  config.blockDim = dim3(kPingPongThreads);
-  config.dynamicSmemBytes = L::kSmem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kCluster;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p, int8_tile::VectorsFor<Y>(p));
+  return LaunchTmaKernel<Y>(kernel, dim3(static_cast<unsigned>(clusters * kCluster)),
+                            kPingPongThreads, L::kSmem, dim3(kCluster, 1, 1), map_a, map_b, p,
+                            stream);
 }
 
 template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kDrain,
