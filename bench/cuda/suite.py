@@ -384,11 +384,14 @@ QUANT_TOL = 5e-2  # issue 22's bar: INT8/FP8 engines within relative L2 5e-2 of 
 # The quantized builds --quant names: fp8-noedges is FP8 with FP16 between FP8 products (kiln
 # build --no-fp8-edges), the reference for what the FP8 edges save; fp8-all and int8-all keep
 # every layer that has a kernel quantized (the sensitivity fallbacks and the race against the
-# float tactics off), int8 and fp8 are what a user gets by default.
+# float tactics off), int8-all-noedges is int8-all without INT8 edges and copies (what they
+# save); int8 and fp8 are what a user gets by default.
 QUANT_FLAGS = {"int8": ["--int8"], "fp8": ["--fp8"],
                "fp8-noedges": ["--fp8", "--no-fp8-edges"],
                "fp8-all": ["--fp8", "--fp8-tolerance", "off", "--quantized-if-faster", "off"],
-               "int8-all": ["--int8", "--int8-tolerance", "off", "--quantized-if-faster", "off"]}
+               "int8-all": ["--int8", "--int8-tolerance", "off", "--quantized-if-faster", "off"],
+               "int8-all-noedges": ["--int8", "--int8-tolerance", "off", "--quantized-if-faster",
+                                    "off", "--no-int8-edges"]}
 
 
 def quant_variant(a, name, exporter, batch, export_dir, profile, work, in_dir, ref, q):
@@ -798,8 +801,9 @@ def main():
                          "(checked and timed): issue 19's warm build and default-vs-widest bars")
     ap.add_argument("--quant", default="", help="also build, check and time INT8 and/or FP8 "
                     "engines of each export (int8, fp8, int8-all and fp8-all: no sensitivity fallback, "
-                    "fp8-noedges: FP8 with FP16 between the FP8 "
-                    "products; issue 22), calibrated on --calib-sets seeded batches")
+                    "fp8-noedges: FP8 with FP16 between the FP8 products, int8-all-noedges: "
+                    "int8-all without INT8 edges or copies; issue 22), calibrated on --calib-sets "
+                    "seeded batches")
     ap.add_argument("--calib-sets", type=int, default=2)
     ap.add_argument("--calib-compare", action="store_true",
                     help="with --quant: build each quantized engine again with --calib-on-cpu and "

@@ -43,6 +43,8 @@ class FakeProvider final : public KernelProvider {
   bool ReadsInt8Input(const KernelRequest& r, const TacticConfig&) const override {
     return reads_ && !(one_side_ && r.outputs[0].dtype == kInt8EdgeType);
   }
+  bool WritesInt8Copy(const KernelRequest&, const TacticConfig&) const override { return writes_; }
+  bool WritesFp8Copy(const KernelRequest&, const TacticConfig&) const override { return writes_; }
 
  private:
   bool writes_, reads_, one_side_;
@@ -298,6 +300,189 @@ TEST(Int8Edges, ConvolutionsJoinAndKeepTheirTypeRules) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().ToString().find("c1"), std::string::npos)
       << refused.status().ToString();
+}
+
+// A transformer's LayerNorm: y = SkipLayerNormalization(x, skip, gamma) read by three INT8 (with
+// fp8, FP8) products (q and k with one scale, o with another) and a residual Add, in FP16.
+struct NormFeedsProducts {
+  Graph g;
+  Node *ln = nullptr, *q = nullptr, *k = nullptr, *o = nullptr, *res = nullptr;
+  std::deque<KernelRequest> requests;
+  TacticConfig tactic = Named("i8-fake");
+  std::vector<std::string> reasons = std::vector<std::string>(4);
+  std::vector<ChosenLayer> layers;
+
+  NormFeedsProducts(const KernelProvider* norm, const KernelProvider* products, bool fp8 = false) {
+    Value* x = g.AddInput("x", DataType::kFloat16, {4, 32});
+    Value* skip = g.AddInput("skip", DataType::kFloat16, {4, 32});
+    Value* gamma = g.AddConstant("gamma", Tensor(DataType::kFloat16, {32}));
+    Value* y = g.AddValue("y");
+    ln = g.AddNode("SkipLayerNormalization", "ln", {x, skip, gamma}, {y});
+    auto product = [&](const char* name, float amax) {
+      AttributeMap attrs;
+      attrs.Set(std::string(fp8 ? kFp8InputAmaxAttr : kInt8InputAmaxAttr), amax);
+      Value* w = g.AddConstant(std::string(name) + ".w", Tensor(DataType::kFloat16, {32, 32}));
+      Node* n = g.AddNode("MatMul", name, {y, w}, {g.AddValue(std::string(name) + ".y")},
+                          std::move(attrs));
+      g.MarkOutput(n->output(0));
+      return n;
+    };
+    q = product("q", 2.f);
+    k = product("k", 2.f);
+    o = product("o", 3.f);
+    res = g.AddNode("Add", "res", {y, x}, {g.AddValue("res.y")});
+    g.MarkOutput(res->output(0));
+    EXPECT_TRUE(InferShapes(g).ok());
+    for (Node* n : {ln, q, k, o}) {
+      KernelRequest& r = requests.emplace_back();
+      r.node = n;
+      for (Value* v : n->inputs()) r.inputs.push_back({v->dtype(), v->shape(), {4, 32}});
+      r.outputs.push_back({n->output(0)->dtype(), n->output(0)->shape(), {4, 32}});
+      layers.push_back({n, n == ln ? norm : products, &r, &tactic, &reasons[layers.size()]});
+    }
+  }
+};
+
+// The norm writes one int8 copy of y beside y itself, shared by the products with its scale; the
+// residual and the product with another scale read y as before.
+TEST(Int8Copies, ANormWritesAnInt8CopyForTheProductsWithOneScale) {
+  NormFeedsProducts t(&kBoth, &kOneSide);
+  Value* y = t.ln->output(0);
+  EXPECT_EQ(JoinInt8Edges(t.layers), 0);  // y has other readers: no edge
+  EXPECT_EQ(JoinInt8Copies(t.g, t.layers), 2);
+  ASSERT_EQ(t.ln->num_outputs(), 3u);
+  EXPECT_EQ(t.ln->output(1), nullptr);  // Sum stays omitted
+  Value* copy = t.ln->output(2);
+  ASSERT_NE(copy, nullptr);
+  EXPECT_EQ(copy->dtype(), kInt8EdgeType);
+  EXPECT_EQ(copy->producer(), t.ln);
+  EXPECT_EQ(t.q->input(0), copy);
+  EXPECT_EQ(t.k->input(0), copy);
+  EXPECT_EQ(t.o->input(0), y);
+  EXPECT_EQ(t.res->input(0), y);
+  EXPECT_EQ(y->dtype(), DataType::kFloat16);
+  EXPECT_FLOAT_EQ(t.ln->attrs().GetFloat(kInt8CopyScaleAttr, 0.f), 2.f / 127.f);
+  EXPECT_FALSE(t.ln->attrs().Has(kInt8OutputScaleAttr));
+  EXPECT_TRUE(t.q->attrs().Has(kInt8InputEdgeAttr));
+  EXPECT_TRUE(t.k->attrs().Has(kInt8InputEdgeAttr));
+  EXPECT_FALSE(t.o->attrs().Has(kInt8InputEdgeAttr));
+  EXPECT_TRUE(t.layers[0].joined && t.layers[1].joined && t.layers[2].joined);
+  EXPECT_FALSE(t.layers[3].joined);
+  // The requests: the norm's third output is the int8 copy, its second still omitted.
+  ASSERT_EQ(t.requests[0].outputs.size(), 3u);
+  EXPECT_EQ(t.requests[0].outputs[1].dtype, DataType::kUndefined);
+  EXPECT_EQ(t.requests[0].outputs[2].dtype, kInt8EdgeType);
+  EXPECT_EQ(t.requests[0].outputs[2].max_dims, (std::vector<int64_t>{4, 32}));
+  EXPECT_EQ(t.requests[1].inputs[0].dtype, kInt8EdgeType);
+  EXPECT_EQ(t.requests[3].inputs[0].dtype, DataType::kFloat16);
+  EXPECT_NE(t.reasons[0].find("writes int8 for 'q'"), std::string::npos) << t.reasons[0];
+  EXPECT_NE(t.reasons[0].find("writes int8 for 'k'"), std::string::npos) << t.reasons[0];
+  EXPECT_NE(t.reasons[1].find("reads int8 from 'ln'"), std::string::npos) << t.reasons[1];
+  EXPECT_TRUE(t.reasons[3].empty()) << t.reasons[3];
+  // The type rules accept the rewrite: the copy is int8, y and the products' results FP16.
+  auto again = InferShapes(t.g);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(copy->dtype(), kInt8EdgeType);
+  EXPECT_EQ(ToString(copy->shape()), "[4,32]");
+  EXPECT_EQ(y->dtype(), DataType::kFloat16);
+  EXPECT_EQ(t.q->output(0)->dtype(), DataType::kFloat16);
+
+  // Refit's recalibration: the copy follows its readers' new scale.
+  t.q->mutable_attrs().Set(std::string(kInt8InputAmaxAttr), 4.f);
+  t.k->mutable_attrs().Set(std::string(kInt8InputAmaxAttr), 4.f);
+  EXPECT_EQ(RescaleInt8Edges(t.g), 2);
+  EXPECT_FLOAT_EQ(t.ln->attrs().GetFloat(kInt8CopyScaleAttr, 0.f), 4.f / 127.f);
+  EXPECT_FALSE(t.ln->attrs().Has(kInt8OutputScaleAttr));
+}
+
+// FP8 copies: the same rewrite with E4M3 and the readers' amax; the readers carry no mark (their
+// FP8 amax makes the type rule read an E4M3 A), and INT8 copies do not join FP8 readers.
+TEST(Int8Copies, Fp8ReadersGetAnE4M3Copy) {
+  NormFeedsProducts t(&kBoth, &kOneSide, /*fp8=*/true);
+  EXPECT_EQ(JoinInt8Copies(t.g, t.layers), 0);
+  EXPECT_EQ(JoinFp8Copies(t.g, t.layers), 2);
+  Value* copy = t.ln->output(2);
+  ASSERT_NE(copy, nullptr);
+  EXPECT_EQ(copy->dtype(), kFp8EdgeType);
+  EXPECT_EQ(t.q->input(0), copy);
+  EXPECT_EQ(t.k->input(0), copy);
+  EXPECT_EQ(t.o->input(0), t.ln->output(0));
+  EXPECT_FLOAT_EQ(t.ln->attrs().GetFloat(kFp8CopyAmaxAttr, 0.f), 2.f);
+  EXPECT_FALSE(t.ln->attrs().Has(kInt8CopyScaleAttr));
+  EXPECT_FALSE(t.q->attrs().Has(kInt8InputEdgeAttr));
+  EXPECT_EQ(t.requests[0].outputs[2].dtype, kFp8EdgeType);
+  EXPECT_EQ(t.requests[1].inputs[0].dtype, kFp8EdgeType);
+  EXPECT_NE(t.reasons[0].find("writes E4M3 for 'q'"), std::string::npos) << t.reasons[0];
+  EXPECT_NE(t.reasons[2].find("reads E4M3 from 'ln'"), std::string::npos) << t.reasons[2];
+  auto again = InferShapes(t.g);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(copy->dtype(), kFp8EdgeType);
+  EXPECT_EQ(t.ln->output(0)->dtype(), DataType::kFloat16);
+  EXPECT_EQ(t.q->output(0)->dtype(), DataType::kFloat16);
+  // Output Yq without a copy attribute is refused by the type rule.
+  t.ln->mutable_attrs().Erase(kFp8CopyAmaxAttr);
+  EXPECT_FALSE(InferShapes(t.g).ok());
+}
+
+TEST(Int8Copies, NeedTheNormToWriteAndTheProductsToRead) {
+  NormFeedsProducts norm_no(&kNeither, &kOneSide);
+  EXPECT_EQ(JoinInt8Copies(norm_no.g, norm_no.layers), 0);
+  EXPECT_EQ(norm_no.ln->num_outputs(), 1u);
+  NormFeedsProducts products_no(&kBoth, &kNeither);
+  EXPECT_EQ(JoinInt8Copies(products_no.g, products_no.layers), 0);
+  EXPECT_EQ(products_no.ln->num_outputs(), 1u);
+  EXPECT_FALSE(products_no.ln->attrs().Has(kInt8CopyScaleAttr));
+  for (Node* n : {products_no.q, products_no.k, products_no.o}) {
+    EXPECT_EQ(n->input(0), products_no.ln->output(0));
+  }
+  // A product not chosen as INT8 (no usable scale) gets no copy.
+  NormFeedsProducts zero(&kBoth, &kOneSide);
+  for (Node* n : {zero.q, zero.k, zero.o}) {
+    n->mutable_attrs().Set(std::string(kInt8InputAmaxAttr), 0.f);
+  }
+  EXPECT_EQ(JoinInt8Copies(zero.g, zero.layers), 0);
+  // An op without a copy output (a MatMul producer) makes none, whatever its provider says.
+  Chain chain(2, DataType::kFloat16, {&kBoth, &kBoth}, /*int8=*/true);
+  EXPECT_EQ(JoinInt8Copies(chain.g, chain.layers), 0);
+}
+
+// y read by one INT8 product only (a pre-LN transformer's norm, whose Sum is the residual): an
+// ordinary edge, y itself int8, which the SkipLayerNormalization type rule accepts.
+TEST(Int8Copies, ANormWithOneReaderIsAnOrdinaryEdge) {
+  Graph g;
+  Value* x = g.AddInput("x", DataType::kFloat16, {4, 32});
+  Value* skip = g.AddInput("skip", DataType::kFloat16, {4, 32});
+  Value* gamma = g.AddConstant("gamma", Tensor(DataType::kFloat16, {32}));
+  Value* y = g.AddValue("y");
+  Value* sum = g.AddValue("sum");
+  Node* ln = g.AddNode("SkipLayerNormalization", "ln", {x, skip, gamma}, {y, sum});
+  g.MarkOutput(sum);
+  AttributeMap attrs;
+  attrs.Set(std::string(kInt8InputAmaxAttr), 2.f);
+  Node* q = g.AddNode("MatMul", "q", {y, g.AddConstant("w", Tensor(DataType::kFloat16, {32, 8}))},
+                      {g.AddValue("q.y")}, std::move(attrs));
+  g.MarkOutput(q->output(0));
+  ASSERT_TRUE(InferShapes(g).ok());
+  std::deque<KernelRequest> requests;
+  TacticConfig tactic = Named("i8-fake");
+  std::vector<std::string> reasons(2);
+  std::vector<ChosenLayer> layers;
+  for (Node* n : {ln, q}) {
+    KernelRequest& r = requests.emplace_back();
+    r.node = n;
+    for (Value* v : n->inputs()) r.inputs.push_back({v->dtype(), v->shape(), {}});
+    for (Value* v : n->outputs()) r.outputs.push_back({v->dtype(), v->shape(), {}});
+    layers.push_back({n, n == ln ? &kBoth : &kOneSide, &r, &tactic, &reasons[layers.size()]});
+  }
+  EXPECT_EQ(JoinInt8Edges(layers), 1);
+  EXPECT_EQ(JoinInt8Copies(g, layers), 0);
+  EXPECT_EQ(ln->num_outputs(), 2u);
+  EXPECT_FLOAT_EQ(ln->attrs().GetFloat(kInt8OutputScaleAttr, 0.f), 2.f / 127.f);
+  auto again = InferShapes(g);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(y->dtype(), kInt8EdgeType);
+  EXPECT_EQ(sum->dtype(), DataType::kFloat16);
+  EXPECT_EQ(q->output(0)->dtype(), DataType::kFloat16);
 }
 
 }  // namespace

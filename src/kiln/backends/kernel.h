@@ -197,6 +197,17 @@ class KernelProvider {
                               const TacticConfig& /*tactic*/) const {
     return false;
   }
+  // INT8 and FP8 copies (ops/quant_edge.h): whether this provider's kernel for `tactic` can also
+  // write output 0 once more, as int8 quantized with the node's kInt8CopyScaleAttr (as E4M3 with
+  // its kFp8CopyAmaxAttr), to the op's QuantCopyOutputIndex output.
+  virtual bool WritesInt8Copy(const KernelRequest& /*request*/,
+                              const TacticConfig& /*tactic*/) const {
+    return false;
+  }
+  virtual bool WritesFp8Copy(const KernelRequest& /*request*/,
+                             const TacticConfig& /*tactic*/) const {
+    return false;
+  }
 };
 
 // The node's `kiln_layout` attribute ("NHWC"), or "" for ONNX's channels-first layout.

@@ -944,8 +944,14 @@ Status TimingPhase(BuildState& s) {
       chosen.push_back({s.graph().FindNode(l.node->name()), c.provider, &l.request, &c.tactic,
                         &s.layers[i].precision_reason});
     }
-    if (config.fp8 && config.fp8_edges) rep.fp8_edges = JoinFp8Edges(chosen);
-    if (config.int8 && config.int8_edges) rep.int8_edges = JoinInt8Edges(chosen);
+    if (config.fp8 && config.fp8_edges) {
+      rep.fp8_edges = JoinFp8Edges(chosen);
+      rep.fp8_edges += JoinFp8Copies(s.graph(), chosen);
+    }
+    if (config.int8 && config.int8_edges) {
+      rep.int8_edges = JoinInt8Edges(chosen);
+      rep.int8_edges += JoinInt8Copies(s.graph(), chosen);
+    }
     for (size_t i = 0; i < chosen.size(); ++i) {
       if (!chosen[i].joined) continue;
       LayerSearch& l = s.searches[i];

@@ -94,10 +94,11 @@ struct BuildReport {
   std::map<std::string, int64_t> precision_counts;
   int64_t casts_inserted = 0;
   int64_t weights_converted = 0;
-  // FP8 products joined so that the producer writes E4M3 for its consumer (quant_edges.h).
+  // FP8 products joined so that the producer writes E4M3 for its consumer (quant_edges.h; FP8
+  // copies counted too).
   int64_t fp8_edges = 0;
-  int64_t int8_edges = 0;               // the same for INT8 products writing int8
-  std::string calibration;              // "" when none
+  int64_t int8_edges = 0;   // the same for INT8 layers writing int8 (INT8 copies counted too)
+  std::string calibration;  // "" when none
   int64_t calibration_batches_run = 0;  // 0 when the cache was used
   BuildTimeBreakdown time_breakdown;
 

@@ -111,6 +111,101 @@ int JoinInt8Edges(std::span<ChosenLayer> layers) {
   return JoinEdges(layers, kInt8);
 }
 
+namespace {
+
+// What differs between the two kinds of copy.
+struct CopyKind {
+  DataType type;
+  const char* what;           // in the report notes
+  const char* attr;           // the producer's quantization parameter
+  const char* consumer_mark;  // set on a reader of the copy; nullptr: none
+  bool float32_values;        // whether an FP32 value may have a copy
+  std::optional<float> (*param)(const Node& consumer);
+  bool (*reads)(const ChosenLayer& consumer);
+  bool (*writes)(const ChosenLayer& producer);
+};
+
+int JoinCopies(Graph& graph, std::span<ChosenLayer> layers, const CopyKind& kind) {
+  std::unordered_map<const Node*, ChosenLayer*> by_node;
+  for (ChosenLayer& l : layers) by_node[l.node] = &l;
+  int copies = 0;
+  for (ChosenLayer& consumer : layers) {
+    Node& c = *consumer.node;
+    if (c.num_inputs() == 0 || !c.input(0) || consumer.request->inputs[0].dtype == kind.type) {
+      continue;  // already reads its A quantized (an edge)
+    }
+    Value* x = c.input(0);
+    const std::optional<float> param = kind.param(c);
+    const bool float_type = x->dtype() == DataType::kFloat16 || x->dtype() == DataType::kBFloat16 ||
+                            (kind.float32_values && x->dtype() == DataType::kFloat32);
+    if (!param || x->is_graph_input() || x->is_constant() || !float_type ||
+        x->producer_output() != 0) {
+      continue;
+    }
+    bool only_input0 = true;
+    for (size_t i = 1; i < c.num_inputs(); ++i) only_input0 &= c.input(i) != x;
+    Node* p = x->producer();
+    auto it = p ? by_node.find(p) : by_node.end();
+    const std::optional<size_t> index = p ? QuantCopyOutputIndex(p->op_type()) : std::nullopt;
+    if (!only_input0 || it == by_node.end() || !index) continue;
+    ChosenLayer& producer = *it->second;
+    if (!kind.reads(consumer)) continue;
+    Value* copy = p->output(*index);
+    if (copy) {
+      // One copy per value: a second reader shares it only with the same kind and parameter.
+      if (copy->dtype() != kind.type || p->attrs().GetFloat(kind.attr, 0.f) != *param) continue;
+    } else {
+      if (!kind.writes(producer)) continue;
+      copy =
+          graph.AddValue(graph.UniqueName(fmt::format("{}_{}", x->name(), kind.what)), kind.type);
+      copy->set_shape(x->shape());
+      if (!graph.SetOutput(p, *index, copy).ok()) continue;
+      p->mutable_attrs().Set(std::string(kind.attr), *param);
+      std::vector<OperandDesc>& outs = producer.request->outputs;
+      if (outs.size() <= *index) outs.resize(*index + 1);
+      outs[*index] = outs[0];
+      outs[*index].dtype = kind.type;
+      producer.joined = true;
+    }
+    graph.SetInput(&c, 0, copy);
+    if (kind.consumer_mark) c.mutable_attrs().Set(std::string(kind.consumer_mark), int64_t{1});
+    consumer.request->inputs[0].dtype = kind.type;
+    consumer.joined = true;
+    if (producer.precision_reason) *producer.precision_reason += WritesNote(kind.what, c.name());
+    if (consumer.precision_reason) *consumer.precision_reason += ReadsNote(kind.what, p->name());
+    ++copies;
+  }
+  return copies;
+}
+
+}  // namespace
+
+int JoinInt8Copies(Graph& graph, std::span<ChosenLayer> layers) {
+  static constexpr CopyKind kInt8{
+      kInt8EdgeType,
+      "int8",
+      kInt8CopyScaleAttr,
+      kInt8InputEdgeAttr,
+      true,
+      [](const Node& c) { return Int8EdgeScale(c); },
+      [](const ChosenLayer& c) { return c.provider->ReadsInt8Input(*c.request, *c.tactic); },
+      [](const ChosenLayer& p) { return p.provider->WritesInt8Copy(*p.request, *p.tactic); }};
+  return JoinCopies(graph, layers, kInt8);
+}
+
+int JoinFp8Copies(Graph& graph, std::span<ChosenLayer> layers) {
+  static constexpr CopyKind kFp8{
+      kFp8EdgeType,
+      "E4M3",
+      kFp8CopyAmaxAttr,
+      nullptr,
+      false,
+      [](const Node& c) { return Fp8InputAmax(c); },
+      [](const ChosenLayer& c) { return c.provider->ReadsFp8Input(*c.request, *c.tactic); },
+      [](const ChosenLayer& p) { return p.provider->WritesFp8Copy(*p.request, *p.tactic); }};
+  return JoinCopies(graph, layers, kFp8);
+}
+
 size_t FindEdgeNote(std::string_view note, std::string_view what) {
   // The notes' beginnings, up to the other layer's name.
   const std::string writes = WritesNote(what, ""), reads = ReadsNote(what, "");
@@ -125,7 +220,11 @@ int RescaleInt8Edges(Graph& graph) {
     if (c->num_inputs() == 0 || !c->input(0) || !c->input(0)->producer()) continue;
     const std::optional<float> scale = Int8EdgeScale(*c);
     if (!scale) continue;
-    c->input(0)->producer()->mutable_attrs().Set(std::string(kInt8OutputScaleAttr), *scale);
+    Node* p = c->input(0)->producer();
+    const std::optional<size_t> copy = QuantCopyOutputIndex(p->op_type());
+    const bool is_copy = copy && static_cast<size_t>(c->input(0)->producer_output()) == *copy;
+    p->mutable_attrs().Set(std::string(is_copy ? kInt8CopyScaleAttr : kInt8OutputScaleAttr),
+                           *scale);
     ++rescaled;
   }
   return rescaled;

@@ -44,6 +44,20 @@ int JoinFp8Edges(std::span<ChosenLayer> layers);
 // producer gets kInt8OutputScaleAttr, the consumer kInt8InputEdgeAttr, the value type int8.
 int JoinInt8Edges(std::span<ChosenLayer> layers);
 
+// INT8 copies (ops/quant_edge.h), after JoinInt8Edges: where an INT8 consumer that reads its A
+// as int8 (ReadsInt8Input) reads output 0 of a chosen layer that can also write it as an int8
+// copy (WritesInt8Copy, an op with an QuantCopyOutputIndex), and that value has other readers (or
+// is a graph output, or the producer cannot write it as int8 alone), the producer gains the copy
+// as a new int8 value, quantized with the consumer's scale (kInt8CopyScaleAttr), and the consumer
+// reads that instead (kInt8InputEdgeAttr). Consumers of one value with the same scale share one
+// copy; one with another scale keeps quantizing its own. The requests and report notes change as
+// on an edge. Returns how many consumers now read a copy.
+int JoinInt8Copies(Graph& graph, std::span<ChosenLayer> layers);
+// FP8 copies, after JoinFp8Edges, by the same rules: E4M3 with the readers' FP8 input amax
+// (kFp8CopyAmaxAttr; ReadsFp8Input, WritesFp8Copy), the readers unmarked (their amax attribute
+// makes the type rule take an E4M3 A), FP16/BF16 values only (as FP8 edges).
+int JoinFp8Copies(Graph& graph, std::span<ChosenLayer> layers);
+
 // Where the first edge note of kind `what` ("int8", "fp8") begins in a layer's precision reason
 // (JoinInt8Edges/JoinFp8Edges append "; writes int8 for 'c'", "; reads int8 from 'p'" after
 // everything else the reason says), or npos.
@@ -51,7 +65,8 @@ size_t FindEdgeNote(std::string_view note, std::string_view what);
 
 // After the consumers' INT8 scales changed (refit's recalibration): every INT8 edge's producer
 // writes with its consumer's scale again (kInt8OutputScaleAttr), else the consumer would read
-// int8 quantized with the old scale as if it had the new one. Returns how many edges it rescaled.
+// int8 quantized with the old scale as if it had the new one; an INT8 copy's producer likewise
+// (kInt8CopyScaleAttr). Returns how many edges and copies it rescaled.
 int RescaleInt8Edges(Graph& graph);
 
 }  // namespace kiln

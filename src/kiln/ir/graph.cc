@@ -101,6 +101,24 @@ void Graph::SetInput(Node* node, size_t index, Value* value) {
   if (value) value->consumers_.push_back(node);
 }
 
+Status Graph::SetOutput(Node* node, size_t index, Value* value) {
+  if (value->producer_) {
+    return MakeError(ErrorCode::kInternal, "value '{}' already has a producer ('{}')",
+                     value->name(), value->producer_->name());
+  }
+  if (index < node->outputs_.size() && node->outputs_[index]) {
+    return MakeError(ErrorCode::kInternal, "node '{}' already has output {} ('{}')", node->name(),
+                     index, node->outputs_[index]->name());
+  }
+  if (index >= node->outputs_.size()) node->outputs_.resize(index + 1, nullptr);
+  node->outputs_[index] = value;
+  value->producer_ = node;
+  value->producer_output_ = static_cast<int>(index);
+  node->shape_dirty_ = true;
+  StructureChanged();
+  return OkStatus();
+}
+
 void Graph::ReplaceAllUses(Value* from, Value* to) {
   if (from == to) return;
   std::vector<Node*> consumers = from->consumers_;

@@ -163,6 +163,9 @@ class Graph {
 
   // Editing.
   void SetInput(Node* node, size_t index, Value* value);
+  // Makes `value` (no producer yet) output `index` of `node`, growing its outputs with omitted
+  // (nullptr) ones as needed; fails where that output is already present.
+  Status SetOutput(Node* node, size_t index, Value* value);
   // Points every consumer (and graph-output mark) of `from` at `to`.
   void ReplaceAllUses(Value* from, Value* to);
   // Removes a node; its outputs stay as values without a producer (remove or rewire them).

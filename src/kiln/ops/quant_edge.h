@@ -9,6 +9,7 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 
 #include "kiln/ir/dtype.h"
 #include "kiln/ir/graph.h"
@@ -27,6 +28,26 @@ inline constexpr DataType kFp8EdgeType = DataType::kFloat8E4M3FN;
 inline constexpr const char* kInt8OutputScaleAttr = "kiln_int8_output_scale";
 inline constexpr const char* kInt8InputEdgeAttr = "kiln_int8_input_edge";
 inline constexpr DataType kInt8EdgeType = DataType::kInt8;
+
+// INT8 and FP8 copies: a producer whose float output is also read by other layers (a
+// transformer's LayerNorm feeds the next products and the residual) writes it once more,
+// quantized for one kind of reader, to an extra output that those readers read as their A: int8
+// with their INT8 activation scale (kInt8CopyScaleAttr; the readers are marked kInt8InputEdgeAttr,
+// as on an edge) or E4M3 with their FP8 input amax (kFp8CopyAmaxAttr). SkipLayerNormalization's
+// copy is its output 2 (QuantCopyOutputIndex).
+inline constexpr const char* kInt8CopyScaleAttr = "kiln_int8_copy_scale";
+inline constexpr const char* kFp8CopyAmaxAttr = "kiln_fp8_copy_amax";
+// The output a copy takes on a node of this op; nullopt: the op has none.
+inline std::optional<size_t> QuantCopyOutputIndex(std::string_view op_type) {
+  if (op_type == "SkipLayerNormalization") return 2;
+  return std::nullopt;
+}
+// The copy's type on `node`: int8, E4M3, or kUndefined where the node has no copy attribute.
+inline DataType QuantCopyType(const Node& node) {
+  if (node.attrs().Has(kInt8CopyScaleAttr)) return kInt8EdgeType;
+  if (node.attrs().Has(kFp8CopyAmaxAttr)) return kFp8EdgeType;
+  return DataType::kUndefined;
+}
 
 // The float type a matrix product computes in, given its A (input 0) and B (input 1) types:
 // A's, or B's when A arrives as E4M3 from an FP8 producer (the node carries kFp8InputAmaxAttr) or

@@ -8,7 +8,11 @@
 // The optional Sum output is the residual stream when other layers read it (pre-LN transformers
 // such as GPT-2); post-LN ones (BERT) leave it out. Statistics are FP32 in every backend, over the
 // FP32 sum (not over Sum rounded to the storage type).
+// On an INT8 or FP8 edge (ops/quant_edge.h) Y is int8 (kInt8OutputScaleAttr) or E4M3
+// (kFp8OutputAmaxAttr), or an optional third output Yq holds a copy of Y (kInt8CopyScaleAttr,
+// kFp8CopyAmaxAttr), each quantized by its contract from Y rounded to X's storage type.
 #include "kiln/ops/op_schema.h"
+#include "kiln/ops/quant_edge.h"
 #include "kiln/ops/rule_util.h"
 
 namespace kiln {
@@ -32,7 +36,17 @@ Status InferSkipLayerNormalization(InferenceContext& ctx) {
                        i == 2 ? "Scale" : "B", ToString(ctx.input_shape(i)), ToString(norm));
     }
   }
-  for (size_t i = 0; i < ctx.num_outputs(); ++i) ctx.set_output(i, t, x);
+  // Y is int8 or E4M3 where it is an INT8 or FP8 edge's value; Yq a copy's (ops/quant_edge.h).
+  const Node& n = ctx.node();
+  const DataType y = n.attrs().Has(kInt8OutputScaleAttr) ? kInt8EdgeType
+                     : n.attrs().Has(kFp8OutputAmaxAttr) ? kFp8EdgeType
+                                                         : t;
+  const DataType yq = QuantCopyType(n);
+  if (ctx.num_outputs() > 2 && yq == DataType::kUndefined) {
+    return ctx.Error(ErrorCode::kInvalidAttribute, "output Yq needs {} or {}", kInt8CopyScaleAttr,
+                     kFp8CopyAmaxAttr);
+  }
+  for (size_t i = 0; i < ctx.num_outputs(); ++i) ctx.set_output(i, i == 2 ? yq : i == 0 ? y : t, x);
   return OkStatus();
 }
 

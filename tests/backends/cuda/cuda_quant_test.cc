@@ -35,6 +35,7 @@
 #include "kiln/app/pipeline.h"
 #include "kiln/backends/backend.h"
 #include "kiln/backends/cuda/cublaslt_util.h"
+#include "kiln/backends/cuda/cuda_launch.h"
 #include "kiln/backends/cuda/implicit_gemm_conv.h"
 #include "kiln/backends/cuda/int8_kernels.h"
 #include "kiln/backends/cuda/quant_conv_plan.h"
@@ -616,6 +617,86 @@ TEST(CudaInt8Device, TheTmaBarrierWaitTrapsAtItsBound) {
         std::_Exit(launched == cudaSuccess && done != cudaSuccess ? 3 : 1);
       },
       ::testing::ExitedWithCode(3), "synchronize: cudaError");
+}
+
+// SkipLayerNormalization writing int8 for an INT8 edge or copy (ops/quant_edge.h): yq is y, as
+// stored in its float type, quantized by the INT8 contract, bit for bit what the consumer's own
+// quantization of y would give; with y null (an edge: Y itself int8) the same bytes; E4M3 (an FP8
+// edge or copy) likewise by the FP8 contract. Both kernels:
+// the row-in-registers one (n a multiple of 16 bytes' elements) and the re-reading one (n = 100),
+// with and without a residual, in every float type.
+TEST_F(CudaInt8Test, LayerNormWritesTheInt8OfItsOutput) {
+  std::mt19937 rng(91);
+  struct Case {
+    DataType type;
+    int64_t rows, n;
+    bool skip;
+  };
+  for (const Case& c :
+       {Case{DataType::kFloat16, 64, 768, true}, Case{DataType::kFloat16, 8, 100, true},
+        Case{DataType::kFloat32, 16, 4096, false}, Case{DataType::kBFloat16, 33, 1536, true},
+        Case{DataType::kFloat32, 7, 100, false}}) {
+    SCOPED_TRACE(fmt::format("{} rows {} n {} skip {}", ToString(c.type), c.rows, c.n, c.skip));
+    const Tensor x = Random({c.rows, c.n}, rng, -3.f, 3.f).CastTo(c.type);
+    const Tensor skip = Random({c.rows, c.n}, rng).CastTo(c.type);
+    const Tensor gamma = Random({c.n}, rng, 0.5f, 2.f).CastTo(c.type);
+    const Tensor beta = Random({c.n}, rng).CastTo(c.type);
+    const float scale = 2.5f / 127.f;  // values beyond 2.5 saturate
+    const size_t bytes = x.size_bytes(), count = static_cast<size_t>(c.rows * c.n);
+    void *dx = nullptr, *dskip = nullptr, *dg = nullptr, *db = nullptr, *dy = nullptr;
+    int8_t *dq = nullptr, *dq_only = nullptr;
+    uint8_t* d8 = nullptr;
+    const float amax8 = 3.f, inv8 = Fp8InvScale(amax8);
+    ASSERT_EQ(cudaMalloc(&dx, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dskip, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dg, gamma.size_bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&db, beta.size_bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dy, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dq, count), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dq_only, count), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d8, count), cudaSuccess);
+    cudaMemcpy(dx, x.raw(), bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(dskip, skip.raw(), bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(dg, gamma.raw(), gamma.size_bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(db, beta.raw(), beta.size_bytes(), cudaMemcpyHostToDevice);
+    const cuda::Elem t = c.type == DataType::kFloat16    ? cuda::Elem::kF16
+                         : c.type == DataType::kBFloat16 ? cuda::Elem::kBF16
+                                                         : cuda::Elem::kF32;
+    const void* sk = c.skip ? dskip : nullptr;
+    ASSERT_EQ(cuda::LaunchSkipLayerNorm(t, dx, sk, dg, db, dy, nullptr, c.rows, c.n, 1e-5f, nullptr,
+                                        dq, 1.f / scale),
+              cudaSuccess);
+    ASSERT_EQ(cuda::LaunchSkipLayerNorm(t, dx, sk, dg, db, nullptr, nullptr, c.rows, c.n, 1e-5f,
+                                        nullptr, dq_only, 1.f / scale),
+              cudaSuccess);
+    ASSERT_EQ(cuda::LaunchSkipLayerNorm(t, dx, sk, dg, db, nullptr, nullptr, c.rows, c.n, 1e-5f,
+                                        nullptr, d8, inv8, /*yq_e4m3=*/true),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Tensor y(c.type, {c.rows, c.n});
+    std::vector<int8_t> q(count), q_only(count);
+    std::vector<uint8_t> e4m3(count);
+    cudaMemcpy(y.mutable_raw(), dy, bytes, cudaMemcpyDeviceToHost);
+    cudaMemcpy(q.data(), dq, count, cudaMemcpyDeviceToHost);
+    cudaMemcpy(q_only.data(), dq_only, count, cudaMemcpyDeviceToHost);
+    cudaMemcpy(e4m3.data(), d8, count, cudaMemcpyDeviceToHost);
+    const Tensor yf = y.CastTo(DataType::kFloat32);
+    const float* pyf = yf.data<float>();
+    int mismatched = 0, saturated = 0, e4m3_mismatched = 0;
+    for (size_t i = 0; i < count; ++i) {
+      mismatched += q[i] != QuantizeInt8(pyf[i], 1.f / scale) || q_only[i] != q[i];
+      saturated += q[i] == 127 || q[i] == -127;
+      e4m3_mismatched += e4m3[i] != ToE4M3(pyf[i] * inv8);
+    }
+    EXPECT_EQ(mismatched, 0);
+    EXPECT_EQ(e4m3_mismatched, 0);
+    EXPECT_GT(saturated, 0);  // the saturation was exercised
+    EXPECT_LT(saturated, static_cast<int>(count / 4));
+    for (void* p : {dx, dskip, dg, db, dy, static_cast<void*>(dq), static_cast<void*>(dq_only),
+                    static_cast<void*>(d8)}) {
+      cudaFree(p);
+    }
+  }
 }
 
 // Saturation above amax, and per-channel scales: columns scaled 1e-3..10 keep their accuracy.
@@ -1745,6 +1826,68 @@ TEST_F(CudaFp8Test, AttentionWritesE4M3ForAnFp8Reader) {
   }
 }
 
+// The attention kernels as an INT8 edge's producer: each mma tactic writes Y as int8, bit for
+// bit the INT8 contract's quantization of its own FP16 Y; the others decline.
+TEST_F(CudaInt8Test, AttentionWritesInt8ForAnInt8Reader) {
+  const DataType f16 = DataType::kFloat16;
+  const float scale = 0.5f / 127.f;  // the first rows of the causal mask clip
+  uint32_t seed = 431;
+  for (const auto& [b, s, h, d] :
+       std::vector<std::array<int64_t, 4>>{{2, 70, 4, 64}, {1, 33, 2, 128}, {3, 16, 2, 32}}) {
+    SCOPED_TRACE(fmt::format("B {} S {} H {} D {}", b, s, h, d));
+    std::mt19937 rng(seed++);
+    Graph g;
+    std::vector<Tensor> inputs;
+    std::vector<Value*> ins;
+    for (int i = 0; i < 3; ++i) {
+      inputs.push_back(Random({b, s, h * d}, rng).CastTo(f16));
+      ins.push_back(g.AddInput(fmt::format("x{}", i), f16, MakeShape(inputs.back().dims())));
+    }
+    AttributeMap attrs;
+    attrs.Set("layout", std::string("bsd"));
+    attrs.Set("num_heads", h);
+    attrs.Set("mask_kind", std::string("causal"));
+    Value* y = g.AddValue("y");
+    Node* node = g.AddNode("Attention", "attention", ins, {y}, attrs);
+    g.MarkOutput(y);
+    ASSERT_TRUE(InferShapes(g).ok());
+    KernelRequest request;
+    request.node = node;
+    for (const Tensor& t : inputs) {
+      request.inputs.push_back({f16, MakeShape(t.dims()), t.dims(), nullptr});
+    }
+    request.outputs.push_back({f16, y->shape(), {b, s, h * d}, nullptr});
+    int joined = 0;
+    for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, *node)) {
+      for (const TacticConfig& t : p->Tactics(request)) {
+        SCOPED_TRACE(t.name);
+        const bool writes = p->WritesInt8Output(request, t);
+        EXPECT_EQ(writes, t.name.find("-mma-") != std::string::npos);
+        if (!writes) continue;
+        const std::vector<float> plain = RunCudaKernel(p, t, request, inputs, *y);
+        node->mutable_attrs().Set(std::string(kInt8OutputScaleAttr), scale);
+        y->set_dtype(kInt8EdgeType);
+        KernelRequest edge = request;
+        edge.outputs[0].dtype = kInt8EdgeType;
+        const std::vector<float> q = RunCudaKernel(p, t, edge, inputs, *y);
+        node->mutable_attrs().Erase(std::string(kInt8OutputScaleAttr));
+        y->set_dtype(f16);
+        ASSERT_EQ(q.size(), plain.size());
+        size_t differ = 0, saturated = 0;
+        for (size_t i = 0; i < q.size(); ++i) {
+          differ += q[i] != static_cast<float>(QuantizeInt8(plain[i], 1.f / scale));
+          saturated += std::fabs(q[i]) == 127.f;
+        }
+        EXPECT_EQ(differ, 0u);
+        EXPECT_GT(saturated, 0u) << "the test's scale should clip some outputs";
+        EXPECT_LT(saturated, q.size() / 4);
+        ++joined;
+      }
+    }
+    EXPECT_GE(joined, 3) << "the mma tactics";
+  }
+}
+
 TEST_F(CudaFp8Test, DeclinesWithoutTheAttributeOrAConstantB) {
   std::mt19937 rng(88);
   I8Case plain{"Gemm", {8, 64}, 64, 32, false, false, 1.f, 1.f, {32}, true};
@@ -2128,24 +2271,31 @@ void CheckFp8Edges() {
   // edge where the mma attention kernel was chosen (LayerNorm outputs have a second reader, the
   // residual, and stay FP16).
   EXPECT_GE(joined->report.fp8_edges, 2);
-  int writers = 0, readers = 0;
+  // One note on each side of each edge or copy (a norm's copy has one per reader).
+  int writes = 0, readers = 0;
   for (const LayerReport& l : joined->report.layer_reports) {
     SCOPED_TRACE(l.name + ": " + l.precision + ", " + l.tactic + ", " + l.precision_reason);
-    const bool writes = l.precision_reason.find("writes E4M3 for") != std::string::npos;
+    int notes = 0;
+    for (size_t at = l.precision_reason.find("writes E4M3 for"); at != std::string::npos;
+         at = l.precision_reason.find("writes E4M3 for", at + 1)) {
+      ++notes;
+    }
     const bool reads = l.precision_reason.find("reads E4M3 from") != std::string::npos;
-    writers += writes;
+    writes += notes;
     readers += reads;
-    // A reader is an FP8 product; a writer is one too, or attention (which stays FP16 inside).
-    if (reads || (writes && l.op_type != "Attention")) {
+    // A reader is an FP8 product; a writer is one too, or attention or a norm (which stay FP16
+    // inside).
+    if (reads || (notes > 0 && l.op_type != "Attention" && l.op_type != "SkipLayerNormalization")) {
       EXPECT_EQ(l.precision, "f8");
     }
   }
-  EXPECT_EQ(writers, joined->report.fp8_edges);
+  EXPECT_EQ(writes, joined->report.fp8_edges);
   EXPECT_EQ(readers, joined->report.fp8_edges);
-  // The value between them is E4M3 in the engine's graph.
+  // The value between them is E4M3 in the engine's graph (one per edge; a copy may serve several).
   int e4m3_values = 0;
   for (const Value* v : joined->desc->graph->values()) e4m3_values += v->dtype() == kFp8EdgeType;
-  EXPECT_EQ(e4m3_values, joined->report.fp8_edges);
+  EXPECT_LE(e4m3_values, joined->report.fp8_edges);
+  EXPECT_GE(e4m3_values, 1);
   std::printf("bert_tiny fp8: %lld edges\n", static_cast<long long>(joined->report.fp8_edges));
 
   // The two FP8 engines differ where an E4M3 rounding flipped (one step, 1/8 of the value or
@@ -2185,24 +2335,40 @@ void CheckInt8Edges(const char* family, const char* model = "bert_tiny", int min
   EXPECT_EQ(apart->report.int8_edges, 0);
   EXPECT_EQ(joined->report.fp8_edges, 0);
   EXPECT_GE(joined->report.int8_edges, min_edges);
-  int writers = 0, readers = 0;
+  // Each edge or copy puts one note on each side; a norm writing one copy for several products
+  // has a note per reader.
+  int writes = 0, readers = 0;
   for (const LayerReport& l : joined->report.layer_reports) {
     SCOPED_TRACE(l.name + ": " + l.precision + ", " + l.tactic + ", " + l.precision_reason);
-    const bool writes = l.precision_reason.find("writes int8 for") != std::string::npos;
+    // The float layers that write int8 for a product: a norm's copy, attention's output.
+    const bool float_writer = l.op_type == "SkipLayerNormalization" || l.op_type == "Attention";
+    int notes = 0;
+    for (size_t at = l.precision_reason.find("writes int8 for"); at != std::string::npos;
+         at = l.precision_reason.find("writes int8 for", at + 1)) {
+      ++notes;
+    }
     const bool reads = l.precision_reason.find("reads int8 from") != std::string::npos;
-    writers += writes;
+    writes += notes;
     readers += reads;
-    if (reads || writes) {
+    if ((reads || notes > 0) && !float_writer) {
       EXPECT_EQ(l.precision, "i8");
       EXPECT_NE(l.tactic.find(std::string("-cuda-") + family + "-"), std::string::npos);
     }
   }
-  EXPECT_EQ(writers, joined->report.int8_edges);
+  EXPECT_EQ(writes, joined->report.int8_edges);
   EXPECT_EQ(readers, joined->report.int8_edges);
-  int int8_values = 0;
-  for (const Value* v : joined->desc->graph->values()) int8_values += v->dtype() == kInt8EdgeType;
-  EXPECT_EQ(int8_values, joined->report.int8_edges);
-  std::printf("%s int8: %lld edges\n", model, static_cast<long long>(joined->report.int8_edges));
+  // Int8 values: one per edge, one per copy (which readers with one scale share).
+  int int8_values = 0, copies = 0;
+  for (const Value* v : joined->desc->graph->values()) {
+    if (v->dtype() != kInt8EdgeType) continue;
+    ++int8_values;
+    copies += v->producer() && QuantCopyOutputIndex(v->producer()->op_type()) ==
+                                   static_cast<size_t>(v->producer_output());
+  }
+  EXPECT_LE(int8_values, joined->report.int8_edges);
+  EXPECT_GE(int8_values, 1);
+  std::printf("%s int8: %lld edges, %d of them INT8 copies\n", model,
+              static_cast<long long>(joined->report.int8_edges), copies);
 
   // The engines differ where a value near a rounding boundary of the int8 grid fell to the other
   // side (one step, 1/127 of the range) and the flip propagated through the layers after it:

@@ -40,9 +40,15 @@ static_assert(kAttentionMaxHeadDim == kCudaAttentionMaxHeadDim);
 class CudaAttentionKernel final : public Kernel {
  public:
   // out_amax: Y is written as E4M3 for an FP8 consumer of that amax (mma variants only).
+  // out_amax: Y as E4M3 with that amax (an FP8 edge); out_i8_scale: Y as int8 with that scale
+  // (an INT8 edge).
   CudaAttentionKernel(AttentionAttrs spec, BlasType type, int variant,
-                      std::optional<float> out_amax)
-      : spec_(spec), type_(type), variant_(variant), out_amax_(out_amax) {}
+                      std::optional<float> out_amax, std::optional<float> out_i8_scale = {})
+      : spec_(spec),
+        type_(type),
+        variant_(variant),
+        out_amax_(out_amax),
+        out_i8_scale_(out_i8_scale) {}
 
   StatusOr<size_t> Prepare(std::span<const TensorView> in,
                            std::span<const TensorView> out) override {
@@ -214,6 +220,9 @@ class CudaAttentionKernel final : public Kernel {
     if (out_amax_) {
       p.y_e4m3 = static_cast<uint8_t*>(args.outputs[0].data);
       p.y_inv_scale = Fp8InvScale(*out_amax_);
+    } else if (out_i8_scale_) {
+      p.y_i8 = static_cast<int8_t*>(args.outputs[0].data);
+      p.y_inv_scale = 1.f / *out_i8_scale_;
     } else {
       p.y = args.outputs[0].data;
     }
@@ -226,6 +235,7 @@ class CudaAttentionKernel final : public Kernel {
   BlasType type_;
   int variant_;
   std::optional<float> out_amax_;
+  std::optional<float> out_i8_scale_;
   AttentionParams params_;
   int64_t k_offset_ = 0, v_offset_ = 0;  // elements (qkv_packed)
   bool prepared_ = false;
@@ -340,8 +350,19 @@ class CudaAttentionProvider final : public KernelProvider {
                          tactic.name, kFp8OutputAmaxAttr);
       }
     }
+    std::optional<float> out_i8_scale;
+    if (!request.outputs.empty() && request.outputs[0].dtype == kInt8EdgeType) {
+      const float s = request.node->attrs().GetFloat(kInt8OutputScaleAttr, 0.f);
+      if (!std::isfinite(s) || s <= 0.f || variant < 2) {
+        return MakeError(ErrorCode::kInvalidArgument,
+                         "cuda.attention: an int8 Y needs the mma kernels (tactic '{}') and a "
+                         "finite positive {}",
+                         tactic.name, kInt8OutputScaleAttr);
+      }
+      out_i8_scale = s;
+    }
     return std::unique_ptr<Kernel>(
-        std::make_unique<CudaAttentionKernel>(spec, *type, variant, out_amax));
+        std::make_unique<CudaAttentionKernel>(spec, *type, variant, out_amax, out_i8_scale));
   }
 
   // An FP8 edge's producer (ops/quant_edge.h): the mma kernels store Y's FP16/BF16 pairs as E4M3.
@@ -349,6 +370,10 @@ class CudaAttentionProvider final : public KernelProvider {
     auto type = ToBlasType(request.inputs.empty() ? DataType::kUndefined : request.inputs[0].dtype);
     return type && *type != BlasType::kF32 && tactic.params.size() == 1 && tactic.params[0] >= 2 &&
            tactic.params[0] <= 6;
+  }
+  // An INT8 edge's producer: the same kernels store the pairs as int8.
+  bool WritesInt8Output(const KernelRequest& request, const TacticConfig& tactic) const override {
+    return WritesFp8Output(request, tactic);
   }
 };
 KILN_REGISTER_KERNEL_PROVIDER(CudaAttentionProvider);

@@ -321,8 +321,9 @@ cudaError_t LaunchAttention(const AttentionParams& p, int variant, cudaStream_t 
     return cudaErrorInvalidValue;
   }
   if (p.batch == 0 || p.sq == 0) return cudaSuccess;
-  if (p.batch > 65535) return cudaErrorInvalidValue;          // grid.y limit
-  if (p.y_e4m3 && variant < 2) return cudaErrorInvalidValue;  // E4M3 Y: the mma kernel only
+  if (p.batch > 65535) return cudaErrorInvalidValue;  // grid.y limit
+  // An E4M3 or int8 Y: the mma kernels only.
+  if ((p.y_e4m3 || p.y_i8) && variant < 2) return cudaErrorInvalidValue;
   if (variant == 2 || variant == 3) {
     return LaunchAttentionMma(p, variant == 2 ? 4 : 2, /*pipelined=*/false, /*m_tiles=*/1, stream);
   }

@@ -24,6 +24,7 @@
 
 #include "kiln/backends/cuda/attention_common.cuh"
 #include "kiln/backends/cuda/blas_kernels.h"
+#include "kiln/backends/cuda/device_util.cuh"
 #include "kiln/backends/cuda/mma_util.cuh"
 #include "kiln/backends/cuda/smem_opt_in.cuh"
 
@@ -357,8 +358,8 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
   }
 
   // Normalise and store: lane holds columns n*8 + 2t, +1 of rows g and g + 8 of each m-tile.
-  // (An E4M3 Y takes the same pairs, rounded to T first, as two bytes.)
-  T* y = p.y_e4m3 ? nullptr : static_cast<T*>(p.y) + yo;
+  // (An E4M3 or int8 Y takes the same pairs, rounded to T first, as two bytes.)
+  T* y = p.y_e4m3 || p.y_i8 ? nullptr : static_cast<T*>(p.y) + yo;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -378,6 +379,20 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
               __fmul_rn(static_cast<float>(e[0]), p.y_inv_scale), __NV_SATFINITE, __NV_E4M3));
           const auto hi = static_cast<uint16_t>(__nv_cvt_float_to_fp8(
               __fmul_rn(static_cast<float>(e[1]), p.y_inv_scale), __NV_SATFINITE, __NV_E4M3));
+          *reinterpret_cast<uint16_t*>(qr + n * 8 + 2 * t) = static_cast<uint16_t>(lo | (hi << 8));
+        }
+        continue;
+      }
+      if (p.y_i8) {
+        int8_t* qr = p.y_i8 + yo + my_row[mt][h] * p.y_row;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          uint32_t packed = MmaType<T>::Pack(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
+          const T* e = reinterpret_cast<const T*>(&packed);
+          const auto lo =
+              static_cast<uint8_t>(QuantizeInt8Device(static_cast<float>(e[0]), p.y_inv_scale));
+          const auto hi =
+              static_cast<uint8_t>(QuantizeInt8Device(static_cast<float>(e[1]), p.y_inv_scale));
           *reinterpret_cast<uint16_t*>(qr + n * 8 + 2 * t) = static_cast<uint16_t>(lo | (hi << 8));
         }
         continue;
@@ -475,7 +490,9 @@ cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelin
     return reinterpret_cast<uintptr_t>(ptr) % a != 0;
   };
   if (misaligned(p.q, 16) || misaligned(p.k, 16) || misaligned(p.v, 16) ||
-      (p.y_e4m3 ? misaligned(p.y_e4m3, 2) : misaligned(p.y, 4))) {
+      (p.y_e4m3 ? misaligned(p.y_e4m3, 2)
+       : p.y_i8 ? misaligned(p.y_i8, 2)
+                : misaligned(p.y, 4))) {
     return cudaErrorMisalignedAddress;
   }
   if (p.type == BlasType::kF16) return LaunchT<__half>(p, warps, pipelined, m_tiles, stream);

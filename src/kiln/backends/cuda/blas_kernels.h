@@ -91,6 +91,10 @@ struct AttentionParams {
   // to `type`, then E4M3(value * y_inv_scale), saturating (an FP8 edge's producer,
   // ops/quant_edge.h). Variants 2-6 only.
   uint8_t* y_e4m3 = nullptr;
+  // Or (with y null) as int8 by the INT8 contract (kiln/backends/int8_quant.h): each output
+  // rounded to `type`, times y_inv_scale, saturated to [-127, 127], rounded half to even (an INT8
+  // edge's producer). Variants 2-6 only.
+  int8_t* y_i8 = nullptr;
   float y_inv_scale = 1.f;
 };
 // Tiled flash-attention style kernels (online softmax, FP32 accumulation, one pass over K and V).

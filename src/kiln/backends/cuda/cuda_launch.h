@@ -124,10 +124,15 @@ cudaError_t LaunchLayerNorm(Elem t, Elem param_t, const void* x, const void* sca
 // kept in registers and moved with 16-byte loads when n is a multiple of 16 bytes' elements, the
 // pointers are 16-byte aligned and the row fits (four 16-byte vectors per thread, up to 1024
 // threads per row: 32768 halves or 16384 floats); otherwise a warp or block per row re-reads it.
-// FP32 statistics, two-pass variance.
+// FP32 statistics, two-pass variance. yq (null: not written) receives y quantized, one byte per
+// element, from y rounded to t, for an INT8 or FP8 edge or copy (ops/quant_edge.h): as int8 by
+// the INT8 contract (times yq_inv_scale, saturated to [-127, 127], rounded half to even) or, with
+// yq_e4m3, as E4M3 by the FP8 contract (times yq_inv_scale, saturated to +-448); y may then be
+// null (not written).
 cudaError_t LaunchSkipLayerNorm(Elem t, const void* x, const void* skip, const void* scale,
                                 const void* bias, void* y, void* sum, int64_t rows, int64_t n,
-                                float epsilon, cudaStream_t stream);
+                                float epsilon, cudaStream_t stream, void* yq = nullptr,
+                                float yq_inv_scale = 1.f, bool yq_e4m3 = false);
 // RMSNormalization over rows of length n: y = s * rsqrt(mean(s^2) + epsilon) * scale with
 // s = x + skip (skip null: s = x), scale of n elements, every operand of type t; sum (null: not
 // written, and always null without skip) receives s. FP32 statistics over the FP32 sum; 16-byte

@@ -4,6 +4,8 @@
 // element, channel parameters folded on the fly so the statistics may be run-time inputs).
 // LaunchSkipLayerNorm is the faster LayerNorm (and residual Add + LayerNorm): 16-byte loads, the
 // row in registers across one or more warps, FP32 two-pass statistics over the registers.
+#include <cuda_fp8.h>
+
 #include <climits>
 #include <cstdint>
 
@@ -213,6 +215,11 @@ template <typename T, int kN>
 struct alignas(16) Pack {
   T v[kN];
 };
+// kN bytes stored as one 8- or 4-byte word.
+template <int kN>
+struct alignas(kN) BytePack {
+  uint8_t v[kN];
+};
 
 // Sum over the threads of one row: `warps_per_row` consecutive warps of the block (a power of two,
 // uniform over the block, so every thread reaches the barriers). partial holds 32 floats.
@@ -229,16 +236,25 @@ __device__ __forceinline__ float RowSum(float v, float* partial, int warps_per_r
   return t;
 }
 
+// y as one byte for an edge or copy (LaunchSkipLayerNorm): int8, or E4M3 with e4m3.
+__device__ __forceinline__ uint8_t QuantizeByte(float y, float inv, bool e4m3) {
+  if (e4m3)
+    return static_cast<uint8_t>(
+        __nv_cvt_float_to_fp8(__fmul_rn(y, inv), __NV_SATFINITE, __NV_E4M3));
+  return static_cast<uint8_t>(QuantizeInt8Device(y, inv));
+}
+
 // One row per group of 32 * warps_per_row threads; thread `tid` of a row holds vectors
 // tid, tid + row_threads, ... (kVpt of them, the last ones possibly past the row), so each of the
 // row's loads is one coalesced 16-byte access per thread. x, skip, sum and y are read and written
-// exactly once.
+// exactly once; yq (null: none) gets y as int8 or E4M3 (LaunchSkipLayerNorm), y may then be null.
 template <typename T, int kVpt, bool kSkip>
 __global__ void __launch_bounds__(1024)
     SkipLayerNormVecKernel(const T* __restrict__ x, const T* __restrict__ skip,
                            const T* __restrict__ scale, const T* __restrict__ bias,
                            T* __restrict__ y, T* __restrict__ sum_out, int64_t rows, int n,
-                           int warps_per_row, float eps) {
+                           int warps_per_row, float eps, uint8_t* __restrict__ yq, float q_inv,
+                           bool q_e4m3) {
   constexpr int kVec = 16 / sizeof(T);
   using V = Pack<T, kVec>;
   __shared__ float partial[32];
@@ -307,18 +323,26 @@ __global__ void __launch_bounds__(1024)
         if (bias) r += Load(b.v[e]);
         o.v[e] = Store<T>(r);
       }
-      py[i] = o;
+      if (y) py[i] = o;
+      if (yq) {
+        // kVec bytes (8 or 4), from y as stored: what a consumer quantizing y would read.
+        BytePack<kVec> q;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) q.v[e] = QuantizeByte(Load(o.v[e]), q_inv, q_e4m3);
+        reinterpret_cast<BytePack<kVec>*>(yq + base)[i] = q;
+      }
     }
   }
 }
 
 // Any row length and alignment: a warp (kWarp) or a block per row, reading x (+ skip) three times
-// (sum, variance, output); sum_out is written in the first pass.
+// (sum, variance, output); sum_out is written in the first pass, yq (if any) with y.
 template <bool kWarp, typename T, bool kSkip>
 __global__ void SkipLayerNormRowKernel(const T* __restrict__ x, const T* __restrict__ skip,
                                        const T* __restrict__ scale, const T* __restrict__ bias,
                                        T* __restrict__ y, T* __restrict__ sum_out, int64_t rows,
-                                       int64_t n, float eps) {
+                                       int64_t n, float eps, uint8_t* __restrict__ yq, float q_inv,
+                                       bool q_e4m3) {
   __shared__ float scratch[33];
   int64_t row, stride;
   int lane, width;
@@ -351,7 +375,9 @@ __global__ void SkipLayerNormRowKernel(const T* __restrict__ x, const T* __restr
       float v = (at(base + j) - mean) * inv;
       if (scale) v *= Load(scale[j]);
       if (bias) v += Load(bias[j]);
-      y[base + j] = Store<T>(v);
+      const T o = Store<T>(v);
+      if (y) y[base + j] = o;
+      if (yq) yq[base + j] = QuantizeByte(Load(o), q_inv, q_e4m3);
     }
   }
 }
@@ -360,10 +386,12 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 template <typename T, bool kSkip>
 cudaError_t LaunchSkipLayerNormT(const T* x, const T* skip, const T* scale, const T* bias, T* y,
-                                 T* sum, int64_t rows, int64_t n, float eps, cudaStream_t stream) {
+                                 T* sum, int64_t rows, int64_t n, float eps, cudaStream_t stream,
+                                 uint8_t* yq, float q_inv, bool q_e4m3) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kMaxVpt = 4;
-  bool vec = n % kVec == 0 && n / kVec <= 32 * 32 * kMaxVpt && Aligned16(x) && Aligned16(y) &&
+  bool vec = n % kVec == 0 && n / kVec <= 32 * 32 * kMaxVpt && Aligned16(x) &&
+             (!y || Aligned16(y)) && (!yq || reinterpret_cast<uintptr_t>(yq) % kVec == 0) &&
              (!kSkip || Aligned16(skip)) && (!sum || Aligned16(sum)) &&
              (!scale || Aligned16(scale)) && (!bias || Aligned16(bias));
   if (vec) {
@@ -386,7 +414,7 @@ cudaError_t LaunchSkipLayerNormT(const T* x, const T* skip, const T* scale, cons
     if (blocks <= INT_MAX) {
       auto launch = [&](auto kernel) {
         kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-            x, skip, scale, bias, y, sum, rows, static_cast<int>(n), warps, eps);
+            x, skip, scale, bias, y, sum, rows, static_cast<int>(n), warps, eps, yq, q_inv, q_e4m3);
         return cudaGetLastError();
       };
       switch (vpt) {
@@ -403,10 +431,10 @@ cudaError_t LaunchSkipLayerNormT(const T* x, const T* skip, const T* scale, cons
   }
   if (n <= kWarpRowMax) {
     SkipLayerNormRowKernel<true, T, kSkip><<<RowBlocks(rows, true), kBlockThreads, 0, stream>>>(
-        x, skip, scale, bias, y, sum, rows, n, eps);
+        x, skip, scale, bias, y, sum, rows, n, eps, yq, q_inv, q_e4m3);
   } else {
     SkipLayerNormRowKernel<false, T, kSkip><<<RowBlocks(rows, false), kBlockThreads, 0, stream>>>(
-        x, skip, scale, bias, y, sum, rows, n, eps);
+        x, skip, scale, bias, y, sum, rows, n, eps, yq, q_inv, q_e4m3);
   }
   return cudaGetLastError();
 }
@@ -415,7 +443,8 @@ cudaError_t LaunchSkipLayerNormT(const T* x, const T* skip, const T* scale, cons
 
 cudaError_t LaunchSkipLayerNorm(Elem t, const void* x, const void* skip, const void* scale,
                                 const void* bias, void* y, void* sum, int64_t rows, int64_t n,
-                                float epsilon, cudaStream_t stream) {
+                                float epsilon, cudaStream_t stream, void* yq, float yq_inv_scale,
+                                bool yq_e4m3) {
   if (rows == 0 || n == 0) return cudaSuccess;
   return DispatchFloat(t, [&](auto tag) {
     using T = decltype(tag);
@@ -425,11 +454,13 @@ cudaError_t LaunchSkipLayerNorm(Elem t, const void* x, const void* skip, const v
     auto* pb = static_cast<const T*>(bias);
     auto* py = static_cast<T*>(y);
     auto* pu = static_cast<T*>(sum);
+    auto* pq = static_cast<uint8_t*>(yq);
     if (skip)
-      return LaunchSkipLayerNormT<T, true>(px, pk, ps, pb, py, pu, rows, n, epsilon, stream);
+      return LaunchSkipLayerNormT<T, true>(px, pk, ps, pb, py, pu, rows, n, epsilon, stream, pq,
+                                           yq_inv_scale, yq_e4m3);
     // Without a residual there is no sum to write.
     return LaunchSkipLayerNormT<T, false>(px, nullptr, ps, pb, py, nullptr, rows, n, epsilon,
-                                          stream);
+                                          stream, pq, yq_inv_scale, yq_e4m3);
   });
 }
 

@@ -3,8 +3,12 @@
 // f32, f16 and bf16 storage with FP32 statistics. LayerNormalization has two tactics the builder
 // times: "row" (any parameter type, statistics outputs) and "warp-vec" (LaunchSkipLayerNorm
 // without a skip).
+#include <cmath>
+
 #include "kiln/backends/cuda/cuda_kernel.h"
+#include "kiln/backends/fp8_quant.h"
 #include "kiln/ops/op_table.h"
+#include "kiln/ops/quant_edge.h"
 
 namespace kiln::cuda {
 namespace {
@@ -89,11 +93,20 @@ KILN_CUDA_OP_PROVIDER(LayerNormProvider, LayerNormDef());
 
 // ---- LayerNormalization (warp-vec) and SkipLayerNormalization ---------------------------------
 // One kernel for both: LayerNormalization is SkipLayerNormalization without a skip input. Inputs
-// (x, skip?, scale?, bias?) as `skip_index` says; outputs (y, sum?).
+// (x, skip?, scale?, bias?) as `skip_index` says; outputs (y, sum?, yq?). On an INT8
+// or FP8 edge (ops/quant_edge.h) y is int8 or E4M3 (y_quantized) or yq is y's copy so quantized;
+// q_inv is their inverse scale, q_e4m3 picks E4M3.
 class SkipLayerNormKernel final : public Kernel {
  public:
-  SkipLayerNormKernel(int64_t axis, float eps, Elem t, bool has_skip)
-      : axis_(axis), eps_(eps), t_(t), has_skip_(has_skip) {}
+  SkipLayerNormKernel(int64_t axis, float eps, Elem t, bool has_skip, bool y_quantized = false,
+                      float q_inv = 0.f, bool q_e4m3 = false)
+      : axis_(axis),
+        eps_(eps),
+        t_(t),
+        has_skip_(has_skip),
+        y_quantized_(y_quantized),
+        q_inv_(q_inv),
+        q_e4m3_(q_e4m3) {}
   StatusOr<size_t> Prepare(std::span<const TensorView> in, std::span<const TensorView>) override {
     const auto& x = in[0].dims;
     int64_t axis = NormAxis(axis_, x.size());
@@ -125,8 +138,11 @@ class SkipLayerNormKernel final : public Kernel {
     const void* scale = Present(a, first_param()) ? a.inputs[first_param()].data : nullptr;
     const void* bias = Present(a, first_param() + 1) ? a.inputs[first_param() + 1].data : nullptr;
     void* sum = has_skip_ && a.outputs.size() > 1 ? a.outputs[1].data : nullptr;
-    return Launched(LaunchSkipLayerNorm(t_, a.inputs[0].data, skip, scale, bias, a.outputs[0].data,
-                                        sum, rows_, n_, eps_, StreamOf(a)),
+    void* y = y_quantized_ ? nullptr : a.outputs[0].data;
+    void* yq = y_quantized_ ? a.outputs[0].data
+                            : (q_inv_ > 0.f && a.outputs.size() > 2 ? a.outputs[2].data : nullptr);
+    return Launched(LaunchSkipLayerNorm(t_, a.inputs[0].data, skip, scale, bias, y, sum, rows_, n_,
+                                        eps_, StreamOf(a), yq, q_inv_, q_e4m3_),
                     has_skip_ ? "SkipLayerNormalization kernel" : "LayerNormalization kernel");
   }
 
@@ -137,6 +153,9 @@ class SkipLayerNormKernel final : public Kernel {
   float eps_;
   Elem t_;
   bool has_skip_;
+  bool y_quantized_;
+  float q_inv_;
+  bool q_e4m3_;
   int64_t rows_ = 0, n_ = 0;
 };
 
@@ -171,22 +190,80 @@ CudaOpDef LayerNormVecDef() {
 }
 KILN_CUDA_OP_PROVIDER(LayerNormVecProvider, LayerNormVecDef());
 
+// How a SkipLayerNormalization writes `output` (0: Y, 2: Yq) quantized for an INT8 or FP8 edge
+// or copy (ops/quant_edge.h): the request has it as int8 or E4M3 and the node the matching
+// attribute, finite and positive. inv is 0 where it is not so written.
+struct ByteOutput {
+  float inv = 0.f;
+  bool e4m3 = false;
+};
+ByteOutput SkipLnByteOutput(const KernelRequest& r, size_t output) {
+  const DataType t = OutType(r, output);
+  const bool int8 = t == kInt8EdgeType, fp8 = t == kFp8EdgeType;
+  if (!int8 && !fp8) return {};
+  const char* attr = output == 0 ? (int8 ? kInt8OutputScaleAttr : kFp8OutputAmaxAttr)
+                                 : (int8 ? kInt8CopyScaleAttr : kFp8CopyAmaxAttr);
+  const float v = r.node->attrs().GetFloat(attr, 0.f);
+  if (!std::isfinite(v) || v <= 0.f) return {};
+  return {int8 ? 1.f / v : Fp8InvScale(v), fp8};
+}
+
+// Float operands of one type, but for Y as an edge's int8/E4M3 or Yq, a copy.
+bool SkipLnTypes(const KernelRequest& r) {
+  DataType t = InType(r, 0);
+  if (!IsFloatStorage(t)) return false;
+  for (size_t i = 1; i < r.inputs.size(); ++i) {
+    DataType u = InType(r, i);
+    if (u != DataType::kUndefined && u != t) return false;
+  }
+  for (size_t i = 0; i < r.outputs.size(); ++i) {
+    DataType u = OutType(r, i);
+    if (u == DataType::kUndefined || u == t) continue;
+    if ((i == 0 || i == 2) && SkipLnByteOutput(r, i).inv > 0.f) continue;
+    return false;
+  }
+  // Yq goes with a float Y (Y itself quantized is the other way).
+  return OutType(r, 2) == DataType::kUndefined || OutType(r, 0) == t;
+}
+
 CudaOpDef SkipLayerNormDef() {
   return {
       .op_type = "SkipLayerNormalization",
       .variant = "warp-vec",
       .accepts =
           [](const KernelRequest& r) {
-            return r.inputs.size() >= 3 && InType(r, 1) != DataType::kUndefined && OneFloatType(r);
+            return r.inputs.size() >= 3 && InType(r, 1) != DataType::kUndefined && SkipLnTypes(r);
           },
       .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
+        const ByteOutput y = SkipLnByteOutput(r, 0);
+        const ByteOutput q = y.inv > 0.f ? y : SkipLnByteOutput(r, 2);
         return std::unique_ptr<Kernel>(std::make_unique<SkipLayerNormKernel>(
             r.node->attrs().GetInt("axis", -1), r.node->attrs().GetFloat("epsilon", 1e-5f),
-            *ToElem(InType(r, 0)), true));
+            *ToElem(InType(r, 0)), true, y.inv > 0.f, q.inv, q.e4m3));
       },
   };
 }
-KILN_CUDA_OP_PROVIDER(SkipLayerNormProvider, SkipLayerNormDef());
+
+// SkipLayerNormalization also writes Y as int8 (E4M3) for an INT8 (FP8) edge's reader, or a copy
+// of Y so quantized (output 2) beside the float Y that the residual reads (ops/quant_edge.h): the
+// quantization the reader's own pass would do, in the normalization's store.
+class SkipLayerNormProvider final : public CudaOpProvider {
+ public:
+  SkipLayerNormProvider() : CudaOpProvider(SkipLayerNormDef()) {}
+  bool WritesInt8Output(const KernelRequest& r, const TacticConfig&) const final {
+    return IsFloatStorage(OutType(r, 0)) && OutType(r, 2) == DataType::kUndefined;
+  }
+  bool WritesFp8Output(const KernelRequest& r, const TacticConfig& t) const final {
+    return WritesInt8Output(r, t);
+  }
+  bool WritesInt8Copy(const KernelRequest& r, const TacticConfig&) const final {
+    return IsFloatStorage(OutType(r, 0));
+  }
+  bool WritesFp8Copy(const KernelRequest& r, const TacticConfig& t) const final {
+    return WritesInt8Copy(r, t);
+  }
+};
+KILN_REGISTER_KERNEL_PROVIDER(SkipLayerNormProvider);
 
 // ---- RMSNormalization and SkipRMSNormalization ------------------------------------------------
 // One kernel for both: inputs (x, skip?, scale), outputs (y, sum?) as `has_skip` says.
