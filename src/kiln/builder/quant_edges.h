@@ -34,8 +34,8 @@ struct ChosenLayer {
 // - the producer is a chosen layer whose provider writes it as E4M3 for its tactic
 //   (WritesFp8Output), and it is output 0 of its producer;
 // - a layer already on an edge is on a second one, in its other role, only where its provider
-//   accepts the request with the first edge's type in it (the matrix products decline: they read
-//   or write E4M3, not both; the CUDA INT8 convolution takes int8 in and out).
+//   accepts the request with the first edge's type in it (the FP8 matrix products decline: they
+//   read or write E4M3, not both; the CUDA INT8 products and convolution take int8 in and out).
 // Returns how many edges it made.
 int JoinFp8Edges(std::span<ChosenLayer> layers);
 

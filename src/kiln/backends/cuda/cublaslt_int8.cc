@@ -316,12 +316,13 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadGemmSpec(node));
     std::optional<Int8Activation> act = CudaInt8Activation(node);
     auto kn = QuantConstantB(spec, request);
-    // On an INT8 edge (ops/quant_edge.h) A or Y is int8; the other side has the float type.
+    // On an INT8 edge (ops/quant_edge.h) A or Y or both are int8; the float type is A's, else
+    // B's (the type rule's, ProductFloatType).
     const bool in_int8 = request.inputs[0].dtype == kInt8EdgeType;
     const bool out_int8 = request.outputs[0].dtype == kInt8EdgeType;
     const float out_scale = out_int8 ? node.attrs().GetFloat(kInt8OutputScaleAttr, 0.f) : 0.f;
-    auto type = ToBlasType(in_int8 ? request.outputs[0].dtype : request.inputs[0].dtype);
-    if (!act || !kn || !type || spec.alpha == 0.f || (in_int8 && out_int8) ||
+    auto type = ToBlasType(in_int8 ? request.inputs[1].dtype : request.inputs[0].dtype);
+    if (!act || !kn || !type || spec.alpha == 0.f ||
         (out_int8 && !(out_scale > 0.f && std::isfinite(out_scale)))) {
       return MakeError(ErrorCode::kNoTactic,
                        "node '{}': {} needs a finite positive {} attribute (or the model's scales "
@@ -372,14 +373,14 @@ class CublasLtInt8ProviderBase : public KernelProvider {
 
   // An INT8 edge's producer: kiln's own kernel, whatever Y's float type.
   bool WritesInt8Output(const KernelRequest& request, const TacticConfig& tactic) const final {
-    return OwnTactic(tactic) && Resolve(request) && request.inputs[0].dtype != kInt8EdgeType;
+    return OwnTactic(tactic) && Resolve(request);
   }
   // An INT8 edge's consumer: A read in place as int8 [M, K] rows, so A is not transposed and K is
-  // a multiple of 16 (the kernel's 16-byte copies).
+  // a multiple of 16 (the kernel's 16-byte copies). A product may be on both sides (a transformer's
+  // first feed-forward product reads its norm's int8 copy and writes int8 for the second).
   bool ReadsInt8Input(const KernelRequest& request, const TacticConfig& tactic) const final {
     std::optional<QuantizedGemm> p = Resolve(request);
-    return OwnTactic(tactic) && p && !p->spec.trans_a && p->k % kQuantPad == 0 &&
-           request.outputs[0].dtype != kInt8EdgeType;
+    return OwnTactic(tactic) && p && !p->spec.trans_a && p->k % kQuantPad == 0;
   }
 
  private:
@@ -387,10 +388,21 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     return t.name.starts_with("i8-") && t.params.size() == 2 &&
            (t.params[0] == kMmaTag || t.params[0] == kWgmmaTag);
   }
+  // The product of `request` in its float type: an int8 A or Y (an edge's side already joined)
+  // taken as B's type, as the type rule does (ProductFloatType).
   static std::optional<QuantizedGemm> Resolve(const KernelRequest& request) {
     std::optional<Int8Activation> act = CudaInt8Activation(*request.node);
-    return ResolveQuantizedGemm(request,
-                                act ? std::optional<float>(act->scale * 127.f) : std::nullopt);
+    const std::optional<float> amax = act ? std::optional<float>(act->scale * 127.f) : std::nullopt;
+    const bool in_int8 = !request.inputs.empty() && request.inputs[0].dtype == kInt8EdgeType;
+    const bool out_int8 = !request.outputs.empty() && request.outputs[0].dtype == kInt8EdgeType;
+    if ((!in_int8 && !out_int8) || request.inputs.size() < 2) {
+      return ResolveQuantizedGemm(request, amax);
+    }
+    KernelRequest in_float = request;
+    const DataType t = request.inputs[1].dtype;
+    if (in_int8) in_float.inputs[0].dtype = t;
+    if (out_int8) in_float.outputs[0].dtype = t;
+    return ResolveQuantizedGemm(in_float, amax);
   }
 };
 

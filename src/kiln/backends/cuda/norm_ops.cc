@@ -226,21 +226,24 @@ bool SkipLnTypes(const KernelRequest& r) {
   return OutType(r, 2) == DataType::kUndefined || OutType(r, 0) == t;
 }
 
+bool SkipLnAccepts(const KernelRequest& r) {
+  return r.inputs.size() >= 3 && InType(r, 1) != DataType::kUndefined && SkipLnTypes(r);
+}
+
+StatusOr<std::unique_ptr<Kernel>> CreateSkipLn(const KernelRequest& r) {
+  const ByteOutput y = SkipLnByteOutput(r, 0);
+  const ByteOutput q = y.inv > 0.f ? y : SkipLnByteOutput(r, 2);
+  return std::unique_ptr<Kernel>(std::make_unique<SkipLayerNormKernel>(
+      r.node->attrs().GetInt("axis", -1), r.node->attrs().GetFloat("epsilon", 1e-5f),
+      *ToElem(InType(r, 0)), true, y.inv > 0.f, q.inv, q.e4m3));
+}
+
 CudaOpDef SkipLayerNormDef() {
   return {
       .op_type = "SkipLayerNormalization",
       .variant = "warp-vec",
-      .accepts =
-          [](const KernelRequest& r) {
-            return r.inputs.size() >= 3 && InType(r, 1) != DataType::kUndefined && SkipLnTypes(r);
-          },
-      .create = [](const KernelRequest& r) -> StatusOr<std::unique_ptr<Kernel>> {
-        const ByteOutput y = SkipLnByteOutput(r, 0);
-        const ByteOutput q = y.inv > 0.f ? y : SkipLnByteOutput(r, 2);
-        return std::unique_ptr<Kernel>(std::make_unique<SkipLayerNormKernel>(
-            r.node->attrs().GetInt("axis", -1), r.node->attrs().GetFloat("epsilon", 1e-5f),
-            *ToElem(InType(r, 0)), true, y.inv > 0.f, q.inv, q.e4m3));
-      },
+      .accepts = SkipLnAccepts,
+      .create = CreateSkipLn,
   };
 }
 
@@ -250,6 +253,16 @@ CudaOpDef SkipLayerNormDef() {
 class SkipLayerNormProvider final : public CudaOpProvider {
  public:
   SkipLayerNormProvider() : CudaOpProvider(SkipLayerNormDef()) {}
+  // E4M3, a storage-only type for the generic providers (CudaOpProvider::Create refuses it), is
+  // an output this kernel writes.
+  StatusOr<std::unique_ptr<Kernel>> Create(const KernelRequest& r,
+                                           const TacticConfig&) const final {
+    if (!r.node || !SkipLnAccepts(r)) {
+      return MakeError(ErrorCode::kUnimplemented, "node '{}': {} has no CUDA kernel for this case",
+                       r.node ? r.node->name() : "", id());
+    }
+    return CreateSkipLn(r);
+  }
   bool WritesInt8Output(const KernelRequest& r, const TacticConfig&) const final {
     return IsFloatStorage(OutType(r, 0)) && OutType(r, 2) == DataType::kUndefined;
   }
