@@ -1420,6 +1420,54 @@ TEST(CudaInt8Host, TheConvPlanTakesTheInt8SidesOfItsEdges) {
   }
 }
 
+// A matrix product on an edge's 8-bit side (ops/quant_edge.h): an int8 (E4M3) A, Y or both are
+// taken as B's float type, as the type rule does, so the product resolves as in floats; another
+// edge type's side, or a B whose type the bias does not share, does not.
+TEST(CudaInt8Host, TheProductPlanTakesTheSidesOfItsEdges) {
+  Graph g;
+  const Tensor b(DataType::kFloat16, {32, 16});
+  Value* a = g.AddInput("a", DataType::kFloat16, {8, 32});
+  Value* w = g.AddConstant("w", b);
+  Value* bias = g.AddConstant("bias", Tensor(DataType::kFloat16, {16}));
+  Value* y = g.AddValue("y");
+  AttributeMap attrs;
+  attrs.Set("activation", std::string("relu"));
+  Node* n = g.AddNode("FusedMatMul", "m", {a, w, bias}, {y}, std::move(attrs));
+  ASSERT_TRUE(InferShapes(g).ok());
+  KernelRequest r;
+  r.node = n;
+  r.inputs.push_back({DataType::kFloat16, a->shape(), {8, 32}, nullptr});
+  r.inputs.push_back({DataType::kFloat16, w->shape(), {32, 16}, w->constant()});
+  r.inputs.push_back({DataType::kFloat16, bias->shape(), {16}, bias->constant()});
+  r.outputs.push_back({DataType::kFloat16, y->shape(), {8, 16}, nullptr});
+  auto check = [&](const KernelRequest& q, DataType edge) {
+    std::optional<cuda::QuantizedGemm> p = cuda::ResolveQuantizedGemmOnEdges(q, 2.f, edge);
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(p->type, cuda::BlasType::kF16);
+    EXPECT_EQ(p->m, 8);
+    EXPECT_EQ(p->k, 32);
+    EXPECT_EQ(p->n, 16);
+    EXPECT_TRUE(p->addend.present);
+  };
+  check(r, kInt8EdgeType);  // no edge: as ResolveQuantizedGemm
+  for (DataType edge : {kInt8EdgeType, kFp8EdgeType}) {
+    SCOPED_TRACE(ToString(edge));
+    for (int sides : {1, 2, 3}) {  // A, Y, both
+      KernelRequest q = r;
+      if (sides & 1) q.inputs[0].dtype = edge;
+      if (sides & 2) q.outputs[0].dtype = edge;
+      EXPECT_FALSE(cuda::ResolveQuantizedGemm(q, 2.f)) << sides;
+      check(q, edge);
+      const DataType other = edge == kInt8EdgeType ? kFp8EdgeType : kInt8EdgeType;
+      EXPECT_FALSE(cuda::ResolveQuantizedGemmOnEdges(q, 2.f, other)) << sides;
+    }
+  }
+  KernelRequest f32_b = r;
+  f32_b.inputs[0].dtype = kInt8EdgeType;
+  f32_b.inputs[1].dtype = DataType::kFloat32;  // the bias stays FP16: no one float type
+  EXPECT_FALSE(cuda::ResolveQuantizedGemmOnEdges(f32_b, 2.f, kInt8EdgeType));
+}
+
 TEST(CudaInt8Host, AQdqLayerPacksTheModelsIntegersAndScales) {
   for (const std::string op : {"Gemm", "MatMul"}) {
     SCOPED_TRACE(op);

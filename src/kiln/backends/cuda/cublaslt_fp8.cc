@@ -529,11 +529,12 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadGemmSpec(node));
     std::optional<float> amax = Fp8InputAmax(node);
     auto kn = QuantConstantB(spec, request);
-    // On an FP8 edge (ops/quant_edge.h) A or Y is E4M3; the other side has the storage type.
+    // On an FP8 edge (ops/quant_edge.h) A or Y or both are E4M3; the storage type is A's, else
+    // B's (the type rule's, ProductFloatType).
     const bool in_fp8 = request.inputs[0].dtype == kFp8EdgeType;
     const bool out_fp8 = request.outputs[0].dtype == kFp8EdgeType;
     const float out_amax = out_fp8 ? Fp8OutputAmax(node).value_or(0.f) : 0.f;  // 0: none
-    auto type = ToBlasType(in_fp8 ? request.outputs[0].dtype : request.inputs[0].dtype);
+    auto type = ToBlasType(in_fp8 ? request.inputs[1].dtype : request.inputs[0].dtype);
     if (!amax || !kn || !type || spec.alpha == 0.f || (out_fp8 && out_amax <= 0.f)) {
       return MakeError(ErrorCode::kNoTactic,
                        "node '{}': {} needs a finite positive {} attribute (and {} for an E4M3 "
@@ -583,19 +584,24 @@ class CublasLtFp8ProviderBase : public KernelProvider {
 
   // An FP8 edge's producer: Y in FP16/BF16 as the tactic was chosen (E4M3 takes its place).
   bool WritesFp8Output(const KernelRequest& request, const TacticConfig& tactic) const final {
-    std::optional<QuantizedGemm> p = ResolveQuantizedGemm(request, Fp8InputAmax(*request.node));
-    return OwnTactic(tactic) && p && p->type != BlasType::kF32 &&
-           request.inputs[0].dtype != kFp8EdgeType;
+    std::optional<QuantizedGemm> p = Resolve(request);
+    return OwnTactic(tactic) && p && p->type != BlasType::kF32;
   }
   // An FP8 edge's consumer: A read in place as [M, K] E4M3 rows, so A is not transposed and K is
-  // a multiple of 16 (cuBLASLt's FP8 row alignment).
+  // a multiple of 16 (cuBLASLt's FP8 row alignment). A product may be on both sides (a
+  // transformer's first feed-forward product reads its norm's E4M3 copy and writes E4M3 for the
+  // second).
   bool ReadsFp8Input(const KernelRequest& request, const TacticConfig& tactic) const final {
-    std::optional<QuantizedGemm> p = ResolveQuantizedGemm(request, Fp8InputAmax(*request.node));
+    std::optional<QuantizedGemm> p = Resolve(request);
     return OwnTactic(tactic) && p && p->type != BlasType::kF32 && !p->spec.trans_a &&
-           p->k % kQuantPad == 0 && request.outputs[0].dtype != kFp8EdgeType;
+           p->k % kQuantPad == 0;
   }
 
  private:
+  // The product of `request` in its storage type, an E4M3 A or Y taken as B's type.
+  static std::optional<QuantizedGemm> Resolve(const KernelRequest& request) {
+    return ResolveQuantizedGemmOnEdges(request, Fp8InputAmax(*request.node), kFp8EdgeType);
+  }
   // One tactic: the algorithm's words, then the flags (9th param) where any is set.
   static bool OwnTactic(const TacticConfig& t) {
     return t.name.starts_with("f8-") &&

@@ -388,21 +388,11 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     return t.name.starts_with("i8-") && t.params.size() == 2 &&
            (t.params[0] == kMmaTag || t.params[0] == kWgmmaTag);
   }
-  // The product of `request` in its float type: an int8 A or Y (an edge's side already joined)
-  // taken as B's type, as the type rule does (ProductFloatType).
+  // The product of `request` in its float type, an int8 A or Y taken as B's type.
   static std::optional<QuantizedGemm> Resolve(const KernelRequest& request) {
     std::optional<Int8Activation> act = CudaInt8Activation(*request.node);
-    const std::optional<float> amax = act ? std::optional<float>(act->scale * 127.f) : std::nullopt;
-    const bool in_int8 = !request.inputs.empty() && request.inputs[0].dtype == kInt8EdgeType;
-    const bool out_int8 = !request.outputs.empty() && request.outputs[0].dtype == kInt8EdgeType;
-    if ((!in_int8 && !out_int8) || request.inputs.size() < 2) {
-      return ResolveQuantizedGemm(request, amax);
-    }
-    KernelRequest in_float = request;
-    const DataType t = request.inputs[1].dtype;
-    if (in_int8) in_float.inputs[0].dtype = t;
-    if (out_int8) in_float.outputs[0].dtype = t;
-    return ResolveQuantizedGemm(in_float, amax);
+    return ResolveQuantizedGemmOnEdges(
+        request, act ? std::optional<float>(act->scale * 127.f) : std::nullopt, kInt8EdgeType);
   }
 };
 

@@ -52,6 +52,17 @@ std::optional<QuantizedGemm> ResolveQuantizedGemm(const KernelRequest& r,
   return p;
 }
 
+std::optional<QuantizedGemm> ResolveQuantizedGemmOnEdges(const KernelRequest& r,
+                                                         std::optional<float> amax, DataType edge) {
+  const bool in_edge = !r.inputs.empty() && r.inputs[0].dtype == edge;
+  const bool out_edge = !r.outputs.empty() && r.outputs[0].dtype == edge;
+  if ((!in_edge && !out_edge) || r.inputs.size() < 2) return ResolveQuantizedGemm(r, amax);
+  KernelRequest in_float = r;
+  if (in_edge) in_float.inputs[0].dtype = r.inputs[1].dtype;
+  if (out_edge) in_float.outputs[0].dtype = r.inputs[1].dtype;
+  return ResolveQuantizedGemm(in_float, amax);
+}
+
 StatusOr<std::pair<int64_t, int64_t>> QuantRowsAndDepth(const GemmSpec& s,
                                                         std::span<const int64_t> a) {
   const bool gemm = s.kind == GemmKind::kGemm;

@@ -57,6 +57,11 @@ struct QuantizedGemm {
 };
 std::optional<QuantizedGemm> ResolveQuantizedGemm(const KernelRequest& r,
                                                   std::optional<float> amax);
+// The same for a request whose A or Y (or both) may already have an edge's 8-bit type `edge`
+// (int8 or E4M3, ops/quant_edge.h): those sides taken as B's float type, as the type rule does
+// (ProductFloatType).
+std::optional<QuantizedGemm> ResolveQuantizedGemmOnEdges(const KernelRequest& r,
+                                                         std::optional<float> amax, DataType edge);
 
 // M and K of A for these dims: Gemm's A is 2-D; MatMul's leading dims fold into M (a 1-D A is
 // one row). A transposed A must be 2-D. The CPU INT8 kernel's rule.
