@@ -1812,13 +1812,19 @@ TEST_F(CudaFp8Test, OwnWarpgroupKernelRunsEveryTile) {
   }
 }
 
-// Attention as an FP8 edge's producer (its reader, the output projection, is an FP8 product):
-// the mma kernels store Y's FP16 pairs as E4M3, byte for byte what quantizing the plain kernel's
-// FP16 Y gives (saturating: the amax is below some outputs); the other kernels decline.
-TEST_F(CudaFp8Test, AttentionWritesE4M3ForAnFp8Reader) {
+// Attention as an FP8 or INT8 edge's producer (its reader, the output projection, is an FP8 or
+// INT8 product): the mma kernels store Y's FP16 pairs as E4M3 (int8), byte for byte what
+// quantizing the plain kernel's FP16 Y by the FP8 (INT8) contract gives, saturating where the
+// test's amax is below some outputs; the other kernels decline.
+void CheckAttentionWrites8Bits(bool fp8) {
   const DataType f16 = DataType::kFloat16;
-  const float out_amax = 0.25f, inv = Fp8InvScale(out_amax);
-  uint32_t seed = 401;
+  const DataType edge_type = fp8 ? kFp8EdgeType : kInt8EdgeType;
+  const char* attr = fp8 ? kFp8OutputAmaxAttr : kInt8OutputScaleAttr;
+  // FP8: the amax; INT8: the scale, whose amax 0.5 the first rows of the causal mask exceed.
+  const float param = fp8 ? 0.25f : 0.5f / 127.f;
+  const float inv = fp8 ? Fp8InvScale(param) : 1.f / param;
+  const float saturated_value = fp8 ? kFp8E4M3Max : 127.f;
+  uint32_t seed = fp8 ? 401 : 431;
   for (const auto& [b, s, h, d] :
        std::vector<std::array<int64_t, 4>>{{2, 70, 4, 64}, {1, 33, 2, 128}, {3, 16, 2, 32}}) {
     SCOPED_TRACE(fmt::format("B {} S {} H {} D {}", b, s, h, d));
@@ -1848,22 +1854,24 @@ TEST_F(CudaFp8Test, AttentionWritesE4M3ForAnFp8Reader) {
     for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, *node)) {
       for (const TacticConfig& t : p->Tactics(request)) {
         SCOPED_TRACE(t.name);
-        const bool writes = p->WritesFp8Output(request, t);
+        const bool writes = fp8 ? p->WritesFp8Output(request, t) : p->WritesInt8Output(request, t);
         EXPECT_EQ(writes, t.name.find("-mma-") != std::string::npos);
         if (!writes) continue;
         const std::vector<float> plain = RunCudaKernel(p, t, request, inputs, *y);
-        node->mutable_attrs().Set(std::string(kFp8OutputAmaxAttr), out_amax);
-        y->set_dtype(kFp8EdgeType);
+        node->mutable_attrs().Set(std::string(attr), param);
+        y->set_dtype(edge_type);
         KernelRequest edge = request;
-        edge.outputs[0].dtype = kFp8EdgeType;
+        edge.outputs[0].dtype = edge_type;
         const std::vector<float> q = RunCudaKernel(p, t, edge, inputs, *y);
-        node->mutable_attrs().Erase(std::string(kFp8OutputAmaxAttr));
+        node->mutable_attrs().Erase(std::string(attr));
         y->set_dtype(f16);
         ASSERT_EQ(q.size(), plain.size());
         size_t differ = 0, saturated = 0;
         for (size_t i = 0; i < q.size(); ++i) {
-          differ += q[i] != FromE4M3(ToE4M3(plain[i] * inv));
-          saturated += std::fabs(q[i]) == kFp8E4M3Max;
+          const float want = fp8 ? FromE4M3(ToE4M3(plain[i] * inv))
+                                 : static_cast<float>(QuantizeInt8(plain[i], inv));
+          differ += q[i] != want;
+          saturated += std::fabs(q[i]) == saturated_value;
         }
         EXPECT_EQ(differ, 0u);
         EXPECT_GT(saturated, 0u) << "the test's amax should clip some outputs";
@@ -1873,68 +1881,8 @@ TEST_F(CudaFp8Test, AttentionWritesE4M3ForAnFp8Reader) {
     EXPECT_GE(joined, 3) << "the mma tactics";
   }
 }
-
-// The attention kernels as an INT8 edge's producer: each mma tactic writes Y as int8, bit for
-// bit the INT8 contract's quantization of its own FP16 Y; the others decline.
-TEST_F(CudaInt8Test, AttentionWritesInt8ForAnInt8Reader) {
-  const DataType f16 = DataType::kFloat16;
-  const float scale = 0.5f / 127.f;  // the first rows of the causal mask clip
-  uint32_t seed = 431;
-  for (const auto& [b, s, h, d] :
-       std::vector<std::array<int64_t, 4>>{{2, 70, 4, 64}, {1, 33, 2, 128}, {3, 16, 2, 32}}) {
-    SCOPED_TRACE(fmt::format("B {} S {} H {} D {}", b, s, h, d));
-    std::mt19937 rng(seed++);
-    Graph g;
-    std::vector<Tensor> inputs;
-    std::vector<Value*> ins;
-    for (int i = 0; i < 3; ++i) {
-      inputs.push_back(Random({b, s, h * d}, rng).CastTo(f16));
-      ins.push_back(g.AddInput(fmt::format("x{}", i), f16, MakeShape(inputs.back().dims())));
-    }
-    AttributeMap attrs;
-    attrs.Set("layout", std::string("bsd"));
-    attrs.Set("num_heads", h);
-    attrs.Set("mask_kind", std::string("causal"));
-    Value* y = g.AddValue("y");
-    Node* node = g.AddNode("Attention", "attention", ins, {y}, attrs);
-    g.MarkOutput(y);
-    ASSERT_TRUE(InferShapes(g).ok());
-    KernelRequest request;
-    request.node = node;
-    for (const Tensor& t : inputs) {
-      request.inputs.push_back({f16, MakeShape(t.dims()), t.dims(), nullptr});
-    }
-    request.outputs.push_back({f16, y->shape(), {b, s, h * d}, nullptr});
-    int joined = 0;
-    for (const KernelProvider* p : KernelRegistry::Get().Providers(BackendKind::kCuda, *node)) {
-      for (const TacticConfig& t : p->Tactics(request)) {
-        SCOPED_TRACE(t.name);
-        const bool writes = p->WritesInt8Output(request, t);
-        EXPECT_EQ(writes, t.name.find("-mma-") != std::string::npos);
-        if (!writes) continue;
-        const std::vector<float> plain = RunCudaKernel(p, t, request, inputs, *y);
-        node->mutable_attrs().Set(std::string(kInt8OutputScaleAttr), scale);
-        y->set_dtype(kInt8EdgeType);
-        KernelRequest edge = request;
-        edge.outputs[0].dtype = kInt8EdgeType;
-        const std::vector<float> q = RunCudaKernel(p, t, edge, inputs, *y);
-        node->mutable_attrs().Erase(std::string(kInt8OutputScaleAttr));
-        y->set_dtype(f16);
-        ASSERT_EQ(q.size(), plain.size());
-        size_t differ = 0, saturated = 0;
-        for (size_t i = 0; i < q.size(); ++i) {
-          differ += q[i] != static_cast<float>(QuantizeInt8(plain[i], 1.f / scale));
-          saturated += std::fabs(q[i]) == 127.f;
-        }
-        EXPECT_EQ(differ, 0u);
-        EXPECT_GT(saturated, 0u) << "the test's scale should clip some outputs";
-        EXPECT_LT(saturated, q.size() / 4);
-        ++joined;
-      }
-    }
-    EXPECT_GE(joined, 3) << "the mma tactics";
-  }
-}
+TEST_F(CudaFp8Test, AttentionWritesE4M3ForAnFp8Reader) { CheckAttentionWrites8Bits(true); }
+TEST_F(CudaInt8Test, AttentionWritesInt8ForAnInt8Reader) { CheckAttentionWrites8Bits(false); }
 
 TEST_F(CudaFp8Test, DeclinesWithoutTheAttributeOrAConstantB) {
   std::mt19937 rng(88);

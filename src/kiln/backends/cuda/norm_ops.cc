@@ -160,8 +160,9 @@ class SkipLayerNormKernel final : public Kernel {
 };
 
 // Every float operand of one storage type (the precision pass casts parameters to the layer's
-// type), optional parameters absent.
-bool OneFloatType(const KernelRequest& r) {
+// type), optional parameters absent; `other_output` (if any) may accept an output of another type.
+bool OneFloatType(const KernelRequest& r,
+                  bool (*other_output)(const KernelRequest&, size_t) = nullptr) {
   DataType t = InType(r, 0);
   if (!IsFloatStorage(t)) return false;
   for (size_t i = 1; i < r.inputs.size(); ++i) {
@@ -170,7 +171,7 @@ bool OneFloatType(const KernelRequest& r) {
   }
   for (size_t i = 0; i < r.outputs.size(); ++i) {
     DataType u = OutType(r, i);
-    if (u != DataType::kUndefined && u != t) return false;
+    if (u != DataType::kUndefined && u != t && !(other_output && other_output(r, i))) return false;
   }
   return true;
 }
@@ -208,22 +209,13 @@ ByteOutput SkipLnByteOutput(const KernelRequest& r, size_t output) {
   return {int8 ? 1.f / v : Fp8InvScale(v), fp8};
 }
 
-// Float operands of one type, but for Y as an edge's int8/E4M3 or Yq, a copy.
+// Float operands of one type, but for Y as an edge's int8/E4M3 or Yq, a copy, which goes with a
+// float Y (Y itself quantized is the other way).
 bool SkipLnTypes(const KernelRequest& r) {
-  DataType t = InType(r, 0);
-  if (!IsFloatStorage(t)) return false;
-  for (size_t i = 1; i < r.inputs.size(); ++i) {
-    DataType u = InType(r, i);
-    if (u != DataType::kUndefined && u != t) return false;
-  }
-  for (size_t i = 0; i < r.outputs.size(); ++i) {
-    DataType u = OutType(r, i);
-    if (u == DataType::kUndefined || u == t) continue;
-    if ((i == 0 || i == 2) && SkipLnByteOutput(r, i).inv > 0.f) continue;
-    return false;
-  }
-  // Yq goes with a float Y (Y itself quantized is the other way).
-  return OutType(r, 2) == DataType::kUndefined || OutType(r, 0) == t;
+  const bool types = OneFloatType(r, [](const KernelRequest& q, size_t i) {
+    return (i == 0 || i == 2) && SkipLnByteOutput(q, i).inv > 0.f;
+  });
+  return types && (OutType(r, 2) == DataType::kUndefined || OutType(r, 0) == InType(r, 0));
 }
 
 bool SkipLnAccepts(const KernelRequest& r) {
