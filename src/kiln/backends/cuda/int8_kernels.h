@@ -90,8 +90,11 @@ int Int8WgmmaTileRows(int tile);  // as Int8MmaTileRows
 bool Int8WgmmaAvailable();
 // The tiles in the order the providers offer them, the likeliest fastest first, so a tactic search
 // that times the first few of each family (TacticsPerProvider: two at the default opt level)
-// times those: for a product, tma-256x128 then tma-128x256 (the fastest on BERT-base's four
-// products at batch 32, H100, session 35), the ping-pong and cluster tiles last; for a gathering
+// times those: for a product, tma-128x256 (within 3% of the fastest, tma-256x128, on BERT-base's
+// four products at batch 32, H100, session 35) then 128x128x2 (30-45% faster than either TMA tile
+// on most of ResNet-50's pointwise convolutions, whose N or K is 64-256: session 36, which saw
+// ResNet-50 INT8 lose 6% end to end when the order put tma-256x128 second), the ping-pong and
+// cluster tiles last; for a gathering
 // convolution (`conv`, the cp.async tiles only) 128x128x2 then 128x128 (session 34). Every tile
 // appears once.
 const std::vector<int>& Int8WgmmaTileOrder(bool conv);

@@ -928,7 +928,7 @@ int Int8WgmmaTileRows(int tile) {
 }
 
 const std::vector<int>& Int8WgmmaTileOrder(bool conv) {
-  static const std::vector<int> product = {6, 5, 2, 4, 0, 3, 1, 7, 8, 9}, gather = {2, 0, 3, 1};
+  static const std::vector<int> product = {5, 2, 6, 4, 0, 3, 1, 7, 8, 9}, gather = {2, 0, 3, 1};
   return conv ? gather : product;
 }
 
