@@ -366,6 +366,17 @@ const bool kRegistered = [] {
           cases.emplace_back(fmt::format("bert_{}_i8in_{}_t{}", pr.name, family, t), std::move(i8));
         }
       }
+      // Reading and writing int8 (a product between two edges, as BERT's fc1 between its norm's
+      // copy and fc2): the epilogue quantizes Y by the INT8 contract.
+      edge.Set("kiln_int8_output_scale", 0.05f);
+      for (size_t t = 0; t < kWgmmaTiles; ++t) {
+        BenchCase i8{"FusedMatMul", edge, edge_ops, "cuda.fused_matmul.cublaslt.i8"};
+        i8.tactics_for_a = kF16;
+        i8.tactic_prefix = "i8-matmul-cuda-wgmma-";
+        i8.tactic = t;
+        i8.ops = flops;
+        cases.emplace_back(fmt::format("bert_{}_i8io_wgmma_t{}", pr.name, t), std::move(i8));
+      }
     }
     attrs.Erase("kiln_int8_input_amax");
     attrs.Set("kiln_fp8_input_amax", 1.f);
