@@ -33,32 +33,43 @@ std::string ReadsNote(std::string_view what, std::string_view producer) {
   return fmt::format("; reads {} from '{}'", what, producer);
 }
 
-int JoinEdges(std::span<ChosenLayer> layers, const EdgeKind& kind) {
-  std::unordered_map<const Node*, ChosenLayer*> by_node;
+using LayersByNode = std::unordered_map<const Node*, ChosenLayer*>;
+LayersByNode ByNode(std::span<ChosenLayer> layers) {
+  LayersByNode by_node;
   for (ChosenLayer& l : layers) by_node[l.node] = &l;
+  return by_node;
+}
+
+// The chosen layer whose output 0 is `c`'s A (input 0, and no other input of c): a computed value
+// (no graph input, no constant) of FP16/BF16, or FP32 with float32_values; nullptr otherwise.
+ChosenLayer* ProducerOfA(const Node& c, const LayersByNode& by_node, bool float32_values) {
+  Value* x = c.num_inputs() > 0 ? c.input(0) : nullptr;
+  if (!x || x->is_graph_input() || x->is_constant() || x->producer_output() != 0) return nullptr;
+  const bool float_type = x->dtype() == DataType::kFloat16 || x->dtype() == DataType::kBFloat16 ||
+                          (float32_values && x->dtype() == DataType::kFloat32);
+  if (!float_type) return nullptr;
+  for (size_t i = 1; i < c.num_inputs(); ++i) {
+    if (c.input(i) == x) return nullptr;
+  }
+  auto it = x->producer() ? by_node.find(x->producer()) : by_node.end();
+  return it == by_node.end() ? nullptr : it->second;
+}
+
+int JoinEdges(std::span<ChosenLayer> layers, const EdgeKind& kind) {
+  const LayersByNode by_node = ByNode(layers);
   int edges = 0;
   // In graph order, so a producer's own input edge is settled (its request says so) before it is
   // asked to write: a layer on two edges, reading and writing the quantized type, is one whose
   // provider accepts that request.
   for (ChosenLayer& consumer : layers) {
     Node& c = *consumer.node;
-    if (c.num_inputs() == 0 || !c.input(0)) continue;
+    ChosenLayer* const found = ProducerOfA(c, by_node, kind.float32_values);
+    if (!found) continue;
     Value* x = c.input(0);
     const std::optional<float> param = kind.param(c);
-    const bool float_type = x->dtype() == DataType::kFloat16 || x->dtype() == DataType::kBFloat16 ||
-                            (kind.float32_values && x->dtype() == DataType::kFloat32);
-    if (!param || x->is_graph_output() || x->is_graph_input() || x->is_constant() ||
-        x->consumers().size() != 1 || !float_type) {
-      continue;
-    }
-    bool only_input0 = true;
-    for (size_t i = 1; i < c.num_inputs(); ++i) only_input0 &= c.input(i) != x;
+    if (!param || x->is_graph_output() || x->consumers().size() != 1) continue;
     Node* p = x->producer();
-    auto it = p ? by_node.find(p) : by_node.end();
-    if (!only_input0 || it == by_node.end() || x->producer_output() != 0) {
-      continue;
-    }
-    ChosenLayer& producer = *it->second;
+    ChosenLayer& producer = *found;
     if (!kind.reads(consumer) || !kind.writes(producer)) continue;
     x->set_dtype(kind.type);
     kind.mark(*p, c, *param);
@@ -126,29 +137,19 @@ struct CopyKind {
 };
 
 int JoinCopies(Graph& graph, std::span<ChosenLayer> layers, const CopyKind& kind) {
-  std::unordered_map<const Node*, ChosenLayer*> by_node;
-  for (ChosenLayer& l : layers) by_node[l.node] = &l;
+  const LayersByNode by_node = ByNode(layers);
   int copies = 0;
   for (ChosenLayer& consumer : layers) {
     Node& c = *consumer.node;
-    if (c.num_inputs() == 0 || !c.input(0) || consumer.request->inputs[0].dtype == kind.type) {
-      continue;  // already reads its A quantized (an edge)
-    }
+    // A reader already reading its A quantized (an edge) has an 8-bit A: no float producer.
+    ChosenLayer* const found = ProducerOfA(c, by_node, kind.float32_values);
+    if (!found) continue;
     Value* x = c.input(0);
-    const std::optional<float> param = kind.param(c);
-    const bool float_type = x->dtype() == DataType::kFloat16 || x->dtype() == DataType::kBFloat16 ||
-                            (kind.float32_values && x->dtype() == DataType::kFloat32);
-    if (!param || x->is_graph_input() || x->is_constant() || !float_type ||
-        x->producer_output() != 0) {
-      continue;
-    }
-    bool only_input0 = true;
-    for (size_t i = 1; i < c.num_inputs(); ++i) only_input0 &= c.input(i) != x;
     Node* p = x->producer();
-    auto it = p ? by_node.find(p) : by_node.end();
-    const std::optional<size_t> index = p ? QuantCopyOutputIndex(p->op_type()) : std::nullopt;
-    if (!only_input0 || it == by_node.end() || !index) continue;
-    ChosenLayer& producer = *it->second;
+    const std::optional<float> param = kind.param(c);
+    const std::optional<size_t> index = QuantCopyOutputIndex(p->op_type());
+    if (!param || !index) continue;
+    ChosenLayer& producer = *found;
     if (!kind.reads(consumer)) continue;
     Value* copy = p->output(*index);
     if (copy) {

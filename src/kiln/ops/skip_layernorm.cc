@@ -38,9 +38,7 @@ Status InferSkipLayerNormalization(InferenceContext& ctx) {
   }
   // Y is int8 or E4M3 where it is an INT8 or FP8 edge's value; Yq a copy's (ops/quant_edge.h).
   const Node& n = ctx.node();
-  const DataType y = n.attrs().Has(kInt8OutputScaleAttr) ? kInt8EdgeType
-                     : n.attrs().Has(kFp8OutputAmaxAttr) ? kFp8EdgeType
-                                                         : t;
+  const DataType y = ProductOutputType(n, t);
   const DataType yq = QuantCopyType(n);
   if (ctx.num_outputs() > 2 && yq == DataType::kUndefined) {
     return ctx.Error(ErrorCode::kInvalidAttribute, "output Yq needs {} or {}", kInt8CopyScaleAttr,

@@ -39,9 +39,8 @@ static_assert(kAttentionMaxHeadDim == kCudaAttentionMaxHeadDim);
 
 class CudaAttentionKernel final : public Kernel {
  public:
-  // out_amax: Y is written as E4M3 for an FP8 consumer of that amax (mma variants only).
-  // out_amax: Y as E4M3 with that amax (an FP8 edge); out_i8_scale: Y as int8 with that scale
-  // (an INT8 edge).
+  // out_amax: Y as E4M3 for an FP8 consumer of that amax (an FP8 edge); out_i8_scale: Y as int8
+  // with that scale (an INT8 edge); mma variants only.
   CudaAttentionKernel(AttentionAttrs spec, BlasType type, int variant,
                       std::optional<float> out_amax, std::optional<float> out_i8_scale = {})
       : spec_(spec),

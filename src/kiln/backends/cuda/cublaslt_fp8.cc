@@ -529,12 +529,14 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadGemmSpec(node));
     std::optional<float> amax = Fp8InputAmax(node);
     auto kn = QuantConstantB(spec, request);
-    // On an FP8 edge (ops/quant_edge.h) A or Y or both are E4M3; the storage type is A's, else
-    // B's (the type rule's, ProductFloatType).
+    // On an FP8 edge (ops/quant_edge.h) A or Y or both are E4M3; the storage type is the float
+    // side's, B's with both (the type rule's, ProductFloatType).
     const bool in_fp8 = request.inputs[0].dtype == kFp8EdgeType;
     const bool out_fp8 = request.outputs[0].dtype == kFp8EdgeType;
     const float out_amax = out_fp8 ? Fp8OutputAmax(node).value_or(0.f) : 0.f;  // 0: none
-    auto type = ToBlasType(in_fp8 ? request.inputs[1].dtype : request.inputs[0].dtype);
+    auto type = ToBlasType(!in_fp8    ? request.inputs[0].dtype
+                           : !out_fp8 ? request.outputs[0].dtype
+                                      : request.inputs[1].dtype);
     if (!amax || !kn || !type || spec.alpha == 0.f || (out_fp8 && out_amax <= 0.f)) {
       return MakeError(ErrorCode::kNoTactic,
                        "node '{}': {} needs a finite positive {} attribute (and {} for an E4M3 "

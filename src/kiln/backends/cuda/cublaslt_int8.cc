@@ -316,12 +316,14 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     KILN_ASSIGN_OR_RETURN(GemmSpec spec, ReadGemmSpec(node));
     std::optional<Int8Activation> act = CudaInt8Activation(node);
     auto kn = QuantConstantB(spec, request);
-    // On an INT8 edge (ops/quant_edge.h) A or Y or both are int8; the float type is A's, else
-    // B's (the type rule's, ProductFloatType).
+    // On an INT8 edge (ops/quant_edge.h) A or Y or both are int8; the float type is the float
+    // side's, B's with both (the type rule's, ProductFloatType).
     const bool in_int8 = request.inputs[0].dtype == kInt8EdgeType;
     const bool out_int8 = request.outputs[0].dtype == kInt8EdgeType;
     const float out_scale = out_int8 ? node.attrs().GetFloat(kInt8OutputScaleAttr, 0.f) : 0.f;
-    auto type = ToBlasType(in_int8 ? request.inputs[1].dtype : request.inputs[0].dtype);
+    auto type = ToBlasType(!in_int8    ? request.inputs[0].dtype
+                           : !out_int8 ? request.outputs[0].dtype
+                                       : request.inputs[1].dtype);
     if (!act || !kn || !type || spec.alpha == 0.f ||
         (out_int8 && !(out_scale > 0.f && std::isfinite(out_scale)))) {
       return MakeError(ErrorCode::kNoTactic,

@@ -36,10 +36,9 @@ struct GemmSpec {
 StatusOr<GemmSpec> ReadGemmSpec(const Node& node);
 
 // Whether the INT8 and FP8 tactics (cublaslt_int8.cc, cublaslt_fp8.cc, conv_int8.cc) are offered.
-// Their GPU tests pass (H100, sessions 33-35), but they ran slower than FP16 there (the kernel
-// at BERT-base's K = 768, A's quantization; bench/results/h100_session34/; since session 35 the
-// kernel with A already int8 matches FP16 and A's quantization remains, not yet measured end to
-// end: bench/results/h100_session35/), so they are off unless
+// Their GPU tests pass (H100, sessions 33-36), but they are no faster than FP16 there (BERT-base
+// with every product INT8 at FP16's speed end to end, ResNet-50 INT8 0.70x:
+// bench/results/h100_session36/), so they are off unless
 // KILN_CUDA_QUANT_TACTICS=1: a CUDA --int8/--fp8 build keeps those layers FP16 with the reason
 // "no int8 kernel on cuda". The first refusal logs how to turn them on. (A QDQ model's INT8
 // layers keep the model's quantization and do not race their float tactics, so ungating them

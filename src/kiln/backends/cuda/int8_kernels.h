@@ -94,9 +94,8 @@ bool Int8WgmmaAvailable();
 // four products at batch 32, H100, session 35) then 128x128x2 (30-45% faster than either TMA tile
 // on most of ResNet-50's pointwise convolutions, whose N or K is 64-256: session 36, which saw
 // ResNet-50 INT8 lose 6% end to end when the order put tma-256x128 second), the ping-pong and
-// cluster tiles last; for a gathering
-// convolution (`conv`, the cp.async tiles only) 128x128x2 then 128x128 (session 34). Every tile
-// appears once.
+// cluster tiles last; for a gathering convolution (`conv`, the cp.async tiles only) 128x128x2
+// then 128x128 (session 34). Every tile appears once.
 const std::vector<int>& Int8WgmmaTileOrder(bool conv);
 
 // The FP8 product on the same kernels (wgmma's E4M3 x E4M3 -> FP32): a and b hold E4M3 bytes

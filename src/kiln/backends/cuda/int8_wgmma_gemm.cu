@@ -685,9 +685,9 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
 #pragma unroll
       for (int i = 0; i < L::kMi; ++i) FenceAccumulators(acc[i]);
       if (ktiles > 0) release(stage - 1);  // the tile's last
-        // One copy of FinishTile (its loop is not unrolled); the staging, which must name
-        // registers, picks its constant chunk.
 #pragma unroll 1
+      // One copy of FinishTile (its loop is not unrolled); the staging, which must name
+      // registers, picks its constant chunk.
       for (int chunk = 0; chunk < L::kBn / kChunk; ++chunk) {
 #pragma unroll
         for (int k = 0; k < L::kBn / kChunk; ++k) {
