@@ -278,23 +278,27 @@ const bool kRegistered = [] {
         {{kF16, {32, 128, 56, 56}, {}}, {kF16, {32, 128, 56, 56}, {}}}}},
   };
   // Attention at batch 32 (heads interleaved in rows, as the layout pass leaves it), every
-  // tactic: BERT-base (12 heads of 64, 128 tokens, the padding mask [B, 1, 1, S]), GPT-2 (causal),
-  // ViT-B/16 (197 tokens, no mask) and Whisper-base's encoder (8 heads, 1500 frames).
+  // tactic: BERT-base (12 heads of 64, 128 tokens, the padding mask [B, 1, 1, S]; "bert4d": the
+  // [B, 1, S, S] mask an eager export of newer transformers materializes), GPT-2 (causal), ViT-B/16
+  // (197 tokens, no mask) and Whisper-base's encoder (8 heads, 1500 frames).
   struct AttnBench {
     std::string name;
     int64_t seq, heads;
     std::string mask;
   };
   for (const AttnBench& a : std::vector<AttnBench>{{"bert", 128, 12, "additive"},
+                                                   {"bert4d", 128, 12, "additive"},
                                                    {"gpt2", 128, 12, "causal"},
                                                    {"vit", 197, 12, "none"},
                                                    {"whisper", 1500, 8, "none"}}) {
     const int64_t b = a.name == "whisper" ? 8 : 32, e = a.heads * 64;
     std::vector<Operand> ops(3, Operand{kF16, {b, a.seq, e}, {}});
-    if (a.mask == "additive") ops.push_back({kF16, {b, 1, 1, a.seq}, {}});
+    if (a.mask == "additive") {
+      ops.push_back({kF16, {b, 1, a.name == "bert4d" ? a.seq : 1, a.seq}, {}});
+    }
     AttributeMap attrs =
         Attrs({{"layout", std::string("bsd")}, {"num_heads", a.heads}, {"mask_kind", a.mask}});
-    for (size_t t = 0; t < 6; ++t) {
+    for (size_t t = 0; t < 8; ++t) {
       BenchCase c{"Attention", attrs, ops};
       c.tactic = t;
       cases.emplace_back(fmt::format("attention_{}_b{}_t{}", a.name, b, t), std::move(c));

@@ -295,6 +295,11 @@ class CudaAttentionProvider final : public KernelProvider {
       // Two m-tiles per warp: K/V fragments read once for 32 rows (head dims up to 64).
       const TacticConfig pipe2m{
           fmt::format("{}-attention-cuda-flash-mma-pipe2m-128x64", t), {6}, 0};
+      // Head dims of 64: mma64 and pipe128 capped at 128 registers a thread (attention_mma.cu).
+      const bool d64 = dq == 64;
+      const TacticConfig mma64r{fmt::format("{}-attention-cuda-flash-mma-64x64-r128", t), {7}, 0};
+      const TacticConfig pipe128r{
+          fmt::format("{}-attention-cuda-flash-mma-pipe-128x64-r128", t), {8}, 0};
       // (Variant 7, a kernel that skipped a short sequence's last key groups, is gone: the
       // launcher sent its number to the SIMT kernel, so its tactic timed and checked that one, 10
       // to 50 times slower than the plain kernel in bench/cuda_kernels, and the kernel itself
@@ -308,17 +313,28 @@ class CudaAttentionProvider final : public KernelProvider {
       // us pipelined, BERT), ViT's 197 tokens with two m-tiles (40.7 vs 44.2 us), and Whisper's
       // 1500 frames with two m-tiles (160 vs 193 us). The plain pipelined kernel stays among the
       // first two everywhere but one tile, so a default build still times it.
+      // The capped kernels follow their uncapped twins (BERT's 128 tokens: second, timed).
       if (one_tile) {
-        tactics.insert(tactics.end(), {mma64, mma32, pipe64, pipe128});
+        tactics.insert(tactics.end(), {mma64, mma32});
+        if (d64) tactics.push_back(mma64r);
+        tactics.insert(tactics.end(), {pipe64, pipe128});
+        if (d64) tactics.push_back(pipe128r);
       } else if (two_tiles && !long_rows) {
-        tactics.insert(tactics.end(), {mma64, pipe64, mma32});
+        tactics.push_back(mma64);
+        if (d64) tactics.push_back(mma64r);
+        tactics.insert(tactics.end(), {pipe64, mma32});
         if (two_m) tactics.push_back(pipe2m);
         tactics.push_back(pipe128);
+        if (d64) tactics.push_back(pipe128r);
       } else {
         if (two_m) tactics.push_back(pipe2m);
         if (long_rows) tactics.push_back(pipe128);
-        tactics.insert(tactics.end(), {pipe64, mma64, mma32});
+        if (long_rows && d64) tactics.push_back(pipe128r);
+        tactics.insert(tactics.end(), {pipe64, mma64});
+        if (d64) tactics.push_back(mma64r);
+        tactics.push_back(mma32);
         if (!long_rows) tactics.push_back(pipe128);
+        if (!long_rows && d64) tactics.push_back(pipe128r);
       }
     }
     if (tc) tactics.push_back({fmt::format("{}-attention-cuda-flash-wmma-64x64", t), {1}, 0});
@@ -334,7 +350,7 @@ class CudaAttentionProvider final : public KernelProvider {
       return MakeError(ErrorCode::kInvalidArgument, "cuda.attention: Q must be f32, f16 or bf16");
     }
     int variant = tactic.params.empty() ? 0 : static_cast<int>(tactic.params[0]);
-    if (tactic.params.size() > 1 || variant < 0 || variant > 6 ||
+    if (tactic.params.size() > 1 || variant < 0 || variant > 8 ||
         (variant >= 1 && *type == BlasType::kF32)) {
       return MakeError(ErrorCode::kInvalidArgument,
                        "cuda.attention: tactic '{}' has invalid params", tactic.name);
@@ -368,7 +384,7 @@ class CudaAttentionProvider final : public KernelProvider {
   bool WritesFp8Output(const KernelRequest& request, const TacticConfig& tactic) const override {
     auto type = ToBlasType(request.inputs.empty() ? DataType::kUndefined : request.inputs[0].dtype);
     return type && *type != BlasType::kF32 && tactic.params.size() == 1 && tactic.params[0] >= 2 &&
-           tactic.params[0] <= 6;
+           tactic.params[0] <= 8;
   }
   // An INT8 edge's producer: the same kernels store the pairs as int8.
   bool WritesInt8Output(const KernelRequest& request, const TacticConfig& tactic) const override {

@@ -66,30 +66,46 @@ struct MmaType<__nv_bfloat16> {
   }
 };
 
+// An explicit mask (additive or boolean) applied to this lane's pair of scores x0, x1 (log2
+// units) at keys `key` and key + 1 of one row, whose mask elements start at `row` (the row's own
+// offset applied, hoisted out of the key loop). Keys at or past sk are left alone (the caller
+// sets them to -inf). `pair` (uniform): the mask runs along keys with stride 1 and every row's
+// pair is aligned for one load, so the two elements come in one 4-byte (additive) or 2-byte
+// (boolean) load rather than two with 64-bit index math each.
 template <typename T>
-__device__ __forceinline__ float MaskedScore(const AttentionParams& p, float s, int64_t row,
-                                             int64_t key, int64_t mo) {
-  switch (p.mask_kind) {
-    case AttnMask::kAdditive:
-      return s +
-             static_cast<float>(static_cast<const T*>(p.mask)[mo + row * p.m_stride[p.batch_rank] +
-                                                              key * p.m_stride[p.batch_rank + 1]]) *
-                 1.4426950408889634f;  // scores are in log2 units
-    case AttnMask::kBoolean:
-      return static_cast<const bool*>(
-                 p.mask)[mo + row * p.m_stride[p.batch_rank] + key * p.m_stride[p.batch_rank + 1]]
-                 ? s
-                 // -inf stays -inf (a row masked whole gives zeros, as on the CPU); a finite fill
-                 // stays finite: the lowest float times log2(e) must not become -inf, or a row
-                 // masked everywhere would give zeros instead of the CPU's uniform row
-                 : (p.mask_fill == -INFINITY ? -INFINITY
-                                             : fmaxf(p.mask_fill * 1.4426950408889634f, -3.0e38f));
-    case AttnMask::kCausal:
-      return key > row + (p.sk - p.sq) ? -INFINITY : s;
-    case AttnMask::kNone:
-      break;
+__device__ __forceinline__ void MaskPair(const AttentionParams& p, const unsigned char* row,
+                                         int64_t key, int64_t m_key, bool pair, float& x0,
+                                         float& x1) {
+  constexpr float kLog2e = 1.4426950408889634f;  // scores are in log2 units
+  if (p.mask_kind == AttnMask::kAdditive) {
+    const T* r = reinterpret_cast<const T*>(row);
+    if (pair && key + 1 < p.sk) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(r + key);
+      const T* e = reinterpret_cast<const T*>(&w);
+      x0 += static_cast<float>(e[0]) * kLog2e;
+      x1 += static_cast<float>(e[1]) * kLog2e;
+      return;
+    }
+    if (key < p.sk) x0 += static_cast<float>(r[key * m_key]) * kLog2e;
+    if (key + 1 < p.sk) x1 += static_cast<float>(r[(key + 1) * m_key]) * kLog2e;
+    return;
   }
-  return s;
+  // Boolean: false replaces the score by the fill. -inf stays -inf (a row masked whole gives
+  // zeros, as on the CPU); a finite fill stays finite: the lowest float times log2(e) must not
+  // become -inf, or a row masked everywhere would give zeros instead of the CPU's uniform row.
+  const float fill = p.mask_fill == -INFINITY ? -INFINITY : fmaxf(p.mask_fill * kLog2e, -3.0e38f);
+  const bool* r = reinterpret_cast<const bool*>(row);
+  bool k0, k1;
+  if (pair && key + 1 < p.sk) {
+    const uint16_t w = *reinterpret_cast<const uint16_t*>(r + key);
+    k0 = (w & 0xffu) != 0;
+    k1 = (w >> 8) != 0;
+  } else {
+    k0 = key < p.sk ? r[key * m_key] : true;
+    k1 = key + 1 < p.sk ? r[(key + 1) * m_key] : true;
+  }
+  if (!k0) x0 = fill;
+  if (!k1) x1 = fill;
 }
 
 // Copies rows [row0, row0 + rows) of a [S, D] operand (row stride `ld` elements) into shared
@@ -136,8 +152,19 @@ __device__ __forceinline__ float Exp2(float x) {
 // kMT: 16-row m-tiles per warp. With 2, each K and V fragment read from shared memory feeds two
 // tensor-core products (half the shared-memory traffic per FLOP), at twice the registers for S
 // and O (head dims up to 64).
-template <typename T, int D, int kWarps, int kStages, int kMT>
-__global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParams p) {
+// kCapped (the "-r128" tactics, head dims of 64 with one m-tile): at most 128 registers a thread,
+// so an SM holds 512 threads of the kernel at once. Left alone, ptxas gives the D = 64 kernels
+// about 160 (Q's fragments, S and O take 80 of them): three 4-warp blocks an SM, one 8-warp
+// block, where a short sequence's blocks wait on memory more than they compute. Capped, the
+// kernel spills some 50 bytes a thread (row indices and mask pointers, read once a key tile).
+template <int kWarps, bool kCapped>
+constexpr int AttentionMinBlocks() {
+  return kCapped ? 512 / (kWarps * 32) : 1;
+}
+
+template <typename T, int D, int kWarps, int kStages, int kMT, bool kCapped = false>
+__global__ void __launch_bounds__(kWarps * 32, (AttentionMinBlocks<kWarps, kCapped>()))
+    AttentionMmaKernel(AttentionParams p) {
   constexpr int kWarpRows = 16 * kMT;
   constexpr int kRows = kWarpRows * kWarps;
   constexpr int kLd = D + kPad;
@@ -157,16 +184,31 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
   const T* k = static_cast<const T*>(p.k) + ko;
   const T* v = static_cast<const T*>(p.v) + vo;
 
+  // The keys past the block's last row's last one are masked for every row (causal masks).
+  int64_t key_end = p.sk;
+  if (p.mask_kind == AttnMask::kCausal) {
+    int64_t last = (row0 + kRows < p.sq ? row0 + kRows : p.sq) - 1;
+    int64_t e = last + (p.sk - p.sq) + 1;
+    key_end = e < 0 ? 0 : (e < p.sk ? e : p.sk);
+  }
+
   if (kStages > 1) {
     // Measured: Q through registers, then the first K/V tile in flight while its fragments load,
     // ran 2-5% faster than Q and that tile in one cp.async group (H100, BERT/GPT-2/ViT/Whisper).
     LoadTile<T, D>(q_s, q, row0, kRows, p.sq, p.q_row, threadIdx.x, kWarps * 32);
   } else {
     // One buffer: every copy in flight at once (cp.async), where loads through registers wait on
-    // each other (ViT's 197 tokens: 64 -> 49 us with 2 warps, 52 -> 45 with 4; H100).
+    // each other (ViT's 197 tokens: 64 -> 49 us with 2 warps, 52 -> 45 with 4; H100). The first
+    // K/V tile's copy goes out with Q's, in a group of its own, so the block waits on global
+    // memory once before its first tile rather than twice.
     LoadTileAsync<T, D>(q_s, q, row0, kRows, p.sq, p.q_row, threadIdx.x, kWarps * 32);
     CpAsyncCommit();
-    CpAsyncWait<0>();
+    if (key_end > 0) {
+      LoadTileAsync<T, D>(k_buf, k, 0, kKeys, p.sk, p.k_row, threadIdx.x, kWarps * 32);
+      LoadTileAsync<T, D>(v_buf, v, 0, kKeys, p.sk, p.v_row, threadIdx.x, kWarps * 32);
+    }
+    CpAsyncCommit();   // (an empty group when there are no keys: complete at once)
+    CpAsyncWait<1>();  // Q's group
   }
   __syncthreads();
 
@@ -199,13 +241,27 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
     }
   }
   const float scale_log2 = p.scale * 1.4426950408889634f;
-
-  int64_t key_end = p.sk;
-  if (p.mask_kind == AttnMask::kCausal) {
-    int64_t last = (row0 + kRows < p.sq ? row0 + kRows : p.sq) - 1;
-    int64_t e = last + (p.sk - p.sq) + 1;
-    key_end = e < 0 ? 0 : (e < p.sk ? e : p.sk);
+  // An explicit mask's rows: each lane's start, its key stride, and whether pairs of keys load
+  // at once (see MaskPair), all once per block.
+  const bool explicit_mask =
+      p.mask_kind == AttnMask::kAdditive || p.mask_kind == AttnMask::kBoolean;
+  const size_t m_elem = p.mask_kind == AttnMask::kAdditive ? sizeof(T) : sizeof(bool);
+  int64_t m_row = 0, m_key = 0;
+  bool m_pair = false;
+  const unsigned char* m_rows[kMT][2] = {};
+  if (explicit_mask) {
+    m_row = p.m_stride[p.batch_rank];
+    m_key = p.m_stride[p.batch_rank + 1];
+    const unsigned char* base = static_cast<const unsigned char*>(p.mask) + mo * m_elem;
+    m_pair = m_key == 1 && (m_row * m_elem) % (2 * m_elem) == 0 &&
+             reinterpret_cast<uintptr_t>(base) % (2 * m_elem) == 0;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m_rows[mt][h] = base + my_row[mt][h] * m_row * m_elem;
+    }
   }
+
   // Tiles that need no per-score work but the scale: all keys in range, no mask, and a positive
   // scale (the max of the raw scores is then the max of the scaled ones).
   const bool plain_kind = p.mask_kind == AttnMask::kNone && scale_log2 > 0.f;
@@ -234,9 +290,11 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
         CpAsyncWait<0>();
       }
     } else {
-      LoadTileAsync<T, D>(k_s, k, key0, kKeys, p.sk, p.k_row, threadIdx.x, kWarps * 32);
-      LoadTileAsync<T, D>(v_s, v, key0, kKeys, p.sk, p.v_row, threadIdx.x, kWarps * 32);
-      CpAsyncCommit();
+      if (tile > 0) {  // tile 0's copy went out with Q's
+        LoadTileAsync<T, D>(k_s, k, key0, kKeys, p.sk, p.k_row, threadIdx.x, kWarps * 32);
+        LoadTileAsync<T, D>(v_s, v, key0, kKeys, p.sk, p.v_row, threadIdx.x, kWarps * 32);
+        CpAsyncCommit();
+      }
       CpAsyncWait<0>();
     }
     __syncthreads();
@@ -282,18 +340,24 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(AttentionParam
       } else {
 #pragma unroll
         for (int n = 0; n < kKeys / 8; ++n) {
+          const int64_t key = key0 + n * 8 + 2 * t;  // this lane's pair: key, key + 1
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int h = e / 2;  // 0: row g, 1: row g + 8
-            const int64_t key = key0 + n * 8 + 2 * t + (e % 2);
-            float x = s[mt][n][e] * scale_log2;
-            if (key >= p.sk) {
-              x = -INFINITY;
-            } else if (p.mask_kind != AttnMask::kNone) {
-              x = my_row[mt][h] < p.sq ? MaskedScore<T>(p, x, my_row[mt][h], key, mo) : x;
+          for (int h = 0; h < 2; ++h) {  // 0: row g, 1: row g + 8
+            float x0 = s[mt][n][2 * h] * scale_log2, x1 = s[mt][n][2 * h + 1] * scale_log2;
+            if (my_row[mt][h] < p.sq) {
+              if (explicit_mask) {
+                MaskPair<T>(p, m_rows[mt][h], key, m_key, m_pair, x0, x1);
+              } else if (p.mask_kind == AttnMask::kCausal) {
+                const int64_t last = my_row[mt][h] + (p.sk - p.sq);  // the row's last key
+                if (key > last) x0 = -INFINITY;
+                if (key + 1 > last) x1 = -INFINITY;
+              }
             }
-            s[mt][n][e] = x;
-            tile_max[h] = fmaxf(tile_max[h], x);
+            if (key >= p.sk) x0 = -INFINITY;
+            if (key + 1 >= p.sk) x1 = -INFINITY;
+            s[mt][n][2 * h] = x0;
+            s[mt][n][2 * h + 1] = x1;
+            tile_max[h] = fmaxf(tile_max[h], fmaxf(x0, x1));
           }
         }
       }
@@ -411,7 +475,7 @@ constexpr size_t SmemBytes(int d, int rows, int stages, size_t elem) {
   return elem * static_cast<size_t>(rows + 2 * stages * kKeys) * static_cast<size_t>(d + kPad);
 }
 
-template <typename T, int D, int kWarps, int kStages, int kMT>
+template <typename T, int D, int kWarps, int kStages, int kMT, bool kCapped = false>
 cudaError_t LaunchDW(const AttentionParams& p, cudaStream_t stream) {
   constexpr int kRows = 16 * kMT * kWarps;
   constexpr size_t kSmem = SmemBytes(D, kRows, kStages, sizeof(T));
@@ -420,20 +484,27 @@ cudaError_t LaunchDW(const AttentionParams& p, cudaStream_t stream) {
   // fails and the builder times the others.
   static SharedMemoryOptIn opt_in;
   if (kSmem > 48 * 1024) {
-    if (cudaError_t e =
-            opt_in.For(AttentionMmaKernel<T, D, kWarps, kStages, kMT>, static_cast<int>(kSmem));
+    if (cudaError_t e = opt_in.For(AttentionMmaKernel<T, D, kWarps, kStages, kMT, kCapped>,
+                                   static_cast<int>(kSmem));
         e != cudaSuccess) {
       return e;
     }
   }
   dim3 grid(static_cast<unsigned>((p.sq + kRows - 1) / kRows), static_cast<unsigned>(p.batch));
-  AttentionMmaKernel<T, D, kWarps, kStages, kMT><<<grid, kWarps * 32, kSmem, stream>>>(p);
+  AttentionMmaKernel<T, D, kWarps, kStages, kMT, kCapped><<<grid, kWarps * 32, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <typename T, int D>
-cudaError_t LaunchD(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
+cudaError_t LaunchD(const AttentionParams& p, int warps, bool pipelined, int m_tiles, bool capped,
                     cudaStream_t stream) {
+  if (capped) {  // head dims of 64, one m-tile: 4 warps single-buffered or 8 pipelined
+    if constexpr (D == 64) {
+      if (m_tiles == 1 && !pipelined && warps == 4) return LaunchDW<T, D, 4, 1, 1, true>(p, stream);
+      if (m_tiles == 1 && pipelined && warps == 8) return LaunchDW<T, D, 8, 2, 1, true>(p, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
   if (m_tiles == 2) {  // pipelined, 4 warps; head dims up to 64 (S and O in registers twice)
     if constexpr (D <= 64) return LaunchDW<T, D, 4, 2, 2>(p, stream);
     return cudaErrorInvalidValue;
@@ -445,17 +516,17 @@ cudaError_t LaunchD(const AttentionParams& p, int warps, bool pipelined, int m_t
 }
 
 template <typename T>
-cudaError_t LaunchT(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
+cudaError_t LaunchT(const AttentionParams& p, int warps, bool pipelined, int m_tiles, bool capped,
                     cudaStream_t stream) {
   switch (p.d) {
     case 16:
-      return LaunchD<T, 16>(p, warps, pipelined, m_tiles, stream);
+      return LaunchD<T, 16>(p, warps, pipelined, m_tiles, capped, stream);
     case 32:
-      return LaunchD<T, 32>(p, warps, pipelined, m_tiles, stream);
+      return LaunchD<T, 32>(p, warps, pipelined, m_tiles, capped, stream);
     case 64:
-      return LaunchD<T, 64>(p, warps, pipelined, m_tiles, stream);
+      return LaunchD<T, 64>(p, warps, pipelined, m_tiles, capped, stream);
     case 128:
-      return LaunchD<T, 128>(p, warps, pipelined, m_tiles, stream);
+      return LaunchD<T, 128>(p, warps, pipelined, m_tiles, capped, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -480,7 +551,7 @@ bool AttentionMmaSupports(const AttentionParams& p) {
 }
 
 cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
-                               cudaStream_t stream) {
+                               bool capped, cudaStream_t stream) {
   const bool shape_ok = m_tiles == 2 ? pipelined && warps == 4 && p.d <= 64
                         : m_tiles == 1
                             ? (pipelined ? (warps == 4 || warps == 8) : (warps == 2 || warps == 4))
@@ -495,8 +566,9 @@ cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelin
                 : misaligned(p.y, 4))) {
     return cudaErrorMisalignedAddress;
   }
-  if (p.type == BlasType::kF16) return LaunchT<__half>(p, warps, pipelined, m_tiles, stream);
-  return LaunchT<__nv_bfloat16>(p, warps, pipelined, m_tiles, stream);
+  if (p.type == BlasType::kF16)
+    return LaunchT<__half>(p, warps, pipelined, m_tiles, capped, stream);
+  return LaunchT<__nv_bfloat16>(p, warps, pipelined, m_tiles, capped, stream);
 }
 
 }  // namespace kiln::cuda
