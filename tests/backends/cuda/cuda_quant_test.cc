@@ -1188,27 +1188,37 @@ TEST(CudaInt8Host, EveryInt8FamilyIsOfferedUnlessOneIsNamed) {
 }
 
 // The providers offer the warpgroup kernel's tiles likeliest fastest first (a search at the
-// default opt level times two of each family): every tile once, the TMA tile tma-256x128 first for
-// a product (then tma-128x256: the two fastest at BERT-base's shapes, H100, session 35) and
-// 128x128x2 first for a gathering convolution (session 34).
+// default opt level times two of each family): every tile once; for a product the two TMA tiles
+// (between them the fastest at BERT-base's four products, H100, sessions 35-36), for a pointwise
+// convolution tma-128x256 then 128x128x2 (ResNet-50's, session 36), for a gathering convolution
+// 128x128x2 first (session 34).
 TEST(CudaInt8Host, TheWarpgroupTilesAreOfferedLikeliestFirstEachOnce) {
-  for (const bool conv : {false, true}) {
-    std::vector<int> order = cuda::Int8WgmmaTileOrder(conv);
-    const int count = conv ? cuda::Int8WgmmaConvTileCount() : cuda::Int8WgmmaTileCount();
-    ASSERT_EQ(static_cast<int>(order.size()), count) << conv;
-    // A product: BERT's fastest tile family, then ResNet's pointwise convolutions' (session 36).
-    EXPECT_EQ(std::string(cuda::Int8WgmmaTileName(order[0])), conv ? "128x128x2" : "tma-128x256");
-    if (!conv) {
-      EXPECT_EQ(std::string(cuda::Int8WgmmaTileName(order[1])), "128x128x2");
-    }
+  using cuda::WgmmaTileUse;
+  struct Case {
+    WgmmaTileUse use;
+    std::string first, second;
+  };
+  for (const Case& c : {Case{WgmmaTileUse::kProduct, "tma-128x256", "tma-256x128"},
+                        Case{WgmmaTileUse::kPointwiseConv, "tma-128x256", "128x128x2"},
+                        Case{WgmmaTileUse::kGatherConv, "128x128x2", "128x128"}}) {
+    const bool gather = c.use == WgmmaTileUse::kGatherConv;
+    SCOPED_TRACE(c.first + "," + c.second);
+    std::vector<int> order = cuda::Int8WgmmaTileOrder(c.use);
+    const int count = gather ? cuda::Int8WgmmaConvTileCount() : cuda::Int8WgmmaTileCount();
+    ASSERT_EQ(static_cast<int>(order.size()), count);
+    EXPECT_EQ(std::string(cuda::Int8WgmmaTileName(order[0])), c.first);
+    EXPECT_EQ(std::string(cuda::Int8WgmmaTileName(order[1])), c.second);
     std::sort(order.begin(), order.end());
-    for (int i = 0; i < count; ++i) EXPECT_EQ(order[i], i) << conv;
+    for (int i = 0; i < count; ++i) EXPECT_EQ(order[i], i);
   }
 }
 
 // KILN_CUDA_WGMMA_TILES narrows and reorders the tiles offered (comparing tiles end to end):
 // names of this use's tiles in the order named, each once; others skipped; none left, the default.
 TEST(CudaInt8Host, KilnCudaWgmmaTilesPicksTheTilesOffered) {
+  constexpr auto kProduct = cuda::WgmmaTileUse::kProduct;
+  constexpr auto kPointwise = cuda::WgmmaTileUse::kPointwiseConv;
+  constexpr auto kGather = cuda::WgmmaTileUse::kGatherConv;
   auto name_of = [](const std::vector<int>& tiles) {
     std::string names;
     for (int t : tiles) names += std::string(names.empty() ? "" : ",") + cuda::Int8WgmmaTileName(t);
@@ -1216,19 +1226,21 @@ TEST(CudaInt8Host, KilnCudaWgmmaTilesPicksTheTilesOffered) {
   };
   {
     ScopedEnv unset("KILN_CUDA_WGMMA_TILES", "");
-    EXPECT_EQ(cuda::Int8WgmmaTilesOffered(false), cuda::Int8WgmmaTileOrder(false));
-    EXPECT_EQ(cuda::Int8WgmmaTilesOffered(true), cuda::Int8WgmmaTileOrder(true));
+    for (auto use : {kProduct, kPointwise, kGather}) {
+      EXPECT_EQ(cuda::Int8WgmmaTilesOffered(use), cuda::Int8WgmmaTileOrder(use));
+    }
   }
   {
     ScopedEnv named("KILN_CUDA_WGMMA_TILES", "pp-128x128,,nonsense,tma-128x256,pp-128x128");
-    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(false)), "pp-128x128,tma-128x256");
+    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kProduct)), "pp-128x128,tma-128x256");
+    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kPointwise)), "pp-128x128,tma-128x256");
     // No TMA or persistent tile gathers a convolution: the default order stands.
-    EXPECT_EQ(cuda::Int8WgmmaTilesOffered(true), cuda::Int8WgmmaTileOrder(true));
+    EXPECT_EQ(cuda::Int8WgmmaTilesOffered(kGather), cuda::Int8WgmmaTileOrder(kGather));
   }
   {
     ScopedEnv named("KILN_CUDA_WGMMA_TILES", "128x128x2");
-    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(false)), "128x128x2");
-    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(true)), "128x128x2");
+    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kProduct)), "128x128x2");
+    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kGather)), "128x128x2");
   }
 }
 

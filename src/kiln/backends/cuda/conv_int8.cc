@@ -184,7 +184,8 @@ class Int8ConvProviderBase : public KernelProvider {
       out.push_back(std::move(t));
     };
     if (families.wgmma && Int8WgmmaAvailable()) {
-      for (int tile : Int8WgmmaTilesOffered(/*conv=*/!q->pointwise)) {
+      for (int tile : Int8WgmmaTilesOffered(q->pointwise ? WgmmaTileUse::kPointwiseConv
+                                                         : WgmmaTileUse::kGatherConv)) {
         if (!Int8TileFitsRows(rows, Int8WgmmaTileRows(tile))) continue;
         own(wgmma, "wgmma", kWgmmaTag, tile, Int8WgmmaTileName(tile));
       }

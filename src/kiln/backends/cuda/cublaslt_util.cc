@@ -44,8 +44,11 @@ Int8Families Int8FamiliesFromEnv() {
   return {};  // "all", unset or anything else: every family
 }
 
-std::vector<int> Int8WgmmaTilesOffered(bool conv) {
-  const std::vector<int>& order = Int8WgmmaTileOrder(conv);
+std::vector<int> Int8WgmmaTilesOffered(WgmmaTileUse use) {
+  const std::vector<int>& order = Int8WgmmaTileOrder(use);
+  const char* what = use == WgmmaTileUse::kProduct         ? "a product"
+                     : use == WgmmaTileUse::kPointwiseConv ? "a pointwise convolution"
+                                                           : "a gathering convolution";
   const char* v = std::getenv("KILN_CUDA_WGMMA_TILES");
   if (!v || !*v) return order;
   std::vector<int> named;
@@ -62,13 +65,13 @@ std::vector<int> Int8WgmmaTilesOffered(bool conv) {
       static std::mutex mu;
       static std::set<std::string> told;
       std::lock_guard<std::mutex> lock(mu);
-      if (told.insert(std::string(name) + (conv ? "/conv" : "")).second) {
+      if (told.insert(std::string(name) + "/" + what).second) {
         std::string names;
         for (int t : order) names += std::string(names.empty() ? "" : ", ") + Int8WgmmaTileName(t);
         KILN_LOG(Warn, BACKEND,
                  "KILN_CUDA_WGMMA_TILES: '{}' is no tile of kiln's wgmma kernel for {}, skipped "
                  "(its tiles: {})",
-                 name, conv ? "a gathering convolution" : "a product", names);
+                 name, what, names);
       }
     } else if (std::find(named.begin(), named.end(), *it) == named.end()) {
       named.push_back(*it);

@@ -54,12 +54,13 @@ struct Int8Families {
   bool lt = true, mma = true, wgmma = true;
 };
 Int8Families Int8FamiliesFromEnv();
-// The tiles of kiln's wgmma kernel a provider offers (INT8 and FP8 products, INT8 convolutions;
-// conv: a gathering convolution), likeliest fastest first: Int8WgmmaTileOrder(conv), or, where
+enum class WgmmaTileUse : int;  // int8_kernels.h
+// The tiles of kiln's wgmma kernel a provider offers (INT8 and FP8 products, INT8 convolutions),
+// likeliest fastest first for their use: Int8WgmmaTileOrder(use), or, where
 // KILN_CUDA_WGMMA_TILES names tiles (comma-separated, e.g. "pp-128x128,tma-128x256"), those of
 // them in that order, to compare tiles end to end. A name that is no tile of this use is skipped
 // with a warning; when none is left, the default order stands.
-std::vector<int> Int8WgmmaTilesOffered(bool conv);
+std::vector<int> Int8WgmmaTilesOffered(WgmmaTileUse use);
 // Whether the current device runs kiln's mma.sync INT8 kernel (compute capability 8.0 or later).
 bool MmaCapable();
 

@@ -88,15 +88,19 @@ int Int8WgmmaTileCount();
 const char* Int8WgmmaTileName(int tile);
 int Int8WgmmaTileRows(int tile);  // as Int8MmaTileRows
 bool Int8WgmmaAvailable();
+// What the warpgroup kernel's tiles serve: a product (MatMul, Gemm; INT8 or FP8), a pointwise
+// convolution (a product over the pixels) or a gathering convolution (the cp.async tiles only).
+enum class WgmmaTileUse : int { kProduct, kPointwiseConv, kGatherConv };
 // The tiles in the order the providers offer them, the likeliest fastest first, so a tactic search
 // that times the first few of each family (TacticsPerProvider: two at the default opt level)
-// times those: for a product, tma-128x256 (within 3% of the fastest, tma-256x128, on BERT-base's
-// four products at batch 32, H100, session 35) then 128x128x2 (30-45% faster than either TMA tile
-// on most of ResNet-50's pointwise convolutions, whose N or K is 64-256: session 36, which saw
-// ResNet-50 INT8 lose 6% end to end when the order put tma-256x128 second), the ping-pong and
-// cluster tiles last; for a gathering convolution (`conv`, the cp.async tiles only) 128x128x2
-// then 128x128 (session 34). Every tile appears once.
-const std::vector<int>& Int8WgmmaTileOrder(bool conv);
+// times those: for a product, tma-128x256 then tma-256x128 (between them the fastest of every
+// tile on BERT-base's four products at batch 32; 128x128x2 was 12-22% slower on QKV and fc1:
+// H100, sessions 35 and 36); for a pointwise convolution, tma-128x256 then 128x128x2 (30-45%
+// faster than either TMA tile on most of ResNet-50's pointwise convolutions, whose N or K is
+// 64-256: session 36, which saw ResNet-50 INT8 lose 6% end to end when the order put tma-256x128
+// second); the ping-pong and cluster tiles last; for a gathering convolution 128x128x2 then
+// 128x128 (session 34). Every tile appears once.
+const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use);
 
 // The FP8 product on the same kernels (wgmma's E4M3 x E4M3 -> FP32): a and b hold E4M3 bytes
 // ([M, depth] and [np, depth], the layout and requirements above), col_scale alpha * A's scale *

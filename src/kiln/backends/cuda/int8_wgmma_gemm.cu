@@ -927,9 +927,18 @@ int Int8WgmmaTileRows(int tile) {
   return tile >= 0 && tile < Int8WgmmaTileCount() ? kTiles[tile].rows : 0;
 }
 
-const std::vector<int>& Int8WgmmaTileOrder(bool conv) {
-  static const std::vector<int> product = {5, 2, 6, 4, 0, 3, 1, 7, 8, 9}, gather = {2, 0, 3, 1};
-  return conv ? gather : product;
+const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use) {
+  static const std::vector<int> product = {5, 6, 2, 4, 0, 3, 1, 7, 8, 9},
+                                pointwise = {5, 2, 6, 4, 0, 3, 1, 7, 8, 9}, gather = {2, 0, 3, 1};
+  switch (use) {
+    case WgmmaTileUse::kProduct:
+      return product;
+    case WgmmaTileUse::kPointwiseConv:
+      return pointwise;
+    case WgmmaTileUse::kGatherConv:
+      break;
+  }
+  return gather;
 }
 
 bool Int8WgmmaAvailable() {
