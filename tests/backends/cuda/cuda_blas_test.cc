@@ -382,7 +382,7 @@ TEST(CudaAttentionTactics, OrderFollowsTheSequenceLength) {
     std::vector<std::string> first_two;
   };
   for (const Case& c : std::vector<Case>{{49, {"mma-64x64", "mma-32x64"}},
-                                         {128, {"mma-64x64", "mma-64x64-r128"}},
+                                         {128, {"mma-pipe-64x64", "mma-64x64"}},
                                          {197, {"mma-pipe2m-128x64", "mma-pipe-64x64"}},
                                          {1500, {"mma-pipe2m-128x64", "mma-pipe-128x64"}}}) {
     SCOPED_TRACE(c.seq);

@@ -295,11 +295,6 @@ class CudaAttentionProvider final : public KernelProvider {
       // Two m-tiles per warp: K/V fragments read once for 32 rows (head dims up to 64).
       const TacticConfig pipe2m{
           fmt::format("{}-attention-cuda-flash-mma-pipe2m-128x64", t), {6}, 0};
-      // Head dims of 64: mma64 and pipe128 capped at 128 registers a thread (attention_mma.cu).
-      const bool d64 = dq == 64;
-      const TacticConfig mma64r{fmt::format("{}-attention-cuda-flash-mma-64x64-r128", t), {7}, 0};
-      const TacticConfig pipe128r{
-          fmt::format("{}-attention-cuda-flash-mma-pipe-128x64-r128", t), {8}, 0};
       // (Variant 7, a kernel that skipped a short sequence's last key groups, is gone: the
       // launcher sent its number to the SIMT kernel, so its tactic timed and checked that one, 10
       // to 50 times slower than the plain kernel in bench/cuda_kernels, and the kernel itself
@@ -308,33 +303,22 @@ class CudaAttentionProvider final : public KernelProvider {
       const bool two_tiles = !one_tile && sk >= 0 && sk <= 128;
       const bool long_rows = !one_tile && (sq < 0 || sq >= 256);
       const bool two_m = dq <= 64;
-      // The orders follow cuda_kernels_bench's attention cases (batch 32, H100): two tiles
-      // (BERT's and GPT-2's 128 tokens) ran fastest single-buffered with 4 warps (25.0 vs 30.1
-      // us pipelined, BERT), ViT's 197 tokens with two m-tiles (40.7 vs 44.2 us), and Whisper's
-      // 1500 frames with two m-tiles (160 vs 193 us). The plain pipelined kernel stays among the
-      // first two everywhere but one tile, so a default build still times it.
-      // The capped kernels follow their uncapped twins (BERT's 128 tokens: second, timed).
+      // The orders follow cuda_kernels_bench's attention cases (batch 32, H100, session 37): two
+      // tiles (BERT's and GPT-2's 128 tokens) ran fastest pipelined with 4 warps, just ahead of
+      // single-buffered (BERT 26.4 vs 27.0 us, GPT-2 17.0 vs 17.8), ViT's 197 tokens with two
+      // m-tiles (43.5 vs 44.7 us pipelined), and Whisper's 1500 frames with two m-tiles (162 vs
+      // 181 us with 8 warps). The plain pipelined kernel stays among the first two everywhere but
+      // one tile, so a default build still times it.
       if (one_tile) {
-        tactics.insert(tactics.end(), {mma64, mma32});
-        if (d64) tactics.push_back(mma64r);
-        tactics.insert(tactics.end(), {pipe64, pipe128});
-        if (d64) tactics.push_back(pipe128r);
+        tactics.insert(tactics.end(), {mma64, mma32, pipe64, pipe128});
       } else if (two_tiles && !long_rows) {
-        tactics.push_back(mma64);
-        if (d64) tactics.push_back(mma64r);
-        tactics.insert(tactics.end(), {pipe64, mma32});
+        tactics.insert(tactics.end(), {pipe64, mma64, pipe128, mma32});
         if (two_m) tactics.push_back(pipe2m);
-        tactics.push_back(pipe128);
-        if (d64) tactics.push_back(pipe128r);
       } else {
         if (two_m) tactics.push_back(pipe2m);
         if (long_rows) tactics.push_back(pipe128);
-        if (long_rows && d64) tactics.push_back(pipe128r);
-        tactics.insert(tactics.end(), {pipe64, mma64});
-        if (d64) tactics.push_back(mma64r);
-        tactics.push_back(mma32);
+        tactics.insert(tactics.end(), {pipe64, mma64, mma32});
         if (!long_rows) tactics.push_back(pipe128);
-        if (!long_rows && d64) tactics.push_back(pipe128r);
       }
     }
     if (tc) tactics.push_back({fmt::format("{}-attention-cuda-flash-wmma-64x64", t), {1}, 0});
@@ -350,7 +334,7 @@ class CudaAttentionProvider final : public KernelProvider {
       return MakeError(ErrorCode::kInvalidArgument, "cuda.attention: Q must be f32, f16 or bf16");
     }
     int variant = tactic.params.empty() ? 0 : static_cast<int>(tactic.params[0]);
-    if (tactic.params.size() > 1 || variant < 0 || variant > 8 ||
+    if (tactic.params.size() > 1 || variant < 0 || variant > 6 ||
         (variant >= 1 && *type == BlasType::kF32)) {
       return MakeError(ErrorCode::kInvalidArgument,
                        "cuda.attention: tactic '{}' has invalid params", tactic.name);
@@ -384,7 +368,7 @@ class CudaAttentionProvider final : public KernelProvider {
   bool WritesFp8Output(const KernelRequest& request, const TacticConfig& tactic) const override {
     auto type = ToBlasType(request.inputs.empty() ? DataType::kUndefined : request.inputs[0].dtype);
     return type && *type != BlasType::kF32 && tactic.params.size() == 1 && tactic.params[0] >= 2 &&
-           tactic.params[0] <= 8;
+           tactic.params[0] <= 6;
   }
   // An INT8 edge's producer: the same kernels store the pairs as int8.
   bool WritesInt8Output(const KernelRequest& request, const TacticConfig& tactic) const override {

@@ -17,7 +17,7 @@
 namespace kiln::cuda {
 
 cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
-                               bool capped, cudaStream_t stream);
+                               cudaStream_t stream);
 
 namespace {
 
@@ -324,17 +324,13 @@ cudaError_t LaunchAttention(const AttentionParams& p, int variant, cudaStream_t 
   if (p.batch > 65535) return cudaErrorInvalidValue;  // grid.y limit
   // An E4M3 or int8 Y: the mma kernels only.
   if ((p.y_e4m3 || p.y_i8) && variant < 2) return cudaErrorInvalidValue;
-  if (variant == 2 || variant == 3 || variant == 7) {
-    return LaunchAttentionMma(p, variant == 3 ? 2 : 4, /*pipelined=*/false, /*m_tiles=*/1,
-                              /*capped=*/variant == 7, stream);
+  if (variant == 2 || variant == 3) {
+    return LaunchAttentionMma(p, variant == 2 ? 4 : 2, /*pipelined=*/false, /*m_tiles=*/1, stream);
   }
-  if (variant == 4 || variant == 5 || variant == 8) {
-    return LaunchAttentionMma(p, variant == 4 ? 4 : 8, /*pipelined=*/true, /*m_tiles=*/1,
-                              /*capped=*/variant == 8, stream);
+  if (variant == 4 || variant == 5) {
+    return LaunchAttentionMma(p, variant == 4 ? 4 : 8, /*pipelined=*/true, /*m_tiles=*/1, stream);
   }
-  if (variant == 6) {
-    return LaunchAttentionMma(p, 4, /*pipelined=*/true, /*m_tiles=*/2, /*capped=*/false, stream);
-  }
+  if (variant == 6) return LaunchAttentionMma(p, 4, /*pipelined=*/true, /*m_tiles=*/2, stream);
   if (variant == 1) {
     if (p.d % 16 != 0 || p.dv % 16 != 0) return cudaErrorInvalidValue;
     if (p.type == BlasType::kF16) return LaunchTc<__half>(p, stream);

@@ -152,11 +152,13 @@ __device__ __forceinline__ float Exp2(float x) {
 // kMT: 16-row m-tiles per warp. With 2, each K and V fragment read from shared memory feeds two
 // tensor-core products (half the shared-memory traffic per FLOP), at twice the registers for S
 // and O (head dims up to 64).
-// kCapped (the "-r128" tactics, head dims of 64 with one m-tile): at most 128 registers a thread,
-// so an SM holds 512 threads of the kernel at once. Left alone, ptxas gives the D = 64 kernels
-// about 160 (Q's fragments, S and O take 80 of them): three 4-warp blocks an SM, one 8-warp
-// block, where a short sequence's blocks wait on memory more than they compute. Capped, the
-// kernel spills some 50 bytes a thread (row indices and mask pointers, read once a key tile).
+// kCapped: at most 128 registers a thread, so an SM holds 512 threads of the kernel at once.
+// Left alone, ptxas gives the D = 64 kernels about 160 (Q's fragments, S and O take 80 of them):
+// one 8-warp block an SM, whose blocks wait on memory more than they compute. Capped, the kernel
+// spills some 50 bytes a thread (row indices and mask pointers, read once a key tile) and the
+// 8-warp pipelined kernel ran 16-24% faster at BERT's, GPT-2's, ViT's and Whisper's shapes (H100,
+// session 37); the 4-warp kernel, three blocks an SM uncapped, ran 3-6% slower capped, so it is
+// not.
 template <int kWarps, bool kCapped>
 constexpr int AttentionMinBlocks() {
   return kCapped ? 512 / (kWarps * 32) : 1;
@@ -496,37 +498,32 @@ cudaError_t LaunchDW(const AttentionParams& p, cudaStream_t stream) {
 }
 
 template <typename T, int D>
-cudaError_t LaunchD(const AttentionParams& p, int warps, bool pipelined, int m_tiles, bool capped,
+cudaError_t LaunchD(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
                     cudaStream_t stream) {
-  if (capped) {  // head dims of 64, one m-tile: 4 warps single-buffered or 8 pipelined
-    if constexpr (D == 64) {
-      if (m_tiles == 1 && !pipelined && warps == 4) return LaunchDW<T, D, 4, 1, 1, true>(p, stream);
-      if (m_tiles == 1 && pipelined && warps == 8) return LaunchDW<T, D, 8, 2, 1, true>(p, stream);
-    }
-    return cudaErrorInvalidValue;
-  }
   if (m_tiles == 2) {  // pipelined, 4 warps; head dims up to 64 (S and O in registers twice)
     if constexpr (D <= 64) return LaunchDW<T, D, 4, 2, 2>(p, stream);
     return cudaErrorInvalidValue;
   }
   if (pipelined) {
-    return warps == 8 ? LaunchDW<T, D, 8, 2, 1>(p, stream) : LaunchDW<T, D, 4, 2, 1>(p, stream);
+    // 8 warps capped at 128 registers up to head dims of 64 (AttentionMinBlocks).
+    return warps == 8 ? LaunchDW<T, D, 8, 2, 1, D <= 64>(p, stream)
+                      : LaunchDW<T, D, 4, 2, 1>(p, stream);
   }
   return warps == 4 ? LaunchDW<T, D, 4, 1, 1>(p, stream) : LaunchDW<T, D, 2, 1, 1>(p, stream);
 }
 
 template <typename T>
-cudaError_t LaunchT(const AttentionParams& p, int warps, bool pipelined, int m_tiles, bool capped,
+cudaError_t LaunchT(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
                     cudaStream_t stream) {
   switch (p.d) {
     case 16:
-      return LaunchD<T, 16>(p, warps, pipelined, m_tiles, capped, stream);
+      return LaunchD<T, 16>(p, warps, pipelined, m_tiles, stream);
     case 32:
-      return LaunchD<T, 32>(p, warps, pipelined, m_tiles, capped, stream);
+      return LaunchD<T, 32>(p, warps, pipelined, m_tiles, stream);
     case 64:
-      return LaunchD<T, 64>(p, warps, pipelined, m_tiles, capped, stream);
+      return LaunchD<T, 64>(p, warps, pipelined, m_tiles, stream);
     case 128:
-      return LaunchD<T, 128>(p, warps, pipelined, m_tiles, capped, stream);
+      return LaunchD<T, 128>(p, warps, pipelined, m_tiles, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -551,7 +548,7 @@ bool AttentionMmaSupports(const AttentionParams& p) {
 }
 
 cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelined, int m_tiles,
-                               bool capped, cudaStream_t stream) {
+                               cudaStream_t stream) {
   const bool shape_ok = m_tiles == 2 ? pipelined && warps == 4 && p.d <= 64
                         : m_tiles == 1
                             ? (pipelined ? (warps == 4 || warps == 8) : (warps == 2 || warps == 4))
@@ -566,9 +563,8 @@ cudaError_t LaunchAttentionMma(const AttentionParams& p, int warps, bool pipelin
                 : misaligned(p.y, 4))) {
     return cudaErrorMisalignedAddress;
   }
-  if (p.type == BlasType::kF16)
-    return LaunchT<__half>(p, warps, pipelined, m_tiles, capped, stream);
-  return LaunchT<__nv_bfloat16>(p, warps, pipelined, m_tiles, capped, stream);
+  if (p.type == BlasType::kF16) return LaunchT<__half>(p, warps, pipelined, m_tiles, stream);
+  return LaunchT<__nv_bfloat16>(p, warps, pipelined, m_tiles, stream);
 }
 
 }  // namespace kiln::cuda
