@@ -275,7 +275,8 @@ class CublasLtInt8ProviderBase : public KernelProvider {
       out.push_back(std::move(t));
     };
     if (families.wgmma && Int8WgmmaAvailable()) {
-      for (int tile : Int8WgmmaTilesOffered(WgmmaTileUse::kProduct)) {  // the likeliest fastest first
+      // The likeliest fastest first.
+      for (int tile : Int8WgmmaTilesOffered(WgmmaTileUse::kProduct)) {
         if (!Int8TileFitsRows(p->m, Int8WgmmaTileRows(tile))) continue;
         own(wgmma, "wgmma", kWgmmaTag, tile, Int8WgmmaTileName(tile));
       }
