@@ -534,9 +534,7 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     const bool in_fp8 = request.inputs[0].dtype == kFp8EdgeType;
     const bool out_fp8 = request.outputs[0].dtype == kFp8EdgeType;
     const float out_amax = out_fp8 ? Fp8OutputAmax(node).value_or(0.f) : 0.f;  // 0: none
-    auto type = ToBlasType(!in_fp8    ? request.inputs[0].dtype
-                           : !out_fp8 ? request.outputs[0].dtype
-                                      : request.inputs[1].dtype);
+    auto type = ToBlasType(EdgeProductFloatType(request, kFp8EdgeType));
     if (!amax || !kn || !type || spec.alpha == 0.f || (out_fp8 && out_amax <= 0.f)) {
       return MakeError(ErrorCode::kNoTactic,
                        "node '{}': {} needs a finite positive {} attribute (and {} for an E4M3 "

@@ -322,9 +322,7 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     const bool in_int8 = request.inputs[0].dtype == kInt8EdgeType;
     const bool out_int8 = request.outputs[0].dtype == kInt8EdgeType;
     const float out_scale = out_int8 ? node.attrs().GetFloat(kInt8OutputScaleAttr, 0.f) : 0.f;
-    auto type = ToBlasType(!in_int8    ? request.inputs[0].dtype
-                           : !out_int8 ? request.outputs[0].dtype
-                                       : request.inputs[1].dtype);
+    auto type = ToBlasType(EdgeProductFloatType(request, kInt8EdgeType));
     if (!act || !kn || !type || spec.alpha == 0.f ||
         (out_int8 && !(out_scale > 0.f && std::isfinite(out_scale)))) {
       return MakeError(ErrorCode::kNoTactic,

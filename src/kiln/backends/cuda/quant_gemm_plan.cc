@@ -63,6 +63,14 @@ std::optional<QuantizedGemm> ResolveQuantizedGemmOnEdges(const KernelRequest& r,
   return ResolveQuantizedGemm(in_float, amax);
 }
 
+DataType EdgeProductFloatType(const KernelRequest& r, DataType edge) {
+  if (r.inputs.empty() || r.inputs[0].dtype != edge) {
+    return r.inputs.empty() ? DataType::kUndefined : r.inputs[0].dtype;
+  }
+  if (!r.outputs.empty() && r.outputs[0].dtype != edge) return r.outputs[0].dtype;
+  return r.inputs.size() > 1 ? r.inputs[1].dtype : DataType::kUndefined;
+}
+
 StatusOr<std::pair<int64_t, int64_t>> QuantRowsAndDepth(const GemmSpec& s,
                                                         std::span<const int64_t> a) {
   const bool gemm = s.kind == GemmKind::kGemm;

@@ -62,6 +62,9 @@ std::optional<QuantizedGemm> ResolveQuantizedGemm(const KernelRequest& r,
 // (ProductFloatType).
 std::optional<QuantizedGemm> ResolveQuantizedGemmOnEdges(const KernelRequest& r,
                                                          std::optional<float> amax, DataType edge);
+// The storage (float) type of such a product: A's where A is float, else Y's where Y is float,
+// else B's (both sides 8-bit), as the type rule's ProductFloatType.
+DataType EdgeProductFloatType(const KernelRequest& r, DataType edge);
 
 // M and K of A for these dims: Gemm's A is 2-D; MatMul's leading dims fold into M (a 1-D A is
 // one row). A transposed A must be 2-D. The CPU INT8 kernel's rule.
