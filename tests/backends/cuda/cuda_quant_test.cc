@@ -1213,6 +1213,49 @@ TEST(CudaInt8Host, TheWarpgroupTilesAreOfferedLikeliestFirstEachOnce) {
   }
 }
 
+// A product's order for its shape: the tiles whose waves of blocks fill the SMs best come first.
+// BERT-base's QKV at batch 32 (4096 x 2304) on 132 SMs (an H100 SXM or H200): 288 tiles of
+// 128 x 256 or 256 x 128 make three waves, the last on 24 SMs; 384 of 128 x 192 or 256 x 96 fill
+// three; its 4096 x 768 products: 96 tiles of the first two (one wave on 96 SMs) against 128. Its
+// fc1 (4096 x 3072, 384 tiles of either) and shapes that fill every tile alike keep the order; so
+// do a shape or SM count of 0 and the convolutions. On 114 SMs (an H100 PCIe) QKV's 288 tiles
+// (3 waves of 32 K outputs) and 384 (4 waves of 24 K) come out even: the order stands.
+TEST(CudaInt8Host, AProductsTilesAreOrderedByHowTheirWavesFillTheSms) {
+  using cuda::WgmmaTileUse;
+  constexpr auto kProduct = WgmmaTileUse::kProduct;
+  auto names = [](const std::vector<int>& tiles, size_t count) {
+    std::string out;
+    for (size_t i = 0; i < count && i < tiles.size(); ++i) {
+      out += std::string(out.empty() ? "" : ",") + cuda::Int8WgmmaTileName(tiles[i]);
+    }
+    return out;
+  };
+  const std::vector<int>& plain = cuda::Int8WgmmaTileOrder(kProduct);
+  EXPECT_EQ(names(cuda::Int8WgmmaTileOrder(kProduct, 4096, 2304, 132), 4),
+            "tma-128x192,tma-256x96,tma-128x256,tma-256x128");
+  EXPECT_EQ(names(cuda::Int8WgmmaTileOrder(kProduct, 4096, 768, 132), 3),
+            "tma-128x192,tma-256x96,tma-128x256");
+  EXPECT_EQ(cuda::Int8WgmmaTileOrder(kProduct, 4096, 3072, 132), plain);
+  EXPECT_EQ(cuda::Int8WgmmaTileOrder(kProduct, 4096, 2304, 114), plain);
+  EXPECT_EQ(cuda::Int8WgmmaTileOrder(kProduct, 0, 2304, 132), plain);
+  EXPECT_EQ(cuda::Int8WgmmaTileOrder(kProduct, 4096, 2304, 0), plain);
+  for (auto use : {WgmmaTileUse::kPointwiseConv, WgmmaTileUse::kGatherConv}) {
+    EXPECT_EQ(cuda::Int8WgmmaTileOrder(use, 4096, 2304, 132), cuda::Int8WgmmaTileOrder(use));
+  }
+  // One row block of 128 (a batch-1 sequence): 18 tiles of 128 x 128 (one wave of 16 K outputs)
+  // beat 9 of 128 x 256 (32 K) and 12 of 128 x 192 (24 K, not within 10%); the persistent and
+  // cluster tiles stay last whatever the shape.
+  const std::vector<int> small = cuda::Int8WgmmaTileOrder(kProduct, 128, 2304, 132);
+  EXPECT_EQ(names(small, 2), "tma-128x128,128x128");
+  EXPECT_EQ(names({small.end() - 3, small.end()}, 3), "pp-128x128,ppc2-128x128,tmac2-128x256");
+  for (const std::vector<int>& o : {cuda::Int8WgmmaTileOrder(kProduct, 4096, 2304, 132), small}) {
+    std::vector<int> sorted = o;
+    std::sort(sorted.begin(), sorted.end());
+    ASSERT_EQ(static_cast<int>(sorted.size()), cuda::Int8WgmmaTileCount());
+    for (int i = 0; i < cuda::Int8WgmmaTileCount(); ++i) EXPECT_EQ(sorted[i], i);
+  }
+}
+
 // KILN_CUDA_WGMMA_TILES narrows and reorders the tiles offered (comparing tiles end to end):
 // names of this use's tiles in the order named, each once; others skipped; none left, the default.
 TEST(CudaInt8Host, KilnCudaWgmmaTilesPicksTheTilesOffered) {

@@ -470,7 +470,7 @@ class CublasLtFp8ProviderBase : public KernelProvider {
     if (families.wgmma && Int8WgmmaAvailable()) {
       // kiln's kernel: its own family, so a search that times the first few tactics of each
       // family times some of these (the likeliest fastest) and some of cuBLASLt's.
-      for (int tile : Int8WgmmaTilesOffered(WgmmaTileUse::kProduct)) {
+      for (int tile : Int8WgmmaTilesOffered(WgmmaTileUse::kProduct, p->m, p->n)) {
         if (!Int8TileFitsRows(p->m, Int8WgmmaTileRows(tile))) continue;
         TacticConfig t;
         t.name = fmt::format("f8-{}-cuda-wgmma-e4m3-{}-fast-accum", what, Int8WgmmaTileName(tile));

@@ -276,7 +276,7 @@ class CublasLtInt8ProviderBase : public KernelProvider {
     };
     if (families.wgmma && Int8WgmmaAvailable()) {
       // The likeliest fastest first.
-      for (int tile : Int8WgmmaTilesOffered(WgmmaTileUse::kProduct)) {
+      for (int tile : Int8WgmmaTilesOffered(WgmmaTileUse::kProduct, p->m, p->n)) {
         if (!Int8TileFitsRows(p->m, Int8WgmmaTileRows(tile))) continue;
         own(wgmma, "wgmma", kWgmmaTag, tile, Int8WgmmaTileName(tile));
       }

@@ -44,8 +44,10 @@ Int8Families Int8FamiliesFromEnv() {
   return {};  // "all", unset or anything else: every family
 }
 
-std::vector<int> Int8WgmmaTilesOffered(WgmmaTileUse use) {
-  const std::vector<int>& order = Int8WgmmaTileOrder(use);
+std::vector<int> Int8WgmmaTilesOffered(WgmmaTileUse use, int64_t rows, int64_t cols) {
+  const std::vector<int> order = rows > 0 && cols > 0
+                                     ? Int8WgmmaTileOrder(use, rows, cols, Int8WgmmaSmCount())
+                                     : Int8WgmmaTileOrder(use);
   const char* what = use == WgmmaTileUse::kProduct         ? "a product"
                      : use == WgmmaTileUse::kPointwiseConv ? "a pointwise convolution"
                                                            : "a gathering convolution";

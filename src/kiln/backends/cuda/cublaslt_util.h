@@ -56,11 +56,12 @@ struct Int8Families {
 Int8Families Int8FamiliesFromEnv();
 enum class WgmmaTileUse : int;  // int8_kernels.h
 // The tiles of kiln's wgmma kernel a provider offers (INT8 and FP8 products, INT8 convolutions),
-// likeliest fastest first for their use: Int8WgmmaTileOrder(use), or, where
+// likeliest fastest first for their use: Int8WgmmaTileOrder(use, rows, cols, the device's SM
+// count) for a product of rows x cols outputs (0: shape unknown, the use's order), or, where
 // KILN_CUDA_WGMMA_TILES names tiles (comma-separated, e.g. "pp-128x128,tma-128x256"), those of
 // them in that order, to compare tiles end to end. A name that is no tile of this use is skipped
 // with a warning; when none is left, the default order stands.
-std::vector<int> Int8WgmmaTilesOffered(WgmmaTileUse use);
+std::vector<int> Int8WgmmaTilesOffered(WgmmaTileUse use, int64_t rows = 0, int64_t cols = 0);
 // Whether the current device runs kiln's mma.sync INT8 kernel (compute capability 8.0 or later).
 bool MmaCapable();
 

@@ -99,8 +99,23 @@ enum class WgmmaTileUse : int { kProduct, kPointwiseConv, kGatherConv };
 // faster than either TMA tile on most of ResNet-50's pointwise convolutions, whose N or K is
 // 64-256: session 36, which saw ResNet-50 INT8 lose 6% end to end when the order put tma-256x128
 // second); the ping-pong and cluster tiles last; for a gathering convolution 128x128x2 then
-// 128x128 (session 34). Every tile appears once.
+// 128x128 (session 34). tma-128x192 and tma-256x96 follow the product's two (and the pointwise
+// convolution's three): they fill the last wave of blocks where the others leave SMs idle (below).
+// Every tile appears once.
 const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use);
+// The order for a product of rows x cols outputs on a device of `sms` SMs: the use's order, with
+// the tiles whose predicted time is within 10% of the best first (in that order). A tile's
+// predicted time is its waves of blocks (its tile count over the blocks the SMs hold at once,
+// rounded up) times one block's work (its rows x cols, times the blocks an SM shares): BERT-base's
+// QKV at batch 32 (4096 x 2304) is 288 tiles of 128 x 256 on an H100's 132 SMs, three waves of
+// which the last keeps 24 SMs busy, where 384 tiles of 128 x 192 fill three waves; its output
+// projection and fc2 (4096 x 768) are 96 tiles of 128 x 256 (one wave on 96 SMs) against 128 of
+// 256 x 96. The persistent and cluster tiles keep their places at the end (offered last, their
+// speed is not the waves'). Convolutions, and a product of unknown shape (rows or cols 0) or
+// device (sms 0), take the use's order.
+std::vector<int> Int8WgmmaTileOrder(WgmmaTileUse use, int64_t rows, int64_t cols, int sms);
+// The current device's SM count (0 where it cannot be read).
+int Int8WgmmaSmCount();
 
 // The FP8 product on the same kernels (wgmma's E4M3 x E4M3 -> FP32): a and b hold E4M3 bytes
 // ([M, depth] and [np, depth], the layout and requirements above), col_scale alpha * A's scale *

@@ -161,25 +161,27 @@ __device__ __forceinline__ void LoadAccumulators(const float* src, float (&a)[8]
 // wide, the activation kAct compiled in. The same arithmetic, value for value (the general loop
 // below spent about 27 instructions an output on its checks and its activation switch, which
 // made the epilogue most of a BERT-base product's time on an H100, session 34). The block's
-// threads cover whole rows of 8-column groups, so each thread's columns are the same in every
-// iteration and their scales and bias are loaded once, before the loop: reloaded per row, their
-// global loads were the epilogue's longest waits (Nsight Compute, H100, session 35).
+// threads cover whole rows of 8-column groups, kThreads / (kBn / 8) rows a pass (where kBn / 8
+// does not divide kThreads, the threads past the last whole row of groups sit the loop out: 4 of
+// 256 for 96 columns, 16 for 192), so each thread's columns are the same in every iteration and
+// their scales and bias are loaded once, before the loop: reloaded per row, their global loads
+// were the epilogue's longest waits (Nsight Compute, H100, session 35).
 template <typename T, typename Y, BlasAct kAct, int kBm, int kBn, int kThreads, typename Acc>
 __device__ __forceinline__ void WholeTile(const Int8MmaGemmParams& p, const Acc* tile, int64_t m0,
                                           int64_t n0, int tid) {
-  static_assert(kThreads % (kBn / 8) == 0, "a thread's 8 columns are the same in every row");
+  constexpr int kRowGroups = kBn / 8, kRowsPerPass = kThreads / kRowGroups;
+  static_assert(kRowsPerPass >= 1, "a pass covers at least one row");
+  if (tid >= kRowsPerPass * kRowGroups) return;
   const Int8EpilogueParams& e = p.epi;
   Y* y = static_cast<Y*>(e.y);
   const T* c = static_cast<const T*>(e.c);
   const T* z = static_cast<const T*>(e.z);
-  constexpr int kGroups = kBm * kBn / 8;
-  const int c8 = (tid % (kBn / 8)) * 8;
+  const int c8 = (tid % kRowGroups) * 8;
   float sc[8], add[8];
   LoadRow8(e.col_scale + n0 + c8, sc);
   if (c) LoadRow8(c + n0 + c8, add);
 #pragma unroll 2
-  for (int gi = tid; gi < kGroups; gi += kThreads) {
-    const int r = gi / (kBn / 8);
+  for (int r = tid / kRowGroups; r < kBm; r += kRowsPerPass) {
     const int64_t at = (m0 + r) * e.cols + n0 + c8;
     float a[8], v[8];
     LoadAccumulators(tile + r * (kBn + kAccPad) + c8, a);

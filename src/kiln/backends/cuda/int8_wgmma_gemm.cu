@@ -28,6 +28,7 @@
 
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
@@ -87,41 +88,62 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[kN]) {
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The four warpgroup products on 8-bit K-major operands in shared memory, overloaded on the
-// accumulators: int32 (s8 x s8) or FP32 (E4M3 x E4M3), 64 x 128 (64 per thread) or 64 x 256 (128
-// per thread), D += A[64 x 32 bytes] * B[N x 32 bytes]^T. The predicate operand p (always true:
-// the accumulators start at zero) keeps D; E4M3's two immediates leave A and B unnegated. The
-// operand lists: %0.. the accumulators, then the two descriptors, then the predicate's source.
+// The warpgroup products on 8-bit K-major operands in shared memory, overloaded on the
+// accumulators: int32 (s8 x s8) or FP32 (E4M3 x E4M3), 64 x N with N / 2 accumulators a thread
+// (N 96, 128, 192 or 256), D += A[64 x 32 bytes] * B[N x 32 bytes]^T. The predicate operand p
+// (always true: the accumulators start at zero) keeps D; E4M3's two immediates leave A and B
+// unnegated. The operand lists: %0.. the accumulators, then the two descriptors, then the
+// predicate's source.
 #define KILN_WGMMA_D4(c, i) c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3])
 #define KILN_WGMMA_D16(c, i) \
   KILN_WGMMA_D4(c, i), KILN_WGMMA_D4(c, i + 4), KILN_WGMMA_D4(c, i + 8), KILN_WGMMA_D4(c, i + 12)
 #define KILN_WGMMA_D64(c, i)                                                  \
   KILN_WGMMA_D16(c, i), KILN_WGMMA_D16(c, i + 16), KILN_WGMMA_D16(c, i + 32), \
       KILN_WGMMA_D16(c, i + 48)
+#define KILN_WGMMA_D48(c, i) \
+  KILN_WGMMA_D16(c, i), KILN_WGMMA_D16(c, i + 16), KILN_WGMMA_D16(c, i + 32)
 // clang-format off
 #define KILN_WGMMA_R16(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, q)                             \
   "%" #a ", %" #b ", %" #c ", %" #d ", %" #e ", %" #f ", %" #g ", %" #h ", %" #i ", %" #j ", %" #k \
   ", %" #l ", %" #m ", %" #n ", %" #o ", %" #q
-#define KILN_WGMMA_REGS64                                                                   \
+#define KILN_WGMMA_REGS48                                                                   \
   KILN_WGMMA_R16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15) ", "                 \
   KILN_WGMMA_R16(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) ", "       \
-  KILN_WGMMA_R16(32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47) ", "       \
+  KILN_WGMMA_R16(32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47)
+#define KILN_WGMMA_REGS64                                                                   \
+  KILN_WGMMA_REGS48 ", "                                                                    \
   KILN_WGMMA_R16(48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
-#define KILN_WGMMA_REGS128                                                                  \
+#define KILN_WGMMA_REGS96                                                                   \
   KILN_WGMMA_REGS64 ", "                                                                    \
   KILN_WGMMA_R16(64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79) ", "       \
-  KILN_WGMMA_R16(80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95) ", "       \
+  KILN_WGMMA_R16(80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95)
+#define KILN_WGMMA_REGS128                                                                  \
+  KILN_WGMMA_REGS96 ", "                                                                    \
   KILN_WGMMA_R16(96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110,     \
                  111) ", "                                                                  \
   KILN_WGMMA_R16(112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, \
                  127)
 // clang-format on
 
+__device__ __forceinline__ void Wgmma(int (&d)[48], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.s32.s8.s8 {" KILN_WGMMA_REGS48 "}, %48, %49, p;\n}\n"
+      : KILN_WGMMA_D48("+r", 0)
+      : "l"(da), "l"(db), "r"(1));
+}
 __device__ __forceinline__ void Wgmma(int (&d)[64], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {" KILN_WGMMA_REGS64 "}, %64, %65, p;\n}\n"
       : KILN_WGMMA_D64("+r", 0)
+      : "l"(da), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void Wgmma(int (&d)[96], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k32.s32.s8.s8 {" KILN_WGMMA_REGS96 "}, %96, %97, p;\n}\n"
+      : KILN_WGMMA_D48("+r", 0), KILN_WGMMA_D48("+r", 48)
       : "l"(da), "l"(db), "r"(1));
 }
 __device__ __forceinline__ void Wgmma(int (&d)[128], uint64_t da, uint64_t db) {
@@ -132,12 +154,28 @@ __device__ __forceinline__ void Wgmma(int (&d)[128], uint64_t da, uint64_t db) {
       : KILN_WGMMA_D64("+r", 0), KILN_WGMMA_D64("+r", 64)
       : "l"(da), "l"(db), "r"(1));
 }
+__device__ __forceinline__ void Wgmma(float (&d)[48], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {" KILN_WGMMA_REGS48
+      "}, %48, %49, p, 1, 1;\n}\n"
+      : KILN_WGMMA_D48("+f", 0)
+      : "l"(da), "l"(db), "r"(1));
+}
 __device__ __forceinline__ void Wgmma(float (&d)[64], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" KILN_WGMMA_REGS64
       "}, %64, %65, p, 1, 1;\n}\n"
       : KILN_WGMMA_D64("+f", 0)
+      : "l"(da), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void Wgmma(float (&d)[96], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {" KILN_WGMMA_REGS96
+      "}, %96, %97, p, 1, 1;\n}\n"
+      : KILN_WGMMA_D48("+f", 0), KILN_WGMMA_D48("+f", 48)
       : "l"(da), "l"(db), "r"(1));
 }
 __device__ __forceinline__ void Wgmma(float (&d)[128], uint64_t da, uint64_t db) {
@@ -149,9 +187,12 @@ __device__ __forceinline__ void Wgmma(float (&d)[128], uint64_t da, uint64_t db)
       : "l"(da), "l"(db), "r"(1));
 }
 #undef KILN_WGMMA_REGS128
+#undef KILN_WGMMA_REGS96
 #undef KILN_WGMMA_REGS64
+#undef KILN_WGMMA_REGS48
 #undef KILN_WGMMA_R16
 #undef KILN_WGMMA_D64
+#undef KILN_WGMMA_D48
 #undef KILN_WGMMA_D16
 #undef KILN_WGMMA_D4
 
@@ -728,13 +769,21 @@ __global__ void MbarTimeoutProbeKernel(uint64_t timeout_ns) {
 
 struct TileConfig {
   const char* name;
-  int rows;  // kBm = 2 * 64 * kMi of LaunchTiled's case
+  int rows;           // kBm = 2 * 64 * kMi of LaunchTiled's case
+  int cols;           // kBn
+  int blocks_per_sm;  // resident at once (kMinBlocks; the TMA tiles' shared memory allows one)
+  // A block a tile, in waves: Int8WgmmaTileOrder's shape model applies (not to the persistent
+  // tiles, nor to the slower cluster tile, offered last).
+  bool waves;
 };
 // Index = Int8MmaGemmParams::tile.
-constexpr TileConfig kTiles[] = {{"128x128", 128},      {"128x256", 128},     {"128x128x2", 128},
-                                 {"256x128", 256},      {"tma-128x128", 128}, {"tma-128x256", 128},
-                                 {"tma-256x128", 256},  {"pp-128x128", 128},  {"ppc2-128x128", 128},
-                                 {"tmac2-128x256", 128}};
+constexpr TileConfig kTiles[] = {
+    {"128x128", 128, 128, 1, true},       {"128x256", 128, 256, 1, true},
+    {"128x128x2", 128, 128, 2, true},     {"256x128", 256, 128, 1, true},
+    {"tma-128x128", 128, 128, 1, true},   {"tma-128x256", 128, 256, 1, true},
+    {"tma-256x128", 256, 128, 1, true},   {"pp-128x128", 128, 128, 1, false},
+    {"ppc2-128x128", 128, 128, 1, false}, {"tmac2-128x256", 128, 256, 1, false},
+    {"tma-256x96", 256, 96, 1, true},     {"tma-128x192", 128, 192, 1, true}};
 
 // cuTensorMapEncodeTiled, a driver function, through the runtime's entry point (kiln links the
 // runtime only).
@@ -879,7 +928,11 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
 static_assert(kTiles[0].rows == 128 && kTiles[1].rows == 128 && kTiles[2].rows == 128 &&
               kTiles[3].rows == 256 && kTiles[4].rows == 128 && kTiles[5].rows == 128 &&
               kTiles[6].rows == 256 && kTiles[7].rows == 128 && kTiles[8].rows == 128 &&
-              kTiles[9].rows == 128);
+              kTiles[9].rows == 128 && kTiles[10].rows == 256 && kTiles[11].rows == 128);
+static_assert(kTiles[0].cols == 128 && kTiles[1].cols == 256 && kTiles[2].cols == 128 &&
+              kTiles[3].cols == 128 && kTiles[4].cols == 128 && kTiles[5].cols == 256 &&
+              kTiles[6].cols == 128 && kTiles[7].cols == 128 && kTiles[8].cols == 128 &&
+              kTiles[9].cols == 256 && kTiles[10].cols == 96 && kTiles[11].cols == 192);
 
 // The tile p.tile names. kConv: A is the implicit-GEMM view `conv` (the cp.async tiles only,
 // 0 to Int8WgmmaConvTileCount() - 1: a tensor map cannot gather).
@@ -910,6 +963,10 @@ cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
         return LaunchPingPongTile<Acc, T, Y, 5, 32, 2>(p, stream);
       case 9:  // tma-128x256 in clusters of two along M, B multicast
         return LaunchTmaTile<Acc, T, Y, 1, 256, 4, 2>(p, stream);
+      case 10:  // 4 stages of 44 KB; two 64 x 96 products per warpgroup and K step
+        return LaunchTmaTile<Acc, T, Y, 2, 96, 4>(p, stream);
+      case 11:  // 4 stages of 40 KB
+        return LaunchTmaTile<Acc, T, Y, 1, 192, 4>(p, stream);
     }
   }
   return cudaErrorInvalidValue;
@@ -928,8 +985,9 @@ int Int8WgmmaTileRows(int tile) {
 }
 
 const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use) {
-  static const std::vector<int> product = {5, 6, 2, 4, 0, 3, 1, 7, 8, 9},
-                                pointwise = {5, 2, 6, 4, 0, 3, 1, 7, 8, 9}, gather = {2, 0, 3, 1};
+  static const std::vector<int> product = {5, 6, 11, 10, 2, 4, 0, 3, 1, 7, 8, 9},
+                                pointwise = {5, 2, 6, 11, 10, 4, 0, 3, 1, 7, 8, 9},
+                                gather = {2, 0, 3, 1};
   switch (use) {
     case WgmmaTileUse::kProduct:
       return product;
@@ -940,6 +998,32 @@ const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use) {
   }
   return gather;
 }
+
+std::vector<int> Int8WgmmaTileOrder(WgmmaTileUse use, int64_t rows, int64_t cols, int sms) {
+  const std::vector<int>& order = Int8WgmmaTileOrder(use);
+  if (use != WgmmaTileUse::kProduct || rows <= 0 || cols <= 0 || sms <= 0) return order;
+  // A tile's predicted time, in units of one SM's time for one output of the depth: its waves
+  // of blocks times the work of one (its blocks on an SM at once share it).
+  auto predicted = [&](int t) {
+    const TileConfig& c = kTiles[t];
+    const double tiles = static_cast<double>((rows + c.rows - 1) / c.rows) *
+                         static_cast<double>((cols + c.cols - 1) / c.cols);
+    const double slots = static_cast<double>(sms) * c.blocks_per_sm;
+    return std::ceil(tiles / slots) * c.rows * c.cols * c.blocks_per_sm;
+  };
+  double best = 0;
+  for (int t : order) {
+    if (kTiles[t].waves && (best == 0 || predicted(t) < best)) best = predicted(t);
+  }
+  std::vector<int> front, rest;
+  for (int t : order) {
+    (kTiles[t].waves && predicted(t) <= 1.1 * best ? front : rest).push_back(t);
+  }
+  front.insert(front.end(), rest.begin(), rest.end());
+  return front;
+}
+
+int Int8WgmmaSmCount() { return SmCount(); }
 
 bool Int8WgmmaAvailable() {
   int device = 0, major = 0, minor = 0;
