@@ -203,8 +203,10 @@ void RunCase(benchmark::State& state, const BenchCase& c) {
 constexpr DataType kF16 = DataType::kFloat16;
 constexpr DataType kI64 = DataType::kInt64;
 // kiln's warpgroup kernel's tiles: the cp.async and TMA ones, the ping-pong one and the two in
-// clusters of two. A case's tN is the Nth tactic offered, in Int8WgmmaTileOrder (likeliest first;
-// since session 34, before it the tile numbers); the label names the tile.
+// clusters of two. A case's tN is the Nth tactic offered, in Int8WgmmaTileOrder for the case's
+// shape (likeliest first; since session 34, before it the tile numbers); the label names the tile.
+// Tiles not yet GPU-tested (Int8WgmmaTileGpuTested) are offered only where KILN_CUDA_WGMMA_TILES
+// names them (then tN follows that list); without it their tN cases report "no such tactic".
 const size_t kWgmmaTiles = static_cast<size_t>(cuda::Int8WgmmaTileCount());
 
 const bool kRegistered = [] {

@@ -571,6 +571,16 @@ struct ScopedEnv {
   std::optional<std::string> before_;
 };
 
+// KILN_CUDA_WGMMA_TILES naming every tile of the warpgroup kernel, those not yet GPU-tested
+// (Int8WgmmaTileGpuTested) included: the tests that run every tile offer them all.
+std::string EveryWgmmaTileName() {
+  std::string names;
+  for (int t : cuda::Int8WgmmaTileOrder(cuda::WgmmaTileUse::kProduct)) {
+    names += std::string(names.empty() ? "" : ",") + cuda::Int8WgmmaTileName(t);
+  }
+  return names;
+}
+
 // kiln's warpgroup kernel (int8_wgmma_gemm.cu) on Hopper, alone (KILN_CUDA_INT8_KERNEL=wgmma):
 // offered in each of its tiles, and meeting the same bounds (CheckCase runs every tactic) on
 // BERT-base's shapes and odd ones: M, N and K off every tile's multiple, K within one partial
@@ -578,6 +588,7 @@ struct ScopedEnv {
 TEST_F(CudaInt8Test, OwnWarpgroupKernelRunsEveryTile) {
   if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
   ScopedEnv wgmma_only("KILN_CUDA_INT8_KERNEL", "wgmma");
+  ScopedEnv every_tile("KILN_CUDA_WGMMA_TILES", EveryWgmmaTileName().c_str());
   const int tiles = cuda::Int8WgmmaTileCount();
   const std::vector<I8Case> cases = {
       {"FusedMatMul", {2, 100, 768}, 768, 2304, false, false, 1.f, 1.f, {2304}, true, "gelu"},
@@ -1268,10 +1279,30 @@ TEST(CudaInt8Host, KilnCudaWgmmaTilesPicksTheTilesOffered) {
     return names;
   };
   {
+    // Unset: the use's order less the tiles not yet GPU-tested.
     ScopedEnv unset("KILN_CUDA_WGMMA_TILES", "");
     for (auto use : {kProduct, kPointwise, kGather}) {
-      EXPECT_EQ(cuda::Int8WgmmaTilesOffered(use), cuda::Int8WgmmaTileOrder(use));
+      std::vector<int> tested;
+      for (int t : cuda::Int8WgmmaTileOrder(use)) {
+        if (cuda::Int8WgmmaTileGpuTested(t)) tested.push_back(t);
+      }
+      EXPECT_EQ(cuda::Int8WgmmaTilesOffered(use), tested);
+      // With a shape (ordered for this device's SMs, if any): the same tiles.
+      std::vector<int> shaped = cuda::Int8WgmmaTilesOffered(use, 4096, 2304);
+      std::sort(shaped.begin(), shaped.end());
+      std::sort(tested.begin(), tested.end());
+      EXPECT_EQ(shaped, tested);
     }
+    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kProduct)).find("tma-256x96"), std::string::npos);
+  }
+  {
+    // Naming a tile not yet GPU-tested offers it.
+    ScopedEnv named("KILN_CUDA_WGMMA_TILES", "tma-128x192,tma-256x96");
+    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kProduct)), "tma-128x192,tma-256x96");
+    EXPECT_FALSE(cuda::Int8WgmmaTileGpuTested(10));
+    EXPECT_TRUE(cuda::Int8WgmmaTileGpuTested(5));
+    EXPECT_FALSE(cuda::Int8WgmmaTileGpuTested(-1));
+    EXPECT_FALSE(cuda::Int8WgmmaTileGpuTested(cuda::Int8WgmmaTileCount()));
   }
   {
     ScopedEnv named("KILN_CUDA_WGMMA_TILES", "pp-128x128,,nonsense,tma-128x256,pp-128x128");
@@ -1843,6 +1874,7 @@ TEST_F(CudaFp8Test, WarpgroupEdgeKernelsWriteAndReadE4M3AsTheContractDoes) {
 TEST_F(CudaFp8Test, OwnWarpgroupKernelRunsEveryTile) {
   if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
   ScopedEnv only("KILN_CUDA_FP8_KERNEL", "wgmma");
+  ScopedEnv every_tile("KILN_CUDA_WGMMA_TILES", EveryWgmmaTileName().c_str());
   const DataType f32 = DataType::kFloat32, f16 = DataType::kFloat16, bf16 = DataType::kBFloat16;
   struct Case {
     I8Case c;

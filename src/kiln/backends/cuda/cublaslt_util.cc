@@ -51,8 +51,15 @@ std::vector<int> Int8WgmmaTilesOffered(WgmmaTileUse use, int64_t rows, int64_t c
   const char* what = use == WgmmaTileUse::kProduct         ? "a product"
                      : use == WgmmaTileUse::kPointwiseConv ? "a pointwise convolution"
                                                            : "a gathering convolution";
+  auto tested = [&] {
+    std::vector<int> out;
+    for (int t : order) {
+      if (Int8WgmmaTileGpuTested(t)) out.push_back(t);
+    }
+    return out;
+  };
   const char* v = std::getenv("KILN_CUDA_WGMMA_TILES");
-  if (!v || !*v) return order;
+  if (!v || !*v) return tested();
   std::vector<int> named;
   std::string_view rest(v);
   while (!rest.empty()) {
@@ -79,7 +86,7 @@ std::vector<int> Int8WgmmaTilesOffered(WgmmaTileUse use, int64_t rows, int64_t c
       named.push_back(*it);
     }
   }
-  return named.empty() ? order : named;
+  return named.empty() ? tested() : named;
 }
 
 bool MmaCapable() {

@@ -60,7 +60,8 @@ enum class WgmmaTileUse : int;  // int8_kernels.h
 // count) for a product of rows x cols outputs (0: shape unknown, the use's order), or, where
 // KILN_CUDA_WGMMA_TILES names tiles (comma-separated, e.g. "pp-128x128,tma-128x256"), those of
 // them in that order, to compare tiles end to end. A name that is no tile of this use is skipped
-// with a warning; when none is left, the default order stands.
+// with a warning; when none is left, the default order stands. The default order leaves out the
+// tiles not yet GPU-tested (Int8WgmmaTileGpuTested); naming one offers it.
 std::vector<int> Int8WgmmaTilesOffered(WgmmaTileUse use, int64_t rows = 0, int64_t cols = 0);
 // Whether the current device runs kiln's mma.sync INT8 kernel (compute capability 8.0 or later).
 bool MmaCapable();

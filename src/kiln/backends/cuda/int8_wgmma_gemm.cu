@@ -775,15 +775,22 @@ struct TileConfig {
   // A block a tile, in waves: Int8WgmmaTileOrder's shape model applies (not to the persistent
   // tiles, nor to the slower cluster tile, offered last).
   bool waves;
+  bool gpu_tested;  // Int8WgmmaTileGpuTested
 };
 // Index = Int8MmaGemmParams::tile.
-constexpr TileConfig kTiles[] = {
-    {"128x128", 128, 128, 1, true},       {"128x256", 128, 256, 1, true},
-    {"128x128x2", 128, 128, 2, true},     {"256x128", 256, 128, 1, true},
-    {"tma-128x128", 128, 128, 1, true},   {"tma-128x256", 128, 256, 1, true},
-    {"tma-256x128", 256, 128, 1, true},   {"pp-128x128", 128, 128, 1, false},
-    {"ppc2-128x128", 128, 128, 1, false}, {"tmac2-128x256", 128, 256, 1, false},
-    {"tma-256x96", 256, 96, 1, true},     {"tma-128x192", 128, 192, 1, true}};
+constexpr TileConfig kTiles[] = {{"128x128", 128, 128, 1, true, true},
+                                 {"128x256", 128, 256, 1, true, true},
+                                 {"128x128x2", 128, 128, 2, true, true},
+                                 {"256x128", 256, 128, 1, true, true},
+                                 {"tma-128x128", 128, 128, 1, true, true},
+                                 {"tma-128x256", 128, 256, 1, true, true},
+                                 {"tma-256x128", 256, 128, 1, true, true},
+                                 {"pp-128x128", 128, 128, 1, false, true},
+                                 {"ppc2-128x128", 128, 128, 1, false, true},
+                                 {"tmac2-128x256", 128, 256, 1, false, true},
+                                 // Session 38, when no GPU was lent: not yet run.
+                                 {"tma-256x96", 256, 96, 1, true, false},
+                                 {"tma-128x192", 128, 192, 1, true, false}};
 
 // cuTensorMapEncodeTiled, a driver function, through the runtime's entry point (kiln links the
 // runtime only).
@@ -982,6 +989,10 @@ const char* Int8WgmmaTileName(int tile) {
 
 int Int8WgmmaTileRows(int tile) {
   return tile >= 0 && tile < Int8WgmmaTileCount() ? kTiles[tile].rows : 0;
+}
+
+bool Int8WgmmaTileGpuTested(int tile) {
+  return tile >= 0 && tile < Int8WgmmaTileCount() && kTiles[tile].gpu_tested;
 }
 
 const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use) {
