@@ -769,28 +769,30 @@ __global__ void MbarTimeoutProbeKernel(uint64_t timeout_ns) {
 
 struct TileConfig {
   const char* name;
-  int rows;           // kBm = 2 * 64 * kMi of LaunchTiled's case
-  int cols;           // kBn
-  int blocks_per_sm;  // resident at once (kMinBlocks; the TMA tiles' shared memory allows one)
-  // A block a tile, in waves: Int8WgmmaTileOrder's shape model applies (not to the persistent
-  // tiles, nor to the slower cluster tile, offered last).
+  int rows;  // kBm = 2 * 64 * kMi of LaunchTiled's case
+  int cols;  // kBn
+  // Int8WgmmaTileOrder's shape model moves it: the TMA tiles of one block a tile, one block an
+  // SM, at least 128 x 192 (one kernel, alike in their work per output, so their waves are what
+  // sets them apart). Not the 128 x 128 tiles (a third more operand bytes per output than 128 x
+  // 256, which a model of waves alone does not see), the cp.async tiles, the persistent ones or the
+  // cluster one.
   bool waves;
   bool gpu_tested;  // Int8WgmmaTileGpuTested
 };
 // Index = Int8MmaGemmParams::tile.
-constexpr TileConfig kTiles[] = {{"128x128", 128, 128, 1, true, true},
-                                 {"128x256", 128, 256, 1, true, true},
-                                 {"128x128x2", 128, 128, 2, true, true},
-                                 {"256x128", 256, 128, 1, true, true},
-                                 {"tma-128x128", 128, 128, 1, true, true},
-                                 {"tma-128x256", 128, 256, 1, true, true},
-                                 {"tma-256x128", 256, 128, 1, true, true},
-                                 {"pp-128x128", 128, 128, 1, false, true},
-                                 {"ppc2-128x128", 128, 128, 1, false, true},
-                                 {"tmac2-128x256", 128, 256, 1, false, true},
+constexpr TileConfig kTiles[] = {{"128x128", 128, 128, false, true},
+                                 {"128x256", 128, 256, false, true},
+                                 {"128x128x2", 128, 128, false, true},
+                                 {"256x128", 256, 128, false, true},
+                                 {"tma-128x128", 128, 128, false, true},
+                                 {"tma-128x256", 128, 256, true, true},
+                                 {"tma-256x128", 256, 128, true, true},
+                                 {"pp-128x128", 128, 128, false, true},
+                                 {"ppc2-128x128", 128, 128, false, true},
+                                 {"tmac2-128x256", 128, 256, false, true},
                                  // Session 38, when no GPU was lent: not yet run.
-                                 {"tma-256x96", 256, 96, 1, true, false},
-                                 {"tma-128x192", 128, 192, 1, true, false}};
+                                 {"tma-256x96", 256, 96, true, false},
+                                 {"tma-128x192", 128, 192, true, false}};
 
 // cuTensorMapEncodeTiled, a driver function, through the runtime's entry point (kiln links the
 // runtime only).
@@ -1014,13 +1016,12 @@ std::vector<int> Int8WgmmaTileOrder(WgmmaTileUse use, int64_t rows, int64_t cols
   const std::vector<int>& order = Int8WgmmaTileOrder(use);
   if (use != WgmmaTileUse::kProduct || rows <= 0 || cols <= 0 || sms <= 0) return order;
   // A tile's predicted time, in units of one SM's time for one output of the depth: its waves
-  // of blocks times the work of one (its blocks on an SM at once share it).
+  // of blocks (one block an SM) times one block's outputs.
   auto predicted = [&](int t) {
     const TileConfig& c = kTiles[t];
-    const double tiles = static_cast<double>((rows + c.rows - 1) / c.rows) *
-                         static_cast<double>((cols + c.cols - 1) / c.cols);
-    const double slots = static_cast<double>(sms) * c.blocks_per_sm;
-    return std::ceil(tiles / slots) * c.rows * c.cols * c.blocks_per_sm;
+    auto blocks = [](int64_t n, int per) { return n / per + (n % per != 0); };
+    const double tiles = static_cast<double>(blocks(rows, c.rows)) * blocks(cols, c.cols);
+    return std::ceil(tiles / sms) * c.rows * c.cols;
   };
   double best = 0;
   for (int t : order) {
