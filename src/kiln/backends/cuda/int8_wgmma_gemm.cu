@@ -125,67 +125,37 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[kN]) {
                  127)
 // clang-format on
 
-__device__ __forceinline__ void Wgmma(int (&d)[48], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k32.s32.s8.s8 {" KILN_WGMMA_REGS48 "}, %48, %49, p;\n}\n"
-      : KILN_WGMMA_D48("+r", 0)
-      : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void Wgmma(int (&d)[64], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {" KILN_WGMMA_REGS64 "}, %64, %65, p;\n}\n"
-      : KILN_WGMMA_D64("+r", 0)
-      : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void Wgmma(int (&d)[96], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n192k32.s32.s8.s8 {" KILN_WGMMA_REGS96 "}, %96, %97, p;\n}\n"
-      : KILN_WGMMA_D48("+r", 0), KILN_WGMMA_D48("+r", 48)
-      : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void Wgmma(int (&d)[128], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {" KILN_WGMMA_REGS128
-      "}, %128, %129, p;\n}\n"
-      : KILN_WGMMA_D64("+r", 0), KILN_WGMMA_D64("+r", 64)
-      : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void Wgmma(float (&d)[48], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {" KILN_WGMMA_REGS48
-      "}, %48, %49, p, 1, 1;\n}\n"
-      : KILN_WGMMA_D48("+f", 0)
-      : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void Wgmma(float (&d)[64], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" KILN_WGMMA_REGS64
-      "}, %64, %65, p, 1, 1;\n}\n"
-      : KILN_WGMMA_D64("+f", 0)
-      : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void Wgmma(float (&d)[96], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {" KILN_WGMMA_REGS96
-      "}, %96, %97, p, 1, 1;\n}\n"
-      : KILN_WGMMA_D48("+f", 0), KILN_WGMMA_D48("+f", 48)
-      : "l"(da), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void Wgmma(float (&d)[128], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {" KILN_WGMMA_REGS128
-      "}, %128, %129, p, 1, 1;\n}\n"
-      : KILN_WGMMA_D64("+f", 0), KILN_WGMMA_D64("+f", 64)
-      : "l"(da), "l"(db), "r"(1));
-}
+// One overload: Acc (&d)[kN] accumulators, the instruction (shape and types), its register list
+// and operand lists, the operand numbers of the two descriptors and of the predicate's source,
+// and what follows the predicate (E4M3's two immediates).
+#define KILN_WGMMA_OVERLOAD(Acc, kN, instruction, regs, desc_a, desc_b, pred, tail, ...)   \
+  __device__ __forceinline__ void Wgmma(Acc(&d)[kN], uint64_t da, uint64_t db) {           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #pred ", 0;\n" instruction " {" regs \
+                 "}, %" #desc_a ", %" #desc_b ", p" tail ";\n}\n"                          \
+                 : __VA_ARGS__                                                             \
+                 : "l"(da), "l"(db), "r"(1));                                              \
+  }
+#define KILN_WGMMA_S8(kN, shape, regs, a, b, p, ...)                                              \
+  KILN_WGMMA_OVERLOAD(int, kN, "wgmma.mma_async.sync.aligned." shape ".s32.s8.s8", regs, a, b, p, \
+                      "", __VA_ARGS__)
+#define KILN_WGMMA_E4M3(kN, shape, regs, a, b, p, ...)                                            \
+  KILN_WGMMA_OVERLOAD(float, kN, "wgmma.mma_async.sync.aligned." shape ".f32.e4m3.e4m3", regs, a, \
+                      b, p, ", 1, 1", __VA_ARGS__)
+KILN_WGMMA_S8(48, "m64n96k32", KILN_WGMMA_REGS48, 48, 49, 50, KILN_WGMMA_D48("+r", 0))
+KILN_WGMMA_S8(64, "m64n128k32", KILN_WGMMA_REGS64, 64, 65, 66, KILN_WGMMA_D64("+r", 0))
+KILN_WGMMA_S8(96, "m64n192k32", KILN_WGMMA_REGS96, 96, 97, 98, KILN_WGMMA_D48("+r", 0),
+              KILN_WGMMA_D48("+r", 48))
+KILN_WGMMA_S8(128, "m64n256k32", KILN_WGMMA_REGS128, 128, 129, 130, KILN_WGMMA_D64("+r", 0),
+              KILN_WGMMA_D64("+r", 64))
+KILN_WGMMA_E4M3(48, "m64n96k32", KILN_WGMMA_REGS48, 48, 49, 50, KILN_WGMMA_D48("+f", 0))
+KILN_WGMMA_E4M3(64, "m64n128k32", KILN_WGMMA_REGS64, 64, 65, 66, KILN_WGMMA_D64("+f", 0))
+KILN_WGMMA_E4M3(96, "m64n192k32", KILN_WGMMA_REGS96, 96, 97, 98, KILN_WGMMA_D48("+f", 0),
+                KILN_WGMMA_D48("+f", 48))
+KILN_WGMMA_E4M3(128, "m64n256k32", KILN_WGMMA_REGS128, 128, 129, 130, KILN_WGMMA_D64("+f", 0),
+                KILN_WGMMA_D64("+f", 64))
+#undef KILN_WGMMA_E4M3
+#undef KILN_WGMMA_S8
+#undef KILN_WGMMA_OVERLOAD
 #undef KILN_WGMMA_REGS128
 #undef KILN_WGMMA_REGS96
 #undef KILN_WGMMA_REGS64
