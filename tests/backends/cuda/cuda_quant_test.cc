@@ -2550,6 +2550,8 @@ TEST_F(CudaInt8Test, MmaConvolutionMatchesTheDirectConvolution) {
 // twice (RunCudaKernel).
 void CheckInt8ConvolutionLayer(const char* family) {
   ScopedEnv only("KILN_CUDA_INT8_KERNEL", family);
+  // Every tile, those not yet GPU-tested included (a pointwise layer runs on each).
+  ScopedEnv every_tile("KILN_CUDA_WGMMA_TILES", EveryWgmmaTileName().c_str());
   const bool wgmma = std::string_view(family) == "wgmma";
   std::vector<ConvCase> cases(std::begin(kInt8ConvCases), std::end(kInt8ConvCases));
   cases.push_back({{2, 64, 14, 14, 160, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1}, true, true, "relu"});
