@@ -29,6 +29,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <random>
 
@@ -1215,12 +1216,16 @@ TEST(CudaInt8Host, TheWarpgroupTilesAreOfferedLikeliestFirstEachOnce) {
     const bool gather = c.use == WgmmaTileUse::kGatherConv;
     SCOPED_TRACE(c.first + "," + c.second);
     std::vector<int> order = cuda::Int8WgmmaTileOrder(c.use);
-    const int count = gather ? cuda::Int8WgmmaConvTileCount() : cuda::Int8WgmmaTileCount();
-    ASSERT_EQ(static_cast<int>(order.size()), count);
     EXPECT_EQ(std::string(cuda::Int8WgmmaTileName(order[0])), c.first);
     EXPECT_EQ(std::string(cuda::Int8WgmmaTileName(order[1])), c.second);
+    // Every tile once (a gathering convolution: every tile that gathers once).
+    std::vector<int> want;
+    for (int t = 0; t < cuda::Int8WgmmaTileCount(); ++t) {
+      if (!gather || cuda::Int8WgmmaTileGathers(t)) want.push_back(t);
+    }
     std::sort(order.begin(), order.end());
-    for (int i = 0; i < count; ++i) EXPECT_EQ(order[i], i);
+    EXPECT_EQ(order, want);
+    if (gather) EXPECT_EQ(static_cast<int>(order.size()), cuda::Int8WgmmaConvTileCount());
   }
 }
 
@@ -1258,12 +1263,26 @@ TEST(CudaInt8Host, AProductsTilesAreOrderedByHowTheirWavesFillTheSms) {
   // they and the persistent and cluster tiles keep their places whatever the shape.
   const std::vector<int> small = cuda::Int8WgmmaTileOrder(kProduct, 128, 2304, 132);
   EXPECT_EQ(names(small, 4), "tma-128x192,tma-256x96,tma-128x256,tma-256x128");
-  EXPECT_EQ(names({small.begin() + 4, small.end()}, 8),
-            "128x128x2,tma-128x128,128x128,256x128,128x256,pp-128x128,ppc2-128x128,"
+  EXPECT_EQ(names({small.begin() + 4, small.end()}, 9),
+            "128x128x2,tma-128x128,128x128,256x128,128x256,128x64x2,pp-128x128,ppc2-128x128,"
             "tmac2-128x256");
   // ViT-B/16's QKV at batch 32 (6304 x 2304): 450 tiles of 128 x 256 (4 waves) against 600 of
   // 128 x 192 (5 waves of 24 K): within 10%, the order stands.
   EXPECT_EQ(cuda::Int8WgmmaTileOrder(kProduct, 6304, 2304, 132), plain);
+  // An output of at most 64 columns (ResNet-50's stem and layer 1): 128x64x2 first for every use,
+  // the rest in the use's order; 65 columns: the order by waves alone.
+  for (auto use : {kProduct, WgmmaTileUse::kPointwiseConv, WgmmaTileUse::kGatherConv}) {
+    for (int64_t cols : {1, 64}) {
+      const std::vector<int> narrow = cuda::Int8WgmmaTileOrder(use, 100352, cols, 132);
+      std::vector<int> want = {12};
+      for (int t : cuda::Int8WgmmaTileOrder(use)) {
+        if (t != 12) want.push_back(t);
+      }
+      EXPECT_EQ(narrow, want) << cols;
+    }
+    EXPECT_EQ(names(cuda::Int8WgmmaTileOrder(use, 0, 64, 0), 1), "128x64x2");
+    EXPECT_NE(names(cuda::Int8WgmmaTileOrder(use, 100352, 65, 132), 1), "128x64x2");
+  }
   for (const std::vector<int>& o : {cuda::Int8WgmmaTileOrder(kProduct, 4096, 2304, 132), small}) {
     std::vector<int> sorted = o;
     std::sort(sorted.begin(), sorted.end());
@@ -1313,8 +1332,12 @@ TEST(CudaInt8Host, KilnCudaWgmmaTilesPicksTheTilesOffered) {
     ScopedEnv named("KILN_CUDA_WGMMA_TILES", "pp-128x128,,nonsense,tma-128x256,pp-128x128");
     EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kProduct)), "pp-128x128,tma-128x256");
     EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kPointwise)), "pp-128x128,tma-128x256");
-    // No TMA or persistent tile gathers a convolution: the default order stands.
-    EXPECT_EQ(cuda::Int8WgmmaTilesOffered(kGather), cuda::Int8WgmmaTileOrder(kGather));
+    // No TMA or persistent tile gathers a convolution: the default (its GPU-tested tiles).
+    std::vector<int> tested;
+    for (int t : cuda::Int8WgmmaTileOrder(kGather)) {
+      if (cuda::Int8WgmmaTileGpuTested(t)) tested.push_back(t);
+    }
+    EXPECT_EQ(cuda::Int8WgmmaTilesOffered(kGather), tested);
   }
   {
     ScopedEnv named("KILN_CUDA_WGMMA_TILES", "128x128x2");
@@ -2480,7 +2503,7 @@ TEST_F(CudaInt8Test, EdgesBetweenInt8ProductsMatchTheBuildWithout) {
 // tiles and whose depth spans several stages.
 using ConvLaunch = cudaError_t (*)(const cuda::Int8MmaGemmParams&, const cuda::ImplicitGemmConv&,
                                    cudaStream_t);
-void CheckDirectConvolution(ConvLaunch launch, int tiles) {
+void CheckDirectConvolution(ConvLaunch launch, const std::vector<int>& tiles) {
   std::vector<ConvShape> shapes(std::begin(kConvShapes), std::end(kConvShapes));
   shapes.push_back({2, 64, 14, 14, 160, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1});
   shapes.push_back({1, 256, 7, 7, 300, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1});
@@ -2500,7 +2523,7 @@ void CheckDirectConvolution(ConvLaunch launch, int tiles) {
     cudaMemcpy(x, pr.xq.data(), pr.xq.size(), cudaMemcpyHostToDevice);
     cudaMemcpy(b, pr.b.data(), pr.b.size(), cudaMemcpyHostToDevice);
     cudaMemcpy(cs, scale.data(), scale.size() * sizeof(float), cudaMemcpyHostToDevice);
-    for (int tile = 0; tile < tiles; ++tile) {
+    for (int tile : tiles) {
       SCOPED_TRACE(fmt::format("tile {}", tile));
       cuda::Int8MmaGemmParams p;
       p.a = static_cast<const int8_t*>(x);
@@ -2535,12 +2558,16 @@ void CheckDirectConvolution(ConvLaunch launch, int tiles) {
 
 TEST_F(CudaInt8Test, WarpgroupConvolutionMatchesTheDirectConvolution) {
   if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
-  CheckDirectConvolution(cuda::LaunchInt8WgmmaConv, cuda::Int8WgmmaConvTileCount());
+  // Every gathering tile, those not yet GPU-tested included.
+  CheckDirectConvolution(cuda::LaunchInt8WgmmaConv,
+                         cuda::Int8WgmmaTileOrder(cuda::WgmmaTileUse::kGatherConv));
 }
 
 TEST_F(CudaInt8Test, MmaConvolutionMatchesTheDirectConvolution) {
   if (!cuda::MmaCapable()) GTEST_SKIP() << "kiln's mma.sync INT8 kernel needs sm_80";
-  CheckDirectConvolution(cuda::LaunchInt8MmaConv, cuda::Int8MmaTileCount());
+  std::vector<int> tiles(static_cast<size_t>(cuda::Int8MmaTileCount()));
+  std::iota(tiles.begin(), tiles.end(), 0);
+  CheckDirectConvolution(cuda::LaunchInt8MmaConv, tiles);
 }
 
 // The INT8 convolution layer (conv_int8.cc): every tile of the provider's tactics in each family

@@ -184,8 +184,9 @@ class Int8ConvProviderBase : public KernelProvider {
       out.push_back(std::move(t));
     };
     if (families.wgmma && Int8WgmmaAvailable()) {
-      for (int tile : Int8WgmmaTilesOffered(q->pointwise ? WgmmaTileUse::kPointwiseConv
-                                                         : WgmmaTileUse::kGatherConv)) {
+      for (int tile : Int8WgmmaTilesOffered(
+               q->pointwise ? WgmmaTileUse::kPointwiseConv : WgmmaTileUse::kGatherConv, rows,
+               q->k)) {
         if (!Int8TileFitsRows(rows, Int8WgmmaTileRows(tile))) continue;
         own(wgmma, "wgmma", kWgmmaTag, tile, Int8WgmmaTileName(tile));
       }
@@ -212,12 +213,12 @@ class Int8ConvProviderBase : public KernelProvider {
                        node.name(), tactic.name, kInt8InputAmaxAttr, kInt8OutputScaleAttr);
     }
     const bool wgmma = OwnTactic(tactic) && tactic.params[0] == kWgmmaTag;
-    const int tiles = wgmma ? WgmmaTileCount(*q) : Int8MmaTileCount();
-    if (!OwnTactic(tactic) || tactic.params[1] < 0 || tactic.params[1] >= tiles) {
+    if (!OwnTactic(tactic) || !TileRuns(*q, wgmma, tactic.params[1])) {
       return MakeError(ErrorCode::kInvalidArgument,
-                       "{}: tactic '{}' is not one of this provider's ({{wgmma or mma tag, tile < "
-                       "{}}})",
-                       id(), tactic.name, tiles);
+                       "{}: tactic '{}' is not one of this provider's (wgmma or mma tag, and a "
+                       "tile of that kernel that runs this layer: {} of {})",
+                       id(), tactic.name, wgmma && !q->pointwise ? "a gathering one" : "any one",
+                       wgmma ? Int8WgmmaTileCount() : Int8MmaTileCount());
     }
     if (wgmma && !Int8WgmmaAvailable()) {
       return MakeError(ErrorCode::kNoTactic,
@@ -258,8 +259,9 @@ class Int8ConvProviderBase : public KernelProvider {
  private:
   // A pointwise layer runs on every tile of the wgmma matrix kernel; others on the gathering
   // ones. The mma.sync kernel gathers in every tile.
-  static int WgmmaTileCount(const QuantizedConv& q) {
-    return q.pointwise ? Int8WgmmaTileCount() : Int8WgmmaConvTileCount();
+  static bool TileRuns(const QuantizedConv& q, bool wgmma, int64_t tile) {
+    if (tile < 0 || tile >= (wgmma ? Int8WgmmaTileCount() : Int8MmaTileCount())) return false;
+    return !wgmma || q.pointwise || Int8WgmmaTileGathers(static_cast<int>(tile));
   }
   static bool OwnTactic(const TacticConfig& t) {
     return t.params.size() == 2 && (t.params[0] == kWgmmaTag || t.params[0] == kMmaTag);

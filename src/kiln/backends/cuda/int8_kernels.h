@@ -106,7 +106,8 @@ enum class WgmmaTileUse : int { kProduct, kPointwiseConv, kGatherConv };
 // second); the ping-pong and cluster tiles last; for a gathering convolution 128x128x2 then
 // 128x128 (session 34). tma-128x192 and tma-256x96 follow the product's two (and the pointwise
 // convolution's three): they fill the last wave of blocks where the others leave SMs idle (below).
-// Every tile appears once.
+// 128x64x2 comes before the ping-pong and cluster tiles (and last for a gathering convolution);
+// the shape's order puts it first for a narrow output (below). Every tile appears once.
 const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use);
 // The order for a product of rows x cols outputs on a device of `sms` SMs: the use's order, with
 // those of the one-block-an-SM TMA tiles of at least 128 x 192 (tma-128x256, tma-256x128,
@@ -117,7 +118,10 @@ const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use);
 // which the last keeps 24 SMs busy, where 384 tiles of 128 x 192 fill three waves; its output
 // projection and fc2 (4096 x 768) are 96 tiles of 128 x 256 (one wave on 96 SMs) against 128 of
 // 256 x 96. Convolutions, and a product of unknown shape (rows or cols 0) or device (sms 0),
-// take the use's order.
+// take the use's order. For any use, an output of at most 64 columns (cols 1-64) puts 128x64x2
+// first, the only tile that narrow: every other is 128 or more columns wide, so half or more of
+// its products would be on padding (ResNet-50's stem and layer 1, 64 channels: their INT8
+// convolutions took 2-2.5x FP16's time on 128-column tiles, H100, session 36).
 std::vector<int> Int8WgmmaTileOrder(WgmmaTileUse use, int64_t rows, int64_t cols, int sms);
 // The current device's SM count (0 where it cannot be read).
 int Int8WgmmaSmCount();
@@ -134,11 +138,14 @@ cudaError_t LaunchFp8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream);
 // quantized input x [N, H, W, conv.cp], p.b the packed weights [np, R * S * Cp], p.depth
 // conv.depth(), epi.rows conv.rows(), Y [N * OH * OW, K] (NHWC) with the epilogue of
 // LaunchInt8MmaGemm; lda is not read (the loader gathers A's rows) but must be a multiple of 16.
-// The cp.async tiles only: tile in [0, Int8WgmmaConvTileCount()). conv_int8.cc's provider
-// offers it (written without a GPU, sessions 30-31).
+// The cp.async tiles only: a tile where Int8WgmmaTileGathers. conv_int8.cc's provider offers it
+// (written without a GPU, sessions 30-31).
 struct ImplicitGemmConv;
 cudaError_t LaunchInt8WgmmaConv(const Int8MmaGemmParams& p, const ImplicitGemmConv& conv,
                                 cudaStream_t stream);
+// The tiles that gather (the cp.async ones: 128x128, 128x256, 128x128x2, 256x128, 128x64x2), and
+// how many there are (Int8WgmmaTileOrder(kGatherConv)'s).
+bool Int8WgmmaTileGathers(int tile);
 int Int8WgmmaConvTileCount();
 
 // The same convolution on kiln's mma.sync kernel (int8_mma_gemm.cu, sm_80+), every tile of

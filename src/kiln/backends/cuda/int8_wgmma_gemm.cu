@@ -90,7 +90,7 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[kN]) {
 
 // The warpgroup products on 8-bit K-major operands in shared memory, overloaded on the
 // accumulators: int32 (s8 x s8) or FP32 (E4M3 x E4M3), 64 x N with N / 2 accumulators a thread
-// (N 96, 128, 192 or 256), D += A[64 x 32 bytes] * B[N x 32 bytes]^T. The predicate operand p
+// (N 64, 96, 128, 192 or 256), D += A[64 x 32 bytes] * B[N x 32 bytes]^T. The predicate operand p
 // (always true: the accumulators start at zero) keeps D; E4M3's two immediates leave A and B
 // unnegated. The operand lists: %0.. the accumulators, then the two descriptors, then the
 // predicate's source.
@@ -102,13 +102,16 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[kN]) {
       KILN_WGMMA_D16(c, i + 48)
 #define KILN_WGMMA_D48(c, i) \
   KILN_WGMMA_D16(c, i), KILN_WGMMA_D16(c, i + 16), KILN_WGMMA_D16(c, i + 32)
+#define KILN_WGMMA_D32(c, i) KILN_WGMMA_D16(c, i), KILN_WGMMA_D16(c, i + 16)
 // clang-format off
 #define KILN_WGMMA_R16(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, q)                             \
   "%" #a ", %" #b ", %" #c ", %" #d ", %" #e ", %" #f ", %" #g ", %" #h ", %" #i ", %" #j ", %" #k \
   ", %" #l ", %" #m ", %" #n ", %" #o ", %" #q
-#define KILN_WGMMA_REGS48                                                                   \
+#define KILN_WGMMA_REGS32                                                                   \
   KILN_WGMMA_R16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15) ", "                 \
-  KILN_WGMMA_R16(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) ", "       \
+  KILN_WGMMA_R16(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
+#define KILN_WGMMA_REGS48                                                                   \
+  KILN_WGMMA_REGS32 ", "                                                                    \
   KILN_WGMMA_R16(32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47)
 #define KILN_WGMMA_REGS64                                                                   \
   KILN_WGMMA_REGS48 ", "                                                                    \
@@ -141,12 +144,14 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[kN]) {
 #define KILN_WGMMA_E4M3(kN, shape, regs, a, b, p, ...)                                            \
   KILN_WGMMA_OVERLOAD(float, kN, "wgmma.mma_async.sync.aligned." shape ".f32.e4m3.e4m3", regs, a, \
                       b, p, ", 1, 1", __VA_ARGS__)
+KILN_WGMMA_S8(32, "m64n64k32", KILN_WGMMA_REGS32, 32, 33, 34, KILN_WGMMA_D32("+r", 0))
 KILN_WGMMA_S8(48, "m64n96k32", KILN_WGMMA_REGS48, 48, 49, 50, KILN_WGMMA_D48("+r", 0))
 KILN_WGMMA_S8(64, "m64n128k32", KILN_WGMMA_REGS64, 64, 65, 66, KILN_WGMMA_D64("+r", 0))
 KILN_WGMMA_S8(96, "m64n192k32", KILN_WGMMA_REGS96, 96, 97, 98, KILN_WGMMA_D48("+r", 0),
               KILN_WGMMA_D48("+r", 48))
 KILN_WGMMA_S8(128, "m64n256k32", KILN_WGMMA_REGS128, 128, 129, 130, KILN_WGMMA_D64("+r", 0),
               KILN_WGMMA_D64("+r", 64))
+KILN_WGMMA_E4M3(32, "m64n64k32", KILN_WGMMA_REGS32, 32, 33, 34, KILN_WGMMA_D32("+f", 0))
 KILN_WGMMA_E4M3(48, "m64n96k32", KILN_WGMMA_REGS48, 48, 49, 50, KILN_WGMMA_D48("+f", 0))
 KILN_WGMMA_E4M3(64, "m64n128k32", KILN_WGMMA_REGS64, 64, 65, 66, KILN_WGMMA_D64("+f", 0))
 KILN_WGMMA_E4M3(96, "m64n192k32", KILN_WGMMA_REGS96, 96, 97, 98, KILN_WGMMA_D48("+f", 0),
@@ -160,9 +165,11 @@ KILN_WGMMA_E4M3(128, "m64n256k32", KILN_WGMMA_REGS128, 128, 129, 130, KILN_WGMMA
 #undef KILN_WGMMA_REGS96
 #undef KILN_WGMMA_REGS64
 #undef KILN_WGMMA_REGS48
+#undef KILN_WGMMA_REGS32
 #undef KILN_WGMMA_R16
 #undef KILN_WGMMA_D64
 #undef KILN_WGMMA_D48
+#undef KILN_WGMMA_D32
 #undef KILN_WGMMA_D16
 #undef KILN_WGMMA_D4
 
@@ -762,7 +769,11 @@ constexpr TileConfig kTiles[] = {{"128x128", 128, 128, false, true},
                                  {"tmac2-128x256", 128, 256, false, true},
                                  // Session 38, when no GPU was lent: not yet run.
                                  {"tma-256x96", 256, 96, true, false},
-                                 {"tma-128x192", 128, 192, true, false}};
+                                 {"tma-128x192", 128, 192, true, false},
+                                 {"128x64x2", 128, 64, false, false}};
+
+constexpr int kNarrowTile = 12;  // 128x64x2: the only tile of 64 columns
+static_assert(kTiles[kNarrowTile].cols == 64);
 
 // cuTensorMapEncodeTiled, a driver function, through the runtime's entry point (kiln links the
 // runtime only).
@@ -907,14 +918,16 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
 static_assert(kTiles[0].rows == 128 && kTiles[1].rows == 128 && kTiles[2].rows == 128 &&
               kTiles[3].rows == 256 && kTiles[4].rows == 128 && kTiles[5].rows == 128 &&
               kTiles[6].rows == 256 && kTiles[7].rows == 128 && kTiles[8].rows == 128 &&
-              kTiles[9].rows == 128 && kTiles[10].rows == 256 && kTiles[11].rows == 128);
+              kTiles[9].rows == 128 && kTiles[10].rows == 256 && kTiles[11].rows == 128 &&
+              kTiles[12].rows == 128);
 static_assert(kTiles[0].cols == 128 && kTiles[1].cols == 256 && kTiles[2].cols == 128 &&
               kTiles[3].cols == 128 && kTiles[4].cols == 128 && kTiles[5].cols == 256 &&
               kTiles[6].cols == 128 && kTiles[7].cols == 128 && kTiles[8].cols == 128 &&
-              kTiles[9].cols == 256 && kTiles[10].cols == 96 && kTiles[11].cols == 192);
+              kTiles[9].cols == 256 && kTiles[10].cols == 96 && kTiles[11].cols == 192 &&
+              kTiles[12].cols == 64);
 
 // The tile p.tile names. kConv: A is the implicit-GEMM view `conv` (the cp.async tiles only,
-// 0 to Int8WgmmaConvTileCount() - 1: a tensor map cannot gather).
+// Int8WgmmaTileGathers: a tensor map cannot gather).
 template <typename Acc, typename T, typename Y, bool kConv = false>
 cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
                         const ImplicitGemmConv& conv = {}) {
@@ -927,6 +940,8 @@ cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
       return LaunchTile<Acc, T, Y, 1, 128, 3, 0, 2, kConv>(p, stream, conv);
     case 3:  // 4 stages of 48 KB, one block per SM, two 64-row tiles per warpgroup
       return LaunchTile<Acc, T, Y, 2, 128, 4, 1, 1, kConv>(p, stream, conv);
+    case 12:  // 4 stages of 24 KB, two blocks per SM: 64 columns (a narrow Y's)
+      return LaunchTile<Acc, T, Y, 1, 64, 4, 0, 2, kConv>(p, stream, conv);
   }
   if constexpr (!kConv) {
     switch (p.tile) {
@@ -968,9 +983,9 @@ bool Int8WgmmaTileGpuTested(int tile) {
 }
 
 const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use) {
-  static const std::vector<int> product = {5, 6, 11, 10, 2, 4, 0, 3, 1, 7, 8, 9},
-                                pointwise = {5, 2, 6, 11, 10, 4, 0, 3, 1, 7, 8, 9},
-                                gather = {2, 0, 3, 1};
+  static const std::vector<int> product = {5, 6, 11, 10, 2, 4, 0, 3, 1, 12, 7, 8, 9},
+                                pointwise = {5, 2, 6, 11, 10, 4, 0, 3, 1, 12, 7, 8, 9},
+                                gather = {2, 0, 3, 1, 12};
   switch (use) {
     case WgmmaTileUse::kProduct:
       return product;
@@ -984,6 +999,15 @@ const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use) {
 
 std::vector<int> Int8WgmmaTileOrder(WgmmaTileUse use, int64_t rows, int64_t cols, int sms) {
   const std::vector<int>& order = Int8WgmmaTileOrder(use);
+  if (cols > 0 && cols <= kTiles[kNarrowTile].cols) {
+    // Every other tile is at least twice as wide: half or more of its products would be on
+    // padding columns.
+    std::vector<int> narrow = {kNarrowTile};
+    for (int t : order) {
+      if (t != kNarrowTile) narrow.push_back(t);
+    }
+    return narrow;
+  }
   if (use != WgmmaTileUse::kProduct || rows <= 0 || cols <= 0 || sms <= 0) return order;
   // A tile's predicted time, in units of one SM's time for one output of the depth: its waves
   // of blocks (one block an SM) times one block's outputs.
@@ -1054,7 +1078,11 @@ cudaError_t LaunchInt8WgmmaConv(const Int8MmaGemmParams& p, const ImplicitGemmCo
   });
 }
 
-int Int8WgmmaConvTileCount() { return 4; }
+int Int8WgmmaConvTileCount() {
+  return static_cast<int>(Int8WgmmaTileOrder(WgmmaTileUse::kGatherConv).size());
+}
+
+bool Int8WgmmaTileGathers(int tile) { return (tile >= 0 && tile <= 3) || tile == kNarrowTile; }
 
 cudaError_t LaunchFp8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
   return int8_tile::DispatchOwnKernel<int8_tile::E4m3Out>(
