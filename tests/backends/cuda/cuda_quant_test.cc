@@ -1377,6 +1377,46 @@ TEST(CudaInt8Host, ATileIsOfferedOnlyWhereItsRowBlocksFitTheGrid) {
   EXPECT_EQ(cuda::Int8WgmmaTileRows(-1), 0);
 }
 
+// The INT8 convolution provider refuses a wgmma tactic whose tile does not gather for a layer
+// with a window or stride (a TMA tile: kInvalidArgument, saying why), and takes a
+// gathering tile (128x64x2 among them, not by its index) or, for a pointwise layer, any tile;
+// without a GPU those then stop at the device check (kNoTactic), with one they build.
+TEST(CudaInt8Host, TheConvProviderTakesOnlyGatheringTilesForAWindow) {
+  std::mt19937 rng(97);
+  const KernelProvider* provider = nullptr;
+  auto kernel_for = [&](const ConvCase& c, int tile) {
+    ConvNode nhwc(c, MakeConvInputs(c, rng), true, DataType::kFloat32);
+    provider = nullptr;
+    for (const KernelProvider* p :
+         KernelRegistry::Get().Providers(BackendKind::kCuda, *nhwc.request().node)) {
+      if (p->id() == "cuda.fused_conv.i8" || p->id() == "cuda.conv.i8") provider = p;
+    }
+    if (!provider) return Status(ErrorCode::kInternal, "no INT8 convolution provider");
+    TacticConfig t;
+    t.name = fmt::format("i8-conv-cuda-wgmma-{}", cuda::Int8WgmmaTileName(tile));
+    t.params = {cuda::kWgmmaTag, tile};
+    return provider->Create(nhwc.request(), t).status();
+  };
+  const ConvCase window = kInt8ConvCases[3], pointwise = kInt8ConvCases[1];  // 7x7/2; 1x1
+  ASSERT_TRUE(cuda::Int8WgmmaTileGathers(12));
+  ASSERT_FALSE(cuda::Int8WgmmaTileGathers(5));
+  for (int tile = 0; tile < cuda::Int8WgmmaTileCount(); ++tile) {
+    SCOPED_TRACE(cuda::Int8WgmmaTileName(tile));
+    const Status w = kernel_for(window, tile);
+    ASSERT_NE(provider, nullptr);
+    if (cuda::Int8WgmmaTileGathers(tile)) {
+      EXPECT_NE(w.code(), ErrorCode::kInvalidArgument) << w.ToString();
+    } else {
+      EXPECT_EQ(w.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(w.ToString().find("that gathers"), std::string::npos) << w.ToString();
+    }
+    const Status pw = kernel_for(pointwise, tile);
+    EXPECT_NE(pw.code(), ErrorCode::kInvalidArgument) << pw.ToString();
+  }
+  EXPECT_EQ(kernel_for(window, cuda::Int8WgmmaTileCount()).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(kernel_for(pointwise, -1).code(), ErrorCode::kInvalidArgument);
+}
+
 TEST(CudaInt8Host, ThePackedConvPlanReplaysTheCpuInt8Convolution) {
   std::mt19937 rng(91);
   for (const ConvCase& c : kInt8ConvCases) {

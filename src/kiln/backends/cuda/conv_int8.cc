@@ -214,11 +214,12 @@ class Int8ConvProviderBase : public KernelProvider {
     }
     const bool wgmma = OwnTactic(tactic) && tactic.params[0] == kWgmmaTag;
     if (!OwnTactic(tactic) || !TileRuns(*q, wgmma, tactic.params[1])) {
-      return MakeError(ErrorCode::kInvalidArgument,
-                       "{}: tactic '{}' is not one of this provider's (wgmma or mma tag, and a "
-                       "tile of that kernel that runs this layer: {} of {})",
-                       id(), tactic.name, wgmma && !q->pointwise ? "a gathering one" : "any one",
-                       wgmma ? Int8WgmmaTileCount() : Int8MmaTileCount());
+      return MakeError(
+          ErrorCode::kInvalidArgument,
+          "{}: tactic '{}' is not one of this provider's (wgmma or mma tag, and a "
+          "tile of that kernel below {}{})",
+          id(), tactic.name, wgmma ? Int8WgmmaTileCount() : Int8MmaTileCount(),
+          wgmma && !q->pointwise ? " that gathers: this layer has a window or stride" : "");
     }
     if (wgmma && !Int8WgmmaAvailable()) {
       return MakeError(ErrorCode::kNoTactic,
