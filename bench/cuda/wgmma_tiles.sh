@@ -16,7 +16,11 @@
 #
 # Environment: KILN_BUNDLE (scripts/gpu_env.sh), OUT (where results go; the device call's $OUT),
 # TILES (default tma-128x192,tma-256x96,tma-128x256,tma-256x128), OLD_TILES (default
-# tma-128x256,tma-256x128), MODELS (default bert_base), QUANT (default int8-all,fp8-all).
+# tma-128x256,tma-256x128), MODELS (default bert_base), QUANT (default int8-all,fp8-all), BENCH
+# (the kernel bench's cases, a regular expression; default BERT-base's products). ResNet-50's
+# 64-channel convolutions on the narrow tile, for example: TILES=128x64x2,128x128x2
+# BENCH='^resnet_(stem7x7|l1_.*)_(f16|i8_wgmma_t[0-9]+)/' MODELS=resnet50 QUANT=int8-all
+# OLD_TILES=tma-128x256,128x128x2 (the pointwise convolutions' first two).
 set -u
 phase=${1:-}
 if [ "$phase" != tests ] && [ "$phase" != e2e ]; then
@@ -31,6 +35,7 @@ TILES=${TILES:-tma-128x192,tma-256x96,tma-128x256,tma-256x128}
 OLD_TILES=${OLD_TILES:-tma-128x256,tma-256x128}
 MODELS=${MODELS:-bert_base}
 QUANT=${QUANT:-int8-all,fp8-all}
+BENCH=${BENCH:-'^bert_.*_(f16|i8io_wgmma_t[0-9]+|f8_wgmma_t[0-9]+|f8_cublaslt_fast_t0)/'}
 export KILN_CUDA_QUANT_TACTICS=1 KILN_CUDA_INT8_KERNEL=all KILN_CUDA_FP8_KERNEL=all
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 
@@ -41,10 +46,9 @@ case "$phase" in
     grep -E "^\[  (PASSED|FAILED)|FAILED  \]" "$OUT/tests.txt" | head -20
     # The tN past the tiles named report "no such tactic" and take no time.
     KILN_CUDA_WGMMA_TILES=$TILES timeout 150 "$B/cuda_kernels_bench" --benchmark_min_time=0.02 \
-      --benchmark_filter='^bert_.*_(f16|i8io_wgmma_t[0-9]+|f8_wgmma_t[0-9]+|f8_cublaslt_fast_t0)/' \
-      >"$OUT/bench.txt" 2>&1
+      --benchmark_filter="$BENCH" >"$OUT/bench.txt" 2>&1
     echo "bench rc $?"
-    grep -E "^bert" "$OUT/bench.txt" | awk '{print $1, $2, $NF}'
+    grep -E "^(bert|resnet)_" "$OUT/bench.txt" | awk '{print $1, $2, $NF}'
     ;;
   e2e)
     for v in new old; do
