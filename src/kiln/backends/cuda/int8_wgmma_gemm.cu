@@ -138,28 +138,29 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[kN]) {
                  : __VA_ARGS__                                                             \
                  : "l"(da), "l"(db), "r"(1));                                              \
   }
-#define KILN_WGMMA_S8(kN, shape, regs, a, b, p, ...)                                              \
+// Both overloads of one N (kN = N / 2 accumulators a thread): s8 into int32 and E4M3 into FP32;
+// acc(c) lists the accumulators with the constraint c.
+#define KILN_WGMMA_N(kN, shape, regs, a, b, p, acc)                                               \
   KILN_WGMMA_OVERLOAD(int, kN, "wgmma.mma_async.sync.aligned." shape ".s32.s8.s8", regs, a, b, p, \
-                      "", __VA_ARGS__)
-#define KILN_WGMMA_E4M3(kN, shape, regs, a, b, p, ...)                                            \
+                      "", acc("+r"))                                                              \
   KILN_WGMMA_OVERLOAD(float, kN, "wgmma.mma_async.sync.aligned." shape ".f32.e4m3.e4m3", regs, a, \
-                      b, p, ", 1, 1", __VA_ARGS__)
-KILN_WGMMA_S8(32, "m64n64k32", KILN_WGMMA_REGS32, 32, 33, 34, KILN_WGMMA_D32("+r", 0))
-KILN_WGMMA_S8(48, "m64n96k32", KILN_WGMMA_REGS48, 48, 49, 50, KILN_WGMMA_D48("+r", 0))
-KILN_WGMMA_S8(64, "m64n128k32", KILN_WGMMA_REGS64, 64, 65, 66, KILN_WGMMA_D64("+r", 0))
-KILN_WGMMA_S8(96, "m64n192k32", KILN_WGMMA_REGS96, 96, 97, 98, KILN_WGMMA_D48("+r", 0),
-              KILN_WGMMA_D48("+r", 48))
-KILN_WGMMA_S8(128, "m64n256k32", KILN_WGMMA_REGS128, 128, 129, 130, KILN_WGMMA_D64("+r", 0),
-              KILN_WGMMA_D64("+r", 64))
-KILN_WGMMA_E4M3(32, "m64n64k32", KILN_WGMMA_REGS32, 32, 33, 34, KILN_WGMMA_D32("+f", 0))
-KILN_WGMMA_E4M3(48, "m64n96k32", KILN_WGMMA_REGS48, 48, 49, 50, KILN_WGMMA_D48("+f", 0))
-KILN_WGMMA_E4M3(64, "m64n128k32", KILN_WGMMA_REGS64, 64, 65, 66, KILN_WGMMA_D64("+f", 0))
-KILN_WGMMA_E4M3(96, "m64n192k32", KILN_WGMMA_REGS96, 96, 97, 98, KILN_WGMMA_D48("+f", 0),
-                KILN_WGMMA_D48("+f", 48))
-KILN_WGMMA_E4M3(128, "m64n256k32", KILN_WGMMA_REGS128, 128, 129, 130, KILN_WGMMA_D64("+f", 0),
-                KILN_WGMMA_D64("+f", 64))
-#undef KILN_WGMMA_E4M3
-#undef KILN_WGMMA_S8
+                      b, p, ", 1, 1", acc("+f"))
+#define KILN_WGMMA_ACC32(c) KILN_WGMMA_D32(c, 0)
+#define KILN_WGMMA_ACC48(c) KILN_WGMMA_D48(c, 0)
+#define KILN_WGMMA_ACC64(c) KILN_WGMMA_D64(c, 0)
+#define KILN_WGMMA_ACC96(c) KILN_WGMMA_D48(c, 0), KILN_WGMMA_D48(c, 48)
+#define KILN_WGMMA_ACC128(c) KILN_WGMMA_D64(c, 0), KILN_WGMMA_D64(c, 64)
+KILN_WGMMA_N(32, "m64n64k32", KILN_WGMMA_REGS32, 32, 33, 34, KILN_WGMMA_ACC32)
+KILN_WGMMA_N(48, "m64n96k32", KILN_WGMMA_REGS48, 48, 49, 50, KILN_WGMMA_ACC48)
+KILN_WGMMA_N(64, "m64n128k32", KILN_WGMMA_REGS64, 64, 65, 66, KILN_WGMMA_ACC64)
+KILN_WGMMA_N(96, "m64n192k32", KILN_WGMMA_REGS96, 96, 97, 98, KILN_WGMMA_ACC96)
+KILN_WGMMA_N(128, "m64n256k32", KILN_WGMMA_REGS128, 128, 129, 130, KILN_WGMMA_ACC128)
+#undef KILN_WGMMA_ACC128
+#undef KILN_WGMMA_ACC96
+#undef KILN_WGMMA_ACC64
+#undef KILN_WGMMA_ACC48
+#undef KILN_WGMMA_ACC32
+#undef KILN_WGMMA_N
 #undef KILN_WGMMA_OVERLOAD
 #undef KILN_WGMMA_REGS128
 #undef KILN_WGMMA_REGS96
