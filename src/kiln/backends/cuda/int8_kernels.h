@@ -110,18 +110,20 @@ enum class WgmmaTileUse : int { kProduct, kPointwiseConv, kGatherConv };
 // the shape's order puts it first for a narrow output (below). Every tile appears once.
 const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use);
 // The order for a product of rows x cols outputs on a device of `sms` SMs: the use's order, with
-// those of the one-block-an-SM TMA tiles of at least 128 x 192 (tma-128x256, tma-256x128,
-// tma-128x192, tma-256x96: one kernel, alike in work per output) whose predicted time is within
-// 10% of the best of them first (in that order). A tile's predicted time is its waves of blocks
-// (its tile count over the SM count, rounded up) times one block's rows x cols: BERT-base's
-// QKV at batch 32 (4096 x 2304) is 288 tiles of 128 x 256 on an H100's 132 SMs, three waves of
-// which the last keeps 24 SMs busy, where 384 tiles of 128 x 192 fill three waves; its output
-// projection and fc2 (4096 x 768) are 96 tiles of 128 x 256 (one wave on 96 SMs) against 128 of
-// 256 x 96. Convolutions, and a product of unknown shape (rows or cols 0) or device (sms 0),
-// take the use's order. For any use, an output of at most 64 columns (cols 1-64) puts 128x64x2
-// first, the only tile that narrow: every other is 128 or more columns wide, so half or more of
-// its products would be on padding (ResNet-50's stem and layer 1, 64 channels: their INT8
-// convolutions took 2-2.5x FP16's time on 128-column tiles, H100, session 36).
+// the fastest by a model of waves moved to the front where the model predicts it more than 10%
+// faster than the use's first tile, which stays second (a search that times two tiles a family
+// still times it). The model weighs the one-block-an-SM TMA tiles of at least 128 x 192
+// (tma-128x256, tma-256x128, tma-128x192, tma-256x96: one kernel, alike in work per output): a
+// tile's predicted time is its waves of blocks (its tile count over the SM count, rounded up)
+// times one block's rows x cols. BERT-base's QKV at batch 32 (4096 x 2304) is 288 tiles of
+// 128 x 256 on an H100's 132 SMs, three waves of which the last keeps 24 SMs busy, where 384
+// tiles of 128 x 192 fill three waves; its output projection and fc2 (4096 x 768) are 96 tiles of
+// 128 x 256 (one wave on 96 SMs) against 128 of 128 x 192. Convolutions, and a product of unknown
+// shape (rows or cols 0) or device (sms 0), take the use's order. For any use, an output of at
+// most 64 columns (cols 1-64) puts 128x64x2 first, the only tile that narrow: every other is 128
+// or more columns wide, so half or more of its products would be on padding (ResNet-50's stem and
+// layer 1, 64 channels: their INT8 convolutions took 2-2.5x FP16's time on 128-column tiles,
+// H100, session 36).
 std::vector<int> Int8WgmmaTileOrder(WgmmaTileUse use, int64_t rows, int64_t cols, int sms);
 // The current device's SM count (0 where it cannot be read).
 int Int8WgmmaSmCount();

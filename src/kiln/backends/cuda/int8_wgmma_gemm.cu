@@ -1000,15 +1000,17 @@ const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use) {
 
 std::vector<int> Int8WgmmaTileOrder(WgmmaTileUse use, int64_t rows, int64_t cols, int sms) {
   const std::vector<int>& order = Int8WgmmaTileOrder(use);
-  if (cols > 0 && cols <= kTiles[kNarrowTile].cols) {
-    // Every other tile is at least twice as wide: half or more of its products would be on
-    // padding columns.
-    std::vector<int> narrow = {kNarrowTile};
+  // `tile` first, then the use's order: its first tile (the fastest measured at the shapes it
+  // was chosen for) second, so a search that times two tiles a family times it too.
+  auto first = [&](int tile) {
+    std::vector<int> out = {tile};
     for (int t : order) {
-      if (t != kNarrowTile) narrow.push_back(t);
+      if (t != tile) out.push_back(t);
     }
-    return narrow;
-  }
+    return out;
+  };
+  // Every other tile is at least twice as wide: half or more of its products would be on padding.
+  if (cols > 0 && cols <= kTiles[kNarrowTile].cols) return first(kNarrowTile);
   if (use != WgmmaTileUse::kProduct || rows <= 0 || cols <= 0 || sms <= 0) return order;
   // A tile's predicted time, in units of one SM's time for one output of the depth: its waves
   // of blocks (one block an SM) times one block's outputs.
@@ -1018,16 +1020,14 @@ std::vector<int> Int8WgmmaTileOrder(WgmmaTileUse use, int64_t rows, int64_t cols
     const double tiles = static_cast<double>(blocks(rows, c.rows)) * blocks(cols, c.cols);
     return std::ceil(tiles / sms) * c.rows * c.cols;
   };
-  double best = 0;
+  int pick = -1;  // the model's fastest (the earliest in the order among equals)
   for (int t : order) {
-    if (kTiles[t].waves && (best == 0 || predicted(t) < best)) best = predicted(t);
+    if (kTiles[t].waves && (pick < 0 || predicted(t) < predicted(pick))) pick = t;
   }
-  std::vector<int> front, rest;
-  for (int t : order) {
-    (kTiles[t].waves && predicted(t) <= 1.1 * best ? front : rest).push_back(t);
+  if (pick < 0 || !kTiles[order[0]].waves || 1.1 * predicted(pick) >= predicted(order[0])) {
+    return order;
   }
-  front.insert(front.end(), rest.begin(), rest.end());
-  return front;
+  return first(pick);
 }
 
 int Int8WgmmaSmCount() { return SmCount(); }
