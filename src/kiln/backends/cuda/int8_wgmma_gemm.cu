@@ -51,6 +51,8 @@ namespace {
 constexpr int kBk = 128;  // bytes of K per stage: one swizzled 128-byte row per operand row
 constexpr int kThreads = 256;
 constexpr int kSmemAlign = 1024;  // the swizzle pattern repeats every 8 rows of 128 bytes
+// A Hopper (compute capability 9.0) block's largest dynamic shared memory, and an SM's.
+constexpr int kSmemPerBlock = 227 * 1024, kSmemPerSm = 228 * 1024;
 
 #ifdef KILN_WGMMA
 // A shared-memory matrix descriptor for a K-major operand in the 128-byte swizzle: start address
@@ -543,7 +545,7 @@ struct PingPongLayout {
   static constexpr int kBarriers = kStageBytes + 2 * kChunkBytes;  // full[kStages], empty[kStages]
   static constexpr int kSmem = kBarriers + 2 * kStages * 8 + kSmemAlign;
   static_assert(kBn % kChunk == 0 && kChunk % 8 == 0, "whole chunks of 8-column groups");
-  static_assert(kSmem <= 227 * 1024, "an H100 block's shared memory");
+  static_assert(kSmem <= kSmemPerBlock, "a Hopper block's shared memory");
 };
 constexpr int kPingPongThreads = 384;  // the producer warpgroup, then two consumer ones
 // Registers per thread after the roles split (setmaxnreg): each of an SM's four quarters holds
@@ -850,6 +852,7 @@ template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, i
 cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
+  static_assert(kSmem <= kSmemPerBlock, "a Hopper block's shared memory");
   auto* kernel = Int8WgmmaTmaKernel<Acc, T, Y, kMi, kBn, kStages, kCluster>;
   static SharedMemoryOptIn opt_in;
   if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
@@ -906,6 +909,8 @@ cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
                        const ImplicitGemmConv& conv = {}) {
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
+  // kMinBlocks blocks an SM, each with the 1 KB the runtime reserves a block.
+  static_assert(kMinBlocks * (kSmem + 1024) <= kSmemPerSm, "kMinBlocks blocks' shared memory");
   auto* kernel = Int8WgmmaGemmKernel<Acc, T, Y, kMi, kBn, kStages, kDrain, kMinBlocks, kConv>;
   static SharedMemoryOptIn opt_in;
   if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
