@@ -26,6 +26,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -1088,7 +1089,10 @@ int Int8WgmmaConvTileCount() {
   return static_cast<int>(Int8WgmmaTileOrder(WgmmaTileUse::kGatherConv).size());
 }
 
-bool Int8WgmmaTileGathers(int tile) { return (tile >= 0 && tile <= 3) || tile == kNarrowTile; }
+bool Int8WgmmaTileGathers(int tile) {
+  const std::vector<int>& gather = Int8WgmmaTileOrder(WgmmaTileUse::kGatherConv);
+  return std::find(gather.begin(), gather.end(), tile) != gather.end();
+}
 
 cudaError_t LaunchFp8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream) {
   return int8_tile::DispatchOwnKernel<int8_tile::E4m3Out>(
