@@ -1303,14 +1303,18 @@ TEST(CudaInt8Host, KilnCudaWgmmaTilesPicksTheTilesOffered) {
     for (int t : tiles) names += std::string(names.empty() ? "" : ",") + cuda::Int8WgmmaTileName(t);
     return names;
   };
+  auto tested_of = [](const std::vector<int>& order) {  // the GPU-tested tiles, in order
+    std::vector<int> tested;
+    for (int t : order) {
+      if (cuda::Int8WgmmaTileGpuTested(t)) tested.push_back(t);
+    }
+    return tested;
+  };
   {
     // Unset: the use's order less the tiles not yet GPU-tested.
     ScopedEnv unset("KILN_CUDA_WGMMA_TILES", "");
     for (auto use : {kProduct, kPointwise, kGather}) {
-      std::vector<int> tested;
-      for (int t : cuda::Int8WgmmaTileOrder(use)) {
-        if (cuda::Int8WgmmaTileGpuTested(t)) tested.push_back(t);
-      }
+      std::vector<int> tested = tested_of(cuda::Int8WgmmaTileOrder(use));
       EXPECT_EQ(cuda::Int8WgmmaTilesOffered(use), tested);
       // With a shape (ordered for this device's SMs, if any): the same tiles.
       std::vector<int> shaped = cuda::Int8WgmmaTilesOffered(use, 4096, 2304);
@@ -1334,11 +1338,7 @@ TEST(CudaInt8Host, KilnCudaWgmmaTilesPicksTheTilesOffered) {
     EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kProduct)), "pp-128x128,tma-128x256");
     EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kPointwise)), "pp-128x128,tma-128x256");
     // No TMA or persistent tile gathers a convolution: the default (its GPU-tested tiles).
-    std::vector<int> tested;
-    for (int t : cuda::Int8WgmmaTileOrder(kGather)) {
-      if (cuda::Int8WgmmaTileGpuTested(t)) tested.push_back(t);
-    }
-    EXPECT_EQ(cuda::Int8WgmmaTilesOffered(kGather), tested);
+    EXPECT_EQ(cuda::Int8WgmmaTilesOffered(kGather), tested_of(cuda::Int8WgmmaTileOrder(kGather)));
   }
   {
     ScopedEnv named("KILN_CUDA_WGMMA_TILES", "128x128x2");
