@@ -41,11 +41,11 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.
 
 case "$phase" in
   tests)
-    timeout 240 "$B/cuda_blas_tests" --gtest_filter='CudaInt8*:CudaFp8*' >"$OUT/tests.txt" 2>&1
+    timeout 300 "$B/cuda_blas_tests" --gtest_filter='CudaInt8*:CudaFp8*' >"$OUT/tests.txt" 2>&1
     echo "tests rc $?"
     grep -E "^\[  (PASSED|FAILED)|FAILED  \]" "$OUT/tests.txt" | head -20
     # The tN past the tiles named report "no such tactic" and take no time.
-    KILN_CUDA_WGMMA_TILES=$TILES timeout 150 "$B/cuda_kernels_bench" --benchmark_min_time=0.02 \
+    KILN_CUDA_WGMMA_TILES=$TILES timeout 240 "$B/cuda_kernels_bench" --benchmark_min_time=0.02 \
       --benchmark_filter="$BENCH" >"$OUT/bench.txt" 2>&1
     echo "bench rc $?"
     grep -E "^(bert|resnet)_" "$OUT/bench.txt" | awk '{print $1, $2, $NF}'
