@@ -12,11 +12,12 @@
 # the binary's default tile order ("new") and with only $OLD_TILES offered ("old"), each engine
 # checked against PyTorch FP32 before its time counts, per-layer times kept. The default order
 # leaves out the tiles not yet GPU-tested: once `tests` passes, mark them tested
-# (int8_wgmma_gemm.cu's kTiles), rebuild and bundle kiln, then run `e2e`.
+# (int8_wgmma_gemm.cu's kTiles), rebuild and bundle kiln, then run `e2e`; or, in the same device
+# session, name the tiles for "new" in $NEW_TILES (the build times those, in that order).
 #
 # Environment: KILN_BUNDLE (scripts/gpu_env.sh), OUT (where results go; the device call's $OUT),
 # TILES (default tma-128x192,tma-256x96,tma-128x256,tma-256x128), OLD_TILES (default
-# tma-128x256,tma-256x128), MODELS (default bert_base), QUANT (default int8-all,fp8-all), BENCH
+# tma-128x256,tma-256x128), NEW_TILES (default: the binary's order), MODELS (default bert_base), QUANT (default int8-all,fp8-all), BENCH
 # (the kernel bench's cases, a regular expression; default BERT-base's products). ResNet-50's
 # 64-channel convolutions on the narrow tile, for example: TILES=128x64x2,128x128x2
 # BENCH='^resnet_(stem7x7|l1_.*)_(f16|i8_wgmma_t[0-9]+)/' MODELS=resnet50 QUANT=int8-all
@@ -33,6 +34,7 @@ B=$root/.bundle/bin
 OUT=${OUT:?set OUT to the folder for results}
 TILES=${TILES:-tma-128x192,tma-256x96,tma-128x256,tma-256x128}
 OLD_TILES=${OLD_TILES:-tma-128x256,tma-256x128}
+NEW_TILES=${NEW_TILES:-}
 MODELS=${MODELS:-bert_base}
 QUANT=${QUANT:-int8-all,fp8-all}
 BENCH=${BENCH:-'^bert_.*_(f16|i8io_wgmma_t[0-9]+|f8_wgmma_t[0-9]+|f8_cublaslt_fast_t0)/'}
@@ -52,7 +54,11 @@ case "$phase" in
     ;;
   e2e)
     for v in new old; do
-      if [ "$v" = old ]; then export KILN_CUDA_WGMMA_TILES=$OLD_TILES; fi
+      if [ "$v" = old ]; then
+        export KILN_CUDA_WGMMA_TILES=$OLD_TILES
+      elif [ -n "$NEW_TILES" ]; then
+        export KILN_CUDA_WGMMA_TILES=$NEW_TILES
+      fi
       timeout 280 python3 "$root/bench/cuda/suite.py" --kiln "$B/kiln" --models "$MODELS" \
         --exporters ts --batches 32 --modes "" --quant "$QUANT" --calib-sets 1 --budget 265 \
         --work "/tmp/wgmma_w_$v" --layers-dir "/tmp/wgmma_l_$v" --out "$OUT/e2e_$v.json" \
