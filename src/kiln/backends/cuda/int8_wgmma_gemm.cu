@@ -335,6 +335,180 @@ __device__ __forceinline__ void StageProducts(Acc (&acc)[kMi][kBn / 2], uint64_t
 #pragma unroll
   for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
 }
+
+// A quad's transpose (lanes 4g .. 4g + 3 of a warp, t = lane & 3): item jj of lane t in, A[t][jj];
+// item u of lane t out, A[u][t]. Two rounds of exchanges, with lane t ^ 1 and then t ^ 2, each lane
+// keeping the items whose index agrees with its own in the round's bit and sending the others.
+__device__ __forceinline__ void TransposeQuad(uint32_t (&x)[4], int t) {
+  const bool odd = (t & 1) != 0, high = (t & 2) != 0;
+  const uint32_t ra = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[1], 1);
+  const uint32_t rb = __shfl_xor_sync(0xffffffffu, odd ? x[2] : x[3], 1);
+  const uint32_t lo = odd ? x[1] : x[0], hi = odd ? x[3] : x[2];
+  // Item t & 1: lo (lane t's), ra (lane t ^ 1's); item 2 + (t & 1): hi, rb.
+  const uint32_t rc = __shfl_xor_sync(0xffffffffu, high ? lo : hi, 2);
+  const uint32_t rd = __shfl_xor_sync(0xffffffffu, high ? ra : rb, 2);
+  // Item t of lanes t, t ^ 1, t ^ 2 and t ^ 3.
+  const uint32_t own = high ? hi : lo, peer = high ? rb : ra;
+  const uint32_t p0 = odd ? peer : own, p1 = odd ? own : peer;  // lanes (t & 2), (t & 2) + 1
+  const uint32_t q0 = odd ? rd : rc, q1 = odd ? rc : rd;        // the other pair
+  x[0] = high ? q0 : p0, x[1] = high ? q1 : p1, x[2] = high ? p0 : q0, x[3] = high ? p1 : q1;
+}
+
+// The epilogue of a tile inside Y straight from a warpgroup's accumulators (wgmma's layout),
+// rows row0 .. row0 + 64 kMi, columns n0 .. n0 + kBn, with FinishTile's arithmetic, output for
+// output: in each quad of 8-column groups, a lane finishes its two columns of each of the four
+// groups (their scales and bias loaded once for all of its rows); for an 8- or 16-bit Y the quad
+// transposes the packed outputs (TransposeQuad) and lane t stores group t's 8 outputs in one
+// store, the quad's 32 columns of a row being one stretch; an FP32 Y stores its pairs (the quad's
+// 32 bytes of each group). The rows and quads run in a rolled loop over the quads (each picks its
+// registers in an unrolled switch), so the activation's code is there 2 kMi times, not once per
+// accumulator.
+template <typename T, typename Y, BlasAct kAct, int kMi, int kBn, typename Acc>
+__device__ __forceinline__ void WholeTileFromRegisters(const Int8MmaGemmParams& p,
+                                                       const Acc (&acc)[kMi][kBn / 2], int64_t row0,
+                                                       int64_t n0, int ltid) {
+  static_assert(kBn % 32 == 0, "whole quads of 8-column groups");
+  const Int8EpilogueParams& e = p.epi;
+  const int lane = ltid & 31, w = ltid >> 5, g = lane >> 2, t = lane & 3;
+  Y* y = static_cast<Y*>(e.y);
+  const T* c = static_cast<const T*>(e.c);
+  const T* z = static_cast<const T*>(e.z);
+#pragma unroll 1
+  for (int q = 0; q < kBn / 32; ++q) {
+    const int64_t col0 = n0 + 32 * q + 2 * t;  // group jj's columns: col0 + 8 jj and + 1
+    float sc[4][2], add[4][2];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const float2 s = *reinterpret_cast<const float2*>(e.col_scale + col0 + 8 * jj);
+      sc[jj][0] = s.x, sc[jj][1] = s.y;
+      if (c) int8_tile::LoadTwo(c + col0 + 8 * jj, add[jj]);
+    }
+#pragma unroll
+    for (int i = 0; i < kMi; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        Acc x[4][2];
+#pragma unroll
+        for (int k = 0; k < kBn / 32; ++k) {
+          if (k == 0 || k == q) {
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+              x[jj][0] = acc[i][4 * (4 * k + jj) + 2 * h];
+              x[jj][1] = acc[i][4 * (4 * k + jj) + 2 * h + 1];
+            }
+          }
+        }
+        const int64_t row = row0 + i * 64 + w * 16 + g + 8 * h;
+        float v[4][2];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          float res[2] = {0.f, 0.f};
+          if (z) int8_tile::LoadTwo(z + row * e.cols + col0 + 8 * jj, res);
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            v[jj][u] = static_cast<float>(x[jj][u]) * sc[jj][u];
+            if (c) v[jj][u] += e.beta * add[jj][u];
+            if (z) v[jj][u] += res[u];
+            v[jj][u] = ActivateFor<T>(kAct, v[jj][u], e.act_min, e.act_max);
+          }
+        }
+        if constexpr (sizeof(Y) == 4) {
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            *reinterpret_cast<float2*>(y + row * e.cols + col0 + 8 * jj) =
+                make_float2(v[jj][0], v[jj][1]);
+          }
+        } else {
+          uint32_t item[4];
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            item[jj] = int8_tile::PackTwo<T, Y>(v[jj][0], v[jj][1], p.y_inv_scale);
+          }
+          TransposeQuad(item, t);
+          Y* dst = y + row * e.cols + n0 + 32 * q + 8 * t;
+          if constexpr (sizeof(Y) == 1) {
+            *reinterpret_cast<uint2*>(dst) =
+                make_uint2(item[0] | (item[1] << 16), item[2] | (item[3] << 16));
+          } else {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(item[0], item[1], item[2], item[3]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Any tile, output by output: FinishTile's general loop (bounds, C of any strides, the
+// activation chosen at run time) on the accumulators in registers, group by group in a rolled
+// loop as above.
+template <typename T, typename Y, int kMi, int kBn, typename Acc>
+__device__ __forceinline__ void AnyTileFromRegisters(const Int8MmaGemmParams& p,
+                                                     const Acc (&acc)[kMi][kBn / 2], int64_t row0,
+                                                     int64_t n0, int ltid) {
+  const Int8EpilogueParams& e = p.epi;
+  const int lane = ltid & 31, w = ltid >> 5, g = lane >> 2, t = lane & 3;
+  Y* y = static_cast<Y*>(e.y);
+  const T* c = static_cast<const T*>(e.c);
+  const T* z = static_cast<const T*>(e.z);
+#pragma unroll 1
+  for (int j = 0; j < kBn / 8; ++j) {
+    const int64_t col0 = n0 + 8 * j + 2 * t;
+    if (col0 >= e.cols) continue;
+#pragma unroll
+    for (int i = 0; i < kMi; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        Acc x[2];
+#pragma unroll
+        for (int k = 0; k < kBn / 8; ++k) {
+          if (k == 0 || k == j) {
+            x[0] = acc[i][4 * k + 2 * h];
+            x[1] = acc[i][4 * k + 2 * h + 1];
+          }
+        }
+        const int64_t row = row0 + i * 64 + w * 16 + g + 8 * h;
+        if (row >= e.rows) continue;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int64_t col = col0 + u;
+          if (col >= e.cols) continue;
+          float v = static_cast<float>(x[u]) * e.col_scale[col];
+          if (c) v += e.beta * Load(c[row * e.c_row_stride + col * e.c_col_stride]);
+          if (z) v += Load(z[row * e.cols + col]);
+          v = ActivateFor<T>(e.act, v, e.act_min, e.act_max);
+          y[row * e.cols + col] = int8_tile::Convert<T, Y>(v, p.y_inv_scale);
+        }
+      }
+    }
+  }
+}
+
+// A warpgroup's rows row0 .. row0 + 64 kMi of the tile at columns n0..: WholeTileFromRegisters
+// where FinishTile would take WholeTile (vectors.whole, the rows and columns inside Y), with the
+// activation compiled in; AnyTileFromRegisters otherwise.
+template <typename T, typename Y, int kMi, int kBn, typename Acc>
+__device__ __forceinline__ void FinishFromRegisters(const Int8MmaGemmParams& p,
+                                                    const Acc (&acc)[kMi][kBn / 2], int64_t row0,
+                                                    int64_t n0, int ltid,
+                                                    int8_tile::Vectors vectors) {
+  if (vectors.whole && row0 + 64 * kMi <= p.epi.rows && n0 + kBn <= p.epi.cols) {
+    switch (p.epi.act) {
+      case BlasAct::kRelu:
+        return WholeTileFromRegisters<T, Y, BlasAct::kRelu, kMi, kBn>(p, acc, row0, n0, ltid);
+      case BlasAct::kClip:
+        return WholeTileFromRegisters<T, Y, BlasAct::kClip, kMi, kBn>(p, acc, row0, n0, ltid);
+      case BlasAct::kGelu:
+        return WholeTileFromRegisters<T, Y, BlasAct::kGelu, kMi, kBn>(p, acc, row0, n0, ltid);
+      case BlasAct::kGeluTanh:
+        return WholeTileFromRegisters<T, Y, BlasAct::kGeluTanh, kMi, kBn>(p, acc, row0, n0, ltid);
+      case BlasAct::kNone:
+        return WholeTileFromRegisters<T, Y, BlasAct::kNone, kMi, kBn>(p, acc, row0, n0, ltid);
+      default:
+        break;  // not WholeTileActivation's: vectors.whole is false
+    }
+  }
+  AnyTileFromRegisters<T, Y, kMi, kBn>(p, acc, row0, n0, ltid);
+}
 #endif  // KILN_WGMMA
 
 // The stages, and the accumulator tile the epilogue reads in their place.
@@ -352,9 +526,10 @@ constexpr int SmemBytes() {
 
 // kMi: 64-row instructions per warpgroup and K step (the block has 128 * kMi rows of Y). Acc: int
 // for INT8 operands, float for E4M3 ones. kConv: A is the implicit-GEMM view `conv` of the NHWC
-// input p.a (LaunchInt8WgmmaConv), not a matrix.
+// input p.a (LaunchInt8WgmmaConv), not a matrix. kFromRegisters: the epilogue is
+// FinishFromRegisters' (below), without staging the accumulators or the block's two barriers.
 template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kDrain,
-          int kMinBlocks, bool kConv>
+          int kMinBlocks, bool kConv, bool kFromRegisters>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     Int8WgmmaGemmKernel(Int8MmaGemmParams p, int8_tile::Vectors vectors, ImplicitGemmConv conv) {
 #ifdef KILN_WGMMA
@@ -413,12 +588,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
   for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
   CpAsyncWait<0>();
-  __syncthreads();  // every warpgroup is done with the stages: the accumulators take their place
-
-  Acc* tile = reinterpret_cast<Acc*>(smem);
-  StageAccumulators<kMi, kBn>(tile, acc, wg, tid);
-  __syncthreads();
-  int8_tile::FinishTile<T, Y, kBm, kBn, kThreads>(p, tile, m0, n0, tid, vectors);
+  if constexpr (kFromRegisters) {
+    FinishFromRegisters<T, Y, kMi, kBn>(p, acc, m0 + wg * kMi * 64, n0, tid & 127, vectors);
+  } else {
+    __syncthreads();  // every warpgroup is done with the stages: the accumulators take their place
+    Acc* tile = reinterpret_cast<Acc*>(smem);
+    StageAccumulators<kMi, kBn>(tile, acc, wg, tid);
+    __syncthreads();
+    int8_tile::FinishTile<T, Y, kBm, kBn, kThreads>(p, tile, m0, n0, tid, vectors);
+  }
 #endif  // KILN_WGMMA
 }
 
@@ -600,180 +778,6 @@ __device__ __forceinline__ void WaitTurn(int wg) {
 }
 __device__ __forceinline__ void PassTurn(int wg) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + (1 - wg)) : "memory");
-}
-
-// A quad's transpose (lanes 4g .. 4g + 3 of a warp, t = lane & 3): item jj of lane t in, A[t][jj];
-// item u of lane t out, A[u][t]. Two rounds of exchanges, with lane t ^ 1 and then t ^ 2, each lane
-// keeping the items whose index agrees with its own in the round's bit and sending the others.
-__device__ __forceinline__ void TransposeQuad(uint32_t (&x)[4], int t) {
-  const bool odd = (t & 1) != 0, high = (t & 2) != 0;
-  const uint32_t ra = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[1], 1);
-  const uint32_t rb = __shfl_xor_sync(0xffffffffu, odd ? x[2] : x[3], 1);
-  const uint32_t lo = odd ? x[1] : x[0], hi = odd ? x[3] : x[2];
-  // Item t & 1: lo (lane t's), ra (lane t ^ 1's); item 2 + (t & 1): hi, rb.
-  const uint32_t rc = __shfl_xor_sync(0xffffffffu, high ? lo : hi, 2);
-  const uint32_t rd = __shfl_xor_sync(0xffffffffu, high ? ra : rb, 2);
-  // Item t of lanes t, t ^ 1, t ^ 2 and t ^ 3.
-  const uint32_t own = high ? hi : lo, peer = high ? rb : ra;
-  const uint32_t p0 = odd ? peer : own, p1 = odd ? own : peer;  // lanes (t & 2), (t & 2) + 1
-  const uint32_t q0 = odd ? rd : rc, q1 = odd ? rc : rd;        // the other pair
-  x[0] = high ? q0 : p0, x[1] = high ? q1 : p1, x[2] = high ? p0 : q0, x[3] = high ? p1 : q1;
-}
-
-// The epilogue of a tile inside Y straight from a warpgroup's accumulators (wgmma's layout),
-// rows row0 .. row0 + 64 kMi, columns n0 .. n0 + kBn, with FinishTile's arithmetic, output for
-// output: in each quad of 8-column groups, a lane finishes its two columns of each of the four
-// groups (their scales and bias loaded once for all of its rows); for an 8- or 16-bit Y the quad
-// transposes the packed outputs (TransposeQuad) and lane t stores group t's 8 outputs in one
-// store, the quad's 32 columns of a row being one stretch; an FP32 Y stores its pairs (the quad's
-// 32 bytes of each group). The rows and quads run in a rolled loop over the quads (each picks its
-// registers in an unrolled switch), so the activation's code is there 2 kMi times, not once per
-// accumulator.
-template <typename T, typename Y, BlasAct kAct, int kMi, int kBn, typename Acc>
-__device__ __forceinline__ void WholeTileFromRegisters(const Int8MmaGemmParams& p,
-                                                       const Acc (&acc)[kMi][kBn / 2], int64_t row0,
-                                                       int64_t n0, int ltid) {
-  static_assert(kBn % 32 == 0, "whole quads of 8-column groups");
-  const Int8EpilogueParams& e = p.epi;
-  const int lane = ltid & 31, w = ltid >> 5, g = lane >> 2, t = lane & 3;
-  Y* y = static_cast<Y*>(e.y);
-  const T* c = static_cast<const T*>(e.c);
-  const T* z = static_cast<const T*>(e.z);
-#pragma unroll 1
-  for (int q = 0; q < kBn / 32; ++q) {
-    const int64_t col0 = n0 + 32 * q + 2 * t;  // group jj's columns: col0 + 8 jj and + 1
-    float sc[4][2], add[4][2];
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      const float2 s = *reinterpret_cast<const float2*>(e.col_scale + col0 + 8 * jj);
-      sc[jj][0] = s.x, sc[jj][1] = s.y;
-      if (c) int8_tile::LoadTwo(c + col0 + 8 * jj, add[jj]);
-    }
-#pragma unroll
-    for (int i = 0; i < kMi; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        Acc x[4][2];
-#pragma unroll
-        for (int k = 0; k < kBn / 32; ++k) {
-          if (k == 0 || k == q) {
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-              x[jj][0] = acc[i][4 * (4 * k + jj) + 2 * h];
-              x[jj][1] = acc[i][4 * (4 * k + jj) + 2 * h + 1];
-            }
-          }
-        }
-        const int64_t row = row0 + i * 64 + w * 16 + g + 8 * h;
-        float v[4][2];
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          float res[2] = {0.f, 0.f};
-          if (z) int8_tile::LoadTwo(z + row * e.cols + col0 + 8 * jj, res);
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            v[jj][u] = static_cast<float>(x[jj][u]) * sc[jj][u];
-            if (c) v[jj][u] += e.beta * add[jj][u];
-            if (z) v[jj][u] += res[u];
-            v[jj][u] = ActivateFor<T>(kAct, v[jj][u], e.act_min, e.act_max);
-          }
-        }
-        if constexpr (sizeof(Y) == 4) {
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            *reinterpret_cast<float2*>(y + row * e.cols + col0 + 8 * jj) =
-                make_float2(v[jj][0], v[jj][1]);
-          }
-        } else {
-          uint32_t item[4];
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            item[jj] = int8_tile::PackTwo<T, Y>(v[jj][0], v[jj][1], p.y_inv_scale);
-          }
-          TransposeQuad(item, t);
-          Y* dst = y + row * e.cols + n0 + 32 * q + 8 * t;
-          if constexpr (sizeof(Y) == 1) {
-            *reinterpret_cast<uint2*>(dst) =
-                make_uint2(item[0] | (item[1] << 16), item[2] | (item[3] << 16));
-          } else {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(item[0], item[1], item[2], item[3]);
-          }
-        }
-      }
-    }
-  }
-}
-
-// Any tile, output by output: FinishTile's general loop (bounds, C of any strides, the
-// activation chosen at run time) on the accumulators in registers, group by group in a rolled
-// loop as above.
-template <typename T, typename Y, int kMi, int kBn, typename Acc>
-__device__ __forceinline__ void AnyTileFromRegisters(const Int8MmaGemmParams& p,
-                                                     const Acc (&acc)[kMi][kBn / 2], int64_t row0,
-                                                     int64_t n0, int ltid) {
-  const Int8EpilogueParams& e = p.epi;
-  const int lane = ltid & 31, w = ltid >> 5, g = lane >> 2, t = lane & 3;
-  Y* y = static_cast<Y*>(e.y);
-  const T* c = static_cast<const T*>(e.c);
-  const T* z = static_cast<const T*>(e.z);
-#pragma unroll 1
-  for (int j = 0; j < kBn / 8; ++j) {
-    const int64_t col0 = n0 + 8 * j + 2 * t;
-    if (col0 >= e.cols) continue;
-#pragma unroll
-    for (int i = 0; i < kMi; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        Acc x[2];
-#pragma unroll
-        for (int k = 0; k < kBn / 8; ++k) {
-          if (k == 0 || k == j) {
-            x[0] = acc[i][4 * k + 2 * h];
-            x[1] = acc[i][4 * k + 2 * h + 1];
-          }
-        }
-        const int64_t row = row0 + i * 64 + w * 16 + g + 8 * h;
-        if (row >= e.rows) continue;
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int64_t col = col0 + u;
-          if (col >= e.cols) continue;
-          float v = static_cast<float>(x[u]) * e.col_scale[col];
-          if (c) v += e.beta * Load(c[row * e.c_row_stride + col * e.c_col_stride]);
-          if (z) v += Load(z[row * e.cols + col]);
-          v = ActivateFor<T>(e.act, v, e.act_min, e.act_max);
-          y[row * e.cols + col] = int8_tile::Convert<T, Y>(v, p.y_inv_scale);
-        }
-      }
-    }
-  }
-}
-
-// A warpgroup's rows row0 .. row0 + 64 kMi of the tile at columns n0..: WholeTileFromRegisters
-// where FinishTile would take WholeTile (vectors.whole, the rows and columns inside Y), with the
-// activation compiled in; AnyTileFromRegisters otherwise.
-template <typename T, typename Y, int kMi, int kBn, typename Acc>
-__device__ __forceinline__ void FinishFromRegisters(const Int8MmaGemmParams& p,
-                                                    const Acc (&acc)[kMi][kBn / 2], int64_t row0,
-                                                    int64_t n0, int ltid,
-                                                    int8_tile::Vectors vectors) {
-  if (vectors.whole && row0 + 64 * kMi <= p.epi.rows && n0 + kBn <= p.epi.cols) {
-    switch (p.epi.act) {
-      case BlasAct::kRelu:
-        return WholeTileFromRegisters<T, Y, BlasAct::kRelu, kMi, kBn>(p, acc, row0, n0, ltid);
-      case BlasAct::kClip:
-        return WholeTileFromRegisters<T, Y, BlasAct::kClip, kMi, kBn>(p, acc, row0, n0, ltid);
-      case BlasAct::kGelu:
-        return WholeTileFromRegisters<T, Y, BlasAct::kGelu, kMi, kBn>(p, acc, row0, n0, ltid);
-      case BlasAct::kGeluTanh:
-        return WholeTileFromRegisters<T, Y, BlasAct::kGeluTanh, kMi, kBn>(p, acc, row0, n0, ltid);
-      case BlasAct::kNone:
-        return WholeTileFromRegisters<T, Y, BlasAct::kNone, kMi, kBn>(p, acc, row0, n0, ltid);
-      default:
-        break;  // not WholeTileActivation's: vectors.whole is false
-    }
-  }
-  AnyTileFromRegisters<T, Y, kMi, kBn>(p, acc, row0, n0, ltid);
 }
 #endif  // KILN_WGMMA
 
@@ -1046,7 +1050,9 @@ constexpr TileConfig kTiles[] = {{"128x128", 128, 128, false, true},
                                  {"tmap-128x256", 128, 256, false, false},
                                  {"tmap-256x128", 256, 128, false, false},
                                  {"tmap-128x192", 128, 192, false, false},
-                                 {"ppr-128x128", 128, 128, false, false}};
+                                 {"ppr-128x128", 128, 128, false, false},
+                                 {"128x128x2r", 128, 128, false, false},
+                                 {"128x64x2r", 128, 64, false, false}};
 
 constexpr int kNarrowTile = 12;  // 128x64x2: the only tile of 64 columns
 static_assert(kTiles[kNarrowTile].cols == 64);
@@ -1195,14 +1201,15 @@ cudaError_t LaunchPersistentTile(const Int8MmaGemmParams& p, cudaStream_t stream
 }
 
 template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kDrain,
-          int kMinBlocks, bool kConv = false>
+          int kMinBlocks, bool kConv = false, bool kFromRegisters = false>
 cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
                        const ImplicitGemmConv& conv = {}) {
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
   // kMinBlocks blocks an SM, each with the 1 KB the runtime reserves a block.
   static_assert(kMinBlocks * (kSmem + 1024) <= kSmemPerSm, "kMinBlocks blocks' shared memory");
-  auto* kernel = Int8WgmmaGemmKernel<Acc, T, Y, kMi, kBn, kStages, kDrain, kMinBlocks, kConv>;
+  auto* kernel =
+      Int8WgmmaGemmKernel<Acc, T, Y, kMi, kBn, kStages, kDrain, kMinBlocks, kConv, kFromRegisters>;
   static SharedMemoryOptIn opt_in;
   if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
   dim3 grid;
@@ -1217,13 +1224,15 @@ static_assert(kTiles[0].rows == 128 && kTiles[1].rows == 128 && kTiles[2].rows =
               kTiles[6].rows == 256 && kTiles[7].rows == 128 && kTiles[8].rows == 128 &&
               kTiles[9].rows == 128 && kTiles[10].rows == 256 && kTiles[11].rows == 128 &&
               kTiles[12].rows == 128 && kTiles[13].rows == 128 && kTiles[14].rows == 256 &&
-              kTiles[15].rows == 128 && kTiles[16].rows == 128);
+              kTiles[15].rows == 128 && kTiles[16].rows == 128 && kTiles[17].rows == 128 &&
+              kTiles[18].rows == 128);
 static_assert(kTiles[0].cols == 128 && kTiles[1].cols == 256 && kTiles[2].cols == 128 &&
               kTiles[3].cols == 128 && kTiles[4].cols == 128 && kTiles[5].cols == 256 &&
               kTiles[6].cols == 128 && kTiles[7].cols == 128 && kTiles[8].cols == 128 &&
               kTiles[9].cols == 256 && kTiles[10].cols == 96 && kTiles[11].cols == 192 &&
               kTiles[12].cols == 64 && kTiles[13].cols == 256 && kTiles[14].cols == 128 &&
-              kTiles[15].cols == 192 && kTiles[16].cols == 128);
+              kTiles[15].cols == 192 && kTiles[16].cols == 128 && kTiles[17].cols == 128 &&
+              kTiles[18].cols == 64);
 
 // The tile p.tile names. kConv: A is the implicit-GEMM view `conv` (the cp.async tiles only,
 // Int8WgmmaTileGathers: a tensor map cannot gather).
@@ -1241,6 +1250,10 @@ cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
       return LaunchTile<Acc, T, Y, 2, 128, 4, 1, 1, kConv>(p, stream, conv);
     case 12:  // 4 stages of 24 KB, two blocks per SM: 64 columns (a narrow Y's)
       return LaunchTile<Acc, T, Y, 1, 64, 4, 0, 2, kConv>(p, stream, conv);
+    case 17:  // 128x128x2 finishing from registers
+      return LaunchTile<Acc, T, Y, 1, 128, 3, 0, 2, kConv, true>(p, stream, conv);
+    case 18:  // 128x64x2 finishing from registers
+      return LaunchTile<Acc, T, Y, 1, 64, 4, 0, 2, kConv, true>(p, stream, conv);
   }
   if constexpr (!kConv) {
     switch (p.tile) {
@@ -1290,11 +1303,11 @@ bool Int8WgmmaTileGpuTested(int tile) {
 }
 
 const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use) {
-  static const std::vector<int> product = {5,  6, 11, 10, 2,  4,  0,  3, 1,
-                                           12, 7, 8,  9,  13, 14, 15, 16},
-                                pointwise = {5,  2, 6, 11, 10, 4,  0,  3, 1,
-                                             12, 7, 8, 9,  13, 14, 15, 16},
-                                gather = {2, 0, 3, 1, 12};
+  static const std::vector<int> product = {5, 6, 11, 10, 2,  4,  0,  3,  1, 12,
+                                           7, 8, 9,  13, 14, 15, 16, 17, 18},
+                                pointwise = {5, 2, 6, 11, 10, 4,  0,  3,  1, 12,
+                                             7, 8, 9, 13, 14, 15, 16, 17, 18},
+                                gather = {2, 0, 3, 1, 12, 17, 18};
   switch (use) {
     case WgmmaTileUse::kProduct:
       return product;
