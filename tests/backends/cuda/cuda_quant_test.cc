@@ -1874,10 +1874,8 @@ TEST_F(CudaFp8Test, DirectPlanWritesHalfOutputsThroughCublasLtsEpilogue) {
 //   byte agrees; cuBLASLt's epilogue (the direct plan) converts its FP32 result directly, so a few
 //   values sit one E4M3 step away where the FP16 rounding crossed a rounding boundary;
 // - the consumer, handed A already quantized, gives the plain kernel's Y.
-void CheckFp8EdgeKernels() {
-  const DataType f16 = DataType::kFloat16;
-  const float out_amax = 3.f;
-  const I8Case cases[] = {
+std::vector<I8Case> Fp8EdgeCases() {
+  return {
       // GELU with a bias row, N a multiple of 16: the direct plan's tactics and the FP32 plan's.
       Fp8({"FusedMatMul", {2, 24, 64}, 64, 256, false, false, 1.f, 1.f, {256}, true, "gelu"}, 2.f),
       // SiLU: kiln's epilogue only.
@@ -1885,6 +1883,11 @@ void CheckFp8EdgeKernels() {
       // A Gemm with C of Y's shape.
       Fp8({"Gemm", {40, 32}, 32, 64, false, true, 0.5f, 0.75f, {40, 64}, false}, 1.5f),
   };
+}
+// `tactics`: how many FP8 tactics each case must have (0: any number but none).
+void CheckFp8EdgeKernels(const std::vector<I8Case>& cases = Fp8EdgeCases(), int tactics = 0) {
+  const DataType f16 = DataType::kFloat16;
+  const float out_amax = 3.f;
   uint32_t seed = 301;
   for (const I8Case& c : cases) {
     SCOPED_TRACE(c.Describe());
@@ -1892,9 +1895,10 @@ void CheckFp8EdgeKernels() {
     std::vector<Tensor> inputs = MakeInputs(c, rng);
     for (Tensor& t : inputs) t = t.CastTo(f16).CastTo(DataType::kFloat32);
     Int8Node plain(c, inputs, f16);
-    auto tactics = plain.Tactics(BackendKind::kCuda, "f8-");
-    ASSERT_FALSE(tactics.empty());
-    for (const auto& [p, t] : tactics) {
+    auto offered = plain.Tactics(BackendKind::kCuda, "f8-");
+    ASSERT_FALSE(offered.empty());
+    if (tactics > 0) EXPECT_EQ(static_cast<int>(offered.size()), tactics);
+    for (const auto& [p, t] : offered) {
       SCOPED_TRACE(t.name);
       ASSERT_TRUE(p->WritesFp8Output(plain.request(), t));
       ASSERT_TRUE(p->ReadsFp8Input(plain.request(), t));
@@ -1934,6 +1938,23 @@ TEST_F(CudaFp8Test, WarpgroupEdgeKernelsWriteAndReadE4M3AsTheContractDoes) {
   if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
   ScopedEnv only("KILN_CUDA_FP8_KERNEL", "wgmma");
   CheckFp8EdgeKernels();
+}
+
+// The same on every tile of the warpgroup kernel, those not yet GPU-tested included, at shapes
+// where most of Y is whole tiles: an 8-bit Y takes the epilogues' 8-wide stores there (the
+// staged WholeTile, or FinishFromRegisters' after a quad's exchange), every byte as the contract
+// gives it. 384 x 768: whole tiles of every width and of 128 rows, the 256-row tiles' second
+// row block half inside Y; 200 x 200 (N off every width but 8's multiple) and the odd shapes above.
+TEST_F(CudaFp8Test, EveryWarpgroupTileWritesE4M3AsTheContractDoes) {
+  if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
+  ScopedEnv only("KILN_CUDA_FP8_KERNEL", "wgmma");
+  ScopedEnv every_tile("KILN_CUDA_WGMMA_TILES", EveryWgmmaTileName().c_str());
+  std::vector<I8Case> cases = Fp8EdgeCases();
+  cases.push_back(Fp8(
+      {"FusedMatMul", {2, 192, 256}, 256, 768, false, false, 1.f, 1.f, {768}, true, "gelu"}, 2.f));
+  cases.push_back(
+      Fp8({"FusedMatMul", {200, 96}, 96, 200, false, false, 1.f, 1.f, {200}, true, "relu"}, 2.f));
+  CheckFp8EdgeKernels(cases, cuda::Int8WgmmaTileCount());
 }
 
 // kiln's warpgroup kernel for FP8 (KILN_CUDA_FP8_KERNEL=wgmma): offered in each of its tiles and
