@@ -82,32 +82,6 @@ __device__ __forceinline__ void StoreEight(Y* dst, const float (&v)[8], float in
   }
 }
 
-// Two outputs (columns col and col + 1 of a row) as Y's bytes in the low bits of a word: 16 bits
-// for an 8-bit Y, 32 for a 16-bit one (the warpgroup kernels' epilogue from registers).
-template <typename T, typename Y>
-__device__ __forceinline__ uint32_t PackTwo(float v0, float v1, float inv_scale) {
-  if constexpr (sizeof(Y) == 1) {
-    return static_cast<uint32_t>(Byte(Convert<T, Y>(v0, inv_scale))) |
-           (static_cast<uint32_t>(Byte(Convert<T, Y>(v1, inv_scale))) << 8);
-  } else {
-    static_assert(sizeof(Y) == 2, "8- or 16-bit outputs");
-    return Bits16<Y>(v0) | (Bits16<Y>(v1) << 16);
-  }
-}
-
-// Two consecutive elements as floats in one load (`at` 4-byte aligned for halves, 8 for floats).
-template <typename T>
-__device__ __forceinline__ void LoadTwo(const T* at, float (&v)[2]) {
-  if constexpr (sizeof(T) == 2) {
-    const uint32_t raw = *reinterpret_cast<const uint32_t*>(at);
-    const T* h = reinterpret_cast<const T*>(&raw);
-    v[0] = Load(h[0]), v[1] = Load(h[1]);
-  } else {
-    const float2 a = *reinterpret_cast<const float2*>(at);
-    v[0] = a.x, v[1] = a.y;
-  }
-}
-
 // The activations FinishTile has a loop of its own for (WholeTile): the common ones (none, ReLU
 // and its clipped form, GELU in both forms).
 inline bool WholeTileActivation(BlasAct act) {

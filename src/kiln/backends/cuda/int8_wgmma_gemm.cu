@@ -335,180 +335,6 @@ __device__ __forceinline__ void StageProducts(Acc (&acc)[kMi][kBn / 2], uint64_t
 #pragma unroll
   for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
 }
-
-// A quad's transpose (lanes 4g .. 4g + 3 of a warp, t = lane & 3): item jj of lane t in, A[t][jj];
-// item u of lane t out, A[u][t]. Two rounds of exchanges, with lane t ^ 1 and then t ^ 2, each lane
-// keeping the items whose index agrees with its own in the round's bit and sending the others.
-__device__ __forceinline__ void TransposeQuad(uint32_t (&x)[4], int t) {
-  const bool odd = (t & 1) != 0, high = (t & 2) != 0;
-  const uint32_t ra = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[1], 1);
-  const uint32_t rb = __shfl_xor_sync(0xffffffffu, odd ? x[2] : x[3], 1);
-  const uint32_t lo = odd ? x[1] : x[0], hi = odd ? x[3] : x[2];
-  // Item t & 1: lo (lane t's), ra (lane t ^ 1's); item 2 + (t & 1): hi, rb.
-  const uint32_t rc = __shfl_xor_sync(0xffffffffu, high ? lo : hi, 2);
-  const uint32_t rd = __shfl_xor_sync(0xffffffffu, high ? ra : rb, 2);
-  // Item t of lanes t, t ^ 1, t ^ 2 and t ^ 3.
-  const uint32_t own = high ? hi : lo, peer = high ? rb : ra;
-  const uint32_t p0 = odd ? peer : own, p1 = odd ? own : peer;  // lanes (t & 2), (t & 2) + 1
-  const uint32_t q0 = odd ? rd : rc, q1 = odd ? rc : rd;        // the other pair
-  x[0] = high ? q0 : p0, x[1] = high ? q1 : p1, x[2] = high ? p0 : q0, x[3] = high ? p1 : q1;
-}
-
-// The epilogue of a tile inside Y straight from a warpgroup's accumulators (wgmma's layout),
-// rows row0 .. row0 + 64 kMi, columns n0 .. n0 + kBn, with FinishTile's arithmetic, output for
-// output: in each quad of 8-column groups, a lane finishes its two columns of each of the four
-// groups (their scales and bias loaded once for all of its rows); for an 8- or 16-bit Y the quad
-// transposes the packed outputs (TransposeQuad) and lane t stores group t's 8 outputs in one
-// store, the quad's 32 columns of a row being one stretch; an FP32 Y stores its pairs (the quad's
-// 32 bytes of each group). The rows and quads run in a rolled loop over the quads (each picks its
-// registers in an unrolled switch), so the activation's code is there 2 kMi times, not once per
-// accumulator.
-template <typename T, typename Y, BlasAct kAct, int kMi, int kBn, typename Acc>
-__device__ __forceinline__ void WholeTileFromRegisters(const Int8MmaGemmParams& p,
-                                                       const Acc (&acc)[kMi][kBn / 2], int64_t row0,
-                                                       int64_t n0, int ltid) {
-  static_assert(kBn % 32 == 0, "whole quads of 8-column groups");
-  const Int8EpilogueParams& e = p.epi;
-  const int lane = ltid & 31, w = ltid >> 5, g = lane >> 2, t = lane & 3;
-  Y* y = static_cast<Y*>(e.y);
-  const T* c = static_cast<const T*>(e.c);
-  const T* z = static_cast<const T*>(e.z);
-#pragma unroll 1
-  for (int q = 0; q < kBn / 32; ++q) {
-    const int64_t col0 = n0 + 32 * q + 2 * t;  // group jj's columns: col0 + 8 jj and + 1
-    float sc[4][2], add[4][2];
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      const float2 s = *reinterpret_cast<const float2*>(e.col_scale + col0 + 8 * jj);
-      sc[jj][0] = s.x, sc[jj][1] = s.y;
-      if (c) int8_tile::LoadTwo(c + col0 + 8 * jj, add[jj]);
-    }
-#pragma unroll
-    for (int i = 0; i < kMi; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        Acc x[4][2];
-#pragma unroll
-        for (int k = 0; k < kBn / 32; ++k) {
-          if (k == 0 || k == q) {
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-              x[jj][0] = acc[i][4 * (4 * k + jj) + 2 * h];
-              x[jj][1] = acc[i][4 * (4 * k + jj) + 2 * h + 1];
-            }
-          }
-        }
-        const int64_t row = row0 + i * 64 + w * 16 + g + 8 * h;
-        float v[4][2];
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          float res[2] = {0.f, 0.f};
-          if (z) int8_tile::LoadTwo(z + row * e.cols + col0 + 8 * jj, res);
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            v[jj][u] = static_cast<float>(x[jj][u]) * sc[jj][u];
-            if (c) v[jj][u] += e.beta * add[jj][u];
-            if (z) v[jj][u] += res[u];
-            v[jj][u] = ActivateFor<T>(kAct, v[jj][u], e.act_min, e.act_max);
-          }
-        }
-        if constexpr (sizeof(Y) == 4) {
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            *reinterpret_cast<float2*>(y + row * e.cols + col0 + 8 * jj) =
-                make_float2(v[jj][0], v[jj][1]);
-          }
-        } else {
-          uint32_t item[4];
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            item[jj] = int8_tile::PackTwo<T, Y>(v[jj][0], v[jj][1], p.y_inv_scale);
-          }
-          TransposeQuad(item, t);
-          Y* dst = y + row * e.cols + n0 + 32 * q + 8 * t;
-          if constexpr (sizeof(Y) == 1) {
-            *reinterpret_cast<uint2*>(dst) =
-                make_uint2(item[0] | (item[1] << 16), item[2] | (item[3] << 16));
-          } else {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(item[0], item[1], item[2], item[3]);
-          }
-        }
-      }
-    }
-  }
-}
-
-// Any tile, output by output: FinishTile's general loop (bounds, C of any strides, the
-// activation chosen at run time) on the accumulators in registers, group by group in a rolled
-// loop as above.
-template <typename T, typename Y, int kMi, int kBn, typename Acc>
-__device__ __forceinline__ void AnyTileFromRegisters(const Int8MmaGemmParams& p,
-                                                     const Acc (&acc)[kMi][kBn / 2], int64_t row0,
-                                                     int64_t n0, int ltid) {
-  const Int8EpilogueParams& e = p.epi;
-  const int lane = ltid & 31, w = ltid >> 5, g = lane >> 2, t = lane & 3;
-  Y* y = static_cast<Y*>(e.y);
-  const T* c = static_cast<const T*>(e.c);
-  const T* z = static_cast<const T*>(e.z);
-#pragma unroll 1
-  for (int j = 0; j < kBn / 8; ++j) {
-    const int64_t col0 = n0 + 8 * j + 2 * t;
-    if (col0 >= e.cols) continue;
-#pragma unroll
-    for (int i = 0; i < kMi; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        Acc x[2];
-#pragma unroll
-        for (int k = 0; k < kBn / 8; ++k) {
-          if (k == 0 || k == j) {
-            x[0] = acc[i][4 * k + 2 * h];
-            x[1] = acc[i][4 * k + 2 * h + 1];
-          }
-        }
-        const int64_t row = row0 + i * 64 + w * 16 + g + 8 * h;
-        if (row >= e.rows) continue;
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int64_t col = col0 + u;
-          if (col >= e.cols) continue;
-          float v = static_cast<float>(x[u]) * e.col_scale[col];
-          if (c) v += e.beta * Load(c[row * e.c_row_stride + col * e.c_col_stride]);
-          if (z) v += Load(z[row * e.cols + col]);
-          v = ActivateFor<T>(e.act, v, e.act_min, e.act_max);
-          y[row * e.cols + col] = int8_tile::Convert<T, Y>(v, p.y_inv_scale);
-        }
-      }
-    }
-  }
-}
-
-// A warpgroup's rows row0 .. row0 + 64 kMi of the tile at columns n0..: WholeTileFromRegisters
-// where FinishTile would take WholeTile (vectors.whole, the rows and columns inside Y), with the
-// activation compiled in; AnyTileFromRegisters otherwise.
-template <typename T, typename Y, int kMi, int kBn, typename Acc>
-__device__ __forceinline__ void FinishFromRegisters(const Int8MmaGemmParams& p,
-                                                    const Acc (&acc)[kMi][kBn / 2], int64_t row0,
-                                                    int64_t n0, int ltid,
-                                                    int8_tile::Vectors vectors) {
-  if (vectors.whole && row0 + 64 * kMi <= p.epi.rows && n0 + kBn <= p.epi.cols) {
-    switch (p.epi.act) {
-      case BlasAct::kRelu:
-        return WholeTileFromRegisters<T, Y, BlasAct::kRelu, kMi, kBn>(p, acc, row0, n0, ltid);
-      case BlasAct::kClip:
-        return WholeTileFromRegisters<T, Y, BlasAct::kClip, kMi, kBn>(p, acc, row0, n0, ltid);
-      case BlasAct::kGelu:
-        return WholeTileFromRegisters<T, Y, BlasAct::kGelu, kMi, kBn>(p, acc, row0, n0, ltid);
-      case BlasAct::kGeluTanh:
-        return WholeTileFromRegisters<T, Y, BlasAct::kGeluTanh, kMi, kBn>(p, acc, row0, n0, ltid);
-      case BlasAct::kNone:
-        return WholeTileFromRegisters<T, Y, BlasAct::kNone, kMi, kBn>(p, acc, row0, n0, ltid);
-      default:
-        break;  // not WholeTileActivation's: vectors.whole is false
-    }
-  }
-  AnyTileFromRegisters<T, Y, kMi, kBn>(p, acc, row0, n0, ltid);
-}
 #endif  // KILN_WGMMA
 
 // The stages, and the accumulator tile the epilogue reads in their place.
@@ -526,10 +352,9 @@ constexpr int SmemBytes() {
 
 // kMi: 64-row instructions per warpgroup and K step (the block has 128 * kMi rows of Y). Acc: int
 // for INT8 operands, float for E4M3 ones. kConv: A is the implicit-GEMM view `conv` of the NHWC
-// input p.a (LaunchInt8WgmmaConv), not a matrix. kFromRegisters: the epilogue is
-// FinishFromRegisters' (below), without staging the accumulators or the block's two barriers.
+// input p.a (LaunchInt8WgmmaConv), not a matrix.
 template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kDrain,
-          int kMinBlocks, bool kConv, bool kFromRegisters>
+          int kMinBlocks, bool kConv>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     Int8WgmmaGemmKernel(Int8MmaGemmParams p, int8_tile::Vectors vectors, ImplicitGemmConv conv) {
 #ifdef KILN_WGMMA
@@ -588,15 +413,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
   for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
   CpAsyncWait<0>();
-  if constexpr (kFromRegisters) {
-    FinishFromRegisters<T, Y, kMi, kBn>(p, acc, m0 + wg * kMi * 64, n0, tid & 127, vectors);
-  } else {
-    __syncthreads();  // every warpgroup is done with the stages: the accumulators take their place
-    Acc* tile = reinterpret_cast<Acc*>(smem);
-    StageAccumulators<kMi, kBn>(tile, acc, wg, tid);
-    __syncthreads();
-    int8_tile::FinishTile<T, Y, kBm, kBn, kThreads>(p, tile, m0, n0, tid, vectors);
-  }
+  __syncthreads();  // every warpgroup is done with the stages: the accumulators take their place
+
+  Acc* tile = reinterpret_cast<Acc*>(smem);
+  StageAccumulators<kMi, kBn>(tile, acc, wg, tid);
+  __syncthreads();
+  int8_tile::FinishTile<T, Y, kBm, kBn, kThreads>(p, tile, m0, n0, tid, vectors);
 #endif  // KILN_WGMMA
 }
 
@@ -714,19 +536,16 @@ __global__ void __launch_bounds__(kThreads + 128, 1)
 // every epilogue and pipeline fill. The turns also keep each stage's wait within one phase of its
 // barrier: a consumer starts waiting for its tile's stages only after the other has seen every
 // stage before them land. Each consumer finishes its tile through its own buffer, kChunk columns
-// at a time (FinishTile's rolled loop), since the stages belong to the next tiles' copies; or,
-// kChunk 0, straight from its accumulators (FinishFromRegisters).
+// at a time (FinishTile's rolled loop), since the stages belong to the next tiles' copies.
 template <int kStages, int kChunk>
 struct PingPongLayout {
   static constexpr int kBm = 128, kBn = 128, kMi = 2;
   static constexpr int kAStage = kBm * kBk, kBStage = kBn * kBk;
   static constexpr int kStageBytes = kStages * (kAStage + kBStage);
-  // kChunk 0: no buffers, the consumers finish from their accumulators (FinishFromRegisters).
-  static constexpr int kChunkBytes = kChunk == 0 ? 0 : kBm * (kChunk + int8_tile::kAccPad) * 4;
+  static constexpr int kChunkBytes = kBm * (kChunk + int8_tile::kAccPad) * 4;
   static constexpr int kBarriers = kStageBytes + 2 * kChunkBytes;  // full[kStages], empty[kStages]
   static constexpr int kSmem = kBarriers + 2 * kStages * 8 + kSmemAlign;
-  static_assert(kChunk % 8 == 0 && kBn % (kChunk == 0 ? 8 : kChunk) == 0,
-                "whole chunks of 8-column groups");
+  static_assert(kBn % kChunk == 0 && kChunk % 8 == 0, "whole chunks of 8-column groups");
   static_assert(kSmem <= kSmemPerBlock, "a Hopper block's shared memory");
 };
 constexpr int kPingPongThreads = 384;  // the producer warpgroup, then two consumer ones
@@ -849,6 +668,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
     const int wg = (tid >> 7) - 1, ltid = tid & 127;
+    Acc* chunk_buf = reinterpret_cast<Acc*>(smem + L::kStageBytes + wg * L::kChunkBytes);
     // A stage's slot is free once its products are done, in every block of the cluster.
     auto release = [&](int64_t stage) {
       if (ltid != 0) return;
@@ -887,114 +707,24 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
 #pragma unroll
       for (int i = 0; i < L::kMi; ++i) FenceAccumulators(acc[i]);
       if (ktiles > 0) release(stage - 1);  // the tile's last
-      if constexpr (kChunk == 0) {
-        FinishFromRegisters<T, Y, L::kMi, L::kBn>(p, acc, m0, n0, ltid, vectors);
-      } else {
-        Acc* chunk_buf = reinterpret_cast<Acc*>(smem + L::kStageBytes + wg * L::kChunkBytes);
 #pragma unroll 1
-        // One copy of FinishTile (its loop is not unrolled); the staging, which must name
-        // registers, picks its constant chunk.
-        for (int chunk = 0; chunk < L::kBn / kChunk; ++chunk) {
+      // One copy of FinishTile (its loop is not unrolled); the staging, which must name
+      // registers, picks its constant chunk.
+      for (int chunk = 0; chunk < L::kBn / kChunk; ++chunk) {
 #pragma unroll
-          for (int k = 0; k < L::kBn / kChunk; ++k) {
-            if (k == chunk) StageChunk<L::kMi, L::kBn, kChunk>(chunk_buf, acc, k, ltid);
-          }
-          WarpgroupBarrier(wg);
-          int8_tile::FinishTile<T, Y, L::kBm, kChunk, 128>(p, chunk_buf, m0, n0 + chunk * kChunk,
-                                                           ltid, vectors);
-          WarpgroupBarrier(wg);  // read before the next chunk is staged
+        for (int k = 0; k < L::kBn / kChunk; ++k) {
+          if (k == chunk) StageChunk<L::kMi, L::kBn, kChunk>(chunk_buf, acc, k, ltid);
         }
+        WarpgroupBarrier(wg);
+        int8_tile::FinishTile<T, Y, L::kBm, kChunk, 128>(p, chunk_buf, m0, n0 + chunk * kChunk,
+                                                         ltid, vectors);
+        WarpgroupBarrier(wg);  // read before the next chunk is staged
       }
     }
   }
   // The peer's last multicast into this block and its last arrivals on this block's barriers
   // land before either block leaves.
   if constexpr (kCluster > 1) ClusterSync();
-#endif  // KILN_WGMMA
-}
-
-// The TMA kernel made persistent (CUTLASS's "warp-specialized cooperative" design): a block per
-// SM (the grid is the SM count, or the tile count where smaller) walks the tiles blockIdx.x,
-// blockIdx.x + gridDim.x, ... in row-major order, so the tiles the SMs hold at once share their
-// rows of A. The producer warpgroup's first thread issues every stage of every tile of the block
-// in order: the next tile's first stages land while the consumers finish this one, where the
-// one-block-a-tile kernel waits for a new block's first stage after every epilogue. Both consumer
-// warpgroups work on every tile, 64 kMi rows each as in the TMA kernel, release each stage once
-// its products are done (the tile's last too) and finish straight from their accumulators
-// (FinishFromRegisters), the stages holding the next tile's operands by then; neither waits for
-// the other but through the stages' barriers.
-template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages>
-__global__ void __launch_bounds__(kThreads + 128, 1)
-    Int8WgmmaPersistentKernel(const __grid_constant__ CUtensorMap map_a,
-                              const __grid_constant__ CUtensorMap map_b, Int8MmaGemmParams p,
-                              int8_tile::Vectors vectors) {
-#ifdef KILN_WGMMA
-  constexpr int kBm = 2 * 64 * kMi;
-  constexpr int kAStage = kBm * kBk, kBStage = kBn * kBk;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem =
-      smem_raw + ((kSmemAlign - (SmemAddr(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1));
-  uint8_t* sa = smem;
-  uint8_t* sb = smem + kStages * kAStage;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * (kAStage + kBStage));
-  uint64_t* empty = full + kStages;
-  const int tid = threadIdx.x;
-  const int64_t tiles_n = (p.epi.cols + kBn - 1) / kBn;
-  const int64_t tiles = (p.epi.rows + kBm - 1) / kBm * tiles_n;
-  const int ktiles = static_cast<int>((p.depth + kBk - 1) / kBk);
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(&full[s], 1);
-      MbarInit(&empty[s], 2);  // each consumer warpgroup
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  if (tid < 128) {  // the producer warpgroup: its first thread issues every copy
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    if (tid == 0) {
-      int64_t stage = 0;  // stages issued, over all of this block's tiles
-      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int m0 = static_cast<int>(tile / tiles_n * kBm);
-        const int n0 = static_cast<int>(tile % tiles_n * kBn);
-        for (int kt = 0; kt < ktiles; ++kt, ++stage) {
-          const int slot = static_cast<int>(stage % kStages);
-          const int64_t use = stage / kStages;
-          if (use > 0) MbarWait(&empty[slot], static_cast<int>((use - 1) & 1));
-          MbarExpectTx(&full[slot], kAStage + kBStage);
-          TmaLoad2d(sa + slot * kAStage, &map_a, kt * kBk, m0, &full[slot]);
-          TmaLoad2d(sb + slot * kBStage, &map_b, kt * kBk, n0, &full[slot]);
-        }
-      }
-    }
-    return;
-  }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
-  const int ctid = tid - 128, wg = ctid >> 7, ltid = ctid & 127;
-  Acc acc[kMi][kBn / 2];
-  int64_t stage = 0;  // stages consumed, as the producer counts them
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t m0 = tile / tiles_n * kBm, n0 = tile % tiles_n * kBn;
-#pragma unroll
-    for (int i = 0; i < kMi; ++i) {
-#pragma unroll
-      for (int k = 0; k < kBn / 2; ++k) acc[i][k] = 0;
-    }
-    for (int kt = 0; kt < ktiles; ++kt, ++stage) {
-      const int slot = static_cast<int>(stage % kStages);
-      MbarWait(&full[slot], static_cast<int>((stage / kStages) & 1));
-      const uint64_t da = SmemDesc(sa + slot * kAStage + wg * kMi * 64 * kBk);
-      const uint64_t db = SmemDesc(sb + slot * kBStage);
-      StageProducts<kMi, kBn>(acc, da, db);
-      WgmmaWait<1>();  // the previous stage's products are done: its slot is free
-      if (kt > 0 && ltid == 0) MbarArrive(&empty[(stage - 1) % kStages]);
-    }
-    WgmmaWait<0>();
-#pragma unroll
-    for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
-    if (ktiles > 0 && ltid == 0) MbarArrive(&empty[(stage - 1) % kStages]);  // the tile's last
-    FinishFromRegisters<T, Y, kMi, kBn>(p, acc, m0 + wg * kMi * 64, n0, ltid, vectors);
-  }
 #endif  // KILN_WGMMA
 }
 
@@ -1044,15 +774,7 @@ constexpr TileConfig kTiles[] = {{"128x128", 128, 128, false, true},
                                  // Session 38, when no GPU was lent: not yet run.
                                  {"tma-256x96", 256, 96, true, false},
                                  {"tma-128x192", 128, 192, true, false},
-                                 {"128x64x2", 128, 64, false, false},
-                                 // Session 39: the epilogue from registers (FinishFromRegisters);
-                                 // not yet run.
-                                 {"tmap-128x256", 128, 256, false, false},
-                                 {"tmap-256x128", 256, 128, false, false},
-                                 {"tmap-128x192", 128, 192, false, false},
-                                 {"ppr-128x128", 128, 128, false, false},
-                                 {"128x128x2r", 128, 128, false, false},
-                                 {"128x64x2r", 128, 64, false, false}};
+                                 {"128x64x2", 128, 64, false, false}};
 
 constexpr int kNarrowTile = 12;  // 128x64x2: the only tile of 64 columns
 static_assert(kTiles[kNarrowTile].cols == 64);
@@ -1182,34 +904,15 @@ cudaError_t LaunchPingPongTile(const Int8MmaGemmParams& p, cudaStream_t stream) 
                             stream);
 }
 
-template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages>
-cudaError_t LaunchPersistentTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
-  constexpr int kBm = 2 * 64 * kMi;
-  constexpr int kSmem = kStages * (kBm + kBn) * kBk + 2 * kStages * 8 + kSmemAlign;
-  static_assert(kSmem <= kSmemPerBlock, "a Hopper block's shared memory");
-  auto* kernel = Int8WgmmaPersistentKernel<Acc, T, Y, kMi, kBn, kStages>;
-  static SharedMemoryOptIn opt_in;
-  if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
-  const int64_t tiles = (p.epi.rows + kBm - 1) / kBm * ((p.epi.cols + kBn - 1) / kBn);
-  const int sms = SmCount();
-  if (sms < 1) return cudaErrorInvalidDevice;
-  CUtensorMap map_a, map_b;
-  if (cudaError_t e = MakeOperandMaps(p, kBm, kBn, &map_a, &map_b); e != cudaSuccess) return e;
-  const int64_t blocks = tiles < sms ? tiles : sms;
-  return LaunchTmaKernel<Y>(kernel, dim3(static_cast<unsigned>(blocks)), kThreads + 128, kSmem,
-                            dim3(1, 1, 1), map_a, map_b, p, stream);
-}
-
 template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kDrain,
-          int kMinBlocks, bool kConv = false, bool kFromRegisters = false>
+          int kMinBlocks, bool kConv = false>
 cudaError_t LaunchTile(const Int8MmaGemmParams& p, cudaStream_t stream,
                        const ImplicitGemmConv& conv = {}) {
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
   // kMinBlocks blocks an SM, each with the 1 KB the runtime reserves a block.
   static_assert(kMinBlocks * (kSmem + 1024) <= kSmemPerSm, "kMinBlocks blocks' shared memory");
-  auto* kernel =
-      Int8WgmmaGemmKernel<Acc, T, Y, kMi, kBn, kStages, kDrain, kMinBlocks, kConv, kFromRegisters>;
+  auto* kernel = Int8WgmmaGemmKernel<Acc, T, Y, kMi, kBn, kStages, kDrain, kMinBlocks, kConv>;
   static SharedMemoryOptIn opt_in;
   if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
   dim3 grid;
@@ -1223,16 +926,12 @@ static_assert(kTiles[0].rows == 128 && kTiles[1].rows == 128 && kTiles[2].rows =
               kTiles[3].rows == 256 && kTiles[4].rows == 128 && kTiles[5].rows == 128 &&
               kTiles[6].rows == 256 && kTiles[7].rows == 128 && kTiles[8].rows == 128 &&
               kTiles[9].rows == 128 && kTiles[10].rows == 256 && kTiles[11].rows == 128 &&
-              kTiles[12].rows == 128 && kTiles[13].rows == 128 && kTiles[14].rows == 256 &&
-              kTiles[15].rows == 128 && kTiles[16].rows == 128 && kTiles[17].rows == 128 &&
-              kTiles[18].rows == 128);
+              kTiles[12].rows == 128);
 static_assert(kTiles[0].cols == 128 && kTiles[1].cols == 256 && kTiles[2].cols == 128 &&
               kTiles[3].cols == 128 && kTiles[4].cols == 128 && kTiles[5].cols == 256 &&
               kTiles[6].cols == 128 && kTiles[7].cols == 128 && kTiles[8].cols == 128 &&
               kTiles[9].cols == 256 && kTiles[10].cols == 96 && kTiles[11].cols == 192 &&
-              kTiles[12].cols == 64 && kTiles[13].cols == 256 && kTiles[14].cols == 128 &&
-              kTiles[15].cols == 192 && kTiles[16].cols == 128 && kTiles[17].cols == 128 &&
-              kTiles[18].cols == 64);
+              kTiles[12].cols == 64);
 
 // The tile p.tile names. kConv: A is the implicit-GEMM view `conv` (the cp.async tiles only,
 // Int8WgmmaTileGathers: a tensor map cannot gather).
@@ -1250,10 +949,6 @@ cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
       return LaunchTile<Acc, T, Y, 2, 128, 4, 1, 1, kConv>(p, stream, conv);
     case 12:  // 4 stages of 24 KB, two blocks per SM: 64 columns (a narrow Y's)
       return LaunchTile<Acc, T, Y, 1, 64, 4, 0, 2, kConv>(p, stream, conv);
-    case 17:  // 128x128x2 finishing from registers
-      return LaunchTile<Acc, T, Y, 1, 128, 3, 0, 2, kConv, true>(p, stream, conv);
-    case 18:  // 128x64x2 finishing from registers
-      return LaunchTile<Acc, T, Y, 1, 64, 4, 0, 2, kConv, true>(p, stream, conv);
   }
   if constexpr (!kConv) {
     switch (p.tile) {
@@ -1273,14 +968,6 @@ cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
         return LaunchTmaTile<Acc, T, Y, 2, 96, 4>(p, stream);
       case 11:  // 4 stages of 40 KB
         return LaunchTmaTile<Acc, T, Y, 1, 192, 4>(p, stream);
-      case 13:  // persistent: 4 stages of 48 KB
-        return LaunchPersistentTile<Acc, T, Y, 1, 256, 4>(p, stream);
-      case 14:
-        return LaunchPersistentTile<Acc, T, Y, 2, 128, 4>(p, stream);
-      case 15:  // 5 stages of 40 KB
-        return LaunchPersistentTile<Acc, T, Y, 1, 192, 5>(p, stream);
-      case 16:  // ping-pong finishing from registers: 5 stages of 32 KB
-        return LaunchPingPongTile<Acc, T, Y, 5, 0, 1>(p, stream);
     }
   }
   return cudaErrorInvalidValue;
@@ -1303,11 +990,9 @@ bool Int8WgmmaTileGpuTested(int tile) {
 }
 
 const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use) {
-  static const std::vector<int> product = {5, 6, 11, 10, 2,  4,  0,  3,  1, 12,
-                                           7, 8, 9,  13, 14, 15, 16, 17, 18},
-                                pointwise = {5, 2, 6, 11, 10, 4,  0,  3,  1, 12,
-                                             7, 8, 9, 13, 14, 15, 16, 17, 18},
-                                gather = {2, 0, 3, 1, 12, 17, 18};
+  static const std::vector<int> product = {5, 6, 11, 10, 2, 4, 0, 3, 1, 12, 7, 8, 9},
+                                pointwise = {5, 2, 6, 11, 10, 4, 0, 3, 1, 12, 7, 8, 9},
+                                gather = {2, 0, 3, 1, 12};
   switch (use) {
     case WgmmaTileUse::kProduct:
       return product;
