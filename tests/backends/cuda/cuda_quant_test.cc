@@ -1225,7 +1225,9 @@ TEST(CudaInt8Host, TheWarpgroupTilesAreOfferedLikeliestFirstEachOnce) {
     }
     std::sort(order.begin(), order.end());
     EXPECT_EQ(order, want);
-    if (gather) EXPECT_EQ(static_cast<int>(order.size()), cuda::Int8WgmmaConvTileCount());
+    if (gather) {
+      EXPECT_EQ(static_cast<int>(order.size()), cuda::Int8WgmmaConvTileCount());
+    }
   }
 }
 
@@ -1322,13 +1324,11 @@ TEST(CudaInt8Host, KilnCudaWgmmaTilesPicksTheTilesOffered) {
       std::sort(tested.begin(), tested.end());
       EXPECT_EQ(shaped, tested);
     }
-    EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kProduct)).find("tma-256x96"), std::string::npos);
   }
   {
-    // Naming a tile not yet GPU-tested offers it.
+    // Naming tiles offers them whether GPU-tested or not.
     ScopedEnv named("KILN_CUDA_WGMMA_TILES", "tma-128x192,tma-256x96");
     EXPECT_EQ(name_of(cuda::Int8WgmmaTilesOffered(kProduct)), "tma-128x192,tma-256x96");
-    EXPECT_FALSE(cuda::Int8WgmmaTileGpuTested(10));
     EXPECT_TRUE(cuda::Int8WgmmaTileGpuTested(5));
     EXPECT_FALSE(cuda::Int8WgmmaTileGpuTested(-1));
     EXPECT_FALSE(cuda::Int8WgmmaTileGpuTested(cuda::Int8WgmmaTileCount()));
@@ -1897,7 +1897,9 @@ void CheckFp8EdgeKernels(const std::vector<I8Case>& cases = Fp8EdgeCases(), int 
     Int8Node plain(c, inputs, f16);
     auto offered = plain.Tactics(BackendKind::kCuda, "f8-");
     ASSERT_FALSE(offered.empty());
-    if (tactics > 0) EXPECT_EQ(static_cast<int>(offered.size()), tactics);
+    if (tactics > 0) {
+      EXPECT_EQ(static_cast<int>(offered.size()), tactics);
+    }
     for (const auto& [p, t] : offered) {
       SCOPED_TRACE(t.name);
       ASSERT_TRUE(p->WritesFp8Output(plain.request(), t));
@@ -1941,10 +1943,10 @@ TEST_F(CudaFp8Test, WarpgroupEdgeKernelsWriteAndReadE4M3AsTheContractDoes) {
 }
 
 // The same on every tile of the warpgroup kernel, those not yet GPU-tested included, at shapes
-// where most of Y is whole tiles: an 8-bit Y takes the epilogues' 8-wide stores there (the
-// staged WholeTile, or FinishFromRegisters' after a quad's exchange), every byte as the contract
-// gives it. 384 x 768: whole tiles of every width and of 128 rows, the 256-row tiles' second
-// row block half inside Y; 200 x 200 (N off every width but 8's multiple) and the odd shapes above.
+// where most of Y is whole tiles: an 8-bit Y takes the epilogue's 8-wide stores there
+// (int8_tile::WholeTile), every byte as the contract gives it. 384 x 768: whole tiles of every
+// width and of 128 rows, the 256-row tiles' second row block half inside Y; 200 x 200 (N off every
+// width but 8's multiple) and the odd shapes above.
 TEST_F(CudaFp8Test, EveryWarpgroupTileWritesE4M3AsTheContractDoes) {
   if (!WgmmaExpected()) GTEST_SKIP() << "wgmma needs a compute capability 9.0 GPU";
   ScopedEnv only("KILN_CUDA_FP8_KERNEL", "wgmma");

@@ -771,10 +771,10 @@ constexpr TileConfig kTiles[] = {{"128x128", 128, 128, false, true},
                                  {"pp-128x128", 128, 128, false, true},
                                  {"ppc2-128x128", 128, 128, false, true},
                                  {"tmac2-128x256", 128, 256, false, true},
-                                 // Session 38, when no GPU was lent: not yet run.
-                                 {"tma-256x96", 256, 96, true, false},
-                                 {"tma-128x192", 128, 192, true, false},
-                                 {"128x64x2", 128, 64, false, false}};
+                                 // Session 38's, first run in session 39 (H100).
+                                 {"tma-256x96", 256, 96, true, true},
+                                 {"tma-128x192", 128, 192, true, true},
+                                 {"128x64x2", 128, 64, false, true}};
 
 constexpr int kNarrowTile = 12;  // 128x64x2: the only tile of 64 columns
 static_assert(kTiles[kNarrowTile].cols == 64);
