@@ -19,10 +19,10 @@
 # TILES (default tma-128x192,tma-256x96,tma-128x256,tma-256x128), OLD_TILES (default
 # tma-128x256,tma-256x128), NEW_TILES (default: the binary's order), MODELS (default bert_base),
 # QUANT (default int8-all,fp8-all), BENCH (the kernel bench's cases, a regular expression; default
-# BERT-base's products). ResNet-50's
-# 64-channel convolutions on the narrow tile, for example: TILES=128x64x2,128x128x2
-# BENCH='^resnet_(stem7x7|l1_.*)_(f16|i8_wgmma_t[0-9]+)/' MODELS=resnet50 QUANT=int8-all
-# OLD_TILES=tma-128x256,128x128x2 (the pointwise convolutions' first two).
+# BERT-base's products). ResNet-50's 64-channel convolutions on the narrow tile, for example:
+# TILES=128x64x2,128x128x2 BENCH='^resnet_(stem7x7|l1_.*)_(f16|i8_wgmma_t[0-9]+)/'
+# MODELS=resnet50 QUANT=int8-all OLD_TILES=tma-128x256,128x128x2 (the pointwise convolutions'
+# first two).
 set -u
 phase=${1:-}
 if [ "$phase" != tests ] && [ "$phase" != e2e ]; then

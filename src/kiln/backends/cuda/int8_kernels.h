@@ -87,10 +87,11 @@ cudaError_t LaunchInt8WgmmaGemm(const Int8MmaGemmParams& p, cudaStream_t stream)
 int Int8WgmmaTileCount();
 const char* Int8WgmmaTileName(int tile);
 int Int8WgmmaTileRows(int tile);  // as Int8MmaTileRows
-// Whether the tile has passed the GPU tests (OwnWarpgroupKernelRunsEveryTile, INT8 and FP8, on a
-// Hopper GPU). The providers offer an untested tile only where KILN_CUDA_WGMMA_TILES names it
-// (cublaslt_util.h), so that no build picks a kernel that has never been checked against the CPU
-// contract: tma-256x96 and tma-128x192 (session 38, written when no GPU was lent).
+// Whether the tile has passed the GPU tests that name every tile (OwnWarpgroupKernelRunsEveryTile,
+// INT8 and FP8, and the INT8 convolution tests, on a Hopper GPU). The providers offer an untested
+// tile only where KILN_CUDA_WGMMA_TILES names it (cublaslt_util.h), so that no build picks a
+// kernel that has never been checked against the CPU contract. Every tile has passed them since
+// session 39 (H100); a tile written without a GPU starts untested.
 bool Int8WgmmaTileGpuTested(int tile);
 bool Int8WgmmaAvailable();
 // What the warpgroup kernel's tiles serve: a product (MatMul, Gemm; INT8 or FP8), a pointwise
