@@ -434,8 +434,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // two share and multicasting them into both blocks; a slot is refilled once all four consumer
 // warpgroups released it (each arrives on both blocks' `empty` barrier). Slower than kCluster 1
 // at BERT-base's shapes on an H100 (session 35): offered last.
-template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kCluster>
-__global__ void __launch_bounds__(kThreads + 128, 1)
+// kMinBlocks 2: two blocks an SM (their stages and staged tile in half the SM's shared memory), so
+// that one block's pipeline fill and epilogue run under the other's products. The producer is one
+// warp after the consumers (288 threads, 112 registers each; a producer warpgroup would leave 80,
+// too few for wgmma's 64 accumulators and its operands). kWideEpilogue: the producer warpgroup,
+// idle once its copies are issued, finishes the tile with the consumers (384 threads, not 256).
+template <int kMinBlocks>
+constexpr int TmaProducerThreads() {
+  return kMinBlocks == 2 ? 32 : 128;
+}
+template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kCluster,
+          int kMinBlocks = 1, bool kWideEpilogue = false>
+__global__ void __launch_bounds__(kThreads + TmaProducerThreads<kMinBlocks>(), kMinBlocks)
     Int8WgmmaTmaKernel(const __grid_constant__ CUtensorMap map_a,
                        const __grid_constant__ CUtensorMap map_b, Int8MmaGemmParams p,
                        int8_tile::Vectors vectors) {
@@ -466,8 +476,16 @@ __global__ void __launch_bounds__(kThreads + 128, 1)
   } else {
     __syncthreads();
   }
-  if (tid < 128) {  // the producer warpgroup: one thread issues every copy
-    if (tid == 0) {
+  static_assert(kMinBlocks == 1 || (kMinBlocks == 2 && kMi == 1 && kBn <= 128 && kCluster == 1),
+                "two blocks an SM hold 64 accumulators a consumer thread at most");
+  static_assert(!kWideEpilogue || (kCluster == 1 && kMinBlocks == 1),
+                "the wide epilogue: no cluster barrier, the producer's registers");
+  constexpr int kEpilogueThreads = kWideEpilogue ? kThreads + 128 : kThreads;
+  // The producer: warpgroup 0, or (two blocks an SM) the warp after the consumers' two
+  // warpgroups, which must start at warps 0 and 4. One thread issues every copy.
+  constexpr bool kLastWarp = kMinBlocks == 2;
+  if (kLastWarp ? tid >= kThreads : tid < 128) {
+    if (tid == (kLastWarp ? kThreads : 0)) {
       constexpr int kBPart = kBn / kCluster;  // B rows this block loads for the cluster
       for (int kt = 0; kt < ktiles; ++kt) {
         const int slot = kt % kStages, use = kt / kStages;
@@ -484,9 +502,17 @@ __global__ void __launch_bounds__(kThreads + 128, 1)
       }
     }
     if constexpr (kCluster > 1) ClusterSync();  // the consumers' last arrivals, below
+    if constexpr (kWideEpilogue) {
+      __syncwarp();  // warp 0 whole again after its first thread's copies
+      // The consumers' staged tile (named barrier 1 twice, as they pass it below).
+      asm volatile("bar.sync 1, %0;\n" ::"n"(kEpilogueThreads) : "memory");
+      asm volatile("bar.sync 1, %0;\n" ::"n"(kEpilogueThreads) : "memory");
+      int8_tile::FinishTile<T, Y, kBm, kBn, kEpilogueThreads>(p, reinterpret_cast<const Acc*>(smem),
+                                                              m0, n0, kThreads + tid, vectors);
+    }
     return;
   }
-  const int ctid = tid - 128, wg = ctid >> 7;
+  const int ctid = kLastWarp ? tid : tid - 128, wg = ctid >> 7;
   Acc acc[kMi][kBn / 2];
 #pragma unroll
   for (int i = 0; i < kMi; ++i) {
@@ -513,12 +539,13 @@ __global__ void __launch_bounds__(kThreads + 128, 1)
   WgmmaWait<0>();
 #pragma unroll
   for (int i = 0; i < kMi; ++i) FenceAccumulators(acc[i]);
-  // Both consumer warpgroups are done with every stage (named barrier 1: the producer has left).
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+  // Both consumer warpgroups are done with every stage (named barrier 1: the producer has left,
+  // or, for the wide epilogue, waits there too).
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kEpilogueThreads) : "memory");
   Acc* tile = reinterpret_cast<Acc*>(smem);
   StageAccumulators<kMi, kBn>(tile, acc, wg, ctid);
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-  int8_tile::FinishTile<T, Y, kBm, kBn, kThreads>(p, tile, m0, n0, ctid, vectors);
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kEpilogueThreads) : "memory");
+  int8_tile::FinishTile<T, Y, kBm, kBn, kEpilogueThreads>(p, tile, m0, n0, ctid, vectors);
   // The peer's multicasts into this block and its arrivals on this block's barriers have landed
   // (every stage's products here waited for its bytes) before either block leaves.
   if constexpr (kCluster > 1) ClusterSync();
@@ -774,7 +801,11 @@ constexpr TileConfig kTiles[] = {{"128x128", 128, 128, false, true},
                                  // Session 38's, first run in session 39 (H100).
                                  {"tma-256x96", 256, 96, true, true},
                                  {"tma-128x192", 128, 192, true, true},
-                                 {"128x64x2", 128, 64, false, true}};
+                                 {"128x64x2", 128, 64, false, true},
+                                 // Session 40's, not yet run on a GPU.
+                                 {"tma2-128x128", 128, 128, false, false},
+                                 {"tmae-128x192", 128, 192, false, false},
+                                 {"tmae-256x128", 256, 128, false, false}};
 
 constexpr int kNarrowTile = 12;  // 128x64x2: the only tile of 64 columns
 static_assert(kTiles[kNarrowTile].cols == 64);
@@ -849,12 +880,15 @@ cudaError_t LaunchTmaKernel(void (*kernel)(Args...), dim3 grid, int threads, int
   return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p, int8_tile::VectorsFor<Y>(p));
 }
 
-template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kCluster = 1>
+template <typename Acc, typename T, typename Y, int kMi, int kBn, int kStages, int kCluster = 1,
+          int kMinBlocks = 1, bool kWideEpilogue = false>
 cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   constexpr int kBm = 2 * 64 * kMi;
   constexpr int kSmem = SmemBytes<kBm, kBn, kStages>();
   static_assert(kSmem <= kSmemPerBlock, "a Hopper block's shared memory");
-  auto* kernel = Int8WgmmaTmaKernel<Acc, T, Y, kMi, kBn, kStages, kCluster>;
+  static_assert(kMinBlocks * (kSmem + 1024) <= kSmemPerSm, "kMinBlocks blocks' shared memory");
+  auto* kernel =
+      Int8WgmmaTmaKernel<Acc, T, Y, kMi, kBn, kStages, kCluster, kMinBlocks, kWideEpilogue>;
   static SharedMemoryOptIn opt_in;
   if (cudaError_t e = opt_in.For(kernel, kSmem); e != cudaSuccess) return e;
   dim3 grid;
@@ -864,8 +898,8 @@ cudaError_t LaunchTmaTile(const Int8MmaGemmParams& p, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   grid.y = (grid.y + kCluster - 1) / kCluster * kCluster;  // whole clusters along M
   if (grid.y > kInt8MaxRowBlocks) return cudaErrorInvalidConfiguration;
-  return LaunchTmaKernel<Y>(kernel, grid, kThreads + 128, kSmem, dim3(1, kCluster, 1), map_a, map_b,
-                            p, stream);
+  return LaunchTmaKernel<Y>(kernel, grid, kThreads + TmaProducerThreads<kMinBlocks>(), kSmem,
+                            dim3(1, kCluster, 1), map_a, map_b, p, stream);
 }
 
 // The device's SM count, once per device.
@@ -926,12 +960,14 @@ static_assert(kTiles[0].rows == 128 && kTiles[1].rows == 128 && kTiles[2].rows =
               kTiles[3].rows == 256 && kTiles[4].rows == 128 && kTiles[5].rows == 128 &&
               kTiles[6].rows == 256 && kTiles[7].rows == 128 && kTiles[8].rows == 128 &&
               kTiles[9].rows == 128 && kTiles[10].rows == 256 && kTiles[11].rows == 128 &&
-              kTiles[12].rows == 128);
+              kTiles[12].rows == 128 && kTiles[13].rows == 128 && kTiles[14].rows == 128 &&
+              kTiles[15].rows == 256);
 static_assert(kTiles[0].cols == 128 && kTiles[1].cols == 256 && kTiles[2].cols == 128 &&
               kTiles[3].cols == 128 && kTiles[4].cols == 128 && kTiles[5].cols == 256 &&
               kTiles[6].cols == 128 && kTiles[7].cols == 128 && kTiles[8].cols == 128 &&
               kTiles[9].cols == 256 && kTiles[10].cols == 96 && kTiles[11].cols == 192 &&
-              kTiles[12].cols == 64);
+              kTiles[12].cols == 64 && kTiles[13].cols == 128 && kTiles[14].cols == 192 &&
+              kTiles[15].cols == 128);
 
 // The tile p.tile names. kConv: A is the implicit-GEMM view `conv` (the cp.async tiles only,
 // Int8WgmmaTileGathers: a tensor map cannot gather).
@@ -968,6 +1004,12 @@ cudaError_t LaunchTiled(const Int8MmaGemmParams& p, cudaStream_t stream,
         return LaunchTmaTile<Acc, T, Y, 2, 96, 4>(p, stream);
       case 11:  // 4 stages of 40 KB
         return LaunchTmaTile<Acc, T, Y, 1, 192, 4>(p, stream);
+      case 13:  // 3 stages of 32 KB, two blocks per SM
+        return LaunchTmaTile<Acc, T, Y, 1, 128, 3, 1, 2>(p, stream);
+      case 14:  // tma-128x192 with the producer warpgroup in the epilogue
+        return LaunchTmaTile<Acc, T, Y, 1, 192, 4, 1, 1, true>(p, stream);
+      case 15:  // tma-256x128 with the producer warpgroup in the epilogue
+        return LaunchTmaTile<Acc, T, Y, 2, 128, 4, 1, 1, true>(p, stream);
     }
   }
   return cudaErrorInvalidValue;
@@ -990,8 +1032,8 @@ bool Int8WgmmaTileGpuTested(int tile) {
 }
 
 const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use) {
-  static const std::vector<int> product = {5, 6, 11, 10, 2, 4, 0, 3, 1, 12, 7, 8, 9},
-                                pointwise = {5, 2, 6, 11, 10, 4, 0, 3, 1, 12, 7, 8, 9},
+  static const std::vector<int> product = {5, 6, 11, 10, 2, 4, 0, 3, 1, 12, 7, 8, 9, 13, 14, 15},
+                                pointwise = {5, 2, 6, 11, 10, 4, 0, 3, 1, 12, 7, 8, 9, 13, 14, 15},
                                 gather = {2, 0, 3, 1, 12};
   switch (use) {
     case WgmmaTileUse::kProduct:
