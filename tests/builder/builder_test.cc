@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <string>
 
 #include "kiln/engine/engine_file.h"
 #include "kiln/onnx/onnx_import.h"
@@ -153,6 +155,75 @@ TEST(Builder, DisabledPassIsSkippedAndUnknownNamesAreRefused) {
   EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(st.message().find("'transpose_sinkin'"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("transpose_sinking"), std::string::npos) << st.message();
+}
+
+// An environment variable set (or unset) for one scope, restored after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) before_ = old;
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (before_) {
+      setenv(name_, before_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> before_;
+};
+
+// The stem rewrite (passes/stem_space_to_depth.cc) is the build's for an INT8 build on CUDA with
+// the quantized tactics on, and for no other unless KILN_STEM_SPACE_TO_DEPTH asks; the calibration
+// graph is the build's. resnet_tiny's stem: 7x7 stride 2 from 3 channels, then 4x4 stride 1.
+TEST(Builder, StemSpaceToDepthIsForCudaInt8BuildsWithTheQuantizedTactics) {
+  struct Case {
+    const char* what;
+    BackendKind backend;
+    bool int8;
+    const char* quant_tactics;  // KILN_CUDA_QUANT_TACTICS
+    const char* force;          // KILN_STEM_SPACE_TO_DEPTH
+    bool disabled;
+    bool rewritten;
+  };
+  for (const Case& c : {
+           Case{"cuda int8", BackendKind::kCuda, true, "1", nullptr, false, true},
+           Case{"cuda int8, tactics off", BackendKind::kCuda, true, nullptr, nullptr, false, false},
+           Case{"cuda fp32", BackendKind::kCuda, false, "1", nullptr, false, false},
+           Case{"cpu int8", BackendKind::kCpu, true, "1", nullptr, false, false},
+           Case{"cpu, asked", BackendKind::kCpu, false, nullptr, "1", false, true},
+           Case{"cuda int8, refused", BackendKind::kCuda, true, "1", "0", false, false},
+           Case{"cuda int8, disabled", BackendKind::kCuda, true, "1", nullptr, true, false},
+       }) {
+    SCOPED_TRACE(c.what);
+    ScopedEnv quant("KILN_CUDA_QUANT_TACTICS", c.quant_tactics);
+    ScopedEnv force("KILN_STEM_SPACE_TO_DEPTH", c.force);
+    BuilderConfig config = ResnetConfig();
+    config.backend = c.backend;
+    config.int8 = c.int8;
+    if (c.disabled) config.disabled_passes = {"stem_space_to_depth"};
+    auto graph = ImportOnnxFile(Zoo("resnet_tiny"));
+    ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+    auto calib = CalibrationGraph({std::move(graph).value(), "resnet_tiny", 1}, config);
+    ASSERT_TRUE(calib.ok()) << calib.status().ToString();
+    int seven = 0, four = 0;
+    for (const Node* n : (*calib)->nodes()) {
+      if (n->is_dead() || (n->op_type() != "Conv" && n->op_type() != "FusedConv")) continue;
+      const std::vector<int64_t> k = n->attrs().GetInts("kernel_shape");
+      seven += k == std::vector<int64_t>{7, 7};
+      four += k == std::vector<int64_t>{4, 4};
+    }
+    EXPECT_EQ(seven, c.rewritten ? 0 : 1);
+    EXPECT_EQ(four, c.rewritten ? 1 : 0);
+  }
 }
 
 TEST(Builder, ProfileErrorsSayWhatToChange) {

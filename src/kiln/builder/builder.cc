@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -451,6 +452,22 @@ struct BuildState {
 };
 
 // Optimise: verify, resolve the profile, infer shapes, run the graph passes.
+// Whether the passes move a few-channel stem's blocks into channels (stem_space_to_depth.cc): for
+// an INT8 build on CUDA with the quantized tactics on (KILN_CUDA_QUANT_TACTICS=1, the variable
+// backends/cuda/cublaslt_util.cc reads), where kiln's implicit-GEMM INT8 convolution pads a
+// window's channels to 16, which a stem of 3 channels wastes. Not otherwise: a float stem does
+// the zero taps' work too (PyTorch's CPU convolution of ResNet's stem ran 1.8x slower so), and
+// cuDNN's FP16 stem was not timed both ways yet. KILN_STEM_SPACE_TO_DEPTH=1 asks for it in any
+// build (to time a float stem so), =0 in none; `--disable-pass stem_space_to_depth` also turns it
+// off. A function of the configuration alone, so the calibration graph (CalibrationGraph) is the
+// build's.
+bool SpaceToDepthStems(const BuilderConfig& config) {
+  if (const char* e = std::getenv("KILN_STEM_SPACE_TO_DEPTH"); e && *e) return e[0] == '1';
+  const char* quant = std::getenv("KILN_CUDA_QUANT_TACTICS");
+  return config.backend == BackendKind::kCuda && config.int8 && quant &&
+         std::string_view(quant) == "1";
+}
+
 Status OptimisePhase(BuildState& s) {
   Graph& graph = s.graph();
   BuildReport& rep = s.rep;
@@ -514,6 +531,7 @@ Status OptimisePhase(BuildState& s) {
   if (s.config.backend == BackendKind::kCuda) {
     pass_options.attention_max_head_dim = kCudaAttentionMaxHeadDim;
   }
+  pass_options.stem_space_to_depth = SpaceToDepthStems(s.config);
   KILN_ASSIGN_OR_RETURN(passes::PassReport passes,
                         passes::RunDefaultPasses(graph, pass_options, &inferred.dims_values));
   rep.passes = passes.ToString();

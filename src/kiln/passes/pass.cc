@@ -119,7 +119,8 @@ std::unique_ptr<PassManager> MakeDefaultPassManager(const PassOptions& options) 
   pm->Add(MakeConstantFoldingPass());
   pm->Add(MakeDeadNodeEliminationPass());
   pm->Add(MakeConvBatchNormFoldingPass());
-  pm->Add(MakePatchifyPass());  // after the BatchNorm folding, which may give it the bias
+  pm->Add(MakePatchifyPass());          // after the BatchNorm folding, which may give it the bias
+  pm->Add(MakeStemSpaceToDepthPass());  // the same, and after patchify takes what tiles its input
   pm->Add(MakeLayerNormFusionPass());
   pm->Add(MakeRmsNormFusionPass());  // before the skip fusion, which takes its result
   pm->Add(MakeSkipLayerNormFusionPass());

@@ -60,6 +60,9 @@ struct PassOptions {
   // leaves attention with larger heads (GPT-J's and Gemma-7B's 256) as the model wrote it, whose
   // products and softmax the backend runs, rather than make an Attention it cannot.
   int64_t attention_max_head_dim = 0;
+  // Strided convolutions of few channels become stride-1 ones over blocks moved into channels
+  // (stem_space_to_depth.cc): for a backend whose INT8 convolution pads channels to 16.
+  bool stem_space_to_depth = false;
 };
 
 // State shared by the passes of one run.
@@ -142,6 +145,10 @@ std::unique_ptr<Pass> MakeConvBatchNormFoldingPass();
 // A convolution whose windows tile its input, reading few channels (ViT's patch embedding, Swin's
 // and ConvNeXt's stems) => Transpose of the patches and one Gemm (patchify.cc).
 std::unique_ptr<Pass> MakePatchifyPass();
+// A strided convolution of a few-channel input (ResNet's 7x7 stride-2 stem from 3 channels) =>
+// blocks of the input moved into channels and a stride-1 convolution of fewer taps, when
+// PassOptions::stem_space_to_depth (stem_space_to_depth.cc).
+std::unique_ptr<Pass> MakeStemSpaceToDepthPass();
 // Where the layout pass runs (conv_layout "NHWC"): a 1-D convolution as the 2-D one of height 1
 // (conv1d_lift.cc), so that it joins the channels-last stacks.
 std::unique_ptr<Pass> MakeConv1dLiftPass();
