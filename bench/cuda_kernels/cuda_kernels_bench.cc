@@ -408,11 +408,15 @@ const bool kRegistered = [] {
   // and ReLU: cuDNN's FP16 convolution (the heuristic's first engine) beside kiln's INT8 implicit
   // GEMM (conv_int8.cc) on the warpgroup kernel (Hopper; each gathering tile) and on the mma.sync
   // kernel (each tile), X quantized on the way in. The 1x1 stride-1 layer is a plain product.
+  // stem_s2d: the stem as the stem_space_to_depth pass leaves it (2 x 2 blocks of 3 channels as
+  // 12, 4 x 4 taps, stride 1, pads 2 before and 1 after): the same outputs as stem7x7's.
   struct ConvLayer {
     std::string name;
     int64_t hw, c, k, window, stride;
+    std::vector<int64_t> pads = {};  // default: window / 2 on every side
   };
   for (const ConvLayer& l : std::vector<ConvLayer>{{"stem7x7", 224, 3, 64, 7, 2},
+                                                   {"stem_s2d", 112, 12, 64, 4, 1, {2, 2, 1, 1}},
                                                    {"l1_3x3", 56, 64, 64, 3, 1},
                                                    {"l1_1x1_up", 56, 64, 256, 1, 1},
                                                    {"l1_1x1_down", 56, 256, 64, 1, 1},
@@ -423,11 +427,13 @@ const bool kRegistered = [] {
     for (size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<int64_t>(i * 7919 % 5) - 2;
     std::vector<int64_t> bias(static_cast<size_t>(l.k));
     for (size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<int64_t>(i % 3) - 1;
-    const int64_t pad = l.window / 2, out = (l.hw + 2 * pad - l.window) / l.stride + 1;
+    const int64_t pad = l.window / 2;
+    const std::vector<int64_t> pads = l.pads.empty() ? std::vector<int64_t>(4, pad) : l.pads;
+    const int64_t out = (l.hw + pads[0] + pads[2] - l.window) / l.stride + 1;
     AttributeMap attrs = Attrs({{"activation", std::string("relu")},
                                 {"kernel_shape", std::vector<int64_t>{l.window, l.window}},
                                 {"strides", std::vector<int64_t>{l.stride, l.stride}},
-                                {"pads", std::vector<int64_t>{pad, pad, pad, pad}},
+                                {"pads", pads},
                                 {"kiln_layout", std::string("NHWC")}});
     const std::vector<Operand> ops = {{kF16, {32, l.hw, l.hw, l.c}, {}},
                                       {kF16, {l.k, l.c, l.window, l.window}, weights},

@@ -3,8 +3,10 @@
 // stride-1 convolution over the input's s_h x s_w blocks moved into channels.
 //
 //   Conv(X [N, C, H, W], W [K, C, kh, kw], B), strides (s_h, s_w), pads (p_t, p_l, p_b, p_r)
-//   =>  S = Reshape(Transpose(Reshape(X, [N, C, H/s_h, s_h, W/s_w, s_w]), (0, 3, 5, 1, 2, 4)),
-//                   [N, s_h*s_w*C, H/s_h, W/s_w])            (channel (dy*s_w + dx)*C + c)
+//   =>  S = Transpose(Reshape(Transpose(Reshape(X, [N, C, H/s_h, s_h, W/s_w, s_w]),
+//                                       (0, 2, 4, 3, 5, 1)),
+//                             [N, H/s_h, W/s_w, s_h*s_w*C]),
+//                     (0, 3, 1, 2))                          (channel (dy*s_w + dx)*C + c)
 //       Y = Conv(S, W', B), stride 1, kernel (kh', kw'), pads (P_t, P_l, P_b, P_r)
 //
 // per axis (stride s, begin pad p, kernel k, output extent o): P = ceil(p / s) blocks of padding
@@ -16,11 +18,11 @@
 // chunks, padding C to 16, so a 7x7 window of 3 channels is a depth of 49 * 16 = 784 of which 147
 // are the model's; over 2 x 2 blocks the same window is 4 x 4 taps of 12 channels, a depth of
 // 4 * 4 * 16 = 256 (a third of the products and of the gathers). The rewrite applies only where
-// that depth shrinks, and only when the builder asks for it (PassOptions::stem_space_to_depth: a
-// CUDA build with INT8): on the CPU, oneDNN's FP32 convolution of 3 channels is as fast as it
-// gets, and the stride-1 form does the zero taps' work too (about 1.8x slower, measured with
-// PyTorch's CPU convolution). The Transpose moves each input element once (the blocks do not
-// overlap).
+// that depth shrinks, and only when the builder asks for it (PassOptions::stem_space_to_depth: an
+// INT8 build on CUDA with the quantized tactics on): a float convolution does the zero taps' work
+// too (PyTorch's CPU convolution of ResNet's stem ran about 1.8x slower so). The blocks do not
+// overlap: the first Transpose moves each input element once, and under the NHWC layout the
+// second cancels against the layout's.
 #include <fmt/format.h>
 
 #include <cstring>
@@ -173,14 +175,22 @@ class StemSpaceToDepthPass final : public Pass {
       graph.AddNode("Reshape", graph.UniqueName(name + suffix), {in, target}, {out});
       return out;
     };
+    auto transpose = [&](Value* in, std::vector<int64_t> perm, const Shape& to,
+                         const std::string& suffix) {
+      Value* out = graph.AddValue(graph.UniqueName(name + suffix), dt);
+      out->set_shape(to);
+      AttributeMap a;
+      a.Set("perm", std::move(perm));
+      graph.AddNode("Transpose", graph.UniqueName(name + suffix), {in}, {out}, std::move(a));
+      return out;
+    };
+    // The blocks go channels-last first, then the whole to channels-first: under the NHWC layout
+    // (layout_nhwc.cc) the last Transpose meets the layout's own before the convolution and the
+    // two cancel (transpose_sinking), so the input is moved once, as the layout moved it before.
     Value* split = reshape(x, {n, c, h2, sh, w2d, sw}, "_blocks");
-    Value* moved = graph.AddValue(graph.UniqueName(name + "_blocks_moved"), dt);
-    moved->set_shape({n, sh, sw, c, h2, w2d});
-    AttributeMap perm;
-    perm.Set("perm", std::vector<int64_t>{0, 3, 5, 1, 2, 4});
-    graph.AddNode("Transpose", graph.UniqueName(name + "_blocks_moved"), {split}, {moved},
-                  std::move(perm));
-    Value* s2d = reshape(moved, {n, sh * sw * c, h2, w2d}, "_space_to_depth");
+    Value* moved = transpose(split, {0, 2, 4, 3, 5, 1}, {n, h2, w2d, sh, sw, c}, "_blocks_moved");
+    Value* last = reshape(moved, {n, h2, w2d, sh * sw * c}, "_space_to_depth_nhwc");
+    Value* s2d = transpose(last, {0, 3, 1, 2}, {n, sh * sw * c, h2, w2d}, "_space_to_depth");
 
     AttributeMap ca;
     ca.Set("kernel_shape", std::vector<int64_t>{ah.kernel, aw.kernel});
@@ -195,7 +205,7 @@ class StemSpaceToDepthPass final : public Pass {
     graph.AddNode("Conv", graph.UniqueName(name), std::move(conv_in), {y}, std::move(ca));
     ctx.stats().rewrites += 1;
     ctx.stats().nodes_removed += 1;
-    ctx.stats().nodes_added += 4;
+    ctx.stats().nodes_added += 5;
     ctx.stats().notes.push_back(fmt::format(
         "{}: {}x{} stride {}x{} from {} channels as {}x{} stride 1 over {}x{} blocks (depth {} -> "
         "{} with channels padded to {})",
