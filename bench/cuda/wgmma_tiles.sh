@@ -17,12 +17,14 @@
 #
 # Environment: KILN_BUNDLE (scripts/gpu_env.sh), OUT (where results go; the device call's $OUT),
 # TILES (default tma-128x192,tma-256x96,tma-128x256,tma-256x128), OLD_TILES (default
-# tma-128x256,tma-256x128), NEW_TILES (default: the binary's order), MODELS (default bert_base),
-# QUANT (default int8-all,fp8-all), BENCH (the kernel bench's cases, a regular expression; default
-# BERT-base's products). ResNet-50's 64-channel convolutions on the narrow tile, for example:
+# tma-128x256,tma-256x128; set empty: the binary's order), NEW_TILES (default: the binary's
+# order), MODELS (default bert_base), QUANT (default int8-all,fp8-all), BENCH (the kernel bench's
+# cases, a regular expression; default BERT-base's products). ResNet-50's 64-channel convolutions on the narrow tile, for example:
 # TILES=128x64x2,128x128x2 BENCH='^resnet_(stem7x7|l1_.*)_(f16|i8_wgmma_t[0-9]+)/'
 # MODELS=resnet50 QUANT=int8-all OLD_TILES=tma-128x256,128x128x2 (the pointwise convolutions'
-# first two).
+# first two). OLD_ENV: variable assignments for the "old" run alone, e.g.
+# OLD_ENV=KILN_STEM_SPACE_TO_DEPTH=0 (ResNet-50's stem as the model has it; OLD_TILES= empty
+# keeps the binary's tiles), to time one change end to end.
 set -u
 phase=${1:-}
 if [ "$phase" != tests ] && [ "$phase" != e2e ]; then
@@ -34,8 +36,9 @@ source "$root/scripts/gpu_env.sh"
 B=$root/.bundle/bin
 OUT=${OUT:?set OUT to the folder for results}
 TILES=${TILES:-tma-128x192,tma-256x96,tma-128x256,tma-256x128}
-OLD_TILES=${OLD_TILES:-tma-128x256,tma-256x128}
+OLD_TILES=${OLD_TILES-tma-128x256,tma-256x128}
 NEW_TILES=${NEW_TILES:-}
+OLD_ENV=${OLD_ENV:-}
 MODELS=${MODELS:-bert_base}
 QUANT=${QUANT:-int8-all,fp8-all}
 BENCH=${BENCH:-'^bert_.*_(f16|i8io_wgmma_t[0-9]+|f8_wgmma_t[0-9]+|f8_cublaslt_fast_t0)/'}
@@ -55,12 +58,14 @@ case "$phase" in
     ;;
   e2e)
     for v in new old; do
+      extra=()
       if [ "$v" = old ]; then
-        export KILN_CUDA_WGMMA_TILES=$OLD_TILES
+        if [ -n "$OLD_TILES" ]; then export KILN_CUDA_WGMMA_TILES=$OLD_TILES; fi
+        read -r -a extra <<<"$OLD_ENV"
       elif [ -n "$NEW_TILES" ]; then
         export KILN_CUDA_WGMMA_TILES=$NEW_TILES
       fi
-      timeout 280 python3 "$root/bench/cuda/suite.py" --kiln "$B/kiln" --models "$MODELS" \
+      timeout 280 env "${extra[@]}" python3 "$root/bench/cuda/suite.py" --kiln "$B/kiln" --models "$MODELS" \
         --exporters ts --batches 32 --modes "" --quant "$QUANT" --calib-sets 1 --budget 265 \
         --work "/tmp/wgmma_w_$v" --layers-dir "/tmp/wgmma_l_$v" --out "$OUT/e2e_$v.json" \
         >"$OUT/e2e_log_$v.txt" 2>&1
