@@ -119,12 +119,15 @@ const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use);
 // times one block's rows x cols. BERT-base's QKV at batch 32 (4096 x 2304) is 288 tiles of
 // 128 x 256 on an H100's 132 SMs, three waves of which the last keeps 24 SMs busy, where 384
 // tiles of 128 x 192 fill three waves; its output projection and fc2 (4096 x 768) are 96 tiles of
-// 128 x 256 (one wave on 96 SMs) against 128 of 128 x 192. Convolutions, and a product of unknown
-// shape (rows or cols 0) or device (sms 0), take the use's order. For any use, an output of at
-// most 64 columns (cols 1-64) puts 128x64x2 first, the only tile that narrow: every other is 128
-// or more columns wide, so half or more of its products would be on padding (ResNet-50's stem and
-// layer 1, 64 channels: their INT8 convolutions took 2-2.5x FP16's time on 128-column tiles,
-// H100, session 36).
+// 128 x 256 (one wave on 96 SMs) against 128 of 128 x 192. A gathering convolution: the same
+// model between 128x128x2 and 128x64x2 (two blocks an SM, alike but in width), the narrow one
+// first where it is more than 10% faster by it (ResNet-50's layer 4 3x3: 104 blocks of 128 x 64
+// in one wave against 52 of 128 x 128), the use's first second. Pointwise convolutions, and a
+// shape of unknown size (rows or cols 0) or device (sms 0), take the use's order. For any use, an
+// output of at most 64 columns (cols 1-64) puts 128x64x2 first, the only tile that narrow: every
+// other is 128 or more columns wide, so half or more of its products would be on padding
+// (ResNet-50's stem and layer 1, 64 channels: their INT8 convolutions took 2-2.5x FP16's time on
+// 128-column tiles, H100, session 36).
 std::vector<int> Int8WgmmaTileOrder(WgmmaTileUse use, int64_t rows, int64_t cols, int sms);
 // The current device's SM count (0 where it cannot be read).
 int Int8WgmmaSmCount();
