@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -415,6 +416,68 @@ TEST_P(RecalibrateZoo, RecalibratedRefitIsAFreshInt8BuildWithB) {
   EXPECT_GT(constants, 0);
   auto out_refit = RunZooInput(std::shared_ptr<const EngineDesc>(std::move(*refit)), dir);
   auto out_b = RunZooInput(std::shared_ptr<const EngineDesc>(std::move(b)), dir);
+  for (const auto& [name, t] : out_b) EXPECT_TRUE(SameBytes(out_refit.at(name), t)) << name;
+}
+
+// An environment variable set (or unset) for one scope, restored after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) before_ = old;
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (before_) {
+      setenv(name_, before_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> before_;
+};
+
+// An engine built with the stem rewrite (passes/stem_space_to_depth.cc, here forced by
+// KILN_STEM_SPACE_TO_DEPTH=1) recalibrates on the graph it was built from even where the
+// refit's environment would not make the rewrite: the engine says it was made (its stem weight
+// came from the pass's weight op), and the result is B's fresh build.
+TEST(Recalibrate, AStemRewrittenAtBuildIsRewrittenForItsCalibration) {
+  const fs::path dir = ZooRoot() / "resnet_tiny";
+  std::optional<Int8AAndB> builds;
+  {
+    ScopedEnv force("KILN_STEM_SPACE_TO_DEPTH", "1");
+    builds.emplace(BuildInt8AAndB(dir));
+  }
+  ASSERT_TRUE(builds->a && builds->b);
+  int stems = 0;
+  for (const Node* n : builds->b->graph->nodes()) {
+    stems += n->attrs().GetInts("kernel_shape", {}) == std::vector<int64_t>{4, 4};
+  }
+  ASSERT_EQ(stems, 1) << "the build did not rewrite resnet_tiny's stem: the test proves nothing";
+  auto refit = LoadEngineBytesForEdit(Bytes(*builds->a));
+  ASSERT_TRUE(refit.ok()) << refit.status().ToString();
+  RefitReport report;
+  ASSERT_TRUE(RefitEngine(**refit, builds->weights_b, HashString("model"), &report).ok());
+  ScopedEnv refuse("KILN_STEM_SPACE_TO_DEPTH", "0");
+  Status st = RecalibrateInt8(**refit, ImportWith(dir / "model.onnx", builds->weights_b),
+                              {dir.string(), builds->config.calibration_method, 99.99}, &report);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  int int8_layers = 0;
+  for (const LayerDesc& l : builds->b->layers) {
+    if (l.tactic.name.rfind("i8-", 0) != 0) continue;
+    ++int8_layers;
+    EXPECT_EQ(InputAmax(**refit, l.node->name()), InputAmax(*builds->b, l.node->name()))
+        << l.node->name();
+  }
+  EXPECT_GT(int8_layers, 0);
+  auto out_refit = RunZooInput(std::shared_ptr<const EngineDesc>(std::move(*refit)), dir);
+  auto out_b = RunZooInput(std::shared_ptr<const EngineDesc>(std::move(builds->b)), dir);
   for (const auto& [name, t] : out_b) EXPECT_TRUE(SameBytes(out_refit.at(name), t)) << name;
 }
 

@@ -459,9 +459,10 @@ struct BuildState {
 // the zero taps' work too (PyTorch's CPU convolution of ResNet's stem ran 1.8x slower so), and
 // cuDNN's FP16 stem was not timed both ways yet. KILN_STEM_SPACE_TO_DEPTH=1 asks for it in any
 // build (to time a float stem so), =0 in none; `--disable-pass stem_space_to_depth` also turns it
-// off. A function of the configuration alone, so the calibration graph (CalibrationGraph) is the
-// build's.
+// off. BuilderConfig::stem_space_to_depth, where set, decides before both (recalibration sets
+// it from the engine, so its calibration graph is the build's whatever the environment).
 bool SpaceToDepthStems(const BuilderConfig& config) {
+  if (config.stem_space_to_depth) return *config.stem_space_to_depth;
   if (const char* e = std::getenv("KILN_STEM_SPACE_TO_DEPTH"); e && *e) return e[0] == '1';
   const char* quant = std::getenv("KILN_CUDA_QUANT_TACTICS");
   return config.backend == BackendKind::kCuda && config.int8 && quant &&

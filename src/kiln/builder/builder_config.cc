@@ -245,6 +245,7 @@ Hash128 BuilderConfig::Hash() const {
     h.Field("disabled-passes").Field(static_cast<int64_t>(sorted.size()));
     for (const std::string& n : sorted) h.Field(n);
   }
+  if (stem_space_to_depth) h.Field("stem-space-to-depth").Field(*stem_space_to_depth);
   for (const auto& p : profile.inputs) {
     h.Field(p.input);
     for (const auto* v : {&p.min, &p.opt, &p.max}) {

@@ -97,6 +97,10 @@ struct BuilderConfig {
   // Graph passes to skip, by name (passes::DefaultPassNames(); `kiln build --disable-pass`): a
   // way around a rewrite that misbehaves on a model. Names outside that list are refused.
   std::vector<std::string> disabled_passes;
+  // Whether the passes move few-channel stems' blocks into channels (stem_space_to_depth); unset:
+  // KILN_STEM_SPACE_TO_DEPTH, else for an INT8 build on CUDA with the quantized tactics on
+  // (builder.cc). Recalibration sets it from the engine it renews, whatever the environment.
+  std::optional<bool> stem_space_to_depth;
   // false: every layer keeps its heuristic (first) tactic and nothing is timed; the baseline
   // that bench/build compares the tactic search against.
   bool search_tactics = true;

@@ -13,11 +13,23 @@
 #include "kiln/builder/quant_edges.h"
 #include "kiln/builder/refit.h"
 #include "kiln/core/json_writer.h"
+#include "kiln/ir/weight_program.h"
 #include "kiln/onnx/calibration_data.h"
+#include "kiln/passes/pass.h"
 #include "kiln/precision/precision.h"
 
 namespace kiln {
 namespace {
+
+// Whether the engine's graph went through stem_space_to_depth: its weight program (how refit
+// renews its constants) has a step of the pass's weight op. The build's decision, which the
+// environment of a later refit may not repeat.
+bool BuiltWithStemSpaceToDepth(const EngineDesc& engine) {
+  for (const WeightProgram::Step& step : engine.weight_program.steps) {
+    if (step.op_type == passes::kStemSpaceToDepthWeightsOp) return true;
+  }
+  return false;
+}
 
 // An INT8 layer's precision reason split at its amax: Int8LayerReason's method and storage, and
 // the note the sensitivity fallback may have added after it.
@@ -101,11 +113,13 @@ Status RecalibrateInt8(EngineDesc& engine, std::unique_ptr<Graph> model,
                      int8.size());
   }
   // The graph the build calibrated: the build's first phase on the new model, with the engine's
-  // profile and backend (and, on CUDA, the channels-last convolutions of an FP16 build).
+  // profile and backend (and, on CUDA, the channels-last convolutions of an FP16 build, and the
+  // stem rewrite where the build made it).
   BuilderConfig config;
   config.backend = engine.header.backend;
   config.profile = engine.profile;
   config.fp16 = reduced;
+  config.stem_space_to_depth = BuiltWithStemSpaceToDepth(engine);
   KILN_ASSIGN_OR_RETURN(
       std::unique_ptr<Graph> graph,
       CalibrationGraph({std::move(model), engine.header.model_name, Hash128()}, config));

@@ -145,6 +145,9 @@ std::unique_ptr<Pass> MakeConvBatchNormFoldingPass();
 // A convolution whose windows tile its input, reading few channels (ViT's patch embedding, Swin's
 // and ConvNeXt's stems) => Transpose of the patches and one Gemm (patchify.cc).
 std::unique_ptr<Pass> MakePatchifyPass();
+// The weight op of stem_space_to_depth's convolution weights: an engine whose constants were made
+// by it was built with the rewrite (recalibration builds its calibration graph so too).
+inline constexpr std::string_view kStemSpaceToDepthWeightsOp = "StemSpaceToDepthWeights";
 // A strided convolution of a few-channel input (ResNet's 7x7 stride-2 stem from 3 channels) =>
 // blocks of the input moved into channels and a stride-1 convolution of fewer taps, when
 // PassOptions::stem_space_to_depth (stem_space_to_depth.cc).

@@ -35,7 +35,7 @@
 namespace kiln::passes {
 namespace {
 
-constexpr std::string_view kWeightOp = "StemSpaceToDepthWeights";
+constexpr std::string_view kWeightOp = kStemSpaceToDepthWeightsOp;
 // The implicit-GEMM convolution's channel chunk: a window's channels are padded to a multiple.
 constexpr int64_t kChannelChunk = 16;
 
