@@ -12,6 +12,7 @@
 
 #include "kiln/engine/engine_file.h"
 #include "kiln/onnx/onnx_import.h"
+#include "scoped_env.h"
 
 namespace kiln {
 namespace {
@@ -157,29 +158,7 @@ TEST(Builder, DisabledPassIsSkippedAndUnknownNamesAreRefused) {
   EXPECT_NE(st.message().find("transpose_sinking"), std::string::npos) << st.message();
 }
 
-// An environment variable set (or unset) for one scope, restored after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) before_ = old;
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (before_) {
-      setenv(name_, before_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> before_;
-};
+using testing_env::ScopedEnv;
 
 // The stem rewrite (passes/stem_space_to_depth.cc) is the build's for an INT8 build on CUDA with
 // the quantized tactics on, and for no other unless KILN_STEM_SPACE_TO_DEPTH asks; the calibration

@@ -23,6 +23,7 @@
 #include "kiln/onnx/onnx_import.h"
 #include "kiln/ops/quant_edge.h"
 #include "kiln/precision/precision.h"
+#include "scoped_env.h"
 
 namespace kiln {
 namespace {
@@ -419,29 +420,7 @@ TEST_P(RecalibrateZoo, RecalibratedRefitIsAFreshInt8BuildWithB) {
   for (const auto& [name, t] : out_b) EXPECT_TRUE(SameBytes(out_refit.at(name), t)) << name;
 }
 
-// An environment variable set (or unset) for one scope, restored after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) before_ = old;
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (before_) {
-      setenv(name_, before_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> before_;
-};
+using testing_env::ScopedEnv;
 
 // An engine built with the stem rewrite (passes/stem_space_to_depth.cc, here forced by
 // KILN_STEM_SPACE_TO_DEPTH=1) recalibrates on the graph it was built from even where the
