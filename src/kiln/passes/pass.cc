@@ -8,6 +8,7 @@
 
 #include "kiln/core/logging.h"
 #include "kiln/ir/weight_program.h"
+#include "kiln/ops/int8_layer.h"
 #include "kiln/ops/op_schema.h"
 #include "kiln/ops/op_table.h"
 
@@ -339,6 +340,17 @@ std::vector<Value*> DeriveConstants(Graph& graph, const std::vector<std::string>
     out.push_back(v);
   }
   return out;
+}
+
+std::optional<ConstantWeightConv> AsConstantWeightConv(const Node& conv) {
+  ConstantWeightConv c{conv.input(0), conv.input(1),
+                       conv.num_inputs() > 2 ? conv.input(2) : nullptr, conv.output(0)};
+  if (!c.x || !c.w || !c.y || !c.w->is_constant() || !c.x->has_shape() || !c.y->has_shape()) {
+    return std::nullopt;
+  }
+  if (c.bias && !c.bias->is_constant()) return std::nullopt;
+  if (conv.num_outputs() != 1 || HasModelInt8Attrs(conv)) return std::nullopt;
+  return c;
 }
 
 Value* DeriveConstant(Graph& graph, const std::string& prefix, const std::string& op,

@@ -145,6 +145,17 @@ std::unique_ptr<Pass> MakeConvBatchNormFoldingPass();
 // A convolution whose windows tile its input, reading few channels (ViT's patch embedding, Swin's
 // and ConvNeXt's stems) => Transpose of the patches and one Gemm (patchify.cc).
 std::unique_ptr<Pass> MakePatchifyPass();
+// A Conv's operands, for the passes that rewrite a convolution of constant weights (patchify,
+// stem_space_to_depth): x and y with shapes, w constant, the bias constant or absent (nullptr).
+struct ConstantWeightConv {
+  Value* x;
+  Value* w;
+  Value* bias;
+  Value* y;
+};
+// nullopt for any other Conv: a weight or bias computed at run time, x or y without a shape, more
+// than one output, or a layer the model quantized (qdq_fusion), which keeps its INT8 convolution.
+std::optional<ConstantWeightConv> AsConstantWeightConv(const Node& conv);
 // The weight op of stem_space_to_depth's convolution weights: an engine whose constants were made
 // by it was built with the rewrite (recalibration builds its calibration graph so too).
 inline constexpr std::string_view kStemSpaceToDepthWeightsOp = "StemSpaceToDepthWeights";

@@ -22,7 +22,6 @@
 // merges runs of the Transpose's axes).
 #include <fmt/format.h>
 
-#include "kiln/ops/int8_layer.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 
@@ -48,14 +47,12 @@ class PatchifyPass final : public Pass {
 
  private:
   static void Rewrite(Graph& graph, PassContext& ctx, Node* conv) {
-    Value* x = conv->input(0);
-    Value* w = conv->input(1);
-    Value* bias = conv->num_inputs() > 2 ? conv->input(2) : nullptr;
-    Value* y = conv->output(0);
-    if (!x || !w || !y || !w->is_constant() || !x->has_shape() || !y->has_shape()) return;
-    if (bias && !bias->is_constant()) return;
-    // A quantized layer of the model (qdq_fusion) keeps its INT8 convolution.
-    if (conv->num_outputs() != 1 || HasModelInt8Attrs(*conv)) return;
+    const std::optional<ConstantWeightConv> operands = AsConstantWeightConv(*conv);
+    if (!operands) return;
+    Value* x = operands->x;
+    Value* w = operands->w;
+    Value* bias = operands->bias;
+    Value* y = operands->y;
     const Shape& xs = x->shape();
     const std::vector<int64_t>& wd = w->constant()->dims();
     if (xs.size() != 4 || wd.size() != 4 || y->shape().size() != 4) return;

@@ -28,7 +28,6 @@
 #include <cstring>
 
 #include "kiln/ir/weight_program.h"
-#include "kiln/ops/int8_layer.h"
 #include "kiln/ops/op_table.h"
 #include "kiln/passes/pass.h"
 
@@ -115,14 +114,12 @@ class StemSpaceToDepthPass final : public Pass {
 
  private:
   static void Rewrite(Graph& graph, PassContext& ctx, Node* conv) {
-    Value* x = conv->input(0);
-    Value* w = conv->input(1);
-    Value* bias = conv->num_inputs() > 2 ? conv->input(2) : nullptr;
-    Value* y = conv->output(0);
-    if (!x || !w || !y || !w->is_constant() || !x->has_shape() || !y->has_shape()) return;
-    if (bias && !bias->is_constant()) return;
-    // A quantized layer of the model (qdq_fusion) keeps its convolution as the model has it.
-    if (conv->num_outputs() != 1 || HasModelInt8Attrs(*conv)) return;
+    const std::optional<ConstantWeightConv> operands = AsConstantWeightConv(*conv);
+    if (!operands) return;
+    Value* x = operands->x;
+    Value* w = operands->w;
+    Value* bias = operands->bias;
+    Value* y = operands->y;
     const Shape& xs = x->shape();
     const Shape& ys = y->shape();
     const std::vector<int64_t>& wd = w->constant()->dims();
