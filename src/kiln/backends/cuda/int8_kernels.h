@@ -90,8 +90,8 @@ int Int8WgmmaTileRows(int tile);  // as Int8MmaTileRows
 // Whether the tile has passed the GPU tests that name every tile (OwnWarpgroupKernelRunsEveryTile,
 // INT8 and FP8, and the INT8 convolution tests, on a Hopper GPU). The providers offer an untested
 // tile only where KILN_CUDA_WGMMA_TILES names it (cublaslt_util.h), so that no build picks a
-// kernel that has never been checked against the CPU contract. Every tile has passed them since
-// session 39 (H100); a tile written without a GPU starts untested.
+// kernel that has never been checked against the CPU contract. Every tile up to 128x64x2 has
+// passed them (session 39, H100); session 40's three, written without a GPU, have not.
 bool Int8WgmmaTileGpuTested(int tile);
 bool Int8WgmmaAvailable();
 // What the warpgroup kernel's tiles serve: a product (MatMul, Gemm; INT8 or FP8), a pointwise
@@ -108,7 +108,9 @@ enum class WgmmaTileUse : int { kProduct, kPointwiseConv, kGatherConv };
 // 128x128 (session 34). tma-128x192 and tma-256x96 follow the product's two (and the pointwise
 // convolution's three): they fill the last wave of blocks where the others leave SMs idle (below).
 // 128x64x2 comes before the ping-pong and cluster tiles (and last for a gathering convolution);
-// the shape's order puts it first for a narrow output (below). Every tile appears once.
+// the shape's order puts it first for a narrow output (below). Session 40's TMA tiles, not yet
+// GPU-tested (tma2-128x128, tmae-128x192, tmae-256x128), come last for products and pointwise
+// convolutions. Every tile appears once.
 const std::vector<int>& Int8WgmmaTileOrder(WgmmaTileUse use);
 // The order for a product of rows x cols outputs on a device of `sms` SMs: the use's order, with
 // the fastest by a model of waves moved to the front where the model predicts it more than 10%
