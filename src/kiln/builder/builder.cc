@@ -451,7 +451,6 @@ struct BuildState {
   const bool alias_views = param::AliasViews() != 0;
 };
 
-// Optimise: verify, resolve the profile, infer shapes, run the graph passes.
 // Whether the passes move a few-channel stem's blocks into channels (stem_space_to_depth.cc): for
 // an INT8 build on CUDA with the quantized tactics on (KILN_CUDA_QUANT_TACTICS=1, the variable
 // backends/cuda/cublaslt_util.cc reads), where kiln's implicit-GEMM INT8 convolution pads a
@@ -469,6 +468,7 @@ bool SpaceToDepthStems(const BuilderConfig& config) {
          std::string_view(quant) == "1";
 }
 
+// Optimise: verify, resolve the profile, infer shapes, run the graph passes.
 Status OptimisePhase(BuildState& s) {
   Graph& graph = s.graph();
   BuildReport& rep = s.rep;
