@@ -37,6 +37,8 @@ namespace {
 constexpr std::string_view kWeightOp = kStemSpaceToDepthWeightsOp;
 // The implicit-GEMM convolution's channel chunk: a window's channels are padded to a multiple.
 constexpr int64_t kChannelChunk = 16;
+// Strides the rewrite takes (stems stride by 2 to 4; the weight op refuses more: StemWeights).
+constexpr int64_t kMaxStride = 64;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t PaddedChannels(int64_t c) { return CeilDiv(c, kChannelChunk) * kChannelChunk; }
@@ -57,19 +59,28 @@ Axis AxisFor(int64_t s, int64_t p, int64_t k, int64_t n, int64_t o) {
 }
 
 // The weight op: W [K, C, kh, kw] as the stride-1 convolution's [K, s_h*s_w*C, kh', kw']
-// (attributes strides, shift, kernel; any element type, the missing taps zero).
+// (attributes strides and shift; any element type, the missing taps zero). The taps kh', kw'
+// follow from W's window, the strides and the shifts (AxisFor). Refit replays the op with the
+// attributes an engine file holds: strides outside [1, kMaxStride] or a shift outside [0, stride)
+// are refused, which also bounds the output to a small multiple of W.
 StatusOr<std::vector<Tensor>> StemWeights(const AttributeMap& a,
                                           std::span<const Tensor* const> in) {
-  const std::vector<int64_t> strides = a.GetInts("strides"), shift = a.GetInts("shift"),
-                             kernel = a.GetInts("kernel");
+  const std::vector<int64_t> strides = a.GetInts("strides"), shift = a.GetInts("shift");
   if (in.size() != 1 || !in[0] || in[0]->dims().size() != 4 || strides.size() != 2 ||
-      shift.size() != 2 || kernel.size() != 2) {
-    return MakeError(ErrorCode::kInternal, "{}: one 4-D input, two strides, shifts and taps",
-                     kWeightOp);
+      shift.size() != 2) {
+    return MakeError(ErrorCode::kInternal, "{}: one 4-D input, two strides and shifts", kWeightOp);
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (strides[i] < 1 || strides[i] > kMaxStride || shift[i] < 0 || shift[i] >= strides[i]) {
+      return MakeError(ErrorCode::kInternal,
+                       "{}: stride {} and shift {} (a stride of 1-{}, a shift below it)", kWeightOp,
+                       strides[i], shift[i], kMaxStride);
+    }
   }
   const Tensor& w = *in[0];
   const int64_t k = w.dims()[0], c = w.dims()[1], kh = w.dims()[2], kw = w.dims()[3];
   const int64_t sh = strides[0], sw = strides[1];
+  const int64_t kernel[2] = {CeilDiv(kh + shift[0], sh), CeilDiv(kw + shift[1], sw)};
   Tensor out(w.dtype(), {k, sh * sw * c, kernel[0], kernel[1]});  // zero-filled
   const size_t es = SizeOf(w.dtype());
   const auto* src = static_cast<const std::byte*>(w.raw());
@@ -140,7 +151,10 @@ class StemSpaceToDepthPass final : public Pass {
     if (strides.size() != 2 || pads.size() != 4) return;
     if (!dilations.empty() && dilations != std::vector<int64_t>{1, 1}) return;
     const int64_t sh = strides[0], sw = strides[1];
-    if (sh < 1 || sw < 1 || sh * sw < 2 || hh % sh != 0 || ww % sw != 0) return;
+    if (sh < 1 || sw < 1 || sh > kMaxStride || sw > kMaxStride || sh * sw < 2 || hh % sh != 0 ||
+        ww % sw != 0) {
+      return;
+    }
     for (int64_t p : pads) {
       if (p < 0) return;
     }
@@ -155,7 +169,6 @@ class StemSpaceToDepthPass final : public Pass {
     AttributeMap wa;
     wa.Set("strides", std::vector<int64_t>{sh, sw});
     wa.Set("shift", std::vector<int64_t>{ah.shift, aw.shift});
-    wa.Set("kernel", std::vector<int64_t>{ah.kernel, aw.kernel});
     Value* w2 =
         DeriveConstant(graph, w->name() + "_space_to_depth", std::string(kWeightOp), wa, {w});
     if (!w2) return;
